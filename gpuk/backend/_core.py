@@ -1,0 +1,409 @@
+"""Tensors, variables, placeholders, functions, gradients, updates, learning phase and
+session-level K functions."""
+import contextlib
+
+import numpy as np
+
+from gpuk import config, device, graph
+from gpuk.autodiff import gradients as _gradients
+from gpuk.function import Function, Update
+from gpuk.graph import Constant, Placeholder, Tensor, Variable
+from gpuk.ops import elementwise as ew
+from gpuk.ops.control import Identity, PrintTensor, StopGradient
+
+__all__ = [
+    'backend', 'epsilon', 'set_epsilon', 'floatx', 'set_floatx', 'cast_to_floatx',
+    'image_data_format', 'set_image_data_format', 'image_dim_ordering', 'set_image_dim_ordering',
+    'normalize_data_format', 'get_uid', 'reset_uids', 'clear_session', 'manual_variable_initialization',
+    'learning_phase', 'set_learning_phase', 'learning_phase_scope', 'get_session', 'set_session',
+    'name_scope', 'control_dependencies', 'symbolic', 'eager', 'is_sparse', 'to_dense', 'variable',
+    'constant', 'is_variable', 'is_tensor', 'is_keras_tensor', 'is_placeholder', 'placeholder',
+    'int_shape', 'ndim', 'dtype', 'eval', 'get_value', 'batch_get_value',
+    'set_value', 'batch_set_value', 'get_variable_shape', 'count_params', 'cast', 'update',
+    'update_add', 'update_sub', 'moving_average_update', 'function', 'gradients', 'stop_gradient',
+    'identity', 'print_tensor', 'zeros', 'ones', 'eye', 'zeros_like', 'ones_like',
+]
+
+epsilon = config.epsilon
+set_epsilon = config.set_epsilon
+floatx = config.floatx
+set_floatx = config.set_floatx
+image_data_format = config.image_data_format
+set_image_data_format = config.set_image_data_format
+image_dim_ordering = config.image_dim_ordering
+set_image_dim_ordering = config.set_image_dim_ordering
+normalize_data_format = config.normalize_data_format
+get_uid = graph.get_uid
+reset_uids = graph.reset_uids
+name_scope = graph.name_scope
+
+
+def backend():
+    """The name of this backend, as Keras's ``K.backend()`` reports it."""
+    return 'gpuk.backend'
+
+
+def cast_to_floatx(x):
+    """Casts a NumPy array (or Python value) to floatx; returns a NumPy array."""
+    return np.asarray(x, dtype=floatx())
+
+
+def symbolic(func):
+    """Decorator kept for API compatibility: gpuk is always symbolic."""
+    return func
+
+
+def eager(func):
+    """Decorator kept for API compatibility: gpuk is always symbolic."""
+    return func
+
+
+# --- session and learning phase ---------------------------------------------------------
+
+_session = {'learning_phase': None, 'fixed_phase': None, 'manual_init': False}
+
+
+def learning_phase():
+    """The learning phase flag: a scalar placeholder (0 = test, 1 = train, default 0), or
+    the Python int given to set_learning_phase."""
+    if _session['fixed_phase'] is not None:
+        return _session['fixed_phase']
+    if _session['learning_phase'] is None:
+        phase = Placeholder((), 'uint8', name='keras_learning_phase')
+        phase.default_value = 0
+        _session['learning_phase'] = phase
+    return _session['learning_phase']
+
+
+def set_learning_phase(value):
+    """Fixes the learning phase to 0 (test) or 1 (train)."""
+    if value not in (0, 1) or isinstance(value, float):
+        raise ValueError('set_learning_phase: value must be 0 or 1, got %r' % (value,))
+    _session['fixed_phase'] = int(value)
+
+
+@contextlib.contextmanager
+def learning_phase_scope(value):
+    """Context manager fixing the learning phase to ``value`` inside it."""
+    if value not in (0, 1) or isinstance(value, float):
+        raise ValueError('learning_phase_scope: value must be 0 or 1, got %r' % (value,))
+    previous = _session['fixed_phase']
+    _session['fixed_phase'] = int(value)
+    try:
+        yield value
+    finally:
+        _session['fixed_phase'] = previous
+
+
+def clear_session():
+    """Forgets the learning phase, uids and used names (a fresh graph)."""
+    _session.update(learning_phase=None, fixed_phase=None)
+    graph.reset_uids()
+    graph.forget_names()
+
+
+def manual_variable_initialization(value):
+    """Kept for API compatibility: gpuk variables always hold their value from creation."""
+    _session['manual_init'] = bool(value)
+
+
+def get_session():
+    """gpuk has no session object; returns None (kept for API compatibility)."""
+    return None
+
+
+def set_session(session):
+    """Kept for API compatibility; gpuk has no session."""
+
+
+@contextlib.contextmanager
+def control_dependencies(control_inputs):
+    """Kept for API compatibility: gpuk runs every node a result depends on."""
+    yield
+
+
+# --- sparse ---------------------------------------------------------------------------
+
+def is_sparse(tensor):
+    """Whether ``tensor`` was created sparse (gpuk computes densely on it)."""
+    return bool(getattr(tensor, 'is_sparse', False))
+
+
+def to_dense(tensor):
+    """The dense form of ``tensor`` (gpuk keeps sparse tensors dense already)."""
+    if is_sparse(tensor) and isinstance(tensor, Tensor):
+        return identity(tensor)
+    return tensor
+
+
+# --- leaves -----------------------------------------------------------------------------
+
+def variable(value, dtype=None, name=None, constraint=None):
+    """Instantiates a variable holding ``value`` (array, list, scalar or scipy.sparse matrix).
+
+    # Arguments
+        value: initial value.
+        dtype: type of the variable (default floatx).
+        name: optional name; made unique within the current name scope.
+        constraint: optional projection applied after optimizer updates.
+    # Returns
+        A variable.
+    """
+    sparse = hasattr(value, 'tocoo')
+    if sparse:
+        value = value.toarray()
+    elif isinstance(value, Tensor):
+        value = eval(value)
+    v = Variable(value, graph.dtype_name(dtype), name=name, constraint=constraint)
+    v.is_sparse = sparse
+    return v
+
+
+def constant(value, dtype=None, shape=None, name=None):
+    """A constant tensor; a scalar ``value`` with ``shape`` fills that shape."""
+    dtype = graph.dtype_name(dtype)
+    array = np.asarray(value, dtype=dtype)
+    if shape is not None:
+        shape = graph.normalize_shape(shape, 'constant')
+        if array.size == 1:
+            array = np.full(shape, array.reshape(()), dtype=dtype)
+        elif array.shape != shape:
+            array = array.reshape(shape)
+    return Constant(array, name=name)
+
+
+def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
+    """A placeholder: an input fed when a function runs.
+
+    # Arguments
+        shape: tuple of ints or None entries; or give ``ndim``.
+        ndim: number of axes when ``shape`` is not given.
+        dtype: placeholder type (default floatx).
+        sparse: whether it stands for a sparse input (fed scipy.sparse, computed densely).
+        name: optional name.
+    """
+    if shape is None:
+        if ndim is None:
+            raise ValueError('placeholder: give shape or ndim')
+        shape = (None,) * int(ndim)
+    shape = graph.normalize_shape(shape, 'placeholder')
+    x = Placeholder(shape, graph.dtype_name(dtype), name=name, sparse=sparse)
+    x._keras_shape = shape
+    x._uses_learning_phase = False
+    return x
+
+
+def is_variable(x):
+    return isinstance(x, Variable)
+
+
+def is_tensor(x):
+    return isinstance(x, Tensor)
+
+
+def is_keras_tensor(x):
+    """Whether ``x`` came from a Keras layer or Input; ValueError for non-tensors."""
+    if not is_tensor(x):
+        raise ValueError('is_keras_tensor: expected a symbolic tensor, got an instance of %s'
+                         % type(x).__name__)
+    return hasattr(x, '_keras_history')
+
+
+def is_placeholder(x):
+    return bool(getattr(x, '_is_placeholder', False))
+
+
+# --- static information -------------------------------------------------------------------
+
+def int_shape(x):
+    """The static shape of ``x`` as a tuple of ints / None (Keras's ``_keras_shape`` wins)."""
+    if hasattr(x, '_keras_shape'):
+        return x._keras_shape
+    if isinstance(x, Tensor):
+        return x.shape
+    try:
+        return tuple(int(d) for d in x.shape)
+    except (AttributeError, TypeError):
+        return None
+
+
+def ndim(x):
+    shape = int_shape(x)
+    return None if shape is None else len(shape)
+
+
+def dtype(x):
+    """The dtype of a tensor or variable, as a string."""
+    if isinstance(x, Tensor):
+        return x.dtype
+    return np.asarray(x).dtype.name
+
+
+def count_params(x):
+    """Number of scalars in a variable (or tensor of static shape)."""
+    shape = int_shape(x)
+    if shape is None or None in shape:
+        raise ValueError('count_params: %r has a shape with unknown dims: %s' % (getattr(x, 'name', x), shape))
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def get_variable_shape(x):
+    return int_shape(x)
+
+
+# --- values -------------------------------------------------------------------------------
+
+def eval(x):
+    """Evaluates a tensor (with no placeholders needed); returns a NumPy array."""
+    if isinstance(x, Variable):
+        return np.array(device.to_host(x.value), copy=True)
+    if not isinstance(x, Tensor):
+        return np.asarray(x)
+    return Function([], [x])([])[0]
+
+
+def get_value(x):
+    """The value of a variable, as a NumPy array."""
+    if not isinstance(x, Tensor):
+        raise TypeError('get_value: expected a variable, got %r' % (x,))
+    return eval(x)
+
+
+def batch_get_value(ops):
+    return [get_value(x) for x in ops]
+
+
+def set_value(x, value):
+    """Sets a variable's value from a NumPy array (shape must match)."""
+    if not isinstance(x, Variable):
+        raise TypeError('set_value: expected a variable, got %r' % (x,))
+    x.assign(np.asarray(value), where='set_value')
+
+
+def batch_set_value(tuples):
+    """Sets several variables; all shapes are checked before any value changes."""
+    tuples = list(tuples)
+    for x, value in tuples:
+        if not isinstance(x, Variable):
+            raise TypeError('batch_set_value: expected variables, got %r' % (x,))
+        if tuple(np.shape(value)) != x.shape:
+            raise ValueError('batch_set_value: value of shape %s does not fit variable %r of shape %s'
+                             % (np.shape(value), x.name, x.shape))
+    for x, value in tuples:
+        x.assign(np.asarray(value), where='batch_set_value')
+
+
+def cast(x, dtype):
+    """Casts a tensor to ``dtype``."""
+    return ew.cast(x, dtype)
+
+
+# --- updates ------------------------------------------------------------------------------
+
+def _check_update(x, where):
+    if not isinstance(x, Variable):
+        raise TypeError('%s: x must be a variable, got %r' % (where, x))
+
+
+def update(x, new_x):
+    """An update assigning ``new_x`` to variable ``x`` (pass it to K.function's updates)."""
+    _check_update(x, 'update')
+    return Update(x, ew.cast(graph.as_tensor(new_x, x.dtype), x.dtype))
+
+
+def update_add(x, increment):
+    _check_update(x, 'update_add')
+    return Update(x, ew.cast(x + increment, x.dtype))
+
+
+def update_sub(x, decrement):
+    _check_update(x, 'update_sub')
+    return Update(x, ew.cast(x - decrement, x.dtype))
+
+
+def moving_average_update(x, value, momentum):
+    """An update ``x <- x - (x - value) * (1 - momentum)``."""
+    _check_update(x, 'moving_average_update')
+    return Update(x, ew.cast(x - (x - ew.cast(value, x.dtype)) * (1.0 - momentum), x.dtype))
+
+
+# --- functions and gradients --------------------------------------------------------------
+
+def function(inputs, outputs, updates=None, **kwargs):
+    """Compiles ``outputs`` (and ``updates``) of ``inputs`` into a callable.
+
+    # Arguments
+        inputs: list of placeholders.
+        outputs: list of tensors (or one tensor).
+        updates: list of K.update(...) results or (variable, new_value) tuples.
+        name: optional name.
+    # Returns
+        A callable taking a list of values (arrays or Python scalars) and returning a list
+        of NumPy arrays.
+    """
+    name = kwargs.pop('name', None)
+    if kwargs:
+        raise ValueError('function: unexpected keyword arguments %s' % sorted(kwargs))
+    return Function(inputs, outputs, updates=updates, name=name)
+
+
+def gradients(loss, variables):
+    """Gradients of ``loss`` with respect to ``variables`` (None where disconnected)."""
+    return _gradients(loss, variables)
+
+
+def stop_gradient(variables):
+    """``variables`` (a tensor or a list) with no gradient flowing back through them."""
+    if isinstance(variables, (list, tuple)):
+        return [graph.apply(StopGradient(), v) for v in variables]
+    return graph.apply(StopGradient(), variables)
+
+
+def identity(x, name=None):
+    """A new tensor equal to ``x``."""
+    return graph.apply(Identity(), x)
+
+
+def print_tensor(x, message=''):
+    """``x``, printing ``message`` and its value whenever it is evaluated."""
+    return graph.apply(PrintTensor(message), x)
+
+
+# --- filled tensors (as variables, like Keras's tensorflow backend) -------------------------
+
+def _filled_variable(fill, shape, dtype, name, where):
+    dtype = graph.dtype_name(dtype)
+    static = _static_shape(shape, where)
+    if static is not None:
+        return variable(fill(static, dtype), dtype=dtype, name=name)
+    from gpuk.ops.shape import fill_shape
+    return fill_shape(shape, 0 if fill is np.zeros else 1, dtype)
+
+
+def _static_shape(shape, where):
+    from gpuk.ops.shape import static_shape_tuple
+    return static_shape_tuple(shape, where)
+
+
+def zeros(shape, dtype=None, name=None):
+    """A variable of zeros (a tensor when ``shape`` holds symbolic dims)."""
+    return _filled_variable(np.zeros, shape, dtype, name, 'zeros')
+
+
+def ones(shape, dtype=None, name=None):
+    """A variable of ones (a tensor when ``shape`` holds symbolic dims)."""
+    return _filled_variable(np.ones, shape, dtype, name, 'ones')
+
+
+def eye(size, dtype=None, name=None):
+    """An identity-matrix variable; ``size`` an int or (rows, cols)."""
+    rows, cols = (size, size) if np.ndim(size) == 0 else tuple(size)
+    return variable(np.eye(rows, cols), dtype=dtype, name=name)
+
+
+def zeros_like(x, dtype=None, name=None):
+    return ew.zeros_like(x, dtype)
+
+
+def ones_like(x, dtype=None, name=None):
+    return ew.ones_like(x, dtype)

@@ -1,0 +1,187 @@
+"""Global settings: floatx, epsilon, image data format (Keras 2 semantics), kernel
+selection per family and the float32 precision policy.
+
+Keras keeps floatx/epsilon/image_data_format in ``keras.backend.common``. When Keras has
+loaded gpuk as its backend that module is the single source of truth, so a
+``K.set_floatx`` done through Keras reaches gpuk; otherwise gpuk keeps its own copy,
+initialised from ``$KERAS_HOME/keras.json`` (or ``~/.keras/keras.json``) like Keras does.
+"""
+import json
+import os
+import sys
+
+_FLOAT_TYPES = ('float16', 'float32', 'float64')
+_DATA_FORMATS = ('channels_first', 'channels_last')
+KERNEL_FAMILIES = ('conv', 'pool', 'batchnorm', 'softmax_xent', 'ctc')
+KERNEL_CHOICES = ('gpuk', 'cudnn', 'auto')
+PRECISIONS = ('float32', 'tf32')
+
+
+def _keras_config_path():
+    if 'KERAS_HOME' in os.environ:
+        keras_dir = os.environ['KERAS_HOME']
+    else:
+        base = os.path.expanduser('~')
+        if not os.access(base, os.W_OK):
+            base = '/tmp'
+        keras_dir = os.path.join(base, '.keras')
+    return os.path.join(keras_dir, 'keras.json')
+
+
+def _read_keras_json():
+    """Settings from keras.json; anything missing or malformed gives the default."""
+    settings = {'floatx': 'float32', 'epsilon': 1e-7,
+                'image_data_format': 'channels_last'}
+    try:
+        with open(_keras_config_path()) as f:
+            stored = json.load(f)
+    except (OSError, ValueError):
+        return settings
+    if not isinstance(stored, dict):
+        return settings
+    if stored.get('floatx') in _FLOAT_TYPES:
+        settings['floatx'] = stored['floatx']
+    if isinstance(stored.get('epsilon'), (int, float)) and not isinstance(stored.get('epsilon'), bool):
+        settings['epsilon'] = float(stored['epsilon'])
+    if stored.get('image_data_format') in _DATA_FORMATS:
+        settings['image_data_format'] = stored['image_data_format']
+    return settings
+
+
+_settings = _read_keras_json()
+
+
+def _keras_common():
+    """keras.backend.common once Keras is (being) imported, else None."""
+    return sys.modules.get('keras.backend.common')
+
+
+def floatx():
+    """Returns the default float type, as a string ('float16', 'float32' or 'float64')."""
+    common = _keras_common()
+    return common.floatx() if common is not None else _settings['floatx']
+
+
+def set_floatx(value):
+    """Sets the default float type."""
+    if value not in _FLOAT_TYPES:
+        raise ValueError('set_floatx: floatx must be one of %s, got %r' % (_FLOAT_TYPES, value))
+    _settings['floatx'] = str(value)
+    common = _keras_common()
+    if common is not None:
+        common.set_floatx(value)
+
+
+def epsilon():
+    """Returns the fuzz factor used in numeric expressions."""
+    common = _keras_common()
+    return common.epsilon() if common is not None else _settings['epsilon']
+
+
+def set_epsilon(e):
+    """Sets the fuzz factor used in numeric expressions."""
+    if isinstance(e, bool) or not isinstance(e, (int, float)):
+        raise TypeError('set_epsilon: e must be a float, got %r' % (e,))
+    _settings['epsilon'] = float(e)
+    common = _keras_common()
+    if common is not None:
+        common.set_epsilon(e)
+
+
+def image_data_format():
+    """Returns the default image data format ('channels_first' or 'channels_last')."""
+    common = _keras_common()
+    return common.image_data_format() if common is not None else _settings['image_data_format']
+
+
+def set_image_data_format(data_format):
+    """Sets the default image data format."""
+    if data_format not in _DATA_FORMATS:
+        raise ValueError('set_image_data_format: data_format must be one of %s, got %r'
+                         % (_DATA_FORMATS, data_format))
+    _settings['image_data_format'] = str(data_format)
+    common = _keras_common()
+    if common is not None:
+        common.set_image_data_format(data_format)
+
+
+def image_dim_ordering():
+    """Legacy setting: 'tf' for channels_last, 'th' for channels_first."""
+    return 'th' if image_data_format() == 'channels_first' else 'tf'
+
+
+def set_image_dim_ordering(dim_ordering):
+    """Legacy setter: 'tf' means channels_last, 'th' channels_first."""
+    if dim_ordering not in ('tf', 'th'):
+        raise ValueError("set_image_dim_ordering: dim_ordering must be 'tf' or 'th', got %r"
+                         % (dim_ordering,))
+    set_image_data_format('channels_first' if dim_ordering == 'th' else 'channels_last')
+
+
+def normalize_data_format(value):
+    """Checks a data_format argument; None means the global default."""
+    if value is None:
+        value = image_data_format()
+    data_format = value.lower() if isinstance(value, str) else value
+    if data_format not in _DATA_FORMATS:
+        raise ValueError('normalize_data_format: data_format must be one of %s, got %r'
+                         % (_DATA_FORMATS, value))
+    return data_format
+
+
+# --- kernel selection and precision -------------------------------------------------
+
+def _parse_kernel_spec(spec):
+    """'conv=auto,ctc=gpuk' -> {'conv': 'auto', 'ctc': 'gpuk'}."""
+    choices = {}
+    for item in filter(None, (part.strip() for part in spec.split(','))):
+        family, sep, choice = item.partition('=')
+        family, choice = family.strip(), choice.strip()
+        if not sep or family not in KERNEL_FAMILIES or choice not in KERNEL_CHOICES:
+            raise ValueError('GPUK_KERNELS: expected comma-separated family=choice with family in %s '
+                             'and choice in %s, got %r' % (KERNEL_FAMILIES, KERNEL_CHOICES, item))
+        choices[family] = choice
+    return choices
+
+
+_kernels = dict.fromkeys(KERNEL_FAMILIES, 'gpuk')
+_kernels.update(_parse_kernel_spec(os.environ.get('GPUK_KERNELS', '')))
+_precision = {'value': 'float32'}
+
+
+def set_kernels(spec=None, **families):
+    """Chooses the implementation per kernel family: 'gpuk' (handwritten), 'cudnn' or 'auto'.
+
+    # Arguments
+        spec: optional string like ``'conv=auto,ctc=gpuk'`` (the GPUK_KERNELS syntax).
+        **families: e.g. ``conv='cudnn'``.
+    """
+    choices = _parse_kernel_spec(spec) if spec else {}
+    for family, choice in families.items():
+        if family not in KERNEL_FAMILIES:
+            raise ValueError('set_kernels: family must be one of %s, got %r' % (KERNEL_FAMILIES, family))
+        if choice not in KERNEL_CHOICES:
+            raise ValueError('set_kernels: %s must be one of %s, got %r' % (family, KERNEL_CHOICES, choice))
+        choices[family] = choice
+    _kernels.update(choices)
+
+
+def kernels(family=None):
+    """The implementation chosen for ``family``, or a dict of all choices."""
+    if family is None:
+        return dict(_kernels)
+    if family not in KERNEL_FAMILIES:
+        raise ValueError('kernels: family must be one of %s, got %r' % (KERNEL_FAMILIES, family))
+    return _kernels[family]
+
+
+def set_precision(value):
+    """float32 math policy: 'float32' (strict FFMA, the default) or 'tf32' (tensor cores, opt-in)."""
+    if value not in PRECISIONS:
+        raise ValueError('set_precision: precision must be one of %s, got %r' % (PRECISIONS, value))
+    _precision['value'] = value
+
+
+def precision():
+    """The float32 math policy: 'float32' or 'tf32'."""
+    return _precision['value']

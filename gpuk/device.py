@@ -1,0 +1,148 @@
+"""Where arrays live and which implementation computes them.
+
+``GPUK_DEVICE`` picks the device once, on first use:
+- ``cuda``: CuPy arrays on the GPU, handwritten CUDA kernels; an error if no GPU is usable;
+- ``cpu``: NumPy arrays, the NumPy twins in ``gpuk.cpu_fallback``;
+- ``emulate``: NumPy arrays, the CUDA kernels run on the emulated CUDA runtime;
+- ``auto`` (default): ``cuda`` when CuPy finds a usable GPU, else ``cpu``.
+
+Importing gpuk never fails for lack of CuPy, a driver or a GPU: probing happens lazily.
+All host<->device copies go through ``to_device`` / ``to_host``.
+"""
+import importlib
+import os
+
+import numpy as np
+
+DEVICE_KINDS = ('auto', 'cuda', 'cpu', 'emulate')
+# The five kernel families; each has gpuk/cpu_fallback/<name>.py and, once written,
+# gpuk/kernels/<name>.py with the same functions.
+FAMILY_MODULES = ('elementwise', 'conv', 'pooling', 'batchnorm', 'softmax_xent', 'ctc')
+
+_state = {'kind': None, 'impl': None}
+
+
+class DeviceError(RuntimeError):
+    """The requested device cannot be used."""
+
+
+def _gpu_unusable_reason():
+    """None when CuPy sees a usable GPU, else a sentence saying why not."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken CUDA install raising anything
+        return 'CuPy cannot be imported (%s: %s)' % (type(exc).__name__, exc)
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return 'the CUDA driver/runtime is not usable (%s: %s)' % (type(exc).__name__, exc)
+    if count < 1:
+        return 'CUDA reports no GPU'
+    return None
+
+
+def _resolve_kind():
+    requested = os.environ.get('GPUK_DEVICE', 'auto').strip().lower() or 'auto'
+    if requested not in DEVICE_KINDS:
+        raise DeviceError('GPUK_DEVICE must be one of %s, got %r' % (DEVICE_KINDS, requested))
+    if requested in ('cpu', 'emulate'):
+        return requested
+    reason = _gpu_unusable_reason()
+    if reason is None:
+        return 'cuda'
+    if requested == 'cuda':
+        raise DeviceError('GPUK_DEVICE=cuda but no GPU is usable: %s' % reason)
+    return 'cpu'
+
+
+def kind():
+    """The device in use: 'cuda', 'cpu' or 'emulate'."""
+    if _state['kind'] is None:
+        _state['kind'] = _resolve_kind()
+    return _state['kind']
+
+
+def set_device(name):
+    """Switches device ('auto', 'cuda', 'cpu', 'emulate'); existing variables keep their arrays,
+    so call this before creating any."""
+    if name not in DEVICE_KINDS:
+        raise ValueError('set_device: name must be one of %s, got %r' % (DEVICE_KINDS, name))
+    previous = os.environ.get('GPUK_DEVICE')
+    os.environ['GPUK_DEVICE'] = name
+    try:
+        _state['kind'] = _resolve_kind()
+    finally:
+        if previous is None:
+            del os.environ['GPUK_DEVICE']
+        else:
+            os.environ['GPUK_DEVICE'] = previous
+    _state['impl'] = None
+
+
+def xp():
+    """The array namespace of the device: cupy on 'cuda', numpy otherwise."""
+    return impl().xp
+
+
+class Implementation:
+    """What ops compute with: ``.xp`` plus one module per kernel family, imported on first use.
+
+    On 'cuda' and 'emulate' a family uses gpuk.kernels.<family> where that launcher exists and
+    the NumPy twin gpuk.cpu_fallback.<family> otherwise; on 'cpu' always the NumPy twin.
+    """
+
+    def __init__(self, device_kind, array_module):
+        self.kind = device_kind
+        self.xp = array_module
+        self._use_kernels = device_kind in ('cuda', 'emulate')
+
+    def __getattr__(self, family):
+        if family not in FAMILY_MODULES:
+            raise AttributeError(family)
+        module = None
+        if self._use_kernels:
+            try:
+                module = importlib.import_module('gpuk.kernels.' + family)
+            except ModuleNotFoundError as exc:
+                if exc.name != 'gpuk.kernels.' + family:
+                    raise
+        if module is None:
+            module = importlib.import_module('gpuk.cpu_fallback.' + family)
+        setattr(self, family, module)
+        return module
+
+
+def impl():
+    """The Implementation of the current device (see ``Implementation``)."""
+    if _state['impl'] is None:
+        device_kind = kind()
+        if device_kind == 'cuda':
+            import cupy
+            array_module = cupy
+        else:
+            array_module = np
+        if device_kind in ('cuda', 'emulate'):
+            from gpuk.kernels import runtime
+            runtime.set_current(device_kind)
+        _state['impl'] = Implementation(device_kind, array_module)
+    return _state['impl']
+
+
+def to_device(value, dtype=None):
+    """An array of the device's namespace holding ``value`` (copied to the GPU when needed)."""
+    array_module = xp()
+    if array_module is np:
+        return np.asarray(value, dtype=dtype)
+    if not isinstance(value, array_module.ndarray):
+        value = np.asarray(to_host(value), dtype=dtype)
+    return array_module.asarray(value, dtype=dtype)
+
+
+def to_host(value):
+    """A NumPy array (or NumPy scalar) holding ``value``."""
+    if isinstance(value, np.ndarray):
+        return value
+    get = getattr(value, 'get', None)
+    if get is not None and type(value).__module__.startswith('cupy'):
+        return get()
+    return np.asarray(value)

@@ -1,0 +1,205 @@
+"""K.function: a graph compiled into a flat execution plan.
+
+The plan is made once per function: nodes in topological order, each tensor given a slot,
+constant subgraphs folded, every slot freed after its last use. Running it feeds the
+placeholders, reads the variables, executes the plan, then applies the updates, all of
+whose new values are computed (from the old values) before any is assigned.
+"""
+import numpy as np
+
+from gpuk import device
+from gpuk.graph import Constant, Placeholder, Tensor, Variable, topological_nodes
+
+
+class Update:
+    """What K.update returns: assign ``value`` to ``variable`` when a function runs it."""
+
+    def __init__(self, variable, value):
+        self.variable = variable
+        self.value = value
+
+
+def normalize_update(update, where='function'):
+    if isinstance(update, Update):
+        return update.variable, update.value
+    if isinstance(update, (tuple, list)) and len(update) == 2:
+        variable, value = update
+        if not isinstance(variable, Variable):
+            raise TypeError('%s: updates must assign to variables, got %r' % (where, variable))
+        from gpuk.graph import as_tensor
+        return variable, as_tensor(value, variable.dtype)
+    raise TypeError('%s: each update must be K.update(...) or a (variable, value) tuple, got %r'
+                    % (where, update))
+
+
+def _feed_array(placeholder, value):
+    """The device array fed to ``placeholder``, checked against its static shape."""
+    if hasattr(value, 'toarray') and hasattr(value, 'tocoo'):  # scipy.sparse input
+        value = value.toarray()
+    array = device.to_device(value, placeholder.dtype)
+    shape = placeholder.shape
+    if shape is not None and (array.ndim != len(shape) or any(
+            d is not None and d != a for d, a in zip(shape, array.shape))):
+        raise ValueError('function: input %r expects shape %s, got %s'
+                         % (placeholder.name, shape, tuple(array.shape)))
+    return array
+
+
+def _constant_value(constant, impl):
+    cached = constant._device_value
+    if cached is None or cached[0] is not impl:
+        constant._device_value = cached = (impl, device.to_device(constant.value))
+    return cached[1]
+
+
+class Plan:
+    """Instructions ``(forward, input_slots, output_slots, slots_to_free)`` over a slot list."""
+
+    def __init__(self, inputs, targets, impl):
+        self.impl = impl
+        nodes = topological_nodes(targets)
+        slot_of = {}
+
+        def slot(t):
+            if t not in slot_of:
+                slot_of[t] = len(slot_of)
+            return slot_of[t]
+
+        self.input_slots = [slot(t) for t in inputs]
+        self.variables, self.fixed = [], []
+        for node in nodes:
+            for t in node.inputs:
+                if t.node is not None or t in slot_of:
+                    continue
+                if isinstance(t, Variable):
+                    self.variables.append((slot(t), t))
+                elif isinstance(t, Constant):
+                    self.fixed.append((slot(t), _constant_value(t, impl)))
+                elif isinstance(t, Placeholder):
+                    self._feed_default(t, slot(t))
+        for t in targets:  # leaf targets (a variable or constant returned directly)
+            if t.node is None and t not in slot_of:
+                if isinstance(t, Variable):
+                    self.variables.append((slot(t), t))
+                elif isinstance(t, Constant):
+                    self.fixed.append((slot(t), _constant_value(t, impl)))
+                else:
+                    self._feed_default(t, slot(t))
+        self.target_slots = [slot(t) for t in targets]
+        self.steps = [(node.op, [slot(t) for t in node.inputs], [slot(t) for t in node.outputs])
+                      for node in nodes]
+        self.n_slots = len(slot_of)
+        self._fold_constants()
+        self._plan_frees()
+
+    def _feed_default(self, placeholder, slot):
+        if slot in self.input_slots:
+            return
+        default = getattr(placeholder, 'default_value', None)
+        if default is None:
+            raise ValueError('function: placeholder %r is needed but is not among the inputs'
+                             % placeholder.name)
+        self.fixed.append((slot, device.to_device(default, placeholder.dtype)))
+
+    def _fold_constants(self):
+        """Runs now the steps whose inputs are all constants; their outputs become fixed."""
+        known = {slot: value for slot, value in self.fixed}
+        remaining = []
+        for op, ins, outs in self.steps:
+            if op.foldable and all(s in known for s in ins):
+                values = op.forward(self.impl, *[known[s] for s in ins])
+                values = values if isinstance(values, tuple) else (values,)
+                known.update(zip(outs, values))
+            else:
+                remaining.append((op, ins, outs))
+        needed = {s for _, ins, _ in remaining for s in ins} | set(self.target_slots)
+        self.fixed = [(s, v) for s, v in known.items() if s in needed]
+        self.steps = remaining
+
+    def _plan_frees(self):
+        keep = set(self.target_slots)
+        last_use = {}
+        for i, (_, ins, _) in enumerate(self.steps):
+            for s in ins:
+                last_use[s] = i
+        frees = [[] for _ in self.steps]
+        for s, i in last_use.items():
+            if s not in keep:
+                frees[i].append(s)
+        self.steps = [(op.forward, ins, outs, frees[i]) for i, (op, ins, outs) in enumerate(self.steps)]
+
+    def run(self, fed_arrays):
+        env = [None] * self.n_slots
+        for slot, value in self.fixed:
+            env[slot] = value
+        for slot, variable in self.variables:
+            env[slot] = variable.value
+        for slot, value in zip(self.input_slots, fed_arrays):
+            env[slot] = value
+        impl = self.impl
+        for forward, ins, outs, frees in self.steps:
+            result = forward(impl, *[env[s] for s in ins])
+            if len(outs) == 1:
+                env[outs[0]] = result
+            else:
+                for s, value in zip(outs, result):
+                    env[s] = value
+            for s in frees:
+                env[s] = None
+        return [env[s] for s in self.target_slots]
+
+
+class Function:
+    """A compiled graph: call it with a list of input values, get a list of NumPy arrays."""
+
+    def __init__(self, inputs, outputs, updates=None, name=None):
+        if not isinstance(inputs, (list, tuple)):
+            raise TypeError('function: inputs must be a list of placeholders, got %r' % (inputs,))
+        for x in inputs:
+            if not isinstance(x, Placeholder):
+                raise TypeError('function: inputs must be placeholders, got %r' % (x,))
+        self.single_output = not isinstance(outputs, (list, tuple))
+        outputs = [outputs] if self.single_output else list(outputs)
+        for y in outputs:
+            if not isinstance(y, Tensor):
+                raise TypeError('function: outputs must be tensors, got %r' % (y,))
+        self.inputs = list(inputs)
+        self.outputs = outputs
+        self.updates = [normalize_update(u) for u in (updates or [])]
+        self.name = name
+        self._plan = None
+
+    def _compiled(self):
+        impl = device.impl()
+        if self._plan is None or self._plan.impl is not impl:
+            targets = self.outputs + [value for _, value in self.updates]
+            self._plan = Plan(self.inputs, targets, impl)
+        return self._plan
+
+    def __call__(self, inputs):
+        if isinstance(inputs, dict):
+            inputs = [inputs[x] for x in self.inputs]
+        if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self.inputs):
+            raise ValueError('function: expected a list of %d input values, got %r'
+                             % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
+                                else '%d values' % len(inputs)))
+        fed = [_feed_array(p, v) for p, v in zip(self.inputs, inputs)]
+        values = self._compiled().run(fed)
+        n_out = len(self.outputs)
+        new_values = values[n_out:]
+        for (variable, _), value in zip(self.updates, new_values):
+            if tuple(value.shape) != variable.shape:
+                raise ValueError('function: update of %r has shape %s, variable has %s'
+                                 % (variable.name, tuple(value.shape), variable.shape))
+        for (variable, _), value in zip(self.updates, new_values):
+            variable.value = value.astype(variable.dtype, copy=False)
+        results = [_host_copy(v) for v in values[:n_out]]
+        return results
+
+
+def _host_copy(array):
+    """A NumPy array the caller may modify without touching gpuk's state (a variable's
+    value, a constant or a view of one)."""
+    if isinstance(array, np.ndarray) or np.isscalar(array):
+        return np.array(array, copy=True)
+    return device.to_host(array)

@@ -1,0 +1,331 @@
+"""The symbolic graph: tensors, leaves (placeholders, variables, constants) and op nodes.
+
+Every tensor knows its static shape (a tuple with None for unknown dims) and dtype (a numpy
+dtype name). Op nodes are made by ``apply(op, *inputs)``; ops live in gpuk/ops and follow the
+contract in ops/base.py. Python operators on tensors build nodes through gpuk.ops.
+"""
+import collections
+import contextlib
+import itertools
+
+import numpy as np
+
+from gpuk import config
+
+Meta = collections.namedtuple('Meta', 'shape dtype')
+
+_uid_counters = collections.defaultdict(int)
+_used_names = set()
+_scope_stack = []
+
+
+# --- names ---------------------------------------------------------------------------
+
+def get_uid(prefix=''):
+    """A per-prefix counter starting at 1, like Keras's K.get_uid."""
+    _uid_counters[prefix] += 1
+    return _uid_counters[prefix]
+
+
+def reset_uids():
+    """Resets the counters behind get_uid."""
+    _uid_counters.clear()
+
+
+def forget_names():
+    """Forgets every name handed out (clear_session)."""
+    _used_names.clear()
+
+
+@contextlib.contextmanager
+def name_scope(name):
+    """Context manager prefixing the names of variables made inside it with ``name/``."""
+    if not isinstance(name, str):
+        raise TypeError('name_scope: name must be a string, got %r' % (name,))
+    _scope_stack.append(name.rstrip('/'))
+    try:
+        yield '/'.join(_scope_stack) + '/'
+    finally:
+        _scope_stack.pop()
+
+
+def unique_name(base):
+    """``scope/base``, with ``_1``, ``_2``... appended when that name was already used."""
+    scoped = '/'.join(_scope_stack + [base]) if _scope_stack else base
+    name = scoped
+    for n in itertools.count(1):
+        if name not in _used_names:
+            break
+        name = '%s_%d' % (scoped, n)
+    _used_names.add(name)
+    return name
+
+
+# --- dtypes and shapes ---------------------------------------------------------------
+
+def dtype_name(dtype):
+    """Normalizes a dtype-like (None -> floatx) to a numpy dtype name."""
+    if dtype is None:
+        return config.floatx()
+    if isinstance(dtype, str) and dtype.startswith('float') and dtype not in ('float16', 'float32', 'float64'):
+        raise TypeError('dtype: unsupported float type %r' % (dtype,))
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        raise TypeError('dtype: expected a numpy dtype or dtype name, got %r' % (dtype,)) from None
+
+
+def normalize_shape(shape, where):
+    """A tuple of ints/None; raises ValueError naming ``where`` otherwise."""
+    if shape is None:
+        return None
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError('%s: shape must be a tuple of ints or None, got %r' % (where, shape)) from None
+    out = []
+    for d in dims:
+        if d is None:
+            out.append(None)
+        elif isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0:
+            out.append(int(d))
+        else:
+            raise ValueError('%s: shape entries must be non-negative ints or None, got %r' % (where, shape))
+    return tuple(out)
+
+
+# --- tensors -------------------------------------------------------------------------
+
+def _ops():
+    # Late import: ops build on this module, operators on Tensor build ops.
+    from gpuk.ops import operators
+    return operators
+
+
+class Tensor:
+    """A symbolic value: output ``index`` of ``node`` (None for leaves)."""
+
+    # Attributes Keras reads on tensors; instances may override them (Keras assigns them).
+    _uses_learning_phase = False
+    _is_placeholder = False
+    is_sparse = False
+    __array_ufunc__ = None  # numpy defers to our reflected operators
+
+    def __init__(self, node, index, shape, dtype, name=None):
+        self.node = node
+        self.index = index
+        self._shape = shape
+        self.dtype = dtype
+        self.name = name or unique_name(type(node.op).__name__ if node is not None else 'tensor')
+
+    @property
+    def meta(self):
+        return Meta(self._shape, self.dtype)
+
+    @property
+    def shape(self):
+        """The static shape (None for unknown dims)."""
+        return self._shape
+
+    @property
+    def ndim(self):
+        return None if self._shape is None else len(self._shape)
+
+    def __repr__(self):
+        return '<gpuk.Tensor %r shape=%s dtype=%s>' % (self.name, self._shape, self.dtype)
+
+    # Identity semantics: tensors are dict keys (Keras relies on that).
+    __hash__ = object.__hash__
+
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    def __bool__(self):
+        raise TypeError('Tensor %r has no truth value while building a graph; use K.switch' % self.name)
+
+    def __iter__(self):
+        raise TypeError('Tensor %r is not iterable; index it or use K.map_fn' % self.name)
+
+    def __len__(self):
+        raise TypeError('len() of Tensor %r is undefined; use K.shape or K.int_shape' % self.name)
+
+    def __getitem__(self, key):
+        return _ops().getitem(self, key)
+
+    def __neg__(self):
+        return _ops().unary('negative', self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return _ops().unary('abs', self)
+
+    def __invert__(self):
+        return _ops().unary('logical_not', self)
+
+
+def _binary_method(name, reflected=False):
+    if reflected:
+        def method(self, other):
+            return _ops().binary(name, other, self)
+    else:
+        def method(self, other):
+            return _ops().binary(name, self, other)
+    return method
+
+
+for _py, _op in [('add', 'add'), ('sub', 'subtract'), ('mul', 'multiply'),
+                 ('truediv', 'divide'), ('floordiv', 'floor_divide'), ('mod', 'mod'),
+                 ('pow', 'power'), ('and', 'logical_and'), ('or', 'logical_or'),
+                 ('xor', 'logical_xor'), ('matmul', 'matmul')]:
+    setattr(Tensor, '__%s__' % _py, _binary_method(_op))
+    setattr(Tensor, '__r%s__' % _py, _binary_method(_op, reflected=True))
+for _py, _op in [('lt', 'less'), ('le', 'less_equal'), ('gt', 'greater'), ('ge', 'greater_equal')]:
+    setattr(Tensor, '__%s__' % _py, _binary_method(_op))
+
+
+class Placeholder(Tensor):
+    """An input fed when a function runs."""
+    _is_placeholder = True
+
+    def __init__(self, shape, dtype, name=None, sparse=False):
+        super().__init__(None, 0, shape, dtype, unique_name(name or 'placeholder'))
+        self.is_sparse = bool(sparse)
+
+
+class Constant(Tensor):
+    """A fixed host value (a NumPy array); copied to the device once, when first used."""
+
+    def __init__(self, value, dtype=None, name=None):
+        value = np.asarray(value, dtype=dtype)
+        super().__init__(None, 0, value.shape, value.dtype.name, unique_name(name or 'Const'))
+        self.value = value
+        self._device_value = None
+
+
+class Variable(Tensor):
+    """A stateful leaf; its value is an array of the current device."""
+
+    def __init__(self, value, dtype, name=None, constraint=None):
+        from gpuk import device
+        value = device.to_device(value, dtype)
+        super().__init__(None, 0, tuple(value.shape), value.dtype.name, unique_name(name or 'Variable'))
+        self.value = value
+        self.constraint = constraint
+        self._keras_shape = tuple(value.shape)
+        self._uses_learning_phase = False
+
+    def assign(self, new_value, where='set_value'):
+        """Replaces the value; shape must match, dtype is cast to the variable's."""
+        from gpuk import device
+        new_value = device.to_device(new_value)
+        if tuple(new_value.shape) != self._shape:
+            raise ValueError('%s: value of shape %s does not fit variable %r of shape %s'
+                             % (where, tuple(new_value.shape), self.name, self._shape))
+        self.value = new_value.astype(self.dtype, copy=False)
+
+
+def is_leaf(tensor):
+    return tensor.node is None
+
+
+class Node:
+    """One application of an op to input tensors, with its output tensors."""
+    __slots__ = ('op', 'inputs', 'outputs')
+
+    def __init__(self, op, inputs):
+        self.op = op
+        self.inputs = inputs
+        self.outputs = ()
+
+
+def as_tensor(value, dtype=None):
+    """``value`` if it is a Tensor, else a Constant of it (dtype None keeps NumPy's inference,
+    except that Python floats become floatx)."""
+    if isinstance(value, Tensor):
+        return value
+    if dtype is None:
+        array = np.asarray(value)
+        if array.dtype == np.float64 and not isinstance(value, np.ndarray) and not isinstance(value, np.generic):
+            array = array.astype(config.floatx())
+        return Constant(array)
+    return Constant(value, dtype_name(dtype))
+
+
+def apply(op, *inputs):
+    """Adds a node applying ``op`` to ``inputs``; returns its output (a tuple if several)."""
+    inputs = tuple(as_tensor(x) for x in inputs)
+    metas = op.infer(*[t.meta for t in inputs])
+    if isinstance(metas, Meta):
+        metas = (metas,)
+    node = Node(op, inputs)
+    node.outputs = tuple(Tensor(node, i, shape, dtype) for i, (shape, dtype) in enumerate(metas))
+    return node.outputs[0] if len(node.outputs) == 1 else node.outputs
+
+
+# --- traversal and static evaluation -----------------------------------------------------
+
+def topological_nodes(outputs, stop_at=()):
+    """The nodes needed to compute ``outputs``, inputs before users. Traversal does not go
+    past tensors in ``stop_at`` (a set)."""
+    order, visited = [], set()
+    stack = [(t.node, False) for t in outputs if t.node is not None and t not in stop_at]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for t in node.inputs:
+            if t.node is not None and id(t.node) not in visited and t not in stop_at:
+                stack.append((t.node, False))
+    return order
+
+
+def leaves(outputs, stop_at=()):
+    """The leaf tensors (placeholders, variables, constants) ``outputs`` depend on, plus any
+    tensor of ``stop_at`` that is reached."""
+    found, seen = [], set()
+
+    def visit(t):
+        if id(t) not in seen:
+            seen.add(id(t))
+            found.append(t)
+    for t in outputs:
+        if t.node is None or t in stop_at:
+            visit(t)
+    for node in topological_nodes(outputs, stop_at):
+        for t in node.inputs:
+            if t.node is None or t in stop_at:
+                visit(t)
+    return found
+
+
+_NOT_STATIC = object()
+_MAX_STATIC_SIZE = 64
+
+
+def static_value(tensor):
+    """The value of ``tensor`` when the graph alone determines it (small constants, shapes
+    with known dims and cheap math on them), else None. Lets reshape/tile/zeros accept
+    ``K.shape(x)`` entries and still infer static shapes."""
+    if isinstance(tensor, Constant):
+        return tensor.value if tensor.value.size <= _MAX_STATIC_SIZE else None
+    if not isinstance(tensor, Tensor) or tensor.node is None:
+        return None
+    cached = getattr(tensor, '_static_value', _NOT_STATIC)
+    if cached is _NOT_STATIC:
+        values = tensor.node.op.static_values(tensor.node.inputs)
+        for out, value in zip(tensor.node.outputs, values or [None] * len(tensor.node.outputs)):
+            out._static_value = value
+        cached = tensor._static_value
+    return cached

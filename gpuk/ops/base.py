@@ -1,0 +1,99 @@
+"""The op contract.
+
+An op is a small object holding static attributes (axes, strides, ...). It never stores
+anything between forward and grad: by-products the backward pass needs are extra outputs.
+
+- ``infer(*metas)``: output Meta(shape, dtype) (or a tuple of them) from the input metas;
+  raises ValueError at graph-build time when static shapes already prove a mismatch.
+- ``forward(impl, *arrays)``: the output array (or a tuple). ``impl.xp`` is numpy or cupy;
+  ``impl.conv`` etc. are the kernel families. Ops never branch on the device.
+- ``grad(inputs, outputs, output_grads)``: one graph tensor (or None) per input.
+  ``output_grads`` has a tensor for every output (zeros stand in for unused ones).
+"""
+import numpy as np
+
+from gpuk import device
+from gpuk.graph import Meta  # noqa: F401  (re-exported for op modules)
+from gpuk.graph import Constant, static_value
+
+_HOST = device.Implementation('cpu', np)
+
+
+class Op:
+    """Base of every op. Subclasses set ``differentiable = False`` or override ``grad``."""
+    # A pure function of its inputs: may be constant-folded and evaluated statically.
+    foldable = True
+    differentiable = True
+
+    def infer(self, *metas):
+        raise TypeError('%s does not define infer()' % type(self).__name__)
+
+    def forward(self, impl, *arrays):
+        raise TypeError('%s does not define forward()' % type(self).__name__)
+
+    def grad(self, inputs, outputs, output_grads):
+        """Non-differentiable ops: no gradient flows to any input."""
+        return [None] * len(inputs)
+
+    def static_values(self, inputs):
+        """Output values when every input has a small static value (see graph.static_value)."""
+        if not self.foldable:
+            return None
+        values = [static_value(t) for t in inputs]
+        if any(v is None for v in values):
+            return None
+        outs = self.forward(_HOST, *values)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return [np.asarray(o) if np.size(o) <= 64 else None for o in outs]
+
+    def __repr__(self):
+        attrs = ', '.join('%s=%r' % kv for kv in sorted(vars(self).items()))
+        return '%s(%s)' % (type(self).__name__, attrs)
+
+
+def constant_like_value(value, dtype):
+    return Constant(np.asarray(value, dtype=dtype))
+
+
+def broadcast_shapes(a, b, where):
+    """Static broadcast of two shapes (None = unknown); ValueError when they cannot broadcast."""
+    if a is None or b is None:
+        return None
+    ndim = max(len(a), len(b))
+    a = (1,) * (ndim - len(a)) + tuple(a)
+    b = (1,) * (ndim - len(b)) + tuple(b)
+    out = []
+    for da, db in zip(a, b):
+        if da == 1:
+            out.append(db)
+        elif db == 1:
+            out.append(da)
+        elif da is None or db is None:
+            out.append(da if db is None else db)
+        elif da == db:
+            out.append(da)
+        else:
+            raise ValueError('%s: shapes %s and %s cannot be broadcast together' % (where, a, b))
+    return tuple(out)
+
+
+def normalize_axis(axis, ndim, where):
+    """A non-negative axis; ValueError naming ``where`` when out of range."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError('%s: axis must be an int, got %r' % (where, axis))
+    if ndim is not None:
+        if not -ndim <= axis < ndim:
+            raise ValueError('%s: axis %d is out of range for a tensor of rank %d' % (where, axis, ndim))
+        return int(axis) % ndim
+    return int(axis)
+
+
+def normalize_axes(axis, ndim, where):
+    """None -> all axes; int or list -> sorted tuple of non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (list, tuple)):
+        axes = tuple(sorted(set(normalize_axis(a, ndim, where) for a in axis)))
+    else:
+        axes = (normalize_axis(axis, ndim, where),)
+    return axes

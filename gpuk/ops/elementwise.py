@@ -1,0 +1,319 @@
+"""Elementwise ops: unary math, binary math with broadcasting, comparisons, casts, where,
+and the broadcasting helpers gradients use (sum_to_shape_of / broadcast_like)."""
+import numpy as np
+
+from gpuk import config
+from gpuk.graph import Meta, Tensor, apply, as_tensor, dtype_name
+from gpuk.ops.base import Op, broadcast_shapes
+
+
+def _is_float(dtype):
+    return np.dtype(dtype).kind == 'f'
+
+
+# --- unary ---------------------------------------------------------------------------
+
+def _sigmoid(xp, x):
+    # exp(-log(1 + exp(-x))) is accurate in both tails and never overflows.
+    return xp.exp(-xp.logaddexp(0, -x)).astype(x.dtype, copy=False)
+
+
+# name -> (forward(xp, x), gradient(x, y, g) as graph tensors or None when not differentiable)
+UNARY = {
+    'negative': (lambda xp, x: -x, lambda x, y, g: -g),
+    'abs': (lambda xp, x: xp.abs(x), lambda x, y, g: g * unary('sign', x)),
+    'sign': (lambda xp, x: xp.sign(x), None),
+    'square': (lambda xp, x: x * x, lambda x, y, g: g * x * 2),
+    'sqrt': (lambda xp, x: xp.sqrt(x), lambda x, y, g: g * 0.5 / y),
+    'exp': (lambda xp, x: xp.exp(x), lambda x, y, g: g * y),
+    'log': (lambda xp, x: xp.log(x), lambda x, y, g: g / x),
+    'log1p': (lambda xp, x: xp.log1p(x), lambda x, y, g: g / (x + 1)),
+    'expm1': (lambda xp, x: xp.expm1(x), lambda x, y, g: g * (y + 1)),
+    'sin': (lambda xp, x: xp.sin(x), lambda x, y, g: g * unary('cos', x)),
+    'cos': (lambda xp, x: xp.cos(x), lambda x, y, g: -g * unary('sin', x)),
+    'tanh': (lambda xp, x: xp.tanh(x), lambda x, y, g: g * (1 - y * y)),
+    'sigmoid': (_sigmoid, lambda x, y, g: g * y * (1 - y)),
+    'softplus': (lambda xp, x: xp.logaddexp(0, x).astype(x.dtype, copy=False),
+                 lambda x, y, g: g * unary('sigmoid', x)),
+    'softsign': (lambda xp, x: x / (1 + xp.abs(x)),
+                 lambda x, y, g: g / unary('square', 1 + unary('abs', x))),
+    'round': (lambda xp, x: xp.round(x), None),  # half to even, like TensorFlow
+    'floor': (lambda xp, x: xp.floor(x), None),
+    'ceil': (lambda xp, x: xp.ceil(x), None),
+    'logical_not': (lambda xp, x: xp.logical_not(x), None),
+    'isnan': (lambda xp, x: xp.isnan(x), None),
+    'isinf': (lambda xp, x: xp.isinf(x), None),
+}
+_BOOL_RESULT = ('logical_not', 'isnan', 'isinf')
+_FLOAT_ONLY = ('sqrt', 'exp', 'log', 'log1p', 'expm1', 'sin', 'cos', 'tanh', 'sigmoid',
+               'softplus', 'softsign')
+
+
+class Unary(Op):
+    def __init__(self, name):
+        self.name = name
+        self.differentiable = UNARY[name][1] is not None
+
+    def infer(self, x):
+        if self.name in _BOOL_RESULT:
+            return Meta(x.shape, 'bool')
+        if self.name in _FLOAT_ONLY and not _is_float(x.dtype):
+            raise TypeError('%s: expected a float tensor, got dtype %s' % (self.name, x.dtype))
+        return Meta(x.shape, x.dtype)
+
+    def forward(self, impl, x):
+        return UNARY[self.name][0](impl.xp, x)
+
+    def grad(self, inputs, outputs, output_grads):
+        rule = UNARY[self.name][1]
+        if rule is None:
+            return [None]
+        return [rule(inputs[0], outputs[0], output_grads[0])]
+
+
+def unary(name, x):
+    if name not in UNARY:
+        raise ValueError('unary: unknown op %r' % (name,))
+    return apply(Unary(name), as_tensor(x))
+
+
+# --- binary --------------------------------------------------------------------------
+
+BINARY = {
+    'add': lambda xp, a, b: a + b,
+    'subtract': lambda xp, a, b: a - b,
+    'multiply': lambda xp, a, b: a * b,
+    'divide': lambda xp, a, b: a / b,
+    'floor_divide': lambda xp, a, b: a // b,
+    'mod': lambda xp, a, b: a % b,
+    'power': lambda xp, a, b: xp.power(a, b),
+    'maximum': lambda xp, a, b: xp.maximum(a, b),
+    'minimum': lambda xp, a, b: xp.minimum(a, b),
+    'less': lambda xp, a, b: a < b,
+    'less_equal': lambda xp, a, b: a <= b,
+    'greater': lambda xp, a, b: a > b,
+    'greater_equal': lambda xp, a, b: a >= b,
+    'equal': lambda xp, a, b: a == b,
+    'not_equal': lambda xp, a, b: a != b,
+    'logical_and': lambda xp, a, b: xp.logical_and(a, b),
+    'logical_or': lambda xp, a, b: xp.logical_or(a, b),
+    'logical_xor': lambda xp, a, b: xp.logical_xor(a, b),
+}
+_COMPARISONS = ('less', 'less_equal', 'greater', 'greater_equal', 'equal', 'not_equal',
+                'logical_and', 'logical_or', 'logical_xor')
+
+
+def _binary_grads(name, a, b, y, g):
+    """Gradients of ``y = name(a, b)`` for the incoming gradient ``g``, before unbroadcasting."""
+    if name == 'add':
+        return g, g
+    if name == 'subtract':
+        return g, -g
+    if name == 'multiply':
+        return g * b, g * a
+    if name == 'divide':
+        return g / b, -g * y / b
+    if name == 'power':
+        safe_a = where(a > 0, a, ones_like(a))
+        return g * b * binary('power', a, b - 1), g * y * unary('log', safe_a) * cast(a > 0, y.dtype)
+    if name == 'maximum':  # ties send the gradient to the first input, like TensorFlow
+        return g * cast(a >= b, g.dtype), g * cast(a < b, g.dtype)
+    if name == 'minimum':
+        return g * cast(a <= b, g.dtype), g * cast(a > b, g.dtype)
+    if name == 'mod':
+        return g, -g * unary('floor', a / b)
+    return None, None
+
+
+class Binary(Op):
+    def __init__(self, name):
+        self.name = name
+        self.differentiable = name not in _COMPARISONS and name != 'floor_divide'
+
+    def infer(self, a, b):
+        shape = broadcast_shapes(a.shape, b.shape, self.name)
+        if self.name in _COMPARISONS:
+            return Meta(shape, 'bool')
+        dtype = np.result_type(a.dtype, b.dtype).name
+        if self.name == 'divide' and not _is_float(dtype):
+            dtype = config.floatx()
+        return Meta(shape, dtype)
+
+    def forward(self, impl, a, b):
+        out = BINARY[self.name](impl.xp, a, b)
+        if self.name == 'divide' and out.dtype.kind == 'f' and a.dtype.kind != 'f' and b.dtype.kind != 'f':
+            out = out.astype(config.floatx())
+        return out
+
+    def grad(self, inputs, outputs, output_grads):
+        a, b = inputs
+        if not (_is_float(a.dtype) or _is_float(b.dtype)):
+            return [None, None]
+        ga, gb = _binary_grads(self.name, a, b, outputs[0], output_grads[0])
+        return [None if ga is None else sum_to_shape_of(ga, a),
+                None if gb is None else sum_to_shape_of(gb, b)]
+
+
+def _operand_dtype(value, partner):
+    """The dtype a non-tensor operand takes next to tensor ``partner`` (TensorFlow converts
+    Python numbers and arrays to the tensor's dtype)."""
+    kind = np.asarray(value).dtype.kind
+    if kind == 'f' and not _is_float(partner.dtype) and partner.dtype != 'bool':
+        return config.floatx()
+    if kind == 'b' and partner.dtype != 'bool':
+        return partner.dtype
+    return partner.dtype
+
+
+def binary(name, a, b):
+    """``name(a, b)`` with NumPy broadcasting; non-tensor operands take the tensor's dtype."""
+    if name not in BINARY:
+        raise ValueError('binary: unknown op %r' % (name,))
+    if not isinstance(a, Tensor) and isinstance(b, Tensor):
+        a = as_tensor(a, _operand_dtype(a, b))
+    elif not isinstance(b, Tensor) and isinstance(a, Tensor):
+        b = as_tensor(b, _operand_dtype(b, a))
+    return apply(Binary(name), as_tensor(a), as_tensor(b))
+
+
+# --- casts, where, clip ------------------------------------------------------------------
+
+class Cast(Op):
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def infer(self, x):
+        return Meta(x.shape, self.dtype)
+
+    def forward(self, impl, x):
+        return x.astype(self.dtype, copy=False)
+
+    def grad(self, inputs, outputs, output_grads):
+        if not (_is_float(inputs[0].dtype) and _is_float(self.dtype)):
+            return [None]
+        return [cast(output_grads[0], inputs[0].dtype)]
+
+
+def cast(x, dtype):
+    x = as_tensor(x)
+    dtype = dtype_name(dtype)
+    if x.dtype == dtype:
+        return x
+    return apply(Cast(dtype), x)
+
+
+class Where(Op):
+    def infer(self, condition, a, b):
+        shape = broadcast_shapes(broadcast_shapes(condition.shape, a.shape, 'switch'), b.shape, 'switch')
+        return Meta(shape, np.result_type(a.dtype, b.dtype).name)
+
+    def forward(self, impl, condition, a, b):
+        return impl.xp.where(condition, a, b)
+
+    def grad(self, inputs, outputs, output_grads):
+        condition, a, b = inputs
+        g = output_grads[0]
+        zeros = zeros_like(g)
+        return [None, sum_to_shape_of(where(condition, g, zeros), a),
+                sum_to_shape_of(where(condition, zeros, g), b)]
+
+
+def where(condition, a, b):
+    """Elementwise ``a`` where ``condition`` else ``b`` (all broadcast together)."""
+    a_t = a if isinstance(a, Tensor) else as_tensor(a, b.dtype if isinstance(b, Tensor) else None)
+    b_t = b if isinstance(b, Tensor) else as_tensor(b, a_t.dtype)
+    return apply(Where(), cast(condition, 'bool'), a_t, b_t)
+
+
+def clip(x, low, high):
+    x = as_tensor(x)
+    return apply(Clip(low, high), x)
+
+
+class Clip(Op):
+    def __init__(self, low, high):
+        self.low, self.high = low, high
+
+    def infer(self, x):
+        return Meta(x.shape, x.dtype)
+
+    def forward(self, impl, x):
+        return impl.xp.clip(x, self.low, self.high).astype(x.dtype, copy=False)
+
+    def grad(self, inputs, outputs, output_grads):
+        x = inputs[0]
+        inside = binary('logical_and', x >= self.low, x <= self.high)
+        return [output_grads[0] * cast(inside, output_grads[0].dtype)]
+
+
+# --- broadcasting helpers for gradients ------------------------------------------------
+
+class SumToShapeOf(Op):
+    """Sums ``g`` over the axes along which ``like`` was broadcast to reach g's shape."""
+
+    def infer(self, g, like):
+        return Meta(like.shape, g.dtype)
+
+    def forward(self, impl, g, like):
+        target = like.shape
+        extra = g.ndim - len(target)
+        axes = tuple(range(extra)) + tuple(
+            extra + i for i, d in enumerate(target) if d == 1 and g.shape[extra + i] != 1)
+        out = g.sum(axis=axes, keepdims=True) if axes else g
+        return out.reshape(target)
+
+    def grad(self, inputs, outputs, output_grads):
+        return [broadcast_like(output_grads[0], inputs[0]), None]
+
+
+class BroadcastLike(Op):
+    """Broadcasts ``x`` to the (runtime) shape of ``like``."""
+
+    def infer(self, x, like):
+        return Meta(broadcast_shapes(x.shape, like.shape, 'broadcast_like'), x.dtype)
+
+    def forward(self, impl, x, like):
+        return impl.xp.broadcast_to(x, like.shape)
+
+    def grad(self, inputs, outputs, output_grads):
+        return [sum_to_shape_of(output_grads[0], inputs[0]), None]
+
+
+def _same_static_shape(a, b):
+    return a.shape is not None and a.shape == b.shape and None not in a.shape
+
+
+def sum_to_shape_of(g, like):
+    """``g`` reduced to ``like``'s shape (the gradient of a broadcast)."""
+    if _same_static_shape(g, like):
+        return g
+    return apply(SumToShapeOf(), g, like)
+
+
+def broadcast_like(x, like):
+    if _same_static_shape(x, like):
+        return x
+    return apply(BroadcastLike(), x, like)
+
+
+class FillLike(Op):
+    """An array of ``like``'s runtime shape filled with ``value``."""
+
+    def __init__(self, value, dtype=None):
+        self.value, self.dtype = value, dtype
+
+    def infer(self, like):
+        return Meta(like.shape, self.dtype or like.dtype)
+
+    def forward(self, impl, like):
+        return impl.xp.full(like.shape, self.value, dtype=self.dtype or like.dtype)
+
+    differentiable = False
+
+
+def zeros_like(x, dtype=None):
+    return apply(FillLike(0, dtype_name(dtype) if dtype else None), as_tensor(x))
+
+
+def ones_like(x, dtype=None):
+    return apply(FillLike(1, dtype_name(dtype) if dtype else None), as_tensor(x))

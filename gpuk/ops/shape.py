@@ -1,0 +1,444 @@
+"""Shape ops: the symbolic shape, reshape, indexing, transpose, concatenation, fills.
+
+Shapes given to K functions may mix ints with symbolic scalars (``K.shape(x)[0]``).
+``resolve_shape`` turns such a spec into a static tuple (None where unknown) plus, when
+some entry is only known at run time, an int vector tensor computed in the graph.
+"""
+import numpy as np
+
+from gpuk.graph import Meta, Tensor, apply, as_tensor, static_value
+from gpuk.ops.base import Op, normalize_axis
+
+
+class Shape(Op):
+    """The runtime shape of ``x`` as an int32 vector (host-side values, like TF's int32 shapes)."""
+    differentiable = False
+
+    def infer(self, x):
+        return Meta((None if x.shape is None else len(x.shape),), 'int32')
+
+    def forward(self, impl, x):
+        return impl.xp.asarray(x.shape, dtype=np.int32)
+
+    def static_values(self, inputs):
+        shape = inputs[0].shape
+        if shape is None or None in shape:
+            return None
+        return [np.asarray(shape, dtype=np.int32)]
+
+
+def shape(x):
+    return apply(Shape(), as_tensor(x))
+
+
+class Pack(Op):
+    """Stacks int scalars into an int64 vector (a shape built from mixed entries)."""
+    differentiable = False
+
+    def infer(self, *scalars):
+        for s in scalars:
+            if s.shape not in ((), None):
+                raise ValueError('shape: symbolic entries must be scalars, got shape %s' % (s.shape,))
+        return Meta((len(scalars),), 'int64')
+
+    def forward(self, impl, *scalars):
+        return impl.xp.stack([impl.xp.asarray(s, dtype=np.int64).reshape(()) for s in scalars])
+
+
+def _entry_value(entry, where):
+    if isinstance(entry, Tensor):
+        value = static_value(entry)
+        return None if value is None else int(np.asarray(value).reshape(()))
+    if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
+        return int(entry)
+    if entry is None:
+        return None
+    raise TypeError('%s: shape entries must be ints or scalar int tensors, got %r' % (where, entry))
+
+
+def resolve_shape(spec, where):
+    """(static tuple with None for unknown entries, int vector tensor or None).
+
+    ``spec``: a tuple/list of ints and scalar tensors, or a 1-D int tensor.
+    The tensor is None when every entry is statically known.
+    """
+    if isinstance(spec, Tensor):
+        if spec.ndim != 1:
+            raise ValueError('%s: a shape tensor must be 1-D, got shape %s' % (where, spec.shape))
+        value = static_value(spec)
+        if value is not None:
+            return tuple(int(v) for v in value), None
+        return (None,) * (spec.shape[0] or 0) if spec.shape[0] is not None else None, spec
+    if isinstance(spec, (int, np.integer)):
+        spec = (spec,)
+    if not isinstance(spec, (tuple, list)):
+        raise TypeError('%s: shape must be a tuple/list or an int vector tensor, got %r' % (where, spec))
+    static = tuple(_entry_value(e, where) for e in spec)
+    if None not in static:
+        return static, None
+    if any(e is None for e in spec):
+        raise ValueError('%s: shape %r has None entries; use K.shape(x)[i] for unknown dims' % (where, spec))
+    entries = [e if isinstance(e, Tensor) else as_tensor(np.int64(e)) for e in spec]
+    return static, apply(Pack(), *entries)
+
+
+def static_shape_tuple(spec, where):
+    """The fully static shape of ``spec``, or None when some entry is known only at run time."""
+    static, tensor = resolve_shape(spec, where)
+    return static if tensor is None else None
+
+
+class Fill(Op):
+    """An array of a runtime shape filled with one value."""
+    differentiable = False
+
+    def __init__(self, value, dtype, static):
+        self.value, self.dtype, self.static = value, dtype, static
+
+    def infer(self, shape_vector):
+        return Meta(self.static, self.dtype)
+
+    def forward(self, impl, shape_vector):
+        return impl.xp.full(tuple(int(d) for d in shape_vector.tolist()), self.value, dtype=self.dtype)
+
+
+def fill_shape(spec, value, dtype):
+    static, tensor = resolve_shape(spec, 'fill')
+    if tensor is None:
+        tensor = as_tensor(np.asarray(static, dtype=np.int64))
+    return apply(Fill(value, dtype, static), tensor)
+
+
+# --- reshape -----------------------------------------------------------------------------
+
+def _reshape_static(in_shape, target):
+    """Static output shape for reshaping ``in_shape`` to ``target`` (entries may be None/-1)."""
+    if target is None:
+        return None
+    if list(target).count(-1) > 1:
+        raise ValueError('reshape: at most one -1 allowed in shape %s' % (target,))
+    if -1 not in target:
+        if in_shape is not None and None not in in_shape and None not in target:
+            if int(np.prod(in_shape)) != int(np.prod(target)):
+                raise ValueError('reshape: cannot reshape a tensor of shape %s into shape %s' % (in_shape, target))
+        return tuple(target)
+    known = [d for d in target if d != -1]
+    if in_shape is None or None in in_shape or None in known:
+        return tuple(None if d == -1 else d for d in target)
+    total, rest = int(np.prod(in_shape)), int(np.prod(known))
+    if rest == 0 or total % rest:
+        raise ValueError('reshape: cannot reshape a tensor of shape %s into shape %s' % (in_shape, target))
+    return tuple(total // rest if d == -1 else d for d in target)
+
+
+class Reshape(Op):
+    """Reshape to a static target, or to the runtime shape vector given as a second input."""
+
+    def __init__(self, target):
+        self.target = target  # static tuple (None = known at run time only)
+
+    def infer(self, x, shape_vector=None):
+        return Meta(_reshape_static(x.shape, self.target), x.dtype)
+
+    def forward(self, impl, x, shape_vector=None):
+        target = self.target if shape_vector is None else tuple(int(d) for d in shape_vector.tolist())
+        return x.reshape(target)
+
+    def grad(self, inputs, outputs, output_grads):
+        return [reshape_like(output_grads[0], inputs[0])] + [None] * (len(inputs) - 1)
+
+
+class ReshapeLike(Op):
+    def infer(self, x, like):
+        return Meta(like.shape, x.dtype)
+
+    def forward(self, impl, x, like):
+        return x.reshape(like.shape)
+
+    def grad(self, inputs, outputs, output_grads):
+        return [reshape_like(output_grads[0], inputs[0]), None]
+
+
+def reshape_like(x, like):
+    if x.shape is not None and x.shape == like.shape and None not in x.shape:
+        return x
+    return apply(ReshapeLike(), x, like)
+
+
+def reshape(x, spec):
+    x = as_tensor(x)
+    static, tensor = resolve_shape(spec, 'reshape')
+    if tensor is None:
+        if static == x.shape:
+            return x
+        return apply(Reshape(static), x)
+    return apply(Reshape(static), x, tensor)
+
+
+# --- transpose, expand, squeeze, concatenate ---------------------------------------------
+
+class Transpose(Op):
+    def __init__(self, perm):
+        self.perm = tuple(perm)
+
+    def infer(self, x):
+        if x.shape is not None and sorted(self.perm) != list(range(len(x.shape))):
+            raise ValueError('permute_dimensions: pattern %s is not a permutation of the %d axes of shape %s'
+                             % (self.perm, len(x.shape), x.shape))
+        return Meta(None if x.shape is None else tuple(x.shape[p] for p in self.perm), x.dtype)
+
+    def forward(self, impl, x):
+        return impl.xp.transpose(x, self.perm)
+
+    def grad(self, inputs, outputs, output_grads):
+        return [transpose(output_grads[0], tuple(np.argsort(self.perm)))]
+
+
+def transpose(x, perm):
+    x = as_tensor(x)
+    perm = tuple(int(p) for p in perm)
+    if perm == tuple(range(len(perm))) and x.ndim == len(perm):
+        return x
+    return apply(Transpose(perm), x)
+
+
+class ExpandDims(Op):
+    def __init__(self, axis):
+        self.axis = axis
+
+    def infer(self, x):
+        return Meta(x.shape[:self.axis] + (1,) + x.shape[self.axis:], x.dtype)
+
+    def forward(self, impl, x):
+        return impl.xp.expand_dims(x, self.axis)
+
+    def grad(self, inputs, outputs, output_grads):
+        return [reshape_like(output_grads[0], inputs[0])]
+
+
+def expand_dims(x, axis=-1):
+    x = as_tensor(x)
+    axis = normalize_axis(axis, x.ndim + 1, 'expand_dims')
+    return apply(ExpandDims(axis), x)
+
+
+class Squeeze(Op):
+    def __init__(self, axis):
+        self.axis = axis
+
+    def infer(self, x):
+        if x.shape[self.axis] not in (1, None):
+            raise ValueError('squeeze: axis %d of shape %s has size %d, not 1' % (self.axis, x.shape, x.shape[self.axis]))
+        return Meta(x.shape[:self.axis] + x.shape[self.axis + 1:], x.dtype)
+
+    def forward(self, impl, x):
+        if x.shape[self.axis] != 1:
+            raise ValueError('squeeze: axis %d of shape %s has size %d, not 1' % (self.axis, x.shape, x.shape[self.axis]))
+        return impl.xp.squeeze(x, self.axis)
+
+    def grad(self, inputs, outputs, output_grads):
+        return [reshape_like(output_grads[0], inputs[0])]
+
+
+def squeeze(x, axis):
+    x = as_tensor(x)
+    return apply(Squeeze(normalize_axis(axis, x.ndim, 'squeeze')), x)
+
+
+class Concatenate(Op):
+    def __init__(self, axis):
+        self.axis = axis
+
+    def infer(self, *xs):
+        first = xs[0].shape
+        for other in xs[1:]:
+            if len(other.shape) != len(first) or any(
+                    i != self.axis and a is not None and b is not None and a != b
+                    for i, (a, b) in enumerate(zip(first, other.shape))):
+                raise ValueError('concatenate: shapes %s and %s differ outside axis %d'
+                                 % (first, other.shape, self.axis))
+        sizes = [x.shape[self.axis] for x in xs]
+        total = None if None in sizes else sum(sizes)
+        shape = tuple(total if i == self.axis else next((x.shape[i] for x in xs if x.shape[i] is not None), None)
+                      for i in range(len(first)))
+        return Meta(shape, np.result_type(*[x.dtype for x in xs]).name)
+
+    def forward(self, impl, *xs):
+        return impl.xp.concatenate(xs, axis=self.axis)
+
+    def grad(self, inputs, outputs, output_grads):
+        g = output_grads[0]
+        return [apply(SliceLike(self.axis, i), g, *inputs) for i in range(len(inputs))]
+
+
+class SliceLike(Op):
+    """Piece ``index`` of ``g`` split along ``axis`` at the runtime sizes of ``parts``."""
+
+    def __init__(self, axis, index):
+        self.axis, self.index = axis, index
+
+    def infer(self, g, *parts):
+        return Meta(parts[self.index].shape, g.dtype)
+
+    def forward(self, impl, g, *parts):
+        start = sum(p.shape[self.axis] for p in parts[:self.index])
+        key = [slice(None)] * g.ndim
+        key[self.axis] = slice(start, start + parts[self.index].shape[self.axis])
+        return g[tuple(key)]
+
+    def grad(self, inputs, outputs, output_grads):
+        gg = output_grads[0]
+        pieces = [gg if i == self.index else apply(_ZerosLike(), p) for i, p in enumerate(inputs[1:])]
+        return [concatenate(pieces, self.axis)] + [None] * (len(inputs) - 1)
+
+
+class _ZerosLike(Op):
+    differentiable = False
+
+    def infer(self, x):
+        return Meta(x.shape, x.dtype)
+
+    def forward(self, impl, x):
+        return impl.xp.zeros_like(x)
+
+
+def concatenate(tensors, axis=-1):
+    tensors = [as_tensor(t) for t in tensors]
+    if not tensors:
+        raise ValueError('concatenate: needs at least one tensor')
+    rank = tensors[0].ndim
+    for t in tensors:
+        if t.ndim != rank:
+            raise ValueError('concatenate: all tensors need the same rank, got shapes %s'
+                             % [t.shape for t in tensors])
+    axis = normalize_axis(axis, rank, 'concatenate')
+    if len(tensors) == 1:
+        return tensors[0]
+    return apply(Concatenate(axis), *tensors)
+
+
+# --- indexing --------------------------------------------------------------------------
+
+_DYNAMIC = object()  # marks a key position filled from a tensor input at run time
+
+
+def _template(key):
+    """(key with tensors replaced by _DYNAMIC, the tensors in order)."""
+    tensors = []
+
+    def part(v):
+        if isinstance(v, Tensor):
+            known = static_value(v)
+            if known is not None:
+                return int(np.asarray(known).reshape(()))
+            tensors.append(v)
+            return _DYNAMIC
+        if v is None or isinstance(v, (int, np.integer)):
+            return None if v is None else int(v)
+        raise TypeError('getitem: index entries must be ints, slices, None, Ellipsis or scalar int tensors, '
+                        'got %r' % (v,))
+    items = []
+    for k in (key if isinstance(key, tuple) else (key,)):
+        if isinstance(k, slice):
+            items.append(slice(part(k.start), part(k.stop), part(k.step)))
+        elif k is Ellipsis or k is None:
+            items.append(k)
+        else:
+            if k is None or isinstance(k, bool):
+                raise TypeError('getitem: boolean indices are not supported, got %r' % (k,))
+            items.append(part(k) if isinstance(k, Tensor) else _int_index(k))
+    return tuple(items), tensors
+
+
+def _int_index(k):
+    if isinstance(k, (int, np.integer)):
+        return int(k)
+    raise TypeError('getitem: index entries must be ints, slices, None, Ellipsis or scalar int tensors, '
+                    'got %r' % (k,))
+
+
+def _fill(template, values):
+    values = iter(int(v) for v in values)
+
+    def sub(v):
+        return next(values) if v is _DYNAMIC else v
+    return tuple(slice(sub(k.start), sub(k.stop), sub(k.step)) if isinstance(k, slice)
+                 else sub(k) if k is _DYNAMIC else k for k in template)
+
+
+def _expand_ellipsis(template, ndim):
+    consumed = sum(1 for k in template if k is not None and k is not Ellipsis)
+    if consumed > ndim:
+        raise ValueError('getitem: too many indices (%d) for a tensor of rank %d' % (consumed, ndim))
+    if sum(1 for k in template if k is Ellipsis) > 1:
+        raise ValueError('getitem: at most one Ellipsis allowed')
+    out = []
+    for k in template:
+        if k is Ellipsis:
+            out.extend([slice(None)] * (ndim - consumed))
+        else:
+            out.append(k)
+    consumed_now = sum(1 for k in out if k is not None)
+    return tuple(out) + (slice(None),) * (ndim - consumed_now)
+
+
+def _getitem_shape(template, shape):
+    out, i = [], 0
+    for k in template:
+        if k is None:
+            out.append(1)
+            continue
+        dim = shape[i]
+        i += 1
+        if isinstance(k, slice):
+            if any(v is _DYNAMIC for v in (k.start, k.stop, k.step)) or dim is None:
+                full = k.start in (None, 0) and k.stop is None and k.step in (None, 1)
+                out.append(dim if full else None)
+            else:
+                out.append(len(range(*k.indices(dim))))
+        elif k is not _DYNAMIC and dim is not None and not -dim <= k < dim:
+            raise ValueError('getitem: index %d is out of range for axis %d of size %d' % (k, i - 1, dim))
+    return tuple(out)
+
+
+class Getitem(Op):
+    def __init__(self, template):
+        self.template = template
+
+    def infer(self, x, *dynamic):
+        return Meta(_getitem_shape(self.template, x.shape), x.dtype)
+
+    def forward(self, impl, x, *dynamic):
+        return x[_fill(self.template, dynamic)]
+
+    def grad(self, inputs, outputs, output_grads):
+        x, dynamic = inputs[0], inputs[1:]
+        return [apply(ScatterSlice(self.template), output_grads[0], x, *dynamic)] + [None] * len(dynamic)
+
+
+class ScatterSlice(Op):
+    """Zeros shaped like ``like`` with ``g`` written at ``like[key]`` (Getitem's gradient)."""
+
+    def __init__(self, template):
+        self.template = template
+
+    def infer(self, g, like, *dynamic):
+        return Meta(like.shape, g.dtype)
+
+    def forward(self, impl, g, like, *dynamic):
+        out = impl.xp.zeros(like.shape, dtype=g.dtype)
+        out[_fill(self.template, dynamic)] = g
+        return out
+
+    def grad(self, inputs, outputs, output_grads):
+        dynamic = inputs[2:]
+        return [apply(Getitem(self.template), output_grads[0], *dynamic), None] + [None] * len(dynamic)
+
+
+def getitem(x, key):
+    x = as_tensor(x)
+    template, dynamic = _template(key)
+    if x.shape is None:
+        raise ValueError('getitem: tensors of unknown rank cannot be indexed')
+    template = _expand_ellipsis(template, len(x.shape))
+    return apply(Getitem(template), x, *dynamic)
