@@ -53,11 +53,15 @@ def _constant_value(constant, impl):
 
 
 class Plan:
-    """Instructions ``(forward, input_slots, output_slots, slots_to_free)`` over a slot list."""
+    """Instructions ``(forward, input_slots, output_slots, slots_to_free)`` over a slot list.
+
+    ``inputs`` are the tensors fed at run time: placeholders, or any tensors (a scan's step
+    graph is fed its per-step slices this way); the graph is not followed past them.
+    """
 
     def __init__(self, inputs, targets, impl):
         self.impl = impl
-        nodes = topological_nodes(targets)
+        nodes = topological_nodes(targets, stop_at=set(inputs))
         slot_of = {}
 
         def slot(t):

@@ -329,3 +329,21 @@ def static_value(tensor):
             out._static_value = value
         cached = tensor._static_value
     return cached
+
+
+def clone(outputs, replacements):
+    """Rebuilds the graph computing ``outputs`` with some tensors replaced.
+
+    ``replacements`` maps tensors to their stand-ins; every node between them and
+    ``outputs`` is applied again (ops are immutable, so they are shared). Returns the new
+    outputs in order.
+    """
+    mapping = dict(replacements)
+    for node in topological_nodes(outputs, stop_at=set(replacements)):
+        new_inputs = [mapping.get(t, t) for t in node.inputs]
+        if all(a is b for a, b in zip(new_inputs, node.inputs)):
+            continue
+        new_outputs = apply(node.op, *new_inputs)
+        new_outputs = new_outputs if isinstance(new_outputs, tuple) else (new_outputs,)
+        mapping.update(zip(node.outputs, new_outputs))
+    return [mapping.get(t, t) for t in outputs]

@@ -3,7 +3,7 @@ and the broadcasting helpers gradients use (sum_to_shape_of / broadcast_like).""
 import numpy as np
 
 from gpuk import config
-from gpuk.graph import Meta, Tensor, apply, as_tensor, dtype_name
+from gpuk.graph import Constant, Meta, Tensor, apply, as_tensor, dtype_name
 from gpuk.ops.base import Op, broadcast_shapes
 
 
@@ -173,7 +173,12 @@ def binary(name, a, b):
         a = as_tensor(a, _operand_dtype(a, b))
     elif not isinstance(b, Tensor) and isinstance(a, Tensor):
         b = as_tensor(b, _operand_dtype(b, a))
-    return apply(Binary(name), as_tensor(a), as_tensor(b))
+    a, b = as_tensor(a), as_tensor(b)
+    # An integer tensor meeting a float operand computes in that float type (not float64).
+    if _is_float(a.dtype) != _is_float(b.dtype):
+        float_dtype = a.dtype if _is_float(a.dtype) else b.dtype
+        a, b = cast(a, float_dtype), cast(b, float_dtype)
+    return apply(Binary(name), a, b)
 
 
 # --- casts, where, clip ------------------------------------------------------------------
@@ -299,21 +304,31 @@ def broadcast_like(x, like):
 class FillLike(Op):
     """An array of ``like``'s runtime shape filled with ``value``."""
 
-    def __init__(self, value, dtype=None):
+    def __init__(self, value, dtype):
         self.value, self.dtype = value, dtype
 
     def infer(self, like):
-        return Meta(like.shape, self.dtype or like.dtype)
+        return Meta(like.shape, self.dtype)
 
     def forward(self, impl, like):
-        return impl.xp.full(like.shape, self.value, dtype=self.dtype or like.dtype)
+        return impl.xp.full(like.shape, self.value, dtype=self.dtype)
 
     differentiable = False
 
 
+def _filled_like(value, x, dtype):
+    """A tensor like ``x`` filled with ``value``: a constant when x's shape is static, so the
+    result does not make x's inputs necessary (gradient seeds rely on this)."""
+    x = as_tensor(x)
+    dtype = dtype_name(dtype) if dtype else x.dtype
+    if x.shape is not None and None not in x.shape:
+        return Constant(np.full(x.shape, value, dtype=dtype))
+    return apply(FillLike(value, dtype), x)
+
+
 def zeros_like(x, dtype=None):
-    return apply(FillLike(0, dtype_name(dtype) if dtype else None), as_tensor(x))
+    return _filled_like(0, x, dtype)
 
 
 def ones_like(x, dtype=None):
-    return apply(FillLike(1, dtype_name(dtype) if dtype else None), as_tensor(x))
+    return _filled_like(1, x, dtype)

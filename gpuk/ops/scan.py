@@ -1,0 +1,209 @@
+"""Scan: a loop over the leading (time) axis running a step subgraph.
+
+``K.rnn``, ``map_fn``, ``foldl`` and ``foldr`` trace their step function once into a
+subgraph and run it as one Scan node. The node's inputs are the sequences (time-major),
+the initial states and the captured outer tensors the step reads (weights, constants, the
+learning phase). Its outputs are the per-step outputs stacked over time, the final states,
+and the state history (the state entering each step), which the gradient needs.
+
+The gradient of a Scan is another Scan running the other way over the vector-Jacobian
+product of the step, so gradients through time are graph nodes and differentiate again.
+"""
+import numpy as np
+
+from gpuk.autodiff import gradients
+from gpuk.graph import Constant, Meta, Placeholder, Tensor, apply, clone, topological_nodes
+from gpuk.ops.base import Op
+
+
+def _is_float(tensor):
+    return np.dtype(tensor.dtype).kind == 'f'
+
+
+def find_captured(outputs, inner_inputs):
+    """The outer tensors the step graph reads: the tensors feeding step nodes that do not
+    themselves depend on the step's own inputs (constants excepted: they stay inside)."""
+    inner = set(inner_inputs)
+    nodes = topological_nodes(outputs, stop_at=inner)
+    dependent = {id(t) for t in inner}
+    for node in nodes:
+        if any(id(t) in dependent for t in node.inputs):
+            dependent.update(id(t) for t in node.outputs)
+    captured, seen = [], set()
+
+    def capture(t):
+        if id(t) not in dependent and not isinstance(t, Constant) and id(t) not in seen:
+            seen.add(id(t))
+            captured.append(t)
+    for node in nodes:
+        if any(id(t) in dependent for t in node.outputs):
+            for t in node.inputs:
+                capture(t)
+    for t in outputs:
+        capture(t)
+    return captured
+
+
+def proxy_for(tensor):
+    proxy = Placeholder(tensor.shape, tensor.dtype, name='scan_captured')
+    return proxy
+
+
+class Scan(Op):
+    """Runs the step graph ``seq_inputs + state_inputs + captured_inputs -> step_outputs +
+    state_outputs`` over time. Attributes are the (immutable) step graph; compiled step plans
+    are cached per implementation."""
+    foldable = False  # the step may hold stateful ops (dropout noise)
+
+    def __init__(self, seq_inputs, state_inputs, captured_inputs, step_outputs, state_outputs,
+                 reverse=False, where='scan'):
+        self.seq_inputs = list(seq_inputs)
+        self.state_inputs = list(state_inputs)
+        self.captured_inputs = list(captured_inputs)
+        self.step_outputs = list(step_outputs)
+        self.state_outputs = list(state_outputs)
+        self.reverse = reverse
+        self.where = where
+        self._plans = {}
+        for placeholder, new_state in zip(self.state_inputs, self.state_outputs):
+            if placeholder.dtype != new_state.dtype:
+                raise ValueError('%s: the step returns a state of dtype %s for a state of dtype %s'
+                                 % (where, new_state.dtype, placeholder.dtype))
+            if placeholder.ndim is not None and new_state.ndim is not None and placeholder.ndim != new_state.ndim:
+                raise ValueError('%s: the step returns a state of shape %s for a state of shape %s'
+                                 % (where, new_state.shape, placeholder.shape))
+
+    def __repr__(self):
+        return 'Scan(%s, %d seqs, %d states, %d captured, reverse=%s)' % (
+            self.where, len(self.seq_inputs), len(self.state_inputs), len(self.captured_inputs), self.reverse)
+
+    def infer(self, *metas):
+        n_seq, n_state = len(self.seq_inputs), len(self.state_inputs)
+        lengths = {m.shape[0] for m in metas[:n_seq] if m.shape and m.shape[0] is not None}
+        if len(lengths) > 1:
+            raise ValueError('%s: sequences of different lengths %s' % (self.where, sorted(lengths)))
+        steps = lengths.pop() if lengths else None
+        stacked = [Meta((steps,) + tuple(t.shape), t.dtype) for t in self.step_outputs]
+        finals = [Meta(m.shape, m.dtype) for m in metas[n_seq:n_seq + n_state]]
+        history = [Meta((steps,) + tuple(m.shape), m.dtype) for m in metas[n_seq:n_seq + n_state]]
+        return tuple(stacked + finals + history)
+
+    def _plan(self, impl):
+        from gpuk.function import Plan
+        plan = self._plans.get(id(impl))
+        if plan is None or plan.impl is not impl:
+            plan = Plan(self.seq_inputs + self.state_inputs + self.captured_inputs,
+                        self.step_outputs + self.state_outputs, impl)
+            self._plans[id(impl)] = plan
+        return plan
+
+    def forward(self, impl, *arrays):
+        xp = impl.xp
+        n_seq, n_state = len(self.seq_inputs), len(self.state_inputs)
+        sequences, states = arrays[:n_seq], list(arrays[n_seq:n_seq + n_state])
+        captured = list(arrays[n_seq + n_state:])
+        steps = sequences[0].shape[0]
+        if any(s.shape[0] != steps for s in sequences):
+            raise ValueError('%s: sequences of different lengths %s' % (self.where, [s.shape[0] for s in sequences]))
+        if steps == 0:
+            raise ValueError('%s: cannot loop over a sequence of length 0' % self.where)
+        plan = self._plan(impl)
+        n_out = len(self.step_outputs)
+        outputs = [[None] * steps for _ in range(n_out)]
+        history = [[None] * steps for _ in range(n_state)]
+        for t in (range(steps - 1, -1, -1) if self.reverse else range(steps)):
+            for i, state in enumerate(states):
+                history[i][t] = state
+            values = plan.run([s[t] for s in sequences] + states + captured)
+            for i in range(n_out):
+                outputs[i][t] = values[i]
+            new_states = values[n_out:]
+            for old, new in zip(states, new_states):
+                if new.shape != old.shape:
+                    raise ValueError('%s: the step changed a state of shape %s into shape %s'
+                                     % (self.where, old.shape, new.shape))
+            states = [xp.asarray(s) for s in new_states]
+        results = [xp.stack(o) for o in outputs] + states + [xp.stack(h) for h in history]
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def grad(self, inputs, outputs, output_grads):
+        n_seq, n_state = len(self.seq_inputs), len(self.state_inputs)
+        n_out = len(self.step_outputs)
+        seqs = list(inputs[:n_seq])
+        captured = list(inputs[n_seq + n_state:])
+        d_stacked = output_grads[:n_out]
+        d_final = output_grads[n_out:n_out + n_state]
+        d_history = output_grads[n_out + n_state:]
+        history = outputs[n_out + n_state:]
+
+        float_outs = [i for i, t in enumerate(self.step_outputs) if _is_float(t)]
+        float_states = [i for i, t in enumerate(self.state_inputs) if _is_float(t)]
+        float_caps = [i for i, t in enumerate(self.captured_inputs) if _is_float(t)]
+        float_seqs = [i for i, t in enumerate(self.seq_inputs) if _is_float(t)]
+
+        # The backward step: vector-Jacobian product of the forward step.
+        dy = [Placeholder(self.step_outputs[i].shape, self.step_outputs[i].dtype, name='scan_dy') for i in float_outs]
+        ds = [Placeholder(self.state_inputs[i].shape, self.state_inputs[i].dtype, name='scan_ds') for i in float_states]
+        dh = [Placeholder(self.state_inputs[i].shape, self.state_inputs[i].dtype, name='scan_dh') for i in float_states]
+        dc = [Placeholder(self.captured_inputs[i].shape, self.captured_inputs[i].dtype, name='scan_dc')
+              for i in float_caps]
+        terms = [(self.step_outputs[i] * g) for i, g in zip(float_outs, dy)]
+        terms += [(self.state_outputs[i] * g) for i, g in zip(float_states, ds)]
+        from gpuk.ops.elementwise import zeros_like
+        from gpuk.ops.reduction import reduce
+        loss = None
+        for term in terms:
+            partial = reduce('sum', term)
+            loss = partial if loss is None else loss + partial
+        wrt = ([self.seq_inputs[i] for i in float_seqs] + [self.state_inputs[i] for i in float_states]
+               + [self.captured_inputs[i] for i in float_caps])
+        local = gradients(loss, wrt) if loss is not None else [None] * len(wrt)
+        local = [zeros_like(w) if g is None else g for w, g in zip(wrt, local)]
+        g_seq = local[:len(float_seqs)]
+        g_state = local[len(float_seqs):len(float_seqs) + len(float_states)]
+        g_cap = local[len(float_seqs) + len(float_states):]
+        back = Scan(
+            seq_inputs=list(self.seq_inputs) + list(self.state_inputs) + dy + dh,
+            state_inputs=ds + dc,
+            captured_inputs=self.captured_inputs,
+            step_outputs=g_seq,
+            state_outputs=[g + h for g, h in zip(g_state, dh)] + [acc + g for acc, g in zip(dc, g_cap)],
+            reverse=not self.reverse,
+            where=self.where + ' gradient')
+        back_inputs = (seqs + list(history) + [d_stacked[i] for i in float_outs]
+                       + [d_history[i] for i in float_states] + [d_final[i] for i in float_states]
+                       + [zeros_like(captured[i]) for i in float_caps] + captured)
+        results = apply(back, *back_inputs)
+        results = results if isinstance(results, tuple) else (results,)
+        n_gseq = len(float_seqs)
+        grads = [None] * len(inputs)
+        for k, i in enumerate(float_seqs):
+            grads[i] = results[k]
+        for k, i in enumerate(float_states):
+            grads[n_seq + i] = results[n_gseq + k]
+        for k, i in enumerate(float_caps):
+            grads[n_seq + n_state + i] = results[n_gseq + len(float_states) + k]
+        return grads
+
+
+def scan(step_graph_inputs, step_graph_outputs, sequences, initial_states, reverse=False, where='scan'):
+    """Builds a Scan node from a traced step graph.
+
+    ``step_graph_inputs``: (sequence placeholders, state placeholders) the step was traced
+    on; ``step_graph_outputs``: (per-step outputs, new states). Outer tensors read by the
+    step are found and replaced by proxies. Returns (stacked outputs, final states).
+    """
+    seq_ph, state_ph = step_graph_inputs
+    step_outs, new_states = step_graph_outputs
+    outs = list(step_outs) + list(new_states)
+    captured = find_captured(outs, list(seq_ph) + list(state_ph))
+    proxies = [proxy_for(t) for t in captured]
+    outs = clone(outs, dict(zip(captured, proxies)))
+    node = Scan(seq_ph, state_ph, proxies, outs[:len(step_outs)], outs[len(step_outs):], reverse, where)
+    for s in sequences:
+        if not isinstance(s, Tensor):
+            raise TypeError('%s: sequences must be tensors, got %r' % (where, s))
+    results = apply(node, *(list(sequences) + list(initial_states) + captured))
+    results = results if isinstance(results, tuple) else (results,)
+    n_out = len(step_outs)
+    return list(results[:n_out]), list(results[n_out:n_out + len(state_ph)])

@@ -1,0 +1,132 @@
+"""K.function: plans, updates, learning phase, inputs, errors."""
+import numpy as np
+import pytest
+
+from gpuk import backend as K
+from gpuk.function import Plan
+
+
+def test_updates_are_computed_from_old_values_and_applied_after_outputs(on_device):
+    a = K.variable(1.0)
+    b = K.variable(10.0)
+    x = K.placeholder(())
+    f = K.function([x], [a + b + x], updates=[(a, b), K.update(b, a), K.update_add(a, 0)])
+    out, = f([0.5])
+    assert out == 11.5
+    # every new value saw the old values: a <- b (10), b <- a (1), then a <- a + 0 (old a = 1)
+    assert K.get_value(b) == 1.0
+
+
+def test_update_kinds(on_device):
+    v = K.variable(np.array([1.0, 2.0]))
+    f = K.function([], [], updates=[K.update_add(v, 1.0)])
+    f([])
+    np.testing.assert_allclose(K.get_value(v), [2.0, 3.0])
+    K.function([], [], updates=[K.update_sub(v, np.array([2.0, 1.0]))])([])
+    np.testing.assert_allclose(K.get_value(v), [0.0, 2.0])
+    K.function([], [], updates=[K.moving_average_update(v, K.constant([10.0, 10.0]), 0.9)])([])
+    np.testing.assert_allclose(K.get_value(v), [1.0, 2.8], rtol=1e-6)
+    counter = K.variable(0, dtype='int64')
+    step = K.function([], [counter], updates=[K.update_add(counter, 1)])
+    assert [int(step([])[0]) for _ in range(3)] == [0, 1, 2]
+    assert K.get_value(counter).dtype == np.int64
+
+
+def test_failed_update_leaves_every_variable_unchanged():
+    a = K.variable(np.zeros(2))
+    b = K.variable(np.zeros(3))
+    x = K.placeholder((None,))
+    f = K.function([x], [], updates=[(a, a + 1), (b, x)])
+    with pytest.raises(ValueError, match='function: update of .* has shape'):
+        f([np.ones(4)])
+    np.testing.assert_array_equal(K.get_value(a), [0, 0])
+    np.testing.assert_array_equal(K.get_value(b), [0, 0, 0])
+
+
+def test_outputs_are_copies_not_views_of_state():
+    v = K.variable(np.zeros(3))
+    out = K.function([], [v, K.reshape(v, (3, 1))])([])
+    out[0][:] = 7
+    out[1][:] = 7
+    np.testing.assert_array_equal(K.get_value(v), [0, 0, 0])
+    got = K.get_value(v)
+    got[:] = 5
+    np.testing.assert_array_equal(K.get_value(v), [0, 0, 0])
+
+
+def test_inputs_validation_and_python_scalars():
+    x = K.placeholder((None, 2))
+    s = K.placeholder(())
+    f = K.function([x, s], [x * s])
+    np.testing.assert_allclose(f([np.ones((1, 2)), 3])[0], [[3, 3]])
+    with pytest.raises(ValueError, match=r'function: input .* expects shape \(None, 2\), got \(1, 3\)'):
+        f([np.ones((1, 3)), 1])
+    with pytest.raises(ValueError, match='function: expected a list of 2 input values'):
+        f([np.ones((1, 2))])
+    with pytest.raises(TypeError, match='function: inputs must be placeholders'):
+        K.function([K.variable(1.0)], [x])
+    with pytest.raises(ValueError, match='function: unexpected keyword arguments'):
+        K.function([x], [x], fetches=[])
+    with pytest.raises(ValueError, match='is needed but is not among the inputs'):
+        K.function([], [x * 2])([])
+
+
+def test_learning_phase_defaults_to_test_and_can_be_fed():
+    x = K.placeholder((2,))
+    y = K.in_train_phase(x * 2, x * 3)
+    assert y._uses_learning_phase
+    phase = K.learning_phase()
+    np.testing.assert_allclose(K.function([x], [y])([np.ones(2)])[0], [3, 3])
+    f = K.function([x, phase], [y])
+    np.testing.assert_allclose(f([np.ones(2), 1])[0], [2, 2])
+    np.testing.assert_allclose(f([np.ones(2), 0])[0], [3, 3])
+    np.testing.assert_allclose(K.function([x], [K.in_test_phase(x * 2, x * 3)])([np.ones(2)])[0], [2, 2])
+
+
+def test_fixed_learning_phase():
+    x = K.placeholder((2,))
+    K.set_learning_phase(1)
+    assert K.learning_phase() == 1
+    assert K.in_train_phase(x * 2, x * 3) is not None
+    np.testing.assert_allclose(K.function([x], [K.in_train_phase(x * 2, x * 3)])([np.ones(2)])[0], [2, 2])
+    with pytest.raises(ValueError, match='set_learning_phase: value must be 0 or 1'):
+        K.set_learning_phase(2)
+    K.clear_session()
+    with K.learning_phase_scope(0):
+        assert K.learning_phase() == 0
+    assert K.is_placeholder(K.learning_phase())
+
+
+def test_plan_folds_constants_and_frees_intermediates():
+    x = K.placeholder((3,))
+    folded = K.exp(K.constant([0.0, 1.0, 2.0])) * 2
+    y = K.tanh(x) * folded + 1
+    f = K.function([x], [y])
+    np.testing.assert_allclose(f([np.zeros(3)])[0], [1, 1, 1])
+    plan = f._plan
+    op_names = [type(forward.__self__).__name__ for forward, _, _, _ in plan.steps]
+    assert 'Unary' in op_names and len(plan.steps) == 3  # tanh, multiply, add: exp and *2 folded
+    freed = {s for _, _, _, frees in plan.steps for s in frees}
+    assert plan.target_slots[0] not in freed and len(freed) >= 2
+    f([np.ones(3)])
+    assert f._plan is plan  # compiled once, reused
+
+
+def test_random_ops_are_not_folded():
+    f = K.function([], [K.random_uniform((4,))])
+    assert not np.array_equal(f([])[0], f([])[0])
+
+
+def test_eval_and_print_tensor(capsys):
+    x = K.constant([1.0, 2.0])
+    np.testing.assert_allclose(K.eval(K.print_tensor(x * 2, message='twice:')), [2, 4])
+    assert 'twice:' in capsys.readouterr().out
+
+
+def test_plan_accepts_non_placeholder_inputs():
+    x = K.placeholder((2,))
+    mid = x * 2
+    out = mid + 1
+    from gpuk import device
+    plan = Plan([mid], [out], device.impl())
+    np.testing.assert_allclose(plan.run([np.array([1.0, 2.0])])[0], [2.0, 3.0])
