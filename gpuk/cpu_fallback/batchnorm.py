@@ -1,0 +1,243 @@
+"""NumPy twins of the fused batch-normalization kernels (gpuk/kernels/batchnorm.py).
+
+Training forward reduces over any tuple of `axes` (Keras
+`normalize_batch_in_training`): mean and biased variance come back with the
+reduced axes removed, plus the inverse standard deviation the backward pass
+needs. Statistics are two-pass (mean first, then the centred sum of squares),
+so large offsets do not cancel. float16 inputs are computed in float32: y and
+dx come back as float16, statistics and dgamma/dbeta stay float32 (as cuDNN
+keeps them for half inputs).
+"""
+import numpy as np
+
+__all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']
+
+
+# ---------------------------------------------------------------- checks
+
+def _float_array(fn, name, value):
+    array = np.asarray(value)
+    if not np.issubdtype(array.dtype, np.floating):
+        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
+                        % (fn, name, array.dtype))
+    return array
+
+
+def _accumulate_dtype(dtype):
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+
+
+def _check_epsilon(fn, epsilon):
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.number)) \
+            or not epsilon >= 0:
+        raise ValueError('%s: epsilon must be a number >= 0, got %r' % (fn, epsilon))
+    return float(epsilon)
+
+
+def _normalize_axes(fn, axes, ndim):
+    if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
+        axes = (axes,)
+    if not isinstance(axes, (tuple, list)) or \
+            not all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axes):
+        raise TypeError('%s: axes must be a tuple of ints, got %r' % (fn, axes))
+    normalized = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ValueError('%s: axes must lie in [-%d, %d) for x of rank %d, got %r'
+                             % (fn, ndim, ndim, ndim, tuple(axes)))
+        normalized.append(int(a) % ndim)
+    if len(set(normalized)) != len(normalized):
+        raise ValueError('%s: axes must not repeat an axis, got %r' % (fn, tuple(axes)))
+    return tuple(sorted(normalized))
+
+
+class _Layout:
+    """How x's axes split into reduced and kept ones.
+
+    The fast paths (all axes but the first or the last one reduced, the
+    BatchNormalization layer's channels_first/last cases) view x as a 2-D
+    matrix so every reduction is a contiguous one; any other split reduces
+    with keepdims over the tuple of axes.
+    """
+
+    def __init__(self, shape, axes):
+        ndim = len(shape)
+        self.shape = tuple(shape)
+        self.axes = axes
+        self.kept_axes = tuple(i for i in range(ndim) if i not in axes)
+        self.kept_shape = tuple(shape[i] for i in self.kept_axes)
+        self.bcast_shape = tuple(1 if i in axes else shape[i] for i in range(ndim))
+        self.count = int(np.prod([shape[i] for i in axes], dtype=np.int64))
+        channels = int(np.prod(self.kept_shape, dtype=np.int64))
+        if ndim >= 2 and self.kept_axes == (ndim - 1,):
+            self.matrix_shape, self.reduce_axis = (self.count, channels), 0
+        elif ndim >= 2 and self.kept_axes == (0,):
+            self.matrix_shape, self.reduce_axis = (channels, self.count), 1
+        else:
+            self.matrix_shape, self.reduce_axis = None, None
+
+    def view(self, array):
+        """x-shaped array -> the array the reductions run on."""
+        return array if self.matrix_shape is None else array.reshape(self.matrix_shape)
+
+    def stat_view(self, stat):
+        """kept-shaped statistic -> broadcastable against view(x)."""
+        if self.matrix_shape is None:
+            return stat.reshape(self.bcast_shape)
+        return stat.reshape((1, -1) if self.reduce_axis == 0 else (-1, 1))
+
+    def reduce_sum(self, array):
+        if self.matrix_shape is None:
+            return np.sum(array, axis=self.axes).reshape(self.kept_shape)
+        return np.sum(array, axis=self.reduce_axis).reshape(self.kept_shape)
+
+
+def _kept_param(fn, name, value, layout, dtype):
+    """gamma / beta / mean / inv_std: None or any array with the kept size
+    (Keras reshapes them to the broadcast shape the same way)."""
+    if value is None:
+        return None
+    array = _float_array(fn, name, value)
+    if array.shape != layout.kept_shape and array.size != int(np.prod(layout.kept_shape)):
+        raise ValueError('%s: %s must have shape %s (x shape %s without the reduced axes %s), '
+                         'got shape %s' % (fn, name, layout.kept_shape, layout.shape,
+                                           layout.axes, array.shape))
+    return array.astype(dtype, copy=False).reshape(layout.kept_shape)
+
+
+# ---------------------------------------------------------------- training forward
+
+def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3):
+    """Batch statistics over `axes`, then normalize, scale and shift.
+
+    # Returns
+        (y, mean, var, inv_std): y like x; mean, biased var and
+        inv_std = 1/sqrt(var + epsilon) with the reduced axes removed.
+    """
+    fn = 'bn_train_fwd'
+    x = _float_array(fn, 'x', x)
+    epsilon = _check_epsilon(fn, epsilon)
+    axes = _normalize_axes(fn, axes, x.ndim)
+    layout = _Layout(x.shape, axes)
+    if layout.count == 0:
+        raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
+                         % (fn, axes, x.shape))
+    acc = _accumulate_dtype(x.dtype)
+    gamma = _kept_param(fn, 'gamma', gamma, layout, acc)
+    beta = _kept_param(fn, 'beta', beta, layout, acc)
+
+    xv = layout.view(x).astype(acc, copy=False)
+    mean = layout.reduce_sum(xv) / acc.type(layout.count)
+    centred = xv - layout.stat_view(mean)
+    var = layout.reduce_sum(centred * centred) / acc.type(layout.count)
+    inv_std = (1.0 / np.sqrt(var + acc.type(epsilon))).astype(acc, copy=False)
+
+    scale = inv_std if gamma is None else inv_std * gamma
+    y = centred * layout.stat_view(scale)
+    if beta is not None:
+        y += layout.stat_view(beta)
+    return y.reshape(x.shape).astype(x.dtype, copy=False), mean, var, inv_std
+
+
+# ---------------------------------------------------------------- inference forward
+
+def _channel_param(fn, name, value, x, axis, acc):
+    """A 1-D parameter of x.shape[axis] values goes on `axis`; anything else
+    must already broadcast against x (Keras's broadcast_moving_mean case)."""
+    array = _float_array(fn, name, value)
+    if array.ndim == 1 and array.shape[0] == x.shape[axis] and x.ndim > 1:
+        shape = [1] * x.ndim
+        shape[axis] = array.shape[0]
+        return array.astype(acc, copy=False).reshape(shape)
+    try:
+        np.broadcast_shapes(array.shape, x.shape)
+    except ValueError:
+        raise ValueError('%s: %s must have shape (%d,) (x.shape[axis] with axis=%d) or broadcast '
+                         'to x shape %s, got shape %s'
+                         % (fn, name, x.shape[axis], axis, x.shape, array.shape)) from None
+    if np.broadcast_shapes(array.shape, x.shape) != x.shape:
+        raise ValueError('%s: %s of shape %s would broadcast x shape %s to a larger shape'
+                         % (fn, name, array.shape, x.shape))
+    return array.astype(acc, copy=False)
+
+
+def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1):
+    """Keras `batch_normalization`: (x - mean) / sqrt(var + epsilon) * gamma + beta.
+
+    mean / var / gamma / beta are 1-D arrays of x.shape[axis] values (put on
+    `axis`) or arrays that already broadcast against x; gamma / beta may be None.
+    """
+    fn = 'bn_infer_fwd'
+    x = _float_array(fn, 'x', x)
+    epsilon = _check_epsilon(fn, epsilon)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
+            or not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
+        raise ValueError('%s: axis must be an int in [-%d, %d) for x of rank %d, got %r'
+                         % (fn, x.ndim, x.ndim, x.ndim, axis))
+    axis = int(axis) % max(x.ndim, 1)
+    acc = _accumulate_dtype(x.dtype)
+    mean = _channel_param(fn, 'mean', mean, x, axis, acc)
+    var = _channel_param(fn, 'var', var, x, axis, acc)
+    scale = 1.0 / np.sqrt(var + acc.type(epsilon))
+    if gamma is not None:
+        scale = scale * _channel_param(fn, 'gamma', gamma, x, axis, acc)
+    y = (x.astype(acc, copy=False) - mean) * scale
+    if beta is not None:
+        y += _channel_param(fn, 'beta', beta, x, axis, acc)
+    return y.astype(x.dtype, copy=False)
+
+
+# ---------------------------------------------------------------- backward
+
+def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None):
+    """Gradients of bn_train_fwd, in two passes over x and dy.
+
+    Pass 1 reduces dbeta = sum(dy) and dgamma = sum(dy * xhat); pass 2 writes
+    dx = inv_std * gamma * (dy - dbeta/n - xhat * dgamma/n)
+         + dmean/n + dvar * 2 (x - mean)/n,
+    the last two terms being the gradients that flow into the mean and var
+    outputs (var is the biased variance, and sum(x - mean) = 0).
+
+    # Returns
+        (dx, dgamma, dbeta): dx like x; dgamma, dbeta with the kept shape
+        (also when gamma is None: the gradient for an implicit scale of 1).
+    """
+    fn = 'bn_bwd'
+    x = _float_array(fn, 'x', x)
+    dy = _float_array(fn, 'dy', dy)
+    if dy.shape != x.shape:
+        raise ValueError('%s: dy must have the shape of x, got dy %s and x %s'
+                         % (fn, dy.shape, x.shape))
+    axes = _normalize_axes(fn, axes, x.ndim)
+    layout = _Layout(x.shape, axes)
+    if layout.count == 0:
+        raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
+                         % (fn, axes, x.shape))
+    acc = _accumulate_dtype(x.dtype)
+    if mean is None or inv_std is None:
+        raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)
+    mean = _kept_param(fn, 'mean', mean, layout, acc)
+    inv_std = _kept_param(fn, 'inv_std', inv_std, layout, acc)
+    gamma = _kept_param(fn, 'gamma', gamma, layout, acc)
+    dmean = _kept_param(fn, 'dmean', dmean, layout, acc)
+    dvar = _kept_param(fn, 'dvar', dvar, layout, acc)
+    n = acc.type(layout.count)
+
+    # pass 1: the two reductions
+    xv = layout.view(x).astype(acc, copy=False)
+    dyv = layout.view(dy).astype(acc, copy=False)
+    xhat = (xv - layout.stat_view(mean)) * layout.stat_view(inv_std)
+    dbeta = layout.reduce_sum(dyv)
+    dgamma = layout.reduce_sum(dyv * xhat)
+
+    # pass 2: dx
+    scale = inv_std if gamma is None else inv_std * gamma
+    dx = dyv - layout.stat_view(dbeta / n)
+    dx -= xhat * layout.stat_view(dgamma / n)
+    dx *= layout.stat_view(scale)
+    if dvar is not None:
+        # 2 (x - mean) / n = 2 xhat / (inv_std n)
+        dx += xhat * layout.stat_view(2.0 * dvar / (inv_std * n))
+    if dmean is not None:
+        dx += layout.stat_view(dmean / n)
+    return dx.reshape(x.shape).astype(x.dtype, copy=False), dgamma, dbeta

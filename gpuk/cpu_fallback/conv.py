@@ -1,0 +1,501 @@
+"""NumPy twins of the convolution kernels (gpuk/kernels/conv.py).
+
+One N-d implementation (1, 2 or 3 spatial dims) for every function. Arrays are
+(N, *spatial, C) for 'channels_last' or (N, C, *spatial) for 'channels_first';
+kernels use the Keras layout (*kernel_spatial, C_in, C_out). `pads` holds one
+(before, after) pair per spatial dim (see gpuk.ops.geometry.conv_pads).
+Cross-correlation, like every Keras backend.
+
+How: work in channels_last, pad once, view the windows with stride tricks,
+and run one BLAS matmul. Gradients with respect to the input scatter the
+window columns back (col2im) with a loop over kernel taps only.
+float16 is computed in float32 and returned as float16.
+"""
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from gpuk.ops import geometry
+
+__all__ = [
+    'conv_fwd', 'conv_dgrad', 'conv_wgrad',
+    'depthwise_conv_fwd', 'depthwise_conv_dgrad', 'depthwise_conv_wgrad',
+    'local_conv_fwd', 'local_conv_dgrad', 'local_conv_wgrad',
+]
+
+
+# ---------------------------------------------------------------- checks
+
+def _float_array(fn, name, value):
+    array = np.asarray(value)
+    if not np.issubdtype(array.dtype, np.floating):
+        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
+                        % (fn, name, array.dtype))
+    if array.size == 0:
+        raise ValueError('%s: %s must not have a zero-size dimension, got shape %s'
+                         % (fn, name, array.shape))
+    return array
+
+
+def _same_dtype(fn, arrays):
+    dtypes = {a.dtype for _, a in arrays}
+    if len(dtypes) > 1:
+        raise TypeError('%s: %s must have the same dtype, got %s'
+                        % (fn, ' and '.join(n for n, _ in arrays),
+                           ' and '.join(str(a.dtype) for _, a in arrays)))
+
+
+def _spatial_rank(fn, name, array):
+    if array.ndim not in (3, 4, 5):
+        raise ValueError('%s: %s must have rank 3, 4 or 5 (batch, 1 to 3 spatial dims, '
+                         'channels), got shape %s' % (fn, name, array.shape))
+    return array.ndim - 2
+
+
+def _check_rank(fn, name, array, rank, layout):
+    if array.ndim != rank:
+        raise ValueError('%s: %s must have rank %d %s, got shape %s'
+                         % (fn, name, rank, layout, array.shape))
+
+
+def _shape_tuple(fn, name, shape, rank):
+    """A full array shape: a sequence of `rank` ints >= 1 (a bare int is refused)."""
+    if not isinstance(shape, (list, tuple)):
+        raise ValueError('%s: %s must be a tuple of %d ints, got %r' % (fn, name, rank, shape))
+    return geometry.normalize_positive_tuple(shape, rank, fn, name)
+
+
+def _channels_first(fn, data_format):
+    return geometry.normalize_data_format(data_format, fn) == 'channels_first'
+
+
+def _channels(shape, channels_first):
+    return shape[1] if channels_first else shape[-1]
+
+
+def _spatial(shape, channels_first):
+    return tuple(shape[2:]) if channels_first else tuple(shape[1:-1])
+
+
+def _window_params(fn, rank, strides, dilation, pads):
+    return (geometry.normalize_positive_tuple(strides, rank, fn, 'strides'),
+            geometry.normalize_positive_tuple(dilation, rank, fn, 'dilation'),
+            geometry.normalize_pads(pads, rank, fn))
+
+
+def _output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads,
+                    kernel_name='kernel'):
+    """Output sizes; an input smaller than the (dilated) kernel or window is an error."""
+    out = []
+    for size, k, s, d, (before, after) in zip(in_spatial, kernel_spatial, strides,
+                                              dilation, pads):
+        padded, extent = size + before + after, geometry.dilated_size(k, d)
+        if padded < extent:
+            raise ValueError('%s: padded input spatial size %d (input %s, pads %s) is '
+                             'smaller than the %s extent %d (%s %s, dilation %s)'
+                             % (fn, padded, in_spatial, pads, kernel_name, extent,
+                                kernel_name, kernel_spatial, dilation))
+        out.append((padded - extent) // s + 1)
+    return tuple(out)
+
+
+def _check_dy_spatial(fn, dy, channels_first, expected, context):
+    got = _spatial(dy.shape, channels_first)
+    if got != tuple(expected):
+        raise ValueError('%s: dy spatial shape %s does not match the output spatial '
+                         'shape %s of %s' % (fn, got, tuple(expected), context))
+
+
+def _check_batch(fn, a_name, a_shape, b_name, b_shape):
+    if a_shape[0] != b_shape[0]:
+        raise ValueError('%s: batch sizes of %s (shape %s) and %s (shape %s) differ'
+                         % (fn, a_name, tuple(a_shape), b_name, tuple(b_shape)))
+
+
+def _check_channels(fn, what, a_name, a_shape, a_channels, b_name, b_shape, b_channels):
+    if a_channels != b_channels:
+        raise ValueError('%s: %s of %s (shape %s) is %d but %s (shape %s) has %d'
+                         % (fn, what, a_name, tuple(a_shape), a_channels, b_name,
+                            tuple(b_shape), b_channels))
+
+
+# ---------------------------------------------------------------- layout helpers
+
+def _compute_dtype(dtype):
+    """float16 accumulates in float32; every other float computes in itself."""
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+
+
+def _to_channels_last(array, channels_first):
+    return np.moveaxis(array, 1, -1) if channels_first else array
+
+
+def _from_channels_last(array, channels_first, dtype):
+    array = np.moveaxis(array, -1, 1) if channels_first else array
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+def _pad_spatial(x_cl, pads, dtype, fill=0):
+    """(N, *S, C) -> (N, *S_padded, C) in `dtype` with `fill` in the border."""
+    if not any(before or after for before, after in pads):
+        return x_cl.astype(dtype, copy=False)
+    n, channels = x_cl.shape[0], x_cl.shape[-1]
+    padded_spatial = [s + b + a for s, (b, a) in zip(x_cl.shape[1:-1], pads)]
+    padded = np.full((n, *padded_spatial, channels), fill, dtype)
+    interior = tuple(slice(b, b + s) for s, (b, _) in zip(x_cl.shape[1:-1], pads))
+    padded[(slice(None),) + interior] = x_cl
+    return padded
+
+
+def _crop_spatial(padded, pads, spatial):
+    interior = tuple(slice(b, b + s) for s, (b, _) in zip(spatial, pads))
+    return padded[(slice(None),) + interior]
+
+
+def _gather_windows(padded, kernel_spatial, strides, dilation):
+    """Read-only view (N, *out, *kernel, C) of the windows of (N, *S_padded, C)."""
+    rank = len(kernel_spatial)
+    extent = tuple(geometry.dilated_size(k, d) for k, d in zip(kernel_spatial, dilation))
+    view = sliding_window_view(padded, extent, axis=tuple(range(1, rank + 1)))
+    # view is (N, *all_positions, C, *extent): keep every stride-th position
+    # and every dilation-th tap.
+    view = view[(slice(None),) + tuple(slice(None, None, s) for s in strides)
+                + (slice(None),) + tuple(slice(None, None, d) for d in dilation)]
+    return np.moveaxis(view, rank + 1, -1)
+
+
+def _window_regions(out_spatial, kernel_spatial, strides, dilation):
+    """For each kernel tap: (tap, slices of the padded input that tap reads)."""
+    for tap in np.ndindex(*kernel_spatial):
+        yield tap, tuple(slice(t * d, t * d + s * (o - 1) + 1, s)
+                         for t, d, s, o in zip(tap, dilation, strides, out_spatial))
+
+
+def _scatter_windows(columns, padded_spatial, strides, dilation, dtype):
+    """Adjoint of _gather_windows: sum columns (N, *out, *kernel, C) into (N, *S_padded, C)."""
+    rank = len(padded_spatial)
+    out_spatial = columns.shape[1:rank + 1]
+    kernel_spatial = columns.shape[rank + 1:2 * rank + 1]
+    result = np.zeros((columns.shape[0], *padded_spatial, columns.shape[-1]), dtype)
+    leading = (slice(None),) * (rank + 1)
+    for tap, region in _window_regions(out_spatial, kernel_spatial, strides, dilation):
+        result[(slice(None),) + region] += columns[leading + tap]
+    return result
+
+
+# ---------------------------------------------------------------- shared convolution
+
+def _conv_setup(fn, x_or_dy_name, array, data_format, kernel, kernel_name, strides,
+                dilation, pads):
+    channels_first = _channels_first(fn, data_format)
+    rank = _spatial_rank(fn, x_or_dy_name, array)
+    _check_rank(fn, kernel_name, kernel, rank + 2, '(*kernel_spatial, C_in, C_out)')
+    strides, dilation, pads = _window_params(fn, rank, strides, dilation, pads)
+    return channels_first, rank, strides, dilation, pads
+
+
+def _conv_channels_last(x_cl, w, strides, dilation, pads, out_spatial, compute):
+    """The convolution itself: (N, *S, C_in) -> (N, *out, C_out) in `compute`."""
+    kernel_spatial, c_out = w.shape[:-2], w.shape[-1]
+    padded = _pad_spatial(x_cl, pads, compute)
+    columns = _gather_windows(padded, kernel_spatial, strides, dilation)
+    y = columns.reshape(-1, math.prod(w.shape[:-1])) @ \
+        w.reshape(-1, c_out).astype(compute, copy=False)
+    return y.reshape(x_cl.shape[0], *out_spatial, c_out)
+
+
+def conv_fwd(x, w, strides, dilation, pads, data_format):
+    """Convolution (cross-correlation) of x with w -> y."""
+    fn = 'conv_fwd'
+    x, w = _float_array(fn, 'x', x), _float_array(fn, 'w', w)
+    _same_dtype(fn, [('x', x), ('w', w)])
+    channels_first, rank, strides, dilation, pads = _conv_setup(
+        fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
+    c_in = _channels(x.shape, channels_first)
+    _check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
+    kernel_spatial = w.shape[:rank]
+    out_spatial = _output_spatial(fn, _spatial(x.shape, channels_first), kernel_spatial,
+                                  strides, dilation, pads)
+    y = _conv_channels_last(_to_channels_last(x, channels_first), w, strides, dilation,
+                            pads, out_spatial, _compute_dtype(x.dtype))
+    return _from_channels_last(y, channels_first, x.dtype)
+
+
+def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
+    """Gradient of conv_fwd with respect to x (also the forward of conv_transpose)."""
+    fn = 'conv_dgrad'
+    dy, w = _float_array(fn, 'dy', dy), _float_array(fn, 'w', w)
+    _same_dtype(fn, [('dy', dy), ('w', w)])
+    channels_first, rank, strides, dilation, pads = _conv_setup(
+        fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
+    x_shape = _shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    _check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    _check_channels(fn, 'the channel count', 'dy', dy.shape,
+                    _channels(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
+    c_in = _channels(x_shape, channels_first)
+    _check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape,
+                    w.shape[-2])
+    in_spatial = _spatial(x_shape, channels_first)
+    kernel_spatial = w.shape[:rank]
+    out_spatial = _output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    _check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
+    compute = _compute_dtype(dy.dtype)
+    c_out = w.shape[-1]
+    dy_cl = _to_channels_last(dy, channels_first).astype(compute, copy=False)
+    extents = [geometry.dilated_size(k, d) for k, d in zip(kernel_spatial, dilation)]
+    if all(s == 1 for s in strides) and \
+            all(max(p) <= e - 1 for p, e in zip(pads, extents)):
+        # Unit strides: dx is the convolution of dy with the flipped, transposed
+        # kernel (no scatter, measured ~20% faster); strided dgrad would need
+        # zeros inserted into dy, so it scatters below instead.
+        flipped = w[(slice(None, None, -1),) * rank].swapaxes(-1, -2)
+        flipped_pads = tuple((e - 1 - b, e - 1 - a) for e, (b, a) in zip(extents, pads))
+        dx = _conv_channels_last(dy_cl, flipped, strides, dilation, flipped_pads,
+                                 in_spatial, compute)
+        return _from_channels_last(dx, channels_first, dy.dtype)
+    columns = dy_cl.reshape(-1, c_out) @ w.reshape(-1, c_out).astype(compute, copy=False).T
+    columns = columns.reshape(dy.shape[0], *out_spatial, *kernel_spatial, c_in)
+    padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
+    dx = _scatter_windows(columns, padded_spatial, strides, dilation, compute)
+    return _from_channels_last(_crop_spatial(dx, pads, in_spatial), channels_first, dy.dtype)
+
+
+def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
+    """Gradient of conv_fwd with respect to w."""
+    fn = 'conv_wgrad'
+    x, dy = _float_array(fn, 'x', x), _float_array(fn, 'dy', dy)
+    _same_dtype(fn, [('x', x), ('dy', dy)])
+    channels_first = _channels_first(fn, data_format)
+    rank = _spatial_rank(fn, 'x', x)
+    _check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = _shape_tuple(fn, 'w_shape', w_shape, rank + 2)
+    strides, dilation, pads = _window_params(fn, rank, strides, dilation, pads)
+    _check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    c_in, c_out = _channels(x.shape, channels_first), _channels(dy.shape, channels_first)
+    _check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape,
+                    w_shape[-2])
+    _check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape,
+                    w_shape[-1])
+    kernel_spatial = w_shape[:rank]
+    out_spatial = _output_spatial(fn, _spatial(x.shape, channels_first), kernel_spatial,
+                                  strides, dilation, pads)
+    _check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
+    compute = _compute_dtype(x.dtype)
+    padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
+    columns = _gather_windows(padded, kernel_spatial, strides, dilation)
+    columns = columns.reshape(-1, math.prod(kernel_spatial) * c_in)
+    dy_cl = _to_channels_last(dy, channels_first).astype(compute, copy=False)
+    dw = columns.T @ dy_cl.reshape(-1, c_out)
+    return dw.reshape(w_shape).astype(x.dtype, copy=False)
+
+
+# ---------------------------------------------------------------- depthwise
+
+def _depthwise_columns(padded, kernel_spatial, strides, dilation):
+    """Windows as a contiguous (C, N*out, taps): one BLAS-ready matrix per channel."""
+    columns = np.moveaxis(_gather_windows(padded, kernel_spatial, strides, dilation), -1, 0)
+    return columns.reshape(padded.shape[-1], -1, math.prod(kernel_spatial))
+
+
+def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format):
+    """Depthwise convolution; w is (*k, C_in, M), output channel c*M + m like TensorFlow."""
+    fn = 'depthwise_conv_fwd'
+    x, w = _float_array(fn, 'x', x), _float_array(fn, 'w', w)
+    _same_dtype(fn, [('x', x), ('w', w)])
+    channels_first, rank, strides, dilation, pads = _conv_setup(
+        fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
+    c_in = _channels(x.shape, channels_first)
+    _check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
+    kernel_spatial, multiplier = w.shape[:rank], w.shape[-1]
+    out_spatial = _output_spatial(fn, _spatial(x.shape, channels_first), kernel_spatial,
+                                  strides, dilation, pads)
+    compute = _compute_dtype(x.dtype)
+    padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
+    taps = math.prod(kernel_spatial)
+    columns = _depthwise_columns(padded, kernel_spatial, strides, dilation)
+    kernel = w.reshape(taps, c_in, multiplier).astype(compute, copy=False)
+    y = np.matmul(columns, kernel.transpose(1, 0, 2))                     # (C, N*out, M)
+    y = y.transpose(1, 0, 2).reshape(x.shape[0], *out_spatial, c_in * multiplier)
+    return _from_channels_last(y, channels_first, x.dtype)
+
+
+def _depthwise_dy(fn, dy, channels_first, c_in, multiplier, w_name, w_shape, compute):
+    """dy as (C_in, N*out, M) in `compute`, after checking its channel count."""
+    c_out = _channels(dy.shape, channels_first)
+    _check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, w_name, w_shape,
+                    c_in * multiplier)
+    dy_cl = _to_channels_last(dy, channels_first).astype(compute, copy=False)
+    return dy_cl.reshape(-1, c_in, multiplier).transpose(1, 0, 2)
+
+
+def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
+    """Gradient of depthwise_conv_fwd with respect to x."""
+    fn = 'depthwise_conv_dgrad'
+    dy, w = _float_array(fn, 'dy', dy), _float_array(fn, 'w', w)
+    _same_dtype(fn, [('dy', dy), ('w', w)])
+    channels_first, rank, strides, dilation, pads = _conv_setup(
+        fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
+    x_shape = _shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    _check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    c_in = _channels(x_shape, channels_first)
+    _check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape,
+                    w.shape[-2])
+    in_spatial = _spatial(x_shape, channels_first)
+    kernel_spatial, multiplier = w.shape[:rank], w.shape[-1]
+    out_spatial = _output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    _check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
+    compute = _compute_dtype(dy.dtype)
+    dy_c = _depthwise_dy(fn, dy, channels_first, c_in, multiplier, 'w', w.shape, compute)
+    taps = math.prod(kernel_spatial)
+    kernel = w.reshape(taps, c_in, multiplier).astype(compute, copy=False)
+    columns = np.matmul(dy_c, kernel.transpose(1, 2, 0))                  # (C, N*out, taps)
+    columns = columns.transpose(1, 2, 0).reshape(dy.shape[0], *out_spatial,
+                                                 *kernel_spatial, c_in)
+    padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
+    dx = _scatter_windows(columns, padded_spatial, strides, dilation, compute)
+    return _from_channels_last(_crop_spatial(dx, pads, in_spatial), channels_first, dy.dtype)
+
+
+def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
+    """Gradient of depthwise_conv_fwd with respect to w."""
+    fn = 'depthwise_conv_wgrad'
+    x, dy = _float_array(fn, 'x', x), _float_array(fn, 'dy', dy)
+    _same_dtype(fn, [('x', x), ('dy', dy)])
+    channels_first = _channels_first(fn, data_format)
+    rank = _spatial_rank(fn, 'x', x)
+    _check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = _shape_tuple(fn, 'w_shape', w_shape, rank + 2)
+    strides, dilation, pads = _window_params(fn, rank, strides, dilation, pads)
+    _check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    c_in = _channels(x.shape, channels_first)
+    _check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape,
+                    w_shape[-2])
+    kernel_spatial, multiplier = w_shape[:rank], w_shape[-1]
+    out_spatial = _output_spatial(fn, _spatial(x.shape, channels_first), kernel_spatial,
+                                  strides, dilation, pads)
+    _check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
+    compute = _compute_dtype(x.dtype)
+    dy_c = _depthwise_dy(fn, dy, channels_first, c_in, multiplier, 'w_shape', w_shape,
+                         compute)
+    padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
+    columns = _depthwise_columns(padded, kernel_spatial, strides, dilation)
+    dw = np.matmul(columns.transpose(0, 2, 1), dy_c)                      # (C, taps, M)
+    return dw.transpose(1, 0, 2).reshape(w_shape).astype(x.dtype, copy=False)
+
+
+# ---------------------------------------------------------------- locally connected
+
+def _local_setup(fn, rank, kernel_size, strides, output_spatial, in_spatial):
+    """Check the arguments shared by the local_conv functions.
+
+    Like Keras 2.3.1 K.local_conv1d/2d: no padding, no dilation; output
+    position p reads the window starting at p * stride.
+    """
+    kernel_size = geometry.normalize_positive_tuple(kernel_size, rank, fn, 'kernel_size')
+    strides = geometry.normalize_positive_tuple(strides, rank, fn, 'strides')
+    output_spatial = geometry.normalize_positive_tuple(output_spatial, rank, fn,
+                                                       'output_spatial')
+    for size, k, s, o in zip(in_spatial, kernel_size, strides, output_spatial):
+        if (o - 1) * s + k > size:
+            raise ValueError('%s: output_spatial %s with kernel_size %s and strides %s '
+                             'reads past the input spatial shape %s'
+                             % (fn, output_spatial, kernel_size, strides, in_spatial))
+    return kernel_size, strides, output_spatial
+
+
+def _check_local_kernel(fn, w_name, w_shape, output_spatial, kernel_size, c_in):
+    expected = (math.prod(output_spatial), math.prod(kernel_size) * c_in)
+    if len(w_shape) != 3 or tuple(w_shape[:2]) != expected:
+        raise ValueError('%s: %s must have shape (%d, %d, C_out) = (prod(output_spatial), '
+                         'prod(kernel_size) * C_in, C_out), got %s'
+                         % (fn, w_name, expected[0], expected[1], tuple(w_shape)))
+
+
+def _local_columns(x, channels_first, kernel_size, strides, output_spatial, compute):
+    """Windows as (P, N, F): F is (*k, C) for channels_last, (C, *k) for
+    channels_first, the order in which Keras flattens a slice of each layout."""
+    rank = len(kernel_size)
+    x_cl = _to_channels_last(x, channels_first).astype(compute, copy=False)
+    columns = _gather_windows(x_cl, kernel_size, strides, (1,) * rank)
+    columns = columns[(slice(None),) + tuple(slice(0, o) for o in output_spatial)]
+    if channels_first:
+        columns = np.moveaxis(columns, -1, rank + 1)
+    n = x.shape[0]
+    return columns.reshape(n, math.prod(output_spatial), -1).transpose(1, 0, 2)
+
+
+def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format):
+    """Convolution with unshared weights w (P, prod(k) * C_in, C_out), P = prod(output_spatial)."""
+    fn = 'local_conv_fwd'
+    x, w = _float_array(fn, 'x', x), _float_array(fn, 'w', w)
+    _same_dtype(fn, [('x', x), ('w', w)])
+    channels_first = _channels_first(fn, data_format)
+    rank = _spatial_rank(fn, 'x', x)
+    kernel_size, strides, output_spatial = _local_setup(
+        fn, rank, kernel_size, strides, output_spatial, _spatial(x.shape, channels_first))
+    _check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size,
+                        _channels(x.shape, channels_first))
+    compute = _compute_dtype(x.dtype)
+    columns = _local_columns(x, channels_first, kernel_size, strides, output_spatial, compute)
+    y = np.matmul(columns, w.astype(compute, copy=False))                 # (P, N, C_out)
+    y = y.transpose(1, 0, 2).reshape(x.shape[0], *output_spatial, w.shape[-1])
+    return _from_channels_last(y, channels_first, x.dtype)
+
+
+def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_format):
+    """Gradient of local_conv_fwd with respect to x."""
+    fn = 'local_conv_dgrad'
+    dy, w = _float_array(fn, 'dy', dy), _float_array(fn, 'w', w)
+    _same_dtype(fn, [('dy', dy), ('w', w)])
+    channels_first = _channels_first(fn, data_format)
+    rank = _spatial_rank(fn, 'dy', dy)
+    x_shape = _shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    in_spatial = _spatial(x_shape, channels_first)
+    kernel_size, strides, output_spatial = _local_setup(
+        fn, rank, kernel_size, strides, output_spatial, in_spatial)
+    _check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    c_in = _channels(x_shape, channels_first)
+    _check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
+    _check_channels(fn, 'the channel count', 'dy', dy.shape,
+                    _channels(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
+    _check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
+    compute = _compute_dtype(dy.dtype)
+    n, c_out = dy.shape[0], w.shape[-1]
+    dy_p = _to_channels_last(dy, channels_first).astype(compute, copy=False)
+    dy_p = dy_p.reshape(n, -1, c_out).transpose(1, 0, 2)                  # (P, N, C_out)
+    columns = np.matmul(dy_p, w.astype(compute, copy=False).transpose(0, 2, 1))  # (P, N, F)
+    columns = columns.transpose(1, 0, 2)
+    if channels_first:
+        columns = np.moveaxis(columns.reshape(n, *output_spatial, c_in, *kernel_size),
+                              rank + 1, -1)
+    else:
+        columns = columns.reshape(n, *output_spatial, *kernel_size, c_in)
+    dx = _scatter_windows(columns, in_spatial, strides, (1,) * rank, compute)
+    return _from_channels_last(dx, channels_first, dy.dtype)
+
+
+def local_conv_wgrad(x, dy, w_shape, kernel_size, strides, output_spatial, data_format):
+    """Gradient of local_conv_fwd with respect to w."""
+    fn = 'local_conv_wgrad'
+    x, dy = _float_array(fn, 'x', x), _float_array(fn, 'dy', dy)
+    _same_dtype(fn, [('x', x), ('dy', dy)])
+    channels_first = _channels_first(fn, data_format)
+    rank = _spatial_rank(fn, 'x', x)
+    kernel_size, strides, output_spatial = _local_setup(
+        fn, rank, kernel_size, strides, output_spatial, _spatial(x.shape, channels_first))
+    _check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = _shape_tuple(fn, 'w_shape', w_shape, 3)
+    _check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    _check_local_kernel(fn, 'w_shape', w_shape, output_spatial, kernel_size,
+                        _channels(x.shape, channels_first))
+    c_out = _channels(dy.shape, channels_first)
+    _check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape,
+                    w_shape[-1])
+    _check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
+    compute = _compute_dtype(x.dtype)
+    columns = _local_columns(x, channels_first, kernel_size, strides, output_spatial, compute)
+    dy_p = _to_channels_last(dy, channels_first).astype(compute, copy=False)
+    dy_p = dy_p.reshape(x.shape[0], -1, c_out).transpose(1, 0, 2)         # (P, N, C_out)
+    dw = np.matmul(columns.transpose(0, 2, 1), dy_p)                      # (P, F, C_out)
+    return dw.astype(x.dtype, copy=False)

@@ -1,0 +1,542 @@
+"""NumPy twins of the CTC kernels (gpuk/kernels/ctc.py).
+
+Layout: logits (N, T, A) batch-major, labels (N, Lmax) dense (padding past
+label_lengths ignored), input_lengths (N,), label_lengths (N,). `blank` is
+a class index, None for the last class (A - 1, as Keras and TensorFlow use).
+
+The loss applies log-softmax to the logits itself and runs the alpha / beta
+recursions in log space over the extended label (blank, l1, blank, l2, ...,
+blank) of S = 2 Lmax + 1 states, vectorized over batch and states, with one
+Python loop over time. A label that cannot be aligned in its input length
+gets loss inf and a zero gradient (as TensorFlow), never NaN.
+
+Decoders follow TensorFlow's ctc_greedy_decoder and ctc_beam_search_decoder
+(what Keras 2.3.1's ctc_decode calls); the Theano-backend helpers at the end
+reproduce keras/backend/theano_backend.py 2.3.1 on NumPy arrays.
+"""
+import numpy as np
+
+from gpuk.cpu_fallback.softmax_xent import accumulate_dtype, float_array, log_sum_exp
+
+__all__ = [
+    'ctc_loss_fwd', 'ctc_loss_bwd', 'ctc_greedy_decode', 'ctc_beam_search_decode',
+    'ctc_interleave_blanks', 'ctc_create_skip_idxs', 'ctc_update_log_p',
+    'ctc_path_probs', 'ctc_cost',
+]
+
+
+# ---------------------------------------------------------------- checks
+
+def _int_array(fn, name, value, ndim):
+    """Integer dtypes, or floats holding whole numbers (Keras feeds float labels)."""
+    array = np.asarray(value)
+    if array.ndim != ndim:
+        raise ValueError('%s: %s must have rank %d, got shape %s' % (fn, name, ndim, array.shape))
+    if np.issubdtype(array.dtype, np.integer):
+        return array.astype(np.int64, copy=False)
+    if np.issubdtype(array.dtype, np.floating):
+        if not np.all(np.isfinite(array)) or np.any(array != np.round(array)):
+            raise ValueError('%s: %s must hold integers, got non-integer values' % (fn, name))
+        return array.astype(np.int64)
+    raise ValueError('%s: %s must be an integer array, got dtype %s' % (fn, name, array.dtype))
+
+
+def _check_logits(fn, name, value):
+    array = float_array(fn, name, value)
+    if array.ndim != 3:
+        raise ValueError('%s: %s must have rank 3 (batch, time, classes), got shape %s'
+                         % (fn, name, array.shape))
+    if array.shape[2] == 0:
+        raise ValueError('%s: %s must have at least one class, got shape %s'
+                         % (fn, name, array.shape))
+    return array
+
+
+def _check_blank(fn, blank, classes):
+    if blank is None:
+        return classes - 1
+    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)) \
+            or not 0 <= blank < classes:
+        raise ValueError('%s: blank must be None or an int in [0, %d), got %r'
+                         % (fn, classes, blank))
+    return int(blank)
+
+
+def _check_lengths(fn, name, value, batch, upper, upper_name):
+    lengths = _int_array(fn, name, value, 1)
+    if lengths.shape[0] != batch:
+        raise ValueError('%s: %s must have shape (%d,) (the batch size), got %s'
+                         % (fn, name, batch, lengths.shape))
+    if lengths.size and (lengths.min() < 0 or lengths.max() > upper):
+        raise ValueError('%s: %s must lie in [0, %d] (%s), got values in [%d, %d]'
+                         % (fn, name, upper, upper_name, lengths.min(), lengths.max()))
+    return lengths
+
+
+def _check_loss_inputs(fn, logits, labels, input_lengths, label_lengths, blank):
+    logits = _check_logits(fn, 'logits', logits)
+    batch, steps, classes = logits.shape
+    blank = _check_blank(fn, blank, classes)
+    labels = _int_array(fn, 'labels', labels, 2)
+    if labels.shape[0] != batch:
+        raise ValueError('%s: labels must have the batch size of logits %s, got shape %s'
+                         % (fn, logits.shape, labels.shape))
+    input_lengths = _check_lengths(fn, 'input_lengths', input_lengths, batch, steps,
+                                   'the time steps of logits')
+    label_lengths = _check_lengths(fn, 'label_lengths', label_lengths, batch, labels.shape[1],
+                                   'the width of labels')
+    used = np.arange(labels.shape[1]) < label_lengths[:, None]
+    values = labels[used]
+    if values.size and (values.min() < 0 or values.max() >= classes or np.any(values == blank)):
+        raise ValueError('%s: labels must lie in [0, %d) without the blank index %d, got %s'
+                         % (fn, classes, blank, np.unique(values).tolist()))
+    return logits, labels, input_lengths, label_lengths, blank
+
+
+# ---------------------------------------------------------------- loss
+
+def _log_softmax_classes(logits):
+    x = logits.astype(accumulate_dtype(logits.dtype), copy=False)
+    with np.errstate(invalid='ignore'):
+        return x - log_sum_exp(x, -1)
+
+
+def _shift_states(a, k):
+    """a[:, s - k] at state s (k > 0: from lower states; k < 0: from higher), -inf off the end."""
+    out = np.full_like(a, -np.inf)
+    if k > 0:
+        out[:, k:] = a[:, :-k]
+    else:
+        out[:, :k] = a[:, -k:]
+    return out
+
+
+def _log_add3(a, b, c):
+    m = np.maximum(np.maximum(a, b), c)
+    m = np.where(np.isfinite(m), m, 0)
+    with np.errstate(divide='ignore'):
+        return np.log(np.exp(a - m) + np.exp(b - m) + np.exp(c - m)) + m
+
+
+class _ExtendedLabels:
+    """blank, l1, blank, l2, ..., blank for every sample, padded to S states."""
+
+    def __init__(self, labels, label_lengths, blank):
+        batch, width = labels.shape
+        self.states = 2 * width + 1
+        used = np.arange(width) < label_lengths[:, None]
+        padded = np.where(used, labels, blank)
+        self.classes = np.full((batch, self.states), blank, dtype=np.int64)
+        self.classes[:, 1::2] = padded
+        # state s may be entered from s - 2 when it is a label differing
+        # from the previous label (a repeat needs the blank between)
+        self.skip_into = np.zeros((batch, self.states), dtype=bool)
+        self.skip_into[:, 3::2] = padded[:, 1:] != padded[:, :-1]
+        self.count = 2 * label_lengths + 1
+        self.valid = np.arange(self.states) < self.count[:, None]
+
+    def emissions(self, log_probs):
+        """(N, T, A) log-probabilities -> (N, T, S) per extended state."""
+        index = np.broadcast_to(self.classes[:, None, :],
+                                log_probs.shape[:2] + (self.states,))
+        return np.take_along_axis(log_probs, index, axis=2)
+
+
+def _final_log_likelihood(log_alpha, ext, input_lengths, label_lengths):
+    batch = log_alpha.shape[0]
+    if log_alpha.shape[1] == 0:
+        return np.where(label_lengths == 0, 0.0, -np.inf)
+    rows = np.arange(batch)
+    last = log_alpha[rows, np.maximum(input_lengths - 1, 0)]
+    end_blank = last[rows, ext.count - 1]
+    end_label = np.where(label_lengths > 0, last[rows, np.maximum(ext.count - 2, 0)], -np.inf)
+    log_likelihood = np.logaddexp(end_blank, end_label)
+    empty_input = np.where(label_lengths == 0, 0.0, -np.inf)
+    return np.where(input_lengths == 0, empty_input, log_likelihood)
+
+
+def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None):
+    """CTC negative log-likelihood of each label given softmax(logits).
+
+    # Returns
+        (loss, log_alpha): loss (N,) (inf where no alignment exists);
+        log_alpha (N, T, 2 Lmax + 1), the forward variables including the
+        emission at t, -inf past each input length and label length.
+        float16 logits give a float16 loss and a float32 log_alpha.
+    """
+    fn = 'ctc_loss_fwd'
+    logits, labels, input_lengths, label_lengths, blank = _check_loss_inputs(
+        fn, logits, labels, input_lengths, label_lengths, blank)
+    batch, steps, _ = logits.shape
+    ext = _ExtendedLabels(labels, label_lengths, blank)
+    emit = ext.emissions(_log_softmax_classes(logits))
+    log_alpha = np.full(emit.shape, -np.inf, dtype=emit.dtype)
+    if steps:
+        alpha = np.full((batch, ext.states), -np.inf, dtype=emit.dtype)
+        alpha[:, :2] = emit[:, 0, :2]
+        alpha = np.where(ext.valid, alpha, -np.inf)
+        log_alpha[:, 0] = alpha
+        for t in range(1, steps):
+            from_prev = _shift_states(alpha, 1)
+            from_skip = np.where(ext.skip_into, _shift_states(alpha, 2), -np.inf)
+            alpha = np.where(ext.valid, _log_add3(alpha, from_prev, from_skip) + emit[:, t],
+                             -np.inf)
+            log_alpha[:, t] = alpha
+        log_alpha[np.arange(steps)[None, :] >= input_lengths[:, None]] = -np.inf
+    # + 0.0 turns the -0.0 of an empty label on no frames into 0.0
+    loss = 0.0 - _final_log_likelihood(log_alpha, ext, input_lengths, label_lengths) + 0.0
+    return loss.astype(logits.dtype), log_alpha
+
+
+def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss,
+                 blank=None):
+    """Gradient of ctc_loss_fwd's loss with respect to the logits.
+
+    Computes the backward variables beta, then per frame
+    dlogits = (softmax - occupation / P(label)) * dloss, the log-softmax
+    folded in; zero past each input length and for impossible labels.
+    """
+    fn = 'ctc_loss_bwd'
+    logits, labels, input_lengths, label_lengths, blank = _check_loss_inputs(
+        fn, logits, labels, input_lengths, label_lengths, blank)
+    batch, steps, classes = logits.shape
+    ext = _ExtendedLabels(labels, label_lengths, blank)
+    log_alpha = float_array(fn, 'log_alpha', log_alpha)
+    if log_alpha.shape != (batch, steps, ext.states):
+        raise ValueError('%s: log_alpha must have shape %s (batch, time, 2 * labels width + 1), '
+                         'got %s' % (fn, (batch, steps, ext.states), log_alpha.shape))
+    loss = float_array(fn, 'loss', loss)
+    dloss = float_array(fn, 'dloss', dloss)
+    for name, array in (('loss', loss), ('dloss', dloss)):
+        if array.shape != (batch,):
+            raise ValueError('%s: %s must have shape (%d,), got %s'
+                             % (fn, name, batch, array.shape))
+    log_probs = _log_softmax_classes(logits)
+    acc = log_probs.dtype
+    emit = ext.emissions(log_probs)
+    log_alpha = log_alpha.astype(acc, copy=False)
+
+    # log_beta[t, s]: log-probability of frames t+1 .. T_n-1 given state s at t
+    log_beta = np.full(emit.shape, -np.inf, dtype=acc)
+    rows = np.arange(batch)
+    end_state = np.full((batch, ext.states), -np.inf, dtype=acc)
+    end_state[rows, ext.count - 1] = 0
+    end_state[rows[label_lengths > 0], ext.count[label_lengths > 0] - 2] = 0
+    skip_from = np.zeros_like(ext.skip_into)
+    skip_from[:, :-2] = ext.skip_into[:, 2:]
+    beta = np.full((batch, ext.states), -np.inf, dtype=acc)
+    for t in range(steps - 1, -1, -1):
+        if t < steps - 1:
+            ahead = beta + emit[:, t + 1]
+            to_next = _shift_states(ahead, -1)
+            to_skip = np.where(skip_from, _shift_states(ahead, -2), -np.inf)
+            recursed = np.where(ext.valid, _log_add3(ahead, to_next, to_skip), -np.inf)
+        else:
+            recursed = np.full_like(beta, -np.inf)
+        at_end = (t == input_lengths - 1)[:, None]
+        before_end = (t < input_lengths - 1)[:, None]
+        beta = np.where(at_end, end_state, np.where(before_end, recursed, -np.inf))
+        log_beta[:, t] = beta
+
+    possible = np.isfinite(loss)
+    shift = np.where(possible, loss, 0).astype(acc)
+    occupation = np.exp(log_alpha + log_beta + shift[:, None, None])
+    one_hot = (ext.classes[:, :, None] == np.arange(classes)).astype(acc)
+    occupation_per_class = np.matmul(occupation, one_hot)
+    grad = (np.exp(log_probs) - occupation_per_class) * dloss.astype(acc)[:, None, None]
+    inside = (np.arange(steps)[None, :] < input_lengths[:, None]) & possible[:, None]
+    grad = np.where(inside[:, :, None], grad, 0)
+    return grad.astype(logits.dtype, copy=False)
+
+
+# ---------------------------------------------------------------- decoders
+
+def _compact_labels(labels):
+    """(..., T) labels with -1 holes -> labels moved to the front, -1 padded."""
+    keep = labels >= 0
+    position = np.cumsum(keep, axis=-1) - 1
+    out = np.full(labels.shape, -1, dtype=np.int64)
+    index = np.nonzero(keep)
+    out[index[:-1] + (position[index],)] = labels[index]
+    return out
+
+
+def _check_decode_inputs(fn, log_probs, input_lengths, blank):
+    log_probs = _check_logits(fn, 'log_probs', log_probs)
+    batch, steps, classes = log_probs.shape
+    input_lengths = _check_lengths(fn, 'input_lengths', input_lengths, batch, steps,
+                                   'the time steps of log_probs')
+    return log_probs, input_lengths, _check_blank(fn, blank, classes)
+
+
+def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True):
+    """Best path: argmax per frame within input_length, merge repeats, drop blanks.
+
+    TensorFlow's ctc_greedy_decoder: repeats merge only when adjacent frames
+    agree (a blank between two equal labels keeps both); ties take the lowest
+    class.
+
+    # Returns
+        (decoded, neg_sum_logits): decoded (N, T) int64 padded with -1;
+        neg_sum_logits (N, 1), minus the sum over frames of the largest
+        log_prob (Keras returns it as `log_prob`).
+    """
+    fn = 'ctc_greedy_decode'
+    log_probs, input_lengths, blank = _check_decode_inputs(fn, log_probs, input_lengths, blank)
+    batch, steps, _ = log_probs.shape
+    inside = np.arange(steps)[None, :] < input_lengths[:, None]
+    best = np.argmax(log_probs, axis=2) if steps else np.zeros((batch, 0), np.int64)
+    previous = np.concatenate([np.full((batch, 1), -1), best[:, :-1]], axis=1)
+    keep = inside & (best != blank)
+    if merge_repeated:
+        keep &= best != previous
+    decoded = _compact_labels(np.where(keep, best, -1))
+    acc = accumulate_dtype(log_probs.dtype)
+    frame_max = np.max(log_probs, axis=2, initial=-np.inf).astype(acc)
+    neg_sum = 0.0 - np.sum(np.where(inside, frame_max, 0), axis=1, keepdims=True) + 0.0
+    return decoded, neg_sum.astype(log_probs.dtype)
+
+
+# Prefixes are identified by a polynomial hash of their labels modulo two
+# primes (~62 bits): merging equal prefixes across beams is then one sort.
+_P1, _B1 = 2147483647, 1000003
+_P2, _B2 = 1000000007, 911382323
+
+
+def _positive_int(fn, name, value, upper=None):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1 \
+            or (upper is not None and value > upper):
+        bound = '>= 1' if upper is None else 'in [1, %d]' % upper
+        raise ValueError('%s: %s must be an int %s, got %r' % (fn, name, bound, value))
+    return int(value)
+
+
+def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1, blank=None,
+                           merge_repeated=False):
+    """CTC prefix beam search, TensorFlow's ctc_beam_search_decoder.
+
+    Each prefix carries the probability of ending in a blank and in its last
+    label; extending by the label it ends with draws only from the blank
+    part; equal prefixes reached from several beams are merged (summed).
+    Frames are log-softmax normalized first, as TensorFlow does. Keras
+    2.3.1's ctc_decode passes merge_repeated=False, so by default the
+    prefixes come back as found; merge_repeated=True collapses equal
+    neighbours in the output only (TF's semantics). Ranking ties may order
+    differently from TF; prefixes are told apart by a 62-bit hash.
+
+    # Returns
+        (paths, log_probs): a list of top_paths arrays (N, T) int64 padded
+        with -1, best first; log_probs (N, top_paths), the log-probability
+        of each prefix (-inf with an empty path when fewer prefixes exist).
+    """
+    fn = 'ctc_beam_search_decode'
+    log_probs, input_lengths, blank = _check_decode_inputs(fn, log_probs, input_lengths, blank)
+    beam_width = _positive_int(fn, 'beam_width', beam_width)
+    top_paths = _positive_int(fn, 'top_paths', top_paths, beam_width)
+    batch, steps, classes = log_probs.shape
+    frames = _log_softmax_classes(log_probs)
+    acc = frames.dtype
+    width = beam_width
+    extend_with = np.array([c for c in range(classes) if c != blank], dtype=np.int64)
+    n_ext = extend_with.size
+    rows = np.arange(batch)[:, None]
+
+    p_blank = np.full((batch, width), -np.inf, dtype=acc)
+    p_blank[:, 0] = 0
+    p_label = np.full((batch, width), -np.inf, dtype=acc)
+    hash1 = np.zeros((batch, width), dtype=np.int64)
+    hash2 = np.zeros((batch, width), dtype=np.int64)
+    last = np.full((batch, width), -1, dtype=np.int64)
+    parents = np.tile(np.arange(width), (steps, batch, 1))
+    emitted = np.full((steps, batch, width), -1, dtype=np.int64)
+
+    slots = np.broadcast_to(np.arange(width)[None, :, None], (batch, width, n_ext))
+    for t in range(steps):
+        frame = frames[:, t]
+        total = np.logaddexp(p_blank, p_label)
+        # candidates: every beam staying as it is, then every beam extended
+        last_prob = np.where(last >= 0, np.take_along_axis(frame, np.maximum(last, 0), 1),
+                             -np.inf)
+        repeat = last[:, :, None] == extend_with
+        ext_label = np.where(repeat, p_blank[:, :, None], total[:, :, None]) \
+            + frame[:, extend_with][:, None, :]
+
+        def join(stay, extended):
+            return np.concatenate([stay, extended.reshape(batch, -1)], axis=1)
+
+        c_blank = join(total + frame[:, blank:blank + 1],
+                       np.full((batch, width, n_ext), -np.inf, dtype=acc))
+        c_label = join(p_label + last_prob, ext_label)
+        c_hash1 = join(hash1, (hash1[:, :, None] * _B1 + extend_with + 1) % _P1)
+        c_hash2 = join(hash2, (hash2[:, :, None] * _B2 + extend_with + 1) % _P2)
+        c_last = join(last, np.broadcast_to(extend_with, (batch, width, n_ext)))
+        c_parent = join(np.broadcast_to(np.arange(width), (batch, width)), slots)
+        c_emit = join(np.full((batch, width), -1), np.broadcast_to(extend_with,
+                                                                   (batch, width, n_ext)))
+        c_total = np.logaddexp(c_blank, c_label)
+        count = c_total.shape[1]
+
+        # merge equal prefixes of a row: sort by (row, hash, best first)
+        key = (c_hash1 * _P2 + c_hash2).ravel()
+        row_of = np.repeat(np.arange(batch), count)
+        order = np.lexsort((-c_total.ravel(), key, row_of))
+        key_sorted, row_sorted = key[order], row_of[order]
+        first = np.ones(order.size, dtype=bool)
+        first[1:] = (key_sorted[1:] != key_sorted[:-1]) | (row_sorted[1:] != row_sorted[:-1])
+        starts = np.flatnonzero(first)
+        g_blank = np.logaddexp.reduceat(c_blank.ravel()[order], starts)
+        g_label = np.logaddexp.reduceat(c_label.ravel()[order], starts)
+        g_best = order[starts]
+        g_row = row_sorted[starts]
+        g_col = np.arange(starts.size) - np.searchsorted(g_row, g_row)
+
+        # keep the best `width` merged prefixes of every row
+        padded = np.full((batch, count), -np.inf, dtype=acc)
+        padded[g_row, g_col] = np.logaddexp(g_blank, g_label)
+        group_at = np.zeros((batch, count), dtype=np.int64)
+        group_at[g_row, g_col] = np.arange(starts.size)
+        pick = np.argsort(-padded, axis=1, kind='stable')[:, :width]
+        group = group_at[rows, pick]
+        alive = np.isfinite(padded[rows, pick])
+        best = g_best[group]
+        active = (t < input_lengths)[:, None]
+
+        def update(old, new, dead):
+            return np.where(active, np.where(alive, new, dead), old)
+
+        p_blank = update(p_blank, g_blank[group], -np.inf)
+        p_label = update(p_label, g_label[group], -np.inf)
+        hash1 = update(hash1, c_hash1.ravel()[best], 0)
+        hash2 = update(hash2, c_hash2.ravel()[best], 0)
+        last = update(last, c_last.ravel()[best], -1)
+        parents[t] = update(parents[t], c_parent.ravel()[best], 0)
+        emitted[t] = update(emitted[t], c_emit.ravel()[best], -1)
+
+    final = np.logaddexp(p_blank, p_label)
+    chosen = np.argsort(-final, axis=1, kind='stable')[:, :top_paths]
+    scores = np.take_along_axis(final, chosen, 1)
+    sequence = np.full((batch, top_paths, steps), -1, dtype=np.int64)
+    slot = chosen
+    for t in range(steps - 1, -1, -1):
+        sequence[:, :, t] = np.take_along_axis(emitted[t], slot, 1)
+        slot = np.take_along_axis(parents[t], slot, 1)
+    sequence = np.where(np.isfinite(scores)[:, :, None], sequence, -1)
+    if merge_repeated:
+        compact = _compact_labels(sequence)
+        repeat = np.concatenate([np.zeros((batch, top_paths, 1), bool),
+                                 compact[:, :, 1:] == compact[:, :, :-1]], axis=2)
+        sequence = np.where(repeat, -1, compact)
+    decoded = _compact_labels(sequence)
+    return [decoded[:, k] for k in range(top_paths)], scores.astype(log_probs.dtype)
+
+
+# ---------------------------------------------------------------- Theano backend helpers
+
+def _label_vector(fn, name, value):
+    return _int_array(fn, name, value, 1)
+
+
+def ctc_interleave_blanks(Y):
+    """[y1, y2, ...] -> [-1, y1, -1, y2, ..., -1]; -1 indexes the last (blank) class."""
+    labels = _label_vector('ctc_interleave_blanks', 'Y', Y)
+    out = np.full(2 * labels.shape[0] + 1, -1, dtype=np.int64)
+    out[1::2] = labels
+    return out
+
+
+def ctc_create_skip_idxs(Y):
+    """Odd positions i of the interleaved Y whose label differs from Y[i + 2]."""
+    interleaved = _label_vector('ctc_create_skip_idxs', 'Y', Y)
+    skip = np.arange(max((interleaved.shape[0] - 3) // 2, 0), dtype=np.int64) * 2 + 1
+    return skip[interleaved[skip] != interleaved[skip + 2]]
+
+
+def ctc_update_log_p(skip_idxs, zeros, active, log_p_curr, log_p_prev):
+    """One step of the Theano-backend recursion over the first `active` states.
+
+    # Returns
+        (active_next, log_p_next), log_p_next holding `zeros` past active_next.
+    """
+    fn = 'ctc_update_log_p'
+    skip_idxs = _label_vector(fn, 'skip_idxs', skip_idxs)
+    zeros = float_array(fn, 'zeros', zeros)
+    log_p_curr = float_array(fn, 'log_p_curr', log_p_curr)
+    log_p_prev = float_array(fn, 'log_p_prev', log_p_prev)
+    if isinstance(active, bool) or not isinstance(active, (int, np.integer)) \
+            or not 1 <= active <= log_p_prev.shape[0]:
+        raise ValueError('%s: active must be an int in [1, %d], got %r'
+                         % (fn, log_p_prev.shape[0], active))
+    active = int(active)
+    active_skip = skip_idxs[skip_idxs < active]
+    active_next = min(max(active + 1, int(np.max(active_skip, initial=-1)) + 3),
+                      log_p_curr.shape[0])
+    common_factor = np.max(log_p_prev[:active])
+    p_prev = np.exp(log_p_prev[:active] - common_factor)
+    staying = zeros[:active_next].copy()
+    staying[:active] = p_prev
+    moved = staying.copy()
+    moved[1:] += staying[:-1]
+    moved[active_skip + 2] += p_prev[active_skip]
+    with np.errstate(divide='ignore'):
+        updated_log_p_prev = np.log(moved) + common_factor
+    log_p_next = zeros.copy()
+    log_p_next[:active_next] = log_p_curr[:active_next] + updated_log_p_prev
+    return active_next, log_p_next
+
+
+def ctc_path_probs(predict, Y, alpha=1e-4):
+    """Theano ctc_path_probs: forward and backward log-probabilities.
+
+    predict (T, A) holds probabilities, Y is an interleaved label; each
+    probability is smoothed as (1 - alpha) p + alpha / len(Y).
+
+    # Returns
+        (log_probs, mask): (T, len(Y)) log(alpha * beta / y) and the states
+        reachable from both ends.
+    """
+    fn = 'ctc_path_probs'
+    predict = float_array(fn, 'predict', predict)
+    if predict.ndim != 2:
+        raise ValueError('%s: predict must have rank 2 (time, classes), got shape %s'
+                         % (fn, predict.shape))
+    Y = _label_vector(fn, 'Y', Y)
+    if Y.size and (Y.min() < -predict.shape[1] or Y.max() >= predict.shape[1]):
+        raise ValueError('%s: Y must index the %d classes of predict, got values in [%d, %d]'
+                         % (fn, predict.shape[1], Y.min(), Y.max()))
+    smoothed = (1 - alpha) * predict[:, Y] + alpha * np.float32(1.) / Y.shape[0]
+    log_smoothed = np.log(smoothed)
+    zeros = np.zeros_like(log_smoothed[0])
+    forward_skips = ctc_create_skip_idxs(Y)
+    backward_skips = ctc_create_skip_idxs(Y[::-1])
+    reversed_log = log_smoothed[::-1, ::-1]
+    f_active, log_f, b_active, log_b = 1, zeros, 1, zeros
+    f_actives, log_fs, b_actives, log_bs = [], [], [], []
+    for t in range(log_smoothed.shape[0]):
+        f_active, log_f = ctc_update_log_p(forward_skips, zeros, f_active,
+                                           log_smoothed[t], log_f)
+        b_active, log_b = ctc_update_log_p(backward_skips, zeros, b_active,
+                                           reversed_log[t], log_b)
+        f_actives.append(f_active)
+        log_fs.append(log_f)
+        b_actives.append(b_active)
+        log_bs.append(log_b)
+    steps = log_smoothed.shape[0]
+    log_f_probs = np.array(log_fs).reshape(steps, -1)
+    log_b_probs = np.array(log_bs).reshape(steps, -1)
+    idxs = np.arange(log_smoothed.shape[1])[None, :]
+    mask = ((idxs < np.array(f_actives, dtype=np.int64)[:, None])
+            & (idxs < np.array(b_actives, dtype=np.int64)[:, None])[::-1, ::-1])
+    log_probs = log_f_probs + log_b_probs[::-1, ::-1] - log_smoothed
+    return log_probs, mask
+
+
+def ctc_cost(predict, Y):
+    """Theano ctc_cost: -log of sum over (t, s) of alpha beta / y for label Y.
+
+    Summed over every frame t, this is -log(T * P(Y)) with smoothed
+    probabilities: the Theano backend's ctc_batch_cost returns exactly this.
+    """
+    log_probs, mask = ctc_path_probs(predict, ctc_interleave_blanks(Y))
+    common_factor = np.max(log_probs)
+    total_log_prob = np.log(np.sum(np.exp(log_probs - common_factor)[mask.nonzero()]))
+    return -(total_log_prob + common_factor)

@@ -1,0 +1,181 @@
+"""NumPy twins of the pooling kernels (gpuk/kernels/pooling.py).
+
+One N-d implementation (1, 2 or 3 spatial dims). Arrays are (N, *spatial, C)
+for 'channels_last' or (N, C, *spatial) for 'channels_first'; `pads` holds one
+(before, after) pair per spatial dim (gpuk.ops.geometry.conv_pads with
+dilation 1). Like TensorFlow, padding never takes part: max pooling pads with
+-inf and average pooling divides by the number of real inputs in the window.
+"""
+import math
+
+import numpy as np
+
+from gpuk.cpu_fallback.conv import (
+    _channels, _channels_first, _compute_dtype, _crop_spatial, _float_array,
+    _from_channels_last, _gather_windows, _output_spatial, _pad_spatial, _spatial,
+    _shape_tuple, _spatial_rank, _to_channels_last, _window_regions)
+from gpuk.ops import geometry
+
+__all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd']
+
+
+def _pool_params(fn, rank, window, strides, pads):
+    window = geometry.normalize_positive_tuple(window, rank, fn, 'window')
+    strides = geometry.normalize_positive_tuple(strides, rank, fn, 'strides')
+    pads = geometry.normalize_pads(pads, rank, fn)
+    # A pad as wide as the window would allow windows made only of padding,
+    # whose max or average is undefined; TensorFlow's 'same' never does that.
+    if any(b >= k or a >= k for k, (b, a) in zip(window, pads)):
+        raise ValueError('%s: pads %s must be smaller than window %s in every dimension'
+                         % (fn, pads, window))
+    return window, strides, pads
+
+
+def _check_x_shape(fn, x_shape, dy, channels_first):
+    x_shape = _shape_tuple(fn, 'x_shape', x_shape, dy.ndim)
+    if x_shape[0] != dy.shape[0] or \
+            _channels(x_shape, channels_first) != _channels(dy.shape, channels_first):
+        raise ValueError('%s: batch and channels of dy (shape %s) and x_shape %s differ'
+                         % (fn, dy.shape, x_shape))
+    return x_shape
+
+
+def _check_dy_spatial(fn, dy, channels_first, expected, x_shape):
+    got = _spatial(dy.shape, channels_first)
+    if got != tuple(expected):
+        raise ValueError('%s: dy spatial shape %s does not match the pooled spatial shape '
+                         '%s of x_shape %s' % (fn, got, tuple(expected), x_shape))
+
+
+def max_pool_fwd(x, window, strides, pads, data_format):
+    """Max pooling -> (y, argmax).
+
+    argmax (int64, shaped like y) is the flat index of the winner within the
+    un-padded spatial volume of its (n, c) slice; the first one wins ties.
+    """
+    fn = 'max_pool_fwd'
+    x = _float_array(fn, 'x', x)
+    channels_first = _channels_first(fn, data_format)
+    rank = _spatial_rank(fn, 'x', x)
+    window, strides, pads = _pool_params(fn, rank, window, strides, pads)
+    in_spatial = _spatial(x.shape, channels_first)
+    out_spatial = _output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
+                                  'window')
+    padded = _pad_spatial(_to_channels_last(x, channels_first), pads, x.dtype, fill=-np.inf)
+    windows = np.moveaxis(_gather_windows(padded, window, strides, (1,) * rank), -1, rank + 1)
+    windows = windows.reshape(*windows.shape[:rank + 2], -1)        # (N, *out, C, taps)
+    tap = np.argmax(windows, axis=-1)
+    y = np.take_along_axis(windows, tap[..., None], axis=-1)[..., 0]
+
+    # Window start per output position and dim, shaped to broadcast over (N, *out, C).
+    starts = [(np.arange(o) * s - b).reshape((1,) + (1,) * i + (o,) + (1,) * (rank - i))
+              for i, (o, s, (b, _)) in enumerate(zip(out_spatial, strides, pads))]
+    if np.isneginf(y).any():
+        argmax = _argmax_off_padding(tap, starts, window, in_spatial)
+    else:
+        # winner = flat index of the window start + flat offset of the tap;
+        # both are small tables, so this is two passes over y.
+        multipliers = [math.prod(in_spatial[i + 1:]) for i in range(rank)]
+        tap_offsets = np.array([sum(t * m for t, m in zip(tap_index, multipliers))
+                                for tap_index in np.ndindex(*window)], np.int64)
+        argmax = sum(start * m for start, m in zip(starts, multipliers)) + tap_offsets[tap]
+    return (_from_channels_last(y, channels_first, x.dtype),
+            _from_channels_last(argmax, channels_first, np.int64))
+
+
+def _argmax_off_padding(tap, starts, window, in_spatial):
+    """Flat winner indices when some window is all -inf.
+
+    There the first tap of the tie may be padding; padding never wins, so such
+    a window reports its first real element (its value is -inf too).
+    """
+    coords = [start + t for start, t in zip(starts, np.unravel_index(tap, window))]
+    in_padding = np.zeros(tap.shape, bool)
+    for coord, size in zip(coords, in_spatial):
+        in_padding |= (coord < 0) | (coord >= size)
+    coords = [np.where(in_padding, np.maximum(start, 0), coord)
+              for start, coord in zip(starts, coords)]
+    return np.ravel_multi_index(coords, in_spatial)
+
+
+def max_pool_bwd(dy, argmax, x_shape, data_format):
+    """Gradient of max_pool_fwd: dy added at the argmax positions of dx."""
+    fn = 'max_pool_bwd'
+    dy = _float_array(fn, 'dy', dy)
+    argmax = np.asarray(argmax)
+    channels_first = _channels_first(fn, data_format)
+    _spatial_rank(fn, 'dy', dy)
+    if not np.issubdtype(argmax.dtype, np.integer):
+        raise TypeError('%s: argmax must be an integer array, got dtype %s'
+                        % (fn, argmax.dtype))
+    if argmax.shape != dy.shape:
+        raise ValueError('%s: argmax shape %s and dy shape %s differ'
+                         % (fn, argmax.shape, dy.shape))
+    x_shape = _check_x_shape(fn, x_shape, dy, channels_first)
+    in_spatial = _spatial(x_shape, channels_first)
+    volume = math.prod(in_spatial)
+    if argmax.min() < 0 or argmax.max() >= volume:
+        raise ValueError('%s: argmax must lie in [0, %d) for x_shape %s, got values in '
+                         '[%d, %d]' % (fn, volume, x_shape, argmax.min(), argmax.max()))
+    n, channels = x_shape[0], _channels(x_shape, channels_first)
+    arg_cl = _to_channels_last(argmax, channels_first).reshape(n, -1, channels)
+    # Flat index into dx in channels_last order: (n * volume + position) * C + c.
+    flat = ((np.arange(n)[:, None, None] * volume + arg_cl) * channels
+            + np.arange(channels)[None, None, :])
+    weights = _to_channels_last(dy, channels_first).reshape(n, -1, channels)
+    # bincount sums in float64, so float16/float32 gradients lose nothing here.
+    dx = np.bincount(flat.ravel(), weights=weights.ravel(), minlength=n * volume * channels)
+    return _from_channels_last(dx.reshape(n, *in_spatial, channels), channels_first, dy.dtype)
+
+
+def _window_counts(in_spatial, out_spatial, window, strides, pads, dtype):
+    """Number of real (un-padded) inputs in each window, shaped (1, *out, 1), in `dtype`."""
+    rank = len(in_spatial)
+    counts = np.ones((1,) * (rank + 2), np.int64)
+    for i, (size, o, k, s, (b, _)) in enumerate(zip(in_spatial, out_spatial, window,
+                                                    strides, pads)):
+        start = np.arange(o) * s - b
+        per_dim = np.minimum(start + k, size) - np.maximum(start, 0)
+        counts = counts * per_dim.reshape((1,) + (1,) * i + (o,) + (1,) * (rank - i))
+    return counts.astype(dtype)
+
+
+def avg_pool_fwd(x, window, strides, pads, data_format):
+    """Average pooling over the real inputs of each window (padding excluded)."""
+    fn = 'avg_pool_fwd'
+    x = _float_array(fn, 'x', x)
+    channels_first = _channels_first(fn, data_format)
+    rank = _spatial_rank(fn, 'x', x)
+    window, strides, pads = _pool_params(fn, rank, window, strides, pads)
+    in_spatial = _spatial(x.shape, channels_first)
+    out_spatial = _output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
+                                  'window')
+    compute = _compute_dtype(x.dtype)
+    padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
+    total = np.zeros((x.shape[0], *out_spatial, padded.shape[-1]), compute)
+    for _, region in _window_regions(out_spatial, window, strides, (1,) * rank):
+        total += padded[(slice(None),) + region]
+    total /= _window_counts(in_spatial, out_spatial, window, strides, pads, compute)
+    return _from_channels_last(total, channels_first, x.dtype)
+
+
+def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format):
+    """Gradient of avg_pool_fwd with respect to x."""
+    fn = 'avg_pool_bwd'
+    dy = _float_array(fn, 'dy', dy)
+    channels_first = _channels_first(fn, data_format)
+    rank = _spatial_rank(fn, 'dy', dy)
+    window, strides, pads = _pool_params(fn, rank, window, strides, pads)
+    x_shape = _check_x_shape(fn, x_shape, dy, channels_first)
+    in_spatial = _spatial(x_shape, channels_first)
+    out_spatial = _output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
+                                  'window')
+    _check_dy_spatial(fn, dy, channels_first, out_spatial, x_shape)
+    compute = _compute_dtype(dy.dtype)
+    share = _to_channels_last(dy, channels_first).astype(compute) / \
+        _window_counts(in_spatial, out_spatial, window, strides, pads, compute)
+    padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
+    dx = np.zeros((dy.shape[0], *padded_spatial, share.shape[-1]), compute)
+    for _, region in _window_regions(out_spatial, window, strides, (1,) * rank):
+        dx[(slice(None),) + region] += share
+    return _from_channels_last(_crop_spatial(dx, pads, in_spatial), channels_first, dy.dtype)

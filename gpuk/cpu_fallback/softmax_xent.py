@@ -1,0 +1,381 @@
+"""NumPy twins of the softmax / cross-entropy kernels (gpuk/kernels/softmax_xent.py).
+
+Every function works along any `axis` (default -1). float16 inputs are
+computed in float32 and returned as float16; the log-sum-exp saved for the
+backward pass stays float32 for them (a float16 lse would cost ~1% of
+relative error in the recomputed softmax).
+
+Cross-entropy from logits is -sum(target * log_softmax(logits)) =
+sum(target) * lse - sum(target * logits): Keras targets need not sum to 1,
+and this is exact for any target. 0 * (-inf) counts as 0, so -inf logits of
+classes with a zero target keep the loss finite.
+
+The probability-input losses follow Keras 2.3.1 (numpy, theano and cntk
+backends, and TF 1.x's tf.keras): categorical normalizes by the sum along
+axis, clips to [epsilon, 1 - epsilon] and takes -sum(target * log p); binary
+clips and takes -(z log p + (1 - z) log(1 - p)). TF 2.x's tf.keras adds a
+further epsilon inside both logs of the binary loss; we do not. Gradients
+through the clip pass where epsilon <= p <= 1 - epsilon, like TF's
+clip_by_value gradient.
+"""
+import numpy as np
+
+__all__ = [
+    'softmax_fwd', 'softmax_bwd', 'log_softmax_fwd', 'log_softmax_bwd',
+    'softmax_xent_fwd', 'softmax_xent_bwd', 'softmax_xent_dtarget',
+    'sparse_softmax_xent_fwd', 'sparse_softmax_xent_bwd',
+    'categorical_xent_probs_fwd', 'categorical_xent_probs_bwd',
+    'categorical_xent_probs_dtarget',
+    'binary_xent_logits_fwd', 'binary_xent_logits_bwd', 'binary_xent_logits_dtarget',
+    'binary_xent_probs_fwd', 'binary_xent_probs_bwd', 'binary_xent_probs_dtarget',
+]
+
+
+# ---------------------------------------------------------------- checks and helpers
+
+def float_array(fn, name, value):
+    array = np.asarray(value)
+    if not np.issubdtype(array.dtype, np.floating):
+        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
+                        % (fn, name, array.dtype))
+    return array
+
+
+def accumulate_dtype(dtype):
+    """float16 is computed in float32; other float types in themselves."""
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+
+
+def _check_axis(fn, axis, ndim):
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError('%s: axis must be an int, got %r' % (fn, axis))
+    if not -ndim <= axis < ndim:
+        raise ValueError('%s: axis must lie in [-%d, %d) for an input of rank %d, got %d'
+                         % (fn, ndim, ndim, ndim, axis))
+    return int(axis) % ndim
+
+
+def _check_epsilon(fn, epsilon):
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.number)) \
+            or not 0 <= epsilon < 0.5:
+        raise ValueError('%s: epsilon must be a number in [0, 0.5), got %r' % (fn, epsilon))
+    return float(epsilon)
+
+
+def _same_shape(fn, name_a, a, name_b, b):
+    if a.shape != b.shape:
+        raise ValueError('%s: %s and %s must have the same shape, got %s and %s'
+                         % (fn, name_a, name_b, a.shape, b.shape))
+
+
+def _reduced_shape_check(fn, name, array, full_shape, axis):
+    expected = full_shape[:axis] + full_shape[axis + 1:]
+    if array.shape != expected:
+        raise ValueError('%s: %s must have shape %s (the input shape %s without axis %d), got %s'
+                         % (fn, name, expected, full_shape, axis, array.shape))
+
+
+def _times_nonzero(weight, value):
+    """weight * value with 0 * (+-inf) = 0 (the limit of t log p as t -> 0)."""
+    with np.errstate(invalid='ignore'):
+        return np.where(weight == 0, 0, weight * value)
+
+
+def _shifted_max(x, axis):
+    """Row max for the exp shift; non-finite maxima shift by 0 so an all -inf
+    row gives exp() = 0 instead of -inf - -inf = NaN."""
+    m = np.max(x, axis=axis, keepdims=True)
+    return np.where(np.isfinite(m), m, 0)
+
+
+def log_sum_exp(x, axis):
+    """Stable log(sum(exp(x))) along axis, keepdims=True, in x's dtype."""
+    m = _shifted_max(x, axis)
+    with np.errstate(divide='ignore'):
+        return np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+
+
+# ---------------------------------------------------------------- softmax
+
+def softmax_fwd(x, axis=-1):
+    """exp(x - max) / sum(exp(x - max)) along axis."""
+    fn = 'softmax_fwd'
+    x = float_array(fn, 'x', x)
+    axis = _check_axis(fn, axis, x.ndim)
+    xa = x.astype(accumulate_dtype(x.dtype), copy=False)
+    e = np.exp(xa - _shifted_max(xa, axis))
+    with np.errstate(invalid='ignore'):
+        return (e / np.sum(e, axis=axis, keepdims=True)).astype(x.dtype, copy=False)
+
+
+def softmax_bwd(y, dy, axis=-1):
+    """dx = y * (dy - sum(dy * y)) with y the saved softmax output."""
+    fn = 'softmax_bwd'
+    y = float_array(fn, 'y', y)
+    dy = float_array(fn, 'dy', dy)
+    _same_shape(fn, 'y', y, 'dy', dy)
+    axis = _check_axis(fn, axis, y.ndim)
+    acc = accumulate_dtype(y.dtype)
+    ya, dya = y.astype(acc, copy=False), dy.astype(acc, copy=False)
+    dx = ya * (dya - np.sum(dya * ya, axis=axis, keepdims=True))
+    return dx.astype(y.dtype, copy=False)
+
+
+def log_softmax_fwd(x, axis=-1):
+    """x - log(sum(exp(x))) along axis."""
+    fn = 'log_softmax_fwd'
+    x = float_array(fn, 'x', x)
+    axis = _check_axis(fn, axis, x.ndim)
+    xa = x.astype(accumulate_dtype(x.dtype), copy=False)
+    with np.errstate(invalid='ignore'):
+        return (xa - log_sum_exp(xa, axis)).astype(x.dtype, copy=False)
+
+
+def log_softmax_bwd(log_y, dy, axis=-1):
+    """dx = dy - exp(log_y) * sum(dy) with log_y the saved log_softmax output."""
+    fn = 'log_softmax_bwd'
+    log_y = float_array(fn, 'log_y', log_y)
+    dy = float_array(fn, 'dy', dy)
+    _same_shape(fn, 'log_y', log_y, 'dy', dy)
+    axis = _check_axis(fn, axis, log_y.ndim)
+    acc = accumulate_dtype(log_y.dtype)
+    dya = dy.astype(acc, copy=False)
+    dx = dya - np.exp(log_y.astype(acc, copy=False)) * np.sum(dya, axis=axis, keepdims=True)
+    return dx.astype(log_y.dtype, copy=False)
+
+
+# ---------------------------------------------------------------- cross-entropy from logits
+
+def softmax_xent_fwd(logits, target, axis=-1):
+    """Cross-entropy of softmax(logits) against `target` (same shape).
+
+    The CUDA kernel reads each row once with an online max/sum; here the max
+    and the sum are two vectorized passes.
+
+    # Returns
+        (loss, lse): both with the input shape without axis; lse is the
+        log-sum-exp of each row, saved for the backward pass.
+    """
+    fn = 'softmax_xent_fwd'
+    logits = float_array(fn, 'logits', logits)
+    target = float_array(fn, 'target', target)
+    _same_shape(fn, 'logits', logits, 'target', target)
+    axis = _check_axis(fn, axis, logits.ndim)
+    acc = accumulate_dtype(logits.dtype)
+    xa, ta = logits.astype(acc, copy=False), target.astype(acc, copy=False)
+    lse = log_sum_exp(xa, axis)
+    with np.errstate(invalid='ignore'):
+        loss = np.sum(_times_nonzero(ta, lse - xa), axis=axis)
+    return loss.astype(logits.dtype, copy=False), np.squeeze(lse, axis)
+
+
+def _expand_row_values(fn, name, value, full_shape, axis, acc):
+    array = float_array(fn, name, value)
+    _reduced_shape_check(fn, name, array, full_shape, axis)
+    return np.expand_dims(array.astype(acc, copy=False), axis)
+
+
+def softmax_xent_bwd(logits, target, lse, dloss, axis=-1):
+    """dlogits = (softmax(logits) * sum(target) - target) * dloss."""
+    fn = 'softmax_xent_bwd'
+    logits = float_array(fn, 'logits', logits)
+    target = float_array(fn, 'target', target)
+    _same_shape(fn, 'logits', logits, 'target', target)
+    axis = _check_axis(fn, axis, logits.ndim)
+    acc = accumulate_dtype(logits.dtype)
+    lse = _expand_row_values(fn, 'lse', lse, logits.shape, axis, acc)
+    dloss = _expand_row_values(fn, 'dloss', dloss, logits.shape, axis, acc)
+    ta = target.astype(acc, copy=False)
+    with np.errstate(invalid='ignore'):
+        probs = np.exp(logits.astype(acc, copy=False) - lse)
+    dlogits = (probs * np.sum(ta, axis=axis, keepdims=True) - ta) * dloss
+    return dlogits.astype(logits.dtype, copy=False)
+
+
+def softmax_xent_dtarget(logits, lse, dloss, axis=-1):
+    """Gradient of softmax_xent_fwd's loss with respect to target: -(logits - lse) * dloss."""
+    fn = 'softmax_xent_dtarget'
+    logits = float_array(fn, 'logits', logits)
+    axis = _check_axis(fn, axis, logits.ndim)
+    acc = accumulate_dtype(logits.dtype)
+    lse = _expand_row_values(fn, 'lse', lse, logits.shape, axis, acc)
+    dloss = _expand_row_values(fn, 'dloss', dloss, logits.shape, axis, acc)
+    with np.errstate(invalid='ignore'):
+        dtarget = (lse - logits.astype(acc, copy=False)) * dloss
+    return dtarget.astype(logits.dtype, copy=False)
+
+
+def _check_labels(fn, labels, logits_shape, axis):
+    labels = np.asarray(labels)
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise TypeError('%s: labels must be an integer array, got dtype %s' % (fn, labels.dtype))
+    _reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
+    classes = logits_shape[axis]
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise ValueError('%s: labels must lie in [0, %d) (the size of logits axis %d), '
+                         'got values in [%d, %d]'
+                         % (fn, classes, axis, labels.min(), labels.max()))
+    return np.expand_dims(labels.astype(np.intp, copy=False), axis)
+
+
+def sparse_softmax_xent_fwd(logits, labels, axis=-1):
+    """Cross-entropy of softmax(logits) against integer class `labels`.
+
+    # Returns
+        (loss, lse): loss = lse - logits[label], both with the input shape
+        without axis.
+    """
+    fn = 'sparse_softmax_xent_fwd'
+    logits = float_array(fn, 'logits', logits)
+    axis = _check_axis(fn, axis, logits.ndim)
+    index = _check_labels(fn, labels, logits.shape, axis)
+    xa = logits.astype(accumulate_dtype(logits.dtype), copy=False)
+    lse = log_sum_exp(xa, axis)
+    with np.errstate(invalid='ignore'):
+        loss = np.squeeze(lse - np.take_along_axis(xa, index, axis), axis)
+    return loss.astype(logits.dtype, copy=False), np.squeeze(lse, axis)
+
+
+def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1):
+    """dlogits = (softmax(logits) - one_hot(labels)) * dloss."""
+    fn = 'sparse_softmax_xent_bwd'
+    logits = float_array(fn, 'logits', logits)
+    axis = _check_axis(fn, axis, logits.ndim)
+    index = _check_labels(fn, labels, logits.shape, axis)
+    acc = accumulate_dtype(logits.dtype)
+    lse = _expand_row_values(fn, 'lse', lse, logits.shape, axis, acc)
+    dloss = _expand_row_values(fn, 'dloss', dloss, logits.shape, axis, acc)
+    with np.errstate(invalid='ignore'):
+        grad = np.exp(logits.astype(acc, copy=False) - lse)
+    np.put_along_axis(grad, index, np.take_along_axis(grad, index, axis) - 1, axis)
+    return (grad * dloss).astype(logits.dtype, copy=False)
+
+
+# ---------------------------------------------------------------- cross-entropy from probabilities
+
+def _categorical_clipped(fn, probs, target, axis, epsilon, need_target=True):
+    probs = float_array(fn, 'probs', probs)
+    axis = _check_axis(fn, axis, probs.ndim)
+    epsilon = _check_epsilon(fn, epsilon)
+    acc = accumulate_dtype(probs.dtype)
+    pa = probs.astype(acc, copy=False)
+    total = np.sum(pa, axis=axis, keepdims=True)
+    with np.errstate(divide='ignore', invalid='ignore'):
+        normalized = pa / total
+    clipped = np.clip(normalized, epsilon, 1 - epsilon)
+    ta = None
+    if need_target:
+        target = float_array(fn, 'target', target)
+        _same_shape(fn, 'probs', probs, 'target', target)
+        ta = target.astype(acc, copy=False)
+    return probs, axis, epsilon, acc, total, normalized, clipped, ta
+
+
+def categorical_xent_probs_fwd(probs, target, axis=-1, epsilon=1e-7):
+    """Keras categorical_crossentropy(from_logits=False):
+    p = probs / sum(probs); -sum(target * log(clip(p, eps, 1 - eps)))."""
+    probs, axis, _, _, _, _, clipped, ta = _categorical_clipped(
+        'categorical_xent_probs_fwd', probs, target, axis, epsilon)
+    loss = -np.sum(ta * np.log(clipped), axis=axis)
+    return loss.astype(probs.dtype, copy=False)
+
+
+def categorical_xent_probs_bwd(probs, target, dloss, axis=-1, epsilon=1e-7):
+    """Gradient of categorical_xent_probs_fwd with respect to probs.
+
+    With g = d loss / d p = -target / clip(p) inside the clip range (0
+    outside), the normalization p = probs / s gives dprobs = (g - sum(g p)) / s.
+    """
+    fn = 'categorical_xent_probs_bwd'
+    probs, axis, epsilon, acc, total, normalized, clipped, ta = _categorical_clipped(
+        fn, probs, target, axis, epsilon)
+    dloss = _expand_row_values(fn, 'dloss', dloss, probs.shape, axis, acc)
+    inside = (normalized >= epsilon) & (normalized <= 1 - epsilon)
+    g = np.where(inside, -ta / clipped, 0)
+    with np.errstate(divide='ignore', invalid='ignore'):
+        dprobs = (g - np.sum(g * normalized, axis=axis, keepdims=True)) / total * dloss
+    return dprobs.astype(probs.dtype, copy=False)
+
+
+def categorical_xent_probs_dtarget(probs, dloss, axis=-1, epsilon=1e-7):
+    """Gradient of categorical_xent_probs_fwd with respect to target: -log(clip(p)) * dloss."""
+    fn = 'categorical_xent_probs_dtarget'
+    probs, axis, _, acc, _, _, clipped, _ = _categorical_clipped(
+        fn, probs, None, axis, epsilon, need_target=False)
+    dloss = _expand_row_values(fn, 'dloss', dloss, probs.shape, axis, acc)
+    return (-np.log(clipped) * dloss).astype(probs.dtype, copy=False)
+
+
+def _binary_inputs(fn, first_name, first, target, dloss=None):
+    first = float_array(fn, first_name, first)
+    acc = accumulate_dtype(first.dtype)
+    arrays = [first.astype(acc, copy=False)]
+    if target is not None:
+        target = float_array(fn, 'target', target)
+        _same_shape(fn, first_name, first, 'target', target)
+        arrays.append(target.astype(acc, copy=False))
+    if dloss is not None:
+        dloss = float_array(fn, 'dloss', dloss)
+        _same_shape(fn, first_name, first, 'dloss', dloss)
+        arrays.append(dloss.astype(acc, copy=False))
+    return first.dtype, arrays
+
+
+def _sigmoid(x):
+    # 1 / (1 + exp(-x)) overflows for x << 0; exp(-log(1 + exp(-x))) does not.
+    return np.exp(-np.logaddexp(0, -x))
+
+
+def binary_xent_logits_fwd(logits, target):
+    """Elementwise max(x, 0) - x z + log1p(exp(-|x|)) (no overflow for any x)."""
+    dtype, (x, z) = _binary_inputs('binary_xent_logits_fwd', 'logits', logits, target)
+    with np.errstate(invalid='ignore'):
+        # x (1 - z) for x >= 0 and -x z for x < 0, so an infinite x with a
+        # zero weight on its side gives 0, not inf - inf
+        linear = np.where(x >= 0, _times_nonzero(1 - z, x), _times_nonzero(z, -x))
+        loss = linear + np.log1p(np.exp(-np.abs(x)))
+    return loss.astype(dtype, copy=False)
+
+
+def binary_xent_logits_bwd(logits, target, dloss):
+    """dlogits = (sigmoid(x) - z) * dloss."""
+    dtype, (x, z, d) = _binary_inputs('binary_xent_logits_bwd', 'logits', logits, target, dloss)
+    return ((_sigmoid(x) - z) * d).astype(dtype, copy=False)
+
+
+def binary_xent_logits_dtarget(logits, dloss):
+    """dtarget = -x * dloss."""
+    dtype, (x, d) = _binary_inputs('binary_xent_logits_dtarget', 'logits', logits, None, dloss)
+    return (-x * d).astype(dtype, copy=False)
+
+
+def _binary_clip(fn, p, epsilon):
+    epsilon = _check_epsilon(fn, epsilon)
+    return epsilon, np.clip(p, epsilon, 1 - epsilon)
+
+
+def binary_xent_probs_fwd(probs, target, epsilon=1e-7):
+    """Keras binary_crossentropy(from_logits=False):
+    q = clip(p, eps, 1 - eps); -(z log q + (1 - z) log(1 - q))."""
+    fn = 'binary_xent_probs_fwd'
+    dtype, (p, z) = _binary_inputs(fn, 'probs', probs, target)
+    _, q = _binary_clip(fn, p, epsilon)
+    return (-(z * np.log(q) + (1 - z) * np.log1p(-q))).astype(dtype, copy=False)
+
+
+def binary_xent_probs_bwd(probs, target, dloss, epsilon=1e-7):
+    """dprobs = (-z / q + (1 - z) / (1 - q)) * dloss inside the clip range, 0 outside."""
+    fn = 'binary_xent_probs_bwd'
+    dtype, (p, z, d) = _binary_inputs(fn, 'probs', probs, target, dloss)
+    epsilon, q = _binary_clip(fn, p, epsilon)
+    inside = (p >= epsilon) & (p <= 1 - epsilon)
+    grad = np.where(inside, (-z / q + (1 - z) / (1 - q)) * d, 0)
+    return grad.astype(dtype, copy=False)
+
+
+def binary_xent_probs_dtarget(probs, dloss, epsilon=1e-7):
+    """dtarget = (log(1 - q) - log q) * dloss."""
+    fn = 'binary_xent_probs_dtarget'
+    dtype, (p, d) = _binary_inputs(fn, 'probs', probs, None, dloss)
+    _, q = _binary_clip(fn, p, epsilon)
+    return ((np.log1p(-q) - np.log(q)) * d).astype(dtype, copy=False)
