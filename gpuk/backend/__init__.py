@@ -9,4 +9,5 @@ from gpuk.backend._math import *  # noqa: F401,F403
 from gpuk.backend._shapes import *  # noqa: F401,F403
 from gpuk.backend._random import *  # noqa: F401,F403
 from gpuk.backend._control import *  # noqa: F401,F403
+from gpuk.backend._conv import *  # noqa: F401,F403
 from gpuk.backend._nn import *  # noqa: F401,F403
