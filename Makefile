@@ -17,6 +17,7 @@ $(BIN)/.installed-$(EXTRAS): pyproject.toml
 venv: $(BIN)/.installed-$(EXTRAS)
 
 test: venv
+	$(BIN)/python -m gpuk.kernels.build --check
 	$(BIN)/python -m pytest -q
 
 clean:

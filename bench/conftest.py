@@ -1,0 +1,44 @@
+"""pytest set-up of the benchmark suites.
+
+- bench_*.py files are collected here even where ``python_files`` says test_*.py only;
+- every benchmark's timer is ``harness.REPLAY_CLOCK``, so its stats are the CUDA-event
+  (or perf_counter) samples the harness measured; a ``benchmark`` marker's other
+  settings are kept;
+- ``harness`` is one session-wide Harness: the measured ceilings are taken once;
+- before the JSON is written, every row gets its ratio to the cudnn row of the same
+  family and case, whichever ran first.
+"""
+import fnmatch
+
+import pytest
+
+from bench import harness as _harness
+
+
+def pytest_collect_file(file_path, parent):
+    if file_path.suffix != '.py' or not fnmatch.fnmatch(file_path.name, 'bench_*.py'):
+        return None
+    if any(fnmatch.fnmatch(file_path.name, pattern) for pattern in parent.config.getini('python_files')):
+        return None  # the ordinary collector takes it already
+    return pytest.Module.from_parent(parent, path=file_path)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if 'benchmark' not in getattr(item, 'fixturenames', ()):
+            continue
+        marker = item.get_closest_marker('benchmark')
+        settings = dict(marker.kwargs) if marker else {}
+        settings['timer'] = _harness.REPLAY_CLOCK
+        item.add_marker(pytest.mark.benchmark(**settings))
+
+
+@pytest.fixture(scope='session')
+def harness():
+    """The session's Harness (rows, ratios, measured ceilings)."""
+    return _harness.Harness()
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    _harness.fill_ratios(b['extra_info'] for b in output_json.get('benchmarks', [])
+                         if 'family' in (b.get('extra_info') or {}))
