@@ -1,0 +1,51 @@
+"""NumPy twin of gpuk/kernels/elementwise.py: the CPU path and the kernels' oracle."""
+import numpy as np
+
+ACTIVATIONS = ('linear', 'relu')
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def copy(x):
+    """A new C-contiguous array equal to `x`."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"copy: x must be a numpy.ndarray, got {type(x).__name__}")
+    return np.array(x, copy=True, order='C')
+
+
+def check_bias_act_args(x, bias, axis, activation, array_type, fn='bias_act_fwd'):
+    """Shared argument checks of bias_act_fwd; returns the axis made non-negative."""
+    if not isinstance(x, array_type) or not isinstance(bias, array_type):
+        raise TypeError(f"{fn}: x and bias must be {array_type.__module__}.ndarray, "
+                        f"got {type(x).__name__} and {type(bias).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{fn}: x.dtype must be float16, float32 or float64, got {x.dtype}")
+    if bias.dtype != x.dtype:
+        raise TypeError(f"{fn}: bias.dtype must equal x.dtype ({x.dtype}), got {bias.dtype}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{fn}: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"{fn}: axis must be an int in [{-x.ndim}, {x.ndim}) for x of shape {x.shape}, got {axis!r}")
+    axis = int(axis) % x.ndim
+    if bias.shape != (x.shape[axis],):
+        raise ValueError(f"{fn}: bias must have shape ({x.shape[axis]},) to broadcast along axis {axis} "
+                         f"of x with shape {x.shape}, got {bias.shape}")
+    return axis
+
+
+def bias_act_fwd(x, bias, axis=-1, activation='linear'):
+    """act(x + bias) with the 1-D `bias` broadcast along `axis` of `x`.
+
+    # Arguments
+        x: float16/32/64 array. bias: 1-D, same dtype, length x.shape[axis].
+        axis: the axis of x that bias runs along. activation: 'linear' or 'relu'.
+    # Returns
+        An array like x (float16 is computed in float32 and rounded once).
+    """
+    axis = check_bias_act_args(x, bias, axis, activation, np.ndarray)
+    acc = np.float32 if x.dtype == np.float16 else x.dtype.type
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    y = x.astype(acc) + bias.astype(acc).reshape(shape)
+    if activation == 'relu':
+        y = np.where(y < 0, acc(0), y)   # keeps NaN, as the kernel does
+    return y.astype(x.dtype, copy=False)

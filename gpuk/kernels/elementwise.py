@@ -1,0 +1,66 @@
+"""Launchers for elementwise.cu: copy (bandwidth calibration) and fused bias + activation.
+
+Same names and signatures as gpuk/cpu_fallback/elementwise.py, plus a keyword-only
+`runtime` (None: runtime.current(); 'cuda', 'emulate', or a runtime object).
+"""
+from pathlib import Path
+
+import numpy as np
+
+from gpuk.cpu_fallback.elementwise import check_bias_act_args
+from .runtime import register_build, resolve
+
+SOURCE = Path(__file__).with_name('elementwise.cu')
+# Tile constants: passed to the .cu as #defines and used for the grid below (one place).
+COPY_THREADS = 256
+COPY_MAX_BLOCKS = 4096
+BIAS_ACT_THREADS = 256
+BIAS_ACT_MAX_BLOCKS = 8192
+ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
+ACTIVATION_CODES = {'linear': 0, 'relu': 1}
+
+
+def defines(dtype):
+    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'COPY_THREADS': COPY_THREADS,
+            'BIAS_ACT_THREADS': BIAS_ACT_THREADS}
+
+
+# copy_bytes is dtype-agnostic and is taken from the float32 module.
+register_build(SOURCE, defines(np.float32), ['copy_bytes', 'bias_act_fwd'])
+register_build(SOURCE, defines(np.float16), ['bias_act_fwd'])
+register_build(SOURCE, defines(np.float64), ['bias_act_fwd'])
+
+
+def _blocks(work_items, threads, max_blocks):
+    return max(1, min(-(-work_items // threads), max_blocks))
+
+
+def copy(x, *, runtime=None):
+    """A new C-contiguous array equal to `x` (a non-contiguous x is made contiguous first)."""
+    rt = resolve(runtime)
+    if not isinstance(x, rt.xp.ndarray):
+        raise TypeError(f"copy: x must be a {rt.xp.__name__}.ndarray, got {type(x).__name__}")
+    x = rt.xp.ascontiguousarray(x)
+    y = rt.xp.empty_like(x)
+    if x.nbytes:
+        src, dst = x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)
+        kernel = rt.load(SOURCE, defines(np.float32)).kernel('copy_bytes')
+        blocks = _blocks(-(-x.nbytes // 16), COPY_THREADS, COPY_MAX_BLOCKS)
+        kernel.launch(blocks, COPY_THREADS, (src, dst, np.int64(x.nbytes)))
+    return y
+
+
+def bias_act_fwd(x, bias, axis=-1, activation='linear', *, runtime=None):
+    """act(x + bias) with the 1-D `bias` broadcast along `axis` of `x` ('linear' or 'relu')."""
+    rt = resolve(runtime)
+    axis = check_bias_act_args(x, bias, axis, activation, rt.xp.ndarray)
+    x = rt.xp.ascontiguousarray(x)
+    bias = rt.xp.ascontiguousarray(bias)
+    y = rt.xp.empty_like(x)
+    if x.size:
+        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        kernel = rt.load(SOURCE, defines(x.dtype)).kernel('bias_act_fwd')
+        blocks = _blocks(x.size, BIAS_ACT_THREADS, BIAS_ACT_MAX_BLOCKS)
+        kernel.launch(blocks, BIAS_ACT_THREADS, (x, bias, y, np.int64(x.size), np.int64(x.shape[axis]),
+                                                 np.int64(inner), np.int32(ACTIVATION_CODES[activation])))
+    return y

@@ -1,0 +1,223 @@
+"""The kernel runtime API every launcher uses.
+
+    rt = runtime.current()                      # or runtime.get_runtime('emulate')
+    module = rt.load(SOURCE, {'ELEMENT_T': 'float', 'THREADS': 256})
+    module.kernel('copy_bytes').launch(grid, block, (src, dst, np.int64(n)))
+
+Two implementations: 'cuda' (CuPy RawModule on the current stream) and 'emulate'
+(the same .cu compiled with the host C++ compiler against an emulation of the CUDA
+execution model, run on NumPy arrays). Neither is imported until asked for, so this
+module and every launcher import without CuPy.
+
+The current runtime is process-wide: gpuk.device calls `set_current(kind)` once; until
+then `current()` follows GPUK_DEVICE (cuda, emulate/cpu, auto = cuda when usable).
+"""
+import importlib
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Tuple
+
+import numpy as np
+
+from .kernel_source import normalized_defines, source_key
+
+RUNTIME_KINDS = ('cuda', 'emulate')
+MAX_THREADS_PER_BLOCK = 1024
+
+
+class KernelLaunchError(RuntimeError):
+    """A kernel failed to launch or faulted while running (names kernel, grid, block, ...)."""
+
+    def __init__(self, message, *, kernel=None, kind=None, block_idx=None, thread_idx=None,
+                 argument=None, byte_offset=None):
+        super().__init__(message)
+        self.kernel, self.kind = kernel, kind
+        self.block_idx, self.thread_idx = block_idx, thread_idx
+        self.argument, self.byte_offset = argument, byte_offset
+
+
+class KernelCompileError(RuntimeError):
+    """The compiler rejected a kernel source (message carries the compiler's output)."""
+
+
+# ---- runtimes ----
+_runtimes = {}
+_current = None
+_lock = threading.Lock()
+
+
+def get_runtime(kind):
+    """The memoized runtime of `kind` ('cuda' or 'emulate')."""
+    if kind not in RUNTIME_KINDS:
+        raise ValueError(f"get_runtime: kind must be one of {RUNTIME_KINDS}, got {kind!r}")
+    with _lock:
+        if kind not in _runtimes:
+            if kind == 'cuda':
+                from .cuda_runtime import CudaRuntime
+                _runtimes[kind] = CudaRuntime()
+            else:
+                from .emulated_runtime import EmulatedRuntime
+                _runtimes[kind] = EmulatedRuntime()
+        return _runtimes[kind]
+
+
+def cuda_usable():
+    """True when CuPy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:   # no cupy, no driver, no device: all mean "not usable"
+        return False
+
+
+def set_current(kind):
+    """Make `kind` ('cuda', 'emulate', or None to reset) the runtime launchers use by default.
+
+    Returns the previous setting (a kind or None)."""
+    global _current
+    if kind is not None and kind not in RUNTIME_KINDS:
+        raise ValueError(f"set_current: kind must be one of {RUNTIME_KINDS} or None, got {kind!r}")
+    previous, _current = _current, kind
+    return previous
+
+
+def current():
+    """The runtime launchers use when not given one explicitly."""
+    if _current is not None:
+        return get_runtime(_current)
+    wanted = os.environ.get('GPUK_DEVICE', 'auto').strip().lower() or 'auto'
+    if wanted == 'cuda':
+        return get_runtime('cuda')
+    if wanted in ('emulate', 'cpu'):
+        return get_runtime('emulate')
+    if wanted != 'auto':
+        raise ValueError(f"GPUK_DEVICE must be 'cuda', 'cpu', 'emulate' or 'auto', got {wanted!r}")
+    return get_runtime('cuda' if cuda_usable() else 'emulate')
+
+
+def resolve(rt):
+    """A launcher's `runtime=` argument: None (current), a kind string, or a runtime."""
+    if rt is None:
+        return current()
+    if isinstance(rt, str):
+        return get_runtime(rt)
+    if getattr(rt, 'kind', None) in RUNTIME_KINDS:
+        return rt
+    raise TypeError(f"runtime must be None, 'cuda', 'emulate' or a runtime object, got {rt!r}")
+
+
+# ---- launch configuration and argument checks shared by both runtimes ----
+def _dims(value, what, kernel):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or not 1 <= len(value) <= 3:
+        raise ValueError(f"kernel '{kernel}': {what} must be an int or a tuple of 1 to 3 ints, got {value!r}")
+    dims = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"kernel '{kernel}': {what} entries must be positive ints, got {value!r}")
+        dims.append(int(v))
+    return tuple(dims) + (1,) * (3 - len(dims))
+
+
+def launch_dims(kernel, grid, block):
+    grid, block = _dims(grid, 'grid', kernel), _dims(block, 'block', kernel)
+    if block[0] * block[1] * block[2] > MAX_THREADS_PER_BLOCK or block[2] > 64:
+        raise ValueError(f"kernel '{kernel}': block {block} exceeds {MAX_THREADS_PER_BLOCK} threads or z > 64")
+    if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
+        raise ValueError(f"kernel '{kernel}': grid {grid} exceeds (2^31-1, 65535, 65535)")
+    return grid, block
+
+
+def check_args(signature, args, array_type):
+    """Validate launch arguments against the parsed kernel signature."""
+    name, params = signature.name, signature.params
+    if len(args) != len(params):
+        raise TypeError(f"kernel '{name}': takes {len(params)} arguments "
+                        f"({', '.join(p.name for p in params)}), got {len(args)}")
+    for i, (p, a) in enumerate(zip(params, args)):
+        where = f"kernel '{name}': argument {i} ({p.name}, '{p.c_type}')"
+        if p.is_pointer:
+            if not isinstance(a, array_type):
+                raise TypeError(f"{where} must be a {array_type.__module__}.ndarray, got {type(a).__name__}")
+            if not a.flags.c_contiguous:
+                raise ValueError(f"{where} must be C-contiguous")
+            if p.dtype is not None and a.dtype != p.dtype:
+                raise TypeError(f"{where} must have dtype {p.dtype}, got {a.dtype}")
+            if not p.is_const and not a.flags.writeable:
+                raise ValueError(f"{where} is written by the kernel but the array is read-only")
+        else:
+            if isinstance(a, (bool, int, float, complex)) or not isinstance(a, np.generic):
+                raise TypeError(f"{where} must be a numpy.{p.dtype.type.__name__} scalar; got "
+                                f"{type(a).__name__} (convert scalars to their C type in the launcher)")
+            if a.dtype != p.dtype:
+                raise TypeError(f"{where} must be numpy.{p.dtype.type.__name__}, got numpy.{a.dtype.type.__name__}")
+
+
+def describe_launch(kernel, grid, block, shared_mem, args):
+    shapes = ', '.join(f"{a.dtype}{list(a.shape)}" if hasattr(a, 'shape') and not isinstance(a, np.generic)
+                       else repr(a) for a in args)
+    return f"kernel '{kernel}' grid={grid} block={block} shared_mem={shared_mem} args=({shapes})"
+
+
+# ---- ahead-of-time build registry ----
+@dataclass(frozen=True)
+class BuildSpec:
+    """One variant the AOT build compiles: a source, its defines and the kernels in it."""
+    source_file: str
+    defines: Tuple[Tuple[str, str], ...]
+    kernels: Tuple[str, ...]
+    may_spill: bool = False
+
+    @property
+    def defines_dict(self):
+        return dict(self.defines)
+
+
+_builds = []
+
+
+def register_build(source_file, defines, kernels, may_spill=False):
+    """Declare a variant for the ahead-of-time build (launchers call this at import)."""
+    if isinstance(kernels, str) or not kernels or not all(isinstance(k, str) for k in kernels):
+        raise TypeError(f"register_build: kernels must be a non-empty list of names, got {kernels!r}")
+    spec = BuildSpec(str(Path(source_file).resolve()), normalized_defines(defines), tuple(kernels), bool(may_spill))
+    with _lock:
+        if spec not in _builds:
+            _builds.append(spec)
+    return spec
+
+
+def registered_builds():
+    """Every registered variant, after importing all launchers in gpuk.kernels.LAUNCHERS."""
+    from . import LAUNCHERS
+    for module in LAUNCHERS:
+        importlib.import_module(module)
+    with _lock:
+        return list(_builds)
+
+
+def cubin_dir():
+    """Where prebuilt cubins live: $GPUK_CUBIN_DIR, else gpuk/kernels/prebuilt/."""
+    return Path(os.environ.get('GPUK_CUBIN_DIR') or Path(__file__).resolve().parent / 'prebuilt')
+
+
+def normalize_arch(arch):
+    text = str(arch).lower().replace('sm_', '').replace('compute_', '')
+    if not text.isdigit():
+        raise ValueError(f"cubin_path: arch must look like 'sm_90' or 90, got {arch!r}")
+    return f"sm_{text}"
+
+
+def cubin_path(source_file, defines, arch):
+    """Path of the prebuilt cubin for (source and its headers, defines, arch)."""
+    arch = normalize_arch(arch)
+    key = source_key(source_file, defines, arch)
+    return cubin_dir() / f"{Path(source_file).stem}-{key[:24]}-{arch}.cubin"
+
+
+def cache_dir():
+    """Root of gpuk's on-disk caches: $GPUK_CACHE_DIR, else ~/.cache/gpuk."""
+    return Path(os.environ.get('GPUK_CACHE_DIR') or Path.home() / '.cache' / 'gpuk')

@@ -1,0 +1,66 @@
+"""Test helpers for kernels: moving arrays to a runtime and the tolerance policy.
+
+Policy: a kernel's result is compared with a float64 reference (the NumPy twin run on
+inputs cast to float64) by the norm-wise relative error max|out - ref| / max|ref|,
+which must stay under TOLERANCE[dtype of the kernel's inputs]. NaN must match NaN.
+"""
+import numpy as np
+
+TOLERANCE = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
+
+
+def to_device(rt, a):
+    """`a` (NumPy) as an array of the runtime's xp."""
+    return rt.xp.asarray(a) if isinstance(a, np.ndarray) else a
+
+
+def to_host(a):
+    """A NumPy array from a NumPy or CuPy array."""
+    return a.get() if hasattr(a, 'get') and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def relative_error(actual, reference):
+    actual = to_host(actual).astype(np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    if actual.shape != reference.shape:
+        raise ValueError(f"relative_error: shapes differ: {actual.shape} vs {reference.shape}")
+    nan_a, nan_r = np.isnan(actual), np.isnan(reference)
+    if not np.array_equal(nan_a, nan_r):
+        return np.inf
+    finite = ~nan_r
+    if not finite.any():
+        return 0.0
+    a, r = actual[finite], reference[finite]
+    inf_r = np.isinf(r)
+    if not np.array_equal(a[inf_r], r[inf_r]):
+        return np.inf
+    a, r = a[~inf_r], r[~inf_r]
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a - r)) / max(float(np.max(np.abs(r))), np.finfo(np.float64).tiny))
+
+
+def assert_close(actual, reference, dtype, what='result'):
+    """Assert the policy for inputs of `dtype`; the message names the error and tolerance."""
+    tol = TOLERANCE[np.dtype(dtype)]
+    err = relative_error(actual, reference)
+    if not err <= tol:
+        raise AssertionError(f"{what}: relative error {err:.3g} exceeds {tol:.1g} for {np.dtype(dtype)} inputs")
+
+
+def assert_matches_twin(kernel_fn, twin_fn, args, rt, kwargs=None, float_args=None):
+    """Run kernel_fn on `rt` and twin_fn on float64 copies of the float inputs; compare.
+
+    args are NumPy arrays or plain values; the output dtype must equal the twin's on the
+    original dtypes. Returns the kernel output as NumPy."""
+    kwargs = kwargs or {}
+    floats = [a for a in args if isinstance(a, np.ndarray) and a.dtype.kind == 'f']
+    dtype = floats[0].dtype if floats else np.dtype(np.float64)
+    out = to_host(kernel_fn(*[to_device(rt, a) for a in args], runtime=rt, **kwargs))
+    expected_dtype = twin_fn(*args, **kwargs).dtype
+    if out.dtype != expected_dtype:
+        raise AssertionError(f"{kernel_fn.__name__}: dtype {out.dtype}, twin gives {expected_dtype}")
+    ref = twin_fn(*[a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == 'f' else a
+                    for a in args], **kwargs)
+    assert_close(out, ref, dtype, kernel_fn.__name__)
+    return out

@@ -1,0 +1,63 @@
+// D = A @ B + C through the MMA wrappers of common.cuh; one warp per 16x8 tile of D.
+// A is M x K row-major, B is K x N row-major, C and D are M x N float; M % 16 == 0,
+// N % 8 == 0, K % 8 (tf32) or K % 16 (f16/bf16) == 0. Fragments follow the PTX layouts.
+#include "common.cuh"
+
+__device__ __forceinline__ void tile_origin(int n, int& row0, int& col0) {
+    const int tiles_n = n / 8;
+    row0 = (blockIdx.x / tiles_n) * 16;
+    col0 = (blockIdx.x % tiles_n) * 8;
+}
+
+extern "C" __global__ void mma_tf32_matmul(const float* __restrict__ a, const float* __restrict__ b,
+                                           const float* __restrict__ c, float* __restrict__ d, int m, int n, int k) {
+    int row0, col0;
+    tile_origin(n, row0, col0);
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    float acc[4] = {c[(row0 + g) * n + col0 + 2 * t], c[(row0 + g) * n + col0 + 2 * t + 1],
+                    c[(row0 + g + 8) * n + col0 + 2 * t], c[(row0 + g + 8) * n + col0 + 2 * t + 1]};
+    for (int k0 = 0; k0 < k; k0 += 8) {
+        unsigned fa[4], fb[2];
+        fa[0] = float_to_tf32(a[(row0 + g) * k + k0 + t]);
+        fa[1] = float_to_tf32(a[(row0 + g + 8) * k + k0 + t]);
+        fa[2] = float_to_tf32(a[(row0 + g) * k + k0 + t + 4]);
+        fa[3] = float_to_tf32(a[(row0 + g + 8) * k + k0 + t + 4]);
+        fb[0] = float_to_tf32(b[(k0 + t) * n + col0 + g]);
+        fb[1] = float_to_tf32(b[(k0 + t + 4) * n + col0 + g]);
+        mma_m16n8k8_tf32(acc, fa, fb, acc);
+    }
+    d[(row0 + g) * n + col0 + 2 * t] = acc[0];
+    d[(row0 + g) * n + col0 + 2 * t + 1] = acc[1];
+    d[(row0 + g + 8) * n + col0 + 2 * t] = acc[2];
+    d[(row0 + g + 8) * n + col0 + 2 * t + 1] = acc[3];
+}
+
+// use_bf16 selects mma_m16n8k16_bf16 (inputs rounded to bfloat16) over the f16 one.
+extern "C" __global__ void mma_lowp_matmul(const float* __restrict__ a, const float* __restrict__ b,
+                                           const float* __restrict__ c, float* __restrict__ d,
+                                           int m, int n, int k, int use_bf16) {
+    int row0, col0;
+    tile_origin(n, row0, col0);
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    float acc[4] = {c[(row0 + g) * n + col0 + 2 * t], c[(row0 + g) * n + col0 + 2 * t + 1],
+                    c[(row0 + g + 8) * n + col0 + 2 * t], c[(row0 + g + 8) * n + col0 + 2 * t + 1]};
+    for (int k0 = 0; k0 < k; k0 += 16) {
+        unsigned fa[4], fb[2];
+        for (int r = 0; r < 4; ++r) {
+            const int row = row0 + g + 8 * (r & 1), col = k0 + 2 * t + 8 * (r >> 1);
+            const float lo = a[row * k + col], hi = a[row * k + col + 1];
+            fa[r] = use_bf16 ? pack_bfloat162(lo, hi) : pack_half2(lo, hi);
+        }
+        for (int r = 0; r < 2; ++r) {
+            const int kk = k0 + 2 * t + 8 * r;
+            const float lo = b[kk * n + col0 + g], hi = b[(kk + 1) * n + col0 + g];
+            fb[r] = use_bf16 ? pack_bfloat162(lo, hi) : pack_half2(lo, hi);
+        }
+        if (use_bf16) mma_m16n8k16_bf16(acc, fa, fb, acc);
+        else mma_m16n8k16_f16(acc, fa, fb, acc);
+    }
+    d[(row0 + g) * n + col0 + 2 * t] = acc[0];
+    d[(row0 + g) * n + col0 + 2 * t + 1] = acc[1];
+    d[(row0 + g + 8) * n + col0 + 2 * t] = acc[2];
+    d[(row0 + g + 8) * n + col0 + 2 * t + 1] = acc[3];
+}
