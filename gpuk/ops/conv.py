@@ -1,0 +1,359 @@
+"""Convolution ops: N-d convolution, depthwise convolution and locally connected layers.
+
+Each family is three ops, forward (x, w -> y), data gradient (dy, w -> dx) and filter
+gradient (x, dy -> dw), computed by ``impl.conv.<family>_{fwd,dgrad,wgrad}``. The three are
+bilinear and adjoint to each other, so the gradient of each is built from the other two:
+second derivatives work, and a transposed convolution is just the data-gradient op.
+
+Padding is kept as a mode ('same', 'valid', 'causal', 'full') and turned into explicit
+(before, after) pads from the runtime shapes, so spatial dims may be unknown at build
+time. The data- and filter-gradient ops take the shape they produce as an int vector
+input (``K.shape(x)`` or a user's output_shape), plus its static part for ``infer``.
+"""
+import math
+
+import numpy as np
+
+from gpuk.graph import Meta, apply
+from gpuk.ops import geometry
+from gpuk.ops.base import Op
+from gpuk.ops.shape import shape as shape_of
+
+# family -> impl.conv function names (forward, data gradient, filter gradient)
+_FUNCTIONS = {
+    'conv': ('conv_fwd', 'conv_dgrad', 'conv_wgrad'),
+    'depthwise': ('depthwise_conv_fwd', 'depthwise_conv_dgrad', 'depthwise_conv_wgrad'),
+}
+
+
+# ---------------------------------------------------------------- layout helpers
+
+def spatial_dims(shape, channels_first):
+    return tuple(shape[2:]) if channels_first else tuple(shape[1:-1])
+
+
+def channel_dim(shape, channels_first):
+    return shape[1] if channels_first else shape[-1]
+
+
+def assemble_shape(batch, channels, spatial, channels_first):
+    if channels_first:
+        return (batch, channels) + tuple(spatial)
+    return (batch,) + tuple(spatial) + (channels,)
+
+
+def _runtime_shape(vector):
+    """A shape vector input (NumPy or CuPy, on host or device) as a tuple of ints."""
+    return tuple(int(d) for d in vector.tolist())
+
+
+def _check_rank(where, name, shape, rank, layout):
+    if shape is None or len(shape) != rank:
+        raise ValueError('%s: %s must have rank %d %s, got shape %s'
+                         % (where, name, rank, layout, shape))
+
+
+def _check_channels(where, a_name, a_shape, a_channels, b_name, b_shape, b_channels):
+    if a_channels is not None and b_channels is not None and a_channels != b_channels:
+        raise ValueError('%s: %s of shape %s has %d channels but %s of shape %s expects %d'
+                         % (where, a_name, a_shape, a_channels, b_name, b_shape, b_channels))
+
+
+def _check_float(where, name, dtype):
+    if np.dtype(dtype).kind != 'f':
+        raise TypeError('%s: %s must be a float tensor, got dtype %s' % (where, name, dtype))
+
+
+# ---------------------------------------------------------------- shared convolution
+
+class Window:
+    """The static attributes of a (depthwise) convolution."""
+
+    def __init__(self, where, family, strides, dilation, padding, data_format):
+        rank = len(strides)
+        self.where = where
+        self.family = family
+        self.strides = geometry.normalize_positive_tuple(strides, rank, where, 'strides')
+        self.dilation = geometry.normalize_positive_tuple(dilation, rank, where,
+                                                          'dilation_rate')
+        self.padding = geometry.normalize_padding(padding, where)
+        self.data_format = geometry.normalize_data_format(data_format, where)
+        if family not in ('conv', 'depthwise'):
+            raise ValueError('Window: family must be conv or depthwise, got %r' % (family,))
+
+    @property
+    def rank(self):
+        return len(self.strides)
+
+    @property
+    def channels_first(self):
+        return self.data_format == 'channels_first'
+
+    def key(self):
+        return (self.where, self.family, self.strides, self.dilation, self.padding,
+                self.data_format)
+
+    def pads(self, in_spatial, kernel_spatial):
+        return geometry.conv_pads(in_spatial, kernel_spatial, self.strides, self.dilation,
+                                  self.padding)
+
+    def out_spatial(self, in_spatial, kernel_spatial, x_name, x_shape, w_shape):
+        """Static output sizes (None where unknown); ValueError for an empty output."""
+        out = []
+        for n, k, s, d in zip(in_spatial, kernel_spatial, self.strides, self.dilation):
+            length = None if k is None else geometry.conv_output_length(n, k, self.padding, s, d)
+            if length is not None and length < 1:
+                raise ValueError('%s: %s of shape %s is smaller than the kernel of shape %s '
+                                 "(dilation_rate %s) with padding '%s'"
+                                 % (self.where, x_name, x_shape, w_shape, self.dilation,
+                                    self.padding))
+            out.append(length)
+        return tuple(out)
+
+    def out_channels(self, w_shape):
+        if self.family == 'conv':
+            return w_shape[-1]
+        return None if None in w_shape[-2:] else w_shape[-2] * w_shape[-1]
+
+    def check_x_w(self, x_name, x_shape, w_shape):
+        """Checks ranks and input channels of x against the kernel."""
+        _check_rank(self.where, 'the kernel', w_shape, self.rank + 2,
+                    '(*kernel_spatial, in_channels, %s)'
+                    % ('out_channels' if self.family == 'conv' else 'depth_multiplier'))
+        _check_rank(self.where, x_name, x_shape, self.rank + 2,
+                    '(batch, channels and %d spatial dims)' % self.rank)
+        _check_channels(self.where, x_name, x_shape, channel_dim(x_shape, self.channels_first),
+                        'the kernel', w_shape, w_shape[-2])
+
+    def check_dy(self, dy_shape, w_shape):
+        _check_rank(self.where, 'dy', dy_shape, self.rank + 2, 'like x')
+        _check_channels(self.where, 'dy', dy_shape, channel_dim(dy_shape, self.channels_first),
+                        'the kernel', w_shape, self.out_channels(w_shape))
+
+    def function(self, index):
+        return _FUNCTIONS[self.family][index]
+
+    def __repr__(self):
+        return 'Window%r' % (self.key(),)
+
+
+class _WindowOp(Op):
+    def __init__(self, window, static_shape=None):
+        self.window = window
+        self.static_shape = static_shape
+
+
+class ConvFwd(_WindowOp):
+    """y = conv(x, w)."""
+
+    def infer(self, x, w):
+        win = self.window
+        _check_float(win.where, 'x', x.dtype)
+        win.check_x_w('x', x.shape, w.shape)
+        out = win.out_spatial(spatial_dims(x.shape, win.channels_first), w.shape[:win.rank],
+                              'x', x.shape, w.shape)
+        return Meta(assemble_shape(x.shape[0], win.out_channels(w.shape), out,
+                                   win.channels_first), x.dtype)
+
+    def forward(self, impl, x, w):
+        win = self.window
+        pads = win.pads(spatial_dims(x.shape, win.channels_first), w.shape[:win.rank])
+        return getattr(impl.conv, win.function(0))(x, w, win.strides, win.dilation, pads,
+                                                   win.data_format)
+
+    def grad(self, inputs, outputs, output_grads):
+        x, w = inputs
+        g = output_grads[0]
+        return [apply(ConvDgrad(self.window, x.shape), g, w, shape_of(x)),
+                apply(ConvWgrad(self.window, w.shape), x, g, shape_of(w))]
+
+
+class ConvDgrad(_WindowOp):
+    """dx = conv_dgrad(dy, w) for an x of shape ``static_shape`` (the runtime shape is the
+    third input); also the forward of a transposed convolution."""
+
+    def infer(self, dy, w, x_shape_vector):
+        win = self.window
+        _check_float(win.where, 'x', dy.dtype)
+        win.check_dy(dy.shape, w.shape)
+        x_shape = self.static_shape
+        win.check_x_w('output_shape', x_shape, w.shape)
+        out = win.out_spatial(spatial_dims(x_shape, win.channels_first), w.shape[:win.rank],
+                              'output_shape', x_shape, w.shape)
+        dy_spatial = spatial_dims(dy.shape, win.channels_first)
+        if any(a is not None and b is not None and a != b for a, b in zip(out, dy_spatial)):
+            raise ValueError('%s: output_shape %s convolved with the kernel of shape %s gives '
+                             'spatial shape %s, but the input of shape %s has spatial shape %s'
+                             % (win.where, x_shape, w.shape, out, dy.shape, dy_spatial))
+        if None not in (x_shape[0], dy.shape[0]) and x_shape[0] != dy.shape[0]:
+            raise ValueError('%s: batch size of output_shape %s and of the input of shape %s '
+                             'differ' % (win.where, x_shape, dy.shape))
+        # Entries unknown in output_shape may be known from dy (batch) or w (channels).
+        batch = x_shape[0] if x_shape[0] is not None else dy.shape[0]
+        channels = channel_dim(x_shape, win.channels_first)
+        channels = w.shape[-2] if channels is None else channels
+        return Meta(assemble_shape(batch, channels, spatial_dims(x_shape, win.channels_first),
+                                   win.channels_first), dy.dtype)
+
+    def forward(self, impl, dy, w, x_shape_vector):
+        win = self.window
+        x_shape = _runtime_shape(x_shape_vector)
+        pads = win.pads(spatial_dims(x_shape, win.channels_first), w.shape[:win.rank])
+        return getattr(impl.conv, win.function(1))(dy, w, x_shape, win.strides, win.dilation,
+                                                   pads, win.data_format)
+
+    def grad(self, inputs, outputs, output_grads):
+        dy, w, _ = inputs
+        g = output_grads[0]
+        return [apply(ConvFwd(self.window), g, w),
+                apply(ConvWgrad(self.window, w.shape), g, dy, shape_of(w)),
+                None]
+
+
+class ConvWgrad(_WindowOp):
+    """dw = conv_wgrad(x, dy) for a kernel of shape ``static_shape``."""
+
+    def infer(self, x, dy, w_shape_vector):
+        win = self.window
+        _check_float(win.where, 'x', x.dtype)
+        w_shape = self.static_shape
+        win.check_x_w('x', x.shape, w_shape)
+        win.check_dy(dy.shape, w_shape)
+        return Meta(w_shape, x.dtype)
+
+    def forward(self, impl, x, dy, w_shape_vector):
+        win = self.window
+        w_shape = _runtime_shape(w_shape_vector)
+        pads = win.pads(spatial_dims(x.shape, win.channels_first), w_shape[:win.rank])
+        return getattr(impl.conv, win.function(2))(x, dy, w_shape, win.strides, win.dilation,
+                                                   pads, win.data_format)
+
+    def grad(self, inputs, outputs, output_grads):
+        x, dy, _ = inputs
+        g = output_grads[0]
+        return [apply(ConvDgrad(self.window, x.shape), dy, g, shape_of(x)),
+                apply(ConvFwd(self.window), x, g),
+                None]
+
+
+def conv(x, w, window):
+    """Convolution (or depthwise convolution) of tensor x with kernel w."""
+    return apply(ConvFwd(window), x, w)
+
+
+def conv_transpose(x, w, output_static, output_vector, window):
+    """Transposed convolution: the data gradient of a convolution producing
+    ``output_static`` (static shape, None entries allowed; runtime shape ``output_vector``)
+    whose output would be x. w is (*k, out_channels, in_channels)."""
+    return apply(ConvDgrad(window, tuple(output_static)), x, w, output_vector)
+
+
+# ---------------------------------------------------------------- locally connected
+
+class LocalWindow:
+    """The static attributes of a locally connected convolution (no padding, no dilation)."""
+
+    def __init__(self, where, kernel_size, strides, output_spatial, data_format):
+        rank = len(output_spatial)
+        self.where = where
+        self.kernel_size = geometry.normalize_positive_tuple(kernel_size, rank, where,
+                                                             'kernel_size')
+        self.strides = geometry.normalize_positive_tuple(strides, rank, where, 'strides')
+        self.output_spatial = geometry.normalize_positive_tuple(output_spatial, rank, where,
+                                                                'output_shape')
+        self.data_format = geometry.normalize_data_format(data_format, where)
+
+    @property
+    def channels_first(self):
+        return self.data_format == 'channels_first'
+
+    def args(self):
+        return self.kernel_size, self.strides, self.output_spatial, self.data_format
+
+    def __repr__(self):
+        return 'LocalWindow%r' % ((self.where,) + self.args(),)
+
+    def check(self, x_name, x_shape, w_shape):
+        rank = len(self.output_spatial)
+        _check_rank(self.where, x_name, x_shape, rank + 2,
+                    '(batch, channels and %d spatial dims)' % rank)
+        _check_rank(self.where, 'the kernel', w_shape, 3,
+                    '(output positions, kernel volume * in_channels, filters)')
+        for n, k, s, o in zip(spatial_dims(x_shape, self.channels_first), self.kernel_size,
+                              self.strides, self.output_spatial):
+            if n is not None and (o - 1) * s + k > n:
+                raise ValueError('%s: output shape %s with kernel_size %s and strides %s reads '
+                                 'past the spatial dims of %s of shape %s'
+                                 % (self.where, self.output_spatial, self.kernel_size,
+                                    self.strides, x_name, x_shape))
+        c_in = channel_dim(x_shape, self.channels_first)
+        expected = (math.prod(self.output_spatial),
+                    None if c_in is None else math.prod(self.kernel_size) * c_in)
+        if any(e is not None and g is not None and e != g for e, g in zip(expected, w_shape[:2])):
+            raise ValueError('%s: the kernel of shape %s does not fit %s of shape %s: expected '
+                             '(%s, %s, filters) = (output positions, kernel volume * channels, '
+                             'filters)' % (self.where, w_shape, x_name, x_shape,
+                                           expected[0], expected[1]))
+
+
+class LocalConvFwd(Op):
+    def __init__(self, window, static_shape=None):
+        self.window, self.static_shape = window, static_shape
+
+    def infer(self, x, w):
+        win = self.window
+        _check_float(win.where, 'inputs', x.dtype)
+        win.check('inputs', x.shape, w.shape)
+        return Meta(assemble_shape(x.shape[0], w.shape[-1], win.output_spatial,
+                                   win.channels_first), x.dtype)
+
+    def forward(self, impl, x, w):
+        return impl.conv.local_conv_fwd(x, w, *self.window.args())
+
+    def grad(self, inputs, outputs, output_grads):
+        x, w = inputs
+        g = output_grads[0]
+        return [apply(LocalConvDgrad(self.window, x.shape), g, w, shape_of(x)),
+                apply(LocalConvWgrad(self.window, w.shape), x, g, shape_of(w))]
+
+
+class LocalConvDgrad(LocalConvFwd):
+    def infer(self, dy, w, x_shape_vector):
+        self.window.check('x', self.static_shape, w.shape)
+        _check_channels(self.window.where, 'dy', dy.shape,
+                        channel_dim(dy.shape, self.window.channels_first),
+                        'the kernel', w.shape, w.shape[-1])
+        return Meta(self.static_shape, dy.dtype)
+
+    def forward(self, impl, dy, w, x_shape_vector):
+        return impl.conv.local_conv_dgrad(dy, w, _runtime_shape(x_shape_vector),
+                                          *self.window.args())
+
+    def grad(self, inputs, outputs, output_grads):
+        dy, w, _ = inputs
+        g = output_grads[0]
+        return [apply(LocalConvFwd(self.window), g, w),
+                apply(LocalConvWgrad(self.window, w.shape), g, dy, shape_of(w)),
+                None]
+
+
+class LocalConvWgrad(LocalConvFwd):
+    def infer(self, x, dy, w_shape_vector):
+        self.window.check('x', x.shape, self.static_shape)
+        return Meta(self.static_shape, x.dtype)
+
+    def forward(self, impl, x, dy, w_shape_vector):
+        return impl.conv.local_conv_wgrad(x, dy, _runtime_shape(w_shape_vector),
+                                          *self.window.args())
+
+    def grad(self, inputs, outputs, output_grads):
+        x, dy, _ = inputs
+        g = output_grads[0]
+        return [apply(LocalConvDgrad(self.window, x.shape), dy, g, shape_of(x)),
+                apply(LocalConvFwd(self.window), x, g),
+                None]
+
+
+def local_conv(x, w, window):
+    """Locally connected convolution of x with unshared kernel w (P, F, filters)."""
+    return apply(LocalConvFwd(window), x, w)

@@ -1,0 +1,175 @@
+"""Pooling ops: max pooling (with its argmax as a second, int64 output) and average
+pooling, computed by ``impl.pooling``; padding never takes part (TensorFlow's rule).
+
+Max pooling's backward scatters dy to the argmax positions (MaxPoolBwd); the gradient of
+that scatter is a gather from the same positions (MaxPoolGather), and the gradient of the
+gather is the scatter again, so second derivatives work. Average pooling and its backward
+are adjoint linear maps, each the gradient of the other.
+"""
+import numpy as np
+
+from gpuk.graph import Meta, apply
+from gpuk.ops import geometry
+from gpuk.ops.base import Op
+from gpuk.ops.conv import assemble_shape, channel_dim, spatial_dims
+from gpuk.ops.shape import shape as shape_of
+
+
+def _runtime_shape(vector):
+    return tuple(int(d) for d in vector.tolist())
+
+
+class PoolWindow:
+    """The static attributes of a pooling: window, strides, padding mode, data format."""
+
+    def __init__(self, where, window, strides, padding, data_format):
+        rank = len(window)
+        self.where = where
+        self.window = geometry.normalize_positive_tuple(window, rank, where, 'pool_size')
+        self.strides = geometry.normalize_positive_tuple(strides, rank, where, 'strides')
+        self.padding = geometry.normalize_padding(padding, where, allowed=('same', 'valid'))
+        self.data_format = geometry.normalize_data_format(data_format, where)
+
+    @property
+    def channels_first(self):
+        return self.data_format == 'channels_first'
+
+    def pads(self, x_shape):
+        return geometry.conv_pads(spatial_dims(x_shape, self.channels_first), self.window,
+                                  self.strides, (1,) * len(self.window), self.padding)
+
+    def out_shape(self, x_shape):
+        """Static pooled shape of x (None where unknown); ValueError for an empty output."""
+        rank = len(self.window)
+        if x_shape is None or len(x_shape) != rank + 2:
+            raise ValueError('%s: x must have rank %d (batch, channels and %d spatial dims), '
+                             'got shape %s' % (self.where, rank + 2, rank, x_shape))
+        out = []
+        for n, k, s in zip(spatial_dims(x_shape, self.channels_first), self.window,
+                           self.strides):
+            length = geometry.conv_output_length(n, k, self.padding, s)
+            if length is not None and length < 1:
+                raise ValueError("%s: x of shape %s is smaller than pool_size %s with padding "
+                                 "'valid'" % (self.where, x_shape, self.window))
+            out.append(length)
+        return assemble_shape(x_shape[0], channel_dim(x_shape, self.channels_first), out,
+                              self.channels_first)
+
+    def args(self, x_shape):
+        return self.window, self.strides, self.pads(x_shape), self.data_format
+
+    def __repr__(self):
+        return 'PoolWindow%r' % ((self.where, self.window, self.strides, self.padding,
+                                  self.data_format),)
+
+
+def _check_float(where, dtype):
+    if np.dtype(dtype).kind != 'f':
+        raise TypeError('%s: x must be a float tensor, got dtype %s' % (where, dtype))
+
+
+class MaxPool(Op):
+    """x -> (y, argmax); argmax (int64) indexes the winner in the spatial volume of x."""
+
+    def __init__(self, window):
+        self.window = window
+
+    def infer(self, x):
+        _check_float(self.window.where, x.dtype)
+        out = self.window.out_shape(x.shape)
+        return Meta(out, x.dtype), Meta(out, 'int64')
+
+    def forward(self, impl, x):
+        return impl.pooling.max_pool_fwd(x, *self.window.args(x.shape))
+
+    def grad(self, inputs, outputs, output_grads):
+        x = inputs[0]
+        argmax = outputs[1]
+        return [apply(MaxPoolBwd(self.window, x.shape), output_grads[0], argmax, shape_of(x))]
+
+
+class MaxPoolBwd(Op):
+    """dx: dy added at the argmax positions of an x of shape ``x_static``."""
+
+    def __init__(self, window, x_static):
+        self.window, self.x_static = window, x_static
+
+    def infer(self, dy, argmax, x_shape_vector):
+        return Meta(self.x_static, dy.dtype)
+
+    def forward(self, impl, dy, argmax, x_shape_vector):
+        return impl.pooling.max_pool_bwd(dy, argmax, _runtime_shape(x_shape_vector),
+                                         self.window.data_format)
+
+    def grad(self, inputs, outputs, output_grads):
+        _, argmax, _ = inputs
+        return [apply(MaxPoolGather(self.window), output_grads[0], argmax), None, None]
+
+
+class MaxPoolGather(Op):
+    """g at the argmax positions, shaped like argmax (the adjoint of MaxPoolBwd)."""
+
+    def __init__(self, window):
+        self.window = window
+
+    def infer(self, g, argmax):
+        return Meta(argmax.shape, g.dtype)
+
+    def forward(self, impl, g, argmax):
+        xp = impl.xp
+        n, channels = g.shape[0], channel_dim(g.shape, self.window.channels_first)
+        if self.window.channels_first:
+            picked = xp.take_along_axis(g.reshape(n, channels, -1),
+                                        argmax.reshape(n, channels, -1), axis=2)
+        else:
+            picked = xp.take_along_axis(g.reshape(n, -1, channels),
+                                        argmax.reshape(n, -1, channels), axis=1)
+        return picked.reshape(argmax.shape)
+
+    def grad(self, inputs, outputs, output_grads):
+        g, argmax = inputs
+        return [apply(MaxPoolBwd(self.window, g.shape), output_grads[0], argmax, shape_of(g)),
+                None]
+
+
+class AvgPool(Op):
+    """Average over the real (un-padded) inputs of each window."""
+
+    def __init__(self, window):
+        self.window = window
+
+    def infer(self, x):
+        _check_float(self.window.where, x.dtype)
+        return Meta(self.window.out_shape(x.shape), x.dtype)
+
+    def forward(self, impl, x):
+        return impl.pooling.avg_pool_fwd(x, *self.window.args(x.shape))
+
+    def grad(self, inputs, outputs, output_grads):
+        x = inputs[0]
+        return [apply(AvgPoolBwd(self.window, x.shape), output_grads[0], shape_of(x))]
+
+
+class AvgPoolBwd(Op):
+    def __init__(self, window, x_static):
+        self.window, self.x_static = window, x_static
+
+    def infer(self, dy, x_shape_vector):
+        return Meta(self.x_static, dy.dtype)
+
+    def forward(self, impl, dy, x_shape_vector):
+        x_shape = _runtime_shape(x_shape_vector)
+        window, strides, pads, data_format = self.window.args(x_shape)
+        return impl.pooling.avg_pool_bwd(dy, x_shape, window, strides, pads, data_format)
+
+    def grad(self, inputs, outputs, output_grads):
+        return [apply(AvgPool(self.window), output_grads[0]), None]
+
+
+def max_pool(x, window):
+    """Max pooling of tensor x; the argmax output stays in the graph for the gradient."""
+    return apply(MaxPool(window), x)[0]
+
+
+def avg_pool(x, window):
+    return apply(AvgPool(window), x)
