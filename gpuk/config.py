@@ -62,14 +62,14 @@ def floatx():
     return common.floatx() if common is not None else _settings['floatx']
 
 
-def set_floatx(value):
+def set_floatx(floatx):
     """Sets the default float type."""
-    if value not in _FLOAT_TYPES:
-        raise ValueError('set_floatx: floatx must be one of %s, got %r' % (_FLOAT_TYPES, value))
-    _settings['floatx'] = str(value)
+    if floatx not in _FLOAT_TYPES:
+        raise ValueError('set_floatx: floatx must be one of %s, got %r' % (_FLOAT_TYPES, floatx))
+    _settings['floatx'] = str(floatx)
     common = _keras_common()
     if common is not None:
-        common.set_floatx(value)
+        common.set_floatx(floatx)
 
 
 def epsilon():
