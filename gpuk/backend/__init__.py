@@ -11,3 +11,6 @@ from gpuk.backend._random import *  # noqa: F401,F403
 from gpuk.backend._control import *  # noqa: F401,F403
 from gpuk.backend._conv import *  # noqa: F401,F403
 from gpuk.backend._nn import *  # noqa: F401,F403
+from gpuk.backend._keras_compat import install_when_loaded_by_keras as _install_keras_compat
+
+_install_keras_compat()
