@@ -218,7 +218,7 @@ class Where(Op):
     def grad(self, inputs, outputs, output_grads):
         condition, a, b = inputs
         g = output_grads[0]
-        zeros = zeros_like(g)
+        zeros = Constant(np.zeros((), dtype=g.dtype))
         return [None, sum_to_shape_of(where(condition, g, zeros), a),
                 sum_to_shape_of(where(condition, zeros, g), b)]
 
@@ -316,12 +316,16 @@ class FillLike(Op):
     differentiable = False
 
 
+_MAX_FILLED_CONSTANT = 4096
+
+
 def _filled_like(value, x, dtype):
-    """A tensor like ``x`` filled with ``value``: a constant when x's shape is static, so the
-    result does not make x's inputs necessary (gradient seeds rely on this)."""
+    """A tensor like ``x`` filled with ``value``. Small static shapes give a constant, so the
+    result does not make x's inputs necessary (a scalar loss's gradient seed relies on this);
+    larger ones are filled at run time rather than stored."""
     x = as_tensor(x)
     dtype = dtype_name(dtype) if dtype else x.dtype
-    if x.shape is not None and None not in x.shape:
+    if x.shape is not None and None not in x.shape and np.prod(x.shape) <= _MAX_FILLED_CONSTANT:
         return Constant(np.full(x.shape, value, dtype=dtype))
     return apply(FillLike(value, dtype), x)
 
