@@ -31,6 +31,27 @@ def shape(x):
     return apply(Shape(), as_tensor(x))
 
 
+class Size(Op):
+    """The number of elements of ``x`` as an int32 scalar."""
+    differentiable = False
+
+    def infer(self, x):
+        return Meta((), 'int32')
+
+    def forward(self, impl, x):
+        return impl.xp.asarray(x.size, dtype=np.int32)
+
+    def static_values(self, inputs):
+        shape = inputs[0].shape
+        if shape is None or None in shape:
+            return None
+        return [np.asarray(np.prod(shape, dtype=np.int64), dtype=np.int32)]
+
+
+def size(x):
+    return apply(Size(), as_tensor(x))
+
+
 class Pack(Op):
     """Stacks int scalars into an int64 vector (a shape built from mixed entries)."""
     differentiable = False
@@ -47,6 +68,8 @@ class Pack(Op):
 
 def _entry_value(entry, where):
     if isinstance(entry, Tensor):
+        if entry.shape not in ((), None) or np.dtype(entry.dtype).kind not in 'iu':
+            raise TypeError('%s: symbolic shape entries must be int scalars, got %r' % (where, entry))
         value = static_value(entry)
         return None if value is None else int(np.asarray(value).reshape(()))
     if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
@@ -65,12 +88,16 @@ def resolve_shape(spec, where):
     if isinstance(spec, Tensor):
         if spec.ndim != 1:
             raise ValueError('%s: a shape tensor must be 1-D, got shape %s' % (where, spec.shape))
+        if np.dtype(spec.dtype).kind not in 'iu':
+            raise TypeError('%s: a shape tensor must have an int dtype, got %s' % (where, spec.dtype))
         value = static_value(spec)
         if value is not None:
             return tuple(int(v) for v in value), None
         return (None,) * (spec.shape[0] or 0) if spec.shape[0] is not None else None, spec
-    if isinstance(spec, (int, np.integer)):
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
         spec = (spec,)
+    if isinstance(spec, np.ndarray) and spec.ndim == 1 and spec.dtype.kind in 'iu':
+        spec = spec.tolist()
     if not isinstance(spec, (tuple, list)):
         raise TypeError('%s: shape must be a tuple/list or an int vector tensor, got %r' % (where, spec))
     static = tuple(_entry_value(e, where) for e in spec)
@@ -118,8 +145,11 @@ def _reshape_static(in_shape, target):
     if list(target).count(-1) > 1:
         raise ValueError('reshape: at most one -1 allowed in shape %s' % (target,))
     if -1 not in target:
-        if in_shape is not None and None not in in_shape and None not in target:
-            if int(np.prod(in_shape)) != int(np.prod(target)):
+        if in_shape is not None and None not in target:
+            # The known input dims must divide the target size (equal it when all are known).
+            known = int(np.prod([d for d in in_shape if d is not None]))
+            total = int(np.prod(target))
+            if (known != total) if None not in in_shape else (known and total % known):
                 raise ValueError('reshape: cannot reshape a tensor of shape %s into shape %s' % (in_shape, target))
         return tuple(target)
     known = [d for d in target if d != -1]
@@ -196,10 +226,18 @@ class Transpose(Op):
 
 def transpose(x, perm):
     x = as_tensor(x)
-    perm = tuple(int(p) for p in perm)
+    if x.ndim is not None and len(perm) != x.ndim:
+        raise ValueError('permute_dimensions: pattern %s does not match the %d axes of shape %s'
+                         % (tuple(perm), x.ndim, x.shape))
+    perm = tuple(normalize_axis(p, x.ndim, 'permute_dimensions') for p in perm)
     if perm == tuple(range(len(perm))) and x.ndim == len(perm):
         return x
     return apply(Transpose(perm), x)
+
+
+def _require_rank(x, where):
+    if x.ndim is None:
+        raise ValueError('%s: tensors of unknown rank are not supported, got %r' % (where, x))
 
 
 class ExpandDims(Op):
@@ -207,6 +245,8 @@ class ExpandDims(Op):
         self.axis = axis
 
     def infer(self, x):
+        if x.shape is None:
+            return Meta(None, x.dtype)
         return Meta(x.shape[:self.axis] + (1,) + x.shape[self.axis:], x.dtype)
 
     def forward(self, impl, x):
@@ -218,8 +258,13 @@ class ExpandDims(Op):
 
 def expand_dims(x, axis=-1):
     x = as_tensor(x)
+    _require_rank(x, 'expand_dims')
     axis = normalize_axis(axis, x.ndim + 1, 'expand_dims')
     return apply(ExpandDims(axis), x)
+
+
+def _squeeze_error(axis, shape):
+    return 'squeeze: axis %d of shape %s has size %d, not 1' % (axis, shape, shape[axis])
 
 
 class Squeeze(Op):
@@ -228,12 +273,12 @@ class Squeeze(Op):
 
     def infer(self, x):
         if x.shape[self.axis] not in (1, None):
-            raise ValueError('squeeze: axis %d of shape %s has size %d, not 1' % (self.axis, x.shape, x.shape[self.axis]))
+            raise ValueError(_squeeze_error(self.axis, x.shape))
         return Meta(x.shape[:self.axis] + x.shape[self.axis + 1:], x.dtype)
 
     def forward(self, impl, x):
         if x.shape[self.axis] != 1:
-            raise ValueError('squeeze: axis %d of shape %s has size %d, not 1' % (self.axis, x.shape, x.shape[self.axis]))
+            raise ValueError(_squeeze_error(self.axis, tuple(x.shape)))
         return impl.xp.squeeze(x, self.axis)
 
     def grad(self, inputs, outputs, output_grads):
@@ -242,6 +287,7 @@ class Squeeze(Op):
 
 def squeeze(x, axis):
     x = as_tensor(x)
+    _require_rank(x, 'squeeze')
     return apply(Squeeze(normalize_axis(axis, x.ndim, 'squeeze')), x)
 
 
@@ -303,10 +349,16 @@ class _ZerosLike(Op):
 
 
 def concatenate(tensors, axis=-1):
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError('concatenate: tensors must be a list of tensors, got %r' % (tensors,))
     tensors = [as_tensor(t) for t in tensors]
     if not tensors:
         raise ValueError('concatenate: needs at least one tensor')
+    for t in tensors:
+        _require_rank(t, 'concatenate')
     rank = tensors[0].ndim
+    if rank == 0:
+        raise ValueError('concatenate: scalars cannot be concatenated; use stack')
     for t in tensors:
         if t.ndim != rank:
             raise ValueError('concatenate: all tensors need the same rank, got shapes %s'
@@ -328,12 +380,15 @@ def _template(key):
 
     def part(v):
         if isinstance(v, Tensor):
+            if v.shape != () or np.dtype(v.dtype).kind not in 'iu':
+                raise TypeError('getitem: tensor indices must be int scalars, got %r (use K.gather to '
+                                'pick rows by an index vector)' % (v,))
             known = static_value(v)
             if known is not None:
                 return int(np.asarray(known).reshape(()))
             tensors.append(v)
             return _DYNAMIC
-        if v is None or isinstance(v, (int, np.integer)):
+        if v is None or (isinstance(v, (int, np.integer)) and not isinstance(v, bool)):
             return None if v is None else int(v)
         raise TypeError('getitem: index entries must be ints, slices, None, Ellipsis or scalar int tensors, '
                         'got %r' % (v,))
@@ -341,10 +396,12 @@ def _template(key):
     for k in (key if isinstance(key, tuple) else (key,)):
         if isinstance(k, slice):
             items.append(slice(part(k.start), part(k.stop), part(k.step)))
+            if items[-1].step == 0:
+                raise ValueError('getitem: slice step cannot be zero, got %r' % (k,))
         elif k is Ellipsis or k is None:
             items.append(k)
         else:
-            if k is None or isinstance(k, bool):
+            if isinstance(k, (bool, np.bool_)):
                 raise TypeError('getitem: boolean indices are not supported, got %r' % (k,))
             items.append(part(k) if isinstance(k, Tensor) else _int_index(k))
     return tuple(items), tensors
