@@ -250,12 +250,38 @@ def as_tensor(value, dtype=None):
     except that Python floats become floatx)."""
     if isinstance(value, Tensor):
         return value
+    if isinstance(value, (list, tuple)) and _holds_tensor(value):
+        return _pack(value, dtype)
     if dtype is None:
         array = np.asarray(value)
         if array.dtype == np.float64 and not isinstance(value, np.ndarray) and not isinstance(value, np.generic):
             array = array.astype(config.floatx())
         return Constant(array)
     return Constant(value, dtype_name(dtype))
+
+
+def _holds_tensor(values):
+    return any(isinstance(v, Tensor) or (isinstance(v, (list, tuple)) and _holds_tensor(v))
+               for v in values)
+
+
+def _pack(values, dtype):
+    """A list mixing tensors and numbers stacked along a new axis 0, as TensorFlow's
+    convert_to_tensor does (Keras 2.3.1's BatchNormalization calls
+    ``K.prod([K.shape(x)[axis] ...])``). Numbers take the dtype of the tensors."""
+    from gpuk.ops import elementwise, shape as shape_ops
+    if not values:
+        raise ValueError('as_tensor: cannot stack an empty list')
+    if dtype is None:
+        first = next(v for v in values if isinstance(v, Tensor) or isinstance(v, (list, tuple)))
+        dtype = as_tensor(first).dtype
+    items = [as_tensor(v, dtype) for v in values]
+    items = [t if t.dtype == dtype_name(dtype) else elementwise.cast(t, dtype) for t in items]
+    shapes = {t.shape for t in items}
+    if len(shapes) > 1 and any(None not in s for s in shapes) and len({len(s) for s in shapes}) > 1:
+        raise ValueError('as_tensor: cannot stack tensors of shapes %s' % sorted(map(str, shapes)))
+    expanded = [shape_ops.expand_dims(t, 0) for t in items]
+    return expanded[0] if len(expanded) == 1 else shape_ops.concatenate(expanded, 0)
 
 
 def apply(op, *inputs):

@@ -8,6 +8,8 @@ import importlib
 # Launcher modules; each registers its ahead-of-time build variants at import.
 LAUNCHERS = (
     'gpuk.kernels.elementwise',
+    'gpuk.kernels.pooling',
+    'gpuk.kernels.batchnorm',
 )
 
 

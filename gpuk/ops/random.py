@@ -14,7 +14,7 @@ import numpy as np
 
 from gpuk.graph import Meta, Tensor, apply
 from gpuk.ops.base import Op
-from gpuk.ops.shape import Shape, resolve_shape
+from gpuk.ops.shape import resolve_shape
 
 # Generators of numpy and cupy draw float32 and float64 only.
 _DRAWN_FLOATS = ('float32', 'float64')
@@ -43,8 +43,6 @@ def sample_shape(spec, where):
     if isinstance(spec, Tensor) and np.dtype(spec.dtype).kind not in 'iu':
         raise TypeError('%s: a shape tensor must have an integer dtype, got %s' % (where, spec.dtype))
     static, vector = resolve_shape(spec, where)
-    if vector is not None and vector.node is not None and isinstance(vector.node.op, Shape):
-        static = vector.node.inputs[0].shape  # K.shape(x): x's static dims stay known
     if static is not None and any(d is not None and d < 0 for d in static):
         raise ValueError('%s: shape entries must be non-negative, got %s' % (where, static))
     return static, vector

@@ -93,6 +93,8 @@ def resolve_shape(spec, where):
         value = static_value(spec)
         if value is not None:
             return tuple(int(v) for v in value), None
+        if spec.node is not None and isinstance(spec.node.op, Shape):
+            return spec.node.inputs[0].shape, spec  # K.shape(x): x's known dims stay known
         return (None,) * (spec.shape[0] or 0) if spec.shape[0] is not None else None, spec
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
         spec = (spec,)
