@@ -8,6 +8,7 @@ import numpy as np
 
 from gpuk import config
 from gpuk.graph import Constant, Tensor, as_tensor
+from gpuk.ops import bias as bias_ops
 from gpuk.ops import conv as conv_ops
 from gpuk.ops import geometry
 from gpuk.ops import pooling as pool_ops
@@ -360,4 +361,7 @@ def bias_add(x, bias, data_format=None):
     if any(t != 1 and d is not None and d != t for t, d in zip(target, x.shape)):
         raise ValueError('%s: bias of shape %s does not fit x of shape %s with data_format %r'
                          % (fn, bias.shape, x.shape, data_format))
+    if bias.ndim == 1 and np.dtype(x.dtype).kind == 'f':
+        channel_axis = 1 if data_format == 'channels_first' and x.ndim in (3, 4, 5) else x.ndim - 1
+        return bias_ops.bias_act(x, bias, channel_axis)
     return x + shape_ops.reshape(bias, target)
