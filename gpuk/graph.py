@@ -284,9 +284,27 @@ def _pack(values, dtype):
     return expanded[0] if len(expanded) == 1 else shape_ops.concatenate(expanded, 0)
 
 
+_updated_reads = []
+
+
+@contextlib.contextmanager
+def reading_updated(updated):
+    """While active, nodes made by ``apply`` read ``updated[v]`` in place of variable ``v``
+    (K.control_dependencies on updates)."""
+    merged = dict(_updated_reads[-1]) if _updated_reads else {}
+    merged.update(updated)
+    _updated_reads.append(merged)
+    try:
+        yield
+    finally:
+        _updated_reads.pop()
+
+
 def apply(op, *inputs):
     """Adds a node applying ``op`` to ``inputs``; returns its output (a tuple if several)."""
     inputs = tuple(as_tensor(x) for x in inputs)
+    if _updated_reads and _updated_reads[-1]:
+        inputs = tuple(_updated_reads[-1].get(t, t) for t in inputs)
     metas = op.infer(*[t.meta for t in inputs])
     if isinstance(metas, Meta):
         metas = (metas,)

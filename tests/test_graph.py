@@ -117,3 +117,23 @@ def test_binary_ops_convert_python_and_numpy_operands_to_the_tensor_dtype():
     got = K.function([i], [i / 2, i // 2])([np.array([3, 4])])
     np.testing.assert_allclose(got[0], [1.5, 2.0])
     np.testing.assert_array_equal(got[1], [1, 2])
+
+
+def test_lists_mixing_tensors_and_numbers_are_stacked():
+    x = K.placeholder((None, 3))
+    size = K.prod([K.shape(x)[0], 3, K.shape(x)[1]])
+    assert K.function([x], [size])([np.ones((2, 3))])[0] == 18
+
+
+def test_control_dependencies_read_updated_variables():
+    total = K.variable(1.0)
+    update = K.update_add(total, 2.0)
+    with K.control_dependencies([update]):
+        after = total * 10
+    before = total * 10
+    f = K.function([], [after, before], updates=[update])
+    assert f([]) == [30.0, 10.0]
+    assert K.get_value(total) == 3.0
+    with pytest.raises(TypeError, match='control_dependencies: control_inputs must be'):
+        with K.control_dependencies('update'):
+            pass

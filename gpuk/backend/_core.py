@@ -116,10 +116,26 @@ def set_session(session):
     """Kept for API compatibility; gpuk has no session."""
 
 
+def _flat_updates(control_inputs):
+    if isinstance(control_inputs, Update):
+        yield control_inputs
+    elif isinstance(control_inputs, (list, tuple)):
+        for item in control_inputs:
+            yield from _flat_updates(item)
+
+
 @contextlib.contextmanager
 def control_dependencies(control_inputs):
-    """Kept for API compatibility: gpuk runs every node a result depends on."""
-    yield
+    """Tensors built inside see the variables of the updates in ``control_inputs`` as
+    already updated (TensorFlow's run-after semantics: Keras 2.3.1 reads a metric's
+    ``total / count`` under ``control_dependencies(update_op)``, base_layer.py:1258).
+    Tensors among ``control_inputs`` need nothing: gpuk runs every node a result needs."""
+    if control_inputs is not None and not isinstance(control_inputs, (list, tuple, Update, Tensor)):
+        raise TypeError('control_dependencies: control_inputs must be a list of updates or '
+                        'tensors, got %r' % (control_inputs,))
+    updated = {u.variable: u.value for u in _flat_updates(control_inputs)}
+    with graph.reading_updated(updated):
+        yield
 
 
 # --- sparse ---------------------------------------------------------------------------
