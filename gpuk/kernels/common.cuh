@@ -97,8 +97,8 @@ template <class T> __device__ __forceinline__ void lse_combine(T& m, T& s, T m2,
     if (m2 > m) {
         s = s * exp(m - m2) + s2;   // m may be -inf with s == 0: exp(-inf) == 0
         m = m2;
-    } else if (m2 == m2 && s2 != T(0)) {
-        s += s2 * exp(m2 - m);      // m2 == -inf adds nothing; skipping avoids inf - inf
+    } else if (m2 - m2 == T(0) && s2 != T(0)) {
+        s += s2 * exp(m2 - m);      // only finite m2: -inf adds nothing, and skipping avoids inf - inf
     } else if (m2 != m2) {
         m = m2;                     // NaN propagates
     }

@@ -149,7 +149,7 @@ def check_args(signature, args, array_type):
             if not p.is_const and not a.flags.writeable:
                 raise ValueError(f"{where} is written by the kernel but the array is read-only")
         else:
-            if isinstance(a, (bool, int, float, complex)) or not isinstance(a, np.generic):
+            if not isinstance(a, np.generic):  # np.float64 subclasses float: test np.generic
                 raise TypeError(f"{where} must be a numpy.{p.dtype.type.__name__} scalar; got "
                                 f"{type(a).__name__} (convert scalars to their C type in the launcher)")
             if a.dtype != p.dtype:

@@ -206,3 +206,14 @@ def test_dynamic_shared_memory_overflow_is_reported(selftest):
 def test_stack_overflow_is_reported(selftest):
     with pytest.raises(KernelLaunchError, match=r"huge_locals.*stack overflow of an emulated thread"):
         selftest.kernel('huge_locals').launch(1, 32, (np.zeros(32, np.float32), np.int32(64 * 1024)))
+
+
+def test_warp_logsumexp_handles_minus_infinity_and_double_scalars(selftest):
+    x = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
+    x[1, :] = -np.inf           # an all -inf row: -inf, not NaN
+    x[2, ::2] = -np.inf         # masked entries add nothing
+    out = np.zeros(3, np.float32)
+    selftest.kernel('warp_logsumexp').launch(3, 32, (x, out, np.float64(2.0)))
+    with np.errstate(divide='ignore'):
+        want = 2.0 * np.log(np.exp(x.astype(np.float64)).sum(axis=1))
+    np.testing.assert_allclose(out, want, rtol=1e-5)

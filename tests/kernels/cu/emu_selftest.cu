@@ -116,3 +116,11 @@ extern "C" __global__ void huge_locals(float* y, int n) {
     for (int i = 0; i < n; ++i) big[i] = (float)i;
     y[threadIdx.x] = big[n - 1];
 }
+
+// One warp: the log-sum-exp of 32 values per row (lse_add then warp_lse_reduce), scaled by `scale`.
+extern "C" __global__ void warp_logsumexp(const float* __restrict__ x, float* __restrict__ out, double scale) {
+    float m = neg_inf_f(), s = 0.f;
+    lse_add(m, s, x[blockIdx.x * 32 + threadIdx.x]);
+    warp_lse_reduce(m, s);
+    if (threadIdx.x == 0) out[blockIdx.x] = (float)((m + logf(s)) * scale);
+}

@@ -1,0 +1,86 @@
+"""Fused softmax cross-entropy (forward: loss + lse in one read pass) and binary
+cross-entropy: gpuk vs cuDNN vs torch vs NumPy. Bytes: logits + target read, loss written.
+GPU rows skip without a GPU; `-k numpy` runs the CPU rows alone."""
+import numpy as np
+import pytest
+
+from bench import harness as h
+
+SHAPES = [(256, 1000), (4096, 1000), (8192, 32000), (8192, 128256)]
+BINARY = [(1 << 20,)]
+IMPLS = ['gpuk', 'cudnn', 'torch', 'numpy']
+
+
+def _xent_row(impl, shape):
+    rows, classes = shape
+    if impl == 'numpy':
+        from gpuk.cpu_fallback import softmax_xent as twin
+
+        def make(i):
+            rng = np.random.default_rng(i)
+            return (rng.standard_normal(shape, dtype=np.float32), rng.random(shape, dtype=np.float32))
+        return twin.softmax_xent_fwd, make
+    if impl == 'torch':
+        import torch
+
+        def make(i):
+            g = torch.Generator().manual_seed(i)
+            return torch.randn(shape, generator=g), torch.rand(shape, generator=g)
+        return (lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction='none')), make
+    import cupy
+    from gpuk.kernels import softmax_xent
+
+    def make_gpu(i):
+        rs = cupy.random.RandomState(i)
+        return rs.standard_normal(shape, dtype=cupy.float32), rs.random_sample(shape, dtype=cupy.float32)
+    if impl == 'cudnn':
+        pytest.skip('cuDNN 9 has no fused softmax cross-entropy; its softmax alone is not the same work')
+    return (lambda x, t: softmax_xent.softmax_xent_fwd(x, t, runtime='cuda')), make_gpu
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('shape', SHAPES, ids=lambda s: '%dx%d' % s)
+def test_softmax_xent_fwd(benchmark, harness, impl, shape):
+    h.require(impl)
+    fn, make = _xent_row(impl, shape)
+    nbytes = 2 * 4 * shape[0] * shape[1] + 8 * shape[0]
+    info = harness.run(benchmark, family='softmax_xent', case='fwd %dx%d' % shape, impl=impl, fn=fn,
+                       make_inputs=make, set_bytes=nbytes, bytes_moved=nbytes, dtype='float32')
+    assert info['time_s'] > 0
+
+
+def _binary_row(impl, n):
+    if impl == 'numpy':
+        from gpuk.cpu_fallback import softmax_xent as twin
+
+        def make(i):
+            rng = np.random.default_rng(i)
+            return rng.standard_normal(n, dtype=np.float32), rng.random(n, dtype=np.float32)
+        return twin.binary_xent_logits_fwd, make
+    if impl == 'torch':
+        import torch
+
+        def make(i):
+            g = torch.Generator().manual_seed(i)
+            return torch.randn(n, generator=g), torch.rand(n, generator=g)
+        return (lambda x, t: torch.nn.functional.binary_cross_entropy_with_logits(x, t, reduction='none')), make
+    if impl == 'cudnn':
+        pytest.skip('cuDNN has no binary cross-entropy')
+    import cupy
+    from gpuk.kernels import softmax_xent
+
+    def make_gpu(i):
+        rs = cupy.random.RandomState(i)
+        return rs.standard_normal(n, dtype=cupy.float32), rs.random_sample(n, dtype=cupy.float32)
+    return (lambda x, t: softmax_xent.binary_xent_logits_fwd(x, t, runtime='cuda')), make_gpu
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('shape', BINARY, ids=lambda s: '%d' % s)
+def test_binary_xent_logits_fwd(benchmark, harness, impl, shape):
+    h.require(impl)
+    fn, make = _binary_row(impl, shape[0])
+    nbytes = 3 * 4 * shape[0]
+    info = harness.run(benchmark, family='binary_xent', case='logits fwd %d' % shape, impl=impl, fn=fn,
+                       make_inputs=make, set_bytes=nbytes, bytes_moved=nbytes, dtype='float32')
+    assert info['time_s'] > 0

@@ -1,0 +1,516 @@
+// softmax_xent.cu: row kernels for softmax / log-softmax and the cross-entropy losses.
+// Launched by gpuk/kernels/softmax_xent.py, which moves the class axis last (so a row
+// is `cols` contiguous elements), #defines ELEMENT_T and the constants below, and
+// computes the grid from the same constants.
+//
+// Row mapping (every *_rows kernel, see for_each_row):
+//   cols <= WARP_ROW_MAX_COLS: one warp per row, ROW_THREADS / 32 rows per block, warp
+//     shuffle reductions, no shared memory, no __syncthreads;
+//   longer rows: one block per row (grid-stride over rows), block reductions through a
+//     32-entry static shared scratch.
+// Vector access: when cols % 4 == 0 and every row buffer is aligned to 4 elements
+// (16 bytes for float), a thread moves 4 contiguous elements per step (float4, 2 x
+// double2, or 8 bytes of half); otherwise one element per step.
+// Precision: acc_t is float for __half, the element type otherwise.
+// Limits: rows, cols < 2^63 (64-bit offsets). No atomics: results are deterministic.
+#include "common.cuh"
+
+#ifndef ELEMENT_T
+#define ELEMENT_T float
+#endif
+#ifndef ROW_THREADS
+#define ROW_THREADS 256
+#endif
+#ifndef WARP_ROW_MAX_COLS
+#define WARP_ROW_MAX_COLS 1024
+#endif
+#ifndef BINARY_THREADS
+#define BINARY_THREADS 256
+#endif
+
+#ifndef ACC_T
+#define ACC_T float   // float for __half and float, double for double (the launcher sets it)
+#endif
+
+typedef ELEMENT_T elem_t;
+typedef ACC_T acc_t;   // a plain typedef: kernel parameters may use it (kernel_source.py)
+
+#define BINARY_LOGITS_FWD 0
+#define BINARY_LOGITS_BWD 1
+#define BINARY_LOGITS_DTARGET 2
+#define BINARY_PROBS_FWD 3
+#define BINARY_PROBS_BWD 4
+#define BINARY_PROBS_DTARGET 5
+
+__device__ __forceinline__ acc_t acc_neg_inf() { return acc_t(neg_inf_f()); }
+__device__ __forceinline__ acc_t acc_nan() { return acc_t(__int_as_float(0x7fc00000)); }
+__device__ __forceinline__ bool is_finite_acc(acc_t v) { return v == v && v - v == acc_t(0); }
+__device__ __forceinline__ elem_t from_acc(acc_t v) { return ElementTraits<elem_t>::from_acc(v); }
+// NaN passes through, like np.clip.
+__device__ __forceinline__ acc_t clip(acc_t v, acc_t lo, acc_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// ---- 1 or 4 contiguous elements ----
+struct Width1 { static const int n = 1; };
+struct Width4 { static const int n = 4; };
+__device__ __forceinline__ void load4(const float* p, float* v) {
+    const float4 q = load_float4(p);
+    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+}
+__device__ __forceinline__ void load4(const double* p, double* v) {
+    const double2 a = reinterpret_cast<const double2*>(p)[0], b = reinterpret_cast<const double2*>(p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
+}
+__device__ __forceinline__ void load4(const __half* p, float* v) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    v[0] = __half2float(__ushort_as_half((unsigned short)(u.x & 0xffffu)));
+    v[1] = __half2float(__ushort_as_half((unsigned short)(u.x >> 16)));
+    v[2] = __half2float(__ushort_as_half((unsigned short)(u.y & 0xffffu)));
+    v[3] = __half2float(__ushort_as_half((unsigned short)(u.y >> 16)));
+}
+__device__ __forceinline__ void store4(float* p, const float* v) { store_float4(p, make_float4(v[0], v[1], v[2], v[3])); }
+__device__ __forceinline__ void store4(double* p, const double* v) {
+    reinterpret_cast<double2*>(p)[0] = make_double2(v[0], v[1]);
+    reinterpret_cast<double2*>(p)[1] = make_double2(v[2], v[3]);
+}
+__device__ __forceinline__ void store4(__half* p, const float* v) {
+    uint2 u;
+    u.x = (unsigned)__half_as_ushort(__float2half_rn(v[0])) | ((unsigned)__half_as_ushort(__float2half_rn(v[1])) << 16);
+    u.y = (unsigned)__half_as_ushort(__float2half_rn(v[2])) | ((unsigned)__half_as_ushort(__float2half_rn(v[3])) << 16);
+    *reinterpret_cast<uint2*>(p) = u;
+}
+template <int W> __device__ __forceinline__ void load_n(const elem_t* p, acc_t* v) {
+    if (W == 4) load4(p, v);
+    else v[0] = to_acc(p[0]);
+}
+template <int W> __device__ __forceinline__ void store_n(elem_t* p, const acc_t* v) {
+    if (W == 4) store4(p, v);
+    else p[0] = from_acc(v[0]);
+}
+__device__ __forceinline__ bool vec_ok(long long cols, const void* p) {
+    return (cols & 3) == 0 && is_aligned(p, 4 * sizeof(elem_t));
+}
+
+// ---- reduction states and their merge rules ----
+struct SumState { acc_t v; };
+// Log-sum-exp as (max, sum of exp(x - max)); NaN in m is sticky.
+struct LseState { acc_t m, s; };
+// Cross-entropy in one pass: lse state plus st = sum(t) and stx = sum(t (x - m)) over
+// t != 0, kept relative to the running max so that large logits do not cancel.
+struct XentState { acc_t m, s, st, stx; };
+
+__device__ __forceinline__ SumState merge(SumState a, SumState b) { return SumState{a.v + b.v}; }
+__device__ __forceinline__ LseState merge(LseState a, LseState b) {
+    if (a.m != a.m || b.m != b.m) return LseState{a.m + b.m, a.s};
+    if (b.m > a.m) { LseState t = a; a = b; b = t; }
+    if (b.m != acc_neg_inf() && b.m != a.m) a.s += b.s * exp(b.m - a.m);
+    else if (b.m == a.m) a.s += b.s;
+    return a;
+}
+__device__ __forceinline__ XentState merge(XentState a, XentState b) {
+    if (a.m != a.m || b.m != b.m) return XentState{a.m + b.m, a.s, a.st + b.st, a.stx + b.stx};
+    if (b.m > a.m) { XentState t = a; a = b; b = t; }
+    if (b.m == a.m) a.s += b.s;
+    else if (b.m != acc_neg_inf()) a.s += b.s * exp(b.m - a.m);
+    if (b.st != acc_t(0)) a.stx += b.m == a.m ? b.stx : b.stx - b.st * (a.m - b.m);
+    else a.stx += b.stx;
+    a.st += b.st;
+    return a;
+}
+__device__ __forceinline__ void lse_push(LseState& st, acc_t x) {
+    if (x > st.m) { st.s = st.s * exp(st.m - x) + acc_t(1); st.m = x; }
+    else if (x != x) st.m = x;
+    else if (x != acc_neg_inf()) st.s += exp(x - st.m);
+}
+__device__ __forceinline__ void xent_push(XentState& st, acc_t x, acc_t t) {
+    if (x > st.m) {
+        if (st.st != acc_t(0)) st.stx -= st.st * (x - st.m);
+        st.s = st.s * exp(st.m - x) + acc_t(1);
+        st.m = x;
+    } else if (x != x) {
+        st.m = x;
+    } else if (x != acc_neg_inf()) {
+        st.s += exp(x - st.m);
+    }
+    if (t != acc_t(0)) {
+        st.st += t;
+        st.stx += t * (x == acc_neg_inf() ? x : x - st.m);
+    }
+}
+// lse of a finished state: m + log(s), or m itself when m is not finite (NumPy's
+// log_sum_exp shifts by 0 then: -inf, inf and NaN maxima give -inf, inf, NaN).
+__device__ __forceinline__ acc_t lse_of(acc_t m, acc_t s) { return is_finite_acc(m) ? m + log(s) : m; }
+
+template <class S> __device__ __forceinline__ S shfl_xor(S v, int offset);
+template <> __device__ __forceinline__ SumState shfl_xor(SumState v, int o) {
+    return SumState{__shfl_xor_sync(GPUK_FULL_MASK, v.v, o)};
+}
+template <> __device__ __forceinline__ LseState shfl_xor(LseState v, int o) {
+    return LseState{__shfl_xor_sync(GPUK_FULL_MASK, v.m, o), __shfl_xor_sync(GPUK_FULL_MASK, v.s, o)};
+}
+template <> __device__ __forceinline__ XentState shfl_xor(XentState v, int o) {
+    return XentState{__shfl_xor_sync(GPUK_FULL_MASK, v.m, o), __shfl_xor_sync(GPUK_FULL_MASK, v.s, o),
+                     __shfl_xor_sync(GPUK_FULL_MASK, v.st, o), __shfl_xor_sync(GPUK_FULL_MASK, v.stx, o)};
+}
+template <class S> __device__ __forceinline__ S warp_merge(S v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = merge(v, shfl_xor(v, offset));
+    return v;
+}
+
+// The threads working on one row: a warp (BLOCK = false) or the whole block.
+template <bool BLOCK> struct RowGroup {
+    unsigned rank, size;
+    // Every thread of the group gets the merged state; `identity` pads missing warps.
+    template <class S> __device__ __forceinline__ S reduce(S v, S identity) const {
+        v = warp_merge(v);
+        if constexpr (!BLOCK) {
+            return v;
+        } else {
+            __shared__ S scratch[32];
+            const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+            if (lane == 0) scratch[warp] = v;
+            __syncthreads();
+            if (warp == 0) {
+                S w = lane < nwarps ? scratch[lane] : identity;
+                w = warp_merge(w);
+                if (lane == 0) scratch[0] = w;
+            }
+            __syncthreads();
+            const S result = scratch[0];
+            __syncthreads();   // scratch is reused by the next reduction
+            return result;
+        }
+    }
+    __device__ __forceinline__ acc_t sum(acc_t v) const { return reduce(SumState{v}, SumState{acc_t(0)}).v; }
+    __device__ __forceinline__ LseState lse(LseState v) const { return reduce(v, LseState{acc_neg_inf(), acc_t(0)}); }
+    // f(j, Width1()/Width4()) for the elements j.. of the row this thread owns.
+    template <class F> __device__ __forceinline__ void each(long long cols, bool vec, F f) const {
+        if (vec) {
+            for (long long j = 4LL * rank; j < cols; j += 4LL * size) f(j, Width4());
+        } else {
+            for (long long j = rank; j < cols; j += size) f(j, Width1());
+        }
+    }
+};
+
+// body(group, row) for every row this warp / block owns (uniform per warp / block).
+template <class Body> __device__ __forceinline__ void for_each_row(long long rows, long long cols, Body body) {
+    if (cols <= WARP_ROW_MAX_COLS) {
+        const long long warps = blockDim.x >> 5;
+        const RowGroup<false> g{threadIdx.x & 31u, 32u};
+        for (long long row = blockIdx.x * warps + (threadIdx.x >> 5); row < rows; row += gridDim.x * warps)
+            body(g, row);
+    } else {
+        const RowGroup<true> g{threadIdx.x, blockDim.x};
+        for (long long row = blockIdx.x; row < rows; row += gridDim.x) body(g, row);
+    }
+}
+
+template <class G> __device__ __forceinline__ LseState row_lse(const G& g, const elem_t* __restrict__ xr, long long cols,
+                                                               bool vec) {
+    LseState st{acc_neg_inf(), acc_t(0)};
+    g.each(cols, vec, [&](long long j, auto w) {
+        constexpr int W = decltype(w)::n;
+        acc_t x[W];
+        load_n<W>(xr + j, x);
+#pragma unroll
+        for (int k = 0; k < W; ++k) lse_push(st, x[k]);
+    });
+    return g.lse(st);
+}
+
+// softmax_rows_fwd: y = softmax(x) (log_output = 0) or log_softmax(x) (1), per row.
+// Two reads of x (online max/sum, then the output), one write.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+softmax_rows_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, long long rows, long long cols, int log_output) {
+    const bool vec = vec_ok(cols, x) && vec_ok(cols, y);
+    for_each_row(rows, cols, [&](const auto& g, long long row) {
+        const elem_t* xr = x + row * cols;
+        elem_t* yr = y + row * cols;
+        const LseState st = row_lse(g, xr, cols, vec);
+        const acc_t lse = lse_of(st.m, st.s);
+        // a non-finite max: NumPy computes exp(x) / sum(exp(x)) = exp(x) / exp(max)
+        const bool finite = is_finite_acc(st.m);
+        const acc_t inv_s = acc_t(1) / st.s, exp_m = exp(st.m);
+        g.each(cols, vec, [&](long long j, auto w) {
+            constexpr int W = decltype(w)::n;
+            acc_t v[W];
+            load_n<W>(xr + j, v);
+#pragma unroll
+            for (int k = 0; k < W; ++k)
+                v[k] = log_output ? v[k] - lse : (finite ? exp(v[k] - st.m) * inv_s : exp(v[k]) / exp_m);
+            store_n<W>(yr + j, v);
+        });
+    });
+}
+
+// softmax_rows_bwd: dx = y (dy - sum(dy y)) (log_input = 0, y the softmax) or
+// dx = dy - exp(y) sum(dy) (log_input = 1, y the log-softmax). Two reads, one write.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+softmax_rows_bwd(const elem_t* __restrict__ y, const elem_t* __restrict__ dy, elem_t* __restrict__ dx, long long rows,
+                 long long cols, int log_input) {
+    const bool vec = vec_ok(cols, y) && vec_ok(cols, dy) && vec_ok(cols, dx);
+    for_each_row(rows, cols, [&](const auto& g, long long row) {
+        const long long base = row * cols;
+        acc_t partial = 0;
+        g.each(cols, vec, [&](long long j, auto w) {
+            constexpr int W = decltype(w)::n;
+            acc_t a[W], b[W];
+            load_n<W>(y + base + j, a);
+            load_n<W>(dy + base + j, b);
+#pragma unroll
+            for (int k = 0; k < W; ++k) partial += log_input ? b[k] : a[k] * b[k];
+        });
+        const acc_t total = g.sum(partial);
+        g.each(cols, vec, [&](long long j, auto w) {
+            constexpr int W = decltype(w)::n;
+            acc_t a[W], b[W];
+            load_n<W>(y + base + j, a);
+            load_n<W>(dy + base + j, b);
+#pragma unroll
+            for (int k = 0; k < W; ++k) a[k] = log_input ? b[k] - exp(a[k]) * total : a[k] * (b[k] - total);
+            store_n<W>(dx + base + j, a);
+        });
+    });
+}
+
+// softmax_xent_rows_fwd: loss = sum(t (lse - x)) and lse per row, in ONE read of x and t
+// (XentState). 0 * (-inf) counts as 0. A row whose max is not finite gives lse = max
+// and a NaN loss where the target is nonzero (NumPy: -inf - -inf).
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const elem_t* __restrict__ target, elem_t* __restrict__ loss,
+                      acc_t* __restrict__ lse, long long rows, long long cols) {
+    const bool vec = vec_ok(cols, logits) && vec_ok(cols, target);
+    for_each_row(rows, cols, [&](const auto& g, long long row) {
+        const long long base = row * cols;
+        XentState st{acc_neg_inf(), acc_t(0), acc_t(0), acc_t(0)};
+        g.each(cols, vec, [&](long long j, auto w) {
+            constexpr int W = decltype(w)::n;
+            acc_t x[W], t[W];
+            load_n<W>(logits + base + j, x);
+            load_n<W>(target + base + j, t);
+#pragma unroll
+            for (int k = 0; k < W; ++k) xent_push(st, x[k], t[k]);
+        });
+        st = g.reduce(st, XentState{acc_neg_inf(), acc_t(0), acc_t(0), acc_t(0)});
+        if (g.rank == 0) {
+            const bool finite = is_finite_acc(st.m);
+            lse[row] = lse_of(st.m, st.s);
+            loss[row] = from_acc(finite ? st.st * log(st.s) - st.stx : (st.st != acc_t(0) ? acc_nan() : acc_t(0)));
+        }
+    });
+}
+
+// softmax_xent_rows_bwd: dlogits = (exp(x - lse) sum(t) - t) dloss. Two reads, one write.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+softmax_xent_rows_bwd(const elem_t* __restrict__ logits, const elem_t* __restrict__ target,
+                      const acc_t* __restrict__ lse, const acc_t* __restrict__ dloss, elem_t* __restrict__ dlogits,
+                      long long rows, long long cols) {
+    const bool vec = vec_ok(cols, logits) && vec_ok(cols, target) && vec_ok(cols, dlogits);
+    for_each_row(rows, cols, [&](const auto& g, long long row) {
+        const long long base = row * cols;
+        acc_t partial = 0;
+        g.each(cols, vec, [&](long long j, auto w) {
+            constexpr int W = decltype(w)::n;
+            acc_t t[W];
+            load_n<W>(target + base + j, t);
+#pragma unroll
+            for (int k = 0; k < W; ++k) partial += t[k];
+        });
+        const acc_t total = g.sum(partial), row_lse = lse[row], d = dloss[row];
+        g.each(cols, vec, [&](long long j, auto w) {
+            constexpr int W = decltype(w)::n;
+            acc_t x[W], t[W];
+            load_n<W>(logits + base + j, x);
+            load_n<W>(target + base + j, t);
+#pragma unroll
+            for (int k = 0; k < W; ++k) x[k] = (exp(x[k] - row_lse) * total - t[k]) * d;
+            store_n<W>(dlogits + base + j, x);
+        });
+    });
+}
+
+// softmax_xent_rows_dtarget: dtarget = (lse - x) dloss. One read, one write; no reduction.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+softmax_xent_rows_dtarget(const elem_t* __restrict__ logits, const acc_t* __restrict__ lse,
+                          const acc_t* __restrict__ dloss, elem_t* __restrict__ dtarget, long long rows, long long cols) {
+    const bool vec = vec_ok(cols, logits) && vec_ok(cols, dtarget);
+    for_each_row(rows, cols, [&](const auto& g, long long row) {
+        const long long base = row * cols;
+        const acc_t row_lse = lse[row], d = dloss[row];
+        g.each(cols, vec, [&](long long j, auto w) {
+            constexpr int W = decltype(w)::n;
+            acc_t x[W];
+            load_n<W>(logits + base + j, x);
+#pragma unroll
+            for (int k = 0; k < W; ++k) x[k] = (row_lse - x[k]) * d;
+            store_n<W>(dtarget + base + j, x);
+        });
+    });
+}
+
+// sparse_softmax_xent_rows_fwd: lse per row (one read of x) and loss = lse - x[label].
+// Labels are checked in [0, cols) by the launcher.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+sparse_softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const long long* __restrict__ labels,
+                             elem_t* __restrict__ loss, acc_t* __restrict__ lse, long long rows, long long cols) {
+    const bool vec = vec_ok(cols, logits);
+    for_each_row(rows, cols, [&](const auto& g, long long row) {
+        const elem_t* xr = logits + row * cols;
+        const LseState st = row_lse(g, xr, cols, vec);
+        if (g.rank == 0) {
+            const acc_t row_lse = lse_of(st.m, st.s);
+            lse[row] = row_lse;
+            loss[row] = from_acc(row_lse - to_acc(xr[labels[row]]));
+        }
+    });
+}
+
+// sparse_softmax_xent_rows_bwd: dlogits = (exp(x - lse) - [j == label]) dloss. One read.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+sparse_softmax_xent_rows_bwd(const elem_t* __restrict__ logits, const long long* __restrict__ labels,
+                             const acc_t* __restrict__ lse, const acc_t* __restrict__ dloss,
+                             elem_t* __restrict__ dlogits, long long rows, long long cols) {
+    const bool vec = vec_ok(cols, logits) && vec_ok(cols, dlogits);
+    for_each_row(rows, cols, [&](const auto& g, long long row) {
+        const long long base = row * cols, label = labels[row];
+        const acc_t row_lse = lse[row], d = dloss[row];
+        g.each(cols, vec, [&](long long j, auto w) {
+            constexpr int W = decltype(w)::n;
+            acc_t x[W];
+            load_n<W>(logits + base + j, x);
+#pragma unroll
+            for (int k = 0; k < W; ++k) x[k] = (exp(x[k] - row_lse) - (j + k == label ? acc_t(1) : acc_t(0))) * d;
+            store_n<W>(dlogits + base + j, x);
+        });
+    });
+}
+
+// categorical_xent_probs_rows: Keras categorical cross-entropy of probabilities,
+// p = probs / sum(probs) clipped to [eps, 1 - eps]:
+//   mode 0 (fwd):      loss = -sum(t log clip(p))                       two reads
+//   mode 1 (bwd):      g = -t / clip(p) inside the clip range, else 0;
+//                      dprobs = (g - sum(g p)) / sum(probs) dloss        three reads
+//   mode 2 (dtarget):  dtarget = -log(clip(p)) dloss                     two reads
+// epsilon is a 1-element buffer (a double scalar argument cannot be passed: the
+// runtime rejects numpy.float64, a float subclass). `target` is unused (pass probs) in mode 2; `out_row` (loss) is written in mode 0 only,
+// `out` in modes 1 and 2.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+categorical_xent_probs_rows(const elem_t* __restrict__ probs, const elem_t* __restrict__ target,
+                            const acc_t* __restrict__ dloss, elem_t* __restrict__ out, elem_t* __restrict__ out_row,
+                            long long rows, long long cols, int mode, const acc_t* __restrict__ epsilon_ptr) {
+    const acc_t epsilon = *epsilon_ptr;
+    const bool vec = vec_ok(cols, probs) && vec_ok(cols, target) && (mode == 0 || vec_ok(cols, out));
+    const acc_t hi = acc_t(1) - epsilon;
+    for_each_row(rows, cols, [&](const auto& g, long long row) {
+        const long long base = row * cols;
+        acc_t partial = 0;
+        g.each(cols, vec, [&](long long j, auto w) {
+            constexpr int W = decltype(w)::n;
+            acc_t p[W];
+            load_n<W>(probs + base + j, p);
+#pragma unroll
+            for (int k = 0; k < W; ++k) partial += p[k];
+        });
+        const acc_t total = g.sum(partial);
+        if (mode == 0) {
+            acc_t part = 0;
+            g.each(cols, vec, [&](long long j, auto w) {
+                constexpr int W = decltype(w)::n;
+                acc_t p[W], t[W];
+                load_n<W>(probs + base + j, p);
+                load_n<W>(target + base + j, t);
+#pragma unroll
+                for (int k = 0; k < W; ++k) part += t[k] * log(clip(p[k] / total, epsilon, hi));
+            });
+            const acc_t loss = g.sum(part);
+            if (g.rank == 0) out_row[row] = from_acc(-loss);
+            return;
+        }
+        const acc_t d = dloss[row];
+        if (mode == 2) {
+            g.each(cols, vec, [&](long long j, auto w) {
+                constexpr int W = decltype(w)::n;
+                acc_t p[W];
+                load_n<W>(probs + base + j, p);
+#pragma unroll
+                for (int k = 0; k < W; ++k) p[k] = -log(clip(p[k] / total, epsilon, hi)) * d;
+                store_n<W>(out + base + j, p);
+            });
+            return;
+        }
+        // mode 1: g(p) and its projection on p (the normalization's Jacobian)
+        auto grad_of = [&](acc_t p, acc_t t) {
+            const acc_t q = p / total;
+            return (q >= epsilon && q <= hi) ? -t / clip(q, epsilon, hi) : acc_t(0);
+        };
+        acc_t part = 0;
+        g.each(cols, vec, [&](long long j, auto w) {
+            constexpr int W = decltype(w)::n;
+            acc_t p[W], t[W];
+            load_n<W>(probs + base + j, p);
+            load_n<W>(target + base + j, t);
+#pragma unroll
+            for (int k = 0; k < W; ++k) part += grad_of(p[k], t[k]) * (p[k] / total);
+        });
+        const acc_t projection = g.sum(part);
+        g.each(cols, vec, [&](long long j, auto w) {
+            constexpr int W = decltype(w)::n;
+            acc_t p[W], t[W];
+            load_n<W>(probs + base + j, p);
+            load_n<W>(target + base + j, t);
+#pragma unroll
+            for (int k = 0; k < W; ++k) p[k] = (grad_of(p[k], t[k]) - projection) / total * d;
+            store_n<W>(out + base + j, p);
+        });
+    });
+}
+
+// binary_xent_elementwise: the elementwise binary cross-entropy family (op codes above).
+//   logits: fwd  max(x,0) - x z + log1p(exp(-|x|)) (written so an infinite x with zero
+//                weight on its side gives 0), bwd (sigmoid(x) - z) d, dtarget -x d;
+//   probs:  q = clip(p, eps, 1 - eps); fwd -(z log q + (1 - z) log(1 - q)),
+//           bwd (-z / q + (1 - z) / (1 - q)) d inside the clip range (else 0),
+//           dtarget (log(1 - q) - log q) d.
+// a is logits/probs; b is target, or dloss for the dtarget ops; c is dloss (bwd ops).
+// Thread mapping: 1-D grid-stride loop over n. No shared memory, no atomics.
+extern "C" __global__ void __launch_bounds__(BINARY_THREADS)
+binary_xent_elementwise(const elem_t* __restrict__ a, const elem_t* __restrict__ b, const elem_t* __restrict__ c,
+                        elem_t* __restrict__ out, long long n, int op, const acc_t* __restrict__ epsilon_ptr) {
+    const acc_t one = 1, zero = 0, epsilon = *epsilon_ptr;
+    GPUK_GRID_STRIDE_LOOP(i, n) {
+        const acc_t x = to_acc(a[i]), z = to_acc(b[i]);
+        acc_t r;
+        switch (op) {
+        case BINARY_LOGITS_FWD: {
+            const acc_t w = x >= zero ? one - z : z;
+            const acc_t linear = w == zero ? zero : w * (x >= zero ? x : -x);
+            r = linear + log1p(exp(-fabs(x)));
+            break;
+        }
+        case BINARY_LOGITS_BWD: {
+            // sigmoid(x) = exp(-logaddexp(0, -x)): no overflow for x << 0
+            const acc_t sig = x >= zero ? one / (one + exp(-x)) : exp(x) / (one + exp(x));
+            r = (sig - z) * to_acc(c[i]);
+            break;
+        }
+        case BINARY_LOGITS_DTARGET: r = -x * z; break;
+        case BINARY_PROBS_FWD: {
+            const acc_t q = clip(x, epsilon, one - epsilon);
+            r = -(z * log(q) + (one - z) * log1p(-q));
+            break;
+        }
+        case BINARY_PROBS_BWD: {
+            const acc_t q = clip(x, epsilon, one - epsilon);
+            r = (x >= epsilon && x <= one - epsilon) ? (-z / q + (one - z) / (one - q)) * to_acc(c[i]) : zero;
+            break;
+        }
+        default: {   // BINARY_PROBS_DTARGET
+            const acc_t q = clip(x, epsilon, one - epsilon);
+            r = (log1p(-q) - log(q)) * z;
+            break;
+        }
+        }
+        out[i] = from_acc(r);
+    }
+}

@@ -1,0 +1,379 @@
+"""Launchers for softmax_xent.cu: softmax, log-softmax and the cross-entropy losses.
+
+Same names, signatures, output dtypes and errors as gpuk/cpu_fallback/softmax_xent.py,
+plus a keyword-only `runtime` (None: runtime.current(); 'cuda', 'emulate', or a runtime).
+
+Any axis: the launcher moves the class axis last (a contiguous copy when it is not
+already last, none when it is) so the kernels see `rows` x `cols` row-major data, and
+moves it back in the result. Rows up to WARP_ROW_MAX_COLS classes get one warp each,
+longer rows one block each. float16 is computed in float32 and the saved log-sum-exp
+(and the dloss the backward kernels read) stay float32. Inputs paired with the logits
+or probabilities (target, dloss) are cast to their dtype first.
+"""
+from pathlib import Path
+
+import numpy as np
+
+from gpuk.cpu_fallback.softmax_xent import (
+    _check_axis, _check_epsilon, _reduced_shape_check, _same_shape, accumulate_dtype)
+from .runtime import register_build, resolve
+
+__all__ = [
+    'softmax_fwd', 'softmax_bwd', 'log_softmax_fwd', 'log_softmax_bwd',
+    'softmax_xent_fwd', 'softmax_xent_bwd', 'softmax_xent_dtarget',
+    'sparse_softmax_xent_fwd', 'sparse_softmax_xent_bwd',
+    'categorical_xent_probs_fwd', 'categorical_xent_probs_bwd',
+    'categorical_xent_probs_dtarget',
+    'binary_xent_logits_fwd', 'binary_xent_logits_bwd', 'binary_xent_logits_dtarget',
+    'binary_xent_probs_fwd', 'binary_xent_probs_bwd', 'binary_xent_probs_dtarget',
+]
+
+SOURCE = Path(__file__).with_name('softmax_xent.cu')
+# Tile constants: #defines of the .cu and the grid below (one place).
+ROW_THREADS = 256
+WARP_ROW_MAX_COLS = 1024      # rows up to this many classes: a warp per row; longer: a block
+MAX_ROW_BLOCKS = 65535
+BINARY_THREADS = 256
+MAX_BINARY_BLOCKS = 8192
+ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
+BINARY_OPS = {'logits_fwd': 0, 'logits_bwd': 1, 'logits_dtarget': 2,
+              'probs_fwd': 3, 'probs_bwd': 4, 'probs_dtarget': 5}
+ROW_KERNELS = ['softmax_rows_fwd', 'softmax_rows_bwd', 'softmax_xent_rows_fwd', 'softmax_xent_rows_bwd',
+               'softmax_xent_rows_dtarget', 'sparse_softmax_xent_rows_fwd', 'sparse_softmax_xent_rows_bwd',
+               'categorical_xent_probs_rows', 'binary_xent_elementwise']
+
+
+def defines(dtype):
+    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulate_dtype(dtype)],
+            'ROW_THREADS': ROW_THREADS,
+            'WARP_ROW_MAX_COLS': WARP_ROW_MAX_COLS, 'BINARY_THREADS': BINARY_THREADS}
+
+
+# may_spill: the row bodies are lambdas called from two row mappings (warp / block); NVRTC
+# keeps a few of those calls out of line and spills 8-86 bytes of callee-saved registers
+# in some variants (measured with `python -m gpuk.kernels.build --check`).
+for _dtype in ELEMENT_TYPES:
+    register_build(SOURCE, defines(_dtype), ROW_KERNELS, may_spill=True)
+
+
+# ---------------------------------------------------------------- checks (before any launch)
+
+def _float(fn, name, rt, value, dtype=None):
+    """`value` as a contiguous-able array of rt.xp; float16/32/64 only (or cast to `dtype`)."""
+    array = value if isinstance(value, rt.xp.ndarray) else rt.xp.asarray(value)
+    if array.dtype.kind != 'f' or array.dtype not in ELEMENT_TYPES:
+        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
+                        % (fn, name, array.dtype))
+    return array if dtype is None else array.astype(dtype, copy=False)
+
+
+def _nonempty_axis(fn, name, shape, axis):
+    if shape[axis] == 0:
+        raise ValueError('%s: %s must have at least one class along axis %d, got shape %s'
+                         % (fn, name, axis, shape))
+
+
+class _Rows:
+    """An array with its class axis moved last, as (rows, cols) contiguous data."""
+
+    def __init__(self, rt, array, axis):
+        self.rt, self.axis, self.shape = rt, axis, array.shape
+        moved = rt.xp.moveaxis(array, axis, -1) if axis != array.ndim - 1 else array
+        self.moved_shape = moved.shape
+        self.data = rt.xp.ascontiguousarray(moved)
+        self.cols = array.shape[axis]
+        self.rows = array.size // self.cols if self.cols else 0
+
+    def like(self, other):
+        """`other` (same shape as the original array) moved the same way."""
+        moved = self.rt.xp.moveaxis(other, self.axis, -1) if self.axis != other.ndim - 1 else other
+        return self.rt.xp.ascontiguousarray(moved)
+
+    def empty(self, dtype):
+        return self.rt.xp.empty(self.moved_shape, dtype=dtype)
+
+    def restore(self, out):
+        """A kernel output in moved layout back in the caller's axis order (contiguous)."""
+        if self.axis == len(self.shape) - 1:
+            return out
+        return self.rt.xp.ascontiguousarray(self.rt.xp.moveaxis(out, -1, self.axis))
+
+
+def _row_values(fn, name, rt, value, full_shape, axis, acc):
+    array = _float(fn, name, rt, value)
+    _reduced_shape_check(fn, name, array, full_shape, axis)
+    return rt.xp.ascontiguousarray(array.astype(acc, copy=False))
+
+
+def _labels(fn, rt, labels, logits_shape, axis):
+    labels = labels if isinstance(labels, rt.xp.ndarray) else rt.xp.asarray(labels)
+    if labels.dtype.kind not in 'iu':
+        raise TypeError('%s: labels must be an integer array, got dtype %s' % (fn, labels.dtype))
+    _reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
+    classes = logits_shape[axis]
+    if labels.size:
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high >= classes:
+            raise ValueError('%s: labels must lie in [0, %d) (the size of logits axis %d), '
+                             'got values in [%d, %d]' % (fn, classes, axis, low, high))
+    return rt.xp.ascontiguousarray(labels.astype(np.int64, copy=False))
+
+
+# ---------------------------------------------------------------- launches
+
+def _row_blocks(rows, cols):
+    if cols <= WARP_ROW_MAX_COLS:
+        return max(1, min(-(-rows // (ROW_THREADS // 32)), MAX_ROW_BLOCKS))
+    return max(1, min(rows, MAX_ROW_BLOCKS))
+
+
+def _launch_rows(rt, dtype, name, rows, cols, args):
+    if rows == 0:
+        return
+    kernel = rt.load(SOURCE, defines(dtype)).kernel(name)
+    kernel.launch(_row_blocks(rows, cols), ROW_THREADS, tuple(args) + (np.int64(rows), np.int64(cols)))
+
+
+def _softmax_like_fwd(fn, x, axis, log_output, rt):
+    x = _float(fn, 'x', rt, x)
+    axis = _check_axis(fn, axis, x.ndim)
+    _nonempty_axis(fn, 'x', x.shape, axis)
+    rows = _Rows(rt, x, axis)
+    y = rows.empty(x.dtype)
+    if rows.rows:
+        kernel = rt.load(SOURCE, defines(x.dtype)).kernel('softmax_rows_fwd')
+        kernel.launch(_row_blocks(rows.rows, rows.cols), ROW_THREADS,
+                      (rows.data, y, np.int64(rows.rows), np.int64(rows.cols), np.int32(log_output)))
+    return rows.restore(y)
+
+
+def _softmax_like_bwd(fn, first_name, y, dy, axis, log_input, rt):
+    y = _float(fn, first_name, rt, y)
+    dy = _float(fn, 'dy', rt, dy)
+    _same_shape(fn, first_name, y, 'dy', dy)
+    axis = _check_axis(fn, axis, y.ndim)
+    _nonempty_axis(fn, first_name, y.shape, axis)
+    rows = _Rows(rt, y, axis)
+    dx = rows.empty(y.dtype)
+    if rows.rows:
+        kernel = rt.load(SOURCE, defines(y.dtype)).kernel('softmax_rows_bwd')
+        kernel.launch(_row_blocks(rows.rows, rows.cols), ROW_THREADS,
+                      (rows.data, rows.like(dy.astype(y.dtype, copy=False)), dx, np.int64(rows.rows),
+                       np.int64(rows.cols), np.int32(log_input)))
+    return rows.restore(dx)
+
+
+def softmax_fwd(x, axis=-1, *, runtime=None):
+    """exp(x - max) / sum(exp(x - max)) along axis."""
+    return _softmax_like_fwd('softmax_fwd', x, axis, 0, resolve(runtime))
+
+
+def softmax_bwd(y, dy, axis=-1, *, runtime=None):
+    """dx = y * (dy - sum(dy * y)) with y the saved softmax output."""
+    return _softmax_like_bwd('softmax_bwd', 'y', y, dy, axis, 0, resolve(runtime))
+
+
+def log_softmax_fwd(x, axis=-1, *, runtime=None):
+    """x - log(sum(exp(x))) along axis."""
+    return _softmax_like_fwd('log_softmax_fwd', x, axis, 1, resolve(runtime))
+
+
+def log_softmax_bwd(log_y, dy, axis=-1, *, runtime=None):
+    """dx = dy - exp(log_y) * sum(dy) with log_y the saved log_softmax output."""
+    return _softmax_like_bwd('log_softmax_bwd', 'log_y', log_y, dy, axis, 1, resolve(runtime))
+
+
+# ---------------------------------------------------------------- cross-entropy from logits
+
+def _reduced(rows):
+    return rows.moved_shape[:-1]
+
+
+def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
+    """Cross-entropy of softmax(logits) against `target`; one read pass per row.
+
+    # Returns
+        (loss, lse) with the input shape without axis; lse float32 for float16 logits.
+    """
+    fn, rt = 'softmax_xent_fwd', resolve(runtime)
+    logits = _float(fn, 'logits', rt, logits)
+    target = _float(fn, 'target', rt, target)
+    _same_shape(fn, 'logits', logits, 'target', target)
+    axis = _check_axis(fn, axis, logits.ndim)
+    _nonempty_axis(fn, 'logits', logits.shape, axis)
+    rows = _Rows(rt, logits, axis)
+    loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
+    lse = rt.xp.empty(_reduced(rows), dtype=accumulate_dtype(logits.dtype))
+    _launch_rows(rt, logits.dtype, 'softmax_xent_rows_fwd', rows.rows, rows.cols,
+                 (rows.data, rows.like(target.astype(logits.dtype, copy=False)), loss, lse))
+    return loss, lse
+
+
+def softmax_xent_bwd(logits, target, lse, dloss, axis=-1, *, runtime=None):
+    """dlogits = (softmax(logits) * sum(target) - target) * dloss."""
+    fn, rt = 'softmax_xent_bwd', resolve(runtime)
+    logits = _float(fn, 'logits', rt, logits)
+    target = _float(fn, 'target', rt, target)
+    _same_shape(fn, 'logits', logits, 'target', target)
+    axis = _check_axis(fn, axis, logits.ndim)
+    acc = accumulate_dtype(logits.dtype)
+    lse = _row_values(fn, 'lse', rt, lse, logits.shape, axis, acc)
+    dloss = _row_values(fn, 'dloss', rt, dloss, logits.shape, axis, acc)
+    _nonempty_axis(fn, 'logits', logits.shape, axis)
+    rows = _Rows(rt, logits, axis)
+    dlogits = rows.empty(logits.dtype)
+    _launch_rows(rt, logits.dtype, 'softmax_xent_rows_bwd', rows.rows, rows.cols,
+                 (rows.data, rows.like(target.astype(logits.dtype, copy=False)), lse, dloss, dlogits))
+    return rows.restore(dlogits)
+
+
+def softmax_xent_dtarget(logits, lse, dloss, axis=-1, *, runtime=None):
+    """Gradient of softmax_xent_fwd's loss with respect to target: -(logits - lse) * dloss."""
+    fn, rt = 'softmax_xent_dtarget', resolve(runtime)
+    logits = _float(fn, 'logits', rt, logits)
+    axis = _check_axis(fn, axis, logits.ndim)
+    acc = accumulate_dtype(logits.dtype)
+    lse = _row_values(fn, 'lse', rt, lse, logits.shape, axis, acc)
+    dloss = _row_values(fn, 'dloss', rt, dloss, logits.shape, axis, acc)
+    _nonempty_axis(fn, 'logits', logits.shape, axis)
+    rows = _Rows(rt, logits, axis)
+    dtarget = rows.empty(logits.dtype)
+    _launch_rows(rt, logits.dtype, 'softmax_xent_rows_dtarget', rows.rows, rows.cols,
+                 (rows.data, lse, dloss, dtarget))
+    return rows.restore(dtarget)
+
+
+def sparse_softmax_xent_fwd(logits, labels, axis=-1, *, runtime=None):
+    """Cross-entropy of softmax(logits) against integer class `labels`.
+
+    # Returns
+        (loss, lse): loss = lse - logits[label], both with the input shape without axis.
+    """
+    fn, rt = 'sparse_softmax_xent_fwd', resolve(runtime)
+    logits = _float(fn, 'logits', rt, logits)
+    axis = _check_axis(fn, axis, logits.ndim)
+    labels = _labels(fn, rt, labels, logits.shape, axis)
+    _nonempty_axis(fn, 'logits', logits.shape, axis)
+    rows = _Rows(rt, logits, axis)
+    loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
+    lse = rt.xp.empty(_reduced(rows), dtype=accumulate_dtype(logits.dtype))
+    _launch_rows(rt, logits.dtype, 'sparse_softmax_xent_rows_fwd', rows.rows, rows.cols,
+                 (rows.data, labels, loss, lse))
+    return loss, lse
+
+
+def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1, *, runtime=None):
+    """dlogits = (softmax(logits) - one_hot(labels)) * dloss."""
+    fn, rt = 'sparse_softmax_xent_bwd', resolve(runtime)
+    logits = _float(fn, 'logits', rt, logits)
+    axis = _check_axis(fn, axis, logits.ndim)
+    labels = _labels(fn, rt, labels, logits.shape, axis)
+    acc = accumulate_dtype(logits.dtype)
+    lse = _row_values(fn, 'lse', rt, lse, logits.shape, axis, acc)
+    dloss = _row_values(fn, 'dloss', rt, dloss, logits.shape, axis, acc)
+    rows = _Rows(rt, logits, axis)
+    dlogits = rows.empty(logits.dtype)
+    _launch_rows(rt, logits.dtype, 'sparse_softmax_xent_rows_bwd', rows.rows, rows.cols,
+                 (rows.data, labels, lse, dloss, dlogits))
+    return rows.restore(dlogits)
+
+
+# ---------------------------------------------------------------- cross-entropy from probabilities
+
+def _categorical(fn, rt, probs, target, dloss, axis, epsilon, mode):
+    probs = _float(fn, 'probs', rt, probs)
+    axis = _check_axis(fn, axis, probs.ndim)
+    epsilon = _check_epsilon(fn, epsilon)
+    acc = accumulate_dtype(probs.dtype)
+    if target is not None:
+        target = _float(fn, 'target', rt, target)
+        _same_shape(fn, 'probs', probs, 'target', target)
+    if dloss is not None:
+        dloss = _row_values(fn, 'dloss', rt, dloss, probs.shape, axis, acc)
+    _nonempty_axis(fn, 'probs', probs.shape, axis)
+    rows = _Rows(rt, probs, axis)
+    target_rows = rows.like(target.astype(probs.dtype, copy=False)) if target is not None else rows.data
+    loss = rt.xp.empty(_reduced(rows), dtype=probs.dtype)
+    out = rows.empty(probs.dtype) if mode else loss
+    dloss = dloss if dloss is not None else rt.xp.zeros(_reduced(rows), dtype=acc)
+    if rows.rows:
+        kernel = rt.load(SOURCE, defines(probs.dtype)).kernel('categorical_xent_probs_rows')
+        kernel.launch(_row_blocks(rows.rows, rows.cols), ROW_THREADS,
+                      (rows.data, target_rows, dloss, out, loss, np.int64(rows.rows), np.int64(rows.cols),
+                       np.int32(mode), rt.xp.full(1, epsilon, dtype=acc)))
+    return loss if mode == 0 else rows.restore(out)
+
+
+def categorical_xent_probs_fwd(probs, target, axis=-1, epsilon=1e-7, *, runtime=None):
+    """Keras categorical_crossentropy(from_logits=False):
+    p = probs / sum(probs); -sum(target * log(clip(p, eps, 1 - eps)))."""
+    return _categorical('categorical_xent_probs_fwd', resolve(runtime), probs, target, None, axis, epsilon, 0)
+
+
+def categorical_xent_probs_bwd(probs, target, dloss, axis=-1, epsilon=1e-7, *, runtime=None):
+    """Gradient of categorical_xent_probs_fwd with respect to probs."""
+    return _categorical('categorical_xent_probs_bwd', resolve(runtime), probs, target, dloss, axis, epsilon, 1)
+
+
+def categorical_xent_probs_dtarget(probs, dloss, axis=-1, epsilon=1e-7, *, runtime=None):
+    """Gradient of categorical_xent_probs_fwd with respect to target: -log(clip(p)) * dloss."""
+    return _categorical('categorical_xent_probs_dtarget', resolve(runtime), probs, None, dloss, axis, epsilon, 2)
+
+
+# ---------------------------------------------------------------- binary cross-entropy (elementwise)
+
+def _binary(fn, rt, first_name, first, second_name, second, dloss, op, epsilon=0.0):
+    first = _float(fn, first_name, rt, first)
+    second = _float(fn, second_name, rt, second)
+    _same_shape(fn, first_name, first, second_name, second)
+    if dloss is not None:
+        dloss = _float(fn, 'dloss', rt, dloss)
+        _same_shape(fn, first_name, first, 'dloss', dloss)
+    if op.startswith('probs'):
+        epsilon = _check_epsilon(fn, epsilon)
+    a = rt.xp.ascontiguousarray(first)
+    b = rt.xp.ascontiguousarray(second.astype(a.dtype, copy=False))
+    c = rt.xp.ascontiguousarray(dloss.astype(a.dtype, copy=False)) if dloss is not None else a
+    out = rt.xp.empty(a.shape, dtype=a.dtype)
+    if a.size:
+        kernel = rt.load(SOURCE, defines(a.dtype)).kernel('binary_xent_elementwise')
+        blocks = max(1, min(-(-a.size // BINARY_THREADS), MAX_BINARY_BLOCKS))
+        kernel.launch(blocks, BINARY_THREADS, (a, b, c, out, np.int64(a.size), np.int32(BINARY_OPS[op]),
+                                               rt.xp.full(1, epsilon, dtype=accumulate_dtype(a.dtype))))
+    return out
+
+
+def binary_xent_logits_fwd(logits, target, *, runtime=None):
+    """Elementwise max(x, 0) - x z + log1p(exp(-|x|)) (no overflow for any x)."""
+    return _binary('binary_xent_logits_fwd', resolve(runtime), 'logits', logits, 'target', target, None,
+                   'logits_fwd')
+
+
+def binary_xent_logits_bwd(logits, target, dloss, *, runtime=None):
+    """dlogits = (sigmoid(x) - z) * dloss."""
+    return _binary('binary_xent_logits_bwd', resolve(runtime), 'logits', logits, 'target', target, dloss,
+                   'logits_bwd')
+
+
+def binary_xent_logits_dtarget(logits, dloss, *, runtime=None):
+    """dtarget = -x * dloss."""
+    return _binary('binary_xent_logits_dtarget', resolve(runtime), 'logits', logits, 'dloss', dloss, None,
+                   'logits_dtarget')
+
+
+def binary_xent_probs_fwd(probs, target, epsilon=1e-7, *, runtime=None):
+    """Keras binary_crossentropy(from_logits=False): q = clip(p); -(z log q + (1 - z) log(1 - q))."""
+    return _binary('binary_xent_probs_fwd', resolve(runtime), 'probs', probs, 'target', target, None,
+                   'probs_fwd', epsilon)
+
+
+def binary_xent_probs_bwd(probs, target, dloss, epsilon=1e-7, *, runtime=None):
+    """dprobs = (-z / q + (1 - z) / (1 - q)) * dloss inside the clip range, 0 outside."""
+    return _binary('binary_xent_probs_bwd', resolve(runtime), 'probs', probs, 'target', target, dloss,
+                   'probs_bwd', epsilon)
+
+
+def binary_xent_probs_dtarget(probs, dloss, epsilon=1e-7, *, runtime=None):
+    """dtarget = (log(1 - q) - log q) * dloss."""
+    return _binary('binary_xent_probs_dtarget', resolve(runtime), 'probs', probs, 'dloss', dloss, None,
+                   'probs_dtarget', epsilon)

@@ -1,0 +1,255 @@
+"""CTC kernels (loss, gradient, greedy and beam-search decoding) against their NumPy twins;
+the cuDNN path's pure-Python translation on the CPU and its GPU run marked gpu."""
+import numpy as np
+import pytest
+
+from gpuk.cpu_fallback import ctc as twin
+from gpuk.kernels import ctc, cudnn_ctc, runtime
+from gpuk.kernels.testing import assert_close, to_device, to_host
+
+DTYPES = [np.float16, np.float32, np.float64]
+
+
+def _batch(rng, dtype, blank_last=True):
+    """Repeats, an empty label, label length = input length, an impossible alignment and
+    variable lengths in one batch (A = 6, blank = 5 or 0)."""
+    steps, classes = 9, 6
+    x = (rng.standard_normal((5, steps, classes)) * 2).astype(dtype)
+    labels = np.array([[1, 1, 2, 0], [3, 0, 0, 0], [1, 2, 3, 4], [2, 2, 2, 0], [4, 0, 1, 3]])
+    if not blank_last:
+        labels = labels + 1   # blank = 0
+    label_lengths = np.array([3, 0, 4, 3, 4])
+    input_lengths = np.array([9, 5, 4, 4, 7])   # sample 3 needs 5 frames for 2, 2, 2: impossible
+    return x, labels, input_lengths, label_lengths
+
+
+def _loss_and_grad(rt, x, labels, input_lengths, label_lengths, blank=None):
+    loss, log_alpha = ctc.ctc_loss_fwd(*[to_device(rt, a) for a in (x, labels, input_lengths, label_lengths)],
+                                       blank, runtime=rt)
+    dloss = np.linspace(0.5, 1.5, x.shape[0]).astype(to_host(loss).dtype)
+    grad = ctc.ctc_loss_bwd(*[to_device(rt, a) for a in (x, labels, input_lengths, label_lengths)], log_alpha, loss,
+                            to_device(rt, dloss), blank, runtime=rt)
+    return to_host(loss), to_host(log_alpha), dloss, to_host(grad)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('blank_last', [True, False])
+def test_ctc_loss_and_grad_match_twin(kernel_runtime, dtype, blank_last):
+    rng = np.random.default_rng(1)
+    x, labels, input_lengths, label_lengths = _batch(rng, dtype, blank_last)
+    blank = None if blank_last else 0
+    loss, log_alpha, dloss, grad = _loss_and_grad(kernel_runtime, x, labels, input_lengths, label_lengths, blank)
+    loss_t, log_alpha_t = twin.ctc_loss_fwd(x, labels, input_lengths, label_lengths, blank)
+    assert loss.dtype == loss_t.dtype and log_alpha.dtype == log_alpha_t.dtype
+    loss_r, log_alpha_r = twin.ctc_loss_fwd(x.astype(np.float64), labels, input_lengths, label_lengths, blank)
+    assert loss[3] == np.inf and loss[1] >= 0   # impossible alignment: inf, never NaN
+    assert_close(loss, loss_r, dtype, 'ctc_loss_fwd loss')
+    assert_close(log_alpha, log_alpha_r, dtype, 'ctc_loss_fwd log_alpha')
+    # the twin's gradient from the same saved loss (float16 rounds it)
+    grad_r = twin.ctc_loss_bwd(x.astype(np.float64), labels, input_lengths, label_lengths, log_alpha_r,
+                               loss.astype(np.float64), dloss.astype(np.float64), blank)
+    assert grad.dtype == x.dtype
+    assert_close(grad, grad_r, dtype, 'ctc_loss_bwd')
+    assert np.all(grad[3] == 0) and np.all(grad[1, 5:] == 0)   # impossible; past the input length
+
+
+def test_ctc_label_longer_than_the_block(kernel_runtime):
+    """2 L + 1 = 601 states > 256 threads: the threads loop over positions."""
+    rng = np.random.default_rng(2)
+    length = 300
+    labels = rng.integers(0, 4, (1, length))
+    labels[0, 1::2] = (labels[0, ::2] + 1) % 4   # no repeats: 300 frames suffice
+    x = rng.standard_normal((1, 305, 5)).astype(np.float64)
+    lengths = (np.array([305]), np.array([length]))
+    loss, log_alpha, dloss, grad = _loss_and_grad(kernel_runtime, x, labels, *lengths)
+    loss_r, log_alpha_r = twin.ctc_loss_fwd(x, labels, *lengths)
+    assert_close(loss, loss_r, np.float64, 'loss')
+    assert_close(log_alpha, log_alpha_r, np.float64, 'log_alpha')
+    assert_close(grad, twin.ctc_loss_bwd(x, labels, *lengths, log_alpha_r, loss_r, dloss), np.float64, 'grad')
+
+
+def test_ctc_empty_inputs(kernel_runtime):
+    x = np.zeros((2, 0, 3), np.float32)
+    loss, log_alpha = ctc.ctc_loss_fwd(to_device(kernel_runtime, x), np.zeros((2, 1)), np.array([0, 0]),
+                                       np.array([0, 1]), runtime=kernel_runtime)
+    np.testing.assert_array_equal(to_host(loss), [0.0, np.inf])
+    assert log_alpha.shape == (2, 0, 3)
+
+
+def _decode_input(rng, dtype, steps=11, classes=6, batch=4, quantize=False):
+    x = rng.standard_normal((batch, steps, classes)) * 2
+    if quantize:
+        x = np.round(x)   # ties: the lowest class wins
+    log_probs = (x - np.log(np.sum(np.exp(x), axis=2, keepdims=True))).astype(dtype)
+    input_lengths = np.array([steps, steps - 3, 0, 1][:batch])
+    return log_probs, input_lengths
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('merge_repeated, blank, quantize', [(True, None, False), (False, None, True),
+                                                            (True, 0, True)])
+def test_greedy_decode_matches_twin(kernel_runtime, dtype, merge_repeated, blank, quantize):
+    rng = np.random.default_rng(3)
+    log_probs, input_lengths = _decode_input(rng, dtype, steps=300, quantize=quantize)
+    decoded, neg_sum = ctc.ctc_greedy_decode(to_device(kernel_runtime, log_probs), input_lengths, blank,
+                                             merge_repeated, runtime=kernel_runtime)
+    decoded_t, neg_sum_t = twin.ctc_greedy_decode(log_probs, input_lengths, blank, merge_repeated)
+    np.testing.assert_array_equal(to_host(decoded), decoded_t)
+    assert to_host(neg_sum).dtype == neg_sum_t.dtype and neg_sum.shape == neg_sum_t.shape
+    assert_close(neg_sum, twin.ctc_greedy_decode(log_probs.astype(np.float64), input_lengths, blank,
+                                                 merge_repeated)[1], dtype, 'neg_sum')
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+@pytest.mark.parametrize('beam_width, top_paths, blank, merge_repeated', [
+    (1, 1, None, False), (4, 3, None, False), (16, 5, 0, True), (40, 2, None, False)])
+def test_beam_search_matches_twin(kernel_runtime, dtype, beam_width, top_paths, blank, merge_repeated):
+    rng = np.random.default_rng(beam_width)
+    log_probs, input_lengths = _decode_input(rng, dtype, steps=10, classes=5)
+    paths, scores = ctc.ctc_beam_search_decode(to_device(kernel_runtime, log_probs), input_lengths, beam_width,
+                                               top_paths, blank, merge_repeated, runtime=kernel_runtime)
+    paths_t, scores_t = twin.ctc_beam_search_decode(log_probs, input_lengths, beam_width, top_paths, blank,
+                                                    merge_repeated)
+    assert len(paths) == top_paths
+    for got, expected in zip(paths, paths_t):
+        np.testing.assert_array_equal(to_host(got), expected)
+    scores = to_host(scores)
+    assert scores.dtype == scores_t.dtype
+    np.testing.assert_array_equal(np.isinf(scores), np.isinf(scores_t))
+    finite = np.isfinite(scores_t)
+    np.testing.assert_allclose(scores[finite], scores_t[finite], rtol=1e-5)
+
+
+def test_beam_search_float16_and_fewer_prefixes_than_paths(kernel_runtime):
+    """Two classes and two frames: fewer distinct prefixes than top_paths gives -inf rows."""
+    rng = np.random.default_rng(9)
+    log_probs = rng.standard_normal((2, 2, 2)).astype(np.float16)
+    paths, scores = ctc.ctc_beam_search_decode(to_device(kernel_runtime, log_probs), np.array([2, 1]), 8, 8,
+                                               runtime=kernel_runtime)
+    paths_t, scores_t = twin.ctc_beam_search_decode(log_probs, np.array([2, 1]), 8, 8)
+    for got, expected in zip(paths, paths_t):
+        np.testing.assert_array_equal(to_host(got), expected)
+    np.testing.assert_allclose(to_host(scores).astype(np.float64), scores_t.astype(np.float64), rtol=2e-3)
+    assert np.isinf(scores_t).any()
+
+
+def _same_error(kernel_fn, twin_fn, args, kwargs=None):
+    kwargs = kwargs or {}
+    with pytest.raises((ValueError, TypeError)) as expected:
+        twin_fn(*args, **kwargs)
+    with pytest.raises(expected.type) as got:
+        kernel_fn(*args, runtime='emulate', **kwargs)
+    assert str(got.value) == str(expected.value)
+
+
+class _NoLaunch:
+    """A runtime whose every load fails the test: errors must come before any launch."""
+    kind = 'emulate'
+
+    def __init__(self):
+        import numpy
+        self.xp = numpy
+
+    def load(self, *args, **kwargs):
+        raise AssertionError('a kernel was loaded for bad input')
+
+
+def test_bad_input_raises_before_any_launch(monkeypatch):
+    monkeypatch.setattr(runtime, 'get_runtime', lambda kind: _NoLaunch())
+    x = np.zeros((2, 5, 4), np.float32)
+    labels = np.array([[0, 1], [2, 2]])
+    ok_in, ok_lab = np.array([5, 5]), np.array([2, 2])
+    loss_cases = [
+        (x, np.array([[0, 4], [1, 1]]), ok_in, ok_lab),        # label >= classes
+        (x, np.array([[0, 3], [1, 1]]), ok_in, ok_lab),        # the blank as a label
+        (x, labels, np.array([5, -1]), ok_lab),                # negative length
+        (x, labels, np.array([5, 6]), ok_lab),                 # input length > T
+        (x, labels, ok_in, np.array([2, 3])),                  # label length > Lmax
+        (x, labels[:1], ok_in, ok_lab),                        # batch sizes differ
+        (x, labels, ok_in[:1], ok_lab),
+        (x, labels + 0.5, ok_in, ok_lab),                      # non-integer labels
+        (x.astype(np.int32), labels, ok_in, ok_lab),
+        (x[0], labels, ok_in, ok_lab),
+    ]
+    for case in loss_cases:
+        _same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, case)
+    log_alpha, loss = np.zeros((2, 5, 5), np.float32), np.zeros(2, np.float32)
+    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha[:, :4], loss, loss))
+    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha, loss[:1], loss))
+    _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, np.array([6, 1])))
+    _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, ok_in, 4))
+    _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 0))
+    _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 2, 3))
+
+
+def test_theano_helpers_delegate_to_the_twin():
+    y = np.array([2, 2, 1])
+    np.testing.assert_array_equal(ctc.ctc_interleave_blanks(y, runtime='emulate'), twin.ctc_interleave_blanks(y))
+    interleaved = twin.ctc_interleave_blanks(y)
+    np.testing.assert_array_equal(ctc.ctc_create_skip_idxs(interleaved, runtime='emulate'),
+                                  twin.ctc_create_skip_idxs(interleaved))
+    predict = np.random.default_rng(0).dirichlet(np.ones(3), 6)
+    assert ctc.ctc_cost(predict, y, runtime='emulate') == twin.ctc_cost(predict, y)
+    got, expected = ctc.ctc_path_probs(predict, interleaved, runtime='emulate'), twin.ctc_path_probs(predict,
+                                                                                                     interleaved)
+    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(got[0], expected[0])
+
+
+# ---------------------------------------------------------------- cuDNN path
+
+def test_cudnn_translation_moves_the_blank_first():
+    order, inverse = cudnn_ctc.class_permutation(5, 4)
+    np.testing.assert_array_equal(order, [4, 0, 1, 2, 3])
+    x = np.arange(10).reshape(2, 5)
+    np.testing.assert_array_equal(x[:, order][:, inverse], x)
+    order, _ = cudnn_ctc.class_permutation(5, 2)
+    np.testing.assert_array_equal(order, [2, 0, 1, 3, 4])
+    labels = np.array([[0, 1, 3, 4]])
+    # the renumbered label indexes the same class of the permuted logits
+    np.testing.assert_array_equal(order[cudnn_ctc.cudnn_labels(labels, 2)], labels)
+    np.testing.assert_array_equal(cudnn_ctc.cudnn_labels(labels[:, :3], 4), labels[:, :3] + 1)
+
+
+def test_cudnn_label_packing_and_descriptor():
+    labels = np.array([[1, 2, 9], [3, 9, 9], [9, 9, 9]])
+    packed = cudnn_ctc.pack_labels(labels, np.array([2, 1, 0]))
+    assert packed.dtype == np.int32
+    np.testing.assert_array_equal(packed, [1, 2, 3])
+    np.testing.assert_array_equal(cudnn_ctc.min_frames(np.array([[1, 1, 2], [2, 2, 2]]), np.array([3, 2])), [4, 3])
+    args = cudnn_ctc.descriptor_args((4, 50, 29), 12)
+    assert args['dims'] == (50, 4, 29) and args['strides'] == (116, 29, 1)
+    assert args['max_label_length'] == 12 and args['norm_mode'] == cudnn_ctc.CUDNN_LOSS_NORMALIZATION_SOFTMAX
+
+
+def test_cudnn_loss_falls_back_to_gpuk_off_the_gpu():
+    """dispatch.run takes gpuk's kernels on the emulated runtime; the result is the twin's."""
+    previous = runtime.set_current('emulate')
+    try:
+        rng = np.random.default_rng(4)
+        x, labels, input_lengths, label_lengths = _batch(rng, np.float64)
+        loss, grad = cudnn_ctc.ctc_loss_with_grad(x, labels, input_lengths, label_lengths)
+    finally:
+        runtime.set_current(previous)
+    loss_t, log_alpha_t = twin.ctc_loss_fwd(x, labels, input_lengths, label_lengths)
+    assert_close(loss, loss_t, np.float64, 'loss')
+    assert_close(grad, twin.ctc_loss_bwd(x, labels, input_lengths, label_lengths, log_alpha_t, loss_t,
+                                         np.ones(5)), np.float64, 'grad')
+
+
+@pytest.mark.gpu
+def test_cudnn_ctc_matches_gpuk():
+    from gpuk.kernels import cudnn, dispatch
+    if not runtime.cuda_usable() or not cudnn.available():
+        pytest.skip('needs a GPU and cuDNN: %s' % (cudnn.why_unavailable() or 'no GPU'))
+    import cupy
+    rng = np.random.default_rng(5)
+    x, labels, input_lengths, label_lengths = _batch(rng, np.float32)
+    loss, grad = cudnn_ctc.cudnn_ctc_loss(cupy.asarray(x), labels, input_lengths, label_lengths)
+    loss_t, log_alpha_t = twin.ctc_loss_fwd(x.astype(np.float64), labels, input_lengths, label_lengths)
+    np.testing.assert_allclose(to_host(loss), loss_t, rtol=1e-4)
+    grad_t = twin.ctc_loss_bwd(x.astype(np.float64), labels, input_lengths, label_lengths, log_alpha_t, loss_t,
+                               np.ones(5))
+    np.testing.assert_allclose(to_host(grad), grad_t, atol=1e-4)
+    with pytest.raises(dispatch.Unsupported):
+        cudnn_ctc.cudnn_ctc_loss(cupy.asarray(x.astype(np.float64)), labels, input_lengths, label_lengths)

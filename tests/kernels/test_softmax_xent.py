@@ -1,0 +1,192 @@
+"""softmax_xent kernels against their NumPy twins, on every kernel runtime."""
+import numpy as np
+import pytest
+
+from gpuk.cpu_fallback import softmax_xent as twin
+from gpuk.kernels import softmax_xent
+from gpuk.kernels.testing import assert_close, to_device, to_host
+
+DTYPES = [np.float16, np.float32, np.float64]
+# warp rows (<= 1024), block rows (> 1024); multiples of 4 take the vector path
+CLASS_COUNTS = [2, 5, 33, 1024, 1030, 2052, 4099]
+
+
+def _run(rt, kernel_fn, twin_fn, args, kwargs=None):
+    """The kernel on `rt` vs the twin on float64 copies; outputs (one or a tuple) as NumPy."""
+    kwargs = kwargs or {}
+    floats = [a for a in args if isinstance(a, np.ndarray) and a.dtype.kind == 'f']
+    dtype = floats[0].dtype
+    out = kernel_fn(*[to_device(rt, a) for a in args], runtime=rt, **kwargs)
+    expected = twin_fn(*args, **kwargs)
+    ref = twin_fn(*[a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == 'f' else a
+                    for a in args], **kwargs)
+    outs, expected, ref = [
+        v if isinstance(v, tuple) else (v,) for v in (out, expected, ref)]
+    results = []
+    for o, e, r in zip(outs, expected, ref):
+        o = to_host(o)
+        assert o.dtype == e.dtype and o.shape == e.shape, (kernel_fn.__name__, o.dtype, e.dtype, o.shape, e.shape)
+        assert_close(o, r, dtype, kernel_fn.__name__)
+        results.append(o)
+    return results
+
+
+def _inputs(rng, shape, dtype, scale=3.0):
+    x = (rng.standard_normal(shape) * scale).astype(dtype)
+    t = rng.random(shape).astype(dtype)
+    return x, t
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('classes', CLASS_COUNTS)
+def test_softmax_family_matches_twin(kernel_runtime, dtype, classes):
+    rng = np.random.default_rng(classes)
+    x, t = _inputs(rng, (3, classes), dtype)
+    dy = rng.standard_normal((3, classes)).astype(dtype)
+    rt = kernel_runtime
+    y = twin.softmax_fwd(x)
+    log_y = twin.log_softmax_fwd(x)
+    _run(rt, softmax_xent.softmax_fwd, twin.softmax_fwd, (x,))
+    _run(rt, softmax_xent.log_softmax_fwd, twin.log_softmax_fwd, (x,))
+    _run(rt, softmax_xent.softmax_bwd, twin.softmax_bwd, (y, dy))
+    _run(rt, softmax_xent.log_softmax_bwd, twin.log_softmax_bwd, (log_y, dy))
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('classes', CLASS_COUNTS)
+def test_softmax_xent_matches_twin(kernel_runtime, dtype, classes):
+    rng = np.random.default_rng(classes + 1)
+    x, t = _inputs(rng, (3, classes), dtype)
+    rt = kernel_runtime
+    loss, lse = _run(rt, softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t))
+    assert lse.dtype == (np.float32 if dtype == np.float16 else dtype)
+    dloss = rng.random(3).astype(lse.dtype)
+    _run(rt, softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, dloss))
+    _run(rt, softmax_xent.softmax_xent_dtarget, twin.softmax_xent_dtarget, (x, lse, dloss))
+    labels = np.array([0, classes - 1, classes // 2])   # the first and the last class
+    _, sparse_lse = _run(rt, softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd, (x, labels))
+    _run(rt, softmax_xent.sparse_softmax_xent_bwd, twin.sparse_softmax_xent_bwd, (x, labels, sparse_lse, dloss))
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('classes', [2, 7, 1024, 2051])
+def test_probability_losses_match_twin(kernel_runtime, dtype, classes):
+    rng = np.random.default_rng(classes + 2)
+    p = rng.random((3, classes)).astype(dtype)
+    p[0, 0] = 0   # below epsilon: clipped, zero gradient
+    t = rng.random((3, classes)).astype(dtype)
+    dloss = rng.random(3).astype(np.float32 if dtype == np.float16 else dtype)
+    rt = kernel_runtime
+    _run(rt, softmax_xent.categorical_xent_probs_fwd, twin.categorical_xent_probs_fwd, (p, t))
+    _run(rt, softmax_xent.categorical_xent_probs_bwd, twin.categorical_xent_probs_bwd, (p, t, dloss))
+    _run(rt, softmax_xent.categorical_xent_probs_dtarget, twin.categorical_xent_probs_dtarget, (p, dloss),
+         {'epsilon': 1e-3})
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_binary_losses_match_twin(kernel_runtime, dtype):
+    rng = np.random.default_rng(7)
+    shape = (5, 13)
+    x = (rng.standard_normal(shape) * 4).astype(dtype)
+    x[0, :4] = [1e4, -1e4, np.inf, -np.inf] if dtype != np.float16 else [6e4, -6e4, np.inf, -np.inf]
+    z = rng.random(shape).astype(dtype)
+    z[0, 2], z[0, 3] = 1, 0   # infinite logits with zero weight on their side: loss 0
+    p = rng.random(shape).astype(dtype)
+    # p = 1 is clipped to 1 - eps, which only float64 holds exactly enough for log(1 - q)
+    p[1, :2] = [0, 1] if dtype == np.float64 else [0, 0.5]
+    d = rng.standard_normal(shape).astype(dtype)
+    rt = kernel_runtime
+    _run(rt, softmax_xent.binary_xent_logits_fwd, twin.binary_xent_logits_fwd, (x, z))
+    _run(rt, softmax_xent.binary_xent_logits_bwd, twin.binary_xent_logits_bwd, (x, z, d))
+    _run(rt, softmax_xent.binary_xent_logits_dtarget, twin.binary_xent_logits_dtarget, (x, d))
+    _run(rt, softmax_xent.binary_xent_probs_fwd, twin.binary_xent_probs_fwd, (p, z))
+    _run(rt, softmax_xent.binary_xent_probs_bwd, twin.binary_xent_probs_bwd, (p, z, d))
+    _run(rt, softmax_xent.binary_xent_probs_dtarget, twin.binary_xent_probs_dtarget, (p, d), {'epsilon': 1e-2})
+
+
+@pytest.mark.parametrize('axis', [0, 1, -3])
+def test_any_axis(kernel_runtime, axis):
+    rng = np.random.default_rng(3)
+    x, t = _inputs(rng, (4, 6, 9), np.float32)
+    rt = kernel_runtime
+    _run(rt, softmax_xent.softmax_fwd, twin.softmax_fwd, (x, axis))
+    loss, lse = _run(rt, softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t, axis))
+    dloss = np.ones_like(lse)
+    _run(rt, softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, dloss, axis))
+    labels = rng.integers(0, x.shape[axis], lse.shape)
+    _run(rt, softmax_xent.sparse_softmax_xent_bwd, twin.sparse_softmax_xent_bwd, (x, labels, lse, dloss, axis))
+    _run(rt, softmax_xent.categorical_xent_probs_bwd, twin.categorical_xent_probs_bwd,
+         (np.abs(x), t, dloss, axis))
+
+
+@pytest.mark.parametrize('classes', [6, 1500])
+def test_extreme_logits_and_masks(kernel_runtime, classes):
+    """+-1e4 logits and -inf masks: finite losses where the target avoids the masked classes."""
+    rng = np.random.default_rng(classes)
+    x = rng.standard_normal((4, classes)).astype(np.float32)
+    x[0, 0], x[0, -1] = 1e4, -1e4
+    x[1, ::2] = -np.inf                       # masked classes
+    x[2, :] = -1e4
+    x[2, 1] = 1e4
+    x[3, 1:] = -np.inf                        # only the first class is possible
+    t = np.zeros_like(x)
+    t[0, 0], t[0, -1] = 0.5, 0.5
+    t[1, 1] = 1
+    t[2, 1] = 1
+    t[3, 0] = 1
+    rt = kernel_runtime
+    y, = _run(rt, softmax_xent.softmax_fwd, twin.softmax_fwd, (x,))
+    assert np.all(y[1, ::2] == 0) and y[3, 0] == 1
+    loss, lse = _run(rt, softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t))
+    assert np.all(np.isfinite(loss)) and loss[3] == 0
+    _run(rt, softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, np.ones(4, np.float32)))
+    labels = np.array([0, 1, 1, 0])
+    _run(rt, softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd, (x, labels))
+    t[1, 0] = 1   # a target on a masked class: infinite loss
+    loss, _ = _run(rt, softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t))
+    assert loss[1] == np.inf
+
+
+def test_unaligned_views_take_the_scalar_path(kernel_runtime):
+    """A row start that is not 16-byte aligned must not use float4 loads."""
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal(3 * 1032 + 1).astype(np.float32)
+    x = base[1:].reshape(3, 1032)
+    _run(kernel_runtime, softmax_xent.log_softmax_fwd, twin.log_softmax_fwd, (np.ascontiguousarray(x),))
+    _run(kernel_runtime, softmax_xent.softmax_fwd, twin.softmax_fwd, (x,))
+
+
+def _same_error(kernel_fn, twin_fn, args, kwargs=None):
+    kwargs = kwargs or {}
+    with pytest.raises((ValueError, TypeError)) as expected:
+        twin_fn(*args, **kwargs)
+    with pytest.raises(expected.type) as got:
+        kernel_fn(*args, runtime='emulate', **kwargs)
+    assert str(got.value) == str(expected.value)
+
+
+def test_bad_input_raises_the_twins_errors():
+    x = np.zeros((2, 3), np.float32)
+    lse = np.zeros(2, np.float32)
+    _same_error(softmax_xent.softmax_fwd, twin.softmax_fwd, (x, 2))
+    _same_error(softmax_xent.softmax_fwd, twin.softmax_fwd, (x, 1.0))
+    _same_error(softmax_xent.softmax_fwd, twin.softmax_fwd, (x.astype(np.int32),))
+    _same_error(softmax_xent.softmax_bwd, twin.softmax_bwd, (x, np.zeros((3, 2), np.float32)))
+    _same_error(softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, np.zeros((2, 4), np.float32)))
+    _same_error(softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, x, np.zeros(3, np.float32), lse))
+    _same_error(softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd, (x, np.array([0, 3])))
+    _same_error(softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd, (x, np.array([-1, 0])))
+    _same_error(softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd, (x, np.array([0.0, 1.0])))
+    _same_error(softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd, (x, np.array([0, 1, 2])))
+    _same_error(softmax_xent.categorical_xent_probs_fwd, twin.categorical_xent_probs_fwd, (x, x), {'epsilon': 0.5})
+    _same_error(softmax_xent.binary_xent_probs_fwd, twin.binary_xent_probs_fwd, (x, x), {'epsilon': -1})
+    _same_error(softmax_xent.binary_xent_logits_bwd, twin.binary_xent_logits_bwd, (x, x, lse))
+
+
+def test_empty_rows_and_float16_results(kernel_runtime):
+    x = np.zeros((0, 5), np.float16)
+    out = to_host(softmax_xent.softmax_fwd(to_device(kernel_runtime, x), runtime=kernel_runtime))
+    assert out.shape == (0, 5) and out.dtype == np.float16
+    loss, lse = softmax_xent.softmax_xent_fwd(to_device(kernel_runtime, x), to_device(kernel_runtime, x),
+                                              runtime=kernel_runtime)
+    assert loss.shape == (0,) and loss.dtype == np.float16 and lse.dtype == np.float32
