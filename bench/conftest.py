@@ -20,6 +20,8 @@ def pytest_collect_file(file_path, parent):
         return None
     if any(fnmatch.fnmatch(file_path.name, pattern) for pattern in parent.config.getini('python_files')):
         return None  # the ordinary collector takes it already
+    if parent.session.isinitpath(file_path):
+        return None  # named on the command line: pytest collects it itself
     return pytest.Module.from_parent(parent, path=file_path)
 
 
