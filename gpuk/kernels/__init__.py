@@ -7,7 +7,10 @@ import importlib
 
 # Launcher modules; each registers its ahead-of-time build variants at import.
 LAUNCHERS = (
+    'gpuk.kernels.softmax_xent',
+    'gpuk.kernels.ctc',
     'gpuk.kernels.elementwise',
+    'gpuk.kernels.conv',
     'gpuk.kernels.pooling',
     'gpuk.kernels.batchnorm',
 )

@@ -1,0 +1,317 @@
+"""Launchers for batchnorm.cu: fused batch normalization (training, inference, backward).
+
+Same names and signatures as gpuk/cpu_fallback/batchnorm.py, plus a keyword-only `runtime`
+(None: runtime.current(); 'cuda', 'emulate', or a runtime object); the same checks and
+messages, before any launch. On the CUDA runtime each call goes through
+``dispatch.run('batchnorm', ...)``, which may pick the cuDNN Frontend graphs in
+gpuk/kernels/cudnn_batchnorm.py (``GPUK_KERNELS=batchnorm=cudnn|auto``).
+
+Layouts: x is viewed as (outer, C, inner) when the kept (non-reduced) axes are one
+contiguous run: channels last (inner == 1) and channels first (N, C, H, W...) run natively.
+Any other set of reduced axes (kept axes not contiguous, e.g. axes=(1,) of a 3-d x) is
+transposed here to a channels-last (count, C) copy, computed, and transposed back: two
+extra copies of x (and dy) for a case no Keras layer produces.
+Float16 accumulates in float32; statistics and dgamma / dbeta are float32 then, like the twin.
+"""
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+
+from gpuk.cpu_fallback.batchnorm import _Layout, _accumulate_dtype, _check_epsilon, _normalize_axes
+from . import cudnn_batchnorm, dispatch
+from .runtime import register_build, resolve
+
+__all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']
+
+SOURCE = Path(__file__).with_name('batchnorm.cu')
+# Tile constants: passed to the .cu as #defines and used for the grids below (one place).
+BN_THREADS = 256          # 1-D kernels: channels-first sums, finalize, elementwise passes
+BN_ROWS = 8               # channels-last sums: blocks of 32 channels x BN_ROWS rows
+BN_MAX_BLOCKS = 65535
+TARGET_BLOCKS = 1024      # enough blocks to fill any current GPU several times over
+MIN_ROWS_PER_SPLIT = 64   # channels last: at least this many rows per split
+MIN_PER_SPLIT = 4 * BN_THREADS   # channels first: at least this many elements per split
+MAX_SPLITS = 65535        # gridDim.y
+ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
+ACCUMULATE_TYPES = {np.dtype(np.float16): 'float', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
+KERNELS = ['bn_stats_channels_last', 'bn_bwd_sums_channels_last', 'bn_stats_channels_first',
+           'bn_bwd_sums_channels_first', 'bn_stats_finalize', 'bn_bwd_finalize', 'bn_apply', 'bn_bwd_dx']
+
+
+def defines(dtype):
+    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ACCUMULATE_TYPES[np.dtype(dtype)],
+            'BN_THREADS': BN_THREADS, 'BN_ROWS': BN_ROWS}
+
+
+for _dtype in ELEMENT_TYPES:
+    register_build(SOURCE, defines(_dtype), KERNELS)
+
+
+def _blocks(work_items, threads=BN_THREADS):
+    return max(1, min(-(-work_items // threads), BN_MAX_BLOCKS))
+
+
+# ---------------------------------------------------------------- checks (xp arrays)
+
+def _float_array(fn, name, value, xp):
+    array = value if isinstance(value, xp.ndarray) else xp.asarray(value)
+    if array.dtype.kind != 'f' or array.dtype not in ELEMENT_TYPES:
+        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
+                        % (fn, name, array.dtype))
+    return array
+
+
+def _kept_param(fn, name, value, layout, acc, xp):
+    """None, or any array with the kept size, as a flat contiguous acc-dtype array."""
+    if value is None:
+        return None
+    array = _float_array(fn, name, value, xp)
+    if array.shape != layout.kept_shape and array.size != math.prod(layout.kept_shape):
+        raise ValueError('%s: %s must have shape %s (x shape %s without the reduced axes %s), '
+                         'got shape %s' % (fn, name, layout.kept_shape, layout.shape, layout.axes, array.shape))
+    return xp.ascontiguousarray(array.reshape(-1), dtype=acc)
+
+
+class _View:
+    """x as (outer, C, inner), or a transposition to channels last when that is impossible."""
+
+    def __init__(self, shape, layout):
+        kept = layout.kept_axes
+        self.shape = tuple(shape)
+        self.channels = math.prod(layout.kept_shape)
+        self.count = layout.count
+        if not kept:
+            self.permutation, self.outer, self.inner = None, 1, self.count
+        elif kept == tuple(range(kept[0], kept[-1] + 1)):
+            self.permutation = None
+            self.outer, self.inner = math.prod(shape[:kept[0]]), math.prod(shape[kept[-1] + 1:])
+        else:
+            self.permutation = layout.axes + kept
+            self.outer, self.inner = self.count, 1
+
+    def to_kernel(self, xp, array):
+        if self.permutation is None:
+            return xp.ascontiguousarray(array)
+        return xp.ascontiguousarray(array.transpose(self.permutation))
+
+    def from_kernel(self, xp, array):
+        if self.permutation is None:
+            return array.reshape(self.shape)
+        inverse = np.argsort(self.permutation)
+        permuted = tuple(self.shape[a] for a in self.permutation)
+        return xp.ascontiguousarray(array.reshape(permuted).transpose(tuple(int(a) for a in inverse)))
+
+    def key(self):
+        return (self.shape, self.outer, self.channels, self.inner, self.permutation)
+
+
+def _splits(view):
+    """(number of splits, elements or rows per split) of the reduction over (outer, inner)."""
+    if view.inner == 1:
+        chunks = -(-view.channels // 32)
+        wanted = min(-(-TARGET_BLOCKS // chunks), -(-view.outer // MIN_ROWS_PER_SPLIT), MAX_SPLITS)
+        per_split = -(-view.outer // max(wanted, 1))
+        return -(-view.outer // per_split), per_split
+    reduced = view.outer * view.inner
+    wanted = min(-(-TARGET_BLOCKS // view.channels), -(-reduced // MIN_PER_SPLIT), MAX_SPLITS)
+    per_split = -(-reduced // max(wanted, 1))
+    return -(-reduced // per_split), per_split
+
+
+def _reduce(module, view, x, dy, mean, acc, xp):
+    """The sums pass: partials (splits, C, 2) in acc, for training (dy None) or backward."""
+    splits, per_split = _splits(view)
+    partials = xp.empty((splits, view.channels, 2), acc)
+    backward = dy is not None
+    if view.inner == 1:
+        name = 'bn_bwd_sums_channels_last' if backward else 'bn_stats_channels_last'
+        args = (np.int64(view.outer), np.int64(view.channels), np.int64(per_split))
+        grid, block = (-(-view.channels // 32), splits), (32, BN_ROWS)
+    else:
+        name = 'bn_bwd_sums_channels_first' if backward else 'bn_stats_channels_first'
+        args = (np.int64(view.outer), np.int64(view.channels), np.int64(view.inner), np.int64(per_split))
+        grid, block = (view.channels, splits), BN_THREADS
+    buffers = (dy, x, mean, partials) if backward else (x, partials)
+    module.kernel(name).launch(grid, block, buffers + args)
+    return partials, splits
+
+
+def _apply(module, channels, inner, x, mean, scale, shift, dtype, xp):
+    """y = (x - mean[ch]) * scale[ch] + shift[ch] over x viewed as (outer, channels, inner)."""
+    y = xp.empty(x.shape, dtype)
+    if x.size:
+        module.kernel('bn_apply').launch(_blocks(x.size), BN_THREADS, (
+            x, y, mean, scale, shift, np.int64(x.size), np.int64(channels), np.int64(inner)))
+    return y
+
+
+# ---------------------------------------------------------------- training forward
+
+def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, *, runtime=None):
+    """Batch statistics over `axes`, then normalize, scale and shift -> (y, mean, var, inv_std)."""
+    fn = 'bn_train_fwd'
+    rt = resolve(runtime)
+    xp = rt.xp
+    x = _float_array(fn, 'x', x, xp)
+    epsilon = _check_epsilon(fn, epsilon)
+    axes = _normalize_axes(fn, axes, x.ndim)
+    layout = _Layout(x.shape, axes)
+    if layout.count == 0:
+        raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s' % (fn, axes, x.shape))
+    acc = _accumulate_dtype(x.dtype)
+    gamma = _kept_param(fn, 'gamma', gamma, layout, acc, xp)
+    beta = _kept_param(fn, 'beta', beta, layout, acc, xp)
+    view = _View(x.shape, layout)
+    gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout)
+    if rt.kind != 'cuda':
+        return gpuk_fn(x, gamma, beta, axes, epsilon)
+    key = ('train', x.dtype.name, view.key(), gamma is None, beta is None)
+    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, x, gamma, beta, axes, epsilon)
+
+
+def _bn_train_fwd_gpuk(rt, view, layout, x, gamma, beta, _axes, epsilon):
+    xp = rt.xp
+    acc = _accumulate_dtype(x.dtype)
+    module = rt.load(SOURCE, defines(x.dtype))
+    c = view.channels
+    gamma = xp.ones(c, acc) if gamma is None else gamma
+    beta = xp.zeros(c, acc) if beta is None else beta
+    xk = view.to_kernel(xp, x)
+    mean, var, inv_std, scale = (xp.empty(c, acc) for _ in range(4))
+    if c:
+        partials, splits = _reduce(module, view, xk, None, None, acc, xp)
+        module.kernel('bn_stats_finalize').launch(_blocks(c), BN_THREADS, (
+            xk, partials, gamma, mean, var, inv_std, scale, xp.full(1, epsilon, acc), np.int64(c),
+            np.int64(view.inner), np.int64(splits), np.int64(view.count)))
+    y = view.from_kernel(xp, _apply(module, c, view.inner, xk, mean, scale, beta, x.dtype, xp))
+    kept = layout.kept_shape
+    return y, mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept)
+
+
+# ---------------------------------------------------------------- inference forward
+
+def _channel_param(fn, name, value, x, axis, acc, xp):
+    """The twin's rule: 1-D of x.shape[axis] values goes on `axis`; else it must broadcast to x."""
+    array = _float_array(fn, name, value, xp)
+    if array.ndim == 1 and array.shape[0] == x.shape[axis] and x.ndim > 1:
+        shape = [1] * x.ndim
+        shape[axis] = array.shape[0]
+        return array.astype(acc, copy=False).reshape(shape)
+    try:
+        full = np.broadcast_shapes(array.shape, x.shape)
+    except ValueError:
+        raise ValueError('%s: %s must have shape (%d,) (x.shape[axis] with axis=%d) or broadcast '
+                         'to x shape %s, got shape %s'
+                         % (fn, name, x.shape[axis], axis, x.shape, array.shape)) from None
+    if full != x.shape:
+        raise ValueError('%s: %s of shape %s would broadcast x shape %s to a larger shape'
+                         % (fn, name, array.shape, x.shape))
+    return array.astype(acc, copy=False).reshape((1,) * (x.ndim - array.ndim) + array.shape)
+
+
+def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, *, runtime=None):
+    """Keras `batch_normalization`: (x - mean) / sqrt(var + epsilon) * gamma + beta."""
+    fn = 'bn_infer_fwd'
+    rt = resolve(runtime)
+    xp = rt.xp
+    x = _float_array(fn, 'x', x, xp)
+    epsilon = _check_epsilon(fn, epsilon)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
+            or not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
+        raise ValueError('%s: axis must be an int in [-%d, %d) for x of rank %d, got %r'
+                         % (fn, x.ndim, x.ndim, x.ndim, axis))
+    axis = int(axis) % max(x.ndim, 1)
+    acc = _accumulate_dtype(x.dtype)
+    params = [None if p is None else _channel_param(fn, n, p, x, axis, acc, xp)
+              for n, p in (('mean', mean), ('var', var), ('gamma', gamma), ('beta', beta))]
+    gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt)
+    if rt.kind != 'cuda':
+        return gpuk_fn(x, *params, epsilon, axis)
+    key = ('infer', x.dtype.name, x.shape, tuple(None if p is None else p.shape for p in params))
+    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_infer_fwd, x, *params, epsilon, axis)
+
+
+def parameter_span(x_shape, param_shapes):
+    """(first, last + 1): the run of axes on which any parameter varies ((0, 0) if none)."""
+    varying = [i for shape in param_shapes for i, size in enumerate(shape) if size != 1 and x_shape[i] != 1]
+    return (min(varying), max(varying) + 1) if varying else (0, 0)
+
+
+def _bn_infer_fwd_gpuk(rt, x, mean, var, gamma, beta, epsilon, _axis):
+    xp = rt.xp
+    acc = _accumulate_dtype(x.dtype)
+    shape = x.shape if x.ndim else (1,)
+    params = [p.reshape(shape) if p is not None and x.ndim == 0 else p for p in (mean, var, gamma, beta)]
+    lo, hi = parameter_span(shape, [p.shape for p in params if p is not None])
+    span_shape = shape[lo:hi]
+
+    def on_span(p, fill):
+        # the parameter restricted to the span axes (it is constant elsewhere), flattened
+        if p is None:
+            return xp.full(max(math.prod(span_shape), 1), fill, acc)
+        index = tuple(slice(None) if lo <= i < hi else slice(0, 1) for i in range(len(shape)))
+        return xp.ascontiguousarray(xp.broadcast_to(p[index], (1,) * lo + span_shape + (1,) * (len(shape) - hi)),
+                                    dtype=acc).reshape(-1)
+    mean_s, var_s, gamma_s, beta_s = (on_span(p, f) for p, f in zip(params, (0, 1, 1, 0)))
+    scale = (1.0 / xp.sqrt(var_s + acc.type(epsilon))).astype(acc, copy=False)
+    if gamma is not None:
+        scale = scale * gamma_s
+    module = rt.load(SOURCE, defines(x.dtype))
+    return _apply(module, max(math.prod(span_shape), 1), math.prod(shape[hi:]), xp.ascontiguousarray(x), mean_s,
+                  xp.ascontiguousarray(scale, dtype=acc), beta_s, x.dtype, xp)
+
+
+# ---------------------------------------------------------------- backward
+
+def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, *, runtime=None):
+    """Gradients of bn_train_fwd -> (dx, dgamma, dbeta), in two passes over x and dy."""
+    fn = 'bn_bwd'
+    rt = resolve(runtime)
+    xp = rt.xp
+    x = _float_array(fn, 'x', x, xp)
+    dy = _float_array(fn, 'dy', dy, xp)
+    if dy.shape != x.shape:
+        raise ValueError('%s: dy must have the shape of x, got dy %s and x %s' % (fn, dy.shape, x.shape))
+    dy = dy.astype(x.dtype, copy=False)   # the twin computes in x's precision too
+    axes = _normalize_axes(fn, axes, x.ndim)
+    layout = _Layout(x.shape, axes)
+    if layout.count == 0:
+        raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s' % (fn, axes, x.shape))
+    acc = _accumulate_dtype(x.dtype)
+    if mean is None or inv_std is None:
+        raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)
+    mean, inv_std, gamma, dmean, dvar = (_kept_param(fn, n, v, layout, acc, xp) for n, v in (
+        ('mean', mean), ('inv_std', inv_std), ('gamma', gamma), ('dmean', dmean), ('dvar', dvar)))
+    view = _View(x.shape, layout)
+    gpuk_fn = functools.partial(_bn_bwd_gpuk, rt, view, layout)
+    if rt.kind != 'cuda':
+        return gpuk_fn(dy, x, gamma, mean, inv_std, axes, dmean, dvar)
+    key = ('bwd', x.dtype.name, view.key(), gamma is None, dmean is None, dvar is None)
+    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd, dy, x, gamma, mean, inv_std, axes,
+                        dmean, dvar)
+
+
+def _bn_bwd_gpuk(rt, view, layout, dy, x, gamma, mean, inv_std, _axes, dmean, dvar):
+    xp = rt.xp
+    acc = _accumulate_dtype(x.dtype)
+    module = rt.load(SOURCE, defines(x.dtype))
+    c = view.channels
+    gamma = xp.ones(c, acc) if gamma is None else gamma
+    dmean = xp.zeros(c, acc) if dmean is None else dmean
+    dvar = xp.zeros(c, acc) if dvar is None else dvar
+    xk, dyk = view.to_kernel(xp, x), view.to_kernel(xp, dy)
+    dgamma, dbeta, coef = xp.empty(c, acc), xp.empty(c, acc), xp.empty(3 * c, acc)
+    kept = layout.kept_shape
+    if c == 0:
+        return xp.empty(x.shape, x.dtype), dgamma.reshape(kept), dbeta.reshape(kept)
+    partials, splits = _reduce(module, view, xk, dyk, mean, acc, xp)
+    module.kernel('bn_bwd_finalize').launch(_blocks(c), BN_THREADS, (
+        partials, inv_std, gamma, dmean, dvar, dgamma, dbeta, coef, np.int64(c), np.int64(splits),
+        np.int64(view.count)))
+    dx = xp.empty(xk.shape, x.dtype)
+    if x.size:
+        module.kernel('bn_bwd_dx').launch(_blocks(x.size), BN_THREADS, (
+            dyk, xk, mean, coef, dx, np.int64(x.size), np.int64(c), np.int64(view.inner)))
+    return view.from_kernel(xp, dx), dgamma.reshape(kept), dbeta.reshape(kept)

@@ -1,0 +1,284 @@
+"""cuDNN path for pooling: the cuDNN 9 library's legacy pooling API through ctypes.
+
+The cuDNN Frontend has no pooling node, so this calls libcudnn.so.9 directly
+(cudnnCreatePoolingDescriptor / cudnnSetPoolingNdDescriptor / cudnnPoolingForward /
+cudnnPoolingBackward), loaded by ``gpuk.kernels.cudnn._load_library`` and detected by
+``cudnn.available()``. A legacy handle is kept per device and bound to CuPy's current
+stream on every call.
+
+How our contract maps onto cuDNN's:
+- average pooling is CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING (padding excluded, as in
+  the twin). cuDNN pads symmetrically, so uneven ``pads`` raise ``dispatch.Unsupported``.
+  Its backward reads no values of x and y in average mode, but takes their descriptors:
+  dy and an uninitialised x-shaped buffer stand in.
+- max pooling forward: cuDNN returns y only, not the argmax our backward contract needs,
+  so ``max_pool_fwd`` raises Unsupported (``pool_fwd`` serves the benchmarks).
+- max pooling backward needs x and y; our contract gives dy and the argmax (no window).
+  When the input tiles into output-sized cells and each winner lies in its own cell (the
+  common 2x2/2 case), a one-hot x (1 at every argmax) with y = 1 routes each dy to exactly
+  its argmax, so that maps; anything else raises Unsupported.
+- one spatial dim runs as two with a height of 1 (cuDNN pools 4-d and 5-d tensors).
+The translation (``pool_problem``, ``pooling_descriptor_args``, ``tensor_descriptor_args``)
+is pure Python and tested on the CPU.
+"""
+import ctypes
+import math
+from collections import namedtuple
+
+from gpuk.ops import geometry
+from . import cudnn
+
+__all__ = ['pool_problem', 'pooling_descriptor_args', 'tensor_descriptor_args', 'pool_fwd', 'pool_bwd',
+           'max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd']
+
+# cudnn_ops.h / cudnn_graph.h enumerators (cuDNN 9)
+CUDNN_POOLING_MAX = 0
+CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING = 2
+CUDNN_POOLING_MAX_DETERMINISTIC = 3
+CUDNN_PROPAGATE_NAN = 1
+CUDNN_DATA_TYPES = {'float32': 0, 'float64': 1, 'float16': 2}
+POOLING_MODES = {'max': CUDNN_POOLING_MAX_DETERMINISTIC, 'avg': CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING}
+
+PoolProblem = namedtuple('PoolProblem', [
+    'channels_last', 'lifted',          # lifted: a 1-d problem run as 2-d
+    'x_shape', 'y_shape',               # in the caller's layout (lifted when 1-d)
+    'window', 'strides', 'pads'])       # per spatial dim (lifted), pads symmetric
+
+
+def _unsupported(reason):
+    from .dispatch import Unsupported   # dispatch imports cudnn; import late to stay acyclic
+    return Unsupported(reason)
+
+
+def pool_problem(fn, x_shape, window, strides, pads, data_format):
+    """Describes a pooling problem in cuDNN's terms; uneven pads raise Unsupported."""
+    channels_last = geometry.normalize_data_format(data_format, fn) == 'channels_last'
+    x_shape = tuple(int(s) for s in x_shape)
+    if len(x_shape) not in (3, 4, 5):
+        raise ValueError('%s: x must have rank 3, 4 or 5, got shape %s' % (fn, x_shape))
+    rank = len(x_shape) - 2
+    window = geometry.normalize_positive_tuple(window, rank, fn, 'window')
+    strides = geometry.normalize_positive_tuple(strides, rank, fn, 'strides')
+    pads = geometry.normalize_pads(pads, rank, fn)
+    if any(b != a for b, a in pads):
+        raise _unsupported('cuDNN pools with symmetric padding only, got pads %s' % (pads,))
+    spatial = x_shape[1:-1] if channels_last else x_shape[2:]
+    out = []
+    for size, k, s, (p, _) in zip(spatial, window, strides, pads):
+        if size + 2 * p < k:
+            raise ValueError('%s: padded input spatial size %d is smaller than the window %d'
+                             % (fn, size + 2 * p, k))
+        out.append((size + 2 * p - k) // s + 1)
+    symmetric = tuple(p for p, _ in pads)
+    lifted = rank == 1
+    if lifted:
+        spatial, out = (1,) + tuple(spatial), [1] + out
+        window, strides, symmetric = (1,) + window, (1,) + strides, (0,) + symmetric
+    n, c = x_shape[0], (x_shape[-1] if channels_last else x_shape[1])
+
+    def shaped(sp):
+        return (n,) + tuple(sp) + (c,) if channels_last else (n, c) + tuple(sp)
+    return PoolProblem(channels_last, lifted, shaped(spatial), shaped(out), window, strides, symmetric)
+
+
+def pooling_descriptor_args(problem, mode):
+    """(mode, nan propagation, nbDims, windowDimA, paddingA, strideA) for cudnnSetPoolingNdDescriptor."""
+    if mode not in POOLING_MODES:
+        raise ValueError("pooling_descriptor_args: mode must be 'max' or 'avg', got %r" % (mode,))
+    return (POOLING_MODES[mode], CUDNN_PROPAGATE_NAN, len(problem.window), list(problem.window),
+            list(problem.pads), list(problem.strides))
+
+
+def tensor_descriptor_args(shape, channels_last, dtype_name):
+    """(dataType, nbDims, dimA, strideA) for cudnnSetTensorNdDescriptor of a packed array."""
+    if dtype_name not in CUDNN_DATA_TYPES:
+        raise TypeError('cudnn_legacy: arrays must be float16, float32 or float64, got %s' % dtype_name)
+    dims = cudnn.cudnn_dims(shape, channels_last)
+    return CUDNN_DATA_TYPES[dtype_name], len(dims), list(dims), list(cudnn.layout_strides(dims, channels_last))
+
+
+# ---------------------------------------------------------------- library calls
+
+_handles = {}   # device id -> cudnnHandle_t (legacy API)
+
+
+def _check(library, status, what):
+    if status != 0:
+        library.cudnnGetErrorString.restype = ctypes.c_char_p
+        message = library.cudnnGetErrorString(status).decode(errors='replace')
+        raise RuntimeError('cudnn_legacy: %s failed with status %d (%s)' % (what, status, message))
+
+
+def _library_and_handle():
+    import cupy
+    if not cudnn.available():
+        raise RuntimeError('cudnn_legacy: the cuDNN path is unavailable: %s' % cudnn.why_unavailable())
+    library = cudnn._state['library']
+    device_id = cupy.cuda.Device().id
+    if device_id not in _handles:
+        handle = ctypes.c_void_p()
+        _check(library, library.cudnnCreate(ctypes.byref(handle)), 'cudnnCreate')
+        _handles[device_id] = handle
+    handle = _handles[device_id]
+    _check(library, library.cudnnSetStream(handle, ctypes.c_void_p(cupy.cuda.get_current_stream().ptr)),
+           'cudnnSetStream')
+    return library, handle
+
+
+class _Descriptors:
+    """Pooling and tensor descriptors for one call, destroyed on exit."""
+
+    def __init__(self, library):
+        self.library, self.tensors, self.pooling = library, [], None
+
+    def tensor(self, shape, channels_last, dtype_name):
+        lib = self.library
+        desc = ctypes.c_void_p()
+        _check(lib, lib.cudnnCreateTensorDescriptor(ctypes.byref(desc)), 'cudnnCreateTensorDescriptor')
+        self.tensors.append(desc)
+        data_type, nb, dims, strides = tensor_descriptor_args(shape, channels_last, dtype_name)
+        _check(lib, lib.cudnnSetTensorNdDescriptor(desc, data_type, nb, (ctypes.c_int * nb)(*dims),
+                                                   (ctypes.c_int * nb)(*strides)), 'cudnnSetTensorNdDescriptor')
+        return desc
+
+    def pool(self, problem, mode):
+        lib = self.library
+        self.pooling = ctypes.c_void_p()
+        _check(lib, lib.cudnnCreatePoolingDescriptor(ctypes.byref(self.pooling)), 'cudnnCreatePoolingDescriptor')
+        code, nan, nb, window, pads, strides = pooling_descriptor_args(problem, mode)
+        _check(lib, lib.cudnnSetPoolingNdDescriptor(self.pooling, code, nan, nb, (ctypes.c_int * nb)(*window),
+                                                    (ctypes.c_int * nb)(*pads), (ctypes.c_int * nb)(*strides)),
+               'cudnnSetPoolingNdDescriptor')
+        return self.pooling
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for desc in self.tensors:
+            self.library.cudnnDestroyTensorDescriptor(desc)
+        if self.pooling is not None:
+            self.library.cudnnDestroyPoolingDescriptor(self.pooling)
+
+
+def _scalars(dtype_name):
+    kind = ctypes.c_double if dtype_name == 'float64' else ctypes.c_float
+    return kind(1.0), kind(0.0)
+
+
+def _device_float(fn, name, array):
+    import cupy
+    if not isinstance(array, cupy.ndarray) or array.dtype.name not in CUDNN_DATA_TYPES:
+        raise TypeError('%s: %s must be a float16/32/64 CuPy array, got %r' % (fn, name, getattr(array, 'dtype', array)))
+    return cupy.ascontiguousarray(array)
+
+
+def pool_fwd(x, window, strides, pads, data_format, mode):
+    """y of max ('max') or padding-excluding average ('avg') pooling, through cuDNN."""
+    import cupy
+    x = _device_float('pool_fwd', 'x', x)
+    problem = pool_problem('pool_fwd', x.shape, window, strides, pads, data_format)
+    y = cupy.empty(problem.y_shape, x.dtype)
+    library, handle = _library_and_handle()
+    alpha, beta = _scalars(x.dtype.name)
+    with _Descriptors(library) as d:
+        pool = d.pool(problem, mode)
+        xd = d.tensor(problem.x_shape, problem.channels_last, x.dtype.name)
+        yd = d.tensor(problem.y_shape, problem.channels_last, x.dtype.name)
+        _check(library, library.cudnnPoolingForward(handle, pool, ctypes.byref(alpha), xd, ctypes.c_void_p(x.data.ptr),
+                                                    ctypes.byref(beta), yd, ctypes.c_void_p(y.data.ptr)),
+               'cudnnPoolingForward')
+    return y.reshape(_unlifted(problem, problem.y_shape))
+
+
+def pool_bwd(dy, y, x, window, strides, pads, data_format, mode):
+    """dx of ``pool_fwd`` from dy, y and x (cuDNN's own backward contract)."""
+    import cupy
+    dy, y, x = (_device_float('pool_bwd', n, a) for n, a in (('dy', dy), ('y', y), ('x', x)))
+    problem = pool_problem('pool_bwd', x.shape, window, strides, pads, data_format)
+    dx = cupy.empty(problem.x_shape, dy.dtype)
+    library, handle = _library_and_handle()
+    alpha, beta = _scalars(dy.dtype.name)
+    with _Descriptors(library) as d:
+        pool = d.pool(problem, mode)
+        xd = d.tensor(problem.x_shape, problem.channels_last, dy.dtype.name)
+        yd = d.tensor(problem.y_shape, problem.channels_last, dy.dtype.name)
+        _check(library, library.cudnnPoolingBackward(
+            handle, pool, ctypes.byref(alpha), yd, ctypes.c_void_p(y.data.ptr), yd, ctypes.c_void_p(dy.data.ptr),
+            xd, ctypes.c_void_p(x.data.ptr), ctypes.byref(beta), xd, ctypes.c_void_p(dx.data.ptr)),
+            'cudnnPoolingBackward')
+    return dx.reshape(x.shape)
+
+
+def _unlifted(problem, shape):
+    if not problem.lifted:
+        return tuple(shape)
+    return (shape[0],) + tuple(shape[2:]) if problem.channels_last else tuple(shape[:2]) + tuple(shape[3:])
+
+
+# ---------------------------------------------------------------- the twin's contract
+
+def avg_pool_fwd(x, window, strides, pads, data_format):
+    return pool_fwd(x, window, strides, pads, data_format, 'avg')
+
+
+def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format):
+    import cupy
+    pool_problem('avg_pool_bwd', x_shape, window, strides, pads, data_format)   # Unsupported first
+    stand_in_x = cupy.empty(tuple(x_shape), dy.dtype)   # average mode reads no x or y values
+    return pool_bwd(dy, dy, stand_in_x, window, strides, pads, data_format, 'avg')
+
+
+def max_pool_fwd(x, window, strides, pads, data_format):
+    raise _unsupported('cuDNN max pooling returns no argmax, which the gradient needs')
+
+
+def tiling_window(in_spatial, out_spatial):
+    """in // out per dim when every input size is a multiple of its output size, else None."""
+    if any(i % o for i, o in zip(in_spatial, out_spatial)):
+        return None
+    return tuple(i // o for i, o in zip(in_spatial, out_spatial))
+
+
+def winners_in_own_tile(xp, argmax, in_spatial, window, channels_last):
+    """True when every argmax lies in the tile (window = stride = `window`) of its output."""
+    rank = len(in_spatial)
+    out_spatial = argmax.shape[1:-1] if channels_last else argmax.shape[2:]
+    first = 1 if channels_last else 2
+    remaining, inside = argmax, None
+    for d in reversed(range(rank)):
+        coord, remaining = remaining % in_spatial[d], remaining // in_spatial[d]
+        shape = [1] * argmax.ndim
+        shape[first + d] = out_spatial[d]
+        ok = (coord // window[d]) == xp.arange(out_spatial[d]).reshape(shape)
+        inside = ok if inside is None else inside & ok
+    return bool(inside.all())
+
+
+def max_pool_bwd(dy, argmax, x_shape, data_format):
+    """Maps the argmax contract onto cuDNN's (dy, y, x) backward where it can (module doc).
+
+    The window and strides are not part of this contract. When every input size is a
+    multiple of its output size and every argmax lies in its own tile of that size, a
+    one-hot x (1 at each argmax) with y = 1 pooled by those tiles makes each tile's unique
+    maximum its winner, so cuDNN routes dy exactly there; otherwise Unsupported."""
+    import cupy
+    channels_last = geometry.normalize_data_format(data_format, 'max_pool_bwd') == 'channels_last'
+    x_shape = tuple(int(s) for s in x_shape)
+    in_spatial = x_shape[1:-1] if channels_last else x_shape[2:]
+    out_spatial = dy.shape[1:-1] if channels_last else dy.shape[2:]
+    window = tiling_window(in_spatial, out_spatial)
+    if window is None or not winners_in_own_tile(cupy, argmax, in_spatial, window, channels_last):
+        raise _unsupported('cuDNN max-pool backward needs x and y; the argmax maps onto it only '
+                           'when every winner lies in its own tile of size input // output')
+    n = x_shape[0]
+    c = x_shape[-1] if channels_last else x_shape[1]
+    volume = math.prod(in_spatial)
+    if channels_last:
+        flat = (cupy.arange(n).reshape(n, 1, 1) * volume + argmax.reshape(n, -1, c)) * c + cupy.arange(c)
+    else:
+        flat = cupy.arange(n * c).reshape(n * c, 1) * volume + argmax.reshape(n * c, -1)
+    one_hot = cupy.zeros(x_shape, dy.dtype)
+    one_hot.reshape(-1)[flat.reshape(-1)] = 1
+    ones = cupy.ones(dy.shape, dy.dtype)
+    return pool_bwd(dy, ones, one_hot, window, window, ((0, 0),) * len(window), data_format, 'max')

@@ -1,0 +1,343 @@
+// pooling.cu: max and average pooling over 1, 2 or 3 spatial dims, forward and backward,
+// and global average pooling as a reduction.
+// Launched by gpuk/kernels/pooling.py, which #defines ELEMENT_T and the thread counts
+// and computes the grid from the same constants.
+//
+// One N-d design: every problem is described with three spatial dims (d, h, w); a 1-d or
+// 2-d problem gets leading dims of size 1 with window 1, stride 1 and no padding. The
+// layout is a runtime code: LAYOUT_CHANNELS_FIRST (N, C, *S), LAYOUT_CHANNELS_LAST
+// (N, *S, C), or LAYOUT_CHANNELS_LAST_VEC: channels last, each thread handling POOL_VEC
+// consecutive channels with 16-byte loads (the launcher asks for it when C % POOL_VEC == 0;
+// the kernel still checks the alignment of x and y and falls back to scalar loads).
+// Padding never takes part (TensorFlow's rule, like the NumPy twin): the window is clamped
+// to the input, max ignores the padding and average divides by the real element count.
+#include "common.cuh"
+
+#ifndef ELEMENT_T
+#define ELEMENT_T float
+#endif
+#ifndef POOL_THREADS
+#define POOL_THREADS 256
+#endif
+#ifndef GLOBAL_POOL_THREADS
+#define GLOBAL_POOL_THREADS 256
+#endif
+#ifndef GLOBAL_POOL_ROWS
+#define GLOBAL_POOL_ROWS 8
+#endif
+#define LAYOUT_CHANNELS_FIRST 0
+#define LAYOUT_CHANNELS_LAST 1
+#define LAYOUT_CHANNELS_LAST_VEC 2
+
+#ifndef ACC_T
+#define ACC_T float   // the accumulation type of ELEMENT_T: float for half and float, double for double
+#endif
+
+typedef ELEMENT_T elem_t;
+typedef ACC_T acc_t;   // a #define, not ElementTraits<elem_t>::acc, so kernel signatures can name it
+template <class A, class B> struct same_type { static const bool value = false; };
+template <class A> struct same_type<A, A> { static const bool value = true; };
+static_assert(same_type<acc_t, ElementTraits<elem_t>::acc>::value, "ACC_T must be the accumulation type of ELEMENT_T");
+#define POOL_VEC ((int)(16 / sizeof(elem_t)))
+
+struct PoolGeometry {
+    long long n, c;                 // batch and channels
+    int in[3], out[3], k[3], s[3], p[3];   // (d, h, w); p = padding before
+    long long in_volume, out_volume;
+};
+
+__device__ __forceinline__ PoolGeometry make_geometry(int n, int c, int in_d, int in_h, int in_w, int out_d,
+                                                      int out_h, int out_w, int k_d, int k_h, int k_w, int s_d,
+                                                      int s_h, int s_w, int p_d, int p_h, int p_w) {
+    PoolGeometry g;
+    g.n = n; g.c = c;
+    g.in[0] = in_d; g.in[1] = in_h; g.in[2] = in_w;
+    g.out[0] = out_d; g.out[1] = out_h; g.out[2] = out_w;
+    g.k[0] = k_d; g.k[1] = k_h; g.k[2] = k_w;
+    g.s[0] = s_d; g.s[1] = s_h; g.s[2] = s_w;
+    g.p[0] = p_d; g.p[1] = p_h; g.p[2] = p_w;
+    g.in_volume = (long long)in_d * in_h * in_w;
+    g.out_volume = (long long)out_d * out_h * out_w;
+    return g;
+}
+
+// The real (un-padded) input range [lo, hi) read by output position o along dim `dim`.
+__device__ __forceinline__ void window_range(const PoolGeometry& g, int dim, int o, int& lo, int& hi) {
+    const int start = o * g.s[dim] - g.p[dim];
+    lo = start < 0 ? 0 : start;
+    hi = start + g.k[dim] < g.in[dim] ? start + g.k[dim] : g.in[dim];
+}
+
+// VEC consecutive elements at p as acc_t (one 16-byte load when VEC > 1; p is 16-byte aligned).
+template <int VEC> __device__ __forceinline__ void load_lanes(const elem_t* __restrict__ p, acc_t v[VEC]) {
+    if (VEC == 1) {
+        v[0] = to_acc(p[0]);
+    } else {
+        const uint4 raw = load_uint4(p);
+        const elem_t* e = reinterpret_cast<const elem_t*>(&raw);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = to_acc(e[j]);
+    }
+}
+template <int VEC> __device__ __forceinline__ void store_lanes(elem_t* __restrict__ p, const acc_t v[VEC]) {
+    if (VEC == 1) {
+        p[0] = ElementTraits<elem_t>::from_acc(v[0]);
+    } else {
+        uint4 raw;
+        elem_t* e = reinterpret_cast<elem_t*>(&raw);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) e[j] = ElementTraits<elem_t>::from_acc(v[j]);
+        store_uint4(p, raw);
+    }
+}
+
+// pool_fwd_body: one output element (VEC channels of it in the vectorized layout) per
+// thread and step. Thread mapping: blockIdx.y strides the batch; within a sample a 1-D
+// grid-stride loop over the outputs in the memory order of y, so stores coalesce, and in
+// channels-last layouts neighbouring threads read neighbouring channels, so loads do too.
+// Index math is 32-bit within a sample (the launcher checks per-sample sizes < 2^31):
+// 64-bit division is a slow subroutine call on the GPU. Offsets are 64-bit.
+// Max: the first maximum in row-major window order wins, NaN wins (np.argmax's rule);
+// argmax = flat index in the un-padded spatial volume of the (n, c) slice; a window whose
+// real elements are all -inf reports its first real element (the twin's rule).
+template <bool IS_MAX, int VEC>
+__device__ __forceinline__ void pool_fwd_body(const elem_t* __restrict__ x, elem_t* __restrict__ y,
+                                              long long* __restrict__ argmax, const PoolGeometry& g,
+                                              bool channels_last) {
+    const unsigned lanes = channels_last ? (unsigned)(g.c / VEC) : (unsigned)g.c;
+    const unsigned per_sample = (unsigned)g.out_volume * lanes;
+    const unsigned stride = gridDim.x * blockDim.x;
+    for (long long b = blockIdx.y; b < g.n; b += gridDim.y) {
+        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < per_sample; i += stride) {
+            unsigned t = i, lane = 0;
+            if (channels_last) { lane = t % lanes; t /= lanes; }
+            const int ow = (int)(t % (unsigned)g.out[2]); t /= (unsigned)g.out[2];
+            const int oh = (int)(t % (unsigned)g.out[1]); t /= (unsigned)g.out[1];
+            const int od = (int)(t % (unsigned)g.out[0]); t /= (unsigned)g.out[0];
+            if (!channels_last) lane = t;
+            // x offset of spatial position sp: base + sp * sp_stride
+            const long long base = channels_last ? b * g.in_volume * g.c + (long long)lane * VEC
+                                                 : (b * g.c + (long long)lane) * g.in_volume;
+            const long long sp_stride = channels_last ? g.c : 1;
+            int d0, d1, h0, h1, w0, w1;
+            window_range(g, 0, od, d0, d1);
+            window_range(g, 1, oh, h0, h1);
+            window_range(g, 2, ow, w0, w1);
+            acc_t best[VEC];
+            long long where[VEC];
+            const long long first = ((long long)d0 * g.in[1] + h0) * g.in[2] + w0;
+            if (IS_MAX) {
+                load_lanes<VEC>(x + base + first * sp_stride, best);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) where[j] = first;
+            } else {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) best[j] = acc_t(0);
+            }
+            for (int d = d0; d < d1; ++d) {
+                for (int h = h0; h < h1; ++h) {
+                    const long long row = ((long long)d * g.in[1] + h) * g.in[2];
+                    for (int w = w0; w < w1; ++w) {
+                        acc_t v[VEC];
+                        load_lanes<VEC>(x + base + (row + w) * sp_stride, v);
+#pragma unroll
+                        for (int j = 0; j < VEC; ++j) {
+                            if (IS_MAX) {
+                                if (v[j] > best[j] || (v[j] != v[j] && best[j] == best[j])) {
+                                    best[j] = v[j];
+                                    where[j] = row + w;
+                                }
+                            } else {
+                                best[j] += v[j];
+                            }
+                        }
+                    }
+                }
+            }
+            if (!IS_MAX) {
+                const acc_t count = acc_t((d1 - d0) * (h1 - h0) * (w1 - w0));
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) best[j] = best[j] / count;
+            }
+            const long long out = b * g.out_volume * g.c +
+                                  (channels_last ? (long long)(i / lanes) * g.c + (long long)lane * VEC : (long long)i);
+            store_lanes<VEC>(y + out, best);
+            if (IS_MAX) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) argmax[out + j] = where[j];
+            }
+        }
+    }
+}
+
+template <bool IS_MAX>
+__device__ __forceinline__ void pool_fwd_dispatch(const elem_t* __restrict__ x, elem_t* __restrict__ y,
+                                                  long long* __restrict__ argmax, const PoolGeometry& g, int layout) {
+    // The vectorized layout needs 16-byte aligned rows: C % POOL_VEC == 0 (the launcher's
+    // promise) and aligned bases (checked here: views and the emulator may be unaligned).
+    const bool vec = layout == LAYOUT_CHANNELS_LAST_VEC && g.c % POOL_VEC == 0 && is_aligned(x, 16) &&
+                     is_aligned(y, 16);
+    if (vec) pool_fwd_body<IS_MAX, POOL_VEC>(x, y, argmax, g, true);
+    else pool_fwd_body<IS_MAX, 1>(x, y, argmax, g, layout != LAYOUT_CHANNELS_FIRST);
+}
+
+// max_pool_fwd: y and argmax (int64, shaped like y). Mapping and rules: pool_fwd_body.
+// Limits: per-sample sizes < 2^31, window * stride within int. No shared memory, no atomics.
+extern "C" __global__ void __launch_bounds__(POOL_THREADS)
+max_pool_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, long long* __restrict__ argmax, int n, int c,
+             int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d,
+             int s_h, int s_w, int p_d, int p_h, int p_w, int layout) {
+    const PoolGeometry g = make_geometry(n, c, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w,
+                                         p_d, p_h, p_w);
+    pool_fwd_dispatch<true>(x, y, argmax, g, layout);
+}
+
+// avg_pool_fwd: the mean of the real elements of each window, accumulated in acc_t.
+// Mapping: pool_fwd_body. No shared memory, no atomics.
+extern "C" __global__ void __launch_bounds__(POOL_THREADS)
+avg_pool_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, int n, int c, int in_d, int in_h, int in_w,
+             int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d,
+             int p_h, int p_w, int layout) {
+    const PoolGeometry g = make_geometry(n, c, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w,
+                                         p_d, p_h, p_w);
+    pool_fwd_dispatch<false>(x, y, nullptr, g, layout);
+}
+
+// avg_pool_bwd: dx[i] = sum over the outputs o whose window covers i of dy[o] / count(o).
+// Gather formulation: one dx element per thread; along each dim the covering outputs are
+// ceil((i + p - k + 1) / s) .. floor((i + p) / s), clamped to the output. No atomics, no
+// zero-fill pass, and a fixed summation order, so results are deterministic.
+// Thread mapping: blockIdx.y strides the batch, a 32-bit grid-stride loop the sample.
+// Limits: per-sample sizes < 2^31. No shared memory.
+__device__ __forceinline__ void avg_pool_bwd_body(const elem_t* __restrict__ dy, elem_t* __restrict__ dx,
+                                                  const PoolGeometry& g, bool channels_last) {
+    const unsigned per_sample = (unsigned)(g.in_volume * g.c);
+    const unsigned stride = gridDim.x * blockDim.x;
+    for (long long b = blockIdx.y; b < g.n; b += gridDim.y) {
+        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < per_sample; i += stride) {
+            unsigned t = i, ch = 0;
+            if (channels_last) { ch = t % (unsigned)g.c; t /= (unsigned)g.c; }
+            int pos[3];
+            pos[2] = (int)(t % (unsigned)g.in[2]); t /= (unsigned)g.in[2];
+            pos[1] = (int)(t % (unsigned)g.in[1]); t /= (unsigned)g.in[1];
+            pos[0] = (int)(t % (unsigned)g.in[0]); t /= (unsigned)g.in[0];
+            if (!channels_last) ch = t;
+            int lo[3], hi[3];
+#pragma unroll
+            for (int dim = 0; dim < 3; ++dim) {
+                const int first = pos[dim] + g.p[dim] - g.k[dim] + 1;
+                lo[dim] = first <= 0 ? 0 : (first + g.s[dim] - 1) / g.s[dim];
+                const int last = (pos[dim] + g.p[dim]) / g.s[dim];
+                hi[dim] = last < g.out[dim] - 1 ? last : g.out[dim] - 1;   // inclusive
+            }
+            const long long base = channels_last ? b * g.out_volume * g.c + (long long)ch
+                                                 : (b * g.c + (long long)ch) * g.out_volume;
+            const long long sp_stride = channels_last ? g.c : 1;
+            acc_t sum = acc_t(0);
+            for (int od = lo[0]; od <= hi[0]; ++od) {
+                int a0, a1;
+                window_range(g, 0, od, a0, a1);
+                for (int oh = lo[1]; oh <= hi[1]; ++oh) {
+                    int b0, b1;
+                    window_range(g, 1, oh, b0, b1);
+                    for (int ow = lo[2]; ow <= hi[2]; ++ow) {
+                        int c0, c1;
+                        window_range(g, 2, ow, c0, c1);
+                        const long long o = ((long long)od * g.out[1] + oh) * g.out[2] + ow;
+                        sum += to_acc(dy[base + o * sp_stride]) / acc_t((a1 - a0) * (b1 - b0) * (c1 - c0));
+                    }
+                }
+            }
+            dx[b * g.in_volume * g.c + i] = ElementTraits<elem_t>::from_acc(sum);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(POOL_THREADS)
+avg_pool_bwd(const elem_t* __restrict__ dy, elem_t* __restrict__ dx, int n, int c, int in_d, int in_h, int in_w,
+             int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d,
+             int p_h, int p_w, int layout) {
+    const PoolGeometry g = make_geometry(n, c, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w,
+                                         p_d, p_h, p_w);
+    avg_pool_bwd_body(dy, dx, g, layout != LAYOUT_CHANNELS_FIRST);
+}
+
+// max_pool_bwd_scatter: dx_acc[argmax position] += dy, one dy element per thread.
+// Scatter with atomicAdd, not a gather: max_pool_bwd's contract (dy, argmax, x_shape,
+// data_format) carries no window or strides, so a dx element cannot find the outputs that
+// cover it. dx_acc is zeroed by the launcher; it is dx itself for float and double and a
+// float32 scratch for half (converted by acc_to_elem), so half sums round once.
+// Atomics: an input element receives more than one addition only when it wins several
+// overlapping windows (stride < window); only then does the order of the additions, and
+// so the last bit of the sum, vary between runs. Non-overlapping windows are exact.
+// argmax values outside [0, in_volume) are skipped (the launcher rejects them first).
+extern "C" __global__ void __launch_bounds__(POOL_THREADS)
+max_pool_bwd_scatter(const elem_t* __restrict__ dy, const long long* __restrict__ argmax, acc_t* __restrict__ dx_acc,
+                     long long n, long long c, long long in_volume, long long out_volume, int layout) {
+    const long long total = n * c * out_volume;
+    const bool channels_last = layout != LAYOUT_CHANNELS_FIRST;
+    GPUK_GRID_STRIDE_LOOP(i, total) {
+        const long long where = argmax[i];
+        if (where < 0 || where >= in_volume) continue;
+        long long dst;
+        if (channels_last) {
+            const long long ch = i % c, b = i / (c * out_volume);
+            dst = (b * in_volume + where) * c + ch;
+        } else {
+            dst = (i / out_volume) * in_volume + where;
+        }
+        atomicAdd(dx_acc + dst, to_acc(dy[i]));
+    }
+}
+
+// acc_to_elem: dst = (elem_t) src, elementwise (the half path of max_pool_bwd_scatter).
+extern "C" __global__ void __launch_bounds__(POOL_THREADS)
+acc_to_elem(const acc_t* __restrict__ src, elem_t* __restrict__ dst, long long count) {
+    GPUK_GRID_STRIDE_LOOP(i, count) dst[i] = ElementTraits<elem_t>::from_acc(src[i]);
+}
+
+// global_avg_pool_rows: channels first, y[r] = mean of the contiguous row x[r, 0:volume].
+// Thread mapping: one warp per row (grid-stride over rows), lanes stride the row so loads
+// coalesce, then a shuffle reduction. Rows are warp-uniform, so the full mask is exact.
+// Needs blockDim.x a multiple of 32. No shared memory, no atomics.
+extern "C" __global__ void __launch_bounds__(GLOBAL_POOL_THREADS)
+global_avg_pool_rows(const elem_t* __restrict__ x, elem_t* __restrict__ y, long long rows, long long volume) {
+    const long long warps_per_block = blockDim.x >> 5;
+    const long long warp = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
+    const long long warps = (long long)gridDim.x * warps_per_block;
+    const int lane = threadIdx.x & 31;
+    for (long long r = warp; r < rows; r += warps) {
+        const elem_t* __restrict__ row = x + r * volume;
+        acc_t sum = acc_t(0);
+        for (long long j = lane; j < volume; j += 32) sum += to_acc(row[j]);
+        sum = warp_reduce_sum(sum);
+        if (lane == 0) y[r] = ElementTraits<elem_t>::from_acc(sum / acc_t(volume));
+    }
+}
+
+// global_avg_pool_channels_last: x (n, volume, c) -> y (n, c), the mean over volume.
+// Thread mapping: 2-D blocks of 32 x GLOBAL_POOL_ROWS threads; threadIdx.x picks a channel
+// of the block's 32-channel chunk (blockIdx.x), threadIdx.y strides the spatial positions,
+// so a warp reads 32 consecutive channels (coalesced). The GLOBAL_POOL_ROWS partial sums
+// meet in shared memory and are added in a fixed order. blockIdx.y strides the batch.
+// Limits: parallelism is ceil(c / 32) * n blocks (fine for the N >= 8 it is made for).
+// No atomics.
+extern "C" __global__ void __launch_bounds__(32 * GLOBAL_POOL_ROWS)
+global_avg_pool_channels_last(const elem_t* __restrict__ x, elem_t* __restrict__ y, long long n,
+                              long long volume, long long c) {
+    __shared__ acc_t partial[GLOBAL_POOL_ROWS][33];
+    const long long ch = (long long)blockIdx.x * 32 + threadIdx.x;
+    for (long long b = blockIdx.y; b < n; b += gridDim.y) {
+        acc_t sum = acc_t(0);
+        if (ch < c)
+            for (long long s = threadIdx.y; s < volume; s += blockDim.y) sum += to_acc(x[(b * volume + s) * c + ch]);
+        partial[threadIdx.y][threadIdx.x] = sum;
+        __syncthreads();
+        if (threadIdx.y == 0 && ch < c) {
+            acc_t total = acc_t(0);
+            for (int r = 0; r < (int)blockDim.y; ++r) total += partial[r][threadIdx.x];
+            y[b * c + ch] = ElementTraits<elem_t>::from_acc(total / acc_t(volume));
+        }
+        __syncthreads();
+    }
+}

@@ -1,0 +1,197 @@
+"""batchnorm kernels against their NumPy twins on every kernel runtime, plus the
+pure-Python layout translation of the cuDNN Frontend path."""
+import numpy as np
+import pytest
+
+from gpuk.cpu_fallback import batchnorm as twin
+from gpuk.kernels import batchnorm, cudnn_batchnorm
+from gpuk.kernels.testing import assert_close, to_device, to_host
+
+DTYPES = [np.float16, np.float32, np.float64]
+
+# (x shape, reduced axes): channels last (NHWC, 2-d, 1-d conv), channels first (NCHW,
+# NCDHW), odd channel counts, N = 1, non-channel axes (kept axes not contiguous: the
+# transposed path; kept (0,); everything reduced).
+CASES = [
+    ((3, 5, 4, 7), (0, 1, 2)),
+    ((1, 6, 5, 3), (0, 2, 3)),
+    ((2, 3, 2, 3, 2), (0, 2, 3, 4)),
+    ((37, 9), (0,)),
+    ((2, 11, 5), (0, 1)),
+    ((4, 6, 5), (1,)),
+    ((5, 7, 3), (0, 2)),
+    ((6, 4), (1,)),
+    ((3, 4, 5), (0, 1, 2)),
+]
+IDS = ['nhwc', 'nchw-n1', 'ncdhw', '2d', 'nwc', 'axes-1-of-3d', 'kept-middle', 'kept-0', 'all']
+
+
+def _params(rng, kept_shape, dtype):
+    gamma = rng.uniform(0.5, 1.5, kept_shape).astype(dtype)
+    beta = rng.standard_normal(kept_shape).astype(dtype)
+    return gamma, beta
+
+
+def _kept(shape, axes):
+    return tuple(s for i, s in enumerate(shape) if i not in axes)
+
+
+def _run(fn, rt, *args, **kwargs):
+    out = fn(*[to_device(rt, a) for a in args], runtime=rt, **kwargs)
+    return tuple(to_host(o) for o in out) if isinstance(out, tuple) else to_host(out)
+
+
+def _as64(values):
+    return [v.astype(np.float64) if isinstance(v, np.ndarray) else v for v in values]
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('shape, axes', CASES, ids=IDS)
+def test_bn_train_fwd_and_bwd_match_twin(kernel_runtime, dtype, shape, axes):
+    rng = np.random.default_rng(len(shape) * 13 + shape[-1])
+    x = (rng.standard_normal(shape) * 2 + 5).astype(dtype)    # an offset the shifted sums must absorb
+    gamma, beta = _params(rng, _kept(shape, axes), dtype)
+    outs = _run(batchnorm.bn_train_fwd, kernel_runtime, x, gamma, beta, axes, 1e-3)
+    refs = twin.bn_train_fwd(*_as64([x, gamma, beta]), axes, 1e-3)
+    twin_dtypes = [o.dtype for o in twin.bn_train_fwd(x, gamma, beta, axes, 1e-3)]
+    for name, out, ref, want in zip(('y', 'mean', 'var', 'inv_std'), outs, refs, twin_dtypes):
+        assert out.dtype == want and out.shape == ref.shape, name
+        assert_close(out, ref, dtype, 'bn_train_fwd ' + name)
+
+    _, mean, _, inv_std = twin.bn_train_fwd(x, gamma, beta, axes, 1e-3)
+    dy = rng.standard_normal(shape).astype(dtype)
+    dmean, dvar = (rng.standard_normal(mean.shape).astype(mean.dtype) for _ in range(2))
+    for extra in ({}, {'dmean': dmean, 'dvar': dvar}):
+        outs = _run(batchnorm.bn_bwd, kernel_runtime, dy, x, gamma, mean, inv_std, axes, **extra)
+        refs = twin.bn_bwd(*_as64([dy, x, gamma, mean, inv_std]), axes,
+                           **{k: v.astype(np.float64) for k, v in extra.items()})
+        twin_dtypes = [o.dtype for o in twin.bn_bwd(dy, x, gamma, mean, inv_std, axes, **extra)]
+        for name, out, ref, want in zip(('dx', 'dgamma', 'dbeta'), outs, refs, twin_dtypes):
+            assert out.dtype == want and out.shape == ref.shape, name
+            assert_close(out, ref, dtype, 'bn_bwd %s %s' % (name, sorted(extra)))
+
+
+@pytest.mark.parametrize('layout', ['channels_last', 'channels_first'])
+def test_many_splits_combine_in_order(kernel_runtime, monkeypatch, layout):
+    """Force several blocks per channel so the second (combine) pass matters."""
+    monkeypatch.setattr(batchnorm, 'MIN_ROWS_PER_SPLIT', 3)
+    monkeypatch.setattr(batchnorm, 'MIN_PER_SPLIT', 40)
+    shape, axes = ((50, 3, 7), (0, 1)) if layout == 'channels_last' else ((5, 3, 60), (0, 2))
+    view = batchnorm._View(shape, twin._Layout(shape, axes))
+    assert batchnorm._splits(view)[0] > 3
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(shape) + 100).astype(np.float32)
+    outs = _run(batchnorm.bn_train_fwd, kernel_runtime, x, None, None, axes)
+    refs = twin.bn_train_fwd(x.astype(np.float64), None, None, axes)
+    for out, ref in zip(outs, refs):
+        assert_close(out, ref, np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    _, mean, _, inv_std = twin.bn_train_fwd(x, None, None, axes)
+    outs = _run(batchnorm.bn_bwd, kernel_runtime, dy, x, None, mean, inv_std, axes)
+    for out, ref in zip(outs, twin.bn_bwd(dy.astype(np.float64), x.astype(np.float64), None, mean, inv_std, axes)):
+        assert_close(out, ref, np.float32)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('shape, axis, param_shape', [
+    ((3, 5, 4, 7), -1, (7,)), ((2, 6, 3, 3), 1, (6,)), ((2, 6, 3, 3), 1, (1, 6, 1, 1)),
+    ((4, 9), 1, (9,)), ((9,), 0, (9,)), ((2, 3, 4), 1, (3, 4)), ((2, 3, 4), -1, (2, 1, 4))])
+def test_bn_infer_fwd_matches_twin(kernel_runtime, dtype, shape, axis, param_shape):
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(dtype)
+    mean = rng.standard_normal(param_shape).astype(dtype)
+    var = rng.uniform(0.5, 2, param_shape).astype(dtype)
+    gamma, beta = _params(rng, param_shape, dtype)
+    for g, b in ((gamma, beta), (None, None)):
+        out = _run(batchnorm.bn_infer_fwd, kernel_runtime, x, mean, var, g, b, 1e-3, axis)
+        ref = twin.bn_infer_fwd(*_as64([x, mean, var, g, b]), 1e-3, axis)
+        assert out.dtype == dtype and out.shape == shape
+        assert_close(out, ref, dtype, 'bn_infer_fwd')
+
+
+def test_parameter_span():
+    assert batchnorm.parameter_span((2, 3, 4), [(1, 3, 1)]) == (1, 2)
+    assert batchnorm.parameter_span((2, 3, 4), [(1, 3, 1), (2, 1, 4)]) == (0, 3)
+    assert batchnorm.parameter_span((2, 3, 4), [(1, 1, 1)]) == (0, 0)
+
+
+def test_views():
+    nchw = batchnorm._View((2, 3, 4, 5), twin._Layout((2, 3, 4, 5), (0, 2, 3)))
+    assert (nchw.outer, nchw.channels, nchw.inner, nchw.permutation) == (2, 3, 20, None)
+    nhwc = batchnorm._View((2, 4, 5, 3), twin._Layout((2, 4, 5, 3), (0, 1, 2)))
+    assert (nhwc.outer, nhwc.channels, nhwc.inner) == (40, 3, 1)
+    odd = batchnorm._View((4, 6, 5), twin._Layout((4, 6, 5), (1,)))
+    assert odd.permutation == (1, 0, 2) and (odd.outer, odd.channels, odd.inner) == (6, 20, 1)
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize('module', [batchnorm, twin])
+def test_bad_input_raises_before_launch(module):
+    kw = {'runtime': 'emulate'} if module is batchnorm else {}
+    x = np.zeros((2, 3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"bn_train_fwd: gamma must have shape \(4,\) .* got shape \(3,\)"):
+        module.bn_train_fwd(x, np.ones(3, np.float32), None, (0, 1), **kw)
+    with pytest.raises(ValueError, match=r"bn_train_fwd: beta must have shape \(4,\)"):
+        module.bn_train_fwd(x, None, np.ones(5, np.float32), (0, 1), **kw)
+    with pytest.raises(ValueError, match=r"bn_train_fwd: axes must lie in \[-3, 3\) for x of rank 3, got \(0, 3\)"):
+        module.bn_train_fwd(x, None, None, (0, 3), **kw)
+    with pytest.raises(ValueError, match=r"bn_train_fwd: axes must not repeat an axis"):
+        module.bn_train_fwd(x, None, None, (0, -3), **kw)
+    with pytest.raises(TypeError, match=r"bn_train_fwd: axes must be a tuple of ints"):
+        module.bn_train_fwd(x, None, None, 'batch', **kw)
+    with pytest.raises(ValueError, match=r"bn_train_fwd: epsilon must be a number >= 0, got -1"):
+        module.bn_train_fwd(x, None, None, (0,), -1, **kw)
+    with pytest.raises(TypeError, match=r"bn_train_fwd: x must be a float16, float32 or float64 array, got dtype int64"):
+        module.bn_train_fwd(x.astype(np.int64), None, None, (0,), **kw)
+    with pytest.raises(ValueError, match=r"bn_train_fwd: x must have elements along the reduced axes"):
+        module.bn_train_fwd(np.zeros((0, 3), np.float32), None, None, (0,), **kw)
+    with pytest.raises(ValueError, match=r"bn_bwd: dy must have the shape of x"):
+        module.bn_bwd(x[:1], x, None, np.zeros(4, np.float32), np.ones(4, np.float32), (0, 1), **kw)
+    with pytest.raises(ValueError, match=r"bn_bwd: mean and inv_std .* are required"):
+        module.bn_bwd(x, x, None, None, np.ones(4, np.float32), (0, 1), **kw)
+    with pytest.raises(ValueError, match=r"bn_bwd: dvar must have shape \(4,\)"):
+        module.bn_bwd(x, x, None, np.zeros(4, np.float32), np.ones(4, np.float32), (0, 1),
+                      dvar=np.zeros(2, np.float32), **kw)
+    with pytest.raises(ValueError, match=r"bn_infer_fwd: axis must be an int in \[-3, 3\) .* got 3"):
+        module.bn_infer_fwd(x, np.zeros(4, np.float32), np.ones(4, np.float32), None, None, 1e-3, 3, **kw)
+    with pytest.raises(ValueError, match=r"bn_infer_fwd: mean must have shape \(4,\) .* got shape \(5,\)"):
+        module.bn_infer_fwd(x, np.zeros(5, np.float32), np.ones(4, np.float32), None, None, 1e-3, -1, **kw)
+    with pytest.raises(ValueError, match=r"bn_infer_fwd: gamma of shape \(5, 1, 1\) would broadcast"):
+        module.bn_infer_fwd(x[:1], np.zeros(4, np.float32), np.ones(4, np.float32), np.ones((5, 1, 1), np.float32),
+                            None, 1e-3, -1, **kw)
+
+
+# ---------------------------------------------------------------- cuDNN translation (CPU)
+
+def test_cudnn_views_and_dims():
+    assert cudnn_batchnorm.contiguous_view((8, 16, 5, 5), (0, 2, 3)) == (8, 16, 25)
+    assert cudnn_batchnorm.contiguous_view((8, 5, 5, 16), (0, 1, 2)) == (200, 16, 1)
+    assert cudnn_batchnorm.contiguous_view((4, 6, 5), (1,)) is None
+    assert cudnn_batchnorm.contiguous_view((4, 6), (0, 1)) == (1, 1, 24)
+    dims, strides, sdims, sstrides = cudnn_batchnorm.bn_dims(200, 16, 1)
+    assert dims == [200, 16, 1, 1] and strides == [16, 1, 1, 1] and sdims == [1, 16, 1, 1]
+    assert cudnn_batchnorm.bn_dims(8, 16, 25)[1] == [400, 25, 1, 1]
+    assert cudnn_batchnorm.graph_key('train', 0, 'float16', (8, 16, 25), 'float32') != \
+        cudnn_batchnorm.graph_key('train', 0, 'float32', (8, 16, 25), 'float32')
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('shape, axes', [((4, 6, 5, 16), (0, 1, 2)), ((4, 16, 6, 5), (0, 2, 3))])
+def test_cudnn_batchnorm_matches_twin(shape, axes):
+    from gpuk.kernels import cudnn
+    if not cudnn.available():
+        pytest.skip(cudnn.why_unavailable())
+    import cupy
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    gamma, beta = _params(rng, _kept(shape, axes), np.float32)
+    outs = cudnn_batchnorm.bn_train_fwd(cupy.asarray(x), cupy.asarray(gamma), cupy.asarray(beta), axes, 1e-3)
+    refs = twin.bn_train_fwd(*_as64([x, gamma, beta]), axes, 1e-3)
+    for out, ref in zip(outs[:2] + outs[3:], refs[:2] + refs[3:]):
+        assert_close(out, ref, np.float32)
+    _, mean, _, inv_std = twin.bn_train_fwd(x, gamma, beta, axes, 1e-3)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    outs = cudnn_batchnorm.bn_bwd(*[cupy.asarray(a) for a in (dy, x, gamma, mean, inv_std)], axes)
+    for out, ref in zip(outs, twin.bn_bwd(*_as64([dy, x, gamma, mean, inv_std]), axes)):
+        assert_close(out, ref, np.float32)
