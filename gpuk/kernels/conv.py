@@ -1,0 +1,259 @@
+"""Launchers of the convolution kernels: implicit GEMM (conv_igemm.cu), depthwise
+(conv_depthwise.cu) and locally connected (conv_local.cu).
+
+Same names and signatures as gpuk/cpu_fallback/conv.py, plus a keyword-only `runtime`
+(None: runtime.current(); 'cuda', 'emulate' or a runtime object). conv_fwd also takes
+keyword-only ``epilogue=None|'bias'|'bias_relu'`` and ``bias=`` (a fused bias + relu).
+Bad input raises the twin's errors before any launch (the checks are the twin's own).
+
+conv_fwd / conv_dgrad / conv_wgrad go through ``dispatch.run('conv', ...)`` on the CUDA
+runtime, so ``GPUK_KERNELS=conv=cudnn|auto`` picks cuDNN Frontend instead. Both data
+formats run through the same kernels (layout-aware index math, no transposes);
+channels_last is the fast path. Every problem is lifted to 3 spatial dims.
+"""
+import math
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+
+from gpuk import config
+from gpuk.cpu_fallback import conv as twin
+from . import conv_tiles, cudnn, dispatch
+from .conv_direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
+                          local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
+from .conv_direct import ACC_TYPES, ELEMENT_TYPES, check_float_array, check_index_limit, lift3
+from .runtime import register_build, resolve
+
+__all__ = list(twin.__all__)
+
+IGEMM_SOURCE = Path(__file__).with_name('conv_igemm.cu')
+REDUCE_THREADS = 256
+REDUCE_MAX_BLOCKS = 4096
+EPILOGUES = {None: 0, 'bias': 1, 'bias_relu': 2}
+_TABLE_DTYPES = {'ffma': np.float32, 'tf32': np.float32, 'ffma64': np.float64, 'f16': np.float16}
+
+# The lifted problem: per-dim tuples of 3 (d, h, w), sizes and the layout flag.
+Geometry = namedtuple('Geometry', 'batch c_in c_out in_sp out_sp k_sp strides dilation pad_before channels_last')
+
+
+def igemm_defines(dtype, tile):
+    dtype = np.dtype(dtype)
+    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ACC_TYPES[dtype],
+            'CONV_MATH': conv_tiles.MATH_CODES[tile.math], 'CONV_BM': tile.bm, 'CONV_BN': tile.bn,
+            'CONV_BK': tile.bk, 'CONV_TM': tile.tm, 'CONV_TN': tile.tn, 'CONV_WARPS_M': tile.warps_m,
+            'CONV_WARPS_N': tile.warps_n, 'CONV_THREADS': tile.threads, 'REDUCE_THREADS': REDUCE_THREADS}
+
+
+for _table, _tiles in conv_tiles.TILES.items():
+    for _tile in _tiles:
+        register_build(IGEMM_SOURCE, igemm_defines(_TABLE_DTYPES[_table], _tile),
+                       ['conv_igemm_fwd', 'conv_igemm_dgrad', 'conv_igemm_wgrad', 'conv_reduce_splits'])
+
+
+# ---------------------------------------------------------------- checks (the twin's, on shapes)
+
+def _check_fwd(fn, x, w, strides, dilation, pads, data_format, xp):
+    x, w = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'w', w, xp)
+    twin._same_dtype(fn, [('x', x), ('w', w)])
+    channels_first, rank, strides, dilation, pads = twin._conv_setup(
+        fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
+    c_in = twin._channels(x.shape, channels_first)
+    twin._check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
+    in_spatial = twin._spatial(x.shape, channels_first)
+    out_spatial = twin._output_spatial(fn, in_spatial, w.shape[:rank], strides, dilation, pads)
+    return _geometry(x.shape[0], c_in, w.shape[-1], in_spatial, out_spatial, w.shape[:rank], strides,
+                     dilation, pads, channels_first)
+
+
+def _check_dgrad(fn, dy, w, x_shape, strides, dilation, pads, data_format, xp):
+    dy, w = check_float_array(fn, 'dy', dy, xp), check_float_array(fn, 'w', w, xp)
+    twin._same_dtype(fn, [('dy', dy), ('w', w)])
+    channels_first, rank, strides, dilation, pads = twin._conv_setup(
+        fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
+    x_shape = twin._shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    twin._check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, twin._channels(dy.shape, channels_first),
+                         'w', w.shape, w.shape[-1])
+    c_in = twin._channels(x_shape, channels_first)
+    twin._check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape, w.shape[-2])
+    in_spatial = twin._spatial(x_shape, channels_first)
+    out_spatial = twin._output_spatial(fn, in_spatial, w.shape[:rank], strides, dilation, pads)
+    twin._check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
+    return x_shape, _geometry(x_shape[0], c_in, w.shape[-1], in_spatial, out_spatial, w.shape[:rank], strides,
+                              dilation, pads, channels_first)
+
+
+def _check_wgrad(fn, x, dy, w_shape, strides, dilation, pads, data_format, xp):
+    x, dy = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'dy', dy, xp)
+    twin._same_dtype(fn, [('x', x), ('dy', dy)])
+    channels_first = twin._channels_first(fn, data_format)
+    rank = twin._spatial_rank(fn, 'x', x)
+    twin._check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = twin._shape_tuple(fn, 'w_shape', w_shape, rank + 2)
+    strides, dilation, pads = twin._window_params(fn, rank, strides, dilation, pads)
+    twin._check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    c_in, c_out = twin._channels(x.shape, channels_first), twin._channels(dy.shape, channels_first)
+    twin._check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape, w_shape[-2])
+    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape, w_shape[-1])
+    in_spatial = twin._spatial(x.shape, channels_first)
+    out_spatial = twin._output_spatial(fn, in_spatial, w_shape[:rank], strides, dilation, pads)
+    twin._check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
+    return w_shape, _geometry(x.shape[0], c_in, c_out, in_spatial, out_spatial, w_shape[:rank], strides,
+                              dilation, pads, channels_first)
+
+
+def _geometry(batch, c_in, c_out, in_spatial, out_spatial, kernel_spatial, strides, dilation, pads,
+              channels_first):
+    return Geometry(batch, c_in, c_out, lift3(in_spatial, 1), lift3(out_spatial, 1), lift3(kernel_spatial, 1),
+                    lift3(strides, 1), lift3(dilation, 1), lift3([b for b, _ in pads], 0), not channels_first)
+
+
+def _check_epilogue(fn, epilogue, bias, c_out, dtype, xp):
+    if epilogue not in EPILOGUES:
+        raise ValueError("%s: epilogue must be None, 'bias' or 'bias_relu', got %r" % (fn, epilogue))
+    if epilogue is None:
+        if bias is not None:
+            raise ValueError("%s: bias is only used with epilogue='bias' or 'bias_relu', got epilogue=None" % fn)
+        return None
+    if not isinstance(bias, xp.ndarray):
+        raise TypeError('%s: bias must be a %s.ndarray of shape (%d,) with epilogue=%r, got %s'
+                        % (fn, xp.__name__, c_out, epilogue, type(bias).__name__))
+    if bias.shape != (c_out,):
+        raise ValueError('%s: bias must have shape (%d,) (C_out), got %s' % (fn, c_out, tuple(bias.shape)))
+    if bias.dtype != dtype:
+        raise TypeError('%s: bias.dtype must equal x.dtype (%s), got %s' % (fn, dtype, bias.dtype))
+    return xp.ascontiguousarray(bias)
+
+
+# ---------------------------------------------------------------- launches
+
+def _geometry_args(g):
+    return tuple(np.int32(v) for v in (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides,
+                                       *g.dilation, *g.pad_before, int(g.channels_last)))
+
+
+def _layout_shape(g, spatial, channels):
+    """The array shape of a lifted (N, spatial, C) tensor in the problem's layout (lifted dims kept)."""
+    return (g.batch, *spatial, channels) if g.channels_last else (g.batch, channels, *spatial)
+
+
+def _check_gemm(fn, rows, cols, depth):
+    for what, value in (('the GEMM M', rows), ('the GEMM N', cols), ('the GEMM K', depth)):
+        check_index_limit(fn, what, value)
+
+
+def _module(rt, dtype, tile):
+    return rt.load(IGEMM_SOURCE, igemm_defines(dtype, tile))
+
+
+def _igemm_fwd(x, w, g, bias, epilogue, rt):
+    xp = rt.xp
+    rows, cols, depth = g.batch * math.prod(g.out_sp), g.c_out, math.prod(g.k_sp) * g.c_in
+    _check_gemm('conv_fwd', rows, cols, depth)
+    tile = conv_tiles.choose_tile(x.dtype, config.precision(), rows, cols, depth)
+    y = xp.empty(_layout_shape(g, g.out_sp, g.c_out), x.dtype)
+    bias_arg = bias if bias is not None else xp.zeros(1, x.dtype)
+    grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
+    _module(rt, x.dtype, tile).kernel('conv_igemm_fwd').launch(
+        grid, tile.threads, (xp.ascontiguousarray(x), xp.ascontiguousarray(w), bias_arg, y, *_geometry_args(g),
+                             np.int32(EPILOGUES[epilogue])))
+    return y
+
+
+def _igemm_dgrad(dy, w, g, rt):
+    xp = rt.xp
+    rows, cols, depth = g.batch * math.prod(g.in_sp), g.c_in, math.prod(g.k_sp) * g.c_out
+    _check_gemm('conv_dgrad', rows, cols, depth)
+    tile = conv_tiles.choose_tile(dy.dtype, config.precision(), rows, cols, depth)
+    dx = xp.empty(_layout_shape(g, g.in_sp, g.c_in), dy.dtype)
+    grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
+    _module(rt, dy.dtype, tile).kernel('conv_igemm_dgrad').launch(
+        grid, tile.threads, (xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx, *_geometry_args(g)))
+    return dx
+
+
+def _igemm_wgrad(x, dy, g, w_shape, rt):
+    xp = rt.xp
+    rows, cols, depth = math.prod(g.k_sp) * g.c_in, g.c_out, g.batch * math.prod(g.out_sp)
+    _check_gemm('conv_wgrad', rows, cols, depth)
+    tile = conv_tiles.choose_tile(x.dtype, config.precision(), rows, cols, depth, split_k=True)
+    per_split = conv_tiles.k_per_split(tile, depth, conv_tiles.wgrad_splits(tile, rows, cols, depth))
+    splits = math.ceil(depth / per_split)
+    acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
+    dw = xp.empty(w_shape, x.dtype)
+    partial = xp.empty((splits, rows, cols) if splits > 1 else (1,), acc_dtype)
+    module = _module(rt, x.dtype, tile)
+    grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn), splits)
+    module.kernel('conv_igemm_wgrad').launch(
+        grid, tile.threads, (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *_geometry_args(g),
+                             np.int64(per_split)))
+    if splits > 1:
+        count = rows * cols
+        blocks = max(1, min(math.ceil(count / REDUCE_THREADS), REDUCE_MAX_BLOCKS))
+        module.kernel('conv_reduce_splits').launch(blocks, REDUCE_THREADS,
+                                                   (partial, dw.reshape(-1), np.int64(count), np.int32(splits)))
+    return dw
+
+
+def _unlift(array, shape):
+    return array.reshape(shape)
+
+
+def _problem_key(*parts):
+    return tuple(tuple(p.shape) + (str(p.dtype),) if hasattr(p, 'shape') else p for p in parts)
+
+
+def _run(rt, key, gpuk_fn, cudnn_fn, *args):
+    if rt.kind != 'cuda':
+        return gpuk_fn(*args)
+    return dispatch.run('conv', key, gpuk_fn, cudnn_fn, *args)
+
+
+# ---------------------------------------------------------------- public functions
+
+def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=None, runtime=None):
+    """Convolution (cross-correlation) of x with w -> y; optionally y + bias, relu(y + bias)."""
+    rt = resolve(runtime)
+    g = _check_fwd('conv_fwd', x, w, strides, dilation, pads, data_format, rt.xp)
+    bias = _check_epilogue('conv_fwd', epilogue, bias, g.c_out, x.dtype, rt.xp)
+    out_spatial = g.out_sp[3 - (x.ndim - 2):]
+    y_shape = (x.shape[0], *out_spatial, g.c_out) if g.channels_last else (x.shape[0], g.c_out, *out_spatial)
+
+    def gpuk_fn(x, w, *geometry):
+        return _unlift(_igemm_fwd(x, w, g, bias, epilogue, rt), y_shape)
+
+    def cudnn_fn(x, w, *geometry):
+        y = cudnn.conv_fwd(x, w, *geometry)
+        if epilogue is None:
+            return y
+        from . import elementwise
+        return elementwise.bias_act_fwd(y, bias, -1 if g.channels_last else 1,
+                                        'relu' if epilogue == 'bias_relu' else 'linear', runtime=rt)
+
+    return _run(rt, _problem_key('fwd', x, w, strides, dilation, pads, data_format, epilogue),
+                gpuk_fn, cudnn_fn, x, w, strides, dilation, pads, data_format)
+
+
+def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
+    """Gradient of conv_fwd with respect to x (also the forward of conv_transpose)."""
+    rt = resolve(runtime)
+    x_shape, g = _check_dgrad('conv_dgrad', dy, w, x_shape, strides, dilation, pads, data_format, rt.xp)
+
+    def gpuk_fn(dy, w, *geometry):
+        return _unlift(_igemm_dgrad(dy, w, g, rt), x_shape)
+
+    return _run(rt, _problem_key('dgrad', dy, w, x_shape, strides, dilation, pads, data_format),
+                gpuk_fn, cudnn.conv_dgrad, dy, w, x_shape, strides, dilation, pads, data_format)
+
+
+def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
+    """Gradient of conv_fwd with respect to w."""
+    rt = resolve(runtime)
+    w_shape, g = _check_wgrad('conv_wgrad', x, dy, w_shape, strides, dilation, pads, data_format, rt.xp)
+
+    def gpuk_fn(x, dy, *geometry):
+        return _igemm_wgrad(x, dy, g, w_shape, rt)
+
+    return _run(rt, _problem_key('wgrad', x, dy, w_shape, strides, dilation, pads, data_format),
+                gpuk_fn, cudnn.conv_wgrad, x, dy, w_shape, strides, dilation, pads, data_format)

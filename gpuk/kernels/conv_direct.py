@@ -1,0 +1,283 @@
+"""Launchers of the direct convolution kernels: depthwise (conv_depthwise.cu) and locally
+connected (conv_local.cu). Re-exported by gpuk/kernels/conv.py; same signatures as the
+twins in gpuk/cpu_fallback/conv.py plus a keyword-only `runtime`.
+"""
+import math
+from pathlib import Path
+
+import numpy as np
+
+from gpuk.cpu_fallback import conv as twin
+from . import conv_tiles
+from .runtime import register_build, resolve
+
+DEPTHWISE_SOURCE = Path(__file__).with_name('conv_depthwise.cu')
+LOCAL_SOURCE = Path(__file__).with_name('conv_local.cu')
+ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
+ACC_TYPES = {np.dtype(np.float16): 'float', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
+# Tile constants: #defines of the .cu files and the grid below (one place).
+DW_CHANNELS, DW_ROWS, DW_PIX = 32, 8, 4
+DW_MAX_FILTER_SHARED = 48 * 1024      # above this the filter is read from global memory
+DW_TARGET_BLOCKS = 528                # wgrad splits pixels until about four waves of 132 SMs
+DW_MIN_PIXELS_PER_SPLIT = 1024
+DW_MAX_SPLITS = 4096
+LOCAL_THREADS = 256
+LOCAL_MAX_BLOCKS = 65535
+
+
+def depthwise_defines(dtype):
+    dtype = np.dtype(dtype)
+    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ACC_TYPES[dtype], 'DW_CHANNELS': DW_CHANNELS,
+            'DW_ROWS': DW_ROWS, 'DW_PIX': DW_PIX}
+
+
+def local_defines(dtype):
+    dtype = np.dtype(dtype)
+    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ACC_TYPES[dtype], 'LOCAL_THREADS': LOCAL_THREADS}
+
+
+for _dtype in ELEMENT_TYPES:
+    register_build(DEPTHWISE_SOURCE, depthwise_defines(_dtype),
+                   ['depthwise_fwd', 'depthwise_dgrad', 'depthwise_wgrad', 'depthwise_reduce_splits'])
+    register_build(LOCAL_SOURCE, local_defines(_dtype), ['local_fwd', 'local_dgrad', 'local_wgrad'])
+
+
+def check_float_array(fn, name, array, xp):
+    """The twin's _float_array for arrays of `xp` (no host conversion)."""
+    if not isinstance(array, xp.ndarray):
+        raise TypeError('%s: %s must be a %s.ndarray, got %s' % (fn, name, xp.__name__, type(array).__name__))
+    if array.dtype not in ELEMENT_TYPES:
+        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s' % (fn, name, array.dtype))
+    if array.size == 0:
+        raise ValueError('%s: %s must not have a zero-size dimension, got shape %s' % (fn, name, array.shape))
+    return array
+
+
+INDEX_LIMIT = 2**31 - 1   # the kernels decode indices in 32 bits (64-bit division is slow on GPUs)
+
+
+def check_index_limit(fn, what, value):
+    """A size the kernels index in 32 bits must stay below 2^31 (offsets are 64-bit anyway)."""
+    if value > INDEX_LIMIT:
+        raise ValueError('%s: %s is %d, above the kernel limit of 2^31 - 1; split the batch'
+                         % (fn, what, value))
+
+
+def lift3(values, fill):
+    """A per-spatial-dim tuple of 1 to 3 values as 3 values, `fill` in front."""
+    values = tuple(int(v) for v in values)
+    return (fill,) * (3 - len(values)) + values
+
+
+def _spatial_args(*groups):
+    return tuple(np.int32(v) for group in groups for v in group)
+
+
+# ---------------------------------------------------------------- depthwise
+
+def _depthwise_args(x_spatial, out_spatial, kernel_spatial, strides, dilation, pads):
+    return _spatial_args(lift3(x_spatial, 1), lift3(out_spatial, 1), lift3(kernel_spatial, 1), lift3(strides, 1),
+                         lift3(dilation, 1), lift3([b for b, _ in pads], 0))
+
+
+def _filter_shared_bytes(dtype, entries):
+    acc_bytes = 8 if np.dtype(dtype) == np.float64 else 4
+    nbytes = entries * DW_CHANNELS * acc_bytes
+    return nbytes if nbytes <= DW_MAX_FILTER_SHARED else 0
+
+
+def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format, *, runtime=None):
+    """Depthwise convolution; w is (*k, C_in, M), output channel c*M + m like TensorFlow."""
+    fn = 'depthwise_conv_fwd'
+    rt = resolve(runtime)
+    xp = rt.xp
+    x, w = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'w', w, xp)
+    twin._same_dtype(fn, [('x', x), ('w', w)])
+    channels_first, rank, strides, dilation, pads = twin._conv_setup(
+        fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
+    c_in = twin._channels(x.shape, channels_first)
+    twin._check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
+    kernel_spatial, mult = w.shape[:rank], w.shape[-1]
+    in_spatial = twin._spatial(x.shape, channels_first)
+    out_spatial = twin._output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    c_out, n = c_in * mult, x.shape[0]
+    check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
+    check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
+    y = xp.empty((n, c_out, *out_spatial) if channels_first else (n, *out_spatial, c_out), x.dtype)
+    shared = _filter_shared_bytes(x.dtype, math.prod(kernel_spatial))
+    grid = (math.ceil(n * math.prod(out_spatial) / (DW_ROWS * DW_PIX)), math.ceil(c_out / DW_CHANNELS))
+    rt.load(DEPTHWISE_SOURCE, depthwise_defines(x.dtype)).kernel('depthwise_fwd').launch(
+        grid, (DW_CHANNELS, DW_ROWS),
+        (xp.ascontiguousarray(x), xp.ascontiguousarray(w), y, np.int32(n), np.int32(c_in), np.int32(mult),
+         *_depthwise_args(in_spatial, out_spatial, kernel_spatial, strides, dilation, pads),
+         np.int32(not channels_first), np.int32(shared > 0)), shared_mem=shared)
+    return y
+
+
+def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
+    """Gradient of depthwise_conv_fwd with respect to x."""
+    fn = 'depthwise_conv_dgrad'
+    rt = resolve(runtime)
+    xp = rt.xp
+    dy, w = check_float_array(fn, 'dy', dy, xp), check_float_array(fn, 'w', w, xp)
+    twin._same_dtype(fn, [('dy', dy), ('w', w)])
+    channels_first, rank, strides, dilation, pads = twin._conv_setup(
+        fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
+    x_shape = twin._shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    twin._check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    c_in = twin._channels(x_shape, channels_first)
+    twin._check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape, w.shape[-2])
+    in_spatial = twin._spatial(x_shape, channels_first)
+    kernel_spatial, mult = w.shape[:rank], w.shape[-1]
+    out_spatial = twin._output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    twin._check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
+    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, twin._channels(dy.shape, channels_first),
+                         'w', w.shape, c_in * mult)
+    n = x_shape[0]
+    check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
+    check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
+    dx = xp.empty(x_shape, dy.dtype)
+    shared = _filter_shared_bytes(dy.dtype, math.prod(kernel_spatial) * mult)
+    grid = (math.ceil(n * math.prod(in_spatial) / (DW_ROWS * DW_PIX)), math.ceil(c_in / DW_CHANNELS))
+    rt.load(DEPTHWISE_SOURCE, depthwise_defines(dy.dtype)).kernel('depthwise_dgrad').launch(
+        grid, (DW_CHANNELS, DW_ROWS),
+        (xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx, np.int32(n), np.int32(c_in), np.int32(mult),
+         *_depthwise_args(in_spatial, out_spatial, kernel_spatial, strides, dilation, pads),
+         np.int32(not channels_first), np.int32(shared > 0)), shared_mem=shared)
+    return dx
+
+
+def depthwise_wgrad_splits(pixels, taps, channel_tiles):
+    """Pixel-range splits of depthwise wgrad: enough blocks to fill the GPU, >= 1024 pixels each."""
+    wanted = math.ceil(DW_TARGET_BLOCKS / (taps * channel_tiles))
+    return int(max(1, min(wanted, pixels // DW_MIN_PIXELS_PER_SPLIT, DW_MAX_SPLITS)))
+
+
+def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
+    """Gradient of depthwise_conv_fwd with respect to w."""
+    fn = 'depthwise_conv_wgrad'
+    rt = resolve(runtime)
+    xp = rt.xp
+    x, dy = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'dy', dy, xp)
+    twin._same_dtype(fn, [('x', x), ('dy', dy)])
+    channels_first = twin._channels_first(fn, data_format)
+    rank = twin._spatial_rank(fn, 'x', x)
+    twin._check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = twin._shape_tuple(fn, 'w_shape', w_shape, rank + 2)
+    strides, dilation, pads = twin._window_params(fn, rank, strides, dilation, pads)
+    twin._check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    c_in = twin._channels(x.shape, channels_first)
+    twin._check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape, w_shape[-2])
+    kernel_spatial, mult = w_shape[:rank], w_shape[-1]
+    in_spatial = twin._spatial(x.shape, channels_first)
+    out_spatial = twin._output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    twin._check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
+    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, twin._channels(dy.shape, channels_first),
+                         'w_shape', w_shape, c_in * mult)
+    n, c_out, taps = x.shape[0], c_in * mult, math.prod(kernel_spatial)
+    pixels, channel_tiles = n * math.prod(out_spatial), math.ceil(c_out / DW_CHANNELS)
+    check_index_limit(fn, 'N * output pixels', pixels)
+    splits = conv_tiles.forced_splits() or depthwise_wgrad_splits(pixels, taps, channel_tiles)
+    per_split = math.ceil(pixels / splits)
+    splits = math.ceil(pixels / per_split)
+    dw = xp.empty(w_shape, x.dtype)
+    acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
+    partial = xp.empty((splits, taps * c_out) if splits > 1 else (1,), acc_dtype)
+    module = rt.load(DEPTHWISE_SOURCE, depthwise_defines(x.dtype))
+    module.kernel('depthwise_wgrad').launch(
+        (taps, channel_tiles, splits), (DW_CHANNELS, DW_ROWS),
+        (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, np.int32(n), np.int32(c_in),
+         np.int32(mult), *_depthwise_args(in_spatial, out_spatial, kernel_spatial, strides, dilation, pads),
+         np.int32(not channels_first), np.int64(per_split)))
+    if splits > 1:
+        count = taps * c_out
+        module.kernel('depthwise_reduce_splits').launch(
+            max(1, min(math.ceil(count / (DW_CHANNELS * DW_ROWS)), 4096)), DW_CHANNELS * DW_ROWS,
+            (partial, dw.reshape(-1), np.int64(count), np.int32(splits)))
+    return dw
+
+
+# ---------------------------------------------------------------- locally connected
+
+def _local_launch(rt, kernel_name, dtype, out, work, args, n, c_in, c_out, in_spatial, output_spatial, kernel_size,
+                  strides, channels_first):
+    for name, array in zip(('x or dy', 'w or dy'), args):
+        check_index_limit(kernel_name, 'the element count of %s' % name, array.size)
+    check_index_limit(kernel_name, 'the element count of the result', out.size)
+    blocks = max(1, min(math.ceil(work / LOCAL_THREADS), LOCAL_MAX_BLOCKS))
+    rt.load(LOCAL_SOURCE, local_defines(dtype)).kernel(kernel_name).launch(
+        blocks, LOCAL_THREADS,
+        (*args, out, np.int32(n), np.int32(c_in), np.int32(c_out),
+         *_spatial_args(lift3(in_spatial, 1), lift3(output_spatial, 1), lift3(kernel_size, 1), lift3(strides, 1)),
+         np.int32(not channels_first)))
+    return out
+
+
+def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format, *, runtime=None):
+    """Convolution with unshared weights w (P, prod(k) * C_in, C_out), P = prod(output_spatial)."""
+    fn = 'local_conv_fwd'
+    rt = resolve(runtime)
+    xp = rt.xp
+    x, w = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'w', w, xp)
+    twin._same_dtype(fn, [('x', x), ('w', w)])
+    channels_first = twin._channels_first(fn, data_format)
+    rank = twin._spatial_rank(fn, 'x', x)
+    in_spatial = twin._spatial(x.shape, channels_first)
+    kernel_size, strides, output_spatial = twin._local_setup(fn, rank, kernel_size, strides, output_spatial,
+                                                             in_spatial)
+    c_in = twin._channels(x.shape, channels_first)
+    twin._check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
+    n, c_out = x.shape[0], w.shape[-1]
+    y = xp.empty((n, c_out, *output_spatial) if channels_first else (n, *output_spatial, c_out), x.dtype)
+    return _local_launch(rt, 'local_fwd', x.dtype, y, y.size, (xp.ascontiguousarray(x), xp.ascontiguousarray(w)),
+                         n, c_in, c_out, in_spatial, output_spatial, kernel_size, strides, channels_first)
+
+
+def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_format, *, runtime=None):
+    """Gradient of local_conv_fwd with respect to x."""
+    fn = 'local_conv_dgrad'
+    rt = resolve(runtime)
+    xp = rt.xp
+    dy, w = check_float_array(fn, 'dy', dy, xp), check_float_array(fn, 'w', w, xp)
+    twin._same_dtype(fn, [('dy', dy), ('w', w)])
+    channels_first = twin._channels_first(fn, data_format)
+    rank = twin._spatial_rank(fn, 'dy', dy)
+    x_shape = twin._shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    in_spatial = twin._spatial(x_shape, channels_first)
+    kernel_size, strides, output_spatial = twin._local_setup(fn, rank, kernel_size, strides, output_spatial,
+                                                             in_spatial)
+    twin._check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    c_in = twin._channels(x_shape, channels_first)
+    twin._check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
+    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, twin._channels(dy.shape, channels_first),
+                         'w', w.shape, w.shape[-1])
+    twin._check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
+    dx = xp.empty(x_shape, dy.dtype)
+    return _local_launch(rt, 'local_dgrad', dy.dtype, dx, dx.size,
+                         (xp.ascontiguousarray(dy), xp.ascontiguousarray(w)), x_shape[0], c_in, w.shape[-1],
+                         in_spatial, output_spatial, kernel_size, strides, channels_first)
+
+
+def local_conv_wgrad(x, dy, w_shape, kernel_size, strides, output_spatial, data_format, *, runtime=None):
+    """Gradient of local_conv_fwd with respect to w."""
+    fn = 'local_conv_wgrad'
+    rt = resolve(runtime)
+    xp = rt.xp
+    x, dy = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'dy', dy, xp)
+    twin._same_dtype(fn, [('x', x), ('dy', dy)])
+    channels_first = twin._channels_first(fn, data_format)
+    rank = twin._spatial_rank(fn, 'x', x)
+    in_spatial = twin._spatial(x.shape, channels_first)
+    kernel_size, strides, output_spatial = twin._local_setup(fn, rank, kernel_size, strides, output_spatial,
+                                                             in_spatial)
+    twin._check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = twin._shape_tuple(fn, 'w_shape', w_shape, 3)
+    twin._check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    c_in = twin._channels(x.shape, channels_first)
+    twin._check_local_kernel(fn, 'w_shape', w_shape, output_spatial, kernel_size, c_in)
+    c_out = twin._channels(dy.shape, channels_first)
+    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape, w_shape[-1])
+    twin._check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
+    dw = xp.empty(w_shape, x.dtype)
+    return _local_launch(rt, 'local_wgrad', x.dtype, dw, dw.size, (xp.ascontiguousarray(x), xp.ascontiguousarray(dy)),
+                         x.shape[0], c_in, c_out, in_spatial, output_spatial, kernel_size, strides, channels_first)

@@ -1,0 +1,118 @@
+"""Tile shapes of the implicit-GEMM convolution (conv_igemm.cu) and how one is chosen.
+
+A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
+
+    path   name         block tile     threads  per thread / warp         used for
+    ffma   128x128x8    128 x 128 x 8  256      8 x 8 FFMA micro-tile     float32, big M and N
+    ffma   64x64x8      64 x 64 x 8    256      4 x 4                      float32/64, mid-size
+    ffma   32x32x8      32 x 32 x 8    64       4 x 4                      small M or N (tails)
+    f16    128x128x16   128 x 128 x 16 256      8 warps, 64 x 32 per warp  float16 (mma m16n8k16)
+    f16    64x64x16     64 x 64 x 16   128      4 warps, 32 x 32           float16, smaller problems
+    tf32   128x128x16   128 x 128 x 16 256      8 warps, 64 x 32           float32 with precision 'tf32'
+    tf32   64x64x16     64 x 64 x 16   128      4 warps, 32 x 32
+
+float64 has no 128x128 tile: 64 double accumulators per thread plus fragments would spill.
+
+Choice (`choose_tile`): candidates from big to small; take the first whose block count
+(M tiles x N tiles x splits) reaches ``MIN_BLOCKS`` (about two waves of 132 SMs) and
+whose padding waste (tile area covered / real area) stays under ``MAX_WASTE``; else the
+smallest. wgrad (K = N * output pixels, often huge next to M x N) splits K over blocks
+(`wgrad_splits`) so that small filters still fill the GPU.
+
+Tests force a tile with ``forced(name)`` (a context manager) to cover every variant on
+tiny shapes.
+"""
+import contextlib
+import math
+from collections import namedtuple
+
+import numpy as np
+
+Tile = namedtuple('Tile', 'name math bm bn bk tm tn warps_m warps_n threads')
+
+MATH_CODES = {'ffma': 0, 'f16': 1, 'tf32': 2}
+
+
+def _ffma(bm, bn, tm, tn):
+    return Tile('%dx%dx8' % (bm, bn), 'ffma', bm, bn, 8, tm, tn, 1, 1, (bm // tm) * (bn // tn))
+
+
+def _mma(math_path, bm, bn, warps_m, warps_n):
+    return Tile('%dx%dx16' % (bm, bn), math_path, bm, bn, 16, 1, 1, warps_m, warps_n, 32 * warps_m * warps_n)
+
+
+TILES = {
+    'ffma': (_ffma(128, 128, 8, 8), _ffma(64, 64, 4, 4), _ffma(32, 32, 4, 4)),
+    'ffma64': (_ffma(64, 64, 4, 4), _ffma(32, 32, 4, 4)),
+    'f16': (_mma('f16', 128, 128, 2, 4), _mma('f16', 64, 64, 2, 2)),
+    'tf32': (_mma('tf32', 128, 128, 2, 4), _mma('tf32', 64, 64, 2, 2)),
+}
+MIN_BLOCKS = 264          # two waves on a 132-SM H100
+MAX_WASTE = 1.5           # tile area / real area
+MAX_SPLITS = 64
+MIN_K_TILES_PER_SPLIT = 4
+_forced = {'tile': None, 'splits': None}
+
+
+def table_for(dtype, precision):
+    """The candidate tiles (big to small) for inputs of ``dtype`` under ``precision``."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float16:
+        return TILES['f16']
+    if dtype == np.float64:
+        return TILES['ffma64']
+    return TILES['tf32'] if precision == 'tf32' else TILES['ffma']
+
+
+def _blocks(tile, rows, cols):
+    return math.ceil(rows / tile.bm) * math.ceil(cols / tile.bn)
+
+
+def _waste(tile, rows, cols):
+    return (math.ceil(rows / tile.bm) * tile.bm * math.ceil(cols / tile.bn) * tile.bn) / (rows * cols)
+
+
+def choose_tile(dtype, precision, rows, cols, depth, split_k=False):
+    """The tile for a GEMM of rows x cols x depth (see the module docstring)."""
+    table = table_for(dtype, precision)
+    if _forced['tile'] is not None:
+        for tile in table:
+            if tile.name == _forced['tile']:
+                return tile
+        raise ValueError('conv_tiles.forced: no tile %r for %s/%s; have %s'
+                         % (_forced['tile'], np.dtype(dtype), precision, [t.name for t in table]))
+    for tile in table[:-1]:
+        splits = wgrad_splits(tile, rows, cols, depth) if split_k else 1
+        if _blocks(tile, rows, cols) * splits >= MIN_BLOCKS and _waste(tile, rows, cols) <= MAX_WASTE:
+            return tile
+    return table[-1]
+
+
+def wgrad_splits(tile, rows, cols, depth):
+    """How many K ranges a wgrad GEMM is split into (1: no split)."""
+    if _forced['splits'] is not None:
+        return max(1, min(_forced['splits'], math.ceil(depth / tile.bk)))
+    k_tiles = math.ceil(depth / tile.bk)
+    wanted = math.ceil(MIN_BLOCKS / _blocks(tile, rows, cols))
+    return int(max(1, min(wanted, k_tiles // MIN_K_TILES_PER_SPLIT, MAX_SPLITS)))
+
+
+def k_per_split(tile, depth, splits):
+    """K elements per split: whole BK tiles, so every split but the last is full."""
+    return math.ceil(math.ceil(depth / tile.bk) / splits) * tile.bk
+
+
+def forced_splits():
+    """The split count forced by ``forced(splits=...)`` (also for depthwise wgrad), or None."""
+    return _forced['splits']
+
+
+@contextlib.contextmanager
+def forced(tile=None, splits=None):
+    """Within the block, choose_tile returns the tile named ``tile`` and wgrad (igemm and depthwise) uses ``splits``."""
+    previous = dict(_forced)
+    _forced.update(tile=tile, splits=splits)
+    try:
+        yield
+    finally:
+        _forced.update(previous)

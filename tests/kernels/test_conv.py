@@ -1,0 +1,304 @@
+"""Convolution kernels (gpuk/kernels/conv.py) against their NumPy twins, on every kernel runtime.
+
+Shapes are tiny (the emulator runs each thread as a fiber) but odd, so every tile has tails.
+"""
+import contextlib
+
+import numpy as np
+import pytest
+
+from gpuk import config
+from gpuk.cpu_fallback import conv as twin
+from gpuk.kernels import conv, conv_direct, conv_tiles
+from gpuk.kernels.testing import assert_close, assert_matches_twin, relative_error, to_device, to_host
+
+DTYPES = [np.float16, np.float32, np.float64]
+FORMATS = ['channels_last', 'channels_first']
+
+# (input spatial, kernel spatial, strides, dilation, pads, C_in, C_out)
+CONV_CASES = [
+    ((11,), (3,), (1,), (1,), ((1, 1),), 3, 5),                      # conv1d 'same'
+    ((13,), (4,), (3,), (2,), ((0, 0),), 4, 6),                      # conv1d strided, dilated, valid
+    ((7, 6), (3, 2), (2, 1), (1, 2), ((1, 1), (0, 1)), 3, 5),        # asymmetric 'same'-like pads
+    ((6, 7), (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0)), 5, 7),        # strided 1x1 downsampling
+    ((5, 5), (3, 3), (1, 1), (1, 1), ((2, 2), (2, 2)), 2, 3),        # 'full' padding
+    ((4, 5, 3), (2, 3, 2), (1, 2, 1), (1, 1, 2), ((0, 1), (1, 1), (1, 0)), 2, 3),   # conv3d
+]
+
+
+def _ids(cases):
+    return ['%dd-%s-k%s-s%s' % (len(c[0]), 'x'.join(map(str, c[0])), 'x'.join(map(str, c[1])),
+                                'x'.join(map(str, c[2]))) for c in cases]
+
+
+def _shape(batch, spatial, channels, data_format):
+    return (batch, *spatial, channels) if data_format == 'channels_last' else (batch, channels, *spatial)
+
+
+def _conv_arrays(case, dtype, data_format, seed=0, batch=2):
+    spatial, kernel, strides, dilation, pads, c_in, c_out = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(_shape(batch, spatial, c_in, data_format)).astype(dtype)
+    w = rng.standard_normal((*kernel, c_in, c_out)).astype(dtype)
+    y = twin.conv_fwd(x, w, strides, dilation, pads, data_format)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    return x, w, dy
+
+
+def _check_all_three(rt, case, dtype, data_format):
+    _, kernel, strides, dilation, pads, _, _ = case
+    x, w, dy = _conv_arrays(case, dtype, data_format)
+    assert_matches_twin(conv.conv_fwd, twin.conv_fwd, (x, w, strides, dilation, pads, data_format), rt)
+    assert_matches_twin(conv.conv_dgrad, twin.conv_dgrad, (dy, w, x.shape, strides, dilation, pads, data_format), rt)
+    assert_matches_twin(conv.conv_wgrad, twin.conv_wgrad, (x, dy, w.shape, strides, dilation, pads, data_format), rt)
+
+
+@pytest.mark.parametrize('data_format', FORMATS)
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('case', CONV_CASES, ids=_ids(CONV_CASES))
+def test_conv_fwd_dgrad_wgrad_match_twin(kernel_runtime, case, dtype, data_format):
+    _check_all_three(kernel_runtime, case, dtype, data_format)
+
+
+@contextlib.contextmanager
+def _precision(value):
+    previous = config.precision()
+    config.set_precision(value)
+    try:
+        yield
+    finally:
+        config.set_precision(previous)
+
+
+TILE_VARIANTS = [(dtype, precision, tile.name) for table, dtype, precision in
+                 [('ffma', np.float32, 'float32'), ('ffma64', np.float64, 'float32'), ('f16', np.float16, 'float32'),
+                  ('tf32', np.float32, 'tf32')]
+                 for tile in conv_tiles.TILES[table]]
+
+
+@pytest.mark.parametrize('dtype, precision, tile', TILE_VARIANTS,
+                         ids=['%s-%s-%s' % (np.dtype(d).name, p, t) for d, p, t in TILE_VARIANTS])
+@pytest.mark.parametrize('splits', [1, 3])
+def test_every_tile_and_split_k(kernel_runtime, dtype, precision, tile, splits):
+    """Each tile of the table on a problem with M, N and K tails; wgrad with and without split-K."""
+    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0)), 7, 9)
+    _, kernel, strides, dilation, pads, _, _ = case
+    x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=3, batch=3)
+    with _precision(precision), conv_tiles.forced(tile=tile, splits=splits):
+        rounded = [_round_tf32(a) for a in (x, w, dy)] if precision == 'tf32' else [x, w, dy]
+        xr, wr, dyr = (a.astype(np.float64) for a in rounded)
+        outs = [(conv.conv_fwd, (x, w, strides, dilation, pads, 'channels_last'),
+                 twin.conv_fwd(xr, wr, strides, dilation, pads, 'channels_last')),
+                (conv.conv_dgrad, (dy, w, x.shape, strides, dilation, pads, 'channels_last'),
+                 twin.conv_dgrad(dyr, wr, x.shape, strides, dilation, pads, 'channels_last')),
+                (conv.conv_wgrad, (x, dy, w.shape, strides, dilation, pads, 'channels_last'),
+                 twin.conv_wgrad(xr, dyr, w.shape, strides, dilation, pads, 'channels_last'))]
+        for fn, args, ref in outs:
+            out = fn(*[to_device(kernel_runtime, a) for a in args], runtime=kernel_runtime)
+            assert to_host(out).dtype == np.dtype(dtype)
+            assert_close(out, ref, dtype, '%s with tile %s' % (fn.__name__, tile))
+
+
+def _round_tf32(a):
+    """float32 -> the tf32 value the MMA sees (round half away from zero to 10 mantissa bits)."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
+
+
+@pytest.mark.parametrize('data_format', FORMATS)
+def test_tf32_mode_uses_tensor_cores_only_when_asked(kernel_runtime, data_format):
+    case = CONV_CASES[2]
+    _, kernel, strides, dilation, pads, _, _ = case
+    x, w, _ = _conv_arrays(case, np.float32, data_format, seed=5)
+    args = (x, w, strides, dilation, pads, data_format)
+    exact = twin.conv_fwd(x.astype(np.float64), w.astype(np.float64), *args[2:])
+    with _precision('tf32'):
+        out = conv.conv_fwd(*[to_device(kernel_runtime, a) for a in args], runtime=kernel_runtime)
+    # Inputs rounded to tf32, products and sums in float32: float32 tolerance holds.
+    rounded = twin.conv_fwd(_round_tf32(x).astype(np.float64), _round_tf32(w).astype(np.float64), *args[2:])
+    assert_close(out, rounded, np.float32, 'conv_fwd in tf32 mode')
+    assert relative_error(out, exact) > 1e-5, 'tf32 mode should round the inputs to 10 mantissa bits'
+    strict = conv.conv_fwd(*[to_device(kernel_runtime, a) for a in args], runtime=kernel_runtime)
+    assert_close(strict, exact, np.float32, 'conv_fwd in strict float32 mode')
+
+
+@pytest.mark.parametrize('data_format', FORMATS)
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('epilogue', ['bias', 'bias_relu'])
+def test_conv_fwd_fused_bias_relu(kernel_runtime, epilogue, dtype, data_format):
+    case = CONV_CASES[2]
+    _, kernel, strides, dilation, pads, _, c_out = case
+    x, w, _ = _conv_arrays(case, dtype, data_format, seed=7)
+    bias = np.random.default_rng(8).standard_normal(c_out).astype(dtype)
+    out = conv.conv_fwd(to_device(kernel_runtime, x), to_device(kernel_runtime, w), strides, dilation, pads,
+                        data_format, epilogue=epilogue, bias=to_device(kernel_runtime, bias), runtime=kernel_runtime)
+    ref = twin.conv_fwd(x.astype(np.float64), w.astype(np.float64), strides, dilation, pads, data_format)
+    ref = ref + (bias.astype(np.float64) if data_format == 'channels_last' else bias.astype(np.float64)[:, None, None])
+    if epilogue == 'bias_relu':
+        ref = np.maximum(ref, 0)
+        assert (to_host(out) >= 0).all()
+    assert to_host(out).dtype == np.dtype(dtype)
+    assert_close(out, ref, dtype, 'conv_fwd epilogue=%s' % epilogue)
+
+
+# ---------------------------------------------------------------- depthwise
+
+# (input spatial, kernel spatial, strides, dilation, pads, C_in, multiplier)
+DEPTHWISE_CASES = [
+    ((10,), (3,), (1,), (1,), ((1, 1),), 3, 1),
+    ((9, 8), (3, 3), (2, 2), (1, 1), ((1, 1), (0, 1)), 5, 2),
+    ((7, 9), (2, 3), (1, 2), (2, 1), ((0, 1), (1, 1)), 33, 1),          # > 32 channels: two channel tiles
+    ((4, 5, 4), (2, 2, 3), (1, 1, 2), (1, 2, 1), ((1, 0), (0, 0), (1, 1)), 2, 3),
+]
+
+
+def _depthwise_arrays(case, dtype, data_format, seed=0):
+    spatial, kernel, strides, dilation, pads, c_in, mult = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(_shape(2, spatial, c_in, data_format)).astype(dtype)
+    w = rng.standard_normal((*kernel, c_in, mult)).astype(dtype)
+    dy = rng.standard_normal(twin.depthwise_conv_fwd(x, w, strides, dilation, pads, data_format).shape).astype(dtype)
+    return x, w, dy
+
+
+@pytest.mark.parametrize('data_format', FORMATS)
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('case', DEPTHWISE_CASES, ids=_ids(DEPTHWISE_CASES))
+def test_depthwise_matches_twin(kernel_runtime, case, dtype, data_format):
+    _, _, strides, dilation, pads, _, _ = case
+    x, w, dy = _depthwise_arrays(case, dtype, data_format)
+    geometry = (strides, dilation, pads, data_format)
+    assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), kernel_runtime)
+    assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry),
+                        kernel_runtime)
+    assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, (x, dy, w.shape, *geometry),
+                        kernel_runtime)
+
+
+def test_depthwise_split_wgrad_and_filter_in_global_memory(kernel_runtime):
+    """Pixel splits with the deterministic second pass; filters too big for shared memory."""
+    case = DEPTHWISE_CASES[1]
+    _, _, strides, dilation, pads, _, _ = case
+    x, w, dy = _depthwise_arrays(case, np.float32, 'channels_last', seed=2)
+    with conv_tiles.forced(splits=4):
+        assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
+                            (x, dy, w.shape, strides, dilation, pads, 'channels_last'), kernel_runtime)
+    big = ((17, 16), (16, 14), (1, 1), (1, 1), ((0, 0), (0, 1)), 2, 2)   # 224 taps x 2 > 384 / 2
+    assert conv_direct._filter_shared_bytes(np.float32, 16 * 14 * 2) == 0
+    assert conv_direct._filter_shared_bytes(np.float64, 16 * 14) == 0
+    for dtype in (np.float32, np.float64):
+        x, w, dy = _depthwise_arrays(big, dtype, 'channels_last', seed=4)
+        geometry = ((1, 1), (1, 1), big[4], 'channels_last')
+        assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), kernel_runtime)
+        assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry),
+                            kernel_runtime)
+
+
+# ---------------------------------------------------------------- locally connected
+
+# (input spatial, kernel_size, strides, output_spatial, C_in, C_out)
+LOCAL_CASES = [
+    ((9,), (3,), (2,), (4,), 3, 4),
+    ((7, 6), (3, 2), (1, 2), (5, 3), 2, 3),
+    ((6, 7), (2, 3), (2, 2), (2, 2), 3, 2),      # windows that leave input pixels unread
+    ((4, 3, 4), (2, 2, 3), (1, 1, 1), (3, 2, 2), 2, 2),
+]
+
+
+@pytest.mark.parametrize('data_format', FORMATS)
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('case', LOCAL_CASES, ids=['%dd-%d' % (len(c[0]), i) for i, c in enumerate(LOCAL_CASES)])
+def test_local_conv_matches_twin(kernel_runtime, case, dtype, data_format):
+    spatial, kernel_size, strides, output_spatial, c_in, c_out = case
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(_shape(2, spatial, c_in, data_format)).astype(dtype)
+    w = rng.standard_normal((int(np.prod(output_spatial)), int(np.prod(kernel_size)) * c_in, c_out)).astype(dtype)
+    dy = rng.standard_normal(_shape(2, output_spatial, c_out, data_format)).astype(dtype)
+    geometry = (kernel_size, strides, output_spatial, data_format)
+    assert_matches_twin(conv.local_conv_fwd, twin.local_conv_fwd, (x, w, *geometry), kernel_runtime)
+    assert_matches_twin(conv.local_conv_dgrad, twin.local_conv_dgrad, (dy, w, x.shape, *geometry), kernel_runtime)
+    assert_matches_twin(conv.local_conv_wgrad, twin.local_conv_wgrad, (x, dy, w.shape, *geometry), kernel_runtime)
+
+
+# ---------------------------------------------------------------- bad input
+
+def _same_error(kernel_fn, twin_fn, args, exc_type, match):
+    """The launcher raises exactly the twin's error (type and message), before any launch."""
+    with pytest.raises(exc_type, match=match) as twin_error:
+        twin_fn(*args)
+    with pytest.raises(exc_type) as kernel_error:
+        kernel_fn(*args, runtime='emulate')
+    assert str(kernel_error.value) == str(twin_error.value)
+
+
+X = np.zeros((2, 5, 5, 3), np.float32)
+W = np.zeros((3, 3, 3, 4), np.float32)
+DY = np.zeros((2, 3, 3, 4), np.float32)
+VALID = (((1, 1), (1, 1), ((0, 0), (0, 0)), 'channels_last'))
+BAD_INPUTS = [
+    (conv.conv_fwd, twin.conv_fwd, (X, W[:, :, :2], *VALID), ValueError, r'conv_fwd: the channel count of x'),
+    (conv.conv_fwd, twin.conv_fwd, (X[:, :0], W, *VALID), ValueError, r'conv_fwd: x must not have a zero-size'),
+    (conv.conv_fwd, twin.conv_fwd, (X, W, (0, 1), *VALID[1:]), ValueError, r'conv_fwd: strides must be >= 1'),
+    (conv.conv_fwd, twin.conv_fwd, (X.astype(np.int32), W.astype(np.int32), *VALID), TypeError,
+     r'conv_fwd: x must be a float16, float32 or float64 array, got dtype int32'),
+    (conv.conv_fwd, twin.conv_fwd, (X, W.astype(np.float64), *VALID), TypeError, r'conv_fwd: x and w must have'),
+    (conv.conv_fwd, twin.conv_fwd, (X, W, *VALID[:3], 'nhwc'), ValueError, r'data_format'),
+    (conv.conv_fwd, twin.conv_fwd, (X[:, :2, :2], W, *VALID), ValueError, r'conv_fwd: padded input spatial size'),
+    (conv.conv_dgrad, twin.conv_dgrad, (DY[:, :2], W, X.shape, *VALID), ValueError, r'conv_dgrad: dy spatial'),
+    (conv.conv_dgrad, twin.conv_dgrad, (DY, W, (2, 5, 5, 2), *VALID), ValueError, r'conv_dgrad: the channel count'),
+    (conv.conv_wgrad, twin.conv_wgrad, (X, DY[:1], W.shape, *VALID), ValueError, r'conv_wgrad: batch sizes'),
+    (conv.conv_wgrad, twin.conv_wgrad, (X, DY, (3, 3, 3, 5), *VALID), ValueError, r'conv_wgrad: the channel count'),
+    (conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (X, W[:, :, :2, :1], *VALID), ValueError,
+     r'depthwise_conv_fwd: the channel count'),
+    (conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (DY[..., :2], W[:, :, :, :1], X.shape, *VALID),
+     ValueError, r'depthwise_conv_dgrad: the channel count of dy'),
+    (conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, (X, DY.astype(np.float16), (3, 3, 3, 1), *VALID),
+     TypeError, r'depthwise_conv_wgrad: x and dy must have the same dtype'),
+    (conv.local_conv_fwd, twin.local_conv_fwd, (X, np.zeros((9, 27, 2), np.float32), (3, 3), (1, 1), (3, 4),
+                                                'channels_last'), ValueError, r'local_conv_fwd: output_spatial'),
+    (conv.local_conv_wgrad, twin.local_conv_wgrad, (X, DY, (9, 26, 4), (3, 3), (1, 1), (3, 3), 'channels_last'),
+     ValueError, r'local_conv_wgrad: w_shape must have shape \(9, 27, C_out\)'),
+]
+
+
+@pytest.mark.parametrize('kernel_fn, twin_fn, args, exc_type, match', BAD_INPUTS,
+                         ids=['%s-%d' % (b[0].__name__, i) for i, b in enumerate(BAD_INPUTS)])
+def test_bad_input_raises_the_twins_error(kernel_fn, twin_fn, args, exc_type, match):
+    _same_error(kernel_fn, twin_fn, args, exc_type, match)
+
+
+def test_bad_epilogue_and_array_type():
+    x, w = X + 1, W + 1
+    with pytest.raises(ValueError, match=r"conv_fwd: epilogue must be None, 'bias' or 'bias_relu', got 'relu'"):
+        conv.conv_fwd(x, w, *VALID, epilogue='relu', runtime='emulate')
+    with pytest.raises(ValueError, match=r'conv_fwd: bias must have shape \(4,\) \(C_out\), got \(3,\)'):
+        conv.conv_fwd(x, w, *VALID, epilogue='bias', bias=np.zeros(3, np.float32), runtime='emulate')
+    with pytest.raises(TypeError, match=r'conv_fwd: bias.dtype must equal x.dtype \(float32\), got float64'):
+        conv.conv_fwd(x, w, *VALID, epilogue='bias_relu', bias=np.zeros(4), runtime='emulate')
+    with pytest.raises(ValueError, match=r'conv_fwd: bias is only used with epilogue'):
+        conv.conv_fwd(x, w, *VALID, bias=np.zeros(4, np.float32), runtime='emulate')
+    with pytest.raises(TypeError, match=r'conv_fwd: x must be a numpy.ndarray, got list'):
+        conv.conv_fwd(x.tolist(), w, *VALID, runtime='emulate')
+
+
+def test_launchers_mirror_the_twin():
+    import inspect
+    for name in twin.__all__:
+        kernel_params = inspect.signature(getattr(conv, name)).parameters
+        twin_params = list(inspect.signature(getattr(twin, name)).parameters)
+        assert list(kernel_params)[:len(twin_params)] == twin_params
+        extra = [p for p in list(kernel_params)[len(twin_params):]]
+        assert all(kernel_params[p].kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
+        assert 'runtime' in extra
+
+
+def test_tile_choice_table():
+    big = conv_tiles.choose_tile(np.float32, 'float32', 32 * 56 * 56, 256, 576)
+    assert big.name == '128x128x8'
+    assert conv_tiles.choose_tile(np.float32, 'float32', 60, 5, 27).name == '32x32x8'
+    assert conv_tiles.choose_tile(np.float64, 'float32', 32 * 56 * 56, 256, 576).name == '64x64x8'
+    assert conv_tiles.choose_tile(np.float16, 'float32', 32 * 56 * 56, 256, 576).math == 'f16'
+    assert conv_tiles.choose_tile(np.float32, 'tf32', 32 * 56 * 56, 256, 576).math == 'tf32'
+    # wgrad of a 3x3 64->64 layer at N=32: M x N = 576 x 64 gives few tiles, so K is split.
+    tile = conv_tiles.choose_tile(np.float32, 'float32', 576, 64, 32 * 56 * 56, split_k=True)
+    assert conv_tiles.wgrad_splits(tile, 576, 64, 32 * 56 * 56) > 1
