@@ -20,9 +20,16 @@ venv: $(STAMP)
 demo: venv
 	$(BIN)/python -m gpuk.demo
 
+# The second run sends the graph ops and Keras models through the CUDA kernels on the
+# emulated CUDA runtime: the whole backend as it runs on a GPU, on any host.
+EMULATED_TESTS := tests/test_emulated_backend.py tests/test_conv_ops.py tests/test_pooling_ops.py \
+	tests/test_batchnorm_ops.py tests/test_xent_ops.py tests/test_ctc_ops.py tests/test_bias.py \
+	tests/keras/test_models.py
+
 test: venv
 	$(BIN)/python -m gpuk.kernels.build --check
 	$(BIN)/python -m pytest -q
+	GPUK_DEVICE=emulate $(BIN)/python -m pytest -q $(EMULATED_TESTS)
 
 bench: venv
 	$(BIN)/python -m bench
