@@ -34,6 +34,8 @@ def test_missing_keras_json_gives_defaults(tmp_path, monkeypatch):
 
 
 def test_setters_validate_and_round_trip(monkeypatch):
+    # gpuk's own settings (Keras's, once Keras is imported by other tests, must stay untouched)
+    monkeypatch.delitem(sys.modules, 'keras.backend.common', raising=False)
     monkeypatch.setattr(config, '_settings', dict(config._settings))
     K.set_floatx('float64')
     assert K.floatx() == 'float64'
