@@ -37,10 +37,15 @@ def on_device(request):
 
 @pytest.fixture(autouse=True)
 def _fresh_session():
-    """Each test starts with a clean graph session (learning phase, names, uids)."""
+    """Each test starts with a clean graph session (learning phase, names, uids) and leaves
+    floatx / epsilon / image_data_format as it found them."""
     from gpuk import backend as K
     K.clear_session()
+    saved = K.floatx(), K.epsilon(), K.image_data_format()
     yield
+    K.set_floatx(saved[0])
+    K.set_epsilon(saved[1])
+    K.set_image_data_format(saved[2])
 
 
 @pytest.fixture
