@@ -13,7 +13,6 @@ anything between forward and grad: by-products the backward pass needs are extra
 import numpy as np
 
 from gpuk import device
-from gpuk.graph import Meta  # noqa: F401  (re-exported for op modules)
 from gpuk.graph import Constant, static_value
 
 _HOST = device.Implementation('cpu', np)
@@ -49,10 +48,6 @@ class Op:
     def __repr__(self):
         attrs = ', '.join('%s=%r' % kv for kv in sorted(vars(self).items()))
         return '%s(%s)' % (type(self).__name__, attrs)
-
-
-def constant_like_value(value, dtype):
-    return Constant(np.asarray(value, dtype=dtype))
 
 
 def broadcast_shapes(a, b, where):

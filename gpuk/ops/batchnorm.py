@@ -14,7 +14,7 @@ from gpuk.ops import elementwise as ew
 from gpuk.ops import shape as shape_ops
 from gpuk.ops.base import Op, broadcast_shapes
 from gpuk.ops.reduction import reduce
-from gpuk.ops.softmax_xent import accumulate_dtype, composite_partial_grads, is_zero, require_float
+from gpuk.ops.fused import accumulate_dtype, composite_partial_grads, is_zero, require_float
 
 
 def kept_shape(shape, axes):

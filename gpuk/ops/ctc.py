@@ -11,7 +11,7 @@ import numpy as np
 
 from gpuk.graph import Meta, apply
 from gpuk.ops.base import Op
-from gpuk.ops.softmax_xent import accumulate_dtype, is_zero, require_float
+from gpuk.ops.fused import accumulate_dtype, is_zero, require_float
 
 
 # --- checks (shared by graph-build time, on NumPy values, and run time, on xp arrays) ----------

@@ -1,6 +1,6 @@
 """What Python operators on tensors call (graph.Tensor imports this lazily)."""
 from gpuk.ops.elementwise import binary as _binary
-from gpuk.ops.elementwise import unary  # noqa: F401
+from gpuk.ops.elementwise import unary  # noqa: F401  (graph.Tensor calls operators.unary)
 
 
 def binary(name, a, b):
