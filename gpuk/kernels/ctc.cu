@@ -18,6 +18,16 @@
 #ifndef CTC_THREADS
 #define CTC_THREADS 256
 #endif
+// Resident blocks per SM promised to ptxas: a budget of 65536 / (3 * CTC_THREADS) = 85 -> 80
+// registers per thread. Without a figure this NVRTC's ptxas held the float64 ctc_alpha and
+// ctc_beta_grad to 48 / 64 registers on sm_90 and spilled 8-28 bytes around the out-of-line
+// slow paths of double log / exp / division; with 4 (64 registers) float64 ctc_beta_grad
+// still spills on sm_90. 3 builds every variant without spills (24-80 registers). Alpha and
+// beta run one block per sample, so the batch, not the per-SM block count, bounds their
+// parallelism; 3 blocks of 8 warps per SM is more than a typical batch fills.
+#ifndef CTC_MIN_BLOCKS
+#define CTC_MIN_BLOCKS 3
+#endif
 
 typedef ELEMENT_T elem_t;
 typedef ACC_T acc_t;
@@ -38,7 +48,7 @@ __device__ __forceinline__ acc_t log_add2(acc_t a, acc_t b) { return log_add3(a,
 // ctc_frame_lse: lse[r] = log(sum_c exp(logits[r, c])) for the N*T frames r.
 // Thread mapping: one warp per frame, CTC_THREADS / 32 frames per block, lanes stride
 // over the classes with an online max/sum; shuffle merge. No shared memory, no atomics.
-extern "C" __global__ void __launch_bounds__(CTC_THREADS)
+extern "C" __global__ void __launch_bounds__(CTC_THREADS, CTC_MIN_BLOCKS)
 ctc_frame_lse(const elem_t* __restrict__ logits, acc_t* __restrict__ lse, long long frames, long long classes) {
     const long long warps = blockDim.x >> 5;
     const unsigned lane = threadIdx.x & 31u;
@@ -81,7 +91,7 @@ struct ExtendedLabel {
 // in global memory (written by the block before the __syncthreads), so there is no
 // shared-memory limit on S. Rows t >= T_n and states s >= 2 L_n + 1 are -inf.
 // A label with no alignment gives loss inf. No atomics.
-extern "C" __global__ void __launch_bounds__(CTC_THREADS)
+extern "C" __global__ void __launch_bounds__(CTC_THREADS, CTC_MIN_BLOCKS)
 ctc_alpha(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse, const long long* __restrict__ labels,
           const long long* __restrict__ input_lengths, const long long* __restrict__ label_lengths,
           acc_t* __restrict__ log_alpha, elem_t* __restrict__ loss, long long steps, long long classes,
@@ -134,7 +144,7 @@ ctc_alpha(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse
 // written softmax-first; after a barrier, the first position of each label class (and
 // thread 0 for the blank, summed with a block reduction) overwrites its class with the
 // occupation summed over the chain: deterministic, no atomics.
-extern "C" __global__ void __launch_bounds__(CTC_THREADS)
+extern "C" __global__ void __launch_bounds__(CTC_THREADS, CTC_MIN_BLOCKS)
 ctc_beta_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
               const long long* __restrict__ labels, const long long* __restrict__ input_lengths,
               const long long* __restrict__ label_lengths, const acc_t* __restrict__ log_alpha,

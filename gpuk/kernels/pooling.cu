@@ -25,6 +25,16 @@
 #ifndef GLOBAL_POOL_ROWS
 #define GLOBAL_POOL_ROWS 8
 #endif
+// Resident blocks per SM promised to ptxas for the window kernels (max/avg forward, avg
+// backward): a register budget of 65536 / (3 * POOL_THREADS) = 85 -> 80 per thread. Without
+// a figure this NVRTC's ptxas capped them at 40-64 registers and spilled 4-40 bytes around
+// the out-of-line slow path of the IEEE division (avg) and the 16-byte lanes (8 values and
+// 8 int64 argmax of max_pool_fwd on half); with 4 (64 registers) max_pool_fwd on half still
+// spills on sm_90. 3 builds every variant without spills using 42-80 registers, i.e. 3-5
+// blocks (24-40 warps) per SM: enough to hide the latency of these memory-bound gathers.
+#ifndef POOL_MIN_BLOCKS
+#define POOL_MIN_BLOCKS 3
+#endif
 #define LAYOUT_CHANNELS_FIRST 0
 #define LAYOUT_CHANNELS_LAST 1
 #define LAYOUT_CHANNELS_LAST_VEC 2
@@ -183,7 +193,7 @@ __device__ __forceinline__ void pool_fwd_dispatch(const elem_t* __restrict__ x, 
 
 // max_pool_fwd: y and argmax (int64, shaped like y). Mapping and rules: pool_fwd_body.
 // Limits: per-sample sizes < 2^31, window * stride within int. No shared memory, no atomics.
-extern "C" __global__ void __launch_bounds__(POOL_THREADS)
+extern "C" __global__ void __launch_bounds__(POOL_THREADS, POOL_MIN_BLOCKS)
 max_pool_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, long long* __restrict__ argmax, int n, int c,
              int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d,
              int s_h, int s_w, int p_d, int p_h, int p_w, int layout) {
@@ -194,7 +204,7 @@ max_pool_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, long long* __
 
 // avg_pool_fwd: the mean of the real elements of each window, accumulated in acc_t.
 // Mapping: pool_fwd_body. No shared memory, no atomics.
-extern "C" __global__ void __launch_bounds__(POOL_THREADS)
+extern "C" __global__ void __launch_bounds__(POOL_THREADS, POOL_MIN_BLOCKS)
 avg_pool_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, int n, int c, int in_d, int in_h, int in_w,
              int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d,
              int p_h, int p_w, int layout) {
@@ -253,7 +263,7 @@ __device__ __forceinline__ void avg_pool_bwd_body(const elem_t* __restrict__ dy,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(POOL_THREADS)
+extern "C" __global__ void __launch_bounds__(POOL_THREADS, POOL_MIN_BLOCKS)
 avg_pool_bwd(const elem_t* __restrict__ dy, elem_t* __restrict__ dx, int n, int c, int in_d, int in_h, int in_w,
              int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d,
              int p_h, int p_w, int layout) {

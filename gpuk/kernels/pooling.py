@@ -45,11 +45,9 @@ def defines(dtype):
             'GLOBAL_POOL_THREADS': GLOBAL_POOL_THREADS, 'GLOBAL_POOL_ROWS': GLOBAL_POOL_ROWS}
 
 
-# may_spill: ptxas spills 4-40 bytes in the window kernels (avg_pool_fwd/bwd, max_pool_fwd)
-# on some variants, apparently around the out-of-line slow paths of IEEE division; not yet
-# removed (see the report of issue 7). The other kernels build without spills.
+# Every variant builds without spills (POOL_MIN_BLOCKS in pooling.cu says why it is needed).
 for _dtype in ELEMENT_TYPES:
-    register_build(SOURCE, defines(_dtype), KERNELS, may_spill=True)
+    register_build(SOURCE, defines(_dtype), KERNELS)
 
 
 def _blocks(work_items, threads, max_blocks=POOL_MAX_BLOCKS):

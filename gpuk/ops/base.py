@@ -13,7 +13,7 @@ anything between forward and grad: by-products the backward pass needs are extra
 import numpy as np
 
 from gpuk import device
-from gpuk.graph import Constant, static_value
+from gpuk.graph import static_value
 
 _HOST = device.Implementation('cpu', np)
 
