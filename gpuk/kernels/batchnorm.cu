@@ -140,6 +140,18 @@ bn_bwd_sums_channels_first(const elem_t* __restrict__ dy, const elem_t* __restri
         sums_channels_first<true, unsigned long long>(x, dy, mean, partials, outer, c, inner, per_split);
 }
 
+// The two sums of channel ch over the splits, added in split order (deterministic):
+// partials is (splits, c, 2), written by the sums kernels.
+__device__ __forceinline__ void add_split_pairs(const acc_t* __restrict__ partials, long long c, long long ch,
+                                                long long splits, acc_t& first, acc_t& second) {
+    first = acc_t(0);
+    second = acc_t(0);
+    for (long long s = 0; s < splits; ++s) {
+        first += partials[(s * c + ch) * 2];
+        second += partials[(s * c + ch) * 2 + 1];
+    }
+}
+
 // bn_stats_finalize: one thread per channel adds the splits in order and writes mean, the
 // biased var, inv_std = 1 / sqrt(var + epsilon) and scale = inv_std * gamma.
 // K is re-read from x[ch * inner] (the element the sums kernels shifted by). epsilon is a
@@ -150,11 +162,8 @@ bn_stats_finalize(const elem_t* __restrict__ x, const acc_t* __restrict__ partia
                   acc_t* __restrict__ scale, const acc_t* __restrict__ epsilon, long long c, long long inner,
                   long long splits, long long count) {
     GPUK_GRID_STRIDE_LOOP(ch, c) {
-        acc_t s1 = acc_t(0), s2 = acc_t(0);
-        for (long long s = 0; s < splits; ++s) {
-            s1 += partials[(s * c + ch) * 2];
-            s2 += partials[(s * c + ch) * 2 + 1];
-        }
+        acc_t s1, s2;
+        add_split_pairs(partials, c, ch, splits, s1, s2);
         const acc_t n = acc_t(count);
         const acc_t shift_mean = s1 / n;
         acc_t v = (s2 - s1 * shift_mean) / n;
@@ -179,11 +188,8 @@ bn_bwd_finalize(const acc_t* __restrict__ partials, const acc_t* __restrict__ in
                 acc_t* __restrict__ dgamma, acc_t* __restrict__ dbeta, acc_t* __restrict__ coef, long long c,
                 long long splits, long long count) {
     GPUK_GRID_STRIDE_LOOP(ch, c) {
-        acc_t sum_dy = acc_t(0), sum_dy_centred = acc_t(0);
-        for (long long s = 0; s < splits; ++s) {
-            sum_dy += partials[(s * c + ch) * 2];
-            sum_dy_centred += partials[(s * c + ch) * 2 + 1];
-        }
+        acc_t sum_dy, sum_dy_centred;
+        add_split_pairs(partials, c, ch, splits, sum_dy, sum_dy_centred);
         const acc_t n = acc_t(count), r = inv_std[ch];
         const acc_t dg = r * sum_dy_centred;
         const acc_t a = r * gamma[ch];

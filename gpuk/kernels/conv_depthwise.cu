@@ -15,7 +15,10 @@
 #define DW_PIX 4         // register blocking: consecutive pixels per thread
 #endif
 // __launch_bounds__ names the minimum blocks per SM explicitly: without it this NVRTC's
-// ptxas capped registers low (32-64) and spilled the index math.
+// ptxas capped registers low (32-64) and spilled the index math. 2 blocks of DW_THREADS
+// (256) threads allow 128 registers per thread; the DW_PIX register blocking of fwd/dgrad
+// (4 accumulators, 4 decoded pixels, 4 int64 source offsets) needs 76-101, so 2 is the
+// largest figure that keeps them spill-free, and 16 warps per SM still overlap the loads.
 #define DW_THREADS (DW_CHANNELS * DW_ROWS)
 
 struct DwGeom {
@@ -55,6 +58,33 @@ __device__ __forceinline__ void split_pixel(unsigned pix, unsigned size_h, unsig
     h = (int)((pix / size_w) % size_h);
     d = (int)(pix / (size_w * size_h));
 }
+// Pixel p0 + q of a thread's DW_PIX run over (batch x `volume` spatial pixels): its sample n
+// and spatial (d, h, w). A pixel at or past `total` decodes as pixel 0; its result is never
+// stored (store_run), so its reads stay in bounds.
+__device__ __forceinline__ void split_run_pixel(long long p0, int q, long long total, long long volume, int size_h,
+                                                int size_w, int& n, int& d, int& h, int& w) {
+    const unsigned p = p0 + q < total ? (unsigned)(p0 + q) : 0u;
+    n = (int)(p / (unsigned)volume);
+    split_pixel(p - (unsigned)n * (unsigned)volume, size_h, size_w, d, h, w);
+}
+// Tap t of the (k_d, k_h, k_w) window, row-major.
+__device__ __forceinline__ void split_tap(int t, const DwGeom& g, int& kd, int& kh, int& kw) {
+    kw = t % g.k_w;
+    kh = (t / g.k_w) % g.k_h;
+    kd = t / (g.k_w * g.k_h);
+}
+// Stores the DW_PIX results of a run (pixels p0 .. p0 + DW_PIX - 1, those below `total`)
+// of channel ch of a tensor with `channels` channels and `volume` pixels per sample.
+__device__ __forceinline__ void store_run(elem_t* __restrict__ out, const acc_t acc[DW_PIX], const int n[DW_PIX],
+                                          long long p0, long long total, long long ch, long long channels,
+                                          long long volume, int channels_last) {
+#pragma unroll
+    for (int q = 0; q < DW_PIX; ++q) {
+        if (p0 + q >= total) break;
+        const long long pix = p0 + q - (long long)n[q] * volume;
+        out[tensor_offset(n[q], ch, pix, channels, volume, channels_last)] = ElementTraits<elem_t>::from_acc(acc[q]);
+    }
+}
 
 // depthwise_fwd: y[n, o, j] = sum_tap x[n, o*s - pad + tap*dil, j / M] * w[tap, j].
 // Thread mapping: block (DW_CHANNELS, DW_ROWS); thread (tx, ty) computes DW_PIX consecutive
@@ -83,14 +113,13 @@ depthwise_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, elem_t
     acc_t acc[DW_PIX];
 #pragma unroll
     for (int q = 0; q < DW_PIX; ++q) {
-        const unsigned p = p0 + q < total ? (unsigned)(p0 + q) : 0u;
-        n[q] = (int)(p / (unsigned)g.out_pix);
-        split_pixel(p - (unsigned)n[q] * (unsigned)g.out_pix, g.out_h, g.out_w, od[q], oh[q], ow[q]);
+        split_run_pixel(p0, q, total, g.out_pix, g.out_h, g.out_w, n[q], od[q], oh[q], ow[q]);
         od[q] = od[q] * g.s_d - g.pad_d; oh[q] = oh[q] * g.s_h - g.pad_h; ow[q] = ow[q] * g.s_w - g.pad_w;
         acc[q] = acc_t(0);
     }
     for (int t = 0; t < g.taps; ++t) {
-        const int kw = t % g.k_w, kh = (t / g.k_w) % g.k_h, kd = t / (g.k_w * g.k_h);
+        int kd, kh, kw;
+        split_tap(t, g, kd, kh, kw);
         const acc_t wv = filter_in_shared ? filter_s[t * DW_CHANNELS + threadIdx.x]
                                           : to_acc(w[(long long)t * g.c_out + j]);
 #pragma unroll
@@ -101,12 +130,7 @@ depthwise_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, elem_t
                                                  g.in_pix, g.channels_last)]) * wv;
         }
     }
-#pragma unroll
-    for (int q = 0; q < DW_PIX; ++q) {
-        if (p0 + q >= total) break;
-        const long long pix = p0 + q - (long long)n[q] * g.out_pix;
-        y[tensor_offset(n[q], j, pix, g.c_out, g.out_pix, g.channels_last)] = ElementTraits<elem_t>::from_acc(acc[q]);
-    }
+    store_run(y, acc, n, p0, total, j, g.c_out, g.out_pix, g.channels_last);
 }
 
 // dgrad source along one dim: the output coordinate o with o*s == i + pad - tap*dil, or -1.
@@ -145,14 +169,13 @@ depthwise_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, ele
     acc_t acc[DW_PIX];
 #pragma unroll
     for (int q = 0; q < DW_PIX; ++q) {
-        const unsigned p = p0 + q < total ? (unsigned)(p0 + q) : 0u;
-        n[q] = (int)(p / (unsigned)g.in_pix);
-        split_pixel(p - (unsigned)n[q] * (unsigned)g.in_pix, g.in_h, g.in_w, sd[q], sh[q], sw[q]);
+        split_run_pixel(p0, q, total, g.in_pix, g.in_h, g.in_w, n[q], sd[q], sh[q], sw[q]);
         sd[q] += g.pad_d; sh[q] += g.pad_h; sw[q] += g.pad_w;
         acc[q] = acc_t(0);
     }
     for (int t = 0; t < g.taps; ++t) {
-        const int kw = t % g.k_w, kh = (t / g.k_w) % g.k_h, kd = t / (g.k_w * g.k_h);
+        int kd, kh, kw;
+        split_tap(t, g, kd, kh, kw);
         long long src[DW_PIX];   // dy offset of channel c*M (m = 0), or -1
 #pragma unroll
         for (int q = 0; q < DW_PIX; ++q) {
@@ -173,12 +196,7 @@ depthwise_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, ele
                 if (src[q] >= 0) acc[q] += to_acc(dy[src[q] + m * channel_step]) * wv;
         }
     }
-#pragma unroll
-    for (int q = 0; q < DW_PIX; ++q) {
-        if (p0 + q >= total) break;
-        const long long pix = p0 + q - (long long)n[q] * g.in_pix;
-        dx[tensor_offset(n[q], c, pix, g.c_in, g.in_pix, g.channels_last)] = ElementTraits<elem_t>::from_acc(acc[q]);
-    }
+    store_run(dx, acc, n, p0, total, c, g.c_in, g.in_pix, g.channels_last);
 }
 
 // depthwise_wgrad: dw[tap, j] = sum over (n, o) of x[n, o*s - pad + tap*dil, j / M] * dy[n, o, j].
@@ -196,7 +214,8 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
     __shared__ acc_t row_sums[DW_ROWS][DW_CHANNELS];
     const DwGeom g = make_dw_geom(DW_ARGS);
     const int t = blockIdx.x, j = blockIdx.y * DW_CHANNELS + threadIdx.x;
-    const int kw = t % g.k_w, kh = (t / g.k_w) % g.k_h, kd = t / (g.k_w * g.k_h);
+    int kd, kh, kw;
+    split_tap(t, g, kd, kh, kw);
     const long long total = (long long)g.batch * g.out_pix;
     const long long begin = (long long)blockIdx.z * pixels_per_split;
     const long long end = begin + pixels_per_split < total ? begin + pixels_per_split : total;

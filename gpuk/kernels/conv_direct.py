@@ -86,13 +86,36 @@ def _filter_shared_bytes(dtype, entries):
     return nbytes if nbytes <= DW_MAX_FILTER_SHARED else 0
 
 
+def _checked_pair(fn, runtime, first, second):
+    """(rt, a, b): the runtime and the two named inputs (name, array) as float arrays of its
+    xp with one dtype; the checks of every launcher here, in the twins' order."""
+    rt = resolve(runtime)
+    a = check_float_array(fn, first[0], first[1], rt.xp)
+    b = check_float_array(fn, second[0], second[1], rt.xp)
+    twin._same_dtype(fn, [(first[0], a), (second[0], b)])
+    return rt, a, b
+
+
+def _depthwise_direct(rt, kernel_name, a, w, out, n, c_in, mult, geometry, channels_first, pixels, channels,
+                      filter_entries):
+    """Launches depthwise_fwd / depthwise_dgrad (same argument list): blocks of DW_CHANNELS x
+    DW_ROWS threads over DW_ROWS * DW_PIX pixels x DW_CHANNELS channels, the filter in
+    shared memory when its `filter_entries` per channel fit. geometry: the (in_spatial,
+    out_spatial, kernel_spatial, strides, dilation, pads) of _depthwise_args."""
+    xp = rt.xp
+    shared = _filter_shared_bytes(a.dtype, filter_entries)
+    grid = (math.ceil(pixels / (DW_ROWS * DW_PIX)), math.ceil(channels / DW_CHANNELS))
+    rt.load(DEPTHWISE_SOURCE, depthwise_defines(a.dtype)).kernel(kernel_name).launch(
+        grid, (DW_CHANNELS, DW_ROWS),
+        (xp.ascontiguousarray(a), xp.ascontiguousarray(w), out, np.int32(n), np.int32(c_in), np.int32(mult),
+         *_depthwise_args(*geometry), np.int32(not channels_first), np.int32(shared > 0)), shared_mem=shared)
+    return out
+
+
 def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format, *, runtime=None):
     """Depthwise convolution; w is (*k, C_in, M), output channel c*M + m like TensorFlow."""
     fn = 'depthwise_conv_fwd'
-    rt = resolve(runtime)
-    xp = rt.xp
-    x, w = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'w', w, xp)
-    twin._same_dtype(fn, [('x', x), ('w', w)])
+    rt, x, w = _checked_pair(fn, runtime, ('x', x), ('w', w))
     channels_first, rank, strides, dilation, pads = twin._conv_setup(
         fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
     c_in = twin._channels(x.shape, channels_first)
@@ -103,24 +126,17 @@ def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format, *, runtime=No
     c_out, n = c_in * mult, x.shape[0]
     check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
     check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
-    y = xp.empty((n, c_out, *out_spatial) if channels_first else (n, *out_spatial, c_out), x.dtype)
-    shared = _filter_shared_bytes(x.dtype, math.prod(kernel_spatial))
-    grid = (math.ceil(n * math.prod(out_spatial) / (DW_ROWS * DW_PIX)), math.ceil(c_out / DW_CHANNELS))
-    rt.load(DEPTHWISE_SOURCE, depthwise_defines(x.dtype)).kernel('depthwise_fwd').launch(
-        grid, (DW_CHANNELS, DW_ROWS),
-        (xp.ascontiguousarray(x), xp.ascontiguousarray(w), y, np.int32(n), np.int32(c_in), np.int32(mult),
-         *_depthwise_args(in_spatial, out_spatial, kernel_spatial, strides, dilation, pads),
-         np.int32(not channels_first), np.int32(shared > 0)), shared_mem=shared)
-    return y
+    y = rt.xp.empty((n, c_out, *out_spatial) if channels_first else (n, *out_spatial, c_out), x.dtype)
+    return _depthwise_direct(rt, 'depthwise_fwd', x, w, y, n, c_in, mult,
+                             (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads), channels_first,
+                             pixels=n * math.prod(out_spatial), channels=c_out,
+                             filter_entries=math.prod(kernel_spatial))
 
 
 def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of depthwise_conv_fwd with respect to x."""
     fn = 'depthwise_conv_dgrad'
-    rt = resolve(runtime)
-    xp = rt.xp
-    dy, w = check_float_array(fn, 'dy', dy, xp), check_float_array(fn, 'w', w, xp)
-    twin._same_dtype(fn, [('dy', dy), ('w', w)])
+    rt, dy, w = _checked_pair(fn, runtime, ('dy', dy), ('w', w))
     channels_first, rank, strides, dilation, pads = twin._conv_setup(
         fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
     x_shape = twin._shape_tuple(fn, 'x_shape', x_shape, rank + 2)
@@ -136,15 +152,11 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *
     n = x_shape[0]
     check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
     check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
-    dx = xp.empty(x_shape, dy.dtype)
-    shared = _filter_shared_bytes(dy.dtype, math.prod(kernel_spatial) * mult)
-    grid = (math.ceil(n * math.prod(in_spatial) / (DW_ROWS * DW_PIX)), math.ceil(c_in / DW_CHANNELS))
-    rt.load(DEPTHWISE_SOURCE, depthwise_defines(dy.dtype)).kernel('depthwise_dgrad').launch(
-        grid, (DW_CHANNELS, DW_ROWS),
-        (xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx, np.int32(n), np.int32(c_in), np.int32(mult),
-         *_depthwise_args(in_spatial, out_spatial, kernel_spatial, strides, dilation, pads),
-         np.int32(not channels_first), np.int32(shared > 0)), shared_mem=shared)
-    return dx
+    dx = rt.xp.empty(x_shape, dy.dtype)
+    return _depthwise_direct(rt, 'depthwise_dgrad', dy, w, dx, n, c_in, mult,
+                             (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads), channels_first,
+                             pixels=n * math.prod(in_spatial), channels=c_in,
+                             filter_entries=math.prod(kernel_spatial) * mult)
 
 
 def depthwise_wgrad_splits(pixels, taps, channel_tiles):
@@ -156,10 +168,8 @@ def depthwise_wgrad_splits(pixels, taps, channel_tiles):
 def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of depthwise_conv_fwd with respect to w."""
     fn = 'depthwise_conv_wgrad'
-    rt = resolve(runtime)
+    rt, x, dy = _checked_pair(fn, runtime, ('x', x), ('dy', dy))
     xp = rt.xp
-    x, dy = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'dy', dy, xp)
-    twin._same_dtype(fn, [('x', x), ('dy', dy)])
     channels_first = twin._channels_first(fn, data_format)
     rank = twin._spatial_rank(fn, 'x', x)
     twin._check_rank(fn, 'dy', dy, rank + 2, 'like x')
@@ -201,6 +211,7 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *
 
 def _local_launch(rt, kernel_name, dtype, out, work, args, n, c_in, c_out, in_spatial, output_spatial, kernel_size,
                   strides, channels_first):
+    args = tuple(rt.xp.ascontiguousarray(a) for a in args)
     for name, array in zip(('x or dy', 'w or dy'), args):
         check_index_limit(kernel_name, 'the element count of %s' % name, array.size)
     check_index_limit(kernel_name, 'the element count of the result', out.size)
@@ -213,63 +224,56 @@ def _local_launch(rt, kernel_name, dtype, out, work, args, n, c_in, c_out, in_sp
     return out
 
 
+def _local_window(fn, data_format, rank_name, rank_array, x_shape, kernel_size, strides, output_spatial):
+    """(channels_first, rank, x_shape, in_spatial, kernel_size, strides, output_spatial): the
+    window checks shared by the three local launchers, in the twins' order. The spatial rank
+    comes from `rank_array`; x_shape None means rank_array's own shape."""
+    channels_first = twin._channels_first(fn, data_format)
+    rank = twin._spatial_rank(fn, rank_name, rank_array)
+    x_shape = rank_array.shape if x_shape is None else twin._shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    in_spatial = twin._spatial(x_shape, channels_first)
+    kernel_size, strides, output_spatial = twin._local_setup(fn, rank, kernel_size, strides, output_spatial,
+                                                             in_spatial)
+    return channels_first, rank, x_shape, in_spatial, kernel_size, strides, output_spatial
+
+
 def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format, *, runtime=None):
     """Convolution with unshared weights w (P, prod(k) * C_in, C_out), P = prod(output_spatial)."""
     fn = 'local_conv_fwd'
-    rt = resolve(runtime)
-    xp = rt.xp
-    x, w = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'w', w, xp)
-    twin._same_dtype(fn, [('x', x), ('w', w)])
-    channels_first = twin._channels_first(fn, data_format)
-    rank = twin._spatial_rank(fn, 'x', x)
-    in_spatial = twin._spatial(x.shape, channels_first)
-    kernel_size, strides, output_spatial = twin._local_setup(fn, rank, kernel_size, strides, output_spatial,
-                                                             in_spatial)
+    rt, x, w = _checked_pair(fn, runtime, ('x', x), ('w', w))
+    channels_first, _, _, in_spatial, kernel_size, strides, output_spatial = _local_window(
+        fn, data_format, 'x', x, None, kernel_size, strides, output_spatial)
     c_in = twin._channels(x.shape, channels_first)
     twin._check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
     n, c_out = x.shape[0], w.shape[-1]
-    y = xp.empty((n, c_out, *output_spatial) if channels_first else (n, *output_spatial, c_out), x.dtype)
-    return _local_launch(rt, 'local_fwd', x.dtype, y, y.size, (xp.ascontiguousarray(x), xp.ascontiguousarray(w)),
-                         n, c_in, c_out, in_spatial, output_spatial, kernel_size, strides, channels_first)
+    y = rt.xp.empty((n, c_out, *output_spatial) if channels_first else (n, *output_spatial, c_out), x.dtype)
+    return _local_launch(rt, 'local_fwd', x.dtype, y, y.size, (x, w), n, c_in, c_out, in_spatial, output_spatial,
+                         kernel_size, strides, channels_first)
 
 
 def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_format, *, runtime=None):
     """Gradient of local_conv_fwd with respect to x."""
     fn = 'local_conv_dgrad'
-    rt = resolve(runtime)
-    xp = rt.xp
-    dy, w = check_float_array(fn, 'dy', dy, xp), check_float_array(fn, 'w', w, xp)
-    twin._same_dtype(fn, [('dy', dy), ('w', w)])
-    channels_first = twin._channels_first(fn, data_format)
-    rank = twin._spatial_rank(fn, 'dy', dy)
-    x_shape = twin._shape_tuple(fn, 'x_shape', x_shape, rank + 2)
-    in_spatial = twin._spatial(x_shape, channels_first)
-    kernel_size, strides, output_spatial = twin._local_setup(fn, rank, kernel_size, strides, output_spatial,
-                                                             in_spatial)
+    rt, dy, w = _checked_pair(fn, runtime, ('dy', dy), ('w', w))
+    channels_first, _, x_shape, in_spatial, kernel_size, strides, output_spatial = _local_window(
+        fn, data_format, 'dy', dy, x_shape, kernel_size, strides, output_spatial)
     twin._check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
     c_in = twin._channels(x_shape, channels_first)
     twin._check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
     twin._check_channels(fn, 'the channel count', 'dy', dy.shape, twin._channels(dy.shape, channels_first),
                          'w', w.shape, w.shape[-1])
     twin._check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
-    dx = xp.empty(x_shape, dy.dtype)
-    return _local_launch(rt, 'local_dgrad', dy.dtype, dx, dx.size,
-                         (xp.ascontiguousarray(dy), xp.ascontiguousarray(w)), x_shape[0], c_in, w.shape[-1],
+    dx = rt.xp.empty(x_shape, dy.dtype)
+    return _local_launch(rt, 'local_dgrad', dy.dtype, dx, dx.size, (dy, w), x_shape[0], c_in, w.shape[-1],
                          in_spatial, output_spatial, kernel_size, strides, channels_first)
 
 
 def local_conv_wgrad(x, dy, w_shape, kernel_size, strides, output_spatial, data_format, *, runtime=None):
     """Gradient of local_conv_fwd with respect to w."""
     fn = 'local_conv_wgrad'
-    rt = resolve(runtime)
-    xp = rt.xp
-    x, dy = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'dy', dy, xp)
-    twin._same_dtype(fn, [('x', x), ('dy', dy)])
-    channels_first = twin._channels_first(fn, data_format)
-    rank = twin._spatial_rank(fn, 'x', x)
-    in_spatial = twin._spatial(x.shape, channels_first)
-    kernel_size, strides, output_spatial = twin._local_setup(fn, rank, kernel_size, strides, output_spatial,
-                                                             in_spatial)
+    rt, x, dy = _checked_pair(fn, runtime, ('x', x), ('dy', dy))
+    channels_first, rank, _, in_spatial, kernel_size, strides, output_spatial = _local_window(
+        fn, data_format, 'x', x, None, kernel_size, strides, output_spatial)
     twin._check_rank(fn, 'dy', dy, rank + 2, 'like x')
     w_shape = twin._shape_tuple(fn, 'w_shape', w_shape, 3)
     twin._check_batch(fn, 'x', x.shape, 'dy', dy.shape)
@@ -278,6 +282,6 @@ def local_conv_wgrad(x, dy, w_shape, kernel_size, strides, output_spatial, data_
     c_out = twin._channels(dy.shape, channels_first)
     twin._check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape, w_shape[-1])
     twin._check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
-    dw = xp.empty(w_shape, x.dtype)
-    return _local_launch(rt, 'local_wgrad', x.dtype, dw, dw.size, (xp.ascontiguousarray(x), xp.ascontiguousarray(dy)),
-                         x.shape[0], c_in, c_out, in_spatial, output_spatial, kernel_size, strides, channels_first)
+    dw = rt.xp.empty(w_shape, x.dtype)
+    return _local_launch(rt, 'local_wgrad', x.dtype, dw, dw.size, (x, dy), x.shape[0], c_in, c_out, in_spatial,
+                         output_spatial, kernel_size, strides, channels_first)

@@ -3,7 +3,8 @@
 // is `cols` contiguous elements), #defines ELEMENT_T and the constants below, and
 // computes the grid from the same constants.
 //
-// Row mapping (every *_rows kernel, see for_each_row):
+// Row mapping (every *_rows kernel, see for_each_row; the kernels are written with the
+// per-element helpers each_element / row_sum / row_map / row_lse):
 //   cols <= WARP_ROW_MAX_COLS: one warp per row, ROW_THREADS / 32 rows per block, warp
 //     shuffle reductions, no shared memory, no __syncthreads;
 //   longer rows: one block per row (grid-stride over rows), block reductions through a
@@ -26,6 +27,16 @@
 #endif
 #ifndef BINARY_THREADS
 #define BINARY_THREADS 256
+#endif
+// Resident blocks per SM promised to ptxas for every kernel here: a budget of
+// 65536 / (3 * 256) = 85 -> 80 registers per thread. Without a figure this NVRTC's ptxas
+// held the row kernels to 32-64 registers and spilled 8-54 bytes (float64 and
+// categorical_xent_probs_rows most); with 4 (64 registers) the float64
+// categorical_xent_probs_rows and softmax_xent_rows_bwd still spill. 3 builds every
+// variant without spills (24-80 registers), and these bandwidth-bound row loops keep
+// >= 24 warps per SM in flight with it.
+#ifndef ROW_MIN_BLOCKS
+#define ROW_MIN_BLOCKS 3
 #endif
 
 #ifndef ACC_T
@@ -206,92 +217,99 @@ template <class Body> __device__ __forceinline__ void for_each_row(long long row
     }
 }
 
-template <class G> __device__ __forceinline__ LseState row_lse(const G& g, const elem_t* __restrict__ xr, long long cols,
-                                                               bool vec) {
-    LseState st{acc_neg_inf(), acc_t(0)};
+// ---- per-element row helpers: every row kernel below is built from these ----
+// Each element of a row is visited by exactly one thread of the group, in the same order
+// as a hand-written loop, so sums round exactly as they did before the helpers existed.
+template <int W> struct Lanes { acc_t v[W]; };
+template <int W> __device__ __forceinline__ Lanes<W> load_lanes(const elem_t* p) {
+    Lanes<W> l;
+    load_n<W>(p, l.v);
+    return l;
+}
+// f(k, lanes[0].v[k], lanes[1].v[k], ...) for k = 0 .. W-1 (k is a constant after unrolling,
+// so the lanes stay in registers).
+template <int W, class F, class... L> __device__ __forceinline__ void for_lanes(F&& f, const L&... lanes) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) f(k, lanes.v[k]...);
+}
+// f(column, x0, x1, ...) for each element of the row this thread owns, xi = rows_i[column]
+// as acc_t; `rows` are the row starts of input buffers (all vec_ok when vec).
+template <class G, class F, class... Rows>
+__device__ __forceinline__ void each_element(const G& g, long long cols, bool vec, F f, Rows... rows) {
     g.each(cols, vec, [&](long long j, auto w) {
         constexpr int W = decltype(w)::n;
-        acc_t x[W];
-        load_n<W>(xr + j, x);
-#pragma unroll
-        for (int k = 0; k < W; ++k) lse_push(st, x[k]);
+        for_lanes<W>([&](int k, auto... x) { f(j + k, x...); }, load_lanes<W>(rows + j)...);
     });
+}
+// The group's sum of f(column, x0, x1, ...) over the row (every thread gets it).
+template <class G, class F, class... Rows>
+__device__ __forceinline__ acc_t row_sum(const G& g, long long cols, bool vec, F f, Rows... rows) {
+    acc_t partial = 0;
+    each_element(g, cols, vec, [&](long long col, auto... x) { partial += f(col, x...); }, rows...);
+    return g.sum(partial);
+}
+// out[column] = f(column, x0, x1, ...) over the row (`out` vec_ok when vec).
+template <class G, class F, class... Rows>
+__device__ __forceinline__ void row_map(const G& g, long long cols, bool vec, elem_t* out, F f, Rows... rows) {
+    g.each(cols, vec, [&](long long j, auto w) {
+        constexpr int W = decltype(w)::n;
+        acc_t r[W];
+        for_lanes<W>([&](int k, auto... x) { r[k] = f(j + k, x...); }, load_lanes<W>(rows + j)...);
+        store_n<W>(out + j, r);
+    });
+}
+// The log-sum-exp state of a row, merged over the group.
+template <class G> __device__ __forceinline__ LseState row_lse(const G& g, const elem_t* xr, long long cols, bool vec) {
+    LseState st{acc_neg_inf(), acc_t(0)};
+    each_element(g, cols, vec, [&](long long, acc_t x) { lse_push(st, x); }, xr);
     return g.lse(st);
 }
 
 // softmax_rows_fwd: y = softmax(x) (log_output = 0) or log_softmax(x) (1), per row.
 // Two reads of x (online max/sum, then the output), one write.
-extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 softmax_rows_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, long long rows, long long cols, int log_output) {
     const bool vec = vec_ok(cols, x) && vec_ok(cols, y);
     for_each_row(rows, cols, [&](const auto& g, long long row) {
         const elem_t* xr = x + row * cols;
-        elem_t* yr = y + row * cols;
         const LseState st = row_lse(g, xr, cols, vec);
         const acc_t lse = lse_of(st.m, st.s);
         // a non-finite max: NumPy computes exp(x) / sum(exp(x)) = exp(x) / exp(max)
         const bool finite = is_finite_acc(st.m);
         const acc_t inv_s = acc_t(1) / st.s, exp_m = exp(st.m);
-        g.each(cols, vec, [&](long long j, auto w) {
-            constexpr int W = decltype(w)::n;
-            acc_t v[W];
-            load_n<W>(xr + j, v);
-#pragma unroll
-            for (int k = 0; k < W; ++k)
-                v[k] = log_output ? v[k] - lse : (finite ? exp(v[k] - st.m) * inv_s : exp(v[k]) / exp_m);
-            store_n<W>(yr + j, v);
-        });
+        row_map(g, cols, vec, y + row * cols, [&](long long, acc_t v) {
+            return log_output ? v - lse : (finite ? exp(v - st.m) * inv_s : exp(v) / exp_m);
+        }, xr);
     });
 }
 
 // softmax_rows_bwd: dx = y (dy - sum(dy y)) (log_input = 0, y the softmax) or
 // dx = dy - exp(y) sum(dy) (log_input = 1, y the log-softmax). Two reads, one write.
-extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 softmax_rows_bwd(const elem_t* __restrict__ y, const elem_t* __restrict__ dy, elem_t* __restrict__ dx, long long rows,
                  long long cols, int log_input) {
     const bool vec = vec_ok(cols, y) && vec_ok(cols, dy) && vec_ok(cols, dx);
     for_each_row(rows, cols, [&](const auto& g, long long row) {
-        const long long base = row * cols;
-        acc_t partial = 0;
-        g.each(cols, vec, [&](long long j, auto w) {
-            constexpr int W = decltype(w)::n;
-            acc_t a[W], b[W];
-            load_n<W>(y + base + j, a);
-            load_n<W>(dy + base + j, b);
-#pragma unroll
-            for (int k = 0; k < W; ++k) partial += log_input ? b[k] : a[k] * b[k];
-        });
-        const acc_t total = g.sum(partial);
-        g.each(cols, vec, [&](long long j, auto w) {
-            constexpr int W = decltype(w)::n;
-            acc_t a[W], b[W];
-            load_n<W>(y + base + j, a);
-            load_n<W>(dy + base + j, b);
-#pragma unroll
-            for (int k = 0; k < W; ++k) a[k] = log_input ? b[k] - exp(a[k]) * total : a[k] * (b[k] - total);
-            store_n<W>(dx + base + j, a);
-        });
+        const elem_t *yr = y + row * cols, *dyr = dy + row * cols;
+        const acc_t total = row_sum(g, cols, vec, [&](long long, acc_t a, acc_t b) { return log_input ? b : a * b; },
+                                    yr, dyr);
+        row_map(g, cols, vec, dx + row * cols, [&](long long, acc_t a, acc_t b) {
+            return log_input ? b - exp(a) * total : a * (b - total);
+        }, yr, dyr);
     });
 }
 
 // softmax_xent_rows_fwd: loss = sum(t (lse - x)) and lse per row, in ONE read of x and t
 // (XentState). 0 * (-inf) counts as 0. A row whose max is not finite gives lse = max
 // and a NaN loss where the target is nonzero (NumPy: -inf - -inf).
-extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const elem_t* __restrict__ target, elem_t* __restrict__ loss,
                       acc_t* __restrict__ lse, long long rows, long long cols) {
     const bool vec = vec_ok(cols, logits) && vec_ok(cols, target);
     for_each_row(rows, cols, [&](const auto& g, long long row) {
-        const long long base = row * cols;
         XentState st{acc_neg_inf(), acc_t(0), acc_t(0), acc_t(0)};
-        g.each(cols, vec, [&](long long j, auto w) {
-            constexpr int W = decltype(w)::n;
-            acc_t x[W], t[W];
-            load_n<W>(logits + base + j, x);
-            load_n<W>(target + base + j, t);
-#pragma unroll
-            for (int k = 0; k < W; ++k) xent_push(st, x[k], t[k]);
-        });
+        each_element(g, cols, vec, [&](long long, acc_t x, acc_t t) { xent_push(st, x, t); },
+                     logits + row * cols, target + row * cols);
         st = g.reduce(st, XentState{acc_neg_inf(), acc_t(0), acc_t(0), acc_t(0)});
         if (g.rank == 0) {
             const bool finite = is_finite_acc(st.m);
@@ -302,56 +320,36 @@ softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const elem_t* __restric
 }
 
 // softmax_xent_rows_bwd: dlogits = (exp(x - lse) sum(t) - t) dloss. Two reads, one write.
-extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 softmax_xent_rows_bwd(const elem_t* __restrict__ logits, const elem_t* __restrict__ target,
                       const acc_t* __restrict__ lse, const acc_t* __restrict__ dloss, elem_t* __restrict__ dlogits,
                       long long rows, long long cols) {
     const bool vec = vec_ok(cols, logits) && vec_ok(cols, target) && vec_ok(cols, dlogits);
     for_each_row(rows, cols, [&](const auto& g, long long row) {
-        const long long base = row * cols;
-        acc_t partial = 0;
-        g.each(cols, vec, [&](long long j, auto w) {
-            constexpr int W = decltype(w)::n;
-            acc_t t[W];
-            load_n<W>(target + base + j, t);
-#pragma unroll
-            for (int k = 0; k < W; ++k) partial += t[k];
-        });
-        const acc_t total = g.sum(partial), row_lse = lse[row], d = dloss[row];
-        g.each(cols, vec, [&](long long j, auto w) {
-            constexpr int W = decltype(w)::n;
-            acc_t x[W], t[W];
-            load_n<W>(logits + base + j, x);
-            load_n<W>(target + base + j, t);
-#pragma unroll
-            for (int k = 0; k < W; ++k) x[k] = (exp(x[k] - row_lse) * total - t[k]) * d;
-            store_n<W>(dlogits + base + j, x);
-        });
+        const elem_t *xr = logits + row * cols, *tr = target + row * cols;
+        const acc_t total = row_sum(g, cols, vec, [](long long, acc_t t) { return t; }, tr);
+        const acc_t row_lse = lse[row], d = dloss[row];
+        row_map(g, cols, vec, dlogits + row * cols, [&](long long, acc_t x, acc_t t) {
+            return (exp(x - row_lse) * total - t) * d;
+        }, xr, tr);
     });
 }
 
 // softmax_xent_rows_dtarget: dtarget = (lse - x) dloss. One read, one write; no reduction.
-extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 softmax_xent_rows_dtarget(const elem_t* __restrict__ logits, const acc_t* __restrict__ lse,
                           const acc_t* __restrict__ dloss, elem_t* __restrict__ dtarget, long long rows, long long cols) {
     const bool vec = vec_ok(cols, logits) && vec_ok(cols, dtarget);
     for_each_row(rows, cols, [&](const auto& g, long long row) {
-        const long long base = row * cols;
         const acc_t row_lse = lse[row], d = dloss[row];
-        g.each(cols, vec, [&](long long j, auto w) {
-            constexpr int W = decltype(w)::n;
-            acc_t x[W];
-            load_n<W>(logits + base + j, x);
-#pragma unroll
-            for (int k = 0; k < W; ++k) x[k] = (row_lse - x[k]) * d;
-            store_n<W>(dtarget + base + j, x);
-        });
+        row_map(g, cols, vec, dtarget + row * cols, [&](long long, acc_t x) { return (row_lse - x) * d; },
+                logits + row * cols);
     });
 }
 
 // sparse_softmax_xent_rows_fwd: lse per row (one read of x) and loss = lse - x[label].
 // Labels are checked in [0, cols) by the launcher.
-extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 sparse_softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const long long* __restrict__ labels,
                              elem_t* __restrict__ loss, acc_t* __restrict__ lse, long long rows, long long cols) {
     const bool vec = vec_ok(cols, logits);
@@ -367,22 +365,17 @@ sparse_softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const long long*
 }
 
 // sparse_softmax_xent_rows_bwd: dlogits = (exp(x - lse) - [j == label]) dloss. One read.
-extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 sparse_softmax_xent_rows_bwd(const elem_t* __restrict__ logits, const long long* __restrict__ labels,
                              const acc_t* __restrict__ lse, const acc_t* __restrict__ dloss,
                              elem_t* __restrict__ dlogits, long long rows, long long cols) {
     const bool vec = vec_ok(cols, logits) && vec_ok(cols, dlogits);
     for_each_row(rows, cols, [&](const auto& g, long long row) {
-        const long long base = row * cols, label = labels[row];
+        const long long label = labels[row];
         const acc_t row_lse = lse[row], d = dloss[row];
-        g.each(cols, vec, [&](long long j, auto w) {
-            constexpr int W = decltype(w)::n;
-            acc_t x[W];
-            load_n<W>(logits + base + j, x);
-#pragma unroll
-            for (int k = 0; k < W; ++k) x[k] = (exp(x[k] - row_lse) - (j + k == label ? acc_t(1) : acc_t(0))) * d;
-            store_n<W>(dlogits + base + j, x);
-        });
+        row_map(g, cols, vec, dlogits + row * cols, [&](long long col, acc_t x) {
+            return (exp(x - row_lse) - (col == label ? acc_t(1) : acc_t(0))) * d;
+        }, logits + row * cols);
     });
 }
 
@@ -395,7 +388,10 @@ sparse_softmax_xent_rows_bwd(const elem_t* __restrict__ logits, const long long*
 // epsilon is a 1-element buffer (a double scalar argument cannot be passed: the
 // runtime rejects numpy.float64, a float subclass). `target` is unused (pass probs) in mode 2; `out_row` (loss) is written in mode 0 only,
 // `out` in modes 1 and 2.
-extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+// The divisions by the row total stay divisions (not a multiplication by its reciprocal):
+// clip() compares p / total with epsilon, and a 1-ulp change there can move an element
+// across the clip boundary, a difference far beyond the tolerance policy.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 categorical_xent_probs_rows(const elem_t* __restrict__ probs, const elem_t* __restrict__ target,
                             const acc_t* __restrict__ dloss, elem_t* __restrict__ out, elem_t* __restrict__ out_row,
                             long long rows, long long cols, int mode, const acc_t* __restrict__ epsilon_ptr) {
@@ -403,40 +399,20 @@ categorical_xent_probs_rows(const elem_t* __restrict__ probs, const elem_t* __re
     const bool vec = vec_ok(cols, probs) && vec_ok(cols, target) && (mode == 0 || vec_ok(cols, out));
     const acc_t hi = acc_t(1) - epsilon;
     for_each_row(rows, cols, [&](const auto& g, long long row) {
-        const long long base = row * cols;
-        acc_t partial = 0;
-        g.each(cols, vec, [&](long long j, auto w) {
-            constexpr int W = decltype(w)::n;
-            acc_t p[W];
-            load_n<W>(probs + base + j, p);
-#pragma unroll
-            for (int k = 0; k < W; ++k) partial += p[k];
-        });
-        const acc_t total = g.sum(partial);
+        const elem_t *pr = probs + row * cols, *tr = target + row * cols;
+        const acc_t total = row_sum(g, cols, vec, [](long long, acc_t p) { return p; }, pr);
         if (mode == 0) {
-            acc_t part = 0;
-            g.each(cols, vec, [&](long long j, auto w) {
-                constexpr int W = decltype(w)::n;
-                acc_t p[W], t[W];
-                load_n<W>(probs + base + j, p);
-                load_n<W>(target + base + j, t);
-#pragma unroll
-                for (int k = 0; k < W; ++k) part += t[k] * log(clip(p[k] / total, epsilon, hi));
-            });
-            const acc_t loss = g.sum(part);
+            const acc_t loss = row_sum(g, cols, vec, [&](long long, acc_t p, acc_t t) {
+                return t * log(clip(p / total, epsilon, hi));
+            }, pr, tr);
             if (g.rank == 0) out_row[row] = from_acc(-loss);
             return;
         }
         const acc_t d = dloss[row];
         if (mode == 2) {
-            g.each(cols, vec, [&](long long j, auto w) {
-                constexpr int W = decltype(w)::n;
-                acc_t p[W];
-                load_n<W>(probs + base + j, p);
-#pragma unroll
-                for (int k = 0; k < W; ++k) p[k] = -log(clip(p[k] / total, epsilon, hi)) * d;
-                store_n<W>(out + base + j, p);
-            });
+            row_map(g, cols, vec, out + row * cols, [&](long long, acc_t p) {
+                return -log(clip(p / total, epsilon, hi)) * d;
+            }, pr);
             return;
         }
         // mode 1: g(p) and its projection on p (the normalization's Jacobian)
@@ -444,25 +420,12 @@ categorical_xent_probs_rows(const elem_t* __restrict__ probs, const elem_t* __re
             const acc_t q = p / total;
             return (q >= epsilon && q <= hi) ? -t / clip(q, epsilon, hi) : acc_t(0);
         };
-        acc_t part = 0;
-        g.each(cols, vec, [&](long long j, auto w) {
-            constexpr int W = decltype(w)::n;
-            acc_t p[W], t[W];
-            load_n<W>(probs + base + j, p);
-            load_n<W>(target + base + j, t);
-#pragma unroll
-            for (int k = 0; k < W; ++k) part += grad_of(p[k], t[k]) * (p[k] / total);
-        });
-        const acc_t projection = g.sum(part);
-        g.each(cols, vec, [&](long long j, auto w) {
-            constexpr int W = decltype(w)::n;
-            acc_t p[W], t[W];
-            load_n<W>(probs + base + j, p);
-            load_n<W>(target + base + j, t);
-#pragma unroll
-            for (int k = 0; k < W; ++k) p[k] = (grad_of(p[k], t[k]) - projection) / total * d;
-            store_n<W>(out + base + j, p);
-        });
+        const acc_t projection = row_sum(g, cols, vec, [&](long long, acc_t p, acc_t t) {
+            return grad_of(p, t) * (p / total);
+        }, pr, tr);
+        row_map(g, cols, vec, out + row * cols, [&](long long, acc_t p, acc_t t) {
+            return (grad_of(p, t) - projection) / total * d;
+        }, pr, tr);
     });
 }
 
@@ -474,7 +437,7 @@ categorical_xent_probs_rows(const elem_t* __restrict__ probs, const elem_t* __re
 //           dtarget (log(1 - q) - log q) d.
 // a is logits/probs; b is target, or dloss for the dtarget ops; c is dloss (bwd ops).
 // Thread mapping: 1-D grid-stride loop over n. No shared memory, no atomics.
-extern "C" __global__ void __launch_bounds__(BINARY_THREADS)
+extern "C" __global__ void __launch_bounds__(BINARY_THREADS, ROW_MIN_BLOCKS)
 binary_xent_elementwise(const elem_t* __restrict__ a, const elem_t* __restrict__ b, const elem_t* __restrict__ c,
                         elem_t* __restrict__ out, long long n, int op, const acc_t* __restrict__ epsilon_ptr) {
     const acc_t one = 1, zero = 0, epsilon = *epsilon_ptr;

@@ -49,11 +49,9 @@ def defines(dtype):
             'WARP_ROW_MAX_COLS': WARP_ROW_MAX_COLS, 'BINARY_THREADS': BINARY_THREADS}
 
 
-# may_spill: the row bodies are lambdas called from two row mappings (warp / block); NVRTC
-# keeps a few of those calls out of line and spills 8-86 bytes of callee-saved registers
-# in some variants (measured with `python -m gpuk.kernels.build --check`).
+# Every variant builds without spills (ROW_MIN_BLOCKS in softmax_xent.cu says what that needs).
 for _dtype in ELEMENT_TYPES:
-    register_build(SOURCE, defines(_dtype), ROW_KERNELS, may_spill=True)
+    register_build(SOURCE, defines(_dtype), ROW_KERNELS)
 
 
 # ---------------------------------------------------------------- checks (before any launch)
@@ -103,6 +101,13 @@ def _row_values(fn, name, rt, value, full_shape, axis, acc):
     array = _float(fn, name, rt, value)
     _reduced_shape_check(fn, name, array, full_shape, axis)
     return rt.xp.ascontiguousarray(array.astype(acc, copy=False))
+
+
+def _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis):
+    """The backward ops' per-row inputs, checked and cast to the accumulation dtype."""
+    acc = accumulate_dtype(logits.dtype)
+    return (_row_values(fn, 'lse', rt, lse, logits.shape, axis, acc),
+            _row_values(fn, 'dloss', rt, dloss, logits.shape, axis, acc))
 
 
 def _labels(fn, rt, labels, logits_shape, axis):
@@ -216,9 +221,7 @@ def softmax_xent_bwd(logits, target, lse, dloss, axis=-1, *, runtime=None):
     target = _float(fn, 'target', rt, target)
     _same_shape(fn, 'logits', logits, 'target', target)
     axis = _check_axis(fn, axis, logits.ndim)
-    acc = accumulate_dtype(logits.dtype)
-    lse = _row_values(fn, 'lse', rt, lse, logits.shape, axis, acc)
-    dloss = _row_values(fn, 'dloss', rt, dloss, logits.shape, axis, acc)
+    lse, dloss = _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis)
     _nonempty_axis(fn, 'logits', logits.shape, axis)
     rows = _Rows(rt, logits, axis)
     dlogits = rows.empty(logits.dtype)
@@ -232,9 +235,7 @@ def softmax_xent_dtarget(logits, lse, dloss, axis=-1, *, runtime=None):
     fn, rt = 'softmax_xent_dtarget', resolve(runtime)
     logits = _float(fn, 'logits', rt, logits)
     axis = _check_axis(fn, axis, logits.ndim)
-    acc = accumulate_dtype(logits.dtype)
-    lse = _row_values(fn, 'lse', rt, lse, logits.shape, axis, acc)
-    dloss = _row_values(fn, 'dloss', rt, dloss, logits.shape, axis, acc)
+    lse, dloss = _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis)
     _nonempty_axis(fn, 'logits', logits.shape, axis)
     rows = _Rows(rt, logits, axis)
     dtarget = rows.empty(logits.dtype)
@@ -268,9 +269,7 @@ def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1, *, runtime=None
     logits = _float(fn, 'logits', rt, logits)
     axis = _check_axis(fn, axis, logits.ndim)
     labels = _labels(fn, rt, labels, logits.shape, axis)
-    acc = accumulate_dtype(logits.dtype)
-    lse = _row_values(fn, 'lse', rt, lse, logits.shape, axis, acc)
-    dloss = _row_values(fn, 'dloss', rt, dloss, logits.shape, axis, acc)
+    lse, dloss = _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis)
     rows = _Rows(rt, logits, axis)
     dlogits = rows.empty(logits.dtype)
     _launch_rows(rt, logits.dtype, 'sparse_softmax_xent_rows_bwd', rows.rows, rows.cols,
