@@ -126,4 +126,4 @@ def test_torch_cpu_train_step(benchmark, model):
     samples = h.time_cpu(step, [(xt, labels)], min_time=1.0, min_runs=5, max_runs=200)
     _record(benchmark, step, (xt, labels), samples)
     assert float(step(xt, labels)) < first
-    _report(benchmark, model, 'torch-cpu', h.cpu_name(), samples)
+    _report(benchmark, model, 'torch', h.cpu_name(), samples)

@@ -6,7 +6,9 @@
   settings are kept;
 - ``harness`` is one session-wide Harness: the measured ceilings are taken once;
 - before the JSON is written, every row gets its ratio to the cudnn row of the same
-  family and case, whichever ran first.
+  family and case, whichever ran first;
+- ``--quick`` keeps one case per benchmark function and implementation (the first
+  collected), for a run of about a minute.
 """
 import fnmatch
 
@@ -25,7 +27,27 @@ def pytest_collect_file(file_path, parent):
     return pytest.Module.from_parent(parent, path=file_path)
 
 
+def pytest_addoption(parser):
+    parser.addoption('--quick', action='store_true',
+                     help='one case per benchmark function and implementation')
+
+
+def _quick_key(item):
+    """(file, function, impl): the rows --quick keeps one of."""
+    params = getattr(getattr(item, 'callspec', None), 'params', {})
+    return item.path, item.originalname, params.get('impl')
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption('--quick'):
+        seen, kept, dropped = set(), [], []
+        for item in items:
+            key = _quick_key(item)
+            (dropped if key in seen else kept).append(item)
+            seen.add(key)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
     for item in items:
         if 'benchmark' not in getattr(item, 'fixturenames', ()):
             continue
