@@ -5,27 +5,9 @@ import pytest
 
 from gpuk import backend as K
 from tests.gradcheck import check_gradients
+from tests.evaluation import assert_close, evaluate
 
-TOLERANCE = {'float16': 2e-3, 'float32': 1e-5, 'float64': 1e-12}
 DTYPES = ['float16', 'float32', 'float64']
-
-
-def evaluate(build, *arrays, unknown_batch=False):
-    """build(*placeholders) on ``arrays``; checks the static shape and dtype against the result."""
-    placeholders = [K.placeholder(shape=((None,) + a.shape[1:]) if unknown_batch else a.shape, dtype=a.dtype.name)
-                    for a in arrays]
-    out = build(*placeholders)
-    value = K.function(placeholders, [out])(list(arrays))[0]
-    static = K.int_shape(out)
-    assert len(static) == value.ndim and all(s in (None, v) for s, v in zip(static, value.shape)), \
-        (static, value.shape)
-    assert K.dtype(out) == value.dtype.name
-    return value
-
-
-def assert_close(got, want, dtype):
-    tol = TOLERANCE[np.dtype(dtype).name]
-    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
 
 
 def grid(dtype):
@@ -56,7 +38,7 @@ RELU_PARAMS = [dict(), dict(alpha=0.1), dict(alpha=1.5), dict(max_value=6.), dic
 @pytest.mark.parametrize('params', RELU_PARAMS, ids=str)
 def test_relu_matches_keras_formula(on_device, dtype, params):
     x = grid(dtype)
-    got = evaluate(lambda t: K.relu(t, **params), x, unknown_batch=True)
+    got = evaluate(lambda t: K.relu(t, **params), x, unknown=(0,))
     assert_close(got, reference_relu(x.astype(np.float64), **params), dtype)
 
 
@@ -127,7 +109,7 @@ def test_elu_gradients(rng, alpha):
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_hard_sigmoid_matches_numpy(on_device, dtype):
     x = grid(dtype)
-    got = evaluate(K.hard_sigmoid, x, unknown_batch=True)
+    got = evaluate(K.hard_sigmoid, x, unknown=(0,))
     assert_close(got, np.clip(0.2 * x.astype(np.float64) + 0.5, 0, 1), dtype)
 
 
@@ -197,7 +179,7 @@ def test_in_top_k_matches_tensorflow_semantics(on_device, rng, targets_dtype, k)
     predictions[2, 5] = np.inf
     targets = rng.integers(0, 8, size=40).astype(targets_dtype)
     targets[3], targets[4] = -1, 8                                    # out of range
-    got = evaluate(lambda p, t: K.in_top_k(p, t, k), predictions, targets, unknown_batch=True)
+    got = evaluate(lambda p, t: K.in_top_k(p, t, k), predictions, targets, unknown=(0,))
     assert got.dtype == np.bool_
     np.testing.assert_array_equal(got, reference_in_top_k(predictions, targets, k))
     assert got[0] == (k >= 1) and not got[1] and not got[2] and not got[3] and not got[4]

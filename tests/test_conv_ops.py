@@ -6,6 +6,7 @@ import pytest
 from gpuk import backend as K
 from tests.gradcheck import check_gradients
 from tests.keras_reference import numpy_backend
+from tests.evaluation import layout
 
 REF = numpy_backend()
 FORMATS = ['channels_last', 'channels_first']
@@ -13,12 +14,6 @@ DTYPES = ['float32', 'float64']
 
 
 # ---------------------------------------------------------------- helpers
-
-def layout(n, spatial, channels, data_format):
-    if data_format == 'channels_first':
-        return (n, channels) + tuple(spatial)
-    return (n,) + tuple(spatial) + (channels,)
-
 
 def subsample(y, strides, data_format):
     """Every stride-th output position: the strided result of a 'valid' convolution, and of

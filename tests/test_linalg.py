@@ -6,33 +6,12 @@ import pytest
 from gpuk import backend as K
 from gpuk.ops.linalg import matmul
 from tests.gradcheck import check_gradients
-
-TOLERANCE = {'float16': 2e-3, 'float32': 1e-5, 'float64': 1e-12, 'int32': 0, 'int64': 0}
-
-
-def evaluate(build, *arrays, unknown=()):
-    """build(*placeholders) on ``arrays`` (axes listed in ``unknown`` are None in every
-    placeholder); checks the static shape and dtype against the result."""
-    placeholders = [K.placeholder(shape=tuple(None if i in unknown else d for i, d in enumerate(a.shape)),
-                                  dtype=a.dtype.name) for a in arrays]
-    out = build(*placeholders)
-    value = K.function(placeholders, [out])(list(arrays))[0]
-    static = K.int_shape(out)
-    assert len(static) == value.ndim and all(s in (None, v) for s, v in zip(static, value.shape)), \
-        (static, value.shape)
-    assert K.dtype(out) == value.dtype.name
-    return value
-
+from tests.evaluation import assert_close, evaluate
 
 def sample(rng, shape, dtype):
     if np.dtype(dtype).kind in 'iu':
         return rng.integers(-4, 5, size=shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
-
-
-def assert_close(got, want, dtype):
-    tol = TOLERANCE[np.dtype(dtype).name]
-    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
 
 
 # --- matmul -------------------------------------------------------------------------------

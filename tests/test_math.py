@@ -8,28 +8,7 @@ from gpuk import backend as K
 from gpuk.graph import apply
 from gpuk.ops.reduction import Cumulative
 from tests.gradcheck import check_gradients
-
-TOLERANCE = {'float16': 2e-3, 'float32': 1e-5, 'float64': 1e-12}
-
-
-def evaluate(build, *arrays, unknown_batch=False):
-    """build(*placeholders) evaluated on ``arrays``; checks the static shape and dtype
-    against the evaluated result. ``unknown_batch`` makes axis 0 of every input None."""
-    placeholders = [K.placeholder(shape=((None,) + a.shape[1:]) if unknown_batch and a.ndim else a.shape,
-                                  dtype=a.dtype.name) for a in arrays]
-    out = build(*placeholders)
-    value = K.function(placeholders, [out])(list(arrays))[0]
-    static = K.int_shape(out)
-    assert len(static) == value.ndim and all(s in (None, v) for s, v in zip(static, value.shape)), \
-        (static, value.shape)
-    assert K.dtype(out) == value.dtype.name
-    return value
-
-
-def assert_close(got, want, dtype):
-    tol = TOLERANCE.get(np.dtype(dtype).name, 0)
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol)
-
+from tests.evaluation import assert_close, evaluate
 
 def sample(rng, shape, dtype):
     if dtype == 'bool':
@@ -65,7 +44,7 @@ def test_reductions_match_numpy(on_device, rng, kind, dtype):
         x = (1 + 0.1 * x).astype(dtype)  # keep products well scaled
     for axis in AXES:
         for keepdims in (False, True):
-            got = evaluate(lambda t: getattr(K, kind)(t, axis=axis, keepdims=keepdims), x, unknown_batch=True)
+            got = evaluate(lambda t: getattr(K, kind)(t, axis=axis, keepdims=keepdims), x, unknown=(0,))
             want = reference_reduce(kind, x, axis, keepdims)
             assert got.dtype == want.dtype, (kind, dtype, got.dtype, want.dtype)
             assert got.shape == want.shape
@@ -121,7 +100,7 @@ def test_var_std_match_numpy(on_device, rng, dtype):
             numpy_axis = tuple(axis) if isinstance(axis, (list, tuple)) else axis
             wide = x.astype(np.float64)
             for name in ('var', 'std'):
-                got = evaluate(lambda t: getattr(K, name)(t, axis=axis, keepdims=keepdims), x, unknown_batch=True)
+                got = evaluate(lambda t: getattr(K, name)(t, axis=axis, keepdims=keepdims), x, unknown=(0,))
                 want = getattr(np, name)(wide, axis=numpy_axis, keepdims=keepdims)
                 assert got.dtype == np.dtype(dtype) and got.shape == want.shape
                 assert_close(got, want, dtype)
@@ -159,7 +138,7 @@ def test_logsumexp_matches_scipy(on_device, rng, dtype):
     for axis in AXES:
         for keepdims in (False, True):
             numpy_axis = tuple(axis) if isinstance(axis, (list, tuple)) else axis
-            got = evaluate(lambda t: K.logsumexp(t, axis=axis, keepdims=keepdims), x, unknown_batch=True)
+            got = evaluate(lambda t: K.logsumexp(t, axis=axis, keepdims=keepdims), x, unknown=(0,))
             want = scipy.special.logsumexp(x.astype(np.float64), axis=numpy_axis, keepdims=keepdims)
             assert got.dtype == np.dtype(dtype) and got.shape == want.shape
             assert_close(got, want, dtype)
@@ -191,7 +170,7 @@ def test_cumulative_matches_numpy(on_device, rng, name, dtype):
     if name == 'cumprod' and dtype.startswith('float'):
         x = (1 + 0.2 * x).astype(dtype)
     for axis in (0, 1, -1):
-        got = evaluate(lambda t: getattr(K, name)(t, axis=axis), x, unknown_batch=True)
+        got = evaluate(lambda t: getattr(K, name)(t, axis=axis), x, unknown=(0,))
         want = getattr(np, name)(x.astype(np.float64), axis=axis)
         want_dtype = np.int64 if dtype == 'bool' else np.dtype(dtype)
         assert got.dtype == want_dtype and got.shape == x.shape
@@ -258,7 +237,7 @@ def test_cumulative_bad_arguments():
 def test_arg_reductions_match_numpy(on_device, rng, name, dtype):
     x = sample(rng, (3, 4, 5), dtype)  # small ints and bools: plenty of ties (first index wins)
     for axis in (0, 1, -1):
-        got = evaluate(lambda t: getattr(K, name)(t, axis=axis), x, unknown_batch=True)
+        got = evaluate(lambda t: getattr(K, name)(t, axis=axis), x, unknown=(0,))
         assert got.dtype == np.int64
         np.testing.assert_array_equal(got, getattr(np, name)(x, axis=axis))
     np.testing.assert_array_equal(evaluate(lambda t: getattr(K, name)(t), x), getattr(np, name)(x, axis=-1))

@@ -9,16 +9,11 @@ from gpuk.graph import apply
 from gpuk.ops import pooling as pool_ops
 from tests.gradcheck import check_gradients
 from tests.keras_reference import numpy_backend
+from tests.evaluation import layout
 
 REF = numpy_backend()
 FORMATS = ['channels_last', 'channels_first']
 DTYPES = ['float32', 'float64']
-
-
-def layout(n, spatial, channels, data_format):
-    if data_format == 'channels_first':
-        return (n, channels) + tuple(spatial)
-    return (n,) + tuple(spatial) + (channels,)
 
 
 def tie_free(rng, shape, dtype='float64'):
