@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from gpuk import backend as K
-from tests.gradcheck import check_gradients
 from tests.evaluation import assert_close, evaluate
+from tests.gradcheck import check_gradients
 
 DTYPES = ['float16', 'float32', 'float64']
 

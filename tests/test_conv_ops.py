@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from gpuk import backend as K
+from tests.evaluation import layout
 from tests.gradcheck import check_gradients
 from tests.keras_reference import numpy_backend
-from tests.evaluation import layout
 
 REF = numpy_backend()
 FORMATS = ['channels_last', 'channels_first']

@@ -5,8 +5,9 @@ import pytest
 
 from gpuk import backend as K
 from gpuk.ops.linalg import matmul
-from tests.gradcheck import check_gradients
 from tests.evaluation import assert_close, evaluate
+from tests.gradcheck import check_gradients
+
 
 def sample(rng, shape, dtype):
     if np.dtype(dtype).kind in 'iu':

@@ -7,8 +7,9 @@ import scipy.special
 from gpuk import backend as K
 from gpuk.graph import apply
 from gpuk.ops.reduction import Cumulative
-from tests.gradcheck import check_gradients
 from tests.evaluation import assert_close, evaluate
+from tests.gradcheck import check_gradients
+
 
 def sample(rng, shape, dtype):
     if dtype == 'bool':

@@ -7,9 +7,9 @@ import pytest
 from gpuk import backend as K
 from gpuk.graph import apply
 from gpuk.ops import pooling as pool_ops
+from tests.evaluation import layout
 from tests.gradcheck import check_gradients
 from tests.keras_reference import numpy_backend
-from tests.evaluation import layout
 
 REF = numpy_backend()
 FORMATS = ['channels_last', 'channels_first']
