@@ -17,6 +17,8 @@ import statistics
 import time
 from collections import deque
 
+from gpuk import device
+
 GPU_IMPLS = ('gpuk', 'cudnn', 'cupy')
 CPU_IMPLS = ('numpy', 'torch')
 IMPLEMENTATIONS = GPU_IMPLS + CPU_IMPLS
@@ -28,18 +30,7 @@ MAX_POOL_SETS = 64
 
 # ---------------------------------------------------------------- availability
 
-def gpu_unusable_reason():
-    """None when CuPy sees a GPU, else why not."""
-    try:
-        import cupy
-    except Exception as exc:  # a broken CUDA install can raise anything on import
-        return 'CuPy cannot be imported (%s: %s)' % (type(exc).__name__, exc)
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return 'CUDA reports no GPU'
-    except Exception as exc:
-        return 'no usable GPU (%s: %s)' % (type(exc).__name__, exc)
-    return None
+gpu_unusable_reason = device.gpu_unusable_reason
 
 
 def skip_reason(impl):

@@ -26,7 +26,7 @@ class DeviceError(RuntimeError):
     """The requested device cannot be used."""
 
 
-def _gpu_unusable_reason():
+def gpu_unusable_reason():
     """None when CuPy sees a usable GPU, else a sentence saying why not."""
     try:
         import cupy
@@ -47,7 +47,7 @@ def _resolve_kind():
         raise DeviceError('GPUK_DEVICE must be one of %s, got %r' % (DEVICE_KINDS, requested))
     if requested in ('cpu', 'emulate'):
         return requested
-    reason = _gpu_unusable_reason()
+    reason = gpu_unusable_reason()
     if reason is None:
         return 'cuda'
     if requested == 'cuda':

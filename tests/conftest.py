@@ -9,7 +9,7 @@ from gpuk import device
 
 
 def _gpu_usable():
-    return device._gpu_unusable_reason() is None
+    return device.gpu_unusable_reason() is None
 
 
 GPU_USABLE = _gpu_usable()
@@ -18,7 +18,7 @@ GPU_USABLE = _gpu_usable()
 def pytest_collection_modifyitems(config, items):
     if GPU_USABLE:
         return
-    skip = pytest.mark.skip(reason='needs a usable NVIDIA GPU (CuPy): %s' % device._gpu_unusable_reason())
+    skip = pytest.mark.skip(reason='needs a usable NVIDIA GPU (CuPy): %s' % device.gpu_unusable_reason())
     for item in items:
         if 'gpu' in item.keywords:
             item.add_marker(skip)

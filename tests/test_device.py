@@ -30,7 +30,7 @@ def test_bad_device_name_is_rejected(restore_device, monkeypatch):
 
 
 def test_cuda_without_gpu_says_why(restore_device, monkeypatch):
-    monkeypatch.setattr(device, '_gpu_unusable_reason', lambda: 'CuPy cannot be imported (ImportError: x)')
+    monkeypatch.setattr(device, 'gpu_unusable_reason', lambda: 'CuPy cannot be imported (ImportError: x)')
     monkeypatch.setenv('GPUK_DEVICE', 'cuda')
     device._state.update(kind=None, impl=None)
     with pytest.raises(device.DeviceError, match='GPUK_DEVICE=cuda but no GPU is usable: CuPy cannot be imported'):

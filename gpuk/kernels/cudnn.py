@@ -28,7 +28,7 @@ import sys
 import warnings
 from collections import namedtuple
 
-from gpuk import config
+from gpuk import config, device
 from gpuk.ops import geometry
 
 __all__ = ['available', 'why_unavailable', 'choose', 'library_path', 'conv_fwd',
@@ -80,19 +80,6 @@ def _load_library():
                   'nvidia-cudnn-cu13 or nvidia-cudnn-cu12): %s' % '; '.join(errors))
 
 
-def _gpu_reason():
-    try:
-        import cupy
-    except Exception as exc:  # a broken CUDA install can raise anything on import
-        return 'CuPy cannot be imported (%s: %s)' % (type(exc).__name__, exc)
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return 'CUDA reports no GPU'
-    except Exception as exc:
-        return 'no usable GPU (%s: %s)' % (type(exc).__name__, exc)
-    return None
-
-
 def _import_frontend():
     """(cudnn module, None) or (None, reason)."""
     try:
@@ -109,7 +96,7 @@ def _import_frontend():
 def _probe():
     if _state['probed']:
         return
-    reason = _gpu_reason()
+    reason = device.gpu_unusable_reason()
     library = frontend = None
     if reason is None:
         library, reason = _load_library()

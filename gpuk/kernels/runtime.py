@@ -65,11 +65,8 @@ def get_runtime(kind):
 
 def cuda_usable():
     """True when CuPy imports and sees at least one CUDA device."""
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:   # no cupy, no driver, no device: all mean "not usable"
-        return False
+    from gpuk import device
+    return device.gpu_unusable_reason() is None
 
 
 def set_current(kind):

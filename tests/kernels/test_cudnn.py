@@ -34,13 +34,13 @@ def test_library_path_finds_the_wheel_layout(tmp_path):
 
 
 def test_unavailable_without_gpu_says_why(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn, '_gpu_reason', lambda: 'CUDA reports no GPU')
+    monkeypatch.setattr(cudnn.device, 'gpu_unusable_reason', lambda: 'CUDA reports no GPU')
     assert cudnn.available() is False
     assert cudnn.why_unavailable() == 'CUDA reports no GPU'
 
 
 def test_unavailable_without_frontend_names_the_package(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn, '_gpu_reason', lambda: None)
+    monkeypatch.setattr(cudnn.device, 'gpu_unusable_reason', lambda: None)
     monkeypatch.setattr(cudnn, '_load_library', lambda: (object(), None))
     monkeypatch.setitem(__import__('sys').modules, 'cudnn', None)  # import cudnn fails
     assert not cudnn.available()
@@ -48,14 +48,14 @@ def test_unavailable_without_frontend_names_the_package(fresh_probe, monkeypatch
 
 
 def test_available_when_every_part_is_there(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn, '_gpu_reason', lambda: None)
+    monkeypatch.setattr(cudnn.device, 'gpu_unusable_reason', lambda: None)
     monkeypatch.setattr(cudnn, '_load_library', lambda: (object(), None))
     monkeypatch.setattr(cudnn, '_import_frontend', lambda: (object(), None))
     assert cudnn.available() and cudnn.why_unavailable() == ''
 
 
 def test_fallback_warns_once_per_family(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn, '_gpu_reason', lambda: 'CUDA reports no GPU')
+    monkeypatch.setattr(cudnn.device, 'gpu_unusable_reason', lambda: 'CUDA reports no GPU')
     config.set_kernels(conv='cudnn', pool='auto')
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
