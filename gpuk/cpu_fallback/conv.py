@@ -142,7 +142,9 @@ def _pad_spatial(x_cl, pads, dtype, fill=0):
         return x_cl.astype(dtype, copy=False)
     n, channels = x_cl.shape[0], x_cl.shape[-1]
     padded_spatial = [s + b + a for s, (b, a) in zip(x_cl.shape[1:-1], pads)]
-    padded = np.full((n, *padded_spatial, channels), fill, dtype)
+    # np.zeros gets pre-zeroed pages from calloc; np.full would write the zeros first
+    padded = np.zeros((n, *padded_spatial, channels), dtype) if fill == 0 else \
+        np.full((n, *padded_spatial, channels), fill, dtype)
     interior = tuple(slice(b, b + s) for s, (b, _) in zip(x_cl.shape[1:-1], pads))
     padded[(slice(None),) + interior] = x_cl
     return padded
@@ -186,6 +188,51 @@ def _scatter_windows(columns, padded_spatial, strides, dilation, dtype):
 
 # ---------------------------------------------------------------- shared convolution
 
+def _matmul_tall(a, b, out=None):
+    """a @ b for 2-D a, b (into `out` if given), as (b.T @ a.T).T when the product is wide.
+
+    With 2 OpenBLAS threads on a busy host, sgemm measured 5-20x slower when the
+    product has fewer rows than columns (e.g. 256 x 1568 @ 1568 x 1024: 11 GFLOP/s,
+    its transpose 51 GFLOP/s); on an idle host both run alike. Same sums either way.
+    """
+    if a.shape[0] >= b.shape[1]:
+        return np.matmul(a, b, out=out)
+    product = (b.T @ a.T).T
+    if out is None:
+        return product
+    out[...] = product
+    return out
+
+
+# im2col copies the windows of a block of images at a time into one reused buffer of
+# at most this size (or one image): a whole-batch copy (9x the input for 3x3) is a
+# fresh mmap the kernel faults in page by page, measured ~40% of a 3x3 conv's time;
+# under glibc's 32 MiB mmap threshold the buffer's pages come back from the heap.
+COLUMN_BLOCK_BYTES = 16 << 20
+
+
+def _window_column_blocks(padded, kernel_spatial, strides, dilation):
+    """Yields (images, columns): a slice of the batch and its im2col matrix
+    (rows: image-major output positions, columns: (*kernel, C) taps).
+
+    Where every window is one pixel (1x1 kernel, unit strides) the padded input is
+    already that matrix; otherwise blocks of images are copied into one buffer.
+    """
+    windows = _gather_windows(padded, kernel_spatial, strides, dilation)
+    n, width = windows.shape[0], math.prod(windows.shape[len(kernel_spatial) + 1:])
+    if all(k == 1 for k in kernel_spatial) and all(s == 1 for s in strides):
+        yield slice(0, n), padded.reshape(-1, width)
+        return
+    per_image = math.prod(windows.shape[1:]) * windows.itemsize
+    step = max(1, min(n, COLUMN_BLOCK_BYTES // per_image))
+    buffer = np.empty((step,) + windows.shape[1:], windows.dtype)
+    for start in range(0, n, step):
+        images = slice(start, min(start + step, n))
+        block = buffer[:images.stop - start]
+        np.copyto(block, windows[images])
+        yield images, block.reshape(-1, width)
+
+
 def _conv_setup(fn, x_or_dy_name, array, data_format, kernel, kernel_name, strides,
                 dilation, pads):
     channels_first = _channels_first(fn, data_format)
@@ -199,9 +246,10 @@ def _conv_channels_last(x_cl, w, strides, dilation, pads, out_spatial, compute):
     """The convolution itself: (N, *S, C_in) -> (N, *out, C_out) in `compute`."""
     kernel_spatial, c_out = w.shape[:-2], w.shape[-1]
     padded = _pad_spatial(x_cl, pads, compute)
-    columns = _gather_windows(padded, kernel_spatial, strides, dilation)
-    y = columns.reshape(-1, math.prod(w.shape[:-1])) @ \
-        w.reshape(-1, c_out).astype(compute, copy=False)
+    w_matrix = w.reshape(-1, c_out).astype(compute, copy=False)
+    y = np.empty((x_cl.shape[0], math.prod(out_spatial), c_out), compute)
+    for images, columns in _window_column_blocks(padded, kernel_spatial, strides, dilation):
+        _matmul_tall(columns, w_matrix, out=y[images].reshape(-1, c_out))
     return y.reshape(x_cl.shape[0], *out_spatial, c_out)
 
 
@@ -254,7 +302,8 @@ def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
         dx = _conv_channels_last(dy_cl, flipped, strides, dilation, flipped_pads,
                                  in_spatial, compute)
         return _from_channels_last(dx, channels_first, dy.dtype)
-    columns = dy_cl.reshape(-1, c_out) @ w.reshape(-1, c_out).astype(compute, copy=False).T
+    columns = _matmul_tall(dy_cl.reshape(-1, c_out),
+                           w.reshape(-1, c_out).astype(compute, copy=False).T)
     columns = columns.reshape(dy.shape[0], *out_spatial, *kernel_spatial, c_in)
     padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
     dx = _scatter_windows(columns, padded_spatial, strides, dilation, compute)
@@ -283,19 +332,32 @@ def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
     _check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
     compute = _compute_dtype(x.dtype)
     padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
-    columns = _gather_windows(padded, kernel_spatial, strides, dilation)
-    columns = columns.reshape(-1, math.prod(kernel_spatial) * c_in)
     dy_cl = _to_channels_last(dy, channels_first).astype(compute, copy=False)
-    dw = columns.T @ dy_cl.reshape(-1, c_out)
+    dw = np.zeros((math.prod(kernel_spatial) * c_in, c_out), compute)
+    for images, columns in _window_column_blocks(padded, kernel_spatial, strides, dilation):
+        dw += _matmul_tall(columns.T, dy_cl[images].reshape(-1, c_out))
     return dw.reshape(w_shape).astype(x.dtype, copy=False)
 
 
 # ---------------------------------------------------------------- depthwise
 
-def _depthwise_columns(padded, kernel_spatial, strides, dilation):
-    """Windows as a contiguous (C, N*out, taps): one BLAS-ready matrix per channel."""
-    columns = np.moveaxis(_gather_windows(padded, kernel_spatial, strides, dilation), -1, 0)
-    return columns.reshape(padded.shape[-1], -1, math.prod(kernel_spatial))
+# Depthwise convolutions loop over the kernel taps (9 for 3x3) with in-place
+# multiply-adds over whole (N, *out, C) blocks: a 3x3 layer is then ~3 passes per
+# tap over memory, while an im2col copy plus one tiny batched matmul per channel
+# measured 30-60x slower than PyTorch on MobileNetV2 layers.
+
+def _depthwise_taps(kernel, taps, c_in, multiplier, compute):
+    """(*k, C_in, M) -> (taps, C_in, M) in `compute`, one (C_in, M) table per tap."""
+    return kernel.reshape(taps, c_in, multiplier).astype(compute, copy=False)
+
+
+def _sum_over_leading(array):
+    """Sum of a contiguous (..., F) array over every axis but the last.
+
+    einsum's column sum measured steady; ones @ array (a BLAS gemv) was 40x
+    slower on some shapes with 2 OpenBLAS threads on a busy 2-core host.
+    """
+    return np.einsum('ij->j', array.reshape(-1, array.shape[-1]))
 
 
 def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format):
@@ -312,21 +374,30 @@ def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format):
                                   strides, dilation, pads)
     compute = _compute_dtype(x.dtype)
     padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
-    taps = math.prod(kernel_spatial)
-    columns = _depthwise_columns(padded, kernel_spatial, strides, dilation)
-    kernel = w.reshape(taps, c_in, multiplier).astype(compute, copy=False)
-    y = np.matmul(columns, kernel.transpose(1, 0, 2))                     # (C, N*out, M)
-    y = y.transpose(1, 0, 2).reshape(x.shape[0], *out_spatial, c_in * multiplier)
+    kernel = _depthwise_taps(w, math.prod(kernel_spatial), c_in, multiplier, compute)
+    y = np.empty((x.shape[0], *out_spatial, c_in, multiplier), compute)
+    term = np.empty(y.shape[:-1], compute)
+    # One (N, *out, C) pass per multiplier index m: a trailing axis of size M = 1
+    # would make every ufunc inner loop one element long.
+    for m in range(multiplier):
+        y_m = y[..., m]
+        for i, (_, region) in enumerate(_window_regions(out_spatial, kernel_spatial,
+                                                        strides, dilation)):
+            np.multiply(padded[(slice(None),) + region], kernel[i, :, m],
+                        out=y_m if i == 0 else term)
+            if i:
+                y_m += term
+    y = y.reshape(x.shape[0], *out_spatial, c_in * multiplier)
     return _from_channels_last(y, channels_first, x.dtype)
 
 
 def _depthwise_dy(fn, dy, channels_first, c_in, multiplier, w_name, w_shape, compute):
-    """dy as (C_in, N*out, M) in `compute`, after checking its channel count."""
+    """dy as (N, *out, C_in, M) in `compute`, after checking its channel count."""
     c_out = _channels(dy.shape, channels_first)
     _check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, w_name, w_shape,
                     c_in * multiplier)
     dy_cl = _to_channels_last(dy, channels_first).astype(compute, copy=False)
-    return dy_cl.reshape(-1, c_in, multiplier).transpose(1, 0, 2)
+    return dy_cl.reshape(*dy_cl.shape[:-1], c_in, multiplier)
 
 
 def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
@@ -347,13 +418,16 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     _check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
     compute = _compute_dtype(dy.dtype)
     dy_c = _depthwise_dy(fn, dy, channels_first, c_in, multiplier, 'w', w.shape, compute)
-    taps = math.prod(kernel_spatial)
-    kernel = w.reshape(taps, c_in, multiplier).astype(compute, copy=False)
-    columns = np.matmul(dy_c, kernel.transpose(1, 2, 0))                  # (C, N*out, taps)
-    columns = columns.transpose(1, 2, 0).reshape(dy.shape[0], *out_spatial,
-                                                 *kernel_spatial, c_in)
+    kernel = _depthwise_taps(w, math.prod(kernel_spatial), c_in, multiplier, compute)
     padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
-    dx = _scatter_windows(columns, padded_spatial, strides, dilation, compute)
+    dx = np.zeros((dy.shape[0], *padded_spatial, c_in), compute)
+    term = np.empty(dy_c.shape[:-1], compute)
+    for m in range(multiplier):
+        for i, (_, region) in enumerate(_window_regions(out_spatial, kernel_spatial,
+                                                        strides, dilation)):
+            np.multiply(dy_c[..., m], kernel[i, :, m], out=term)
+            # within one tap the windows read distinct pixels: a slice += scatters
+            dx[(slice(None),) + region] += term
     return _from_channels_last(_crop_spatial(dx, pads, in_spatial), channels_first, dy.dtype)
 
 
@@ -379,9 +453,14 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
     dy_c = _depthwise_dy(fn, dy, channels_first, c_in, multiplier, 'w_shape', w_shape,
                          compute)
     padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
-    columns = _depthwise_columns(padded, kernel_spatial, strides, dilation)
-    dw = np.matmul(columns.transpose(0, 2, 1), dy_c)                      # (C, taps, M)
-    return dw.transpose(1, 0, 2).reshape(w_shape).astype(x.dtype, copy=False)
+    dw = np.empty((math.prod(kernel_spatial), c_in, multiplier), compute)
+    term = np.empty(dy_c.shape[:-1], compute)
+    for m in range(multiplier):
+        for i, (_, region) in enumerate(_window_regions(out_spatial, kernel_spatial,
+                                                        strides, dilation)):
+            np.multiply(padded[(slice(None),) + region], dy_c[..., m], out=term)
+            dw[i, :, m] = _sum_over_leading(term)
+    return dw.reshape(w_shape).astype(x.dtype, copy=False)
 
 
 # ---------------------------------------------------------------- locally connected

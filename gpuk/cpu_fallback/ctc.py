@@ -101,21 +101,46 @@ def _log_softmax_classes(logits):
         return x - log_sum_exp(x, -1)
 
 
-def _shift_states(a, k):
-    """a[:, s - k] at state s (k > 0: from lower states; k < 0: from higher), -inf off the end."""
-    out = np.full_like(a, -np.inf)
-    if k > 0:
-        out[:, k:] = a[:, :-k]
-    else:
-        out[:, :k] = a[:, -k:]
-    return out
+class _StateBuffer:
+    """(N, S) log-space variables inside an (N, S + 2) buffer padded with -inf.
+
+    `values` is the (N, S) part; `shifted(k)` views the variables of state s - k
+    at state s (k = 1, 2 from lower states, -1, -2 from higher ones), -inf off the
+    end, with no copy: the time loops run ~15 small ufuncs per step, not ~25.
+    """
+
+    def __init__(self, batch, states, dtype, from_lower):
+        self._padded = np.full((batch, states + 2), -np.inf, dtype=dtype)
+        self._offset = 2 if from_lower else 0
+        self.values = self._padded[:, self._offset:self._offset + states]
+        self._states = states
+
+    def shifted(self, k):
+        start = self._offset - k
+        return self._padded[:, start:start + self._states]
 
 
-def _log_add3(a, b, c):
-    m = np.maximum(np.maximum(a, b), c)
-    m = np.where(np.isfinite(m), m, 0)
+def _log_add3(a, b, c, out):
+    """log(exp(a) + exp(b) + exp(c)) into `out` (not aliasing a, b or c), -inf safe.
+
+    Values here are log-probabilities (<= 0, -inf or NaN): where all three are
+    -inf the shift is the dtype's lowest finite value instead of -inf, so each
+    exp is exp(-inf) = 0 rather than NaN, and the result is log(0) + shift = -inf.
+    """
+    shift = np.maximum(a, b)
+    np.maximum(shift, c, out=shift)
+    np.maximum(shift, np.finfo(shift.dtype).min, out=shift)
+    term = np.empty_like(shift)
+    np.subtract(a, shift, out=out)
+    np.exp(out, out=out)
+    for other in (b, c):
+        np.subtract(other, shift, out=term)
+        np.exp(term, out=term)
+        out += term
     with np.errstate(divide='ignore'):
-        return np.log(np.exp(a - m) + np.exp(b - m) + np.exp(c - m)) + m
+        np.log(out, out=out)
+    out += shift
+    return out
 
 
 class _ExtendedLabels:
@@ -172,16 +197,18 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None):
     emit = ext.emissions(_log_softmax_classes(logits))
     log_alpha = np.full(emit.shape, -np.inf, dtype=emit.dtype)
     if steps:
-        alpha = np.full((batch, ext.states), -np.inf, dtype=emit.dtype)
-        alpha[:, :2] = emit[:, 0, :2]
-        alpha = np.where(ext.valid, alpha, -np.inf)
-        log_alpha[:, 0] = alpha
+        # states past a label's end get emission -inf, so they stay -inf; the skip
+        # rule is a 0 / -inf log mask added to the s - 2 predecessor
+        emit = np.where(ext.valid[:, None, :], emit, -np.inf)
+        skip_mask = np.where(ext.skip_into, 0, -np.inf).astype(emit.dtype)
+        alpha = _StateBuffer(batch, ext.states, emit.dtype, from_lower=True)
+        alpha.values[:, :2] = emit[:, 0, :2]
+        log_alpha[:, 0] = alpha.values
+        summed = np.empty_like(alpha.values)
         for t in range(1, steps):
-            from_prev = _shift_states(alpha, 1)
-            from_skip = np.where(ext.skip_into, _shift_states(alpha, 2), -np.inf)
-            alpha = np.where(ext.valid, _log_add3(alpha, from_prev, from_skip) + emit[:, t],
-                             -np.inf)
-            log_alpha[:, t] = alpha
+            _log_add3(alpha.values, alpha.shifted(1), alpha.shifted(2) + skip_mask, summed)
+            np.add(summed, emit[:, t], out=alpha.values)
+            log_alpha[:, t] = alpha.values
         log_alpha[np.arange(steps)[None, :] >= input_lengths[:, None]] = -np.inf
     # + 0.0 turns the -0.0 of an empty label on no frames into 0.0
     loss = 0.0 - _final_log_likelihood(log_alpha, ext, input_lengths, label_lengths) + 0.0
@@ -224,18 +251,20 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, 
     end_state[rows[label_lengths > 0], ext.count[label_lengths > 0] - 2] = 0
     skip_from = np.zeros_like(ext.skip_into)
     skip_from[:, :-2] = ext.skip_into[:, 2:]
+    # as in ctc_loss_fwd: -inf emissions past the label end, a 0 / -inf skip mask
+    emit = np.where(ext.valid[:, None, :], emit, -np.inf)
+    skip_mask = np.where(skip_from, 0, -np.inf).astype(acc)
+    ahead = _StateBuffer(batch, ext.states, acc, from_lower=False)
     beta = np.full((batch, ext.states), -np.inf, dtype=acc)
+    recursed = np.full_like(beta, -np.inf)
+    frames = np.arange(steps)[:, None, None]
+    at_end = frames == (input_lengths - 1)[None, :, None]          # (T, N, 1)
+    before_end = frames < (input_lengths - 1)[None, :, None]
     for t in range(steps - 1, -1, -1):
         if t < steps - 1:
-            ahead = beta + emit[:, t + 1]
-            to_next = _shift_states(ahead, -1)
-            to_skip = np.where(skip_from, _shift_states(ahead, -2), -np.inf)
-            recursed = np.where(ext.valid, _log_add3(ahead, to_next, to_skip), -np.inf)
-        else:
-            recursed = np.full_like(beta, -np.inf)
-        at_end = (t == input_lengths - 1)[:, None]
-        before_end = (t < input_lengths - 1)[:, None]
-        beta = np.where(at_end, end_state, np.where(before_end, recursed, -np.inf))
+            np.add(beta, emit[:, t + 1], out=ahead.values)
+            _log_add3(ahead.values, ahead.shifted(-1), ahead.shifted(-2) + skip_mask, recursed)
+        beta = np.where(at_end[t], end_state, np.where(before_end[t], recursed, -np.inf))
         log_beta[:, t] = beta
 
     possible = np.isfinite(loss)

@@ -91,8 +91,25 @@ def _shifted_max(x, axis):
 def log_sum_exp(x, axis):
     """Stable log(sum(exp(x))) along axis, keepdims=True, in x's dtype."""
     m = _shifted_max(x, axis)
+    shifted = np.subtract(x, m)
+    np.exp(shifted, out=shifted)    # in place: one x-sized temporary, not two
     with np.errstate(divide='ignore'):
-        return np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+        return np.log(np.sum(shifted, axis=axis, keepdims=True)) + m
+
+
+def _weighted_row_sum(weight, value, axis):
+    """sum(weight * value) along axis with 0 * (+-inf) = 0.
+
+    einsum sums the products without an x-sized temporary; only rows where it
+    met 0 * inf (NaN or inf there) are summed again through _times_nonzero.
+    """
+    a, b = np.moveaxis(weight, axis, -1), np.moveaxis(value, axis, -1)
+    total = np.asarray(np.einsum('...i,...i->...', a, b))    # 1-D inputs give a scalar
+    redo = ~np.isfinite(total)
+    if redo.any():
+        with np.errstate(invalid='ignore'):
+            total[redo] = np.sum(_times_nonzero(a[redo], b[redo]), axis=-1)
+    return total if total.ndim else total[()]     # a scalar, as np.sum gives
 
 
 # ---------------------------------------------------------------- softmax
@@ -163,10 +180,20 @@ def softmax_xent_fwd(logits, target, axis=-1):
     axis = _check_axis(fn, axis, logits.ndim)
     acc = accumulate_dtype(logits.dtype)
     xa, ta = logits.astype(acc, copy=False), target.astype(acc, copy=False)
-    lse = log_sum_exp(xa, axis)
+    # With m the row max and s = sum(exp(x - m)), lse = log(s) + m and
+    # loss = sum(t) log(s) - sum(t (x - m)). For t >= 0 both terms are >= 0
+    # (s >= 1, x - m <= 0), so nothing cancels; the product sum is taken from
+    # x - m before exp overwrites it, saving an x-sized temporary and a pass.
+    m = _shifted_max(xa, axis)
+    shifted = np.subtract(xa, m)
     with np.errstate(invalid='ignore'):
-        loss = np.sum(_times_nonzero(ta, lse - xa), axis=axis)
-    return loss.astype(logits.dtype, copy=False), np.squeeze(lse, axis)
+        weighted = _weighted_row_sum(ta, shifted, axis)
+    np.exp(shifted, out=shifted)
+    with np.errstate(divide='ignore'):
+        log_s = np.squeeze(np.log(np.sum(shifted, axis=axis, keepdims=True)), axis)
+    with np.errstate(invalid='ignore'):
+        loss = _times_nonzero(np.sum(ta, axis=axis), log_s) - weighted
+    return loss.astype(logits.dtype, copy=False), log_s + np.squeeze(m, axis)
 
 
 def _expand_row_values(fn, name, value, full_shape, axis, acc):
@@ -187,8 +214,12 @@ def softmax_xent_bwd(logits, target, lse, dloss, axis=-1):
     dloss = _expand_row_values(fn, 'dloss', dloss, logits.shape, axis, acc)
     ta = target.astype(acc, copy=False)
     with np.errstate(invalid='ignore'):
-        probs = np.exp(logits.astype(acc, copy=False) - lse)
-    dlogits = (probs * np.sum(ta, axis=axis, keepdims=True) - ta) * dloss
+        dlogits = np.subtract(logits.astype(acc, copy=False), lse)
+        np.exp(dlogits, out=dlogits)                    # the softmax, in place
+    # (probs * sum(target) - target) * dloss, in place in one x-sized buffer
+    dlogits *= np.sum(ta, axis=axis, keepdims=True)
+    dlogits -= ta
+    dlogits *= dloss
     return dlogits.astype(logits.dtype, copy=False)
 
 
@@ -246,9 +277,11 @@ def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1):
     lse = _expand_row_values(fn, 'lse', lse, logits.shape, axis, acc)
     dloss = _expand_row_values(fn, 'dloss', dloss, logits.shape, axis, acc)
     with np.errstate(invalid='ignore'):
-        grad = np.exp(logits.astype(acc, copy=False) - lse)
+        grad = np.subtract(logits.astype(acc, copy=False), lse)
+        np.exp(grad, out=grad)
     np.put_along_axis(grad, index, np.take_along_axis(grad, index, axis) - 1, axis)
-    return (grad * dloss).astype(logits.dtype, copy=False)
+    grad *= dloss
+    return grad.astype(logits.dtype, copy=False)
 
 
 # ---------------------------------------------------------------- cross-entropy from probabilities

@@ -476,3 +476,19 @@ VALID = ((0, 0), (0, 0))
 def test_bad_arguments_are_named(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+@pytest.mark.parametrize('data_format', ['channels_last', 'channels_first'])
+def test_conv_blocked_over_images_matches_one_block(monkeypatch, data_format):
+    """The column buffer is filled a block of images at a time; one image per block must give
+    the same results as the whole batch in one block."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((5, 7, 6, 3) if data_format == 'channels_last' else (5, 3, 7, 6))
+    w = rng.standard_normal((3, 2, 3, 4))
+    args = ((2, 1), (1, 2), ((1, 1), (0, 2)), data_format)
+    whole = conv.conv_fwd(x, w, *args)
+    dy = rng.standard_normal(whole.shape)
+    whole_dw = conv.conv_wgrad(x, dy, w.shape, *args)
+    monkeypatch.setattr(conv, 'COLUMN_BLOCK_BYTES', 1)
+    np.testing.assert_allclose(conv.conv_fwd(x, w, *args), whole, rtol=1e-12)
+    np.testing.assert_allclose(conv.conv_wgrad(x, dy, w.shape, *args), whole_dw, rtol=1e-12)
