@@ -17,7 +17,6 @@ import numpy as np
 from gpuk.graph import Meta, apply
 from gpuk.ops import geometry
 from gpuk.ops.base import Op
-from gpuk.ops.shape import shape as shape_of
 
 # family -> impl.conv function names (forward, data gradient, filter gradient)
 _FUNCTIONS = {
@@ -42,9 +41,14 @@ def assemble_shape(batch, channels, spatial, channels_first):
     return (batch,) + tuple(spatial) + (channels,)
 
 
-def _runtime_shape(vector):
-    """A shape vector input (NumPy or CuPy, on host or device) as a tuple of ints."""
-    return tuple(int(d) for d in vector.tolist())
+def _runtime_shape(source, from_like):
+    """The shape a gradient op produces, from its shape-source input: the tensor itself
+    (``from_like``: a gradient of a forward op, whose x or w is at hand; reading ``.shape``
+    costs nothing) or an int shape vector (a user's output_shape, maybe symbolic; a
+    device-to-host copy on a GPU)."""
+    if from_like:
+        return tuple(source.shape)
+    return tuple(int(d) for d in source.tolist())
 
 
 def _check_rank(where, name, shape, rank, layout):
@@ -138,9 +142,13 @@ class Window:
 
 
 class _WindowOp(Op):
-    def __init__(self, window, static_shape=None):
+    """``static_shape``: the static shape a gradient op produces; ``from_like``: whether its
+    third input is a tensor of that shape (else an int shape vector)."""
+
+    def __init__(self, window, static_shape=None, from_like=True):
         self.window = window
         self.static_shape = static_shape
+        self.from_like = from_like
 
 
 class ConvFwd(_WindowOp):
@@ -164,15 +172,15 @@ class ConvFwd(_WindowOp):
     def grad(self, inputs, outputs, output_grads):
         x, w = inputs
         g = output_grads[0]
-        return [apply(ConvDgrad(self.window, x.shape), g, w, shape_of(x)),
-                apply(ConvWgrad(self.window, w.shape), x, g, shape_of(w))]
+        return [apply(ConvDgrad(self.window, x.shape), g, w, x),
+                apply(ConvWgrad(self.window, w.shape), x, g, w)]
 
 
 class ConvDgrad(_WindowOp):
-    """dx = conv_dgrad(dy, w) for an x of shape ``static_shape`` (the runtime shape is the
-    third input); also the forward of a transposed convolution."""
+    """dx = conv_dgrad(dy, w) for an x of shape ``static_shape`` (the runtime shape comes
+    from the third input); also the forward of a transposed convolution."""
 
-    def infer(self, dy, w, x_shape_vector):
+    def infer(self, dy, w, x_shape_source):
         win = self.window
         _check_float(win.where, 'x', dy.dtype)
         win.check_dy(dy.shape, w.shape)
@@ -195,9 +203,9 @@ class ConvDgrad(_WindowOp):
         return Meta(assemble_shape(batch, channels, spatial_dims(x_shape, win.channels_first),
                                    win.channels_first), dy.dtype)
 
-    def forward(self, impl, dy, w, x_shape_vector):
+    def forward(self, impl, dy, w, x_shape_source):
         win = self.window
-        x_shape = _runtime_shape(x_shape_vector)
+        x_shape = _runtime_shape(x_shape_source, self.from_like)
         pads = win.pads(spatial_dims(x_shape, win.channels_first), w.shape[:win.rank])
         return getattr(impl.conv, win.function(1))(dy, w, x_shape, win.strides, win.dilation,
                                                    pads, win.data_format)
@@ -206,14 +214,14 @@ class ConvDgrad(_WindowOp):
         dy, w, _ = inputs
         g = output_grads[0]
         return [apply(ConvFwd(self.window), g, w),
-                apply(ConvWgrad(self.window, w.shape), g, dy, shape_of(w)),
+                apply(ConvWgrad(self.window, w.shape), g, dy, w),
                 None]
 
 
 class ConvWgrad(_WindowOp):
     """dw = conv_wgrad(x, dy) for a kernel of shape ``static_shape``."""
 
-    def infer(self, x, dy, w_shape_vector):
+    def infer(self, x, dy, w_shape_source):
         win = self.window
         _check_float(win.where, 'x', x.dtype)
         w_shape = self.static_shape
@@ -221,9 +229,9 @@ class ConvWgrad(_WindowOp):
         win.check_dy(dy.shape, w_shape)
         return Meta(w_shape, x.dtype)
 
-    def forward(self, impl, x, dy, w_shape_vector):
+    def forward(self, impl, x, dy, w_shape_source):
         win = self.window
-        w_shape = _runtime_shape(w_shape_vector)
+        w_shape = _runtime_shape(w_shape_source, self.from_like)
         pads = win.pads(spatial_dims(x.shape, win.channels_first), w_shape[:win.rank])
         return getattr(impl.conv, win.function(2))(x, dy, w_shape, win.strides, win.dilation,
                                                    pads, win.data_format)
@@ -231,7 +239,7 @@ class ConvWgrad(_WindowOp):
     def grad(self, inputs, outputs, output_grads):
         x, dy, _ = inputs
         g = output_grads[0]
-        return [apply(ConvDgrad(self.window, x.shape), dy, g, shape_of(x)),
+        return [apply(ConvDgrad(self.window, x.shape), dy, g, x),
                 apply(ConvFwd(self.window), x, g),
                 None]
 
@@ -245,7 +253,7 @@ def conv_transpose(x, w, output_static, output_vector, window):
     """Transposed convolution: the data gradient of a convolution producing
     ``output_static`` (static shape, None entries allowed; runtime shape ``output_vector``)
     whose output would be x. w is (*k, out_channels, in_channels)."""
-    return apply(ConvDgrad(window, tuple(output_static)), x, w, output_vector)
+    return apply(ConvDgrad(window, tuple(output_static), from_like=False), x, w, output_vector)
 
 
 # ---------------------------------------------------------------- locally connected
@@ -296,9 +304,7 @@ class LocalWindow:
                                            expected[0], expected[1]))
 
 
-class LocalConvFwd(Op):
-    def __init__(self, window, static_shape=None):
-        self.window, self.static_shape = window, static_shape
+class LocalConvFwd(_WindowOp):
 
     def infer(self, x, w):
         win = self.window
@@ -313,43 +319,43 @@ class LocalConvFwd(Op):
     def grad(self, inputs, outputs, output_grads):
         x, w = inputs
         g = output_grads[0]
-        return [apply(LocalConvDgrad(self.window, x.shape), g, w, shape_of(x)),
-                apply(LocalConvWgrad(self.window, w.shape), x, g, shape_of(w))]
+        return [apply(LocalConvDgrad(self.window, x.shape), g, w, x),
+                apply(LocalConvWgrad(self.window, w.shape), x, g, w)]
 
 
 class LocalConvDgrad(LocalConvFwd):
-    def infer(self, dy, w, x_shape_vector):
+    def infer(self, dy, w, x_shape_source):
         self.window.check('x', self.static_shape, w.shape)
         _check_channels(self.window.where, 'dy', dy.shape,
                         channel_dim(dy.shape, self.window.channels_first),
                         'the kernel', w.shape, w.shape[-1])
         return Meta(self.static_shape, dy.dtype)
 
-    def forward(self, impl, dy, w, x_shape_vector):
-        return impl.conv.local_conv_dgrad(dy, w, _runtime_shape(x_shape_vector),
+    def forward(self, impl, dy, w, x_shape_source):
+        return impl.conv.local_conv_dgrad(dy, w, _runtime_shape(x_shape_source, self.from_like),
                                           *self.window.args())
 
     def grad(self, inputs, outputs, output_grads):
         dy, w, _ = inputs
         g = output_grads[0]
         return [apply(LocalConvFwd(self.window), g, w),
-                apply(LocalConvWgrad(self.window, w.shape), g, dy, shape_of(w)),
+                apply(LocalConvWgrad(self.window, w.shape), g, dy, w),
                 None]
 
 
 class LocalConvWgrad(LocalConvFwd):
-    def infer(self, x, dy, w_shape_vector):
+    def infer(self, x, dy, w_shape_source):
         self.window.check('x', x.shape, self.static_shape)
         return Meta(self.static_shape, x.dtype)
 
-    def forward(self, impl, x, dy, w_shape_vector):
-        return impl.conv.local_conv_wgrad(x, dy, _runtime_shape(w_shape_vector),
+    def forward(self, impl, x, dy, w_shape_source):
+        return impl.conv.local_conv_wgrad(x, dy, _runtime_shape(w_shape_source, self.from_like),
                                           *self.window.args())
 
     def grad(self, inputs, outputs, output_grads):
         x, dy, _ = inputs
         g = output_grads[0]
-        return [apply(LocalConvDgrad(self.window, x.shape), dy, g, shape_of(x)),
+        return [apply(LocalConvDgrad(self.window, x.shape), dy, g, x),
                 apply(LocalConvFwd(self.window), x, g),
                 None]
 

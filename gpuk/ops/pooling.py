@@ -12,11 +12,6 @@ from gpuk.graph import Meta, apply
 from gpuk.ops import geometry
 from gpuk.ops.base import Op
 from gpuk.ops.conv import assemble_shape, channel_dim, spatial_dims
-from gpuk.ops.shape import shape as shape_of
-
-
-def _runtime_shape(vector):
-    return tuple(int(d) for d in vector.tolist())
 
 
 class PoolWindow:
@@ -85,20 +80,21 @@ class MaxPool(Op):
     def grad(self, inputs, outputs, output_grads):
         x = inputs[0]
         argmax = outputs[1]
-        return [apply(MaxPoolBwd(self.window, x.shape), output_grads[0], argmax, shape_of(x))]
+        return [apply(MaxPoolBwd(self.window, x.shape), output_grads[0], argmax, x)]
 
 
 class MaxPoolBwd(Op):
-    """dx: dy added at the argmax positions of an x of shape ``x_static``."""
+    """dx: dy added at the argmax positions of x. The last input is x itself: only its
+    shape is read (free on any device, unlike a K.shape vector on a GPU)."""
 
     def __init__(self, window, x_static):
         self.window, self.x_static = window, x_static
 
-    def infer(self, dy, argmax, x_shape_vector):
+    def infer(self, dy, argmax, x_like):
         return Meta(self.x_static, dy.dtype)
 
-    def forward(self, impl, dy, argmax, x_shape_vector):
-        return impl.pooling.max_pool_bwd(dy, argmax, _runtime_shape(x_shape_vector),
+    def forward(self, impl, dy, argmax, x_like):
+        return impl.pooling.max_pool_bwd(dy, argmax, x_like.shape,
                                          self.window.data_format)
 
     def grad(self, inputs, outputs, output_grads):
@@ -128,7 +124,7 @@ class MaxPoolGather(Op):
 
     def grad(self, inputs, outputs, output_grads):
         g, argmax = inputs
-        return [apply(MaxPoolBwd(self.window, g.shape), output_grads[0], argmax, shape_of(g)),
+        return [apply(MaxPoolBwd(self.window, g.shape), output_grads[0], argmax, g),
                 None]
 
 
@@ -147,18 +143,20 @@ class AvgPool(Op):
 
     def grad(self, inputs, outputs, output_grads):
         x = inputs[0]
-        return [apply(AvgPoolBwd(self.window, x.shape), output_grads[0], shape_of(x))]
+        return [apply(AvgPoolBwd(self.window, x.shape), output_grads[0], x)]
 
 
 class AvgPoolBwd(Op):
+    """dx of average pooling; the last input is x itself, for its shape."""
+
     def __init__(self, window, x_static):
         self.window, self.x_static = window, x_static
 
-    def infer(self, dy, x_shape_vector):
+    def infer(self, dy, x_like):
         return Meta(self.x_static, dy.dtype)
 
-    def forward(self, impl, dy, x_shape_vector):
-        x_shape = _runtime_shape(x_shape_vector)
+    def forward(self, impl, dy, x_like):
+        x_shape = x_like.shape
         window, strides, pads, data_format = self.window.args(x_shape)
         return impl.pooling.avg_pool_bwd(dy, x_shape, window, strides, pads, data_format)
 
