@@ -1,13 +1,13 @@
 """K.function: a graph compiled into a flat execution plan.
 
 The plan is made once per function: nodes in topological order, each tensor given a slot,
-constant subgraphs folded, every slot freed after its last use. Running it feeds the
+constant subgraphs folded, chains fused (gpuk/fusion.py), every slot freed after its last use. Running it feeds the
 placeholders, reads the variables, executes the plan, then applies the updates, all of
 whose new values are computed (from the old values) before any is assigned.
 """
 import numpy as np
 
-from gpuk import device
+from gpuk import device, fusion
 from gpuk.graph import Constant, Placeholder, Tensor, Variable, topological_nodes
 
 
@@ -94,6 +94,8 @@ class Plan:
                       for node in nodes]
         self.n_slots = len(slot_of)
         self._fold_constants()
+        if fusion.enabled():
+            self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots))
         self._plan_frees()
 
     def _feed_default(self, placeholder, slot):

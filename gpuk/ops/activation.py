@@ -62,10 +62,18 @@ class Relu(Op):
             out = out + self.alpha * (x < self.threshold)
         return out
 
+    @property
+    def plain(self):
+        """max(x, 0): Keras's default relu."""
+        return self.alpha == 0 and self.max_value is None and self.threshold == 0
+
     def grad(self, inputs, outputs, output_grads):
         if not _is_float(inputs[0].dtype):
             return [None]
-        return [apply(ReluGrad(self), output_grads[0], inputs[0])]
+        # The plain relu's slope reads the output: relu(x) > 0 iff x > 0 (NaN included), and
+        # then x need not be kept for the backward pass (and conv/bias_add can fuse into it).
+        source = outputs[0] if self.plain else inputs[0]
+        return [apply(ReluGrad(self), output_grads[0], source)]
 
 
 class ReluGrad(Op):

@@ -1,11 +1,15 @@
 """act(x + bias) with a vector bias along one axis, through the elementwise kernel family
 (a fused CUDA kernel on the GPU). K.bias_add uses it for the common vector-bias case; the
-'relu' form is the epilogue a graph fusion of bias_add -> relu can use."""
+'relu' form is what the plan's fusion (gpuk/fusion.py) makes of bias_add -> relu.
+
+ConvBiasAct is act(conv(x, w) + bias) in one call of the convolution's fused epilogue; only
+the fusion pass builds it (Keras's Conv2D computes conv2d -> bias_add -> activation)."""
 import numpy as np
 
 from gpuk.graph import Constant, Meta, apply, as_tensor
 from gpuk.ops import elementwise as ew
 from gpuk.ops.base import Op, normalize_axis
+from gpuk.ops.conv import ConvFwd, spatial_dims
 from gpuk.ops.reduction import reduce
 
 ACTIVATIONS = ('linear', 'relu')
@@ -26,11 +30,53 @@ class BiasAct(Op):
         return impl.elementwise.bias_act_fwd(x, bias, self.axis, self.activation)
 
     def grad(self, inputs, outputs, output_grads):
-        x, y, g = inputs[0], outputs[0], output_grads[0]
-        if self.activation == 'relu':
-            g = ew.where(y > 0, g, Constant(np.zeros((), dtype=g.dtype)))
-        other_axes = [a for a in range(x.ndim) if a != self.axis]
-        return [g, reduce('sum', g, other_axes)]
+        return list(_bias_act_grads(self.activation, self.axis, outputs[0], output_grads[0]))
+
+
+def _bias_act_grads(activation, axis, y, g):
+    """(gradient of the pre-bias value, gradient of the bias) of y = act(v + bias)."""
+    if activation == 'relu':
+        g = ew.where(y > 0, g, Constant(np.zeros((), dtype=g.dtype)))
+    other_axes = [a for a in range(y.ndim) if a != axis]
+    return g, reduce('sum', g, other_axes)
+
+
+# conv_fwd's epilogue names, by activation
+_EPILOGUES = {'linear': 'bias', 'relu': 'bias_relu'}
+
+
+class ConvBiasAct(Op):
+    """y = act(conv(x, w) + bias), bias along the channel axis; ``window`` is a ConvFwd's
+    (family 'conv'). One ``impl.conv.conv_fwd`` call with a fused epilogue."""
+
+    def __init__(self, window, activation):
+        if window.family != 'conv':
+            raise ValueError("ConvBiasAct: window.family must be 'conv', got %r" % (window.family,))
+        if activation not in ACTIVATIONS:
+            raise ValueError('ConvBiasAct: activation must be one of %s, got %r'
+                             % (ACTIVATIONS, activation))
+        self.window, self.activation = window, activation
+
+    @property
+    def channel_axis(self):
+        return 1 if self.window.channels_first else self.window.rank + 1
+
+    def infer(self, x, w, bias):
+        conv_meta = ConvFwd(self.window).infer(x, w)
+        return BiasAct(self.channel_axis, 'linear').infer(conv_meta, bias)
+
+    def forward(self, impl, x, w, bias):
+        win = self.window
+        pads = win.pads(spatial_dims(x.shape, win.channels_first), w.shape[:win.rank])
+        return impl.conv.conv_fwd(x, w, win.strides, win.dilation, pads, win.data_format,
+                                  epilogue=_EPILOGUES[self.activation], bias=bias)
+
+    def grad(self, inputs, outputs, output_grads):
+        g, d_bias = _bias_act_grads(self.activation, self.channel_axis, outputs[0],
+                                    output_grads[0])
+        # the convolution's own rule (it reads x and w only, not the convolution's output)
+        d_x, d_w = ConvFwd(self.window).grad(inputs[:2], [None], [g])
+        return [d_x, d_w, d_bias]
 
 
 def bias_act(x, bias, axis, activation='linear'):
