@@ -8,7 +8,7 @@ whose new values are computed (from the old values) before any is assigned.
 import numpy as np
 
 from gpuk import device, fusion
-from gpuk.graph import Constant, Placeholder, Tensor, Variable, topological_nodes
+from gpuk.graph import Constant, Placeholder, Tensor, Variable, static_value, topological_nodes
 
 
 class Update:
@@ -93,7 +93,7 @@ class Plan:
         self.steps = [(node.op, [slot(t) for t in node.inputs], [slot(t) for t in node.outputs])
                       for node in nodes]
         self.n_slots = len(slot_of)
-        self._fold_constants()
+        self._fold_constants(nodes)
         if fusion.enabled():
             self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots))
         self._plan_frees()
@@ -107,15 +107,19 @@ class Plan:
                              % placeholder.name)
         self.fixed.append((slot, device.to_device(default, placeholder.dtype)))
 
-    def _fold_constants(self):
-        """Runs now the steps whose inputs are all constants; their outputs become fixed."""
+    def _fold_constants(self, nodes):
+        """Runs now the steps whose inputs are all constants, and takes the graph's static
+        values (e.g. K.shape of a tensor whose dims are all known); their outputs become fixed."""
         known = {slot: value for slot, value in self.fixed}
         remaining = []
-        for op, ins, outs in self.steps:
+        for node, (op, ins, outs) in zip(nodes, self.steps):
+            static = [static_value(t) for t in node.outputs] if op.foldable else [None]
             if op.foldable and all(s in known for s in ins):
                 values = op.forward(self.impl, *[known[s] for s in ins])
                 values = values if isinstance(values, tuple) else (values,)
                 known.update(zip(outs, values))
+            elif all(v is not None for v in static):
+                known.update(zip(outs, (self.impl.xp.asarray(v) for v in static)))
             else:
                 remaining.append((op, ins, outs))
         needed = {s for _, ins, _ in remaining for s in ins} | set(self.target_slots)

@@ -130,3 +130,13 @@ def test_plan_accepts_non_placeholder_inputs():
     from gpuk import device
     plan = Plan([mid], [out], device.impl())
     np.testing.assert_allclose(plan.run([np.array([1.0, 2.0])])[0], [2.0, 3.0])
+
+
+def test_plan_takes_static_shapes_as_constants():
+    w = K.variable(np.ones((3, 4)))
+    x = K.placeholder((None, 4))
+    f = K.function([x], [K.reshape(x, (-1, K.shape(w)[1])), K.shape(x)[0] * K.shape(w)[0]])
+    got = f([np.ones((2, 4))])
+    assert got[0].shape == (2, 4) and got[1] == 6
+    op_names = [type(forward.__self__).__name__ for forward, _, _, _ in f._plan.steps]
+    assert op_names.count('Shape') == 1  # K.shape(x) only: K.shape(w) is known at compile time
