@@ -1,0 +1,1 @@
+"""NumPy twins of gpuk/kernels/<family>.py: the CPU path and the oracle of the kernel tests."""

@@ -1,0 +1,1 @@
+"""Graph ops, one module per op family; the op contract is in base.py."""
