@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from gpuk.cpu_fallback import parallel
 from gpuk.cpu_fallback.conv import (
     _channels, _channels_first, _compute_dtype, _crop_spatial, _float_array,
     _from_channels_last, _output_spatial, _pad_spatial, _spatial,
@@ -61,23 +62,45 @@ def max_pool_fwd(x, window, strides, pads, data_format):
     in_spatial = _spatial(x.shape, channels_first)
     out_spatial = _output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
                                   'window')
-    padded = _pad_spatial(_to_channels_last(x, channels_first), pads, x.dtype, fill=-np.inf)
-    y, tap = _running_max(padded, window, strides, out_spatial)
+    x_cl = _to_channels_last(x, channels_first)
+    padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
+    y = np.empty((x.shape[0], *out_spatial, x_cl.shape[-1]), x.dtype)
+    argmax = np.empty(y.shape, np.int64)
+    multipliers = [math.prod(in_spatial[i + 1:]) for i in range(rank)]
+    # winner = flat index of the window start + flat offset of the tap
+    tap_offsets = np.array([sum(t * m for t, m in zip(tap_index, multipliers))
+                            for tap_index in np.ndindex(*window)], np.int64)
 
-    # Window start per output position and dim, shaped to broadcast over (N, *out, C).
-    starts = [(np.arange(o) * s - b).reshape((1,) + (1,) * i + (o,) + (1,) * (rank - i))
-              for i, (o, s, (b, _)) in enumerate(zip(out_spatial, strides, pads))]
-    lowest = np.min(y)   # a reduction is cheaper than np.isneginf(y).any(); NaN hides -inf
-    if lowest == -np.inf or (np.isnan(lowest) and np.isneginf(y).any()):
-        argmax = _argmax_off_padding(tap, starts, window, in_spatial)
-    else:
-        # winner = flat index of the window start + flat offset of the tap;
-        # both are small tables, so this is two passes over y.
-        multipliers = [math.prod(in_spatial[i + 1:]) for i in range(rank)]
-        tap_offsets = np.array([sum(t * m for t, m in zip(tap_index, multipliers))
-                                for tap_index in np.ndindex(*window)], np.int64)
-        argmax = tap_offsets[tap]
-        argmax += sum(start * m for start, m in zip(starts, multipliers))
+    def block_fwd(block):
+        # Blocks of output rows sized for L2 (parallel.row_blocks) on parallel's
+        # threads; each writes its own rows of y and argmax.
+        images, rows = block
+        x_block = parallel.padded_rows(
+            x_cl, images, rows.start * strides[0], (rows.stop - 1) * strides[0] + window[0],
+            [b for b, _ in pads], (1,) * rank, padded_spatial, x.dtype, fill=-np.inf)
+        block_out = (rows.stop - rows.start,) + out_spatial[1:]
+        y_block, tap = _running_max(x_block, window, strides, block_out)
+        y[images, rows] = y_block
+        # Window start per output position and dim, shaped to broadcast over (n, *out, C).
+        first_rows = (rows.start,) + (0,) * (rank - 1)
+        starts = [((np.arange(o) + f) * s - b).reshape((1,) + (1,) * i + (o,) + (1,) * (rank - i))
+                  for i, (o, f, s, (b, _)) in enumerate(zip(block_out, first_rows, strides,
+                                                            pads))]
+        lowest = np.min(y_block)   # cheaper than np.isneginf(y).any(); NaN hides -inf
+        if lowest == -np.inf or (np.isnan(lowest) and np.isneginf(y_block).any()):
+            argmax[images, rows] = _argmax_off_padding(tap, starts, window, in_spatial)
+        else:
+            # both terms are small tables, so this is two passes over the block
+            winner = argmax[images, rows]
+            np.take(tap_offsets, tap, out=winner, mode="clip")   # no bounds check: ~2x faster
+            winner += sum(start * m for start, m in zip(starts, multipliers))
+    row = (math.prod(padded_spatial[1:]) * strides[0] * x.itemsize +
+           math.prod(out_spatial[1:]) * (x.itemsize + 8 + 2)) * x_cl.shape[-1]
+    # 4x parallel's default block: this loop makes ~4 small ufunc calls per tap and
+    # block, and at 1 MiB the call overhead measured 25 ms against 14 ms at 4 MiB
+    # (N=8 112^2x64 3x3/2, 2 threads); the running max then streams from L3.
+    parallel.run_blocks(block_fwd, parallel.row_blocks(x.shape[0], out_spatial[0], row,
+                                                       4 * parallel.BLOCK_BYTES))
     return (_from_channels_last(y, channels_first, x.dtype),
             _from_channels_last(argmax, channels_first, np.int64))
 
@@ -104,7 +127,8 @@ def _running_max(padded, window, strides, out_spatial, nan_aware=False):
         np.greater(candidate, y, out=better)
         if nan_aware:
             better |= np.isnan(candidate) & ~np.isnan(y)
-        np.multiply(better, tap_dtype.type(index), out=candidate_tap)
+        # as uint8 the product needs no cast: a casting ufunc buffers and keeps the GIL
+        np.multiply(better.view(np.uint8), tap_dtype.type(index), out=candidate_tap)
         np.maximum(tap, candidate_tap, out=tap)
         np.maximum(y, candidate, out=y)    # NaN propagates: a window with a NaN gets NaN
     if not nan_aware and np.isnan(y).any():
