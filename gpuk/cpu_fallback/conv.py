@@ -16,6 +16,7 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from gpuk.cpu_fallback import conv_checks as checks
 from gpuk.cpu_fallback import parallel
 from gpuk.ops import geometry
 
@@ -24,101 +25,6 @@ __all__ = [
     'depthwise_conv_fwd', 'depthwise_conv_dgrad', 'depthwise_conv_wgrad',
     'local_conv_fwd', 'local_conv_dgrad', 'local_conv_wgrad',
 ]
-
-
-# ---------------------------------------------------------------- checks
-
-def _float_array(fn, name, value):
-    array = np.asarray(value)
-    if not np.issubdtype(array.dtype, np.floating):
-        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
-                        % (fn, name, array.dtype))
-    if array.size == 0:
-        raise ValueError('%s: %s must not have a zero-size dimension, got shape %s'
-                         % (fn, name, array.shape))
-    return array
-
-
-def _same_dtype(fn, arrays):
-    dtypes = {a.dtype for _, a in arrays}
-    if len(dtypes) > 1:
-        raise TypeError('%s: %s must have the same dtype, got %s'
-                        % (fn, ' and '.join(n for n, _ in arrays),
-                           ' and '.join(str(a.dtype) for _, a in arrays)))
-
-
-def _spatial_rank(fn, name, array):
-    if array.ndim not in (3, 4, 5):
-        raise ValueError('%s: %s must have rank 3, 4 or 5 (batch, 1 to 3 spatial dims, '
-                         'channels), got shape %s' % (fn, name, array.shape))
-    return array.ndim - 2
-
-
-def _check_rank(fn, name, array, rank, layout):
-    if array.ndim != rank:
-        raise ValueError('%s: %s must have rank %d %s, got shape %s'
-                         % (fn, name, rank, layout, array.shape))
-
-
-def _shape_tuple(fn, name, shape, rank):
-    """A full array shape: a sequence of `rank` ints >= 1 (a bare int is refused)."""
-    if not isinstance(shape, (list, tuple)):
-        raise ValueError('%s: %s must be a tuple of %d ints, got %r' % (fn, name, rank, shape))
-    return geometry.normalize_positive_tuple(shape, rank, fn, name)
-
-
-def _channels_first(fn, data_format):
-    return geometry.normalize_data_format(data_format, fn) == 'channels_first'
-
-
-def _channels(shape, channels_first):
-    return shape[1] if channels_first else shape[-1]
-
-
-def _spatial(shape, channels_first):
-    return tuple(shape[2:]) if channels_first else tuple(shape[1:-1])
-
-
-def _window_params(fn, rank, strides, dilation, pads):
-    return (geometry.normalize_positive_tuple(strides, rank, fn, 'strides'),
-            geometry.normalize_positive_tuple(dilation, rank, fn, 'dilation'),
-            geometry.normalize_pads(pads, rank, fn))
-
-
-def _output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads,
-                    kernel_name='kernel'):
-    """Output sizes; an input smaller than the (dilated) kernel or window is an error."""
-    out = []
-    for size, k, s, d, (before, after) in zip(in_spatial, kernel_spatial, strides,
-                                              dilation, pads):
-        padded, extent = size + before + after, geometry.dilated_size(k, d)
-        if padded < extent:
-            raise ValueError('%s: padded input spatial size %d (input %s, pads %s) is '
-                             'smaller than the %s extent %d (%s %s, dilation %s)'
-                             % (fn, padded, in_spatial, pads, kernel_name, extent,
-                                kernel_name, kernel_spatial, dilation))
-        out.append((padded - extent) // s + 1)
-    return tuple(out)
-
-
-def _check_dy_spatial(fn, dy, channels_first, expected, context):
-    got = _spatial(dy.shape, channels_first)
-    if got != tuple(expected):
-        raise ValueError('%s: dy spatial shape %s does not match the output spatial '
-                         'shape %s of %s' % (fn, got, tuple(expected), context))
-
-
-def _check_batch(fn, a_name, a_shape, b_name, b_shape):
-    if a_shape[0] != b_shape[0]:
-        raise ValueError('%s: batch sizes of %s (shape %s) and %s (shape %s) differ'
-                         % (fn, a_name, tuple(a_shape), b_name, tuple(b_shape)))
-
-
-def _check_channels(fn, what, a_name, a_shape, a_channels, b_name, b_shape, b_channels):
-    if a_channels != b_channels:
-        raise ValueError('%s: %s of %s (shape %s) is %d but %s (shape %s) has %d'
-                         % (fn, what, a_name, tuple(a_shape), a_channels, b_name,
-                            tuple(b_shape), b_channels))
 
 
 # ---------------------------------------------------------------- layout helpers
@@ -234,15 +140,6 @@ def _window_column_blocks(padded, kernel_spatial, strides, dilation):
         yield images, block.reshape(-1, width)
 
 
-def _conv_setup(fn, x_or_dy_name, array, data_format, kernel, kernel_name, strides,
-                dilation, pads):
-    channels_first = _channels_first(fn, data_format)
-    rank = _spatial_rank(fn, x_or_dy_name, array)
-    _check_rank(fn, kernel_name, kernel, rank + 2, '(*kernel_spatial, C_in, C_out)')
-    strides, dilation, pads = _window_params(fn, rank, strides, dilation, pads)
-    return channels_first, rank, strides, dilation, pads
-
-
 def _conv_channels_last(x_cl, w, strides, dilation, pads, out_spatial, compute):
     """The convolution itself: (N, *S, C_in) -> (N, *out, C_out) in `compute`."""
     kernel_spatial, c_out = w.shape[:-2], w.shape[-1]
@@ -282,14 +179,14 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
     The epilogue runs in the compute dtype before the one rounding to x.dtype, as the
     kernel's does; relu keeps NaN."""
     fn = 'conv_fwd'
-    x, w = _float_array(fn, 'x', x), _float_array(fn, 'w', w)
-    _same_dtype(fn, [('x', x), ('w', w)])
-    channels_first, rank, strides, dilation, pads = _conv_setup(
+    x, w = checks.float_array(fn, 'x', x), checks.float_array(fn, 'w', w)
+    checks.same_dtype(fn, [('x', x), ('w', w)])
+    channels_first, rank, strides, dilation, pads = checks.conv_setup(
         fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
-    c_in = _channels(x.shape, channels_first)
-    _check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
+    c_in = checks.channel_count(x.shape, channels_first)
+    checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
     kernel_spatial = w.shape[:rank]
-    out_spatial = _output_spatial(fn, _spatial(x.shape, channels_first), kernel_spatial,
+    out_spatial = checks.output_spatial(fn, checks.spatial_dims(x.shape, channels_first), kernel_spatial,
                                   strides, dilation, pads)
     _check_epilogue(fn, epilogue, bias, w.shape[-1], x.dtype)
     compute = _compute_dtype(x.dtype)
@@ -305,21 +202,21 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
 def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     """Gradient of conv_fwd with respect to x (also the forward of conv_transpose)."""
     fn = 'conv_dgrad'
-    dy, w = _float_array(fn, 'dy', dy), _float_array(fn, 'w', w)
-    _same_dtype(fn, [('dy', dy), ('w', w)])
-    channels_first, rank, strides, dilation, pads = _conv_setup(
+    dy, w = checks.float_array(fn, 'dy', dy), checks.float_array(fn, 'w', w)
+    checks.same_dtype(fn, [('dy', dy), ('w', w)])
+    channels_first, rank, strides, dilation, pads = checks.conv_setup(
         fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
-    x_shape = _shape_tuple(fn, 'x_shape', x_shape, rank + 2)
-    _check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
-    _check_channels(fn, 'the channel count', 'dy', dy.shape,
-                    _channels(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
-    c_in = _channels(x_shape, channels_first)
-    _check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape,
+    x_shape = checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    checks.check_channels(fn, 'the channel count', 'dy', dy.shape,
+                    checks.channel_count(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
+    c_in = checks.channel_count(x_shape, channels_first)
+    checks.check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape,
                     w.shape[-2])
-    in_spatial = _spatial(x_shape, channels_first)
+    in_spatial = checks.spatial_dims(x_shape, channels_first)
     kernel_spatial = w.shape[:rank]
-    out_spatial = _output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
-    _check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
+    out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
     compute = _compute_dtype(dy.dtype)
     c_out = w.shape[-1]
     dy_cl = _to_channels_last(dy, channels_first).astype(compute, copy=False)
@@ -345,23 +242,23 @@ def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
 def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
     """Gradient of conv_fwd with respect to w."""
     fn = 'conv_wgrad'
-    x, dy = _float_array(fn, 'x', x), _float_array(fn, 'dy', dy)
-    _same_dtype(fn, [('x', x), ('dy', dy)])
-    channels_first = _channels_first(fn, data_format)
-    rank = _spatial_rank(fn, 'x', x)
-    _check_rank(fn, 'dy', dy, rank + 2, 'like x')
-    w_shape = _shape_tuple(fn, 'w_shape', w_shape, rank + 2)
-    strides, dilation, pads = _window_params(fn, rank, strides, dilation, pads)
-    _check_batch(fn, 'x', x.shape, 'dy', dy.shape)
-    c_in, c_out = _channels(x.shape, channels_first), _channels(dy.shape, channels_first)
-    _check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape,
+    x, dy = checks.float_array(fn, 'x', x), checks.float_array(fn, 'dy', dy)
+    checks.same_dtype(fn, [('x', x), ('dy', dy)])
+    channels_first = checks.is_channels_first(fn, data_format)
+    rank = checks.spatial_rank(fn, 'x', x)
+    checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = checks.shape_tuple(fn, 'w_shape', w_shape, rank + 2)
+    strides, dilation, pads = checks.window_params(fn, rank, strides, dilation, pads)
+    checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    c_in, c_out = checks.channel_count(x.shape, channels_first), checks.channel_count(dy.shape, channels_first)
+    checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape,
                     w_shape[-2])
-    _check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape,
+    checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape,
                     w_shape[-1])
     kernel_spatial = w_shape[:rank]
-    out_spatial = _output_spatial(fn, _spatial(x.shape, channels_first), kernel_spatial,
+    out_spatial = checks.output_spatial(fn, checks.spatial_dims(x.shape, channels_first), kernel_spatial,
                                   strides, dilation, pads)
-    _check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
+    checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
     compute = _compute_dtype(x.dtype)
     padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
     dy_cl = _to_channels_last(dy, channels_first).astype(compute, copy=False)
@@ -408,15 +305,15 @@ def _input_rows(rows, stride, extent):
 def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format):
     """Depthwise convolution; w is (*k, C_in, M), output channel c*M + m like TensorFlow."""
     fn = 'depthwise_conv_fwd'
-    x, w = _float_array(fn, 'x', x), _float_array(fn, 'w', w)
-    _same_dtype(fn, [('x', x), ('w', w)])
-    channels_first, rank, strides, dilation, pads = _conv_setup(
+    x, w = checks.float_array(fn, 'x', x), checks.float_array(fn, 'w', w)
+    checks.same_dtype(fn, [('x', x), ('w', w)])
+    channels_first, rank, strides, dilation, pads = checks.conv_setup(
         fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
-    c_in = _channels(x.shape, channels_first)
-    _check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
+    c_in = checks.channel_count(x.shape, channels_first)
+    checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
     kernel_spatial, multiplier = w.shape[:rank], w.shape[-1]
-    in_spatial = _spatial(x.shape, channels_first)
-    out_spatial = _output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    in_spatial = checks.spatial_dims(x.shape, channels_first)
+    out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
     compute = _compute_dtype(x.dtype)
     x_cl = _to_channels_last(x, channels_first)
     kernel = _depthwise_kernel(w, rank, c_in, multiplier, out_spatial[-1], compute)
@@ -443,8 +340,8 @@ def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format):
 
 def _depthwise_dy(fn, dy, channels_first, c_in, multiplier, w_name, w_shape):
     """dy as channels_last (N, *out, C_in * M), after checking its channel count."""
-    c_out = _channels(dy.shape, channels_first)
-    _check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, w_name, w_shape,
+    c_out = checks.channel_count(dy.shape, channels_first)
+    checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, w_name, w_shape,
                     c_in * multiplier)
     return _to_channels_last(dy, channels_first)
 
@@ -452,19 +349,19 @@ def _depthwise_dy(fn, dy, channels_first, c_in, multiplier, w_name, w_shape):
 def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     """Gradient of depthwise_conv_fwd with respect to x."""
     fn = 'depthwise_conv_dgrad'
-    dy, w = _float_array(fn, 'dy', dy), _float_array(fn, 'w', w)
-    _same_dtype(fn, [('dy', dy), ('w', w)])
-    channels_first, rank, strides, dilation, pads = _conv_setup(
+    dy, w = checks.float_array(fn, 'dy', dy), checks.float_array(fn, 'w', w)
+    checks.same_dtype(fn, [('dy', dy), ('w', w)])
+    channels_first, rank, strides, dilation, pads = checks.conv_setup(
         fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
-    x_shape = _shape_tuple(fn, 'x_shape', x_shape, rank + 2)
-    _check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
-    c_in = _channels(x_shape, channels_first)
-    _check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape,
+    x_shape = checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    c_in = checks.channel_count(x_shape, channels_first)
+    checks.check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape,
                     w.shape[-2])
-    in_spatial = _spatial(x_shape, channels_first)
+    in_spatial = checks.spatial_dims(x_shape, channels_first)
     kernel_spatial, multiplier = w.shape[:rank], w.shape[-1]
-    out_spatial = _output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
-    _check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
+    out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
     compute = _compute_dtype(dy.dtype)
     dy_cl = _depthwise_dy(fn, dy, channels_first, c_in, multiplier, 'w', w.shape)
     # dx is the stride-1 correlation of dy, spread out by the strides (zeros between
@@ -495,21 +392,21 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
 def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
     """Gradient of depthwise_conv_fwd with respect to w."""
     fn = 'depthwise_conv_wgrad'
-    x, dy = _float_array(fn, 'x', x), _float_array(fn, 'dy', dy)
-    _same_dtype(fn, [('x', x), ('dy', dy)])
-    channels_first = _channels_first(fn, data_format)
-    rank = _spatial_rank(fn, 'x', x)
-    _check_rank(fn, 'dy', dy, rank + 2, 'like x')
-    w_shape = _shape_tuple(fn, 'w_shape', w_shape, rank + 2)
-    strides, dilation, pads = _window_params(fn, rank, strides, dilation, pads)
-    _check_batch(fn, 'x', x.shape, 'dy', dy.shape)
-    c_in = _channels(x.shape, channels_first)
-    _check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape,
+    x, dy = checks.float_array(fn, 'x', x), checks.float_array(fn, 'dy', dy)
+    checks.same_dtype(fn, [('x', x), ('dy', dy)])
+    channels_first = checks.is_channels_first(fn, data_format)
+    rank = checks.spatial_rank(fn, 'x', x)
+    checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = checks.shape_tuple(fn, 'w_shape', w_shape, rank + 2)
+    strides, dilation, pads = checks.window_params(fn, rank, strides, dilation, pads)
+    checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    c_in = checks.channel_count(x.shape, channels_first)
+    checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape,
                     w_shape[-2])
     kernel_spatial, multiplier = w_shape[:rank], w_shape[-1]
-    in_spatial = _spatial(x.shape, channels_first)
-    out_spatial = _output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
-    _check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
+    in_spatial = checks.spatial_dims(x.shape, channels_first)
+    out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
     compute = _compute_dtype(x.dtype)
     dy_cl = _depthwise_dy(fn, dy, channels_first, c_in, multiplier, 'w_shape', w_shape)
     x_cl = _to_channels_last(x, channels_first)
@@ -541,32 +438,6 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
 
 # ---------------------------------------------------------------- locally connected
 
-def _local_setup(fn, rank, kernel_size, strides, output_spatial, in_spatial):
-    """Check the arguments shared by the local_conv functions.
-
-    Like Keras 2.3.1 K.local_conv1d/2d: no padding, no dilation; output
-    position p reads the window starting at p * stride.
-    """
-    kernel_size = geometry.normalize_positive_tuple(kernel_size, rank, fn, 'kernel_size')
-    strides = geometry.normalize_positive_tuple(strides, rank, fn, 'strides')
-    output_spatial = geometry.normalize_positive_tuple(output_spatial, rank, fn,
-                                                       'output_spatial')
-    for size, k, s, o in zip(in_spatial, kernel_size, strides, output_spatial):
-        if (o - 1) * s + k > size:
-            raise ValueError('%s: output_spatial %s with kernel_size %s and strides %s '
-                             'reads past the input spatial shape %s'
-                             % (fn, output_spatial, kernel_size, strides, in_spatial))
-    return kernel_size, strides, output_spatial
-
-
-def _check_local_kernel(fn, w_name, w_shape, output_spatial, kernel_size, c_in):
-    expected = (math.prod(output_spatial), math.prod(kernel_size) * c_in)
-    if len(w_shape) != 3 or tuple(w_shape[:2]) != expected:
-        raise ValueError('%s: %s must have shape (%d, %d, C_out) = (prod(output_spatial), '
-                         'prod(kernel_size) * C_in, C_out), got %s'
-                         % (fn, w_name, expected[0], expected[1], tuple(w_shape)))
-
-
 def _local_columns(x, channels_first, kernel_size, strides, output_spatial, compute):
     """Windows as (P, N, F): F is (*k, C) for channels_last, (C, *k) for
     channels_first, the order in which Keras flattens a slice of each layout."""
@@ -583,14 +454,14 @@ def _local_columns(x, channels_first, kernel_size, strides, output_spatial, comp
 def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format):
     """Convolution with unshared weights w (P, prod(k) * C_in, C_out), P = prod(output_spatial)."""
     fn = 'local_conv_fwd'
-    x, w = _float_array(fn, 'x', x), _float_array(fn, 'w', w)
-    _same_dtype(fn, [('x', x), ('w', w)])
-    channels_first = _channels_first(fn, data_format)
-    rank = _spatial_rank(fn, 'x', x)
-    kernel_size, strides, output_spatial = _local_setup(
-        fn, rank, kernel_size, strides, output_spatial, _spatial(x.shape, channels_first))
-    _check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size,
-                        _channels(x.shape, channels_first))
+    x, w = checks.float_array(fn, 'x', x), checks.float_array(fn, 'w', w)
+    checks.same_dtype(fn, [('x', x), ('w', w)])
+    channels_first = checks.is_channels_first(fn, data_format)
+    rank = checks.spatial_rank(fn, 'x', x)
+    kernel_size, strides, output_spatial = checks.local_setup(
+        fn, rank, kernel_size, strides, output_spatial, checks.spatial_dims(x.shape, channels_first))
+    checks.check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size,
+                        checks.channel_count(x.shape, channels_first))
     compute = _compute_dtype(x.dtype)
     columns = _local_columns(x, channels_first, kernel_size, strides, output_spatial, compute)
     y = np.matmul(columns, w.astype(compute, copy=False))                 # (P, N, C_out)
@@ -601,20 +472,20 @@ def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format):
 def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_format):
     """Gradient of local_conv_fwd with respect to x."""
     fn = 'local_conv_dgrad'
-    dy, w = _float_array(fn, 'dy', dy), _float_array(fn, 'w', w)
-    _same_dtype(fn, [('dy', dy), ('w', w)])
-    channels_first = _channels_first(fn, data_format)
-    rank = _spatial_rank(fn, 'dy', dy)
-    x_shape = _shape_tuple(fn, 'x_shape', x_shape, rank + 2)
-    in_spatial = _spatial(x_shape, channels_first)
-    kernel_size, strides, output_spatial = _local_setup(
+    dy, w = checks.float_array(fn, 'dy', dy), checks.float_array(fn, 'w', w)
+    checks.same_dtype(fn, [('dy', dy), ('w', w)])
+    channels_first = checks.is_channels_first(fn, data_format)
+    rank = checks.spatial_rank(fn, 'dy', dy)
+    x_shape = checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    in_spatial = checks.spatial_dims(x_shape, channels_first)
+    kernel_size, strides, output_spatial = checks.local_setup(
         fn, rank, kernel_size, strides, output_spatial, in_spatial)
-    _check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
-    c_in = _channels(x_shape, channels_first)
-    _check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
-    _check_channels(fn, 'the channel count', 'dy', dy.shape,
-                    _channels(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
-    _check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
+    checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    c_in = checks.channel_count(x_shape, channels_first)
+    checks.check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
+    checks.check_channels(fn, 'the channel count', 'dy', dy.shape,
+                    checks.channel_count(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
+    checks.check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
     compute = _compute_dtype(dy.dtype)
     n, c_out = dy.shape[0], w.shape[-1]
     dy_p = _to_channels_last(dy, channels_first).astype(compute, copy=False)
@@ -633,21 +504,21 @@ def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_
 def local_conv_wgrad(x, dy, w_shape, kernel_size, strides, output_spatial, data_format):
     """Gradient of local_conv_fwd with respect to w."""
     fn = 'local_conv_wgrad'
-    x, dy = _float_array(fn, 'x', x), _float_array(fn, 'dy', dy)
-    _same_dtype(fn, [('x', x), ('dy', dy)])
-    channels_first = _channels_first(fn, data_format)
-    rank = _spatial_rank(fn, 'x', x)
-    kernel_size, strides, output_spatial = _local_setup(
-        fn, rank, kernel_size, strides, output_spatial, _spatial(x.shape, channels_first))
-    _check_rank(fn, 'dy', dy, rank + 2, 'like x')
-    w_shape = _shape_tuple(fn, 'w_shape', w_shape, 3)
-    _check_batch(fn, 'x', x.shape, 'dy', dy.shape)
-    _check_local_kernel(fn, 'w_shape', w_shape, output_spatial, kernel_size,
-                        _channels(x.shape, channels_first))
-    c_out = _channels(dy.shape, channels_first)
-    _check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape,
+    x, dy = checks.float_array(fn, 'x', x), checks.float_array(fn, 'dy', dy)
+    checks.same_dtype(fn, [('x', x), ('dy', dy)])
+    channels_first = checks.is_channels_first(fn, data_format)
+    rank = checks.spatial_rank(fn, 'x', x)
+    kernel_size, strides, output_spatial = checks.local_setup(
+        fn, rank, kernel_size, strides, output_spatial, checks.spatial_dims(x.shape, channels_first))
+    checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = checks.shape_tuple(fn, 'w_shape', w_shape, 3)
+    checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    checks.check_local_kernel(fn, 'w_shape', w_shape, output_spatial, kernel_size,
+                        checks.channel_count(x.shape, channels_first))
+    c_out = checks.channel_count(dy.shape, channels_first)
+    checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape,
                     w_shape[-1])
-    _check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
+    checks.check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
     compute = _compute_dtype(x.dtype)
     columns = _local_columns(x, channels_first, kernel_size, strides, output_spatial, compute)
     dy_p = _to_channels_last(dy, channels_first).astype(compute, copy=False)

@@ -11,10 +11,10 @@ import math
 import numpy as np
 
 from gpuk.cpu_fallback import parallel
+from gpuk.cpu_fallback import conv_checks
 from gpuk.cpu_fallback.conv import (
-    _channels, _channels_first, _compute_dtype, _crop_spatial, _float_array,
-    _from_channels_last, _output_spatial, _pad_spatial, _spatial,
-    _shape_tuple, _spatial_rank, _to_channels_last, _window_regions)
+    _compute_dtype, _crop_spatial, _from_channels_last, _pad_spatial, _to_channels_last,
+    _window_regions)
 from gpuk.ops import geometry
 
 __all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd']
@@ -33,16 +33,16 @@ def _pool_params(fn, rank, window, strides, pads):
 
 
 def _check_x_shape(fn, x_shape, dy, channels_first):
-    x_shape = _shape_tuple(fn, 'x_shape', x_shape, dy.ndim)
+    x_shape = conv_checks.shape_tuple(fn, 'x_shape', x_shape, dy.ndim)
     if x_shape[0] != dy.shape[0] or \
-            _channels(x_shape, channels_first) != _channels(dy.shape, channels_first):
+            conv_checks.channel_count(x_shape, channels_first) != conv_checks.channel_count(dy.shape, channels_first):
         raise ValueError('%s: batch and channels of dy (shape %s) and x_shape %s differ'
                          % (fn, dy.shape, x_shape))
     return x_shape
 
 
 def _check_dy_spatial(fn, dy, channels_first, expected, x_shape):
-    got = _spatial(dy.shape, channels_first)
+    got = conv_checks.spatial_dims(dy.shape, channels_first)
     if got != tuple(expected):
         raise ValueError('%s: dy spatial shape %s does not match the pooled spatial shape '
                          '%s of x_shape %s' % (fn, got, tuple(expected), x_shape))
@@ -55,12 +55,12 @@ def max_pool_fwd(x, window, strides, pads, data_format):
     un-padded spatial volume of its (n, c) slice; the first one wins ties.
     """
     fn = 'max_pool_fwd'
-    x = _float_array(fn, 'x', x)
-    channels_first = _channels_first(fn, data_format)
-    rank = _spatial_rank(fn, 'x', x)
+    x = conv_checks.float_array(fn, 'x', x)
+    channels_first = conv_checks.is_channels_first(fn, data_format)
+    rank = conv_checks.spatial_rank(fn, 'x', x)
     window, strides, pads = _pool_params(fn, rank, window, strides, pads)
-    in_spatial = _spatial(x.shape, channels_first)
-    out_spatial = _output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
+    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
+    out_spatial = conv_checks.output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
                                   'window')
     x_cl = _to_channels_last(x, channels_first)
     padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
@@ -155,10 +155,10 @@ def _argmax_off_padding(tap, starts, window, in_spatial):
 def max_pool_bwd(dy, argmax, x_shape, data_format):
     """Gradient of max_pool_fwd: dy added at the argmax positions of dx."""
     fn = 'max_pool_bwd'
-    dy = _float_array(fn, 'dy', dy)
+    dy = conv_checks.float_array(fn, 'dy', dy)
     argmax = np.asarray(argmax)
-    channels_first = _channels_first(fn, data_format)
-    _spatial_rank(fn, 'dy', dy)
+    channels_first = conv_checks.is_channels_first(fn, data_format)
+    conv_checks.spatial_rank(fn, 'dy', dy)
     if not np.issubdtype(argmax.dtype, np.integer):
         raise TypeError('%s: argmax must be an integer array, got dtype %s'
                         % (fn, argmax.dtype))
@@ -166,12 +166,12 @@ def max_pool_bwd(dy, argmax, x_shape, data_format):
         raise ValueError('%s: argmax shape %s and dy shape %s differ'
                          % (fn, argmax.shape, dy.shape))
     x_shape = _check_x_shape(fn, x_shape, dy, channels_first)
-    in_spatial = _spatial(x_shape, channels_first)
+    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
     volume = math.prod(in_spatial)
     if argmax.min() < 0 or argmax.max() >= volume:
         raise ValueError('%s: argmax must lie in [0, %d) for x_shape %s, got values in '
                          '[%d, %d]' % (fn, volume, x_shape, argmax.min(), argmax.max()))
-    n, channels = x_shape[0], _channels(x_shape, channels_first)
+    n, channels = x_shape[0], conv_checks.channel_count(x_shape, channels_first)
     arg_cl = _to_channels_last(argmax, channels_first).reshape(n, -1, channels)
     # Flat index into dx in channels_last order: (n * volume + position) * C + c.
     flat = ((np.arange(n)[:, None, None] * volume + arg_cl) * channels
@@ -201,12 +201,12 @@ def _window_counts(in_spatial, out_spatial, window, strides, pads, dtype):
 def avg_pool_fwd(x, window, strides, pads, data_format):
     """Average pooling over the real inputs of each window (padding excluded)."""
     fn = 'avg_pool_fwd'
-    x = _float_array(fn, 'x', x)
-    channels_first = _channels_first(fn, data_format)
-    rank = _spatial_rank(fn, 'x', x)
+    x = conv_checks.float_array(fn, 'x', x)
+    channels_first = conv_checks.is_channels_first(fn, data_format)
+    rank = conv_checks.spatial_rank(fn, 'x', x)
     window, strides, pads = _pool_params(fn, rank, window, strides, pads)
-    in_spatial = _spatial(x.shape, channels_first)
-    out_spatial = _output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
+    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
+    out_spatial = conv_checks.output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
                                   'window')
     compute = _compute_dtype(x.dtype)
     padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
@@ -220,13 +220,13 @@ def avg_pool_fwd(x, window, strides, pads, data_format):
 def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format):
     """Gradient of avg_pool_fwd with respect to x."""
     fn = 'avg_pool_bwd'
-    dy = _float_array(fn, 'dy', dy)
-    channels_first = _channels_first(fn, data_format)
-    rank = _spatial_rank(fn, 'dy', dy)
+    dy = conv_checks.float_array(fn, 'dy', dy)
+    channels_first = conv_checks.is_channels_first(fn, data_format)
+    rank = conv_checks.spatial_rank(fn, 'dy', dy)
     window, strides, pads = _pool_params(fn, rank, window, strides, pads)
     x_shape = _check_x_shape(fn, x_shape, dy, channels_first)
-    in_spatial = _spatial(x_shape, channels_first)
-    out_spatial = _output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
+    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
+    out_spatial = conv_checks.output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
                                   'window')
     _check_dy_spatial(fn, dy, channels_first, out_spatial, x_shape)
     compute = _compute_dtype(dy.dtype)

@@ -19,6 +19,7 @@ import numpy as np
 
 from gpuk import config
 from gpuk.cpu_fallback import conv as twin
+from gpuk.cpu_fallback import conv_checks
 from . import conv_tiles, cudnn, dispatch
 from .conv_direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
                           local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
@@ -55,50 +56,50 @@ for _table, _tiles in conv_tiles.TILES.items():
 
 def _check_fwd(fn, x, w, strides, dilation, pads, data_format, xp):
     x, w = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'w', w, xp)
-    twin._same_dtype(fn, [('x', x), ('w', w)])
-    channels_first, rank, strides, dilation, pads = twin._conv_setup(
+    conv_checks.same_dtype(fn, [('x', x), ('w', w)])
+    channels_first, rank, strides, dilation, pads = conv_checks.conv_setup(
         fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
-    c_in = twin._channels(x.shape, channels_first)
-    twin._check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
-    in_spatial = twin._spatial(x.shape, channels_first)
-    out_spatial = twin._output_spatial(fn, in_spatial, w.shape[:rank], strides, dilation, pads)
+    c_in = conv_checks.channel_count(x.shape, channels_first)
+    conv_checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
+    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
+    out_spatial = conv_checks.output_spatial(fn, in_spatial, w.shape[:rank], strides, dilation, pads)
     return _geometry(x.shape[0], c_in, w.shape[-1], in_spatial, out_spatial, w.shape[:rank], strides,
                      dilation, pads, channels_first)
 
 
 def _check_dgrad(fn, dy, w, x_shape, strides, dilation, pads, data_format, xp):
     dy, w = check_float_array(fn, 'dy', dy, xp), check_float_array(fn, 'w', w, xp)
-    twin._same_dtype(fn, [('dy', dy), ('w', w)])
-    channels_first, rank, strides, dilation, pads = twin._conv_setup(
+    conv_checks.same_dtype(fn, [('dy', dy), ('w', w)])
+    channels_first, rank, strides, dilation, pads = conv_checks.conv_setup(
         fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
-    x_shape = twin._shape_tuple(fn, 'x_shape', x_shape, rank + 2)
-    twin._check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
-    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, twin._channels(dy.shape, channels_first),
+    x_shape = conv_checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    conv_checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, conv_checks.channel_count(dy.shape, channels_first),
                          'w', w.shape, w.shape[-1])
-    c_in = twin._channels(x_shape, channels_first)
-    twin._check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape, w.shape[-2])
-    in_spatial = twin._spatial(x_shape, channels_first)
-    out_spatial = twin._output_spatial(fn, in_spatial, w.shape[:rank], strides, dilation, pads)
-    twin._check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
+    c_in = conv_checks.channel_count(x_shape, channels_first)
+    conv_checks.check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape, w.shape[-2])
+    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
+    out_spatial = conv_checks.output_spatial(fn, in_spatial, w.shape[:rank], strides, dilation, pads)
+    conv_checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
     return x_shape, _geometry(x_shape[0], c_in, w.shape[-1], in_spatial, out_spatial, w.shape[:rank], strides,
                               dilation, pads, channels_first)
 
 
 def _check_wgrad(fn, x, dy, w_shape, strides, dilation, pads, data_format, xp):
     x, dy = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'dy', dy, xp)
-    twin._same_dtype(fn, [('x', x), ('dy', dy)])
-    channels_first = twin._channels_first(fn, data_format)
-    rank = twin._spatial_rank(fn, 'x', x)
-    twin._check_rank(fn, 'dy', dy, rank + 2, 'like x')
-    w_shape = twin._shape_tuple(fn, 'w_shape', w_shape, rank + 2)
-    strides, dilation, pads = twin._window_params(fn, rank, strides, dilation, pads)
-    twin._check_batch(fn, 'x', x.shape, 'dy', dy.shape)
-    c_in, c_out = twin._channels(x.shape, channels_first), twin._channels(dy.shape, channels_first)
-    twin._check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape, w_shape[-2])
-    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape, w_shape[-1])
-    in_spatial = twin._spatial(x.shape, channels_first)
-    out_spatial = twin._output_spatial(fn, in_spatial, w_shape[:rank], strides, dilation, pads)
-    twin._check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
+    conv_checks.same_dtype(fn, [('x', x), ('dy', dy)])
+    channels_first = conv_checks.is_channels_first(fn, data_format)
+    rank = conv_checks.spatial_rank(fn, 'x', x)
+    conv_checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = conv_checks.shape_tuple(fn, 'w_shape', w_shape, rank + 2)
+    strides, dilation, pads = conv_checks.window_params(fn, rank, strides, dilation, pads)
+    conv_checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    c_in, c_out = conv_checks.channel_count(x.shape, channels_first), conv_checks.channel_count(dy.shape, channels_first)
+    conv_checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape, w_shape[-2])
+    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape, w_shape[-1])
+    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
+    out_spatial = conv_checks.output_spatial(fn, in_spatial, w_shape[:rank], strides, dilation, pads)
+    conv_checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
     return w_shape, _geometry(x.shape[0], c_in, c_out, in_spatial, out_spatial, w_shape[:rank], strides,
                               dilation, pads, channels_first)
 

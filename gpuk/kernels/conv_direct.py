@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuk.cpu_fallback import conv as twin
+from gpuk.cpu_fallback import conv_checks
 from . import conv_tiles
 from .runtime import register_build, resolve
 
@@ -92,7 +92,7 @@ def _checked_pair(fn, runtime, first, second):
     rt = resolve(runtime)
     a = check_float_array(fn, first[0], first[1], rt.xp)
     b = check_float_array(fn, second[0], second[1], rt.xp)
-    twin._same_dtype(fn, [(first[0], a), (second[0], b)])
+    conv_checks.same_dtype(fn, [(first[0], a), (second[0], b)])
     return rt, a, b
 
 
@@ -116,13 +116,13 @@ def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format, *, runtime=No
     """Depthwise convolution; w is (*k, C_in, M), output channel c*M + m like TensorFlow."""
     fn = 'depthwise_conv_fwd'
     rt, x, w = _checked_pair(fn, runtime, ('x', x), ('w', w))
-    channels_first, rank, strides, dilation, pads = twin._conv_setup(
+    channels_first, rank, strides, dilation, pads = conv_checks.conv_setup(
         fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
-    c_in = twin._channels(x.shape, channels_first)
-    twin._check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
+    c_in = conv_checks.channel_count(x.shape, channels_first)
+    conv_checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
     kernel_spatial, mult = w.shape[:rank], w.shape[-1]
-    in_spatial = twin._spatial(x.shape, channels_first)
-    out_spatial = twin._output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
+    out_spatial = conv_checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
     c_out, n = c_in * mult, x.shape[0]
     check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
     check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
@@ -137,17 +137,17 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *
     """Gradient of depthwise_conv_fwd with respect to x."""
     fn = 'depthwise_conv_dgrad'
     rt, dy, w = _checked_pair(fn, runtime, ('dy', dy), ('w', w))
-    channels_first, rank, strides, dilation, pads = twin._conv_setup(
+    channels_first, rank, strides, dilation, pads = conv_checks.conv_setup(
         fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
-    x_shape = twin._shape_tuple(fn, 'x_shape', x_shape, rank + 2)
-    twin._check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
-    c_in = twin._channels(x_shape, channels_first)
-    twin._check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape, w.shape[-2])
-    in_spatial = twin._spatial(x_shape, channels_first)
+    x_shape = conv_checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    conv_checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    c_in = conv_checks.channel_count(x_shape, channels_first)
+    conv_checks.check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape, w.shape[-2])
+    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
     kernel_spatial, mult = w.shape[:rank], w.shape[-1]
-    out_spatial = twin._output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
-    twin._check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
-    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, twin._channels(dy.shape, channels_first),
+    out_spatial = conv_checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    conv_checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
+    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, conv_checks.channel_count(dy.shape, channels_first),
                          'w', w.shape, c_in * mult)
     n = x_shape[0]
     check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
@@ -170,19 +170,19 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *
     fn = 'depthwise_conv_wgrad'
     rt, x, dy = _checked_pair(fn, runtime, ('x', x), ('dy', dy))
     xp = rt.xp
-    channels_first = twin._channels_first(fn, data_format)
-    rank = twin._spatial_rank(fn, 'x', x)
-    twin._check_rank(fn, 'dy', dy, rank + 2, 'like x')
-    w_shape = twin._shape_tuple(fn, 'w_shape', w_shape, rank + 2)
-    strides, dilation, pads = twin._window_params(fn, rank, strides, dilation, pads)
-    twin._check_batch(fn, 'x', x.shape, 'dy', dy.shape)
-    c_in = twin._channels(x.shape, channels_first)
-    twin._check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape, w_shape[-2])
+    channels_first = conv_checks.is_channels_first(fn, data_format)
+    rank = conv_checks.spatial_rank(fn, 'x', x)
+    conv_checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = conv_checks.shape_tuple(fn, 'w_shape', w_shape, rank + 2)
+    strides, dilation, pads = conv_checks.window_params(fn, rank, strides, dilation, pads)
+    conv_checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    c_in = conv_checks.channel_count(x.shape, channels_first)
+    conv_checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape, w_shape[-2])
     kernel_spatial, mult = w_shape[:rank], w_shape[-1]
-    in_spatial = twin._spatial(x.shape, channels_first)
-    out_spatial = twin._output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
-    twin._check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
-    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, twin._channels(dy.shape, channels_first),
+    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
+    out_spatial = conv_checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    conv_checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
+    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, conv_checks.channel_count(dy.shape, channels_first),
                          'w_shape', w_shape, c_in * mult)
     n, c_out, taps = x.shape[0], c_in * mult, math.prod(kernel_spatial)
     pixels, channel_tiles = n * math.prod(out_spatial), math.ceil(c_out / DW_CHANNELS)
@@ -228,11 +228,11 @@ def _local_window(fn, data_format, rank_name, rank_array, x_shape, kernel_size, 
     """(channels_first, rank, x_shape, in_spatial, kernel_size, strides, output_spatial): the
     window checks shared by the three local launchers, in the twins' order. The spatial rank
     comes from `rank_array`; x_shape None means rank_array's own shape."""
-    channels_first = twin._channels_first(fn, data_format)
-    rank = twin._spatial_rank(fn, rank_name, rank_array)
-    x_shape = rank_array.shape if x_shape is None else twin._shape_tuple(fn, 'x_shape', x_shape, rank + 2)
-    in_spatial = twin._spatial(x_shape, channels_first)
-    kernel_size, strides, output_spatial = twin._local_setup(fn, rank, kernel_size, strides, output_spatial,
+    channels_first = conv_checks.is_channels_first(fn, data_format)
+    rank = conv_checks.spatial_rank(fn, rank_name, rank_array)
+    x_shape = rank_array.shape if x_shape is None else conv_checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
+    kernel_size, strides, output_spatial = conv_checks.local_setup(fn, rank, kernel_size, strides, output_spatial,
                                                              in_spatial)
     return channels_first, rank, x_shape, in_spatial, kernel_size, strides, output_spatial
 
@@ -243,8 +243,8 @@ def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format, *, r
     rt, x, w = _checked_pair(fn, runtime, ('x', x), ('w', w))
     channels_first, _, _, in_spatial, kernel_size, strides, output_spatial = _local_window(
         fn, data_format, 'x', x, None, kernel_size, strides, output_spatial)
-    c_in = twin._channels(x.shape, channels_first)
-    twin._check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
+    c_in = conv_checks.channel_count(x.shape, channels_first)
+    conv_checks.check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
     n, c_out = x.shape[0], w.shape[-1]
     y = rt.xp.empty((n, c_out, *output_spatial) if channels_first else (n, *output_spatial, c_out), x.dtype)
     return _local_launch(rt, 'local_fwd', x.dtype, y, y.size, (x, w), n, c_in, c_out, in_spatial, output_spatial,
@@ -257,12 +257,12 @@ def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_
     rt, dy, w = _checked_pair(fn, runtime, ('dy', dy), ('w', w))
     channels_first, _, x_shape, in_spatial, kernel_size, strides, output_spatial = _local_window(
         fn, data_format, 'dy', dy, x_shape, kernel_size, strides, output_spatial)
-    twin._check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
-    c_in = twin._channels(x_shape, channels_first)
-    twin._check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
-    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, twin._channels(dy.shape, channels_first),
+    conv_checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    c_in = conv_checks.channel_count(x_shape, channels_first)
+    conv_checks.check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
+    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, conv_checks.channel_count(dy.shape, channels_first),
                          'w', w.shape, w.shape[-1])
-    twin._check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
+    conv_checks.check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
     dx = rt.xp.empty(x_shape, dy.dtype)
     return _local_launch(rt, 'local_dgrad', dy.dtype, dx, dx.size, (dy, w), x_shape[0], c_in, w.shape[-1],
                          in_spatial, output_spatial, kernel_size, strides, channels_first)
@@ -274,14 +274,14 @@ def local_conv_wgrad(x, dy, w_shape, kernel_size, strides, output_spatial, data_
     rt, x, dy = _checked_pair(fn, runtime, ('x', x), ('dy', dy))
     channels_first, rank, _, in_spatial, kernel_size, strides, output_spatial = _local_window(
         fn, data_format, 'x', x, None, kernel_size, strides, output_spatial)
-    twin._check_rank(fn, 'dy', dy, rank + 2, 'like x')
-    w_shape = twin._shape_tuple(fn, 'w_shape', w_shape, 3)
-    twin._check_batch(fn, 'x', x.shape, 'dy', dy.shape)
-    c_in = twin._channels(x.shape, channels_first)
-    twin._check_local_kernel(fn, 'w_shape', w_shape, output_spatial, kernel_size, c_in)
-    c_out = twin._channels(dy.shape, channels_first)
-    twin._check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape, w_shape[-1])
-    twin._check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
+    conv_checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = conv_checks.shape_tuple(fn, 'w_shape', w_shape, 3)
+    conv_checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    c_in = conv_checks.channel_count(x.shape, channels_first)
+    conv_checks.check_local_kernel(fn, 'w_shape', w_shape, output_spatial, kernel_size, c_in)
+    c_out = conv_checks.channel_count(dy.shape, channels_first)
+    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape, w_shape[-1])
+    conv_checks.check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
     dw = rt.xp.empty(w_shape, x.dtype)
     return _local_launch(rt, 'local_wgrad', x.dtype, dw, dw.size, (x, dy), x.shape[0], c_in, c_out, in_spatial,
                          output_spatial, kernel_size, strides, channels_first)

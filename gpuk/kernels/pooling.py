@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuk.cpu_fallback.conv import _channels, _channels_first, _output_spatial, _spatial, _spatial_rank
+from gpuk.cpu_fallback import conv_checks
 from gpuk.cpu_fallback.pooling import _check_dy_spatial, _check_x_shape, _pool_params
 from . import cudnn_legacy, dispatch
 from .runtime import register_build, resolve
@@ -124,12 +124,12 @@ class _Problem:
 
 def _forward_problem(fn, x, window, strides, pads, data_format, xp):
     x = _float_array(fn, 'x', x, xp)
-    channels_first = _channels_first(fn, data_format)
-    rank = _spatial_rank(fn, 'x', x)
+    channels_first = conv_checks.is_channels_first(fn, data_format)
+    rank = conv_checks.spatial_rank(fn, 'x', x)
     window, strides, pads = _pool_params(fn, rank, window, strides, pads)
-    in_spatial = _spatial(x.shape, channels_first)
-    out_spatial = _output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads, 'window')
-    return x, _Problem(x.shape[0], _channels(x.shape, channels_first), channels_first, in_spatial,
+    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
+    out_spatial = conv_checks.output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads, 'window')
+    return x, _Problem(x.shape[0], conv_checks.channel_count(x.shape, channels_first), channels_first, in_spatial,
                        out_spatial, window, strides, pads, x.dtype)
 
 
@@ -202,14 +202,14 @@ def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format, *, runtime=Non
     fn = 'avg_pool_bwd'
     rt = resolve(runtime)
     dy = _float_array(fn, 'dy', dy, rt.xp)
-    channels_first = _channels_first(fn, data_format)
-    rank = _spatial_rank(fn, 'dy', dy)
+    channels_first = conv_checks.is_channels_first(fn, data_format)
+    rank = conv_checks.spatial_rank(fn, 'dy', dy)
     window, strides, pads = _pool_params(fn, rank, window, strides, pads)
     x_shape = _check_x_shape(fn, x_shape, dy, channels_first)
-    in_spatial = _spatial(x_shape, channels_first)
-    out_spatial = _output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads, 'window')
+    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
+    out_spatial = conv_checks.output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads, 'window')
     _check_dy_spatial(fn, dy, channels_first, out_spatial, x_shape)
-    problem = _Problem(x_shape[0], _channels(x_shape, channels_first), channels_first, in_spatial, out_spatial,
+    problem = _Problem(x_shape[0], conv_checks.channel_count(x_shape, channels_first), channels_first, in_spatial, out_spatial,
                        window, strides, pads, dy.dtype)
     gpuk_fn = functools.partial(_avg_pool_bwd_gpuk, rt, problem)
     return _run(rt, problem, 'avg_bwd', gpuk_fn, cudnn_legacy.avg_pool_bwd,
@@ -231,14 +231,14 @@ def max_pool_bwd(dy, argmax, x_shape, data_format, *, runtime=None):
     xp = rt.xp
     dy = _float_array(fn, 'dy', dy, xp)
     argmax = argmax if isinstance(argmax, xp.ndarray) else xp.asarray(argmax)
-    channels_first = _channels_first(fn, data_format)
-    _spatial_rank(fn, 'dy', dy)
+    channels_first = conv_checks.is_channels_first(fn, data_format)
+    conv_checks.spatial_rank(fn, 'dy', dy)
     if argmax.dtype.kind not in 'iu':
         raise TypeError('%s: argmax must be an integer array, got dtype %s' % (fn, argmax.dtype))
     if argmax.shape != dy.shape:
         raise ValueError('%s: argmax shape %s and dy shape %s differ' % (fn, argmax.shape, dy.shape))
     x_shape = _check_x_shape(fn, x_shape, dy, channels_first)
-    volume = math.prod(_spatial(x_shape, channels_first))
+    volume = math.prod(conv_checks.spatial_dims(x_shape, channels_first))
     low, high = int(argmax.min()), int(argmax.max())
     if low < 0 or high >= volume:
         raise ValueError('%s: argmax must lie in [0, %d) for x_shape %s, got values in [%d, %d]'
@@ -254,9 +254,9 @@ def max_pool_bwd(dy, argmax, x_shape, data_format, *, runtime=None):
 def _max_pool_bwd_gpuk(rt, channels_first, dy, argmax, x_shape, _data_format):
     xp = rt.xp
     module = rt.load(SOURCE, defines(dy.dtype))
-    n, channels = x_shape[0], _channels(x_shape, channels_first)
-    in_volume = math.prod(_spatial(x_shape, channels_first))
-    out_volume = math.prod(_spatial(dy.shape, channels_first))
+    n, channels = x_shape[0], conv_checks.channel_count(x_shape, channels_first)
+    in_volume = math.prod(conv_checks.spatial_dims(x_shape, channels_first))
+    out_volume = math.prod(conv_checks.spatial_dims(dy.shape, channels_first))
     half = dy.dtype == np.float16
     accumulator = xp.zeros(x_shape, np.float32 if half else dy.dtype)
     layout = LAYOUT_CHANNELS_FIRST if channels_first else LAYOUT_CHANNELS_LAST
