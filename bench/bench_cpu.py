@@ -14,9 +14,7 @@ times every case several times, alternating numpy and torch, and prints a markdo
 table of the medians (the host is shared, so one pytest run is noisy).
 """
 import argparse
-import ctypes
 import datetime
-import glob
 import math
 import os
 import statistics
@@ -26,7 +24,7 @@ import numpy as np
 import pytest
 
 from bench import harness as h
-from gpuk.cpu_fallback import batchnorm, conv, ctc, pooling, softmax_xent
+from gpuk.cpu_fallback import batchnorm, conv, ctc, parallel, pooling, softmax_xent
 
 # torch's OpenMP threads spin at barriers by default; on a host whose cores are shared,
 # a spinning thread waits for a descheduled one and torch's small ops measured 30-80x
@@ -40,17 +38,9 @@ GOAL_RATIO = 2.0
 
 def numpy_blas_threads():
     """Threads NumPy's OpenBLAS uses (asked from the library; else its env vars or the CPUs)."""
-    libs = os.path.join(os.path.dirname(np.__file__), os.pardir, 'numpy.libs')
-    for path in glob.glob(os.path.join(libs, '*openblas*')):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for symbol in ('scipy_openblas_get_num_threads64_', 'scipy_openblas_get_num_threads',
-                       'openblas_get_num_threads64_', 'openblas_get_num_threads'):
-            getter = getattr(lib, symbol, None)
-            if getter is not None:
-                return int(getter())
+    threads = parallel.blas_threads()
+    if threads is not None:
+        return threads
     for variable in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS'):
         if os.environ.get(variable, '').isdigit():
             return int(os.environ[variable])

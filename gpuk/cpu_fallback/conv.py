@@ -187,7 +187,7 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
     checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
     kernel_spatial = w.shape[:rank]
     out_spatial = checks.output_spatial(fn, checks.spatial_dims(x.shape, channels_first), kernel_spatial,
-                                  strides, dilation, pads)
+                                        strides, dilation, pads)
     _check_epilogue(fn, epilogue, bias, w.shape[-1], x.dtype)
     compute = _compute_dtype(x.dtype)
     y = _conv_channels_last(_to_channels_last(x, channels_first), w, strides, dilation,
@@ -209,10 +209,10 @@ def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     x_shape = checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
     checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
     checks.check_channels(fn, 'the channel count', 'dy', dy.shape,
-                    checks.channel_count(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
+                          checks.channel_count(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
     c_in = checks.channel_count(x_shape, channels_first)
     checks.check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape,
-                    w.shape[-2])
+                          w.shape[-2])
     in_spatial = checks.spatial_dims(x_shape, channels_first)
     kernel_spatial = w.shape[:rank]
     out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
@@ -239,9 +239,8 @@ def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     return _from_channels_last(_crop_spatial(dx, pads, in_spatial), channels_first, dy.dtype)
 
 
-def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
-    """Gradient of conv_fwd with respect to w."""
-    fn = 'conv_wgrad'
+def _wgrad_setup(fn, x, dy, w_shape, strides, dilation, pads, data_format):
+    """The checks every filter gradient starts with."""
     x, dy = checks.float_array(fn, 'x', x), checks.float_array(fn, 'dy', dy)
     checks.same_dtype(fn, [('x', x), ('dy', dy)])
     channels_first = checks.is_channels_first(fn, data_format)
@@ -250,14 +249,23 @@ def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
     w_shape = checks.shape_tuple(fn, 'w_shape', w_shape, rank + 2)
     strides, dilation, pads = checks.window_params(fn, rank, strides, dilation, pads)
     checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
-    c_in, c_out = checks.channel_count(x.shape, channels_first), checks.channel_count(dy.shape, channels_first)
+    return x, dy, channels_first, rank, w_shape, strides, dilation, pads
+
+
+def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
+    """Gradient of conv_fwd with respect to w."""
+    fn = 'conv_wgrad'
+    x, dy, channels_first, rank, w_shape, strides, dilation, pads = _wgrad_setup(
+        fn, x, dy, w_shape, strides, dilation, pads, data_format)
+    c_in = checks.channel_count(x.shape, channels_first)
+    c_out = checks.channel_count(dy.shape, channels_first)
     checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape,
-                    w_shape[-2])
+                          w_shape[-2])
     checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape,
-                    w_shape[-1])
+                          w_shape[-1])
     kernel_spatial = w_shape[:rank]
     out_spatial = checks.output_spatial(fn, checks.spatial_dims(x.shape, channels_first), kernel_spatial,
-                                  strides, dilation, pads)
+                                        strides, dilation, pads)
     checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
     compute = _compute_dtype(x.dtype)
     padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
@@ -342,7 +350,7 @@ def _depthwise_dy(fn, dy, channels_first, c_in, multiplier, w_name, w_shape):
     """dy as channels_last (N, *out, C_in * M), after checking its channel count."""
     c_out = checks.channel_count(dy.shape, channels_first)
     checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, w_name, w_shape,
-                    c_in * multiplier)
+                          c_in * multiplier)
     return _to_channels_last(dy, channels_first)
 
 
@@ -357,7 +365,7 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
     c_in = checks.channel_count(x_shape, channels_first)
     checks.check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape,
-                    w.shape[-2])
+                          w.shape[-2])
     in_spatial = checks.spatial_dims(x_shape, channels_first)
     kernel_spatial, multiplier = w.shape[:rank], w.shape[-1]
     out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
@@ -392,17 +400,11 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
 def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
     """Gradient of depthwise_conv_fwd with respect to w."""
     fn = 'depthwise_conv_wgrad'
-    x, dy = checks.float_array(fn, 'x', x), checks.float_array(fn, 'dy', dy)
-    checks.same_dtype(fn, [('x', x), ('dy', dy)])
-    channels_first = checks.is_channels_first(fn, data_format)
-    rank = checks.spatial_rank(fn, 'x', x)
-    checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
-    w_shape = checks.shape_tuple(fn, 'w_shape', w_shape, rank + 2)
-    strides, dilation, pads = checks.window_params(fn, rank, strides, dilation, pads)
-    checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    x, dy, channels_first, rank, w_shape, strides, dilation, pads = _wgrad_setup(
+        fn, x, dy, w_shape, strides, dilation, pads, data_format)
     c_in = checks.channel_count(x.shape, channels_first)
     checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape,
-                    w_shape[-2])
+                          w_shape[-2])
     kernel_spatial, multiplier = w_shape[:rank], w_shape[-1]
     in_spatial = checks.spatial_dims(x.shape, channels_first)
     out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
@@ -461,7 +463,7 @@ def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format):
     kernel_size, strides, output_spatial = checks.local_setup(
         fn, rank, kernel_size, strides, output_spatial, checks.spatial_dims(x.shape, channels_first))
     checks.check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size,
-                        checks.channel_count(x.shape, channels_first))
+                              checks.channel_count(x.shape, channels_first))
     compute = _compute_dtype(x.dtype)
     columns = _local_columns(x, channels_first, kernel_size, strides, output_spatial, compute)
     y = np.matmul(columns, w.astype(compute, copy=False))                 # (P, N, C_out)
@@ -484,7 +486,7 @@ def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_
     c_in = checks.channel_count(x_shape, channels_first)
     checks.check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
     checks.check_channels(fn, 'the channel count', 'dy', dy.shape,
-                    checks.channel_count(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
+                          checks.channel_count(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
     checks.check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
     compute = _compute_dtype(dy.dtype)
     n, c_out = dy.shape[0], w.shape[-1]
@@ -514,10 +516,10 @@ def local_conv_wgrad(x, dy, w_shape, kernel_size, strides, output_spatial, data_
     w_shape = checks.shape_tuple(fn, 'w_shape', w_shape, 3)
     checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
     checks.check_local_kernel(fn, 'w_shape', w_shape, output_spatial, kernel_size,
-                        checks.channel_count(x.shape, channels_first))
+                              checks.channel_count(x.shape, channels_first))
     c_out = checks.channel_count(dy.shape, channels_first)
     checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape,
-                    w_shape[-1])
+                          w_shape[-1])
     checks.check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
     compute = _compute_dtype(x.dtype)
     columns = _local_columns(x, channels_first, kernel_size, strides, output_spatial, compute)

@@ -28,7 +28,7 @@ _pool_threads = 0
 _pool_lock = threading.Lock()
 
 
-def _blas_threads():
+def blas_threads():
     """Threads NumPy's OpenBLAS uses, or None when the library cannot be asked."""
     libs = os.path.join(os.path.dirname(np.__file__), os.pardir, 'numpy.libs')
     for path in glob.glob(os.path.join(libs, '*openblas*')):
@@ -60,7 +60,7 @@ def cpu_threads():
                              'got %r' % value)
         return int(value)
     if _default_threads is None:
-        threads = _blas_threads()
+        threads = blas_threads()
         if threads is None:
             for variable in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS'):
                 if os.environ.get(variable, '').isdigit():
