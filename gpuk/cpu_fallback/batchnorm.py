@@ -10,6 +10,8 @@ keeps them for half inputs).
 """
 import numpy as np
 
+from gpuk.cpu_fallback import batchnorm_checks as checks
+
 __all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']
 
 
@@ -23,36 +25,8 @@ def _float_array(fn, name, value):
     return array
 
 
-def _accumulate_dtype(dtype):
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
-
-
-def _check_epsilon(fn, epsilon):
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.number)) \
-            or not epsilon >= 0:
-        raise ValueError('%s: epsilon must be a number >= 0, got %r' % (fn, epsilon))
-    return float(epsilon)
-
-
-def _normalize_axes(fn, axes, ndim):
-    if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
-        axes = (axes,)
-    if not isinstance(axes, (tuple, list)) or \
-            not all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axes):
-        raise TypeError('%s: axes must be a tuple of ints, got %r' % (fn, axes))
-    normalized = []
-    for a in axes:
-        if not -ndim <= a < ndim:
-            raise ValueError('%s: axes must lie in [-%d, %d) for x of rank %d, got %r'
-                             % (fn, ndim, ndim, ndim, tuple(axes)))
-        normalized.append(int(a) % ndim)
-    if len(set(normalized)) != len(normalized):
-        raise ValueError('%s: axes must not repeat an axis, got %r' % (fn, tuple(axes)))
-    return tuple(sorted(normalized))
-
-
-class _Layout:
-    """How x's axes split into reduced and kept ones.
+class _Layout(checks.Layout):
+    """checks.Layout plus the twin's reductions.
 
     The fast paths (all axes but the first or the last one reduced, the
     BatchNormalization layer's channels_first/last cases) view x as a 2-D
@@ -61,13 +35,8 @@ class _Layout:
     """
 
     def __init__(self, shape, axes):
+        super().__init__(shape, axes)
         ndim = len(shape)
-        self.shape = tuple(shape)
-        self.axes = axes
-        self.kept_axes = tuple(i for i in range(ndim) if i not in axes)
-        self.kept_shape = tuple(shape[i] for i in self.kept_axes)
-        self.bcast_shape = tuple(1 if i in axes else shape[i] for i in range(ndim))
-        self.count = int(np.prod([shape[i] for i in axes], dtype=np.int64))
         channels = int(np.prod(self.kept_shape, dtype=np.int64))
         if ndim >= 2 and self.kept_axes == (ndim - 1,):
             self.matrix_shape, self.reduce_axis = (self.count, channels), 0
@@ -127,13 +96,13 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3):
     """
     fn = 'bn_train_fwd'
     x = _float_array(fn, 'x', x)
-    epsilon = _check_epsilon(fn, epsilon)
-    axes = _normalize_axes(fn, axes, x.ndim)
+    epsilon = checks.check_epsilon(fn, epsilon)
+    axes = checks.normalize_axes(fn, axes, x.ndim)
     layout = _Layout(x.shape, axes)
     if layout.count == 0:
         raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
                          % (fn, axes, x.shape))
-    acc = _accumulate_dtype(x.dtype)
+    acc = checks.accumulate_dtype(x.dtype)
     gamma = _kept_param(fn, 'gamma', gamma, layout, acc)
     beta = _kept_param(fn, 'beta', beta, layout, acc)
 
@@ -181,13 +150,13 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1):
     """
     fn = 'bn_infer_fwd'
     x = _float_array(fn, 'x', x)
-    epsilon = _check_epsilon(fn, epsilon)
+    epsilon = checks.check_epsilon(fn, epsilon)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
             or not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
         raise ValueError('%s: axis must be an int in [-%d, %d) for x of rank %d, got %r'
                          % (fn, x.ndim, x.ndim, x.ndim, axis))
     axis = int(axis) % max(x.ndim, 1)
-    acc = _accumulate_dtype(x.dtype)
+    acc = checks.accumulate_dtype(x.dtype)
     mean = _channel_param(fn, 'mean', mean, x, axis, acc)
     var = _channel_param(fn, 'var', var, x, axis, acc)
     scale = 1.0 / np.sqrt(var + acc.type(epsilon))
@@ -220,12 +189,12 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None):
     if dy.shape != x.shape:
         raise ValueError('%s: dy must have the shape of x, got dy %s and x %s'
                          % (fn, dy.shape, x.shape))
-    axes = _normalize_axes(fn, axes, x.ndim)
+    axes = checks.normalize_axes(fn, axes, x.ndim)
     layout = _Layout(x.shape, axes)
     if layout.count == 0:
         raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
                          % (fn, axes, x.shape))
-    acc = _accumulate_dtype(x.dtype)
+    acc = checks.accumulate_dtype(x.dtype)
     if mean is None or inv_std is None:
         raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)
     mean = _kept_param(fn, 'mean', mean, layout, acc)

@@ -16,7 +16,8 @@ reproduce keras/backend/theano_backend.py 2.3.1 on NumPy arrays.
 """
 import numpy as np
 
-from gpuk.cpu_fallback.softmax_xent import accumulate_dtype, float_array, log_sum_exp
+from gpuk.cpu_fallback import ctc_checks as checks, softmax_xent_checks
+from gpuk.cpu_fallback.softmax_xent import log_sum_exp
 
 __all__ = [
     'ctc_loss_fwd', 'ctc_loss_bwd', 'ctc_greedy_decode', 'ctc_beam_search_decode',
@@ -25,78 +26,10 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------- checks
-
-def _int_array(fn, name, value, ndim):
-    """Integer dtypes, or floats holding whole numbers (Keras feeds float labels)."""
-    array = np.asarray(value)
-    if array.ndim != ndim:
-        raise ValueError('%s: %s must have rank %d, got shape %s' % (fn, name, ndim, array.shape))
-    if np.issubdtype(array.dtype, np.integer):
-        return array.astype(np.int64, copy=False)
-    if np.issubdtype(array.dtype, np.floating):
-        if not np.all(np.isfinite(array)) or np.any(array != np.round(array)):
-            raise ValueError('%s: %s must hold integers, got non-integer values' % (fn, name))
-        return array.astype(np.int64)
-    raise ValueError('%s: %s must be an integer array, got dtype %s' % (fn, name, array.dtype))
-
-
-def _check_logits(fn, name, value):
-    array = float_array(fn, name, value)
-    if array.ndim != 3:
-        raise ValueError('%s: %s must have rank 3 (batch, time, classes), got shape %s'
-                         % (fn, name, array.shape))
-    if array.shape[2] == 0:
-        raise ValueError('%s: %s must have at least one class, got shape %s'
-                         % (fn, name, array.shape))
-    return array
-
-
-def _check_blank(fn, blank, classes):
-    if blank is None:
-        return classes - 1
-    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)) \
-            or not 0 <= blank < classes:
-        raise ValueError('%s: blank must be None or an int in [0, %d), got %r'
-                         % (fn, classes, blank))
-    return int(blank)
-
-
-def _check_lengths(fn, name, value, batch, upper, upper_name):
-    lengths = _int_array(fn, name, value, 1)
-    if lengths.shape[0] != batch:
-        raise ValueError('%s: %s must have shape (%d,) (the batch size), got %s'
-                         % (fn, name, batch, lengths.shape))
-    if lengths.size and (lengths.min() < 0 or lengths.max() > upper):
-        raise ValueError('%s: %s must lie in [0, %d] (%s), got values in [%d, %d]'
-                         % (fn, name, upper, upper_name, lengths.min(), lengths.max()))
-    return lengths
-
-
-def _check_loss_inputs(fn, logits, labels, input_lengths, label_lengths, blank):
-    logits = _check_logits(fn, 'logits', logits)
-    batch, steps, classes = logits.shape
-    blank = _check_blank(fn, blank, classes)
-    labels = _int_array(fn, 'labels', labels, 2)
-    if labels.shape[0] != batch:
-        raise ValueError('%s: labels must have the batch size of logits %s, got shape %s'
-                         % (fn, logits.shape, labels.shape))
-    input_lengths = _check_lengths(fn, 'input_lengths', input_lengths, batch, steps,
-                                   'the time steps of logits')
-    label_lengths = _check_lengths(fn, 'label_lengths', label_lengths, batch, labels.shape[1],
-                                   'the width of labels')
-    used = np.arange(labels.shape[1]) < label_lengths[:, None]
-    values = labels[used]
-    if values.size and (values.min() < 0 or values.max() >= classes or np.any(values == blank)):
-        raise ValueError('%s: labels must lie in [0, %d) without the blank index %d, got %s'
-                         % (fn, classes, blank, np.unique(values).tolist()))
-    return logits, labels, input_lengths, label_lengths, blank
-
-
 # ---------------------------------------------------------------- loss
 
 def _log_softmax_classes(logits):
-    x = logits.astype(accumulate_dtype(logits.dtype), copy=False)
+    x = logits.astype(softmax_xent_checks.accumulate_dtype(logits.dtype), copy=False)
     with np.errstate(invalid='ignore'):
         return x - log_sum_exp(x, -1)
 
@@ -190,7 +123,7 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None):
         float16 logits give a float16 loss and a float32 log_alpha.
     """
     fn = 'ctc_loss_fwd'
-    logits, labels, input_lengths, label_lengths, blank = _check_loss_inputs(
+    logits, labels, input_lengths, label_lengths, blank = checks.check_loss_inputs(
         fn, logits, labels, input_lengths, label_lengths, blank)
     batch, steps, _ = logits.shape
     ext = _ExtendedLabels(labels, label_lengths, blank)
@@ -224,16 +157,16 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, 
     folded in; zero past each input length and for impossible labels.
     """
     fn = 'ctc_loss_bwd'
-    logits, labels, input_lengths, label_lengths, blank = _check_loss_inputs(
+    logits, labels, input_lengths, label_lengths, blank = checks.check_loss_inputs(
         fn, logits, labels, input_lengths, label_lengths, blank)
     batch, steps, classes = logits.shape
     ext = _ExtendedLabels(labels, label_lengths, blank)
-    log_alpha = float_array(fn, 'log_alpha', log_alpha)
+    log_alpha = softmax_xent_checks.float_array(fn, 'log_alpha', log_alpha)
     if log_alpha.shape != (batch, steps, ext.states):
         raise ValueError('%s: log_alpha must have shape %s (batch, time, 2 * labels width + 1), '
                          'got %s' % (fn, (batch, steps, ext.states), log_alpha.shape))
-    loss = float_array(fn, 'loss', loss)
-    dloss = float_array(fn, 'dloss', dloss)
+    loss = softmax_xent_checks.float_array(fn, 'loss', loss)
+    dloss = softmax_xent_checks.float_array(fn, 'dloss', dloss)
     for name, array in (('loss', loss), ('dloss', dloss)):
         if array.shape != (batch,):
             raise ValueError('%s: %s must have shape (%d,), got %s'
@@ -290,14 +223,6 @@ def _compact_labels(labels):
     return out
 
 
-def _check_decode_inputs(fn, log_probs, input_lengths, blank):
-    log_probs = _check_logits(fn, 'log_probs', log_probs)
-    batch, steps, classes = log_probs.shape
-    input_lengths = _check_lengths(fn, 'input_lengths', input_lengths, batch, steps,
-                                   'the time steps of log_probs')
-    return log_probs, input_lengths, _check_blank(fn, blank, classes)
-
-
 def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True):
     """Best path: argmax per frame within input_length, merge repeats, drop blanks.
 
@@ -311,7 +236,8 @@ def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True)
         log_prob (Keras returns it as `log_prob`).
     """
     fn = 'ctc_greedy_decode'
-    log_probs, input_lengths, blank = _check_decode_inputs(fn, log_probs, input_lengths, blank)
+    log_probs, input_lengths, blank = checks.check_decode_inputs(
+        fn, log_probs, input_lengths, blank)
     batch, steps, _ = log_probs.shape
     inside = np.arange(steps)[None, :] < input_lengths[:, None]
     best = np.argmax(log_probs, axis=2) if steps else np.zeros((batch, 0), np.int64)
@@ -320,7 +246,7 @@ def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True)
     if merge_repeated:
         keep &= best != previous
     decoded = _compact_labels(np.where(keep, best, -1))
-    acc = accumulate_dtype(log_probs.dtype)
+    acc = softmax_xent_checks.accumulate_dtype(log_probs.dtype)
     frame_max = np.max(log_probs, axis=2, initial=-np.inf).astype(acc)
     neg_sum = 0.0 - np.sum(np.where(inside, frame_max, 0), axis=1, keepdims=True) + 0.0
     return decoded, neg_sum.astype(log_probs.dtype)
@@ -330,14 +256,6 @@ def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True)
 # primes (~62 bits): merging equal prefixes across beams is then one sort.
 _P1, _B1 = 2147483647, 1000003
 _P2, _B2 = 1000000007, 911382323
-
-
-def _positive_int(fn, name, value, upper=None):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1 \
-            or (upper is not None and value > upper):
-        bound = '>= 1' if upper is None else 'in [1, %d]' % upper
-        raise ValueError('%s: %s must be an int %s, got %r' % (fn, name, bound, value))
-    return int(value)
 
 
 def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1, blank=None,
@@ -359,9 +277,10 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
         of each prefix (-inf with an empty path when fewer prefixes exist).
     """
     fn = 'ctc_beam_search_decode'
-    log_probs, input_lengths, blank = _check_decode_inputs(fn, log_probs, input_lengths, blank)
-    beam_width = _positive_int(fn, 'beam_width', beam_width)
-    top_paths = _positive_int(fn, 'top_paths', top_paths, beam_width)
+    log_probs, input_lengths, blank = checks.check_decode_inputs(
+        fn, log_probs, input_lengths, blank)
+    beam_width = checks.positive_int(fn, 'beam_width', beam_width)
+    top_paths = checks.positive_int(fn, 'top_paths', top_paths, beam_width)
     batch, steps, classes = log_probs.shape
     frames = _log_softmax_classes(log_probs)
     acc = frames.dtype
@@ -462,7 +381,7 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
 # ---------------------------------------------------------------- Theano backend helpers
 
 def _label_vector(fn, name, value):
-    return _int_array(fn, name, value, 1)
+    return checks.int_array(fn, name, value, 1)
 
 
 def ctc_interleave_blanks(Y):
@@ -488,9 +407,9 @@ def ctc_update_log_p(skip_idxs, zeros, active, log_p_curr, log_p_prev):
     """
     fn = 'ctc_update_log_p'
     skip_idxs = _label_vector(fn, 'skip_idxs', skip_idxs)
-    zeros = float_array(fn, 'zeros', zeros)
-    log_p_curr = float_array(fn, 'log_p_curr', log_p_curr)
-    log_p_prev = float_array(fn, 'log_p_prev', log_p_prev)
+    zeros = softmax_xent_checks.float_array(fn, 'zeros', zeros)
+    log_p_curr = softmax_xent_checks.float_array(fn, 'log_p_curr', log_p_curr)
+    log_p_prev = softmax_xent_checks.float_array(fn, 'log_p_prev', log_p_prev)
     if isinstance(active, bool) or not isinstance(active, (int, np.integer)) \
             or not 1 <= active <= log_p_prev.shape[0]:
         raise ValueError('%s: active must be an int in [1, %d], got %r'
@@ -524,7 +443,7 @@ def ctc_path_probs(predict, Y, alpha=1e-4):
         reachable from both ends.
     """
     fn = 'ctc_path_probs'
-    predict = float_array(fn, 'predict', predict)
+    predict = softmax_xent_checks.float_array(fn, 'predict', predict)
     if predict.ndim != 2:
         raise ValueError('%s: predict must have rank 2 (time, classes), got shape %s'
                          % (fn, predict.shape))

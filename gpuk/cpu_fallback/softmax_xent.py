@@ -20,6 +20,8 @@ clip_by_value gradient.
 """
 import numpy as np
 
+from gpuk.cpu_fallback import softmax_xent_checks as checks
+
 __all__ = [
     'softmax_fwd', 'softmax_bwd', 'log_softmax_fwd', 'log_softmax_bwd',
     'softmax_xent_fwd', 'softmax_xent_bwd', 'softmax_xent_dtarget',
@@ -31,49 +33,7 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------- checks and helpers
-
-def float_array(fn, name, value):
-    array = np.asarray(value)
-    if not np.issubdtype(array.dtype, np.floating):
-        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
-                        % (fn, name, array.dtype))
-    return array
-
-
-def accumulate_dtype(dtype):
-    """float16 is computed in float32; other float types in themselves."""
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
-
-
-def _check_axis(fn, axis, ndim):
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-        raise TypeError('%s: axis must be an int, got %r' % (fn, axis))
-    if not -ndim <= axis < ndim:
-        raise ValueError('%s: axis must lie in [-%d, %d) for an input of rank %d, got %d'
-                         % (fn, ndim, ndim, ndim, axis))
-    return int(axis) % ndim
-
-
-def _check_epsilon(fn, epsilon):
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.number)) \
-            or not 0 <= epsilon < 0.5:
-        raise ValueError('%s: epsilon must be a number in [0, 0.5), got %r' % (fn, epsilon))
-    return float(epsilon)
-
-
-def _same_shape(fn, name_a, a, name_b, b):
-    if a.shape != b.shape:
-        raise ValueError('%s: %s and %s must have the same shape, got %s and %s'
-                         % (fn, name_a, name_b, a.shape, b.shape))
-
-
-def _reduced_shape_check(fn, name, array, full_shape, axis):
-    expected = full_shape[:axis] + full_shape[axis + 1:]
-    if array.shape != expected:
-        raise ValueError('%s: %s must have shape %s (the input shape %s without axis %d), got %s'
-                         % (fn, name, expected, full_shape, axis, array.shape))
-
+# ---------------------------------------------------------------- helpers
 
 def _times_nonzero(weight, value):
     """weight * value with 0 * (+-inf) = 0 (the limit of t log p as t -> 0)."""
@@ -117,9 +77,9 @@ def _weighted_row_sum(weight, value, axis):
 def softmax_fwd(x, axis=-1):
     """exp(x - max) / sum(exp(x - max)) along axis."""
     fn = 'softmax_fwd'
-    x = float_array(fn, 'x', x)
-    axis = _check_axis(fn, axis, x.ndim)
-    xa = x.astype(accumulate_dtype(x.dtype), copy=False)
+    x = checks.float_array(fn, 'x', x)
+    axis = checks.check_axis(fn, axis, x.ndim)
+    xa = x.astype(checks.accumulate_dtype(x.dtype), copy=False)
     e = np.exp(xa - _shifted_max(xa, axis))
     with np.errstate(invalid='ignore'):
         return (e / np.sum(e, axis=axis, keepdims=True)).astype(x.dtype, copy=False)
@@ -128,11 +88,11 @@ def softmax_fwd(x, axis=-1):
 def softmax_bwd(y, dy, axis=-1):
     """dx = y * (dy - sum(dy * y)) with y the saved softmax output."""
     fn = 'softmax_bwd'
-    y = float_array(fn, 'y', y)
-    dy = float_array(fn, 'dy', dy)
-    _same_shape(fn, 'y', y, 'dy', dy)
-    axis = _check_axis(fn, axis, y.ndim)
-    acc = accumulate_dtype(y.dtype)
+    y = checks.float_array(fn, 'y', y)
+    dy = checks.float_array(fn, 'dy', dy)
+    checks.same_shape(fn, 'y', y, 'dy', dy)
+    axis = checks.check_axis(fn, axis, y.ndim)
+    acc = checks.accumulate_dtype(y.dtype)
     ya, dya = y.astype(acc, copy=False), dy.astype(acc, copy=False)
     dx = ya * (dya - np.sum(dya * ya, axis=axis, keepdims=True))
     return dx.astype(y.dtype, copy=False)
@@ -141,9 +101,9 @@ def softmax_bwd(y, dy, axis=-1):
 def log_softmax_fwd(x, axis=-1):
     """x - log(sum(exp(x))) along axis."""
     fn = 'log_softmax_fwd'
-    x = float_array(fn, 'x', x)
-    axis = _check_axis(fn, axis, x.ndim)
-    xa = x.astype(accumulate_dtype(x.dtype), copy=False)
+    x = checks.float_array(fn, 'x', x)
+    axis = checks.check_axis(fn, axis, x.ndim)
+    xa = x.astype(checks.accumulate_dtype(x.dtype), copy=False)
     with np.errstate(invalid='ignore'):
         return (xa - log_sum_exp(xa, axis)).astype(x.dtype, copy=False)
 
@@ -151,11 +111,11 @@ def log_softmax_fwd(x, axis=-1):
 def log_softmax_bwd(log_y, dy, axis=-1):
     """dx = dy - exp(log_y) * sum(dy) with log_y the saved log_softmax output."""
     fn = 'log_softmax_bwd'
-    log_y = float_array(fn, 'log_y', log_y)
-    dy = float_array(fn, 'dy', dy)
-    _same_shape(fn, 'log_y', log_y, 'dy', dy)
-    axis = _check_axis(fn, axis, log_y.ndim)
-    acc = accumulate_dtype(log_y.dtype)
+    log_y = checks.float_array(fn, 'log_y', log_y)
+    dy = checks.float_array(fn, 'dy', dy)
+    checks.same_shape(fn, 'log_y', log_y, 'dy', dy)
+    axis = checks.check_axis(fn, axis, log_y.ndim)
+    acc = checks.accumulate_dtype(log_y.dtype)
     dya = dy.astype(acc, copy=False)
     dx = dya - np.exp(log_y.astype(acc, copy=False)) * np.sum(dya, axis=axis, keepdims=True)
     return dx.astype(log_y.dtype, copy=False)
@@ -174,11 +134,11 @@ def softmax_xent_fwd(logits, target, axis=-1):
         log-sum-exp of each row, saved for the backward pass.
     """
     fn = 'softmax_xent_fwd'
-    logits = float_array(fn, 'logits', logits)
-    target = float_array(fn, 'target', target)
-    _same_shape(fn, 'logits', logits, 'target', target)
-    axis = _check_axis(fn, axis, logits.ndim)
-    acc = accumulate_dtype(logits.dtype)
+    logits = checks.float_array(fn, 'logits', logits)
+    target = checks.float_array(fn, 'target', target)
+    checks.same_shape(fn, 'logits', logits, 'target', target)
+    axis = checks.check_axis(fn, axis, logits.ndim)
+    acc = checks.accumulate_dtype(logits.dtype)
     xa, ta = logits.astype(acc, copy=False), target.astype(acc, copy=False)
     # With m the row max and s = sum(exp(x - m)), lse = log(s) + m and
     # loss = sum(t) log(s) - sum(t (x - m)). For t >= 0 both terms are >= 0
@@ -197,19 +157,19 @@ def softmax_xent_fwd(logits, target, axis=-1):
 
 
 def _expand_row_values(fn, name, value, full_shape, axis, acc):
-    array = float_array(fn, name, value)
-    _reduced_shape_check(fn, name, array, full_shape, axis)
+    array = checks.float_array(fn, name, value)
+    checks.reduced_shape_check(fn, name, array, full_shape, axis)
     return np.expand_dims(array.astype(acc, copy=False), axis)
 
 
 def softmax_xent_bwd(logits, target, lse, dloss, axis=-1):
     """dlogits = (softmax(logits) * sum(target) - target) * dloss."""
     fn = 'softmax_xent_bwd'
-    logits = float_array(fn, 'logits', logits)
-    target = float_array(fn, 'target', target)
-    _same_shape(fn, 'logits', logits, 'target', target)
-    axis = _check_axis(fn, axis, logits.ndim)
-    acc = accumulate_dtype(logits.dtype)
+    logits = checks.float_array(fn, 'logits', logits)
+    target = checks.float_array(fn, 'target', target)
+    checks.same_shape(fn, 'logits', logits, 'target', target)
+    axis = checks.check_axis(fn, axis, logits.ndim)
+    acc = checks.accumulate_dtype(logits.dtype)
     lse = _expand_row_values(fn, 'lse', lse, logits.shape, axis, acc)
     dloss = _expand_row_values(fn, 'dloss', dloss, logits.shape, axis, acc)
     ta = target.astype(acc, copy=False)
@@ -226,9 +186,9 @@ def softmax_xent_bwd(logits, target, lse, dloss, axis=-1):
 def softmax_xent_dtarget(logits, lse, dloss, axis=-1):
     """Gradient of softmax_xent_fwd's loss with respect to target: -(logits - lse) * dloss."""
     fn = 'softmax_xent_dtarget'
-    logits = float_array(fn, 'logits', logits)
-    axis = _check_axis(fn, axis, logits.ndim)
-    acc = accumulate_dtype(logits.dtype)
+    logits = checks.float_array(fn, 'logits', logits)
+    axis = checks.check_axis(fn, axis, logits.ndim)
+    acc = checks.accumulate_dtype(logits.dtype)
     lse = _expand_row_values(fn, 'lse', lse, logits.shape, axis, acc)
     dloss = _expand_row_values(fn, 'dloss', dloss, logits.shape, axis, acc)
     with np.errstate(invalid='ignore'):
@@ -240,7 +200,7 @@ def _check_labels(fn, labels, logits_shape, axis):
     labels = np.asarray(labels)
     if not np.issubdtype(labels.dtype, np.integer):
         raise TypeError('%s: labels must be an integer array, got dtype %s' % (fn, labels.dtype))
-    _reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
+    checks.reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
     classes = logits_shape[axis]
     if labels.size and (labels.min() < 0 or labels.max() >= classes):
         raise ValueError('%s: labels must lie in [0, %d) (the size of logits axis %d), '
@@ -257,10 +217,10 @@ def sparse_softmax_xent_fwd(logits, labels, axis=-1):
         without axis.
     """
     fn = 'sparse_softmax_xent_fwd'
-    logits = float_array(fn, 'logits', logits)
-    axis = _check_axis(fn, axis, logits.ndim)
+    logits = checks.float_array(fn, 'logits', logits)
+    axis = checks.check_axis(fn, axis, logits.ndim)
     index = _check_labels(fn, labels, logits.shape, axis)
-    xa = logits.astype(accumulate_dtype(logits.dtype), copy=False)
+    xa = logits.astype(checks.accumulate_dtype(logits.dtype), copy=False)
     lse = log_sum_exp(xa, axis)
     with np.errstate(invalid='ignore'):
         loss = np.squeeze(lse - np.take_along_axis(xa, index, axis), axis)
@@ -270,10 +230,10 @@ def sparse_softmax_xent_fwd(logits, labels, axis=-1):
 def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1):
     """dlogits = (softmax(logits) - one_hot(labels)) * dloss."""
     fn = 'sparse_softmax_xent_bwd'
-    logits = float_array(fn, 'logits', logits)
-    axis = _check_axis(fn, axis, logits.ndim)
+    logits = checks.float_array(fn, 'logits', logits)
+    axis = checks.check_axis(fn, axis, logits.ndim)
     index = _check_labels(fn, labels, logits.shape, axis)
-    acc = accumulate_dtype(logits.dtype)
+    acc = checks.accumulate_dtype(logits.dtype)
     lse = _expand_row_values(fn, 'lse', lse, logits.shape, axis, acc)
     dloss = _expand_row_values(fn, 'dloss', dloss, logits.shape, axis, acc)
     with np.errstate(invalid='ignore'):
@@ -287,10 +247,10 @@ def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1):
 # ---------------------------------------------------------------- cross-entropy from probabilities
 
 def _categorical_clipped(fn, probs, target, axis, epsilon, need_target=True):
-    probs = float_array(fn, 'probs', probs)
-    axis = _check_axis(fn, axis, probs.ndim)
-    epsilon = _check_epsilon(fn, epsilon)
-    acc = accumulate_dtype(probs.dtype)
+    probs = checks.float_array(fn, 'probs', probs)
+    axis = checks.check_axis(fn, axis, probs.ndim)
+    epsilon = checks.check_epsilon(fn, epsilon)
+    acc = checks.accumulate_dtype(probs.dtype)
     pa = probs.astype(acc, copy=False)
     total = np.sum(pa, axis=axis, keepdims=True)
     with np.errstate(divide='ignore', invalid='ignore'):
@@ -298,8 +258,8 @@ def _categorical_clipped(fn, probs, target, axis, epsilon, need_target=True):
     clipped = np.clip(normalized, epsilon, 1 - epsilon)
     ta = None
     if need_target:
-        target = float_array(fn, 'target', target)
-        _same_shape(fn, 'probs', probs, 'target', target)
+        target = checks.float_array(fn, 'target', target)
+        checks.same_shape(fn, 'probs', probs, 'target', target)
         ta = target.astype(acc, copy=False)
     return probs, axis, epsilon, acc, total, normalized, clipped, ta
 
@@ -340,16 +300,16 @@ def categorical_xent_probs_dtarget(probs, dloss, axis=-1, epsilon=1e-7):
 
 
 def _binary_inputs(fn, first_name, first, target, dloss=None):
-    first = float_array(fn, first_name, first)
-    acc = accumulate_dtype(first.dtype)
+    first = checks.float_array(fn, first_name, first)
+    acc = checks.accumulate_dtype(first.dtype)
     arrays = [first.astype(acc, copy=False)]
     if target is not None:
-        target = float_array(fn, 'target', target)
-        _same_shape(fn, first_name, first, 'target', target)
+        target = checks.float_array(fn, 'target', target)
+        checks.same_shape(fn, first_name, first, 'target', target)
         arrays.append(target.astype(acc, copy=False))
     if dloss is not None:
-        dloss = float_array(fn, 'dloss', dloss)
-        _same_shape(fn, first_name, first, 'dloss', dloss)
+        dloss = checks.float_array(fn, 'dloss', dloss)
+        checks.same_shape(fn, first_name, first, 'dloss', dloss)
         arrays.append(dloss.astype(acc, copy=False))
     return first.dtype, arrays
 
@@ -383,7 +343,7 @@ def binary_xent_logits_dtarget(logits, dloss):
 
 
 def _binary_clip(fn, p, epsilon):
-    epsilon = _check_epsilon(fn, epsilon)
+    epsilon = checks.check_epsilon(fn, epsilon)
     return epsilon, np.clip(p, epsilon, 1 - epsilon)
 
 

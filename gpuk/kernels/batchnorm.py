@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuk.cpu_fallback.batchnorm import _Layout, _accumulate_dtype, _check_epsilon, _normalize_axes
+from gpuk.cpu_fallback import batchnorm_checks
 from . import cudnn_batchnorm, dispatch
 from .runtime import register_build, resolve
 
@@ -155,12 +155,12 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, *, runtime=None):
     rt = resolve(runtime)
     xp = rt.xp
     x = _float_array(fn, 'x', x, xp)
-    epsilon = _check_epsilon(fn, epsilon)
-    axes = _normalize_axes(fn, axes, x.ndim)
-    layout = _Layout(x.shape, axes)
+    epsilon = batchnorm_checks.check_epsilon(fn, epsilon)
+    axes = batchnorm_checks.normalize_axes(fn, axes, x.ndim)
+    layout = batchnorm_checks.Layout(x.shape, axes)
     if layout.count == 0:
         raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s' % (fn, axes, x.shape))
-    acc = _accumulate_dtype(x.dtype)
+    acc = batchnorm_checks.accumulate_dtype(x.dtype)
     gamma = _kept_param(fn, 'gamma', gamma, layout, acc, xp)
     beta = _kept_param(fn, 'beta', beta, layout, acc, xp)
     view = _View(x.shape, layout)
@@ -173,7 +173,7 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, *, runtime=None):
 
 def _bn_train_fwd_gpuk(rt, view, layout, x, gamma, beta, _axes, epsilon):
     xp = rt.xp
-    acc = _accumulate_dtype(x.dtype)
+    acc = batchnorm_checks.accumulate_dtype(x.dtype)
     module = rt.load(SOURCE, defines(x.dtype))
     c = view.channels
     gamma = xp.ones(c, acc) if gamma is None else gamma
@@ -217,13 +217,13 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, *, runtime=No
     rt = resolve(runtime)
     xp = rt.xp
     x = _float_array(fn, 'x', x, xp)
-    epsilon = _check_epsilon(fn, epsilon)
+    epsilon = batchnorm_checks.check_epsilon(fn, epsilon)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
             or not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
         raise ValueError('%s: axis must be an int in [-%d, %d) for x of rank %d, got %r'
                          % (fn, x.ndim, x.ndim, x.ndim, axis))
     axis = int(axis) % max(x.ndim, 1)
-    acc = _accumulate_dtype(x.dtype)
+    acc = batchnorm_checks.accumulate_dtype(x.dtype)
     params = [None if p is None else _channel_param(fn, n, p, x, axis, acc, xp)
               for n, p in (('mean', mean), ('var', var), ('gamma', gamma), ('beta', beta))]
     gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt)
@@ -241,7 +241,7 @@ def parameter_span(x_shape, param_shapes):
 
 def _bn_infer_fwd_gpuk(rt, x, mean, var, gamma, beta, epsilon, _axis):
     xp = rt.xp
-    acc = _accumulate_dtype(x.dtype)
+    acc = batchnorm_checks.accumulate_dtype(x.dtype)
     shape = x.shape if x.ndim else (1,)
     params = [p.reshape(shape) if p is not None and x.ndim == 0 else p for p in (mean, var, gamma, beta)]
     lo, hi = parameter_span(shape, [p.shape for p in params if p is not None])
@@ -275,11 +275,11 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, *, runtime=
     if dy.shape != x.shape:
         raise ValueError('%s: dy must have the shape of x, got dy %s and x %s' % (fn, dy.shape, x.shape))
     dy = dy.astype(x.dtype, copy=False)   # the twin computes in x's precision too
-    axes = _normalize_axes(fn, axes, x.ndim)
-    layout = _Layout(x.shape, axes)
+    axes = batchnorm_checks.normalize_axes(fn, axes, x.ndim)
+    layout = batchnorm_checks.Layout(x.shape, axes)
     if layout.count == 0:
         raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s' % (fn, axes, x.shape))
-    acc = _accumulate_dtype(x.dtype)
+    acc = batchnorm_checks.accumulate_dtype(x.dtype)
     if mean is None or inv_std is None:
         raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)
     mean, inv_std, gamma, dmean, dvar = (_kept_param(fn, n, v, layout, acc, xp) for n, v in (
@@ -295,7 +295,7 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, *, runtime=
 
 def _bn_bwd_gpuk(rt, view, layout, dy, x, gamma, mean, inv_std, _axes, dmean, dvar):
     xp = rt.xp
-    acc = _accumulate_dtype(x.dtype)
+    acc = batchnorm_checks.accumulate_dtype(x.dtype)
     module = rt.load(SOURCE, defines(x.dtype))
     c = view.channels
     gamma = xp.ones(c, acc) if gamma is None else gamma

@@ -3,8 +3,9 @@
 Same names, signatures, output dtypes and errors as gpuk/cpu_fallback/ctc.py, plus a
 keyword-only `runtime` (None: runtime.current(); 'cuda', 'emulate', or a runtime object).
 Every argument is checked before any launch: the small integer inputs (labels, lengths)
-are validated on host copies by the twin's own checks, so the messages are identical;
-the logits are checked by shape and dtype only (a zero-stride stand-in goes to the twin).
+are validated on host copies by the checks the twin uses too (cpu_fallback/ctc_checks.py),
+so the messages are identical; the logits are checked by shape and dtype only (a
+zero-stride stand-in goes through the same checks).
 
 Kernels: ctc_frame_lse (a warp per frame) normalizes the logits; ctc_alpha and
 ctc_beta_grad run one block per sample with threads across the 2 Lmax + 1 label states
@@ -20,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from gpuk.cpu_fallback import ctc as twin
-from gpuk.cpu_fallback.softmax_xent import accumulate_dtype
+from gpuk.cpu_fallback import ctc_checks, softmax_xent_checks
+from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
 from .runtime import register_build, resolve
 
 __all__ = [
@@ -80,7 +82,7 @@ def _device_ints(rt, host):
 
 def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, blank):
     logits, stand_in = _stand_in(rt, fn, 'logits', logits)
-    _, labels, input_lengths, label_lengths, blank = twin._check_loss_inputs(
+    _, labels, input_lengths, label_lengths, blank = ctc_checks.check_loss_inputs(
         fn, stand_in, _host(labels), _host(input_lengths), _host(label_lengths), blank)
     return rt.xp.ascontiguousarray(logits), labels, input_lengths, label_lengths, blank
 
@@ -126,7 +128,7 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, ru
 
 def _row_floats(fn, rt, name, value, shape, acc):
     array, stand_in = _stand_in(rt, fn, name, value)
-    twin.float_array(fn, name, stand_in)
+    softmax_xent_checks.float_array(fn, name, stand_in)
     if array.shape != shape:
         raise ValueError('%s: %s must have shape (%d,), got %s' % (fn, name, shape[0], array.shape))
     return rt.xp.ascontiguousarray(array.astype(acc, copy=False))
@@ -144,7 +146,7 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, 
     states = 2 * width + 1
     acc = accumulate_dtype(logits.dtype)
     log_alpha, stand_in = _stand_in(rt, fn, 'log_alpha', log_alpha)
-    twin.float_array(fn, 'log_alpha', stand_in)
+    softmax_xent_checks.float_array(fn, 'log_alpha', stand_in)
     if log_alpha.shape != (batch, steps, states):
         raise ValueError('%s: log_alpha must have shape %s (batch, time, 2 * labels width + 1), got %s'
                          % (fn, (batch, steps, states), log_alpha.shape))
@@ -169,7 +171,7 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, 
 
 def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank):
     log_probs, stand_in = _stand_in(rt, fn, 'log_probs', log_probs)
-    _, input_lengths, blank = twin._check_decode_inputs(fn, stand_in, _host(input_lengths), blank)
+    _, input_lengths, blank = ctc_checks.check_decode_inputs(fn, stand_in, _host(input_lengths), blank)
     return rt.xp.ascontiguousarray(log_probs), input_lengths, blank
 
 
@@ -204,8 +206,8 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
     """
     fn, rt = 'ctc_beam_search_decode', resolve(runtime)
     log_probs, input_lengths, blank = _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank)
-    width = twin._positive_int(fn, 'beam_width', beam_width)
-    top_paths = twin._positive_int(fn, 'top_paths', top_paths, width)
+    width = ctc_checks.positive_int(fn, 'beam_width', beam_width)
+    top_paths = ctc_checks.positive_int(fn, 'top_paths', top_paths, width)
     batch, steps, classes = log_probs.shape
     xp, acc = rt.xp, accumulate_dtype(log_probs.dtype)
     if steps == 0 or batch == 0:

@@ -21,7 +21,7 @@ import ctypes
 
 import numpy as np
 
-from gpuk.cpu_fallback import ctc as twin
+from gpuk.cpu_fallback import ctc_checks
 from gpuk.kernels import cudnn, dispatch
 
 __all__ = ['ctc_loss_with_grad', 'cudnn_ctc_loss', 'class_permutation', 'cudnn_labels',
@@ -123,7 +123,7 @@ def cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None):
     if not isinstance(logits, cupy.ndarray):
         raise dispatch.Unsupported('logits are not on the GPU')
     stand_in = np.broadcast_to(np.zeros((), dtype=logits.dtype), logits.shape)
-    _, labels, input_lengths, label_lengths, blank = twin._check_loss_inputs(
+    _, labels, input_lengths, label_lengths, blank = ctc_checks.check_loss_inputs(
         fn, stand_in, _host(labels), _host(input_lengths), _host(label_lengths), blank)
     if logits.dtype != np.float32:
         raise dispatch.Unsupported('cuDNN CTC takes float32 logits, got %s' % logits.dtype)

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuk.cpu_fallback.softmax_xent import (
-    _check_axis, _check_epsilon, _reduced_shape_check, _same_shape, accumulate_dtype)
+from gpuk.cpu_fallback import softmax_xent_checks as checks
 from .runtime import register_build, resolve
 
 __all__ = [
@@ -44,7 +43,7 @@ ROW_KERNELS = ['softmax_rows_fwd', 'softmax_rows_bwd', 'softmax_xent_rows_fwd', 
 
 
 def defines(dtype):
-    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulate_dtype(dtype)],
+    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[checks.accumulate_dtype(dtype)],
             'ROW_THREADS': ROW_THREADS,
             'WARP_ROW_MAX_COLS': WARP_ROW_MAX_COLS, 'BINARY_THREADS': BINARY_THREADS}
 
@@ -99,13 +98,13 @@ class _Rows:
 
 def _row_values(fn, name, rt, value, full_shape, axis, acc):
     array = _float(fn, name, rt, value)
-    _reduced_shape_check(fn, name, array, full_shape, axis)
+    checks.reduced_shape_check(fn, name, array, full_shape, axis)
     return rt.xp.ascontiguousarray(array.astype(acc, copy=False))
 
 
 def _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis):
     """The backward ops' per-row inputs, checked and cast to the accumulation dtype."""
-    acc = accumulate_dtype(logits.dtype)
+    acc = checks.accumulate_dtype(logits.dtype)
     return (_row_values(fn, 'lse', rt, lse, logits.shape, axis, acc),
             _row_values(fn, 'dloss', rt, dloss, logits.shape, axis, acc))
 
@@ -114,7 +113,7 @@ def _labels(fn, rt, labels, logits_shape, axis):
     labels = labels if isinstance(labels, rt.xp.ndarray) else rt.xp.asarray(labels)
     if labels.dtype.kind not in 'iu':
         raise TypeError('%s: labels must be an integer array, got dtype %s' % (fn, labels.dtype))
-    _reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
+    checks.reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
     classes = logits_shape[axis]
     if labels.size:
         low, high = int(labels.min()), int(labels.max())
@@ -141,7 +140,7 @@ def _launch_rows(rt, dtype, name, rows, cols, args):
 
 def _softmax_like_fwd(fn, x, axis, log_output, rt):
     x = _float(fn, 'x', rt, x)
-    axis = _check_axis(fn, axis, x.ndim)
+    axis = checks.check_axis(fn, axis, x.ndim)
     _nonempty_axis(fn, 'x', x.shape, axis)
     rows = _Rows(rt, x, axis)
     y = rows.empty(x.dtype)
@@ -155,8 +154,8 @@ def _softmax_like_fwd(fn, x, axis, log_output, rt):
 def _softmax_like_bwd(fn, first_name, y, dy, axis, log_input, rt):
     y = _float(fn, first_name, rt, y)
     dy = _float(fn, 'dy', rt, dy)
-    _same_shape(fn, first_name, y, 'dy', dy)
-    axis = _check_axis(fn, axis, y.ndim)
+    checks.same_shape(fn, first_name, y, 'dy', dy)
+    axis = checks.check_axis(fn, axis, y.ndim)
     _nonempty_axis(fn, first_name, y.shape, axis)
     rows = _Rows(rt, y, axis)
     dx = rows.empty(y.dtype)
@@ -203,12 +202,12 @@ def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
     fn, rt = 'softmax_xent_fwd', resolve(runtime)
     logits = _float(fn, 'logits', rt, logits)
     target = _float(fn, 'target', rt, target)
-    _same_shape(fn, 'logits', logits, 'target', target)
-    axis = _check_axis(fn, axis, logits.ndim)
+    checks.same_shape(fn, 'logits', logits, 'target', target)
+    axis = checks.check_axis(fn, axis, logits.ndim)
     _nonempty_axis(fn, 'logits', logits.shape, axis)
     rows = _Rows(rt, logits, axis)
     loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
-    lse = rt.xp.empty(_reduced(rows), dtype=accumulate_dtype(logits.dtype))
+    lse = rt.xp.empty(_reduced(rows), dtype=checks.accumulate_dtype(logits.dtype))
     _launch_rows(rt, logits.dtype, 'softmax_xent_rows_fwd', rows.rows, rows.cols,
                  (rows.data, rows.like(target.astype(logits.dtype, copy=False)), loss, lse))
     return loss, lse
@@ -219,8 +218,8 @@ def softmax_xent_bwd(logits, target, lse, dloss, axis=-1, *, runtime=None):
     fn, rt = 'softmax_xent_bwd', resolve(runtime)
     logits = _float(fn, 'logits', rt, logits)
     target = _float(fn, 'target', rt, target)
-    _same_shape(fn, 'logits', logits, 'target', target)
-    axis = _check_axis(fn, axis, logits.ndim)
+    checks.same_shape(fn, 'logits', logits, 'target', target)
+    axis = checks.check_axis(fn, axis, logits.ndim)
     lse, dloss = _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis)
     _nonempty_axis(fn, 'logits', logits.shape, axis)
     rows = _Rows(rt, logits, axis)
@@ -234,7 +233,7 @@ def softmax_xent_dtarget(logits, lse, dloss, axis=-1, *, runtime=None):
     """Gradient of softmax_xent_fwd's loss with respect to target: -(logits - lse) * dloss."""
     fn, rt = 'softmax_xent_dtarget', resolve(runtime)
     logits = _float(fn, 'logits', rt, logits)
-    axis = _check_axis(fn, axis, logits.ndim)
+    axis = checks.check_axis(fn, axis, logits.ndim)
     lse, dloss = _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis)
     _nonempty_axis(fn, 'logits', logits.shape, axis)
     rows = _Rows(rt, logits, axis)
@@ -252,12 +251,12 @@ def sparse_softmax_xent_fwd(logits, labels, axis=-1, *, runtime=None):
     """
     fn, rt = 'sparse_softmax_xent_fwd', resolve(runtime)
     logits = _float(fn, 'logits', rt, logits)
-    axis = _check_axis(fn, axis, logits.ndim)
+    axis = checks.check_axis(fn, axis, logits.ndim)
     labels = _labels(fn, rt, labels, logits.shape, axis)
     _nonempty_axis(fn, 'logits', logits.shape, axis)
     rows = _Rows(rt, logits, axis)
     loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
-    lse = rt.xp.empty(_reduced(rows), dtype=accumulate_dtype(logits.dtype))
+    lse = rt.xp.empty(_reduced(rows), dtype=checks.accumulate_dtype(logits.dtype))
     _launch_rows(rt, logits.dtype, 'sparse_softmax_xent_rows_fwd', rows.rows, rows.cols,
                  (rows.data, labels, loss, lse))
     return loss, lse
@@ -267,7 +266,7 @@ def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1, *, runtime=None
     """dlogits = (softmax(logits) - one_hot(labels)) * dloss."""
     fn, rt = 'sparse_softmax_xent_bwd', resolve(runtime)
     logits = _float(fn, 'logits', rt, logits)
-    axis = _check_axis(fn, axis, logits.ndim)
+    axis = checks.check_axis(fn, axis, logits.ndim)
     labels = _labels(fn, rt, labels, logits.shape, axis)
     lse, dloss = _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis)
     rows = _Rows(rt, logits, axis)
@@ -281,12 +280,12 @@ def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1, *, runtime=None
 
 def _categorical(fn, rt, probs, target, dloss, axis, epsilon, mode):
     probs = _float(fn, 'probs', rt, probs)
-    axis = _check_axis(fn, axis, probs.ndim)
-    epsilon = _check_epsilon(fn, epsilon)
-    acc = accumulate_dtype(probs.dtype)
+    axis = checks.check_axis(fn, axis, probs.ndim)
+    epsilon = checks.check_epsilon(fn, epsilon)
+    acc = checks.accumulate_dtype(probs.dtype)
     if target is not None:
         target = _float(fn, 'target', rt, target)
-        _same_shape(fn, 'probs', probs, 'target', target)
+        checks.same_shape(fn, 'probs', probs, 'target', target)
     if dloss is not None:
         dloss = _row_values(fn, 'dloss', rt, dloss, probs.shape, axis, acc)
     _nonempty_axis(fn, 'probs', probs.shape, axis)
@@ -324,12 +323,12 @@ def categorical_xent_probs_dtarget(probs, dloss, axis=-1, epsilon=1e-7, *, runti
 def _binary(fn, rt, first_name, first, second_name, second, dloss, op, epsilon=0.0):
     first = _float(fn, first_name, rt, first)
     second = _float(fn, second_name, rt, second)
-    _same_shape(fn, first_name, first, second_name, second)
+    checks.same_shape(fn, first_name, first, second_name, second)
     if dloss is not None:
         dloss = _float(fn, 'dloss', rt, dloss)
-        _same_shape(fn, first_name, first, 'dloss', dloss)
+        checks.same_shape(fn, first_name, first, 'dloss', dloss)
     if op.startswith('probs'):
-        epsilon = _check_epsilon(fn, epsilon)
+        epsilon = checks.check_epsilon(fn, epsilon)
     a = rt.xp.ascontiguousarray(first)
     b = rt.xp.ascontiguousarray(second.astype(a.dtype, copy=False))
     c = rt.xp.ascontiguousarray(dloss.astype(a.dtype, copy=False)) if dloss is not None else a
@@ -338,7 +337,7 @@ def _binary(fn, rt, first_name, first, second_name, second, dloss, op, epsilon=0
         kernel = rt.load(SOURCE, defines(a.dtype)).kernel('binary_xent_elementwise')
         blocks = max(1, min(-(-a.size // BINARY_THREADS), MAX_BINARY_BLOCKS))
         kernel.launch(blocks, BINARY_THREADS, (a, b, c, out, np.int64(a.size), np.int32(BINARY_OPS[op]),
-                                               rt.xp.full(1, epsilon, dtype=accumulate_dtype(a.dtype))))
+                                               rt.xp.full(1, epsilon, dtype=checks.accumulate_dtype(a.dtype))))
     return out
 
 

@@ -1,0 +1,88 @@
+"""Argument checks of the CTC family, shared by the NumPy twins (gpuk/cpu_fallback/ctc.py)
+and the CUDA / cuDNN launchers (gpuk/kernels/ctc.py, gpuk/kernels/cudnn_ctc.py), so both
+raise the same errors, with the same messages, before any work."""
+import numpy as np
+
+from gpuk.cpu_fallback import softmax_xent_checks
+
+
+def int_array(fn, name, value, ndim):
+    """Integer dtypes, or floats holding whole numbers (Keras feeds float labels)."""
+    array = np.asarray(value)
+    if array.ndim != ndim:
+        raise ValueError('%s: %s must have rank %d, got shape %s' % (fn, name, ndim, array.shape))
+    if np.issubdtype(array.dtype, np.integer):
+        return array.astype(np.int64, copy=False)
+    if np.issubdtype(array.dtype, np.floating):
+        if not np.all(np.isfinite(array)) or np.any(array != np.round(array)):
+            raise ValueError('%s: %s must hold integers, got non-integer values' % (fn, name))
+        return array.astype(np.int64)
+    raise ValueError('%s: %s must be an integer array, got dtype %s' % (fn, name, array.dtype))
+
+
+def check_logits(fn, name, value):
+    array = softmax_xent_checks.float_array(fn, name, value)
+    if array.ndim != 3:
+        raise ValueError('%s: %s must have rank 3 (batch, time, classes), got shape %s'
+                         % (fn, name, array.shape))
+    if array.shape[2] == 0:
+        raise ValueError('%s: %s must have at least one class, got shape %s'
+                         % (fn, name, array.shape))
+    return array
+
+
+def check_blank(fn, blank, classes):
+    if blank is None:
+        return classes - 1
+    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)) \
+            or not 0 <= blank < classes:
+        raise ValueError('%s: blank must be None or an int in [0, %d), got %r'
+                         % (fn, classes, blank))
+    return int(blank)
+
+
+def check_lengths(fn, name, value, batch, upper, upper_name):
+    lengths = int_array(fn, name, value, 1)
+    if lengths.shape[0] != batch:
+        raise ValueError('%s: %s must have shape (%d,) (the batch size), got %s'
+                         % (fn, name, batch, lengths.shape))
+    if lengths.size and (lengths.min() < 0 or lengths.max() > upper):
+        raise ValueError('%s: %s must lie in [0, %d] (%s), got values in [%d, %d]'
+                         % (fn, name, upper, upper_name, lengths.min(), lengths.max()))
+    return lengths
+
+
+def check_loss_inputs(fn, logits, labels, input_lengths, label_lengths, blank):
+    logits = check_logits(fn, 'logits', logits)
+    batch, steps, classes = logits.shape
+    blank = check_blank(fn, blank, classes)
+    labels = int_array(fn, 'labels', labels, 2)
+    if labels.shape[0] != batch:
+        raise ValueError('%s: labels must have the batch size of logits %s, got shape %s'
+                         % (fn, logits.shape, labels.shape))
+    input_lengths = check_lengths(fn, 'input_lengths', input_lengths, batch, steps,
+                                  'the time steps of logits')
+    label_lengths = check_lengths(fn, 'label_lengths', label_lengths, batch, labels.shape[1],
+                                  'the width of labels')
+    used = np.arange(labels.shape[1]) < label_lengths[:, None]
+    values = labels[used]
+    if values.size and (values.min() < 0 or values.max() >= classes or np.any(values == blank)):
+        raise ValueError('%s: labels must lie in [0, %d) without the blank index %d, got %s'
+                         % (fn, classes, blank, np.unique(values).tolist()))
+    return logits, labels, input_lengths, label_lengths, blank
+
+
+def check_decode_inputs(fn, log_probs, input_lengths, blank):
+    log_probs = check_logits(fn, 'log_probs', log_probs)
+    batch, steps, classes = log_probs.shape
+    input_lengths = check_lengths(fn, 'input_lengths', input_lengths, batch, steps,
+                                  'the time steps of log_probs')
+    return log_probs, input_lengths, check_blank(fn, blank, classes)
+
+
+def positive_int(fn, name, value, upper=None):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1 \
+            or (upper is not None and value > upper):
+        bound = '>= 1' if upper is None else 'in [1, %d]' % upper
+        raise ValueError('%s: %s must be an int %s, got %r' % (fn, name, bound, value))
+    return int(value)
