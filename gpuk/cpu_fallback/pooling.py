@@ -174,8 +174,11 @@ def max_pool_bwd(dy, argmax, x_shape, data_format):
     n, channels = x_shape[0], conv_checks.channel_count(x_shape, channels_first)
     arg_cl = _to_channels_last(argmax, channels_first).reshape(n, -1, channels)
     # Flat index into dx in channels_last order: (n * volume + position) * C + c.
-    flat = ((np.arange(n)[:, None, None] * volume + arg_cl) * channels
-            + np.arange(channels)[None, None, :])
+    # Two in-place passes over one int64 array; the one-expression form made three
+    # full-size temporaries and measured ~2x slower.
+    flat = np.multiply(arg_cl, channels, dtype=np.int64)
+    flat += (np.arange(n)[:, None, None] * (volume * channels)
+             + np.arange(channels)[None, None, :])
     compute = _compute_dtype(dy.dtype)
     weights = _to_channels_last(dy, channels_first).astype(compute, copy=False)
     # NumPy 2's np.add.at measured 2x faster than bincount (which fills a float64
