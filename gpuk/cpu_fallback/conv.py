@@ -453,15 +453,22 @@ def _local_columns(x, channels_first, kernel_size, strides, output_spatial, comp
     return columns.reshape(n, math.prod(output_spatial), -1).transpose(1, 0, 2)
 
 
-def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format):
-    """Convolution with unshared weights w (P, prod(k) * C_in, C_out), P = prod(output_spatial)."""
-    fn = 'local_conv_fwd'
-    x, w = checks.float_array(fn, 'x', x), checks.float_array(fn, 'w', w)
-    checks.same_dtype(fn, [('x', x), ('w', w)])
+def _local_prologue(fn, x, other_name, other, kernel_size, strides, output_spatial, data_format):
+    """The checks local_conv_fwd and local_conv_wgrad (both given x) start with."""
+    x, other = checks.float_array(fn, 'x', x), checks.float_array(fn, other_name, other)
+    checks.same_dtype(fn, [('x', x), (other_name, other)])
     channels_first = checks.is_channels_first(fn, data_format)
     rank = checks.spatial_rank(fn, 'x', x)
     kernel_size, strides, output_spatial = checks.local_setup(
         fn, rank, kernel_size, strides, output_spatial, checks.spatial_dims(x.shape, channels_first))
+    return x, other, channels_first, rank, kernel_size, strides, output_spatial
+
+
+def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format):
+    """Convolution with unshared weights w (P, prod(k) * C_in, C_out), P = prod(output_spatial)."""
+    fn = 'local_conv_fwd'
+    x, w, channels_first, rank, kernel_size, strides, output_spatial = _local_prologue(
+        fn, x, 'w', w, kernel_size, strides, output_spatial, data_format)
     checks.check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size,
                               checks.channel_count(x.shape, channels_first))
     compute = _compute_dtype(x.dtype)
@@ -506,12 +513,8 @@ def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_
 def local_conv_wgrad(x, dy, w_shape, kernel_size, strides, output_spatial, data_format):
     """Gradient of local_conv_fwd with respect to w."""
     fn = 'local_conv_wgrad'
-    x, dy = checks.float_array(fn, 'x', x), checks.float_array(fn, 'dy', dy)
-    checks.same_dtype(fn, [('x', x), ('dy', dy)])
-    channels_first = checks.is_channels_first(fn, data_format)
-    rank = checks.spatial_rank(fn, 'x', x)
-    kernel_size, strides, output_spatial = checks.local_setup(
-        fn, rank, kernel_size, strides, output_spatial, checks.spatial_dims(x.shape, channels_first))
+    x, dy, channels_first, rank, kernel_size, strides, output_spatial = _local_prologue(
+        fn, x, 'dy', dy, kernel_size, strides, output_spatial, data_format)
     checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
     w_shape = checks.shape_tuple(fn, 'w_shape', w_shape, 3)
     checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
