@@ -407,6 +407,27 @@ static __device__ ConvGeom make_geom(int batch, int c_in, int c_out, int in_d, i
     batch, c_in, c_out, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w, dil_d, dil_h, \
         dil_w, pad_d, pad_h, pad_w, channels_last
 
+// Writes this block's accumulator tile (rows = N * pix GEMM rows, `channels` GEMM columns) to an
+// activation tensor in either layout, with the epilogue: 0 none, 1 + bias[c], 2 + bias[c] then relu.
+__device__ __forceinline__ void store_activation_tile(const acc_t (&acc)[ACC_COUNT], long long rows, int channels,
+                                                      int pix, const elem_t* __restrict__ bias, int epilogue,
+                                                      elem_t* __restrict__ out, int channels_last) {
+#pragma unroll
+    for (int e = 0; e < ACC_COUNT; ++e) {
+        int r, c;
+        acc_position(e, r, c);
+        const long long m = (long long)blockIdx.x * CONV_BM + r;
+        const int channel = blockIdx.y * CONV_BN + c;
+        if (m >= rows || channel >= channels) continue;
+        acc_t v = acc[e];
+        if (epilogue >= 1) v += to_acc(bias[channel]);
+        if (epilogue == 2) v = v < acc_t(0) ? acc_t(0) : v;
+        const unsigned n = (unsigned)m / (unsigned)pix;
+        out[tensor_offset(n, channel, (unsigned)m - n * (unsigned)pix, channels, pix, channels_last)] =
+            ElementTraits<elem_t>::from_acc(v);
+    }
+}
+
 // conv_igemm_fwd: y = conv(x, w) (+ bias, relu). Grid (M tiles, C_out tiles), CONV_THREADS threads.
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, 1)
 conv_igemm_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, const elem_t* __restrict__ bias,
@@ -417,20 +438,7 @@ conv_igemm_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, const
     const long long rows = (long long)batch * g.out_pix, depth = (long long)g.taps * c_in;
     acc_t acc[ACC_COUNT];
     igemm_mainloop<MODE_FWD>(g, x, w, rows, c_out, 0, depth, acc);
-#pragma unroll
-    for (int e = 0; e < ACC_COUNT; ++e) {
-        int r, c;
-        acc_position(e, r, c);
-        const long long m = (long long)blockIdx.x * CONV_BM + r;
-        const int co = blockIdx.y * CONV_BN + c;
-        if (m >= rows || co >= c_out) continue;
-        acc_t v = acc[e];
-        if (epilogue >= 1) v += to_acc(bias[co]);
-        if (epilogue == 2) v = v < acc_t(0) ? acc_t(0) : v;
-        const unsigned n = (unsigned)m / (unsigned)g.out_pix;
-        y[tensor_offset(n, co, (unsigned)m - n * (unsigned)g.out_pix, c_out, g.out_pix, channels_last)] =
-            ElementTraits<elem_t>::from_acc(v);
-    }
+    store_activation_tile(acc, rows, c_out, g.out_pix, bias, epilogue, y, channels_last);
 }
 
 // conv_igemm_dgrad: dx = dgrad(dy, w). Grid (N*IP tiles, C_in tiles), CONV_THREADS threads.
@@ -443,17 +451,7 @@ conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, el
     const long long rows = (long long)batch * g.in_pix, depth = (long long)g.taps * c_out;
     acc_t acc[ACC_COUNT];
     igemm_mainloop<MODE_DGRAD>(g, dy, w, rows, c_in, 0, depth, acc);
-#pragma unroll
-    for (int e = 0; e < ACC_COUNT; ++e) {
-        int r, c;
-        acc_position(e, r, c);
-        const long long m = (long long)blockIdx.x * CONV_BM + r;
-        const int ci = blockIdx.y * CONV_BN + c;
-        if (m >= rows || ci >= c_in) continue;
-        const unsigned n = (unsigned)m / (unsigned)g.in_pix;
-        dx[tensor_offset(n, ci, (unsigned)m - n * (unsigned)g.in_pix, c_in, g.in_pix, channels_last)] =
-            ElementTraits<elem_t>::from_acc(acc[e]);
-    }
+    store_activation_tile(acc, rows, c_in, g.in_pix, nullptr, 0, dx, channels_last);
 }
 
 // conv_igemm_wgrad: dw (Keras layout (*k, C_in, C_out), i.e. row-major (taps*C_in, C_out)).
