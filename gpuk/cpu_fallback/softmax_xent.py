@@ -85,17 +85,21 @@ def softmax_fwd(x, axis=-1):
         return (e / np.sum(e, axis=axis, keepdims=True)).astype(x.dtype, copy=False)
 
 
+def _saved_and_dy(fn, saved_name, saved, dy, axis):
+    """The checked backward inputs in the accumulation dtype: (saved, dy, axis, output dtype)."""
+    saved = checks.float_array(fn, saved_name, saved)
+    dy = checks.float_array(fn, 'dy', dy)
+    checks.same_shape(fn, saved_name, saved, 'dy', dy)
+    axis = checks.check_axis(fn, axis, saved.ndim)
+    acc = checks.accumulate_dtype(saved.dtype)
+    return saved.astype(acc, copy=False), dy.astype(acc, copy=False), axis, saved.dtype
+
+
 def softmax_bwd(y, dy, axis=-1):
     """dx = y * (dy - sum(dy * y)) with y the saved softmax output."""
-    fn = 'softmax_bwd'
-    y = checks.float_array(fn, 'y', y)
-    dy = checks.float_array(fn, 'dy', dy)
-    checks.same_shape(fn, 'y', y, 'dy', dy)
-    axis = checks.check_axis(fn, axis, y.ndim)
-    acc = checks.accumulate_dtype(y.dtype)
-    ya, dya = y.astype(acc, copy=False), dy.astype(acc, copy=False)
+    ya, dya, axis, dtype = _saved_and_dy('softmax_bwd', 'y', y, dy, axis)
     dx = ya * (dya - np.sum(dya * ya, axis=axis, keepdims=True))
-    return dx.astype(y.dtype, copy=False)
+    return dx.astype(dtype, copy=False)
 
 
 def log_softmax_fwd(x, axis=-1):
@@ -110,15 +114,9 @@ def log_softmax_fwd(x, axis=-1):
 
 def log_softmax_bwd(log_y, dy, axis=-1):
     """dx = dy - exp(log_y) * sum(dy) with log_y the saved log_softmax output."""
-    fn = 'log_softmax_bwd'
-    log_y = checks.float_array(fn, 'log_y', log_y)
-    dy = checks.float_array(fn, 'dy', dy)
-    checks.same_shape(fn, 'log_y', log_y, 'dy', dy)
-    axis = checks.check_axis(fn, axis, log_y.ndim)
-    acc = checks.accumulate_dtype(log_y.dtype)
-    dya = dy.astype(acc, copy=False)
-    dx = dya - np.exp(log_y.astype(acc, copy=False)) * np.sum(dya, axis=axis, keepdims=True)
-    return dx.astype(log_y.dtype, copy=False)
+    log_ya, dya, axis, dtype = _saved_and_dy('log_softmax_bwd', 'log_y', log_y, dy, axis)
+    dx = dya - np.exp(log_ya) * np.sum(dya, axis=axis, keepdims=True)
+    return dx.astype(dtype, copy=False)
 
 
 # ---------------------------------------------------------------- cross-entropy from logits
