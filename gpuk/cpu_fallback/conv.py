@@ -199,15 +199,22 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
     return _from_channels_last(y, channels_first, x.dtype)
 
 
-def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
-    """Gradient of conv_fwd with respect to x (also the forward of conv_transpose)."""
-    fn = 'conv_dgrad'
+def _dgrad_setup(fn, dy, w, x_shape, strides, dilation, pads, data_format):
+    """The checks every data gradient starts with."""
     dy, w = checks.float_array(fn, 'dy', dy), checks.float_array(fn, 'w', w)
     checks.same_dtype(fn, [('dy', dy), ('w', w)])
     channels_first, rank, strides, dilation, pads = checks.conv_setup(
         fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
     x_shape = checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
     checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    return dy, w, x_shape, channels_first, rank, strides, dilation, pads
+
+
+def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
+    """Gradient of conv_fwd with respect to x (also the forward of conv_transpose)."""
+    fn = 'conv_dgrad'
+    dy, w, x_shape, channels_first, rank, strides, dilation, pads = _dgrad_setup(
+        fn, dy, w, x_shape, strides, dilation, pads, data_format)
     checks.check_channels(fn, 'the channel count', 'dy', dy.shape,
                           checks.channel_count(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
     c_in = checks.channel_count(x_shape, channels_first)
@@ -357,12 +364,8 @@ def _depthwise_dy(fn, dy, channels_first, c_in, multiplier, w_name, w_shape):
 def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     """Gradient of depthwise_conv_fwd with respect to x."""
     fn = 'depthwise_conv_dgrad'
-    dy, w = checks.float_array(fn, 'dy', dy), checks.float_array(fn, 'w', w)
-    checks.same_dtype(fn, [('dy', dy), ('w', w)])
-    channels_first, rank, strides, dilation, pads = checks.conv_setup(
-        fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
-    x_shape = checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
-    checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    dy, w, x_shape, channels_first, rank, strides, dilation, pads = _dgrad_setup(
+        fn, dy, w, x_shape, strides, dilation, pads, data_format)
     c_in = checks.channel_count(x_shape, channels_first)
     checks.check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape,
                           w.shape[-2])
