@@ -322,13 +322,9 @@ def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format):
     fn = 'depthwise_conv_fwd'
     x, w = checks.float_array(fn, 'x', x), checks.float_array(fn, 'w', w)
     checks.same_dtype(fn, [('x', x), ('w', w)])
-    channels_first, rank, strides, dilation, pads = checks.conv_setup(
-        fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
-    c_in = checks.channel_count(x.shape, channels_first)
-    checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
-    kernel_spatial, multiplier = w.shape[:rank], w.shape[-1]
-    in_spatial = checks.spatial_dims(x.shape, channels_first)
-    out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    (channels_first, rank, strides, dilation, pads, c_in, multiplier, in_spatial,
+     out_spatial) = checks.depthwise_fwd_setup(fn, x, w, strides, dilation, pads, data_format)
+    kernel_spatial = w.shape[:rank]
     compute = _compute_dtype(x.dtype)
     x_cl = _to_channels_last(x, channels_first)
     kernel = _depthwise_kernel(w, rank, c_in, multiplier, out_spatial[-1], compute)

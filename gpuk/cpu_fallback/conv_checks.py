@@ -134,3 +134,15 @@ def check_local_kernel(fn, w_name, w_shape, output_spatial, kernel_size, c_in):
         raise ValueError('%s: %s must have shape (%d, %d, C_out) = (prod(output_spatial), '
                          'prod(kernel_size) * C_in, C_out), got %s'
                          % (fn, w_name, expected[0], expected[1], tuple(w_shape)))
+
+
+def depthwise_fwd_setup(fn, x, w, strides, dilation, pads, data_format):
+    """Checks of a depthwise forward pass (x, w already float arrays of one dtype); returns
+    (channels_first, rank, strides, dilation, pads, c_in, multiplier, in_spatial, out_spatial)."""
+    channels_first, rank, strides, dilation, pads = conv_setup(
+        fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
+    c_in = channel_count(x.shape, channels_first)
+    check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
+    in_spatial = spatial_dims(x.shape, channels_first)
+    out_spatial = output_spatial(fn, in_spatial, w.shape[:rank], strides, dilation, pads)
+    return channels_first, rank, strides, dilation, pads, c_in, w.shape[-1], in_spatial, out_spatial

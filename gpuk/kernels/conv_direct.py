@@ -116,13 +116,9 @@ def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format, *, runtime=No
     """Depthwise convolution; w is (*k, C_in, M), output channel c*M + m like TensorFlow."""
     fn = 'depthwise_conv_fwd'
     rt, x, w = _checked_pair(fn, runtime, ('x', x), ('w', w))
-    channels_first, rank, strides, dilation, pads = conv_checks.conv_setup(
-        fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
-    c_in = conv_checks.channel_count(x.shape, channels_first)
-    conv_checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
-    kernel_spatial, mult = w.shape[:rank], w.shape[-1]
-    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
-    out_spatial = conv_checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    (channels_first, rank, strides, dilation, pads, c_in, mult, in_spatial,
+     out_spatial) = conv_checks.depthwise_fwd_setup(fn, x, w, strides, dilation, pads, data_format)
+    kernel_spatial = w.shape[:rank]
     c_out, n = c_in * mult, x.shape[0]
     check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
     check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
