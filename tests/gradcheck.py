@@ -36,3 +36,18 @@ def check_gradients(build, *arrays, eps=1e-6, rtol=1e-5, atol=1e-8, wrt=None, se
         np.testing.assert_allclose(analytic[position], numeric, rtol=rtol, atol=atol,
                                    err_msg='gradient of argument %d' % i)
     return analytic
+
+
+def numeric_gradient(f, array, eps=1e-6):
+    """Central differences of the scalar ``f()`` with respect to each entry of ``array``
+    (perturbed in place and restored)."""
+    grad = np.zeros_like(array)
+    for k in np.ndindex(*array.shape):
+        saved = array[k]
+        array[k] = saved + eps
+        up = f()
+        array[k] = saved - eps
+        down = f()
+        array[k] = saved
+        grad[k] = (up - down) / (2 * eps)
+    return grad

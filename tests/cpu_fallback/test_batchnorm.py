@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import batchnorm as bn
+from tests.gradcheck import numeric_gradient
 
 DTYPES = [np.float16, np.float32, np.float64]
 TOLERANCE = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}
@@ -93,19 +94,6 @@ def test_train_fwd_statistics_survive_a_large_offset(rng):
     np.testing.assert_allclose(var, ref.var(0), rtol=1e-3)
 
 
-def _numeric_grad(f, array, eps=1e-6):
-    grad = np.zeros_like(array)
-    for k in np.ndindex(*array.shape):
-        saved = array[k]
-        array[k] = saved + eps
-        up = f()
-        array[k] = saved - eps
-        down = f()
-        array[k] = saved
-        grad[k] = (up - down) / (2 * eps)
-    return grad
-
-
 @pytest.mark.parametrize('with_stat_grads', [False, True])
 @pytest.mark.parametrize('shape,axes', [CASES[0], CASES[2], CASES[3], CASES[6]])
 def test_bwd_matches_finite_differences(rng, shape, axes, with_stat_grads):
@@ -125,9 +113,9 @@ def test_bwd_matches_finite_differences(rng, shape, axes, with_stat_grads):
     dx, dgamma, dbeta = bn.bn_bwd(w_y, x, gamma, mean, inv_std, axes,
                                   dmean=w_mean if with_stat_grads else None,
                                   dvar=w_var if with_stat_grads else None)
-    np.testing.assert_allclose(dx, _numeric_grad(objective, x), rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(dgamma, _numeric_grad(objective, gamma), rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(dbeta, _numeric_grad(objective, beta), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dx, numeric_gradient(objective, x), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dgamma, numeric_gradient(objective, gamma), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dbeta, numeric_gradient(objective, beta), rtol=1e-6, atol=1e-8)
 
 
 def test_bwd_without_gamma_is_unit_scale(rng):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import softmax_xent as sx
+from tests.gradcheck import numeric_gradient
 
 DTYPES = [np.float16, np.float32, np.float64]
 TOLERANCE = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}
@@ -44,19 +45,6 @@ def _slow_xent(logits, target, axis):
     return loss, lse
 
 
-def _numeric_grad(f, array, eps=1e-6):
-    grad = np.zeros_like(array)
-    for k in np.ndindex(*array.shape):
-        saved = array[k]
-        array[k] = saved + eps
-        up = f()
-        array[k] = saved - eps
-        down = f()
-        array[k] = saved
-        grad[k] = (up - down) / (2 * eps)
-    return grad
-
-
 def _check(got, ref, dtype, scale=1):
     assert got.dtype == dtype
     tol = TOLERANCE[dtype] * scale
@@ -79,10 +67,10 @@ def test_softmax_and_log_softmax_bwd_match_finite_differences(rng, axis):
     x = rng.standard_normal(SHAPE)
     w = rng.standard_normal(SHAPE)
     y = sx.softmax_fwd(x, axis)
-    numeric = _numeric_grad(lambda: np.sum(sx.softmax_fwd(x, axis) * w), x)
+    numeric = numeric_gradient(lambda: np.sum(sx.softmax_fwd(x, axis) * w), x)
     np.testing.assert_allclose(sx.softmax_bwd(y, w, axis), numeric, rtol=1e-6, atol=1e-9)
     log_y = sx.log_softmax_fwd(x, axis)
-    numeric = _numeric_grad(lambda: np.sum(sx.log_softmax_fwd(x, axis) * w), x)
+    numeric = numeric_gradient(lambda: np.sum(sx.log_softmax_fwd(x, axis) * w), x)
     np.testing.assert_allclose(sx.log_softmax_bwd(log_y, w, axis), numeric, rtol=1e-6, atol=1e-9)
 
 
@@ -122,9 +110,9 @@ def test_softmax_xent_grads_match_finite_differences(rng, axis):
 
     _, lse = sx.softmax_xent_fwd(logits, target, axis)
     np.testing.assert_allclose(sx.softmax_xent_bwd(logits, target, lse, w, axis),
-                               _numeric_grad(objective, logits), rtol=1e-6, atol=1e-9)
+                               numeric_gradient(objective, logits), rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(sx.softmax_xent_dtarget(logits, lse, w, axis),
-                               _numeric_grad(objective, target), rtol=1e-6, atol=1e-9)
+                               numeric_gradient(objective, target), rtol=1e-6, atol=1e-9)
 
 
 def test_softmax_xent_extreme_logits_stay_finite():
@@ -160,7 +148,7 @@ def test_sparse_xent_grad_matches_finite_differences(rng):
     labels = np.array([0, 5, 2, 2], dtype=np.int32)
     w = rng.standard_normal(4)
     _, lse = sx.sparse_softmax_xent_fwd(logits, labels)
-    numeric = _numeric_grad(lambda: np.sum(sx.sparse_softmax_xent_fwd(logits, labels)[0] * w),
+    numeric = numeric_gradient(lambda: np.sum(sx.sparse_softmax_xent_fwd(logits, labels)[0] * w),
                             logits)
     np.testing.assert_allclose(sx.sparse_softmax_xent_bwd(logits, labels, lse, w), numeric,
                                rtol=1e-6, atol=1e-9)
@@ -225,9 +213,9 @@ def test_categorical_probs_grads_match_finite_differences(rng):
         return np.sum(sx.categorical_xent_probs_fwd(probs, target, 1, 1e-7) * w)
 
     np.testing.assert_allclose(sx.categorical_xent_probs_bwd(probs, target, w, 1, 1e-7),
-                               _numeric_grad(objective, probs, eps=1e-8), rtol=1e-5, atol=1e-7)
+                               numeric_gradient(objective, probs, eps=1e-8), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(sx.categorical_xent_probs_dtarget(probs, w, 1, 1e-7),
-                               _numeric_grad(objective, target), rtol=1e-6, atol=1e-9)
+                               numeric_gradient(objective, target), rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
@@ -248,9 +236,9 @@ def test_binary_logits_grads_and_extremes(rng):
     def objective():
         return np.sum(sx.binary_xent_logits_fwd(x, z) * w)
 
-    np.testing.assert_allclose(sx.binary_xent_logits_bwd(x, z, w), _numeric_grad(objective, x),
+    np.testing.assert_allclose(sx.binary_xent_logits_bwd(x, z, w), numeric_gradient(objective, x),
                                rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(sx.binary_xent_logits_dtarget(x, w), _numeric_grad(objective, z),
+    np.testing.assert_allclose(sx.binary_xent_logits_dtarget(x, w), numeric_gradient(objective, z),
                                rtol=1e-6, atol=1e-9)
     extreme = np.array([1e4, 1e4, -1e4, -np.inf, np.inf, -np.inf], np.float32)
     target = np.array([0.0, 1.0, 0.0, 0.0, 1.0, 1.0], np.float32)
@@ -283,9 +271,9 @@ def test_binary_probs_grads_match_finite_differences(rng):
 
     dp = sx.binary_xent_probs_bwd(p, z, w, 1e-7)
     assert dp[0, 0, 0] == 0
-    np.testing.assert_allclose(dp, _numeric_grad(objective, p, eps=1e-8), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dp, numeric_gradient(objective, p, eps=1e-8), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(sx.binary_xent_probs_dtarget(p, w, 1e-7),
-                               _numeric_grad(objective, z), rtol=1e-6, atol=1e-9)
+                               numeric_gradient(objective, z), rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize('call,error,message', [
