@@ -14,10 +14,12 @@ float16 is computed in float32 and returned as float16.
 import math
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuk.cpu_fallback import conv_checks as checks
 from gpuk.cpu_fallback import parallel
+from gpuk.cpu_fallback.layout import (
+    compute_dtype, crop_spatial, from_channels_last, gather_windows, pad_spatial, scatter_windows,
+    to_channels_last)
 from gpuk.ops import geometry
 
 __all__ = [
@@ -25,72 +27,6 @@ __all__ = [
     'depthwise_conv_fwd', 'depthwise_conv_dgrad', 'depthwise_conv_wgrad',
     'local_conv_fwd', 'local_conv_dgrad', 'local_conv_wgrad',
 ]
-
-
-# ---------------------------------------------------------------- layout helpers
-
-def _compute_dtype(dtype):
-    """float16 accumulates in float32; every other float computes in itself."""
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
-
-
-def _to_channels_last(array, channels_first):
-    return np.moveaxis(array, 1, -1) if channels_first else array
-
-
-def _from_channels_last(array, channels_first, dtype):
-    array = np.moveaxis(array, -1, 1) if channels_first else array
-    return np.ascontiguousarray(array, dtype=dtype)
-
-
-def _pad_spatial(x_cl, pads, dtype, fill=0):
-    """(N, *S, C) -> (N, *S_padded, C) in `dtype` with `fill` in the border."""
-    if not any(before or after for before, after in pads):
-        return x_cl.astype(dtype, copy=False)
-    n, channels = x_cl.shape[0], x_cl.shape[-1]
-    padded_spatial = [s + b + a for s, (b, a) in zip(x_cl.shape[1:-1], pads)]
-    # np.zeros gets pre-zeroed pages from calloc; np.full would write the zeros first
-    padded = np.zeros((n, *padded_spatial, channels), dtype) if fill == 0 else \
-        np.full((n, *padded_spatial, channels), fill, dtype)
-    interior = tuple(slice(b, b + s) for s, (b, _) in zip(x_cl.shape[1:-1], pads))
-    padded[(slice(None),) + interior] = x_cl
-    return padded
-
-
-def _crop_spatial(padded, pads, spatial):
-    interior = tuple(slice(b, b + s) for s, (b, _) in zip(spatial, pads))
-    return padded[(slice(None),) + interior]
-
-
-def _gather_windows(padded, kernel_spatial, strides, dilation):
-    """Read-only view (N, *out, *kernel, C) of the windows of (N, *S_padded, C)."""
-    rank = len(kernel_spatial)
-    extent = tuple(geometry.dilated_size(k, d) for k, d in zip(kernel_spatial, dilation))
-    view = sliding_window_view(padded, extent, axis=tuple(range(1, rank + 1)))
-    # view is (N, *all_positions, C, *extent): keep every stride-th position
-    # and every dilation-th tap.
-    view = view[(slice(None),) + tuple(slice(None, None, s) for s in strides)
-                + (slice(None),) + tuple(slice(None, None, d) for d in dilation)]
-    return np.moveaxis(view, rank + 1, -1)
-
-
-def _window_regions(out_spatial, kernel_spatial, strides, dilation):
-    """For each kernel tap: (tap, slices of the padded input that tap reads)."""
-    for tap in np.ndindex(*kernel_spatial):
-        yield tap, tuple(slice(t * d, t * d + s * (o - 1) + 1, s)
-                         for t, d, s, o in zip(tap, dilation, strides, out_spatial))
-
-
-def _scatter_windows(columns, padded_spatial, strides, dilation, dtype):
-    """Adjoint of _gather_windows: sum columns (N, *out, *kernel, C) into (N, *S_padded, C)."""
-    rank = len(padded_spatial)
-    out_spatial = columns.shape[1:rank + 1]
-    kernel_spatial = columns.shape[rank + 1:2 * rank + 1]
-    result = np.zeros((columns.shape[0], *padded_spatial, columns.shape[-1]), dtype)
-    leading = (slice(None),) * (rank + 1)
-    for tap, region in _window_regions(out_spatial, kernel_spatial, strides, dilation):
-        result[(slice(None),) + region] += columns[leading + tap]
-    return result
 
 
 # ---------------------------------------------------------------- shared convolution
@@ -125,7 +61,7 @@ def _window_column_blocks(padded, kernel_spatial, strides, dilation):
     Where every window is one pixel (1x1 kernel, unit strides) the padded input is
     already that matrix; otherwise blocks of images are copied into one buffer.
     """
-    windows = _gather_windows(padded, kernel_spatial, strides, dilation)
+    windows = gather_windows(padded, kernel_spatial, strides, dilation)
     n, width = windows.shape[0], math.prod(windows.shape[len(kernel_spatial) + 1:])
     if all(k == 1 for k in kernel_spatial) and all(s == 1 for s in strides):
         yield slice(0, n), padded.reshape(-1, width)
@@ -143,7 +79,7 @@ def _window_column_blocks(padded, kernel_spatial, strides, dilation):
 def _conv_channels_last(x_cl, w, strides, dilation, pads, out_spatial, compute):
     """The convolution itself: (N, *S, C_in) -> (N, *out, C_out) in `compute`."""
     kernel_spatial, c_out = w.shape[:-2], w.shape[-1]
-    padded = _pad_spatial(x_cl, pads, compute)
+    padded = pad_spatial(x_cl, pads, compute)
     w_matrix = w.reshape(-1, c_out).astype(compute, copy=False)
     y = np.empty((x_cl.shape[0], math.prod(out_spatial), c_out), compute)
     for images, columns in _window_column_blocks(padded, kernel_spatial, strides, dilation):
@@ -189,14 +125,14 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
     out_spatial = checks.output_spatial(fn, checks.spatial_dims(x.shape, channels_first), kernel_spatial,
                                         strides, dilation, pads)
     _check_epilogue(fn, epilogue, bias, w.shape[-1], x.dtype)
-    compute = _compute_dtype(x.dtype)
-    y = _conv_channels_last(_to_channels_last(x, channels_first), w, strides, dilation,
+    compute = compute_dtype(x.dtype)
+    y = _conv_channels_last(to_channels_last(x, channels_first), w, strides, dilation,
                             pads, out_spatial, compute)
     if epilogue is not None:
         y += bias.astype(compute, copy=False)       # y is channels_last here
         if epilogue == 'bias_relu':
             np.maximum(y, 0, out=y)                 # np.maximum propagates NaN
-    return _from_channels_last(y, channels_first, x.dtype)
+    return from_channels_last(y, channels_first, x.dtype)
 
 
 def _dgrad_setup(fn, dy, w, x_shape, strides, dilation, pads, data_format):
@@ -224,9 +160,9 @@ def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     kernel_spatial = w.shape[:rank]
     out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
     checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
-    compute = _compute_dtype(dy.dtype)
+    compute = compute_dtype(dy.dtype)
     c_out = w.shape[-1]
-    dy_cl = _to_channels_last(dy, channels_first).astype(compute, copy=False)
+    dy_cl = to_channels_last(dy, channels_first).astype(compute, copy=False)
     extents = [geometry.dilated_size(k, d) for k, d in zip(kernel_spatial, dilation)]
     if all(s == 1 for s in strides) and \
             all(max(p) <= e - 1 for p, e in zip(pads, extents)):
@@ -237,13 +173,13 @@ def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
         flipped_pads = tuple((e - 1 - b, e - 1 - a) for e, (b, a) in zip(extents, pads))
         dx = _conv_channels_last(dy_cl, flipped, strides, dilation, flipped_pads,
                                  in_spatial, compute)
-        return _from_channels_last(dx, channels_first, dy.dtype)
+        return from_channels_last(dx, channels_first, dy.dtype)
     columns = _matmul_tall(dy_cl.reshape(-1, c_out),
                            w.reshape(-1, c_out).astype(compute, copy=False).T)
     columns = columns.reshape(dy.shape[0], *out_spatial, *kernel_spatial, c_in)
     padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
-    dx = _scatter_windows(columns, padded_spatial, strides, dilation, compute)
-    return _from_channels_last(_crop_spatial(dx, pads, in_spatial), channels_first, dy.dtype)
+    dx = scatter_windows(columns, padded_spatial, strides, dilation, compute)
+    return from_channels_last(crop_spatial(dx, pads, in_spatial), channels_first, dy.dtype)
 
 
 def _wgrad_setup(fn, x, dy, w_shape, strides, dilation, pads, data_format):
@@ -274,9 +210,9 @@ def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
     out_spatial = checks.output_spatial(fn, checks.spatial_dims(x.shape, channels_first), kernel_spatial,
                                         strides, dilation, pads)
     checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
-    compute = _compute_dtype(x.dtype)
-    padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
-    dy_cl = _to_channels_last(dy, channels_first).astype(compute, copy=False)
+    compute = compute_dtype(x.dtype)
+    padded = pad_spatial(to_channels_last(x, channels_first), pads, compute)
+    dy_cl = to_channels_last(dy, channels_first).astype(compute, copy=False)
     dw = np.zeros((math.prod(kernel_spatial) * c_in, c_out), compute)
     for images, columns in _window_column_blocks(padded, kernel_spatial, strides, dilation):
         dw += _matmul_tall(columns.T, dy_cl[images].reshape(-1, c_out))
@@ -325,8 +261,8 @@ def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format):
     (channels_first, rank, strides, dilation, pads, c_in, multiplier, in_spatial,
      out_spatial) = checks.depthwise_fwd_setup(fn, x, w, strides, dilation, pads, data_format)
     kernel_spatial = w.shape[:rank]
-    compute = _compute_dtype(x.dtype)
-    x_cl = _to_channels_last(x, channels_first)
+    compute = compute_dtype(x.dtype)
+    x_cl = to_channels_last(x, channels_first)
     kernel = _depthwise_kernel(w, rank, c_in, multiplier, out_spatial[-1], compute)
     y = np.empty((x.shape[0], *out_spatial, c_in, multiplier), compute)
     padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
@@ -339,14 +275,14 @@ def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format):
         x_block = parallel.padded_rows(x_cl, images, *_input_rows(rows, strides[0], extent),
                                        [b for b, _ in pads], (1,) * rank, padded_spatial,
                                        compute)
-        windows = _gather_windows(x_block, kernel_spatial, strides, dilation)
+        windows = gather_windows(x_block, kernel_spatial, strides, dilation)
         np.einsum(subscripts, windows, kernel, out=y[images, rows])
     row = math.prod(padded_spatial[1:]) * c_in * strides[0] + \
         math.prod(out_spatial[1:]) * c_in * multiplier
     parallel.run_blocks(block_fwd, _depthwise_blocks(x.shape[0], out_spatial[0], row,
                                                      compute.itemsize))
     y = y.reshape(x.shape[0], *out_spatial, c_in * multiplier)
-    return _from_channels_last(y, channels_first, x.dtype)
+    return from_channels_last(y, channels_first, x.dtype)
 
 
 def _depthwise_dy(fn, dy, channels_first, c_in, multiplier, w_name, w_shape):
@@ -354,7 +290,7 @@ def _depthwise_dy(fn, dy, channels_first, c_in, multiplier, w_name, w_shape):
     c_out = checks.channel_count(dy.shape, channels_first)
     checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, w_name, w_shape,
                           c_in * multiplier)
-    return _to_channels_last(dy, channels_first)
+    return to_channels_last(dy, channels_first)
 
 
 def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
@@ -369,7 +305,7 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     kernel_spatial, multiplier = w.shape[:rank], w.shape[-1]
     out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
     checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
-    compute = _compute_dtype(dy.dtype)
+    compute = compute_dtype(dy.dtype)
     dy_cl = _depthwise_dy(fn, dy, channels_first, c_in, multiplier, 'w', w.shape)
     # dx is the stride-1 correlation of dy, spread out by the strides (zeros between
     # its rows and columns) and padded, with the flipped kernel: a gather, so blocks
@@ -387,13 +323,13 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
         images, rows = block
         spread = parallel.padded_rows(dy_cl, images, rows.start, rows.stop + extents[0] - 1,
                                       offsets, strides, spread_spatial, compute)
-        windows = _gather_windows(spread, kernel_spatial, (1,) * rank, dilation)
+        windows = gather_windows(spread, kernel_spatial, (1,) * rank, dilation)
         windows = windows.reshape(*windows.shape[:-1], c_in, multiplier)
         np.einsum(subscripts, windows, kernel, out=dx[images, rows])
     row = (math.prod(spread_spatial[1:]) + math.prod(in_spatial[1:])) * c_in * multiplier
     parallel.run_blocks(block_dgrad, _depthwise_blocks(dy.shape[0], in_spatial[0], row,
                                                        compute.itemsize))
-    return _from_channels_last(dx, channels_first, dy.dtype)
+    return from_channels_last(dx, channels_first, dy.dtype)
 
 
 def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
@@ -408,9 +344,9 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
     in_spatial = checks.spatial_dims(x.shape, channels_first)
     out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
     checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
-    compute = _compute_dtype(x.dtype)
+    compute = compute_dtype(x.dtype)
     dy_cl = _depthwise_dy(fn, dy, channels_first, c_in, multiplier, 'w_shape', w_shape)
-    x_cl = _to_channels_last(x, channels_first)
+    x_cl = to_channels_last(x, channels_first)
     padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
     extent = geometry.dilated_size(kernel_spatial[0], dilation[0])
     o, k = _OUT[:rank], _TAPS[:rank]
@@ -423,7 +359,7 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
         x_block = parallel.padded_rows(x_cl, images, *_input_rows(rows, strides[0], extent),
                                        [b for b, _ in pads], (1,) * rank, padded_spatial,
                                        compute)
-        windows = _gather_windows(x_block, kernel_spatial, strides, dilation)
+        windows = gather_windows(x_block, kernel_spatial, strides, dilation)
         dy_block = dy_cl[images, rows].astype(compute, copy=False)
         dy_block = dy_block.reshape(*dy_block.shape[:-1], c_in, multiplier)
         return np.einsum(subscripts, windows, dy_block).sum(axis=rank)
@@ -443,8 +379,8 @@ def _local_columns(x, channels_first, kernel_size, strides, output_spatial, comp
     """Windows as (P, N, F): F is (*k, C) for channels_last, (C, *k) for
     channels_first, the order in which Keras flattens a slice of each layout."""
     rank = len(kernel_size)
-    x_cl = _to_channels_last(x, channels_first).astype(compute, copy=False)
-    columns = _gather_windows(x_cl, kernel_size, strides, (1,) * rank)
+    x_cl = to_channels_last(x, channels_first).astype(compute, copy=False)
+    columns = gather_windows(x_cl, kernel_size, strides, (1,) * rank)
     columns = columns[(slice(None),) + tuple(slice(0, o) for o in output_spatial)]
     if channels_first:
         columns = np.moveaxis(columns, -1, rank + 1)
@@ -470,11 +406,11 @@ def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format):
         fn, x, 'w', w, kernel_size, strides, output_spatial, data_format)
     checks.check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size,
                               checks.channel_count(x.shape, channels_first))
-    compute = _compute_dtype(x.dtype)
+    compute = compute_dtype(x.dtype)
     columns = _local_columns(x, channels_first, kernel_size, strides, output_spatial, compute)
     y = np.matmul(columns, w.astype(compute, copy=False))                 # (P, N, C_out)
     y = y.transpose(1, 0, 2).reshape(x.shape[0], *output_spatial, w.shape[-1])
-    return _from_channels_last(y, channels_first, x.dtype)
+    return from_channels_last(y, channels_first, x.dtype)
 
 
 def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_format):
@@ -494,9 +430,9 @@ def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_
     checks.check_channels(fn, 'the channel count', 'dy', dy.shape,
                           checks.channel_count(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
     checks.check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
-    compute = _compute_dtype(dy.dtype)
+    compute = compute_dtype(dy.dtype)
     n, c_out = dy.shape[0], w.shape[-1]
-    dy_p = _to_channels_last(dy, channels_first).astype(compute, copy=False)
+    dy_p = to_channels_last(dy, channels_first).astype(compute, copy=False)
     dy_p = dy_p.reshape(n, -1, c_out).transpose(1, 0, 2)                  # (P, N, C_out)
     columns = np.matmul(dy_p, w.astype(compute, copy=False).transpose(0, 2, 1))  # (P, N, F)
     columns = columns.transpose(1, 0, 2)
@@ -505,8 +441,8 @@ def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_
                               rank + 1, -1)
     else:
         columns = columns.reshape(n, *output_spatial, *kernel_size, c_in)
-    dx = _scatter_windows(columns, in_spatial, strides, (1,) * rank, compute)
-    return _from_channels_last(dx, channels_first, dy.dtype)
+    dx = scatter_windows(columns, in_spatial, strides, (1,) * rank, compute)
+    return from_channels_last(dx, channels_first, dy.dtype)
 
 
 def local_conv_wgrad(x, dy, w_shape, kernel_size, strides, output_spatial, data_format):
@@ -523,9 +459,9 @@ def local_conv_wgrad(x, dy, w_shape, kernel_size, strides, output_spatial, data_
     checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape,
                           w_shape[-1])
     checks.check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
-    compute = _compute_dtype(x.dtype)
+    compute = compute_dtype(x.dtype)
     columns = _local_columns(x, channels_first, kernel_size, strides, output_spatial, compute)
-    dy_p = _to_channels_last(dy, channels_first).astype(compute, copy=False)
+    dy_p = to_channels_last(dy, channels_first).astype(compute, copy=False)
     dy_p = dy_p.reshape(x.shape[0], -1, c_out).transpose(1, 0, 2)         # (P, N, C_out)
     dw = np.matmul(columns.transpose(0, 2, 1), dy_p)                      # (P, F, C_out)
     return dw.astype(x.dtype, copy=False)

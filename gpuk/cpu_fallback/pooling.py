@@ -11,41 +11,11 @@ import math
 import numpy as np
 
 from gpuk.cpu_fallback import parallel
-from gpuk.cpu_fallback import conv_checks
-from gpuk.cpu_fallback.conv import (
-    _compute_dtype, _crop_spatial, _from_channels_last, _pad_spatial, _to_channels_last,
-    _window_regions)
-from gpuk.ops import geometry
+from gpuk.cpu_fallback import conv_checks, pooling_checks
+from gpuk.cpu_fallback.layout import (
+    compute_dtype, crop_spatial, from_channels_last, pad_spatial, to_channels_last, window_regions)
 
 __all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd']
-
-
-def _pool_params(fn, rank, window, strides, pads):
-    window = geometry.normalize_positive_tuple(window, rank, fn, 'window')
-    strides = geometry.normalize_positive_tuple(strides, rank, fn, 'strides')
-    pads = geometry.normalize_pads(pads, rank, fn)
-    # A pad as wide as the window would allow windows made only of padding,
-    # whose max or average is undefined; TensorFlow's 'same' never does that.
-    if any(b >= k or a >= k for k, (b, a) in zip(window, pads)):
-        raise ValueError('%s: pads %s must be smaller than window %s in every dimension'
-                         % (fn, pads, window))
-    return window, strides, pads
-
-
-def _check_x_shape(fn, x_shape, dy, channels_first):
-    x_shape = conv_checks.shape_tuple(fn, 'x_shape', x_shape, dy.ndim)
-    if x_shape[0] != dy.shape[0] or \
-            conv_checks.channel_count(x_shape, channels_first) != conv_checks.channel_count(dy.shape, channels_first):
-        raise ValueError('%s: batch and channels of dy (shape %s) and x_shape %s differ'
-                         % (fn, dy.shape, x_shape))
-    return x_shape
-
-
-def _check_dy_spatial(fn, dy, channels_first, expected, x_shape):
-    got = conv_checks.spatial_dims(dy.shape, channels_first)
-    if got != tuple(expected):
-        raise ValueError('%s: dy spatial shape %s does not match the pooled spatial shape '
-                         '%s of x_shape %s' % (fn, got, tuple(expected), x_shape))
 
 
 def max_pool_fwd(x, window, strides, pads, data_format):
@@ -54,15 +24,11 @@ def max_pool_fwd(x, window, strides, pads, data_format):
     argmax (int64, shaped like y) is the flat index of the winner within the
     un-padded spatial volume of its (n, c) slice; the first one wins ties.
     """
-    fn = 'max_pool_fwd'
-    x = conv_checks.float_array(fn, 'x', x)
-    channels_first = conv_checks.is_channels_first(fn, data_format)
-    rank = conv_checks.spatial_rank(fn, 'x', x)
-    window, strides, pads = _pool_params(fn, rank, window, strides, pads)
-    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
-    out_spatial = conv_checks.output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
-                                  'window')
-    x_cl = _to_channels_last(x, channels_first)
+    x = conv_checks.float_array('max_pool_fwd', 'x', x)
+    channels_first, _, window, strides, pads, in_spatial, out_spatial = pooling_checks.forward_setup(
+        'max_pool_fwd', x, window, strides, pads, data_format)
+    rank = len(window)
+    x_cl = to_channels_last(x, channels_first)
     padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
     y = np.empty((x.shape[0], *out_spatial, x_cl.shape[-1]), x.dtype)
     argmax = np.empty(y.shape, np.int64)
@@ -101,8 +67,8 @@ def max_pool_fwd(x, window, strides, pads, data_format):
     # (N=8 112^2x64 3x3/2, 2 threads); the running max then streams from L3.
     parallel.run_blocks(block_fwd, parallel.row_blocks(x.shape[0], out_spatial[0], row,
                                                        4 * parallel.BLOCK_BYTES))
-    return (_from_channels_last(y, channels_first, x.dtype),
-            _from_channels_last(argmax, channels_first, np.int64))
+    return (from_channels_last(y, channels_first, x.dtype),
+            from_channels_last(argmax, channels_first, np.int64))
 
 
 def _running_max(padded, window, strides, out_spatial, nan_aware=False):
@@ -116,7 +82,7 @@ def _running_max(padded, window, strides, out_spatial, nan_aware=False):
     per tap, so it only runs again with nan_aware when a window holds a NaN.
     """
     rank = len(window)
-    regions = [region for _, region in _window_regions(out_spatial, window, strides, (1,) * rank)]
+    regions = [region for _, region in window_regions(out_spatial, window, strides, (1,) * rank)]
     y = padded[(slice(None),) + regions[0]].copy()
     tap_dtype = np.min_scalar_type(len(regions) - 1)
     tap = np.zeros(y.shape, tap_dtype)
@@ -154,39 +120,27 @@ def _argmax_off_padding(tap, starts, window, in_spatial):
 
 def max_pool_bwd(dy, argmax, x_shape, data_format):
     """Gradient of max_pool_fwd: dy added at the argmax positions of dx."""
-    fn = 'max_pool_bwd'
-    dy = conv_checks.float_array(fn, 'dy', dy)
+    dy = conv_checks.float_array('max_pool_bwd', 'dy', dy)
     argmax = np.asarray(argmax)
-    channels_first = conv_checks.is_channels_first(fn, data_format)
-    conv_checks.spatial_rank(fn, 'dy', dy)
-    if not np.issubdtype(argmax.dtype, np.integer):
-        raise TypeError('%s: argmax must be an integer array, got dtype %s'
-                        % (fn, argmax.dtype))
-    if argmax.shape != dy.shape:
-        raise ValueError('%s: argmax shape %s and dy shape %s differ'
-                         % (fn, argmax.shape, dy.shape))
-    x_shape = _check_x_shape(fn, x_shape, dy, channels_first)
-    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
+    channels_first, x_shape, in_spatial = pooling_checks.max_backward_setup(
+        'max_pool_bwd', dy, argmax, x_shape, data_format)
     volume = math.prod(in_spatial)
-    if argmax.min() < 0 or argmax.max() >= volume:
-        raise ValueError('%s: argmax must lie in [0, %d) for x_shape %s, got values in '
-                         '[%d, %d]' % (fn, volume, x_shape, argmax.min(), argmax.max()))
     n, channels = x_shape[0], conv_checks.channel_count(x_shape, channels_first)
-    arg_cl = _to_channels_last(argmax, channels_first).reshape(n, -1, channels)
+    arg_cl = to_channels_last(argmax, channels_first).reshape(n, -1, channels)
     # Flat index into dx in channels_last order: (n * volume + position) * C + c.
     # Two in-place passes over one int64 array; the one-expression form made three
     # full-size temporaries and measured ~2x slower.
     flat = np.multiply(arg_cl, channels, dtype=np.int64)
     flat += (np.arange(n)[:, None, None] * (volume * channels)
              + np.arange(channels)[None, None, :])
-    compute = _compute_dtype(dy.dtype)
-    weights = _to_channels_last(dy, channels_first).astype(compute, copy=False)
+    compute = compute_dtype(dy.dtype)
+    weights = to_channels_last(dy, channels_first).astype(compute, copy=False)
     # NumPy 2's np.add.at measured 2x faster than bincount (which fills a float64
     # array); a pixel gets at most prod(window / strides) rounded up terms, so
     # summing them in float32 (float16 inputs too) loses nothing that matters.
     dx = np.zeros(n * volume * channels, compute)
     np.add.at(dx, flat.ravel(), weights.ravel())
-    return _from_channels_last(dx.reshape(n, *in_spatial, channels), channels_first, dy.dtype)
+    return from_channels_last(dx.reshape(n, *in_spatial, channels), channels_first, dy.dtype)
 
 
 def _window_counts(in_spatial, out_spatial, window, strides, pads, dtype):
@@ -203,40 +157,30 @@ def _window_counts(in_spatial, out_spatial, window, strides, pads, dtype):
 
 def avg_pool_fwd(x, window, strides, pads, data_format):
     """Average pooling over the real inputs of each window (padding excluded)."""
-    fn = 'avg_pool_fwd'
-    x = conv_checks.float_array(fn, 'x', x)
-    channels_first = conv_checks.is_channels_first(fn, data_format)
-    rank = conv_checks.spatial_rank(fn, 'x', x)
-    window, strides, pads = _pool_params(fn, rank, window, strides, pads)
-    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
-    out_spatial = conv_checks.output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
-                                  'window')
-    compute = _compute_dtype(x.dtype)
-    padded = _pad_spatial(_to_channels_last(x, channels_first), pads, compute)
+    x = conv_checks.float_array('avg_pool_fwd', 'x', x)
+    channels_first, _, window, strides, pads, in_spatial, out_spatial = pooling_checks.forward_setup(
+        'avg_pool_fwd', x, window, strides, pads, data_format)
+    rank = len(window)
+    compute = compute_dtype(x.dtype)
+    padded = pad_spatial(to_channels_last(x, channels_first), pads, compute)
     total = np.zeros((x.shape[0], *out_spatial, padded.shape[-1]), compute)
-    for _, region in _window_regions(out_spatial, window, strides, (1,) * rank):
+    for _, region in window_regions(out_spatial, window, strides, (1,) * rank):
         total += padded[(slice(None),) + region]
     total /= _window_counts(in_spatial, out_spatial, window, strides, pads, compute)
-    return _from_channels_last(total, channels_first, x.dtype)
+    return from_channels_last(total, channels_first, x.dtype)
 
 
 def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format):
     """Gradient of avg_pool_fwd with respect to x."""
-    fn = 'avg_pool_bwd'
-    dy = conv_checks.float_array(fn, 'dy', dy)
-    channels_first = conv_checks.is_channels_first(fn, data_format)
-    rank = conv_checks.spatial_rank(fn, 'dy', dy)
-    window, strides, pads = _pool_params(fn, rank, window, strides, pads)
-    x_shape = _check_x_shape(fn, x_shape, dy, channels_first)
-    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
-    out_spatial = conv_checks.output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads,
-                                  'window')
-    _check_dy_spatial(fn, dy, channels_first, out_spatial, x_shape)
-    compute = _compute_dtype(dy.dtype)
-    share = _to_channels_last(dy, channels_first).astype(compute) / \
+    dy = conv_checks.float_array('avg_pool_bwd', 'dy', dy)
+    channels_first, _, window, strides, pads, in_spatial, out_spatial = pooling_checks.avg_backward_setup(
+        'avg_pool_bwd', dy, x_shape, window, strides, pads, data_format)
+    rank = len(window)
+    compute = compute_dtype(dy.dtype)
+    share = to_channels_last(dy, channels_first).astype(compute) / \
         _window_counts(in_spatial, out_spatial, window, strides, pads, compute)
     padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
     dx = np.zeros((dy.shape[0], *padded_spatial, share.shape[-1]), compute)
-    for _, region in _window_regions(out_spatial, window, strides, (1,) * rank):
+    for _, region in window_regions(out_spatial, window, strides, (1,) * rank):
         dx[(slice(None),) + region] += share
-    return _from_channels_last(_crop_spatial(dx, pads, in_spatial), channels_first, dy.dtype)
+    return from_channels_last(crop_spatial(dx, pads, in_spatial), channels_first, dy.dtype)

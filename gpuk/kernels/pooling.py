@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuk.cpu_fallback import conv_checks
-from gpuk.cpu_fallback.pooling import _check_dy_spatial, _check_x_shape, _pool_params
+from gpuk.cpu_fallback import pooling_checks
 from . import cudnn_legacy, dispatch
 from .runtime import register_build, resolve
 
@@ -122,15 +122,16 @@ class _Problem:
                 self.window, self.strides, self.pads)
 
 
+def _problem(setup, dtype):
+    """The _Problem of a pooling_checks.PoolSetup."""
+    return _Problem(setup.x_shape[0], conv_checks.channel_count(setup.x_shape, setup.channels_first),
+                    setup.channels_first, setup.in_spatial, setup.out_spatial, setup.window, setup.strides,
+                    setup.pads, dtype)
+
+
 def _forward_problem(fn, x, window, strides, pads, data_format, xp):
     x = _float_array(fn, 'x', x, xp)
-    channels_first = conv_checks.is_channels_first(fn, data_format)
-    rank = conv_checks.spatial_rank(fn, 'x', x)
-    window, strides, pads = _pool_params(fn, rank, window, strides, pads)
-    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
-    out_spatial = conv_checks.output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads, 'window')
-    return x, _Problem(x.shape[0], conv_checks.channel_count(x.shape, channels_first), channels_first, in_spatial,
-                       out_spatial, window, strides, pads, x.dtype)
+    return x, _problem(pooling_checks.forward_setup(fn, x, window, strides, pads, data_format), x.dtype)
 
 
 def _run(rt, problem, op, gpuk_fn, cudnn_fn, *args):
@@ -202,18 +203,11 @@ def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format, *, runtime=Non
     fn = 'avg_pool_bwd'
     rt = resolve(runtime)
     dy = _float_array(fn, 'dy', dy, rt.xp)
-    channels_first = conv_checks.is_channels_first(fn, data_format)
-    rank = conv_checks.spatial_rank(fn, 'dy', dy)
-    window, strides, pads = _pool_params(fn, rank, window, strides, pads)
-    x_shape = _check_x_shape(fn, x_shape, dy, channels_first)
-    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
-    out_spatial = conv_checks.output_spatial(fn, in_spatial, window, strides, (1,) * rank, pads, 'window')
-    _check_dy_spatial(fn, dy, channels_first, out_spatial, x_shape)
-    problem = _Problem(x_shape[0], conv_checks.channel_count(x_shape, channels_first), channels_first, in_spatial, out_spatial,
-                       window, strides, pads, dy.dtype)
+    setup = pooling_checks.avg_backward_setup(fn, dy, x_shape, window, strides, pads, data_format)
+    problem = _problem(setup, dy.dtype)
     gpuk_fn = functools.partial(_avg_pool_bwd_gpuk, rt, problem)
     return _run(rt, problem, 'avg_bwd', gpuk_fn, cudnn_legacy.avg_pool_bwd,
-                dy, x_shape, window, strides, pads, data_format)
+                dy, setup.x_shape, setup.window, setup.strides, setup.pads, data_format)
 
 
 def _avg_pool_bwd_gpuk(rt, problem, dy, *_geometry):
@@ -231,18 +225,7 @@ def max_pool_bwd(dy, argmax, x_shape, data_format, *, runtime=None):
     xp = rt.xp
     dy = _float_array(fn, 'dy', dy, xp)
     argmax = argmax if isinstance(argmax, xp.ndarray) else xp.asarray(argmax)
-    channels_first = conv_checks.is_channels_first(fn, data_format)
-    conv_checks.spatial_rank(fn, 'dy', dy)
-    if argmax.dtype.kind not in 'iu':
-        raise TypeError('%s: argmax must be an integer array, got dtype %s' % (fn, argmax.dtype))
-    if argmax.shape != dy.shape:
-        raise ValueError('%s: argmax shape %s and dy shape %s differ' % (fn, argmax.shape, dy.shape))
-    x_shape = _check_x_shape(fn, x_shape, dy, channels_first)
-    volume = math.prod(conv_checks.spatial_dims(x_shape, channels_first))
-    low, high = int(argmax.min()), int(argmax.max())
-    if low < 0 or high >= volume:
-        raise ValueError('%s: argmax must lie in [0, %d) for x_shape %s, got values in [%d, %d]'
-                         % (fn, volume, x_shape, low, high))
+    channels_first, x_shape, _ = pooling_checks.max_backward_setup(fn, dy, argmax, x_shape, data_format)
     argmax = xp.ascontiguousarray(argmax, dtype=np.int64)
     key = ('max_bwd', dy.dtype.name, channels_first, tuple(dy.shape), tuple(x_shape))
     gpuk_fn = functools.partial(_max_pool_bwd_gpuk, rt, channels_first)
