@@ -74,28 +74,30 @@ def time_gpu(fn, arg_sets, min_time=0.2, min_runs=10, max_runs=200, warmup_time=
     """Seconds per call of ``fn(*args)``, one sample per call, timed with CUDA events.
 
     Calls cycle through ``arg_sets``. The warm-up (module load, compilation, plan and
-    handle creation) is never timed; the timed calls are queued behind it.
+    handle creation) is never timed; the timed calls are queued behind it. Every event is
+    recorded on CuPy's current stream, the one the launchers enqueue on.
     """
     import cupy
     n = len(arg_sets)
+    stream = cupy.cuda.get_current_stream()
     fn(*arg_sets[0])
-    cupy.cuda.get_current_stream().synchronize()
+    stream.synchronize()
     probe_start, probe_end = cupy.cuda.Event(), cupy.cuda.Event()
-    probe_start.record()
+    probe_start.record(stream)
     for i in range(3):
         fn(*arg_sets[(1 + i) % n])
-    probe_end.record()
+    probe_end.record(stream)
     probe_end.synchronize()
-    per_run = cupy.cuda.get_elapsed_time(probe_start, probe_end) / 3e3
+    per_run = cupy.cuda.get_elapsed_time(probe_start, probe_end) / 3e3   # milliseconds for 3 -> s per call
     runs = _run_count(per_run, min_time, min_runs, max_runs)
     warmup = _run_count(per_run, warmup_time, 3, max_runs)
     for i in range(warmup):
         fn(*arg_sets[i % n])
-    events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(runs)]
+    events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(runs)]   # created before timing starts
     for i, (start, end) in enumerate(events):
-        start.record()
+        start.record(stream)
         fn(*arg_sets[(warmup + i) % n])
-        end.record()
+        end.record(stream)
     events[-1][1].synchronize()
     return [cupy.cuda.get_elapsed_time(start, end) / 1e3 for start, end in events]
 
@@ -123,8 +125,10 @@ def pool_size(set_bytes, cache_bytes, max_sets=MAX_POOL_SETS):
 
 
 def gpu_cache_bytes():
+    """The L2 size of the current GPU in bytes, asked of the runtime by its enum."""
     import cupy
-    return int(cupy.cuda.Device().attributes['L2CacheSize'])
+    return int(cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrL2CacheSize,
+                                                    cupy.cuda.Device().id))
 
 
 def cache_bytes(kind):

@@ -1,11 +1,15 @@
 """Shared test set-up: the `gpu` marker (skipped without a usable GPU) and the device
-fixture that runs a test body on every available array backend."""
+fixture that runs a test body on every available array backend.
+
+``GPUK_REQUIRE_GPU=1`` (bench/gpu_session.sh sets it) turns the skip into an error, so a
+session meant to test the GPU cannot pass by skipping every `gpu` test."""
 import os
 
 import numpy as np
 import pytest
 
 from gpuk import device
+from gpuk.kernels import runtime
 
 
 def _gpu_usable():
@@ -18,7 +22,10 @@ GPU_USABLE = _gpu_usable()
 def pytest_collection_modifyitems(config, items):
     if GPU_USABLE:
         return
-    skip = pytest.mark.skip(reason='needs a usable NVIDIA GPU (CuPy): %s' % device.gpu_unusable_reason())
+    reason = 'needs a usable NVIDIA GPU (CuPy): %s' % device.gpu_unusable_reason()
+    if os.environ.get('GPUK_REQUIRE_GPU') == '1' and any('gpu' in item.keywords for item in items):
+        raise pytest.UsageError('GPUK_REQUIRE_GPU=1 but the gpu tests would be skipped: ' + reason)
+    skip = pytest.mark.skip(reason=reason)
     for item in items:
         if 'gpu' in item.keywords:
             item.add_marker(skip)
@@ -26,13 +33,22 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(params=['cpu', pytest.param('cuda', marks=pytest.mark.gpu)])
 def on_device(request):
-    """Runs the test on the NumPy device and, where a GPU is usable, on CuPy."""
+    """Runs the test on the NumPy device and, where a GPU is usable, on CuPy.
+
+    Restores the device and the kernels' current runtime afterwards: device.impl() points the
+    runtime at 'cuda', and a later test on 'emulate' must not launch there with NumPy arrays."""
     saved = dict(device._state)
+    saved_runtime = runtime.current_setting()
     device.set_device(request.param)
     try:
+        if request.param == 'cuda':   # never a silent fallback to the emulator or NumPy
+            impl = device.impl()
+            assert impl.xp.__name__ == 'cupy' and runtime.current().kind == 'cuda', \
+                'on_device[cuda] is not running on CuPy and the CUDA runtime'
         yield request.param
     finally:
         device._state.update(saved)
+        runtime.set_current(saved_runtime)
 
 
 @pytest.fixture(autouse=True)

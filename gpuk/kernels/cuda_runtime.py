@@ -1,21 +1,29 @@
 """The CUDA runtime: kernels as CuPy RawModules launched on CuPy's current stream.
 
-A prebuilt cubin at runtime.cubin_path(source, defines, arch) is loaded when present
-(written by gpuk/kernels/build.py); otherwise the source is compiled with NVRTC through
-CuPy, whose on-disk kernel cache (~/.cupy/kernel_cache) keeps the result across
-processes. Modules are memoized in memory per (source + headers, defines, arch).
-Arrays come from CuPy's memory pool (cupy.empty & co. in the launchers).
+Every module is loaded from a cubin compiled by gpuk's own NVRTC call
+(gpuk/kernels/build.py, ``compile_cubin``), so a kernel is the same machine code
+whether it comes from the ahead-of-time build or is compiled here on first use:
+
+1. the prebuilt cubin at runtime.cubin_path(source, defines, arch), written by
+   ``python -m gpuk.kernels.build``, when it exists;
+2. else a cubin compiled now and kept in $GPUK_CACHE_DIR/cubin (same file name);
+3. else, only where gpuk's NVRTC bindings (cuda-bindings) are missing, CuPy's own NVRTC
+   (``RawModule(code=...)``), with a warning: CuPy appends ``-ftz=true`` after the caller's
+   options, so float32 denormals flush to zero there, unlike in the other two.
+
+Modules are memoized in memory per (source + headers, defines, arch). Arrays come from
+CuPy's memory pool (cupy.empty & co. in the launchers).
 """
 import os
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from . import runtime
-from .kernel_source import KERNELS_DIR, kernel_source, parse_kernel_signatures, source_key
+from .kernel_source import kernel_source, parse_kernel_signatures, source_key
 
-DEFAULT_SHARED_LIMIT = 48 * 1024   # above this a kernel must opt in (cudaFuncAttributeMaxDynamicSharedMemorySize)
 
 
 def cuda_include_dirs():
@@ -30,38 +38,92 @@ def cuda_include_dirs():
 
 
 def nvrtc_options(source_file):
-    """NVRTC options (without -arch) shared by the JIT path and the AOT build."""
-    options = ['-std=c++17', f'-I{Path(source_file).resolve().parent}', f'-I{KERNELS_DIR}']
-    options += [f'-I{d}' for d in cuda_include_dirs()[:1]]
-    return options
+    """NVRTC options (without -arch and the CUDA headers) of every compile of ``source_file``:
+    the AOT build's, after the source's own folder (searched first, as the emulator does) for
+    kernels kept outside gpuk/kernels."""
+    from .build import NVRTC_OPTIONS
+    own_folder = f'-I{Path(source_file).resolve().parent}'
+    return [own_folder] + [option for option in NVRTC_OPTIONS if option != own_folder]
+
+
+def jit_cubin_path(source_file, defines, arch):
+    """Where a cubin compiled on first use is kept: $GPUK_CACHE_DIR/cubin/<the AOT file name>."""
+    return runtime.cache_dir() / 'cubin' / runtime.cubin_path(source_file, defines, arch).name
+
+
+def compile_to_cache(source_file, defines, arch):
+    """The cached cubin for (source, defines, arch), compiled with gpuk's NVRTC when missing.
+
+    Raises build.NvrtcMissing without the NVRTC bindings and KernelCompileError when NVRTC
+    rejects the source."""
+    from . import build
+    target = jit_cubin_path(source_file, defines, arch)
+    if target.is_file():
+        return target
+    try:
+        cubin, _log = build.compile_cubin(kernel_source(source_file, defines), Path(source_file).name, arch,
+                                          options=nvrtc_options(source_file))
+    except build.BuildError as exc:
+        raise runtime.KernelCompileError(
+            f"NVRTC failed on {Path(source_file).name} with defines {dict(defines)}:\n{exc}") from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f'{target.name}.{os.getpid()}.{threading.get_ident()}.tmp')
+    partial.write_bytes(cubin)
+    partial.replace(target)   # atomic: another process never loads half a cubin
+    return target
+
+
+_warned_cupy_nvrtc = []
+
+
+def _warn_cupy_nvrtc(reason):
+    if not _warned_cupy_nvrtc:
+        _warned_cupy_nvrtc.append(reason)
+        warnings.warn(f"gpuk: compiling kernels through CuPy's NVRTC because gpuk's cannot run ({reason}); "
+                      "CuPy adds -ftz=true, so float32 denormals flush to zero, unlike in prebuilt cubins "
+                      "(pip install cuda-bindings to compile with gpuk's options)", RuntimeWarning, stacklevel=4)
 
 
 class CudaKernel:
     def __init__(self, module, signature, function):
         self.module, self.signature, self.name = module, signature, signature.name
-        self._function = function
-        self._shared_opt_in = DEFAULT_SHARED_LIMIT
+        self._function = function          # a cupy.RawKernel
+        self._dynamic_limit = None         # what the device allows this kernel beside its static shared memory
+        self._dynamic_allowed = None       # the kernel's current cudaFuncAttributeMaxDynamicSharedMemorySize
+
+    def _check_shared_mem(self, shared_mem):
+        if self._dynamic_limit is None:
+            static = int(self._function.shared_size_bytes)
+            self._dynamic_limit = self.module.runtime.max_shared_mem - static
+            self._dynamic_allowed = int(self._function.max_dynamic_shared_size_bytes)
+        limit = self._dynamic_limit
+        if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)) \
+                or not 0 <= shared_mem <= limit:
+            raise ValueError(f"kernel '{self.name}': shared_mem must be an int in [0, {limit}] on this device "
+                             f"(the opt-in limit less the kernel's static shared memory), got {shared_mem!r}")
+        return int(shared_mem)
+
+    def _opt_in(self, shared_mem):
+        """Raise the kernel's dynamic shared-memory ceiling when a launch asks for more (CUDA's
+        default is 48 KB less the static shared memory)."""
+        if shared_mem > self._dynamic_allowed:
+            self._function.max_dynamic_shared_size_bytes = shared_mem
+            self._dynamic_allowed = shared_mem
 
     def launch(self, grid, block, args, shared_mem=0):
         """Enqueue the kernel on the current CuPy stream."""
         import cupy
         grid, block = runtime.launch_dims(self.name, grid, block)
-        limit = self.module.runtime.max_shared_mem
-        if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)) \
-                or not 0 <= shared_mem <= limit:
-            raise ValueError(f"kernel '{self.name}': shared_mem must be an int in [0, {limit}] on this device, "
-                             f"got {shared_mem!r}")
         args = tuple(args)
         runtime.check_args(self.signature, args, cupy.ndarray)
-        what = runtime.describe_launch(self.name, grid, block, shared_mem, args)
         try:
-            if shared_mem > self._shared_opt_in:
-                self._function.max_dynamic_shared_size_bytes = int(shared_mem)
-                self._shared_opt_in = int(shared_mem)
-            self._function(grid, block, args, shared_mem=int(shared_mem))
+            shared_mem = self._check_shared_mem(shared_mem)
+            self._opt_in(shared_mem)
+            self._function(grid, block, args, shared_mem=shared_mem)
             if os.environ.get('GPUK_SYNC_LAUNCHES') == '1':   # attribute asynchronous faults to this launch
                 cupy.cuda.get_current_stream().synchronize()
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
+            what = runtime.describe_launch(self.name, grid, block, shared_mem, args)
             raise runtime.KernelLaunchError(f"{what}: {exc}", kernel=self.name, kind='cuda') from exc
 
 
@@ -77,13 +139,27 @@ class CudaModule:
                              f"it has {sorted(self.signatures)}")
         if name not in self._kernels:
             import cupy
-            try:
+            try:   # RawModule compiles (CuPy's NVRTC) or loads the cubin here, on first use
                 function = self.raw_module.get_function(name)
             except cupy.cuda.compiler.CompileException as exc:
                 raise runtime.KernelCompileError(
                     f"NVRTC failed on {Path(self.source_file).name} with defines {self.defines}:\n{exc}") from exc
+            except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
+                raise runtime.KernelLaunchError(
+                    f"kernel '{name}': loading {self.cubin or Path(self.source_file).name} on "
+                    f"{self.runtime.arch} failed: {exc}", kernel=name, kind='cuda') from exc
             self._kernels[name] = CudaKernel(self, self.signatures[name], function)
         return self._kernels[name]
+
+
+def max_shared_mem_per_block(device_id):
+    """The most shared memory one block may use after opting in (the CUDA guide gives 227 KB for sm_90).
+
+    Asked of the runtime by its enum: Device().attributes would build a dict of every
+    attribute (one driver call each) to read one."""
+    import cupy
+    return int(cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                                    device_id))
 
 
 class CudaRuntime:
@@ -93,15 +169,28 @@ class CudaRuntime:
         import cupy
         self.xp = cupy
         device = cupy.cuda.Device()
-        self.arch = runtime.normalize_arch(device.compute_capability)
-        attrs = device.attributes
-        self.max_shared_mem = int(attrs.get('MaxSharedMemoryPerBlockOptin', DEFAULT_SHARED_LIMIT))
+        self.device_id = device.id
+        self.arch = runtime.normalize_arch(device.compute_capability)   # CuPy gives '90' for 9.0
+        self.max_shared_mem = max_shared_mem_per_block(device.id)
         self._modules = {}
         self._lock = threading.Lock()
 
-    def load(self, source_file, defines=None):
-        """The module for (source_file, defines): a prebuilt cubin if one matches, else NVRTC."""
+    def _raw_module(self, source_file, defines):
+        """(cupy.RawModule, the cubin it loads or None when CuPy compiles the source itself)."""
         import cupy
+        from .build import NvrtcMissing
+        cubin = runtime.cubin_path(source_file, defines, self.arch)
+        if not cubin.is_file():
+            try:
+                cubin = compile_to_cache(source_file, defines, self.arch)
+            except NvrtcMissing as exc:
+                _warn_cupy_nvrtc(exc)
+                options = nvrtc_options(source_file) + [f'-I{d}' for d in cuda_include_dirs()[:1]]
+                return cupy.RawModule(code=kernel_source(source_file, defines), options=tuple(options)), None
+        return cupy.RawModule(path=str(cubin)), cubin
+
+    def load(self, source_file, defines=None):
+        """The module for (source_file, defines): a prebuilt cubin, else one compiled now (cached)."""
         source_file = Path(source_file).resolve()
         defines = dict(defines or {})
         key = source_key(source_file, defines, self.arch)
@@ -109,13 +198,7 @@ class CudaRuntime:
             module = self._modules.get(key)
             if module is None:
                 signatures = parse_kernel_signatures(source_file, defines)
-                cubin = runtime.cubin_path(source_file, defines, self.arch)
-                if cubin.is_file():
-                    raw = cupy.RawModule(path=str(cubin))
-                else:
-                    cubin = None
-                    raw = cupy.RawModule(code=kernel_source(source_file, defines),
-                                         options=tuple(nvrtc_options(source_file)))
+                raw, cubin = self._raw_module(source_file, defines)
                 module = self._modules[key] = CudaModule(self, source_file, defines, raw, signatures, cubin)
         return module
 

@@ -80,6 +80,11 @@ def set_current(kind):
     return previous
 
 
+def current_setting():
+    """What set_current last set: a kind, or None when GPUK_DEVICE decides."""
+    return _current
+
+
 def current():
     """The runtime launchers use when not given one explicitly."""
     if _current is not None:
@@ -143,7 +148,8 @@ def check_args(signature, args, array_type):
                 raise ValueError(f"{where} must be C-contiguous")
             if p.dtype is not None and a.dtype != p.dtype:
                 raise TypeError(f"{where} must have dtype {p.dtype}, got {a.dtype}")
-            if not p.is_const and not a.flags.writeable:
+            # CuPy's ndarray.flags has no 'writeable' (device arrays are always writable)
+            if not p.is_const and not getattr(a.flags, 'writeable', True):
                 raise ValueError(f"{where} is written by the kernel but the array is read-only")
         else:
             if not isinstance(a, np.generic):  # np.float64 subclasses float: test np.generic

@@ -151,3 +151,35 @@ def test_importing_kernels_does_not_import_cupy():
             'runtime.registered_builds(); assert "cupy" not in sys.modules, "cupy imported"')
     result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_cubins_compiled_on_first_use_equal_the_prebuilt_ones(tmp_path, monkeypatch):
+    """The CUDA runtime compiles with the AOT build's NVRTC call and options (not CuPy's, which
+    appends -ftz=true), so a kernel is the same machine code with or without the build."""
+    from gpuk.kernels import build, cuda_runtime
+    monkeypatch.setenv('GPUK_CACHE_DIR', str(tmp_path / 'cache'))
+    spec = next(s for s in runtime.registered_builds()
+                if Path(s.source_file).name == 'elementwise.cu' and 'copy_bytes' in s.kernels)
+    try:
+        jit = cuda_runtime.compile_to_cache(spec.source_file, spec.defines_dict, 'sm_90')
+    except build.NvrtcMissing as exc:
+        pytest.skip(f'NVRTC is not installed: {exc}')
+    aot = build.build_variant(spec, 'sm_90', out_dir=tmp_path / 'prebuilt')
+    assert aot.error is None
+    assert jit == cuda_runtime.jit_cubin_path(spec.source_file, spec.defines_dict, 'sm_90')
+    assert jit.name == aot.path.name and jit.read_bytes() == aot.path.read_bytes()
+    assert cuda_runtime.compile_to_cache(spec.source_file, spec.defines_dict, 'sm_90') == jit   # cached
+
+
+def test_first_use_compile_errors_carry_the_nvrtc_log(tmp_path, monkeypatch):
+    from gpuk.kernels import build, cuda_runtime
+    monkeypatch.setenv('GPUK_CACHE_DIR', str(tmp_path / 'cache'))
+    source = tmp_path / 'broken.cu'
+    source.write_text('extern "C" __global__ void broken(float* y) { y[0] = undefined_name; }\n')
+    try:
+        build.nvrtc_version()
+    except build.NvrtcMissing as exc:
+        pytest.skip(f'NVRTC is not installed: {exc}')
+    with pytest.raises(runtime.KernelCompileError, match='undefined_name'):
+        cuda_runtime.compile_to_cache(source, {}, 'sm_90')
+    assert not list((tmp_path / 'cache').rglob('*.cubin'))
