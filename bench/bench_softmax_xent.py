@@ -1,6 +1,7 @@
-"""Fused softmax cross-entropy (forward: loss + lse in one read pass) and binary
-cross-entropy: gpuk vs cuDNN vs torch vs NumPy. Bytes: logits + target read, loss written.
-GPU rows skip without a GPU; `-k numpy` runs the CPU rows alone."""
+"""Fused softmax cross-entropy (forward: loss + lse in one read pass), binary cross-entropy,
+and softmax forward / backward: gpuk vs cuDNN vs torch vs NumPy. Bytes: the arrays read and
+written once (logits + target read, loss written; x read, y written; y + dy read, dx
+written). GPU rows skip without a GPU; `-k numpy` runs the CPU rows alone."""
 import numpy as np
 import pytest
 
@@ -82,5 +83,45 @@ def test_binary_xent_logits_fwd(benchmark, harness, impl, shape):
     fn, make = _binary_row(impl, shape[0])
     nbytes = 3 * 4 * shape[0]
     info = harness.run(benchmark, family='binary_xent', case='logits fwd %d' % shape, impl=impl, fn=fn,
+                       make_inputs=make, set_bytes=nbytes, bytes_moved=nbytes, dtype='float32')
+    assert info['time_s'] > 0
+
+
+def _softmax_row(impl, shape, direction):
+    """(fn, make_inputs) of softmax along the last axis: 'fwd' (x) or 'bwd' (y, dy)."""
+    def arrays(standard_normal, i):
+        x = standard_normal(i)
+        return (x,) if direction == 'fwd' else (x, standard_normal(i + 1))
+    if impl == 'numpy':
+        from gpuk.cpu_fallback import softmax_xent as twin
+        fn = twin.softmax_fwd if direction == 'fwd' else twin.softmax_bwd
+        return fn, lambda i: arrays(lambda s: np.random.default_rng(s).standard_normal(shape, dtype=np.float32), i)
+    if impl == 'torch':
+        import torch
+        if direction == 'fwd':
+            fn = lambda x: torch.softmax(x, dim=-1)   # noqa: E731
+        else:
+            fn = lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)   # noqa: E731
+        return fn, lambda i: arrays(lambda s: torch.randn(shape, generator=torch.Generator().manual_seed(s)), i)
+    import cupy
+    from gpuk.kernels import cudnn_softmax, softmax_xent
+    if impl == 'cudnn':
+        fn = cudnn_softmax.softmax_fwd if direction == 'fwd' else cudnn_softmax.softmax_bwd
+    elif direction == 'fwd':
+        fn = lambda x: softmax_xent.softmax_fwd(x, runtime='cuda')   # noqa: E731
+    else:
+        fn = lambda y, dy: softmax_xent.softmax_bwd(y, dy, runtime='cuda')   # noqa: E731
+    return fn, lambda i: arrays(lambda s: cupy.random.RandomState(s).standard_normal(shape, dtype=cupy.float32), i)
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('direction', ['fwd', 'bwd'])
+@pytest.mark.parametrize('shape', SHAPES, ids=lambda s: '%dx%d' % s)
+def test_softmax(benchmark, harness, impl, direction, shape):
+    h.require(impl)
+    fn, make = _softmax_row(impl, shape, direction)
+    arrays_moved = 2 if direction == 'fwd' else 3
+    nbytes = arrays_moved * 4 * shape[0] * shape[1]
+    info = harness.run(benchmark, family='softmax', case='%s %dx%d' % ((direction,) + shape), impl=impl, fn=fn,
                        make_inputs=make, set_bytes=nbytes, bytes_moved=nbytes, dtype='float32')
     assert info['time_s'] > 0

@@ -12,6 +12,10 @@ ctc_beta_grad run one block per sample with threads across the 2 Lmax + 1 label 
 (any label length: the recursion reads the previous step back from global memory);
 ctc_greedy_decode and ctc_beam_search run one block per sample. See the .cu files.
 
+On the CUDA runtime the loss and its gradient run the 'ctc' family's choice
+(``GPUK_KERNELS=ctc=gpuk|cudnn|auto``): these kernels or cudnnCTCLoss
+(gpuk/kernels/cudnn_ctc.py), which falls back here, saying so once, outside its limits.
+
 The Theano-backend helpers (ctc_interleave_blanks, ctc_create_skip_idxs,
 ctc_update_log_p, ctc_path_probs, ctc_cost) are tiny index helpers over one label: they
 delegate to the NumPy twin on host copies and return arrays of the runtime's xp.
@@ -23,6 +27,7 @@ import numpy as np
 from gpuk.cpu_fallback import ctc as twin
 from gpuk.cpu_fallback import ctc_checks, softmax_xent_checks
 from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
+from . import cudnn_ctc, dispatch
 from .runtime import register_build, resolve
 
 __all__ = [
@@ -99,6 +104,17 @@ def _frame_lse(rt, logits):
 
 # ---------------------------------------------------------------- loss
 
+def _family_choice(rt, gpuk_fn, cudnn_fn, logits, labels, *rest):
+    """gpuk_fn(rt, ...) or, on the CUDA runtime when the 'ctc' family picks it, cudnn_fn(...).
+
+    The forward and the backward of one problem share a dispatch key, so under 'auto'
+    both run the implementation timed fastest on the forward."""
+    if rt.kind != 'cuda':
+        return gpuk_fn(rt, logits, labels, *rest)
+    key = (logits.shape, logits.dtype.name, labels.shape)
+    return dispatch.run('ctc', key, lambda *args: gpuk_fn(rt, *args), cudnn_fn, logits, labels, *rest)
+
+
 def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, runtime=None):
     """CTC negative log-likelihood of each label given softmax(logits).
 
@@ -110,6 +126,11 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, ru
     fn, rt = 'ctc_loss_fwd', resolve(runtime)
     logits, labels, input_lengths, label_lengths, blank = _checked_loss_inputs(
         fn, rt, logits, labels, input_lengths, label_lengths, blank)
+    return _family_choice(rt, _ctc_loss_fwd_gpuk, cudnn_ctc.ctc_loss_fwd, logits, labels, input_lengths,
+                          label_lengths, blank)
+
+
+def _ctc_loss_fwd_gpuk(rt, logits, labels, input_lengths, label_lengths, blank):
     batch, steps, classes = logits.shape
     width = labels.shape[1]
     acc = accumulate_dtype(logits.dtype)
@@ -141,9 +162,8 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, 
     fn, rt = 'ctc_loss_bwd', resolve(runtime)
     logits, labels, input_lengths, label_lengths, blank = _checked_loss_inputs(
         fn, rt, logits, labels, input_lengths, label_lengths, blank)
-    batch, steps, classes = logits.shape
-    width = labels.shape[1]
-    states = 2 * width + 1
+    batch, steps, _ = logits.shape
+    states = 2 * labels.shape[1] + 1
     acc = accumulate_dtype(logits.dtype)
     log_alpha, stand_in = _stand_in(rt, fn, 'log_alpha', log_alpha)
     softmax_xent_checks.float_array(fn, 'log_alpha', stand_in)
@@ -152,6 +172,15 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, 
                          % (fn, (batch, steps, states), log_alpha.shape))
     loss = _row_floats(fn, rt, 'loss', loss, (batch,), acc)
     dloss = _row_floats(fn, rt, 'dloss', dloss, (batch,), acc)
+    return _family_choice(rt, _ctc_loss_bwd_gpuk, cudnn_ctc.ctc_loss_bwd, logits, labels, input_lengths,
+                          label_lengths, log_alpha, loss, dloss, blank)
+
+
+def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss, blank):
+    batch, steps, classes = logits.shape
+    width = labels.shape[1]
+    states = 2 * width + 1
+    acc = accumulate_dtype(logits.dtype)
     dlogits = rt.xp.empty(logits.shape, dtype=logits.dtype)
     if steps == 0 or batch == 0:
         return dlogits

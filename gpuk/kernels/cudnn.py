@@ -16,7 +16,9 @@ is symmetric, so uneven pads are applied explicitly to x first. One spatial dim 
 two with a height of 1 (cuDNN takes 4-d and 5-d tensors only).
 
 The translation to cuDNN's terms (``conv_problem``, ``layout_strides``, the filter axis
-orders, ``split_pads``, ``graph_cache_key``) is pure Python, tested without a GPU.
+orders, ``split_pads``, ``graph_cache_key``) is pure Python, tested without a GPU; so is
+building the graph (``graph_for``) and planning it (``plan``, with a device description
+in place of a GPU) against the installed frontend.
 Graphs are built once per (op, device, shapes, dtype, layout, geometry, precision) and
 run on CuPy's current stream with CuPy device pointers.
 """
@@ -304,11 +306,17 @@ def _handle(frontend, cupy):
     return device_id, handle
 
 
-def _build(frontend, handle, op, problem, dtype_name):
-    io, compute, bar_tensor_cores = data_type_names(dtype_name, config.precision())
+def graph_for(frontend, op, problem, dtype_name, precision, **graph_kwargs):
+    """(graph, tensors in variant-pack order, bar_tensor_cores): the cuDNN Frontend graph of
+    ``op`` ('fprop', 'dgrad', 'wgrad') for ``problem``, built up to (not including) validate().
+
+    ``graph_kwargs`` go to ``frontend.pygraph`` (``handle=``; the tests pass none, or a
+    ``device_property`` to plan without a GPU). Needs no GPU.
+    """
+    io, compute, bar_tensor_cores = data_type_names(dtype_name, precision)
     io_type, compute_type = getattr(frontend.data_type, io), getattr(frontend.data_type, compute)
     graph = frontend.pygraph(io_data_type=io_type, intermediate_data_type=compute_type,
-                             compute_data_type=compute_type, handle=handle)
+                             compute_data_type=compute_type, **graph_kwargs)
     cl = problem.channels_last
     x_dims = cudnn_dims(problem.padded_x_shape, cl)
     y_dims = cudnn_dims(problem.y_shape, cl)
@@ -328,20 +336,42 @@ def _build(frontend, handle, op, problem, dtype_name):
         dy, w = tensor('dy', y_dims), tensor('w', w_dims)
         out = graph.conv_dgrad(loss=dy, filter=w, name='dgrad', **geometry_args)
         inputs, out_dims = (dy, w), x_dims
-    else:
+    elif op == 'wgrad':
         x, dy = tensor('x', x_dims), tensor('dy', y_dims)
         out = graph.conv_wgrad(image=x, loss=dy, name='wgrad', **geometry_args)
         inputs, out_dims = (x, dy), w_dims
+    else:
+        raise ValueError("graph_for: op must be 'fprop', 'dgrad' or 'wgrad', got %r" % (op,))
+    # dgrad's and wgrad's output dims are not inferable (strided dgrad is ambiguous): always set
     out.set_output(True).set_dim(list(out_dims)).set_stride(
         list(layout_strides(out_dims, cl))).set_data_type(io_type)
+    return graph, inputs + (out,), bar_tensor_cores
+
+
+def plan(frontend, graph, bar_tensor_cores):
+    """validate -> build_operation_graph -> create_execution_plans -> the engine filters.
+
+    The filters come after create_execution_plans, when the backend has plans for them
+    to mark (frontend 1.32 also replays earlier ones then). Strict float32 must not run as
+    TF32: cuDNN marks its tensor-core engines with the TENSOR_CORE numerical note, and the
+    frontend's Python conv engine (frost_conv, opt-in by CUDNN_FRONTEND_ENABLE_FROST_ENGINES)
+    declares no notes, so it is excluded by name.
+    """
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
     if bar_tensor_cores:
         graph.deselect_numeric_notes([frontend.numerical_note.TENSOR_CORE])
+        graph.deselect_engines(['frost_conv'])
+
+
+def _build(frontend, handle, op, problem, dtype_name):
+    graph, tensors, bar_tensor_cores = graph_for(frontend, op, problem, dtype_name, config.precision(),
+                                                 handle=handle)
+    plan(frontend, graph, bar_tensor_cores)
     graph.check_support()
     graph.build_plans()
-    return _BuiltGraph(graph, inputs + (out,), graph.get_workspace_size())
+    return _BuiltGraph(graph, tensors, graph.get_workspace_size())
 
 
 def _run(fn, op, problem, arrays, out_shape_layout, dtype):

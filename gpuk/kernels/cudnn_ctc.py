@@ -1,19 +1,27 @@
 """CTC loss and gradient through cuDNN 9's legacy API (cudnnCTCLoss_v8) with ctypes.
 
-``ctc_loss_with_grad(logits, labels, input_lengths, label_lengths, blank=None)`` returns
-(loss (N,), dlogits (N, T, A)) for dloss = 1 and runs the implementation chosen for the
-'ctc' family (``dispatch.run``): gpuk's kernels (ctc_loss_fwd + ctc_loss_bwd) or cuDNN.
+``cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None)`` returns
+(loss (N,), dlogits (N, T, A)) for dloss = 1. ``ctc_loss_fwd`` / ``ctc_loss_bwd`` wrap it
+in the signatures of gpuk/kernels/ctc.py, which runs them when the 'ctc' family chooses
+cuDNN (``GPUK_KERNELS=ctc=cudnn|auto``): one cudnnCTCLoss call in the forward (for the
+loss) and one in the backward (for the gradient).
 
 cuDNN's terms, and how ours are translated (pure Python, tested without a GPU):
-- probabilities are (T, N, A) with the blank at class 0 and normalized by cuDNN
-  (CUDNN_LOSS_NORMALIZATION_SOFTMAX: it takes logits and returns the gradient with
-  respect to them). Our logits are (N, T, A) with the blank at `blank` (default A - 1):
+- its "probs" are (T, N, A) with the blank at class 0, label values in [1, A - 1]
+  (cudnn_adv.h). With CUDNN_LOSS_NORMALIZATION_SOFTMAX they are unnormalized
+  activations that cuDNN softmaxes itself, and the gradient is with respect to them:
+  so we pass logits and get dlogits. Our logits are (N, T, A) with the blank at `blank`
+  (default A - 1):
   ``class_permutation`` moves the blank first, ``cudnn_labels`` renumbers the labels the
   same way, and the gradient is permuted back.
 - labels are packed: the used part of every sample's row, concatenated, int32, on the
   device, with int32 label and input lengths (``pack_labels``).
-- cudnnCTCLoss_v8 takes labels up to 255 long; longer labels, non-float32 logits and a
-  missing cuDNN raise ``dispatch.Unsupported`` (the dispatcher then runs gpuk's kernels).
+- the descriptor is set with cudnnSetCTCLossDescriptor_v9 (float compute,
+  CUDNN_CTC_ZERO_OOB_GRADIENTS; the _v8 setter is deprecated in cuDNN 9).
+- ``check_cudnn_limits``: cuDNN takes labels shorter than 256, float32 only, and a label
+  longer than its input made cuDNN access memory out of bounds in PyTorch's experience
+  (LossCTC.cpp); such problems and a missing cuDNN raise ``dispatch.Unsupported`` (the
+  dispatcher then runs gpuk's kernels).
 - labels with no alignment (input shorter than the label plus its repeats) get loss inf
   and a zero gradient, our convention, whatever cuDNN computes for them.
 """
@@ -22,17 +30,13 @@ import ctypes
 import numpy as np
 
 from gpuk.cpu_fallback import ctc_checks
-from gpuk.kernels import cudnn, dispatch
+from gpuk.kernels import cudnn, cudnn_library, dispatch
+from gpuk.kernels.cudnn_library import CUDNN_LOSS_NORMALIZATION_SOFTMAX
 
-__all__ = ['ctc_loss_with_grad', 'cudnn_ctc_loss', 'class_permutation', 'cudnn_labels',
-           'pack_labels', 'min_frames', 'descriptor_args', 'MAX_LABEL_LENGTH']
+__all__ = ['ctc_loss_fwd', 'ctc_loss_bwd', 'cudnn_ctc_loss', 'class_permutation', 'cudnn_labels',
+           'pack_labels', 'min_frames', 'descriptor_args', 'check_cudnn_limits', 'MAX_LABEL_LENGTH']
 
 MAX_LABEL_LENGTH = 255
-CUDNN_DATA_FLOAT = 0
-CUDNN_LOSS_NORMALIZATION_SOFTMAX = 1
-CUDNN_NOT_PROPAGATE_NAN = 0
-CUDNN_CTC_LOSS_ALGO_DETERMINISTIC = 0
-_state = {'library': None, 'handles': {}}
 
 
 # ---------------------------------------------------------------- pure translation
@@ -72,10 +76,11 @@ def descriptor_args(logits_shape, max_label_length):
     """The cuDNN arguments: probs/gradients tensor (dims, strides) and the loss descriptor."""
     batch, steps, classes = logits_shape
     dims = (steps, batch, classes)
-    return {'dims': dims, 'strides': (batch * classes, classes, 1),
-            'comp_type': CUDNN_DATA_FLOAT, 'norm_mode': CUDNN_LOSS_NORMALIZATION_SOFTMAX,
-            'grad_mode': CUDNN_NOT_PROPAGATE_NAN, 'max_label_length': int(max_label_length),
-            'algo': CUDNN_CTC_LOSS_ALGO_DETERMINISTIC}
+    return {'data_type': cudnn_library.CUDNN_DATA_FLOAT, 'dims': dims, 'strides': (batch * classes, classes, 1),
+            'comp_type': cudnn_library.CUDNN_DATA_FLOAT,
+            'norm_mode': CUDNN_LOSS_NORMALIZATION_SOFTMAX,
+            'grad_mode': cudnn_library.CUDNN_CTC_ZERO_OOB_GRADIENTS, 'max_label_length': int(max_label_length),
+            'algo': cudnn_library.CUDNN_CTC_LOSS_ALGO_DETERMINISTIC}
 
 
 # ---------------------------------------------------------------- the library
@@ -83,58 +88,39 @@ def descriptor_args(logits_shape, max_label_length):
 def _library():
     if not cudnn.available():
         raise dispatch.Unsupported('cuDNN unavailable: %s' % cudnn.why_unavailable())
-    if _state['library'] is None:
-        path = cudnn.library_path() or 'libcudnn.so.9'
-        _state['library'] = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-    return _state['library']
+    return cudnn_library.library()
 
 
-def _call(lib, name, *args):
-    status = getattr(lib, name)(*args)
-    if status != 0:
-        lib.cudnnGetErrorString.restype = ctypes.c_char_p
-        raise RuntimeError('cudnn_ctc_loss: %s failed: %s' % (name, lib.cudnnGetErrorString(status).decode()))
-
-
-def _handle(lib, cupy):
-    device = cupy.cuda.Device().id
-    handle = _state['handles'].get(device)
-    if handle is None:
-        handle = ctypes.c_void_p()
-        _call(lib, 'cudnnCreate', ctypes.byref(handle))
-        _state['handles'][device] = handle
-    _call(lib, 'cudnnSetStream', handle, ctypes.c_void_p(cupy.cuda.get_current_stream().ptr))
-    return handle
-
-
-def _tensor_descriptor(lib, args):
-    desc = ctypes.c_void_p()
-    _call(lib, 'cudnnCreateTensorDescriptor', ctypes.byref(desc))
-    dims = (ctypes.c_int * 3)(*args['dims'])
-    strides = (ctypes.c_int * 3)(*args['strides'])
-    _call(lib, 'cudnnSetTensorNdDescriptor', desc, CUDNN_DATA_FLOAT, 3, dims, strides)
-    return desc
+def check_cudnn_limits(logits_dtype, input_lengths, label_lengths):
+    """Raises dispatch.Unsupported for problems cudnnCTCLoss_v8 must not be given."""
+    if logits_dtype != np.float32:
+        raise dispatch.Unsupported('cuDNN CTC takes float32 logits, got %s' % logits_dtype)
+    if label_lengths.size and label_lengths.max() > MAX_LABEL_LENGTH:
+        raise dispatch.Unsupported('cuDNN CTC takes labels up to %d long, got %d'
+                                   % (MAX_LABEL_LENGTH, label_lengths.max()))
+    # PyTorch (aten/src/ATen/native/cudnn/LossCTC.cpp) saw illegal memory accesses in
+    # cuDNN when a label is longer than its input: such a sample never reaches cuDNN.
+    longer = np.flatnonzero(label_lengths > input_lengths)
+    if longer.size:
+        raise dispatch.Unsupported('cuDNN CTC needs label_lengths <= input_lengths, sample %d has %d > %d'
+                                   % (longer[0], label_lengths[longer[0]], input_lengths[longer[0]]))
 
 
 def cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None):
     """(loss, dlogits) by cudnnCTCLoss_v8; raises dispatch.Unsupported outside its limits."""
     fn = 'cudnn_ctc_loss'
-    import cupy
-    if not isinstance(logits, cupy.ndarray):
-        raise dispatch.Unsupported('logits are not on the GPU')
     stand_in = np.broadcast_to(np.zeros((), dtype=logits.dtype), logits.shape)
     _, labels, input_lengths, label_lengths, blank = ctc_checks.check_loss_inputs(
         fn, stand_in, _host(labels), _host(input_lengths), _host(label_lengths), blank)
-    if logits.dtype != np.float32:
-        raise dispatch.Unsupported('cuDNN CTC takes float32 logits, got %s' % logits.dtype)
-    if label_lengths.size and label_lengths.max() > MAX_LABEL_LENGTH:
-        raise dispatch.Unsupported('cuDNN CTC takes labels up to %d long, got %d'
-                                   % (MAX_LABEL_LENGTH, label_lengths.max()))
+    check_cudnn_limits(logits.dtype, input_lengths, label_lengths)
+    if isinstance(logits, np.ndarray):
+        raise dispatch.Unsupported('logits are not on the GPU')
+    import cupy
     batch, steps, classes = logits.shape
     lib = _library()
-    handle = _handle(lib, cupy)
+    handle = cudnn_library.handle(lib)
     order, inverse = class_permutation(classes, blank)
-    probs = cupy.ascontiguousarray(logits[:, :, cupy.asarray(order)].transpose(1, 0, 2))
+    activations = cupy.ascontiguousarray(logits[:, :, cupy.asarray(order)].transpose(1, 0, 2))
     args = descriptor_args(logits.shape, max(int(label_lengths.max(initial=0)), 1))
     packed = cupy.asarray(pack_labels(cudnn_labels(labels, blank), label_lengths))
     if packed.size == 0:
@@ -142,28 +128,20 @@ def cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None):
     label_lengths_dev = cupy.asarray(label_lengths.astype(np.int32))
     input_lengths_dev = cupy.asarray(input_lengths.astype(np.int32))
     costs = cupy.empty(batch, dtype=cupy.float32)
-    grads = cupy.empty_like(probs)
-    probs_desc = _tensor_descriptor(lib, args)
-    grads_desc = _tensor_descriptor(lib, args)
-    loss_desc = ctypes.c_void_p()
-    try:
-        _call(lib, 'cudnnCreateCTCLossDescriptor', ctypes.byref(loss_desc))
-        _call(lib, 'cudnnSetCTCLossDescriptor_v8', loss_desc, args['comp_type'], args['norm_mode'],
-              args['grad_mode'], args['max_label_length'])
+    grads = cupy.empty_like(activations)
+    with cudnn_library.Descriptors(lib) as d:
+        probs_desc = d.tensor(args['data_type'], args['dims'], args['strides'])
+        grads_desc = d.tensor(args['data_type'], args['dims'], args['strides'])
+        loss_desc = d.ctc_loss(args['comp_type'], args['norm_mode'], args['grad_mode'], args['max_label_length'])
         workspace_size = ctypes.c_size_t()
-        _call(lib, 'cudnnGetCTCLossWorkspaceSize_v8', handle, args['algo'], loss_desc, probs_desc, grads_desc,
-              ctypes.byref(workspace_size))
+        cudnn_library.check(lib, lib.cudnnGetCTCLossWorkspaceSize_v8(
+            handle, args['algo'], loss_desc, probs_desc, grads_desc, ctypes.byref(workspace_size)),
+            'cudnnGetCTCLossWorkspaceSize_v8')
         workspace = cupy.empty(max(workspace_size.value, 1), dtype=cupy.uint8)
-        _call(lib, 'cudnnCTCLoss_v8', handle, args['algo'], loss_desc, probs_desc, ctypes.c_void_p(probs.data.ptr),
-              ctypes.c_void_p(packed.data.ptr), ctypes.c_void_p(label_lengths_dev.data.ptr),
-              ctypes.c_void_p(input_lengths_dev.data.ptr), ctypes.c_void_p(costs.data.ptr), grads_desc,
-              ctypes.c_void_p(grads.data.ptr), ctypes.c_size_t(workspace_size.value),
-              ctypes.c_void_p(workspace.data.ptr))
-    finally:
-        lib.cudnnDestroyTensorDescriptor(probs_desc)
-        lib.cudnnDestroyTensorDescriptor(grads_desc)
-        if loss_desc.value:
-            lib.cudnnDestroyCTCLossDescriptor(loss_desc)
+        cudnn_library.check(lib, lib.cudnnCTCLoss_v8(
+            handle, args['algo'], loss_desc, probs_desc, activations.data.ptr, packed.data.ptr,
+            label_lengths_dev.data.ptr, input_lengths_dev.data.ptr, costs.data.ptr, grads_desc, grads.data.ptr,
+            workspace_size.value, workspace.data.ptr), 'cudnnCTCLoss_v8')
     dlogits = cupy.ascontiguousarray(grads.transpose(1, 0, 2)[:, :, cupy.asarray(inverse)])
     impossible = cupy.asarray(input_lengths < min_frames(labels, label_lengths))
     costs = cupy.where(impossible, cupy.inf, costs)
@@ -178,19 +156,29 @@ def _host(value):
     return np.asarray(value)
 
 
-def _gpuk_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None):
-    from gpuk.kernels import ctc
-    loss, log_alpha = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank)
-    ones = np.ones(loss.shape, dtype=loss.dtype)
-    if not isinstance(loss, np.ndarray):
-        import cupy
-        ones = cupy.asarray(ones)
-    dlogits = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, ones, blank)
-    return loss, dlogits
+def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None):
+    """The twin's ctc_loss_fwd through cuDNN: (loss, log_alpha).
+
+    cudnnCTCLoss computes the loss and the gradient in one call and has no alphas to
+    give, so log_alpha (float32, the twin's shape) is left uncomputed: the backward on
+    the same problem also runs cuDNN (same dispatch key, same limits) and never reads it.
+    """
+    loss, _ = cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank)
+    batch, steps, _ = logits.shape
+    return loss, _array_module(logits).empty((batch, steps, 2 * np.shape(labels)[1] + 1), dtype=np.float32)
 
 
-def ctc_loss_with_grad(logits, labels, input_lengths, label_lengths, blank=None):
-    """(loss, dlogits for dloss = 1) from the 'ctc' family's implementation (gpuk or cuDNN)."""
-    key = (tuple(logits.shape), str(logits.dtype), tuple(np.shape(labels)), blank)
-    return dispatch.run('ctc', key, _gpuk_ctc_loss, cudnn_ctc_loss, logits, labels, input_lengths,
-                        label_lengths, blank)
+def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss, blank=None):
+    """The twin's ctc_loss_bwd through cuDNN: its gradient for dloss = 1, scaled by dloss.
+
+    log_alpha and loss are not read (cuDNN recomputes the forward recursion)."""
+    _, dlogits = cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank)
+    return dlogits * _array_module(dlogits).asarray(dloss, dtype=dlogits.dtype)[:, None, None]
+
+
+def _array_module(array):
+    """numpy for NumPy arrays (the tests' stand-in for the GPU), else cupy."""
+    if isinstance(array, np.ndarray):
+        return np
+    import cupy
+    return cupy

@@ -1,10 +1,9 @@
 """cuDNN path for pooling: the cuDNN 9 library's legacy pooling API through ctypes.
 
 The cuDNN Frontend has no pooling node, so this calls libcudnn.so.9 directly
-(cudnnCreatePoolingDescriptor / cudnnSetPoolingNdDescriptor / cudnnPoolingForward /
-cudnnPoolingBackward), loaded by ``gpuk.kernels.cudnn._load_library`` and detected by
-``cudnn.available()``. A legacy handle is kept per device and bound to CuPy's current
-stream on every call.
+(cudnnSetPoolingNdDescriptor / cudnnPoolingForward / cudnnPoolingBackward) with the
+prototypes, handle and descriptors of ``gpuk.kernels.cudnn_library``; ``cudnn.available()``
+says whether it can run.
 
 How our contract maps onto cuDNN's:
 - average pooling is CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING (padding excluded, as in
@@ -26,17 +25,13 @@ import math
 from collections import namedtuple
 
 from gpuk.ops import geometry
-from . import cudnn
+from . import cudnn, cudnn_library
+from .cudnn_library import CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING, CUDNN_POOLING_MAX_DETERMINISTIC
 
 __all__ = ['pool_problem', 'pooling_descriptor_args', 'tensor_descriptor_args', 'pool_fwd', 'pool_bwd',
            'max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd']
 
-# cudnn_ops.h / cudnn_graph.h enumerators (cuDNN 9)
-CUDNN_POOLING_MAX = 0
-CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING = 2
-CUDNN_POOLING_MAX_DETERMINISTIC = 3
-CUDNN_PROPAGATE_NAN = 1
-CUDNN_DATA_TYPES = {'float32': 0, 'float64': 1, 'float16': 2}
+CUDNN_DATA_TYPES = cudnn_library.DATA_TYPES
 POOLING_MODES = {'max': CUDNN_POOLING_MAX_DETERMINISTIC, 'avg': CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING}
 
 PoolProblem = namedtuple('PoolProblem', [
@@ -85,7 +80,7 @@ def pooling_descriptor_args(problem, mode):
     """(mode, nan propagation, nbDims, windowDimA, paddingA, strideA) for cudnnSetPoolingNdDescriptor."""
     if mode not in POOLING_MODES:
         raise ValueError("pooling_descriptor_args: mode must be 'max' or 'avg', got %r" % (mode,))
-    return (POOLING_MODES[mode], CUDNN_PROPAGATE_NAN, len(problem.window), list(problem.window),
+    return (POOLING_MODES[mode], cudnn_library.CUDNN_PROPAGATE_NAN, len(problem.window), list(problem.window),
             list(problem.pads), list(problem.strides))
 
 
@@ -99,78 +94,25 @@ def tensor_descriptor_args(shape, channels_last, dtype_name):
 
 # ---------------------------------------------------------------- library calls
 
-_handles = {}   # device id -> cudnnHandle_t (legacy API)
-
-
-def _check(library, status, what):
-    if status != 0:
-        library.cudnnGetErrorString.restype = ctypes.c_char_p
-        message = library.cudnnGetErrorString(status).decode(errors='replace')
-        raise RuntimeError('cudnn_legacy: %s failed with status %d (%s)' % (what, status, message))
-
-
-def _library_and_handle():
-    import cupy
-    if not cudnn.available():
-        raise RuntimeError('cudnn_legacy: the cuDNN path is unavailable: %s' % cudnn.why_unavailable())
-    library = cudnn._state['library']
-    device_id = cupy.cuda.Device().id
-    if device_id not in _handles:
-        handle = ctypes.c_void_p()
-        _check(library, library.cudnnCreate(ctypes.byref(handle)), 'cudnnCreate')
-        _handles[device_id] = handle
-    handle = _handles[device_id]
-    _check(library, library.cudnnSetStream(handle, ctypes.c_void_p(cupy.cuda.get_current_stream().ptr)),
-           'cudnnSetStream')
-    return library, handle
-
-
-class _Descriptors:
-    """Pooling and tensor descriptors for one call, destroyed on exit."""
-
-    def __init__(self, library):
-        self.library, self.tensors, self.pooling = library, [], None
-
-    def tensor(self, shape, channels_last, dtype_name):
-        lib = self.library
-        desc = ctypes.c_void_p()
-        _check(lib, lib.cudnnCreateTensorDescriptor(ctypes.byref(desc)), 'cudnnCreateTensorDescriptor')
-        self.tensors.append(desc)
-        data_type, nb, dims, strides = tensor_descriptor_args(shape, channels_last, dtype_name)
-        _check(lib, lib.cudnnSetTensorNdDescriptor(desc, data_type, nb, (ctypes.c_int * nb)(*dims),
-                                                   (ctypes.c_int * nb)(*strides)), 'cudnnSetTensorNdDescriptor')
-        return desc
-
-    def pool(self, problem, mode):
-        lib = self.library
-        self.pooling = ctypes.c_void_p()
-        _check(lib, lib.cudnnCreatePoolingDescriptor(ctypes.byref(self.pooling)), 'cudnnCreatePoolingDescriptor')
-        code, nan, nb, window, pads, strides = pooling_descriptor_args(problem, mode)
-        _check(lib, lib.cudnnSetPoolingNdDescriptor(self.pooling, code, nan, nb, (ctypes.c_int * nb)(*window),
-                                                    (ctypes.c_int * nb)(*pads), (ctypes.c_int * nb)(*strides)),
-               'cudnnSetPoolingNdDescriptor')
-        return self.pooling
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for desc in self.tensors:
-            self.library.cudnnDestroyTensorDescriptor(desc)
-        if self.pooling is not None:
-            self.library.cudnnDestroyPoolingDescriptor(self.pooling)
-
-
-def _scalars(dtype_name):
-    kind = ctypes.c_double if dtype_name == 'float64' else ctypes.c_float
-    return kind(1.0), kind(0.0)
-
-
 def _device_float(fn, name, array):
     import cupy
     if not isinstance(array, cupy.ndarray) or array.dtype.name not in CUDNN_DATA_TYPES:
         raise TypeError('%s: %s must be a float16/32/64 CuPy array, got %r' % (fn, name, getattr(array, 'dtype', array)))
     return cupy.ascontiguousarray(array)
+
+
+def _pooling_descriptors(d, problem, mode, dtype_name):
+    """(pooling, x, y) descriptors of ``problem`` in the Descriptors ``d``."""
+    code, nan, _, window, pads, strides = pooling_descriptor_args(problem, mode)
+    pool = d.pooling(code, nan, window, pads, strides)
+    xd = d.tensor(*_tensor_args(problem.x_shape, problem.channels_last, dtype_name))
+    yd = d.tensor(*_tensor_args(problem.y_shape, problem.channels_last, dtype_name))
+    return pool, xd, yd
+
+
+def _tensor_args(shape, channels_last, dtype_name):
+    data_type, _, dims, strides = tensor_descriptor_args(shape, channels_last, dtype_name)
+    return data_type, dims, strides
 
 
 def pool_fwd(x, window, strides, pads, data_format, mode):
@@ -179,15 +121,13 @@ def pool_fwd(x, window, strides, pads, data_format, mode):
     x = _device_float('pool_fwd', 'x', x)
     problem = pool_problem('pool_fwd', x.shape, window, strides, pads, data_format)
     y = cupy.empty(problem.y_shape, x.dtype)
-    library, handle = _library_and_handle()
-    alpha, beta = _scalars(x.dtype.name)
-    with _Descriptors(library) as d:
-        pool = d.pool(problem, mode)
-        xd = d.tensor(problem.x_shape, problem.channels_last, x.dtype.name)
-        yd = d.tensor(problem.y_shape, problem.channels_last, x.dtype.name)
-        _check(library, library.cudnnPoolingForward(handle, pool, ctypes.byref(alpha), xd, ctypes.c_void_p(x.data.ptr),
-                                                    ctypes.byref(beta), yd, ctypes.c_void_p(y.data.ptr)),
-               'cudnnPoolingForward')
+    lib = cudnn_library.library()
+    handle = cudnn_library.handle(lib)
+    alpha, beta = cudnn_library.scalars(x.dtype.name)
+    with cudnn_library.Descriptors(lib) as d:
+        pool, xd, yd = _pooling_descriptors(d, problem, mode, x.dtype.name)
+        cudnn_library.check(lib, lib.cudnnPoolingForward(handle, pool, ctypes.byref(alpha), xd, x.data.ptr,
+                                                         ctypes.byref(beta), yd, y.data.ptr), 'cudnnPoolingForward')
     return y.reshape(_unlifted(problem, problem.y_shape))
 
 
@@ -197,16 +137,15 @@ def pool_bwd(dy, y, x, window, strides, pads, data_format, mode):
     dy, y, x = (_device_float('pool_bwd', n, a) for n, a in (('dy', dy), ('y', y), ('x', x)))
     problem = pool_problem('pool_bwd', x.shape, window, strides, pads, data_format)
     dx = cupy.empty(problem.x_shape, dy.dtype)
-    library, handle = _library_and_handle()
-    alpha, beta = _scalars(dy.dtype.name)
-    with _Descriptors(library) as d:
-        pool = d.pool(problem, mode)
-        xd = d.tensor(problem.x_shape, problem.channels_last, dy.dtype.name)
-        yd = d.tensor(problem.y_shape, problem.channels_last, dy.dtype.name)
-        _check(library, library.cudnnPoolingBackward(
-            handle, pool, ctypes.byref(alpha), yd, ctypes.c_void_p(y.data.ptr), yd, ctypes.c_void_p(dy.data.ptr),
-            xd, ctypes.c_void_p(x.data.ptr), ctypes.byref(beta), xd, ctypes.c_void_p(dx.data.ptr)),
-            'cudnnPoolingBackward')
+    lib = cudnn_library.library()
+    handle = cudnn_library.handle(lib)
+    alpha, beta = cudnn_library.scalars(dy.dtype.name)
+    with cudnn_library.Descriptors(lib) as d:
+        pool, xd, yd = _pooling_descriptors(d, problem, mode, dy.dtype.name)
+        # (y, dy) share y's descriptor and (x, dx) x's: packed arrays of one layout
+        cudnn_library.check(lib, lib.cudnnPoolingBackward(
+            handle, pool, ctypes.byref(alpha), yd, y.data.ptr, yd, dy.data.ptr, xd, x.data.ptr,
+            ctypes.byref(beta), xd, dx.data.ptr), 'cudnnPoolingBackward')
     return dx.reshape(x.shape)
 
 

@@ -9,12 +9,19 @@ moves it back in the result. Rows up to WARP_ROW_MAX_COLS classes get one warp e
 longer rows one block each. float16 is computed in float32 and the saved log-sum-exp
 (and the dloss the backward kernels read) stay float32. Inputs paired with the logits
 or probabilities (target, dloss) are cast to their dtype first.
+
+On the CUDA runtime the softmax functions run the 'softmax_xent' family's choice
+(``GPUK_KERNELS=softmax_xent=gpuk|cudnn|auto``): these kernels or cuDNN's softmax
+(gpuk/kernels/cudnn_softmax.py). cuDNN has no fused cross-entropy, so the cross-entropy
+functions always run these kernels (saying so once when the family is set to 'cudnn').
 """
+import functools
 from pathlib import Path
 
 import numpy as np
 
 from gpuk.cpu_fallback import softmax_xent_checks as checks
+from . import cudnn_softmax, dispatch
 from .runtime import register_build, resolve
 
 __all__ = [
@@ -167,24 +174,57 @@ def _softmax_like_bwd(fn, first_name, y, dy, axis, log_input, rt):
     return rows.restore(dx)
 
 
+def _softmax_entry(op, rt, gpuk_fn, cudnn_fn, first, *rest):
+    """Runs the 'softmax_xent' family's implementation of a softmax function (gpuk or cuDNN)."""
+    if rt.kind != 'cuda':
+        return gpuk_fn(first, *rest)
+    key = (op, np.shape(first), str(getattr(first, 'dtype', '')), rest[-1])   # rest[-1]: axis
+    return dispatch.run('softmax_xent', key, gpuk_fn, cudnn_fn, first, *rest)
+
+
 def softmax_fwd(x, axis=-1, *, runtime=None):
     """exp(x - max) / sum(exp(x - max)) along axis."""
-    return _softmax_like_fwd('softmax_fwd', x, axis, 0, resolve(runtime))
+    rt = resolve(runtime)
+    return _softmax_entry('softmax_fwd', rt, functools.partial(_softmax_like_fwd, 'softmax_fwd', log_output=0, rt=rt),
+                          cudnn_softmax.softmax_fwd, x, axis)
 
 
 def softmax_bwd(y, dy, axis=-1, *, runtime=None):
     """dx = y * (dy - sum(dy * y)) with y the saved softmax output."""
-    return _softmax_like_bwd('softmax_bwd', 'y', y, dy, axis, 0, resolve(runtime))
+    rt = resolve(runtime)
+    return _softmax_entry('softmax_bwd', rt,
+                          functools.partial(_softmax_like_bwd, 'softmax_bwd', 'y', log_input=0, rt=rt),
+                          cudnn_softmax.softmax_bwd, y, dy, axis)
 
 
 def log_softmax_fwd(x, axis=-1, *, runtime=None):
     """x - log(sum(exp(x))) along axis."""
-    return _softmax_like_fwd('log_softmax_fwd', x, axis, 1, resolve(runtime))
+    rt = resolve(runtime)
+    return _softmax_entry('log_softmax_fwd', rt,
+                          functools.partial(_softmax_like_fwd, 'log_softmax_fwd', log_output=1, rt=rt),
+                          cudnn_softmax.log_softmax_fwd, x, axis)
 
 
 def log_softmax_bwd(log_y, dy, axis=-1, *, runtime=None):
     """dx = dy - exp(log_y) * sum(dy) with log_y the saved log_softmax output."""
-    return _softmax_like_bwd('log_softmax_bwd', 'log_y', log_y, dy, axis, 1, resolve(runtime))
+    rt = resolve(runtime)
+    return _softmax_entry('log_softmax_bwd', rt,
+                          functools.partial(_softmax_like_bwd, 'log_softmax_bwd', 'log_y', log_input=1, rt=rt),
+                          cudnn_softmax.log_softmax_bwd, log_y, dy, axis)
+
+
+def _no_cudnn_cross_entropy(function):
+    """cuDNN has no fused cross-entropy: on the CUDA runtime the call still goes through the
+    dispatcher, which runs gpuk's kernel and, when the family is set to 'cudnn', says so once."""
+    @functools.wraps(function)
+    def entry(*args, runtime=None, **kwargs):
+        rt = resolve(runtime)
+        gpuk_fn = functools.partial(function, runtime=rt)
+        if rt.kind != 'cuda':
+            return gpuk_fn(*args, **kwargs)
+        return dispatch.run('softmax_xent', function.__name__, gpuk_fn, cudnn_softmax.fused_cross_entropy_unsupported,
+                            *args, **kwargs)
+    return entry
 
 
 # ---------------------------------------------------------------- cross-entropy from logits
@@ -193,6 +233,7 @@ def _reduced(rows):
     return rows.moved_shape[:-1]
 
 
+@_no_cudnn_cross_entropy
 def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
     """Cross-entropy of softmax(logits) against `target`; one read pass per row.
 
@@ -213,6 +254,7 @@ def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
     return loss, lse
 
 
+@_no_cudnn_cross_entropy
 def softmax_xent_bwd(logits, target, lse, dloss, axis=-1, *, runtime=None):
     """dlogits = (softmax(logits) * sum(target) - target) * dloss."""
     fn, rt = 'softmax_xent_bwd', resolve(runtime)
@@ -229,6 +271,7 @@ def softmax_xent_bwd(logits, target, lse, dloss, axis=-1, *, runtime=None):
     return rows.restore(dlogits)
 
 
+@_no_cudnn_cross_entropy
 def softmax_xent_dtarget(logits, lse, dloss, axis=-1, *, runtime=None):
     """Gradient of softmax_xent_fwd's loss with respect to target: -(logits - lse) * dloss."""
     fn, rt = 'softmax_xent_dtarget', resolve(runtime)
@@ -243,6 +286,7 @@ def softmax_xent_dtarget(logits, lse, dloss, axis=-1, *, runtime=None):
     return rows.restore(dtarget)
 
 
+@_no_cudnn_cross_entropy
 def sparse_softmax_xent_fwd(logits, labels, axis=-1, *, runtime=None):
     """Cross-entropy of softmax(logits) against integer class `labels`.
 
@@ -262,6 +306,7 @@ def sparse_softmax_xent_fwd(logits, labels, axis=-1, *, runtime=None):
     return loss, lse
 
 
+@_no_cudnn_cross_entropy
 def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1, *, runtime=None):
     """dlogits = (softmax(logits) - one_hot(labels)) * dloss."""
     fn, rt = 'sparse_softmax_xent_bwd', resolve(runtime)
@@ -302,17 +347,20 @@ def _categorical(fn, rt, probs, target, dloss, axis, epsilon, mode):
     return loss if mode == 0 else rows.restore(out)
 
 
+@_no_cudnn_cross_entropy
 def categorical_xent_probs_fwd(probs, target, axis=-1, epsilon=1e-7, *, runtime=None):
     """Keras categorical_crossentropy(from_logits=False):
     p = probs / sum(probs); -sum(target * log(clip(p, eps, 1 - eps)))."""
     return _categorical('categorical_xent_probs_fwd', resolve(runtime), probs, target, None, axis, epsilon, 0)
 
 
+@_no_cudnn_cross_entropy
 def categorical_xent_probs_bwd(probs, target, dloss, axis=-1, epsilon=1e-7, *, runtime=None):
     """Gradient of categorical_xent_probs_fwd with respect to probs."""
     return _categorical('categorical_xent_probs_bwd', resolve(runtime), probs, target, dloss, axis, epsilon, 1)
 
 
+@_no_cudnn_cross_entropy
 def categorical_xent_probs_dtarget(probs, dloss, axis=-1, epsilon=1e-7, *, runtime=None):
     """Gradient of categorical_xent_probs_fwd with respect to target: -log(clip(p)) * dloss."""
     return _categorical('categorical_xent_probs_dtarget', resolve(runtime), probs, None, dloss, axis, epsilon, 2)
@@ -341,36 +389,42 @@ def _binary(fn, rt, first_name, first, second_name, second, dloss, op, epsilon=0
     return out
 
 
+@_no_cudnn_cross_entropy
 def binary_xent_logits_fwd(logits, target, *, runtime=None):
     """Elementwise max(x, 0) - x z + log1p(exp(-|x|)) (no overflow for any x)."""
     return _binary('binary_xent_logits_fwd', resolve(runtime), 'logits', logits, 'target', target, None,
                    'logits_fwd')
 
 
+@_no_cudnn_cross_entropy
 def binary_xent_logits_bwd(logits, target, dloss, *, runtime=None):
     """dlogits = (sigmoid(x) - z) * dloss."""
     return _binary('binary_xent_logits_bwd', resolve(runtime), 'logits', logits, 'target', target, dloss,
                    'logits_bwd')
 
 
+@_no_cudnn_cross_entropy
 def binary_xent_logits_dtarget(logits, dloss, *, runtime=None):
     """dtarget = -x * dloss."""
     return _binary('binary_xent_logits_dtarget', resolve(runtime), 'logits', logits, 'dloss', dloss, None,
                    'logits_dtarget')
 
 
+@_no_cudnn_cross_entropy
 def binary_xent_probs_fwd(probs, target, epsilon=1e-7, *, runtime=None):
     """Keras binary_crossentropy(from_logits=False): q = clip(p); -(z log q + (1 - z) log(1 - q))."""
     return _binary('binary_xent_probs_fwd', resolve(runtime), 'probs', probs, 'target', target, None,
                    'probs_fwd', epsilon)
 
 
+@_no_cudnn_cross_entropy
 def binary_xent_probs_bwd(probs, target, dloss, epsilon=1e-7, *, runtime=None):
     """dprobs = (-z / q + (1 - z) / (1 - q)) * dloss inside the clip range, 0 outside."""
     return _binary('binary_xent_probs_bwd', resolve(runtime), 'probs', probs, 'target', target, dloss,
                    'probs_bwd', epsilon)
 
 
+@_no_cudnn_cross_entropy
 def binary_xent_probs_dtarget(probs, dloss, epsilon=1e-7, *, runtime=None):
     """dtarget = (log(1 - q) - log q) * dloss."""
     return _binary('binary_xent_probs_dtarget', resolve(runtime), 'probs', probs, 'dloss', dloss, None,

@@ -1,8 +1,10 @@
 import os
+import types
 
 import pytest
 
-from gpuk.kernels import runtime
+from gpuk import config
+from gpuk.kernels import cudnn, dispatch, runtime
 
 KERNEL_RUNTIMES = ['emulate', pytest.param('cuda', marks=pytest.mark.gpu)]
 
@@ -31,3 +33,15 @@ def kernel_runtime(request):
 @pytest.fixture
 def emulator():
     return runtime.get_runtime('emulate')
+
+
+@pytest.fixture
+def cuda_standin(monkeypatch, emulator):
+    """The emulator presented as the CUDA runtime, with cuDNN reported available."""
+    standin = types.SimpleNamespace(kind='cuda', xp=emulator.xp, load=emulator.load)
+    monkeypatch.setattr(runtime, 'current', lambda: standin)
+    monkeypatch.setattr(cudnn, 'available', lambda: True)
+    monkeypatch.setattr(config, '_kernels', dict(config._kernels))
+    monkeypatch.setattr(dispatch, '_warned', set())
+    monkeypatch.setattr(dispatch, '_auto_choice', {})
+    return standin

@@ -222,21 +222,6 @@ def test_cudnn_label_packing_and_descriptor():
     assert args['max_label_length'] == 12 and args['norm_mode'] == cudnn_ctc.CUDNN_LOSS_NORMALIZATION_SOFTMAX
 
 
-def test_cudnn_loss_falls_back_to_gpuk_off_the_gpu():
-    """dispatch.run takes gpuk's kernels on the emulated runtime; the result is the twin's."""
-    previous = runtime.set_current('emulate')
-    try:
-        rng = np.random.default_rng(4)
-        x, labels, input_lengths, label_lengths = _batch(rng, np.float64)
-        loss, grad = cudnn_ctc.ctc_loss_with_grad(x, labels, input_lengths, label_lengths)
-    finally:
-        runtime.set_current(previous)
-    loss_t, log_alpha_t = twin.ctc_loss_fwd(x, labels, input_lengths, label_lengths)
-    assert_close(loss, loss_t, np.float64, 'loss')
-    assert_close(grad, twin.ctc_loss_bwd(x, labels, input_lengths, label_lengths, log_alpha_t, loss_t,
-                                         np.ones(5)), np.float64, 'grad')
-
-
 @pytest.mark.gpu
 def test_cudnn_ctc_matches_gpuk():
     from gpuk.kernels import cudnn, dispatch

@@ -1,0 +1,134 @@
+"""The convolution graphs of gpuk.kernels.cudnn against the installed cuDNN Frontend, without
+a GPU: every graph conv_fwd/conv_dgrad/conv_wgrad builds (fprop, dgrad, wgrad; NHWC and
+NCHW; 1-d lifted, 2-d, 3-d; float16/32/64) is constructed with our real arguments, and,
+where the cuDNN 9 library loads, planned for a described H100 (cuDNN's device-less
+heuristics) up to built plans. Skipped where the frontend does not import (CI)."""
+import json
+
+import pytest
+
+from gpuk.kernels import cudnn
+
+CASES = [
+    ('channels_last', (2, 9, 8, 3), (3, 2, 3, 4), (2, 1), (1, 2), ((1, 2), (0, 1))),
+    ('channels_first', (2, 3, 7, 6), (2, 3, 3, 5), (1, 2), (2, 1), ((2, 0), (1, 1))),
+    ('channels_last', (3, 11, 2), (3, 2, 4), (2,), (1,), ((0, 1),)),
+    ('channels_first', (1, 2, 5, 4, 6), (2, 1, 3, 2, 3), (1, 1, 2), (1, 1, 1), ((1, 0), (0, 0), (1, 2))),
+    ('channels_last', (1, 5, 4, 6, 8), (2, 1, 3, 8, 16), (2, 1, 1), (1, 1, 2), ((0, 0), (1, 1), (2, 2))),
+]
+OPS = ['fprop', 'dgrad', 'wgrad']
+DTYPES = [('float16', 'float32'), ('float32', 'float32'), ('float32', 'tf32'), ('float64', 'float32')]
+IO_TYPES = {'float16': 'HALF', 'float32': 'FLOAT', 'float64': 'DOUBLE'}
+# A device description for cuDNN's device-less (AOT) heuristics: an H100 SXM (sm_90).
+H100 = dict(cudaDeviceId=0, deviceName='NVIDIA H100 80GB HBM3', deviceVer=900, driverVer=13000, isTccDriver=0,
+            l2CacheSize=50 << 20, maxCtasPerSM=32, maxRegistersPerSM=65536, maxSharedMemoryPerBlock=48 << 10,
+            maxSharedMemoryPerBlockOptin=227 << 10, maxThreadsPerBlock=1024, maxThreadsPerSM=2048,
+            memClockRateKHz=2619000, memoryBusWidth=5120, multiProcessorCount=132, pciDeviceId=0,
+            regsPerBlock=65536, reservedSharedMemoryPerBlock=1024, smClockRateKHz=1980000, smCountOrigin=0,
+            supportCoopLaunch=1, totalGlobalMem=80 << 30, warpSize=32, maxBlockSize=[1024, 1024, 64],
+            maxGridSize=[2 ** 31 - 1, 65535, 65535])
+
+
+@pytest.fixture(scope='module')
+def frontend():
+    module, reason = cudnn._import_frontend()
+    if module is None:
+        pytest.skip(reason)
+    return module
+
+
+@pytest.fixture(scope='module')
+def h100(frontend):
+    """The H100 as a frontend device_property (needs libcudnn, no GPU)."""
+    library, reason = cudnn._load_library()
+    if library is None:
+        pytest.skip(reason)
+    try:
+        return frontend._pybind_module.create_device_properties(json.dumps(H100))
+    except Exception as exc:
+        pytest.skip('this cuDNN cannot describe a device without one: %s' % exc)
+
+
+def _problem(case):
+    data_format, x_shape, w_shape, strides, dilation, pads = case
+    return cudnn.conv_problem('t', x_shape, w_shape, strides, dilation, pads, data_format)
+
+
+def _expected_dims(op, problem):
+    """(input dims, input dims, output dims) in cuDNN's (N, C, *spatial) order."""
+    cl = problem.channels_last
+    x = cudnn.cudnn_dims(problem.padded_x_shape, cl)
+    y = cudnn.cudnn_dims(problem.y_shape, cl)
+    w = cudnn.filter_dims(problem.w_shape)
+    return {'fprop': (x, w, y), 'dgrad': (y, w, x), 'wgrad': (x, y, w)}[op]
+
+
+@pytest.mark.parametrize('dtype, precision', DTYPES)
+@pytest.mark.parametrize('op', OPS)
+@pytest.mark.parametrize('case', CASES)
+def test_graph_is_what_cudnn_must_run(frontend, case, op, dtype, precision):
+    problem = _problem(case)
+    graph, tensors, bar = cudnn.graph_for(frontend, op, problem, dtype, precision)
+    assert bar == (dtype == 'float32' and precision == 'float32')
+    io_type = getattr(frontend.data_type, IO_TYPES[dtype])
+    for tensor, dims in zip(tensors, _expected_dims(op, problem)):
+        assert tensor.get_dim() == list(dims)
+        assert tensor.get_stride() == list(cudnn.layout_strides(dims, problem.channels_last))
+        assert tensor.get_data_type() == io_type
+    assert not any(t.get_is_virtual() for t in tensors)      # every one is a variant-pack buffer
+    (node,) = graph.nodes
+    assert node.params == {'padding': list(problem.symmetric_pads), 'stride': list(problem.strides),
+                           'dilation': list(problem.dilation)}
+    compute = frontend.data_type.DOUBLE if dtype == 'float64' else frontend.data_type.FLOAT
+    assert node.compute_data_type == compute
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_frontend_infers_our_output_dims(frontend, case):
+    """fprop's dims follow from the inputs; dgrad's are ambiguous under stride (we set them)."""
+    problem = _problem(case)
+    x, w, y = _expected_dims('fprop', problem)
+    graph = frontend.pygraph(io_data_type=frontend.data_type.FLOAT)
+    out = graph.conv_fprop(image=graph.tensor(dim=list(x)), weight=graph.tensor(dim=list(w)),
+                           padding=list(problem.symmetric_pads), stride=list(problem.strides),
+                           dilation=list(problem.dilation))
+    assert out.get_dim() == list(y)
+    graph = frontend.pygraph(io_data_type=frontend.data_type.FLOAT)
+    dx = graph.conv_dgrad(loss=graph.tensor(dim=list(y)), filter=graph.tensor(dim=list(w)),
+                          padding=list(problem.symmetric_pads), stride=list(problem.strides),
+                          dilation=list(problem.dilation))
+    for inferred, ours, stride in zip(dx.get_dim()[2:], x[2:], problem.strides):
+        assert 0 <= ours - inferred < stride
+
+
+def _deselected_plans(graph):
+    """Indices of the backend's plans a deselect_* filter has barred."""
+    lowered, barred = graph._lowered_graph, set()
+    for index in range(lowered.get_execution_plan_count()):
+        try:
+            lowered.build_plan_at_index(index)
+        except Exception as exc:
+            if 'Deselect' not in str(exc):
+                raise
+            barred.add(index)
+    return barred
+
+
+@pytest.mark.parametrize('dtype, precision', DTYPES)
+@pytest.mark.parametrize('op', OPS)
+@pytest.mark.parametrize('case', CASES)
+def test_graph_plans_for_an_h100(frontend, h100, case, op, dtype, precision):
+    """validate, build_operation_graph, heuristics, our filters and the plan walk (check_support
+    needs a device); the variant pack we build is exactly the one the graph asks for."""
+    problem = _problem(case)
+    graph, tensors, bar = cudnn.graph_for(frontend, op, problem, dtype, precision, device_property=h100)
+    cudnn.plan(frontend, graph, bar)
+    graph.build_plans()
+    assert graph._variant_pack_uids() == sorted(t.get_uid() for t in tensors)
+    barred = _deselected_plans(graph)
+    if bar:
+        # the filter marks the tensor-core (TF32) engines, and the walk built another plan
+        assert barred, 'no plan carries the TENSOR_CORE note: the filter cannot have acted'
+        assert graph.plans[graph._plan_index].cpp_index not in barred
+    else:
+        assert not barred
