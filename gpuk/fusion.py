@@ -1,5 +1,8 @@
 """Plan-time fusion of the chains Keras layers produce: conv -> bias_add [-> relu] becomes one
-convolution with a fused epilogue (ops.bias.ConvBiasAct), bias_add -> relu one BiasAct('relu').
+convolution with a fused epilogue (ops.bias.ConvBiasAct), bias_add -> relu one BiasAct('relu'),
+batch norm -> relu one BnTrain / BnInfer with activation='relu' (also through the layer's
+learning-phase switch), and the BatchNormalization layer's two moving-average updates part of
+its BnTrain (ops.batchnorm.MovingAverages).
 
 It rewrites a plan's steps ``(op, input_slots, output_slots)`` after constant folding. A chain
 is fused only when every intermediate it removes has exactly one reader in the whole plan
@@ -10,14 +13,22 @@ its inputs were all computed before that, and every reader of its output comes a
 The plain relu's gradient reads the relu's output, not its input (ops/activation.py), so in
 training plans the bias-add output has the relu as its only reader and fuses away too.
 
+Batch norm's outputs have one more kind of reader in training plans: the gradient of the
+learning-phase switch (a ``where``) sums its gradient to the *shape* of each branch
+(SumToShapeOf(g, like) reads only like's shape). Such shape-only reads of a batch norm's y
+are moved to the batch norm's x, whose shape y has by definition; then y's one reader is the
+relu or the switch and the rule above applies unchanged.
+
 ``GPUK_FUSION=0`` turns the pass off (read when a plan is compiled).
 """
 import os
-from collections import Counter
+from collections import Counter, defaultdict
 
 from gpuk.ops.activation import Relu
+from gpuk.ops.batchnorm import BnInfer, BnTrain, MovingAverages
 from gpuk.ops.bias import BiasAct, ConvBiasAct
 from gpuk.ops.conv import ConvFwd
+from gpuk.ops.elementwise import Binary, BroadcastLike, SumToShapeOf, Where
 
 
 def enabled():
@@ -46,6 +57,13 @@ def _is_linear_bias(op):
 
 
 def fuse(steps, protected):
+    """The steps with every chain this module knows fused (see the module docstring)."""
+    steps = _fuse_bias_chains(steps, protected)
+    steps = _fuse_batchnorm_relu(steps, protected)
+    return _fuse_moving_averages(steps, protected)
+
+
+def _fuse_bias_chains(steps, protected):
     """The steps with conv -> bias_add [-> relu] and bias_add -> relu chains fused.
 
     ``steps``: ``(op, input_slots, output_slots)`` in execution order; ``protected``: slots
@@ -86,3 +104,181 @@ def fuse(steps, protected):
             fused_at[chain[-1]] = fused
     return [fused_at.get(i, step) for i, step in enumerate(steps)
             if i not in claimed or i in fused_at]
+
+
+# ---------------------------------------------------------------- batch normalization
+
+class _Readers:
+    """Who reads each slot: value readers ``(step, position)`` and shape-only readers (the
+    ``like`` input of SumToShapeOf / BroadcastLike)."""
+
+    def __init__(self, steps):
+        self.values, self.shapes = defaultdict(list), defaultdict(list)
+        for i, (op, ins, _) in enumerate(steps):
+            for position, slot in enumerate(ins):
+                shape_only = position == 1 and type(op) in (SumToShapeOf, BroadcastLike)
+                (self.shapes if shape_only else self.values)[slot].append((i, position))
+        self.producer = {slot: i for i, (_, _, outs) in enumerate(steps) for slot in outs}
+
+    def sole_value_reader(self, slot, protected):
+        """The step that alone reads ``slot``'s value (shape reads aside), or None."""
+        readers = self.values[slot]
+        if slot in protected or len(readers) != 1:
+            return None
+        return readers[0][0]
+
+
+def _is_linear_bn(op):
+    return type(op) in (BnTrain, BnInfer) and op.activation == 'linear' and getattr(op, 'moving', None) is None
+
+
+def _with_relu(op):
+    """The batch-norm op with the relu epilogue."""
+    if type(op) is BnTrain:
+        return BnTrain(op.axes, op.epsilon, op.has_gamma, op.has_beta, op.where, 'relu', op.moving)
+    return BnInfer(op.epsilon, op.has_gamma, op.has_beta, op.axis, op.where, 'relu')
+
+
+def _bn_branch(steps, readers, slot, reader, protected):
+    """The index of the linear batch norm whose y is ``slot`` when step ``reader`` alone reads
+    that value, else None."""
+    i = readers.producer.get(slot)
+    if i is None or not _is_linear_bn(steps[i][0]) or steps[i][2][0] != slot:
+        return None
+    return i if readers.sole_value_reader(slot, protected) == reader else None
+
+
+def _fuse_batchnorm_relu(steps, protected):
+    """relu(bn(x)) -> bn(x, activation='relu'), and relu(where(c, bn_a, bn_b)) ->
+    where(c, bn_a(relu), bn_b(relu)) (BatchNormalization's learning-phase switch), when
+    every removed value has one value reader; shape-only reads of the relu's input move to
+    the relu's output (relu keeps shapes)."""
+    readers = _Readers(steps)
+    steps = [(op, list(ins), list(outs)) for op, ins, outs in steps]
+    removed = set()
+    for r, (op, ins, outs) in enumerate(steps):
+        if not _is_plain_relu(op) or readers.sole_value_reader(ins[0], protected) != r:
+            continue
+        source = readers.producer.get(ins[0])
+        if source is not None and type(steps[source][0]) is Where:
+            _, (_, a, b), _ = steps[source]
+            branches = [_bn_branch(steps, readers, slot, source, protected) for slot in (a, b)]
+        else:
+            branches = [_bn_branch(steps, readers, ins[0], r, protected)]
+        if None in branches or len(set(branches)) != len(branches):
+            continue
+        for i in branches:
+            steps[i] = (_with_relu(steps[i][0]), steps[i][1], steps[i][2])
+        steps[source][2][0] = outs[0]   # the switch, or the batch norm, writes the relu's output
+        for i, position in readers.shapes[ins[0]]:
+            steps[i][1][position] = outs[0]
+        removed.add(r)
+    return [step for i, step in enumerate(steps) if i not in removed]
+
+
+def _is_binary(op, name):
+    return type(op) is Binary and op.name == name
+
+
+def _removable(slot, readers, protected):
+    """An intermediate the fused op drops: one value reader, no shape reader, not kept."""
+    return slot not in protected and len(readers.values[slot]) == 1 and not readers.shapes[slot]
+
+
+def _moving_update(steps, readers, protected, value, s1):
+    """Matches Keras's ``moving - (moving - value) * decay`` (K.moving_average_update with
+    every cast an identity) starting at step ``s1``: (moving, decay, result, [s1, s2, s3])."""
+    op1, ins1, outs1 = steps[s1]
+    if not _is_binary(op1, 'subtract') or ins1[1] != value or not _removable(outs1[0], readers, protected):
+        return None
+    s2 = readers.values[outs1[0]][0][0]
+    op2, ins2, outs2 = steps[s2]
+    if not _is_binary(op2, 'multiply') or ins2[0] != outs1[0] or not _removable(outs2[0], readers, protected):
+        return None
+    s3 = readers.values[outs2[0]][0][0]
+    op3, ins3, outs3 = steps[s3]
+    if not _is_binary(op3, 'subtract') or ins3 != [ins1[0], outs2[0]]:
+        return None
+    return ins1[0], ins2[1], outs3[0], [s1, s2, s3]
+
+
+def _only(matches):
+    matches = [m for m in matches if m is not None]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _mean_update(steps, readers, protected, mean):
+    return _only(_moving_update(steps, readers, protected, mean, i) for i, _ in readers.values[mean])
+
+
+def _var_update(steps, readers, protected, var):
+    """The variance's update, of var itself or of var * factor (the layer's correction):
+    (moving, decay, factor or None, result, steps)."""
+    candidates = []
+    for i, position in readers.values[var]:
+        op, ins, outs = steps[i]
+        if _is_binary(op, 'multiply') and ins[0] != ins[1] and _removable(outs[0], readers, protected):
+            factor = ins[1 - position]
+            for j, _ in readers.values[outs[0]]:
+                match = _moving_update(steps, readers, protected, outs[0], j)
+                candidates.append(match and (match[0], match[1], factor, match[2], [i] + match[3]))
+        else:
+            match = _moving_update(steps, readers, protected, var, i)
+            candidates.append(match and (match[0], match[1], None, match[2], match[3]))
+    return _only(candidates)
+
+
+def _producers_after(steps, readers, position, slots):
+    """The steps after ``position`` that the values ``slots`` need (transitively); None when
+    one of them needs step ``position`` itself."""
+    found, stack = set(), [readers.producer.get(s) for s in slots]
+    while stack:
+        i = stack.pop()
+        if i is None or i < position or i in found:
+            continue
+        if i == position:
+            return None
+        found.add(i)
+        stack.extend(readers.producer.get(s) for s in steps[i][1])
+    return found
+
+
+def _fuse_moving_averages(steps, protected):
+    """BnTrain + Keras's two moving-average updates of its mean and variance -> one BnTrain
+    with MovingAverages, at the BnTrain's place. The scalars the updates read (decay, the
+    variance correction computed from K.shape) may come later in the plan: the steps that
+    compute them, which cannot depend on the batch norm, move before it."""
+    fused_any = True
+    while fused_any:
+        fused_any = False
+        readers = _Readers(steps)
+        for t, (op, ins, outs) in enumerate(steps):
+            if type(op) is not BnTrain or op.moving is not None:
+                continue
+            rewritten = _with_moving_averages(steps, readers, protected, t)
+            if rewritten is not None:
+                steps, fused_any = rewritten, True
+                break
+    return steps
+
+
+def _with_moving_averages(steps, readers, protected, t):
+    op, ins, outs = steps[t]
+    mean_update = _mean_update(steps, readers, protected, outs[1])
+    var_update = _var_update(steps, readers, protected, outs[2])
+    if mean_update is None or var_update is None:
+        return None
+    moving_mean, decay, next_mean, mean_steps = mean_update
+    moving_var, var_decay, factor, next_var, var_steps = var_update
+    if moving_mean == moving_var:
+        return None
+    extra = [moving_mean, moving_var, decay, var_decay] + ([factor] if factor is not None else [])
+    hoisted = _producers_after(steps, readers, t, extra)
+    removed = set(mean_steps) | set(var_steps)
+    if hoisted is None or hoisted & removed:
+        return None
+    fused_op = BnTrain(op.axes, op.epsilon, op.has_gamma, op.has_beta, op.where, op.activation,
+                       MovingAverages(factor is not None))
+    fused = (fused_op, list(ins) + extra, list(outs) + [next_mean, next_var])
+    later = [s for i, s in enumerate(steps) if i > t and i not in hoisted and i not in removed]
+    return steps[:t] + [steps[i] for i in sorted(hoisted)] + [fused] + later

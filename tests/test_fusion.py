@@ -269,3 +269,178 @@ def test_twin_epilogue_keeps_nan_and_checks_arguments():
         conv_twin.conv_fwd(x, w, *args, epilogue='bias', bias=np.zeros(3, np.float32))
     with pytest.raises(TypeError, match='bias.dtype must equal x.dtype'):
         conv_twin.conv_fwd(x, w, *args, epilogue='bias', bias=np.zeros(2, np.float64))
+
+
+# ---------------------------------------------------------------- batch normalization
+
+def _keras_batch_norm(x, gamma, beta, moving_mean, moving_var, axis, momentum=0.99, epsilon=1e-3):
+    """What keras.layers.BatchNormalization.call (Keras 2.3.1) builds, with its updates."""
+    ndim = len(K.int_shape(x))
+    reduction_axes = [a for a in range(ndim) if a != axis % ndim]
+    broadcast_shape = [1] * ndim
+    broadcast_shape[axis] = K.int_shape(x)[axis]
+    needs_broadcasting = sorted(reduction_axes) != list(range(ndim))[:-1]
+
+    def normalize_inference():
+        params = [moving_mean, moving_var, beta, gamma]
+        if needs_broadcasting:
+            params = [K.reshape(p, broadcast_shape) for p in params]
+        return K.batch_normalization(x, *params, axis=axis, epsilon=epsilon)
+    normed, mean, variance = K.normalize_batch_in_training(x, gamma, beta, reduction_axes, epsilon=epsilon)
+    sample_size = K.cast(K.prod([K.shape(x)[a] for a in reduction_axes]), dtype=K.dtype(x))
+    variance *= sample_size / (sample_size - (1.0 + epsilon))
+    updates = [K.moving_average_update(moving_mean, mean, momentum),
+               K.moving_average_update(moving_var, variance, momentum)]
+    return K.in_train_phase(normed, normalize_inference), updates
+
+
+def _bn_problem(rng, data_format, dtype):
+    shape = (3, 4, 5, 7) if data_format == 'channels_last' else (3, 7, 4, 5)
+    return (rng.standard_normal(shape).astype(dtype) * 2 + 1, rng.uniform(0.5, 1.5, 7).astype(dtype),
+            rng.standard_normal(7).astype(dtype), rng.standard_normal(7).astype(dtype),
+            rng.uniform(0.5, 2, 7).astype(dtype))
+
+
+def _bn_relu_step(monkeypatch, fusion, data_format, dtype, values, activation=K.relu):
+    """One Keras-style BN -> relu training step: (function, outputs per phase, variables after)."""
+    xv, *init = values
+    axis = -1 if data_format == 'channels_last' else 1
+    x = K.placeholder((None,) + xv.shape[1:], dtype=dtype)
+    gamma, beta, moving_mean, moving_var = (K.variable(v, dtype=dtype) for v in init)
+    out, updates = _keras_batch_norm(x, gamma, beta, moving_mean, moving_var, axis)
+    y = activation(out)
+    loss = K.sum(y * K.constant(np.linspace(-1, 2, xv.size).reshape(xv.shape), dtype=dtype))
+    grads = K.gradients(loss, [x, gamma, beta])
+    f = _compiled(monkeypatch, fusion, [x, K.learning_phase()], [y, loss] + grads, updates=updates)
+    results = [f([xv, 0]), f([xv, 1]), f([xv, 1])]
+    return f, results, [K.get_value(v) for v in (moving_mean, moving_var)]
+
+
+def _bn_ops(f):
+    return [(type(op).__name__, op.activation, getattr(op, 'moving', None) is not None)
+            for op in _ops(f) if type(op).__name__ in ('BnTrain', 'BnInfer', 'BnGrad')]
+
+
+@pytest.mark.parametrize('kind', ['cpu', 'emulate'])
+@pytest.mark.parametrize('data_format', ['channels_last', 'channels_first'])
+@pytest.mark.parametrize('dtype', ['float32', 'float64'])
+def test_keras_batch_norm_relu_and_moving_averages_fuse(monkeypatch, on, rng, kind, data_format, dtype):
+    on(kind)
+    values = _bn_problem(rng, data_format, dtype)
+    fused, got, got_vars = _bn_relu_step(monkeypatch, True, data_format, dtype, values)
+    plain, want, want_vars = _bn_relu_step(monkeypatch, False, data_format, dtype, values)
+    assert sorted(_bn_ops(fused)) == [('BnGrad', 'linear', False), ('BnInfer', 'relu', False),
+                                      ('BnTrain', 'relu', True)]
+    assert not any(type(op).__name__ == 'Relu' for op in _ops(fused))
+    assert any(type(op).__name__ == 'Relu' for op in _ops(plain))
+    assert sorted(_bn_ops(plain)) == [('BnGrad', 'linear', False), ('BnInfer', 'linear', False),
+                                      ('BnTrain', 'linear', False)]
+    tolerance = {'rtol': 2e-6, 'atol': 2e-6} if dtype == 'float32' else {'rtol': 1e-13, 'atol': 1e-13}
+    for phase_got, phase_want in zip(got, want):
+        for a, b in zip(phase_got, phase_want):
+            assert a.dtype == b.dtype
+            np.testing.assert_allclose(a, b, **tolerance)
+    y_train = got[1][0]
+    assert (y_train == 0).any() and (y_train > 0).any()
+    for a, b, before in zip(got_vars, want_vars, values[3:]):
+        assert not np.allclose(a, before)       # the calls moved the averages
+        np.testing.assert_allclose(a, b, **tolerance)
+
+
+def test_moving_averages_equal_keras_formula(monkeypatch, rng):
+    """The fused update against the formula written out in float64."""
+    values = _bn_problem(rng, 'channels_last', 'float64')
+    xv, _, _, mm, mv = values
+    _, _, (got_mean, got_var) = _bn_relu_step(monkeypatch, True, 'channels_last', 'float64',
+                                              (xv,) + values[1:])
+    mean, var = xv.mean(axis=(0, 1, 2)), xv.var(axis=(0, 1, 2))
+    n = xv.size / xv.shape[-1]
+    for _ in range(3):   # the updates run on every call, in either phase (as in Keras)
+        mm = mm - (mm - mean) * (1 - 0.99)
+        mv = mv - (mv - var * n / (n - 1.001)) * (1 - 0.99)
+    np.testing.assert_allclose(got_mean, mm, rtol=1e-12)
+    np.testing.assert_allclose(got_var, mv, rtol=1e-12)
+
+
+def test_batch_norm_relu_fuses_without_a_switch(monkeypatch, rng):
+    xv, gv, bv, mmv, mvv = _bn_problem(rng, 'channels_first', 'float64')
+    x = K.placeholder(xv.shape, dtype='float64')
+    gamma, beta = K.variable(gv), K.variable(bv)
+    train, _, _ = K.normalize_batch_in_training(x, gamma, beta, [0, 2, 3])
+    infer = K.batch_normalization(x, K.constant(mmv.reshape(1, 7, 1, 1)), K.constant(mvv.reshape(1, 7, 1, 1)),
+                                  beta, gamma, axis=1)
+    outs = [K.relu(train), K.relu(infer)]
+    fused, plain = (_compiled(monkeypatch, f, [x], outs) for f in (True, False))
+    assert sorted(_bn_ops(fused)) == [('BnInfer', 'relu', False), ('BnTrain', 'relu', False)]
+    assert len(_ops(fused)) == len(_ops(plain)) - 2
+    for a, b in zip(fused([xv]), plain([xv])):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
+
+
+def test_batch_norm_relu_gradients_through_fused_plans():
+    rng = np.random.default_rng(5)
+
+    def build(x, gamma, beta):
+        y, _, _ = K.normalize_batch_in_training(x, gamma, beta, [0, 1])
+        return K.relu(y)
+    check_gradients(build, rng.standard_normal((4, 3, 5)), rng.uniform(0.5, 1.5, 5),
+                    rng.standard_normal(5) * 0.3)
+    check_gradients(lambda x, m, v, g, b: K.relu(K.batch_normalization(x, m, v, b, g, axis=1)),
+                    rng.standard_normal((4, 3)), rng.standard_normal(3), rng.uniform(0.5, 2, 3),
+                    rng.uniform(0.5, 1.5, 3), rng.standard_normal(3) * 0.3)
+
+
+def test_unusual_batch_norm_patterns_stay_unfused(monkeypatch, rng):
+    xv, gv, bv, mmv, mvv = _bn_problem(rng, 'channels_last', 'float32')
+    x = K.placeholder((None,) + xv.shape[1:])
+    gamma, beta, moving_mean, moving_var = (K.variable(v) for v in (gv, bv, mmv, mvv))
+    out, updates = _keras_batch_norm(x, gamma, beta, moving_mean, moving_var, -1)
+    # leaky relu; the switch's output read twice; only the mean's update
+    leaky = _compiled(monkeypatch, True, [x, K.learning_phase()], [K.relu(out, alpha=0.1)], updates=updates[:1])
+    assert sorted(_bn_ops(leaky)) == [('BnInfer', 'linear', False), ('BnTrain', 'linear', False)]
+    shared = _compiled(monkeypatch, True, [x, K.learning_phase()], [K.relu(out), out * 2], updates=updates)
+    assert sorted(_bn_ops(shared)) == [('BnInfer', 'linear', False), ('BnTrain', 'linear', True)]
+    # an update that is not Keras's formula (momentum on the other side)
+    normed, mean, var = K.normalize_batch_in_training(x, gamma, beta, [0, 1, 2])
+    other = [K.update(moving_mean, moving_mean * 0.99 + mean * 0.01), K.moving_average_update(moving_var, var, 0.99)]
+    g = _compiled(monkeypatch, True, [x], [K.relu(normed)], updates=other)
+    assert _bn_ops(g) == [('BnTrain', 'relu', False)]
+    # the batch mean is also an output: still fine (it stays computed); the corrected
+    # variance is an output: the variance chain loses an intermediate, so no fusion
+    _, mean2, var2 = K.normalize_batch_in_training(x, gamma, beta, [0, 1, 2])
+    corrected = var2 * 1.5
+    h = _compiled(monkeypatch, True, [x], [mean2, corrected], updates=[
+        K.moving_average_update(moving_mean, mean2, 0.9), K.moving_average_update(moving_var, corrected, 0.9)])
+    assert _bn_ops(h) == [('BnTrain', 'linear', False)]
+    for f, n_outputs in ((leaky, 1), (shared, 2)):
+        assert len(f([xv, 1])) == n_outputs
+    np.testing.assert_allclose(g([xv])[0], np.maximum(
+        (xv - xv.mean((0, 1, 2))) / np.sqrt(xv.var((0, 1, 2)) + 1e-3) * gv + bv, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_fusion_flag_leaves_batch_norm_unfused(monkeypatch, rng):
+    values = _bn_problem(rng, 'channels_last', 'float32')
+    f, _, _ = _bn_relu_step(monkeypatch, False, 'channels_last', 'float32', values)
+    assert all(activation == 'linear' and not moving for _, activation, moving in _bn_ops(f))
+
+
+def test_fused_batch_norm_ops_differentiate(rng):
+    """The fused ops' own gradients (second derivatives of fused plans go through them)."""
+    from gpuk.ops.batchnorm import BnInfer, BnTrain, MovingAverages
+
+    def train(x, gamma, beta, mm, mv, decay, factor):
+        op = BnTrain((0, 1), 1e-3, True, True, activation='relu', moving=MovingAverages(True))
+        y, mean, var, inv_std, next_mean, next_var = apply(op, x, gamma, beta, mm, mv, decay, decay, factor)
+        return K.sum(y) * 0.1 + K.sum(next_mean * next_var) + K.sum(inv_std)
+    check_gradients(lambda *a: K.reshape(train(*a), (1,)), rng.standard_normal((3, 2, 4)),
+                    rng.uniform(0.5, 1.5, 4), rng.standard_normal(4), rng.standard_normal(4),
+                    rng.uniform(0.5, 2, 4), np.array(0.1), np.array(1.2))
+    check_gradients(lambda x, m, v, g, b: apply(BnInfer(1e-3, True, True, 1, activation='relu'), x, m, v, g, b),
+                    rng.standard_normal((4, 3)), rng.standard_normal(3), rng.uniform(0.5, 2, 3),
+                    rng.uniform(0.5, 1.5, 3), rng.standard_normal(3) * 0.3)
+    from gpuk.ops.batchnorm import BnGrad
+    y = np.maximum(rng.standard_normal((3, 4)), 0)   # a fused output: its zeros are the mask
+    check_gradients(lambda dy, x, mean, inv_std, gamma, out: apply(
+        BnGrad((0,), True, False, False, 'relu'), dy, x, mean, inv_std, gamma, out)[0],
+        rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.standard_normal(4),
+        rng.uniform(0.5, 2, 4), rng.uniform(0.5, 1.5, 4), y, wrt=range(5))

@@ -7,6 +7,12 @@ needs. Statistics are two-pass (mean first, then the centred sum of squares),
 so large offsets do not cancel. float16 inputs are computed in float32: y and
 dx come back as float16, statistics and dgamma/dbeta stay float32 (as cuDNN
 keeps them for half inputs).
+
+Fusions the graph uses (gpuk/fusion.py): ``activation='relu'`` applies max(y, 0) to
+the normalized output of the training and inference forwards, and bn_bwd then masks
+dy where that output is not > 0 (it reads the output, see bn_bwd); the training
+forward can also compute Keras's moving-average updates of the statistics
+(``moving_mean`` / ``moving_var`` / ``decay`` / ``var_factor``) into new arrays.
 """
 import numpy as np
 
@@ -87,16 +93,30 @@ def _kept_param(fn, name, value, layout, dtype):
 
 # ---------------------------------------------------------------- training forward
 
-def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3):
-    """Batch statistics over `axes`, then normalize, scale and shift.
+def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving_mean=None,
+                 moving_var=None, decay=None, var_decay=None, var_factor=None):
+    """Batch statistics over `axes`, then normalize, scale and shift [and relu].
+
+    With moving_mean / moving_var (the kept shape) it also returns Keras's
+    moving_average_update of both, as new arrays (the inputs are not touched):
+        next_moving_mean = moving_mean - (moving_mean - mean) * decay
+        next_moving_var = moving_var - (moving_var - var * var_factor) * var_decay
+    decay is 1 - momentum; var_decay the variance's (decay when None); var_factor
+    the variance correction the BatchNormalization layer applies
+    (n / (n - (1 + epsilon))), 1 when None.
+    Each step rounds in the statistics' dtype, in this order, as the unfused
+    graph does.
 
     # Returns
-        (y, mean, var, inv_std): y like x; mean, biased var and
-        inv_std = 1/sqrt(var + epsilon) with the reduced axes removed.
+        (y, mean, var, inv_std[, next_moving_mean, next_moving_var]): y like x;
+        mean, biased var and inv_std = 1/sqrt(var + epsilon) with the reduced
+        axes removed; the moving averages in the statistics' dtype.
     """
     fn = 'bn_train_fwd'
     x = _float_array(fn, 'x', x)
     epsilon = checks.check_epsilon(fn, epsilon)
+    checks.check_activation(fn, activation)
+    moving = checks.check_moving_args(fn, moving_mean, moving_var, decay, var_decay, var_factor)
     axes = checks.normalize_axes(fn, axes, x.ndim)
     layout = _Layout(x.shape, axes)
     if layout.count == 0:
@@ -105,6 +125,9 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3):
     acc = checks.accumulate_dtype(x.dtype)
     gamma = _kept_param(fn, 'gamma', gamma, layout, acc)
     beta = _kept_param(fn, 'beta', beta, layout, acc)
+    if moving:
+        moving_mean = _kept_param(fn, 'moving_mean', moving_mean, layout, acc)
+        moving_var = _kept_param(fn, 'moving_var', moving_var, layout, acc)
 
     xv = layout.view(x).astype(acc, copy=False)
     mean = layout.reduce_sum(xv) / acc.type(layout.count)
@@ -117,7 +140,16 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3):
     y *= layout.stat_view(scale)
     if beta is not None:
         y += layout.stat_view(beta)
-    return y.reshape(x.shape).astype(x.dtype, copy=False), mean, var, inv_std
+    if activation == 'relu':
+        np.maximum(y, 0, out=y)
+    y = y.reshape(x.shape).astype(x.dtype, copy=False)
+    if not moving:
+        return y, mean, var, inv_std
+    decay, var_decay, factor = (np.asarray(v, dtype=acc).reshape(()) for v in (
+        decay, decay if var_decay is None else var_decay, 1 if var_factor is None else var_factor))
+    next_mean = moving_mean - (moving_mean - mean) * decay
+    next_var = moving_var - (moving_var - var * factor) * var_decay
+    return y, mean, var, inv_std, next_mean, next_var
 
 
 # ---------------------------------------------------------------- inference forward
@@ -142,8 +174,9 @@ def _channel_param(fn, name, value, x, axis, acc):
     return array.astype(acc, copy=False)
 
 
-def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1):
-    """Keras `batch_normalization`: (x - mean) / sqrt(var + epsilon) * gamma + beta.
+def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='linear'):
+    """Keras `batch_normalization`: (x - mean) / sqrt(var + epsilon) * gamma + beta
+    [then max(., 0) with activation='relu'].
 
     mean / var / gamma / beta are 1-D arrays of x.shape[axis] values (put on
     `axis`) or arrays that already broadcast against x; gamma / beta may be None.
@@ -151,6 +184,7 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1):
     fn = 'bn_infer_fwd'
     x = _float_array(fn, 'x', x)
     epsilon = checks.check_epsilon(fn, epsilon)
+    checks.check_activation(fn, activation)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
             or not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
         raise ValueError('%s: axis must be an int in [-%d, %d) for x of rank %d, got %r'
@@ -165,13 +199,22 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1):
     y = (x.astype(acc, copy=False) - mean) * scale
     if beta is not None:
         y += _channel_param(fn, 'beta', beta, x, axis, acc)
+    if activation == 'relu':
+        np.maximum(y, 0, out=y)
     return y.astype(x.dtype, copy=False)
 
 
 # ---------------------------------------------------------------- backward
 
-def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None):
+def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation='linear', y=None):
     """Gradients of bn_train_fwd, in two passes over x and dy.
+
+    activation='relu' differentiates the fused bn_train_fwd(..., activation='relu'):
+    dy is replaced by 0 where y (that call's output) is not > 0, before both passes.
+    The mask reads y rather than recomputing the normalized value: it is then exactly
+    the mask the unfused relu's gradient uses (output > 0 after rounding to x's dtype,
+    NaN masked), and beta is not needed. Masking selects (dy where y > 0, else 0), as
+    the fused bias + relu gradient does.
 
     Pass 1 reduces dbeta = sum(dy) and dgamma = sum(dy * xhat); pass 2 writes
     dx = inv_std * gamma * (dy - dbeta/n - xhat * dgamma/n)
@@ -189,6 +232,8 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None):
     if dy.shape != x.shape:
         raise ValueError('%s: dy must have the shape of x, got dy %s and x %s'
                          % (fn, dy.shape, x.shape))
+    y = None if y is None else _float_array(fn, 'y', y)
+    checks.check_relu_output(fn, activation, y, x)
     axes = checks.normalize_axes(fn, axes, x.ndim)
     layout = _Layout(x.shape, axes)
     if layout.count == 0:
@@ -207,6 +252,8 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None):
     # pass 1: the two reductions
     xv = layout.view(x).astype(acc, copy=False)
     dyv = layout.view(dy).astype(acc, copy=False)
+    if y is not None:
+        dyv = np.where(layout.view(y) > 0, dyv, acc.type(0))
     # xhat = centred * inv_std is never formed: inv_std scales the per-channel sums
     centred = xv - layout.stat_view(mean)
     dbeta = layout.reduce_sum(dyv)

@@ -46,3 +46,62 @@ class Layout:
         self.kept_shape = tuple(shape[i] for i in self.kept_axes)
         self.bcast_shape = tuple(1 if i in axes else shape[i] for i in range(ndim))
         self.count = int(np.prod([shape[i] for i in axes], dtype=np.int64))
+
+
+ACTIVATIONS = ('linear', 'relu')
+
+
+def check_activation(fn, activation):
+    """The fused epilogue: 'linear' (none) or 'relu' (y = max(y, 0))."""
+    if activation not in ACTIVATIONS:
+        raise ValueError("%s: activation must be 'linear' or 'relu', got %r" % (fn, activation))
+    return activation
+
+
+def _check_scalar(fn, name, value):
+    """A Python number or a one-element float array (a graph scalar may live on the device,
+    so its value is not range-checked here)."""
+    if isinstance(value, (int, float, np.floating)) and not isinstance(value, bool):
+        return
+    dtype, size = getattr(value, 'dtype', None), getattr(value, 'size', None)
+    if dtype is None or np.dtype(dtype).kind != 'f' or size != 1:
+        raise TypeError('%s: %s must be a float or a one-element float array, got %r' % (fn, name, value))
+
+
+def check_moving_args(fn, moving_mean, moving_var, decay, var_decay, var_factor):
+    """The moving-average update's arguments go together: moving_mean and moving_var with
+    decay (1 - momentum, Keras's moving_average_update weight of the batch statistic), an
+    optional var_decay (the variance's, decay when None: a graph may hold two constants)
+    and an optional var_factor (the variance correction, 1 when None); without them, none."""
+    given = [name for name, value in (('moving_mean', moving_mean), ('moving_var', moving_var))
+             if value is not None]
+    if len(given) == 1:
+        raise ValueError('%s: moving_mean and moving_var go together, got only %s' % (fn, given[0]))
+    if not given:
+        if decay is not None or var_decay is not None or var_factor is not None:
+            raise ValueError('%s: decay, var_decay and var_factor are only used with moving_mean and moving_var'
+                             % fn)
+        return False
+    if decay is None:
+        raise ValueError('%s: decay (1 - momentum) is required with moving_mean and moving_var' % fn)
+    _check_scalar(fn, 'decay', decay)
+    for name, value in (('var_decay', var_decay), ('var_factor', var_factor)):
+        if value is not None:
+            _check_scalar(fn, name, value)
+    return True
+
+
+def check_relu_output(fn, activation, y, x):
+    """bn_bwd's y: the fused forward's output (x's shape and dtype: its sign is the mask),
+    required with activation='relu' only."""
+    check_activation(fn, activation)
+    if activation == 'linear':
+        if y is not None:
+            raise ValueError("%s: y is only used with activation='relu'" % fn)
+        return
+    if y is None:
+        raise ValueError("%s: y (the fused forward's output) is required with activation='relu'" % fn)
+    if tuple(y.shape) != tuple(x.shape):
+        raise ValueError('%s: y must have the shape of x, got y %s and x %s' % (fn, tuple(y.shape), tuple(x.shape)))
+    if y.dtype != x.dtype:
+        raise TypeError('%s: y must have the dtype of x (%s), got %s' % (fn, x.dtype, y.dtype))

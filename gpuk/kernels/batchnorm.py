@@ -12,6 +12,10 @@ Any other set of reduced axes (kept axes not contiguous, e.g. axes=(1,) of a 3-d
 transposed here to a channels-last (count, C) copy, computed, and transposed back: two
 extra copies of x (and dy) for a case no Keras layer produces.
 Float16 accumulates in float32; statistics and dgamma / dbeta are float32 then, like the twin.
+
+Fusions (see the twin): ``activation='relu'`` is bn_apply's relu flag (training and inference)
+and the *_relu backward kernels, which mask dy by the fused output y; the moving-average
+update is bn_stats_finalize_moving, the training forward's finalize launch itself.
 """
 import functools
 import math
@@ -36,8 +40,10 @@ MIN_PER_SPLIT = 4 * BN_THREADS   # channels first: at least this many elements p
 MAX_SPLITS = 65535        # gridDim.y
 ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
 ACCUMULATE_TYPES = {np.dtype(np.float16): 'float', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
-KERNELS = ['bn_stats_channels_last', 'bn_bwd_sums_channels_last', 'bn_stats_channels_first',
-           'bn_bwd_sums_channels_first', 'bn_stats_finalize', 'bn_bwd_finalize', 'bn_apply', 'bn_bwd_dx']
+KERNELS = ['bn_stats_channels_last', 'bn_bwd_sums_channels_last', 'bn_bwd_relu_sums_channels_last',
+           'bn_stats_channels_first', 'bn_bwd_sums_channels_first', 'bn_bwd_relu_sums_channels_first',
+           'bn_stats_finalize', 'bn_stats_finalize_moving', 'bn_bwd_finalize', 'bn_apply', 'bn_bwd_dx',
+           'bn_bwd_relu_dx']
 
 
 def defines(dtype):
@@ -120,42 +126,60 @@ def _splits(view):
     return -(-reduced // per_split), per_split
 
 
-def _reduce(module, view, x, dy, mean, acc, xp):
-    """The sums pass: partials (splits, C, 2) in acc, for training (dy None) or backward."""
+def _reduce(module, view, x, dy, mean, acc, xp, relu_y=None):
+    """The sums pass: partials (splits, C, 2) in acc, for training (dy None) or backward
+    (dy masked by the fused relu output when relu_y is given)."""
     splits, per_split = _splits(view)
     partials = xp.empty((splits, view.channels, 2), acc)
     backward = dy is not None
+    kind = 'bn_stats' if not backward else 'bn_bwd_sums' if relu_y is None else 'bn_bwd_relu_sums'
     if view.inner == 1:
-        name = 'bn_bwd_sums_channels_last' if backward else 'bn_stats_channels_last'
+        name = kind + '_channels_last'
         args = (np.int64(view.outer), np.int64(view.channels), np.int64(per_split))
         grid, block = (-(-view.channels // 32), splits), (32, BN_ROWS)
     else:
-        name = 'bn_bwd_sums_channels_first' if backward else 'bn_stats_channels_first'
+        name = kind + '_channels_first'
         args = (np.int64(view.outer), np.int64(view.channels), np.int64(view.inner), np.int64(per_split))
         grid, block = (view.channels, splits), BN_THREADS
-    buffers = (dy, x, mean, partials) if backward else (x, partials)
+    if not backward:
+        buffers = (x, partials)
+    elif relu_y is None:
+        buffers = (dy, x, mean, partials)
+    else:
+        buffers = (dy, x, relu_y, mean, partials)
     module.kernel(name).launch(grid, block, buffers + args)
     return partials, splits
 
 
-def _apply(module, channels, inner, x, mean, scale, shift, dtype, xp):
-    """y = (x - mean[ch]) * scale[ch] + shift[ch] over x viewed as (outer, channels, inner)."""
+def _apply(module, channels, inner, x, mean, scale, shift, dtype, xp, activation):
+    """y = (x - mean[ch]) * scale[ch] + shift[ch] [then max(y, 0)] over x viewed as
+    (outer, channels, inner)."""
     y = xp.empty(x.shape, dtype)
     if x.size:
         module.kernel('bn_apply').launch(_blocks(x.size), BN_THREADS, (
-            x, y, mean, scale, shift, np.int64(x.size), np.int64(channels), np.int64(inner)))
+            x, y, mean, scale, shift, np.int64(x.size), np.int64(channels), np.int64(inner),
+            np.int32(activation == 'relu')))
     return y
+
+
+def _scalar_buffer(xp, acc, *values):
+    """Host numbers or one-element (device) arrays as one acc buffer, without a host copy."""
+    return xp.concatenate([xp.asarray(v, dtype=acc).reshape(1) for v in values])
 
 
 # ---------------------------------------------------------------- training forward
 
-def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, *, runtime=None):
-    """Batch statistics over `axes`, then normalize, scale and shift -> (y, mean, var, inv_std)."""
+def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving_mean=None, moving_var=None,
+                 decay=None, var_decay=None, var_factor=None, *, runtime=None):
+    """Batch statistics over `axes`, then normalize, scale and shift [and relu]
+    -> (y, mean, var, inv_std[, next_moving_mean, next_moving_var])."""
     fn = 'bn_train_fwd'
     rt = resolve(runtime)
     xp = rt.xp
     x = _float_array(fn, 'x', x, xp)
     epsilon = batchnorm_checks.check_epsilon(fn, epsilon)
+    batchnorm_checks.check_activation(fn, activation)
+    moving = batchnorm_checks.check_moving_args(fn, moving_mean, moving_var, decay, var_decay, var_factor)
     axes = batchnorm_checks.normalize_axes(fn, axes, x.ndim)
     layout = batchnorm_checks.Layout(x.shape, axes)
     if layout.count == 0:
@@ -163,31 +187,46 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, *, runtime=None):
     acc = batchnorm_checks.accumulate_dtype(x.dtype)
     gamma = _kept_param(fn, 'gamma', gamma, layout, acc, xp)
     beta = _kept_param(fn, 'beta', beta, layout, acc, xp)
+    if moving:
+        moving_mean = _kept_param(fn, 'moving_mean', moving_mean, layout, acc, xp)
+        moving_var = _kept_param(fn, 'moving_var', moving_var, layout, acc, xp)
+        decay, var_decay, var_factor = (_scalar_buffer(xp, acc, v) for v in (
+            decay, decay if var_decay is None else var_decay, 1 if var_factor is None else var_factor))
     view = _View(x.shape, layout)
     gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout)
+    args = (x, gamma, beta, axes, epsilon, activation, moving_mean, moving_var, decay, var_decay, var_factor)
     if rt.kind != 'cuda':
-        return gpuk_fn(x, gamma, beta, axes, epsilon)
-    key = ('train', x.dtype.name, view.key(), gamma is None, beta is None)
-    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, x, gamma, beta, axes, epsilon)
+        return gpuk_fn(*args)
+    key = ('train', x.dtype.name, view.key(), gamma is None, beta is None, activation, moving)
+    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, *args)
 
 
-def _bn_train_fwd_gpuk(rt, view, layout, x, gamma, beta, _axes, epsilon):
+def _bn_train_fwd_gpuk(rt, view, layout, x, gamma, beta, _axes, epsilon, activation, moving_mean, moving_var,
+                       decay, var_decay, var_factor):
     xp = rt.xp
     acc = batchnorm_checks.accumulate_dtype(x.dtype)
     module = rt.load(SOURCE, defines(x.dtype))
     c = view.channels
     gamma = xp.ones(c, acc) if gamma is None else gamma
     beta = xp.zeros(c, acc) if beta is None else beta
+    moving = moving_mean is not None
     xk = view.to_kernel(xp, x)
     mean, var, inv_std, scale = (xp.empty(c, acc) for _ in range(4))
+    next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (None, None)
     if c:
         partials, splits = _reduce(module, view, xk, None, None, acc, xp)
-        module.kernel('bn_stats_finalize').launch(_blocks(c), BN_THREADS, (
-            xk, partials, gamma, mean, var, inv_std, scale, xp.full(1, epsilon, acc), np.int64(c),
-            np.int64(view.inner), np.int64(splits), np.int64(view.count)))
-    y = view.from_kernel(xp, _apply(module, c, view.inner, xk, mean, scale, beta, x.dtype, xp))
+        sizes = (np.int64(c), np.int64(view.inner), np.int64(splits), np.int64(view.count))
+        if moving:
+            module.kernel('bn_stats_finalize_moving').launch(_blocks(c), BN_THREADS, (
+                xk, partials, gamma, moving_mean, moving_var, mean, var, inv_std, scale, next_mean, next_var,
+                _scalar_buffer(xp, acc, epsilon, decay, var_decay, var_factor)) + sizes)
+        else:
+            module.kernel('bn_stats_finalize').launch(_blocks(c), BN_THREADS, (
+                xk, partials, gamma, mean, var, inv_std, scale, xp.full(1, epsilon, acc)) + sizes)
+    y = view.from_kernel(xp, _apply(module, c, view.inner, xk, mean, scale, beta, x.dtype, xp, activation))
     kept = layout.kept_shape
-    return y, mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept)
+    stats = (y, mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
+    return stats + (next_mean.reshape(kept), next_var.reshape(kept)) if moving else stats
 
 
 # ---------------------------------------------------------------- inference forward
@@ -211,13 +250,14 @@ def _channel_param(fn, name, value, x, axis, acc, xp):
     return array.astype(acc, copy=False).reshape((1,) * (x.ndim - array.ndim) + array.shape)
 
 
-def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, *, runtime=None):
-    """Keras `batch_normalization`: (x - mean) / sqrt(var + epsilon) * gamma + beta."""
+def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='linear', *, runtime=None):
+    """Keras `batch_normalization`: (x - mean) / sqrt(var + epsilon) * gamma + beta [then relu]."""
     fn = 'bn_infer_fwd'
     rt = resolve(runtime)
     xp = rt.xp
     x = _float_array(fn, 'x', x, xp)
     epsilon = batchnorm_checks.check_epsilon(fn, epsilon)
+    batchnorm_checks.check_activation(fn, activation)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
             or not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
         raise ValueError('%s: axis must be an int in [-%d, %d) for x of rank %d, got %r'
@@ -228,9 +268,10 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, *, runtime=No
               for n, p in (('mean', mean), ('var', var), ('gamma', gamma), ('beta', beta))]
     gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt)
     if rt.kind != 'cuda':
-        return gpuk_fn(x, *params, epsilon, axis)
-    key = ('infer', x.dtype.name, x.shape, tuple(None if p is None else p.shape for p in params))
-    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_infer_fwd, x, *params, epsilon, axis)
+        return gpuk_fn(x, *params, epsilon, axis, activation)
+    key = ('infer', x.dtype.name, x.shape, tuple(None if p is None else p.shape for p in params), activation)
+    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_infer_fwd, x, *params, epsilon, axis,
+                        activation)
 
 
 def parameter_span(x_shape, param_shapes):
@@ -239,7 +280,7 @@ def parameter_span(x_shape, param_shapes):
     return (min(varying), max(varying) + 1) if varying else (0, 0)
 
 
-def _bn_infer_fwd_gpuk(rt, x, mean, var, gamma, beta, epsilon, _axis):
+def _bn_infer_fwd_gpuk(rt, x, mean, var, gamma, beta, epsilon, _axis, activation):
     xp = rt.xp
     acc = batchnorm_checks.accumulate_dtype(x.dtype)
     shape = x.shape if x.ndim else (1,)
@@ -260,13 +301,15 @@ def _bn_infer_fwd_gpuk(rt, x, mean, var, gamma, beta, epsilon, _axis):
         scale = scale * gamma_s
     module = rt.load(SOURCE, defines(x.dtype))
     return _apply(module, max(math.prod(span_shape), 1), math.prod(shape[hi:]), xp.ascontiguousarray(x), mean_s,
-                  xp.ascontiguousarray(scale, dtype=acc), beta_s, x.dtype, xp)
+                  xp.ascontiguousarray(scale, dtype=acc), beta_s, x.dtype, xp, activation)
 
 
 # ---------------------------------------------------------------- backward
 
-def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, *, runtime=None):
-    """Gradients of bn_train_fwd -> (dx, dgamma, dbeta), in two passes over x and dy."""
+def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation='linear', y=None, *,
+           runtime=None):
+    """Gradients of bn_train_fwd -> (dx, dgamma, dbeta), in two passes over x and dy (and y, the
+    fused forward's output, with activation='relu': dy counts only where y > 0)."""
     fn = 'bn_bwd'
     rt = resolve(runtime)
     xp = rt.xp
@@ -275,6 +318,8 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, *, runtime=
     if dy.shape != x.shape:
         raise ValueError('%s: dy must have the shape of x, got dy %s and x %s' % (fn, dy.shape, x.shape))
     dy = dy.astype(x.dtype, copy=False)   # the twin computes in x's precision too
+    y = None if y is None else _float_array(fn, 'y', y, xp)
+    batchnorm_checks.check_relu_output(fn, activation, y, x)
     axes = batchnorm_checks.normalize_axes(fn, axes, x.ndim)
     layout = batchnorm_checks.Layout(x.shape, axes)
     if layout.count == 0:
@@ -286,14 +331,14 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, *, runtime=
         ('mean', mean), ('inv_std', inv_std), ('gamma', gamma), ('dmean', dmean), ('dvar', dvar)))
     view = _View(x.shape, layout)
     gpuk_fn = functools.partial(_bn_bwd_gpuk, rt, view, layout)
+    args = (dy, x, gamma, mean, inv_std, axes, dmean, dvar, activation, y)
     if rt.kind != 'cuda':
-        return gpuk_fn(dy, x, gamma, mean, inv_std, axes, dmean, dvar)
-    key = ('bwd', x.dtype.name, view.key(), gamma is None, dmean is None, dvar is None)
-    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd, dy, x, gamma, mean, inv_std, axes,
-                        dmean, dvar)
+        return gpuk_fn(*args)
+    key = ('bwd', x.dtype.name, view.key(), gamma is None, dmean is None, dvar is None, activation)
+    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd, *args)
 
 
-def _bn_bwd_gpuk(rt, view, layout, dy, x, gamma, mean, inv_std, _axes, dmean, dvar):
+def _bn_bwd_gpuk(rt, view, layout, dy, x, gamma, mean, inv_std, _axes, dmean, dvar, _activation, y):
     xp = rt.xp
     acc = batchnorm_checks.accumulate_dtype(x.dtype)
     module = rt.load(SOURCE, defines(x.dtype))
@@ -302,16 +347,21 @@ def _bn_bwd_gpuk(rt, view, layout, dy, x, gamma, mean, inv_std, _axes, dmean, dv
     dmean = xp.zeros(c, acc) if dmean is None else dmean
     dvar = xp.zeros(c, acc) if dvar is None else dvar
     xk, dyk = view.to_kernel(xp, x), view.to_kernel(xp, dy)
+    yk = None if y is None else view.to_kernel(xp, y)
     dgamma, dbeta, coef = xp.empty(c, acc), xp.empty(c, acc), xp.empty(3 * c, acc)
     kept = layout.kept_shape
     if c == 0:
         return xp.empty(x.shape, x.dtype), dgamma.reshape(kept), dbeta.reshape(kept)
-    partials, splits = _reduce(module, view, xk, dyk, mean, acc, xp)
+    partials, splits = _reduce(module, view, xk, dyk, mean, acc, xp, relu_y=yk)
     module.kernel('bn_bwd_finalize').launch(_blocks(c), BN_THREADS, (
         partials, inv_std, gamma, dmean, dvar, dgamma, dbeta, coef, np.int64(c), np.int64(splits),
         np.int64(view.count)))
     dx = xp.empty(xk.shape, x.dtype)
     if x.size:
-        module.kernel('bn_bwd_dx').launch(_blocks(x.size), BN_THREADS, (
-            dyk, xk, mean, coef, dx, np.int64(x.size), np.int64(c), np.int64(view.inner)))
+        sizes = (np.int64(x.size), np.int64(c), np.int64(view.inner))
+        if yk is None:
+            module.kernel('bn_bwd_dx').launch(_blocks(x.size), BN_THREADS, (dyk, xk, mean, coef, dx) + sizes)
+        else:
+            module.kernel('bn_bwd_relu_dx').launch(_blocks(x.size), BN_THREADS,
+                                                   (dyk, xk, yk, mean, coef, dx) + sizes)
     return view.from_kernel(xp, dx), dgamma.reshape(kept), dbeta.reshape(kept)

@@ -6,12 +6,18 @@ every output (mean and var included, as Keras's moving averages read them) flows
 through one fused backward node. Inference: (x - mean) / sqrt(var + eps) * gamma + beta
 with parameters already broadcastable against x. Backward nodes differentiate again
 through the same math written with primitive ops.
+
+Only the plan's fusion pass (gpuk/fusion.py) builds the fused forms: ``activation='relu'``
+(BN -> relu in one kernel; its backward masks dy by the fused output) and BnTrain with
+``moving`` set, which also computes Keras's two moving-average updates in the statistics'
+finalize launch.
 """
 import numpy as np
 
-from gpuk.graph import Meta, apply
+from gpuk.graph import Constant, Meta, apply
 from gpuk.ops import elementwise as ew
 from gpuk.ops import shape as shape_ops
+from gpuk.ops.activation import relu
 from gpuk.ops.base import Op, broadcast_shapes
 from gpuk.ops.reduction import reduce
 from gpuk.ops.fused import accumulate_dtype, composite_partial_grads, is_zero, require_float
@@ -58,73 +64,162 @@ def on_reduced_axes(stat, axes):
     return stat
 
 
-class BnTrain(Op):
-    """(y, mean, var, inv_std): batch statistics over ``axes``, then normalize/scale/shift."""
+def _activation(where, activation):
+    if activation not in ('linear', 'relu'):
+        raise ValueError("%s: activation must be 'linear' or 'relu', got %r" % (where, activation))
+    return activation
 
-    def __init__(self, axes, epsilon, has_gamma, has_beta, where='normalize_batch_in_training'):
+
+class MovingAverages:
+    """What BnTrain(moving=...) computes besides the batch statistics, exactly as Keras's
+    two K.moving_average_update calls build it (the fusion pass matched these steps):
+
+        next_mean = moving_mean - (moving_mean - mean) * decay
+        next_var = moving_var - (moving_var - var [* var_factor]) * var_decay
+
+    Inputs after BnTrain's own: moving_mean, moving_var, decay, var_decay[, var_factor].
+    """
+
+    def __init__(self, has_factor):
+        self.has_factor = has_factor
+
+    @property
+    def n_inputs(self):
+        return 5 if self.has_factor else 4
+
+    def formula(self, mean, var, moving_mean, moving_var, decay, var_decay, var_factor=None):
+        """The unfused graph's steps, on graph tensors or on arrays (Binary ops either way)."""
+        corrected = var if var_factor is None else var * var_factor
+        return moving_mean - (moving_mean - mean) * decay, moving_var - (moving_var - corrected) * var_decay
+
+    def fits_kernel(self, acc, kept, moving_mean, moving_var, *scalars):
+        """Whether the unfused steps, on these arrays, compute what the kernel does: everything
+        in the statistics' dtype, scalars 0-d, the moving statistics of the kept shape (so no
+        broadcast or promotion changes a shape or a rounding). Checked per call, on attributes
+        only (no device read)."""
+        return (all(a.dtype == acc for a in (moving_mean, moving_var) + scalars)
+                and tuple(moving_mean.shape) == tuple(moving_var.shape) == tuple(kept)
+                and all(a.ndim == 0 for a in scalars))
+
+
+def _unfused_moving(impl, moving, mean, var, moving_arrays):
+    """MovingAverages.formula on arrays, through the graph's own elementwise ops."""
+    sub, mul = ew.Binary('subtract'), ew.Binary('multiply')
+    mm, mv, decay, var_decay = moving_arrays[:4]
+    corrected = mul.forward(impl, var, moving_arrays[4]) if moving.has_factor else var
+    next_mean = sub.forward(impl, mm, mul.forward(impl, sub.forward(impl, mm, mean), decay))
+    next_var = sub.forward(impl, mv, mul.forward(impl, sub.forward(impl, mv, corrected), var_decay))
+    return next_mean, next_var
+
+
+class BnTrain(Op):
+    """(y, mean, var, inv_std): batch statistics over ``axes``, then normalize/scale/shift
+    [then relu]; with ``moving`` (a MovingAverages) also (next_moving_mean, next_moving_var)."""
+
+    def __init__(self, axes, epsilon, has_gamma, has_beta, where='normalize_batch_in_training',
+                 activation='linear', moving=None):
         self.axes, self.epsilon = tuple(axes), float(epsilon)
         self.has_gamma, self.has_beta, self.where = has_gamma, has_beta, where
+        self.activation, self.moving = _activation(where, activation), moving
 
-    def infer(self, x, *params):
+    def _parts(self, rest):
+        """(gamma, beta, moving inputs) from the inputs after x."""
+        n_params = int(self.has_gamma) + int(self.has_beta)
+        gamma, beta = _split((self.has_gamma, self.has_beta), rest[:n_params])
+        return gamma, beta, list(rest[n_params:])
+
+    def infer(self, x, *rest):
         require_float(self.where, 'x', x)
-        gamma, beta = _split((self.has_gamma, self.has_beta), params)
+        gamma, beta, moving = self._parts(rest)
         kept = kept_shape(x.shape, self.axes)
         _check_param(self.where, 'gamma', gamma, kept)
         _check_param(self.where, 'beta', beta, kept)
         stat = Meta(kept, accumulate_dtype(x.dtype))
-        return Meta(x.shape, x.dtype), stat, stat, stat
+        outs = (Meta(x.shape, x.dtype), stat, stat, stat)
+        if self.moving is None:
+            return outs
+        next_mean, next_var = (Meta(m.shape, m.dtype) for m in moving[:2])
+        return outs + (next_mean, next_var)
 
-    def forward(self, impl, x, *params):
-        gamma, beta = _split((self.has_gamma, self.has_beta), params)
-        return impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon)
+    def forward(self, impl, x, *rest):
+        gamma, beta, moving = self._parts(rest)
+        if self.moving is None:
+            return impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon, self.activation)
+        acc = accumulate_dtype(x.dtype)
+        kept = tuple(d for i, d in enumerate(x.shape) if i not in self.axes)
+        if x.dtype == acc and self.moving.fits_kernel(acc, kept, *moving):
+            factor = moving[4] if self.moving.has_factor else None
+            return impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon, self.activation,
+                                               moving[0], moving[1], moving[2], moving[3], factor)
+        outs = impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon, self.activation)
+        return tuple(outs) + _unfused_moving(impl, self.moving, outs[1], outs[2], moving)
 
     def grad(self, inputs, outputs, output_grads):
         x = inputs[0]
-        gamma, beta = _split((self.has_gamma, self.has_beta), inputs[1:])
-        _, mean, _, inv_std = outputs
-        g_y, g_mean, g_var, g_inv_std = output_grads
+        gamma, beta, moving = self._parts(inputs[1:])
+        mean, inv_std = outputs[1], outputs[3]
+        g_y, g_mean, g_var, g_inv_std = output_grads[:4]
+        moving_grads = []
+        if self.moving is not None:
+            # the update formula's partials, in primitive ops; mean / var gather theirs below
+            partials = composite_partial_grads(self.moving.formula, [mean, outputs[2]] + moving,
+                                               output_grads[4:], range(2 + len(moving)))
+            g_mean, g_var = (g if p is None else p if is_zero(g) else g + p
+                             for g, p in zip((g_mean, g_var), partials[:2]))
+            moving_grads = partials[2:]
         d_var = None if is_zero(g_var) else g_var
         if not is_zero(g_inv_std):
             # inv_std = (var + eps) ** -0.5
             through_inv_std = g_inv_std * (inv_std * inv_std * inv_std) * -0.5
             d_var = through_inv_std if d_var is None else d_var + through_inv_std
         d_mean = None if is_zero(g_mean) else g_mean
-        backward = BnGrad(self.axes, gamma is not None, d_mean is not None, d_var is not None)
+        backward = BnGrad(self.axes, gamma is not None, d_mean is not None, d_var is not None, self.activation)
         extra = [t for t in (gamma, d_mean, d_var) if t is not None]
+        if self.activation == 'relu':
+            extra.append(outputs[0])   # the mask: the fused output
         d_x, d_gamma, d_beta = apply(backward, g_y, x, mean, inv_std, *extra)
         grads = [d_x]
         if gamma is not None:
             grads.append(ew.cast(shape_ops.reshape_like(d_gamma, gamma), gamma.dtype))
         if beta is not None:
             grads.append(ew.cast(shape_ops.reshape_like(d_beta, beta), beta.dtype))
-        return grads
+        return grads + moving_grads
 
 
 class BnGrad(Op):
     """(dx, dgamma, dbeta) of BnTrain; dmean / dvar are the gradients reaching the mean and
-    var outputs (optional inputs, like gamma)."""
+    var outputs (optional inputs, like gamma). With activation='relu' the last input is the
+    fused BnTrain's output y, and dy counts only where y > 0 (the relu's gradient reads the
+    output too, so the masks agree exactly)."""
 
-    def __init__(self, axes, has_gamma, has_dmean, has_dvar):
+    def __init__(self, axes, has_gamma, has_dmean, has_dvar, activation='linear'):
         self.axes = axes
         self.has_gamma, self.has_dmean, self.has_dvar = has_gamma, has_dmean, has_dvar
+        self.activation = _activation('BnGrad', activation)
 
     def _optional(self, rest):
-        return _split((self.has_gamma, self.has_dmean, self.has_dvar), rest)
+        """(gamma, d_mean, d_var, y) from the inputs after inv_std."""
+        relu_y = rest[-1] if self.activation == 'relu' else None
+        rest = rest[:-1] if self.activation == 'relu' else rest
+        return _split((self.has_gamma, self.has_dmean, self.has_dvar), rest) + [relu_y]
 
     def infer(self, dy, x, mean, inv_std, *rest):
         stat = Meta(mean.shape, mean.dtype)
         return Meta(x.shape, x.dtype), stat, stat
 
     def forward(self, impl, dy, x, mean, inv_std, *rest):
-        gamma, d_mean, d_var = self._optional(rest)
-        return impl.batchnorm.bn_bwd(dy, x, gamma, mean, inv_std, self.axes, dmean=d_mean, dvar=d_var)
+        gamma, d_mean, d_var, relu_y = self._optional(rest)
+        return impl.batchnorm.bn_bwd(dy, x, gamma, mean, inv_std, self.axes, dmean=d_mean, dvar=d_var,
+                                     activation=self.activation, y=relu_y)
 
     def grad(self, inputs, outputs, output_grads):
         axes = self.axes
 
         def formula(dy, x, mean, inv_std, *rest):
-            gamma, d_mean, d_var = self._optional(rest)
+            gamma, d_mean, d_var, relu_y = self._optional(rest)
             acc = mean.dtype
+            if relu_y is not None:
+                dy = ew.where(relu_y > 0, dy, Constant(np.zeros((), dtype=dy.dtype)))
             dy_a, x_a = ew.cast(dy, acc), ew.cast(x, acc)
             mean_b, inv_b = on_reduced_axes(mean, axes), on_reduced_axes(inv_std, axes)
             xhat = (x_a - mean_b) * inv_b
@@ -144,11 +239,13 @@ class BnGrad(Op):
 
 
 class BnInfer(Op):
-    """(x - mean) / sqrt(var + epsilon) * gamma + beta; the parameters broadcast against x."""
+    """(x - mean) / sqrt(var + epsilon) * gamma + beta [then relu]; the parameters broadcast
+    against x."""
 
-    def __init__(self, epsilon, has_gamma, has_beta, axis=-1, where='batch_normalization'):
+    def __init__(self, epsilon, has_gamma, has_beta, axis=-1, where='batch_normalization', activation='linear'):
         self.epsilon, self.has_gamma, self.has_beta = float(epsilon), has_gamma, has_beta
         self.axis, self.where = axis, where
+        self.activation = _activation(where, activation)
 
     def infer(self, x, mean, var, *params):
         require_float(self.where, 'x', x)
@@ -169,7 +266,7 @@ class BnInfer(Op):
 
     def forward(self, impl, x, mean, var, *params):
         gamma, beta = _split((self.has_gamma, self.has_beta), params)
-        return impl.batchnorm.bn_infer_fwd(x, mean, var, gamma, beta, self.epsilon, self.axis)
+        return impl.batchnorm.bn_infer_fwd(x, mean, var, gamma, beta, self.epsilon, self.axis, self.activation)
 
     def grad(self, inputs, outputs, output_grads):
         def formula(x, mean, var, *params):
@@ -180,8 +277,9 @@ class BnInfer(Op):
                 y = y * ew.cast(gamma, acc)
             if beta is not None:
                 y = y + ew.cast(beta, acc)
-            return ew.cast(y, x.dtype)
+            y = ew.cast(y, x.dtype)
+            return relu(y) if self.activation == 'relu' else y
         return composite_partial_grads(formula, inputs, output_grads, range(len(inputs)))
 
 
-__all__ = ['BnTrain', 'BnGrad', 'BnInfer', 'kept_shape', 'to_kept', 'on_reduced_axes']
+__all__ = ['BnTrain', 'BnGrad', 'BnInfer', 'MovingAverages', 'kept_shape', 'to_kept', 'on_reduced_axes']

@@ -195,3 +195,53 @@ def test_integer_input_is_a_type_error():
         bn.bn_train_fwd(np.zeros((2, 3), dtype=np.int32), None, None, (0,), 1e-3)
     with pytest.raises(TypeError, match='bn_train_fwd: axes'):
         bn.bn_train_fwd(np.zeros((2, 3)), None, None, (0.5,), 1e-3)
+
+
+# ---------------------------------------------------------------- fusions
+
+def _plain_reference(x, gamma, beta, axes, epsilon):
+    """float64 normalize / scale / shift written out with keepdims reductions."""
+    x = x.astype(np.float64)
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    shape = mean.shape
+    return (x - mean) / np.sqrt(var + epsilon) * gamma.astype(np.float64).reshape(shape) \
+        + beta.astype(np.float64).reshape(shape), mean, var
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('shape, axes', CASES)
+def test_relu_epilogue_and_moving_averages_against_reference(dtype, shape, axes):
+    rng = np.random.default_rng(sum(shape))
+    kept = tuple(s for i, s in enumerate(shape) if i not in axes)
+    x = rng.standard_normal(shape).astype(dtype)
+    gamma, beta = rng.uniform(0.5, 1.5, kept).astype(dtype), rng.standard_normal(kept).astype(dtype)
+    moving_mean, moving_var = rng.standard_normal(kept), rng.uniform(0.5, 2, kept)
+    y, mean, var, _, next_mean, next_var = bn.bn_train_fwd(x, gamma, beta, axes, 1e-3, 'relu', moving_mean,
+                                                          moving_var, 0.1, 0.2, 1.5)
+    pre, ref_mean, ref_var = _plain_reference(x, gamma, beta, axes, 1e-3)
+    tol = TOLERANCE[dtype]
+    np.testing.assert_allclose(y, np.maximum(pre, 0), rtol=tol, atol=tol)
+    np.testing.assert_allclose(next_mean, moving_mean - (moving_mean - ref_mean.reshape(kept)) * 0.1,
+                               rtol=tol, atol=tol)
+    np.testing.assert_allclose(next_var, moving_var - (moving_var - ref_var.reshape(kept) * 1.5) * 0.2,
+                               rtol=tol, atol=tol)
+
+    # the relu backward is the plain backward of dy masked by the fused output
+    dy = rng.standard_normal(shape).astype(dtype)
+    _, mean, _, inv_std = bn.bn_train_fwd(x, gamma, beta, axes)
+    got = bn.bn_bwd(dy, x, gamma, mean, inv_std, axes, activation='relu', y=y)
+    want = bn.bn_bwd(np.where(y > 0, dy, 0).astype(dtype), x, gamma, mean, inv_std, axes)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_relu_infer_against_reference():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4, 5))
+    mean, var, gamma, beta = rng.standard_normal(4), rng.uniform(0.5, 2, 4), rng.uniform(0.5, 1.5, 4), \
+        rng.standard_normal(4)
+    shape = (1, 4, 1)
+    want = np.maximum((x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + 1e-3) * gamma.reshape(shape)
+                      + beta.reshape(shape), 0)
+    np.testing.assert_allclose(bn.bn_infer_fwd(x, mean, var, gamma, beta, 1e-3, 1, 'relu'), want, rtol=1e-13)

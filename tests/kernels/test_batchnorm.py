@@ -195,3 +195,123 @@ def test_cudnn_batchnorm_matches_twin(shape, axes):
     outs = cudnn_batchnorm.bn_bwd(*[cupy.asarray(a) for a in (dy, x, gamma, mean, inv_std)], axes)
     for out, ref in zip(outs, twin.bn_bwd(*_as64([dy, x, gamma, mean, inv_std]), axes)):
         assert_close(out, ref, np.float32)
+
+
+# ---------------------------------------------------------------- fusions: relu epilogue, moving averages
+
+FUSED_CASES = [CASES[0], CASES[1], CASES[3], CASES[5]]
+FUSED_IDS = ['nhwc', 'nchw-n1', '2d', 'axes-1-of-3d']
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('shape, axes', FUSED_CASES, ids=FUSED_IDS)
+def test_fused_train_relu_moving_and_relu_bwd_match_twin(kernel_runtime, dtype, shape, axes):
+    rng = np.random.default_rng(sum(shape) + len(axes))
+    x = (rng.standard_normal(shape) + 3).astype(dtype)
+    gamma, beta = _params(rng, _kept(shape, axes), dtype)
+    acc = np.float32 if dtype == np.float16 else dtype
+    moving_mean = rng.standard_normal(_kept(shape, axes)).astype(acc)
+    moving_var = rng.uniform(0.5, 2, _kept(shape, axes)).astype(acc)
+    args = (x, gamma, beta, axes, 1e-3, 'relu', moving_mean, moving_var, 0.01, 0.02, 1.25)
+    outs = _run(batchnorm.bn_train_fwd, kernel_runtime, *args)
+    refs = twin.bn_train_fwd(*_as64(args))
+    names = ('y', 'mean', 'var', 'inv_std', 'next_moving_mean', 'next_moving_var')
+    for name, out, ref, want in zip(names, outs, refs, twin.bn_train_fwd(*args)):
+        assert out.dtype == want.dtype and out.shape == ref.shape, name
+        assert_close(out, ref, dtype, 'bn_train_fwd relu ' + name)
+    assert (outs[0] == 0).any() and (outs[0] > 0).any()
+    np.testing.assert_array_equal(moving_mean, args[6])   # new buffers: the inputs are untouched
+
+    y, mean, _, inv_std = twin.bn_train_fwd(*args[:6])
+    dy = rng.standard_normal(shape).astype(dtype)
+    outs = _run(batchnorm.bn_bwd, kernel_runtime, dy, x, gamma, mean, inv_std, axes, activation='relu', y=y)
+    refs = twin.bn_bwd(*_as64([dy, x, gamma, mean, inv_std]), axes, activation='relu', y=y.astype(np.float64))
+    for name, out, ref in zip(('dx', 'dgamma', 'dbeta'), outs, refs):
+        assert_close(out, ref, dtype, 'bn_bwd relu ' + name)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('shape, axis, param_shape', [((3, 5, 4, 7), -1, (7,)), ((1, 5, 3, 3), 1, (1, 5, 1, 1))])
+def test_fused_infer_relu_matches_twin(kernel_runtime, dtype, shape, axis, param_shape):
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(dtype)
+    mean, var = rng.standard_normal(param_shape).astype(dtype), rng.uniform(0.5, 2, param_shape).astype(dtype)
+    gamma, beta = _params(rng, param_shape, dtype)
+    out = _run(batchnorm.bn_infer_fwd, kernel_runtime, x, mean, var, gamma, beta, 1e-3, axis, 'relu')
+    ref = twin.bn_infer_fwd(*_as64([x, mean, var, gamma, beta]), 1e-3, axis, 'relu')
+    assert out.dtype == dtype and (out == 0).any() and (out > 0).any()
+    assert_close(out, ref, dtype, 'bn_infer_fwd relu')
+
+
+def test_fused_relu_keeps_nan_and_masks_it_in_backward(kernel_runtime):
+    x = np.array([[1.0, np.nan], [-1.0, 2.0], [0.5, 3.0]], np.float32)
+    y, mean, _, inv_std = _run(batchnorm.bn_train_fwd, kernel_runtime, x, None, None, (0,), 1e-3, 'relu')
+    assert np.isnan(y[:, 1]).all() and y[1, 0] == 0 and y[0, 0] > 0
+    dx, _, dbeta = _run(batchnorm.bn_bwd, kernel_runtime, np.ones_like(x), x, None, mean, inv_std, (0,),
+                        activation='relu', y=y)
+    assert dbeta[1] == 0 and dbeta[0] == 2   # NaN outputs and the zero pass no gradient
+
+
+@pytest.mark.parametrize('module', [batchnorm, twin])
+def test_fused_bad_input_raises_before_launch(module):
+    kw = {'runtime': 'emulate'} if module is batchnorm else {}
+    x = np.zeros((2, 3, 4), np.float32)
+    stat = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match=r"bn_train_fwd: activation must be 'linear' or 'relu', got 'tanh'"):
+        module.bn_train_fwd(x, None, None, (0, 1), 1e-3, 'tanh', **kw)
+    with pytest.raises(ValueError, match=r"bn_infer_fwd: activation must be 'linear' or 'relu', got 'elu'"):
+        module.bn_infer_fwd(x, stat, stat, None, None, 1e-3, -1, 'elu', **kw)
+    with pytest.raises(ValueError, match=r"bn_train_fwd: moving_mean and moving_var go together, got only moving_var"):
+        module.bn_train_fwd(x, None, None, (0, 1), moving_var=stat, decay=0.1, **kw)
+    with pytest.raises(ValueError, match=r"bn_train_fwd: decay \(1 - momentum\) is required"):
+        module.bn_train_fwd(x, None, None, (0, 1), moving_mean=stat, moving_var=stat, **kw)
+    with pytest.raises(ValueError, match=r"bn_train_fwd: decay, var_decay and var_factor are only used with"):
+        module.bn_train_fwd(x, None, None, (0, 1), var_factor=2.0, **kw)
+    with pytest.raises(TypeError, match=r"bn_train_fwd: decay must be a float or a one-element float array"):
+        module.bn_train_fwd(x, None, None, (0, 1), moving_mean=stat, moving_var=stat, decay=np.zeros(2), **kw)
+    with pytest.raises(TypeError, match=r"bn_train_fwd: var_factor must be a float or a one-element"):
+        module.bn_train_fwd(x, None, None, (0, 1), moving_mean=stat, moving_var=stat, decay=0.1, var_factor='2',
+                            **kw)
+    with pytest.raises(ValueError, match=r"bn_train_fwd: moving_var must have shape \(4,\)"):
+        module.bn_train_fwd(x, None, None, (0, 1), moving_mean=stat, moving_var=stat[:3], decay=0.1, **kw)
+    with pytest.raises(ValueError, match=r"bn_bwd: y \(the fused forward's output\) is required"):
+        module.bn_bwd(x, x, None, stat, stat + 1, (0, 1), activation='relu', **kw)
+    with pytest.raises(ValueError, match=r"bn_bwd: y is only used with activation='relu'"):
+        module.bn_bwd(x, x, None, stat, stat + 1, (0, 1), y=x, **kw)
+    with pytest.raises(ValueError, match=r"bn_bwd: y must have the shape of x"):
+        module.bn_bwd(x, x, None, stat, stat + 1, (0, 1), activation='relu', y=x[:1], **kw)
+    with pytest.raises(TypeError, match=r"bn_bwd: y must have the dtype of x \(float32\), got float64"):
+        module.bn_bwd(x, x, None, stat, stat + 1, (0, 1), activation='relu', y=x.astype(np.float64), **kw)
+
+
+def test_cudnn_fused_graph_names_and_momentum():
+    assert cudnn_batchnorm._op('train', 'relu') == 'train_relu' and cudnn_batchnorm._op('bwd', 'linear') == 'bwd'
+    assert cudnn_batchnorm._host_momentum(np.full(1, 0.25, np.float32), 0.25) == 0.25
+    with pytest.raises(Exception, match='one momentum') as info:
+        cudnn_batchnorm._host_momentum(0.1, 0.2)
+    assert type(info.value).__name__ == 'Unsupported'
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('shape, axes', [((4, 6, 5, 16), (0, 1, 2)), ((4, 16, 6, 5), (0, 2, 3))])
+def test_cudnn_fused_batchnorm_matches_twin(shape, axes):
+    from gpuk.kernels import cudnn
+    if not cudnn.available():
+        pytest.skip(cudnn.why_unavailable())
+    import cupy
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    gamma, beta = _params(rng, _kept(shape, axes), np.float32)
+    moving = [rng.standard_normal(16).astype(np.float32), rng.uniform(0.5, 2, 16).astype(np.float32)]
+    outs = cudnn_batchnorm.bn_train_fwd(*[cupy.asarray(a) for a in (x, gamma, beta)], axes, 1e-3, 'relu',
+                                        *[cupy.asarray(m) for m in moving], 0.1, 0.1, 1.01)
+    refs = twin.bn_train_fwd(*_as64([x, gamma, beta]), axes, 1e-3, 'relu', *_as64(moving), 0.1, 0.1, 1.01)
+    for i in (0, 1, 3, 4, 5):
+        assert_close(outs[i], refs[i], np.float32)
+    y, mean, _, inv_std = twin.bn_train_fwd(x, gamma, beta, axes, 1e-3, 'relu')
+    dy = rng.standard_normal(shape).astype(np.float32)
+    outs = cudnn_batchnorm.bn_bwd(*[cupy.asarray(a) for a in (dy, x, gamma, mean, inv_std)], axes,
+                                  activation='relu', y=cupy.asarray(y))
+    refs = twin.bn_bwd(*_as64([dy, x, gamma, mean, inv_std]), axes, activation='relu', y=y.astype(np.float64))
+    for out, ref in zip(outs, refs):
+        assert_close(out, ref, np.float32)
