@@ -8,9 +8,15 @@ reports TFLOP/s (2 * N * output pixels * prod(k) * C_in * C_out per pass; depthw
 to cuDNN. NumPy rows run only where one pass is under ``NUMPY_MAX_FLOPS`` (the CPU would
 take minutes otherwise) and skip with that reason elsewhere. Depthwise has no cuDNN
 Frontend path here, so its rows have gpuk and numpy only.
+
+Precision modes: every row above is float32 strict (FFMA, no TF32). ``test_conv_bfloat16``
+runs the ResNet-50 layers again with bfloat16 inputs (tensor cores, float32 accumulation),
+gpuk against cuDNN only; its case names end in ' bfloat16' so each pairs with its own
+cuDNN row.
 """
 import math
 
+import ml_dtypes  # noqa: F401  (registers the 'bfloat16' dtype name with NumPy)
 import numpy as np
 import pytest
 
@@ -104,18 +110,29 @@ def _skip_numpy_if_large(impl, flops):
                                                                                          NUMPY_MAX_FLOPS / 1e9))
 
 
-@pytest.mark.parametrize('impl, pass_name, case', _params(CONV_CASES + TRANSPOSE_CASES, ('gpuk', 'cudnn', 'numpy')))
-def test_conv(benchmark, harness, impl, pass_name, case):
+def _run_conv(benchmark, harness, impl, pass_name, case, dtype):
     name, n, spatial, c_in, c_out, kernel, strides = case
     h.require(impl)
     _, _, flops = _conv_problem(n, spatial, c_in, c_out, kernel, strides)
     _skip_numpy_if_large(impl, flops)
-    dtype = 'float32'
     fn, make, set_bytes, bytes_moved, flops = _conv_row(impl, pass_name, n, spatial, c_in, c_out, kernel, strides,
                                                         dtype)
     info = harness.run(benchmark, family='conv_' + pass_name, case=name, impl=impl, fn=fn, make_inputs=make,
                        set_bytes=set_bytes, bytes_moved=bytes_moved, flops=flops, dtype=dtype)
     assert info['tflops'] > 0
+
+
+@pytest.mark.parametrize('impl, pass_name, case', _params(CONV_CASES + TRANSPOSE_CASES, ('gpuk', 'cudnn', 'numpy')))
+def test_conv(benchmark, harness, impl, pass_name, case):
+    _run_conv(benchmark, harness, impl, pass_name, case, 'float32')
+
+
+BFLOAT16_CASES = [(name + ' bfloat16', *rest) for name, *rest in _resnet(32) + _resnet(256)]
+
+
+@pytest.mark.parametrize('impl, pass_name, case', _params(BFLOAT16_CASES, ('gpuk', 'cudnn')))
+def test_conv_bfloat16(benchmark, harness, impl, pass_name, case):
+    _run_conv(benchmark, harness, impl, pass_name, case, 'bfloat16')
 
 
 def _depthwise_row(impl, pass_name, n, spatial, channels, dtype):

@@ -9,7 +9,8 @@ Cross-correlation, like every Keras backend.
 How: work in channels_last, pad once, view the windows with stride tricks,
 and run one BLAS matmul. Gradients with respect to the input scatter the
 window columns back (col2im) with a loop over kernel taps only.
-float16 is computed in float32 and returned as float16.
+float16 and bfloat16 (ml_dtypes.bfloat16) are computed in float32 and returned in
+their own dtype.
 """
 import math
 

@@ -3,16 +3,25 @@
 raise the same errors, with the same messages, before any work."""
 import math
 
+import ml_dtypes
 import numpy as np
 
 from gpuk.ops import geometry
 
 
+FLOAT_DTYPE_NAMES = 'float16, bfloat16, float32 or float64'
+
+
+def is_float_dtype(dtype):
+    """A NumPy float or ml_dtypes.bfloat16 (whose dtype kind is 'V', not 'f')."""
+    return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16
+
+
 def float_array(fn, name, value):
     array = np.asarray(value)
-    if not np.issubdtype(array.dtype, np.floating):
-        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
-                        % (fn, name, array.dtype))
+    if not is_float_dtype(array.dtype):
+        raise TypeError('%s: %s must be a %s array, got dtype %s'
+                        % (fn, name, FLOAT_DTYPE_NAMES, array.dtype))
     if array.size == 0:
         raise ValueError('%s: %s must not have a zero-size dimension, got shape %s'
                          % (fn, name, array.shape))

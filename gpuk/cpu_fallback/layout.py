@@ -4,6 +4,7 @@ The twins work in channels_last: (N, *spatial, C). These move arrays into and ou
 that layout, pad and crop the spatial dims, and view or scatter the windows a kernel
 (or a pooling window) reads, one tap at a time.
 """
+import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -14,8 +15,8 @@ __all__ = ['compute_dtype', 'to_channels_last', 'from_channels_last', 'pad_spati
 
 
 def compute_dtype(dtype):
-    """float16 accumulates in float32; every other float computes in itself."""
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+    """float16 and bfloat16 accumulate in float32; every other float computes in itself."""
+    return np.dtype(np.float32) if dtype in (np.float16, ml_dtypes.bfloat16) else np.dtype(dtype)
 
 
 def to_channels_last(array, channels_first):

@@ -15,6 +15,7 @@ import math
 from collections import namedtuple
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from gpuk import config
@@ -32,7 +33,8 @@ IGEMM_SOURCE = Path(__file__).with_name('conv_igemm.cu')
 REDUCE_THREADS = 256
 REDUCE_MAX_BLOCKS = 4096
 EPILOGUES = {None: 0, 'bias': 1, 'bias_relu': 2}
-_TABLE_DTYPES = {'ffma': np.float32, 'tf32': np.float32, 'ffma64': np.float64, 'f16': np.float16}
+_TABLE_DTYPES = {'ffma': np.float32, 'tf32': np.float32, 'ffma64': np.float64, 'f16': np.float16,
+                 'bf16': ml_dtypes.bfloat16}
 
 # The lifted problem: per-dim tuples of 3 (d, h, w), sizes and the layout flag.
 Geometry = namedtuple('Geometry', 'batch c_in c_out in_sp out_sp k_sp strides dilation pad_before channels_last')

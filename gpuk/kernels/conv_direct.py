@@ -5,6 +5,7 @@ twins in gpuk/cpu_fallback/conv.py plus a keyword-only `runtime`.
 import math
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from gpuk.cpu_fallback import conv_checks
@@ -13,8 +14,11 @@ from .runtime import register_build, resolve
 
 DEPTHWISE_SOURCE = Path(__file__).with_name('conv_depthwise.cu')
 LOCAL_SOURCE = Path(__file__).with_name('conv_local.cu')
-ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
-ACC_TYPES = {np.dtype(np.float16): 'float', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
+ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(ml_dtypes.bfloat16): '__nv_bfloat16',
+                 np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
+# 16-bit inputs accumulate in float32 (ElementTraits<T>::acc in common.cuh).
+ACC_TYPES = {np.dtype(np.float16): 'float', np.dtype(ml_dtypes.bfloat16): 'float',
+             np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
 # Tile constants: #defines of the .cu files and the grid below (one place).
 DW_CHANNELS, DW_ROWS, DW_PIX = 32, 8, 4
 DW_MAX_FILTER_SHARED = 48 * 1024      # above this the filter is read from global memory
@@ -47,7 +51,8 @@ def check_float_array(fn, name, array, xp):
     if not isinstance(array, xp.ndarray):
         raise TypeError('%s: %s must be a %s.ndarray, got %s' % (fn, name, xp.__name__, type(array).__name__))
     if array.dtype not in ELEMENT_TYPES:
-        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s' % (fn, name, array.dtype))
+        raise TypeError('%s: %s must be a %s array, got dtype %s'
+                        % (fn, name, conv_checks.FLOAT_DTYPE_NAMES, array.dtype))
     if array.size == 0:
         raise ValueError('%s: %s must not have a zero-size dimension, got shape %s' % (fn, name, array.shape))
     return array

@@ -16,11 +16,12 @@
 //       (deterministic, no atomics). With one split the block writes dw directly.
 //
 // Math paths (CONV_MATH): 0 = register-blocked FFMA (float32 strict, float64);
-//   1 = mma.m16n8k16 f16 with float32 accumulation (float16 inputs);
+//   1 = mma.m16n8k16 with float32 accumulation on 16-bit inputs: f16 for float16, bf16 for
+//       bfloat16 (ELEMENT_T picks the instruction, see Mma16);
 //   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32').
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK. A and B tiles
 //   live in shared memory k-major (As[k][m], Bs[k][n]), double-buffered: the next tile is
-//   fetched with cp.async (4-byte elements; float16 and zero-fills use plain stores) while
+//   fetched with cp.async (4-byte elements; 16-bit elements and zero-fills use plain stores) while
 //   the current one is multiplied. FFMA: each thread owns a CONV_TM x CONV_TN micro-tile.
 //   MMA: CONV_WARPS_M x CONV_WARPS_N warps, each a (BM/WARPS_M) x (BN/WARPS_N) warp tile
 //   of 16x8 MMA tiles.
@@ -214,8 +215,10 @@ __device__ __forceinline__ void copy_element(double* dst, const double* src) {
         *dst = 0.0;
     }
 }
-__device__ __forceinline__ void copy_element(__half* dst, const __half* src) {
-    *dst = src ? *src : __float2half_rn(0.0f);
+// float16 and bfloat16: 2-byte elements, below cp.async's 4-byte minimum.
+template <class T>
+__device__ __forceinline__ void copy_element(T* dst, const T* src) {
+    *dst = src ? *src : ElementTraits<T>::from_acc(0.0f);
 }
 
 // Loader mappings: which tile index runs fastest across threads. fwd/dgrad A and dgrad
@@ -284,9 +287,25 @@ __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
 #define MMA_N_TILES (WARP_TILE_N / 8)
 #define ACC_COUNT (MMA_M_TILES * MMA_N_TILES * 4)
 #if CONV_MATH == 1
+// A packed MMA operand register from two 16-bit elements (the lower k in the low half).
 __device__ __forceinline__ unsigned pack_bits(__half lo, __half hi) {
     return (unsigned)__half_as_ushort(lo) | ((unsigned)__half_as_ushort(hi) << 16);
 }
+__device__ __forceinline__ unsigned pack_bits(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    return (unsigned)__bfloat16_as_ushort(lo) | ((unsigned)__bfloat16_as_ushort(hi) << 16);
+}
+// The m16n8k16 MMA whose operands are elem_t: same fragment layout for f16 and bf16.
+template <class T> struct Mma16;
+template <> struct Mma16<__half> {
+    __device__ __forceinline__ static void run(float* c, const unsigned a[4], const unsigned b[2]) {
+        mma_m16n8k16_f16(c, a, b, c);
+    }
+};
+template <> struct Mma16<__nv_bfloat16> {
+    __device__ __forceinline__ static void run(float* c, const unsigned a[4], const unsigned b[2]) {
+        mma_m16n8k16_bf16(c, a, b, c);
+    }
+};
 #endif
 __device__ __forceinline__ void tile_multiply(elem_t (*as)[CONV_BM + SMEM_PAD], elem_t (*bs)[CONV_BN + SMEM_PAD],
                                               acc_t* acc) {
@@ -312,7 +331,7 @@ __device__ __forceinline__ void tile_multiply(elem_t (*as)[CONV_BM + SMEM_PAD], 
 #pragma unroll
             for (int ni = 0; ni < MMA_N_TILES; ++ni) {
                 float* c = acc + (mi * MMA_N_TILES + ni) * 4;
-                mma_m16n8k16_f16(c, a, b[ni], c);
+                Mma16<elem_t>::run(c, a, b[ni]);
             }
         }
     }

@@ -8,10 +8,14 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
     ffma   32x32x8      32 x 32 x 8    64       4 x 4                      small M or N (tails)
     f16    128x128x16   128 x 128 x 16 256      8 warps, 64 x 32 per warp  float16 (mma m16n8k16)
     f16    64x64x16     64 x 64 x 16   128      4 warps, 32 x 32           float16, smaller problems
+    bf16   128x128x16   128 x 128 x 16 256      8 warps, 64 x 32           bfloat16 (mma m16n8k16 bf16)
+    bf16   64x64x16     64 x 64 x 16   128      4 warps, 32 x 32           bfloat16, smaller problems
     tf32   128x128x16   128 x 128 x 16 256      8 warps, 64 x 32           float32 with precision 'tf32'
     tf32   64x64x16     64 x 64 x 16   128      4 warps, 32 x 32
 
-float64 has no 128x128 tile: 64 double accumulators per thread plus fragments would spill.
+f16 and bf16 share the math code (both m16n8k16, float32 accumulation): the element
+type of the build picks the instruction. float64 has no 128x128 tile: 64 double
+accumulators per thread plus fragments would spill.
 
 Choice (`choose_tile`): candidates from big to small; take the first whose block count
 (M tiles x N tiles x splits) reaches ``MIN_BLOCKS`` (about two waves of 132 SMs) and
@@ -26,11 +30,12 @@ import contextlib
 import math
 from collections import namedtuple
 
+import ml_dtypes
 import numpy as np
 
 Tile = namedtuple('Tile', 'name math bm bn bk tm tn warps_m warps_n threads')
 
-MATH_CODES = {'ffma': 0, 'f16': 1, 'tf32': 2}
+MATH_CODES = {'ffma': 0, 'f16': 1, 'bf16': 1, 'tf32': 2}
 
 
 def _ffma(bm, bn, tm, tn):
@@ -45,6 +50,7 @@ TILES = {
     'ffma': (_ffma(128, 128, 8, 8), _ffma(64, 64, 4, 4), _ffma(32, 32, 4, 4)),
     'ffma64': (_ffma(64, 64, 4, 4), _ffma(32, 32, 4, 4)),
     'f16': (_mma('f16', 128, 128, 2, 4), _mma('f16', 64, 64, 2, 2)),
+    'bf16': (_mma('bf16', 128, 128, 2, 4), _mma('bf16', 64, 64, 2, 2)),
     'tf32': (_mma('tf32', 128, 128, 2, 4), _mma('tf32', 64, 64, 2, 2)),
 }
 MIN_BLOCKS = 264          # two waves on a 132-SM H100
@@ -59,6 +65,8 @@ def table_for(dtype, precision):
     dtype = np.dtype(dtype)
     if dtype == np.float16:
         return TILES['f16']
+    if dtype == ml_dtypes.bfloat16:
+        return TILES['bf16']
     if dtype == np.float64:
         return TILES['ffma64']
     return TILES['tf32'] if precision == 'tf32' else TILES['ffma']

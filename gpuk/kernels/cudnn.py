@@ -36,7 +36,7 @@ from gpuk.ops import geometry
 __all__ = ['available', 'why_unavailable', 'choose', 'library_path', 'conv_fwd',
            'conv_dgrad', 'conv_wgrad', 'conv_problem', 'graph_cache_key']
 
-_FLOAT_DTYPES = ('float16', 'float32', 'float64')
+_FLOAT_DTYPES = ('float16', 'bfloat16', 'float32', 'float64')   # dtype names (ml_dtypes.bfloat16's is 'bfloat16')
 _state = {'reason': None, 'probed': False, 'library': None, 'frontend': None}
 _warned_families = set()
 _handles = {}         # device id -> cuDNN handle
@@ -271,8 +271,8 @@ def filter_dims(w_shape):
 def data_type_names(dtype_name, precision):
     """(io, compute) cuDNN data type names and whether tensor-core engines are barred."""
     if dtype_name not in _FLOAT_DTYPES:
-        raise TypeError('cudnn: arrays must be float16, float32 or float64, got %s' % dtype_name)
-    io = {'float16': 'HALF', 'float32': 'FLOAT', 'float64': 'DOUBLE'}[dtype_name]
+        raise TypeError('cudnn: arrays must be float16, bfloat16, float32 or float64, got %s' % dtype_name)
+    io = {'float16': 'HALF', 'bfloat16': 'BFLOAT16', 'float32': 'FLOAT', 'float64': 'DOUBLE'}[dtype_name]
     compute = 'DOUBLE' if dtype_name == 'float64' else 'FLOAT'
     # float32 under the strict policy must not run as TF32 on tensor cores
     return io, compute, dtype_name == 'float32' and precision == 'float32'
@@ -406,7 +406,7 @@ def _float_device_array(fn, name, array):
     if not isinstance(array, cupy.ndarray):
         raise TypeError('%s: %s must be a CuPy array, got %s' % (fn, name, type(array).__name__))
     if array.dtype.name not in _FLOAT_DTYPES:
-        raise TypeError('%s: %s must be float16, float32 or float64, got dtype %s'
+        raise TypeError('%s: %s must be float16, bfloat16, float32 or float64, got dtype %s'
                         % (fn, name, array.dtype))
     return cupy.ascontiguousarray(array)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
 
+import ml_dtypes
 import numpy as np
 
 KERNELS_DIR = Path(__file__).resolve().parent
@@ -18,7 +19,9 @@ _DEFINE = re.compile(r'^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)[ \t]+([^\n]+?)[ 
 _TYPEDEF = re.compile(r'^[ \t]*typedef[ \t]+([A-Za-z_][\w \t]*?)[ \t]+([A-Za-z_]\w*)[ \t]*;', re.M)
 _IDENT = re.compile(r'^[A-Za-z_]\w*$')
 
-# C scalar type -> numpy dtype. bfloat16 has no NumPy type: its buffers are uint16 bits.
+# C scalar type -> numpy dtype. bfloat16 is ml_dtypes.bfloat16 (the type CuPy and NumPy
+# arrays use for it); uint16 arrays are refused, so raw bits must be passed as explicit
+# .view(ml_dtypes.bfloat16) and a uint16 array of integers never reaches a bfloat16 kernel.
 SCALAR_DTYPES = {
     'bool': np.bool_, 'char': np.int8, 'signed char': np.int8, 'int8_t': np.int8,
     'unsigned char': np.uint8, 'uint8_t': np.uint8,
@@ -30,13 +33,13 @@ SCALAR_DTYPES = {
     'unsigned long': np.uint64, 'unsigned long long': np.uint64, 'unsigned long long int': np.uint64,
     'uint64_t': np.uint64, 'size_t': np.uint64,
     'float': np.float32, 'double': np.float64, '__half': np.float16, 'half': np.float16,
-    '__nv_bfloat16': np.uint16, 'nv_bfloat16': np.uint16,
+    '__nv_bfloat16': ml_dtypes.bfloat16, 'nv_bfloat16': ml_dtypes.bfloat16,
 }
 # Element dtype of buffers declared as pointers to vector types.
 VECTOR_ELEMENT_DTYPES = {
     'float2': np.float32, 'float4': np.float32, 'double2': np.float64,
     'int2': np.int32, 'int4': np.int32, 'uint2': np.uint32, 'uint4': np.uint32,
-    '__half2': np.float16, '__nv_bfloat162': np.uint16, 'char4': np.int8, 'uchar4': np.uint8,
+    '__half2': np.float16, '__nv_bfloat162': ml_dtypes.bfloat16, 'char4': np.int8, 'uchar4': np.uint8,
 }
 
 

@@ -3,10 +3,20 @@
 Policy: a kernel's result is compared with a float64 reference (the NumPy twin run on
 inputs cast to float64) by the norm-wise relative error max|out - ref| / max|ref|,
 which must stay under TOLERANCE[dtype of the kernel's inputs]. NaN must match NaN.
+
+The 16-bit entries are about four units of the output's one rounding, the error that
+dominates when products and sums run in float32: float16 rounds to 11 significant bits
+(2^-11 = 4.9e-4, tolerance 2e-3), bfloat16 to 8 (2^-8 = 3.9e-3, tolerance 1.5e-2).
+Casting 16-bit inputs to float64 is exact, so the reference sees the rounded inputs the
+kernel sees. A wrong fragment, tap or tile edge gives errors of order 1e-1 and above.
 """
+import ml_dtypes
 import numpy as np
 
-TOLERANCE = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
+from gpuk.cpu_fallback.conv_checks import is_float_dtype
+
+TOLERANCE = {np.dtype(np.float16): 2e-3, np.dtype(ml_dtypes.bfloat16): 1.5e-2, np.dtype(np.float32): 1e-5,
+             np.dtype(np.float64): 1e-12}
 
 
 def to_device(rt, a):
@@ -54,13 +64,13 @@ def assert_matches_twin(kernel_fn, twin_fn, args, rt, kwargs=None, float_args=No
     args are NumPy arrays or plain values; the output dtype must equal the twin's on the
     original dtypes. Returns the kernel output as NumPy."""
     kwargs = kwargs or {}
-    floats = [a for a in args if isinstance(a, np.ndarray) and a.dtype.kind == 'f']
+    floats = [a for a in args if isinstance(a, np.ndarray) and is_float_dtype(a.dtype)]
     dtype = floats[0].dtype if floats else np.dtype(np.float64)
     out = to_host(kernel_fn(*[to_device(rt, a) for a in args], runtime=rt, **kwargs))
     expected_dtype = twin_fn(*args, **kwargs).dtype
     if out.dtype != expected_dtype:
         raise AssertionError(f"{kernel_fn.__name__}: dtype {out.dtype}, twin gives {expected_dtype}")
-    ref = twin_fn(*[a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == 'f' else a
+    ref = twin_fn(*[a.astype(np.float64) if isinstance(a, np.ndarray) and is_float_dtype(a.dtype) else a
                     for a in args], **kwargs)
     assert_close(out, ref, dtype, kernel_fn.__name__)
     return out

@@ -2,15 +2,18 @@
 finite differences, geometry and argument checks."""
 import itertools
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import conv
 from gpuk.ops import geometry
 
-DTYPES = [np.float16, np.float32, np.float64]
+DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 FORMATS = ['channels_last', 'channels_first']
-TOLERANCE = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}
+# 16-bit results are rounded once from float32 sums: float16 by up to 2^-11, bfloat16
+# (8 significant bits) by up to 2^-8 = 3.9e-3 of each element.
+TOLERANCE = {np.float16: 1e-2, ml_dtypes.bfloat16: 1.5e-2, np.float32: 1e-5, np.float64: 1e-12}
 
 # (input spatial, kernel spatial, strides, dilation, padding): 1d/2d/3d, odd
 # sizes, strides larger than the kernel, dilation, every padding mode.
@@ -243,12 +246,15 @@ def test_conv_dgrad_is_transpose_conv_for_keras_output_shapes():
             assert out.shape == (2, length, 5)
 
 
-def test_float16_accumulates_in_float32():
-    # 4096 products of 1: a float16 accumulator would stall at 2048.
-    x = np.ones((1, 64, 64, 1), np.float16)
-    w = np.ones((64, 64, 1, 1), np.float16)
+@pytest.mark.parametrize('dtype', [np.float16, ml_dtypes.bfloat16])
+def test_16_bit_floats_accumulate_in_float32(dtype):
+    # 4096 products of 1: a float16 accumulator would stall at 2048, a bfloat16 one at 256.
+    x = np.ones((1, 64, 64, 1), dtype)
+    w = np.ones((64, 64, 1, 1), dtype)
     y = conv.conv_fwd(x, w, (1, 1), (1, 1), ((0, 0), (0, 0)), 'channels_last')
-    assert y.dtype == np.float16 and y.item() == 4096
+    assert y.dtype == dtype and y.item() == 4096
+    depthwise = conv.depthwise_conv_fwd(x, w, (1, 1), (1, 1), ((0, 0), (0, 0)), 'channels_last')
+    assert depthwise.dtype == dtype and depthwise.item() == 4096
 
 
 # ---------------------------------------------------------------- depthwise
@@ -418,7 +424,9 @@ VALID = ((0, 0), (0, 0))
 
 @pytest.mark.parametrize('call, error, message', [
     (lambda: conv.conv_fwd(X.astype(np.int32), W, 1, 1, VALID, 'channels_last'),
-     TypeError, r'conv_fwd: x must be a float16, float32 or float64 array, got dtype int32'),
+     TypeError, r'conv_fwd: x must be a float16, bfloat16, float32 or float64 array, got dtype int32'),
+    (lambda: conv.conv_fwd(X.astype(ml_dtypes.bfloat16), W.astype(np.float16), 1, 1, VALID, 'channels_last'),
+     TypeError, r'conv_fwd: x and w must have the same dtype, got bfloat16 and float16'),
     (lambda: conv.conv_fwd(X, W.astype(np.float64), 1, 1, VALID, 'channels_last'),
      TypeError, r'conv_fwd: x and w must have the same dtype'),
     (lambda: conv.conv_fwd(X, W[:, :, :1], 1, 1, VALID, 'channels_last'),

@@ -4,6 +4,7 @@ Shapes are tiny (the emulator runs each thread as a fiber) but odd, so every til
 """
 import contextlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -12,7 +13,9 @@ from gpuk.cpu_fallback import conv as twin
 from gpuk.kernels import conv, conv_direct, conv_tiles
 from gpuk.kernels.testing import assert_close, assert_matches_twin, relative_error, to_device, to_host
 
-DTYPES = [np.float16, np.float32, np.float64]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.float16, BF16, np.float32, np.float64]
+DTYPE_IDS = [np.dtype(d).name for d in DTYPES]
 FORMATS = ['channels_last', 'channels_first']
 
 # (input spatial, kernel spatial, strides, dilation, pads, C_in, C_out)
@@ -54,7 +57,7 @@ def _check_all_three(rt, case, dtype, data_format):
 
 
 @pytest.mark.parametrize('data_format', FORMATS)
-@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize('case', CONV_CASES, ids=_ids(CONV_CASES))
 def test_conv_fwd_dgrad_wgrad_match_twin(kernel_runtime, case, dtype, data_format):
     _check_all_three(kernel_runtime, case, dtype, data_format)
@@ -72,7 +75,7 @@ def _precision(value):
 
 TILE_VARIANTS = [(dtype, precision, tile.name) for table, dtype, precision in
                  [('ffma', np.float32, 'float32'), ('ffma64', np.float64, 'float32'), ('f16', np.float16, 'float32'),
-                  ('tf32', np.float32, 'tf32')]
+                  ('bf16', BF16, 'float32'), ('tf32', np.float32, 'tf32')]
                  for tile in conv_tiles.TILES[table]]
 
 
@@ -122,8 +125,29 @@ def test_tf32_mode_uses_tensor_cores_only_when_asked(kernel_runtime, data_format
     assert_close(strict, exact, np.float32, 'conv_fwd in strict float32 mode')
 
 
+@pytest.mark.parametrize('tile', [t.name for t in conv_tiles.TILES['bf16']])
+def test_bfloat16_keeps_the_float32_exponent_range(kernel_runtime, tile):
+    """x ~ 1e30 and w ~ 1e-25 (inf and 0 in float16), results ~ 1e5, 1e-28 and 1e27: a path
+    that went through float16 anywhere (operands, MMA, output) would give inf, NaN or zeros."""
+    case = CONV_CASES[2]
+    _, kernel, strides, dilation, pads, _, _ = case
+    x, w, dy = _conv_arrays(case, np.float32, 'channels_last', seed=9)
+    x, w, dy = (a * scale for a, scale in ((x, 1e30), (w, 1e-25), (dy, 1e-3)))
+    x, w, dy = (a.astype(BF16) for a in (x, w, dy))
+    geometry = (strides, dilation, pads, 'channels_last')
+    xr, wr, dyr = (a.astype(np.float64) for a in (x, w, dy))
+    runs = [(conv.conv_fwd, (x, w), twin.conv_fwd(xr, wr, *geometry)),
+            (conv.conv_dgrad, (dy, w, x.shape), twin.conv_dgrad(dyr, wr, x.shape, *geometry)),
+            (conv.conv_wgrad, (x, dy, w.shape), twin.conv_wgrad(xr, dyr, w.shape, *geometry))]
+    with conv_tiles.forced(tile=tile):
+        for fn, args, ref in runs:
+            out = to_host(fn(*[to_device(kernel_runtime, a) for a in args], *geometry, runtime=kernel_runtime))
+            assert out.dtype == BF16 and np.isfinite(out.astype(np.float32)).all()
+            assert_close(out, ref, BF16, '%s with bfloat16 inputs far outside float16 range' % fn.__name__)
+
+
 @pytest.mark.parametrize('data_format', FORMATS)
-@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize('epilogue', ['bias', 'bias_relu'])
 def test_conv_fwd_fused_bias_relu(kernel_runtime, epilogue, dtype, data_format):
     case = CONV_CASES[2]
@@ -162,7 +186,7 @@ def _depthwise_arrays(case, dtype, data_format, seed=0):
 
 
 @pytest.mark.parametrize('data_format', FORMATS)
-@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize('case', DEPTHWISE_CASES, ids=_ids(DEPTHWISE_CASES))
 def test_depthwise_matches_twin(kernel_runtime, case, dtype, data_format):
     _, _, strides, dilation, pads, _, _ = case
@@ -179,10 +203,11 @@ def test_depthwise_split_wgrad_and_filter_in_global_memory(kernel_runtime):
     """Pixel splits with the deterministic second pass; filters too big for shared memory."""
     case = DEPTHWISE_CASES[1]
     _, _, strides, dilation, pads, _, _ = case
-    x, w, dy = _depthwise_arrays(case, np.float32, 'channels_last', seed=2)
-    with conv_tiles.forced(splits=4):
-        assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
-                            (x, dy, w.shape, strides, dilation, pads, 'channels_last'), kernel_runtime)
+    for dtype in (np.float32, BF16):
+        x, w, dy = _depthwise_arrays(case, dtype, 'channels_last', seed=2)
+        with conv_tiles.forced(splits=4):
+            assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
+                                (x, dy, w.shape, strides, dilation, pads, 'channels_last'), kernel_runtime)
     big = ((17, 16), (16, 14), (1, 1), (1, 1), ((0, 0), (0, 1)), 2, 2)   # 224 taps x 2 > 384 / 2
     assert conv_direct._filter_shared_bytes(np.float32, 16 * 14 * 2) == 0
     assert conv_direct._filter_shared_bytes(np.float64, 16 * 14) == 0
@@ -206,7 +231,7 @@ LOCAL_CASES = [
 
 
 @pytest.mark.parametrize('data_format', FORMATS)
-@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize('case', LOCAL_CASES, ids=['%dd-%d' % (len(c[0]), i) for i, c in enumerate(LOCAL_CASES)])
 def test_local_conv_matches_twin(kernel_runtime, case, dtype, data_format):
     spatial, kernel_size, strides, output_spatial, c_in, c_out = case
@@ -240,7 +265,11 @@ BAD_INPUTS = [
     (conv.conv_fwd, twin.conv_fwd, (X[:, :0], W, *VALID), ValueError, r'conv_fwd: x must not have a zero-size'),
     (conv.conv_fwd, twin.conv_fwd, (X, W, (0, 1), *VALID[1:]), ValueError, r'conv_fwd: strides must be >= 1'),
     (conv.conv_fwd, twin.conv_fwd, (X.astype(np.int32), W.astype(np.int32), *VALID), TypeError,
-     r'conv_fwd: x must be a float16, float32 or float64 array, got dtype int32'),
+     r'conv_fwd: x must be a float16, bfloat16, float32 or float64 array, got dtype int32'),
+    (conv.conv_dgrad, twin.conv_dgrad, (DY.astype(np.uint16), W.astype(BF16), X.shape, *VALID), TypeError,
+     r'conv_dgrad: dy must be a float16, bfloat16, float32 or float64 array, got dtype uint16'),
+    (conv.conv_wgrad, twin.conv_wgrad, (X.astype(BF16), DY.astype(np.float16), W.shape, *VALID), TypeError,
+     r'conv_wgrad: x and dy must have the same dtype, got bfloat16 and float16'),
     (conv.conv_fwd, twin.conv_fwd, (X, W.astype(np.float64), *VALID), TypeError, r'conv_fwd: x and w must have'),
     (conv.conv_fwd, twin.conv_fwd, (X, W, *VALID[:3], 'nhwc'), ValueError, r'data_format'),
     (conv.conv_fwd, twin.conv_fwd, (X[:, :2, :2], W, *VALID), ValueError, r'conv_fwd: padded input spatial size'),
@@ -298,6 +327,8 @@ def test_tile_choice_table():
     assert conv_tiles.choose_tile(np.float32, 'float32', 60, 5, 27).name == '32x32x8'
     assert conv_tiles.choose_tile(np.float64, 'float32', 32 * 56 * 56, 256, 576).name == '64x64x8'
     assert conv_tiles.choose_tile(np.float16, 'float32', 32 * 56 * 56, 256, 576).math == 'f16'
+    assert conv_tiles.choose_tile(BF16, 'float32', 32 * 56 * 56, 256, 576).math == 'bf16'
+    assert conv_tiles.choose_tile(BF16, 'tf32', 60, 5, 27).name == '64x64x16'   # precision only concerns float32
     assert conv_tiles.choose_tile(np.float32, 'tf32', 32 * 56 * 56, 256, 576).math == 'tf32'
     # wgrad of a 3x3 64->64 layer at N=32: M x N = 576 x 64 gives few tiles, so K is split.
     tile = conv_tiles.choose_tile(np.float32, 'float32', 576, 64, 32 * 56 * 56, split_k=True)

@@ -139,10 +139,11 @@ def test_conv_problem_rejects_bad_input(kwargs, message):
 
 def test_data_types_and_tensor_core_policy():
     assert cudnn.data_type_names('float16', 'float32') == ('HALF', 'FLOAT', False)
+    assert cudnn.data_type_names('bfloat16', 'float32') == ('BFLOAT16', 'FLOAT', False)
     assert cudnn.data_type_names('float32', 'float32') == ('FLOAT', 'FLOAT', True)
     assert cudnn.data_type_names('float32', 'tf32') == ('FLOAT', 'FLOAT', False)
     assert cudnn.data_type_names('float64', 'float32') == ('DOUBLE', 'DOUBLE', False)
-    with pytest.raises(TypeError, match='cudnn: arrays must be float16, float32 or float64, got int32'):
+    with pytest.raises(TypeError, match='cudnn: arrays must be float16, bfloat16, float32 or float64, got int32'):
         cudnn.data_type_names('int32', 'float32')
 
 
@@ -248,7 +249,8 @@ def test_flops_conv():
 # ---------------------------------------------------------------- on a GPU with cuDNN
 
 @pytest.mark.gpu
-@pytest.mark.parametrize('dtype, tol', [('float32', 1e-5), ('float16', 2e-2), ('float64', 1e-12)])
+@pytest.mark.parametrize('dtype, tol', [('float32', 1e-5), ('float16', 2e-2), ('bfloat16', 1.5e-2),
+                                        ('float64', 1e-12)])
 @pytest.mark.parametrize('data_format, x_shape, w_shape, strides, dilation, pads', CASES)
 def test_cudnn_conv_matches_numpy_twin(rng, dtype, tol, data_format, x_shape, w_shape, strides,
                                        dilation, pads):

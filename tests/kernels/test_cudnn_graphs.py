@@ -1,8 +1,9 @@
 """The convolution graphs of gpuk.kernels.cudnn against the installed cuDNN Frontend, without
 a GPU: every graph conv_fwd/conv_dgrad/conv_wgrad builds (fprop, dgrad, wgrad; NHWC and
-NCHW; 1-d lifted, 2-d, 3-d; float16/32/64) is constructed with our real arguments, and,
-where the cuDNN 9 library loads, planned for a described H100 (cuDNN's device-less
-heuristics) up to built plans. Skipped where the frontend does not import (CI)."""
+NCHW; 1-d lifted, 2-d, 3-d; float16, bfloat16, float32, float64) is constructed with our
+real arguments, and, where the cuDNN 9 library loads, planned for a described H100
+(cuDNN's device-less heuristics) up to built plans. Skipped where the frontend does not
+import (CI)."""
 import json
 
 import pytest
@@ -17,8 +18,9 @@ CASES = [
     ('channels_last', (1, 5, 4, 6, 8), (2, 1, 3, 8, 16), (2, 1, 1), (1, 1, 2), ((0, 0), (1, 1), (2, 2))),
 ]
 OPS = ['fprop', 'dgrad', 'wgrad']
-DTYPES = [('float16', 'float32'), ('float32', 'float32'), ('float32', 'tf32'), ('float64', 'float32')]
-IO_TYPES = {'float16': 'HALF', 'float32': 'FLOAT', 'float64': 'DOUBLE'}
+DTYPES = [('float16', 'float32'), ('bfloat16', 'float32'), ('float32', 'float32'), ('float32', 'tf32'),
+          ('float64', 'float32')]
+IO_TYPES = {'float16': 'HALF', 'bfloat16': 'BFLOAT16', 'float32': 'FLOAT', 'float64': 'DOUBLE'}
 # A device description for cuDNN's device-less (AOT) heuristics: an H100 SXM (sm_90).
 H100 = dict(cudaDeviceId=0, deviceName='NVIDIA H100 80GB HBM3', deviceVer=900, driverVer=13000, isTccDriver=0,
             l2CacheSize=50 << 20, maxCtasPerSM=32, maxRegistersPerSM=65536, maxSharedMemoryPerBlock=48 << 10,

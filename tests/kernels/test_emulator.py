@@ -1,6 +1,7 @@
 """Self-tests of the emulated CUDA execution model (tests/kernels/cu/*.cu)."""
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -117,19 +118,29 @@ def _bf16_reference(x):
 def test_half_and_bfloat16_conversions_bit_exact(selftest):
     x = _float_samples(np.random.default_rng(4))
     n = x.size
-    h, b = np.zeros(n, np.float16), np.zeros(n, np.uint16)
+    h, b = np.zeros(n, np.float16), np.zeros(n, ml_dtypes.bfloat16)   # __nv_bfloat16* takes ml_dtypes.bfloat16
     h_back, b_back = np.zeros(n, np.float32), np.zeros(n, np.float32)
     selftest.kernel('convert_lowp').launch(64, 256, (x, h, b, h_back, b_back, np.int64(n)))
     with np.errstate(over='ignore'):
         np.testing.assert_array_equal(h.view(np.uint16), x.astype(np.float16).view(np.uint16))
     np.testing.assert_array_equal(h_back, h.astype(np.float32))
-    np.testing.assert_array_equal(b, _bf16_reference(x))
-    np.testing.assert_array_equal(b_back, (b.astype(np.uint32) << 16).view(np.float32))
+    np.testing.assert_array_equal(b.view(np.uint16), _bf16_reference(x))
+    np.testing.assert_array_equal(b_back, (b.view(np.uint16).astype(np.uint32) << 16).view(np.float32))
     nan = np.array([np.nan, -np.nan], np.float32)
-    h2, b2 = np.zeros(2, np.float16), np.zeros(2, np.uint16)
+    h2, b2 = np.zeros(2, np.float16), np.zeros(2, ml_dtypes.bfloat16)
     selftest.kernel('convert_lowp').launch(1, 32, (nan, h2, b2, np.zeros(2, np.float32), np.zeros(2, np.float32),
                                                    np.int64(2)))
-    assert h2.view(np.uint16).tolist() == [0x7fff, 0x7fff] and b2.tolist() == [0x7fff, 0x7fff]
+    assert h2.view(np.uint16).tolist() == [0x7fff, 0x7fff] and b2.view(np.uint16).tolist() == [0x7fff, 0x7fff]
+
+
+def test_bfloat16_buffers_take_ml_dtypes_bfloat16_not_uint16_bits(selftest):
+    x = np.ones(4, np.float32)
+    args = lambda b: (x, np.zeros(4, np.float16), b, np.zeros(4, np.float32), np.zeros(4, np.float32), np.int64(4))
+    with pytest.raises(TypeError, match=r"argument 2 \(b, '__nv_bfloat16\*'\) must have dtype bfloat16, got uint16"):
+        selftest.kernel('convert_lowp').launch(1, 32, args(np.zeros(4, np.uint16)))
+    bits = np.zeros(4, np.uint16)
+    selftest.kernel('convert_lowp').launch(1, 32, args(bits.view(ml_dtypes.bfloat16)))   # a view shares the bits
+    assert bits.tolist() == [0x3f80] * 4
 
 
 @pytest.mark.parametrize('defines', [{}, {'GPUK_MMA_VIA_SHUFFLES': 1}], ids=['collective', 'shuffles'])
