@@ -26,10 +26,15 @@ EMULATED_TESTS := tests/test_emulated_backend.py tests/test_conv_ops.py tests/te
 	tests/test_batchnorm_ops.py tests/test_xent_ops.py tests/test_ctc_ops.py tests/test_bias.py \
 	tests/keras/test_models.py
 
+# The GPU rehearsal (tests/gpu_rehearsal, about 1.5 minutes): the `gpu` tests and one GPU benchmark
+# row per suite, with a NumPy stand-in for CuPy and the 'cuda' runtime running the kernels in
+# the emulator, so the CUDA paths' Python is run on every commit; its timings go to a temp folder.
 test: venv
 	$(BIN)/python -m gpuk.kernels.build --check
 	$(BIN)/python -m pytest -q
 	GPUK_DEVICE=emulate $(BIN)/python -m pytest -q $(EMULATED_TESTS)
+	GPUK_GPU_REHEARSAL=1 $(BIN)/python -m pytest -q -m gpu tests
+	GPUK_GPU_REHEARSAL=1 $(BIN)/python -m bench --quick -q
 
 bench: venv
 	$(BIN)/python -m bench

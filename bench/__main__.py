@@ -31,6 +31,16 @@ def main(argv=None):
     parser.add_argument('--quick', action='store_true', help='one case per benchmark and implementation')
     parser.add_argument('--out', default=None, help='folder of the report (default: the JSON folder)')
     args, pytest_args = parser.parse_known_args(argv)
+    from tests import gpu_rehearsal
+    if gpu_rehearsal.activate_if_requested():   # GPUK_GPU_REHEARSAL=1: meaningless timings, scratch files only
+        from tests.gpu_rehearsal import bench_plugin
+        try:
+            args.json = bench_plugin.rehearsal_json_path(args.json)
+            if args.out:
+                bench_plugin.check_scratch_path(args.out, '--out')
+        except pytest.UsageError as exc:
+            parser.error(str(exc))
+        print('GPU rehearsal: results go to %s (timings are meaningless)' % args.json)
     args.json = args.json or default_json_path()
     if args.quick:
         pytest_args = ['--quick'] + pytest_args

@@ -42,12 +42,13 @@ def test_copy(benchmark, harness, impl, nbytes):
 
 
 def test_copy_calibration(benchmark, harness):
-    """The session's GPU ceiling: the faster of gpuk's and CuPy's 1 GiB copy."""
+    """The session's GPU ceiling: the faster of gpuk's and CuPy's copy of GPU_CALIBRATION_BYTES (1 GiB)."""
     h.require('gpuk')
     measured = harness.ceilings.gpu_copy()
     ceiling = harness.ceilings.gpu_copy_gbps()
     h.record_samples(benchmark, [2 * h.GPU_CALIBRATION_BYTES / (ceiling * 1e9)])
-    benchmark.extra_info.update(family='calibration', case='copy 1024 MiB', impl='best of gpuk, cupy',
+    case = 'copy %d MiB' % (h.GPU_CALIBRATION_BYTES >> 20)
+    benchmark.extra_info.update(family='calibration', case=case, impl='best of gpuk, cupy',
                                 device=h.gpu_name(), bytes=2 * h.GPU_CALIBRATION_BYTES,
                                 gpuk_gbps=measured['gpuk'], cupy_gbps=measured['cupy'],
                                 ceiling_gbps=ceiling)

@@ -11,7 +11,6 @@ from bench import harness as h
 LOSS_CASES = ([(150, 40, 28, n) for n in (1, 16, 32, 64, 128)] +
               [(150, 20, 5000, n) for n in (1, 16, 32, 64, 128)] +
               [(700, 200, 29, 32), (600, 280, 29, 8)])
-SMALL_LOSS_CASES = [(150, 40, 28, 1)]
 IMPLS = ['gpuk', 'cudnn', 'torch', 'numpy']
 
 
@@ -67,12 +66,6 @@ def _run_loss(benchmark, harness, impl, case):
 @pytest.mark.parametrize('impl', IMPLS)
 @pytest.mark.parametrize('case', LOSS_CASES, ids=lambda c: 'T%d-L%d-A%d-N%d' % c)
 def test_ctc_loss(benchmark, harness, impl, case):
-    _run_loss(benchmark, harness, impl, case)
-
-
-@pytest.mark.parametrize('impl', IMPLS)
-@pytest.mark.parametrize('case', SMALL_LOSS_CASES, ids=lambda c: 'small-T%d-L%d-A%d-N%d' % c)
-def test_ctc_loss_small(benchmark, harness, impl, case):
     _run_loss(benchmark, harness, impl, case)
 
 

@@ -8,13 +8,25 @@
 - before the JSON is written, every row gets its ratio to the cudnn row of the same
   family and case, whichever ran first;
 - ``--quick`` keeps one case per benchmark function and implementation (the first
-  collected), for a run of about a minute.
+  collected), for a run of about a minute;
+- ``GPUK_GPU_REHEARSAL=1`` runs the GPU rows without a GPU (tests/gpu_rehearsal/bench_plugin.py:
+  a NumPy stand-in for CuPy, the emulator, shrunken work, meaningless timings, scratch output).
 """
 import fnmatch
 
 import pytest
 
 from bench import harness as _harness
+from tests import gpu_rehearsal
+
+# Before any row asks whether a GPU is usable: in the rehearsal the CuPy stand-in answers.
+REHEARSAL = gpu_rehearsal.activate_if_requested()
+
+
+def pytest_configure(config):
+    if REHEARSAL:
+        from tests.gpu_rehearsal import bench_plugin
+        config.pluginmanager.register(bench_plugin, 'gpu_rehearsal_bench')   # pytest_configure is historic: it runs
 
 
 def pytest_collect_file(file_path, parent):

@@ -288,7 +288,7 @@ def measure_cpu_copy(nbytes=CPU_CALIBRATION_BYTES):
     return copy_gbps(nbytes, time_cpu(np.copyto, [(dst, src)], min_time=0.3))
 
 
-_MATMUL_SIZE = {'float16': 8192, 'float32': 8192, 'float64': 4096}
+_MATMUL_SIZE = {'float16': 8192, 'bfloat16': 8192, 'float32': 8192, 'float64': 4096}
 
 
 def measure_gpu_matmul(dtype):

@@ -2,7 +2,10 @@
 fixture that runs a test body on every available array backend.
 
 ``GPUK_REQUIRE_GPU=1`` (bench/gpu_session.sh sets it) turns the skip into an error, so a
-session meant to test the GPU cannot pass by skipping every `gpu` test."""
+session meant to test the GPU cannot pass by skipping every `gpu` test.
+
+``GPUK_GPU_REHEARSAL=1`` runs the `gpu` tests without a GPU (tests/gpu_rehearsal): CuPy is a
+NumPy stand-in and the 'cuda' runtime runs the kernels in the emulator."""
 import os
 
 import numpy as np
@@ -10,6 +13,10 @@ import pytest
 
 from gpuk import device
 from gpuk.kernels import runtime
+from tests import gpu_rehearsal
+
+# Before GPU_USABLE: in the rehearsal, the CuPy stand-in is what the probe must find.
+REHEARSAL = gpu_rehearsal.activate_if_requested()
 
 
 def _gpu_usable():
@@ -17,6 +24,12 @@ def _gpu_usable():
 
 
 GPU_USABLE = _gpu_usable()
+
+
+def pytest_configure(config):
+    if REHEARSAL:
+        from tests.gpu_rehearsal import plugin
+        config.pluginmanager.register(plugin, 'gpu_rehearsal')
 
 
 def pytest_collection_modifyitems(config, items):

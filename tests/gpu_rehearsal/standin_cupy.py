@@ -1,0 +1,292 @@
+"""A NumPy-backed stand-in for the ``cupy`` module, for the GPU rehearsal only.
+
+It is the NumPy namespace plus the part of CuPy that gpuk, bench/ and tests/ use (found
+with grep for ``cupy.`` and ``xp.``): ``ndarray`` *is* ``numpy.ndarray``, so the emulated
+runtime can run the CUDA kernels on these arrays in place, and ``cuda`` answers like one
+H100 (compute capability '90', 227 KB opt-in shared memory, 50 MB L2). Events are
+perf_counter readings: timings taken with them are host times of synchronous emulated
+launches and mean nothing.
+
+It is installed into ``sys.modules['cupy']`` by ``tests.gpu_rehearsal.activate()`` and by
+nothing else. What it cannot show, because it is NumPy and not CuPy:
+
+- attributes, keywords and functions CuPy lacks: every name NumPy has exists here, and
+  NumPy's signatures are accepted (tests/kernels/test_cupy_conformance.py checks our
+  names against the real CuPy; it is skipped in the rehearsal);
+- host/device separation: ``cupy.asarray(numpy_array)`` copies to the GPU, here it may
+  return the same array, so code that writes a "device" array it got from asarray and
+  expects the host array unchanged is not caught; ``ndarray.get()`` does not exist here
+  (gpuk calls ``device.to_host`` / ``cupy.asnumpy`` instead, which work on both);
+- 0-d results: CuPy reductions return 0-d device arrays, NumPy returns scalars; code that
+  passes such a result to a kernel as an array argument fails here but not on CuPy;
+- ``numpy.random.default_rng`` stands in for ``cupy.random.default_rng``, whose Generator
+  has fewer methods and dtypes;
+- asynchronous execution, streams, the memory pool, real CUDA errors: launches run
+  synchronously, the pool is a no-op, and only the errors the rehearsal runtime raises
+  itself (dynamic shared memory above the kernel's allowance) are CUDA-like.
+"""
+import sys
+import time
+import types
+
+import numpy as np
+
+__all__ = ['build_module']
+
+STANDIN_NAME = 'GPU rehearsal: NumPy stand-in for CuPy (not a GPU; timings are meaningless)'
+
+
+# ---- cupy.cuda ----
+class CUDARuntimeError(RuntimeError):
+    """cupy.cuda.runtime.CUDARuntimeError."""
+
+
+class CUDADriverError(RuntimeError):
+    """cupy.cuda.driver.CUDADriverError."""
+
+
+class CompileException(Exception):
+    """cupy.cuda.compiler.CompileException."""
+
+
+# cudaDeviceAttr values (driver_types.h) of the attributes our code asks for, and an H100's answers.
+RUNTIME_ATTRIBUTES = {
+    'cudaDevAttrMaxThreadsPerBlock': (1, 1024),
+    'cudaDevAttrMaxSharedMemoryPerBlock': (8, 49152),
+    'cudaDevAttrMultiProcessorCount': (16, 132),
+    'cudaDevAttrL2CacheSize': (38, 50 * 1024 * 1024),
+    'cudaDevAttrComputeCapabilityMajor': (75, 9),
+    'cudaDevAttrComputeCapabilityMinor': (76, 0),
+    'cudaDevAttrMaxSharedMemoryPerBlockOptin': (97, 232448),
+}
+_ATTRIBUTE_VALUES = {code: value for code, value in RUNTIME_ATTRIBUTES.values()}
+
+
+def _device_id(device):
+    if device != 0:
+        raise CUDARuntimeError('cudaErrorInvalidDevice: the rehearsal has one device, 0; got %r' % (device,))
+    return 0
+
+
+def getDeviceCount():
+    return 1
+
+
+def deviceGetAttribute(attribute, device):
+    _device_id(device)
+    if attribute not in _ATTRIBUTE_VALUES:
+        raise CUDARuntimeError('cudaErrorInvalidValue: the rehearsal knows no device attribute %r' % (attribute,))
+    return _ATTRIBUTE_VALUES[attribute]
+
+
+def getDeviceProperties(device):
+    _device_id(device)
+    return {'name': STANDIN_NAME.encode(), 'major': 9, 'minor': 0, 'multiProcessorCount': 132,
+            'l2CacheSize': _ATTRIBUTE_VALUES[38], 'sharedMemPerBlockOptin': _ATTRIBUTE_VALUES[97],
+            'totalGlobalMem': 80 * 1024 ** 3}
+
+
+class Device:
+    """cupy.cuda.Device: device 0 only, compute capability '90' (CuPy's spelling of 9.0)."""
+
+    def __init__(self, device=None):
+        self.id = _device_id(0 if device is None else device)
+
+    compute_capability = '90'
+
+    @property
+    def attributes(self):
+        return {name.replace('cudaDevAttr', ''): value for name, (_, value) in RUNTIME_ATTRIBUTES.items()}
+
+    def synchronize(self):
+        """Launches are synchronous in the rehearsal."""
+
+    def use(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Stream:
+    """cupy.cuda.Stream: ``ptr`` 0 is CUDA's legacy default stream, as in CuPy."""
+
+    def __init__(self, null=False, non_blocking=False, ptr=0):
+        self.ptr = ptr
+
+    def synchronize(self):
+        """Launches are synchronous in the rehearsal."""
+
+    def use(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL_STREAM = Stream(null=True)
+
+
+def get_current_stream(device_id=None):
+    return _NULL_STREAM
+
+
+class Event:
+    """cupy.cuda.Event: record() reads perf_counter (launches ran already: they are synchronous)."""
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.disable_timing = disable_timing
+        self._time = None
+
+    def record(self, stream=None):
+        self._time = time.perf_counter()
+
+    def synchronize(self):
+        if self._time is None:
+            raise CUDARuntimeError('cudaErrorInvalidResourceHandle: Event.synchronize before record')
+
+    @property
+    def done(self):
+        return self._time is not None
+
+
+def get_elapsed_time(start_event, end_event):
+    """Milliseconds between two recorded events, like cupy.cuda.get_elapsed_time."""
+    for event in (start_event, end_event):
+        if event._time is None or event.disable_timing:
+            raise CUDARuntimeError('cudaErrorInvalidResourceHandle: get_elapsed_time needs two recorded '
+                                   'timing events')
+    return (end_event._time - start_event._time) * 1e3
+
+
+class MemoryPool:
+    """cupy.cuda.MemoryPool as far as we use it: NumPy owns the memory, so nothing is pooled."""
+
+    def free_all_blocks(self, stream=None):
+        pass
+
+    def used_bytes(self):
+        return 0
+
+    def total_bytes(self):
+        return 0
+
+
+_DEFAULT_POOL = MemoryPool()
+
+
+def get_default_memory_pool():
+    return _DEFAULT_POOL
+
+
+# ---- cupy.random ----
+class RandomState:
+    """cupy.random.RandomState: CuPy's samplers take ``dtype`` (float32 or float64), NumPy's legacy
+    RandomState does not, so this draws with a NumPy Generator and casts."""
+
+    def __init__(self, seed=None):
+        self._generator = np.random.default_rng(seed)
+
+    def standard_normal(self, size=None, dtype=float):
+        return self._generator.standard_normal(size, dtype=_float_dtype(dtype))
+
+    def normal(self, loc=0.0, scale=1.0, size=None, dtype=float):
+        return (loc + scale * self._generator.standard_normal(size)).astype(_float_dtype(dtype))
+
+    def uniform(self, low=0.0, high=1.0, size=None, dtype=float):
+        return self._generator.uniform(low, high, size).astype(_float_dtype(dtype))
+
+    def random_sample(self, size=None, dtype=float):
+        return self._generator.random(size, dtype=_float_dtype(dtype))
+
+    def randint(self, low, high=None, size=None, dtype=int):
+        return self._generator.integers(low, high, size, dtype=dtype)
+
+
+def _float_dtype(dtype):
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise TypeError('cupy.random: dtype must be float32 or float64, got %s' % dtype)
+    return dtype
+
+
+_GLOBAL_RANDOM_STATE = RandomState()
+
+
+def _seed(seed=None):
+    _GLOBAL_RANDOM_STATE._generator = np.random.default_rng(seed)
+
+
+def _build_random():
+    random = types.ModuleType('cupy.random')
+    random.RandomState = RandomState
+    random.default_rng = np.random.default_rng   # see the module docstring: CuPy's Generator is smaller
+    random.Generator = np.random.Generator
+    random.seed = _seed
+    for name in ('standard_normal', 'normal', 'uniform', 'random_sample', 'randint'):
+        setattr(random, name, getattr(_GLOBAL_RANDOM_STATE, name))
+    return random
+
+
+# ---- the module ----
+def asnumpy(a, stream=None, order='C', out=None):
+    """cupy.asnumpy: a NumPy copy (CuPy always copies device memory to the host)."""
+    array = np.array(a, order=order)
+    if out is not None:
+        out[...] = array
+        return out
+    return array
+
+
+def get_array_module(*args):
+    return sys.modules['cupy']
+
+
+def _build_cuda():
+    cuda = types.ModuleType('cupy.cuda')
+    runtime = types.ModuleType('cupy.cuda.runtime')
+    for name, (code, _) in RUNTIME_ATTRIBUTES.items():
+        setattr(runtime, name, code)
+    runtime.CUDARuntimeError = CUDARuntimeError
+    runtime.getDeviceCount = getDeviceCount
+    runtime.deviceGetAttribute = deviceGetAttribute
+    runtime.getDeviceProperties = getDeviceProperties
+    runtime.runtimeGetVersion = lambda: 13000
+    runtime.driverGetVersion = lambda: 13000
+    driver = types.ModuleType('cupy.cuda.driver')
+    driver.CUDADriverError = CUDADriverError
+    compiler = types.ModuleType('cupy.cuda.compiler')
+    compiler.CompileException = CompileException
+    cuda.runtime, cuda.driver, cuda.compiler = runtime, driver, compiler
+    cuda.Device, cuda.Stream, cuda.Event, cuda.MemoryPool = Device, Stream, Event, MemoryPool
+    cuda.get_current_stream = get_current_stream
+    cuda.get_elapsed_time = get_elapsed_time
+    cuda.is_available = lambda: True
+    return cuda
+
+
+def build_module():
+    """A fresh ``cupy`` stand-in module (see the module docstring); its submodules are returned too,
+    keyed by their import names, so ``import cupy.cuda`` works once they are in sys.modules."""
+    cupy = types.ModuleType('cupy', __doc__)
+    for name in dir(np):
+        if not name.startswith('_'):
+            setattr(cupy, name, getattr(np, name))
+    cupy.__version__ = 'gpu-rehearsal-standin'
+    cupy.ndarray = np.ndarray
+    cupy.asnumpy = asnumpy
+    cupy.get_array_module = get_array_module
+    cupy.get_default_memory_pool = get_default_memory_pool
+    cupy.cuda = _build_cuda()
+    cupy.random = _build_random()
+    cupy.STANDIN = True          # tests.gpu_rehearsal.is_standin() reads it
+    submodules = {'cupy': cupy, 'cupy.cuda': cupy.cuda, 'cupy.random': cupy.random,
+                  'cupy.cuda.runtime': cupy.cuda.runtime, 'cupy.cuda.driver': cupy.cuda.driver,
+                  'cupy.cuda.compiler': cupy.cuda.compiler}
+    return cupy, submodules
