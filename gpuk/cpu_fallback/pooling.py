@@ -24,7 +24,7 @@ def max_pool_fwd(x, window, strides, pads, data_format):
     argmax (int64, shaped like y) is the flat index of the winner within the
     un-padded spatial volume of its (n, c) slice; the first one wins ties.
     """
-    x = conv_checks.float_array('max_pool_fwd', 'x', x)
+    x = conv_checks.float_array('max_pool_fwd', 'x', x, bfloat16=False)
     channels_first, _, window, strides, pads, in_spatial, out_spatial = pooling_checks.forward_setup(
         'max_pool_fwd', x, window, strides, pads, data_format)
     rank = len(window)
@@ -120,7 +120,7 @@ def _argmax_off_padding(tap, starts, window, in_spatial):
 
 def max_pool_bwd(dy, argmax, x_shape, data_format):
     """Gradient of max_pool_fwd: dy added at the argmax positions of dx."""
-    dy = conv_checks.float_array('max_pool_bwd', 'dy', dy)
+    dy = conv_checks.float_array('max_pool_bwd', 'dy', dy, bfloat16=False)
     argmax = np.asarray(argmax)
     channels_first, x_shape, in_spatial = pooling_checks.max_backward_setup(
         'max_pool_bwd', dy, argmax, x_shape, data_format)
@@ -157,7 +157,7 @@ def _window_counts(in_spatial, out_spatial, window, strides, pads, dtype):
 
 def avg_pool_fwd(x, window, strides, pads, data_format):
     """Average pooling over the real inputs of each window (padding excluded)."""
-    x = conv_checks.float_array('avg_pool_fwd', 'x', x)
+    x = conv_checks.float_array('avg_pool_fwd', 'x', x, bfloat16=False)
     channels_first, _, window, strides, pads, in_spatial, out_spatial = pooling_checks.forward_setup(
         'avg_pool_fwd', x, window, strides, pads, data_format)
     rank = len(window)
@@ -172,7 +172,7 @@ def avg_pool_fwd(x, window, strides, pads, data_format):
 
 def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format):
     """Gradient of avg_pool_fwd with respect to x."""
-    dy = conv_checks.float_array('avg_pool_bwd', 'dy', dy)
+    dy = conv_checks.float_array('avg_pool_bwd', 'dy', dy, bfloat16=False)
     channels_first, _, window, strides, pads, in_spatial, out_spatial = pooling_checks.avg_backward_setup(
         'avg_pool_bwd', dy, x_shape, window, strides, pads, data_format)
     rank = len(window)
