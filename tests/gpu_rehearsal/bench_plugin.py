@@ -66,14 +66,18 @@ def _patch_harness():
 
 
 def pytest_configure(config):
-    json_file = getattr(config.option, 'benchmark_json', None)
-    if json_file is not None:
+    json_option = getattr(config.option, 'benchmark_json', None)
+    if json_option is not None:
+        # pytest-benchmark gives an open file (older releases: argparse created it) or a path (newer)
+        opened = hasattr(json_option, 'close')
+        json_path = json_option.name if opened else os.fspath(json_option)
         try:
-            check_scratch_path(json_file.name, '--benchmark-json')
+            check_scratch_path(json_path, '--benchmark-json')
         except pytest.UsageError:
-            json_file.close()   # argparse opened (created) it already: leave nothing behind
-            if os.path.getsize(json_file.name) == 0:
-                os.unlink(json_file.name)
+            if opened:
+                json_option.close()
+                if os.path.getsize(json_path) == 0:   # leave nothing behind
+                    os.unlink(json_path)
             raise
     if getattr(config.option, 'benchmark_autosave', False) or getattr(config.option, 'benchmark_save', None):
         raise pytest.UsageError('GPU rehearsal: --benchmark-save/--benchmark-autosave would keep meaningless timings')
