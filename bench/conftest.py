@@ -5,6 +5,8 @@
   (or perf_counter) samples the harness measured; a ``benchmark`` marker's other
   settings are kept;
 - ``harness`` is one session-wide Harness: the measured ceilings are taken once;
+- every kernel family is set to 'gpuk' for the session, so a gpuk row never dispatches to
+  cuDNN whatever GPUK_KERNELS says;
 - before the JSON is written, every row gets its ratio to the cudnn row of the same
   family and case, whichever ran first;
 - ``--quick`` keeps one case per benchmark function and implementation (the first
@@ -67,6 +69,18 @@ def pytest_collection_modifyitems(config, items):
         settings = dict(marker.kwargs) if marker else {}
         settings['timer'] = _harness.REPLAY_CLOCK
         item.add_marker(pytest.mark.benchmark(**settings))
+
+
+@pytest.fixture(scope='session', autouse=True)
+def _gpuk_rows_run_gpuk_kernels():
+    """Every family on gpuk's kernels for the session, whatever GPUK_KERNELS says: a 'gpuk' row
+    calls the public launchers, which would otherwise dispatch to cuDNN (the 'cudnn' rows call
+    the cuDNN modules directly)."""
+    from gpuk import config
+    saved = config.kernels()
+    config.set_kernels(**dict.fromkeys(config.KERNEL_FAMILIES, 'gpuk'))
+    yield
+    config.set_kernels(**saved)
 
 
 @pytest.fixture(scope='session')

@@ -25,8 +25,10 @@ def max_pool_fwd(x, window, strides, pads, data_format):
     un-padded spatial volume of its (n, c) slice; the first one wins ties.
     """
     x = conv_checks.float_array('max_pool_fwd', 'x', x, bfloat16=False)
-    channels_first, _, window, strides, pads, in_spatial, out_spatial = pooling_checks.forward_setup(
+    setup = pooling_checks.forward_setup(
         'max_pool_fwd', x, window, strides, pads, data_format)
+    channels_first, window, strides, pads = setup.channels_first, setup.window, setup.strides, setup.pads
+    in_spatial, out_spatial = setup.in_spatial, setup.out_spatial
     rank = len(window)
     x_cl = to_channels_last(x, channels_first)
     padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
@@ -158,8 +160,10 @@ def _window_counts(in_spatial, out_spatial, window, strides, pads, dtype):
 def avg_pool_fwd(x, window, strides, pads, data_format):
     """Average pooling over the real inputs of each window (padding excluded)."""
     x = conv_checks.float_array('avg_pool_fwd', 'x', x, bfloat16=False)
-    channels_first, _, window, strides, pads, in_spatial, out_spatial = pooling_checks.forward_setup(
+    setup = pooling_checks.forward_setup(
         'avg_pool_fwd', x, window, strides, pads, data_format)
+    channels_first, window, strides, pads = setup.channels_first, setup.window, setup.strides, setup.pads
+    in_spatial, out_spatial = setup.in_spatial, setup.out_spatial
     rank = len(window)
     compute = compute_dtype(x.dtype)
     padded = pad_spatial(to_channels_last(x, channels_first), pads, compute)
@@ -173,8 +177,10 @@ def avg_pool_fwd(x, window, strides, pads, data_format):
 def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format):
     """Gradient of avg_pool_fwd with respect to x."""
     dy = conv_checks.float_array('avg_pool_bwd', 'dy', dy, bfloat16=False)
-    channels_first, _, window, strides, pads, in_spatial, out_spatial = pooling_checks.avg_backward_setup(
+    setup = pooling_checks.avg_backward_setup(
         'avg_pool_bwd', dy, x_shape, window, strides, pads, data_format)
+    channels_first, window, strides, pads = setup.channels_first, setup.window, setup.strides, setup.pads
+    in_spatial, out_spatial = setup.in_spatial, setup.out_spatial
     rank = len(window)
     compute = compute_dtype(dy.dtype)
     share = to_channels_last(dy, channels_first).astype(compute) / \

@@ -29,11 +29,11 @@ from collections import namedtuple
 from pathlib import Path
 
 from . import runtime
-from .kernel_source import KERNELS_DIR, kernel_source
+from .kernel_source import KERNELS_DIR, NVRTC_FLAGS, kernel_source
 
 DEFAULT_ARCHS = ('sm_80', 'sm_90')
 # Options the CUDA runtime must use too, so a prebuilt cubin equals a JIT-compiled one.
-NVRTC_OPTIONS = ('-std=c++17', '-I' + str(KERNELS_DIR))
+NVRTC_OPTIONS = NVRTC_FLAGS + ('-I' + str(KERNELS_DIR),)
 
 ResourceUsage = namedtuple('ResourceUsage', ['registers', 'shared_bytes', 'stack_frame',
                                              'spill_stores', 'spill_loads'])

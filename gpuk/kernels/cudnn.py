@@ -27,6 +27,7 @@ import glob
 import math
 import os
 import sys
+import threading
 import warnings
 from collections import namedtuple
 
@@ -39,7 +40,7 @@ __all__ = ['available', 'why_unavailable', 'choose', 'library_path', 'conv_fwd',
 _FLOAT_DTYPES = ('float16', 'bfloat16', 'float32', 'float64')   # dtype names (ml_dtypes.bfloat16's is 'bfloat16')
 _state = {'reason': None, 'probed': False, 'library': None, 'frontend': None}
 _warned_families = set()
-_handles = {}         # device id -> cuDNN handle
+_handles = threading.local()   # per thread: device id -> cuDNN handle (handles are not shared across threads)
 _graphs = {}          # graph_cache_key(...) -> _BuiltGraph
 
 
@@ -298,9 +299,10 @@ def _require():
 
 def _handle(frontend, cupy):
     device_id = cupy.cuda.Device().id
-    handle = _handles.get(device_id)
+    by_device = _handles.__dict__.setdefault('by_device', {})
+    handle = by_device.get(device_id)
     if handle is None:
-        handle = _handles[device_id] = frontend.create_handle()
+        handle = by_device[device_id] = frontend.create_handle()
     # bound on every call: CuPy's current stream may change between calls
     frontend.set_stream(handle=handle, stream=cupy.cuda.get_current_stream().ptr)
     return device_id, handle

@@ -91,8 +91,10 @@ def _library():
     return cudnn_library.library()
 
 
-def check_cudnn_limits(logits_dtype, input_lengths, label_lengths):
+def check_cudnn_limits(logits_shape, logits_dtype, input_lengths, label_lengths):
     """Raises dispatch.Unsupported for problems cudnnCTCLoss_v8 must not be given."""
+    if 0 in logits_shape:   # cuDNN's tensor descriptors refuse zero dims; gpuk's kernels take them
+        raise dispatch.Unsupported('cuDNN CTC needs a non-empty (batch, time, classes), got %s' % (logits_shape,))
     if logits_dtype != np.float32:
         raise dispatch.Unsupported('cuDNN CTC takes float32 logits, got %s' % logits_dtype)
     if label_lengths.size and label_lengths.max() > MAX_LABEL_LENGTH:
@@ -112,7 +114,7 @@ def cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None):
     stand_in = np.broadcast_to(np.zeros((), dtype=logits.dtype), logits.shape)
     _, labels, input_lengths, label_lengths, blank = ctc_checks.check_loss_inputs(
         fn, stand_in, _host(labels), _host(input_lengths), _host(label_lengths), blank)
-    check_cudnn_limits(logits.dtype, input_lengths, label_lengths)
+    check_cudnn_limits(logits.shape, logits.dtype, input_lengths, label_lengths)
     if isinstance(logits, np.ndarray):
         raise dispatch.Unsupported('logits are not on the GPU')
     import cupy
@@ -159,13 +161,15 @@ def _host(value):
 def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None):
     """The twin's ctc_loss_fwd through cuDNN: (loss, log_alpha).
 
-    cudnnCTCLoss computes the loss and the gradient in one call and has no alphas to
-    give, so log_alpha (float32, the twin's shape) is left uncomputed: the backward on
-    the same problem also runs cuDNN (same dispatch key, same limits) and never reads it.
+    cudnnCTCLoss computes the loss and the gradient in one call and has no alphas to give:
+    log_alpha (float32, the twin's shape) is NaN. The backward of the same problem runs
+    cuDNN too (one dispatch key, the same limits) and never reads it; were gpuk's backward
+    ever handed it, its gradient would be NaN, never silently wrong. The forward's gradient
+    is dropped and the backward's call computes both again: two cuDNN calls per step.
     """
     loss, _ = cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank)
     batch, steps, _ = logits.shape
-    return loss, _array_module(logits).empty((batch, steps, 2 * np.shape(labels)[1] + 1), dtype=np.float32)
+    return loss, _array_module(logits).full((batch, steps, 2 * np.shape(labels)[1] + 1), np.nan, np.float32)
 
 
 def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss, blank=None):

@@ -16,6 +16,7 @@ descriptor tests). ``handle()`` is one legacy handle per device bound to CuPy's 
 stream; ``Descriptors`` creates and sets descriptors for one call and destroys them on exit.
 """
 import ctypes
+import threading
 
 from . import cudnn
 
@@ -84,7 +85,9 @@ PROTOTYPES = {
 
 _loaded = {'library': None}     # a library load() opened (no GPU needed)
 _declared = set()               # id() of the libraries declare() has prepared
-_handles = {}                   # device id -> cudnnHandle_t
+# One cudnnHandle_t per (thread, device): cuDNN handles must not be shared across threads,
+# and CuPy's current stream, which each call binds, is per thread too.
+_handles = threading.local()
 
 
 def declare(library):
@@ -124,14 +127,16 @@ def check(lib, status, what):
 
 
 def handle(lib):
-    """This device's legacy handle, bound to CuPy's current stream (it may change between calls)."""
+    """This thread's legacy handle for this device, bound to CuPy's current stream (it may change
+    between calls)."""
     import cupy
     device_id = cupy.cuda.Device().id
-    if device_id not in _handles:
+    by_device = _handles.__dict__.setdefault('by_device', {})
+    if device_id not in by_device:
         created = ctypes.c_void_p()
         check(lib, lib.cudnnCreate(ctypes.byref(created)), 'cudnnCreate')
-        _handles[device_id] = created
-    bound = _handles[device_id]
+        by_device[device_id] = created
+    bound = by_device[device_id]
     check(lib, lib.cudnnSetStream(bound, cupy.cuda.get_current_stream().ptr), 'cudnnSetStream')
     return bound
 

@@ -13,6 +13,10 @@ import ml_dtypes
 import numpy as np
 
 KERNELS_DIR = Path(__file__).resolve().parent
+# The NVRTC flags that shape the machine code (include paths aside). Every compile uses them
+# (build.NVRTC_OPTIONS adds the include path), and cubin names hash them, so changing one
+# never loads a cubin compiled without it.
+NVRTC_FLAGS = ('-std=c++17',)
 
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
 _DEFINE = re.compile(r'^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)[ \t]+([^\n]+?)[ \t]*$', re.M)

@@ -21,7 +21,7 @@ from typing import Tuple
 
 import numpy as np
 
-from .kernel_source import normalized_defines, source_key
+from .kernel_source import NVRTC_FLAGS, normalized_defines, source_key
 
 RUNTIME_KINDS = ('cuda', 'emulate')
 MAX_THREADS_PER_BLOCK = 1024
@@ -215,9 +215,9 @@ def normalize_arch(arch):
 
 
 def cubin_path(source_file, defines, arch):
-    """Path of the prebuilt cubin for (source and its headers, defines, arch)."""
+    """Path of the prebuilt cubin for (source and its headers, defines, arch, NVRTC flags)."""
     arch = normalize_arch(arch)
-    key = source_key(source_file, defines, arch)
+    key = source_key(source_file, defines, arch, *NVRTC_FLAGS)
     return cubin_dir() / f"{Path(source_file).stem}-{key[:24]}-{arch}.cubin"
 
 

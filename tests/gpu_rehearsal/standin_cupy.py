@@ -285,7 +285,7 @@ def build_module():
     cupy.get_default_memory_pool = get_default_memory_pool
     cupy.cuda = _build_cuda()
     cupy.random = _build_random()
-    cupy.STANDIN = True          # tests.gpu_rehearsal.is_standin() reads it
+    cupy.STANDIN = True          # activate() reads it: the stand-in is in sys.modules
     submodules = {'cupy': cupy, 'cupy.cuda': cupy.cuda, 'cupy.random': cupy.random,
                   'cupy.cuda.runtime': cupy.cuda.runtime, 'cupy.cuda.driver': cupy.cuda.driver,
                   'cupy.cuda.compiler': cupy.cuda.compiler}

@@ -31,8 +31,15 @@ def test_blank_moves_to_class_zero_and_labels_to_one_up(rng, blank):
 ])
 def test_cudnn_limits_raise_unsupported(dtype, input_lengths, label_lengths, reason):
     with pytest.raises(dispatch.Unsupported, match=reason):
-        cudnn_ctc.check_cudnn_limits(np.dtype(dtype), np.array(input_lengths), np.array(label_lengths))
-    cudnn_ctc.check_cudnn_limits(np.dtype(np.float32), np.array([5, 3]), np.array([5, 0]))
+        cudnn_ctc.check_cudnn_limits((2, 300, 5), np.dtype(dtype), np.array(input_lengths), np.array(label_lengths))
+    cudnn_ctc.check_cudnn_limits((2, 5, 5), np.dtype(np.float32), np.array([5, 3]), np.array([5, 0]))
+
+
+@pytest.mark.parametrize('shape', [(0, 5, 4), (2, 0, 4)])
+def test_empty_problems_are_left_to_gpuk(shape):
+    lengths = np.zeros(shape[0], np.int64)
+    with pytest.raises(dispatch.Unsupported, match='non-empty'):
+        cudnn_ctc.check_cudnn_limits(shape, np.dtype(np.float32), lengths, lengths)
 
 
 def _small_problem(rng, dtype=np.float64):
@@ -51,7 +58,7 @@ def test_launchers_run_cudnn_for_loss_and_gradient_when_chosen(cuda_standin, mon
     monkeypatch.setattr(cudnn_ctc, 'cudnn_ctc_loss', fake_cudnn_ctc_loss)
     config.set_kernels(ctc='cudnn')
     loss, log_alpha = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, runtime=cuda_standin)
-    assert loss == 'cudnn loss' and log_alpha.shape == (3, 8, 7)
+    assert loss == 'cudnn loss' and log_alpha.shape == (3, 8, 7) and np.isnan(log_alpha).all()
     dloss = np.array([1.0, 0.5, 3.0])
     dlogits = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, np.zeros(3), dloss,
                                runtime=cuda_standin)
