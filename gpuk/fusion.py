@@ -1,8 +1,9 @@
 """Plan-time fusion of the chains Keras layers produce: conv -> bias_add [-> relu] becomes one
 convolution with a fused epilogue (ops.bias.ConvBiasAct), bias_add -> relu one BiasAct('relu'),
 batch norm -> relu one BnTrain / BnInfer with activation='relu' (also through the layer's
-learning-phase switch), and the BatchNormalization layer's two moving-average updates part of
-its BnTrain (ops.batchnorm.MovingAverages).
+learning-phase switch), that relu's gradient -> the batch norm's backward one
+BnGrad(activation='relu') (where no switch stands between them), and the BatchNormalization
+layer's two moving-average updates part of its BnTrain (ops.batchnorm.MovingAverages).
 
 It rewrites a plan's steps ``(op, input_slots, output_slots)`` after constant folding. A chain
 is fused only when every intermediate it removes has exactly one reader in the whole plan
@@ -15,17 +16,27 @@ training plans the bias-add output has the relu as its only reader and fuses awa
 
 Batch norm's outputs have one more kind of reader in training plans: the gradient of the
 learning-phase switch (a ``where``) sums its gradient to the *shape* of each branch
-(SumToShapeOf(g, like) reads only like's shape). Such shape-only reads of a batch norm's y
-are moved to the batch norm's x, whose shape y has by definition; then y's one reader is the
-relu or the switch and the rule above applies unchanged.
+(SumToShapeOf(g, like) reads only like's shape). Shape-only reads do not count as readers:
+those of the relu's input (the batch norm's y, or the switch's output), a slot that goes
+away, are moved to the relu's output, which has the same shape (relu keeps shapes); a switch
+branch's y keeps its slot, which then holds the fused output, of the same shape. So the
+value's one reader is the relu or the switch and the rule above applies unchanged.
+
+Backward, the plain relu's gradient ReluGrad(g, y) reads the fused batch norm's output y; when
+a linear BnGrad of that same batch norm is the one reader of its result, the two become
+BnGrad(activation='relu') reading g and y (dy masked where y is not > 0). Masking selects
+where ReluGrad multiplies by 0 or 1, so the only difference is a non-finite g at a masked
+entry (0 instead of NaN). With the learning-phase switch the relu's gradient has two readers
+(one ``where`` gradient per branch) and stays unfused; a fixed phase
+(K.set_learning_phase(1), or a K-level BN -> relu) has no switch and fuses.
 
 ``GPUK_FUSION=0`` turns the pass off (read when a plan is compiled).
 """
 import os
 from collections import Counter, defaultdict
 
-from gpuk.ops.activation import Relu
-from gpuk.ops.batchnorm import BnInfer, BnTrain, MovingAverages
+from gpuk.ops.activation import Relu, ReluGrad
+from gpuk.ops.batchnorm import BnGrad, BnInfer, BnTrain, MovingAverages
 from gpuk.ops.bias import BiasAct, ConvBiasAct
 from gpuk.ops.conv import ConvFwd
 from gpuk.ops.elementwise import Binary, BroadcastLike, SumToShapeOf, Where
@@ -60,6 +71,7 @@ def fuse(steps, protected):
     """The steps with every chain this module knows fused (see the module docstring)."""
     steps = _fuse_bias_chains(steps, protected)
     steps = _fuse_batchnorm_relu(steps, protected)
+    steps = _fuse_batchnorm_relu_backward(steps, protected)
     return _fuse_moving_averages(steps, protected)
 
 
@@ -174,6 +186,47 @@ def _fuse_batchnorm_relu(steps, protected):
             steps[i][1][position] = outs[0]
         removed.add(r)
     return [step for i, step in enumerate(steps) if i not in removed]
+
+
+def _is_plain_relu_grad(op):
+    """The plain relu's gradient ReluGrad(g, y): reads the relu's output y (ops/activation.py)."""
+    return type(op) is ReluGrad and _is_plain_relu(op.relu)
+
+
+def _differentiates(train_step, grad_op, grad_ins, y):
+    """Whether ``train_step`` is a relu-fused BnTrain writing ``y`` and the linear BnGrad
+    (``grad_op`` reading ``grad_ins``) is its backward: same axes, and the x, mean, inv_std
+    (and gamma) it computed from."""
+    op, ins, outs = train_step
+    if type(op) is not BnTrain or op.activation != 'relu' or outs[0] != y:
+        return False
+    if op.axes != tuple(grad_op.axes) or op.has_gamma != grad_op.has_gamma:
+        return False
+    read = [ins[0], outs[1], outs[3]] + ([ins[1]] if op.has_gamma else [])
+    return grad_ins[1:1 + len(read)] == read
+
+
+def _fuse_batchnorm_relu_backward(steps, protected):
+    """BnGrad(ReluGrad(g, y), x, mean, inv_std, ...) -> BnGrad(g, x, mean, inv_std, ..., y,
+    activation='relu') where y is the output of the relu-fused BnTrain those statistics
+    come from, and the relu gradient's result has that BnGrad as its one reader."""
+    readers = _Readers(steps)
+    fused_at, removed = {}, set()
+    for r, (op, ins, outs) in enumerate(steps):
+        if not _is_plain_relu_grad(op) or not _removable(outs[0], readers, protected):
+            continue
+        b, position = readers.values[outs[0]][0]
+        grad_op, grad_ins, grad_outs = steps[b]
+        if type(grad_op) is not BnGrad or grad_op.activation != 'linear' or position != 0:
+            continue
+        g, y = ins
+        source = readers.producer.get(y)
+        if source is None or not _differentiates(steps[source], grad_op, grad_ins, y):
+            continue
+        fused_op = BnGrad(grad_op.axes, grad_op.has_gamma, grad_op.has_dmean, grad_op.has_dvar, 'relu')
+        fused_at[b] = (fused_op, [g] + list(grad_ins[1:]) + [y], grad_outs)
+        removed.add(r)
+    return [fused_at.get(i, step) for i, step in enumerate(steps) if i not in removed]
 
 
 def _is_binary(op, name):

@@ -321,14 +321,42 @@ def _bn_ops(f):
             for op in _ops(f) if type(op).__name__ in ('BnTrain', 'BnInfer', 'BnGrad')]
 
 
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """``kernel_calls(name)``: from then on, the keyword view of every call of the current
+    device's impl.batchnorm.<name> (the NumPy twin on cpu, the launcher on emulate), in order."""
+    def spy_on(name):
+        module = device.impl().batchnorm
+        real, calls = getattr(module, name), []
+        names = real.__code__.co_varnames[:real.__code__.co_argcount]
+
+        def spy(*args, **kwargs):
+            calls.append(dict(zip(names, args), **kwargs))
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, name, spy)
+        return calls
+    return spy_on
+
+
 @pytest.mark.parametrize('kind', ['cpu', 'emulate'])
 @pytest.mark.parametrize('data_format', ['channels_last', 'channels_first'])
 @pytest.mark.parametrize('dtype', ['float32', 'float64'])
-def test_keras_batch_norm_relu_and_moving_averages_fuse(monkeypatch, on, rng, kind, data_format, dtype):
+def test_keras_batch_norm_relu_and_moving_averages_fuse(monkeypatch, on, kernel_calls, rng, kind, data_format,
+                                                        dtype):
     on(kind)
     values = _bn_problem(rng, data_format, dtype)
+    calls = kernel_calls('bn_train_fwd')
     fused, got, got_vars = _bn_relu_step(monkeypatch, True, data_format, dtype, values)
+    # every call (the switch computes both branches in either phase) ran the fused kernel:
+    # relu and the moving averages, not the elementwise steps MovingAverages falls back to
+    assert len(calls) == 3
+    for call in calls:
+        assert call['activation'] == 'relu'
+        assert call['moving_mean'].shape == call['moving_var'].shape == (7,)
+        assert call['decay'].shape == call['var_decay'].shape == call['var_factor'].shape == ()
+    del calls[:]
     plain, want, want_vars = _bn_relu_step(monkeypatch, False, data_format, dtype, values)
+    assert len(calls) == 3 and not any('moving_mean' in call for call in calls)
     assert sorted(_bn_ops(fused)) == [('BnGrad', 'linear', False), ('BnInfer', 'relu', False),
                                       ('BnTrain', 'relu', True)]
     assert not any(type(op).__name__ == 'Relu' for op in _ops(fused))
@@ -377,17 +405,67 @@ def test_batch_norm_relu_fuses_without_a_switch(monkeypatch, rng):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
 
 
-def test_batch_norm_relu_gradients_through_fused_plans():
+def test_batch_norm_relu_gradients_through_fused_plans(kernel_calls):
     rng = np.random.default_rng(5)
 
     def build(x, gamma, beta):
         y, _, _ = K.normalize_batch_in_training(x, gamma, beta, [0, 1])
         return K.relu(y)
+    backward = kernel_calls('bn_bwd')
     check_gradients(build, rng.standard_normal((4, 3, 5)), rng.uniform(0.5, 1.5, 5),
                     rng.standard_normal(5) * 0.3)
+    assert [call['activation'] for call in backward] == ['relu']   # the fused backward was checked
     check_gradients(lambda x, m, v, g, b: K.relu(K.batch_normalization(x, m, v, b, g, axis=1)),
                     rng.standard_normal((4, 3)), rng.standard_normal(3), rng.uniform(0.5, 2, 3),
                     rng.uniform(0.5, 1.5, 3), rng.standard_normal(3) * 0.3)
+
+
+def _bn_relu_gradients(dtype, data_format, values):
+    """A K-level BN -> relu (no learning-phase switch) and its gradients: (x, outputs)."""
+    xv, gv, bv, _, _ = values
+    axes = [0, 1, 2] if data_format == 'channels_last' else [0, 2, 3]
+    x = K.placeholder(xv.shape, dtype=dtype)
+    gamma, beta = K.variable(gv, dtype=dtype), K.variable(bv, dtype=dtype)
+    normed, _, _ = K.normalize_batch_in_training(x, gamma, beta, axes)
+    y = K.relu(normed)
+    loss = K.sum(y * K.constant(np.linspace(-1, 2, xv.size).reshape(xv.shape), dtype=dtype))
+    return x, [y] + K.gradients(loss, [x, gamma, beta])
+
+
+@pytest.mark.parametrize('kind', ['cpu', 'emulate'])
+@pytest.mark.parametrize('data_format', ['channels_last', 'channels_first'])
+@pytest.mark.parametrize('dtype', ['float32', 'float64'])
+def test_batch_norm_relu_backward_fuses_without_a_switch(monkeypatch, on, rng, kind, data_format, dtype):
+    """ReluGrad -> BnGrad becomes BnGrad('relu') reading the fused forward's output."""
+    on(kind)
+    values = _bn_problem(rng, data_format, dtype)
+    x, outputs = _bn_relu_gradients(dtype, data_format, values)
+    fused, plain = (_compiled(monkeypatch, f, [x], outputs) for f in (True, False))
+    assert sorted(_bn_ops(fused)) == [('BnGrad', 'relu', False), ('BnTrain', 'relu', False)]
+    assert not any(type(op).__name__ in ('Relu', 'ReluGrad') for op in _ops(fused))
+    assert sorted(_bn_ops(plain)) == [('BnGrad', 'linear', False), ('BnTrain', 'linear', False)]
+    assert [type(op).__name__ for op in _ops(plain)].count('ReluGrad') == 1
+    got, want = fused([values[0]]), plain([values[0]])
+    assert (got[0] == 0).any() and (got[0] > 0).any()     # the mask cut something
+    tolerance = {'rtol': 1e-6, 'atol': 1e-6} if dtype == 'float32' else {'rtol': 1e-13, 'atol': 1e-13}
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, **tolerance)
+
+
+def test_batch_norm_relu_backward_stays_unfused_when_its_input_gradient_is_kept(monkeypatch, rng):
+    values = _bn_problem(rng, 'channels_last', 'float64')
+    xv, gv, bv, _, _ = values
+    x = K.placeholder(xv.shape, dtype='float64')
+    normed, _, _ = K.normalize_batch_in_training(x, K.variable(gv), K.variable(bv), [0, 1, 2])
+    loss = K.sum(K.relu(normed) * K.constant(np.linspace(-1, 2, xv.size).reshape(xv.shape)))
+    # the relu's gradient is itself an output (the gradient to normed): the BnGrad cannot absorb it
+    g_x, g_normed = K.gradients(loss, [x, normed])
+    f = _compiled(monkeypatch, True, [x], [g_x, g_normed])
+    assert sorted(_bn_ops(f)) == [('BnGrad', 'linear', False), ('BnTrain', 'relu', False)]
+    plain = _compiled(monkeypatch, False, [x], [g_x, g_normed])
+    for a, b in zip(f([xv]), plain([xv])):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_unusual_batch_norm_patterns_stay_unfused(monkeypatch, rng):
@@ -422,10 +500,15 @@ def test_fusion_flag_leaves_batch_norm_unfused(monkeypatch, rng):
     values = _bn_problem(rng, 'channels_last', 'float32')
     f, _, _ = _bn_relu_step(monkeypatch, False, 'channels_last', 'float32', values)
     assert all(activation == 'linear' and not moving for _, activation, moving in _bn_ops(f))
+    x, outputs = _bn_relu_gradients('float32', 'channels_last', values)
+    g = _compiled(monkeypatch, False, [x], outputs)
+    assert sorted(_bn_ops(g)) == [('BnGrad', 'linear', False), ('BnTrain', 'linear', False)]
 
 
 def test_fused_batch_norm_ops_differentiate(rng):
-    """The fused ops' own gradients (second derivatives of fused plans go through them)."""
+    """The fused ops' own gradients. Plans fuse after K.gradients built the graph, so graph
+    gradients (second derivatives included) never go through a fused op; these serve a
+    graph that applies a fused op itself."""
     from gpuk.ops.batchnorm import BnInfer, BnTrain, MovingAverages
 
     def train(x, gamma, beta, mm, mv, decay, factor):

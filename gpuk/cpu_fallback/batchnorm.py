@@ -14,6 +14,8 @@ dy where that output is not > 0 (it reads the output, see bn_bwd); the training
 forward can also compute Keras's moving-average updates of the statistics
 (``moving_mean`` / ``moving_var`` / ``decay`` / ``var_factor``) into new arrays.
 """
+import operator
+
 import numpy as np
 
 from gpuk.cpu_fallback import batchnorm_checks as checks
@@ -147,8 +149,8 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
         return y, mean, var, inv_std
     decay, var_decay, factor = (np.asarray(v, dtype=acc).reshape(()) for v in (
         decay, decay if var_decay is None else var_decay, 1 if var_factor is None else var_factor))
-    next_mean = moving_mean - (moving_mean - mean) * decay
-    next_var = moving_var - (moving_var - var * factor) * var_decay
+    next_mean, next_var = checks.moving_average_updates(operator.sub, operator.mul, mean, var, moving_mean,
+                                                        moving_var, decay, var_decay, factor)
     return y, mean, var, inv_std, next_mean, next_var
 
 

@@ -1,7 +1,8 @@
 """Argument checks of the batch-normalization family, shared by the NumPy twins
 (gpuk/cpu_fallback/batchnorm.py) and the CUDA launchers (gpuk/kernels/batchnorm.py),
 so both raise the same errors, with the same messages, before any work; plus the
-split of x's axes into reduced and kept ones that both build from the checked axes."""
+split of x's axes into reduced and kept ones that both build from the checked axes, and
+the moving-average formula (also used by the graph ops, gpuk/ops/batchnorm.py)."""
 import numpy as np
 
 
@@ -35,6 +36,11 @@ def normalize_axes(fn, axes, ndim):
     return tuple(sorted(normalized))
 
 
+def kept_shape(shape, axes):
+    """``shape`` without the reduced ``axes`` (None for an unknown shape)."""
+    return None if shape is None else tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
 class Layout:
     """How x's axes (`axes`: the output of normalize_axes) split into reduced and kept ones."""
 
@@ -43,7 +49,7 @@ class Layout:
         self.shape = tuple(shape)
         self.axes = axes
         self.kept_axes = tuple(i for i in range(ndim) if i not in axes)
-        self.kept_shape = tuple(shape[i] for i in self.kept_axes)
+        self.kept_shape = kept_shape(self.shape, axes)
         self.bcast_shape = tuple(1 if i in axes else shape[i] for i in range(ndim))
         self.count = int(np.prod([shape[i] for i in axes], dtype=np.int64))
 
@@ -56,6 +62,21 @@ def check_activation(fn, activation):
     if activation not in ACTIVATIONS:
         raise ValueError("%s: activation must be 'linear' or 'relu', got %r" % (fn, activation))
     return activation
+
+
+def moving_average_updates(subtract, multiply, mean, var, moving_mean, moving_var, decay, var_decay,
+                           var_factor=None):
+    """Keras's two K.moving_average_update steps, as the BatchNormalization layer builds them:
+
+        next_mean = moving_mean - (moving_mean - mean) * decay
+        next_var = moving_var - (moving_var - var [* var_factor]) * var_decay
+
+    with the caller's ``subtract`` / ``multiply`` (NumPy's or the graph's operators, or the
+    graph's elementwise ops on arrays), so every step rounds where the caller's ops round."""
+    corrected = var if var_factor is None else multiply(var, var_factor)
+    next_mean = subtract(moving_mean, multiply(subtract(moving_mean, mean), decay))
+    next_var = subtract(moving_var, multiply(subtract(moving_var, corrected), var_decay))
+    return next_mean, next_var
 
 
 def _check_scalar(fn, name, value):

@@ -14,8 +14,10 @@ extra copies of x (and dy) for a case no Keras layer produces.
 Float16 accumulates in float32; statistics and dgamma / dbeta are float32 then, like the twin.
 
 Fusions (see the twin): ``activation='relu'`` is bn_apply's relu flag (training and inference)
-and the *_relu backward kernels, which mask dy by the fused output y; the moving-average
-update is bn_stats_finalize_moving, the training forward's finalize launch itself.
+and the *_relu backward kernels, which mask dy by the fused output y (plans call them where
+gpuk/fusion.py folds the relu's gradient into BnGrad: no learning-phase switch between
+them); the moving-average update is bn_stats_finalize_moving, the training forward's
+finalize launch itself.
 """
 import functools
 import math

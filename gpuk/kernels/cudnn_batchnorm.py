@@ -9,31 +9,43 @@ float32 (float16 inputs) tensors.
 
 Where the contract and cuDNN differ, calls raise ``dispatch.Unsupported`` (gpuk's kernels
 run instead): float64 (the frontend's batchnorm nodes take half/bfloat16/float), kept axes
-that are not one contiguous run, and bn_bwd with dmean / dvar (cuDNN's backward has no
-terms for gradients flowing into the batch statistics). The training graph returns
-inv_std, not the variance: var = 1 / inv_std^2 - epsilon, which loses relative precision
-where var is much smaller than epsilon.
+that are not one contiguous run, empty tensors (a graph has no dim-0 tensors), bn_bwd
+with dmean / dvar (cuDNN's backward has no terms for gradients flowing into the batch
+statistics), and moving averages over fewer than 2 values per channel (cuDNN's n / (n - 1)
+divides by 0). The training graph returns inv_std, not the variance:
+var = 1 / inv_std^2 - epsilon, which loses relative precision where var is much smaller
+than epsilon.
 
 Fusions, like with like: activation='relu' adds a pointwise relu after the batchnorm /
 batchnorm_inference node (the normalized tensor stays virtual) and, backward, a
 relu_backward of dy against the fused output y feeding batchnorm_backward. The moving
 averages are the batchnorm node's own running statistics (in_running_mean / var ->
-next_running_mean / var, cuDNN's momentum being Keras's decay = 1 - momentum). cuDNN
-corrects the variance by n / (n - 1); Keras's layer by var_factor, so the difference
+next_running_mean / var, separate buffers; cuDNN's momentum being Keras's decay =
+1 - momentum); without them the same graph updates throwaway statistics with momentum 0
+(the lowered batchnorm node requires running statistics).
+cuDNN corrects the variance by n / (n - 1); Keras's layer by var_factor, so the difference
 var_decay * var * (var_factor - n / (n - 1)) is added per channel afterwards (C-sized
-work; small, so var's precision loss from inv_std hardly shows). decay and var_decay go to
-cuDNN as host scalars (a device value costs a small copy) and must be equal.
+work; small, so var's precision loss from inv_std hardly shows). epsilon, decay and
+var_decay go to cuDNN as host scalars (a device value costs a small copy); decay and
+var_decay must be equal.
+
+The graphs are built by ``graph_for`` and planned by ``plan``, which need no GPU (the tests
+plan them for a described device, tests/kernels/test_cudnn_batchnorm_graphs.py); built
+graphs are kept per (op, device, dtype, view, precision).
 """
 import math
 from collections import namedtuple
 
 import numpy as np
 
-from gpuk import config
+from gpuk import config, device
+from gpuk.cpu_fallback.batchnorm_checks import kept_shape
 from . import cudnn
 
-__all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd', 'bn_dims', 'graph_key']
+__all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd', 'bn_dims', 'graph_key', 'graph_for', 'plan', 'GRAPH_OPS']
 
+# graph_for's ops, each also with '_relu' (the fused relu / relu_backward)
+GRAPH_OPS = ('train', 'infer', 'bwd')
 _graphs = {}
 _Built = namedtuple('_Built', ['graph', 'tensors', 'workspace_size'])
 
@@ -68,62 +80,91 @@ def _io_type(frontend, dtype_name):
     return frontend.data_type.HALF if dtype_name == 'float16' else frontend.data_type.FLOAT
 
 
-def _build(frontend, handle, op, dtype_name, view):
-    """op: 'train', 'infer' or 'bwd', with '_relu' for the fused relu."""
-    op, relu = op.replace('_relu', ''), op.endswith('_relu')
+def graph_for(frontend, op, dtype_name, view, **graph_kwargs):
+    """(graph, {name: tensor} in the order of the variant pack's buffers): the batchnorm graph
+    of ``op`` (GRAPH_OPS, with '_relu' for the fused relu) for x viewed as ``view``
+    (outer, C, inner), built up to (not including) validate().
+
+    ``graph_kwargs`` go to ``frontend.pygraph`` (``handle=``; the tests pass a
+    ``device_property`` to plan without a GPU). Needs no GPU.
+    """
+    base, relu = (op[:-len('_relu')], True) if op.endswith('_relu') else (op, False)
+    if base not in GRAPH_OPS:
+        raise ValueError('graph_for: op must be one of %s, optionally with _relu, got %r' % (GRAPH_OPS, op))
     io = _io_type(frontend, dtype_name)
     f32 = frontend.data_type.FLOAT
-    graph = frontend.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+    graph = frontend.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, **graph_kwargs)
     dims, strides, sdims, sstrides = bn_dims(*view)
+    tensors = {}
 
     def data(name):
-        return graph.tensor(name=name, dim=dims, stride=strides, data_type=io)
+        tensors[name] = graph.tensor(name=name, dim=dims, stride=strides, data_type=io)
+        return tensors[name]
 
     def stat(name):
-        return graph.tensor(name=name, dim=sdims, stride=sstrides, data_type=f32)
+        tensors[name] = graph.tensor(name=name, dim=sdims, stride=sstrides, data_type=f32)
+        return tensors[name]
 
     def scalar(name):
-        return graph.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32, is_pass_by_value=True)
-    if op == 'train':
-        x, scale, bias, run_mean, run_var = data('x'), stat('scale'), stat('bias'), stat('rm'), stat('rv')
-        eps, momentum = scalar('epsilon'), scalar('momentum')
+        tensors[name] = graph.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32,
+                                     is_pass_by_value=True)
+        return tensors[name]
+
+    def output(name, tensor, data_type, tensor_dims, tensor_strides):
+        tensors[name] = tensor.set_output(True).set_data_type(data_type).set_dim(tensor_dims).set_stride(
+            tensor_strides)
+
+    def activation(y):
+        return graph.relu(input=y, name='relu') if relu else y
+    if base == 'train':
+        # the running statistics are not optional once lowered (the backend graph's batchnorm
+        # takes them): without moving averages the caller passes throwaway ones
         y, mean, inv_var, next_mean, next_var = graph.batchnorm(
-            name='bn', input=x, scale=scale, bias=bias, in_running_mean=run_mean, in_running_var=run_var,
-            epsilon=eps, momentum=momentum)
-        y = graph.relu(input=y, name='relu') if relu else y
-        y.set_output(True).set_data_type(io)
-        for t in (mean, inv_var, next_mean, next_var):
-            t.set_output(True).set_data_type(f32)
-        tensors = (x, scale, bias, run_mean, run_var, eps, momentum, y, mean, inv_var, next_mean, next_var)
-    elif op == 'infer':
+            name='bn', input=data('x'), scale=stat('scale'), bias=stat('bias'), epsilon=scalar('epsilon'),
+            in_running_mean=stat('running_mean'), in_running_var=stat('running_var'), momentum=scalar('momentum'))
+        output('y', activation(y), io, dims, strides)
+        for name, tensor in (('mean', mean), ('inv_var', inv_var), ('next_running_mean', next_mean),
+                             ('next_running_var', next_var)):
+            output(name, tensor, f32, sdims, sstrides)
+    elif base == 'infer':
         x, mean, inv_var, scale, bias = data('x'), stat('mean'), stat('inv_var'), stat('scale'), stat('bias')
-        y = graph.batchnorm_inference(input=x, mean=mean, inv_variance=inv_var, scale=scale, bias=bias)
-        y = graph.relu(input=y, name='relu') if relu else y
-        y.set_output(True).set_data_type(io)
-        tensors = (x, mean, inv_var, scale, bias, y)
+        y = graph.batchnorm_inference(name='bn', input=x, mean=mean, inv_variance=inv_var, scale=scale, bias=bias)
+        output('y', activation(y), io, dims, strides)
     else:
         dy, x, scale, mean, inv_var = data('dy'), data('x'), stat('scale'), stat('mean'), stat('inv_var')
-        inputs = (dy, x, scale, mean, inv_var)
         if relu:
-            fused_y = data('y')
-            inputs += (fused_y,)
-            dy = graph.relu_backward(loss=dy, input=fused_y, name='drelu')
+            dy = graph.relu_backward(loss=dy, input=data('y'), name='drelu')
         dx, dscale, dbias = graph.batchnorm_backward(name='dbn', grad=dy, input=x, scale=scale, mean=mean,
                                                      inv_variance=inv_var)
-        dx.set_output(True).set_data_type(io)
-        dscale.set_output(True).set_data_type(f32)
-        dbias.set_output(True).set_data_type(f32)
-        tensors = inputs + (dx, dscale, dbias)
+        output('dx', dx, io, dims, strides)
+        output('dscale', dscale, f32, sdims, sstrides)
+        output('dbias', dbias, f32, sdims, sstrides)
+    return graph, tensors
+
+
+def plan(frontend, graph):
+    """validate -> build_operation_graph -> create_execution_plans (heuristics A, then the
+    fallback list). Needs no GPU when the graph was made with a device_property."""
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
+
+
+def _build(frontend, handle, op, dtype_name, view):
+    graph, tensors = graph_for(frontend, op, dtype_name, view, handle=handle)
+    plan(frontend, graph)
     graph.check_support()
     graph.build_plans()
     return _Built(graph, tensors, graph.get_workspace_size())
 
 
+def _pointer(array):
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
+
+
 def _execute(fn, op, dtype_name, view, arrays):
-    """Builds (once per key) and runs the graph; ``arrays`` in the order of its tensors."""
+    """Builds (once per key) and runs the graph; ``arrays`` maps each of its tensors' names to
+    a buffer (NumPy arrays for the pass-by-value scalars, CuPy arrays for the rest)."""
     import cupy
     frontend = cudnn._require()
     device_id, handle = cudnn._handle(frontend, cupy)
@@ -138,12 +179,18 @@ def _execute(fn, op, dtype_name, view, arrays):
             raise RuntimeError('%s: cuDNN could not build a batchnorm %s graph for (outer, C, inner) %s, dtype %s '
                                '(%s: %s)' % (fn, op, view, dtype_name, type(exc).__name__, exc)) from exc
     workspace = cupy.empty(max(built.workspace_size, 1), dtype=cupy.uint8)
-    pack = {t: (a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr) for t, a in zip(built.tensors, arrays)}
+    pack = {tensor: _pointer(arrays[name]) for name, tensor in built.tensors.items()}
     built.graph.execute(pack, workspace.data.ptr, handle=handle)
 
 
-def _view_or_unsupported(shape, axes):
-    view = contiguous_view(shape, axes)
+def _nonempty_or_unsupported(x):
+    if x.size == 0:
+        raise _unsupported('cuDNN graphs take no empty tensors, got x of shape %s' % (tuple(x.shape),))
+
+
+def _view_or_unsupported(x, axes):
+    _nonempty_or_unsupported(x)
+    view = contiguous_view(x.shape, axes)
     if view is None:
         raise _unsupported('cuDNN normalizes (N, C, *spatial) channels; the kept axes must be one contiguous run')
     return view
@@ -159,82 +206,93 @@ def _op(base, activation):
     return base + '_relu' if activation == 'relu' else base
 
 
+def _host_scalar(value):
+    return float(np.asarray(device.to_host(value)).reshape(()))
+
+
 def _host_momentum(decay, var_decay):
     """cuDNN's one momentum (pass-by-value) from Keras's decay (= 1 - momentum) of both averages."""
-    decay = float(np.asarray(decay.get() if hasattr(decay, 'get') else decay).reshape(()))
-    var_decay = float(np.asarray(var_decay.get() if hasattr(var_decay, 'get') else var_decay).reshape(()))
+    decay, var_decay = _host_scalar(decay), _host_scalar(var_decay)
     if decay != var_decay:
         raise _unsupported('cuDNN updates both running statistics with one momentum; got %r and %r'
                            % (decay, var_decay))
     return decay
 
 
+def _host_value(value):
+    """A pass-by-value scalar's buffer: float32 host memory."""
+    return np.full(1, value, np.float32)
+
+
 def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving_mean=None, moving_var=None,
                  decay=None, var_decay=None, var_factor=None):
     """The twin's bn_train_fwd through a cuDNN batchnorm (training) graph [+ relu]; with the
     moving statistics as the node's running statistics."""
-    import cupy
-    view = _view_or_unsupported(x.shape, axes)
-    kept = tuple(x.shape[i] for i in range(x.ndim) if i not in axes)
+    view = _view_or_unsupported(x, axes)
+    kept = kept_shape(x.shape, axes)
     c = view[1]
+    count = x.size // c
     moving = moving_mean is not None
+    if moving and count < 2:
+        raise _unsupported("cuDNN's running variance divides by n - 1; got n = %d value(s) per channel" % count)
     momentum = _host_momentum(decay, decay if var_decay is None else var_decay) if moving else 0.0
+    import cupy
     x = cupy.ascontiguousarray(x)
-    y = cupy.empty_like(x)
-    mean, inv_std, next_mean, next_var = (cupy.zeros(c, np.float32) for _ in range(4))
-    run_mean, run_var = (_stats(cupy, moving_mean, c, 0), _stats(cupy, moving_var, c, 1)) if moving \
-        else (next_mean, next_var)
-    host_eps, host_momentum = np.full(1, epsilon, np.float32), np.full(1, momentum, np.float32)
-    _execute('bn_train_fwd', _op('train', activation), x.dtype.name, view,
-             (x, _stats(cupy, gamma, c, 1), _stats(cupy, beta, c, 0), run_mean, run_var, host_eps, host_momentum,
-              y, mean, inv_std, next_mean, next_var))
+    # without moving averages the running statistics are throwaway inputs and outputs, but
+    # separate buffers: the frontend documents no in-place update of a running statistic
+    buffers = dict(x=x, scale=_stats(cupy, gamma, c, 1), bias=_stats(cupy, beta, c, 0), epsilon=_host_value(epsilon),
+                   running_mean=_stats(cupy, moving_mean, c, 0), running_var=_stats(cupy, moving_var, c, 1),
+                   momentum=_host_value(momentum), y=cupy.empty_like(x),
+                   **{name: cupy.empty(c, np.float32) for name in ('mean', 'inv_var', 'next_running_mean',
+                                                                   'next_running_var')})
+    _execute('bn_train_fwd', _op('train', activation), x.dtype.name, view, buffers)
+    inv_std = buffers['inv_var']
     var = cupy.maximum(1.0 / (inv_std * inv_std) - np.float32(epsilon), 0)
     acc = np.float64 if x.dtype == np.float64 else np.float32
-    stats = (y, mean.astype(acc).reshape(kept), var.astype(acc).reshape(kept), inv_std.astype(acc).reshape(kept))
+    stats = (buffers['y'],) + tuple(s.astype(acc).reshape(kept) for s in (buffers['mean'], var, inv_std))
     if not moving:
         return stats
-    count = math.prod(x.shape) // max(c, 1)
     factor = 1.0 if var_factor is None else cupy.asarray(var_factor, dtype=np.float32).reshape(())
     # cuDNN's unbiased n / (n - 1) -> the caller's var_factor
-    next_var = next_var + np.float32(momentum) * var * (factor - np.float32(count / max(count - 1, 1)))
-    return stats + (next_mean.astype(acc).reshape(kept), next_var.astype(acc).reshape(kept))
+    next_var = buffers['next_running_var'] + np.float32(momentum) * var * (factor - np.float32(count / (count - 1)))
+    return stats + (buffers['next_running_mean'].astype(acc).reshape(kept), next_var.astype(acc).reshape(kept))
 
 
 def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='linear'):
     """The twin's bn_infer_fwd (parameters already placed by the launcher) through cuDNN [+ relu].
 
     Parameters must vary along `axis` only (the BatchNormalization layer's case)."""
-    import cupy
+    _nonempty_or_unsupported(x)
     shape = x.shape
     for p in (mean, var, gamma, beta):
         if p is not None and any(s != 1 for i, s in enumerate(p.shape) if i != axis):
             raise _unsupported('cuDNN batchnorm_inference takes per-channel parameters only')
     c = shape[axis]
     view = (math.prod(shape[:axis]), c, math.prod(shape[axis + 1:]))
+    import cupy
     x = cupy.ascontiguousarray(x)
-    y = cupy.empty_like(x)
     inv_std = 1.0 / cupy.sqrt(_stats(cupy, var, c, 1) + np.float32(epsilon))
-    _execute('bn_infer_fwd', _op('infer', activation), x.dtype.name, view,
-             (x, _stats(cupy, mean, c, 0), inv_std.astype(np.float32), _stats(cupy, gamma, c, 1),
-              _stats(cupy, beta, c, 0), y))
-    return y
+    buffers = dict(x=x, mean=_stats(cupy, mean, c, 0), inv_var=inv_std.astype(np.float32),
+                   scale=_stats(cupy, gamma, c, 1), bias=_stats(cupy, beta, c, 0), y=cupy.empty_like(x))
+    _execute('bn_infer_fwd', _op('infer', activation), x.dtype.name, view, buffers)
+    return buffers['y']
 
 
 def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation='linear', y=None):
     """The twin's bn_bwd through a cuDNN batchnorm_backward graph (no dmean / dvar), after a
     relu_backward against the fused output y with activation='relu'."""
-    import cupy
     if dmean is not None or dvar is not None:
         raise _unsupported("cuDNN's batchnorm backward has no terms for dmean / dvar")
-    view = _view_or_unsupported(x.shape, axes)
-    kept = tuple(x.shape[i] for i in range(x.ndim) if i not in axes)
+    view = _view_or_unsupported(x, axes)
+    kept = kept_shape(x.shape, axes)
     c = view[1]
-    x, dy = cupy.ascontiguousarray(x), cupy.ascontiguousarray(dy, dtype=x.dtype)
-    dx = cupy.empty_like(x)
-    dgamma, dbeta = cupy.empty(c, np.float32), cupy.empty(c, np.float32)
-    inputs = (dy, x, _stats(cupy, gamma, c, 1), _stats(cupy, mean, c, 0), _stats(cupy, inv_std, c, 1))
+    import cupy
+    x = cupy.ascontiguousarray(x)
+    buffers = dict(dy=cupy.ascontiguousarray(dy, dtype=x.dtype), x=x, scale=_stats(cupy, gamma, c, 1),
+                   mean=_stats(cupy, mean, c, 0), inv_var=_stats(cupy, inv_std, c, 1), dx=cupy.empty_like(x),
+                   dscale=cupy.empty(c, np.float32), dbias=cupy.empty(c, np.float32))
     if activation == 'relu':
-        inputs += (cupy.ascontiguousarray(y),)
-    _execute('bn_bwd', _op('bwd', activation), x.dtype.name, view, inputs + (dx, dgamma, dbeta))
+        buffers['y'] = cupy.ascontiguousarray(y)
+    _execute('bn_bwd', _op('bwd', activation), x.dtype.name, view, buffers)
     acc = np.float64 if x.dtype == np.float64 else np.float32
-    return dx, dgamma.astype(acc).reshape(kept), dbeta.astype(acc).reshape(kept)
+    return buffers['dx'], buffers['dscale'].astype(acc).reshape(kept), buffers['dbias'].astype(acc).reshape(kept)

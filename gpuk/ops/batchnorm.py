@@ -8,12 +8,18 @@ with parameters already broadcastable against x. Backward nodes differentiate ag
 through the same math written with primitive ops.
 
 Only the plan's fusion pass (gpuk/fusion.py) builds the fused forms: ``activation='relu'``
-(BN -> relu in one kernel; its backward masks dy by the fused output) and BnTrain with
-``moving`` set, which also computes Keras's two moving-average updates in the statistics'
-finalize launch.
+(BN -> relu in one kernel), BnGrad with ``activation='relu'`` (the relu's gradient and the
+batch norm's backward in one, dy masked by the fused output; plans get it where the relu's
+gradient has the BnGrad as its one reader, i.e. without a learning-phase switch between
+them) and BnTrain with ``moving`` set, which also computes Keras's two moving-average
+updates in the statistics' finalize launch.
 """
+import functools
+import operator
+
 import numpy as np
 
+from gpuk.cpu_fallback.batchnorm_checks import check_activation, kept_shape, moving_average_updates
 from gpuk.graph import Constant, Meta, apply
 from gpuk.ops import elementwise as ew
 from gpuk.ops import shape as shape_ops
@@ -21,10 +27,6 @@ from gpuk.ops.activation import relu
 from gpuk.ops.base import Op, broadcast_shapes
 from gpuk.ops.reduction import reduce
 from gpuk.ops.fused import accumulate_dtype, composite_partial_grads, is_zero, require_float
-
-
-def kept_shape(shape, axes):
-    return None if shape is None else tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
 def _check_param(where, name, meta, kept):
@@ -64,18 +66,10 @@ def on_reduced_axes(stat, axes):
     return stat
 
 
-def _activation(where, activation):
-    if activation not in ('linear', 'relu'):
-        raise ValueError("%s: activation must be 'linear' or 'relu', got %r" % (where, activation))
-    return activation
-
-
 class MovingAverages:
     """What BnTrain(moving=...) computes besides the batch statistics, exactly as Keras's
     two K.moving_average_update calls build it (the fusion pass matched these steps):
-
-        next_mean = moving_mean - (moving_mean - mean) * decay
-        next_var = moving_var - (moving_var - var [* var_factor]) * var_decay
+    batchnorm_checks.moving_average_updates, the one formula (kernels, twin, graph).
 
     Inputs after BnTrain's own: moving_mean, moving_var, decay, var_decay[, var_factor].
     """
@@ -87,10 +81,17 @@ class MovingAverages:
     def n_inputs(self):
         return 5 if self.has_factor else 4
 
-    def formula(self, mean, var, moving_mean, moving_var, decay, var_decay, var_factor=None):
-        """The unfused graph's steps, on graph tensors or on arrays (Binary ops either way)."""
-        corrected = var if var_factor is None else var * var_factor
-        return moving_mean - (moving_mean - mean) * decay, moving_var - (moving_var - corrected) * var_decay
+    @staticmethod
+    def on_tensors(*stats_and_moving):
+        """The formula on graph tensors (the ops the unfused graph has), for the gradient."""
+        return moving_average_updates(operator.sub, operator.mul, *stats_and_moving)
+
+    @staticmethod
+    def on_arrays(impl, *stats_and_moving):
+        """The formula on arrays through the graph's own elementwise ops (the steps the
+        fusion replaced, rounding and promoting as they would)."""
+        subtract, multiply = (functools.partial(ew.Binary(name).forward, impl) for name in ('subtract', 'multiply'))
+        return moving_average_updates(subtract, multiply, *stats_and_moving)
 
     def fits_kernel(self, acc, kept, moving_mean, moving_var, *scalars):
         """Whether the unfused steps, on these arrays, compute what the kernel does: everything
@@ -102,16 +103,6 @@ class MovingAverages:
                 and all(a.ndim == 0 for a in scalars))
 
 
-def _unfused_moving(impl, moving, mean, var, moving_arrays):
-    """MovingAverages.formula on arrays, through the graph's own elementwise ops."""
-    sub, mul = ew.Binary('subtract'), ew.Binary('multiply')
-    mm, mv, decay, var_decay = moving_arrays[:4]
-    corrected = mul.forward(impl, var, moving_arrays[4]) if moving.has_factor else var
-    next_mean = sub.forward(impl, mm, mul.forward(impl, sub.forward(impl, mm, mean), decay))
-    next_var = sub.forward(impl, mv, mul.forward(impl, sub.forward(impl, mv, corrected), var_decay))
-    return next_mean, next_var
-
-
 class BnTrain(Op):
     """(y, mean, var, inv_std): batch statistics over ``axes``, then normalize/scale/shift
     [then relu]; with ``moving`` (a MovingAverages) also (next_moving_mean, next_moving_var)."""
@@ -120,7 +111,7 @@ class BnTrain(Op):
                  activation='linear', moving=None):
         self.axes, self.epsilon = tuple(axes), float(epsilon)
         self.has_gamma, self.has_beta, self.where = has_gamma, has_beta, where
-        self.activation, self.moving = _activation(where, activation), moving
+        self.activation, self.moving = check_activation(where, activation), moving
 
     def _parts(self, rest):
         """(gamma, beta, moving inputs) from the inputs after x."""
@@ -146,13 +137,12 @@ class BnTrain(Op):
         if self.moving is None:
             return impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon, self.activation)
         acc = accumulate_dtype(x.dtype)
-        kept = tuple(d for i, d in enumerate(x.shape) if i not in self.axes)
-        if x.dtype == acc and self.moving.fits_kernel(acc, kept, *moving):
+        if x.dtype == acc and self.moving.fits_kernel(acc, kept_shape(x.shape, self.axes), *moving):
             factor = moving[4] if self.moving.has_factor else None
             return impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon, self.activation,
                                                moving[0], moving[1], moving[2], moving[3], factor)
         outs = impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon, self.activation)
-        return tuple(outs) + _unfused_moving(impl, self.moving, outs[1], outs[2], moving)
+        return tuple(outs) + MovingAverages.on_arrays(impl, outs[1], outs[2], *moving)
 
     def grad(self, inputs, outputs, output_grads):
         x = inputs[0]
@@ -162,7 +152,7 @@ class BnTrain(Op):
         moving_grads = []
         if self.moving is not None:
             # the update formula's partials, in primitive ops; mean / var gather theirs below
-            partials = composite_partial_grads(self.moving.formula, [mean, outputs[2]] + moving,
+            partials = composite_partial_grads(MovingAverages.on_tensors, [mean, outputs[2]] + moving,
                                                output_grads[4:], range(2 + len(moving)))
             g_mean, g_var = (g if p is None else p if is_zero(g) else g + p
                              for g, p in zip((g_mean, g_var), partials[:2]))
@@ -195,7 +185,7 @@ class BnGrad(Op):
     def __init__(self, axes, has_gamma, has_dmean, has_dvar, activation='linear'):
         self.axes = axes
         self.has_gamma, self.has_dmean, self.has_dvar = has_gamma, has_dmean, has_dvar
-        self.activation = _activation('BnGrad', activation)
+        self.activation = check_activation('BnGrad', activation)
 
     def _optional(self, rest):
         """(gamma, d_mean, d_var, y) from the inputs after inv_std."""
@@ -245,7 +235,7 @@ class BnInfer(Op):
     def __init__(self, epsilon, has_gamma, has_beta, axis=-1, where='batch_normalization', activation='linear'):
         self.epsilon, self.has_gamma, self.has_beta = float(epsilon), has_gamma, has_beta
         self.axis, self.where = axis, where
-        self.activation = _activation(where, activation)
+        self.activation = check_activation(where, activation)
 
     def infer(self, x, mean, var, *params):
         require_float(self.where, 'x', x)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import batchnorm as twin
-from gpuk.kernels import batchnorm, cudnn_batchnorm
+from gpuk.kernels import batchnorm, cudnn_batchnorm, dispatch
 from gpuk.kernels.testing import assert_close, to_device, to_host
 
 DTYPES = [np.float16, np.float32, np.float64]
@@ -290,6 +290,23 @@ def test_cudnn_fused_graph_names_and_momentum():
     with pytest.raises(Exception, match='one momentum') as info:
         cudnn_batchnorm._host_momentum(0.1, 0.2)
     assert type(info.value).__name__ == 'Unsupported'
+
+
+def _raises_unsupported(match, call, *args, **kwargs):
+    """``call`` refuses the problem with dispatch.Unsupported (the dispatcher then runs gpuk's
+    kernel); these checks come before any CuPy or cuDNN use, so NumPy arrays do here."""
+    with pytest.raises(dispatch.Unsupported, match=match):
+        call(*args, **kwargs)
+
+
+def test_cudnn_refuses_empty_problems_and_single_value_moving_variance():
+    empty, stat = np.zeros((4, 0), np.float32), np.zeros(0, np.float32)
+    _raises_unsupported('no empty tensors', cudnn_batchnorm.bn_train_fwd, empty, None, None, (0,))
+    _raises_unsupported('no empty tensors', cudnn_batchnorm.bn_infer_fwd, empty, stat, stat, None, None, 1e-3, 1)
+    _raises_unsupported('no empty tensors', cudnn_batchnorm.bn_bwd, empty, empty, None, stat, stat, (0,))
+    one_row, moving = np.ones((1, 3), np.float32), np.zeros(3, np.float32)
+    _raises_unsupported(r'divides by n - 1; got n = 1', cudnn_batchnorm.bn_train_fwd, one_row, None, None, (0,),
+                        moving_mean=moving, moving_var=moving + 1, decay=0.1)
 
 
 @pytest.mark.gpu

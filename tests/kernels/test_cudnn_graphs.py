@@ -4,11 +4,11 @@ NCHW; 1-d lifted, 2-d, 3-d; float16, bfloat16, float32, float64) is constructed 
 real arguments, and, where the cuDNN 9 library loads, planned for a described H100
 (cuDNN's device-less heuristics) up to built plans. Skipped where the frontend does not
 import (CI)."""
-import json
-
 import pytest
 
 from gpuk.kernels import cudnn
+
+from tests.kernels.cudnn_planning import frontend_or_skip, h100_or_skip
 
 CASES = [
     ('channels_last', (2, 9, 8, 3), (3, 2, 3, 4), (2, 1), (1, 2), ((1, 2), (0, 1))),
@@ -21,34 +21,17 @@ OPS = ['fprop', 'dgrad', 'wgrad']
 DTYPES = [('float16', 'float32'), ('bfloat16', 'float32'), ('float32', 'float32'), ('float32', 'tf32'),
           ('float64', 'float32')]
 IO_TYPES = {'float16': 'HALF', 'bfloat16': 'BFLOAT16', 'float32': 'FLOAT', 'float64': 'DOUBLE'}
-# A device description for cuDNN's device-less (AOT) heuristics: an H100 SXM (sm_90).
-H100 = dict(cudaDeviceId=0, deviceName='NVIDIA H100 80GB HBM3', deviceVer=900, driverVer=13000, isTccDriver=0,
-            l2CacheSize=50 << 20, maxCtasPerSM=32, maxRegistersPerSM=65536, maxSharedMemoryPerBlock=48 << 10,
-            maxSharedMemoryPerBlockOptin=227 << 10, maxThreadsPerBlock=1024, maxThreadsPerSM=2048,
-            memClockRateKHz=2619000, memoryBusWidth=5120, multiProcessorCount=132, pciDeviceId=0,
-            regsPerBlock=65536, reservedSharedMemoryPerBlock=1024, smClockRateKHz=1980000, smCountOrigin=0,
-            supportCoopLaunch=1, totalGlobalMem=80 << 30, warpSize=32, maxBlockSize=[1024, 1024, 64],
-            maxGridSize=[2 ** 31 - 1, 65535, 65535])
 
 
 @pytest.fixture(scope='module')
 def frontend():
-    module, reason = cudnn._import_frontend()
-    if module is None:
-        pytest.skip(reason)
-    return module
+    return frontend_or_skip()
 
 
 @pytest.fixture(scope='module')
 def h100(frontend):
     """The H100 as a frontend device_property (needs libcudnn, no GPU)."""
-    library, reason = cudnn._load_library()
-    if library is None:
-        pytest.skip(reason)
-    try:
-        return frontend._pybind_module.create_device_properties(json.dumps(H100))
-    except Exception as exc:
-        pytest.skip('this cuDNN cannot describe a device without one: %s' % exc)
+    return h100_or_skip(frontend)
 
 
 def _problem(case):
