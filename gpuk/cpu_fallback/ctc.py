@@ -161,12 +161,12 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, 
         fn, logits, labels, input_lengths, label_lengths, blank)
     batch, steps, classes = logits.shape
     ext = _ExtendedLabels(labels, label_lengths, blank)
-    log_alpha = softmax_xent_checks.float_array(fn, 'log_alpha', log_alpha)
+    log_alpha = checks.float_array(fn, 'log_alpha', log_alpha)
     if log_alpha.shape != (batch, steps, ext.states):
         raise ValueError('%s: log_alpha must have shape %s (batch, time, 2 * labels width + 1), '
                          'got %s' % (fn, (batch, steps, ext.states), log_alpha.shape))
-    loss = softmax_xent_checks.float_array(fn, 'loss', loss)
-    dloss = softmax_xent_checks.float_array(fn, 'dloss', dloss)
+    loss = checks.float_array(fn, 'loss', loss)
+    dloss = checks.float_array(fn, 'dloss', dloss)
     for name, array in (('loss', loss), ('dloss', dloss)):
         if array.shape != (batch,):
             raise ValueError('%s: %s must have shape (%d,), got %s'
@@ -407,9 +407,9 @@ def ctc_update_log_p(skip_idxs, zeros, active, log_p_curr, log_p_prev):
     """
     fn = 'ctc_update_log_p'
     skip_idxs = _label_vector(fn, 'skip_idxs', skip_idxs)
-    zeros = softmax_xent_checks.float_array(fn, 'zeros', zeros)
-    log_p_curr = softmax_xent_checks.float_array(fn, 'log_p_curr', log_p_curr)
-    log_p_prev = softmax_xent_checks.float_array(fn, 'log_p_prev', log_p_prev)
+    zeros = checks.float_array(fn, 'zeros', zeros)
+    log_p_curr = checks.float_array(fn, 'log_p_curr', log_p_curr)
+    log_p_prev = checks.float_array(fn, 'log_p_prev', log_p_prev)
     if isinstance(active, bool) or not isinstance(active, (int, np.integer)) \
             or not 1 <= active <= log_p_prev.shape[0]:
         raise ValueError('%s: active must be an int in [1, %d], got %r'
@@ -443,7 +443,7 @@ def ctc_path_probs(predict, Y, alpha=1e-4):
         reachable from both ends.
     """
     fn = 'ctc_path_probs'
-    predict = softmax_xent_checks.float_array(fn, 'predict', predict)
+    predict = checks.float_array(fn, 'predict', predict)
     if predict.ndim != 2:
         raise ValueError('%s: predict must have rank 2 (time, classes), got shape %s'
                          % (fn, predict.shape))

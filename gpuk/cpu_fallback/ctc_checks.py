@@ -20,8 +20,14 @@ def int_array(fn, name, value, ndim):
     raise ValueError('%s: %s must be an integer array, got dtype %s' % (fn, name, array.dtype))
 
 
+def float_array(fn, name, value):
+    """A float16, float32 or float64 array: the CTC kernels have no bfloat16 variant, so the
+    twin refuses bfloat16 too (the softmax family takes it)."""
+    return softmax_xent_checks.float_array(fn, name, value, bfloat16=False)
+
+
 def check_logits(fn, name, value):
-    array = softmax_xent_checks.float_array(fn, name, value)
+    array = float_array(fn, name, value)
     if array.ndim != 3:
         raise ValueError('%s: %s must have rank 3 (batch, time, classes), got shape %s'
                          % (fn, name, array.shape))

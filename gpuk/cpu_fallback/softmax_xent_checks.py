@@ -2,20 +2,29 @@
 (gpuk/cpu_fallback/softmax_xent.py, gpuk/cpu_fallback/ctc.py) and the CUDA launchers
 (gpuk/kernels/softmax_xent.py, gpuk/kernels/ctc.py), so both raise the same errors, with
 the same messages, before any work."""
+import ml_dtypes
 import numpy as np
 
+from gpuk.cpu_fallback.conv_checks import FLOAT_DTYPE_NAMES, is_float_dtype
 
-def float_array(fn, name, value):
+SIXTEEN_BIT_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def float_array(fn, name, value, bfloat16=True):
+    """value as a NumPy float array; ``bfloat16=False`` for the CTC family, whose kernels
+    take float16, float32 and float64 only."""
     array = np.asarray(value)
-    if not np.issubdtype(array.dtype, np.floating):
-        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
-                        % (fn, name, array.dtype))
+    allowed = is_float_dtype(array.dtype) if bfloat16 else np.issubdtype(array.dtype, np.floating)
+    if not allowed:
+        raise TypeError('%s: %s must be a %s array, got dtype %s'
+                        % (fn, name, FLOAT_DTYPE_NAMES if bfloat16 else 'float16, float32 or float64',
+                           array.dtype))
     return array
 
 
 def accumulate_dtype(dtype):
-    """float16 is computed in float32; other float types in themselves."""
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+    """16-bit floats (float16, bfloat16) are computed in float32; other float types in themselves."""
+    return np.dtype(np.float32) if np.dtype(dtype) in SIXTEEN_BIT_FLOATS else np.dtype(dtype)
 
 
 def check_axis(fn, axis, ndim):

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuk.cpu_fallback import ctc as twin
-from gpuk.cpu_fallback import ctc_checks, softmax_xent_checks
+from gpuk.cpu_fallback import ctc_checks
 from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
 from . import cudnn_ctc, dispatch
 from .runtime import register_build, resolve
@@ -149,7 +149,7 @@ def _ctc_loss_fwd_gpuk(rt, logits, labels, input_lengths, label_lengths, blank):
 
 def _row_floats(fn, rt, name, value, shape, acc):
     array, stand_in = _stand_in(rt, fn, name, value)
-    softmax_xent_checks.float_array(fn, name, stand_in)
+    ctc_checks.float_array(fn, name, stand_in)
     if array.shape != shape:
         raise ValueError('%s: %s must have shape (%d,), got %s' % (fn, name, shape[0], array.shape))
     return rt.xp.ascontiguousarray(array.astype(acc, copy=False))
@@ -166,7 +166,7 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, 
     states = 2 * labels.shape[1] + 1
     acc = accumulate_dtype(logits.dtype)
     log_alpha, stand_in = _stand_in(rt, fn, 'log_alpha', log_alpha)
-    softmax_xent_checks.float_array(fn, 'log_alpha', stand_in)
+    ctc_checks.float_array(fn, 'log_alpha', stand_in)
     if log_alpha.shape != (batch, steps, states):
         raise ValueError('%s: log_alpha must have shape %s (batch, time, 2 * labels width + 1), got %s'
                          % (fn, (batch, steps, states), log_alpha.shape))

@@ -17,9 +17,13 @@ How our contract maps onto cuDNN's (``tensor_args``, pure Python):
 - cuDNN's dims and strides are C ints: arrays of 2^31 elements or more raise
   ``dispatch.Unsupported`` (the dispatcher then runs gpuk's kernels).
 - float16/32/64 in and out; alpha and beta are double for float64, float otherwise.
+- bfloat16 raises ``dispatch.Unsupported`` (gpuk's kernels run it): cudnn_graph.h has
+  CUDNN_DATA_BFLOAT16 = 9, but the legacy softmax has not been run with it on a GPU here.
 """
 import ctypes
 import math
+
+import ml_dtypes
 
 from gpuk.cpu_fallback import softmax_xent_checks as checks
 from . import cudnn_library
@@ -29,6 +33,7 @@ __all__ = ['tensor_args', 'softmax_fwd', 'softmax_bwd', 'log_softmax_fwd', 'log_
 
 _INT_LIMIT = 2 ** 31 - 1
 NO_FUSED_CROSS_ENTROPY = 'cuDNN has no fused softmax cross-entropy'
+NO_BFLOAT16 = 'bfloat16 softmax is not tried with cuDNN'
 
 
 def _unsupported(reason):
@@ -50,8 +55,10 @@ def tensor_args(shape, axis, dtype_name):
 def _device_float(fn, name, value):
     import cupy
     array = cupy.asarray(value)
+    if array.dtype == ml_dtypes.bfloat16:
+        raise _unsupported(NO_BFLOAT16)
     if array.dtype.name not in cudnn_library.DATA_TYPES:
-        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s' % (fn, name, array.dtype))
+        raise TypeError('%s: %s must be a %s array, got dtype %s' % (fn, name, checks.FLOAT_DTYPE_NAMES, array.dtype))
     return cupy.ascontiguousarray(array)
 
 

@@ -11,8 +11,8 @@
 //     32-entry static shared scratch.
 // Vector access: when cols % 4 == 0 and every row buffer is aligned to 4 elements
 // (16 bytes for float), a thread moves 4 contiguous elements per step (float4, 2 x
-// double2, or 8 bytes of half); otherwise one element per step.
-// Precision: acc_t is float for __half, the element type otherwise.
+// double2, or 8 bytes of __half / __nv_bfloat16); otherwise one element per step.
+// Precision: acc_t is float for __half and __nv_bfloat16, the element type otherwise.
 // Limits: rows, cols < 2^63 (64-bit offsets). No atomics: results are deterministic.
 #include "common.cuh"
 
@@ -40,7 +40,7 @@
 #endif
 
 #ifndef ACC_T
-#define ACC_T float   // float for __half and float, double for double (the launcher sets it)
+#define ACC_T float   // float for __half, __nv_bfloat16 and float, double for double (the launcher sets it)
 #endif
 
 typedef ELEMENT_T elem_t;
@@ -71,23 +71,34 @@ __device__ __forceinline__ void load4(const double* p, double* v) {
     const double2 a = reinterpret_cast<const double2*>(p)[0], b = reinterpret_cast<const double2*>(p)[1];
     v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
 }
-__device__ __forceinline__ void load4(const __half* p, float* v) {
-    const uint2 u = *reinterpret_cast<const uint2*>(p);
-    v[0] = __half2float(__ushort_as_half((unsigned short)(u.x & 0xffffu)));
-    v[1] = __half2float(__ushort_as_half((unsigned short)(u.x >> 16)));
-    v[2] = __half2float(__ushort_as_half((unsigned short)(u.y & 0xffffu)));
-    v[3] = __half2float(__ushort_as_half((unsigned short)(u.y >> 16)));
+// 16-bit elements: 4 of them are one 8-byte uint2, two per 32-bit word, the element at the
+// lower address in the low half (little-endian), as pack_half2 / pack_bfloat162 build them.
+// bits_to_float's pointer argument only picks the element type.
+__device__ __forceinline__ float bits_to_float(unsigned bits, const __half*) {
+    return __half2float(__ushort_as_half((unsigned short)bits));
 }
+__device__ __forceinline__ float bits_to_float(unsigned bits, const __nv_bfloat16*) {
+    return __bfloat162float(__ushort_as_bfloat16((unsigned short)bits));
+}
+template <class T> __device__ __forceinline__ void load4_16bit(const T* p, float* v) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    v[0] = bits_to_float(u.x & 0xffffu, p);
+    v[1] = bits_to_float(u.x >> 16, p);
+    v[2] = bits_to_float(u.y & 0xffffu, p);
+    v[3] = bits_to_float(u.y >> 16, p);
+}
+__device__ __forceinline__ void load4(const __half* p, float* v) { load4_16bit(p, v); }
+__device__ __forceinline__ void load4(const __nv_bfloat16* p, float* v) { load4_16bit(p, v); }
 __device__ __forceinline__ void store4(float* p, const float* v) { store_float4(p, make_float4(v[0], v[1], v[2], v[3])); }
 __device__ __forceinline__ void store4(double* p, const double* v) {
     reinterpret_cast<double2*>(p)[0] = make_double2(v[0], v[1]);
     reinterpret_cast<double2*>(p)[1] = make_double2(v[2], v[3]);
 }
 __device__ __forceinline__ void store4(__half* p, const float* v) {
-    uint2 u;
-    u.x = (unsigned)__half_as_ushort(__float2half_rn(v[0])) | ((unsigned)__half_as_ushort(__float2half_rn(v[1])) << 16);
-    u.y = (unsigned)__half_as_ushort(__float2half_rn(v[2])) | ((unsigned)__half_as_ushort(__float2half_rn(v[3])) << 16);
-    *reinterpret_cast<uint2*>(p) = u;
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]));
+}
+__device__ __forceinline__ void store4(__nv_bfloat16* p, const float* v) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack_bfloat162(v[0], v[1]), pack_bfloat162(v[2], v[3]));
 }
 template <int W> __device__ __forceinline__ void load_n(const elem_t* p, acc_t* v) {
     if (W == 4) load4(p, v);

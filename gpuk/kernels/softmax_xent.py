@@ -6,8 +6,8 @@ plus a keyword-only `runtime` (None: runtime.current(); 'cuda', 'emulate', or a 
 Any axis: the launcher moves the class axis last (a contiguous copy when it is not
 already last, none when it is) so the kernels see `rows` x `cols` row-major data, and
 moves it back in the result. Rows up to WARP_ROW_MAX_COLS classes get one warp each,
-longer rows one block each. float16 is computed in float32 and the saved log-sum-exp
-(and the dloss the backward kernels read) stay float32. Inputs paired with the logits
+longer rows one block each. float16 and bfloat16 (ml_dtypes.bfloat16) are computed in
+float32 and the saved log-sum-exp (and the dloss the backward kernels read) stay float32. Inputs paired with the logits
 or probabilities (target, dloss) are cast to their dtype first.
 
 On the CUDA runtime the softmax functions run the 'softmax_xent' family's choice
@@ -18,6 +18,7 @@ functions always run these kernels (saying so once when the family is set to 'cu
 import functools
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from gpuk.cpu_fallback import softmax_xent_checks as checks
@@ -41,7 +42,8 @@ WARP_ROW_MAX_COLS = 1024      # rows up to this many classes: a warp per row; lo
 MAX_ROW_BLOCKS = 65535
 BINARY_THREADS = 256
 MAX_BINARY_BLOCKS = 8192
-ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
+ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(ml_dtypes.bfloat16): '__nv_bfloat16',
+                 np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
 BINARY_OPS = {'logits_fwd': 0, 'logits_bwd': 1, 'logits_dtarget': 2,
               'probs_fwd': 3, 'probs_bwd': 4, 'probs_dtarget': 5}
 ROW_KERNELS = ['softmax_rows_fwd', 'softmax_rows_bwd', 'softmax_xent_rows_fwd', 'softmax_xent_rows_bwd',
@@ -63,11 +65,12 @@ for _dtype in ELEMENT_TYPES:
 # ---------------------------------------------------------------- checks (before any launch)
 
 def _float(fn, name, rt, value, dtype=None):
-    """`value` as a contiguous-able array of rt.xp; float16/32/64 only (or cast to `dtype`)."""
+    """`value` as a contiguous-able array of rt.xp; float16, bfloat16, float32 or float64 only
+    (or cast to `dtype`)."""
     array = value if isinstance(value, rt.xp.ndarray) else rt.xp.asarray(value)
-    if array.dtype.kind != 'f' or array.dtype not in ELEMENT_TYPES:
-        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
-                        % (fn, name, array.dtype))
+    if array.dtype not in ELEMENT_TYPES:
+        raise TypeError('%s: %s must be a %s array, got dtype %s'
+                        % (fn, name, checks.FLOAT_DTYPE_NAMES, array.dtype))
     return array if dtype is None else array.astype(dtype, copy=False)
 
 
@@ -238,7 +241,8 @@ def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
     """Cross-entropy of softmax(logits) against `target`; one read pass per row.
 
     # Returns
-        (loss, lse) with the input shape without axis; lse float32 for float16 logits.
+        (loss, lse) with the input shape without axis; lse float32 for float16 and bfloat16
+        logits.
     """
     fn, rt = 'softmax_xent_fwd', resolve(runtime)
     logits = _float(fn, 'logits', rt, logits)

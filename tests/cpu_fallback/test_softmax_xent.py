@@ -2,14 +2,17 @@
 formulas and finite differences."""
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import softmax_xent as sx
+from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
 from tests.gradcheck import numeric_gradient
 
-DTYPES = [np.float16, np.float32, np.float64]
-TOLERANCE = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}
+DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
+# 16-bit: a few units of the output's one rounding (float16 2^-11, bfloat16 2^-8)
+TOLERANCE = {np.float16: 1e-2, ml_dtypes.bfloat16: 2e-2, np.float32: 1e-5, np.float64: 1e-12}
 SHAPE = (3, 4, 5)
 
 
@@ -94,7 +97,7 @@ def test_softmax_xent_fwd_matches_loops(rng, axis, dtype):
     loss, lse = sx.softmax_xent_fwd(logits, target, axis)
     ref_loss, ref_lse = _slow_xent(logits, target, axis % 3)
     _check(loss, ref_loss, dtype, scale=3)
-    assert lse.dtype == (np.float32 if dtype == np.float16 else dtype)
+    assert lse.dtype == accumulate_dtype(dtype)
     np.testing.assert_allclose(lse, ref_lse, rtol=1e-5 if dtype != np.float64 else 1e-12)
 
 
@@ -169,9 +172,9 @@ def test_sparse_xent_bad_labels():
 # ---------------------------------------------------------------- cross-entropy from probabilities
 
 def _clip_in(dtype, values, epsilon):
-    """Keras clips in the tensor's dtype (float32 for our float16): 1 - 1e-7
+    """Keras clips in the tensor's dtype (float32 for our 16-bit floats): 1 - 1e-7
     rounds to 1 - 2**-23 there, a visible change in log(1 - p)."""
-    acc = np.float32 if dtype == np.float16 else np.dtype(dtype).type
+    acc = accumulate_dtype(dtype).type
     clipped = np.clip(values.astype(acc), acc(epsilon), acc(1 - epsilon))
     return clipped.astype(np.float64)
 
@@ -278,7 +281,8 @@ def test_binary_probs_grads_match_finite_differences(rng):
 
 @pytest.mark.parametrize('call,error,message', [
     (lambda: sx.softmax_fwd(np.zeros((2, 3)), 2), ValueError, r'softmax_fwd: axis must lie in'),
-    (lambda: sx.softmax_fwd(np.zeros((2, 3), np.int64)), TypeError, 'softmax_fwd: x must be'),
+    (lambda: sx.softmax_fwd(np.zeros((2, 3), np.int64)), TypeError,
+     'softmax_fwd: x must be a float16, bfloat16, float32 or float64 array, got dtype int64'),
     (lambda: sx.softmax_bwd(np.zeros((2, 3)), np.zeros((3, 2))), ValueError,
      'softmax_bwd: y and dy'),
     (lambda: sx.softmax_xent_fwd(np.zeros((2, 3)), np.zeros((2, 4))), ValueError,

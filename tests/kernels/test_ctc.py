@@ -1,5 +1,6 @@
 """CTC kernels (loss, gradient, greedy and beam-search decoding) against their NumPy twins;
 the cuDNN path's pure-Python translation on the CPU and its GPU run marked gpu."""
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -180,6 +181,21 @@ def test_bad_input_raises_before_any_launch(monkeypatch):
     _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, ok_in, 4))
     _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 0))
     _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 2, 3))
+
+
+def test_bfloat16_is_refused_by_launcher_and_twin(monkeypatch):
+    """The CTC kernels have no bfloat16 variant (the softmax family's checks accept it)."""
+    monkeypatch.setattr(runtime, 'get_runtime', lambda kind: _NoLaunch())
+    x = np.zeros((2, 5, 4), ml_dtypes.bfloat16)
+    labels, lengths = np.array([[0, 1], [2, 2]]), np.array([5, 5])
+    log_alpha, loss = np.zeros((2, 5, 5), np.float32), np.zeros(2, np.float32)
+    _same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, (x, labels, lengths, lengths - 3))
+    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x.astype(np.float32), labels, lengths, lengths - 3,
+                                                      log_alpha.astype(ml_dtypes.bfloat16), loss, loss))
+    _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, lengths))
+    with pytest.raises(TypeError, match='ctc_loss_fwd: logits must be a float16, float32 or float64 array, '
+                                        'got dtype bfloat16'):
+        twin.ctc_loss_fwd(x, labels, lengths, lengths - 3)
 
 
 def test_theano_helpers_delegate_to_the_twin():

@@ -2,8 +2,10 @@
 dispatch: the tensor mapping is checked on the CPU by doing cuDNN's channel softmax over
 the very buffer and strides it would get; the dispatch with a stand-in CUDA runtime (the
 emulator under kind 'cuda'); the real cuDNN calls are `gpu` tests against the twin."""
+import sys
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 from numpy.lib.stride_tricks import as_strided
@@ -64,6 +66,19 @@ def test_softmax_runs_cudnn_when_chosen(cuda_standin, monkeypatch, rng, name, ar
     np.testing.assert_allclose(getattr(softmax_xent, name)(*args, runtime=cuda_standin),
                                getattr(twin, name)(*args), rtol=1e-12)
     assert len(calls) == 1
+
+
+def test_bfloat16_softmax_falls_back_to_gpuk(cuda_standin, monkeypatch, rng):
+    monkeypatch.setitem(sys.modules, 'cupy', np)    # cudnn_softmax's array handling, on the host
+    config.set_kernels(softmax_xent='cudnn')
+    x = rng.standard_normal((3, 8)).astype(ml_dtypes.bfloat16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        y = softmax_xent.softmax_fwd(x, runtime=cuda_standin)
+    assert [str(w.message) for w in caught] == [
+        "gpuk: cuDNN cannot run this softmax_xent problem (%s); using gpuk's kernel" % cudnn_softmax.NO_BFLOAT16]
+    assert y.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(y, softmax_xent.softmax_fwd(x, runtime='emulate'))
 
 
 def test_cross_entropy_stays_gpuk_and_says_so_once(cuda_standin, rng):
@@ -130,7 +145,8 @@ def test_cudnn_softmax_errors_match_the_launcher():
         pytest.skip('cuDNN unavailable: %s' % cudnn.why_unavailable())
     import cupy
     for fn in (cudnn_softmax.softmax_fwd, softmax_xent.softmax_fwd):
-        with pytest.raises(TypeError, match='softmax_fwd: x must be a float16, float32 or float64 array, got dtype int32'):
+        with pytest.raises(TypeError, match='softmax_fwd: x must be a float16, bfloat16, float32 or float64 array, '
+                                            'got dtype int32'):
             fn(cupy.zeros((2, 3), cupy.int32))
         with pytest.raises(ValueError, match='softmax_fwd: x must have at least one class along axis 1'):
             fn(cupy.zeros((2, 0), cupy.float32))

@@ -1,12 +1,15 @@
 """softmax_xent kernels against their NumPy twins, on every kernel runtime."""
+import ml_dtypes
 import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import softmax_xent as twin
+from gpuk.cpu_fallback.conv_checks import is_float_dtype
+from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
 from gpuk.kernels import softmax_xent
 from gpuk.kernels.testing import assert_close, to_device, to_host
 
-DTYPES = [np.float16, np.float32, np.float64]
+DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 # warp rows (<= 1024), block rows (> 1024); multiples of 4 take the vector path
 CLASS_COUNTS = [2, 5, 33, 1024, 1030, 2052, 4099]
 
@@ -14,11 +17,11 @@ CLASS_COUNTS = [2, 5, 33, 1024, 1030, 2052, 4099]
 def _run(rt, kernel_fn, twin_fn, args, kwargs=None):
     """The kernel on `rt` vs the twin on float64 copies; outputs (one or a tuple) as NumPy."""
     kwargs = kwargs or {}
-    floats = [a for a in args if isinstance(a, np.ndarray) and a.dtype.kind == 'f']
+    floats = [a for a in args if isinstance(a, np.ndarray) and is_float_dtype(a.dtype)]
     dtype = floats[0].dtype
     out = kernel_fn(*[to_device(rt, a) for a in args], runtime=rt, **kwargs)
     expected = twin_fn(*args, **kwargs)
-    ref = twin_fn(*[a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == 'f' else a
+    ref = twin_fn(*[a.astype(np.float64) if isinstance(a, np.ndarray) and is_float_dtype(a.dtype) else a
                     for a in args], **kwargs)
     outs, expected, ref = [
         v if isinstance(v, tuple) else (v,) for v in (out, expected, ref)]
@@ -59,7 +62,7 @@ def test_softmax_xent_matches_twin(kernel_runtime, dtype, classes):
     x, t = _inputs(rng, (3, classes), dtype)
     rt = kernel_runtime
     loss, lse = _run(rt, softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t))
-    assert lse.dtype == (np.float32 if dtype == np.float16 else dtype)
+    assert lse.dtype == accumulate_dtype(dtype)
     dloss = rng.random(3).astype(lse.dtype)
     _run(rt, softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, dloss))
     _run(rt, softmax_xent.softmax_xent_dtarget, twin.softmax_xent_dtarget, (x, lse, dloss))
@@ -75,7 +78,7 @@ def test_probability_losses_match_twin(kernel_runtime, dtype, classes):
     p = rng.random((3, classes)).astype(dtype)
     p[0, 0] = 0   # below epsilon: clipped, zero gradient
     t = rng.random((3, classes)).astype(dtype)
-    dloss = rng.random(3).astype(np.float32 if dtype == np.float16 else dtype)
+    dloss = rng.random(3).astype(accumulate_dtype(dtype))
     rt = kernel_runtime
     _run(rt, softmax_xent.categorical_xent_probs_fwd, twin.categorical_xent_probs_fwd, (p, t))
     _run(rt, softmax_xent.categorical_xent_probs_bwd, twin.categorical_xent_probs_bwd, (p, t, dloss))
@@ -119,11 +122,12 @@ def test_any_axis(kernel_runtime, axis):
          (np.abs(x), t, dloss, axis))
 
 
+@pytest.mark.parametrize('dtype', [np.float32, ml_dtypes.bfloat16])
 @pytest.mark.parametrize('classes', [6, 1500])
-def test_extreme_logits_and_masks(kernel_runtime, classes):
+def test_extreme_logits_and_masks(kernel_runtime, dtype, classes):
     """+-1e4 logits and -inf masks: finite losses where the target avoids the masked classes."""
     rng = np.random.default_rng(classes)
-    x = rng.standard_normal((4, classes)).astype(np.float32)
+    x = rng.standard_normal((4, classes)).astype(dtype)
     x[0, 0], x[0, -1] = 1e4, -1e4
     x[1, ::2] = -np.inf                       # masked classes
     x[2, :] = -1e4
@@ -147,10 +151,11 @@ def test_extreme_logits_and_masks(kernel_runtime, classes):
     assert loss[1] == np.inf
 
 
-def test_unaligned_views_take_the_scalar_path(kernel_runtime):
-    """A row start that is not 16-byte aligned must not use float4 loads."""
+@pytest.mark.parametrize('dtype', [np.float32, ml_dtypes.bfloat16])
+def test_unaligned_views_take_the_scalar_path(kernel_runtime, dtype):
+    """A row start that is not aligned to 4 elements must not use vector loads."""
     rng = np.random.default_rng(5)
-    base = rng.standard_normal(3 * 1032 + 1).astype(np.float32)
+    base = rng.standard_normal(3 * 1032 + 1).astype(dtype)
     x = base[1:].reshape(3, 1032)
     _run(kernel_runtime, softmax_xent.log_softmax_fwd, twin.log_softmax_fwd, (np.ascontiguousarray(x),))
     _run(kernel_runtime, softmax_xent.softmax_fwd, twin.softmax_fwd, (x,))
@@ -171,6 +176,10 @@ def test_bad_input_raises_the_twins_errors():
     _same_error(softmax_xent.softmax_fwd, twin.softmax_fwd, (x, 2))
     _same_error(softmax_xent.softmax_fwd, twin.softmax_fwd, (x, 1.0))
     _same_error(softmax_xent.softmax_fwd, twin.softmax_fwd, (x.astype(np.int32),))
+    _same_error(softmax_xent.binary_xent_logits_fwd, twin.binary_xent_logits_fwd, (x, x.view(np.uint32)))
+    with pytest.raises(TypeError, match='softmax_fwd: x must be a float16, bfloat16, float32 or float64 array, '
+                                        'got dtype uint16'):
+        softmax_xent.softmax_fwd(x.astype(ml_dtypes.bfloat16).view(np.uint16), runtime='emulate')
     _same_error(softmax_xent.softmax_bwd, twin.softmax_bwd, (x, np.zeros((3, 2), np.float32)))
     _same_error(softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, np.zeros((2, 4), np.float32)))
     _same_error(softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, x, np.zeros(3, np.float32), lse))
@@ -183,10 +192,11 @@ def test_bad_input_raises_the_twins_errors():
     _same_error(softmax_xent.binary_xent_logits_bwd, twin.binary_xent_logits_bwd, (x, x, lse))
 
 
-def test_empty_rows_and_float16_results(kernel_runtime):
-    x = np.zeros((0, 5), np.float16)
+@pytest.mark.parametrize('dtype', [np.float16, ml_dtypes.bfloat16])
+def test_empty_rows_and_16_bit_results(kernel_runtime, dtype):
+    x = np.zeros((0, 5), dtype)
     out = to_host(softmax_xent.softmax_fwd(to_device(kernel_runtime, x), runtime=kernel_runtime))
-    assert out.shape == (0, 5) and out.dtype == np.float16
+    assert out.shape == (0, 5) and out.dtype == dtype
     loss, lse = softmax_xent.softmax_xent_fwd(to_device(kernel_runtime, x), to_device(kernel_runtime, x),
                                               runtime=kernel_runtime)
-    assert loss.shape == (0,) and loss.dtype == np.float16 and lse.dtype == np.float32
+    assert loss.shape == (0,) and loss.dtype == dtype and lse.dtype == np.float32
