@@ -86,7 +86,23 @@ def getDeviceProperties(device):
             'totalGlobalMem': 80 * 1024 ** 3}
 
 
-class Device:
+class _Synchronous:
+    """What Device and Stream share: usable as context managers, and nothing to wait for."""
+
+    def synchronize(self):
+        """Launches are synchronous in the rehearsal."""
+
+    def use(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Device(_Synchronous):
     """cupy.cuda.Device: device 0 only, compute capability '90' (CuPy's spelling of 9.0)."""
 
     def __init__(self, device=None):
@@ -98,36 +114,12 @@ class Device:
     def attributes(self):
         return {name.replace('cudaDevAttr', ''): value for name, (_, value) in RUNTIME_ATTRIBUTES.items()}
 
-    def synchronize(self):
-        """Launches are synchronous in the rehearsal."""
 
-    def use(self):
-        return self
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class Stream:
+class Stream(_Synchronous):
     """cupy.cuda.Stream: ``ptr`` 0 is CUDA's legacy default stream, as in CuPy."""
 
     def __init__(self, null=False, non_blocking=False, ptr=0):
         self.ptr = ptr
-
-    def synchronize(self):
-        """Launches are synchronous in the rehearsal."""
-
-    def use(self):
-        return self
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 _NULL_STREAM = Stream(null=True)

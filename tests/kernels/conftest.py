@@ -45,3 +45,17 @@ def cuda_standin(monkeypatch, emulator):
     monkeypatch.setattr(dispatch, '_warned', set())
     monkeypatch.setattr(dispatch, '_auto_choice', {})
     return standin
+
+
+@pytest.fixture(scope='module')
+def frontend():
+    """The cuDNN Frontend module (skips where it or libcudnn cannot be loaded)."""
+    from tests.kernels.cudnn_planning import frontend_or_skip
+    return frontend_or_skip()
+
+
+@pytest.fixture(scope='module')
+def h100(frontend):
+    """An H100 as a frontend device_property, to plan graphs without a GPU (needs libcudnn)."""
+    from tests.kernels.cudnn_planning import h100_or_skip
+    return h100_or_skip(frontend)

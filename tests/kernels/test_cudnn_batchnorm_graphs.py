@@ -9,7 +9,6 @@ import pytest
 
 from gpuk.kernels import cudnn_batchnorm
 
-from tests.kernels.cudnn_planning import frontend_or_skip, h100_or_skip
 
 OPS = [base + relu for base in cudnn_batchnorm.GRAPH_OPS for relu in ('', '_relu')]
 DTYPES = ['float16', 'float32']
@@ -24,14 +23,6 @@ DATA = {'x', 'dy', 'y', 'dx'}          # x-shaped, of x's dtype; the rest are fl
 SCALARS = {'epsilon', 'momentum'}      # pass-by-value host scalars
 
 
-@pytest.fixture(scope='module')
-def frontend():
-    return frontend_or_skip()
-
-
-@pytest.fixture(scope='module')
-def h100(frontend):
-    return h100_or_skip(frontend)
 
 
 def _names(op):

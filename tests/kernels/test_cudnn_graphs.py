@@ -8,7 +8,6 @@ import pytest
 
 from gpuk.kernels import cudnn
 
-from tests.kernels.cudnn_planning import frontend_or_skip, h100_or_skip
 
 CASES = [
     ('channels_last', (2, 9, 8, 3), (3, 2, 3, 4), (2, 1), (1, 2), ((1, 2), (0, 1))),
@@ -23,15 +22,6 @@ DTYPES = [('float16', 'float32'), ('bfloat16', 'float32'), ('float32', 'float32'
 IO_TYPES = {'float16': 'HALF', 'bfloat16': 'BFLOAT16', 'float32': 'FLOAT', 'float64': 'DOUBLE'}
 
 
-@pytest.fixture(scope='module')
-def frontend():
-    return frontend_or_skip()
-
-
-@pytest.fixture(scope='module')
-def h100(frontend):
-    """The H100 as a frontend device_property (needs libcudnn, no GPU)."""
-    return h100_or_skip(frontend)
 
 
 def _problem(case):
