@@ -47,7 +47,10 @@ def composite_partial_grads(formula, inputs, output_grads, wrt):
     stand_ins = [Placeholder(t.shape, t.dtype, name='partial') for t in inputs]
     outputs = formula(*stand_ins)
     outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-    terms = [reduce('sum', ew.cast(out, 'float64') * ew.cast(g, 'float64'))
+    # The objective sum(out * g) is only differentiated, never evaluated, and its derivative
+    # with respect to out is g in out's dtype either way: no wider type is needed (a float64
+    # copy of out would be computed just to be read for its shape).
+    terms = [reduce('sum', out * (g if g.dtype == out.dtype else ew.cast(g, out.dtype)))
              for out, g in zip(outputs, output_grads) if out is not None and not is_zero(g)]
     result = [None] * len(inputs)
     if not terms:
