@@ -23,26 +23,36 @@ def gradients(loss, variables):
     A non-scalar loss is summed (like TensorFlow). Returns a list with one tensor per
     variable, or None where the loss does not depend on it (or only through integer ops).
     """
-    from gpuk.ops.elementwise import ones_like, zeros_like
+    from gpuk.ops.elementwise import ones_like
     if not isinstance(loss, Tensor):
         raise TypeError('gradients: loss must be a tensor, got %r' % (loss,))
+    return vector_jacobian_products([loss], [ones_like(loss)], variables, 'gradients')
+
+
+def vector_jacobian_products(outputs, output_grads, variables, where='vector_jacobian_products'):
+    """sum over i of output_grads[i] . d outputs[i] / d v, for each tensor v of ``variables``:
+    the gradients of ``outputs`` seeded with ``output_grads`` (TensorFlow's grad_ys) instead
+    of with ones. Each seed has its output's shape and dtype. None where nothing depends on v.
+    """
+    from gpuk.ops.elementwise import zeros_like
     variables = list(variables) if isinstance(variables, (list, tuple)) else [variables]
     for v in variables:
         if not isinstance(v, Tensor):
-            raise TypeError('gradients: variables must be tensors, got %r' % (v,))
-    nodes = topological_nodes([loss])
+            raise TypeError('%s: variables must be tensors, got %r' % (where, v))
+    nodes = topological_nodes(list(outputs))
     dependent = _depends_on(nodes, variables)
     grads = {}
-    if id(loss) in dependent:
-        grads[loss] = ones_like(loss)
+    for output, seed in zip(outputs, output_grads):
+        if id(output) in dependent:
+            _accumulate(grads, output, seed)
     for node in reversed(nodes):
         if not any(id(t) in dependent for t in node.inputs):
             continue
-        output_grads = [grads.get(t) for t in node.outputs]
-        if all(g is None for g in output_grads):
+        node_grads = [grads.get(t) for t in node.outputs]
+        if all(g is None for g in node_grads):
             continue
-        output_grads = [zeros_like(t) if g is None else g for t, g in zip(node.outputs, output_grads)]
-        input_grads = node.op.grad(node.inputs, node.outputs, output_grads)
+        node_grads = [zeros_like(t) if g is None else g for t, g in zip(node.outputs, node_grads)]
+        input_grads = node.op.grad(node.inputs, node.outputs, node_grads)
         for tensor, g in zip(node.inputs, input_grads):
             if g is not None and id(tensor) in dependent:
                 _accumulate(grads, tensor, g)

@@ -80,3 +80,13 @@ def _fresh_session():
 @pytest.fixture
 def rng():
     return np.random.default_rng(int(os.environ.get('GPUK_TEST_SEED', '1234')))
+
+
+@pytest.fixture
+def on():
+    """``on(kind)`` switches gpuk's device for the rest of the test; the device and the
+    kernels' runtime come back afterwards."""
+    saved, saved_runtime = dict(device._state), runtime.current_setting()
+    yield device.set_device
+    device._state.update(saved)
+    runtime.set_current(saved_runtime)

@@ -70,6 +70,20 @@ def test_relu_gradient_at_kinks_follows_tensorflow():
     np.testing.assert_allclose(grad(alpha=0.1), [0.1, 1, 1, 1])            # leaky: x > 0
 
 
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_plain_relu_gradient_keeps_the_dtype_and_multiplies_by_the_mask(on_device, dtype):
+    """g * (x > 0) in g's dtype; a NaN in g stays NaN where the mask is 0 (as g * 0)."""
+    x = K.placeholder((5,), dtype=dtype)
+    g = K.placeholder((5,), dtype=dtype)
+    dx, = K.gradients(K.sum(K.relu(x) * g), [x])
+    assert dx.dtype == dtype
+    x_values = np.array([-1., 0., 2., -3., 4.], dtype)
+    g_values = np.array([5., 6., np.nan, np.nan, 7.], dtype)
+    got = K.function([x, g], [dx])([x_values, g_values])[0]
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, g_values * (x_values > 0))
+
+
 def test_relu_second_derivative_flows_through_the_gradient(rng):
     x = rng.standard_normal((2, 5)) + 0.05
     check_gradients(lambda t: K.gradients(K.sum(K.square(K.relu(t, alpha=0.2)) * 0.5), [t])[0], x)

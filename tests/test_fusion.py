@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from gpuk import backend as K
-from gpuk import device
+from gpuk import device, fusion
 from gpuk.cpu_fallback import conv as conv_twin
 from gpuk.graph import apply
 from gpuk.ops import conv as conv_ops
@@ -13,14 +13,6 @@ from gpuk.ops.bias import BiasAct, ConvBiasAct
 from gpuk.ops.conv import ConvFwd
 
 from tests.gradcheck import check_gradients
-
-
-@pytest.fixture
-def on():
-    """``on(kind)`` switches the device for the rest of the test (restored after)."""
-    saved = dict(device._state)
-    yield device.set_device
-    device._state.update(saved)
 
 
 def _ops(f):
@@ -527,3 +519,38 @@ def test_fused_batch_norm_ops_differentiate(rng):
         BnGrad((0,), True, False, False, 'relu'), dy, x, mean, inv_std, gamma, out)[0],
         rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.standard_normal(4),
         rng.uniform(0.5, 2, 4), rng.uniform(0.5, 1.5, 4), y, wrt=range(5))
+
+
+# ---------------------------------------------------------------- the backward rule on hand-built steps
+
+X, GAMMA, BETA, Y, MEAN, VAR, INV_STD, G, RELU_GRAD, DX, DGAMMA, DBETA, OTHER = range(13)
+
+
+def _relu_backward_steps(train_axes=(0, 1), grad_axes=(0, 1), train_activation='relu', grad_has_gamma=True,
+                         grad_mean=MEAN):
+    """BnTrain(relu) -> y; ReluGrad(g, y); linear BnGrad(relu grad, x, mean, inv_std, gamma)."""
+    from gpuk.ops.activation import Relu, ReluGrad
+    from gpuk.ops.batchnorm import BnGrad, BnTrain
+    grad_ins = [RELU_GRAD, X, grad_mean, INV_STD] + ([GAMMA] if grad_has_gamma else [])
+    return [(BnTrain(train_axes, 1e-3, True, True, activation=train_activation), [X, GAMMA, BETA],
+             [Y, MEAN, VAR, INV_STD]),
+            (ReluGrad(Relu(0., None, 0.)), [G, Y], [RELU_GRAD]),
+            (BnGrad(grad_axes, grad_has_gamma, False, False), grad_ins, [DX, DGAMMA, DBETA][:3 if grad_has_gamma else 2])]
+
+
+def _kinds(steps):
+    return [(type(op).__name__, getattr(op, 'activation', None)) for op, _, _ in steps]
+
+
+def test_relu_backward_rule_fuses_the_batch_norms_own_backward():
+    fused = fusion.fuse(_relu_backward_steps(), protected={Y, DX, DGAMMA, DBETA})
+    assert _kinds(fused) == [('BnTrain', 'relu'), ('BnGrad', 'relu')]
+    assert fused[1][1] == [G, X, MEAN, INV_STD, GAMMA, Y]
+
+
+@pytest.mark.parametrize('mismatch', [dict(grad_axes=(0,)), dict(train_activation='linear'),
+                                      dict(grad_has_gamma=False), dict(grad_mean=OTHER)],
+                         ids=['other axes', 'linear forward', 'gamma differs', 'other statistics'])
+def test_relu_backward_rule_leaves_another_batch_norms_backward_alone(mismatch):
+    fused = fusion.fuse(_relu_backward_steps(**mismatch), protected={Y, DX, DGAMMA, DBETA})
+    assert ('ReluGrad', None) in _kinds(fused) and ('BnGrad', 'linear') in _kinds(fused)

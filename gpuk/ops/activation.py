@@ -86,7 +86,7 @@ class ReluGrad(Op):
         return Meta(g.shape, g.dtype)
 
     def forward(self, impl, g, x):
-        if self.relu.plain:   # relu'(x) = (x > 0): one pass over g, no float64 slope array
+        if self.relu.plain:   # relu'(x) = (x > 0): a bool mask times g, no float64 slope array
             return g * (x > 0)
         return g * self.relu.slope(impl.xp, x).astype(g.dtype, copy=False)
 

@@ -2,10 +2,9 @@
 policy, shape checks, and the gradients of fused backward nodes from their formula."""
 import numpy as np
 
-from gpuk.autodiff import gradients
+from gpuk.autodiff import vector_jacobian_products
 from gpuk.graph import Constant, Placeholder, clone
 from gpuk.ops import elementwise as ew
-from gpuk.ops.reduction import reduce
 
 
 def accumulate_dtype(dtype):
@@ -47,19 +46,14 @@ def composite_partial_grads(formula, inputs, output_grads, wrt):
     stand_ins = [Placeholder(t.shape, t.dtype, name='partial') for t in inputs]
     outputs = formula(*stand_ins)
     outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-    # The objective sum(out * g) is only differentiated, never evaluated, and its derivative
-    # with respect to out is g in out's dtype either way: no wider type is needed (a float64
-    # copy of out would be computed just to be read for its shape).
-    terms = [reduce('sum', out * (g if g.dtype == out.dtype else ew.cast(g, out.dtype)))
-             for out, g in zip(outputs, output_grads) if out is not None and not is_zero(g)]
+    seeded = [(out, ew.cast(g, out.dtype)) for out, g in zip(outputs, output_grads)
+              if out is not None and not is_zero(g)]
     result = [None] * len(inputs)
-    if not terms:
+    if not seeded:
         return result
-    total = terms[0]
-    for term in terms[1:]:
-        total = total + term
     wanted = [i for i in wrt if np.dtype(inputs[i].dtype).kind == 'f']
-    partials = gradients(total, [stand_ins[i] for i in wanted])
+    partials = vector_jacobian_products([out for out, _ in seeded], [g for _, g in seeded],
+                                        [stand_ins[i] for i in wanted])
     present = [(i, g) for i, g in zip(wanted, partials) if g is not None]
     rebuilt = clone([ew.cast(g, inputs[i].dtype) for i, g in present], dict(zip(stand_ins, inputs)))
     for (i, _), g in zip(present, rebuilt):

@@ -23,8 +23,6 @@ DATA = {'x', 'dy', 'y', 'dx'}          # x-shaped, of x's dtype; the rest are fl
 SCALARS = {'epsilon', 'momentum'}      # pass-by-value host scalars
 
 
-
-
 def _names(op):
     base = op.replace('_relu', '')
     inputs = INPUTS[base] + (('y',) if op == 'bwd_relu' else ())

@@ -22,8 +22,6 @@ DTYPES = [('float16', 'float32'), ('bfloat16', 'float32'), ('float32', 'float32'
 IO_TYPES = {'float16': 'HALF', 'bfloat16': 'BFLOAT16', 'float32': 'FLOAT', 'float64': 'DOUBLE'}
 
 
-
-
 def _problem(case):
     data_format, x_shape, w_shape, strides, dilation, pads = case
     return cudnn.conv_problem('t', x_shape, w_shape, strides, dilation, pads, data_format)
