@@ -58,19 +58,27 @@ def assert_close(actual, reference, dtype, what='result'):
         raise AssertionError(f"{what}: relative error {err:.3g} exceeds {tol:.1g} for {np.dtype(dtype)} inputs")
 
 
-def assert_matches_twin(kernel_fn, twin_fn, args, rt, kwargs=None, float_args=None):
+def assert_matches_twin(kernel_fn, twin_fn, args, rt, kwargs=None):
     """Run kernel_fn on `rt` and twin_fn on float64 copies of the float inputs; compare.
 
-    args are NumPy arrays or plain values; the output dtype must equal the twin's on the
-    original dtypes. Returns the kernel output as NumPy."""
+    args are NumPy arrays or plain values; each output's dtype and shape must equal the
+    twin's on the original dtypes. Returns the kernel output as NumPy (a tuple of them when
+    the function returns a tuple)."""
     kwargs = kwargs or {}
     floats = [a for a in args if isinstance(a, np.ndarray) and is_float_dtype(a.dtype)]
     dtype = floats[0].dtype if floats else np.dtype(np.float64)
-    out = to_host(kernel_fn(*[to_device(rt, a) for a in args], runtime=rt, **kwargs))
-    expected_dtype = twin_fn(*args, **kwargs).dtype
-    if out.dtype != expected_dtype:
-        raise AssertionError(f"{kernel_fn.__name__}: dtype {out.dtype}, twin gives {expected_dtype}")
+    out = kernel_fn(*[to_device(rt, a) for a in args], runtime=rt, **kwargs)
+    expected = twin_fn(*args, **kwargs)
     ref = twin_fn(*[a.astype(np.float64) if isinstance(a, np.ndarray) and is_float_dtype(a.dtype) else a
                     for a in args], **kwargs)
-    assert_close(out, ref, dtype, kernel_fn.__name__)
-    return out
+    several = isinstance(out, tuple)
+    outs, expected, ref = [v if several else (v,) for v in (out, expected, ref)]
+    results = []
+    for o, e, r in zip(outs, expected, ref):
+        o = to_host(o)
+        if o.dtype != e.dtype or o.shape != e.shape:
+            raise AssertionError(f"{kernel_fn.__name__}: dtype {o.dtype} shape {o.shape}, "
+                                 f"twin gives {e.dtype} {e.shape}")
+        assert_close(o, r, dtype, kernel_fn.__name__)
+        results.append(o)
+    return tuple(results) if several else results[0]

@@ -4,34 +4,13 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import softmax_xent as twin
-from gpuk.cpu_fallback.conv_checks import is_float_dtype
 from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
 from gpuk.kernels import softmax_xent
-from gpuk.kernels.testing import assert_close, to_device, to_host
+from gpuk.kernels.testing import assert_matches_twin, to_device, to_host
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 # warp rows (<= 1024), block rows (> 1024); multiples of 4 take the vector path
 CLASS_COUNTS = [2, 5, 33, 1024, 1030, 2052, 4099]
-
-
-def _run(rt, kernel_fn, twin_fn, args, kwargs=None):
-    """The kernel on `rt` vs the twin on float64 copies; outputs (one or a tuple) as NumPy."""
-    kwargs = kwargs or {}
-    floats = [a for a in args if isinstance(a, np.ndarray) and is_float_dtype(a.dtype)]
-    dtype = floats[0].dtype
-    out = kernel_fn(*[to_device(rt, a) for a in args], runtime=rt, **kwargs)
-    expected = twin_fn(*args, **kwargs)
-    ref = twin_fn(*[a.astype(np.float64) if isinstance(a, np.ndarray) and is_float_dtype(a.dtype) else a
-                    for a in args], **kwargs)
-    outs, expected, ref = [
-        v if isinstance(v, tuple) else (v,) for v in (out, expected, ref)]
-    results = []
-    for o, e, r in zip(outs, expected, ref):
-        o = to_host(o)
-        assert o.dtype == e.dtype and o.shape == e.shape, (kernel_fn.__name__, o.dtype, e.dtype, o.shape, e.shape)
-        assert_close(o, r, dtype, kernel_fn.__name__)
-        results.append(o)
-    return results
 
 
 def _inputs(rng, shape, dtype, scale=3.0):
@@ -49,10 +28,10 @@ def test_softmax_family_matches_twin(kernel_runtime, dtype, classes):
     rt = kernel_runtime
     y = twin.softmax_fwd(x)
     log_y = twin.log_softmax_fwd(x)
-    _run(rt, softmax_xent.softmax_fwd, twin.softmax_fwd, (x,))
-    _run(rt, softmax_xent.log_softmax_fwd, twin.log_softmax_fwd, (x,))
-    _run(rt, softmax_xent.softmax_bwd, twin.softmax_bwd, (y, dy))
-    _run(rt, softmax_xent.log_softmax_bwd, twin.log_softmax_bwd, (log_y, dy))
+    assert_matches_twin(softmax_xent.softmax_fwd, twin.softmax_fwd, (x,), rt)
+    assert_matches_twin(softmax_xent.log_softmax_fwd, twin.log_softmax_fwd, (x,), rt)
+    assert_matches_twin(softmax_xent.softmax_bwd, twin.softmax_bwd, (y, dy), rt)
+    assert_matches_twin(softmax_xent.log_softmax_bwd, twin.log_softmax_bwd, (log_y, dy), rt)
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
@@ -61,14 +40,16 @@ def test_softmax_xent_matches_twin(kernel_runtime, dtype, classes):
     rng = np.random.default_rng(classes + 1)
     x, t = _inputs(rng, (3, classes), dtype)
     rt = kernel_runtime
-    loss, lse = _run(rt, softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t))
+    loss, lse = assert_matches_twin(softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t), rt)
     assert lse.dtype == accumulate_dtype(dtype)
     dloss = rng.random(3).astype(lse.dtype)
-    _run(rt, softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, dloss))
-    _run(rt, softmax_xent.softmax_xent_dtarget, twin.softmax_xent_dtarget, (x, lse, dloss))
+    assert_matches_twin(softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, dloss), rt)
+    assert_matches_twin(softmax_xent.softmax_xent_dtarget, twin.softmax_xent_dtarget, (x, lse, dloss), rt)
     labels = np.array([0, classes - 1, classes // 2])   # the first and the last class
-    _, sparse_lse = _run(rt, softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd, (x, labels))
-    _run(rt, softmax_xent.sparse_softmax_xent_bwd, twin.sparse_softmax_xent_bwd, (x, labels, sparse_lse, dloss))
+    _, sparse_lse = assert_matches_twin(softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd,
+                                        (x, labels), rt)
+    assert_matches_twin(softmax_xent.sparse_softmax_xent_bwd, twin.sparse_softmax_xent_bwd,
+                        (x, labels, sparse_lse, dloss), rt)
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
@@ -80,10 +61,10 @@ def test_probability_losses_match_twin(kernel_runtime, dtype, classes):
     t = rng.random((3, classes)).astype(dtype)
     dloss = rng.random(3).astype(accumulate_dtype(dtype))
     rt = kernel_runtime
-    _run(rt, softmax_xent.categorical_xent_probs_fwd, twin.categorical_xent_probs_fwd, (p, t))
-    _run(rt, softmax_xent.categorical_xent_probs_bwd, twin.categorical_xent_probs_bwd, (p, t, dloss))
-    _run(rt, softmax_xent.categorical_xent_probs_dtarget, twin.categorical_xent_probs_dtarget, (p, dloss),
-         {'epsilon': 1e-3})
+    assert_matches_twin(softmax_xent.categorical_xent_probs_fwd, twin.categorical_xent_probs_fwd, (p, t), rt)
+    assert_matches_twin(softmax_xent.categorical_xent_probs_bwd, twin.categorical_xent_probs_bwd, (p, t, dloss), rt)
+    assert_matches_twin(softmax_xent.categorical_xent_probs_dtarget, twin.categorical_xent_probs_dtarget,
+                        (p, dloss), rt, {'epsilon': 1e-3})
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
@@ -99,12 +80,13 @@ def test_binary_losses_match_twin(kernel_runtime, dtype):
     p[1, :2] = [0, 1] if dtype == np.float64 else [0, 0.5]
     d = rng.standard_normal(shape).astype(dtype)
     rt = kernel_runtime
-    _run(rt, softmax_xent.binary_xent_logits_fwd, twin.binary_xent_logits_fwd, (x, z))
-    _run(rt, softmax_xent.binary_xent_logits_bwd, twin.binary_xent_logits_bwd, (x, z, d))
-    _run(rt, softmax_xent.binary_xent_logits_dtarget, twin.binary_xent_logits_dtarget, (x, d))
-    _run(rt, softmax_xent.binary_xent_probs_fwd, twin.binary_xent_probs_fwd, (p, z))
-    _run(rt, softmax_xent.binary_xent_probs_bwd, twin.binary_xent_probs_bwd, (p, z, d))
-    _run(rt, softmax_xent.binary_xent_probs_dtarget, twin.binary_xent_probs_dtarget, (p, d), {'epsilon': 1e-2})
+    assert_matches_twin(softmax_xent.binary_xent_logits_fwd, twin.binary_xent_logits_fwd, (x, z), rt)
+    assert_matches_twin(softmax_xent.binary_xent_logits_bwd, twin.binary_xent_logits_bwd, (x, z, d), rt)
+    assert_matches_twin(softmax_xent.binary_xent_logits_dtarget, twin.binary_xent_logits_dtarget, (x, d), rt)
+    assert_matches_twin(softmax_xent.binary_xent_probs_fwd, twin.binary_xent_probs_fwd, (p, z), rt)
+    assert_matches_twin(softmax_xent.binary_xent_probs_bwd, twin.binary_xent_probs_bwd, (p, z, d), rt)
+    assert_matches_twin(softmax_xent.binary_xent_probs_dtarget, twin.binary_xent_probs_dtarget, (p, d), rt,
+                        {'epsilon': 1e-2})
 
 
 @pytest.mark.parametrize('axis', [0, 1, -3])
@@ -112,14 +94,15 @@ def test_any_axis(kernel_runtime, axis):
     rng = np.random.default_rng(3)
     x, t = _inputs(rng, (4, 6, 9), np.float32)
     rt = kernel_runtime
-    _run(rt, softmax_xent.softmax_fwd, twin.softmax_fwd, (x, axis))
-    loss, lse = _run(rt, softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t, axis))
+    assert_matches_twin(softmax_xent.softmax_fwd, twin.softmax_fwd, (x, axis), rt)
+    loss, lse = assert_matches_twin(softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t, axis), rt)
     dloss = np.ones_like(lse)
-    _run(rt, softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, dloss, axis))
+    assert_matches_twin(softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, dloss, axis), rt)
     labels = rng.integers(0, x.shape[axis], lse.shape)
-    _run(rt, softmax_xent.sparse_softmax_xent_bwd, twin.sparse_softmax_xent_bwd, (x, labels, lse, dloss, axis))
-    _run(rt, softmax_xent.categorical_xent_probs_bwd, twin.categorical_xent_probs_bwd,
-         (np.abs(x), t, dloss, axis))
+    assert_matches_twin(softmax_xent.sparse_softmax_xent_bwd, twin.sparse_softmax_xent_bwd,
+                        (x, labels, lse, dloss, axis), rt)
+    assert_matches_twin(softmax_xent.categorical_xent_probs_bwd, twin.categorical_xent_probs_bwd,
+                        (np.abs(x), t, dloss, axis), rt)
 
 
 @pytest.mark.parametrize('dtype', [np.float32, ml_dtypes.bfloat16])
@@ -139,15 +122,15 @@ def test_extreme_logits_and_masks(kernel_runtime, dtype, classes):
     t[2, 1] = 1
     t[3, 0] = 1
     rt = kernel_runtime
-    y, = _run(rt, softmax_xent.softmax_fwd, twin.softmax_fwd, (x,))
+    y = assert_matches_twin(softmax_xent.softmax_fwd, twin.softmax_fwd, (x,), rt)
     assert np.all(y[1, ::2] == 0) and y[3, 0] == 1
-    loss, lse = _run(rt, softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t))
+    loss, lse = assert_matches_twin(softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t), rt)
     assert np.all(np.isfinite(loss)) and loss[3] == 0
-    _run(rt, softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, np.ones(4, np.float32)))
+    assert_matches_twin(softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, np.ones(4, np.float32)), rt)
     labels = np.array([0, 1, 1, 0])
-    _run(rt, softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd, (x, labels))
+    assert_matches_twin(softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd, (x, labels), rt)
     t[1, 0] = 1   # a target on a masked class: infinite loss
-    loss, _ = _run(rt, softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t))
+    loss, _ = assert_matches_twin(softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t), rt)
     assert loss[1] == np.inf
 
 
@@ -157,8 +140,9 @@ def test_unaligned_views_take_the_scalar_path(kernel_runtime, dtype):
     rng = np.random.default_rng(5)
     base = rng.standard_normal(3 * 1032 + 1).astype(dtype)
     x = base[1:].reshape(3, 1032)
-    _run(kernel_runtime, softmax_xent.log_softmax_fwd, twin.log_softmax_fwd, (np.ascontiguousarray(x),))
-    _run(kernel_runtime, softmax_xent.softmax_fwd, twin.softmax_fwd, (x,))
+    assert_matches_twin(softmax_xent.log_softmax_fwd, twin.log_softmax_fwd, (np.ascontiguousarray(x),),
+                        kernel_runtime)
+    assert_matches_twin(softmax_xent.softmax_fwd, twin.softmax_fwd, (x,), kernel_runtime)
 
 
 def _same_error(kernel_fn, twin_fn, args, kwargs=None):
