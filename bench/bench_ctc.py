@@ -79,11 +79,11 @@ def _decoder(impl, name, **kwargs):
     if impl in ('cudnn', 'torch'):
         pytest.skip('%s has no CTC decoder' % impl)
     if impl == 'numpy':
-        from gpuk.cpu_fallback import ctc as module
-        return (lambda x, lengths: getattr(module, name)(x, lengths, **kwargs)), np
+        from gpuk.cpu_fallback import ctc as twin
+        return (lambda x, lengths: getattr(twin, name)(x, lengths, **kwargs)), np
     import cupy
-    from gpuk.kernels import ctc as module
-    return (lambda x, lengths: getattr(module, name)(x, lengths, runtime='cuda', **kwargs)), cupy
+    from gpuk.kernels import ctc as launchers
+    return (lambda x, lengths: getattr(launchers, name)(x, lengths, runtime='cuda', **kwargs)), cupy
 
 
 DECODE_CASES = [('greedy', 128, 1000, 29, 0), ('beam', 1, 500, 500, 10), ('beam', 1, 500, 500, 100),

@@ -1,6 +1,4 @@
 """Control flow: switch, train/test phase selection, rnn, map_fn, foldl, foldr."""
-import numpy as np
-
 from gpuk import graph
 from gpuk.graph import Placeholder, Tensor, as_tensor
 from gpuk.ops import elementwise as ew
