@@ -95,8 +95,7 @@ def _conv_case(label, hw, c_in, c_out, k, stride):
 
         def make_torch(i):
             x, w, dy = make_numpy(i)
-            return (_torch_nhwc(x, True), torch.from_numpy(w).permute(3, 2, 0, 1).contiguous(
-                memory_format=torch.channels_last).requires_grad_(), _torch_nhwc(dy, False))
+            return (_torch_nhwc(x, True), _torch_weight(w, 3, 2, 0, 1), _torch_nhwc(dy, False))
 
         def step(x, w, dy):
             x.grad = w.grad = None
@@ -131,8 +130,7 @@ def _conv_transpose_case(label, hw_in, c_in, c_out, k, stride):
         def make_torch(i):
             x, w, dy = make_numpy(i)
             # torch's transpose weight is (C_in of the transpose, C_out, kh, kw)
-            return (_torch_nhwc(x, True), torch.from_numpy(w).permute(3, 2, 0, 1).contiguous(
-                memory_format=torch.channels_last).requires_grad_(), _torch_nhwc(dy, False))
+            return (_torch_nhwc(x, True), _torch_weight(w, 3, 2, 0, 1), _torch_nhwc(dy, False))
 
         def step(x, w, dy):
             x.grad = w.grad = None
@@ -160,8 +158,7 @@ def _depthwise_case(label, hw, channels):
 
         def make_torch(i):
             x, w, dy = make_numpy(i)
-            return (_torch_nhwc(x, True), torch.from_numpy(w).permute(2, 3, 0, 1).contiguous(
-                memory_format=torch.channels_last).requires_grad_(), _torch_nhwc(dy, False))
+            return (_torch_nhwc(x, True), _torch_weight(w, 2, 3, 0, 1), _torch_nhwc(dy, False))
 
         def step(x, w, dy):
             x.grad = w.grad = None
@@ -296,6 +293,13 @@ def _torch_nhwc(array, requires_grad):
     import torch
     tensor = torch.from_numpy(array).permute(0, 3, 1, 2)
     return tensor.requires_grad_() if requires_grad else tensor
+
+
+def _torch_weight(w, *axes):
+    """An (kh, kw, ., .) NumPy kernel as torch's (., ., kh, kw) weight (``axes`` order), in
+    channels_last memory, requiring its gradient."""
+    import torch
+    return torch.from_numpy(w).permute(*axes).contiguous(memory_format=torch.channels_last).requires_grad_()
 
 
 CASES = [

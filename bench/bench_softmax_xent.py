@@ -12,31 +12,40 @@ BINARY = [(1 << 20,)]
 IMPLS = ['gpuk', 'cudnn', 'torch', 'numpy']
 
 
-def _xent_row(impl, shape):
-    rows, classes = shape
+def _logits_and_targets(impl, shape):
+    """make_inputs of float32 (logits, targets): standard normal and uniform [0, 1), on impl's device."""
     if impl == 'numpy':
-        from gpuk.cpu_fallback import softmax_xent as twin
-
         def make(i):
             rng = np.random.default_rng(i)
-            return (rng.standard_normal(shape, dtype=np.float32), rng.random(shape, dtype=np.float32))
-        return twin.softmax_xent_fwd, make
-    if impl == 'torch':
+            return rng.standard_normal(shape, dtype=np.float32), rng.random(shape, dtype=np.float32)
+    elif impl == 'torch':
         import torch
 
         def make(i):
             g = torch.Generator().manual_seed(i)
             return torch.randn(shape, generator=g), torch.rand(shape, generator=g)
-        return (lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction='none')), make
-    import cupy
-    from gpuk.kernels import softmax_xent
+    else:
+        import cupy
 
-    def make_gpu(i):
-        rs = cupy.random.RandomState(i)
-        return rs.standard_normal(shape, dtype=cupy.float32), rs.random_sample(shape, dtype=cupy.float32)
-    if impl == 'cudnn':
+        def make(i):
+            rs = cupy.random.RandomState(i)
+            return rs.standard_normal(shape, dtype=cupy.float32), rs.random_sample(shape, dtype=cupy.float32)
+    return make
+
+
+def _xent_row(impl, shape):
+    if impl == 'numpy':
+        from gpuk.cpu_fallback import softmax_xent as twin
+        fn = twin.softmax_xent_fwd
+    elif impl == 'torch':
+        import torch
+        fn = lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction='none')   # noqa: E731
+    elif impl == 'cudnn':
         pytest.skip('cuDNN 9 has no fused softmax cross-entropy; its softmax alone is not the same work')
-    return (lambda x, t: softmax_xent.softmax_xent_fwd(x, t, runtime='cuda')), make_gpu
+    else:
+        from gpuk.kernels import softmax_xent
+        fn = lambda x, t: softmax_xent.softmax_xent_fwd(x, t, runtime='cuda')   # noqa: E731
+    return fn, _logits_and_targets(impl, shape)
 
 
 @pytest.mark.parametrize('impl', IMPLS)
@@ -53,27 +62,16 @@ def test_softmax_xent_fwd(benchmark, harness, impl, shape):
 def _binary_row(impl, n):
     if impl == 'numpy':
         from gpuk.cpu_fallback import softmax_xent as twin
-
-        def make(i):
-            rng = np.random.default_rng(i)
-            return rng.standard_normal(n, dtype=np.float32), rng.random(n, dtype=np.float32)
-        return twin.binary_xent_logits_fwd, make
-    if impl == 'torch':
+        fn = twin.binary_xent_logits_fwd
+    elif impl == 'torch':
         import torch
-
-        def make(i):
-            g = torch.Generator().manual_seed(i)
-            return torch.randn(n, generator=g), torch.rand(n, generator=g)
-        return (lambda x, t: torch.nn.functional.binary_cross_entropy_with_logits(x, t, reduction='none')), make
-    if impl == 'cudnn':
+        fn = lambda x, t: torch.nn.functional.binary_cross_entropy_with_logits(x, t, reduction='none')   # noqa: E731
+    elif impl == 'cudnn':
         pytest.skip('cuDNN has no binary cross-entropy')
-    import cupy
-    from gpuk.kernels import softmax_xent
-
-    def make_gpu(i):
-        rs = cupy.random.RandomState(i)
-        return rs.standard_normal(n, dtype=cupy.float32), rs.random_sample(n, dtype=cupy.float32)
-    return (lambda x, t: softmax_xent.binary_xent_logits_fwd(x, t, runtime='cuda')), make_gpu
+    else:
+        from gpuk.kernels import softmax_xent
+        fn = lambda x, t: softmax_xent.binary_xent_logits_fwd(x, t, runtime='cuda')   # noqa: E731
+    return fn, _logits_and_targets(impl, (n,))
 
 
 @pytest.mark.parametrize('impl', IMPLS)

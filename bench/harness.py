@@ -331,7 +331,8 @@ class Harness:
         """
         require(impl)
         kind = device_kind(impl)
-        pool = [make_inputs(i) for i in range(pool_size(set_bytes, cache_bytes(kind)))]
+        sets = pool_size(set_bytes, cache_bytes(kind))
+        pool = [make_inputs(i) for i in range(sets)]
         samples = time_gpu(fn, pool) if kind == 'gpu' else time_cpu(fn, pool)
         del pool
         record_samples(benchmark, samples)
@@ -341,7 +342,7 @@ class Harness:
         info = row_metrics(median, bytes_moved, flops, ceiling_gbps, ceiling_tflops)
         info.update(family=family, case=str(case), impl=impl, dtype=dtype,
                     device=gpu_name() if kind == 'gpu' else cpu_name(),
-                    runs=len(samples), pool_sets=pool_size(set_bytes, cache_bytes(kind)))
+                    runs=len(samples), pool_sets=sets)
         benchmark.extra_info.update(info)
         self.rows[(family, str(case), impl)] = benchmark.extra_info
         fill_ratios(self.rows.values())

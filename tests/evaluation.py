@@ -33,3 +33,13 @@ def layout(n, spatial, channels, data_format):
     if data_format == 'channels_first':
         return (n, channels) + tuple(spatial)
     return (n,) + tuple(spatial) + (channels,)
+
+
+def to_cl(a, data_format):
+    """``a`` (batch first) with its channels last."""
+    return np.moveaxis(a, 1, -1) if data_format == 'channels_first' else a
+
+
+def from_cl(a, data_format):
+    """A channels-last ``a`` in ``data_format``."""
+    return np.moveaxis(a, -1, 1) if data_format == 'channels_first' else a

@@ -91,7 +91,6 @@ def encode_labels(texts, max_len):
 
 def _box_blur3(images):
     """Mean over each pixel's 3x3 neighbourhood (zero outside the image), for (N, H, W)."""
-    height, width = images.shape[1:]
     padded = np.pad(images, ((0, 0), (1, 1), (1, 1)))
     rows = padded[:, :-2] + padded[:, 1:-1] + padded[:, 2:]
     return (rows[:, :, :-2] + rows[:, :, 1:-1] + rows[:, :, 2:]) / np.float32(9)

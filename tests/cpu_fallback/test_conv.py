@@ -8,6 +8,8 @@ import pytest
 
 from gpuk.cpu_fallback import conv
 from gpuk.ops import geometry
+from tests.evaluation import from_cl, layout, to_cl
+from tests.gradcheck import numeric_gradient
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 FORMATS = ['channels_last', 'channels_first']
@@ -35,20 +37,6 @@ CASE_IDS = ['%dd-%s-%d' % (len(c[0]), c[4], i) for i, c in enumerate(CASES)]
 
 
 # ---------------------------------------------------------------- slow references
-
-def to_cl(a, data_format):
-    return np.moveaxis(a, 1, -1) if data_format == 'channels_first' else a
-
-
-def from_cl(a, data_format):
-    return np.moveaxis(a, -1, 1) if data_format == 'channels_first' else a
-
-
-def make_x_shape(n, spatial, channels, data_format):
-    if data_format == 'channels_first':
-        return (n, channels) + tuple(spatial)
-    return (n,) + tuple(spatial) + (channels,)
-
 
 def ref_out_spatial(in_spatial, kernel, strides, dilation, pads):
     return tuple((s + b + a - (k - 1) * d - 1) // st + 1
@@ -150,12 +138,12 @@ def test_conv_matches_definition(case, data_format, dtype):
     in_spatial, kernel, strides, dilation, padding = case
     rng = np.random.default_rng(len(in_spatial) * 7 + strides[0])
     pads = geometry.conv_pads(in_spatial, kernel, strides, dilation, padding)
-    x = random(rng, make_x_shape(2, in_spatial, 3, data_format), dtype)
+    x = random(rng, layout(2, in_spatial, 3, data_format), dtype)
     w = random(rng, kernel + (3, 4), dtype)
     out_spatial = ref_out_spatial(in_spatial, kernel, strides, dilation, pads)
     assert out_spatial == tuple(geometry.conv_output_length(s, k, padding, st, d)
                                 for s, k, st, d in zip(in_spatial, kernel, strides, dilation))
-    dy = random(rng, make_x_shape(2, out_spatial, 4, data_format), dtype)
+    dy = random(rng, layout(2, out_spatial, 4, data_format), dtype)
     y_ref, dx_ref, dw_ref = ref_conv_all(x, w, dy, strides, dilation, pads, data_format)
 
     assert_close(conv.conv_fwd(x, w, strides, dilation, pads, data_format), y_ref, dtype)
@@ -187,7 +175,7 @@ def test_conv_gradients_are_exact_adjoints(case, data_format):
     in_spatial, kernel, strides, dilation, padding = case
     rng = np.random.default_rng(3)
     pads = geometry.conv_pads(in_spatial, kernel, strides, dilation, padding)
-    x = random(rng, make_x_shape(3, in_spatial, 2, data_format), np.float64)
+    x = random(rng, layout(3, in_spatial, 2, data_format), np.float64)
     w = random(rng, kernel + (2, 3), np.float64)
     y = conv.conv_fwd(x, w, strides, dilation, pads, data_format)
     dy = random(rng, y.shape, np.float64)
@@ -196,19 +184,6 @@ def test_conv_gradients_are_exact_adjoints(case, data_format):
     forward = np.vdot(y, dy)
     assert np.vdot(x, dx) == pytest.approx(forward, rel=1e-12)
     assert np.vdot(w, dw) == pytest.approx(forward, rel=1e-12)
-
-
-def numerical_gradient(f, a, eps=1e-6):
-    grad = np.zeros_like(a)
-    for i in np.ndindex(*a.shape):
-        saved = a[i]
-        a[i] = saved + eps
-        up = f()
-        a[i] = saved - eps
-        down = f()
-        a[i] = saved
-        grad[i] = (up - down) / (2 * eps)
-    return grad
 
 
 def test_conv_gradients_match_finite_differences():
@@ -225,10 +200,10 @@ def test_conv_gradients_match_finite_differences():
 
     np.testing.assert_allclose(
         conv.conv_dgrad(g, w, x.shape, strides, dilation, pads, 'channels_first'),
-        numerical_gradient(loss, x), rtol=1e-7, atol=1e-8)
+        numeric_gradient(loss, x), rtol=1e-7, atol=1e-8)
     np.testing.assert_allclose(
         conv.conv_wgrad(x, g, w.shape, strides, dilation, pads, 'channels_first'),
-        numerical_gradient(loss, w), rtol=1e-7, atol=1e-8)
+        numeric_gradient(loss, w), rtol=1e-7, atol=1e-8)
 
 
 def test_conv_dgrad_is_transpose_conv_for_keras_output_shapes():
@@ -266,10 +241,10 @@ def test_depthwise_matches_definition(case, data_format, dtype):
     in_spatial, kernel, strides, dilation, padding = case
     rng = np.random.default_rng(17)
     pads = geometry.conv_pads(in_spatial, kernel, strides, dilation, padding)
-    x = random(rng, make_x_shape(2, in_spatial, 3, data_format), dtype)
+    x = random(rng, layout(2, in_spatial, 3, data_format), dtype)
     w = random(rng, kernel + (3, 2), dtype)
     out_spatial = ref_out_spatial(in_spatial, kernel, strides, dilation, pads)
-    dy = random(rng, make_x_shape(2, out_spatial, 6, data_format), dtype)
+    dy = random(rng, layout(2, out_spatial, 6, data_format), dtype)
     y_ref, dx_ref, dw_ref = ref_depthwise_all(x, w, dy, strides, dilation, pads, data_format)
 
     assert_close(conv.depthwise_conv_fwd(x, w, strides, dilation, pads, data_format),
@@ -285,7 +260,7 @@ def test_depthwise_gradients_are_exact_adjoints(case):
     in_spatial, kernel, strides, dilation, padding = case
     rng = np.random.default_rng(23)
     pads = geometry.conv_pads(in_spatial, kernel, strides, dilation, padding)
-    x = random(rng, make_x_shape(2, in_spatial, 3, 'channels_last'), np.float64)
+    x = random(rng, layout(2, in_spatial, 3, 'channels_last'), np.float64)
     w = random(rng, kernel + (3, 2), np.float64)
     args = (strides, dilation, pads, 'channels_last')
     y = conv.depthwise_conv_fwd(x, w, *args)
@@ -328,9 +303,9 @@ def test_local_conv_matches_keras(case, data_format, dtype):
     rng = np.random.default_rng(29)
     out_spatial = tuple(geometry.conv_output_length(s, k, 'valid', st)
                         for s, k, st in zip(in_spatial, kernel, strides))
-    x = random(rng, make_x_shape(2, in_spatial, 3, data_format), dtype)
+    x = random(rng, layout(2, in_spatial, 3, data_format), dtype)
     w = random(rng, (int(np.prod(out_spatial)), int(np.prod(kernel)) * 3, 4), dtype)
-    dy = random(rng, make_x_shape(2, out_spatial, 4, data_format), dtype)
+    dy = random(rng, layout(2, out_spatial, 4, data_format), dtype)
     y_ref, dx_ref, dw_ref = ref_local_all(x, w, dy, kernel, strides, out_spatial, data_format)
     args = (kernel, strides, out_spatial, data_format)
 
@@ -355,8 +330,8 @@ def test_local_conv_gradients_adjoint_and_finite_differences():
     def loss():
         return np.vdot(conv.local_conv_fwd(x, w, *args), g)
 
-    np.testing.assert_allclose(dx, numerical_gradient(loss, x), rtol=1e-7, atol=1e-8)
-    np.testing.assert_allclose(dw, numerical_gradient(loss, w), rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(dx, numeric_gradient(loss, x), rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(dw, numeric_gradient(loss, w), rtol=1e-7, atol=1e-8)
 
 
 # ---------------------------------------------------------------- geometry

@@ -7,6 +7,7 @@ import pytest
 
 from gpuk.cpu_fallback import pooling
 from gpuk.ops import geometry
+from tests.evaluation import from_cl, layout, to_cl
 
 DTYPES = [np.float16, np.float32, np.float64]
 FORMATS = ['channels_last', 'channels_first']
@@ -25,20 +26,6 @@ CASES = [
     ((5, 4, 4), (2, 2, 3), (2, 1, 2), 'valid'),
 ]
 CASE_IDS = ['%dd-%s-%d' % (len(c[0]), c[3], i) for i, c in enumerate(CASES)]
-
-
-def make_shape(n, spatial, channels, data_format):
-    if data_format == 'channels_first':
-        return (n, channels) + tuple(spatial)
-    return (n,) + tuple(spatial) + (channels,)
-
-
-def to_cl(a, data_format):
-    return np.moveaxis(a, 1, -1) if data_format == 'channels_first' else a
-
-
-def from_cl(a, data_format):
-    return np.moveaxis(a, -1, 1) if data_format == 'channels_first' else a
 
 
 def tie_free(rng, shape, dtype):
@@ -117,7 +104,7 @@ def test_max_pool_matches_definition(case, data_format, dtype):
     in_spatial, window, strides, _ = case
     pads = pads_of(case)
     rng = np.random.default_rng(len(in_spatial))
-    x = tie_free(rng, make_shape(2, in_spatial, 3, data_format), dtype)
+    x = tie_free(rng, layout(2, in_spatial, 3, data_format), dtype)
     y, argmax = pooling.max_pool_fwd(x, window, strides, pads, data_format)
     y_ref, argmax_ref = ref_max_pool(x, window, strides, pads, data_format)
     assert y.dtype == dtype and argmax.dtype == np.int64
@@ -140,7 +127,7 @@ def test_max_pool_backward_matches_finite_differences(data_format):
     rng = np.random.default_rng(7)
     case = ((5, 4), (3, 2), (2, 1), 'same')
     pads = pads_of(case)
-    x = tie_free(rng, make_shape(2, case[0], 2, data_format), np.float64)
+    x = tie_free(rng, layout(2, case[0], 2, data_format), np.float64)
     y, argmax = pooling.max_pool_fwd(x, case[1], case[2], pads, data_format)
     g = rng.standard_normal(y.shape)
     numerical = np.zeros_like(x)
@@ -174,7 +161,7 @@ def test_max_pool_all_minus_inf_windows_report_a_real_element(data_format):
     rng = np.random.default_rng(19)
     case = ((5, 6), (3, 4), (2, 2), 'same')
     pads = pads_of(case)
-    x = tie_free(rng, make_shape(2, case[0], 3, data_format), np.float32)
+    x = tie_free(rng, layout(2, case[0], 3, data_format), np.float32)
     x[x < 20] = -np.inf
     y, argmax = pooling.max_pool_fwd(x, case[1], case[2], pads, data_format)
     y_ref, argmax_ref = ref_max_pool(x, case[1], case[2], pads, data_format)
@@ -200,9 +187,9 @@ def test_avg_pool_matches_definition(case, data_format, dtype):
     in_spatial, window, strides, _ = case
     pads = pads_of(case)
     rng = np.random.default_rng(len(in_spatial) + 10)
-    x = rng.standard_normal(make_shape(2, in_spatial, 3, data_format)).astype(dtype)
+    x = rng.standard_normal(layout(2, in_spatial, 3, data_format)).astype(dtype)
     out_spatial = ref_out_spatial(in_spatial, window, strides, pads)
-    dy = rng.standard_normal(make_shape(2, out_spatial, 3, data_format)).astype(dtype)
+    dy = rng.standard_normal(layout(2, out_spatial, 3, data_format)).astype(dtype)
     y_ref, dx_ref = ref_avg_pool(x, dy, window, strides, pads, data_format)
     assert_close(pooling.avg_pool_fwd(x, window, strides, pads, data_format), y_ref, dtype)
     assert_close(pooling.avg_pool_bwd(dy, x.shape, window, strides, pads, data_format),
@@ -213,7 +200,7 @@ def test_avg_pool_matches_definition(case, data_format, dtype):
 def test_avg_pool_backward_is_exact_adjoint(case):
     pads = pads_of(case)
     rng = np.random.default_rng(3)
-    x = rng.standard_normal(make_shape(2, case[0], 2, 'channels_first'))
+    x = rng.standard_normal(layout(2, case[0], 2, 'channels_first'))
     y = pooling.avg_pool_fwd(x, case[1], case[2], pads, 'channels_first')
     dy = rng.standard_normal(y.shape)
     dx = pooling.avg_pool_bwd(dy, x.shape, case[1], case[2], pads, 'channels_first')
