@@ -5,6 +5,8 @@ constant subgraphs folded, chains fused (gpuk/fusion.py), every slot freed after
 placeholders, reads the variables, executes the plan, then applies the updates, all of
 whose new values are computed (from the old values) before any is assigned.
 """
+import itertools
+
 import numpy as np
 
 from gpuk import device, fusion
@@ -71,24 +73,16 @@ class Plan:
 
         self.input_slots = [slot(t) for t in inputs]
         self.variables, self.fixed = [], []
-        for node in nodes:
-            for t in node.inputs:
-                if t.node is not None or t in slot_of:
-                    continue
-                if isinstance(t, Variable):
-                    self.variables.append((slot(t), t))
-                elif isinstance(t, Constant):
-                    self.fixed.append((slot(t), _constant_value(t, impl)))
-                elif isinstance(t, Placeholder):
-                    self._feed_default(t, slot(t))
-        for t in targets:  # leaf targets (a variable or constant returned directly)
-            if t.node is None and t not in slot_of:
-                if isinstance(t, Variable):
-                    self.variables.append((slot(t), t))
-                elif isinstance(t, Constant):
-                    self.fixed.append((slot(t), _constant_value(t, impl)))
-                else:
-                    self._feed_default(t, slot(t))
+        # The leaves: the graph's, then the targets returned directly (a variable or constant).
+        for t in itertools.chain((t for node in nodes for t in node.inputs), targets):
+            if t.node is not None or t in slot_of:
+                continue
+            if isinstance(t, Variable):
+                self.variables.append((slot(t), t))
+            elif isinstance(t, Constant):
+                self.fixed.append((slot(t), _constant_value(t, impl)))
+            else:  # a placeholder not fed: its default value, or an error
+                self._feed_default(t, slot(t))
         self.target_slots = [slot(t) for t in targets]
         self.steps = [(node.op, [slot(t) for t in node.inputs], [slot(t) for t in node.outputs])
                       for node in nodes]

@@ -18,7 +18,7 @@ import operator
 
 import numpy as np
 
-from gpuk.cpu_fallback import batchnorm_checks as checks
+from gpuk.cpu_fallback import batchnorm_checks as checks, conv_checks
 
 __all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']
 
@@ -26,11 +26,7 @@ __all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']
 # ---------------------------------------------------------------- checks
 
 def _float_array(fn, name, value):
-    array = np.asarray(value)
-    if not np.issubdtype(array.dtype, np.floating):
-        raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
-                        % (fn, name, array.dtype))
-    return array
+    return conv_checks.typed_float_array(fn, name, value, bfloat16=False)
 
 
 class _Layout(checks.Layout):
@@ -120,10 +116,7 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
     checks.check_activation(fn, activation)
     moving = checks.check_moving_args(fn, moving_mean, moving_var, decay, var_decay, var_factor)
     axes = checks.normalize_axes(fn, axes, x.ndim)
-    layout = _Layout(x.shape, axes)
-    if layout.count == 0:
-        raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
-                         % (fn, axes, x.shape))
+    layout = _Layout(x.shape, axes).require_elements(fn)
     acc = checks.accumulate_dtype(x.dtype)
     gamma = _kept_param(fn, 'gamma', gamma, layout, acc)
     beta = _kept_param(fn, 'beta', beta, layout, acc)
@@ -237,10 +230,7 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
     y = None if y is None else _float_array(fn, 'y', y)
     checks.check_relu_output(fn, activation, y, x)
     axes = checks.normalize_axes(fn, axes, x.ndim)
-    layout = _Layout(x.shape, axes)
-    if layout.count == 0:
-        raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
-                         % (fn, axes, x.shape))
+    layout = _Layout(x.shape, axes).require_elements(fn)
     acc = checks.accumulate_dtype(x.dtype)
     if mean is None or inv_std is None:
         raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)

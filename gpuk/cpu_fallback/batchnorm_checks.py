@@ -53,6 +53,13 @@ class Layout:
         self.bcast_shape = tuple(1 if i in axes else shape[i] for i in range(ndim))
         self.count = int(np.prod([shape[i] for i in axes], dtype=np.int64))
 
+    def require_elements(self, fn):
+        """self, after checking that the reduced axes hold at least one element."""
+        if self.count == 0:
+            raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
+                             % (fn, self.axes, self.shape))
+        return self
+
 
 ACTIVATIONS = ('linear', 'relu')
 

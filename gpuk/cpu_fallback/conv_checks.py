@@ -17,15 +17,21 @@ def is_float_dtype(dtype):
     return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16
 
 
-def float_array(fn, name, value, bfloat16=True):
-    """value as a NumPy float array with no zero-size dimension; ``bfloat16=False`` for the
-    families whose kernels take float16, float32 and float64 only (pooling)."""
+def typed_float_array(fn, name, value, bfloat16=True):
+    """value as a NumPy float array (any size); ``bfloat16=False`` for the families whose
+    kernels take float16, float32 and float64 only (pooling, CTC)."""
     array = np.asarray(value)
     allowed = is_float_dtype(array.dtype) if bfloat16 else np.issubdtype(array.dtype, np.floating)
     if not allowed:
         raise TypeError('%s: %s must be a %s array, got dtype %s'
                         % (fn, name, FLOAT_DTYPE_NAMES if bfloat16 else 'float16, float32 or float64',
                            array.dtype))
+    return array
+
+
+def float_array(fn, name, value, bfloat16=True):
+    """typed_float_array with no zero-size dimension."""
+    array = typed_float_array(fn, name, value, bfloat16)
     if array.size == 0:
         raise ValueError('%s: %s must not have a zero-size dimension, got shape %s'
                          % (fn, name, array.shape))

@@ -122,6 +122,14 @@ def log_softmax_bwd(log_y, dy, axis=-1):
 
 # ---------------------------------------------------------------- cross-entropy from logits
 
+def _logits_and_target(fn, logits, target, axis):
+    """The checked (logits, target, axis) of one shape, and the dtype to compute in."""
+    logits = checks.float_array(fn, 'logits', logits)
+    target = checks.float_array(fn, 'target', target)
+    checks.same_shape(fn, 'logits', logits, 'target', target)
+    return logits, target, checks.check_axis(fn, axis, logits.ndim), checks.accumulate_dtype(logits.dtype)
+
+
 def softmax_xent_fwd(logits, target, axis=-1):
     """Cross-entropy of softmax(logits) against `target` (same shape).
 
@@ -133,11 +141,7 @@ def softmax_xent_fwd(logits, target, axis=-1):
         log-sum-exp of each row, saved for the backward pass.
     """
     fn = 'softmax_xent_fwd'
-    logits = checks.float_array(fn, 'logits', logits)
-    target = checks.float_array(fn, 'target', target)
-    checks.same_shape(fn, 'logits', logits, 'target', target)
-    axis = checks.check_axis(fn, axis, logits.ndim)
-    acc = checks.accumulate_dtype(logits.dtype)
+    logits, target, axis, acc = _logits_and_target(fn, logits, target, axis)
     xa, ta = logits.astype(acc, copy=False), target.astype(acc, copy=False)
     # With m the row max and s = sum(exp(x - m)), lse = log(s) + m and
     # loss = sum(t) log(s) - sum(t (x - m)). For t >= 0 both terms are >= 0
@@ -164,11 +168,7 @@ def _expand_row_values(fn, name, value, full_shape, axis, acc):
 def softmax_xent_bwd(logits, target, lse, dloss, axis=-1):
     """dlogits = (softmax(logits) * sum(target) - target) * dloss."""
     fn = 'softmax_xent_bwd'
-    logits = checks.float_array(fn, 'logits', logits)
-    target = checks.float_array(fn, 'target', target)
-    checks.same_shape(fn, 'logits', logits, 'target', target)
-    axis = checks.check_axis(fn, axis, logits.ndim)
-    acc = checks.accumulate_dtype(logits.dtype)
+    logits, target, axis, acc = _logits_and_target(fn, logits, target, axis)
     lse = _expand_row_values(fn, 'lse', lse, logits.shape, axis, acc)
     dloss = _expand_row_values(fn, 'dloss', dloss, logits.shape, axis, acc)
     ta = target.astype(acc, copy=False)

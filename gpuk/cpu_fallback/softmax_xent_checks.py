@@ -5,21 +5,12 @@ the same messages, before any work."""
 import ml_dtypes
 import numpy as np
 
-from gpuk.cpu_fallback.conv_checks import FLOAT_DTYPE_NAMES, is_float_dtype
+# float_array: the dtype check only (a zero-size input is allowed here); bfloat16=False
+# for the CTC family, whose kernels take float16, float32 and float64 only.
+from gpuk.cpu_fallback.conv_checks import (  # noqa: F401 (re-exported)
+    FLOAT_DTYPE_NAMES, is_float_dtype, typed_float_array as float_array)
 
 SIXTEEN_BIT_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-
-
-def float_array(fn, name, value, bfloat16=True):
-    """value as a NumPy float array; ``bfloat16=False`` for the CTC family, whose kernels
-    take float16, float32 and float64 only."""
-    array = np.asarray(value)
-    allowed = is_float_dtype(array.dtype) if bfloat16 else np.issubdtype(array.dtype, np.floating)
-    if not allowed:
-        raise TypeError('%s: %s must be a %s array, got dtype %s'
-                        % (fn, name, FLOAT_DTYPE_NAMES if bfloat16 else 'float16, float32 or float64',
-                           array.dtype))
-    return array
 
 
 def accumulate_dtype(dtype):

@@ -275,6 +275,15 @@ def _vector_meta(where, name, meta):
         raise ValueError('%s: %s must be a vector, got shape %s' % (where, name, meta.shape))
 
 
+def _predict_labels_meta(where, predict, labels):
+    """The Theano-style CTC ops' inputs: a float (time, classes) predict and a label vector Y."""
+    require_float(where, 'predict', predict)
+    if predict.shape is not None and len(predict.shape) != 2:
+        raise ValueError('%s: predict must have rank 2 (time, classes), got shape %s'
+                         % (where, predict.shape))
+    _vector_meta(where, 'Y', labels)
+
+
 class CtcInterleaveBlanks(Op):
     differentiable = False
 
@@ -340,11 +349,7 @@ class CtcPathProbs(Op):
         self.alpha = float(alpha)
 
     def infer(self, predict, labels):
-        require_float('ctc_path_probs', 'predict', predict)
-        if predict.shape is not None and len(predict.shape) != 2:
-            raise ValueError('ctc_path_probs: predict must have rank 2 (time, classes), got shape %s'
-                             % (predict.shape,))
-        _vector_meta('ctc_path_probs', 'Y', labels)
+        _predict_labels_meta('ctc_path_probs', predict, labels)
         shape = (None if predict.shape is None else predict.shape[0],
                  None if labels.shape is None else labels.shape[0])
         return Meta(shape, predict.dtype), Meta(shape, 'bool')
@@ -377,11 +382,7 @@ class CtcCost(Op):
     """Theano ctc_cost: -log of the summed path probabilities of label Y (not interleaved)."""
 
     def infer(self, predict, labels):
-        require_float('ctc_cost', 'predict', predict)
-        if predict.shape is not None and len(predict.shape) != 2:
-            raise ValueError('ctc_cost: predict must have rank 2 (time, classes), got shape %s'
-                             % (predict.shape,))
-        _vector_meta('ctc_cost', 'Y', labels)
+        _predict_labels_meta('ctc_cost', predict, labels)
         return Meta((), predict.dtype)
 
     def forward(self, impl, predict, labels):
