@@ -32,9 +32,7 @@
 
 typedef ELEMENT_T elem_t;
 typedef ACC_T acc_t;   // a #define, not ElementTraits<elem_t>::acc, so kernel signatures can name it
-template <class A, class B> struct bn_same_type { static const bool value = false; };
-template <class A> struct bn_same_type<A, A> { static const bool value = true; };
-static_assert(bn_same_type<acc_t, ElementTraits<elem_t>::acc>::value, "ACC_T must be the accumulation type of ELEMENT_T");
+static_assert(gpuk_same_type<acc_t, ElementTraits<elem_t>::acc>::value, "ACC_T must be the accumulation type of ELEMENT_T");
 
 // dy, or 0 where the fused relu output y is not > 0 (NaN included): relu'(y) selects.
 template <bool RELU>
@@ -99,11 +97,11 @@ __device__ __forceinline__ void sums_channels_last(const elem_t* __restrict__ x,
 // +per_split); consecutive threads read consecutive i (coalesced along inner); then two
 // block reductions. Index math in I (32-bit when outer * inner < 2^31). No atomics.
 template <bool BACKWARD, bool RELU, class I>
-__device__ __forceinline__ void sums_channels_first(const elem_t* __restrict__ x, const elem_t* __restrict__ dy,
-                                                    const elem_t* __restrict__ y, const acc_t* __restrict__ mean,
-                                                    acc_t* __restrict__ partials,
-                                                    long long outer, long long c, long long inner,
-                                                    long long per_split) {
+__device__ __forceinline__ void sums_channels_first_body(const elem_t* __restrict__ x, const elem_t* __restrict__ dy,
+                                                         const elem_t* __restrict__ y, const acc_t* __restrict__ mean,
+                                                         acc_t* __restrict__ partials,
+                                                         long long outer, long long c, long long inner,
+                                                         long long per_split) {
     __shared__ acc_t scratch[32];
     const long long ch = blockIdx.x;
     const I count = (I)(outer * inner);
@@ -121,6 +119,19 @@ __device__ __forceinline__ void sums_channels_first(const elem_t* __restrict__ x
         partials[((long long)blockIdx.y * c + ch) * 2] = a;
         partials[((long long)blockIdx.y * c + ch) * 2 + 1] = b;
     }
+}
+
+// The same with the index type picked at run time: 32-bit when outer * inner < 2^31.
+template <bool BACKWARD, bool RELU>
+__device__ __forceinline__ void sums_channels_first(const elem_t* __restrict__ x, const elem_t* __restrict__ dy,
+                                                    const elem_t* __restrict__ y, const acc_t* __restrict__ mean,
+                                                    acc_t* __restrict__ partials, long long outer, long long c,
+                                                    long long inner, long long per_split) {
+    if (outer * inner < 0x7fffffffLL)
+        sums_channels_first_body<BACKWARD, RELU, unsigned>(x, dy, y, mean, partials, outer, c, inner, per_split);
+    else
+        sums_channels_first_body<BACKWARD, RELU, unsigned long long>(x, dy, y, mean, partials, outer, c, inner,
+                                                                     per_split);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * BN_ROWS)
@@ -148,20 +159,14 @@ bn_bwd_relu_sums_channels_last(const elem_t* __restrict__ dy, const elem_t* __re
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
 bn_stats_channels_first(const elem_t* __restrict__ x, acc_t* __restrict__ partials, long long outer, long long c,
                         long long inner, long long per_split) {
-    if (outer * inner < 0x7fffffffLL)
-        sums_channels_first<false, false, unsigned>(x, x, x, nullptr, partials, outer, c, inner, per_split);
-    else
-        sums_channels_first<false, false, unsigned long long>(x, x, x, nullptr, partials, outer, c, inner, per_split);
+    sums_channels_first<false, false>(x, x, x, nullptr, partials, outer, c, inner, per_split);
 }
 
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
 bn_bwd_sums_channels_first(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
                            const acc_t* __restrict__ mean, acc_t* __restrict__ partials, long long outer,
                            long long c, long long inner, long long per_split) {
-    if (outer * inner < 0x7fffffffLL)
-        sums_channels_first<true, false, unsigned>(x, dy, dy, mean, partials, outer, c, inner, per_split);
-    else
-        sums_channels_first<true, false, unsigned long long>(x, dy, dy, mean, partials, outer, c, inner, per_split);
+    sums_channels_first<true, false>(x, dy, dy, mean, partials, outer, c, inner, per_split);
 }
 
 // bn_bwd_relu_sums_channels_first: bn_bwd_sums_channels_first of dy masked by y.
@@ -170,10 +175,7 @@ bn_bwd_relu_sums_channels_first(const elem_t* __restrict__ dy, const elem_t* __r
                                 const elem_t* __restrict__ y, const acc_t* __restrict__ mean,
                                 acc_t* __restrict__ partials, long long outer, long long c, long long inner,
                                 long long per_split) {
-    if (outer * inner < 0x7fffffffLL)
-        sums_channels_first<true, true, unsigned>(x, dy, y, mean, partials, outer, c, inner, per_split);
-    else
-        sums_channels_first<true, true, unsigned long long>(x, dy, y, mean, partials, outer, c, inner, per_split);
+    sums_channels_first<true, true>(x, dy, y, mean, partials, outer, c, inner, per_split);
 }
 
 // The two sums of channel ch over the splits, added in split order (deterministic):

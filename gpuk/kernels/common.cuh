@@ -48,6 +48,8 @@ template <> struct ElementTraits<__nv_bfloat16> {
 // NaN-propagating max, like NumPy (fmaxf would drop the NaN).
 template <class T> __device__ __forceinline__ T nan_max(T a, T b) { return (a > b || a != a) ? a : b; }
 __device__ __forceinline__ float neg_inf_f() { return __int_as_float(0xff800000); }
+template <class A, class B> struct gpuk_same_type { static const bool value = false; };
+template <class A> struct gpuk_same_type<A, A> { static const bool value = true; };
 
 // ---- warp and block reductions (1-D blocks, blockDim.x a multiple of 32) ----
 template <class T> __device__ __forceinline__ T warp_reduce_sum(T v) {
@@ -104,6 +106,19 @@ template <class T> __device__ __forceinline__ void lse_combine(T& m, T& s, T m2,
     }
 }
 template <class T> __device__ __forceinline__ void lse_add(T& m, T& s, T x) { lse_combine(m, s, x, T(1)); }
+// Online (m, s) log-sum-exp with the NumPy twins' edge rules (ctc, ctc_decode, softmax_xent): a NaN
+// max stays NaN (m + m2), a -inf part adds nothing, equal maxima add s without exp.
+template <class T> __device__ __forceinline__ void lse_online_push(T& m, T& s, T x) {
+    if (x > m) { s = s * exp(m - x) + T(1); m = x; }
+    else if (x != x) m = x;
+    else if (x != T(neg_inf_f())) s += exp(x - m);
+}
+template <class T> __device__ __forceinline__ void lse_online_merge(T& m, T& s, T m2, T s2) {
+    if (m != m || m2 != m2) m = m + m2;
+    else if (m2 > m) { s = s2 + (m == T(neg_inf_f()) ? T(0) : s * exp(m - m2)); m = m2; }
+    else if (m2 == m) s += s2;
+    else if (m2 != T(neg_inf_f())) s += s2 * exp(m2 - m);
+}
 template <class T> __device__ __forceinline__ void warp_lse_reduce(T& m, T& s) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -167,27 +182,19 @@ GPUK_EMU_MMA(mma_m16n8k16_f16, OP_MMA_F16)
 GPUK_EMU_MMA(mma_m16n8k16_bf16, OP_MMA_BF16)
 #undef GPUK_EMU_MMA
 #elif !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GPUK_MMA_VIA_SHUFFLES)
-__device__ __forceinline__ void mma_m16n8k8_tf32(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
-                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
-}
-__device__ __forceinline__ void mma_m16n8k16_f16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
-                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
-}
-__device__ __forceinline__ void mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
-                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
-}
+// SHAPE_TYPES is the instruction's "shape.row.col.types" suffix; the operand list is shared.
+#define GPUK_PTX_MMA(NAME, SHAPE_TYPES)                                                                \
+    __device__ __forceinline__ void NAME(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) { \
+        asm volatile("mma.sync.aligned." SHAPE_TYPES " "                                               \
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"                     \
+                     : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                  \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),               \
+                       "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));                                    \
+    }
+GPUK_PTX_MMA(mma_m16n8k8_tf32, "m16n8k8.row.col.f32.tf32.tf32.f32")
+GPUK_PTX_MMA(mma_m16n8k16_f16, "m16n8k16.row.col.f32.f16.f16.f32")
+GPUK_PTX_MMA(mma_m16n8k16_bf16, "m16n8k16.row.col.f32.bf16.bf16.f32")
+#undef GPUK_PTX_MMA
 #else
 // Pre-sm_80 devices (and the emulator with GPUK_MMA_VIA_SHUFFLES): the same fragment
 // contract computed with warp shuffles. Slow, but exact in layout.

@@ -28,11 +28,6 @@ struct DwGeom {
     long long in_pix, out_pix;
 };
 
-#define DW_PARAMS                                                                                         \
-    int batch, int c_in, int mult, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, \
-        int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d, int pad_h,  \
-        int pad_w, int channels_last
-
 static __device__ DwGeom make_dw_geom(int batch, int c_in, int mult, int in_d, int in_h, int in_w, int out_d,
                                       int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w,
                                       int dil_d, int dil_h, int dil_w, int pad_d, int pad_h, int pad_w,

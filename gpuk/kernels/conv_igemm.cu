@@ -418,10 +418,6 @@ static __device__ ConvGeom make_geom(int batch, int c_in, int c_out, int in_d, i
     return g;
 }
 
-#define CONV_GEOM_PARAMS                                                                                  \
-    int batch, int c_in, int c_out, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, \
-        int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d, int pad_h,   \
-        int pad_w, int channels_last
 #define CONV_GEOM_ARGS                                                                                   \
     batch, c_in, c_out, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w, dil_d, dil_h, \
         dil_w, pad_d, pad_h, pad_w, channels_last

@@ -33,7 +33,6 @@ typedef ELEMENT_T elem_t;
 typedef ACC_T acc_t;
 
 __device__ __forceinline__ acc_t ctc_neg_inf() { return acc_t(neg_inf_f()); }
-__device__ __forceinline__ acc_t ctc_inf() { return -acc_t(neg_inf_f()); }
 __device__ __forceinline__ bool ctc_finite(acc_t v) { return v == v && v - v == acc_t(0); }
 
 // log(exp(a) + exp(b) + exp(c)) shifted by the max (by 0 when the max is not finite, so
@@ -56,20 +55,12 @@ ctc_frame_lse(const elem_t* __restrict__ logits, acc_t* __restrict__ lse, long l
         const elem_t* __restrict__ row = logits + r * classes;
         acc_t m = ctc_neg_inf(), s = 0;
         for (long long c = lane; c < classes; c += 32) {
-            const acc_t x = to_acc(row[c]);
-            if (x > m) { s = s * exp(m - x) + acc_t(1); m = x; }
-            else if (x != x) m = x;
-            else if (x != ctc_neg_inf()) s += exp(x - m);
+            lse_online_push(m, s, to_acc(row[c]));
         }
 #pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            const acc_t m2 = __shfl_xor_sync(GPUK_FULL_MASK, m, offset);
-            const acc_t s2 = __shfl_xor_sync(GPUK_FULL_MASK, s, offset);
-            if (m != m || m2 != m2) { m = m + m2; continue; }
-            if (m2 > m) { s = s2 + (m == ctc_neg_inf() ? acc_t(0) : s * exp(m - m2)); m = m2; }
-            else if (m2 == m) s += s2;
-            else if (m2 != ctc_neg_inf()) s += s2 * exp(m2 - m);
-        }
+        for (int offset = 16; offset > 0; offset >>= 1)
+            lse_online_merge(m, s, __shfl_xor_sync(GPUK_FULL_MASK, m, offset),
+                             __shfl_xor_sync(GPUK_FULL_MASK, s, offset));
         if (lane == 0) lse[r] = ctc_finite(m) ? m + log(s) : m;
     }
 }

@@ -241,32 +241,18 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
         // the frame's log-sum-exp (block merge of per-thread online max/sum)
         acc_t m = dec_neg_inf(), s = 0;
         for (long long c = threadIdx.x; c < classes; c += blockDim.x) {
-            const acc_t x = to_acc(frame[c]);
-            if (x > m) { s = s * exp(m - x) + acc_t(1); m = x; }
-            else if (x != x) m = x;
-            else if (x != dec_neg_inf()) s += exp(x - m);
+            lse_online_push(m, s, to_acc(frame[c]));
         }
 #pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            const acc_t m2 = __shfl_xor_sync(GPUK_FULL_MASK, m, offset);
-            const acc_t s2 = __shfl_xor_sync(GPUK_FULL_MASK, s, offset);
-            if (m != m || m2 != m2) { m = m + m2; continue; }
-            if (m2 > m) { s = s2 + (m == dec_neg_inf() ? acc_t(0) : s * exp(m - m2)); m = m2; }
-            else if (m2 == m) s += s2;
-            else if (m2 != dec_neg_inf()) s += s2 * exp(m2 - m);
-        }
+        for (int offset = 16; offset > 0; offset >>= 1)
+            lse_online_merge(m, s, __shfl_xor_sync(GPUK_FULL_MASK, m, offset),
+                             __shfl_xor_sync(GPUK_FULL_MASK, s, offset));
         if (lane == 0) { lse_m[warp] = m; lse_s[warp] = s; }
         for (long long w = threadIdx.x; w < width; w += blockDim.x) merge_from[w] = -1;
         __syncthreads();
         if (threadIdx.x == 0) {
             acc_t mm = lse_m[0], ss = lse_s[0];
-            for (unsigned k = 1; k < nwarps; ++k) {
-                const acc_t m2 = lse_m[k], s2 = lse_s[k];
-                if (mm != mm || m2 != m2) { mm = mm + m2; continue; }
-                if (m2 > mm) { ss = s2 + (mm == dec_neg_inf() ? acc_t(0) : ss * exp(mm - m2)); mm = m2; }
-                else if (m2 == mm) ss += s2;
-                else if (m2 != dec_neg_inf()) ss += s2 * exp(m2 - mm);
-            }
+            for (unsigned k = 1; k < nwarps; ++k) lse_online_merge(mm, ss, lse_m[k], lse_s[k]);
             lse_m[0] = dec_finite(mm) ? mm + log(ss) : mm;
         }
         // merges: stay w2 (last label c) equals beam w1 extended by c

@@ -45,9 +45,7 @@
 
 typedef ELEMENT_T elem_t;
 typedef ACC_T acc_t;   // a #define, not ElementTraits<elem_t>::acc, so kernel signatures can name it
-template <class A, class B> struct same_type { static const bool value = false; };
-template <class A> struct same_type<A, A> { static const bool value = true; };
-static_assert(same_type<acc_t, ElementTraits<elem_t>::acc>::value, "ACC_T must be the accumulation type of ELEMENT_T");
+static_assert(gpuk_same_type<acc_t, ElementTraits<elem_t>::acc>::value, "ACC_T must be the accumulation type of ELEMENT_T");
 #define POOL_VEC ((int)(16 / sizeof(elem_t)))
 
 struct PoolGeometry {

@@ -122,10 +122,7 @@ struct XentState { acc_t m, s, st, stx; };
 
 __device__ __forceinline__ SumState merge(SumState a, SumState b) { return SumState{a.v + b.v}; }
 __device__ __forceinline__ LseState merge(LseState a, LseState b) {
-    if (a.m != a.m || b.m != b.m) return LseState{a.m + b.m, a.s};
-    if (b.m > a.m) { LseState t = a; a = b; b = t; }
-    if (b.m != acc_neg_inf() && b.m != a.m) a.s += b.s * exp(b.m - a.m);
-    else if (b.m == a.m) a.s += b.s;
+    lse_online_merge(a.m, a.s, b.m, b.s);
     return a;
 }
 __device__ __forceinline__ XentState merge(XentState a, XentState b) {
@@ -138,11 +135,7 @@ __device__ __forceinline__ XentState merge(XentState a, XentState b) {
     a.st += b.st;
     return a;
 }
-__device__ __forceinline__ void lse_push(LseState& st, acc_t x) {
-    if (x > st.m) { st.s = st.s * exp(st.m - x) + acc_t(1); st.m = x; }
-    else if (x != x) st.m = x;
-    else if (x != acc_neg_inf()) st.s += exp(x - st.m);
-}
+__device__ __forceinline__ void lse_push(LseState& st, acc_t x) { lse_online_push(st.m, st.s, x); }
 __device__ __forceinline__ void xent_push(XentState& st, acc_t x, acc_t t) {
     if (x > st.m) {
         if (st.st != acc_t(0)) st.stx -= st.st * (x - st.m);

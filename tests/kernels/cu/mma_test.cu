@@ -8,14 +8,20 @@ __device__ __forceinline__ void tile_origin(int n, int& row0, int& col0) {
     row0 = (blockIdx.x / tiles_n) * 16;
     col0 = (blockIdx.x % tiles_n) * 8;
 }
+// Offsets of this lane's C/D fragment c0..c3: (g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1).
+__device__ __forceinline__ void cd_offsets(int n, int row0, int col0, int g, int t, int off[4]) {
+    for (int r = 0; r < 4; ++r) off[r] = (row0 + g + 8 * (r >> 1)) * n + col0 + 2 * t + (r & 1);
+}
 
 extern "C" __global__ void mma_tf32_matmul(const float* __restrict__ a, const float* __restrict__ b,
                                            const float* __restrict__ c, float* __restrict__ d, int m, int n, int k) {
     int row0, col0;
     tile_origin(n, row0, col0);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
-    float acc[4] = {c[(row0 + g) * n + col0 + 2 * t], c[(row0 + g) * n + col0 + 2 * t + 1],
-                    c[(row0 + g + 8) * n + col0 + 2 * t], c[(row0 + g + 8) * n + col0 + 2 * t + 1]};
+    int off[4];
+    cd_offsets(n, row0, col0, g, t, off);
+    float acc[4];
+    for (int r = 0; r < 4; ++r) acc[r] = c[off[r]];
     for (int k0 = 0; k0 < k; k0 += 8) {
         unsigned fa[4], fb[2];
         fa[0] = float_to_tf32(a[(row0 + g) * k + k0 + t]);
@@ -26,10 +32,7 @@ extern "C" __global__ void mma_tf32_matmul(const float* __restrict__ a, const fl
         fb[1] = float_to_tf32(b[(k0 + t + 4) * n + col0 + g]);
         mma_m16n8k8_tf32(acc, fa, fb, acc);
     }
-    d[(row0 + g) * n + col0 + 2 * t] = acc[0];
-    d[(row0 + g) * n + col0 + 2 * t + 1] = acc[1];
-    d[(row0 + g + 8) * n + col0 + 2 * t] = acc[2];
-    d[(row0 + g + 8) * n + col0 + 2 * t + 1] = acc[3];
+    for (int r = 0; r < 4; ++r) d[off[r]] = acc[r];
 }
 
 // use_bf16 selects mma_m16n8k16_bf16 (inputs rounded to bfloat16) over the f16 one.
@@ -39,8 +42,10 @@ extern "C" __global__ void mma_lowp_matmul(const float* __restrict__ a, const fl
     int row0, col0;
     tile_origin(n, row0, col0);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
-    float acc[4] = {c[(row0 + g) * n + col0 + 2 * t], c[(row0 + g) * n + col0 + 2 * t + 1],
-                    c[(row0 + g + 8) * n + col0 + 2 * t], c[(row0 + g + 8) * n + col0 + 2 * t + 1]};
+    int off[4];
+    cd_offsets(n, row0, col0, g, t, off);
+    float acc[4];
+    for (int r = 0; r < 4; ++r) acc[r] = c[off[r]];
     for (int k0 = 0; k0 < k; k0 += 16) {
         unsigned fa[4], fb[2];
         for (int r = 0; r < 4; ++r) {
@@ -56,8 +61,5 @@ extern "C" __global__ void mma_lowp_matmul(const float* __restrict__ a, const fl
         if (use_bf16) mma_m16n8k16_bf16(acc, fa, fb, acc);
         else mma_m16n8k16_f16(acc, fa, fb, acc);
     }
-    d[(row0 + g) * n + col0 + 2 * t] = acc[0];
-    d[(row0 + g) * n + col0 + 2 * t + 1] = acc[1];
-    d[(row0 + g + 8) * n + col0 + 2 * t] = acc[2];
-    d[(row0 + g + 8) * n + col0 + 2 * t + 1] = acc[3];
+    for (int r = 0; r < 4; ++r) d[off[r]] = acc[r];
 }
