@@ -30,11 +30,7 @@ from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
 from . import cudnn_ctc, dispatch
 from .runtime import register_build, resolve
 
-__all__ = [
-    'ctc_loss_fwd', 'ctc_loss_bwd', 'ctc_greedy_decode', 'ctc_beam_search_decode',
-    'ctc_interleave_blanks', 'ctc_create_skip_idxs', 'ctc_update_log_p',
-    'ctc_path_probs', 'ctc_cost',
-]
+__all__ = list(twin.__all__)
 
 LOSS_SOURCE = Path(__file__).with_name('ctc.cu')
 DECODE_SOURCE = Path(__file__).with_name('ctc_decode.cu')

@@ -191,12 +191,12 @@ class CudaRuntime:
 
     def load(self, source_file, defines=None):
         """The module for (source_file, defines): a prebuilt cubin, else one compiled now (cached)."""
-        source_file = Path(source_file).resolve()
         defines = dict(defines or {})
-        key = source_key(source_file, defines, self.arch)
+        key = source_key(source_file, defines, self.arch)   # memoized: no file read on a hit
         with self._lock:
             module = self._modules.get(key)
             if module is None:
+                source_file = Path(source_file).resolve()
                 signatures = parse_kernel_signatures(source_file, defines)
                 raw, cubin = self._raw_module(source_file, defines)
                 module = self._modules[key] = CudaModule(self, source_file, defines, raw, signatures, cubin)

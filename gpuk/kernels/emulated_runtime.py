@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from . import runtime
-from .kernel_source import KERNELS_DIR, include_closure, parse_kernel_signatures, render_defines, source_key, \
-    strip_comments
+from .kernel_source import KERNELS_DIR, include_closure, memoized_digest, parse_kernel_signatures, render_defines, \
+    source_key, strip_comments
 
 EMULATE_DIR = KERNELS_DIR / 'emulate'
 ABI_VERSION = 1
@@ -202,17 +202,20 @@ class EmulatedRuntime:
         return self._compiler_id
 
     def module_key(self, source_file, defines):
-        emu = hashlib.sha256(b''.join(p.read_bytes() for p in sorted(EMULATE_DIR.glob('*.h')))).hexdigest()
+        def emulation_headers():
+            headers = sorted(EMULATE_DIR.glob('*.h'))
+            return [EMULATE_DIR] + headers, hashlib.sha256(b''.join(p.read_bytes() for p in headers)).hexdigest()
+        emu = memoized_digest('emulation headers', emulation_headers)
         return source_key(source_file, defines, 'emulate', ABI_VERSION, emu, self.compiler_id(), CXX_FLAGS)
 
     def load(self, source_file, defines=None):
         """Compile (or fetch from the caches) `source_file` with `defines`; returns a module."""
-        source_file = Path(source_file).resolve()
         defines = dict(defines or {})
-        key = self.module_key(source_file, defines)
+        key = self.module_key(source_file, defines)   # memoized: no file read on a hit
         with self._lock:
             module = self._modules.get(key)
             if module is None:
+                source_file = Path(source_file).resolve()
                 signatures = parse_kernel_signatures(source_file, defines)
                 library = self._build(source_file, defines, signatures, key)
                 module = self._modules[key] = EmulatedModule(source_file, defines, library, signatures)

@@ -4,7 +4,9 @@ Shared by the CUDA and emulated runtimes and by the ahead-of-time build, so that
 three compile the same text and agree on cache keys.
 """
 import hashlib
+import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
@@ -103,15 +105,53 @@ def include_closure(source_file):
     return order
 
 
+# A digest of files is reused while every file it read keeps its stat; a file changed within
+# this long of the digest is hashed again on every call (a later edit in the same timestamp
+# tick could leave its stat as it was: git's "racily clean" entries).
+_RACY_NS = 2 * 10**9
+_digests = {}
+
+
+def _stats(paths):
+    try:
+        return tuple((s.st_ctime_ns, s.st_mtime_ns, s.st_size, s.st_ino, s.st_dev) for s in map(os.stat, paths))
+    except OSError:
+        return None
+
+
+def memoized_digest(memo_key, compute):
+    """compute() -> (the paths it read, a digest of them), memoized under `memo_key` while
+    those paths keep their (ctime, mtime, size, inode, device): launchers load their module
+    on every call, and hashing the sources each time would cost more than the launch."""
+    hit = _digests.get(memo_key)
+    if hit is not None and _stats(hit[0]) == hit[1]:
+        return hit[2]
+    started = time.time_ns()
+    paths, digest = compute()
+    stats = _stats(paths)
+    if stats is not None and all(ctime < started - _RACY_NS for ctime, *_ in stats):
+        _digests[memo_key] = (paths, stats, digest)
+    return digest
+
+
 def source_key(source_file, defines, *extra):
     """sha256 over the source, every header it includes, the defines and `extra` strings."""
-    h = hashlib.sha256()
-    for path in include_closure(source_file):
-        h.update(path.name.encode() + b'\0' + path.read_bytes() + b'\0')
-    h.update(repr(normalized_defines(defines)).encode())
-    for item in extra:
-        h.update(b'\0' + str(item).encode())
-    return h.hexdigest()
+    defines = normalized_defines(defines)
+    extra = tuple(str(item) for item in extra)
+
+    def compute():
+        closure = include_closure(source_file)
+        h = hashlib.sha256()
+        for path in closure:
+            h.update(path.name.encode() + b'\0' + path.read_bytes() + b'\0')
+        h.update(repr(defines).encode())
+        for item in extra:
+            h.update(b'\0' + item.encode())
+        # the path as given (a symlink retargeted or a relative path from another folder is
+        # another file) and the folders (a header added beside an including file may shadow
+        # one in KERNELS_DIR)
+        return [source_file] + closure + sorted({path.parent for path in closure}), h.hexdigest()
+    return memoized_digest(('source_key', os.fspath(source_file), defines, extra), compute)
 
 
 def kernel_source(source_file, defines):

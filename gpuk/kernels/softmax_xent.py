@@ -21,19 +21,12 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from gpuk.cpu_fallback import softmax_xent as twin
 from gpuk.cpu_fallback import softmax_xent_checks as checks
 from . import cudnn_softmax, dispatch
 from .runtime import register_build, resolve
 
-__all__ = [
-    'softmax_fwd', 'softmax_bwd', 'log_softmax_fwd', 'log_softmax_bwd',
-    'softmax_xent_fwd', 'softmax_xent_bwd', 'softmax_xent_dtarget',
-    'sparse_softmax_xent_fwd', 'sparse_softmax_xent_bwd',
-    'categorical_xent_probs_fwd', 'categorical_xent_probs_bwd',
-    'categorical_xent_probs_dtarget',
-    'binary_xent_logits_fwd', 'binary_xent_logits_bwd', 'binary_xent_logits_dtarget',
-    'binary_xent_probs_fwd', 'binary_xent_probs_bwd', 'binary_xent_probs_dtarget',
-]
+__all__ = list(twin.__all__)
 
 SOURCE = Path(__file__).with_name('softmax_xent.cu')
 # Tile constants: #defines of the .cu and the grid below (one place).
