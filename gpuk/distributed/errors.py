@@ -1,0 +1,55 @@
+"""The errors of gpuk.distributed, and the deadline every blocking wait runs under."""
+import os
+import time
+
+
+class DistributedError(RuntimeError):
+    """A collective failed or did not finish in time: a worker died, hung, or stopped issuing
+    the same collectives in the same order. The job cannot go on; at exit the process aborts
+    the MPI job so that no worker is left waiting."""
+
+
+def timeout_from_env():
+    """Seconds a collective may take before it is declared failed (GPUK_DIST_TIMEOUT, default
+    300: long enough for a slow step or a checkpoint on another worker, short enough that a
+    dead job does not hold its machines for hours)."""
+    raw = os.environ.get('GPUK_DIST_TIMEOUT', '300')
+    try:
+        value = float(raw)
+    except ValueError:
+        value = None
+    if value is None or not value > 0 or value == float('inf'):
+        raise ValueError('gpuk.distributed.init: GPUK_DIST_TIMEOUT must be a positive number of '
+                         'seconds, got %r' % raw)
+    return value
+
+
+def check_timeout(timeout, where):
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
+            or timeout == float('inf'):
+        raise ValueError('%s: timeout must be a positive number of seconds, got %r' % (where, timeout))
+    return float(timeout)
+
+
+def wait_until(is_done, timeout, describe, on_timeout=None):
+    """Polls ``is_done()`` until it returns True; past ``timeout`` seconds calls ``on_timeout``
+    (to cancel what is in flight) and raises DistributedError with ``describe()``.
+
+    Polling (not a blocking wait) is the point: MPI's and NCCL's blocking collectives wait
+    forever on a dead peer. The first polls spin, since most collectives finish within
+    microseconds; later ones sleep up to a millisecond so a long wait costs no CPU.
+    """
+    start = time.monotonic()
+    deadline = start + timeout
+    spins = 0
+    while not is_done():
+        spins += 1
+        if spins > 200:
+            time.sleep(min(1e-3, 1e-5 * (spins - 200)))
+        if time.monotonic() > deadline:
+            if on_timeout is not None:
+                on_timeout()
+            raise DistributedError(
+                'gpuk.distributed: %s did not complete within %g s (GPUK_DIST_TIMEOUT): a worker '
+                'has died, hung, or is not running the same collectives in the same order; the '
+                'job is being aborted' % (describe(), timeout))
