@@ -1,5 +1,7 @@
 """The errors of gpuk.distributed, and the deadline every blocking wait runs under."""
 import os
+import signal
+import threading
 import time
 
 
@@ -31,9 +33,27 @@ def check_timeout(timeout, where):
     return float(timeout)
 
 
+# Set when the launcher reports that a worker died: MPICH's Hydra, started with
+# -disable-auto-cleanup, sends SIGUSR1 to the survivors instead of killing them.
+_peer_failure = []
+
+
+def _note_peer_failure(signum, frame):
+    _peer_failure.append(signum)
+
+
+def listen_for_peer_failure():
+    """Turns the launcher's failure notice (SIGUSR1) into a DistributedError at the next wait,
+    unless the program handles SIGUSR1 itself (or this is not the main thread)."""
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL:
+        signal.signal(signal.SIGUSR1, _note_peer_failure)
+
+
 def wait_until(is_done, timeout, describe, on_timeout=None):
-    """Polls ``is_done()`` until it returns True; past ``timeout`` seconds calls ``on_timeout``
-    (to cancel what is in flight) and raises DistributedError with ``describe()``.
+    """Polls ``is_done()`` until it returns True; past ``timeout`` seconds, or when the launcher
+    has reported a dead worker, calls ``on_timeout`` (to cancel what is in flight) and raises
+    DistributedError with ``describe()``.
 
     Polling (not a blocking wait) is the point: MPI's and NCCL's blocking collectives wait
     forever on a dead peer. The first polls spin, since most collectives finish within
@@ -43,6 +63,12 @@ def wait_until(is_done, timeout, describe, on_timeout=None):
     deadline = start + timeout
     spins = 0
     while not is_done():
+        if _peer_failure:
+            if on_timeout is not None:
+                on_timeout()
+            raise DistributedError(
+                'gpuk.distributed: %s cannot complete: the MPI launcher reports that a worker '
+                'process died; the job is being aborted' % describe())
         spins += 1
         if spins > 200:
             time.sleep(min(1e-3, 1e-5 * (spins - 200)))

@@ -6,7 +6,7 @@ import os
 import sys
 
 from gpuk import device
-from gpuk.distributed.errors import DistributedError, check_timeout, timeout_from_env
+from gpuk.distributed.errors import check_timeout, listen_for_peer_failure, timeout_from_env
 
 TRANSPORTS = ('auto', 'mpi', 'nccl')
 # The job size MPI launchers (MPICH's Hydra and Slurm's PMI, Open MPI) give the processes they start.
@@ -45,6 +45,7 @@ def init(timeout=None, transport=None):
     else:
         chosen = bootstrap
     _world['transport'] = chosen
+    listen_for_peer_failure()
     if not _world['atexit']:
         atexit.register(_abort_if_failed)
         _world['atexit'] = True
@@ -121,5 +122,4 @@ def _abort_if_failed():
         chosen.abort(1)
 
 
-__all__ = ['init', 'is_initialized', 'rank', 'size', 'local_rank', 'local_size', 'shutdown',
-           'DistributedError']
+__all__ = ['init', 'is_initialized', 'rank', 'size', 'local_rank', 'local_size', 'shutdown']
