@@ -31,6 +31,11 @@ def nccl_dtype(nccl, dtype, where):
     return getattr(nccl, name)
 
 
+def device_pointer(array):
+    """The device address of a CuPy array's first element (NCCL takes raw pointers)."""
+    return array.data.ptr
+
+
 def exchange_unique_id(bootstrap, nccl):
     """Rank 0's NCCL unique id, on every rank (a tuple of 128 signed bytes, as CuPy takes it)."""
     buffer = np.zeros(NCCL_UNIQUE_ID_BYTES, dtype=np.int8)
@@ -70,7 +75,7 @@ class NcclTransport:
         self._check_usable(what)
         self._after_compute()
         self._nccl_call(what, lambda: self.comm.allReduce(
-            buffer.data.ptr, buffer.data.ptr, buffer.size,
+            device_pointer(buffer), device_pointer(buffer), buffer.size,
             nccl_dtype(self.nccl, buffer.dtype, what), self.nccl.NCCL_SUM, self.stream.ptr))
         return PendingAllreduce(self._record(), buffer, what)
 
@@ -86,7 +91,7 @@ class NcclTransport:
         self._check_usable(what)
         self._after_compute()
         self._nccl_call(what, lambda: self.comm.bcast(
-            buffer.data.ptr, buffer.size, nccl_dtype(self.nccl, buffer.dtype, what), root,
+            device_pointer(buffer), buffer.size, nccl_dtype(self.nccl, buffer.dtype, what), root,
             self.stream.ptr))
         done = self._record()
         self._wait(done, what)

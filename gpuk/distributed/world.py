@@ -4,6 +4,7 @@ world when mpi4py is absent)."""
 import atexit
 import os
 import sys
+import time
 
 from gpuk import device
 from gpuk.distributed.errors import check_timeout, listen_for_peer_failure, timeout_from_env
@@ -119,6 +120,9 @@ def _abort_if_failed():
     if chosen is not None and chosen.failed is not None:
         sys.stderr.flush()
         sys.stdout.flush()
+        # The launcher forwards output asynchronously and MPI_Abort tears the job down at once:
+        # a moment's grace lets the traceback reach the user.
+        time.sleep(0.5)
         chosen.abort(1)
 
 

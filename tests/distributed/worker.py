@@ -62,6 +62,7 @@ def main(scenario, out):
 
     x, y = data()
     net = model(keras, seed=100 + rank)
+    before = net.get_weights()
     initial = {}
 
     class Snapshot(keras.callbacks.Callback):
@@ -85,6 +86,7 @@ def main(scenario, out):
                       callbacks=callbacks)
     np.savez(os.path.join(out, '%s-%d.npz' % (scenario, rank)),
              loss=np.array(history.history['loss']),
+             **{'before%d' % i: w for i, w in enumerate(before)},
              **{'initial%d' % i: w for i, w in enumerate(initial['weights'])},
              **{'final%d' % i: w for i, w in enumerate(net.get_weights())})
 
