@@ -51,7 +51,8 @@ class BucketFinish(Op):
     foldable = False
     differentiable = False
 
-    def __init__(self, metas, where):
+    def __init__(self, index, metas, where):
+        self.index = index
         self.metas = tuple(metas)
         self.where = where
 
@@ -111,7 +112,7 @@ def allreduce_gradients(grads, bucket_bytes, where='DistributedOptimizer'):
     averaged = list(grads)
     for k, group in enumerate(groups):
         metas = [grads[i].meta for i in group]
-        outs = apply(BucketFinish(metas, where), *([tokens[k]] + tokens[k + 1:k + 2]))
+        outs = apply(BucketFinish(k, metas, where), *([tokens[k]] + tokens[k + 1:k + 2]))
         outs = outs if isinstance(outs, tuple) else (outs,)
         for i, out in zip(group, outs):
             averaged[i] = out
