@@ -12,6 +12,7 @@ gradients before averaging, which is not).
 """
 import numpy as np
 
+from gpuk import backend as K
 from gpuk.distributed import buckets, world
 from gpuk.distributed.graph_ops import allreduce_gradients
 
@@ -58,7 +59,6 @@ def DistributedOptimizer(optimizer, bucket_bytes=buckets.DEFAULT_BUCKET_BYTES):
 
 def _clip(grads, clipnorm, clipvalue):
     """Keras 2.3.1's clipping (optimizers.Optimizer.get_gradients and clip_norm)."""
-    from gpuk import backend as K
     if clipnorm and clipnorm > 0:
         norm = K.sqrt(sum([K.sum(K.square(g)) for g in grads]))
         grads = [K.switch(norm >= clipnorm, g * clipnorm / norm, g) for g in grads]

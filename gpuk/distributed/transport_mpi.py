@@ -67,9 +67,11 @@ class MpiTransport:
             self._call(pending.what, pending.request.Test)
 
     def broadcast(self, buffer, root, what):
-        """Overwrites ``buffer`` with root's, on every rank."""
+        """Overwrites ``buffer`` (contiguous) with root's, on every rank."""
         self._check_usable(what)
-        request = self._call(what, lambda: self.comm.Ibcast(buffer, root=root))
+        # As bytes: a broadcast does no arithmetic, and MPI has no type for some dtypes.
+        raw = buffer.reshape(-1).view(np.uint8)
+        request = self._call(what, lambda: self.comm.Ibcast(raw, root=root))
         self._wait(request, what)
         return buffer
 
@@ -120,6 +122,9 @@ class LocalTransport:
     name = 'local'
     rank, size, local_rank, local_size = 0, 1, 0, 1
     failed = None
+
+    def __init__(self, timeout):
+        self.timeout = timeout  # unused by its own collectives; NcclTransport reads it
 
     def wire_dtype(self, dtype):
         return np.dtype(dtype)

@@ -24,8 +24,9 @@ def init(timeout=None, transport=None):
     # Arguments
         timeout: seconds any collective may take before the job is declared broken
             (default: the GPUK_DIST_TIMEOUT environment variable, else 300).
-        transport: 'nccl', 'mpi' or 'auto' (default: GPUK_DIST_TRANSPORT, else 'auto':
-            NCCL when gpuk runs on CUDA, MPI otherwise).
+        transport: 'nccl', 'mpi' or 'auto' (default: GPUK_DIST_TRANSPORT, else 'auto'):
+            NCCL on the CUDA device, MPI on the NumPy and emulated devices. The MPI
+            library is also what starts and bootstraps an NCCL job.
     """
     if _world['transport'] is not None:
         return
@@ -35,16 +36,18 @@ def init(timeout=None, transport=None):
     if transport not in TRANSPORTS:
         raise ValueError('gpuk.distributed.init: transport must be one of %s, got %r'
                          % (TRANSPORTS, transport))
-    bootstrap = _mpi_transport(timeout)
+    on_cuda = device.kind() == 'cuda'
     if transport == 'auto':
-        transport = 'nccl' if device.kind() == 'cuda' else 'mpi'
-    if transport == 'nccl':
-        if device.kind() != 'cuda':
-            raise ValueError("gpuk.distributed.init: transport 'nccl' needs the CUDA device, but "
-                             "gpuk runs on %r" % device.kind())
-        chosen = _nccl_transport(bootstrap)
-    else:
-        chosen = bootstrap
+        transport = 'nccl' if on_cuda else 'mpi'
+    if transport == 'nccl' and not on_cuda:
+        raise ValueError("gpuk.distributed.init: transport 'nccl' needs the CUDA device, but "
+                         "gpuk runs on %r" % device.kind())
+    if transport == 'mpi' and on_cuda:
+        # The mpich wheel's MPI is not CUDA-aware: it cannot read CuPy arrays.
+        raise ValueError("gpuk.distributed.init: transport 'mpi' moves host (NumPy) arrays; "
+                         "gpuk runs on 'cuda', use transport 'nccl'")
+    bootstrap = _mpi_transport(timeout)
+    chosen = _nccl_transport(bootstrap) if transport == 'nccl' else bootstrap
     _world['transport'] = chosen
     listen_for_peer_failure()
     if not _world['atexit']:
@@ -98,7 +101,7 @@ def _mpi_transport(timeout):
         if any(os.environ.get(name, '1').strip() not in ('', '1') for name in _LAUNCHER_SIZE_VARIABLES):
             raise ImportError('gpuk.distributed.init: this process was started by an MPI launcher '
                               'but mpi4py cannot be imported (%s); install gpuk[distributed]' % exc) from exc
-        return LocalTransport()
+        return LocalTransport(timeout)
     return MpiTransport(MPI, timeout)
 
 

@@ -243,3 +243,22 @@ def test_a_failed_collective_makes_later_ones_fail_at_once():
         transport.finish_allreduce(pending)
     with pytest.raises(errors.DistributedError, match='cannot run bucket 1: an earlier collective failed'):
         transport.start_allreduce(np.zeros(2), 'bucket 1')
+
+
+def test_mpi_transport_refuses_the_cuda_device(fresh_world, monkeypatch):
+    monkeypatch.setattr('gpuk.device.kind', lambda: 'cuda')
+    with pytest.raises(ValueError, match="transport 'mpi' moves host .NumPy. arrays; gpuk runs on 'cuda'"):
+        hvd.init(transport='mpi')
+
+
+def test_without_mpi4py_and_without_a_launcher_the_world_is_one_process(fresh_world, monkeypatch):
+    monkeypatch.setitem(__import__('sys').modules, 'mpi4py', None)  # import fails
+    for name in ('PMI_SIZE', 'OMPI_COMM_WORLD_SIZE'):
+        monkeypatch.delenv(name, raising=False)
+    hvd.init()
+    assert world.transport('test').name == 'local' and hvd.size() == 1
+    np.testing.assert_array_equal(hvd.allreduce(np.array([2.0])), [2.0])
+    world.shutdown()
+    monkeypatch.setenv('PMI_SIZE', '4')
+    with pytest.raises(ImportError, match='started by an MPI launcher but mpi4py cannot be imported'):
+        hvd.init()
