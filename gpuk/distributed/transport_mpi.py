@@ -79,7 +79,7 @@ class MpiTransport:
         """Blocking all-reduce of a small host array (metrics, flags); returns a new array."""
         self._check_usable(what)
         buffer = np.ascontiguousarray(array).copy()
-        mpi_op = {'sum': self.MPI.SUM, 'min': self.MPI.MIN}[op]
+        mpi_op = {'sum': self.MPI.SUM, 'min': self.MPI.MIN, 'max': self.MPI.MAX}[op]
         request = self._call(what, lambda: self.comm.Iallreduce(self.MPI.IN_PLACE, buffer, op=mpi_op))
         self._wait(request, what)
         return buffer

@@ -1,6 +1,7 @@
 """Two MPI processes on the CPU (mpiexec from the mpich wheel), started from pytest: data-parallel
 Keras training equals one process on the whole batch; broadcast, allreduce; a dead or hung
 worker makes the other fail with a clear error, not hang. worker.py is what each process runs."""
+import json
 import os
 import shutil
 import subprocess
@@ -95,6 +96,20 @@ def test_allreduce_and_broadcast_variables(tmp_path):
         np.testing.assert_array_equal(r['broadcast_w'], np.arange(3) + 10.0)
         assert 'differ in number, shape or dtype between workers' in str(r['mismatch_error'])
         np.testing.assert_array_equal(r['unchanged_v'], r['broadcast_v'])
+
+
+def test_bandwidth_tool_reports_ring_bus_bandwidth(tmp_path):
+    env = dict(os.environ, GPUK_DEVICE='cpu', GPUK_DIST_TIMEOUT='60',
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')])))
+    done = subprocess.run([mpiexec(), '-n', '2', sys.executable, '-m', 'gpuk.distributed.bandwidth',
+                           '--mb', '1', '--iters', '3'], env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])  # rank 0 only prints
+    assert report['ranks'] == 2 and report['transport'] == 'mpi' and report['megabytes'] == 1
+    assert report['seconds'] > 0
+    assert report['algbw_GBps'] == pytest.approx(1e-3 / report['seconds'])
+    assert report['busbw_GBps'] == pytest.approx(report['algbw_GBps'])  # 2(N-1)/N = 1 for N = 2
 
 
 def test_killed_worker_makes_the_other_fail_with_a_clear_error_within_the_timeout(tmp_path):
