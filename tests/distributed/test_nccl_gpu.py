@@ -13,7 +13,7 @@ import gpuk.distributed as hvd
 from gpuk import backend as K
 from gpuk.distributed import transport_nccl, world
 from tests.distributed import standin_nccl
-from tests.distributed.test_single_process import SGD, mlp
+from tests.distributed.k_models import SGD, mlp
 
 pytestmark = pytest.mark.gpu
 
