@@ -85,7 +85,7 @@ def _conv_row(impl, pass_name, n, spatial, c_in, c_out, kernel, strides, dtype):
         module, make = twin, lambda i: _inputs(np.random.default_rng(i), dtype, shapes)
     else:
         import cupy
-        from gpuk.kernels import conv as gpuk_conv, cudnn
+        from gpuk.kernels import conv as gpuk_conv
         module = gpuk_conv if impl == 'gpuk' else cudnn
 
         def make(i):

@@ -1,4 +1,4 @@
-"""NumPy twins of the convolution kernels (gpuk/kernels/conv.py).
+"""NumPy twins of the convolution kernels (gpuk/kernels/conv/__init__.py).
 
 One N-d implementation (1, 2 or 3 spatial dims) for every function. Arrays are
 (N, *spatial, C) for 'channels_last' or (N, C, *spatial) for 'channels_first';

@@ -1,5 +1,5 @@
 """Argument checks of the convolution family, shared by the NumPy twins
-(gpuk/cpu_fallback/conv.py) and the CUDA launchers (gpuk/kernels/conv*.py), so both
+(gpuk/cpu_fallback/conv.py) and the CUDA launchers (gpuk/kernels/conv/), so both
 raise the same errors, with the same messages, before any work."""
 import math
 

@@ -1,6 +1,6 @@
 """Handwritten CUDA kernels: <family>.cu beside its <family>.py launcher.
 
-Importing this package never imports CuPy; runtimes load lazily (see runtime.py).
+Importing this package never imports CuPy; runtimes load lazily (see runtime/).
 Launcher modules are importable as attributes (gpuk.kernels.elementwise).
 """
 import importlib

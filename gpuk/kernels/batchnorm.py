@@ -4,7 +4,7 @@ Same names and signatures as gpuk/cpu_fallback/batchnorm.py, plus a keyword-only
 (None: runtime.current(); 'cuda', 'emulate', or a runtime object); the same checks and
 messages, before any launch. On the CUDA runtime each call goes through
 ``dispatch.run('batchnorm', ...)``, which may pick the cuDNN Frontend graphs in
-gpuk/kernels/cudnn_batchnorm.py (``GPUK_KERNELS=batchnorm=cudnn|auto``).
+gpuk/kernels/cudnn/batchnorm.py (``GPUK_KERNELS=batchnorm=cudnn|auto``).
 
 Layouts: x is viewed as (outer, C, inner) when the kept (non-reduced) axes are one
 contiguous run: channels last (inner == 1) and channels first (N, C, H, W...) run natively.
@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from gpuk.cpu_fallback import batchnorm_checks
-from . import cudnn_batchnorm, dispatch
+from . import dispatch
+from .cudnn import batchnorm as cudnn_batchnorm
 from .runtime import register_build, resolve
 
 __all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']

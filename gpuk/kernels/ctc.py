@@ -14,7 +14,7 @@ ctc_greedy_decode and ctc_beam_search run one block per sample. See the .cu file
 
 On the CUDA runtime the loss and its gradient run the 'ctc' family's choice
 (``GPUK_KERNELS=ctc=gpuk|cudnn|auto``): these kernels or cudnnCTCLoss
-(gpuk/kernels/cudnn_ctc.py), which falls back here, saying so once, outside its limits.
+(gpuk/kernels/cudnn/ctc.py), which falls back here, saying so once, outside its limits.
 
 The Theano-backend helpers (ctc_interleave_blanks, ctc_create_skip_idxs,
 ctc_update_log_p, ctc_path_probs, ctc_cost) are tiny index helpers over one label: they
@@ -27,7 +27,8 @@ import numpy as np
 from gpuk.cpu_fallback import ctc as twin
 from gpuk.cpu_fallback import ctc_checks
 from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
-from . import cudnn_ctc, dispatch
+from . import dispatch
+from .cudnn import ctc as cudnn_ctc
 from .runtime import register_build, resolve
 
 __all__ = list(twin.__all__)

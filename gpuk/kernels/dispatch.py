@@ -7,11 +7,9 @@ cuDNN runs only on the CUDA runtime; a cuDNN function that cannot take a problem
 """
 import warnings
 
-from gpuk.kernels import cudnn, runtime
-
-
-class Unsupported(Exception):
-    """Raised by a cuDNN path for a problem outside cuDNN's limits (e.g. CTC labels >= 256)."""
+from gpuk.kernels import runtime
+from gpuk.kernels.cudnn import library as cudnn
+from gpuk.kernels.cudnn.library import Unsupported
 
 
 _auto_choice = {}       # (family, problem key) -> 'gpuk' or 'cudnn'

@@ -4,7 +4,7 @@ Same names and signatures as gpuk/cpu_fallback/pooling.py, plus a keyword-only `
 (None: runtime.current(); 'cuda', 'emulate', or a runtime object). Arguments are checked
 with the twin's own helpers, so errors read the same and come before any launch.
 On the CUDA runtime each call goes through ``dispatch.run('pool', ...)``, which may pick
-the cuDNN path in gpuk/kernels/cudnn_legacy.py (``GPUK_KERNELS=pool=cudnn|auto``).
+the cuDNN path in gpuk/kernels/cudnn/pooling.py (``GPUK_KERNELS=pool=cudnn|auto``).
 
 Which kernel runs: max/avg forward -> max_pool_fwd / avg_pool_fwd (channels-last with
 C % (16 / itemsize) == 0 uses 16-byte channel loads); average pooling whose window is the
@@ -19,7 +19,8 @@ import numpy as np
 
 from gpuk.cpu_fallback import conv_checks
 from gpuk.cpu_fallback import pooling_checks
-from . import cudnn_legacy, dispatch
+from . import dispatch
+from .cudnn import pooling as cudnn_pooling
 from .runtime import register_build, resolve
 
 __all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd']
@@ -148,7 +149,7 @@ def max_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
     rt = resolve(runtime)
     x, problem = _forward_problem('max_pool_fwd', x, window, strides, pads, data_format, rt.xp)
     gpuk_fn = functools.partial(_max_pool_fwd_gpuk, rt, problem)
-    return _run(rt, problem, 'max_fwd', gpuk_fn, cudnn_legacy.max_pool_fwd,
+    return _run(rt, problem, 'max_fwd', gpuk_fn, cudnn_pooling.max_pool_fwd,
                 x, problem.window, problem.strides, problem.pads, data_format)
 
 
@@ -167,7 +168,7 @@ def avg_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
     rt = resolve(runtime)
     x, problem = _forward_problem('avg_pool_fwd', x, window, strides, pads, data_format, rt.xp)
     gpuk_fn = functools.partial(_avg_pool_fwd_gpuk, rt, problem)
-    return _run(rt, problem, 'avg_fwd', gpuk_fn, cudnn_legacy.avg_pool_fwd,
+    return _run(rt, problem, 'avg_fwd', gpuk_fn, cudnn_pooling.avg_pool_fwd,
                 x, problem.window, problem.strides, problem.pads, data_format)
 
 
@@ -206,7 +207,7 @@ def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format, *, runtime=Non
     setup = pooling_checks.avg_backward_setup(fn, dy, x_shape, window, strides, pads, data_format)
     problem = _problem(setup, dy.dtype)
     gpuk_fn = functools.partial(_avg_pool_bwd_gpuk, rt, problem)
-    return _run(rt, problem, 'avg_bwd', gpuk_fn, cudnn_legacy.avg_pool_bwd,
+    return _run(rt, problem, 'avg_bwd', gpuk_fn, cudnn_pooling.avg_pool_bwd,
                 dy, setup.x_shape, setup.window, setup.strides, setup.pads, data_format)
 
 
@@ -231,7 +232,7 @@ def max_pool_bwd(dy, argmax, x_shape, data_format, *, runtime=None):
     gpuk_fn = functools.partial(_max_pool_bwd_gpuk, rt, channels_first)
     if rt.kind != 'cuda':
         return gpuk_fn(dy, argmax, x_shape, data_format)
-    return dispatch.run('pool', key, gpuk_fn, cudnn_legacy.max_pool_bwd, dy, argmax, x_shape, data_format)
+    return dispatch.run('pool', key, gpuk_fn, cudnn_pooling.max_pool_bwd, dy, argmax, x_shape, data_format)
 
 
 def _max_pool_bwd_gpuk(rt, channels_first, dy, argmax, x_shape, _data_format):

@@ -12,7 +12,7 @@ or probabilities (target, dloss) are cast to their dtype first.
 
 On the CUDA runtime the softmax functions run the 'softmax_xent' family's choice
 (``GPUK_KERNELS=softmax_xent=gpuk|cudnn|auto``): these kernels or cuDNN's softmax
-(gpuk/kernels/cudnn_softmax.py). cuDNN has no fused cross-entropy, so the cross-entropy
+(gpuk/kernels/cudnn/softmax.py). cuDNN has no fused cross-entropy, so the cross-entropy
 functions always run these kernels (saying so once when the family is set to 'cudnn').
 """
 import functools
@@ -23,7 +23,8 @@ import numpy as np
 
 from gpuk.cpu_fallback import softmax_xent as twin
 from gpuk.cpu_fallback import softmax_xent_checks as checks
-from . import cudnn_softmax, dispatch
+from . import dispatch
+from .cudnn import softmax as cudnn_softmax
 from .runtime import register_build, resolve
 
 __all__ = list(twin.__all__)

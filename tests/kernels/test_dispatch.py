@@ -4,7 +4,8 @@ import warnings
 import pytest
 
 from gpuk import config
-from gpuk.kernels import cudnn, dispatch, runtime
+from gpuk.kernels import dispatch, runtime
+from gpuk.kernels.cudnn import library as cudnn_library
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def test_emulated_runtime_always_runs_gpuk(monkeypatch):
 
 
 def test_selection_and_unsupported_fallback(on_cuda_runtime, monkeypatch):
-    monkeypatch.setattr(cudnn, 'available', lambda: True)
+    monkeypatch.setattr(cudnn_library, 'available', lambda: True)
     config.set_kernels(ctc='cudnn')
 
     def cudnn_ctc(labels):
@@ -41,7 +42,7 @@ def test_selection_and_unsupported_fallback(on_cuda_runtime, monkeypatch):
 
 
 def test_auto_keeps_the_faster_per_problem(on_cuda_runtime, monkeypatch):
-    monkeypatch.setattr(cudnn, 'available', lambda: True)
+    monkeypatch.setattr(cudnn_library, 'available', lambda: True)
     config.set_kernels(pool='auto')
     timings = {'gpuk': 2.0, 'cudnn': 1.0}
     calls = []

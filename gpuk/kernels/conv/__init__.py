@@ -21,11 +21,13 @@ import numpy as np
 from gpuk import config
 from gpuk.cpu_fallback import conv as twin
 from gpuk.cpu_fallback import conv_checks
-from . import conv_tiles, cudnn, dispatch
-from .conv_direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
+from .. import dispatch
+from ..cudnn import conv as cudnn_conv
+from . import tiles as conv_tiles
+from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
                           local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
-from .conv_direct import ACC_TYPES, ELEMENT_TYPES, check_float_array, check_index_limit, lift3
-from .runtime import register_build, resolve
+from .direct import ACC_TYPES, ELEMENT_TYPES, check_float_array, check_index_limit, lift3
+from ..runtime import register_build, resolve
 
 __all__ = list(twin.__all__)
 
@@ -227,10 +229,10 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
         return _unlift(_igemm_fwd(x, w, g, bias, epilogue, rt), y_shape)
 
     def cudnn_fn(x, w, *geometry):
-        y = cudnn.conv_fwd(x, w, *geometry)
+        y = cudnn_conv.conv_fwd(x, w, *geometry)
         if epilogue is None:
             return y
-        from . import elementwise
+        from .. import elementwise
         return elementwise.bias_act_fwd(y, bias, -1 if g.channels_last else 1,
                                         'relu' if epilogue == 'bias_relu' else 'linear', runtime=rt)
 
@@ -247,7 +249,7 @@ def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=
         return _unlift(_igemm_dgrad(dy, w, g, rt), x_shape)
 
     return _run(rt, _problem_key('dgrad', dy, w, x_shape, strides, dilation, pads, data_format),
-                gpuk_fn, cudnn.conv_dgrad, dy, w, x_shape, strides, dilation, pads, data_format)
+                gpuk_fn, cudnn_conv.conv_dgrad, dy, w, x_shape, strides, dilation, pads, data_format)
 
 
 def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
@@ -259,4 +261,4 @@ def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=
         return _igemm_wgrad(x, dy, g, w_shape, rt)
 
     return _run(rt, _problem_key('wgrad', x, dy, w_shape, strides, dilation, pads, data_format),
-                gpuk_fn, cudnn.conv_wgrad, x, dy, w_shape, strides, dilation, pads, data_format)
+                gpuk_fn, cudnn_conv.conv_wgrad, x, dy, w_shape, strides, dilation, pads, data_format)

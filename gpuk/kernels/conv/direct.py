@@ -1,5 +1,5 @@
 """Launchers of the direct convolution kernels: depthwise (conv_depthwise.cu) and locally
-connected (conv_local.cu). Re-exported by gpuk/kernels/conv.py; same signatures as the
+connected (conv_local.cu). Re-exported by gpuk/kernels/conv/__init__.py; same signatures as the
 twins in gpuk/cpu_fallback/conv.py plus a keyword-only `runtime`.
 """
 import math
@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 
 from gpuk.cpu_fallback import conv_checks
-from . import conv_tiles
-from .runtime import register_build, resolve
+from . import tiles as conv_tiles
+from ..runtime import register_build, resolve
 
 DEPTHWISE_SOURCE = Path(__file__).with_name('conv_depthwise.cu')
 LOCAL_SOURCE = Path(__file__).with_name('conv_local.cu')

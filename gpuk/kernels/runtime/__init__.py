@@ -195,7 +195,7 @@ def register_build(source_file, defines, kernels, may_spill=False):
 
 def registered_builds():
     """Every registered variant, after importing all launchers in gpuk.kernels.LAUNCHERS."""
-    from . import LAUNCHERS
+    from .. import LAUNCHERS
     for module in LAUNCHERS:
         importlib.import_module(module)
     with _lock:
@@ -204,7 +204,7 @@ def registered_builds():
 
 def cubin_dir():
     """Where prebuilt cubins live: $GPUK_CUBIN_DIR, else gpuk/kernels/prebuilt/."""
-    return Path(os.environ.get('GPUK_CUBIN_DIR') or Path(__file__).resolve().parent / 'prebuilt')
+    return Path(os.environ.get('GPUK_CUBIN_DIR') or Path(__file__).resolve().parent.parent / 'prebuilt')
 
 
 def normalize_arch(arch):
