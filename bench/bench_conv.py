@@ -22,7 +22,7 @@ import pytest
 
 from bench import harness as h
 from gpuk.cpu_fallback import conv as twin
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
 
 NUMPY_MAX_FLOPS = 2e9
 PASSES = ('fwd', 'dgrad', 'wgrad')

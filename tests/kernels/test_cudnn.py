@@ -35,13 +35,13 @@ def test_library_path_finds_the_wheel_layout(tmp_path):
 
 
 def test_unavailable_without_gpu_says_why(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn_library.device, 'gpu_unusable_reason', lambda: 'CUDA reports no GPU')
+    monkeypatch.setattr(cudnn_library.runtime, 'gpu_unusable_reason', lambda: 'CUDA reports no GPU')
     assert cudnn_library.available() is False
     assert cudnn_library.why_unavailable() == 'CUDA reports no GPU'
 
 
 def test_unavailable_without_frontend_names_the_package(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn_library.device, 'gpu_unusable_reason', lambda: None)
+    monkeypatch.setattr(cudnn_library.runtime, 'gpu_unusable_reason', lambda: None)
     monkeypatch.setattr(cudnn_library, '_load_library', lambda: (object(), None))
     monkeypatch.setitem(__import__('sys').modules, 'cudnn', None)  # import cudnn fails
     assert not cudnn_library.available()
@@ -49,20 +49,20 @@ def test_unavailable_without_frontend_names_the_package(fresh_probe, monkeypatch
 
 
 def test_available_when_every_part_is_there(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn_library.device, 'gpu_unusable_reason', lambda: None)
+    monkeypatch.setattr(cudnn_library.runtime, 'gpu_unusable_reason', lambda: None)
     monkeypatch.setattr(cudnn_library, '_load_library', lambda: (object(), None))
     monkeypatch.setattr(cudnn_library, '_import_frontend', lambda: (object(), None))
     assert cudnn_library.available() and cudnn_library.why_unavailable() == ''
 
 
 def test_fallback_warns_once_per_family(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn_library.device, 'gpu_unusable_reason', lambda: 'CUDA reports no GPU')
-    config.set_kernels(conv='cudnn', pool='auto')
+    monkeypatch.setattr(cudnn_library.runtime, 'gpu_unusable_reason', lambda: 'CUDA reports no GPU')
+    config.set_kernels(conv='cudnn', pooling='auto')
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         assert cudnn_library.choose('conv') == 'gpuk'
         assert cudnn_library.choose('conv') == 'gpuk'
-        assert cudnn_library.choose('pool') == 'gpuk'  # auto falls back silently
+        assert cudnn_library.choose('pooling') == 'gpuk'  # auto falls back silently
     messages = [str(w.message) for w in caught]
     assert messages == [cudnn_library.fallback_message('conv', 'CUDA reports no GPU')]
     assert "'conv'" in messages[0] and 'CUDA reports no GPU' in messages[0]
@@ -73,7 +73,7 @@ def test_choose_keeps_the_choice_when_available(fresh_probe, monkeypatch):
     cudnn_library._state['reason'] = None
     config.set_kernels(conv='cudnn', ctc='auto')
     assert cudnn_library.choose('conv') == 'cudnn' and cudnn_library.choose('ctc') == 'auto'
-    assert cudnn_library.choose('pool') == 'gpuk'
+    assert cudnn_library.choose('pooling') == 'gpuk'
 
 
 # ---------------------------------------------------------------- translation

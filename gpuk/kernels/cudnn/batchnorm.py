@@ -38,8 +38,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from gpuk import config, device
-from gpuk.cpu_fallback.batchnorm_checks import kept_shape
+from gpuk import config
+from gpuk.contracts.batchnorm_checks import kept_shape
 from . import library
 from .library import Unsupported
 
@@ -195,7 +195,9 @@ def _op(base, activation):
 
 
 def _host_scalar(value):
-    return float(np.asarray(device.to_host(value)).reshape(()))
+    if not isinstance(value, np.ndarray) and type(value).__module__.startswith('cupy'):
+        value = value.get()     # a CuPy array (a device scalar the plan computed)
+    return float(np.asarray(value).reshape(()))
 
 
 def _host_momentum(decay, var_decay):

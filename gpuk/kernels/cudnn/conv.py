@@ -22,7 +22,7 @@ import math
 from collections import namedtuple
 
 from gpuk import config
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
 from . import library
 
 __all__ = ['conv_fwd', 'conv_dgrad', 'conv_wgrad', 'conv_problem', 'graph_cache_key']

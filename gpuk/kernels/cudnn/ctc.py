@@ -29,7 +29,7 @@ import ctypes
 
 import numpy as np
 
-from gpuk.cpu_fallback import ctc_checks
+from gpuk.contracts import ctc_checks
 from . import library
 from .library import Unsupported, CUDNN_LOSS_NORMALIZATION_SOFTMAX
 

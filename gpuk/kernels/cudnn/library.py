@@ -29,7 +29,8 @@ import threading
 import warnings
 from collections import namedtuple
 
-from gpuk import config, device
+from gpuk import config
+from gpuk.kernels import runtime
 
 __all__ = ['Unsupported', 'available', 'why_unavailable', 'reset_probe', 'choose', 'library_path',
            'frontend', 'frontend_handle', 'BuiltGraph', 'cached_graph', 'execute_graph',
@@ -100,7 +101,7 @@ def _import_frontend():
 def _probe():
     if _state['probed']:
         return
-    reason = device.gpu_unusable_reason()
+    reason = runtime.gpu_unusable_reason()
     library = frontend = None
     if reason is None:
         library, reason = _load_library()

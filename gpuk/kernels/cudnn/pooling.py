@@ -24,7 +24,7 @@ import ctypes
 import math
 from collections import namedtuple
 
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
 from . import library
 from .conv import cudnn_dims, layout_strides
 from .library import Unsupported, CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING, CUDNN_POOLING_MAX_DETERMINISTIC

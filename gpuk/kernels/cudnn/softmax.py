@@ -25,7 +25,7 @@ import math
 
 import ml_dtypes
 
-from gpuk.cpu_fallback import softmax_xent_checks as checks
+from gpuk.contracts import softmax_xent_checks as checks
 from . import library
 from .library import Unsupported
 

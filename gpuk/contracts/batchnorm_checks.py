@@ -6,11 +6,6 @@ the moving-average formula (also used by the graph ops, gpuk/ops/batchnorm.py)."
 import numpy as np
 
 
-def accumulate_dtype(dtype):
-    """float16 is computed in float32; other float types in themselves."""
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
-
-
 def check_epsilon(fn, epsilon):
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.number)) \
             or not epsilon >= 0:

@@ -3,7 +3,7 @@ and the CUDA / cuDNN launchers (gpuk/kernels/ctc.py, gpuk/kernels/cudnn/ctc.py),
 raise the same errors, with the same messages, before any work."""
 import numpy as np
 
-from gpuk.cpu_fallback import softmax_xent_checks
+from gpuk.contracts import softmax_xent_checks
 
 
 def int_array(fn, name, value, ndim):
