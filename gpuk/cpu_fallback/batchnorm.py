@@ -181,11 +181,7 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='l
     x = _float_array(fn, 'x', x)
     epsilon = checks.check_epsilon(fn, epsilon)
     checks.check_activation(fn, activation)
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
-            or not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
-        raise ValueError('%s: axis must be an int in [-%d, %d) for x of rank %d, got %r'
-                         % (fn, x.ndim, x.ndim, x.ndim, axis))
-    axis = int(axis) % max(x.ndim, 1)
+    axis = checks.check_channel_axis(fn, axis, x.ndim)
     acc = accumulation_dtype(x.dtype)
     mean = _channel_param(fn, 'mean', mean, x, axis, acc)
     var = _channel_param(fn, 'var', var, x, axis, acc)

@@ -258,11 +258,7 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='l
     x = _float_array(fn, 'x', x, xp)
     epsilon = batchnorm_checks.check_epsilon(fn, epsilon)
     batchnorm_checks.check_activation(fn, activation)
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
-            or not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
-        raise ValueError('%s: axis must be an int in [-%d, %d) for x of rank %d, got %r'
-                         % (fn, x.ndim, x.ndim, x.ndim, axis))
-    axis = int(axis) % max(x.ndim, 1)
+    axis = batchnorm_checks.check_channel_axis(fn, axis, x.ndim)
     acc = accumulation_dtype(x.dtype)
     params = [None if p is None else _channel_param(fn, n, p, x, axis, acc, xp)
               for n, p in (('mean', mean), ('var', var), ('gamma', gamma), ('beta', beta))]
