@@ -17,7 +17,7 @@ reproduce keras/backend/theano_backend.py 2.3.1 on NumPy arrays.
 import numpy as np
 
 from gpuk.contracts.dtypes import accumulation_dtype
-from gpuk.contracts import ctc_checks as checks, softmax_xent_checks
+from gpuk.contracts import ctc_checks as checks
 from gpuk.cpu_fallback.softmax_xent import log_sum_exp
 
 __all__ = [

@@ -18,7 +18,6 @@ functions always run these kernels (saying so once when the family is set to 'cu
 import functools
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from gpuk.cpu_fallback import softmax_xent as twin

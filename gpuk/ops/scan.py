@@ -108,7 +108,7 @@ class Scan(Op):
         plan = self._plans.get(id(impl))
         if plan is None or plan.impl is not impl:
             plan = compile_plan(self.seq_inputs + self.state_inputs + self.captured_inputs,
-                        self.step_outputs + self.state_outputs, impl)
+                                self.step_outputs + self.state_outputs, impl)
             self._plans[id(impl)] = plan
         return plan
 

@@ -5,7 +5,6 @@ twins in gpuk/cpu_fallback/conv.py plus a keyword-only `runtime`.
 import math
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from gpuk.contracts import conv_checks

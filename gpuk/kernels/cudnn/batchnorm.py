@@ -34,7 +34,6 @@ plan them for a described device, tests/kernels/test_cudnn_batchnorm_graphs.py);
 graphs are kept per (op, device, dtype, view, precision).
 """
 import math
-from collections import namedtuple
 
 import numpy as np
 
