@@ -20,19 +20,17 @@ venv: $(STAMP)
 demo: venv
 	$(BIN)/python -m gpuk.demo
 
-# The second run sends the graph ops and Keras models through the CUDA kernels on the
-# emulated CUDA runtime: the whole backend as it runs on a GPU, on any host.
-EMULATED_TESTS := tests/test_emulated_backend.py tests/test_conv_ops.py tests/test_pooling_ops.py \
-	tests/test_batchnorm_ops.py tests/test_xent_ops.py tests/test_ctc_ops.py tests/test_bias.py \
-	tests/keras/test_models.py
-
+# lint-imports checks the layering of docs/architecture.md (pyproject.toml: [tool.importlinter]).
+# The op and Keras model tests run on every implementation through the on_device fixture
+# (tests/conftest.py): the NumPy twins, the CUDA kernels on the emulated CUDA runtime (marker
+# `emulate`: the whole backend as it runs on a GPU, on any host) and, with a GPU, on CUDA.
 # The GPU rehearsal (tests/gpu_rehearsal, about 1.5 minutes): the `gpu` tests and one GPU benchmark
 # row per suite, with a NumPy stand-in for CuPy and the 'cuda' runtime running the kernels in
 # the emulator, so the CUDA paths' Python is run on every commit; its timings go to a temp folder.
 test: venv
+	$(BIN)/lint-imports
 	$(BIN)/python -m gpuk.kernels.build --check
 	$(BIN)/python -m pytest -q
-	GPUK_DEVICE=emulate $(BIN)/python -m pytest -q $(EMULATED_TESTS)
 	GPUK_GPU_REHEARSAL=1 $(BIN)/python -m pytest -q -m gpu tests
 	GPUK_GPU_REHEARSAL=1 $(BIN)/python -m bench --quick -q
 

@@ -59,7 +59,8 @@ def bn_row(shape, op, dtype, data_format, impl):
         xp, run = np, {}
     else:
         import cupy as xp
-        from gpuk.kernels import batchnorm, cudnn_batchnorm
+        from gpuk.kernels import batchnorm
+        from gpuk.kernels.cudnn import batchnorm as cudnn_batchnorm
         module = batchnorm if impl == 'gpuk' else cudnn_batchnorm
         run = {'runtime': 'cuda'} if impl == 'gpuk' else {}
 

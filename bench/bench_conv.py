@@ -22,7 +22,7 @@ import pytest
 
 from bench import harness as h
 from gpuk.cpu_fallback import conv as twin
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
 
 NUMPY_MAX_FLOPS = 2e9
 PASSES = ('fwd', 'dgrad', 'wgrad')
@@ -85,7 +85,7 @@ def _conv_row(impl, pass_name, n, spatial, c_in, c_out, kernel, strides, dtype):
         module, make = twin, lambda i: _inputs(np.random.default_rng(i), dtype, shapes)
     else:
         import cupy
-        from gpuk.kernels import conv as gpuk_conv, cudnn
+        from gpuk.kernels import conv as gpuk_conv
         module = gpuk_conv if impl == 'gpuk' else cudnn
 
         def make(i):

@@ -44,7 +44,8 @@ def _loss_row(impl, case):
             torch.nn.functional.ctc_loss(lp, labels, il, ll, blank=A - 1, reduction='sum').backward()
         return loss_and_grad, make
     import cupy
-    from gpuk.kernels import ctc, cudnn_ctc
+    from gpuk.kernels import ctc
+    from gpuk.kernels.cudnn import ctc as cudnn_ctc
 
     def gpuk_loss_and_grad(x, labels, il, ll):   # the 'ctc' family's default: gpuk's kernels
         loss, log_alpha = ctc.ctc_loss_fwd(x, labels, il, ll, runtime='cuda')

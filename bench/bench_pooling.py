@@ -67,7 +67,8 @@ def pool_row(geometry, dtype, direction, data_format, impl):
             moved = y_bytes + arg_bytes + x_bytes
         return fn, make_inputs, x_bytes + y_bytes + arg_bytes, moved, label
     import cupy
-    from gpuk.kernels import cudnn_legacy, pooling
+    from gpuk.kernels import pooling
+    from gpuk.kernels.cudnn import pooling as cudnn_pooling
 
     def make_inputs(i):
         x = cupy.random.RandomState(i).standard_normal(x_shape, dtype=cupy.float32).astype(dtype)
@@ -76,7 +77,7 @@ def pool_row(geometry, dtype, direction, data_format, impl):
         dy = cupy.random.RandomState(i + 1).standard_normal(y_shape, dtype=cupy.float32).astype(dtype)
         if impl == 'gpuk':
             return dy, pooling.max_pool_fwd(x, *geometry_args, runtime='cuda')[1]
-        return dy, cudnn_legacy.pool_fwd(x, *geometry_args, mode), x
+        return dy, cudnn_pooling.pool_fwd(x, *geometry_args, mode), x
     if impl == 'gpuk':
         if direction == 'fwd':
             fwd = pooling.max_pool_fwd if mode == 'max' else pooling.avg_pool_fwd
@@ -87,10 +88,10 @@ def pool_row(geometry, dtype, direction, data_format, impl):
             moved = y_bytes + arg_bytes + x_bytes
     else:
         if direction == 'fwd':
-            fn = lambda x: cudnn_legacy.pool_fwd(x, *geometry_args, mode)   # noqa: E731
+            fn = lambda x: cudnn_pooling.pool_fwd(x, *geometry_args, mode)   # noqa: E731
             moved = x_bytes + y_bytes
         else:
-            fn = lambda dy, y, x: cudnn_legacy.pool_bwd(dy, y, x, *geometry_args, mode)   # noqa: E731
+            fn = lambda dy, y, x: cudnn_pooling.pool_bwd(dy, y, x, *geometry_args, mode)   # noqa: E731
             moved = 2 * y_bytes + 2 * x_bytes
     return fn, make_inputs, x_bytes + 2 * y_bytes + arg_bytes, moved, label
 

@@ -93,7 +93,8 @@ print('SMs %d, L2 %d B, shared memory per block opt-in %d B, memory %d B' % (
     rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, dev.id),
     rt.deviceGetAttribute(rt.cudaDevAttrL2CacheSize, dev.id),
     rt.deviceGetAttribute(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.id), dev.mem_info[1]))
-from gpuk.kernels import build, cudnn
+from gpuk.kernels.cudnn import library as cudnn_library
+from gpuk.kernels.runtime import build
 try:
     print('NVRTC (gpuk build) %d.%d' % build.nvrtc_version())
 except build.NvrtcMissing as exc:
@@ -103,7 +104,7 @@ try:
     print('cuDNN frontend', getattr(frontend, '__version__', '?'), 'from', frontend.__file__)
 except Exception as exc:
     print('cuDNN frontend not importable:', type(exc).__name__, exc)
-print('cuDNN path usable' if cudnn.available() else 'cuDNN path unavailable: %s' % cudnn.why_unavailable())
+print('cuDNN path usable' if cudnn_library.available() else 'cuDNN path unavailable: %s' % cudnn_library.why_unavailable())
 try:
     import keras  # noqa: F401  (imported for its version only; KERAS_BACKEND is not set here)
 except Exception as exc:

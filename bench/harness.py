@@ -42,9 +42,9 @@ def skip_reason(impl):
         if reason:
             return '%s needs a GPU: %s' % (impl, reason)
         if impl == 'cudnn':
-            from gpuk.kernels import cudnn
-            if not cudnn.available():
-                return 'cuDNN unavailable: %s' % cudnn.why_unavailable()
+            from gpuk.kernels.cudnn import library as cudnn_library
+            if not cudnn_library.available():
+                return 'cuDNN unavailable: %s' % cudnn_library.why_unavailable()
     if impl == 'torch' and importlib.util.find_spec('torch') is None:
         return 'PyTorch is not installed'
     return None

@@ -10,9 +10,11 @@ import json
 import os
 import sys
 
+from gpuk.contracts.families import SELECTABLE_FAMILIES
+
 _FLOAT_TYPES = ('float16', 'float32', 'float64')
 _DATA_FORMATS = ('channels_first', 'channels_last')
-KERNEL_FAMILIES = ('conv', 'pool', 'batchnorm', 'softmax_xent', 'ctc')
+KERNEL_FAMILIES = SELECTABLE_FAMILIES
 KERNEL_CHOICES = ('gpuk', 'cudnn', 'auto')
 PRECISIONS = ('float32', 'tf32')
 
@@ -185,3 +187,17 @@ def set_precision(value):
 def precision():
     """The float32 math policy: 'float32' or 'tf32'."""
     return _precision['value']
+
+
+# ---------------------------------------------------------------- device request
+
+DEVICE_KINDS = ('auto', 'cuda', 'cpu', 'emulate')
+
+
+def requested_device():
+    """GPUK_DEVICE, parsed: 'auto' (the default), 'cuda', 'cpu' or 'emulate'. The one reader of
+    the variable: gpuk.device picks the device from it, the kernels' runtime.current() its runtime."""
+    requested = os.environ.get('GPUK_DEVICE', 'auto').strip().lower() or 'auto'
+    if requested not in DEVICE_KINDS:
+        raise ValueError('GPUK_DEVICE must be one of %s, got %r' % (DEVICE_KINDS, requested))
+    return requested

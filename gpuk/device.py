@@ -14,10 +14,11 @@ import os
 
 import numpy as np
 
-DEVICE_KINDS = ('auto', 'cuda', 'cpu', 'emulate')
-# The five kernel families; each has gpuk/cpu_fallback/<name>.py and, once written,
-# gpuk/kernels/<name>.py with the same functions.
-FAMILY_MODULES = ('elementwise', 'conv', 'pooling', 'batchnorm', 'softmax_xent', 'ctc')
+from gpuk.contracts.families import FAMILIES
+
+from gpuk import config
+from gpuk.config import DEVICE_KINDS
+from gpuk.kernels.runtime import gpu_unusable_reason  # noqa: F401 (part of this module's API)
 
 _state = {'kind': None, 'impl': None}
 
@@ -26,25 +27,11 @@ class DeviceError(RuntimeError):
     """The requested device cannot be used."""
 
 
-def gpu_unusable_reason():
-    """None when CuPy sees a usable GPU, else a sentence saying why not."""
-    try:
-        import cupy
-    except Exception as exc:  # ImportError, or a broken CUDA install raising anything
-        return 'CuPy cannot be imported (%s: %s)' % (type(exc).__name__, exc)
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        return 'the CUDA driver/runtime is not usable (%s: %s)' % (type(exc).__name__, exc)
-    if count < 1:
-        return 'CUDA reports no GPU'
-    return None
-
-
 def _resolve_kind():
-    requested = os.environ.get('GPUK_DEVICE', 'auto').strip().lower() or 'auto'
-    if requested not in DEVICE_KINDS:
-        raise DeviceError('GPUK_DEVICE must be one of %s, got %r' % (DEVICE_KINDS, requested))
+    try:
+        requested = config.requested_device()
+    except ValueError as exc:
+        raise DeviceError(str(exc)) from None
     if requested in ('cpu', 'emulate'):
         return requested
     reason = gpu_unusable_reason()
@@ -97,7 +84,7 @@ class Implementation:
         self._use_kernels = device_kind in ('cuda', 'emulate')
 
     def __getattr__(self, family):
-        if family not in FAMILY_MODULES:
+        if family not in FAMILIES:
             raise AttributeError(family)
         module = None
         if self._use_kernels:

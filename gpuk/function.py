@@ -11,6 +11,7 @@ import numpy as np
 
 from gpuk import device, fusion
 from gpuk.graph import Constant, Placeholder, Tensor, Variable, static_value, topological_nodes
+from gpuk.ops import scan
 
 
 class Update:
@@ -207,3 +208,6 @@ def _host_copy(array):
     if isinstance(array, np.ndarray) or np.isscalar(array):
         return np.array(array, copy=True)
     return device.to_host(array)
+
+
+scan.register_plan_class(Plan)   # Scan nodes compile their step graphs with Plan

@@ -1,5 +1,6 @@
 """Shared test set-up: the `gpu` marker (skipped without a usable GPU) and the device
-fixture that runs a test body on every available array backend.
+fixture that runs a test body on every implementation (NumPy twins, the CUDA kernels on the
+emulated runtime, the CUDA kernels on a GPU), selected by markers (`-m "not emulate"`).
 
 ``GPUK_REQUIRE_GPU=1`` (bench/gpu_session.sh sets it) turns the skip into an error, so a
 session meant to test the GPU cannot pass by skipping every `gpu` test.
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from gpuk import device
+from gpuk.contracts.families import FAMILIES
 from gpuk.kernels import runtime
 from tests import gpu_rehearsal
 
@@ -44,9 +46,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(params=['cpu', pytest.param('cuda', marks=pytest.mark.gpu)])
+# The implementations a test body runs on: the NumPy twins, the CUDA kernels on the emulated
+# runtime (any host), the CUDA kernels on a GPU. Select with markers: -m "not emulate", -m gpu.
+IMPLEMENTATIONS = ['cpu', pytest.param('emulate', marks=pytest.mark.emulate), pytest.param('cuda', marks=pytest.mark.gpu)]
+
+
+def assert_runs_on(kind):
+    """The device, the array namespace, the kernel families and the kernels' runtime are those of
+    `kind`: never a silent fallback (to NumPy, or to the emulator)."""
+    impl = device.impl()
+    assert device.kind() == kind and impl.kind == kind, 'running on %r, not %r' % (device.kind(), kind)
+    if kind == 'cpu':
+        assert impl.xp is np and impl.conv.__name__ == 'gpuk.cpu_fallback.conv'
+        return
+    assert impl.xp.__name__ == ('cupy' if kind == 'cuda' else 'numpy')
+    assert runtime.current().kind == kind, 'the kernels run on %r, not %r' % (runtime.current().kind, kind)
+    assert all(getattr(impl, family).__name__ == 'gpuk.kernels.' + family for family in FAMILIES)
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
 def on_device(request):
-    """Runs the test on the NumPy device and, where a GPU is usable, on CuPy.
+    """Runs the test once per implementation (see IMPLEMENTATIONS), checking before and after
+    the body that it ran there.
 
     Restores the device and the kernels' current runtime afterwards: device.impl() points the
     runtime at 'cuda', and a later test on 'emulate' must not launch there with NumPy arrays."""
@@ -54,11 +75,9 @@ def on_device(request):
     saved_runtime = runtime.current_setting()
     device.set_device(request.param)
     try:
-        if request.param == 'cuda':   # never a silent fallback to the emulator or NumPy
-            impl = device.impl()
-            assert impl.xp.__name__ == 'cupy' and runtime.current().kind == 'cuda', \
-                'on_device[cuda] is not running on CuPy and the CUDA runtime'
+        assert_runs_on(request.param)
         yield request.param
+        assert_runs_on(request.param)
     finally:
         device._state.update(saved)
         runtime.set_current(saved_runtime)

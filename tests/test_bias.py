@@ -6,6 +6,9 @@ from gpuk import backend as K
 from gpuk.ops.bias import bias_act
 from tests.gradcheck import check_gradients
 
+# Every test here runs on each implementation (tests/conftest.py: on_device), the CUDA kernels included.
+pytestmark = pytest.mark.usefixtures('on_device')
+
 
 @pytest.mark.parametrize('activation', ['linear', 'relu'])
 def test_bias_act_values_and_gradients(on_device, activation):

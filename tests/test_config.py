@@ -77,8 +77,8 @@ def test_settings_follow_keras_common_when_loaded(monkeypatch):
 
 def test_kernel_selection(monkeypatch):
     monkeypatch.setattr(config, '_kernels', dict(config._kernels))
-    config.set_kernels('conv=auto,ctc=gpuk', pool='cudnn')
-    assert config.kernels('conv') == 'auto' and config.kernels('pool') == 'cudnn'
+    config.set_kernels('conv=auto,ctc=gpuk', pooling='cudnn')
+    assert config.kernels('conv') == 'auto' and config.kernels('pooling') == 'cudnn'
     assert config.kernels()['ctc'] == 'gpuk'
     with pytest.raises(ValueError, match='GPUK_KERNELS'):
         config.set_kernels('conv=fast')

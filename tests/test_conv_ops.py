@@ -8,6 +8,9 @@ from tests.evaluation import layout
 from tests.gradcheck import check_gradients
 from tests.keras_reference import numpy_backend
 
+# Every test here runs on each implementation (tests/conftest.py: on_device), the CUDA kernels included.
+pytestmark = pytest.mark.usefixtures('on_device')
+
 REF = numpy_backend()
 FORMATS = ['channels_last', 'channels_first']
 DTYPES = ['float32', 'float64']

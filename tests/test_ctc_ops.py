@@ -12,6 +12,9 @@ from gpuk.cpu_fallback import ctc as ctc_twin
 from tests.gradcheck import check_gradients
 from tests.keras_reference import numpy_backend
 
+# Every test here runs on each implementation (tests/conftest.py: on_device), the CUDA kernels included.
+pytestmark = pytest.mark.usefixtures('on_device')
+
 A = 3  # classes; the blank is the last
 
 

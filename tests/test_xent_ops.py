@@ -10,6 +10,9 @@ from gpuk.ops import softmax_xent as xent_ops
 from tests.gradcheck import check_gradients
 from tests.keras_reference import numpy_backend
 
+# Every test here runs on each implementation (tests/conftest.py: on_device), the CUDA kernels included.
+pytestmark = pytest.mark.usefixtures('on_device')
+
 TOL = {'float16': dict(rtol=2e-2, atol=2e-2), 'float32': dict(rtol=1e-5, atol=1e-6),
        'float64': dict(rtol=1e-10, atol=1e-12)}
 

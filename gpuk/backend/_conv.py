@@ -10,7 +10,7 @@ from gpuk import config
 from gpuk.graph import Constant, Tensor, as_tensor
 from gpuk.ops import bias as bias_ops
 from gpuk.ops import conv as conv_ops
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
 from gpuk.ops import pooling as pool_ops
 from gpuk.ops import shape as shape_ops
 from gpuk.ops.elementwise import cast

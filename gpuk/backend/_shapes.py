@@ -10,7 +10,7 @@ from gpuk.ops import elementwise as ew
 from gpuk.ops import indexing, layout
 from gpuk.ops import shape as shape_ops
 from gpuk.ops.base import normalize_axis
-from gpuk.ops.geometry import normalize_data_format, normalize_pads
+from gpuk.contracts.geometry import normalize_data_format, normalize_pads
 from gpuk.ops.reduction import reduce
 
 __all__ = ['shape', 'size', 'reshape', 'flatten', 'batch_flatten', 'permute_dimensions', 'transpose',

@@ -18,7 +18,8 @@ import operator
 
 import numpy as np
 
-from gpuk.cpu_fallback import batchnorm_checks as checks, conv_checks
+from gpuk.contracts.dtypes import accumulation_dtype
+from gpuk.contracts import batchnorm_checks as checks, conv_checks
 
 __all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']
 
@@ -117,7 +118,7 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
     moving = checks.check_moving_args(fn, moving_mean, moving_var, decay, var_decay, var_factor)
     axes = checks.normalize_axes(fn, axes, x.ndim)
     layout = _Layout(x.shape, axes).require_elements(fn)
-    acc = checks.accumulate_dtype(x.dtype)
+    acc = accumulation_dtype(x.dtype)
     gamma = _kept_param(fn, 'gamma', gamma, layout, acc)
     beta = _kept_param(fn, 'beta', beta, layout, acc)
     if moving:
@@ -180,12 +181,8 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='l
     x = _float_array(fn, 'x', x)
     epsilon = checks.check_epsilon(fn, epsilon)
     checks.check_activation(fn, activation)
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
-            or not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
-        raise ValueError('%s: axis must be an int in [-%d, %d) for x of rank %d, got %r'
-                         % (fn, x.ndim, x.ndim, x.ndim, axis))
-    axis = int(axis) % max(x.ndim, 1)
-    acc = checks.accumulate_dtype(x.dtype)
+    axis = checks.check_channel_axis(fn, axis, x.ndim)
+    acc = accumulation_dtype(x.dtype)
     mean = _channel_param(fn, 'mean', mean, x, axis, acc)
     var = _channel_param(fn, 'var', var, x, axis, acc)
     scale = 1.0 / np.sqrt(var + acc.type(epsilon))
@@ -231,7 +228,7 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
     checks.check_relu_output(fn, activation, y, x)
     axes = checks.normalize_axes(fn, axes, x.ndim)
     layout = _Layout(x.shape, axes).require_elements(fn)
-    acc = checks.accumulate_dtype(x.dtype)
+    acc = accumulation_dtype(x.dtype)
     if mean is None or inv_std is None:
         raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)
     mean = _kept_param(fn, 'mean', mean, layout, acc)

@@ -1,9 +1,9 @@
-"""NumPy twins of the convolution kernels (gpuk/kernels/conv.py).
+"""NumPy twins of the convolution kernels (gpuk/kernels/conv/__init__.py).
 
 One N-d implementation (1, 2 or 3 spatial dims) for every function. Arrays are
 (N, *spatial, C) for 'channels_last' or (N, C, *spatial) for 'channels_first';
 kernels use the Keras layout (*kernel_spatial, C_in, C_out). `pads` holds one
-(before, after) pair per spatial dim (see gpuk.ops.geometry.conv_pads).
+(before, after) pair per spatial dim (see gpuk.contracts.geometry.conv_pads).
 Cross-correlation, like every Keras backend.
 
 How: work in channels_last, pad once, view the windows with stride tricks,
@@ -16,12 +16,12 @@ import math
 
 import numpy as np
 
-from gpuk.cpu_fallback import conv_checks as checks
+from gpuk.contracts import conv_checks as checks
 from gpuk.cpu_fallback import parallel
 from gpuk.cpu_fallback.layout import (
     compute_dtype, crop_spatial, from_channels_last, gather_windows, pad_spatial, scatter_windows,
     to_channels_last)
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
 
 __all__ = [
     'conv_fwd', 'conv_dgrad', 'conv_wgrad',
@@ -116,15 +116,9 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
     The epilogue runs in the compute dtype before the one rounding to x.dtype, as the
     kernel's does; relu keeps NaN."""
     fn = 'conv_fwd'
-    x, w = checks.float_array(fn, 'x', x), checks.float_array(fn, 'w', w)
-    checks.same_dtype(fn, [('x', x), ('w', w)])
-    channels_first, rank, strides, dilation, pads = checks.conv_setup(
-        fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
-    c_in = checks.channel_count(x.shape, channels_first)
-    checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
-    kernel_spatial = w.shape[:rank]
-    out_spatial = checks.output_spatial(fn, checks.spatial_dims(x.shape, channels_first), kernel_spatial,
-                                        strides, dilation, pads)
+    x, w, shapes = checks.fwd_problem(fn, x, w, strides, dilation, pads, data_format)
+    channels_first, strides, dilation, pads = shapes.channels_first, shapes.strides, shapes.dilation, shapes.pads
+    out_spatial = shapes.out_spatial
     _check_epilogue(fn, epilogue, bias, w.shape[-1], x.dtype)
     compute = compute_dtype(x.dtype)
     y = _conv_channels_last(to_channels_last(x, channels_first), w, strides, dilation,
@@ -136,31 +130,12 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
     return from_channels_last(y, channels_first, x.dtype)
 
 
-def _dgrad_setup(fn, dy, w, x_shape, strides, dilation, pads, data_format):
-    """The checks every data gradient starts with."""
-    dy, w = checks.float_array(fn, 'dy', dy), checks.float_array(fn, 'w', w)
-    checks.same_dtype(fn, [('dy', dy), ('w', w)])
-    channels_first, rank, strides, dilation, pads = checks.conv_setup(
-        fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
-    x_shape = checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
-    checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
-    return dy, w, x_shape, channels_first, rank, strides, dilation, pads
-
-
 def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     """Gradient of conv_fwd with respect to x (also the forward of conv_transpose)."""
     fn = 'conv_dgrad'
-    dy, w, x_shape, channels_first, rank, strides, dilation, pads = _dgrad_setup(
-        fn, dy, w, x_shape, strides, dilation, pads, data_format)
-    checks.check_channels(fn, 'the channel count', 'dy', dy.shape,
-                          checks.channel_count(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
-    c_in = checks.channel_count(x_shape, channels_first)
-    checks.check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape,
-                          w.shape[-2])
-    in_spatial = checks.spatial_dims(x_shape, channels_first)
-    kernel_spatial = w.shape[:rank]
-    out_spatial = checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
-    checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
+    dy, w, x_shape, shapes = checks.dgrad_problem(fn, dy, w, x_shape, strides, dilation, pads, data_format)
+    (channels_first, rank, _, c_in, _, in_spatial, out_spatial, kernel_spatial, strides, dilation,
+     pads) = shapes
     compute = compute_dtype(dy.dtype)
     c_out = w.shape[-1]
     dy_cl = to_channels_last(dy, channels_first).astype(compute, copy=False)
@@ -183,34 +158,12 @@ def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     return from_channels_last(crop_spatial(dx, pads, in_spatial), channels_first, dy.dtype)
 
 
-def _wgrad_setup(fn, x, dy, w_shape, strides, dilation, pads, data_format):
-    """The checks every filter gradient starts with."""
-    x, dy = checks.float_array(fn, 'x', x), checks.float_array(fn, 'dy', dy)
-    checks.same_dtype(fn, [('x', x), ('dy', dy)])
-    channels_first = checks.is_channels_first(fn, data_format)
-    rank = checks.spatial_rank(fn, 'x', x)
-    checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
-    w_shape = checks.shape_tuple(fn, 'w_shape', w_shape, rank + 2)
-    strides, dilation, pads = checks.window_params(fn, rank, strides, dilation, pads)
-    checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
-    return x, dy, channels_first, rank, w_shape, strides, dilation, pads
-
-
 def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
     """Gradient of conv_fwd with respect to w."""
     fn = 'conv_wgrad'
-    x, dy, channels_first, rank, w_shape, strides, dilation, pads = _wgrad_setup(
-        fn, x, dy, w_shape, strides, dilation, pads, data_format)
-    c_in = checks.channel_count(x.shape, channels_first)
-    c_out = checks.channel_count(dy.shape, channels_first)
-    checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape,
-                          w_shape[-2])
-    checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape,
-                          w_shape[-1])
-    kernel_spatial = w_shape[:rank]
-    out_spatial = checks.output_spatial(fn, checks.spatial_dims(x.shape, channels_first), kernel_spatial,
-                                        strides, dilation, pads)
-    checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
+    x, dy, w_shape, shapes = checks.wgrad_problem(fn, x, dy, w_shape, strides, dilation, pads, data_format)
+    (channels_first, rank, _, c_in, c_out, _, out_spatial, kernel_spatial, strides, dilation,
+     pads) = shapes
     compute = compute_dtype(x.dtype)
     padded = pad_spatial(to_channels_last(x, channels_first), pads, compute)
     dy_cl = to_channels_last(dy, channels_first).astype(compute, copy=False)
@@ -297,7 +250,7 @@ def _depthwise_dy(fn, dy, channels_first, c_in, multiplier, w_name, w_shape):
 def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     """Gradient of depthwise_conv_fwd with respect to x."""
     fn = 'depthwise_conv_dgrad'
-    dy, w, x_shape, channels_first, rank, strides, dilation, pads = _dgrad_setup(
+    dy, w, x_shape, channels_first, rank, strides, dilation, pads = checks.dgrad_setup(
         fn, dy, w, x_shape, strides, dilation, pads, data_format)
     c_in = checks.channel_count(x_shape, channels_first)
     checks.check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape,
@@ -336,7 +289,7 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
 def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
     """Gradient of depthwise_conv_fwd with respect to w."""
     fn = 'depthwise_conv_wgrad'
-    x, dy, channels_first, rank, w_shape, strides, dilation, pads = _wgrad_setup(
+    x, dy, channels_first, rank, w_shape, strides, dilation, pads = checks.wgrad_setup(
         fn, x, dy, w_shape, strides, dilation, pads, data_format)
     c_in = checks.channel_count(x.shape, channels_first)
     checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape,

@@ -16,7 +16,8 @@ reproduce keras/backend/theano_backend.py 2.3.1 on NumPy arrays.
 """
 import numpy as np
 
-from gpuk.cpu_fallback import ctc_checks as checks, softmax_xent_checks
+from gpuk.contracts.dtypes import accumulation_dtype
+from gpuk.contracts import ctc_checks as checks
 from gpuk.cpu_fallback.softmax_xent import log_sum_exp
 
 __all__ = [
@@ -29,7 +30,7 @@ __all__ = [
 # ---------------------------------------------------------------- loss
 
 def _log_softmax_classes(logits):
-    x = logits.astype(softmax_xent_checks.accumulate_dtype(logits.dtype), copy=False)
+    x = logits.astype(accumulation_dtype(logits.dtype), copy=False)
     with np.errstate(invalid='ignore'):
         return x - log_sum_exp(x, -1)
 
@@ -246,7 +247,7 @@ def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True)
     if merge_repeated:
         keep &= best != previous
     decoded = _compact_labels(np.where(keep, best, -1))
-    acc = softmax_xent_checks.accumulate_dtype(log_probs.dtype)
+    acc = accumulation_dtype(log_probs.dtype)
     frame_max = np.max(log_probs, axis=2, initial=-np.inf).astype(acc)
     neg_sum = 0.0 - np.sum(np.where(inside, frame_max, 0), axis=1, keepdims=True) + 0.0
     return decoded, neg_sum.astype(log_probs.dtype)

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
 
 __all__ = ['compute_dtype', 'to_channels_last', 'from_channels_last', 'pad_spatial', 'crop_spatial',
            'gather_windows', 'window_regions', 'scatter_windows']

@@ -2,7 +2,7 @@
 
 One N-d implementation (1, 2 or 3 spatial dims). Arrays are (N, *spatial, C)
 for 'channels_last' or (N, C, *spatial) for 'channels_first'; `pads` holds one
-(before, after) pair per spatial dim (gpuk.ops.geometry.conv_pads with
+(before, after) pair per spatial dim (gpuk.contracts.geometry.conv_pads with
 dilation 1). Like TensorFlow, padding never takes part: max pooling pads with
 -inf and average pooling divides by the number of real inputs in the window.
 """
@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from gpuk.cpu_fallback import parallel
-from gpuk.cpu_fallback import conv_checks, pooling_checks
+from gpuk.contracts import conv_checks, pooling_checks
 from gpuk.cpu_fallback.layout import (
     compute_dtype, crop_spatial, from_channels_last, pad_spatial, to_channels_last, window_regions)
 

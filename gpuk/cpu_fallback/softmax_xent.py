@@ -21,7 +21,8 @@ clip_by_value gradient.
 """
 import numpy as np
 
-from gpuk.cpu_fallback import softmax_xent_checks as checks
+from gpuk.contracts.dtypes import accumulation_dtype
+from gpuk.contracts import softmax_xent_checks as checks
 
 __all__ = [
     'softmax_fwd', 'softmax_bwd', 'log_softmax_fwd', 'log_softmax_bwd',
@@ -80,7 +81,7 @@ def softmax_fwd(x, axis=-1):
     fn = 'softmax_fwd'
     x = checks.float_array(fn, 'x', x)
     axis = checks.check_axis(fn, axis, x.ndim)
-    xa = x.astype(checks.accumulate_dtype(x.dtype), copy=False)
+    xa = x.astype(accumulation_dtype(x.dtype), copy=False)
     e = np.exp(xa - _shifted_max(xa, axis))
     with np.errstate(invalid='ignore'):
         return (e / np.sum(e, axis=axis, keepdims=True)).astype(x.dtype, copy=False)
@@ -92,7 +93,7 @@ def _saved_and_dy(fn, saved_name, saved, dy, axis):
     dy = checks.float_array(fn, 'dy', dy)
     checks.same_shape(fn, saved_name, saved, 'dy', dy)
     axis = checks.check_axis(fn, axis, saved.ndim)
-    acc = checks.accumulate_dtype(saved.dtype)
+    acc = accumulation_dtype(saved.dtype)
     return saved.astype(acc, copy=False), dy.astype(acc, copy=False), axis, saved.dtype
 
 
@@ -108,7 +109,7 @@ def log_softmax_fwd(x, axis=-1):
     fn = 'log_softmax_fwd'
     x = checks.float_array(fn, 'x', x)
     axis = checks.check_axis(fn, axis, x.ndim)
-    xa = x.astype(checks.accumulate_dtype(x.dtype), copy=False)
+    xa = x.astype(accumulation_dtype(x.dtype), copy=False)
     with np.errstate(invalid='ignore'):
         return (xa - log_sum_exp(xa, axis)).astype(x.dtype, copy=False)
 
@@ -127,7 +128,7 @@ def _logits_and_target(fn, logits, target, axis):
     logits = checks.float_array(fn, 'logits', logits)
     target = checks.float_array(fn, 'target', target)
     checks.same_shape(fn, 'logits', logits, 'target', target)
-    return logits, target, checks.check_axis(fn, axis, logits.ndim), checks.accumulate_dtype(logits.dtype)
+    return logits, target, checks.check_axis(fn, axis, logits.ndim), accumulation_dtype(logits.dtype)
 
 
 def softmax_xent_fwd(logits, target, axis=-1):
@@ -187,7 +188,7 @@ def softmax_xent_dtarget(logits, lse, dloss, axis=-1):
     fn = 'softmax_xent_dtarget'
     logits = checks.float_array(fn, 'logits', logits)
     axis = checks.check_axis(fn, axis, logits.ndim)
-    acc = checks.accumulate_dtype(logits.dtype)
+    acc = accumulation_dtype(logits.dtype)
     lse = _expand_row_values(fn, 'lse', lse, logits.shape, axis, acc)
     dloss = _expand_row_values(fn, 'dloss', dloss, logits.shape, axis, acc)
     with np.errstate(invalid='ignore'):
@@ -219,7 +220,7 @@ def sparse_softmax_xent_fwd(logits, labels, axis=-1):
     logits = checks.float_array(fn, 'logits', logits)
     axis = checks.check_axis(fn, axis, logits.ndim)
     index = _check_labels(fn, labels, logits.shape, axis)
-    xa = logits.astype(checks.accumulate_dtype(logits.dtype), copy=False)
+    xa = logits.astype(accumulation_dtype(logits.dtype), copy=False)
     lse = log_sum_exp(xa, axis)
     with np.errstate(invalid='ignore'):
         loss = np.squeeze(lse - np.take_along_axis(xa, index, axis), axis)
@@ -232,7 +233,7 @@ def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1):
     logits = checks.float_array(fn, 'logits', logits)
     axis = checks.check_axis(fn, axis, logits.ndim)
     index = _check_labels(fn, labels, logits.shape, axis)
-    acc = checks.accumulate_dtype(logits.dtype)
+    acc = accumulation_dtype(logits.dtype)
     lse = _expand_row_values(fn, 'lse', lse, logits.shape, axis, acc)
     dloss = _expand_row_values(fn, 'dloss', dloss, logits.shape, axis, acc)
     with np.errstate(invalid='ignore'):
@@ -249,7 +250,7 @@ def _categorical_clipped(fn, probs, target, axis, epsilon, need_target=True):
     probs = checks.float_array(fn, 'probs', probs)
     axis = checks.check_axis(fn, axis, probs.ndim)
     epsilon = checks.check_epsilon(fn, epsilon)
-    acc = checks.accumulate_dtype(probs.dtype)
+    acc = accumulation_dtype(probs.dtype)
     pa = probs.astype(acc, copy=False)
     total = np.sum(pa, axis=axis, keepdims=True)
     with np.errstate(divide='ignore', invalid='ignore'):
@@ -300,7 +301,7 @@ def categorical_xent_probs_dtarget(probs, dloss, axis=-1, epsilon=1e-7):
 
 def _binary_inputs(fn, first_name, first, target, dloss=None):
     first = checks.float_array(fn, first_name, first)
-    acc = checks.accumulate_dtype(first.dtype)
+    acc = accumulation_dtype(first.dtype)
     arrays = [first.astype(acc, copy=False)]
     if target is not None:
         target = checks.float_array(fn, 'target', target)

@@ -73,10 +73,11 @@ def describe_implementations():
     """Lines naming the device and, per kernel family, the module that computes it."""
     import gpuk.config
     import gpuk.device
+    from gpuk.contracts.families import FAMILIES
     impl = gpuk.device.impl()
     lines = ['device: %s (arrays: %s)' % (gpuk.device.kind(), impl.xp.__name__),
              'kernel choices (GPUK_KERNELS): %s' % ', '.join('%s=%s' % kv for kv in gpuk.config.kernels().items())]
-    modules = ['%s -> %s' % (family, getattr(impl, family).__name__) for family in gpuk.device.FAMILY_MODULES]
+    modules = ['%s -> %s' % (family, getattr(impl, family).__name__) for family in FAMILIES]
     lines.append('implementations: ' + ', '.join(modules))
     if gpuk.device.kind() != 'cuda':
         lines.append('(the gpuk/cudnn/auto choices apply on cuda; on %s the modules above run)' % gpuk.device.kind())

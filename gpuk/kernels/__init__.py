@@ -1,19 +1,14 @@
 """Handwritten CUDA kernels: <family>.cu beside its <family>.py launcher.
 
-Importing this package never imports CuPy; runtimes load lazily (see runtime.py).
+Importing this package never imports CuPy; runtimes load lazily (see runtime/).
 Launcher modules are importable as attributes (gpuk.kernels.elementwise).
 """
 import importlib
 
+from gpuk.contracts.families import FAMILIES
+
 # Launcher modules; each registers its ahead-of-time build variants at import.
-LAUNCHERS = (
-    'gpuk.kernels.softmax_xent',
-    'gpuk.kernels.ctc',
-    'gpuk.kernels.elementwise',
-    'gpuk.kernels.conv',
-    'gpuk.kernels.pooling',
-    'gpuk.kernels.batchnorm',
-)
+LAUNCHERS = tuple('gpuk.kernels.' + family for family in FAMILIES)
 
 
 def __getattr__(name):

@@ -4,7 +4,7 @@ Same names and signatures as gpuk/cpu_fallback/batchnorm.py, plus a keyword-only
 (None: runtime.current(); 'cuda', 'emulate', or a runtime object); the same checks and
 messages, before any launch. On the CUDA runtime each call goes through
 ``dispatch.run('batchnorm', ...)``, which may pick the cuDNN Frontend graphs in
-gpuk/kernels/cudnn_batchnorm.py (``GPUK_KERNELS=batchnorm=cudnn|auto``).
+gpuk/kernels/cudnn/batchnorm.py (``GPUK_KERNELS=batchnorm=cudnn|auto``).
 
 Layouts: x is viewed as (outer, C, inner) when the kept (non-reduced) axes are one
 contiguous run: channels last (inner == 1) and channels first (N, C, H, W...) run natively.
@@ -25,8 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuk.cpu_fallback import batchnorm_checks
-from . import cudnn_batchnorm, dispatch
+from gpuk.contracts import batchnorm_checks
+from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES_NO_BFLOAT16, accumulation_dtype
+from . import dispatch
+from .cudnn import batchnorm as cudnn_batchnorm
 from .runtime import register_build, resolve
 
 __all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']
@@ -40,8 +42,6 @@ TARGET_BLOCKS = 1024      # enough blocks to fill any current GPU several times 
 MIN_ROWS_PER_SPLIT = 64   # channels last: at least this many rows per split
 MIN_PER_SPLIT = 4 * BN_THREADS   # channels first: at least this many elements per split
 MAX_SPLITS = 65535        # gridDim.y
-ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
-ACCUMULATE_TYPES = {np.dtype(np.float16): 'float', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
 KERNELS = ['bn_stats_channels_last', 'bn_bwd_sums_channels_last', 'bn_bwd_relu_sums_channels_last',
            'bn_stats_channels_first', 'bn_bwd_sums_channels_first', 'bn_bwd_relu_sums_channels_first',
            'bn_stats_finalize', 'bn_stats_finalize_moving', 'bn_bwd_finalize', 'bn_apply', 'bn_bwd_dx',
@@ -49,11 +49,11 @@ KERNELS = ['bn_stats_channels_last', 'bn_bwd_sums_channels_last', 'bn_bwd_relu_s
 
 
 def defines(dtype):
-    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ACCUMULATE_TYPES[np.dtype(dtype)],
+    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
             'BN_THREADS': BN_THREADS, 'BN_ROWS': BN_ROWS}
 
 
-for _dtype in ELEMENT_TYPES:
+for _dtype in FLOAT_DTYPES_NO_BFLOAT16:
     register_build(SOURCE, defines(_dtype), KERNELS)
 
 
@@ -65,7 +65,7 @@ def _blocks(work_items, threads=BN_THREADS):
 
 def _float_array(fn, name, value, xp):
     array = value if isinstance(value, xp.ndarray) else xp.asarray(value)
-    if array.dtype.kind != 'f' or array.dtype not in ELEMENT_TYPES:
+    if array.dtype.kind != 'f' or array.dtype not in FLOAT_DTYPES_NO_BFLOAT16:
         raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
                         % (fn, name, array.dtype))
     return array
@@ -186,7 +186,7 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
     layout = batchnorm_checks.Layout(x.shape, axes)
     if layout.count == 0:
         raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s' % (fn, axes, x.shape))
-    acc = batchnorm_checks.accumulate_dtype(x.dtype)
+    acc = accumulation_dtype(x.dtype)
     gamma = _kept_param(fn, 'gamma', gamma, layout, acc, xp)
     beta = _kept_param(fn, 'beta', beta, layout, acc, xp)
     if moving:
@@ -197,16 +197,14 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
     view = _View(x.shape, layout)
     gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout)
     args = (x, gamma, beta, axes, epsilon, activation, moving_mean, moving_var, decay, var_decay, var_factor)
-    if rt.kind != 'cuda':
-        return gpuk_fn(*args)
     key = ('train', x.dtype.name, view.key(), gamma is None, beta is None, activation, moving)
-    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, *args)
+    return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, *args)
 
 
 def _bn_train_fwd_gpuk(rt, view, layout, x, gamma, beta, _axes, epsilon, activation, moving_mean, moving_var,
                        decay, var_decay, var_factor):
     xp = rt.xp
-    acc = batchnorm_checks.accumulate_dtype(x.dtype)
+    acc = accumulation_dtype(x.dtype)
     module = rt.load(SOURCE, defines(x.dtype))
     c = view.channels
     gamma = xp.ones(c, acc) if gamma is None else gamma
@@ -260,19 +258,13 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='l
     x = _float_array(fn, 'x', x, xp)
     epsilon = batchnorm_checks.check_epsilon(fn, epsilon)
     batchnorm_checks.check_activation(fn, activation)
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
-            or not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
-        raise ValueError('%s: axis must be an int in [-%d, %d) for x of rank %d, got %r'
-                         % (fn, x.ndim, x.ndim, x.ndim, axis))
-    axis = int(axis) % max(x.ndim, 1)
-    acc = batchnorm_checks.accumulate_dtype(x.dtype)
+    axis = batchnorm_checks.check_channel_axis(fn, axis, x.ndim)
+    acc = accumulation_dtype(x.dtype)
     params = [None if p is None else _channel_param(fn, n, p, x, axis, acc, xp)
               for n, p in (('mean', mean), ('var', var), ('gamma', gamma), ('beta', beta))]
     gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt)
-    if rt.kind != 'cuda':
-        return gpuk_fn(x, *params, epsilon, axis, activation)
     key = ('infer', x.dtype.name, x.shape, tuple(None if p is None else p.shape for p in params), activation)
-    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_infer_fwd, x, *params, epsilon, axis,
+    return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_infer_fwd, x, *params, epsilon, axis,
                         activation)
 
 
@@ -284,7 +276,7 @@ def parameter_span(x_shape, param_shapes):
 
 def _bn_infer_fwd_gpuk(rt, x, mean, var, gamma, beta, epsilon, _axis, activation):
     xp = rt.xp
-    acc = batchnorm_checks.accumulate_dtype(x.dtype)
+    acc = accumulation_dtype(x.dtype)
     shape = x.shape if x.ndim else (1,)
     params = [p.reshape(shape) if p is not None and x.ndim == 0 else p for p in (mean, var, gamma, beta)]
     lo, hi = parameter_span(shape, [p.shape for p in params if p is not None])
@@ -326,7 +318,7 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
     layout = batchnorm_checks.Layout(x.shape, axes)
     if layout.count == 0:
         raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s' % (fn, axes, x.shape))
-    acc = batchnorm_checks.accumulate_dtype(x.dtype)
+    acc = accumulation_dtype(x.dtype)
     if mean is None or inv_std is None:
         raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)
     mean, inv_std, gamma, dmean, dvar = (_kept_param(fn, n, v, layout, acc, xp) for n, v in (
@@ -334,15 +326,13 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
     view = _View(x.shape, layout)
     gpuk_fn = functools.partial(_bn_bwd_gpuk, rt, view, layout)
     args = (dy, x, gamma, mean, inv_std, axes, dmean, dvar, activation, y)
-    if rt.kind != 'cuda':
-        return gpuk_fn(*args)
     key = ('bwd', x.dtype.name, view.key(), gamma is None, dmean is None, dvar is None, activation)
-    return dispatch.run('batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd, *args)
+    return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd, *args)
 
 
 def _bn_bwd_gpuk(rt, view, layout, dy, x, gamma, mean, inv_std, _axes, dmean, dvar, _activation, y):
     xp = rt.xp
-    acc = batchnorm_checks.accumulate_dtype(x.dtype)
+    acc = accumulation_dtype(x.dtype)
     module = rt.load(SOURCE, defines(x.dtype))
     c = view.channels
     gamma = xp.ones(c, acc) if gamma is None else gamma

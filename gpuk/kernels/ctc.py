@@ -14,7 +14,7 @@ ctc_greedy_decode and ctc_beam_search run one block per sample. See the .cu file
 
 On the CUDA runtime the loss and its gradient run the 'ctc' family's choice
 (``GPUK_KERNELS=ctc=gpuk|cudnn|auto``): these kernels or cudnnCTCLoss
-(gpuk/kernels/cudnn_ctc.py), which falls back here, saying so once, outside its limits.
+(gpuk/kernels/cudnn/ctc.py), which falls back here, saying so once, outside its limits.
 
 The Theano-backend helpers (ctc_interleave_blanks, ctc_create_skip_idxs,
 ctc_update_log_p, ctc_path_probs, ctc_cost) are tiny index helpers over one label: they
@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from gpuk.cpu_fallback import ctc as twin
-from gpuk.cpu_fallback import ctc_checks
-from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
-from . import cudnn_ctc, dispatch
+from gpuk.contracts import ctc_checks
+from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES_NO_BFLOAT16, accumulation_dtype
+from . import dispatch
+from .cudnn import ctc as cudnn_ctc
 from .runtime import register_build, resolve
 
 __all__ = list(twin.__all__)
@@ -38,21 +39,20 @@ DECODE_SOURCE = Path(__file__).with_name('ctc_decode.cu')
 CTC_THREADS = 256            # a block per sample; threads stride over label states / classes
 CTC_DECODE_THREADS = 256     # a block per sample for both decoders
 MAX_LSE_BLOCKS = 65535       # ctc_frame_lse: a warp per frame, grid-stride beyond this
-ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
 
 
 def loss_defines(dtype):
-    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulate_dtype(dtype)],
+    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
             'CTC_THREADS': CTC_THREADS}
 
 
 def decode_defines(dtype):
-    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulate_dtype(dtype)],
+    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
             'CTC_DECODE_THREADS': CTC_DECODE_THREADS}
 
 
 # Every variant builds without spills (CTC_MIN_BLOCKS in ctc.cu says what that needs).
-for _dtype in ELEMENT_TYPES:
+for _dtype in FLOAT_DTYPES_NO_BFLOAT16:
     register_build(LOSS_SOURCE, loss_defines(_dtype), ['ctc_frame_lse', 'ctc_alpha', 'ctc_beta_grad'])
     register_build(DECODE_SOURCE, decode_defines(_dtype), ['ctc_greedy_decode', 'ctc_beam_search'])
 
@@ -69,7 +69,7 @@ def _host(value):
 def _stand_in(rt, fn, name, value):
     """(device array, zero-stride host stand-in of its shape and dtype for the twin's checks)."""
     array = value if isinstance(value, rt.xp.ndarray) else rt.xp.asarray(value)
-    if array.dtype.kind == 'f' and array.dtype not in ELEMENT_TYPES:
+    if array.dtype.kind == 'f' and array.dtype not in FLOAT_DTYPES_NO_BFLOAT16:
         raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
                         % (fn, name, array.dtype))
     return array, np.broadcast_to(np.zeros((), dtype=array.dtype), array.shape)
@@ -91,7 +91,7 @@ def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, b
 def _frame_lse(rt, logits):
     batch, steps, classes = logits.shape
     frames = batch * steps
-    lse = rt.xp.empty(frames, dtype=accumulate_dtype(logits.dtype))
+    lse = rt.xp.empty(frames, dtype=accumulation_dtype(logits.dtype))
     blocks = max(1, min(-(-frames // (CTC_THREADS // 32)), MAX_LSE_BLOCKS))
     rt.load(LOSS_SOURCE, loss_defines(logits.dtype)).kernel('ctc_frame_lse').launch(
         blocks, CTC_THREADS, (logits, lse, np.int64(frames), np.int64(classes)))
@@ -105,10 +105,8 @@ def _family_choice(rt, gpuk_fn, cudnn_fn, logits, labels, *rest):
 
     The forward and the backward of one problem share a dispatch key, so under 'auto'
     both run the implementation timed fastest on the forward."""
-    if rt.kind != 'cuda':
-        return gpuk_fn(rt, logits, labels, *rest)
     key = (logits.shape, logits.dtype.name, labels.shape)
-    return dispatch.run('ctc', key, lambda *args: gpuk_fn(rt, *args), cudnn_fn, logits, labels, *rest)
+    return dispatch.run(rt, 'ctc', key, lambda *args: gpuk_fn(rt, *args), cudnn_fn, logits, labels, *rest)
 
 
 def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, runtime=None):
@@ -129,7 +127,7 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, ru
 def _ctc_loss_fwd_gpuk(rt, logits, labels, input_lengths, label_lengths, blank):
     batch, steps, classes = logits.shape
     width = labels.shape[1]
-    acc = accumulate_dtype(logits.dtype)
+    acc = accumulation_dtype(logits.dtype)
     log_alpha = rt.xp.empty((batch, steps, 2 * width + 1), dtype=acc)
     if steps == 0 or batch == 0:
         loss = np.where(label_lengths == 0, 0.0, np.inf).astype(logits.dtype)
@@ -160,7 +158,7 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, 
         fn, rt, logits, labels, input_lengths, label_lengths, blank)
     batch, steps, _ = logits.shape
     states = 2 * labels.shape[1] + 1
-    acc = accumulate_dtype(logits.dtype)
+    acc = accumulation_dtype(logits.dtype)
     log_alpha, stand_in = _stand_in(rt, fn, 'log_alpha', log_alpha)
     ctc_checks.float_array(fn, 'log_alpha', stand_in)
     if log_alpha.shape != (batch, steps, states):
@@ -176,7 +174,7 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
     batch, steps, classes = logits.shape
     width = labels.shape[1]
     states = 2 * width + 1
-    acc = accumulate_dtype(logits.dtype)
+    acc = accumulation_dtype(logits.dtype)
     dlogits = rt.xp.empty(logits.shape, dtype=logits.dtype)
     if steps == 0 or batch == 0:
         return dlogits
@@ -234,7 +232,7 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
     width = ctc_checks.positive_int(fn, 'beam_width', beam_width)
     top_paths = ctc_checks.positive_int(fn, 'top_paths', top_paths, width)
     batch, steps, classes = log_probs.shape
-    xp, acc = rt.xp, accumulate_dtype(log_probs.dtype)
+    xp, acc = rt.xp, accumulation_dtype(log_probs.dtype)
     if steps == 0 or batch == 0:
         scores = np.full((batch, top_paths), -np.inf)
         scores[:, 0] = 0.0

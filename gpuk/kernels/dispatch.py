@@ -7,11 +7,9 @@ cuDNN runs only on the CUDA runtime; a cuDNN function that cannot take a problem
 """
 import warnings
 
-from gpuk.kernels import cudnn, runtime
-
-
-class Unsupported(Exception):
-    """Raised by a cuDNN path for a problem outside cuDNN's limits (e.g. CTC labels >= 256)."""
+from gpuk.kernels import runtime
+from gpuk.kernels.cudnn import library as cudnn
+from gpuk.kernels.cudnn.library import Unsupported
 
 
 _auto_choice = {}       # (family, problem key) -> 'gpuk' or 'cudnn'
@@ -49,13 +47,15 @@ def _faster(gpuk_fn, cudnn_fn, args, kwargs):
     return 'cudnn' if cudnn_ms < _time(gpuk_fn, args, kwargs) else 'gpuk'
 
 
-def run(family, problem_key, gpuk_fn, cudnn_fn, *args, **kwargs):
-    """Calls the implementation chosen for ``family`` with ``args``.
+def run(rt, family, problem_key, gpuk_fn, cudnn_fn, *args, **kwargs):
+    """Calls the implementation chosen for ``family`` with ``args`` on the runtime ``rt`` (a
+    runtime, a kind, or None for ``runtime.current()``): the one place that decides, so
+    launchers never check the runtime kind themselves. Off the CUDA runtime gpuk's kernel runs.
 
     ``problem_key`` identifies the problem for 'auto' (shapes, dtypes, geometry);
     ``cudnn_fn`` may be None where cuDNN has no such operation.
     """
-    if cudnn_fn is None or runtime.current().kind != 'cuda':
+    if cudnn_fn is None or runtime.resolve(rt).kind != 'cuda':
         return gpuk_fn(*args, **kwargs)
     choice = cudnn.choose(family)
     if choice == 'gpuk':

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpuk.contracts.dtypes import ELEMENT_TYPES
 from gpuk.cpu_fallback.elementwise import check_bias_act_args
 from .runtime import register_build, resolve
 
@@ -16,7 +17,6 @@ COPY_THREADS = 256
 COPY_MAX_BLOCKS = 4096
 BIAS_ACT_THREADS = 256
 BIAS_ACT_MAX_BLOCKS = 8192
-ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
 ACTIVATION_CODES = {'linear': 0, 'relu': 1}
 
 

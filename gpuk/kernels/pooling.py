@@ -3,8 +3,8 @@
 Same names and signatures as gpuk/cpu_fallback/pooling.py, plus a keyword-only `runtime`
 (None: runtime.current(); 'cuda', 'emulate', or a runtime object). Arguments are checked
 with the twin's own helpers, so errors read the same and come before any launch.
-On the CUDA runtime each call goes through ``dispatch.run('pool', ...)``, which may pick
-the cuDNN path in gpuk/kernels/cudnn_legacy.py (``GPUK_KERNELS=pool=cudnn|auto``).
+On the CUDA runtime each call goes through ``dispatch.run('pooling', ...)``, which may pick
+the cuDNN path in gpuk/kernels/cudnn/pooling.py (``GPUK_KERNELS=pooling=cudnn|auto``).
 
 Which kernel runs: max/avg forward -> max_pool_fwd / avg_pool_fwd (channels-last with
 C % (16 / itemsize) == 0 uses 16-byte channel loads); average pooling whose window is the
@@ -17,9 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuk.cpu_fallback import conv_checks
-from gpuk.cpu_fallback import pooling_checks
-from . import cudnn_legacy, dispatch
+from gpuk.contracts import conv_checks
+from gpuk.contracts import pooling_checks
+from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES_NO_BFLOAT16, accumulation_dtype
+from . import dispatch
+from .cudnn import pooling as cudnn_pooling
 from .runtime import register_build, resolve
 
 __all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd']
@@ -32,21 +34,19 @@ POOL_MAX_BATCH_BLOCKS = 65535
 GLOBAL_POOL_THREADS = 256
 GLOBAL_POOL_ROWS = 8
 GLOBAL_POOL_MAX_BATCH_BLOCKS = 65535
-ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
-ACCUMULATE_TYPES = {np.dtype(np.float16): 'float', np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
 LAYOUT_CHANNELS_FIRST, LAYOUT_CHANNELS_LAST, LAYOUT_CHANNELS_LAST_VEC = 0, 1, 2
 KERNELS = ['max_pool_fwd', 'avg_pool_fwd', 'avg_pool_bwd', 'max_pool_bwd_scatter', 'acc_to_elem',
            'global_avg_pool_rows', 'global_avg_pool_channels_last']
 
 
 def defines(dtype):
-    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ACCUMULATE_TYPES[np.dtype(dtype)],
+    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
             'POOL_THREADS': POOL_THREADS,
             'GLOBAL_POOL_THREADS': GLOBAL_POOL_THREADS, 'GLOBAL_POOL_ROWS': GLOBAL_POOL_ROWS}
 
 
 # Every variant builds without spills (POOL_MIN_BLOCKS in pooling.cu says why it is needed).
-for _dtype in ELEMENT_TYPES:
+for _dtype in FLOAT_DTYPES_NO_BFLOAT16:
     register_build(SOURCE, defines(_dtype), KERNELS)
 
 
@@ -62,7 +62,7 @@ def _batch_grid(per_sample, n):
 def _float_array(fn, name, value, xp):
     """The twin's check (float dtype, no zero-size dim) on arrays of the runtime's xp."""
     array = value if isinstance(value, xp.ndarray) else xp.asarray(value)
-    if array.dtype.kind != 'f' or array.dtype not in ELEMENT_TYPES:
+    if array.dtype.kind != 'f' or array.dtype not in FLOAT_DTYPES_NO_BFLOAT16:
         raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
                         % (fn, name, array.dtype))
     if array.size == 0:
@@ -135,9 +135,7 @@ def _forward_problem(fn, x, window, strides, pads, data_format, xp):
 
 
 def _run(rt, problem, op, gpuk_fn, cudnn_fn, *args):
-    if rt.kind != 'cuda':
-        return gpuk_fn(*args)
-    return dispatch.run('pool', problem.key(op), gpuk_fn, cudnn_fn, *args)
+    return dispatch.run(rt, 'pooling', problem.key(op), gpuk_fn, cudnn_fn, *args)
 
 
 # ---------------------------------------------------------------- forward
@@ -148,7 +146,7 @@ def max_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
     rt = resolve(runtime)
     x, problem = _forward_problem('max_pool_fwd', x, window, strides, pads, data_format, rt.xp)
     gpuk_fn = functools.partial(_max_pool_fwd_gpuk, rt, problem)
-    return _run(rt, problem, 'max_fwd', gpuk_fn, cudnn_legacy.max_pool_fwd,
+    return _run(rt, problem, 'max_fwd', gpuk_fn, cudnn_pooling.max_pool_fwd,
                 x, problem.window, problem.strides, problem.pads, data_format)
 
 
@@ -167,7 +165,7 @@ def avg_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
     rt = resolve(runtime)
     x, problem = _forward_problem('avg_pool_fwd', x, window, strides, pads, data_format, rt.xp)
     gpuk_fn = functools.partial(_avg_pool_fwd_gpuk, rt, problem)
-    return _run(rt, problem, 'avg_fwd', gpuk_fn, cudnn_legacy.avg_pool_fwd,
+    return _run(rt, problem, 'avg_fwd', gpuk_fn, cudnn_pooling.avg_pool_fwd,
                 x, problem.window, problem.strides, problem.pads, data_format)
 
 
@@ -206,7 +204,7 @@ def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format, *, runtime=Non
     setup = pooling_checks.avg_backward_setup(fn, dy, x_shape, window, strides, pads, data_format)
     problem = _problem(setup, dy.dtype)
     gpuk_fn = functools.partial(_avg_pool_bwd_gpuk, rt, problem)
-    return _run(rt, problem, 'avg_bwd', gpuk_fn, cudnn_legacy.avg_pool_bwd,
+    return _run(rt, problem, 'avg_bwd', gpuk_fn, cudnn_pooling.avg_pool_bwd,
                 dy, setup.x_shape, setup.window, setup.strides, setup.pads, data_format)
 
 
@@ -229,9 +227,7 @@ def max_pool_bwd(dy, argmax, x_shape, data_format, *, runtime=None):
     argmax = xp.ascontiguousarray(argmax, dtype=np.int64)
     key = ('max_bwd', dy.dtype.name, channels_first, tuple(dy.shape), tuple(x_shape))
     gpuk_fn = functools.partial(_max_pool_bwd_gpuk, rt, channels_first)
-    if rt.kind != 'cuda':
-        return gpuk_fn(dy, argmax, x_shape, data_format)
-    return dispatch.run('pool', key, gpuk_fn, cudnn_legacy.max_pool_bwd, dy, argmax, x_shape, data_format)
+    return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.max_pool_bwd, dy, argmax, x_shape, data_format)
 
 
 def _max_pool_bwd_gpuk(rt, channels_first, dy, argmax, x_shape, _data_format):

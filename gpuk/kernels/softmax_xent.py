@@ -12,18 +12,19 @@ or probabilities (target, dloss) are cast to their dtype first.
 
 On the CUDA runtime the softmax functions run the 'softmax_xent' family's choice
 (``GPUK_KERNELS=softmax_xent=gpuk|cudnn|auto``): these kernels or cuDNN's softmax
-(gpuk/kernels/cudnn_softmax.py). cuDNN has no fused cross-entropy, so the cross-entropy
+(gpuk/kernels/cudnn/softmax.py). cuDNN has no fused cross-entropy, so the cross-entropy
 functions always run these kernels (saying so once when the family is set to 'cudnn').
 """
 import functools
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from gpuk.cpu_fallback import softmax_xent as twin
-from gpuk.cpu_fallback import softmax_xent_checks as checks
-from . import cudnn_softmax, dispatch
+from gpuk.contracts import softmax_xent_checks as checks
+from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
+from . import dispatch
+from .cudnn import softmax as cudnn_softmax
 from .runtime import register_build, resolve
 
 __all__ = list(twin.__all__)
@@ -35,8 +36,6 @@ WARP_ROW_MAX_COLS = 1024      # rows up to this many classes: a warp per row; lo
 MAX_ROW_BLOCKS = 65535
 BINARY_THREADS = 256
 MAX_BINARY_BLOCKS = 8192
-ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(ml_dtypes.bfloat16): '__nv_bfloat16',
-                 np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
 BINARY_OPS = {'logits_fwd': 0, 'logits_bwd': 1, 'logits_dtarget': 2,
               'probs_fwd': 3, 'probs_bwd': 4, 'probs_dtarget': 5}
 ROW_KERNELS = ['softmax_rows_fwd', 'softmax_rows_bwd', 'softmax_xent_rows_fwd', 'softmax_xent_rows_bwd',
@@ -45,13 +44,13 @@ ROW_KERNELS = ['softmax_rows_fwd', 'softmax_rows_bwd', 'softmax_xent_rows_fwd', 
 
 
 def defines(dtype):
-    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[checks.accumulate_dtype(dtype)],
+    return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
             'ROW_THREADS': ROW_THREADS,
             'WARP_ROW_MAX_COLS': WARP_ROW_MAX_COLS, 'BINARY_THREADS': BINARY_THREADS}
 
 
 # Every variant builds without spills (ROW_MIN_BLOCKS in softmax_xent.cu says what that needs).
-for _dtype in ELEMENT_TYPES:
+for _dtype in FLOAT_DTYPES:
     register_build(SOURCE, defines(_dtype), ROW_KERNELS)
 
 
@@ -61,7 +60,7 @@ def _float(fn, name, rt, value, dtype=None):
     """`value` as a contiguous-able array of rt.xp; float16, bfloat16, float32 or float64 only
     (or cast to `dtype`)."""
     array = value if isinstance(value, rt.xp.ndarray) else rt.xp.asarray(value)
-    if array.dtype not in ELEMENT_TYPES:
+    if array.dtype not in FLOAT_DTYPES:
         raise TypeError('%s: %s must be a %s array, got dtype %s'
                         % (fn, name, checks.FLOAT_DTYPE_NAMES, array.dtype))
     return array if dtype is None else array.astype(dtype, copy=False)
@@ -107,7 +106,7 @@ def _row_values(fn, name, rt, value, full_shape, axis, acc):
 
 def _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis):
     """The backward ops' per-row inputs, checked and cast to the accumulation dtype."""
-    acc = checks.accumulate_dtype(logits.dtype)
+    acc = accumulation_dtype(logits.dtype)
     return (_row_values(fn, 'lse', rt, lse, logits.shape, axis, acc),
             _row_values(fn, 'dloss', rt, dloss, logits.shape, axis, acc))
 
@@ -172,10 +171,8 @@ def _softmax_like_bwd(fn, first_name, y, dy, axis, log_input, rt):
 
 def _softmax_entry(op, rt, gpuk_fn, cudnn_fn, first, *rest):
     """Runs the 'softmax_xent' family's implementation of a softmax function (gpuk or cuDNN)."""
-    if rt.kind != 'cuda':
-        return gpuk_fn(first, *rest)
     key = (op, np.shape(first), str(getattr(first, 'dtype', '')), rest[-1])   # rest[-1]: axis
-    return dispatch.run('softmax_xent', key, gpuk_fn, cudnn_fn, first, *rest)
+    return dispatch.run(rt, 'softmax_xent', key, gpuk_fn, cudnn_fn, first, *rest)
 
 
 def softmax_fwd(x, axis=-1, *, runtime=None):
@@ -216,9 +213,7 @@ def _no_cudnn_cross_entropy(function):
     def entry(*args, runtime=None, **kwargs):
         rt = resolve(runtime)
         gpuk_fn = functools.partial(function, runtime=rt)
-        if rt.kind != 'cuda':
-            return gpuk_fn(*args, **kwargs)
-        return dispatch.run('softmax_xent', function.__name__, gpuk_fn, cudnn_softmax.fused_cross_entropy_unsupported,
+        return dispatch.run(rt, 'softmax_xent', function.__name__, gpuk_fn, cudnn_softmax.fused_cross_entropy_unsupported,
                             *args, **kwargs)
     return entry
 
@@ -245,7 +240,7 @@ def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
     _nonempty_axis(fn, 'logits', logits.shape, axis)
     rows = _Rows(rt, logits, axis)
     loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
-    lse = rt.xp.empty(_reduced(rows), dtype=checks.accumulate_dtype(logits.dtype))
+    lse = rt.xp.empty(_reduced(rows), dtype=accumulation_dtype(logits.dtype))
     _launch_rows(rt, logits.dtype, 'softmax_xent_rows_fwd', rows.rows, rows.cols,
                  (rows.data, rows.like(target.astype(logits.dtype, copy=False)), loss, lse))
     return loss, lse
@@ -297,7 +292,7 @@ def sparse_softmax_xent_fwd(logits, labels, axis=-1, *, runtime=None):
     _nonempty_axis(fn, 'logits', logits.shape, axis)
     rows = _Rows(rt, logits, axis)
     loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
-    lse = rt.xp.empty(_reduced(rows), dtype=checks.accumulate_dtype(logits.dtype))
+    lse = rt.xp.empty(_reduced(rows), dtype=accumulation_dtype(logits.dtype))
     _launch_rows(rt, logits.dtype, 'sparse_softmax_xent_rows_fwd', rows.rows, rows.cols,
                  (rows.data, labels, loss, lse))
     return loss, lse
@@ -324,7 +319,7 @@ def _categorical(fn, rt, probs, target, dloss, axis, epsilon, mode):
     probs = _float(fn, 'probs', rt, probs)
     axis = checks.check_axis(fn, axis, probs.ndim)
     epsilon = checks.check_epsilon(fn, epsilon)
-    acc = checks.accumulate_dtype(probs.dtype)
+    acc = accumulation_dtype(probs.dtype)
     if target is not None:
         target = _float(fn, 'target', rt, target)
         checks.same_shape(fn, 'probs', probs, 'target', target)
@@ -382,7 +377,7 @@ def _binary(fn, rt, first_name, first, second_name, second, dloss, op, epsilon=0
         kernel = rt.load(SOURCE, defines(a.dtype)).kernel('binary_xent_elementwise')
         blocks = max(1, min(-(-a.size // BINARY_THREADS), MAX_BINARY_BLOCKS))
         kernel.launch(blocks, BINARY_THREADS, (a, b, c, out, np.int64(a.size), np.int32(BINARY_OPS[op]),
-                                               rt.xp.full(1, epsilon, dtype=checks.accumulate_dtype(a.dtype))))
+                                               rt.xp.full(1, epsilon, dtype=accumulation_dtype(a.dtype))))
     return out
 
 

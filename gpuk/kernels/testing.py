@@ -13,7 +13,7 @@ kernel sees. A wrong fragment, tap or tile edge gives errors of order 1e-1 and a
 import ml_dtypes
 import numpy as np
 
-from gpuk.cpu_fallback.conv_checks import is_float_dtype
+from gpuk.contracts.dtypes import is_float_dtype
 
 TOLERANCE = {np.dtype(np.float16): 2e-3, np.dtype(ml_dtypes.bfloat16): 1.5e-2, np.dtype(np.float32): 1e-5,
              np.dtype(np.float64): 1e-12}

@@ -19,7 +19,7 @@ import operator
 
 import numpy as np
 
-from gpuk.cpu_fallback.batchnorm_checks import check_activation, kept_shape, moving_average_updates
+from gpuk.contracts.batchnorm_checks import check_activation, kept_shape, moving_average_updates
 from gpuk.graph import Constant, Meta, apply
 from gpuk.ops import elementwise as ew
 from gpuk.ops import shape as shape_ops

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from gpuk.graph import Meta, apply
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
 from gpuk.ops.base import Op
 
 # family -> impl.conv function names (forward, data gradient, filter gradient)

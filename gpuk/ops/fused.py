@@ -2,14 +2,15 @@
 policy, shape checks, and the gradients of fused backward nodes from their formula."""
 import numpy as np
 
+from gpuk.contracts.dtypes import accumulation_dtype
 from gpuk.autodiff import vector_jacobian_products
 from gpuk.graph import Constant, Placeholder, clone
 from gpuk.ops import elementwise as ew
 
 
 def accumulate_dtype(dtype):
-    """float16 is computed (and by-products kept) in float32."""
-    return 'float32' if dtype == 'float16' else dtype
+    """The accumulation dtype (gpuk.contracts.dtypes) by name, as graph metas carry dtypes."""
+    return accumulation_dtype(dtype).name
 
 
 def require_float(where, name, meta):

@@ -8,7 +8,7 @@ import numpy as np
 from gpuk.graph import Meta, apply
 from gpuk.ops import shape as shape_ops
 from gpuk.ops.base import Op
-from gpuk.ops.layout import accumulation_dtype
+from gpuk.contracts.dtypes import accumulation_dtype
 
 
 def _is_float(dtype):

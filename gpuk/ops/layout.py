@@ -7,15 +7,11 @@ of float16 tensors accumulate in float32.
 """
 import numpy as np
 
+from gpuk.contracts.dtypes import accumulation_dtype
 from gpuk.graph import Meta, apply, as_tensor
 from gpuk.ops import elementwise as ew
 from gpuk.ops import shape as shape_ops
 from gpuk.ops.base import Op
-
-
-def accumulation_dtype(dtype):
-    """float16 sums run in float32; every other dtype in itself."""
-    return np.float32 if np.dtype(dtype) == np.float16 else np.dtype(dtype)
 
 
 def _is_float(dtype):

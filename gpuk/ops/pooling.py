@@ -9,7 +9,7 @@ are adjoint linear maps, each the gradient of the other.
 import numpy as np
 
 from gpuk.graph import Meta, apply
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
 from gpuk.ops.base import Op
 from gpuk.ops.conv import assemble_shape, channel_dim, spatial_dims
 

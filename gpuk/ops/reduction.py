@@ -5,6 +5,7 @@ float16 inputs are accumulated in float32 and the result is cast back to float16
 """
 import numpy as np
 
+from gpuk.contracts.dtypes import accumulation_dtype
 from gpuk import config
 from gpuk.graph import Meta, apply, as_tensor
 from gpuk.ops import elementwise as ew
@@ -24,8 +25,9 @@ _ACCUMULATING = ('sum', 'mean', 'prod', 'var')
 
 
 def _accumulation_input(x):
-    """float16 accumulates in float32 (the precision policy); everything else as is."""
-    return x.astype(np.float32) if x.dtype == np.float16 else x
+    """x in its accumulation dtype (gpuk.contracts.dtypes): float16 in float32; others as they are."""
+    acc = accumulation_dtype(x.dtype)
+    return x if acc == x.dtype else x.astype(acc)
 
 
 def _reduced_shape(shape, axes, keepdims):

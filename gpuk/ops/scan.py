@@ -16,6 +16,22 @@ from gpuk.graph import Constant, Meta, Placeholder, Tensor, apply, clone, topolo
 from gpuk.ops.base import Op
 
 
+def compile_plan(inputs, outputs, impl):
+    """The step graph compiled into an execution plan: gpuk.function's Plan, which registers
+    itself here when it is imported (it sits above the ops: a Scan runs inside a Plan, so the
+    plan machinery is always loaded by then, and ops never import upwards)."""
+    if _plan_class[0] is None:
+        raise RuntimeError('Scan: gpuk.function is not loaded, so no plan compiles the step graph')
+    return _plan_class[0](inputs, outputs, impl)
+
+
+_plan_class = [None]
+
+
+def register_plan_class(plan_class):
+    _plan_class[0] = plan_class
+
+
 def _is_float(tensor):
     return np.dtype(tensor.dtype).kind == 'f'
 
@@ -89,11 +105,10 @@ class Scan(Op):
         return tuple(stacked + finals + history)
 
     def _plan(self, impl):
-        from gpuk.function import Plan
         plan = self._plans.get(id(impl))
         if plan is None or plan.impl is not impl:
-            plan = Plan(self.seq_inputs + self.state_inputs + self.captured_inputs,
-                        self.step_outputs + self.state_outputs, impl)
+            plan = compile_plan(self.seq_inputs + self.state_inputs + self.captured_inputs,
+                                self.step_outputs + self.state_outputs, impl)
             self._plans[id(impl)] = plan
         return plan
 

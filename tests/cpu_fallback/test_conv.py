@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import conv
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
 from tests.evaluation import from_cl, layout, to_cl
 from tests.gradcheck import numeric_gradient
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import pooling
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
 from tests.evaluation import from_cl, layout, to_cl
 
 DTYPES = [np.float16, np.float32, np.float64]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import softmax_xent as sx
-from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
+from gpuk.contracts.dtypes import accumulation_dtype
 from tests.gradcheck import numeric_gradient
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
@@ -97,7 +97,7 @@ def test_softmax_xent_fwd_matches_loops(rng, axis, dtype):
     loss, lse = sx.softmax_xent_fwd(logits, target, axis)
     ref_loss, ref_lse = _slow_xent(logits, target, axis % 3)
     _check(loss, ref_loss, dtype, scale=3)
-    assert lse.dtype == accumulate_dtype(dtype)
+    assert lse.dtype == accumulation_dtype(dtype)
     np.testing.assert_allclose(lse, ref_lse, rtol=1e-5 if dtype != np.float64 else 1e-12)
 
 
@@ -174,7 +174,7 @@ def test_sparse_xent_bad_labels():
 def _clip_in(dtype, values, epsilon):
     """Keras clips in the tensor's dtype (float32 for our 16-bit floats): 1 - 1e-7
     rounds to 1 - 2**-23 there, a visible change in log(1 - p)."""
-    acc = accumulate_dtype(dtype).type
+    acc = accumulation_dtype(dtype).type
     clipped = np.clip(values.astype(acc), acc(epsilon), acc(1 - epsilon))
     return clipped.astype(np.float64)
 

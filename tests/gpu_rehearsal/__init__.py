@@ -53,14 +53,16 @@ def activate():
     sys.modules.update(modules)
 
     from gpuk import device
-    from gpuk.kernels import cuda_runtime, cudnn, runtime
+    from gpuk.kernels import runtime
+    from gpuk.kernels.cudnn import library as cudnn_library
+    from gpuk.kernels.runtime import cuda_runtime
     from . import rehearsal_runtime
     # get_runtime('cuda') imports CudaRuntime from cuda_runtime each time it builds one
     cuda_runtime.CudaRuntime = rehearsal_runtime.RehearsalCudaRuntime
     runtime._runtimes.pop('cuda', None)
     # cuDNN is found by loading its library: make that fail with a reason that says why
-    cudnn._load_library = lambda: (None, CUDNN_REASON)
-    cudnn.reset_probe()
+    cudnn_library._load_library = lambda: (None, CUDNN_REASON)
+    cudnn_library.reset_probe()
     device._state.update(kind=None, impl=None)
     _state['active'] = True
 

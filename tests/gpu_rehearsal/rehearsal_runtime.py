@@ -1,6 +1,6 @@
 """The CUDA runtime of the GPU rehearsal: gpuk's own CudaRuntime with the emulator behind it.
 
-Everything of gpuk/kernels/cuda_runtime.py runs (the device queries, module memoization,
+Everything of gpuk/kernels/runtime/cuda_runtime.py runs (the device queries, module memoization,
 CudaModule.kernel, CudaKernel.launch with its shared-memory limit and opt-in, argument
 checks against ``cupy.ndarray``, error wrapping) except ``_raw_module``, which would load a
 cubin into the GPU: here it returns a RawModule look-alike whose kernels run the same .cu
@@ -18,8 +18,9 @@ arrays held. The test rehearsal never sets it.
 """
 import sys
 
-from gpuk.kernels import cuda_runtime, runtime
-from gpuk.kernels.emulated_runtime import EmulatedRuntime
+from gpuk.kernels import runtime
+from gpuk.kernels.runtime import cuda_runtime
+from gpuk.kernels.runtime.emulated_runtime import EmulatedRuntime
 
 CUDA_DEFAULT_DYNAMIC_SHARED = 48 * 1024
 _dry_launch_bytes = [None]

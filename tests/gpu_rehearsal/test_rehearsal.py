@@ -60,9 +60,10 @@ def test_cuda_runtime_runs_kernels_in_the_emulator_and_enforces_the_shared_memor
     result = _rehearse('''
         import numpy as np
         from gpuk import device
-        from gpuk.kernels import cudnn, elementwise, runtime
+        from gpuk.kernels import elementwise, runtime
+        from gpuk.kernels.cudnn import library as cudnn_library
         assert device.gpu_unusable_reason() is None and device.kind() == 'cuda'
-        assert device.xp().__name__ == 'cupy' and not cudnn.available()
+        assert device.xp().__name__ == 'cupy' and not cudnn_library.available()
         rt = runtime.get_runtime('cuda')
         assert rt.kind == 'cuda' and rt.arch == 'sm_90'
         x = np.arange(1000, dtype=np.float32)

@@ -3,6 +3,9 @@ a stated accuracy. Data are tiny and seeded (conftest seeds NumPy before each te
 import numpy as np
 import pytest
 
+# Every test here runs on each implementation (tests/conftest.py: on_device), the CUDA kernels included.
+pytestmark = pytest.mark.usefixtures('on_device')
+
 
 def _separable_task(n=256, d=8, seed=0):
     rng = np.random.RandomState(seed)

@@ -4,7 +4,8 @@ import types
 import pytest
 
 from gpuk import config
-from gpuk.kernels import cudnn, dispatch, runtime
+from gpuk.kernels import dispatch, runtime
+from gpuk.kernels.cudnn import library as cudnn_library
 
 KERNEL_RUNTIMES = ['emulate', pytest.param('cuda', marks=pytest.mark.gpu)]
 
@@ -40,7 +41,7 @@ def cuda_standin(monkeypatch, emulator):
     """The emulator presented as the CUDA runtime, with cuDNN reported available."""
     standin = types.SimpleNamespace(kind='cuda', xp=emulator.xp, load=emulator.load)
     monkeypatch.setattr(runtime, 'current', lambda: standin)
-    monkeypatch.setattr(cudnn, 'available', lambda: True)
+    monkeypatch.setattr(cudnn_library, 'available', lambda: True)
     monkeypatch.setattr(config, '_kernels', dict(config._kernels))
     monkeypatch.setattr(dispatch, '_warned', set())
     monkeypatch.setattr(dispatch, '_auto_choice', {})

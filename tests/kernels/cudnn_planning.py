@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuk.kernels import cudnn
+from gpuk.kernels.cudnn import library as cudnn_library
 
 # A device description for cuDNN's device-less (AOT) heuristics: an H100 SXM (sm_90).
 H100 = dict(cudaDeviceId=0, deviceName='NVIDIA H100 80GB HBM3', deviceVer=900, driverVer=13000, isTccDriver=0,
@@ -20,7 +20,7 @@ H100 = dict(cudaDeviceId=0, deviceName='NVIDIA H100 80GB HBM3', deviceVer=900, d
 
 def frontend_or_skip():
     """The cuDNN Frontend module; skips the test where it does not import."""
-    module, reason = cudnn._import_frontend()
+    module, reason = cudnn_library._import_frontend()
     if module is None:
         pytest.skip(reason)
     return module
@@ -28,7 +28,7 @@ def frontend_or_skip():
 
 def h100_or_skip(frontend):
     """The H100 as a frontend device_property (needs libcudnn, no GPU); skips where it cannot."""
-    library, reason = cudnn._load_library()
+    library, reason = cudnn_library._load_library()
     if library is None:
         pytest.skip(reason)
     try:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import batchnorm as twin
-from gpuk.kernels import batchnorm, cudnn_batchnorm, dispatch
+from gpuk.kernels import batchnorm, dispatch
+from gpuk.kernels.cudnn import batchnorm as cudnn_batchnorm
 from gpuk.kernels.testing import assert_close, to_device, to_host
 
 DTYPES = [np.float16, np.float32, np.float64]
@@ -179,9 +180,9 @@ def test_cudnn_views_and_dims():
 @pytest.mark.gpu
 @pytest.mark.parametrize('shape, axes', [((4, 6, 5, 16), (0, 1, 2)), ((4, 16, 6, 5), (0, 2, 3))])
 def test_cudnn_batchnorm_matches_twin(shape, axes):
-    from gpuk.kernels import cudnn
-    if not cudnn.available():
-        pytest.skip(cudnn.why_unavailable())
+    from gpuk.kernels.cudnn import library as cudnn_library
+    if not cudnn_library.available():
+        pytest.skip(cudnn_library.why_unavailable())
     import cupy
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -312,9 +313,9 @@ def test_cudnn_refuses_empty_problems_and_single_value_moving_variance():
 @pytest.mark.gpu
 @pytest.mark.parametrize('shape, axes', [((4, 6, 5, 16), (0, 1, 2)), ((4, 16, 6, 5), (0, 2, 3))])
 def test_cudnn_fused_batchnorm_matches_twin(shape, axes):
-    from gpuk.kernels import cudnn
-    if not cudnn.available():
-        pytest.skip(cudnn.why_unavailable())
+    from gpuk.kernels.cudnn import library as cudnn_library
+    if not cudnn_library.available():
+        pytest.skip(cudnn_library.why_unavailable())
     import cupy
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)

@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from gpuk.kernels import build, runtime
+from gpuk.kernels import runtime
+from gpuk.kernels.runtime import build
 
 SPILLING_SOURCE = r'''
 // 96 live floats under a 32-register cap (1024 threads x 2 blocks per SM): spills.

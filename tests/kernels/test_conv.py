@@ -1,4 +1,4 @@
-"""Convolution kernels (gpuk/kernels/conv.py) against their NumPy twins, on every kernel runtime.
+"""Convolution kernels (gpuk/kernels/conv/__init__.py) against their NumPy twins, on every kernel runtime.
 
 Shapes are tiny (the emulator runs each thread as a fiber) but odd, so every tile has tails.
 """
@@ -10,7 +10,9 @@ import pytest
 
 from gpuk import config
 from gpuk.cpu_fallback import conv as twin
-from gpuk.kernels import conv, conv_direct, conv_tiles
+from gpuk.kernels import conv
+from gpuk.kernels.conv import direct as conv_direct
+from gpuk.kernels.conv import tiles as conv_tiles
 from gpuk.kernels.testing import assert_close, assert_matches_twin, relative_error, to_device, to_host
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import ctc as twin
-from gpuk.kernels import ctc, cudnn_ctc, runtime
+from gpuk.kernels import ctc, runtime
+from gpuk.kernels.cudnn import ctc as cudnn_ctc
 from gpuk.kernels.testing import assert_close, to_device, to_host
 
 DTYPES = [np.float16, np.float32, np.float64]
@@ -240,9 +241,10 @@ def test_cudnn_label_packing_and_descriptor():
 
 @pytest.mark.gpu
 def test_cudnn_ctc_matches_gpuk():
-    from gpuk.kernels import cudnn, dispatch
-    if not runtime.cuda_usable() or not cudnn.available():
-        pytest.skip('needs a GPU and cuDNN: %s' % (cudnn.why_unavailable() or 'no GPU'))
+    from gpuk.kernels import dispatch
+    from gpuk.kernels.cudnn import library as cudnn_library
+    if not runtime.cuda_usable() or not cudnn_library.available():
+        pytest.skip('needs a GPU and cuDNN: %s' % (cudnn_library.why_unavailable() or 'no GPU'))
     import cupy
     rng = np.random.default_rng(5)
     x, labels, input_lengths, label_lengths = _batch(rng, np.float32)

@@ -1,4 +1,4 @@
-"""gpuk.kernels.cudnn: detection, fallback message, cache key and the translation of a
+"""gpuk.kernels.cudnn (library, conv): detection, fallback message, cache key and the translation of a
 Keras convolution into cuDNN's terms (checked on the CPU by running a cuDNN-style
 symmetric-padding NCHW convolution over the very buffers and strides cuDNN would get);
 the real cuDNN calls are `gpu` tests against the NumPy twins."""
@@ -10,17 +10,18 @@ from numpy.lib.stride_tricks import as_strided
 
 from gpuk import config
 from gpuk.cpu_fallback import conv as conv_ref
-from gpuk.kernels import cudnn
+from gpuk.kernels.cudnn import conv as cudnn_conv
+from gpuk.kernels.cudnn import library as cudnn_library
 
 
 # ---------------------------------------------------------------- detection
 
 @pytest.fixture
 def fresh_probe():
-    cudnn.reset_probe()
+    cudnn_library.reset_probe()
     saved = config.kernels()
     yield
-    cudnn.reset_probe()
+    cudnn_library.reset_probe()
     config.set_kernels(**saved)
 
 
@@ -28,57 +29,57 @@ def test_library_path_finds_the_wheel_layout(tmp_path):
     lib = tmp_path / 'site' / 'nvidia' / 'cudnn' / 'lib'
     lib.mkdir(parents=True)
     (lib / 'libcudnn.so.9').write_bytes(b'')
-    assert cudnn.library_path([str(tmp_path / 'empty'), str(tmp_path / 'site')]) == \
+    assert cudnn_library.library_path([str(tmp_path / 'empty'), str(tmp_path / 'site')]) == \
         str(lib / 'libcudnn.so.9')
-    assert cudnn.library_path([str(tmp_path / 'empty')]) is None
+    assert cudnn_library.library_path([str(tmp_path / 'empty')]) is None
 
 
 def test_unavailable_without_gpu_says_why(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn.device, 'gpu_unusable_reason', lambda: 'CUDA reports no GPU')
-    assert cudnn.available() is False
-    assert cudnn.why_unavailable() == 'CUDA reports no GPU'
+    monkeypatch.setattr(cudnn_library.runtime, 'gpu_unusable_reason', lambda: 'CUDA reports no GPU')
+    assert cudnn_library.available() is False
+    assert cudnn_library.why_unavailable() == 'CUDA reports no GPU'
 
 
 def test_unavailable_without_frontend_names_the_package(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn.device, 'gpu_unusable_reason', lambda: None)
-    monkeypatch.setattr(cudnn, '_load_library', lambda: (object(), None))
+    monkeypatch.setattr(cudnn_library.runtime, 'gpu_unusable_reason', lambda: None)
+    monkeypatch.setattr(cudnn_library, '_load_library', lambda: (object(), None))
     monkeypatch.setitem(__import__('sys').modules, 'cudnn', None)  # import cudnn fails
-    assert not cudnn.available()
-    assert 'nvidia-cudnn-frontend' in cudnn.why_unavailable()
+    assert not cudnn_library.available()
+    assert 'nvidia-cudnn-frontend' in cudnn_library.why_unavailable()
 
 
 def test_available_when_every_part_is_there(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn.device, 'gpu_unusable_reason', lambda: None)
-    monkeypatch.setattr(cudnn, '_load_library', lambda: (object(), None))
-    monkeypatch.setattr(cudnn, '_import_frontend', lambda: (object(), None))
-    assert cudnn.available() and cudnn.why_unavailable() == ''
+    monkeypatch.setattr(cudnn_library.runtime, 'gpu_unusable_reason', lambda: None)
+    monkeypatch.setattr(cudnn_library, '_load_library', lambda: (object(), None))
+    monkeypatch.setattr(cudnn_library, '_import_frontend', lambda: (object(), None))
+    assert cudnn_library.available() and cudnn_library.why_unavailable() == ''
 
 
 def test_fallback_warns_once_per_family(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn.device, 'gpu_unusable_reason', lambda: 'CUDA reports no GPU')
-    config.set_kernels(conv='cudnn', pool='auto')
+    monkeypatch.setattr(cudnn_library.runtime, 'gpu_unusable_reason', lambda: 'CUDA reports no GPU')
+    config.set_kernels(conv='cudnn', pooling='auto')
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
-        assert cudnn.choose('conv') == 'gpuk'
-        assert cudnn.choose('conv') == 'gpuk'
-        assert cudnn.choose('pool') == 'gpuk'  # auto falls back silently
+        assert cudnn_library.choose('conv') == 'gpuk'
+        assert cudnn_library.choose('conv') == 'gpuk'
+        assert cudnn_library.choose('pooling') == 'gpuk'  # auto falls back silently
     messages = [str(w.message) for w in caught]
-    assert messages == [cudnn.fallback_message('conv', 'CUDA reports no GPU')]
+    assert messages == [cudnn_library.fallback_message('conv', 'CUDA reports no GPU')]
     assert "'conv'" in messages[0] and 'CUDA reports no GPU' in messages[0]
 
 
 def test_choose_keeps_the_choice_when_available(fresh_probe, monkeypatch):
-    monkeypatch.setattr(cudnn, '_probe', lambda: None)
-    cudnn._state['reason'] = None
+    monkeypatch.setattr(cudnn_library, '_probe', lambda: None)
+    cudnn_library._state['reason'] = None
     config.set_kernels(conv='cudnn', ctc='auto')
-    assert cudnn.choose('conv') == 'cudnn' and cudnn.choose('ctc') == 'auto'
-    assert cudnn.choose('pool') == 'gpuk'
+    assert cudnn_library.choose('conv') == 'cudnn' and cudnn_library.choose('ctc') == 'auto'
+    assert cudnn_library.choose('pooling') == 'gpuk'
 
 
 # ---------------------------------------------------------------- translation
 
 def test_split_pads():
-    assert cudnn.split_pads(((1, 2), (0, 0), (3, 1))) == ((1, 0, 1), ((0, 1), (0, 0), (2, 0)))
+    assert cudnn_conv.split_pads(((1, 2), (0, 0), (3, 1))) == ((1, 0, 1), ((0, 1), (0, 0), (2, 0)))
 
 
 @pytest.mark.parametrize('channels_last', [True, False])
@@ -87,8 +88,8 @@ def test_layout_strides_match_numpy(shape, channels_last):
     array = np.empty(shape, np.float32)
     nc_view = np.moveaxis(array, -1, 1) if channels_last else array
     expected = tuple(s // array.itemsize for s in nc_view.strides)
-    assert cudnn.layout_strides(nc_view.shape, channels_last) == expected
-    assert cudnn.cudnn_dims(shape, channels_last) == nc_view.shape
+    assert cudnn_conv.layout_strides(nc_view.shape, channels_last) == expected
+    assert cudnn_conv.cudnn_dims(shape, channels_last) == nc_view.shape
 
 
 @pytest.mark.parametrize('rank', [1, 2, 3])
@@ -96,15 +97,15 @@ def test_layout_strides_match_numpy(shape, channels_last):
 def test_filter_axes_round_trip(rank, channels_last):
     shape = (2, 3, 4)[:rank] + (5, 6)  # (*k, Ci, Co)
     w = np.arange(np.prod(shape)).reshape(shape)
-    forward = w.transpose(cudnn.keras_to_cudnn_filter_axes(rank, channels_last))
+    forward = w.transpose(cudnn_conv.keras_to_cudnn_filter_axes(rank, channels_last))
     k = shape[:rank]
     assert forward.shape == ((6,) + k + (5,) if channels_last else (6, 5) + k)
-    back = forward.transpose(cudnn.cudnn_to_keras_filter_axes(rank, channels_last))
+    back = forward.transpose(cudnn_conv.cudnn_to_keras_filter_axes(rank, channels_last))
     np.testing.assert_array_equal(back, w)
 
 
 def test_conv_problem_describes_shapes_and_padding():
-    p = cudnn.conv_problem('conv_fwd', (2, 9, 8, 3), (3, 2, 3, 4), (2, 1), (1, 2),
+    p = cudnn_conv.conv_problem('conv_fwd', (2, 9, 8, 3), (3, 2, 3, 4), (2, 1), (1, 2),
                            ((1, 2), (0, 1)), 'channels_last')
     assert p.y_shape == (2, 5, 7, 4)  # (9+3-3)//2+1, (8+1-3)//1+1 with extent (2-1)*2+1
     assert p.symmetric_pads == (1, 0) and p.explicit_pads == ((0, 1), (0, 1))
@@ -112,12 +113,12 @@ def test_conv_problem_describes_shapes_and_padding():
 
 
 def test_conv_problem_lifts_one_spatial_dim():
-    p = cudnn.conv_problem('conv_fwd', (2, 3, 11), (3, 3, 5), (2,), (1,), ((2, 0),),
+    p = cudnn_conv.conv_problem('conv_fwd', (2, 3, 11), (3, 3, 5), (2,), (1,), ((2, 0),),
                            'channels_first')
     assert p.lifted and p.rank == 2
     assert p.x_shape == (2, 3, 1, 11) and p.w_shape == (1, 3, 3, 5)
     assert p.y_shape == (2, 5, 1, 6) and p.strides == (1, 2)
-    assert cudnn.unlifted_shape(p.y_shape, p) == (2, 5, 6)
+    assert cudnn_conv.unlifted_shape(p.y_shape, p) == (2, 5, 6)
 
 
 @pytest.mark.parametrize('kwargs, message', [
@@ -133,18 +134,18 @@ def test_conv_problem_rejects_bad_input(kwargs, message):
                 pads=((0, 0), (0, 0)), data_format='channels_last')
     args.update(kwargs)
     with pytest.raises(ValueError) as info:
-        cudnn.conv_problem('conv_fwd', **args)
+        cudnn_conv.conv_problem('conv_fwd', **args)
     assert message in str(info.value)
 
 
 def test_data_types_and_tensor_core_policy():
-    assert cudnn.data_type_names('float16', 'float32') == ('HALF', 'FLOAT', False)
-    assert cudnn.data_type_names('bfloat16', 'float32') == ('BFLOAT16', 'FLOAT', False)
-    assert cudnn.data_type_names('float32', 'float32') == ('FLOAT', 'FLOAT', True)
-    assert cudnn.data_type_names('float32', 'tf32') == ('FLOAT', 'FLOAT', False)
-    assert cudnn.data_type_names('float64', 'float32') == ('DOUBLE', 'DOUBLE', False)
+    assert cudnn_conv.data_type_names('float16', 'float32') == ('HALF', 'FLOAT', False)
+    assert cudnn_conv.data_type_names('bfloat16', 'float32') == ('BFLOAT16', 'FLOAT', False)
+    assert cudnn_conv.data_type_names('float32', 'float32') == ('FLOAT', 'FLOAT', True)
+    assert cudnn_conv.data_type_names('float32', 'tf32') == ('FLOAT', 'FLOAT', False)
+    assert cudnn_conv.data_type_names('float64', 'float32') == ('DOUBLE', 'DOUBLE', False)
     with pytest.raises(TypeError, match='cudnn: arrays must be float16, bfloat16, float32 or float64, got int32'):
-        cudnn.data_type_names('int32', 'float32')
+        cudnn_conv.data_type_names('int32', 'float32')
 
 
 def test_graph_cache_key_separates_what_matters():
@@ -154,7 +155,7 @@ def test_graph_cache_key_separates_what_matters():
         op = kw.pop('op', 'fprop')
         dtype = kw.pop('dtype', 'float32')
         args.update(kw)
-        return cudnn.graph_cache_key(op, 0, cudnn.conv_problem('f', **args), dtype, 'float32')
+        return cudnn_conv.graph_cache_key(op, 0, cudnn_conv.conv_problem('f', **args), dtype, 'float32')
 
     base = key()
     assert key() == base
@@ -164,11 +165,11 @@ def test_graph_cache_key_separates_what_matters():
     assert len({base, *variants}) == len(variants) + 1
 
 
-# ---- a cuDNN-style convolution on the CPU over the buffers cudnn.py hands to cuDNN
+# ---- a cuDNN-style convolution on the CPU over the buffers cudnn/conv.py hands to cuDNN
 
 def _nc_view(buffer, dims, channels_last):
     """The (N, C, *spatial) view cuDNN reads from `buffer` given dims and our strides."""
-    strides = cudnn.layout_strides(dims, channels_last)
+    strides = cudnn_conv.layout_strides(dims, channels_last)
     return as_strided(buffer, shape=dims, strides=[s * buffer.itemsize for s in strides])
 
 
@@ -199,32 +200,32 @@ def test_translation_reproduces_conv_fwd_and_wgrad(rng, data_format, x_shape, w_
                                                    dilation, pads):
     x = rng.standard_normal(x_shape)
     w = rng.standard_normal(w_shape)
-    p = cudnn.conv_problem('conv_fwd', x.shape, w.shape, strides, dilation, pads, data_format)
+    p = cudnn_conv.conv_problem('conv_fwd', x.shape, w.shape, strides, dilation, pads, data_format)
     cl = p.channels_last
-    x_buffer = cudnn.pad_explicit(np, x, p)
-    w_buffer = cudnn.to_cudnn_filter(np, w, p)
+    x_buffer = cudnn_conv.pad_explicit(np, x, p)
+    w_buffer = cudnn_conv.to_cudnn_filter(np, w, p)
     assert x_buffer.shape == p.padded_x_shape
-    x_nc = _nc_view(x_buffer, cudnn.cudnn_dims(p.padded_x_shape, cl), cl)
-    w_kc = _nc_view(w_buffer, cudnn.filter_dims(p.w_shape), cl)
+    x_nc = _nc_view(x_buffer, cudnn_conv.cudnn_dims(p.padded_x_shape, cl), cl)
+    w_kc = _nc_view(w_buffer, cudnn_conv.filter_dims(p.w_shape), cl)
     y_nc = _cudnn_like_fprop(x_nc, w_kc, p.symmetric_pads, p.strides, p.dilation)
     y_buffer = np.empty(p.y_shape)
-    _nc_view(y_buffer, cudnn.cudnn_dims(p.y_shape, cl), cl)[...] = y_nc
-    y = y_buffer.reshape(cudnn.unlifted_shape(p.y_shape, p))
+    _nc_view(y_buffer, cudnn_conv.cudnn_dims(p.y_shape, cl), cl)[...] = y_nc
+    y = y_buffer.reshape(cudnn_conv.unlifted_shape(p.y_shape, p))
     np.testing.assert_allclose(y, conv_ref.conv_fwd(x, w, strides, dilation, pads, data_format),
                                rtol=1e-12, atol=1e-12)
 
     # wgrad: dW[k, c, tap] = sum over n, out of dy * x window; written packed, then to Keras
     dy = rng.standard_normal(y.shape)
-    dy_nc = _nc_view(dy.reshape(p.y_shape).copy(), cudnn.cudnn_dims(p.y_shape, cl), cl)
-    dw_kc = np.zeros(cudnn.filter_dims(p.w_shape))
-    eye = np.zeros(cudnn.filter_dims(p.w_shape))
+    dy_nc = _nc_view(dy.reshape(p.y_shape).copy(), cudnn_conv.cudnn_dims(p.y_shape, cl), cl)
+    dw_kc = np.zeros(cudnn_conv.filter_dims(p.w_shape))
+    eye = np.zeros(cudnn_conv.filter_dims(p.w_shape))
     for index in np.ndindex(*eye.shape):  # small: each basis filter's response gives dW
         eye[index] = 1
         dw_kc[index] = np.sum(_cudnn_like_fprop(x_nc, eye, p.symmetric_pads, p.strides, p.dilation) * dy_nc)
         eye[index] = 0
-    dw_buffer = np.empty(cudnn.cudnn_filter_memory_shape(p))
-    _nc_view(dw_buffer, cudnn.filter_dims(p.w_shape), cl)[...] = dw_kc
-    dw = cudnn.from_cudnn_filter(np, dw_buffer, p, w_shape)
+    dw_buffer = np.empty(cudnn_conv.cudnn_filter_memory_shape(p))
+    _nc_view(dw_buffer, cudnn_conv.filter_dims(p.w_shape), cl)[...] = dw_kc
+    dw = cudnn_conv.from_cudnn_filter(np, dw_buffer, p, w_shape)
     np.testing.assert_allclose(dw, conv_ref.conv_wgrad(x, dy, w_shape, strides, dilation, pads,
                                                        data_format), rtol=1e-10, atol=1e-10)
 
@@ -232,18 +233,18 @@ def test_translation_reproduces_conv_fwd_and_wgrad(rng, data_format, x_shape, w_
 @pytest.mark.parametrize('data_format, x_shape, w_shape, strides, dilation, pads', CASES[:3])
 def test_crop_explicit_is_the_adjoint_of_pad_explicit(rng, data_format, x_shape, w_shape, strides,
                                                       dilation, pads):
-    p = cudnn.conv_problem('conv_dgrad', x_shape, w_shape, strides, dilation, pads, data_format)
+    p = cudnn_conv.conv_problem('conv_dgrad', x_shape, w_shape, strides, dilation, pads, data_format)
     x = rng.standard_normal(x_shape)
     g = rng.standard_normal(p.padded_x_shape)
     # <pad(x), g> == <x, crop(g)>: so dgrad of the padded x, cropped, is dgrad of x
-    assert np.isclose(np.sum(cudnn.pad_explicit(np, x, p) * g),
-                      np.sum(x * cudnn.crop_explicit(np, g, p, x_shape)))
+    assert np.isclose(np.sum(cudnn_conv.pad_explicit(np, x, p) * g),
+                      np.sum(x * cudnn_conv.crop_explicit(np, g, p, x_shape)))
 
 
 def test_flops_conv():
-    p = cudnn.conv_problem('f', (2, 8, 8, 3), (3, 3, 3, 4), (1, 1), (1, 1),
+    p = cudnn_conv.conv_problem('f', (2, 8, 8, 3), (3, 3, 3, 4), (1, 1), (1, 1),
                            ((1, 1), (1, 1)), 'channels_last')
-    assert cudnn.flops_conv(p) == 2 * 2 * 8 * 8 * 3 * 3 * 3 * 4
+    assert cudnn_conv.flops_conv(p) == 2 * 2 * 8 * 8 * 3 * 3 * 3 * 4
 
 
 # ---------------------------------------------------------------- on a GPU with cuDNN
@@ -254,8 +255,8 @@ def test_flops_conv():
 @pytest.mark.parametrize('data_format, x_shape, w_shape, strides, dilation, pads', CASES)
 def test_cudnn_conv_matches_numpy_twin(rng, dtype, tol, data_format, x_shape, w_shape, strides,
                                        dilation, pads):
-    if not cudnn.available():
-        pytest.skip('cuDNN unavailable: %s' % cudnn.why_unavailable())
+    if not cudnn_library.available():
+        pytest.skip('cuDNN unavailable: %s' % cudnn_library.why_unavailable())
     import cupy
     x = rng.standard_normal(x_shape).astype(dtype)
     w = rng.standard_normal(w_shape).astype(dtype)
@@ -267,10 +268,10 @@ def test_cudnn_conv_matches_numpy_twin(rng, dtype, tol, data_format, x_shape, w_
     dw_ref = conv_ref.conv_wgrad(x.astype(np.float64), dy.astype(np.float64), w_shape, strides,
                                  dilation, pads, data_format)
     got = {
-        'y': cudnn.conv_fwd(cupy.asarray(x), cupy.asarray(w), strides, dilation, pads, data_format),
-        'dx': cudnn.conv_dgrad(cupy.asarray(dy), cupy.asarray(w), x_shape, strides, dilation, pads,
+        'y': cudnn_conv.conv_fwd(cupy.asarray(x), cupy.asarray(w), strides, dilation, pads, data_format),
+        'dx': cudnn_conv.conv_dgrad(cupy.asarray(dy), cupy.asarray(w), x_shape, strides, dilation, pads,
                                data_format),
-        'dw': cudnn.conv_wgrad(cupy.asarray(x), cupy.asarray(dy), w_shape, strides, dilation, pads,
+        'dw': cudnn_conv.conv_wgrad(cupy.asarray(x), cupy.asarray(dy), w_shape, strides, dilation, pads,
                                data_format),
     }
     for name, ref in (('y', y_ref), ('dx', dx_ref), ('dw', dw_ref)):

@@ -1,4 +1,4 @@
-"""The batch-norm graphs of gpuk.kernels.cudnn_batchnorm against the installed cuDNN Frontend,
+"""The batch-norm graphs of gpuk.kernels.cudnn.batchnorm against the installed cuDNN Frontend,
 without a GPU: every graph bn_train_fwd / bn_infer_fwd / bn_bwd builds (train, infer, bwd,
 each also with the fused relu; float16 and float32; x viewed channels last and channels
 first) is constructed with our real arguments, and, where the cuDNN 9 library loads,
@@ -7,7 +7,7 @@ planned (which needs a driver for batch norm: skipped without one). Skipped wher
 frontend does not import (CI)."""
 import pytest
 
-from gpuk.kernels import cudnn_batchnorm
+from gpuk.kernels.cudnn import batchnorm as cudnn_batchnorm
 
 
 OPS = [base + relu for base in cudnn_batchnorm.GRAPH_OPS for relu in ('', '_relu')]

@@ -1,4 +1,4 @@
-"""gpuk.kernels.cudnn_ctc beyond tests/kernels/test_ctc.py: cuDNN's label range and limits
+"""gpuk.kernels.cudnn.ctc beyond tests/kernels/test_ctc.py: cuDNN's label range and limits
 (pure Python), the 'ctc' family's dispatch in the launchers (the emulator standing in for
 the CUDA runtime) and, on a GPU with cuDNN, loss and gradient against the NumPy twin."""
 import numpy as np
@@ -6,7 +6,9 @@ import pytest
 
 from gpuk import config
 from gpuk.cpu_fallback import ctc as twin
-from gpuk.kernels import ctc, cudnn, cudnn_ctc, dispatch
+from gpuk.kernels import ctc, dispatch
+from gpuk.kernels.cudnn import ctc as cudnn_ctc
+from gpuk.kernels.cudnn import library as cudnn_library
 from gpuk.kernels.testing import assert_close
 
 
@@ -84,8 +86,8 @@ def test_launchers_fall_back_to_gpuk_outside_cudnns_limits(cuda_standin, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize('blank', [None, 0])
 def test_cudnn_ctc_matches_the_twin(rng, blank):
-    if not cudnn.available():
-        pytest.skip('cuDNN unavailable: %s' % cudnn.why_unavailable())
+    if not cudnn_library.available():
+        pytest.skip('cuDNN unavailable: %s' % cudnn_library.why_unavailable())
     import cupy
     batch, steps, classes, width = 4, 30, 9, 6
     logits = rng.standard_normal((batch, steps, classes)).astype(np.float32)

@@ -1,5 +1,5 @@
-"""The ctypes side of the cuDNN paths (gpuk.kernels.cudnn_library, cudnn_legacy, cudnn_ctc,
-cudnn_softmax) against the real cuDNN 9 library, without a GPU.
+"""The ctypes side of the cuDNN paths (gpuk.kernels.cudnn: library, pooling, ctc,
+softmax) against the real cuDNN 9 library, without a GPU.
 
 The prototype table and enumerator values are compared with the headers the cuDNN wheel
 ships (nvidia/cudnn/include), and every descriptor our code sets is created with our real
@@ -16,7 +16,11 @@ import sys
 
 import pytest
 
-from gpuk.kernels import cudnn, cudnn_ctc, cudnn_legacy, cudnn_library, cudnn_softmax
+from gpuk.kernels.cudnn import conv as cudnn_conv
+from gpuk.kernels.cudnn import ctc as cudnn_ctc
+from gpuk.kernels.cudnn import library as cudnn_library
+from gpuk.kernels.cudnn import pooling as cudnn_pooling
+from gpuk.kernels.cudnn import softmax as cudnn_softmax
 
 
 @pytest.fixture(scope='module')
@@ -29,7 +33,7 @@ def lib():
 
 def _include_dirs():
     found = []
-    path = cudnn.library_path()
+    path = cudnn_library.library_path()
     if path:
         found.append(os.path.join(os.path.dirname(os.path.dirname(path)), 'include'))
     for base in sys.path:
@@ -160,13 +164,13 @@ POOL_CASES = [
 @pytest.mark.parametrize('x_shape, window, strides, pads, data_format', POOL_CASES)
 def test_pooling_descriptors_read_back_and_give_our_output_shape(lib, dtype, mode, x_shape, window, strides, pads,
                                                                  data_format):
-    problem = cudnn_legacy.pool_problem('t', x_shape, window, strides, pads, data_format)
+    problem = cudnn_pooling.pool_problem('t', x_shape, window, strides, pads, data_format)
     with cudnn_library.Descriptors(lib) as d:
-        pool, xd, yd = cudnn_legacy._pooling_descriptors(d, problem, mode, dtype)
+        pool, xd, yd = cudnn_pooling._pooling_descriptors(d, problem, mode, dtype)
         for desc, shape in ((xd, problem.x_shape), (yd, problem.y_shape)):
-            data_type, _, dims, strides_ = cudnn_legacy.tensor_descriptor_args(shape, problem.channels_last, dtype)
+            data_type, _, dims, strides_ = cudnn_pooling.tensor_descriptor_args(shape, problem.channels_last, dtype)
             assert _tensor_read_back(lib, desc) == (data_type, dims, strides_)
-        code, nan, nb, window_, pads_, strides_ = cudnn_legacy.pooling_descriptor_args(problem, mode)
+        code, nan, nb, window_, pads_, strides_ = cudnn_pooling.pooling_descriptor_args(problem, mode)
         got_mode, got_nan, got_nb = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
         got = [(ctypes.c_int * 3)() for _ in range(3)]
         cudnn_library.check(lib, lib.cudnnGetPoolingNdDescriptor(pool, 3, ctypes.byref(got_mode), ctypes.byref(got_nan),
@@ -176,7 +180,7 @@ def test_pooling_descriptors_read_back_and_give_our_output_shape(lib, dtype, mod
         out = (ctypes.c_int * len(problem.x_shape))()
         cudnn_library.check(lib, lib.cudnnGetPoolingNdForwardOutputDim(pool, xd, len(problem.x_shape), out),
                             'output dim')
-        assert tuple(out) == cudnn.cudnn_dims(problem.y_shape, problem.channels_last)
+        assert tuple(out) == cudnn_conv.cudnn_dims(problem.y_shape, problem.channels_last)
 
 
 def test_ctc_descriptors_read_back(lib):

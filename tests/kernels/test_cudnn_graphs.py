@@ -6,7 +6,7 @@ real arguments, and, where the cuDNN 9 library loads, planned for a described H1
 import (CI)."""
 import pytest
 
-from gpuk.kernels import cudnn
+from gpuk.kernels.cudnn import conv as cudnn_conv
 
 
 CASES = [
@@ -24,15 +24,15 @@ IO_TYPES = {'float16': 'HALF', 'bfloat16': 'BFLOAT16', 'float32': 'FLOAT', 'floa
 
 def _problem(case):
     data_format, x_shape, w_shape, strides, dilation, pads = case
-    return cudnn.conv_problem('t', x_shape, w_shape, strides, dilation, pads, data_format)
+    return cudnn_conv.conv_problem('t', x_shape, w_shape, strides, dilation, pads, data_format)
 
 
 def _expected_dims(op, problem):
     """(input dims, input dims, output dims) in cuDNN's (N, C, *spatial) order."""
     cl = problem.channels_last
-    x = cudnn.cudnn_dims(problem.padded_x_shape, cl)
-    y = cudnn.cudnn_dims(problem.y_shape, cl)
-    w = cudnn.filter_dims(problem.w_shape)
+    x = cudnn_conv.cudnn_dims(problem.padded_x_shape, cl)
+    y = cudnn_conv.cudnn_dims(problem.y_shape, cl)
+    w = cudnn_conv.filter_dims(problem.w_shape)
     return {'fprop': (x, w, y), 'dgrad': (y, w, x), 'wgrad': (x, y, w)}[op]
 
 
@@ -41,12 +41,12 @@ def _expected_dims(op, problem):
 @pytest.mark.parametrize('case', CASES)
 def test_graph_is_what_cudnn_must_run(frontend, case, op, dtype, precision):
     problem = _problem(case)
-    graph, tensors, bar = cudnn.graph_for(frontend, op, problem, dtype, precision)
+    graph, tensors, bar = cudnn_conv.graph_for(frontend, op, problem, dtype, precision)
     assert bar == (dtype == 'float32' and precision == 'float32')
     io_type = getattr(frontend.data_type, IO_TYPES[dtype])
     for tensor, dims in zip(tensors, _expected_dims(op, problem)):
         assert tensor.get_dim() == list(dims)
-        assert tensor.get_stride() == list(cudnn.layout_strides(dims, problem.channels_last))
+        assert tensor.get_stride() == list(cudnn_conv.layout_strides(dims, problem.channels_last))
         assert tensor.get_data_type() == io_type
     assert not any(t.get_is_virtual() for t in tensors)      # every one is a variant-pack buffer
     (node,) = graph.nodes
@@ -94,8 +94,8 @@ def test_graph_plans_for_an_h100(frontend, h100, case, op, dtype, precision):
     """validate, build_operation_graph, heuristics, our filters and the plan walk (check_support
     needs a device); the variant pack we build is exactly the one the graph asks for."""
     problem = _problem(case)
-    graph, tensors, bar = cudnn.graph_for(frontend, op, problem, dtype, precision, device_property=h100)
-    cudnn.plan(frontend, graph, bar)
+    graph, tensors, bar = cudnn_conv.graph_for(frontend, op, problem, dtype, precision, device_property=h100)
+    cudnn_conv.plan(frontend, graph, bar)
     graph.build_plans()
     assert graph._variant_pack_uids() == sorted(t.get_uid() for t in tensors)
     barred = _deselected_plans(graph)

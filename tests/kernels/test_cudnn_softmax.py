@@ -1,4 +1,4 @@
-"""gpuk.kernels.cudnn_softmax (cuDNN softmax / log-softmax) and the 'softmax_xent' family's
+"""gpuk.kernels.cudnn.softmax (cuDNN softmax / log-softmax) and the 'softmax_xent' family's
 dispatch: the tensor mapping is checked on the CPU by doing cuDNN's channel softmax over
 the very buffer and strides it would get; the dispatch with a stand-in CUDA runtime (the
 emulator under kind 'cuda'); the real cuDNN calls are `gpu` tests against the twin."""
@@ -12,7 +12,9 @@ from numpy.lib.stride_tricks import as_strided
 
 from gpuk import config
 from gpuk.cpu_fallback import softmax_xent as twin
-from gpuk.kernels import cudnn, cudnn_library, cudnn_softmax, dispatch, softmax_xent
+from gpuk.kernels import dispatch, softmax_xent
+from gpuk.kernels.cudnn import library as cudnn_library
+from gpuk.kernels.cudnn import softmax as cudnn_softmax
 
 SHAPES = [((7, 10), -1), ((7, 10), 0), ((2, 3, 4, 5), 1), ((2, 3, 4, 5), 2), ((5,), 0), ((3, 1), 1)]
 
@@ -117,8 +119,8 @@ def test_cross_entropy_under_auto_times_nothing(cuda_standin, monkeypatch, rng):
 @pytest.mark.parametrize('dtype, tol', [('float32', 1e-5), ('float16', 2e-3), ('float64', 1e-12)])
 @pytest.mark.parametrize('shape, axis', SHAPES + [((64, 32000), -1), ((4, 0, 3), 2)])
 def test_cudnn_softmax_matches_the_twin(rng, dtype, tol, shape, axis):
-    if not cudnn.available():
-        pytest.skip('cuDNN unavailable: %s' % cudnn.why_unavailable())
+    if not cudnn_library.available():
+        pytest.skip('cuDNN unavailable: %s' % cudnn_library.why_unavailable())
     import cupy
     x = (rng.standard_normal(shape) * 4).astype(dtype)
     dy = rng.standard_normal(shape).astype(dtype)
@@ -141,8 +143,8 @@ def test_cudnn_softmax_matches_the_twin(rng, dtype, tol, shape, axis):
 
 @pytest.mark.gpu
 def test_cudnn_softmax_errors_match_the_launcher():
-    if not cudnn.available():
-        pytest.skip('cuDNN unavailable: %s' % cudnn.why_unavailable())
+    if not cudnn_library.available():
+        pytest.skip('cuDNN unavailable: %s' % cudnn_library.why_unavailable())
     import cupy
     for fn in (cudnn_softmax.softmax_fwd, softmax_xent.softmax_fwd):
         with pytest.raises(TypeError, match='softmax_fwd: x must be a float16, bfloat16, float32 or float64 array, '

@@ -1,6 +1,6 @@
 """gpuk's use of CuPy checked against the installed CuPy, without a GPU.
 
-The CUDA paths (gpuk/kernels/cuda_runtime.py, gpuk/device.py, the launchers on 'cuda',
+The CUDA paths (gpuk/kernels/runtime/cuda_runtime.py, gpuk/device.py, the launchers on 'cuda',
 bench/) only run where there is a GPU; these tests check what can be checked without one:
 
 - every ``cupy.<a>.<b>...`` attribute chain in gpuk/ and bench/ (and every ``xp.<name>``,
@@ -28,8 +28,9 @@ import pytest
 cupy = pytest.importorskip('cupy', reason='CuPy is not installed: nothing to check the CUDA paths against')
 REAL_RAW_MODULE = cupy.RawModule   # the fixture below replaces cupy.RawModule
 
-from gpuk.kernels import cuda_runtime, elementwise, runtime   # noqa: E402
-from gpuk.kernels.kernel_source import SCALAR_DTYPES, parse_kernel_signatures   # noqa: E402
+from gpuk.kernels import elementwise, runtime   # noqa: E402
+from gpuk.kernels.runtime import cuda_runtime
+from gpuk.kernels.runtime.kernel_source import SCALAR_DTYPES, parse_kernel_signatures   # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ('gpuk', 'bench')
@@ -55,7 +56,7 @@ def _dotted(node):
 
 def _cupy_aliases(tree):
     """Names bound to cupy or its submodules by imports: {'cp': 'cupy', 'cuda': 'cupy.cuda'}."""
-    aliases = {'cupy': 'cupy'}   # also a parameter named cupy: cudnn.py passes the module around
+    aliases = {'cupy': 'cupy'}   # also a parameter named cupy: cudnn/conv.py passes the module around
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for name in node.names:

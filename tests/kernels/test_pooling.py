@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import pooling as twin
-from gpuk.kernels import cudnn_legacy, dispatch, pooling
+from gpuk.kernels import dispatch, pooling
+from gpuk.kernels.cudnn import pooling as cudnn_pooling
 from gpuk.kernels.testing import assert_close, assert_matches_twin, to_device, to_host
 
 DTYPES = [np.float16, np.float32, np.float64]
@@ -139,53 +140,53 @@ def test_bad_input_raises_before_launch(module):
 # ---------------------------------------------------------------- cuDNN translation (CPU)
 
 def test_cudnn_pool_problem_and_descriptors():
-    problem = cudnn_legacy.pool_problem('f', (2, 9, 3), (3,), (2,), ((1, 1),), 'channels_last')
+    problem = cudnn_pooling.pool_problem('f', (2, 9, 3), (3,), (2,), ((1, 1),), 'channels_last')
     assert problem.lifted and problem.x_shape == (2, 1, 9, 3) and problem.y_shape == (2, 1, 5, 3)
-    assert cudnn_legacy.pooling_descriptor_args(problem, 'avg') == (
-        cudnn_legacy.CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING, 1, 2, [1, 3], [0, 1], [1, 2])
-    assert cudnn_legacy.pooling_descriptor_args(problem, 'max')[0] == cudnn_legacy.CUDNN_POOLING_MAX_DETERMINISTIC
+    assert cudnn_pooling.pooling_descriptor_args(problem, 'avg') == (
+        cudnn_pooling.CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING, 1, 2, [1, 3], [0, 1], [1, 2])
+    assert cudnn_pooling.pooling_descriptor_args(problem, 'max')[0] == cudnn_pooling.CUDNN_POOLING_MAX_DETERMINISTIC
     # NHWC memory described in NCHW order with strides; NCHW packed
-    assert cudnn_legacy.tensor_descriptor_args((2, 4, 5, 3), True, 'float16') == (2, 4, [2, 3, 4, 5], [60, 1, 15, 3])
-    assert cudnn_legacy.tensor_descriptor_args((2, 3, 4, 5), False, 'float64') == (1, 4, [2, 3, 4, 5], [60, 20, 5, 1])
-    p3 = cudnn_legacy.pool_problem('f', (1, 2, 8, 8, 8), 2, 2, ((0, 0),) * 3, 'channels_first')
+    assert cudnn_pooling.tensor_descriptor_args((2, 4, 5, 3), True, 'float16') == (2, 4, [2, 3, 4, 5], [60, 1, 15, 3])
+    assert cudnn_pooling.tensor_descriptor_args((2, 3, 4, 5), False, 'float64') == (1, 4, [2, 3, 4, 5], [60, 20, 5, 1])
+    p3 = cudnn_pooling.pool_problem('f', (1, 2, 8, 8, 8), 2, 2, ((0, 0),) * 3, 'channels_first')
     assert p3.y_shape == (1, 2, 4, 4, 4) and p3.pads == (0, 0, 0)
     with pytest.raises(dispatch.Unsupported, match='symmetric padding'):
-        cudnn_legacy.pool_problem('f', (1, 7, 7, 3), 3, 2, ((0, 1), (0, 1)), 'channels_last')
+        cudnn_pooling.pool_problem('f', (1, 7, 7, 3), 3, 2, ((0, 1), (0, 1)), 'channels_last')
     with pytest.raises(dispatch.Unsupported, match='argmax'):
-        cudnn_legacy.max_pool_fwd(None, 2, 2, ((0, 0), (0, 0)), 'channels_last')
+        cudnn_pooling.max_pool_fwd(None, 2, 2, ((0, 0), (0, 0)), 'channels_last')
     with pytest.raises(ValueError, match="mode must be 'max' or 'avg'"):
-        cudnn_legacy.pooling_descriptor_args(problem, 'median')
+        cudnn_pooling.pooling_descriptor_args(problem, 'median')
 
 
 def test_cudnn_max_bwd_mapping_checks_winners_in_tiles():
     x = _tie_free((2, 3, 6, 4), np.float32, seed=1)
     _, argmax = twin.max_pool_fwd(x, 2, 2, ((0, 0), (0, 0)), 'channels_first')
-    assert cudnn_legacy.tiling_window((6, 4), (3, 2)) == (2, 2)
-    assert cudnn_legacy.tiling_window((7, 4), (3, 2)) is None
-    assert cudnn_legacy.winners_in_own_tile(np, argmax, (6, 4), (2, 2), False)
+    assert cudnn_pooling.tiling_window((6, 4), (3, 2)) == (2, 2)
+    assert cudnn_pooling.tiling_window((7, 4), (3, 2)) is None
+    assert cudnn_pooling.winners_in_own_tile(np, argmax, (6, 4), (2, 2), False)
     # a winner outside its tile (output (0, 1) won by input (0, 0)) cannot map
     stray = argmax.copy()
     stray[0, 0, 0, 1] = 0
-    assert not cudnn_legacy.winners_in_own_tile(np, stray, (6, 4), (2, 2), False)
+    assert not cudnn_pooling.winners_in_own_tile(np, stray, (6, 4), (2, 2), False)
     cl_argmax = np.ascontiguousarray(np.moveaxis(argmax, 1, -1))
-    assert cudnn_legacy.winners_in_own_tile(np, cl_argmax, (6, 4), (2, 2), True)
+    assert cudnn_pooling.winners_in_own_tile(np, cl_argmax, (6, 4), (2, 2), True)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize('data_format', ['channels_last', 'channels_first'])
 def test_cudnn_pooling_matches_twin(data_format):
-    from gpuk.kernels import cudnn
-    if not cudnn.available():
-        pytest.skip(cudnn.why_unavailable())
+    from gpuk.kernels.cudnn import library as cudnn_library
+    if not cudnn_library.available():
+        pytest.skip(cudnn_library.why_unavailable())
     import cupy
     x = _tie_free(_shape(2, (8, 8), 5, data_format), np.float32, seed=9)
     pads = ((1, 1), (1, 1))
-    y = cudnn_legacy.avg_pool_fwd(cupy.asarray(x), 3, 2, pads, data_format)
+    y = cudnn_pooling.avg_pool_fwd(cupy.asarray(x), 3, 2, pads, data_format)
     assert_close(y, twin.avg_pool_fwd(x.astype(np.float64), 3, 2, pads, data_format), np.float32)
     dy = np.random.default_rng(2).standard_normal(y.shape).astype(np.float32)
-    dx = cudnn_legacy.avg_pool_bwd(cupy.asarray(dy), x.shape, 3, 2, pads, data_format)
+    dx = cudnn_pooling.avg_pool_bwd(cupy.asarray(dy), x.shape, 3, 2, pads, data_format)
     assert_close(dx, twin.avg_pool_bwd(dy.astype(np.float64), x.shape, 3, 2, pads, data_format), np.float32)
     _, argmax = twin.max_pool_fwd(x, 2, 2, ((0, 0), (0, 0)), data_format)
     dy = np.random.default_rng(3).standard_normal(argmax.shape).astype(np.float32)
-    dx = cudnn_legacy.max_pool_bwd(cupy.asarray(dy), cupy.asarray(argmax), x.shape, data_format)
+    dx = cudnn_pooling.max_pool_bwd(cupy.asarray(dy), cupy.asarray(argmax), x.shape, data_format)
     assert_close(dx, twin.max_pool_bwd(dy.astype(np.float64), argmax, x.shape, data_format), np.float32)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from gpuk.kernels import elementwise, runtime
-from gpuk.kernels.emulated_runtime import EmulatedRuntime, rewrite_dynamic_shared
-from gpuk.kernels.kernel_source import parse_kernel_signatures
+from gpuk.kernels.runtime.emulated_runtime import EmulatedRuntime, rewrite_dynamic_shared
+from gpuk.kernels.runtime.kernel_source import parse_kernel_signatures
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -156,7 +156,8 @@ def test_importing_kernels_does_not_import_cupy():
 def test_cubins_compiled_on_first_use_equal_the_prebuilt_ones(tmp_path, monkeypatch):
     """The CUDA runtime compiles with the AOT build's NVRTC call and options (not CuPy's, which
     appends -ftz=true), so a kernel is the same machine code with or without the build."""
-    from gpuk.kernels import build, cuda_runtime
+    from gpuk.kernels.runtime import build
+    from gpuk.kernels.runtime import cuda_runtime
     monkeypatch.setenv('GPUK_CACHE_DIR', str(tmp_path / 'cache'))
     spec = next(s for s in runtime.registered_builds()
                 if Path(s.source_file).name == 'elementwise.cu' and 'copy_bytes' in s.kernels)
@@ -172,7 +173,8 @@ def test_cubins_compiled_on_first_use_equal_the_prebuilt_ones(tmp_path, monkeypa
 
 
 def test_first_use_compile_errors_carry_the_nvrtc_log(tmp_path, monkeypatch):
-    from gpuk.kernels import build, cuda_runtime
+    from gpuk.kernels.runtime import build
+    from gpuk.kernels.runtime import cuda_runtime
     monkeypatch.setenv('GPUK_CACHE_DIR', str(tmp_path / 'cache'))
     source = tmp_path / 'broken.cu'
     source.write_text('extern "C" __global__ void broken(float* y) { y[0] = undefined_name; }\n')

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import softmax_xent as twin
-from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
+from gpuk.contracts.dtypes import accumulation_dtype
 from gpuk.kernels import softmax_xent
 from gpuk.kernels.testing import assert_matches_twin, to_device, to_host
 
@@ -41,7 +41,7 @@ def test_softmax_xent_matches_twin(kernel_runtime, dtype, classes):
     x, t = _inputs(rng, (3, classes), dtype)
     rt = kernel_runtime
     loss, lse = assert_matches_twin(softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t), rt)
-    assert lse.dtype == accumulate_dtype(dtype)
+    assert lse.dtype == accumulation_dtype(dtype)
     dloss = rng.random(3).astype(lse.dtype)
     assert_matches_twin(softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, dloss), rt)
     assert_matches_twin(softmax_xent.softmax_xent_dtarget, twin.softmax_xent_dtarget, (x, lse, dloss), rt)
@@ -59,7 +59,7 @@ def test_probability_losses_match_twin(kernel_runtime, dtype, classes):
     p = rng.random((3, classes)).astype(dtype)
     p[0, 0] = 0   # below epsilon: clipped, zero gradient
     t = rng.random((3, classes)).astype(dtype)
-    dloss = rng.random(3).astype(accumulate_dtype(dtype))
+    dloss = rng.random(3).astype(accumulation_dtype(dtype))
     rt = kernel_runtime
     assert_matches_twin(softmax_xent.categorical_xent_probs_fwd, twin.categorical_xent_probs_fwd, (p, t), rt)
     assert_matches_twin(softmax_xent.categorical_xent_probs_bwd, twin.categorical_xent_probs_bwd, (p, t, dloss), rt)

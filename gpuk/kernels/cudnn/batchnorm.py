@@ -7,7 +7,7 @@ packed strides (C * inner, inner, 1, 1): that is channels first for inner > 1 an
 channels last for inner == 1, with no copy. Statistics, scale and bias are (1, C, 1, 1)
 float32 (float16 inputs) tensors.
 
-Where the contract and cuDNN differ, calls raise ``dispatch.Unsupported`` (gpuk's kernels
+Where the contract and cuDNN differ, calls raise ``library.Unsupported`` (gpuk's kernels
 run instead): float64 (the frontend's batchnorm nodes take half/bfloat16/float), kept axes
 that are not one contiguous run, empty tensors (a graph has no dim-0 tensors), bn_bwd
 with dmean / dvar (cuDNN's backward has no terms for gradients flowing into the batch
@@ -34,25 +34,19 @@ plan them for a described device, tests/kernels/test_cudnn_batchnorm_graphs.py);
 graphs are kept per (op, device, dtype, view, precision).
 """
 import math
-from collections import namedtuple
 
 import numpy as np
 
-from gpuk import config, device
-from gpuk.cpu_fallback.batchnorm_checks import kept_shape
-from . import cudnn
+from gpuk import config
+from gpuk.contracts.batchnorm_checks import kept_shape
+from . import library
+from .library import Unsupported
 
 __all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd', 'bn_dims', 'graph_key', 'graph_for', 'plan', 'GRAPH_OPS']
 
 # graph_for's ops, each also with '_relu' (the fused relu / relu_backward)
 GRAPH_OPS = ('train', 'infer', 'bwd')
-_graphs = {}
-_Built = namedtuple('_Built', ['graph', 'tensors', 'workspace_size'])
-
-
-def _unsupported(reason):
-    from .dispatch import Unsupported   # dispatch imports cudnn; import late to stay acyclic
-    return Unsupported(reason)
+_graphs = {}            # graph_key(...) -> library.BuiltGraph
 
 
 def bn_dims(outer, channels, inner):
@@ -76,7 +70,7 @@ def graph_key(op, device_id, dtype_name, view, precision):
 
 def _io_type(frontend, dtype_name):
     if dtype_name == 'float64':
-        raise _unsupported('the cuDNN Frontend batchnorm nodes take no float64')
+        raise Unsupported('the cuDNN Frontend batchnorm nodes take no float64')
     return frontend.data_type.HALF if dtype_name == 'float16' else frontend.data_type.FLOAT
 
 
@@ -155,7 +149,7 @@ def _build(frontend, handle, op, dtype_name, view):
     plan(frontend, graph)
     graph.check_support()
     graph.build_plans()
-    return _Built(graph, tensors, graph.get_workspace_size())
+    return library.BuiltGraph(graph, tensors, graph.get_workspace_size())
 
 
 def _pointer(array):
@@ -166,33 +160,26 @@ def _execute(fn, op, dtype_name, view, arrays):
     """Builds (once per key) and runs the graph; ``arrays`` maps each of its tensors' names to
     a buffer (NumPy arrays for the pass-by-value scalars, CuPy arrays for the rest)."""
     import cupy
-    frontend = cudnn._require()
-    device_id, handle = cudnn._handle(frontend, cupy)
+    frontend = library.frontend()
+    device_id, handle = library.frontend_handle(frontend, cupy)
     key = graph_key(op, device_id, dtype_name, view, config.precision())
-    built = _graphs.get(key)
-    if built is None:
-        try:
-            built = _graphs[key] = _build(frontend, handle, op, dtype_name, view)
-        except Exception as exc:
-            if type(exc).__name__ == 'Unsupported':
-                raise
-            raise RuntimeError('%s: cuDNN could not build a batchnorm %s graph for (outer, C, inner) %s, dtype %s '
-                               '(%s: %s)' % (fn, op, view, dtype_name, type(exc).__name__, exc)) from exc
-    workspace = cupy.empty(max(built.workspace_size, 1), dtype=cupy.uint8)
+    described = 'batchnorm %s graph for (outer, C, inner) %s, dtype %s' % (op, view, dtype_name)
+    built = library.cached_graph(_graphs, key, lambda: _build(frontend, handle, op, dtype_name, view),
+                                 '%s: cuDNN could not build a %s' % (fn, described))
     pack = {tensor: _pointer(arrays[name]) for name, tensor in built.tensors.items()}
-    built.graph.execute(pack, workspace.data.ptr, handle=handle)
+    library.execute_graph(built, pack, handle, '%s: cuDNN failed running the %s' % (fn, described))
 
 
 def _nonempty_or_unsupported(x):
     if x.size == 0:
-        raise _unsupported('cuDNN graphs take no empty tensors, got x of shape %s' % (tuple(x.shape),))
+        raise Unsupported('cuDNN graphs take no empty tensors, got x of shape %s' % (tuple(x.shape),))
 
 
 def _view_or_unsupported(x, axes):
     _nonempty_or_unsupported(x)
     view = contiguous_view(x.shape, axes)
     if view is None:
-        raise _unsupported('cuDNN normalizes (N, C, *spatial) channels; the kept axes must be one contiguous run')
+        raise Unsupported('cuDNN normalizes (N, C, *spatial) channels; the kept axes must be one contiguous run')
     return view
 
 
@@ -207,14 +194,16 @@ def _op(base, activation):
 
 
 def _host_scalar(value):
-    return float(np.asarray(device.to_host(value)).reshape(()))
+    if not isinstance(value, np.ndarray) and type(value).__module__.startswith('cupy'):
+        value = value.get()     # a CuPy array (a device scalar the plan computed)
+    return float(np.asarray(value).reshape(()))
 
 
 def _host_momentum(decay, var_decay):
     """cuDNN's one momentum (pass-by-value) from Keras's decay (= 1 - momentum) of both averages."""
     decay, var_decay = _host_scalar(decay), _host_scalar(var_decay)
     if decay != var_decay:
-        raise _unsupported('cuDNN updates both running statistics with one momentum; got %r and %r'
+        raise Unsupported('cuDNN updates both running statistics with one momentum; got %r and %r'
                            % (decay, var_decay))
     return decay
 
@@ -234,7 +223,7 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
     count = x.size // c
     moving = moving_mean is not None
     if moving and count < 2:
-        raise _unsupported("cuDNN's running variance divides by n - 1; got n = %d value(s) per channel" % count)
+        raise Unsupported("cuDNN's running variance divides by n - 1; got n = %d value(s) per channel" % count)
     momentum = _host_momentum(decay, decay if var_decay is None else var_decay) if moving else 0.0
     import cupy
     x = cupy.ascontiguousarray(x)
@@ -266,7 +255,7 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='l
     shape = x.shape
     for p in (mean, var, gamma, beta):
         if p is not None and any(s != 1 for i, s in enumerate(p.shape) if i != axis):
-            raise _unsupported('cuDNN batchnorm_inference takes per-channel parameters only')
+            raise Unsupported('cuDNN batchnorm_inference takes per-channel parameters only')
     c = shape[axis]
     view = (math.prod(shape[:axis]), c, math.prod(shape[axis + 1:]))
     import cupy
@@ -282,7 +271,7 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
     """The twin's bn_bwd through a cuDNN batchnorm_backward graph (no dmean / dvar), after a
     relu_backward against the fused output y with activation='relu'."""
     if dmean is not None or dvar is not None:
-        raise _unsupported("cuDNN's batchnorm backward has no terms for dmean / dvar")
+        raise Unsupported("cuDNN's batchnorm backward has no terms for dmean / dvar")
     view = _view_or_unsupported(x, axes)
     kept = kept_shape(x.shape, axes)
     c = view[1]

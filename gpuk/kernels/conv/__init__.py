@@ -20,12 +20,15 @@ import numpy as np
 
 from gpuk import config
 from gpuk.cpu_fallback import conv as twin
-from gpuk.cpu_fallback import conv_checks
-from . import conv_tiles, cudnn, dispatch
-from .conv_direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
+from gpuk.contracts import conv_checks
+from .. import dispatch
+from ..cudnn import conv as cudnn_conv
+from . import tiles as conv_tiles
+from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
                           local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
-from .conv_direct import ACC_TYPES, ELEMENT_TYPES, check_float_array, check_index_limit, lift3
-from .runtime import register_build, resolve
+from gpuk.contracts.dtypes import c_types
+from .direct import check_index_limit, lift3
+from ..runtime import register_build, resolve
 
 __all__ = list(twin.__all__)
 
@@ -42,7 +45,8 @@ Geometry = namedtuple('Geometry', 'batch c_in c_out in_sp out_sp k_sp strides di
 
 def igemm_defines(dtype, tile):
     dtype = np.dtype(dtype)
-    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ACC_TYPES[dtype],
+    element_t, acc_t = c_types(dtype)
+    return {'ELEMENT_T': element_t, 'ACC_T': acc_t,
             'CONV_MATH': conv_tiles.MATH_CODES[tile.math], 'CONV_BM': tile.bm, 'CONV_BN': tile.bn,
             'CONV_BK': tile.bk, 'CONV_TM': tile.tm, 'CONV_TN': tile.tn, 'CONV_WARPS_M': tile.warps_m,
             'CONV_WARPS_N': tile.warps_n, 'CONV_THREADS': tile.threads, 'REDUCE_THREADS': REDUCE_THREADS}
@@ -56,60 +60,11 @@ for _table, _tiles in conv_tiles.TILES.items():
 
 # ---------------------------------------------------------------- checks (the twin's, on shapes)
 
-def _check_fwd(fn, x, w, strides, dilation, pads, data_format, xp):
-    x, w = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'w', w, xp)
-    conv_checks.same_dtype(fn, [('x', x), ('w', w)])
-    channels_first, rank, strides, dilation, pads = conv_checks.conv_setup(
-        fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
-    c_in = conv_checks.channel_count(x.shape, channels_first)
-    conv_checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
-    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
-    out_spatial = conv_checks.output_spatial(fn, in_spatial, w.shape[:rank], strides, dilation, pads)
-    return _geometry(x.shape[0], c_in, w.shape[-1], in_spatial, out_spatial, w.shape[:rank], strides,
-                     dilation, pads, channels_first)
-
-
-def _check_dgrad(fn, dy, w, x_shape, strides, dilation, pads, data_format, xp):
-    dy, w = check_float_array(fn, 'dy', dy, xp), check_float_array(fn, 'w', w, xp)
-    conv_checks.same_dtype(fn, [('dy', dy), ('w', w)])
-    channels_first, rank, strides, dilation, pads = conv_checks.conv_setup(
-        fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
-    x_shape = conv_checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
-    conv_checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
-    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, conv_checks.channel_count(dy.shape, channels_first),
-                         'w', w.shape, w.shape[-1])
-    c_in = conv_checks.channel_count(x_shape, channels_first)
-    conv_checks.check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape, w.shape[-2])
-    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
-    out_spatial = conv_checks.output_spatial(fn, in_spatial, w.shape[:rank], strides, dilation, pads)
-    conv_checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
-    return x_shape, _geometry(x_shape[0], c_in, w.shape[-1], in_spatial, out_spatial, w.shape[:rank], strides,
-                              dilation, pads, channels_first)
-
-
-def _check_wgrad(fn, x, dy, w_shape, strides, dilation, pads, data_format, xp):
-    x, dy = check_float_array(fn, 'x', x, xp), check_float_array(fn, 'dy', dy, xp)
-    conv_checks.same_dtype(fn, [('x', x), ('dy', dy)])
-    channels_first = conv_checks.is_channels_first(fn, data_format)
-    rank = conv_checks.spatial_rank(fn, 'x', x)
-    conv_checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
-    w_shape = conv_checks.shape_tuple(fn, 'w_shape', w_shape, rank + 2)
-    strides, dilation, pads = conv_checks.window_params(fn, rank, strides, dilation, pads)
-    conv_checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
-    c_in, c_out = conv_checks.channel_count(x.shape, channels_first), conv_checks.channel_count(dy.shape, channels_first)
-    conv_checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape, w_shape[-2])
-    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape, w_shape[-1])
-    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
-    out_spatial = conv_checks.output_spatial(fn, in_spatial, w_shape[:rank], strides, dilation, pads)
-    conv_checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
-    return w_shape, _geometry(x.shape[0], c_in, c_out, in_spatial, out_spatial, w_shape[:rank], strides,
-                              dilation, pads, channels_first)
-
-
-def _geometry(batch, c_in, c_out, in_spatial, out_spatial, kernel_spatial, strides, dilation, pads,
-              channels_first):
-    return Geometry(batch, c_in, c_out, lift3(in_spatial, 1), lift3(out_spatial, 1), lift3(kernel_spatial, 1),
-                    lift3(strides, 1), lift3(dilation, 1), lift3([b for b, _ in pads], 0), not channels_first)
+def _geometry(s):
+    """The kernels' Geometry (3-d, channels-last flag) of the checked ConvShapes."""
+    return Geometry(s.batch, s.c_in, s.c_out, lift3(s.in_spatial, 1), lift3(s.out_spatial, 1),
+                    lift3(s.kernel_spatial, 1), lift3(s.strides, 1), lift3(s.dilation, 1),
+                    lift3([b for b, _ in s.pads], 0), not s.channels_first)
 
 
 def _check_epilogue(fn, epilogue, bias, c_out, dtype, xp):
@@ -208,9 +163,7 @@ def _problem_key(*parts):
 
 
 def _run(rt, key, gpuk_fn, cudnn_fn, *args):
-    if rt.kind != 'cuda':
-        return gpuk_fn(*args)
-    return dispatch.run('conv', key, gpuk_fn, cudnn_fn, *args)
+    return dispatch.run(rt, 'conv', key, gpuk_fn, cudnn_fn, *args)
 
 
 # ---------------------------------------------------------------- public functions
@@ -218,7 +171,8 @@ def _run(rt, key, gpuk_fn, cudnn_fn, *args):
 def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=None, runtime=None):
     """Convolution (cross-correlation) of x with w -> y; optionally y + bias, relu(y + bias)."""
     rt = resolve(runtime)
-    g = _check_fwd('conv_fwd', x, w, strides, dilation, pads, data_format, rt.xp)
+    x, w, shapes = conv_checks.fwd_problem('conv_fwd', x, w, strides, dilation, pads, data_format, rt.xp)
+    g = _geometry(shapes)
     bias = _check_epilogue('conv_fwd', epilogue, bias, g.c_out, x.dtype, rt.xp)
     out_spatial = g.out_sp[3 - (x.ndim - 2):]
     y_shape = (x.shape[0], *out_spatial, g.c_out) if g.channels_last else (x.shape[0], g.c_out, *out_spatial)
@@ -227,10 +181,10 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
         return _unlift(_igemm_fwd(x, w, g, bias, epilogue, rt), y_shape)
 
     def cudnn_fn(x, w, *geometry):
-        y = cudnn.conv_fwd(x, w, *geometry)
+        y = cudnn_conv.conv_fwd(x, w, *geometry)
         if epilogue is None:
             return y
-        from . import elementwise
+        from .. import elementwise
         return elementwise.bias_act_fwd(y, bias, -1 if g.channels_last else 1,
                                         'relu' if epilogue == 'bias_relu' else 'linear', runtime=rt)
 
@@ -241,22 +195,26 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
 def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of conv_fwd with respect to x (also the forward of conv_transpose)."""
     rt = resolve(runtime)
-    x_shape, g = _check_dgrad('conv_dgrad', dy, w, x_shape, strides, dilation, pads, data_format, rt.xp)
+    dy, w, x_shape, shapes = conv_checks.dgrad_problem('conv_dgrad', dy, w, x_shape, strides, dilation, pads,
+                                                       data_format, rt.xp)
+    g = _geometry(shapes)
 
     def gpuk_fn(dy, w, *geometry):
         return _unlift(_igemm_dgrad(dy, w, g, rt), x_shape)
 
     return _run(rt, _problem_key('dgrad', dy, w, x_shape, strides, dilation, pads, data_format),
-                gpuk_fn, cudnn.conv_dgrad, dy, w, x_shape, strides, dilation, pads, data_format)
+                gpuk_fn, cudnn_conv.conv_dgrad, dy, w, x_shape, strides, dilation, pads, data_format)
 
 
 def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of conv_fwd with respect to w."""
     rt = resolve(runtime)
-    w_shape, g = _check_wgrad('conv_wgrad', x, dy, w_shape, strides, dilation, pads, data_format, rt.xp)
+    x, dy, w_shape, shapes = conv_checks.wgrad_problem('conv_wgrad', x, dy, w_shape, strides, dilation, pads,
+                                                       data_format, rt.xp)
+    g = _geometry(shapes)
 
     def gpuk_fn(x, dy, *geometry):
         return _igemm_wgrad(x, dy, g, w_shape, rt)
 
     return _run(rt, _problem_key('wgrad', x, dy, w_shape, strides, dilation, pads, data_format),
-                gpuk_fn, cudnn.conv_wgrad, x, dy, w_shape, strides, dilation, pads, data_format)
+                gpuk_fn, cudnn_conv.conv_wgrad, x, dy, w_shape, strides, dilation, pads, data_format)

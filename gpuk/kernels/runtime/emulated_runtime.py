@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import runtime
+from .. import runtime
 from .kernel_source import KERNELS_DIR, include_closure, memoized_digest, parse_kernel_signatures, render_defines, \
     source_key, strip_comments
 
-EMULATE_DIR = KERNELS_DIR / 'emulate'
+EMULATE_DIR = Path(__file__).resolve().parent / 'emulate'
 ABI_VERSION = 1
 MAX_SHARED_MEM = 232448          # the sm_90 opt-in limit per block
 CXX_FLAGS = ('-O2', '-std=c++17', '-fPIC', '-shared', '-pthread', '-fvisibility=hidden',

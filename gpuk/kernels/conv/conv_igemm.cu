@@ -1,6 +1,6 @@
 // conv_igemm.cu: one N-d implicit-GEMM design for the convolution forward pass and
-// both gradients. Launched by gpuk/kernels/conv.py, which #defines the element type,
-// the math path and the tile shape (chosen by gpuk/kernels/conv_tiles.py) and computes
+// both gradients. Launched by gpuk/kernels/conv/__init__.py, which #defines the element type,
+// the math path and the tile shape (chosen by gpuk/kernels/conv/tiles.py) and computes
 // the grid from the same constants.
 //
 // The three GEMM views (taps = KD*KH*KW, OP/IP = output/input pixels per image):

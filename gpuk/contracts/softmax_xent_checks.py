@@ -2,20 +2,12 @@
 (gpuk/cpu_fallback/softmax_xent.py, gpuk/cpu_fallback/ctc.py) and the CUDA launchers
 (gpuk/kernels/softmax_xent.py, gpuk/kernels/ctc.py), so both raise the same errors, with
 the same messages, before any work."""
-import ml_dtypes
 import numpy as np
 
 # float_array: the dtype check only (a zero-size input is allowed here); bfloat16=False
 # for the CTC family, whose kernels take float16, float32 and float64 only.
-from gpuk.cpu_fallback.conv_checks import (  # noqa: F401 (re-exported)
-    FLOAT_DTYPE_NAMES, is_float_dtype, typed_float_array as float_array)
-
-SIXTEEN_BIT_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-
-
-def accumulate_dtype(dtype):
-    """16-bit floats (float16, bfloat16) are computed in float32; other float types in themselves."""
-    return np.dtype(np.float32) if np.dtype(dtype) in SIXTEEN_BIT_FLOATS else np.dtype(dtype)
+from gpuk.contracts.conv_checks import (  # noqa: F401 (re-exported)
+    FLOAT_DTYPE_NAMES, typed_float_array as float_array)
 
 
 def check_axis(fn, axis, ndim):

@@ -1,5 +1,5 @@
 """cuDNN path for softmax and log-softmax: cudnnSoftmaxForward / cudnnSoftmaxBackward
-(cuDNN 9 legacy API, through ``gpuk.kernels.cudnn_library``), the cuDNN implementation of
+(cuDNN 9 legacy API, through ``gpuk.kernels.cudnn.library``), the cuDNN implementation of
 the softmax functions of the 'softmax_xent' family (``GPUK_KERNELS=softmax_xent=cudnn|auto``).
 
 ``softmax_fwd``, ``softmax_bwd``, ``log_softmax_fwd`` and ``log_softmax_bwd`` have the
@@ -15,9 +15,9 @@ How our contract maps onto cuDNN's (``tensor_args``, pure Python):
   CUDNN_SOFTMAX_LOG. The backward passes take the saved forward output and dy, as the twin
   does: dx = y (dy - sum(dy y)), resp. dx = dy - exp(log_y) sum(dy).
 - cuDNN's dims and strides are C ints: arrays of 2^31 elements or more raise
-  ``dispatch.Unsupported`` (the dispatcher then runs gpuk's kernels).
+  ``library.Unsupported`` (the dispatcher then runs gpuk's kernels).
 - float16/32/64 in and out; alpha and beta are double for float64, float otherwise.
-- bfloat16 raises ``dispatch.Unsupported`` (gpuk's kernels run it): cudnn_graph.h has
+- bfloat16 raises ``library.Unsupported`` (gpuk's kernels run it): cudnn_graph.h has
   CUDNN_DATA_BFLOAT16 = 9, but the legacy softmax has not been run with it on a GPU here.
 """
 import ctypes
@@ -25,8 +25,9 @@ import math
 
 import ml_dtypes
 
-from gpuk.cpu_fallback import softmax_xent_checks as checks
-from . import cudnn_library
+from gpuk.contracts import softmax_xent_checks as checks
+from . import library
+from .library import Unsupported
 
 __all__ = ['tensor_args', 'softmax_fwd', 'softmax_bwd', 'log_softmax_fwd', 'log_softmax_bwd',
            'fused_cross_entropy_unsupported']
@@ -36,19 +37,14 @@ NO_FUSED_CROSS_ENTROPY = 'cuDNN has no fused softmax cross-entropy'
 NO_BFLOAT16 = 'bfloat16 softmax is not tried with cuDNN'
 
 
-def _unsupported(reason):
-    from .dispatch import Unsupported   # dispatch imports cudnn; import late to stay acyclic
-    return Unsupported(reason)
-
-
 def tensor_args(shape, axis, dtype_name):
     """(dataType, dimA, strideA) of the packed NCHW tensor whose C is ``axis`` of ``shape``."""
-    if dtype_name not in cudnn_library.DATA_TYPES:
+    if dtype_name not in library.DATA_TYPES:
         raise TypeError('cudnn_softmax: arrays must be float16, float32 or float64, got %s' % dtype_name)
     if math.prod(shape) > _INT_LIMIT:
-        raise _unsupported('cuDNN tensors hold fewer than 2^31 elements, got shape %s' % (tuple(shape),))
+        raise Unsupported('cuDNN tensors hold fewer than 2^31 elements, got shape %s' % (tuple(shape),))
     outer, classes, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
-    return (cudnn_library.DATA_TYPES[dtype_name], (outer, classes, inner, 1),
+    return (library.DATA_TYPES[dtype_name], (outer, classes, inner, 1),
             (classes * inner, inner, 1, 1))
 
 
@@ -56,8 +52,8 @@ def _device_float(fn, name, value):
     import cupy
     array = cupy.asarray(value)
     if array.dtype == ml_dtypes.bfloat16:
-        raise _unsupported(NO_BFLOAT16)
-    if array.dtype.name not in cudnn_library.DATA_TYPES:
+        raise Unsupported(NO_BFLOAT16)
+    if array.dtype.name not in library.DATA_TYPES:
         raise TypeError('%s: %s must be a %s array, got dtype %s' % (fn, name, checks.FLOAT_DTYPE_NAMES, array.dtype))
     return cupy.ascontiguousarray(array)
 
@@ -77,13 +73,13 @@ def _softmax(fn, algo, x, axis):
     data_type, dims, strides = tensor_args(x.shape, axis, x.dtype.name)
     y = cupy.empty_like(x)
     if x.size:
-        lib = cudnn_library.library()
-        handle = cudnn_library.handle(lib)
-        alpha, beta = cudnn_library.scalars(x.dtype.name)
-        with cudnn_library.Descriptors(lib) as d:
+        lib = library.library()
+        handle = library.handle(lib)
+        alpha, beta = library.scalars(x.dtype.name)
+        with library.Descriptors(lib) as d:
             desc = d.tensor(data_type, dims, strides)   # x and y: one packed layout
-            cudnn_library.check(lib, lib.cudnnSoftmaxForward(
-                handle, algo, cudnn_library.CUDNN_SOFTMAX_MODE_CHANNEL, ctypes.byref(alpha), desc, x.data.ptr,
+            library.check(lib, lib.cudnnSoftmaxForward(
+                handle, algo, library.CUDNN_SOFTMAX_MODE_CHANNEL, ctypes.byref(alpha), desc, x.data.ptr,
                 ctypes.byref(beta), desc, y.data.ptr), 'cudnnSoftmaxForward')
     return y
 
@@ -98,37 +94,37 @@ def _softmax_backward(fn, algo, saved_name, saved, dy, axis):
     data_type, dims, strides = tensor_args(saved.shape, axis, saved.dtype.name)
     dx = cupy.empty_like(saved)
     if saved.size:
-        lib = cudnn_library.library()
-        handle = cudnn_library.handle(lib)
-        alpha, beta = cudnn_library.scalars(saved.dtype.name)
-        with cudnn_library.Descriptors(lib) as d:
+        lib = library.library()
+        handle = library.handle(lib)
+        alpha, beta = library.scalars(saved.dtype.name)
+        with library.Descriptors(lib) as d:
             desc = d.tensor(data_type, dims, strides)   # y, dy and dx: one packed layout
-            cudnn_library.check(lib, lib.cudnnSoftmaxBackward(
-                handle, algo, cudnn_library.CUDNN_SOFTMAX_MODE_CHANNEL, ctypes.byref(alpha), desc, saved.data.ptr,
+            library.check(lib, lib.cudnnSoftmaxBackward(
+                handle, algo, library.CUDNN_SOFTMAX_MODE_CHANNEL, ctypes.byref(alpha), desc, saved.data.ptr,
                 desc, dy.data.ptr, ctypes.byref(beta), desc, dx.data.ptr), 'cudnnSoftmaxBackward')
     return dx
 
 
 def softmax_fwd(x, axis=-1):
     """exp(x - max) / sum(exp(x - max)) along axis, by cuDNN (CUDNN_SOFTMAX_ACCURATE)."""
-    return _softmax('softmax_fwd', cudnn_library.CUDNN_SOFTMAX_ACCURATE, x, axis)
+    return _softmax('softmax_fwd', library.CUDNN_SOFTMAX_ACCURATE, x, axis)
 
 
 def softmax_bwd(y, dy, axis=-1):
     """dx = y * (dy - sum(dy * y)) with y the saved softmax output, by cuDNN."""
-    return _softmax_backward('softmax_bwd', cudnn_library.CUDNN_SOFTMAX_ACCURATE, 'y', y, dy, axis)
+    return _softmax_backward('softmax_bwd', library.CUDNN_SOFTMAX_ACCURATE, 'y', y, dy, axis)
 
 
 def log_softmax_fwd(x, axis=-1):
     """x - log(sum(exp(x))) along axis, by cuDNN (CUDNN_SOFTMAX_LOG)."""
-    return _softmax('log_softmax_fwd', cudnn_library.CUDNN_SOFTMAX_LOG, x, axis)
+    return _softmax('log_softmax_fwd', library.CUDNN_SOFTMAX_LOG, x, axis)
 
 
 def log_softmax_bwd(log_y, dy, axis=-1):
     """dx = dy - exp(log_y) * sum(dy) with log_y the saved log_softmax output, by cuDNN."""
-    return _softmax_backward('log_softmax_bwd', cudnn_library.CUDNN_SOFTMAX_LOG, 'log_y', log_y, dy, axis)
+    return _softmax_backward('log_softmax_bwd', library.CUDNN_SOFTMAX_LOG, 'log_y', log_y, dy, axis)
 
 
 def fused_cross_entropy_unsupported(*_args, **_kwargs):
     """The cuDNN side of every cross-entropy function of the family: there is none."""
-    raise _unsupported(NO_FUSED_CROSS_ENTROPY)
+    raise Unsupported(NO_FUSED_CROSS_ENTROPY)

@@ -1,6 +1,6 @@
 // conv_depthwise.cu: direct depthwise convolution (forward, data and filter gradients)
 // with a depth multiplier M: output channel j = c * M + m reads input channel c only;
-// w is (*k, C_in, M), i.e. w[tap * C_out + j]. Launched by gpuk/kernels/conv_direct.py.
+// w is (*k, C_in, M), i.e. w[tap * C_out + j]. Launched by gpuk/kernels/conv/direct.py.
 // Problems are lifted to 3 spatial dims; both data formats share the index math
 // (tensor_offset); channels_last is the fast path (threads run along channels).
 #include "conv_common.cuh"

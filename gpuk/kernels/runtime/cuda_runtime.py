@@ -1,7 +1,7 @@
 """The CUDA runtime: kernels as CuPy RawModules launched on CuPy's current stream.
 
 Every module is loaded from a cubin compiled by gpuk's own NVRTC call
-(gpuk/kernels/build.py, ``compile_cubin``), so a kernel is the same machine code
+(gpuk/kernels/runtime/build.py, ``compile_cubin``), so a kernel is the same machine code
 whether it comes from the ahead-of-time build or is compiled here on first use:
 
 1. the prebuilt cubin at runtime.cubin_path(source, defines, arch), written by
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import runtime
+from .. import runtime
 from .kernel_source import kernel_source, parse_kernel_signatures, source_key
 
 
@@ -35,15 +35,6 @@ def cuda_include_dirs():
     except Exception:   # no cupy or no toolkit path: fall back to the environment
         pass
     return [str(Path(c) / 'include') for c in candidates if c and (Path(c) / 'include' / 'cuda_fp16.h').is_file()]
-
-
-def nvrtc_options(source_file):
-    """NVRTC options (without -arch and the CUDA headers) of every compile of ``source_file``:
-    the AOT build's, after the source's own folder (searched first, as the emulator does) for
-    kernels kept outside gpuk/kernels."""
-    from .build import NVRTC_OPTIONS
-    own_folder = f'-I{Path(source_file).resolve().parent}'
-    return [own_folder] + [option for option in NVRTC_OPTIONS if option != own_folder]
 
 
 def jit_cubin_path(source_file, defines, arch):
@@ -62,7 +53,7 @@ def compile_to_cache(source_file, defines, arch):
         return target
     try:
         cubin, _log = build.compile_cubin(kernel_source(source_file, defines), Path(source_file).name, arch,
-                                          options=nvrtc_options(source_file))
+                                          options=build.nvrtc_options(source_file))
     except build.BuildError as exc:
         raise runtime.KernelCompileError(
             f"NVRTC failed on {Path(source_file).name} with defines {dict(defines)}:\n{exc}") from exc
@@ -178,7 +169,7 @@ class CudaRuntime:
     def _raw_module(self, source_file, defines):
         """(cupy.RawModule, the cubin it loads or None when CuPy compiles the source itself)."""
         import cupy
-        from .build import NvrtcMissing
+        from .build import NvrtcMissing, nvrtc_options
         cubin = runtime.cubin_path(source_file, defines, self.arch)
         if not cubin.is_file():
             try:

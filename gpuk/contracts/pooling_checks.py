@@ -8,8 +8,8 @@ only shapes, the geometry and argmax values are read here.
 import math
 from collections import namedtuple
 
-from gpuk.cpu_fallback import conv_checks
-from gpuk.ops import geometry
+from gpuk.contracts import conv_checks
+from gpuk.contracts import geometry
 
 # A checked pooling problem. x_shape is the input's shape (forward: x.shape).
 PoolSetup = namedtuple('PoolSetup', 'channels_first x_shape window strides pads in_spatial out_spatial')

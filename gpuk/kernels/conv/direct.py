@@ -1,24 +1,19 @@
 """Launchers of the direct convolution kernels: depthwise (conv_depthwise.cu) and locally
-connected (conv_local.cu). Re-exported by gpuk/kernels/conv.py; same signatures as the
+connected (conv_local.cu). Re-exported by gpuk/kernels/conv/__init__.py; same signatures as the
 twins in gpuk/cpu_fallback/conv.py plus a keyword-only `runtime`.
 """
 import math
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
-from gpuk.cpu_fallback import conv_checks
-from . import conv_tiles
-from .runtime import register_build, resolve
+from gpuk.contracts import conv_checks
+from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
+from . import tiles as conv_tiles
+from ..runtime import register_build, resolve
 
 DEPTHWISE_SOURCE = Path(__file__).with_name('conv_depthwise.cu')
 LOCAL_SOURCE = Path(__file__).with_name('conv_local.cu')
-ELEMENT_TYPES = {np.dtype(np.float16): '__half', np.dtype(ml_dtypes.bfloat16): '__nv_bfloat16',
-                 np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
-# 16-bit inputs accumulate in float32 (ElementTraits<T>::acc in common.cuh).
-ACC_TYPES = {np.dtype(np.float16): 'float', np.dtype(ml_dtypes.bfloat16): 'float',
-             np.dtype(np.float32): 'float', np.dtype(np.float64): 'double'}
 # Tile constants: #defines of the .cu files and the grid below (one place).
 DW_CHANNELS, DW_ROWS, DW_PIX = 32, 8, 4
 DW_MAX_FILTER_SHARED = 48 * 1024      # above this the filter is read from global memory
@@ -31,31 +26,19 @@ LOCAL_MAX_BLOCKS = 65535
 
 def depthwise_defines(dtype):
     dtype = np.dtype(dtype)
-    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ACC_TYPES[dtype], 'DW_CHANNELS': DW_CHANNELS,
+    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)], 'DW_CHANNELS': DW_CHANNELS,
             'DW_ROWS': DW_ROWS, 'DW_PIX': DW_PIX}
 
 
 def local_defines(dtype):
     dtype = np.dtype(dtype)
-    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ACC_TYPES[dtype], 'LOCAL_THREADS': LOCAL_THREADS}
+    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)], 'LOCAL_THREADS': LOCAL_THREADS}
 
 
-for _dtype in ELEMENT_TYPES:
+for _dtype in FLOAT_DTYPES:
     register_build(DEPTHWISE_SOURCE, depthwise_defines(_dtype),
                    ['depthwise_fwd', 'depthwise_dgrad', 'depthwise_wgrad', 'depthwise_reduce_splits'])
     register_build(LOCAL_SOURCE, local_defines(_dtype), ['local_fwd', 'local_dgrad', 'local_wgrad'])
-
-
-def check_float_array(fn, name, array, xp):
-    """The twin's _float_array for arrays of `xp` (no host conversion)."""
-    if not isinstance(array, xp.ndarray):
-        raise TypeError('%s: %s must be a %s.ndarray, got %s' % (fn, name, xp.__name__, type(array).__name__))
-    if array.dtype not in ELEMENT_TYPES:
-        raise TypeError('%s: %s must be a %s array, got dtype %s'
-                        % (fn, name, conv_checks.FLOAT_DTYPE_NAMES, array.dtype))
-    if array.size == 0:
-        raise ValueError('%s: %s must not have a zero-size dimension, got shape %s' % (fn, name, array.shape))
-    return array
 
 
 INDEX_LIMIT = 2**31 - 1   # the kernels decode indices in 32 bits (64-bit division is slow on GPUs)
@@ -95,8 +78,8 @@ def _checked_pair(fn, runtime, first, second):
     """(rt, a, b): the runtime and the two named inputs (name, array) as float arrays of its
     xp with one dtype; the checks of every launcher here, in the twins' order."""
     rt = resolve(runtime)
-    a = check_float_array(fn, first[0], first[1], rt.xp)
-    b = check_float_array(fn, second[0], second[1], rt.xp)
+    a = conv_checks.float_array(fn, first[0], first[1], xp=rt.xp)
+    b = conv_checks.float_array(fn, second[0], second[1], xp=rt.xp)
     conv_checks.same_dtype(fn, [(first[0], a), (second[0], b)])
     return rt, a, b
 

@@ -1,10 +1,6 @@
 """cuDNN path: convolution through NVIDIA's cuDNN Frontend Python package (graph API).
 
-Optional. ``available()`` says whether it can run here and ``why_unavailable()`` why not:
-it needs the frontend (``import cudnn``, PyPI ``nvidia-cudnn-frontend``), the cuDNN 9
-library (``libcudnn.so.9``, e.g. from the ``nvidia-cudnn-cu13`` / ``-cu12`` wheels) and a
-usable GPU through CuPy. A family set to 'cudnn' (``gpuk.config.set_kernels``) that must
-fall back to gpuk's kernels says so once (``choose``).
+Optional: detection, handles and the per-family choice live in ``library``.
 
 ``conv_fwd`` / ``conv_dgrad`` / ``conv_wgrad`` have the signatures of their NumPy twins in
 ``gpuk.cpu_fallback.conv``: arrays (N, *spatial, C) for 'channels_last' or (N, C, *spatial)
@@ -22,128 +18,17 @@ in place of a GPU) against the installed frontend.
 Graphs are built once per (op, device, shapes, dtype, layout, geometry, precision) and
 run on CuPy's current stream with CuPy device pointers.
 """
-import ctypes
-import glob
 import math
-import os
-import sys
-import threading
-import warnings
 from collections import namedtuple
 
-from gpuk import config, device
-from gpuk.ops import geometry
+from gpuk import config
+from gpuk.contracts import geometry
+from . import library
 
-__all__ = ['available', 'why_unavailable', 'choose', 'library_path', 'conv_fwd',
-           'conv_dgrad', 'conv_wgrad', 'conv_problem', 'graph_cache_key']
+__all__ = ['conv_fwd', 'conv_dgrad', 'conv_wgrad', 'conv_problem', 'graph_cache_key']
 
 _FLOAT_DTYPES = ('float16', 'bfloat16', 'float32', 'float64')   # dtype names (ml_dtypes.bfloat16's is 'bfloat16')
-_state = {'reason': None, 'probed': False, 'library': None, 'frontend': None}
-_warned_families = set()
-_handles = threading.local()   # per thread: device id -> cuDNN handle (handles are not shared across threads)
-_graphs = {}          # graph_cache_key(...) -> _BuiltGraph
-
-
-# ---------------------------------------------------------------- detection
-
-def library_path(search_paths=None):
-    """Path of libcudnn.so.9 inside the NVIDIA wheels (site-packages/nvidia/*/lib), or None.
-
-    ``search_paths`` defaults to ``sys.path``.
-    """
-    for base in (sys.path if search_paths is None else search_paths):
-        if not base or not os.path.isdir(os.path.join(base, 'nvidia')):
-            continue
-        # nvidia-cudnn-cu12 installs nvidia/cudnn/lib; keep any nvidia/*/lib layout too
-        for pattern in ('cudnn/lib/libcudnn.so.9', '*/lib/libcudnn.so.9'):
-            found = sorted(glob.glob(os.path.join(base, 'nvidia', pattern)))
-            if found:
-                return found[0]
-    return None
-
-
-def _load_library():
-    """(ctypes library, None) or (None, reason). Wheels first, then the loader's path."""
-    candidates = [p for p in (library_path(),) if p] + ['libcudnn.so.9']
-    errors = []
-    for candidate in candidates:
-        try:
-            # RTLD_GLOBAL so the frontend's own dlopen of libcudnn finds this copy
-            library = ctypes.CDLL(candidate, mode=ctypes.RTLD_GLOBAL)
-        except OSError as exc:
-            errors.append('%s: %s' % (candidate, exc))
-            continue
-        library.cudnnGetVersion.restype = ctypes.c_size_t
-        version = library.cudnnGetVersion()
-        if version // 10000 != 9:
-            errors.append('%s is cuDNN %d, need 9.x' % (candidate, version))
-            continue
-        return library, None
-    return None, ('the cuDNN 9 library was not found or failed to load (pip install '
-                  'nvidia-cudnn-cu13 or nvidia-cudnn-cu12): %s' % '; '.join(errors))
-
-
-def _import_frontend():
-    """(cudnn module, None) or (None, reason)."""
-    try:
-        import cudnn as frontend
-    except Exception as exc:
-        return None, ('the cuDNN Frontend Python package cannot be imported (pip install '
-                      'nvidia-cudnn-frontend): %s: %s' % (type(exc).__name__, exc))
-    if not hasattr(frontend, 'pygraph'):
-        return None, ('the imported module cudnn (%s) is not the cuDNN Frontend: it has no '
-                      'pygraph' % getattr(frontend, '__file__', '?'))
-    return frontend, None
-
-
-def _probe():
-    if _state['probed']:
-        return
-    reason = device.gpu_unusable_reason()
-    library = frontend = None
-    if reason is None:
-        library, reason = _load_library()
-    if reason is None:
-        frontend, reason = _import_frontend()
-    _state.update(probed=True, reason=reason, library=library, frontend=frontend)
-
-
-def available():
-    """True when the cuDNN path can run here (frontend, cuDNN 9 and a GPU)."""
-    _probe()
-    return _state['reason'] is None
-
-
-def why_unavailable():
-    """Why the cuDNN path cannot run here; '' when it can."""
-    _probe()
-    return _state['reason'] or ''
-
-
-def reset_probe():
-    """Forget the detection result (after installing cuDNN, or in tests)."""
-    _state.update(reason=None, probed=False, library=None, frontend=None)
-    _warned_families.clear()
-
-
-def fallback_message(family, reason):
-    """The sentence printed once when ``family`` was set to 'cudnn' but cannot use it."""
-    return ("gpuk: kernels for %r are set to 'cudnn' but cuDNN is unavailable (%s); "
-            "using gpuk's own kernels" % (family, reason))
-
-
-def choose(family):
-    """The implementation ``family`` runs with here: 'gpuk', 'cudnn' or 'auto'.
-
-    'cudnn' or 'auto' without cuDNN gives 'gpuk'; for 'cudnn' that warns once per family.
-    """
-    wanted = config.kernels(family)
-    if wanted == 'gpuk' or available():
-        return wanted
-    if wanted == 'cudnn' and family not in _warned_families:
-        _warned_families.add(family)
-        warnings.warn(fallback_message(family, why_unavailable()), RuntimeWarning, stacklevel=2)
-    return 'gpuk'
+_graphs = {}          # graph_cache_key(...) -> library.BuiltGraph
 
 
 # ---------------------------------------------------------------- pure translation
@@ -288,26 +173,6 @@ def graph_cache_key(op, device_id, problem, dtype_name, precision):
 
 # ---------------------------------------------------------------- execution
 
-_BuiltGraph = namedtuple('_BuiltGraph', ['graph', 'tensors', 'workspace_size'])
-
-
-def _require():
-    if not available():
-        raise RuntimeError('cudnn: the cuDNN path is unavailable: %s' % why_unavailable())
-    return _state['frontend']
-
-
-def _handle(frontend, cupy):
-    device_id = cupy.cuda.Device().id
-    by_device = _handles.__dict__.setdefault('by_device', {})
-    handle = by_device.get(device_id)
-    if handle is None:
-        handle = by_device[device_id] = frontend.create_handle()
-    # bound on every call: CuPy's current stream may change between calls
-    frontend.set_stream(handle=handle, stream=cupy.cuda.get_current_stream().ptr)
-    return device_id, handle
-
-
 def graph_for(frontend, op, problem, dtype_name, precision, **graph_kwargs):
     """(graph, tensors in variant-pack order, bar_tensor_cores): the cuDNN Frontend graph of
     ``op`` ('fprop', 'dgrad', 'wgrad') for ``problem``, built up to (not including) validate().
@@ -373,33 +238,22 @@ def _build(frontend, handle, op, problem, dtype_name):
     plan(frontend, graph, bar_tensor_cores)
     graph.check_support()
     graph.build_plans()
-    return _BuiltGraph(graph, tensors, graph.get_workspace_size())
+    return library.BuiltGraph(graph, tensors, graph.get_workspace_size())
 
 
 def _run(fn, op, problem, arrays, out_shape_layout, dtype):
     """Builds (once) and executes the graph; ``arrays`` are the inputs in graph order."""
     import cupy
-    frontend = _require()
-    device_id, handle = _handle(frontend, cupy)
+    frontend = library.frontend()
+    device_id, handle = library.frontend_handle(frontend, cupy)
     dtype_name = cupy.dtype(dtype).name
     key = graph_cache_key(op, device_id, problem, dtype_name, config.precision())
-    built = _graphs.get(key)
-    if built is None:
-        try:
-            built = _graphs[key] = _build(frontend, handle, op, problem, dtype_name)
-        except Exception as exc:
-            raise RuntimeError('%s: cuDNN could not build a %s graph for x %s, w %s, dtype %s '
-                               '(%s: %s)' % (fn, op, problem.padded_x_shape, problem.w_shape,
-                                             dtype_name, type(exc).__name__, exc)) from exc
+    described = 'x %s, w %s, dtype %s' % (problem.padded_x_shape, problem.w_shape, dtype_name)
+    built = library.cached_graph(_graphs, key, lambda: _build(frontend, handle, op, problem, dtype_name),
+                                 '%s: cuDNN could not build a %s graph for %s' % (fn, op, described))
     out = cupy.empty(out_shape_layout, dtype=dtype)
-    workspace = cupy.empty(max(built.workspace_size, 1), dtype=cupy.uint8)
     pack = {t: a.data.ptr for t, a in zip(built.tensors, tuple(arrays) + (out,))}
-    try:
-        built.graph.execute(pack, workspace.data.ptr, handle=handle)
-    except Exception as exc:
-        raise RuntimeError('%s: cuDNN %s failed for x %s, w %s, dtype %s (%s: %s)'
-                           % (fn, op, problem.padded_x_shape, problem.w_shape, dtype_name,
-                              type(exc).__name__, exc)) from exc
+    library.execute_graph(built, pack, handle, '%s: cuDNN %s failed for %s' % (fn, op, described))
     return out
 
 

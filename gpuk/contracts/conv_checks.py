@@ -1,37 +1,39 @@
 """Argument checks of the convolution family, shared by the NumPy twins
-(gpuk/cpu_fallback/conv.py) and the CUDA launchers (gpuk/kernels/conv*.py), so both
+(gpuk/cpu_fallback/conv.py) and the CUDA launchers (gpuk/kernels/conv/), so both
 raise the same errors, with the same messages, before any work."""
 import math
+from collections import namedtuple
 
-import ml_dtypes
 import numpy as np
 
-from gpuk.ops import geometry
+from gpuk.contracts import geometry
+from gpuk.contracts.dtypes import FLOAT_DTYPES, FLOAT_DTYPES_NO_BFLOAT16
 
 
 FLOAT_DTYPE_NAMES = 'float16, bfloat16, float32 or float64'
 
 
-def is_float_dtype(dtype):
-    """A NumPy float or ml_dtypes.bfloat16 (whose dtype kind is 'V', not 'f')."""
-    return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16
-
-
-def typed_float_array(fn, name, value, bfloat16=True):
-    """value as a NumPy float array (any size); ``bfloat16=False`` for the families whose
-    kernels take float16, float32 and float64 only (pooling, CTC)."""
-    array = np.asarray(value)
-    allowed = is_float_dtype(array.dtype) if bfloat16 else np.issubdtype(array.dtype, np.floating)
-    if not allowed:
+def typed_float_array(fn, name, value, bfloat16=True, xp=None):
+    """A float array of any size. Without ``xp`` (the NumPy twins) array-likes are converted;
+    a launcher passes its runtime's ``xp`` and takes that namespace's arrays only, so a host
+    array never costs a hidden copy. ``bfloat16=False`` for the families whose kernels take
+    float16, float32 and float64 only (pooling, batch norm, CTC)."""
+    if xp is None:
+        array = np.asarray(value)
+    elif isinstance(value, xp.ndarray):
+        array = value
+    else:
+        raise TypeError('%s: %s must be a %s.ndarray, got %s' % (fn, name, xp.__name__, type(value).__name__))
+    if array.dtype not in (FLOAT_DTYPES if bfloat16 else FLOAT_DTYPES_NO_BFLOAT16):
         raise TypeError('%s: %s must be a %s array, got dtype %s'
                         % (fn, name, FLOAT_DTYPE_NAMES if bfloat16 else 'float16, float32 or float64',
                            array.dtype))
     return array
 
 
-def float_array(fn, name, value, bfloat16=True):
+def float_array(fn, name, value, bfloat16=True, xp=None):
     """typed_float_array with no zero-size dimension."""
-    array = typed_float_array(fn, name, value, bfloat16)
+    array = typed_float_array(fn, name, value, bfloat16, xp)
     if array.size == 0:
         raise ValueError('%s: %s must not have a zero-size dimension, got shape %s'
                          % (fn, name, array.shape))
@@ -165,3 +167,81 @@ def depthwise_fwd_setup(fn, x, w, strides, dilation, pads, data_format):
     in_spatial = spatial_dims(x.shape, channels_first)
     out_spatial = output_spatial(fn, in_spatial, w.shape[:rank], strides, dilation, pads)
     return channels_first, rank, strides, dilation, pads, c_in, w.shape[-1], in_spatial, out_spatial
+
+
+# ---------------------------------------------------------------- whole prologues (twin and launcher)
+
+# The shapes a convolution's checks establish; the spatial tuples have `rank` entries.
+ConvShapes = namedtuple('ConvShapes', ['channels_first', 'rank', 'batch', 'c_in', 'c_out', 'in_spatial',
+                                       'out_spatial', 'kernel_spatial', 'strides', 'dilation', 'pads'])
+
+
+def fwd_problem(fn, x, w, strides, dilation, pads, data_format, xp=None):
+    """(x, w, ConvShapes): every check of a forward convolution, in the order the twin and the
+    launcher raise them (``xp`` as in ``float_array``)."""
+    x, w = float_array(fn, 'x', x, xp=xp), float_array(fn, 'w', w, xp=xp)
+    same_dtype(fn, [('x', x), ('w', w)])
+    channels_first, rank, strides, dilation, pads = conv_setup(
+        fn, 'x', x, data_format, w, 'w', strides, dilation, pads)
+    c_in = channel_count(x.shape, channels_first)
+    check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w', w.shape, w.shape[-2])
+    in_spatial = spatial_dims(x.shape, channels_first)
+    kernel_spatial = tuple(w.shape[:rank])
+    out_spatial = output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    return x, w, ConvShapes(channels_first, rank, x.shape[0], c_in, w.shape[-1], in_spatial, out_spatial,
+                            kernel_spatial, strides, dilation, pads)
+
+
+def dgrad_setup(fn, dy, w, x_shape, strides, dilation, pads, data_format, xp=None):
+    """The checks every data gradient (dense and depthwise) starts with."""
+    dy, w = float_array(fn, 'dy', dy, xp=xp), float_array(fn, 'w', w, xp=xp)
+    same_dtype(fn, [('dy', dy), ('w', w)])
+    channels_first, rank, strides, dilation, pads = conv_setup(
+        fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
+    x_shape = shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+    check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
+    return dy, w, x_shape, channels_first, rank, strides, dilation, pads
+
+
+def dgrad_problem(fn, dy, w, x_shape, strides, dilation, pads, data_format, xp=None):
+    """(dy, w, x_shape, ConvShapes): every check of a dense data gradient."""
+    dy, w, x_shape, channels_first, rank, strides, dilation, pads = dgrad_setup(
+        fn, dy, w, x_shape, strides, dilation, pads, data_format, xp)
+    check_channels(fn, 'the channel count', 'dy', dy.shape, channel_count(dy.shape, channels_first),
+                   'w', w.shape, w.shape[-1])
+    c_in = channel_count(x_shape, channels_first)
+    check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape, w.shape[-2])
+    in_spatial = spatial_dims(x_shape, channels_first)
+    kernel_spatial = tuple(w.shape[:rank])
+    out_spatial = output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
+    return dy, w, x_shape, ConvShapes(channels_first, rank, x_shape[0], c_in, w.shape[-1], in_spatial,
+                                      out_spatial, kernel_spatial, strides, dilation, pads)
+
+
+def wgrad_setup(fn, x, dy, w_shape, strides, dilation, pads, data_format, xp=None):
+    """The checks every filter gradient (dense and depthwise) starts with."""
+    x, dy = float_array(fn, 'x', x, xp=xp), float_array(fn, 'dy', dy, xp=xp)
+    same_dtype(fn, [('x', x), ('dy', dy)])
+    channels_first = is_channels_first(fn, data_format)
+    rank = spatial_rank(fn, 'x', x)
+    check_rank(fn, 'dy', dy, rank + 2, 'like x')
+    w_shape = shape_tuple(fn, 'w_shape', w_shape, rank + 2)
+    strides, dilation, pads = window_params(fn, rank, strides, dilation, pads)
+    check_batch(fn, 'x', x.shape, 'dy', dy.shape)
+    return x, dy, channels_first, rank, w_shape, strides, dilation, pads
+
+
+def wgrad_problem(fn, x, dy, w_shape, strides, dilation, pads, data_format, xp=None):
+    """(x, dy, w_shape, ConvShapes): every check of a dense filter gradient."""
+    x, dy, channels_first, rank, w_shape, strides, dilation, pads = wgrad_setup(
+        fn, x, dy, w_shape, strides, dilation, pads, data_format, xp)
+    c_in, c_out = channel_count(x.shape, channels_first), channel_count(dy.shape, channels_first)
+    check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape, w_shape[-2])
+    check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape, w_shape[-1])
+    in_spatial = spatial_dims(x.shape, channels_first)
+    kernel_spatial = tuple(w_shape[:rank])
+    out_spatial = output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
+    check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
+    return x, dy, w_shape, ConvShapes(channels_first, rank, x.shape[0], c_in, c_out, in_spatial, out_spatial,
+                                      kernel_spatial, strides, dilation, pads)

@@ -21,6 +21,7 @@ from typing import Tuple
 
 import numpy as np
 
+from gpuk import config
 from .kernel_source import NVRTC_FLAGS, normalized_defines, source_key
 
 RUNTIME_KINDS = ('cuda', 'emulate')
@@ -63,10 +64,24 @@ def get_runtime(kind):
         return _runtimes[kind]
 
 
+def gpu_unusable_reason():
+    """None when CuPy sees a usable GPU, else a sentence saying why not."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken CUDA install raising anything
+        return 'CuPy cannot be imported (%s: %s)' % (type(exc).__name__, exc)
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return 'the CUDA driver/runtime is not usable (%s: %s)' % (type(exc).__name__, exc)
+    if count < 1:
+        return 'CUDA reports no GPU'
+    return None
+
+
 def cuda_usable():
     """True when CuPy imports and sees at least one CUDA device."""
-    from gpuk import device
-    return device.gpu_unusable_reason() is None
+    return gpu_unusable_reason() is None
 
 
 def set_current(kind):
@@ -89,14 +104,13 @@ def current():
     """The runtime launchers use when not given one explicitly."""
     if _current is not None:
         return get_runtime(_current)
-    wanted = os.environ.get('GPUK_DEVICE', 'auto').strip().lower() or 'auto'
-    if wanted == 'cuda':
-        return get_runtime('cuda')
-    if wanted in ('emulate', 'cpu'):
-        return get_runtime('emulate')
-    if wanted != 'auto':
-        raise ValueError(f"GPUK_DEVICE must be 'cuda', 'cpu', 'emulate' or 'auto', got {wanted!r}")
-    return get_runtime('cuda' if cuda_usable() else 'emulate')
+    wanted = config.requested_device()
+    if wanted == 'cpu':   # the NumPy twins run no kernels: never a silent switch to the emulator
+        raise RuntimeError("runtime.current: GPUK_DEVICE=cpu runs the NumPy twins, not the CUDA kernels; "
+                           "pass runtime='emulate' or 'cuda', or set GPUK_DEVICE=emulate")
+    if wanted == 'auto':
+        wanted = 'cuda' if cuda_usable() else 'emulate'
+    return get_runtime(wanted)
 
 
 def resolve(rt):
@@ -195,7 +209,7 @@ def register_build(source_file, defines, kernels, may_spill=False):
 
 def registered_builds():
     """Every registered variant, after importing all launchers in gpuk.kernels.LAUNCHERS."""
-    from . import LAUNCHERS
+    from .. import LAUNCHERS
     for module in LAUNCHERS:
         importlib.import_module(module)
     with _lock:
@@ -204,7 +218,7 @@ def registered_builds():
 
 def cubin_dir():
     """Where prebuilt cubins live: $GPUK_CUBIN_DIR, else gpuk/kernels/prebuilt/."""
-    return Path(os.environ.get('GPUK_CUBIN_DIR') or Path(__file__).resolve().parent / 'prebuilt')
+    return Path(os.environ.get('GPUK_CUBIN_DIR') or Path(__file__).resolve().parent.parent / 'prebuilt')
 
 
 def normalize_arch(arch):

@@ -2,12 +2,12 @@
 
 The cuDNN Frontend has no pooling node, so this calls libcudnn.so.9 directly
 (cudnnSetPoolingNdDescriptor / cudnnPoolingForward / cudnnPoolingBackward) with the
-prototypes, handle and descriptors of ``gpuk.kernels.cudnn_library``; ``cudnn.available()``
+prototypes, handle and descriptors of ``gpuk.kernels.cudnn.library``; ``library.available()``
 says whether it can run.
 
 How our contract maps onto cuDNN's:
 - average pooling is CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING (padding excluded, as in
-  the twin). cuDNN pads symmetrically, so uneven ``pads`` raise ``dispatch.Unsupported``.
+  the twin). cuDNN pads symmetrically, so uneven ``pads`` raise ``library.Unsupported``.
   Its backward reads no values of x and y in average mode, but takes their descriptors:
   dy and an uninitialised x-shaped buffer stand in.
 - max pooling forward: cuDNN returns y only, not the argmax our backward contract needs,
@@ -24,25 +24,21 @@ import ctypes
 import math
 from collections import namedtuple
 
-from gpuk.ops import geometry
-from . import cudnn, cudnn_library
-from .cudnn_library import CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING, CUDNN_POOLING_MAX_DETERMINISTIC
+from gpuk.contracts import geometry
+from . import library
+from .conv import cudnn_dims, layout_strides
+from .library import Unsupported, CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING, CUDNN_POOLING_MAX_DETERMINISTIC
 
 __all__ = ['pool_problem', 'pooling_descriptor_args', 'tensor_descriptor_args', 'pool_fwd', 'pool_bwd',
            'max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd']
 
-CUDNN_DATA_TYPES = cudnn_library.DATA_TYPES
+CUDNN_DATA_TYPES = library.DATA_TYPES
 POOLING_MODES = {'max': CUDNN_POOLING_MAX_DETERMINISTIC, 'avg': CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING}
 
 PoolProblem = namedtuple('PoolProblem', [
     'channels_last', 'lifted',          # lifted: a 1-d problem run as 2-d
     'x_shape', 'y_shape',               # in the caller's layout (lifted when 1-d)
     'window', 'strides', 'pads'])       # per spatial dim (lifted), pads symmetric
-
-
-def _unsupported(reason):
-    from .dispatch import Unsupported   # dispatch imports cudnn; import late to stay acyclic
-    return Unsupported(reason)
 
 
 def pool_problem(fn, x_shape, window, strides, pads, data_format):
@@ -56,7 +52,7 @@ def pool_problem(fn, x_shape, window, strides, pads, data_format):
     strides = geometry.normalize_positive_tuple(strides, rank, fn, 'strides')
     pads = geometry.normalize_pads(pads, rank, fn)
     if any(b != a for b, a in pads):
-        raise _unsupported('cuDNN pools with symmetric padding only, got pads %s' % (pads,))
+        raise Unsupported('cuDNN pools with symmetric padding only, got pads %s' % (pads,))
     spatial = x_shape[1:-1] if channels_last else x_shape[2:]
     out = []
     for size, k, s, (p, _) in zip(spatial, window, strides, pads):
@@ -80,16 +76,16 @@ def pooling_descriptor_args(problem, mode):
     """(mode, nan propagation, nbDims, windowDimA, paddingA, strideA) for cudnnSetPoolingNdDescriptor."""
     if mode not in POOLING_MODES:
         raise ValueError("pooling_descriptor_args: mode must be 'max' or 'avg', got %r" % (mode,))
-    return (POOLING_MODES[mode], cudnn_library.CUDNN_PROPAGATE_NAN, len(problem.window), list(problem.window),
+    return (POOLING_MODES[mode], library.CUDNN_PROPAGATE_NAN, len(problem.window), list(problem.window),
             list(problem.pads), list(problem.strides))
 
 
 def tensor_descriptor_args(shape, channels_last, dtype_name):
     """(dataType, nbDims, dimA, strideA) for cudnnSetTensorNdDescriptor of a packed array."""
     if dtype_name not in CUDNN_DATA_TYPES:
-        raise TypeError('cudnn_legacy: arrays must be float16, float32 or float64, got %s' % dtype_name)
-    dims = cudnn.cudnn_dims(shape, channels_last)
-    return CUDNN_DATA_TYPES[dtype_name], len(dims), list(dims), list(cudnn.layout_strides(dims, channels_last))
+        raise TypeError('cudnn_pooling: arrays must be float16, float32 or float64, got %s' % dtype_name)
+    dims = cudnn_dims(shape, channels_last)
+    return CUDNN_DATA_TYPES[dtype_name], len(dims), list(dims), list(layout_strides(dims, channels_last))
 
 
 # ---------------------------------------------------------------- library calls
@@ -121,12 +117,12 @@ def pool_fwd(x, window, strides, pads, data_format, mode):
     x = _device_float('pool_fwd', 'x', x)
     problem = pool_problem('pool_fwd', x.shape, window, strides, pads, data_format)
     y = cupy.empty(problem.y_shape, x.dtype)
-    lib = cudnn_library.library()
-    handle = cudnn_library.handle(lib)
-    alpha, beta = cudnn_library.scalars(x.dtype.name)
-    with cudnn_library.Descriptors(lib) as d:
+    lib = library.library()
+    handle = library.handle(lib)
+    alpha, beta = library.scalars(x.dtype.name)
+    with library.Descriptors(lib) as d:
         pool, xd, yd = _pooling_descriptors(d, problem, mode, x.dtype.name)
-        cudnn_library.check(lib, lib.cudnnPoolingForward(handle, pool, ctypes.byref(alpha), xd, x.data.ptr,
+        library.check(lib, lib.cudnnPoolingForward(handle, pool, ctypes.byref(alpha), xd, x.data.ptr,
                                                          ctypes.byref(beta), yd, y.data.ptr), 'cudnnPoolingForward')
     return y.reshape(_unlifted(problem, problem.y_shape))
 
@@ -137,13 +133,13 @@ def pool_bwd(dy, y, x, window, strides, pads, data_format, mode):
     dy, y, x = (_device_float('pool_bwd', n, a) for n, a in (('dy', dy), ('y', y), ('x', x)))
     problem = pool_problem('pool_bwd', x.shape, window, strides, pads, data_format)
     dx = cupy.empty(problem.x_shape, dy.dtype)
-    lib = cudnn_library.library()
-    handle = cudnn_library.handle(lib)
-    alpha, beta = cudnn_library.scalars(dy.dtype.name)
-    with cudnn_library.Descriptors(lib) as d:
+    lib = library.library()
+    handle = library.handle(lib)
+    alpha, beta = library.scalars(dy.dtype.name)
+    with library.Descriptors(lib) as d:
         pool, xd, yd = _pooling_descriptors(d, problem, mode, dy.dtype.name)
         # (y, dy) share y's descriptor and (x, dx) x's: packed arrays of one layout
-        cudnn_library.check(lib, lib.cudnnPoolingBackward(
+        library.check(lib, lib.cudnnPoolingBackward(
             handle, pool, ctypes.byref(alpha), yd, y.data.ptr, yd, dy.data.ptr, xd, x.data.ptr,
             ctypes.byref(beta), xd, dx.data.ptr), 'cudnnPoolingBackward')
     return dx.reshape(x.shape)
@@ -169,7 +165,7 @@ def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format):
 
 
 def max_pool_fwd(x, window, strides, pads, data_format):
-    raise _unsupported('cuDNN max pooling returns no argmax, which the gradient needs')
+    raise Unsupported('cuDNN max pooling returns no argmax, which the gradient needs')
 
 
 def tiling_window(in_spatial, out_spatial):
@@ -208,7 +204,7 @@ def max_pool_bwd(dy, argmax, x_shape, data_format):
     out_spatial = dy.shape[1:-1] if channels_last else dy.shape[2:]
     window = tiling_window(in_spatial, out_spatial)
     if window is None or not winners_in_own_tile(cupy, argmax, in_spatial, window, channels_last):
-        raise _unsupported('cuDNN max-pool backward needs x and y; the argmax maps onto it only '
+        raise Unsupported('cuDNN max-pool backward needs x and y; the argmax maps onto it only '
                            'when every winner lies in its own tile of size input // output')
     n = x_shape[0]
     c = x_shape[-1] if channels_last else x_shape[1]

@@ -1,5 +1,5 @@
 // conv_local.cu: locally connected convolution (unshared weights), direct kernels.
-// Launched by gpuk/kernels/conv_direct.py. Like Keras' local_conv1d/2d: no padding, no
+// Launched by gpuk/kernels/conv/direct.py. Like Keras' local_conv1d/2d: no padding, no
 // dilation; output position p (P = prod(output_spatial)) reads the window starting at
 // p * stride. w is (P, F, C_out) with F = prod(k) * C_in flattened as (*k, C_in) for
 // channels_last and (C_in, *k) for channels_first (the order Keras flattens a slice of

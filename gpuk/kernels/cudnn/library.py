@@ -1,26 +1,205 @@
-"""The cuDNN 9 library through ctypes: prototypes, enumerators, handle and descriptors.
+"""The cuDNN library: whether it can run here, the handles, the per-family choice, and the
+cuDNN 9 library itself through ctypes (prototypes, enumerators, descriptors).
 
-Shared by the legacy-API paths (pooling in ``cudnn_legacy``, CTC in ``cudnn_ctc``, softmax
-in ``cudnn_softmax``); the convolution path uses the cuDNN Frontend instead (``cudnn``).
+Optional. ``available()`` says whether the cuDNN path can run here and ``why_unavailable()``
+why not: it needs the frontend (``import cudnn``, PyPI ``nvidia-cudnn-frontend``), the
+cuDNN 9 library (``libcudnn.so.9``, e.g. from the ``nvidia-cudnn-cu13`` / ``-cu12`` wheels)
+and a usable GPU through CuPy. ``choose(family)`` says which implementation a family runs
+with; one set to 'cudnn' that must fall back to gpuk's kernels says so once. A cuDNN
+function that cannot take a problem raises ``Unsupported`` (gpuk's kernels then run it).
 
-Every function we call (and the getters the tests read descriptors back with) is declared
+The convolution and batch-norm paths use the cuDNN Frontend (``frontend()``,
+``frontend_handle()``); pooling, CTC and softmax call the legacy API. For those, every
+function we call (and the getters the tests read descriptors back with) is declared
 in ``PROTOTYPES`` (restype and argtypes, as in the cuDNN 9 headers cudnn_graph.h /
 cudnn_ops.h / cudnn_adv.h), so ctypes converts and counts the arguments of each call
 instead of guessing them; tests compare the table with the headers and run the descriptor
-calls without a GPU. The enumerator values below are
-those of the same headers.
+calls without a GPU. The enumerator values below are those of the same headers.
 
 ``library()`` is the loaded library with the prototypes applied: the copy detection loaded
-(``cudnn._state``) when the cuDNN path is available, else ``load()`` (no GPU needed, for the
-descriptor tests). ``handle()`` is one legacy handle per device bound to CuPy's current
-stream; ``Descriptors`` creates and sets descriptors for one call and destroys them on exit.
+when the cuDNN path is available, else ``load()`` (no GPU needed, for the descriptor
+tests). ``handle()`` is one legacy handle per device bound to CuPy's current stream;
+``Descriptors`` creates and sets descriptors for one call and destroys them on exit.
 """
 import ctypes
+import glob
+import os
+import sys
 import threading
+import warnings
+from collections import namedtuple
 
-from . import cudnn
+from gpuk import config
+from gpuk.kernels import runtime
 
-__all__ = ['PROTOTYPES', 'DATA_TYPES', 'load', 'library', 'check', 'handle', 'Descriptors', 'scalars']
+__all__ = ['Unsupported', 'available', 'why_unavailable', 'reset_probe', 'choose', 'library_path',
+           'frontend', 'frontend_handle', 'BuiltGraph', 'cached_graph', 'execute_graph',
+           'PROTOTYPES', 'DATA_TYPES', 'load', 'library', 'check', 'handle', 'Descriptors', 'scalars']
+
+
+class Unsupported(Exception):
+    """Raised by a cuDNN path for a problem outside cuDNN's limits (e.g. CTC labels >= 256)."""
+
+
+_state = {'reason': None, 'probed': False, 'library': None, 'frontend': None}
+_warned_families = set()
+_frontend_handles = threading.local()   # per thread: device id -> Frontend handle (not shared across threads)
+
+
+# ---------------------------------------------------------------- detection
+
+def library_path(search_paths=None):
+    """Path of libcudnn.so.9 inside the NVIDIA wheels (site-packages/nvidia/*/lib), or None.
+
+    ``search_paths`` defaults to ``sys.path``.
+    """
+    for base in (sys.path if search_paths is None else search_paths):
+        if not base or not os.path.isdir(os.path.join(base, 'nvidia')):
+            continue
+        # nvidia-cudnn-cu12 installs nvidia/cudnn/lib; keep any nvidia/*/lib layout too
+        for pattern in ('cudnn/lib/libcudnn.so.9', '*/lib/libcudnn.so.9'):
+            found = sorted(glob.glob(os.path.join(base, 'nvidia', pattern)))
+            if found:
+                return found[0]
+    return None
+
+
+def _load_library():
+    """(ctypes library, None) or (None, reason). Wheels first, then the loader's path."""
+    candidates = [p for p in (library_path(),) if p] + ['libcudnn.so.9']
+    errors = []
+    for candidate in candidates:
+        try:
+            # RTLD_GLOBAL so the frontend's own dlopen of libcudnn finds this copy
+            library = ctypes.CDLL(candidate, mode=ctypes.RTLD_GLOBAL)
+        except OSError as exc:
+            errors.append('%s: %s' % (candidate, exc))
+            continue
+        library.cudnnGetVersion.restype = ctypes.c_size_t
+        version = library.cudnnGetVersion()
+        if version // 10000 != 9:
+            errors.append('%s is cuDNN %d, need 9.x' % (candidate, version))
+            continue
+        return library, None
+    return None, ('the cuDNN 9 library was not found or failed to load (pip install '
+                  'nvidia-cudnn-cu13 or nvidia-cudnn-cu12): %s' % '; '.join(errors))
+
+
+def _import_frontend():
+    """(cudnn module, None) or (None, reason)."""
+    try:
+        import cudnn as frontend
+    except Exception as exc:
+        return None, ('the cuDNN Frontend Python package cannot be imported (pip install '
+                      'nvidia-cudnn-frontend): %s: %s' % (type(exc).__name__, exc))
+    if not hasattr(frontend, 'pygraph'):
+        return None, ('the imported module cudnn (%s) is not the cuDNN Frontend: it has no '
+                      'pygraph' % getattr(frontend, '__file__', '?'))
+    return frontend, None
+
+
+def _probe():
+    if _state['probed']:
+        return
+    reason = runtime.gpu_unusable_reason()
+    library = frontend = None
+    if reason is None:
+        library, reason = _load_library()
+    if reason is None:
+        frontend, reason = _import_frontend()
+    _state.update(probed=True, reason=reason, library=library, frontend=frontend)
+
+
+def available():
+    """True when the cuDNN path can run here (frontend, cuDNN 9 and a GPU)."""
+    _probe()
+    return _state['reason'] is None
+
+
+def why_unavailable():
+    """Why the cuDNN path cannot run here; '' when it can."""
+    _probe()
+    return _state['reason'] or ''
+
+
+def reset_probe():
+    """Forget the detection result (after installing cuDNN, or in tests)."""
+    _state.update(reason=None, probed=False, library=None, frontend=None)
+    _warned_families.clear()
+
+
+def fallback_message(family, reason):
+    """The sentence printed once when ``family`` was set to 'cudnn' but cannot use it."""
+    return ("gpuk: kernels for %r are set to 'cudnn' but cuDNN is unavailable (%s); "
+            "using gpuk's own kernels" % (family, reason))
+
+
+def choose(family):
+    """The implementation ``family`` runs with here: 'gpuk', 'cudnn' or 'auto'.
+
+    'cudnn' or 'auto' without cuDNN gives 'gpuk'; for 'cudnn' that warns once per family.
+    """
+    wanted = config.kernels(family)
+    if wanted == 'gpuk' or available():
+        return wanted
+    if wanted == 'cudnn' and family not in _warned_families:
+        _warned_families.add(family)
+        warnings.warn(fallback_message(family, why_unavailable()), RuntimeWarning, stacklevel=2)
+    return 'gpuk'
+
+
+
+def frontend():
+    """The cuDNN Frontend module of the available cuDNN path; RuntimeError saying why when unavailable."""
+    if not available():
+        raise RuntimeError('cudnn: the cuDNN path is unavailable: %s' % why_unavailable())
+    return _state['frontend']
+
+
+def frontend_handle(frontend, cupy):
+    """(device id, this thread's cuDNN Frontend handle for it), bound to CuPy's current stream."""
+    device_id = cupy.cuda.Device().id
+    by_device = _frontend_handles.__dict__.setdefault('by_device', {})
+    handle = by_device.get(device_id)
+    if handle is None:
+        handle = by_device[device_id] = frontend.create_handle()
+    # bound on every call: CuPy's current stream may change between calls
+    frontend.set_stream(handle=handle, stream=cupy.cuda.get_current_stream().ptr)
+    return device_id, handle
+
+
+# ---------------------------------------------------------------- Frontend graphs, built once per key
+
+BuiltGraph = namedtuple('BuiltGraph', ['graph', 'tensors', 'workspace_size'])
+
+
+def cached_graph(cache, key, build, what):
+    """``cache[key]``, built by ``build()`` (a BuiltGraph) on first use. A build failure other
+    than ``Unsupported`` raises RuntimeError: ``what`` (the call and problem), then the cause."""
+    built = cache.get(key)
+    if built is None:
+        try:
+            built = cache[key] = build()
+        except Unsupported:
+            raise
+        except Exception as exc:
+            raise RuntimeError('%s (%s: %s)' % (what, type(exc).__name__, exc)) from exc
+    return built
+
+
+def execute_graph(built, pack, handle, what):
+    """Runs a BuiltGraph on ``pack`` (its tensors -> device pointers) with a fresh workspace on
+    CuPy's current stream; a failure raises RuntimeError: ``what``, then the cause."""
+    import cupy
+    workspace = cupy.empty(max(built.workspace_size, 1), dtype=cupy.uint8)
+    try:
+        built.graph.execute(pack, workspace.data.ptr, handle=handle)
+    except Exception as exc:
+        raise RuntimeError('%s (%s: %s)' % (what, type(exc).__name__, exc)) from exc
+
+
+# ---------------------------------------------------------------- the cuDNN 9 library (legacy API)
+
 
 # cudnn_graph.h: cudnnDataType_t, cudnnNanPropagation_t
 DATA_TYPES = {'float32': 0, 'float64': 1, 'float16': 2}     # CUDNN_DATA_FLOAT / _DOUBLE / _HALF
@@ -105,18 +284,18 @@ def load():
 
     Raises RuntimeError saying why when it cannot be loaded."""
     if _loaded['library'] is None:
-        found, reason = cudnn._load_library()
+        found, reason = _load_library()
         if found is None:
-            raise RuntimeError('cudnn_library: %s' % reason)
+            raise RuntimeError('cudnn.library: %s' % reason)
         _loaded['library'] = declare(found)
     return _loaded['library']
 
 
 def library():
     """The library of the available cuDNN path (prototypes applied); RuntimeError when unavailable."""
-    if not cudnn.available():
-        raise RuntimeError('cudnn_library: the cuDNN path is unavailable: %s' % cudnn.why_unavailable())
-    return declare(cudnn._state['library'])
+    if not available():
+        raise RuntimeError('cudnn.library: the cuDNN path is unavailable: %s' % why_unavailable())
+    return declare(_state['library'])
 
 
 def check(lib, status, what):

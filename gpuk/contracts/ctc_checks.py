@@ -1,9 +1,9 @@
 """Argument checks of the CTC family, shared by the NumPy twins (gpuk/cpu_fallback/ctc.py)
-and the CUDA / cuDNN launchers (gpuk/kernels/ctc.py, gpuk/kernels/cudnn_ctc.py), so both
+and the CUDA / cuDNN launchers (gpuk/kernels/ctc.py, gpuk/kernels/cudnn/ctc.py), so both
 raise the same errors, with the same messages, before any work."""
 import numpy as np
 
-from gpuk.cpu_fallback import softmax_xent_checks
+from gpuk.contracts import softmax_xent_checks
 
 
 def int_array(fn, name, value, ndim):

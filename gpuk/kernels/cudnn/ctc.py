@@ -20,7 +20,7 @@ cuDNN's terms, and how ours are translated (pure Python, tested without a GPU):
   CUDNN_CTC_ZERO_OOB_GRADIENTS; the _v8 setter is deprecated in cuDNN 9).
 - ``check_cudnn_limits``: cuDNN takes labels shorter than 256, float32 only, and a label
   longer than its input made cuDNN access memory out of bounds in PyTorch's experience
-  (LossCTC.cpp); such problems and a missing cuDNN raise ``dispatch.Unsupported`` (the
+  (LossCTC.cpp); such problems and a missing cuDNN raise ``library.Unsupported`` (the
   dispatcher then runs gpuk's kernels).
 - labels with no alignment (input shorter than the label plus its repeats) get loss inf
   and a zero gradient, our convention, whatever cuDNN computes for them.
@@ -29,9 +29,9 @@ import ctypes
 
 import numpy as np
 
-from gpuk.cpu_fallback import ctc_checks
-from gpuk.kernels import cudnn, cudnn_library, dispatch
-from gpuk.kernels.cudnn_library import CUDNN_LOSS_NORMALIZATION_SOFTMAX
+from gpuk.contracts import ctc_checks
+from . import library
+from .library import Unsupported, CUDNN_LOSS_NORMALIZATION_SOFTMAX
 
 __all__ = ['ctc_loss_fwd', 'ctc_loss_bwd', 'cudnn_ctc_loss', 'class_permutation', 'cudnn_labels',
            'pack_labels', 'min_frames', 'descriptor_args', 'check_cudnn_limits', 'MAX_LABEL_LENGTH']
@@ -76,51 +76,51 @@ def descriptor_args(logits_shape, max_label_length):
     """The cuDNN arguments: probs/gradients tensor (dims, strides) and the loss descriptor."""
     batch, steps, classes = logits_shape
     dims = (steps, batch, classes)
-    return {'data_type': cudnn_library.CUDNN_DATA_FLOAT, 'dims': dims, 'strides': (batch * classes, classes, 1),
-            'comp_type': cudnn_library.CUDNN_DATA_FLOAT,
+    return {'data_type': library.CUDNN_DATA_FLOAT, 'dims': dims, 'strides': (batch * classes, classes, 1),
+            'comp_type': library.CUDNN_DATA_FLOAT,
             'norm_mode': CUDNN_LOSS_NORMALIZATION_SOFTMAX,
-            'grad_mode': cudnn_library.CUDNN_CTC_ZERO_OOB_GRADIENTS, 'max_label_length': int(max_label_length),
-            'algo': cudnn_library.CUDNN_CTC_LOSS_ALGO_DETERMINISTIC}
+            'grad_mode': library.CUDNN_CTC_ZERO_OOB_GRADIENTS, 'max_label_length': int(max_label_length),
+            'algo': library.CUDNN_CTC_LOSS_ALGO_DETERMINISTIC}
 
 
 # ---------------------------------------------------------------- the library
 
 def _library():
-    if not cudnn.available():
-        raise dispatch.Unsupported('cuDNN unavailable: %s' % cudnn.why_unavailable())
-    return cudnn_library.library()
+    if not library.available():
+        raise Unsupported('cuDNN unavailable: %s' % library.why_unavailable())
+    return library.library()
 
 
 def check_cudnn_limits(logits_shape, logits_dtype, input_lengths, label_lengths):
-    """Raises dispatch.Unsupported for problems cudnnCTCLoss_v8 must not be given."""
+    """Raises Unsupported for problems cudnnCTCLoss_v8 must not be given."""
     if 0 in logits_shape:   # cuDNN's tensor descriptors refuse zero dims; gpuk's kernels take them
-        raise dispatch.Unsupported('cuDNN CTC needs a non-empty (batch, time, classes), got %s' % (logits_shape,))
+        raise Unsupported('cuDNN CTC needs a non-empty (batch, time, classes), got %s' % (logits_shape,))
     if logits_dtype != np.float32:
-        raise dispatch.Unsupported('cuDNN CTC takes float32 logits, got %s' % logits_dtype)
+        raise Unsupported('cuDNN CTC takes float32 logits, got %s' % logits_dtype)
     if label_lengths.size and label_lengths.max() > MAX_LABEL_LENGTH:
-        raise dispatch.Unsupported('cuDNN CTC takes labels up to %d long, got %d'
+        raise Unsupported('cuDNN CTC takes labels up to %d long, got %d'
                                    % (MAX_LABEL_LENGTH, label_lengths.max()))
     # PyTorch (aten/src/ATen/native/cudnn/LossCTC.cpp) saw illegal memory accesses in
     # cuDNN when a label is longer than its input: such a sample never reaches cuDNN.
     longer = np.flatnonzero(label_lengths > input_lengths)
     if longer.size:
-        raise dispatch.Unsupported('cuDNN CTC needs label_lengths <= input_lengths, sample %d has %d > %d'
+        raise Unsupported('cuDNN CTC needs label_lengths <= input_lengths, sample %d has %d > %d'
                                    % (longer[0], label_lengths[longer[0]], input_lengths[longer[0]]))
 
 
 def cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None):
-    """(loss, dlogits) by cudnnCTCLoss_v8; raises dispatch.Unsupported outside its limits."""
+    """(loss, dlogits) by cudnnCTCLoss_v8; raises Unsupported outside its limits."""
     fn = 'cudnn_ctc_loss'
     stand_in = np.broadcast_to(np.zeros((), dtype=logits.dtype), logits.shape)
     _, labels, input_lengths, label_lengths, blank = ctc_checks.check_loss_inputs(
         fn, stand_in, _host(labels), _host(input_lengths), _host(label_lengths), blank)
     check_cudnn_limits(logits.shape, logits.dtype, input_lengths, label_lengths)
     if isinstance(logits, np.ndarray):
-        raise dispatch.Unsupported('logits are not on the GPU')
+        raise Unsupported('logits are not on the GPU')
     import cupy
     batch, steps, classes = logits.shape
     lib = _library()
-    handle = cudnn_library.handle(lib)
+    handle = library.handle(lib)
     order, inverse = class_permutation(classes, blank)
     activations = cupy.ascontiguousarray(logits[:, :, cupy.asarray(order)].transpose(1, 0, 2))
     args = descriptor_args(logits.shape, max(int(label_lengths.max(initial=0)), 1))
@@ -131,16 +131,16 @@ def cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None):
     input_lengths_dev = cupy.asarray(input_lengths.astype(np.int32))
     costs = cupy.empty(batch, dtype=cupy.float32)
     grads = cupy.empty_like(activations)
-    with cudnn_library.Descriptors(lib) as d:
+    with library.Descriptors(lib) as d:
         probs_desc = d.tensor(args['data_type'], args['dims'], args['strides'])
         grads_desc = d.tensor(args['data_type'], args['dims'], args['strides'])
         loss_desc = d.ctc_loss(args['comp_type'], args['norm_mode'], args['grad_mode'], args['max_label_length'])
         workspace_size = ctypes.c_size_t()
-        cudnn_library.check(lib, lib.cudnnGetCTCLossWorkspaceSize_v8(
+        library.check(lib, lib.cudnnGetCTCLossWorkspaceSize_v8(
             handle, args['algo'], loss_desc, probs_desc, grads_desc, ctypes.byref(workspace_size)),
             'cudnnGetCTCLossWorkspaceSize_v8')
         workspace = cupy.empty(max(workspace_size.value, 1), dtype=cupy.uint8)
-        cudnn_library.check(lib, lib.cudnnCTCLoss_v8(
+        library.check(lib, lib.cudnnCTCLoss_v8(
             handle, args['algo'], loss_desc, probs_desc, activations.data.ptr, packed.data.ptr,
             label_lengths_dev.data.ptr, input_lengths_dev.data.ptr, costs.data.ptr, grads_desc, grads.data.ptr,
             workspace_size.value, workspace.data.ptr), 'cudnnCTCLoss_v8')

@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 import ml_dtypes
 import numpy as np
 
-KERNELS_DIR = Path(__file__).resolve().parent
+KERNELS_DIR = Path(__file__).resolve().parent.parent    # gpuk/kernels: the .cu sources and common.cuh
 # The NVRTC flags that shape the machine code (include paths aside). Every compile uses them
 # (build.NVRTC_OPTIONS adds the include path), and cubin names hash them, so changing one
 # never loads a cubin compiled without it.

@@ -6,9 +6,13 @@ the moving-average formula (also used by the graph ops, gpuk/ops/batchnorm.py)."
 import numpy as np
 
 
-def accumulate_dtype(dtype):
-    """float16 is computed in float32; other float types in themselves."""
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+def check_channel_axis(fn, axis, ndim):
+    """bn_infer_fwd's axis (where 1-D parameters go), as an int in [0, ndim)."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
+            or not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise ValueError('%s: axis must be an int in [-%d, %d) for x of rank %d, got %r'
+                         % (fn, ndim, ndim, ndim, axis))
+    return int(axis) % max(ndim, 1)
 
 
 def check_epsilon(fn, epsilon):

@@ -1,0 +1,304 @@
+"""Ahead-of-time build: every registered kernel variant, compiled with NVRTC to cubin.
+
+    python -m gpuk.kernels.build [--arch sm_80,sm_90] [--out DIR] [--check]
+
+Needs no GPU and no driver: NVRTC comes from pip (``cuda-bindings`` with
+``nvidia-cuda-nvrtc`` for CUDA 13, or ``cuda-bindings<13`` with
+``nvidia-cuda-nvrtc-cu12``). Each variant (``runtime.registered_builds()``) is compiled
+from exactly the text the CUDA runtime compiles (``kernel_source``) for each
+architecture, written to ``runtime.cubin_path(...)`` (or into ``--out DIR`` under the
+same file name) so the runtime loads it instead of compiling at run time, and reported
+per kernel: registers, static shared memory, stack frame, spill stores / loads.
+
+Where the numbers come from: ptxas's verbose report (``--ptxas-options=-v``), read from
+the NVRTC program log. It is the only place that states spills; the cubin's ELF
+attributes have no spill count and their layout moves between toolkits (seen here: NVRTC
+13.5 keeps the register count in ``.nv.info`` where older ones used the section header,
+and its ``.nv.shared`` size on sm_90 includes 1 KiB the system reserves). A kernel the
+log does not describe is an error rather than a silent zero.
+
+Exit status: 0 when everything compiled and no variant with ``may_spill=False`` spills;
+1 on a compile error, a spill where none is allowed, or an unreadable report; 2 when
+NVRTC is not installed.
+"""
+import argparse
+import os
+import re
+import sys
+from collections import namedtuple
+from pathlib import Path
+
+from .. import runtime
+from .kernel_source import KERNELS_DIR, NVRTC_FLAGS, kernel_source
+
+DEFAULT_ARCHS = ('sm_80', 'sm_90')
+# Options the CUDA runtime must use too, so a prebuilt cubin equals a JIT-compiled one.
+NVRTC_OPTIONS = NVRTC_FLAGS + ('-I' + str(KERNELS_DIR),)
+
+
+def nvrtc_options(source_file):
+    """NVRTC options (without -arch and the CUDA headers) of every compile of ``source_file``:
+    NVRTC_OPTIONS after the source's own folder (searched first, as the emulator does), so a
+    kernel in a family's subfolder (conv/) finds the headers beside it."""
+    own_folder = f'-I{Path(source_file).resolve().parent}'
+    return [own_folder] + [option for option in NVRTC_OPTIONS if option != own_folder]
+
+ResourceUsage = namedtuple('ResourceUsage', ['registers', 'shared_bytes', 'stack_frame',
+                                             'spill_stores', 'spill_loads'])
+
+
+class BuildError(RuntimeError):
+    """A variant failed to compile, or its resource report could not be read."""
+
+
+class NvrtcMissing(RuntimeError):
+    """cuda-python's NVRTC bindings or the NVRTC library are not installed."""
+
+
+# ---------------------------------------------------------------- NVRTC
+
+def _nvrtc_module():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        try:
+            from cuda import nvrtc   # cuda-python before 12.6 named it so
+        except ImportError as exc:
+            raise NvrtcMissing('NVRTC bindings not found (pip install cuda-bindings '
+                               'nvidia-cuda-nvrtc, or cuda-bindings<13 nvidia-cuda-nvrtc-cu12): %s'
+                               % exc) from None
+    return nvrtc
+
+
+def _check(nvrtc, result, what):
+    err = result[0]
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, text = nvrtc.nvrtcGetErrorString(err)
+        raise BuildError('NVRTC %s failed: %s' % (what, text.decode() if isinstance(text, bytes) else text))
+    return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
+
+
+def nvrtc_version():
+    """(major, minor) of the NVRTC library."""
+    nvrtc = _nvrtc_module()
+    try:
+        return tuple(_check(nvrtc, nvrtc.nvrtcVersion(), 'nvrtcVersion'))
+    except RuntimeError as exc:   # the bindings load the library lazily
+        raise NvrtcMissing('the NVRTC library could not be loaded: %s' % exc) from None
+
+
+def cuda_include_dir():
+    """The CUDA headers NVRTC needs for <cuda_fp16.h> / <cuda_bf16.h>, from the
+    nvidia-cuda-runtime wheel (site-packages) or a toolkit (CUDA_HOME, /usr/local/cuda)."""
+    try:
+        from cuda import pathfinder
+        found = pathfinder.find_nvidia_header_directory('cudart')
+    except Exception:   # pathfinder absent or too old: look for the wheel layouts ourselves
+        found = None
+    candidates = [found] if found else []
+    for base in sys.path:
+        candidates += sorted(str(p.parent) for p in Path(base or '.').glob('nvidia/*/include/cuda_fp16.h'))
+    for home in (os.environ.get('CUDA_HOME'), os.environ.get('CUDA_PATH'), '/usr/local/cuda'):
+        if home:
+            candidates.append(os.path.join(home, 'include'))
+    for candidate in candidates:
+        if candidate and os.path.isfile(os.path.join(candidate, 'cuda_fp16.h')):
+            return candidate
+    raise NvrtcMissing('the CUDA headers (cuda_fp16.h) were not found: pip install '
+                       'nvidia-cuda-runtime (CUDA 13) or nvidia-cuda-runtime-cu12, or set CUDA_HOME')
+
+
+def compile_cubin(source_text, name, arch, options=NVRTC_OPTIONS):
+    """(cubin bytes, ptxas log text) of ``source_text`` for ``arch`` ('sm_90')."""
+    nvrtc = _nvrtc_module()
+    try:
+        program = _check(nvrtc, nvrtc.nvrtcCreateProgram(source_text.encode(), name.encode(), 0, [], []),
+                         'nvrtcCreateProgram')
+    except RuntimeError as exc:
+        if isinstance(exc, BuildError):
+            raise
+        raise NvrtcMissing('the NVRTC library could not be loaded: %s' % exc) from None
+    try:
+        flags = [o.encode() for o in tuple(options) + (
+            '-I' + cuda_include_dir(), '--gpu-architecture=' + runtime.normalize_arch(arch),
+            '--ptxas-options=-v')]
+        compiled = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
+        log_size = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(program), 'nvrtcGetProgramLogSize')
+        log = b' ' * log_size
+        _check(nvrtc, nvrtc.nvrtcGetProgramLog(program, log), 'nvrtcGetProgramLog')
+        log = log.rstrip(b'\0 ').decode(errors='replace')
+        if compiled[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise BuildError('%s (%s) does not compile:\n%s' % (name, arch, log))
+        size = _check(nvrtc, nvrtc.nvrtcGetCUBINSize(program), 'nvrtcGetCUBINSize')
+        cubin = b' ' * size
+        _check(nvrtc, nvrtc.nvrtcGetCUBIN(program, cubin), 'nvrtcGetCUBIN')
+        return cubin, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+
+
+# ---------------------------------------------------------------- the ptxas report
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PROPERTIES = re.compile(r'Function properties for (\S+)')
+_STACK = re.compile(r'(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads')
+_USED = re.compile(r'Used (\d+) registers')
+_SMEM = re.compile(r'(\d+) bytes smem')
+
+
+def parse_ptxas_log(log):
+    """{function: ResourceUsage} from ptxas -v output; non-entry functions have registers None.
+
+    Entry functions get their 'Used N registers ... smem' line; every function with a
+    'Function properties' block gets its stack frame and spills.
+    """
+    usage, entry, current = {}, None, None
+
+    def row(name):
+        return usage.setdefault(name, {'registers': None, 'shared_bytes': 0, 'stack_frame': 0,
+                                       'spill_stores': 0, 'spill_loads': 0})
+    for line in log.splitlines():
+        match = _ENTRY.search(line)
+        if match:
+            entry = current = match.group(1)
+            row(entry)
+            continue
+        match = _PROPERTIES.search(line)
+        if match:
+            current = match.group(1)
+            row(current)
+            continue
+        match = _STACK.search(line)
+        if match and current is not None:
+            row(current).update(stack_frame=int(match.group(1)), spill_stores=int(match.group(2)),
+                                spill_loads=int(match.group(3)))
+            continue
+        match = _USED.search(line)
+        if match and entry is not None:
+            smem = _SMEM.search(line)
+            row(entry).update(registers=int(match.group(1)),
+                              shared_bytes=int(smem.group(1)) if smem else 0)
+    return {name: ResourceUsage(**fields) for name, fields in usage.items()}
+
+
+def kernel_usage(log, kernels):
+    """(ResourceUsage per kernel, bytes spilled by any function in the log).
+
+    Raises BuildError when a kernel is missing from the report.
+    """
+    usage = parse_ptxas_log(log)
+    result = {}
+    for kernel in kernels:
+        found = usage.get(kernel)
+        if found is None or found.registers is None:
+            raise BuildError('kernel %r: no resource report in the ptxas log (is it declared '
+                             'extern "C" __global__ in the source?); log was:\n%s' % (kernel, log))
+        result[kernel] = found
+    spilled = sum(u.spill_stores + u.spill_loads for u in usage.values())
+    return result, spilled
+
+
+# ---------------------------------------------------------------- building
+
+BuildResult = namedtuple('BuildResult', ['spec', 'arch', 'path', 'usage', 'spilled', 'error'])
+
+
+def variant_label(spec):
+    """'elementwise.cu ELEMENT_T=float ...' for the table."""
+    defines = ' '.join('%s=%s' % kv for kv in spec.defines)
+    return '%s %s' % (Path(spec.source_file).name, defines)
+
+
+def build_variant(spec, arch, out_dir=None, write=True):
+    """Compiles one variant for one arch; writes the cubin unless ``write`` is False."""
+    defines = dict(spec.defines)
+    target = runtime.cubin_path(spec.source_file, defines, arch)
+    if out_dir is not None:
+        target = Path(out_dir) / target.name
+    try:
+        text = kernel_source(spec.source_file, defines)
+        cubin, log = compile_cubin(text, Path(spec.source_file).name, arch, options=nvrtc_options(spec.source_file))
+        usage, spilled = kernel_usage(log, spec.kernels)
+    except (BuildError, OSError, ValueError) as exc:
+        return BuildResult(spec, arch, target, {}, 0, str(exc))
+    if write:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix('.tmp')
+        partial.write_bytes(cubin)
+        partial.replace(target)   # never leave a half-written cubin for the runtime to load
+    return BuildResult(spec, arch, target, usage, spilled, None)
+
+
+def problems(results):
+    """Sentences for every failure: compile errors and forbidden spills."""
+    found = []
+    for r in results:
+        if r.error:
+            found.append('%s for %s: %s' % (variant_label(r.spec), r.arch, r.error))
+        elif r.spilled and not r.spec.may_spill:
+            found.append('%s for %s spills %d bytes (stores + loads) but is registered with '
+                         'may_spill=False' % (variant_label(r.spec), r.arch, r.spilled))
+    return found
+
+
+def format_table(results):
+    """One line per (variant, arch, kernel) with its resources."""
+    header = ('kernel', 'arch', 'regs', 'smem B', 'stack B', 'spill st/ld B', 'variant')
+    lines = []
+    for r in results:
+        if r.error:
+            lines.append(('-', r.arch, '-', '-', '-', '-', variant_label(r.spec) + '  COMPILE ERROR'))
+            continue
+        for kernel in r.spec.kernels:
+            u = r.usage[kernel]
+            flag = '' if not (u.spill_stores or u.spill_loads) else (
+                '  (spills allowed)' if r.spec.may_spill else '  SPILLS')
+            lines.append((kernel, r.arch, str(u.registers), str(u.shared_bytes), str(u.stack_frame),
+                          '%d/%d' % (u.spill_stores, u.spill_loads), variant_label(r.spec) + flag))
+    widths = [max(len(row[i]) for row in [header] + lines) for i in range(len(header))]
+    rule = '  '.join('-' * w for w in widths)
+    out = ['  '.join(c.ljust(w) for c, w in zip(header, widths)), rule]
+    out += ['  '.join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines]
+    return '\n'.join(out)
+
+
+def parse_archs(text):
+    archs = tuple(runtime.normalize_arch(a.strip()) for a in text.split(',') if a.strip())
+    if not archs:
+        raise ValueError("build: --arch must list architectures like 'sm_80,sm_90', got %r" % text)
+    return archs
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m gpuk.kernels.build',
+                                     description='Compile every registered gpuk kernel to cubin with NVRTC.')
+    parser.add_argument('--arch', default=','.join(DEFAULT_ARCHS),
+                        help='comma-separated architectures (default %(default)s)')
+    parser.add_argument('--out', default=None, help='write cubins here instead of runtime.cubin_dir()')
+    parser.add_argument('--check', action='store_true', help='compile and report only; write nothing')
+    args = parser.parse_args(argv)
+    try:
+        archs = parse_archs(args.arch)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        major, minor = nvrtc_version()
+    except NvrtcMissing as exc:
+        print('build: %s' % exc, file=sys.stderr)
+        return 2
+    builds = runtime.registered_builds()
+    results = [build_variant(spec, arch, args.out, write=not args.check)
+               for spec in builds for arch in archs]
+    print('NVRTC %d.%d: %d variants x %d architectures' % (major, minor, len(builds), len(archs)))
+    print(format_table(results))
+    if not args.check:
+        folder = args.out or runtime.cubin_dir()
+        print('cubins in %s' % folder)
+    found = problems(results)
+    for sentence in found:
+        print('build: ' + sentence, file=sys.stderr)
+    return 1 if found else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
