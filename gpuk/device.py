@@ -15,9 +15,10 @@ import os
 import numpy as np
 
 DEVICE_KINDS = ('auto', 'cuda', 'cpu', 'emulate')
-# The five kernel families; each has gpuk/cpu_fallback/<name>.py and, once written,
-# gpuk/kernels/<name>.py with the same functions.
-FAMILY_MODULES = ('elementwise', 'conv', 'pooling', 'batchnorm', 'softmax_xent', 'ctc')
+# The five kernel families (plus elementwise and matmul, cuBLAS half-precision GEMMs);
+# each has gpuk/cpu_fallback/<name>.py and, once written, gpuk/kernels/<name>.py with the
+# same functions.
+FAMILY_MODULES = ('elementwise', 'conv', 'pooling', 'batchnorm', 'softmax_xent', 'ctc', 'matmul')
 
 _state = {'kind': None, 'impl': None}
 
