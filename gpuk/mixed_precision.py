@@ -73,14 +73,19 @@ def apply_policy(steps, slot_dtypes, policy):
     return wrapped
 
 
-def step_dtypes(plan):
+def step_dtypes(plan, prefix=''):
     """[(op name, dtype name)] per step of a compiled plan: the compute dtype of wrapped
-    tensor-core steps ('bfloat16', 'float16'), else the dtype of the step's first output."""
+    tensor-core steps ('bfloat16', 'float16'), else the dtype of the step's first output.
+    The steps of a scan's (rnn's) step plan follow the scan's, named 'Scan/<op>', once that
+    plan has been compiled (the scan compiles it when it first runs)."""
     described = []
     for forward, _, outs, _ in plan.steps:
         op = getattr(forward, '__self__', forward)
         if isinstance(op, LowPrecision):
-            described.append((type(op.op).__name__, op.dtype.name))
-        else:
-            described.append((type(op).__name__, plan.slot_dtypes.get(outs[0]) if outs else None))
+            described.append((prefix + type(op.op).__name__, op.dtype.name))
+            continue
+        described.append((prefix + type(op).__name__, plan.slot_dtypes.get(outs[0]) if outs else None))
+        for inner in getattr(op, '_plans', {}).values():      # gpuk.ops.scan.Scan
+            if inner.impl is plan.impl and inner.precision == plan.precision:
+                described += step_dtypes(inner, prefix + type(op).__name__ + '/')
     return described

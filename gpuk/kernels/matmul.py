@@ -44,6 +44,12 @@ def _batched(xp, array, batch):
     return xp.ascontiguousarray(full), rows * cols
 
 
+def _pointer(array):
+    """The array's device address (a host address for NumPy arrays, which the GPU
+    rehearsal's stand-in cuBLAS reads)."""
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
+
+
 def gemm_arguments(a, b, out, xp):
     """The arguments of cublasGemmStridedBatchedEx after the handle for out = a @ b (all
     three C-contiguous after batching; a tuple, with the arrays that must stay alive)."""
@@ -55,9 +61,9 @@ def gemm_arguments(a, b, out, xp):
     dtype = CUDA_DATA_TYPES[np.dtype(a.dtype)]
     count = math.prod(batch)
     args = (CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, _ONE.ctypes.data,
-            b_rows.data.ptr, dtype, n, stride_b,
-            a_rows.data.ptr, dtype, k, stride_a,
-            _ZERO.ctypes.data, out.data.ptr, dtype, n, m * n,
+            _pointer(b_rows), dtype, n, stride_b,
+            _pointer(a_rows), dtype, k, stride_a,
+            _ZERO.ctypes.data, _pointer(out), dtype, n, m * n,
             count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
     return args, (a_rows, b_rows)
 
@@ -73,8 +79,8 @@ def matmul(a, b, *, runtime=None):
     if out.size == 0 or a.shape[-1] == 0:
         out[...] = 0
         return out
-    from cupy.cuda import cublas, get_cublas_handle
-    handle = get_cublas_handle()
+    from cupy import cuda
+    cublas, handle = cuda.cublas, cuda.get_cublas_handle()
     args, _alive = gemm_arguments(a, b, out, xp)
     cublas.setPointerMode(handle, CUBLAS_POINTER_MODE_HOST)
     cublas.gemmStridedBatchedEx(handle, *args)

@@ -89,9 +89,10 @@ class Scan(Op):
         return tuple(stacked + finals + history)
 
     def _plan(self, impl):
+        from gpuk import config
         from gpuk.function import Plan
         plan = self._plans.get(id(impl))
-        if plan is None or plan.impl is not impl:
+        if plan is None or plan.impl is not impl or plan.precision != config.precision():
             plan = Plan(self.seq_inputs + self.state_inputs + self.captured_inputs,
                         self.step_outputs + self.state_outputs, impl)
             self._plans[id(impl)] = plan
