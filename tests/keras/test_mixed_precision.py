@@ -9,7 +9,7 @@ kept tiny for the emulator."""
 import numpy as np
 import pytest
 
-from gpuk import config, loss_scaling, mixed_precision
+from gpuk import config, mixed_precision
 from gpuk.backend import clear_session   # keras.backend (2.3.1) does not re-export it
 
 POLICIES = ('mixed_bfloat16', 'mixed_float16')
