@@ -21,6 +21,9 @@ nothing else. What it cannot show, because it is NumPy and not CuPy:
   passes such a result to a kernel as an array argument fails here but not on CuPy;
 - ``numpy.random.default_rng`` stands in for ``cupy.random.default_rng``, whose Generator
   has fewer methods and dtypes;
+- cuBLAS: ``cuda.cublas.gemmStridedBatchedEx`` (the one call gpuk/kernels/matmul.py makes)
+  is NumPy on the host memory the pointers address, so it checks the launcher's sizes,
+  leading dimensions, strides and pointers, not cuBLAS's own numerics;
 - asynchronous execution, streams, the memory pool, real CUDA errors: launches run
   synchronously, the pool is a no-op, and only the errors the rehearsal runtime raises
   itself (dynamic shared memory above the kernel's allowance) are CUDA-like.
@@ -232,6 +235,7 @@ def _build_cublas():
     cublas.CUBLASError = CUBLASError
     cublas.CUBLAS_POINTER_MODE_HOST = 0
     cublas.setPointerMode = _set_pointer_mode
+    cublas.setStream = lambda handle, stream_ptr: None    # launches are synchronous here
     cublas.gemmStridedBatchedEx = gemmStridedBatchedEx
     return cublas
 
