@@ -2,9 +2,10 @@
 
 The plan is made once per function: nodes in topological order, each tensor given a slot,
 constant subgraphs folded, chains fused (gpuk/fusion.py), the precision policy applied to the
-tensor-core steps (gpuk/mixed_precision.py), every slot freed after its last use. Running it feeds the
-placeholders, reads the variables, executes the plan, then applies the updates, all of
-whose new values are computed (from the old values) before any is assigned.
+tensor-core steps (gpuk/mixed_precision.py), every slot freed after its last use. Running it
+feeds the placeholders, reads the variables, executes the plan, then applies the updates, all
+of whose new values are computed (from the old values) before any is assigned; under loss
+scaling (gpuk/loss_scaling.py) none is applied when a scaled gradient is not finite.
 """
 import itertools
 
@@ -197,15 +198,17 @@ class Function:
                                 else '%d values' % len(inputs)))
         fed = [_feed_array(p, v) for p, v in zip(self.inputs, inputs)]
         values = self._compiled().run(fed)
-        apply_updates = self._guard is None or self._guard.step_finished(values.pop())
+        finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
         n_out = len(self.outputs)
-        new_values = values[n_out:] if apply_updates else []
+        new_values = values[n_out:] if finite else []
         for (variable, _), value in zip(self.updates, new_values):
             if tuple(value.shape) != variable.shape:
                 raise ValueError('function: update of %r has shape %s, variable has %s'
                                  % (variable.name, tuple(value.shape), variable.shape))
         for (variable, _), value in zip(self.updates, new_values):
             variable.value = value.astype(variable.dtype, copy=False)
+        if self._guard is not None:
+            self._guard.step_finished(finite)
         results = [_host_copy(v) for v in values[:n_out]]
         return results
 

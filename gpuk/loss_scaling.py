@@ -100,12 +100,15 @@ class StepGuard:
         self.scalers = scalers
         self.finite = apply(AllFinite(), *gradients)
 
-    def step_finished(self, finite_value):
-        """Updates the scales; True when the step's updates may be applied."""
-        finite = bool(device.to_host(finite_value))
+    @staticmethod
+    def read_finite(finite_value):
+        """The computed flag on the host: True when the step's updates may be applied."""
+        return bool(device.to_host(finite_value))
+
+    def step_finished(self, finite):
+        """Updates the scales once the step's updates are applied (or skipped)."""
         for scaler in self.scalers:
             scaler.update(finite)
-        return finite
 
 
 def step_guard(update_values):
