@@ -11,7 +11,7 @@ variables, outputs, the gradients' dtypes), stays float32, and every op that is 
 tensor-core op (batch norm and its statistics, softmax, losses, CTC, reductions, the
 optimizer's updates) runs in float32 without knowing about the policy. The backward
 convolutions and products are steps of the same plan, so they are wrapped too. Which
-step runs in which dtype is on the plan: ``step_dtypes(plan)``.
+step runs in which dtype is on the plan: ``step_dtypes(function)``.
 
 Loss scaling for float16 lives in gpuk/loss_scaling.py.
 """
@@ -74,10 +74,14 @@ def apply_policy(steps, slot_dtypes, policy):
 
 
 def step_dtypes(plan, prefix=''):
-    """[(op name, dtype name)] per step of a compiled plan: the compute dtype of wrapped
-    tensor-core steps ('bfloat16', 'float16'), else the dtype of the step's first output.
-    The steps of a scan's (rnn's) step plan follow the scan's, named 'Scan/<op>', once that
-    plan has been compiled (the scan compiles it when it first runs)."""
+    """[(op name, dtype name)] per step of a K.function (e.g. a Keras model's
+    ``train_function``, compiled now if needed under the current policy) or of a compiled
+    plan: the compute dtype of wrapped tensor-core steps ('bfloat16', 'float16'), else the
+    dtype of the step's first output. The steps of a scan's (rnn's) step plan follow the
+    scan's, named 'Scan/<op>', once that plan has been compiled (the scan compiles it when
+    it first runs)."""
+    if hasattr(plan, '_compiled'):       # a gpuk.function.Function
+        plan = plan._compiled()
     described = []
     for forward, _, outs, _ in plan.steps:
         op = getattr(forward, '__self__', forward)

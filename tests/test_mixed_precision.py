@@ -148,7 +148,7 @@ def test_the_plan_says_which_step_runs_in_which_dtype(rng):
     outputs = _dense_and_conv(*placeholders)
     loss = sum(K.sum(K.square(y)) for y in outputs)
     function = K.function(placeholders, [K.softmax(outputs[0]), loss] + K.gradients(loss, placeholders))
-    steps = mixed_precision.step_dtypes(function._compiled())
+    steps = mixed_precision.step_dtypes(function)
     half_steps = sorted(name for name, dtype in steps if dtype == 'bfloat16')
     # forward and both gradients of dot, batch_dot (2 operands, one tensor: 2 gradient
     # products), conv and depthwise conv
@@ -164,7 +164,7 @@ def test_float64_and_float16_graphs_keep_their_precision(rng):
         function = K.function([x, y], [K.dot(x, y)])
         got = function([a, b])[0]
         assert got.dtype == dtype
-        assert mixed_precision.step_dtypes(function._compiled()) == [('MatMul', dtype)]
+        assert mixed_precision.step_dtypes(function) == [('MatMul', dtype)]
         np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=2e-3 if dtype == 'float16' else 1e-12)
 
 

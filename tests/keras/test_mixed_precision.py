@@ -35,7 +35,7 @@ def _is_tensor_core_step(name):
 def _check_plan(function, policy):
     """Every conv / matmul step of the compiled function (rnn step plans included) runs in
     the policy's half dtype, every other step in float32 (or an integer / bool type)."""
-    steps = mixed_precision.step_dtypes(function._compiled())
+    steps = mixed_precision.step_dtypes(function)
     half = HALF_NAMES[policy]
     tensor_core = [(name, dtype) for name, dtype in steps if _is_tensor_core_step(name)]
     assert tensor_core and all(dtype == half for _, dtype in tensor_core), tensor_core
