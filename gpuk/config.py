@@ -1,5 +1,5 @@
 """Global settings: floatx, epsilon, image data format (Keras 2 semantics), kernel
-selection per family and the float32 precision policy.
+selection per family and the precision policy (float32 math, or mixed precision).
 
 Keras keeps floatx/epsilon/image_data_format in ``keras.backend.common``. When Keras has
 loaded gpuk as its backend that module is the single source of truth, so a
@@ -16,7 +16,7 @@ _FLOAT_TYPES = ('float16', 'float32', 'float64')
 _DATA_FORMATS = ('channels_first', 'channels_last')
 KERNEL_FAMILIES = SELECTABLE_FAMILIES
 KERNEL_CHOICES = ('gpuk', 'cudnn', 'auto')
-PRECISIONS = ('float32', 'tf32')
+PRECISIONS = ('float32', 'tf32', 'mixed_bfloat16', 'mixed_float16')
 
 
 def _keras_config_path():
@@ -148,7 +148,16 @@ def _parse_kernel_spec(spec):
 
 _kernels = dict.fromkeys(KERNEL_FAMILIES, 'gpuk')
 _kernels.update(_parse_kernel_spec(os.environ.get('GPUK_KERNELS', '')))
-_precision = {'value': 'float32'}
+
+
+def _checked_precision(value, where):
+    if value not in PRECISIONS:
+        raise ValueError('%s: precision must be one of %s, got %r' % (where, PRECISIONS, value))
+    return value
+
+
+_precision = {'value': _checked_precision(os.environ.get('GPUK_PRECISION', '').strip() or 'float32',
+                                          'GPUK_PRECISION')}
 
 
 def set_kernels(spec=None, **families):
@@ -178,14 +187,23 @@ def kernels(family=None):
 
 
 def set_precision(value):
-    """float32 math policy: 'float32' (strict FFMA, the default) or 'tf32' (tensor cores, opt-in)."""
-    if value not in PRECISIONS:
-        raise ValueError('set_precision: precision must be one of %s, got %r' % (PRECISIONS, value))
-    _precision['value'] = value
+    """Sets the precision policy (also ``GPUK_PRECISION``, read at import).
+
+    - 'float32' (the default): float32 math, strict FFMA in the convolution kernels;
+    - 'tf32': float32 convolutions on tensor cores with TF32 inputs (opt-in);
+    - 'mixed_bfloat16' / 'mixed_float16': convolutions and matrix products of float32
+      tensors compute in bfloat16 / float16 with float32 accumulation; variables, every
+      other op and what the user reads stay float32 (gpuk/mixed_precision.py);
+      'mixed_float16' also scales the loss in K.gradients (gpuk/loss_scaling.py).
+
+    Read when a K.function is compiled (a changed policy recompiles it) and, for the loss
+    scaling, when K.gradients builds gradients: set it before building the training step.
+    """
+    _precision['value'] = _checked_precision(value, 'set_precision')
 
 
 def precision():
-    """The float32 math policy: 'float32' or 'tf32'."""
+    """The precision policy: 'float32', 'tf32', 'mixed_bfloat16' or 'mixed_float16'."""
     return _precision['value']
 
 

@@ -1,15 +1,17 @@
 """K.function: a graph compiled into a flat execution plan.
 
 The plan is made once per function: nodes in topological order, each tensor given a slot,
-constant subgraphs folded, chains fused (gpuk/fusion.py), every slot freed after its last use. Running it feeds the
-placeholders, reads the variables, executes the plan, then applies the updates, all of
-whose new values are computed (from the old values) before any is assigned.
+constant subgraphs folded, chains fused (gpuk/fusion.py), the precision policy applied to the
+tensor-core steps (gpuk/mixed_precision.py), every slot freed after its last use. Running it
+feeds the placeholders, reads the variables, executes the plan, then applies the updates, all
+of whose new values are computed (from the old values) before any is assigned; under loss
+scaling (gpuk/loss_scaling.py) none is applied when a scaled gradient is not finite.
 """
 import itertools
 
 import numpy as np
 
-from gpuk import device, fusion
+from gpuk import config, device, fusion, loss_scaling, mixed_precision
 from gpuk.graph import Constant, Placeholder, Tensor, Variable, static_value, topological_nodes
 from gpuk.ops import scan
 
@@ -64,6 +66,7 @@ class Plan:
 
     def __init__(self, inputs, targets, impl):
         self.impl = impl
+        self.precision = config.precision()
         nodes = topological_nodes(targets, stop_at=set(inputs))
         slot_of = {}
 
@@ -88,9 +91,11 @@ class Plan:
         self.steps = [(node.op, [slot(t) for t in node.inputs], [slot(t) for t in node.outputs])
                       for node in nodes]
         self.n_slots = len(slot_of)
+        self.slot_dtypes = {s: t.dtype for t, s in slot_of.items()}
         self._fold_constants(nodes)
         if fusion.enabled():
             self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots))
+        self.steps = mixed_precision.apply_policy(self.steps, self.slot_dtypes, self.precision)
         self._plan_frees()
 
     def _feed_default(self, placeholder, slot):
@@ -172,12 +177,16 @@ class Function:
         self.outputs = outputs
         self.updates = [normalize_update(u) for u in (updates or [])]
         self.name = name
+        # mixed_float16: a step whose updates read loss-scaled gradients is skipped when one
+        # is not finite (gpuk/loss_scaling.py); its finite flag is the plan's last target
+        self._guard = loss_scaling.step_guard([value for _, value in self.updates])
         self._plan = None
 
     def _compiled(self):
         impl = device.impl()
-        if self._plan is None or self._plan.impl is not impl:
+        if self._plan is None or self._plan.impl is not impl or self._plan.precision != config.precision():
             targets = self.outputs + [value for _, value in self.updates]
+            targets += [self._guard.finite] if self._guard is not None else []
             self._plan = Plan(self.inputs, targets, impl)
         return self._plan
 
@@ -190,14 +199,17 @@ class Function:
                                 else '%d values' % len(inputs)))
         fed = [_feed_array(p, v) for p, v in zip(self.inputs, inputs)]
         values = self._compiled().run(fed)
+        finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
         n_out = len(self.outputs)
-        new_values = values[n_out:]
+        new_values = values[n_out:] if finite else []
         for (variable, _), value in zip(self.updates, new_values):
             if tuple(value.shape) != variable.shape:
                 raise ValueError('function: update of %r has shape %s, variable has %s'
                                  % (variable.name, tuple(value.shape), variable.shape))
         for (variable, _), value in zip(self.updates, new_values):
             variable.value = value.astype(variable.dtype, copy=False)
+        if self._guard is not None:
+            self._guard.step_finished(finite)
         results = [_host_copy(v) for v in values[:n_out]]
         return results
 

@@ -145,3 +145,7 @@ def test_demo_rejects_bad_flags(tmp_path):
                               env=env, capture_output=True, text=True, timeout=60)
     assert finished.returncode == 2
     assert 'conv=fast' in finished.stderr
+    finished = subprocess.run([sys.executable, '-m', 'gpuk.demo', '--precision', 'bf16'], cwd=str(tmp_path),
+                              env=env, capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 2
+    assert "--precision: invalid choice: 'bf16'" in finished.stderr

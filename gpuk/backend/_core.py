@@ -4,7 +4,7 @@ import contextlib
 
 import numpy as np
 
-from gpuk import config, device, graph
+from gpuk import config, device, graph, loss_scaling
 from gpuk.autodiff import gradients as _gradients
 from gpuk.function import Function, Update
 from gpuk.graph import Constant, Placeholder, Tensor, Variable
@@ -364,7 +364,12 @@ def function(inputs, outputs, updates=None, **kwargs):
 
 
 def gradients(loss, variables):
-    """Gradients of ``loss`` with respect to ``variables`` (None where disconnected)."""
+    """Gradients of ``loss`` with respect to ``variables`` (None where disconnected).
+
+    Under the 'mixed_float16' precision policy the loss is scaled and the gradients
+    unscaled (gpuk/loss_scaling.py); the values are the same gradients."""
+    if config.precision() == 'mixed_float16' and getattr(loss, 'dtype', None) == 'float32':
+        return loss_scaling.scaled_gradients(loss, variables)
     return _gradients(loss, variables)
 
 

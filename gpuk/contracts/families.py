@@ -4,8 +4,10 @@ Each family is a module of the same name in gpuk/kernels/ (the CUDA launchers) a
 gpuk/cpu_fallback/ (their NumPy twins), with the same functions and signatures.
 """
 
-FAMILIES = ('elementwise', 'conv', 'pooling', 'batchnorm', 'softmax_xent', 'ctc')
+# matmul: the float16/bfloat16 products of the mixed-precision policies (cuBLAS on a GPU).
+FAMILIES = ('elementwise', 'conv', 'pooling', 'batchnorm', 'softmax_xent', 'ctc', 'matmul')
 
 # The families with a cuDNN implementation beside gpuk's kernels: the names GPUK_KERNELS and
-# gpuk.config.set_kernels take ('elementwise' is gpuk's own: a bias/activation epilogue and a copy).
-SELECTABLE_FAMILIES = tuple(f for f in FAMILIES if f != 'elementwise')
+# gpuk.config.set_kernels take ('elementwise' is gpuk's own: a bias/activation epilogue and a copy;
+# 'matmul' is cuBLAS's).
+SELECTABLE_FAMILIES = tuple(f for f in FAMILIES if f not in ('elementwise', 'matmul'))

@@ -16,6 +16,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 DEVICES = ('auto', 'cpu', 'cuda', 'emulate')
+PRECISIONS = ('float32', 'tf32', 'mixed_bfloat16', 'mixed_float16')    # gpuk.config.PRECISIONS
 
 
 def _int_at_least(minimum):
@@ -47,6 +48,8 @@ def parse_args(argv=None):
                         help='gpuk device (sets GPUK_DEVICE; default: $GPUK_DEVICE or auto)')
     parser.add_argument('--kernels', default=None, metavar='SPEC',
                         help="kernel implementation per family, e.g. 'conv=cudnn,ctc=gpuk' (sets GPUK_KERNELS)")
+    parser.add_argument('--precision', choices=PRECISIONS, default=None,
+                        help='precision policy (sets GPUK_PRECISION; default: $GPUK_PRECISION or float32)')
     parser.add_argument('--out', default='demo_output', help='folder for the plot and results (default %(default)s)')
     parser.add_argument('--seed', type=_int_at_least(0), default=defaults.seed,
                         help='seed of the data, the weights and the shuffling (default %(default)s)')
@@ -57,8 +60,9 @@ def parse_args(argv=None):
     return parser, parser.parse_args(argv)
 
 
-def configure_environment(device, kernels):
-    """Sets KERAS_BACKEND, GPUK_DEVICE and GPUK_KERNELS; must run before keras is imported."""
+def configure_environment(device, kernels, precision=None):
+    """Sets KERAS_BACKEND, GPUK_DEVICE, GPUK_KERNELS and GPUK_PRECISION; must run before keras
+    is imported."""
     keras_backend = sys.modules.get('keras.backend')
     if keras_backend is not None and keras_backend.backend() != 'gpuk.backend':
         raise RuntimeError('gpuk.demo: Keras was already imported with the %r backend' % keras_backend.backend())
@@ -67,6 +71,8 @@ def configure_environment(device, kernels):
         os.environ['GPUK_DEVICE'] = device
     if kernels is not None:
         os.environ['GPUK_KERNELS'] = kernels
+    if precision is not None:
+        os.environ['GPUK_PRECISION'] = precision
 
 
 def describe_implementations():
@@ -76,7 +82,8 @@ def describe_implementations():
     from gpuk.contracts.families import FAMILIES
     impl = gpuk.device.impl()
     lines = ['device: %s (arrays: %s)' % (gpuk.device.kind(), impl.xp.__name__),
-             'kernel choices (GPUK_KERNELS): %s' % ', '.join('%s=%s' % kv for kv in gpuk.config.kernels().items())]
+             'kernel choices (GPUK_KERNELS): %s' % ', '.join('%s=%s' % kv for kv in gpuk.config.kernels().items()),
+             'precision policy (GPUK_PRECISION): %s' % gpuk.config.precision()]
     modules = ['%s -> %s' % (family, getattr(impl, family).__name__) for family in FAMILIES]
     lines.append('implementations: ' + ', '.join(modules))
     if gpuk.device.kind() != 'cuda':
@@ -86,13 +93,15 @@ def describe_implementations():
 
 def main(argv=None):
     parser, args = parse_args(argv)
-    configure_environment(args.device, args.kernels)
+    configure_environment(args.device, args.kernels, args.precision)
     try:
         import gpuk.config  # reads GPUK_KERNELS on first import
         import gpuk.device
         # Applied again explicitly: gpuk may have been imported before (in-process use).
         if args.kernels is not None:
             gpuk.config.set_kernels(args.kernels)
+        if args.precision is not None:
+            gpuk.config.set_precision(args.precision)
         if args.device is not None:
             gpuk.device.set_device(args.device)
         gpuk.device.kind()
@@ -127,8 +136,10 @@ def main(argv=None):
         print('  %-10s %-10s %-10s%s' % (truth, greedy, beam, mark))
 
     plot_path = plot_history(results.history, os.path.join(args.out, 'training.png'),
-                             title='gpuk OCR demo (%s, %d epochs)' % (gpuk.device.kind(), config.epochs))
-    summary = {'device': gpuk.device.kind(), 'kernels': gpuk.config.kernels(), 'config': asdict(config),
+                             title='gpuk OCR demo (%s, %s, %d epochs)'
+                             % (gpuk.device.kind(), gpuk.config.precision(), config.epochs))
+    summary = {'device': gpuk.device.kind(), 'kernels': gpuk.config.kernels(),
+               'precision': gpuk.config.precision(), 'config': asdict(config),
                'history': results.history, 'greedy_accuracy': results.greedy_accuracy,
                'beam_accuracy': results.beam_accuracy, 'greedy_cer': results.greedy_cer,
                'beam_cer': results.beam_cer, 'examples': results.examples,

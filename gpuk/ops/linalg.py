@@ -1,15 +1,19 @@
 """Matrix products: the MatMul op (batch dims broadcast, like np.matmul) and Keras's dot
 and batch_dot built from it with reshapes and transposes.
 
-float16 products accumulate in float32; float32 products run at full float32 precision
-(NumPy's BLAS; CuPy uses cuBLAS without TF32 unless CUPY_TF32=1 is set by the user).
+float16 and bfloat16 products accumulate in float32 (``impl.matmul``: cuBLAS on tensor cores
+on a GPU, its NumPy twin elsewhere); float32 products run at full float32 precision (NumPy's
+BLAS; CuPy uses cuBLAS without TF32 unless CUPY_TF32=1 is set by the user).
 """
+import ml_dtypes
 import numpy as np
 
 from gpuk.graph import Meta, Tensor, apply, as_tensor
 from gpuk.ops import elementwise as ew
 from gpuk.ops import shape as shape_ops
 from gpuk.ops.base import Op, broadcast_shapes
+
+_HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
 def _swap_last(t):
@@ -32,10 +36,9 @@ class MatMul(Op):
         return Meta(batch + (a.shape[-2], b.shape[-1]), a.dtype)
 
     def forward(self, impl, a, b):
-        xp = impl.xp
-        if a.dtype == np.float16:
-            return xp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
-        return xp.matmul(a, b)
+        if a.dtype in _HALF_DTYPES:     # bfloat16 comes from a mixed-precision policy
+            return impl.matmul.matmul(a, b)
+        return impl.xp.matmul(a, b)
 
     def grad(self, inputs, outputs, output_grads):
         a, b = inputs

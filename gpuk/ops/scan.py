@@ -11,6 +11,7 @@ product of the step, so gradients through time are graph nodes and differentiate
 """
 import numpy as np
 
+from gpuk import config
 from gpuk.autodiff import gradients
 from gpuk.graph import Constant, Meta, Placeholder, Tensor, apply, clone, topological_nodes
 from gpuk.ops.base import Op
@@ -106,7 +107,7 @@ class Scan(Op):
 
     def _plan(self, impl):
         plan = self._plans.get(id(impl))
-        if plan is None or plan.impl is not impl:
+        if plan is None or plan.impl is not impl or plan.precision != config.precision():
             plan = compile_plan(self.seq_inputs + self.state_inputs + self.captured_inputs,
                                 self.step_outputs + self.state_outputs, impl)
             self._plans[id(impl)] = plan

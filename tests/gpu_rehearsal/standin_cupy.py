@@ -21,13 +21,19 @@ nothing else. What it cannot show, because it is NumPy and not CuPy:
   passes such a result to a kernel as an array argument fails here but not on CuPy;
 - ``numpy.random.default_rng`` stands in for ``cupy.random.default_rng``, whose Generator
   has fewer methods and dtypes;
+- cuBLAS: ``cuda.cublas.gemmStridedBatchedEx`` (the one call gpuk/kernels/matmul.py makes)
+  is NumPy on the host memory the pointers address, so it checks the launcher's sizes,
+  leading dimensions, strides and pointers, not cuBLAS's own numerics;
 - asynchronous execution, streams, the memory pool, real CUDA errors: launches run
   synchronously, the pool is a no-op, and only the errors the rehearsal runtime raises
   itself (dynamic shared memory above the kernel's allowance) are CUDA-like.
 """
+import ctypes
 import sys
 import time
 import types
+
+import ml_dtypes
 
 import numpy as np
 
@@ -177,6 +183,63 @@ def get_default_memory_pool():
     return _DEFAULT_POOL
 
 
+# ---- cupy.cuda.cublas: the one GEMM gpuk calls, on host memory ----
+# cudaDataType_t codes (library_types.h) -> NumPy dtypes, and cublasComputeType_t CUBLAS_COMPUTE_32F
+_CUDA_DATA_TYPES = {0: np.float32, 2: np.float16, 14: ml_dtypes.bfloat16}
+_CUBLAS_COMPUTE_32F = 68
+
+
+class CUBLASError(RuntimeError):
+    """cupy_backends.cuda.libs.cublas.CUBLASError."""
+
+
+def _column_major(pointer, dtype, rows, cols, ld, stride, batch):
+    """(batch, rows, cols) view of column-major matrices at ``pointer`` (host memory)."""
+    itemsize = np.dtype(dtype).itemsize
+    extent = stride * (batch - 1) + ld * (cols - 1) + rows
+    buffer = (ctypes.c_char * (extent * itemsize)).from_address(pointer)
+    flat = np.frombuffer(buffer, dtype=dtype, count=extent)
+    return np.lib.stride_tricks.as_strided(flat, (batch, rows, cols), (stride * itemsize, itemsize, ld * itemsize))
+
+
+def gemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
+                         strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
+    """cublasGemmStridedBatchedEx with float32 compute, untransposed operands and host-mode
+    alpha/beta (what gpuk/kernels/matmul.py passes; anything else is refused): C_i = alpha
+    A_i B_i + beta C_i over column-major matrices, summed in float32."""
+    if (transa, transb) != (0, 0) or computeType != _CUBLAS_COMPUTE_32F or handle != _CUBLAS_HANDLE:
+        raise CUBLASError('CUBLAS_STATUS_NOT_SUPPORTED: the rehearsal takes only OP_N, COMPUTE_32F and its handle')
+    if lda < m or ldb < k or ldc < m or min(m, n, k, batchCount) < 1:
+        raise CUBLASError('CUBLAS_STATUS_INVALID_VALUE: m=%d n=%d k=%d lda=%d ldb=%d ldc=%d batch=%d'
+                          % (m, n, k, lda, ldb, ldc, batchCount))
+    a = _column_major(A, _CUDA_DATA_TYPES[Atype], m, k, lda, strideA, batchCount).astype(np.float32)
+    b = _column_major(B, _CUDA_DATA_TYPES[Btype], k, n, ldb, strideB, batchCount).astype(np.float32)
+    c = _column_major(C, _CUDA_DATA_TYPES[Ctype], m, n, ldc, strideC, batchCount)
+    scale = [np.frombuffer((ctypes.c_char * 4).from_address(p), np.float32)[0] for p in (alpha, beta)]
+    result = scale[0] * np.matmul(a, b)
+    if scale[1] != 0:
+        result += scale[1] * c.astype(np.float32)
+    c[...] = result.astype(c.dtype)
+
+
+_CUBLAS_HANDLE = 1
+
+
+def _set_pointer_mode(handle, mode):
+    if mode != 0:
+        raise CUBLASError('CUBLAS_STATUS_NOT_SUPPORTED: the rehearsal reads alpha and beta from the host only')
+
+
+def _build_cublas():
+    cublas = types.ModuleType('cupy.cuda.cublas')
+    cublas.CUBLASError = CUBLASError
+    cublas.CUBLAS_POINTER_MODE_HOST = 0
+    cublas.setPointerMode = _set_pointer_mode
+    cublas.setStream = lambda handle, stream_ptr: None    # launches are synchronous here
+    cublas.gemmStridedBatchedEx = gemmStridedBatchedEx
+    return cublas
+
+
 # ---- cupy.random ----
 class RandomState:
     """cupy.random.RandomState: CuPy's samplers take ``dtype`` (float32 or float64), NumPy's legacy
@@ -260,6 +323,8 @@ def _build_cuda():
     cuda.get_current_stream = get_current_stream
     cuda.get_elapsed_time = get_elapsed_time
     cuda.is_available = lambda: True
+    cuda.cublas = _build_cublas()
+    cuda.get_cublas_handle = lambda: _CUBLAS_HANDLE
     return cuda
 
 
@@ -280,5 +345,5 @@ def build_module():
     cupy.STANDIN = True          # activate() reads it: the stand-in is in sys.modules
     submodules = {'cupy': cupy, 'cupy.cuda': cupy.cuda, 'cupy.random': cupy.random,
                   'cupy.cuda.runtime': cupy.cuda.runtime, 'cupy.cuda.driver': cupy.cuda.driver,
-                  'cupy.cuda.compiler': cupy.cuda.compiler}
+                  'cupy.cuda.compiler': cupy.cuda.compiler, 'cupy.cuda.cublas': cupy.cuda.cublas}
     return cupy, submodules

@@ -1,0 +1,48 @@
+"""NumPy twin of gpuk/kernels/matmul.py: half-precision matrix products.
+
+float16 and bfloat16 (ml_dtypes.bfloat16) operands are multiplied and summed in float32,
+the way tensor cores do (cuBLAS with CUBLAS_COMPUTE_32F): the product of two such numbers
+is exact in float32, so only the float32 sums and the final rounding to the operands'
+dtype differ from the GPU's, by float32 rounding. float32/float64 go to NumPy's matmul.
+"""
+import ml_dtypes
+import numpy as np
+
+from gpuk.cpu_fallback.layout import compute_dtype
+
+__all__ = ['matmul']
+
+HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_FLOAT_NAMES = 'float16, bfloat16, float32 or float64'
+
+
+def check_operands(fn, a, b, xp):
+    """The shared checks of twin and launcher: two arrays of one float dtype, rank >= 2,
+    matching inner dims and broadcastable batch dims."""
+    for name, value in (('a', a), ('b', b)):
+        if not isinstance(value, xp.ndarray):
+            raise TypeError('%s: %s must be a %s.ndarray, got %s' % (fn, name, xp.__name__, type(value).__name__))
+        if not (np.issubdtype(value.dtype, np.floating) or value.dtype == ml_dtypes.bfloat16):
+            raise TypeError('%s: %s must be a %s array, got dtype %s' % (fn, name, _FLOAT_NAMES, value.dtype))
+        if value.ndim < 2:
+            raise ValueError('%s: %s needs rank >= 2, got shape %s' % (fn, name, tuple(value.shape)))
+    if a.dtype != b.dtype:
+        raise TypeError('%s: a and b must have the same dtype, got %s and %s' % (fn, a.dtype, b.dtype))
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError('%s: inner dimensions differ: shapes %s and %s' % (fn, tuple(a.shape), tuple(b.shape)))
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ValueError('%s: batch dimensions do not broadcast: shapes %s and %s'
+                         % (fn, tuple(a.shape), tuple(b.shape))) from None
+    return tuple(batch)
+
+
+def matmul(a, b):
+    """``a @ b`` (np.matmul semantics for rank >= 2; batch dims broadcast) in a's dtype;
+    float16/bfloat16 accumulate in float32."""
+    check_operands('matmul', a, b, np)
+    compute = compute_dtype(a.dtype)
+    if compute == a.dtype:
+        return np.matmul(a, b)
+    return np.matmul(a.astype(compute), b.astype(compute)).astype(a.dtype)
