@@ -73,8 +73,8 @@ class _Counters(ctypes.Structure):
 class _Config(ctypes.Structure):
     _fields_ = [('grid', ctypes.c_uint32 * 3), ('block', ctypes.c_uint32 * 3), ('shared_mem', ctypes.c_uint64),
                 ('host_threads', ctypes.c_uint32), ('reverse_order', ctypes.c_uint32),
-                ('stack_bytes', ctypes.c_uint64), ('checks', ctypes.c_uint32), ('pad', ctypes.c_uint32),
-                ('counters', ctypes.POINTER(_Counters))]
+                ('stack_bytes', ctypes.c_uint64), ('checks', ctypes.c_uint32), ('n_tls_ignore', ctypes.c_uint32),
+                ('counters', ctypes.POINTER(_Counters)), ('tls_ignore', ctypes.POINTER(ctypes.c_uint64))]
 
 
 class _Error(ctypes.Structure):
@@ -157,7 +157,7 @@ def _poisoned_empty_like(*args, **kwargs):
 
 
 def _make_xp():
-    xp = types.ModuleType('gpuk_emulated_numpy', 'NumPy, with empty/empty_like poisoned under the sanitizer')
+    xp = types.ModuleType('numpy', 'NumPy, with empty/empty_like poisoned under the sanitizer')
     xp.__getattr__ = lambda name: getattr(np, name)
     xp.empty, xp.empty_like = _poisoned_empty, _poisoned_empty_like
     return xp
@@ -228,6 +228,8 @@ class EmulatedKernel:
                          _env_int('GPUK_EMULATE_THREADS', 1, 1), int(order == 'reverse'),
                          _env_int('GPUK_EMULATE_STACK_KB', 64, 16) * 1024, checks)
         counters = _Counters()
+        if checks:
+            config.tls_ignore, config.n_tls_ignore = self.module.tls_ignore()
         if checks & CHECK_COUNTERS:
             config.counters = ctypes.pointer(counters)
         error = _Error()
@@ -239,6 +241,8 @@ class EmulatedKernel:
         if checks & CHECK_COUNTERS and _collector is not None:
             _collector.append({'kernel': self.name, 'source': self.module.source_file, 'defines': self.module.defines,
                                'grid': grid, 'block': block, 'shared_mem': int(shared_mem),
+                               'arrays': [(p.name, a.nbytes, a.size, p.is_const)
+                                          for p, a in zip(self.signature.params, args) if p.is_pointer],
                                **{name: int(getattr(counters, name)) for name in COUNTER_FIELDS}})
 
     def _marshal(self, args, check_init):
@@ -298,11 +302,30 @@ class EmulatedModule:
     def __init__(self, source_file, defines, library_path, signatures, instrumented=False):
         self.source_file, self.defines, self.path = source_file, dict(defines), library_path
         self.instrumented = instrumented
+        self._tls_ignore = None
         self.signatures = signatures
         self._lib = ctypes.CDLL(str(library_path))
         if self._lib.gpuk_emu_abi_version() != ABI_VERSION:
             raise RuntimeError(f"{library_path}: emulator ABI mismatch; delete the cache directory")
         self._kernels = {}
+
+    def tls_ignore(self):
+        """(uint64 array of (offset, size) pairs, count): the module's thread-local variables the
+        sanitizer must not take for __shared__ memory: C++ guard variables (_ZGV*)."""
+        if self._tls_ignore is None:
+            pairs = []
+            try:
+                out = subprocess.run(['readelf', '-sW', str(self.path)], capture_output=True, text=True,
+                                     check=True).stdout
+            except (OSError, subprocess.CalledProcessError) as exc:
+                raise RuntimeError(f"{self.path}: the sanitizer needs readelf (binutils) to read the module's "
+                                   f"thread-local symbols: {exc}")
+            for line in out.splitlines():
+                parts = line.split()
+                if len(parts) >= 8 and parts[3] == 'TLS' and parts[7].startswith('_ZGV'):
+                    pairs += [int(parts[1], 16), int(parts[2], 0)]
+            self._tls_ignore = ((ctypes.c_uint64 * max(1, len(pairs)))(*pairs), len(pairs) // 2)
+        return self._tls_ignore
 
     def kernel(self, name):
         if name not in self.signatures:
@@ -319,6 +342,7 @@ class EmulatedModule:
 class EmulatedRuntime:
     kind = 'emulate'
     xp = _make_xp()
+    host_syncs = 0      # device-to-host copies launchers made through runtime.to_host
 
     def __init__(self):
         self.cxx = os.environ.get('GPUK_CXX') or os.environ.get('CXX') or 'g++'

@@ -39,8 +39,10 @@ struct gpuk_emu_config {
     uint64_t shared_mem;
     uint32_t host_threads, reverse_order;
     uint64_t stack_bytes;
-    uint32_t checks, pad;            // CHECK_* bits; used only by instrumented builds
+    uint32_t checks, n_tls_ignore;   // CHECK_* bits; used only by instrumented builds
     gpuk_emu_counters* counters;
+    const uint64_t* tls_ignore;      // (offset, size) pairs of the module's thread-locals that are not
+                                     // __shared__ (C++ guard variables), from its symbol table
 };
 struct gpuk_emu_error {
     int32_t kind, arg_index;
@@ -258,6 +260,7 @@ struct Cell {
     uint32_t wepoch, wstamp, repoch, rstamp, initb, pendb, rlanes;
     uint16_t wtid, rtid;
     int16_t rwarp;
+    uint8_t ignore;   // not shared memory (a guard variable of a thread-local)
 };
 static const uint16_t MANY_READERS = 0xffff;
 struct CpEntry { char* dst; uint32_t group, bytes; unsigned char data[16]; };
@@ -317,6 +320,7 @@ GPUK_EMU_NOSAN void shared_access(San* s, Cell* cells, int where, int64_t offset
     for (unsigned i = 0; i < size; ++i) {
         Cell& c = cells[offset + i];
         const int64_t at = offset + i;
+        if (c.ignore) continue;
         if (kind != ACC_WRITE && c.pendb == block) fail_shared(ERR_CP_ASYNC, where, at, "read", 0);
         if (kind != ACC_WRITE && c.initb != block && !s->uninit_pending) {
             s->uninit_pending = true; s->uninit_where = where; s->uninit_offset = at; s->uninit_tid = tid;
@@ -636,6 +640,9 @@ inline San* san_create(Worker* w) {
     const unsigned n = w->nthreads, warps = (n + 31u) / 32u;
     s->dyn_cells = static_cast<Cell*>(calloc(c->shared_mem + 16, sizeof(Cell)));
     s->tls_cells = static_cast<Cell*>(calloc(t.len + 16, sizeof(Cell)));
+    for (uint32_t k = 0; s->tls_cells && k < c->n_tls_ignore; ++k)
+        for (uint64_t b = c->tls_ignore[2 * k]; b < c->tls_ignore[2 * k] + c->tls_ignore[2 * k + 1] && b < t.len; ++b)
+            s->tls_cells[b].ignore = 1;
     s->wgen = static_cast<uint32_t*>(calloc(warps, 4));
     s->sync_gen = static_cast<uint32_t*>(calloc(warps * 32u, 4));
     s->sync_mask = static_cast<uint32_t*>(calloc(warps * 32u, 4));
