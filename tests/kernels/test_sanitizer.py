@@ -138,6 +138,14 @@ def test_coalesced_copy_scores_one_and_strided_copy_is_flagged():
     assert bad['global_bytes'] > 2 * bad['compulsory_bytes']   # reads move a sector per element
 
 
+def test_vector_accesses_count_as_one_request_per_warp():
+    x, y = np.arange(4096, dtype=np.float32), np.zeros(4096, np.float32)
+    record = _counted('copy_float4', 4, 128, x, y, np.int64(1024))
+    np.testing.assert_array_equal(y, x)
+    assert record['coalescing'] == 1.0 and record['sectors_per_request'] == 16.0   # 32 lanes x 16 bytes
+    assert record['global_requests'] == 2 * 1024 // 32
+
+
 def test_bank_conflicts_of_a_transpose_tile_and_its_padded_twin():
     x, y = np.arange(2048, dtype=np.float32), np.zeros(2048, np.float32)
     conflicted = _counted('transpose_tile', 2, (32, 32), x, y, np.int32(0))
