@@ -166,12 +166,17 @@ def _make_xp():
 def init_mask(array):
     """uint8 per byte of `array` (1 = written), or None when every byte counts as written."""
     lo, hi = array.ctypes.data, array.ctypes.data + array.nbytes
-    if not _poisoned or not array.nbytes or not any(
-            base <= lo and hi <= base + n for _, base, n in list(_poisoned.values())):
+    if not _poisoned or not array.nbytes:
+        return None
+    owner = next((key for key, (_, base, n) in list(_poisoned.items()) if base <= lo and hi <= base + n), None)
+    if owner is None:
         return None
     elements = array.reshape(-1).view(np.uint8).reshape(array.size, array.itemsize)
     written = ~(elements == POISON_BYTE).all(axis=1)
     if written.all():
+        entry = _poisoned.get(owner)
+        if entry is not None and (entry[1], entry[2]) == (lo, array.nbytes):
+            _poisoned.pop(owner, None)   # wholly written: no longer checked
         return None
     return np.ascontiguousarray(np.repeat(written, array.itemsize).astype(np.uint8))
 
