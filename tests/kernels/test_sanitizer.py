@@ -1,6 +1,7 @@
 """The emulator as a sanitizer (racecheck, initcheck, cp.async landing, synccheck) and its
 performance counters, on planted bugs and their correct twins (tests/kernels/cu/sanitizer_test.cu).
 tests/kernels/conftest.py turns the sanitizer on (GPUK_EMU_SANITIZE=1) for every kernel test."""
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,22 @@ SOURCE = Path(__file__).with_name('cu') / 'sanitizer_test.cu'
 THREADS = 64
 
 
+@pytest.fixture(scope='module', autouse=True)
+def _sanitizer_on():
+    """These tests are about the sanitizer: on even where GPUK_EMU_SANITIZE=0 turns it off elsewhere."""
+    saved = os.environ.get('GPUK_EMU_SANITIZE')
+    os.environ['GPUK_EMU_SANITIZE'] = '1'
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop('GPUK_EMU_SANITIZE', None)
+        else:
+            os.environ['GPUK_EMU_SANITIZE'] = saved
+
+
 @pytest.fixture(scope='module')
-def module():
+def module(_sanitizer_on):
     return get_runtime('emulate').load(SOURCE, {'THREADS': THREADS})
 
 
