@@ -1230,7 +1230,6 @@ GPUK_EMU_HOOK void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATO
 GPUK_EMU_HOOK void __tsan_atomic_signal_fence(int) {}
 #define GPUK_EMU_NOTE(a, kind) ::gpuk_emu::on_access(const_cast<const void*>(static_cast<const volatile void*>(a)), sizeof(T), kind, __builtin_return_address(0))
 #define GPUK_EMU_ATOMICS(N, TYPE)                                                                                       \
-    typedef TYPE gpuk_emu_a##N;                                                                                         \
     GPUK_EMU_HOOK TYPE __tsan_atomic##N##_load(const volatile TYPE* a, int) {                                            \
         typedef TYPE T; GPUK_EMU_NOTE(a, ::gpuk_emu::ACC_READ); return __atomic_load_n(a, __ATOMIC_SEQ_CST); }          \
     GPUK_EMU_HOOK void __tsan_atomic##N##_store(volatile TYPE* a, TYPE v, int) {                                         \
