@@ -25,7 +25,7 @@ from gpuk.contracts import softmax_xent_checks as checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
 from . import dispatch
 from .cudnn import softmax as cudnn_softmax
-from .runtime import register_build, resolve
+from .runtime import register_build, resolve, to_host
 
 __all__ = list(twin.__all__)
 
@@ -118,7 +118,7 @@ def _labels(fn, rt, labels, logits_shape, axis):
     checks.reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
     classes = logits_shape[axis]
     if labels.size:
-        low, high = int(labels.min()), int(labels.max())
+        low, high = int(to_host(rt, labels.min())), int(to_host(rt, labels.max()))
         if low < 0 or high >= classes:
             raise ValueError('%s: labels must lie in [0, %d) (the size of logits axis %d), '
                              'got values in [%d, %d]' % (fn, classes, axis, low, high))
