@@ -108,7 +108,9 @@ class Tensor:
     """A symbolic value: output ``index`` of ``node`` (None for leaves)."""
 
     # Attributes Keras reads on tensors; instances may override them (Keras assigns them).
-    _uses_learning_phase = False
+    # No class-level ``_uses_learning_phase``: like a tf.Tensor, a tensor has it only once
+    # Keras (or K.in_train_phase) sets it. Keras 2.3.1's TimeDistributed step
+    # (wrappers.py:221-225) reads an undefined global when an output has the attribute.
     _is_placeholder = False
     is_sparse = False
     __array_ufunc__ = None  # numpy defers to our reflected operators
@@ -218,6 +220,9 @@ class Variable(Tensor):
         super().__init__(None, 0, tuple(value.shape), value.dtype.name, unique_name(name or 'Variable'))
         self.value = value
         self.constraint = constraint
+        # Trainable like a tf.Variable: Keras 2.3.1's Layer.__setattr__ (base_layer.py:1232)
+        # tracks a variable set as an attribute as trainable only when it says so.
+        self.trainable = True
         self._keras_shape = tuple(value.shape)
         self._uses_learning_phase = False
 
