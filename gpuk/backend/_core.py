@@ -270,7 +270,11 @@ def get_variable_shape(x):
 # --- values -------------------------------------------------------------------------------
 
 def eval(x):
-    """Evaluates a tensor (with no placeholders needed); returns a NumPy array."""
+    """Evaluates a tensor (with no placeholders needed); returns a NumPy array. Evaluating
+    an update (K.update, K.update_add...) applies it and returns the new value, as
+    evaluating TensorFlow's assign op does."""
+    if isinstance(x, Update):
+        return Function([], [x.value], updates=[x])([])[0]
     if isinstance(x, Variable):
         return np.array(device.to_host(x.value), copy=True)
     if not isinstance(x, Tensor):
