@@ -47,3 +47,79 @@ def test_variables_set_as_layer_attributes_are_trainable(keras):
     assert len(layer.weights) == 5
     assert len(layer.trainable_weights) == 4
     assert len(layer.non_trainable_weights) == 1
+
+
+def test_h5dict_string_attributes_read_back_as_str(keras, tmp_h5):
+    from keras.utils.io_utils import H5Dict
+    path = tmp_h5('dict.h5')
+    stored = H5Dict(path, mode='w')
+    stored['name'] = 'abcd'
+    stored.close()
+    loaded = H5Dict(path, mode='r')
+    value = loaded['name']
+    loaded.close()
+    assert value == 'abcd' and isinstance(value, str)
+
+
+def test_load_model_from_an_open_h5py_file(keras, tmp_h5):
+    import h5py
+    layers = keras.layers
+    model = keras.models.Sequential([layers.Dense(2, input_shape=(3,))])
+    model.compile('sgd', 'mse')
+    path = tmp_h5('model.h5')
+    model.save(path)
+    x = np.random.rand(4, 3).astype('float32')
+    with h5py.File(path, 'r') as f:
+        again = keras.models.load_model(f)
+    np.testing.assert_allclose(again.predict(x), model.predict(x), atol=1e-6)
+
+
+def test_summary_shapes_and_history_values_are_python_numbers(keras, capsys):
+    layers = keras.layers
+    model = keras.models.Sequential([
+        layers.Reshape((4, 4, 1), input_shape=(16,)), layers.Conv2D(9, 1), layers.Flatten(),
+        layers.Dense(2, activation='softmax')])
+    model.compile('sgd', 'categorical_crossentropy', metrics=['accuracy'])
+    model.summary()
+    assert '(None, 144)' in capsys.readouterr().out
+    assert type(model.layers[2].output_shape[1]) is int
+    x, y = np.random.rand(8, 16).astype('float32'), np.eye(2)[np.arange(8) % 2]
+    history = model.fit(x, y, epochs=2, batch_size=4, validation_split=0.5, verbose=0)
+    for key in ('loss', 'accuracy', 'val_loss', 'val_accuracy'):
+        assert all(type(v) is float for v in history.history[key]), key
+    round(history.history['accuracy'][-1], 2)
+
+
+def test_selu_is_rounded_once(keras):
+    K = keras.backend
+    alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+    x = np.linspace(-6, 3, 2001).astype('float32')
+    exact = scale * np.where(x > 0, x.astype('float64'), alpha * np.expm1(x.astype('float64')))
+    got = K.eval(keras.activations.selu(K.constant(x)))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, exact.astype('float32'))
+    assert keras.activations.get('selu') is keras.activations.selu
+    assert keras.activations.serialize(keras.activations.selu) == 'selu'
+
+
+def _write_word_index_npz(path, rng):
+    """A tiny dataset in the imdb.npz / reuters.npz layout: ragged lists of word ids."""
+    sequences = np.empty(12, dtype=object)
+    for i in range(12):
+        sequences[i] = list(rng.randint(1, 30, size=rng.randint(2, 9)))
+    labels = rng.randint(0, 2, size=12)
+    np.savez(path, x_train=sequences[:8], y_train=labels[:8], x_test=sequences[8:],
+             y_test=labels[8:], x=sequences, y=labels)
+
+
+def test_imdb_and_reuters_loaders_on_ragged_data(keras, tmp_h5, monkeypatch):
+    from keras.datasets import imdb, reuters
+    path = tmp_h5('words.npz')
+    _write_word_index_npz(path, np.random.RandomState(0))
+    for module in (imdb, reuters):
+        monkeypatch.setattr(module, 'get_file', lambda *args, **kwargs: path)
+        (x_train, y_train), (x_test, y_test) = module.load_data(num_words=20)
+        assert x_train.dtype == object and len(x_train) + len(x_test) == 12
+        assert len({len(s) for s in x_train}) > 1  # ragged, as with NumPy < 1.24
+        assert all(max(s) < 20 for s in x_train)
+        assert len(y_train) == len(x_train)
