@@ -73,3 +73,25 @@ def test_in_top_k_counts_ties_at_the_kth_value_like_tensorflow():
     bad = np.array([[0.1, np.nan, 0.2], [0.3, 0.2, 0.1]], 'float32')
     np.testing.assert_array_equal(
         K.eval(K.in_top_k(K.constant(bad), K.constant([2, 5], dtype='int32'), 3)), [False, False])
+
+
+def test_ctc_labels_at_or_past_the_blank_end_the_label_sequence():
+    """TensorFlow reads a label >= classes - 1 as the end of that sample's labels (Keras's
+    OCR example feeds blank images labelled [blank], length 1)."""
+    rng = np.random.RandomState(0)
+    y_pred = K.variable(rng.dirichlet(np.ones(4), size=(3, 6)).astype('float32'))
+    input_length = K.constant([[6], [6], [5]], dtype='int32')
+
+    def cost_and_grad(labels, lengths):
+        loss = K.ctc_batch_cost(K.constant(labels, dtype='int32'), y_pred, input_length,
+                                K.constant(lengths, dtype='int32'))
+        return K.eval(loss), K.eval(K.gradients(K.sum(loss), [y_pred])[0])
+
+    blanks = cost_and_grad([[1, 3, 0], [3, 0, 0], [2, 0, 5]], [[3], [1], [3]])
+    cut = cost_and_grad([[1, 0, 0], [0, 0, 0], [2, 0, 0]], [[1], [0], [2]])
+    np.testing.assert_allclose(blanks[0], cut[0], rtol=1e-6)
+    np.testing.assert_allclose(blanks[1], cut[1], rtol=1e-6, atol=1e-7)
+    assert np.all(np.isfinite(blanks[0]))
+    with pytest.raises(ValueError, match='ctc_batch_cost: y_true'):
+        K.ctc_batch_cost(K.constant([[-1]], dtype='int32'), y_pred[:1], input_length[:1],
+                         K.constant([[1]], dtype='int32'))
