@@ -123,3 +123,32 @@ def test_imdb_and_reuters_loaders_on_ragged_data(keras, tmp_h5, monkeypatch):
         assert len({len(s) for s in x_train}) > 1  # ragged, as with NumPy < 1.24
         assert all(max(s) < 20 for s in x_train)
         assert len(y_train) == len(x_train)
+
+
+def test_crossentropies_on_channels_first_outputs_match_channels_last(keras):
+    """Keras's test_model_with_crossentropy_losses_channels_first: the target placeholder of
+    a custom loss is (None, None, None, None); TensorFlow flattens sparse targets."""
+    K, layers = keras.backend, keras.layers
+    data = np.array([[[[8., 7.1, 0.], [4.5, 2.6, 0.55], [0.9, 4.2, 11.2]]]], 'float32')
+    sparse = np.array([[[[0, 1, 3], [2, 1, 0], [2, 2, 1]]]])
+    dense = np.moveaxis(np.eye(4)[sparse[:, 0]], -1, 1)
+
+    def evaluate(data_format, loss_name, labels, channels):
+        K.set_image_data_format(data_format)
+        axis = 1 if data_format == 'channels_first' else -1
+        x = data if axis == 1 else np.moveaxis(data, 1, -1)
+        y = labels if axis == 1 else np.moveaxis(labels, 1, -1)
+        loss = getattr(K, loss_name)
+        inputs = layers.Input(shape=x.shape[1:])
+        outputs = layers.Conv2D(channels, 1, activation='softmax', kernel_initializer='ones',
+                                bias_initializer='ones')(inputs)
+        model = keras.models.Model(inputs, outputs)
+        model.compile('rmsprop', lambda t, p: loss(t, p, axis=axis))
+        return model.evaluate(x, y, batch_size=1, verbose=0)
+
+    for loss_name, labels in [('sparse_categorical_crossentropy', sparse),
+                              ('categorical_crossentropy', dense)]:
+        last = evaluate('channels_last', loss_name, labels, 4)
+        first = evaluate('channels_first', loss_name, labels, 4)
+        np.testing.assert_allclose(first, last, rtol=1e-6)
+        np.testing.assert_allclose(first, np.log(4), rtol=1e-6)  # equal logits everywhere
