@@ -10,7 +10,8 @@ import itertools
 import numpy as np
 
 from gpuk import device, fusion
-from gpuk.graph import Constant, Placeholder, Tensor, Variable, static_value, topological_nodes
+from gpuk.graph import (Constant, Placeholder, Tensor, Variable, checked_array, static_value,
+                        topological_nodes)
 
 
 class Update:
@@ -38,7 +39,9 @@ def _feed_array(placeholder, value):
     """The device array fed to ``placeholder``, checked against its static shape."""
     if hasattr(value, 'toarray') and hasattr(value, 'tocoo'):  # scipy.sparse input
         value = value.toarray()
-    array = device.to_device(value, placeholder.dtype)
+    if not (isinstance(value, np.ndarray) and value.dtype == placeholder.dtype):
+        value = checked_array(value, placeholder.dtype, 'function', 'input %r' % placeholder.name)
+    array = device.to_device(value)
     shape = placeholder.shape
     if shape is not None and (array.ndim != len(shape) or any(
             d is not None and d != a for d, a in zip(shape, array.shape))):
@@ -86,6 +89,9 @@ class Plan:
         self.target_slots = [slot(t) for t in targets]
         self.steps = [(node.op, [slot(t) for t in node.inputs], [slot(t) for t in node.outputs])
                       for node in nodes]
+        # the K call that built each slot's node, for run-time errors (fusion keeps out slots)
+        self._k_call_of = {slot_of[t]: node.k_call for node in nodes for t in node.outputs
+                           if node.k_call is not None}
         self.n_slots = len(slot_of)
         self._fold_constants(nodes)
         if fusion.enabled():
@@ -130,6 +136,9 @@ class Plan:
         for s, i in last_use.items():
             if s not in keep:
                 frees[i].append(s)
+        self.step_calls = [next((self._k_call_of[s] for s in outs if s in self._k_call_of), None)
+                           for _, _, outs in self.steps]
+        self.step_op_names = [getattr(op, 'name', type(op).__name__) for op, _, _ in self.steps]
         self.steps = [(op.forward, ins, outs, frees[i]) for i, (op, ins, outs) in enumerate(self.steps)]
 
     def run(self, fed_arrays):
@@ -141,8 +150,11 @@ class Plan:
         for slot, value in zip(self.input_slots, fed_arrays):
             env[slot] = value
         impl = self.impl
-        for forward, ins, outs, frees in self.steps:
-            result = forward(impl, *[env[s] for s in ins])
+        for i, (forward, ins, outs, frees) in enumerate(self.steps):
+            try:
+                result = forward(impl, *[env[s] for s in ins])
+            except (ValueError, TypeError, IndexError) as error:
+                raise self._run_error(i, error, [env[s] for s in ins]) from error
             if len(outs) == 1:
                 env[outs[0]] = result
             else:
@@ -151,6 +163,19 @@ class Plan:
             for s in frees:
                 env[s] = None
         return [env[s] for s in self.target_slots]
+
+    def _run_error(self, step, error, arrays):
+        """``error`` (raised by a step at run time, when the shapes are known) naming the K
+        function that built the step and the shapes of its inputs."""
+        name = self.step_calls[step] or 'function'
+        message = str(error)
+        if not message.startswith(name + ':'):
+            message = '%s: %s' % (name, message)
+        if self.step_calls[step] is None:  # built by a Python operator on tensors (x + y)
+            message = '%s: %s: %s' % (name, self.step_op_names[step], message.split(': ', 1)[1])
+        shapes = ', '.join(str(tuple(a.shape)) if hasattr(a, 'shape') else repr(a) for a in arrays)
+        kind = TypeError if isinstance(error, TypeError) else ValueError
+        return kind('%s (at run time, on inputs of shapes %s)' % (message, shapes))
 
 
 class Function:
@@ -182,6 +207,10 @@ class Function:
 
     def __call__(self, inputs):
         if isinstance(inputs, dict):
+            missing = [x.name for x in self.inputs if x not in inputs]
+            if missing:
+                raise ValueError('function: the input dict has no value for placeholder(s) %s'
+                                 % ', '.join(repr(name) for name in missing))
             inputs = [inputs[x] for x in self.inputs]
         if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self.inputs):
             raise ValueError('function: expected a list of %d input values, got %r'
@@ -196,7 +225,10 @@ class Function:
                 raise ValueError('function: update of %r has shape %s, variable has %s'
                                  % (variable.name, tuple(value.shape), variable.shape))
         for (variable, _), value in zip(self.updates, new_values):
-            variable.value = value.astype(variable.dtype, copy=False)
+            value = value.astype(variable.dtype, copy=False)
+            if isinstance(value, np.ndarray) and any(np.may_share_memory(value, f) for f in fed):
+                value = value.copy()  # a fed array: the caller may change it later
+            variable.value = value
         results = [_host_copy(v) for v in values[:n_out]]
         return results
 

@@ -170,20 +170,23 @@ def variable(value, dtype=None, name=None, constraint=None):
         value = value.toarray()
     elif isinstance(value, Tensor):
         value = eval(value)
-    v = Variable(value, graph.dtype_name(dtype), name=name, constraint=constraint)
+    v = Variable(value, graph.dtype_name(dtype, 'variable'), name=name, constraint=constraint)
     v.is_sparse = sparse
     return v
 
 
 def constant(value, dtype=None, shape=None, name=None):
     """A constant tensor; a scalar ``value`` with ``shape`` fills that shape."""
-    dtype = graph.dtype_name(dtype)
-    array = np.asarray(value, dtype=dtype)
+    dtype = graph.dtype_name(dtype, 'constant')
+    array = graph.checked_array(value, dtype, 'constant')
     if shape is not None:
         shape = graph.normalize_shape(shape, 'constant')
         if array.size == 1:
             array = np.full(shape, array.reshape(()), dtype=dtype)
         elif array.shape != shape:
+            if array.size != int(np.prod(shape, dtype=np.int64)):
+                raise ValueError('constant: a value of shape %s cannot fill shape %s'
+                                 % (array.shape, shape))
             array = array.reshape(shape)
     return Constant(array, name=name)
 
@@ -203,7 +206,7 @@ def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
             raise ValueError('placeholder: give shape or ndim')
         shape = (None,) * int(ndim)
     shape = graph.normalize_shape(shape, 'placeholder')
-    x = Placeholder(shape, graph.dtype_name(dtype), name=name, sparse=sparse)
+    x = Placeholder(shape, graph.dtype_name(dtype, 'placeholder'), name=name, sparse=sparse)
     x._keras_shape = shape
     x._uses_learning_phase = False
     return x
@@ -297,20 +300,24 @@ def set_value(x, value):
     """Sets a variable's value from a NumPy array (shape must match)."""
     if not isinstance(x, Variable):
         raise TypeError('set_value: expected a variable, got %r' % (x,))
-    x.assign(np.asarray(value), where='set_value')
+    x.assign(value, where='set_value')
 
 
 def batch_set_value(tuples):
-    """Sets several variables; all shapes are checked before any value changes."""
-    tuples = list(tuples)
-    for x, value in tuples:
-        if not isinstance(x, Variable):
-            raise TypeError('batch_set_value: expected variables, got %r' % (x,))
-        if tuple(np.shape(value)) != x.shape:
-            raise ValueError('batch_set_value: value of shape %s does not fit variable %r of shape %s'
-                             % (np.shape(value), x.name, x.shape))
-    for x, value in tuples:
-        x.assign(np.asarray(value), where='batch_set_value')
+    """Sets several variables, all or nothing: every value is checked and converted (a
+    copy) before any variable changes."""
+    try:
+        tuples = [tuple(pair) for pair in tuples]
+    except TypeError:
+        raise TypeError('batch_set_value: expected a list of (variable, value) pairs, got %r'
+                        % (tuples,)) from None
+    new_values = []
+    for pair in tuples:
+        if len(pair) != 2 or not isinstance(pair[0], Variable):
+            raise TypeError('batch_set_value: expected (variable, value) pairs, got %r' % (pair,))
+        new_values.append(pair[0].checked_value(pair[1], where='batch_set_value'))
+    for (x, _), value in zip(tuples, new_values):
+        x.value = value
 
 
 def cast(x, dtype):
