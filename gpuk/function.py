@@ -92,6 +92,7 @@ class Plan:
         # the K call that built each slot's node, for run-time errors (fusion keeps out slots)
         self._k_call_of = {slot_of[t]: node.k_call for node in nodes for t in node.outputs
                            if node.k_call is not None}
+        self._slot_of = slot_of
         self.n_slots = len(slot_of)
         self._fold_constants(nodes)
         if fusion.enabled():
@@ -154,7 +155,7 @@ class Plan:
             try:
                 result = forward(impl, *[env[s] for s in ins])
             except (ValueError, TypeError, IndexError) as error:
-                raise self._run_error(i, error, [env[s] for s in ins]) from error
+                raise self._run_error(i, error, [env[s] for s in ins], fed_arrays) from error
             if len(outs) == 1:
                 env[outs[0]] = result
             else:
@@ -164,18 +165,43 @@ class Plan:
                 env[s] = None
         return [env[s] for s in self.target_slots]
 
-    def _run_error(self, step, error, arrays):
+    def _run_error(self, step, error, arrays, fed_arrays):
         """``error`` (raised by a step at run time, when the shapes are known) naming the K
-        function that built the step and the shapes of its inputs."""
-        name = self.step_calls[step] or 'function'
+        function that built the step and the shapes of the tensors that call was given."""
+        call = self.step_calls[step]
+        name = call.name if call is not None else 'function'
         message = str(error)
+        if call is None:  # built by a Python operator on tensors (x + y)
+            message = '%s: %s' % (self.step_op_names[step], message)
         if not message.startswith(name + ':'):
             message = '%s: %s' % (name, message)
-        if self.step_calls[step] is None:  # built by a Python operator on tensors (x + y)
-            message = '%s: %s: %s' % (name, self.step_op_names[step], message.split(': ', 1)[1])
-        shapes = ', '.join(str(tuple(a.shape)) if hasattr(a, 'shape') else repr(a) for a in arrays)
+        shapes = self._call_arg_shapes(call, step, fed_arrays) or [
+            tuple(a.shape) if hasattr(a, 'shape') else a for a in arrays]
         kind = TypeError if isinstance(error, TypeError) else ValueError
-        return kind('%s (at run time, on inputs of shapes %s)' % (message, shapes))
+        return kind('%s (at run time, on inputs of shapes %s)'
+                    % (message, ', '.join(str(s) for s in shapes)))
+
+    def _call_arg_shapes(self, call, step, fed_arrays):
+        """The run-time shapes of the tensors given to the K call ``call``: the steps before
+        ``step`` run again, keeping every value (only when reporting an error)."""
+        if call is None or not call.args or any(t not in self._slot_of for t in call.args):
+            return None
+        env = [None] * self.n_slots
+        for slot, value in self.fixed:
+            env[slot] = value
+        for slot, variable in self.variables:
+            env[slot] = variable.value
+        for slot, value in zip(self.input_slots, fed_arrays):
+            env[slot] = value
+        try:
+            for forward, ins, outs, _ in self.steps[:step]:
+                result = forward(self.impl, *[env[s] for s in ins])
+                for s, value in zip(outs, (result,) if len(outs) == 1 else result):
+                    env[s] = value
+        except Exception:  # noqa: BLE001 - a report of the first error must not raise another
+            return None
+        values = [env[self._slot_of[t]] for t in call.args]
+        return None if any(v is None for v in values) else [tuple(v.shape) for v in values]
 
 
 class Function:

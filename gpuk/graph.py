@@ -87,15 +87,16 @@ def checked_array(value, dtype, where, argument='value'):
     """A host NumPy array of ``value`` for a tensor, cast to ``dtype`` (None: value's own
     dtype). Refuses None, strings, objects and complex numbers, and floats an int or bool
     dtype cannot hold exactly (TensorFlow refuses K.variable(1.5, dtype='int32'))."""
+    where = where + ': ' if where else ''  # None: the K function calling us prefixes its name
     if value is None:
-        raise TypeError('%s: %s must be a number, a list or an array, got None' % (where, argument))
+        raise TypeError('%s%s must be a number, a list or an array, got None' % (where, argument))
     from gpuk import device
     try:
         array = np.asarray(device.to_host(value))
     except (ValueError, TypeError) as error:  # e.g. ragged nested lists
-        raise ValueError('%s: %s cannot be read as an array (%s)' % (where, argument, error)) from None
+        raise ValueError('%s%s cannot be read as an array (%s)' % (where, argument, error)) from None
     if array.dtype.kind not in _TENSOR_KINDS:
-        raise TypeError('%s: %s must hold numbers (bool, int or float), got dtype %s%s'
+        raise TypeError('%s%s must hold numbers (bool, int or float), got dtype %s%s'
                         % (where, argument, array.dtype, _example(array)))
     if dtype is None:
         return array
@@ -104,7 +105,7 @@ def checked_array(value, dtype, where, argument='value'):
         finite = np.isfinite(array)
         if not finite.all() or (array != np.round(array)).any():
             bad = array[~finite | (array != np.round(array))].flat[0]
-            raise TypeError('%s: %s holds %r, which dtype %s cannot hold; round or cast it first'
+            raise TypeError('%s%s holds %r, which dtype %s cannot hold; round or cast it first'
                             % (where, argument, float(bad), target.name))
     return array.astype(target, copy=False)
 
@@ -254,7 +255,7 @@ class Placeholder(Tensor):
 class Constant(Tensor):
     """A fixed host value (a NumPy array); copied to the device once, when first used."""
 
-    def __init__(self, value, dtype=None, name=None, where='constant'):
+    def __init__(self, value, dtype=None, name=None, where=None):
         array = checked_array(value, dtype, where)
         if isinstance(value, np.ndarray) and np.may_share_memory(array, value):
             array = array.copy()  # the caller's array may change later
@@ -305,7 +306,7 @@ class Node:
         self.op = op
         self.inputs = inputs
         self.outputs = ()
-        self.k_call = calls.current()  # the K function that built it, named by run-time errors
+        self.k_call = calls.current()  # the K call that built it, named by run-time errors
 
 
 def as_tensor(value, dtype=None):

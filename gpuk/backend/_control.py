@@ -1,4 +1,6 @@
 """Control flow: switch, train/test phase selection, rnn, map_fn, foldl, foldr."""
+import numpy as np
+
 from gpuk import graph
 from gpuk.graph import Placeholder, Tensor, as_tensor
 from gpuk.ops import elementwise as ew
@@ -20,9 +22,9 @@ def switch(condition, then_expression, else_expression):
     """
     then_t = as_tensor(_value(then_expression))
     else_t = as_tensor(_value(else_expression), then_t.dtype)
-    if not isinstance(condition, Tensor):
+    if isinstance(condition, (bool, int, float, np.bool_, np.number)):  # a fixed choice
         return then_t if bool(condition) else else_t
-    condition = ew.cast(condition, 'bool')
+    condition = ew.cast(as_tensor(condition), 'bool')  # refuses None, strings, objects
     cond_ndim, expr_ndim = condition.ndim, then_t.ndim
     if cond_ndim is not None and expr_ndim is not None:
         if cond_ndim > expr_ndim:

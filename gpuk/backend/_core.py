@@ -332,26 +332,39 @@ def _check_update(x, where):
         raise TypeError('%s: x must be a variable, got %r' % (where, x))
 
 
+def _checked_update(x, new_value, where):
+    """Update(x, new_value) once new_value's static shape is known to fit x: a value that
+    broadcasts to another shape would fail only when the update runs."""
+    new_value = ew.cast(new_value, x.dtype)
+    shape = new_value.shape
+    if shape is not None and (len(shape) != len(x.shape) or any(
+            d is not None and d != e for d, e in zip(shape, x.shape))):
+        raise ValueError('%s: the new value of shape %s does not fit variable %r of shape %s'
+                         % (where, shape, x.name, x.shape))
+    return Update(x, new_value)
+
+
 def update(x, new_x):
     """An update assigning ``new_x`` to variable ``x`` (pass it to K.function's updates)."""
     _check_update(x, 'update')
-    return Update(x, ew.cast(graph.as_tensor(new_x, x.dtype), x.dtype))
+    return _checked_update(x, graph.as_tensor(new_x, x.dtype), 'update')
 
 
 def update_add(x, increment):
     _check_update(x, 'update_add')
-    return Update(x, ew.cast(x + increment, x.dtype))
+    return _checked_update(x, x + increment, 'update_add')
 
 
 def update_sub(x, decrement):
     _check_update(x, 'update_sub')
-    return Update(x, ew.cast(x - decrement, x.dtype))
+    return _checked_update(x, x - decrement, 'update_sub')
 
 
 def moving_average_update(x, value, momentum):
     """An update ``x <- x - (x - value) * (1 - momentum)``."""
     _check_update(x, 'moving_average_update')
-    return Update(x, ew.cast(x - (x - ew.cast(value, x.dtype)) * (1.0 - momentum), x.dtype))
+    return _checked_update(x, x - (x - ew.cast(value, x.dtype)) * (1.0 - momentum),
+                           'moving_average_update')
 
 
 # --- functions and gradients --------------------------------------------------------------
