@@ -16,6 +16,7 @@ Meta = collections.namedtuple('Meta', 'shape dtype')
 
 _uid_counters = collections.defaultdict(int)
 _used_names = set()
+_next_suffix = {}  # scoped name -> the first suffix not yet known to be taken
 _scope_stack = []
 
 
@@ -35,6 +36,7 @@ def reset_uids():
 def forget_names():
     """Forgets every name handed out (clear_session)."""
     _used_names.clear()
+    _next_suffix.clear()
 
 
 @contextlib.contextmanager
@@ -53,10 +55,14 @@ def unique_name(base):
     """``scope/base``, with ``_1``, ``_2``... appended when that name was already used."""
     scoped = '/'.join(_scope_stack + [base]) if _scope_stack else base
     name = scoped
-    for n in itertools.count(1):
+    # the search for a free suffix resumes where it last stopped for this name (graphs make
+    # thousands of 'Const' tensors: counting from 1 each time was quadratic)
+    start = _next_suffix.get(scoped, 1)
+    for n in itertools.count(start):
         if name not in _used_names:
             break
         name = '%s_%d' % (scoped, n)
+        _next_suffix[scoped] = n + 1
     _used_names.add(name)
     return name
 
