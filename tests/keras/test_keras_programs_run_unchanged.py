@@ -152,3 +152,15 @@ def test_crossentropies_on_channels_first_outputs_match_channels_last(keras):
         first = evaluate('channels_first', loss_name, labels, 4)
         np.testing.assert_allclose(first, last, rtol=1e-6)
         np.testing.assert_allclose(first, np.log(4), rtol=1e-6)  # equal logits everywhere
+
+
+def test_sparse_categorical_crossentropy_takes_float_labels_holding_integers(keras):
+    layers = keras.layers
+    model = keras.models.Sequential([layers.Dense(3, activation='softmax', input_shape=(4,))])
+    model.compile(keras.optimizers.SGD(0.5), 'sparse_categorical_crossentropy', metrics=['accuracy'])
+    x = np.random.rand(30, 4).astype('float32')
+    y = np.argmax(x[:, :3], axis=1).astype('float32')[:, None]  # [[1.], [0.], ...] as TF casts them
+    history = model.fit(x, y, epochs=20, batch_size=10, verbose=0)
+    assert history.history['loss'][-1] < history.history['loss'][0]
+    with np.testing.assert_raises(ValueError):
+        model.evaluate(x, y + 0.5, verbose=0)  # not integers: refused, not truncated
