@@ -18,10 +18,20 @@ def test_time_distributed_with_a_known_batch_size(keras):
 def test_time_distributed_conv2d_channels_first(keras):
     layers = keras.layers
     keras.backend.set_image_data_format('channels_first')
-    model = keras.models.Sequential([
-        layers.TimeDistributed(layers.Conv2D(5, (2, 2)), batch_input_shape=(2, 3, 4, 6, 6))])
-    model.compile('sgd', 'mse')
-    assert model.predict(np.ones((2, 3, 4, 6, 6), 'float32')).shape == (2, 3, 5, 5, 5)
+    x = np.random.rand(2, 3, 4, 6, 6).astype('float32')
+    outputs = []
+    for shape in (dict(batch_input_shape=(2, 3, 4, 6, 6)), dict(input_shape=(3, 4, 6, 6))):
+        # a known batch size takes Keras's K.rnn path, an unknown one its reshape path
+        model = keras.models.Sequential([layers.TimeDistributed(layers.Conv2D(5, (2, 2)), **shape)])
+        model.compile('sgd', 'mse')
+        if outputs:
+            model.set_weights(weights)
+        weights = model.get_weights()
+        outputs.append(model.predict(x))
+        assert model.output_shape[1:] == (3, 5, 5, 5)
+        model.train_on_batch(x, np.zeros((2, 3, 5, 5, 5)))
+    np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-5)
+    assert outputs[0].shape == (2, 3, 5, 5, 5)
 
 
 def test_variables_set_as_layer_attributes_are_trainable(keras):
