@@ -12,7 +12,8 @@ import itertools
 import numpy as np
 
 from gpuk import config, device, fusion, loss_scaling, mixed_precision
-from gpuk.graph import Constant, Placeholder, Tensor, Variable, static_value, topological_nodes
+from gpuk.graph import (Constant, Placeholder, Tensor, Variable, checked_array, static_value,
+                        topological_nodes)
 from gpuk.ops import scan
 
 
@@ -41,7 +42,9 @@ def _feed_array(placeholder, value):
     """The device array fed to ``placeholder``, checked against its static shape."""
     if hasattr(value, 'toarray') and hasattr(value, 'tocoo'):  # scipy.sparse input
         value = value.toarray()
-    array = device.to_device(value, placeholder.dtype)
+    if not (isinstance(value, np.ndarray) and value.dtype == placeholder.dtype):
+        value = checked_array(value, placeholder.dtype, 'function', 'input %r' % placeholder.name)
+    array = device.to_device(value)
     shape = placeholder.shape
     if shape is not None and (array.ndim != len(shape) or any(
             d is not None and d != a for d, a in zip(shape, array.shape))):
@@ -90,6 +93,10 @@ class Plan:
         self.target_slots = [slot(t) for t in targets]
         self.steps = [(node.op, [slot(t) for t in node.inputs], [slot(t) for t in node.outputs])
                       for node in nodes]
+        # the K call that built each slot's node, for run-time errors (fusion keeps out slots)
+        self._k_call_of = {slot_of[t]: node.k_call for node in nodes for t in node.outputs
+                           if node.k_call is not None}
+        self._slot_of = slot_of
         self.n_slots = len(slot_of)
         self.slot_dtypes = {s: t.dtype for t, s in slot_of.items()}
         self._fold_constants(nodes)
@@ -136,6 +143,9 @@ class Plan:
         for s, i in last_use.items():
             if s not in keep:
                 frees[i].append(s)
+        self.step_calls = [next((self._k_call_of[s] for s in outs if s in self._k_call_of), None)
+                           for _, _, outs in self.steps]
+        self.step_op_names = [getattr(op, 'name', type(op).__name__) for op, _, _ in self.steps]
         self.steps = [(op.forward, ins, outs, frees[i]) for i, (op, ins, outs) in enumerate(self.steps)]
 
     def run(self, fed_arrays):
@@ -147,8 +157,11 @@ class Plan:
         for slot, value in zip(self.input_slots, fed_arrays):
             env[slot] = value
         impl = self.impl
-        for forward, ins, outs, frees in self.steps:
-            result = forward(impl, *[env[s] for s in ins])
+        for i, (forward, ins, outs, frees) in enumerate(self.steps):
+            try:
+                result = forward(impl, *[env[s] for s in ins])
+            except (ValueError, TypeError, IndexError) as error:
+                raise self._run_error(i, error, [env[s] for s in ins], fed_arrays) from error
             if len(outs) == 1:
                 env[outs[0]] = result
             else:
@@ -157,6 +170,44 @@ class Plan:
             for s in frees:
                 env[s] = None
         return [env[s] for s in self.target_slots]
+
+    def _run_error(self, step, error, arrays, fed_arrays):
+        """``error`` (raised by a step at run time, when the shapes are known) naming the K
+        function that built the step and the shapes of the tensors that call was given."""
+        call = self.step_calls[step]
+        name = call.name if call is not None else 'function'
+        message = str(error)
+        if call is None:  # built by a Python operator on tensors (x + y)
+            message = '%s: %s' % (self.step_op_names[step], message)
+        if not message.startswith(name + ':'):
+            message = '%s: %s' % (name, message)
+        shapes = self._call_arg_shapes(call, step, fed_arrays) or [
+            tuple(a.shape) if hasattr(a, 'shape') else a for a in arrays]
+        kind = TypeError if isinstance(error, TypeError) else ValueError
+        return kind('%s (at run time, on inputs of shapes %s)'
+                    % (message, ', '.join(str(s) for s in shapes)))
+
+    def _call_arg_shapes(self, call, step, fed_arrays):
+        """The run-time shapes of the tensors given to the K call ``call``: the steps before
+        ``step`` run again, keeping every value (only when reporting an error)."""
+        if call is None or not call.args or any(t not in self._slot_of for t in call.args):
+            return None
+        env = [None] * self.n_slots
+        for slot, value in self.fixed:
+            env[slot] = value
+        for slot, variable in self.variables:
+            env[slot] = variable.value
+        for slot, value in zip(self.input_slots, fed_arrays):
+            env[slot] = value
+        try:
+            for forward, ins, outs, _ in self.steps[:step]:
+                result = forward(self.impl, *[env[s] for s in ins])
+                for s, value in zip(outs, (result,) if len(outs) == 1 else result):
+                    env[s] = value
+        except Exception:  # noqa: BLE001 - a report of the first error must not raise another
+            return None
+        values = [env[self._slot_of[t]] for t in call.args]
+        return None if any(v is None for v in values) else [tuple(v.shape) for v in values]
 
 
 class Function:
@@ -192,6 +243,10 @@ class Function:
 
     def __call__(self, inputs):
         if isinstance(inputs, dict):
+            missing = [x.name for x in self.inputs if x not in inputs]
+            if missing:
+                raise ValueError('function: the input dict has no value for placeholder(s) %s'
+                                 % ', '.join(repr(name) for name in missing))
             inputs = [inputs[x] for x in self.inputs]
         if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self.inputs):
             raise ValueError('function: expected a list of %d input values, got %r'
@@ -207,7 +262,10 @@ class Function:
                 raise ValueError('function: update of %r has shape %s, variable has %s'
                                  % (variable.name, tuple(value.shape), variable.shape))
         for (variable, _), value in zip(self.updates, new_values):
-            variable.value = value.astype(variable.dtype, copy=False)
+            value = value.astype(variable.dtype, copy=False)
+            if isinstance(value, np.ndarray) and any(np.may_share_memory(value, f) for f in fed):
+                value = value.copy()  # a fed array: the caller may change it later
+            variable.value = value
         if self._guard is not None:
             self._guard.step_finished(finite)
         results = [_host_copy(v) for v in values[:n_out]]

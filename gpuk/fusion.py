@@ -300,22 +300,47 @@ def _fuse_moving_averages(steps, protected):
     """BnTrain + Keras's two moving-average updates of its mean and variance -> one BnTrain
     with MovingAverages, at the BnTrain's place. The scalars the updates read (decay, the
     variance correction computed from K.shape) may come later in the plan: the steps that
-    compute them, which cannot depend on the batch norm, move before it."""
-    fused_any = True
-    while fused_any:
-        fused_any = False
+    compute them, which cannot depend on the batch norm, move before it.
+
+    One pass finds every batch norm's rewrite against one reader index and applies them all
+    (a ResNet has a hundred batch norms: re-indexing after each rewrite was quadratic); a
+    rewrite touching steps another one removes waits for the next pass."""
+    while True:
         readers = _Readers(steps)
+        rewrites, removed_all, hoisted_all, deferred = {}, set(), set(), False
         for t, (op, ins, outs) in enumerate(steps):
             if type(op) is not BnTrain or op.moving is not None:
                 continue
-            rewritten = _with_moving_averages(steps, readers, protected, t)
-            if rewritten is not None:
-                steps, fused_any = rewritten, True
-                break
-    return steps
+            rewrite = _moving_average_rewrite(steps, readers, protected, t)
+            if rewrite is None:
+                continue
+            _, hoisted, removed = rewrite
+            own = removed | {t}
+            if own & (removed_all | hoisted_all) or hoisted & removed_all:
+                deferred = True
+                continue
+            rewrites[t] = rewrite
+            removed_all |= own
+            hoisted_all |= hoisted
+        if not rewrites:
+            return steps
+        fused_steps, emitted = [], set()
+        for i, step in enumerate(steps):
+            if i in rewrites:
+                fused, hoisted, _ = rewrites[i]
+                fused_steps.extend(steps[j] for j in sorted(hoisted - emitted))
+                emitted |= hoisted
+                fused_steps.append(fused)
+            elif i not in removed_all and i not in emitted:
+                fused_steps.append(step)
+        steps = fused_steps
+        if not deferred:
+            return steps
 
 
-def _with_moving_averages(steps, readers, protected, t):
+def _moving_average_rewrite(steps, readers, protected, t):
+    """(the fused step, the indices of the steps to hoist before it, the indices of the
+    update steps it replaces) for the BnTrain at ``t``, or None."""
     op, ins, outs = steps[t]
     mean_update = _mean_update(steps, readers, protected, outs[1])
     var_update = _var_update(steps, readers, protected, outs[2])
@@ -332,6 +357,4 @@ def _with_moving_averages(steps, readers, protected, t):
         return None
     fused_op = BnTrain(op.axes, op.epsilon, op.has_gamma, op.has_beta, op.where, op.activation,
                        MovingAverages(factor is not None))
-    fused = (fused_op, list(ins) + extra, list(outs) + [next_mean, next_var])
-    later = [s for i, s in enumerate(steps) if i > t and i not in hoisted and i not in removed]
-    return steps[:t] + [steps[i] for i in sorted(hoisted)] + [fused] + later
+    return (fused_op, list(ins) + extra, list(outs) + [next_mean, next_var]), set(hoisted), removed

@@ -10,12 +10,13 @@ import itertools
 
 import numpy as np
 
-from gpuk import config
+from gpuk import calls, config
 
 Meta = collections.namedtuple('Meta', 'shape dtype')
 
 _uid_counters = collections.defaultdict(int)
 _used_names = set()
+_next_suffix = {}  # scoped name -> the first suffix not yet known to be taken
 _scope_stack = []
 
 
@@ -35,6 +36,7 @@ def reset_uids():
 def forget_names():
     """Forgets every name handed out (clear_session)."""
     _used_names.clear()
+    _next_suffix.clear()
 
 
 @contextlib.contextmanager
@@ -53,26 +55,81 @@ def unique_name(base):
     """``scope/base``, with ``_1``, ``_2``... appended when that name was already used."""
     scoped = '/'.join(_scope_stack + [base]) if _scope_stack else base
     name = scoped
-    for n in itertools.count(1):
+    # the search for a free suffix resumes where it last stopped for this name (graphs make
+    # thousands of 'Const' tensors: counting from 1 each time was quadratic)
+    start = _next_suffix.get(scoped, 1)
+    for n in itertools.count(start):
         if name not in _used_names:
             break
         name = '%s_%d' % (scoped, n)
+        _next_suffix[scoped] = n + 1
     _used_names.add(name)
     return name
 
 
 # --- dtypes and shapes ---------------------------------------------------------------
 
-def dtype_name(dtype):
+# bool, ints and floats: what tensors hold. Complex numbers have no order (relu, max, clip...
+# would return meaningless numbers), strings and objects no arithmetic.
+_TENSOR_KINDS = 'biuf'
+
+
+def dtype_name(dtype, where='dtype'):
     """Normalizes a dtype-like (None -> floatx) to a numpy dtype name."""
     if dtype is None:
         return config.floatx()
     if isinstance(dtype, str) and dtype.startswith('float') and dtype not in ('float16', 'float32', 'float64'):
-        raise TypeError('dtype: unsupported float type %r' % (dtype,))
+        raise TypeError('%s: unsupported float type %r' % (where, dtype))
     try:
-        return np.dtype(dtype).name
+        dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError('dtype: expected a numpy dtype or dtype name, got %r' % (dtype,)) from None
+        raise TypeError('%s: expected a numpy dtype or dtype name, got %r' % (where, dtype)) from None
+    if dt.kind not in _TENSOR_KINDS:
+        raise TypeError('%s: dtype must be bool, an int or a float type, got %s' % (where, dt.name))
+    return dt.name
+
+
+def checked_array(value, dtype, where, argument='value'):
+    """A host NumPy array of ``value`` for a tensor, cast to ``dtype`` (None: value's own
+    dtype). Refuses None, strings, objects and complex numbers, and floats an int or bool
+    dtype cannot hold exactly (TensorFlow refuses K.variable(1.5, dtype='int32'))."""
+    where = where + ': ' if where else ''  # None: the K function calling us prefixes its name
+    if value is None:
+        raise TypeError('%s%s must be a number, a list or an array, got None' % (where, argument))
+    from gpuk import device
+    try:
+        array = np.asarray(device.to_host(value))
+    except (ValueError, TypeError) as error:  # e.g. ragged nested lists
+        raise ValueError('%s%s cannot be read as an array (%s)' % (where, argument, error)) from None
+    if array.dtype.kind not in _TENSOR_KINDS:
+        raise TypeError('%s%s must hold numbers (bool, int or float), got dtype %s%s'
+                        % (where, argument, array.dtype, _example(array)))
+    if dtype is None:
+        return array
+    target = np.dtype(dtype)
+    if target.kind in 'biu' and array.dtype.kind == 'f' and array.size:
+        finite = np.isfinite(array)
+        if not finite.all() or (array != np.round(array)).any():
+            bad = array[~finite | (array != np.round(array))].flat[0]
+            raise TypeError('%s%s holds %r, which dtype %s cannot hold; round or cast it first'
+                            % (where, argument, float(bad), target.name))
+    return array.astype(target, copy=False)
+
+
+def _example(array):
+    return ' (e.g. %r)' % (array.flat[0],) if array.size else ''
+
+
+def owned_array(value, dtype, where, argument='value'):
+    """``checked_array`` on the current device, never sharing memory with ``value``: later
+    changes to the caller's array do not reach gpuk."""
+    from gpuk import device
+    array = checked_array(value, dtype, where, argument)
+    if device.xp() is np:
+        shared = isinstance(value, np.ndarray) and np.may_share_memory(array, value)
+        return array.copy() if shared else array
+    result = device.to_device(array)
+    return result.copy() if result is value else result
 
 
 def normalize_shape(shape, where):
@@ -108,7 +165,9 @@ class Tensor:
     """A symbolic value: output ``index`` of ``node`` (None for leaves)."""
 
     # Attributes Keras reads on tensors; instances may override them (Keras assigns them).
-    _uses_learning_phase = False
+    # No class-level ``_uses_learning_phase``: like a tf.Tensor, a tensor has it only once
+    # Keras (or K.in_train_phase) sets it. Keras 2.3.1's TimeDistributed step
+    # (wrappers.py:221-225) reads an undefined global when an output has the attribute.
     _is_placeholder = False
     is_sparse = False
     __array_ufunc__ = None  # numpy defers to our reflected operators
@@ -202,8 +261,12 @@ class Placeholder(Tensor):
 class Constant(Tensor):
     """A fixed host value (a NumPy array); copied to the device once, when first used."""
 
-    def __init__(self, value, dtype=None, name=None):
-        value = np.asarray(value, dtype=dtype)
+    def __init__(self, value, dtype=None, name=None, where=None):
+        array = checked_array(value, dtype, where)
+        if isinstance(value, np.ndarray) and np.may_share_memory(array, value):
+            array = array.copy()  # the caller's array may change later
+        array.flags.writeable = False
+        value = array
         super().__init__(None, 0, value.shape, value.dtype.name, unique_name(name or 'Const'))
         self.value = value
         self._device_value = None
@@ -212,23 +275,29 @@ class Constant(Tensor):
 class Variable(Tensor):
     """A stateful leaf; its value is an array of the current device."""
 
-    def __init__(self, value, dtype, name=None, constraint=None):
-        from gpuk import device
-        value = device.to_device(value, dtype)
+    def __init__(self, value, dtype, name=None, constraint=None, where='variable'):
+        value = owned_array(value, dtype, where)
         super().__init__(None, 0, tuple(value.shape), value.dtype.name, unique_name(name or 'Variable'))
         self.value = value
         self.constraint = constraint
+        # Trainable like a tf.Variable: Keras 2.3.1's Layer.__setattr__ (base_layer.py:1232)
+        # tracks a variable set as an attribute as trainable only when it says so.
+        self.trainable = True
         self._keras_shape = tuple(value.shape)
         self._uses_learning_phase = False
 
+    def checked_value(self, new_value, where='set_value'):
+        """``new_value`` as this variable's next value (a copy, of its dtype and shape);
+        raises, changing nothing, when it does not fit."""
+        array = owned_array(new_value, self.dtype, where)
+        if tuple(array.shape) != self._shape:
+            raise ValueError('%s: value of shape %s does not fit variable %r of shape %s'
+                             % (where, tuple(array.shape), self.name, self._shape))
+        return array
+
     def assign(self, new_value, where='set_value'):
         """Replaces the value; shape must match, dtype is cast to the variable's."""
-        from gpuk import device
-        new_value = device.to_device(new_value)
-        if tuple(new_value.shape) != self._shape:
-            raise ValueError('%s: value of shape %s does not fit variable %r of shape %s'
-                             % (where, tuple(new_value.shape), self.name, self._shape))
-        self.value = new_value.astype(self.dtype, copy=False)
+        self.value = self.checked_value(new_value, where)
 
 
 def is_leaf(tensor):
@@ -237,12 +306,13 @@ def is_leaf(tensor):
 
 class Node:
     """One application of an op to input tensors, with its output tensors."""
-    __slots__ = ('op', 'inputs', 'outputs')
+    __slots__ = ('op', 'inputs', 'outputs', 'k_call')
 
     def __init__(self, op, inputs):
         self.op = op
         self.inputs = inputs
         self.outputs = ()
+        self.k_call = calls.current()  # the K call that built it, named by run-time errors
 
 
 def as_tensor(value, dtype=None):

@@ -107,7 +107,7 @@ def test_ctc_errors(on_device):
     good = dict(y_true=K.constant([[0, 1], [1, 0]]), y_pred=y_pred,
                 input_length=K.constant([[4], [3]]), label_length=K.constant([[2], [1]]))
     cases = [
-        (dict(y_true=K.constant([[0, 2], [1, 0]])), r'y_true must lie in \[0, 2\)'),  # 2 is the blank
+        (dict(y_true=K.constant([[0, -1], [1, 0]])), r'y_true must lie in \[0, 2\)'),  # (>= 2, the blank, ends a label)
         (dict(input_length=K.constant([[5], [3]])), 'input_length must be at most 4'),
         (dict(label_length=K.constant([[-1], [1]])), 'label_length must not be negative'),
         (dict(label_length=K.constant([[3], [1]])), 'label_length must be at most 2'),
@@ -123,7 +123,7 @@ def test_ctc_errors(on_device):
     f = K.function([y_pred, y, il, ll], [K.ctc_batch_cost(y, y_pred, il, ll)])
     probs = np.full((2, 4, A), 1 / A, dtype=np.float32)
     runs = [([[0, 1], [1, 0]], [[4], [3]], [[2], [3]], 'label_length must be at most 2'),
-            ([[0, 5], [1, 0]], [[4], [3]], [[2], [1]], r'y_true must lie in \[0, 2\)'),
+            ([[0, -5], [1, 0]], [[4], [3]], [[2], [1]], r'y_true must lie in \[0, 2\)'),
             ([[0, 1], [1, 0]], [[4], [-3]], [[2], [1]], 'input_length must not be negative'),
             ([[0, 1.5], [1, 0]], [[4], [3]], [[2], [1]], 'y_true must hold integers')]
     for labels, inputs, lengths, message in runs:

@@ -13,4 +13,19 @@ from gpuk.backend._conv import *  # noqa: F401,F403
 from gpuk.backend._nn import *  # noqa: F401,F403
 from gpuk.backend._keras_compat import install_when_loaded_by_keras as _install_keras_compat
 
+
+def _trace_k_functions():
+    """Each K function records its name while it runs: errors and graph nodes name the K
+    function the user called (gpuk/calls.py)."""
+    import inspect
+    from gpuk import calls
+    from gpuk.backend import _conv, _control, _core, _math, _nn, _random, _shapes
+    for module in (_core, _math, _shapes, _random, _control, _conv, _nn):
+        for name in module.__all__:
+            function = globals()[name]
+            if inspect.isfunction(function) and not hasattr(function, '_gpuk_k_function'):
+                globals()[name] = calls.traced(name, function)
+
+
+_trace_k_functions()
 _install_keras_compat()

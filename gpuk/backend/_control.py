@@ -1,4 +1,6 @@
 """Control flow: switch, train/test phase selection, rnn, map_fn, foldl, foldr."""
+import numpy as np
+
 from gpuk import graph
 from gpuk.graph import Placeholder, Tensor, as_tensor
 from gpuk.ops import elementwise as ew
@@ -20,9 +22,9 @@ def switch(condition, then_expression, else_expression):
     """
     then_t = as_tensor(_value(then_expression))
     else_t = as_tensor(_value(else_expression), then_t.dtype)
-    if not isinstance(condition, Tensor):
+    if isinstance(condition, (bool, int, float, np.bool_, np.number)):  # a fixed choice
         return then_t if bool(condition) else else_t
-    condition = ew.cast(condition, 'bool')
+    condition = ew.cast(as_tensor(condition), 'bool')  # refuses None, strings, objects
     cond_ndim, expr_ndim = condition.ndim, then_t.ndim
     if cond_ndim is not None and expr_ndim is not None:
         if cond_ndim > expr_ndim:
@@ -106,7 +108,7 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     x_t = _step_placeholder(x_seq, True, 'rnn_input_t')
     states_t = [_step_placeholder(s, False, 'rnn_state_t') for s in initial_states]
     output_t, new_states_t = step_function(x_t, states_t + constants)
-    new_states_t = [as_tensor(s) for s in new_states_t]
+    new_states_t = _checked_states(new_states_t, initial_states)
     output_t = as_tensor(output_t)
     sequences = [x_seq]
     seq_ph = [x_t]
@@ -131,6 +133,32 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     outputs = _time_major(outputs)
     _mark_learning_phase(last_output, outputs)
     return last_output, outputs, final
+
+
+def _checked_states(new_states, states):
+    """The step's new states as tensors, as many as the states it was given, each of its
+    state's shape where both are known."""
+    if not isinstance(new_states, (list, tuple)):
+        raise TypeError('rnn: step_function must return (output, list of new states), got new '
+                        'states %r' % (new_states,))
+    if len(new_states) != len(states):
+        raise ValueError('rnn: step_function returned %d new states for the %d initial states'
+                         % (len(new_states), len(states)))
+    new_states = [as_tensor(s) for s in new_states]
+    for i, (new, old) in enumerate(zip(new_states, states)):
+        if new.shape is not None and old.shape is not None and (len(new.shape) != len(old.shape) or any(
+                a is not None and b is not None and a != b for a, b in zip(new.shape, old.shape))):
+            raise ValueError('rnn: step_function returned new state %d of shape %s for a state of '
+                             'shape %s' % (i, new.shape, old.shape))
+    return new_states
+
+
+def _sequence(elems, where):
+    """``elems`` as a tensor with at least one axis (the one iterated over)."""
+    elems = as_tensor(elems)
+    if elems.ndim == 0:
+        raise ValueError('%s: elems must have at least one axis to iterate over, got a scalar' % where)
+    return elems
 
 
 def _zeros_output_like(output_t, inputs):
@@ -164,7 +192,7 @@ def _rnn_unrolled(step_function, inputs, states, go_backwards, mask, constants):
     for t in order:
         output, new_states = step_function(inputs[:, t], list(states) + constants)
         output = as_tensor(output)
-        new_states = [as_tensor(s) for s in new_states]
+        new_states = _checked_states(new_states, states)
         if mask is not None:
             mask_t = mask[:, t]
             if prev_output is None:
@@ -181,7 +209,7 @@ def _rnn_unrolled(step_function, inputs, states, go_backwards, mask, constants):
 
 def map_fn(fn, elems, name=None, dtype=None):
     """Applies ``fn`` to each element of ``elems`` along axis 0 and stacks the results."""
-    elems = as_tensor(elems)
+    elems = _sequence(elems, 'map_fn')
     x_t = _step_placeholder(elems, True, 'map_fn_elem')
     out_t = as_tensor(fn(x_t))
     if dtype is not None:
@@ -192,7 +220,7 @@ def map_fn(fn, elems, name=None, dtype=None):
 
 
 def _fold(fn, elems, initializer, reverse, where):
-    elems = as_tensor(elems)
+    elems = _sequence(elems, where)
     if initializer is None:
         first = elems[-1] if reverse else elems[0]
         rest = elems[:-1] if reverse else elems[1:]

@@ -170,20 +170,23 @@ def variable(value, dtype=None, name=None, constraint=None):
         value = value.toarray()
     elif isinstance(value, Tensor):
         value = eval(value)
-    v = Variable(value, graph.dtype_name(dtype), name=name, constraint=constraint)
+    v = Variable(value, graph.dtype_name(dtype, 'variable'), name=name, constraint=constraint)
     v.is_sparse = sparse
     return v
 
 
 def constant(value, dtype=None, shape=None, name=None):
     """A constant tensor; a scalar ``value`` with ``shape`` fills that shape."""
-    dtype = graph.dtype_name(dtype)
-    array = np.asarray(value, dtype=dtype)
+    dtype = graph.dtype_name(dtype, 'constant')
+    array = graph.checked_array(value, dtype, 'constant')
     if shape is not None:
         shape = graph.normalize_shape(shape, 'constant')
         if array.size == 1:
             array = np.full(shape, array.reshape(()), dtype=dtype)
         elif array.shape != shape:
+            if array.size != int(np.prod(shape, dtype=np.int64)):
+                raise ValueError('constant: a value of shape %s cannot fill shape %s'
+                                 % (array.shape, shape))
             array = array.reshape(shape)
     return Constant(array, name=name)
 
@@ -203,7 +206,7 @@ def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
             raise ValueError('placeholder: give shape or ndim')
         shape = (None,) * int(ndim)
     shape = graph.normalize_shape(shape, 'placeholder')
-    x = Placeholder(shape, graph.dtype_name(dtype), name=name, sparse=sparse)
+    x = Placeholder(shape, graph.dtype_name(dtype, 'placeholder'), name=name, sparse=sparse)
     x._keras_shape = shape
     x._uses_learning_phase = False
     return x
@@ -270,7 +273,11 @@ def get_variable_shape(x):
 # --- values -------------------------------------------------------------------------------
 
 def eval(x):
-    """Evaluates a tensor (with no placeholders needed); returns a NumPy array."""
+    """Evaluates a tensor (with no placeholders needed); returns a NumPy array. Evaluating
+    an update (K.update, K.update_add...) applies it and returns the new value, as
+    evaluating TensorFlow's assign op does."""
+    if isinstance(x, Update):
+        return Function([], [x.value], updates=[x])([])[0]
     if isinstance(x, Variable):
         return np.array(device.to_host(x.value), copy=True)
     if not isinstance(x, Tensor):
@@ -293,20 +300,24 @@ def set_value(x, value):
     """Sets a variable's value from a NumPy array (shape must match)."""
     if not isinstance(x, Variable):
         raise TypeError('set_value: expected a variable, got %r' % (x,))
-    x.assign(np.asarray(value), where='set_value')
+    x.assign(value, where='set_value')
 
 
 def batch_set_value(tuples):
-    """Sets several variables; all shapes are checked before any value changes."""
-    tuples = list(tuples)
-    for x, value in tuples:
-        if not isinstance(x, Variable):
-            raise TypeError('batch_set_value: expected variables, got %r' % (x,))
-        if tuple(np.shape(value)) != x.shape:
-            raise ValueError('batch_set_value: value of shape %s does not fit variable %r of shape %s'
-                             % (np.shape(value), x.name, x.shape))
-    for x, value in tuples:
-        x.assign(np.asarray(value), where='batch_set_value')
+    """Sets several variables, all or nothing: every value is checked and converted (a
+    copy) before any variable changes."""
+    try:
+        tuples = [tuple(pair) for pair in tuples]
+    except TypeError:
+        raise TypeError('batch_set_value: expected a list of (variable, value) pairs, got %r'
+                        % (tuples,)) from None
+    new_values = []
+    for pair in tuples:
+        if len(pair) != 2 or not isinstance(pair[0], Variable):
+            raise TypeError('batch_set_value: expected (variable, value) pairs, got %r' % (pair,))
+        new_values.append(pair[0].checked_value(pair[1], where='batch_set_value'))
+    for (x, _), value in zip(tuples, new_values):
+        x.value = value
 
 
 def cast(x, dtype):
@@ -321,26 +332,39 @@ def _check_update(x, where):
         raise TypeError('%s: x must be a variable, got %r' % (where, x))
 
 
+def _checked_update(x, new_value, where):
+    """Update(x, new_value) once new_value's static shape is known to fit x: a value that
+    broadcasts to another shape would fail only when the update runs."""
+    new_value = ew.cast(new_value, x.dtype)
+    shape = new_value.shape
+    if shape is not None and (len(shape) != len(x.shape) or any(
+            d is not None and d != e for d, e in zip(shape, x.shape))):
+        raise ValueError('%s: the new value of shape %s does not fit variable %r of shape %s'
+                         % (where, shape, x.name, x.shape))
+    return Update(x, new_value)
+
+
 def update(x, new_x):
     """An update assigning ``new_x`` to variable ``x`` (pass it to K.function's updates)."""
     _check_update(x, 'update')
-    return Update(x, ew.cast(graph.as_tensor(new_x, x.dtype), x.dtype))
+    return _checked_update(x, graph.as_tensor(new_x, x.dtype), 'update')
 
 
 def update_add(x, increment):
     _check_update(x, 'update_add')
-    return Update(x, ew.cast(x + increment, x.dtype))
+    return _checked_update(x, x + increment, 'update_add')
 
 
 def update_sub(x, decrement):
     _check_update(x, 'update_sub')
-    return Update(x, ew.cast(x - decrement, x.dtype))
+    return _checked_update(x, x - decrement, 'update_sub')
 
 
 def moving_average_update(x, value, momentum):
     """An update ``x <- x - (x - value) * (1 - momentum)``."""
     _check_update(x, 'moving_average_update')
-    return Update(x, ew.cast(x - (x - ew.cast(value, x.dtype)) * (1.0 - momentum), x.dtype))
+    return _checked_update(x, x - (x - ew.cast(value, x.dtype)) * (1.0 - momentum),
+                           'moving_average_update')
 
 
 # --- functions and gradients --------------------------------------------------------------

@@ -51,27 +51,39 @@ def _keras_is_2_3():
 
 # --- h5py 3 -----------------------------------------------------------------------------------
 # h5py 3 reads string attributes as ``str``; h5py 2 gave ``bytes``, and Keras 2.3.1 calls
-# ``.decode('utf8')`` on them. The shims hand Keras bytes again, only where it reads them.
+# ``.decode('utf8')`` on them. The shims hand Keras strings that also have ``decode``, only
+# where it reads them: callers still get ``str`` ('abcd' stays 'abcd', not b'abcd').
 
-def _as_bytes(value):
-    """str -> utf-8 bytes; an array of str -> an array of bytes (h5py 3 reads Keras's
-    byte-string arrays back as str arrays when they were stored variable-length)."""
+class _DecodableStr(str):
+    """A ``str`` that also answers ``.decode()`` (with itself), for Keras's h5py-2 reads."""
+    __slots__ = ()
+
+    def decode(self, encoding='utf-8', errors='strict'):
+        return str(self)
+
+
+def _decodable(value):
+    """str -> _DecodableStr; an array of str (h5py 3 reads Keras's byte-string arrays back
+    as str arrays when they were stored variable-length) -> an object array of them."""
     if isinstance(value, str):
-        return value.encode('utf-8')
+        return _DecodableStr(value)
     if isinstance(value, np.ndarray) and value.dtype.kind in 'OU' and value.size and all(
-            isinstance(v, (str, bytes)) for v in value.flat):
-        return np.array([_as_bytes(v) for v in value.flat], dtype=np.bytes_).reshape(value.shape)
+            isinstance(v, str) for v in value.flat):
+        out = np.empty(value.shape, dtype=object)
+        for index, v in np.ndenumerate(value):
+            out[index] = _DecodableStr(v)
+        return out
     return value
 
 
-class _BytesAttrs:
-    """An h5py AttributeManager whose string values read as bytes (as under h5py 2)."""
+class _DecodableAttrs:
+    """An h5py AttributeManager whose string values also answer ``.decode()``."""
 
     def __init__(self, attrs):
         self._attrs = attrs
 
     def __getitem__(self, name):
-        return _as_bytes(self._attrs[name])
+        return _decodable(self._attrs[name])
 
     def __contains__(self, name):
         return name in self._attrs
@@ -83,21 +95,21 @@ class _BytesAttrs:
         return len(self._attrs)
 
     def get(self, name, default=None):
-        return _as_bytes(self._attrs[name]) if name in self._attrs else default
+        return _decodable(self._attrs[name]) if name in self._attrs else default
 
     def __getattr__(self, name):
         return getattr(self._attrs, name)
 
 
-class _BytesAttrsGroup:
-    """An h5py Group/File seen through _BytesAttrs; everything else is the group's."""
+class _DecodableAttrsGroup:
+    """An h5py Group/File seen through _DecodableAttrs; everything else is the group's."""
 
     def __init__(self, group):
         self._group = group
 
     @property
     def attrs(self):
-        return _BytesAttrs(self._group.attrs)
+        return _DecodableAttrs(self._group.attrs)
 
     def __getitem__(self, name):
         return self._group[name]
@@ -115,24 +127,24 @@ class _BytesAttrsGroup:
         return getattr(self._group, name)
 
 
-def _with_bytes_attrs(load_weights):
+def _with_decodable_attrs(load_weights):
     """keras/engine/saving.py:1183,1187 (load_weights_from_hdf5_group), :1262,1266
     (load_weights_from_hdf5_group_by_name): ``f.attrs['keras_version'].decode('utf8')``;
     :722,727 (load_attributes_from_hdf5_group): ``n.decode('utf8')`` on each name."""
     @functools.wraps(load_weights)
     def wrapper(f, *args, **kwargs):
-        return load_weights(_BytesAttrsGroup(f), *args, **kwargs)
+        return load_weights(_DecodableAttrsGroup(f), *args, **kwargs)
     wrapper._gpuk_shim = True
     return wrapper
 
 
-def _h5dict_getitem_bytes(getitem):
+def _h5dict_getitem_decodable(getitem):
     """keras/engine/saving.py:273,278,282,345 (_deserialize_model): ``h5dict['model_config']
     .decode('utf-8')`` and friends, where H5Dict.__getitem__ (keras/utils/io_utils.py:266)
     returns an h5py attribute as it is."""
     @functools.wraps(getitem)
     def wrapper(self, attr):
-        return _as_bytes(getitem(self, attr)) if not isinstance(self.data, dict) else getitem(self, attr)
+        return _decodable(getitem(self, attr)) if not isinstance(self.data, dict) else getitem(self, attr)
     wrapper._gpuk_shim = True
     return wrapper
 
@@ -157,7 +169,7 @@ _save_to_binary_h5py._gpuk_shim = True
 def _patch_io_utils(io_utils):
     getitem = io_utils.H5Dict.__getitem__
     if not getattr(getitem, '_gpuk_shim', False):
-        io_utils.H5Dict.__getitem__ = _h5dict_getitem_bytes(getitem)
+        io_utils.H5Dict.__getitem__ = _h5dict_getitem_decodable(getitem)
         _installed.append('keras.utils.io_utils.H5Dict.__getitem__')
     if not getattr(io_utils.save_to_binary_h5py, '_gpuk_shim', False):
         io_utils.save_to_binary_h5py = _save_to_binary_h5py
@@ -169,7 +181,7 @@ def _patch_saving(saving):
                  'load_attributes_from_hdf5_group'):
         function = getattr(saving, name)
         if not getattr(function, '_gpuk_shim', False):
-            setattr(saving, name, _with_bytes_attrs(function))
+            setattr(saving, name, _with_decodable_attrs(function))
             _installed.append('keras.engine.saving.' + name)
     # saving.py:24 took its own reference to save_to_binary_h5py.
     if not getattr(saving.save_to_binary_h5py, '_gpuk_shim', False):
@@ -177,7 +189,124 @@ def _patch_saving(saving):
         _installed.append('keras.engine.saving.save_to_binary_h5py')
 
 
-_MODULE_PATCHES = {'keras.utils.io_utils': _patch_io_utils, 'keras.engine.saving': _patch_saving}
+# --- NumPy 2 numbers where Keras shows them ------------------------------------------------------
+
+def _python_shape(shape):
+    """A shape (or list of shapes) with NumPy ints as Python ints: NumPy 2 prints
+    np.int64(144) where NumPy 1 printed 144 (Flatten's compute_output_shape uses np.prod)."""
+    if isinstance(shape, list):
+        return [_python_shape(s) for s in shape]
+    if isinstance(shape, tuple):
+        return tuple(int(d) if isinstance(d, np.integer) else d for d in shape)
+    return shape
+
+
+def _python_shapes_on_nodes(add_inbound_node):
+    """keras/engine/base_layer.py:542 (_add_inbound_node) stores compute_output_shape's
+    result on the Node (model.summary(), layer.output_shape) and as ``_keras_shape``."""
+    @functools.wraps(add_inbound_node)
+    def wrapper(self, input_tensors, output_tensors, input_masks, output_masks,
+                input_shapes, output_shapes, arguments=None):
+        return add_inbound_node(self, input_tensors, output_tensors, input_masks, output_masks,
+                                _python_shape(input_shapes), _python_shape(output_shapes), arguments)
+    wrapper._gpuk_shim = True
+    return wrapper
+
+
+def _python_number(value):
+    """A NumPy scalar or 0-d array as a Python number (what ``round`` and ``json`` take)."""
+    if isinstance(value, (np.generic, np.ndarray)) and np.ndim(value) == 0:
+        return value.item()
+    return value
+
+
+def _python_numbers_in_logs(on_epoch_end):
+    """keras/callbacks/callbacks.py:626 (History.on_epoch_end) records the epoch's logs as
+    they come: a stateful metric's value is the 0-d array K.function returned."""
+    @functools.wraps(on_epoch_end)
+    def wrapper(self, epoch, logs=None):
+        logs = {k: _python_number(v) for k, v in (logs or {}).items()}
+        return on_epoch_end(self, epoch, logs)
+    wrapper._gpuk_shim = True
+    return wrapper
+
+
+def _patch_base_layer(base_layer):
+    if not getattr(base_layer.Layer._add_inbound_node, '_gpuk_shim', False):
+        base_layer.Layer._add_inbound_node = _python_shapes_on_nodes(base_layer.Layer._add_inbound_node)
+        _installed.append('keras.engine.base_layer.Layer._add_inbound_node')
+
+
+def _patch_callbacks(callbacks):
+    if not getattr(callbacks.History.on_epoch_end, '_gpuk_shim', False):
+        callbacks.History.on_epoch_end = _python_numbers_in_logs(callbacks.History.on_epoch_end)
+        _installed.append('keras.callbacks.callbacks.History.on_epoch_end')
+
+
+# --- NumPy >= 1.24: ragged np.array in the dataset loaders -----------------------------------
+
+class _NumpyWithRaggedArrays:
+    """NumPy as the imdb and reuters loaders see it: ``np.array`` of sequences of unequal
+    lengths gives a 1-D object array, as NumPy < 1.24 did (with a warning) where NumPy 1.24
+    raises. keras/datasets/imdb.py:125-126 and reuters.py:104-105 build
+    ``np.array(xs[:idx])`` from lists of word-index lists of many lengths."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def array(obj, *args, **kwargs):
+        try:
+            return np.array(obj, *args, **kwargs)
+        except ValueError:
+            if args or kwargs or not isinstance(obj, (list, tuple)):
+                raise
+            ragged = np.empty(len(obj), dtype=object)
+            for i, item in enumerate(obj):
+                ragged[i] = item
+            return ragged
+
+
+def _patch_dataset_loader(module):
+    if not isinstance(module.np, _NumpyWithRaggedArrays):
+        module.np = _NumpyWithRaggedArrays()
+        _installed.append(module.__name__ + '.np')
+
+
+# --- selu rounded once ------------------------------------------------------------------------
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def _selu(x):
+    """keras/activations.py:57 computes ``scale * K.elu(x, alpha)``: two roundings in float32
+    put a third of the values one ulp away from the exact result. The same formula in float64,
+    rounded once to x's dtype, gives the float64 reference's value."""
+    from gpuk import backend as K
+    x = K.identity(x) if not K.is_tensor(x) else x
+    if x.dtype not in ('float16', 'float32'):
+        return _SELU_SCALE * K.elu(x, _SELU_ALPHA)
+    return K.cast(_SELU_SCALE * K.elu(K.cast(x, 'float64'), _SELU_ALPHA), x.dtype)
+
+
+_selu.__name__ = 'selu'  # Keras serializes activations by function name
+_selu._gpuk_shim = True
+
+
+def _patch_activations(activations):
+    if not getattr(activations.selu, '_gpuk_shim', False):
+        _selu.__doc__ = activations.selu.__doc__
+        activations.selu = _selu
+        _installed.append('keras.activations.selu')
+
+
+_MODULE_PATCHES = {'keras.utils.io_utils': _patch_io_utils, 'keras.engine.saving': _patch_saving,
+                   'keras.engine.base_layer': _patch_base_layer,
+                   'keras.callbacks.callbacks': _patch_callbacks,
+                   'keras.activations': _patch_activations,
+                   'keras.datasets.imdb': _patch_dataset_loader,
+                   'keras.datasets.reuters': _patch_dataset_loader}
 
 
 # --- patching modules after their import --------------------------------------------------------

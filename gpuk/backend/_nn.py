@@ -155,19 +155,20 @@ def categorical_crossentropy(target, output, from_logits=False, axis=-1):
 
 
 def _sparse_target(where, target, output, axis):
-    """``target`` with the class axis dropped: accepts output's shape without ``axis``, that
-    shape with a trailing 1 (Keras's sparse targets), or a size-1 axis at ``axis``."""
+    """``target`` as output's shape without ``axis``. Accepts that shape, or output's rank
+    with a size-1 axis (at ``axis`` or last: Keras's sparse targets) whose entries are
+    read in order, as TensorFlow's backend flattens the target: a channels_first model's
+    (batch, 1, H, W) target placeholder is only known as (None, None, None, None)."""
     reduced_ndim = output.ndim - 1
     if target.ndim == reduced_ndim:
         return target
-    if target.ndim == output.ndim:
-        if target.shape[axis] == 1 and axis != output.ndim - 1 and target.shape[-1] != 1:
-            return shape_ops.squeeze(target, axis)
-        if target.shape[-1] in (1, None):
-            return shape_ops.reshape(target, [d if d is not None else shape_ops.shape(target)[i]
-                                              for i, d in enumerate(target.shape[:-1])])
+    if target.ndim == output.ndim and (1 in (target.shape[axis], target.shape[-1])
+                                       or None in (target.shape[axis], target.shape[-1])):
+        dims = [d if d is not None else shape_ops.shape(output)[i]
+                for i, d in enumerate(output.shape) if i != axis]
+        return shape_ops.reshape(target, dims)
     raise ValueError('%s: target must have the shape of output %s without axis %d (optionally with '
-                     'a trailing 1), got shape %s' % (where, output.shape, axis, target.shape))
+                     'a size-1 axis there or last), got shape %s' % (where, output.shape, axis, target.shape))
 
 
 def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):

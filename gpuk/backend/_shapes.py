@@ -187,7 +187,15 @@ def concatenate(tensors, axis=-1):
     """Concatenates tensors along ``axis``."""
     if not isinstance(tensors, (list, tuple)):
         raise TypeError('concatenate: tensors must be a list of tensors, got %r' % (tensors,))
-    return shape_ops.concatenate([_tensor_arg(t, 'concatenate', 'tensors') for t in tensors], axis)
+    tensors = [_tensor_arg(t, 'concatenate', 'tensors') for t in tensors]
+    dtypes = sorted({t.dtype for t in tensors})
+    if len(dtypes) > 1:  # tf.concat refuses too; NumPy would silently promote (to float64)
+        raise TypeError('concatenate: all tensors need one dtype, got %s (cast them with K.cast first)'
+                        % ', '.join(dtypes))
+    result = shape_ops.concatenate(tensors, axis)
+    if tensors and builtins.all(getattr(t, 'is_sparse', False) for t in tensors):
+        result.is_sparse = True  # tensorflow_backend: sparse in, tf.sparse_concat, sparse out
+    return result
 
 
 def stack(x, axis=0):
@@ -241,7 +249,10 @@ def repeat_elements(x, rep, axis):
     x = _tensor_arg(x, 'repeat_elements')
     rep = _int_arg(rep, 'repeat_elements', 'rep', 0)
     axis = normalize_axis(axis, _rank(x, 'repeat_elements'), 'repeat_elements')
-    return layout.repeat_elements(x, rep, axis)
+    repeated = layout.repeat_elements(x, rep, axis)
+    if repeated is not x:
+        repeated._keras_shape = repeated.shape  # as tensorflow_backend.repeat_elements sets it
+    return repeated
 
 
 # --- reverse, slice, gather, one_hot, arange ---------------------------------------------------

@@ -67,6 +67,8 @@ class ConvBiasAct(Op):
 
     def forward(self, impl, x, w, bias):
         win = self.window
+        if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
+            return impl.xp.zeros(ConvFwd(win).output_shape(x.shape, w.shape), x.dtype)
         pads = win.pads(spatial_dims(x.shape, win.channels_first), w.shape[:win.rank])
         return impl.conv.conv_fwd(x, w, win.strides, win.dilation, pads, win.data_format,
                                   epilogue=_EPILOGUES[self.activation], bias=bias)

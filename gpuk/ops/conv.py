@@ -155,16 +155,20 @@ class ConvFwd(_WindowOp):
     """y = conv(x, w)."""
 
     def infer(self, x, w):
+        _check_float(self.window.where, 'x', x.dtype)
+        return Meta(self.output_shape(x.shape, w.shape), x.dtype)
+
+    def output_shape(self, x_shape, w_shape):
         win = self.window
-        _check_float(win.where, 'x', x.dtype)
-        win.check_x_w('x', x.shape, w.shape)
-        out = win.out_spatial(spatial_dims(x.shape, win.channels_first), w.shape[:win.rank],
-                              'x', x.shape, w.shape)
-        return Meta(assemble_shape(x.shape[0], win.out_channels(w.shape), out,
-                                   win.channels_first), x.dtype)
+        win.check_x_w('x', x_shape, w_shape)
+        out = win.out_spatial(spatial_dims(x_shape, win.channels_first), w_shape[:win.rank],
+                              'x', x_shape, w_shape)
+        return assemble_shape(x_shape[0], win.out_channels(w_shape), out, win.channels_first)
 
     def forward(self, impl, x, w):
         win = self.window
+        if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
+            return impl.xp.zeros(self.output_shape(x.shape, w.shape), x.dtype)
         pads = win.pads(spatial_dims(x.shape, win.channels_first), w.shape[:win.rank])
         return getattr(impl.conv, win.function(0))(x, w, win.strides, win.dilation, pads,
                                                    win.data_format)
@@ -206,6 +210,8 @@ class ConvDgrad(_WindowOp):
     def forward(self, impl, dy, w, x_shape_source):
         win = self.window
         x_shape = _runtime_shape(x_shape_source, self.from_like)
+        if dy.shape[0] == 0:
+            return impl.xp.zeros(x_shape, dy.dtype)
         pads = win.pads(spatial_dims(x_shape, win.channels_first), w.shape[:win.rank])
         return getattr(impl.conv, win.function(1))(dy, w, x_shape, win.strides, win.dilation,
                                                    pads, win.data_format)
@@ -232,6 +238,8 @@ class ConvWgrad(_WindowOp):
     def forward(self, impl, x, dy, w_shape_source):
         win = self.window
         w_shape = _runtime_shape(w_shape_source, self.from_like)
+        if x.shape[0] == 0:  # no samples: no gradient
+            return impl.xp.zeros(w_shape, x.dtype)
         pads = win.pads(spatial_dims(x.shape, win.channels_first), w_shape[:win.rank])
         return getattr(impl.conv, win.function(2))(x, dy, w_shape, win.strides, win.dilation,
                                                    pads, win.data_format)

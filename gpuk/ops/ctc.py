@@ -48,7 +48,7 @@ def lengths_vector(xp, where, name, values, batch, upper, upper_desc):
 
 def label_matrix(xp, where, name, labels, batch, classes, label_lengths):
     """(N, L) labels as int64; the entries within each label length lie in [0, classes - 1)
-    (the last class is the blank)."""
+    (the last class is the blank; check_loss_inputs cuts the lengths at the first blank)."""
     if labels.ndim != 2:
         raise ValueError('%s: %s must have rank 2 (batch, max_label_length), got shape %s'
                          % (where, name, labels.shape))
@@ -76,8 +76,20 @@ def check_loss_inputs(xp, where, logits_shape, labels, input_lengths, label_leng
         label_lengths = lengths_vector(xp, where, 'label_length', label_lengths, batch, width,
                                        'the width of y_true')
         if labels is not None:
+            label_lengths = lengths_to_first_blank(xp, labels, label_lengths, classes)
             labels = label_matrix(xp, where, 'y_true', labels, batch, classes, label_lengths)
     return labels, input_lengths, label_lengths
+
+
+def lengths_to_first_blank(xp, labels, label_lengths, classes):
+    """Each label length cut at the first label >= classes - 1 (the blank or beyond), which
+    ends that sample's label sequence as in TensorFlow: Keras's OCR example (image_ocr.py)
+    labels its blank images with the blank, length 1, and trains on them."""
+    if classes is None or labels.ndim != 2 or labels.shape[0] != label_lengths.shape[0]:
+        return label_lengths  # label_matrix reports the shape error
+    used = xp.arange(labels.shape[1])[None, :] < label_lengths[:, None]
+    ends = used & (labels >= classes - 1)
+    return xp.where(xp.any(ends, axis=1), xp.argmax(ends, axis=1), label_lengths).astype(np.int64)
 
 
 # --- loss ---------------------------------------------------------------------------------------

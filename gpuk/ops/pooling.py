@@ -75,6 +75,9 @@ class MaxPool(Op):
         return Meta(out, x.dtype), Meta(out, 'int64')
 
     def forward(self, impl, x):
+        if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
+            out = self.window.out_shape(x.shape)
+            return impl.xp.zeros(out, x.dtype), impl.xp.zeros(out, np.int64)
         return impl.pooling.max_pool_fwd(x, *self.window.args(x.shape))
 
     def grad(self, inputs, outputs, output_grads):
@@ -94,6 +97,8 @@ class MaxPoolBwd(Op):
         return Meta(self.x_static, dy.dtype)
 
     def forward(self, impl, dy, argmax, x_like):
+        if dy.shape[0] == 0:
+            return impl.xp.zeros(x_like.shape, dy.dtype)
         return impl.pooling.max_pool_bwd(dy, argmax, x_like.shape,
                                          self.window.data_format)
 
@@ -114,6 +119,8 @@ class MaxPoolGather(Op):
     def forward(self, impl, g, argmax):
         xp = impl.xp
         n, channels = g.shape[0], channel_dim(g.shape, self.window.channels_first)
+        if n == 0:
+            return xp.zeros(argmax.shape, g.dtype)
         if self.window.channels_first:
             picked = xp.take_along_axis(g.reshape(n, channels, -1),
                                         argmax.reshape(n, channels, -1), axis=2)
@@ -139,6 +146,8 @@ class AvgPool(Op):
         return Meta(self.window.out_shape(x.shape), x.dtype)
 
     def forward(self, impl, x):
+        if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
+            return impl.xp.zeros(self.window.out_shape(x.shape), x.dtype)
         return impl.pooling.avg_pool_fwd(x, *self.window.args(x.shape))
 
     def grad(self, inputs, outputs, output_grads):
@@ -157,6 +166,8 @@ class AvgPoolBwd(Op):
 
     def forward(self, impl, dy, x_like):
         x_shape = x_like.shape
+        if dy.shape[0] == 0:
+            return impl.xp.zeros(x_shape, dy.dtype)
         window, strides, pads, data_format = self.window.args(x_shape)
         return impl.pooling.avg_pool_bwd(dy, x_shape, window, strides, pads, data_format)
 

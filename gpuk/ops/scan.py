@@ -122,7 +122,7 @@ class Scan(Op):
         if any(s.shape[0] != steps for s in sequences):
             raise ValueError('%s: sequences of different lengths %s' % (self.where, [s.shape[0] for s in sequences]))
         if steps == 0:
-            raise ValueError('%s: cannot loop over a sequence of length 0' % self.where)
+            return self._no_steps(xp, states)
         plan = self._plan(impl)
         n_out = len(self.step_outputs)
         outputs = [[None] * steps for _ in range(n_out)]
@@ -140,6 +140,19 @@ class Scan(Op):
                                      % (self.where, old.shape, new.shape))
             states = [xp.asarray(s) for s in new_states]
         results = [xp.stack(o) for o in outputs] + states + [xp.stack(h) for h in history]
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _no_steps(self, xp, states):
+        """The results of looping over empty sequences, as TensorFlow's: no outputs stacked
+        (shape (0,) + the step output's, which must then be static), the states as given."""
+        stacked = []
+        for t in self.step_outputs:
+            if t.shape is None or None in t.shape:
+                raise ValueError('%s: cannot stack the outputs of a sequence of length 0: the '
+                                 'step output shape %s is not fully known' % (self.where, t.shape))
+            stacked.append(xp.zeros((0,) + tuple(t.shape), t.dtype))
+        history = [xp.zeros((0,) + tuple(s.shape), s.dtype) for s in states]
+        results = stacked + list(states) + history
         return results[0] if len(results) == 1 else tuple(results)
 
     def grad(self, inputs, outputs, output_grads):

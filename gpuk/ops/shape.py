@@ -197,9 +197,43 @@ def reshape_like(x, like):
     return apply(ReshapeLike(), x, like)
 
 
+def _dim_of(entry, x):
+    """``i`` when ``entry`` is ``K.shape(x)[i]`` (x's own dim i), else None."""
+    node = entry.node if isinstance(entry, Tensor) else None
+    if node is None or not isinstance(node.op, Getitem) or len(node.inputs) != 1:
+        return None
+    source = node.inputs[0].node
+    template = node.op.template
+    if source is None or not isinstance(source.op, Shape) or source.inputs[0] is not x:
+        return None
+    if len(template) != 1 or not isinstance(template[0], int):
+        return None
+    return template[0] % len(x.shape)
+
+
+def _infer_minus_one(x, spec, static):
+    """``static`` with its -1 resolved when the unknown dims of the target are exactly
+    ``K.shape(x)[i]`` for the unknown dims i of x: TensorFlow infers (None, 12) for
+    ``reshape(x, (K.shape(x)[0], -1))`` on a (None, 3, 4) x (Flatten-like code reads it)."""
+    if not isinstance(spec, (tuple, list)) or static.count(-1) != 1 or x.shape is None:
+        return static
+    unknown_in = sorted(i for i, d in enumerate(x.shape) if d is None)
+    unknown_out = [i for i, d in enumerate(static) if d is None]
+    dims = [_dim_of(spec[i], x) for i in unknown_out]
+    if None in dims or sorted(dims) != unknown_in:
+        return static
+    known_in = int(np.prod([d for d in x.shape if d is not None]))
+    known_out = int(np.prod([d for d in static if d not in (None, -1)]))
+    if known_out == 0 or known_in % known_out:
+        return static
+    return tuple(known_in // known_out if d == -1 else d for d in static)
+
+
 def reshape(x, spec):
     x = as_tensor(x)
     static, tensor = resolve_shape(spec, 'reshape')
+    if tensor is not None and static is not None:
+        static = _infer_minus_one(x, spec, static)
     if tensor is None:
         if static == x.shape:
             return x

@@ -1,0 +1,156 @@
+"""Bad input gives a clear error and changes nothing (issue 17): errors are ValueError or
+TypeError naming the K function called; writing calls are all-or-nothing; arrays handed in
+are copied."""
+import numpy as np
+import pytest
+
+from gpuk import backend as K
+
+
+def test_batch_set_value_is_all_or_nothing():
+    w, w2 = K.variable(np.zeros((2, 2))), K.variable(np.zeros(3))
+    for bad in (np.ones(4), np.array(['a', 'b', 'c']), None):
+        with pytest.raises((ValueError, TypeError), match='batch_set_value'):
+            K.batch_set_value([(w, np.ones((2, 2))), (w2, bad)])
+        np.testing.assert_array_equal(K.get_value(w), 0)
+    iv = K.variable(np.zeros(2), dtype='int32')
+    with pytest.raises(TypeError, match='batch_set_value'):
+        K.batch_set_value([(w, np.ones((2, 2))), (iv, np.array([1.5, 2.0]))])
+    np.testing.assert_array_equal(K.get_value(w), 0)
+
+
+@pytest.mark.parametrize('make', [
+    lambda a: K.variable(a),
+    lambda a: K.constant(a),
+    lambda a: _set(K.variable(np.zeros((2, 2))), a),
+    lambda a: _updated_from_feed(a),
+])
+def test_arrays_handed_in_are_copied(make):
+    a = np.ones((2, 2), dtype='float32')
+    tensor = make(a)
+    a[0, 0] = 42
+    np.testing.assert_array_equal(K.eval(tensor), 1)
+
+
+def _set(v, a):
+    K.set_value(v, a)
+    return v
+
+
+def _updated_from_feed(a):
+    v = K.variable(np.zeros((2, 2)))
+    x = K.placeholder((2, 2))
+    K.function([x], [], updates=[K.update(v, x)])([a])
+    return v
+
+
+def test_variable_refuses_none_and_values_its_dtype_cannot_hold():
+    with pytest.raises(TypeError, match='variable: value must be a number.*got None'):
+        K.variable(None)
+    with pytest.raises(TypeError, match='variable: value holds 1.5, which dtype int32 cannot hold'):
+        K.variable(1.5, dtype='int32')
+    with pytest.raises(TypeError, match='variable: .*nan'):
+        K.variable([np.nan], dtype='int64')
+    np.testing.assert_array_equal(K.get_value(K.variable([2.0, 3.0], dtype='int32')), [2, 3])
+    v = K.variable([1, 2], dtype='int32')
+    with pytest.raises(TypeError, match='set_value'):
+        K.set_value(v, [0.5, 1])
+    np.testing.assert_array_equal(K.get_value(v), [1, 2])
+
+
+@pytest.mark.parametrize('call', [
+    lambda c: K.relu(c), lambda c: K.maximum(c, c), lambda c: K.max(c), lambda c: K.min(c),
+    lambda c: K.greater(c, c), lambda c: K.clip(c, 0, 1), lambda c: K.var(c)])
+def test_ordering_ops_never_see_complex_numbers(call):
+    with pytest.raises(TypeError, match='must hold numbers'):
+        call(np.array([1 + 2j, 3 - 1j]))
+    with pytest.raises(TypeError, match='variable'):
+        K.variable(np.array([1 + 2j]))
+    with pytest.raises(TypeError, match='placeholder: dtype must be bool, an int or a float'):
+        K.placeholder((2,), dtype='complex64')
+
+
+def test_strings_and_objects_are_refused_everywhere():
+    with pytest.raises(TypeError, match='^variable: .*dtype <U'):
+        K.variable(['a', 'b'])
+    with pytest.raises(TypeError, match='^constant: '):
+        K.constant(np.array([object()]))
+    with pytest.raises(TypeError, match='^sum: '):
+        K.sum('abc')
+    x = K.placeholder((None,))
+    f = K.function([x], [x * 2])
+    with pytest.raises(TypeError, match="^function: input .* must hold numbers"):
+        f([np.array(['a'])])
+    with pytest.raises(TypeError, match="^function: input .* holds 0.5"):
+        K.function([K.placeholder((1,), dtype='int32')], [K.constant(1)])([np.array([0.5])])
+
+
+SHAPE_MISMATCHES = [  # (K call on placeholders of unknown dims, name)
+    (lambda a, b: K.dot(a, b), 'dot'),
+    (lambda a, b: a + b, 'function: add'),
+    (lambda a, b: K.maximum(a, b), 'maximum'),
+    (lambda a, b: K.batch_dot(a, b), 'batch_dot'),
+    (lambda a, b: K.concatenate([a, b], axis=0), 'concatenate'),
+    (lambda a, b: K.stack([a, b]), 'stack'),
+    (lambda a, b: K.switch(a > 0, a, b), 'switch'),
+]
+
+
+@pytest.mark.parametrize('build, name', SHAPE_MISMATCHES, ids=[n for _, n in SHAPE_MISMATCHES])
+def test_run_time_shape_mismatches_name_the_k_function_and_both_shapes(build, name):
+    a, b = K.placeholder((None, None)), K.placeholder((None, None))
+    f = K.function([a, b], [build(a, b)])
+    with pytest.raises(ValueError) as caught:
+        f([np.ones((2, 3), 'float32'), np.ones((2, 4), 'float32')])
+    message = str(caught.value)
+    assert message.startswith(name + ':') and '(2, 3)' in message and '(2, 4)' in message
+
+
+def test_rnn_checks_the_states_the_step_returns():
+    x = K.placeholder((None, 4, 3))
+    with pytest.raises(ValueError, match='rnn: step_function returned 2 new states for the 1'):
+        K.rnn(lambda x_t, s: (x_t, [s[0], s[0]]), x, [K.zeros((2, 3))])
+    with pytest.raises(ValueError, match='rnn: step_function returned new state 0 of shape'):
+        K.rnn(lambda x_t, s: (x_t, [K.zeros((2, 5))]), x, [K.zeros((2, 3))])
+    with pytest.raises(TypeError, match=r'rnn: step_function must return \(output, list'):
+        K.rnn(lambda x_t, s: (x_t, s[0]), x, [K.zeros((2, 3))])
+
+
+def test_map_fn_on_a_scalar_and_a_feed_dict_missing_a_placeholder():
+    with pytest.raises(ValueError, match='map_fn: elems must have at least one axis'):
+        K.map_fn(lambda x: x, K.variable(1.0))
+    a, b = K.placeholder((1,)), K.placeholder((1,))
+    with pytest.raises(ValueError, match='function: the input dict has no value for'):
+        K.function([a, b], [a + b])({a: np.ones(1)})
+
+
+def test_empty_sequences_give_empty_results():
+    x = K.placeholder((None, 3))
+    mapped, = K.function([x], [K.map_fn(lambda row: row * 2, x)])([np.zeros((0, 3))])
+    assert mapped.shape == (0, 3)
+    start = K.variable(np.ones(3))
+    for fold in (K.foldl, K.foldr):
+        total, = K.function([x], [fold(lambda acc, row: acc + row, x, initializer=start)])(
+            [np.zeros((0, 3))])
+        np.testing.assert_array_equal(total, 1)
+
+
+@pytest.mark.parametrize('data_format', ['channels_last', 'channels_first'])
+def test_empty_batches_through_convolutions_and_pooling(data_format):
+    cf = data_format == 'channels_first'
+    x = K.placeholder((None, 2, 6, 6) if cf else (None, 6, 6, 2))
+    kernel, depthwise = K.variable(np.ones((3, 3, 2, 4))), K.variable(np.ones((3, 3, 2, 1)))
+    outputs = [K.conv2d(x, kernel, data_format=data_format),
+               K.depthwise_conv2d(x, depthwise, data_format=data_format),
+               K.pool2d(x, (2, 2), (2, 2), data_format=data_format),
+               K.pool2d(x, (2, 2), (2, 2), data_format=data_format, pool_mode='avg')]
+    loss = sum(K.sum(o) for o in outputs)
+    grads = K.gradients(loss, [kernel, depthwise])
+    empty = np.zeros((0, 2, 6, 6) if cf else (0, 6, 6, 2), 'float32')
+    values = K.function([x], outputs + grads)([empty])
+    expected = [(0, 4, 4, 4), (0, 2, 4, 4), (0, 2, 3, 3), (0, 2, 3, 3)]
+    if not cf:
+        expected = [(0, h, w, c) for _, c, h, w in expected]
+    assert [v.shape for v in values[:4]] == expected
+    np.testing.assert_array_equal(values[4], 0)
+    np.testing.assert_array_equal(values[5], 0)
