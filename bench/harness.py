@@ -12,11 +12,14 @@ JSON hold the event times, not host times around asynchronous launches.
 """
 import importlib.util
 import math
+import os
 import platform
+import sys
 import statistics
 import time
 from collections import deque
 
+from bench import runs
 from gpuk import device
 
 GPU_IMPLS = ('gpuk', 'cudnn', 'cupy')
@@ -102,8 +105,11 @@ def time_gpu(fn, arg_sets, min_time=0.2, min_runs=10, max_runs=200, warmup_time=
     return [cupy.cuda.get_elapsed_time(start, end) / 1e3 for start, end in events]
 
 
-def time_cpu(fn, arg_sets, min_time=0.5, min_runs=5, max_runs=50):
-    """Seconds per call of ``fn(*args)`` on the host (perf_counter), after one warm-up call."""
+def time_cpu(fn, arg_sets, min_time=0.25, min_runs=5, max_runs=50):
+    """Seconds per call of ``fn(*args)`` on the host (perf_counter), after one warm-up call.
+
+    ``min_time`` is per round: python -m bench times every row in several rounds.
+    """
     n = len(arg_sets)
     fn(*arg_sets[0])
     t0 = time.perf_counter()
@@ -150,6 +156,24 @@ def cpu_name():
     except OSError:
         pass
     return platform.processor() or platform.machine() or 'CPU'
+
+
+def run_device():
+    """The device a run is named and compared by: the GPU when one is usable, else the CPU
+    with its usable core count (two VMs with the same model name but not the same cores differ)."""
+    if gpu_unusable_reason() is None:
+        return gpu_name()
+    return 'cpu %s x%d' % (cpu_name(), runs.usable_cpus())
+
+
+def thread_settings():
+    """The thread counts in force: the variables, what OpenBLAS and torch report."""
+    from gpuk.cpu_fallback import parallel
+    settings = {name: os.environ.get(name) for name in runs.THREAD_VARIABLES + ('OMP_WAIT_POLICY',)}
+    settings['numpy_blas_threads'] = parallel.blas_threads()
+    if importlib.util.find_spec('torch') is not None and 'torch' in sys.modules:
+        settings['torch_threads'] = sys.modules['torch'].get_num_threads()
+    return settings
 
 
 # ---------------------------------------------------------------- pytest-benchmark bridge
@@ -342,7 +366,7 @@ class Harness:
         info = row_metrics(median, bytes_moved, flops, ceiling_gbps, ceiling_tflops)
         info.update(family=family, case=str(case), impl=impl, dtype=dtype,
                     device=gpu_name() if kind == 'gpu' else cpu_name(),
-                    runs=len(samples), pool_sets=sets)
+                    runs=len(samples), pool_sets=sets, load_average=runs.load_average())
         benchmark.extra_info.update(info)
         self.rows[(family, str(case), impl)] = benchmark.extra_info
         fill_ratios(self.rows.values())
@@ -351,7 +375,7 @@ class Harness:
 
 def row_metrics(time_s, bytes_moved, flops, ceiling_gbps, ceiling_tflops):
     """time, bytes, flops, GB/s, TFLOP/s, ceilings and the fraction of the roofline floor."""
-    from bench.report import ceiling_fraction
+    from bench.rows import ceiling_fraction
     return {
         'time_s': time_s, 'bytes': int(bytes_moved), 'flops': int(flops),
         'gbps': bytes_moved / time_s / 1e9 if bytes_moved else None,

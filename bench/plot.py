@@ -1,0 +1,75 @@
+"""The report's PNG: one small panel per family, each implementation's time relative to the
+family's reference (log scale, reference = 1 drawn as a line; left of it is faster).
+
+A bar is the geometric mean over the family's cases; a dot is one case. Families where no
+reference ran are not drawn (the markdown lists them). Sized to stay legible when a README
+shows it at about 800 pixels wide.
+"""
+import math
+
+from bench.rows import family_summary, impl_label
+
+COLUMNS = 3
+PANEL_WIDTH_IN, PANEL_HEIGHT_IN = 3.0, 1.25   # per panel; height grows with the bars
+DPI = 110
+COLORS = {'gpuk': '#1b7837', 'numpy': '#5aae61', 'cupy': '#762a83', 'cudnn': '#2166ac',
+          'torch': '#d6604d', 'torch-cuda': '#b2182b'}
+
+
+def _limits(values):
+    low, high = min(values + [1.0]), max(values + [1.0])
+    return 10 ** math.floor(math.log10(low) - 0.05), 10 ** math.ceil(math.log10(high) + 0.05)
+
+
+def write_plot(rows, path, title=''):
+    """Writes the panels of ``rows`` to ``path`` (PNG); returns the path, or None when no
+    family has a reference to compare with."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    panels = [(family, s) for family, s in family_summary(rows).items() if s['impls']]
+    if not panels:
+        return None
+    columns = min(COLUMNS, len(panels))
+    grid_rows = math.ceil(len(panels) / columns)
+    most_bars = max(len(s['impls']) for _, s in panels)
+    height = PANEL_HEIGHT_IN + 0.3 * most_bars
+    fig, axes = plt.subplots(grid_rows, columns, squeeze=False,
+                             figsize=(PANEL_WIDTH_IN * columns, height * grid_rows + 0.6))
+    try:
+        for ax, (family, s) in zip(axes.flat, panels):
+            impls = list(s['impls'])
+            ys = range(len(impls))
+            means = [s['impls'][impl][0] for impl in impls]
+            ax.barh(ys, means, color=[COLORS.get(i, '#888888') for i in impls], height=0.6)
+            points = []
+            for y, impl in zip(ys, impls):
+                case_ratios = [r for _, r in s['impls'][impl][1]]
+                points += case_ratios
+                ax.plot(case_ratios, [y] * len(case_ratios), 'o', color='black', markersize=2.5)
+                ax.annotate('%.2g' % means[y], (means[y], y), xytext=(3, 0), textcoords='offset points',
+                            va='center', fontsize=8)
+            ax.set_xscale('log')
+            ax.set_xlim(*_limits(means + points))
+            ax.xaxis.set_major_locator(LogLocator(base=10))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.axvline(1.0, color='black', linewidth=1.0)
+            ax.set_yticks(list(ys))
+            ax.set_yticklabels([impl_label(i) for i in impls], fontsize=9)
+            ax.set_ylim(-0.6, len(impls) - 0.4)
+            ax.tick_params(axis='x', labelsize=8)
+            cases = max(len(s['impls'][i][1]) for i in impls)
+            ax.set_title('%s  (1 = %s, %d case%s)' % (family, impl_label(s['reference']), cases,
+                                                     '' if cases == 1 else 's'), fontsize=9)
+        for ax in list(axes.flat)[len(panels):]:
+            ax.axis('off')
+        fig.suptitle((title + '\n' if title else '') +
+                     'time relative to the reference (log scale; bar: geometric mean, dots: cases; '
+                     'left of 1 is faster)', fontsize=9)
+        fig.tight_layout()
+        fig.savefig(path, format='png', dpi=DPI)
+    finally:
+        plt.close(fig)
+    return path
