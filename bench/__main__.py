@@ -20,6 +20,7 @@ import sys
 from bench import runs
 
 NOISY_EXIT = 3
+SUITES_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse(argv):
@@ -29,16 +30,26 @@ def parse(argv):
     parser.add_argument('--threads', type=int, default=runs.DEFAULT_THREADS,
                         help='threads for NumPy\'s BLAS, the NumPy twins and torch (default %(default)s)')
     parser.add_argument('--rounds', type=int, default=None,
-                        help='interleaved rounds per row (default 3; 1 in the GPU rehearsal)')
+                        help='interleaved rounds per row (default 5, --quick 3, the GPU rehearsal 1)')
     parser.add_argument('--max-spread', type=float, default=NOISY_SPREAD,
                         help='round-to-round spread above which a row counts as noisy (default %(default)s)')
     parser.add_argument('--strict', action='store_true', help='exit with status 3 when a row is noisy')
     parser.add_argument('--json', default=None, help='results path (default: a new file in bench/results/)')
     parser.add_argument('--out', default=None, help='folder of the report (default: the JSON folder)')
+    parser.add_argument('--results-dir', default=runs.RESULTS_DIR,
+                        help='where new results files and the latest pointer go (default bench/results)')
+    parser.add_argument('--suites', default=SUITES_DIR,
+                        help='folder of bench_*.py suites (default bench/; another one runs with bench/conftest.py)')
     args, pytest_args = parser.parse_known_args(argv)
     if args.threads < 1:
         parser.error('--threads must be >= 1, got %d' % args.threads)
     return parser, args, pytest_args
+
+
+def picks_rows(pytest_args):
+    """Whether pytest arguments select a subset of rows (-k, -m, or test paths / node ids)."""
+    return any(a.startswith(('-k', '-m', '--deselect', '--ignore')) or not a.startswith('-')
+               for a in pytest_args)
 
 
 def main(argv=None):
@@ -62,17 +73,18 @@ def main(argv=None):
                 bench_plugin.check_scratch_path(args.out, '--out')
         except pytest.UsageError as exc:
             parser.error(str(exc))
-    mode = 'quick' if args.quick else ('partial' if pytest_args else 'full')
-    previous = runs.read_latest() if args.json is None else None
-    args.json = args.json or runs.new_results_path(harness.run_device(), mode)
-    rounds = args.rounds or (1 if rehearsal else 3)
+    mode = 'quick' if args.quick else ('partial' if picks_rows(pytest_args) else 'full')
+    previous = runs.read_latest(args.results_dir) if args.json is None else None
+    args.json = args.json or runs.new_results_path(harness.run_device(), mode, args.results_dir)
+    rounds = args.rounds or (1 if rehearsal else 3 if args.quick else 5)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     print('python -m bench: %s run, %d round(s), %s thread(s) each (%s); results: %s'
           % (mode, rounds, args.threads, ', '.join(sorted(threads)), args.json))
-    here = os.path.dirname(os.path.abspath(__file__))
-    options = ['--benchmark-json=%s' % args.json, '-p', 'no:cacheprovider', '--rounds=%d' % rounds,
-               '--bench-mode=%s' % mode] + (['--quick'] if args.quick else [])
-    code = pytest.main([here] + options + pytest_args)
+    options = ['--benchmark-json=%s' % args.json, '--benchmark-quiet', '-p', 'no:cacheprovider',
+               '--rounds=%d' % rounds, '--bench-mode=%s' % mode] + (['--quick'] if args.quick else [])
+    if os.path.abspath(args.suites) != SUITES_DIR:   # bench/conftest.py is not their conftest: load it
+        options = ['-p', 'bench.conftest'] + options
+    code = pytest.main([args.suites] + options + pytest_args)
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or not os.path.exists(args.json):
         return int(code)
     if rehearsal:
@@ -82,7 +94,8 @@ def main(argv=None):
     except (OSError, ValueError) as exc:
         print('bench: %s' % exc, file=sys.stderr)
         return 1
-    pointer = runs.write_latest(args.json) if os.path.dirname(os.path.abspath(args.json)) == runs.RESULTS_DIR else None
+    in_results = os.path.dirname(os.path.abspath(args.json)) == os.path.abspath(args.results_dir)
+    pointer = runs.write_latest(args.json) if in_results else None
     print('\n' + summary)
     print('wrote %s, %s%s' % (args.json, md_path, ' and %s' % png_path if png_path else ''))
     if pointer:

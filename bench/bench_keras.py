@@ -75,7 +75,7 @@ def build_torch(torch, model):
         loss = loss_fn(net(x), labels)
         loss.backward()
         optimizer.step()
-        return loss
+        return loss.detach()
     return step
 
 

@@ -4,7 +4,7 @@
 - every benchmark's timer is ``harness.REPLAY_CLOCK``, so its stats are the CUDA-event
   (or perf_counter) samples the harness measured; a ``benchmark`` marker's other
   settings are kept;
-- ``--rounds N`` (default 3) runs every row N times, in rounds: all rows once, then all
+- ``--rounds N`` (default 3; python -m bench: 5, --quick 3) runs every row N times, in rounds: all rows once, then all
   again, so a burst of load lands on different rows each round rather than on all
   repeats of one; the report takes the median of a row's round medians and their
   spread (max / min) says how steady the machine was;
@@ -68,7 +68,7 @@ def pytest_addoption(parser):
                      help='run the GPU suites\' NumPy/torch rows on a host without a GPU too')
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def bench_round():
     """Which round this row belongs to (parametrized by pytest_generate_tests)."""
     return 0

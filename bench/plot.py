@@ -10,7 +10,7 @@ import math
 from bench.rows import family_summary, impl_label
 
 COLUMNS = 3
-PANEL_WIDTH_IN, PANEL_HEIGHT_IN = 3.0, 1.25   # per panel; height grows with the bars
+PANEL_WIDTH_IN, PANEL_HEIGHT_IN = 3.0, 1.0   # per panel; height grows with the bars
 DPI = 110
 COLORS = {'gpuk': '#1b7837', 'numpy': '#5aae61', 'cupy': '#762a83', 'cudnn': '#2166ac',
           'torch': '#d6604d', 'torch-cuda': '#b2182b'}
@@ -21,13 +21,44 @@ def _limits(values):
     return 10 ** math.floor(math.log10(low) - 0.05), 10 ** math.ceil(math.log10(high) + 0.05)
 
 
+def _panel(ax, family, s, show_reference):
+    """One family: a bar from 1 to each implementation's mean relative time, its cases as dots."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    impls = list(s['impls'])
+    means = [s['impls'][impl][0] for impl in impls]
+    every = list(means)
+    for y, impl in enumerate(impls):
+        mean, cases = s['impls'][impl]
+        ratios = [r for _, r in cases]
+        every += ratios
+        ax.barh(y, abs(mean - 1.0), left=min(mean, 1.0), height=0.6, color=COLORS.get(impl, '#888888'))
+        ax.plot(ratios, [y] * len(ratios), 'o', color='black', markersize=2.5)
+        ax.annotate('%.2g' % mean, (max(ratios + [mean, 1.0]), y), xytext=(4, 0),
+                    textcoords='offset points', va='center', fontsize=8, fontweight='bold')
+    ax.set_xscale('log')
+    low, high = _limits(every)
+    ax.set_xlim(low, high * 2)   # room for the label right of the last dot
+    ax.xaxis.set_major_locator(LogLocator(base=10))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: '%g' % x))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.axvline(1.0, color='black', linewidth=1.0)
+    ax.set_yticks(range(len(impls)))
+    ax.set_yticklabels([impl_label(i) for i in impls], fontsize=9)
+    ax.set_ylim(-0.6, len(impls) - 0.4)
+    ax.tick_params(axis='x', labelsize=8)
+    cases = max(len(s['impls'][i][1]) for i in impls)
+    title = '%s, %d case%s' % (family, cases, '' if cases == 1 else 's')
+    if show_reference:
+        title += ' (1 = %s)' % impl_label(s['reference'])
+    ax.set_title(title, fontsize=9)
+
+
 def write_plot(rows, path, title=''):
     """Writes the panels of ``rows`` to ``path`` (PNG); returns the path, or None when no
     family has a reference to compare with."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import LogLocator, NullFormatter
 
     panels = [(family, s) for family, s in family_summary(rows).items() if s['impls']]
     if not panels:
@@ -39,35 +70,16 @@ def write_plot(rows, path, title=''):
     fig, axes = plt.subplots(grid_rows, columns, squeeze=False,
                              figsize=(PANEL_WIDTH_IN * columns, height * grid_rows + 0.6))
     try:
+        references = {s['reference'] for _, s in panels}
+        shared_reference = references.pop() if len(references) == 1 else None
         for ax, (family, s) in zip(axes.flat, panels):
-            impls = list(s['impls'])
-            ys = range(len(impls))
-            means = [s['impls'][impl][0] for impl in impls]
-            ax.barh(ys, means, color=[COLORS.get(i, '#888888') for i in impls], height=0.6)
-            points = []
-            for y, impl in zip(ys, impls):
-                case_ratios = [r for _, r in s['impls'][impl][1]]
-                points += case_ratios
-                ax.plot(case_ratios, [y] * len(case_ratios), 'o', color='black', markersize=2.5)
-                ax.annotate('%.2g' % means[y], (means[y], y), xytext=(3, 0), textcoords='offset points',
-                            va='center', fontsize=8)
-            ax.set_xscale('log')
-            ax.set_xlim(*_limits(means + points))
-            ax.xaxis.set_major_locator(LogLocator(base=10))
-            ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.axvline(1.0, color='black', linewidth=1.0)
-            ax.set_yticks(list(ys))
-            ax.set_yticklabels([impl_label(i) for i in impls], fontsize=9)
-            ax.set_ylim(-0.6, len(impls) - 0.4)
-            ax.tick_params(axis='x', labelsize=8)
-            cases = max(len(s['impls'][i][1]) for i in impls)
-            ax.set_title('%s  (1 = %s, %d case%s)' % (family, impl_label(s['reference']), cases,
-                                                     '' if cases == 1 else 's'), fontsize=9)
+            _panel(ax, family, s, show_reference=shared_reference is None)
         for ax in list(axes.flat)[len(panels):]:
             ax.axis('off')
+        reference = ('%s = 1' % impl_label(shared_reference)) if shared_reference else 'reference = 1'
         fig.suptitle((title + '\n' if title else '') +
-                     'time relative to the reference (log scale; bar: geometric mean, dots: cases; '
-                     'left of 1 is faster)', fontsize=9)
+                     'time relative to the reference, %s (log scale; bar: geometric mean over cases, '
+                     'dots: cases; left of 1 is faster)' % reference, fontsize=9)
         fig.tight_layout()
         fig.savefig(path, format='png', dpi=DPI)
     finally:
