@@ -22,7 +22,7 @@ from collections import deque
 from bench import runs
 from gpuk import device
 
-GPU_IMPLS = ('gpuk', 'cudnn', 'cupy')
+GPU_IMPLS = ('gpuk', 'cudnn', 'cupy', 'torch-cuda')   # torch-cuda: PyTorch on the GPU
 CPU_IMPLS = ('numpy', 'torch')
 IMPLEMENTATIONS = GPU_IMPLS + CPU_IMPLS
 CPU_CACHE_BYTES = 64 << 20          # a generous last-level cache for the CPU rows
@@ -48,8 +48,13 @@ def skip_reason(impl):
             from gpuk.kernels import cudnn
             if not cudnn.available():
                 return 'cuDNN unavailable: %s' % cudnn.why_unavailable()
-    if impl == 'torch' and importlib.util.find_spec('torch') is None:
-        return 'PyTorch is not installed'
+    if impl in ('torch', 'torch-cuda') and importlib.util.find_spec('torch') is None:
+        return 'PyTorch is not installed (pip install -e ".[bench]")'
+    if impl == 'torch-cuda':
+        import torch
+        if not torch.cuda.is_available():
+            return ('PyTorch %s cannot use this GPU (a CPU-only build, or its CUDA does not match the '
+                    'driver): install a CUDA build of torch for the PyTorch GPU rows' % torch.__version__)
     return None
 
 
@@ -73,36 +78,76 @@ def _run_count(per_run, min_time, min_runs, max_runs):
     return int(min(max(math.ceil(min_time / per_run), min_runs), max_runs))
 
 
-def time_gpu(fn, arg_sets, min_time=0.2, min_runs=10, max_runs=200, warmup_time=0.05):
+class CupyEvents:
+    """CUDA events on CuPy's current stream, the one gpuk's launchers and cuDNN enqueue on."""
+
+    def __init__(self):
+        import cupy
+        self.cupy, self.stream = cupy, cupy.cuda.get_current_stream()
+
+    def event(self):
+        return self.cupy.cuda.Event()
+
+    def record(self, event):
+        event.record(self.stream)
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+    def elapsed_ms(self, start, end):
+        return self.cupy.cuda.get_elapsed_time(start, end)
+
+
+class TorchEvents:
+    """CUDA events on torch's current stream, for the PyTorch GPU rows."""
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+
+    def event(self):
+        return self.torch.cuda.Event(enable_timing=True)
+
+    def record(self, event):
+        event.record()
+
+    def synchronize(self):
+        self.torch.cuda.synchronize()
+
+    def elapsed_ms(self, start, end):
+        return start.elapsed_time(end)
+
+
+def time_gpu(fn, arg_sets, min_time=0.1, min_runs=10, max_runs=200, warmup_time=0.05, events=None):
     """Seconds per call of ``fn(*args)``, one sample per call, timed with CUDA events.
 
     Calls cycle through ``arg_sets``. The warm-up (module load, compilation, plan and
-    handle creation) is never timed; the timed calls are queued behind it. Every event is
-    recorded on CuPy's current stream, the one the launchers enqueue on.
+    handle creation) is never timed; the timed calls are queued behind it. ``events``
+    (default CupyEvents) records on the stream the work is enqueued on. ``min_time`` is per
+    round: python -m bench times every row in several rounds.
     """
-    import cupy
+    clock = events or CupyEvents()
     n = len(arg_sets)
-    stream = cupy.cuda.get_current_stream()
     fn(*arg_sets[0])
-    stream.synchronize()
-    probe_start, probe_end = cupy.cuda.Event(), cupy.cuda.Event()
-    probe_start.record(stream)
+    clock.synchronize()
+    probe_start, probe_end = clock.event(), clock.event()
+    clock.record(probe_start)
     for i in range(3):
         fn(*arg_sets[(1 + i) % n])
-    probe_end.record(stream)
+    clock.record(probe_end)
     probe_end.synchronize()
-    per_run = cupy.cuda.get_elapsed_time(probe_start, probe_end) / 3e3   # milliseconds for 3 -> s per call
+    per_run = clock.elapsed_ms(probe_start, probe_end) / 3e3   # milliseconds for 3 -> s per call
     runs = _run_count(per_run, min_time, min_runs, max_runs)
     warmup = _run_count(per_run, warmup_time, 3, max_runs)
     for i in range(warmup):
         fn(*arg_sets[i % n])
-    events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(runs)]   # created before timing starts
-    for i, (start, end) in enumerate(events):
-        start.record(stream)
+    pairs = [(clock.event(), clock.event()) for _ in range(runs)]   # created before timing starts
+    for i, (start, end) in enumerate(pairs):
+        clock.record(start)
         fn(*arg_sets[(warmup + i) % n])
-        end.record(stream)
-    events[-1][1].synchronize()
-    return [cupy.cuda.get_elapsed_time(start, end) / 1e3 for start, end in events]
+        clock.record(end)
+    pairs[-1][1].synchronize()
+    return [clock.elapsed_ms(start, end) / 1e3 for start, end in pairs]
 
 
 def time_cpu(fn, arg_sets, min_time=0.25, min_runs=5, max_runs=50):
@@ -357,7 +402,10 @@ class Harness:
         kind = device_kind(impl)
         sets = pool_size(set_bytes, cache_bytes(kind))
         pool = [make_inputs(i) for i in range(sets)]
-        samples = time_gpu(fn, pool) if kind == 'gpu' else time_cpu(fn, pool)
+        if kind == 'gpu':
+            samples = time_gpu(fn, pool, events=TorchEvents() if impl == 'torch-cuda' else None)
+        else:
+            samples = time_cpu(fn, pool)
         del pool
         record_samples(benchmark, samples)
         median = statistics.median(samples)
