@@ -8,8 +8,8 @@
   again, so a burst of load lands on different rows each round rather than on all
   repeats of one; the report takes the median of a row's round medians and their
   spread (max / min) says how steady the machine was;
-- rows that cannot run on this host skip at collection, with the reason (a GPU row
-  without a GPU, a torch row without torch); the CPU rows of the GPU suites (NumPy and
+- rows that cannot run on this host are deselected at collection and their reasons kept
+  (a GPU row without a GPU, a torch row without torch); the CPU rows of the GPU suites (NumPy and
   torch at GPU problem sizes) are the GPU rows' baselines and skip on a host without a
   GPU, where bench_cpu.py compares the same families at CPU sizes
   (``--gpu-suite-cpu-rows`` runs them anyway);
@@ -37,7 +37,7 @@ from tests import gpu_rehearsal
 REHEARSAL = gpu_rehearsal.activate_if_requested()
 CPU_SUITES = ('bench_cpu.py', 'bench_keras.py', 'bench_graph.py')
 DEFAULT_ROUNDS = 3
-_session = {'load_start': None, 'skipped': [], 'failed': [], 'first_round': set()}
+_session = {'load_start': None, 'skipped': [], 'failed': [], 'first_round': set(), 'uses_torch': False}
 
 
 def pytest_configure(config):
@@ -104,6 +104,7 @@ def _skip_reason_at_collection(config, item):
     return _harness.skip_reason(impl)
 
 
+@pytest.hookimpl(trylast=True)   # after -k / -m have deselected: what is left is this run's
 def pytest_collection_modifyitems(config, items):
     if config.getoption('--quick'):
         seen, kept, dropped = set(), [], []
@@ -118,6 +119,7 @@ def pytest_collection_modifyitems(config, items):
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (_params(item).get('bench_round', 0), order[id(item)]))
     _session['first_round'] = {item.nodeid for item in items if _params(item).get('bench_round', 0) == 0}
+    cannot_run = []
     for item in items:
         if 'benchmark' not in getattr(item, 'fixturenames', ()):
             continue
@@ -125,10 +127,16 @@ def pytest_collection_modifyitems(config, items):
         settings = dict(marker.kwargs) if marker else {}
         settings['timer'] = _harness.REPLAY_CLOCK
         item.add_marker(pytest.mark.benchmark(**settings))
-        if not REHEARSAL:
-            reason = _skip_reason_at_collection(config, item)
-            if reason:
-                item.add_marker(pytest.mark.skip(reason=reason))
+        reason = None if REHEARSAL else _skip_reason_at_collection(config, item)
+        if reason:   # not run at all, so the progress line shows the rows that do run
+            cannot_run.append(item)
+            if item.nodeid in _session['first_round']:
+                _session['skipped'].append({'test': item.nodeid, 'reason': reason})
+    if cannot_run:
+        config.hook.pytest_deselected(items=cannot_run)
+        dropped = set(map(id, cannot_run))
+        items[:] = [item for item in items if id(item) not in dropped]
+    _session['uses_torch'] = any('torch' in item.name for item in items)   # torch loads in seconds: only if needed
 
 
 def pytest_runtest_logreport(report):
@@ -149,7 +157,7 @@ def _torch_threads():
     """torch.set_num_threads from OMP_NUM_THREADS (python -m bench sets it): torch does not
     read it after it has loaded, and every torch row must use the same count as NumPy."""
     threads = os.environ.get('OMP_NUM_THREADS', '')
-    if threads.isdigit() and _harness.skip_reason('torch') is None:
+    if threads.isdigit() and _session['uses_torch'] and _harness.skip_reason('torch') is None:
         import torch
         torch.set_num_threads(int(threads))
     yield

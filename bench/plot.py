@@ -56,13 +56,13 @@ def _panel(ax, family, s, show_reference):
 def write_plot(rows, path, title=''):
     """Writes the panels of ``rows`` to ``path`` (PNG); returns the path, or None when no
     family has a reference to compare with."""
+    panels = [(family, s) for family, s in family_summary(rows).items() if s['impls']]
+    if not panels:
+        return None
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    panels = [(family, s) for family, s in family_summary(rows).items() if s['impls']]
-    if not panels:
-        return None
     columns = min(COLUMNS, len(panels))
     grid_rows = math.ceil(len(panels) / columns)
     most_bars = max(len(s['impls']) for _, s in panels)
