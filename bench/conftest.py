@@ -24,6 +24,7 @@
 - ``GPUK_GPU_REHEARSAL=1`` runs the GPU rows without a GPU (tests/gpu_rehearsal/bench_plugin.py:
   a NumPy stand-in for CuPy, the emulator, shrunken work, meaningless timings, scratch output).
 """
+import datetime
 import fnmatch
 import os
 
@@ -42,6 +43,7 @@ _session = {'load_start': None, 'skipped': [], 'failed': [], 'first_round': set(
 
 def pytest_configure(config):
     _session['load_start'] = runs.load_average()
+    _session['started'] = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S')
     if REHEARSAL:
         from tests.gpu_rehearsal import bench_plugin
         config.pluginmanager.register(bench_plugin, 'gpu_rehearsal_bench')   # pytest_configure is historic: it runs
@@ -186,6 +188,7 @@ def run_info(config):
     mode = config.getoption('--bench-mode') or ('quick' if config.getoption('--quick') else 'full')
     return {
         'device': _harness.run_device(), 'mode': mode, 'rounds': config.getoption('--rounds'),
+        'started_utc': _session.get('started'),
         'threads': _harness.thread_settings(),
         'load_average_start': _session['load_start'], 'load_average_end': runs.load_average(),
         'rehearsal': bool(REHEARSAL),

@@ -21,23 +21,23 @@ def _limits(values):
     return 10 ** math.floor(math.log10(low) - 0.05), 10 ** math.ceil(math.log10(high) + 0.05)
 
 
-def _panel(ax, family, s, show_reference):
+def _all_ratios(s):
+    return [mean for mean, _ in s['impls'].values()] + [r for _, cases in s['impls'].values() for _, r in cases]
+
+
+def _panel(ax, family, s, show_reference, limits):
     """One family: a bar from 1 to each implementation's mean relative time, its cases as dots."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     impls = list(s['impls'])
-    means = [s['impls'][impl][0] for impl in impls]
-    every = list(means)
     for y, impl in enumerate(impls):
         mean, cases = s['impls'][impl]
         ratios = [r for _, r in cases]
-        every += ratios
         ax.barh(y, abs(mean - 1.0), left=min(mean, 1.0), height=0.6, color=COLORS.get(impl, '#888888'))
         ax.plot(ratios, [y] * len(ratios), 'o', color='black', markersize=2.5)
         ax.annotate('%.2g' % mean, (max(ratios + [mean, 1.0]), y), xytext=(4, 0),
                     textcoords='offset points', va='center', fontsize=8, fontweight='bold')
     ax.set_xscale('log')
-    low, high = _limits(every)
-    ax.set_xlim(low, high * 2)   # room for the label right of the last dot
+    ax.set_xlim(limits[0], limits[1] * 2)   # room for the label right of the last dot
     ax.xaxis.set_major_locator(LogLocator(base=10))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: '%g' % x))
     ax.xaxis.set_minor_formatter(NullFormatter())
@@ -72,8 +72,9 @@ def write_plot(rows, path, title=''):
     try:
         references = {s['reference'] for _, s in panels}
         shared_reference = references.pop() if len(references) == 1 else None
+        limits = _limits([r for _, s in panels for r in _all_ratios(s)])   # one scale for every panel
         for ax, (family, s) in zip(axes.flat, panels):
-            _panel(ax, family, s, show_reference=shared_reference is None)
+            _panel(ax, family, s, shared_reference is None, limits)
         for ax in list(axes.flat)[len(panels):]:
             ax.axis('off')
         reference = ('%s = 1' % impl_label(shared_reference)) if shared_reference else 'reference = 1'

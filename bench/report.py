@@ -61,8 +61,9 @@ def describe_run(results, rows):
     info = run_info(results)
     threads = info.get('threads') or {}
     load_start, load_end = info.get('load_average_start'), info.get('load_average_end')
+    started = info.get('started_utc') or (results.get('datetime') or '?')[:19].replace('T', ' ')
     first = '%s; %s UTC; %s run, %s round(s)' % (
-        run_device(results, rows), (results.get('datetime') or '?')[:19].replace('T', ' '),
+        run_device(results, rows), started,
         info.get('mode', '?'), info.get('rounds', '?'))
     second = 'threads: OMP/OpenBLAS/MKL %s, NumPy BLAS reports %s, torch %s; load average %s at start, %s at end' % (
         threads.get('OMP_NUM_THREADS') or 'unset', threads.get('numpy_blas_threads', '?'),

@@ -80,9 +80,12 @@ def read_latest(folder=RESULTS_DIR):
 
 
 def resolve(path, folder=RESULTS_DIR):
-    """``path`` itself, or for the word 'latest' the file the pointer names."""
-    if path != LATEST_NAME:
+    """``path`` itself; for the word 'latest' the run bench/results/latest names, and for a
+    path to another `latest` pointer the run that one names."""
+    if path != LATEST_NAME and not (os.path.basename(path) == LATEST_NAME and os.path.isfile(path)):
         return path
+    if path != LATEST_NAME:
+        folder = os.path.dirname(os.path.abspath(path))
     target = read_latest(folder)
     if target is None:
         raise ValueError("no 'latest' run: %s does not exist yet (run python -m bench first)"

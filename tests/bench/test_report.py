@@ -204,6 +204,7 @@ def test_latest_pointer_names_the_newest_run(tmp_path):
     assert first.endswith('-full.json')
     runs.write_latest(second)
     assert runs.resolve('latest', str(tmp_path)) == second
+    assert runs.resolve(str(tmp_path / 'latest')) == second   # a pointer named by its path
     assert runs.resolve('x.json', str(tmp_path)) == 'x.json'
 
 
