@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from collections import Counter, OrderedDict
 
 from bench import runs
@@ -25,6 +26,7 @@ from bench.rows import (NOISY_SPREAD, family_summary, geometric_mean, impl_label
                         rows_from_results, run_device, run_info)
 
 CASE_WIDTH = 40
+LINE_WIDTH = 110   # prose lines; the tables stay within ~120 characters
 
 
 def format_time(seconds):
@@ -133,9 +135,13 @@ def summary_text(results, rows, max_spread=NOISY_SPREAD):
              family_table(rows)]
     skipped = skipped_lines(results)
     if skipped:
-        parts += ['Rows that did not run:'] + skipped + ['']
-    parts += noise_lines(rows, max_spread)
+        parts += ['Rows that did not run:'] + [_wrap(line) for line in skipped] + ['']
+    parts += [_wrap(line) for line in noise_lines(rows, max_spread)]
     return '\n'.join(parts).rstrip() + '\n'
+
+
+def _wrap(line):
+    return textwrap.fill(line, LINE_WIDTH, subsequent_indent='  ', break_on_hyphens=False)
 
 
 def write_report(results_path, out_dir=None, max_spread=NOISY_SPREAD):
@@ -151,10 +157,11 @@ def write_report(results_path, out_dir=None, max_spread=NOISY_SPREAD):
     summary = summary_text(results, rows, max_spread)
     md_path = os.path.join(out_dir, stem + '.md')
     with open(md_path, 'w') as f:
-        f.write('# gpuk benchmarks\n\n```\n%s```\n\nTimes are medians of each row\'s round medians; '
-                'spread is the largest round median over the smallest; "vs ref" is the time over the '
-                'reference\'s for the same case (below 1 is faster). Every row and round in %s.\n\n%s'
-                % (summary, os.path.basename(results_path), rows_table(rows)))
+        legend = ('Times are medians of each row\'s round medians; spread is the largest round median over '
+                  'the smallest; "vs ref" is the time over the reference\'s for the same case (below 1 is '
+                  'faster). Every row and round, whole case names and rates: %s.' % os.path.basename(results_path))
+        f.write('# gpuk benchmarks\n\n```\n%s```\n\n%s\n\n%s'
+                % (summary, textwrap.fill(legend, LINE_WIDTH), rows_table(rows)))
     png_path = plot.write_plot(rows, os.path.join(out_dir, stem + '.png'),
                                title=describe_run(results, rows)[0])
     return summary, md_path, png_path
