@@ -256,16 +256,20 @@ def format_table(results):
 
 
 def summary_line(results, archs):
-    """One line for the whole build: kernels compiled, the most registers, spills, failures."""
+    """One line for the whole build: variants and kernels compiled, the most registers, spills, failures."""
     built = [r for r in results if not r.error]
     usages = [(u.registers, kernel, r.arch) for r in built for kernel, u in r.usage.items()]
-    spilling = sum(1 for r in built if r.spilled)
-    line = '%d kernels in %d variants compiled for %s' % (
-        len(usages), len({variant_label(r.spec) for r in results}), ', '.join(archs))
+    variants = {variant_label(r.spec): len(r.spec.kernels) for r in results}
+    line = '%d variants (%d kernels) compiled for %s' % (len(variants), sum(variants.values()), ', '.join(archs))
     if usages:
         line += '; most registers %d (%s, %s)' % max(usages)
-    line += '; %d variant build(s) spill%s' % (spilling, ' (all allowed)' if spilling and not any(
-        r.spilled and not r.spec.may_spill for r in built) else '')
+    spilling = [r for r in built if r.spilled]
+    if not spilling:
+        line += '; no spills'
+    else:
+        forbidden = sum(1 for r in spilling if not r.spec.may_spill)
+        line += '; %d build(s) spill (%s)' % (len(spilling), '%d where not allowed' % forbidden if forbidden
+                                              else 'all allowed')
     failed = len(results) - len(built)
     return line + ('; %d FAILED to compile' % failed if failed else '')
 

@@ -151,8 +151,8 @@ def test_main_prints_one_summary_line_by_default(tmp_path, capsys, monkeypatch):
     assert build.main(['--check', '--arch', 'sm_80,sm_90']) == 0
     out = capsys.readouterr().out
     assert len(out.splitlines()) == 1, out
-    assert '4 kernels in 2 variants compiled for sm_80, sm_90; most registers' in out
-    assert '; 2 variant build(s) spill (all allowed) (--table: per kernel)' in out
+    assert '2 variants (2 kernels) compiled for sm_80, sm_90; most registers' in out
+    assert '; 2 build(s) spill (all allowed) (--table: per kernel)' in out
 
 
 def test_main_without_nvrtc_exits_2(monkeypatch, capsys):
