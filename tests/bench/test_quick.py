@@ -44,14 +44,18 @@ import pytest
 def test_sum(benchmark, harness, size):
     harness.run(benchmark, family='fake', case='sum %d' % size, impl='numpy', fn=np.sum,
                 make_inputs=lambda i: (np.full(size, float(i)),), set_bytes=8 * size)
+
+
+def test_never(benchmark):
+    pytest.skip('fake row: cannot run here')
 '''
 
 
-def _run_bench(suites, results, *extra):
+def _run_bench(suites, results, *extra, status=0):
     command = [sys.executable, '-m', 'bench', '--suites', str(suites), '--results-dir', str(results),
                '--rounds', '2', '-q', *extra]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=ENV, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == status, done.stdout + done.stderr
     return done.stdout
 
 
@@ -76,3 +80,13 @@ def test_quick_run_after_full_run_leaves_both_result_files(tmp_path):
     assert info['threads']['OPENBLAS_NUM_THREADS'] == '1' and info['threads']['OMP_NUM_THREADS'] == '1'
     assert len(info['load_average_start']) == 3
     assert 'compare with the run before: python -m bench.report' in output
+    assert '- 1 row: fake row: cannot run here' in output   # once, not once per round
+
+
+def test_strict_exits_3_when_rounds_disagree(tmp_path):
+    suites = tmp_path / 'suites'
+    suites.mkdir()
+    (suites / 'bench_fake.py').write_text(FAKE_SUITE)
+    # any two rounds differ by a factor >= 1, so a threshold under 1 marks every row noisy
+    output = _run_bench(suites, tmp_path / 'results', '--strict', '--max-spread', '0.99', status=3)
+    assert 'WARNING: 2 of 2 rows varied by more than 0.99x between rounds' in output
