@@ -196,8 +196,6 @@ def run_info(config):
 
 
 def pytest_benchmark_update_json(config, benchmarks, output_json):
-    _harness.fill_ratios(b['extra_info'] for b in output_json.get('benchmarks', [])
-                         if 'family' in (b.get('extra_info') or {}))
     output_json.setdefault('machine_info', {})['gpuk_bench'] = run_info(config)
     output_json['skipped'] = list(_session['skipped'])
     output_json['failed'] = list(_session['failed'])

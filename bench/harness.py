@@ -383,11 +383,11 @@ def measure_cpu_matmul(dtype):
 # ---------------------------------------------------------------- rows
 
 class Harness:
-    """Runs benchmark rows and keeps them for the session's ratios to cuDNN."""
+    """Runs benchmark rows with the session's measured ceilings. Ratios between rows are
+    the report's business (bench/rows.py), taken over every round of both rows."""
 
     def __init__(self, ceilings=None):
         self.ceilings = ceilings or Ceilings()
-        self.rows = {}     # (family, case, impl) -> the row's extra_info dict
 
     def run(self, benchmark, *, family, case, impl, fn, make_inputs, set_bytes,
             bytes_moved=0, flops=0, dtype='float32'):
@@ -416,8 +416,6 @@ class Harness:
                     device=gpu_name() if kind == 'gpu' else cpu_name(),
                     runs=len(samples), pool_sets=sets, load_average=runs.load_average())
         benchmark.extra_info.update(info)
-        self.rows[(family, str(case), impl)] = benchmark.extra_info
-        fill_ratios(self.rows.values())
         return benchmark.extra_info
 
 
@@ -432,13 +430,3 @@ def row_metrics(time_s, bytes_moved, flops, ceiling_gbps, ceiling_tflops):
         'ceiling_fraction': ceiling_fraction(time_s, bytes_moved, flops, ceiling_gbps,
                                              ceiling_tflops),
     }
-
-
-def fill_ratios(infos):
-    """Sets 'ratio_to_cudnn' (cuDNN time / row time) on rows whose family and case ran on cudnn."""
-    infos = list(infos)
-    cudnn_time = {(i['family'], i['case']): i['time_s'] for i in infos
-                  if i.get('impl') == 'cudnn' and i.get('time_s')}
-    for info in infos:
-        reference = cudnn_time.get((info.get('family'), info.get('case')))
-        info['ratio_to_cudnn'] = reference / info['time_s'] if reference and info.get('time_s') else None
