@@ -34,8 +34,9 @@ test: venv
 	GPUK_GPU_REHEARSAL=1 $(BIN)/python -m pytest -q -m gpu tests
 	GPUK_GPU_REHEARSAL=1 $(BIN)/python -m bench --quick -q
 
+# BENCH_ARGS: e.g. --quick, --strict, -k keras (python -m bench --help)
 bench: venv
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

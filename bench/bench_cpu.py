@@ -8,8 +8,8 @@ same math with torch.nn.functional and autograd, in channels_last (oneDNN's fast
 for conv, depthwise, pooling and batch norm on the CPU), with torch.set_num_threads set
 to the thread count of NumPy's BLAS, so both sides use the same cores.
 
-Each row's extra_info gets 'ratio_numpy_to_torch' (NumPy time / torch time, for both
-rows of a case) once both have run; the goal is <= 2. ``python -m bench.bench_cpu``
+``python -m bench`` reports NumPy time / torch time per family (the goal is <= 2).
+``python -m bench.bench_cpu``
 times every case several times, alternating numpy and torch, and prints a markdown
 table of the medians (the host is shared, so one pytest run is noisy).
 """
@@ -328,15 +328,6 @@ def set_torch_threads():
     torch.set_num_threads(numpy_blas_threads())
 
 
-def fill_numpy_to_torch(rows):
-    """Sets 'ratio_numpy_to_torch' on both rows of every case that ran on numpy and torch."""
-    times = {(key[0], key[1], key[2]): info.get('time_s') for key, info in rows.items()}
-    for (family, case, impl), info in rows.items():
-        numpy_time, torch_time = times.get((family, case, 'numpy')), times.get((family, case, 'torch'))
-        if impl in ('numpy', 'torch') and numpy_time and torch_time:
-            info['ratio_numpy_to_torch'] = numpy_time / torch_time
-
-
 @pytest.mark.parametrize('case, impl', [(c, impl) for c in CASES for impl in h.CPU_IMPLS],
                          ids=['%s-%s' % (c.id, impl) for c in CASES for impl in h.CPU_IMPLS])
 def test_cpu_step(benchmark, harness, case, impl):
@@ -347,7 +338,6 @@ def test_cpu_step(benchmark, harness, case, impl):
     info = harness.run(benchmark, family='cpu_' + case.family, case=case.label, impl=impl, fn=fn,
                        make_inputs=make_inputs, set_bytes=case.set_bytes, dtype='float32')
     info['threads'] = numpy_blas_threads()
-    fill_numpy_to_torch(harness.rows)
     assert info['time_s'] > 0
 
 

@@ -1,5 +1,5 @@
 """CTC: loss + gradient on warp-ctc's benchmark suite, greedy and beam-search decoding.
-gpuk vs cuDNN (cudnnCTCLoss_v8) vs torch vs NumPy. GPU rows skip without a GPU; the
+gpuk vs cuDNN (cudnnCTCLoss_v8) vs torch (GPU and CPU) vs NumPy. GPU rows skip without a GPU; the
 numpy rows are slow on the large cases (`-k numpy and small` for a quick check)."""
 import numpy as np
 import pytest
@@ -11,7 +11,7 @@ from bench import harness as h
 LOSS_CASES = ([(150, 40, 28, n) for n in (1, 16, 32, 64, 128)] +
               [(150, 20, 5000, n) for n in (1, 16, 32, 64, 128)] +
               [(700, 200, 29, 32), (600, 280, 29, 8)])
-IMPLS = ['gpuk', 'cudnn', 'torch', 'numpy']
+IMPLS = ['gpuk', 'cudnn', 'torch-cuda', 'torch', 'numpy']
 
 
 def _loss_inputs(xp, T, L, A, N, seed):
@@ -31,13 +31,15 @@ def _loss_row(impl, case):
             loss, log_alpha = twin.ctc_loss_fwd(x, labels, il, ll)
             return twin.ctc_loss_bwd(x, labels, il, ll, log_alpha, loss, np.ones(N, np.float32))
         return loss_and_grad, lambda i: _loss_inputs(np, T, L, A, N, i)
-    if impl == 'torch':
+    if impl in ('torch', 'torch-cuda'):
         import torch
+        where = 'cuda' if impl == 'torch-cuda' else 'cpu'
 
         def make(i):
             x, labels, il, ll = _loss_inputs(np, T, L, A, N, i)
-            return (torch.tensor(x).transpose(0, 1).requires_grad_(), torch.tensor(labels), torch.tensor(il),
-                    torch.tensor(ll))
+            return (torch.tensor(x, device=where).transpose(0, 1).requires_grad_(),
+                    torch.tensor(labels, device=where), torch.tensor(il, device=where),
+                    torch.tensor(ll, device=where))
 
         def loss_and_grad(x, labels, il, ll):
             lp = torch.log_softmax(x, 2)
@@ -77,7 +79,7 @@ def _decode_inputs(xp, N, T, V, seed):
 
 
 def _decoder(impl, name, **kwargs):
-    if impl in ('cudnn', 'torch'):
+    if impl in ('cudnn', 'torch', 'torch-cuda'):
         pytest.skip('%s has no CTC decoder' % impl)
     if impl == 'numpy':
         from gpuk.cpu_fallback import ctc as twin

@@ -60,7 +60,7 @@ def _time_calls(fn, args, warmup_calls=5):
     which sets the number of runs, is a typical one."""
     for _ in range(warmup_calls):
         fn(*args)
-    return h.time_cpu(fn, [args], min_time=0.4, min_runs=20, max_runs=3000)
+    return h.time_cpu(fn, [args], min_time=0.2, min_runs=20, max_runs=3000)
 
 
 def _record(benchmark, fn, args, samples):

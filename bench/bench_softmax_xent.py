@@ -1,5 +1,5 @@
 """Fused softmax cross-entropy (forward: loss + lse in one read pass), binary cross-entropy,
-and softmax forward / backward: gpuk vs cuDNN vs torch vs NumPy. Bytes: the arrays read and
+and softmax forward / backward: gpuk vs cuDNN vs torch (GPU and CPU) vs NumPy. Bytes: the arrays read and
 written once (logits + target read, loss written; x read, y written; y + dy read, dx
 written). GPU rows skip without a GPU; `-k numpy` runs the CPU rows alone."""
 import numpy as np
@@ -9,7 +9,7 @@ from bench import harness as h
 
 SHAPES = [(256, 1000), (4096, 1000), (8192, 32000), (8192, 128256)]
 BINARY = [(1 << 20,)]
-IMPLS = ['gpuk', 'cudnn', 'torch', 'numpy']
+IMPLS = ['gpuk', 'cudnn', 'torch-cuda', 'torch', 'numpy']
 
 
 def _logits_and_targets(impl, shape):
@@ -18,12 +18,14 @@ def _logits_and_targets(impl, shape):
         def make(i):
             rng = np.random.default_rng(i)
             return rng.standard_normal(shape, dtype=np.float32), rng.random(shape, dtype=np.float32)
-    elif impl == 'torch':
+    elif impl in ('torch', 'torch-cuda'):
         import torch
+        where = 'cuda' if impl == 'torch-cuda' else 'cpu'
 
         def make(i):
-            g = torch.Generator().manual_seed(i)
-            return torch.randn(shape, generator=g), torch.rand(shape, generator=g)
+            g = torch.Generator(device=where).manual_seed(i)
+            return (torch.randn(shape, generator=g, device=where),
+                    torch.rand(shape, generator=g, device=where))
     else:
         import cupy
 
@@ -37,7 +39,7 @@ def _xent_row(impl, shape):
     if impl == 'numpy':
         from gpuk.cpu_fallback import softmax_xent as twin
         fn = twin.softmax_xent_fwd
-    elif impl == 'torch':
+    elif impl in ('torch', 'torch-cuda'):
         import torch
         fn = lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction='none')   # noqa: E731
     elif impl == 'cudnn':
@@ -63,7 +65,7 @@ def _binary_row(impl, n):
     if impl == 'numpy':
         from gpuk.cpu_fallback import softmax_xent as twin
         fn = twin.binary_xent_logits_fwd
-    elif impl == 'torch':
+    elif impl in ('torch', 'torch-cuda'):
         import torch
         fn = lambda x, t: torch.nn.functional.binary_cross_entropy_with_logits(x, t, reduction='none')   # noqa: E731
     elif impl == 'cudnn':
@@ -94,13 +96,15 @@ def _softmax_row(impl, shape, direction):
         from gpuk.cpu_fallback import softmax_xent as twin
         fn = twin.softmax_fwd if direction == 'fwd' else twin.softmax_bwd
         return fn, lambda i: arrays(lambda s: np.random.default_rng(s).standard_normal(shape, dtype=np.float32), i)
-    if impl == 'torch':
+    if impl in ('torch', 'torch-cuda'):
         import torch
+        where = 'cuda' if impl == 'torch-cuda' else 'cpu'
         if direction == 'fwd':
             fn = lambda x: torch.softmax(x, dim=-1)   # noqa: E731
         else:
             fn = lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)   # noqa: E731
-        return fn, lambda i: arrays(lambda s: torch.randn(shape, generator=torch.Generator().manual_seed(s)), i)
+        return fn, lambda i: arrays(lambda s: torch.randn(shape, device=where,
+                                                          generator=torch.Generator(device=where).manual_seed(s)), i)
     import cupy
     from gpuk.kernels import softmax_xent
     from gpuk.kernels.cudnn import softmax as cudnn_softmax

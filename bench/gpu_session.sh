@@ -20,7 +20,7 @@
 #
 # Output goes to $OUT (the device tool's folder; ./gpu-session-out elsewhere), five files
 # at most, all at its top level: session.log (everything printed), tests-junit.xml,
-# bench.json, report.md, report.png. The exit status is the first failing step's.
+# bench.json, bench.md, bench.png. The exit status is the first failing step's.
 set -uo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -137,7 +137,7 @@ for part in "${PART_LIST[@]}"; do
     case "$part" in
         info) step info device_info ;;
         build)
-            if ARCH=$(device_arch); then step build "$PYTHON" -m gpuk.kernels.build --arch "$ARCH"
+            if ARCH=$(device_arch); then step build "$PYTHON" -m gpuk.kernels.build --arch "$ARCH" --table
             else echo "=== build: no device architecture (CuPy sees no GPU)"; [ "$STATUS" -ne 0 ] || STATUS=1; fi ;;
         tests) step tests run_tests tests ;;
         tests-kernels) step tests-kernels run_tests tests/kernels ;;

@@ -12,14 +12,17 @@ JSON hold the event times, not host times around asynchronous launches.
 """
 import importlib.util
 import math
+import os
 import platform
+import sys
 import statistics
 import time
 from collections import deque
 
+from bench import runs
 from gpuk import device
 
-GPU_IMPLS = ('gpuk', 'cudnn', 'cupy')
+GPU_IMPLS = ('gpuk', 'cudnn', 'cupy', 'torch-cuda')   # torch-cuda: PyTorch on the GPU
 CPU_IMPLS = ('numpy', 'torch')
 IMPLEMENTATIONS = GPU_IMPLS + CPU_IMPLS
 CPU_CACHE_BYTES = 64 << 20          # a generous last-level cache for the CPU rows
@@ -45,8 +48,13 @@ def skip_reason(impl):
             from gpuk.kernels.cudnn import library as cudnn_library
             if not cudnn_library.available():
                 return 'cuDNN unavailable: %s' % cudnn_library.why_unavailable()
-    if impl == 'torch' and importlib.util.find_spec('torch') is None:
-        return 'PyTorch is not installed'
+    if impl in ('torch', 'torch-cuda') and importlib.util.find_spec('torch') is None:
+        return 'PyTorch is not installed (pip install -e ".[bench]")'
+    if impl == 'torch-cuda':
+        import torch
+        if not torch.cuda.is_available():
+            return ('PyTorch %s cannot use this GPU (a CPU-only build, or its CUDA does not match the '
+                    'driver): install a CUDA build of torch for the PyTorch GPU rows' % torch.__version__)
     return None
 
 
@@ -70,40 +78,83 @@ def _run_count(per_run, min_time, min_runs, max_runs):
     return int(min(max(math.ceil(min_time / per_run), min_runs), max_runs))
 
 
-def time_gpu(fn, arg_sets, min_time=0.2, min_runs=10, max_runs=200, warmup_time=0.05):
+class CupyEvents:
+    """CUDA events on CuPy's current stream, the one gpuk's launchers and cuDNN enqueue on."""
+
+    def __init__(self):
+        import cupy
+        self.cupy, self.stream = cupy, cupy.cuda.get_current_stream()
+
+    def event(self):
+        return self.cupy.cuda.Event()
+
+    def record(self, event):
+        event.record(self.stream)
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+    def elapsed_ms(self, start, end):
+        return self.cupy.cuda.get_elapsed_time(start, end)
+
+
+class TorchEvents:
+    """CUDA events on torch's current stream, for the PyTorch GPU rows."""
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+
+    def event(self):
+        return self.torch.cuda.Event(enable_timing=True)
+
+    def record(self, event):
+        event.record()
+
+    def synchronize(self):
+        self.torch.cuda.synchronize()
+
+    def elapsed_ms(self, start, end):
+        return start.elapsed_time(end)
+
+
+def time_gpu(fn, arg_sets, min_time=0.1, min_runs=10, max_runs=200, warmup_time=0.05, events=None):
     """Seconds per call of ``fn(*args)``, one sample per call, timed with CUDA events.
 
     Calls cycle through ``arg_sets``. The warm-up (module load, compilation, plan and
-    handle creation) is never timed; the timed calls are queued behind it. Every event is
-    recorded on CuPy's current stream, the one the launchers enqueue on.
+    handle creation) is never timed; the timed calls are queued behind it. ``events``
+    (default CupyEvents) records on the stream the work is enqueued on. ``min_time`` is per
+    round: python -m bench times every row in several rounds.
     """
-    import cupy
+    clock = events or CupyEvents()
     n = len(arg_sets)
-    stream = cupy.cuda.get_current_stream()
     fn(*arg_sets[0])
-    stream.synchronize()
-    probe_start, probe_end = cupy.cuda.Event(), cupy.cuda.Event()
-    probe_start.record(stream)
+    clock.synchronize()
+    probe_start, probe_end = clock.event(), clock.event()
+    clock.record(probe_start)
     for i in range(3):
         fn(*arg_sets[(1 + i) % n])
-    probe_end.record(stream)
+    clock.record(probe_end)
     probe_end.synchronize()
-    per_run = cupy.cuda.get_elapsed_time(probe_start, probe_end) / 3e3   # milliseconds for 3 -> s per call
+    per_run = clock.elapsed_ms(probe_start, probe_end) / 3e3   # milliseconds for 3 -> s per call
     runs = _run_count(per_run, min_time, min_runs, max_runs)
     warmup = _run_count(per_run, warmup_time, 3, max_runs)
     for i in range(warmup):
         fn(*arg_sets[i % n])
-    events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(runs)]   # created before timing starts
-    for i, (start, end) in enumerate(events):
-        start.record(stream)
+    pairs = [(clock.event(), clock.event()) for _ in range(runs)]   # created before timing starts
+    for i, (start, end) in enumerate(pairs):
+        clock.record(start)
         fn(*arg_sets[(warmup + i) % n])
-        end.record(stream)
-    events[-1][1].synchronize()
-    return [cupy.cuda.get_elapsed_time(start, end) / 1e3 for start, end in events]
+        clock.record(end)
+    pairs[-1][1].synchronize()
+    return [clock.elapsed_ms(start, end) / 1e3 for start, end in pairs]
 
 
-def time_cpu(fn, arg_sets, min_time=0.5, min_runs=5, max_runs=50):
-    """Seconds per call of ``fn(*args)`` on the host (perf_counter), after one warm-up call."""
+def time_cpu(fn, arg_sets, min_time=0.25, min_runs=5, max_runs=50):
+    """Seconds per call of ``fn(*args)`` on the host (perf_counter), after one warm-up call.
+
+    ``min_time`` is per round: python -m bench times every row in several rounds.
+    """
     n = len(arg_sets)
     fn(*arg_sets[0])
     t0 = time.perf_counter()
@@ -150,6 +201,24 @@ def cpu_name():
     except OSError:
         pass
     return platform.processor() or platform.machine() or 'CPU'
+
+
+def run_device():
+    """The device a run is named and compared by: the GPU when one is usable, else the CPU
+    with its usable core count (two VMs with the same model name but not the same cores differ)."""
+    if gpu_unusable_reason() is None:
+        return gpu_name()
+    return 'cpu %s x%d' % (cpu_name(), runs.usable_cpus())
+
+
+def thread_settings():
+    """The thread counts in force: the variables, what OpenBLAS and torch report."""
+    from gpuk.cpu_fallback import parallel
+    settings = {name: os.environ.get(name) for name in runs.THREAD_VARIABLES + ('OMP_WAIT_POLICY',)}
+    settings['numpy_blas_threads'] = parallel.blas_threads()
+    if importlib.util.find_spec('torch') is not None and 'torch' in sys.modules:
+        settings['torch_threads'] = sys.modules['torch'].get_num_threads()
+    return settings
 
 
 # ---------------------------------------------------------------- pytest-benchmark bridge
@@ -314,11 +383,11 @@ def measure_cpu_matmul(dtype):
 # ---------------------------------------------------------------- rows
 
 class Harness:
-    """Runs benchmark rows and keeps them for the session's ratios to cuDNN."""
+    """Runs benchmark rows with the session's measured ceilings. Ratios between rows are
+    the report's business (bench/rows.py), taken over every round of both rows."""
 
     def __init__(self, ceilings=None):
         self.ceilings = ceilings or Ceilings()
-        self.rows = {}     # (family, case, impl) -> the row's extra_info dict
 
     def run(self, benchmark, *, family, case, impl, fn, make_inputs, set_bytes,
             bytes_moved=0, flops=0, dtype='float32'):
@@ -333,7 +402,10 @@ class Harness:
         kind = device_kind(impl)
         sets = pool_size(set_bytes, cache_bytes(kind))
         pool = [make_inputs(i) for i in range(sets)]
-        samples = time_gpu(fn, pool) if kind == 'gpu' else time_cpu(fn, pool)
+        if kind == 'gpu':
+            samples = time_gpu(fn, pool, events=TorchEvents() if impl == 'torch-cuda' else None)
+        else:
+            samples = time_cpu(fn, pool)
         del pool
         record_samples(benchmark, samples)
         median = statistics.median(samples)
@@ -342,16 +414,14 @@ class Harness:
         info = row_metrics(median, bytes_moved, flops, ceiling_gbps, ceiling_tflops)
         info.update(family=family, case=str(case), impl=impl, dtype=dtype,
                     device=gpu_name() if kind == 'gpu' else cpu_name(),
-                    runs=len(samples), pool_sets=sets)
+                    runs=len(samples), pool_sets=sets, load_average=runs.load_average())
         benchmark.extra_info.update(info)
-        self.rows[(family, str(case), impl)] = benchmark.extra_info
-        fill_ratios(self.rows.values())
         return benchmark.extra_info
 
 
 def row_metrics(time_s, bytes_moved, flops, ceiling_gbps, ceiling_tflops):
     """time, bytes, flops, GB/s, TFLOP/s, ceilings and the fraction of the roofline floor."""
-    from bench.report import ceiling_fraction
+    from bench.rows import ceiling_fraction
     return {
         'time_s': time_s, 'bytes': int(bytes_moved), 'flops': int(flops),
         'gbps': bytes_moved / time_s / 1e9 if bytes_moved else None,
@@ -360,13 +430,3 @@ def row_metrics(time_s, bytes_moved, flops, ceiling_gbps, ceiling_tflops):
         'ceiling_fraction': ceiling_fraction(time_s, bytes_moved, flops, ceiling_gbps,
                                              ceiling_tflops),
     }
-
-
-def fill_ratios(infos):
-    """Sets 'ratio_to_cudnn' (cuDNN time / row time) on rows whose family and case ran on cudnn."""
-    infos = list(infos)
-    cudnn_time = {(i['family'], i['case']): i['time_s'] for i in infos
-                  if i.get('impl') == 'cudnn' and i.get('time_s')}
-    for info in infos:
-        reference = cudnn_time.get((info.get('family'), info.get('case')))
-        info['ratio_to_cudnn'] = reference / info['time_s'] if reference and info.get('time_s') else None

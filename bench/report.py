@@ -1,110 +1,32 @@
-"""Turns a pytest-benchmark results JSON into a markdown table and a PNG plot.
+"""Reports on benchmark runs: one run's summary, table and plot, or two runs compared.
 
-    python -m bench.report RESULTS.json [--out DIR]
+    python -m bench.report RUN.json [--out DIR]
+    python -m bench.report BEFORE.json AFTER.json [--allow-different-devices]
 
-Writes DIR/report.md and DIR/report.png (DIR defaults to the JSON's folder) and prints
-the table. One row per benchmark: family, case, impl, time, GB/s, TFLOP/s, fraction of
-the measured ceiling and the ratio to cuDNN.
+RUN may be the word ``latest`` (bench/results/latest names the newest run). One file:
+writes ``<stem>.md`` (summary per family, rows that did not run and why, every row) and
+``<stem>.png`` (bench/plot.py) beside the JSON or in DIR, and prints the summary. Two
+files: prints, per row both ran, AFTER's time over BEFORE's (below 1: AFTER is faster)
+and the geometric mean per family; it refuses runs from different devices, whose ratio
+would measure the machines, unless --allow-different-devices.
 
-Everything is recomputed from each row's median time and the ``extra_info`` the harness
-stored (bytes, flops, ceilings), so the report does not trust derived numbers in the
-file. ``ratio to cuDNN`` is cuDNN's time over this row's time for the same family and
-case: 1.0 is parity, above 1 faster than cuDNN.
+Everything is recomputed from the rows' round medians and the ``extra_info`` the harness
+stored (bytes, flops, ceilings); derived numbers in the file are not trusted. The
+markdown stays within ~120 characters a line; the JSON has every detail.
 """
 import argparse
 import json
-import math
 import os
 import sys
-from collections import OrderedDict
+import textwrap
+from collections import Counter, OrderedDict
 
+from bench import runs
+from bench.rows import (NOISY_SPREAD, family_summary, geometric_mean, impl_label, noisy_rows,
+                        rows_from_results, run_device, run_info)
 
-class ReportRow:
-    """One benchmark of the results file, with its derived metrics."""
-
-    def __init__(self, family, case, impl, time_s, bytes_moved=0, flops=0,
-                 ceiling_gbps=None, ceiling_tflops=None, device=''):
-        self.family = family
-        self.case = case
-        self.impl = impl
-        self.time_s = time_s
-        self.bytes_moved = bytes_moved or 0
-        self.flops = flops or 0
-        self.ceiling_gbps = ceiling_gbps
-        self.ceiling_tflops = ceiling_tflops
-        self.device = device
-        self.ratio_to_cudnn = None
-
-    @property
-    def gbps(self):
-        return self.bytes_moved / self.time_s / 1e9 if self.bytes_moved else None
-
-    @property
-    def tflops(self):
-        return self.flops / self.time_s / 1e12 if self.flops else None
-
-    @property
-    def ceiling_fraction(self):
-        return ceiling_fraction(self.time_s, self.bytes_moved, self.flops,
-                                self.ceiling_gbps, self.ceiling_tflops)
-
-
-def ceiling_fraction(time_s, bytes_moved, flops, ceiling_gbps, ceiling_tflops):
-    """Roofline floor over measured time: max(bytes / bandwidth, flops / rate) / time.
-
-    None when neither a byte count with a bandwidth nor a flop count with a rate is known.
-    """
-    floors = []
-    if bytes_moved and ceiling_gbps:
-        floors.append(bytes_moved / (ceiling_gbps * 1e9))
-    if flops and ceiling_tflops:
-        floors.append(flops / (ceiling_tflops * 1e12))
-    if not floors or not time_s:
-        return None
-    return max(floors) / time_s
-
-
-def _split_name(bench):
-    """(family, case, impl) for a row the harness did not label: test name and param id."""
-    name = bench.get('name', '?')
-    base = name.split('[', 1)[0]
-    family = bench.get('group') or (base[5:] if base.startswith('test_') else base)
-    params = bench.get('params') or {}
-    impl = str(params.get('impl', '?'))
-    case = '-'.join('%s=%s' % (k, v) for k, v in sorted(params.items()) if k != 'impl')
-    return family, case or (bench.get('param') or ''), impl
-
-
-def rows_from_results(results):
-    """ReportRows of a pytest-benchmark JSON object (already parsed), ratios filled in."""
-    if not isinstance(results, dict) or not isinstance(results.get('benchmarks'), list):
-        raise ValueError("rows_from_results: results must be a pytest-benchmark JSON object "
-                         "with a 'benchmarks' list, got %s" % type(results).__name__)
-    rows = []
-    for bench in results['benchmarks']:
-        stats = bench.get('stats') or {}
-        time_s = stats.get('median')
-        if not time_s:
-            continue
-        extra = bench.get('extra_info') or {}
-        family, case, impl = _split_name(bench)
-        rows.append(ReportRow(
-            family=extra.get('family', family), case=str(extra.get('case', case)),
-            impl=extra.get('impl', impl), time_s=float(time_s),
-            bytes_moved=extra.get('bytes', 0), flops=extra.get('flops', 0),
-            ceiling_gbps=extra.get('ceiling_gbps'), ceiling_tflops=extra.get('ceiling_tflops'),
-            device=extra.get('device', '')))
-    fill_cudnn_ratios(rows)
-    return rows
-
-
-def fill_cudnn_ratios(rows):
-    """Sets ``ratio_to_cudnn`` on every row whose (family, case) also has a cudnn row."""
-    cudnn_time = {(r.family, r.case): r.time_s for r in rows if r.impl == 'cudnn'}
-    for row in rows:
-        reference = cudnn_time.get((row.family, row.case))
-        row.ratio_to_cudnn = reference / row.time_s if reference else None
-    return rows
+CASE_WIDTH = 40
+LINE_WIDTH = 110   # prose lines; the tables stay within ~120 characters
 
 
 def format_time(seconds):
@@ -116,125 +38,202 @@ def format_time(seconds):
     return '%.2f us' % (seconds * 1e6)
 
 
-def _fmt(value, pattern):
-    return '-' if value is None else pattern % value
+def _rate(row):
+    if row.tflops is not None:
+        return '%.3g TFLOP/s' % row.tflops
+    if row.gbps is not None:
+        return '%.4g GB/s' % row.gbps
+    return '-'
 
 
-def markdown_table(rows):
-    """The report table, one line per row, sorted by family, case, impl."""
-    lines = ['| family | case | impl | time | GB/s | TFLOP/s | fraction of ceiling | ratio to cuDNN |',
-             '| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |']
-    for row in sorted(rows, key=lambda r: (r.family, r.case, r.impl)):
-        lines.append('| %s | %s | %s | %s | %s | %s | %s | %s |' % (
-            row.family, row.case, row.impl, format_time(row.time_s),
-            _fmt(row.gbps, '%.1f'), _fmt(row.tflops, '%.2f'),
-            _fmt(None if row.ceiling_fraction is None else 100 * row.ceiling_fraction, '%.1f%%'),
-            _fmt(row.ratio_to_cudnn, '%.2fx')))
+def _short(text, width=CASE_WIDTH):
+    return text if len(text) <= width else text[:width - 1] + '~'
+
+
+def load(path):
+    with open(runs.resolve(path)) as f:
+        results = json.load(f)
+    return results, rows_from_results(results)
+
+
+# ---------------------------------------------------------------- one run
+
+def describe_run(results, rows):
+    """Two lines: device, date, mode and rounds; threads and load average."""
+    info = run_info(results)
+    threads = info.get('threads') or {}
+    load_start, load_end = info.get('load_average_start'), info.get('load_average_end')
+    started = info.get('started_utc') or (results.get('datetime') or '?')[:19].replace('T', ' ')
+    first = '%s; %s UTC; %s run, %s round(s)' % (
+        run_device(results, rows), started,
+        info.get('mode', '?'), info.get('rounds', '?'))
+    second = 'threads: OMP/OpenBLAS/MKL %s, NumPy BLAS reports %s, torch %s; load average %s at start, %s at end' % (
+        threads.get('OMP_NUM_THREADS') or 'unset', threads.get('numpy_blas_threads', '?'),
+        threads.get('torch_threads', 'not loaded'),
+        load_start[0] if load_start else '?', load_end[0] if load_end else '?')
+    return first, second
+
+
+def family_table(rows):
+    """Markdown: per family and implementation, the time relative to the reference."""
+    lines = ['| family | implementation | time relative to reference | cases | worst spread |',
+             '| --- | --- | --- | ---: | ---: |']
+    for family, s in family_summary(rows).items():
+        for impl, (mean, cases) in s['impls'].items():
+            verdict = 'faster' if mean < 1 else 'slower'
+            lines.append('| %s | %s | %.2f x %s (%s) | %d | %.2f |' % (
+                family, impl_label(impl), mean, impl_label(s['reference']), verdict, len(cases),
+                s['worst_spread']))
+        for impl in s['alone']:
+            why = 'no reference ran' if s['reference'] is None else 'no case shared with %s' % impl_label(
+                s['reference'])
+            lines.append('| %s | %s | - (%s) | - | %.2f |' % (family, impl_label(impl), why, s['worst_spread']))
     return '\n'.join(lines) + '\n'
 
 
-def _geometric_mean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+def skipped_lines(results, limit=8):
+    """'- N rows: reason' per distinct reason, most common first."""
+    reasons = Counter(entry.get('reason', '?') for entry in results.get('skipped') or [])
+    lines = ['- %d row%s: %s' % (n, '' if n == 1 else 's', reason) for reason, n in reasons.most_common(limit)]
+    if len(reasons) > limit:
+        lines.append('- ... %d more reasons (the JSON lists every row under "skipped")' % (len(reasons) - limit))
+    lines += ['- FAILED %s (%s): %s' % (f.get('test'), f.get('when'), f.get('error'))
+              for f in results.get('failed') or []]
+    return lines
 
 
-def plot_summary(rows):
-    """What the plot shows: ('ratio', {family: {impl: value}}) or ('time', ...).
-
-    Ratio to cuDNN (geometric mean over a family's cases) for families that have a cuDNN
-    row; when no family has one, the geometric-mean time per impl instead.
-    """
-    ratios = OrderedDict()
-    for row in sorted(rows, key=lambda r: (r.family, r.impl)):
-        if row.ratio_to_cudnn is not None and row.impl != 'cudnn':
-            ratios.setdefault(row.family, OrderedDict()).setdefault(row.impl, []).append(row.ratio_to_cudnn)
-    kind = 'ratio'
-    if not ratios:
-        kind = 'time'
-        for row in sorted(rows, key=lambda r: (r.family, r.impl)):
-            ratios.setdefault(row.family, OrderedDict()).setdefault(row.impl, []).append(row.time_s)
-    summary = OrderedDict(
-        (family, OrderedDict((impl, _geometric_mean(values)) for impl, values in per_impl.items()))
-        for family, per_impl in ratios.items())
-    return kind, summary
+def noise_lines(rows, max_spread=NOISY_SPREAD):
+    noisy = noisy_rows(rows, max_spread)
+    if not noisy:
+        return []
+    worst = noisy[0]
+    return ['WARNING: %d of %d rows varied by more than %.2gx between rounds (worst %.2fx: %s %s %s); '
+            'the machine was busy, so do not trust those times: rerun on a quiet machine'
+            % (len(noisy), len(rows), max_spread, worst.spread, worst.family, _short(worst.case, 30),
+               impl_label(worst.impl))]
 
 
-def write_plot(rows, path):
-    """Grouped bars per kernel family (see ``plot_summary``) saved as a PNG at ``path``."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-
-    kind, summary = plot_summary(rows)
-    impls = sorted({impl for per_impl in summary.values() for impl in per_impl})
-    families = list(summary)
-    width = 0.8 / max(len(impls), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(families) + 2), 4.5))
-    try:
-        for i, impl in enumerate(impls):
-            xs = [f + (i - (len(impls) - 1) / 2) * width for f in range(len(families))
-                  if impl in summary[families[f]]]
-            ys = [summary[family][impl] for family in families if impl in summary[family]]
-            ax.bar(xs, ys, width=width, label=impl)
-        ax.set_xticks(range(len(families)))
-        ax.set_xticklabels(families)
-        if kind == 'ratio':
-            ax.set_yscale('log')  # numpy rows sit orders of magnitude below the GPU ones
-            ax.axhline(1.0, color='black', linewidth=0.8, linestyle='--')
-            ax.set_ylabel('speed relative to cuDNN (cuDNN time / time)')
-            ax.set_title('Kernel families against cuDNN (geometric mean over cases)')
-        else:
-            ax.set_yscale('log')
-            ax.set_ylabel('median time (s, geometric mean over cases)')
-            ax.set_title('Median time per implementation (no cuDNN rows)')
-        if impls:
-            ax.legend()
-        fig.tight_layout()
-        fig.savefig(path, format='png', dpi=100)
-    finally:
-        plt.close(fig)
-    return path
+def rows_table(rows):
+    """Markdown: every row (case names cut to CASE_WIDTH; the JSON has them whole)."""
+    summary = family_summary(rows)
+    reference_time = {(r.family, r.case): r.time_s for r in rows if r.impl == summary[r.family]['reference']}
+    lines = ['| family | case | impl | time | spread | rate | vs ref |',
+             '| --- | --- | --- | ---: | ---: | ---: | ---: |']
+    for row in sorted(rows, key=lambda r: (r.family, r.case, r.impl)):
+        ref = reference_time.get((row.family, row.case))
+        lines.append('| %s | %s | %s | %s | %.2f | %s | %s |' % (
+            row.family, _short(row.case), row.impl, format_time(row.time_s), row.spread, _rate(row),
+            '%.2f' % (row.time_s / ref) if ref else '-'))
+    return '\n'.join(lines) + '\n'
 
 
-def write_report(results_path, out_dir=None):
-    """Reads ``results_path``, writes report.md and report.png into ``out_dir``.
+def summary_text(results, rows, max_spread=NOISY_SPREAD):
+    """What ``python -m bench`` prints at the end: run, per-family table, skips, noise."""
+    first, second = describe_run(results, rows)
+    parts = ['gpuk bench: ' + first, second, '',
+             'Per family, time relative to the reference (geometric mean over cases; below 1 is faster):',
+             family_table(rows)]
+    skipped = skipped_lines(results)
+    if skipped:
+        parts += ['Rows that did not run:'] + [_wrap(line) for line in skipped] + ['']
+    parts += [_wrap(line) for line in noise_lines(rows, max_spread)]
+    return '\n'.join(parts).rstrip() + '\n'
 
-    Returns (markdown text, markdown path, png path).
-    """
-    with open(results_path) as f:
-        results = json.load(f)
-    rows = rows_from_results(results)
+
+def _wrap(line):
+    return textwrap.fill(line, LINE_WIDTH, subsequent_indent='  ', break_on_hyphens=False)
+
+
+def write_report(results_path, out_dir=None, max_spread=NOISY_SPREAD):
+    """Writes <stem>.md and <stem>.png for one results JSON; returns (summary, md path, png path or None)."""
+    from bench import plot
+    results_path = runs.resolve(results_path)
+    results, rows = load(results_path)
     if not rows:
         raise ValueError('write_report: %s holds no benchmark with a median time' % results_path)
     out_dir = out_dir or os.path.dirname(os.path.abspath(results_path))
     os.makedirs(out_dir, exist_ok=True)
-    devices = sorted({r.device for r in rows if r.device})
-    text = '# gpuk benchmarks\n\n'
-    if devices:
-        text += 'Devices: %s\n\n' % ', '.join(devices)
-    text += ('Time is the median of many runs. Fraction of ceiling is the roofline floor '
-             '(bytes over the measured copy bandwidth, or flops over the measured matrix '
-             'rate, whichever is larger) over the time. Ratio to cuDNN is cuDNN time over '
-             'this time: above 1 is faster than cuDNN.\n\n')
-    text += markdown_table(rows)
-    md_path = os.path.join(out_dir, 'report.md')
+    stem = os.path.splitext(os.path.basename(results_path))[0]
+    summary = summary_text(results, rows, max_spread)
+    md_path = os.path.join(out_dir, stem + '.md')
     with open(md_path, 'w') as f:
-        f.write(text)
-    png_path = write_plot(rows, os.path.join(out_dir, 'report.png'))
-    return text, md_path, png_path
+        legend = ('Times are medians of each row\'s round medians; spread is the largest round median over '
+                  'the smallest; "vs ref" is the time over the reference\'s for the same case (below 1 is '
+                  'faster). Every row and round, whole case names and rates: %s.' % os.path.basename(results_path))
+        f.write('# gpuk benchmarks\n\n```\n%s```\n\n%s\n\n%s'
+                % (summary, textwrap.fill(legend, LINE_WIDTH), rows_table(rows)))
+    png_path = plot.write_plot(rows, os.path.join(out_dir, stem + '.png'),
+                               title=describe_run(results, rows)[0])
+    return summary, md_path, png_path
+
+
+# ---------------------------------------------------------------- two runs
+
+class DifferentDevices(ValueError):
+    """Two runs from different devices, compared without --allow-different-devices."""
+
+
+def compare(before_path, after_path, allow_different_devices=False):
+    """The comparison text of two results files (AFTER's time over BEFORE's per row)."""
+    before, before_rows = load(before_path)
+    after, after_rows = load(after_path)
+    devices = run_device(before, before_rows), run_device(after, after_rows)
+    if devices[0] != devices[1] and not allow_different_devices:
+        raise DifferentDevices(
+            'refusing to compare runs from different devices: %s ran on %r, %s on %r; the ratios would '
+            'measure the machines, not a change. Pass --allow-different-devices to compare anyway.'
+            % (before_path, devices[0], after_path, devices[1]))
+    old = OrderedDict((r.key, r) for r in before_rows)
+    new = OrderedDict((r.key, r) for r in after_rows)
+    shared = [key for key in new if key in old]
+    lines = ['Comparing %s (after) with %s (before): after time / before time, below 1 = after is faster.'
+             % (after_path, before_path),
+             'devices: %s' % (devices[0] if devices[0] == devices[1] else '%s (before) vs %s (after)' % devices)]
+    threads = [run_info(r).get('threads', {}).get('OMP_NUM_THREADS') for r in (before, after)]
+    if threads[0] != threads[1]:
+        lines.append('note: thread counts differ (OMP_NUM_THREADS %s before, %s after)' % tuple(threads))
+    lines += ['', '| family | case | impl | before | after | after / before |', '| --- | --- | --- | ---: | ---: | ---: |']
+    per_family = OrderedDict()
+    for key in shared:
+        ratio = new[key].time_s / old[key].time_s
+        per_family.setdefault((key[0], key[2]), []).append(ratio)
+        lines.append('| %s | %s | %s | %s | %s | %.2f |' % (key[0], _short(key[1]), key[2],
+                                                           format_time(old[key].time_s),
+                                                           format_time(new[key].time_s), ratio))
+    lines += ['', '| family | impl | rows | after / before (geometric mean) |', '| --- | --- | ---: | ---: |']
+    lines += ['| %s | %s | %d | %.2f |' % (family, impl, len(ratios), geometric_mean(ratios))
+              for (family, impl), ratios in per_family.items()]
+    only_before, only_after = len(old) - len(shared), len(new) - len(shared)
+    if only_before or only_after:
+        lines.append('\n%d row(s) only before, %d only after (not compared).' % (only_before, only_after))
+    return '\n'.join(lines) + '\n'
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.report', description=__doc__.split('\n\n')[0])
-    parser.add_argument('results', help='pytest-benchmark JSON (--benchmark-json=PATH)')
-    parser.add_argument('--out', default=None, help='folder for report.md and report.png')
+    parser.add_argument('results', nargs='+', metavar='RESULTS.json',
+                        help="one run to report on, or two (before, after) to compare; 'latest' allowed")
+    parser.add_argument('--out', default=None, help='folder for <stem>.md and <stem>.png (one run)')
+    parser.add_argument('--allow-different-devices', action='store_true',
+                        help='compare runs even when they ran on different devices')
+    parser.add_argument('--max-spread', type=float, default=NOISY_SPREAD,
+                        help='warn about rows whose round medians differ more than this (default %(default)s)')
     args = parser.parse_args(argv)
+    if len(args.results) > 2:
+        parser.error('give one results file to report on or two to compare, got %d' % len(args.results))
     try:
-        text, md_path, png_path = write_report(args.results, args.out)
+        if len(args.results) == 2:
+            print(compare(*args.results, allow_different_devices=args.allow_different_devices), end='')
+            return 0
+        summary, md_path, png_path = write_report(args.results[0], args.out, args.max_spread)
+    except DifferentDevices as exc:
+        print('bench.report: %s' % exc, file=sys.stderr)
+        return 2
     except (OSError, ValueError) as exc:
         print('bench.report: %s' % exc, file=sys.stderr)
         return 1
-    print(text)
-    print('wrote %s and %s' % (md_path, png_path))
+    print(summary, end='')
+    print('wrote %s%s' % (md_path, ' and %s' % png_path if png_path else ' (no plot: no family has a reference)'))
     return 0
 
 

@@ -117,6 +117,9 @@ def test_demo_cli_trains_and_decodes(tmp_path):
                                 '--val-size', '64', '--seed', '5')
     assert 'device: cpu' in stdout
     assert 'sequence accuracy: greedy' in stdout
+    # stdout is a pipe: one progress line per epoch, not a redrawn bar per batch
+    assert '\r' not in stdout and '[====' not in stdout
+    assert sum(line.startswith('Epoch ') for line in stdout.splitlines()) == 2
     losses = results['history']['loss']
     assert len(losses) == 2 and losses[1] < losses[0]
     assert len(results['history']['val_seq_acc']) == 2

@@ -120,7 +120,9 @@ def main(argv=None):
                          val_size=args.val_size, seed=args.seed)
 
     started = time.perf_counter()
-    results = train(config)
+    # Keras's progress bar redraws itself with carriage returns: in a file or a pipe that is one
+    # line per update, so there it prints one line per epoch (verbose=2) instead.
+    results = train(config, verbose=1 if sys.stdout.isatty() else 2)
     total_seconds = time.perf_counter() - started
 
     print('\nheld-out set (%d strings):' % config.val_size)

@@ -16,6 +16,7 @@ def plot_history(history, path, title='gpuk OCR demo'):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     epochs = range(1, len(history['loss']) + 1)
     figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
@@ -29,6 +30,8 @@ def plot_history(history, path, title='gpuk OCR demo'):
     accuracy_axes.set(xlabel='epoch', ylabel='% strings read exactly', title='held-out sequence accuracy (greedy)',
                       ylim=(0, 100))
     accuracy_axes.grid(alpha=0.3)
+    for axes in (loss_axes, accuracy_axes):
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))   # epochs are whole numbers
     figure.suptitle(title)
     figure.tight_layout()
     folder = os.path.dirname(os.path.abspath(path))

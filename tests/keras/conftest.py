@@ -6,7 +6,9 @@ imported, and may write keras.json there: a private temporary KERAS_HOME keeps t
 never keras, so setting these variables does not change them; the fixture below restores
 the global settings Keras tests change (data format, floatx, epsilon, learning phase).
 """
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -15,6 +17,7 @@ import pytest
 
 os.environ['KERAS_BACKEND'] = 'gpuk.backend'
 os.environ['KERAS_HOME'] = tempfile.mkdtemp(prefix='gpuk-keras-home-')
+atexit.register(shutil.rmtree, os.environ['KERAS_HOME'], ignore_errors=True)   # leave no folder in /tmp
 
 if 'keras.backend' in sys.modules and sys.modules['keras.backend'].backend() != 'gpuk.backend':
     raise RuntimeError('tests/keras: keras was imported with backend %r before these tests '

@@ -121,7 +121,7 @@ def test_build_variant_writes_the_runtime_cubin_name(tmp_path):
 
 
 def test_main_builds_every_registered_variant(tmp_path, capsys):
-    assert build.main(['--out', str(tmp_path), '--arch', 'sm_80,sm_90']) == 0
+    assert build.main(['--out', str(tmp_path), '--arch', 'sm_80,sm_90', '--table']) == 0
     out = capsys.readouterr().out
     builds = runtime.registered_builds()
     assert builds, 'no kernel registered'
@@ -138,11 +138,22 @@ def test_main_check_writes_nothing_and_fails_on_errors(tmp_path, capsys, monkeyp
     good = _spec(tmp_path, SHARED_SOURCE, ['tiled'], name='good.cu')
     monkeypatch.setattr(runtime, 'registered_builds', lambda: [good, bad])
     monkeypatch.setenv('GPUK_CUBIN_DIR', str(tmp_path / 'cubins'))
-    assert build.main(['--check', '--arch', 'sm_90']) == 1
+    assert build.main(['--check', '--arch', 'sm_90', '--table']) == 1
     captured = capsys.readouterr()
     assert 'COMPILE ERROR' in captured.out and 'tiled' in captured.out
     assert 'case.cu' in captured.err and 'nope' in captured.err
     assert not (tmp_path / 'cubins').exists()
+
+
+def test_main_prints_one_summary_line_by_default(tmp_path, capsys, monkeypatch):
+    tiled = _spec(tmp_path, SHARED_SOURCE, ['tiled'], name='good.cu')
+    spiller = _spec(tmp_path, SPILLING_SOURCE, ['spiller'], may_spill=True)
+    monkeypatch.setattr(runtime, 'registered_builds', lambda: [tiled, spiller])
+    assert build.main(['--check', '--arch', 'sm_80,sm_90']) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == 1, out
+    assert '2 variants (2 kernels) compiled for sm_80, sm_90; most registers' in out
+    assert '; 2 build(s) spill (all allowed) (--table: per kernel)' in out
 
 
 def test_main_without_nvrtc_exits_2(monkeypatch, capsys):

@@ -1,14 +1,15 @@
 """Ahead-of-time build: every registered kernel variant, compiled with NVRTC to cubin.
 
-    python -m gpuk.kernels.build [--arch sm_80,sm_90] [--out DIR] [--check]
+    python -m gpuk.kernels.build [--arch sm_80,sm_90] [--out DIR] [--check] [--table]
 
 Needs no GPU and no driver: NVRTC comes from pip (``cuda-bindings`` with
 ``nvidia-cuda-nvrtc`` for CUDA 13, or ``cuda-bindings<13`` with
 ``nvidia-cuda-nvrtc-cu12``). Each variant (``runtime.registered_builds()``) is compiled
 from exactly the text the CUDA runtime compiles (``kernel_source``) for each
 architecture, written to ``runtime.cubin_path(...)`` (or into ``--out DIR`` under the
-same file name) so the runtime loads it instead of compiling at run time, and reported
-per kernel: registers, static shared memory, stack frame, spill stores / loads.
+same file name) so the runtime loads it instead of compiling at run time, and summed up
+in one line; ``--table`` reports each kernel: registers, static shared memory, stack
+frame, spill stores / loads.
 
 Where the numbers come from: ptxas's verbose report (``--ptxas-options=-v``), read from
 the NVRTC program log. It is the only place that states spills; the cubin's ELF
@@ -262,6 +263,25 @@ def format_table(results):
     return '\n'.join(out)
 
 
+def summary_line(results, archs):
+    """One line for the whole build: variants and kernels compiled, the most registers, spills, failures."""
+    built = [r for r in results if not r.error]
+    usages = [(u.registers, kernel, r.arch) for r in built for kernel, u in r.usage.items()]
+    variants = {variant_label(r.spec): len(r.spec.kernels) for r in results}
+    line = '%d variants (%d kernels) compiled for %s' % (len(variants), sum(variants.values()), ', '.join(archs))
+    if usages:
+        line += '; most registers %d (%s, %s)' % max(usages)
+    spilling = [r for r in built if r.spilled]
+    if not spilling:
+        line += '; no spills'
+    else:
+        forbidden = sum(1 for r in spilling if not r.spec.may_spill)
+        line += '; %d build(s) spill (%s)' % (len(spilling), '%d where not allowed' % forbidden if forbidden
+                                              else 'all allowed')
+    failed = len(results) - len(built)
+    return line + ('; %d FAILED to compile' % failed if failed else '')
+
+
 def parse_archs(text):
     archs = tuple(runtime.normalize_arch(a.strip()) for a in text.split(',') if a.strip())
     if not archs:
@@ -276,6 +296,8 @@ def main(argv=None):
                         help='comma-separated architectures (default %(default)s)')
     parser.add_argument('--out', default=None, help='write cubins here instead of runtime.cubin_dir()')
     parser.add_argument('--check', action='store_true', help='compile and report only; write nothing')
+    parser.add_argument('--table', action='store_true',
+                        help='print registers, shared memory, stack and spills per kernel (default: one summary line)')
     args = parser.parse_args(argv)
     try:
         archs = parse_archs(args.arch)
@@ -289,8 +311,10 @@ def main(argv=None):
     builds = runtime.registered_builds()
     results = [build_variant(spec, arch, args.out, write=not args.check)
                for spec in builds for arch in archs]
-    print('NVRTC %d.%d: %d variants x %d architectures' % (major, minor, len(builds), len(archs)))
-    print(format_table(results))
+    print('NVRTC %d.%d: %s%s' % (major, minor, summary_line(results, archs),
+                                '' if args.table else ' (--table: per kernel)'))
+    if args.table:
+        print(format_table(results))
     if not args.check:
         folder = args.out or runtime.cubin_dir()
         print('cubins in %s' % folder)
