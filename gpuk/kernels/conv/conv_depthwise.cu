@@ -8,9 +8,10 @@
 // [pixel][lane] (lane = one of DW_CHANNELS channels), so the math is layout-free:
 //   channels_last : a warp loads/stores 32 consecutive channels of one pixel (coalesced);
 //                   shared pitch DW_CHANNELS words, conflict-free.
-//   channels_first: a warp loads 32 consecutive pixels along W of one channel (coalesced);
-//                   shared pitch DW_CHANNELS + 1 words so those 32 pixels hit 32 banks, and
-//                   results are staged through shared memory to store along W as well.
+//   channels_first: a warp loads up to 32 consecutive pixels of one tile row of one channel
+//                   (coalesced); shared pitch DW_CHANNELS + 1 words so those pixels hit
+//                   distinct banks; results are staged through shared memory so that a
+//                   warp stores along W as well.
 //
 // Block: DW_CHANNELS x DW_ROWS threads. The block's output tile is tile_rows x
 // (segs * DW_PIX) pixels of one (sample, output plane) x DW_CHANNELS channels; thread
@@ -68,21 +69,30 @@ struct DwSource {
 // vw0 .. vw0 + cols - 1 (virtual) of the channel tile starting at j0 into tile[pixel][lane].
 __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
                                           int cols, int j0) {
+#if DW_CHANNELS_LAST
     const int total = rows * cols * DW_CHANNELS;
     for (int e = threadIdx.y * DW_CHANNELS + threadIdx.x; e < total; e += DW_THREADS) {
-#if DW_CHANNELS_LAST
         const int lane = e % DW_CHANNELS, pix = e / DW_CHANNELS, col = pix % cols, row = pix / cols;
 #else
-        const int col = e % cols, rest = e / cols, row = rest % rows, lane = rest / rows;
+    // one warp per (lane, row, 32-column chunk): each request reads one contiguous run of a row
+    const int chunks = (cols + DW_CHANNELS - 1) / DW_CHANNELS, tasks = rows * chunks * DW_CHANNELS;
+    for (int task = threadIdx.y; task < tasks; task += DW_ROWS) {
+        const int col = (task % chunks) * DW_CHANNELS + threadIdx.x, row = task / chunks % rows;
+        const int lane = task / (chunks * rows);
+        if (col >= cols) continue;
 #endif
-        const int vh = vh0 + row, vw = vw0 + col, j = j0 + lane;
+        // Padding, stride holes and channels past the end read a clamped in-bounds element
+        // and keep 0: every lane of a warp issues the load, so a request stays one request.
+        const int vh = max(vh0 + row, 0), vw = max(vw0 + col, 0), j = min(j0 + lane, s.lanes - 1);
+        const int sh = vh / s.up_h, sw = vw / s.up_w;
+        const bool inside = vh0 + row >= 0 && vw0 + col >= 0 && j0 + lane < s.lanes && sh * s.up_h == vh &&
+                            sw * s.up_w == vw && sh < s.h && sw < s.w;
         acc_t v = acc_t(0);
-        if (sd >= 0 && j < s.lanes && vh >= 0 && vw >= 0) {
-            const int sh = vh / s.up_h, sw = vw / s.up_w;
-            if (sh * s.up_h == vh && sw * s.up_w == vw && sh < s.h && sw < s.w) {
-                const unsigned ch = (unsigned)((j / s.ch_div) * s.ch_mul + s.ch_add);
-                v = to_acc(s.sample[sample_offset(ch, ((unsigned)sd * s.h + sh) * s.w + sw, s.channels, s.pixels)]);
-            }
+        if (sd >= 0) {   // uniform per block
+            const unsigned ch = (unsigned)((j / s.ch_div) * s.ch_mul + s.ch_add);
+            const unsigned pix = ((unsigned)sd * s.h + min(sh, s.h - 1)) * s.w + min(sw, s.w - 1);
+            const acc_t loaded = to_acc(s.sample[sample_offset(ch, pix, s.channels, s.pixels)]);
+            v = inside ? loaded : acc_t(0);
         }
         tile[(row * cols + col) * DW_PITCH + lane] = v;
     }
@@ -115,11 +125,13 @@ __device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_
         for (int q = 0; q < DW_PIX; ++q) stage[(row * cols + seg * DW_PIX + q) * DW_PITCH + lane] = acc[q];
     }
     __syncthreads();
-    const int total = tile_rows * cols * DW_CHANNELS;
-    for (int e = threadIdx.y * DW_CHANNELS + threadIdx.x; e < total; e += DW_THREADS) {
-        const int col = e % cols, rest = e / cols, r = rest % tile_rows, l = rest / tile_rows;
+    // one warp per (lane, row, 32-column chunk), like load_tile
+    const int chunks = (cols + DW_CHANNELS - 1) / DW_CHANNELS, tasks = tile_rows * chunks * DW_CHANNELS;
+    for (int task = threadIdx.y; task < tasks; task += DW_ROWS) {
+        const int col = (task % chunks) * DW_CHANNELS + threadIdx.x, r = task / chunks % tile_rows;
+        const int l = task / (chunks * tile_rows);
         const int oh = oh0 + r, ow = ow0 + col, j = j0 + l;
-        if (oh < out_h && ow < out_w && j < lanes)
+        if (col < cols && oh < out_h && ow < out_w && j < lanes)
             out_sample[sample_offset(j, ((unsigned)od * out_h + oh) * out_w + ow, channels, pixels)] =
                 ElementTraits<elem_t>::from_acc(stage[(r * cols + col) * DW_PITCH + l]);
     }
@@ -291,8 +303,8 @@ __device__ __forceinline__ void wgrad_run(const acc_t* x, const int tap_off[DW_W
 // Grid: (C_out / DW_CHANNELS tiles, tap groups of DW_WG_TAPS, splits). A block walks the
 // output-pixel tiles [split * tiles_per_split, ...) (tile: tile_rows x segs*DW_PIX pixels
 // of one (sample, plane)); per tile it loads the input tile (every plane and kernel row the
-// group's taps touch, all kernel columns) and the dy tile into shared memory between two
-// barriers; each thread then adds, for every tap of the group, its DW_PIX pixels into one
+// group's taps touch, all kernel columns) and the dy tile into shared memory (three
+// barriers per tile); each thread then adds, for every tap of the group, its DW_PIX pixels into one
 // register sum per tap (dy run held in registers). At the end the DW_ROWS threads of a lane
 // add their sums in shared memory in a fixed order; with one split the block writes dw,
 // else partial[split] and depthwise_reduce_splits adds the splits in order. Deterministic,
@@ -348,6 +360,9 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
             load_tile(x_tile + p * plane_size, xn, id >= 0 && id < in_d ? id : -1,
                       oh0 * s_h - pad_h + kh_lo * dil_h, ow0 * s_w - pad_w, rows_in, cols_in, j0);
         }
+        // Lanes past a tile row skip different numbers of x and dy loads; the barrier between
+        // the two loads (one per tile) keeps the emulator's k-th-access request grouping exact.
+        __syncthreads();
         load_tile(dy_tile, dn, od, oh0, ow0, tile_rows, cols, j0);
         __syncthreads();
         if (!active) continue;
