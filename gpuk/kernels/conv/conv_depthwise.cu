@@ -35,7 +35,7 @@
 #define DW_CHANNELS_LAST 1   // 1: (N, *spatial, C); 0: (N, C, *spatial)
 #endif
 #ifndef DW_WG_TAPS
-#define DW_WG_TAPS 9         // wgrad: taps a block reduces at once (one register sum each)
+#define DW_WG_TAPS 15        // wgrad: most taps a block reduces at once (one register sum each)
 #endif
 #define DW_THREADS (DW_CHANNELS * DW_ROWS)
 #define DW_PITCH (DW_CHANNELS_LAST ? DW_CHANNELS : DW_CHANNELS + 1)
@@ -299,13 +299,36 @@ __device__ __forceinline__ void wgrad_run(const acc_t* x, const int tap_off[DW_W
     }
 }
 
+// The same with whole kernel rows of compile-time width KW (dilation 1) and stride S: per
+// row the (DW_PIX - 1) * S + KW inputs are read once into a register window and feed
+// KW * DW_PIX multiply-adds. Row r's taps are r * KW .. r * KW + KW - 1.
+template <int KW, int S>
+__device__ __forceinline__ void wgrad_rows(const acc_t* x, const int tap_off[DW_WG_TAPS], int taps,
+                                           const acc_t dyv[DW_PIX], acc_t acc[DW_WG_TAPS]) {
+#pragma unroll
+    for (int r = 0; r < DW_WG_TAPS / KW; ++r) {
+        if (r * KW < taps) {
+            const acc_t* p = x + tap_off[r * KW];
+            acc_t xv[(DW_PIX - 1) * S + KW];
+#pragma unroll
+            for (int i = 0; i < (DW_PIX - 1) * S + KW; ++i) xv[i] = p[i * DW_PITCH];
+#pragma unroll
+            for (int kw = 0; kw < KW; ++kw)
+#pragma unroll
+                for (int q = 0; q < DW_PIX; ++q) acc[r * KW + kw] += xv[q * S + kw] * dyv[q];
+        }
+    }
+}
+
 // depthwise_wgrad: dw[tap, j] = sum over (n, o) of x[n, o*s - pad + tap*dil, j / M] * dy[n, o, j].
-// Grid: (C_out / DW_CHANNELS tiles, tap groups of DW_WG_TAPS, splits). A block walks the
+// Grid: (C_out / DW_CHANNELS tiles, tap groups, splits); a group is `group_taps` (<= DW_WG_TAPS)
+// consecutive taps, whole kernel rows when k_w <= DW_WG_TAPS. A block walks the
 // output-pixel tiles [split * tiles_per_split, ...) (tile: tile_rows x segs*DW_PIX pixels
 // of one (sample, plane)); per tile it loads the input tile (every plane and kernel row the
 // group's taps touch, all kernel columns) and the dy tile into shared memory (three
 // barriers per tile); each thread then adds, for every tap of the group, its DW_PIX pixels into one
-// register sum per tap (dy run held in registers). At the end the DW_ROWS threads of a lane
+// register sum per tap (dy run held in registers; whole rows of width 3 or 5, stride 1 or 2,
+// dilation 1 go through wgrad_rows' register window). At the end the DW_ROWS threads of a lane
 // add their sums in shared memory in a fixed order; with one split the block writes dw,
 // else partial[split] and depthwise_reduce_splits adds the splits in order. Deterministic,
 // no atomics.
@@ -314,14 +337,14 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
                 acc_t* __restrict__ partial, int batch, int c_in, int mult, int in_d, int in_h, int in_w,
                 int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d,
                 int dil_h, int dil_w, int pad_d, int pad_h, int pad_w, int tile_rows, int segs,
-                int tiles_per_split) {
+                int group_taps, int tiles_per_split) {
     extern __shared__ unsigned char dw_shared_raw[];
     acc_t* x_tile = reinterpret_cast<acc_t*>(dw_shared_raw);
     const int c_out = c_in * mult, lane = threadIdx.x, j0 = blockIdx.x * DW_CHANNELS, j = j0 + lane;
     const int row = threadIdx.y / segs, seg = threadIdx.y % segs, cols = segs * DW_PIX;
     // the group's taps [t_lo, t_hi) and the planes / kernel rows they touch
     const int taps = k_d * k_h * k_w, plane_taps = k_h * k_w;
-    const int t_lo = blockIdx.y * DW_WG_TAPS, t_hi = min(taps, t_lo + DW_WG_TAPS);
+    const int t_lo = blockIdx.y * group_taps, t_hi = min(taps, t_lo + group_taps);
     const int kd_lo = t_lo / plane_taps, kd_hi = (t_hi - 1) / plane_taps;
     const int kh_lo = kd_lo == kd_hi ? (t_lo / k_w) % k_h : 0, kh_hi = kd_lo == kd_hi ? ((t_hi - 1) / k_w) % k_h : k_h - 1;
     const int planes_in = (kd_hi - kd_lo) * dil_d + 1;
@@ -370,7 +393,12 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
 #pragma unroll
         for (int q = 0; q < DW_PIX; ++q) dyv[q] = dy_tile[(row * cols + seg * DW_PIX + q) * DW_PITCH + lane];
         const acc_t* xr = x_tile + (row * s_h * cols_in + seg * DW_PIX * s_w) * DW_PITCH + lane;
-        if (s_w == 1) wgrad_run<1>(xr, tap_off, t_hi - t_lo, 0, dyv, acc);
+        const bool rows = dil_w == 1 && group_taps % k_w == 0;
+        if (rows && k_w == 3 && s_w == 1) wgrad_rows<3, 1>(xr, tap_off, t_hi - t_lo, dyv, acc);
+        else if (rows && k_w == 3 && s_w == 2) wgrad_rows<3, 2>(xr, tap_off, t_hi - t_lo, dyv, acc);
+        else if (rows && k_w == 5 && s_w == 1) wgrad_rows<5, 1>(xr, tap_off, t_hi - t_lo, dyv, acc);
+        else if (rows && k_w == 5 && s_w == 2) wgrad_rows<5, 2>(xr, tap_off, t_hi - t_lo, dyv, acc);
+        else if (s_w == 1) wgrad_run<1>(xr, tap_off, t_hi - t_lo, 0, dyv, acc);
         else if (s_w == 2) wgrad_run<2>(xr, tap_off, t_hi - t_lo, 0, dyv, acc);
         else wgrad_run<0>(xr, tap_off, t_hi - t_lo, s_w * DW_PITCH, dyv, acc);
     }

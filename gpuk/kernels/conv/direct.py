@@ -17,7 +17,7 @@ DEPTHWISE_SOURCE = Path(__file__).with_name('conv_depthwise.cu')
 LOCAL_SOURCE = Path(__file__).with_name('conv_local.cu')
 # Tile constants: #defines of the .cu files and the grids below (one place).
 DW_CHANNELS, DW_ROWS, DW_PIX = 32, 8, 8    # lanes x thread rows; output pixels per thread along W
-DW_WG_TAPS = 9                             # wgrad: taps one block reduces at once
+DW_WG_TAPS = 15                            # wgrad: most taps one block reduces at once
 DW_MAX_SHARED = 48 * 1024                  # the tiles live in (default-sized) dynamic shared memory
 DW_CHANNELS_FIRST_SEGS = 4                 # channels_first tiles: 2 rows x 32 pixels (loads along W)
 DW_TARGET_BLOCKS = 528                     # wgrad splits pixel tiles until about four waves of 132 SMs
@@ -134,12 +134,18 @@ def depthwise_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strid
     return DwTile(rows, segs, chunk, nbytes(rows, segs, chunk))
 
 
+def wgrad_group_taps(kernel_spatial):
+    """Taps per wgrad group: whole kernel rows (as many as DW_WG_TAPS holds) when a row fits."""
+    k_w = lift3(kernel_spatial, 1)[2]
+    return DW_WG_TAPS // k_w * k_w if k_w <= DW_WG_TAPS else DW_WG_TAPS
+
+
 def _tap_groups(kernel_spatial):
     """(planes, kernel rows) spanned by each wgrad tap group (conv_depthwise.cu depthwise_wgrad)."""
     k_d, k_h, k_w = lift3(kernel_spatial, 1)
-    taps = k_d * k_h * k_w
-    for lo in range(0, taps, DW_WG_TAPS):
-        hi = min(taps, lo + DW_WG_TAPS)
+    taps, group = k_d * k_h * k_w, wgrad_group_taps(kernel_spatial)
+    for lo in range(0, taps, group):
+        hi = min(taps, lo + group)
         kd_lo, kd_hi = lo // (k_h * k_w), (hi - 1) // (k_h * k_w)
         if kd_lo == kd_hi:
             yield kd_hi - kd_lo, (hi - 1) // k_w % k_h - lo // k_w % k_h
@@ -273,9 +279,10 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *
     tile = depthwise_wgrad_tile(fn, x.dtype, channels_first, out_spatial, kernel_spatial, strides, dilation)
     out_d, out_h, out_w = lift3(out_spatial, 1)
     tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
-    channel_tiles, groups = math.ceil(c_out / DW_CHANNELS), math.ceil(taps / DW_WG_TAPS)
+    group_taps = wgrad_group_taps(kernel_spatial)
+    channel_tiles, groups = math.ceil(c_out / DW_CHANNELS), math.ceil(taps / group_taps)
     if groups > 65535:
-        raise ValueError('%s: %d filter taps is above the kernel limit of %d' % (fn, taps, 65535 * DW_WG_TAPS))
+        raise ValueError('%s: %d filter taps is above the kernel limit of %d' % (fn, taps, 65535 * group_taps))
     splits = conv_tiles.forced_splits() or depthwise_wgrad_splits(tiles, channel_tiles * groups)
     per_split = math.ceil(tiles / min(splits, tiles))
     splits = math.ceil(tiles / per_split)
@@ -286,7 +293,8 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *
         (channel_tiles, groups, splits), (DW_CHANNELS, DW_ROWS),
         (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, np.int32(n), np.int32(c_in),
          np.int32(mult), *_depthwise_args(in_spatial, out_spatial, kernel_spatial, strides, dilation, pads),
-         np.int32(tile.rows), np.int32(tile.segs), np.int32(per_split)), shared_mem=tile.shared_bytes)
+         np.int32(tile.rows), np.int32(tile.segs), np.int32(group_taps), np.int32(per_split)),
+        shared_mem=tile.shared_bytes)
     if splits > 1:
         count = taps * c_out
         module.kernel('depthwise_reduce_splits').launch(
