@@ -81,14 +81,16 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
         const int lane = task / (chunks * rows);
         if (col >= cols) continue;
 #endif
-        // Padding, stride holes and channels past the end read a clamped in-bounds element
-        // and keep 0: every lane of a warp issues the load, so a request stays one request.
+        // Lanes whose element is padding, a stride hole or past the last channel read a
+        // clamped in-bounds element and keep 0, so every lane of a warp issues the load (one
+        // request). channels_last skips padding pixels outright: a warp is one pixel there.
         const int vh = max(vh0 + row, 0), vw = max(vw0 + col, 0), j = min(j0 + lane, s.lanes - 1);
         const int sh = vh / s.up_h, sw = vw / s.up_w;
-        const bool inside = vh0 + row >= 0 && vw0 + col >= 0 && j0 + lane < s.lanes && sh * s.up_h == vh &&
-                            sw * s.up_w == vw && sh < s.h && sw < s.w;
+        const bool pixel_inside = vh0 + row >= 0 && vw0 + col >= 0 && sh * s.up_h == vh && sw * s.up_w == vw &&
+                                  sh < s.h && sw < s.w;
+        const bool inside = pixel_inside && j0 + lane < s.lanes;
         acc_t v = acc_t(0);
-        if (sd >= 0) {   // uniform per block
+        if (sd >= 0 && (pixel_inside || !DW_CHANNELS_LAST)) {   // uniform per block / per warp
             const unsigned ch = (unsigned)((j / s.ch_div) * s.ch_mul + s.ch_add);
             const unsigned pix = ((unsigned)sd * s.h + min(sh, s.h - 1)) * s.w + min(sw, s.w - 1);
             const acc_t loaded = to_acc(s.sample[sample_offset(ch, pix, s.channels, s.pixels)]);
