@@ -235,6 +235,9 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                 __syncthreads();
                 if (!active) continue;
                 for (int kh = kh0; kh < kh0 + khc; ++kh) {
+                    // dgrad: a kernel row that lands on a stride-hole row of dy adds only zeros
+                    // (uniform per thread row, hence per warp)
+                    if (src.up_h > 1 && (oh0 + row - g.pad_h + kh * g.dil_h) % src.up_h != 0) continue;
                     const acc_t* x = tile + ((row * g.s_h + (kh - kh0) * g.dil_h) * cols_in + seg * DW_PIX * g.s_w)
                                      * DW_PITCH + lane;
                     const int fd = g.flip ? g.k_d - 1 - kd : kd, fh = g.flip ? g.k_h - 1 - kh : kh;
@@ -269,7 +272,8 @@ depthwise_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, elem_t
 // depthwise_dgrad: dx[n, i, c] = sum_m sum_tap w[tap, c*M + m] * dy[n, o, c*M + m] where
 //   o*s - pad + tap*dil == i: the stride-1 correlation of dy with its stride holes filled
 //   by zeros (in the tile only) with the flipped filter and padding (k-1)*dil - pad.
-//   Strided layers multiply those zeros (s_d*s_h*s_w times the useful work; not skipped yet).
+//   Hole planes and hole rows are skipped (uniform per block / warp); along W a thread's
+//   run still multiplies the zeros of the holes (s_w times the useful work; not skipped yet).
 // Grid: (N * in_d * row tiles * column tiles, C_in / DW_CHANNELS tiles). No atomics.
 extern "C" __global__ void __launch_bounds__(DW_THREADS, 2)
 depthwise_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, elem_t* __restrict__ dx, int batch,
