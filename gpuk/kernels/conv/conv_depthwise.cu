@@ -101,12 +101,13 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
 }
 
 // Stores tile_rows x cols results of the channel tile starting at j0 at output rows
-// oh0.. / columns ow0.. of plane od of one sample; `acc` is this thread's DW_PIX run (row,
-// seg). channels_last stores straight from registers (a warp = 32 channels of a pixel);
+// oh0.. / columns ow0.. of plane od of one sample; `acc` is this thread's DW_PIX run (tile
+// row `row`, columns cbase + q * step). channels_last stores straight from registers (a warp = 32 channels of a pixel);
 // channels_first stages them in `stage` (the caller's tile, after a barrier) so a warp
 // stores 32 pixels along W.
 __device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_t* stage, const acc_t acc[DW_PIX],
-                                           int row, int seg, int tile_rows, int cols, int od, int oh0, int ow0,
+                                           int row, int cbase, int step, int tile_rows, int cols, int od, int oh0,
+                                           int ow0,
                                            int out_h, int out_w, unsigned channels, unsigned pixels, int j0,
                                            int lanes) {
     const int lane = threadIdx.x;
@@ -116,7 +117,7 @@ __device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_
     if (row >= tile_rows || oh >= out_h || j >= lanes) return;
 #pragma unroll
     for (int q = 0; q < DW_PIX; ++q) {
-        const int ow = ow0 + seg * DW_PIX + q;
+        const int ow = ow0 + cbase + q * step;
         if (ow < out_w)
             out_sample[sample_offset(j, ((unsigned)od * out_h + oh) * out_w + ow, channels, pixels)] =
                 ElementTraits<elem_t>::from_acc(acc[q]);
@@ -124,7 +125,7 @@ __device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_
 #else
     if (row < tile_rows) {
 #pragma unroll
-        for (int q = 0; q < DW_PIX; ++q) stage[(row * cols + seg * DW_PIX + q) * DW_PITCH + lane] = acc[q];
+        for (int q = 0; q < DW_PIX; ++q) stage[(row * cols + cbase + q * step) * DW_PITCH + lane] = acc[q];
     }
     __syncthreads();
     // one warp per (lane, row, 32-column chunk), like load_tile
@@ -163,6 +164,47 @@ __device__ __forceinline__ void row_generic(const acc_t* x, const elem_t* __rest
                                             int s_w, int dil_w, acc_t acc[DW_PIX]) {
     const int step = s_w * DW_PITCH;
     for (int kw = 0; kw < k_w; ++kw) {
+        const acc_t wv = to_acc(w[kw * w_step]);
+        const acc_t* p = x + kw * dil_w * DW_PITCH;
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) acc[q] += p[q * step] * wv;
+    }
+}
+
+// dgrad, stride U > 1 along W: the thread's outputs are U apart, so a tap either meets a
+// stride hole for all of them or for none. Taps kw = f, f + 2, ... (U = 2, dilation 1) are
+// the live ones; their inputs are consecutive real dy values, U apart in the tile: a register
+// window of DW_PIX + NV - 1 values feeds DW_PIX * NV multiply-adds.
+template <int NV>
+__device__ __forceinline__ void row_live_taps2(const acc_t* x, const elem_t* __restrict__ w, int w_step,
+                                               acc_t acc[DW_PIX]) {
+    acc_t wk[NV], xv[DW_PIX + NV - 1];
+#pragma unroll
+    for (int m = 0; m < NV; ++m) wk[m] = to_acc(w[m * w_step]);
+#pragma unroll
+    for (int i = 0; i < DW_PIX + NV - 1; ++i) xv[i] = x[i * 2 * DW_PITCH];
+#pragma unroll
+    for (int q = 0; q < DW_PIX; ++q)
+#pragma unroll
+        for (int m = 0; m < NV; ++m) acc[q] += xv[q + m] * wk[m];
+}
+
+// phase: the virtual dy column of the thread's first output at kw = 0, modulo U.
+__device__ __forceinline__ void conv_row_holes(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
+                                               int dil_w, int U, int phase, acc_t acc[DW_PIX]) {
+    if (U == 2 && dil_w == 1 && (k_w == 3 || k_w == 5)) {
+        const int f = phase;   // first live tap: (phase + f) % 2 == 0
+        const int live = (k_w - f + 1) / 2;
+        const acc_t* xf = x + f * DW_PITCH;
+        const elem_t* wf = w + f * w_step;
+        if (live == 1) row_live_taps2<1>(xf, wf, 2 * w_step, acc);
+        else if (live == 2) row_live_taps2<2>(xf, wf, 2 * w_step, acc);
+        else row_live_taps2<3>(xf, wf, 2 * w_step, acc);
+        return;
+    }
+    const int step = U * DW_PITCH;
+    for (int kw = 0; kw < k_w; ++kw) {
+        if ((phase + kw * dil_w) % U != 0) continue;
         const acc_t wv = to_acc(w[kw * w_step]);
         const acc_t* p = x + kw * dil_w * DW_PITCH;
 #pragma unroll
@@ -210,6 +252,11 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
     const int j0 = blockIdx.y * DW_CHANNELS, lane = threadIdx.x, j = j0 + lane;
     const int row = threadIdx.y / g.segs, seg = threadIdx.y % g.segs;
     const int oh0 = th * g.tile_rows, ow0 = tw * cols;
+    // A thread's DW_PIX outputs: columns cbase + q * U of the tile. U = 1 (consecutive) except
+    // for dgrad with stride s_w dividing segs: U = s_w interleaves U segments, so that stride
+    // holes along W are skipped per tap (conv_row_holes).
+    const int U = src.up_w > 1 && g.segs % src.up_w == 0 ? src.up_w : 1;
+    const int cbase = (seg / U) * DW_PIX * U + seg % U;
     const int cols_in = (cols - 1) * g.s_w + (g.k_w - 1) * g.dil_w + 1;
     src.sample += (long long)n * src.channels * src.pixels;
     const unsigned out_pixels = (unsigned)g.out_d * g.out_h * g.out_w;
@@ -238,12 +285,16 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                     // dgrad: a kernel row that lands on a stride-hole row of dy adds only zeros
                     // (uniform per thread row, hence per warp)
                     if (src.up_h > 1 && (oh0 + row - g.pad_h + kh * g.dil_h) % src.up_h != 0) continue;
-                    const acc_t* x = tile + ((row * g.s_h + (kh - kh0) * g.dil_h) * cols_in + seg * DW_PIX * g.s_w)
+                    const acc_t* x = tile + ((row * g.s_h + (kh - kh0) * g.dil_h) * cols_in + cbase * g.s_w)
                                      * DW_PITCH + lane;
                     const int fd = g.flip ? g.k_d - 1 - kd : kd, fh = g.flip ? g.k_h - 1 - kh : kh;
                     const int fw0 = g.flip ? g.k_w - 1 : 0;
-                    conv_row(x, w + ((fd * g.k_h + fh) * g.k_w + fw0) * w_cols + w_col, w_dir * w_cols, g.k_w, g.s_w,
-                             g.dil_w, acc);
+                    const elem_t* w_row = w + ((fd * g.k_h + fh) * g.k_w + fw0) * w_cols + w_col;
+                    if (U > 1)
+                        conv_row_holes(x, w_row, w_dir * w_cols, g.k_w, g.dil_w, U,
+                                       ((ow0 + cbase - g.pad_w) % U + U) % U, acc);
+                    else
+                        conv_row(x, w_row, w_dir * w_cols, g.k_w, g.s_w, g.dil_w, acc);
                 }
             }
         }
@@ -251,8 +302,8 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
 #if !DW_CHANNELS_LAST
     __syncthreads();   // the tile becomes the staging buffer of the stores
 #endif
-    store_tile(out + (long long)n * out_channels * out_pixels, tile, acc, row, seg, g.tile_rows, cols, od, oh0, ow0,
-               g.out_h, g.out_w, out_channels, out_pixels, j0, src.lanes);
+    store_tile(out + (long long)n * out_channels * out_pixels, tile, acc, row, cbase, U, g.tile_rows, cols, od, oh0,
+               ow0, g.out_h, g.out_w, out_channels, out_pixels, j0, src.lanes);
 }
 
 // depthwise_fwd: y[n, o, j] = sum_tap x[n, o*s - pad + tap*dil, j / M] * w[tap, j].
@@ -272,8 +323,9 @@ depthwise_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, elem_t
 // depthwise_dgrad: dx[n, i, c] = sum_m sum_tap w[tap, c*M + m] * dy[n, o, c*M + m] where
 //   o*s - pad + tap*dil == i: the stride-1 correlation of dy with its stride holes filled
 //   by zeros (in the tile only) with the flipped filter and padding (k-1)*dil - pad.
-//   Hole planes and hole rows are skipped (uniform per block / warp); along W a thread's
-//   run still multiplies the zeros of the holes (s_w times the useful work; not skipped yet).
+//   Hole planes and rows are skipped (uniform per block / warp); along W, when s_w divides
+//   the tile's segments, a thread's outputs are s_w apart and it skips the taps that meet
+//   holes (conv_row_holes); otherwise (s_w = 3, 5, ...) it multiplies the zeros.
 // Grid: (N * in_d * row tiles * column tiles, C_in / DW_CHANNELS tiles). No atomics.
 extern "C" __global__ void __launch_bounds__(DW_THREADS, 2)
 depthwise_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, elem_t* __restrict__ dx, int batch,

@@ -87,12 +87,14 @@ def _acc_bytes(dtype):
     return 8 if np.dtype(dtype) == np.float64 else 4
 
 
-def _tile_shape(channels_first, out_h, out_w):
+def _tile_shape(channels_first, out_h, out_w, segs_multiple=1):
     """(rows, segments) of the output tile (rows x segments * DW_PIX pixels, rows * segments
     = DW_ROWS): the shape that covers the output with the least padding; ties go to 8 x 8
     in channels_last (smallest halo) and to 2 x 32 in channels_first (loads and stores run
-    along W)."""
+    along W). segs_multiple: only segment counts it divides (dgrad's hole skipping), when
+    there are any."""
     preferred = (4, 2, 8, 1) if channels_first else (1, 2, 4, 8)
+    preferred = [segs for segs in preferred if segs % segs_multiple == 0] or preferred
     best = None
     for segs in preferred:
         rows, cols = DW_ROWS // segs, segs * DW_PIX
@@ -113,13 +115,15 @@ def _smaller_tile(fn, rows, segs, nbytes):
                      'kernel limit of %d; use smaller strides or dilations' % (fn, nbytes, DW_MAX_SHARED))
 
 
-def depthwise_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation):
+def depthwise_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation, hole_stride=1):
     """The DwTile of depthwise_fwd / depthwise_dgrad (dgrad passes stride 1: it correlates
-    the zero-stuffed dy): all kernel rows in one input tile when it fits DW_MAX_SHARED, else
-    chunks of kernel rows, then fewer output rows."""
+    the zero-stuffed dy, and its real stride along W as hole_stride): all kernel rows in one
+    input tile when it fits DW_MAX_SHARED, else chunks of kernel rows, then fewer output
+    rows. Segment counts that hole_stride divides are preferred: the kernel then skips the
+    stride holes along W."""
     (_, out_h, out_w), (_, k_h, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
     (_, s_h, s_w), (_, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
-    rows, segs = _tile_shape(channels_first, out_h, out_w)
+    rows, segs = _tile_shape(channels_first, out_h, out_w, hole_stride)
     pixel_bytes = _shared_words_per_pixel(channels_first) * _acc_bytes(dtype)
 
     def nbytes(rows, segs, chunk):
@@ -191,13 +195,14 @@ def _checked_pair(fn, runtime, first, second):
 
 
 def _depthwise_tiled(rt, fn, kernel_name, a, w, out, n, c_in, mult, geometry, channels_first, tile_spatial,
-                     tile_strides, lanes):
+                     tile_strides, lanes, hole_stride=1):
     """Launches depthwise_fwd / depthwise_dgrad (same argument list): one block per
     (sample, plane, tile of output pixels) x DW_CHANNELS lanes. geometry: the (in_spatial,
     out_spatial, kernel_spatial, strides, dilation, pads) of _depthwise_args; tile_spatial /
     tile_strides: the spatial size the kernel writes and the strides of its correlation."""
     xp = rt.xp
-    tile = depthwise_tile(fn, a.dtype, channels_first, tile_spatial, geometry[2], tile_strides, geometry[4])
+    tile = depthwise_tile(fn, a.dtype, channels_first, tile_spatial, geometry[2], tile_strides, geometry[4],
+                          hole_stride)
     t_d, t_h, t_w = lift3(tile_spatial, 1)
     blocks = n * t_d * math.ceil(t_h / tile.rows) * math.ceil(t_w / (tile.segs * DW_PIX))
     check_index_limit(fn, 'the tile count', blocks)
@@ -245,7 +250,7 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *
     dx = rt.xp.empty(x_shape, dy.dtype)
     return _depthwise_tiled(rt, fn, 'depthwise_dgrad', dy, w, dx, n, c_in, mult,
                             (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads), channels_first,
-                            in_spatial, (1,) * rank, lanes=c_in)
+                            in_spatial, (1,) * rank, lanes=c_in, hole_stride=strides[-1])
 
 
 def depthwise_wgrad_splits(tiles, blocks_per_split):
