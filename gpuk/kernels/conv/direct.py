@@ -177,9 +177,11 @@ def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial,
     return DwTile(rows, segs, 1, nbytes(rows, segs))
 
 
-def _check_sample_sizes(fn, channels, pixels):
-    """Inside a sample the kernels use 32-bit offsets; the grid has at most 65535 channel tiles."""
+def _check_sample_sizes(fn, channels, pixels, filter_size):
+    """Inside a sample and the filter the kernels use 32-bit offsets; the grid has at most
+    65535 channel tiles."""
     check_index_limit(fn, 'channels x pixels of one sample', max(c * p for c, p in zip(channels, pixels)))
+    check_index_limit(fn, 'the filter size', filter_size)
     if math.ceil(max(channels) / DW_CHANNELS) > 65535:
         raise ValueError('%s: %d channels is above the kernel limit of %d' % (fn, max(channels), 65535 * DW_CHANNELS))
 
@@ -223,7 +225,7 @@ def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format, *, runtime=No
     kernel_spatial = w.shape[:rank]
     c_out, n = c_in * mult, x.shape[0]
     check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
-    _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)))
+    _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), w.size)
     y = rt.xp.empty((n, c_out, *out_spatial) if channels_first else (n, *out_spatial, c_out), x.dtype)
     return _depthwise_tiled(rt, fn, 'depthwise_fwd', x, w, y, n, c_in, mult,
                             (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads), channels_first,
@@ -246,7 +248,7 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *
                          'w', w.shape, c_in * mult)
     n = x_shape[0]
     check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
-    _check_sample_sizes(fn, (c_in, c_in * mult), (math.prod(in_spatial), math.prod(out_spatial)))
+    _check_sample_sizes(fn, (c_in, c_in * mult), (math.prod(in_spatial), math.prod(out_spatial)), w.size)
     dx = rt.xp.empty(x_shape, dy.dtype)
     return _depthwise_tiled(rt, fn, 'depthwise_dgrad', dy, w, dx, n, c_in, mult,
                             (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads), channels_first,
@@ -280,7 +282,7 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *
                          'w_shape', w_shape, c_in * mult)
     n, c_out, taps = x.shape[0], c_in * mult, math.prod(kernel_spatial)
     check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
-    _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)))
+    _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), taps * c_out)
     tile = depthwise_wgrad_tile(fn, x.dtype, channels_first, out_spatial, kernel_spatial, strides, dilation)
     out_d, out_h, out_w = lift3(out_spatial, 1)
     tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
