@@ -408,7 +408,8 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
     const int taps = k_d * k_h * k_w, plane_taps = k_h * k_w;
     const int t_lo = blockIdx.y * group_taps, t_hi = min(taps, t_lo + group_taps);
     const int kd_lo = t_lo / plane_taps, kd_hi = (t_hi - 1) / plane_taps;
-    const int kh_lo = kd_lo == kd_hi ? (t_lo / k_w) % k_h : 0, kh_hi = kd_lo == kd_hi ? ((t_hi - 1) / k_w) % k_h : k_h - 1;
+    const bool one_plane = kd_lo == kd_hi;
+    const int kh_lo = one_plane ? (t_lo / k_w) % k_h : 0, kh_hi = one_plane ? ((t_hi - 1) / k_w) % k_h : k_h - 1;
     const int planes_in = (kd_hi - kd_lo) * dil_d + 1;
     const int rows_in = (tile_rows - 1) * s_h + (kh_hi - kh_lo) * dil_h + 1;
     const int cols_in = (cols - 1) * s_w + (k_w - 1) * dil_w + 1;
