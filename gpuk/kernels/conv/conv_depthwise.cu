@@ -69,39 +69,65 @@ struct DwSource {
     int lanes;                           // channels j0 + lane < lanes exist
 };
 
+// tile[row][col][lane] = source element (virtual row vh0 + row, column vw0 + col) of tile lane
+// `lane`, or 0. Lanes whose element is padding, a stride hole or past the last channel read a
+// clamped in-bounds element and keep 0, so every lane of a warp issues the load (one request);
+// `load` = false (uniform per warp: padding rows, planes outside) skips the read.
+__device__ __forceinline__ void load_element(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int row,
+                                             int col, int cols, int lane, int j0, bool load) {
+    const int vh = max(vh0 + row, 0), vw = max(vw0 + col, 0), j = min(j0 + lane, s.lanes - 1);
+    const int sh = vh / s.up_h, sw = vw / s.up_w;
+    const bool inside = vh0 + row >= 0 && vw0 + col >= 0 && sh * s.up_h == vh && sw * s.up_w == vw && sh < s.h &&
+                        sw < s.w && j0 + lane < s.lanes;
+    acc_t v = acc_t(0);
+    if (load) {
+        const unsigned ch = (unsigned)((j / s.ch_div) * s.ch_mul + s.ch_add);
+        const unsigned pix = ((unsigned)sd * s.h + min(sh, s.h - 1)) * s.w + min(sw, s.w - 1);
+        const acc_t loaded = to_acc(s.sample[sample_offset(ch, pix, s.channels, s.pixels)]);
+        v = inside ? loaded : acc_t(0);
+    }
+    tile[(row * cols + col) * DW_PITCH + lane] = v;
+}
+
+// Whether virtual row vh of the source is a real row (not padding, not a stride hole).
+__device__ __forceinline__ bool real_row(const DwSource& s, int vh) {
+    return vh >= 0 && vh % s.up_h == 0 && vh / s.up_h < s.h;
+}
+
 // Loads plane `sd` (real index; < 0 = outside, zeros) rows vh0 .. vh0 + rows - 1 and columns
 // vw0 .. vw0 + cols - 1 (virtual) of the channel tile starting at j0 into tile[pixel][lane].
 __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
                                           int cols, int j0) {
 #if DW_CHANNELS_LAST
+    // a warp = the 32 lanes of one pixel
     const int total = rows * cols * DW_CHANNELS;
     for (int e = threadIdx.y * DW_CHANNELS + threadIdx.x; e < total; e += DW_THREADS) {
         const int lane = e % DW_CHANNELS, pix = e / DW_CHANNELS, col = pix % cols, row = pix / cols;
-#else
-    // one warp per (lane, row, 32-column chunk): each request reads one contiguous run of a row
-    const int chunks = (cols + DW_CHANNELS - 1) / DW_CHANNELS, tasks = rows * chunks * DW_CHANNELS;
-    for (int task = threadIdx.y; task < tasks; task += DW_ROWS) {
-        const int col = (task % chunks) * DW_CHANNELS + threadIdx.x, row = task / chunks % rows;
-        const int lane = task / (chunks * rows);
-        if (col >= cols) continue;
-#endif
-        // Lanes whose element is padding, a stride hole or past the last channel read a
-        // clamped in-bounds element and keep 0, so every lane of a warp issues the load (one
-        // request). channels_last skips padding pixels outright: a warp is one pixel there.
-        const int vh = max(vh0 + row, 0), vw = max(vw0 + col, 0), j = min(j0 + lane, s.lanes - 1);
-        const int sh = vh / s.up_h, sw = vw / s.up_w;
-        const bool pixel_inside = vh0 + row >= 0 && vw0 + col >= 0 && sh * s.up_h == vh && sw * s.up_w == vw &&
-                                  sh < s.h && sw < s.w;
-        const bool inside = pixel_inside && j0 + lane < s.lanes;
-        acc_t v = acc_t(0);
-        if (sd >= 0 && (pixel_inside || !DW_CHANNELS_LAST)) {   // uniform per block / per warp
-            const unsigned ch = (unsigned)((j / s.ch_div) * s.ch_mul + s.ch_add);
-            const unsigned pix = ((unsigned)sd * s.h + min(sh, s.h - 1)) * s.w + min(sw, s.w - 1);
-            const acc_t loaded = to_acc(s.sample[sample_offset(ch, pix, s.channels, s.pixels)]);
-            v = inside ? loaded : acc_t(0);
-        }
-        tile[(row * cols + col) * DW_PITCH + lane] = v;
+        const int vw = vw0 + col;
+        const bool pixel = real_row(s, vh0 + row) && vw >= 0 && vw % s.up_w == 0 && vw / s.up_w < s.w;
+        load_element(tile, s, sd, vh0, vw0, row, col, cols, lane, j0, sd >= 0 && pixel);
     }
+#else
+    // A warp = up to 32 columns of one (lane, row). Chunks start on 32-element boundaries of
+    // the source row (without stride holes) so a request touches whole sectors; __syncwarp
+    // closes each chunk (cheap on the GPU; it also keeps the emulator's per-warp request
+    // grouping exact although lanes outside the tile skip).
+    const int align = s.up_w == 1 ? DW_CHANNELS - 1 : 0;
+    const int chunks = (cols + align + DW_CHANNELS - 1) / DW_CHANNELS, tasks = rows * chunks * DW_CHANNELS;
+    for (int task = threadIdx.y; task < tasks; task += DW_ROWS) {
+        const int k = task % chunks, row = task / chunks % rows, lane = task / (chunks * rows);
+        const bool load = sd >= 0 && real_row(s, vh0 + row);
+        int shift = 0;
+        if (align && load) {
+            const int ch = (min(j0 + lane, s.lanes - 1) / s.ch_div) * s.ch_mul + s.ch_add;
+            const long long first = (long long)ch * s.pixels + ((long long)sd * s.h + (vh0 + row) / s.up_h) * s.w + vw0;
+            shift = (int)(((first % DW_CHANNELS) + DW_CHANNELS) % DW_CHANNELS);
+        }
+        const int col = k * DW_CHANNELS - shift + (int)threadIdx.x;
+        if (col >= 0 && col < cols) load_element(tile, s, sd, vh0, vw0, row, col, cols, lane, j0, load);
+        __syncwarp();
+    }
+#endif
 }
 
 // Stores tile_rows x cols results of the channel tile starting at j0 at output rows
@@ -132,15 +158,19 @@ __device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_
         for (int q = 0; q < DW_PIX; ++q) stage[(row * cols + cbase + q * step) * DW_PITCH + lane] = acc[q];
     }
     __syncthreads();
-    // one warp per (lane, row, 32-column chunk), like load_tile
-    const int chunks = (cols + DW_CHANNELS - 1) / DW_CHANNELS, tasks = tile_rows * chunks * DW_CHANNELS;
+    // a warp = up to 32 columns of one (lane, row), chunks aligned as in load_tile
+    const int chunks = (cols + 2 * DW_CHANNELS - 2) / DW_CHANNELS, tasks = tile_rows * chunks * DW_CHANNELS;
     for (int task = threadIdx.y; task < tasks; task += DW_ROWS) {
-        const int col = (task % chunks) * DW_CHANNELS + threadIdx.x, r = task / chunks % tile_rows;
-        const int l = task / (chunks * tile_rows);
-        const int oh = oh0 + r, ow = ow0 + col, j = j0 + l;
-        if (col < cols && oh < out_h && ow < out_w && j < lanes)
-            out_sample[sample_offset(j, ((unsigned)od * out_h + oh) * out_w + ow, channels, pixels)] =
-                ElementTraits<elem_t>::from_acc(stage[(r * cols + col) * DW_PITCH + l]);
+        const int k = task % chunks, r = task / chunks % tile_rows, l = task / (chunks * tile_rows);
+        const int oh = oh0 + r, j = j0 + l;
+        if (oh < out_h && j < lanes) {   // uniform per warp
+            const unsigned first = j * pixels + ((unsigned)od * out_h + oh) * out_w + ow0;
+            const int col = k * DW_CHANNELS - (int)(first % DW_CHANNELS) + (int)threadIdx.x, ow = ow0 + col;
+            if (col >= 0 && col < cols && ow < out_w)
+                out_sample[sample_offset(j, ((unsigned)od * out_h + oh) * out_w + ow, channels, pixels)] =
+                    ElementTraits<elem_t>::from_acc(stage[(r * cols + col) * DW_PITCH + l]);
+        }
+        __syncwarp();
     }
 #endif
 }
@@ -387,8 +417,8 @@ __device__ __forceinline__ void wgrad_rows(const acc_t* x, const int tap_off[DW_
 // consecutive taps, whole kernel rows when k_w <= DW_WG_TAPS. A block walks the
 // output-pixel tiles [split * tiles_per_split, ...) (tile: tile_rows x segs*DW_PIX pixels
 // of one (sample, plane)); per tile it loads the input tile (every plane and kernel row the
-// group's taps touch, all kernel columns) and the dy tile into shared memory (three
-// barriers per tile); each thread then adds, for every tap of the group, its DW_PIX pixels into one
+// group's taps touch, all kernel columns) and the dy tile into shared memory between two
+// barriers; each thread then adds, for every tap of the group, its DW_PIX pixels into one
 // register sum per tap (dy run held in registers; whole rows of width 3 or 5, stride 1 or 2,
 // dilation 1 go through wgrad_rows' register window). At the end the DW_ROWS threads of a lane
 // add their sums in shared memory in a fixed order; with one split the block writes dw,
@@ -446,9 +476,6 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
             load_tile(x_tile + p * plane_size, xn, id >= 0 && id < in_d ? id : -1,
                       oh0 * s_h - pad_h + kh_lo * dil_h, ow0 * s_w - pad_w, rows_in, cols_in, j0);
         }
-        // Lanes past a tile row skip different numbers of x and dy loads; the barrier between
-        // the two loads (one per tile) keeps the emulator's k-th-access request grouping exact.
-        __syncthreads();
         load_tile(dy_tile, dn, od, oh0, ow0, tile_rows, cols, j0);
         __syncthreads();
         if (!active) continue;
