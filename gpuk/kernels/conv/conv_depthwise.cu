@@ -272,7 +272,7 @@ struct DwCorrelation {
 // runs conv_row for its run. `groups` > 1 (dgrad, M > 1) repeats this per multiplier m
 // with its own source channel and filter column. No atomics.
 __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __restrict__ w, elem_t* __restrict__ out,
-                                                 const DwCorrelation& g, int batch, unsigned out_channels,
+                                                 const DwCorrelation& g, unsigned out_channels,
                                                  int groups, int w_cols, int w_col_mul) {
     extern __shared__ unsigned char dw_shared_raw[];
     acc_t* tile = reinterpret_cast<acc_t*>(dw_shared_raw);
@@ -282,7 +282,6 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
     const int tw = b % tiles_w; b /= tiles_w;
     const int th = b % tiles_h; b /= tiles_h;
     const int od = b % g.out_d, n = b / g.out_d;
-    (void)batch;
     const int j0 = blockIdx.y * DW_CHANNELS, lane = threadIdx.x, j = j0 + lane;
     const int row = threadIdx.y / g.segs, seg = threadIdx.y % g.segs;
     const int oh0 = th * g.tile_rows, ow0 = tw * cols;
@@ -351,7 +350,7 @@ depthwise_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, elem_t
     const DwSource src = {x, (unsigned)c_in, (unsigned)in_d * in_h * in_w, in_h, in_w, 1, 1, mult, 1, 0, c_in * mult};
     const DwCorrelation g = {k_d, k_h, k_w, s_d, s_h, s_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w, in_d, 1,
                              out_d, out_h, out_w, 0, tile_rows, segs, kh_chunk};
-    tile_correlation(src, w, y, g, batch, (unsigned)(c_in * mult), 1, c_in * mult, 1);
+    tile_correlation(src, w, y, g, (unsigned)(c_in * mult), 1, c_in * mult, 1);
 }
 
 // depthwise_dgrad: dx[n, i, c] = sum_m sum_tap w[tap, c*M + m] * dy[n, o, c*M + m] where
@@ -371,7 +370,7 @@ depthwise_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, ele
     const DwCorrelation g = {k_d, k_h, k_w, 1, 1, 1, dil_d, dil_h, dil_w,
                              (k_d - 1) * dil_d - pad_d, (k_h - 1) * dil_h - pad_h, (k_w - 1) * dil_w - pad_w,
                              out_d, s_d, in_d, in_h, in_w, 1, tile_rows, segs, kh_chunk};
-    tile_correlation(src, w, dx, g, batch, (unsigned)c_in, mult, c_in * mult, mult);
+    tile_correlation(src, w, dx, g, (unsigned)c_in, mult, c_in * mult, mult);
 }
 
 // wgrad: one tile's sums for the block's taps. x: the thread's input run for tap 0 of the
