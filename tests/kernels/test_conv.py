@@ -175,6 +175,9 @@ DEPTHWISE_CASES = [
     ((9, 8), (3, 3), (2, 2), (1, 1), ((1, 1), (0, 1)), 5, 2),
     ((7, 9), (2, 3), (1, 2), (2, 1), ((0, 1), (1, 1)), 33, 1),          # > 32 channels: two channel tiles
     ((4, 5, 4), (2, 2, 3), (1, 1, 2), (1, 2, 1), ((1, 0), (0, 0), (1, 1)), 2, 3),
+    ((7, 12), (3, 5), (1, 2), (1, 1), ((1, 1), (2, 2)), 4, 1),          # 5-wide register windows
+    ((6, 11), (2, 3), (1, 3), (1, 2), ((0, 0), (2, 1)), 3, 2),          # dilated, stride 3: generic rows
+    ((5, 13), (1, 4), (2, 2), (1, 2), ((0, 0), (3, 2)), 2, 1),          # generic rows skipping dgrad holes
 ]
 
 
@@ -201,8 +204,9 @@ def test_depthwise_matches_twin(kernel_runtime, case, dtype, data_format):
                         kernel_runtime)
 
 
-def test_depthwise_split_wgrad_and_filter_in_global_memory(kernel_runtime):
-    """Pixel splits with the deterministic second pass; filters too big for shared memory."""
+def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):
+    """Pixel-tile splits with the deterministic second pass; filters whose input tile does not
+    fit shared memory at once (loaded in chunks of kernel rows) or need many tap groups."""
     case = DEPTHWISE_CASES[1]
     _, _, strides, dilation, pads, _, _ = case
     for dtype in (np.float32, BF16):
@@ -210,14 +214,16 @@ def test_depthwise_split_wgrad_and_filter_in_global_memory(kernel_runtime):
         with conv_tiles.forced(splits=4):
             assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
                                 (x, dy, w.shape, strides, dilation, pads, 'channels_last'), kernel_runtime)
-    big = ((17, 16), (16, 14), (1, 1), (1, 1), ((0, 0), (0, 1)), 2, 2)   # 224 taps x 2 > 384 / 2
-    assert conv_direct._filter_shared_bytes(np.float32, 16 * 14 * 2) == 0
-    assert conv_direct._filter_shared_bytes(np.float64, 16 * 14) == 0
+    big = ((17, 16), (16, 14), (1, 1), (1, 1), ((0, 0), (0, 1)), 2, 2)   # 224 taps: 25 wgrad tap groups
+    tile = conv_direct.depthwise_tile('t', np.float64, False, (2, 4), (16, 14), (1, 1), (1, 1))
+    assert tile.kh_chunk < 16 and tile.shared_bytes <= conv_direct.DW_MAX_SHARED
     for dtype in (np.float32, np.float64):
         x, w, dy = _depthwise_arrays(big, dtype, 'channels_last', seed=4)
         geometry = ((1, 1), (1, 1), big[4], 'channels_last')
         assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), kernel_runtime)
         assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry),
+                            kernel_runtime)
+        assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, (x, dy, w.shape, *geometry),
                             kernel_runtime)
 
 

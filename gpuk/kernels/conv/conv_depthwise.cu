@@ -1,244 +1,512 @@
-// conv_depthwise.cu: direct depthwise convolution (forward, data and filter gradients)
-// with a depth multiplier M: output channel j = c * M + m reads input channel c only;
-// w is (*k, C_in, M), i.e. w[tap * C_out + j]. Launched by gpuk/kernels/conv/direct.py.
-// Problems are lifted to 3 spatial dims; both data formats share the index math
-// (tensor_offset); channels_last is the fast path (threads run along channels).
+// conv_depthwise.cu: tiled depthwise convolution (forward, data and filter gradients) with a
+// depth multiplier M: output channel j = c * M + m reads input channel c only; w is
+// (*k, C_in, M), i.e. w[tap * C_out + j]. Launched by gpuk/kernels/conv/direct.py, which
+// picks the tile (pixel rows x segments, kernel-row chunk) and owns the constants below.
+// Problems are lifted to 3 spatial dims (conv_common.cuh).
+//
+// Layout is a compile-time parameter (DW_CHANNELS_LAST); the shared tiles always hold
+// [pixel][lane] (lane = one of DW_CHANNELS channels), so the math is layout-free:
+//   channels_last : a warp loads/stores 32 consecutive channels of one pixel (coalesced);
+//                   shared pitch DW_CHANNELS words, conflict-free.
+//   channels_first: a warp loads up to 32 consecutive pixels of one tile row of one channel
+//                   (coalesced); shared pitch DW_CHANNELS + 1 words so those pixels hit
+//                   distinct banks; results are staged through shared memory so that a
+//                   warp stores along W as well.
+//
+// Block: DW_CHANNELS x DW_ROWS threads. The block's output tile is tile_rows x
+// (segs * DW_PIX) pixels of one (sample, output plane) x DW_CHANNELS channels; thread
+// (lane, ty) owns row ty / segs, segment ty % segs: DW_PIX consecutive output pixels along
+// W in registers (threads with row >= tile_rows only help with loads; strided dgrad
+// interleaves s_w segments, see tile_correlation).
+// Hot loops (sm_90 SASS, float32, per multiply-add): fwd register windows 1.45-1.9
+// instructions, dgrad 1.6-2.3, wgrad 1.3-1.7; the generic rows (other widths, dilation along
+// W) 2-4. 0 spills, no stack (`python -m gpuk.kernels.build --check`).
+//
+// Address math: a 64-bit base per sample (n * C * pixels); offsets inside a sample are
+// 32-bit (the launcher keeps C * pixels < 2^31), tile offsets are 32-bit shared indices.
 #include "conv_common.cuh"
 
 #ifndef DW_CHANNELS
-#define DW_CHANNELS 32   // threadIdx.x: consecutive channels (coalesced in channels_last)
+#define DW_CHANNELS 32       // threadIdx.x: a lane = one channel of the block's channel tile
 #endif
 #ifndef DW_ROWS
-#define DW_ROWS 8        // threadIdx.y: independent pixel groups
+#define DW_ROWS 8            // threadIdx.y: (tile row, segment) pairs
 #endif
 #ifndef DW_PIX
-#define DW_PIX 4         // register blocking: consecutive pixels per thread
+#define DW_PIX 8             // register blocking: consecutive output pixels along W per thread
 #endif
-// __launch_bounds__ names the minimum blocks per SM explicitly: without it this NVRTC's
-// ptxas capped registers low (32-64) and spilled the index math. 2 blocks of DW_THREADS
-// (256) threads allow 128 registers per thread; the DW_PIX register blocking of fwd/dgrad
-// (4 accumulators, 4 decoded pixels, 4 int64 source offsets) needs 76-101, so 2 is the
-// largest figure that keeps them spill-free, and 16 warps per SM still overlap the loads.
+#ifndef DW_CHANNELS_LAST
+#define DW_CHANNELS_LAST 1   // 1: (N, *spatial, C); 0: (N, C, *spatial)
+#endif
+#ifndef DW_WG_TAPS
+#define DW_WG_TAPS 15        // wgrad: most taps a block reduces at once (one register sum each)
+#endif
 #define DW_THREADS (DW_CHANNELS * DW_ROWS)
+#define DW_PITCH (DW_CHANNELS_LAST ? DW_CHANNELS : DW_CHANNELS + 1)
+// 2 blocks of 256 threads per SM leave up to 128 registers per thread (no spills, see
+// `python -m gpuk.kernels.build --check`); 16 warps still hide the shared-memory latency.
 
-struct DwGeom {
-    int batch, c_in, mult, c_out, taps;
-    int in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w;
-    int s_d, s_h, s_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w, channels_last;
-    long long in_pix, out_pix;
+// Element (ch, pix) of one sample of a tensor with `pixels` pixels and `channels` channels.
+__device__ __forceinline__ unsigned sample_offset(unsigned ch, unsigned pix, unsigned channels, unsigned pixels) {
+#if DW_CHANNELS_LAST
+    (void)pixels;
+    return pix * channels + ch;
+#else
+    (void)channels;
+    return ch * pixels + pix;
+#endif
+}
+
+// Where a tile of source pixels comes from. A source coordinate v is "virtual": it reads
+// src[v / up] when v is a multiple of `up` inside the source and 0 otherwise (forward and
+// wgrad: up = 1, zero padding only; dgrad: up = stride, i.e. dy with the stride holes
+// filled by zeros, so dgrad runs as a stride-1 correlation with the flipped filter).
+struct DwSource {
+    const elem_t* __restrict__ sample;   // this sample's first element (64-bit base)
+    unsigned channels, pixels;           // of the real source
+    int h, w, up_h, up_w;
+    int ch_div, ch_mul, ch_add;          // source channel of tile lane j: (j / div) * mul + add
+    int lanes;                           // channels j0 + lane < lanes exist
 };
 
-static __device__ DwGeom make_dw_geom(int batch, int c_in, int mult, int in_d, int in_h, int in_w, int out_d,
-                                      int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w,
-                                      int dil_d, int dil_h, int dil_w, int pad_d, int pad_h, int pad_w,
-                                      int channels_last) {
-    DwGeom g;
-    g.batch = batch; g.c_in = c_in; g.mult = mult; g.c_out = c_in * mult; g.taps = k_d * k_h * k_w;
-    g.in_d = in_d; g.in_h = in_h; g.in_w = in_w; g.out_d = out_d; g.out_h = out_h; g.out_w = out_w;
-    g.k_d = k_d; g.k_h = k_h; g.k_w = k_w; g.s_d = s_d; g.s_h = s_h; g.s_w = s_w;
-    g.dil_d = dil_d; g.dil_h = dil_h; g.dil_w = dil_w; g.pad_d = pad_d; g.pad_h = pad_h; g.pad_w = pad_w;
-    g.channels_last = channels_last;
-    g.in_pix = (long long)in_d * in_h * in_w;
-    g.out_pix = (long long)out_d * out_h * out_w;
-    return g;
+// tile[row][col][lane] = source element (virtual row vh0 + row, column vw0 + col) of tile lane
+// `lane`, or 0. Lanes whose element is padding, a stride hole or past the last channel read a
+// clamped in-bounds element and keep 0, so every lane of a warp issues the load (one request);
+// `load` = false (uniform per warp: padding rows, planes outside) skips the read.
+__device__ __forceinline__ void load_element(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int row,
+                                             int col, int cols, int lane, int j0, bool load) {
+    const int vh = max(vh0 + row, 0), vw = max(vw0 + col, 0), j = min(j0 + lane, s.lanes - 1);
+    const int sh = vh / s.up_h, sw = vw / s.up_w;
+    const bool inside = vh0 + row >= 0 && vw0 + col >= 0 && sh * s.up_h == vh && sw * s.up_w == vw && sh < s.h &&
+                        sw < s.w && j0 + lane < s.lanes;
+    acc_t v = acc_t(0);
+    if (load) {
+        const unsigned ch = (unsigned)((j / s.ch_div) * s.ch_mul + s.ch_add);
+        const unsigned pix = ((unsigned)sd * s.h + min(sh, s.h - 1)) * s.w + min(sw, s.w - 1);
+        const acc_t loaded = to_acc(s.sample[sample_offset(ch, pix, s.channels, s.pixels)]);
+        v = inside ? loaded : acc_t(0);
+    }
+    tile[(row * cols + col) * DW_PITCH + lane] = v;
 }
-#define DW_ARGS                                                                                          \
-    batch, c_in, mult, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w, dil_d, dil_h, \
-        dil_w, pad_d, pad_h, pad_w, channels_last
 
-// Index decoding runs in 32 bits (the launcher keeps N * pixels < 2^31): 64-bit division
-// is a slow subroutine call on the GPU. Offsets are formed in 64 bits afterwards.
-__device__ __forceinline__ void split_pixel(unsigned pix, unsigned size_h, unsigned size_w, int& d, int& h, int& w) {
-    w = (int)(pix % size_w);
-    h = (int)((pix / size_w) % size_h);
-    d = (int)(pix / (size_w * size_h));
+// Whether virtual row vh of the source is a real row (not padding, not a stride hole).
+__device__ __forceinline__ bool real_row(const DwSource& s, int vh) {
+    return vh >= 0 && vh % s.up_h == 0 && vh / s.up_h < s.h;
 }
-// Pixel p0 + q of a thread's DW_PIX run over (batch x `volume` spatial pixels): its sample n
-// and spatial (d, h, w). A pixel at or past `total` decodes as pixel 0; its result is never
-// stored (store_run), so its reads stay in bounds.
-__device__ __forceinline__ void split_run_pixel(long long p0, int q, long long total, long long volume, int size_h,
-                                                int size_w, int& n, int& d, int& h, int& w) {
-    const unsigned p = p0 + q < total ? (unsigned)(p0 + q) : 0u;
-    n = (int)(p / (unsigned)volume);
-    split_pixel(p - (unsigned)n * (unsigned)volume, size_h, size_w, d, h, w);
+
+// Loads plane `sd` (real index; < 0 = outside, zeros) rows vh0 .. vh0 + rows - 1 and columns
+// vw0 .. vw0 + cols - 1 (virtual) of the channel tile starting at j0 into tile[pixel][lane].
+__device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
+                                          int cols, int j0) {
+#if DW_CHANNELS_LAST
+    // a warp = the 32 lanes of one pixel
+    const int total = rows * cols * DW_CHANNELS;
+    for (int e = threadIdx.y * DW_CHANNELS + threadIdx.x; e < total; e += DW_THREADS) {
+        const int lane = e % DW_CHANNELS, pix = e / DW_CHANNELS, col = pix % cols, row = pix / cols;
+        const int vw = vw0 + col;
+        const bool pixel = real_row(s, vh0 + row) && vw >= 0 && vw % s.up_w == 0 && vw / s.up_w < s.w;
+        load_element(tile, s, sd, vh0, vw0, row, col, cols, lane, j0, sd >= 0 && pixel);
+    }
+#else
+    // A warp = up to 32 columns of one (lane, row). Chunks start on 32-element boundaries of
+    // the source row (without stride holes) so a request touches whole sectors; __syncwarp
+    // closes each chunk (cheap on the GPU; it also keeps the emulator's per-warp request
+    // grouping exact although lanes outside the tile skip).
+    const int align = s.up_w == 1 ? DW_CHANNELS - 1 : 0;
+    const int chunks = (cols + align + DW_CHANNELS - 1) / DW_CHANNELS, tasks = rows * chunks * DW_CHANNELS;
+    for (int task = threadIdx.y; task < tasks; task += DW_ROWS) {
+        const int k = task % chunks, row = task / chunks % rows, lane = task / (chunks * rows);
+        const bool load = sd >= 0 && real_row(s, vh0 + row);
+        int shift = 0;
+        if (align && load) {
+            const int ch = (min(j0 + lane, s.lanes - 1) / s.ch_div) * s.ch_mul + s.ch_add;
+            const long long first = (long long)ch * s.pixels + ((long long)sd * s.h + (vh0 + row) / s.up_h) * s.w + vw0;
+            shift = (int)(((first % DW_CHANNELS) + DW_CHANNELS) % DW_CHANNELS);
+        }
+        const int col = k * DW_CHANNELS - shift + (int)threadIdx.x;
+        if (col >= 0 && col < cols) load_element(tile, s, sd, vh0, vw0, row, col, cols, lane, j0, load);
+        __syncwarp();
+    }
+#endif
 }
-// Tap t of the (k_d, k_h, k_w) window, row-major.
-__device__ __forceinline__ void split_tap(int t, const DwGeom& g, int& kd, int& kh, int& kw) {
-    kw = t % g.k_w;
-    kh = (t / g.k_w) % g.k_h;
-    kd = t / (g.k_w * g.k_h);
-}
-// Stores the DW_PIX results of a run (pixels p0 .. p0 + DW_PIX - 1, those below `total`)
-// of channel ch of a tensor with `channels` channels and `volume` pixels per sample.
-__device__ __forceinline__ void store_run(elem_t* __restrict__ out, const acc_t acc[DW_PIX], const int n[DW_PIX],
-                                          long long p0, long long total, long long ch, long long channels,
-                                          long long volume, int channels_last) {
+
+// Stores tile_rows x cols results of the channel tile starting at j0 at output rows
+// oh0.. / columns ow0.. of plane od of one sample; `acc` is this thread's DW_PIX run (tile
+// row `row`, columns cbase + q * step). channels_last stores straight from registers (a warp = 32 channels of a pixel);
+// channels_first stages them in `stage` (the caller's tile, after a barrier) so a warp
+// stores 32 pixels along W.
+__device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_t* stage, const acc_t acc[DW_PIX],
+                                           int row, int cbase, int step, int tile_rows, int cols, int od, int oh0,
+                                           int ow0,
+                                           int out_h, int out_w, unsigned channels, unsigned pixels, int j0,
+                                           int lanes) {
+    const int lane = threadIdx.x;
+#if DW_CHANNELS_LAST
+    (void)stage; (void)cols;
+    const int oh = oh0 + row, j = j0 + lane;
+    if (row >= tile_rows || oh >= out_h || j >= lanes) return;
 #pragma unroll
     for (int q = 0; q < DW_PIX; ++q) {
-        if (p0 + q >= total) break;
-        const long long pix = p0 + q - (long long)n[q] * volume;
-        out[tensor_offset(n[q], ch, pix, channels, volume, channels_last)] = ElementTraits<elem_t>::from_acc(acc[q]);
+        const int ow = ow0 + cbase + q * step;
+        if (ow < out_w)
+            out_sample[sample_offset(j, ((unsigned)od * out_h + oh) * out_w + ow, channels, pixels)] =
+                ElementTraits<elem_t>::from_acc(acc[q]);
+    }
+#else
+    if (row < tile_rows) {
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) stage[(row * cols + cbase + q * step) * DW_PITCH + lane] = acc[q];
+    }
+    __syncthreads();
+    // a warp = up to 32 columns of one (lane, row), chunks aligned as in load_tile
+    const int chunks = (cols + 2 * DW_CHANNELS - 2) / DW_CHANNELS, tasks = tile_rows * chunks * DW_CHANNELS;
+    for (int task = threadIdx.y; task < tasks; task += DW_ROWS) {
+        const int k = task % chunks, r = task / chunks % tile_rows, l = task / (chunks * tile_rows);
+        const int oh = oh0 + r, j = j0 + l;
+        if (oh < out_h && j < lanes) {   // uniform per warp
+            const unsigned first = j * pixels + ((unsigned)od * out_h + oh) * out_w + ow0;
+            const int col = k * DW_CHANNELS - (int)(first % DW_CHANNELS) + (int)threadIdx.x, ow = ow0 + col;
+            if (col >= 0 && col < cols && ow < out_w)
+                out_sample[sample_offset(j, ((unsigned)od * out_h + oh) * out_w + ow, channels, pixels)] =
+                    ElementTraits<elem_t>::from_acc(stage[(r * cols + col) * DW_PITCH + l]);
+        }
+        __syncwarp();
+    }
+#endif
+}
+
+// One kernel row of a thread's DW_PIX outputs: acc[q] += sum_kw x[q * S + kw] * w[kw], x read
+// from the tile row `x` (pitch DW_PITCH), weights w[kw * w_step]. KW and S compile-time
+// (dilation 1): the (DW_PIX - 1) * S + KW inputs are loaded once into a register window
+// and each feeds up to KW multiply-adds.
+template <int KW, int S>
+__device__ __forceinline__ void row_window(const acc_t* x, const elem_t* __restrict__ w, int w_step,
+                                           acc_t acc[DW_PIX]) {
+    acc_t wk[KW], xv[(DW_PIX - 1) * S + KW];
+#pragma unroll
+    for (int kw = 0; kw < KW; ++kw) wk[kw] = to_acc(w[kw * w_step]);
+#pragma unroll
+    for (int i = 0; i < (DW_PIX - 1) * S + KW; ++i) xv[i] = x[i * DW_PITCH];
+#pragma unroll
+    for (int q = 0; q < DW_PIX; ++q)
+#pragma unroll
+        for (int kw = 0; kw < KW; ++kw) acc[q] += xv[q * S + kw] * wk[kw];
+}
+
+// Any width, stride and dilation: one shared load per multiply-add.
+__device__ __forceinline__ void row_generic(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
+                                            int s_w, int dil_w, acc_t acc[DW_PIX]) {
+    const int step = s_w * DW_PITCH;
+    for (int kw = 0; kw < k_w; ++kw) {
+        const acc_t wv = to_acc(w[kw * w_step]);
+        const acc_t* p = x + kw * dil_w * DW_PITCH;
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) acc[q] += p[q * step] * wv;
     }
 }
 
+// dgrad, stride U > 1 along W: the thread's outputs are U apart, so a tap either meets a
+// stride hole for all of them or for none. Taps kw = f, f + 2, ... (U = 2, dilation 1) are
+// the live ones; their inputs are consecutive real dy values, U apart in the tile: a register
+// window of DW_PIX + NV - 1 values feeds DW_PIX * NV multiply-adds.
+template <int NV>
+__device__ __forceinline__ void row_live_taps2(const acc_t* x, const elem_t* __restrict__ w, int w_step,
+                                               acc_t acc[DW_PIX]) {
+    acc_t wk[NV], xv[DW_PIX + NV - 1];
+#pragma unroll
+    for (int m = 0; m < NV; ++m) wk[m] = to_acc(w[m * w_step]);
+#pragma unroll
+    for (int i = 0; i < DW_PIX + NV - 1; ++i) xv[i] = x[i * 2 * DW_PITCH];
+#pragma unroll
+    for (int q = 0; q < DW_PIX; ++q)
+#pragma unroll
+        for (int m = 0; m < NV; ++m) acc[q] += xv[q + m] * wk[m];
+}
+
+// phase: the virtual dy column of the thread's first output at kw = 0, modulo U.
+__device__ __forceinline__ void conv_row_holes(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
+                                               int dil_w, int U, int phase, acc_t acc[DW_PIX]) {
+    if (U == 2 && dil_w == 1 && (k_w == 3 || k_w == 5)) {
+        const int f = phase;   // first live tap: (phase + f) % 2 == 0
+        const int live = (k_w - f + 1) / 2;
+        const acc_t* xf = x + f * DW_PITCH;
+        const elem_t* wf = w + f * w_step;
+        if (live == 1) row_live_taps2<1>(xf, wf, 2 * w_step, acc);
+        else if (live == 2) row_live_taps2<2>(xf, wf, 2 * w_step, acc);
+        else row_live_taps2<3>(xf, wf, 2 * w_step, acc);
+        return;
+    }
+    const int step = U * DW_PITCH;
+    for (int kw = 0; kw < k_w; ++kw) {
+        if ((phase + kw * dil_w) % U != 0) continue;
+        const acc_t wv = to_acc(w[kw * w_step]);
+        const acc_t* p = x + kw * dil_w * DW_PITCH;
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) acc[q] += p[q * step] * wv;
+    }
+}
+
+__device__ __forceinline__ void conv_row(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w, int s_w,
+                                         int dil_w, acc_t acc[DW_PIX]) {
+    if (dil_w == 1 && k_w == 3 && s_w == 1) row_window<3, 1>(x, w, w_step, acc);
+    else if (dil_w == 1 && k_w == 3 && s_w == 2) row_window<3, 2>(x, w, w_step, acc);
+    else if (dil_w == 1 && k_w == 5 && s_w == 1) row_window<5, 1>(x, w, w_step, acc);
+    else if (dil_w == 1 && k_w == 5 && s_w == 2) row_window<5, 2>(x, w, w_step, acc);
+    else row_generic(x, w, w_step, k_w, s_w, dil_w, acc);
+}
+
+// The geometry both tiled correlations (forward, dgrad) share: out[o] = sum_t
+// src_virtual[o * s - pad + t * dil] * w[tap(t)], tap(t) = t or the flipped tap.
+struct DwCorrelation {
+    int k_d, k_h, k_w, s_d, s_h, s_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w;
+    int src_d, up_d;         // source depth (real) and its zero-stuffing factor
+    int out_d, out_h, out_w;
+    int flip;                // dgrad: the filter flipped in every spatial dim
+    int tile_rows, segs, kh_chunk;
+};
+
+// Thread mapping, tiling: see the file header. For each input plane kd (skipped when it
+// lies in the padding or a stride hole: uniform per block) and each chunk of kh_chunk
+// kernel rows, the block loads the input tile (rows (tile_rows-1)*s_h + (kh_chunk-1)*dil_h + 1,
+// columns (segs*DW_PIX-1)*s_w + (k_w-1)*dil_w + 1) between two barriers, then every thread
+// runs conv_row for its run. `groups` > 1 (dgrad, M > 1) repeats this per multiplier m
+// with its own source channel and filter column. No atomics.
+__device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __restrict__ w, elem_t* __restrict__ out,
+                                                 const DwCorrelation& g, unsigned out_channels,
+                                                 int groups, int w_cols, int w_col_mul) {
+    extern __shared__ unsigned char dw_shared_raw[];
+    acc_t* tile = reinterpret_cast<acc_t*>(dw_shared_raw);
+    const int cols = g.segs * DW_PIX;
+    const int tiles_w = (g.out_w + cols - 1) / cols, tiles_h = (g.out_h + g.tile_rows - 1) / g.tile_rows;
+    unsigned b = blockIdx.x;
+    const int tw = b % tiles_w; b /= tiles_w;
+    const int th = b % tiles_h; b /= tiles_h;
+    const int od = b % g.out_d, n = b / g.out_d;
+    const int j0 = blockIdx.y * DW_CHANNELS, lane = threadIdx.x, j = j0 + lane;
+    const int row = threadIdx.y / g.segs, seg = threadIdx.y % g.segs;
+    const int oh0 = th * g.tile_rows, ow0 = tw * cols;
+    // A thread's DW_PIX outputs: columns cbase + q * U of the tile. U = 1 (consecutive) except
+    // for dgrad with stride s_w dividing segs: U = s_w interleaves U segments, so that stride
+    // holes along W are skipped per tap (conv_row_holes).
+    const int U = src.up_w > 1 && g.segs % src.up_w == 0 ? src.up_w : 1;
+    const int cbase = (seg / U) * DW_PIX * U + seg % U;
+    const int cols_in = (cols - 1) * g.s_w + (g.k_w - 1) * g.dil_w + 1;
+    src.sample += (long long)n * src.channels * src.pixels;
+    const unsigned out_pixels = (unsigned)g.out_d * g.out_h * g.out_w;
+    const bool active = row < g.tile_rows && j < src.lanes;
+    const int w_dir = g.flip ? -1 : 1;
+    acc_t acc[DW_PIX];
+#pragma unroll
+    for (int q = 0; q < DW_PIX; ++q) acc[q] = acc_t(0);
+    for (int m = 0; m < groups; ++m) {
+        src.ch_add = m;
+        // filter column of this thread's channel; rows of taps are w_cols apart
+        const int w_col = active ? j * w_col_mul + m : 0;
+        for (int kd = 0; kd < g.k_d; ++kd) {
+            const int vd = od * g.s_d - g.pad_d + kd * g.dil_d;
+            const int sd = vd / g.up_d;
+            if (vd < 0 || sd * g.up_d != vd || sd >= g.src_d) continue;   // uniform per block
+            for (int kh0 = 0; kh0 < g.k_h; kh0 += g.kh_chunk) {
+                const int khc = min(g.kh_chunk, g.k_h - kh0);
+                const int rows_in = (g.tile_rows - 1) * g.s_h + (khc - 1) * g.dil_h + 1;
+                __syncthreads();   // the previous tile is no longer read
+                load_tile(tile, src, sd, oh0 * g.s_h - g.pad_h + kh0 * g.dil_h, ow0 * g.s_w - g.pad_w, rows_in,
+                          cols_in, j0);
+                __syncthreads();
+                if (!active) continue;
+                for (int kh = kh0; kh < kh0 + khc; ++kh) {
+                    // dgrad: a kernel row that lands on a stride-hole row of dy adds only zeros
+                    // (uniform per thread row, hence per warp)
+                    if (src.up_h > 1 && (oh0 + row - g.pad_h + kh * g.dil_h) % src.up_h != 0) continue;
+                    const acc_t* x = tile + ((row * g.s_h + (kh - kh0) * g.dil_h) * cols_in + cbase * g.s_w)
+                                     * DW_PITCH + lane;
+                    const int fd = g.flip ? g.k_d - 1 - kd : kd, fh = g.flip ? g.k_h - 1 - kh : kh;
+                    const int fw0 = g.flip ? g.k_w - 1 : 0;
+                    const elem_t* w_row = w + ((fd * g.k_h + fh) * g.k_w + fw0) * w_cols + w_col;
+                    if (U > 1)
+                        conv_row_holes(x, w_row, w_dir * w_cols, g.k_w, g.dil_w, U,
+                                       ((ow0 + cbase - g.pad_w) % U + U) % U, acc);
+                    else
+                        conv_row(x, w_row, w_dir * w_cols, g.k_w, g.s_w, g.dil_w, acc);
+                }
+            }
+        }
+    }
+#if !DW_CHANNELS_LAST
+    __syncthreads();   // the tile becomes the staging buffer of the stores
+#endif
+    store_tile(out + (long long)n * out_channels * out_pixels, tile, acc, row, cbase, U, g.tile_rows, cols, od, oh0,
+               ow0, g.out_h, g.out_w, out_channels, out_pixels, j0, src.lanes);
+}
+
 // depthwise_fwd: y[n, o, j] = sum_tap x[n, o*s - pad + tap*dil, j / M] * w[tap, j].
-// Thread mapping: block (DW_CHANNELS, DW_ROWS); thread (tx, ty) computes DW_PIX consecutive
-//   output pixels (flattened over batch and space) of channel j = blockIdx.y*DW_CHANNELS + tx.
-// Filter: the block's taps x DW_CHANNELS weights in dynamic shared memory when
-//   filter_in_shared (the launcher's size check), else read from global memory.
-// Limits: N*OP and N*IP < 2^31 (launcher check); grid.y = C_out tiles <= 65535. No atomics.
+// Grid: (N * out_d * row tiles * column tiles, C_out / DW_CHANNELS tiles); see tile_correlation.
+// Limits: C * pixels per sample < 2^31, grid.y <= 65535 (launcher checks). No atomics.
 extern "C" __global__ void __launch_bounds__(DW_THREADS, 2)
 depthwise_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, elem_t* __restrict__ y, int batch,
               int c_in, int mult, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, int k_h,
               int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d, int pad_h, int pad_w,
-              int channels_last, int filter_in_shared) {
-    extern __shared__ acc_t filter_s[];
-    const DwGeom g = make_dw_geom(DW_ARGS);
-    const int j = blockIdx.y * DW_CHANNELS + threadIdx.x;
-    if (filter_in_shared) {
-        for (int t = threadIdx.y; t < g.taps; t += DW_ROWS)
-            filter_s[t * DW_CHANNELS + threadIdx.x] = j < g.c_out ? to_acc(w[(long long)t * g.c_out + j]) : acc_t(0);
-        __syncthreads();
-    }
-    if (j >= g.c_out) return;
-    const int c = j / g.mult;
-    const long long total = (long long)g.batch * g.out_pix;
-    const long long p0 = ((long long)blockIdx.x * DW_ROWS + threadIdx.y) * DW_PIX;
-    int n[DW_PIX], od[DW_PIX], oh[DW_PIX], ow[DW_PIX];
-    acc_t acc[DW_PIX];
-#pragma unroll
-    for (int q = 0; q < DW_PIX; ++q) {
-        split_run_pixel(p0, q, total, g.out_pix, g.out_h, g.out_w, n[q], od[q], oh[q], ow[q]);
-        od[q] = od[q] * g.s_d - g.pad_d; oh[q] = oh[q] * g.s_h - g.pad_h; ow[q] = ow[q] * g.s_w - g.pad_w;
-        acc[q] = acc_t(0);
-    }
-    for (int t = 0; t < g.taps; ++t) {
-        int kd, kh, kw;
-        split_tap(t, g, kd, kh, kw);
-        const acc_t wv = filter_in_shared ? filter_s[t * DW_CHANNELS + threadIdx.x]
-                                          : to_acc(w[(long long)t * g.c_out + j]);
-#pragma unroll
-        for (int q = 0; q < DW_PIX; ++q) {
-            const int id = od[q] + kd * g.dil_d, ih = oh[q] + kh * g.dil_h, iw = ow[q] + kw * g.dil_w;
-            if ((unsigned)id < (unsigned)g.in_d && (unsigned)ih < (unsigned)g.in_h && (unsigned)iw < (unsigned)g.in_w)
-                acc[q] += to_acc(x[tensor_offset(n[q], c, ((long long)id * g.in_h + ih) * g.in_w + iw, g.c_in,
-                                                 g.in_pix, g.channels_last)]) * wv;
-        }
-    }
-    store_run(y, acc, n, p0, total, j, g.c_out, g.out_pix, g.channels_last);
-}
-
-// dgrad source along one dim: the output coordinate o with o*s == i + pad - tap*dil, or -1.
-__device__ __forceinline__ int dw_source(int shifted, int tap_offset, int stride, int out_size) {
-    const int t = shifted - tap_offset;
-    if (t < 0) return -1;
-    const int o = t / stride;
-    return (o * stride == t && o < out_size) ? o : -1;
+              int tile_rows, int segs, int kh_chunk) {
+    const DwSource src = {x, (unsigned)c_in, (unsigned)in_d * in_h * in_w, in_h, in_w, 1, 1, mult, 1, 0, c_in * mult};
+    const DwCorrelation g = {k_d, k_h, k_w, s_d, s_h, s_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w, in_d, 1,
+                             out_d, out_h, out_w, 0, tile_rows, segs, kh_chunk};
+    tile_correlation(src, w, y, g, (unsigned)(c_in * mult), 1, c_in * mult, 1);
 }
 
 // depthwise_dgrad: dx[n, i, c] = sum_m sum_tap w[tap, c*M + m] * dy[n, o, c*M + m] where
-//   o*s - pad + tap*dil == i (stride holes skipped by predicate, no atomics: a gather).
-// Thread mapping: block (DW_CHANNELS, DW_ROWS); thread (tx, ty) computes DW_PIX consecutive
-//   input pixels of channel c = blockIdx.y*DW_CHANNELS + tx.
-// Filter: taps x M x DW_CHANNELS weights in dynamic shared memory when filter_in_shared.
+//   o*s - pad + tap*dil == i: the stride-1 correlation of dy with its stride holes filled
+//   by zeros (in the tile only) with the flipped filter and padding (k-1)*dil - pad.
+//   Hole planes and rows are skipped (uniform per block / warp); along W, when s_w divides
+//   the tile's segments, a thread's outputs are s_w apart and it skips the taps that meet
+//   holes (conv_row_holes); otherwise (s_w = 3, 5, ...) it multiplies the zeros.
+// Grid: (N * in_d * row tiles * column tiles, C_in / DW_CHANNELS tiles). No atomics.
 extern "C" __global__ void __launch_bounds__(DW_THREADS, 2)
 depthwise_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, elem_t* __restrict__ dx, int batch,
                 int c_in, int mult, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, int k_h,
                 int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d, int pad_h,
-                int pad_w, int channels_last, int filter_in_shared) {
-    extern __shared__ acc_t filter_s[];
-    const DwGeom g = make_dw_geom(DW_ARGS);
-    const int c = blockIdx.y * DW_CHANNELS + threadIdx.x;
-    if (filter_in_shared) {
-        for (int tm = threadIdx.y; tm < g.taps * g.mult; tm += DW_ROWS) {
-            const int t = tm / g.mult, m = tm - t * g.mult;
-            filter_s[tm * DW_CHANNELS + threadIdx.x] =
-                c < g.c_in ? to_acc(w[(long long)t * g.c_out + (long long)c * g.mult + m]) : acc_t(0);
-        }
-        __syncthreads();
-    }
-    if (c >= g.c_in) return;
-    const long long total = (long long)g.batch * g.in_pix;
-    const long long p0 = ((long long)blockIdx.x * DW_ROWS + threadIdx.y) * DW_PIX;
-    int n[DW_PIX], sd[DW_PIX], sh[DW_PIX], sw[DW_PIX];
-    acc_t acc[DW_PIX];
+                int pad_w, int tile_rows, int segs, int kh_chunk) {
+    const DwSource src = {dy, (unsigned)(c_in * mult), (unsigned)out_d * out_h * out_w, out_h, out_w, s_h, s_w,
+                          1, mult, 0, c_in};
+    const DwCorrelation g = {k_d, k_h, k_w, 1, 1, 1, dil_d, dil_h, dil_w,
+                             (k_d - 1) * dil_d - pad_d, (k_h - 1) * dil_h - pad_h, (k_w - 1) * dil_w - pad_w,
+                             out_d, s_d, in_d, in_h, in_w, 1, tile_rows, segs, kh_chunk};
+    tile_correlation(src, w, dx, g, (unsigned)c_in, mult, c_in * mult, mult);
+}
+
+// wgrad: one tile's sums for the block's taps. x: the thread's input run for tap 0 of the
+// group; tap_off[t]: shared offset of tap t; dyv: the thread's DW_PIX output gradients.
+// S > 0: compile-time stride along W (immediate shared offsets); S = 0: runtime `step`.
+template <int S>
+__device__ __forceinline__ void wgrad_run(const acc_t* x, const int tap_off[DW_WG_TAPS], int taps, int step,
+                                          const acc_t dyv[DW_PIX], acc_t acc[DW_WG_TAPS]) {
+    if (S > 0) step = S * DW_PITCH;
 #pragma unroll
-    for (int q = 0; q < DW_PIX; ++q) {
-        split_run_pixel(p0, q, total, g.in_pix, g.in_h, g.in_w, n[q], sd[q], sh[q], sw[q]);
-        sd[q] += g.pad_d; sh[q] += g.pad_h; sw[q] += g.pad_w;
-        acc[q] = acc_t(0);
-    }
-    for (int t = 0; t < g.taps; ++t) {
-        int kd, kh, kw;
-        split_tap(t, g, kd, kh, kw);
-        long long src[DW_PIX];   // dy offset of channel c*M (m = 0), or -1
+    for (int t = 0; t < DW_WG_TAPS; ++t) {
+        if (t < taps) {
+            const acc_t* p = x + tap_off[t];
 #pragma unroll
-        for (int q = 0; q < DW_PIX; ++q) {
-            const int o_d = dw_source(sd[q], kd * g.dil_d, g.s_d, g.out_d);
-            const int o_h = dw_source(sh[q], kh * g.dil_h, g.s_h, g.out_h);
-            const int o_w = dw_source(sw[q], kw * g.dil_w, g.s_w, g.out_w);
-            src[q] = (o_d < 0 || o_h < 0 || o_w < 0 || p0 + q >= total) ? -1
-                     : tensor_offset(n[q], (long long)c * g.mult, ((long long)o_d * g.out_h + o_h) * g.out_w + o_w,
-                                     g.c_out, g.out_pix, g.channels_last);
-        }
-        // Consecutive channels are 1 apart in channels_last, out_pix apart in channels_first.
-        const long long channel_step = g.channels_last ? 1 : g.out_pix;
-        for (int m = 0; m < g.mult; ++m) {
-            const acc_t wv = filter_in_shared ? filter_s[(t * g.mult + m) * DW_CHANNELS + threadIdx.x]
-                                              : to_acc(w[(long long)t * g.c_out + (long long)c * g.mult + m]);
-#pragma unroll
-            for (int q = 0; q < DW_PIX; ++q)
-                if (src[q] >= 0) acc[q] += to_acc(dy[src[q] + m * channel_step]) * wv;
+            for (int q = 0; q < DW_PIX; ++q) acc[t] += p[q * step] * dyv[q];
         }
     }
-    store_run(dx, acc, n, p0, total, c, g.c_in, g.in_pix, g.channels_last);
+}
+
+// The same with whole kernel rows of compile-time width KW (dilation 1) and stride S: per
+// row the (DW_PIX - 1) * S + KW inputs are read once into a register window and feed
+// KW * DW_PIX multiply-adds. Row r's taps are r * KW .. r * KW + KW - 1.
+template <int KW, int S>
+__device__ __forceinline__ void wgrad_rows(const acc_t* x, const int tap_off[DW_WG_TAPS], int taps,
+                                           const acc_t dyv[DW_PIX], acc_t acc[DW_WG_TAPS]) {
+#pragma unroll
+    for (int r = 0; r < DW_WG_TAPS / KW; ++r) {
+        if (r * KW < taps) {
+            const acc_t* p = x + tap_off[r * KW];
+            acc_t xv[(DW_PIX - 1) * S + KW];
+#pragma unroll
+            for (int i = 0; i < (DW_PIX - 1) * S + KW; ++i) xv[i] = p[i * DW_PITCH];
+#pragma unroll
+            for (int kw = 0; kw < KW; ++kw)
+#pragma unroll
+                for (int q = 0; q < DW_PIX; ++q) acc[r * KW + kw] += xv[q * S + kw] * dyv[q];
+        }
+    }
 }
 
 // depthwise_wgrad: dw[tap, j] = sum over (n, o) of x[n, o*s - pad + tap*dil, j / M] * dy[n, o, j].
-// Thread mapping: grid (taps, C_out tiles, splits), block (DW_CHANNELS, DW_ROWS); thread
-//   (tx, ty) sums pixels ty, ty + DW_ROWS, ... of its split's pixel range for channel j.
-// Reduction: the DW_ROWS partial sums meet in shared memory and row 0 adds them in order;
-//   with several splits each writes partial[split] and depthwise_reduce_splits adds them
-//   in split order. Deterministic, no atomics.
+// Grid: (C_out / DW_CHANNELS tiles, tap groups, splits); a group is `group_taps` (<= DW_WG_TAPS)
+// consecutive taps, whole kernel rows when k_w <= DW_WG_TAPS. A block walks the
+// output-pixel tiles [split * tiles_per_split, ...) (tile: tile_rows x segs*DW_PIX pixels
+// of one (sample, plane)); per tile it loads the input tile (every plane and kernel row the
+// group's taps touch, all kernel columns) and the dy tile into shared memory between two
+// barriers; each thread then adds, for every tap of the group, its DW_PIX pixels into one
+// register sum per tap (dy run held in registers; whole rows of width 3 or 5, stride 1 or 2,
+// dilation 1 go through wgrad_rows' register window). At the end the DW_ROWS threads of a lane
+// add their sums in shared memory in a fixed order; with one split the block writes dw,
+// else partial[split] and depthwise_reduce_splits adds the splits in order. Deterministic,
+// no atomics.
 extern "C" __global__ void __launch_bounds__(DW_THREADS, 2)
 depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, elem_t* __restrict__ dw,
                 acc_t* __restrict__ partial, int batch, int c_in, int mult, int in_d, int in_h, int in_w,
                 int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d,
-                int dil_h, int dil_w, int pad_d, int pad_h, int pad_w, int channels_last,
-                long long pixels_per_split) {
-    __shared__ acc_t row_sums[DW_ROWS][DW_CHANNELS];
-    const DwGeom g = make_dw_geom(DW_ARGS);
-    const int t = blockIdx.x, j = blockIdx.y * DW_CHANNELS + threadIdx.x;
-    int kd, kh, kw;
-    split_tap(t, g, kd, kh, kw);
-    const long long total = (long long)g.batch * g.out_pix;
-    const long long begin = (long long)blockIdx.z * pixels_per_split;
-    const long long end = begin + pixels_per_split < total ? begin + pixels_per_split : total;
-    acc_t acc = acc_t(0);
-    if (j < g.c_out) {
-        const int c = j / g.mult;
-        for (long long p = begin + threadIdx.y; p < end; p += DW_ROWS) {
-            const unsigned n = (unsigned)p / (unsigned)g.out_pix, pix = (unsigned)p - n * (unsigned)g.out_pix;
-            int o_d, o_h, o_w;
-            split_pixel(pix, g.out_h, g.out_w, o_d, o_h, o_w);
-            const int id = o_d * g.s_d - g.pad_d + kd * g.dil_d, ih = o_h * g.s_h - g.pad_h + kh * g.dil_h;
-            const int iw = o_w * g.s_w - g.pad_w + kw * g.dil_w;
-            if ((unsigned)id < (unsigned)g.in_d && (unsigned)ih < (unsigned)g.in_h && (unsigned)iw < (unsigned)g.in_w)
-                acc += to_acc(x[tensor_offset(n, c, ((long long)id * g.in_h + ih) * g.in_w + iw, g.c_in, g.in_pix,
-                                              g.channels_last)]) *
-                       to_acc(dy[tensor_offset(n, j, pix, g.c_out, g.out_pix, g.channels_last)]);
-        }
+                int dil_h, int dil_w, int pad_d, int pad_h, int pad_w, int tile_rows, int segs,
+                int group_taps, int tiles_per_split) {
+    extern __shared__ unsigned char dw_shared_raw[];
+    acc_t* x_tile = reinterpret_cast<acc_t*>(dw_shared_raw);
+    const int c_out = c_in * mult, lane = threadIdx.x, j0 = blockIdx.x * DW_CHANNELS, j = j0 + lane;
+    const int row = threadIdx.y / segs, seg = threadIdx.y % segs, cols = segs * DW_PIX;
+    // the group's taps [t_lo, t_hi) and the planes / kernel rows they touch
+    const int taps = k_d * k_h * k_w, plane_taps = k_h * k_w;
+    const int t_lo = blockIdx.y * group_taps, t_hi = min(taps, t_lo + group_taps);
+    const int kd_lo = t_lo / plane_taps, kd_hi = (t_hi - 1) / plane_taps;
+    const bool one_plane = kd_lo == kd_hi;
+    const int kh_lo = one_plane ? (t_lo / k_w) % k_h : 0, kh_hi = one_plane ? ((t_hi - 1) / k_w) % k_h : k_h - 1;
+    const int planes_in = (kd_hi - kd_lo) * dil_d + 1;
+    const int rows_in = (tile_rows - 1) * s_h + (kh_hi - kh_lo) * dil_h + 1;
+    const int cols_in = (cols - 1) * s_w + (k_w - 1) * dil_w + 1;
+    const int plane_size = rows_in * cols_in * DW_PITCH;
+    acc_t* dy_tile = x_tile + planes_in * plane_size;
+    int tap_off[DW_WG_TAPS];
+#pragma unroll
+    for (int t = 0; t < DW_WG_TAPS; ++t) {
+        const int tt = min(t_lo + t, t_hi - 1), kd = tt / plane_taps, kh = (tt / k_w) % k_h, kw = tt % k_w;
+        tap_off[t] = (kd - kd_lo) * dil_d * plane_size + ((kh - kh_lo) * dil_h * cols_in + kw * dil_w) * DW_PITCH;
     }
-    row_sums[threadIdx.y][threadIdx.x] = acc;
+    const unsigned in_pixels = (unsigned)in_d * in_h * in_w, out_pixels = (unsigned)out_d * out_h * out_w;
+    const DwSource xs = {x, (unsigned)c_in, in_pixels, in_h, in_w, 1, 1, mult, 1, 0, c_out};
+    const DwSource ds = {dy, (unsigned)c_out, out_pixels, out_h, out_w, 1, 1, 1, 1, 0, c_out};
+    const int tiles_w = (out_w + cols - 1) / cols, tiles_h = (out_h + tile_rows - 1) / tile_rows;
+    const int tiles = batch * out_d * tiles_h * tiles_w;
+    const int first = blockIdx.z * tiles_per_split, last = min(tiles, first + tiles_per_split);
+    const bool active = row < tile_rows && j < c_out;
+    acc_t acc[DW_WG_TAPS];
+#pragma unroll
+    for (int t = 0; t < DW_WG_TAPS; ++t) acc[t] = acc_t(0);
+    for (int tile = first; tile < last; ++tile) {
+        unsigned b = tile;
+        const int tw = b % tiles_w; b /= tiles_w;
+        const int th = b % tiles_h; b /= tiles_h;
+        const int od = b % out_d, n = b / out_d;
+        const int oh0 = th * tile_rows, ow0 = tw * cols;
+        DwSource xn = xs, dn = ds;
+        xn.sample += (long long)n * c_in * in_pixels;
+        dn.sample += (long long)n * c_out * out_pixels;
+        __syncthreads();   // the previous tile is no longer read
+        for (int p = 0; p < planes_in; ++p) {
+            const int id = od * s_d - pad_d + kd_lo * dil_d + p;
+            load_tile(x_tile + p * plane_size, xn, id >= 0 && id < in_d ? id : -1,
+                      oh0 * s_h - pad_h + kh_lo * dil_h, ow0 * s_w - pad_w, rows_in, cols_in, j0);
+        }
+        load_tile(dy_tile, dn, od, oh0, ow0, tile_rows, cols, j0);
+        __syncthreads();
+        if (!active) continue;
+        acc_t dyv[DW_PIX];
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) dyv[q] = dy_tile[(row * cols + seg * DW_PIX + q) * DW_PITCH + lane];
+        const acc_t* xr = x_tile + (row * s_h * cols_in + seg * DW_PIX * s_w) * DW_PITCH + lane;
+        const bool rows = dil_w == 1 && group_taps % k_w == 0;
+        if (rows && k_w == 3 && s_w == 1) wgrad_rows<3, 1>(xr, tap_off, t_hi - t_lo, dyv, acc);
+        else if (rows && k_w == 3 && s_w == 2) wgrad_rows<3, 2>(xr, tap_off, t_hi - t_lo, dyv, acc);
+        else if (rows && k_w == 5 && s_w == 1) wgrad_rows<5, 1>(xr, tap_off, t_hi - t_lo, dyv, acc);
+        else if (rows && k_w == 5 && s_w == 2) wgrad_rows<5, 2>(xr, tap_off, t_hi - t_lo, dyv, acc);
+        else if (s_w == 1) wgrad_run<1>(xr, tap_off, t_hi - t_lo, 0, dyv, acc);
+        else if (s_w == 2) wgrad_run<2>(xr, tap_off, t_hi - t_lo, 0, dyv, acc);
+        else wgrad_run<0>(xr, tap_off, t_hi - t_lo, s_w * DW_PITCH, dyv, acc);
+    }
+    // fixed-order reduction over the DW_ROWS threads of each lane
+    acc_t* sums = x_tile;   // DW_ROWS x DW_WG_TAPS x DW_CHANNELS (the launcher sizes the buffer)
     __syncthreads();
-    if (threadIdx.y != 0 || j >= g.c_out) return;
-    acc_t sum = acc_t(0);
-    for (int r = 0; r < DW_ROWS; ++r) sum += row_sums[r][threadIdx.x];
-    const long long out = (long long)t * g.c_out + j;
-    if (gridDim.z == 1)
-        dw[out] = ElementTraits<elem_t>::from_acc(sum);
-    else
-        partial[(long long)blockIdx.z * g.taps * g.c_out + out] = sum;
+#pragma unroll
+    for (int t = 0; t < DW_WG_TAPS; ++t) sums[(threadIdx.y * DW_WG_TAPS + t) * DW_CHANNELS + lane] = acc[t];
+    __syncthreads();
+    for (int t = threadIdx.y; t < t_hi - t_lo; t += DW_ROWS) {
+        if (j >= c_out) break;
+        acc_t sum = acc_t(0);
+        for (int r = 0; r < DW_ROWS; ++r) sum += sums[(r * DW_WG_TAPS + t) * DW_CHANNELS + lane];
+        const long long out = (long long)(t_lo + t) * c_out + j;
+        if (gridDim.z == 1)
+            dw[out] = ElementTraits<elem_t>::from_acc(sum);
+        else
+            partial[(long long)blockIdx.z * taps * c_out + out] = sum;
+    }
 }
 
 // depthwise_reduce_splits: out[i] = sum over splits of partial[s][i], in split order.

@@ -3,6 +3,7 @@ connected (conv_local.cu). Re-exported by gpuk/kernels/conv/__init__.py; same si
 twins in gpuk/cpu_fallback/conv.py plus a keyword-only `runtime`.
 """
 import math
+from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
@@ -14,20 +15,24 @@ from ..runtime import register_build, resolve
 
 DEPTHWISE_SOURCE = Path(__file__).with_name('conv_depthwise.cu')
 LOCAL_SOURCE = Path(__file__).with_name('conv_local.cu')
-# Tile constants: #defines of the .cu files and the grid below (one place).
-DW_CHANNELS, DW_ROWS, DW_PIX = 32, 8, 4
-DW_MAX_FILTER_SHARED = 48 * 1024      # above this the filter is read from global memory
-DW_TARGET_BLOCKS = 528                # wgrad splits pixels until about four waves of 132 SMs
-DW_MIN_PIXELS_PER_SPLIT = 1024
+# Tile constants: #defines of the .cu files and the grids below (one place).
+DW_CHANNELS, DW_ROWS, DW_PIX = 32, 8, 8    # lanes x thread rows; output pixels per thread along W
+DW_WG_TAPS = 15                            # wgrad: most taps one block reduces at once
+DW_MAX_SHARED = 48 * 1024                  # the tiles live in (default-sized) dynamic shared memory
+DW_CHANNELS_FIRST_SEGS = 4                 # channels_first tiles: 2 rows x 32 pixels (loads along W)
+DW_TARGET_BLOCKS = 528                     # wgrad splits pixel tiles until about four waves of 132 SMs
+DW_MIN_TILES_PER_SPLIT = 4
 DW_MAX_SPLITS = 4096
+DW_THREADS = DW_CHANNELS * DW_ROWS
 LOCAL_THREADS = 256
 LOCAL_MAX_BLOCKS = 65535
 
 
-def depthwise_defines(dtype):
+def depthwise_defines(dtype, channels_first):
     dtype = np.dtype(dtype)
     return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)], 'DW_CHANNELS': DW_CHANNELS,
-            'DW_ROWS': DW_ROWS, 'DW_PIX': DW_PIX}
+            'DW_ROWS': DW_ROWS, 'DW_PIX': DW_PIX, 'DW_WG_TAPS': DW_WG_TAPS,
+            'DW_CHANNELS_LAST': int(not channels_first)}
 
 
 def local_defines(dtype):
@@ -36,8 +41,9 @@ def local_defines(dtype):
 
 
 for _dtype in FLOAT_DTYPES:
-    register_build(DEPTHWISE_SOURCE, depthwise_defines(_dtype),
-                   ['depthwise_fwd', 'depthwise_dgrad', 'depthwise_wgrad', 'depthwise_reduce_splits'])
+    for _channels_first in (False, True):
+        register_build(DEPTHWISE_SOURCE, depthwise_defines(_dtype, _channels_first),
+                       ['depthwise_fwd', 'depthwise_dgrad', 'depthwise_wgrad', 'depthwise_reduce_splits'])
     register_build(LOCAL_SOURCE, local_defines(_dtype), ['local_fwd', 'local_dgrad', 'local_wgrad'])
 
 
@@ -68,10 +74,116 @@ def _depthwise_args(x_spatial, out_spatial, kernel_spatial, strides, dilation, p
                          lift3(dilation, 1), lift3([b for b, _ in pads], 0))
 
 
-def _filter_shared_bytes(dtype, entries):
-    acc_bytes = 8 if np.dtype(dtype) == np.float64 else 4
-    nbytes = entries * DW_CHANNELS * acc_bytes
-    return nbytes if nbytes <= DW_MAX_FILTER_SHARED else 0
+DwTile = namedtuple('DwTile', 'rows segs kh_chunk shared_bytes')
+
+
+def _shared_words_per_pixel(channels_first):
+    """Shared-memory pitch of a tile pixel (conv_depthwise.cu DW_PITCH): channels_first
+    loads write 32 pixels of one channel, so an odd pitch keeps them on 32 banks."""
+    return DW_CHANNELS + 1 if channels_first else DW_CHANNELS
+
+
+def _acc_bytes(dtype):
+    return 8 if np.dtype(dtype) == np.float64 else 4
+
+
+def _tile_shape(channels_first, out_h, out_w, segs_multiple=1):
+    """(rows, segments) of the output tile (rows x segments * DW_PIX pixels, rows * segments
+    = DW_ROWS): the shape that covers the output with the least padding; ties go to 8 x 8
+    in channels_last (smallest halo) and to 2 x 32 in channels_first (loads and stores run
+    along W). segs_multiple: only segment counts it divides (dgrad's hole skipping), when
+    there are any."""
+    preferred = (4, 2, 8, 1) if channels_first else (1, 2, 4, 8)
+    preferred = [segs for segs in preferred if segs % segs_multiple == 0] or preferred
+    best = None
+    for segs in preferred:
+        rows, cols = DW_ROWS // segs, segs * DW_PIX
+        covered = math.ceil(out_h / rows) * rows * math.ceil(out_w / cols) * cols
+        if best is None or covered < best[0]:
+            best = (covered, rows, segs)
+    return best[1], best[2]
+
+
+def _smaller_tile(fn, rows, segs, nbytes):
+    """The next smaller output tile when `nbytes` of shared memory is too much: fewer rows,
+    then fewer segments (the threads left without a row only help with the loads)."""
+    if rows > 1:
+        return rows // 2, segs
+    if segs > 1:
+        return rows, segs // 2
+    raise ValueError('%s: the smallest shared-memory tile of this filter and stride needs %d bytes, above the '
+                     'kernel limit of %d; use smaller strides or dilations' % (fn, nbytes, DW_MAX_SHARED))
+
+
+def depthwise_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation, hole_stride=1):
+    """The DwTile of depthwise_fwd / depthwise_dgrad (dgrad passes stride 1: it correlates
+    the zero-stuffed dy, and its real stride along W as hole_stride): all kernel rows in one
+    input tile when it fits DW_MAX_SHARED, else chunks of kernel rows, then fewer output
+    rows. Segment counts that hole_stride divides are preferred: the kernel then skips the
+    stride holes along W."""
+    (_, out_h, out_w), (_, k_h, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
+    (_, s_h, s_w), (_, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
+    rows, segs = _tile_shape(channels_first, out_h, out_w, hole_stride)
+    pixel_bytes = _shared_words_per_pixel(channels_first) * _acc_bytes(dtype)
+
+    def nbytes(rows, segs, chunk):
+        cols_in = (segs * DW_PIX - 1) * s_w + (k_w - 1) * dil_w + 1
+        return ((rows - 1) * s_h + (chunk - 1) * dil_h + 1) * cols_in * pixel_bytes
+    chunk = k_h
+    while nbytes(rows, segs, chunk) > DW_MAX_SHARED:
+        if chunk > 1:
+            chunk = math.ceil(chunk / 2)
+        else:
+            rows, segs = _smaller_tile(fn, rows, segs, nbytes(rows, segs, chunk))
+    return DwTile(rows, segs, chunk, nbytes(rows, segs, chunk))
+
+
+def wgrad_group_taps(kernel_spatial):
+    """Taps per wgrad group: whole kernel rows (as many as DW_WG_TAPS holds) when a row fits."""
+    k_w = lift3(kernel_spatial, 1)[2]
+    return DW_WG_TAPS // k_w * k_w if k_w <= DW_WG_TAPS else DW_WG_TAPS
+
+
+def _tap_groups(kernel_spatial):
+    """(planes, kernel rows) spanned by each wgrad tap group (conv_depthwise.cu depthwise_wgrad)."""
+    k_d, k_h, k_w = lift3(kernel_spatial, 1)
+    taps, group = k_d * k_h * k_w, wgrad_group_taps(kernel_spatial)
+    for lo in range(0, taps, group):
+        hi = min(taps, lo + group)
+        kd_lo, kd_hi = lo // (k_h * k_w), (hi - 1) // (k_h * k_w)
+        if kd_lo == kd_hi:
+            yield kd_hi - kd_lo, (hi - 1) // k_w % k_h - lo // k_w % k_h
+        else:
+            yield kd_hi - kd_lo, k_h - 1
+
+
+def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation):
+    """The DwTile of depthwise_wgrad (kh_chunk unused): the input tile of the widest tap
+    group, the dy tile and the final reduction buffer fit DW_MAX_SHARED."""
+    (_, out_h, out_w), (_, _, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
+    (_, s_h, s_w), (dil_d, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
+    rows, segs = _tile_shape(channels_first, out_h, out_w)
+    pixel_bytes = _shared_words_per_pixel(channels_first) * _acc_bytes(dtype)
+    spans = set(_tap_groups(kernel_spatial))
+    reduction = DW_ROWS * DW_WG_TAPS * DW_CHANNELS * _acc_bytes(dtype)
+
+    def nbytes(rows, segs):
+        cols = segs * DW_PIX
+        cols_in = (cols - 1) * s_w + (k_w - 1) * dil_w + 1
+        tiles = max((d * dil_d + 1) * ((rows - 1) * s_h + h * dil_h + 1) * cols_in for d, h in spans)
+        return max(reduction, (tiles + rows * cols) * pixel_bytes)
+    while nbytes(rows, segs) > DW_MAX_SHARED:
+        rows, segs = _smaller_tile(fn, rows, segs, nbytes(rows, segs))
+    return DwTile(rows, segs, 1, nbytes(rows, segs))
+
+
+def _check_sample_sizes(fn, channels, pixels, filter_size):
+    """Inside a sample and the filter the kernels use 32-bit offsets; the grid has at most
+    65535 channel tiles."""
+    check_index_limit(fn, 'channels x pixels of one sample', max(c * p for c, p in zip(channels, pixels)))
+    check_index_limit(fn, 'the filter size', filter_size)
+    if math.ceil(max(channels) / DW_CHANNELS) > 65535:
+        raise ValueError('%s: %d channels is above the kernel limit of %d' % (fn, max(channels), 65535 * DW_CHANNELS))
 
 
 def _checked_pair(fn, runtime, first, second):
@@ -84,19 +196,23 @@ def _checked_pair(fn, runtime, first, second):
     return rt, a, b
 
 
-def _depthwise_direct(rt, kernel_name, a, w, out, n, c_in, mult, geometry, channels_first, pixels, channels,
-                      filter_entries):
-    """Launches depthwise_fwd / depthwise_dgrad (same argument list): blocks of DW_CHANNELS x
-    DW_ROWS threads over DW_ROWS * DW_PIX pixels x DW_CHANNELS channels, the filter in
-    shared memory when its `filter_entries` per channel fit. geometry: the (in_spatial,
-    out_spatial, kernel_spatial, strides, dilation, pads) of _depthwise_args."""
+def _depthwise_tiled(rt, fn, kernel_name, a, w, out, n, c_in, mult, geometry, channels_first, tile_spatial,
+                     tile_strides, lanes, hole_stride=1):
+    """Launches depthwise_fwd / depthwise_dgrad (same argument list): one block per
+    (sample, plane, tile of output pixels) x DW_CHANNELS lanes. geometry: the (in_spatial,
+    out_spatial, kernel_spatial, strides, dilation, pads) of _depthwise_args; tile_spatial /
+    tile_strides: the spatial size the kernel writes and the strides of its correlation."""
     xp = rt.xp
-    shared = _filter_shared_bytes(a.dtype, filter_entries)
-    grid = (math.ceil(pixels / (DW_ROWS * DW_PIX)), math.ceil(channels / DW_CHANNELS))
-    rt.load(DEPTHWISE_SOURCE, depthwise_defines(a.dtype)).kernel(kernel_name).launch(
-        grid, (DW_CHANNELS, DW_ROWS),
+    tile = depthwise_tile(fn, a.dtype, channels_first, tile_spatial, geometry[2], tile_strides, geometry[4],
+                          hole_stride)
+    t_d, t_h, t_w = lift3(tile_spatial, 1)
+    blocks = n * t_d * math.ceil(t_h / tile.rows) * math.ceil(t_w / (tile.segs * DW_PIX))
+    check_index_limit(fn, 'the tile count', blocks)
+    rt.load(DEPTHWISE_SOURCE, depthwise_defines(a.dtype, channels_first)).kernel(kernel_name).launch(
+        (blocks, math.ceil(lanes / DW_CHANNELS)), (DW_CHANNELS, DW_ROWS),
         (xp.ascontiguousarray(a), xp.ascontiguousarray(w), out, np.int32(n), np.int32(c_in), np.int32(mult),
-         *_depthwise_args(*geometry), np.int32(not channels_first), np.int32(shared > 0)), shared_mem=shared)
+         *_depthwise_args(*geometry), np.int32(tile.rows), np.int32(tile.segs), np.int32(tile.kh_chunk)),
+        shared_mem=tile.shared_bytes)
     return out
 
 
@@ -109,14 +225,11 @@ def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format, *, runtime=No
     kernel_spatial = w.shape[:rank]
     c_out, n = c_in * mult, x.shape[0]
     check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
-    check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
+    _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), w.size)
     y = rt.xp.empty((n, c_out, *out_spatial) if channels_first else (n, *out_spatial, c_out), x.dtype)
-    return _depthwise_direct(rt, 'depthwise_fwd', x, w, y, n, c_in, mult,
-                             (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads), channels_first,
-                             pixels=n * math.prod(out_spatial), channels=c_out,
-                             filter_entries=math.prod(kernel_spatial))
-
-
+    return _depthwise_tiled(rt, fn, 'depthwise_fwd', x, w, y, n, c_in, mult,
+                            (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads), channels_first,
+                            out_spatial, strides, lanes=c_out)
 def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of depthwise_conv_fwd with respect to x."""
     fn = 'depthwise_conv_dgrad'
@@ -135,18 +248,17 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *
                          'w', w.shape, c_in * mult)
     n = x_shape[0]
     check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
-    check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
+    _check_sample_sizes(fn, (c_in, c_in * mult), (math.prod(in_spatial), math.prod(out_spatial)), w.size)
     dx = rt.xp.empty(x_shape, dy.dtype)
-    return _depthwise_direct(rt, 'depthwise_dgrad', dy, w, dx, n, c_in, mult,
-                             (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads), channels_first,
-                             pixels=n * math.prod(in_spatial), channels=c_in,
-                             filter_entries=math.prod(kernel_spatial) * mult)
+    return _depthwise_tiled(rt, fn, 'depthwise_dgrad', dy, w, dx, n, c_in, mult,
+                            (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads), channels_first,
+                            in_spatial, (1,) * rank, lanes=c_in, hole_stride=strides[-1])
 
 
-def depthwise_wgrad_splits(pixels, taps, channel_tiles):
-    """Pixel-range splits of depthwise wgrad: enough blocks to fill the GPU, >= 1024 pixels each."""
-    wanted = math.ceil(DW_TARGET_BLOCKS / (taps * channel_tiles))
-    return int(max(1, min(wanted, pixels // DW_MIN_PIXELS_PER_SPLIT, DW_MAX_SPLITS)))
+def depthwise_wgrad_splits(tiles, blocks_per_split):
+    """Splits of depthwise wgrad's pixel tiles: enough blocks to fill the GPU, >= 4 tiles each."""
+    wanted = math.ceil(DW_TARGET_BLOCKS / blocks_per_split)
+    return int(max(1, min(wanted, tiles // DW_MIN_TILES_PER_SPLIT, DW_MAX_SPLITS)))
 
 
 def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
@@ -169,24 +281,31 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *
     conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, conv_checks.channel_count(dy.shape, channels_first),
                          'w_shape', w_shape, c_in * mult)
     n, c_out, taps = x.shape[0], c_in * mult, math.prod(kernel_spatial)
-    pixels, channel_tiles = n * math.prod(out_spatial), math.ceil(c_out / DW_CHANNELS)
-    check_index_limit(fn, 'N * output pixels', pixels)
-    splits = conv_tiles.forced_splits() or depthwise_wgrad_splits(pixels, taps, channel_tiles)
-    per_split = math.ceil(pixels / splits)
-    splits = math.ceil(pixels / per_split)
+    check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
+    _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), taps * c_out)
+    tile = depthwise_wgrad_tile(fn, x.dtype, channels_first, out_spatial, kernel_spatial, strides, dilation)
+    out_d, out_h, out_w = lift3(out_spatial, 1)
+    tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
+    group_taps = wgrad_group_taps(kernel_spatial)
+    channel_tiles, groups = math.ceil(c_out / DW_CHANNELS), math.ceil(taps / group_taps)
+    if groups > 65535:
+        raise ValueError('%s: %d filter taps is above the kernel limit of %d' % (fn, taps, 65535 * group_taps))
+    splits = conv_tiles.forced_splits() or depthwise_wgrad_splits(tiles, channel_tiles * groups)
+    per_split = math.ceil(tiles / min(splits, tiles))
+    splits = math.ceil(tiles / per_split)
     dw = xp.empty(w_shape, x.dtype)
-    acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
-    partial = xp.empty((splits, taps * c_out) if splits > 1 else (1,), acc_dtype)
-    module = rt.load(DEPTHWISE_SOURCE, depthwise_defines(x.dtype))
+    partial = xp.empty((splits, taps * c_out) if splits > 1 else (1,), accumulation_dtype(x.dtype))
+    module = rt.load(DEPTHWISE_SOURCE, depthwise_defines(x.dtype, channels_first))
     module.kernel('depthwise_wgrad').launch(
-        (taps, channel_tiles, splits), (DW_CHANNELS, DW_ROWS),
+        (channel_tiles, groups, splits), (DW_CHANNELS, DW_ROWS),
         (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, np.int32(n), np.int32(c_in),
          np.int32(mult), *_depthwise_args(in_spatial, out_spatial, kernel_spatial, strides, dilation, pads),
-         np.int32(not channels_first), np.int64(per_split)))
+         np.int32(tile.rows), np.int32(tile.segs), np.int32(group_taps), np.int32(per_split)),
+        shared_mem=tile.shared_bytes)
     if splits > 1:
         count = taps * c_out
         module.kernel('depthwise_reduce_splits').launch(
-            max(1, min(math.ceil(count / (DW_CHANNELS * DW_ROWS)), 4096)), DW_CHANNELS * DW_ROWS,
+            max(1, min(math.ceil(count / DW_THREADS), 4096)), DW_THREADS,
             (partial, dw.reshape(-1), np.int64(count), np.int32(splits)))
     return dw
 

@@ -61,14 +61,18 @@ def _conv(rt):
 
 def _conv_depthwise(rt):
     from ..conv import direct as conv_direct
-    x = _rng().standard_normal((2, 16, 16, 32)).astype(np.float32)
     w = _rng().standard_normal((3, 3, 32, 1)).astype(np.float32)
-    geometry = ((1, 1), (1, 1), ((1, 1), (1, 1)), 'channels_last')
-    dy = _rng().standard_normal((2, 16, 16, 32)).astype(np.float32)
-    config = 'NHWC 2x16x16x32, 3x3 same, f32'
-    yield f'fwd {config}', lambda: conv_direct.depthwise_conv_fwd(x, w, *geometry, runtime=rt)
-    yield f'dgrad {config}', lambda: conv_direct.depthwise_conv_dgrad(dy, w, x.shape, *geometry, runtime=rt)
-    yield f'wgrad {config}', lambda: conv_direct.depthwise_conv_wgrad(x, dy, w.shape, *geometry, runtime=rt)
+    for data_format, name in (('channels_last', 'NHWC 2x16x16x32'), ('channels_first', 'NCHW 2x32x16x16')):
+        shape = (2, 16, 16, 32) if data_format == 'channels_last' else (2, 32, 16, 16)
+        x = _rng().standard_normal(shape).astype(np.float32)
+        dy = _rng().standard_normal(shape).astype(np.float32)
+        g = ((1, 1), (1, 1), ((1, 1), (1, 1)), data_format)
+        config = f'{name}, 3x3 same, f32'
+        yield f'fwd {config}', lambda x=x, g=g: conv_direct.depthwise_conv_fwd(x, w, *g, runtime=rt)
+        yield f'dgrad {config}', lambda dy=dy, x=x, g=g: conv_direct.depthwise_conv_dgrad(dy, w, x.shape, *g,
+                                                                                          runtime=rt)
+        yield f'wgrad {config}', lambda x=x, dy=dy, g=g: conv_direct.depthwise_conv_wgrad(x, dy, w.shape, *g,
+                                                                                          runtime=rt)
 
 
 def _conv_local(rt):
