@@ -12,6 +12,7 @@ import itertools
 import numpy as np
 
 from gpuk import config, device, fusion, loss_scaling, mixed_precision
+from gpuk.kernels.runtime import counters
 from gpuk.graph import Constant, Placeholder, Tensor, Variable, static_value, topological_nodes
 from gpuk.ops import scan
 
@@ -147,8 +148,14 @@ class Plan:
         for slot, value in zip(self.input_slots, fed_arrays):
             env[slot] = value
         impl = self.impl
+        counting = counters.active()
         for forward, ins, outs, frees in self.steps:
-            result = forward(impl, *[env[s] for s in ins])
+            args = [env[s] for s in ins]
+            if counting is None:
+                result = forward(impl, *args)
+            else:
+                result = counting.step(forward, impl, args)
+                counting.allocations += _new_buffers(result if len(outs) > 1 else (result,), args)
             if len(outs) == 1:
                 env[outs[0]] = result
             else:
@@ -157,6 +164,14 @@ class Plan:
             for s in frees:
                 env[s] = None
         return [env[s] for s in self.target_slots]
+
+
+def _new_buffers(outputs, inputs):
+    """How many of a step's outputs own a buffer the step allocated (not an input, not a view)."""
+    inputs = {id(a) for a in inputs}
+    return sum(1 for value in outputs
+               if hasattr(value, 'shape') and not isinstance(value, np.generic)
+               and value.base is None and id(value) not in inputs)
 
 
 class Function:
@@ -198,6 +213,8 @@ class Function:
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
                                 else '%d values' % len(inputs)))
         fed = [_feed_array(p, v) for p, v in zip(self.inputs, inputs)]
+        counting = counters.active()
+        syncs_before = counting.host_syncs if counting is not None else 0
         values = self._compiled().run(fed)
         finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
         n_out = len(self.outputs)
@@ -210,6 +227,8 @@ class Function:
             variable.value = value.astype(variable.dtype, copy=False)
         if self._guard is not None:
             self._guard.step_finished(finite)
+        if counting is not None:   # the step proper: everything before the outputs go to the host
+            counting.in_step_syncs += counting.host_syncs - syncs_before
         results = [_host_copy(v) for v in values[:n_out]]
         return results
 
@@ -218,6 +237,8 @@ def _host_copy(array):
     """A NumPy array the caller may modify without touching gpuk's state (a variable's
     value, a constant or a view of one)."""
     if isinstance(array, np.ndarray) or np.isscalar(array):
+        if device.xp() is not np and isinstance(array, device.xp().ndarray):
+            counters.host_sync()   # the GPU rehearsal's device arrays are NumPy's
         return np.array(array, copy=True)
     return device.to_host(array)
 

@@ -22,6 +22,7 @@ from typing import Tuple
 import numpy as np
 
 from gpuk import config
+from . import counters
 from .kernel_source import NVRTC_FLAGS, normalized_defines, source_key
 
 RUNTIME_KINDS = ('cuda', 'emulate')
@@ -133,6 +134,7 @@ def to_host(rt, value):
     device_types = (rt.xp.ndarray,) + ((np.generic,) if rt.xp.ndarray is np.ndarray else ())
     if isinstance(value, device_types) or (hasattr(value, 'get') and not isinstance(value, np.ndarray)):
         rt.host_syncs = getattr(rt, 'host_syncs', 0) + 1
+        counters.host_sync()
         get = getattr(value, 'get', None)
         return get() if get is not None and not isinstance(value, np.ndarray) else np.asarray(value)
     return np.asarray(value)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import runtime
+from . import counters
 from .kernel_source import kernel_source, parse_kernel_signatures, source_key
 
 
@@ -110,7 +111,7 @@ class CudaKernel:
         try:
             shared_mem = self._check_shared_mem(shared_mem)
             self._opt_in(shared_mem)
-            self._function(grid, block, args, shared_mem=shared_mem)
+            counters.device_call(self._function, grid, block, args, shared_mem=shared_mem)
             if os.environ.get('GPUK_SYNC_LAUNCHES') == '1':   # attribute asynchronous faults to this launch
                 cupy.cuda.get_current_stream().synchronize()
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
