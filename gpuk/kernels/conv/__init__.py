@@ -101,6 +101,18 @@ def _check_gemm(fn, rows, cols, depth):
         check_index_limit(fn, what, value)
 
 
+_NO_BIAS = {}
+
+
+def _no_bias(xp, dtype):
+    """The bias argument of an epilogue-free launch (never read): one array per (xp, dtype),
+    not a fresh allocation and fill per call."""
+    key = (xp.__name__, np.dtype(dtype))
+    if key not in _NO_BIAS:
+        _NO_BIAS[key] = xp.zeros(1, dtype)
+    return _NO_BIAS[key]
+
+
 def _module(rt, dtype, tile):
     return rt.load(IGEMM_SOURCE, igemm_defines(dtype, tile))
 
@@ -111,7 +123,7 @@ def _igemm_fwd(x, w, g, bias, epilogue, rt):
     _check_gemm('conv_fwd', rows, cols, depth)
     tile = conv_tiles.choose_tile(x.dtype, config.precision(), rows, cols, depth)
     y = xp.empty(_layout_shape(g, g.out_sp, g.c_out), x.dtype)
-    bias_arg = bias if bias is not None else xp.zeros(1, x.dtype)
+    bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
     _module(rt, x.dtype, tile).kernel('conv_igemm_fwd').launch(
         grid, tile.threads, (xp.ascontiguousarray(x), xp.ascontiguousarray(w), bias_arg, y, *_geometry_args(g),

@@ -12,6 +12,7 @@ module and every launcher import without CuPy.
 The current runtime is process-wide: gpuk.device calls `set_current(kind)` once; until
 then `current()` follows GPUK_DEVICE (cuda, emulate/cpu, auto = cuda when usable).
 """
+import contextlib
 import importlib
 import os
 import threading
@@ -123,6 +124,38 @@ def resolve(rt):
     if getattr(rt, 'kind', None) in RUNTIME_KINDS:
         return rt
     raise TypeError(f"runtime must be None, 'cuda', 'emulate' or a runtime object, got {rt!r}")
+
+
+# ---- per-call launch checks: on, except inside a step already checked for its shapes ----
+_prepared_depth = [0]
+_forced = [os.environ.get('GPUK_CHECK_LAUNCHES', '').strip() == '1']
+
+
+def check_launches_forced():
+    """GPUK_CHECK_LAUNCHES=1, as read at import and at each prepared_launches() block."""
+    return _forced[0]
+
+
+def launch_checks_per_call():
+    """True when launches check their dims, shared memory and arguments on this call: outside
+    a prepared step, or always with GPUK_CHECK_LAUNCHES=1 (a debug switch)."""
+    return not _prepared_depth[0]
+
+
+@contextlib.contextmanager
+def prepared_launches():
+    """The block re-runs launches already checked once (a plan step for the same input shapes
+    and dtypes: same kernels, dims and argument types), so they skip their per-call checks.
+    GPUK_CHECK_LAUNCHES=1 keeps them on; read when the block starts."""
+    _forced[0] = os.environ.get('GPUK_CHECK_LAUNCHES', '').strip() == '1'
+    if _forced[0]:
+        yield
+        return
+    _prepared_depth[0] += 1
+    try:
+        yield
+    finally:
+        _prepared_depth[0] -= 1
 
 
 # ---- launch configuration and argument checks shared by both runtimes ----
