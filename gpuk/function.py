@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-from gpuk import config, device, fusion, loss_scaling, mixed_precision
+from gpuk import config, cuda_graph, device, fusion, loss_scaling, mixed_precision
 from gpuk.kernels import runtime
 from gpuk.kernels.runtime import counters
 from gpuk.graph import Constant, Placeholder, Tensor, Variable, static_value, topological_nodes
@@ -100,6 +100,8 @@ class Plan:
             self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots))
         self.steps = mixed_precision.apply_policy(self.steps, self.slot_dtypes, self.precision)
         self._plan_frees()
+        # CUDA Graph capture and replay per input signature (gpuk/cuda_graph.py)
+        self.graphs = cuda_graph.PlanGraphs(self) if cuda_graph.supported(impl) else None
 
     def _feed_default(self, placeholder, slot):
         if slot in self.input_slots:
@@ -230,10 +232,17 @@ class Function:
         fed = [_feed_array(p, v) for p, v in zip(self.inputs, inputs)]
         counting = counters.active()
         syncs_before = counting.host_syncs if counting is not None else 0
-        values = self._run_plan(self._compiled(), fed)
-        finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
+        plan = self._compiled()
         n_out = len(self.outputs)
-        new_values = values[n_out:] if finite else []
+        if plan.graphs is not None and self._guard is None and cuda_graph.enabled():
+            updates = [(variable, n_out + i) for i, (variable, _) in enumerate(self.updates)]
+            values, replayed = plan.graphs.run(cuda_graph.signature(fed), fed, updates,
+                                               lambda fed: self._run_plan(plan, fed))
+        else:
+            values, replayed = self._run_plan(plan, fed), False
+        finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
+        # a replayed graph wrote the updates into the variables' buffers itself
+        new_values = values[n_out:] if finite and not replayed else []
         for (variable, _), value in zip(self.updates, new_values):
             if tuple(value.shape) != variable.shape:
                 raise ValueError('function: update of %r has shape %s, variable has %s'

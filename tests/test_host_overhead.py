@@ -65,3 +65,80 @@ def test_bench_host_overhead_reports_a_steady_mlp_step_without_syncs():
         print('ok')
     ''')
     assert '| mlp | 32 | 5 |' in result.stdout
+
+
+_CONV_STEP = '''
+    import os
+    import numpy as np
+    from gpuk import backend as K
+    from gpuk.kernels.runtime import counters
+    os.environ['GPUK_CUDA_GRAPHS'] = '1'
+    rng = np.random.default_rng(0)
+    x = K.placeholder((None, 8, 8, 3))
+    w = K.variable(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
+    b = K.variable(rng.standard_normal(4).astype(np.float32))
+    y = K.pool2d(K.relu(K.bias_add(K.conv2d(x, w), b)), (2, 2), strides=(2, 2))    # conv+bias+relu epilogue, max pool
+    def plain(f, value):
+        os.environ['GPUK_CUDA_GRAPHS'] = '0'
+        try:
+            return f([value])
+        finally:
+            os.environ['GPUK_CUDA_GRAPHS'] = '1'
+    def batch(n):
+        return rng.standard_normal((n, 8, 8, 3)).astype(np.float32)
+'''
+
+
+def test_graph_replay_equals_plain_launches_and_falls_back_when_shapes_change():
+    """The stand-in's graphs replay gpuk's launches only, so the step is made of kernels."""
+    _rehearse(_CONV_STEP + '''
+    v = K.variable(np.zeros((2, 3, 3, 4), np.float32))
+    f = K.function([x], [y], updates=[K.update(v, y)])
+    g = K.function([x], [y])
+    graphs = f._compiled().graphs
+    for step in range(4):                        # plain (checked), capture + replay, replay, replay
+        value = batch(2)
+        with counters.counting() as c:
+            out, = f([value])
+        expected, = plain(g, value)
+        assert np.array_equal(out, expected), step
+        assert np.array_equal(K.get_value(v), expected), step     # the update, written by the graph
+        assert c.graph_replays == (step >= 1), (step, c.as_dict())
+        if step >= 2:
+            assert c.launches == 0 and c.allocations == 0, c.as_dict()   # the graph ran, no Python per launch
+    assert len(graphs.captured) == 1 and not graphs.refused
+    f = K.function([x], [y])                     # no update: any batch size
+    graphs = f._compiled().graphs
+    for n in (2, 2, 3, 3, 3):                    # a new batch size: plain first, then its own graph
+        value = batch(n)
+        with counters.counting() as c:
+            out, = f([value])
+        assert np.array_equal(out, plain(g, value)[0]), n
+    assert c.graph_replays == 1 and len(graphs.captured) == 2
+    value = batch(2)                             # the first shape still replays its graph
+    K.set_value(w, rng.standard_normal((3, 3, 3, 4)).astype(np.float32))   # read by the graph: copied in
+    with counters.counting() as c:
+        out, = f([value])
+    assert c.graph_replays == 1 and np.array_equal(out, plain(g, value)[0])
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'         # the switch, read per call
+    with counters.counting() as c:
+        f([value])
+    assert c.graph_replays == 0 and c.launches > 0
+    print('ok')
+    ''')
+
+
+def test_steps_that_sync_or_draw_random_numbers_keep_plain_launches():
+    _rehearse(_CONV_STEP + '''
+    printed = K.function([x], [K.print_tensor(y, 'y=')])        # a host read inside the step
+    dropped = K.function([x], [K.dropout(y, 0.5)])               # a replay would repeat the mask
+    value = batch(2)
+    for f in (printed, dropped):
+        for _ in range(3):
+            with counters.counting() as c:
+                f([value])
+            assert c.graph_replays == 0
+    assert 'syncs' in printed._compiled().graphs.refused[((2, 8, 8, 3), '<f4'),]
+    assert 'random' in dropped._compiled().graphs.refused[((2, 8, 8, 3), '<f4'),]
+    print('ok')
+    ''')

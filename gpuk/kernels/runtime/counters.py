@@ -124,8 +124,18 @@ def device_call(call, *args, **kwargs):
         counters.launches += 1
 
 
+_total_host_syncs = [0]
+
+
+def total_host_syncs():
+    """Every device-to-host sync recorded since import, counting or not (cuda_graph reads it
+    to tell whether a step can be captured)."""
+    return _total_host_syncs[0]
+
+
 def host_sync():
     """Record one device-to-host copy that waits for the stream."""
+    _total_host_syncs[0] += 1
     counters = active()
     if counters is not None:
         counters.host_syncs += 1
