@@ -121,6 +121,8 @@ def measure(name, steps=10, warmup=3):
     return {'model': name, 'batch': batch, 'launches': launches,
             'host_us_per_launch': median_us([r.launching_host_s / r.launching_launches for r in rows])
             if launches else None,
+            'host_us_per_launch_min': min(median_us([r.launching_host_s / r.launching_launches])
+                                          for r in rows) if launches else None,
             'launching_steps': rows[-1].launching_steps, 'xp_steps': rows[-1].xp_steps,
             'xp_us_per_step': median_us([r.xp_steps_s / max(r.xp_steps, 1) for r in rows]),
             'outside_plan_us': median_us([w - r.device_s - r.launching_host_s - r.xp_steps_s
@@ -145,11 +147,12 @@ KNOWN_SYNCS = {
 
 def report(rows, device):
     lines = ['device: %s' % device, '',
-             '| model | batch | launches/step | host µs/launch | xp steps (µs each) | µs outside the plan '
+             '| model | batch | launches/step | host µs/launch (median, min) | xp steps (µs each) | µs outside the plan '
              '| syncs in step | syncs incl. output | allocations/step | pool mallocs | graph replays |',
              '|---|---|---|---|---|---|---|---|---|---|---|']
     for r in rows:
-        lines.append('| %(model)s | %(batch)d | %(launches)d | %(host_us_per_launch)s | %(xp_steps)d '
+        lines.append('| %(model)s | %(batch)d | %(launches)d | %(host_us_per_launch)s, %(host_us_per_launch_min)s '
+                     '| %(xp_steps)d '
                      '(%(xp_us_per_step).1f) | %(outside_plan_us).0f | %(syncs_in_step)d | %(syncs_total)d '
                      '| %(allocations)d | %(pool_mallocs)s | %(graph_replays)d |' % r)
     return '\n'.join(lines)

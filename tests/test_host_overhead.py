@@ -142,3 +142,34 @@ def test_steps_that_sync_or_draw_random_numbers_keep_plain_launches():
     assert 'random' in dropped._compiled().graphs.refused[((2, 8, 8, 3), '<f4'),]
     print('ok')
     ''')
+
+
+def test_argument_checks_run_once_per_input_signature_unless_asked_for_every_call():
+    _rehearse(_CONV_STEP + '''
+    from gpuk.kernels import runtime
+    from gpuk.kernels.runtime import cuda_runtime, kernel_source
+    import sys
+    calls = {'check_args': 0, 'source_key': 0}
+    def counted(name, function):
+        def wrapper(*args, **kwargs):   # the CUDA runtime's calls only (the emulator checks too)
+            if sys._getframe(1).f_code.co_filename == cuda_runtime.__file__:
+                calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+    runtime.check_args = counted('check_args', runtime.check_args)
+    cuda_runtime.source_key = counted('source_key', cuda_runtime.source_key)
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'              # plain launches on every call
+    f = K.function([x], [y])
+    def calls_of(value):
+        before = dict(calls)
+        f([value])
+        return {k: calls[k] - before[k] for k in calls}
+    first = calls_of(batch(2))
+    assert first['check_args'] == 2, first            # conv and pool, checked on the first run
+    assert calls_of(batch(2)) == {'check_args': 0, 'source_key': 0}   # prepared: no checks, no re-keying
+    assert calls_of(batch(3))['check_args'] == 2      # a new input signature is checked again
+    os.environ['GPUK_CHECK_LAUNCHES'] = '1'
+    again = calls_of(batch(2))
+    assert again['check_args'] == 2 and again['source_key'] == 2, again
+    print('ok')
+    ''')
