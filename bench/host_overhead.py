@@ -8,19 +8,22 @@ For three models (train_on_batch: forward, loss, gradients, Adam update):
 - bn_cnn: Conv2D + BatchNormalization + relu + MaxPool, twice, Dense softmax;
 - ctc: the demo's OCR model (conv + batch norm + pooling, bidirectional GRU, CTC loss),
   at a small size;
-it reports per steady-state step (after warm-up steps that compile kernels and plans):
+it reports per steady-state step (after warm-up steps that compile kernels and plans and,
+with graphs on, capture the step), once with K.function's CUDA Graph replay off and once on
+(``--graphs``):
 
-- launches: gpuk kernel launches + cuBLAS GEMMs (gpuk/kernels/runtime/counters.py; CuPy's
-  own elementwise kernels are not counted);
-- host_us_per_launch: (step wall time - time inside the device calls) / launches, i.e. the
-  Python around each launch (gpuk's, Keras's and the array library's for ops computed with
-  xp). In the GPU rehearsal the time inside a launch is the emulator's and is excluded;
-  the stand-in's NumPy work for xp ops is not excluded, so the figure is an upper bound;
-- syncs_in_step: device-to-host copies inside the compiled plan (the step proper);
-  syncs_total adds the copies of the step's outputs back to Keras (the loss);
+- launches: gpuk kernel launches + cuBLAS GEMMs (gpuk/kernels/runtime/counters.py); with a
+  replayed graph, those the graph holds. CuPy's own kernels (steps computed with ``xp``)
+  are counted apart as xp steps (at least one kernel each);
+- host µs per launch: graphs off, the time of the plan steps that launch, outside the
+  device calls (gpuk's Python around each launch, and the array library's for the xp work
+  inside a launcher); in the GPU rehearsal the time inside a launch is the emulator's and is
+  excluded. Graphs on, the whole step's host time (Keras, K.function, input and output
+  copies, the graph launch) over the launches and xp steps the graph holds;
+- syncs in step: device-to-host copies inside the step; "incl. output" adds the copies of
+  the step's outputs back to Keras (the loss);
 - allocations: arrays the plan's steps created (outputs owning a new buffer); with a real
-  CuPy also pool_mallocs (every memory-pool request, a MemoryHook);
-- graph_replays: steps that ran as a CUDA Graph replay.
+  CuPy also pool mallocs (every memory-pool request, a MemoryHook).
 
 Without a GPU it runs in the GPU rehearsal (tests/gpu_rehearsal: a NumPy stand-in for CuPy,
 kernels in the emulator): counts are the CUDA path's, host times are this CPU's, and
@@ -97,40 +100,55 @@ def _ctc(keras, batch):
 BUILDERS = {'mlp': (_mlp, 32), 'bn_cnn': (_bn_cnn, 8), 'ctc': (_ctc, 4)}
 
 
-def measure(name, steps=10, warmup=3):
-    """One row of the report for model ``name`` (see the module docstring)."""
+def measure(name, steps=10, warmup=3, graphs=False):
+    """One row of the report for model ``name`` (see the module docstring), with K.function's
+    CUDA Graph replay on or off (GPUK_CUDA_GRAPHS, set for the measurement only)."""
     import keras
     from gpuk.kernels.runtime import counters
     from gpuk.backend import clear_session   # keras.backend (2.3.1) does not re-export it
-    clear_session()
-    build, batch = BUILDERS[name]
-    net, x, y = build(keras, batch)
-    for _ in range(warmup):
-        net.train_on_batch(x, y)
-    walls, rows = [], []
-    for _ in range(steps):
-        with counters.counting() as c:
-            started = time.perf_counter()
+    previous = os.environ.get('GPUK_CUDA_GRAPHS')
+    os.environ['GPUK_CUDA_GRAPHS'] = '1' if graphs else '0'
+    try:
+        clear_session()
+        build, batch = BUILDERS[name]
+        net, x, y = build(keras, batch)
+        for _ in range(warmup):
             net.train_on_batch(x, y)
-            walls.append(time.perf_counter() - started)
-        rows.append(c)
+        walls, rows = [], []
+        for _ in range(steps):
+            with counters.counting() as c:
+                started = time.perf_counter()
+                net.train_on_batch(x, y)
+                walls.append(time.perf_counter() - started)
+            rows.append(c)
+    finally:
+        if previous is None:
+            del os.environ['GPUK_CUDA_GRAPHS']
+        else:
+            os.environ['GPUK_CUDA_GRAPHS'] = previous
+
     def median_us(values):
         return round(statistics.median(values) * 1e6, 2)
 
-    launches = rows[-1].launches
-    return {'model': name, 'batch': batch, 'launches': launches,
-            'host_us_per_launch': median_us([r.launching_host_s / r.launching_launches for r in rows])
-            if launches else None,
-            'host_us_per_launch_min': min(median_us([r.launching_host_s / r.launching_launches])
-                                          for r in rows) if launches else None,
-            'launching_steps': rows[-1].launching_steps, 'xp_steps': rows[-1].xp_steps,
+    last = rows[-1]
+    if last.graph_replays:
+        # the whole step's host time (Keras, K.function, input and output copies, the graph
+        # launch call) over the launches the graph holds
+        per_launch = [(w - r.device_s) / max(r.replayed_launches + r.replayed_xp_steps, 1)
+                      for w, r in zip(walls, rows)]
+    else:   # the plan steps that launch: their time outside the device calls
+        per_launch = [r.launching_host_s / max(r.launching_launches, 1) for r in rows]
+    return {'model': name, 'batch': batch, 'graphs': bool(last.graph_replays),
+            'launches': last.replayed_launches if last.graph_replays else last.launches,
+            'host_us_per_launch': median_us(per_launch), 'host_us_per_launch_min': median_us([min(per_launch)]),
+            'launching_steps': last.launching_steps,
+            'xp_steps': last.replayed_xp_steps if last.graph_replays else last.xp_steps,
             'xp_us_per_step': median_us([r.xp_steps_s / max(r.xp_steps, 1) for r in rows]),
-            'outside_plan_us': median_us([w - r.device_s - r.launching_host_s - r.xp_steps_s
-                                          for w, r in zip(walls, rows)]),
-            'syncs_in_step': rows[-1].in_step_syncs, 'syncs_total': rows[-1].host_syncs,
-            'allocations': rows[-1].allocations, 'pool_mallocs': rows[-1].pool_mallocs,
-            'graph_replays': rows[-1].graph_replays,
-            'steady': len({(r.launches, r.allocations, r.host_syncs) for r in rows}) == 1}
+            'host_us_per_step': median_us([w - r.device_s for w, r in zip(walls, rows)]),
+            'syncs_in_step': last.in_step_syncs, 'syncs_total': last.host_syncs,
+            'allocations': last.allocations, 'pool_mallocs': last.pool_mallocs,
+            'graph_replays': last.graph_replays,
+            'steady': len({(r.launches, r.allocations, r.host_syncs, r.graph_replays) for r in rows}) == 1}
 
 
 # Syncs inside a step that other branches remove (so this bench's 0-sync goal waits on them).
@@ -147,14 +165,16 @@ KNOWN_SYNCS = {
 
 def report(rows, device):
     lines = ['device: %s' % device, '',
-             '| model | batch | launches/step | host µs/launch (median, min) | xp steps (µs each) | µs outside the plan '
-             '| syncs in step | syncs incl. output | allocations/step | pool mallocs | graph replays |',
+             '| model | batch | graphs | launches/step | host µs/launch (median, min) | xp steps (µs each) '
+             '| host µs/step | syncs in step | syncs incl. output | allocations/step | pool mallocs |',
              '|---|---|---|---|---|---|---|---|---|---|---|']
     for r in rows:
-        lines.append('| %(model)s | %(batch)d | %(launches)d | %(host_us_per_launch)s, %(host_us_per_launch_min)s '
-                     '| %(xp_steps)d '
-                     '(%(xp_us_per_step).1f) | %(outside_plan_us).0f | %(syncs_in_step)d | %(syncs_total)d '
-                     '| %(allocations)d | %(pool_mallocs)s | %(graph_replays)d |' % r)
+        lines.append('| %(model)s | %(batch)d | %(graphs)s | %(launches)d | %(host_us_per_launch)s, '
+                     '%(host_us_per_launch_min)s | %(xp_steps)d (%(xp_us_per_step).1f) | %(host_us_per_step).0f '
+                     '| %(syncs_in_step)d | %(syncs_total)d | %(allocations)d | %(pool_mallocs)s |' % r)
+    lines += ['', 'graphs False: host µs/launch is the time of the plan steps that launch, outside the device '
+              'calls; graphs True: the whole step\'s host time over the launches the replayed graph holds (gpuk\'s '
+              'and one per step computed with xp, CuPy\'s kernels: a lower bound of their count).']
     return '\n'.join(lines)
 
 
@@ -165,11 +185,18 @@ def main(argv=None):
     parser.add_argument('--warmup', type=int, default=3)
     parser.add_argument('--rehearsal', choices=('auto', 'yes', 'no'), default='auto',
                         help='run in the GPU rehearsal (auto: when no GPU is usable)')
+    parser.add_argument('--graphs', choices=('both', 'on', 'off'), default='both',
+                        help='K.function CUDA Graph replay (both: one row each)')
     parser.add_argument('--json', help='also write the rows as JSON here')
     args = parser.parse_args(argv)
     rehearsal = args.rehearsal == 'yes' or (args.rehearsal == 'auto' and not _gpu_available())
     device = setup_device(rehearsal)
-    rows = [measure(name, args.steps, args.warmup) for name in args.models]
+    modes = {'both': (False, True), 'on': (True,), 'off': (False,)}[args.graphs]
+    rows = [measure(name, args.steps, args.warmup, graphs) for name in args.models for graphs in modes]
+    if rehearsal and True in modes:
+        print('GPU rehearsal: with graphs on, a replay re-runs gpuk\'s launches, cuBLAS and copies but not the '
+              'NumPy work of ops computed with xp, so the trained values are wrong there; the counts and host '
+              'times are what this measures.')
     print(report(rows, device))
     for r in rows:
         if r['model'] in KNOWN_SYNCS:

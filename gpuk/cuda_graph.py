@@ -78,11 +78,12 @@ class CapturedStep:
         self.xp = xp
         self.stream = xp.cuda.Stream(non_blocking=False)   # ordered with the legacy default stream
         self.pool = xp.cuda.MemoryPool()
+        for variable in [v for _, v in plan.variables] + [v for v, _ in updates]:
+            value = variable.value   # the graph reads and writes it in place: a contiguous device array
+            if not isinstance(value, xp.ndarray) or not value.flags.c_contiguous:
+                variable.value = xp.array(value, dtype=variable.dtype, order='C')   # keeps 0-d shapes
         self.variables = [(variable, variable.value) for _, variable in plan.variables]
         self.updates = [(variable, variable.value, index) for variable, index in updates]
-        for variable, buffer, _ in self.updates:
-            if not isinstance(buffer, xp.ndarray) or not buffer.flags.c_contiguous:
-                raise CaptureRefused('variable %r is not a contiguous device array' % variable.name)
         with self._private_pool():
             self.inputs = [xp.empty(a.shape, a.dtype) for a in fed]
             for buffer, value in zip(self.inputs, fed):
@@ -94,13 +95,15 @@ class CapturedStep:
                 self.stream.begin_capture(getattr(xp.cuda.runtime, 'streamCaptureModeRelaxed',
                                                   _RELAXED_CAPTURE))
                 try:
-                    with runtime.prepared_launches():
+                    with runtime.prepared_launches(), counters.counting() as held:
                         self.values = plan.run(self.inputs)
                         for variable, buffer, index in self.updates:
                             xp.copyto(buffer, self.values[index].astype(variable.dtype, copy=False))
                 finally:
                     graph = self.stream.end_capture()   # raises when the capture was invalidated
                 self.graph = graph
+                # what the graph holds: gpuk's launches, and the steps computed with xp (CuPy's kernels)
+                self.launches, self.xp_steps = held.launches, held.xp_steps
 
     @contextlib.contextmanager
     def _private_pool(self):
@@ -119,10 +122,12 @@ class CapturedStep:
         for variable, buffer, _ in self.updates:
             if variable.value is not buffer:
                 variable.value = buffer        # written by the graph's last copies
-        self.graph.launch(self.stream)
+        counters.device_call(self.graph.launch, self.stream)
         counting = counters.active()
         if counting is not None:
             counting.graph_replays += 1
+            counting.replayed_launches += self.launches
+            counting.replayed_xp_steps += self.xp_steps
         return list(self.values)
 
 

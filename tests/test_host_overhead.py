@@ -52,19 +52,25 @@ def test_a_step_counts_its_launches_syncs_and_allocations():
     ''')
 
 
-def test_bench_host_overhead_reports_a_steady_mlp_step_without_syncs():
+def test_bench_host_overhead_reports_mlp_steps_without_syncs_and_replays_without_allocations():
     result = _rehearse('''
         from bench import host_overhead
-        row = host_overhead.measure('mlp', steps=2, warmup=1)
+        row = host_overhead.measure('mlp', steps=2, warmup=1, graphs=False)
         print(row)
         assert row['steady'], row
         assert row['launches'] == 5, row       # 3 bias + relu forward, softmax cross-entropy fwd + bwd
         assert row['syncs_in_step'] == 0 and row['syncs_total'] == 1, row
         assert row['host_us_per_launch'] > 0, row
-        print(host_overhead.report([row], 'rehearsal'))
+        replayed = host_overhead.measure('mlp', steps=2, warmup=3, graphs=True)
+        print(replayed)
+        # the graph's arena: no allocation, no sync, one graph launch holding the 5 launches
+        assert replayed['graphs'] and replayed['steady'], replayed
+        assert replayed['allocations'] == 0 and replayed['syncs_in_step'] == 0, replayed
+        assert replayed['launches'] == 5 and replayed['xp_steps'] == row['xp_steps'], replayed
+        print(host_overhead.report([row, replayed], 'rehearsal'))
         print('ok')
     ''')
-    assert '| mlp | 32 | 5 |' in result.stdout
+    assert '| mlp | 32 | False | 5 |' in result.stdout
 
 
 _CONV_STEP = '''
@@ -105,7 +111,8 @@ def test_graph_replay_equals_plain_launches_and_falls_back_when_shapes_change():
         assert np.array_equal(K.get_value(v), expected), step     # the update, written by the graph
         assert c.graph_replays == (step >= 1), (step, c.as_dict())
         if step >= 2:
-            assert c.launches == 0 and c.allocations == 0, c.as_dict()   # the graph ran, no Python per launch
+            # one graph launch holding the conv and the pooling; no Python per kernel, no allocation
+            assert c.launches == 1 and c.replayed_launches == 2 and c.allocations == 0, c.as_dict()
     assert len(graphs.captured) == 1 and not graphs.refused
     f = K.function([x], [y])                     # no update: any batch size
     graphs = f._compiled().graphs

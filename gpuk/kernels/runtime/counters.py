@@ -34,6 +34,8 @@ class Counters:
         self.allocations = 0
         self.pool_mallocs = None     # set where a real CuPy memory hook counted them
         self.graph_replays = 0
+        self.replayed_launches = 0   # gpuk launches the replayed graphs hold (each graph launch counts 1)
+        self.replayed_xp_steps = 0   # and their steps computed with xp (at least one CuPy kernel each)
         # Plan steps, each timed exclusively of the plan steps nested in it (a scan's step plan):
         self.launching_steps = 0     # steps that launched something through gpuk
         self.launching_host_s = 0.0  # their time outside the device calls: gpuk's Python per launch
