@@ -97,13 +97,33 @@ class CapturedStep:
                 try:
                     with runtime.prepared_launches(), counters.counting() as held:
                         self.values = plan.run(self.inputs)
-                        for variable, buffer, index in self.updates:
-                            xp.copyto(buffer, self.values[index].astype(variable.dtype, copy=False))
+                        self._write_updates()
                 finally:
                     graph = self.stream.end_capture()   # raises when the capture was invalidated
                 self.graph = graph
                 # what the graph holds: gpuk's launches, and the steps computed with xp (CuPy's kernels)
                 self.launches, self.xp_steps = held.launches, held.xp_steps
+
+    def _write_updates(self):
+        """Captures the copies of the updates' new values into the variables' buffers. All new
+        values are computed from the old ones first, as in a plain call: a value that may
+        share memory with an updated variable (update(a, b) with update(b, a)) is copied aside
+        before any variable is written."""
+        xp = self.xp
+        buffers = [buffer for _, buffer, _ in self.updates]
+        staged = []
+        for variable, buffer, index in self.updates:
+            value = self.values[index]
+            if tuple(value.shape) != tuple(variable.shape):   # a plain call raises the user's error
+                raise CaptureRefused('update of %r has shape %s, variable has %s'
+                                     % (variable.name, tuple(value.shape), variable.shape))
+            if any(xp.may_share_memory(value, other) for other in buffers):
+                aside = xp.empty(value.shape, value.dtype)
+                xp.copyto(aside, value)
+                value = aside
+            staged.append(value)
+        for (variable, buffer, _), value in zip(self.updates, staged):
+            xp.copyto(buffer, value.astype(variable.dtype, copy=False))
 
     @contextlib.contextmanager
     def _private_pool(self):

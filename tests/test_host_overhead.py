@@ -127,6 +127,12 @@ def test_graph_replay_equals_plain_launches_and_falls_back_when_shapes_change():
     with counters.counting() as c:
         out, = f([value])
     assert c.graph_replays == 1 and np.array_equal(out, plain(g, value)[0])
+    p, q = K.variable(np.zeros(3, np.float32)), K.variable(np.ones(3, np.float32))
+    swap = K.function([x], [y], updates=[(p, q), (q, p)])   # new values from the old ones, in a graph too
+    for step in range(4):
+        swap([batch(2)])
+        assert K.get_value(p)[0] == (step + 1) % 2 == 1 - K.get_value(q)[0], step
+    assert len(swap._compiled().graphs.captured) == 1
     os.environ['GPUK_CUDA_GRAPHS'] = '0'         # the switch, read per call
     with counters.counting() as c:
         f([value])
