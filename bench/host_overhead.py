@@ -178,6 +178,56 @@ def report(rows, device):
     return '\n'.join(lines)
 
 
+def launcher_overhead(rehearsal, repeats=15, number=20):
+    """Host µs per call of single launchers on small problems, outside the device calls: min
+    over ``repeats`` batches of ``number`` calls, plain and inside runtime.prepared_launches()
+    (a K.function step re-run for shapes it ran with). In the rehearsal the launches are dry
+    (checked, not run: an emulated launch leaves the host's caches cold and adds tens of µs of
+    noise to the Python around it). Rows: (name, plain µs, prepared µs)."""
+    if rehearsal:
+        from tests.gpu_rehearsal import rehearsal_runtime
+        rehearsal_runtime.set_dry_launch_bytes(-1)
+    from gpuk import device
+    from gpuk.kernels import conv, elementwise, runtime
+    from gpuk.kernels.runtime import counters
+    rt = runtime.get_runtime('cuda')
+    xp = device.xp()
+    x, b = xp.ones((4, 64), xp.float32), xp.ones(64, xp.float32)
+    kernel_args = (x, b, xp.empty_like(x), np.int64(x.size), np.int64(64), np.int64(1), np.int32(1))
+    image, w = xp.ones((1, 6, 6, 4), xp.float32), xp.ones((3, 3, 4, 8), xp.float32)
+    dy = xp.ones((1, 4, 4, 8), xp.float32)
+    valid = ((0, 0), (0, 0))
+    calls = [
+        ('runtime: rt.load + kernel + launch', lambda: rt.load(elementwise.SOURCE, elementwise.defines(np.float32))
+         .kernel('bias_act_fwd').launch(1, elementwise.BIAS_ACT_THREADS, kernel_args)),
+        ('bias_act_fwd launcher', lambda: elementwise.bias_act_fwd(x, b, -1, 'relu', runtime=rt)),
+        ('conv_fwd launcher, no bias', lambda: conv.conv_fwd(image, w, (1, 1), (1, 1), valid, 'channels_last',
+                                                             runtime=rt)),
+        ('conv_wgrad launcher', lambda: conv.conv_wgrad(image, dy, w.shape, (1, 1), (1, 1), valid, 'channels_last',
+                                                        runtime=rt)),
+    ]
+
+    def host_us(call):
+        best = float('inf')
+        for _ in range(repeats):
+            with counters.counting() as c:
+                started = time.perf_counter()
+                for _ in range(number):
+                    call()
+                wall = time.perf_counter() - started
+            best = min(best, (wall - c.device_s) / number)
+        return best * 1e6
+
+    rows = []
+    for name, call in calls:
+        call()   # compiles, loads, prepares
+        plain = host_us(call)
+        with runtime.prepared_launches():
+            prepared = host_us(call)
+        rows.append((name, round(plain, 2), round(prepared, 2)))
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.host_overhead', description=__doc__.split('\n')[0])
     parser.add_argument('--models', nargs='+', choices=MODELS, default=list(MODELS))
@@ -187,6 +237,8 @@ def main(argv=None):
                         help='run in the GPU rehearsal (auto: when no GPU is usable)')
     parser.add_argument('--graphs', choices=('both', 'on', 'off'), default='both',
                         help='K.function CUDA Graph replay (both: one row each)')
+    parser.add_argument('--launchers', action='store_true',
+                        help='also time single launchers (host µs per call, plain and prepared)')
     parser.add_argument('--json', help='also write the rows as JSON here')
     args = parser.parse_args(argv)
     rehearsal = args.rehearsal == 'yes' or (args.rehearsal == 'auto' and not _gpu_available())
@@ -201,9 +253,14 @@ def main(argv=None):
     for r in rows:
         if r['model'] in KNOWN_SYNCS:
             print('%s: in-step syncs other branches remove: %s' % (r['model'], KNOWN_SYNCS[r['model']]))
+    launchers = launcher_overhead(rehearsal) if args.launchers else []
+    if launchers:
+        print('\n| launcher call (small problem) | host µs plain | host µs prepared |\n|---|---|---|')
+        for name, plain, prepared in launchers:
+            print('| %s | %.2f | %.2f |' % (name, plain, prepared))
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump({'device': device, 'rows': rows}, f, indent=1)
+            json.dump({'device': device, 'rows': rows, 'launchers': launchers}, f, indent=1)
     return rows
 
 

@@ -215,10 +215,9 @@ class Function:
         launches' per-call checks (they passed for these shapes: same kernels, dims and
         argument types; GPUK_CHECK_LAUNCHES=1 keeps them)."""
         shapes = tuple((a.shape, a.dtype) for a in fed)
-        if shapes in plan.checked_shapes:
-            with runtime.prepared_launches():
-                return plan.run(fed)
-        values = plan.run(fed)
+        checked = shapes in plan.checked_shapes
+        with runtime.prepared_launches(checked):
+            values = plan.run(fed)
         plan.checked_shapes.add(shapes)
         return values
 

@@ -186,3 +186,29 @@ def test_argument_checks_run_once_per_input_signature_unless_asked_for_every_cal
     assert again['check_args'] == 2 and again['source_key'] == 2, again
     print('ok')
     ''')
+
+
+def test_a_repeated_conv_problem_is_checked_once_and_bad_input_still_raises(monkeypatch):
+    import numpy as np
+    import pytest
+    from gpuk.contracts import conv_checks
+    from gpuk.kernels import conv
+    checks = []
+    real = conv_checks.fwd_problem
+    monkeypatch.setattr(conv_checks, 'fwd_problem', lambda *a, **k: checks.append(1) or real(*a, **k))
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 5, 5, 2)).astype(np.float32), rng.standard_normal((3, 3, 2, 4)).astype(np.float32)
+    valid = ((0, 0), (0, 0))
+    first = conv.conv_fwd(x, w, (1, 1), (1, 1), valid, 'channels_last', runtime='emulate')
+    again = conv.conv_fwd(x, w, (1, 1), (1, 1), valid, 'channels_last', runtime='emulate')
+    assert len(checks) == 1 and np.array_equal(first, again)
+    with pytest.raises(TypeError, match='conv_fwd: bias.dtype'):   # another signature: checked, refused
+        conv.conv_fwd(x, w, (1, 1), (1, 1), valid, 'channels_last', epilogue='bias', bias=np.zeros(4, np.float64),
+                      runtime='emulate')
+    with pytest.raises(ValueError, match='conv_fwd: pads'):       # an unhashable parameter: checked every call
+        conv.conv_fwd(x, w, (1, 1), (1, 1), [[0, 0], [0, -1]], 'channels_last', runtime='emulate')
+    monkeypatch.setenv('GPUK_CHECK_LAUNCHES', '1')
+    from gpuk.kernels import runtime
+    with runtime.prepared_launches():   # reads the switch
+        conv.conv_fwd(x, w, (1, 1), (1, 1), valid, 'channels_last', runtime='emulate')
+    assert len(checks) == 4

@@ -139,23 +139,24 @@ def check_launches_forced():
 def launch_checks_per_call():
     """True when launches check their dims, shared memory and arguments on this call: outside
     a prepared step, or always with GPUK_CHECK_LAUNCHES=1 (a debug switch)."""
-    return not _prepared_depth[0]
+    return not _prepared_depth[0] or _forced[0]
 
 
 @contextlib.contextmanager
-def prepared_launches():
+def prepared_launches(prepared=True):
     """The block re-runs launches already checked once (a plan step for the same input shapes
     and dtypes: same kernels, dims and argument types), so they skip their per-call checks.
-    GPUK_CHECK_LAUNCHES=1 keeps them on; read when the block starts."""
+    GPUK_CHECK_LAUNCHES=1 keeps them on; it is read when a block starts (``prepared=False``:
+    a block that only reads it, for a step's first, checked run)."""
+    previous = _forced[0]
     _forced[0] = os.environ.get('GPUK_CHECK_LAUNCHES', '').strip() == '1'
-    if _forced[0]:
-        yield
-        return
-    _prepared_depth[0] += 1
+    depth = 0 if _forced[0] or not prepared else 1
+    _prepared_depth[0] += depth
     try:
         yield
     finally:
-        _prepared_depth[0] -= 1
+        _prepared_depth[0] -= depth
+        _forced[0] = previous
 
 
 # ---- launch configuration and argument checks shared by both runtimes ----
