@@ -6,6 +6,10 @@ tensor-core steps (gpuk/mixed_precision.py), every slot freed after its last use
 feeds the placeholders, reads the variables, executes the plan, then applies the updates, all
 of whose new values are computed (from the old values) before any is assigned; under loss
 scaling (gpuk/loss_scaling.py) none is applied when a scaled gradient is not finite.
+
+Per input signature (shapes and dtypes): the first run checks every launch, later runs skip
+the per-call argument checks (runtime.prepared_launches), and on the CUDA runtime a signature
+called again replays a captured CUDA Graph (gpuk/cuda_graph.py) instead of running the plan.
 """
 import itertools
 
