@@ -131,6 +131,8 @@ def measure(name, steps=10, warmup=3, graphs=False):
         return round(statistics.median(values) * 1e6, 2)
 
     last = rows[-1]
+    plan_graphs = getattr(getattr(net.train_function, '_plan', None), 'graphs', None)
+    refused = sorted(set(plan_graphs.refused.values())) if graphs and plan_graphs is not None else []
     if last.graph_replays:
         # the whole step's host time (Keras, K.function, input and output copies, the graph
         # launch call) over the launches the graph holds
@@ -148,7 +150,8 @@ def measure(name, steps=10, warmup=3, graphs=False):
             'syncs_in_step': last.in_step_syncs, 'syncs_total': last.host_syncs,
             'allocations': last.allocations, 'pool_mallocs': last.pool_mallocs,
             'graph_replays': last.graph_replays,
-            'steady': len({(r.launches, r.allocations, r.host_syncs, r.graph_replays) for r in rows}) == 1}
+            'steady': len({(r.launches, r.allocations, r.host_syncs, r.graph_replays) for r in rows}) == 1,
+            'graphs_refused': '; '.join(refused)}
 
 
 # Syncs inside a step that other branches remove (so this bench's 0-sync goal waits on them).
@@ -172,6 +175,8 @@ def report(rows, device):
         lines.append('| %(model)s | %(batch)d | %(graphs)s | %(launches)d | %(host_us_per_launch)s, '
                      '%(host_us_per_launch_min)s | %(xp_steps)d (%(xp_us_per_step).1f) | %(host_us_per_step).0f '
                      '| %(syncs_in_step)d | %(syncs_total)d | %(allocations)d | %(pool_mallocs)s |' % r)
+    lines += ['%s: graphs asked for, plain launches because %s' % (r['model'], r['graphs_refused'][:300])
+              for r in rows if r['graphs_refused']]
     lines += ['', 'graphs False: host µs/launch is the time of the plan steps that launch, outside the device '
               'calls; graphs True: the whole step\'s host time over the launches the replayed graph holds (gpuk\'s '
               'and one per step computed with xp, CuPy\'s kernels: a lower bound of their count).']
@@ -250,9 +255,9 @@ def main(argv=None):
               'NumPy work of ops computed with xp, so the trained values are wrong there; the counts and host '
               'times are what this measures.')
     print(report(rows, device))
-    for r in rows:
-        if r['model'] in KNOWN_SYNCS:
-            print('%s: in-step syncs other branches remove: %s' % (r['model'], KNOWN_SYNCS[r['model']]))
+    for model in dict.fromkeys(r['model'] for r in rows):
+        if model in KNOWN_SYNCS:
+            print('%s: in-step syncs other branches remove: %s' % (model, KNOWN_SYNCS[model]))
     launchers = launcher_overhead(rehearsal) if args.launchers else []
     if launchers:
         print('\n| launcher call (small problem) | host µs plain | host µs prepared |\n|---|---|---|')
