@@ -86,8 +86,7 @@ class CapturedStep:
         self.updates = [(variable, variable.value, index) for variable, index in updates]
         with self._private_pool():
             self.inputs = [xp.empty(a.shape, a.dtype) for a in fed]
-            for buffer, value in zip(self.inputs, fed):
-                xp.copyto(buffer, value)
+            self._copy_in(fed)
             with self.stream:
                 with runtime.prepared_launches():
                     plan.run(self.inputs)                 # warm-up: fills the private pool
@@ -131,10 +130,19 @@ class CapturedStep:
         with using(self.pool.malloc) if using is not None else contextlib.nullcontext():
             yield
 
-    def replay(self, fed):
+    def _copy_in(self, fed):
+        """The inputs into the graph's buffers: device arrays by a device copy, host arrays by
+        a host-to-device copy into the buffer (no device allocation either way)."""
         xp = self.xp
         for buffer, value in zip(self.inputs, fed):
-            xp.copyto(buffer, value)
+            if isinstance(value, xp.ndarray):
+                xp.copyto(buffer, value)
+            else:
+                buffer.set(np.ascontiguousarray(value))
+
+    def replay(self, fed):
+        xp = self.xp
+        self._copy_in(fed)
         for variable, buffer in self.variables:
             if variable.value is not buffer:   # replaced since the capture: the graph reads this buffer
                 xp.copyto(buffer, variable.value)
@@ -170,8 +178,9 @@ class PlanGraphs:
         return self._blocked or None
 
     def run(self, key, fed, updates, run_plain):
-        """The plan's target values for ``fed``: a replay, a capture then replay, or
-        ``run_plain(fed)``. Returns (values, replayed): a replay applied the updates already."""
+        """The plan's target values for ``fed`` (the inputs: device or NumPy arrays): a replay,
+        a capture then replay, or ``run_plain(fed)``. Returns (values, replayed): a replay
+        applied the updates already."""
         step = self.captured.get(key)
         if step is not None:
             self.captured.move_to_end(key)

@@ -43,11 +43,17 @@ def normalize_update(update, where='function'):
                     % (where, update))
 
 
-def _feed_array(placeholder, value):
-    """The device array fed to ``placeholder``, checked against its static shape."""
+def _input_array(placeholder, value):
+    """``value`` with the placeholder's dtype, checked against its static shape: a device array
+    stays one, anything else becomes a NumPy array (K.function copies it to the device, or
+    straight into a replayed CUDA Graph's input buffer)."""
     if hasattr(value, 'toarray') and hasattr(value, 'tocoo'):  # scipy.sparse input
         value = value.toarray()
-    array = device.to_device(value, placeholder.dtype)
+    xp = device.xp()
+    if isinstance(value, xp.ndarray):
+        array = xp.asarray(value, dtype=placeholder.dtype)
+    else:
+        array = np.asarray(device.to_host(value), dtype=placeholder.dtype)
     shape = placeholder.shape
     if shape is not None and (array.ndim != len(shape) or any(
             d is not None and d != a for d, a in zip(shape, array.shape))):
@@ -232,17 +238,20 @@ class Function:
             raise ValueError('function: expected a list of %d input values, got %r'
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
                                 else '%d values' % len(inputs)))
-        fed = [_feed_array(p, v) for p, v in zip(self.inputs, inputs)]
+        arrays = [_input_array(p, v) for p, v in zip(self.inputs, inputs)]
         counting = counters.active()
         syncs_before = counting.host_syncs if counting is not None else 0
         plan = self._compiled()
         n_out = len(self.outputs)
+
+        def run_plain(arrays):
+            return self._run_plan(plan, [device.to_device(a) for a in arrays])
+
         if plan.graphs is not None and self._guard is None and cuda_graph.enabled():
             updates = [(variable, n_out + i) for i, (variable, _) in enumerate(self.updates)]
-            values, replayed = plan.graphs.run(cuda_graph.signature(fed), fed, updates,
-                                               lambda fed: self._run_plan(plan, fed))
+            values, replayed = plan.graphs.run(cuda_graph.signature(arrays), arrays, updates, run_plain)
         else:
-            values, replayed = self._run_plan(plan, fed), False
+            values, replayed = run_plain(arrays), False
         finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
         # a replayed graph wrote the updates into the variables' buffers itself
         new_values = values[n_out:] if finite and not replayed else []

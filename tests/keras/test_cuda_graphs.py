@@ -43,7 +43,10 @@ def _fit(keras, monkeypatch, build, inputs, targets, weights, graphs):
     model.compile('adam', 'categorical_crossentropy')
     with counters.counting() as counted:
         history = model.fit(inputs, targets, epochs=3, batch_size=8, shuffle=False, verbose=0)
-    return history.history['loss'], model.predict(inputs, batch_size=8), counted.graph_replays
+    with counters.counting() as step:   # a steady-state step: a replay, without allocating
+        model.train_on_batch(inputs[:8], targets[:8])
+    return (history.history['loss'], model.predict(inputs, batch_size=8), counted.graph_replays,
+            step.pool_mallocs if step.graph_replays else None)
 
 
 @pytest.mark.parametrize('build, shape, must_replay', [
@@ -58,10 +61,12 @@ def test_fit_replays_graphs_with_the_same_results_as_plain_launches(keras, on, m
     inputs = rng.standard_normal((20,) + shape).astype(np.float32)   # 8, 8, then a batch of 4
     targets = np.eye(4, dtype=np.float32)[rng.integers(0, 4, 20)]
     weights = build(keras).get_weights()
-    plain_losses, plain_predictions, plain_replays = _fit(keras, monkeypatch, build, inputs, targets, weights, False)
-    losses, predictions, replays = _fit(keras, monkeypatch, build, inputs, targets, weights, True)
+    plain_losses, plain_predictions, plain_replays, _ = _fit(keras, monkeypatch, build, inputs, targets, weights,
+                                                             False)
+    losses, predictions, replays, mallocs = _fit(keras, monkeypatch, build, inputs, targets, weights, True)
     assert plain_replays == 0
     if must_replay:   # 6 steps of batch 8 and 3 of batch 4; each signature's first runs plain
         assert replays == 5 + 2, replays
+        assert mallocs == 0   # inputs copied into the graph's buffers, intermediates in its arena
     np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
     np.testing.assert_allclose(predictions, plain_predictions, rtol=1e-5, atol=1e-6)
