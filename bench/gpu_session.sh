@@ -10,6 +10,8 @@
 #   tests-kernels  the same, tests/kernels only (the launchers against their NumPy twins)
 #   bench-quick    python -m bench --quick (one case per benchmark and implementation)
 #   bench          python -m bench (everything; far longer than one 10-minute command)
+#   host-overhead  python -m bench.host_overhead --rehearsal no: launches, host µs per launch,
+#                  syncs, allocations and graph replays per Keras training step (mlp, bn_cnn, ctc)
 #   bench-FAMILY   python -m bench -k bench_FAMILY: copy, conv, pooling, batchnorm,
 #                  softmax_xent, ctc, graph, keras, cpu
 #
@@ -142,6 +144,7 @@ for part in "${PART_LIST[@]}"; do
         tests) step tests run_tests tests ;;
         tests-kernels) step tests-kernels run_tests tests/kernels ;;
         bench-quick) step bench-quick run_bench --quick ;;
+        host-overhead) step host-overhead env KERAS_BACKEND=gpuk.backend "$PYTHON" -m bench.host_overhead --rehearsal no ;;
         bench) step bench run_bench ;;
         bench-*) BENCH_FILTER+=("bench_${part#bench-}") ;;
         *) echo "gpu_session: unknown part '$part'"; STATUS=2 ;;

@@ -18,6 +18,7 @@ from gpuk.contracts.families import FAMILIES
 
 from gpuk import config
 from gpuk.config import DEVICE_KINDS
+from gpuk.kernels.runtime import counters
 from gpuk.kernels.runtime import gpu_unusable_reason  # noqa: F401 (part of this module's API)
 
 _state = {'kind': None, 'impl': None}
@@ -127,6 +128,9 @@ def to_device(value, dtype=None):
 
 def to_host(value):
     """A NumPy array (or NumPy scalar) holding ``value``."""
+    array_module = _state['impl'].xp if _state['impl'] is not None else np
+    if array_module is not np and isinstance(value, array_module.ndarray):
+        counters.host_sync()   # a copy that waits for the stream (the GPU rehearsal's too)
     if isinstance(value, np.ndarray):
         return value
     get = getattr(value, 'get', None)

@@ -6,12 +6,18 @@ tensor-core steps (gpuk/mixed_precision.py), every slot freed after its last use
 feeds the placeholders, reads the variables, executes the plan, then applies the updates, all
 of whose new values are computed (from the old values) before any is assigned; under loss
 scaling (gpuk/loss_scaling.py) none is applied when a scaled gradient is not finite.
+
+Per input signature (shapes and dtypes): the first run checks every launch, later runs skip
+the per-call argument checks (runtime.prepared_launches), and on the CUDA runtime a signature
+called again replays a captured CUDA Graph (gpuk/cuda_graph.py) instead of running the plan.
 """
 import itertools
 
 import numpy as np
 
-from gpuk import config, device, fusion, loss_scaling, mixed_precision
+from gpuk import config, cuda_graph, device, fusion, loss_scaling, mixed_precision
+from gpuk.kernels import runtime
+from gpuk.kernels.runtime import counters
 from gpuk.graph import (Constant, Placeholder, Tensor, Variable, checked_array, static_value,
                         topological_nodes)
 from gpuk.ops import scan
@@ -38,13 +44,19 @@ def normalize_update(update, where='function'):
                     % (where, update))
 
 
-def _feed_array(placeholder, value):
-    """The device array fed to ``placeholder``, checked against its static shape."""
+def _input_array(placeholder, value):
+    """``value`` with the placeholder's dtype, checked against its static shape: a device array
+    stays one, anything else becomes a NumPy array (K.function copies it to the device, or
+    straight into a replayed CUDA Graph's input buffer)."""
     if hasattr(value, 'toarray') and hasattr(value, 'tocoo'):  # scipy.sparse input
         value = value.toarray()
-    if not (isinstance(value, np.ndarray) and value.dtype == placeholder.dtype):
-        value = checked_array(value, placeholder.dtype, 'function', 'input %r' % placeholder.name)
-    array = device.to_device(value)
+    xp = device.xp()
+    if xp is not np and isinstance(value, xp.ndarray):   # already on the device
+        array = xp.asarray(value, dtype=placeholder.dtype)
+    elif isinstance(value, np.ndarray) and value.dtype == placeholder.dtype:
+        array = value
+    else:
+        array = checked_array(value, placeholder.dtype, 'function', 'input %r' % placeholder.name)
     shape = placeholder.shape
     if shape is not None and (array.ndim != len(shape) or any(
             d is not None and d != a for d, a in zip(shape, array.shape))):
@@ -70,6 +82,7 @@ class Plan:
     def __init__(self, inputs, targets, impl):
         self.impl = impl
         self.precision = config.precision()
+        self.checked_shapes = set()   # input (shape, dtype)s whose launches passed their checks
         nodes = topological_nodes(targets, stop_at=set(inputs))
         slot_of = {}
 
@@ -104,6 +117,8 @@ class Plan:
             self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots))
         self.steps = mixed_precision.apply_policy(self.steps, self.slot_dtypes, self.precision)
         self._plan_frees()
+        # CUDA Graph capture and replay per input signature (gpuk/cuda_graph.py)
+        self.graphs = cuda_graph.PlanGraphs(self) if cuda_graph.supported(impl) else None
 
     def _feed_default(self, placeholder, slot):
         if slot in self.input_slots:
@@ -157,11 +172,17 @@ class Plan:
         for slot, value in zip(self.input_slots, fed_arrays):
             env[slot] = value
         impl = self.impl
+        counting = counters.active()
         for i, (forward, ins, outs, frees) in enumerate(self.steps):
+            args = [env[s] for s in ins]
             try:
-                result = forward(impl, *[env[s] for s in ins])
+                if counting is None:
+                    result = forward(impl, *args)
+                else:
+                    result = counting.step(forward, impl, args)
+                    counting.allocations += _new_buffers(result if len(outs) > 1 else (result,), args)
             except (ValueError, TypeError, IndexError) as error:
-                raise self._run_error(i, error, [env[s] for s in ins], fed_arrays) from error
+                raise self._run_error(i, error, args, fed_arrays) from error
             if len(outs) == 1:
                 env[outs[0]] = result
             else:
@@ -210,6 +231,14 @@ class Plan:
         return None if any(v is None for v in values) else [tuple(v.shape) for v in values]
 
 
+def _new_buffers(outputs, inputs):
+    """How many of a step's outputs own a buffer the step allocated (not an input, not a view)."""
+    inputs = {id(a) for a in inputs}
+    return sum(1 for value in outputs
+               if hasattr(value, 'shape') and not isinstance(value, np.generic)
+               and value.base is None and id(value) not in inputs)
+
+
 class Function:
     """A compiled graph: call it with a list of input values, get a list of NumPy arrays."""
 
@@ -241,6 +270,18 @@ class Function:
             self._plan = Plan(self.inputs, targets, impl)
         return self._plan
 
+    @staticmethod
+    def _run_plan(plan, fed):
+        """Runs the plan; a run for input shapes and dtypes it already ran with skips the
+        launches' per-call checks (they passed for these shapes: same kernels, dims and
+        argument types; GPUK_CHECK_LAUNCHES=1 keeps them)."""
+        shapes = tuple((a.shape, a.dtype) for a in fed)
+        checked = shapes in plan.checked_shapes
+        with runtime.prepared_launches(checked):
+            values = plan.run(fed)
+        plan.checked_shapes.add(shapes)
+        return values
+
     def __call__(self, inputs):
         if isinstance(inputs, dict):
             missing = [x.name for x in self.inputs if x not in inputs]
@@ -252,22 +293,36 @@ class Function:
             raise ValueError('function: expected a list of %d input values, got %r'
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
                                 else '%d values' % len(inputs)))
-        fed = [_feed_array(p, v) for p, v in zip(self.inputs, inputs)]
-        values = self._compiled().run(fed)
-        finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
+        arrays = [_input_array(p, v) for p, v in zip(self.inputs, inputs)]
+        counting = counters.active()
+        syncs_before = counting.host_syncs if counting is not None else 0
+        plan = self._compiled()
         n_out = len(self.outputs)
-        new_values = values[n_out:] if finite else []
+
+        def run_plain(arrays):
+            return self._run_plan(plan, [device.to_device(a) for a in arrays])
+
+        if plan.graphs is not None and self._guard is None and cuda_graph.enabled():
+            updates = [(variable, n_out + i) for i, (variable, _) in enumerate(self.updates)]
+            values, replayed = plan.graphs.run(cuda_graph.signature(arrays), arrays, updates, run_plain)
+        else:
+            values, replayed = run_plain(arrays), False
+        finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
+        # a replayed graph wrote the updates into the variables' buffers itself
+        new_values = values[n_out:] if finite and not replayed else []
         for (variable, _), value in zip(self.updates, new_values):
             if tuple(value.shape) != variable.shape:
                 raise ValueError('function: update of %r has shape %s, variable has %s'
                                  % (variable.name, tuple(value.shape), variable.shape))
         for (variable, _), value in zip(self.updates, new_values):
             value = value.astype(variable.dtype, copy=False)
-            if isinstance(value, np.ndarray) and any(np.may_share_memory(value, f) for f in fed):
+            if isinstance(value, np.ndarray) and any(np.may_share_memory(value, a) for a in arrays):
                 value = value.copy()  # a fed array: the caller may change it later
             variable.value = value
         if self._guard is not None:
             self._guard.step_finished(finite)
+        if counting is not None:   # the step proper: everything before the outputs go to the host
+            counting.in_step_syncs += counting.host_syncs - syncs_before
         results = [_host_copy(v) for v in values[:n_out]]
         return results
 
@@ -276,6 +331,8 @@ def _host_copy(array):
     """A NumPy array the caller may modify without touching gpuk's state (a variable's
     value, a constant or a view of one)."""
     if isinstance(array, np.ndarray) or np.isscalar(array):
+        if device.xp() is not np and isinstance(array, device.xp().ndarray):
+            counters.host_sync()   # the GPU rehearsal's device arrays are NumPy's
         return np.array(array, copy=True)
     return device.to_host(array)
 

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from gpuk.cpu_fallback import matmul as twin
-from .runtime import resolve
+from .runtime import counters, resolve
 
 __all__ = list(twin.__all__)
 
@@ -84,5 +84,5 @@ def matmul(a, b, *, runtime=None):
     args, _alive = gemm_arguments(a, b, out, xp)
     cuda.cublas.setStream(handle, cuda.get_current_stream().ptr)
     cuda.cublas.setPointerMode(handle, CUBLAS_POINTER_MODE_HOST)
-    cuda.cublas.gemmStridedBatchedEx(handle, *args)
+    counters.device_call(cuda.cublas.gemmStridedBatchedEx, handle, *args)
     return out

@@ -12,7 +12,10 @@ anything asks whether a GPU is usable. It
   emulated runtime (rehearsal_runtime.py), so launchers take their CUDA paths and the
   kernels run in the emulator on the stand-in's arrays;
 - keeps cuDNN unavailable (it needs a GPU): cuDNN rows and tests skip, 'cudnn'/'auto'
-  choices fall back to gpuk's kernels as they do without cuDNN.
+  choices fall back to gpuk's kernels as they do without cuDNN;
+- turns K.function's CUDA Graph replay off unless GPUK_CUDA_GRAPHS is set: the stand-in's
+  graphs replay only gpuk's launches, cuBLAS and copyto, not the NumPy work of ops computed
+  with xp (see standin_cupy.py), so only tests that choose kernel-only steps turn it on.
 
 Nothing here is imported without the switch, and gpuk/ has no rehearsal code: the
 rehearsal is monkeypatching from the test side. What it proves: the Python of the CUDA
@@ -64,6 +67,7 @@ def activate():
     cudnn_library._load_library = lambda: (None, CUDNN_REASON)
     cudnn_library.reset_probe()
     device._state.update(kind=None, impl=None)
+    os.environ.setdefault('GPUK_CUDA_GRAPHS', '0')
     _state['active'] = True
 
 

@@ -21,6 +21,7 @@ import sys
 from gpuk.kernels import runtime
 from gpuk.kernels.runtime import cuda_runtime
 from gpuk.kernels.runtime.emulated_runtime import EmulatedRuntime
+from . import standin_cupy
 
 CUDA_DEFAULT_DYNAMIC_SHARED = 48 * 1024
 _dry_launch_bytes = [None]
@@ -51,7 +52,8 @@ class EmulatedRawKernel:
             runtime.launch_dims(self._kernel.name, grid, block)
             runtime.check_args(self._kernel.signature, args, cupy.ndarray)
             return
-        self._kernel.launch(grid, block, args, shared_mem=shared_mem)
+        # a capturing stream records the launch for its graph's replay instead of running it
+        standin_cupy.run_or_record(self._kernel.launch, grid, block, args, shared_mem=shared_mem)
 
 
 class EmulatedRawModule:

@@ -26,7 +26,14 @@ nothing else. What it cannot show, because it is NumPy and not CuPy:
   leading dimensions, strides and pointers, not cuBLAS's own numerics;
 - asynchronous execution, streams, the memory pool, real CUDA errors: launches run
   synchronously, the pool is a no-op, and only the errors the rehearsal runtime raises
-  itself (dynamic shared memory above the kernel's allowance) are CUDA-like.
+  itself (dynamic shared memory above the kernel's allowance) are CUDA-like;
+- CUDA Graphs: ``Stream.begin_capture`` / ``end_capture`` / ``Graph.launch`` record and
+  replay what the rehearsal can see: gpuk's kernel launches (rehearsal_runtime.py), the
+  cuBLAS GEMM and ``cupy.copyto``; while capturing those are recorded, not run, as on a GPU.
+  Everything else (ops computed with NumPy here, CuPy kernels on a GPU) runs at capture
+  time and is *not* replayed, so a replay is right only for steps made of those calls;
+  capturing on the legacy default stream and synchronizing a capturing stream raise as
+  CUDA does.
 """
 import ctypes
 import sys
@@ -122,17 +129,81 @@ class Device(_Synchronous):
 
 
 class Stream(_Synchronous):
-    """cupy.cuda.Stream: ``ptr`` 0 is CUDA's legacy default stream, as in CuPy."""
+    """cupy.cuda.Stream: ``ptr`` 0 is CUDA's legacy default stream, as in CuPy. ``with stream:``
+    makes it current; capture records the calls the rehearsal sees (see the module docstring)."""
+
+    _next_ptr = [1]
 
     def __init__(self, null=False, non_blocking=False, ptr=0):
+        if not null and not ptr:
+            ptr, Stream._next_ptr[0] = Stream._next_ptr[0], Stream._next_ptr[0] + 1
         self.ptr = ptr
+        self._capture = None   # the list of recorded calls while capturing
+
+    def __enter__(self):
+        _CURRENT_STREAMS.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _CURRENT_STREAMS.pop()
+        return False
+
+    def use(self):
+        _CURRENT_STREAMS[0] = self
+        return self
+
+    def synchronize(self):
+        if self._capture is not None:
+            raise CUDARuntimeError('cudaErrorStreamCaptureUnsupported: synchronize on a capturing stream')
+
+    def begin_capture(self, mode=None):
+        if self.ptr == 0:
+            raise CUDARuntimeError('cudaErrorStreamCaptureUnsupported: the legacy default stream cannot capture')
+        if self._capture is not None:
+            raise CUDARuntimeError('cudaErrorIllegalState: the stream is capturing already')
+        self._capture = []
+
+    def is_capturing(self):
+        return self._capture is not None
+
+    def end_capture(self):
+        if self._capture is None:
+            raise CUDARuntimeError('cudaErrorIllegalState: the stream is not capturing')
+        calls, self._capture = self._capture, None
+        return Graph(calls)
+
+
+class Graph:
+    """cupy.cuda.graph.Graph: replays the recorded calls in order."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def launch(self, stream=None):
+        for call, args, kwargs in self.calls:
+            call(*args, **kwargs)
 
 
 _NULL_STREAM = Stream(null=True)
+_CURRENT_STREAMS = [_NULL_STREAM]
 
 
 def get_current_stream(device_id=None):
-    return _NULL_STREAM
+    return _CURRENT_STREAMS[-1]
+
+
+def run_or_record(call, *args, **kwargs):
+    """call(*args, **kwargs) now, or recorded into the graph the current stream is capturing."""
+    capture = _CURRENT_STREAMS[-1]._capture
+    if capture is None:
+        return call(*args, **kwargs)
+    capture.append((call, args, kwargs))
+    return None
+
+
+def copyto(dst, src, casting='same_kind', where=True):
+    """cupy.copyto: a device copy (a kernel on the stream, so a capture records it)."""
+    return run_or_record(np.copyto, dst, src, casting=casting, where=where)
 
 
 class Event:
@@ -166,6 +237,10 @@ def get_elapsed_time(start_event, end_event):
 class MemoryPool:
     """cupy.cuda.MemoryPool as far as we use it: NumPy owns the memory, so nothing is pooled."""
 
+    def malloc(self, size):
+        raise CUDARuntimeError('the rehearsal allocates with NumPy: MemoryPool.malloc is only passed to '
+                               'using_allocator, never called')
+
     def free_all_blocks(self, stream=None):
         pass
 
@@ -181,6 +256,19 @@ _DEFAULT_POOL = MemoryPool()
 
 def get_default_memory_pool():
     return _DEFAULT_POOL
+
+
+class using_allocator:
+    """cupy.cuda.using_allocator: NumPy allocates here, so the allocator is remembered, not used."""
+
+    def __init__(self, allocator=None):
+        self.allocator = allocator
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 # ---- cupy.cuda.cublas: the one GEMM gpuk calls, on host memory ----
@@ -236,7 +324,7 @@ def _build_cublas():
     cublas.CUBLAS_POINTER_MODE_HOST = 0
     cublas.setPointerMode = _set_pointer_mode
     cublas.setStream = lambda handle, stream_ptr: None    # launches are synchronous here
-    cublas.gemmStridedBatchedEx = gemmStridedBatchedEx
+    cublas.gemmStridedBatchedEx = lambda *args: run_or_record(gemmStridedBatchedEx, *args)
     return cublas
 
 
@@ -320,6 +408,8 @@ def _build_cuda():
     compiler.CompileException = CompileException
     cuda.runtime, cuda.driver, cuda.compiler = runtime, driver, compiler
     cuda.Device, cuda.Stream, cuda.Event, cuda.MemoryPool = Device, Stream, Event, MemoryPool
+    cuda.Graph, cuda.using_allocator = Graph, using_allocator
+    runtime.streamCaptureModeRelaxed = 2
     cuda.get_current_stream = get_current_stream
     cuda.get_elapsed_time = get_elapsed_time
     cuda.is_available = lambda: True
@@ -338,6 +428,7 @@ def build_module():
     cupy.__version__ = 'gpu-rehearsal-standin'
     cupy.ndarray = np.ndarray
     cupy.asnumpy = asnumpy
+    cupy.copyto = copyto
     cupy.get_array_module = get_array_module
     cupy.get_default_memory_pool = get_default_memory_pool
     cupy.cuda = _build_cuda()

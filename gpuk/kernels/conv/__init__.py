@@ -28,7 +28,7 @@ from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wg
                           local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
 from gpuk.contracts.dtypes import c_types
 from .direct import check_index_limit, lift3
-from ..runtime import register_build, resolve
+from ..runtime import check_launches_forced, register_build, resolve
 
 __all__ = list(twin.__all__)
 
@@ -101,56 +101,143 @@ def _check_gemm(fn, rows, cols, depth):
         check_index_limit(fn, what, value)
 
 
+_NO_BIAS = {}
+
+
+def _no_bias(xp, dtype):
+    """The bias argument of an epilogue-free launch (never read): one array per (xp, dtype),
+    not a fresh allocation and fill per call."""
+    key = (xp.__name__, np.dtype(dtype))
+    if key not in _NO_BIAS:
+        _NO_BIAS[key] = xp.zeros(1, dtype)
+    return _NO_BIAS[key]
+
+
 def _module(rt, dtype, tile):
     return rt.load(IGEMM_SOURCE, igemm_defines(dtype, tile))
 
 
-def _igemm_fwd(x, w, g, bias, epilogue, rt):
-    xp = rt.xp
+# ---------------------------------------------------------------- prepared launches
+# A convolution's checks and launch set-up read only the arrays' types, shapes and dtypes and
+# the geometry parameters, so their results are kept per problem signature: a repeated
+# problem (every step of a training loop) skips the checks, the tile choice, the grid and the
+# scalar arguments and goes straight to the kernel handle. A signature with an unhashable
+# parameter (a list) is checked on every call.
+_PREPARED = {}
+_PREPARED_LIMIT = 4096   # problems kept before the table starts over (shapes churn in no real loop)
+# The kernel itself is looked up per call (rt.load answers from a dict): the emulated runtime
+# swaps in instrumented builds when its sanitizer or counters are switched on.
+Launch = namedtuple('Launch', 'tile kernel_name grid threads out_shape scalars')
+
+
+class Problem:
+    """A checked convolution problem: its geometry, output shape, dispatch key, and the
+    launches prepared for it (per conv_tiles.forced_state(), which tests change)."""
+
+    def __init__(self, g, shape, key):
+        self.g, self.shape, self.key = g, shape, key
+        self.launches = {}
+
+    def launch(self, make):
+        forced = conv_tiles.forced_state()
+        found = self.launches.get(forced)
+        if found is None:
+            found = self.launches[forced] = make(self.g)
+        return found
+
+
+def _prepared(rt, kind, arrays, params, prepare):
+    """The Problem of these arrays (types, shapes, dtypes) and parameters: prepare() the first
+    time, kept after; every call under GPUK_CHECK_LAUNCHES=1 or with an unhashable parameter
+    (a list) or a non-array, whose checks then raise the user's error."""
+    if check_launches_forced():
+        return prepare()
+    try:
+        key = (rt, kind, config.precision(), params) + tuple((type(a), a.shape, a.dtype) for a in arrays)
+        found = _PREPARED.get(key)
+    except (TypeError, AttributeError):
+        return prepare()
+    if found is None:
+        if len(_PREPARED) >= _PREPARED_LIMIT:
+            _PREPARED.clear()
+        found = _PREPARED[key] = prepare()
+    return found
+
+
+def _kernel(rt, dtype, launch, name=None):
+    return _module(rt, dtype, launch.tile).kernel(name or launch.kernel_name)
+
+
+def _fwd_launch(g, dtype, epilogue):
     rows, cols, depth = g.batch * math.prod(g.out_sp), g.c_out, math.prod(g.k_sp) * g.c_in
     _check_gemm('conv_fwd', rows, cols, depth)
-    tile = conv_tiles.choose_tile(x.dtype, config.precision(), rows, cols, depth)
-    y = xp.empty(_layout_shape(g, g.out_sp, g.c_out), x.dtype)
-    bias_arg = bias if bias is not None else xp.zeros(1, x.dtype)
+    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
-    _module(rt, x.dtype, tile).kernel('conv_igemm_fwd').launch(
-        grid, tile.threads, (xp.ascontiguousarray(x), xp.ascontiguousarray(w), bias_arg, y, *_geometry_args(g),
-                             np.int32(EPILOGUES[epilogue])))
+    return Launch(tile, 'conv_igemm_fwd', grid, tile.threads,
+                  _layout_shape(g, g.out_sp, g.c_out), _geometry_args(g) + (np.int32(EPILOGUES[epilogue]),))
+
+
+def _igemm_fwd(x, w, problem, bias, epilogue, rt):
+    xp = rt.xp
+    launch = problem.launch(lambda g: _fwd_launch(g, x.dtype, epilogue))
+    y = xp.empty(launch.out_shape, x.dtype)
+    bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
+    args = (xp.ascontiguousarray(x), xp.ascontiguousarray(w), bias_arg, y, *launch.scalars)
+    _kernel(rt, x.dtype, launch).launch(launch.grid, launch.threads, args)
     return y
 
 
-def _igemm_dgrad(dy, w, g, rt):
-    xp = rt.xp
+def _dgrad_launch(g, dtype):
     rows, cols, depth = g.batch * math.prod(g.in_sp), g.c_in, math.prod(g.k_sp) * g.c_out
     _check_gemm('conv_dgrad', rows, cols, depth)
-    tile = conv_tiles.choose_tile(dy.dtype, config.precision(), rows, cols, depth)
-    dx = xp.empty(_layout_shape(g, g.in_sp, g.c_in), dy.dtype)
+    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
-    _module(rt, dy.dtype, tile).kernel('conv_igemm_dgrad').launch(
-        grid, tile.threads, (xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx, *_geometry_args(g)))
+    return Launch(tile, 'conv_igemm_dgrad', grid, tile.threads,
+                  _layout_shape(g, g.in_sp, g.c_in), _geometry_args(g))
+
+
+def _igemm_dgrad(dy, w, problem, rt):
+    xp = rt.xp
+    launch = problem.launch(lambda g: _dgrad_launch(g, dy.dtype))
+    dx = xp.empty(launch.out_shape, dy.dtype)
+    _kernel(rt, dy.dtype, launch).launch(launch.grid, launch.threads,
+                                         (xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx, *launch.scalars))
     return dx
 
 
-def _igemm_wgrad(x, dy, g, w_shape, rt):
-    xp = rt.xp
+WgradLaunch = namedtuple('WgradLaunch', 'main partial_shape reduce_blocks reduce_scalars')
+
+
+def _wgrad_launch(g, dtype):
     rows, cols, depth = math.prod(g.k_sp) * g.c_in, g.c_out, g.batch * math.prod(g.out_sp)
     _check_gemm('conv_wgrad', rows, cols, depth)
-    tile = conv_tiles.choose_tile(x.dtype, config.precision(), rows, cols, depth, split_k=True)
+    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, split_k=True)
     per_split = conv_tiles.k_per_split(tile, depth, conv_tiles.wgrad_splits(tile, rows, cols, depth))
     splits = math.ceil(depth / per_split)
+    grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn), splits)
+    main = Launch(tile, 'conv_igemm_wgrad', grid, tile.threads, None,
+                  _geometry_args(g) + (np.int64(per_split),))
+    if splits == 1:
+        return WgradLaunch(main, (1,), None, None)
+    count = rows * cols
+    blocks = max(1, min(math.ceil(count / REDUCE_THREADS), REDUCE_MAX_BLOCKS))
+    return WgradLaunch(main, (splits, rows, cols), blocks,
+                       (np.int64(count), np.int32(splits)))
+
+
+def _igemm_wgrad(x, dy, problem, rt):
+    xp = rt.xp
+    launch = problem.launch(lambda g: _wgrad_launch(g, x.dtype))
+    w_shape = problem.shape
     acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
     dw = xp.empty(w_shape, x.dtype)
-    partial = xp.empty((splits, rows, cols) if splits > 1 else (1,), acc_dtype)
-    module = _module(rt, x.dtype, tile)
-    grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn), splits)
-    module.kernel('conv_igemm_wgrad').launch(
-        grid, tile.threads, (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *_geometry_args(g),
-                             np.int64(per_split)))
-    if splits > 1:
-        count = rows * cols
-        blocks = max(1, min(math.ceil(count / REDUCE_THREADS), REDUCE_MAX_BLOCKS))
-        module.kernel('conv_reduce_splits').launch(blocks, REDUCE_THREADS,
-                                                   (partial, dw.reshape(-1), np.int64(count), np.int32(splits)))
+    partial = xp.empty(launch.partial_shape, acc_dtype)
+    main = launch.main
+    args = (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *main.scalars)
+    _kernel(rt, x.dtype, main).launch(main.grid, main.threads, args)
+    if launch.reduce_blocks is not None:
+        _kernel(rt, x.dtype, main, 'conv_reduce_splits').launch(launch.reduce_blocks, REDUCE_THREADS,
+                                                                (partial, dw.reshape(-1), *launch.reduce_scalars))
     return dw
 
 
@@ -171,14 +258,22 @@ def _run(rt, key, gpuk_fn, cudnn_fn, *args):
 def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=None, runtime=None):
     """Convolution (cross-correlation) of x with w -> y; optionally y + bias, relu(y + bias)."""
     rt = resolve(runtime)
-    x, w, shapes = conv_checks.fwd_problem('conv_fwd', x, w, strides, dilation, pads, data_format, rt.xp)
-    g = _geometry(shapes)
-    bias = _check_epilogue('conv_fwd', epilogue, bias, g.c_out, x.dtype, rt.xp)
-    out_spatial = g.out_sp[3 - (x.ndim - 2):]
-    y_shape = (x.shape[0], *out_spatial, g.c_out) if g.channels_last else (x.shape[0], g.c_out, *out_spatial)
+    params = (strides, dilation, pads, data_format, epilogue, bias is None)
+
+    def prepare():
+        _, _, shapes = conv_checks.fwd_problem('conv_fwd', x, w, strides, dilation, pads, data_format, rt.xp)
+        g = _geometry(shapes)
+        _check_epilogue('conv_fwd', epilogue, bias, g.c_out, x.dtype, rt.xp)
+        out_spatial = g.out_sp[3 - (x.ndim - 2):]
+        y_shape = (x.shape[0], *out_spatial, g.c_out) if g.channels_last else (x.shape[0], g.c_out, *out_spatial)
+        return Problem(g, y_shape, _problem_key('fwd', x, w, strides, dilation, pads, data_format, epilogue))
+
+    problem = _prepared(rt, 'fwd', (x, w) if bias is None else (x, w, bias), params, prepare)
+    g = problem.g
+    bias = rt.xp.ascontiguousarray(bias) if bias is not None else None
 
     def gpuk_fn(x, w, *geometry):
-        return _unlift(_igemm_fwd(x, w, g, bias, epilogue, rt), y_shape)
+        return _unlift(_igemm_fwd(x, w, problem, bias, epilogue, rt), problem.shape)
 
     def cudnn_fn(x, w, *geometry):
         y = cudnn_conv.conv_fwd(x, w, *geometry)
@@ -188,33 +283,42 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
         return elementwise.bias_act_fwd(y, bias, -1 if g.channels_last else 1,
                                         'relu' if epilogue == 'bias_relu' else 'linear', runtime=rt)
 
-    return _run(rt, _problem_key('fwd', x, w, strides, dilation, pads, data_format, epilogue),
-                gpuk_fn, cudnn_fn, x, w, strides, dilation, pads, data_format)
+    return _run(rt, problem.key, gpuk_fn, cudnn_fn, x, w, strides, dilation, pads, data_format)
 
 
 def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of conv_fwd with respect to x (also the forward of conv_transpose)."""
     rt = resolve(runtime)
-    dy, w, x_shape, shapes = conv_checks.dgrad_problem('conv_dgrad', dy, w, x_shape, strides, dilation, pads,
-                                                       data_format, rt.xp)
-    g = _geometry(shapes)
+
+    def prepare():
+        _, _, checked_shape, shapes = conv_checks.dgrad_problem('conv_dgrad', dy, w, x_shape, strides, dilation,
+                                                                pads, data_format, rt.xp)
+        return Problem(_geometry(shapes), checked_shape,
+                       _problem_key('dgrad', dy, w, checked_shape, strides, dilation, pads, data_format))
+
+    problem = _prepared(rt, 'dgrad', (dy, w), (x_shape, strides, dilation, pads, data_format), prepare)
 
     def gpuk_fn(dy, w, *geometry):
-        return _unlift(_igemm_dgrad(dy, w, g, rt), x_shape)
+        return _unlift(_igemm_dgrad(dy, w, problem, rt), problem.shape)
 
-    return _run(rt, _problem_key('dgrad', dy, w, x_shape, strides, dilation, pads, data_format),
-                gpuk_fn, cudnn_conv.conv_dgrad, dy, w, x_shape, strides, dilation, pads, data_format)
+    return _run(rt, problem.key, gpuk_fn, cudnn_conv.conv_dgrad, dy, w, problem.shape, strides, dilation, pads,
+                data_format)
 
 
 def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of conv_fwd with respect to w."""
     rt = resolve(runtime)
-    x, dy, w_shape, shapes = conv_checks.wgrad_problem('conv_wgrad', x, dy, w_shape, strides, dilation, pads,
-                                                       data_format, rt.xp)
-    g = _geometry(shapes)
+
+    def prepare():
+        _, _, checked_shape, shapes = conv_checks.wgrad_problem('conv_wgrad', x, dy, w_shape, strides, dilation,
+                                                                pads, data_format, rt.xp)
+        return Problem(_geometry(shapes), checked_shape,
+                       _problem_key('wgrad', x, dy, checked_shape, strides, dilation, pads, data_format))
+
+    problem = _prepared(rt, 'wgrad', (x, dy), (w_shape, strides, dilation, pads, data_format), prepare)
 
     def gpuk_fn(x, dy, *geometry):
-        return _igemm_wgrad(x, dy, g, w_shape, rt)
+        return _igemm_wgrad(x, dy, problem, rt)
 
-    return _run(rt, _problem_key('wgrad', x, dy, w_shape, strides, dilation, pads, data_format),
-                gpuk_fn, cudnn_conv.conv_wgrad, x, dy, w_shape, strides, dilation, pads, data_format)
+    return _run(rt, problem.key, gpuk_fn, cudnn_conv.conv_wgrad, x, dy, problem.shape, strides, dilation, pads,
+                data_format)

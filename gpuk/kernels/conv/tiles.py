@@ -60,6 +60,11 @@ MIN_K_TILES_PER_SPLIT = 4
 _forced = {'tile': None, 'splits': None}
 
 
+def forced_state():
+    """What forced() set (tile, splits): part of a launch's prepared key in the launcher."""
+    return _forced['tile'], _forced['splits']
+
+
 def table_for(dtype, precision):
     """The candidate tiles (big to small) for inputs of ``dtype`` under ``precision``."""
     dtype = np.dtype(dtype)

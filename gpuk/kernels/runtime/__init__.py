@@ -12,6 +12,7 @@ module and every launcher import without CuPy.
 The current runtime is process-wide: gpuk.device calls `set_current(kind)` once; until
 then `current()` follows GPUK_DEVICE (cuda, emulate/cpu, auto = cuda when usable).
 """
+import contextlib
 import importlib
 import os
 import threading
@@ -22,6 +23,7 @@ from typing import Tuple
 import numpy as np
 
 from gpuk import config
+from . import counters
 from .kernel_source import NVRTC_FLAGS, normalized_defines, source_key
 
 RUNTIME_KINDS = ('cuda', 'emulate')
@@ -124,6 +126,39 @@ def resolve(rt):
     raise TypeError(f"runtime must be None, 'cuda', 'emulate' or a runtime object, got {rt!r}")
 
 
+# ---- per-call launch checks: on, except inside a step already checked for its shapes ----
+_prepared_depth = [0]
+_forced = [os.environ.get('GPUK_CHECK_LAUNCHES', '').strip() == '1']
+
+
+def check_launches_forced():
+    """GPUK_CHECK_LAUNCHES=1, as read at import and at each prepared_launches() block."""
+    return _forced[0]
+
+
+def launch_checks_per_call():
+    """True when launches check their dims, shared memory and arguments on this call: outside
+    a prepared step, or always with GPUK_CHECK_LAUNCHES=1 (a debug switch)."""
+    return not _prepared_depth[0] or _forced[0]
+
+
+@contextlib.contextmanager
+def prepared_launches(prepared=True):
+    """The block re-runs launches already checked once (a plan step for the same input shapes
+    and dtypes: same kernels, dims and argument types), so they skip their per-call checks.
+    GPUK_CHECK_LAUNCHES=1 keeps them on; it is read when a block starts (``prepared=False``:
+    a block that only reads it, for a step's first, checked run)."""
+    previous = _forced[0]
+    _forced[0] = os.environ.get('GPUK_CHECK_LAUNCHES', '').strip() == '1'
+    depth = 0 if _forced[0] or not prepared else 1
+    _prepared_depth[0] += depth
+    try:
+        yield
+    finally:
+        _prepared_depth[0] -= depth
+        _forced[0] = previous
+
+
 # ---- launch configuration and argument checks shared by both runtimes ----
 def to_host(rt, value):
     """`value` as a NumPy array. Where it is an array of the runtime's `xp` (a device array on
@@ -133,6 +168,7 @@ def to_host(rt, value):
     device_types = (rt.xp.ndarray,) + ((np.generic,) if rt.xp.ndarray is np.ndarray else ())
     if isinstance(value, device_types) or (hasattr(value, 'get') and not isinstance(value, np.ndarray)):
         rt.host_syncs = getattr(rt, 'host_syncs', 0) + 1
+        counters.host_sync()
         get = getattr(value, 'get', None)
         return get() if get is not None and not isinstance(value, np.ndarray) else np.asarray(value)
     return np.asarray(value)

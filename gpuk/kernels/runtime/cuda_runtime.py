@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import runtime
+from . import counters
 from .kernel_source import kernel_source, parse_kernel_signatures, source_key
 
 
@@ -75,12 +76,30 @@ def _warn_cupy_nvrtc(reason):
                       "(pip install cuda-bindings to compile with gpuk's options)", RuntimeWarning, stacklevel=4)
 
 
+# GPUK_SYNC_LAUNCHES=1: wait for each launch (read when the runtime is made; set_sync_launches changes it)
+_SYNC_LAUNCHES = [False]
+
+
+def set_sync_launches(enabled):
+    _SYNC_LAUNCHES[0] = bool(enabled)
+
+
 class CudaKernel:
     def __init__(self, module, signature, function):
         self.module, self.signature, self.name = module, signature, signature.name
         self._function = function          # a cupy.RawKernel
         self._dynamic_limit = None         # what the device allows this kernel beside its static shared memory
         self._dynamic_allowed = None       # the kernel's current cudaFuncAttributeMaxDynamicSharedMemorySize
+        self._configs = {}                 # (grid, block, shared_mem) as given -> checked and normalized
+
+    def _check_config(self, grid, block, shared_mem):
+        """(grid, block, shared_mem) checked and normalized; remembered when hashable."""
+        dims = runtime.launch_dims(self.name, grid, block)
+        config = dims + (self._check_shared_mem(shared_mem),)
+        self._opt_in(config[2])
+        if type(grid) is not list and type(block) is not list:
+            self._configs[(grid, block, shared_mem)] = config
+        return config
 
     def _check_shared_mem(self, shared_mem):
         if self._dynamic_limit is None:
@@ -102,16 +121,20 @@ class CudaKernel:
             self._dynamic_allowed = shared_mem
 
     def launch(self, grid, block, args, shared_mem=0):
-        """Enqueue the kernel on the current CuPy stream."""
+        """Enqueue the kernel on the current CuPy stream.
+
+        Dims and shared memory are checked once per (grid, block, shared_mem) and remembered;
+        the arguments are checked on every call except inside runtime.prepared_launches()
+        (a plan step re-run for shapes it already ran with)."""
         import cupy
-        grid, block = runtime.launch_dims(self.name, grid, block)
-        args = tuple(args)
-        runtime.check_args(self.signature, args, cupy.ndarray)
+        config = self._configs.get((grid, block, shared_mem)) if type(grid) is not list else None
+        if config is None or runtime.launch_checks_per_call():
+            config = self._check_config(grid, block, shared_mem)
+            runtime.check_args(self.signature, args, cupy.ndarray)
+        grid, block, shared_mem = config
         try:
-            shared_mem = self._check_shared_mem(shared_mem)
-            self._opt_in(shared_mem)
-            self._function(grid, block, args, shared_mem=shared_mem)
-            if os.environ.get('GPUK_SYNC_LAUNCHES') == '1':   # attribute asynchronous faults to this launch
+            counters.device_call(self._function, grid, block, args, shared_mem=shared_mem)
+            if _SYNC_LAUNCHES[0]:   # attribute asynchronous faults to this launch
                 cupy.cuda.get_current_stream().synchronize()
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
             what = runtime.describe_launch(self.name, grid, block, shared_mem, args)
@@ -164,7 +187,9 @@ class CudaRuntime:
         self.arch = runtime.normalize_arch(device.compute_capability)   # CuPy gives '90' for 9.0
         self.max_shared_mem = max_shared_mem_per_block(device.id)
         self._modules = {}
+        self._loaded = {}        # (source_file, defines items) as given -> module: no re-keying per launch
         self._lock = threading.Lock()
+        set_sync_launches(os.environ.get('GPUK_SYNC_LAUNCHES') == '1')
 
     def _raw_module(self, source_file, defines):
         """(cupy.RawModule, the cubin it loads or None when CuPy compiles the source itself)."""
@@ -181,7 +206,24 @@ class CudaRuntime:
         return cupy.RawModule(path=str(cubin)), cubin
 
     def load(self, source_file, defines=None):
-        """The module for (source_file, defines): a prebuilt cubin, else one compiled now (cached)."""
+        """The module for (source_file, defines): a prebuilt cubin, else one compiled now (cached).
+
+        A module asked for again with the same arguments comes from a dict keyed by them (no
+        hashing or stat of the sources per launch); under GPUK_CHECK_LAUNCHES=1 the sources
+        are re-keyed on every call, so an edited kernel is recompiled in a live process."""
+        try:
+            fast_key = (source_file, tuple(sorted(defines.items())) if defines else ())
+            module = self._loaded.get(fast_key)
+        except TypeError:   # unhashable define values: the full key below
+            fast_key = module = None
+        if module is not None and not runtime.check_launches_forced():
+            return module
+        module = self._load(source_file, defines)
+        if fast_key is not None:
+            self._loaded[fast_key] = module
+        return module
+
+    def _load(self, source_file, defines):
         defines = dict(defines or {})
         key = source_key(source_file, defines, self.arch)   # memoized: no file read on a hit
         with self._lock:

@@ -1,0 +1,273 @@
+"""Host overhead of Keras 2.3.1 training steps on gpuk's CUDA path.
+
+    python -m bench.host_overhead                   # a GPU, or the GPU rehearsal without one
+    python -m bench.host_overhead --models mlp --steps 20 --json out.json
+
+For three models (train_on_batch: forward, loss, gradients, Adam update):
+- mlp: Dense 784-256-256-10 (relu, softmax), categorical cross-entropy;
+- bn_cnn: Conv2D + BatchNormalization + relu + MaxPool, twice, Dense softmax;
+- ctc: the demo's OCR model (conv + batch norm + pooling, bidirectional GRU, CTC loss),
+  at a small size;
+it reports per steady-state step (after warm-up steps that compile kernels and plans and,
+with graphs on, capture the step), once with K.function's CUDA Graph replay off and once on
+(``--graphs``):
+
+- launches: gpuk kernel launches + cuBLAS GEMMs (gpuk/kernels/runtime/counters.py); with a
+  replayed graph, those the graph holds. CuPy's own kernels (steps computed with ``xp``)
+  are counted apart as xp steps (at least one kernel each);
+- host µs per launch: graphs off, the time of the plan steps that launch, outside the
+  device calls (gpuk's Python around each launch, and the array library's for the xp work
+  inside a launcher); in the GPU rehearsal the time inside a launch is the emulator's and is
+  excluded. Graphs on, the whole step's host time (Keras, K.function, input and output
+  copies, the graph launch) over the launches and xp steps the graph holds;
+- syncs in step: device-to-host copies inside the step; "incl. output" adds the copies of
+  the step's outputs back to Keras (the loss);
+- allocations: arrays the plan's steps created (outputs owning a new buffer); with a real
+  CuPy also pool mallocs (every memory-pool request, a MemoryHook).
+
+Without a GPU it runs in the GPU rehearsal (tests/gpu_rehearsal: a NumPy stand-in for CuPy,
+kernels in the emulator): counts are the CUDA path's, host times are this CPU's, and
+nothing here is a GPU timing.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+MODELS = ('mlp', 'bn_cnn', 'ctc')
+
+
+def _gpu_available():
+    """Asked in a child process: importing the real CuPy here would rule out the rehearsal."""
+    code = 'from gpuk.kernels.runtime import gpu_unusable_reason as r; print(r() is None)'
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
+    return out.stdout.strip().endswith('True')
+
+
+def setup_device(rehearsal):
+    """Point gpuk at the CUDA path: a real GPU, or the rehearsal. Returns a description."""
+    os.environ.setdefault('KERAS_BACKEND', 'gpuk.backend')
+    os.environ.setdefault('KERAS_HOME', tempfile.mkdtemp(prefix='gpuk-host-overhead-'))
+    os.environ['GPUK_DEVICE'] = 'cuda'
+    if rehearsal:
+        from tests import gpu_rehearsal
+        gpu_rehearsal.activate()
+        return 'GPU rehearsal (NumPy stand-in for CuPy, kernels in the emulator): host times of this CPU'
+    import cupy
+    return 'GPU: %s' % cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()
+
+
+def _mlp(keras, batch):
+    layers = keras.layers
+    net = keras.models.Sequential([layers.Dense(256, activation='relu', input_shape=(784,)),
+                                   layers.Dense(256, activation='relu'), layers.Dense(10, activation='softmax')])
+    net.compile(keras.optimizers.Adam(1e-3), 'categorical_crossentropy')
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 784)).astype(np.float32)
+    return net, [x], [np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]]
+
+
+def _bn_cnn(keras, batch):
+    layers = keras.layers
+    stack = [layers.Conv2D(8, 3, use_bias=False, input_shape=(16, 16, 1)), layers.BatchNormalization(),
+             layers.Activation('relu'), layers.MaxPooling2D(),
+             layers.Conv2D(16, 3, use_bias=False), layers.BatchNormalization(), layers.Activation('relu'),
+             layers.MaxPooling2D(), layers.Flatten(), layers.Dense(10, activation='softmax')]
+    net = keras.models.Sequential(stack)
+    net.compile(keras.optimizers.Adam(1e-3), 'categorical_crossentropy')
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 16, 16, 1)).astype(np.float32)
+    return net, [x], [np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]]
+
+
+def _ctc(keras, batch):
+    from gpuk.demo import data, model, settings, train
+    spec = settings.ModelSpec(conv_filters=(4, 8), dense_units=16, rnn_units=8)
+    render = data.RenderSpec()
+    dataset = data.make_dataset(batch, seed=0, spec=render)
+    height, width = dataset.images.shape[1:3]
+    training, _ = model.build_models(height, width, dataset.labels.shape[1], spec)
+    inputs = train.model_inputs(dataset, model.time_steps(width))
+    return training, inputs, [np.zeros((batch, 1), np.float32)]
+
+
+BUILDERS = {'mlp': (_mlp, 32), 'bn_cnn': (_bn_cnn, 8), 'ctc': (_ctc, 4)}
+
+
+def measure(name, steps=10, warmup=3, graphs=False):
+    """One row of the report for model ``name`` (see the module docstring), with K.function's
+    CUDA Graph replay on or off (GPUK_CUDA_GRAPHS, set for the measurement only)."""
+    import keras
+    from gpuk.kernels.runtime import counters
+    from gpuk.backend import clear_session   # keras.backend (2.3.1) does not re-export it
+    previous = os.environ.get('GPUK_CUDA_GRAPHS')
+    os.environ['GPUK_CUDA_GRAPHS'] = '1' if graphs else '0'
+    try:
+        clear_session()
+        build, batch = BUILDERS[name]
+        net, x, y = build(keras, batch)
+        for _ in range(warmup):
+            net.train_on_batch(x, y)
+        walls, rows = [], []
+        for _ in range(steps):
+            with counters.counting() as c:
+                started = time.perf_counter()
+                net.train_on_batch(x, y)
+                walls.append(time.perf_counter() - started)
+            rows.append(c)
+    finally:
+        if previous is None:
+            del os.environ['GPUK_CUDA_GRAPHS']
+        else:
+            os.environ['GPUK_CUDA_GRAPHS'] = previous
+
+    def median_us(values):
+        return round(statistics.median(values) * 1e6, 2)
+
+    last = rows[-1]
+    plan_graphs = getattr(getattr(net.train_function, '_plan', None), 'graphs', None)
+    refused = sorted(set(plan_graphs.refused.values())) if graphs and plan_graphs is not None else []
+    if last.graph_replays:
+        # the whole step's host time (Keras, K.function, input and output copies, the graph
+        # launch call) over the launches the graph holds
+        per_launch = [(w - r.device_s) / max(r.replayed_launches + r.replayed_xp_steps, 1)
+                      for w, r in zip(walls, rows)]
+    else:   # the plan steps that launch: their time outside the device calls
+        per_launch = [r.launching_host_s / max(r.launching_launches, 1) for r in rows]
+    return {'model': name, 'batch': batch, 'graphs': bool(last.graph_replays),
+            'launches': last.replayed_launches if last.graph_replays else last.launches,
+            'host_us_per_launch': median_us(per_launch), 'host_us_per_launch_min': median_us([min(per_launch)]),
+            'launching_steps': last.launching_steps,
+            'xp_steps': last.replayed_xp_steps if last.graph_replays else last.xp_steps,
+            'xp_us_per_step': median_us([r.xp_steps_s / max(r.xp_steps, 1) for r in rows]),
+            'host_us_per_step': median_us([w - r.device_s for w, r in zip(walls, rows)]),
+            'syncs_in_step': last.in_step_syncs, 'syncs_total': last.host_syncs,
+            'allocations': last.allocations, 'pool_mallocs': last.pool_mallocs,
+            'graph_replays': last.graph_replays,
+            'steady': len({(r.launches, r.allocations, r.host_syncs, r.graph_replays) for r in rows}) == 1,
+            'graphs_refused': '; '.join(refused)}
+
+
+# Syncs inside a step that other branches remove (so this bench's 0-sync goal waits on them).
+# Implicit syncs (int() of a device scalar) are invisible to the counters in the rehearsal,
+# where device arrays are NumPy's: max-pool backward's argmax range check (contracts/
+# pooling_checks.py, int(argmax.min()), two per call) is one, in bn_cnn and ctc.
+KNOWN_SYNCS = {
+    'bn_cnn': 'max-pool backward\'s argmax range check, 2 per pooling backward, implicit, not counted in the '
+              'rehearsal (branch k15mem removes them)',
+    'ctc': 'CTC forward/backward .get() of labels and lengths (branch k15ctc removes them); max-pool backward\'s '
+           'implicit ones as in bn_cnn (k15mem)',
+}
+
+
+def report(rows, device):
+    lines = ['device: %s' % device, '',
+             '| model | batch | graphs | launches/step | host µs/launch (median, min) | xp steps (µs each) '
+             '| host µs/step | syncs in step | syncs incl. output | allocations/step | pool mallocs |',
+             '|---|---|---|---|---|---|---|---|---|---|---|']
+    for r in rows:
+        lines.append('| %(model)s | %(batch)d | %(graphs)s | %(launches)d | %(host_us_per_launch)s, '
+                     '%(host_us_per_launch_min)s | %(xp_steps)d (%(xp_us_per_step).1f) | %(host_us_per_step).0f '
+                     '| %(syncs_in_step)d | %(syncs_total)d | %(allocations)d | %(pool_mallocs)s |' % r)
+    lines += ['%s: graphs asked for, plain launches because %s' % (r['model'], r['graphs_refused'][:300])
+              for r in rows if r['graphs_refused']]
+    lines += ['', 'graphs False: host µs/launch is the time of the plan steps that launch, outside the device '
+              'calls; graphs True: the whole step\'s host time over the launches the replayed graph holds (gpuk\'s '
+              'and one per step computed with xp, CuPy\'s kernels: a lower bound of their count).']
+    return '\n'.join(lines)
+
+
+def launcher_overhead(rehearsal, repeats=15, number=20):
+    """Host µs per call of single launchers on small problems, outside the device calls: min
+    over ``repeats`` batches of ``number`` calls, plain and inside runtime.prepared_launches()
+    (a K.function step re-run for shapes it ran with). In the rehearsal the launches are dry
+    (checked, not run: an emulated launch leaves the host's caches cold and adds tens of µs of
+    noise to the Python around it). Rows: (name, plain µs, prepared µs)."""
+    if rehearsal:
+        from tests.gpu_rehearsal import rehearsal_runtime
+        rehearsal_runtime.set_dry_launch_bytes(-1)
+    from gpuk import device
+    from gpuk.kernels import conv, elementwise, runtime
+    from gpuk.kernels.runtime import counters
+    rt = runtime.get_runtime('cuda')
+    xp = device.xp()
+    x, b = xp.ones((4, 64), xp.float32), xp.ones(64, xp.float32)
+    kernel_args = (x, b, xp.empty_like(x), np.int64(x.size), np.int64(64), np.int64(1), np.int32(1))
+    image, w = xp.ones((1, 6, 6, 4), xp.float32), xp.ones((3, 3, 4, 8), xp.float32)
+    dy = xp.ones((1, 4, 4, 8), xp.float32)
+    valid = ((0, 0), (0, 0))
+    calls = [
+        ('runtime: rt.load + kernel + launch', lambda: rt.load(elementwise.SOURCE, elementwise.defines(np.float32))
+         .kernel('bias_act_fwd').launch(1, elementwise.BIAS_ACT_THREADS, kernel_args)),
+        ('bias_act_fwd launcher', lambda: elementwise.bias_act_fwd(x, b, -1, 'relu', runtime=rt)),
+        ('conv_fwd launcher, no bias', lambda: conv.conv_fwd(image, w, (1, 1), (1, 1), valid, 'channels_last',
+                                                             runtime=rt)),
+        ('conv_wgrad launcher', lambda: conv.conv_wgrad(image, dy, w.shape, (1, 1), (1, 1), valid, 'channels_last',
+                                                        runtime=rt)),
+    ]
+
+    def host_us(call):
+        best = float('inf')
+        for _ in range(repeats):
+            with counters.counting() as c:
+                started = time.perf_counter()
+                for _ in range(number):
+                    call()
+                wall = time.perf_counter() - started
+            best = min(best, (wall - c.device_s) / number)
+        return best * 1e6
+
+    rows = []
+    for name, call in calls:
+        call()   # compiles, loads, prepares
+        plain = host_us(call)
+        with runtime.prepared_launches():
+            prepared = host_us(call)
+        rows.append((name, round(plain, 2), round(prepared, 2)))
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m bench.host_overhead', description=__doc__.split('\n')[0])
+    parser.add_argument('--models', nargs='+', choices=MODELS, default=list(MODELS))
+    parser.add_argument('--steps', type=int, default=10)
+    parser.add_argument('--warmup', type=int, default=3)
+    parser.add_argument('--rehearsal', choices=('auto', 'yes', 'no'), default='auto',
+                        help='run in the GPU rehearsal (auto: when no GPU is usable)')
+    parser.add_argument('--graphs', choices=('both', 'on', 'off'), default='both',
+                        help='K.function CUDA Graph replay (both: one row each)')
+    parser.add_argument('--launchers', action='store_true',
+                        help='also time single launchers (host µs per call, plain and prepared)')
+    parser.add_argument('--json', help='also write the rows as JSON here')
+    args = parser.parse_args(argv)
+    rehearsal = args.rehearsal == 'yes' or (args.rehearsal == 'auto' and not _gpu_available())
+    device = setup_device(rehearsal)
+    modes = {'both': (False, True), 'on': (True,), 'off': (False,)}[args.graphs]
+    rows = [measure(name, args.steps, args.warmup, graphs) for name in args.models for graphs in modes]
+    if rehearsal and True in modes:
+        print('GPU rehearsal: with graphs on, a replay re-runs gpuk\'s launches, cuBLAS and copies but not the '
+              'NumPy work of ops computed with xp, so the trained values are wrong there; the counts and host '
+              'times are what this measures.')
+    print(report(rows, device))
+    for model in dict.fromkeys(r['model'] for r in rows):
+        if model in KNOWN_SYNCS:
+            print('%s: in-step syncs other branches remove: %s' % (model, KNOWN_SYNCS[model]))
+    launchers = launcher_overhead(rehearsal) if args.launchers else []
+    if launchers:
+        print('\n| launcher call (small problem) | host µs plain | host µs prepared |\n|---|---|---|')
+        for name, plain, prepared in launchers:
+            print('| %s | %.2f | %.2f |' % (name, plain, prepared))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump({'device': device, 'rows': rows, 'launchers': launchers}, f, indent=1)
+    return rows
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,214 @@
+"""K.function's CUDA Graph path: a plan captured once per input signature and replayed.
+
+Per (plan, input shapes and dtypes), on the CUDA runtime:
+
+1. the first call runs the plan with plain launches (it also checks every launch, see
+   Function._run_plan) and counts its device-to-host syncs: a step that reads device values
+   on the host (a data-dependent check, a loss-scaling decision) cannot be captured, and
+   neither can one with random ops (a replay would repeat the same numbers) — those keep
+   plain launches for good, and say why in ``refused``;
+2. the second call captures: inputs go into fixed buffers, one warm-up run on a side stream
+   with a private memory pool fills the pool, then the plan runs again under
+   ``stream.begin_capture()`` with the same pool (so every intermediate gets the same
+   address on every replay, and nothing outside the graph can be handed those blocks: the
+   pool is the per-plan arena), followed by the copies of the updates' new values into the
+   variables' own buffers. Any failure (a sync the counters did not see, an unsupported call)
+   ends the capture and the signature falls back to plain launches;
+3. later calls copy their inputs into the fixed buffers and launch the graph: no Python per
+   kernel, no allocation. Outputs are the graph's fixed output buffers (K.function copies
+   them to the host at once).
+
+Variables keep their buffers: a graph writes updates in place, and a variable whose value
+was replaced since the capture (K.set_value, another function's update) is copied into the
+graph's buffer before the replay. Up to MAX_GRAPHS signatures are kept per plan; a new
+shape beyond them runs plain. ``GPUK_CUDA_GRAPHS=0`` turns the path off (read per call).
+"""
+import contextlib
+import os
+from collections import OrderedDict
+
+import numpy as np
+
+from gpuk.kernels import runtime
+from gpuk.kernels.runtime import counters
+from gpuk.ops.base import Op
+from gpuk.ops.random import RandomOp
+
+MAX_GRAPHS = 8
+_RELAXED_CAPTURE = 2   # cudaStreamCaptureModeRelaxed: a cudaMalloc in the pool may happen while capturing
+
+
+def enabled():
+    return os.environ.get('GPUK_CUDA_GRAPHS', '1').strip() != '0'
+
+
+def supported(impl):
+    """The CUDA runtime with stream capture (CuPy's Stream.begin_capture)."""
+    return impl.kind == 'cuda' and hasattr(getattr(impl.xp.cuda, 'Stream', None), 'begin_capture')
+
+
+def _random_ops(op, seen):
+    """True when ``op`` is, or holds (a scan's step plans, a wrapped op), a random op."""
+    if id(op) in seen:
+        return False
+    seen.add(id(op))
+    if isinstance(op, RandomOp):
+        return True
+    for value in vars(op).values():
+        nested = value.values() if isinstance(value, dict) else (value,)
+        for item in nested:
+            if isinstance(item, Op) and _random_ops(item, seen):
+                return True
+            steps = getattr(item, 'steps', None)   # a scan's step Plan
+            if isinstance(steps, list) and any(_random_ops(step[0].__self__, seen) for step in steps
+                                               if hasattr(step[0], '__self__')):
+                return True
+    return False
+
+
+class CaptureRefused(Exception):
+    """This signature keeps plain launches (the message says why)."""
+
+
+class CapturedStep:
+    """One plan captured for one input signature."""
+
+    def __init__(self, plan, fed, updates):
+        xp = plan.impl.xp
+        self.xp = xp
+        self.stream = xp.cuda.Stream(non_blocking=False)   # ordered with the legacy default stream
+        self.pool = xp.cuda.MemoryPool()
+        for variable in [v for _, v in plan.variables] + [v for v, _ in updates]:
+            value = variable.value   # the graph reads and writes it in place: a contiguous device array
+            if not isinstance(value, xp.ndarray) or not value.flags.c_contiguous:
+                variable.value = xp.array(value, dtype=variable.dtype, order='C')   # keeps 0-d shapes
+        self.variables = [(variable, variable.value) for _, variable in plan.variables]
+        self.updates = [(variable, variable.value, index) for variable, index in updates]
+        with self._private_pool():
+            self.inputs = [xp.empty(a.shape, a.dtype) for a in fed]
+            self._copy_in(fed)
+            with self.stream:
+                with runtime.prepared_launches():
+                    plan.run(self.inputs)                 # warm-up: fills the private pool
+                self.stream.synchronize()
+                self.stream.begin_capture(getattr(xp.cuda.runtime, 'streamCaptureModeRelaxed',
+                                                  _RELAXED_CAPTURE))
+                try:
+                    with runtime.prepared_launches(), counters.counting() as held:
+                        self.values = plan.run(self.inputs)
+                        self._write_updates()
+                finally:
+                    graph = self.stream.end_capture()   # raises when the capture was invalidated
+                self.graph = graph
+                # what the graph holds: gpuk's launches, and the steps computed with xp (CuPy's kernels)
+                self.launches, self.xp_steps = held.launches, held.xp_steps
+
+    def _write_updates(self):
+        """Captures the copies of the updates' new values into the variables' buffers. All new
+        values are computed from the old ones first, as in a plain call: a value that may
+        share memory with an updated variable (update(a, b) with update(b, a)) is copied aside
+        before any variable is written."""
+        xp = self.xp
+        buffers = [buffer for _, buffer, _ in self.updates]
+        staged = []
+        for variable, buffer, index in self.updates:
+            value = self.values[index]
+            if tuple(value.shape) != tuple(variable.shape):   # a plain call raises the user's error
+                raise CaptureRefused('update of %r has shape %s, variable has %s'
+                                     % (variable.name, tuple(value.shape), variable.shape))
+            if any(xp.may_share_memory(value, other) for other in buffers):
+                aside = xp.empty(value.shape, value.dtype)
+                xp.copyto(aside, value)
+                value = aside
+            staged.append(value)
+        for (variable, buffer, _), value in zip(self.updates, staged):
+            xp.copyto(buffer, value.astype(variable.dtype, copy=False))
+
+    @contextlib.contextmanager
+    def _private_pool(self):
+        using = getattr(self.xp.cuda, 'using_allocator', None)
+        with using(self.pool.malloc) if using is not None else contextlib.nullcontext():
+            yield
+
+    def _copy_in(self, fed):
+        """The inputs into the graph's buffers: device arrays by a device copy, host arrays by
+        a host-to-device copy into the buffer (no device allocation either way)."""
+        xp = self.xp
+        for buffer, value in zip(self.inputs, fed):
+            if isinstance(value, xp.ndarray):
+                xp.copyto(buffer, value)
+            else:
+                buffer.set(np.ascontiguousarray(value))
+
+    def replay(self, fed):
+        xp = self.xp
+        self._copy_in(fed)
+        for variable, buffer in self.variables:
+            if variable.value is not buffer:   # replaced since the capture: the graph reads this buffer
+                xp.copyto(buffer, variable.value)
+                variable.value = buffer
+        for variable, buffer, _ in self.updates:
+            if variable.value is not buffer:
+                variable.value = buffer        # written by the graph's last copies
+        counters.device_call(self.graph.launch, self.stream)
+        counting = counters.active()
+        if counting is not None:
+            counting.graph_replays += 1
+            counting.replayed_launches += self.launches
+            counting.replayed_xp_steps += self.xp_steps
+        return list(self.values)
+
+
+class PlanGraphs:
+    """A plan's captured steps per input signature, and the signatures refused (with why)."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.captured = OrderedDict()
+        self.refused = {}
+        self._seen = set()
+        self._blocked = None   # known after a first run, which builds the scans' step plans
+
+    def blocked(self):
+        """Why no signature of this plan can be captured, or None."""
+        if self._blocked is None:
+            steps = [step[0].__self__ for step in self.plan.steps if hasattr(step[0], '__self__')]
+            seen = set()
+            self._blocked = 'the step draws random numbers' if any(_random_ops(op, seen) for op in steps) else ''
+        return self._blocked or None
+
+    def run(self, key, fed, updates, run_plain):
+        """The plan's target values for ``fed`` (the inputs: device or NumPy arrays): a replay,
+        a capture then replay, or ``run_plain(fed)``. Returns (values, replayed): a replay
+        applied the updates already."""
+        step = self.captured.get(key)
+        if step is not None:
+            self.captured.move_to_end(key)
+            return step.replay(fed), True
+        if key in self.refused or len(self.captured) >= MAX_GRAPHS:
+            return run_plain(fed), False
+        if key not in self._seen:
+            return self._first_run(key, fed, run_plain), False
+        if self.blocked():
+            self.refused[key] = self.blocked()
+            return run_plain(fed), False
+        try:
+            step = CapturedStep(self.plan, fed, updates)
+        except Exception as exc:   # an invalidated capture, a sync, an unsupported call
+            self.refused[key] = 'capture failed: %s: %s' % (type(exc).__name__, exc)
+            return run_plain(fed), False
+        self.captured[key] = step
+        return step.replay(fed), True
+
+    def _first_run(self, key, fed, run_plain):
+        before = counters.total_host_syncs()
+        values = run_plain(fed)
+        self._seen.add(key)
+        syncs = counters.total_host_syncs() - before
+        if syncs:
+            self.refused[key] = '%d device-to-host syncs inside the step' % syncs
+        return values
+
+
+def signature(fed):
+    return tuple((a.shape, np.dtype(a.dtype).str) for a in fed)

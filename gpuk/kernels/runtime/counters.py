@@ -1,0 +1,143 @@
+"""Host-side counters of a training step: launches, time inside device calls, syncs, allocations.
+
+    with counters.counting() as c:
+        train_step()
+    c.launches, c.device_s, c.host_syncs, c.allocations
+
+What is counted, and where (the runtime boundary, so every implementation is measured alike):
+
+- ``launches``: calls into the device through gpuk: CudaKernel.launch (a gpuk kernel) and
+  cuBLAS GEMMs (gpuk/kernels/matmul.py); CuPy's own elementwise kernels (ops computed with
+  ``xp``) are not seen here.
+- ``device_s``: seconds spent *inside* those calls (the RawKernel call, the cuBLAS call). On a
+  GPU that is the driver's enqueue time; in the GPU rehearsal it is the emulator's run time,
+  which is not host overhead, so ``wall - device_s`` is what gpuk's Python (and the array
+  library's, for ops computed with ``xp``) costs around the launches.
+- ``host_syncs``: device-to-host copies that wait for the stream, made through
+  ``runtime.to_host`` or ``device.to_host`` (the step's final output copies included; the
+  Plan reports its own in-step figure separately, ``in_step_syncs``).
+- ``allocations``: arrays a plan's steps created (outputs owning a new buffer, counted by
+  Plan.run) plus CuPy memory-pool mallocs where a real CuPy reports them (a MemoryHook).
+
+Counting costs two perf_counter calls per launch and is off unless ``counting()`` is active.
+"""
+import contextlib
+import time
+
+
+class Counters:
+    def __init__(self):
+        self.launches = 0
+        self.device_s = 0.0
+        self.host_syncs = 0
+        self.in_step_syncs = 0
+        self.allocations = 0
+        self.pool_mallocs = None     # set where a real CuPy memory hook counted them
+        self.graph_replays = 0
+        self.replayed_launches = 0   # gpuk launches the replayed graphs hold (each graph launch counts 1)
+        self.replayed_xp_steps = 0   # and their steps computed with xp (at least one CuPy kernel each)
+        # Plan steps, each timed exclusively of the plan steps nested in it (a scan's step plan):
+        self.launching_steps = 0     # steps that launched something through gpuk
+        self.launching_host_s = 0.0  # their time outside the device calls: gpuk's Python per launch
+        self.launching_launches = 0
+        self.xp_steps = 0            # steps that launched nothing of gpuk's (ops computed with xp)
+        self.xp_steps_s = 0.0        # on a GPU CuPy's host time; in the rehearsal NumPy's compute
+        self._recorded = [0.0, 0, 0.0]   # exclusive time, launches, device time recorded so far
+
+    def as_dict(self):
+        return {k: v for k, v in vars(self).items() if not k.startswith('_')}
+
+    def step(self, forward, impl, args):
+        """forward(impl, *args), one plan step, timed and attributed (see the fields above)."""
+        recorded = self._recorded
+        t0, l0, d0 = time.perf_counter(), self.launches, self.device_s
+        r0 = list(recorded)
+        result = forward(impl, *args)
+        elapsed = time.perf_counter() - t0
+        own_s = elapsed - (recorded[0] - r0[0])
+        own_launches = self.launches - l0 - (recorded[1] - r0[1])
+        own_device = self.device_s - d0 - (recorded[2] - r0[2])
+        recorded[0] += own_s
+        recorded[1] += own_launches
+        recorded[2] += own_device
+        if own_launches:
+            self.launching_steps += 1
+            self.launching_launches += own_launches
+            self.launching_host_s += own_s - own_device
+        else:
+            self.xp_steps += 1
+            self.xp_steps_s += own_s
+        return result
+
+
+_active = []   # the Counters of the innermost counting() block, if any
+
+
+def active():
+    """The Counters being filled now, or None (the fast path: nothing is counted)."""
+    return _active[-1] if _active else None
+
+
+@contextlib.contextmanager
+def counting():
+    """Count launches, device time, syncs and allocations of the code in the block."""
+    counters = Counters()
+    _active.append(counters)
+    hook = _pool_hook(counters)
+    try:
+        if hook is not None:
+            with hook:
+                yield counters
+        else:
+            yield counters
+    finally:
+        _active.remove(counters)
+
+
+def _pool_hook(counters):
+    """A CuPy MemoryHook counting pool mallocs, on a real CuPy only (the GPU rehearsal's
+    stand-in has no memory pool)."""
+    import sys
+    cupy = sys.modules.get('cupy')
+    hook_class = getattr(getattr(cupy, 'cuda', None), 'MemoryHook', None)
+    if cupy is None or getattr(cupy, 'STANDIN', False) or hook_class is None:
+        return None
+
+    class PoolMallocs(hook_class):
+        name = 'gpuk-step-counter'
+
+        def malloc_preprocess(self, device_id, size, mem_size):
+            counters.pool_mallocs = (counters.pool_mallocs or 0) + 1
+
+    counters.pool_mallocs = 0
+    return PoolMallocs()
+
+
+def device_call(call, *args, **kwargs):
+    """``call(*args, **kwargs)``, a launch into the device: counted, and timed while counting."""
+    counters = active()
+    if counters is None:
+        return call(*args, **kwargs)
+    started = time.perf_counter()
+    try:
+        return call(*args, **kwargs)
+    finally:
+        counters.device_s += time.perf_counter() - started
+        counters.launches += 1
+
+
+_total_host_syncs = [0]
+
+
+def total_host_syncs():
+    """Every device-to-host sync recorded since import, counting or not (cuda_graph reads it
+    to tell whether a step can be captured)."""
+    return _total_host_syncs[0]
+
+
+def host_sync():
+    """Record one device-to-host copy that waits for the stream."""
+    _total_host_syncs[0] += 1
+    counters = active()
+    if counters is not None:
+        counters.host_syncs += 1

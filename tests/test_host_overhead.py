@@ -1,0 +1,214 @@
+"""The step counters (gpuk/kernels/runtime/counters.py) and bench.host_overhead count launches,
+syncs and allocations of a step correctly, on the CUDA path (the GPU rehearsal, in a fresh
+process: it installs process-wide state)."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _rehearse(code, timeout=300):
+    script = 'from tests import gpu_rehearsal\ngpu_rehearsal.activate()\n' + textwrap.dedent(code)
+    result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
+                            env={'PYTHONPATH': str(REPO), 'PATH': '/usr/bin:/bin', 'KERAS_BACKEND': 'gpuk.backend',
+                                 'HOME': str(Path.home())}, timeout=timeout)
+    assert result.stdout.strip().endswith('ok'), result.stdout + result.stderr
+    return result
+
+
+def test_a_step_counts_its_launches_syncs_and_allocations():
+    _rehearse('''
+        import numpy as np
+        from gpuk import backend as K
+        from gpuk.kernels.runtime import counters
+        x = K.placeholder((4, 8))
+        w = K.variable(np.ones((8, 3), np.float32))
+        b = K.variable(np.zeros(3, np.float32))
+        h = K.dot(x, w)                                  # MatMul: an xp step (CuPy's GEMM in float32)
+        y = K.relu(K.bias_add(h, b))                     # BiasAct: one gpuk launch
+        f = K.function([x], [y, h], updates=[K.update(b, b + 1.0)])
+        f([np.ones((4, 8), np.float32)])                 # compiles
+        with counters.counting() as c:
+            out = f([np.ones((4, 8), np.float32)])
+        assert np.allclose(out[0], 9.0), out[0]
+        assert c.launches == 1 and c.launching_launches == 1, c.as_dict()
+        assert c.in_step_syncs == 0, c.as_dict()
+        assert c.host_syncs == 2, c.as_dict()            # the two outputs copied back to the host
+        # MatMul's product, BiasAct's result and the update b + 1 are new buffers
+        assert c.allocations == 3, c.as_dict()
+        with counters.counting() as outer:
+            f([np.ones((4, 8), np.float32)])
+            with counters.counting() as inner:
+                K.function([x], [y])([np.ones((4, 8), np.float32)])
+        assert inner.launches == 1 and outer.launches == 1, (outer.as_dict(), inner.as_dict())
+        from gpuk.kernels import runtime
+        rt = runtime.current()
+        with counters.counting() as c:                   # a launcher's device-to-host copy
+            runtime.to_host(rt, rt.xp.zeros(3))
+        assert c.host_syncs == 1
+        print('ok')
+    ''')
+
+
+def test_bench_host_overhead_reports_mlp_steps_without_syncs_and_replays_without_allocations():
+    result = _rehearse('''
+        from bench import host_overhead
+        row = host_overhead.measure('mlp', steps=2, warmup=1, graphs=False)
+        print(row)
+        assert row['steady'], row
+        assert row['launches'] == 5, row       # 3 bias + relu forward, softmax cross-entropy fwd + bwd
+        assert row['syncs_in_step'] == 0 and row['syncs_total'] == 1, row
+        assert row['host_us_per_launch'] > 0, row
+        replayed = host_overhead.measure('mlp', steps=2, warmup=3, graphs=True)
+        print(replayed)
+        # the graph's arena: no allocation, no sync, one graph launch holding the 5 launches
+        assert replayed['graphs'] and replayed['steady'], replayed
+        assert replayed['allocations'] == 0 and replayed['syncs_in_step'] == 0, replayed
+        assert replayed['launches'] == 5 and replayed['xp_steps'] == row['xp_steps'], replayed
+        print(host_overhead.report([row, replayed], 'rehearsal'))
+        print('ok')
+    ''')
+    assert '| mlp | 32 | False | 5 |' in result.stdout
+
+
+_CONV_STEP = '''
+    import os
+    import numpy as np
+    from gpuk import backend as K
+    from gpuk.kernels.runtime import counters
+    os.environ['GPUK_CUDA_GRAPHS'] = '1'
+    rng = np.random.default_rng(0)
+    x = K.placeholder((None, 8, 8, 3))
+    w = K.variable(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
+    b = K.variable(rng.standard_normal(4).astype(np.float32))
+    y = K.pool2d(K.relu(K.bias_add(K.conv2d(x, w), b)), (2, 2), strides=(2, 2))    # conv+bias+relu epilogue, max pool
+    def plain(f, value):
+        os.environ['GPUK_CUDA_GRAPHS'] = '0'
+        try:
+            return f([value])
+        finally:
+            os.environ['GPUK_CUDA_GRAPHS'] = '1'
+    def batch(n):
+        return rng.standard_normal((n, 8, 8, 3)).astype(np.float32)
+'''
+
+
+def test_graph_replay_equals_plain_launches_and_falls_back_when_shapes_change():
+    """The stand-in's graphs replay gpuk's launches only, so the step is made of kernels."""
+    _rehearse(_CONV_STEP + '''
+    v = K.variable(np.zeros((2, 3, 3, 4), np.float32))
+    f = K.function([x], [y], updates=[K.update(v, y)])
+    g = K.function([x], [y])
+    graphs = f._compiled().graphs
+    for step in range(4):                        # plain (checked), capture + replay, replay, replay
+        value = batch(2)
+        with counters.counting() as c:
+            out, = f([value])
+        expected, = plain(g, value)
+        assert np.array_equal(out, expected), step
+        assert np.array_equal(K.get_value(v), expected), step     # the update, written by the graph
+        assert c.graph_replays == (step >= 1), (step, c.as_dict())
+        if step >= 2:
+            # one graph launch holding the conv and the pooling; no Python per kernel, no allocation
+            assert c.launches == 1 and c.replayed_launches == 2 and c.allocations == 0, c.as_dict()
+    assert len(graphs.captured) == 1 and not graphs.refused
+    f = K.function([x], [y])                     # no update: any batch size
+    graphs = f._compiled().graphs
+    for n in (2, 2, 3, 3, 3):                    # a new batch size: plain first, then its own graph
+        value = batch(n)
+        with counters.counting() as c:
+            out, = f([value])
+        assert np.array_equal(out, plain(g, value)[0]), n
+    assert c.graph_replays == 1 and len(graphs.captured) == 2
+    value = batch(2)                             # the first shape still replays its graph
+    K.set_value(w, rng.standard_normal((3, 3, 3, 4)).astype(np.float32))   # read by the graph: copied in
+    with counters.counting() as c:
+        out, = f([value])
+    assert c.graph_replays == 1 and np.array_equal(out, plain(g, value)[0])
+    p, q = K.variable(np.zeros(3, np.float32)), K.variable(np.ones(3, np.float32))
+    swap = K.function([x], [y], updates=[(p, q), (q, p)])   # new values from the old ones, in a graph too
+    for step in range(4):
+        swap([batch(2)])
+        assert K.get_value(p)[0] == (step + 1) % 2 == 1 - K.get_value(q)[0], step
+    assert len(swap._compiled().graphs.captured) == 1
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'         # the switch, read per call
+    with counters.counting() as c:
+        f([value])
+    assert c.graph_replays == 0 and c.launches > 0
+    print('ok')
+    ''')
+
+
+def test_steps_that_sync_or_draw_random_numbers_keep_plain_launches():
+    _rehearse(_CONV_STEP + '''
+    printed = K.function([x], [K.print_tensor(y, 'y=')])        # a host read inside the step
+    dropped = K.function([x], [K.dropout(y, 0.5)])               # a replay would repeat the mask
+    value = batch(2)
+    for f in (printed, dropped):
+        for _ in range(3):
+            with counters.counting() as c:
+                f([value])
+            assert c.graph_replays == 0
+    assert 'syncs' in printed._compiled().graphs.refused[((2, 8, 8, 3), '<f4'),]
+    assert 'random' in dropped._compiled().graphs.refused[((2, 8, 8, 3), '<f4'),]
+    print('ok')
+    ''')
+
+
+def test_argument_checks_run_once_per_input_signature_unless_asked_for_every_call():
+    _rehearse(_CONV_STEP + '''
+    from gpuk.kernels import runtime
+    from gpuk.kernels.runtime import cuda_runtime, kernel_source
+    import sys
+    calls = {'check_args': 0, 'source_key': 0}
+    def counted(name, function):
+        def wrapper(*args, **kwargs):   # the CUDA runtime's calls only (the emulator checks too)
+            if sys._getframe(1).f_code.co_filename == cuda_runtime.__file__:
+                calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+    runtime.check_args = counted('check_args', runtime.check_args)
+    cuda_runtime.source_key = counted('source_key', cuda_runtime.source_key)
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'              # plain launches on every call
+    f = K.function([x], [y])
+    def calls_of(value):
+        before = dict(calls)
+        f([value])
+        return {k: calls[k] - before[k] for k in calls}
+    first = calls_of(batch(2))
+    assert first['check_args'] == 2, first            # conv and pool, checked on the first run
+    assert calls_of(batch(2)) == {'check_args': 0, 'source_key': 0}   # prepared: no checks, no re-keying
+    assert calls_of(batch(3))['check_args'] == 2      # a new input signature is checked again
+    os.environ['GPUK_CHECK_LAUNCHES'] = '1'
+    again = calls_of(batch(2))
+    assert again['check_args'] == 2 and again['source_key'] == 2, again
+    print('ok')
+    ''')
+
+
+def test_a_repeated_conv_problem_is_checked_once_and_bad_input_still_raises(monkeypatch):
+    import numpy as np
+    import pytest
+    from gpuk.contracts import conv_checks
+    from gpuk.kernels import conv
+    checks = []
+    real = conv_checks.fwd_problem
+    monkeypatch.setattr(conv_checks, 'fwd_problem', lambda *a, **k: checks.append(1) or real(*a, **k))
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 5, 5, 2)).astype(np.float32), rng.standard_normal((3, 3, 2, 4)).astype(np.float32)
+    valid = ((0, 0), (0, 0))
+    first = conv.conv_fwd(x, w, (1, 1), (1, 1), valid, 'channels_last', runtime='emulate')
+    again = conv.conv_fwd(x, w, (1, 1), (1, 1), valid, 'channels_last', runtime='emulate')
+    assert len(checks) == 1 and np.array_equal(first, again)
+    with pytest.raises(TypeError, match='conv_fwd: bias.dtype'):   # another signature: checked, refused
+        conv.conv_fwd(x, w, (1, 1), (1, 1), valid, 'channels_last', epilogue='bias', bias=np.zeros(4, np.float64),
+                      runtime='emulate')
+    with pytest.raises(ValueError, match='conv_fwd: pads'):       # an unhashable parameter: checked every call
+        conv.conv_fwd(x, w, (1, 1), (1, 1), [[0, 0], [0, -1]], 'channels_last', runtime='emulate')
+    monkeypatch.setenv('GPUK_CHECK_LAUNCHES', '1')
+    from gpuk.kernels import runtime
+    with runtime.prepared_launches():   # reads the switch
+        conv.conv_fwd(x, w, (1, 1), (1, 1), valid, 'channels_last', runtime='emulate')
+    assert len(checks) == 4
