@@ -163,7 +163,8 @@ class Plan:
         self.step_op_names = [getattr(op, 'name', type(op).__name__) for op, _, _ in self.steps]
         self.steps = [(op.forward, ins, outs, frees[i]) for i, (op, ins, outs) in enumerate(self.steps)]
 
-    def run(self, fed_arrays):
+    def _initial_env(self, fed_arrays):
+        """Slot values before the first step: folded constants, variables and the fed inputs."""
         env = [None] * self.n_slots
         for slot, value in self.fixed:
             env[slot] = value
@@ -171,6 +172,10 @@ class Plan:
             env[slot] = variable.value
         for slot, value in zip(self.input_slots, fed_arrays):
             env[slot] = value
+        return env
+
+    def run(self, fed_arrays):
+        env = self._initial_env(fed_arrays)
         impl = self.impl
         counting = counters.active()
         for i, (forward, ins, outs, frees) in enumerate(self.steps):
@@ -213,13 +218,7 @@ class Plan:
         ``step`` run again, keeping every value (only when reporting an error)."""
         if call is None or not call.args or any(t not in self._slot_of for t in call.args):
             return None
-        env = [None] * self.n_slots
-        for slot, value in self.fixed:
-            env[slot] = value
-        for slot, variable in self.variables:
-            env[slot] = variable.value
-        for slot, value in zip(self.input_slots, fed_arrays):
-            env[slot] = value
+        env = self._initial_env(fed_arrays)
         try:
             for forward, ins, outs, _ in self.steps[:step]:
                 result = forward(self.impl, *[env[s] for s in ins])
