@@ -98,6 +98,17 @@ class Implementation:
         setattr(self, family, module)
         return module
 
+    def check_later(self, flag, recheck):
+        """A data-dependent argument check: `flag` (a 0-d boolean array of xp) is True when some
+        value is bad, `recheck()` raises the check's ValueError on host copies. On 'cpu' it runs
+        now; on 'cuda' and 'emulate' its flag is read with the others by `raise_pending_checks`
+        (gpuk/kernels/runtime/deferred.py), so checking costs no host sync per op."""
+        if self._use_kernels:
+            from gpuk.kernels.runtime import current, deferred
+            deferred.defer(current(), flag, recheck)
+        elif bool(flag):
+            recheck()
+
 
 def impl():
     """The Implementation of the current device (see ``Implementation``)."""
@@ -113,6 +124,13 @@ def impl():
             runtime.set_current(device_kind)
         _state['impl'] = Implementation(device_kind, array_module)
     return _state['impl']
+
+
+def raise_pending_checks():
+    """Raises the error of the first failed deferred argument check (see Implementation.check_later
+    and gpuk/kernels/runtime/deferred.py); K.function calls it before it commits any update."""
+    from gpuk.kernels.runtime import deferred
+    deferred.raise_pending()
 
 
 def to_device(value, dtype=None):

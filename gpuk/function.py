@@ -199,6 +199,7 @@ class Function:
                                 else '%d values' % len(inputs)))
         fed = [_feed_array(p, v) for p, v in zip(self.inputs, inputs)]
         values = self._compiled().run(fed)
+        device.raise_pending_checks()   # deferred argument checks of the ops: before any update
         finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
         n_out = len(self.outputs)
         new_values = values[n_out:] if finite else []

@@ -65,11 +65,20 @@ ctc_frame_lse(const elem_t* __restrict__ logits, acc_t* __restrict__ lse, long l
     }
 }
 
-// The extended label of sample n, read straight from `labels`.
+// A length clamped to [0, upper]: values are checked on the device by the launcher and the
+// error raised later (gpuk/kernels/runtime/deferred.py); meanwhile nothing indexes out of bounds.
+__device__ __forceinline__ long long clamp_length(long long v, long long upper) { return v < 0 ? 0 : (v > upper ? upper : v); }
+
+// The extended label of sample n, read straight from `labels` (a label outside [0, classes),
+// rejected by the launcher's deferred check, reads as the blank).
 struct ExtendedLabel {
     const long long* __restrict__ labels;   // this sample's row
-    long long length, blank;
-    __device__ __forceinline__ long long class_of(long long s) const { return (s & 1) ? labels[s >> 1] : blank; }
+    long long length, blank, classes;
+    __device__ __forceinline__ long long class_of(long long s) const {
+        if (!(s & 1)) return blank;
+        const long long c = labels[s >> 1];
+        return c >= 0 && c < classes ? c : blank;
+    }
     // state s may be entered from s - 2: a label that differs from the previous label
     __device__ __forceinline__ bool skip_into(long long s) const {
         return (s & 1) && s >= 3 && (s >> 1) < length && labels[s >> 1] != labels[(s >> 1) - 1];
@@ -88,8 +97,9 @@ ctc_alpha(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse
           acc_t* __restrict__ log_alpha, elem_t* __restrict__ loss, long long steps, long long classes,
           long long width, long long blank) {
     const long long n = blockIdx.x, states = 2 * width + 1;
-    const long long t_n = input_lengths[n], l_n = label_lengths[n], s_n = 2 * l_n + 1;
-    const ExtendedLabel ext{labels + n * width, l_n, blank};
+    const long long t_n = clamp_length(input_lengths[n], steps), l_n = clamp_length(label_lengths[n], width);
+    const long long s_n = 2 * l_n + 1;
+    const ExtendedLabel ext{labels + n * width, l_n, blank, classes};
     const elem_t* __restrict__ x = logits + n * steps * classes;
     acc_t* __restrict__ alpha = log_alpha + n * steps * states;
     for (long long t = 0; t < steps; ++t) {
@@ -144,8 +154,9 @@ ctc_beta_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame
               elem_t* __restrict__ dlogits, long long steps, long long classes, long long width, long long blank) {
     __shared__ acc_t reduce_scratch[32];
     const long long n = blockIdx.x, states = 2 * width + 1;
-    const long long t_n = input_lengths[n], l_n = label_lengths[n], s_n = 2 * l_n + 1;
-    const ExtendedLabel ext{labels + n * width, l_n, blank};
+    const long long t_n = clamp_length(input_lengths[n], steps), l_n = clamp_length(label_lengths[n], width);
+    const long long s_n = 2 * l_n + 1;
+    const ExtendedLabel ext{labels + n * width, l_n, blank, classes};
     const elem_t* __restrict__ x = logits + n * steps * classes;
     elem_t* __restrict__ grad = dlogits + n * steps * classes;
     const acc_t* __restrict__ alpha = log_alpha + n * steps * states;
@@ -208,7 +219,7 @@ ctc_beta_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame
             if (!chain[width + l]) continue;
             acc_t occ = 0;
             for (long long k = l; k >= 0; k = chain[k]) occ += occupation[2 * k + 1];
-            const long long c = ext.labels[l];
+            const long long c = ext.class_of(2 * l + 1);
             const acc_t p = exp(to_acc(x[t * classes + c]) - lse_t);
             g_row[c] = ElementTraits<elem_t>::from_acc((p - occ) * d);
         }

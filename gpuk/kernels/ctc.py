@@ -29,7 +29,7 @@ from gpuk.contracts import ctc_checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES_NO_BFLOAT16, accumulation_dtype
 from . import dispatch
 from .cudnn import ctc as cudnn_ctc
-from .runtime import register_build, resolve, to_host
+from .runtime import deferred, register_build, resolve, to_host
 
 __all__ = list(twin.__all__)
 
@@ -75,17 +75,41 @@ def _stand_in(rt, fn, name, value):
     return array, np.broadcast_to(np.zeros((), dtype=array.dtype), array.shape)
 
 
-def _device_ints(rt, host):
-    """int64 host data on the device; a 1-element dummy for empty arrays (never read)."""
-    host = np.ascontiguousarray(host, dtype=np.int64)
-    return rt.xp.asarray(host if host.size else np.zeros(1, np.int64))
+def _small_ints(rt, value):
+    """A labels / lengths argument as an array of rt.xp (no copy when it already is one)."""
+    return value if isinstance(value, rt.xp.ndarray) else rt.xp.asarray(value)
 
 
-def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, blank):
+def _stand_ins(*arrays):
+    """Zero-stride zeros of each array's shape and dtype: the twin's checks see the shapes and
+    dtypes without a copy of the values (zeros pass every value check)."""
+    return [np.broadcast_to(np.zeros((), dtype=a.dtype), a.shape) for a in arrays]
+
+
+def _device_ints(rt, array):
+    """int64 contiguous data on the device; a 1-element dummy for empty arrays (never read)."""
+    array = rt.xp.ascontiguousarray(array.astype(np.int64, copy=False))
+    return array if array.size else rt.xp.zeros(1, np.int64)
+
+
+def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, blank, more_checks=None):
+    """Shapes and dtypes checked now (and `more_checks(logits, labels)`, the other arguments'); values (lengths in range, labels in [0, A) without the
+    blank) checked on the device and raised later (runtime/deferred.py) with the twin's message.
+    The kernels clamp every data-dependent index meanwhile."""
     logits, stand_in = _stand_in(rt, fn, 'logits', logits)
-    _, labels, input_lengths, label_lengths, blank = ctc_checks.check_loss_inputs(
-        fn, stand_in, to_host(rt, labels), to_host(rt, input_lengths), to_host(rt, label_lengths), blank)
-    return rt.xp.ascontiguousarray(logits), labels, input_lengths, label_lengths, blank
+    labels, input_lengths, label_lengths = (_small_ints(rt, v) for v in (labels, input_lengths, label_lengths))
+    _, _, _, _, blank = ctc_checks.check_loss_inputs(fn, stand_in, *_stand_ins(labels, input_lengths, label_lengths),
+                                                     blank)
+    if more_checks is not None:   # every eager error before a device check is queued
+        more_checks(logits, labels)
+    steps, classes = logits.shape[1:]
+    if labels.size or input_lengths.size:
+        deferred.defer(rt, ctc_checks.loss_values_flag(rt.xp, labels, input_lengths, label_lengths, steps, classes,
+                                                       blank),
+                       lambda: ctc_checks.check_loss_inputs(fn, stand_in, to_host(rt, labels), to_host(rt, input_lengths),
+                                                            to_host(rt, label_lengths), blank))
+    as_int64 = lambda v: rt.xp.ascontiguousarray(v.astype(np.int64, copy=False))   # noqa: E731
+    return rt.xp.ascontiguousarray(logits), as_int64(labels), as_int64(input_lengths), as_int64(label_lengths), blank
 
 
 def _frame_lse(rt, logits):
@@ -130,8 +154,7 @@ def _ctc_loss_fwd_gpuk(rt, logits, labels, input_lengths, label_lengths, blank):
     acc = accumulation_dtype(logits.dtype)
     log_alpha = rt.xp.empty((batch, steps, 2 * width + 1), dtype=acc)
     if steps == 0 or batch == 0:
-        loss = np.where(label_lengths == 0, 0.0, np.inf).astype(logits.dtype)
-        return rt.xp.asarray(loss), log_alpha
+        return rt.xp.where(label_lengths == 0, 0.0, np.inf).astype(logits.dtype), log_alpha
     loss = rt.xp.empty(batch, dtype=logits.dtype)
     lse = _frame_lse(rt, logits)
     rt.load(LOSS_SOURCE, loss_defines(logits.dtype)).kernel('ctc_alpha').launch(
@@ -154,20 +177,24 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, 
     """Gradient of ctc_loss_fwd's loss with respect to the logits (log-softmax folded in);
     zero past each input length and for impossible labels."""
     fn, rt = 'ctc_loss_bwd', resolve(runtime)
+    by_products = {}
+
+    def check_by_products(logits, labels):
+        batch, steps, _ = logits.shape
+        states = 2 * labels.shape[1] + 1
+        acc = accumulation_dtype(logits.dtype)
+        array, stand_in = _stand_in(rt, fn, 'log_alpha', log_alpha)
+        ctc_checks.float_array(fn, 'log_alpha', stand_in)
+        if array.shape != (batch, steps, states):
+            raise ValueError('%s: log_alpha must have shape %s (batch, time, 2 * labels width + 1), got %s'
+                             % (fn, (batch, steps, states), array.shape))
+        by_products.update(log_alpha=array, loss=_row_floats(fn, rt, 'loss', loss, (batch,), acc),
+                           dloss=_row_floats(fn, rt, 'dloss', dloss, (batch,), acc))
+
     logits, labels, input_lengths, label_lengths, blank = _checked_loss_inputs(
-        fn, rt, logits, labels, input_lengths, label_lengths, blank)
-    batch, steps, _ = logits.shape
-    states = 2 * labels.shape[1] + 1
-    acc = accumulation_dtype(logits.dtype)
-    log_alpha, stand_in = _stand_in(rt, fn, 'log_alpha', log_alpha)
-    ctc_checks.float_array(fn, 'log_alpha', stand_in)
-    if log_alpha.shape != (batch, steps, states):
-        raise ValueError('%s: log_alpha must have shape %s (batch, time, 2 * labels width + 1), got %s'
-                         % (fn, (batch, steps, states), log_alpha.shape))
-    loss = _row_floats(fn, rt, 'loss', loss, (batch,), acc)
-    dloss = _row_floats(fn, rt, 'dloss', dloss, (batch,), acc)
+        fn, rt, logits, labels, input_lengths, label_lengths, blank, check_by_products)
     return _family_choice(rt, _ctc_loss_bwd_gpuk, cudnn_ctc.ctc_loss_bwd, logits, labels, input_lengths,
-                          label_lengths, log_alpha, loss, dloss, blank)
+                          label_lengths, by_products['log_alpha'], by_products['loss'], by_products['dloss'], blank)
 
 
 def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss, blank):
@@ -192,10 +219,16 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
 
 # ---------------------------------------------------------------- decoders
 
-def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank):
+def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, more_checks=None):
     log_probs, stand_in = _stand_in(rt, fn, 'log_probs', log_probs)
-    _, input_lengths, blank = ctc_checks.check_decode_inputs(fn, stand_in, to_host(rt, input_lengths), blank)
-    return rt.xp.ascontiguousarray(log_probs), input_lengths, blank
+    input_lengths = _small_ints(rt, input_lengths)
+    _, _, blank = ctc_checks.check_decode_inputs(fn, stand_in, *_stand_ins(input_lengths), blank)
+    if more_checks is not None:   # every eager error before a device check is queued
+        more_checks()
+    if input_lengths.size:
+        deferred.defer(rt, rt.xp.any(ctc_checks.bad_lengths(rt.xp, input_lengths, log_probs.shape[1])),
+                       lambda: ctc_checks.check_decode_inputs(fn, stand_in, to_host(rt, input_lengths), blank))
+    return rt.xp.ascontiguousarray(log_probs), input_lengths.astype(np.int64, copy=False), blank
 
 
 def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True, *, runtime=None):
@@ -228,9 +261,11 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
         first; log_probs (N, top_paths) (-inf with an empty path when fewer prefixes exist).
     """
     fn, rt = 'ctc_beam_search_decode', resolve(runtime)
-    log_probs, input_lengths, blank = _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank)
-    width = ctc_checks.positive_int(fn, 'beam_width', beam_width)
-    top_paths = ctc_checks.positive_int(fn, 'top_paths', top_paths, width)
+    log_probs, input_lengths, blank = _checked_decode_inputs(
+        fn, rt, log_probs, input_lengths, blank,
+        lambda: (ctc_checks.positive_int(fn, 'beam_width', beam_width),
+                 ctc_checks.positive_int(fn, 'top_paths', top_paths, beam_width)))
+    width, top_paths = int(beam_width), int(top_paths)
     batch, steps, classes = log_probs.shape
     xp, acc = rt.xp, accumulation_dtype(log_probs.dtype)
     if steps == 0 or batch == 0:

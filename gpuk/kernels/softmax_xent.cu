@@ -352,7 +352,9 @@ softmax_xent_rows_dtarget(const elem_t* __restrict__ logits, const acc_t* __rest
 }
 
 // sparse_softmax_xent_rows_fwd: lse per row (one read of x) and loss = lse - x[label].
-// Labels are checked in [0, cols) by the launcher.
+// Labels are checked in [0, cols) on the device by the launcher (an error raised later,
+// gpuk/kernels/runtime/deferred.py); meanwhile a label out of range gives a NaN loss and
+// is never used as an index.
 extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 sparse_softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const long long* __restrict__ labels,
                              elem_t* __restrict__ loss, acc_t* __restrict__ lse, long long rows, long long cols) {
@@ -363,7 +365,8 @@ sparse_softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const long long*
         if (g.rank == 0) {
             const acc_t row_lse = lse_of(st.m, st.s);
             lse[row] = row_lse;
-            loss[row] = from_acc(row_lse - to_acc(xr[labels[row]]));
+            const long long label = labels[row];
+            loss[row] = from_acc(label >= 0 && label < cols ? row_lse - to_acc(xr[label]) : acc_nan());
         }
     });
 }

@@ -25,7 +25,7 @@ from gpuk.contracts import softmax_xent_checks as checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
 from . import dispatch
 from .cudnn import softmax as cudnn_softmax
-from .runtime import register_build, resolve, to_host
+from .runtime import deferred, register_build, resolve, to_host
 
 __all__ = list(twin.__all__)
 
@@ -112,16 +112,16 @@ def _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis):
 
 
 def _labels(fn, rt, labels, logits_shape, axis):
+    """int64 labels; their range is checked on the device (runtime/deferred.py: no host sync,
+    the error is raised where the results are read) and the kernels never index with a bad one."""
     labels = labels if isinstance(labels, rt.xp.ndarray) else rt.xp.asarray(labels)
     if labels.dtype.kind not in 'iu':
         raise TypeError('%s: labels must be an integer array, got dtype %s' % (fn, labels.dtype))
     checks.reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
     classes = logits_shape[axis]
     if labels.size:
-        low, high = int(to_host(rt, labels.min())), int(to_host(rt, labels.max()))
-        if low < 0 or high >= classes:
-            raise ValueError('%s: labels must lie in [0, %d) (the size of logits axis %d), '
-                             'got values in [%d, %d]' % (fn, classes, axis, low, high))
+        deferred.defer(rt, rt.xp.any((labels < 0) | (labels >= classes)),
+                       lambda: checks.label_range_check(fn, to_host(rt, labels), classes, axis))
     return rt.xp.ascontiguousarray(labels.astype(np.int64, copy=False))
 
 

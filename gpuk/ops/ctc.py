@@ -9,6 +9,8 @@ node and the decoders are not differentiable.
 """
 import numpy as np
 
+from gpuk.contracts import ctc_checks
+from gpuk.device import to_host
 from gpuk.graph import Meta, apply
 from gpuk.ops.base import Op
 from gpuk.ops.fused import accumulate_dtype, is_zero, require_float
@@ -80,6 +82,31 @@ def check_loss_inputs(xp, where, logits_shape, labels, input_lengths, label_leng
     return labels, input_lengths, label_lengths
 
 
+def _stand_in(value):
+    """Zero-stride zeros of ``value``'s shape and dtype: the checks above see shapes and dtypes
+    without a copy of the values (zeros pass every value check)."""
+    return None if value is None else np.broadcast_to(np.zeros((), dtype=value.dtype), value.shape)
+
+
+def loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths, label_lengths):
+    """``check_loss_inputs`` without a host sync: shapes and dtypes now, the values by a
+    device-side flag that ``impl.check_later`` reads with the others before the call's results
+    are used; the same messages. Labels past each length become -1, as label_matrix gives."""
+    xp = impl.xp
+    check_loss_inputs(np, where, logits_shape, _stand_in(labels), _stand_in(input_lengths), _stand_in(label_lengths))
+    _, steps, classes = logits_shape
+    input_lengths, label_lengths = input_lengths.reshape(-1), label_lengths.reshape(-1)
+    used = xp.arange(labels.shape[1])[None, :] < label_lengths[:, None]
+    not_integral = ctc_checks.not_integral(xp, labels)
+    bad_labels = used & (not_integral | (labels < 0) | (labels >= classes - 1))
+    bad = (xp.any(ctc_checks.bad_lengths(xp, input_lengths, steps))
+           | xp.any(ctc_checks.bad_lengths(xp, label_lengths, labels.shape[1])) | xp.any(bad_labels))
+    raw = (labels, input_lengths, label_lengths)
+    impl.check_later(bad, lambda: check_loss_inputs(np, where, logits_shape, *map(to_host, raw)))
+    labels = xp.where(used, xp.where(used & ~not_integral, labels, 0).astype(np.int64), -1)
+    return labels, input_lengths.astype(np.int64), label_lengths.astype(np.int64)
+
+
 # --- loss ---------------------------------------------------------------------------------------
 
 class CtcLoss(Op):
@@ -99,8 +126,8 @@ class CtcLoss(Op):
         return Meta((batch,), logits.dtype), Meta((batch, steps, states), accumulate_dtype(logits.dtype))
 
     def forward(self, impl, logits, labels, input_lengths, label_lengths):
-        labels, input_lengths, label_lengths = check_loss_inputs(
-            impl.xp, self.where, logits.shape, labels, input_lengths, label_lengths)
+        labels, input_lengths, label_lengths = loss_inputs_checked_later(
+            impl, self.where, logits.shape, labels, input_lengths, label_lengths)
         return impl.ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
 
     def grad(self, inputs, outputs, output_grads):
@@ -121,8 +148,8 @@ class CtcLossGrad(Op):
         return Meta(logits.shape, logits.dtype)
 
     def forward(self, impl, logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss):
-        labels, input_lengths, label_lengths = check_loss_inputs(
-            impl.xp, 'ctc_batch_cost', logits.shape, labels, input_lengths, label_lengths)
+        labels, input_lengths, label_lengths = loss_inputs_checked_later(
+            impl, 'ctc_batch_cost', logits.shape, labels, input_lengths, label_lengths)
         return impl.ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss)
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from gpuk.cpu_fallback import ctc as twin
 from gpuk.kernels import ctc, runtime
+from gpuk.kernels.runtime import deferred
 from gpuk.kernels.cudnn import ctc as cudnn_ctc
 from gpuk.kernels.testing import assert_close, to_device, to_host
 
@@ -141,7 +142,9 @@ def _same_error(kernel_fn, twin_fn, args, kwargs=None):
         twin_fn(*args, **kwargs)
     with pytest.raises(expected.type) as got:
         kernel_fn(*args, runtime='emulate', **kwargs)
+        deferred.raise_pending()   # value checks run on the device and raise where results are read
     assert str(got.value) == str(expected.value)
+    assert deferred.pending_count() == 0
 
 
 class _NoLaunch:
@@ -156,20 +159,14 @@ class _NoLaunch:
         raise AssertionError('a kernel was loaded for bad input')
 
 
-def test_bad_input_raises_before_any_launch(monkeypatch):
+def test_bad_shapes_and_dtypes_raise_before_any_launch(monkeypatch):
     monkeypatch.setattr(runtime, 'get_runtime', lambda kind: _NoLaunch())
     x = np.zeros((2, 5, 4), np.float32)
     labels = np.array([[0, 1], [2, 2]])
     ok_in, ok_lab = np.array([5, 5]), np.array([2, 2])
     loss_cases = [
-        (x, np.array([[0, 4], [1, 1]]), ok_in, ok_lab),        # label >= classes
-        (x, np.array([[0, 3], [1, 1]]), ok_in, ok_lab),        # the blank as a label
-        (x, labels, np.array([5, -1]), ok_lab),                # negative length
-        (x, labels, np.array([5, 6]), ok_lab),                 # input length > T
-        (x, labels, ok_in, np.array([2, 3])),                  # label length > Lmax
         (x, labels[:1], ok_in, ok_lab),                        # batch sizes differ
         (x, labels, ok_in[:1], ok_lab),
-        (x, labels + 0.5, ok_in, ok_lab),                      # non-integer labels
         (x.astype(np.int32), labels, ok_in, ok_lab),
         (x[0], labels, ok_in, ok_lab),
     ]
@@ -178,10 +175,50 @@ def test_bad_input_raises_before_any_launch(monkeypatch):
     log_alpha, loss = np.zeros((2, 5, 5), np.float32), np.zeros(2, np.float32)
     _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha[:, :4], loss, loss))
     _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha, loss[:1], loss))
-    _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, np.array([6, 1])))
     _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, ok_in, 4))
     _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 0))
     _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 2, 3))
+
+
+def test_bad_values_raise_the_twins_errors_from_the_device_check():
+    """Labels and lengths are checked on the device (no host sync at the call); the error, the
+    twin's message, is raised where the results are read (deferred.raise_pending), and the
+    kernels ran on the bad values without reading out of bounds (sanitizer on)."""
+    x = np.zeros((2, 5, 4), np.float32)
+    labels = np.array([[0, 1], [2, 2]])
+    ok_in, ok_lab = np.array([5, 5]), np.array([2, 2])
+    loss_cases = [
+        (x, np.array([[0, 4], [1, 1]]), ok_in, ok_lab),        # label >= classes
+        (x, np.array([[0, 3], [1, 1]]), ok_in, ok_lab),        # the blank as a label
+        (x, np.array([[0, -7], [1, 1]]), ok_in, ok_lab),       # negative label
+        (x, labels, np.array([5, -1]), ok_lab),                # negative length
+        (x, labels, np.array([5, 6]), ok_lab),                 # input length > T
+        (x, labels, ok_in, np.array([2, 3])),                  # label length > Lmax
+        (x, labels + 0.5, ok_in, ok_lab),                      # non-integer labels
+    ]
+    for case in loss_cases:
+        _same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, case)
+        log_alpha, loss = np.zeros((2, 5, 5), np.float32), np.zeros(2, np.float32)
+        _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, case + (log_alpha, loss, loss))
+    _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, np.array([6, 1])))
+    _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, np.array([-1, 1]), 2))
+
+
+def test_no_host_syncs_per_call(emulator):
+    """Loss, gradient and decoders never copy to the host at the call (runtime.to_host counts
+    what would be a device-to-host copy on a GPU); one read of the pending flags follows."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 4)).astype(np.float32)
+    labels, lengths, label_lengths = np.array([[0, 1], [2, 2]]), np.array([6, 5]), np.array([2, 1])
+    before = emulator.host_syncs = getattr(emulator, 'host_syncs', 0)
+    loss, log_alpha = ctc.ctc_loss_fwd(x, labels, lengths, label_lengths, runtime=emulator)
+    ctc.ctc_loss_bwd(x, labels, lengths, label_lengths, log_alpha, loss, np.ones(2, np.float32), runtime=emulator)
+    ctc.ctc_greedy_decode(x, lengths, runtime=emulator)
+    ctc.ctc_beam_search_decode(x, lengths, 3, runtime=emulator)
+    assert emulator.host_syncs == before
+    assert deferred.pending_count() == 4
+    deferred.raise_pending()
+    assert emulator.host_syncs == before + 1 and deferred.pending_count() == 0
 
 
 def test_bfloat16_is_refused_by_launcher_and_twin(monkeypatch):

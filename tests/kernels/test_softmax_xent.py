@@ -6,6 +6,7 @@ import pytest
 from gpuk.cpu_fallback import softmax_xent as twin
 from gpuk.contracts.dtypes import accumulation_dtype
 from gpuk.kernels import softmax_xent
+from gpuk.kernels.runtime import deferred
 from gpuk.kernels.testing import assert_matches_twin, to_device, to_host
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
@@ -151,7 +152,9 @@ def _same_error(kernel_fn, twin_fn, args, kwargs=None):
         twin_fn(*args, **kwargs)
     with pytest.raises(expected.type) as got:
         kernel_fn(*args, runtime='emulate', **kwargs)
+        deferred.raise_pending()   # value checks run on the device and raise where results are read
     assert str(got.value) == str(expected.value)
+    assert deferred.pending_count() == 0
 
 
 def test_bad_input_raises_the_twins_errors():
@@ -184,3 +187,20 @@ def test_empty_rows_and_16_bit_results(kernel_runtime, dtype):
     loss, lse = softmax_xent.softmax_xent_fwd(to_device(kernel_runtime, x), to_device(kernel_runtime, x),
                                               runtime=kernel_runtime)
     assert loss.shape == (0,) and loss.dtype == dtype and lse.dtype == np.float32
+
+
+def test_sparse_labels_are_checked_without_a_host_sync(emulator):
+    """The label range is checked on the device: no copy to the host at the call, the twin's
+    error raised where the results are read, and the bad label never used as an index."""
+    x = np.zeros((2, 3), np.float32)
+    before = emulator.host_syncs = getattr(emulator, 'host_syncs', 0)
+    loss, lse = softmax_xent.sparse_softmax_xent_fwd(x, np.array([0, 2]), runtime=emulator)
+    softmax_xent.sparse_softmax_xent_bwd(x, np.array([0, 2]), lse, np.ones(2, np.float32), runtime=emulator)
+    assert emulator.host_syncs == before and deferred.pending_count() == 2
+    deferred.raise_pending()
+    assert emulator.host_syncs == before + 1
+    loss, _ = softmax_xent.sparse_softmax_xent_fwd(x, np.array([0, 9]), runtime=emulator)
+    assert np.isnan(loss[1])
+    with pytest.raises(ValueError, match=r'sparse_softmax_xent_fwd: labels must lie in \[0, 3\) \(the size of '
+                                         r'logits axis 1\), got values in \[0, 9\]'):
+        deferred.raise_pending()
