@@ -2,10 +2,12 @@
 and the Theano-backend helpers.
 
 The loss node runs ``impl.ctc.ctc_loss_fwd`` on logits (the log-softmax is folded in) and
-outputs the forward variables log_alpha for the backward node; impossible alignments
-give an infinite loss and a zero gradient. Inputs are checked on the host before any
-computation, with the K function's name in the message (``where``). The CTC backward
-node and the decoders are not differentiable.
+outputs the forward variables log_alpha and each frame's log-sum-exp for the backward
+node; impossible alignments give an infinite loss and a zero gradient. Shapes are checked
+before any computation, values (labels, lengths) on the device without a host sync and
+raised before the K.function call returns (``impl.check_later``), always with the K
+function's name in the message (``where``). The CTC backward node and the decoders are not
+differentiable.
 """
 import numpy as np
 
@@ -110,7 +112,9 @@ def loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths, 
 # --- loss ---------------------------------------------------------------------------------------
 
 class CtcLoss(Op):
-    """(loss (N,), log_alpha (N, T, 2 L + 1)) for logits (N, T, A), blank A - 1."""
+    """(loss (N,), log_alpha (N, T, 2 L + 1), frame_lse (N, T)) for logits (N, T, A), blank
+    A - 1. log_alpha and frame_lse (each frame's log-sum-exp) are by-products the backward
+    node reads."""
 
     def __init__(self, where='ctc_batch_cost'):
         self.where = where
@@ -123,7 +127,8 @@ class CtcLoss(Op):
         batch, steps = (None, None) if logits.shape is None else logits.shape[:2]
         width = None if labels.shape is None else labels.shape[1]
         states = None if width is None else 2 * width + 1
-        return Meta((batch,), logits.dtype), Meta((batch, steps, states), accumulate_dtype(logits.dtype))
+        acc = accumulate_dtype(logits.dtype)
+        return Meta((batch,), logits.dtype), Meta((batch, steps, states), acc), Meta((batch, steps), acc)
 
     def forward(self, impl, logits, labels, input_lengths, label_lengths):
         labels, input_lengths, label_lengths = loss_inputs_checked_later(
@@ -131,12 +136,12 @@ class CtcLoss(Op):
         return impl.ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
 
     def grad(self, inputs, outputs, output_grads):
-        if not is_zero(output_grads[1]):
-            raise ValueError('%s: gradients through log_alpha (a by-product of the CTC loss) are '
-                             'not supported; differentiate the loss' % self.where)
+        if not (is_zero(output_grads[1]) and is_zero(output_grads[2])):
+            raise ValueError('%s: gradients through log_alpha or frame_lse (by-products of the CTC loss) '
+                             'are not supported; differentiate the loss' % self.where)
         logits, labels, input_lengths, label_lengths = inputs
         d_logits = apply(CtcLossGrad(), logits, labels, input_lengths, label_lengths,
-                         outputs[1], outputs[0], output_grads[0])
+                         outputs[1], outputs[2], outputs[0], output_grads[0])
         return [d_logits, None, None, None]
 
 
@@ -147,10 +152,11 @@ class CtcLossGrad(Op):
     def infer(self, logits, *rest):
         return Meta(logits.shape, logits.dtype)
 
-    def forward(self, impl, logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss):
+    def forward(self, impl, logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss):
         labels, input_lengths, label_lengths = loss_inputs_checked_later(
             impl, 'ctc_batch_cost', logits.shape, labels, input_lengths, label_lengths)
-        return impl.ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss)
+        return impl.ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss,
+                                     dloss)
 
 
 # --- decoders -----------------------------------------------------------------------------------

@@ -53,6 +53,30 @@ def test_softmax_xent_matches_twin(kernel_runtime, dtype, classes):
                         (x, labels, sparse_lse, dloss), rt)
 
 
+@pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize('classes', [1, 3, 4, 8, 12, 17, 32])
+def test_short_rows_share_a_warp(kernel_runtime, dtype, classes):
+    """Rows of <= 32 classes run several per warp (sub-warp groups of 1..32 lanes): a row
+    count that leaves the last warp and block part-full, every kernel of the family, and an
+    unaligned view (scalar path) for the vector-width counts."""
+    rng = np.random.default_rng(classes + 40)
+    rows, rt = 261, kernel_runtime
+    x, t = _inputs(rng, (rows, classes), dtype)
+    dy = rng.standard_normal((rows, classes)).astype(dtype)
+    assert_matches_twin(softmax_xent.softmax_fwd, twin.softmax_fwd, (x,), rt)
+    assert_matches_twin(softmax_xent.log_softmax_bwd, twin.log_softmax_bwd, (twin.log_softmax_fwd(x), dy), rt)
+    loss, lse = assert_matches_twin(softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t), rt)
+    dloss = rng.random(rows).astype(lse.dtype)
+    assert_matches_twin(softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, dloss), rt)
+    labels = rng.integers(0, classes, rows)
+    _, lse = assert_matches_twin(softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd, (x, labels), rt)
+    assert_matches_twin(softmax_xent.sparse_softmax_xent_bwd, twin.sparse_softmax_xent_bwd, (x, labels, lse, dloss), rt)
+    p = rng.random((rows, classes)).astype(dtype)
+    assert_matches_twin(softmax_xent.categorical_xent_probs_bwd, twin.categorical_xent_probs_bwd, (p, t, dloss), rt)
+    unaligned = np.concatenate([np.zeros(1, dtype), x.reshape(-1)])[1:].reshape(rows, classes)
+    assert_matches_twin(softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (unaligned, t, lse, dloss), rt)
+
+
 @pytest.mark.parametrize('dtype', DTYPES)
 @pytest.mark.parametrize('classes', [2, 7, 1024, 2051])
 def test_probability_losses_match_twin(kernel_runtime, dtype, classes):
