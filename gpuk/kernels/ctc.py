@@ -303,11 +303,12 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
         scores[:, 0] = 0.0
         empty = xp.empty((batch, steps), dtype=np.int64)
         return [empty.copy() for _ in range(top_paths)], xp.asarray(scores.astype(log_probs.dtype))
-    candidates = width * classes
+    candidates = width + width * width   # the stays and each beam's best W extensions
     paths = xp.empty((batch, top_paths, steps), dtype=np.int64)
     scores = xp.empty((batch, top_paths), dtype=log_probs.dtype)
     scratch = (xp.empty(batch * 4 * width, dtype=acc), xp.empty(batch * 4 * width, dtype=np.int64),
-               xp.empty(batch * 2 * width, dtype=np.int32), xp.empty(batch * width, dtype=np.int32),
+               xp.empty(batch * 2 * width, dtype=np.int32), xp.empty(batch * 3 * width, dtype=np.int32),
+               xp.empty(batch * width * width, dtype=np.int32),
                xp.empty(batch * candidates, dtype=acc), xp.empty(batch * candidates, dtype=np.int32),
                xp.empty(batch * width, dtype=np.int32), xp.empty(batch * steps * width, dtype=np.int32),
                xp.empty(batch * steps * width, dtype=np.int32))

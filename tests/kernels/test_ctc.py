@@ -162,6 +162,28 @@ def test_beam_search_matches_twin(kernel_runtime, dtype, beam_width, top_paths, 
     np.testing.assert_allclose(scores[finite], scores_t[finite], rtol=1e-5)
 
 
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+@pytest.mark.parametrize('beam_width, top_paths', [(2, 2), (3, 1), (5, 3)])
+def test_beam_search_ties_follow_the_total_order(kernel_runtime, dtype, beam_width, top_paths):
+    """Frames of few distinct values (uniform frames included): extensions tie within a beam
+    and across beams, at each beam's top-W cut and at the global threshold. The kernel keeps
+    each beam's best W extensions first, then selects; the twin ranks all W A candidates:
+    the same beams (total desc, prefix key asc), so the same paths and scores."""
+    rng = np.random.default_rng(beam_width * 10 + top_paths)
+    batch, steps, classes = 3, 7, 9
+    x = rng.integers(0, 2, (batch, steps, classes)).astype(np.float64)
+    x[1] = 0.0                      # uniform frames: every extension of a beam ties
+    x[2, ::2] = x[2, 0]             # repeated frames
+    log_probs = (x - np.log(np.exp(x).sum(-1, keepdims=True))).astype(dtype)
+    input_lengths = np.array([steps, steps, steps - 2])
+    paths, scores = ctc.ctc_beam_search_decode(to_device(kernel_runtime, log_probs), input_lengths, beam_width,
+                                               top_paths, runtime=kernel_runtime)
+    paths_t, scores_t = twin.ctc_beam_search_decode(log_probs, input_lengths, beam_width, top_paths)
+    for got, expected in zip(paths, paths_t):
+        np.testing.assert_array_equal(to_host(got), expected)
+    np.testing.assert_allclose(to_host(scores), scores_t, rtol=1e-6)
+
+
 def test_beam_search_float16_and_fewer_prefixes_than_paths(kernel_runtime):
     """Two classes and two frames: fewer distinct prefixes than top_paths gives -inf rows."""
     rng = np.random.default_rng(9)
