@@ -41,6 +41,7 @@ DECODE_SOURCE = Path(__file__).with_name('ctc_decode.cu')
 CTC_THREADS = 256            # a block per sample; threads stride over label states / classes
 CTC_SHARED_STATES = 2049     # extended labels up to this many states keep alpha / beta in shared memory
 CTC_DECODE_THREADS = 256     # a block per sample for both decoders
+BEAM_SHARED_CLASSES = 2048   # beam search: frames up to this many classes are cached in shared memory
 MAX_FRAME_BLOCKS = 65535     # ctc_emissions, ctc_grad: a warp per frame, grid-stride beyond this
 
 
@@ -51,7 +52,7 @@ def loss_defines(dtype):
 
 def decode_defines(dtype):
     return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
-            'CTC_DECODE_THREADS': CTC_DECODE_THREADS}
+            'CTC_DECODE_THREADS': CTC_DECODE_THREADS, 'BEAM_SHARED_CLASSES': BEAM_SHARED_CLASSES}
 
 
 # Every variant builds without spills (CTC_MIN_BLOCKS in ctc.cu says what that needs).

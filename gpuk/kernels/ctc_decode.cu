@@ -12,6 +12,11 @@
 #ifndef CTC_DECODE_THREADS
 #define CTC_DECODE_THREADS 256
 #endif
+// ctc_beam_search keeps a frame's log-probabilities in shared memory up to this many classes
+// (8 KB for float, 16 KB for double); wider frames are read from global memory each time.
+#ifndef BEAM_SHARED_CLASSES
+#define BEAM_SHARED_CLASSES 2048
+#endif
 
 typedef ELEMENT_T elem_t;
 typedef ACC_T acc_t;
@@ -147,8 +152,11 @@ struct StepContext {
     acc_t frame_lse;         // frames are log-softmax normalized first, like the twin
     const int* merge_from;   // stay w merges with the extension of merge_from[w] (or -1)
     const int* ext_list;     // (W, W): beam b's best W extension classes, best first (-1: none)
+    const acc_t* lp_cache;   // the frame's log-probabilities in shared memory, or nullptr
     long long width, extend, blank;
-    __device__ __forceinline__ acc_t lp(long long c) const { return to_acc(frame[c]) - frame_lse; }
+    __device__ __forceinline__ acc_t lp(long long c) const {
+        return lp_cache != nullptr ? lp_cache[c] : to_acc(frame[c]) - frame_lse;
+    }
     __device__ __forceinline__ acc_t total(long long w) const { return log_add_exp(cur.p_blank[w], cur.p_label[w]); }
     __device__ __forceinline__ long long ext_class(long long e) const { return e < blank ? e : e + 1; }
     __device__ __forceinline__ acc_t ext_label(long long w, long long c) const {
@@ -208,7 +216,11 @@ __device__ __noinline__ void best_extensions(const StepContext& ctx, long long b
                                                 const int* absorbed_next, int* list) {
     const unsigned lane = threadIdx.x & 31u;
     long long k = 0;
-    if (dec_finite(ctx.total(b))) {
+    // the beam's state, read once (the class loop below only reads the frame)
+    const acc_t total_b = ctx.total(b), blank_b = ctx.cur.p_blank[b];
+    const long long last_b = ctx.cur.last[b], h1_b = ctx.cur.hash1[b], h2_b = ctx.cur.hash2[b];
+    const int head_b = absorbed_head[b];
+    if (dec_finite(total_b)) {
         bool have_prev = false;
         acc_t pv = 0;
         long long pk = 0, pc = 0;
@@ -218,11 +230,11 @@ __device__ __noinline__ void best_extensions(const StepContext& ctx, long long b
             for (long long e = lane; e < ctx.extend; e += 32) {
                 const long long c = ctx.ext_class(e);
                 bool absorbed = false;
-                for (int w = absorbed_head[b]; w >= 0 && !absorbed; w = absorbed_next[w]) absorbed = ctx.cur.last[w] == c;
+                for (int w = head_b; w >= 0 && !absorbed; w = absorbed_next[w]) absorbed = ctx.cur.last[w] == c;
                 if (absorbed) continue;
-                const acc_t v = ctx.ext_label(b, c);
+                const acc_t v = (c == last_b ? blank_b : total_b) + ctx.lp(c);   // ext_label(b, c)
                 if (!dec_finite(v)) continue;
-                const long long key = ctx.ext_key(b, c);
+                const long long key = ((h1_b * HASH_B1 + c + 1) % HASH_P1) * HASH_P2 + (h2_b * HASH_B2 + c + 1) % HASH_P2;
                 if (have_prev && !ranks_before(pv, pk, pc, v, key, c)) continue;
                 if (bc < 0 || ranks_before(v, key, c, bv, bk, bc)) { bv = v; bk = key; bc = c; }
             }
@@ -269,6 +281,7 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
                 long long* __restrict__ paths, elem_t* __restrict__ scores, long long steps, long long classes,
                 long long width, long long top_paths, long long blank, int merge_repeated) {
     __shared__ acc_t lse_m[32], lse_s[32];
+    __shared__ acc_t frame_lp[BEAM_SHARED_CLASSES];
     __shared__ int hist[256];
     __shared__ int counts[33];
     __shared__ int n_above, n_ties, n_tie_winners, select_needed;
@@ -338,6 +351,9 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
                 merge_from[w2] = (int)w1;
         }
         __syncthreads();
+        const bool cache_frame = classes <= BEAM_SHARED_CLASSES;   // uniform
+        for (long long c = threadIdx.x; cache_frame && c < classes; c += blockDim.x)
+            frame_lp[c] = to_acc(frame[c]) - lse_m[0];
         if (threadIdx.x == 0) {   // the stays each beam's extensions merge into, as short lists
             for (long long w = 0; w < width; ++w) absorbed_head[w] = -1;
             for (long long w = 0; w < width; ++w) {
@@ -347,7 +363,8 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
             }
         }
         __syncthreads();
-        const StepContext ctx{now, frame, lse_m[0], merge_from, ext_list, width, extend, blank};
+        const StepContext ctx{now, frame, lse_m[0], merge_from, ext_list, cache_frame ? frame_lp : nullptr,
+                              width, extend, blank};
         for (long long b = warp; b < width; b += nwarps)   // uniform per warp
             best_extensions(ctx, b, absorbed_head, absorbed_next, ext_list + b * width);
         __syncthreads();

@@ -184,6 +184,19 @@ def test_beam_search_ties_follow_the_total_order(kernel_runtime, dtype, beam_wid
     np.testing.assert_allclose(to_host(scores), scores_t, rtol=1e-6)
 
 
+def test_beam_search_frames_wider_than_the_shared_cache(kernel_runtime, monkeypatch):
+    """Frames of more than BEAM_SHARED_CLASSES classes are read from global memory instead of
+    the shared cache: the same beams (a smaller limit here takes that path)."""
+    monkeypatch.setattr(ctc, 'BEAM_SHARED_CLASSES', 4)
+    log_probs, input_lengths = _decode_input(np.random.default_rng(12), np.float32, steps=8, classes=7)
+    paths, scores = ctc.ctc_beam_search_decode(to_device(kernel_runtime, log_probs), input_lengths, 3, 2,
+                                               runtime=kernel_runtime)
+    paths_t, scores_t = twin.ctc_beam_search_decode(log_probs, input_lengths, 3, 2)
+    for got, expected in zip(paths, paths_t):
+        np.testing.assert_array_equal(to_host(got), expected)
+    np.testing.assert_allclose(to_host(scores), scores_t, rtol=1e-5)
+
+
 def test_beam_search_float16_and_fewer_prefixes_than_paths(kernel_runtime):
     """Two classes and two frames: fewer distinct prefixes than top_paths gives -inf rows."""
     rng = np.random.default_rng(9)

@@ -164,6 +164,18 @@ def _ctc(rt):
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     yield f'greedy {config}', lambda: ctc.ctc_greedy_decode(log_probs, input_lengths, runtime=rt)
     yield f'beam 8 {config}', lambda: ctc.ctc_beam_search_decode(log_probs, input_lengths, 8, 1, runtime=rt)
+    # closer to warp-ctc's character models: 29 classes, 20-label transcripts (41 states)
+    steps, batch, classes, width = 60, 2, 29, 20
+    logits = _rng().standard_normal((batch, steps, classes)).astype(np.float32)
+    labels = _rng().integers(0, classes - 1, (batch, width)).astype(np.int32)
+    args = (logits, labels, np.full(batch, steps, np.int32), np.full(batch, width, np.int32))
+    config = f'batch {batch}, {steps} steps, {classes} classes, labels {width}, f32'
+    yield f'loss fwd {config}', lambda: ctc.ctc_loss_fwd(*args, runtime=rt)
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(*args, runtime=rt)
+    yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss, np.ones_like(loss),
+                                                         runtime=rt)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    yield f'beam 10 {config}', lambda: ctc.ctc_beam_search_decode(log_probs, args[2], 10, 1, runtime=rt)
 
 
 _PROBLEMS = {'elementwise': _elementwise, 'conv': _conv, 'conv_depthwise': _conv_depthwise, 'conv_local': _conv_local,
