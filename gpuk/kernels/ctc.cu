@@ -63,7 +63,9 @@ __device__ __forceinline__ acc_t log_add2(acc_t a, acc_t b) { return log_add3(a,
 
 // A length clamped to [0, upper]: values are checked on the device by the launcher and the
 // error raised later (gpuk/kernels/runtime/deferred.py); meanwhile nothing indexes out of bounds.
-__device__ __forceinline__ long long clamp_length(long long v, long long upper) { return v < 0 ? 0 : (v > upper ? upper : v); }
+__device__ __forceinline__ long long clamp_length(long long v, long long upper) {
+    return v < 0 ? 0 : (v > upper ? upper : v);
+}
 
 // The extended label of sample n, read straight from `labels` (a label outside [0, classes),
 // rejected by the launcher's deferred check, reads as the blank).
@@ -290,7 +292,8 @@ ctc_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
         acc_t blank_part = 0;
         for (long long s = 2 * lane; s < s_n; s += 64) blank_part += occ[s];
 #pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) blank_part += __shfl_xor_sync(GPUK_FULL_MASK, blank_part, offset);
+        for (int offset = 16; offset > 0; offset >>= 1)
+            blank_part += __shfl_xor_sync(GPUK_FULL_MASK, blank_part, offset);
         const acc_t lse = frame_lse[r], d = dloss[n];
         const elem_t* __restrict__ x = logits + r * classes;
         const int* __restrict__ first = first_of_class + n * classes;

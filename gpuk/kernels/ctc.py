@@ -98,9 +98,10 @@ def _device_ints(rt, array):
 
 
 def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, blank, more_checks=None):
-    """Shapes and dtypes checked now (and `more_checks(logits, labels)`, the other arguments'); values (lengths in range, labels in [0, A) without the
-    blank) checked on the device and raised later (runtime/deferred.py) with the twin's message.
-    The kernels clamp every data-dependent index meanwhile."""
+    """Shapes and dtypes checked now (and `more_checks(logits, labels)`, the other arguments');
+    values (lengths in range, labels in [0, A) without the blank) checked on the device and
+    raised later (runtime/deferred.py) with the twin's message. The kernels clamp every
+    data-dependent index meanwhile."""
     logits, stand_in = _stand_in(rt, fn, 'logits', logits)
     labels, input_lengths, label_lengths = (_small_ints(rt, v) for v in (labels, input_lengths, label_lengths))
     _, _, _, _, blank = ctc_checks.check_loss_inputs(fn, stand_in, *_stand_ins(labels, input_lengths, label_lengths),
@@ -111,8 +112,9 @@ def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, b
     if labels.size or input_lengths.size:
         deferred.defer(rt, ctc_checks.loss_values_flag(rt.xp, labels, input_lengths, label_lengths, steps, classes,
                                                        blank),
-                       lambda: ctc_checks.check_loss_inputs(fn, stand_in, to_host(rt, labels), to_host(rt, input_lengths),
-                                                            to_host(rt, label_lengths), blank))
+                       lambda: ctc_checks.check_loss_inputs(fn, stand_in, to_host(rt, labels),
+                                                            to_host(rt, input_lengths), to_host(rt, label_lengths),
+                                                            blank))
     as_int64 = lambda v: rt.xp.ascontiguousarray(v.astype(np.int64, copy=False))   # noqa: E731
     return rt.xp.ascontiguousarray(logits), as_int64(labels), as_int64(input_lengths), as_int64(label_lengths), blank
 

@@ -200,7 +200,8 @@ struct StepContext {
 
 // The candidates' total order: larger total first, then lower prefix key, then lower class
 // (equal keys mean a hash collision; the class makes the order total anyway).
-__device__ __forceinline__ bool ranks_before(acc_t v1, long long k1, long long c1, acc_t v2, long long k2, long long c2) {
+__device__ __forceinline__ bool ranks_before(acc_t v1, long long k1, long long c1,
+                                             acc_t v2, long long k2, long long c2) {
     return v1 > v2 || (v1 == v2 && (k1 < k2 || (k1 == k2 && c1 < c2)));
 }
 
@@ -234,7 +235,8 @@ __device__ __noinline__ void best_extensions(const StepContext& ctx, long long b
                 if (absorbed) continue;
                 const acc_t v = (c == last_b ? blank_b : total_b) + ctx.lp(c);   // ext_label(b, c)
                 if (!dec_finite(v)) continue;
-                const long long key = ((h1_b * HASH_B1 + c + 1) % HASH_P1) * HASH_P2 + (h2_b * HASH_B2 + c + 1) % HASH_P2;
+                const long long key = ((h1_b * HASH_B1 + c + 1) % HASH_P1) * HASH_P2
+                                      + (h2_b * HASH_B2 + c + 1) % HASH_P2;   // ext_key(b, c)
                 if (have_prev && !ranks_before(pv, pk, pc, v, key, c)) continue;
                 if (bc < 0 || ranks_before(v, key, c, bv, bk, bc)) { bv = v; bk = key; bc = c; }
             }

@@ -251,7 +251,8 @@ __device__ __forceinline__ unsigned sub_warp_lanes(long long cols, bool vec) {
 // body(group, row) for every row this group / warp / block owns (uniform per warp or
 // block, so every lane of a warp joins each shuffle). Sub-warp groups past the last row
 // get active = false and row = rows - 1 (a valid index for per-row reads, never written).
-template <class Body> __device__ __forceinline__ void for_each_row(long long rows, long long cols, bool vec, Body body) {
+template <class Body>
+__device__ __forceinline__ void for_each_row(long long rows, long long cols, bool vec, Body body) {
     const long long warps = blockDim.x >> 5, warp = (long long)blockIdx.x * warps + (threadIdx.x >> 5);
     const unsigned lane = threadIdx.x & 31u;
     if (cols <= SUB_WARP_MAX_COLS) {

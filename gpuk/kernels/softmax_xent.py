@@ -6,7 +6,8 @@ plus a keyword-only `runtime` (None: runtime.current(); 'cuda', 'emulate', or a 
 Any axis: the launcher moves the class axis last (a contiguous copy when it is not
 already last, none when it is) so the kernels see `rows` x `cols` row-major data, and
 moves it back in the result. Rows up to WARP_ROW_MAX_COLS classes get one warp each,
-longer rows one block each; rows of up to SUB_WARP_MAX_COLS share a warp (32 / lanes rows). float16 and bfloat16 (ml_dtypes.bfloat16) are computed in
+longer rows one block each; rows of up to SUB_WARP_MAX_COLS classes share a warp (32 / lanes
+rows). float16 and bfloat16 (ml_dtypes.bfloat16) are computed in
 float32 and the saved log-sum-exp (and the dloss the backward kernels read) stay float32. Inputs paired with the logits
 or probabilities (target, dloss) are cast to their dtype first.
 
