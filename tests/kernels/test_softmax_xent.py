@@ -228,3 +228,12 @@ def test_sparse_labels_are_checked_without_a_host_sync(emulator):
     with pytest.raises(ValueError, match=r'sparse_softmax_xent_fwd: labels must lie in \[0, 3\) \(the size of '
                                          r'logits axis 1\), got values in \[0, 9\]'):
         deferred.raise_pending()
+
+
+def test_sync_launches_checks_labels_at_the_call(emulator, monkeypatch):
+    """GPUK_SYNC_LAUNCHES=1 (debugging) reads the flag at once: the error names its call."""
+    monkeypatch.setenv('GPUK_SYNC_LAUNCHES', '1')
+    with pytest.raises(ValueError, match=r'sparse_softmax_xent_bwd: labels must lie in \[0, 3\)'):
+        softmax_xent.sparse_softmax_xent_bwd(np.zeros((2, 3), np.float32), np.array([3, 0]), np.zeros(2, np.float32),
+                                             np.ones(2, np.float32), runtime=emulator)
+    assert deferred.pending_count() == 0
