@@ -198,8 +198,7 @@ class Function:
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
                                 else '%d values' % len(inputs)))
         fed = [_feed_array(p, v) for p, v in zip(self.inputs, inputs)]
-        values = self._compiled().run(fed)
-        device.raise_pending_checks()   # deferred argument checks of the ops: before any update
+        values = device.run_checked(self._compiled().run, fed)   # + the ops' deferred argument checks
         finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
         n_out = len(self.outputs)
         new_values = values[n_out:] if finite else []

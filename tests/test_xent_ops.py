@@ -259,3 +259,23 @@ def test_second_derivatives(rng):
     probs = rng.uniform(0.1, 0.9, (2, 4))
     check_gradients(gradient_of(lambda p, t: K.categorical_crossentropy(t, p)), probs, target, rtol=1e-4)
     check_gradients(gradient_of(lambda p, t: K.binary_crossentropy(t, p)), probs, target, rtol=1e-4)
+
+
+def test_a_failed_run_leaves_no_check_pending(on_device):
+    """device.run_checked (K.function's plan runner): when the run itself fails, a failed
+    deferred check is raised instead, a passing one is dropped, and the next call starts clean."""
+    from gpuk import device
+    from gpuk.kernels.runtime import deferred
+    impl = device.impl()
+
+    def failing_run(bad):
+        impl.check_later(impl.xp.asarray(bad), lambda: (_ for _ in ()).throw(ValueError('f: labels are bad')))
+        raise RuntimeError('a later op failed')
+
+    with pytest.raises(RuntimeError, match='a later op failed'):
+        device.run_checked(failing_run, False)
+    if on_device != 'cpu':   # on the NumPy device the check ran at once
+        assert deferred.pending_count() == 0
+    with pytest.raises(ValueError, match='f: labels are bad'):
+        device.run_checked(failing_run, True)
+    assert device.run_checked(lambda: 7) == 7
