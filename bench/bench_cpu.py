@@ -269,8 +269,8 @@ def _ctc_case(label, steps, width, classes, batch):
         dloss = np.ones(batch, np.float32)
         if impl == 'numpy':
             def step(logits, labels, input_lengths, label_lengths):
-                loss, log_alpha = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
-                ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss)
+                loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
+                ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss)
             return step, make_numpy
         import torch
 

@@ -28,8 +28,8 @@ def _loss_row(impl, case):
         from gpuk.cpu_fallback import ctc as twin
 
         def loss_and_grad(x, labels, il, ll):
-            loss, log_alpha = twin.ctc_loss_fwd(x, labels, il, ll)
-            return twin.ctc_loss_bwd(x, labels, il, ll, log_alpha, loss, np.ones(N, np.float32))
+            loss, log_alpha, frame_lse = twin.ctc_loss_fwd(x, labels, il, ll)
+            return twin.ctc_loss_bwd(x, labels, il, ll, log_alpha, frame_lse, loss, np.ones(N, np.float32))
         return loss_and_grad, lambda i: _loss_inputs(np, T, L, A, N, i)
     if impl in ('torch', 'torch-cuda'):
         import torch
@@ -50,8 +50,9 @@ def _loss_row(impl, case):
     from gpuk.kernels.cudnn import ctc as cudnn_ctc
 
     def gpuk_loss_and_grad(x, labels, il, ll):   # the 'ctc' family's default: gpuk's kernels
-        loss, log_alpha = ctc.ctc_loss_fwd(x, labels, il, ll, runtime='cuda')
-        return ctc.ctc_loss_bwd(x, labels, il, ll, log_alpha, loss, cupy.ones(N, cupy.float32), runtime='cuda')
+        loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(x, labels, il, ll, runtime='cuda')
+        return ctc.ctc_loss_bwd(x, labels, il, ll, log_alpha, frame_lse, loss, cupy.ones(N, cupy.float32),
+                                runtime='cuda')
     fn = cudnn_ctc.cudnn_ctc_loss if impl == 'cudnn' else gpuk_loss_and_grad
     return fn, lambda i: _loss_inputs(cupy, T, L, A, N, i)
 

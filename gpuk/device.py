@@ -99,6 +99,17 @@ class Implementation:
         setattr(self, family, module)
         return module
 
+    def check_later(self, flag, recheck):
+        """A data-dependent argument check: `flag` (a 0-d boolean array of xp) is True when some
+        value is bad, `recheck()` raises the check's ValueError on host copies. On 'cpu' it runs
+        now; on 'cuda' and 'emulate' its flag is read with the others by `run_checked`
+        (gpuk/kernels/runtime/deferred.py), so checking costs no host sync per op."""
+        if self._use_kernels:
+            from gpuk.kernels.runtime import current, deferred
+            deferred.defer(current(), flag, recheck)
+        elif bool(flag):
+            recheck()
+
 
 def impl():
     """The Implementation of the current device (see ``Implementation``)."""
@@ -114,6 +125,22 @@ def impl():
             runtime.set_current(device_kind)
         _state['impl'] = Implementation(device_kind, array_module)
     return _state['impl']
+
+
+def run_checked(run, *args):
+    """``run(*args)``, then the deferred argument checks its ops queued (Implementation.check_later,
+    gpuk/kernels/runtime/deferred.py): the first failed one raises its ValueError. K.function runs
+    its plan through this before it commits any update. When ``run`` itself fails, a failed check
+    is raised instead (a bad value explains the failure best), and none is left pending for the
+    next call."""
+    from gpuk.kernels.runtime import deferred
+    try:
+        result = run(*args)
+    except BaseException:
+        deferred.raise_pending()
+        raise
+    deferred.raise_pending()
+    return result
 
 
 def to_device(value, dtype=None):

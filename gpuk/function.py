@@ -298,8 +298,8 @@ class Function:
         plan = self._compiled()
         n_out = len(self.outputs)
 
-        def run_plain(arrays):
-            return self._run_plan(plan, [device.to_device(a) for a in arrays])
+        def run_plain(arrays):   # + the ops' deferred argument checks, read before any update
+            return device.run_checked(self._run_plan, plan, [device.to_device(a) for a in arrays])
 
         if plan.graphs is not None and self._guard is None and cuda_graph.enabled():
             updates = [(variable, n_out + i) for i, (variable, _) in enumerate(self.updates)]

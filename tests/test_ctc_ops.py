@@ -131,6 +131,27 @@ def test_ctc_errors(on_device):
             f([probs, np.array(labels), np.array(inputs), np.array(lengths)])
 
 
+def test_bad_label_in_a_ctc_training_step_changes_no_variable(on_device):
+    """Labels and lengths are checked on the device: the step raises the eager check's message
+    (ctc_batch_cost, y_true) and applies no update; a good step reads the flags once."""
+    from gpuk.kernels import runtime
+    w = K.variable(np.ones((3, A), np.float32))
+    x, y = K.placeholder((2, 4, 3)), K.placeholder((2, 2))
+    lengths, label_lengths = K.constant([[4], [3]]), K.constant([[2], [1]])
+    loss = K.mean(K.ctc_batch_cost(y, K.softmax(K.dot(x, w)), lengths, label_lengths))
+    step = K.function([x, y], [loss], updates=[K.update_sub(w, 0.1 * K.gradients(loss, [w])[0])])
+    inputs = np.random.default_rng(0).standard_normal((2, 4, 3)).astype(np.float32)
+    with pytest.raises(ValueError, match=r'ctc_batch_cost: y_true must lie in \[0, 2\)'):
+        step([inputs, np.array([[0, 5], [1, 0]])])
+    np.testing.assert_array_equal(K.get_value(w), np.ones((3, A), np.float32))
+    rt = runtime.get_runtime('emulate')
+    before = rt.host_syncs = getattr(rt, 'host_syncs', 0)
+    step([inputs, np.array([[0, 1], [1, 0]])])
+    if on_device == 'emulate':
+        assert rt.host_syncs - before == 1   # the pending flags, read once per call
+    assert not np.array_equal(K.get_value(w), np.ones((3, A), np.float32))
+
+
 # --- decoding ------------------------------------------------------------------------------------
 
 def _frames(rows):

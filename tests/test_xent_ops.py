@@ -156,6 +156,30 @@ def test_sparse_categorical_errors(on_device):
         K.categorical_crossentropy(K.placeholder((2, 4)), out)
 
 
+def test_bad_label_in_a_training_step_changes_no_variable_and_syncs_once(on_device):
+    """The label range is checked on the device (gpuk/kernels/runtime/deferred.py): the call
+    raises the eager check's message and applies no update; a good call copies no flag to the
+    host per op, only the one read of the pending flags."""
+    from gpuk.kernels import runtime
+    w = K.variable(np.ones((3, 4), np.float32))
+    x, t = K.placeholder((2, 3)), K.placeholder((2,), dtype='int32')
+    loss = K.mean(K.sparse_categorical_crossentropy(t, K.dot(x, w), from_logits=True))
+    step = K.function([x, t], [loss], updates=[K.update_sub(w, 0.1 * K.gradients(loss, [w])[0])])
+    inputs = np.ones((2, 3), np.float32)
+    with pytest.raises(ValueError, match=r'sparse_categorical_crossentropy: target must lie in \[0, 4\) '
+                                         r'\(the number of classes\), got values in \[1, 7\]'):
+        step([inputs, np.array([1, 7], np.int32)])
+    np.testing.assert_array_equal(K.get_value(w), np.ones((3, 4), np.float32))
+    if on_device == 'emulate':
+        rt = runtime.get_runtime('emulate')
+        before = rt.host_syncs = getattr(rt, 'host_syncs', 0)
+        step([inputs, np.array([1, 3], np.int32)])
+        assert rt.host_syncs - before == 1   # the pending flags, read once per call
+    else:
+        step([inputs, np.array([1, 3], np.int32)])
+    assert not np.array_equal(K.get_value(w), np.ones((3, 4), np.float32))
+
+
 @pytest.mark.parametrize('dtype', ['float16', 'float32', 'float64'])
 def test_binary_crossentropy(on_device, rng, dtype):
     logits = (rng.standard_normal((4, 3)) * 4).astype(dtype)
@@ -235,3 +259,23 @@ def test_second_derivatives(rng):
     probs = rng.uniform(0.1, 0.9, (2, 4))
     check_gradients(gradient_of(lambda p, t: K.categorical_crossentropy(t, p)), probs, target, rtol=1e-4)
     check_gradients(gradient_of(lambda p, t: K.binary_crossentropy(t, p)), probs, target, rtol=1e-4)
+
+
+def test_a_failed_run_leaves_no_check_pending(on_device):
+    """device.run_checked (K.function's plan runner): when the run itself fails, a failed
+    deferred check is raised instead, a passing one is dropped, and the next call starts clean."""
+    from gpuk import device
+    from gpuk.kernels.runtime import deferred
+    impl = device.impl()
+
+    def failing_run(bad):
+        impl.check_later(impl.xp.asarray(bad), lambda: (_ for _ in ()).throw(ValueError('f: labels are bad')))
+        raise RuntimeError('a later op failed')
+
+    with pytest.raises(RuntimeError, match='a later op failed'):
+        device.run_checked(failing_run, False)
+    if on_device != 'cpu':   # on the NumPy device the check ran at once
+        assert deferred.pending_count() == 0
+    with pytest.raises(ValueError, match='f: labels are bad'):
+        device.run_checked(failing_run, True)
+    assert device.run_checked(lambda: 7) == 7

@@ -78,6 +78,30 @@ def check_loss_inputs(fn, logits, labels, input_lengths, label_lengths, blank):
     return logits, labels, input_lengths, label_lengths, blank
 
 
+def not_integral(xp, values):
+    """Elementwise: a float that is not a whole number (NaN and inf included)."""
+    if values.dtype.kind != 'f':
+        return xp.zeros(values.shape, dtype=bool)
+    return ~xp.isfinite(values) | (values != xp.round(values))
+
+
+def bad_lengths(xp, lengths, upper):
+    """Elementwise: True where a length (checked by check_lengths) is not allowed."""
+    return not_integral(xp, lengths) | (lengths < 0) | (lengths > upper)
+
+
+def loss_values_flag(xp, labels, input_lengths, label_lengths, steps, classes, blank):
+    """A 0-d boolean array of xp, computed on the arrays' device without reading them back:
+    True when check_loss_inputs would reject a value (inputs whose shapes and dtypes it
+    accepted). gpuk/kernels/ctc.py reads it later (runtime/deferred.py)."""
+    width = labels.shape[1]
+    bad = xp.any(bad_lengths(xp, input_lengths, steps)) | xp.any(bad_lengths(xp, label_lengths, width))
+    used = xp.arange(width)[None, :] < label_lengths[:, None]
+    # int_array rejects a non-integral float anywhere in labels, padding included
+    out_of_range = (labels < 0) | (labels >= classes) | (labels == blank)
+    return bad | xp.any(not_integral(xp, labels)) | xp.any(used & out_of_range)
+
+
 def check_decode_inputs(fn, log_probs, input_lengths, blank):
     log_probs = check_logits(fn, 'log_probs', log_probs)
     batch, steps, classes = log_probs.shape

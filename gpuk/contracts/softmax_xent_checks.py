@@ -37,3 +37,12 @@ def reduced_shape_check(fn, name, array, full_shape, axis):
     if array.shape != expected:
         raise ValueError('%s: %s must have shape %s (the input shape %s without axis %d), got %s'
                          % (fn, name, expected, full_shape, axis, array.shape))
+
+
+def label_range_check(fn, labels, classes, axis):
+    """Sparse cross-entropy labels (NumPy) in [0, classes)."""
+    if labels.size:
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high >= classes:
+            raise ValueError('%s: labels must lie in [0, %d) (the size of logits axis %d), '
+                             'got values in [%d, %d]' % (fn, classes, axis, low, high))

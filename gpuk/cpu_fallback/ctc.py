@@ -30,9 +30,20 @@ __all__ = [
 # ---------------------------------------------------------------- loss
 
 def _log_softmax_classes(logits):
+    return _log_softmax_from(logits, _frame_lse(logits))
+
+
+def _frame_lse(logits):
+    """(N, T) log-sum-exp of each frame's logits, in the accumulation dtype."""
     x = logits.astype(accumulation_dtype(logits.dtype), copy=False)
     with np.errstate(invalid='ignore'):
-        return x - log_sum_exp(x, -1)
+        return log_sum_exp(x, -1)[..., 0]
+
+
+def _log_softmax_from(logits, frame_lse):
+    x = logits.astype(frame_lse.dtype, copy=False)
+    with np.errstate(invalid='ignore'):
+        return x - frame_lse[..., None]
 
 
 class _StateBuffer:
@@ -118,17 +129,20 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None):
     """CTC negative log-likelihood of each label given softmax(logits).
 
     # Returns
-        (loss, log_alpha): loss (N,) (inf where no alignment exists);
+        (loss, log_alpha, frame_lse): loss (N,) (inf where no alignment exists);
         log_alpha (N, T, 2 Lmax + 1), the forward variables including the
-        emission at t, -inf past each input length and label length.
-        float16 logits give a float16 loss and a float32 log_alpha.
+        emission at t, -inf past each input length and label length;
+        frame_lse (N, T), the log-sum-exp of each frame's logits (the backward
+        reads it instead of recomputing it). float16 logits give a float16
+        loss and float32 by-products.
     """
     fn = 'ctc_loss_fwd'
     logits, labels, input_lengths, label_lengths, blank = checks.check_loss_inputs(
         fn, logits, labels, input_lengths, label_lengths, blank)
     batch, steps, _ = logits.shape
     ext = _ExtendedLabels(labels, label_lengths, blank)
-    emit = ext.emissions(_log_softmax_classes(logits))
+    frame_lse = _frame_lse(logits)
+    emit = ext.emissions(_log_softmax_from(logits, frame_lse))
     log_alpha = np.full(emit.shape, -np.inf, dtype=emit.dtype)
     if steps:
         # states past a label's end get emission -inf, so they stay -inf; the skip
@@ -146,10 +160,10 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None):
         log_alpha[np.arange(steps)[None, :] >= input_lengths[:, None]] = -np.inf
     # + 0.0 turns the -0.0 of an empty label on no frames into 0.0
     loss = 0.0 - _final_log_likelihood(log_alpha, ext, input_lengths, label_lengths) + 0.0
-    return loss.astype(logits.dtype), log_alpha
+    return loss.astype(logits.dtype), log_alpha, frame_lse
 
 
-def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss,
+def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss,
                  blank=None):
     """Gradient of ctc_loss_fwd's loss with respect to the logits.
 
@@ -166,14 +180,18 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, 
     if log_alpha.shape != (batch, steps, ext.states):
         raise ValueError('%s: log_alpha must have shape %s (batch, time, 2 * labels width + 1), '
                          'got %s' % (fn, (batch, steps, ext.states), log_alpha.shape))
+    frame_lse = checks.float_array(fn, 'frame_lse', frame_lse)
+    if frame_lse.shape != (batch, steps):
+        raise ValueError('%s: frame_lse must have shape %s (batch, time), got %s'
+                         % (fn, (batch, steps), frame_lse.shape))
     loss = checks.float_array(fn, 'loss', loss)
     dloss = checks.float_array(fn, 'dloss', dloss)
     for name, array in (('loss', loss), ('dloss', dloss)):
         if array.shape != (batch,):
             raise ValueError('%s: %s must have shape (%d,), got %s'
                              % (fn, name, batch, array.shape))
-    log_probs = _log_softmax_classes(logits)
-    acc = log_probs.dtype
+    acc = accumulation_dtype(logits.dtype)
+    log_probs = _log_softmax_from(logits, frame_lse.astype(acc, copy=False))
     emit = ext.emissions(log_probs)
     log_alpha = log_alpha.astype(acc, copy=False)
 

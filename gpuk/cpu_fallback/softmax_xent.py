@@ -201,11 +201,7 @@ def _check_labels(fn, labels, logits_shape, axis):
     if not np.issubdtype(labels.dtype, np.integer):
         raise TypeError('%s: labels must be an integer array, got dtype %s' % (fn, labels.dtype))
     checks.reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
-    classes = logits_shape[axis]
-    if labels.size and (labels.min() < 0 or labels.max() >= classes):
-        raise ValueError('%s: labels must lie in [0, %d) (the size of logits axis %d), '
-                         'got values in [%d, %d]'
-                         % (fn, classes, axis, labels.min(), labels.max()))
+    checks.label_range_check(fn, labels, logits_shape[axis], axis)
     return np.expand_dims(labels.astype(np.intp, copy=False), axis)
 
 

@@ -2,14 +2,16 @@
 
 Same names, signatures, output dtypes and errors as gpuk/cpu_fallback/ctc.py, plus a
 keyword-only `runtime` (None: runtime.current(); 'cuda', 'emulate', or a runtime object).
-Every argument is checked before any launch: the small integer inputs (labels, lengths)
-are validated on host copies by the checks the twin uses too (cpu_fallback/ctc_checks.py),
-so the messages are identical; the logits are checked by shape and dtype only (a
-zero-stride stand-in goes through the same checks).
+Shapes and dtypes are checked before any launch, by the checks the twin uses too
+(contracts/ctc_checks.py) run on zero-stride stand-ins; the values of the small integer
+inputs (labels, lengths) are checked on the device, without a host sync, and a bad one is
+raised where the results are read (runtime/deferred.py), with the twin's very message.
 
-Kernels: ctc_frame_lse (a warp per frame) normalizes the logits; ctc_alpha and
-ctc_beta_grad run one block per sample with threads across the 2 Lmax + 1 label states
-(any label length: the recursion reads the previous step back from global memory);
+Kernels (ctc.cu, warp-ctc style): ctc_emissions (a warp per frame) computes each frame's
+log-sum-exp (a forward output, read again by the backward) and gathers the states'
+emissions in parallel; ctc_alpha and ctc_beta_occupation run one block per sample with
+threads across the 2 Lmax + 1 label states, the previous step in shared memory, one
+barrier per step; ctc_grad (a warp per frame) writes the gradient.
 ctc_greedy_decode and ctc_beam_search run one block per sample. See the .cu files.
 
 On the CUDA runtime the loss and its gradient run the 'ctc' family's choice
@@ -29,7 +31,7 @@ from gpuk.contracts import ctc_checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES_NO_BFLOAT16, accumulation_dtype
 from . import dispatch
 from .cudnn import ctc as cudnn_ctc
-from .runtime import register_build, resolve, to_host
+from .runtime import deferred, register_build, resolve, to_host
 
 __all__ = list(twin.__all__)
 
@@ -37,23 +39,26 @@ LOSS_SOURCE = Path(__file__).with_name('ctc.cu')
 DECODE_SOURCE = Path(__file__).with_name('ctc_decode.cu')
 # Tile constants: #defines of the .cu files and the grids below (one place).
 CTC_THREADS = 256            # a block per sample; threads stride over label states / classes
+CTC_SHARED_STATES = 2049     # extended labels up to this many states keep alpha / beta in shared memory
 CTC_DECODE_THREADS = 256     # a block per sample for both decoders
-MAX_LSE_BLOCKS = 65535       # ctc_frame_lse: a warp per frame, grid-stride beyond this
+BEAM_SHARED_CLASSES = 2048   # beam search: frames up to this many classes are cached in shared memory
+MAX_FRAME_BLOCKS = 65535     # ctc_emissions, ctc_grad: a warp per frame, grid-stride beyond this
 
 
 def loss_defines(dtype):
     return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
-            'CTC_THREADS': CTC_THREADS}
+            'CTC_THREADS': CTC_THREADS, 'CTC_SHARED_STATES': CTC_SHARED_STATES}
 
 
 def decode_defines(dtype):
     return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
-            'CTC_DECODE_THREADS': CTC_DECODE_THREADS}
+            'CTC_DECODE_THREADS': CTC_DECODE_THREADS, 'BEAM_SHARED_CLASSES': BEAM_SHARED_CLASSES}
 
 
 # Every variant builds without spills (CTC_MIN_BLOCKS in ctc.cu says what that needs).
 for _dtype in FLOAT_DTYPES_NO_BFLOAT16:
-    register_build(LOSS_SOURCE, loss_defines(_dtype), ['ctc_frame_lse', 'ctc_alpha', 'ctc_beta_grad'])
+    register_build(LOSS_SOURCE, loss_defines(_dtype), ['ctc_emissions', 'ctc_alpha', 'ctc_label_map',
+                                                        'ctc_beta_occupation', 'ctc_grad'])
     register_build(DECODE_SOURCE, decode_defines(_dtype), ['ctc_greedy_decode', 'ctc_beam_search'])
 
 
@@ -75,27 +80,43 @@ def _stand_in(rt, fn, name, value):
     return array, np.broadcast_to(np.zeros((), dtype=array.dtype), array.shape)
 
 
-def _device_ints(rt, host):
-    """int64 host data on the device; a 1-element dummy for empty arrays (never read)."""
-    host = np.ascontiguousarray(host, dtype=np.int64)
-    return rt.xp.asarray(host if host.size else np.zeros(1, np.int64))
+def _small_ints(rt, value):
+    """A labels / lengths argument as an array of rt.xp (no copy when it already is one)."""
+    return value if isinstance(value, rt.xp.ndarray) else rt.xp.asarray(value)
 
 
-def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, blank):
+def _stand_ins(*arrays):
+    """Zero-stride zeros of each array's shape and dtype: the twin's checks see the shapes and
+    dtypes without a copy of the values (zeros pass every value check)."""
+    return [np.broadcast_to(np.zeros((), dtype=a.dtype), a.shape) for a in arrays]
+
+
+def _device_ints(rt, array):
+    """int64 contiguous data on the device; a 1-element dummy for empty arrays (never read)."""
+    array = rt.xp.ascontiguousarray(array.astype(np.int64, copy=False))
+    return array if array.size else rt.xp.zeros(1, np.int64)
+
+
+def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, blank, more_checks=None):
+    """Shapes and dtypes checked now (and `more_checks(logits, labels)`, the other arguments');
+    values (lengths in range, labels in [0, A) without the blank) checked on the device and
+    raised later (runtime/deferred.py) with the twin's message. The kernels clamp every
+    data-dependent index meanwhile."""
     logits, stand_in = _stand_in(rt, fn, 'logits', logits)
-    _, labels, input_lengths, label_lengths, blank = ctc_checks.check_loss_inputs(
-        fn, stand_in, to_host(rt, labels), to_host(rt, input_lengths), to_host(rt, label_lengths), blank)
-    return rt.xp.ascontiguousarray(logits), labels, input_lengths, label_lengths, blank
-
-
-def _frame_lse(rt, logits):
-    batch, steps, classes = logits.shape
-    frames = batch * steps
-    lse = rt.xp.empty(frames, dtype=accumulation_dtype(logits.dtype))
-    blocks = max(1, min(-(-frames // (CTC_THREADS // 32)), MAX_LSE_BLOCKS))
-    rt.load(LOSS_SOURCE, loss_defines(logits.dtype)).kernel('ctc_frame_lse').launch(
-        blocks, CTC_THREADS, (logits, lse, np.int64(frames), np.int64(classes)))
-    return lse
+    labels, input_lengths, label_lengths = (_small_ints(rt, v) for v in (labels, input_lengths, label_lengths))
+    _, _, _, _, blank = ctc_checks.check_loss_inputs(fn, stand_in, *_stand_ins(labels, input_lengths, label_lengths),
+                                                     blank)
+    if more_checks is not None:   # every eager error before a device check is queued
+        more_checks(logits, labels)
+    steps, classes = logits.shape[1:]
+    if labels.size or input_lengths.size:
+        deferred.defer(rt, ctc_checks.loss_values_flag(rt.xp, labels, input_lengths, label_lengths, steps, classes,
+                                                       blank),
+                       lambda: ctc_checks.check_loss_inputs(fn, stand_in, to_host(rt, labels),
+                                                            to_host(rt, input_lengths), to_host(rt, label_lengths),
+                                                            blank))
+    as_int64 = lambda v: rt.xp.ascontiguousarray(v.astype(np.int64, copy=False))   # noqa: E731
+    return rt.xp.ascontiguousarray(logits), as_int64(labels), as_int64(input_lengths), as_int64(label_lengths), blank
 
 
 # ---------------------------------------------------------------- loss
@@ -113,9 +134,10 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, ru
     """CTC negative log-likelihood of each label given softmax(logits).
 
     # Returns
-        (loss, log_alpha): loss (N,) (inf where no alignment exists); log_alpha
-        (N, T, 2 Lmax + 1), -inf past each input length and label length. float16
-        logits give a float16 loss and a float32 log_alpha.
+        (loss, log_alpha, frame_lse): loss (N,) (inf where no alignment exists); log_alpha
+        (N, T, 2 Lmax + 1), -inf past each input length and label length; frame_lse (N, T),
+        the log-sum-exp of each frame's logits, which the backward reads instead of
+        recomputing it. float16 logits give a float16 loss and float32 by-products.
     """
     fn, rt = 'ctc_loss_fwd', resolve(runtime)
     logits, labels, input_lengths, label_lengths, blank = _checked_loss_inputs(
@@ -124,21 +146,45 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, ru
                           label_lengths, blank)
 
 
+def _frame_blocks(frames):
+    """ctc_emissions and ctc_grad: a warp per frame, grid-stride beyond MAX_FRAME_BLOCKS."""
+    return max(1, min(-(-frames // (CTC_THREADS // 32)), MAX_FRAME_BLOCKS))
+
+
+def _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, out, blank, compute_lse):
+    """ctc_emissions: out (N, T, S) <- each state's log-probability per frame; frame_lse
+    written (compute_lse) or read."""
+    batch, steps, classes = logits.shape
+    rt.load(LOSS_SOURCE, loss_defines(logits.dtype)).kernel('ctc_emissions').launch(
+        _frame_blocks(batch * steps), CTC_THREADS,
+        (logits, _device_ints(rt, labels), _device_ints(rt, input_lengths), _device_ints(rt, label_lengths),
+         frame_lse, out, np.int64(batch), np.int64(steps), np.int64(classes), np.int64(labels.shape[1]),
+         np.int64(blank), np.int32(compute_lse)))
+
+
 def _ctc_loss_fwd_gpuk(rt, logits, labels, input_lengths, label_lengths, blank):
     batch, steps, classes = logits.shape
     width = labels.shape[1]
     acc = accumulation_dtype(logits.dtype)
     log_alpha = rt.xp.empty((batch, steps, 2 * width + 1), dtype=acc)
+    frame_lse = rt.xp.empty((batch, steps), dtype=acc)
     if steps == 0 or batch == 0:
-        loss = np.where(label_lengths == 0, 0.0, np.inf).astype(logits.dtype)
-        return rt.xp.asarray(loss), log_alpha
+        return rt.xp.where(label_lengths == 0, 0.0, np.inf).astype(logits.dtype), log_alpha, frame_lse
     loss = rt.xp.empty(batch, dtype=logits.dtype)
-    lse = _frame_lse(rt, logits)
+    _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, log_alpha, blank, 1)
     rt.load(LOSS_SOURCE, loss_defines(logits.dtype)).kernel('ctc_alpha').launch(
         batch, CTC_THREADS,
-        (logits, lse, _device_ints(rt, labels), _device_ints(rt, input_lengths), _device_ints(rt, label_lengths),
+        (_device_ints(rt, labels), _device_ints(rt, input_lengths), _device_ints(rt, label_lengths),
          log_alpha, loss, np.int64(steps), np.int64(classes), np.int64(width), np.int64(blank)))
-    return loss, log_alpha
+    return loss, log_alpha, frame_lse
+
+
+def _float_by_product(fn, rt, name, value, shape, acc, meaning):
+    array, stand_in = _stand_in(rt, fn, name, value)
+    ctc_checks.float_array(fn, name, stand_in)
+    if array.shape != shape:
+        raise ValueError('%s: %s must have shape %s (%s), got %s' % (fn, name, shape, meaning, array.shape))
+    return rt.xp.ascontiguousarray(array.astype(acc, copy=False))
 
 
 def _row_floats(fn, rt, name, value, shape, acc):
@@ -149,28 +195,33 @@ def _row_floats(fn, rt, name, value, shape, acc):
     return rt.xp.ascontiguousarray(array.astype(acc, copy=False))
 
 
-def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss, blank=None, *,
+def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss, blank=None, *,
                  runtime=None):
     """Gradient of ctc_loss_fwd's loss with respect to the logits (log-softmax folded in);
-    zero past each input length and for impossible labels."""
+    zero past each input length and for impossible labels. log_alpha, frame_lse and loss are
+    ctc_loss_fwd's outputs."""
     fn, rt = 'ctc_loss_bwd', resolve(runtime)
+    by_products = {}
+
+    def check_by_products(logits, labels):
+        batch, steps, _ = logits.shape
+        states = 2 * labels.shape[1] + 1
+        acc = accumulation_dtype(logits.dtype)
+        by_products.update(
+            log_alpha=_float_by_product(fn, rt, 'log_alpha', log_alpha, (batch, steps, states), acc,
+                                        'batch, time, 2 * labels width + 1'),
+            frame_lse=_float_by_product(fn, rt, 'frame_lse', frame_lse, (batch, steps), acc, 'batch, time'),
+            loss=_row_floats(fn, rt, 'loss', loss, (batch,), acc),
+            dloss=_row_floats(fn, rt, 'dloss', dloss, (batch,), acc))
+
     logits, labels, input_lengths, label_lengths, blank = _checked_loss_inputs(
-        fn, rt, logits, labels, input_lengths, label_lengths, blank)
-    batch, steps, _ = logits.shape
-    states = 2 * labels.shape[1] + 1
-    acc = accumulation_dtype(logits.dtype)
-    log_alpha, stand_in = _stand_in(rt, fn, 'log_alpha', log_alpha)
-    ctc_checks.float_array(fn, 'log_alpha', stand_in)
-    if log_alpha.shape != (batch, steps, states):
-        raise ValueError('%s: log_alpha must have shape %s (batch, time, 2 * labels width + 1), got %s'
-                         % (fn, (batch, steps, states), log_alpha.shape))
-    loss = _row_floats(fn, rt, 'loss', loss, (batch,), acc)
-    dloss = _row_floats(fn, rt, 'dloss', dloss, (batch,), acc)
+        fn, rt, logits, labels, input_lengths, label_lengths, blank, check_by_products)
     return _family_choice(rt, _ctc_loss_bwd_gpuk, cudnn_ctc.ctc_loss_bwd, logits, labels, input_lengths,
-                          label_lengths, log_alpha, loss, dloss, blank)
+                          label_lengths, by_products['log_alpha'], by_products['frame_lse'], by_products['loss'],
+                          by_products['dloss'], blank)
 
 
-def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss, blank):
+def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss, blank):
     batch, steps, classes = logits.shape
     width = labels.shape[1]
     states = 2 * width + 1
@@ -178,24 +229,39 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
     dlogits = rt.xp.empty(logits.shape, dtype=logits.dtype)
     if steps == 0 or batch == 0:
         return dlogits
-    lse = _frame_lse(rt, logits)
-    beta = rt.xp.empty(batch * 2 * states, dtype=acc)
-    occupation = rt.xp.empty(batch * states, dtype=acc)
-    chain = rt.xp.empty(max(batch * 2 * width, 1), dtype=np.int64)
-    rt.load(LOSS_SOURCE, loss_defines(logits.dtype)).kernel('ctc_beta_grad').launch(
-        batch, CTC_THREADS,
-        (logits, lse, _device_ints(rt, labels), _device_ints(rt, input_lengths), _device_ints(rt, label_lengths),
-         rt.xp.ascontiguousarray(log_alpha.astype(acc, copy=False)), loss, dloss, beta, occupation, chain,
-         dlogits, np.int64(steps), np.int64(classes), np.int64(width), np.int64(blank)))
+    module = rt.load(LOSS_SOURCE, loss_defines(logits.dtype))
+    ints = [_device_ints(rt, a) for a in (labels, input_lengths, label_lengths)]
+    work = rt.xp.empty((batch, steps, states), dtype=acc)   # emissions, then occupations
+    _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, work, blank, 0)
+    first_of_class = rt.xp.empty(batch * classes, dtype=np.int32)
+    next_same = rt.xp.empty(max(batch * width, 1), dtype=np.int32)
+    module.kernel('ctc_label_map').launch(
+        batch, CTC_THREADS, (ints[0], ints[2], first_of_class, next_same, np.int64(classes), np.int64(width),
+                             np.int64(blank)))
+    # beta's two rows live in shared memory up to CTC_SHARED_STATES states, else here
+    gamma = rt.xp.empty(batch * 2 * states if states > CTC_SHARED_STATES else 1, dtype=acc)
+    module.kernel('ctc_beta_occupation').launch(
+        batch, CTC_THREADS, tuple(ints) + (log_alpha, loss, work, gamma, np.int64(steps), np.int64(classes),
+                                           np.int64(width), np.int64(blank)))
+    module.kernel('ctc_grad').launch(
+        _frame_blocks(batch * steps), CTC_THREADS,
+        (logits, frame_lse, ints[1], ints[2], work, first_of_class, next_same, loss, dloss, dlogits,
+         np.int64(batch), np.int64(steps), np.int64(classes), np.int64(width), np.int64(blank)))
     return dlogits
 
 
 # ---------------------------------------------------------------- decoders
 
-def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank):
+def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, more_checks=None):
     log_probs, stand_in = _stand_in(rt, fn, 'log_probs', log_probs)
-    _, input_lengths, blank = ctc_checks.check_decode_inputs(fn, stand_in, to_host(rt, input_lengths), blank)
-    return rt.xp.ascontiguousarray(log_probs), input_lengths, blank
+    input_lengths = _small_ints(rt, input_lengths)
+    _, _, blank = ctc_checks.check_decode_inputs(fn, stand_in, *_stand_ins(input_lengths), blank)
+    if more_checks is not None:   # every eager error before a device check is queued
+        more_checks()
+    if input_lengths.size:
+        deferred.defer(rt, rt.xp.any(ctc_checks.bad_lengths(rt.xp, input_lengths, log_probs.shape[1])),
+                       lambda: ctc_checks.check_decode_inputs(fn, stand_in, to_host(rt, input_lengths), blank))
+    return rt.xp.ascontiguousarray(log_probs), input_lengths.astype(np.int64, copy=False), blank
 
 
 def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True, *, runtime=None):
@@ -228,9 +294,11 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
         first; log_probs (N, top_paths) (-inf with an empty path when fewer prefixes exist).
     """
     fn, rt = 'ctc_beam_search_decode', resolve(runtime)
-    log_probs, input_lengths, blank = _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank)
-    width = ctc_checks.positive_int(fn, 'beam_width', beam_width)
-    top_paths = ctc_checks.positive_int(fn, 'top_paths', top_paths, width)
+    log_probs, input_lengths, blank = _checked_decode_inputs(
+        fn, rt, log_probs, input_lengths, blank,
+        lambda: (ctc_checks.positive_int(fn, 'beam_width', beam_width),
+                 ctc_checks.positive_int(fn, 'top_paths', top_paths, beam_width)))
+    width, top_paths = int(beam_width), int(top_paths)
     batch, steps, classes = log_probs.shape
     xp, acc = rt.xp, accumulation_dtype(log_probs.dtype)
     if steps == 0 or batch == 0:
@@ -238,11 +306,12 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
         scores[:, 0] = 0.0
         empty = xp.empty((batch, steps), dtype=np.int64)
         return [empty.copy() for _ in range(top_paths)], xp.asarray(scores.astype(log_probs.dtype))
-    candidates = width * classes
+    candidates = width + width * width   # the stays and each beam's best W extensions
     paths = xp.empty((batch, top_paths, steps), dtype=np.int64)
     scores = xp.empty((batch, top_paths), dtype=log_probs.dtype)
     scratch = (xp.empty(batch * 4 * width, dtype=acc), xp.empty(batch * 4 * width, dtype=np.int64),
-               xp.empty(batch * 2 * width, dtype=np.int32), xp.empty(batch * width, dtype=np.int32),
+               xp.empty(batch * 2 * width, dtype=np.int32), xp.empty(batch * 3 * width, dtype=np.int32),
+               xp.empty(batch * width * width, dtype=np.int32),
                xp.empty(batch * candidates, dtype=acc), xp.empty(batch * candidates, dtype=np.int32),
                xp.empty(batch * width, dtype=np.int32), xp.empty(batch * steps * width, dtype=np.int32),
                xp.empty(batch * steps * width, dtype=np.int32))

@@ -12,6 +12,11 @@
 #ifndef CTC_DECODE_THREADS
 #define CTC_DECODE_THREADS 256
 #endif
+// ctc_beam_search keeps a frame's log-probabilities in shared memory up to this many classes
+// (8 KB for float, 16 KB for double); wider frames are read from global memory each time.
+#ifndef BEAM_SHARED_CLASSES
+#define BEAM_SHARED_CLASSES 2048
+#endif
 
 typedef ELEMENT_T elem_t;
 typedef ACC_T acc_t;
@@ -146,15 +151,27 @@ struct StepContext {
     const elem_t* frame;     // log_probs[n, t, :]
     acc_t frame_lse;         // frames are log-softmax normalized first, like the twin
     const int* merge_from;   // stay w merges with the extension of merge_from[w] (or -1)
+    const int* ext_list;     // (W, W): beam b's best W extension classes, best first (-1: none)
+    const acc_t* lp_cache;   // the frame's log-probabilities in shared memory, or nullptr
     long long width, extend, blank;
-    __device__ __forceinline__ acc_t lp(long long c) const { return to_acc(frame[c]) - frame_lse; }
+    __device__ __forceinline__ acc_t lp(long long c) const {
+        return lp_cache != nullptr ? lp_cache[c] : to_acc(frame[c]) - frame_lse;
+    }
     __device__ __forceinline__ acc_t total(long long w) const { return log_add_exp(cur.p_blank[w], cur.p_label[w]); }
     __device__ __forceinline__ long long ext_class(long long e) const { return e < blank ? e : e + 1; }
     __device__ __forceinline__ acc_t ext_label(long long w, long long c) const {
         return (cur.last[w] == c ? cur.p_blank[w] : total(w)) + lp(c);
     }
-    // candidate i: (p_blank, p_label) after the merge; stays are 0 .. W-1, then beam b
-    // extended by the e-th non-blank class at W + b * extend + e (the twin's order).
+    // The hash key of beam b's prefix extended by class c (the twin's tie-break: lower first).
+    __device__ __forceinline__ long long ext_key(long long b, long long c) const {
+        return ((cur.hash1[b] * HASH_B1 + c + 1) % HASH_P1) * HASH_P2 + (cur.hash2[b] * HASH_B2 + c + 1) % HASH_P2;
+    }
+    // candidate i: stays are 0 .. W-1, then beam b's k-th best extension at W + b W + k
+    __device__ __forceinline__ long long cand_beam(long long i) const { return i < width ? i : (i - width) / width; }
+    __device__ __forceinline__ int cand_class(long long i) const {
+        return i < width ? cur.last[i] : ext_list[i - width];
+    }
+    // (p_blank, p_label) of candidate i after the merge
     __device__ __forceinline__ void value(long long i, acc_t& pb, acc_t& pl) const {
         if (i < width) {
             const acc_t tot = total(i);
@@ -164,13 +181,13 @@ struct StepContext {
             if (merge_from[i] >= 0) pl = log_add_exp(pl, ext_label(merge_from[i], cur.last[i]));
             return;
         }
-        const long long b = (i - width) / extend, c = ext_class((i - width) % extend);
+        const int c = cand_class(i);
         pb = dec_neg_inf();
-        pl = dec_finite(total(b)) ? ext_label(b, c) : dec_neg_inf();
+        pl = c >= 0 ? ext_label(cand_beam(i), c) : dec_neg_inf();
     }
     __device__ __forceinline__ void key(long long i, long long& h1, long long& h2) const {
         if (i < width) { h1 = cur.hash1[i]; h2 = cur.hash2[i]; return; }
-        const long long b = (i - width) / extend, c = ext_class((i - width) % extend);
+        const long long b = cand_beam(i), c = cand_class(i);
         h1 = (cur.hash1[b] * HASH_B1 + c + 1) % HASH_P1;
         h2 = (cur.hash2[b] * HASH_B2 + c + 1) % HASH_P2;
     }
@@ -181,33 +198,98 @@ struct StepContext {
     }
 };
 
+// The candidates' total order: larger total first, then lower prefix key, then lower class
+// (equal keys mean a hash collision; the class makes the order total anyway).
+__device__ __forceinline__ bool ranks_before(acc_t v1, long long k1, long long c1,
+                                             acc_t v2, long long k2, long long c2) {
+    return v1 > v2 || (v1 == v2 && (k1 < k2 || (k1 == k2 && c1 < c2)));
+}
+
+// Beam b's best `width` extension classes under ranks_before, into list[0 .. width) (-1
+// past its live extensions). Called by a whole warp (the result is uniform over it): width
+// rounds, each the warp's best among the classes ranked after the previous round's winner
+// (lanes stride over the classes, then a shuffle butterfly under the same total order).
+// An extension absorbed by a merge (stay w, merge_from[w] == b, class last[w]) is skipped:
+// absorbed_head / absorbed_next list those stays per beam.
+// Not inlined: inside ctc_beam_search its 64-bit keys and shuffles made ptxas spill 80-320
+// bytes at 64-80 registers; as a call the kernel builds spill-free (114-124 registers).
+__device__ __noinline__ void best_extensions(const StepContext& ctx, long long b, const int* absorbed_head,
+                                                const int* absorbed_next, int* list) {
+    const unsigned lane = threadIdx.x & 31u;
+    long long k = 0;
+    // the beam's state, read once (the class loop below only reads the frame)
+    const acc_t total_b = ctx.total(b), blank_b = ctx.cur.p_blank[b];
+    const long long last_b = ctx.cur.last[b], h1_b = ctx.cur.hash1[b], h2_b = ctx.cur.hash2[b];
+    const int head_b = absorbed_head[b];
+    if (dec_finite(total_b)) {
+        bool have_prev = false;
+        acc_t pv = 0;
+        long long pk = 0, pc = 0;
+        for (; k < ctx.width; ++k) {
+            acc_t bv = dec_neg_inf();
+            long long bk = 0, bc = -1;
+            for (long long e = lane; e < ctx.extend; e += 32) {
+                const long long c = ctx.ext_class(e);
+                bool absorbed = false;
+                for (int w = head_b; w >= 0 && !absorbed; w = absorbed_next[w]) absorbed = ctx.cur.last[w] == c;
+                if (absorbed) continue;
+                const acc_t v = (c == last_b ? blank_b : total_b) + ctx.lp(c);   // ext_label(b, c)
+                if (!dec_finite(v)) continue;
+                const long long key = ((h1_b * HASH_B1 + c + 1) % HASH_P1) * HASH_P2
+                                      + (h2_b * HASH_B2 + c + 1) % HASH_P2;   // ext_key(b, c)
+                if (have_prev && !ranks_before(pv, pk, pc, v, key, c)) continue;
+                if (bc < 0 || ranks_before(v, key, c, bv, bk, bc)) { bv = v; bk = key; bc = c; }
+            }
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1) {
+                const acc_t ov = __shfl_xor_sync(GPUK_FULL_MASK, bv, offset);
+                const long long ok = __shfl_xor_sync(GPUK_FULL_MASK, bk, offset);
+                const long long oc = __shfl_xor_sync(GPUK_FULL_MASK, bc, offset);
+                if (oc >= 0 && (bc < 0 || ranks_before(ov, ok, oc, bv, bk, bc))) { bv = ov; bk = ok; bc = oc; }
+            }
+            if (bc < 0) break;   // uniform: every lane holds the same winner
+            if (lane == 0) list[k] = (int)bc;
+            have_prev = true;
+            pv = bv; pk = bk; pc = bc;
+        }
+    }
+    for (long long j = k + lane; j < ctx.width; j += 32) list[j] = -1;
+}
+
 // ctc_beam_search_decode: TensorFlow-style prefix beam search, the twin's rules.
 // Per active step (t < T_n): candidates are every live beam staying (blank, or its last
-// label repeated) and every live beam extended by every non-blank class; a stay and the
+// label repeated) and every live beam extended by a non-blank class; a stay and the
 // extension that spells the same prefix merge (log-add), found by comparing prefix hashes
-// of every beam pair; the best W candidates by (total desc, hash key asc) become the new
-// beams in that order (dead slots: -inf, hash 0, last -1). Steps past T_n keep the beams.
+// of every beam pair; the best W candidates under one total order (total desc, hash key
+// asc, class asc: ranks_before) become the new beams in that order (dead slots: -inf,
+// hash 0, last -1). Steps past T_n keep the beams.
+// Only each beam's best W extensions can be among the best W overall, so a warp per beam
+// first keeps those (best_extensions): W + W^2 candidates per step, not W A.
 // Selection: an 8-bit radix select over the ordered bits of the candidate totals (shared
 // 256-bin histogram, shared-memory atomicAdd on counts only, so the result does not
-// depend on their order), ties at the threshold ranked by key, then the (at most W)
-// winners ranked pairwise. Backtracking through parents / emitted gives the top_paths.
+// depend on their order), then, among the candidates tied at the threshold total, a
+// second radix select over their keys (linear in the ties); the (at most W) winners are
+// ranked pairwise. Backtracking through parents / emitted gives the top_paths.
 // Thread mapping: one block per sample, threads stride over candidates / beams / pairs.
-// Scratch (global, per sample): beams (2 x W each), merge_from (W), cand_total (C),
-// ties (C), selected (W), parents / emitted (T, W); C = W * (1 + A - 1).
+// Scratch (global, per sample): beams (2 x W each), merge_from / absorbed head / next
+// (3 W), ext_list (W^2), cand_total (C), ties (C), selected (W), parents / emitted (T, W);
+// C = W + W^2.
 extern "C" __global__ void __launch_bounds__(CTC_DECODE_THREADS)
 ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restrict__ input_lengths,
                 acc_t* __restrict__ beam_p, long long* __restrict__ beam_hash, int* __restrict__ beam_last,
-                int* __restrict__ merge_scratch, acc_t* __restrict__ cand_scratch, int* __restrict__ tie_scratch,
+                int* __restrict__ merge_scratch, int* __restrict__ ext_scratch, acc_t* __restrict__ cand_scratch,
+                int* __restrict__ tie_scratch,
                 int* __restrict__ selected_scratch, int* __restrict__ parents_scratch, int* __restrict__ emitted_scratch,
                 long long* __restrict__ paths, elem_t* __restrict__ scores, long long steps, long long classes,
                 long long width, long long top_paths, long long blank, int merge_repeated) {
     __shared__ acc_t lse_m[32], lse_s[32];
+    __shared__ acc_t frame_lp[BEAM_SHARED_CLASSES];
     __shared__ int hist[256];
     __shared__ int counts[33];
-    __shared__ int n_above, n_ties, select_needed;
+    __shared__ int n_above, n_ties, n_tie_winners, select_needed;
     __shared__ unsigned long long select_prefix, select_mask;
     const long long n = blockIdx.x, t_n = input_lengths[n], extend = classes - 1;
-    const long long n_cand = width * (1 + extend);
+    const long long n_cand = width * (1 + width);
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     Beams beams[2];
     for (int k = 0; k < 2; ++k) {
@@ -215,7 +297,10 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
         beams[k] = Beams{beam_p + 2 * off, beam_p + 2 * off + width, beam_hash + 2 * off, beam_hash + 2 * off + width,
                          beam_last + off};
     }
-    int* __restrict__ merge_from = merge_scratch + n * width;
+    int* __restrict__ merge_from = merge_scratch + n * 3 * width;
+    int* __restrict__ absorbed_head = merge_from + width;
+    int* __restrict__ absorbed_next = merge_from + 2 * width;
+    int* __restrict__ ext_list = ext_scratch + n * width * width;
     acc_t* __restrict__ cand = cand_scratch + n * n_cand;
     int* __restrict__ ties = tie_scratch + n * n_cand;
     int* __restrict__ selected = selected_scratch + n * width;
@@ -268,24 +353,34 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
                 merge_from[w2] = (int)w1;
         }
         __syncthreads();
-        const StepContext ctx{now, frame, lse_m[0], merge_from, width, extend, blank};
-        // candidate totals; then the extensions absorbed by a merge drop out (-inf)
+        const bool cache_frame = classes <= BEAM_SHARED_CLASSES;   // uniform
+        for (long long c = threadIdx.x; cache_frame && c < classes; c += blockDim.x)
+            frame_lp[c] = to_acc(frame[c]) - lse_m[0];
+        if (threadIdx.x == 0) {   // the stays each beam's extensions merge into, as short lists
+            for (long long w = 0; w < width; ++w) absorbed_head[w] = -1;
+            for (long long w = 0; w < width; ++w) {
+                const int b = merge_from[w];
+                absorbed_next[w] = b >= 0 ? absorbed_head[b] : -1;
+                if (b >= 0) absorbed_head[b] = (int)w;
+            }
+        }
+        __syncthreads();
+        const StepContext ctx{now, frame, lse_m[0], merge_from, ext_list, cache_frame ? frame_lp : nullptr,
+                              width, extend, blank};
+        for (long long b = warp; b < width; b += nwarps)   // uniform per warp
+            best_extensions(ctx, b, absorbed_head, absorbed_next, ext_list + b * width);
+        __syncthreads();
         for (long long i = threadIdx.x; i < n_cand; i += blockDim.x) {
             acc_t pb, pl;
             ctx.value(i, pb, pl);
             cand[i] = log_add_exp(pb, pl);
         }
         __syncthreads();
-        for (long long w = threadIdx.x; w < width; w += blockDim.x) {
-            const int b = merge_from[w];
-            if (b >= 0) cand[width + b * extend + (now.last[w] < blank ? now.last[w] : now.last[w] - 1)] = dec_neg_inf();
-        }
-        __syncthreads();
         int live = 0;
         for (long long i = threadIdx.x; i < n_cand; i += blockDim.x) live += dec_finite(cand[i]);
         for (int offset = 16; offset > 0; offset >>= 1) live += __shfl_xor_sync(GPUK_FULL_MASK, live, offset);
         if (lane == 0) counts[warp] = live;
-        if (threadIdx.x == 0) { select_prefix = 0; select_mask = 0; n_above = 0; n_ties = 0; }
+        if (threadIdx.x == 0) { select_prefix = 0; select_mask = 0; n_above = 0; n_ties = 0; n_tie_winners = 0; }
         __syncthreads();
         if (threadIdx.x == 0) {
             int total_live = 0;
@@ -326,21 +421,54 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
         }
         __syncthreads();
         const int above = n_above, tied = n_ties, from_ties = keep - above;
-        for (int j = threadIdx.x; j < tied; j += blockDim.x) {
-            const long long key = ctx.key(ties[j]);
-            int rank = 0;
-            for (int k = 0; k < tied; ++k) rank += ctx.key(ties[k]) < key;
-            if (rank < from_ties) selected[above + rank] = ties[j];
+        // the from_ties lowest (key, class) among the ties: a radix select over the keys
+        if (from_ties > 0 && from_ties < tied) {
+            if (threadIdx.x == 0) { select_prefix = 0; select_mask = 0; select_needed = from_ties; }
+            for (int shift = 56; shift >= 0; shift -= 8) {
+                for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+                __syncthreads();
+                const unsigned long long prefix = select_prefix, mask = select_mask;
+                for (int j = threadIdx.x; j < tied; j += blockDim.x) {
+                    const unsigned long long u = (unsigned long long)ctx.key(ties[j]);
+                    if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255ull], 1);
+                }
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    int need = select_needed, b = 0;
+                    for (; b < 255 && hist[b] < need; ++b) need -= hist[b];
+                    select_needed = need;
+                    select_prefix = prefix | ((unsigned long long)b << shift);
+                    select_mask = mask | (255ull << shift);
+                }
+                __syncthreads();
+            }
+            // keys below the threshold key all win; at it (a hash collision) the lowest classes
+            const unsigned long long key_threshold = select_prefix;
+            const int at_threshold = select_needed;
+            for (int j = threadIdx.x; j < tied; j += blockDim.x) {
+                const int i = ties[j];
+                const unsigned long long u = (unsigned long long)ctx.key(i);
+                bool wins = u < key_threshold;
+                if (u == key_threshold) {
+                    int before = 0;   // rank among the (rare) equal keys by class
+                    for (int k = 0; k < tied; ++k)
+                        before += (unsigned long long)ctx.key(ties[k]) == u && ctx.cand_class(ties[k]) < ctx.cand_class(i);
+                    wins = before < at_threshold;
+                }
+                if (wins) selected[above + atomicAdd(&n_tie_winners, 1)] = i;
+            }
+        } else if (from_ties > 0) {
+            for (int j = threadIdx.x; j < tied; j += blockDim.x) selected[above + j] = ties[j];
         }
         __syncthreads();
-        // rank the winners by (total desc, key asc) and write them to their slots
+        // rank the winners by ranks_before and write them to their slots
         for (int j = threadIdx.x; j < keep; j += blockDim.x) {
-            const long long i = selected[j], key = ctx.key(i);
+            const long long i = selected[j], key = ctx.key(i), c = ctx.cand_class(i);
             const acc_t v = cand[i];
             int rank = 0;
             for (int k = 0; k < keep; ++k) {
-                const acc_t v2 = cand[selected[k]];
-                rank += v2 > v || (v2 == v && ctx.key(selected[k]) < key);
+                const long long i2 = selected[k];
+                rank += ranks_before(cand[i2], ctx.key(i2), ctx.cand_class(i2), v, key, c);
             }
             acc_t pb, pl;
             ctx.value(i, pb, pl);
@@ -351,11 +479,9 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
             next.hash1[rank] = h1;
             next.hash2[rank] = h2;
             const bool stay = i < width;
-            const long long b = stay ? i : (i - width) / extend;
-            const int c = stay ? now.last[i] : (int)ctx.ext_class((i - width) % extend);
-            next.last[rank] = c;
-            parents[t * width + rank] = (int)b;
-            emitted[t * width + rank] = stay ? -1 : c;
+            next.last[rank] = (int)c;
+            parents[t * width + rank] = (int)ctx.cand_beam(i);
+            emitted[t * width + rank] = stay ? -1 : (int)c;
         }
         for (long long w = keep + threadIdx.x; w < width; w += blockDim.x) {
             next.p_blank[w] = next.p_label[w] = dec_neg_inf();

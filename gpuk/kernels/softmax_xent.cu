@@ -5,6 +5,10 @@
 //
 // Row mapping (every *_rows kernel, see for_each_row; the kernels are written with the
 // per-element helpers each_element / row_sum / row_map / row_lse):
+//   cols <= SUB_WARP_MAX_COLS: sub-warp groups of 1..32 lanes (the power of two giving each
+//     lane one step of 1 or 4 elements), 32 / lanes rows per warp, so a warp moves whole
+//     consecutive rows (e.g. 8 rows of 16 floats, 4 lanes each): shuffle reductions inside
+//     the group, no shared memory, no __syncthreads;
 //   cols <= WARP_ROW_MAX_COLS: one warp per row, ROW_THREADS / 32 rows per block, warp
 //     shuffle reductions, no shared memory, no __syncthreads;
 //   longer rows: one block per row (grid-stride over rows), block reductions through a
@@ -25,6 +29,9 @@
 #ifndef WARP_ROW_MAX_COLS
 #define WARP_ROW_MAX_COLS 1024
 #endif
+#ifndef SUB_WARP_MAX_COLS
+#define SUB_WARP_MAX_COLS 32
+#endif
 #ifndef BINARY_THREADS
 #define BINARY_THREADS 256
 #endif
@@ -37,6 +44,13 @@
 // >= 24 warps per SM in flight with it.
 #ifndef ROW_MIN_BLOCKS
 #define ROW_MIN_BLOCKS 3
+#endif
+
+// softmax_xent_rows_bwd holds a row's x and t in registers for short rows: its float64
+// variant spills 12 bytes on sm_90 within 80 registers, so the launcher gives it 2 (128
+// registers) for float64 and ROW_MIN_BLOCKS otherwise.
+#ifndef XENT_BWD_MIN_BLOCKS
+#define XENT_BWD_MIN_BLOCKS ROW_MIN_BLOCKS
 #endif
 
 #ifndef ACC_T
@@ -172,15 +186,26 @@ template <class S> __device__ __forceinline__ S warp_merge(S v) {
     return v;
 }
 
-// The threads working on one row: a warp (BLOCK = false) or the whole block.
+// `width` lanes (a power of two <= 32, aligned within the warp) merge their states; the
+// xor offsets stay inside the group, and for width 32 the order is warp_merge's.
+template <class S> __device__ __forceinline__ S group_merge(S v, unsigned width) {
+    for (unsigned offset = width >> 1; offset > 0; offset >>= 1) v = merge(v, shfl_xor(v, (int)offset));
+    return v;
+}
+
+// The threads working on one row: `size` lanes of one warp (BLOCK = false: 32 lanes, or
+// 1..32 lanes and 32 / size rows per warp for short rows) or the whole block.
 template <bool BLOCK> struct RowGroup {
     unsigned rank, size;
+    bool active;   // false: a sub-warp group past the last row; it joins the shuffles only
+    // the one thread that writes the row's per-row results
+    __device__ __forceinline__ bool leader() const { return rank == 0 && active; }
     // Every thread of the group gets the merged state; `identity` pads missing warps.
     template <class S> __device__ __forceinline__ S reduce(S v, S identity) const {
-        v = warp_merge(v);
         if constexpr (!BLOCK) {
-            return v;
+            return group_merge(v, size);
         } else {
+            v = warp_merge(v);
             __shared__ S scratch[32];
             const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
             if (lane == 0) scratch[warp] = v;
@@ -200,23 +225,48 @@ template <bool BLOCK> struct RowGroup {
     __device__ __forceinline__ LseState lse(LseState v) const { return reduce(v, LseState{acc_neg_inf(), acc_t(0)}); }
     // f(j, Width1()/Width4()) for the elements j.. of the row this thread owns.
     template <class F> __device__ __forceinline__ void each(long long cols, bool vec, F f) const {
+        if (!active) return;
         if (vec) {
             for (long long j = 4LL * rank; j < cols; j += 4LL * size) f(j, Width4());
         } else {
             for (long long j = rank; j < cols; j += size) f(j, Width1());
         }
     }
+    // True when every thread owns at most one step (1 or 4 elements) of the row: the row
+    // can be held in registers between a reduction and the pass that uses it.
+    __device__ __forceinline__ bool single_step(long long cols, bool vec) const {
+        return cols <= (long long)size * (vec ? 4 : 1);
+    }
 };
 
-// body(group, row) for every row this warp / block owns (uniform per warp / block).
-template <class Body> __device__ __forceinline__ void for_each_row(long long rows, long long cols, Body body) {
-    if (cols <= WARP_ROW_MAX_COLS) {
-        const long long warps = blockDim.x >> 5;
-        const RowGroup<false> g{threadIdx.x & 31u, 32u};
-        for (long long row = blockIdx.x * warps + (threadIdx.x >> 5); row < rows; row += gridDim.x * warps)
-            body(g, row);
+// Lanes per row for rows of at most SUB_WARP_MAX_COLS: the power of two that gives every
+// lane one step (4 elements with vector access, else 1).
+__device__ __forceinline__ unsigned sub_warp_lanes(long long cols, bool vec) {
+    const long long steps = vec ? cols / 4 : cols;
+    unsigned width = 1;
+    while (width < steps && width < 32u) width <<= 1;
+    return width;
+}
+
+// body(group, row) for every row this group / warp / block owns (uniform per warp or
+// block, so every lane of a warp joins each shuffle). Sub-warp groups past the last row
+// get active = false and row = rows - 1 (a valid index for per-row reads, never written).
+template <class Body>
+__device__ __forceinline__ void for_each_row(long long rows, long long cols, bool vec, Body body) {
+    const long long warps = blockDim.x >> 5, warp = (long long)blockIdx.x * warps + (threadIdx.x >> 5);
+    const unsigned lane = threadIdx.x & 31u;
+    if (cols <= SUB_WARP_MAX_COLS) {
+        const unsigned width = sub_warp_lanes(cols, vec), per_warp = 32u / width;
+        for (long long first = warp * per_warp; first < rows; first += (long long)gridDim.x * warps * per_warp) {
+            const long long row = first + lane / width;
+            const RowGroup<false> g{lane % width, width, row < rows};
+            body(g, row < rows ? row : rows - 1);
+        }
+    } else if (cols <= WARP_ROW_MAX_COLS) {
+        const RowGroup<false> g{lane, 32u, true};
+        for (long long row = warp; row < rows; row += gridDim.x * warps) body(g, row);
     } else {
-        const RowGroup<true> g{threadIdx.x, blockDim.x};
+        const RowGroup<true> g{threadIdx.x, blockDim.x, true};
         for (long long row = blockIdx.x; row < rows; row += gridDim.x) body(g, row);
     }
 }
@@ -274,7 +324,7 @@ template <class G> __device__ __forceinline__ LseState row_lse(const G& g, const
 extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 softmax_rows_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, long long rows, long long cols, int log_output) {
     const bool vec = vec_ok(cols, x) && vec_ok(cols, y);
-    for_each_row(rows, cols, [&](const auto& g, long long row) {
+    for_each_row(rows, cols, vec, [&](const auto& g, long long row) {
         const elem_t* xr = x + row * cols;
         const LseState st = row_lse(g, xr, cols, vec);
         const acc_t lse = lse_of(st.m, st.s);
@@ -293,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 softmax_rows_bwd(const elem_t* __restrict__ y, const elem_t* __restrict__ dy, elem_t* __restrict__ dx, long long rows,
                  long long cols, int log_input) {
     const bool vec = vec_ok(cols, y) && vec_ok(cols, dy) && vec_ok(cols, dx);
-    for_each_row(rows, cols, [&](const auto& g, long long row) {
+    for_each_row(rows, cols, vec, [&](const auto& g, long long row) {
         const elem_t *yr = y + row * cols, *dyr = dy + row * cols;
         const acc_t total = row_sum(g, cols, vec, [&](long long, acc_t a, acc_t b) { return log_input ? b : a * b; },
                                     yr, dyr);
@@ -310,12 +360,12 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const elem_t* __restrict__ target, elem_t* __restrict__ loss,
                       acc_t* __restrict__ lse, long long rows, long long cols) {
     const bool vec = vec_ok(cols, logits) && vec_ok(cols, target);
-    for_each_row(rows, cols, [&](const auto& g, long long row) {
+    for_each_row(rows, cols, vec, [&](const auto& g, long long row) {
         XentState st{acc_neg_inf(), acc_t(0), acc_t(0), acc_t(0)};
         each_element(g, cols, vec, [&](long long, acc_t x, acc_t t) { xent_push(st, x, t); },
                      logits + row * cols, target + row * cols);
         st = g.reduce(st, XentState{acc_neg_inf(), acc_t(0), acc_t(0), acc_t(0)});
-        if (g.rank == 0) {
+        if (g.leader()) {
             const bool finite = is_finite_acc(st.m);
             lse[row] = lse_of(st.m, st.s);
             loss[row] = from_acc(finite ? st.st * log(st.s) - st.stx : (st.st != acc_t(0) ? acc_nan() : acc_t(0)));
@@ -323,16 +373,44 @@ softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const elem_t* __restric
     });
 }
 
-// softmax_xent_rows_bwd: dlogits = (exp(x - lse) sum(t) - t) dloss. Two reads, one write.
-extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
+// softmax_xent_rows_bwd: dlogits = (exp(x - lse) sum(t) - t) dloss. Rows that the group
+// holds in registers (one step per lane: every sub-warp row, warp rows up to 32 / 128
+// classes) read x and t once; longer rows read t twice (sum, then the map), the second time
+// from L1 for warp rows on a GPU. One write.
+template <int W, class G>
+__device__ __forceinline__ void xent_bwd_row_in_registers(const G& g, const elem_t* xr, const elem_t* tr, elem_t* out,
+                                                          long long cols, acc_t row_lse, acc_t d) {
+    const long long j = (long long)W * g.rank;
+    const bool mine = g.active && j < cols;
+    Lanes<W> x{}, t{};
+    acc_t partial = 0;
+    if (mine) {
+        x = load_lanes<W>(xr + j);
+        t = load_lanes<W>(tr + j);
+        for_lanes<W>([&](int, acc_t v) { partial += v; }, t);
+    }
+    const acc_t total = g.sum(partial);   // every lane joins the shuffles
+    if (mine) {   // the result overwrites x in registers (no third array: float64 builds spill-free)
+#pragma unroll
+        for (int k = 0; k < W; ++k) x.v[k] = (exp(x.v[k] - row_lse) * total - t.v[k]) * d;
+        store_n<W>(out + j, x.v);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ROW_THREADS, XENT_BWD_MIN_BLOCKS)
 softmax_xent_rows_bwd(const elem_t* __restrict__ logits, const elem_t* __restrict__ target,
                       const acc_t* __restrict__ lse, const acc_t* __restrict__ dloss, elem_t* __restrict__ dlogits,
                       long long rows, long long cols) {
     const bool vec = vec_ok(cols, logits) && vec_ok(cols, target) && vec_ok(cols, dlogits);
-    for_each_row(rows, cols, [&](const auto& g, long long row) {
+    for_each_row(rows, cols, vec, [&](const auto& g, long long row) {
         const elem_t *xr = logits + row * cols, *tr = target + row * cols;
-        const acc_t total = row_sum(g, cols, vec, [](long long, acc_t t) { return t; }, tr);
         const acc_t row_lse = lse[row], d = dloss[row];
+        if (g.single_step(cols, vec)) {   // uniform per group
+            if (vec) xent_bwd_row_in_registers<4>(g, xr, tr, dlogits + row * cols, cols, row_lse, d);
+            else xent_bwd_row_in_registers<1>(g, xr, tr, dlogits + row * cols, cols, row_lse, d);
+            return;
+        }
+        const acc_t total = row_sum(g, cols, vec, [](long long, acc_t t) { return t; }, tr);
         row_map(g, cols, vec, dlogits + row * cols, [&](long long, acc_t x, acc_t t) {
             return (exp(x - row_lse) * total - t) * d;
         }, xr, tr);
@@ -344,7 +422,7 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 softmax_xent_rows_dtarget(const elem_t* __restrict__ logits, const acc_t* __restrict__ lse,
                           const acc_t* __restrict__ dloss, elem_t* __restrict__ dtarget, long long rows, long long cols) {
     const bool vec = vec_ok(cols, logits) && vec_ok(cols, dtarget);
-    for_each_row(rows, cols, [&](const auto& g, long long row) {
+    for_each_row(rows, cols, vec, [&](const auto& g, long long row) {
         const acc_t row_lse = lse[row], d = dloss[row];
         row_map(g, cols, vec, dtarget + row * cols, [&](long long, acc_t x) { return (row_lse - x) * d; },
                 logits + row * cols);
@@ -352,18 +430,21 @@ softmax_xent_rows_dtarget(const elem_t* __restrict__ logits, const acc_t* __rest
 }
 
 // sparse_softmax_xent_rows_fwd: lse per row (one read of x) and loss = lse - x[label].
-// Labels are checked in [0, cols) by the launcher.
+// Labels are checked in [0, cols) on the device by the launcher (an error raised later,
+// gpuk/kernels/runtime/deferred.py); meanwhile a label out of range gives a NaN loss and
+// is never used as an index.
 extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 sparse_softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const long long* __restrict__ labels,
                              elem_t* __restrict__ loss, acc_t* __restrict__ lse, long long rows, long long cols) {
     const bool vec = vec_ok(cols, logits);
-    for_each_row(rows, cols, [&](const auto& g, long long row) {
+    for_each_row(rows, cols, vec, [&](const auto& g, long long row) {
         const elem_t* xr = logits + row * cols;
         const LseState st = row_lse(g, xr, cols, vec);
-        if (g.rank == 0) {
+        if (g.leader()) {
             const acc_t row_lse = lse_of(st.m, st.s);
             lse[row] = row_lse;
-            loss[row] = from_acc(row_lse - to_acc(xr[labels[row]]));
+            const long long label = labels[row];
+            loss[row] = from_acc(label >= 0 && label < cols ? row_lse - to_acc(xr[label]) : acc_nan());
         }
     });
 }
@@ -374,7 +455,7 @@ sparse_softmax_xent_rows_bwd(const elem_t* __restrict__ logits, const long long*
                              const acc_t* __restrict__ lse, const acc_t* __restrict__ dloss,
                              elem_t* __restrict__ dlogits, long long rows, long long cols) {
     const bool vec = vec_ok(cols, logits) && vec_ok(cols, dlogits);
-    for_each_row(rows, cols, [&](const auto& g, long long row) {
+    for_each_row(rows, cols, vec, [&](const auto& g, long long row) {
         const long long label = labels[row];
         const acc_t row_lse = lse[row], d = dloss[row];
         row_map(g, cols, vec, dlogits + row * cols, [&](long long col, acc_t x) {
@@ -402,14 +483,14 @@ categorical_xent_probs_rows(const elem_t* __restrict__ probs, const elem_t* __re
     const acc_t epsilon = *epsilon_ptr;
     const bool vec = vec_ok(cols, probs) && vec_ok(cols, target) && (mode == 0 || vec_ok(cols, out));
     const acc_t hi = acc_t(1) - epsilon;
-    for_each_row(rows, cols, [&](const auto& g, long long row) {
+    for_each_row(rows, cols, vec, [&](const auto& g, long long row) {
         const elem_t *pr = probs + row * cols, *tr = target + row * cols;
         const acc_t total = row_sum(g, cols, vec, [](long long, acc_t p) { return p; }, pr);
         if (mode == 0) {
             const acc_t loss = row_sum(g, cols, vec, [&](long long, acc_t p, acc_t t) {
                 return t * log(clip(p / total, epsilon, hi));
             }, pr, tr);
-            if (g.rank == 0) out_row[row] = from_acc(-loss);
+            if (g.leader()) out_row[row] = from_acc(-loss);
             return;
         }
         const acc_t d = dloss[row];

@@ -6,7 +6,8 @@ plus a keyword-only `runtime` (None: runtime.current(); 'cuda', 'emulate', or a 
 Any axis: the launcher moves the class axis last (a contiguous copy when it is not
 already last, none when it is) so the kernels see `rows` x `cols` row-major data, and
 moves it back in the result. Rows up to WARP_ROW_MAX_COLS classes get one warp each,
-longer rows one block each. float16 and bfloat16 (ml_dtypes.bfloat16) are computed in
+longer rows one block each; rows of up to SUB_WARP_MAX_COLS classes share a warp (32 / lanes
+rows). float16 and bfloat16 (ml_dtypes.bfloat16) are computed in
 float32 and the saved log-sum-exp (and the dloss the backward kernels read) stay float32. Inputs paired with the logits
 or probabilities (target, dloss) are cast to their dtype first.
 
@@ -25,7 +26,7 @@ from gpuk.contracts import softmax_xent_checks as checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
 from . import dispatch
 from .cudnn import softmax as cudnn_softmax
-from .runtime import register_build, resolve, to_host
+from .runtime import deferred, register_build, resolve, to_host
 
 __all__ = list(twin.__all__)
 
@@ -33,6 +34,7 @@ SOURCE = Path(__file__).with_name('softmax_xent.cu')
 # Tile constants: #defines of the .cu and the grid below (one place).
 ROW_THREADS = 256
 WARP_ROW_MAX_COLS = 1024      # rows up to this many classes: a warp per row; longer: a block
+SUB_WARP_MAX_COLS = 32        # rows up to this many classes: several rows per warp (sub-warp groups)
 MAX_ROW_BLOCKS = 65535
 BINARY_THREADS = 256
 MAX_BINARY_BLOCKS = 8192
@@ -46,7 +48,10 @@ ROW_KERNELS = ['softmax_rows_fwd', 'softmax_rows_bwd', 'softmax_xent_rows_fwd', 
 def defines(dtype):
     return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
             'ROW_THREADS': ROW_THREADS,
-            'WARP_ROW_MAX_COLS': WARP_ROW_MAX_COLS, 'BINARY_THREADS': BINARY_THREADS}
+            'WARP_ROW_MAX_COLS': WARP_ROW_MAX_COLS, 'SUB_WARP_MAX_COLS': SUB_WARP_MAX_COLS,
+            'BINARY_THREADS': BINARY_THREADS,
+            # softmax_xent.cu, XENT_BWD_MIN_BLOCKS: float64 needs 128 registers to stay spill-free
+            'XENT_BWD_MIN_BLOCKS': 2 if np.dtype(dtype) == np.float64 else 3}
 
 
 # Every variant builds without spills (ROW_MIN_BLOCKS in softmax_xent.cu says what that needs).
@@ -112,24 +117,35 @@ def _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis):
 
 
 def _labels(fn, rt, labels, logits_shape, axis):
+    """int64 labels; their range is checked on the device (runtime/deferred.py: no host sync,
+    the error is raised where the results are read) and the kernels never index with a bad one."""
     labels = labels if isinstance(labels, rt.xp.ndarray) else rt.xp.asarray(labels)
     if labels.dtype.kind not in 'iu':
         raise TypeError('%s: labels must be an integer array, got dtype %s' % (fn, labels.dtype))
     checks.reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
     classes = logits_shape[axis]
     if labels.size:
-        low, high = int(to_host(rt, labels.min())), int(to_host(rt, labels.max()))
-        if low < 0 or high >= classes:
-            raise ValueError('%s: labels must lie in [0, %d) (the size of logits axis %d), '
-                             'got values in [%d, %d]' % (fn, classes, axis, low, high))
+        deferred.defer(rt, rt.xp.any((labels < 0) | (labels >= classes)),
+                       lambda: checks.label_range_check(fn, to_host(rt, labels), classes, axis))
     return rt.xp.ascontiguousarray(labels.astype(np.int64, copy=False))
 
 
 # ---------------------------------------------------------------- launches
 
+def _rows_per_warp(cols):
+    """Rows a warp takes at once: softmax_xent.cu's sub_warp_lanes for vector rows (cols % 4
+    == 0; a misaligned buffer takes fewer per warp, and the kernels' grid-stride loops cover
+    the rest), 1 for longer rows."""
+    if cols > SUB_WARP_MAX_COLS:
+        return 1
+    steps = cols // 4 if cols % 4 == 0 else cols
+    return 32 // min(32, 1 << max(0, (steps - 1).bit_length()))
+
+
 def _row_blocks(rows, cols):
     if cols <= WARP_ROW_MAX_COLS:
-        return max(1, min(-(-rows // (ROW_THREADS // 32)), MAX_ROW_BLOCKS))
+        rows_per_block = (ROW_THREADS // 32) * _rows_per_warp(cols)
+        return max(1, min(-(-rows // rows_per_block), MAX_ROW_BLOCKS))
     return max(1, min(rows, MAX_ROW_BLOCKS))
 
 

@@ -2,13 +2,17 @@
 and the Theano-backend helpers.
 
 The loss node runs ``impl.ctc.ctc_loss_fwd`` on logits (the log-softmax is folded in) and
-outputs the forward variables log_alpha for the backward node; impossible alignments
-give an infinite loss and a zero gradient. Inputs are checked on the host before any
-computation, with the K function's name in the message (``where``). The CTC backward
-node and the decoders are not differentiable.
+outputs the forward variables log_alpha and each frame's log-sum-exp for the backward
+node; impossible alignments give an infinite loss and a zero gradient. Shapes are checked
+before any computation, values (labels, lengths) on the device without a host sync and
+raised before the K.function call returns (``impl.check_later``), always with the K
+function's name in the message (``where``). The CTC backward node and the decoders are not
+differentiable.
 """
 import numpy as np
 
+from gpuk.contracts import ctc_checks
+from gpuk.device import to_host
 from gpuk.graph import Meta, apply
 from gpuk.ops.base import Op
 from gpuk.ops.fused import accumulate_dtype, is_zero, require_float
@@ -92,10 +96,38 @@ def lengths_to_first_blank(xp, labels, label_lengths, classes):
     return xp.where(xp.any(ends, axis=1), xp.argmax(ends, axis=1), label_lengths).astype(np.int64)
 
 
+def _stand_in(value):
+    """Zero-stride zeros of ``value``'s shape and dtype: the checks above see shapes and dtypes
+    without a copy of the values (zeros pass every value check)."""
+    return None if value is None else np.broadcast_to(np.zeros((), dtype=value.dtype), value.shape)
+
+
+def loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths, label_lengths):
+    """``check_loss_inputs`` without a host sync: shapes and dtypes now, the values by a
+    device-side flag that ``impl.check_later`` reads with the others before the call's results
+    are used; the same messages. Labels past each length become -1, as label_matrix gives."""
+    xp = impl.xp
+    check_loss_inputs(np, where, logits_shape, _stand_in(labels), _stand_in(input_lengths), _stand_in(label_lengths))
+    _, steps, classes = logits_shape
+    input_lengths, label_lengths = input_lengths.reshape(-1), label_lengths.reshape(-1)
+    raw = (labels, input_lengths, label_lengths)
+    bad_lengths = (xp.any(ctc_checks.bad_lengths(xp, input_lengths, steps))
+                   | xp.any(ctc_checks.bad_lengths(xp, label_lengths, labels.shape[1])))
+    label_lengths = lengths_to_first_blank(xp, labels, label_lengths, classes)
+    used = xp.arange(labels.shape[1])[None, :] < label_lengths[:, None]
+    not_integral = ctc_checks.not_integral(xp, labels)
+    bad = bad_lengths | xp.any(used & (not_integral | (labels < 0)))
+    impl.check_later(bad, lambda: check_loss_inputs(np, where, logits_shape, *map(to_host, raw)))
+    labels = xp.where(used, xp.where(used & ~not_integral, labels, 0).astype(np.int64), -1)
+    return labels, input_lengths.astype(np.int64), label_lengths.astype(np.int64)
+
+
 # --- loss ---------------------------------------------------------------------------------------
 
 class CtcLoss(Op):
-    """(loss (N,), log_alpha (N, T, 2 L + 1)) for logits (N, T, A), blank A - 1."""
+    """(loss (N,), log_alpha (N, T, 2 L + 1), frame_lse (N, T)) for logits (N, T, A), blank
+    A - 1. log_alpha and frame_lse (each frame's log-sum-exp) are by-products the backward
+    node reads."""
 
     def __init__(self, where='ctc_batch_cost'):
         self.where = where
@@ -108,20 +140,21 @@ class CtcLoss(Op):
         batch, steps = (None, None) if logits.shape is None else logits.shape[:2]
         width = None if labels.shape is None else labels.shape[1]
         states = None if width is None else 2 * width + 1
-        return Meta((batch,), logits.dtype), Meta((batch, steps, states), accumulate_dtype(logits.dtype))
+        acc = accumulate_dtype(logits.dtype)
+        return Meta((batch,), logits.dtype), Meta((batch, steps, states), acc), Meta((batch, steps), acc)
 
     def forward(self, impl, logits, labels, input_lengths, label_lengths):
-        labels, input_lengths, label_lengths = check_loss_inputs(
-            impl.xp, self.where, logits.shape, labels, input_lengths, label_lengths)
+        labels, input_lengths, label_lengths = loss_inputs_checked_later(
+            impl, self.where, logits.shape, labels, input_lengths, label_lengths)
         return impl.ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
 
     def grad(self, inputs, outputs, output_grads):
-        if not is_zero(output_grads[1]):
-            raise ValueError('%s: gradients through log_alpha (a by-product of the CTC loss) are '
-                             'not supported; differentiate the loss' % self.where)
+        if not (is_zero(output_grads[1]) and is_zero(output_grads[2])):
+            raise ValueError('%s: gradients through log_alpha or frame_lse (by-products of the CTC loss) '
+                             'are not supported; differentiate the loss' % self.where)
         logits, labels, input_lengths, label_lengths = inputs
         d_logits = apply(CtcLossGrad(), logits, labels, input_lengths, label_lengths,
-                         outputs[1], outputs[0], output_grads[0])
+                         outputs[1], outputs[2], outputs[0], output_grads[0])
         return [d_logits, None, None, None]
 
 
@@ -132,10 +165,11 @@ class CtcLossGrad(Op):
     def infer(self, logits, *rest):
         return Meta(logits.shape, logits.dtype)
 
-    def forward(self, impl, logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss):
-        labels, input_lengths, label_lengths = check_loss_inputs(
-            impl.xp, 'ctc_batch_cost', logits.shape, labels, input_lengths, label_lengths)
-        return impl.ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss)
+    def forward(self, impl, logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss):
+        labels, input_lengths, label_lengths = loss_inputs_checked_later(
+            impl, 'ctc_batch_cost', logits.shape, labels, input_lengths, label_lengths)
+        return impl.ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss,
+                                     dloss)
 
 
 # --- decoders -----------------------------------------------------------------------------------

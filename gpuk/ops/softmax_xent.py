@@ -9,6 +9,7 @@ too: their gradients come from the same formula written with primitive ops
 import numpy as np
 
 from gpuk.autodiff import gradients
+from gpuk.device import to_host
 from gpuk.graph import Meta, apply, as_tensor
 from gpuk.ops import elementwise as ew
 from gpuk.ops.base import Op, normalize_axis
@@ -235,6 +236,20 @@ def checked_labels(xp, labels, classes, where, name='target'):
     return labels
 
 
+def labels_checked_later(impl, labels, classes, where, name='target'):
+    """``checked_labels`` without a host sync: the dtype now, the values by a device-side flag
+    that ``impl.check_later`` reads with the others before the call's results are used
+    (an out-of-range label never indexes: the kernels guard it)."""
+    xp = impl.xp
+    if labels.dtype.kind not in 'iubf':
+        checked_labels(np, labels[:0], classes, where, name)   # raises the dtype error
+    bad = (labels < 0) | (labels >= classes)
+    if labels.dtype.kind == 'f':
+        bad |= ~xp.isfinite(labels) | (labels != xp.round(labels))
+    impl.check_later(xp.any(bad), lambda: checked_labels(np, to_host(labels), classes, where, name))
+    return xp.where(bad, -1, labels).astype(np.int64) if labels.dtype.kind == 'f' else labels.astype(np.int64)
+
+
 class SparseSoftmaxXent(Op):
     """(loss, lse) of softmax cross-entropy along ``axis`` for integer (or whole float) labels."""
 
@@ -254,7 +269,7 @@ class SparseSoftmaxXent(Op):
             raise ValueError('%s: target must have shape %s (output shape %s without axis %d), got %s'
                              % (self.where, logits.shape[:self.axis] + logits.shape[self.axis + 1:],
                                 logits.shape, self.axis, labels.shape))
-        labels = checked_labels(impl.xp, labels, logits.shape[self.axis], self.where)
+        labels = labels_checked_later(impl, labels, logits.shape[self.axis], self.where)
         return impl.softmax_xent.sparse_softmax_xent_fwd(logits, labels, self.axis)
 
     def grad(self, inputs, outputs, output_grads):

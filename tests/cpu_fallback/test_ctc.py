@@ -75,7 +75,8 @@ def _batch(rng, dtype=np.float64, blank=A - 1):
 @pytest.mark.parametrize('blank', [A - 1, 0])
 def test_loss_matches_brute_force(rng, blank):
     logits, labels, input_lengths, label_lengths = _batch(rng, blank=blank)
-    loss, log_alpha = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank)
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank)
+    assert frame_lse.shape == (len(BATCH), 5)
     assert log_alpha.shape == (len(BATCH), 5, 7)
     for i in range(len(BATCH)):
         ref = _brute_loss(logits[i], labels[i, :label_lengths[i]], input_lengths[i], blank)
@@ -100,8 +101,8 @@ def test_default_blank_is_the_last_class(rng):
 def test_gradient_matches_finite_differences(rng, blank):
     logits, labels, input_lengths, label_lengths = _batch(rng, blank=blank)
     dloss = rng.uniform(0.5, 2, len(BATCH))
-    loss, log_alpha = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank)
-    grad = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss,
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank)
+    grad = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss,
                             dloss, blank)
     assert np.all(np.isfinite(grad))
     possible = np.isfinite(loss)
@@ -127,16 +128,16 @@ def test_gradient_matches_finite_differences(rng, blank):
 def test_low_precision_matches_float64(rng, dtype):
     logits, labels, input_lengths, label_lengths = _batch(rng)
     logits = logits.astype(dtype)
-    ref_loss, ref_alpha = ctc.ctc_loss_fwd(logits.astype(np.float64), labels, input_lengths,
-                                           label_lengths)
-    loss, log_alpha = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
+    ref_loss, ref_alpha, ref_lse = ctc.ctc_loss_fwd(logits.astype(np.float64), labels, input_lengths,
+                                                    label_lengths)
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
     assert loss.dtype == dtype and log_alpha.dtype == np.float32
     tol = 1e-2 if dtype == np.float16 else 1e-5
     np.testing.assert_allclose(loss.astype(np.float64), ref_loss, rtol=tol)
     dloss = np.ones(len(BATCH), dtype)
     ref_grad = ctc.ctc_loss_bwd(logits.astype(np.float64), labels, input_lengths, label_lengths,
-                                ref_alpha, ref_loss, dloss.astype(np.float64))
-    grad = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss)
+                                ref_alpha, ref_lse, ref_loss, dloss.astype(np.float64))
+    grad = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss)
     assert grad.dtype == dtype
     np.testing.assert_allclose(grad.astype(np.float64), ref_grad, rtol=tol, atol=tol)
 
@@ -150,12 +151,12 @@ def test_extreme_logits_stay_finite():
     labels = np.array([[0, 1, 0], [0, 0, 0], [1, 1, 1]])
     input_lengths = np.array([4, 4, 4])
     label_lengths = np.array([3, 1, 0])
-    loss, log_alpha = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
     # sample 0 follows the peaks 0,1,blank,0: a loss of ~0
     np.testing.assert_allclose(loss[:2], [0, _brute_loss(logits[1], [0], 4, A - 1)], atol=1e-9)
     # sample 2 (empty label) pays -log p(blank) = 1e4 + 1e4 + 0 + 2e4, large but finite
     np.testing.assert_allclose(loss[2], 4e4, rtol=1e-9)
-    grad = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss,
+    grad = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss,
                             np.ones(3))
     assert np.all(np.isfinite(grad))
     assert np.all(grad[1, :, 1] == 0)
@@ -192,11 +193,13 @@ def test_float_labels_with_whole_values_are_accepted(rng):
 def test_bwd_checks_saved_shapes():
     logits = np.zeros((1, 3, A))
     args = (logits, np.array([[0]]), np.array([3]), np.array([1]))
-    loss, log_alpha = ctc.ctc_loss_fwd(*args)
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(*args)
     with pytest.raises(ValueError, match='ctc_loss_bwd: log_alpha must have shape'):
-        ctc.ctc_loss_bwd(*args, log_alpha[:, :2], loss, np.ones(1))
+        ctc.ctc_loss_bwd(*args, log_alpha[:, :2], frame_lse, loss, np.ones(1))
+    with pytest.raises(ValueError, match=r'ctc_loss_bwd: frame_lse must have shape \(1, 3\)'):
+        ctc.ctc_loss_bwd(*args, log_alpha, frame_lse[:, :2], loss, np.ones(1))
     with pytest.raises(ValueError, match='ctc_loss_bwd: dloss must have shape'):
-        ctc.ctc_loss_bwd(*args, log_alpha, loss, np.ones(2))
+        ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss, np.ones(2))
 
 
 # ---------------------------------------------------------------- greedy decoding

@@ -5,6 +5,7 @@ import pytest
 
 from gpuk import config
 from gpuk.kernels import dispatch, runtime
+from gpuk.kernels.runtime import deferred
 from gpuk.kernels.cudnn import library as cudnn_library
 
 KERNEL_RUNTIMES = ['emulate', pytest.param('cuda', marks=pytest.mark.gpu)]
@@ -35,6 +36,15 @@ def _emulator_sanitizer():
         yield
     finally:
         os.environ.pop('GPUK_EMU_SANITIZE', None)
+
+
+@pytest.fixture(autouse=True)
+def _deferred_checks_pass():
+    """Every deferred argument check a test leaves (runtime/deferred.py) must pass: good input
+    never sets a flag."""
+    deferred.discard()
+    yield
+    deferred.raise_pending()
 
 
 @pytest.fixture(params=KERNEL_RUNTIMES)

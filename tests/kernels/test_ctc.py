@@ -6,6 +6,7 @@ import pytest
 
 from gpuk.cpu_fallback import ctc as twin
 from gpuk.kernels import ctc, runtime
+from gpuk.kernels.runtime import deferred
 from gpuk.kernels.cudnn import ctc as cudnn_ctc
 from gpuk.kernels.testing import assert_close, to_device, to_host
 
@@ -26,11 +27,11 @@ def _batch(rng, dtype, blank_last=True):
 
 
 def _loss_and_grad(rt, x, labels, input_lengths, label_lengths, blank=None):
-    loss, log_alpha = ctc.ctc_loss_fwd(*[to_device(rt, a) for a in (x, labels, input_lengths, label_lengths)],
-                                       blank, runtime=rt)
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(
+        *[to_device(rt, a) for a in (x, labels, input_lengths, label_lengths)], blank, runtime=rt)
     dloss = np.linspace(0.5, 1.5, x.shape[0]).astype(to_host(loss).dtype)
-    grad = ctc.ctc_loss_bwd(*[to_device(rt, a) for a in (x, labels, input_lengths, label_lengths)], log_alpha, loss,
-                            to_device(rt, dloss), blank, runtime=rt)
+    grad = ctc.ctc_loss_bwd(*[to_device(rt, a) for a in (x, labels, input_lengths, label_lengths)], log_alpha,
+                            frame_lse, loss, to_device(rt, dloss), blank, runtime=rt)
     return to_host(loss), to_host(log_alpha), dloss, to_host(grad)
 
 
@@ -41,14 +42,15 @@ def test_ctc_loss_and_grad_match_twin(kernel_runtime, dtype, blank_last):
     x, labels, input_lengths, label_lengths = _batch(rng, dtype, blank_last)
     blank = None if blank_last else 0
     loss, log_alpha, dloss, grad = _loss_and_grad(kernel_runtime, x, labels, input_lengths, label_lengths, blank)
-    loss_t, log_alpha_t = twin.ctc_loss_fwd(x, labels, input_lengths, label_lengths, blank)
+    loss_t, log_alpha_t, _ = twin.ctc_loss_fwd(x, labels, input_lengths, label_lengths, blank)
     assert loss.dtype == loss_t.dtype and log_alpha.dtype == log_alpha_t.dtype
-    loss_r, log_alpha_r = twin.ctc_loss_fwd(x.astype(np.float64), labels, input_lengths, label_lengths, blank)
+    loss_r, log_alpha_r, lse_r = twin.ctc_loss_fwd(x.astype(np.float64), labels, input_lengths, label_lengths,
+                                                   blank)
     assert loss[3] == np.inf and loss[1] >= 0   # impossible alignment: inf, never NaN
     assert_close(loss, loss_r, dtype, 'ctc_loss_fwd loss')
     assert_close(log_alpha, log_alpha_r, dtype, 'ctc_loss_fwd log_alpha')
     # the twin's gradient from the same saved loss (float16 rounds it)
-    grad_r = twin.ctc_loss_bwd(x.astype(np.float64), labels, input_lengths, label_lengths, log_alpha_r,
+    grad_r = twin.ctc_loss_bwd(x.astype(np.float64), labels, input_lengths, label_lengths, log_alpha_r, lse_r,
                                loss.astype(np.float64), dloss.astype(np.float64), blank)
     assert grad.dtype == x.dtype
     assert_close(grad, grad_r, dtype, 'ctc_loss_bwd')
@@ -64,15 +66,53 @@ def test_ctc_label_longer_than_the_block(kernel_runtime):
     x = rng.standard_normal((1, 305, 5)).astype(np.float64)
     lengths = (np.array([305]), np.array([length]))
     loss, log_alpha, dloss, grad = _loss_and_grad(kernel_runtime, x, labels, *lengths)
-    loss_r, log_alpha_r = twin.ctc_loss_fwd(x, labels, *lengths)
+    loss_r, log_alpha_r, lse_r = twin.ctc_loss_fwd(x, labels, *lengths)
     assert_close(loss, loss_r, np.float64, 'loss')
     assert_close(log_alpha, log_alpha_r, np.float64, 'log_alpha')
-    assert_close(grad, twin.ctc_loss_bwd(x, labels, *lengths, log_alpha_r, loss_r, dloss), np.float64, 'grad')
+    assert_close(grad, twin.ctc_loss_bwd(x, labels, *lengths, log_alpha_r, lse_r, loss_r, dloss), np.float64, 'grad')
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+def test_ctc_labels_past_the_shared_memory_states(kernel_runtime, monkeypatch, dtype):
+    """Extended labels longer than CTC_SHARED_STATES keep the previous step in global memory
+    (log_alpha's previous row; a (N, 2, S) scratch for beta): the same results. A smaller
+    limit here takes that path on the test batch (9 states)."""
+    monkeypatch.setattr(ctc, 'CTC_SHARED_STATES', 7)
+    rng = np.random.default_rng(4)
+    x, labels, input_lengths, label_lengths = _batch(rng, dtype, True)
+    loss, log_alpha, dloss, grad = _loss_and_grad(kernel_runtime, x, labels, input_lengths, label_lengths)
+    loss_r, log_alpha_r, lse_r = twin.ctc_loss_fwd(x.astype(np.float64), labels, input_lengths, label_lengths)
+    assert_close(loss, loss_r, dtype, 'loss')
+    assert_close(log_alpha, log_alpha_r, dtype, 'log_alpha')
+    grad_r = twin.ctc_loss_bwd(x.astype(np.float64), labels, input_lengths, label_lengths, log_alpha_r, lse_r,
+                               loss.astype(np.float64), dloss.astype(np.float64))
+    assert_close(grad, grad_r, dtype, 'grad')
+
+
+def test_frame_lse_is_a_forward_output_the_backward_reads(kernel_runtime):
+    """The forward's frame log-sum-exp matches the twin's, and the backward uses the one it is
+    given (the twin's gradient for a shifted frame_lse, not the unshifted one) instead of
+    recomputing it."""
+    rng = np.random.default_rng(6)
+    x, labels, input_lengths, label_lengths = _batch(rng, np.float64, True)
+    rt = kernel_runtime
+    args = [to_device(rt, a) for a in (x, labels, input_lengths, label_lengths)]
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(*args, runtime=rt)
+    _, log_alpha_t, lse_t = twin.ctc_loss_fwd(x, labels, input_lengths, label_lengths)
+    assert frame_lse.shape == (5, 9)
+    assert_close(to_host(frame_lse), lse_t, np.float64, 'frame_lse')
+    dloss = np.ones(5)
+    grad = to_host(ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss, to_device(rt, dloss), runtime=rt))
+    shifted = to_host(ctc.ctc_loss_bwd(*args, log_alpha, frame_lse + 0.5, loss, to_device(rt, dloss), runtime=rt))
+    expected = twin.ctc_loss_bwd(x, labels, input_lengths, label_lengths, log_alpha_t, lse_t + 0.5, to_host(loss),
+                                 dloss)
+    assert_close(shifted, expected, np.float64, 'grad with a shifted frame_lse')
+    assert np.abs(shifted - grad).max() > 0.1
 
 
 def test_ctc_empty_inputs(kernel_runtime):
     x = np.zeros((2, 0, 3), np.float32)
-    loss, log_alpha = ctc.ctc_loss_fwd(to_device(kernel_runtime, x), np.zeros((2, 1)), np.array([0, 0]),
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(to_device(kernel_runtime, x), np.zeros((2, 1)), np.array([0, 0]),
                                        np.array([0, 1]), runtime=kernel_runtime)
     np.testing.assert_array_equal(to_host(loss), [0.0, np.inf])
     assert log_alpha.shape == (2, 0, 3)
@@ -122,6 +162,41 @@ def test_beam_search_matches_twin(kernel_runtime, dtype, beam_width, top_paths, 
     np.testing.assert_allclose(scores[finite], scores_t[finite], rtol=1e-5)
 
 
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+@pytest.mark.parametrize('beam_width, top_paths', [(2, 2), (3, 1), (5, 3)])
+def test_beam_search_ties_follow_the_total_order(kernel_runtime, dtype, beam_width, top_paths):
+    """Frames of few distinct values (uniform frames included): extensions tie within a beam
+    and across beams, at each beam's top-W cut and at the global threshold. The kernel keeps
+    each beam's best W extensions first, then selects; the twin ranks all W A candidates:
+    the same beams (total desc, prefix key asc), so the same paths and scores."""
+    rng = np.random.default_rng(beam_width * 10 + top_paths)
+    batch, steps, classes = 3, 7, 9
+    x = rng.integers(0, 2, (batch, steps, classes)).astype(np.float64)
+    x[1] = 0.0                      # uniform frames: every extension of a beam ties
+    x[2, ::2] = x[2, 0]             # repeated frames
+    log_probs = (x - np.log(np.exp(x).sum(-1, keepdims=True))).astype(dtype)
+    input_lengths = np.array([steps, steps, steps - 2])
+    paths, scores = ctc.ctc_beam_search_decode(to_device(kernel_runtime, log_probs), input_lengths, beam_width,
+                                               top_paths, runtime=kernel_runtime)
+    paths_t, scores_t = twin.ctc_beam_search_decode(log_probs, input_lengths, beam_width, top_paths)
+    for got, expected in zip(paths, paths_t):
+        np.testing.assert_array_equal(to_host(got), expected)
+    np.testing.assert_allclose(to_host(scores), scores_t, rtol=1e-6)
+
+
+def test_beam_search_frames_wider_than_the_shared_cache(kernel_runtime, monkeypatch):
+    """Frames of more than BEAM_SHARED_CLASSES classes are read from global memory instead of
+    the shared cache: the same beams (a smaller limit here takes that path)."""
+    monkeypatch.setattr(ctc, 'BEAM_SHARED_CLASSES', 4)
+    log_probs, input_lengths = _decode_input(np.random.default_rng(12), np.float32, steps=8, classes=7)
+    paths, scores = ctc.ctc_beam_search_decode(to_device(kernel_runtime, log_probs), input_lengths, 3, 2,
+                                               runtime=kernel_runtime)
+    paths_t, scores_t = twin.ctc_beam_search_decode(log_probs, input_lengths, 3, 2)
+    for got, expected in zip(paths, paths_t):
+        np.testing.assert_array_equal(to_host(got), expected)
+    np.testing.assert_allclose(to_host(scores), scores_t, rtol=1e-5)
+
+
 def test_beam_search_float16_and_fewer_prefixes_than_paths(kernel_runtime):
     """Two classes and two frames: fewer distinct prefixes than top_paths gives -inf rows."""
     rng = np.random.default_rng(9)
@@ -141,7 +216,9 @@ def _same_error(kernel_fn, twin_fn, args, kwargs=None):
         twin_fn(*args, **kwargs)
     with pytest.raises(expected.type) as got:
         kernel_fn(*args, runtime='emulate', **kwargs)
+        deferred.raise_pending()   # value checks run on the device and raise where results are read
     assert str(got.value) == str(expected.value)
+    assert deferred.pending_count() == 0
 
 
 class _NoLaunch:
@@ -156,32 +233,69 @@ class _NoLaunch:
         raise AssertionError('a kernel was loaded for bad input')
 
 
-def test_bad_input_raises_before_any_launch(monkeypatch):
+def test_bad_shapes_and_dtypes_raise_before_any_launch(monkeypatch):
     monkeypatch.setattr(runtime, 'get_runtime', lambda kind: _NoLaunch())
     x = np.zeros((2, 5, 4), np.float32)
     labels = np.array([[0, 1], [2, 2]])
     ok_in, ok_lab = np.array([5, 5]), np.array([2, 2])
     loss_cases = [
-        (x, np.array([[0, 4], [1, 1]]), ok_in, ok_lab),        # label >= classes
-        (x, np.array([[0, 3], [1, 1]]), ok_in, ok_lab),        # the blank as a label
-        (x, labels, np.array([5, -1]), ok_lab),                # negative length
-        (x, labels, np.array([5, 6]), ok_lab),                 # input length > T
-        (x, labels, ok_in, np.array([2, 3])),                  # label length > Lmax
         (x, labels[:1], ok_in, ok_lab),                        # batch sizes differ
         (x, labels, ok_in[:1], ok_lab),
-        (x, labels + 0.5, ok_in, ok_lab),                      # non-integer labels
         (x.astype(np.int32), labels, ok_in, ok_lab),
         (x[0], labels, ok_in, ok_lab),
     ]
     for case in loss_cases:
         _same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, case)
     log_alpha, loss = np.zeros((2, 5, 5), np.float32), np.zeros(2, np.float32)
-    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha[:, :4], loss, loss))
-    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha, loss[:1], loss))
-    _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, np.array([6, 1])))
+    lse = np.zeros((2, 5), np.float32)
+    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha[:, :4], lse, loss, loss))
+    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha, lse[:, :4], loss, loss))
+    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha, lse, loss[:1], loss))
     _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, ok_in, 4))
     _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 0))
     _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 2, 3))
+
+
+def test_bad_values_raise_the_twins_errors_from_the_device_check():
+    """Labels and lengths are checked on the device (no host sync at the call); the error, the
+    twin's message, is raised where the results are read (deferred.raise_pending), and the
+    kernels ran on the bad values without reading out of bounds (sanitizer on)."""
+    x = np.zeros((2, 5, 4), np.float32)
+    labels = np.array([[0, 1], [2, 2]])
+    ok_in, ok_lab = np.array([5, 5]), np.array([2, 2])
+    loss_cases = [
+        (x, np.array([[0, 4], [1, 1]]), ok_in, ok_lab),        # label >= classes
+        (x, np.array([[0, 3], [1, 1]]), ok_in, ok_lab),        # the blank as a label
+        (x, np.array([[0, -7], [1, 1]]), ok_in, ok_lab),       # negative label
+        (x, labels, np.array([5, -1]), ok_lab),                # negative length
+        (x, labels, np.array([5, 6]), ok_lab),                 # input length > T
+        (x, labels, ok_in, np.array([2, 3])),                  # label length > Lmax
+        (x, labels + 0.5, ok_in, ok_lab),                      # non-integer labels
+    ]
+    for case in loss_cases:
+        _same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, case)
+        log_alpha, loss = np.zeros((2, 5, 5), np.float32), np.zeros(2, np.float32)
+        _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, case + (log_alpha, np.zeros((2, 5), np.float32), loss, loss))
+    _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, np.array([6, 1])))
+    _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, np.array([-1, 1]), 2))
+
+
+def test_no_host_syncs_per_call(emulator):
+    """Loss, gradient and decoders never copy to the host at the call (runtime.to_host counts
+    what would be a device-to-host copy on a GPU); one read of the pending flags follows."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 4)).astype(np.float32)
+    labels, lengths, label_lengths = np.array([[0, 1], [2, 2]]), np.array([6, 5]), np.array([2, 1])
+    before = emulator.host_syncs = getattr(emulator, 'host_syncs', 0)
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(x, labels, lengths, label_lengths, runtime=emulator)
+    ctc.ctc_loss_bwd(x, labels, lengths, label_lengths, log_alpha, frame_lse, loss, np.ones(2, np.float32),
+                     runtime=emulator)
+    ctc.ctc_greedy_decode(x, lengths, runtime=emulator)
+    ctc.ctc_beam_search_decode(x, lengths, 3, runtime=emulator)
+    assert emulator.host_syncs == before
+    assert deferred.pending_count() == 4
+    deferred.raise_pending()
+    assert emulator.host_syncs == before + 1 and deferred.pending_count() == 0
 
 
 def test_bfloat16_is_refused_by_launcher_and_twin(monkeypatch):
@@ -192,7 +306,8 @@ def test_bfloat16_is_refused_by_launcher_and_twin(monkeypatch):
     log_alpha, loss = np.zeros((2, 5, 5), np.float32), np.zeros(2, np.float32)
     _same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, (x, labels, lengths, lengths - 3))
     _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x.astype(np.float32), labels, lengths, lengths - 3,
-                                                      log_alpha.astype(ml_dtypes.bfloat16), loss, loss))
+                                                      log_alpha.astype(ml_dtypes.bfloat16), loss[:, None], loss,
+                                                      loss))
     _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, lengths))
     with pytest.raises(TypeError, match='ctc_loss_fwd: logits must be a float16, float32 or float64 array, '
                                         'got dtype bfloat16'):
@@ -249,9 +364,9 @@ def test_cudnn_ctc_matches_gpuk():
     rng = np.random.default_rng(5)
     x, labels, input_lengths, label_lengths = _batch(rng, np.float32)
     loss, grad = cudnn_ctc.cudnn_ctc_loss(cupy.asarray(x), labels, input_lengths, label_lengths)
-    loss_t, log_alpha_t = twin.ctc_loss_fwd(x.astype(np.float64), labels, input_lengths, label_lengths)
+    loss_t, log_alpha_t, lse_t = twin.ctc_loss_fwd(x.astype(np.float64), labels, input_lengths, label_lengths)
     np.testing.assert_allclose(to_host(loss), loss_t, rtol=1e-4)
-    grad_t = twin.ctc_loss_bwd(x.astype(np.float64), labels, input_lengths, label_lengths, log_alpha_t, loss_t,
+    grad_t = twin.ctc_loss_bwd(x.astype(np.float64), labels, input_lengths, label_lengths, log_alpha_t, lse_t, loss_t,
                                np.ones(5))
     np.testing.assert_allclose(to_host(grad), grad_t, atol=1e-4)
     with pytest.raises(dispatch.Unsupported):

@@ -59,10 +59,11 @@ def test_launchers_run_cudnn_for_loss_and_gradient_when_chosen(cuda_standin, mon
         return 'cudnn loss', np.full(x.shape, 2.0)
     monkeypatch.setattr(cudnn_ctc, 'cudnn_ctc_loss', fake_cudnn_ctc_loss)
     config.set_kernels(ctc='cudnn')
-    loss, log_alpha = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, runtime=cuda_standin)
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, runtime=cuda_standin)
     assert loss == 'cudnn loss' and log_alpha.shape == (3, 8, 7) and np.isnan(log_alpha).all()
+    assert frame_lse.shape == (3, 8) and np.isnan(frame_lse).all()
     dloss = np.array([1.0, 0.5, 3.0])
-    dlogits = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, np.zeros(3), dloss,
+    dlogits = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, np.zeros(3), dloss,
                                runtime=cuda_standin)
     np.testing.assert_array_equal(dlogits, 2.0 * dloss[:, None, None] * np.ones(logits.shape))
     assert len(calls) == 2 and all(c is logits for c in calls)
@@ -73,13 +74,15 @@ def test_launchers_fall_back_to_gpuk_outside_cudnns_limits(cuda_standin, rng):
     logits, labels, input_lengths, label_lengths = _small_problem(rng)
     config.set_kernels(ctc='cudnn')
     with pytest.warns(RuntimeWarning, match='float32'):
-        loss, log_alpha = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, runtime=cuda_standin)
+        loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths,
+                                                      runtime=cuda_standin)
     dloss = np.array([1.0, 0.5, 3.0])
-    dlogits = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss,
+    dlogits = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss,
                                runtime=cuda_standin)
-    loss_t, log_alpha_t = twin.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
+    loss_t, log_alpha_t, lse_t = twin.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
     assert_close(loss, loss_t, np.float64, 'loss')
-    assert_close(dlogits, twin.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha_t, loss_t, dloss),
+    assert_close(dlogits, twin.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha_t, lse_t, loss_t,
+                                            dloss),
                  np.float64, 'dlogits')
 
 
@@ -97,8 +100,9 @@ def test_cudnn_ctc_matches_the_twin(rng, blank):
     labels[3, :3] = labels[3, 0]                     # repeats need blanks between them
     label_lengths = np.array([6, 3, 0, 4])
     input_lengths = np.array([30, 17, 5, 5])         # sample 3: 4 labels + 2 repeats > 5 frames
-    loss_ref, log_alpha = twin.ctc_loss_fwd(logits.astype(np.float64), labels, input_lengths, label_lengths, blank)
-    dlogits_ref = twin.ctc_loss_bwd(logits.astype(np.float64), labels, input_lengths, label_lengths, log_alpha,
+    loss_ref, log_alpha, lse = twin.ctc_loss_fwd(logits.astype(np.float64), labels, input_lengths, label_lengths,
+                                                 blank)
+    dlogits_ref = twin.ctc_loss_bwd(logits.astype(np.float64), labels, input_lengths, label_lengths, log_alpha, lse,
                                     loss_ref, np.ones(batch), blank)
     loss, dlogits = cudnn_ctc.cudnn_ctc_loss(cupy.asarray(logits), labels, input_lengths, label_lengths, blank)
     loss, dlogits = cupy.asnumpy(loss), cupy.asnumpy(dlogits)

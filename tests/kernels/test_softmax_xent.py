@@ -6,6 +6,7 @@ import pytest
 from gpuk.cpu_fallback import softmax_xent as twin
 from gpuk.contracts.dtypes import accumulation_dtype
 from gpuk.kernels import softmax_xent
+from gpuk.kernels.runtime import deferred
 from gpuk.kernels.testing import assert_matches_twin, to_device, to_host
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
@@ -50,6 +51,30 @@ def test_softmax_xent_matches_twin(kernel_runtime, dtype, classes):
                                         (x, labels), rt)
     assert_matches_twin(softmax_xent.sparse_softmax_xent_bwd, twin.sparse_softmax_xent_bwd,
                         (x, labels, sparse_lse, dloss), rt)
+
+
+@pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize('classes', [1, 3, 4, 8, 12, 17, 32])
+def test_short_rows_share_a_warp(kernel_runtime, dtype, classes):
+    """Rows of <= 32 classes run several per warp (sub-warp groups of 1..32 lanes): a row
+    count that leaves the last warp and block part-full, every kernel of the family, and an
+    unaligned view (scalar path) for the vector-width counts."""
+    rng = np.random.default_rng(classes + 40)
+    rows, rt = 261, kernel_runtime
+    x, t = _inputs(rng, (rows, classes), dtype)
+    dy = rng.standard_normal((rows, classes)).astype(dtype)
+    assert_matches_twin(softmax_xent.softmax_fwd, twin.softmax_fwd, (x,), rt)
+    assert_matches_twin(softmax_xent.log_softmax_bwd, twin.log_softmax_bwd, (twin.log_softmax_fwd(x), dy), rt)
+    loss, lse = assert_matches_twin(softmax_xent.softmax_xent_fwd, twin.softmax_xent_fwd, (x, t), rt)
+    dloss = rng.random(rows).astype(lse.dtype)
+    assert_matches_twin(softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (x, t, lse, dloss), rt)
+    labels = rng.integers(0, classes, rows)
+    _, lse = assert_matches_twin(softmax_xent.sparse_softmax_xent_fwd, twin.sparse_softmax_xent_fwd, (x, labels), rt)
+    assert_matches_twin(softmax_xent.sparse_softmax_xent_bwd, twin.sparse_softmax_xent_bwd, (x, labels, lse, dloss), rt)
+    p = rng.random((rows, classes)).astype(dtype)
+    assert_matches_twin(softmax_xent.categorical_xent_probs_bwd, twin.categorical_xent_probs_bwd, (p, t, dloss), rt)
+    unaligned = np.concatenate([np.zeros(1, dtype), x.reshape(-1)])[1:].reshape(rows, classes)
+    assert_matches_twin(softmax_xent.softmax_xent_bwd, twin.softmax_xent_bwd, (unaligned, t, lse, dloss), rt)
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
@@ -151,7 +176,9 @@ def _same_error(kernel_fn, twin_fn, args, kwargs=None):
         twin_fn(*args, **kwargs)
     with pytest.raises(expected.type) as got:
         kernel_fn(*args, runtime='emulate', **kwargs)
+        deferred.raise_pending()   # value checks run on the device and raise where results are read
     assert str(got.value) == str(expected.value)
+    assert deferred.pending_count() == 0
 
 
 def test_bad_input_raises_the_twins_errors():
@@ -184,3 +211,29 @@ def test_empty_rows_and_16_bit_results(kernel_runtime, dtype):
     loss, lse = softmax_xent.softmax_xent_fwd(to_device(kernel_runtime, x), to_device(kernel_runtime, x),
                                               runtime=kernel_runtime)
     assert loss.shape == (0,) and loss.dtype == dtype and lse.dtype == np.float32
+
+
+def test_sparse_labels_are_checked_without_a_host_sync(emulator):
+    """The label range is checked on the device: no copy to the host at the call, the twin's
+    error raised where the results are read, and the bad label never used as an index."""
+    x = np.zeros((2, 3), np.float32)
+    before = emulator.host_syncs = getattr(emulator, 'host_syncs', 0)
+    loss, lse = softmax_xent.sparse_softmax_xent_fwd(x, np.array([0, 2]), runtime=emulator)
+    softmax_xent.sparse_softmax_xent_bwd(x, np.array([0, 2]), lse, np.ones(2, np.float32), runtime=emulator)
+    assert emulator.host_syncs == before and deferred.pending_count() == 2
+    deferred.raise_pending()
+    assert emulator.host_syncs == before + 1
+    loss, _ = softmax_xent.sparse_softmax_xent_fwd(x, np.array([0, 9]), runtime=emulator)
+    assert np.isnan(loss[1])
+    with pytest.raises(ValueError, match=r'sparse_softmax_xent_fwd: labels must lie in \[0, 3\) \(the size of '
+                                         r'logits axis 1\), got values in \[0, 9\]'):
+        deferred.raise_pending()
+
+
+def test_sync_launches_checks_labels_at_the_call(emulator, monkeypatch):
+    """GPUK_SYNC_LAUNCHES=1 (debugging) reads the flag at once: the error names its call."""
+    monkeypatch.setenv('GPUK_SYNC_LAUNCHES', '1')
+    with pytest.raises(ValueError, match=r'sparse_softmax_xent_bwd: labels must lie in \[0, 3\)'):
+        softmax_xent.sparse_softmax_xent_bwd(np.zeros((2, 3), np.float32), np.array([3, 0]), np.zeros(2, np.float32),
+                                             np.ones(2, np.float32), runtime=emulator)
+    assert deferred.pending_count() == 0

@@ -159,23 +159,26 @@ def _host(value):
 
 
 def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None):
-    """The twin's ctc_loss_fwd through cuDNN: (loss, log_alpha).
+    """The twin's ctc_loss_fwd through cuDNN: (loss, log_alpha, frame_lse).
 
     cudnnCTCLoss computes the loss and the gradient in one call and has no alphas to give:
-    log_alpha (float32, the twin's shape) is NaN. The backward of the same problem runs
-    cuDNN too (one dispatch key, the same limits) and never reads it; were gpuk's backward
-    ever handed it, its gradient would be NaN, never silently wrong. The forward's gradient
-    is dropped and the backward's call computes both again: two cuDNN calls per step.
+    log_alpha and frame_lse (float32, the twin's shapes) are NaN. The backward of the same
+    problem runs cuDNN too (one dispatch key, the same limits) and never reads them; were
+    gpuk's backward ever handed them, its gradient would be NaN, never silently wrong. The
+    forward's gradient is dropped and the backward's call computes both again: two cuDNN
+    calls per step.
     """
     loss, _ = cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank)
     batch, steps, _ = logits.shape
-    return loss, _array_module(logits).full((batch, steps, 2 * np.shape(labels)[1] + 1), np.nan, np.float32)
+    xp = _array_module(logits)
+    return (loss, xp.full((batch, steps, 2 * np.shape(labels)[1] + 1), np.nan, np.float32),
+            xp.full((batch, steps), np.nan, np.float32))
 
 
-def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, loss, dloss, blank=None):
+def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss, blank=None):
     """The twin's ctc_loss_bwd through cuDNN: its gradient for dloss = 1, scaled by dloss.
 
-    log_alpha and loss are not read (cuDNN recomputes the forward recursion)."""
+    log_alpha, frame_lse and loss are not read (cuDNN recomputes the forward recursion)."""
     _, dlogits = cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank)
     return dlogits * _array_module(dlogits).asarray(dloss, dtype=dlogits.dtype)[:, None, None]
 

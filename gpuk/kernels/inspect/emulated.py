@@ -136,6 +136,17 @@ def _softmax_xent(rt):
     yield f'xent fwd {config}', lambda: softmax_xent.softmax_xent_fwd(logits, target, runtime=rt)
     yield f'log_softmax fwd {config}', lambda: softmax_xent.log_softmax_fwd(logits, runtime=rt)
     yield f'categorical probs fwd {config}', lambda: softmax_xent.categorical_xent_probs_fwd(y, target, runtime=rt)
+    # short rows: several per warp (sub-warp groups)
+    small = _rng().standard_normal((512, 10)).astype(np.float32)
+    small_target = softmax_xent.softmax_fwd(small[::-1].copy(), runtime=rt)
+    small_labels = _rng().integers(0, 10, 512)
+    small_lse = softmax_xent.softmax_xent_fwd(small, small_target, runtime=rt)[1]
+    ones = np.ones(512, np.float32)
+    yield 'xent fwd 512x10 f32', lambda: softmax_xent.softmax_xent_fwd(small, small_target, runtime=rt)
+    yield 'xent bwd 512x10 f32', lambda: softmax_xent.softmax_xent_bwd(small, small_target, small_lse, ones,
+                                                                      runtime=rt)
+    yield 'sparse xent fwd 512x10 f32', lambda: softmax_xent.sparse_softmax_xent_fwd(small, small_labels, runtime=rt)
+    yield 'xent bwd 64x1000 f32', lambda: softmax_xent.softmax_xent_bwd(logits, target, lse, dloss, runtime=rt)
     bits = (_rng().random((64, 1000)) < 0.5).astype(np.float32)
     yield f'binary logits fwd {config}', lambda: softmax_xent.binary_xent_logits_fwd(logits, bits, runtime=rt)
     yield f'binary logits bwd {config}', lambda: softmax_xent.binary_xent_logits_bwd(logits, bits, logits, runtime=rt)
@@ -151,11 +162,24 @@ def _ctc(rt):
     config = f'batch {batch}, {steps} steps, {classes} classes, labels 6, f32'
     args = (logits, labels, input_lengths, label_lengths)
     yield f'loss fwd {config}', lambda: ctc.ctc_loss_fwd(*args, runtime=rt)
-    loss, log_alpha = ctc.ctc_loss_fwd(*args, runtime=rt)
-    yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, loss, np.ones_like(loss), runtime=rt)
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(*args, runtime=rt)
+    yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss, np.ones_like(loss),
+                                                         runtime=rt)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     yield f'greedy {config}', lambda: ctc.ctc_greedy_decode(log_probs, input_lengths, runtime=rt)
     yield f'beam 8 {config}', lambda: ctc.ctc_beam_search_decode(log_probs, input_lengths, 8, 1, runtime=rt)
+    # closer to warp-ctc's character models: 29 classes, 20-label transcripts (41 states)
+    steps, batch, classes, width = 60, 2, 29, 20
+    logits = _rng().standard_normal((batch, steps, classes)).astype(np.float32)
+    labels = _rng().integers(0, classes - 1, (batch, width)).astype(np.int32)
+    args = (logits, labels, np.full(batch, steps, np.int32), np.full(batch, width, np.int32))
+    config = f'batch {batch}, {steps} steps, {classes} classes, labels {width}, f32'
+    yield f'loss fwd {config}', lambda: ctc.ctc_loss_fwd(*args, runtime=rt)
+    loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(*args, runtime=rt)
+    yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss, np.ones_like(loss),
+                                                         runtime=rt)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    yield f'beam 10 {config}', lambda: ctc.ctc_beam_search_decode(log_probs, args[2], 10, 1, runtime=rt)
 
 
 _PROBLEMS = {'elementwise': _elementwise, 'conv': _conv, 'conv_depthwise': _conv_depthwise, 'conv_local': _conv_local,
