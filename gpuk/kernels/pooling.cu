@@ -111,6 +111,9 @@ template <int VEC> __device__ __forceinline__ void store_lanes(elem_t* __restric
     }
 }
 
+__device__ __forceinline__ float minus_infinity(float) { return neg_inf_f(); }
+__device__ __forceinline__ double minus_infinity(double) { return __longlong_as_double((long long)0xfff0000000000000ULL); }
+
 // VEC taps as TapT at p, one store of VEC * sizeof(TapT) bytes (p aligned to that when VEC > 1).
 template <int BYTES> struct __align__(BYTES) TapBytes {
     unsigned char b[BYTES];
@@ -166,11 +169,14 @@ __device__ __forceinline__ void pool_fwd_body(const elem_t* __restrict__ x, elem
             // the window's padded start
             const int sd = od * g.s[0] - g.p[0], sh = oh * g.s[1] - g.p[1], sw = ow * g.s[2] - g.p[2];
             if (IS_MAX) {
-                const long long first = ((long long)d0 * g.in[1] + h0) * g.in[2] + w0;
-                load_lanes<VEC>(x + base + first * sp_stride, best);
+                // best = -inf and the first real element's tap: the loop's strict > then
+                // keeps that tap for an all -inf window, and x is read once
                 const int first_tap = ((d0 - sd) * g.k[1] + (h0 - sh)) * g.k[2] + (w0 - sw);
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) where[j] = first_tap;
+                for (int j = 0; j < VEC; ++j) {
+                    best[j] = minus_infinity(acc_t(0));
+                    where[j] = first_tap;
+                }
             } else {
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) best[j] = acc_t(0);
@@ -319,6 +325,16 @@ avg_pool_bwd(const elem_t* __restrict__ dy, elem_t* __restrict__ dx, int n, int 
 // strides the batch, a 32-bit grid-stride loop the sample; in channels-last layouts
 // neighbouring threads take neighbouring channels, so the dy, tap and dx accesses coalesce.
 // Limits: per-sample sizes < 2^31. No shared memory.
+// g where keep, else +0.0, by masking its bits: no branch, so every lane of a warp loads dy
+// and its loads stay one request (a load under the tap test diverges into per-lane ones).
+// Adding +0.0 leaves every sum here unchanged: sums start at +0.0, so none is -0.0.
+__device__ __forceinline__ float keep_or_zero(float g, bool keep) {
+    return __uint_as_float(__float_as_uint(g) & (0u - (unsigned)keep));
+}
+__device__ __forceinline__ double keep_or_zero(double g, bool keep) {
+    return __longlong_as_double(__double_as_longlong(g) & (0LL - (long long)keep));
+}
+
 template <class TapT>
 __device__ __forceinline__ void max_pool_bwd_body(const elem_t* __restrict__ dy, const TapT* __restrict__ argmax,
                                                   elem_t* __restrict__ dx, const PoolGeometry& g,
@@ -353,7 +369,7 @@ __device__ __forceinline__ void max_pool_bwd_body(const elem_t* __restrict__ dy,
                     for (int ow = lo[2]; ow <= hi[2]; ++ow) {
                         const int tap = tdh * g.k[2] + pos[2] - (ow * g.s[2] - g.p[2]);
                         const long long o = base + (((long long)od * g.out[1] + oh) * g.out[2] + ow) * sp_stride;
-                        if ((int)argmax[o] == tap) sum += to_acc(dy[o]);
+                        sum += keep_or_zero(to_acc(dy[o]), (int)argmax[o] == tap);
                     }
                 }
             }
