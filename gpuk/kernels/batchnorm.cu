@@ -10,7 +10,8 @@
 // finalize kernel adds the splits in order. No float atomics: results are deterministic.
 // Training statistics are shifted sums in acc_t: with K = the channel's first element,
 // sum(x - K) and sum((x - K)^2) add exactly across threads and splits, and the shift
-// keeps a large common offset from cancelling (mean = K + S1/n, var = (S2 - S1^2/n)/n).
+// keeps a large common offset from cancelling (mean = K + S1/n, var = (S2 - S1^2/n)/n);
+// the training sums kernels' first split writes K to shifts[ch] for the finalize.
 // Fusions (gpuk/fusion.py): bn_apply's relu flag is the BN -> relu epilogue; the *_relu
 // backward kernels mask dy where the fused output y is not > 0 (they read y: the mask is
 // then exactly the unfused relu gradient's); bn_stats_finalize_moving also writes Keras's
@@ -79,7 +80,7 @@ __device__ __forceinline__ void store_pair(acc_t* __restrict__ partials, long lo
 template <bool BACKWARD, bool RELU>
 __device__ __forceinline__ void sums_channels_last(const elem_t* __restrict__ x, const elem_t* __restrict__ dy,
                                                    const elem_t* __restrict__ y, const acc_t* __restrict__ mean,
-                                                   acc_t* __restrict__ partials,
+                                                   acc_t* __restrict__ partials, acc_t* __restrict__ shifts,
                                                    long long rows, long long c, long long rows_per_split) {
     __shared__ acc_t part_a[BN_ROWS][33], part_b[BN_ROWS][33];
     const long long ch = (long long)blockIdx.x * 32 + threadIdx.x;
@@ -88,6 +89,7 @@ __device__ __forceinline__ void sums_channels_last(const elem_t* __restrict__ x,
     acc_t a = acc_t(0), b = acc_t(0);
     if (ch < c) {
         const acc_t center = BACKWARD ? mean[ch] : to_acc(x[ch]);
+        if (!BACKWARD && blockIdx.y == 0 && threadIdx.y == 0) shifts[ch] = center;
         for (long long r = r0 + threadIdx.y; r < r1; r += BN_ROWS) add_terms<BACKWARD, RELU>(x, dy, y, r * c + ch, center, a, b);
     }
     part_a[threadIdx.y][threadIdx.x] = a;
@@ -110,7 +112,7 @@ __device__ __forceinline__ void sums_channels_last(const elem_t* __restrict__ x,
 template <bool BACKWARD, bool RELU, class I>
 __device__ __forceinline__ void sums_channels_first_body(const elem_t* __restrict__ x, const elem_t* __restrict__ dy,
                                                          const elem_t* __restrict__ y, const acc_t* __restrict__ mean,
-                                                         acc_t* __restrict__ partials,
+                                                         acc_t* __restrict__ partials, acc_t* __restrict__ shifts,
                                                          long long outer, long long c, long long inner,
                                                          long long per_split) {
     __shared__ acc_t scratch[32];
@@ -128,6 +130,9 @@ __device__ __forceinline__ void sums_channels_first_body(const elem_t* __restric
     b = block_reduce_sum(b, scratch);
     if (threadIdx.x == 0) {
         store_pair(partials, (long long)blockIdx.y * c + ch, a, b);
+        // after the loads: one lane's extra store before them would break the warp's requests
+        // apart in the emulator's counters (lanes' k-th accesses form a request)
+        if (!BACKWARD && blockIdx.y == 0) shifts[ch] = center;
     }
 }
 
@@ -135,26 +140,28 @@ __device__ __forceinline__ void sums_channels_first_body(const elem_t* __restric
 template <bool BACKWARD, bool RELU>
 __device__ __forceinline__ void sums_channels_first(const elem_t* __restrict__ x, const elem_t* __restrict__ dy,
                                                     const elem_t* __restrict__ y, const acc_t* __restrict__ mean,
-                                                    acc_t* __restrict__ partials, long long outer, long long c,
-                                                    long long inner, long long per_split) {
+                                                    acc_t* __restrict__ partials, acc_t* __restrict__ shifts,
+                                                    long long outer, long long c, long long inner,
+                                                    long long per_split) {
     if (outer * inner < 0x7fffffffLL)
-        sums_channels_first_body<BACKWARD, RELU, unsigned>(x, dy, y, mean, partials, outer, c, inner, per_split);
+        sums_channels_first_body<BACKWARD, RELU, unsigned>(x, dy, y, mean, partials, shifts, outer, c, inner,
+                                                           per_split);
     else
-        sums_channels_first_body<BACKWARD, RELU, unsigned long long>(x, dy, y, mean, partials, outer, c, inner,
-                                                                     per_split);
+        sums_channels_first_body<BACKWARD, RELU, unsigned long long>(x, dy, y, mean, partials, shifts, outer, c,
+                                                                     inner, per_split);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * BN_ROWS)
-bn_stats_channels_last(const elem_t* __restrict__ x, acc_t* __restrict__ partials, long long rows, long long c,
-                       long long rows_per_split) {
-    sums_channels_last<false, false>(x, x, x, nullptr, partials, rows, c, rows_per_split);
+bn_stats_channels_last(const elem_t* __restrict__ x, acc_t* __restrict__ partials, acc_t* __restrict__ shifts,
+                       long long rows, long long c, long long rows_per_split) {
+    sums_channels_last<false, false>(x, x, x, nullptr, partials, shifts, rows, c, rows_per_split);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * BN_ROWS)
 bn_bwd_sums_channels_last(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
                           const acc_t* __restrict__ mean, acc_t* __restrict__ partials, long long rows, long long c,
                           long long rows_per_split) {
-    sums_channels_last<true, false>(x, dy, dy, mean, partials, rows, c, rows_per_split);
+    sums_channels_last<true, false>(x, dy, dy, mean, partials, nullptr, rows, c, rows_per_split);
 }
 
 // bn_bwd_relu_sums_channels_last: bn_bwd_sums_channels_last of dy masked by y (the fused
@@ -163,20 +170,20 @@ extern "C" __global__ void __launch_bounds__(32 * BN_ROWS)
 bn_bwd_relu_sums_channels_last(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
                                const elem_t* __restrict__ y, const acc_t* __restrict__ mean,
                                acc_t* __restrict__ partials, long long rows, long long c, long long rows_per_split) {
-    sums_channels_last<true, true>(x, dy, y, mean, partials, rows, c, rows_per_split);
+    sums_channels_last<true, true>(x, dy, y, mean, partials, nullptr, rows, c, rows_per_split);
 }
 
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
-bn_stats_channels_first(const elem_t* __restrict__ x, acc_t* __restrict__ partials, long long outer, long long c,
-                        long long inner, long long per_split) {
-    sums_channels_first<false, false>(x, x, x, nullptr, partials, outer, c, inner, per_split);
+bn_stats_channels_first(const elem_t* __restrict__ x, acc_t* __restrict__ partials, acc_t* __restrict__ shifts,
+                        long long outer, long long c, long long inner, long long per_split) {
+    sums_channels_first<false, false>(x, x, x, nullptr, partials, shifts, outer, c, inner, per_split);
 }
 
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
 bn_bwd_sums_channels_first(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
                            const acc_t* __restrict__ mean, acc_t* __restrict__ partials, long long outer,
                            long long c, long long inner, long long per_split) {
-    sums_channels_first<true, false>(x, dy, dy, mean, partials, outer, c, inner, per_split);
+    sums_channels_first<true, false>(x, dy, dy, mean, partials, nullptr, outer, c, inner, per_split);
 }
 
 // bn_bwd_relu_sums_channels_first: bn_bwd_sums_channels_first of dy masked by y.
@@ -185,7 +192,7 @@ bn_bwd_relu_sums_channels_first(const elem_t* __restrict__ dy, const elem_t* __r
                                 const elem_t* __restrict__ y, const acc_t* __restrict__ mean,
                                 acc_t* __restrict__ partials, long long outer, long long c, long long inner,
                                 long long per_split) {
-    sums_channels_first<true, true>(x, dy, y, mean, partials, outer, c, inner, per_split);
+    sums_channels_first<true, true>(x, dy, y, mean, partials, nullptr, outer, c, inner, per_split);
 }
 
 // ---------------------------------------------------------------- finalize
@@ -233,15 +240,16 @@ __device__ __forceinline__ void block_split_sums(const acc_t* __restrict__ parti
     for (long long chunk = blockIdx.x, ch = chunk * 32 + threadIdx.x; chunk * 32 < (c);          \
          chunk += gridDim.x, ch = chunk * 32 + threadIdx.x)
 
-// The moments of channel ch from the split sums s1, s2: mean and the biased var. K is re-read
-// from x[ch * inner] (the element the sums kernels shifted by).
-__device__ __forceinline__ void channel_moments(const elem_t* __restrict__ x, acc_t s1, acc_t s2, long long ch,
-                                                long long inner, long long count, acc_t& mean, acc_t& var) {
+// The moments of channel ch from the split sums s1, s2: mean and the biased var. K is
+// shifts[ch], the element the sums kernels shifted by (written by their first split, so the
+// finalize reads it coalesced instead of one strided x element per channel).
+__device__ __forceinline__ void channel_moments(const acc_t* __restrict__ shifts, acc_t s1, acc_t s2, long long ch,
+                                                long long count, acc_t& mean, acc_t& var) {
     const acc_t n = acc_t(count);
     const acc_t shift_mean = s1 / n;
     const acc_t v = (s2 - s1 * shift_mean) / n;
     var = v < acc_t(0) ? acc_t(0) : v;   // rounding can leave a tiny negative
-    mean = to_acc(x[ch * inner]) + shift_mean;
+    mean = shifts[ch] + shift_mean;
 }
 
 // Writes mean, var, inv_std = 1 / sqrt(var + epsilon) and scale = inv_std * gamma of channel ch.
@@ -259,16 +267,16 @@ __device__ __forceinline__ void store_statistics(const acc_t* __restrict__ gamma
 // bn_stats_finalize: the statistics of each channel from the split sums. epsilon is a
 // one-element buffer (the launcher keeps one per value).
 extern "C" __global__ void __launch_bounds__(32 * BN_FIN_ROWS)
-bn_stats_finalize(const elem_t* __restrict__ x, const acc_t* __restrict__ partials, const acc_t* __restrict__ gamma,
-                  acc_t* __restrict__ mean, acc_t* __restrict__ var, acc_t* __restrict__ inv_std,
-                  acc_t* __restrict__ scale, const acc_t* __restrict__ epsilon, long long c, long long inner,
-                  long long splits, long long count) {
+bn_stats_finalize(const acc_t* __restrict__ partials, const acc_t* __restrict__ shifts,
+                  const acc_t* __restrict__ gamma, acc_t* __restrict__ mean, acc_t* __restrict__ var,
+                  acc_t* __restrict__ inv_std, acc_t* __restrict__ scale, const acc_t* __restrict__ epsilon,
+                  long long c, long long splits, long long count) {
     BN_FOR_EACH_CHANNEL_CHUNK(ch, c) {
         acc_t s1, s2;
         block_split_sums(partials, c, ch, splits, s1, s2);
         if (threadIdx.y == 0 && ch < c) {
             acc_t m, v;
-            channel_moments(x, s1, s2, ch, inner, count, m, v);
+            channel_moments(shifts, s1, s2, ch, count, m, v);
             store_statistics(gamma, mean, var, inv_std, scale, epsilon[0], ch, m, v);
         }
     }
@@ -284,18 +292,18 @@ bn_stats_finalize(const elem_t* __restrict__ x, const acc_t* __restrict__ partia
 // into one FMA. The averages are written before store_statistics: on sm_80 the float
 // divide / sqrt slow paths are calls, and values live across them would spill.
 extern "C" __global__ void __launch_bounds__(32 * BN_FIN_ROWS)
-bn_stats_finalize_moving(const elem_t* __restrict__ x, const acc_t* __restrict__ partials,
+bn_stats_finalize_moving(const acc_t* __restrict__ partials, const acc_t* __restrict__ shifts,
                          const acc_t* __restrict__ gamma, const acc_t* __restrict__ moving_mean,
                          const acc_t* __restrict__ moving_var, acc_t* __restrict__ mean, acc_t* __restrict__ var,
                          acc_t* __restrict__ inv_std, acc_t* __restrict__ scale, acc_t* __restrict__ next_mean,
                          acc_t* __restrict__ next_var, const acc_t* __restrict__ scalars, long long c,
-                         long long inner, long long splits, long long count) {
+                         long long splits, long long count) {
     BN_FOR_EACH_CHANNEL_CHUNK(ch, c) {
         acc_t s1, s2;
         block_split_sums(partials, c, ch, splits, s1, s2);
         if (threadIdx.y == 0 && ch < c) {
             acc_t m, v;
-            channel_moments(x, s1, s2, ch, inner, count, m, v);
+            channel_moments(shifts, s1, s2, ch, count, m, v);
             const acc_t old_mean = moving_mean[ch], old_var = moving_var[ch];
             next_mean[ch] = old_mean - (old_mean - m) * scalars[1];
             next_var[ch] = old_var - (old_var - v * scalars[3]) * scalars[2];

@@ -218,13 +218,18 @@ def _reduce(rt, module, view, x, dy, mean, acc, relu_y=None):
         args = (np.int64(view.outer), np.int64(view.channels), np.int64(view.inner), np.int64(per_split))
         grid, block = (view.channels, splits), BN_THREADS
     if not backward:
-        buffers = (x, partials)
+        buffers = (x, partials, _shifts(rt, view, acc))
     elif relu_y is None:
         buffers = (dy, x, mean, partials)
     else:
         buffers = (dy, x, relu_y, mean, partials)
     module.kernel(name).launch(grid, block, buffers + args)
     return partials, splits
+
+
+def _shifts(rt, view, acc):
+    """The per-channel shifts K the training sums kernels wrote beside the partials."""
+    return _scratch(rt, 'shifts', (view.channels,), acc)
 
 
 def _apply(module, channels, inner, x, mean, scale, shift, dtype, xp, activation):
@@ -288,14 +293,15 @@ def _bn_train_fwd_gpuk(rt, view, layout, x, gamma, beta, _axes, epsilon, activat
     next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (None, None)
     if c:
         partials, splits = _reduce(rt, module, view, xk, None, None, acc)
-        sizes = (np.int64(c), np.int64(view.inner), np.int64(splits), np.int64(view.count))
+        sizes = (np.int64(c), np.int64(splits), np.int64(view.count))
+        shifts = _shifts(rt, view, acc)
         if moving:
             module.kernel('bn_stats_finalize_moving').launch(*_finalize_grid(c), (
-                xk, partials, gamma, moving_mean, moving_var, mean, var, inv_std, scale, next_mean, next_var,
+                partials, shifts, gamma, moving_mean, moving_var, mean, var, inv_std, scale, next_mean, next_var,
                 _scalars(rt, acc, epsilon, decay, var_decay, var_factor)) + sizes)
         else:
             module.kernel('bn_stats_finalize').launch(*_finalize_grid(c), (
-                xk, partials, gamma, mean, var, inv_std, scale, _scalars(rt, acc, epsilon)) + sizes)
+                partials, shifts, gamma, mean, var, inv_std, scale, _scalars(rt, acc, epsilon)) + sizes)
     y = view.from_kernel(xp, _apply(module, c, view.inner, xk, mean, scale, beta, x.dtype, xp, activation))
     kept = layout.kept_shape
     stats = (y, mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
