@@ -368,8 +368,9 @@ bn_bwd_finalize(const acc_t* __restrict__ partials, const acc_t* __restrict__ in
 //   KIND_APPLY: (x - m) * p1 + p2 [relu]                 p1 = scale, p2 = shift
 //   KIND_INFER: (x - m) * (1 / sqrt(p1 + eps) * p2) + p3 [relu]   p1 = var, p2 = gamma, p3 = beta
 //   KIND_DX:    p1 * g + p2 * (x - m) + p3               bn_bwd_finalize's a, b, d
-// KIND_INFER rounds the scale in the twin's order (1 / sqrt, then * gamma), so the inference
-// scale is computed where it is used and nothing is rebuilt or allocated per call.
+// KIND_INFER turns (var, gamma, beta) into (scale, shift) where it loads them (once per thread,
+// vector or element, by layout; see infer_scale), so the inference scale is computed where it
+// is used and nothing is rebuilt or allocated per call.
 #define KIND_APPLY 0
 #define KIND_INFER 1
 #define KIND_DX 2
@@ -381,16 +382,31 @@ struct ChannelArrays {
     const acc_t* __restrict__ p3;
 };
 
+// The channel (e / inner) % c of flat element e. In 64-bit indexing that is one 64-bit
+// remainder (a subroutine call on the GPU) and a 32-bit division: with two calls in the
+// vector loop ptxas spilled around them (bn_apply, double, sm_80).
+__device__ __forceinline__ unsigned channel_of(unsigned e, unsigned c, unsigned inner) { return (e / inner) % c; }
+__device__ __forceinline__ unsigned long long channel_of(unsigned long long e, unsigned long long c,
+                                                         unsigned long long inner) {
+    const unsigned long long within = e % (c * inner);   // < c * inner < 2^31 * inner
+    return inner == 1 ? within : (within >> 32) == 0 && (inner >> 32) == 0 ? (unsigned)within / (unsigned)inner
+                                                                          : within / inner;
+}
+
+// KIND_INFER's scale 1 / sqrt(var + eps) * gamma, rounded in the twin's order.
+__device__ __forceinline__ acc_t infer_scale(acc_t var, acc_t gamma, acc_t eps) {
+    return acc_t(1) / sqrt(var + eps) * gamma;
+}
+
+// (x - m) * scale + shift [relu] (KIND_APPLY, and KIND_INFER once its scale is made), or
+// KIND_DX's p1 * g + p2 * (x - m) + p3.
 template <int KIND>
-__device__ __forceinline__ acc_t combine(acc_t xv, acc_t g, acc_t m, acc_t p1, acc_t p2, acc_t p3, acc_t eps,
-                                         bool relu) {
+__device__ __forceinline__ acc_t combine(acc_t xv, acc_t g, acc_t m, acc_t p1, acc_t p2, acc_t p3, bool relu) {
     acc_t v;
     if (KIND == KIND_DX) {
         v = p1 * g + p2 * (xv - m) + p3;
     } else {
-        const acc_t scale = KIND == KIND_INFER ? acc_t(1) / sqrt(p1 + eps) * p2 : p1;
-        const acc_t shift = KIND == KIND_INFER ? p3 : p2;
-        v = (xv - m) * scale + shift;
+        v = (xv - m) * p1 + p2;
         if (relu && v < acc_t(0)) v = acc_t(0);   // max(v, 0); NaN passes, as in the relu op
     }
     return v;
@@ -413,13 +429,19 @@ __device__ __forceinline__ void load_acc_lanes(const acc_t* __restrict__ p, bool
     }
 }
 
-// The four coefficient lanes of the vector whose first element has channel ch.
+// The four coefficient lanes of the vector whose first element has channel ch (KIND_INFER:
+// m, scale, shift).
 template <int KIND, int MODE>
-__device__ __forceinline__ void load_coefficients(const ChannelArrays& a, long long ch, bool acc_vector,
+__device__ __forceinline__ void load_coefficients(const ChannelArrays& a, long long ch, bool acc_vector, acc_t eps,
                                                   acc_t m[BN_VEC], acc_t p1[BN_VEC], acc_t p2[BN_VEC],
                                                   acc_t p3[BN_VEC]) {
     if (MODE == MODE_VEC_SHARED) {
-        const acc_t vm = a.m[ch], v1 = a.p1[ch], v2 = a.p2[ch], v3 = KIND == KIND_APPLY ? acc_t(0) : a.p3[ch];
+        const acc_t vm = a.m[ch];
+        acc_t v1 = a.p1[ch], v2 = a.p2[ch], v3 = KIND == KIND_APPLY ? acc_t(0) : a.p3[ch];
+        if (KIND == KIND_INFER) {
+            v1 = infer_scale(v1, v2, eps);
+            v2 = v3;
+        }
 #pragma unroll
         for (int j = 0; j < BN_VEC; ++j) { m[j] = vm; p1[j] = v1; p2[j] = v2; p3[j] = v3; }
     } else {
@@ -430,6 +452,13 @@ __device__ __forceinline__ void load_coefficients(const ChannelArrays& a, long l
         else {
 #pragma unroll
             for (int j = 0; j < BN_VEC; ++j) p3[j] = acc_t(0);
+        }
+        if (KIND == KIND_INFER) {
+#pragma unroll
+            for (int j = 0; j < BN_VEC; ++j) {
+                p1[j] = infer_scale(p1[j], p2[j], eps);
+                p2[j] = p3[j];
+            }
         }
     }
 }
@@ -444,7 +473,7 @@ __device__ __forceinline__ void vector_body(const elem_t* __restrict__ x, const 
     const I first = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;
     acc_t m[BN_VEC], p1[BN_VEC], p2[BN_VEC], p3[BN_VEC];
     if (MODE == MODE_VEC_CONSECUTIVE_HOISTED && first < vectors)
-        load_coefficients<KIND, MODE>(a, (long long)((first * (I)BN_VEC) % c), acc_vector, m, p1, p2, p3);
+        load_coefficients<KIND, MODE>(a, (long long)((first * (I)BN_VEC) % c), acc_vector, eps, m, p1, p2, p3);
     for (I v0 = first; v0 < vectors; v0 += stride * (I)BN_UNROLL) {
         uint4 rx[BN_UNROLL], rg[BN_UNROLL], ry[BN_UNROLL];
 #pragma unroll
@@ -463,9 +492,9 @@ __device__ __forceinline__ void vector_body(const elem_t* __restrict__ x, const 
             if (v >= vectors) break;
             const I e = v * (I)BN_VEC;
             if (MODE == MODE_VEC_SHARED)
-                load_coefficients<KIND, MODE>(a, (long long)((e / inner) % c), acc_vector, m, p1, p2, p3);
+                load_coefficients<KIND, MODE>(a, (long long)channel_of(e, c, inner), acc_vector, eps, m, p1, p2, p3);
             else if (MODE == MODE_VEC_CONSECUTIVE)
-                load_coefficients<KIND, MODE>(a, (long long)(e % c), acc_vector, m, p1, p2, p3);
+                load_coefficients<KIND, MODE>(a, (long long)(e % c), acc_vector, eps, m, p1, p2, p3);
             const elem_t* xs = reinterpret_cast<const elem_t*>(&rx[k]);
             const elem_t* gs = reinterpret_cast<const elem_t*>(&rg[k]);
             const elem_t* ys = reinterpret_cast<const elem_t*>(&ry[k]);
@@ -475,8 +504,7 @@ __device__ __forceinline__ void vector_body(const elem_t* __restrict__ x, const 
             for (int j = 0; j < BN_VEC; ++j) {
                 acc_t g = acc_t(0);
                 if (KIND == KIND_DX) g = (RELU_GRAD && !(to_acc(ys[j]) > acc_t(0))) ? acc_t(0) : to_acc(gs[j]);
-                rs[j] = ElementTraits<elem_t>::from_acc(
-                    combine<KIND>(to_acc(xs[j]), g, m[j], p1[j], p2[j], p3[j], eps, relu));
+                rs[j] = ElementTraits<elem_t>::from_acc(combine<KIND>(to_acc(xs[j]), g, m[j], p1[j], p2[j], p3[j], relu));
             }
             store_uint4(out + (long long)v * BN_VEC, result);
         }
@@ -490,11 +518,16 @@ __device__ __forceinline__ void scalar_body(const elem_t* __restrict__ x, const 
                                             const ChannelArrays& a, acc_t eps, I total, I c, I inner, bool relu) {
     const I stride = (I)gridDim.x * (I)blockDim.x;
     for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < total; i += stride) {
-        const I ch = (i / inner) % c;
+        const I ch = channel_of(i, c, inner);
         acc_t g = acc_t(0);
         if (KIND == KIND_DX) g = masked_grad<RELU_GRAD>(dy, y, (long long)i);
-        out[i] = ElementTraits<elem_t>::from_acc(combine<KIND>(
-            to_acc(x[i]), g, a.m[ch], a.p1[ch], a.p2[ch], KIND == KIND_APPLY ? acc_t(0) : a.p3[ch], eps, relu));
+        acc_t p1 = a.p1[ch], p2 = a.p2[ch];
+        const acc_t p3 = KIND == KIND_APPLY ? acc_t(0) : a.p3[ch];
+        if (KIND == KIND_INFER) {
+            p1 = infer_scale(p1, p2, eps);
+            p2 = p3;
+        }
+        out[i] = ElementTraits<elem_t>::from_acc(combine<KIND>(to_acc(x[i]), g, a.m[ch], p1, p2, p3, relu));
     }
 }
 
