@@ -94,7 +94,7 @@ _MAX_BUFFERS = 64
 
 def _device_key(rt):
     cuda = getattr(rt.xp, 'cuda', None)
-    return (id(rt), cuda.runtime.getDevice() if cuda is not None else 0)
+    return (id(rt), cuda.Device().id if cuda is not None else 0)   # the current device
 
 
 def _cached(rt, key, make):
