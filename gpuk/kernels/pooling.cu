@@ -315,16 +315,6 @@ avg_pool_bwd(const elem_t* __restrict__ dy, elem_t* __restrict__ dx, int n, int 
     avg_pool_bwd_body(dy, dx, g, layout != LAYOUT_CHANNELS_FIRST);
 }
 
-// max_pool_bwd_u8 / max_pool_bwd_i32: dx[i] = sum of dy[o] over the outputs o whose window
-// covers i and whose argmax tap is i's tap in that window. Gather formulation, like
-// avg_pool_bwd (covering outputs along each dim: ceil((i + p - k + 1) / s) .. floor((i +
-// p) / s)): one dx element per thread, the covering windows visited in row-major output
-// order, the sum kept in acc_t and rounded once. No atomics, no zero-fill pass, no scratch;
-// deterministic, and subnormal gradients survive (plain adds, no flush-to-zero reduction).
-// Taps outside the window never match, so they add nothing. Thread mapping: blockIdx.y
-// strides the batch, a 32-bit grid-stride loop the sample; in channels-last layouts
-// neighbouring threads take neighbouring channels, so the dy, tap and dx accesses coalesce.
-// Limits: per-sample sizes < 2^31. No shared memory.
 // g where keep, else +0.0, by masking its bits: no branch, so every lane of a warp loads dy
 // and its loads stay one request (a load under the tap test diverges into per-lane ones).
 // Adding +0.0 leaves every sum here unchanged: sums start at +0.0, so none is -0.0.
@@ -335,21 +325,47 @@ __device__ __forceinline__ double keep_or_zero(double g, bool keep) {
     return __longlong_as_double(__double_as_longlong(g) & (0LL - (long long)keep));
 }
 
-template <class TapT>
+// VEC taps at p as ints (one load of VEC * sizeof(TapT) bytes when VEC > 1; p aligned to that).
+template <int VEC, class TapT> __device__ __forceinline__ void load_taps(const TapT* __restrict__ p, int out[VEC]) {
+    if (VEC == 1) {
+        out[0] = (int)p[0];
+    } else {
+        const TapBytes<VEC * sizeof(TapT)> packed = *reinterpret_cast<const TapBytes<VEC * sizeof(TapT)>*>(p);
+        const TapT* lanes = reinterpret_cast<const TapT*>(packed.b);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out[j] = (int)lanes[j];
+    }
+}
+
+// max_pool_bwd_u8 / max_pool_bwd_i32: dx[i] = sum of dy[o] over the outputs o whose window
+// covers i and whose argmax tap is i's tap in that window. Gather formulation, like
+// avg_pool_bwd (covering outputs along each dim: ceil((i + p - k + 1) / s) .. floor((i +
+// p) / s)): one dx element (VEC channels of it in the vectorized channels-last layout: 16
+// bytes of dy and dx, VEC taps in one load) per thread and step, the covering windows
+// visited in row-major output order, the sum kept in acc_t and rounded once. No atomics, no
+// zero-fill pass, no scratch; deterministic, and subnormal gradients survive (plain adds,
+// no flush-to-zero reduction). Taps outside the window never match, so they add nothing.
+// Thread mapping: blockIdx.y strides the batch, a 32-bit grid-stride loop the sample; in
+// channels-last layouts neighbouring threads take neighbouring channels, so the dy, tap and
+// dx accesses coalesce. Limits: per-sample sizes < 2^31. No shared memory.
+template <int VEC, class TapT>
 __device__ __forceinline__ void max_pool_bwd_body(const elem_t* __restrict__ dy, const TapT* __restrict__ argmax,
                                                   elem_t* __restrict__ dx, const PoolGeometry& g,
                                                   bool channels_last) {
-    const unsigned per_sample = (unsigned)(g.in_volume * g.c);
+    const unsigned lanes = channels_last ? (unsigned)(g.c / VEC) : (unsigned)g.c;
+    const unsigned per_sample = (unsigned)g.in_volume * lanes;
     const unsigned stride = gridDim.x * blockDim.x;
     for (long long b = blockIdx.y; b < g.n; b += gridDim.y) {
         for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < per_sample; i += stride) {
-            unsigned t = i, ch = 0;
-            if (channels_last) { ch = t % (unsigned)g.c; t /= (unsigned)g.c; }
+            unsigned t = i, lane = 0;
+            if (channels_last) { lane = t % lanes; t /= lanes; }
+            const unsigned position = t % (unsigned)g.in_volume;
             int pos[3];
             pos[2] = (int)(t % (unsigned)g.in[2]); t /= (unsigned)g.in[2];
             pos[1] = (int)(t % (unsigned)g.in[1]); t /= (unsigned)g.in[1];
             pos[0] = (int)(t % (unsigned)g.in[0]); t /= (unsigned)g.in[0];
-            if (!channels_last) ch = t;
+            if (!channels_last) lane = t;
+            const long long ch = (long long)lane * (channels_last ? VEC : 1);
             int lo[3], hi[3];
 #pragma unroll
             for (int dim = 0; dim < 3; ++dim) {
@@ -358,10 +374,11 @@ __device__ __forceinline__ void max_pool_bwd_body(const elem_t* __restrict__ dy,
                 const int last = (pos[dim] + g.p[dim]) / g.s[dim];
                 hi[dim] = last < g.out[dim] - 1 ? last : g.out[dim] - 1;   // inclusive
             }
-            const long long base = channels_last ? b * g.out_volume * g.c + (long long)ch
-                                                 : (b * g.c + (long long)ch) * g.out_volume;
+            const long long base = channels_last ? b * g.out_volume * g.c + ch : (b * g.c + ch) * g.out_volume;
             const long long sp_stride = channels_last ? g.c : 1;
-            acc_t sum = acc_t(0);
+            acc_t sum[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) sum[j] = acc_t(0);
             for (int od = lo[0]; od <= hi[0]; ++od) {
                 const int td = pos[0] - (od * g.s[0] - g.p[0]);
                 for (int oh = lo[1]; oh <= hi[1]; ++oh) {
@@ -369,27 +386,44 @@ __device__ __forceinline__ void max_pool_bwd_body(const elem_t* __restrict__ dy,
                     for (int ow = lo[2]; ow <= hi[2]; ++ow) {
                         const int tap = tdh * g.k[2] + pos[2] - (ow * g.s[2] - g.p[2]);
                         const long long o = base + (((long long)od * g.out[1] + oh) * g.out[2] + ow) * sp_stride;
-                        sum += keep_or_zero(to_acc(dy[o]), (int)argmax[o] == tap);
+                        acc_t grad[VEC];
+                        int taps[VEC];
+                        load_lanes<VEC>(dy + o, grad);
+                        load_taps<VEC>(argmax + o, taps);
+#pragma unroll
+                        for (int j = 0; j < VEC; ++j) sum[j] += keep_or_zero(grad[j], taps[j] == tap);
                     }
                 }
             }
-            dx[b * g.in_volume * g.c + i] = ElementTraits<elem_t>::from_acc(sum);
+            const long long out = channels_last ? (b * g.in_volume + position) * g.c + ch
+                                                : (b * g.c + ch) * g.in_volume + position;
+            store_lanes<VEC>(dx + out, sum);
         }
     }
+}
+
+template <class TapT>
+__device__ __forceinline__ void max_pool_bwd_dispatch(const elem_t* __restrict__ dy, const TapT* __restrict__ argmax,
+                                                      elem_t* __restrict__ dx, const PoolGeometry& g, int layout) {
+    // the vectorized layout as in pool_fwd_dispatch, with the taps aligned to their VEC-wide loads
+    const bool vec = layout == LAYOUT_CHANNELS_LAST_VEC && g.c % POOL_VEC == 0 && is_aligned(dy, 16) &&
+                     is_aligned(dx, 16) && is_aligned(argmax, POOL_VEC * sizeof(TapT));
+    if (vec) max_pool_bwd_body<POOL_VEC>(dy, argmax, dx, g, true);
+    else max_pool_bwd_body<1>(dy, argmax, dx, g, layout != LAYOUT_CHANNELS_FIRST);
 }
 
 extern "C" __global__ void __launch_bounds__(POOL_THREADS, POOL_MIN_BLOCKS)
 max_pool_bwd_u8(const elem_t* __restrict__ dy, const unsigned char* __restrict__ argmax, elem_t* __restrict__ dx,
                 int n, int c, int in_d, int in_h, int in_w, int out_d, int out_h,
                 int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d, int p_h, int p_w, int layout) {
-    max_pool_bwd_body(dy, argmax, dx, POOL_GEOMETRY, layout != LAYOUT_CHANNELS_FIRST);
+    max_pool_bwd_dispatch(dy, argmax, dx, POOL_GEOMETRY, layout);
 }
 
 extern "C" __global__ void __launch_bounds__(POOL_THREADS, POOL_MIN_BLOCKS)
 max_pool_bwd_i32(const elem_t* __restrict__ dy, const int* __restrict__ argmax, elem_t* __restrict__ dx,
                  int n, int c, int in_d, int in_h, int in_w, int out_d, int out_h,
-                int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d, int p_h, int p_w, int layout) {
-    max_pool_bwd_body(dy, argmax, dx, POOL_GEOMETRY, layout != LAYOUT_CHANNELS_FIRST);
+                 int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d, int p_h, int p_w, int layout) {
+    max_pool_bwd_dispatch(dy, argmax, dx, POOL_GEOMETRY, layout);
 }
 
 // global_avg_pool_rows: channels first, y[r] = mean of the contiguous row x[r, 0:volume].

@@ -242,8 +242,8 @@ def max_pool_bwd(dy, argmax, x_shape, window, strides, pads, data_format, *, run
 
 def _max_pool_bwd_gpuk(rt, problem, dy, argmax, *_geometry):
     dx = rt.xp.empty(problem.shape(problem.in_spatial), dy.dtype)
-    layout = LAYOUT_CHANNELS_FIRST if problem.channels_first else LAYOUT_CHANNELS_LAST
+    lanes = dx.size // (vector_width(dy.dtype) if problem.layout == LAYOUT_CHANNELS_LAST_VEC else 1)
     rt.load(SOURCE, defines(dy.dtype)).kernel('max_pool_bwd' + _tap_suffix(problem.window)).launch(
-        _batch_grid(dx.size // problem.n, problem.n), POOL_THREADS,
-        (dy, argmax, dx) + problem.geometry + (np.int32(layout),))
+        _batch_grid(lanes // problem.n, problem.n), POOL_THREADS,
+        (dy, argmax, dx) + problem.geometry + (np.int32(problem.layout),))
     return dx

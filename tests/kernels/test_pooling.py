@@ -98,6 +98,12 @@ def test_vectorized_path_on_unaligned_view_falls_back(kernel_runtime):
     args = (x, (2, 2), (1, 1), ((0, 0), (0, 0)), 'channels_last')
     y, argmax = pooling.max_pool_fwd(to_device(kernel_runtime, x), *args[1:], runtime=kernel_runtime)
     np.testing.assert_array_equal(to_host(argmax), twin.max_pool_fwd(*args)[1])
+    dy_base = _tie_free((1 + 2 * 4 * 4 * 8,), np.float32, seed=4)
+    dy = dy_base[1:].reshape(2, 4, 4, 8)                  # the backward's unaligned dy
+    taps = twin.max_pool_fwd(*args)[1]
+    dx = pooling.max_pool_bwd(to_device(kernel_runtime, dy), to_device(kernel_runtime, taps), x.shape, *args[1:],
+                              runtime=kernel_runtime)
+    np.testing.assert_array_equal(to_host(dx), twin.max_pool_bwd(dy, taps, x.shape, *args[1:]))
     assert pooling.layout_code(False, 8, np.float32) == pooling.LAYOUT_CHANNELS_LAST_VEC
     assert pooling.layout_code(False, 6, np.float32) == pooling.LAYOUT_CHANNELS_LAST
     assert pooling.layout_code(False, 8, np.float16) == pooling.LAYOUT_CHANNELS_LAST_VEC
