@@ -21,6 +21,7 @@ finalize launch itself.
 """
 import functools
 import math
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -84,17 +85,21 @@ def _finalize_grid(channels):
 
 # ---------------------------------------------------------------- reused buffers
 # Scratch (split partials, the training scale, dx coefficients) and constant buffers (ones,
-# zeros, epsilon and the moving-average scalars) are kept per (runtime, device, shape, dtype)
-# and reused, so a call allocates only its outputs. Reuse is safe because every launch of a
-# runtime goes to one stream in order: a call's kernels finish with a buffer before the next
-# call's kernels write it. Outputs are always fresh arrays.
+# zeros, epsilon and the moving-average scalars) are kept per (runtime, device, CUDA stream,
+# host thread, shape, dtype) and reused, so a call allocates only its outputs. Reuse is safe
+# because one thread's launches on one stream run in order: a call's kernels finish with a
+# buffer before the next call's kernels write it (another stream or thread, whose launches
+# could interleave, gets its own buffers). Outputs are always fresh arrays.
 _BUFFERS = OrderedDict()
 _MAX_BUFFERS = 64
 
 
 def _device_key(rt):
+    """(runtime, current device, current stream, thread): the buffers' owner."""
     cuda = getattr(rt.xp, 'cuda', None)
-    return (id(rt), cuda.Device().id if cuda is not None else 0)   # the current device
+    if cuda is None:
+        return (id(rt), 0, 0, threading.get_ident())
+    return (id(rt), cuda.Device().id, cuda.get_current_stream().ptr, threading.get_ident())
 
 
 def _cached(rt, key, make):

@@ -41,8 +41,9 @@
 // backward): a register budget of 65536 / (3 * POOL_THREADS) = 85 -> 80 per thread. Without
 // a figure this NVRTC's ptxas capped them at 40-64 registers and spilled 4-40 bytes around
 // the out-of-line slow path of the IEEE division (avg) and the 16-byte lanes (8 values and
-// 8 int64 argmax of max_pool_fwd on half); with 4 (64 registers) max_pool_fwd on half still
-// spills on sm_90. 3 builds every variant without spills using 42-80 registers, i.e. 3-5
+// 8 int64 argmax of max_pool_fwd on half, measured before the argmax became a 1-byte tap);
+// with 4 (64 registers) max_pool_fwd on half still spilled on sm_90. The vectorized max-pool
+// gather (8 sums, 8 dy and 8 taps per thread on half) uses 72-80 now. 3 builds every variant without spills using 42-80 registers, i.e. 3-5
 // blocks (24-40 warps) per SM: enough to hide the latency of these memory-bound gathers.
 #ifndef POOL_MIN_BLOCKS
 #define POOL_MIN_BLOCKS 3
