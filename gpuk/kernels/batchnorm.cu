@@ -531,6 +531,7 @@ __device__ __forceinline__ void scalar_body(const elem_t* __restrict__ x, const 
     }
 }
 
+// Picks the layout (see the top of this section) and runs it.
 template <int KIND, bool RELU_GRAD, class I>
 __device__ __forceinline__ void elementwise(const elem_t* __restrict__ x, const elem_t* __restrict__ dy,
                                             const elem_t* __restrict__ y, elem_t* __restrict__ out,
