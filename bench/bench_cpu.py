@@ -180,7 +180,7 @@ def _pool_case(label, mode, hw, channels, k, stride, pad):
             if mode == 'max':
                 def step(x, dy):
                     _, argmax = pooling.max_pool_fwd(x, *geometry)
-                    pooling.max_pool_bwd(dy, argmax, x_shape, 'channels_last')
+                    pooling.max_pool_bwd(dy, argmax, x_shape, *geometry)
             else:
                 def step(x, dy):
                     pooling.avg_pool_fwd(x, *geometry)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from bench import harness as h
+from gpuk.contracts import pooling_checks
 
 GPU_N = {'max3x3s2': 256, 'global_avg': 256, 'max3d': 8}
 GEOMETRY = {   # spatial, channels, window, strides, pads, pooling mode
@@ -45,7 +46,9 @@ def pool_row(geometry, dtype, direction, data_format, impl):
     x_shape = _shape(n, spatial, c, data_format)
     y_shape = _shape(n, _out_spatial(spatial, window, strides, pads), c, data_format)
     item = np.dtype(dtype).itemsize
-    x_bytes, y_bytes, arg_bytes = math.prod(x_shape) * item, math.prod(y_shape) * item, math.prod(y_shape) * 8
+    tap_bytes = pooling_checks.tap_dtype(window).itemsize   # the argmax: one window tap per output
+    x_bytes, y_bytes = math.prod(x_shape) * item, math.prod(y_shape) * item
+    arg_bytes = math.prod(y_shape) * tap_bytes
     label = '%s %s %s %s N=%d %s' % (mode, geometry, direction, 'NHWC' if data_format == 'channels_last' else 'NCHW',
                                      n, dtype)
     geometry_args = (window, strides, pads, data_format)
@@ -63,7 +66,7 @@ def pool_row(geometry, dtype, direction, data_format, impl):
             fn = lambda x: fwd(x, *geometry_args)   # noqa: E731
             moved = x_bytes + y_bytes + (arg_bytes if mode == 'max' else 0)
         else:
-            fn = lambda dy, argmax: twin.max_pool_bwd(dy, argmax, x_shape, data_format)   # noqa: E731
+            fn = lambda dy, argmax: twin.max_pool_bwd(dy, argmax, x_shape, *geometry_args)   # noqa: E731
             moved = y_bytes + arg_bytes + x_bytes
         return fn, make_inputs, x_bytes + y_bytes + arg_bytes, moved, label
     import cupy
@@ -84,7 +87,7 @@ def pool_row(geometry, dtype, direction, data_format, impl):
             fn = lambda x: fwd(x, *geometry_args, runtime='cuda')   # noqa: E731
             moved = x_bytes + y_bytes + (arg_bytes if mode == 'max' else 0)
         else:
-            fn = lambda dy, argmax: pooling.max_pool_bwd(dy, argmax, x_shape, data_format, runtime='cuda')  # noqa
+            fn = lambda dy, argmax: pooling.max_pool_bwd(dy, argmax, x_shape, *geometry_args, runtime='cuda')  # noqa
             moved = y_bytes + arg_bytes + x_bytes
     else:
         if direction == 'fwd':

@@ -143,17 +143,20 @@ def test_static_shapes_with_unknown_dims():
         (2, 4, None, 2, 3)
 
 
-def test_argmax_output_is_int64_and_not_differentiable(rng):
+def test_argmax_output_is_a_uint8_window_tap_and_not_differentiable(rng):
     x = K.placeholder((None, 4, 4, 2), dtype='float64')
     y = K.pool2d(x, (2, 2), (2, 2))
     argmax = y.node.outputs[1]
-    assert argmax.dtype == 'int64' and K.int_shape(argmax) == (None, 2, 2, 2)
+    assert argmax.dtype == 'uint8' and K.int_shape(argmax) == (None, 2, 2, 2)
     assert K.gradients(K.sum(K.cast(argmax, 'float64')), [x]) == [None]
     value = tie_free(rng, (1, 4, 4, 2))
     got = K.function([x], [argmax])([value])[0]
-    flat = value.reshape(1, 16, 2)
-    np.testing.assert_array_equal(np.take_along_axis(flat, got.reshape(1, 4, 2), axis=1),
-                                  K.function([x], [y])([value])[0].reshape(1, 4, 2))
+    assert got.dtype == np.uint8 and got.max() < 4
+    # tap t of output (i, j) is input (2i + t // 2, 2j + t % 2)
+    rows = 2 * np.arange(2).reshape(1, 2, 1, 1) + got // 2
+    cols = 2 * np.arange(2).reshape(1, 1, 2, 1) + got % 2
+    picked = value[0, rows[0], cols[0], np.arange(2)]
+    np.testing.assert_array_equal(picked, K.function([x], [y])([value])[0][0])
 
 
 # ---------------------------------------------------------------- gradients

@@ -3,10 +3,13 @@
 raise the same errors, with the same messages, before any work.
 
 Arrays reach these functions already checked for dtype by the caller (NumPy or CuPy);
-only shapes, the geometry and argmax values are read here.
+only shapes and the geometry are read here, never argmax values (window_positions
+turns them into positions with the caller's xp, on the caller's device).
 """
 import math
 from collections import namedtuple
+
+import numpy as np
 
 from gpuk.contracts import conv_checks
 from gpuk.contracts import geometry
@@ -64,23 +67,46 @@ def avg_backward_setup(fn, dy, x_shape, window, strides, pads, data_format):
     return setup
 
 
-def max_backward_setup(fn, dy, argmax, x_shape, data_format):
-    """(channels_first, x_shape, in_spatial) of max_pool_bwd on a dtype-checked dy.
+def tap_dtype(window):
+    """The dtype of max pooling's argmax output: the winner's row-major index inside its
+    window (taps counted from the window's padded start), 1 byte while a window has at most
+    256 taps, int32 beyond."""
+    return np.dtype(np.uint8 if math.prod(window) <= 256 else np.int32)
 
-    argmax (NumPy or CuPy) must be integers shaped like dy, each a flat index into the
-    spatial volume of x_shape.
+
+def max_backward_setup(fn, dy, argmax, x_shape, window, strides, pads, data_format):
+    """The PoolSetup of max_pool_bwd on a dtype-checked dy.
+
+    argmax (NumPy or CuPy) must be integers shaped like dy: window tap indices (tap_dtype).
+    Their values are not read here (on a GPU that would be a host sync): a tap outside the
+    window adds nothing, in the kernels and the twin alike.
     """
-    channels_first = conv_checks.is_channels_first(fn, data_format)
-    conv_checks.spatial_rank(fn, 'dy', dy)
     if argmax.dtype.kind not in 'iu':
         raise TypeError('%s: argmax must be an integer array, got dtype %s' % (fn, argmax.dtype))
     if argmax.shape != dy.shape:
         raise ValueError('%s: argmax shape %s and dy shape %s differ' % (fn, argmax.shape, dy.shape))
-    x_shape = check_x_shape(fn, x_shape, dy, channels_first)
-    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
-    volume = math.prod(in_spatial)
-    low, high = int(argmax.min()), int(argmax.max())
-    if low < 0 or high >= volume:
-        raise ValueError('%s: argmax must lie in [0, %d) for x_shape %s, got values in [%d, %d]'
-                         % (fn, volume, x_shape, low, high))
-    return channels_first, x_shape, in_spatial
+    return avg_backward_setup(fn, dy, x_shape, window, strides, pads, data_format)
+
+
+def window_positions(xp, tap, setup):
+    """(positions, valid): the flat index in the spatial volume of x of each tap of `tap`
+    (shaped like the pooled output, in setup's data format), and where that tap is a real
+    input element of its window (False for taps past the window or on padding)."""
+    rank = len(setup.window)
+    first_spatial = 2 if setup.channels_first else 1
+    tap = tap.astype(np.int64)
+    valid = (tap >= 0) & (tap < math.prod(setup.window))
+    remaining = xp.where(valid, tap, 0)
+    positions = xp.zeros(tap.shape, np.int64)
+    for dim in range(rank):
+        inner_taps = math.prod(setup.window[dim + 1:])
+        offset = remaining // inner_taps
+        remaining = remaining - offset * inner_taps
+        shape = [1] * tap.ndim
+        shape[first_spatial + dim] = setup.out_spatial[dim]
+        starts = (xp.arange(setup.out_spatial[dim], dtype=np.int64) * setup.strides[dim]
+                  - setup.pads[dim][0]).reshape(shape)
+        coord = starts + offset
+        valid &= (coord >= 0) & (coord < setup.in_spatial[dim])
+        positions = positions * setup.in_spatial[dim] + coord
+    return xp.where(valid, positions, 0), valid

@@ -21,8 +21,9 @@ __all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd']
 def max_pool_fwd(x, window, strides, pads, data_format):
     """Max pooling -> (y, argmax).
 
-    argmax (int64, shaped like y) is the flat index of the winner within the
-    un-padded spatial volume of its (n, c) slice; the first one wins ties.
+    argmax (shaped like y, dtype pooling_checks.tap_dtype(window): uint8 up to 256
+    taps) is the row-major index of the winner inside its window, taps counted from
+    the window's padded start; the first one wins ties, padding never wins.
     """
     x = conv_checks.float_array('max_pool_fwd', 'x', x, bfloat16=False)
     setup = pooling_checks.forward_setup(
@@ -33,11 +34,7 @@ def max_pool_fwd(x, window, strides, pads, data_format):
     x_cl = to_channels_last(x, channels_first)
     padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
     y = np.empty((x.shape[0], *out_spatial, x_cl.shape[-1]), x.dtype)
-    argmax = np.empty(y.shape, np.int64)
-    multipliers = [math.prod(in_spatial[i + 1:]) for i in range(rank)]
-    # winner = flat index of the window start + flat offset of the tap
-    tap_offsets = np.array([sum(t * m for t, m in zip(tap_index, multipliers))
-                            for tap_index in np.ndindex(*window)], np.int64)
+    argmax = np.empty(y.shape, pooling_checks.tap_dtype(window))
 
     def block_fwd(block):
         # Blocks of output rows sized for L2 (parallel.row_blocks) on parallel's
@@ -58,19 +55,16 @@ def max_pool_fwd(x, window, strides, pads, data_format):
         if lowest == -np.inf or (np.isnan(lowest) and np.isneginf(y_block).any()):
             argmax[images, rows] = _argmax_off_padding(tap, starts, window, in_spatial)
         else:
-            # both terms are small tables, so this is two passes over the block
-            winner = argmax[images, rows]
-            np.take(tap_offsets, tap, out=winner, mode="clip")   # no bounds check: ~2x faster
-            winner += sum(start * m for start, m in zip(starts, multipliers))
+            argmax[images, rows] = tap
     row = (math.prod(padded_spatial[1:]) * strides[0] * x.itemsize +
-           math.prod(out_spatial[1:]) * (x.itemsize + 8 + 2)) * x_cl.shape[-1]
+           math.prod(out_spatial[1:]) * (x.itemsize + argmax.itemsize + 2)) * x_cl.shape[-1]
     # 4x parallel's default block: this loop makes ~4 small ufunc calls per tap and
     # block, and at 1 MiB the call overhead measured 25 ms against 14 ms at 4 MiB
     # (N=8 112^2x64 3x3/2, 2 threads); the running max then streams from L3.
     parallel.run_blocks(block_fwd, parallel.row_blocks(x.shape[0], out_spatial[0], row,
                                                        4 * parallel.BLOCK_BYTES))
     return (from_channels_last(y, channels_first, x.dtype),
-            from_channels_last(argmax, channels_first, np.int64))
+            from_channels_last(argmax, channels_first, argmax.dtype))
 
 
 def _running_max(padded, window, strides, out_spatial, nan_aware=False):
@@ -106,42 +100,51 @@ def _running_max(padded, window, strides, out_spatial, nan_aware=False):
 
 
 def _argmax_off_padding(tap, starts, window, in_spatial):
-    """Flat winner indices when some window is all -inf.
+    """Winner taps when some window is all -inf.
 
     There the first tap of the tie may be padding; padding never wins, so such
     a window reports its first real element (its value is -inf too).
     """
-    coords = [start + t for start, t in zip(starts, np.unravel_index(tap, window))]
+    offsets = np.unravel_index(tap, window)
     in_padding = np.zeros(tap.shape, bool)
-    for coord, size in zip(coords, in_spatial):
-        in_padding |= (coord < 0) | (coord >= size)
-    coords = [np.where(in_padding, np.maximum(start, 0), coord)
-              for start, coord in zip(starts, coords)]
-    return np.ravel_multi_index(coords, in_spatial)
+    for start, t, size in zip(starts, offsets, in_spatial):
+        in_padding |= (start + t < 0) | (start + t >= size)
+    offsets = [np.where(in_padding, np.maximum(start, 0) - start, t)
+               for start, t in zip(starts, offsets)]
+    return np.ravel_multi_index(offsets, window)
 
 
-def max_pool_bwd(dy, argmax, x_shape, data_format):
-    """Gradient of max_pool_fwd: dy added at the argmax positions of dx."""
-    dy = conv_checks.float_array('max_pool_bwd', 'dy', dy, bfloat16=False)
+def max_pool_bwd(dy, argmax, x_shape, window, strides, pads, data_format):
+    """Gradient of max_pool_fwd: dy added at the winners (argmax: window taps) of dx.
+
+    Each dx element sums, in output order, the dy of the windows it won: the order of
+    the kernels' gather, so results agree bit for bit. A tap outside its window (or on
+    padding) adds nothing.
+    """
+    fn = 'max_pool_bwd'
+    dy = conv_checks.float_array(fn, 'dy', dy, bfloat16=False)
     argmax = np.asarray(argmax)
-    channels_first, x_shape, in_spatial = pooling_checks.max_backward_setup(
-        'max_pool_bwd', dy, argmax, x_shape, data_format)
+    setup = pooling_checks.max_backward_setup(fn, dy, argmax, x_shape, window, strides, pads, data_format)
+    channels_first, x_shape, in_spatial = setup.channels_first, setup.x_shape, setup.in_spatial
     volume = math.prod(in_spatial)
     n, channels = x_shape[0], conv_checks.channel_count(x_shape, channels_first)
-    arg_cl = to_channels_last(argmax, channels_first).reshape(n, -1, channels)
+    positions, valid = pooling_checks.window_positions(np, argmax, setup)
     # Flat index into dx in channels_last order: (n * volume + position) * C + c.
-    # Two in-place passes over one int64 array; the one-expression form made three
-    # full-size temporaries and measured ~2x slower.
-    flat = np.multiply(arg_cl, channels, dtype=np.int64)
+    flat = to_channels_last(positions, channels_first).reshape(n, -1, channels)
+    flat *= channels
     flat += (np.arange(n)[:, None, None] * (volume * channels)
              + np.arange(channels)[None, None, :])
     compute = compute_dtype(dy.dtype)
     weights = to_channels_last(dy, channels_first).astype(compute, copy=False)
+    flat, weights = flat.ravel(), weights.ravel()
+    if not valid.all():
+        keep = to_channels_last(valid, channels_first).ravel()
+        flat, weights = flat[keep], weights[keep]
     # NumPy 2's np.add.at measured 2x faster than bincount (which fills a float64
-    # array); a pixel gets at most prod(window / strides) rounded up terms, so
-    # summing them in float32 (float16 inputs too) loses nothing that matters.
+    # array); it adds in output order, in float32 for float16 inputs (one rounding
+    # at the end, like the kernels' float accumulator).
     dx = np.zeros(n * volume * channels, compute)
-    np.add.at(dx, flat.ravel(), weights.ravel())
+    np.add.at(dx, flat, weights)
     return from_channels_last(dx.reshape(n, *in_spatial, channels), channels_first, dy.dtype)
 
 

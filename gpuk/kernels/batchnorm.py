@@ -21,6 +21,8 @@ finalize launch itself.
 """
 import functools
 import math
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,8 @@ SOURCE = Path(__file__).with_name('batchnorm.cu')
 # Tile constants: passed to the .cu as #defines and used for the grids below (one place).
 BN_THREADS = 256          # 1-D kernels: channels-first sums, finalize, elementwise passes
 BN_ROWS = 8               # channels-last sums: blocks of 32 channels x BN_ROWS rows
+BN_UNROLL = 2             # elementwise passes: 16-byte vectors per thread and step
+BN_FIN_ROWS = 16          # finalize: blocks of 32 channels x BN_FIN_ROWS split rows
 BN_MAX_BLOCKS = 65535
 TARGET_BLOCKS = 1024      # enough blocks to fill any current GPU several times over
 MIN_ROWS_PER_SPLIT = 64   # channels last: at least this many rows per split
@@ -44,13 +48,13 @@ MIN_PER_SPLIT = 4 * BN_THREADS   # channels first: at least this many elements p
 MAX_SPLITS = 65535        # gridDim.y
 KERNELS = ['bn_stats_channels_last', 'bn_bwd_sums_channels_last', 'bn_bwd_relu_sums_channels_last',
            'bn_stats_channels_first', 'bn_bwd_sums_channels_first', 'bn_bwd_relu_sums_channels_first',
-           'bn_stats_finalize', 'bn_stats_finalize_moving', 'bn_bwd_finalize', 'bn_apply', 'bn_bwd_dx',
-           'bn_bwd_relu_dx']
+           'bn_stats_finalize', 'bn_stats_finalize_moving', 'bn_bwd_finalize', 'bn_apply', 'bn_infer_apply',
+           'bn_bwd_dx', 'bn_bwd_relu_dx']
 
 
 def defines(dtype):
     return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
-            'BN_THREADS': BN_THREADS, 'BN_ROWS': BN_ROWS}
+            'BN_THREADS': BN_THREADS, 'BN_ROWS': BN_ROWS, 'BN_UNROLL': BN_UNROLL, 'BN_FIN_ROWS': BN_FIN_ROWS}
 
 
 for _dtype in FLOAT_DTYPES_NO_BFLOAT16:
@@ -59,6 +63,81 @@ for _dtype in FLOAT_DTYPES_NO_BFLOAT16:
 
 def _blocks(work_items, threads=BN_THREADS):
     return max(1, min(-(-work_items // threads), BN_MAX_BLOCKS))
+
+
+def _elementwise_blocks(total, channels, inner, dtype):
+    """Grid of the elementwise passes: BN_UNROLL 16-byte vectors per thread; channels last,
+    rounded up where possible so that the grid stride is a multiple of C, which lets each
+    thread load its channels' coefficients once (MODE_VEC_CONSECUTIVE_HOISTED in the .cu)."""
+    vec = 16 // np.dtype(dtype).itemsize
+    blocks = _blocks(total, BN_THREADS * vec * BN_UNROLL)
+    if inner == 1 and channels and channels % vec == 0:
+        step = channels // math.gcd(channels, BN_THREADS * vec)   # blocks must be a multiple of this
+        rounded = -(-blocks // step) * step
+        if rounded <= BN_MAX_BLOCKS:
+            blocks = rounded
+    return blocks
+
+
+def _finalize_grid(channels):
+    return max(1, min(-(-channels // 32), BN_MAX_BLOCKS)), (32, BN_FIN_ROWS)
+
+
+# ---------------------------------------------------------------- reused buffers
+# Scratch (split partials, the training scale, dx coefficients) and constant buffers (ones,
+# zeros, epsilon and the moving-average scalars) are kept per (runtime, device, CUDA stream,
+# host thread, shape, dtype) and reused, so a call allocates only its outputs. Reuse is safe
+# because one thread's launches on one stream run in order: a call's kernels finish with a
+# buffer before the next call's kernels write it (another stream or thread, whose launches
+# could interleave, gets its own buffers). Outputs are always fresh arrays.
+_BUFFERS = OrderedDict()
+_MAX_BUFFERS = 64
+
+
+def _device_key(rt):
+    """(runtime, current device, current stream, thread): the buffers' owner."""
+    cuda = getattr(rt.xp, 'cuda', None)
+    if cuda is None:
+        return (id(rt), 0, 0, threading.get_ident())
+    return (id(rt), cuda.Device().id, cuda.get_current_stream().ptr, threading.get_ident())
+
+
+def _cached(rt, key, make):
+    key = _device_key(rt) + key
+    buffer = _BUFFERS.get(key)
+    if buffer is None:
+        buffer = _BUFFERS[key] = make()
+        if len(_BUFFERS) > _MAX_BUFFERS:
+            _BUFFERS.popitem(last=False)
+    else:
+        _BUFFERS.move_to_end(key)
+    return buffer
+
+
+def _scratch(rt, name, shape, dtype):
+    """A reused uninitialized buffer (contents left from the previous call)."""
+    return _cached(rt, ('scratch', name, tuple(shape), np.dtype(dtype).str),
+                   lambda: rt.xp.empty(shape, dtype))
+
+
+def _filled(rt, count, value, dtype):
+    """A reused read-only buffer of `count` copies of `value`."""
+    return _cached(rt, ('filled', count, float(value), np.dtype(dtype).str),
+                   lambda: rt.xp.full(count, value, dtype))
+
+
+def _is_host_number(value):
+    return isinstance(value, (int, float, np.generic)) or (isinstance(value, np.ndarray) and value.size == 1)
+
+
+def _scalars(rt, acc, *values):
+    """Host numbers or one-element (device) arrays as one acc buffer, without a host copy;
+    reused per value when all are host numbers."""
+    xp = rt.xp
+    if all(_is_host_number(v) for v in values):
+        numbers = tuple(float(np.asarray(v).reshape(-1)[0]) for v in values)
+        return _cached(rt, ('scalars', numbers, np.dtype(acc).str), lambda: xp.asarray(np.array(numbers, acc)))
+    return xp.concatenate([xp.asarray(v, dtype=acc).reshape(1) for v in values])
 
 
 # ---------------------------------------------------------------- checks (xp arrays)
@@ -128,11 +207,11 @@ def _splits(view):
     return -(-reduced // per_split), per_split
 
 
-def _reduce(module, view, x, dy, mean, acc, xp, relu_y=None):
+def _reduce(rt, module, view, x, dy, mean, acc, relu_y=None):
     """The sums pass: partials (splits, C, 2) in acc, for training (dy None) or backward
     (dy masked by the fused relu output when relu_y is given)."""
     splits, per_split = _splits(view)
-    partials = xp.empty((splits, view.channels, 2), acc)
+    partials = _scratch(rt, 'partials', (splits, view.channels, 2), acc)
     backward = dy is not None
     kind = 'bn_stats' if not backward else 'bn_bwd_sums' if relu_y is None else 'bn_bwd_relu_sums'
     if view.inner == 1:
@@ -144,7 +223,7 @@ def _reduce(module, view, x, dy, mean, acc, xp, relu_y=None):
         args = (np.int64(view.outer), np.int64(view.channels), np.int64(view.inner), np.int64(per_split))
         grid, block = (view.channels, splits), BN_THREADS
     if not backward:
-        buffers = (x, partials)
+        buffers = (x, partials, _shifts(rt, view, acc))
     elif relu_y is None:
         buffers = (dy, x, mean, partials)
     else:
@@ -153,20 +232,22 @@ def _reduce(module, view, x, dy, mean, acc, xp, relu_y=None):
     return partials, splits
 
 
+def _shifts(rt, view, acc):
+    """The per-channel shifts K the training sums kernels wrote beside the partials."""
+    return _scratch(rt, 'shifts', (view.channels,), acc)
+
+
 def _apply(module, channels, inner, x, mean, scale, shift, dtype, xp, activation):
     """y = (x - mean[ch]) * scale[ch] + shift[ch] [then max(y, 0)] over x viewed as
     (outer, channels, inner)."""
     y = xp.empty(x.shape, dtype)
     if x.size:
-        module.kernel('bn_apply').launch(_blocks(x.size), BN_THREADS, (
+        module.kernel('bn_apply').launch(_elementwise_blocks(x.size, channels, inner, dtype), BN_THREADS, (
             x, y, mean, scale, shift, np.int64(x.size), np.int64(channels), np.int64(inner),
             np.int32(activation == 'relu')))
     return y
 
 
-def _scalar_buffer(xp, acc, *values):
-    """Host numbers or one-element (device) arrays as one acc buffer, without a host copy."""
-    return xp.concatenate([xp.asarray(v, dtype=acc).reshape(1) for v in values])
 
 
 # ---------------------------------------------------------------- training forward
@@ -192,7 +273,8 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
     if moving:
         moving_mean = _kept_param(fn, 'moving_mean', moving_mean, layout, acc, xp)
         moving_var = _kept_param(fn, 'moving_var', moving_var, layout, acc, xp)
-        decay, var_decay, var_factor = (_scalar_buffer(xp, acc, v) for v in (
+        # host numbers stay host numbers (reused buffers in _scalars; cuDNN takes them by value)
+        decay, var_decay, var_factor = (v if _is_host_number(v) else xp.asarray(v, dtype=acc).reshape(1) for v in (
             decay, decay if var_decay is None else var_decay, 1 if var_factor is None else var_factor))
     view = _View(x.shape, layout)
     gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout)
@@ -207,22 +289,24 @@ def _bn_train_fwd_gpuk(rt, view, layout, x, gamma, beta, _axes, epsilon, activat
     acc = accumulation_dtype(x.dtype)
     module = rt.load(SOURCE, defines(x.dtype))
     c = view.channels
-    gamma = xp.ones(c, acc) if gamma is None else gamma
-    beta = xp.zeros(c, acc) if beta is None else beta
+    gamma = _filled(rt, c, 1, acc) if gamma is None else gamma
+    beta = _filled(rt, c, 0, acc) if beta is None else beta
     moving = moving_mean is not None
     xk = view.to_kernel(xp, x)
-    mean, var, inv_std, scale = (xp.empty(c, acc) for _ in range(4))
+    mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
+    scale = _scratch(rt, 'scale', (c,), acc)
     next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (None, None)
     if c:
-        partials, splits = _reduce(module, view, xk, None, None, acc, xp)
-        sizes = (np.int64(c), np.int64(view.inner), np.int64(splits), np.int64(view.count))
+        partials, splits = _reduce(rt, module, view, xk, None, None, acc)
+        sizes = (np.int64(c), np.int64(splits), np.int64(view.count))
+        shifts = _shifts(rt, view, acc)
         if moving:
-            module.kernel('bn_stats_finalize_moving').launch(_blocks(c), BN_THREADS, (
-                xk, partials, gamma, moving_mean, moving_var, mean, var, inv_std, scale, next_mean, next_var,
-                _scalar_buffer(xp, acc, epsilon, decay, var_decay, var_factor)) + sizes)
+            module.kernel('bn_stats_finalize_moving').launch(*_finalize_grid(c), (
+                partials, shifts, gamma, moving_mean, moving_var, mean, var, inv_std, scale, next_mean, next_var,
+                _scalars(rt, acc, epsilon, decay, var_decay, var_factor)) + sizes)
         else:
-            module.kernel('bn_stats_finalize').launch(_blocks(c), BN_THREADS, (
-                xk, partials, gamma, mean, var, inv_std, scale, xp.full(1, epsilon, acc)) + sizes)
+            module.kernel('bn_stats_finalize').launch(*_finalize_grid(c), (
+                partials, shifts, gamma, mean, var, inv_std, scale, _scalars(rt, acc, epsilon)) + sizes)
     y = view.from_kernel(xp, _apply(module, c, view.inner, xk, mean, scale, beta, x.dtype, xp, activation))
     kept = layout.kept_shape
     stats = (y, mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
@@ -282,20 +366,27 @@ def _bn_infer_fwd_gpuk(rt, x, mean, var, gamma, beta, epsilon, _axis, activation
     lo, hi = parameter_span(shape, [p.shape for p in params if p is not None])
     span_shape = shape[lo:hi]
 
+    channels = max(math.prod(span_shape), 1)
+
     def on_span(p, fill):
-        # the parameter restricted to the span axes (it is constant elsewhere), flattened
+        # the parameter restricted to the span axes (it is constant elsewhere), flattened: a
+        # view of a (C,) parameter in acc already, so no copy in the common case
         if p is None:
-            return xp.full(max(math.prod(span_shape), 1), fill, acc)
+            return _filled(rt, channels, fill, acc)
         index = tuple(slice(None) if lo <= i < hi else slice(0, 1) for i in range(len(shape)))
         return xp.ascontiguousarray(xp.broadcast_to(p[index], (1,) * lo + span_shape + (1,) * (len(shape) - hi)),
                                     dtype=acc).reshape(-1)
     mean_s, var_s, gamma_s, beta_s = (on_span(p, f) for p, f in zip(params, (0, 1, 1, 0)))
-    scale = (1.0 / xp.sqrt(var_s + acc.type(epsilon))).astype(acc, copy=False)
-    if gamma is not None:
-        scale = scale * gamma_s
     module = rt.load(SOURCE, defines(x.dtype))
-    return _apply(module, max(math.prod(span_shape), 1), math.prod(shape[hi:]), xp.ascontiguousarray(x), mean_s,
-                  xp.ascontiguousarray(scale, dtype=acc), beta_s, x.dtype, xp, activation)
+    x = xp.ascontiguousarray(x)
+    inner = math.prod(shape[hi:])
+    y = xp.empty(x.shape, x.dtype)
+    if x.size:
+        # the scale 1 / sqrt(var + epsilon) * gamma is computed in the kernel, where it is used
+        module.kernel('bn_infer_apply').launch(_elementwise_blocks(x.size, channels, inner, x.dtype), BN_THREADS, (
+            x, y, mean_s, var_s, gamma_s, beta_s, _scalars(rt, acc, epsilon), np.int64(x.size),
+            np.int64(channels), np.int64(inner), np.int32(activation == 'relu')))
+    return y
 
 
 # ---------------------------------------------------------------- backward
@@ -335,25 +426,26 @@ def _bn_bwd_gpuk(rt, view, layout, dy, x, gamma, mean, inv_std, _axes, dmean, dv
     acc = accumulation_dtype(x.dtype)
     module = rt.load(SOURCE, defines(x.dtype))
     c = view.channels
-    gamma = xp.ones(c, acc) if gamma is None else gamma
-    dmean = xp.zeros(c, acc) if dmean is None else dmean
-    dvar = xp.zeros(c, acc) if dvar is None else dvar
+    gamma = _filled(rt, c, 1, acc) if gamma is None else gamma
+    dmean = _filled(rt, c, 0, acc) if dmean is None else dmean
+    dvar = _filled(rt, c, 0, acc) if dvar is None else dvar
     xk, dyk = view.to_kernel(xp, x), view.to_kernel(xp, dy)
     yk = None if y is None else view.to_kernel(xp, y)
-    dgamma, dbeta, coef = xp.empty(c, acc), xp.empty(c, acc), xp.empty(3 * c, acc)
+    dgamma, dbeta = xp.empty(c, acc), xp.empty(c, acc)
+    coef = _scratch(rt, 'coef', (3 * c,), acc)
     kept = layout.kept_shape
     if c == 0:
         return xp.empty(x.shape, x.dtype), dgamma.reshape(kept), dbeta.reshape(kept)
-    partials, splits = _reduce(module, view, xk, dyk, mean, acc, xp, relu_y=yk)
-    module.kernel('bn_bwd_finalize').launch(_blocks(c), BN_THREADS, (
+    partials, splits = _reduce(rt, module, view, xk, dyk, mean, acc, relu_y=yk)
+    module.kernel('bn_bwd_finalize').launch(*_finalize_grid(c), (
         partials, inv_std, gamma, dmean, dvar, dgamma, dbeta, coef, np.int64(c), np.int64(splits),
         np.int64(view.count)))
     dx = xp.empty(xk.shape, x.dtype)
     if x.size:
         sizes = (np.int64(x.size), np.int64(c), np.int64(view.inner))
+        blocks = _elementwise_blocks(x.size, c, view.inner, x.dtype)
         if yk is None:
-            module.kernel('bn_bwd_dx').launch(_blocks(x.size), BN_THREADS, (dyk, xk, mean, coef, dx) + sizes)
+            module.kernel('bn_bwd_dx').launch(blocks, BN_THREADS, (dyk, xk, mean, coef, dx) + sizes)
         else:
-            module.kernel('bn_bwd_relu_dx').launch(_blocks(x.size), BN_THREADS,
-                                                   (dyk, xk, yk, mean, coef, dx) + sizes)
+            module.kernel('bn_bwd_relu_dx').launch(blocks, BN_THREADS, (dyk, xk, yk, mean, coef, dx) + sizes)
     return view.from_kernel(xp, dx), dgamma.reshape(kept), dbeta.reshape(kept)

@@ -11,6 +11,18 @@
 // the kernel still checks the alignment of x and y and falls back to scalar loads).
 // Padding never takes part (TensorFlow's rule, like the NumPy twin): the window is clamped
 // to the input, max ignores the padding and average divides by the real element count.
+//
+// Max pooling's by-product for the backward (argmax) is the winner's row-major tap index
+// inside its window, counted from the window's padded start: 1 byte (uint8) while a window
+// has at most 256 taps (every pooling layer in practice), int32 beyond (the *_i32 kernels),
+// instead of an int64 flat position: 1 byte written and read per output instead of 8. We
+// keep a stored index rather than recomputing the winner from x and y in the backward (as
+// cuDNN does) because that re-reads every window of x (prod(window) / prod(strides) times
+// the input, 2.25x for 3x3/2) and needs y to find ties in the same order; the tap costs one
+// byte per output. The backward is a gather (max_pool_bwd_*): each dx element visits the
+// windows that cover it and adds the dy of those whose tap is its own position, in a fixed
+// order: no atomics (atomicAdd(float) flushed subnormal sums to zero and rounded
+// overlapping windows in a varying order), bit-identical results across runs.
 #include "common.cuh"
 
 #ifndef ELEMENT_T
@@ -25,12 +37,13 @@
 #ifndef GLOBAL_POOL_ROWS
 #define GLOBAL_POOL_ROWS 8
 #endif
-// Resident blocks per SM promised to ptxas for the window kernels (max/avg forward, avg
+// Resident blocks per SM promised to ptxas for the window kernels (max/avg forward and
 // backward): a register budget of 65536 / (3 * POOL_THREADS) = 85 -> 80 per thread. Without
 // a figure this NVRTC's ptxas capped them at 40-64 registers and spilled 4-40 bytes around
 // the out-of-line slow path of the IEEE division (avg) and the 16-byte lanes (8 values and
-// 8 int64 argmax of max_pool_fwd on half); with 4 (64 registers) max_pool_fwd on half still
-// spills on sm_90. 3 builds every variant without spills using 42-80 registers, i.e. 3-5
+// 8 int64 argmax of max_pool_fwd on half, measured before the argmax became a 1-byte tap);
+// with 4 (64 registers) max_pool_fwd on half still spilled on sm_90. The vectorized max-pool
+// gather (8 sums, 8 dy and 8 taps per thread on half) uses 72-80 now. 3 builds every variant without spills using 42-80 registers, i.e. 3-5
 // blocks (24-40 warps) per SM: enough to hide the latency of these memory-bound gathers.
 #ifndef POOL_MIN_BLOCKS
 #define POOL_MIN_BLOCKS 3
@@ -99,6 +112,25 @@ template <int VEC> __device__ __forceinline__ void store_lanes(elem_t* __restric
     }
 }
 
+__device__ __forceinline__ float minus_infinity(float) { return neg_inf_f(); }
+__device__ __forceinline__ double minus_infinity(double) { return __longlong_as_double((long long)0xfff0000000000000ULL); }
+
+// VEC taps as TapT at p, one store of VEC * sizeof(TapT) bytes (p aligned to that when VEC > 1).
+template <int BYTES> struct __align__(BYTES) TapBytes {
+    unsigned char b[BYTES];
+};
+template <int VEC, class TapT> __device__ __forceinline__ void store_taps(TapT* __restrict__ p, const int where[VEC]) {
+    if (VEC == 1) {
+        p[0] = (TapT)where[0];
+    } else {
+        TapBytes<VEC * sizeof(TapT)> packed;
+        TapT* lanes = reinterpret_cast<TapT*>(packed.b);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) lanes[j] = (TapT)where[j];
+        *reinterpret_cast<TapBytes<VEC * sizeof(TapT)>*>(p) = packed;
+    }
+}
+
 // pool_fwd_body: one output element (VEC channels of it in the vectorized layout) per
 // thread and step. Thread mapping: blockIdx.y strides the batch; within a sample a 1-D
 // grid-stride loop over the outputs in the memory order of y, so stores coalesce, and in
@@ -106,11 +138,12 @@ template <int VEC> __device__ __forceinline__ void store_lanes(elem_t* __restric
 // Index math is 32-bit within a sample (the launcher checks per-sample sizes < 2^31):
 // 64-bit division is a slow subroutine call on the GPU. Offsets are 64-bit.
 // Max: the first maximum in row-major window order wins, NaN wins (np.argmax's rule);
-// argmax = flat index in the un-padded spatial volume of the (n, c) slice; a window whose
-// real elements are all -inf reports its first real element (the twin's rule).
-template <bool IS_MAX, int VEC>
+// argmax = the winner's tap in its window (see the top of the file); a window whose real
+// elements are all -inf reports its first real element (the twin's rule). The VEC taps of
+// a thread go out in one store of VEC * sizeof(TapT) bytes.
+template <bool IS_MAX, int VEC, class TapT>
 __device__ __forceinline__ void pool_fwd_body(const elem_t* __restrict__ x, elem_t* __restrict__ y,
-                                              long long* __restrict__ argmax, const PoolGeometry& g,
+                                              TapT* __restrict__ argmax, const PoolGeometry& g,
                                               bool channels_last) {
     const unsigned lanes = channels_last ? (unsigned)(g.c / VEC) : (unsigned)g.c;
     const unsigned per_sample = (unsigned)g.out_volume * lanes;
@@ -132,12 +165,19 @@ __device__ __forceinline__ void pool_fwd_body(const elem_t* __restrict__ x, elem
             window_range(g, 1, oh, h0, h1);
             window_range(g, 2, ow, w0, w1);
             acc_t best[VEC];
-            long long where[VEC];
-            const long long first = ((long long)d0 * g.in[1] + h0) * g.in[2] + w0;
+            int where[VEC];
+            // tap of input (d, h, w) = ((d - sd) * k_h + (h - sh)) * k_w + (w - sw), (sd, sh, sw)
+            // the window's padded start
+            const int sd = od * g.s[0] - g.p[0], sh = oh * g.s[1] - g.p[1], sw = ow * g.s[2] - g.p[2];
             if (IS_MAX) {
-                load_lanes<VEC>(x + base + first * sp_stride, best);
+                // best = -inf and the first real element's tap: the loop's strict > then
+                // keeps that tap for an all -inf window, and x is read once
+                const int first_tap = ((d0 - sd) * g.k[1] + (h0 - sh)) * g.k[2] + (w0 - sw);
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) where[j] = first;
+                for (int j = 0; j < VEC; ++j) {
+                    best[j] = minus_infinity(acc_t(0));
+                    where[j] = first_tap;
+                }
             } else {
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) best[j] = acc_t(0);
@@ -153,7 +193,7 @@ __device__ __forceinline__ void pool_fwd_body(const elem_t* __restrict__ x, elem
                             if (IS_MAX) {
                                 if (v[j] > best[j] || (v[j] != v[j] && best[j] == best[j])) {
                                     best[j] = v[j];
-                                    where[j] = row + w;
+                                    where[j] = ((d - sd) * g.k[1] + (h - sh)) * g.k[2] + (w - sw);
                                 }
                             } else {
                                 best[j] += v[j];
@@ -170,34 +210,40 @@ __device__ __forceinline__ void pool_fwd_body(const elem_t* __restrict__ x, elem
             const long long out = b * g.out_volume * g.c +
                                   (channels_last ? (long long)(i / lanes) * g.c + (long long)lane * VEC : (long long)i);
             store_lanes<VEC>(y + out, best);
-            if (IS_MAX) {
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) argmax[out + j] = where[j];
-            }
+            if (IS_MAX) store_taps<VEC>(argmax + out, where);
         }
     }
 }
 
-template <bool IS_MAX>
+template <bool IS_MAX, class TapT>
 __device__ __forceinline__ void pool_fwd_dispatch(const elem_t* __restrict__ x, elem_t* __restrict__ y,
-                                                  long long* __restrict__ argmax, const PoolGeometry& g, int layout) {
+                                                  TapT* __restrict__ argmax, const PoolGeometry& g, int layout) {
     // The vectorized layout needs 16-byte aligned rows: C % POOL_VEC == 0 (the launcher's
     // promise) and aligned bases (checked here: views and the emulator may be unaligned).
     const bool vec = layout == LAYOUT_CHANNELS_LAST_VEC && g.c % POOL_VEC == 0 && is_aligned(x, 16) &&
-                     is_aligned(y, 16);
+                     is_aligned(y, 16) && (!IS_MAX || is_aligned(argmax, POOL_VEC * sizeof(TapT)));
     if (vec) pool_fwd_body<IS_MAX, POOL_VEC>(x, y, argmax, g, true);
     else pool_fwd_body<IS_MAX, 1>(x, y, argmax, g, layout != LAYOUT_CHANNELS_FIRST);
 }
 
-// max_pool_fwd: y and argmax (int64, shaped like y). Mapping and rules: pool_fwd_body.
+#define POOL_GEOMETRY                                                                                       \
+    make_geometry(n, c, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w, p_d, p_h, p_w)
+
+// max_pool_fwd_u8 / max_pool_fwd_i32: y and argmax (window taps, shaped like y; uint8 for
+// windows of at most 256 taps, int32 beyond). Mapping and rules: pool_fwd_body.
 // Limits: per-sample sizes < 2^31, window * stride within int. No shared memory, no atomics.
 extern "C" __global__ void __launch_bounds__(POOL_THREADS, POOL_MIN_BLOCKS)
-max_pool_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, long long* __restrict__ argmax, int n, int c,
-             int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d,
-             int s_h, int s_w, int p_d, int p_h, int p_w, int layout) {
-    const PoolGeometry g = make_geometry(n, c, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w,
-                                         p_d, p_h, p_w);
-    pool_fwd_dispatch<true>(x, y, argmax, g, layout);
+max_pool_fwd_u8(const elem_t* __restrict__ x, elem_t* __restrict__ y, unsigned char* __restrict__ argmax,
+                int n, int c, int in_d, int in_h, int in_w, int out_d, int out_h,
+                int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d, int p_h, int p_w, int layout) {
+    pool_fwd_dispatch<true>(x, y, argmax, POOL_GEOMETRY, layout);
+}
+
+extern "C" __global__ void __launch_bounds__(POOL_THREADS, POOL_MIN_BLOCKS)
+max_pool_fwd_i32(const elem_t* __restrict__ x, elem_t* __restrict__ y, int* __restrict__ argmax,
+                 int n, int c, int in_d, int in_h, int in_w, int out_d, int out_h,
+                int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d, int p_h, int p_w, int layout) {
+    pool_fwd_dispatch<true>(x, y, argmax, POOL_GEOMETRY, layout);
 }
 
 // avg_pool_fwd: the mean of the real elements of each window, accumulated in acc_t.
@@ -208,7 +254,7 @@ avg_pool_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, int n, int c,
              int p_h, int p_w, int layout) {
     const PoolGeometry g = make_geometry(n, c, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w,
                                          p_d, p_h, p_w);
-    pool_fwd_dispatch<false>(x, y, nullptr, g, layout);
+    pool_fwd_dispatch<false, int>(x, y, nullptr, g, layout);
 }
 
 // avg_pool_bwd: dx[i] = sum over the outputs o whose window covers i of dy[o] / count(o).
@@ -270,38 +316,115 @@ avg_pool_bwd(const elem_t* __restrict__ dy, elem_t* __restrict__ dx, int n, int 
     avg_pool_bwd_body(dy, dx, g, layout != LAYOUT_CHANNELS_FIRST);
 }
 
-// max_pool_bwd_scatter: dx_acc[argmax position] += dy, one dy element per thread.
-// Scatter with atomicAdd, not a gather: max_pool_bwd's contract (dy, argmax, x_shape,
-// data_format) carries no window or strides, so a dx element cannot find the outputs that
-// cover it. dx_acc is zeroed by the launcher; it is dx itself for float and double and a
-// float32 scratch for half (converted by acc_to_elem), so half sums round once.
-// Atomics: an input element receives more than one addition only when it wins several
-// overlapping windows (stride < window); only then does the order of the additions, and
-// so the last bit of the sum, vary between runs. Non-overlapping windows are exact.
-// argmax values outside [0, in_volume) are skipped (the launcher rejects them first).
-extern "C" __global__ void __launch_bounds__(POOL_THREADS)
-max_pool_bwd_scatter(const elem_t* __restrict__ dy, const long long* __restrict__ argmax, acc_t* __restrict__ dx_acc,
-                     long long n, long long c, long long in_volume, long long out_volume, int layout) {
-    const long long total = n * c * out_volume;
-    const bool channels_last = layout != LAYOUT_CHANNELS_FIRST;
-    GPUK_GRID_STRIDE_LOOP(i, total) {
-        const long long where = argmax[i];
-        if (where < 0 || where >= in_volume) continue;
-        long long dst;
-        if (channels_last) {
-            const long long ch = i % c, b = i / (c * out_volume);
-            dst = (b * in_volume + where) * c + ch;
-        } else {
-            dst = (i / out_volume) * in_volume + where;
-        }
-        atomicAdd(dx_acc + dst, to_acc(dy[i]));
+// g where keep, else +0.0, by masking its bits: no branch, so every lane of a warp loads dy
+// and its loads stay one request (a load under the tap test diverges into per-lane ones).
+// Adding +0.0 leaves every sum here unchanged: sums start at +0.0, so none is -0.0.
+__device__ __forceinline__ float keep_or_zero(float g, bool keep) {
+    return __uint_as_float(__float_as_uint(g) & (0u - (unsigned)keep));
+}
+__device__ __forceinline__ double keep_or_zero(double g, bool keep) {
+    return __longlong_as_double(__double_as_longlong(g) & (0LL - (long long)keep));
+}
+
+// VEC taps at p as ints (one load of VEC * sizeof(TapT) bytes when VEC > 1; p aligned to that).
+template <int VEC, class TapT> __device__ __forceinline__ void load_taps(const TapT* __restrict__ p, int out[VEC]) {
+    if (VEC == 1) {
+        out[0] = (int)p[0];
+    } else {
+        const TapBytes<VEC * sizeof(TapT)> packed = *reinterpret_cast<const TapBytes<VEC * sizeof(TapT)>*>(p);
+        const TapT* lanes = reinterpret_cast<const TapT*>(packed.b);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out[j] = (int)lanes[j];
     }
 }
 
-// acc_to_elem: dst = (elem_t) src, elementwise (the half path of max_pool_bwd_scatter).
-extern "C" __global__ void __launch_bounds__(POOL_THREADS)
-acc_to_elem(const acc_t* __restrict__ src, elem_t* __restrict__ dst, long long count) {
-    GPUK_GRID_STRIDE_LOOP(i, count) dst[i] = ElementTraits<elem_t>::from_acc(src[i]);
+// max_pool_bwd_u8 / max_pool_bwd_i32: dx[i] = sum of dy[o] over the outputs o whose window
+// covers i and whose argmax tap is i's tap in that window. Gather formulation, like
+// avg_pool_bwd (covering outputs along each dim: ceil((i + p - k + 1) / s) .. floor((i +
+// p) / s)): one dx element (VEC channels of it in the vectorized channels-last layout: 16
+// bytes of dy and dx, VEC taps in one load) per thread and step, the covering windows
+// visited in row-major output order, the sum kept in acc_t and rounded once. No atomics, no
+// zero-fill pass, no scratch; deterministic, and subnormal gradients survive (plain adds,
+// no flush-to-zero reduction). Taps outside the window never match, so they add nothing.
+// Thread mapping: blockIdx.y strides the batch, a 32-bit grid-stride loop the sample; in
+// channels-last layouts neighbouring threads take neighbouring channels, so the dy, tap and
+// dx accesses coalesce. Limits: per-sample sizes < 2^31. No shared memory.
+template <int VEC, class TapT>
+__device__ __forceinline__ void max_pool_bwd_body(const elem_t* __restrict__ dy, const TapT* __restrict__ argmax,
+                                                  elem_t* __restrict__ dx, const PoolGeometry& g,
+                                                  bool channels_last) {
+    const unsigned lanes = channels_last ? (unsigned)(g.c / VEC) : (unsigned)g.c;
+    const unsigned per_sample = (unsigned)g.in_volume * lanes;
+    const unsigned stride = gridDim.x * blockDim.x;
+    for (long long b = blockIdx.y; b < g.n; b += gridDim.y) {
+        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < per_sample; i += stride) {
+            unsigned t = i, lane = 0;
+            if (channels_last) { lane = t % lanes; t /= lanes; }
+            const unsigned position = t % (unsigned)g.in_volume;
+            int pos[3];
+            pos[2] = (int)(t % (unsigned)g.in[2]); t /= (unsigned)g.in[2];
+            pos[1] = (int)(t % (unsigned)g.in[1]); t /= (unsigned)g.in[1];
+            pos[0] = (int)(t % (unsigned)g.in[0]); t /= (unsigned)g.in[0];
+            if (!channels_last) lane = t;
+            const long long ch = (long long)lane * (channels_last ? VEC : 1);
+            int lo[3], hi[3];
+#pragma unroll
+            for (int dim = 0; dim < 3; ++dim) {
+                const int first = pos[dim] + g.p[dim] - g.k[dim] + 1;
+                lo[dim] = first <= 0 ? 0 : (first + g.s[dim] - 1) / g.s[dim];
+                const int last = (pos[dim] + g.p[dim]) / g.s[dim];
+                hi[dim] = last < g.out[dim] - 1 ? last : g.out[dim] - 1;   // inclusive
+            }
+            const long long base = channels_last ? b * g.out_volume * g.c + ch : (b * g.c + ch) * g.out_volume;
+            const long long sp_stride = channels_last ? g.c : 1;
+            acc_t sum[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) sum[j] = acc_t(0);
+            for (int od = lo[0]; od <= hi[0]; ++od) {
+                const int td = pos[0] - (od * g.s[0] - g.p[0]);
+                for (int oh = lo[1]; oh <= hi[1]; ++oh) {
+                    const int tdh = td * g.k[1] + pos[1] - (oh * g.s[1] - g.p[1]);
+                    for (int ow = lo[2]; ow <= hi[2]; ++ow) {
+                        const int tap = tdh * g.k[2] + pos[2] - (ow * g.s[2] - g.p[2]);
+                        const long long o = base + (((long long)od * g.out[1] + oh) * g.out[2] + ow) * sp_stride;
+                        acc_t grad[VEC];
+                        int taps[VEC];
+                        load_lanes<VEC>(dy + o, grad);
+                        load_taps<VEC>(argmax + o, taps);
+#pragma unroll
+                        for (int j = 0; j < VEC; ++j) sum[j] += keep_or_zero(grad[j], taps[j] == tap);
+                    }
+                }
+            }
+            const long long out = channels_last ? (b * g.in_volume + position) * g.c + ch
+                                                : (b * g.c + ch) * g.in_volume + position;
+            store_lanes<VEC>(dx + out, sum);
+        }
+    }
+}
+
+template <class TapT>
+__device__ __forceinline__ void max_pool_bwd_dispatch(const elem_t* __restrict__ dy, const TapT* __restrict__ argmax,
+                                                      elem_t* __restrict__ dx, const PoolGeometry& g, int layout) {
+    // the vectorized layout as in pool_fwd_dispatch, with the taps aligned to their VEC-wide loads
+    const bool vec = layout == LAYOUT_CHANNELS_LAST_VEC && g.c % POOL_VEC == 0 && is_aligned(dy, 16) &&
+                     is_aligned(dx, 16) && is_aligned(argmax, POOL_VEC * sizeof(TapT));
+    if (vec) max_pool_bwd_body<POOL_VEC>(dy, argmax, dx, g, true);
+    else max_pool_bwd_body<1>(dy, argmax, dx, g, layout != LAYOUT_CHANNELS_FIRST);
+}
+
+extern "C" __global__ void __launch_bounds__(POOL_THREADS, POOL_MIN_BLOCKS)
+max_pool_bwd_u8(const elem_t* __restrict__ dy, const unsigned char* __restrict__ argmax, elem_t* __restrict__ dx,
+                int n, int c, int in_d, int in_h, int in_w, int out_d, int out_h,
+                int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d, int p_h, int p_w, int layout) {
+    max_pool_bwd_dispatch(dy, argmax, dx, POOL_GEOMETRY, layout);
+}
+
+extern "C" __global__ void __launch_bounds__(POOL_THREADS, POOL_MIN_BLOCKS)
+max_pool_bwd_i32(const elem_t* __restrict__ dy, const int* __restrict__ argmax, elem_t* __restrict__ dx,
+                 int n, int c, int in_d, int in_h, int in_w, int out_d, int out_h,
+                 int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d, int p_h, int p_w, int layout) {
+    max_pool_bwd_dispatch(dy, argmax, dx, POOL_GEOMETRY, layout);
 }
 
 // global_avg_pool_rows: channels first, y[r] = mean of the contiguous row x[r, 0:volume].

@@ -8,8 +8,10 @@ the cuDNN path in gpuk/kernels/cudnn/pooling.py (``GPUK_KERNELS=pooling=cudnn|au
 
 Which kernel runs: max/avg forward -> max_pool_fwd / avg_pool_fwd (channels-last with
 C % (16 / itemsize) == 0 uses 16-byte channel loads); average pooling whose window is the
-whole input without padding -> a reduction kernel (global_avg_pool_*); avg backward ->
-a gather kernel; max backward -> an atomic scatter through the argmax (see pooling.cu).
+whole input without padding -> a reduction kernel (global_avg_pool_*); avg and max backward
+-> gather kernels (no atomics: deterministic, subnormals kept). Max pooling's argmax is the
+winner's tap in its window, uint8 for windows of at most 256 taps, int32 beyond
+(pooling_checks.tap_dtype; the *_u8 / *_i32 kernels). No call reads anything back to the host.
 """
 import functools
 import math
@@ -35,8 +37,8 @@ GLOBAL_POOL_THREADS = 256
 GLOBAL_POOL_ROWS = 8
 GLOBAL_POOL_MAX_BATCH_BLOCKS = 65535
 LAYOUT_CHANNELS_FIRST, LAYOUT_CHANNELS_LAST, LAYOUT_CHANNELS_LAST_VEC = 0, 1, 2
-KERNELS = ['max_pool_fwd', 'avg_pool_fwd', 'avg_pool_bwd', 'max_pool_bwd_scatter', 'acc_to_elem',
-           'global_avg_pool_rows', 'global_avg_pool_channels_last']
+KERNELS = ['max_pool_fwd_u8', 'max_pool_fwd_i32', 'avg_pool_fwd', 'avg_pool_bwd', 'max_pool_bwd_u8',
+           'max_pool_bwd_i32', 'global_avg_pool_rows', 'global_avg_pool_channels_last']
 
 
 def defines(dtype):
@@ -134,6 +136,11 @@ def _forward_problem(fn, x, window, strides, pads, data_format, xp):
     return x, _problem(pooling_checks.forward_setup(fn, x, window, strides, pads, data_format), x.dtype)
 
 
+def _tap_suffix(window):
+    """The kernel-name suffix of the argmax dtype: '_u8' or '_i32'."""
+    return '_u8' if pooling_checks.tap_dtype(window) == np.uint8 else '_i32'
+
+
 def _run(rt, problem, op, gpuk_fn, cudnn_fn, *args):
     return dispatch.run(rt, 'pooling', problem.key(op), gpuk_fn, cudnn_fn, *args)
 
@@ -141,8 +148,8 @@ def _run(rt, problem, op, gpuk_fn, cudnn_fn, *args):
 # ---------------------------------------------------------------- forward
 
 def max_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
-    """Max pooling -> (y, argmax); argmax (int64, like y) indexes the winner in the
-    un-padded spatial volume of its (n, c) slice, the first one winning ties."""
+    """Max pooling -> (y, argmax); argmax (shaped like y, uint8 up to 256 window taps, int32
+    beyond) is the winner's row-major tap in its window, the first one winning ties."""
     rt = resolve(runtime)
     x, problem = _forward_problem('max_pool_fwd', x, window, strides, pads, data_format, rt.xp)
     gpuk_fn = functools.partial(_max_pool_fwd_gpuk, rt, problem)
@@ -152,8 +159,8 @@ def max_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
 
 def _max_pool_fwd_gpuk(rt, problem, x, *_geometry):
     y = rt.xp.empty(problem.shape(problem.out_spatial), x.dtype)
-    argmax = rt.xp.empty(y.shape, np.int64)
-    kernel = rt.load(SOURCE, defines(x.dtype)).kernel('max_pool_fwd')
+    argmax = rt.xp.empty(y.shape, pooling_checks.tap_dtype(problem.window))
+    kernel = rt.load(SOURCE, defines(x.dtype)).kernel('max_pool_fwd' + _tap_suffix(problem.window))
     lanes = y.size // (vector_width(x.dtype) if problem.layout == LAYOUT_CHANNELS_LAST_VEC else 1)
     kernel.launch(_batch_grid(lanes // problem.n, problem.n), POOL_THREADS,
                   (x, y, argmax) + problem.geometry + (np.int32(problem.layout),))
@@ -216,36 +223,27 @@ def _avg_pool_bwd_gpuk(rt, problem, dy, *_geometry):
     return dx
 
 
-def max_pool_bwd(dy, argmax, x_shape, data_format, *, runtime=None):
-    """Gradient of max_pool_fwd: dy added at the argmax positions of dx."""
+def max_pool_bwd(dy, argmax, x_shape, window, strides, pads, data_format, *, runtime=None):
+    """Gradient of max_pool_fwd: dy added at the winners (argmax: window taps) of dx, gathered
+    per dx element in output order (bit for bit the twin's order)."""
     fn = 'max_pool_bwd'
     rt = resolve(runtime)
     xp = rt.xp
     dy = _float_array(fn, 'dy', dy, xp)
     argmax = argmax if isinstance(argmax, xp.ndarray) else xp.asarray(argmax)
-    channels_first, x_shape, _ = pooling_checks.max_backward_setup(fn, dy, argmax, x_shape, data_format)
-    argmax = xp.ascontiguousarray(argmax, dtype=np.int64)
-    key = ('max_bwd', dy.dtype.name, channels_first, tuple(dy.shape), tuple(x_shape))
-    gpuk_fn = functools.partial(_max_pool_bwd_gpuk, rt, channels_first)
-    return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.max_pool_bwd, dy, argmax, x_shape, data_format)
+    setup = pooling_checks.max_backward_setup(fn, dy, argmax, x_shape, window, strides, pads, data_format)
+    problem = _problem(setup, dy.dtype)
+    # taps of another integer dtype (a caller's own array) become the kernels' dtype on the device
+    argmax = xp.ascontiguousarray(argmax, dtype=pooling_checks.tap_dtype(setup.window))
+    gpuk_fn = functools.partial(_max_pool_bwd_gpuk, rt, problem)
+    return _run(rt, problem, 'max_bwd', gpuk_fn, cudnn_pooling.max_pool_bwd,
+                dy, argmax, setup.x_shape, setup.window, setup.strides, setup.pads, data_format)
 
 
-def _max_pool_bwd_gpuk(rt, channels_first, dy, argmax, x_shape, _data_format):
-    xp = rt.xp
-    module = rt.load(SOURCE, defines(dy.dtype))
-    n, channels = x_shape[0], conv_checks.channel_count(x_shape, channels_first)
-    in_volume = math.prod(conv_checks.spatial_dims(x_shape, channels_first))
-    out_volume = math.prod(conv_checks.spatial_dims(dy.shape, channels_first))
-    half = dy.dtype == np.float16
-    accumulator = xp.zeros(x_shape, np.float32 if half else dy.dtype)
-    layout = LAYOUT_CHANNELS_FIRST if channels_first else LAYOUT_CHANNELS_LAST
-    module.kernel('max_pool_bwd_scatter').launch(
-        _blocks(dy.size, POOL_THREADS), POOL_THREADS,
-        (dy, argmax, accumulator, np.int64(n), np.int64(channels), np.int64(in_volume), np.int64(out_volume),
-         np.int32(layout)))
-    if not half:
-        return accumulator
-    dx = xp.empty(x_shape, dy.dtype)
-    module.kernel('acc_to_elem').launch(_blocks(dx.size, POOL_THREADS), POOL_THREADS,
-                                        (accumulator, dx, np.int64(dx.size)))
+def _max_pool_bwd_gpuk(rt, problem, dy, argmax, *_geometry):
+    dx = rt.xp.empty(problem.shape(problem.in_spatial), dy.dtype)
+    lanes = dx.size // (vector_width(dy.dtype) if problem.layout == LAYOUT_CHANNELS_LAST_VEC else 1)
+    rt.load(SOURCE, defines(dy.dtype)).kernel('max_pool_bwd' + _tap_suffix(problem.window)).launch(
+        _batch_grid(lanes // problem.n, problem.n), POOL_THREADS,
+        (dy, argmax, dx) + problem.geometry + (np.int32(problem.layout),))
     return dx

@@ -1,15 +1,16 @@
-"""Pooling ops: max pooling (with its argmax as a second, int64 output) and average
-pooling, computed by ``impl.pooling``; padding never takes part (TensorFlow's rule).
+"""Pooling ops: max pooling (with its argmax as a second output: the winner's tap in its
+window, uint8 for windows of at most 256 taps, int32 beyond) and average pooling, computed
+by ``impl.pooling``; padding never takes part (TensorFlow's rule).
 
-Max pooling's backward scatters dy to the argmax positions (MaxPoolBwd); the gradient of
-that scatter is a gather from the same positions (MaxPoolGather), and the gradient of the
-gather is the scatter again, so second derivatives work. Average pooling and its backward
+Max pooling's backward adds dy at the winners (MaxPoolBwd); the gradient of that is a
+gather from the same positions (MaxPoolGather), and the gradient of the gather is the
+backward again, so second derivatives work. Average pooling and its backward
 are adjoint linear maps, each the gradient of the other.
 """
 import numpy as np
 
 from gpuk.graph import Meta, apply
-from gpuk.contracts import geometry
+from gpuk.contracts import geometry, pooling_checks
 from gpuk.ops.base import Op
 from gpuk.ops.conv import assemble_shape, channel_dim, spatial_dims
 
@@ -53,6 +54,12 @@ class PoolWindow:
     def args(self, x_shape):
         return self.window, self.strides, self.pads(x_shape), self.data_format
 
+    def setup(self, x_shape, out_shape):
+        """The pooling_checks.PoolSetup of static shapes x_shape -> out_shape."""
+        return pooling_checks.PoolSetup(self.channels_first, tuple(x_shape), self.window, self.strides,
+                                        self.pads(x_shape), spatial_dims(x_shape, self.channels_first),
+                                        spatial_dims(out_shape, self.channels_first))
+
     def __repr__(self):
         return 'PoolWindow%r' % ((self.where, self.window, self.strides, self.padding,
                                   self.data_format),)
@@ -64,7 +71,7 @@ def _check_float(where, dtype):
 
 
 class MaxPool(Op):
-    """x -> (y, argmax); argmax (int64) indexes the winner in the spatial volume of x."""
+    """x -> (y, argmax); argmax: the winner's tap in its window (pooling_checks.tap_dtype)."""
 
     def __init__(self, window):
         self.window = window
@@ -72,12 +79,12 @@ class MaxPool(Op):
     def infer(self, x):
         _check_float(self.window.where, x.dtype)
         out = self.window.out_shape(x.shape)
-        return Meta(out, x.dtype), Meta(out, 'int64')
+        return Meta(out, x.dtype), Meta(out, pooling_checks.tap_dtype(self.window.window).name)
 
     def forward(self, impl, x):
         if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
             out = self.window.out_shape(x.shape)
-            return impl.xp.zeros(out, x.dtype), impl.xp.zeros(out, np.int64)
+            return impl.xp.zeros(out, x.dtype), impl.xp.zeros(out, pooling_checks.tap_dtype(self.window.window))
         return impl.pooling.max_pool_fwd(x, *self.window.args(x.shape))
 
     def grad(self, inputs, outputs, output_grads):
@@ -87,7 +94,7 @@ class MaxPool(Op):
 
 
 class MaxPoolBwd(Op):
-    """dx: dy added at the argmax positions of x. The last input is x itself: only its
+    """dx: dy added at the winners (argmax taps) of x. The last input is x itself: only its
     shape is read (free on any device, unlike a K.shape vector on a GPU)."""
 
     def __init__(self, window, x_static):
@@ -99,8 +106,7 @@ class MaxPoolBwd(Op):
     def forward(self, impl, dy, argmax, x_like):
         if dy.shape[0] == 0:
             return impl.xp.zeros(x_like.shape, dy.dtype)
-        return impl.pooling.max_pool_bwd(dy, argmax, x_like.shape,
-                                         self.window.data_format)
+        return impl.pooling.max_pool_bwd(dy, argmax, x_like.shape, *self.window.args(x_like.shape))
 
     def grad(self, inputs, outputs, output_grads):
         _, argmax, _ = inputs
@@ -121,13 +127,14 @@ class MaxPoolGather(Op):
         n, channels = g.shape[0], channel_dim(g.shape, self.window.channels_first)
         if n == 0:
             return xp.zeros(argmax.shape, g.dtype)
+        positions, valid = pooling_checks.window_positions(xp, argmax, self.window.setup(g.shape, argmax.shape))
         if self.window.channels_first:
             picked = xp.take_along_axis(g.reshape(n, channels, -1),
-                                        argmax.reshape(n, channels, -1), axis=2)
+                                        positions.reshape(n, channels, -1), axis=2)
         else:
             picked = xp.take_along_axis(g.reshape(n, -1, channels),
-                                        argmax.reshape(n, -1, channels), axis=1)
-        return picked.reshape(argmax.shape)
+                                        positions.reshape(n, -1, channels), axis=1)
+        return xp.where(valid, picked.reshape(argmax.shape), 0).astype(g.dtype, copy=False)
 
     def grad(self, inputs, outputs, output_grads):
         g, argmax = inputs

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from gpuk.contracts import pooling_checks
 from gpuk.cpu_fallback import conv, parallel, pooling
 
 
@@ -172,6 +173,8 @@ def test_max_pool_blocks_and_threads_match_one_block_exactly(split, shape, windo
     rank = len(window)
     n, channels = shape[0], shape[-1]
     flat_x = x.reshape(n, -1, channels)
-    picked = np.take_along_axis(flat_x, argmax_split.reshape(n, -1, channels), axis=1)
+    setup = pooling_checks.forward_setup('positions', x, *geometry)
+    winners = pooling_checks.window_positions(np, argmax_split, setup)[0]
+    picked = np.take_along_axis(flat_x, winners.reshape(n, -1, channels), axis=1)
     np.testing.assert_array_equal(picked, y_split.reshape(n, -1, channels))
     assert argmax_split.shape == y_split.shape and rank == x.ndim - 2

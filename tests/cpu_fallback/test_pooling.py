@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import pooling
-from gpuk.contracts import geometry
+from gpuk.contracts import geometry, pooling_checks
 from tests.evaluation import from_cl, layout, to_cl
 
 DTYPES = [np.float16, np.float32, np.float64]
@@ -65,6 +65,12 @@ def ref_max_pool(x, window, strides, pads, data_format):
     return from_cl(y, data_format), from_cl(argmax, data_format)
 
 
+def positions(argmax, x, window, strides, pads, data_format):
+    """The flat spatial positions of x that max_pool_fwd's window taps point at."""
+    setup = pooling_checks.forward_setup('positions', x, window, strides, pads, data_format)
+    return pooling_checks.window_positions(np, argmax, setup)[0]
+
+
 def ref_avg_pool(x, dy, window, strides, pads, data_format):
     """y and dx in float64 straight from the definition (padding excluded)."""
     x_cl = to_cl(x, data_format).astype(np.float64)
@@ -107,15 +113,16 @@ def test_max_pool_matches_definition(case, data_format, dtype):
     x = tie_free(rng, layout(2, in_spatial, 3, data_format), dtype)
     y, argmax = pooling.max_pool_fwd(x, window, strides, pads, data_format)
     y_ref, argmax_ref = ref_max_pool(x, window, strides, pads, data_format)
-    assert y.dtype == dtype and argmax.dtype == np.int64
+    assert y.dtype == dtype and argmax.dtype == np.uint8
     np.testing.assert_array_equal(y, y_ref)
-    np.testing.assert_array_equal(argmax, argmax_ref)
+    winners = positions(argmax, x, window, strides, pads, data_format)
+    np.testing.assert_array_equal(winners, argmax_ref)
 
     dy = rng.standard_normal(y.shape).astype(dtype)
-    dx = pooling.max_pool_bwd(dy, argmax, x.shape, data_format)
+    dx = pooling.max_pool_bwd(dy, argmax, x.shape, window, strides, pads, data_format)
     dx_ref = np.zeros(x.shape)
     dx_ref_cl = to_cl(dx_ref, data_format)
-    dy_cl, arg_cl = to_cl(dy, data_format), to_cl(argmax, data_format)
+    dy_cl, arg_cl = to_cl(dy, data_format), to_cl(winners, data_format)
     for index in np.ndindex(*dy_cl.shape):
         position = np.unravel_index(arg_cl[index], in_spatial)
         dx_ref_cl[(index[0],) + position + (index[-1],)] += dy_cl[index]
@@ -140,7 +147,7 @@ def test_max_pool_backward_matches_finite_differences(data_format):
         down = np.vdot(pooling.max_pool_fwd(x, case[1], case[2], pads, data_format)[0], g)
         x[i] = saved
         numerical[i] = (up - down) / (2 * eps)
-    np.testing.assert_allclose(pooling.max_pool_bwd(g, argmax, x.shape, data_format),
+    np.testing.assert_allclose(pooling.max_pool_bwd(g, argmax, x.shape, case[1], case[2], pads, data_format),
                                numerical, rtol=1e-9, atol=1e-9)
 
 
@@ -151,8 +158,9 @@ def test_max_pool_padding_never_wins():
     pads = geometry.conv_pads((4,), (3,), (1,), (1,), 'same')
     y, argmax = pooling.max_pool_fwd(x, 3, 1, pads, 'channels_last')
     np.testing.assert_array_equal(y[0, :, 0], [-np.inf, -np.inf, 1.0, 1.0])
-    np.testing.assert_array_equal(argmax[0, :, 0], [0, 0, 3, 3])
-    dx = pooling.max_pool_bwd(np.ones_like(y), argmax, x.shape, 'channels_last')
+    np.testing.assert_array_equal(positions(argmax, x, 3, 1, pads, 'channels_last')[0, :, 0], [0, 0, 3, 3])
+    np.testing.assert_array_equal(argmax[0, :, 0], [1, 0, 2, 1])   # the same as window taps
+    dx = pooling.max_pool_bwd(np.ones_like(y), argmax, x.shape, 3, 1, pads, 'channels_last')
     np.testing.assert_array_equal(dx[0, :, 0], [2.0, 0.0, 0.0, 2.0])
 
 
@@ -167,7 +175,7 @@ def test_max_pool_all_minus_inf_windows_report_a_real_element(data_format):
     y_ref, argmax_ref = ref_max_pool(x, case[1], case[2], pads, data_format)
     assert np.isneginf(y).any()
     np.testing.assert_array_equal(y, y_ref)
-    np.testing.assert_array_equal(argmax, argmax_ref)
+    np.testing.assert_array_equal(positions(argmax, x, case[1], case[2], pads, data_format), argmax_ref)
 
 
 def test_max_pool_propagates_nan():
@@ -247,14 +255,14 @@ SAME = ((1, 1), (1, 1))
      ValueError, r'max_pool_fwd: padded input spatial size 7 .* smaller than the window extent 8'),
     (lambda: pooling.max_pool_fwd(X[:, :0], 3, 1, SAME, 'channels_last'),
      ValueError, r'max_pool_fwd: x must not have a zero-size dimension'),
-    (lambda: pooling.max_pool_bwd(X, X, X.shape, 'channels_last'),
+    (lambda: pooling.max_pool_bwd(X, X, X.shape, 3, 1, SAME, 'channels_last'),
      TypeError, r'max_pool_bwd: argmax must be an integer array, got dtype float32'),
-    (lambda: pooling.max_pool_bwd(X, np.zeros((1, 5, 5, 1), np.int64), X.shape,
+    (lambda: pooling.max_pool_bwd(X, np.zeros((1, 5, 5, 1), np.uint8), X.shape, 3, 1, SAME,
                                   'channels_last'),
      ValueError, r'max_pool_bwd: argmax shape \(1, 5, 5, 1\) and dy shape \(1, 5, 5, 2\)'),
-    (lambda: pooling.max_pool_bwd(X, np.full(X.shape, 25), X.shape, 'channels_last'),
-     ValueError, r'max_pool_bwd: argmax must lie in \[0, 25\)'),
-    (lambda: pooling.max_pool_bwd(X, np.zeros(X.shape, np.int64), (1, 5, 5, 3),
+    (lambda: pooling.max_pool_bwd(X, np.zeros(X.shape, np.uint8), X.shape, 3, 1, SAME, 'nhwc'),
+     ValueError, r"max_pool_bwd: data_format must be 'channels_first' or 'channels_last'"),
+    (lambda: pooling.max_pool_bwd(X, np.zeros(X.shape, np.uint8), (1, 5, 5, 3), 3, 1, SAME,
                                   'channels_last'),
      ValueError, r'max_pool_bwd: batch and channels of dy'),
     (lambda: pooling.avg_pool_bwd(X, (1, 6, 6, 2), 3, 1, SAME, 'channels_last'),

@@ -1,13 +1,20 @@
 """The max pooling twin's tap loop against brute-force definitions (first
 row-major winner, ties, NaN, -inf windows, one block per row, wide windows with
-uint16 tap indices) and max_pool_bwd's scatter, bit for bit against np.add.at
-in output order."""
+uint16 tap indices in the loop and int32 argmax out) and max_pool_bwd's scatter,
+bit for bit against np.add.at in output order."""
 import itertools
 
 import numpy as np
 import pytest
 
+from gpuk.contracts import pooling_checks
 from gpuk.cpu_fallback import parallel, pooling
+
+
+def positions(argmax, x, window, strides, pads, data_format='channels_last'):
+    """The flat spatial positions of x that max_pool_fwd's window taps point at."""
+    setup = pooling_checks.forward_setup('positions', x, window, strides, pads, data_format)
+    return pooling_checks.window_positions(np, argmax, setup)[0]
 
 
 def brute_force_max_pool(x_cl, window, strides, pads):
@@ -64,7 +71,7 @@ def test_running_max_matches_first_row_major_winner(geometry, kind, block_bytes,
     y, argmax = pooling.max_pool_fwd(x, window, strides, pads, 'channels_last')
     y_ref, argmax_ref = brute_force_max_pool(x, window, strides, pads)
     np.testing.assert_array_equal(y, y_ref)
-    np.testing.assert_array_equal(argmax, argmax_ref)
+    np.testing.assert_array_equal(positions(argmax, x, window, strides, pads), argmax_ref)
     if kind == 'nan':
         assert np.isnan(y).any() and not np.isnan(y).all()
     if kind == 'minus_inf':
@@ -78,8 +85,9 @@ def test_wide_window_uses_uint16_taps_and_keeps_first_winner():
     window, strides, pads = (17, 17), (1, 1), ((8, 8), (8, 8))
     y, argmax = pooling.max_pool_fwd(x, window, strides, pads, 'channels_last')
     y_ref, argmax_ref = brute_force_max_pool(x, window, strides, pads)
+    assert argmax.dtype == np.int32
     np.testing.assert_array_equal(y, y_ref)
-    np.testing.assert_array_equal(argmax, argmax_ref)
+    np.testing.assert_array_equal(positions(argmax, x, window, strides, pads), argmax_ref)
 
 
 def add_at_reference(dy_cl, argmax_cl, in_spatial):
@@ -105,7 +113,8 @@ def test_backward_is_bitwise_the_ordered_scatter(geometry, data_format):
     to_format = (lambda a: np.moveaxis(a, -1, 1)) if data_format == 'channels_first' \
         else (lambda a: a)
     _, argmax = pooling.max_pool_fwd(to_format(x_cl), window, strides, pads, data_format)
-    dx = pooling.max_pool_bwd(to_format(dy_cl), argmax, to_format(x_cl).shape, data_format)
-    argmax_cl = np.moveaxis(argmax, 1, -1) if data_format == 'channels_first' else argmax
+    dx = pooling.max_pool_bwd(to_format(dy_cl), argmax, to_format(x_cl).shape, window, strides, pads, data_format)
+    argmax_cl = positions(np.moveaxis(argmax, 1, -1) if data_format == 'channels_first' else argmax,
+                          x_cl, window, strides, pads)
     expected = to_format(add_at_reference(dy_cl, argmax_cl, spatial))
     assert dx.tobytes() == np.ascontiguousarray(expected).tobytes()

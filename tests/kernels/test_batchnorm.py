@@ -333,3 +333,68 @@ def test_cudnn_fused_batchnorm_matches_twin(shape, axes):
     refs = twin.bn_bwd(*_as64([dy, x, gamma, mean, inv_std]), axes, activation='relu', y=y.astype(np.float64))
     for out, ref in zip(outs, refs):
         assert_close(out, ref, np.float32)
+
+
+# ---------------------------------------------------------------- vectorized elementwise passes
+
+def _misaligned(x):
+    """x's values in a contiguous view one element into a larger buffer (not 16-byte aligned)."""
+    buffer = np.empty(x.size + 1, x.dtype)
+    view = buffer[1:].reshape(x.shape)
+    view[...] = x
+    return view
+
+
+# Each case reaches one layout of the elementwise kernels (batchnorm.cu, "elementwise passes"):
+# channels last with C a multiple of the vector width (one block: hoisted coefficients; a
+# forced single block with C = 24: per-step consecutive coefficients), channels first with
+# inner a multiple of it (one channel per vector), and a misaligned x (scalar).
+VECTOR_CASES = {
+    'nhwc-hoisted': ((4, 3, 5, 16), (0, 1, 2), None),
+    'nhwc-consecutive': ((5, 7, 24), (0, 1), 1),
+    'nchw-shared': ((3, 5, 4, 8), (0, 2, 3), None),
+    'misaligned': ((4, 3, 5, 16), (0, 1, 2), 'misaligned'),
+}
+
+
+@pytest.mark.emulate
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('case', list(VECTOR_CASES))
+def test_vector_layouts_match_twin(monkeypatch, dtype, case):
+    shape, axes, how = VECTOR_CASES[case]
+    if how == 1:
+        monkeypatch.setattr(batchnorm, '_elementwise_blocks', lambda *args: 1)
+    prepare = _misaligned if how == 'misaligned' else (lambda a: a)
+    rng = np.random.default_rng(len(case))
+    x = (rng.standard_normal(shape) + 2).astype(dtype)
+    gamma, beta = _params(rng, _kept(shape, axes), dtype)
+    outs = batchnorm.bn_train_fwd(prepare(x), gamma, beta, axes, 1e-3, 'relu', runtime='emulate')
+    refs = twin.bn_train_fwd(*_as64([x, gamma, beta]), axes, 1e-3, 'relu')
+    for name, out, ref in zip(('y', 'mean', 'var', 'inv_std'), outs, refs):
+        assert_close(out, ref, dtype, '%s bn_train_fwd %s' % (case, name))
+    y, mean, var, inv_std = twin.bn_train_fwd(x, gamma, beta, axes, 1e-3, 'relu')
+    dy = rng.standard_normal(shape).astype(dtype)
+    for activation, fused_y in (('linear', None), ('relu', y)):
+        outs = batchnorm.bn_bwd(prepare(dy), prepare(x), gamma, mean, inv_std, axes, activation=activation,
+                                y=fused_y, runtime='emulate')
+        refs = twin.bn_bwd(*_as64([dy, x, gamma, mean, inv_std]), axes, activation=activation,
+                           y=None if fused_y is None else fused_y.astype(np.float64))
+        for name, out, ref in zip(('dx', 'dgamma', 'dbeta'), outs, refs):
+            assert_close(out, ref, dtype, '%s bn_bwd %s %s' % (case, activation, name))
+    axis = -1 if axes[-1] != x.ndim - 1 else 1
+    out = batchnorm.bn_infer_fwd(prepare(x), mean, var, gamma, beta, 1e-3, axis, runtime='emulate')
+    assert_close(out, twin.bn_infer_fwd(*_as64([x, mean, var, gamma, beta]), 1e-3, axis), dtype,
+                 '%s bn_infer_fwd' % case)
+
+
+@pytest.mark.emulate
+def test_scratch_is_reused_and_outputs_are_fresh():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 4, 16)).astype(np.float32)
+    first = batchnorm.bn_train_fwd(x, None, None, (0, 1), runtime='emulate')
+    held = len(batchnorm._BUFFERS)
+    second = batchnorm.bn_train_fwd(x * 2, None, None, (0, 1), runtime='emulate')
+    assert len(batchnorm._BUFFERS) == held               # same shape: nothing new kept
+    assert all(a is not b for a, b in zip(first, second))
+    np.testing.assert_allclose(second[1], 2 * first[1], rtol=1e-6)   # the first outputs kept their values
+    assert not np.shares_memory(first[0], second[0])

@@ -46,10 +46,13 @@ def test_max_pool_matches_twin(kernel_runtime, dtype, data_format, n, spatial, c
     y_ref, argmax_ref = twin.max_pool_fwd(*args)
     np.testing.assert_array_equal(y, y_ref)           # max is exact
     np.testing.assert_array_equal(argmax, argmax_ref)
-    assert argmax.dtype == np.int64 and y.dtype == dtype
+    assert argmax.dtype == np.uint8 and y.dtype == dtype
     dy = np.random.default_rng(5).standard_normal(y.shape).astype(dtype)
-    assert_matches_twin(pooling.max_pool_bwd, twin.max_pool_bwd, (dy, argmax_ref, x.shape, data_format),
-                        kernel_runtime)
+    dx = assert_matches_twin(pooling.max_pool_bwd, twin.max_pool_bwd,
+                             (dy, argmax_ref, x.shape, window, strides, pads, data_format), kernel_runtime)
+    # the gather adds in the twin's order, in the same precision: equal bit for bit
+    np.testing.assert_array_equal(dx, twin.max_pool_bwd(dy, argmax_ref, x.shape, window, strides, pads,
+                                                        data_format))
 
 
 @pytest.mark.parametrize('data_format', ['channels_last', 'channels_first'])
@@ -95,6 +98,12 @@ def test_vectorized_path_on_unaligned_view_falls_back(kernel_runtime):
     args = (x, (2, 2), (1, 1), ((0, 0), (0, 0)), 'channels_last')
     y, argmax = pooling.max_pool_fwd(to_device(kernel_runtime, x), *args[1:], runtime=kernel_runtime)
     np.testing.assert_array_equal(to_host(argmax), twin.max_pool_fwd(*args)[1])
+    dy_base = _tie_free((1 + 2 * 4 * 4 * 8,), np.float32, seed=4)
+    dy = dy_base[1:].reshape(2, 4, 4, 8)                  # the backward's unaligned dy
+    taps = twin.max_pool_fwd(*args)[1]
+    dx = pooling.max_pool_bwd(to_device(kernel_runtime, dy), to_device(kernel_runtime, taps), x.shape, *args[1:],
+                              runtime=kernel_runtime)
+    np.testing.assert_array_equal(to_host(dx), twin.max_pool_bwd(dy, taps, x.shape, *args[1:]))
     assert pooling.layout_code(False, 8, np.float32) == pooling.LAYOUT_CHANNELS_LAST_VEC
     assert pooling.layout_code(False, 6, np.float32) == pooling.LAYOUT_CHANNELS_LAST
     assert pooling.layout_code(False, 8, np.float16) == pooling.LAYOUT_CHANNELS_LAST_VEC
@@ -129,10 +138,13 @@ def test_bad_input_raises_before_launch(module):
     with pytest.raises(ValueError, match=r"max_pool_fwd: pads .* must be smaller than window"):
         module.max_pool_fwd(x, 2, 1, ((2, 0), (0, 0)), cl, **kw)
     dy = np.zeros((1, 2, 2, 3), np.float32)
-    with pytest.raises(ValueError, match=r"max_pool_bwd: argmax must lie in \[0, 16\)"):
-        module.max_pool_bwd(dy, np.full(dy.shape, 16, np.int64), x.shape, cl, **kw)
+    geometry = (2, 2, ((0, 0), (0, 0)), cl)
+    with pytest.raises(TypeError, match=r"max_pool_bwd: argmax must be an integer array, got dtype float32"):
+        module.max_pool_bwd(dy, dy, x.shape, *geometry, **kw)
     with pytest.raises(ValueError, match=r"max_pool_bwd: argmax shape .* and dy shape .* differ"):
-        module.max_pool_bwd(dy, np.zeros((1, 2, 2, 2), np.int64), x.shape, cl, **kw)
+        module.max_pool_bwd(dy, np.zeros((1, 2, 2, 2), np.uint8), x.shape, *geometry, **kw)
+    with pytest.raises(ValueError, match=r"max_pool_bwd: dy spatial shape \(2, 2\) does not match .* \(3, 3\)"):
+        module.max_pool_bwd(dy, np.zeros(dy.shape, np.uint8), x.shape, 2, 1, ((0, 0), (0, 0)), cl, **kw)
     with pytest.raises(ValueError, match=r"avg_pool_bwd: dy spatial shape \(2, 2\) does not match .* \(3, 3\)"):
         module.avg_pool_bwd(dy, x.shape, 2, 1, ((0, 0), (0, 0)), cl, **kw)
 
@@ -158,18 +170,12 @@ def test_cudnn_pool_problem_and_descriptors():
         cudnn_pooling.pooling_descriptor_args(problem, 'median')
 
 
-def test_cudnn_max_bwd_mapping_checks_winners_in_tiles():
-    x = _tie_free((2, 3, 6, 4), np.float32, seed=1)
-    _, argmax = twin.max_pool_fwd(x, 2, 2, ((0, 0), (0, 0)), 'channels_first')
-    assert cudnn_pooling.tiling_window((6, 4), (3, 2)) == (2, 2)
-    assert cudnn_pooling.tiling_window((7, 4), (3, 2)) is None
-    assert cudnn_pooling.winners_in_own_tile(np, argmax, (6, 4), (2, 2), False)
-    # a winner outside its tile (output (0, 1) won by input (0, 0)) cannot map
-    stray = argmax.copy()
-    stray[0, 0, 0, 1] = 0
-    assert not cudnn_pooling.winners_in_own_tile(np, stray, (6, 4), (2, 2), False)
-    cl_argmax = np.ascontiguousarray(np.moveaxis(argmax, 1, -1))
-    assert cudnn_pooling.winners_in_own_tile(np, cl_argmax, (6, 4), (2, 2), True)
+def test_cudnn_max_bwd_maps_only_tiling_windows():
+    dy, taps = np.zeros((1, 3, 3, 2), np.float32), np.zeros((1, 3, 3, 2), np.uint8)
+    for window, strides, pads in (((3, 3), (2, 2), ((1, 1), (1, 1))), ((2, 2), (2, 2), ((1, 0), (1, 0))),
+                                  ((2, 3), (2, 2), ((0, 0), (0, 0)))):
+        with pytest.raises(dispatch.Unsupported, match='window == strides, no padding'):
+            cudnn_pooling.max_pool_bwd(dy, taps, (1, 6, 6, 2), window, strides, pads, 'channels_last')
 
 
 @pytest.mark.gpu
@@ -186,7 +192,66 @@ def test_cudnn_pooling_matches_twin(data_format):
     dy = np.random.default_rng(2).standard_normal(y.shape).astype(np.float32)
     dx = cudnn_pooling.avg_pool_bwd(cupy.asarray(dy), x.shape, 3, 2, pads, data_format)
     assert_close(dx, twin.avg_pool_bwd(dy.astype(np.float64), x.shape, 3, 2, pads, data_format), np.float32)
-    _, argmax = twin.max_pool_fwd(x, 2, 2, ((0, 0), (0, 0)), data_format)
+    tiles = ((2, 2), (2, 2), ((0, 0), (0, 0)))
+    _, argmax = twin.max_pool_fwd(x, *tiles, data_format)
     dy = np.random.default_rng(3).standard_normal(argmax.shape).astype(np.float32)
-    dx = cudnn_pooling.max_pool_bwd(cupy.asarray(dy), cupy.asarray(argmax), x.shape, data_format)
-    assert_close(dx, twin.max_pool_bwd(dy.astype(np.float64), argmax, x.shape, data_format), np.float32)
+    dx = cudnn_pooling.max_pool_bwd(cupy.asarray(dy), cupy.asarray(argmax), x.shape, *tiles, data_format)
+    assert_close(dx, twin.max_pool_bwd(dy.astype(np.float64), argmax, x.shape, *tiles, data_format), np.float32)
+
+
+# ---------------------------------------------------------------- max-pool backward: the gather
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+@pytest.mark.parametrize('data_format', ['channels_last', 'channels_first'])
+def test_max_pool_bwd_keeps_subnormal_gradients(kernel_runtime, dtype, data_format):
+    """Subnormal dy reach dx unchanged, and sums of them round as plain adds would (the old
+    atomicAdd(float) scatter flushed them to zero)."""
+    tiny = np.finfo(dtype).smallest_subnormal
+    x = _tie_free(_shape(1, (5, 5), 4, data_format), dtype, seed=21)
+    geometry = ((3, 3), (1, 1), ((1, 1), (1, 1)), data_format)   # overlapping: winners shared
+    _, argmax = twin.max_pool_fwd(x, *geometry)
+    dy = (np.arange(1, argmax.size + 1).reshape(argmax.shape) % 7 * tiny).astype(dtype)
+    dx = to_host(pooling.max_pool_bwd(to_device(kernel_runtime, dy), to_device(kernel_runtime, argmax), x.shape,
+                                      *geometry, runtime=kernel_runtime))
+    expected = twin.max_pool_bwd(dy, argmax, x.shape, *geometry)
+    np.testing.assert_array_equal(dx, expected)
+    assert dx.sum() == dy.sum() and (np.abs(dx[dx != 0]) < np.finfo(dtype).tiny).any()
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_max_pool_bwd_overlapping_windows_are_bit_identical_across_runs(kernel_runtime, dtype):
+    rng = np.random.default_rng(4)
+    x = rng.integers(-2, 3, (2, 7, 6, 8)).astype(dtype)     # many ties: windows share winners
+    geometry = ((3, 3), (1, 2), ((1, 1), (1, 1)), 'channels_last')
+    _, argmax = pooling.max_pool_fwd(to_device(kernel_runtime, x), *geometry, runtime=kernel_runtime)
+    dy = to_device(kernel_runtime, rng.standard_normal(to_host(argmax).shape).astype(dtype) * 1e3)
+    runs = [to_host(pooling.max_pool_bwd(dy, argmax, x.shape, *geometry, runtime=kernel_runtime)).tobytes()
+            for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0] == twin.max_pool_bwd(to_host(dy), to_host(argmax), x.shape, *geometry).tobytes()
+
+
+def test_wide_windows_use_int32_taps(kernel_runtime):
+    x = _tie_free((1, 18, 17, 2), np.float32, seed=8)
+    geometry = ((17, 16), (1, 1), ((8, 8), (8, 7)), 'channels_last')   # 272 taps: past uint8
+    y, argmax = (to_host(a) for a in pooling.max_pool_fwd(to_device(kernel_runtime, x), *geometry,
+                                                          runtime=kernel_runtime))
+    y_ref, argmax_ref = twin.max_pool_fwd(x, *geometry)
+    assert argmax.dtype == np.int32 and argmax.max() > 255
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(argmax, argmax_ref)
+    dy = np.random.default_rng(2).standard_normal(y.shape).astype(np.float32)
+    assert_matches_twin(pooling.max_pool_bwd, twin.max_pool_bwd, (dy, argmax, x.shape) + geometry, kernel_runtime)
+
+
+def test_taps_outside_the_window_add_nothing(kernel_runtime):
+    """argmax values are never read on the host (no sync); a tap past the window (or on the
+    padding) matches no input, in the kernels and the twin alike."""
+    x_shape, geometry = (1, 4, 4, 1), ((2, 2), (2, 2), ((1, 1), (1, 1)), 'channels_last')
+    taps = np.array([0, 3, 200, 3, 1, 2, 3, 0, 9], np.uint8).reshape(1, 3, 3, 1)
+    dy = np.arange(1, 10, dtype=np.float32).reshape(1, 3, 3, 1)
+    dx = to_host(pooling.max_pool_bwd(to_device(kernel_runtime, dy), to_device(kernel_runtime, taps), x_shape,
+                                      *geometry, runtime=kernel_runtime))
+    np.testing.assert_array_equal(dx, twin.max_pool_bwd(dy, taps, x_shape, *geometry))
+    # output (0, 0) covers only input (0, 0) (tap 3); its tap 0 is padding: nothing added there
+    assert dx[0, 0, 0, 0] == 0 and dx.sum() == dy.sum() - 1 - 3 - 7 - 9   # outputs (0,0), (0,2), (2,0), (2,2)

@@ -12,10 +12,12 @@ How our contract maps onto cuDNN's:
   dy and an uninitialised x-shaped buffer stand in.
 - max pooling forward: cuDNN returns y only, not the argmax our backward contract needs,
   so ``max_pool_fwd`` raises Unsupported (``pool_fwd`` serves the benchmarks).
-- max pooling backward needs x and y; our contract gives dy and the argmax (no window).
-  When the input tiles into output-sized cells and each winner lies in its own cell (the
-  common 2x2/2 case), a one-hot x (1 at every argmax) with y = 1 routes each dy to exactly
-  its argmax, so that maps; anything else raises Unsupported.
+- max pooling backward needs x and y; our contract gives dy, the argmax (window taps) and
+  the geometry. When the windows tile the input without overlap or padding (window ==
+  strides, no pads: the common 2x2/2 case), a one-hot x (1 at every winner) with y = 1
+  routes each dy to exactly its winner, so that maps; anything else raises Unsupported.
+  (Taps outside their window, which gpuk's kernels and the twin ignore, are not defined
+  here: checking them would cost a host sync.)
 - one spatial dim runs as two with a height of 1 (cuDNN pools 4-d and 5-d tensors).
 The translation (``pool_problem``, ``pooling_descriptor_args``, ``tensor_descriptor_args``)
 is pure Python and tested on the CPU.
@@ -24,7 +26,7 @@ import ctypes
 import math
 from collections import namedtuple
 
-from gpuk.contracts import geometry
+from gpuk.contracts import geometry, pooling_checks
 from . import library
 from .conv import cudnn_dims, layout_strides
 from .library import Unsupported, CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING, CUDNN_POOLING_MAX_DETERMINISTIC
@@ -168,51 +170,29 @@ def max_pool_fwd(x, window, strides, pads, data_format):
     raise Unsupported('cuDNN max pooling returns no argmax, which the gradient needs')
 
 
-def tiling_window(in_spatial, out_spatial):
-    """in // out per dim when every input size is a multiple of its output size, else None."""
-    if any(i % o for i, o in zip(in_spatial, out_spatial)):
-        return None
-    return tuple(i // o for i, o in zip(in_spatial, out_spatial))
-
-
-def winners_in_own_tile(xp, argmax, in_spatial, window, channels_last):
-    """True when every argmax lies in the tile (window = stride = `window`) of its output."""
-    rank = len(in_spatial)
-    out_spatial = argmax.shape[1:-1] if channels_last else argmax.shape[2:]
-    first = 1 if channels_last else 2
-    remaining, inside = argmax, None
-    for d in reversed(range(rank)):
-        coord, remaining = remaining % in_spatial[d], remaining // in_spatial[d]
-        shape = [1] * argmax.ndim
-        shape[first + d] = out_spatial[d]
-        ok = (coord // window[d]) == xp.arange(out_spatial[d]).reshape(shape)
-        inside = ok if inside is None else inside & ok
-    return bool(inside.all())
-
-
-def max_pool_bwd(dy, argmax, x_shape, data_format):
-    """Maps the argmax contract onto cuDNN's (dy, y, x) backward where it can (module doc).
-
-    The window and strides are not part of this contract. When every input size is a
-    multiple of its output size and every argmax lies in its own tile of that size, a
-    one-hot x (1 at each argmax) with y = 1 pooled by those tiles makes each tile's unique
-    maximum its winner, so cuDNN routes dy exactly there; otherwise Unsupported."""
-    import cupy
-    channels_last = geometry.normalize_data_format(data_format, 'max_pool_bwd') == 'channels_last'
-    x_shape = tuple(int(s) for s in x_shape)
-    in_spatial = x_shape[1:-1] if channels_last else x_shape[2:]
-    out_spatial = dy.shape[1:-1] if channels_last else dy.shape[2:]
-    window = tiling_window(in_spatial, out_spatial)
-    if window is None or not winners_in_own_tile(cupy, argmax, in_spatial, window, channels_last):
+def max_pool_bwd(dy, argmax, x_shape, window, strides, pads, data_format):
+    """Maps the argmax contract onto cuDNN's (dy, y, x) backward where it can (module doc):
+    non-overlapping, unpadded windows, where a one-hot x (1 at each winner) with y = 1 makes
+    each window's unique maximum its winner, so cuDNN routes dy exactly there."""
+    channels_first = geometry.normalize_data_format(data_format, 'max_pool_bwd') == 'channels_first'
+    window, strides = tuple(window), tuple(strides)
+    if window != strides or any(b or a for b, a in pads):
         raise Unsupported('cuDNN max-pool backward needs x and y; the argmax maps onto it only '
-                           'when every winner lies in its own tile of size input // output')
+                          'for windows that tile the input (window == strides, no padding)')
+    import cupy
+    x_shape = tuple(int(s) for s in x_shape)
+    in_spatial = x_shape[2:] if channels_first else x_shape[1:-1]
+    out_spatial = dy.shape[2:] if channels_first else dy.shape[1:-1]
+    setup = pooling_checks.PoolSetup(channels_first, x_shape, window, strides, tuple(pads), tuple(in_spatial),
+                                     tuple(out_spatial))
+    positions, _ = pooling_checks.window_positions(cupy, argmax, setup)
     n = x_shape[0]
-    c = x_shape[-1] if channels_last else x_shape[1]
+    c = x_shape[1] if channels_first else x_shape[-1]
     volume = math.prod(in_spatial)
-    if channels_last:
-        flat = (cupy.arange(n).reshape(n, 1, 1) * volume + argmax.reshape(n, -1, c)) * c + cupy.arange(c)
+    if channels_first:
+        flat = cupy.arange(n * c).reshape(n * c, 1) * volume + positions.reshape(n * c, -1)
     else:
-        flat = cupy.arange(n * c).reshape(n * c, 1) * volume + argmax.reshape(n * c, -1)
+        flat = (cupy.arange(n).reshape(n, 1, 1) * volume + positions.reshape(n, -1, c)) * c + cupy.arange(c)
     one_hot = cupy.zeros(x_shape, dy.dtype)
     one_hot.reshape(-1)[flat.reshape(-1)] = 1
     ones = cupy.ones(dy.shape, dy.dtype)

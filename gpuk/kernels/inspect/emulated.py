@@ -96,7 +96,7 @@ def _pooling(rt):
     yield f'max fwd {config}', lambda: pooling.max_pool_fwd(x, *geometry, runtime=rt)
     yield f'avg fwd {config}', lambda: pooling.avg_pool_fwd(x, *geometry, runtime=rt)
     argmax = pooling.max_pool_fwd(x, *geometry, runtime=rt)[1]
-    yield f'max bwd {config}', lambda: pooling.max_pool_bwd(dy, argmax, x.shape, 'channels_last', runtime=rt)
+    yield f'max bwd {config}', lambda: pooling.max_pool_bwd(dy, argmax, x.shape, *geometry, runtime=rt)
     yield f'avg bwd {config}', lambda: pooling.avg_pool_bwd(dy, x.shape, *geometry, runtime=rt)
 
 
