@@ -210,10 +210,11 @@ def add_measured(records, rows):
 
 # ---------------------------------------------------------------- assembling
 
-def build_records(archs=variants.ARCHS, emulated=None, gpu_results=None, workers=2):
+def build_records(archs=variants.ARCHS, emulated=None, gpu_results=None, workers=2, cache=None):
     """Every record, JSON-ready. ``emulated``: the emulator's records (None: none joined);
-    ``gpu_results``: folder of measured benchmark JSON (bench/gpu-results)."""
-    records = static_records(variants.compile_all(archs, workers=workers))
+    ``gpu_results``: folder of measured benchmark JSON (bench/gpu-results); ``cache``: the
+    compile cache folder (default variants.cache_folder())."""
+    records = static_records(variants.compile_all(archs, workers=workers, folder=cache))
     join_emulated(records, emulated)
     add_predictions(records)
     add_measured(records, measured_rows(gpu_results) if gpu_results else [])

@@ -39,9 +39,10 @@ def _usage_from_json(data):
     return {kernel: build.ResourceUsage(**fields) for kernel, fields in data.items()}
 
 
-def compile_variant(spec, arch):
-    """The CompiledVariant of (spec, arch), from the cache or compiled now."""
-    folder = cache_folder()
+def compile_variant(spec, arch, folder=None):
+    """The CompiledVariant of (spec, arch), from the cache ``folder`` (default cache_folder())
+    or compiled now."""
+    folder = Path(folder) if folder else cache_folder()
     cubin = folder / runtime.cubin_path(spec.source_file, spec.defines_dict, arch).name
     report, listing = cubin.with_suffix('.usage.json'), cubin.with_suffix('.sass')
     if not (cubin.is_file() and report.is_file() and listing.is_file()):
@@ -61,12 +62,14 @@ def _write(path, text):
     partial.replace(path)   # atomic: a concurrent report never reads half a file
 
 
-def compile_all(archs=ARCHS, specs=None, workers=2):
+def compile_all(archs=ARCHS, specs=None, workers=2, folder=None):
     """CompiledVariants of every registered variant for every arch (registry order, then arch)."""
     specs = runtime.registered_builds() if specs is None else specs
-    jobs = [(spec, arch) for spec in specs for arch in archs]
-    cache_folder().mkdir(parents=True, exist_ok=True)
-    # NVRTC and nvdisasm run outside the GIL (a C call, a subprocess): two threads use both cores.
+    folder = Path(folder) if folder else cache_folder()
+    jobs = [(spec, arch, folder) for spec in specs for arch in archs]
+    folder.mkdir(parents=True, exist_ok=True)
+    # Threads overlap nvdisasm (a subprocess) with compiles; NVRTC's bindings seem to hold the
+    # GIL (two threads compiled no faster than one here), so a cold run is ~2.5 minutes.
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return list(pool.map(lambda job: compile_variant(*job), jobs))
 

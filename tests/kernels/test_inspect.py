@@ -1,0 +1,226 @@
+"""python -m gpuk.kernels.inspect: the SASS reader, the occupancy rules, the model, the join of
+the emulator's figures, and the baseline check of every kernel (docs/kernels.md).
+
+The baseline test compiles every registered variant for sm_80 and sm_90 (NVRTC, no GPU)
+into the report's own cache, so after the first run it reads cached cubins and listings.
+"""
+import copy
+import json
+
+import pytest
+
+from gpuk.kernels import build
+from gpuk.kernels.kernel_source import parse_kernel_signatures
+from gpuk.kernels.inspect import __main__ as cli
+from gpuk.kernels.inspect import baseline, model, occupancy, report, sass, variants
+
+# Captured at import, before tests/kernels/conftest.py points GPUK_CACHE_DIR at a fresh
+# per-session folder: the report's cache keys hash source, headers, defines, arch and flags,
+# so reusing it across sessions never reads a stale entry, and a warm run takes seconds.
+REPORT_CACHE = variants.cache_folder()
+
+LISTING = """
+	.section	.text.k,"ax",@progbits
+k:
+.text.k:
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+.L_x_1:
+        /*0020*/                   FFMA R8, R4, R5, R8 ;
+        /*0030*/                   FFMA R9, R6, R7, R9 ;
+        /*0040*/                   HFMA2.MMA R10, -RZ, RZ, 0, 0 ;
+        /*0050*/               @P0 BRA `(.L_x_1) ;
+        /*0060*/                   I2F.U32.RP R11, R12 ;
+        /*0070*/                   MUFU.RCP R11, R11 ;
+        /*0080*/                   STG.E.64 desc[UR4][R2.64], R8 ;
+        /*0090*/              @!P1 BRA `(.L_x_0) ;
+        /*00a0*/                   EXIT ;
+	.section	.text.other,"ax",@progbits
+other:
+        /*0000*/                   EXIT ;
+"""
+
+
+def test_sass_parse_finds_nested_loops_and_the_innermost():
+    functions = sass.parse(LISTING)
+    assert sorted(functions) == ['k', 'other']
+    k = functions['k']
+    assert k.labels == {'k': 0, '.text.k': 0, '.L_x_0': 0x10, '.L_x_1': 0x20}
+    found = sass.loops(k)
+    assert [(loop.head, loop.tail) for loop in found] == [(0x10, 0x90), (0x20, 0x50)]
+    assert [(loop.head, loop.tail) for loop in sass.innermost(found)] == [(0x20, 0x50)]
+    hot = sass.hot_loop(k)
+    assert (hot.head, len(hot.instructions)) == (0x20, 4)
+    assert sass.hot_loop(functions['other']) is None
+
+
+def test_instruction_mix_counts_by_category_and_width():
+    k = sass.parse(LISTING)['k']
+    outer = sass.loops(k)[0]
+    mix = sass.instruction_mix(outer.instructions)
+    assert mix['ffma'] == 2 and mix['ldg'] == {128: 1} and mix['stg'] == {64: 1}
+    # ptxas' HFMA2.MMA constant move and an integer division's reciprocal are not math
+    assert mix['hfma2'] == 0 and mix['mufu'] == 0 and mix['math'] == 2
+    assert mix['total'] == 9
+    assert sass.access_bits('LDG.E.U16.CONSTANT') == 16 and sass.access_bits('LDS') == 32
+    assert sass.classify(sass.Instruction(0, None, 'HMMA.16816.F32.BF16', 'R0, R4, R8, R0')) == 'mma'
+    assert sass.classify(sass.Instruction(0, None, 'LDGSTS.E.BYPASS.128', '[R1], desc[UR4][R2.64]')) == 'ldgsts'
+
+
+@pytest.mark.parametrize('arch, threads, registers, smem, expected', [
+    # CUDA occupancy calculator values
+    ('sm_90', 256, 32, 0, (8, 64, 1.0, 'warps')),
+    ('sm_90', 256, 192, 16896, (1, 8, 0.125, 'registers')),     # 6144 regs/warp: 2 warps per sub-partition
+    ('sm_90', 128, 64, 0, (8, 32, 0.5, 'registers')),      # 2048 regs/warp: 8 warps per sub-partition
+    ('sm_90', 64, 32, 0, (32, 64, 1.0, 'warps')),
+    ('sm_90', 32, 16, 0, (32, 32, 0.5, 'blocks')),
+    ('sm_90', 256, 32, 100 * 1024, (2, 16, 0.25, 'shared memory')),
+    ('sm_80', 256, 32, 100 * 1024, (1, 8, 0.125, 'shared memory')),
+    ('sm_90', 256, 255, 0, (1, 8, 0.125, 'registers')),
+    ('sm_90', 1024, 72, 0, (0, 0, 0.0, 'does not fit')),          # 73728 registers > 65536 per block
+])
+def test_occupancy_rules(arch, threads, registers, smem, expected):
+    assert tuple(occupancy.theoretical(arch, threads, registers, smem)) == expected
+
+
+def test_model_names_the_bound():
+    mix = sass.instruction_mix([])
+    ffma_loop = dict(mix, ffma=512, total=1272, lds={32: 56})
+    bound, fraction, _ = model.predict(ffma_loop, [], 8)
+    assert bound == 'issue' and fraction == pytest.approx(512 / 1272)
+    pure = dict(mix, ffma=100, total=100)
+    assert model.predict(pure, [], 8)[:2] == ('fp32', 1.0)
+    stream = dict(mix, ldg={128: 1}, stg={128: 1}, int=6, total=8)
+    assert model.predict(stream, [], 64)[:2] == ('memory', 1.0)
+    # half the sectors wasted: the same loop takes twice as long at the same roofline
+    assert model.predict(stream, [], 64, coalescing=0.5)[1] == pytest.approx(0.5)
+    mma = dict(mix, mma=16, total=100)
+    assert model.predict(mma, ['HMMA.16816.F32'] * 16, 8)[0] == 'issue'
+    assert model.mma_cycles('HMMA.16816.F32') == 4 and model.mma_cycles('HMMA.1688.F32.TF32') == 4
+
+
+def _record(**changes):
+    base = {'kernel': 'k', 'source': 'gpuk/kernels/x.cu', 'arch': 'sm_90', 'config': 'f32',
+            'defines': {'ELEMENT_T': 'float'}, 'registers': 32, 'spills': 0, 'smem_bytes': 0,
+            'occupancy': 1.0, 'math_fraction': 0.5, 'other_per_mma': None, 'coalescing': 1.0,
+            'bank_conflicts_per_request': 0.0, 'host_syncs_per_call': 0}
+    base.update(changes)
+    return base
+
+
+def test_join_takes_the_matching_config_else_the_worst():
+    records = [_record(coalescing=None, config='f32'), _record(coalescing=None, config='f16',
+                                                               defines={'ELEMENT_T': '__half'})]
+    emulated = [
+        {'kernel': 'k', 'source': '/elsewhere/x.cu', 'family': 'x', 'config': {'ELEMENT_T': 'float'},
+         'coalescing': 0.9, 'bank_conflicts_per_request': 0.0, 'host_syncs_per_call': 0},
+        {'kernel': 'k', 'source': 'x.cu', 'family': 'x', 'config': {'ELEMENT_T': 'double'},
+         'coalescing': 0.25, 'bank_conflicts_per_request': 2.0, 'host_syncs_per_call': 1},
+        {'kernel': 'other', 'source': 'x.cu', 'config': None, 'coalescing': 0.1},
+    ]
+    report.join_emulated(records, emulated)
+    assert records[0]['coalescing'] == 0.9 and records[0]['host_syncs_per_call'] == 0
+    # no f16 row: the worst over the kernel's rows
+    assert records[1]['coalescing'] == 0.25 and records[1]['bank_conflicts_per_request'] == 2.0
+    assert report.join_emulated([_record(coalescing=None)], None)[0]['coalescing'] is None
+
+
+def test_baseline_compare_flags_each_regression_and_passes_small_drops():
+    before = [_record()]
+    assert baseline.compare([_record(math_fraction=0.46, coalescing=0.91)], before) == []   # < 10% lower
+    assert baseline.compare([_record(math_fraction=0.9, occupancy=1.0, spills=0)], before) == []  # better
+    doctored = _record(spills=8, occupancy=0.5, math_fraction=0.44, coalescing=0.5)
+    problems = baseline.compare([doctored], before)
+    assert len(problems) == 4
+    assert 'spills 8 bytes' in problems[0] and 'occupancy 0.500, baseline 1.000' in problems[1]
+    assert 'math_fraction 0.440, baseline 0.500' in problems[2] and 'coalescing 0.500' in problems[3]
+    assert 'not in the baseline' in baseline.compare([_record(kernel='new')], before)[0]
+    assert 'no longer built' in baseline.compare([], before)[0]
+
+
+# ---------------------------------------------------------------- every real kernel
+
+@pytest.fixture(scope='module')
+def records(request):
+    try:
+        build.nvrtc_version()
+        sass.find_tool('nvdisasm')
+    except (build.NvrtcMissing, sass.ToolMissing) as exc:
+        pytest.skip(str(exc))
+    found = report.build_records(cache=REPORT_CACHE)
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin('terminalreporter'), plugins.get_plugin('capturemanager')
+    if reporter is not None and capture is not None:   # the report's one-line summary, in make test's output
+        with capture.global_and_fixture_disabled():
+            reporter.write_line('\n' + report.summary(found))
+    return found
+
+
+def test_report_covers_every_kernel_of_every_cu_file(records):
+    sources = sorted(p.name for p in build.KERNELS_DIR.glob('**/*.cu'))
+    assert sorted({r['source'].rsplit('/', 1)[-1] for r in records}) == sources
+    for path in build.KERNELS_DIR.glob('**/*.cu'):
+        declared = set(parse_kernel_signatures(path))
+        covered = {r['kernel'] for r in records if r['source'].endswith('/' + path.name)}
+        assert declared == covered, path.name
+    assert {r['arch'] for r in records} == {'sm_80', 'sm_90'}
+    assert not [r for r in records if 'error' in r]
+
+
+def test_records_have_the_documented_keys(records):
+    keys = {'kernel', 'source', 'family', 'arch', 'config', 'registers', 'spills', 'smem_bytes', 'occupancy',
+            'math_fraction', 'other_per_mma', 'coalescing', 'bank_conflicts_per_request',
+            'host_syncs_per_call', 'predicted_bound', 'predicted_fraction'}
+    for record in records:
+        assert keys <= set(record), record['kernel']
+        assert 0 <= record['occupancy'] <= 1
+    json.dumps(records)   # --json writes them as they are
+
+
+def test_conv_main_loops_count_one_k_tile_of_math(records):
+    """The hot loop of each implicit-GEMM kernel is its main loop: one BK slice per iteration,
+    so it holds exactly the tile's multiply-adds (whatever the compiler does around them)."""
+    conv = [r for r in records if r['kernel'] in ('conv_igemm_fwd', 'conv_igemm_dgrad', 'conv_igemm_wgrad')]
+    assert len(conv) == 3 * 11 * 2
+    for r in conv:
+        d = {k: int(v) for k, v in r['defines'].items() if k.startswith('CONV_')}
+        counts = r['hot_loop']['counts']
+        if d['CONV_MATH'] == 0:
+            per_thread = d['CONV_BM'] * d['CONV_BN'] * d['CONV_BK'] // d['CONV_THREADS']
+            op = 'dfma' if r['defines']['ELEMENT_T'] == 'double' else 'ffma'
+            assert counts.get(op) == per_thread, (r['kernel'], r['config'], r['arch'])
+        else:
+            k_step = 8 if d['CONV_MATH'] == 2 else 16          # tf32 m16n8k8, f16/bf16 m16n8k16
+            warp_tiles = (d['CONV_BM'] // d['CONV_WARPS_M'] // 16) * (d['CONV_BN'] // d['CONV_WARPS_N'] // 8)
+            assert counts.get('mma') == warp_tiles * d['CONV_BK'] // k_step, (r['kernel'], r['config'])
+            assert r['other_per_mma'] == pytest.approx((r['hot_loop']['instructions'] - counts['mma'])
+                                                       / counts['mma'], abs=0.01)
+
+
+def test_no_kernel_regressed_against_the_baseline(records):
+    """Fails when a kernel gains spills, loses occupancy, or its useful-math fraction or
+    coalescing drops more than 10%. After a deliberate change: python -m gpuk.kernels.inspect
+    --write-baseline, and commit bench/inspect_baseline.json with the change."""
+    problems = baseline.compare(records, baseline.load()['records'])
+    assert not problems, '\n'.join(problems)
+
+
+def test_a_doctored_record_fails_the_baseline(records):
+    doctored = copy.deepcopy(records)
+    target = next(r for r in doctored if r['kernel'] == 'conv_igemm_fwd' and r['config'] == 'f32 128x128x8 ffma')
+    target['math_fraction'] *= 0.8
+    target['registers'] += 64
+    target['occupancy'] = occupancy.theoretical(target['arch'], 256, target['registers'], target['smem_bytes']).occupancy
+    problems = baseline.compare(doctored, baseline.load()['records'])
+    assert len(problems) == 2 and all('conv_igemm_fwd' in p for p in problems)
+
+
+def test_cli_json_and_table(tmp_path, capsys, monkeypatch, records):
+    monkeypatch.setattr(report, 'build_records', lambda *a, **k: records)
+    out = tmp_path / 'r.json'
+    assert cli.main(['--json', str(out), '--no-emulate', '--check-baseline']) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith('inspect: %d records' % len(records))
+    assert len(lines) == len(records) + 2 and max(len(line) for line in lines[1:]) <= 120
+    assert json.loads(out.read_text()) == records
