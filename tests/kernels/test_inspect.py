@@ -36,6 +36,8 @@ k:
         /*0080*/                   STG.E.64 desc[UR4][R2.64], R8 ;
         /*0090*/              @!P1 BRA `(.L_x_0) ;
         /*00a0*/                   EXIT ;
+.L_x_2:
+        /*00b0*/                   BRA `(.L_x_2) ;
 	.section	.text.other,"ax",@progbits
 other:
         /*0000*/                   EXIT ;
@@ -46,7 +48,7 @@ def test_sass_parse_finds_nested_loops_and_the_innermost():
     functions = sass.parse(LISTING)
     assert sorted(functions) == ['k', 'other']
     k = functions['k']
-    assert k.labels == {'k': 0, '.text.k': 0, '.L_x_0': 0x10, '.L_x_1': 0x20}
+    assert k.labels == {'k': 0, '.text.k': 0, '.L_x_0': 0x10, '.L_x_1': 0x20, '.L_x_2': 0xb0}
     found = sass.loops(k)
     assert [(loop.head, loop.tail) for loop in found] == [(0x10, 0x90), (0x20, 0x50)]
     assert [(loop.head, loop.tail) for loop in sass.innermost(found)] == [(0x20, 0x50)]

@@ -33,7 +33,9 @@ def write(records, path=BASELINE_PATH, nvrtc=None):
     data = {'about': 'python -m gpuk.kernels.inspect --write-baseline; compared by '
                      'tests/kernels/test_inspect_baseline.py (docs/kernels.md)',
             'nvrtc': nvrtc, 'records': baseline_entries(records)}
-    Path(path).write_text(json.dumps(data, indent=1, sort_keys=True) + '\n')
+    records = ',\n'.join('  ' + json.dumps(entry, sort_keys=True) for entry in data.pop('records'))
+    head = json.dumps(data, sort_keys=True)[:-1]   # one record per line: reviewable diffs
+    Path(path).write_text('%s, "records": [\n%s\n]}\n' % (head, records))
 
 
 def load(path=BASELINE_PATH):

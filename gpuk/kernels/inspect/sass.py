@@ -110,7 +110,8 @@ def loops(function):
             continue
         match = _TARGET.search(instruction.operands)
         target = function.labels.get(match.group(1)) if match else None
-        if target is not None and target <= instruction.offset:
+        # a branch to itself is the trap ptxas puts after the last EXIT, not a loop
+        if target is not None and target < instruction.offset:
             tails[target] = max(tails.get(target, target), instruction.offset)
     return [Loop(head, tail, [i for i in function.instructions if head <= i.offset <= tail])
             for head, tail in sorted(tails.items())]
