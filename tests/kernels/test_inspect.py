@@ -120,12 +120,17 @@ def test_join_takes_the_matching_config_else_the_worst():
         {'kernel': 'k', 'source': 'x.cu', 'family': 'x', 'config': {'ELEMENT_T': 'double'},
          'coalescing': 0.25, 'bank_conflicts_per_request': 2.0, 'host_syncs_per_call': 1},
         {'kernel': 'other', 'source': 'x.cu', 'config': None, 'coalescing': 0.1},
+        # the emulator's own records: a shape and dtype string
+        {'kernel': 'k2', 'source': 'x.cu', 'config': 'fwd NHWC 2x8x8x32 -> 64, 3x3 same, f32', 'coalescing': 0.5},
+        {'kernel': 'k2', 'source': 'x.cu', 'config': 'fwd NHWC 2x8x8x32 -> 64, 3x3 same, f16', 'coalescing': 0.7},
     ]
     report.join_emulated(records, emulated)
     assert records[0]['coalescing'] == 0.9 and records[0]['host_syncs_per_call'] == 0
     # no f16 row: the worst over the kernel's rows
     assert records[1]['coalescing'] == 0.25 and records[1]['bank_conflicts_per_request'] == 2.0
     assert report.join_emulated([_record(coalescing=None)], None)[0]['coalescing'] is None
+    k2 = [_record(kernel='k2', coalescing=None, config=c) for c in ('f16 64x64x16 mma', 'f32 32x32x8 ffma')]
+    assert [r['coalescing'] for r in report.join_emulated(k2, emulated)] == [0.7, 0.5]
 
 
 def test_baseline_compare_flags_each_regression_and_passes_small_drops():

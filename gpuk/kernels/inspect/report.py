@@ -4,6 +4,7 @@ dynamic figures joined on, measured GPU rows beside the prediction; the table an
 One record per (kernel, arch, launch configuration); docs/kernels.md explains every key.
 """
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -128,16 +129,18 @@ def emulated_measure(families=None):
     return emulated.measure(families)
 
 
-def _config_matches(record, theirs):
-    """An emulated record's config against ours: a dict of defines matches when every define it
-    names has our value; a string matches our label or our ELEMENT_T; None matches anything."""
+def _config_matches(record, row):
+    """Whether an emulated row ran our configuration: its defines (a dict under 'defines' or
+    'config') agree with ours on every define they name; a string config matches our label
+    or names our element type as a word ('fwd NHWC 2x8x8x32 -> 64, 3x3 same, f32')."""
+    theirs = row.get('defines', row.get('config'))
     if theirs is None:
         return True
     if isinstance(theirs, dict):
         return all(str(record['defines'].get(k)) == str(v) for k, v in theirs.items())
     text = str(theirs)
-    return text == record['config'] or text == record['defines'].get('ELEMENT_T') \
-        or text == record['config'].split(' ')[0]
+    element = record['config'].split(' ')[0]
+    return text == record['config'] or bool(element and re.search(r'(?<![\w.])%s(?![\w.])' % re.escape(element), text))
 
 
 def join_emulated(records, emulated):
@@ -151,7 +154,7 @@ def join_emulated(records, emulated):
         rows = by_kernel.get((record['kernel'], Path(record['source']).name))
         if not rows:
             continue
-        matching = [row for row in rows if _config_matches(record, row.get('config'))] or rows
+        matching = [row for row in rows if _config_matches(record, row)] or rows
         for key in DYNAMIC_KEYS:
             values = [row.get(key) for row in matching if row.get(key) is not None]
             if values:
