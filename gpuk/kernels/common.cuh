@@ -258,6 +258,16 @@ __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src)
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+#elif defined(GPUK_EMULATE)
+// The emulator's cp.async: with GPUK_EMU_SANITIZE the data lands only at the wait (emu_host.h).
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) { ::gpuk_emu::cp_async(smem_dst, gmem_src, 16, 16); }
+__device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+    ::gpuk_emu::cp_async(smem_dst, gmem_src, 16, valid ? 16 : 0);
+}
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src) { ::gpuk_emu::cp_async(smem_dst, gmem_src, 4, 4); }
+__device__ __forceinline__ void cp_async_commit() { ::gpuk_emu::cp_async_commit(); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { ::gpuk_emu::cp_async_wait(N); }
+__device__ __forceinline__ void cp_async_wait_all() { ::gpuk_emu::cp_async_wait(-1); }
 #else
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) { store_uint4(smem_dst, load_uint4(gmem_src)); }
 __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {

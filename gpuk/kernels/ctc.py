@@ -28,7 +28,7 @@ from gpuk.cpu_fallback import ctc as twin
 from gpuk.cpu_fallback import ctc_checks
 from gpuk.cpu_fallback.softmax_xent_checks import accumulate_dtype
 from . import cudnn_ctc, dispatch
-from .runtime import register_build, resolve
+from .runtime import register_build, resolve, to_host
 
 __all__ = list(twin.__all__)
 
@@ -84,7 +84,7 @@ def _device_ints(rt, host):
 def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, blank):
     logits, stand_in = _stand_in(rt, fn, 'logits', logits)
     _, labels, input_lengths, label_lengths, blank = ctc_checks.check_loss_inputs(
-        fn, stand_in, _host(labels), _host(input_lengths), _host(label_lengths), blank)
+        fn, stand_in, to_host(rt, labels), to_host(rt, input_lengths), to_host(rt, label_lengths), blank)
     return rt.xp.ascontiguousarray(logits), labels, input_lengths, label_lengths, blank
 
 
@@ -196,7 +196,7 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
 
 def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank):
     log_probs, stand_in = _stand_in(rt, fn, 'log_probs', log_probs)
-    _, input_lengths, blank = ctc_checks.check_decode_inputs(fn, stand_in, _host(input_lengths), blank)
+    _, input_lengths, blank = ctc_checks.check_decode_inputs(fn, stand_in, to_host(rt, input_lengths), blank)
     return rt.xp.ascontiguousarray(log_probs), input_lengths, blank
 
 

@@ -6,6 +6,11 @@ runs the grid (emulate/emu_host.h). Shared objects are cached on disk under
 `cache_dir()/emulate`, keyed by the source, its headers, the emulation headers, the
 defines and the compiler, and loaded with ctypes. Every array argument is copied into
 its own guard-paged mapping so out-of-bounds accesses raise KernelLaunchError.
+
+With GPUK_EMU_SANITIZE=1 (on in tests/kernels) modules are built instrumented: every memory
+access of the kernel code reaches emu_host.h's hooks, which run racecheck, initcheck,
+cp.async-landing and synccheck checks; `counting()` collects per-launch performance counters
+from the same builds (gpuk.kernels.inspect.emulated). See docs/kernels.md.
 """
 import ctypes
 import hashlib
@@ -15,6 +20,9 @@ import shlex
 import subprocess
 import tempfile
 import threading
+import types
+import weakref
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -24,14 +32,20 @@ from .kernel_source import KERNELS_DIR, include_closure, memoized_digest, parse_
     source_key, strip_comments
 
 EMULATE_DIR = KERNELS_DIR / 'emulate'
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_SHARED_MEM = 232448          # the sm_90 opt-in limit per block
 CXX_FLAGS = ('-O2', '-std=c++17', '-fPIC', '-shared', '-pthread', '-fvisibility=hidden',
              '-fno-strict-aliasing', '-fstack-clash-protection', '-U_FORTIFY_SOURCE', '-w')
 ERROR_KINDS = {1: 'out of bounds', 2: 'write to const', 3: 'stack overflow', 4: 'deadlock',
                5: 'invalid warp collective', 6: 'trap', 7: 'invalid address', 8: 'bad launch',
-               9: 'internal', 10: 'arithmetic', 11: 'underflow write'}
-SHARED_ARG = -2
+               9: 'internal', 10: 'arithmetic', 11: 'underflow write', 12: 'racecheck', 13: 'initcheck',
+               14: 'cp.async', 15: 'synccheck'}
+# Instrumented builds: -fsanitize=thread only inserts the access hooks (emu_host.h defines
+# them; libtsan is not linked), so the object is compiled and linked in two steps.
+SANITIZE_FLAGS = ('-fsanitize=thread', '--param', 'tsan-instrument-func-entry-exit=0', '-DGPUK_EMU_INSTRUMENTED=1')
+CHECK_MEMORY, CHECK_COUNTERS = 1, 2
+POISON_BYTE = 0xA5   # what runtime-allocated (empty) arrays hold until written, under the sanitizer
+SHARED_ARG, STATIC_SHARED_ARG = -2, -3
 ARG_POINTER, ARG_CONST = 1, 2
 
 _EXTERN_SHARED = re.compile(
@@ -43,13 +57,24 @@ _LAUNCH_LOCK = threading.Lock()
 
 class _Arg(ctypes.Structure):
     _fields_ = [('host', ctypes.c_void_p), ('nbytes', ctypes.c_uint64), ('itemsize', ctypes.c_uint32),
-                ('flags', ctypes.c_uint32), ('alias_of', ctypes.c_int32), ('pad', ctypes.c_int32)]
+                ('flags', ctypes.c_uint32), ('alias_of', ctypes.c_int32), ('pad', ctypes.c_int32),
+                ('init_mask', ctypes.c_void_p)]
+
+
+COUNTER_FIELDS = ('global_requests', 'global_sectors', 'global_ideal_sectors', 'global_load_bytes',
+                  'global_store_bytes', 'shared_requests', 'shared_wavefronts', 'shared_ideal_wavefronts',
+                  'shared_bytes', 'barriers', 'atomics', 'collectives')
+
+
+class _Counters(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in COUNTER_FIELDS]
 
 
 class _Config(ctypes.Structure):
     _fields_ = [('grid', ctypes.c_uint32 * 3), ('block', ctypes.c_uint32 * 3), ('shared_mem', ctypes.c_uint64),
                 ('host_threads', ctypes.c_uint32), ('reverse_order', ctypes.c_uint32),
-                ('stack_bytes', ctypes.c_uint64)]
+                ('stack_bytes', ctypes.c_uint64), ('checks', ctypes.c_uint32), ('n_tls_ignore', ctypes.c_uint32),
+                ('counters', ctypes.POINTER(_Counters)), ('tls_ignore', ctypes.POINTER(ctypes.c_uint64))]
 
 
 class _Error(ctypes.Structure):
@@ -79,6 +104,96 @@ def rewrite_dynamic_shared(text, where):
     return ''.join(out)
 
 
+def sanitize_enabled():
+    """GPUK_EMU_SANITIZE=1: instrumented builds with the memory checks (tests/kernels turns it on)."""
+    raw = os.environ.get('GPUK_EMU_SANITIZE', '').strip()
+    if raw not in ('', '0', '1'):
+        raise ValueError(f"GPUK_EMU_SANITIZE must be 0 or 1, got {raw!r}")
+    return raw == '1'
+
+
+_collector = None   # the list counting() appends launch records to, while active
+
+
+@contextmanager
+def counting():
+    """Collects one record per emulated launch (kernel, defines, grid, counters) while active.
+
+    Modules loaded meanwhile are the instrumented builds; the memory checks stay as
+    GPUK_EMU_SANITIZE says. Not reentrant, one collector per process."""
+    global _collector
+    if _collector is not None:
+        raise RuntimeError('emulated_runtime.counting() is already active')
+    _collector = records = []
+    try:
+        yield records
+    finally:
+        _collector = None
+
+
+# ---- initcheck of global memory: arrays the runtime allocated uninitialized ----
+# The emulated runtime's xp is NumPy with empty/empty_like wrapped: under the sanitizer their
+# arrays are filled with POISON_BYTE and remembered (weakly); at a launch, an element of such
+# an array whose bytes all still hold the poison counts as never written. Host writes
+# (fill, copies) change the bytes and so count as writes; writing the poison itself is
+# indistinguishable (0xA5A5A5A5 is -2.9e-16 as float32, -0.022 as float16).
+_poisoned = {}   # id -> (weakref, first byte address, nbytes)
+
+
+def _remember_poisoned(array):
+    if sanitize_enabled() and array.nbytes:
+        array.ravel(order='K').view(np.uint8).fill(POISON_BYTE)   # fresh arrays are contiguous: a view
+        key = id(array)
+        _poisoned[key] = (weakref.ref(array, lambda _, k=key: _poisoned.pop(k, None)), array.ctypes.data, array.nbytes)
+    return array
+
+
+def _poisoned_empty(*args, **kwargs):
+    return _remember_poisoned(np.empty(*args, **kwargs))
+
+
+def _poisoned_empty_like(*args, **kwargs):
+    return _remember_poisoned(np.empty_like(*args, **kwargs))
+
+
+def _make_xp():
+    xp = types.ModuleType('numpy', 'NumPy, with empty/empty_like poisoned under the sanitizer')
+    xp.__getattr__ = lambda name: getattr(np, name)
+    xp.empty, xp.empty_like = _poisoned_empty, _poisoned_empty_like
+    return xp
+
+
+def init_mask(array):
+    """uint8 per byte of `array` (1 = written), or None when every byte counts as written."""
+    lo, hi = array.ctypes.data, array.ctypes.data + array.nbytes
+    if not _poisoned or not array.nbytes or not any(
+            base <= lo and hi <= base + n for _, base, n in list(_poisoned.values())):
+        return None
+    elements = array.reshape(-1).view(np.uint8).reshape(array.size, array.itemsize)
+    written = ~(elements == POISON_BYTE).all(axis=1)
+    if written.all():
+        return None
+    return np.ascontiguousarray(np.repeat(written, array.itemsize).astype(np.uint8))
+
+
+def _static_shared_symbol(library, offset):
+    """The static __shared__ variable at `offset` of the module's TLS block (from nm), or ''."""
+    try:
+        out = subprocess.run(['nm', '-C', '-S', str(library)], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ''
+    for line in out.splitlines():
+        parts = line.split(None, 3)
+        if len(parts) == 4 and parts[2] in 'bBdD' and len(parts[0]) == 16:
+            try:
+                start, size = int(parts[0], 16), int(parts[1], 16)
+            except ValueError:
+                continue
+            if start <= offset < start + size and 'gpuk_emu' not in parts[3]:
+                return f"`{parts[3]}` byte {offset - start}"
+    return ''
+
+
 def _env_int(name, default, minimum):
     raw = os.environ.get(name, '').strip()
     if not raw:
@@ -102,21 +217,35 @@ class EmulatedKernel:
                              f"got {shared_mem!r}")
         args = tuple(args)
         runtime.check_args(self.signature, args, np.ndarray)
-        c_args, keep_alive = self._marshal(args)
+        instrumented = self.module.instrumented
+        checks = (CHECK_MEMORY if instrumented and sanitize_enabled() else 0) | \
+                 (CHECK_COUNTERS if instrumented and _collector is not None else 0)
+        c_args, keep_alive = self._marshal(args, checks & CHECK_MEMORY)
         order = os.environ.get('GPUK_EMULATE_ORDER', 'forward').strip() or 'forward'
         if order not in ('forward', 'reverse'):
             raise ValueError(f"GPUK_EMULATE_ORDER must be 'forward' or 'reverse', got {order!r}")
         config = _Config((ctypes.c_uint32 * 3)(*grid), (ctypes.c_uint32 * 3)(*block), int(shared_mem),
                          _env_int('GPUK_EMULATE_THREADS', 1, 1), int(order == 'reverse'),
-                         _env_int('GPUK_EMULATE_STACK_KB', 64, 16) * 1024)
+                         _env_int('GPUK_EMULATE_STACK_KB', 64, 16) * 1024, checks)
+        counters = _Counters()
+        if checks:
+            config.tls_ignore, config.n_tls_ignore = self.module.tls_ignore()
+        if checks & CHECK_COUNTERS:
+            config.counters = ctypes.pointer(counters)
         error = _Error()
         with _LAUNCH_LOCK:
             status = self._function(ctypes.byref(config), c_args, len(args), ctypes.byref(error))
         del keep_alive
         if status:
             raise self._error(error, grid, block, shared_mem, args)
+        if checks & CHECK_COUNTERS and _collector is not None:
+            _collector.append({'kernel': self.name, 'source': self.module.source_file, 'defines': self.module.defines,
+                               'grid': grid, 'block': block, 'shared_mem': int(shared_mem),
+                               'arrays': [(p.name, a.nbytes, a.size, p.is_const)
+                                          for p, a in zip(self.signature.params, args) if p.is_pointer],
+                               **{name: int(getattr(counters, name)) for name in COUNTER_FIELDS}})
 
-    def _marshal(self, args):
+    def _marshal(self, args, check_init):
         c_args = (_Arg * max(1, len(args)))()
         keep_alive = []
         seen = {}
@@ -135,7 +264,10 @@ class EmulatedKernel:
                 if alias >= 0 and not p.is_const:
                     c_args[alias].flags &= ~ARG_CONST   # the shared region is written through arg i
                 flags = ARG_POINTER | (ARG_CONST if p.is_const else 0)
-                c_args[i] = _Arg(ptr, nbytes, a.itemsize, flags, alias, 0)
+                mask = init_mask(a) if check_init and alias < 0 else None
+                if mask is not None:
+                    keep_alive.append(mask)
+                c_args[i] = _Arg(ptr, nbytes, a.itemsize, flags, alias, 0, None if mask is None else mask.ctypes.data)
             else:
                 value = np.array(a)
                 keep_alive.append(value)
@@ -151,6 +283,12 @@ class EmulatedKernel:
             message = message.replace(f"argument #{e.arg_index}", f"argument {e.arg_index} ({argument})")
         elif e.arg_index == SHARED_ARG:
             argument = 'dynamic shared memory'
+        elif e.arg_index == STATIC_SHARED_ARG:
+            argument = 'static __shared__ memory'
+            symbol = _static_shared_symbol(self.module.path, int(e.byte_offset))
+            if symbol:
+                message = message.replace(f'static __shared__ memory at byte offset {int(e.byte_offset)}',
+                                          f'static __shared__ {symbol} (TLS offset {int(e.byte_offset)})')
         block_idx = tuple(e.block) if e.has_location else None
         thread_idx = tuple(e.thread) if e.has_location else None
         where = f" in block {block_idx} thread {thread_idx}" if e.has_location else ''
@@ -161,13 +299,33 @@ class EmulatedKernel:
 
 
 class EmulatedModule:
-    def __init__(self, source_file, defines, library_path, signatures):
+    def __init__(self, source_file, defines, library_path, signatures, instrumented=False):
         self.source_file, self.defines, self.path = source_file, dict(defines), library_path
+        self.instrumented = instrumented
+        self._tls_ignore = None
         self.signatures = signatures
         self._lib = ctypes.CDLL(str(library_path))
         if self._lib.gpuk_emu_abi_version() != ABI_VERSION:
             raise RuntimeError(f"{library_path}: emulator ABI mismatch; delete the cache directory")
         self._kernels = {}
+
+    def tls_ignore(self):
+        """(uint64 array of (offset, size) pairs, count): the module's thread-local variables the
+        sanitizer must not take for __shared__ memory: C++ guard variables (_ZGV*)."""
+        if self._tls_ignore is None:
+            pairs = []
+            try:
+                out = subprocess.run(['readelf', '-sW', str(self.path)], capture_output=True, text=True,
+                                     check=True).stdout
+            except (OSError, subprocess.CalledProcessError) as exc:
+                raise RuntimeError(f"{self.path}: the sanitizer needs readelf (binutils) to read the module's "
+                                   f"thread-local symbols: {exc}")
+            for line in out.splitlines():
+                parts = line.split()
+                if len(parts) >= 8 and parts[3] == 'TLS' and parts[7].startswith('_ZGV'):
+                    pairs += [int(parts[1], 16), int(parts[2], 0)]
+            self._tls_ignore = ((ctypes.c_uint64 * max(1, len(pairs)))(*pairs), len(pairs) // 2)
+        return self._tls_ignore
 
     def kernel(self, name):
         if name not in self.signatures:
@@ -183,7 +341,8 @@ class EmulatedModule:
 
 class EmulatedRuntime:
     kind = 'emulate'
-    xp = np
+    xp = _make_xp()
+    host_syncs = 0      # device-to-host copies launchers made through runtime.to_host
 
     def __init__(self):
         self.cxx = os.environ.get('GPUK_CXX') or os.environ.get('CXX') or 'g++'
@@ -201,29 +360,36 @@ class EmulatedRuntime:
             self._compiler_id = out.stdout.splitlines()[0] if out.stdout else self.cxx
         return self._compiler_id
 
-    def module_key(self, source_file, defines):
+    @staticmethod
+    def instrumented():
+        """Whether modules loaded now are the instrumented builds (sanitizer or counters on)."""
+        return sanitize_enabled() or _collector is not None
+
+    def module_key(self, source_file, defines, instrumented=False):
         def emulation_headers():
             headers = sorted(EMULATE_DIR.glob('*.h'))
             return [EMULATE_DIR] + headers, hashlib.sha256(b''.join(p.read_bytes() for p in headers)).hexdigest()
         emu = memoized_digest('emulation headers', emulation_headers)
-        return source_key(source_file, defines, 'emulate', ABI_VERSION, emu, self.compiler_id(), CXX_FLAGS)
+        flags = CXX_FLAGS + (SANITIZE_FLAGS if instrumented else ())
+        return source_key(source_file, defines, 'emulate', ABI_VERSION, emu, self.compiler_id(), flags)
 
     def load(self, source_file, defines=None):
         """Compile (or fetch from the caches) `source_file` with `defines`; returns a module."""
         defines = dict(defines or {})
-        key = self.module_key(source_file, defines)   # memoized: no file read on a hit
+        instrumented = self.instrumented()
+        key = self.module_key(source_file, defines, instrumented)   # memoized: no file read on a hit
         with self._lock:
             module = self._modules.get(key)
             if module is None:
                 source_file = Path(source_file).resolve()
                 signatures = parse_kernel_signatures(source_file, defines)
-                library = self._build(source_file, defines, signatures, key)
-                module = self._modules[key] = EmulatedModule(source_file, defines, library, signatures)
+                library = self._build(source_file, defines, signatures, key, instrumented)
+                module = self._modules[key] = EmulatedModule(source_file, defines, library, signatures, instrumented)
         return module
 
-    def _build(self, source_file, defines, signatures, key):
+    def _build(self, source_file, defines, signatures, key, instrumented=False):
         out_dir = runtime.cache_dir() / 'emulate'
-        library = out_dir / f"{source_file.stem}-{key[:24]}.so"
+        library = out_dir / f"{source_file.stem}{'-san' if instrumented else ''}-{key[:24]}.so"
         if library.exists():
             return library
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -237,11 +403,19 @@ class EmulatedRuntime:
         os.close(fd)
         cpp = Path(tmp).with_suffix('.cpp')
         cpp.write_text(text)
-        command = shlex.split(self.cxx) + list(CXX_FLAGS) + [
-            '-include', str(EMULATE_DIR / 'cuda_emu.h'), f'-I{source_file.parent}', f'-I{KERNELS_DIR}',
-            str(cpp), '-o', tmp]
+        include = ['-include', str(EMULATE_DIR / 'cuda_emu.h'), f'-I{source_file.parent}', f'-I{KERNELS_DIR}']
+        obj = Path(tmp).with_suffix('.o')
+        if instrumented:   # instrument when compiling; link without libtsan (emu_host.h has the hooks)
+            commands = [shlex.split(self.cxx) + [f for f in CXX_FLAGS if f != '-shared'] + list(SANITIZE_FLAGS)
+                        + include + ['-c', str(cpp), '-o', str(obj)],
+                        shlex.split(self.cxx) + ['-shared', '-pthread', str(obj), '-o', tmp]]
+        else:
+            commands = [shlex.split(self.cxx) + list(CXX_FLAGS) + include + [str(cpp), '-o', tmp]]
         try:
-            result = subprocess.run(command, capture_output=True, text=True)
+            for command in commands:
+                result = subprocess.run(command, capture_output=True, text=True)
+                if result.returncode != 0:
+                    break
             self.compile_count += 1
             if result.returncode != 0:
                 raise runtime.KernelCompileError(
@@ -249,7 +423,7 @@ class EmulatedRuntime:
                     f"{result.stderr[-6000:]}\ncommand: {' '.join(command)}")
             os.replace(tmp, library)   # atomic: concurrent builders never see a half-written file
         finally:
-            for leftover in (tmp, cpp):
+            for leftover in (tmp, cpp, obj):
                 if os.path.exists(leftover):
                     os.unlink(leftover)
         return library

@@ -111,6 +111,19 @@ def resolve(rt):
 
 
 # ---- launch configuration and argument checks shared by both runtimes ----
+def to_host(rt, value):
+    """`value` as a NumPy array. Where it is an array of the runtime's `xp` (a device array on
+    a GPU) this is a device-to-host copy that waits for the stream: counted in
+    `rt.host_syncs`, so the emulated runtime counts the host syncs a launcher makes on a GPU."""
+    # NumPy-backed runtimes hand out NumPy scalars where CuPy reductions give 0-d device arrays.
+    device_types = (rt.xp.ndarray,) + ((np.generic,) if rt.xp.ndarray is np.ndarray else ())
+    if isinstance(value, device_types) or (hasattr(value, 'get') and not isinstance(value, np.ndarray)):
+        rt.host_syncs = getattr(rt, 'host_syncs', 0) + 1
+        get = getattr(value, 'get', None)
+        return get() if get is not None and not isinstance(value, np.ndarray) else np.asarray(value)
+    return np.asarray(value)
+
+
 def _dims(value, what, kernel):
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         value = (value,)

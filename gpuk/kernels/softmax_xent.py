@@ -24,7 +24,7 @@ import numpy as np
 from gpuk.cpu_fallback import softmax_xent as twin
 from gpuk.cpu_fallback import softmax_xent_checks as checks
 from . import cudnn_softmax, dispatch
-from .runtime import register_build, resolve
+from .runtime import register_build, resolve, to_host
 
 __all__ = list(twin.__all__)
 
@@ -119,7 +119,7 @@ def _labels(fn, rt, labels, logits_shape, axis):
     checks.reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
     classes = logits_shape[axis]
     if labels.size:
-        low, high = int(labels.min()), int(labels.max())
+        low, high = int(to_host(rt, labels.min())), int(to_host(rt, labels.max()))
         if low < 0 or high >= classes:
             raise ValueError('%s: labels must lie in [0, %d) (the size of logits axis %d), '
                              'got values in [%d, %d]' % (fn, classes, axis, low, high))

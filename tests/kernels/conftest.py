@@ -22,6 +22,20 @@ def _kernel_cache_dir(tmp_path_factory):
         os.environ.pop('GPUK_CACHE_DIR', None)
 
 
+@pytest.fixture(scope='module', autouse=True)
+def _emulator_sanitizer():
+    """The emulator runs as a sanitizer in the kernel tests (racecheck, initcheck, cp.async,
+    synccheck; docs/kernels.md) unless GPUK_EMU_SANITIZE is set explicitly."""
+    if 'GPUK_EMU_SANITIZE' in os.environ:
+        yield
+        return
+    os.environ['GPUK_EMU_SANITIZE'] = '1'
+    try:
+        yield
+    finally:
+        os.environ.pop('GPUK_EMU_SANITIZE', None)
+
+
 @pytest.fixture(params=KERNEL_RUNTIMES)
 def kernel_runtime(request):
     """Each kernel runtime: 'emulate' always, 'cuda' where a GPU is usable."""

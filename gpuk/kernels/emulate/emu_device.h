@@ -57,6 +57,11 @@ uint64_t warp_op(WarpOp& op);
 unsigned active_mask();
 [[noreturn]] void trap(const char* what);
 void* dynamic_shared_base();
+// cp.async (common.cuh's wrappers): immediate copies, or with the sanitizer the copy lands
+// at the issuing thread's wait (emu_host.h). src_bytes < bytes zero-fills the rest.
+void cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes);
+void cp_async_commit();
+void cp_async_wait(int pending_groups);   // -1: wait for every copy, committed or not
 
 template <class T> inline T shfl(int kind, unsigned mask, T var, int arg, int width) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a type > 8 bytes");

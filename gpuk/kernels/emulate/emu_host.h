@@ -8,6 +8,7 @@
 // the block's fibers in which no fiber makes progress is a deadlock and is reported.
 #pragma once
 #include <csetjmp>
+#include <link.h>
 #include <csignal>
 #include <cstdarg>
 #include <cstdio>
@@ -22,14 +23,26 @@
 #endif
 
 // ABI shared with gpuk/kernels/emulated_runtime.py (ctypes mirrors of these structs).
-#define GPUK_EMU_ABI_VERSION 1
+#define GPUK_EMU_ABI_VERSION 2
 extern "C" {
-struct gpuk_emu_arg { void* host; uint64_t nbytes; uint32_t itemsize; uint32_t flags; int32_t alias_of; int32_t pad; };
+// init_mask: one byte per data byte, 0 = never written (initcheck); null = all written.
+struct gpuk_emu_arg { void* host; uint64_t nbytes; uint32_t itemsize; uint32_t flags; int32_t alias_of; int32_t pad;
+                      uint8_t* init_mask; };
+// Dynamic performance counters of one launch (filled when checks has CHECK_COUNTERS).
+struct gpuk_emu_counters {
+    uint64_t global_requests, global_sectors, global_ideal_sectors, global_load_bytes, global_store_bytes;
+    uint64_t shared_requests, shared_wavefronts, shared_ideal_wavefronts, shared_bytes;
+    uint64_t barriers, atomics, collectives;
+};
 struct gpuk_emu_config {
     uint32_t grid[3], block[3];
     uint64_t shared_mem;
     uint32_t host_threads, reverse_order;
     uint64_t stack_bytes;
+    uint32_t checks, n_tls_ignore;   // CHECK_* bits; used only by instrumented builds
+    gpuk_emu_counters* counters;
+    const uint64_t* tls_ignore;      // (offset, size) pairs of the module's thread-locals that are not
+                                     // __shared__ (C++ guard variables), from its symbol table
 };
 struct gpuk_emu_error {
     int32_t kind, arg_index;
@@ -48,7 +61,9 @@ enum ErrorKind {
     ERR_DEADLOCK = 4, ERR_BAD_COLLECTIVE = 5, ERR_TRAP = 6, ERR_FAULT = 7, ERR_BAD_LAUNCH = 8,
     ERR_INTERNAL = 9, ERR_ARITHMETIC = 10, ERR_UNDERFLOW_WRITE = 11,
 };
-enum { SHARED_ARG = -2 };   // arg_index reported for dynamic shared memory
+enum { SHARED_ARG = -2, STATIC_SHARED_ARG = -3 };   // arg_index reported for shared memory
+enum { ERR_RACE = 12, ERR_UNINIT = 13, ERR_CP_ASYNC = 14, ERR_SYNCCHECK = 15 };
+enum { CHECK_MEMORY = 1, CHECK_COUNTERS = 2 };   // racecheck + initcheck + cp.async; counters
 enum FiberState { F_RUNNING, F_WAIT_BLOCK, F_WAIT_WARP, F_DONE };
 static const size_t PAGE = 4096;
 static const unsigned char CANARY = 0xa5;
@@ -64,7 +79,8 @@ struct Fiber : ThreadState {
     char* stack_lo;   // lowest byte of the usable stack; the page below it is a guard
 };
 
-struct Region { char* map; size_t map_len; char* data; uint64_t nbytes; bool readonly; };
+struct Region { char* map; size_t map_len; char* data; uint64_t nbytes; bool readonly; uint8_t* init; };
+struct San;
 
 struct Launch {
     const gpuk_emu_config* cfg;
@@ -95,6 +111,7 @@ struct Worker {
     char* smem_map; size_t smem_len; char* smem;
     sigjmp_buf jmp;
     gpuk_emu_error err;
+    San* san;         // sanitizer / counter state; null unless an instrumented build checks or counts
 };
 inline thread_local Worker* t_worker = nullptr;
 
@@ -224,6 +241,428 @@ inline void fiber_main(Fiber* f) {
 
 inline void yield_waiting() { to_scheduler(static_cast<Fiber*>(t_thread)); }
 
+// ---- sanitizer and counters (instrumented builds: GPUK_EMU_SANITIZE, see docs/kernels.md) ----
+// g++ -fsanitize=thread makes every load and store of the kernel code call __tsan_readN /
+// __tsan_writeN, and every atomic __tsan_atomicN_*; this file defines those hooks (no
+// libtsan is linked). A hook keeps only accesses of an emulated thread to shared memory
+// (dynamic: the launch's buffer; static: this module's thread-local block, where
+// `__shared__` variables live) and to the argument buffers, and checks or counts them.
+#if defined(GPUK_EMU_INSTRUMENTED)
+#define GPUK_EMU_NOSAN __attribute__((no_sanitize("thread"))) inline
+#else
+#define GPUK_EMU_NOSAN inline
+#endif
+enum AccessKind { ACC_READ, ACC_WRITE, ACC_ATOMIC };
+
+// Shadow of one shared-memory byte. Epochs number the barrier intervals of the worker
+// (unique across blocks); stamps are the warp's collective generation at the access.
+struct Cell {
+    uint32_t wepoch, wstamp, repoch, rstamp, initb, pendb, rlanes;
+    uint16_t wtid, rtid;
+    int16_t rwarp;
+    uint8_t ignore;   // not shared memory (a guard variable of a thread-local)
+};
+static const uint16_t MANY_READERS = 0xffff;
+struct CpEntry { char* dst; uint32_t group, bytes; unsigned char data[16]; };
+struct CpQueue { CpEntry* e; uint32_t n, cap, open_group; };
+struct Slot { const void* site; uint32_t n; uint64_t addr[32]; uint8_t lane[32], bytes[32]; };
+struct ReqTable { Slot* slots; uint32_t n, cap; };
+struct San {
+    bool check, count;
+    char *dyn_lo, *dyn_hi, *tls_lo, *tls_hi;
+    Cell *dyn_cells, *tls_cells;
+    const char* emu_tls[5];
+    size_t emu_tls_len[5];
+    uint32_t epoch, block_serial;
+    // A read of never-written shared memory is reported at the next barrier (or the block's
+    // end) unless another thread's write in the same interval makes it a race first.
+    bool uninit_pending; int uninit_where; int64_t uninit_offset; unsigned uninit_tid;
+    uint32_t *wgen, *sync_gen, *sync_mask, *seq;
+    CpQueue* cp;
+    ReqTable* tables;          // [warp][space]: 0 global, 1 shared
+    gpuk_emu_counters cnt;
+};
+
+GPUK_EMU_NOSAN unsigned warp_mask_full(const Worker* w, unsigned warp) {
+    const unsigned rest = w->nthreads - warp * 32u;
+    return rest >= 32u ? 0xffffffffu : (1u << rest) - 1u;
+}
+GPUK_EMU_NOSAN void describe_tid(char* out, size_t n, unsigned tid) {
+    const unsigned bx = t_block_dim.x, by = t_block_dim.y;
+    snprintf(out, n, "(%u, %u, %u)", tid % bx, (tid / bx) % by, tid / (bx * by));
+}
+inline const char* shared_name(int where) { return where == SHARED_ARG ? "dynamic shared memory" : "static __shared__ memory"; }
+
+[[noreturn]] GPUK_EMU_NOSAN void fail_shared(int kind, int where, int64_t offset, const char* what, unsigned other) {
+    Worker* w = t_worker;
+    w->err.arg_index = where;
+    w->err.byte_offset = offset;
+    char who[48] = "";
+    if (other != MANY_READERS) describe_tid(who, sizeof who, other);
+    if (kind == ERR_RACE)
+        fail_in_fiber(kind, "racecheck: %s hazard on %s at byte offset %lld with thread %s of the same block "
+                      "(no __syncthreads, or __syncwarp for lanes of one warp, orders the two accesses)",
+                      what, shared_name(where), (long long)offset, other == MANY_READERS ? "(several)" : who);
+    fail_in_fiber(kind, "cp.async: %s of %s at byte offset %lld, the destination of a cp.async not yet waited for "
+                  "(cp_async_wait / cp.async.wait_group by the issuing thread, then __syncthreads, come first)",
+                  what, shared_name(where), (long long)offset);
+}
+
+// Accesses a and b of lanes of one warp are ordered when a collective whose mask holds both
+// lanes completed after a; the sanitizer keeps each lane's last collective (generation, mask).
+GPUK_EMU_NOSAN bool ordered(const San* s, unsigned other, uint32_t stamp, unsigned tid) {
+    return (other >> 5) == (tid >> 5) && s->sync_gen[tid] > stamp && ((s->sync_mask[tid] >> (other & 31u)) & 1u);
+}
+
+GPUK_EMU_NOSAN void shared_access(San* s, Cell* cells, int where, int64_t offset, unsigned size, int kind, unsigned tid) {
+    const unsigned warp = tid >> 5, lane = tid & 31u;
+    const uint32_t stamp = s->wgen[warp], epoch = s->epoch, block = s->block_serial;
+    for (unsigned i = 0; i < size; ++i) {
+        Cell& c = cells[offset + i];
+        const int64_t at = offset + i;
+        if (c.ignore) continue;
+        if (kind != ACC_WRITE && c.pendb == block) fail_shared(ERR_CP_ASYNC, where, at, "read", 0);
+        if (kind != ACC_WRITE && c.initb != block && !s->uninit_pending) {
+            s->uninit_pending = true; s->uninit_where = where; s->uninit_offset = at; s->uninit_tid = tid;
+        }
+        if (kind == ACC_ATOMIC) { c.initb = block; continue; }
+        if (c.wepoch == epoch && c.wtid != tid && !ordered(s, c.wtid, c.wstamp, tid))
+            fail_shared(ERR_RACE, where, at, kind == ACC_READ ? "read-after-write" : "write-after-write", c.wtid);
+        if (kind == ACC_READ) {
+            if (c.repoch != epoch) {
+                c.repoch = epoch; c.rtid = uint16_t(tid); c.rstamp = stamp; c.rwarp = int16_t(warp); c.rlanes = 1u << lane;
+            } else if (c.rtid != tid) {
+                c.rtid = MANY_READERS;
+                if (c.rwarp != int16_t(warp)) c.rwarp = -1;
+                c.rlanes |= 1u << lane;
+                if (stamp > c.rstamp) c.rstamp = stamp;
+            } else {
+                c.rstamp = stamp;
+            }
+            continue;
+        }
+        if (c.pendb == block) fail_shared(ERR_CP_ASYNC, where, at, "write", 0);
+        if (c.repoch == epoch) {
+            if (c.rtid != MANY_READERS) {
+                if (c.rtid != tid && !ordered(s, c.rtid, c.rstamp, tid))
+                    fail_shared(ERR_RACE, where, at, "write-after-read", c.rtid);
+            } else {
+                const bool covered = c.rwarp == int16_t(warp) && s->sync_gen[tid] > c.rstamp &&
+                                     (c.rlanes & ~(s->sync_mask[tid] | (1u << lane))) == 0;
+                if (!covered) fail_shared(ERR_RACE, where, at, "write-after-read", MANY_READERS);
+            }
+        }
+        c.wepoch = epoch; c.wtid = uint16_t(tid); c.wstamp = stamp; c.repoch = 0; c.initb = block;
+    }
+}
+
+// ---- counters: lanes' k-th accesses since the warp's last flush at one code site form a
+// warp-level request (uniform control flow); an access whose site differs counts alone ----
+GPUK_EMU_NOSAN unsigned merged_length(uint64_t* lo, uint64_t* hi, unsigned n) {   // sorts by lo
+    for (unsigned i = 1; i < n; ++i)
+        for (unsigned j = i; j > 0 && lo[j] < lo[j - 1]; --j) {
+            uint64_t t = lo[j]; lo[j] = lo[j - 1]; lo[j - 1] = t;
+            t = hi[j]; hi[j] = hi[j - 1]; hi[j - 1] = t;
+        }
+    uint64_t total = 0, cur_lo = lo[0], cur_hi = hi[0];
+    for (unsigned i = 1; i < n; ++i) {
+        if (lo[i] <= cur_hi) { if (hi[i] > cur_hi) cur_hi = hi[i]; continue; }
+        total += cur_hi - cur_lo; cur_lo = lo[i]; cur_hi = hi[i];
+    }
+    return unsigned(total + cur_hi - cur_lo);
+}
+GPUK_EMU_NOSAN void account_global(San* s, const Slot& sl) {
+    uint64_t lo[32], hi[32];
+    for (unsigned i = 0; i < sl.n; ++i) { lo[i] = sl.addr[i]; hi[i] = sl.addr[i] + sl.bytes[i]; }
+    const unsigned bytes = merged_length(lo, hi, sl.n);
+    for (unsigned i = 0; i < sl.n; ++i) { lo[i] = sl.addr[i] >> 5; hi[i] = ((sl.addr[i] + sl.bytes[i] - 1) >> 5) + 1; }
+    s->cnt.global_sectors += merged_length(lo, hi, sl.n);
+    s->cnt.global_ideal_sectors += (bytes + 31u) / 32u;
+    s->cnt.global_requests += 1;
+}
+// Shared memory: 32 banks of 4 bytes; 8- and 16-byte accesses are served per half / quarter
+// warp. A phase takes as many wavefronts as the most distinct words any one bank holds.
+GPUK_EMU_NOSAN void account_shared(San* s, const Slot& sl) {
+    unsigned size = 1;
+    for (unsigned i = 0; i < sl.n; ++i) if (sl.bytes[i] > size) size = sl.bytes[i];
+    const unsigned per_phase = size <= 4 ? 32u : size == 8 ? 16u : 8u;
+    for (unsigned phase = 0; phase < 32u / per_phase; ++phase) {
+        uint64_t words[128];
+        unsigned nw = 0;
+        for (unsigned i = 0; i < sl.n; ++i) {
+            if (sl.lane[i] / per_phase != phase) continue;
+            for (uint64_t wd = sl.addr[i] >> 2; wd <= (sl.addr[i] + sl.bytes[i] - 1) >> 2 && nw < 128; ++wd) words[nw++] = wd;
+        }
+        if (!nw) continue;
+        unsigned per_bank[32] = {0}, most = 0;
+        for (unsigned i = 0; i < nw; ++i) {
+            bool seen = false;
+            for (unsigned j = 0; j < i && !seen; ++j) seen = words[j] == words[i];
+            if (seen) continue;
+            const unsigned b = unsigned(words[i] & 31u);
+            if (++per_bank[b] > most) most = per_bank[b];
+        }
+        s->cnt.shared_wavefronts += most;
+        s->cnt.shared_ideal_wavefronts += 1;
+    }
+    s->cnt.shared_requests += 1;
+}
+GPUK_EMU_NOSAN void count_access(San* s, int space, const void* site, const void* a, unsigned size, unsigned tid) {
+    if (size > 255) size = 255;
+    ReqTable& t = s->tables[(tid >> 5) * 2 + space];
+    const uint32_t k = s->seq[tid * 2 + space]++;
+    if (k >= t.cap) {
+        const uint32_t cap = k + 64 > 2 * t.cap ? k + 64 : 2 * t.cap;
+        Slot* grown = static_cast<Slot*>(realloc(t.slots, cap * sizeof(Slot)));
+        if (!grown) return;
+        memset(grown + t.cap, 0, (cap - t.cap) * sizeof(Slot));
+        t.slots = grown; t.cap = cap;
+    }
+    if (k >= t.n) t.n = k + 1;
+    Slot& sl = t.slots[k];
+    if (!sl.site) sl.site = site;
+    if (sl.site != site || sl.n == 32) {
+        Slot solo;
+        solo.n = 1; solo.addr[0] = uint64_t(a); solo.lane[0] = uint8_t(tid & 31u); solo.bytes[0] = uint8_t(size);
+        if (space == 0) account_global(s, solo); else account_shared(s, solo);
+        return;
+    }
+    sl.addr[sl.n] = uint64_t(a); sl.lane[sl.n] = uint8_t(tid & 31u); sl.bytes[sl.n] = uint8_t(size); ++sl.n;
+}
+GPUK_EMU_NOSAN void flush_warp(San* s, unsigned warp, unsigned nthreads) {
+    for (int space = 0; space < 2; ++space) {
+        ReqTable& t = s->tables[warp * 2 + space];
+        for (uint32_t k = 0; k < t.n; ++k) {
+            Slot& sl = t.slots[k];
+            if (sl.n) { if (space == 0) account_global(s, sl); else account_shared(s, sl); }
+            sl.site = nullptr; sl.n = 0;
+        }
+        t.n = 0;
+    }
+    for (unsigned tid = warp * 32u; tid < warp * 32u + 32u && tid < nthreads; ++tid) s->seq[tid * 2] = s->seq[tid * 2 + 1] = 0;
+}
+
+GPUK_EMU_NOSAN void on_access(const void* p, unsigned size, int kind, const void* site) {
+    Worker* w = t_worker;
+    if (!w || !w->san || !t_thread) return;
+    San* s = w->san;
+    const char* a = static_cast<const char*>(p);
+    const unsigned tid = unsigned(static_cast<Fiber*>(t_thread) - w->fibers);
+    Cell* cells = nullptr;
+    int where = SHARED_ARG;
+    int64_t offset = 0;
+    if (a >= s->dyn_lo && a < s->dyn_hi) {
+        cells = s->dyn_cells; offset = a - s->dyn_lo;
+        if (a + size > s->dyn_hi) size = unsigned(s->dyn_hi - a);
+    } else if (a >= s->tls_lo && a < s->tls_hi) {
+        for (int i = 0; i < 5; ++i) if (a >= s->emu_tls[i] && a < s->emu_tls[i] + s->emu_tls_len[i]) return;
+        cells = s->tls_cells; offset = a - s->tls_lo; where = STATIC_SHARED_ARG;
+        if (a + size > s->tls_hi) size = unsigned(s->tls_hi - a);
+    }
+    if (cells) {
+        if (s->check) shared_access(s, cells, where, offset, size, kind, tid);
+        if (s->count) {
+            if (kind == ACC_ATOMIC) ++s->cnt.atomics;
+            else { count_access(s, 1, site, a, size, tid); s->cnt.shared_bytes += size; }
+        }
+        return;
+    }
+    const Launch* L = w->launch;
+    for (int r = 0; r < L->nregions; ++r) {
+        const Region& g = L->regions[r];
+        if (a < g.data || a >= g.data + g.nbytes) continue;
+        const uint64_t off = uint64_t(a - g.data);
+        const unsigned n = off + size > g.nbytes ? unsigned(g.nbytes - off) : size;
+        if (s->check && g.init) {
+            if (kind != ACC_WRITE)
+                for (unsigned i = 0; i < n; ++i)
+                    if (!g.init[off + i]) {
+                        w->err.arg_index = L->region_arg[r];
+                        w->err.byte_offset = int64_t(off + i);
+                        fail_in_fiber(ERR_UNINIT, "initcheck: read of uninitialized global memory: argument #%d at byte "
+                                      "offset %lld (allocated with empty() and never written)", L->region_arg[r],
+                                      (long long)(off + i));
+                    }
+            memset(g.init + off, 1, n);
+        }
+        if (s->count) {
+            if (kind == ACC_ATOMIC) { ++s->cnt.atomics; return; }
+            count_access(s, 0, site, a, size, tid);
+            (kind == ACC_READ ? s->cnt.global_load_bytes : s->cnt.global_store_bytes) += size;
+        }
+        return;
+    }
+}
+
+// The deferred initcheck report, located at the reading thread.
+GPUK_EMU_NOSAN bool take_uninit_report(Worker* w) {
+    San* s = w->san;
+    if (!s || !s->uninit_pending) return false;
+    gpuk_emu_error* e = &w->err;
+    set_error(e, ERR_UNINIT, "initcheck: read of uninitialized %s at byte offset %lld (no thread of this block "
+              "wrote it before the read, nor in the same barrier interval)", shared_name(s->uninit_where),
+              (long long)s->uninit_offset);
+    e->arg_index = s->uninit_where;
+    e->byte_offset = s->uninit_offset;
+    e->has_location = 1;
+    e->block[0] = t_block_idx.x; e->block[1] = t_block_idx.y; e->block[2] = t_block_idx.z;
+    const unsigned bx = t_block_dim.x, by = t_block_dim.y, tid = s->uninit_tid;
+    e->thread[0] = tid % bx; e->thread[1] = (tid / bx) % by; e->thread[2] = tid / (bx * by);
+    return true;
+}
+
+// Called by the scheduler: block start, barrier completion, collective completion.
+GPUK_EMU_NOSAN void san_block_start(Worker* w) {
+    San* s = w->san;
+    ++s->block_serial;
+    ++s->epoch;
+    for (unsigned t = 0; t < w->nthreads; ++t) { s->cp[t].n = 0; s->cp[t].open_group = 0; s->seq[2 * t] = s->seq[2 * t + 1] = 0; }
+}
+GPUK_EMU_NOSAN void san_flush_all(Worker* w) {
+    if (w->san && w->san->count)
+        for (unsigned warp = 0; warp * 32u < w->nthreads; ++warp) flush_warp(w->san, warp, w->nthreads);
+}
+GPUK_EMU_NOSAN void san_barrier(Worker* w) {
+    San* s = w->san;
+    if (take_uninit_report(w)) {   // inside the last fiber to arrive: leave the block as fail_in_fiber does
+        w->aborted = true;
+        for (;;) to_scheduler(static_cast<Fiber*>(t_thread));
+    }
+    ++s->epoch;
+    ++s->cnt.barriers;
+    san_flush_all(w);
+}
+GPUK_EMU_NOSAN void san_collective(Worker* w, unsigned warp, unsigned mask) {
+    San* s = w->san;
+    const uint32_t g = ++s->wgen[warp];
+    for (unsigned l = 0; l < 32; ++l)
+        if ((mask >> l) & 1u) { s->sync_gen[warp * 32u + l] = g; s->sync_mask[warp * 32u + l] = mask; }
+    ++s->cnt.collectives;
+    if (s->count && mask == warp_mask_full(w, warp)) flush_warp(s, warp, w->nthreads);
+}
+
+// ---- cp.async: with the memory checks on, the copy is queued per thread and lands at its
+// wait; until then its destination reads as poison (0xff bytes) and any access is reported ----
+GPUK_EMU_NOSAN void cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes) {
+    Worker* w = t_worker;
+    San* s = w ? w->san : nullptr;
+    if (s && t_thread) {
+        const void* site = __builtin_return_address(0);
+        if (src_bytes) on_access(src, src_bytes, ACC_READ, site);
+        if (s->check) {
+            char* d = static_cast<char*>(dst);
+            const bool shared = (d >= s->dyn_lo && d + bytes <= s->dyn_hi) || (d >= s->tls_lo && d + bytes <= s->tls_hi);
+            if (!shared) fail_in_fiber(ERR_CP_ASYNC, "cp.async: the destination %p is not shared memory", dst);
+            on_access(dst, bytes, ACC_WRITE, site);   // hazards with this interval's other accesses
+            Cell* cells = d >= s->dyn_lo && d < s->dyn_hi ? s->dyn_cells + (d - s->dyn_lo) : s->tls_cells + (d - s->tls_lo);
+            for (unsigned i = 0; i < bytes; ++i) cells[i].pendb = s->block_serial;
+            CpQueue& q = s->cp[static_cast<Fiber*>(t_thread) - w->fibers];
+            if (q.n == q.cap) {
+                const uint32_t cap = q.cap ? 2 * q.cap : 16;
+                CpEntry* grown = static_cast<CpEntry*>(realloc(q.e, cap * sizeof(CpEntry)));
+                if (!grown) fail_in_fiber(ERR_INTERNAL, "out of host memory for cp.async queues");
+                q.e = grown; q.cap = cap;
+            }
+            CpEntry& e = q.e[q.n++];
+            e.dst = d; e.group = q.open_group; e.bytes = bytes;
+            memset(e.data, 0, sizeof e.data);
+            if (src_bytes) memcpy(e.data, src, src_bytes);
+            memset(d, 0xff, bytes);   // poison until the wait
+            return;
+        }
+        if (s->count) on_access(dst, bytes, ACC_WRITE, site);
+    }
+    if (src_bytes) memcpy(dst, src, src_bytes);
+    if (bytes > src_bytes) memset(static_cast<char*>(dst) + src_bytes, 0, bytes - src_bytes);
+}
+GPUK_EMU_NOSAN void cp_async_commit() {
+    Worker* w = t_worker;
+    if (w && w->san && w->san->check && t_thread) ++w->san->cp[static_cast<Fiber*>(t_thread) - w->fibers].open_group;
+}
+GPUK_EMU_NOSAN void cp_async_wait(int pending_groups) {
+    Worker* w = t_worker;
+    if (!w || !w->san || !w->san->check || !t_thread) return;
+    San* s = w->san;
+    const unsigned tid = unsigned(static_cast<Fiber*>(t_thread) - w->fibers);
+    CpQueue& q = s->cp[tid];
+    if (pending_groups < 0) ++q.open_group;           // wait_all == commit_group; wait_group 0
+    const int64_t keep = pending_groups < 0 ? 0 : pending_groups;
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < q.n; ++i) {
+        CpEntry& e = q.e[i];
+        if (int64_t(e.group) + keep < int64_t(q.open_group)) {
+            const bool dyn = e.dst >= s->dyn_lo && e.dst < s->dyn_hi;
+            Cell* cells = dyn ? s->dyn_cells + (e.dst - s->dyn_lo) : s->tls_cells + (e.dst - s->tls_lo);
+            for (unsigned b = 0; b < e.bytes; ++b) cells[b].pendb = 0;
+            memcpy(e.dst, e.data, e.bytes);
+            shared_access(s, dyn ? s->dyn_cells : s->tls_cells, dyn ? SHARED_ARG : STATIC_SHARED_ARG,
+                          dyn ? e.dst - s->dyn_lo : e.dst - s->tls_lo, e.bytes, ACC_WRITE, tid);
+        } else {
+            q.e[kept++] = e;
+        }
+    }
+    q.n = kept;
+}
+
+// The module's thread-local block (this host thread's copy): static __shared__ lives there.
+struct TlsSearch { const void* probe; char* lo; size_t len; };
+inline int find_tls(struct dl_phdr_info* info, size_t, void* data) {
+    TlsSearch* t = static_cast<TlsSearch*>(data);
+    bool mine = false;
+    size_t tls_len = 0;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+        const uintptr_t start = info->dlpi_addr + ph.p_vaddr;
+        if (ph.p_type == PT_LOAD && uintptr_t(t->probe) >= start && uintptr_t(t->probe) < start + ph.p_memsz) mine = true;
+        if (ph.p_type == PT_TLS) tls_len = ph.p_memsz;
+    }
+    if (!mine) return 0;
+    t->lo = static_cast<char*>(info->dlpi_tls_data);
+    t->len = tls_len;
+    return 1;
+}
+
+inline San* san_create(Worker* w) {
+    const gpuk_emu_config* c = w->launch->cfg;
+    San* s = static_cast<San*>(calloc(1, sizeof(San)));
+    if (!s) return nullptr;
+    s->check = (c->checks & CHECK_MEMORY) != 0;
+    s->count = (c->checks & CHECK_COUNTERS) != 0;
+    s->dyn_lo = w->smem; s->dyn_hi = w->smem + c->shared_mem;
+    TlsSearch t{reinterpret_cast<const void*>(&find_tls), nullptr, 0};
+    dl_iterate_phdr(&find_tls, &t);
+    s->tls_lo = t.lo; s->tls_hi = t.lo ? t.lo + t.len : nullptr;
+    const char* emu[5] = {reinterpret_cast<const char*>(&t_thread), reinterpret_cast<const char*>(&t_block_idx),
+                          reinterpret_cast<const char*>(&t_block_dim), reinterpret_cast<const char*>(&t_grid_dim),
+                          reinterpret_cast<const char*>(&t_worker)};
+    const size_t len[5] = {sizeof t_thread, sizeof t_block_idx, sizeof t_block_dim, sizeof t_grid_dim, sizeof t_worker};
+    for (int i = 0; i < 5; ++i) { s->emu_tls[i] = emu[i]; s->emu_tls_len[i] = len[i]; }
+    const unsigned n = w->nthreads, warps = (n + 31u) / 32u;
+    s->dyn_cells = static_cast<Cell*>(calloc(c->shared_mem + 16, sizeof(Cell)));
+    s->tls_cells = static_cast<Cell*>(calloc(t.len + 16, sizeof(Cell)));
+    for (uint32_t k = 0; s->tls_cells && k < c->n_tls_ignore; ++k)
+        for (uint64_t b = c->tls_ignore[2 * k]; b < c->tls_ignore[2 * k] + c->tls_ignore[2 * k + 1] && b < t.len; ++b)
+            s->tls_cells[b].ignore = 1;
+    s->wgen = static_cast<uint32_t*>(calloc(warps, 4));
+    s->sync_gen = static_cast<uint32_t*>(calloc(warps * 32u, 4));
+    s->sync_mask = static_cast<uint32_t*>(calloc(warps * 32u, 4));
+    s->seq = static_cast<uint32_t*>(calloc(2 * warps * 32u, 4));
+    s->cp = static_cast<CpQueue*>(calloc(n, sizeof(CpQueue)));
+    s->tables = static_cast<ReqTable*>(calloc(2 * warps, sizeof(ReqTable)));
+    return s;
+}
+inline bool san_complete(const San* s) {
+    return s->dyn_cells && s->tls_cells && s->wgen && s->sync_gen && s->sync_mask && s->seq && s->cp && s->tables;
+}
+inline void san_destroy(San* s, unsigned nthreads) {
+    if (!s) return;
+    const unsigned warps = (nthreads + 31u) / 32u;
+    if (s->cp) for (unsigned t = 0; t < nthreads; ++t) free(s->cp[t].e);
+    if (s->tables) for (unsigned k = 0; k < 2 * warps; ++k) free(s->tables[k].slots);
+    free(s->dyn_cells); free(s->tls_cells); free(s->wgen); free(s->sync_gen); free(s->sync_mask);
+    free(s->seq); free(s->cp); free(s->tables); free(s);
+}
+
 // ---- __syncthreads ----
 inline void sync_block_impl(int predicate, int* count) {
     Worker* w = t_worker;
@@ -233,6 +672,7 @@ inline void sync_block_impl(int predicate, int* count) {
     f->state = F_WAIT_BLOCK;
     w->progress = true;
     if (++w->bar_arrived == w->nthreads) {
+        if (w->san) san_barrier(w);
         w->bar_arrived = 0;
         w->bar_result = w->bar_acc;
         w->bar_acc = 0;
@@ -356,6 +796,8 @@ inline void complete_warp_op(Fiber* lanes, unsigned mask, int op) {
         for (unsigned l = 0; l < 32; ++l)
             if ((mask >> l) & 1u) lanes[l].op->result = acc;
     }
+    Worker* w = t_worker;
+    if (w->san) san_collective(w, unsigned(lanes - w->fibers) / 32u, mask);
     for (unsigned l = 0; l < 32; ++l)
         if ((mask >> l) & 1u) lanes[l].released = true;
 }
@@ -407,9 +849,30 @@ inline void report_deadlock(Worker* w) {
               "(every thread of the block must reach each barrier; every lane of a mask each collective)",
               at_barrier, at_warp, exited);
     if (at_warp) {
-        char tail[96];
-        snprintf(tail, sizeof tail, "; first collective mask 0x%08x", first_mask);
-        strncat(w->err.message, tail, sizeof w->err.message - strlen(w->err.message) - 1);
+        // synccheck: name the lanes of the first waiting collective's mask that did not arrive.
+        Fiber* waiting = nullptr;
+        for (unsigned i = 0; i < w->nthreads && !waiting; ++i)
+            if (w->fibers[i].state == F_WAIT_WARP) waiting = &w->fibers[i];
+        const unsigned warp = waiting->warp, n = warp_lanes(w, warp), mask = waiting->op->mask;
+        unsigned arrived = 0, exited = 0, at_bar = 0, elsewhere = 0;
+        for (unsigned l = 0; l < n; ++l) {
+            if (!((mask >> l) & 1u)) continue;
+            const Fiber& f = w->fibers[warp * 32u + l];
+            if (f.state == F_DONE) exited |= 1u << l;
+            else if (f.state == F_WAIT_BLOCK) at_bar |= 1u << l;
+            else if (f.op && f.op->op == waiting->op->op && f.op->mask == mask) arrived |= 1u << l;
+            else elsewhere |= 1u << l;
+        }
+        t_thread = waiting;
+        set_location(&w->err);
+        const char* deadlock = w->err.message;
+        char text[768];
+        snprintf(text, sizeof text, "synccheck: %s with mask 0x%08x in warp %u: lanes 0x%08x arrived; lanes named by the "
+                 "mask but not arriving: 0x%08x exited, 0x%08x wait at __syncthreads, 0x%08x wait in another collective "
+                 "or with another mask (%s)", kWarpOpNames[waiting->op->op], mask, warp, arrived, exited, at_bar,
+                 elsewhere, deadlock);
+        w->err.kind = ERR_SYNCCHECK;
+        snprintf(w->err.message, sizeof w->err.message, "%s", text);
     }
 }
 
@@ -431,6 +894,7 @@ inline bool run_block(Worker* w, unsigned block_linear) {
     w->live = w->nthreads;
     w->bar_arrived = 0; w->bar_acc = 0;
     w->aborted = false;
+    if (w->san) san_block_start(w);
     while (w->live) {
         w->progress = false;
         for (unsigned k = 0; k < w->nthreads; ++k) {
@@ -442,7 +906,8 @@ inline bool run_block(Worker* w, unsigned block_linear) {
         }
         if (w->live && !w->progress) { report_deadlock(w); return false; }
     }
-    return true;
+    san_flush_all(w);
+    return !take_uninit_report(w);
 }
 
 // ---- faults ----
@@ -543,6 +1008,7 @@ inline void* worker_main(void* arg) {
     w->smem_len = (w->smem_len + PAGE - 1) / PAGE * PAGE + PAGE;
     w->smem_map = static_cast<char*>(map_pages(w->smem_len));
     w->fibers = static_cast<Fiber*>(calloc(w->nthreads, sizeof(Fiber)));
+    w->err.arg_index = -1;   // errors name an argument only when they set one
     stack_t alt, old_alt;
     alt.ss_size = 64 * 1024;
     alt.ss_sp = malloc(alt.ss_size);
@@ -558,8 +1024,14 @@ inline void* worker_main(void* arg) {
         mprotect(guard, PAGE, PROT_NONE);
         w->smem = guard - (c->shared_mem + 15) / 16 * 16;
         memset(w->smem_map, 0xff, w->smem_len - PAGE);   // uninitialised shared memory reads as NaN / -1
+#if defined(GPUK_EMU_INSTRUMENTED)
+        if (c->checks) {
+            w->san = san_create(w);
+            if (!w->san || !san_complete(w->san)) set_error(&w->err, ERR_INTERNAL, "out of host memory for sanitizer shadows");
+        }
+#endif
         sigaltstack(&alt, &old_alt);
-        if (sigsetjmp(w->jmp, 1) == 0) {
+        if (sigsetjmp(w->jmp, 1) == 0 && w->err.kind == ERR_NONE) {
             for (;;) {
                 if (L->failed) break;
                 const unsigned b = __atomic_fetch_add(&L->next_block, 1u, __ATOMIC_RELAXED);
@@ -577,6 +1049,17 @@ inline void* worker_main(void* arg) {
         pthread_mutex_lock(&L->error_lock);
         if (!L->failed) { *L->err = w->err; L->failed = 1; }
         pthread_mutex_unlock(&L->error_lock);
+    }
+    if (w->san) {
+        if (w->san->count && c->counters) {
+            pthread_mutex_lock(&L->error_lock);
+            uint64_t* total = reinterpret_cast<uint64_t*>(c->counters);
+            const uint64_t* mine = reinterpret_cast<const uint64_t*>(&w->san->cnt);
+            for (size_t k = 0; k < sizeof(gpuk_emu_counters) / 8; ++k) total[k] += mine[k];
+            pthread_mutex_unlock(&L->error_lock);
+        }
+        san_destroy(w->san, w->nthreads);
+        w->san = nullptr;
     }
     if (w->stacks) munmap(w->stacks, w->stacks_len);
     if (w->smem_map) munmap(w->smem_map, w->smem_len);
@@ -631,6 +1114,7 @@ inline int launch(const gpuk_emu_config* cfg, gpuk_emu_arg* args, int nargs, gpu
         g.nbytes = args[i].nbytes;
         g.data = g.map + (pages + 1) * PAGE - g.nbytes;
         g.readonly = (args[i].flags & ARG_CONST) != 0;
+        g.init = args[i].init_mask;
         mprotect(g.map, PAGE, PROT_NONE);
         mprotect(g.map + (pages + 1) * PAGE, PAGE, PROT_NONE);
         memset(g.map + PAGE, CANARY, size_t(g.data - g.map - PAGE));
@@ -703,5 +1187,58 @@ template <class... P> inline void invoke(void (*k)(P...), void** a) {
 }
 
 }  // namespace gpuk_emu
+
+#if defined(GPUK_EMU_INSTRUMENTED)
+// ThreadSanitizer's instrumentation calls (GCC 12 ABI), implemented by the emulator.
+#define GPUK_EMU_HOOK extern "C" __attribute__((visibility("hidden"), no_sanitize("thread")))
+GPUK_EMU_HOOK void __tsan_init() {}
+GPUK_EMU_HOOK void __tsan_func_entry(void*) {}
+GPUK_EMU_HOOK void __tsan_func_exit() {}
+#define GPUK_EMU_RW(N)                                                                                                  \
+    GPUK_EMU_HOOK void __tsan_read##N(void* p) { ::gpuk_emu::on_access(p, N, ::gpuk_emu::ACC_READ, __builtin_return_address(0)); } \
+    GPUK_EMU_HOOK void __tsan_write##N(void* p) { ::gpuk_emu::on_access(p, N, ::gpuk_emu::ACC_WRITE, __builtin_return_address(0)); } \
+    GPUK_EMU_HOOK void __tsan_unaligned_read##N(void* p) { ::gpuk_emu::on_access(p, N, ::gpuk_emu::ACC_READ, __builtin_return_address(0)); } \
+    GPUK_EMU_HOOK void __tsan_unaligned_write##N(void* p) { ::gpuk_emu::on_access(p, N, ::gpuk_emu::ACC_WRITE, __builtin_return_address(0)); }
+GPUK_EMU_RW(1) GPUK_EMU_RW(2) GPUK_EMU_RW(4) GPUK_EMU_RW(8) GPUK_EMU_RW(16)
+#undef GPUK_EMU_RW
+GPUK_EMU_HOOK void __tsan_read_range(void* p, unsigned long n) { ::gpuk_emu::on_access(p, unsigned(n), ::gpuk_emu::ACC_READ, __builtin_return_address(0)); }
+GPUK_EMU_HOOK void __tsan_write_range(void* p, unsigned long n) { ::gpuk_emu::on_access(p, unsigned(n), ::gpuk_emu::ACC_WRITE, __builtin_return_address(0)); }
+GPUK_EMU_HOOK void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+GPUK_EMU_HOOK void __tsan_atomic_signal_fence(int) {}
+#define GPUK_EMU_NOTE(a, kind) ::gpuk_emu::on_access(const_cast<const void*>(static_cast<const volatile void*>(a)), sizeof(T), kind, __builtin_return_address(0))
+#define GPUK_EMU_ATOMICS(N, TYPE)                                                                                       \
+    typedef TYPE gpuk_emu_a##N;                                                                                         \
+    GPUK_EMU_HOOK TYPE __tsan_atomic##N##_load(const volatile TYPE* a, int) {                                            \
+        typedef TYPE T; GPUK_EMU_NOTE(a, ::gpuk_emu::ACC_READ); return __atomic_load_n(a, __ATOMIC_SEQ_CST); }          \
+    GPUK_EMU_HOOK void __tsan_atomic##N##_store(volatile TYPE* a, TYPE v, int) {                                         \
+        typedef TYPE T; GPUK_EMU_NOTE(a, ::gpuk_emu::ACC_WRITE); __atomic_store_n(a, v, __ATOMIC_SEQ_CST); }            \
+    GPUK_EMU_ATOMIC_RMW(N, TYPE, exchange, __atomic_exchange_n)                                                         \
+    GPUK_EMU_ATOMIC_RMW(N, TYPE, fetch_add, __atomic_fetch_add)                                                         \
+    GPUK_EMU_ATOMIC_RMW(N, TYPE, fetch_sub, __atomic_fetch_sub)                                                         \
+    GPUK_EMU_ATOMIC_RMW(N, TYPE, fetch_and, __atomic_fetch_and)                                                         \
+    GPUK_EMU_ATOMIC_RMW(N, TYPE, fetch_or, __atomic_fetch_or)                                                           \
+    GPUK_EMU_ATOMIC_RMW(N, TYPE, fetch_xor, __atomic_fetch_xor)                                                         \
+    GPUK_EMU_ATOMIC_RMW(N, TYPE, fetch_nand, __atomic_fetch_nand)                                                       \
+    GPUK_EMU_HOOK int __tsan_atomic##N##_compare_exchange_strong(volatile TYPE* a, TYPE* c, TYPE v, int, int) {         \
+        typedef TYPE T; GPUK_EMU_NOTE(a, ::gpuk_emu::ACC_ATOMIC);                                                       \
+        return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); }                       \
+    GPUK_EMU_HOOK int __tsan_atomic##N##_compare_exchange_weak(volatile TYPE* a, TYPE* c, TYPE v, int, int) {           \
+        typedef TYPE T; GPUK_EMU_NOTE(a, ::gpuk_emu::ACC_ATOMIC);                                                       \
+        return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); }                       \
+    GPUK_EMU_HOOK TYPE __tsan_atomic##N##_compare_exchange_val(volatile TYPE* a, TYPE c, TYPE v, int, int) {            \
+        typedef TYPE T; GPUK_EMU_NOTE(a, ::gpuk_emu::ACC_ATOMIC);                                                       \
+        __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); return c; }
+#define GPUK_EMU_ATOMIC_RMW(N, TYPE, NAME, BUILTIN)                                                                     \
+    GPUK_EMU_HOOK TYPE __tsan_atomic##N##_##NAME(volatile TYPE* a, TYPE v, int) {                                       \
+        typedef TYPE T; GPUK_EMU_NOTE(a, ::gpuk_emu::ACC_ATOMIC); return BUILTIN(a, v, __ATOMIC_SEQ_CST); }
+GPUK_EMU_ATOMICS(8, unsigned char)
+GPUK_EMU_ATOMICS(16, unsigned short)
+GPUK_EMU_ATOMICS(32, unsigned int)
+GPUK_EMU_ATOMICS(64, unsigned long long)
+#undef GPUK_EMU_ATOMICS
+#undef GPUK_EMU_ATOMIC_RMW
+#undef GPUK_EMU_NOTE
+#undef GPUK_EMU_HOOK
+#endif
 
 extern "C" __attribute__((visibility("default"))) int gpuk_emu_abi_version() { return GPUK_EMU_ABI_VERSION; }

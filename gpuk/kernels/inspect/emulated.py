@@ -1,0 +1,195 @@
+"""Dynamic performance counters of every kernel family, measured on the emulated runtime.
+
+`measure(families=None)` runs each family's benchmark-like problems, scaled down so the whole
+measurement takes seconds on a CPU, through the launchers on the emulated runtime with the
+counters of emu_host.h on (instrumented builds, `emulated_runtime.counting()`), and returns one
+record per (kernel, config): how the kernel's threads touch memory, not how fast it runs.
+
+Record keys (docs/kernels.md, "Emulated performance counters"):
+  kernel, source, family, config       the __global__ function, its .cu (repository-relative),
+                                       its family and a short shape/dtype string
+  launches                             launches of this kernel in one launcher call
+  coalescing                           ideal 32-byte sectors / sectors moved, over the warp-level
+                                       global requests (None without global accesses)
+  global_requests, sectors_per_request
+  global_bytes                         32 x sectors moved (load + store, SM <-> L2 granularity)
+  requested_bytes                      bytes the threads asked for
+  compulsory_bytes                     every array argument once: inputs read, outputs written
+  bank_conflicts_per_request           extra shared-memory wavefronts per warp-level request
+                                       (None without shared accesses)
+  shared_requests, barriers, barriers_per_output (block barriers executed / output elements),
+  atomics, host_syncs_per_call         device-to-host copies the launcher call made
+"""
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from .. import emulated_runtime
+from ..runtime import get_runtime
+
+REPO = Path(__file__).resolve().parents[3]
+FAMILIES = ('elementwise', 'conv', 'conv_depthwise', 'pooling', 'batchnorm', 'softmax_xent', 'ctc')
+
+
+def _rng():
+    return np.random.default_rng(0)
+
+
+def _elementwise(rt):
+    from .. import elementwise
+    x = _rng().standard_normal((64, 8, 8, 32)).astype(np.float32)
+    bias = _rng().standard_normal(32).astype(np.float32)
+    yield 'copy f32 131072', lambda: elementwise.copy(x, runtime=rt)
+    yield 'bias_act relu f32 64x8x8x32', lambda: elementwise.bias_act_fwd(x, bias, -1, 'relu', runtime=rt)
+
+
+def _conv(rt):
+    from .. import conv
+    from ...ops.geometry import conv_pads
+    for dtype, name in ((np.float32, 'f32'), (np.float16, 'f16')):
+        x = _rng().standard_normal((2, 8, 8, 32)).astype(dtype)
+        w = (_rng().standard_normal((3, 3, 32, 64)) * 0.1).astype(dtype)
+        pads = conv_pads((8, 8), (3, 3), (1, 1), (1, 1), 'same')
+        geometry = ((1, 1), (1, 1), pads, 'channels_last')
+        dy = _rng().standard_normal((2, 8, 8, 64)).astype(dtype)
+        config = f'NHWC 2x8x8x32 -> 64, 3x3 same, {name}'
+        yield f'fwd {config}', lambda x=x, w=w, g=geometry: conv.conv_fwd(x, w, *g, runtime=rt)
+        yield f'dgrad {config}', lambda dy=dy, w=w, x=x, g=geometry: conv.conv_dgrad(dy, w, x.shape, *g, runtime=rt)
+        yield f'wgrad {config}', lambda x=x, dy=dy, w=w, g=geometry: conv.conv_wgrad(x, dy, w.shape, *g, runtime=rt)
+
+
+def _conv_depthwise(rt):
+    from .. import conv_direct
+    x = _rng().standard_normal((2, 16, 16, 32)).astype(np.float32)
+    w = _rng().standard_normal((3, 3, 32, 1)).astype(np.float32)
+    geometry = ((1, 1), (1, 1), ((1, 1), (1, 1)), 'channels_last')
+    dy = _rng().standard_normal((2, 16, 16, 32)).astype(np.float32)
+    config = 'NHWC 2x16x16x32, 3x3 same, f32'
+    yield f'fwd {config}', lambda: conv_direct.depthwise_conv_fwd(x, w, *geometry, runtime=rt)
+    yield f'dgrad {config}', lambda: conv_direct.depthwise_conv_dgrad(dy, w, x.shape, *geometry, runtime=rt)
+    yield f'wgrad {config}', lambda: conv_direct.depthwise_conv_wgrad(x, dy, w.shape, *geometry, runtime=rt)
+
+
+def _pooling(rt):
+    from .. import pooling
+    x = _rng().standard_normal((2, 16, 16, 32)).astype(np.float32)
+    geometry = ((2, 2), (2, 2), ((0, 0), (0, 0)), 'channels_last')
+    dy = _rng().standard_normal((2, 8, 8, 32)).astype(np.float32)
+    config = 'NHWC 2x16x16x32, 2x2/2, f32'
+    yield f'max fwd {config}', lambda: pooling.max_pool_fwd(x, *geometry, runtime=rt)
+    yield f'avg fwd {config}', lambda: pooling.avg_pool_fwd(x, *geometry, runtime=rt)
+    argmax = pooling.max_pool_fwd(x, *geometry, runtime=rt)[1]
+    yield f'max bwd {config}', lambda: pooling.max_pool_bwd(dy, argmax, x.shape, 'channels_last', runtime=rt)
+    yield f'avg bwd {config}', lambda: pooling.avg_pool_bwd(dy, x.shape, *geometry, runtime=rt)
+
+
+def _batchnorm(rt):
+    from .. import batchnorm
+    x = _rng().standard_normal((8, 8, 8, 64)).astype(np.float32)
+    gamma, beta = np.ones(64, np.float32), np.zeros(64, np.float32)
+    axes = (0, 1, 2)
+    config = 'NHWC 8x8x8x64 f32'
+    yield f'train fwd {config}', lambda: batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt)
+    _, mean, _, inv_std = batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt)
+    dy = _rng().standard_normal(x.shape).astype(np.float32)
+    yield f'bwd {config}', lambda: batchnorm.bn_bwd(dy, x, gamma, mean, inv_std, axes, runtime=rt)
+    yield f'infer fwd {config}', lambda: batchnorm.bn_infer_fwd(x, mean, inv_std, gamma, beta, 1e-3, -1, runtime=rt)
+
+
+def _softmax_xent(rt):
+    from .. import softmax_xent
+    logits = _rng().standard_normal((64, 1000)).astype(np.float32)
+    labels = _rng().integers(0, 1000, 64)
+    config = '64x1000 f32'
+    yield f'softmax fwd {config}', lambda: softmax_xent.softmax_fwd(logits, runtime=rt)
+    y = softmax_xent.softmax_fwd(logits, runtime=rt)
+    yield f'softmax bwd {config}', lambda: softmax_xent.softmax_bwd(y, logits, runtime=rt)
+    yield f'sparse xent fwd {config}', lambda: softmax_xent.sparse_softmax_xent_fwd(logits, labels, runtime=rt)
+    loss, lse = softmax_xent.sparse_softmax_xent_fwd(logits, labels, runtime=rt)
+    dloss = np.ones(64, np.float32)
+    yield f'sparse xent bwd {config}', lambda: softmax_xent.sparse_softmax_xent_bwd(logits, labels, lse, dloss,
+                                                                                  runtime=rt)
+
+
+def _ctc(rt):
+    from .. import ctc
+    steps, batch, classes = 24, 4, 12
+    logits = _rng().standard_normal((batch, steps, classes)).astype(np.float32)
+    labels = _rng().integers(0, classes - 1, (batch, 6)).astype(np.int32)
+    input_lengths = np.full(batch, steps, np.int32)
+    label_lengths = np.full(batch, 6, np.int32)
+    config = f'batch {batch}, {steps} steps, {classes} classes, labels 6, f32'
+    args = (logits, labels, input_lengths, label_lengths)
+    yield f'loss fwd {config}', lambda: ctc.ctc_loss_fwd(*args, runtime=rt)
+    loss, log_alpha = ctc.ctc_loss_fwd(*args, runtime=rt)
+    yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, loss, np.ones_like(loss), runtime=rt)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    yield f'greedy {config}', lambda: ctc.ctc_greedy_decode(log_probs, input_lengths, runtime=rt)
+    yield f'beam 8 {config}', lambda: ctc.ctc_beam_search_decode(log_probs, input_lengths, 8, 1, runtime=rt)
+
+
+_PROBLEMS = {'elementwise': _elementwise, 'conv': _conv, 'conv_depthwise': _conv_depthwise, 'pooling': _pooling,
+             'batchnorm': _batchnorm, 'softmax_xent': _softmax_xent, 'ctc': _ctc}
+
+
+def _source_name(path):
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def _ratio(num, den):
+    return float(num) / float(den) if den else None
+
+
+def summarize(launches, family, config, host_syncs=0):
+    """Records (one per kernel) from the launch records of one launcher call."""
+    per_kernel = OrderedDict()
+    for launch in launches:
+        key = (launch['kernel'], _source_name(launch['source']))
+        total = per_kernel.setdefault(key, {'launches': 0, 'compulsory_bytes': 0, 'outputs': 0,
+                                            **{name: 0 for name in emulated_runtime.COUNTER_FIELDS}})
+        total['launches'] += 1
+        total['compulsory_bytes'] += sum(nbytes for _, nbytes, _, _ in launch['arrays'])
+        total['outputs'] += sum(size for _, _, size, const in launch['arrays'] if not const)
+        for name in emulated_runtime.COUNTER_FIELDS:
+            total[name] += launch[name]
+    records = []
+    for (kernel, source), t in per_kernel.items():
+        records.append({
+            'kernel': kernel, 'source': source, 'family': family, 'config': config, 'launches': t['launches'],
+            'coalescing': _ratio(t['global_ideal_sectors'], t['global_sectors']),
+            'global_requests': t['global_requests'],
+            'sectors_per_request': _ratio(t['global_sectors'], t['global_requests']),
+            'global_bytes': 32 * t['global_sectors'],
+            'requested_bytes': t['global_load_bytes'] + t['global_store_bytes'],
+            'compulsory_bytes': t['compulsory_bytes'],
+            'bank_conflicts_per_request': _ratio(t['shared_wavefronts'] - t['shared_ideal_wavefronts'],
+                                                 t['shared_requests']),
+            'shared_requests': t['shared_requests'],
+            'barriers': t['barriers'],
+            'barriers_per_output': _ratio(t['barriers'], t['outputs']),
+            'atomics': t['atomics'],
+            'host_syncs_per_call': host_syncs,
+        })
+    return records
+
+
+def measure(families=None):
+    """One record per (kernel, config) for `families` (default: all of FAMILIES)."""
+    families = FAMILIES if families is None else tuple(families)
+    unknown = [f for f in families if f not in _PROBLEMS]
+    if unknown:
+        raise ValueError(f"measure: families must be among {FAMILIES}, got {unknown}")
+    rt = get_runtime('emulate')
+    records = []
+    with emulated_runtime.counting() as launches:   # the set-up launches load instrumented builds too
+        for family in families:
+            for config, call in _PROBLEMS[family](rt):
+                before, first = rt.host_syncs, len(launches)
+                call()
+                records.extend(summarize(launches[first:], family, config, rt.host_syncs - before))
+    return records
