@@ -2,7 +2,8 @@
 the emulator's figures, and the baseline check of every kernel (docs/kernels.md).
 
 The baseline test compiles every registered variant for sm_80 and sm_90 (NVRTC, no GPU)
-into the report's own cache, so after the first run it reads cached cubins and listings.
+into the report's own cache, so after the first run it reads cached cubins and listings,
+and runs the emulator's counters (gpuk/kernels/inspect/emulated.py) on scaled-down shapes.
 """
 import copy
 import json
@@ -155,7 +156,11 @@ def records(request):
         sass.find_tool('nvdisasm')
     except (build.NvrtcMissing, sass.ToolMissing) as exc:
         pytest.skip(str(exc))
-    found = report.build_records(cache=REPORT_CACHE)
+    with pytest.MonkeyPatch.context() as patch:
+        # the emulator's counters without the sanitizer's checks (test_sanitizer.py runs those)
+        patch.setenv('GPUK_EMU_SANITIZE', '0')
+        emulated = report.emulated_measure()
+    found = report.build_records(emulated=emulated, cache=REPORT_CACHE)
     plugins = request.config.pluginmanager
     reporter, capture = plugins.get_plugin('terminalreporter'), plugins.get_plugin('capturemanager')
     if reporter is not None and capture is not None:   # the report's one-line summary, in make test's output

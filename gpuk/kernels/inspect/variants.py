@@ -9,8 +9,9 @@ headers, the defines, the arch and the NVRTC flags), so an unchanged kernel is n
 compiled or disassembled twice and an edited one never reads a stale entry.
 """
 import json
+import os
 import struct
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from .. import build, runtime   # the registry and the AOT build's compile step
@@ -39,39 +40,67 @@ def _usage_from_json(data):
     return {kernel: build.ResourceUsage(**fields) for kernel, fields in data.items()}
 
 
+def _cached_paths(spec, arch, folder):
+    cubin = Path(folder) / runtime.cubin_path(spec.source_file, spec.defines_dict, arch).name
+    return cubin, cubin.with_suffix('.usage.json'), cubin.with_suffix('.sass')
+
+
+def ensure_cached(spec, arch, folder):
+    """Compiles and disassembles (spec, arch) into ``folder`` unless already there; the compile
+    error text, or None."""
+    cubin, report, listing = _cached_paths(spec, arch, folder)
+    if cubin.is_file() and report.is_file() and listing.is_file():
+        return None
+    result = build.build_variant(spec, arch, out_dir=folder, write=True)
+    if result.error:
+        return result.error
+    _write(report, json.dumps(_usage_to_json(result.usage)))
+    _write(listing, sass.disassemble_text(cubin))
+    return None
+
+
 def compile_variant(spec, arch, folder=None):
     """The CompiledVariant of (spec, arch), from the cache ``folder`` (default cache_folder())
     or compiled now."""
     folder = Path(folder) if folder else cache_folder()
-    cubin = folder / runtime.cubin_path(spec.source_file, spec.defines_dict, arch).name
-    report, listing = cubin.with_suffix('.usage.json'), cubin.with_suffix('.sass')
-    if not (cubin.is_file() and report.is_file() and listing.is_file()):
-        result = build.build_variant(spec, arch, out_dir=folder, write=True)
-        if result.error:
-            return CompiledVariant(spec, arch, {}, {}, {}, error=result.error)
-        _write(report, json.dumps(_usage_to_json(result.usage)))
-        _write(listing, sass.disassemble_text(cubin))
+    error = ensure_cached(spec, arch, folder)
+    return CompiledVariant(spec, arch, {}, {}, {}, error=error) if error else _load(spec, arch, folder)
+
+
+def _load(spec, arch, folder):
+    cubin, report, listing = _cached_paths(spec, arch, folder)
     usage = _usage_from_json(json.loads(report.read_text()))
-    functions = sass.parse(listing.read_text())
-    return CompiledVariant(spec, arch, usage, functions, max_threads_per_kernel(cubin.read_bytes()))
+    return CompiledVariant(spec, arch, usage, sass.parse(listing.read_text()),
+                           max_threads_per_kernel(cubin.read_bytes()))
 
 
 def _write(path, text):
-    partial = path.with_suffix(path.suffix + '.tmp')
+    partial = path.with_name('%s.%d.tmp' % (path.name, os.getpid()))
     partial.write_text(text)
     partial.replace(path)   # atomic: a concurrent report never reads half a file
 
 
 def compile_all(archs=ARCHS, specs=None, workers=2, folder=None):
-    """CompiledVariants of every registered variant for every arch (registry order, then arch)."""
+    """CompiledVariants of every registered variant for every arch (registry order, then arch).
+
+    Variants missing from the cache compile in ``workers`` processes (NVRTC's Python bindings
+    hold the GIL, so threads would not overlap the compiles): a cold run takes about half the
+    CPU time on 2 cores; a warm one only reads the cache."""
     specs = runtime.registered_builds() if specs is None else specs
     folder = Path(folder) if folder else cache_folder()
-    jobs = [(spec, arch, folder) for spec in specs for arch in archs]
     folder.mkdir(parents=True, exist_ok=True)
-    # Threads overlap nvdisasm (a subprocess) with compiles; NVRTC's bindings seem to hold the
-    # GIL (two threads compiled no faster than one here), so a cold run is ~2.5 minutes.
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(lambda job: compile_variant(*job), jobs))
+    jobs = [(spec, arch) for spec in specs for arch in archs]
+    missing = [(spec, arch) for spec, arch in jobs
+               if not all(path.is_file() for path in _cached_paths(spec, arch, folder))]
+    errors = {}
+    if len(missing) > 1 and workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            found = pool.map(ensure_cached, *zip(*missing), [folder] * len(missing))
+            errors = {job: error for job, error in zip(missing, found) if error}
+    else:
+        errors = {job: error for job in missing for error in [ensure_cached(*job, folder)] if error}
+    return [CompiledVariant(spec, arch, {}, {}, {}, error=errors[(spec, arch)]) if (spec, arch) in errors
+            else _load(spec, arch, folder) for spec, arch in jobs]
 
 
 # ---------------------------------------------------------------- the cubin's launch bounds
