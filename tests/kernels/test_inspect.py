@@ -7,13 +7,16 @@ and runs the emulator's counters (gpuk/kernels/inspect/emulated.py) on scaled-do
 """
 import copy
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from gpuk.kernels import build
+from gpuk.kernels import build, emulated_runtime, runtime
 from gpuk.kernels.kernel_source import parse_kernel_signatures
 from gpuk.kernels.inspect import __main__ as cli
-from gpuk.kernels.inspect import baseline, model, occupancy, report, sass, variants
+from gpuk.kernels.inspect import baseline, emulated, model, occupancy, report, sass, variants
+from gpuk.kernels.kernel_source import normalized_defines
 
 # Captured at import, before tests/kernels/conftest.py points GPUK_CACHE_DIR at a fresh
 # per-session folder: the report's cache keys hash source, headers, defines, arch and flags,
@@ -145,6 +148,35 @@ def test_baseline_compare_flags_each_regression_and_passes_small_drops():
     assert 'math_fraction 0.440, baseline 0.500' in problems[2] and 'coalescing 0.500' in problems[3]
     assert 'not in the baseline' in baseline.compare([_record(kernel='new')], before)[0]
     assert 'no longer built' in baseline.compare([], before)[0]
+
+
+def test_a_deliberately_uncoalesced_copy_is_flagged(tmp_path, monkeypatch):
+    """tests/kernels/cu/strided_copy.cu through the whole report: compiled and read like the
+    registered kernels, counted on the emulator, joined, predicted and flagged."""
+    try:
+        build.nvrtc_version()
+        sass.find_tool('nvdisasm')
+    except (build.NvrtcMissing, sass.ToolMissing) as exc:
+        pytest.skip(str(exc))
+    source = Path(__file__).with_name('cu') / 'strided_copy.cu'
+    defines = {'COPY_THREADS': 256}
+    spec = runtime.BuildSpec(str(source), normalized_defines(defines), ('coalesced_copy', 'strided_copy'))
+    records = report.static_records([variants.compile_variant(spec, 'sm_90', tmp_path)])
+    monkeypatch.setenv('GPUK_EMU_SANITIZE', '0')
+    rt = runtime.get_runtime('emulate')
+    n, stride = 64 * 256, 64
+    src, dst = np.arange(n, dtype=np.float32), np.zeros(n, np.float32)
+    with emulated_runtime.counting() as launches:   # loads the instrumented build
+        module = rt.load(source, defines)
+        module.kernel('coalesced_copy').launch(n // 256, 256, (src, dst, np.int64(n)))
+        module.kernel('strided_copy').launch(n // 256, 256, (src, dst, np.int64(n), np.int64(stride)))
+    np.testing.assert_array_equal(dst, src.reshape(stride, n // stride).T.ravel())
+    by_kernel = {r['kernel']: r for r in report.finish(records, emulated.summarize(launches, 'test', 'f32'))}
+    good, bad = by_kernel['coalesced_copy'], by_kernel['strided_copy']
+    assert good['coalescing'] == 1.0 and 'uncoalesced' not in good['flags']
+    # reads: 32 sectors per request where 4 would do; writes: 4 of 4 -> (4 + 4) / (32 + 4)
+    assert bad['coalescing'] == pytest.approx(8 / 36) and 'uncoalesced' in bad['flags']
+    assert bad['predicted_bound'] == 'memory' and bad['predicted_fraction'] < good['predicted_fraction']
 
 
 # ---------------------------------------------------------------- every real kernel

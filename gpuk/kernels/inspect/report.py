@@ -218,9 +218,15 @@ def build_records(archs=variants.ARCHS, emulated=None, gpu_results=None, workers
     ``gpu_results``: folder of measured benchmark JSON (bench/gpu-results); ``cache``: the
     compile cache folder (default variants.cache_folder())."""
     records = static_records(variants.compile_all(archs, workers=workers, folder=cache))
+    return finish(records, emulated, measured_rows(gpu_results) if gpu_results else [])
+
+
+def finish(records, emulated=None, measured=()):
+    """Static records -> report records: the emulator's figures joined, predictions, measured
+    rows beside them, flags; the model's working keys removed."""
     join_emulated(records, emulated)
     add_predictions(records)
-    add_measured(records, measured_rows(gpu_results) if gpu_results else [])
+    add_measured(records, measured)
     for record in records:
         record.pop('_mix', None)
         record.pop('_mmas', None)
