@@ -137,6 +137,23 @@ def test_join_takes_the_matching_config_else_the_worst():
     assert [r['coalescing'] for r in report.join_emulated(k2, emulated)] == [0.7, 0.5]
 
 
+def test_measured_rows_sit_beside_the_prediction(tmp_path):
+    def row(family, dtype, fraction, impl='gpuk', device='NVIDIA H100 80GB HBM3'):
+        return {'extra_info': {'family': family, 'dtype': dtype, 'impl': impl, 'device': device,
+                               'ceiling_fraction': fraction}}
+    rows = [row('conv_fwd', 'float32', 0.2), row('conv_fwd', 'float32', 0.4), row('conv_fwd', 'float32', 0.3),
+            row('conv_fwd', 'float16', 0.9), row('conv_fwd', 'float32', 0.99, impl='cudnn'),
+            row('conv_fwd', 'float32', 0.99, device='NVIDIA A100'), row('copy', 'float32', 0.8)]
+    (tmp_path / 'h100.json').write_text(json.dumps({'benchmarks': rows}))
+    (tmp_path / 'notes.json').write_text('[1, 2]')      # not a results file: ignored
+    found = report.measured_rows(tmp_path)
+    records = [_record(kernel='conv_igemm_fwd', family='conv_igemm'), _record(kernel='conv_igemm_fwd',
+               family='conv_igemm', arch='sm_80'), _record(kernel='bn_apply', family='batchnorm')]
+    report.add_measured(records, found)
+    assert [(r['measured_fraction'], r['measured_rows']) for r in records] == [(0.3, 3), (None, 0), (None, 0)]
+    assert report.measured_rows(tmp_path / 'absent') == []
+
+
 def test_baseline_compare_flags_each_regression_and_passes_small_drops():
     before = [_record()]
     assert baseline.compare([_record(math_fraction=0.46, coalescing=0.91)], before) == []   # < 10% lower
@@ -268,3 +285,17 @@ def test_cli_json_and_table(tmp_path, capsys, monkeypatch, records):
     assert lines[0].startswith('inspect: %d records' % len(records))
     assert len(lines) == len(records) + 2 and max(len(line) for line in lines[1:]) <= 120
     assert json.loads(out.read_text()) == records
+
+
+def test_cli_dump_loop_prints_the_listing_for_hand_counts(capsys):
+    try:
+        build.nvrtc_version()
+        sass.find_tool('nvdisasm')
+    except (build.NvrtcMissing, sass.ToolMissing) as exc:
+        pytest.skip(str(exc))
+    assert cli.main(['--dump-loop', 'copy_bytes', '--arch', 'sm_90']) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('== copy_bytes sm_90 f32') and 'LDG.E.128' in out and 'STG.E.128' in out
+    assert "instructions; by opcode: {" in out
+    with pytest.raises(SystemExit):
+        cli.main(['--dump-loop', 'no_such_kernel'])

@@ -13,16 +13,19 @@ import json
 import sys
 from pathlib import Path
 
-from .. import build
+from .. import build, runtime
 from . import baseline, occupancy, report, sass, variants
 
 GPU_RESULTS = Path(__file__).resolve().parents[3] / 'bench' / 'gpu-results'
 
 
 def dump_loop(name, archs):
-    """The hot loop of every variant of kernel ``name``: listing and counts by opcode (hand checks)."""
-    for variant in variants.compile_all(archs):
-        if name not in variant.spec.kernels or variant.error:
+    """The hot loop of every variant of kernel ``name``: listing and counts by opcode (hand
+    checks); False when no registered variant has that kernel."""
+    specs = [spec for spec in runtime.registered_builds() if name in spec.kernels]
+    for variant in variants.compile_all(archs, specs=specs):
+        if variant.error:
+            print('== %s %s: COMPILE ERROR %s' % (name, variant.arch, variant.error))
             continue
         loop = sass.hot_loop(variant.functions[name])
         print('== %s %s %s' % (name, variant.arch, report.config_label(variant.spec.defines_dict)))
@@ -33,6 +36,7 @@ def dump_loop(name, archs):
             print('  /*%04x*/ %s %s %s' % (instruction.offset, instruction.predicate or '',
                                            instruction.opcode, instruction.operands))
         print('  %d instructions; by opcode: %s' % (len(loop.instructions), sass.opcode_counts(loop.instructions)))
+    return bool(specs)
 
 
 def main(argv=None):
@@ -59,7 +63,8 @@ def main(argv=None):
     if unknown:
         parser.error('--arch: no occupancy limits for %s (have %s)' % (unknown, ', '.join(occupancy.LIMITS)))
     if args.dump_loop:
-        dump_loop(args.dump_loop, archs)
+        if not dump_loop(args.dump_loop, archs):
+            parser.error('--dump-loop: no registered kernel named %r' % args.dump_loop)
         return 0
     families = args.families.split(',') if args.families else None
     emulated = None if args.no_emulate else report.emulated_measure(families)
