@@ -263,7 +263,12 @@ def test_no_kernel_regressed_against_the_baseline(records):
     """Fails when a kernel gains spills, loses occupancy, or its useful-math fraction or
     coalescing drops more than 10%. After a deliberate change: python -m gpuk.kernels.inspect
     --write-baseline, and commit bench/inspect_baseline.json with the change."""
-    problems = baseline.compare(records, baseline.load()['records'])
+    saved = baseline.load()
+    problems = baseline.compare(records, saved['records'])
+    nvrtc = '%d.%d' % build.nvrtc_version()
+    if problems and saved.get('nvrtc') != nvrtc:
+        problems.append('(the baseline was written with NVRTC %s, this is NVRTC %s: if the compiler moved '
+                        'these figures, write the baseline)' % (saved.get('nvrtc'), nvrtc))
     assert not problems, '\n'.join(problems)
 
 
