@@ -148,7 +148,7 @@ def max_threads_per_kernel(elf):
 def source_label(source_file):
     """The .cu path as the report shows it: relative to the repository (gpuk/kernels/...)."""
     path = Path(source_file).resolve()
-    root = Path(build.KERNELS_DIR).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]   # gpuk/kernels/inspect/ -> the repository
     try:
         return path.relative_to(root).as_posix()
     except ValueError:
