@@ -114,7 +114,8 @@ ctc_greedy_decode(const elem_t* __restrict__ log_probs, const long long* __restr
         const bool keep = t < t_n && label != blank && !(merge_repeated && label == previous);
         int chunk_total;
         const int position = block_exclusive_count(keep, counts, &chunk_total);   // barrier: all reads done
-        if (t == base + blockDim.x - 1 || t == steps - 1) carry = label;
+        // One writer: the chunk's last element (two threads wrote it in the last chunk: a race).
+        if (t == min(base + (long long)blockDim.x, steps) - 1) carry = label;
         if (keep) out[count + position] = label;
         count += chunk_total;
         __syncthreads();

@@ -166,32 +166,19 @@ def _make_xp():
 def init_mask(array):
     """uint8 per byte of `array` (1 = written), or None when every byte counts as written."""
     lo, hi = array.ctypes.data, array.ctypes.data + array.nbytes
-    if not _poisoned or not array.nbytes or not any(
-            base <= lo and hi <= base + n for _, base, n in list(_poisoned.values())):
+    if not _poisoned or not array.nbytes:
+        return None
+    owner = next((key for key, (_, base, n) in list(_poisoned.items()) if base <= lo and hi <= base + n), None)
+    if owner is None:
         return None
     elements = array.reshape(-1).view(np.uint8).reshape(array.size, array.itemsize)
     written = ~(elements == POISON_BYTE).all(axis=1)
     if written.all():
+        entry = _poisoned.get(owner)
+        if entry is not None and (entry[1], entry[2]) == (lo, array.nbytes):
+            _poisoned.pop(owner, None)   # wholly written: no longer checked
         return None
     return np.ascontiguousarray(np.repeat(written, array.itemsize).astype(np.uint8))
-
-
-def _static_shared_symbol(library, offset):
-    """The static __shared__ variable at `offset` of the module's TLS block (from nm), or ''."""
-    try:
-        out = subprocess.run(['nm', '-C', '-S', str(library)], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return ''
-    for line in out.splitlines():
-        parts = line.split(None, 3)
-        if len(parts) == 4 and parts[2] in 'bBdD' and len(parts[0]) == 16:
-            try:
-                start, size = int(parts[0], 16), int(parts[1], 16)
-            except ValueError:
-                continue
-            if start <= offset < start + size and 'gpuk_emu' not in parts[3]:
-                return f"`{parts[3]}` byte {offset - start}"
-    return ''
 
 
 def _env_int(name, default, minimum):
@@ -285,7 +272,7 @@ class EmulatedKernel:
             argument = 'dynamic shared memory'
         elif e.arg_index == STATIC_SHARED_ARG:
             argument = 'static __shared__ memory'
-            symbol = _static_shared_symbol(self.module.path, int(e.byte_offset))
+            symbol = self.module.static_shared_name(int(e.byte_offset))
             if symbol:
                 message = message.replace(f'static __shared__ memory at byte offset {int(e.byte_offset)}',
                                           f'static __shared__ {symbol} (TLS offset {int(e.byte_offset)})')
@@ -302,30 +289,46 @@ class EmulatedModule:
     def __init__(self, source_file, defines, library_path, signatures, instrumented=False):
         self.source_file, self.defines, self.path = source_file, dict(defines), library_path
         self.instrumented = instrumented
-        self._tls_ignore = None
+        self._tls_symbols = self._tls_ignore = None
         self.signatures = signatures
         self._lib = ctypes.CDLL(str(library_path))
         if self._lib.gpuk_emu_abi_version() != ABI_VERSION:
             raise RuntimeError(f"{library_path}: emulator ABI mismatch; delete the cache directory")
         self._kernels = {}
 
-    def tls_ignore(self):
-        """(uint64 array of (offset, size) pairs, count): the module's thread-local variables the
-        sanitizer must not take for __shared__ memory: C++ guard variables (_ZGV*)."""
-        if self._tls_ignore is None:
-            pairs = []
+    def tls_symbols(self):
+        """[(offset, size, demangled name)] of the module's thread-local variables: its static
+        __shared__ arrays, the emulator's own state and C++ guard variables (from readelf)."""
+        if self._tls_symbols is None:
             try:
-                out = subprocess.run(['readelf', '-sW', str(self.path)], capture_output=True, text=True,
+                out = subprocess.run(['readelf', '-sW', '-C', str(self.path)], capture_output=True, text=True,
                                      check=True).stdout
             except (OSError, subprocess.CalledProcessError) as exc:
                 raise RuntimeError(f"{self.path}: the sanitizer needs readelf (binutils) to read the module's "
                                    f"thread-local symbols: {exc}")
+            symbols = []
             for line in out.splitlines():
-                parts = line.split()
-                if len(parts) >= 8 and parts[3] == 'TLS' and parts[7].startswith('_ZGV'):
-                    pairs += [int(parts[1], 16), int(parts[2], 0)]
+                parts = line.split(None, 7)
+                if len(parts) == 8 and parts[3] == 'TLS':
+                    symbols.append((int(parts[1], 16), int(parts[2], 0), parts[7]))
+            self._tls_symbols = symbols
+        return self._tls_symbols
+
+    def tls_ignore(self):
+        """(uint64 array of (offset, size) pairs, count): thread-locals the sanitizer must not
+        take for __shared__ memory: C++ guard variables."""
+        if self._tls_ignore is None:
+            pairs = [v for offset, size, name in self.tls_symbols() if name.startswith('guard variable for')
+                     for v in (offset, size)]
             self._tls_ignore = ((ctypes.c_uint64 * max(1, len(pairs)))(*pairs), len(pairs) // 2)
         return self._tls_ignore
+
+    def static_shared_name(self, offset):
+        """'`kernel::array` byte N' for a byte offset into the thread-local block, or ''."""
+        for start, size, name in self.tls_symbols():
+            if start <= offset < start + size and 'gpuk_emu' not in name:
+                return f"`{name}` byte {offset - start}"
+        return ''
 
     def kernel(self, name):
         if name not in self.signatures:

@@ -1,6 +1,7 @@
 """The emulator as a sanitizer (racecheck, initcheck, cp.async landing, synccheck) and its
 performance counters, on planted bugs and their correct twins (tests/kernels/cu/sanitizer_test.cu).
 tests/kernels/conftest.py turns the sanitizer on (GPUK_EMU_SANITIZE=1) for every kernel test."""
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,22 @@ SOURCE = Path(__file__).with_name('cu') / 'sanitizer_test.cu'
 THREADS = 64
 
 
+@pytest.fixture(scope='module', autouse=True)
+def _sanitizer_on():
+    """These tests are about the sanitizer: on even where GPUK_EMU_SANITIZE=0 turns it off elsewhere."""
+    saved = os.environ.get('GPUK_EMU_SANITIZE')
+    os.environ['GPUK_EMU_SANITIZE'] = '1'
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop('GPUK_EMU_SANITIZE', None)
+        else:
+            os.environ['GPUK_EMU_SANITIZE'] = saved
+
+
 @pytest.fixture(scope='module')
-def module():
+def module(_sanitizer_on):
     return get_runtime('emulate').load(SOURCE, {'THREADS': THREADS})
 
 
@@ -136,6 +151,14 @@ def test_coalesced_copy_scores_one_and_strided_copy_is_flagged():
     np.testing.assert_array_equal(y.reshape(cols, rows), x.reshape(rows, cols).T)
     assert bad['coalescing'] < 0.95
     assert bad['global_bytes'] > 2 * bad['compulsory_bytes']   # reads move a sector per element
+
+
+def test_vector_accesses_count_as_one_request_per_warp():
+    x, y = np.arange(4096, dtype=np.float32), np.zeros(4096, np.float32)
+    record = _counted('copy_float4', 4, 128, x, y, np.int64(1024))
+    np.testing.assert_array_equal(y, x)
+    assert record['coalescing'] == 1.0 and record['sectors_per_request'] == 16.0   # 32 lanes x 16 bytes
+    assert record['global_requests'] == 2 * 1024 // 32
 
 
 def test_bank_conflicts_of_a_transpose_tile_and_its_padded_twin():

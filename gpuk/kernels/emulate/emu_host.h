@@ -267,6 +267,10 @@ struct CpEntry { char* dst; uint32_t group, bytes; unsigned char data[16]; };
 struct CpQueue { CpEntry* e; uint32_t n, cap, open_group; };
 struct Slot { const void* site; uint32_t n; uint64_t addr[32]; uint8_t lane[32], bytes[32]; };
 struct ReqTable { Slot* slots; uint32_t n, cap; };
+// A lane's access still being extended: g++ splits a float4 / uint2 access into scalar
+// pieces; contiguous pieces of one kind inside one aligned 16-byte block are rejoined into
+// the one vector access the GPU compiler emits (LDG/LDS.64/.128).
+struct OpenAccess { const char* addr; const void* site; uint32_t size; int space, kind; };
 struct San {
     bool check, count;
     char *dyn_lo, *dyn_hi, *tls_lo, *tls_hi;
@@ -279,6 +283,7 @@ struct San {
     bool uninit_pending; int uninit_where; int64_t uninit_offset; unsigned uninit_tid;
     uint32_t *wgen, *sync_gen, *sync_mask, *seq;
     CpQueue* cp;
+    OpenAccess* open;          // per thread
     ReqTable* tables;          // [warp][space]: 0 global, 1 shared
     gpuk_emu_counters cnt;
 };
@@ -429,7 +434,22 @@ GPUK_EMU_NOSAN void count_access(San* s, int space, const void* site, const void
     }
     sl.addr[sl.n] = uint64_t(a); sl.lane[sl.n] = uint8_t(tid & 31u); sl.bytes[sl.n] = uint8_t(size); ++sl.n;
 }
+GPUK_EMU_NOSAN void count_piece(San* s, int space, int kind, const void* site, const char* a, unsigned size, unsigned tid) {
+    OpenAccess& o = s->open[tid];
+    if (o.size && o.space == space && o.kind == kind && a == o.addr + o.size && o.size + size <= 16 &&
+        (uintptr_t(o.addr) & 7u) == 0 && ((uintptr_t(o.addr) ^ uintptr_t(a + size - 1)) & ~uintptr_t(15)) == 0) {
+        o.size += size;
+        return;
+    }
+    if (o.size) count_access(s, o.space, o.site, o.addr, o.size, tid);
+    o.addr = a; o.site = site; o.size = size; o.space = space; o.kind = kind;
+}
 GPUK_EMU_NOSAN void flush_warp(San* s, unsigned warp, unsigned nthreads) {
+    for (unsigned tid = warp * 32u; tid < warp * 32u + 32u && tid < nthreads; ++tid) {
+        OpenAccess& o = s->open[tid];
+        if (o.size) count_access(s, o.space, o.site, o.addr, o.size, tid);
+        o.size = 0;
+    }
     for (int space = 0; space < 2; ++space) {
         ReqTable& t = s->tables[warp * 2 + space];
         for (uint32_t k = 0; k < t.n; ++k) {
@@ -463,7 +483,7 @@ GPUK_EMU_NOSAN void on_access(const void* p, unsigned size, int kind, const void
         if (s->check) shared_access(s, cells, where, offset, size, kind, tid);
         if (s->count) {
             if (kind == ACC_ATOMIC) ++s->cnt.atomics;
-            else { count_access(s, 1, site, a, size, tid); s->cnt.shared_bytes += size; }
+            else { count_piece(s, 1, kind, site, a, size, tid); s->cnt.shared_bytes += size; }
         }
         return;
     }
@@ -487,7 +507,7 @@ GPUK_EMU_NOSAN void on_access(const void* p, unsigned size, int kind, const void
         }
         if (s->count) {
             if (kind == ACC_ATOMIC) { ++s->cnt.atomics; return; }
-            count_access(s, 0, site, a, size, tid);
+            count_piece(s, 0, kind, site, a, size, tid);
             (kind == ACC_READ ? s->cnt.global_load_bytes : s->cnt.global_store_bytes) += size;
         }
         return;
@@ -516,7 +536,9 @@ GPUK_EMU_NOSAN void san_block_start(Worker* w) {
     San* s = w->san;
     ++s->block_serial;
     ++s->epoch;
-    for (unsigned t = 0; t < w->nthreads; ++t) { s->cp[t].n = 0; s->cp[t].open_group = 0; s->seq[2 * t] = s->seq[2 * t + 1] = 0; }
+    for (unsigned t = 0; t < w->nthreads; ++t) {
+        s->cp[t].n = 0; s->cp[t].open_group = 0; s->seq[2 * t] = s->seq[2 * t + 1] = 0; s->open[t].size = 0;
+    }
 }
 GPUK_EMU_NOSAN void san_flush_all(Worker* w) {
     if (w->san && w->san->count)
@@ -648,11 +670,12 @@ inline San* san_create(Worker* w) {
     s->sync_mask = static_cast<uint32_t*>(calloc(warps * 32u, 4));
     s->seq = static_cast<uint32_t*>(calloc(2 * warps * 32u, 4));
     s->cp = static_cast<CpQueue*>(calloc(n, sizeof(CpQueue)));
+    s->open = static_cast<OpenAccess*>(calloc(n, sizeof(OpenAccess)));
     s->tables = static_cast<ReqTable*>(calloc(2 * warps, sizeof(ReqTable)));
     return s;
 }
 inline bool san_complete(const San* s) {
-    return s->dyn_cells && s->tls_cells && s->wgen && s->sync_gen && s->sync_mask && s->seq && s->cp && s->tables;
+    return s->dyn_cells && s->tls_cells && s->wgen && s->sync_gen && s->sync_mask && s->seq && s->cp && s->open && s->tables;
 }
 inline void san_destroy(San* s, unsigned nthreads) {
     if (!s) return;
@@ -660,7 +683,7 @@ inline void san_destroy(San* s, unsigned nthreads) {
     if (s->cp) for (unsigned t = 0; t < nthreads; ++t) free(s->cp[t].e);
     if (s->tables) for (unsigned k = 0; k < 2 * warps; ++k) free(s->tables[k].slots);
     free(s->dyn_cells); free(s->tls_cells); free(s->wgen); free(s->sync_gen); free(s->sync_mask);
-    free(s->seq); free(s->cp); free(s->tables); free(s);
+    free(s->seq); free(s->cp); free(s->open); free(s->tables); free(s);
 }
 
 // ---- __syncthreads ----
@@ -1207,7 +1230,6 @@ GPUK_EMU_HOOK void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATO
 GPUK_EMU_HOOK void __tsan_atomic_signal_fence(int) {}
 #define GPUK_EMU_NOTE(a, kind) ::gpuk_emu::on_access(const_cast<const void*>(static_cast<const volatile void*>(a)), sizeof(T), kind, __builtin_return_address(0))
 #define GPUK_EMU_ATOMICS(N, TYPE)                                                                                       \
-    typedef TYPE gpuk_emu_a##N;                                                                                         \
     GPUK_EMU_HOOK TYPE __tsan_atomic##N##_load(const volatile TYPE* a, int) {                                            \
         typedef TYPE T; GPUK_EMU_NOTE(a, ::gpuk_emu::ACC_READ); return __atomic_load_n(a, __ATOMIC_SEQ_CST); }          \
     GPUK_EMU_HOOK void __tsan_atomic##N##_store(volatile TYPE* a, TYPE v, int) {                                         \

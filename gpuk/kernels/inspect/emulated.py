@@ -29,7 +29,7 @@ from .. import emulated_runtime
 from ..runtime import get_runtime
 
 REPO = Path(__file__).resolve().parents[3]
-FAMILIES = ('elementwise', 'conv', 'conv_depthwise', 'pooling', 'batchnorm', 'softmax_xent', 'ctc')
+FAMILIES = ('elementwise', 'conv', 'conv_depthwise', 'conv_local', 'pooling', 'batchnorm', 'softmax_xent', 'ctc')
 
 
 def _rng():
@@ -71,6 +71,18 @@ def _conv_depthwise(rt):
     yield f'wgrad {config}', lambda: conv_direct.depthwise_conv_wgrad(x, dy, w.shape, *geometry, runtime=rt)
 
 
+def _conv_local(rt):
+    from .. import conv_direct
+    x = _rng().standard_normal((2, 10, 10, 8)).astype(np.float32)
+    w = (_rng().standard_normal((64, 3 * 3 * 8, 16)) * 0.1).astype(np.float32)
+    window = ((3, 3), (1, 1), (8, 8), 'channels_last')
+    dy = _rng().standard_normal((2, 8, 8, 16)).astype(np.float32)
+    config = 'NHWC 2x10x10x8 -> 8x8x16, 3x3 valid, f32'
+    yield f'fwd {config}', lambda: conv_direct.local_conv_fwd(x, w, *window, runtime=rt)
+    yield f'dgrad {config}', lambda: conv_direct.local_conv_dgrad(dy, w, x.shape, *window, runtime=rt)
+    yield f'wgrad {config}', lambda: conv_direct.local_conv_wgrad(x, dy, w.shape, *window, runtime=rt)
+
+
 def _pooling(rt):
     from .. import pooling
     x = _rng().standard_normal((2, 16, 16, 32)).astype(np.float32)
@@ -95,6 +107,12 @@ def _batchnorm(rt):
     dy = _rng().standard_normal(x.shape).astype(np.float32)
     yield f'bwd {config}', lambda: batchnorm.bn_bwd(dy, x, gamma, mean, inv_std, axes, runtime=rt)
     yield f'infer fwd {config}', lambda: batchnorm.bn_infer_fwd(x, mean, inv_std, gamma, beta, 1e-3, -1, runtime=rt)
+    xc = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    dyc = np.ascontiguousarray(dy.transpose(0, 3, 1, 2))
+    config = 'NCHW 8x64x8x8 f32'
+    yield f'train fwd {config}', lambda: batchnorm.bn_train_fwd(xc, gamma, beta, (0, 2, 3), 1e-3, runtime=rt)
+    _, mean_c, _, inv_std_c = batchnorm.bn_train_fwd(xc, gamma, beta, (0, 2, 3), 1e-3, runtime=rt)
+    yield f'bwd {config}', lambda: batchnorm.bn_bwd(dyc, xc, gamma, mean_c, inv_std_c, (0, 2, 3), runtime=rt)
 
 
 def _softmax_xent(rt):
@@ -110,6 +128,13 @@ def _softmax_xent(rt):
     dloss = np.ones(64, np.float32)
     yield f'sparse xent bwd {config}', lambda: softmax_xent.sparse_softmax_xent_bwd(logits, labels, lse, dloss,
                                                                                   runtime=rt)
+    target = softmax_xent.softmax_fwd(logits[::-1].copy(), runtime=rt)
+    yield f'xent fwd {config}', lambda: softmax_xent.softmax_xent_fwd(logits, target, runtime=rt)
+    yield f'log_softmax fwd {config}', lambda: softmax_xent.log_softmax_fwd(logits, runtime=rt)
+    yield f'categorical probs fwd {config}', lambda: softmax_xent.categorical_xent_probs_fwd(y, target, runtime=rt)
+    bits = (_rng().random((64, 1000)) < 0.5).astype(np.float32)
+    yield f'binary logits fwd {config}', lambda: softmax_xent.binary_xent_logits_fwd(logits, bits, runtime=rt)
+    yield f'binary logits bwd {config}', lambda: softmax_xent.binary_xent_logits_bwd(logits, bits, logits, runtime=rt)
 
 
 def _ctc(rt):
@@ -129,7 +154,8 @@ def _ctc(rt):
     yield f'beam 8 {config}', lambda: ctc.ctc_beam_search_decode(log_probs, input_lengths, 8, 1, runtime=rt)
 
 
-_PROBLEMS = {'elementwise': _elementwise, 'conv': _conv, 'conv_depthwise': _conv_depthwise, 'pooling': _pooling,
+_PROBLEMS = {'elementwise': _elementwise, 'conv': _conv, 'conv_depthwise': _conv_depthwise, 'conv_local': _conv_local,
+             'pooling': _pooling,
              'batchnorm': _batchnorm, 'softmax_xent': _softmax_xent, 'ctc': _ctc}
 
 

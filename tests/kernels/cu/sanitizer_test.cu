@@ -99,3 +99,8 @@ extern "C" __global__ void transpose_tile(const float* __restrict__ x, float* __
     __syncthreads();
     y[base + ty * 32 + tx] = tile[tx * stride + ty];
 }
+
+// 16-byte vector copy (g++ splits the float4 into scalars; the counters rejoin them).
+extern "C" __global__ void copy_float4(const float* __restrict__ x, float* __restrict__ y, long long n4) {
+    GPUK_GRID_STRIDE_LOOP(i, n4) store_float4(y + 4 * i, load_float4(x + 4 * i));
+}
