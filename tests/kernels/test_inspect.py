@@ -137,6 +137,15 @@ def test_join_takes_the_matching_config_else_the_worst():
     assert [r['coalescing'] for r in report.join_emulated(k2, emulated)] == [0.7, 0.5]
 
 
+def test_ffma_target_is_for_register_tiled_loops():
+    tiled = {'math_path': 'ffma', 'hot_loop': {'counts': {'ffma': 512, 'lds': {'128': 32}}}}
+    polynomial = {'math_path': 'ffma', 'hot_loop': {'counts': {'ffma': 92, 'ldg': {'32': 2}}}}
+    small = {'math_path': 'ffma', 'hot_loop': {'counts': {'ffma': 16, 'lds': {'32': 4}}}}
+    assert report.ffma_target_applies(tiled)
+    assert not report.ffma_target_applies(polynomial) and not report.ffma_target_applies(small)
+    assert not report.ffma_target_applies({'math_path': None, 'hot_loop': None})
+
+
 def test_measured_rows_sit_beside_the_prediction(tmp_path):
     def row(family, dtype, fraction, impl='gpuk', device='NVIDIA H100 80GB HBM3'):
         return {'extra_info': {'family': family, 'dtype': dtype, 'impl': impl, 'device': device,

@@ -111,10 +111,13 @@ FFMA_TILE_MINIMUM = 64   # FFMA per iteration of a register-tiled loop (4x4 micr
 
 
 def ffma_target_applies(record):
-    """The FFMA target is for register-tiled math loops (GEMM-like: the conv main loops):
-    FFMA is most of the loop's math and there are at least FFMA_TILE_MINIMUM per iteration."""
-    loop = record.get('hot_loop')
-    return record.get('math_path') == 'ffma' and loop['counts'].get('ffma', 0) >= FFMA_TILE_MINIMUM
+    """The FFMA target is for register-tiled GEMM-like loops (the conv main loops): FFMA is
+    most of the loop's math, at least FFMA_TILE_MINIMUM per iteration, on operands staged in
+    shared memory (LDS/LDSM in the loop). Elementwise loops full of FFMA (polynomial
+    exp/log) are not held to it."""
+    counts = (record.get('hot_loop') or {}).get('counts', {})
+    return (record.get('math_path') == 'ffma' and counts.get('ffma', 0) >= FFMA_TILE_MINIMUM
+            and bool(counts.get('lds') or counts.get('ldsm')))
 
 
 # ---------------------------------------------------------------- the emulator's figures
