@@ -137,6 +137,17 @@ def test_join_takes_the_matching_config_else_the_worst():
     assert [r['coalescing'] for r in report.join_emulated(k2, emulated)] == [0.7, 0.5]
 
 
+def test_config_labels_are_unique_per_source():
+    def spec(source, **defines):
+        return runtime.BuildSpec(source, normalized_defines(defines), ('k',))
+    a, b = spec('x.cu', ELEMENT_T='float', THREADS=128), spec('x.cu', ELEMENT_T='float', THREADS=256)
+    c, d = spec('x.cu', ELEMENT_T='__half', THREADS=128), spec('y.cu', ELEMENT_T='float', THREADS=128)
+    labels = report.unique_labels([a, b, c, d])
+    assert labels == {a: 'f32 THREADS=128', b: 'f32 THREADS=256', c: 'f16', d: 'f32'}
+    conv = spec('conv_igemm.cu', ELEMENT_T='float', CONV_BM=128, CONV_BN=128, CONV_BK=8, CONV_MATH=0)
+    assert report.unique_labels([conv]) == {conv: 'f32 128x128x8 ffma'}
+
+
 def test_ffma_target_is_for_register_tiled_loops():
     tiled = {'math_path': 'ffma', 'hot_loop': {'counts': {'ffma': 512, 'lds': {'128': 32}}}}
     polynomial = {'math_path': 'ffma', 'hot_loop': {'counts': {'ffma': 92, 'ldg': {'32': 2}}}}

@@ -37,6 +37,22 @@ def config_label(defines):
     return ' '.join(p for p in parts if p)
 
 
+def unique_labels(specs):
+    """{spec: config label}, unique per .cu file: variants the short label does not tell apart
+    get the defines in which they differ appended ('f32 THREADS=128')."""
+    labels = {spec: config_label(spec.defines_dict) for spec in specs}
+    groups = {}
+    for spec, label in labels.items():
+        groups.setdefault((spec.source_file, label), []).append(spec)
+    for (_, label), same in groups.items():
+        if len(same) > 1:
+            names = sorted({name for spec in same for name in spec.defines_dict})
+            differing = [n for n in names if len({spec.defines_dict.get(n) for spec in same}) > 1]
+            for spec in same:
+                labels[spec] = ' '.join([label] + ['%s=%s' % (n, spec.defines_dict.get(n)) for n in differing])
+    return labels
+
+
 def loop_figures(function):
     """(hot loop summary dict or None, mix used by the model, MMA opcodes, basis)."""
     loop = sass.hot_loop(function)
@@ -58,12 +74,13 @@ def _json_mix(mix):
 def static_records(compiled):
     """Records (dicts) of every kernel of every CompiledVariant, without dynamic figures."""
     records = []
+    labels = unique_labels({variant.spec for variant in compiled})
     for variant in compiled:
         defines = variant.spec.defines_dict
         for kernel in variant.spec.kernels:
             base = {'kernel': kernel, 'source': variants.source_label(variant.spec.source_file),
                     'family': Path(variant.spec.source_file).stem, 'arch': variant.arch,
-                    'config': config_label(defines), 'defines': defines}
+                    'config': labels[variant.spec], 'defines': defines}
             if variant.error:
                 records.append(dict(base, error=variant.error))
                 continue
