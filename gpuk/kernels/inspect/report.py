@@ -314,11 +314,12 @@ def summary(records):
     mma = [r for r in ok if r['other_per_mma'] is not None]
     coal = [r for r in ok if r['coalescing'] is not None]
     syncs = [r for r in ok if r['host_syncs_per_call'] is not None]
-    parts = ['inspect: %d records (%d kernels, %d .cu, %s)' % (
+    errors = len(records) - len(ok)
+    parts = ['inspect: %d records (%d kernels, %d .cu, sm %s)' % (
                 len(records), len({(r['kernel'], r['source']) for r in records}), len(sources),
-                '+'.join(a[3:] for a in archs)),
-             'errors %d' % (len(records) - len(ok)),
-             'spilling %d' % sum(1 for r in ok if r['spills']),
+                '+'.join(a[3:] for a in archs))
+             + (' COMPILE ERRORS %d' % errors if errors else ''),
+             'spills %d' % sum(1 for r in ok if r['spills']),
              'FFMA>=80%% %d/%d' % (sum(r['ffma_fraction'] >= TARGET_FFMA_FRACTION for r in ffma), len(ffma)),
              'o/MMA<=2 %d/%d' % (sum(r['other_per_mma'] <= TARGET_OTHER_PER_MMA for r in mma), len(mma)),
              'coal>=95%% %d/%d' % (sum(r['coalescing'] >= TARGET_COALESCING for r in coal), len(coal))
