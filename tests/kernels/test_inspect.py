@@ -61,6 +61,28 @@ def test_sass_parse_finds_nested_loops_and_the_innermost():
     assert sass.hot_loop(functions['other']) is None
 
 
+OUT_OF_LINE = """
+	.section	.text.k,"ax",@progbits
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/               @P0 BRA `(.L_x_9) ;
+.L_x_8:
+        /*0020*/                   STG.E desc[UR4][R2.64], R0 ;
+        /*0030*/                   EXIT ;
+.L_x_9:
+        /*0040*/                   SHFL.BFLY PT, R0, R0, 0x1, 0x1f ;
+        /*0050*/                   BRA `(.L_x_8) ;
+"""
+
+
+def test_a_jump_back_from_out_of_line_code_is_not_a_loop():
+    """ptxas puts rare paths (a divergent collective's fallback) after EXIT and branches back:
+    backward in address, but its target does not dominate it."""
+    k = sass.parse(OUT_OF_LINE)['k']
+    blocks, successors, roots = sass.control_flow_graph(k)
+    assert blocks == [(0, 1), (2, 3), (4, 5)] and successors == [[2, 1], [], [1]] and roots == [0]
+    assert sass.loops(k) == [] and sass.hot_loop(k) is None
+
+
 def test_instruction_mix_counts_by_category_and_width():
     k = sass.parse(LISTING)['k']
     outer = sass.loops(k)[0]

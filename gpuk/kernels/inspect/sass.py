@@ -5,10 +5,12 @@
     mix = instruction_mix(loop.instructions)     # {'ffma': 512, 'ldg': {...}, ...}
 
 nvdisasm comes from the ``nvidia-cuda-nvdisasm`` wheel (the test extra) or a CUDA toolkit;
-no GPU is needed. A loop is a backward branch: the instructions from its target label to
-the branch, counted statically (both sides of a branch inside the body count, so a body
-with a rarely taken path is over-counted; the report says "per iteration" for this static
-count, the same count as reading the listing from the loop label to the back edge).
+no GPU is needed. Loops are the natural loops of the control-flow graph (a branch back to a
+block that dominates it); an iteration is counted statically, every instruction of the
+loop's blocks once (both sides of a branch inside the body count, so a body with a rarely
+taken path is over-counted; where the body is laid out contiguously this is the count from
+the loop label to the back edge in the listing). A CALL counts as one instruction; the
+callee (e.g. the 64-bit division subroutine) is not added.
 """
 import os
 import re
@@ -19,7 +21,7 @@ from collections import namedtuple
 from pathlib import Path
 
 Instruction = namedtuple('Instruction', 'offset predicate opcode operands')
-Loop = namedtuple('Loop', 'head tail instructions')   # offsets of the first and last instruction
+Loop = namedtuple('Loop', 'head tail instructions blocks')   # header offset, last back edge, body, block ids
 
 
 class Function:
@@ -102,26 +104,135 @@ def disassemble(cubin_path):
 _TARGET = re.compile(r'`\(([^)]+)\)')
 
 
+def _branch_target(function, instruction):
+    match = _TARGET.search(instruction.operands)
+    return function.labels.get(match.group(1)) if match else None
+
+
+def _always(instruction):
+    return instruction.predicate in (None, '@PT') and '.DIV' not in instruction.opcode
+
+
+def control_flow_graph(function):
+    """(blocks, successors, roots): basic blocks as (first, last) instruction indices, their
+    successor block lists, and the entry blocks (the kernel's and each CALLed subroutine's)."""
+    instructions = function.instructions
+    index = {instruction.offset: i for i, instruction in enumerate(instructions)}
+    leaders, calls = {0}, set()
+    for i, instruction in enumerate(instructions):
+        base = instruction.opcode.split('.')[0]
+        if base in ('BRA', 'JMP', 'CALL'):
+            target = _branch_target(function, instruction)
+            if target in index:
+                leaders.add(index[target])
+                if base == 'CALL':
+                    calls.add(index[target])
+        if base in ('BRA', 'JMP', 'BRX', 'JMX', 'EXIT', 'RET', 'KILL') and i + 1 < len(instructions):
+            leaders.add(i + 1)
+    starts = sorted(leaders)
+    blocks = [(first, (starts[k + 1] if k + 1 < len(starts) else len(instructions)) - 1)
+              for k, first in enumerate(starts)]
+    block_of = {first: k for k, (first, _) in enumerate(blocks)}
+    successors = []
+    for k, (_, last) in enumerate(blocks):
+        instruction, base = instructions[last], instructions[last].opcode.split('.')[0]
+        found = []
+        if base in ('BRA', 'JMP'):
+            target = _branch_target(function, instruction)
+            if target in index:
+                found.append(block_of[index[target]])
+        ends = base in ('BRA', 'JMP', 'EXIT', 'RET', 'KILL') and _always(instruction)
+        if not ends and k + 1 < len(blocks):
+            found.append(k + 1)
+        successors.append(found)
+    roots = [0] + sorted(block_of[i] for i in calls if block_of[i] != 0)
+    return blocks, successors, roots
+
+
+def _postorder(successors, root):
+    order, seen, stack = [], {root}, [(root, iter(successors[root]))]
+    while stack:
+        node, children = stack[-1]
+        child = next(children, None)
+        if child is None:
+            stack.pop()
+            order.append(node)
+        elif child not in seen:
+            seen.add(child)
+            stack.append((child, iter(successors[child])))
+    return order
+
+
+def _immediate_dominators(successors, root):
+    """{block: immediate dominator} of the blocks reachable from root (Cooper, Harvey and
+    Kennedy's iterative algorithm)."""
+    order = _postorder(successors, root)
+    number = {block: n for n, block in enumerate(order)}
+    predecessors = {block: [] for block in order}
+    for block in order:
+        for successor in successors[block]:
+            predecessors[successor].append(block)
+    idom = {root: root}
+
+    def intersect(a, b):
+        while a != b:
+            while number[a] < number[b]:
+                a = idom[a]
+            while number[b] < number[a]:
+                b = idom[b]
+        return a
+    changed = True
+    while changed:
+        changed = False
+        for block in reversed(order):
+            if block == root:
+                continue
+            done = [p for p in predecessors[block] if p in idom]
+            new = done[0]
+            for p in done[1:]:
+                new = intersect(p, new)
+            if idom.get(block) != new:
+                idom[block], changed = new, True
+    return idom, predecessors
+
+
 def loops(function):
-    """Loops of a function: one per backward-branch target, spanning to its last back edge."""
-    tails = {}
-    for instruction in function.instructions:
-        if not instruction.opcode.startswith(('BRA', 'JMP')):
-            continue
-        match = _TARGET.search(instruction.operands)
-        target = function.labels.get(match.group(1)) if match else None
-        # a branch to itself is the trap ptxas puts after the last EXIT, not a loop
-        if target is not None and target < instruction.offset:
-            tails[target] = max(tails.get(target, target), instruction.offset)
-    return [Loop(head, tail, [i for i in function.instructions if head <= i.offset <= tail])
-            for head, tail in sorted(tails.items())]
+    """Natural loops: for each back edge (a branch to a block that dominates it), the header
+    and every block that reaches the branch without passing the header; back edges to one
+    header make one loop. Instructions in address order; head/tail: the header's first
+    instruction and the last back edge's offset. Code the compiler moved out of line and
+    branched back from (a divergent-collective fallback after EXIT) is not a loop."""
+    blocks, successors, roots = control_flow_graph(function)
+    bodies, tails = {}, {}
+    for root in roots:
+        idom, predecessors = _immediate_dominators(successors, root)
+        for block in idom:
+            for header in successors[block]:
+                walker = block
+                while walker != header and idom[walker] != walker:
+                    walker = idom[walker]
+                if walker != header:
+                    continue    # not dominated by the target: a jump back, not a loop
+                body, work = bodies.setdefault(header, {header}), [block]
+                while work:
+                    node = work.pop()
+                    if node not in body:
+                        body.add(node)
+                        work.extend(predecessors[node])
+                tails[header] = max(tails.get(header, -1), function.instructions[blocks[block][1]].offset)
+    instructions = function.instructions
+    found = []
+    for header, body in sorted(bodies.items()):
+        members = [instructions[i] for b in sorted(body) for i in range(blocks[b][0], blocks[b][1] + 1)]
+        found.append(Loop(instructions[blocks[header][0]].offset, tails[header], members, frozenset(body)))
+    # a block branching to itself after the last EXIT is ptxas' trap, not a loop
+    return [loop for loop in found if len(loop.instructions) > 1]
 
 
 def innermost(found):
-    """The loops that contain no other loop."""
+    """The loops that contain no other loop's header."""
     return [loop for loop in found
-            if not any(other is not loop and loop.head <= other.head and other.tail <= loop.tail
-                       for other in found)]
+            if not any(other is not loop and other.blocks < loop.blocks for other in found)]
 
 
 def hot_loop(function):
