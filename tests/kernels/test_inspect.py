@@ -291,7 +291,9 @@ def test_conv_main_loops_count_one_k_tile_of_math(records):
     assert len(conv) == 3 * 11 * 2
     for r in conv:
         d = {k: int(v) for k, v in r['defines'].items() if k.startswith('CONV_')}
-        counts = r['hot_loop']['counts']
+        loop, counts = r['hot_loop'], r['hot_loop']['counts']
+        # contiguous bodies: the count is the listing's, loop label to back edge (16-byte instructions)
+        assert loop['instructions'] == (int(loop['back_edge'], 16) - int(loop['head'], 16)) // 16 + 1
         if d['CONV_MATH'] == 0:
             per_thread = d['CONV_BM'] * d['CONV_BN'] * d['CONV_BK'] // d['CONV_THREADS']
             op = 'dfma' if r['defines']['ELEMENT_T'] == 'double' else 'ffma'

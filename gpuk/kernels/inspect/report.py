@@ -61,7 +61,8 @@ def loop_figures(function):
     mmas = [i.opcode for i in instructions if sass.classify(i) in ('mma', 'wgmma')]
     if loop is None:
         return None, mix, mmas, 'kernel body'
-    summary = {'head': '0x%x' % loop.head, 'instructions': mix['total'], 'counts': _json_mix(mix),
+    summary = {'head': '0x%x' % loop.head, 'back_edge': '0x%x' % loop.tail, 'instructions': mix['total'],
+               'counts': _json_mix(mix),
                'loops_in_kernel': len(sass.loops(function))}
     return summary, mix, mmas, 'hot loop'
 
