@@ -35,7 +35,6 @@ HBM_BYTES_PER_CYCLE_PER_SMSP = 3.35e12 / 132 / 1.83e9 / SMSP_PER_SM
 MEMORY_LATENCY_CYCLES = 600
 TENSOR_FLOPS_PER_CYCLE_PER_SMSP = {'f16': 1024, 'bf16': 1024, 'tf32': 512, 'int8': 2048, 'fp64': 64}
 PIPE_CYCLES = {'fp32': 1, 'fp64': 2, 'mufu': 8}
-_MMA_SHAPE = re.compile(r'^[A-Z]+\.(\d+)x?(\d+)?x?(\d+)?')
 
 
 def mma_cycles(opcode):
