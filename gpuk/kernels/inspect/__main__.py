@@ -1,0 +1,90 @@
+"""python -m gpuk.kernels.inspect [--json PATH] [--arch sm_90,sm_80] [--no-emulate]
+                                [--write-baseline | --check-baseline] [--dump-loop KERNEL]
+
+Prints a one-line summary, then a table of every kernel of every .cu file in every launch
+configuration the launchers register (docs/kernels.md, "Reading the inspect report").
+No GPU needed: NVRTC and nvdisasm from pip; compiled variants are cached.
+
+Exit status: 0; 1 with --check-baseline when a kernel regressed against
+bench/inspect_baseline.json; 2 when NVRTC or nvdisasm is missing.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..runtime import build
+from .. import runtime
+from . import baseline, occupancy, report, sass, variants
+
+GPU_RESULTS = Path(__file__).resolve().parents[3] / 'bench' / 'gpu-results'
+
+
+def dump_loop(name, archs):
+    """The hot loop of every variant of kernel ``name``: listing and counts by opcode (hand
+    checks); False when no registered variant has that kernel."""
+    specs = [spec for spec in runtime.registered_builds() if name in spec.kernels]
+    for variant in variants.compile_all(archs, specs=specs):
+        if variant.error:
+            print('== %s %s: COMPILE ERROR %s' % (name, variant.arch, variant.error))
+            continue
+        loop = sass.hot_loop(variant.functions[name])
+        print('== %s %s %s' % (name, variant.arch, report.config_label(variant.spec.defines_dict)))
+        if loop is None:
+            print('no loop')
+            continue
+        for instruction in loop.instructions:
+            print('  /*%04x*/ %s %s %s' % (instruction.offset, instruction.predicate or '',
+                                           instruction.opcode, instruction.operands))
+        print('  %d instructions; by opcode: %s' % (len(loop.instructions), sass.opcode_counts(loop.instructions)))
+    return bool(specs)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m gpuk.kernels.inspect', description=__doc__.split('\n\n')[1])
+    parser.add_argument('--json', metavar='PATH', help='write the records as a JSON list')
+    parser.add_argument('--arch', default=','.join(variants.ARCHS), help='architectures (default %(default)s)')
+    parser.add_argument('--no-emulate', action='store_true', help="skip the emulator's dynamic figures")
+    parser.add_argument('--families', help='emulate only these comma-separated families')
+    parser.add_argument('--write-baseline', action='store_true', help='write bench/inspect_baseline.json')
+    parser.add_argument('--check-baseline', action='store_true', help='exit 1 on a regression against it')
+    parser.add_argument('--dump-loop', metavar='KERNEL', help="print KERNEL's hot loop and its opcode counts")
+    parser.add_argument('--quiet', action='store_true', help='print the summary line only')
+    args = parser.parse_args(argv)
+    try:
+        archs = build.parse_archs(args.arch)
+        nvrtc = '%d.%d' % build.nvrtc_version()
+        sass.find_tool('nvdisasm')
+    except ValueError as exc:
+        parser.error(str(exc))
+    except (build.NvrtcMissing, sass.ToolMissing) as exc:
+        print('inspect: %s' % exc, file=sys.stderr)
+        return 2
+    unknown = [a for a in archs if a not in occupancy.LIMITS]
+    if unknown:
+        parser.error('--arch: no occupancy limits for %s (have %s)' % (unknown, ', '.join(occupancy.LIMITS)))
+    if args.dump_loop:
+        if not dump_loop(args.dump_loop, archs):
+            parser.error('--dump-loop: no registered kernel named %r' % args.dump_loop)
+        return 0
+    families = args.families.split(',') if args.families else None
+    emulated = None if args.no_emulate else report.emulated_measure(families)
+    records = report.build_records(archs, emulated=emulated, gpu_results=GPU_RESULTS)
+    print(report.summary(records) + ('' if emulated is not None else ' (no emulator)'))
+    if not args.quiet:
+        print(report.table(records))
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1) + '\n')
+    if args.write_baseline:
+        baseline.write(records, nvrtc=nvrtc)
+        print('inspect: wrote %s' % baseline.BASELINE_PATH)
+    if args.check_baseline:
+        problems = baseline.compare(records, baseline.load()['records'])
+        for sentence in problems:
+            print('inspect: ' + sentence, file=sys.stderr)
+        return 1 if problems else 0
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,376 @@
+"""SASS: disassembling a cubin with NVIDIA's nvdisasm, finding loops, counting instructions.
+
+    functions = disassemble(cubin_path)          # {kernel name: Function}
+    loop = hot_loop(functions['conv_igemm_fwd']) # None for straight-line kernels
+    mix = instruction_mix(loop.instructions)     # {'ffma': 512, 'ldg': {...}, ...}
+
+nvdisasm comes from the ``nvidia-cuda-nvdisasm`` wheel (the test extra) or a CUDA toolkit;
+no GPU is needed. Loops are the natural loops of the control-flow graph (a branch back to a
+block that dominates it); an iteration is counted statically, every instruction of the
+loop's blocks once (both sides of a branch inside the body count, so a body with a rarely
+taken path is over-counted; where the body is laid out contiguously this is the count from
+the loop label to the back edge in the listing). A CALL counts as one instruction; the
+callee (e.g. the 64-bit division subroutine) is not added.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import namedtuple
+from pathlib import Path
+
+Instruction = namedtuple('Instruction', 'offset predicate opcode operands')
+Loop = namedtuple('Loop', 'head tail instructions blocks')   # header offset, last back edge, body, block ids
+
+
+class Function:
+    """One kernel's disassembly: instructions in address order and label offsets."""
+
+    def __init__(self, name, instructions, labels):
+        self.name, self.instructions, self.labels = name, instructions, labels
+
+    def __repr__(self):
+        return 'Function(%r, %d instructions)' % (self.name, len(self.instructions))
+
+
+class ToolMissing(RuntimeError):
+    """nvdisasm is not installed (pip install nvidia-cuda-nvdisasm)."""
+
+
+def find_tool(name):
+    """Path of an NVIDIA binary tool: $GPUK_<NAME>, the pip wheels' nvidia/*/bin, a CUDA toolkit, PATH."""
+    override = os.environ.get('GPUK_' + name.upper())
+    if override:
+        return override
+    for base in sys.path:
+        for candidate in sorted(Path(base or '.').glob('nvidia/*/bin/' + name)):
+            if os.access(candidate, os.X_OK):
+                return str(candidate)
+    for home in (os.environ.get('CUDA_HOME'), os.environ.get('CUDA_PATH'), '/usr/local/cuda'):
+        if home and os.access(os.path.join(home, 'bin', name), os.X_OK):
+            return os.path.join(home, 'bin', name)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise ToolMissing('%s not found: pip install nvidia-cuda-%s (the test extra) or set GPUK_%s'
+                      % (name, name, name.upper()))
+
+
+def disassemble_text(cubin_path):
+    """nvdisasm's listing (code sections only) of a cubin."""
+    result = subprocess.run([find_tool('nvdisasm'), '-c', str(cubin_path)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError('nvdisasm failed on %s: %s' % (cubin_path, result.stderr.strip()))
+    return result.stdout
+
+
+_SECTION = re.compile(r'^\s*\.section\s+\.text\.([^,\s]+)')
+_LABEL = re.compile(r'^\s*([.$\w]+):\s*$')
+_INSTRUCTION = re.compile(r'^\s*/\*([0-9a-f]+)\*/\s+(?:(@!?U?P[T0-9]+)\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);')
+
+
+def parse(text):
+    """{function name: Function} from an nvdisasm listing; a label names the offset of the
+    instruction after it."""
+    functions, current, pending = {}, None, []
+    for line in text.splitlines():
+        match = _SECTION.match(line)
+        if match:
+            current, pending = Function(match.group(1), [], {}), []
+            functions[current.name] = current
+            continue
+        if current is None:
+            continue
+        match = _INSTRUCTION.match(line)
+        if match:
+            offset, predicate, opcode, operands = match.groups()
+            current.instructions.append(Instruction(int(offset, 16), predicate, opcode, operands.strip()))
+            for name in pending:
+                current.labels[name] = int(offset, 16)
+            pending = []
+            continue
+        match = _LABEL.match(line)
+        if match:
+            pending.append(match.group(1))
+    return functions
+
+
+def disassemble(cubin_path):
+    """{kernel name: Function} of a cubin."""
+    return parse(disassemble_text(cubin_path))
+
+
+_TARGET = re.compile(r'`\(([^)]+)\)')
+
+
+def _branch_target(function, instruction):
+    match = _TARGET.search(instruction.operands)
+    return function.labels.get(match.group(1)) if match else None
+
+
+def _always(instruction):
+    return instruction.predicate in (None, '@PT') and '.DIV' not in instruction.opcode
+
+
+def control_flow_graph(function):
+    """(blocks, successors, roots): basic blocks as (first, last) instruction indices, their
+    successor block lists, and the entry blocks (the kernel's and each CALLed subroutine's)."""
+    instructions = function.instructions
+    index = {instruction.offset: i for i, instruction in enumerate(instructions)}
+    leaders, calls = {0}, set()
+    for i, instruction in enumerate(instructions):
+        base = instruction.opcode.split('.')[0]
+        if base in ('BRA', 'JMP', 'CALL'):
+            target = _branch_target(function, instruction)
+            if target in index:
+                leaders.add(index[target])
+                if base == 'CALL':
+                    calls.add(index[target])
+        if base in ('BRA', 'JMP', 'BRX', 'JMX', 'EXIT', 'RET', 'KILL') and i + 1 < len(instructions):
+            leaders.add(i + 1)
+    starts = sorted(leaders)
+    blocks = [(first, (starts[k + 1] if k + 1 < len(starts) else len(instructions)) - 1)
+              for k, first in enumerate(starts)]
+    block_of = {first: k for k, (first, _) in enumerate(blocks)}
+    successors = []
+    for k, (_, last) in enumerate(blocks):
+        instruction, base = instructions[last], instructions[last].opcode.split('.')[0]
+        found = []
+        if base in ('BRA', 'JMP'):
+            target = _branch_target(function, instruction)
+            if target in index:
+                found.append(block_of[index[target]])
+        ends = base in ('BRA', 'JMP', 'EXIT', 'RET', 'KILL') and _always(instruction)
+        if not ends and k + 1 < len(blocks):
+            found.append(k + 1)
+        successors.append(found)
+    roots = [0] + sorted(block_of[i] for i in calls if block_of[i] != 0)
+    return blocks, successors, roots
+
+
+def _postorder(successors, root):
+    order, seen, stack = [], {root}, [(root, iter(successors[root]))]
+    while stack:
+        node, children = stack[-1]
+        child = next(children, None)
+        if child is None:
+            stack.pop()
+            order.append(node)
+        elif child not in seen:
+            seen.add(child)
+            stack.append((child, iter(successors[child])))
+    return order
+
+
+def _immediate_dominators(successors, root):
+    """{block: immediate dominator} of the blocks reachable from root (Cooper, Harvey and
+    Kennedy's iterative algorithm)."""
+    order = _postorder(successors, root)
+    number = {block: n for n, block in enumerate(order)}
+    predecessors = {block: [] for block in order}
+    for block in order:
+        for successor in successors[block]:
+            predecessors[successor].append(block)
+    idom = {root: root}
+
+    def intersect(a, b):
+        while a != b:
+            while number[a] < number[b]:
+                a = idom[a]
+            while number[b] < number[a]:
+                b = idom[b]
+        return a
+    changed = True
+    while changed:
+        changed = False
+        for block in reversed(order):
+            if block == root:
+                continue
+            done = [p for p in predecessors[block] if p in idom]
+            new = done[0]
+            for p in done[1:]:
+                new = intersect(p, new)
+            if idom.get(block) != new:
+                idom[block], changed = new, True
+    return idom, predecessors
+
+
+def loops(function):
+    """Natural loops: for each back edge (a branch to a block that dominates it), the header
+    and every block that reaches the branch without passing the header; back edges to one
+    header make one loop. Instructions in address order; head/tail: the header's first
+    instruction and the last back edge's offset. Code the compiler moved out of line and
+    branched back from (a divergent-collective fallback after EXIT) is not a loop."""
+    blocks, successors, roots = control_flow_graph(function)
+    bodies, tails = {}, {}
+    for root in roots:
+        idom, predecessors = _immediate_dominators(successors, root)
+        for block in idom:
+            for header in successors[block]:
+                walker = block
+                while walker != header and idom[walker] != walker:
+                    walker = idom[walker]
+                if walker != header:
+                    continue    # not dominated by the target: a jump back, not a loop
+                body, work = bodies.setdefault(header, {header}), [block]
+                while work:
+                    node = work.pop()
+                    if node not in body:
+                        body.add(node)
+                        work.extend(predecessors[node])
+                tails[header] = max(tails.get(header, -1), function.instructions[blocks[block][1]].offset)
+    instructions = function.instructions
+    found = []
+    for header, body in sorted(bodies.items()):
+        members = [instructions[i] for b in sorted(body) for i in range(blocks[b][0], blocks[b][1] + 1)]
+        found.append(Loop(instructions[blocks[header][0]].offset, tails[header], members, frozenset(body)))
+    # a block branching to itself after the last EXIT is ptxas' trap, not a loop
+    return [loop for loop in found if len(loop.instructions) > 1]
+
+
+def innermost(found):
+    """The loops that contain no other loop's header."""
+    return [loop for loop in found
+            if not any(other is not loop and other.blocks < loop.blocks for other in found)]
+
+
+def hot_loop(function):
+    """The innermost loop doing the most useful math (then the most global memory accesses,
+    then the longest); None when the kernel has no loop. Without a profile, "hot" is this
+    guess: the main loop of a kernel is where its math or its streaming happens."""
+    candidates = innermost(loops(function))
+    if not candidates:
+        return None
+
+    def weight(loop):
+        mix = instruction_mix(loop.instructions)
+        return (mix['math'], sum(sum(mix[key].values()) for key in ('ldg', 'stg', 'ldgsts')),
+                mix['total'])
+    return max(candidates, key=weight)
+
+
+# ---------------------------------------------------------------- classification
+
+MMA_OPCODES = ('HMMA', 'IMMA', 'DMMA', 'BMMA', 'HGMMA', 'IGMMA', 'BGMMA', 'QGMMA')
+WGMMA_OPCODES = ('HGMMA', 'IGMMA', 'BGMMA', 'QGMMA')
+FP_MATH = ('FFMA', 'FFMA32I', 'FADD', 'FADD32I', 'FMUL', 'FMUL32I', 'HFMA2', 'HADD2', 'HMUL2',
+           'DFMA', 'DADD', 'DMUL', 'MUFU')
+INTEGER = ('IMAD', 'IMUL', 'IMUL32I', 'IADD', 'IADD3', 'IADD32I', 'VIADD', 'VIADDMNMX', 'LEA', 'ISETP',
+           'SHF', 'SHL', 'SHR', 'LOP', 'LOP3', 'LOP32I', 'IABS', 'IMNMX', 'VIMNMX', 'SEL', 'PRMT', 'MOV',
+           'MOV32I', 'CS2R', 'POPC', 'FLO', 'BREV', 'BMSK', 'SGXT', 'IDP', 'P2R', 'R2P', 'PLOP3',
+           'S2R', 'S2UR', 'R2UR', 'UIADD3', 'UIMAD', 'ULEA', 'USHF', 'ULOP3', 'UMOV', 'USEL',
+           'UISETP', 'UPRMT', 'UPOPC', 'UFLO', 'UBMSK', 'USGXT', 'UP2UR', 'UPLOP3', 'VOTEU')
+CONVERSION = ('F2F', 'F2I', 'I2F', 'F2FP', 'I2FP', 'I2I', 'FRND')
+FP_COMPARE = ('FSETP', 'FSEL', 'FMNMX', 'FCHK', 'DSETP', 'DMNMX', 'HSETP2', 'HMNMX2', 'FSET')
+ASYNC_WAIT = ('DEPBAR', 'LDGDEPBAR', 'MEMBAR', 'ERRBAR', 'ARRIVES', 'SYNCS', 'CCTL', 'FENCE')
+CONTROL = ('BRA', 'BRX', 'JMP', 'JMX', 'CALL', 'RET', 'EXIT', 'NOP', 'YIELD', 'BSSY', 'BSYNC',
+           'WARPSYNC', 'BREAK', 'KILL')
+_WIDTH = re.compile(r'^(?:U|S)?(8|16|32|64|128)$')
+
+
+def access_bits(opcode):
+    """Bits per thread of a load/store opcode: LDG.E.128 -> 128, LDS.U16 -> 16, LDG.E -> 32."""
+    for part in opcode.split('.')[1:]:
+        match = _WIDTH.match(part)
+        if match:
+            return int(match.group(1))
+    return 32
+
+
+def classify(instruction):
+    """The mix category of one instruction (see instruction_mix)."""
+    opcode, operands = instruction.opcode, instruction.operands
+    base = opcode.split('.')[0]
+    if base in MMA_OPCODES:
+        return 'wgmma' if base in WGMMA_OPCODES else 'mma'
+    if base == 'HFMA2' and '.MMA' in opcode and '-RZ, RZ' in operands:
+        return 'int'        # ptxas' constant move on the FMA pipe: HFMA2.MMA Rd, -RZ, RZ, imm, imm
+    if base == 'HADD2' and '.F32' in opcode:
+        return 'conversion'   # half -> float
+    if base == 'FFMA' or base == 'FFMA32I':
+        return 'ffma'
+    if base == 'HFMA2':
+        return 'hfma2'
+    if base == 'DFMA':
+        return 'dfma'
+    if base == 'MUFU':
+        return 'mufu'
+    if base in FP_COMPARE:
+        return 'fp_compare'
+    if base in ('DADD', 'DMUL'):
+        return 'fp64_other'
+    if base in FP_MATH:
+        return 'fp_other'   # FADD/FMUL/HADD2/HMUL2
+    if base == 'LDGSTS':
+        return 'ldgsts'
+    if base in ('LDG', 'STG', 'LDS', 'STS', 'LDSM', 'LDL', 'STL'):
+        return {'LDL': 'local', 'STL': 'local'}.get(base, base.lower())
+    if base in ('LD', 'ST'):
+        return 'generic_mem'
+    if base in ('ATOM', 'ATOMG', 'ATOMS', 'RED', 'REDG'):
+        return 'atomic'
+    if base == 'BAR':
+        return 'bar'
+    if base in ASYNC_WAIT:
+        return 'async_wait'
+    if base in ('SHFL', 'VOTE', 'MATCH', 'REDUX'):
+        return 'warp'
+    if base in INTEGER or (base.startswith('U') and base not in ('ULDC',)):
+        return 'int'
+    if base in ('LDC', 'ULDC'):
+        return 'const'
+    if base in CONVERSION:
+        return 'conversion'
+    if base in CONTROL:
+        return 'control'
+    return 'other'
+
+
+SIZED = ('ldg', 'stg', 'ldgsts', 'lds', 'sts')     # counted per access width
+COUNTED = ('ffma', 'hfma2', 'dfma', 'fp_other', 'fp64_other', 'mufu', 'mma', 'wgmma', 'fp_compare', 'ldsm',
+           'local', 'generic_mem', 'atomic', 'bar', 'async_wait', 'warp', 'int', 'const', 'conversion',
+           'control', 'other')
+USEFUL_MATH = ('ffma', 'hfma2', 'dfma', 'fp_other', 'fp64_other', 'mufu', 'mma', 'wgmma')
+
+
+def _registers(operands):
+    return re.findall(r'\bR\d+\b', operands)
+
+
+def instruction_mix(instructions):
+    """Counts by category; ldg/stg/lds/sts as {bits per thread: count}; 'math' = useful math
+    (FP arithmetic, MUFU, tensor-core MMAs), 'total' = every instruction.
+
+    Integer division and modulo compile to I2F.RP -> MUFU.RCP -> F2I -> IMAD fix-ups: a
+    MUFU.RCP of a register an I2F.*.RP wrote is address arithmetic, counted as 'int', not math.
+    """
+    mix = {key: 0 for key in COUNTED}
+    mix.update({key: {} for key in SIZED})
+    from_integer = set()   # registers last written by an I2F.*.RP
+    for instruction in instructions:
+        category = classify(instruction)
+        registers = _registers(instruction.operands)
+        if instruction.opcode.startswith('I2F') and '.RP' in instruction.opcode and registers:
+            from_integer.add(registers[0])
+        elif category == 'mufu' and instruction.opcode == 'MUFU.RCP' and registers[1:2] \
+                and registers[1] in from_integer:
+            category = 'int'
+        elif registers and registers[0] in from_integer and category != 'mufu':
+            from_integer.discard(registers[0])
+        if category in SIZED:
+            bits = access_bits(instruction.opcode)
+            mix[category][bits] = mix[category].get(bits, 0) + 1
+        else:
+            mix[category] += 1
+    mix['math'] = sum(mix[key] for key in USEFUL_MATH)
+    mix['total'] = len(instructions)
+    return mix
+
+
+def opcode_counts(instructions):
+    """{full opcode: count}, for hand checks (python -m gpuk.kernels.inspect --dump-loop)."""
+    counts = {}
+    for instruction in instructions:
+        counts[instruction.opcode] = counts.get(instruction.opcode, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
