@@ -35,6 +35,7 @@ entry (0 instead of NaN). With the learning-phase switch the relu's gradient has
 import os
 from collections import Counter, defaultdict
 
+from gpuk.fusion_elementwise import fuse_elementwise
 from gpuk.ops.activation import Relu, ReluGrad
 from gpuk.ops.batchnorm import BnGrad, BnInfer, BnTrain, MovingAverages
 from gpuk.ops.bias import BiasAct, ConvBiasAct
@@ -72,7 +73,9 @@ def fuse(steps, protected):
     steps = _fuse_bias_chains(steps, protected)
     steps = _fuse_batchnorm_relu(steps, protected)
     steps = _fuse_batchnorm_relu_backward(steps, protected)
-    return _fuse_moving_averages(steps, protected)
+    steps = _fuse_moving_averages(steps, protected)
+    # last: the chains above are matched op by op, before their elementwise steps are grouped
+    return fuse_elementwise(steps, protected)
 
 
 def _fuse_bias_chains(steps, protected):
