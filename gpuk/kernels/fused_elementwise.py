@@ -94,12 +94,18 @@ def _dummy(rt):
     return _dummies[rt.kind]
 
 
+def _contiguous(xp, a):
+    """``a`` as a C-contiguous array of its own shape (ascontiguousarray makes 0-d arrays 1-d)."""
+    a = xp.asarray(a)
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a).reshape(a.shape)
+
+
 def fused(program, inputs, *, runtime=None):
     """The outputs (a list) of ``program`` (gpuk.contracts.fused_program) on ``inputs``."""
     rt = resolve(runtime)
     check_fused_args(program, inputs)
     xp = rt.xp
-    inputs = [xp.ascontiguousarray(xp.asarray(a)) for a in inputs]
+    inputs = [_contiguous(xp, a) for a in inputs]
     shapes = [tuple(a.shape) for a in inputs]
     out_shape = tuple(np.broadcast_shapes(*shapes))
     same_shape = all(tuple(np.broadcast_shapes(*[shapes[k] for k in deps])) == out_shape
