@@ -68,14 +68,15 @@ def _is_linear_bias(op):
     return type(op) is BiasAct and op.activation == 'linear'
 
 
-def fuse(steps, protected):
-    """The steps with every chain this module knows fused (see the module docstring)."""
+def fuse(steps, protected, slot_shapes=None):
+    """The steps with every chain this module knows fused (see the module docstring);
+    ``slot_shapes`` (slot -> static shape) lets elementwise groups keep to one shape."""
     steps = _fuse_bias_chains(steps, protected)
     steps = _fuse_batchnorm_relu(steps, protected)
     steps = _fuse_batchnorm_relu_backward(steps, protected)
     steps = _fuse_moving_averages(steps, protected)
     # last: the chains above are matched op by op, before their elementwise steps are grouped
-    return fuse_elementwise(steps, protected)
+    return fuse_elementwise(steps, protected, slot_shapes)
 
 
 def _fuse_bias_chains(steps, protected):

@@ -9,7 +9,7 @@ fusable steps producing its inputs, so a group is a connected piece of elementwi
 step at the place of its last member; that is legal when no step outside the group, placed
 before that point, reads a value of the group (it would read it before it is computed).
 The group's outputs are its values read outside it or kept by the plan (targets, inputs);
-every other intermediate disappears. Groups are capped at the kernel's 8 inputs and 4
+every other intermediate disappears. Groups are capped at the kernel's 16 inputs and 4
 outputs (gpuk/kernels/fused_elementwise.cu).
 
 The step computes with the elementwise family's ``fused``: on the CUDA and emulated runtimes
@@ -61,7 +61,8 @@ class FusedElementwise(Op):
             for op, args in self.members:
                 meta = op.infer(*[metas[a] for a in args])
                 metas.append(meta)
-                instructions.append(Instruction(op.c_expression(), args, _dtype(meta.dtype),
+                operand_dtype = np.result_type(*[_dtype(metas[a].dtype) for a in args])
+                instructions.append(Instruction(op.c_expression(), args, _dtype(meta.dtype), operand_dtype,
                                                 _bound_forward(op, impl)))
             program = FusedProgram(tuple(_dtype(a.dtype) for a in arrays), tuple(instructions), self.outputs)
             self._programs[key] = program
@@ -86,8 +87,19 @@ def fusable(op):
     return expression is not None and expression() is not None
 
 
-def fuse_elementwise(steps, protected):
-    """The steps ``(op, input_slots, output_slots)`` with their elementwise groups fused."""
+def _same_shapes(shapes):
+    """Whether static shapes (None: unknown, a None dim: known only at run time) may be one."""
+    known = [s for s in shapes if s is not None]
+    return all(len(s) == len(known[0]) and all(a is None or b is None or a == b for a, b in zip(s, known[0]))
+               for s in known)
+
+
+def fuse_elementwise(steps, protected, slot_shapes=None):
+    """The steps ``(op, input_slots, output_slots)`` with their elementwise groups fused.
+    With ``slot_shapes`` (slot -> static shape), a group's outputs all have one shape (the
+    kernel writes every output at every index): a scalar computed once for many readers,
+    like an optimizer's step size, stays its own group instead of joining a consumer's."""
+    slot_shapes = slot_shapes or {}
     producer = {s: i for i, (_, _, outs) in enumerate(steps) for s in outs}
     readers = defaultdict(list)
     for i, (_, ins, _) in enumerate(steps):
@@ -111,23 +123,21 @@ def fuse_elementwise(steps, protected):
                 if any(r not in inside and r < last for r in readers[s]):
                     return False
         inputs, outputs = io(members)
-        return len(members) <= MAX_MEMBERS and len(inputs) <= MAX_INPUTS and len(outputs) <= MAX_OUTPUTS
+        return (len(members) <= MAX_MEMBERS and len(inputs) <= MAX_INPUTS and len(outputs) <= MAX_OUTPUTS
+                and _same_shapes([slot_shapes.get(s) for s in outputs]))
 
     for i, (op, ins, outs) in enumerate(steps):
         if len(outs) != 1 or not fusable(op):
             continue
         candidates = list(dict.fromkeys(group_of[producer[s]] for s in ins
                                         if producer.get(s) in group_of))
-        # all producing groups at once, else the first that may take this step, else alone
-        options = [candidates] + [[g] for g in candidates] if len(candidates) > 1 else [candidates]
+        # joins each producing group that it can take along (greedily, in input order)
         members = [i]
-        for option in options:
-            merged = sorted(set().union(*(groups[g] for g in option)) | {i})
-            if option and legal(merged, i):
-                for g in option:
-                    del groups[g]
+        for g in candidates:
+            merged = sorted(set(members) | set(groups[g]))
+            if legal(merged, i):
+                del groups[g]
                 members = merged
-                break
         groups[i] = members
         for m in members:
             group_of[m] = i

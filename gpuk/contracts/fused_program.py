@@ -3,8 +3,9 @@ generated kernel): what both agree on, built by gpuk/fusion_elementwise.py.
 
 Values are numbered: the inputs first (0 .. n_inputs-1), then one per instruction, in order.
 An instruction is one op of the fused chain: its C element expression (a template over the
-operands ``{0}``, ``{1}`` and the compute type ``{T}``), the values it reads, its result dtype,
-and ``evaluate(*arrays)``, the op's own forward (the twin's path, and the kernel launcher's
+operands ``{0}``, ``{1}`` and their compute type ``{T}``), the values it reads, its result
+dtype, the dtype its operands are promoted to (NumPy's result_type of theirs: the result's,
+except for comparisons and where's bool condition), and ``evaluate(*arrays)``, the op's own forward (the twin's path, and the kernel launcher's
 when a call cannot take the kernel). ``outputs`` are the values the step returns.
 """
 from dataclasses import dataclass, field
@@ -12,8 +13,8 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
-KERNEL_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-MAX_INPUTS, MAX_OUTPUTS, MAX_RANK = 8, 4, 8   # fused_elementwise.cu's FUSED_MAX_*
+KERNEL_DTYPES = (np.dtype(np.bool_), np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+MAX_INPUTS, MAX_OUTPUTS, MAX_RANK = 16, 4, 8   # fused_elementwise.cu's FUSED_MAX_*
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class Instruction:
     expression: Optional[str]        # None: no element expression (the step runs unfused)
     args: Tuple[int, ...]
     dtype: np.dtype
+    operand_dtype: np.dtype
     evaluate: Callable = field(compare=False)
 
 
@@ -40,8 +42,8 @@ class FusedProgram:
         return self.instructions[value - self.n_inputs].dtype
 
     def kernel_ready(self):
-        """Whether the generated kernel can run this program: every value a float16/32/64
-        (bool and int arithmetic stays with the ops), every op with an expression, the
+        """Whether the generated kernel can run this program: every value a bool or a
+        float16/32/64 (int arithmetic stays with the ops), every op with an expression, the
         inputs and outputs within the kernel's pointer slots."""
         values = range(self.n_inputs + len(self.instructions))
         return (all(self.dtype(v) in KERNEL_DTYPES for v in values)

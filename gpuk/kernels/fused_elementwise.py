@@ -32,9 +32,9 @@ def kernel_body(program):
         lines.append('const %s v%d = LOAD(%d);' % (_compute_type(program.dtype(k)), k, k))
     for j, instruction in enumerate(program.instructions):
         value = program.n_inputs + j
-        compute = _compute_type(instruction.dtype)
-        operands = ['((%s)v%d)' % (compute, a) for a in instruction.args]
-        expression = instruction.expression.format(*operands, T=compute)
+        compute, operand = _compute_type(instruction.dtype), _compute_type(instruction.operand_dtype)
+        operands = ['((%s)v%d)' % (operand, a) for a in instruction.args]
+        expression = instruction.expression.format(*operands, T=operand)
         if instruction.dtype == np.float16:   # NumPy rounds each float16 op's result
             expression = 'round_to<__half, float>(%s)' % expression
         lines.append('const %s v%d = (%s)(%s);' % (compute, value, compute, expression))
@@ -44,16 +44,20 @@ def kernel_body(program):
 
 
 def _compute_type(dtype):
-    return ELEMENT_TYPES[accumulation_dtype(dtype)]
+    return 'bool' if dtype == np.bool_ else ELEMENT_TYPES[accumulation_dtype(dtype)]
+
+
+def _element_type(dtype):
+    return 'bool' if dtype == np.bool_ else ELEMENT_TYPES[dtype]
 
 
 def kernel_defines(program, rank):
     defines = {'FUSED_THREADS': FUSED_THREADS, 'FUSED_N_IN': program.n_inputs,
                'FUSED_N_OUT': len(program.outputs), 'FUSED_RANK': rank, 'FUSED_BODY': kernel_body(program)}
     for k, dtype in enumerate(program.input_dtypes):
-        defines['IN%d_T' % k] = ELEMENT_TYPES[dtype]
+        defines['IN%d_T' % k] = _element_type(dtype)
     for k, value in enumerate(program.outputs):
-        defines['OUT%d_T' % k] = ELEMENT_TYPES[program.dtype(value)]
+        defines['OUT%d_T' % k] = _element_type(program.dtype(value))
     return defines
 
 

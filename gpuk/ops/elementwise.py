@@ -72,6 +72,7 @@ UNARY_C = {
     'softsign': '{0} / (1 + fabs({0}))',
     'floor': 'floor({0})',
     'ceil': 'ceil({0})',
+    'logical_not': '!{0}',
 }
 _FLOAT_ONLY = ('sqrt', 'exp', 'log', 'log1p', 'expm1', 'sin', 'cos', 'tanh', 'sigmoid',
                'softplus', 'softsign')
@@ -141,6 +142,15 @@ BINARY_C = {
     'power': 'pow({0}, {1})',
     'maximum': '(({0} > {1} || {0} != {0}) ? {0} : {1})',
     'minimum': '(({0} < {1} || {0} != {0}) ? {0} : {1})',
+    'less': '{0} < {1}',
+    'less_equal': '{0} <= {1}',
+    'greater': '{0} > {1}',
+    'greater_equal': '{0} >= {1}',
+    'equal': '{0} == {1}',
+    'not_equal': '{0} != {1}',
+    'logical_and': '({0} && {1})',
+    'logical_or': '({0} || {1})',
+    'logical_xor': '(!{0} != !{1})',
 }
 _COMPARISONS = ('less', 'less_equal', 'greater', 'greater_equal', 'equal', 'not_equal',
                 'logical_and', 'logical_or', 'logical_xor')
@@ -263,6 +273,9 @@ class Where(Op):
 
     def forward(self, impl, condition, a, b):
         return impl.xp.where(condition, a, b)
+
+    def c_expression(self):
+        return '({0} ? {1} : {2})'   # the condition arrives as a number of the branches' type
 
     def grad(self, inputs, outputs, output_grads):
         condition, a, b = inputs

@@ -12,9 +12,9 @@ from gpuk.kernels import elementwise
 from gpuk.kernels import fused_elementwise as launcher
 from gpuk.kernels.testing import to_device, to_host
 from gpuk.ops.activation import Relu, ReluGrad
-from gpuk.ops.elementwise import Binary, Cast, Clip, Unary
+from gpuk.ops.elementwise import Binary, Cast, Clip, Unary, Where
 
-TOLERANCE = {np.float16: 1e-3, np.float32: 2e-6, np.float64: 1e-13}
+TOLERANCE = {np.bool_: 0, np.float16: 1e-3, np.float32: 2e-6, np.float64: 1e-13}
 
 
 def _program(op, xp, arrays):
@@ -87,6 +87,23 @@ def test_chain_of_every_expression(kernel_runtime, monkeypatch, dtype):
     got, want = _run(kernel_runtime, op, [x, y], monkeypatch)
     assert want[0].dtype == np.float64
     _assert_close(got, want, np.dtype(dtype))
+
+
+def test_comparisons_and_where(kernel_runtime, monkeypatch):
+    """Keras's sqrt (where(x < 0, 0, x) first) and masks: bool values inside the kernel, a bool
+    input and a bool output; comparisons promote their operands (float16 vs float64 here)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 6)).astype(np.float16)
+    y = rng.standard_normal((6,)).astype(np.float64)
+    mask = rng.uniform(size=(5, 1)) > 0.5
+    zero = np.asarray(0, np.float16)
+    op = FusedElementwise([(Binary('less'), (0, 3)), (Where(), (4, 3, 0)), (Unary('sqrt'), (5,)),
+                           (Binary('greater_equal'), (0, 1)), (Binary('logical_and'), (7, 2)),
+                           (Unary('logical_not'), (8,)), (Where(), (9, 6, 1))], 4, [10, 8])
+    got, want = _run(kernel_runtime, op, [x, y, mask, zero], monkeypatch)
+    assert [w.dtype for w in want] == [np.float64, np.bool_]
+    _assert_close(got[:1], want[:1], np.dtype(np.float16))
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_float16_rounds_after_each_op(kernel_runtime, monkeypatch):
