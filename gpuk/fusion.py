@@ -36,6 +36,7 @@ import os
 from collections import Counter, defaultdict
 
 from gpuk.fusion_elementwise import fuse_elementwise
+from gpuk.fusion_scan import prune_scan_outputs
 from gpuk.ops.activation import Relu, ReluGrad
 from gpuk.ops.batchnorm import BnGrad, BnInfer, BnTrain, MovingAverages
 from gpuk.ops.bias import BiasAct, ConvBiasAct
@@ -71,6 +72,7 @@ def _is_linear_bias(op):
 def fuse(steps, protected, slot_shapes=None):
     """The steps with every chain this module knows fused (see the module docstring);
     ``slot_shapes`` (slot -> static shape) lets elementwise groups keep to one shape."""
+    steps = prune_scan_outputs(steps, protected)
     steps = _fuse_bias_chains(steps, protected)
     steps = _fuse_batchnorm_relu(steps, protected)
     steps = _fuse_batchnorm_relu_backward(steps, protected)
