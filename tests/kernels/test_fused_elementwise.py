@@ -170,3 +170,40 @@ def test_kernel_body_has_one_expression_per_op():
     assert body == ('const float v0 = LOAD(0); const float v1 = LOAD(1); '
                     'const float v2 = (float)(round_to<__half, float>(((float)v0) + ((float)v1))); '
                     'const float v3 = (float)(round_to<__half, float>(tanh(((float)v2)))); STORE(0, v3);')
+
+
+def _lstm_cell_program(dtype):
+    """Keras's LSTM cell (i, f, c~, o gates -> c, h), as the fusion pass groups it."""
+    sigmoid, tanh, multiply, add = Unary('sigmoid'), Unary('tanh'), Binary('multiply'), Binary('add')
+    # inputs: z_i 0, z_f 1, z_c 2, z_o 3, c_prev 4
+    members = [(sigmoid, (0,)), (sigmoid, (1,)), (tanh, (2,)), (multiply, (6, 4)), (multiply, (5, 7)),
+               (add, (8, 9)), (sigmoid, (3,)), (tanh, (10,)), (multiply, (11, 12))]
+    arrays = [np.ones((2, 3), dtype)] * 5
+    return _program(FusedElementwise(members, 5, [10, 13]), np, arrays)
+
+
+@pytest.mark.parametrize('arch', ['sm_80', 'sm_90'])
+@pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
+def test_generated_kernels_compile_spill_free_with_nvrtc(arch, dtype):
+    from gpuk.kernels.runtime import build
+    from gpuk.kernels.runtime.kernel_source import kernel_source
+    program = _lstm_cell_program(dtype)
+    text = kernel_source(launcher.SOURCE, launcher.kernel_defines(program, 2))
+    try:
+        _, log = build.compile_cubin(text, 'fused_elementwise.cu', arch,
+                                     options=build.nvrtc_options(launcher.SOURCE))
+    except build.NvrtcMissing as exc:
+        pytest.skip(str(exc))
+    usage, spilled = build.kernel_usage(log, ['fused_elementwise'])
+    assert spilled == 0 and usage['fused_elementwise'].spill_stores == 0
+    assert usage['fused_elementwise'].registers <= 64
+
+
+def test_lstm_cell_kernel_matches_twin(kernel_runtime, monkeypatch):
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal((4, 7)).astype(np.float32) * 3 for _ in range(5)]
+    sigmoid, tanh, multiply, add = Unary('sigmoid'), Unary('tanh'), Binary('multiply'), Binary('add')
+    op = FusedElementwise([(sigmoid, (0,)), (sigmoid, (1,)), (tanh, (2,)), (multiply, (6, 4)), (multiply, (5, 7)),
+                           (add, (8, 9)), (sigmoid, (3,)), (tanh, (10,)), (multiply, (11, 12))], 5, [10, 13])
+    got, want = _run(kernel_runtime, op, arrays, monkeypatch)
+    _assert_close(got, want)
