@@ -14,12 +14,16 @@ def _is_float(dtype):
 # --- unary ---------------------------------------------------------------------------
 
 def _sigmoid(xp, x):
-    # 1 / (1 + e) for x >= 0 and e / (1 + e) below, with e = exp(-|x|) <= 1: accurate in
-    # both tails, never overflows, and one exp (logaddexp's form cost 4x more on the CPU,
-    # the bulk of a Keras LSTM step). NaN stays NaN. Same formula as UNARY_C['sigmoid'].
-    e = xp.exp(-xp.abs(x))
-    r = 1 / (1 + e)
-    return xp.where(x >= 0, r, e * r).astype(x.dtype, copy=False)
+    # 1 / (1 + exp(-x)): each step is accurate to an ulp in both tails (exp(-x) large gives a
+    # small quotient with a small relative error), and where exp(-x) overflows the true value
+    # is below the dtype's smallest normal number, so the 0 it gives is the rounded result.
+    # float16 computes in float32 (its exp overflows from x < -11, where the result is still
+    # representable). Four ufuncs: the logaddexp form cost 4x more, the bulk of an LSTM step.
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    with np.errstate(over='ignore'):
+        e = xp.exp(-wide)
+    e += 1
+    return xp.reciprocal(e, out=e).astype(x.dtype, copy=False)
 
 
 # name -> (forward(xp, x), gradient(x, y, g) as graph tensors or None when not differentiable)
