@@ -67,6 +67,9 @@ class FusedProgram:
 
 def check_fused_args(program, inputs, fn='fused'):
     """The arguments of ``fused(program, inputs)``: a FusedProgram and its inputs' dtypes."""
+    if type(program) is FusedProgram and len(inputs) == program.n_inputs and all(
+            getattr(a, 'dtype', None) == d for a, d in zip(inputs, program.input_dtypes)):
+        return   # the common case, checked without building messages (it runs per step)
     if not isinstance(program, FusedProgram):
         raise TypeError(f"{fn}: program must be a FusedProgram, got {type(program).__name__}")
     if len(inputs) != program.n_inputs:
