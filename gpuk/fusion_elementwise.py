@@ -20,6 +20,7 @@ and dtypes are only known per call: the program is built from the arrays' dtypes
 ops' own ``infer`` (so dtype promotion is the ops'), and a call the kernel cannot take (bool
 or int values, outputs of different shapes) runs the ops one by one.
 """
+import functools
 from collections import defaultdict
 
 import numpy as np
@@ -52,24 +53,25 @@ class FusedElementwise(Op):
         return 'FusedElementwise(%d ops: %s)' % (len(self.members), self.name)
 
     def program(self, impl, arrays):
-        """The FusedProgram for these inputs' dtypes (memoized per implementation)."""
-        key = (id(impl),) + tuple(a.dtype for a in arrays)
-        program = self._programs.get(key)
-        if program is None:
-            metas = [Meta(tuple(a.shape), a.dtype.name) for a in arrays]
-            instructions = []
-            for op, args in self.members:
-                meta = op.infer(*[metas[a] for a in args])
-                metas.append(meta)
-                operand_dtype = np.result_type(*[_dtype(metas[a].dtype) for a in args])
-                instructions.append(Instruction(op.c_expression(), args, _dtype(meta.dtype), operand_dtype,
-                                                _bound_forward(op, impl)))
-            program = FusedProgram(tuple(_dtype(a.dtype) for a in arrays), tuple(instructions), self.outputs)
-            self._programs[key] = program
+        """The FusedProgram for these inputs' dtypes (the last one per implementation is kept:
+        a plan's step sees the same dtypes call after call)."""
+        program = self._programs.get(id(impl))
+        if program is not None and program.takes(arrays):
+            return program
+        metas = [Meta(tuple(a.shape), a.dtype.name) for a in arrays]
+        instructions = []
+        for op, args in self.members:
+            meta = op.infer(*[metas[a] for a in args])
+            metas.append(meta)
+            operand_dtype = np.result_type(*[_dtype(metas[a].dtype) for a in args])
+            instructions.append(Instruction(op.c_expression(), args, _dtype(meta.dtype), operand_dtype,
+                                            _bound_forward(op, impl)))
+        program = FusedProgram(tuple(_dtype(a.dtype) for a in arrays), tuple(instructions), self.outputs)
+        self._programs[id(impl)] = program
         return program
 
     def forward(self, impl, *arrays):
-        arrays = [a if hasattr(a, 'dtype') and hasattr(a, 'shape') else impl.xp.asarray(a) for a in arrays]
+        # plan values are arrays or NumPy scalars (0-d NumPy results): both have dtype and shape
         results = impl.elementwise.fused(self.program(impl, arrays), arrays)
         return results[0] if len(results) == 1 else tuple(results)
 
@@ -79,7 +81,7 @@ def _dtype(name):
 
 
 def _bound_forward(op, impl):
-    return lambda *arrays: op.forward(impl, *arrays)
+    return functools.partial(op.forward, impl)
 
 
 def fusable(op):

@@ -41,6 +41,11 @@ class FusedProgram:
             return self.input_dtypes[value]
         return self.instructions[value - self.n_inputs].dtype
 
+    def takes(self, inputs):
+        """Whether ``inputs`` are as many as the program's, of its input dtypes."""
+        return len(inputs) == len(self.input_dtypes) and all(
+            a.dtype == d for a, d in zip(inputs, self.input_dtypes))
+
     def kernel_ready(self):
         """Whether the generated kernel can run this program: every value a bool or a
         float16/32/64 (int arithmetic stays with the ops), every op with an expression, the
@@ -58,17 +63,24 @@ class FusedProgram:
         return [deps[v] for v in self.outputs]
 
     def run_unfused(self, inputs):
-        """The outputs computed op by op with each op's own forward."""
+        """The outputs computed op by op with each op's own forward (a tight loop: on the
+        NumPy device it runs per step, and its overhead is what fusing there costs)."""
         values = list(inputs)
+        append = values.append
         for instruction in self.instructions:
-            values.append(instruction.evaluate(*[values[a] for a in instruction.args]))
+            args = instruction.args
+            if len(args) == 1:
+                append(instruction.evaluate(values[args[0]]))
+            elif len(args) == 2:
+                append(instruction.evaluate(values[args[0]], values[args[1]]))
+            else:
+                append(instruction.evaluate(*[values[a] for a in args]))
         return [values[v] for v in self.outputs]
 
 
 def check_fused_args(program, inputs, fn='fused'):
     """The arguments of ``fused(program, inputs)``: a FusedProgram and its inputs' dtypes."""
-    if type(program) is FusedProgram and len(inputs) == program.n_inputs and all(
-            getattr(a, 'dtype', None) == d for a, d in zip(inputs, program.input_dtypes)):
+    if type(program) is FusedProgram and all(hasattr(a, 'dtype') for a in inputs) and program.takes(inputs):
         return   # the common case, checked without building messages (it runs per step)
     if not isinstance(program, FusedProgram):
         raise TypeError(f"{fn}: program must be a FusedProgram, got {type(program).__name__}")
