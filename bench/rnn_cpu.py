@@ -1,12 +1,15 @@
 """Keras 2.3.1 LSTM / GRU training step on gpuk's NumPy device against PyTorch CPU, one thread each.
 
-    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 python -m bench.bench_rnn [--repeats N]
+    python -m bench.rnn_cpu [--cells LSTM,GRU] [--impls gpuk,torch] [--steps N] [--repeats N]
 
 Model: (batch 32, 50 time steps, 32 features) -> LSTM(128) (or GRU(128)) -> Dense(10),
 softmax cross-entropy, Adam; one ``train_on_batch`` step. The torch rows build the same
 network with torch.nn.LSTM / GRU + Linear and torch.optim.Adam. Each implementation is timed
 ``--repeats`` times (median of the per-repeat medians over ``--steps`` steps); the machine is
 shared, so medians, not minima. ``GPUK_FUSION=0`` in the environment gives the unfused row.
+Run as a script (not a pytest-benchmark suite: its name keeps bench/conftest.py from
+collecting it), it pins BLAS/OpenMP to one thread and gpuk to the NumPy device unless the
+environment says otherwise.
 """
 import argparse
 import os
@@ -14,10 +17,11 @@ import statistics
 import sys
 import time
 
-for _var in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'):
-    os.environ.setdefault(_var, '1')
-os.environ.setdefault('KERAS_BACKEND', 'gpuk.backend')
-os.environ.setdefault('GPUK_DEVICE', 'cpu')
+if __name__ == '__main__':   # before NumPy loads its BLAS
+    for _var in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'):
+        os.environ.setdefault(_var, '1')
+    os.environ.setdefault('KERAS_BACKEND', 'gpuk.backend')
+    os.environ.setdefault('GPUK_DEVICE', 'cpu')
 
 import numpy as np  # noqa: E402
 
