@@ -42,13 +42,13 @@ def _train(keras, monkeypatch, cell, fusion, steps=3):
 
 @pytest.mark.parametrize('cell', ['LSTM', 'GRU'])
 def test_recurrent_training_fused_equals_unfused(keras, monkeypatch, on_device, cell):
-    if on_device == 'cuda':
-        pytest.skip('compared on the NumPy device and the emulated kernels')
     losses, weights, f = _train(keras, monkeypatch, cell, True)
     want_losses, want_weights, plain = _train(keras, monkeypatch, cell, False)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-12)
+    # NumPy: the same ops; the kernels: exp/tanh of the C library or CUDA, an ulp or two apart
+    tolerance = 1e-12 if on_device != 'cuda' else 1e-9
+    np.testing.assert_allclose(losses, want_losses, rtol=tolerance)
     for got, want in zip(weights, want_weights):
-        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(got, want, rtol=100 * tolerance, atol=tolerance)
     assert losses[-1] < losses[0]
     fused, unfused = _scan_step_plans(f), _scan_step_plans(plain)
     # the forward step: the recurrent GEMMs, bias, gate slices, and the cell in one fused step
