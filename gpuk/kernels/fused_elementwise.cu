@@ -8,7 +8,9 @@
 //
 // Thread mapping: 1-D grid-stride loop over the n elements of the (common) output shape
 //   dims[0..FUSED_RANK); each thread unravels its index and adds, per input, coordinate times
-//   that input's element stride (0 along broadcast dims): strides[k * FUSED_RANK + d].
+//   that input's element stride (0 along broadcast dims): strides[k * FUSED_RANK + d]. The
+//   launcher merges dims every input walks contiguously, so same-shape inputs and scalars
+//   give FUSED_RANK 1: offset = i * stride, no division.
 // Precision: each op's operands are promoted as NumPy promotes them and computed in float
 //   (float16/float32) or double (float64); a float16 result is rounded to half right away,
 //   as NumPy rounds each op. Values are bool or float16/32/64.
@@ -146,6 +148,11 @@ fused_elementwise(const in0_t* __restrict__ in0, const in1_t* __restrict__ in1,
                   long long n) {
     GPUK_GRID_STRIDE_LOOP(i, n) {
         long long offset[FUSED_N_IN];
+#if FUSED_RANK == 1
+        // one (collapsed) dim: no division; stride 1 (same shape as the output) or 0 (a scalar)
+#pragma unroll
+        for (int k = 0; k < FUSED_N_IN; ++k) offset[k] = i * strides[k];
+#else
 #pragma unroll
         for (int k = 0; k < FUSED_N_IN; ++k) offset[k] = 0;
         long long rest = i;
@@ -157,6 +164,7 @@ fused_elementwise(const in0_t* __restrict__ in0, const in1_t* __restrict__ in1,
 #pragma unroll
             for (int k = 0; k < FUSED_N_IN; ++k) offset[k] += coordinate * strides[k * FUSED_RANK + d];
         }
+#endif
         FUSED_BODY
     }
 }

@@ -75,20 +75,42 @@ class _Lru(OrderedDict):
 _kernels, _tables, _dummies = _Lru(), _Lru(), {}
 
 
+def collapsed_index(out_shape, shapes):
+    """(dims, strides): the output's dims and each input's element strides (0 along a
+    broadcast dim), with size-1 dims dropped and neighbouring dims merged wherever every
+    input steps through them contiguously (or not at all), so inputs of the output's shape
+    index as one flat dim and the kernel does no division (FUSED_RANK 1)."""
+    rank = len(out_shape)
+    full = []
+    for shape in shapes:
+        shape = (1,) * (rank - len(shape)) + tuple(shape)
+        strides, step = [0] * rank, 1
+        for d in range(rank - 1, -1, -1):
+            strides[d] = step if shape[d] != 1 else 0
+            step *= shape[d]
+        full.append(strides)
+    dims, strides = [], [[] for _ in shapes]   # innermost first while merging
+    for d in range(rank - 1, -1, -1):
+        if out_shape[d] == 1:
+            continue
+        if dims and all(s[d] == merged[-1] * dims[-1] for s, merged in zip(full, strides)):
+            dims[-1] *= out_shape[d]
+            continue
+        dims.append(out_shape[d])
+        for s, merged in zip(full, strides):
+            merged.append(s[d])
+    if not dims:
+        dims, strides = [1], [[0] for _ in shapes]
+    return tuple(reversed(dims)), [tuple(reversed(s)) for s in strides]
+
+
 def _index_tables(rt, out_shape, shapes):
-    """dims (rank,) and per-input element strides (n_inputs, rank) as device int64 arrays;
-    a broadcast dim has stride 0. Rank-0 outputs run as shape (1,)."""
+    """(rank, dims, strides): collapsed_index as device int64 arrays (dims (rank,), strides
+    (n_inputs * rank,)), memoized per shapes."""
     def make():
-        rank = max(len(out_shape), 1)
-        dims = np.array(out_shape or (1,), dtype=np.int64)
-        strides = np.zeros((len(shapes), rank), dtype=np.int64)
-        for k, shape in enumerate(shapes):
-            shape = (1,) * (rank - len(shape)) + tuple(shape)
-            step = 1
-            for d in range(rank - 1, -1, -1):
-                strides[k, d] = step if shape[d] != 1 else 0
-                step *= shape[d]
-        return rt.xp.asarray(dims), rt.xp.asarray(strides.reshape(-1))
+        dims, strides = collapsed_index(out_shape, shapes)
+        return (len(dims), rt.xp.asarray(np.array(dims, dtype=np.int64)),
+                rt.xp.asarray(np.array(strides, dtype=np.int64).reshape(-1)))
     return _tables.get_or((rt.kind, out_shape, tuple(shapes)), make)
 
 
@@ -116,13 +138,12 @@ def fused(program, inputs, *, runtime=None):
                      for deps in program.input_dependencies())
     if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):
         return [xp.asarray(v) for v in program.run_unfused(inputs)]
-    rank = max(len(out_shape), 1)
-    kernel = _kernels.get_or((rt.kind, program, rank), lambda: rt.load(
-        SOURCE, kernel_defines(program, rank)).kernel('fused_elementwise'))
     outputs = [xp.empty(out_shape, dtype=program.dtype(v)) for v in program.outputs]
     n = int(np.prod(out_shape, dtype=np.int64))
     if n:
-        dims, strides = _index_tables(rt, out_shape, shapes)
+        rank, dims, strides = _index_tables(rt, out_shape, shapes)
+        kernel = _kernels.get_or((rt.kind, program, rank), lambda: rt.load(
+            SOURCE, kernel_defines(program, rank)).kernel('fused_elementwise'))
         dummy = _dummy(rt)
         pointers = (inputs + [dummy] * (MAX_INPUTS - len(inputs))
                     + outputs + [dummy] * (MAX_OUTPUTS - len(outputs)))

@@ -207,3 +207,13 @@ def test_lstm_cell_kernel_matches_twin(kernel_runtime, monkeypatch):
                            (add, (8, 9)), (sigmoid, (3,)), (tanh, (10,)), (multiply, (11, 12))], 5, [10, 13])
     got, want = _run(kernel_runtime, op, arrays, monkeypatch)
     _assert_close(got, want)
+
+
+def test_index_collapses_to_one_dim_where_every_input_allows():
+    # same shape and scalars: one flat dim (no division in the kernel)
+    assert launcher.collapsed_index((4, 3, 5), [(4, 3, 5), ()]) == ((60,), [(1,), (0,)])
+    # a (3, 1) input keeps the last two dims apart; the leading two cannot merge either
+    assert launcher.collapsed_index((4, 3, 5), [(4, 3, 5), (3, 1)]) == ((4, 3, 5), [(15, 5, 1), (0, 1, 0)])
+    # size-1 dims drop out; a bias along the last dim keeps two dims
+    assert launcher.collapsed_index((2, 1, 6), [(2, 1, 6), (6,)]) == ((2, 6), [(6, 1), (0, 1)])
+    assert launcher.collapsed_index((), [(), ()]) == ((1,), [(0,), (0,)])
