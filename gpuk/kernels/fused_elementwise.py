@@ -142,7 +142,9 @@ def fused(program, inputs, *, runtime=None):
     n = int(np.prod(out_shape, dtype=np.int64))
     if n:
         rank, dims, strides = _index_tables(rt, out_shape, shapes)
-        kernel = _kernels.get_or((rt.kind, program, rank), lambda: rt.load(
+        # the emulator loads instrumented builds while its sanitizer or counters are on
+        instrumented = rt.kind == 'emulate' and rt.instrumented()
+        kernel = _kernels.get_or((rt.kind, instrumented, program, rank), lambda: rt.load(
             SOURCE, kernel_defines(program, rank)).kernel('fused_elementwise'))
         dummy = _dummy(rt)
         pointers = (inputs + [dummy] * (MAX_INPUTS - len(inputs))
