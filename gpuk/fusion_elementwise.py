@@ -55,9 +55,9 @@ class FusedElementwise(Op):
     def program(self, impl, arrays):
         """The FusedProgram for these inputs' dtypes (the last one per implementation is kept:
         a plan's step sees the same dtypes call after call)."""
-        program = self._programs.get(id(impl))
-        if program is not None and program.takes(arrays):
-            return program
+        impl_and_program = self._programs.get(id(impl))
+        if impl_and_program is not None and impl_and_program[0] is impl and impl_and_program[1].takes(arrays):
+            return impl_and_program[1]
         metas = [Meta(tuple(a.shape), a.dtype.name) for a in arrays]
         instructions = []
         for op, args in self.members:
@@ -67,7 +67,7 @@ class FusedElementwise(Op):
             instructions.append(Instruction(op.c_expression(), args, _dtype(meta.dtype), operand_dtype,
                                             _bound_forward(op, impl)))
         program = FusedProgram(tuple(_dtype(a.dtype) for a in arrays), tuple(instructions), self.outputs)
-        self._programs[id(impl)] = program
+        self._programs[id(impl)] = (impl, program)   # its forwards are bound to impl
         return program
 
     def forward(self, impl, *arrays):
