@@ -114,7 +114,8 @@ class Plan:
         self.slot_dtypes = {s: t.dtype for t, s in slot_of.items()}
         self._fold_constants(nodes)
         if fusion.enabled():
-            self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots))
+            self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots),
+                                     {s: t.shape for t, s in slot_of.items()})
         self.steps = mixed_precision.apply_policy(self.steps, self.slot_dtypes, self.precision)
         self._plan_frees()
         # CUDA Graph capture and replay per input signature (gpuk/cuda_graph.py)

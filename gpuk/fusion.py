@@ -35,6 +35,8 @@ entry (0 instead of NaN). With the learning-phase switch the relu's gradient has
 import os
 from collections import Counter, defaultdict
 
+from gpuk.fusion_elementwise import fuse_elementwise
+from gpuk.fusion_scan import prune_scan_outputs
 from gpuk.ops.activation import Relu, ReluGrad
 from gpuk.ops.batchnorm import BnGrad, BnInfer, BnTrain, MovingAverages
 from gpuk.ops.bias import BiasAct, ConvBiasAct
@@ -67,12 +69,16 @@ def _is_linear_bias(op):
     return type(op) is BiasAct and op.activation == 'linear'
 
 
-def fuse(steps, protected):
-    """The steps with every chain this module knows fused (see the module docstring)."""
+def fuse(steps, protected, slot_shapes=None):
+    """The steps with every chain this module knows fused (see the module docstring);
+    ``slot_shapes`` (slot -> static shape) lets elementwise groups keep to one shape."""
+    steps = prune_scan_outputs(steps, protected)
     steps = _fuse_bias_chains(steps, protected)
     steps = _fuse_batchnorm_relu(steps, protected)
     steps = _fuse_batchnorm_relu_backward(steps, protected)
-    return _fuse_moving_averages(steps, protected)
+    steps = _fuse_moving_averages(steps, protected)
+    # last: the chains above are matched op by op, before their elementwise steps are grouped
+    return fuse_elementwise(steps, protected, slot_shapes)
 
 
 def _fuse_bias_chains(steps, protected):

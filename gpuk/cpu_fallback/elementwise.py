@@ -1,6 +1,8 @@
 """NumPy twin of gpuk/kernels/elementwise.py: the CPU path and the kernels' oracle."""
 import numpy as np
 
+from gpuk.contracts.fused_program import check_fused_args
+
 ACTIVATIONS = ('linear', 'relu')
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
@@ -49,3 +51,10 @@ def bias_act_fwd(x, bias, axis=-1, activation='linear'):
     if activation == 'relu':
         y = np.where(y < 0, acc(0), y)   # keeps NaN, as the kernel does
     return y.astype(x.dtype, copy=False)
+
+
+def fused(program, inputs):
+    """The outputs (a list) of a fused elementwise ``program`` (gpuk.contracts.fused_program):
+    its ops run one by one with their own NumPy forwards, so results equal the unfused plan's."""
+    check_fused_args(program, inputs)
+    return program.run_unfused(inputs)

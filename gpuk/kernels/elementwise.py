@@ -64,3 +64,6 @@ def bias_act_fwd(x, bias, axis=-1, activation='linear', *, runtime=None):
         kernel.launch(blocks, BIAS_ACT_THREADS, (x, bias, y, np.int64(x.size), np.int64(x.shape[axis]),
                                                  np.int64(inner), np.int32(ACTIVATION_CODES[activation])))
     return y
+
+
+from .fused_elementwise import fused  # noqa: E402,F401 - the family's fused chains (generated kernels)

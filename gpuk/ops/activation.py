@@ -67,6 +67,10 @@ class Relu(Op):
         """max(x, 0): Keras's default relu."""
         return self.alpha == 0 and self.max_value is None and self.threshold == 0
 
+    def c_expression(self):
+        """The plain relu's element expression for fused kernels (NaN kept), else None."""
+        return '({0} < 0 ? ({T})0 : {0})' if self.plain else None
+
     def grad(self, inputs, outputs, output_grads):
         if not _is_float(inputs[0].dtype):
             return [None]
@@ -89,6 +93,10 @@ class ReluGrad(Op):
         if self.relu.plain:   # relu'(x) = (x > 0): a bool mask times g, no float64 slope array
             return g * (x > 0)
         return g * self.relu.slope(impl.xp, x).astype(g.dtype, copy=False)
+
+    def c_expression(self):
+        """g * (x > 0) for the plain relu (a non-finite g at a masked entry gives NaN, as here)."""
+        return '{0} * ({T})({1} > 0)' if self.relu.plain else None
 
     def grad(self, inputs, outputs, output_grads):
         return [apply(ReluGrad(self.relu), output_grads[0], inputs[1]), None]

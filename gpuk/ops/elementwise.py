@@ -14,8 +14,16 @@ def _is_float(dtype):
 # --- unary ---------------------------------------------------------------------------
 
 def _sigmoid(xp, x):
-    # exp(-log(1 + exp(-x))) is accurate in both tails and never overflows.
-    return xp.exp(-xp.logaddexp(0, -x)).astype(x.dtype, copy=False)
+    # 1 / (1 + exp(-x)): each step is accurate to an ulp in both tails (exp(-x) large gives a
+    # small quotient with a small relative error), and where exp(-x) overflows the true value
+    # is below the dtype's smallest normal number, so the 0 it gives is the rounded result.
+    # float16 computes in float32 (its exp overflows from x < -11, where the result is still
+    # representable). Four ufuncs: the logaddexp form cost 4x more, the bulk of an LSTM step.
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    with np.errstate(over='ignore'):
+        e = xp.exp(-wide)
+    e += 1
+    return xp.reciprocal(e, out=e).astype(x.dtype, copy=False)
 
 
 # name -> (forward(xp, x), gradient(x, y, g) as graph tensors or None when not differentiable)
@@ -45,6 +53,31 @@ UNARY = {
     'isinf': (lambda xp, x: xp.isinf(x), None),
 }
 _BOOL_RESULT = ('logical_not', 'isnan', 'isinf')
+
+# The element expression of each unary op that fused elementwise kernels can compute
+# (gpuk/fusion_elementwise.py, gpuk/kernels/fused_elementwise.cu): a C expression of the
+# operand {0} in the compute type {T} (float for float16/32, double for float64), with
+# NumPy's results, NaN and infinities included (to within the last bits of exp/log/tanh).
+UNARY_C = {
+    'negative': '-{0}',
+    'abs': 'fabs({0})',
+    'sign': '({0} > 0 ? ({T})1 : ({0} < 0 ? ({T})-1 : {0}))',
+    'square': '{0} * {0}',
+    'sqrt': 'sqrt({0})',
+    'exp': 'exp({0})',
+    'log': 'log({0})',
+    'log1p': 'log1p({0})',
+    'expm1': 'expm1({0})',
+    'sin': 'sin({0})',
+    'cos': 'cos({0})',
+    'tanh': 'tanh({0})',
+    'sigmoid': '({0} >= 0 ? 1 / (1 + exp(-{0})) : exp({0}) / (1 + exp({0})))',
+    'softplus': '(({0} > 0 ? {0} : ({T})0) + log1p(exp(-fabs({0}))))',
+    'softsign': '{0} / (1 + fabs({0}))',
+    'floor': 'floor({0})',
+    'ceil': 'ceil({0})',
+    'logical_not': '!{0}',
+}
 _FLOAT_ONLY = ('sqrt', 'exp', 'log', 'log1p', 'expm1', 'sin', 'cos', 'tanh', 'sigmoid',
                'softplus', 'softsign')
 
@@ -63,6 +96,10 @@ class Unary(Op):
 
     def forward(self, impl, x):
         return UNARY[self.name][0](impl.xp, x)
+
+    def c_expression(self):
+        """The element expression for fused kernels, or None (gpuk/fusion_elementwise.py)."""
+        return UNARY_C.get(self.name)
 
     def grad(self, inputs, outputs, output_grads):
         rule = UNARY[self.name][1]
@@ -98,6 +135,26 @@ BINARY = {
     'logical_and': lambda xp, a, b: xp.logical_and(a, b),
     'logical_or': lambda xp, a, b: xp.logical_or(a, b),
     'logical_xor': lambda xp, a, b: xp.logical_xor(a, b),
+}
+# Element expressions of the binary ops fused kernels compute (see UNARY_C); maximum and
+# minimum propagate NaN from either side, like NumPy.
+BINARY_C = {
+    'add': '{0} + {1}',
+    'subtract': '{0} - {1}',
+    'multiply': '{0} * {1}',
+    'divide': '{0} / {1}',
+    'power': 'pow({0}, {1})',
+    'maximum': '(({0} > {1} || {0} != {0}) ? {0} : {1})',
+    'minimum': '(({0} < {1} || {0} != {0}) ? {0} : {1})',
+    'less': '{0} < {1}',
+    'less_equal': '{0} <= {1}',
+    'greater': '{0} > {1}',
+    'greater_equal': '{0} >= {1}',
+    'equal': '{0} == {1}',
+    'not_equal': '{0} != {1}',
+    'logical_and': '({0} && {1})',
+    'logical_or': '({0} || {1})',
+    'logical_xor': '(!{0} != !{1})',
 }
 _COMPARISONS = ('less', 'less_equal', 'greater', 'greater_equal', 'equal', 'not_equal',
                 'logical_and', 'logical_or', 'logical_xor')
@@ -144,6 +201,9 @@ class Binary(Op):
         if self.name == 'divide' and out.dtype.kind == 'f' and a.dtype.kind != 'f' and b.dtype.kind != 'f':
             out = out.astype(config.floatx())
         return out
+
+    def c_expression(self):
+        return BINARY_C.get(self.name)
 
     def grad(self, inputs, outputs, output_grads):
         a, b = inputs
@@ -193,6 +253,9 @@ class Cast(Op):
     def forward(self, impl, x):
         return x.astype(self.dtype, copy=False)
 
+    def c_expression(self):
+        return '{0}'   # the operand is converted to the target's compute type, then rounded
+
     def grad(self, inputs, outputs, output_grads):
         if not (_is_float(inputs[0].dtype) and _is_float(self.dtype)):
             return [None]
@@ -214,6 +277,9 @@ class Where(Op):
 
     def forward(self, impl, condition, a, b):
         return impl.xp.where(condition, a, b)
+
+    def c_expression(self):
+        return '({0} ? {1} : {2})'   # the condition arrives as a number of the branches' type
 
     def grad(self, inputs, outputs, output_grads):
         condition, a, b = inputs
@@ -244,6 +310,13 @@ class Clip(Op):
 
     def forward(self, impl, x):
         return impl.xp.clip(x, self.low, self.high).astype(x.dtype, copy=False)
+
+    def c_expression(self):
+        """clip with NaN kept; the bounds are Python numbers, written in the compute type."""
+        if not all(isinstance(v, (int, float)) and np.isfinite(v) for v in (self.low, self.high)):
+            return None
+        return '({0} < ({T})%r ? ({T})%r : ({0} > ({T})%r ? ({T})%r : {0}))' % (
+            float(self.low), float(self.low), float(self.high), float(self.high))
 
     def grad(self, inputs, outputs, output_grads):
         x = inputs[0]

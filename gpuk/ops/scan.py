@@ -12,7 +12,6 @@ product of the step, so gradients through time are graph nodes and differentiate
 import numpy as np
 
 from gpuk import config
-from gpuk.autodiff import gradients
 from gpuk.graph import Constant, Meta, Placeholder, Tensor, apply, clone, topological_nodes
 from gpuk.ops.base import Op
 
@@ -176,17 +175,15 @@ class Scan(Op):
         dh = [Placeholder(self.state_inputs[i].shape, self.state_inputs[i].dtype, name='scan_dh') for i in float_states]
         dc = [Placeholder(self.captured_inputs[i].shape, self.captured_inputs[i].dtype, name='scan_dc')
               for i in float_caps]
-        terms = [(self.step_outputs[i] * g) for i, g in zip(float_outs, dy)]
-        terms += [(self.state_outputs[i] * g) for i, g in zip(float_states, ds)]
+        # seeded with dy / ds directly (not as gradients of sum(output * seed)), so the step's
+        # backward has no broadcast-and-multiply of a scalar seed per output
+        from gpuk.autodiff import vector_jacobian_products
         from gpuk.ops.elementwise import zeros_like
-        from gpuk.ops.reduction import reduce
-        loss = None
-        for term in terms:
-            partial = reduce('sum', term)
-            loss = partial if loss is None else loss + partial
+        seeded = ([self.step_outputs[i] for i in float_outs] + [self.state_outputs[i] for i in float_states])
         wrt = ([self.seq_inputs[i] for i in float_seqs] + [self.state_inputs[i] for i in float_states]
                + [self.captured_inputs[i] for i in float_caps])
-        local = gradients(loss, wrt) if loss is not None else [None] * len(wrt)
+        local = (vector_jacobian_products(seeded, dy + ds, wrt, where=self.where + ' gradient')
+                 if seeded else [None] * len(wrt))
         local = [zeros_like(w) if g is None else g for w, g in zip(wrt, local)]
         g_seq = local[:len(float_seqs)]
         g_state = local[len(float_seqs):len(float_seqs) + len(float_states)]

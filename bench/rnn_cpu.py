@@ -1,0 +1,107 @@
+"""Keras 2.3.1 LSTM / GRU training step on gpuk's NumPy device against PyTorch CPU, one thread each.
+
+    python -m bench.rnn_cpu [--cells LSTM,GRU] [--impls gpuk,torch] [--steps N] [--repeats N]
+
+Model: (batch 32, 50 time steps, 32 features) -> LSTM(128) (or GRU(128)) -> Dense(10),
+softmax cross-entropy, Adam; one ``train_on_batch`` step. The torch rows build the same
+network with torch.nn.LSTM / GRU + Linear and torch.optim.Adam. Each implementation is timed
+``--repeats`` times (median of the per-repeat medians over ``--steps`` steps); the machine is
+shared, so medians, not minima. ``GPUK_FUSION=0`` in the environment gives the unfused row.
+Run as a script (not a pytest-benchmark suite: its name keeps bench/conftest.py from
+collecting it), it pins BLAS/OpenMP to one thread and gpuk to the NumPy device unless the
+environment says otherwise.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+if __name__ == '__main__':   # before NumPy loads its BLAS
+    for _var in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'):
+        os.environ.setdefault(_var, '1')
+    os.environ.setdefault('KERAS_BACKEND', 'gpuk.backend')
+    os.environ.setdefault('GPUK_DEVICE', 'cpu')
+
+import numpy as np  # noqa: E402
+
+BATCH, STEPS, FEATURES, UNITS, CLASSES = 32, 50, 32, 128, 10
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH, STEPS, FEATURES)).astype(np.float32)
+    y = np.eye(CLASSES, dtype=np.float32)[rng.integers(0, CLASSES, BATCH)]
+    return x, y
+
+
+def keras_step(cell):
+    import keras
+    layer = getattr(keras.layers, cell)
+    net = keras.models.Sequential([layer(UNITS, input_shape=(STEPS, FEATURES)),
+                                   keras.layers.Dense(CLASSES, activation='softmax')])
+    net.compile(keras.optimizers.Adam(1e-3), 'categorical_crossentropy')
+    x, y = _data()
+    return lambda: net.train_on_batch(x, y)
+
+
+def torch_step(cell):
+    import torch
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = getattr(torch.nn, cell)(FEATURES, UNITS, batch_first=True)
+            self.out = torch.nn.Linear(UNITS, CLASSES)
+
+        def forward(self, x):
+            return self.out(self.rnn(x)[0][:, -1])
+
+    net = Net()
+    optimizer = torch.optim.Adam(net.parameters(), 1e-3)
+    x, y = (torch.from_numpy(a) for a in _data())
+    labels = y.argmax(1)
+
+    def step():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), labels)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+    return step
+
+
+def time_ms(step, steps, repeats):
+    step()  # compile / warm up
+    medians = []
+    for _ in range(repeats):
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
+    return 1e3 * statistics.median(medians)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--cells', default='LSTM,GRU')
+    parser.add_argument('--impls', default='gpuk,torch')
+    parser.add_argument('--steps', type=int, default=5)
+    parser.add_argument('--repeats', type=int, default=5)
+    args = parser.parse_args(argv)
+    fusion = os.environ.get('GPUK_FUSION', '1')
+    for cell in args.cells.split(','):
+        for impl in args.impls.split(','):
+            step = keras_step(cell) if impl == 'gpuk' else torch_step(cell)
+            ms = time_ms(step, args.steps, args.repeats)
+            label = 'gpuk (GPUK_FUSION=%s)' % fusion if impl == 'gpuk' else 'torch %s' % __import__('torch').__version__
+            print('%s(%d) x %d steps, batch %d | %-22s | %8.2f ms/step' % (cell, UNITS, STEPS, BATCH, label, ms))
+            sys.stdout.flush()
+
+
+if __name__ == '__main__':
+    main()

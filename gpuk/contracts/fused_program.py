@@ -1,0 +1,92 @@
+"""The program a fused elementwise step hands to its implementation (the NumPy twin or the
+generated kernel): what both agree on, built by gpuk/fusion_elementwise.py.
+
+Values are numbered: the inputs first (0 .. n_inputs-1), then one per instruction, in order.
+An instruction is one op of the fused chain: its C element expression (a template over the
+operands ``{0}``, ``{1}`` and their compute type ``{T}``), the values it reads, its result
+dtype, the dtype its operands are promoted to (NumPy's result_type of theirs: the result's,
+except for comparisons and where's bool condition), and ``evaluate(*arrays)``, the op's own forward (the twin's path, and the kernel launcher's
+when a call cannot take the kernel). ``outputs`` are the values the step returns.
+"""
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+
+KERNEL_DTYPES = (np.dtype(np.bool_), np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+MAX_INPUTS, MAX_OUTPUTS, MAX_RANK = 16, 4, 8   # fused_elementwise.cu's FUSED_MAX_*
+
+
+@dataclass(frozen=True)
+class Instruction:
+    expression: Optional[str]        # None: no element expression (the step runs unfused)
+    args: Tuple[int, ...]
+    dtype: np.dtype
+    operand_dtype: np.dtype
+    evaluate: Callable = field(compare=False)
+
+
+@dataclass(frozen=True)
+class FusedProgram:
+    input_dtypes: Tuple[np.dtype, ...]
+    instructions: Tuple[Instruction, ...]
+    outputs: Tuple[int, ...]
+
+    @property
+    def n_inputs(self):
+        return len(self.input_dtypes)
+
+    def dtype(self, value):
+        if value < self.n_inputs:
+            return self.input_dtypes[value]
+        return self.instructions[value - self.n_inputs].dtype
+
+    def takes(self, inputs):
+        """Whether ``inputs`` are as many as the program's, of its input dtypes."""
+        return len(inputs) == len(self.input_dtypes) and all(
+            a.dtype == d for a, d in zip(inputs, self.input_dtypes))
+
+    def kernel_ready(self):
+        """Whether the generated kernel can run this program: every value a bool or a
+        float16/32/64 (int arithmetic stays with the ops), every op with an expression, the
+        inputs and outputs within the kernel's pointer slots."""
+        values = range(self.n_inputs + len(self.instructions))
+        return (all(self.dtype(v) in KERNEL_DTYPES for v in values)
+                and all(i.expression is not None for i in self.instructions)
+                and 1 <= self.n_inputs <= MAX_INPUTS and 1 <= len(self.outputs) <= MAX_OUTPUTS)
+
+    def input_dependencies(self):
+        """For each output, the inputs it depends on (its shape is their broadcast shape)."""
+        deps = [frozenset([v]) for v in range(self.n_inputs)]
+        for instruction in self.instructions:
+            deps.append(frozenset().union(*(deps[a] for a in instruction.args)))
+        return [deps[v] for v in self.outputs]
+
+    def run_unfused(self, inputs):
+        """The outputs computed op by op with each op's own forward (a tight loop: on the
+        NumPy device it runs per step, and its overhead is what fusing there costs)."""
+        values = list(inputs)
+        append = values.append
+        for instruction in self.instructions:
+            args = instruction.args
+            if len(args) == 1:
+                append(instruction.evaluate(values[args[0]]))
+            elif len(args) == 2:
+                append(instruction.evaluate(values[args[0]], values[args[1]]))
+            else:
+                append(instruction.evaluate(*[values[a] for a in args]))
+        return [values[v] for v in self.outputs]
+
+
+def check_fused_args(program, inputs, fn='fused'):
+    """The arguments of ``fused(program, inputs)``: a FusedProgram and its inputs' dtypes."""
+    if type(program) is FusedProgram and all(hasattr(a, 'dtype') for a in inputs) and program.takes(inputs):
+        return   # the common case, checked without building messages (it runs per step)
+    if not isinstance(program, FusedProgram):
+        raise TypeError(f"{fn}: program must be a FusedProgram, got {type(program).__name__}")
+    if len(inputs) != program.n_inputs:
+        raise ValueError(f"{fn}: the program takes {program.n_inputs} inputs, got {len(inputs)}")
+    for k, (a, dtype) in enumerate(zip(inputs, program.input_dtypes)):
+        if np.dtype(getattr(a, 'dtype', type(a))) != dtype:
+            raise TypeError(f"{fn}: input {k} must have dtype {dtype} (the program was built for it), "
+                            f"got {getattr(a, 'dtype', type(a).__name__)}")

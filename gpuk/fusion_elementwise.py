@@ -1,0 +1,161 @@
+"""Plan-time fusion of elementwise chains into one step: the optimizers' update arithmetic
+(Adam's m, v and parameter updates), activations, loss arithmetic, an LSTM/GRU cell's gates.
+
+A step is fusable when its op has an element expression (``c_expression()``: UNARY_C /
+BINARY_C in gpuk/ops/elementwise.py, Cast, Clip, the plain relu and its gradient in
+gpuk/ops/activation.py). Walking the plan in order, a fusable step joins the group(s) of the
+fusable steps producing its inputs, so a group is a connected piece of elementwise arithmetic
+(chains, and trees whose shared values stay inside). A group runs as one FusedElementwise
+step at the place of its last member; that is legal when no step outside the group, placed
+before that point, reads a value of the group (it would read it before it is computed).
+The group's outputs are its values read outside it or kept by the plan (targets, inputs);
+every other intermediate disappears. Groups are capped at the kernel's 16 inputs and 4
+outputs (gpuk/kernels/fused_elementwise.cu).
+
+The step computes with the elementwise family's ``fused``: on the CUDA and emulated runtimes
+one generated kernel (the template .cu with the ops' expressions #define'd in, broadcasting
+by per-input strides, each op in its dtype's compute type), on the NumPy device the ops'
+own forwards one after the other (so CPU results are the unfused plan's, bit for bit). Shapes
+and dtypes are only known per call: the program is built from the arrays' dtypes with the
+ops' own ``infer`` (so dtype promotion is the ops'), and a call the kernel cannot take (bool
+or int values, outputs of different shapes) runs the ops one by one.
+"""
+import functools
+from collections import defaultdict
+
+import numpy as np
+
+from gpuk.contracts.fused_program import MAX_INPUTS, MAX_OUTPUTS, FusedProgram, Instruction
+from gpuk.graph import Meta
+from gpuk.ops.base import Op
+
+MAX_MEMBERS = 48   # ops per fused step: bounds the kernel's source and registers
+
+
+class FusedElementwise(Op):
+    """Elementwise ops run as one step: ``members`` are ``(op, args)`` with args numbering
+    the step's inputs (0..n_inputs-1) and then the members' results; ``outputs`` the values
+    returned. A plan-only op: it never appears in a graph, so it has no gradient."""
+    foldable = False
+    differentiable = False
+
+    def __init__(self, members, n_inputs, outputs):
+        self.members = tuple((op, tuple(args)) for op, args in members)
+        self.n_inputs = n_inputs
+        self.outputs = tuple(outputs)
+        self._programs = {}
+
+    @property
+    def name(self):
+        return 'fused(%s)' % ', '.join(getattr(op, 'name', type(op).__name__) for op, _ in self.members)
+
+    def __repr__(self):
+        return 'FusedElementwise(%d ops: %s)' % (len(self.members), self.name)
+
+    def program(self, impl, arrays):
+        """The FusedProgram for these inputs' dtypes (the last one per implementation is kept:
+        a plan's step sees the same dtypes call after call)."""
+        impl_and_program = self._programs.get(id(impl))
+        if impl_and_program is not None and impl_and_program[0] is impl and impl_and_program[1].takes(arrays):
+            return impl_and_program[1]
+        metas = [Meta(tuple(a.shape), a.dtype.name) for a in arrays]
+        instructions = []
+        for op, args in self.members:
+            meta = op.infer(*[metas[a] for a in args])
+            metas.append(meta)
+            operand_dtype = np.result_type(*[_dtype(metas[a].dtype) for a in args])
+            instructions.append(Instruction(op.c_expression(), args, _dtype(meta.dtype), operand_dtype,
+                                            _bound_forward(op, impl)))
+        program = FusedProgram(tuple(_dtype(a.dtype) for a in arrays), tuple(instructions), self.outputs)
+        self._programs[id(impl)] = (impl, program)   # its forwards are bound to impl
+        return program
+
+    def forward(self, impl, *arrays):
+        # plan values are arrays or NumPy scalars (0-d NumPy results): both have dtype and shape
+        results = impl.elementwise.fused(self.program(impl, arrays), arrays)
+        return results[0] if len(results) == 1 else tuple(results)
+
+
+def _dtype(name):
+    return np.dtype(name)
+
+
+def _bound_forward(op, impl):
+    return functools.partial(op.forward, impl)
+
+
+def fusable(op):
+    expression = getattr(op, 'c_expression', None)
+    return expression is not None and expression() is not None
+
+
+def _same_shapes(shapes):
+    """Whether static shapes (None: unknown, a None dim: known only at run time) may be one."""
+    known = [s for s in shapes if s is not None]
+    return all(len(s) == len(known[0]) and all(a is None or b is None or a == b for a, b in zip(s, known[0]))
+               for s in known)
+
+
+def fuse_elementwise(steps, protected, slot_shapes=None):
+    """The steps ``(op, input_slots, output_slots)`` with their elementwise groups fused.
+    With ``slot_shapes`` (slot -> static shape), a group's outputs all have one shape (the
+    kernel writes every output at every index): a scalar computed once for many readers,
+    like an optimizer's step size, stays its own group instead of joining a consumer's."""
+    slot_shapes = slot_shapes or {}
+    producer = {s: i for i, (_, _, outs) in enumerate(steps) for s in outs}
+    readers = defaultdict(list)
+    for i, (_, ins, _) in enumerate(steps):
+        for s in ins:
+            readers[s].append(i)
+    group_of, groups = {}, {}
+
+    def io(members):
+        """(inputs, outputs) slots of a group: read from outside / seen outside."""
+        inside = set(members)
+        produced = {s for m in members for s in steps[m][2]}
+        inputs = list(dict.fromkeys(s for m in members for s in steps[m][1] if s not in produced))
+        outputs = [s for m in members for s in steps[m][2]
+                   if s in protected or any(r not in inside for r in readers[s])]
+        return inputs, outputs
+
+    def legal(members, last):
+        inside = set(members)
+        for m in members:
+            for s in steps[m][2]:
+                if any(r not in inside and r < last for r in readers[s]):
+                    return False
+        inputs, outputs = io(members)
+        return (len(members) <= MAX_MEMBERS and len(inputs) <= MAX_INPUTS and len(outputs) <= MAX_OUTPUTS
+                and _same_shapes([slot_shapes.get(s) for s in outputs]))
+
+    for i, (op, ins, outs) in enumerate(steps):
+        if len(outs) != 1 or not fusable(op):
+            continue
+        candidates = list(dict.fromkeys(group_of[producer[s]] for s in ins
+                                        if producer.get(s) in group_of))
+        # joins each producing group that it can take along (greedily, in input order)
+        members = [i]
+        for g in candidates:
+            merged = sorted(set(members) | set(groups[g]))
+            if legal(merged, i):
+                del groups[g]
+                members = merged
+        groups[i] = members
+        for m in members:
+            group_of[m] = i
+
+    fused_at, removed = {}, set()
+    for last, members in groups.items():
+        if len(members) < 2:
+            continue
+        inputs, outputs = io(members)
+        number = {s: k for k, s in enumerate(inputs)}
+        fused_members = []
+        for m in members:
+            op, ins, outs = steps[m]
+            fused_members.append((op, [number[s] for s in ins]))
+            number[outs[0]] = len(number)
+        op = FusedElementwise(fused_members, len(inputs), [number[s] for s in outputs])
+        fused_at[last] = (op, inputs, outputs)
+        removed.update(members)
+    return [fused_at.get(i, step) for i, step in enumerate(steps) if i not in removed or i in fused_at]

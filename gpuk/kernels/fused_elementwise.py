@@ -1,0 +1,154 @@
+"""Launcher of the generated fused elementwise kernels (fused_elementwise.cu, a template whose
+body, input/output types and rank the launcher #defines from a FusedProgram).
+
+``fused(program, inputs)`` returns the program's outputs; gpuk/kernels/elementwise.py exports
+it as the elementwise family's ``fused`` (the twin's is gpuk/cpu_fallback/elementwise.py).
+A call the kernel cannot take (a bool/int value, outputs of different shapes, rank > 8)
+runs the program's ops one by one on the runtime's arrays instead, with the same results.
+"""
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from gpuk.contracts.dtypes import ELEMENT_TYPES, accumulation_dtype
+from gpuk.contracts.fused_program import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, check_fused_args
+from .runtime import register_build, resolve
+
+SOURCE = Path(__file__).with_name('fused_elementwise.cu')
+FUSED_THREADS = 256        # block size: #defined into the .cu and used for the grid below
+FUSED_MAX_BLOCKS = 8192
+_CACHE_ENTRIES = 512       # (program, runtime) kernels and (shapes) index tables kept
+
+# The template with its default one-input copy body, so `python -m gpuk.kernels.build --check`
+# compiles (and register-checks) the template itself.
+register_build(SOURCE, {'FUSED_THREADS': FUSED_THREADS}, ['fused_elementwise'])
+
+
+def kernel_body(program):
+    """FUSED_BODY: one C statement per input load, op and output store, on one line."""
+    lines = []
+    for k in range(program.n_inputs):
+        lines.append('const %s v%d = LOAD(%d);' % (_compute_type(program.dtype(k)), k, k))
+    for j, instruction in enumerate(program.instructions):
+        value = program.n_inputs + j
+        compute, operand = _compute_type(instruction.dtype), _compute_type(instruction.operand_dtype)
+        operands = ['((%s)v%d)' % (operand, a) for a in instruction.args]
+        expression = instruction.expression.format(*operands, T=operand)
+        if instruction.dtype == np.float16:   # NumPy rounds each float16 op's result
+            expression = 'round_to<__half, float>(%s)' % expression
+        lines.append('const %s v%d = (%s)(%s);' % (compute, value, compute, expression))
+    for k, value in enumerate(program.outputs):
+        lines.append('STORE(%d, v%d);' % (k, value))
+    return ' '.join(lines)
+
+
+def _compute_type(dtype):
+    return 'bool' if dtype == np.bool_ else ELEMENT_TYPES[accumulation_dtype(dtype)]
+
+
+def _element_type(dtype):
+    return 'bool' if dtype == np.bool_ else ELEMENT_TYPES[dtype]
+
+
+def kernel_defines(program, rank):
+    defines = {'FUSED_THREADS': FUSED_THREADS, 'FUSED_N_IN': program.n_inputs,
+               'FUSED_N_OUT': len(program.outputs), 'FUSED_RANK': rank, 'FUSED_BODY': kernel_body(program)}
+    for k, dtype in enumerate(program.input_dtypes):
+        defines['IN%d_T' % k] = _element_type(dtype)
+    for k, value in enumerate(program.outputs):
+        defines['OUT%d_T' % k] = _element_type(program.dtype(value))
+    return defines
+
+
+class _Lru(OrderedDict):
+    def get_or(self, key, make):
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = self[key] = make()
+        if len(self) > _CACHE_ENTRIES:
+            self.popitem(last=False)
+        return value
+
+
+_kernels, _tables, _dummies = _Lru(), _Lru(), {}
+
+
+def collapsed_index(out_shape, shapes):
+    """(dims, strides): the output's dims and each input's element strides (0 along a
+    broadcast dim), with size-1 dims dropped and neighbouring dims merged wherever every
+    input steps through them contiguously (or not at all), so inputs of the output's shape
+    index as one flat dim and the kernel does no division (FUSED_RANK 1)."""
+    rank = len(out_shape)
+    full = []
+    for shape in shapes:
+        shape = (1,) * (rank - len(shape)) + tuple(shape)
+        strides, step = [0] * rank, 1
+        for d in range(rank - 1, -1, -1):
+            strides[d] = step if shape[d] != 1 else 0
+            step *= shape[d]
+        full.append(strides)
+    dims, strides = [], [[] for _ in shapes]   # innermost first while merging
+    for d in range(rank - 1, -1, -1):
+        if out_shape[d] == 1:
+            continue
+        if dims and all(s[d] == merged[-1] * dims[-1] for s, merged in zip(full, strides)):
+            dims[-1] *= out_shape[d]
+            continue
+        dims.append(out_shape[d])
+        for s, merged in zip(full, strides):
+            merged.append(s[d])
+    if not dims:
+        dims, strides = [1], [[0] for _ in shapes]
+    return tuple(reversed(dims)), [tuple(reversed(s)) for s in strides]
+
+
+def _index_tables(rt, out_shape, shapes):
+    """(rank, dims, strides): collapsed_index as device int64 arrays (dims (rank,), strides
+    (n_inputs * rank,)), memoized per shapes."""
+    def make():
+        dims, strides = collapsed_index(out_shape, shapes)
+        return (len(dims), rt.xp.asarray(np.array(dims, dtype=np.int64)),
+                rt.xp.asarray(np.array(strides, dtype=np.int64).reshape(-1)))
+    return _tables.get_or((rt.kind, out_shape, tuple(shapes)), make)
+
+
+def _dummy(rt):
+    if rt.kind not in _dummies:
+        _dummies[rt.kind] = rt.xp.zeros(1, dtype=np.float32)
+    return _dummies[rt.kind]
+
+
+def _contiguous(xp, a):
+    """``a`` as a C-contiguous array of its own shape (ascontiguousarray makes 0-d arrays 1-d)."""
+    a = xp.asarray(a)
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a).reshape(a.shape)
+
+
+def fused(program, inputs, *, runtime=None):
+    """The outputs (a list) of ``program`` (gpuk.contracts.fused_program) on ``inputs``."""
+    rt = resolve(runtime)
+    check_fused_args(program, inputs)
+    xp = rt.xp
+    inputs = [_contiguous(xp, a) for a in inputs]
+    shapes = [tuple(a.shape) for a in inputs]
+    out_shape = tuple(np.broadcast_shapes(*shapes))
+    same_shape = all(tuple(np.broadcast_shapes(*[shapes[k] for k in deps])) == out_shape
+                     for deps in program.input_dependencies())
+    if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):
+        return [xp.asarray(v) for v in program.run_unfused(inputs)]
+    outputs = [xp.empty(out_shape, dtype=program.dtype(v)) for v in program.outputs]
+    n = int(np.prod(out_shape, dtype=np.int64))
+    if n:
+        rank, dims, strides = _index_tables(rt, out_shape, shapes)
+        # the emulator loads instrumented builds while its sanitizer or counters are on
+        instrumented = rt.kind == 'emulate' and rt.instrumented()
+        kernel = _kernels.get_or((rt.kind, instrumented, program, rank), lambda: rt.load(
+            SOURCE, kernel_defines(program, rank)).kernel('fused_elementwise'))
+        dummy = _dummy(rt)
+        pointers = (inputs + [dummy] * (MAX_INPUTS - len(inputs))
+                    + outputs + [dummy] * (MAX_OUTPUTS - len(outputs)))
+        blocks = max(1, min(-(-n // FUSED_THREADS), FUSED_MAX_BLOCKS))
+        kernel.launch(blocks, FUSED_THREADS, tuple(pointers) + (dims, strides, np.int64(n)))
+    return outputs

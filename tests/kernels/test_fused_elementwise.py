@@ -1,0 +1,219 @@
+"""The generated fused elementwise kernels (fused_elementwise.cu) against the NumPy twin, which
+runs the same ops one by one: broadcasting, dtype promotion, float16 rounding per op, NaN and
+infinities, several outputs, and the cases the kernel leaves to the ops."""
+import numpy as np
+import pytest
+
+from gpuk import device
+from gpuk.contracts.fused_program import FusedProgram
+from gpuk.cpu_fallback import elementwise as twin
+from gpuk.fusion_elementwise import FusedElementwise
+from gpuk.kernels import elementwise
+from gpuk.kernels import fused_elementwise as launcher
+from gpuk.kernels.testing import to_device, to_host
+from gpuk.ops.activation import Relu, ReluGrad
+from gpuk.ops.elementwise import Binary, Cast, Clip, Unary, Where
+
+TOLERANCE = {np.bool_: 0, np.float16: 1e-3, np.float32: 2e-6, np.float64: 1e-13}
+
+
+def _program(op, xp, arrays):
+    return op.program(device.Implementation('cpu', xp), arrays)
+
+
+def _run(kernel_runtime, op, arrays, monkeypatch):
+    """(kernel outputs, twin outputs); fails when the launcher fell back to the ops."""
+    program = _program(op, np, arrays)
+    assert program.kernel_ready()
+    monkeypatch.setattr(FusedProgram, 'run_unfused', lambda *a: pytest.fail('the kernel did not run'))
+    xp = kernel_runtime.xp
+    got = launcher.fused(_program(op, xp, [to_device(kernel_runtime, a) for a in arrays]),
+                         [to_device(kernel_runtime, a) for a in arrays], runtime=kernel_runtime)
+    monkeypatch.undo()
+    return [to_host(g) for g in got], twin.fused(program, arrays)
+
+
+def _assert_close(got, want, least_precise=None):
+    """Equal to the last bits of the least precise dtype the chain computed in (exp, tanh, ...
+    may differ by an ulp between the C library and NumPy)."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        tolerance = TOLERANCE[(least_precise or w.dtype).type]
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tolerance,
+                                   atol=tolerance, equal_nan=True)
+
+
+def test_broadcasting_and_promotion(kernel_runtime, monkeypatch):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 1, 5)).astype(np.float32)
+    b = rng.standard_normal((3, 1)).astype(np.float64)
+    c = np.asarray(rng.standard_normal(), np.float16)
+    # v3 = a * b (float64, broadcast to (4, 3, 5)); v4 = sigmoid(v3 + c); v5 = tanh(a) (float32);
+    # outputs: v3 and v4 - v5
+    op = FusedElementwise([(Binary('multiply'), (0, 1)), (Binary('add'), (3, 2)), (Unary('sigmoid'), (4,)),
+                           (Unary('tanh'), (0,)), (Binary('subtract'), (5, 6))], 3, [3, 7])
+    got, want = _run(kernel_runtime, op, [a, b, c], monkeypatch)
+    assert [w.dtype for w in want] == [np.float64, np.float64] and want[0].shape == (4, 3, 5)
+    _assert_close(got, want, np.dtype(np.float32))   # tanh(a) is a float32 op
+
+
+@pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
+def test_chain_of_every_expression(kernel_runtime, monkeypatch, dtype):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((7, 9)) * 1.5).astype(dtype)
+    y = rng.uniform(0.5, 2, (9,)).astype(dtype)
+    members, value = [], 2
+
+    def add(op, *args):
+        nonlocal value
+        members.append((op, args))
+        value += 1
+        return value - 1
+    names = ['negative', 'abs', 'sign', 'square', 'exp', 'expm1', 'sin', 'cos', 'tanh',
+             'sigmoid', 'softplus', 'softsign', 'floor', 'ceil']
+    last = 0
+    for name in names:   # each unary op on x, summed with the previous result
+        last = add(Binary('add'), add(Unary(name), 0), last)
+    last = add(Binary('add'), add(Unary('log1p'), add(Unary('abs'), 0)), last)   # finite: no NaN hides a bug
+    assert np.isfinite(twin.fused(_program(FusedElementwise(members, 2, [last]), np, [x, y]), [x, y])[0]).all()
+    z = add(Binary('divide'), last, 1)
+    z = add(Binary('maximum'), add(Binary('power'), 1, add(Clip(-1.5, 1.5), 0)), z)
+    z = add(Binary('minimum'), z, add(Unary('sqrt'), 1))
+    z = add(Relu(0., None, 0.), add(Binary('subtract'), z, add(Unary('log'), 1)))
+    z = add(ReluGrad(Relu(0., None, 0.)), 0, z)
+    z = add(Cast('float64'), z)
+    op = FusedElementwise(members, 2, [z])
+    got, want = _run(kernel_runtime, op, [x, y], monkeypatch)
+    assert want[0].dtype == np.float64
+    _assert_close(got, want, np.dtype(dtype))
+
+
+def test_comparisons_and_where(kernel_runtime, monkeypatch):
+    """Keras's sqrt (where(x < 0, 0, x) first) and masks: bool values inside the kernel, a bool
+    input and a bool output; comparisons promote their operands (float16 vs float64 here)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 6)).astype(np.float16)
+    y = rng.standard_normal((6,)).astype(np.float64)
+    mask = rng.uniform(size=(5, 1)) > 0.5
+    zero = np.asarray(0, np.float16)
+    op = FusedElementwise([(Binary('less'), (0, 3)), (Where(), (4, 3, 0)), (Unary('sqrt'), (5,)),
+                           (Binary('greater_equal'), (0, 1)), (Binary('logical_and'), (7, 2)),
+                           (Unary('logical_not'), (8,)), (Where(), (9, 6, 1))], 4, [10, 8])
+    got, want = _run(kernel_runtime, op, [x, y, mask, zero], monkeypatch)
+    assert [w.dtype for w in want] == [np.float64, np.bool_]
+    _assert_close(got[:1], want[:1], np.dtype(np.float16))
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_float16_rounds_after_each_op(kernel_runtime, monkeypatch):
+    # (x + 1) - 1 in float16 loses x's low bits at the add; computing the chain in float32
+    # and rounding once would give x back
+    x = np.array([1e-3, 3e-4, -2e-3], np.float16)
+    one = np.asarray(1, np.float16)
+    op = FusedElementwise([(Binary('add'), (0, 1)), (Binary('subtract'), (2, 1))], 2, [3])
+    got, want = _run(kernel_runtime, op, [x, one], monkeypatch)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert not np.array_equal(want[0], x)
+
+
+def test_nan_and_infinities(kernel_runtime, monkeypatch):
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -3.0, 50.0, -50.0], np.float32)
+    y = np.array([1.0, np.nan, 2.0, np.nan, -4.0, 1.0, 0.0], np.float32)
+    op = FusedElementwise([(Binary('maximum'), (0, 1)), (Binary('minimum'), (0, 1)), (Unary('sigmoid'), (0,)),
+                           (Relu(0., None, 0.), (0,))], 2, [2, 3, 4, 5])
+    got, want = _run(kernel_runtime, op, [x, y], monkeypatch)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_cases_the_kernel_leaves_to_the_ops(kernel_runtime):
+    """int arithmetic and outputs of different shapes run op by op, with the same results."""
+    ints = FusedElementwise([(Binary('add'), (0, 1)), (Binary('multiply'), (2, 0))], 2, [3])
+    a, b = np.arange(6, dtype=np.int32).reshape(2, 3), np.int32(4)
+    program = _program(ints, np, [a, np.asarray(b)])
+    assert not program.kernel_ready()
+    got = elementwise.fused(_program(ints, kernel_runtime.xp, [a, np.asarray(b)]),
+                            [to_device(kernel_runtime, a), to_device(kernel_runtime, np.asarray(b))],
+                            runtime=kernel_runtime)
+    np.testing.assert_array_equal(to_host(got[0]), (a + b) * a)
+    shapes = FusedElementwise([(Unary('exp'), (0,)), (Binary('add'), (2, 1))], 2, [2, 3])
+    x, y = np.ones(3, np.float32), np.ones((2, 3), np.float32)
+    got = elementwise.fused(_program(shapes, kernel_runtime.xp, [x, y]),
+                            [to_device(kernel_runtime, x), to_device(kernel_runtime, y)], runtime=kernel_runtime)
+    assert [to_host(g).shape for g in got] == [(3,), (2, 3)]
+
+
+def test_empty_and_scalar(kernel_runtime, monkeypatch):
+    op = FusedElementwise([(Unary('exp'), (0,)), (Binary('multiply'), (2, 1))], 2, [3])
+    for x, y in [(np.zeros((0, 4), np.float32), np.ones(4, np.float32)),
+                 (np.asarray(0.5, np.float32), np.asarray(3.0, np.float32))]:
+        got, want = _run(kernel_runtime, op, [x, y], monkeypatch)
+        _assert_close(got, want)
+
+
+def test_bad_program_arguments():
+    op = FusedElementwise([(Unary('exp'), (0,))], 1, [1])
+    program = _program(op, np, [np.ones(2, np.float32)])
+    with pytest.raises(ValueError, match='fused: the program takes 1 inputs, got 2'):
+        twin.fused(program, [np.ones(2, np.float32)] * 2)
+    with pytest.raises(TypeError, match='fused: input 0 must have dtype float32'):
+        twin.fused(program, [np.ones(2, np.float64)])
+    with pytest.raises(TypeError, match='fused: program must be a FusedProgram'):
+        twin.fused('exp', [np.ones(2, np.float32)])
+
+
+def test_kernel_body_has_one_expression_per_op():
+    op = FusedElementwise([(Binary('add'), (0, 1)), (Unary('tanh'), (2,))], 2, [3])
+    program = _program(op, np, [np.ones(2, np.float16), np.ones(2, np.float16)])
+    body = launcher.kernel_body(program)
+    assert body == ('const float v0 = LOAD(0); const float v1 = LOAD(1); '
+                    'const float v2 = (float)(round_to<__half, float>(((float)v0) + ((float)v1))); '
+                    'const float v3 = (float)(round_to<__half, float>(tanh(((float)v2)))); STORE(0, v3);')
+
+
+def _lstm_cell_program(dtype):
+    """Keras's LSTM cell (i, f, c~, o gates -> c, h), as the fusion pass groups it."""
+    sigmoid, tanh, multiply, add = Unary('sigmoid'), Unary('tanh'), Binary('multiply'), Binary('add')
+    # inputs: z_i 0, z_f 1, z_c 2, z_o 3, c_prev 4
+    members = [(sigmoid, (0,)), (sigmoid, (1,)), (tanh, (2,)), (multiply, (6, 4)), (multiply, (5, 7)),
+               (add, (8, 9)), (sigmoid, (3,)), (tanh, (10,)), (multiply, (11, 12))]
+    arrays = [np.ones((2, 3), dtype)] * 5
+    return _program(FusedElementwise(members, 5, [10, 13]), np, arrays)
+
+
+@pytest.mark.parametrize('arch', ['sm_80', 'sm_90'])
+@pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
+def test_generated_kernels_compile_spill_free_with_nvrtc(arch, dtype):
+    from gpuk.kernels.runtime import build
+    from gpuk.kernels.runtime.kernel_source import kernel_source
+    program = _lstm_cell_program(dtype)
+    text = kernel_source(launcher.SOURCE, launcher.kernel_defines(program, 2))
+    try:
+        _, log = build.compile_cubin(text, 'fused_elementwise.cu', arch,
+                                     options=build.nvrtc_options(launcher.SOURCE))
+    except build.NvrtcMissing as exc:
+        pytest.skip(str(exc))
+    usage, spilled = build.kernel_usage(log, ['fused_elementwise'])
+    assert spilled == 0 and usage['fused_elementwise'].spill_stores == 0
+    assert usage['fused_elementwise'].registers <= 64
+
+
+def test_lstm_cell_kernel_matches_twin(kernel_runtime, monkeypatch):
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal((4, 7)).astype(np.float32) * 3 for _ in range(5)]
+    sigmoid, tanh, multiply, add = Unary('sigmoid'), Unary('tanh'), Binary('multiply'), Binary('add')
+    op = FusedElementwise([(sigmoid, (0,)), (sigmoid, (1,)), (tanh, (2,)), (multiply, (6, 4)), (multiply, (5, 7)),
+                           (add, (8, 9)), (sigmoid, (3,)), (tanh, (10,)), (multiply, (11, 12))], 5, [10, 13])
+    got, want = _run(kernel_runtime, op, arrays, monkeypatch)
+    _assert_close(got, want)
+
+
+def test_index_collapses_to_one_dim_where_every_input_allows():
+    # same shape and scalars: one flat dim (no division in the kernel)
+    assert launcher.collapsed_index((4, 3, 5), [(4, 3, 5), ()]) == ((60,), [(1,), (0,)])
+    # a (3, 1) input keeps the last two dims apart; the leading two cannot merge either
+    assert launcher.collapsed_index((4, 3, 5), [(4, 3, 5), (3, 1)]) == ((4, 3, 5), [(15, 5, 1), (0, 1, 0)])
+    # size-1 dims drop out; a bias along the last dim keeps two dims
+    assert launcher.collapsed_index((2, 1, 6), [(2, 1, 6), (6,)]) == ((2, 6), [(6, 1), (0, 1)])
+    assert launcher.collapsed_index((), [(), ()]) == ((1,), [(0,), (0,)])

@@ -1,0 +1,95 @@
+"""Plan-time fusion of elementwise chains (gpuk/fusion_elementwise.py): which steps a plan
+groups, and that fused plans compute what the unfused ones (GPUK_FUSION=0) do, on the NumPy
+device (the ops one by one: bit for bit) and on the emulated runtime (one generated kernel)."""
+import numpy as np
+import pytest
+
+from gpuk import backend as K
+from gpuk.contracts.fused_program import FusedProgram
+from gpuk.fusion_elementwise import FusedElementwise
+
+
+def _ops(f):
+    return [forward.__self__ for forward, _, _, _ in f._plan.steps]
+
+
+def _compiled(monkeypatch, fusion, inputs, outputs, updates=None):
+    monkeypatch.setenv('GPUK_FUSION', '1' if fusion else '0')
+    f = K.function(inputs, outputs, updates=updates)
+    f._compiled()
+    return f
+
+
+def _no_fallback(monkeypatch, kind):
+    """On the emulated runtime, fail when a fused step runs its ops one by one."""
+    if kind == 'emulate':
+        monkeypatch.setattr(FusedProgram, 'run_unfused', lambda *a: pytest.fail('the fused kernel did not run'))
+
+
+@pytest.mark.parametrize('kind', ['cpu', 'emulate'])
+@pytest.mark.parametrize('dtype', ['float16', 'float32', 'float64'])
+def test_broadcast_chain_fuses_into_one_step(monkeypatch, on, rng, kind, dtype):
+    on(kind)
+    xv = rng.standard_normal((4, 6)).astype(dtype)
+    bv = rng.standard_normal(6).astype(dtype)
+    x = K.placeholder((None, 6), dtype=dtype)
+    b = K.variable(bv, dtype=dtype)
+    scale = K.variable(0.5, dtype=dtype)   # a scalar broadcast everywhere
+    y = K.sigmoid(x * scale + b) * K.tanh(x) - K.exp(-K.abs(x)) / (1 + K.square(b))
+    fused = _compiled(monkeypatch, True, [x], [y])
+    plain = _compiled(monkeypatch, False, [x], [y])
+    ops = _ops(fused)
+    assert len(ops) == 1 and isinstance(ops[0], FusedElementwise) and len(ops[0].members) == 12
+    assert len(_ops(plain)) == 12
+    want = plain([xv])[0]
+    _no_fallback(monkeypatch, kind)
+    got = fused([xv])[0]
+    assert got.dtype == want.dtype == np.dtype(dtype)
+    if kind == 'cpu':
+        np.testing.assert_array_equal(got, want)
+    else:
+        tolerance = {'float16': 2e-3, 'float32': 1e-6, 'float64': 1e-13}[dtype]
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize('kind', ['cpu', 'emulate'])
+def test_mixed_dtypes_promote_like_the_ops(monkeypatch, on, rng, kind):
+    on(kind)
+    xv = rng.standard_normal((3, 5)).astype('float32')
+    wv = rng.standard_normal((5,)).astype('float64')
+    x = K.placeholder((3, 5), dtype='float32')
+    w = K.variable(wv, dtype='float64')
+    half = K.cast(K.relu(x), 'float16')
+    y = K.cast(half, 'float64') * w + K.cast(K.sigmoid(x), 'float64')
+    fused = _compiled(monkeypatch, True, [x], [y])
+    plain = _compiled(monkeypatch, False, [x], [y])
+    assert [type(op).__name__ for op in _ops(fused)] == ['FusedElementwise']
+    want = plain([xv])[0]
+    _no_fallback(monkeypatch, kind)
+    got = fused([xv])[0]
+    assert got.dtype == want.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    # the float16 rounding of relu(x) happened inside the kernel too
+    np.testing.assert_allclose(got - K.eval(K.sigmoid(K.constant(xv))).astype(np.float64),
+                               xv.clip(0).astype(np.float16).astype(np.float64) * wv, rtol=1e-6, atol=1e-6)
+
+
+def test_values_read_elsewhere_stay_outputs_and_order_is_kept(monkeypatch, rng):
+    xv = rng.standard_normal((3, 4)).astype('float32')
+    x = K.placeholder((3, 4))
+    a = K.exp(x) * 2           # read by the sum below, which the later chain reads back
+    total = K.sum(a)
+    y = K.tanh(a + total) - a
+    fused = _compiled(monkeypatch, True, [x], [y, total])
+    plain = _compiled(monkeypatch, False, [x], [y, total])
+    names = [type(op).__name__ for op in _ops(fused)]
+    # exp * 2 is one group (its output a is read by the reduction), tanh(a + total) - a another
+    assert names == ['FusedElementwise', 'Reduce', 'FusedElementwise']
+    for got, want in zip(fused([xv]), plain([xv])):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_fusion_off(monkeypatch):
+    x = K.placeholder((3,))
+    f = _compiled(monkeypatch, False, [x], [K.exp(x) * 2 + 1])
+    assert not any(isinstance(op, FusedElementwise) for op in _ops(f))
