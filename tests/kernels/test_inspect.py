@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuk.kernels import build, emulated_runtime, runtime
-from gpuk.kernels.kernel_source import parse_kernel_signatures
+from gpuk.kernels import runtime
+from gpuk.kernels.runtime import build, emulated_runtime
+from gpuk.kernels.runtime.kernel_source import parse_kernel_signatures
 from gpuk.kernels.inspect import __main__ as cli
 from gpuk.kernels.inspect import baseline, emulated, model, occupancy, report, sass, variants
-from gpuk.kernels.kernel_source import normalized_defines
+from gpuk.kernels.runtime.kernel_source import normalized_defines
 
 # Captured at import, before tests/kernels/conftest.py points GPUK_CACHE_DIR at a fresh
 # per-session folder: the report's cache keys hash source, headers, defines, arch and flags,
