@@ -84,9 +84,12 @@ TILE_VARIANTS = [(dtype, precision, tile.name) for table, dtype, precision in
 @pytest.mark.parametrize('dtype, precision, tile', TILE_VARIANTS,
                          ids=['%s-%s-%s' % (np.dtype(d).name, p, t) for d, p, t in TILE_VARIANTS])
 @pytest.mark.parametrize('splits', [1, 3])
-def test_every_tile_and_split_k(kernel_runtime, dtype, precision, tile, splits):
-    """Each tile of the table on a problem with M, N and K tails; wgrad with and without split-K."""
-    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0)), 7, 9)
+@pytest.mark.parametrize('channels', [(7, 9), (8, 24)], ids=['odd-channels', 'aligned-channels'])
+def test_every_tile_and_split_k(kernel_runtime, dtype, precision, tile, splits, channels):
+    """Each tile of the table on a problem with M, N and K tails; wgrad with and without split-K.
+    Odd channel counts take the per-element copies; channel counts that are multiples of 8 the
+    16-byte zero-filling copies (every neighbour of a chunk shares one padding check)."""
+    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0))) + channels
     _, kernel, strides, dilation, pads, _, _ = case
     x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=3, batch=3)
     with _precision(precision), conv_tiles.forced(tile=tile, splits=splits):

@@ -46,7 +46,7 @@ def _elementwise(rt):
 
 def _conv(rt):
     from .. import conv
-    from ...ops.geometry import conv_pads
+    from ...contracts.geometry import conv_pads
     for dtype, name in ((np.float32, 'f32'), (np.float16, 'f16')):
         x = _rng().standard_normal((2, 8, 8, 32)).astype(dtype)
         w = (_rng().standard_normal((3, 3, 32, 64)) * 0.1).astype(dtype)
