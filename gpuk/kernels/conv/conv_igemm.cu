@@ -95,9 +95,22 @@ static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 // Every operand is stored with its contiguous global dimension contiguous in shared memory,
 // so that one 16-byte cp.async moves VEC neighbours: A is [m][k] for fwd/dgrad (k runs
 // along channels) and [k][m] for wgrad (m runs along c_in); B is [k][n] for fwd/wgrad and
-// [n][k] for dgrad (k runs along c_out of w[tap, ci, co]). Each row is padded by 16 bytes.
-#define VEC (16 / (int)sizeof(elem_t))   // elements per 16-byte chunk
+// [n][k] for dgrad (k runs along c_out of w[tap, ci, co]).
+// Bank conflicts: a row is made of 16-byte units. FFMA and 16-bit tiles are XOR-swizzled:
+// unit u of row r is stored at u ^ swizzle(r), which spreads the 8 rows an ldmatrix phase
+// (or a quarter warp of FFMA reads down strided columns) reads, and the 8 units a quarter
+// warp of cp.async chunks writes, over the 8 bank groups; without padding, BK=16 (FFMA) and
+// BK=32 (16-bit) fit 3 stages in the 48 KB of static shared memory. tf32 tiles pad each row
+// by one unit instead (an odd unit stride), because their k-major operands are read one
+// 4-byte word per lane (a swizzle would pair rows 0/1 and 2/3 in the same banks there).
+#define VEC (16 / (int)sizeof(elem_t))   // elements per 16-byte unit (chunk)
+#if CONV_MATH == 2
 #define SMEM_PAD VEC
+#define SMEM_SWIZZLE 0
+#else
+#define SMEM_PAD 0
+#define SMEM_SWIZZLE 1
+#endif
 template <int MODE> struct Layout {
     static constexpr bool a_mk = MODE != MODE_WGRAD;   // A as [m][k], else [k][m]
     static constexpr bool b_nk = MODE == MODE_DGRAD;   // B as [n][k], else [k][n]
@@ -106,10 +119,22 @@ template <int MODE> struct Layout {
 #define A_STAGE CONV_MAX(CONV_BM * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BM + SMEM_PAD))
 #define B_STAGE CONV_MAX(CONV_BN * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BN + SMEM_PAD))
 
+// The unit a row's unit u is stored at: rows of U units, U a power of two >= 2; groups of
+// 8/U rows share one XOR pattern when U < 8.
+template <int U> __device__ __forceinline__ int swizzled_unit(int row, int u) {
+    static_assert(U >= 2 && (U & (U - 1)) == 0, "swizzle: rows of 2^n >= 2 units");
+    return u ^ (U >= 8 ? row % 8 : (row / (8 / U)) % U);
+}
+// Index of a tile element at (row, col) of a tile with rows of LEN elements (+ padding).
+template <int LEN> __device__ __forceinline__ int tile_offset(int row, int col) {
+    if (SMEM_SWIZZLE)
+        return row * LEN + swizzled_unit<LEN / VEC>(row, col / VEC) * VEC + col % VEC;
+    return row * (LEN + SMEM_PAD) + col;
+}
 // Index of element (mn, k) of a tile with MN rows/columns, stored mn-major ([mn][k]) or k-major.
 template <bool MN_MAJOR, int MN>
 __device__ __forceinline__ int tile_index(int mn, int k) {
-    return MN_MAJOR ? mn * (CONV_BK + SMEM_PAD) + k : k * (MN + SMEM_PAD) + mn;
+    return MN_MAJOR ? tile_offset<CONV_BK>(mn, k) : tile_offset<MN>(k, mn);
 }
 
 // Chunk mapping: a tile of R rows (the strided dimension) x L contiguous elements is cut into
@@ -525,24 +550,57 @@ __device__ __forceinline__ int micro_col(int j) {
     if (Layout<MODE>::b_nk) return j * (CONV_BN / CONV_TN) + tx;
     return (j / 4) * (CONV_BN / (CONV_TN / 4)) + tx * 4 + j % 4;
 }
-// Four k at a time: an [m][k] tile gives each row's 4 k in one 16-byte read, a k-major tile
-// each run of 4 rows per k in one.
+// Four consecutive elements of a tile row (rows of LEN elements), from a column that is a
+// multiple of 4: explicit 16-byte shared reads (one float4 or two double2), whose address
+// the swizzle computes once per unit.
+static_assert(sizeof(elem_t) == 4 || sizeof(elem_t) == 8, "FFMA: float or double");
+template <int LEN>
+__device__ __forceinline__ void read_run4(const elem_t* __restrict__ tile, int row, int col, acc_t (&out)[4]) {
+    if constexpr (sizeof(elem_t) == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(tile + tile_offset<LEN>(row, col));
+        out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+    } else {
+        const double2 lo = *reinterpret_cast<const double2*>(tile + tile_offset<LEN>(row, col));
+        const double2 hi = *reinterpret_cast<const double2*>(tile + tile_offset<LEN>(row, col + 2));
+        out[0] = lo.x; out[1] = lo.y; out[2] = hi.x; out[3] = hi.y;
+    }
+}
+// Four k at a time: an [m][k] tile gives each row's 4 k in one run, a k-major tile each run
+// of 4 rows per k.
 template <int MODE>
 __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, const elem_t* __restrict__ bs,
                                               acc_t* acc) {
 #pragma unroll
     for (int k0 = 0; k0 < CONV_BK; k0 += 4) {
         acc_t a[CONV_TM][4], b[CONV_TN][4];
+        if (Layout<MODE>::a_mk) {
 #pragma unroll
-        for (int i = 0; i < CONV_TM; ++i)
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                a[i][kk] = to_acc(as[tile_index<Layout<MODE>::a_mk, CONV_BM>(micro_row(i), k0 + kk)]);
-#pragma unroll
-        for (int j = 0; j < CONV_TN; ++j)
+            for (int i = 0; i < CONV_TM; ++i) read_run4<CONV_BK>(as, micro_row(i), k0, a[i]);
+        } else {
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                b[j][kk] = to_acc(bs[tile_index<Layout<MODE>::b_nk, CONV_BN>(micro_col<MODE>(j), k0 + kk)]);
+#pragma unroll
+                for (int i0 = 0; i0 < CONV_TM; i0 += 4) {
+                    acc_t run[4];
+                    read_run4<CONV_BM>(as, k0 + kk, micro_row(i0), run);
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) a[i0 + q][kk] = run[q];
+                }
+        }
+        if (Layout<MODE>::b_nk) {
+#pragma unroll
+            for (int j = 0; j < CONV_TN; ++j) read_run4<CONV_BK>(bs, micro_col<MODE>(j), k0, b[j]);
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int j0 = 0; j0 < CONV_TN; j0 += 4) {
+                    acc_t run[4];
+                    read_run4<CONV_BN>(bs, k0 + kk, micro_col<MODE>(j0), run);
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) b[j0 + q][kk] = run[q];
+                }
+        }
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -584,8 +642,8 @@ template <> struct Mma16<__nv_bfloat16> {
 //   A [m][k] and B [n][k] by ldmatrix; A [k][m] (wgrad) and B [k][n] (fwd, wgrad) by one
 //   shared load per register (conflict-free: a row stride of BM/BN + 4 words puts the 4 k
 //   rows 4 banks apart).
-// Padded rows keep every ldmatrix phase (8 rows of 16 bytes) on 8 distinct 16-byte bank
-// groups: the row strides (BK + VEC) and (BM/BN + VEC) elements are odd multiples of 16 bytes.
+// Padded (tf32) or swizzled (16-bit) rows keep every ldmatrix phase (8 rows of 16 bytes) on 8
+// distinct 16-byte bank groups.
 static_assert(MMA_N_TILES % 2 == 0, "B fragments load two 8-column tiles per ldmatrix.x4");
 #define AS(k, m) as[tile_index<Layout<MODE>::a_mk, CONV_BM>((m), (k))]
 #define BS(k, n) bs[tile_index<Layout<MODE>::b_nk, CONV_BN>((n), (k))]
