@@ -15,13 +15,17 @@
 //       split writes acc_t partial sums; conv_reduce_splits adds them in split order
 //       (deterministic, no atomics). With one split the block writes dw directly.
 //
-// Math paths (CONV_MATH): 0 = register-blocked FFMA (float32 strict, float64);
+// Math paths (CONV_MATH): 0 = register-blocked FFMA (float32 strict, float64), 16-byte shared reads;
 //   1 = mma.m16n8k16 with float32 accumulation on 16-bit inputs: f16 for float16, bf16 for
 //       bfloat16 (ELEMENT_T picks the instruction, see Mma16);
-//   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32').
+//   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32'), operands rounded
+//       with cvt.rna. MMA fragments come from ldmatrix (see tile_multiply).
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile). Each operand tile is stored in shared memory
-//   with its contiguous global dimension contiguous (see Layout), rows padded by 16 bytes.
+//   with its contiguous global dimension contiguous (see Layout); FFMA and 16-bit tiles are
+//   XOR-swizzled in 16-byte units, tf32 tiles padded by one unit per row (no bank conflicts
+//   on the cp.async writes, ldmatrix phases and FFMA reads). Tile shapes and their choice per
+//   problem: gpuk/kernels/conv/tiles.py (table in its docstring).
 //   FFMA: each thread owns a CONV_TM x CONV_TN micro-tile made of runs of 4 rows/columns
 //   (conflict-free 16-byte shared reads). MMA: CONV_WARPS_M x CONV_WARPS_N warps, each a
 //   (BM/WARPS_M) x (BN/WARPS_N) warp tile of 16x8 MMA tiles.
@@ -539,7 +543,7 @@ static_assert(CONV_TM % 4 == 0 && CONV_TN % 4 == 0, "FFMA micro-tile: runs of 4"
 // k-major tile: no bank conflicts, one LDS.128 per run. The 8 threads of a quarter warp share
 // ty, so [m][k] A tiles are broadcast reads. An [n][k] B tile (dgrad) is read along k by
 // neighbouring tx: there the columns are strided (tx, tx + BN/TN, ...), so the 8 threads read
-// 8 consecutive padded rows, which lie in 8 distinct 16-byte bank groups.
+// 8 consecutive rows, which the swizzle puts in 8 distinct 16-byte bank groups.
 __device__ __forceinline__ int micro_row(int i) {
     const int ty = threadIdx.x / (CONV_BN / CONV_TN);
     return (i / 4) * (CONV_BM / (CONV_TM / 4)) + ty * 4 + i % 4;
