@@ -238,6 +238,73 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float d[4], const unsigned a[4
 }
 #endif
 
+// ---- ldmatrix: 8x8 matrices of 16-bit elements, shared memory -> MMA fragments (warp-wide) ----
+// ldmatrix<NUM, TRANS>(r, row): lanes 8i..8i+7 pass the addresses of rows 0..7 of matrix i
+// (16 bytes each, 16-byte aligned; lanes >= 8*NUM pass any pointer, unread). Register r[i] of
+// lane l = 4g + t gets matrix i's (row g, cols 2t, 2t+1); with TRANS (rows 2t, 2t+1, col g);
+// the lower index in the low half (PTX ISA, ldmatrix). A 32-bit element counts as two 16-bit
+// columns, so the non-transposed form also loads tf32 fragments (lane gets (row g, col t)).
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GPUK_MMA_VIA_SHUFFLES)
+template <int NUM, bool TRANS> __device__ __forceinline__ void ldmatrix(unsigned (&r)[NUM], const void* row) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(row);
+    if (NUM == 4 && !TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+    else if (NUM == 4)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+    else if (NUM == 2 && !TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
+    else if (NUM == 2)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
+    else if (!TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(s));
+}
+#elif defined(GPUK_EMULATE) && !defined(GPUK_MMA_VIA_SHUFFLES)
+template <int NUM, bool TRANS> __device__ __forceinline__ void ldmatrix(unsigned (&r)[NUM], const void* row) {
+    static_assert(NUM == 1 || NUM == 2 || NUM == 4, "ldmatrix loads 1, 2 or 4 matrices");
+    ::gpuk_emu::LdmatrixOperands ops{{0u, 0u, 0u, 0u}, r, NUM, TRANS};
+    if ((int)(threadIdx.x & 31) < 8 * NUM) {   // this lane's row: a checked shared-memory read
+        const uint4 v = *reinterpret_cast<const uint4*>(row);
+        ops.row[0] = v.x; ops.row[1] = v.y; ops.row[2] = v.z; ops.row[3] = v.w;
+    }
+    ::gpuk_emu::WarpOp op{::gpuk_emu::OP_LDMATRIX, GPUK_FULL_MASK, 0, 0, 32, 0, &ops};
+    ::gpuk_emu::warp_op(op);
+}
+#else
+// Without the instruction (and in the emulator with GPUK_MMA_VIA_SHUFFLES): each lane reads
+// its row, shuffles deliver the words.
+template <int NUM, bool TRANS> __device__ __forceinline__ void ldmatrix(unsigned (&r)[NUM], const void* row) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (lane < 8 * NUM) v = *reinterpret_cast<const uint4*>(row);
+    const unsigned words[4] = {v.x, v.y, v.z, v.w};
+    for (int i = 0; i < NUM; ++i) {
+        if (!TRANS) {
+            unsigned got = 0;
+            for (int w = 0; w < 4; ++w) {
+                const unsigned x = __shfl_sync(GPUK_FULL_MASK, words[w], i * 8 + g);
+                if (w == t) got = x;
+            }
+            r[i] = got;
+        } else {
+            unsigned halves[2];
+            for (int h = 0; h < 2; ++h) {
+                unsigned got = 0;
+                for (int w = 0; w < 4; ++w) {
+                    const unsigned x = __shfl_sync(GPUK_FULL_MASK, words[w], i * 8 + 2 * t + h);
+                    if (w == (g >> 1)) got = x;
+                }
+                halves[h] = (got >> (16 * (g & 1))) & 0xffffu;
+            }
+            r[i] = halves[0] | (halves[1] << 16);
+        }
+    }
+}
+#endif
+
 // ---- cp.async: asynchronous global->shared copies (sm_80+); plain copies elsewhere ----
 #if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define GPUK_HAS_CP_ASYNC 1
@@ -255,6 +322,16 @@ __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src)
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem_dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem_src));
 }
+// 4-, 8- or 16-byte copy, zero-filling the destination (without reading gmem_src) when !valid.
+template <int BYTES> __device__ __forceinline__ void cp_async_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem_dst);
+    const int src_bytes = valid ? BYTES : 0;
+    if (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem_src), "r"(src_bytes));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
@@ -265,6 +342,10 @@ __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gm
     ::gpuk_emu::cp_async(smem_dst, gmem_src, 16, valid ? 16 : 0);
 }
 __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src) { ::gpuk_emu::cp_async(smem_dst, gmem_src, 4, 4); }
+template <int BYTES> __device__ __forceinline__ void cp_async_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+    ::gpuk_emu::cp_async(smem_dst, gmem_src, BYTES, valid ? BYTES : 0);
+}
 __device__ __forceinline__ void cp_async_commit() { ::gpuk_emu::cp_async_commit(); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { ::gpuk_emu::cp_async_wait(N); }
 __device__ __forceinline__ void cp_async_wait_all() { ::gpuk_emu::cp_async_wait(-1); }
@@ -275,6 +356,12 @@ __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gm
 }
 __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src) {
     *reinterpret_cast<unsigned*>(smem_dst) = *reinterpret_cast<const unsigned*>(gmem_src);
+}
+template <int BYTES> __device__ __forceinline__ void cp_async_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+    unsigned char* d = static_cast<unsigned char*>(smem_dst);
+    const unsigned char* src = static_cast<const unsigned char*>(gmem_src);
+    for (int i = 0; i < BYTES; ++i) d[i] = valid ? src[i] : 0;
 }
 __device__ __forceinline__ void cp_async_commit() {}
 template <int N> __device__ __forceinline__ void cp_async_wait() {}

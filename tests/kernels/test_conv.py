@@ -84,9 +84,12 @@ TILE_VARIANTS = [(dtype, precision, tile.name) for table, dtype, precision in
 @pytest.mark.parametrize('dtype, precision, tile', TILE_VARIANTS,
                          ids=['%s-%s-%s' % (np.dtype(d).name, p, t) for d, p, t in TILE_VARIANTS])
 @pytest.mark.parametrize('splits', [1, 3])
-def test_every_tile_and_split_k(kernel_runtime, dtype, precision, tile, splits):
-    """Each tile of the table on a problem with M, N and K tails; wgrad with and without split-K."""
-    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0)), 7, 9)
+@pytest.mark.parametrize('channels', [(7, 9), (8, 24)], ids=['odd-channels', 'aligned-channels'])
+def test_every_tile_and_split_k(kernel_runtime, dtype, precision, tile, splits, channels):
+    """Each tile of the table on a problem with M, N and K tails; wgrad with and without split-K.
+    Odd channel counts take the per-element copies; channel counts that are multiples of 8 the
+    16-byte zero-filling copies (every neighbour of a chunk shares one padding check)."""
+    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0))) + channels
     _, kernel, strides, dilation, pads, _, _ = case
     x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=3, batch=3)
     with _precision(precision), conv_tiles.forced(tile=tile, splits=splits):
@@ -331,12 +334,12 @@ def test_launchers_mirror_the_twin():
 
 def test_tile_choice_table():
     big = conv_tiles.choose_tile(np.float32, 'float32', 32 * 56 * 56, 256, 576)
-    assert big.name == '128x128x8'
+    assert big.name == '128x128x16'
     assert conv_tiles.choose_tile(np.float32, 'float32', 60, 5, 27).name == '32x32x8'
     assert conv_tiles.choose_tile(np.float64, 'float32', 32 * 56 * 56, 256, 576).name == '64x64x8'
     assert conv_tiles.choose_tile(np.float16, 'float32', 32 * 56 * 56, 256, 576).math == 'f16'
     assert conv_tiles.choose_tile(BF16, 'float32', 32 * 56 * 56, 256, 576).math == 'bf16'
-    assert conv_tiles.choose_tile(BF16, 'tf32', 60, 5, 27).name == '64x64x16'   # precision only concerns float32
+    assert conv_tiles.choose_tile(BF16, 'tf32', 60, 5, 27).name == '64x64x32'   # precision only concerns float32
     assert conv_tiles.choose_tile(np.float32, 'tf32', 32 * 56 * 56, 256, 576).math == 'tf32'
     # wgrad of a 3x3 64->64 layer at N=32: M x N = 576 x 64 gives few tiles, so K is split.
     tile = conv_tiles.choose_tile(np.float32, 'float32', 576, 64, 32 * 56 * 56, split_k=True)

@@ -170,6 +170,26 @@ def test_mma_wrappers_match_numpy(emulator, defines):
         np.testing.assert_allclose(d, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize('defines', [{}, {'GPUK_MMA_VIA_SHUFFLES': 1}], ids=['collective', 'shuffles'])
+@pytest.mark.parametrize('num', [1, 2, 4])
+@pytest.mark.parametrize('trans', [0, 1], ids=['plain', 'trans'])
+def test_ldmatrix_fragments_follow_the_ptx_layout(emulator, defines, num, trans):
+    """ldmatrix.m8n8.x{1,2,4}[.trans].b16: lane 4g+t gets (row g, cols 2t, 2t+1) of matrix i
+    in register i, or with .trans (rows 2t, 2t+1, col g); the lower index in the low half."""
+    module = emulator.load(MMA, defines)
+    tile = np.arange(256, dtype=np.uint16).reshape(16, 16) * np.uint16(3) + np.uint16(7)
+    out = np.zeros((32, 4), np.uint32)
+    module.kernel('ldmatrix_probe').launch(1, 32, (tile.reshape(-1), out.reshape(-1), np.int32(num), np.int32(trans)))
+    expected = np.zeros((32, 4), np.uint32)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for i in range(num):
+            m = tile[8 * (i & 1):8 * (i & 1) + 8, 8 * (i >> 1):8 * (i >> 1) + 8].astype(np.uint32)
+            lo, hi = (m[2 * t, g], m[2 * t + 1, g]) if trans else (m[g, 2 * t], m[g, 2 * t + 1])
+            expected[lane, i] = lo | (hi << 16)
+    np.testing.assert_array_equal(out, expected)
+
+
 # ---- errors the emulator must report instead of hanging or corrupting memory ----
 def test_barrier_deadlock_is_reported(selftest):
     with pytest.raises(KernelLaunchError, match=r"barrier_after_exit.*deadlock: 32 thread\(s\) wait at "

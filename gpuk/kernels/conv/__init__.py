@@ -49,7 +49,8 @@ def igemm_defines(dtype, tile):
     return {'ELEMENT_T': element_t, 'ACC_T': acc_t,
             'CONV_MATH': conv_tiles.MATH_CODES[tile.math], 'CONV_BM': tile.bm, 'CONV_BN': tile.bn,
             'CONV_BK': tile.bk, 'CONV_TM': tile.tm, 'CONV_TN': tile.tn, 'CONV_WARPS_M': tile.warps_m,
-            'CONV_WARPS_N': tile.warps_n, 'CONV_THREADS': tile.threads, 'REDUCE_THREADS': REDUCE_THREADS}
+            'CONV_WARPS_N': tile.warps_n, 'CONV_THREADS': tile.threads, 'CONV_STAGES': tile.stages,
+            'REDUCE_THREADS': REDUCE_THREADS}
 
 
 for _table, _tiles in conv_tiles.TILES.items():

@@ -15,19 +15,34 @@
 //       split writes acc_t partial sums; conv_reduce_splits adds them in split order
 //       (deterministic, no atomics). With one split the block writes dw directly.
 //
-// Math paths (CONV_MATH): 0 = register-blocked FFMA (float32 strict, float64);
+// Math paths (CONV_MATH): 0 = register-blocked FFMA (float32 strict, float64), 16-byte shared reads;
 //   1 = mma.m16n8k16 with float32 accumulation on 16-bit inputs: f16 for float16, bf16 for
 //       bfloat16 (ELEMENT_T picks the instruction, see Mma16);
-//   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32').
-// Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK. A and B tiles
-//   live in shared memory k-major (As[k][m], Bs[k][n]), double-buffered: the next tile is
-//   fetched with cp.async (4-byte elements; 16-bit elements and zero-fills use plain stores) while
-//   the current one is multiplied. FFMA: each thread owns a CONV_TM x CONV_TN micro-tile.
-//   MMA: CONV_WARPS_M x CONV_WARPS_N warps, each a (BM/WARPS_M) x (BN/WARPS_N) warp tile
-//   of 16x8 MMA tiles.
+//   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32'), operands rounded
+//       with cvt.rna. MMA fragments come from ldmatrix (see tile_multiply).
+// Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
+//   cp.async pipeline (one barrier per K tile). Each operand tile is stored in shared memory
+//   with its contiguous global dimension contiguous (see Layout); FFMA and 16-bit tiles are
+//   XOR-swizzled in 16-byte units, tf32 tiles padded by one unit per row (no bank conflicts
+//   on the cp.async writes, ldmatrix phases and FFMA reads). Tile shapes and their choice per
+//   problem: gpuk/kernels/conv/tiles.py (table in its docstring).
+//   FFMA: each thread owns a CONV_TM x CONV_TN micro-tile made of runs of 4 rows/columns
+//   (conflict-free 16-byte shared reads). MMA: CONV_WARPS_M x CONV_WARPS_N warps, each a
+//   (BM/WARPS_M) x (BN/WARPS_N) warp tile of 16x8 MMA tiles.
+// Loads (Loader<MODE>): all index decoding (divisions) happens once per block: each thread
+//   keeps the window origin and base offset of its A rows and a (tap, channel) or (image,
+//   pixel) iterator that each K tile advances by adds and a wrap compare. Rows past the end
+//   get a far-outside origin, so one bounds check covers padding and tails; no thread returns
+//   early. Vector path (every operand channels_last-contiguous with a channel count that is a
+//   multiple of VEC = 16 bytes / element, 16-byte-aligned pointers): one 16-byte zero-filling
+//   cp.async per VEC neighbouring channels, which share one padding check. Otherwise each
+//   element is copied on its own (cp.async of 4/8 bytes; 16-bit elements synchronously).
+//   The choice is made once per block, outside the K loop (pipeline<MODE, VECTOR>).
 // Layouts: channels_last and channels_first share the kernel through tensor_offset().
 //   channels_last is the fast path (K runs along contiguous channels).
-// Epilogue (fwd only): 0 none, 1 + bias[c_out], 2 + bias then relu (relu keeps NaN).
+// Epilogue (fwd only): 0 none, 1 + bias[c_out], 2 + bias then relu (relu keeps NaN). Stores
+//   go out in runs of consecutive channels (store_tile): one vector store per run in
+//   channels_last, no division per element.
 // Limits: M, N, K < 2^31 (checked by the launcher; indices decode in 32 bits); offsets are 64-bit; grid.y = N tiles
 //   <= 65535, grid.z = splits <= 65535. No atomics.
 #include "conv_common.cuh"
@@ -59,6 +74,9 @@
 #ifndef CONV_THREADS
 #define CONV_THREADS 256
 #endif
+#ifndef CONV_STAGES
+#define CONV_STAGES 3
+#endif
 #ifndef REDUCE_THREADS
 #define REDUCE_THREADS 256
 #endif
@@ -68,7 +86,6 @@
 #define MODE_FWD 0
 #define MODE_DGRAD 1
 #define MODE_WGRAD 2
-#define SMEM_PAD 4   // breaks the power-of-two row stride of the k-major tiles
 
 #if CONV_MATH == 0
 static_assert(CONV_THREADS == (CONV_BM / CONV_TM) * (CONV_BN / CONV_TN), "FFMA: one thread per micro-tile");
@@ -77,12 +94,67 @@ static_assert(CONV_THREADS == 32 * CONV_WARPS_M * CONV_WARPS_N, "MMA: one warp p
 static_assert((CONV_BM / CONV_WARPS_M) % 16 == 0 && (CONV_BN / CONV_WARPS_N) % 8 == 0, "MMA warp tile");
 static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 #endif
-static_assert(CONV_THREADS % CONV_BK == 0 && CONV_THREADS % CONV_BM == 0 && CONV_THREADS % CONV_BN == 0,
-              "loader mappings need the block to cover whole tile rows");
-static_assert((CONV_BM * CONV_BK) % CONV_THREADS == 0 && (CONV_BN * CONV_BK) % CONV_THREADS == 0, "loads");
 
-#define A_LOADS (CONV_BM * CONV_BK / CONV_THREADS)
-#define B_LOADS (CONV_BN * CONV_BK / CONV_THREADS)
+// ---- shared-memory layouts ----
+// Every operand is stored with its contiguous global dimension contiguous in shared memory,
+// so that one 16-byte cp.async moves VEC neighbours: A is [m][k] for fwd/dgrad (k runs
+// along channels) and [k][m] for wgrad (m runs along c_in); B is [k][n] for fwd/wgrad and
+// [n][k] for dgrad (k runs along c_out of w[tap, ci, co]).
+// Bank conflicts: a row is made of 16-byte units. FFMA and 16-bit tiles are XOR-swizzled:
+// unit u of row r is stored at u ^ swizzle(r), which spreads the 8 rows an ldmatrix phase
+// (or a quarter warp of FFMA reads down strided columns) reads, and the 8 units a quarter
+// warp of cp.async chunks writes, over the 8 bank groups; without padding, BK=16 (FFMA) and
+// BK=32 (16-bit) fit 3 stages in the 48 KB of static shared memory. tf32 tiles pad each row
+// by one unit instead (an odd unit stride), because their k-major operands are read one
+// 4-byte word per lane (a swizzle would pair rows 0/1 and 2/3 in the same banks there).
+#define VEC (16 / (int)sizeof(elem_t))   // elements per 16-byte unit (chunk)
+#if CONV_MATH == 2
+#define SMEM_PAD VEC
+#define SMEM_SWIZZLE 0
+#else
+#define SMEM_PAD 0
+#define SMEM_SWIZZLE 1
+#endif
+template <int MODE> struct Layout {
+    static constexpr bool a_mk = MODE != MODE_WGRAD;   // A as [m][k], else [k][m]
+    static constexpr bool b_nk = MODE == MODE_DGRAD;   // B as [n][k], else [k][n]
+};
+#define CONV_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define A_STAGE CONV_MAX(CONV_BM * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BM + SMEM_PAD))
+#define B_STAGE CONV_MAX(CONV_BN * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BN + SMEM_PAD))
+
+// The unit a row's unit u is stored at: rows of U units, U a power of two >= 2; groups of
+// 8/U rows share one XOR pattern when U < 8.
+template <int U> __device__ __forceinline__ int swizzled_unit(int row, int u) {
+    static_assert(U >= 2 && (U & (U - 1)) == 0, "swizzle: rows of 2^n >= 2 units");
+    return u ^ (U >= 8 ? row % 8 : (row / (8 / U)) % U);
+}
+// Index of a tile element at (row, col) of a tile with rows of LEN elements (+ padding).
+template <int LEN> __device__ __forceinline__ int tile_offset(int row, int col) {
+    if (SMEM_SWIZZLE)
+        return row * LEN + swizzled_unit<LEN / VEC>(row, col / VEC) * VEC + col % VEC;
+    return row * (LEN + SMEM_PAD) + col;
+}
+// Index of element (mn, k) of a tile with MN rows/columns, stored mn-major ([mn][k]) or k-major.
+template <bool MN_MAJOR, int MN>
+__device__ __forceinline__ int tile_index(int mn, int k) {
+    return MN_MAJOR ? tile_offset<CONV_BK>(mn, k) : tile_offset<MN>(k, mn);
+}
+
+// Chunk mapping: a tile of R rows (the strided dimension) x L contiguous elements is cut into
+// L/VEC chunks per row; chunk c = threadIdx.x + j * CONV_THREADS. Every block-wide pass covers
+// whole rows, so a thread's position along the contiguous dimension is the same for all j.
+#define A_CHUNKS_PER_THREAD (CONV_BM * CONV_BK / VEC / CONV_THREADS)
+#define B_CHUNKS_PER_THREAD (CONV_BN * CONV_BK / VEC / CONV_THREADS)
+static_assert(A_CHUNKS_PER_THREAD >= 1 && A_CHUNKS_PER_THREAD * VEC * CONV_THREADS == CONV_BM * CONV_BK,
+              "A tile: whole 16-byte chunks, at least one per thread");
+static_assert(B_CHUNKS_PER_THREAD >= 1 && B_CHUNKS_PER_THREAD * VEC * CONV_THREADS == CONV_BN * CONV_BK,
+              "B tile: whole 16-byte chunks, at least one per thread");
+static_assert(CONV_THREADS % (CONV_BK / VEC) == 0 && CONV_THREADS % (CONV_BM / VEC) == 0 &&
+              CONV_THREADS % (CONV_BN / VEC) == 0, "a block-wide pass covers whole tile rows");
+// (row, position along the contiguous dimension) of chunk j of this thread; `len` elements per row.
+__device__ __forceinline__ int chunk_row(int j, int len) { return (threadIdx.x + j * CONV_THREADS) / (len / VEC); }
+__device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len / VEC)) * VEC; }
 
 struct ConvGeom {
     int batch, c_in, c_out;
@@ -93,192 +165,460 @@ struct ConvGeom {
     int taps;
 };
 
-// A row of A, decoded once per block: fwd/dgrad an image and the window origin of one
-// pixel; wgrad one (tap, c_in) pair as tap offsets.
-struct RowCoord {
-    int n, d, h, w, c;
-    bool valid;
+#define FAR_OUTSIDE (-(1 << 29))   // a coordinate that fails every bounds check (rows past the end)
+
+// A (tap, channel) position along K (fwd/dgrad A, dgrad B) or along M (wgrad A), advanced
+// by adds and one wrap compare per step: the divisions happen once, in start().
+// (od, oh, ow) are the tap's offsets k*dil + base (base: -pad for wgrad, else 0).
+struct TapIter {
+    int c, kw, kh, kd, tap, ow, oh, od;
+    __device__ __forceinline__ void start(const ConvGeom& g, int k, int channels, int base_d, int base_h,
+                                          int base_w) {
+        tap = k / channels;
+        c = k - tap * channels;
+        kw = tap % g.k_w;
+        kh = (tap / g.k_w) % g.k_h;
+        kd = tap / (g.k_w * g.k_h);
+        ow = kw * g.dil_w + base_w;
+        oh = kh * g.dil_h + base_h;
+        od = kd * g.dil_d + base_d;
+    }
+    __device__ __forceinline__ void next_tap(const ConvGeom& g, int base_d, int base_h, int base_w) {
+        ++tap;
+        ow += g.dil_w;
+        if (++kw == g.k_w) {
+            kw = 0;
+            ow = base_w;
+            oh += g.dil_h;
+            if (++kh == g.k_h) {
+                kh = 0;
+                oh = base_h;
+                od += g.dil_d;
+                ++kd;
+            }
+        }
+    }
+    __device__ __forceinline__ void advance(const ConvGeom& g, int step, int channels, int base_d, int base_h,
+                                            int base_w) {
+        c += step;
+        while (c >= channels) {
+            c -= channels;
+            next_tap(g, base_d, base_h, base_w);
+        }
+    }
 };
 
-template <int MODE>
-__device__ __forceinline__ RowCoord decode_row(const ConvGeom& g, long long m, long long rows) {
-    RowCoord r;
-    r.valid = m < rows;
-    // Index decoding in 32 bits (the launcher keeps M, N, K < 2^31): 64-bit division is a
-    // slow subroutine call on the GPU. Offsets are formed in 64 bits afterwards.
-    const unsigned mu = r.valid ? (unsigned)m : 0u;
-    if (MODE == MODE_WGRAD) {
-        const int tap = (int)(mu / (unsigned)g.c_in);
-        r.c = (int)(mu - (unsigned)tap * (unsigned)g.c_in);
-        const int kw = tap % g.k_w, kh = (tap / g.k_w) % g.k_h, kd = tap / (g.k_w * g.k_h);
-        r.d = kd * g.dil_d - g.pad_d;
-        r.h = kh * g.dil_h - g.pad_h;
-        r.w = kw * g.dil_w - g.pad_w;
-        r.n = 0;
-    } else {
-        const unsigned pixels = (unsigned)(MODE == MODE_FWD ? g.out_pix : g.in_pix);
-        const unsigned sz_h = MODE == MODE_FWD ? g.out_h : g.in_h, sz_w = MODE == MODE_FWD ? g.out_w : g.in_w;
-        r.n = (int)(mu / pixels);
-        const unsigned pix = mu - (unsigned)r.n * pixels;
-        const int w = (int)(pix % sz_w), h = (int)((pix / sz_w) % sz_h), d = (int)(pix / (sz_w * sz_h));
-        if (MODE == MODE_FWD) {   // window origin in the unpadded input
-            r.d = d * g.s_d - g.pad_d;
-            r.h = h * g.s_h - g.pad_h;
-            r.w = w * g.s_w - g.pad_w;
-        } else {                  // input position shifted by the padding
-            r.d = d + g.pad_d;
-            r.h = h + g.pad_h;
-            r.w = w + g.pad_w;
+// An (image, output pixel) position along K (wgrad), advanced by adds and wrap compares.
+struct PixIter {
+    int n, od, oh, ow;
+    __device__ __forceinline__ void start(const ConvGeom& g, long long k) {
+        const unsigned opix = (unsigned)g.out_pix, ku = (unsigned)k;
+        n = (int)(ku / opix);
+        const unsigned p = ku - (unsigned)n * opix;
+        ow = (int)(p % (unsigned)g.out_w);
+        oh = (int)((p / (unsigned)g.out_w) % (unsigned)g.out_h);
+        od = (int)(p / ((unsigned)g.out_w * (unsigned)g.out_h));
+    }
+    __device__ __forceinline__ void advance(const ConvGeom& g, int step) {
+        ow += step;
+        while (ow >= g.out_w) {
+            ow -= g.out_w;
+            if (++oh == g.out_h) {
+                oh = 0;
+                if (++od == g.out_d) {
+                    od = 0;
+                    ++n;
+                }
+            }
         }
-        r.c = 0;
     }
-    return r;
-}
+    __device__ __forceinline__ int pixel(const ConvGeom& g) const { return (od * g.out_h + oh) * g.out_w + ow; }
+};
 
-__device__ __forceinline__ void decode_tap(const ConvGeom& g, int tap, int& kd, int& kh, int& kw) {
-    kw = tap % g.k_w;
-    kh = (tap / g.k_w) % g.k_h;
-    kd = tap / (g.k_w * g.k_h);
-}
-
-// dgrad: the output coordinate o with o*s == shifted - tap*dil, or -1 (a stride hole or out of range).
-__device__ __forceinline__ int dgrad_source(int shifted, int tap_offset, int stride, int out_size) {
-    const int t = shifted - tap_offset;
+// dgrad: the output coordinate o with o*s == t, or -1 (t negative, a stride hole, or past the end).
+__device__ __forceinline__ int dgrad_coord(int t, int stride, int size) {
     if (t < 0) return -1;
-    const int o = t / stride;
-    return (o * stride == t && o < out_size) ? o : -1;
+    int o = t;
+    if (stride != 1) {   // uniform branch: stride 1 (the common case) divides nothing
+        o = t / stride;
+        if (o * stride != t) return -1;
+    }
+    return o < size ? o : -1;
 }
 
-// Address of A[row, k] or nullptr where the element is a zero (padding, stride hole, tail).
-template <int MODE>
-__device__ __forceinline__ const elem_t* a_source(const ConvGeom& g, const elem_t* __restrict__ src,
-                                                  const RowCoord& r, long long k, long long depth) {
-    if (!r.valid || k >= depth) return nullptr;
-    if (MODE == MODE_FWD) {
-        const unsigned ku = (unsigned)k;
-        const int tap = (int)(ku / (unsigned)g.c_in), ci = (int)(ku - (unsigned)tap * (unsigned)g.c_in);
-        int kd, kh, kw;
-        decode_tap(g, tap, kd, kh, kw);
-        const int id = r.d + kd * g.dil_d, ih = r.h + kh * g.dil_h, iw = r.w + kw * g.dil_w;
-        if ((unsigned)id >= (unsigned)g.in_d || (unsigned)ih >= (unsigned)g.in_h || (unsigned)iw >= (unsigned)g.in_w)
-            return nullptr;
-        const long long pix = ((long long)id * g.in_h + ih) * g.in_w + iw;
-        return src + tensor_offset(r.n, ci, pix, g.c_in, g.in_pix, g.channels_last);
-    } else if (MODE == MODE_DGRAD) {
-        const unsigned ku = (unsigned)k;
-        const int tap = (int)(ku / (unsigned)g.c_out), co = (int)(ku - (unsigned)tap * (unsigned)g.c_out);
-        int kd, kh, kw;
-        decode_tap(g, tap, kd, kh, kw);
-        const int od = dgrad_source(r.d, kd * g.dil_d, g.s_d, g.out_d);
-        const int oh = dgrad_source(r.h, kh * g.dil_h, g.s_h, g.out_h);
-        const int ow = dgrad_source(r.w, kw * g.dil_w, g.s_w, g.out_w);
-        if (od < 0 || oh < 0 || ow < 0) return nullptr;
-        const long long pix = ((long long)od * g.out_h + oh) * g.out_w + ow;
-        return src + tensor_offset(r.n, co, pix, g.c_out, g.out_pix, g.channels_last);
+// ---- global -> shared copies ----
+// A 16-byte chunk, zero-filled when !valid (the source is then not read).
+__device__ __forceinline__ void copy_chunk(elem_t* dst, const elem_t* src, bool valid) {
+    cp_async_16_zfill(dst, src, valid);
+}
+// One element, for chunks whose neighbours do not share a padding check (unaligned channel
+// counts, channels_first): cp.async for 4- and 8-byte elements, a synchronous copy for
+// 16-bit ones (below cp.async's 4-byte minimum).
+__device__ __forceinline__ void copy_scalar(elem_t* dst, const elem_t* src, bool valid) {
+    if constexpr (sizeof(elem_t) >= 4) {
+        cp_async_zfill<sizeof(elem_t)>(dst, src, valid);
     } else {
-        const unsigned ku = (unsigned)k, opix = (unsigned)g.out_pix;
-        const unsigned n = ku / opix, pix = ku - n * opix;
-        const int ow = (int)(pix % (unsigned)g.out_w), oh = (int)((pix / (unsigned)g.out_w) % (unsigned)g.out_h);
-        const int od = (int)(pix / ((unsigned)g.out_w * (unsigned)g.out_h));
-        const int id = od * g.s_d + r.d, ih = oh * g.s_h + r.h, iw = ow * g.s_w + r.w;
-        if ((unsigned)id >= (unsigned)g.in_d || (unsigned)ih >= (unsigned)g.in_h || (unsigned)iw >= (unsigned)g.in_w)
-            return nullptr;
+        *dst = valid ? *src : ElementTraits<elem_t>::from_acc(0.0f);
+    }
+}
+
+// The per-thread loader state of one operand tile stream. Built once per block (the only
+// divisions), then load() issues one K tile and steps every iterator by CONV_BK.
+template <int MODE> struct Loader;
+
+// fwd: A = im2col(x) [m = (n, output pixel)][k = (tap, c_in)]; B = w as (taps*C_in, C_out).
+template <> struct Loader<MODE_FWD> {
+    long long a_base[A_CHUNKS_PER_THREAD];                    // offset of the window origin of row j
+    int a_d[A_CHUNKS_PER_THREAD], a_h[A_CHUNKS_PER_THREAD], a_w[A_CHUNKS_PER_THREAD];   // window origin
+    TapIter a_k;                                              // this thread's k within the tile
+    int b_k[B_CHUNKS_PER_THREAD], b_col;
+    bool a_vec, b_vec;
+
+    __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* w, long long rows,
+                                         int cols, long long k_begin) {
+        const long long row0 = (long long)blockIdx.x * CONV_BM;
+#pragma unroll
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+            const long long m = row0 + chunk_row(j, CONV_BK);
+            if (m < rows) {
+                const unsigned mu = (unsigned)m, pixels = (unsigned)g.out_pix;
+                const unsigned n = mu / pixels, p = mu - n * pixels;
+                const int ow = (int)(p % (unsigned)g.out_w), oh = (int)((p / (unsigned)g.out_w) % (unsigned)g.out_h);
+                const int od = (int)(p / ((unsigned)g.out_w * (unsigned)g.out_h));
+                a_d[j] = od * g.s_d - g.pad_d;
+                a_h[j] = oh * g.s_h - g.pad_h;
+                a_w[j] = ow * g.s_w - g.pad_w;
+                const long long origin = ((long long)a_d[j] * g.in_h + a_h[j]) * g.in_w + a_w[j];
+                a_base[j] = g.channels_last ? ((long long)n * g.in_pix + origin) * g.c_in
+                                            : (long long)n * g.c_in * g.in_pix + origin;
+            } else {
+                a_d[j] = a_h[j] = a_w[j] = FAR_OUTSIDE;
+                a_base[j] = 0;
+            }
+        }
+        a_k.start(g, (int)k_begin + chunk_pos(CONV_BK), g.c_in, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) b_k[j] = (int)k_begin + chunk_row(j, CONV_BN);
+        b_col = blockIdx.y * CONV_BN + chunk_pos(CONV_BN);
+        a_vec = g.channels_last && g.c_in % VEC == 0 && is_aligned(x, 16);
+        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16);
+    }
+
+    // Element (row j, tap position `t`) of A: its source and whether it is inside the input.
+    __device__ __forceinline__ bool a_element(const ConvGeom& g, const TapIter& t, int j, long long& offset) const {
+        const int tap_pix = (t.od * g.in_h + t.oh) * g.in_w + t.ow;
+        offset = a_base[j] + (g.channels_last ? (long long)tap_pix * g.c_in + t.c
+                                              : (long long)t.c * g.in_pix + tap_pix);
+        return t.kd < g.k_d && (unsigned)(a_d[j] + t.od) < (unsigned)g.in_d &&
+               (unsigned)(a_h[j] + t.oh) < (unsigned)g.in_h && (unsigned)(a_w[j] + t.ow) < (unsigned)g.in_w;
+    }
+
+    template <bool VECTOR>
+    __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
+                                         const elem_t* __restrict__ w, elem_t* as, elem_t* bs, long long k_end,
+                                         int cols) {
+        const int kc = chunk_pos(CONV_BK);
+#pragma unroll
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+            elem_t* dst = as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc);
+            if constexpr (VECTOR) {
+                long long off;
+                const bool valid = a_element(g, a_k, j, off);
+                copy_chunk(dst, valid ? x + off : x, valid);
+            } else {
+                TapIter t = a_k;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    long long off;
+                    const bool valid = a_element(g, t, j, off);
+                    copy_scalar(dst + e, valid ? x + off : x, valid);
+                    t.advance(g, 1, g.c_in, 0, 0, 0);
+                }
+            }
+        }
+        a_k.advance(g, CONV_BK, g.c_in, 0, 0, 0);
+        const int nc = chunk_pos(CONV_BN);
+#pragma unroll
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
+            elem_t* dst = bs + tile_index<false, CONV_BN>(nc, chunk_row(j, CONV_BN));
+            const elem_t* src = w + (long long)b_k[j] * g.c_out + b_col;
+            const bool k_ok = b_k[j] < k_end;
+            if constexpr (VECTOR) {
+                const bool valid = k_ok && b_col < cols;
+                copy_chunk(dst, valid ? src : w, valid);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const bool valid = k_ok && b_col + e < cols;
+                    copy_scalar(dst + e, valid ? src + e : w, valid);
+                }
+            }
+            b_k[j] += CONV_BK;
+        }
+    }
+};
+
+// dgrad: A[(n, input pixel), (tap, co)] = dy[n, o, co] where o*s == i + pad - tap*dil (stride
+// holes and out-of-range o are zeros); B[(tap, co), ci] = w[tap, ci, co], stored [n=ci][k].
+template <> struct Loader<MODE_DGRAD> {
+    long long a_base[A_CHUNKS_PER_THREAD];                    // offset of image n in dy
+    int a_d[A_CHUNKS_PER_THREAD], a_h[A_CHUNKS_PER_THREAD], a_w[A_CHUNKS_PER_THREAD];   // i + pad
+    TapIter a_k, b_k;
+    int b_ci;
+    bool a_vec, b_vec;
+
+    __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* dy, const elem_t* w, long long rows,
+                                         int cols, long long k_begin) {
+        const long long row0 = (long long)blockIdx.x * CONV_BM;
+#pragma unroll
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+            const long long m = row0 + chunk_row(j, CONV_BK);
+            if (m < rows) {
+                const unsigned mu = (unsigned)m, pixels = (unsigned)g.in_pix;
+                const unsigned n = mu / pixels, p = mu - n * pixels;
+                a_w[j] = (int)(p % (unsigned)g.in_w) + g.pad_w;
+                a_h[j] = (int)((p / (unsigned)g.in_w) % (unsigned)g.in_h) + g.pad_h;
+                a_d[j] = (int)(p / ((unsigned)g.in_w * (unsigned)g.in_h)) + g.pad_d;
+                a_base[j] = (long long)n * g.out_pix * g.c_out;
+            } else {
+                a_d[j] = a_h[j] = a_w[j] = FAR_OUTSIDE;
+                a_base[j] = 0;
+            }
+        }
+        a_k.start(g, (int)k_begin + chunk_pos(CONV_BK), g.c_out, 0, 0, 0);
+        b_k.start(g, (int)k_begin + chunk_pos(CONV_BK), g.c_out, 0, 0, 0);
+        b_ci = blockIdx.y * CONV_BN;
+        a_vec = g.channels_last && g.c_out % VEC == 0 && is_aligned(dy, 16);
+        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16);
+    }
+
+    __device__ __forceinline__ bool a_element(const ConvGeom& g, const TapIter& t, int j, long long& offset) const {
+        const int od = dgrad_coord(a_d[j] - t.od, g.s_d, g.out_d);
+        const int oh = dgrad_coord(a_h[j] - t.oh, g.s_h, g.out_h);
+        const int ow = dgrad_coord(a_w[j] - t.ow, g.s_w, g.out_w);
+        const int opix = (od * g.out_h + oh) * g.out_w + ow;
+        offset = a_base[j] + (g.channels_last ? (long long)opix * g.c_out + t.c
+                                              : (long long)t.c * g.out_pix + opix);
+        return t.kd < g.k_d && (od | oh | ow) >= 0;
+    }
+
+    template <bool VECTOR>
+    __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ dy,
+                                         const elem_t* __restrict__ w, elem_t* as, elem_t* bs, long long k_end,
+                                         int cols) {
+        const int kc = chunk_pos(CONV_BK);
+#pragma unroll
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+            elem_t* dst = as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc);
+            if constexpr (VECTOR) {
+                long long off;
+                const bool valid = a_element(g, a_k, j, off);
+                copy_chunk(dst, valid ? dy + off : dy, valid);
+            } else {
+                TapIter t = a_k;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    long long off;
+                    const bool valid = a_element(g, t, j, off);
+                    copy_scalar(dst + e, valid ? dy + off : dy, valid);
+                    t.advance(g, 1, g.c_out, 0, 0, 0);
+                }
+            }
+        }
+        a_k.advance(g, CONV_BK, g.c_out, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
+            const int ci = b_ci + chunk_row(j, CONV_BK);
+            elem_t* dst = bs + tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), kc);
+            if constexpr (VECTOR) {
+                const bool valid = b_k.kd < g.k_d && ci < cols;
+                const elem_t* src = w + ((long long)b_k.tap * g.c_in + ci) * g.c_out + b_k.c;
+                copy_chunk(dst, valid ? src : w, valid);
+            } else {
+                TapIter t = b_k;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const bool valid = t.kd < g.k_d && ci < cols;
+                    const elem_t* src = w + ((long long)t.tap * g.c_in + ci) * g.c_out + t.c;
+                    copy_scalar(dst + e, valid ? src : w, valid);
+                    t.advance(g, 1, g.c_out, 0, 0, 0);
+                }
+            }
+        }
+        b_k.advance(g, CONV_BK, g.c_out, 0, 0, 0);
+    }
+};
+
+// wgrad: A[(tap, ci), (n, output pixel)] = x[n, o*s + tap*dil - pad, ci], stored [k][m];
+// B = dy as (N*OP, C_out), stored [k][n].
+template <> struct Loader<MODE_WGRAD> {
+    TapIter a_m;                          // this thread's (tap, ci) column (fixed for the block)
+    PixIter a_k[A_CHUNKS_PER_THREAD], b_k[B_CHUNKS_PER_THREAD];
+    int a_kk[A_CHUNKS_PER_THREAD], b_kk[B_CHUNKS_PER_THREAD];   // k of each chunk row
+    int b_col;
+    bool a_vec, b_vec;
+
+    __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* dy, long long rows,
+                                         int cols, long long k_begin) {
+        a_m.start(g, blockIdx.x * CONV_BM + chunk_pos(CONV_BM), g.c_in, -g.pad_d, -g.pad_h, -g.pad_w);
+#pragma unroll
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+            a_kk[j] = (int)k_begin + chunk_row(j, CONV_BM);
+            a_k[j].start(g, a_kk[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
+            b_kk[j] = (int)k_begin + chunk_row(j, CONV_BN);
+            b_k[j].start(g, b_kk[j]);
+        }
+        b_col = blockIdx.y * CONV_BN + chunk_pos(CONV_BN);
+        a_vec = g.channels_last && g.c_in % VEC == 0 && is_aligned(x, 16);
+        b_vec = g.channels_last && g.c_out % VEC == 0 && is_aligned(dy, 16);
+    }
+
+    __device__ __forceinline__ bool a_element(const ConvGeom& g, const TapIter& t, const PixIter& p, long long& offset) const {
+        const int id = p.od * g.s_d + t.od, ih = p.oh * g.s_h + t.oh, iw = p.ow * g.s_w + t.ow;
         const long long ipix = ((long long)id * g.in_h + ih) * g.in_w + iw;
-        return src + tensor_offset(n, r.c, ipix, g.c_in, g.in_pix, g.channels_last);
+        offset = tensor_offset(p.n, t.c, ipix, g.c_in, g.in_pix, g.channels_last);
+        return t.kd < g.k_d && (unsigned)id < (unsigned)g.in_d && (unsigned)ih < (unsigned)g.in_h &&
+               (unsigned)iw < (unsigned)g.in_w;
     }
-}
 
-// Address of B[k, col] or nullptr outside the matrix.
-template <int MODE>
-__device__ __forceinline__ const elem_t* b_source(const ConvGeom& g, const elem_t* __restrict__ src, long long k,
-                                                  int col, long long depth, int cols) {
-    if (k >= depth || col >= cols) return nullptr;
-    if (MODE == MODE_FWD) return src + k * g.c_out + col;                 // w as (taps*C_in, C_out)
-    if (MODE == MODE_DGRAD) {                                              // w[tap, ci=col, co]
-        const unsigned tap = (unsigned)k / (unsigned)g.c_out, co = (unsigned)k - tap * (unsigned)g.c_out;
-        return src + ((long long)tap * g.c_in + col) * g.c_out + co;
-    }
-    const unsigned n = (unsigned)k / (unsigned)g.out_pix, pix = (unsigned)k - n * (unsigned)g.out_pix;  // dy[n, pix, co]
-    return src + tensor_offset(n, col, pix, g.c_out, g.out_pix, g.channels_last);
-}
-
-// One element global -> shared: cp.async where the size allows, else a plain copy; zeros
-// where `src` is null (cp.async zero-fill needs 16-byte granules, too coarse for a gather).
-__device__ __forceinline__ void copy_element(float* dst, const float* src) {
-    if (src) cp_async_4(dst, src); else *dst = 0.0f;
-}
-__device__ __forceinline__ void copy_element(double* dst, const double* src) {
-    if (src) {
-        cp_async_4(dst, src);
-        cp_async_4(reinterpret_cast<unsigned*>(dst) + 1, reinterpret_cast<const unsigned*>(src) + 1);
-    } else {
-        *dst = 0.0;
-    }
-}
-// float16 and bfloat16: 2-byte elements, below cp.async's 4-byte minimum.
-template <class T>
-__device__ __forceinline__ void copy_element(T* dst, const T* src) {
-    *dst = src ? *src : ElementTraits<T>::from_acc(0.0f);
-}
-
-// Loader mappings: which tile index runs fastest across threads. fwd/dgrad A and dgrad
-// B run along k (contiguous channels in channels_last); the others along m / n.
-#define A_K_FAST (MODE != MODE_WGRAD)
-#define B_K_FAST (MODE == MODE_DGRAD)
-
-template <int MODE>
-__device__ __forceinline__ int a_tile_m(int j) {
-    const int i = threadIdx.x + j * CONV_THREADS;
-    return A_K_FAST ? i / CONV_BK : i % CONV_BM;
-}
-template <int MODE>
-__device__ __forceinline__ int a_tile_k(int j) {
-    const int i = threadIdx.x + j * CONV_THREADS;
-    return A_K_FAST ? i % CONV_BK : i / CONV_BM;
-}
-
-template <int MODE>
-__device__ __forceinline__ void load_tiles(const ConvGeom& g, const elem_t* __restrict__ a_src,
-                                           const elem_t* __restrict__ b_src, const RowCoord* rows,
-                                           elem_t (*as)[CONV_BM + SMEM_PAD], elem_t (*bs)[CONV_BN + SMEM_PAD],
-                                           long long k0, long long depth, int col0, int cols) {
+    template <bool VECTOR>
+    __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
+                                         const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, long long k_end,
+                                         int cols) {
+        const int mc = chunk_pos(CONV_BM);
 #pragma unroll
-    for (int j = 0; j < A_LOADS; ++j) {
-        const int mm = a_tile_m<MODE>(j), kk = a_tile_k<MODE>(j);
-        copy_element(&as[kk][mm], a_source<MODE>(g, a_src, rows[j], k0 + kk, depth));
-    }
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+            elem_t* dst = as + tile_index<false, CONV_BM>(mc, chunk_row(j, CONV_BM));
+            const bool k_ok = a_kk[j] < k_end;
+            if constexpr (VECTOR) {
+                long long off;
+                const bool valid = a_element(g, a_m, a_k[j], off) && k_ok;
+                copy_chunk(dst, valid ? x + off : x, valid);
+            } else {
+                TapIter t = a_m;
 #pragma unroll
-    for (int j = 0; j < B_LOADS; ++j) {
-        const int i = threadIdx.x + j * CONV_THREADS;
-        const int nn = B_K_FAST ? i / CONV_BK : i % CONV_BN, kk = B_K_FAST ? i % CONV_BK : i / CONV_BN;
-        copy_element(&bs[kk][nn], b_source<MODE>(g, b_src, k0 + kk, col0 + nn, depth, cols));
+                for (int e = 0; e < VEC; ++e) {
+                    long long off;
+                    const bool valid = a_element(g, t, a_k[j], off) && k_ok;
+                    copy_scalar(dst + e, valid ? x + off : x, valid);
+                    t.advance(g, 1, g.c_in, -g.pad_d, -g.pad_h, -g.pad_w);
+                }
+            }
+            a_kk[j] += CONV_BK;
+            a_k[j].advance(g, CONV_BK);
+        }
+        const int nc = chunk_pos(CONV_BN);
+#pragma unroll
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
+            elem_t* dst = bs + tile_index<false, CONV_BN>(nc, chunk_row(j, CONV_BN));
+            const bool k_ok = b_kk[j] < k_end;
+            const long long base = tensor_offset(b_k[j].n, b_col, b_k[j].pixel(g), g.c_out, g.out_pix,
+                                                 g.channels_last);
+            if constexpr (VECTOR) {
+                const bool valid = k_ok && b_col < cols;
+                copy_chunk(dst, valid ? dy + base : dy, valid);
+            } else {
+                const long long step = g.channels_last ? 1 : g.out_pix;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const bool valid = k_ok && b_col + e < cols;
+                    copy_scalar(dst + e, valid ? dy + base + e * step : dy, valid);
+                }
+            }
+            b_kk[j] += CONV_BK;
+            b_k[j].advance(g, CONV_BK);
+        }
     }
-}
+};
 
 // ---- the multiply of one K-tile, per math path ----
 #if CONV_MATH == 0
 #define ACC_COUNT (CONV_TM * CONV_TN)
-__device__ __forceinline__ void tile_multiply(elem_t (*as)[CONV_BM + SMEM_PAD], elem_t (*bs)[CONV_BN + SMEM_PAD],
+static_assert(CONV_TM % 4 == 0 && CONV_TN % 4 == 0, "FFMA micro-tile: runs of 4");
+// Micro-tile mapping: a thread's TM rows are runs of 4 consecutive rows, BM / (TM/4) apart
+// (likewise for columns), so 8 neighbouring threads read 8 consecutive 16-byte pieces of a
+// k-major tile: no bank conflicts, one LDS.128 per run. The 8 threads of a quarter warp share
+// ty, so [m][k] A tiles are broadcast reads. An [n][k] B tile (dgrad) is read along k by
+// neighbouring tx: there the columns are strided (tx, tx + BN/TN, ...), so the 8 threads read
+// 8 consecutive rows, which the swizzle puts in 8 distinct 16-byte bank groups.
+__device__ __forceinline__ int micro_row(int i) {
+    const int ty = threadIdx.x / (CONV_BN / CONV_TN);
+    return (i / 4) * (CONV_BM / (CONV_TM / 4)) + ty * 4 + i % 4;
+}
+template <int MODE>
+__device__ __forceinline__ int micro_col(int j) {
+    const int tx = threadIdx.x % (CONV_BN / CONV_TN);
+    if (Layout<MODE>::b_nk) return j * (CONV_BN / CONV_TN) + tx;
+    return (j / 4) * (CONV_BN / (CONV_TN / 4)) + tx * 4 + j % 4;
+}
+// Four consecutive elements of a tile row (rows of LEN elements), from a column that is a
+// multiple of 4: explicit 16-byte shared reads (one float4 or two double2), whose address
+// the swizzle computes once per unit.
+static_assert(sizeof(elem_t) == 4 || sizeof(elem_t) == 8, "FFMA: float or double");
+template <int LEN>
+__device__ __forceinline__ void read_run4(const elem_t* __restrict__ tile, int row, int col, acc_t (&out)[4]) {
+    if constexpr (sizeof(elem_t) == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(tile + tile_offset<LEN>(row, col));
+        out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+    } else {
+        const double2 lo = *reinterpret_cast<const double2*>(tile + tile_offset<LEN>(row, col));
+        const double2 hi = *reinterpret_cast<const double2*>(tile + tile_offset<LEN>(row, col + 2));
+        out[0] = lo.x; out[1] = lo.y; out[2] = hi.x; out[3] = hi.y;
+    }
+}
+// Four k at a time: an [m][k] tile gives each row's 4 k in one run, a k-major tile each run
+// of 4 rows per k.
+template <int MODE>
+__device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, const elem_t* __restrict__ bs,
                                               acc_t* acc) {
-    const int tx = threadIdx.x % (CONV_BN / CONV_TN), ty = threadIdx.x / (CONV_BN / CONV_TN);
 #pragma unroll
-    for (int kk = 0; kk < CONV_BK; ++kk) {
-        acc_t a[CONV_TM], b[CONV_TN];
+    for (int k0 = 0; k0 < CONV_BK; k0 += 4) {
+        acc_t a[CONV_TM][4], b[CONV_TN][4];
+        if (Layout<MODE>::a_mk) {
 #pragma unroll
-        for (int i = 0; i < CONV_TM; ++i) a[i] = to_acc(as[kk][ty * CONV_TM + i]);
+            for (int i = 0; i < CONV_TM; ++i) read_run4<CONV_BK>(as, micro_row(i), k0, a[i]);
+        } else {
 #pragma unroll
-        for (int j = 0; j < CONV_TN; ++j) b[j] = to_acc(bs[kk][tx * CONV_TN + j]);
+            for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-        for (int i = 0; i < CONV_TM; ++i)
+                for (int i0 = 0; i0 < CONV_TM; i0 += 4) {
+                    acc_t run[4];
+                    read_run4<CONV_BM>(as, k0 + kk, micro_row(i0), run);
 #pragma unroll
-            for (int j = 0; j < CONV_TN; ++j) acc[i * CONV_TN + j] = fma(a[i], b[j], acc[i * CONV_TN + j]);
+                    for (int q = 0; q < 4; ++q) a[i0 + q][kk] = run[q];
+                }
+        }
+        if (Layout<MODE>::b_nk) {
+#pragma unroll
+            for (int j = 0; j < CONV_TN; ++j) read_run4<CONV_BK>(bs, micro_col<MODE>(j), k0, b[j]);
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int j0 = 0; j0 < CONV_TN; j0 += 4) {
+                    acc_t run[4];
+                    read_run4<CONV_BN>(bs, k0 + kk, micro_col<MODE>(j0), run);
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) b[j0 + q][kk] = run[q];
+                }
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int i = 0; i < CONV_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < CONV_TN; ++j)
+                    acc[i * CONV_TN + j] = fma(a[i][kk], b[j][kk], acc[i * CONV_TN + j]);
     }
 }
 // (row, col) within the block tile of accumulator e.
+template <int MODE>
 __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
-    const int tx = threadIdx.x % (CONV_BN / CONV_TN), ty = threadIdx.x / (CONV_BN / CONV_TN);
-    row = ty * CONV_TM + e / CONV_TN;
-    col = tx * CONV_TN + e % CONV_TN;
+    row = micro_row(e / CONV_TN);
+    col = micro_col<MODE>(e % CONV_TN);
 }
 #else
 #define WARP_TILE_M (CONV_BM / CONV_WARPS_M)
@@ -287,13 +627,6 @@ __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
 #define MMA_N_TILES (WARP_TILE_N / 8)
 #define ACC_COUNT (MMA_M_TILES * MMA_N_TILES * 4)
 #if CONV_MATH == 1
-// A packed MMA operand register from two 16-bit elements (the lower k in the low half).
-__device__ __forceinline__ unsigned pack_bits(__half lo, __half hi) {
-    return (unsigned)__half_as_ushort(lo) | ((unsigned)__half_as_ushort(hi) << 16);
-}
-__device__ __forceinline__ unsigned pack_bits(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-    return (unsigned)__bfloat16_as_ushort(lo) | ((unsigned)__bfloat16_as_ushort(hi) << 16);
-}
 // The m16n8k16 MMA whose operands are elem_t: same fragment layout for f16 and bf16.
 template <class T> struct Mma16;
 template <> struct Mma16<__half> {
@@ -307,27 +640,43 @@ template <> struct Mma16<__nv_bfloat16> {
     }
 };
 #endif
-__device__ __forceinline__ void tile_multiply(elem_t (*as)[CONV_BM + SMEM_PAD], elem_t (*bs)[CONV_BN + SMEM_PAD],
+// Fragments come from ldmatrix (common.cuh) wherever the stored layout allows it:
+//   16-bit A: [m][k] plain, [k][m] .trans;  16-bit B: [n][k] plain, [k][n] .trans;
+//   tf32 (a 32-bit element is two 16-bit columns, so only the plain form applies):
+//   A [m][k] and B [n][k] by ldmatrix; A [k][m] (wgrad) and B [k][n] (fwd, wgrad) by one
+//   shared load per register (conflict-free: a row stride of BM/BN + 4 words puts the 4 k
+//   rows 4 banks apart).
+// Padded (tf32) or swizzled (16-bit) rows keep every ldmatrix phase (8 rows of 16 bytes) on 8
+// distinct 16-byte bank groups.
+static_assert(MMA_N_TILES % 2 == 0, "B fragments load two 8-column tiles per ldmatrix.x4");
+#define AS(k, m) as[tile_index<Layout<MODE>::a_mk, CONV_BM>((m), (k))]
+#define BS(k, n) bs[tile_index<Layout<MODE>::b_nk, CONV_BN>((n), (k))]
+template <int MODE>
+__device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, const elem_t* __restrict__ bs,
                                               acc_t* acc) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
     const int row0 = (warp / CONV_WARPS_N) * WARP_TILE_M, col0 = (warp % CONV_WARPS_N) * WARP_TILE_N;
+    const int mat = lane >> 3, mrow = lane & 7;   // the ldmatrix matrix and row this lane addresses
 #if CONV_MATH == 1
 #pragma unroll
     for (int ks = 0; ks < CONV_BK; ks += 16) {
-        const int k0 = ks + 2 * t;
         unsigned b[MMA_N_TILES][2];
 #pragma unroll
-        for (int ni = 0; ni < MMA_N_TILES; ++ni) {
-            const int c = col0 + ni * 8 + gr;
-            b[ni][0] = pack_bits(bs[k0][c], bs[k0 + 1][c]);
-            b[ni][1] = pack_bits(bs[k0 + 8][c], bs[k0 + 9][c]);
+        for (int ni = 0; ni < MMA_N_TILES; ni += 2) {
+            // matrices: (k 0-7, tile ni), (k 8-15, ni), (k 0-7, ni+1), (k 8-15, ni+1)
+            const int n = col0 + (ni + (mat >> 1)) * 8, k = ks + (mat & 1) * 8;
+            unsigned r[4];
+            if (Layout<MODE>::b_nk) ldmatrix<4, false>(r, &BS(k, n + mrow));
+            else ldmatrix<4, true>(r, &BS(k + mrow, n));
+            b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
         }
 #pragma unroll
         for (int mi = 0; mi < MMA_M_TILES; ++mi) {
-            const int r0 = row0 + mi * 16 + gr, r1 = r0 + 8;
-            const unsigned a[4] = {pack_bits(as[k0][r0], as[k0 + 1][r0]), pack_bits(as[k0][r1], as[k0 + 1][r1]),
-                                   pack_bits(as[k0 + 8][r0], as[k0 + 9][r0]),
-                                   pack_bits(as[k0 + 8][r1], as[k0 + 9][r1])};
+            // matrices: (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15) = a0..a3
+            const int m = row0 + mi * 16 + (mat & 1) * 8, k = ks + (mat >> 1) * 8;
+            unsigned a[4];
+            if (Layout<MODE>::a_mk) ldmatrix<4, false>(a, &AS(k, m + mrow));
+            else ldmatrix<4, true>(a, &AS(k + mrow, m));
 #pragma unroll
             for (int ni = 0; ni < MMA_N_TILES; ++ni) {
                 float* c = acc + (mi * MMA_N_TILES + ni) * 4;
@@ -338,19 +687,40 @@ __device__ __forceinline__ void tile_multiply(elem_t (*as)[CONV_BM + SMEM_PAD], 
 #else
 #pragma unroll
     for (int ks = 0; ks < CONV_BK; ks += 8) {
-        const int k0 = ks + t;
         unsigned b[MMA_N_TILES][2];
 #pragma unroll
-        for (int ni = 0; ni < MMA_N_TILES; ++ni) {
-            const int c = col0 + ni * 8 + gr;
-            b[ni][0] = float_to_tf32(bs[k0][c]);
-            b[ni][1] = float_to_tf32(bs[k0 + 4][c]);
+        for (int ni = 0; ni < MMA_N_TILES; ni += 2) {
+            if (Layout<MODE>::b_nk) {   // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
+                unsigned r[4];
+                ldmatrix<4, false>(r, &BS(ks + (mat & 1) * 4, col0 + (ni + (mat >> 1)) * 8 + mrow));
+                b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int c = col0 + (ni + h) * 8 + gr;
+                    b[ni + h][0] = __float_as_uint(BS(ks + t, c));
+                    b[ni + h][1] = __float_as_uint(BS(ks + t + 4, c));
+                }
+            }
         }
 #pragma unroll
+        for (int ni = 0; ni < MMA_N_TILES; ++ni)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) b[ni][h] = float_to_tf32(__uint_as_float(b[ni][h]));
+#pragma unroll
         for (int mi = 0; mi < MMA_M_TILES; ++mi) {
-            const int r0 = row0 + mi * 16 + gr, r1 = r0 + 8;
-            const unsigned a[4] = {float_to_tf32(as[k0][r0]), float_to_tf32(as[k0][r1]),
-                                   float_to_tf32(as[k0 + 4][r0]), float_to_tf32(as[k0 + 4][r1])};
+            unsigned a[4];
+            const int m = row0 + mi * 16;
+            if (Layout<MODE>::a_mk) {   // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, k 4-7)
+                ldmatrix<4, false>(a, &AS(ks + (mat >> 1) * 4, m + (mat & 1) * 8 + mrow));
+            } else {
+                a[0] = __float_as_uint(AS(ks + t, m + gr));
+                a[1] = __float_as_uint(AS(ks + t, m + gr + 8));
+                a[2] = __float_as_uint(AS(ks + t + 4, m + gr));
+                a[3] = __float_as_uint(AS(ks + t + 4, m + gr + 8));
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[r] = float_to_tf32(__uint_as_float(a[r]));
 #pragma unroll
             for (int ni = 0; ni < MMA_N_TILES; ++ni) {
                 float* c = acc + (mi * MMA_N_TILES + ni) * 4;
@@ -360,6 +730,9 @@ __device__ __forceinline__ void tile_multiply(elem_t (*as)[CONV_BM + SMEM_PAD], 
     }
 #endif
 }
+#undef AS
+#undef BS
+template <int MODE>
 __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
     const int tile = e >> 2, part = e & 3, mi = tile / MMA_N_TILES, ni = tile % MMA_N_TILES;
@@ -368,38 +741,49 @@ __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
 }
 #endif
 
-// The shared main loop: accumulates the block's tile over k in [k_begin, k_end).
+// The shared main loop: accumulates the block's tile over k in [k_begin, k_end) through a
+// CONV_STAGES-deep cp.async pipeline (one barrier per K tile; stage indices rotate by compare).
+template <int MODE, bool VECTOR>
+__device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
+                                         const ConvGeom& g, const elem_t* __restrict__ a_src,
+                                               const elem_t* __restrict__ b_src, long long rows, int cols,
+                                               long long k_begin, long long k_end, acc_t* acc) {
+    const int tiles = (int)((k_end - k_begin + CONV_BK - 1) / CONV_BK);
+#pragma unroll
+    for (int s = 0; s < CONV_STAGES - 1; ++s) {
+        if (s < tiles) loader.template load<VECTOR>(g, a_src, b_src, as[s], bs[s], k_end, cols);
+        cp_async_commit();   // empty groups keep the count uniform for the wait below
+    }
+    int read_stage = 0, write_stage = CONV_STAGES - 1;
+    for (int t = 0; t < tiles; ++t) {
+        cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
+        __syncthreads();                    // ... everyone's, and stage t-1 is free again
+        if (t + CONV_STAGES - 1 < tiles)
+            loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], k_end, cols);
+        cp_async_commit();
+        tile_multiply<MODE>(as[read_stage], bs[read_stage], acc);
+        read_stage = read_stage == CONV_STAGES - 1 ? 0 : read_stage + 1;
+        write_stage = write_stage == CONV_STAGES - 1 ? 0 : write_stage + 1;
+    }
+    cp_async_wait_all();
+}
+
 template <int MODE>
 __device__ __forceinline__ void igemm_mainloop(const ConvGeom& g, const elem_t* __restrict__ a_src,
                                                const elem_t* __restrict__ b_src, long long rows, int cols,
                                                long long k_begin, long long k_end, acc_t* acc) {
-    __shared__ elem_t as[2][CONV_BK][CONV_BM + SMEM_PAD];
-    __shared__ elem_t bs[2][CONV_BK][CONV_BN + SMEM_PAD];
-    const long long row0 = (long long)blockIdx.x * CONV_BM;
-    const int col0 = blockIdx.y * CONV_BN;
-    RowCoord row_coords[A_LOADS];
-#pragma unroll
-    for (int j = 0; j < A_LOADS; ++j) row_coords[j] = decode_row<MODE>(g, row0 + a_tile_m<MODE>(j), rows);
+    __shared__ __align__(16) elem_t as[CONV_STAGES][A_STAGE];
+    __shared__ __align__(16) elem_t bs[CONV_STAGES][B_STAGE];
+    Loader<MODE> loader;
+    loader.init(g, a_src, b_src, rows, cols, k_begin);
 #pragma unroll
     for (int e = 0; e < ACC_COUNT; ++e) acc[e] = acc_t(0);
-    const long long tiles = (k_end - k_begin + CONV_BK - 1) / CONV_BK;
-    if (tiles <= 0) return;
-    load_tiles<MODE>(g, a_src, b_src, row_coords, as[0], bs[0], k_begin, k_end, col0, cols);
-    cp_async_commit();
-    for (long long t = 0; t < tiles; ++t) {
-        const int stage = (int)(t & 1);
-        if (t + 1 < tiles) {   // the other buffer was released by the barrier ending step t-1
-            load_tiles<MODE>(g, a_src, b_src, row_coords, as[stage ^ 1], bs[stage ^ 1],
-                             k_begin + (t + 1) * CONV_BK, k_end, col0, cols);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        tile_multiply(as[stage], bs[stage], acc);
-        __syncthreads();
-    }
+    // One uniform choice per block, outside the loop: both operands in 16-byte chunks, or
+    // every element on its own (unaligned channel counts or pointers, channels_first gathers).
+    if (loader.a_vec && loader.b_vec)
+        pipeline<MODE, true>(loader, as, bs, g, a_src, b_src, rows, cols, k_begin, k_end, acc);
+    else
+        pipeline<MODE, false>(loader, as, bs, g, a_src, b_src, rows, cols, k_begin, k_end, acc);
 }
 
 static __device__ ConvGeom make_geom(int batch, int c_in, int c_out, int in_d, int in_h, int in_w, int out_d,
@@ -422,24 +806,69 @@ static __device__ ConvGeom make_geom(int batch, int c_in, int c_out, int in_d, i
     batch, c_in, c_out, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w, dil_d, dil_h, \
         dil_w, pad_d, pad_h, pad_w, channels_last
 
-// Writes this block's accumulator tile (rows = N * pix GEMM rows, `channels` GEMM columns) to an
-// activation tensor in either layout, with the epilogue: 0 none, 1 + bias[c], 2 + bias[c] then relu.
-__device__ __forceinline__ void store_activation_tile(const acc_t (&acc)[ACC_COUNT], long long rows, int channels,
-                                                      int pix, const elem_t* __restrict__ bias, int epilogue,
-                                                      elem_t* __restrict__ out, int channels_last) {
+// ---- epilogue ----
+// Accumulators come in runs of EPILOGUE_RUN consecutive columns of one row: FFMA micro-tile
+// runs of 4 (1 where dgrad's B columns are strided), MMA pairs (c0, c1) and (c2, c3). A run is
+// one vector store where the output is channels_last with a channel count that is a multiple
+// of the run (rows then start aligned); elsewhere one store per element. The row offset is
+// m * channels in channels_last (no division); channels_first divides once per run.
+#if CONV_MATH == 0
+template <int MODE> struct EpilogueRun { static constexpr int len = Layout<MODE>::b_nk ? 1 : 4; };
+#else
+template <int MODE> struct EpilogueRun { static constexpr int len = 2; };
+#endif
+template <class T, int LEN> struct alignas(LEN * sizeof(T)) ValueRun { T v[LEN]; };
+template <class T> __device__ __forceinline__ T out_value(acc_t v) {
+    if constexpr (gpuk_same_type<T, acc_t>::value) return v;
+    else return ElementTraits<T>::from_acc(v);
+}
+// out[offset + q * stride] = v[q] for q < min(LEN, count); one LEN-wide store when `vector`
+// (then stride == 1 and count >= LEN).
+template <class T, int LEN>
+__device__ __forceinline__ void store_run(T* __restrict__ out, long long offset, long long stride, const acc_t* v,
+                                          int count, bool vector) {
+    if (vector) {
+        ValueRun<T, LEN> run;
 #pragma unroll
-    for (int e = 0; e < ACC_COUNT; ++e) {
+        for (int q = 0; q < LEN; ++q) run.v[q] = out_value<T>(v[q]);
+        *reinterpret_cast<ValueRun<T, LEN>*>(out + offset) = run;
+    } else {
+#pragma unroll
+        for (int q = 0; q < LEN; ++q)
+            if (q < count) out[offset + q * stride] = out_value<T>(v[q]);
+    }
+}
+
+// Writes this block's accumulator tile (rows GEMM rows, `channels` GEMM columns) to a
+// (rows, channels) row-major matrix (channels_last, dw, split partials) or to a channels_first
+// activation (rows = N * pix), with the epilogue: 0 none, 1 + bias[c], 2 + bias[c] then relu.
+template <int MODE, class T>
+__device__ __forceinline__ void store_tile(const acc_t (&acc)[ACC_COUNT], long long rows, int channels, long long pix,
+                                           const elem_t* __restrict__ bias, int epilogue, T* __restrict__ out,
+                                           int channels_last) {
+    constexpr int LEN = EpilogueRun<MODE>::len;
+    const bool vector = channels_last && channels % LEN == 0 && is_aligned(out, LEN * sizeof(T));
+#pragma unroll
+    for (int e = 0; e < ACC_COUNT; e += LEN) {
         int r, c;
-        acc_position(e, r, c);
+        acc_position<MODE>(e, r, c);
         const long long m = (long long)blockIdx.x * CONV_BM + r;
         const int channel = blockIdx.y * CONV_BN + c;
         if (m >= rows || channel >= channels) continue;
-        acc_t v = acc[e];
-        if (epilogue >= 1) v += to_acc(bias[channel]);
-        if (epilogue == 2) v = v < acc_t(0) ? acc_t(0) : v;
-        const unsigned n = (unsigned)m / (unsigned)pix;
-        out[tensor_offset(n, channel, (unsigned)m - n * (unsigned)pix, channels, pix, channels_last)] =
-            ElementTraits<elem_t>::from_acc(v);
+        acc_t v[LEN];
+#pragma unroll
+        for (int q = 0; q < LEN; ++q) {
+            v[q] = acc[e + q];
+            if (epilogue >= 1 && channel + q < channels) v[q] += to_acc(bias[channel + q]);
+            if (epilogue == 2) v[q] = v[q] < acc_t(0) ? acc_t(0) : v[q];
+        }
+        long long offset = m * channels + channel, stride = 1;
+        if (!channels_last) {
+            const long long n = (long long)((unsigned)m / (unsigned)pix);
+            offset = (n * channels + channel) * pix + (m - n * pix);
+            stride = pix;
+        }
+        store_run<T, LEN>(out, offset, stride, v, channels - channel, vector);
     }
 }
 
@@ -453,7 +882,7 @@ conv_igemm_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, const
     const long long rows = (long long)batch * g.out_pix, depth = (long long)g.taps * c_in;
     acc_t acc[ACC_COUNT];
     igemm_mainloop<MODE_FWD>(g, x, w, rows, c_out, 0, depth, acc);
-    store_activation_tile(acc, rows, c_out, g.out_pix, bias, epilogue, y, channels_last);
+    store_tile<MODE_FWD>(acc, rows, c_out, g.out_pix, bias, epilogue, y, channels_last);
 }
 
 // conv_igemm_dgrad: dx = dgrad(dy, w). Grid (N*IP tiles, C_in tiles), CONV_THREADS threads.
@@ -466,7 +895,7 @@ conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, el
     const long long rows = (long long)batch * g.in_pix, depth = (long long)g.taps * c_out;
     acc_t acc[ACC_COUNT];
     igemm_mainloop<MODE_DGRAD>(g, dy, w, rows, c_in, 0, depth, acc);
-    store_activation_tile(acc, rows, c_in, g.in_pix, nullptr, 0, dx, channels_last);
+    store_tile<MODE_DGRAD>(acc, rows, c_in, g.in_pix, nullptr, 0, dx, channels_last);
 }
 
 // conv_igemm_wgrad: dw (Keras layout (*k, C_in, C_out), i.e. row-major (taps*C_in, C_out)).
@@ -483,19 +912,10 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
     const long long k_end = k_begin + k_per_split < depth ? k_begin + k_per_split : depth;
     acc_t acc[ACC_COUNT];
     igemm_mainloop<MODE_WGRAD>(g, x, dy, rows, c_out, k_begin, k_end, acc);
-    acc_t* split_out = partial + (long long)blockIdx.z * rows * c_out;
-#pragma unroll
-    for (int e = 0; e < ACC_COUNT; ++e) {
-        int r, c;
-        acc_position(e, r, c);
-        const long long m = (long long)blockIdx.x * CONV_BM + r;
-        const int co = blockIdx.y * CONV_BN + c;
-        if (m >= rows || co >= c_out) continue;
-        if (gridDim.z == 1)
-            dw[m * c_out + co] = ElementTraits<elem_t>::from_acc(acc[e]);
-        else
-            split_out[m * c_out + co] = acc[e];
-    }
+    if (gridDim.z == 1)
+        store_tile<MODE_WGRAD>(acc, rows, c_out, 1, nullptr, 0, dw, 1);
+    else
+        store_tile<MODE_WGRAD>(acc, rows, c_out, 1, nullptr, 0, partial + (long long)blockIdx.z * rows * c_out, 1);
 }
 
 // conv_reduce_splits: dw[i] = sum over splits of partial[s][i], in split order.

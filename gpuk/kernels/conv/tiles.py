@@ -2,16 +2,26 @@
 
 A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
 
-    path   name         block tile     threads  per thread / warp         used for
-    ffma   128x128x8    128 x 128 x 8  256      8 x 8 FFMA micro-tile     float32, big M and N
-    ffma   64x64x8      64 x 64 x 8    256      4 x 4                      float32/64, mid-size
-    ffma   32x32x8      32 x 32 x 8    64       4 x 4                      small M or N (tails)
-    f16    128x128x16   128 x 128 x 16 256      8 warps, 64 x 32 per warp  float16 (mma m16n8k16)
-    f16    64x64x16     64 x 64 x 16   128      4 warps, 32 x 32           float16, smaller problems
-    bf16   128x128x16   128 x 128 x 16 256      8 warps, 64 x 32           bfloat16 (mma m16n8k16 bf16)
-    bf16   64x64x16     64 x 64 x 16   128      4 warps, 32 x 32           bfloat16, smaller problems
-    tf32   128x128x16   128 x 128 x 16 256      8 warps, 64 x 32           float32 with precision 'tf32'
-    tf32   64x64x16     64 x 64 x 16   128      4 warps, 32 x 32
+    path   name         block tile     threads  stages  per thread / warp     used for
+    ffma   128x128x16   128 x 128 x 16 256      3       8 x 8 FFMA micro-tile float32, big M and N
+    ffma   64x64x16     64 x 64 x 16   256      3       4 x 4                 float32, mid-size
+    ffma   32x32x8      32 x 32 x 8    64       3       4 x 4                 small M or N (tails)
+    ffma64 64x64x8      64 x 64 x 8    256      3       4 x 4 DFMA            float64
+    ffma64 32x32x8      32 x 32 x 8    64       3       4 x 4                 float64, small
+    f16    128x128x32   128 x 128 x 32 128      3       4 warps, 64 x 64/warp float16 (mma m16n8k16)
+    f16    64x64x32     64 x 64 x 32   128      3       4 warps, 32 x 32      float16, smaller problems
+    bf16   (as f16)                                                           bfloat16 (mma m16n8k16 bf16)
+    tf32   128x128x16   128 x 128 x 16 128      2       4 warps, 64 x 64      float32 with precision 'tf32'
+    tf32   64x64x16     64 x 64 x 16   128      3       4 warps, 32 x 32
+
+Every tile moves whole 16-byte chunks: BM*BK and BN*BK are multiples of (16 bytes / element)
+x threads (static_asserts in conv_igemm.cu). FFMA and 16-bit tiles are XOR-swizzled without
+padding, so BK=16 (FFMA) and BK=32 (16-bit) fit 3 stages in 48 KB of static shared memory;
+tf32 tiles are padded, and 128x128 tf32 keeps 2 stages to stay under 48 KB. The 128x128
+tensor-core tiles use 64x64 warp tiles (32 MMAs per k16 step per warp), so the per-thread
+loader work is shared by twice the MMAs of a 64x32 warp tile. Small N (few output channels)
+falls to the smaller tiles through the padding-waste rule below; 1x1 and 7x7 layers have no
+rule of their own yet (nothing measured on a GPU to set one).
 
 f16 and bf16 share the math code (both m16n8k16, float32 accumulation): the element
 type of the build picks the instruction. float64 has no 128x128 tile: 64 double
@@ -33,25 +43,26 @@ from collections import namedtuple
 import ml_dtypes
 import numpy as np
 
-Tile = namedtuple('Tile', 'name math bm bn bk tm tn warps_m warps_n threads')
+Tile = namedtuple('Tile', 'name math bm bn bk tm tn warps_m warps_n threads stages')
 
 MATH_CODES = {'ffma': 0, 'f16': 1, 'bf16': 1, 'tf32': 2}
 
 
-def _ffma(bm, bn, tm, tn):
-    return Tile('%dx%dx8' % (bm, bn), 'ffma', bm, bn, 8, tm, tn, 1, 1, (bm // tm) * (bn // tn))
+def _ffma(bm, bn, bk, tm, tn, stages=3):
+    return Tile('%dx%dx%d' % (bm, bn, bk), 'ffma', bm, bn, bk, tm, tn, 1, 1, (bm // tm) * (bn // tn), stages)
 
 
-def _mma(math_path, bm, bn, warps_m, warps_n):
-    return Tile('%dx%dx16' % (bm, bn), math_path, bm, bn, 16, 1, 1, warps_m, warps_n, 32 * warps_m * warps_n)
+def _mma(math_path, bm, bn, warps_m, warps_n, bk=16, stages=3):
+    return Tile('%dx%dx%d' % (bm, bn, bk), math_path, bm, bn, bk, 1, 1, warps_m, warps_n, 32 * warps_m * warps_n,
+                stages)
 
 
 TILES = {
-    'ffma': (_ffma(128, 128, 8, 8), _ffma(64, 64, 4, 4), _ffma(32, 32, 4, 4)),
-    'ffma64': (_ffma(64, 64, 4, 4), _ffma(32, 32, 4, 4)),
-    'f16': (_mma('f16', 128, 128, 2, 4), _mma('f16', 64, 64, 2, 2)),
-    'bf16': (_mma('bf16', 128, 128, 2, 4), _mma('bf16', 64, 64, 2, 2)),
-    'tf32': (_mma('tf32', 128, 128, 2, 4), _mma('tf32', 64, 64, 2, 2)),
+    'ffma': (_ffma(128, 128, 16, 8, 8), _ffma(64, 64, 16, 4, 4), _ffma(32, 32, 8, 4, 4)),
+    'ffma64': (_ffma(64, 64, 8, 4, 4), _ffma(32, 32, 8, 4, 4)),
+    'f16': (_mma('f16', 128, 128, 2, 2, bk=32), _mma('f16', 64, 64, 2, 2, bk=32)),
+    'bf16': (_mma('bf16', 128, 128, 2, 2, bk=32), _mma('bf16', 64, 64, 2, 2, bk=32)),
+    'tf32': (_mma('tf32', 128, 128, 2, 2, stages=2), _mma('tf32', 64, 64, 2, 2)),
 }
 MIN_BLOCKS = 264          # two waves on a 132-SM H100
 MAX_WASTE = 1.5           # tile area / real area

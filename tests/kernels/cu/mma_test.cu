@@ -63,3 +63,31 @@ extern "C" __global__ void mma_lowp_matmul(const float* __restrict__ a, const fl
     }
     for (int r = 0; r < 4; ++r) d[off[r]] = acc[r];
 }
+
+// out[lane * 4 + i] = register i of ldmatrix<num, trans> (0 past num) over a 16x16 tile of
+// 16-bit values stored in shared memory with a padded row (24 elements); lanes 8i..8i+7 give
+// the rows of matrix i = tile rows 8(i&1).., columns 8(i>>1)...
+extern "C" __global__ void ldmatrix_probe(const unsigned short* __restrict__ tile, unsigned* __restrict__ out,
+                                          int num, int trans) {
+    __shared__ __align__(16) unsigned short s[16 * 24];
+    const int lane = threadIdx.x;
+    for (int i = lane; i < 256; i += 32) s[(i / 16) * 24 + i % 16] = tile[i];
+    __syncthreads();
+    const int m = lane >> 3, r = lane & 7;
+    const unsigned short* row = &s[((m & 1) * 8 + r) * 24 + (m >> 1) * 8];
+    unsigned regs[4] = {0u, 0u, 0u, 0u};
+    if (num == 4) {
+        unsigned x[4];
+        if (trans) ldmatrix<4, true>(x, row); else ldmatrix<4, false>(x, row);
+        for (int i = 0; i < 4; ++i) regs[i] = x[i];
+    } else if (num == 2) {
+        unsigned x[2];
+        if (trans) ldmatrix<2, true>(x, row); else ldmatrix<2, false>(x, row);
+        for (int i = 0; i < 2; ++i) regs[i] = x[i];
+    } else {
+        unsigned x[1];
+        if (trans) ldmatrix<1, true>(x, row); else ldmatrix<1, false>(x, row);
+        regs[0] = x[0];
+    }
+    for (int i = 0; i < 4; ++i) out[lane * 4 + i] = regs[i];
+}

@@ -42,9 +42,11 @@ struct WarpOp {    // one lane's part in a warp collective
 enum WarpOpKind {
     OP_SYNC, OP_SHFL_IDX, OP_SHFL_UP, OP_SHFL_DOWN, OP_SHFL_XOR, OP_BALLOT, OP_ANY, OP_ALL,
     OP_REDUCE_ADD, OP_REDUCE_MIN_I, OP_REDUCE_MAX_I, OP_REDUCE_MIN_U, OP_REDUCE_MAX_U,
-    OP_MMA_TF32, OP_MMA_F16, OP_MMA_BF16,
+    OP_MMA_TF32, OP_MMA_F16, OP_MMA_BF16, OP_LDMATRIX,
 };
 struct MmaOperands { const uint32_t* a; const uint32_t* b; const float* c; float* d; };
+// ldmatrix: each lane's 16-byte row (already read by that lane) and where its registers go.
+struct LdmatrixOperands { uint32_t row[4]; uint32_t* out; int num, trans; };
 
 struct ThreadState { uint3 tid; unsigned lane, warp; };
 inline thread_local ThreadState* t_thread = nullptr;

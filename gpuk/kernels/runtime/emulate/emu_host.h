@@ -765,7 +765,24 @@ static const char* const kWarpOpNames[] = {
     "__syncwarp", "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
     "__ballot_sync", "__any_sync", "__all_sync", "__reduce_add_sync", "__reduce_min_sync",
     "__reduce_max_sync", "__reduce_min_sync", "__reduce_max_sync",
-    "mma_m16n8k8_tf32", "mma_m16n8k16_f16", "mma_m16n8k16_bf16"};
+    "mma_m16n8k8_tf32", "mma_m16n8k16_f16", "mma_m16n8k16_bf16", "ldmatrix"};
+
+// ldmatrix.m8n8.xNUM[.trans].b16 (PTX ISA): lanes 8i..8i+7 supplied rows 0..7 of matrix i.
+// Register i of lane l gets (row l/4, 16-bit cols 2(l%4), 2(l%4)+1) of matrix i; with .trans
+// (rows 2(l%4), 2(l%4)+1, col l/4). The lower index goes to the low half.
+inline void complete_ldmatrix(Fiber* lanes) {
+    const LdmatrixOperands* ops[32];
+    for (int l = 0; l < 32; ++l) ops[l] = static_cast<const LdmatrixOperands*>(lanes[l].op->data);
+    auto half = [&](int matrix, int row, int col) -> uint32_t {
+        return (ops[matrix * 8 + row]->row[col >> 1] >> (16 * (col & 1))) & 0xffffu;
+    };
+    for (int l = 0; l < 32; ++l) {
+        const int g = l >> 2, t = l & 3;
+        for (int i = 0; i < ops[l]->num; ++i)
+            ops[l]->out[i] = ops[l]->trans ? half(i, 2 * t, g) | (half(i, 2 * t + 1, g) << 16)
+                                           : half(i, g, 2 * t) | (half(i, g, 2 * t + 1) << 16);
+    }
+}
 
 // Run by the last lane of `mask` to arrive: computes every lane's result.
 inline void complete_warp_op(Fiber* lanes, unsigned mask, int op) {
@@ -773,7 +790,15 @@ inline void complete_warp_op(Fiber* lanes, unsigned mask, int op) {
         if ((mask >> l) & 1u && lanes[l].op->op != op)
             fail_in_fiber(ERR_BAD_COLLECTIVE, "%s met %s of lane %u in one warp collective (mask 0x%08x)",
                           kWarpOpNames[op], kWarpOpNames[lanes[l].op->op], l, mask);
-    if (op >= OP_MMA_TF32) {
+    if (op == OP_LDMATRIX) {
+        if (mask != 0xffffffffu)
+            fail_in_fiber(ERR_BAD_COLLECTIVE, "ldmatrix needs all 32 lanes (mask 0xffffffff), got mask 0x%08x", mask);
+        for (unsigned l = 0; l < 32; ++l)
+            if (static_cast<const LdmatrixOperands*>(lanes[l].op->data)->num !=
+                static_cast<const LdmatrixOperands*>(lanes[0].op->data)->num)
+                fail_in_fiber(ERR_BAD_COLLECTIVE, "ldmatrix: lanes disagree on the matrix count (.x1/.x2/.x4)");
+        complete_ldmatrix(lanes);
+    } else if (op >= OP_MMA_TF32) {
         if (mask != 0xffffffffu)
             fail_in_fiber(ERR_BAD_COLLECTIVE, "%s needs all 32 lanes (mask 0xffffffff), got mask 0x%08x",
                           kWarpOpNames[op], mask);
