@@ -120,11 +120,15 @@ def test_build_variant_writes_the_runtime_cubin_name(tmp_path):
     assert not list((tmp_path / 'out').glob('*.tmp'))
 
 
-def test_main_builds_every_registered_variant(tmp_path, capsys):
-    assert build.main(['--out', str(tmp_path), '--arch', 'sm_80,sm_90', '--table']) == 0
-    out = capsys.readouterr().out
+def test_main_builds_every_registered_variant(tmp_path, capsys, monkeypatch):
+    # Two real registrations stand for the registry: `make test` compiles the whole registry
+    # once already (`python -m gpuk.kernels.build --check`), and so does the inspect baseline test.
     builds = runtime.registered_builds()
     assert builds, 'no kernel registered'
+    builds = [builds[0], builds[-1]]
+    monkeypatch.setattr(runtime, 'registered_builds', lambda: list(builds))
+    assert build.main(['--out', str(tmp_path), '--arch', 'sm_80,sm_90', '--table']) == 0
+    out = capsys.readouterr().out
     written = sorted(p.name for p in tmp_path.glob('*.cubin'))
     assert written == sorted(runtime.cubin_path(s.source_file, dict(s.defines), arch).name
                              for s in builds for arch in ('sm_80', 'sm_90'))
