@@ -44,12 +44,24 @@ from gpuk.ops.conv import ConvFwd
 from gpuk.ops.elementwise import Binary, BroadcastLike, SumToShapeOf, Where
 
 
+def _switch(name):
+    """An on/off environment switch: unset or '1' (on), '0' (off)."""
+    value = os.environ.get(name, '1').strip() or '1'
+    if value not in ('0', '1'):
+        raise ValueError("%s must be '0' or '1', got %r" % (name, value))
+    return value == '1'
+
+
 def enabled():
     """Whether plans are fused: ``GPUK_FUSION`` unset or '1' (on), '0' (off)."""
-    value = os.environ.get('GPUK_FUSION', '1').strip() or '1'
-    if value not in ('0', '1'):
-        raise ValueError("GPUK_FUSION must be '0' or '1', got %r" % value)
-    return value == '1'
+    return _switch('GPUK_FUSION')
+
+
+def elementwise_enabled():
+    """Whether elementwise groups become generated kernels (fusion_elementwise), within an
+    enabled fusion: ``GPUK_FUSE_ELEMENTWISE`` unset or '1' (on), '0' (off). Each distinct
+    group is one more kernel to compile on first use."""
+    return _switch('GPUK_FUSE_ELEMENTWISE')
 
 
 def _is_plain_relu(op):
@@ -78,7 +90,7 @@ def fuse(steps, protected, slot_shapes=None):
     steps = _fuse_batchnorm_relu_backward(steps, protected)
     steps = _fuse_moving_averages(steps, protected)
     # last: the chains above are matched op by op, before their elementwise steps are grouped
-    return fuse_elementwise(steps, protected, slot_shapes)
+    return fuse_elementwise(steps, protected, slot_shapes) if elementwise_enabled() else steps
 
 
 def _fuse_bias_chains(steps, protected):

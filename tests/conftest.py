@@ -65,12 +65,22 @@ def assert_runs_on(kind):
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
-def on_device(request):
+def on_device(request, monkeypatch):
     """Runs the test once per implementation (see IMPLEMENTATIONS), checking before and after
     the body that it ran there.
 
+    On 'emulate' (and in every test of the GPU rehearsal, whose 'cuda' runs the emulator:
+    tests/gpu_rehearsal/plugin.py), plans keep their elementwise steps unfused
+    (GPUK_FUSE_ELEMENTWISE=0) unless the test is marked `fuse_elementwise`: every distinct fused group is a kernel the emulator
+    compiles with g++ (about a second each, some 160 over the op and model tests), while the
+    generated kernels are proven against the unfused ops by the tests marked so
+    (tests/test_fusion_elementwise.py, tests/keras/test_rnn_fusion.py) and by
+    tests/kernels/test_fused_elementwise.py.
+
     Restores the device and the kernels' current runtime afterwards: device.impl() points the
     runtime at 'cuda', and a later test on 'emulate' must not launch there with NumPy arrays."""
+    if request.param == 'emulate' and request.node.get_closest_marker('fuse_elementwise') is None:
+        monkeypatch.setenv('GPUK_FUSE_ELEMENTWISE', '0')
     saved = dict(device._state)
     saved_runtime = runtime.current_setting()
     device.set_device(request.param)

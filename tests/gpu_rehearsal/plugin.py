@@ -3,7 +3,10 @@
 - only `gpu` tests run: the others ran in the ordinary suite, and some assume CuPy is absent;
 - test_cupy_conformance.py is not collected: it checks our names against the real CuPy,
   and the stand-in has every NumPy name;
-- tests that can only pass on real CuPy or a real GPU are skipped with the reason (SKIPS).
+- tests that can only pass on real CuPy or a real GPU are skipped with the reason (SKIPS);
+- plans keep their elementwise steps unfused unless a test is marked `fuse_elementwise`, as in
+  the on_device fixture's 'emulate' case (tests/conftest.py): each fused group would be one
+  more emulator compile.
 """
 from pathlib import Path
 
@@ -39,3 +42,9 @@ def pytest_collection_modifyitems(config, items):
         for prefix, reason in SKIPS.items():
             if item.nodeid.startswith(prefix):
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _elementwise_unfused_unless_marked(request, monkeypatch):
+    if request.node.get_closest_marker('fuse_elementwise') is None:
+        monkeypatch.setenv('GPUK_FUSE_ELEMENTWISE', '0')

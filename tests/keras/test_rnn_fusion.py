@@ -10,6 +10,9 @@ from gpuk.ops.scan import Scan
 
 from tests.gradcheck import check_gradients
 
+# the emulate case runs the generated kernels (see tests/conftest.py, on_device)
+pytestmark = pytest.mark.fuse_elementwise
+
 
 def _step_ops(f):
     return [forward.__self__ for forward, _, _, _ in f._plan.steps]
