@@ -230,23 +230,31 @@ def loops(function):
 
 
 def innermost(found):
-    """The loops that contain no other loop's header."""
+    """The loops that contain no other loop with useful math (a loop may hold small loops
+    without math, such as a loader's per-row copies, and still be the innermost main loop)."""
+    def has_math(loop):
+        return instruction_mix(loop.instructions)['math'] > 0
     return [loop for loop in found
-            if not any(other is not loop and other.blocks < loop.blocks for other in found)]
+            if not any(other is not loop and other.blocks < loop.blocks and (has_math(other) or not has_math(loop))
+                       for other in found)]
 
 
 def hot_loop(function):
-    """The innermost loop doing the most useful math (then the most global memory accesses,
-    then the longest); None when the kernel has no loop. Without a profile, "hot" is this
-    guess: the main loop of a kernel is where its math or its streaming happens."""
+    """The innermost loop (see innermost) doing the most useful math, of those the shortest
+    (a kernel with a fast and a general path of the same math: the fast one); without math,
+    the one with the most global memory accesses, then the longest. None when the kernel has
+    no loop. Without a profile, "hot" is this guess: the main loop of a kernel is where its
+    math or its streaming happens."""
     candidates = innermost(loops(function))
     if not candidates:
         return None
 
     def weight(loop):
         mix = instruction_mix(loop.instructions)
-        return (mix['math'], sum(sum(mix[key].values()) for key in ('ldg', 'stg', 'ldgsts')),
-                mix['total'])
+        memory = sum(sum(mix[key].values()) for key in ('ldg', 'stg', 'ldgsts'))
+        if mix['math']:
+            return (mix['math'], -mix['total'], memory)
+        return (0, memory, mix['total'])
     return max(candidates, key=weight)
 
 
