@@ -43,3 +43,17 @@ def to_cl(a, data_format):
 def from_cl(a, data_format):
     """A channels-last ``a`` in ``data_format``."""
     return np.moveaxis(a, -1, 1) if data_format == 'channels_first' else a
+
+
+def plan_ops(f):
+    """The ops of a compiled K.function's plan, in run order (after fusion)."""
+    return [forward.__self__ for forward, _, _, _ in f._plan.steps]
+
+
+def compiled_with_fusion(monkeypatch, fusion, inputs, outputs, updates=None):
+    """K.function(inputs, outputs, updates) compiled with plan-time fusion on or off."""
+    monkeypatch.setenv('GPUK_FUSION', '1' if fusion else '0')
+    f = K.function(inputs, outputs, updates=updates)
+    f._compiled()
+    return f
+

@@ -12,18 +12,8 @@ from gpuk.ops import conv as conv_ops
 from gpuk.ops.bias import BiasAct, ConvBiasAct
 from gpuk.ops.conv import ConvFwd
 
+from tests.evaluation import compiled_with_fusion as _compiled, plan_ops as _ops
 from tests.gradcheck import check_gradients
-
-
-def _ops(f):
-    return [forward.__self__ for forward, _, _, _ in f._plan.steps]
-
-
-def _compiled(monkeypatch, fusion, inputs, outputs, updates=None):
-    monkeypatch.setenv('GPUK_FUSION', '1' if fusion else '0')
-    f = K.function(inputs, outputs, updates=updates)
-    f._compiled()
-    return f
 
 
 def _conv_block(x, w, b, data_format, activation='relu'):

@@ -7,17 +7,7 @@ import pytest
 from gpuk import backend as K
 from gpuk.contracts.fused_program import FusedProgram
 from gpuk.fusion_elementwise import FusedElementwise
-
-
-def _ops(f):
-    return [forward.__self__ for forward, _, _, _ in f._plan.steps]
-
-
-def _compiled(monkeypatch, fusion, inputs, outputs, updates=None):
-    monkeypatch.setenv('GPUK_FUSION', '1' if fusion else '0')
-    f = K.function(inputs, outputs, updates=updates)
-    f._compiled()
-    return f
+from tests.evaluation import compiled_with_fusion as _compiled, plan_ops as _ops
 
 
 def _no_fallback(monkeypatch, kind):

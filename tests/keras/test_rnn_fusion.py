@@ -8,14 +8,13 @@ import pytest
 from gpuk.fusion_elementwise import FusedElementwise
 from gpuk.ops.scan import Scan
 
+from tests.evaluation import plan_ops as _step_ops
 from tests.gradcheck import check_gradients
 
 # the emulate case runs the generated kernels (see tests/conftest.py, on_device)
 pytestmark = pytest.mark.fuse_elementwise
 
 
-def _step_ops(f):
-    return [forward.__self__ for forward, _, _, _ in f._plan.steps]
 
 
 def _scan_step_plans(f):
