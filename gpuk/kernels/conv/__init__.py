@@ -250,6 +250,18 @@ def _problem_key(*parts):
     return tuple(tuple(p.shape) + (str(p.dtype),) if hasattr(p, 'shape') else p for p in parts)
 
 
+def _gradient_problem(rt, kind, checks, a, b, shape, strides, dilation, pads, data_format):
+    """The prepared Problem of conv_dgrad / conv_wgrad ('dgrad' / 'wgrad'): inputs a, b and the
+    shape of the result, checked by conv_checks.<kind>_problem."""
+    def prepare():
+        _, _, checked_shape, shapes = checks('conv_' + kind, a, b, shape, strides, dilation, pads, data_format,
+                                             rt.xp)
+        return Problem(_geometry(shapes), checked_shape,
+                       _problem_key(kind, a, b, checked_shape, strides, dilation, pads, data_format))
+
+    return _prepared(rt, kind, (a, b), (shape, strides, dilation, pads, data_format), prepare)
+
+
 def _run(rt, key, gpuk_fn, cudnn_fn, *args):
     return dispatch.run(rt, 'conv', key, gpuk_fn, cudnn_fn, *args)
 
@@ -290,14 +302,8 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=
 def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of conv_fwd with respect to x (also the forward of conv_transpose)."""
     rt = resolve(runtime)
-
-    def prepare():
-        _, _, checked_shape, shapes = conv_checks.dgrad_problem('conv_dgrad', dy, w, x_shape, strides, dilation,
-                                                                pads, data_format, rt.xp)
-        return Problem(_geometry(shapes), checked_shape,
-                       _problem_key('dgrad', dy, w, checked_shape, strides, dilation, pads, data_format))
-
-    problem = _prepared(rt, 'dgrad', (dy, w), (x_shape, strides, dilation, pads, data_format), prepare)
+    problem = _gradient_problem(rt, 'dgrad', conv_checks.dgrad_problem, dy, w, x_shape, strides, dilation, pads,
+                                data_format)
 
     def gpuk_fn(dy, w, *geometry):
         return _unlift(_igemm_dgrad(dy, w, problem, rt), problem.shape)
@@ -309,14 +315,8 @@ def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=
 def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of conv_fwd with respect to w."""
     rt = resolve(runtime)
-
-    def prepare():
-        _, _, checked_shape, shapes = conv_checks.wgrad_problem('conv_wgrad', x, dy, w_shape, strides, dilation,
-                                                                pads, data_format, rt.xp)
-        return Problem(_geometry(shapes), checked_shape,
-                       _problem_key('wgrad', x, dy, checked_shape, strides, dilation, pads, data_format))
-
-    problem = _prepared(rt, 'wgrad', (x, dy), (w_shape, strides, dilation, pads, data_format), prepare)
+    problem = _gradient_problem(rt, 'wgrad', conv_checks.wgrad_problem, x, dy, w_shape, strides, dilation, pads,
+                                data_format)
 
     def gpuk_fn(x, dy, *geometry):
         return _igemm_wgrad(x, dy, problem, rt)
