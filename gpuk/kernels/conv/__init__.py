@@ -24,6 +24,7 @@ from gpuk.contracts import conv_checks
 from .. import dispatch
 from ..cudnn import conv as cudnn_conv
 from . import tiles as conv_tiles
+from . import wgmma as conv_wgmma
 from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
                           local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
 from gpuk.contracts.dtypes import c_types
@@ -180,6 +181,10 @@ def _fwd_launch(g, dtype, epilogue):
 
 def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     xp = rt.xp
+    if conv_wgmma.applies(rt, problem.g, x, config.precision()):   # Hopper: warpgroup MMA (conv/wgmma.py)
+        y = xp.empty(_layout_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
+        return conv_wgmma.conv_fwd(rt, x, w, y, bias if bias is not None else _no_bias(xp, x.dtype),
+                                   EPILOGUES[epilogue], problem.g)
     launch = problem.launch(lambda g: _fwd_launch(g, x.dtype, epilogue))
     y = xp.empty(launch.out_shape, x.dtype)
     bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)

@@ -24,6 +24,7 @@ LIMITS = {
     # H100 (GH100): 228 KiB per SM, 227 KiB per block.
     'sm_90': ArchLimits(64, 32, 65536, 65536, 256, 255, 233472, 232448, 1024, 128),
 }
+LIMITS['sm_90a'] = LIMITS['sm_90']   # the same H100, built with its architecture-specific instructions
 
 Occupancy = namedtuple('Occupancy', 'blocks_per_sm warps_per_sm occupancy limiter')
 

@@ -90,7 +90,7 @@ def compile_all(archs=ARCHS, specs=None, workers=2, folder=None):
     specs = runtime.registered_builds() if specs is None else specs
     folder = Path(folder) if folder else cache_folder()
     folder.mkdir(parents=True, exist_ok=True)
-    jobs = [(spec, arch) for spec in specs for arch in archs]
+    jobs = [(spec, arch) for spec in specs for arch in spec.build_archs(archs)]
     missing = [(spec, arch) for spec, arch in jobs
                if not all(path.is_file() for path in _cached_paths(spec, arch, folder))]
     errors = {}

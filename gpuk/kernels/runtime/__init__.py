@@ -18,7 +18,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -236,6 +236,15 @@ class BuildSpec:
     defines: Tuple[Tuple[str, str], ...]
     kernels: Tuple[str, ...]
     may_spill: bool = False
+    archs: Optional[Tuple[str, ...]] = None   # None: every architecture built; else only these
+
+    def build_archs(self, requested):
+        """The architectures this variant is compiled for when ``requested`` are asked for: all of
+        them, or for an arch-specific variant (archs=('sm_90a',)) its archs whose family
+        (sm_90a -> sm_90) or exact name is requested."""
+        if self.archs is None:
+            return tuple(requested)
+        return tuple(a for a in self.archs if a in requested or a.rstrip('a') in requested)
 
     @property
     def defines_dict(self):
@@ -245,11 +254,15 @@ class BuildSpec:
 _builds = []
 
 
-def register_build(source_file, defines, kernels, may_spill=False):
-    """Declare a variant for the ahead-of-time build (launchers call this at import)."""
+def register_build(source_file, defines, kernels, may_spill=False, archs=None):
+    """Declare a variant for the ahead-of-time build (launchers call this at import). ``archs``:
+    None for every architecture built, or the only ones this variant compiles for (a kernel
+    using sm_90a instructions: ('sm_90a',))."""
     if isinstance(kernels, str) or not kernels or not all(isinstance(k, str) for k in kernels):
         raise TypeError(f"register_build: kernels must be a non-empty list of names, got {kernels!r}")
-    spec = BuildSpec(str(Path(source_file).resolve()), normalized_defines(defines), tuple(kernels), bool(may_spill))
+    archs = None if archs is None else tuple(normalize_arch(a) for a in archs)
+    spec = BuildSpec(str(Path(source_file).resolve()), normalized_defines(defines), tuple(kernels), bool(may_spill),
+                     archs)
     with _lock:
         if spec not in _builds:
             _builds.append(spec)
@@ -271,9 +284,10 @@ def cubin_dir():
 
 
 def normalize_arch(arch):
+    """'sm_NN' (or 'sm_NNa', an architecture-specific target such as sm_90a) from 'sm_90', '90', 90."""
     text = str(arch).lower().replace('sm_', '').replace('compute_', '')
-    if not text.isdigit():
-        raise ValueError(f"cubin_path: arch must look like 'sm_90' or 90, got {arch!r}")
+    if not (text.isdigit() or (text[:-1].isdigit() and text.endswith('a'))):
+        raise ValueError(f"cubin_path: arch must look like 'sm_90', 'sm_90a' or 90, got {arch!r}")
     return f"sm_{text}"
 
 

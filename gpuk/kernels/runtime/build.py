@@ -2,6 +2,9 @@
 
     python -m gpuk.kernels.build [--arch sm_80,sm_90] [--out DIR] [--check] [--table]
 
+A variant registered with ``archs`` (the Hopper wgmma convolution: ('sm_90a',)) compiles
+only for those, when their family is asked for: the default sm_80,sm_90 builds it for sm_90a.
+
 Needs no GPU and no driver: NVRTC comes from pip (``cuda-bindings`` with
 ``nvidia-cuda-nvrtc`` for CUDA 13, or ``cuda-bindings<13`` with
 ``nvidia-cuda-nvrtc-cu12``). Each variant (``runtime.registered_builds()``) is compiled
@@ -310,7 +313,7 @@ def main(argv=None):
         return 2
     builds = runtime.registered_builds()
     results = [build_variant(spec, arch, args.out, write=not args.check)
-               for spec in builds for arch in archs]
+               for spec in builds for arch in spec.build_archs(archs)]
     print('NVRTC %d.%d: %s%s' % (major, minor, summary_line(results, archs),
                                 '' if args.table else ' (--table: per kernel)'))
     if args.table:

@@ -191,47 +191,48 @@ class CudaRuntime:
         self._lock = threading.Lock()
         set_sync_launches(os.environ.get('GPUK_SYNC_LAUNCHES') == '1')
 
-    def _raw_module(self, source_file, defines):
+    def _raw_module(self, source_file, defines, arch):
         """(cupy.RawModule, the cubin it loads or None when CuPy compiles the source itself)."""
         import cupy
         from .build import NvrtcMissing, nvrtc_options
-        cubin = runtime.cubin_path(source_file, defines, self.arch)
+        cubin = runtime.cubin_path(source_file, defines, arch)
         if not cubin.is_file():
             try:
-                cubin = compile_to_cache(source_file, defines, self.arch)
+                cubin = compile_to_cache(source_file, defines, arch)
             except NvrtcMissing as exc:
                 _warn_cupy_nvrtc(exc)
                 options = nvrtc_options(source_file) + [f'-I{d}' for d in cuda_include_dirs()[:1]]
                 return cupy.RawModule(code=kernel_source(source_file, defines), options=tuple(options)), None
         return cupy.RawModule(path=str(cubin)), cubin
 
-    def load(self, source_file, defines=None):
+    def load(self, source_file, defines=None, arch=None):
         """The module for (source_file, defines): a prebuilt cubin, else one compiled now (cached).
+        ``arch``: the target when not the device's own (an sm_90a kernel on an sm_90 device).
 
         A module asked for again with the same arguments comes from a dict keyed by them (no
         hashing or stat of the sources per launch); under GPUK_CHECK_LAUNCHES=1 the sources
         are re-keyed on every call, so an edited kernel is recompiled in a live process."""
         try:
-            fast_key = (source_file, tuple(sorted(defines.items())) if defines else ())
+            fast_key = (source_file, tuple(sorted(defines.items())) if defines else (), arch)
             module = self._loaded.get(fast_key)
         except TypeError:   # unhashable define values: the full key below
             fast_key = module = None
         if module is not None and not runtime.check_launches_forced():
             return module
-        module = self._load(source_file, defines)
+        module = self._load(source_file, defines, runtime.normalize_arch(arch) if arch else self.arch)
         if fast_key is not None:
             self._loaded[fast_key] = module
         return module
 
-    def _load(self, source_file, defines):
+    def _load(self, source_file, defines, arch):
         defines = dict(defines or {})
-        key = source_key(source_file, defines, self.arch)   # memoized: no file read on a hit
+        key = source_key(source_file, defines, arch)   # memoized: no file read on a hit
         with self._lock:
             module = self._modules.get(key)
             if module is None:
                 source_file = Path(source_file).resolve()
                 signatures = parse_kernel_signatures(source_file, defines)
-                raw, cubin = self._raw_module(source_file, defines)
+                raw, cubin = self._raw_module(source_file, defines, arch)
                 module = self._modules[key] = CudaModule(self, source_file, defines, raw, signatures, cubin)
         return module
 

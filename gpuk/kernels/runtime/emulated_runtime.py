@@ -39,7 +39,7 @@ CXX_FLAGS = ('-O2', '-std=c++17', '-fPIC', '-shared', '-pthread', '-fvisibility=
 ERROR_KINDS = {1: 'out of bounds', 2: 'write to const', 3: 'stack overflow', 4: 'deadlock',
                5: 'invalid warp collective', 6: 'trap', 7: 'invalid address', 8: 'bad launch',
                9: 'internal', 10: 'arithmetic', 11: 'underflow write', 12: 'racecheck', 13: 'initcheck',
-               14: 'cp.async', 15: 'synccheck'}
+               14: 'cp.async', 15: 'synccheck', 16: 'wgmma'}
 # Instrumented builds: -fsanitize=thread only inserts the access hooks (emu_host.h defines
 # them; libtsan is not linked), so the object is compiled and linked in two steps.
 SANITIZE_FLAGS = ('-fsanitize=thread', '--param', 'tsan-instrument-func-entry-exit=0', '-DGPUK_EMU_INSTRUMENTED=1')
@@ -376,8 +376,9 @@ class EmulatedRuntime:
         flags = CXX_FLAGS + (SANITIZE_FLAGS if instrumented else ())
         return source_key(source_file, defines, 'emulate', ABI_VERSION, emu, self.compiler_id(), flags)
 
-    def load(self, source_file, defines=None):
-        """Compile (or fetch from the caches) `source_file` with `defines`; returns a module."""
+    def load(self, source_file, defines=None, arch=None):
+        """Compile (or fetch from the caches) `source_file` with `defines`; returns a module.
+        ``arch`` (the CUDA runtime's target override, e.g. 'sm_90a') changes nothing here."""
         defines = dict(defines or {})
         instrumented = self.instrumented()
         key = self.module_key(source_file, defines, instrumented)   # memoized: no file read on a hit

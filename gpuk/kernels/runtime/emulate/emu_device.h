@@ -42,7 +42,7 @@ struct WarpOp {    // one lane's part in a warp collective
 enum WarpOpKind {
     OP_SYNC, OP_SHFL_IDX, OP_SHFL_UP, OP_SHFL_DOWN, OP_SHFL_XOR, OP_BALLOT, OP_ANY, OP_ALL,
     OP_REDUCE_ADD, OP_REDUCE_MIN_I, OP_REDUCE_MAX_I, OP_REDUCE_MIN_U, OP_REDUCE_MAX_U,
-    OP_MMA_TF32, OP_MMA_F16, OP_MMA_BF16, OP_LDMATRIX,
+    OP_MMA_TF32, OP_MMA_F16, OP_MMA_BF16, OP_LDMATRIX, OP_WGMMA,
 };
 struct MmaOperands { const uint32_t* a; const uint32_t* b; const float* c; float* d; };
 // ldmatrix: each lane's 16-byte row (already read by that lane) and where its registers go.
@@ -64,6 +64,15 @@ void* dynamic_shared_base();
 void cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes);
 void cp_async_commit();
 void cp_async_wait(int pending_groups);   // -1: wait for every copy, committed or not
+// wgmma (hopper.cuh's wrappers): a warpgroup (128-thread) collective; the product is queued
+// at the issue and computed at the wait that retires its group (emu_host.h).
+enum WgmmaKind { WGMMA_F16, WGMMA_BF16, WGMMA_TF32 };
+struct WgmmaOperands { int kind, n; uint64_t desc_a, desc_b; int scale_d; float* d; };
+unsigned shared_window_address(const void* p);   // offset in the launch's dynamic shared memory
+void wgmma_fence();
+void wgmma_mma_async(WgmmaOperands& op);
+void wgmma_commit();
+void wgmma_wait(int pending_groups);
 
 template <class T> inline T shfl(int kind, unsigned mask, T var, int arg, int width) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a type > 8 bytes");

@@ -62,7 +62,7 @@ enum ErrorKind {
     ERR_INTERNAL = 9, ERR_ARITHMETIC = 10, ERR_UNDERFLOW_WRITE = 11,
 };
 enum { SHARED_ARG = -2, STATIC_SHARED_ARG = -3 };   // arg_index reported for shared memory
-enum { ERR_RACE = 12, ERR_UNINIT = 13, ERR_CP_ASYNC = 14, ERR_SYNCCHECK = 15 };
+enum { ERR_RACE = 12, ERR_UNINIT = 13, ERR_CP_ASYNC = 14, ERR_SYNCCHECK = 15, ERR_WGMMA = 16 };
 enum { CHECK_MEMORY = 1, CHECK_COUNTERS = 2 };   // racecheck + initcheck + cp.async; counters
 enum FiberState { F_RUNNING, F_WAIT_BLOCK, F_WAIT_WARP, F_DONE };
 static const size_t PAGE = 4096;
@@ -81,6 +81,7 @@ struct Fiber : ThreadState {
 
 struct Region { char* map; size_t map_len; char* data; uint64_t nbytes; bool readonly; uint8_t* init; };
 struct San;
+struct WgState;   // one warpgroup's wgmma queue (below)
 
 struct Launch {
     const gpuk_emu_config* cfg;
@@ -112,6 +113,7 @@ struct Worker {
     sigjmp_buf jmp;
     gpuk_emu_error err;
     San* san;         // sanitizer / counter state; null unless an instrumented build checks or counts
+    WgState* wg;      // per warpgroup (blockDim a multiple of 128), else null
 };
 inline thread_local Worker* t_worker = nullptr;
 
@@ -258,7 +260,8 @@ enum AccessKind { ACC_READ, ACC_WRITE, ACC_ATOMIC };
 // (unique across blocks); stamps are the warp's collective generation at the access.
 struct Cell {
     uint32_t wepoch, wstamp, repoch, rstamp, initb, pendb, rlanes;
-    uint16_t wtid, rtid;
+    uint32_t wgb;     // block serial while wgn wgmma.mma_async operands not yet retired read this byte
+    uint16_t wtid, rtid, wgn;
     int16_t rwarp;
     uint8_t ignore;   // not shared memory (a guard variable of a thread-local)
 };
@@ -308,6 +311,10 @@ inline const char* shared_name(int where) { return where == SHARED_ARG ? "dynami
         fail_in_fiber(kind, "racecheck: %s hazard on %s at byte offset %lld with thread %s of the same block "
                       "(no __syncthreads, or __syncwarp for lanes of one warp, orders the two accesses)",
                       what, shared_name(where), (long long)offset, other == MANY_READERS ? "(several)" : who);
+    if (kind == ERR_WGMMA)
+        fail_in_fiber(kind, "wgmma: %s of %s at byte offset %lld, an operand of a wgmma.mma_async not yet retired "
+                      "(wgmma.wait_group by the issuing warpgroup, then __syncthreads, come first)",
+                      what, shared_name(where), (long long)offset);
     fail_in_fiber(kind, "cp.async: %s of %s at byte offset %lld, the destination of a cp.async not yet waited for "
                   "(cp_async_wait / cp.async.wait_group by the issuing thread, then __syncthreads, come first)",
                   what, shared_name(where), (long long)offset);
@@ -347,6 +354,7 @@ GPUK_EMU_NOSAN void shared_access(San* s, Cell* cells, int where, int64_t offset
             continue;
         }
         if (c.pendb == block) fail_shared(ERR_CP_ASYNC, where, at, "write", 0);
+        if (c.wgb == block && c.wgn) fail_shared(ERR_WGMMA, where, at, "write", 0);
         if (c.repoch == epoch) {
             if (c.rtid != MANY_READERS) {
                 if (c.rtid != tid && !ordered(s, c.rtid, c.rstamp, tid))
@@ -765,7 +773,7 @@ static const char* const kWarpOpNames[] = {
     "__syncwarp", "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
     "__ballot_sync", "__any_sync", "__all_sync", "__reduce_add_sync", "__reduce_min_sync",
     "__reduce_max_sync", "__reduce_min_sync", "__reduce_max_sync",
-    "mma_m16n8k8_tf32", "mma_m16n8k16_f16", "mma_m16n8k16_bf16", "ldmatrix"};
+    "mma_m16n8k8_tf32", "mma_m16n8k16_f16", "mma_m16n8k16_bf16", "ldmatrix", "wgmma.mma_async"};
 
 // ldmatrix.m8n8.xNUM[.trans].b16 (PTX ISA): lanes 8i..8i+7 supplied rows 0..7 of matrix i.
 // Register i of lane l gets (row l/4, 16-bit cols 2(l%4), 2(l%4)+1) of matrix i; with .trans
@@ -878,6 +886,227 @@ inline uint64_t warp_op(WarpOp& op) {
 
 inline void* dynamic_shared_base() { return t_worker->smem; }
 
+// ---- wgmma (PTX ISA 9.7.15): warpgroup MMA from shared-memory descriptors ----
+// wgmma.mma_async is a collective of the 128 threads of a warpgroup (threads 128g..128g+127).
+// It is checked and queued when the last thread arrives; the product is computed when a
+// thread of the warpgroup waits for its group (wgmma.wait_group), as the hardware may read
+// its operands any time until then: the shared memory is read at the wait, and with the
+// memory checks on, a write to an operand byte before that wait is reported (as is a read of
+// a cp.async destination not yet landed). Supported: m64nNk16 f16/bf16 and m64nNk8 tf32
+// with float32 accumulators, both operands K-major (imm-trans 0), scale-a = scale-b = 1.
+struct WgOp { int kind, n; uint64_t desc_a, desc_b; int scale_d; uint32_t group; float* d[128]; };
+struct WgState {
+    WgOp* ops; uint32_t head, n, cap;     // queued ops [head, n), in issue order
+    uint32_t open_group[128];             // per thread: groups committed so far
+    bool fenced[128];                     // per thread: a wgmma.fence since its last wait
+};
+
+GPUK_EMU_NOSAN WgState* wg_state(const char* what) {
+    Worker* w = t_worker;
+    if (!w->wg)
+        fail_in_fiber(ERR_WGMMA, "%s: the block has %u threads; wgmma runs on warpgroups of 128 threads (the "
+                      "block size must be a multiple of 128)", what, w->nthreads);
+    return &w->wg[unsigned(static_cast<Fiber*>(t_thread) - w->fibers) / 128u];
+}
+GPUK_EMU_NOSAN unsigned thread_in_warpgroup() {
+    return unsigned(static_cast<Fiber*>(t_thread) - t_worker->fibers) % 128u;
+}
+
+GPUK_EMU_NOSAN unsigned shared_window_address(const void* p) {
+    Worker* w = t_worker;
+    const char* a = static_cast<const char*>(p);
+    const uint64_t size = w->launch->cfg->shared_mem;
+    if (a < w->smem || a >= w->smem + size)
+        fail_in_fiber(ERR_WGMMA, "shared address of %p: not in the launch's dynamic shared memory (%llu bytes); the "
+                      "emulator gives shared-window addresses (wgmma descriptors) to extern __shared__ memory only",
+                      p, (unsigned long long)size);
+    return unsigned(a - w->smem);
+}
+
+// Byte offset in shared memory of byte `kbyte` (along K) of row `row` (along M or N) of a
+// K-major operand (PTX ISA, canonical layouts): no swizzle: 8x16-byte core matrices, LBO
+// apart along K and SBO apart along M/N; 32/64/128-byte swizzle: rows of W bytes in 8-row
+// atoms SBO apart, then byte-address bits 4.. XOR bits 7.. (Swizzle<1|2|3, 4, 3>).
+GPUK_EMU_NOSAN uint32_t wgmma_byte_address(uint64_t desc, int row, int kbyte) {
+    const uint32_t start = uint32_t(desc & 0x3fffu) << 4, lbo = uint32_t((desc >> 16) & 0x3fffu) << 4;
+    const uint32_t sbo = uint32_t((desc >> 32) & 0x3fffu) << 4;
+    const int mode = int(desc >> 62);
+    if (mode == 0) return start + uint32_t(row / 8) * sbo + uint32_t(row % 8) * 16u + uint32_t(kbyte / 16) * lbo + kbyte % 16;
+    const int bits = mode == 1 ? 3 : mode == 2 ? 2 : 1;   // 128B, 64B, 32B
+    const uint32_t addr = start + uint32_t(row / 8) * sbo + uint32_t(row % 8) * (16u << bits) + uint32_t(kbyte);
+    return addr ^ (((addr >> 7) & ((1u << bits) - 1u)) << 4);
+}
+
+GPUK_EMU_NOSAN void wgmma_check_desc(const char* which, uint64_t desc, int rows, int kbytes) {
+    const uint64_t reserved = (3ull << 14) | (3ull << 30) | (7ull << 46) | (0x3ffull << 52);
+    if (desc & reserved)
+        fail_in_fiber(ERR_WGMMA, "wgmma.mma_async: descriptor %s = 0x%016llx sets reserved bits (0x%016llx)", which,
+                      (unsigned long long)desc, (unsigned long long)(desc & reserved));
+    if ((desc >> 49) & 7u)
+        fail_in_fiber(ERR_WGMMA, "wgmma.mma_async: descriptor %s has a matrix base offset (%u); the emulator supports "
+                      "swizzle patterns that start on their repeat boundary only (base offset 0)", which,
+                      unsigned((desc >> 49) & 7u));
+    const int mode = int(desc >> 62);
+    if (mode) {
+        const uint32_t width = 16u << (mode == 1 ? 3 : mode == 2 ? 2 : 1), start = uint32_t(desc & 0x3fffu) << 4;
+        if (start % width + uint32_t(kbytes) > width)
+            fail_in_fiber(ERR_WGMMA, "wgmma.mma_async: descriptor %s starts %u bytes into a %u-byte swizzle row; a "
+                          "k-step of %d bytes would cross into the next row", which, start % width, width, kbytes);
+    }
+    const uint64_t size = t_worker->launch->cfg->shared_mem;
+    for (int r = 0; r < rows; ++r)
+        for (int kb = 0; kb < kbytes; kb += 16) {
+            const uint32_t a = wgmma_byte_address(desc, r, kb);
+            if (a + 16u > size)
+                fail_in_fiber(ERR_WGMMA, "wgmma.mma_async: descriptor %s = 0x%016llx reaches byte %u of shared memory "
+                              "(row %d); the launch has %llu bytes of dynamic shared memory", which,
+                              (unsigned long long)desc, a + 15u, r, (unsigned long long)size);
+        }
+}
+
+// Marks (+1) or releases (-1) the operand bytes of an op: a write to a marked byte is reported.
+GPUK_EMU_NOSAN void wgmma_mark(Worker* w, const WgOp& op, int delta) {
+    San* s = w->san;
+    if (!s || !s->check) return;
+    const int kbytes = 32;   // k16 x 2 bytes, k8 x 4 bytes
+    for (int which = 0; which < 2; ++which) {
+        const uint64_t desc = which ? op.desc_b : op.desc_a;
+        const int rows = which ? op.n : 64;
+        for (int r = 0; r < rows; ++r)
+            for (int kb = 0; kb < kbytes; ++kb) {
+                Cell& c = s->dyn_cells[wgmma_byte_address(desc, r, kb)];
+                if (c.wgb != s->block_serial) { c.wgb = s->block_serial; c.wgn = 0; }
+                c.wgn = uint16_t(c.wgn + delta);
+            }
+    }
+}
+
+// Computes one queued op for all 128 threads: D = A B (+ D when scale_d), A 64xK, B K x N.
+GPUK_EMU_NOSAN void wgmma_execute(Worker* w, const WgOp& op, unsigned tid) {
+    const int K = op.kind == WGMMA_TF32 ? 8 : 16, esize = op.kind == WGMMA_TF32 ? 4 : 2;
+    wgmma_mark(w, op, -1);
+    San* s = w->san;
+    auto element = [&](uint64_t desc, int row, int k) {
+        const uint32_t a = wgmma_byte_address(desc, row, k * esize);
+        if (s && s->check) shared_access(s, s->dyn_cells, SHARED_ARG, a, unsigned(esize), ACC_READ, tid);
+        const char* p = w->smem + a;
+        if (op.kind == WGMMA_TF32) { uint32_t u; memcpy(&u, p, 4); return bits_float(u & 0xffffe000u); }   // 19 tf32 bits
+        uint16_t h; memcpy(&h, p, 2);
+        return op.kind == WGMMA_F16 ? half_bits_to_float(h) : bf16_bits_to_float(h);
+    };
+    static thread_local float A[64][16], B[256][16];
+    for (int m = 0; m < 64; ++m) for (int k = 0; k < K; ++k) A[m][k] = element(op.desc_a, m, k);
+    for (int n = 0; n < op.n; ++n) for (int k = 0; k < K; ++k) B[n][k] = element(op.desc_b, n, k);
+    for (int t = 0; t < 128; ++t) {
+        const int warp = t / 32, lane = t % 32;
+        for (int j = 0; j < op.n / 8; ++j)
+            for (int i = 0; i < 2; ++i)
+                for (int c = 0; c < 2; ++c) {
+                    const int row = 16 * warp + lane / 4 + 8 * i, col = 8 * j + 2 * (lane % 4) + c;
+                    float* d = op.d[t] + 4 * j + 2 * i + c;
+                    float acc = op.scale_d ? *d : 0.0f;
+                    for (int k = 0; k < K; ++k) acc += A[row][k] * B[col][k];
+                    *d = acc;
+                }
+    }
+}
+
+// Run by the last of the 128 threads to arrive.
+GPUK_EMU_NOSAN void complete_wgmma(Worker* w, WgState* st, Fiber* group) {
+    const WgmmaOperands* first = static_cast<const WgmmaOperands*>(group[0].op->data);
+    for (unsigned t = 0; t < 128; ++t) {
+        const WgmmaOperands* o = static_cast<const WgmmaOperands*>(group[t].op->data);
+        t_thread = &group[t];
+        if (o->kind != first->kind || o->n != first->n || o->desc_a != first->desc_a || o->desc_b != first->desc_b ||
+            o->scale_d != first->scale_d)
+            fail_in_fiber(ERR_WGMMA, "wgmma.mma_async: the threads of a warpgroup disagree on the instruction or its "
+                          "descriptors (thread 0: desc-a 0x%016llx desc-b 0x%016llx; this thread: 0x%016llx 0x%016llx); "
+                          ".sync.aligned needs one instruction for all 128", (unsigned long long)first->desc_a,
+                          (unsigned long long)first->desc_b, (unsigned long long)o->desc_a, (unsigned long long)o->desc_b);
+        if (!st->fenced[t])
+            fail_in_fiber(ERR_WGMMA, "wgmma.mma_async without a wgmma.fence since this thread's last wgmma.wait_group "
+                          "(the fence orders the accumulator registers before the first wgmma of a batch)");
+        if (st->open_group[t] != st->open_group[0])
+            fail_in_fiber(ERR_WGMMA, "wgmma.mma_async: this thread committed %u wgmma groups, thread 0 of its warpgroup "
+                          "%u (wgmma.commit_group is .sync.aligned too)", st->open_group[t], st->open_group[0]);
+    }
+    t_thread = &group[127];
+    if (first->n % 8 || first->n < 8 || first->n > 256)
+        fail_in_fiber(ERR_WGMMA, "wgmma.mma_async: N must be a multiple of 8 in [8, 256], got %d", first->n);
+    wgmma_check_desc("a", first->desc_a, 64, 32);
+    wgmma_check_desc("b", first->desc_b, first->n, 32);
+    if (st->n == st->cap) {
+        const uint32_t cap = st->cap ? 2 * st->cap : 16;
+        WgOp* grown = static_cast<WgOp*>(realloc(st->ops, cap * sizeof(WgOp)));
+        if (!grown) fail_in_fiber(ERR_INTERNAL, "out of host memory for the wgmma queue");
+        st->ops = grown; st->cap = cap;
+    }
+    WgOp& op = st->ops[st->n++];
+    op.kind = first->kind; op.n = first->n; op.desc_a = first->desc_a; op.desc_b = first->desc_b;
+    op.scale_d = first->scale_d; op.group = st->open_group[0];
+    for (unsigned t = 0; t < 128; ++t) op.d[t] = static_cast<const WgmmaOperands*>(group[t].op->data)->d;
+    wgmma_mark(w, op, +1);
+    if (w->san) for (unsigned k = 0; k < 4; ++k) san_collective(w, unsigned(group - w->fibers) / 32u + k, 0xffffffffu);
+    for (unsigned t = 0; t < 128; ++t) group[t].released = true;
+}
+
+GPUK_EMU_NOSAN void wgmma_mma_async(WgmmaOperands& operands) {
+    Worker* w = t_worker;
+    Fiber* f = static_cast<Fiber*>(t_thread);
+    WgState* st = wg_state("wgmma.mma_async");
+    WarpOp op{OP_WGMMA, 0xffffffffu, 0, 0, 32, 0, &operands};
+    f->op = &op;
+    f->released = false;
+    f->state = F_WAIT_WARP;
+    w->progress = true;
+    Fiber* group = w->fibers + unsigned(f - w->fibers) / 128u * 128u;
+    bool complete = true;
+    for (unsigned t = 0; t < 128 && complete; ++t)
+        complete = group[t].state == F_WAIT_WARP && !group[t].released && group[t].op->op == OP_WGMMA;
+    if (complete) {
+        complete_wgmma(w, st, group);
+        t_thread = f;
+    }
+    while (!f->released) yield_waiting();
+    f->state = F_RUNNING;
+    f->op = nullptr;
+    w->progress = true;
+}
+GPUK_EMU_NOSAN void wgmma_fence() { wg_state("wgmma.fence")->fenced[thread_in_warpgroup()] = true; }
+GPUK_EMU_NOSAN void wgmma_commit() { ++wg_state("wgmma.commit_group")->open_group[thread_in_warpgroup()]; }
+GPUK_EMU_NOSAN void wgmma_wait(int pending_groups) {
+    Worker* w = t_worker;
+    WgState* st = wg_state("wgmma.wait_group");
+    const unsigned t = thread_in_warpgroup();
+    const uint32_t open = st->open_group[t];
+    const unsigned tid = unsigned(static_cast<Fiber*>(t_thread) - w->fibers);
+    while (st->head < st->n && int64_t(st->ops[st->head].group) + pending_groups < int64_t(open))
+        wgmma_execute(w, st->ops[st->head++], tid);
+    if (st->head == st->n) st->head = st->n = 0;
+    st->fenced[t] = false;
+}
+// At the block's end: an op never retired leaves its accumulators undefined.
+inline bool wgmma_all_retired(Worker* w) {
+    if (!w->wg) return true;
+    for (unsigned g = 0; g < w->nthreads / 128u; ++g)
+        if (w->wg[g].head < w->wg[g].n) {
+            t_thread = nullptr;
+            set_error(&w->err, ERR_WGMMA, "wgmma: warpgroup %u ended with %u wgmma.mma_async never retired by a "
+                      "wgmma.wait_group (their accumulators are undefined)", g, w->wg[g].n - w->wg[g].head);
+            return false;
+        }
+    return true;
+}
+inline void wgmma_block_start(Worker* w) {
+    if (!w->wg) return;
+    for (unsigned g = 0; g < w->nthreads / 128u; ++g) {
+        WgState& st = w->wg[g];
+        st.head = st.n = 0;
+        memset(st.open_group, 0, sizeof st.open_group);
+        memset(st.fenced, 0, sizeof st.fenced);
+    }
+}
+
 // ---- one block ----
 inline void report_deadlock(Worker* w) {
     unsigned at_barrier = 0, at_warp = 0, exited = 0;
@@ -901,6 +1130,23 @@ inline void report_deadlock(Worker* w) {
         Fiber* waiting = nullptr;
         for (unsigned i = 0; i < w->nthreads && !waiting; ++i)
             if (w->fibers[i].state == F_WAIT_WARP) waiting = &w->fibers[i];
+        if (waiting->op->op == OP_WGMMA) {   // a warpgroup collective: count its 128 threads
+            const unsigned first = unsigned(waiting - w->fibers) / 128u * 128u;
+            unsigned arrived = 0, done = 0, at_bar = 0;
+            for (unsigned t = first; t < first + 128u; ++t) {
+                const Fiber& f = w->fibers[t];
+                if (f.state == F_DONE) ++done;
+                else if (f.state == F_WAIT_BLOCK) ++at_bar;
+                else if (f.op && f.op->op == OP_WGMMA) ++arrived;
+            }
+            t_thread = waiting;
+            set_location(&w->err);
+            w->err.kind = ERR_SYNCCHECK;
+            snprintf(w->err.message, sizeof w->err.message, "synccheck: wgmma.mma_async in warpgroup %u: %u of its 128 "
+                     "threads arrived, %u exited, %u wait at __syncthreads, %u elsewhere (.sync.aligned: all 128 threads "
+                     "of the warpgroup issue each wgmma)", first / 128u, arrived, done, at_bar, 128u - arrived - done - at_bar);
+            return;
+        }
         const unsigned warp = waiting->warp, n = warp_lanes(w, warp), mask = waiting->op->mask;
         unsigned arrived = 0, exited = 0, at_bar = 0, elsewhere = 0;
         for (unsigned l = 0; l < n; ++l) {
@@ -943,6 +1189,7 @@ inline bool run_block(Worker* w, unsigned block_linear) {
     w->bar_arrived = 0; w->bar_acc = 0;
     w->aborted = false;
     if (w->san) san_block_start(w);
+    wgmma_block_start(w);
     while (w->live) {
         w->progress = false;
         for (unsigned k = 0; k < w->nthreads; ++k) {
@@ -955,6 +1202,7 @@ inline bool run_block(Worker* w, unsigned block_linear) {
         if (w->live && !w->progress) { report_deadlock(w); return false; }
     }
     san_flush_all(w);
+    if (!wgmma_all_retired(w)) return false;
     return !take_uninit_report(w);
 }
 
@@ -1056,6 +1304,7 @@ inline void* worker_main(void* arg) {
     w->smem_len = (w->smem_len + PAGE - 1) / PAGE * PAGE + PAGE;
     w->smem_map = static_cast<char*>(map_pages(w->smem_len));
     w->fibers = static_cast<Fiber*>(calloc(w->nthreads, sizeof(Fiber)));
+    w->wg = w->nthreads % 128u ? nullptr : static_cast<WgState*>(calloc(w->nthreads / 128u, sizeof(WgState)));
     w->err.arg_index = -1;   // errors name an argument only when they set one
     stack_t alt, old_alt;
     alt.ss_size = 64 * 1024;
@@ -1112,6 +1361,8 @@ inline void* worker_main(void* arg) {
     if (w->stacks) munmap(w->stacks, w->stacks_len);
     if (w->smem_map) munmap(w->smem_map, w->smem_len);
     free(w->fibers);
+    if (w->wg) for (unsigned g = 0; g < w->nthreads / 128u; ++g) free(w->wg[g].ops);
+    free(w->wg);
     free(alt.ss_sp);
     t_worker = nullptr;
     return nullptr;

@@ -1,0 +1,245 @@
+// conv_wgmma.cu: the Hopper (sm_90a) implicit-GEMM convolution forward pass on warpgroup MMA
+// (wgmma), for float16, bfloat16 and float32 under precision 'tf32'. Launched by
+// gpuk/kernels/conv/wgmma.py on sm_90 devices (tests force it on the emulator), which also
+// decides when it applies (see Limits); every other problem runs conv_igemm.cu.
+//
+// GEMM view (as conv_igemm_fwd): y[m, n] = sum_k A[m, k] B[k, n], M = N * output pixels,
+//   N = C_out, K = taps * C_in; A = im2col(x) gathered on the fly (padding, stride, dilation
+//   and tails are zero-filled by the copies), B = w_t, the filter transposed by the launcher to
+//   (C_out, K) so that both operands are K-major in shared memory (wgmma's only layout for
+//   tf32; for 16-bit types it keeps one code path).
+// Tiling: a block computes a 128 x 128 output tile (WG_BM x WG_BN); K advances WG_BK elements
+//   (128 bytes: 64 16-bit or 32 tf32 elements) per tile through a WG_STAGES-deep ring of
+//   shared-memory stages. A stage holds A (128 rows x 128 B) and B (128 rows x 128 B), each
+//   row one 128-byte line stored with the 128-byte swizzle (16-byte unit u of row r at unit
+//   u ^ (r % 8), stages 1024-byte aligned), which is what the wgmma descriptors read and makes
+//   the producers' 16-byte writes of 8 rows' same unit fall in 8 different bank groups.
+// Thread mapping (warp specialization, 3 warpgroups = 384 threads):
+//   warpgroup 0, the producer: thread p copies 16-byte unit p % 8 of rows p / 8 + 16 j
+//     (j < 8) of both operands with zero-filling cp.async; its A rows keep their window origin
+//     and base offset (divisions once per block), and its K position is a (tap, channel)
+//     iterator advanced by adds (no division in the loop). A 16-byte unit is 8 (or 4)
+//     neighbouring channels of one pixel: channels_last with C_in a multiple of 8 (16-bit) or
+//     4 (tf32) makes them share one padding check.
+//   warpgroups 1 and 2, the consumers: warpgroup 1 + h owns output rows 64 h .. 64 h + 63 and
+//     issues, per K tile, WG_BK / WG_KSTEP wgmma.mma_async m64n128k16 (k8 for tf32) with
+//     float32 accumulators: 64 registers per thread (layout in hopper.cuh).
+// Pipeline: one __syncthreads per K tile hands stages over. Iteration t: the producer waits
+//   for its copies of tile t (cp.async.wait_group WG_STAGES - 3), all threads meet at the
+//   barrier, the producer refills the stage of tile t - 2 with tile t + WG_STAGES - 2 and the
+//   consumers issue tile t's wgmmas, commit them and wait until one group is left in flight
+//   (tile t - 1 retired, so its stage is free for the producer after the next barrier). The
+//   copies of two tiles and the MMAs of up to two tiles are in flight at once.
+// Epilogue: consumers write their accumulators in pairs of neighbouring channels (one 4- or
+//   8-byte store where C_out is even), + bias[c_out] (epilogue 1) then relu (2).
+// Limits (checked by the launcher): channels_last; C_in a multiple of 16 bytes / element; x and
+//   w_t 16-byte aligned; M, K < 2^31 (indices decode in 32 bits; offsets are 64-bit);
+//   grid.y = C_out tiles <= 65535; WG_SMEM_BYTES of dynamic shared memory (opt-in above
+//   48 KB). Forward pass only (dgrad and wgrad run conv_igemm.cu). No atomics.
+#include "conv_common.cuh"
+#include "hopper.cuh"
+
+#ifndef WG_STAGES
+#define WG_STAGES 4
+#endif
+#define WG_THREADS 384                         // 1 producer + 2 consumer warpgroups
+#define WG_BM 128                              // output rows per block: 2 consumers x 64
+#define WG_BN WGMMA_N                          // output channels per block
+#define WG_ROW_BYTES 128                       // one K tile of a row: the 128-byte swizzle width
+#define WG_BK (WG_ROW_BYTES / (int)sizeof(elem_t))
+#define WG_KSTEP (32 / (int)sizeof(elem_t))   // K of one wgmma: k16 (16-bit), k8 (tf32)
+#define WG_VEC (16 / (int)sizeof(elem_t))     // elements per 16-byte unit
+#define WG_A_BYTES (WG_BM * WG_ROW_BYTES)
+#define WG_STAGE_BYTES (WG_A_BYTES + WG_BN * WG_ROW_BYTES)
+#define WG_SMEM_BYTES (WG_STAGES * WG_STAGE_BYTES + 1024)   // + alignment slack
+#define WG_ROWS_PER_PASS 16                    // 128 producer threads / 8 units per row
+#define WG_CHUNKS (WG_BM / WG_ROWS_PER_PASS)   // A (and B) units per producer thread per tile
+#define WG_FAR_OUTSIDE (-(1 << 29))            // a window origin that fails every bounds check
+static_assert(WG_STAGES >= 3, "two tiles in flight plus the one being multiplied");
+static_assert(WG_BN == WG_BM && WG_CHUNKS == 8, "the producer maps A and B rows alike");
+static_assert(sizeof(elem_t) == 2 || sizeof(elem_t) == 4, "16-bit or tf32 operands");
+
+// The producer's copy state: A rows' window origins and bases, the K position as
+// (channel, tap offsets), B rows' offsets.
+struct WgmmaLoader {
+    long long a_base[WG_CHUNKS];   // ((image * in_pix) + window origin pixel) * C_in
+    int a_d[WG_CHUNKS], a_h[WG_CHUNKS], a_w[WG_CHUNKS];
+    long long b_base[WG_CHUNKS];   // n * K of B row n, or -1 past C_out
+    int k, c, kw, kh, kd, ow, oh, od;   // this thread's k = (tap, c); tap offsets k*dil
+    unsigned dst;                  // byte offset of this thread's first unit in a stage
+
+    __device__ __forceinline__ void init(int batch, int c_in, int c_out, int in_d, int in_h, int in_w, int out_d,
+                                         int out_h, int out_w, int k_h, int k_w, int s_d, int s_h, int s_w,
+                                         int dil_d, int dil_h, int dil_w, int pad_d, int pad_h, int pad_w) {
+        const int unit = threadIdx.x % 8, row0 = threadIdx.x / 8;
+        const unsigned out_pix = (unsigned)out_d * out_h * out_w;
+        const long long rows = (long long)batch * out_pix, in_pix = (long long)in_d * in_h * in_w;
+        const long long depth = (long long)k_h * k_w * c_in;   // per kd; the full K adds k_d
+#pragma unroll
+        for (int j = 0; j < WG_CHUNKS; ++j) {
+            const long long m = (long long)blockIdx.x * WG_BM + row0 + WG_ROWS_PER_PASS * j;
+            if (m < rows) {
+                const unsigned mu = (unsigned)m, n = mu / out_pix, p = mu - n * out_pix;
+                a_w[j] = (int)(p % (unsigned)out_w) * s_w - pad_w;
+                a_h[j] = (int)((p / (unsigned)out_w) % (unsigned)out_h) * s_h - pad_h;
+                a_d[j] = (int)(p / ((unsigned)out_w * (unsigned)out_h)) * s_d - pad_d;
+                a_base[j] = ((long long)n * in_pix + ((long long)a_d[j] * in_h + a_h[j]) * in_w + a_w[j]) * c_in;
+            } else {
+                a_d[j] = a_h[j] = a_w[j] = WG_FAR_OUTSIDE;
+                a_base[j] = 0;
+            }
+            const int col = blockIdx.y * WG_BN + row0 + WG_ROWS_PER_PASS * j;
+            b_base[j] = col < c_out ? (long long)col * depth : -1;
+        }
+        k = unit * WG_VEC;
+        const int tap = k / c_in;
+        c = k - tap * c_in;
+        kw = tap % k_w;
+        kh = (tap / k_w) % k_h;
+        kd = tap / (k_w * k_h);
+        ow = kw * dil_w;
+        oh = kh * dil_h;
+        od = kd * dil_d;
+        dst = row0 * WG_ROW_BYTES + ((unit ^ (row0 % 8)) << 4);   // rows row0 + 16 j share the swizzle
+    }
+
+    // Copies K tile [k, k + WG_BK) of A and B into the stage at `stage`, then steps to the next.
+    __device__ __forceinline__ void load(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t,
+                                         unsigned char* stage, int c_in, int in_d, int in_h, int in_w, int k_d,
+                                         int k_h, int k_w, int dil_d, int dil_h, int dil_w, long long depth) {
+        const long long tap_offset = ((long long)(od * in_h + oh) * in_w + ow) * c_in + c;
+        const bool k_ok = kd < k_d;
+#pragma unroll
+        for (int j = 0; j < WG_CHUNKS; ++j) {
+            const bool valid = k_ok && (unsigned)(a_d[j] + od) < (unsigned)in_d &&
+                               (unsigned)(a_h[j] + oh) < (unsigned)in_h && (unsigned)(a_w[j] + ow) < (unsigned)in_w;
+            cp_async_16_zfill(stage + dst + j * WG_ROWS_PER_PASS * WG_ROW_BYTES,
+                              valid ? x + a_base[j] + tap_offset : x, valid);
+        }
+#pragma unroll
+        for (int j = 0; j < WG_CHUNKS; ++j) {
+            const bool valid = b_base[j] >= 0 && k < depth;
+            cp_async_16_zfill(stage + WG_A_BYTES + dst + j * WG_ROWS_PER_PASS * WG_ROW_BYTES,
+                              valid ? w_t + b_base[j] + k : w_t, valid);
+        }
+        k += WG_BK;
+        c += WG_BK;
+        while (c >= c_in) {   // next tap(s): adds and compares only
+            c -= c_in;
+            ow += dil_w;
+            if (++kw == k_w) {
+                kw = 0;
+                ow = 0;
+                oh += dil_h;
+                if (++kh == k_h) {
+                    kh = 0;
+                    oh = 0;
+                    od += dil_d;
+                    ++kd;
+                }
+            }
+        }
+    }
+};
+
+// Writes a consumer thread's 64 x 128 / 128 accumulators (see hopper.cuh for the layout).
+__device__ __forceinline__ void wgmma_store(const float (&acc)[WGMMA_ACC], long long rows, int c_out,
+                                            const elem_t* __restrict__ bias, int epilogue, elem_t* __restrict__ y) {
+    const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+    const long long row0 = (long long)blockIdx.x * WG_BM + (threadIdx.x / 128 - 1) * 64 + 16 * warp + lane / 4;
+    const bool pairs = c_out % 2 == 0 && is_aligned(y, 2 * sizeof(elem_t));
+    struct alignas(2 * sizeof(elem_t)) Pair { elem_t v[2]; };
+#pragma unroll
+    for (int j = 0; j < WGMMA_N / 8; ++j) {
+        const int col = blockIdx.y * WG_BN + 8 * j + 2 * (lane % 4);
+        if (col >= c_out) continue;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const long long m = row0 + 8 * i;
+            if (m >= rows) continue;
+            float v[2] = {acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]};
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                if (epilogue >= 1 && col + q < c_out) v[q] += to_acc(bias[col + q]);
+                if (epilogue == 2) v[q] = v[q] < 0.0f ? 0.0f : v[q];
+            }
+            elem_t* out = y + m * c_out + col;
+            if (pairs) {
+                Pair p;
+                p.v[0] = ElementTraits<elem_t>::from_acc(v[0]);
+                p.v[1] = ElementTraits<elem_t>::from_acc(v[1]);
+                *reinterpret_cast<Pair*>(out) = p;
+            } else {
+                out[0] = ElementTraits<elem_t>::from_acc(v[0]);
+                if (col + 1 < c_out) out[1] = ElementTraits<elem_t>::from_acc(v[1]);
+            }
+        }
+    }
+}
+
+// conv_wgmma_fwd: y = conv(x, w) (+ bias, relu), channels_last. w_t is the filter as (C_out, K).
+// Grid (M tiles, C_out tiles), WG_THREADS threads, WG_SMEM_BYTES of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+conv_wgmma_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t, const elem_t* __restrict__ bias,
+               elem_t* __restrict__ y, int batch, int c_in, int c_out, int in_d, int in_h, int in_w, int out_d,
+               int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h,
+               int dil_w, int pad_d, int pad_h, int pad_w, int epilogue) {
+    extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+    // Stages start on a 1024-byte boundary of the shared window: the swizzle pattern's repeat.
+    const unsigned raw = smem_address(wgmma_smem);
+    unsigned char* smem = wgmma_smem + ((1024u - (raw & 1023u)) & 1023u);
+    const long long rows = (long long)batch * out_d * out_h * out_w;
+    const long long depth = (long long)k_d * k_h * k_w * c_in;
+    const int tiles = (int)((depth + WG_BK - 1) / WG_BK);
+
+    if (threadIdx.x < 128) {   // ---- producer warpgroup ----
+        WgmmaLoader loader;
+        loader.init(batch, c_in, c_out, in_d, in_h, in_w, out_d, out_h, out_w, k_h, k_w, s_d, s_h, s_w, dil_d,
+                    dil_h, dil_w, pad_d, pad_h, pad_w);
+#pragma unroll
+        for (int s = 0; s < WG_STAGES - 2; ++s) {
+            if (s < tiles)
+                loader.load(x, w_t, smem + s * WG_STAGE_BYTES, c_in, in_d, in_h, in_w, k_d, k_h, k_w, dil_d, dil_h,
+                            dil_w, depth);
+            cp_async_commit();   // empty groups keep the count uniform for the wait below
+        }
+        int write_stage = WG_STAGES - 2;
+        for (int t = 0; t < tiles; ++t) {
+            cp_async_wait<WG_STAGES - 3>();   // tile t has landed (this thread's copies) ...
+            __syncthreads();                  // ... everyone's; the consumers retired tile t - 2
+            if (t + WG_STAGES - 2 < tiles)
+                loader.load(x, w_t, smem + write_stage * WG_STAGE_BYTES, c_in, in_d, in_h, in_w, k_d, k_h, k_w,
+                            dil_d, dil_h, dil_w, depth);
+            cp_async_commit();
+            write_stage = write_stage == WG_STAGES - 1 ? 0 : write_stage + 1;
+        }
+        cp_async_wait_all();
+        return;
+    }
+    // ---- consumer warpgroups 1, 2 ----
+    float acc[WGMMA_ACC];
+#pragma unroll
+    for (int e = 0; e < WGMMA_ACC; ++e) acc[e] = 0.0f;
+    const unsigned a_start = smem_address(smem) + (threadIdx.x / 128 - 1) * 64 * WG_ROW_BYTES;
+    const unsigned b_start = smem_address(smem) + WG_A_BYTES;
+    // Descriptors of stage 0, k step 0; a stage is WG_STAGE_BYTES further, a k step 32 bytes.
+    const unsigned long long desc_a0 = wgmma_desc_k_sw128(a_start, 8 * WG_ROW_BYTES);
+    const unsigned long long desc_b0 = wgmma_desc_k_sw128(b_start, 8 * WG_ROW_BYTES);
+    int read_stage = 0;
+    for (int t = 0; t < tiles; ++t) {
+        __syncthreads();   // tile t is in shared memory
+        const unsigned long long stage = (unsigned long long)(read_stage * (WG_STAGE_BYTES >> 4));
+        wgmma_fence_operands(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < WG_BK / WG_KSTEP; ++ks)
+            wgmma_m64n128<elem_t>(acc, desc_a0 + stage + ks * 2, desc_b0 + stage + ks * 2);
+        wgmma_commit();
+        wgmma_wait<1>();   // tile t - 1 retired: its stage may be refilled after the next barrier
+        wgmma_fence_operands(acc);
+        read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
+    }
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+    wgmma_store(acc, rows, c_out, bias, epilogue, y);
+}
