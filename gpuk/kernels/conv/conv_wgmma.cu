@@ -69,12 +69,12 @@ struct WgmmaLoader {
     unsigned dst;                  // byte offset of this thread's first unit in a stage
 
     __device__ __forceinline__ void init(int batch, int c_in, int c_out, int in_d, int in_h, int in_w, int out_d,
-                                         int out_h, int out_w, int k_h, int k_w, int s_d, int s_h, int s_w,
+                                         int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w,
                                          int dil_d, int dil_h, int dil_w, int pad_d, int pad_h, int pad_w) {
         const int unit = threadIdx.x % 8, row0 = threadIdx.x / 8;
         const unsigned out_pix = (unsigned)out_d * out_h * out_w;
         const long long rows = (long long)batch * out_pix, in_pix = (long long)in_d * in_h * in_w;
-        const long long depth = (long long)k_h * k_w * c_in;   // per kd; the full K adds k_d
+        const long long depth = (long long)k_d * k_h * k_w * c_in;   // K: the length of a B row
 #pragma unroll
         for (int j = 0; j < WG_CHUNKS; ++j) {
             const long long m = (long long)blockIdx.x * WG_BM + row0 + WG_ROWS_PER_PASS * j;
@@ -194,7 +194,7 @@ conv_wgmma_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t, con
 
     if (threadIdx.x < 128) {   // ---- producer warpgroup ----
         WgmmaLoader loader;
-        loader.init(batch, c_in, c_out, in_d, in_h, in_w, out_d, out_h, out_w, k_h, k_w, s_d, s_h, s_w, dil_d,
+        loader.init(batch, c_in, c_out, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w, dil_d,
                     dil_h, dil_w, pad_d, pad_h, pad_w);
 #pragma unroll
         for (int s = 0; s < WG_STAGES - 2; ++s) {

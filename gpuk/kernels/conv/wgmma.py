@@ -62,8 +62,7 @@ def forced_state():
 
 
 def _aligned16(array):
-    data = getattr(array, 'data', None)
-    pointer = data.ptr if hasattr(data, 'ptr') else array.ctypes.data
+    pointer = array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
     return pointer % 16 == 0
 
 

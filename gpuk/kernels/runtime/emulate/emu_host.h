@@ -888,15 +888,16 @@ inline void* dynamic_shared_base() { return t_worker->smem; }
 
 // ---- wgmma (PTX ISA 9.7.15): warpgroup MMA from shared-memory descriptors ----
 // wgmma.mma_async is a collective of the 128 threads of a warpgroup (threads 128g..128g+127).
-// It is checked and queued when the last thread arrives; the product is computed when a
-// thread of the warpgroup waits for its group (wgmma.wait_group), as the hardware may read
-// its operands any time until then: the shared memory is read at the wait, and with the
-// memory checks on, a write to an operand byte before that wait is reported (as is a read of
-// a cp.async destination not yet landed). Supported: m64nNk16 f16/bf16 and m64nNk8 tf32
+// It is checked and queued when the last thread arrives; the product is computed when the
+// first thread of the warpgroup waits for its group (wgmma.wait_group), as the hardware may
+// read its operands any time until then: the shared memory is read at that wait. With the
+// memory checks on, a thread's write to an operand byte before its own wait retired the op is
+// reported (so is an operand still being landed by cp.async). Supported: m64nNk16 f16/bf16 and m64nNk8 tf32
 // with float32 accumulators, both operands K-major (imm-trans 0), scale-a = scale-b = 1.
-struct WgOp { int kind, n; uint64_t desc_a, desc_b; int scale_d; uint32_t group; float* d[128]; };
+struct WgOp { int kind, n; uint64_t desc_a, desc_b; int scale_d; uint32_t group, waited; bool done; float* d[128]; };
 struct WgState {
-    WgOp* ops; uint32_t head, n, cap;     // queued ops [head, n), in issue order
+    WgOp* ops; uint32_t head, n, cap;     // ops [head, n) not yet waited for by all 128 threads, in issue order
+    uint32_t next[128];                   // per thread: the first op (index into ops) it has not waited for
     uint32_t open_group[128];             // per thread: groups committed so far
     bool fenced[128];                     // per thread: a wgmma.fence since its last wait
 };
@@ -984,7 +985,6 @@ GPUK_EMU_NOSAN void wgmma_mark(Worker* w, const WgOp& op, int delta) {
 // Computes one queued op for all 128 threads: D = A B (+ D when scale_d), A 64xK, B K x N.
 GPUK_EMU_NOSAN void wgmma_execute(Worker* w, const WgOp& op, unsigned tid) {
     const int K = op.kind == WGMMA_TF32 ? 8 : 16, esize = op.kind == WGMMA_TF32 ? 4 : 2;
-    wgmma_mark(w, op, -1);
     San* s = w->san;
     auto element = [&](uint64_t desc, int row, int k) {
         const uint32_t a = wgmma_byte_address(desc, row, k * esize);
@@ -1043,7 +1043,7 @@ GPUK_EMU_NOSAN void complete_wgmma(Worker* w, WgState* st, Fiber* group) {
     }
     WgOp& op = st->ops[st->n++];
     op.kind = first->kind; op.n = first->n; op.desc_a = first->desc_a; op.desc_b = first->desc_b;
-    op.scale_d = first->scale_d; op.group = st->open_group[0];
+    op.scale_d = first->scale_d; op.group = st->open_group[0]; op.waited = 0; op.done = false;
     for (unsigned t = 0; t < 128; ++t) op.d[t] = static_cast<const WgmmaOperands*>(group[t].op->data)->d;
     wgmma_mark(w, op, +1);
     if (w->san) for (unsigned k = 0; k < 4; ++k) san_collective(w, unsigned(group - w->fibers) / 32u + k, 0xffffffffu);
@@ -1080,21 +1080,34 @@ GPUK_EMU_NOSAN void wgmma_wait(int pending_groups) {
     const unsigned t = thread_in_warpgroup();
     const uint32_t open = st->open_group[t];
     const unsigned tid = unsigned(static_cast<Fiber*>(t_thread) - w->fibers);
-    while (st->head < st->n && int64_t(st->ops[st->head].group) + pending_groups < int64_t(open))
-        wgmma_execute(w, st->ops[st->head++], tid);
-    if (st->head == st->n) st->head = st->n = 0;
+    for (; st->next[t] < st->n && int64_t(st->ops[st->next[t]].group) + pending_groups < int64_t(open); ++st->next[t]) {
+        WgOp& op = st->ops[st->next[t]];
+        if (!op.done) { wgmma_execute(w, op, tid); op.done = true; }
+        if (++op.waited == 128) wgmma_mark(w, op, -1);   // every thread knows it retired: writes are free again
+    }
+    while (st->head < st->n && st->ops[st->head].waited == 128) ++st->head;
+    if (st->head == st->n) {   // all retired everywhere: start the queue over
+        st->head = st->n = 0;
+        memset(st->next, 0, sizeof st->next);
+    } else if (st->head >= 64 && 2 * st->head >= st->n) {   // drop the retired front
+        memmove(st->ops, st->ops + st->head, (st->n - st->head) * sizeof(WgOp));
+        for (unsigned k = 0; k < 128; ++k) st->next[k] -= st->head;
+        st->n -= st->head;
+        st->head = 0;
+    }
     st->fenced[t] = false;
 }
 // At the block's end: an op never retired leaves its accumulators undefined.
 inline bool wgmma_all_retired(Worker* w) {
     if (!w->wg) return true;
     for (unsigned g = 0; g < w->nthreads / 128u; ++g)
-        if (w->wg[g].head < w->wg[g].n) {
-            t_thread = nullptr;
-            set_error(&w->err, ERR_WGMMA, "wgmma: warpgroup %u ended with %u wgmma.mma_async never retired by a "
-                      "wgmma.wait_group (their accumulators are undefined)", g, w->wg[g].n - w->wg[g].head);
-            return false;
-        }
+        for (uint32_t k = w->wg[g].head; k < w->wg[g].n; ++k)
+            if (!w->wg[g].ops[k].done) {
+                t_thread = nullptr;
+                set_error(&w->err, ERR_WGMMA, "wgmma: warpgroup %u ended with a wgmma.mma_async never retired by a "
+                          "wgmma.wait_group (its accumulators are undefined)", g);
+                return false;
+            }
     return true;
 }
 inline void wgmma_block_start(Worker* w) {
@@ -1102,6 +1115,7 @@ inline void wgmma_block_start(Worker* w) {
     for (unsigned g = 0; g < w->nthreads / 128u; ++g) {
         WgState& st = w->wg[g];
         st.head = st.n = 0;
+        memset(st.next, 0, sizeof st.next);
         memset(st.open_group, 0, sizeof st.open_group);
         memset(st.fenced, 0, sizeof st.fenced);
     }
