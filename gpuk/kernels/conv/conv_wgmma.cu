@@ -220,7 +220,10 @@ conv_wgmma_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t, con
     float acc[WGMMA_ACC];
 #pragma unroll
     for (int e = 0; e < WGMMA_ACC; ++e) acc[e] = 0.0f;
-    const unsigned a_start = smem_address(smem) + (threadIdx.x / 128 - 1) * 64 * WG_ROW_BYTES;
+    // The consumer's half, read from lane 0: the compiler then knows it is warp-uniform and keeps
+    // the descriptors in uniform registers (one uniform add per descriptor and wgmma).
+    const int half = __shfl_sync(GPUK_FULL_MASK, (int)threadIdx.x / 128 - 1, 0);
+    const unsigned a_start = smem_address(smem) + half * 64 * WG_ROW_BYTES;
     const unsigned b_start = smem_address(smem) + WG_A_BYTES;
     // Descriptors of stage 0, k step 0; a stage is WG_STAGE_BYTES further, a k step 32 bytes.
     const unsigned long long desc_a0 = wgmma_desc_k_sw128(a_start, 8 * WG_ROW_BYTES);
