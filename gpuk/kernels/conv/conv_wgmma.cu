@@ -30,8 +30,10 @@
 //   consumers issue tile t's wgmmas, commit them and wait until one group is left in flight
 //   (tile t - 1 retired, so its stage is free for the producer after the next barrier). The
 //   copies of two tiles and the MMAs of up to two tiles are in flight at once.
-// Epilogue: consumers write their accumulators in pairs of neighbouring channels (one 4- or
-//   8-byte store where C_out is even), + bias[c_out] (epilogue 1) then relu (2).
+// Epilogue: after the K loop the consumers write their accumulators, + bias[c_out] (epilogue
+//   1) then relu (2), converted to elem_t, into the idle stage ring (swizzled, conflict-free);
+//   then all 384 threads copy the 128 x 128 tile out in 16-byte units (channels_last rows; one
+//   vector store per unit where C_out is a multiple of 8 (16-bit) or 4 (tf32), else per element).
 // Limits (checked by the launcher): channels_last; C_in a multiple of 16 bytes / element; x and
 //   w_t 16-byte aligned; M, K < 2^31 (indices decode in 32 bits; offsets are 64-bit);
 //   grid.y = C_out tiles <= 65535; WG_SMEM_BYTES of dynamic shared memory (opt-in above
@@ -142,37 +144,62 @@ struct WgmmaLoader {
     }
 };
 
-// Writes a consumer thread's 64 x 128 / 128 accumulators (see hopper.cuh for the layout).
-__device__ __forceinline__ void wgmma_store(const float (&acc)[WGMMA_ACC], long long rows, int c_out,
-                                            const elem_t* __restrict__ bias, int epilogue, elem_t* __restrict__ y) {
+// ---- epilogue: accumulators -> shared memory tile -> 16-byte stores ----
+// The output tile (128 rows x 128 channels of elem_t) is staged in the (then idle) stage ring,
+// rows of WG_OUT_UNITS 16-byte units, unit u of row r stored at u ^ (r % 8): a consumer warp's
+// fragment writes (8 rows x 4 lanes per instruction) then hit 8 different bank groups, and
+// every thread of the block copies whole units out (one 16-byte store each).
+#define WG_OUT_UNITS (WG_BN * (int)sizeof(elem_t) / 16)
+__device__ __forceinline__ unsigned out_offset(int row, int col) {   // byte offset of element (row, col)
+    const int byte = col * (int)sizeof(elem_t);
+    return row * WG_OUT_UNITS * 16 + ((((byte >> 4) ^ (row % 8))) << 4) + (byte & 15);
+}
+
+// A consumer thread's accumulators (+ bias, relu) into the staged tile (layout: hopper.cuh).
+__device__ __forceinline__ void stage_accumulators(const float (&acc)[WGMMA_ACC], unsigned char* tile, int c_out,
+                                                   const elem_t* __restrict__ bias, int epilogue) {
     const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-    const long long row0 = (long long)blockIdx.x * WG_BM + (threadIdx.x / 128 - 1) * 64 + 16 * warp + lane / 4;
-    const bool pairs = c_out % 2 == 0 && is_aligned(y, 2 * sizeof(elem_t));
+    const int row0 = (threadIdx.x / 128 - 1) * 64 + 16 * warp + lane / 4;
     struct alignas(2 * sizeof(elem_t)) Pair { elem_t v[2]; };
 #pragma unroll
     for (int j = 0; j < WGMMA_N / 8; ++j) {
-        const int col = blockIdx.y * WG_BN + 8 * j + 2 * (lane % 4);
-        if (col >= c_out) continue;
+        const int col = 8 * j + 2 * (lane % 4), channel = blockIdx.y * WG_BN + col;
+        float b[2] = {0.0f, 0.0f};
+        if (epilogue >= 1) {
+            if (channel < c_out) b[0] = to_acc(bias[channel]);
+            if (channel + 1 < c_out) b[1] = to_acc(bias[channel + 1]);
+        }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const long long m = row0 + 8 * i;
-            if (m >= rows) continue;
-            float v[2] = {acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]};
+            Pair p;
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
-                if (epilogue >= 1 && col + q < c_out) v[q] += to_acc(bias[col + q]);
-                if (epilogue == 2) v[q] = v[q] < 0.0f ? 0.0f : v[q];
+                float v = acc[4 * j + 2 * i + q] + b[q];
+                if (epilogue == 2) v = v < 0.0f ? 0.0f : v;   // relu keeps NaN
+                p.v[q] = ElementTraits<elem_t>::from_acc(v);
             }
-            elem_t* out = y + m * c_out + col;
-            if (pairs) {
-                Pair p;
-                p.v[0] = ElementTraits<elem_t>::from_acc(v[0]);
-                p.v[1] = ElementTraits<elem_t>::from_acc(v[1]);
-                *reinterpret_cast<Pair*>(out) = p;
-            } else {
-                out[0] = ElementTraits<elem_t>::from_acc(v[0]);
-                if (col + 1 < c_out) out[1] = ElementTraits<elem_t>::from_acc(v[1]);
-            }
+            *reinterpret_cast<Pair*>(tile + out_offset(row0 + 8 * i, col)) = p;
+        }
+    }
+}
+
+// Every thread: the staged tile's units to y (channels_last rows of c_out), 16 bytes at a time
+// where the channel count allows, element by element at the tails.
+__device__ __forceinline__ void store_tile(const unsigned char* tile, long long rows, int c_out,
+                                           elem_t* __restrict__ y) {
+    const bool vector = c_out % WG_VEC == 0 && is_aligned(y, 16);
+    for (int chunk = threadIdx.x; chunk < WG_BM * WG_OUT_UNITS; chunk += WG_THREADS) {
+        const int row = chunk / WG_OUT_UNITS, col = (chunk % WG_OUT_UNITS) * WG_VEC;
+        const long long m = (long long)blockIdx.x * WG_BM + row;
+        const int channel = blockIdx.y * WG_BN + col;
+        if (m >= rows || channel >= c_out) continue;
+        const unsigned char* src = tile + out_offset(row, col);
+        elem_t* dst = y + m * c_out + channel;
+        if (vector) {
+            store_uint4(dst, load_uint4(src));
+        } else {
+            const elem_t* values = reinterpret_cast<const elem_t*>(src);
+            for (int e = 0; e < WG_VEC && channel + e < c_out; ++e) dst[e] = values[e];
         }
     }
 }
@@ -191,6 +218,7 @@ conv_wgmma_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t, con
     const long long rows = (long long)batch * out_d * out_h * out_w;
     const long long depth = (long long)k_d * k_h * k_w * c_in;
     const int tiles = (int)((depth + WG_BK - 1) / WG_BK);
+    float acc[WGMMA_ACC];   // consumers only
 
     if (threadIdx.x < 128) {   // ---- producer warpgroup ----
         WgmmaLoader loader;
@@ -214,35 +242,36 @@ conv_wgmma_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t, con
             write_stage = write_stage == WG_STAGES - 1 ? 0 : write_stage + 1;
         }
         cp_async_wait_all();
-        return;
-    }
-    // ---- consumer warpgroups 1, 2 ----
-    float acc[WGMMA_ACC];
+    } else {   // ---- consumer warpgroups 1, 2 ----
 #pragma unroll
-    for (int e = 0; e < WGMMA_ACC; ++e) acc[e] = 0.0f;
-    // The consumer's half, read from lane 0: the compiler then knows it is warp-uniform and keeps
-    // the descriptors in uniform registers (one uniform add per descriptor and wgmma).
-    const int half = __shfl_sync(GPUK_FULL_MASK, (int)threadIdx.x / 128 - 1, 0);
-    const unsigned a_start = smem_address(smem) + half * 64 * WG_ROW_BYTES;
-    const unsigned b_start = smem_address(smem) + WG_A_BYTES;
-    // Descriptors of stage 0, k step 0; a stage is WG_STAGE_BYTES further, a k step 32 bytes.
-    const unsigned long long desc_a0 = wgmma_desc_k_sw128(a_start, 8 * WG_ROW_BYTES);
-    const unsigned long long desc_b0 = wgmma_desc_k_sw128(b_start, 8 * WG_ROW_BYTES);
-    int read_stage = 0;
-    for (int t = 0; t < tiles; ++t) {
-        __syncthreads();   // tile t is in shared memory
-        const unsigned long long stage = (unsigned long long)(read_stage * (WG_STAGE_BYTES >> 4));
-        wgmma_fence_operands(acc);
-        wgmma_fence();
+        for (int e = 0; e < WGMMA_ACC; ++e) acc[e] = 0.0f;
+        // The consumer's half, read from lane 0: the compiler then knows it is warp-uniform and keeps
+        // the descriptors in uniform registers (one uniform add per descriptor and wgmma).
+        const int half = __shfl_sync(GPUK_FULL_MASK, (int)threadIdx.x / 128 - 1, 0);
+        const unsigned a_start = smem_address(smem) + half * 64 * WG_ROW_BYTES;
+        const unsigned b_start = smem_address(smem) + WG_A_BYTES;
+        // Descriptors of stage 0, k step 0; a stage is WG_STAGE_BYTES further, a k step 32 bytes.
+        const unsigned long long desc_a0 = wgmma_desc_k_sw128(a_start, 8 * WG_ROW_BYTES);
+        const unsigned long long desc_b0 = wgmma_desc_k_sw128(b_start, 8 * WG_ROW_BYTES);
+        int read_stage = 0;
+        for (int t = 0; t < tiles; ++t) {
+            __syncthreads();   // tile t is in shared memory
+            const unsigned long long stage = (unsigned long long)(read_stage * (WG_STAGE_BYTES >> 4));
+            wgmma_fence_operands(acc);
+            wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < WG_BK / WG_KSTEP; ++ks)
-            wgmma_m64n128<elem_t>(acc, desc_a0 + stage + ks * 2, desc_b0 + stage + ks * 2);
-        wgmma_commit();
-        wgmma_wait<1>();   // tile t - 1 retired: its stage may be refilled after the next barrier
+            for (int ks = 0; ks < WG_BK / WG_KSTEP; ++ks)
+                wgmma_m64n128<elem_t>(acc, desc_a0 + stage + ks * 2, desc_b0 + stage + ks * 2);
+            wgmma_commit();
+            wgmma_wait<1>();   // tile t - 1 retired: its stage may be refilled after the next barrier
+            wgmma_fence_operands(acc);
+            read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
+        }
+        wgmma_wait<0>();
         wgmma_fence_operands(acc);
-        read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
     }
-    wgmma_wait<0>();
-    wgmma_fence_operands(acc);
-    wgmma_store(acc, rows, c_out, bias, epilogue, y);
+    __syncthreads();   // every copy landed and every wgmma retired: the stage ring is free
+    if (threadIdx.x >= 128) stage_accumulators(acc, smem, c_out, bias, epilogue);
+    __syncthreads();
+    store_tile(smem, rows, c_out, y);
 }

@@ -29,7 +29,8 @@ from ..runtime import emulated_runtime
 from ..runtime import get_runtime
 
 REPO = Path(__file__).resolve().parents[3]
-FAMILIES = ('elementwise', 'conv', 'conv_depthwise', 'conv_local', 'pooling', 'batchnorm', 'softmax_xent', 'ctc')
+FAMILIES = ('elementwise', 'conv', 'conv_wgmma', 'conv_depthwise', 'conv_local', 'pooling', 'batchnorm',
+            'softmax_xent', 'ctc')
 
 
 def _rng():
@@ -57,6 +58,21 @@ def _conv(rt):
         yield f'fwd {config}', lambda x=x, w=w, g=geometry: conv.conv_fwd(x, w, *g, runtime=rt)
         yield f'dgrad {config}', lambda dy=dy, w=w, x=x, g=geometry: conv.conv_dgrad(dy, w, x.shape, *g, runtime=rt)
         yield f'wgrad {config}', lambda x=x, dy=dy, w=w, g=geometry: conv.conv_wgrad(x, dy, w.shape, *g, runtime=rt)
+
+
+def _conv_wgmma(rt):
+    """conv_wgmma.cu (the sm_90 forward path), forced on: the emulator has no architecture."""
+    from .. import conv
+    from ..conv import wgmma
+    from gpuk.contracts.geometry import conv_pads
+    x = _rng().standard_normal((2, 8, 8, 32)).astype(np.float16)
+    w = (_rng().standard_normal((3, 3, 32, 64)) * 0.1).astype(np.float16)
+    geometry = ((1, 1), (1, 1), conv_pads((8, 8), (3, 3), (1, 1), (1, 1), 'same'), 'channels_last')
+
+    def call():
+        with wgmma.forced(True):
+            conv.conv_fwd(x, w, *geometry, runtime=rt)
+    yield 'fwd NHWC 2x8x8x32 -> 64, 3x3 same, f16', call
 
 
 def _conv_depthwise(rt):
@@ -182,7 +198,8 @@ def _ctc(rt):
     yield f'beam 10 {config}', lambda: ctc.ctc_beam_search_decode(log_probs, args[2], 10, 1, runtime=rt)
 
 
-_PROBLEMS = {'elementwise': _elementwise, 'conv': _conv, 'conv_depthwise': _conv_depthwise, 'conv_local': _conv_local,
+_PROBLEMS = {'elementwise': _elementwise, 'conv': _conv, 'conv_wgmma': _conv_wgmma, 'conv_depthwise': _conv_depthwise,
+             'conv_local': _conv_local,
              'pooling': _pooling,
              'batchnorm': _batchnorm, 'softmax_xent': _softmax_xent, 'ctc': _ctc}
 

@@ -2,11 +2,12 @@
 
 Block size: every gpuk kernel has ``__launch_bounds__(THREADS)`` and its launcher launches
 exactly THREADS threads (docs/kernels.md), so the report reads the block size from the
-cubin (variants.max_threads_per_kernel). Dynamic shared memory: only the depthwise
-convolution uses it (its input / dy tiles); the report asks the launcher's own tile rule
-(conv/direct.py) for the benchmarks' MobileNet-like layer: 3x3 filter, stride 1, 56x56 output.
+cubin (variants.max_threads_per_kernel). Dynamic shared memory: the depthwise convolution
+(its input / dy tiles; the report asks the launcher's own tile rule, conv/direct.py, for the
+benchmarks' MobileNet-like layer: 3x3 filter, stride 1, 56x56 output) and the Hopper wgmma
+convolution (its fixed stage ring, conv/wgmma.py).
 """
-from ..conv import direct
+from ..conv import direct, wgmma
 from ..runtime.kernel_source import SCALAR_DTYPES
 
 TYPICAL_OUTPUT = (56, 56)
@@ -16,6 +17,8 @@ TYPICAL_FILTER = (3, 3)
 def dynamic_shared_bytes(kernel, defines):
     """Bytes of dynamic shared memory the launcher asks for when launching ``kernel`` built
     with ``defines`` (a dict), on the benchmark-like shape."""
+    if kernel == wgmma.KERNEL:
+        return wgmma.SHARED_BYTES
     if not kernel.startswith('depthwise_') or kernel == 'depthwise_reduce_splits':
         return 0
     dtype = SCALAR_DTYPES[defines['ELEMENT_T']]

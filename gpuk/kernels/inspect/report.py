@@ -20,6 +20,7 @@ _SHORT_TYPES = {'float': 'f32', 'double': 'f64', '__half': 'f16', '__nv_bfloat16
 _CONV_MATH = {'0': 'ffma', '1': 'mma', '2': 'tf32'}
 BENCH_FAMILIES = {   # bench family of the op a kernel serves (bench/bench_*.py)
     'conv_igemm_fwd': 'conv_fwd', 'conv_igemm_dgrad': 'conv_dgrad', 'conv_igemm_wgrad': 'conv_wgrad',
+    'conv_wgmma_fwd': 'conv_fwd',
     'depthwise_fwd': 'depthwise_fwd', 'depthwise_dgrad': 'depthwise_dgrad', 'depthwise_wgrad': 'depthwise_wgrad',
     'copy_bytes': 'copy',
 }
@@ -34,6 +35,8 @@ def config_label(defines):
     if 'CONV_BM' in defines:
         parts.append('%sx%sx%s' % (defines['CONV_BM'], defines['CONV_BN'], defines['CONV_BK']))
         parts.append(_CONV_MATH.get(defines.get('CONV_MATH'), 'math' + str(defines.get('CONV_MATH'))))
+    if 'WG_STAGES' in defines:   # conv_wgmma.cu: 128x128 tiles, K in 128-byte steps
+        parts.append('128x128 wgmma %s stages' % defines['WG_STAGES'])
     return ' '.join(p for p in parts if p)
 
 
