@@ -73,5 +73,5 @@ class RehearsalCudaRuntime(cuda_runtime.CudaRuntime):
         super().__init__()
         self.emulator = EmulatedRuntime()
 
-    def _raw_module(self, source_file, defines):
-        return EmulatedRawModule(self.emulator.load(source_file, defines)), None
+    def _raw_module(self, source_file, defines, arch):
+        return EmulatedRawModule(self.emulator.load(source_file, defines, arch=arch)), None
