@@ -111,6 +111,37 @@ def test_conv_wgmma_fwd_matches_twin(precision, dtype, mode):
     assert any(m.source_file.name == 'conv_wgmma.cu' for m in rt._modules.values())
 
 
+# Stride-1 dgrad problems (input spatial, kernel, dilation, pads, C_in, C_out, batch): C_out a
+# multiple of 8; pads beyond the kernel's reach make the forward view's padding negative.
+DGRAD_CASES = [
+    ((9, 11), (3, 3), (1, 2), ((1, 1), (2, 0)), 12, 16, 2),
+    ((13,), (4,), (2,), ((3, 0),), 8, 8, 3),
+    ((4, 5, 3), (2, 3, 2), (1, 1, 2), ((0, 1), (1, 1), (1, 0)), 5, 8, 2),
+    ((6, 7), (2, 2), (1, 1), ((2, 2), (0, 1)), 3, 24, 1),
+]
+
+
+@pytest.mark.parametrize('dtype, mode', PATHS, ids=['f16', 'bf16', 'tf32'])
+def test_conv_wgmma_dgrad_matches_twin(precision, dtype, mode):
+    """Stride-1 dgrad as a forward convolution of dy with the flipped filter, on the same kernel."""
+    rt = get_runtime('emulate')
+    precision(mode)
+    rng = np.random.default_rng(6)
+    for spatial, kernel, dilation, pads, c_in, c_out, batch in DGRAD_CASES:
+        geometry = ((1,) * len(spatial), dilation, pads, 'channels_last')
+        x_shape = (batch, *spatial, c_in)
+        w = rng.standard_normal((*kernel, c_in, c_out)).astype(dtype)
+        y_shape = twin.conv_fwd(np.zeros(x_shape, np.float32), w.astype(np.float32), *geometry).shape
+        dy = rng.standard_normal(y_shape).astype(dtype)
+        g = conv._geometry(conv.conv_checks.dgrad_problem('conv_dgrad', dy, w, x_shape, *geometry, np)[3])
+        assert wgmma.fits(wgmma.dgrad_geometry(g), dtype, mode)
+        dyr, wr = ((_tf32_truncated(a) if mode == 'tf32' else a).astype(np.float64) for a in (dy, w))
+        with wgmma.forced(True):
+            dx = conv.conv_dgrad(dy, w, x_shape, *geometry, runtime=rt)
+        assert_close(dx, twin.conv_dgrad(dyr, wr, x_shape, *geometry), dtype,
+                     'conv_dgrad on wgmma %s on %s' % (np.dtype(dtype).name, (spatial, kernel, dilation, pads)))
+
+
 def test_wgmma_path_choice():
     """On the CUDA runtime of an sm_90 device for 16-bit and tf32 channels_last problems with
     vector-friendly channels; never elsewhere unless forced; forced(False) turns it off."""
@@ -131,4 +162,6 @@ def test_wgmma_path_choice():
     with wgmma.forced(False):
         assert not wgmma.applies(h100, g, x16, 'float32')
     assert wgmma.launch_shape(g) == ((1, 1), 384, wgmma.SHARED_BYTES)
+    assert wgmma.dgrad_geometry(g._replace(strides=(1, 2, 1))) is None   # strided dgrad: conv_igemm.cu
+    assert wgmma.dgrad_geometry(g)._replace(pad_before=(0, 1, 1)) == g._replace(c_in=32, c_out=16)
     assert math.ceil(300 * 1 / 128) == wgmma.launch_shape(g._replace(c_out=300))[0][1]

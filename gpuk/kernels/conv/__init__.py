@@ -204,6 +204,10 @@ def _dgrad_launch(g, dtype):
 
 def _igemm_dgrad(dy, w, problem, rt):
     xp = rt.xp
+    forward = conv_wgmma.dgrad_geometry(problem.g) if conv_wgmma.active(rt) else None   # stride 1 (conv/wgmma.py)
+    if forward is not None and conv_wgmma.applies(rt, forward, dy, config.precision()):
+        dx = xp.empty(_layout_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
+        return conv_wgmma.conv_dgrad(rt, dy, w, dx, _no_bias(xp, dy.dtype), problem.g)
     launch = problem.launch(lambda g: _dgrad_launch(g, dy.dtype))
     dx = xp.empty(launch.out_shape, dy.dtype)
     _kernel(rt, dy.dtype, launch).launch(launch.grid, launch.threads,

@@ -37,7 +37,9 @@
 // Limits (checked by the launcher): channels_last; C_in a multiple of 16 bytes / element; x and
 //   w_t 16-byte aligned; M, K < 2^31 (indices decode in 32 bits; offsets are 64-bit);
 //   grid.y = C_out tiles <= 65535; WG_SMEM_BYTES of dynamic shared memory (opt-in above
-//   48 KB). Forward pass only (dgrad and wgrad run conv_igemm.cu). No atomics.
+//   48 KB). No atomics. conv_dgrad with every stride 1 runs here too, as the forward
+//   convolution of dy with the flipped, transposed filter (wgmma.py); strided dgrad and wgrad
+//   run conv_igemm.cu.
 #include "conv_common.cuh"
 #include "hopper.cuh"
 

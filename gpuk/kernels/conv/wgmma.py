@@ -1,12 +1,16 @@
-"""The Hopper path of conv_fwd: conv_wgmma.cu (warpgroup MMA, sm_90a), when it applies.
+"""The Hopper path of conv_fwd and stride-1 conv_dgrad: conv_wgmma.cu (warpgroup MMA, sm_90a).
 
 ``applies`` decides per problem: float16 / bfloat16 inputs, or float32 under precision
 'tf32'; channels_last with C_in a multiple of 16 bytes / element (8 or 4 channels) and a
 16-byte aligned x; an sm_90 device (the kernel is built for sm_90a, which runs on sm_90
-only). Everything else, and every dgrad and wgrad, runs conv_igemm.cu. The emulator has no
-architecture, so there the path runs only inside ``forced()`` (tests).
+only). conv_dgrad with every stride 1 is the forward convolution of dy with the flipped,
+transposed filter (``dgrad_geometry``) and takes the same path when that problem fits (C_out
+a multiple of 16 bytes / element). Everything else, strided dgrad and every wgrad, runs
+conv_igemm.cu. The emulator has no architecture, so there the path runs only inside
+``forced()`` (tests).
 
-The launch transposes the filter to (C_out, taps * C_in) first: both wgmma operands are then
+The launch transposes the filter to (C_out, taps * C_in) first (dgrad: flips it too, to
+(C_in, taps * C_out)): both wgmma operands are then
 K-major in shared memory (wgmma's only layout for tf32). That is one extra pass over the
 filter per call (small next to the activations on the layers this path is for).
 """
@@ -75,12 +79,24 @@ def fits(g, dtype, precision):
     return bool(g.channels_last and g.c_in % vec == 0 and math.ceil(g.c_out / BLOCK_N) <= MAX_GRID_Y)
 
 
-def applies(rt, g, x, precision):
-    """Whether conv_fwd of x (Geometry g) runs conv_wgmma_fwd on runtime rt."""
+def active(rt):
+    """Whether the path may run on runtime rt at all: an sm_90 device, or forced on."""
     forced_on = _forced['on']
-    if forced_on is False or not (forced_on or (rt.kind == 'cuda' and getattr(rt, 'arch', None) == 'sm_90')):
-        return False   # the common case costs two compares
-    return fits(g, x.dtype, precision) and _aligned16(x)
+    return forced_on is not False and bool(forced_on or (rt.kind == 'cuda' and getattr(rt, 'arch', None) == 'sm_90'))
+
+
+def applies(rt, g, x, precision):
+    """Whether the forward convolution of x (Geometry g) runs conv_wgmma_fwd on runtime rt."""
+    return active(rt) and fits(g, x.dtype, precision) and _aligned16(x)
+
+
+def dgrad_geometry(g):
+    """The forward problem whose result is conv_dgrad of Geometry g when every stride is 1:
+    dy convolved with the flipped, transposed filter (see conv_dgrad); None for strided g."""
+    if any(s != 1 for s in g.strides):
+        return None
+    pads = tuple(d * (k - 1) - p for d, k, p in zip(g.dilation, g.k_sp, g.pad_before))
+    return g._replace(c_in=g.c_out, c_out=g.c_in, in_sp=g.out_sp, out_sp=g.in_sp, pad_before=pads)
 
 
 def launch_shape(g):
@@ -91,10 +107,25 @@ def launch_shape(g):
 
 def conv_fwd(rt, x, w, y, bias, epilogue_code, g):
     """Launches conv_wgmma_fwd: y = conv(x, w) (+ bias, relu); y is channels_last, preallocated."""
+    w_t = rt.xp.ascontiguousarray(w.reshape(-1, g.c_out).T)   # (C_out, taps * C_in): K-major B
+    return _launch(rt, x, w_t, y, bias, epilogue_code, g)
+
+
+def conv_dgrad(rt, dy, w, dx, no_bias, g):
+    """dx = conv_dgrad(dy, w) of a stride-1 Geometry g as conv_wgmma_fwd of dgrad_geometry(g):
+    dx[i, ci] = sum over taps t', co of dy[i - pad' + t' dil, co] w[k - 1 - t', ci, co], so B is
+    the filter flipped along every spatial axis, as (C_in, taps * C_out)."""
+    spatial = w.ndim - 2
+    flipped = w[(slice(None, None, -1),) * spatial]
+    w_t = rt.xp.ascontiguousarray(rt.xp.moveaxis(flipped, -2, 0)).reshape(g.c_in, -1)
+    return _launch(rt, dy, w_t, dx, no_bias, 0, dgrad_geometry(g))
+
+
+def _launch(rt, x, w_t, y, bias, epilogue_code, g):
     xp = rt.xp
-    w_t = xp.ascontiguousarray(w.reshape(-1, g.c_out).T)   # (C_out, taps * C_in): K-major B
     grid, threads, shared = launch_shape(g)
     geometry = (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides, *g.dilation, *g.pad_before)
     args = (xp.ascontiguousarray(x), w_t, bias, y, *(np.int32(v) for v in geometry), np.int32(epilogue_code))
+    # conv_wgmma_fwd's geometry: (batch, c_in, c_out, in, out, kernel, strides, dilation, pads)
     rt.load(SOURCE, defines(x.dtype), arch=ARCH).kernel(KERNEL).launch(grid, threads, args, shared_mem=shared)
     return y
