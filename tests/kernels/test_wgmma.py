@@ -161,7 +161,7 @@ def test_wgmma_path_choice():
         assert not wgmma.applies(emulator, g._replace(channels_last=False), x16, 'float32')
     with wgmma.forced(False):
         assert not wgmma.applies(h100, g, x16, 'float32')
-    assert wgmma.launch_shape(g) == ((1, 1), 384, wgmma.SHARED_BYTES)
+    assert wgmma.launch_shape(g) == ((1, 1), 256, wgmma.SHARED_BYTES)
     assert wgmma.dgrad_geometry(g._replace(strides=(1, 2, 1))) is None   # strided dgrad: conv_igemm.cu
     assert wgmma.dgrad_geometry(g)._replace(pad_before=(0, 1, 1)) == g._replace(c_in=32, c_out=16)
     assert math.ceil(300 * 1 / 128) == wgmma.launch_shape(g._replace(c_out=300))[0][1]

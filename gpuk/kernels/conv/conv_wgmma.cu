@@ -14,25 +14,26 @@
 //   row one 128-byte line stored with the 128-byte swizzle (16-byte unit u of row r at unit
 //   u ^ (r % 8), stages 1024-byte aligned), which is what the wgmma descriptors read and makes
 //   the producers' 16-byte writes of 8 rows' same unit fall in 8 different bank groups.
-// Thread mapping (warp specialization, 3 warpgroups = 384 threads):
+// Thread mapping (warp specialization, 2 warpgroups = 256 threads):
 //   warpgroup 0, the producer: thread p copies 16-byte unit p % 8 of rows p / 8 + 16 j
 //     (j < 8) of both operands with zero-filling cp.async; its A rows keep their window origin
 //     and base offset (divisions once per block), and its K position is a (tap, channel)
 //     iterator advanced by adds (no division in the loop). A 16-byte unit is 8 (or 4)
 //     neighbouring channels of one pixel: channels_last with C_in a multiple of 8 (16-bit) or
 //     4 (tf32) makes them share one padding check.
-//   warpgroups 1 and 2, the consumers: warpgroup 1 + h owns output rows 64 h .. 64 h + 63 and
-//     issues, per K tile, WG_BK / WG_KSTEP wgmma.mma_async m64n128k16 (k8 for tf32) with
-//     float32 accumulators: 64 registers per thread (layout in hopper.cuh).
+//   warpgroup 1, the consumer: owns all 128 rows as two m64 halves and issues, per K tile and
+//     k step (WG_BK / WG_KSTEP of them), two wgmma.mma_async m64n128k16 (k8 for tf32) that
+//     share B's descriptor: 3 descriptors per 2 wgmmas keeps the uniform adds between wgmmas
+//     low. Float32 accumulators: 2 x 64 registers per thread (layout in hopper.cuh).
 // Pipeline: one __syncthreads per K tile hands stages over. Iteration t: the producer waits
 //   for its copies of tile t (cp.async.wait_group WG_STAGES - 3), all threads meet at the
 //   barrier, the producer refills the stage of tile t - 2 with tile t + WG_STAGES - 2 and the
-//   consumers issue tile t's wgmmas, commit them and wait until one group is left in flight
+//   consumer issues tile t's wgmmas, commit them and wait until one group is left in flight
 //   (tile t - 1 retired, so its stage is free for the producer after the next barrier). The
 //   copies of two tiles and the MMAs of up to two tiles are in flight at once.
-// Epilogue: after the K loop the consumers write their accumulators, + bias[c_out] (epilogue
+// Epilogue: after the K loop the consumer writes their accumulators, + bias[c_out] (epilogue
 //   1) then relu (2), converted to elem_t, into the idle stage ring (swizzled, conflict-free);
-//   then all 384 threads copy the 128 x 128 tile out in 16-byte units (channels_last rows; one
+//   then all 256 threads copy the 128 x 128 tile out in 16-byte units (channels_last rows; one
 //   vector store per unit where C_out is a multiple of 8 (16-bit) or 4 (tf32), else per element).
 // Limits (checked by the launcher): channels_last; C_in a multiple of 16 bytes / element; x and
 //   w_t 16-byte aligned; M, K < 2^31 (indices decode in 32 bits; offsets are 64-bit);
@@ -46,8 +47,8 @@
 #ifndef WG_STAGES
 #define WG_STAGES 4
 #endif
-#define WG_THREADS 384                         // 1 producer + 2 consumer warpgroups
-#define WG_BM 128                              // output rows per block: 2 consumers x 64
+#define WG_THREADS 256                         // 1 producer + 1 consumer warpgroup
+#define WG_BM 128                              // output rows per block: 2 m64 halves
 #define WG_BN WGMMA_N                          // output channels per block
 #define WG_ROW_BYTES 128                       // one K tile of a row: the 128-byte swizzle width
 #define WG_BK (WG_ROW_BYTES / (int)sizeof(elem_t))
@@ -157,11 +158,12 @@ __device__ __forceinline__ unsigned out_offset(int row, int col) {   // byte off
     return row * WG_OUT_UNITS * 16 + ((((byte >> 4) ^ (row % 8))) << 4) + (byte & 15);
 }
 
-// A consumer thread's accumulators (+ bias, relu) into the staged tile (layout: hopper.cuh).
-__device__ __forceinline__ void stage_accumulators(const float (&acc)[WGMMA_ACC], unsigned char* tile, int c_out,
-                                                   const elem_t* __restrict__ bias, int epilogue) {
+// A consumer thread's accumulators of the m64 half `half` (+ bias, relu) into the staged tile
+// (layout: hopper.cuh).
+__device__ __forceinline__ void stage_accumulators(const float (&acc)[WGMMA_ACC], int half, unsigned char* tile,
+                                                   int c_out, const elem_t* __restrict__ bias, int epilogue) {
     const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-    const int row0 = (threadIdx.x / 128 - 1) * 64 + 16 * warp + lane / 4;
+    const int row0 = half * 64 + 16 * warp + lane / 4;
     struct alignas(2 * sizeof(elem_t)) Pair { elem_t v[2]; };
 #pragma unroll
     for (int j = 0; j < WGMMA_N / 8; ++j) {
@@ -206,6 +208,29 @@ __device__ __forceinline__ void store_tile(const unsigned char* tile, long long 
     }
 }
 
+// The consumer's part of one K tile: after the barrier that hands it over, the wgmmas of
+// stage `stage` (two m64 halves sharing B per k step), then a wait until one group is left in
+// flight (the tile before retired: its stage may be refilled after the next barrier).
+__device__ __forceinline__ void consume_tile(float (&acc)[2][WGMMA_ACC], unsigned long long desc_a0,
+                                             unsigned long long desc_b0, int stage) {
+    __syncthreads();
+    const unsigned long long offset = (unsigned long long)stage * (WG_STAGE_BYTES >> 4);
+    const unsigned long long half_a = (64 * WG_ROW_BYTES) >> 4;
+    wgmma_fence_operands(acc[0]);
+    wgmma_fence_operands(acc[1]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < WG_BK / WG_KSTEP; ++ks) {
+        const unsigned long long b = desc_b0 + offset + ks * 2;
+        wgmma_m64n128<elem_t>(acc[0], desc_a0 + offset + ks * 2, b);
+        wgmma_m64n128<elem_t>(acc[1], desc_a0 + half_a + offset + ks * 2, b);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    wgmma_fence_operands(acc[0]);
+    wgmma_fence_operands(acc[1]);
+}
+
 // conv_wgmma_fwd: y = conv(x, w) (+ bias, relu), channels_last. w_t is the filter as (C_out, K).
 // Grid (M tiles, C_out tiles), WG_THREADS threads, WG_SMEM_BYTES of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
@@ -220,7 +245,7 @@ conv_wgmma_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t, con
     const long long rows = (long long)batch * out_d * out_h * out_w;
     const long long depth = (long long)k_d * k_h * k_w * c_in;
     const int tiles = (int)((depth + WG_BK - 1) / WG_BK);
-    float acc[WGMMA_ACC];   // consumers only
+    float acc[2][WGMMA_ACC];   // the consumer's two m64 halves
 
     if (threadIdx.x < 128) {   // ---- producer warpgroup ----
         WgmmaLoader loader;
@@ -236,7 +261,7 @@ conv_wgmma_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t, con
         int write_stage = WG_STAGES - 2;
         for (int t = 0; t < tiles; ++t) {
             cp_async_wait<WG_STAGES - 3>();   // tile t has landed (this thread's copies) ...
-            __syncthreads();                  // ... everyone's; the consumers retired tile t - 2
+            __syncthreads();                  // ... everyone's; the consumer retired tile t - 2
             if (t + WG_STAGES - 2 < tiles)
                 loader.load(x, w_t, smem + write_stage * WG_STAGE_BYTES, c_in, in_d, in_h, in_w, k_d, k_h, k_w,
                             dil_d, dil_h, dil_w, depth);
@@ -244,36 +269,37 @@ conv_wgmma_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t, con
             write_stage = write_stage == WG_STAGES - 1 ? 0 : write_stage + 1;
         }
         cp_async_wait_all();
-    } else {   // ---- consumer warpgroups 1, 2 ----
+    } else {   // ---- consumer warpgroup ----
 #pragma unroll
-        for (int e = 0; e < WGMMA_ACC; ++e) acc[e] = 0.0f;
-        // The consumer's half, read from lane 0: the compiler then knows it is warp-uniform and keeps
-        // the descriptors in uniform registers (one uniform add per descriptor and wgmma).
-        const int half = __shfl_sync(GPUK_FULL_MASK, (int)threadIdx.x / 128 - 1, 0);
-        const unsigned a_start = smem_address(smem) + half * 64 * WG_ROW_BYTES;
-        const unsigned b_start = smem_address(smem) + WG_A_BYTES;
-        // Descriptors of stage 0, k step 0; a stage is WG_STAGE_BYTES further, a k step 32 bytes.
-        const unsigned long long desc_a0 = wgmma_desc_k_sw128(a_start, 8 * WG_ROW_BYTES);
-        const unsigned long long desc_b0 = wgmma_desc_k_sw128(b_start, 8 * WG_ROW_BYTES);
-        int read_stage = 0;
-        for (int t = 0; t < tiles; ++t) {
-            __syncthreads();   // tile t is in shared memory
-            const unsigned long long stage = (unsigned long long)(read_stage * (WG_STAGE_BYTES >> 4));
-            wgmma_fence_operands(acc);
-            wgmma_fence();
+        for (int e = 0; e < WGMMA_ACC; ++e) acc[0][e] = acc[1][e] = 0.0f;
+        // Descriptors of stage 0, k step 0 (from the shared window address, which the compiler
+        // knows to be uniform: they live in uniform registers); a stage is WG_STAGE_BYTES
+        // further, a k step 32 bytes, the second m64 half of A 64 rows.
+        const unsigned long long desc_a0 = wgmma_desc_k_sw128(smem_address(smem), 8 * WG_ROW_BYTES);
+        // (B as an offset of A's descriptor: one loop-invariant base, not one per operand.)
+        const unsigned long long desc_b0 = desc_a0 + (WG_A_BYTES >> 4);
+        // Tile t reads stage t % WG_STAGES. Whole turns of the ring run unrolled without tail
+        // checks (every descriptor is then a base plus an immediate: one uniform add each); the
+        // last tiles < WG_STAGES run one at a time.
+        int t = 0;
+        unsigned long long desc = desc_a0;
+        for (; t + WG_STAGES <= tiles; t += WG_STAGES) {
+            // An opaque copy per turn: ptxas then moves one base into uniform registers per turn
+            // instead of keeping every stage-0 descriptor in ordinary registers (12 R2UR a turn).
+            asm volatile("" : "+l"(desc));
 #pragma unroll
-            for (int ks = 0; ks < WG_BK / WG_KSTEP; ++ks)
-                wgmma_m64n128<elem_t>(acc, desc_a0 + stage + ks * 2, desc_b0 + stage + ks * 2);
-            wgmma_commit();
-            wgmma_wait<1>();   // tile t - 1 retired: its stage may be refilled after the next barrier
-            wgmma_fence_operands(acc);
-            read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
+            for (int s = 0; s < WG_STAGES; ++s) consume_tile(acc, desc, desc + (WG_A_BYTES >> 4), s);
         }
+        for (int s = 0; t < tiles; ++t, ++s) consume_tile(acc, desc_a0, desc_b0, s);
         wgmma_wait<0>();
-        wgmma_fence_operands(acc);
+        wgmma_fence_operands(acc[0]);
+        wgmma_fence_operands(acc[1]);
     }
     __syncthreads();   // every copy landed and every wgmma retired: the stage ring is free
-    if (threadIdx.x >= 128) stage_accumulators(acc, smem, c_out, bias, epilogue);
+    if (threadIdx.x >= 128) {
+        stage_accumulators(acc[0], 0, smem, c_out, bias, epilogue);
+        stage_accumulators(acc[1], 1, smem, c_out, bias, epilogue);
+    }
     __syncthreads();
     store_tile(smem, rows, c_out, y);
 }

@@ -28,7 +28,7 @@ SOURCE = Path(__file__).with_name('conv_wgmma.cu')
 ARCH = 'sm_90a'
 KERNEL = 'conv_wgmma_fwd'
 # Tile constants of conv_wgmma.cu (WG_*): a 128 x 128 output tile, K in 128-byte steps.
-THREADS = 384             # producer warpgroup + 2 consumer warpgroups
+THREADS = 256             # producer warpgroup + consumer warpgroup
 BLOCK_M = BLOCK_N = 128
 ROW_BYTES = 128
 STAGES = 4
