@@ -45,32 +45,72 @@
 #include "hopper.cuh"
 
 #ifndef WG_STAGES
-#define WG_STAGES 4
+#define WG_STAGES 3
+#endif
+#ifndef WG_ATOMS
+#define WG_ATOMS 2                             // 128-byte K atoms per stage
 #endif
 #define WG_THREADS 256                         // 1 producer + 1 consumer warpgroup
 #define WG_BM 128                              // output rows per block: 2 m64 halves
 #define WG_BN WGMMA_N                          // output channels per block
-#define WG_ROW_BYTES 128                       // one K tile of a row: the 128-byte swizzle width
-#define WG_BK (WG_ROW_BYTES / (int)sizeof(elem_t))
+#define WG_ROW_BYTES 128                       // one K atom of a row: the 128-byte swizzle width
+#define WG_ATOM_BYTES (WG_BM * WG_ROW_BYTES)   // one K atom of a 128-row operand tile
+#define WG_BK (WG_ATOMS * WG_ROW_BYTES / (int)sizeof(elem_t))
 #define WG_KSTEP (32 / (int)sizeof(elem_t))   // K of one wgmma: k16 (16-bit), k8 (tf32)
 #define WG_VEC (16 / (int)sizeof(elem_t))     // elements per 16-byte unit
-#define WG_A_BYTES (WG_BM * WG_ROW_BYTES)
-#define WG_STAGE_BYTES (WG_A_BYTES + WG_BN * WG_ROW_BYTES)
+#define WG_A_BYTES (WG_ATOMS * WG_ATOM_BYTES)
+#define WG_STAGE_BYTES (2 * WG_A_BYTES)       // A, then B (WG_BN == WG_BM rows)
 #define WG_SMEM_BYTES (WG_STAGES * WG_STAGE_BYTES + 1024)   // + alignment slack
 #define WG_ROWS_PER_PASS 16                    // 128 producer threads / 8 units per row
 #define WG_CHUNKS (WG_BM / WG_ROWS_PER_PASS)   // A (and B) units per producer thread per tile
 #define WG_FAR_OUTSIDE (-(1 << 29))            // a window origin that fails every bounds check
-static_assert(WG_STAGES >= 3, "two tiles in flight plus the one being multiplied");
+static_assert(WG_STAGES >= 3, "a tile landing, one being multiplied, one retiring");
 static_assert(WG_BN == WG_BM && WG_CHUNKS == 8, "the producer maps A and B rows alike");
 static_assert(sizeof(elem_t) == 2 || sizeof(elem_t) == 4, "16-bit or tf32 operands");
 
-// The producer's copy state: A rows' window origins and bases, the K position as
-// (channel, tap offsets), B rows' offsets.
+// A K position (tap, channel) of the producer, advanced by adds and compares only.
+struct WgmmaKPos {
+    int k, c, kw, kh, kd, ow, oh, od;   // k = (tap, c); the tap's offsets k*dil
+
+    __device__ __forceinline__ void start(int k0, int c_in, int k_h, int k_w, int dil_d, int dil_h, int dil_w) {
+        k = k0;
+        const int tap = k / c_in;
+        c = k - tap * c_in;
+        kw = tap % k_w;
+        kh = (tap / k_w) % k_h;
+        kd = tap / (k_w * k_h);
+        ow = kw * dil_w;
+        oh = kh * dil_h;
+        od = kd * dil_d;
+    }
+    __device__ __forceinline__ void advance(int step, int c_in, int k_h, int k_w, int dil_d, int dil_h, int dil_w) {
+        k += step;
+        c += step;
+        while (c >= c_in) {   // next tap(s)
+            c -= c_in;
+            ow += dil_w;
+            if (++kw == k_w) {
+                kw = 0;
+                ow = 0;
+                oh += dil_h;
+                if (++kh == k_h) {
+                    kh = 0;
+                    oh = 0;
+                    od += dil_d;
+                    ++kd;
+                }
+            }
+        }
+    }
+};
+
+// The producer's copy state: A rows' window origins and bases, B rows' offsets, and one K
+// position per K atom of a stage.
 struct WgmmaLoader {
     long long a_base[WG_CHUNKS];   // ((image * in_pix) + window origin pixel) * C_in
     int a_d[WG_CHUNKS], a_h[WG_CHUNKS], a_w[WG_CHUNKS];
     long long b_base[WG_CHUNKS];   // n * K of B row n, or -1 past C_out
-    int k, c, kw, kh, kd, ow, oh, od;   // this thread's k = (tap, c); tap offsets k*dil
+    WgmmaKPos pos[WG_ATOMS];       // this thread's k in each atom of the tile
     unsigned dst;                  // byte offset of this thread's first unit in a stage
 
     __device__ __forceinline__ void init(int batch, int c_in, int c_out, int in_d, int in_h, int in_w, int out_d,
@@ -96,15 +136,9 @@ struct WgmmaLoader {
             const int col = blockIdx.y * WG_BN + row0 + WG_ROWS_PER_PASS * j;
             b_base[j] = col < c_out ? (long long)col * depth : -1;
         }
-        k = unit * WG_VEC;
-        const int tap = k / c_in;
-        c = k - tap * c_in;
-        kw = tap % k_w;
-        kh = (tap / k_w) % k_h;
-        kd = tap / (k_w * k_h);
-        ow = kw * dil_w;
-        oh = kh * dil_h;
-        od = kd * dil_d;
+#pragma unroll
+        for (int a = 0; a < WG_ATOMS; ++a)
+            pos[a].start(a * (WG_ROW_BYTES / (int)sizeof(elem_t)) + unit * WG_VEC, c_in, k_h, k_w, dil_d, dil_h, dil_w);
         dst = row0 * WG_ROW_BYTES + ((unit ^ (row0 % 8)) << 4);   // rows row0 + 16 j share the swizzle
     }
 
@@ -112,38 +146,29 @@ struct WgmmaLoader {
     __device__ __forceinline__ void load(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t,
                                          unsigned char* stage, int c_in, int in_d, int in_h, int in_w, int k_d,
                                          int k_h, int k_w, int dil_d, int dil_h, int dil_w, long long depth) {
-        const long long tap_offset = ((long long)(od * in_h + oh) * in_w + ow) * c_in + c;
-        const bool k_ok = kd < k_d;
 #pragma unroll
-        for (int j = 0; j < WG_CHUNKS; ++j) {
-            const bool valid = k_ok && (unsigned)(a_d[j] + od) < (unsigned)in_d &&
-                               (unsigned)(a_h[j] + oh) < (unsigned)in_h && (unsigned)(a_w[j] + ow) < (unsigned)in_w;
-            cp_async_16_zfill(stage + dst + j * WG_ROWS_PER_PASS * WG_ROW_BYTES,
-                              valid ? x + a_base[j] + tap_offset : x, valid);
-        }
+        for (int a = 0; a < WG_ATOMS; ++a) {
+            const WgmmaKPos& p = pos[a];
+            const long long tap_offset = ((long long)(p.od * in_h + p.oh) * in_w + p.ow) * c_in + p.c;
+            const bool k_ok = p.kd < k_d;
+            unsigned char* a_dst = stage + a * WG_ATOM_BYTES + dst;
 #pragma unroll
-        for (int j = 0; j < WG_CHUNKS; ++j) {
-            const bool valid = b_base[j] >= 0 && k < depth;
-            cp_async_16_zfill(stage + WG_A_BYTES + dst + j * WG_ROWS_PER_PASS * WG_ROW_BYTES,
-                              valid ? w_t + b_base[j] + k : w_t, valid);
-        }
-        k += WG_BK;
-        c += WG_BK;
-        while (c >= c_in) {   // next tap(s): adds and compares only
-            c -= c_in;
-            ow += dil_w;
-            if (++kw == k_w) {
-                kw = 0;
-                ow = 0;
-                oh += dil_h;
-                if (++kh == k_h) {
-                    kh = 0;
-                    oh = 0;
-                    od += dil_d;
-                    ++kd;
-                }
+            for (int j = 0; j < WG_CHUNKS; ++j) {
+                const bool valid = k_ok && (unsigned)(a_d[j] + p.od) < (unsigned)in_d &&
+                                   (unsigned)(a_h[j] + p.oh) < (unsigned)in_h &&
+                                   (unsigned)(a_w[j] + p.ow) < (unsigned)in_w;
+                cp_async_16_zfill(a_dst + j * WG_ROWS_PER_PASS * WG_ROW_BYTES, valid ? x + a_base[j] + tap_offset : x,
+                                  valid);
+            }
+#pragma unroll
+            for (int j = 0; j < WG_CHUNKS; ++j) {
+                const bool valid = b_base[j] >= 0 && p.k < depth;
+                cp_async_16_zfill(a_dst + WG_A_BYTES + j * WG_ROWS_PER_PASS * WG_ROW_BYTES,
+                                  valid ? w_t + b_base[j] + p.k : w_t, valid);
             }
         }
+#pragma unroll
+        for (int a = 0; a < WG_ATOMS; ++a) pos[a].advance(WG_BK, c_in, k_h, k_w, dil_d, dil_h, dil_w);
     }
 };
 
@@ -220,10 +245,11 @@ __device__ __forceinline__ void consume_tile(float (&acc)[2][WGMMA_ACC], unsigne
     wgmma_fence_operands(acc[1]);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < WG_BK / WG_KSTEP; ++ks) {
-        const unsigned long long b = desc_b0 + offset + ks * 2;
-        wgmma_m64n128<elem_t>(acc[0], desc_a0 + offset + ks * 2, b);
-        wgmma_m64n128<elem_t>(acc[1], desc_a0 + half_a + offset + ks * 2, b);
+    for (int ks = 0; ks < WG_BK / WG_KSTEP; ++ks) {   // k step ks: atom ks / 4, 32 bytes each
+        const unsigned long long k_off = (ks / 4) * (WG_ATOM_BYTES >> 4) + (ks % 4) * 2;
+        const unsigned long long b = desc_b0 + offset + k_off;
+        wgmma_m64n128<elem_t>(acc[0], desc_a0 + offset + k_off, b);
+        wgmma_m64n128<elem_t>(acc[1], desc_a0 + half_a + offset + k_off, b);
     }
     wgmma_commit();
     wgmma_wait<1>();

@@ -27,12 +27,14 @@ from ..runtime import register_build
 SOURCE = Path(__file__).with_name('conv_wgmma.cu')
 ARCH = 'sm_90a'
 KERNEL = 'conv_wgmma_fwd'
-# Tile constants of conv_wgmma.cu (WG_*): a 128 x 128 output tile, K in 128-byte steps.
+# Tile constants of conv_wgmma.cu (WG_*): a 128 x 128 output tile, K in steps of ATOMS 128-byte
+# swizzle atoms (128 16-bit or 64 tf32 elements), a ring of STAGES stages of 64 KB.
 THREADS = 256             # producer warpgroup + consumer warpgroup
 BLOCK_M = BLOCK_N = 128
 ROW_BYTES = 128
-STAGES = 4
-SHARED_BYTES = STAGES * (BLOCK_M + BLOCK_N) * ROW_BYTES + 1024   # WG_SMEM_BYTES (+ 1 KB alignment slack)
+ATOMS = 2
+STAGES = 3
+SHARED_BYTES = STAGES * (BLOCK_M + BLOCK_N) * ATOMS * ROW_BYTES + 1024   # WG_SMEM_BYTES (+ 1 KB alignment slack)
 MAX_GRID_Y = 65535
 DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32))   # float32: as tf32
 
@@ -41,7 +43,7 @@ _forced = {'on': None}
 
 def defines(dtype):
     element_t, acc_t = c_types(np.dtype(dtype))
-    return {'ELEMENT_T': element_t, 'ACC_T': acc_t, 'WG_STAGES': STAGES}
+    return {'ELEMENT_T': element_t, 'ACC_T': acc_t, 'WG_STAGES': STAGES, 'WG_ATOMS': ATOMS}
 
 
 for _dtype in DTYPES:
