@@ -9,29 +9,31 @@
 //   (C_out, K) so that both operands are K-major in shared memory (wgmma's only layout for
 //   tf32; for 16-bit types it keeps one code path).
 // Tiling: a block computes a 128 x 128 output tile (WG_BM x WG_BN); K advances WG_BK elements
-//   (128 bytes: 64 16-bit or 32 tf32 elements) per tile through a WG_STAGES-deep ring of
-//   shared-memory stages. A stage holds A (128 rows x 128 B) and B (128 rows x 128 B), each
-//   row one 128-byte line stored with the 128-byte swizzle (16-byte unit u of row r at unit
-//   u ^ (r % 8), stages 1024-byte aligned), which is what the wgmma descriptors read and makes
-//   the producers' 16-byte writes of 8 rows' same unit fall in 8 different bank groups.
+//   per tile (WG_ATOMS = 2 atoms of 128 bytes: 128 16-bit or 64 tf32 elements) through a
+//   ring of WG_STAGES = 3 stages of 64 KB in dynamic shared memory. A stage holds A and B
+//   (128 rows each) as WG_ATOMS atoms of 128 rows x 128 bytes; each row of an atom is stored
+//   with the 128-byte swizzle (16-byte unit u of row r at unit u ^ (r % 8), atoms 1024-byte
+//   aligned): what the wgmma descriptors read, and the producer's 16-byte writes of 8 rows'
+//   same unit fall in 8 different bank groups.
 // Thread mapping (warp specialization, 2 warpgroups = 256 threads):
 //   warpgroup 0, the producer: thread p copies 16-byte unit p % 8 of rows p / 8 + 16 j
-//     (j < 8) of both operands with zero-filling cp.async; its A rows keep their window origin
-//     and base offset (divisions once per block), and its K position is a (tap, channel)
-//     iterator advanced by adds (no division in the loop). A 16-byte unit is 8 (or 4)
-//     neighbouring channels of one pixel: channels_last with C_in a multiple of 8 (16-bit) or
-//     4 (tf32) makes them share one padding check.
+//     (j < 8) of every atom of both operands with zero-filling cp.async; its A rows keep their
+//     window origin and base offset (divisions once per block), and its K position in each
+//     atom is a (tap, channel) iterator advanced by adds (no division in the loop). A 16-byte
+//     unit is 8 (or 4) neighbouring channels of one pixel: channels_last with C_in a multiple
+//     of 8 (16-bit) or 4 (tf32) makes them share one padding check.
 //   warpgroup 1, the consumer: owns all 128 rows as two m64 halves and issues, per K tile and
-//     k step (WG_BK / WG_KSTEP of them), two wgmma.mma_async m64n128k16 (k8 for tf32) that
-//     share B's descriptor: 3 descriptors per 2 wgmmas keeps the uniform adds between wgmmas
-//     low. Float32 accumulators: 2 x 64 registers per thread (layout in hopper.cuh).
+//     k step (WG_BK / WG_KSTEP = 8 of them), two wgmma.mma_async m64n128k16 (k8 for tf32)
+//     sharing B's descriptor: 3 descriptor adds per 2 wgmmas, and 16 wgmmas per barrier keep
+//     the hot loop at 1.9 other instructions per wgmma (sm_90a, NVRTC 13). Float32
+//     accumulators: 2 x 64 registers per thread (layout in hopper.cuh).
 // Pipeline: one __syncthreads per K tile hands stages over. Iteration t: the producer waits
 //   for its copies of tile t (cp.async.wait_group WG_STAGES - 3), all threads meet at the
 //   barrier, the producer refills the stage of tile t - 2 with tile t + WG_STAGES - 2 and the
-//   consumer issues tile t's wgmmas, commit them and wait until one group is left in flight
-//   (tile t - 1 retired, so its stage is free for the producer after the next barrier). The
-//   copies of two tiles and the MMAs of up to two tiles are in flight at once.
-// Epilogue: after the K loop the consumer writes their accumulators, + bias[c_out] (epilogue
+//   consumer issues tile t's wgmmas, commits them and waits until one group is left in flight
+//   (tile t - 1 retired, so its stage is free for the producer after the next barrier). With
+//   3 stages: one tile landing (64 KB of copies in flight) while one is multiplied.
+// Epilogue: after the K loop the consumer writes its accumulators, + bias[c_out] (epilogue
 //   1) then relu (2), converted to elem_t, into the idle stage ring (swizzled, conflict-free);
 //   then all 256 threads copy the 128 x 128 tile out in 16-byte units (channels_last rows; one
 //   vector store per unit where C_out is a multiple of 8 (16-bit) or 4 (tf32), else per element).
@@ -142,7 +144,7 @@ struct WgmmaLoader {
         dst = row0 * WG_ROW_BYTES + ((unit ^ (row0 % 8)) << 4);   // rows row0 + 16 j share the swizzle
     }
 
-    // Copies K tile [k, k + WG_BK) of A and B into the stage at `stage`, then steps to the next.
+    // Copies the next K tile (every atom) of A and B into the stage at `stage`, then steps on.
     __device__ __forceinline__ void load(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t,
                                          unsigned char* stage, int c_in, int in_d, int in_h, int in_w, int k_d,
                                          int k_h, int k_w, int dil_d, int dil_h, int dil_w, long long depth) {
