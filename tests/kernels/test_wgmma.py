@@ -77,9 +77,11 @@ CASES = [
 PATHS = [(np.float16, 'float32'), (BF16, 'float32'), (np.float32, 'tf32')]
 
 
-def _tf32_truncated(a):
-    """float32 -> what wgmma's tf32 reads from shared memory: the top 19 bits (no rounding)."""
-    return (np.ascontiguousarray(a, np.float32).view(np.uint32) & np.uint32(0xffffe000)).view(np.float32)
+def _tf32_rounded(a):
+    """float32 -> the tf32 operand the kernel multiplies: rounded half away from zero to 10
+    mantissa bits in shared memory (cvt.rna) before wgmma reads its top 19 bits."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
 
 
 @pytest.fixture
@@ -102,7 +104,7 @@ def test_conv_wgmma_fwd_matches_twin(precision, dtype, mode):
         geometry = (strides, dilation, pads, 'channels_last')
         g = conv._geometry(conv.conv_checks.fwd_problem('conv_fwd', x, w, *geometry, np)[2])
         assert wgmma.fits(g, dtype, mode)
-        xr, wr = ((_tf32_truncated(a) if mode == 'tf32' else a).astype(np.float64) for a in (x, w))
+        xr, wr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (x, w))
         ref = np.maximum(twin.conv_fwd(xr, wr, *geometry) + bias.astype(np.float64), 0)
         with wgmma.forced(True):
             out = conv.conv_fwd(x, w, *geometry, epilogue='bias_relu', bias=bias, runtime=rt)
@@ -135,7 +137,7 @@ def test_conv_wgmma_dgrad_matches_twin(precision, dtype, mode):
         dy = rng.standard_normal(y_shape).astype(dtype)
         g = conv._geometry(conv.conv_checks.dgrad_problem('conv_dgrad', dy, w, x_shape, *geometry, np)[3])
         assert wgmma.fits(wgmma.dgrad_geometry(g), dtype, mode)
-        dyr, wr = ((_tf32_truncated(a) if mode == 'tf32' else a).astype(np.float64) for a in (dy, w))
+        dyr, wr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (dy, w))
         with wgmma.forced(True):
             dx = conv.conv_dgrad(dy, w, x_shape, *geometry, runtime=rt)
         assert_close(dx, twin.conv_dgrad(dyr, wr, x_shape, *geometry), dtype,

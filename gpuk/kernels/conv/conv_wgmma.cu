@@ -30,7 +30,8 @@
 // Pipeline: one __syncthreads per K tile hands stages over. Iteration t: the producer waits
 //   for its copies of tile t (cp.async.wait_group WG_STAGES - 3), all threads meet at the
 //   barrier, the producer refills the stage of tile t - 2 with tile t + WG_STAGES - 2 and the
-//   consumer issues tile t's wgmmas, commits them and waits until one group is left in flight
+//   consumer issues tile t's wgmmas (tf32: the producer first rounds its landed units of tile t
+//   with cvt.rna, as the mma.sync path does), commits them and waits until one group is left in flight
 //   (tile t - 1 retired, so its stage is free for the producer after the next barrier). With
 //   3 stages: one tile landing (64 KB of copies in flight) while one is multiplied.
 // Epilogue: after the K loop the consumer writes its accumulators, + bias[c_out] (epilogue
@@ -172,6 +173,24 @@ struct WgmmaLoader {
 #pragma unroll
         for (int a = 0; a < WG_ATOMS; ++a) pos[a].advance(WG_BK, c_in, k_h, k_w, dil_d, dil_h, dil_w);
     }
+
+    // tf32: rounds this thread's landed units of the stage at `stage` to tf32 in place (cvt.rna,
+    // as the mma.sync path): the tensor core would otherwise truncate the float32 bits it reads.
+    __device__ __forceinline__ void round_tf32(unsigned char* stage) const {
+#pragma unroll
+        for (int a = 0; a < WG_ATOMS; ++a)
+#pragma unroll
+            for (int j = 0; j < 2 * WG_CHUNKS; ++j) {   // A's units, then B's
+                unsigned char* unit = stage + (j >= WG_CHUNKS ? WG_A_BYTES : 0) + a * WG_ATOM_BYTES + dst +
+                                      (j % WG_CHUNKS) * WG_ROWS_PER_PASS * WG_ROW_BYTES;
+                float4 v = *reinterpret_cast<const float4*>(unit);
+                v.x = __uint_as_float(float_to_tf32(v.x));
+                v.y = __uint_as_float(float_to_tf32(v.y));
+                v.z = __uint_as_float(float_to_tf32(v.z));
+                v.w = __uint_as_float(float_to_tf32(v.w));
+                *reinterpret_cast<float4*>(unit) = v;
+            }
+    }
 };
 
 // ---- epilogue: accumulators -> shared memory tile -> 16-byte stores ----
@@ -286,9 +305,11 @@ conv_wgmma_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t, con
                             dil_w, depth);
             cp_async_commit();   // empty groups keep the count uniform for the wait below
         }
-        int write_stage = WG_STAGES - 2;
+        int write_stage = WG_STAGES - 2, read_stage = 0;
         for (int t = 0; t < tiles; ++t) {
             cp_async_wait<WG_STAGES - 3>();   // tile t has landed (this thread's copies) ...
+            if constexpr (sizeof(elem_t) == 4) loader.round_tf32(smem + read_stage * WG_STAGE_BYTES);
+            read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
             __syncthreads();                  // ... everyone's; the consumer retired tile t - 2
             if (t + WG_STAGES - 2 < tiles)
                 loader.load(x, w_t, smem + write_stage * WG_STAGE_BYTES, c_in, in_d, in_h, in_w, k_d, k_h, k_w,
