@@ -1,7 +1,8 @@
 """python -m gpuk.kernels.inspect: the SASS reader, the occupancy rules, the model, the join of
 the emulator's figures, and the baseline check of every kernel (docs/kernels.md).
 
-The baseline test compiles every registered variant for sm_80 and sm_90 (NVRTC, no GPU)
+The baseline test compiles every registered variant for sm_80 and sm_90 (and the Hopper
+convolution for sm_90a; NVRTC, no GPU)
 into the report's own cache, so after the first run it reads cached cubins and listings,
 and runs the emulator's counters (gpuk/kernels/inspect/emulated.py) on scaled-down shapes.
 """
@@ -271,7 +272,8 @@ def test_report_covers_every_kernel_of_every_cu_file(records):
         declared = set(parse_kernel_signatures(path))
         covered = {r['kernel'] for r in records if r['source'].endswith('/' + path.name)}
         assert declared == covered, path.name
-    assert {r['arch'] for r in records} == {'sm_80', 'sm_90'}
+    assert {r['arch'] for r in records} == {'sm_80', 'sm_90', 'sm_90a'}
+    assert {r['kernel'] for r in records if r['arch'] == 'sm_90a'} == {'conv_wgmma_fwd'}   # wgmma: sm_90a only
     assert not [r for r in records if 'error' in r]
 
 
@@ -305,6 +307,20 @@ def test_conv_main_loops_count_one_k_tile_of_math(records):
             assert counts.get('mma') == warp_tiles * d['CONV_BK'] // k_step, (r['kernel'], r['config'])
             assert r['other_per_mma'] == pytest.approx((r['hot_loop']['instructions'] - counts['mma'])
                                                        / counts['mma'], abs=0.01)
+
+
+def test_hopper_conv_loop_is_wgmma_with_at_most_two_other_instructions_each(records):
+    """conv_wgmma_fwd's hot loop is one turn of its stage ring: per stage and k step two
+    wgmmas (two m64 halves), and at most 2 other instructions per wgmma (issue 14's target for
+    tensor-core paths), spill-free, for f16, bf16 and tf32."""
+    from gpuk.kernels.conv import wgmma
+    hopper = [r for r in records if r['kernel'] == 'conv_wgmma_fwd']
+    assert sorted(r['config'].split()[0] for r in hopper) == ['bf16', 'f16', 'f32']
+    for r in hopper:
+        counts = r['hot_loop']['counts']
+        assert counts.get('wgmma') == wgmma.STAGES * wgmma.ATOMS * 4 * 2 and not counts.get('mma'), r['config']
+        assert r['other_per_mma'] <= report.TARGET_OTHER_PER_MMA and r['spills'] == 0, r['config']
+        assert r['dynamic_smem_bytes'] == wgmma.SHARED_BYTES and r['arch'] == 'sm_90a'
 
 
 def test_no_kernel_regressed_against_the_baseline(records):
