@@ -35,11 +35,13 @@ def _run(gemm, mode, threads=128):
     return d
 
 
-def test_wgmma_follows_the_ptx_layouts(gemm):
-    """Swizzled K-major operands through descriptors, four k16 steps, the accumulator fragment
-    layout of PTX's m64nNk16: D = A B^T exactly as float32 sums of float16 products."""
+@pytest.mark.parametrize('mode', [0, 6], ids=['swizzle-128B', 'no-swizzle'])
+def test_wgmma_follows_the_ptx_layouts(gemm, mode):
+    """K-major operands through descriptors (128-byte swizzle; no swizzle with LBO and SBO),
+    four k16 steps, the accumulator fragment layout of PTX's m64nNk16: D = A B^T as float32
+    sums of float16 products."""
     _, a, b = gemm
-    d = _run(gemm, 0)
+    d = _run(gemm, mode)
     np.testing.assert_allclose(d, a.astype(np.float64) @ b.astype(np.float64).T, rtol=1e-5, atol=1e-4)
 
 
