@@ -131,10 +131,24 @@ def test_main_builds_every_registered_variant(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     written = sorted(p.name for p in tmp_path.glob('*.cubin'))
     assert written == sorted(runtime.cubin_path(s.source_file, dict(s.defines), arch).name
-                             for s in builds for arch in ('sm_80', 'sm_90'))
+                             for s in builds for arch in s.build_archs(('sm_80', 'sm_90')))
     for spec in builds:
-        for kernel in spec.kernels:
-            assert out.count('\n%s ' % kernel) >= 2   # one table line per arch at least
+        for kernel in spec.kernels:   # one table line per arch at least
+            assert out.count('\n%s ' % kernel) >= len(spec.build_archs(('sm_80', 'sm_90')))
+
+
+def test_arch_specific_variants_build_for_their_family_only():
+    """The Hopper convolution is registered for sm_90a: built when sm_90 is asked for, never for sm_80."""
+    from gpuk.kernels.conv import wgmma
+    specs = [s for s in runtime.registered_builds() if s.source_file.endswith('conv_wgmma.cu')]
+    assert len(specs) == len(wgmma.DTYPES) and all(s.archs == ('sm_90a',) for s in specs)
+    assert specs[0].build_archs(('sm_80', 'sm_90')) == ('sm_90a',)
+    assert specs[0].build_archs(('sm_80',)) == ()
+    assert runtime.normalize_arch('sm_90a') == 'sm_90a' and runtime.normalize_arch(90) == 'sm_90'
+    with pytest.raises(ValueError, match="sm_90a"):
+        runtime.normalize_arch('sm_9x')
+    others = [s for s in runtime.registered_builds() if s.archs is None]
+    assert others and others[0].build_archs(('sm_80', 'sm_90')) == ('sm_80', 'sm_90')
 
 
 def test_main_check_writes_nothing_and_fails_on_errors(tmp_path, capsys, monkeypatch):
