@@ -182,6 +182,7 @@ def _fwd_launch(g, dtype, epilogue):
 def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     xp = rt.xp
     if conv_wgmma.applies(rt, problem.g, x, config.precision()):   # Hopper: warpgroup MMA (conv/wgmma.py)
+        _check_gemm('conv_fwd', *conv_wgmma.gemm_shape(problem.g))
         y = xp.empty(_layout_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
         return conv_wgmma.conv_fwd(rt, x, w, y, bias if bias is not None else _no_bias(xp, x.dtype),
                                    EPILOGUES[epilogue], problem.g)
@@ -206,6 +207,7 @@ def _igemm_dgrad(dy, w, problem, rt):
     xp = rt.xp
     forward = conv_wgmma.dgrad_geometry(problem.g) if conv_wgmma.active(rt) else None   # stride 1 (conv/wgmma.py)
     if forward is not None and conv_wgmma.applies(rt, forward, dy, config.precision()):
+        _check_gemm('conv_dgrad', *conv_wgmma.gemm_shape(forward))
         dx = xp.empty(_layout_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
         return conv_wgmma.conv_dgrad(rt, dy, w, dx, _no_bias(xp, dy.dtype), problem.g)
     launch = problem.launch(lambda g: _dgrad_launch(g, dy.dtype))

@@ -10,9 +10,9 @@ conv_igemm.cu. The emulator has no architecture, so there the path runs only ins
 ``forced()`` (tests).
 
 The launch transposes the filter to (C_out, taps * C_in) first (dgrad: flips it too, to
-(C_in, taps * C_out)): both wgmma operands are then
-K-major in shared memory (wgmma's only layout for tf32). That is one extra pass over the
-filter per call (small next to the activations on the layers this path is for).
+(C_in, taps * C_out)): both wgmma operands are then K-major in shared memory (wgmma's only
+layout for tf32). That is one extra pass over the filter per call (small next to the
+activations on the layers this path is for).
 """
 import contextlib
 import math
@@ -52,19 +52,14 @@ for _dtype in DTYPES:
 
 @contextlib.contextmanager
 def forced(on=True):
-    """Within the block, conv_fwd takes the wgmma path wherever the problem fits it (on=True,
-    on any runtime, the emulator included) or never (on=False)."""
+    """Within the block, conv_fwd and stride-1 conv_dgrad take the wgmma path wherever the
+    problem fits it (on=True, on any runtime, the emulator included) or never (on=False)."""
     previous = _forced['on']
     _forced['on'] = bool(on)
     try:
         yield
     finally:
         _forced['on'] = previous
-
-
-def forced_state():
-    """What forced() set (None, True or False): part of a launch's prepared key."""
-    return _forced['on']
 
 
 def _aligned16(array):
@@ -99,6 +94,11 @@ def dgrad_geometry(g):
         return None
     pads = tuple(d * (k - 1) - p for d, k, p in zip(g.dilation, g.k_sp, g.pad_before))
     return g._replace(c_in=g.c_out, c_out=g.c_in, in_sp=g.out_sp, out_sp=g.in_sp, pad_before=pads)
+
+
+def gemm_shape(g):
+    """(M, N, K) of the forward GEMM of Geometry g (the launcher checks them against 2^31)."""
+    return g.batch * math.prod(g.out_sp), g.c_out, math.prod(g.k_sp) * g.c_in
 
 
 def launch_shape(g):
