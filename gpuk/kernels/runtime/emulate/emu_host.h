@@ -892,8 +892,9 @@ inline void* dynamic_shared_base() { return t_worker->smem; }
 // first thread of the warpgroup waits for its group (wgmma.wait_group), as the hardware may
 // read its operands any time until then: the shared memory is read at that wait. With the
 // memory checks on, a thread's write to an operand byte before its own wait retired the op is
-// reported (so is an operand still being landed by cp.async). Supported: m64nNk16 f16/bf16 and m64nNk8 tf32
-// with float32 accumulators, both operands K-major (imm-trans 0), scale-a = scale-b = 1.
+// reported (so is an operand still being landed by cp.async). Supported: m64nNk16 f16/bf16
+// and m64nNk8 tf32 with float32 accumulators, both operands K-major (imm-trans 0) in shared
+// memory, scale-a = scale-b = 1.
 struct WgOp { int kind, n; uint64_t desc_a, desc_b; int scale_d; uint32_t group, waited; bool done; float* d[128]; };
 struct WgState {
     WgOp* ops; uint32_t head, n, cap;     // ops [head, n) not yet waited for by all 128 threads, in issue order
