@@ -286,7 +286,7 @@ def _num(value, pattern='%g'):
     return '-' if value is None else pattern % value
 
 
-COLUMNS = (('kernel', 28), ('arch', 5), ('config', 19), ('regs', 4), ('spl', 4), ('smem', 6), ('occ', 4),
+COLUMNS = (('kernel', 28), ('arch', 4), ('config', 19), ('regs', 4), ('spl', 4), ('smem', 6), ('occ', 4),
            ('loop', 5), ('math', 4), ('o/mma', 5), ('coal', 4), ('bound', 11), ('pred', 4), ('meas', 4))
 
 
@@ -300,7 +300,7 @@ def table(records):
             lines.append(' '.join(c.ljust(w) for c, (_, w) in zip(cells, COLUMNS)))
             continue
         loop = r['hot_loop']
-        cells = [r['kernel'][:28], r['arch'], r['config'][:19], str(r['registers']), str(r['spills']),
+        cells = [r['kernel'][:28], r['arch'][3:], r['config'][:19],   # arch without 'sm_': 80, 90, 90a str(r['registers']), str(r['spills']),
                  str(r['smem_bytes']), _pct(r['occupancy']), str(loop['instructions']) if loop else '-',
                  _pct(r['math_fraction']), _num(r['other_per_mma'], '%.0f'), _pct(r['coalescing']),
                  r['predicted_bound'], _pct(r['predicted_fraction']), _pct(r['measured_fraction'])]
