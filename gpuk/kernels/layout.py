@@ -1,0 +1,85 @@
+"""Launcher of layout.cu: the tiled transpose between channels_first (N, C, *spatial) and
+channels_last (N, *spatial, C) arrays.
+
+The implicit-GEMM convolutions (conv/__init__.py) run channels_first problems through their
+channels_last kernels between two of these transposes: a channels_first load of the GEMM's
+K dimension (channels) strides across a whole plane per element and cannot coalesce, while
+the transpose reads and writes whole 128-byte lines (16-byte accesses where the row lengths
+allow). Not a K function: the arguments come from the launchers, which checked them; the
+checks here guard direct callers.
+"""
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .runtime import register_build, resolve
+
+SOURCE = Path(__file__).with_name('layout.cu')
+# Tile constants: #defines of layout.cu and the grid below (one place).
+LAYOUT_THREADS = 64     # the vector path: one 16-byte-square block of the tile per thread (8 x 8)
+WORD_TYPES = {2: 'unsigned short', 4: 'unsigned', 8: 'unsigned long long'}   # element size -> C type
+WORD_DTYPES = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def tile_size(itemsize):
+    """Tile side in elements: a tile row is one 128-byte line (8 chunks of 16 bytes)."""
+    return 128 // itemsize
+
+
+def defines(itemsize):
+    return {'ELEMENT_T': WORD_TYPES[itemsize], 'LAYOUT_TILE': tile_size(itemsize), 'LAYOUT_THREADS': LAYOUT_THREADS}
+
+
+for _itemsize in WORD_TYPES:
+    register_build(SOURCE, defines(_itemsize), ['transpose_planes'])
+
+
+def transpose_planes(a, planes, rows, cols, rt):
+    """(planes, cols, rows) array: each (rows, cols) plane of the C-contiguous `a` transposed."""
+    from .conv.direct import INDEX_LIMIT, check_index_limit   # conv/__init__.py imports this module
+    xp, itemsize = rt.xp, a.dtype.itemsize
+    out = xp.empty((planes, cols, rows), a.dtype)
+    if out.size == 0:
+        return out
+    for what, value in (('the plane rows', rows), ('the plane columns', cols)):
+        check_index_limit('transpose_planes', what, value)
+    tile = tile_size(itemsize)
+    row_tiles, col_tiles = math.ceil(rows / tile), math.ceil(cols / tile)
+    blocks = planes * row_tiles * col_tiles
+    if blocks > INDEX_LIMIT:
+        raise ValueError('transpose_planes: %d tiles is above the kernel limit of 2^31 - 1; split the batch' % blocks)
+    word = WORD_DTYPES[itemsize]
+    src = xp.ascontiguousarray(a).reshape(-1).view(word)
+    rt.load(SOURCE, defines(itemsize)).kernel('transpose_planes').launch(
+        blocks, LAYOUT_THREADS, (src, out.reshape(-1).view(word), np.int32(rows), np.int32(cols),
+                                 np.int32(row_tiles), np.int32(col_tiles)))
+    return out
+
+
+def _check(fn, x, xp):
+    if not isinstance(x, xp.ndarray):
+        raise TypeError('%s: x must be a %s.ndarray, got %s' % (fn, xp.__name__, type(x).__name__))
+    if x.ndim < 3:
+        raise ValueError('%s: x must have 3 to 5 dimensions (batch, channels and 1 to 3 spatial), got shape %s'
+                         % (fn, tuple(x.shape)))
+    if x.dtype.itemsize not in WORD_TYPES:
+        raise TypeError('%s: x.dtype must have 2, 4 or 8 bytes per element, got %s' % (fn, x.dtype))
+
+
+def to_channels_last(x, *, runtime=None):
+    """(N, C, *spatial) -> (N, *spatial, C), a new C-contiguous array."""
+    rt = resolve(runtime)
+    _check('to_channels_last', x, rt.xp)
+    n, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    out = transpose_planes(x, n, c, math.prod(spatial), rt)
+    return out.reshape(n, *spatial, c)
+
+
+def to_channels_first(x, *, runtime=None):
+    """(N, *spatial, C) -> (N, C, *spatial), a new C-contiguous array."""
+    rt = resolve(runtime)
+    _check('to_channels_first', x, rt.xp)
+    n, c, spatial = x.shape[0], x.shape[-1], x.shape[1:-1]
+    out = transpose_planes(x, n, math.prod(spatial), c, rt)
+    return out.reshape(n, c, *spatial)
