@@ -36,9 +36,13 @@ for _itemsize in WORD_TYPES:
 
 
 def transpose_planes(a, planes, rows, cols, rt):
-    """(planes, cols, rows) array: each (rows, cols) plane of the C-contiguous `a` transposed."""
+    """(planes, cols, rows) array: each (rows, cols) plane of `a` transposed. A plane of one row
+    or one column is its own transpose in memory: then `a` itself, reshaped (a view when `a`
+    is C-contiguous), and no launch."""
     from .conv.direct import INDEX_LIMIT, check_index_limit   # conv/__init__.py imports this module
     xp, itemsize = rt.xp, a.dtype.itemsize
+    if rows == 1 or cols == 1:
+        return xp.ascontiguousarray(a).reshape(planes, cols, rows)
     out = xp.empty((planes, cols, rows), a.dtype)
     if out.size == 0:
         return out
@@ -68,7 +72,8 @@ def _check(fn, x, xp):
 
 
 def to_channels_last(x, *, runtime=None):
-    """(N, C, *spatial) -> (N, *spatial, C), a new C-contiguous array."""
+    """(N, C, *spatial) -> (N, *spatial, C), C-contiguous (x itself, reshaped, when C == 1 or
+    there is one spatial position: then nothing moves)."""
     rt = resolve(runtime)
     _check('to_channels_last', x, rt.xp)
     n, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
@@ -77,7 +82,8 @@ def to_channels_last(x, *, runtime=None):
 
 
 def to_channels_first(x, *, runtime=None):
-    """(N, *spatial, C) -> (N, C, *spatial), a new C-contiguous array."""
+    """(N, *spatial, C) -> (N, C, *spatial), C-contiguous (x itself, reshaped, when C == 1 or
+    there is one spatial position)."""
     rt = resolve(runtime)
     _check('to_channels_first', x, rt.xp)
     n, c, spatial = x.shape[0], x.shape[-1], x.shape[1:-1]

@@ -60,11 +60,18 @@ def test_vector_friendly_planes_move_16_bytes_per_access(emulator, dtype):
     assert per_request[16] > 32 * itemsize >= per_request[15]
 
 
-def test_empty_arrays_launch_nothing(emulator):
+def test_empty_arrays_and_planes_of_one_row_or_column_launch_nothing(emulator):
+    """Nothing to move: empty arrays, one channel (grayscale images), one spatial position
+    (after global pooling): the result has the new shape and the same values."""
+    one_channel, one_pixel = _random((2, 1, 5, 3), np.float32), _random((3, 1, 1, 6), np.float32)
     with emulated_runtime.counting() as launches:
         out = layout.to_channels_last(np.zeros((0, 3, 4), np.float32), runtime=emulator)
         back = layout.to_channels_first(np.zeros((2, 0, 5), np.float32), runtime=emulator)
+        gray = layout.to_channels_last(one_channel, runtime=emulator)
+        pooled = layout.to_channels_first(one_pixel, runtime=emulator)
     assert out.shape == (0, 4, 3) and back.shape == (2, 5, 0) and launches == []
+    np.testing.assert_array_equal(gray, np.moveaxis(one_channel, 1, -1))
+    np.testing.assert_array_equal(pooled, np.moveaxis(one_pixel, -1, 1))
 
 
 def test_bad_input_names_the_function(emulator):
