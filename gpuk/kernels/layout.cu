@@ -34,6 +34,30 @@ union LayoutTile {
     word_t words[LAYOUT_TILE][LAYOUT_TILE + LAYOUT_PAD];       // scalar path, padded
 };
 
+// Chunk f of the transpose of a VEC x VEC block held as VEC chunks (rows): element e of the
+// result is element f of in[e]. Built from 32-bit words so that 2-byte elements are paired
+// with shifts and masks (PRMT) instead of unpacked into one register each.
+__device__ __forceinline__ uint4 transposed_chunk(const uint4 (&in)[LAYOUT_VEC], int f) {
+    uint4 out;
+    unsigned* o = reinterpret_cast<unsigned*>(&out);
+    if (sizeof(word_t) == 2) {   // word m of the result: elements 2m, 2m + 1 = in[2m], in[2m + 1] at f
+        const int shift = 16 * (f & 1);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const unsigned lo = reinterpret_cast<const unsigned*>(&in[2 * m])[f >> 1];
+            const unsigned hi = reinterpret_cast<const unsigned*>(&in[2 * m + 1])[f >> 1];
+            o[m] = ((lo >> shift) & 0xffffu) | (((hi >> shift) & 0xffffu) << 16);
+        }
+    } else {                     // whole words: element f of in[e] is words f * W .. f * W + W - 1
+        constexpr int W = (int)(sizeof(word_t) / 4);
+#pragma unroll
+        for (int e = 0; e < LAYOUT_VEC; ++e)
+#pragma unroll
+            for (int w = 0; w < W; ++w) o[e * W + w] = reinterpret_cast<const unsigned*>(&in[e])[f * W + w];
+    }
+    return out;
+}
+
 // Vector path (rows and cols multiples of LAYOUT_VEC, both bases 16-byte aligned): 16-byte
 // accesses everywhere. Loads: thread q copies chunk q % 8 of tile row q / 8 (8 lanes per
 // 128-byte src line) into shared memory. Stores: thread (k = tid % 8, chunk column j = tid / 8)
@@ -55,22 +79,12 @@ __device__ __forceinline__ void transpose_tile_vec(const word_t* __restrict__ sr
     const int k = threadIdx.x % LAYOUT_CHUNKS, j = threadIdx.x / LAYOUT_CHUNKS;
     const int gr = r0 + k * LAYOUT_VEC, gc = c0 + j * LAYOUT_VEC;
     if (gr >= rows || gc >= cols) return;   // a whole block out (rows % VEC == 0, cols % VEC == 0)
-    word_t block[LAYOUT_VEC][LAYOUT_VEC];
+    uint4 in[LAYOUT_VEC];   // in[e]: src row VEC*k + e, columns VEC*j..
 #pragma unroll
-    for (int e = 0; e < LAYOUT_VEC; ++e) {
-        const uint4 v = tile.chunks[(k * LAYOUT_VEC + e) * LAYOUT_CHUNKS + (j ^ (k & 7))];
-        const word_t* w = reinterpret_cast<const word_t*>(&v);
+    for (int e = 0; e < LAYOUT_VEC; ++e) in[e] = tile.chunks[(k * LAYOUT_VEC + e) * LAYOUT_CHUNKS + (j ^ (k & 7))];
 #pragma unroll
-        for (int f = 0; f < LAYOUT_VEC; ++f) block[f][e] = w[f];
-    }
-#pragma unroll
-    for (int f = 0; f < LAYOUT_VEC; ++f) {
-        uint4 v;
-        word_t* w = reinterpret_cast<word_t*>(&v);
-#pragma unroll
-        for (int e = 0; e < LAYOUT_VEC; ++e) w[e] = block[f][e];
-        store_uint4(dst + (long long)(gc + f) * rows + gr, v);
-    }
+    for (int f = 0; f < LAYOUT_VEC; ++f)   // dst row gc + f holds element f of every in[e]
+        store_uint4(dst + (long long)(gc + f) * rows + gr, transposed_chunk(in, f));
 }
 
 // Scalar path (any rows, cols, alignment): one element per access, consecutive lanes on
@@ -79,14 +93,14 @@ __device__ __forceinline__ void transpose_tile_vec(const word_t* __restrict__ sr
 __device__ __forceinline__ void transpose_tile_scalar(const word_t* __restrict__ src, word_t* __restrict__ dst,
                                                       int rows, int cols, int r0, int c0, LayoutTile& tile) {
     constexpr int PASSES = LAYOUT_TILE * LAYOUT_TILE / LAYOUT_THREADS;
-#pragma unroll 8
+#pragma unroll 4
     for (int i = 0; i < PASSES; ++i) {
         const int q = i * LAYOUT_THREADS + threadIdx.x;
         const int r = q / LAYOUT_TILE, c = q % LAYOUT_TILE;
         if (r0 + r < rows && c0 + c < cols) tile.words[r][c] = src[(long long)(r0 + r) * cols + c0 + c];
     }
     __syncthreads();
-#pragma unroll 8
+#pragma unroll 4
     for (int i = 0; i < PASSES; ++i) {
         const int q = i * LAYOUT_THREADS + threadIdx.x;
         const int c = q / LAYOUT_TILE, r = q % LAYOUT_TILE;   // dst row c0 + c, dst column r0 + r
