@@ -14,49 +14,64 @@
 #ifndef LAYOUT_THREADS
 #define LAYOUT_THREADS 64
 #endif
+// Scalar path: one word of padding per tile row (two 2-byte elements, one 4- or 8-byte one).
+// The pitch is then an odd number of 4-byte banks (2-, 4-byte elements) or 2 mod 4 banks
+// (8-byte), so a column of 32 (16 for 8-byte accesses) rows falls on distinct banks.
+#ifndef LAYOUT_PAD
+#define LAYOUT_PAD 1
+#endif
 
 typedef ELEMENT_T word_t;
 
 #define LAYOUT_VEC ((int)(16 / sizeof(word_t)))     // elements per 16-byte chunk
 #define LAYOUT_CHUNKS (LAYOUT_TILE / LAYOUT_VEC)    // 16-byte chunks per tile row
-// Scalar path: one word of padding per tile row (two 2-byte elements, one 4- or 8-byte one).
-// The pitch is then an odd number of 4-byte banks (2-, 4-byte elements) or 2 mod 4 banks
-// (8-byte), so a column of 32 (16 for 8-byte accesses) rows falls on distinct banks.
-#define LAYOUT_PAD ((int)(sizeof(word_t) == 2 ? 2 : 1))
 
 static_assert(LAYOUT_TILE * sizeof(word_t) == 128, "a tile row is one 128-byte line");
 static_assert(LAYOUT_CHUNKS == 8, "the vector path's swizzle permutes the 8 chunks of a row");
 static_assert(LAYOUT_THREADS == LAYOUT_CHUNKS * LAYOUT_CHUNKS, "the vector path: one VEC x VEC block per thread");
 static_assert(LAYOUT_TILE * LAYOUT_TILE % LAYOUT_THREADS == 0, "the scalar path: equal work per thread");
+static_assert(LAYOUT_PAD * sizeof(word_t) == (sizeof(word_t) == 2 ? 4 : sizeof(word_t)), "one word of padding");
 
 union LayoutTile {
     uint4 chunks[LAYOUT_TILE * LAYOUT_CHUNKS];                 // vector path, swizzled
     word_t words[LAYOUT_TILE][LAYOUT_TILE + LAYOUT_PAD];       // scalar path, padded
 };
 
-// Chunk f of the transpose of a VEC x VEC block held as VEC chunks (rows): element e of the
-// result is element f of in[e]. Built from 32-bit words so that 2-byte elements are paired
-// with shifts and masks (PRMT) instead of unpacked into one register each.
-__device__ __forceinline__ uint4 transposed_chunk(const uint4 (&in)[LAYOUT_VEC], int f) {
-    uint4 out;
-    unsigned* o = reinterpret_cast<unsigned*>(&out);
-    if (sizeof(word_t) == 2) {   // word m of the result: elements 2m, 2m + 1 = in[2m], in[2m + 1] at f
-        const int shift = 16 * (f & 1);
+__device__ __forceinline__ unsigned word_of(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;   // i is a constant: a register
+}
+
+// Chunk F of the transpose of a VEC x VEC block held as VEC chunks (rows): element e of the
+// result is element F of in[e]. Built from 32-bit words so that 2-byte elements are paired
+// with shifts and masks (PRMT); F and every index are constants, so all stays in registers.
+template <int F> __device__ __forceinline__ uint4 transposed_chunk(const uint4 (&in)[LAYOUT_VEC]) {
+    unsigned o[4];
+    if (sizeof(word_t) == 2) {   // word m of the result: elements 2m, 2m + 1 = in[2m], in[2m + 1] at F
+        constexpr int SHIFT = 16 * (F & 1);
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-            const unsigned lo = reinterpret_cast<const unsigned*>(&in[2 * m])[f >> 1];
-            const unsigned hi = reinterpret_cast<const unsigned*>(&in[2 * m + 1])[f >> 1];
-            o[m] = ((lo >> shift) & 0xffffu) | (((hi >> shift) & 0xffffu) << 16);
-        }
-    } else {                     // whole words: element f of in[e] is words f * W .. f * W + W - 1
+        for (int m = 0; m < 4; ++m)
+            o[m] = ((word_of(in[2 * m], F >> 1) >> SHIFT) & 0xffffu) |
+                   (((word_of(in[2 * m + 1], F >> 1) >> SHIFT) & 0xffffu) << 16);
+    } else {                     // whole words: element F of in[e] is words F * W .. F * W + W - 1
         constexpr int W = (int)(sizeof(word_t) / 4);
 #pragma unroll
         for (int e = 0; e < LAYOUT_VEC; ++e)
 #pragma unroll
-            for (int w = 0; w < W; ++w) o[e * W + w] = reinterpret_cast<const unsigned*>(&in[e])[f * W + w];
+            for (int w = 0; w < W; ++w) o[e * W + w] = word_of(in[e], F * W + w);
     }
-    return out;
+    return make_uint4(o[0], o[1], o[2], o[3]);
 }
+
+// Stores chunks F.. of the transposed block, chunk f at p + f * rows (dst row gc + f).
+template <int F> struct StoreTransposed {
+    static __device__ __forceinline__ void run(const uint4 (&in)[LAYOUT_VEC], word_t* __restrict__ p, int rows) {
+        store_uint4(p + (long long)F * rows, transposed_chunk<F>(in));
+        StoreTransposed<F + 1>::run(in, p, rows);
+    }
+};
+template <> struct StoreTransposed<LAYOUT_VEC> {
+    static __device__ __forceinline__ void run(const uint4 (&)[LAYOUT_VEC], word_t* __restrict__, int) {}
+};
 
 // Vector path (rows and cols multiples of LAYOUT_VEC, both bases 16-byte aligned): 16-byte
 // accesses everywhere. Loads: thread q copies chunk q % 8 of tile row q / 8 (8 lanes per
@@ -82,9 +97,7 @@ __device__ __forceinline__ void transpose_tile_vec(const word_t* __restrict__ sr
     uint4 in[LAYOUT_VEC];   // in[e]: src row VEC*k + e, columns VEC*j..
 #pragma unroll
     for (int e = 0; e < LAYOUT_VEC; ++e) in[e] = tile.chunks[(k * LAYOUT_VEC + e) * LAYOUT_CHUNKS + (j ^ (k & 7))];
-#pragma unroll
-    for (int f = 0; f < LAYOUT_VEC; ++f)   // dst row gc + f holds element f of every in[e]
-        store_uint4(dst + (long long)(gc + f) * rows + gr, transposed_chunk(in, f));
+    StoreTransposed<0>::run(in, dst + (long long)gc * rows + gr, rows);   // dst row gc + f: element f of each in[e]
 }
 
 // Scalar path (any rows, cols, alignment): one element per access, consecutive lanes on
@@ -105,6 +118,38 @@ __device__ __forceinline__ void transpose_tile_scalar(const word_t* __restrict__
         const int q = i * LAYOUT_THREADS + threadIdx.x;
         const int c = q / LAYOUT_TILE, r = q % LAYOUT_TILE;   // dst row c0 + c, dst column r0 + r
         if (r0 + r < rows && c0 + c < cols) dst[(long long)(c0 + c) * rows + r0 + r] = tile.words[r][c];
+    }
+}
+
+// transpose_planes_thin: transpose_planes for planes of few rows (rows < LAYOUT_TILE) whose
+// sizes the vector path cannot take, e.g. C = 3 images (the launcher's choice).
+// Thread mapping: one tile of all `rows` rows x tile_cols columns (as many as the scalar tile's
+//   shared memory holds, layout.py thin_tile_cols) per block of LAYOUT_THREADS threads;
+//   blockIdx.x = plane * col_tiles + col tile. The tile is kept in dst order, element (r, c) at
+//   c * stride + r (layout.py thin_stride: an odd number of 4-byte words per column, so the
+//   loads' lanes, which run along a src row, hit distinct banks). The tile's dst elements are
+//   one contiguous run (dst rows are whole), stored lane by lane.
+// A kernel of its own: its division loops, inlined beside the vector path, pushed that path
+//   into spills on sm_90 (NVRTC 13.5). Tail guards: the last column tile. No atomics.
+extern "C" __global__ void __launch_bounds__(LAYOUT_THREADS)
+transpose_planes_thin(const word_t* __restrict__ src, word_t* __restrict__ dst, int rows, int cols, int col_tiles,
+                      int tile_cols, int stride) {
+    __shared__ __align__(16) LayoutTile shared_tile;
+    word_t* tile = &shared_tile.words[0][0];
+    const unsigned plane = blockIdx.x / (unsigned)col_tiles;
+    const int c0 = (int)(blockIdx.x % (unsigned)col_tiles) * tile_cols;
+    const long long plane_offset = (long long)plane * rows * cols;
+    src += plane_offset;
+    dst += plane_offset;
+    const int width = min(tile_cols, cols - c0);
+    for (int r = 0; r < rows; ++r)
+        for (int c = threadIdx.x; c < width; c += LAYOUT_THREADS)
+            tile[c * stride + r] = src[(long long)r * cols + c0 + c];
+    __syncthreads();
+    word_t* __restrict__ out = dst + (long long)c0 * rows;
+    for (int q = threadIdx.x; q < width * rows; q += LAYOUT_THREADS) {
+        const int c = q / rows;
+        out[q] = tile[c * stride + (q - c * rows)];
     }
 }
 

@@ -27,19 +27,48 @@ def tile_size(itemsize):
     return 128 // itemsize
 
 
+def pad_elements(itemsize):
+    """Padding of a scalar-path tile row: one 4-byte word (two 2-byte elements; one 8-byte)."""
+    return 2 if itemsize == 2 else 1
+
+
+def thin_stride(itemsize, rows):
+    """Elements between columns of a thin-path tile (layout.cu transpose_tile_thin): at least
+    `rows`, an odd number of 4-byte words (2-byte elements) or of elements (4, 8 bytes), so
+    that 32 lanes storing one row's consecutive columns hit distinct banks."""
+    if itemsize == 2:
+        return 2 * ((rows + 1) // 2 | 1)
+    return rows | 1
+
+
+def thin_tile_cols(itemsize, rows):
+    """Columns of a thin-path tile: as many as the scalar tile's shared memory holds, in whole
+    groups of 32 (sector-aligned loads) when there is room for one."""
+    tile = tile_size(itemsize)
+    fit = tile * (tile + pad_elements(itemsize)) // thin_stride(itemsize, rows)
+    return fit // 32 * 32 if fit >= 32 else fit
+
+
 def defines(itemsize):
-    return {'ELEMENT_T': WORD_TYPES[itemsize], 'LAYOUT_TILE': tile_size(itemsize), 'LAYOUT_THREADS': LAYOUT_THREADS}
+    return {'ELEMENT_T': WORD_TYPES[itemsize], 'LAYOUT_TILE': tile_size(itemsize), 'LAYOUT_THREADS': LAYOUT_THREADS,
+            'LAYOUT_PAD': pad_elements(itemsize)}
 
 
 for _itemsize in WORD_TYPES:
-    register_build(SOURCE, defines(_itemsize), ['transpose_planes'])
+    register_build(SOURCE, defines(_itemsize), ['transpose_planes', 'transpose_planes_thin'])
+
+
+def _check_blocks(blocks):
+    from .conv.direct import INDEX_LIMIT   # conv/__init__.py imports this module
+    if blocks > INDEX_LIMIT:
+        raise ValueError('transpose_planes: %d tiles is above the kernel limit of 2^31 - 1; split the batch' % blocks)
 
 
 def transpose_planes(a, planes, rows, cols, rt):
     """(planes, cols, rows) array: each (rows, cols) plane of `a` transposed. A plane of one row
     or one column is its own transpose in memory: then `a` itself, reshaped (a view when `a`
     is C-contiguous), and no launch."""
-    from .conv.direct import INDEX_LIMIT, check_index_limit   # conv/__init__.py imports this module
+    from .conv.direct import check_index_limit   # conv/__init__.py imports this module
     xp, itemsize = rt.xp, a.dtype.itemsize
     if rows == 1 or cols == 1:
         return xp.ascontiguousarray(a).reshape(planes, cols, rows)
@@ -48,16 +77,24 @@ def transpose_planes(a, planes, rows, cols, rt):
         return out
     for what, value in (('the plane rows', rows), ('the plane columns', cols)):
         check_index_limit('transpose_planes', what, value)
-    tile = tile_size(itemsize)
-    row_tiles, col_tiles = math.ceil(rows / tile), math.ceil(cols / tile)
-    blocks = planes * row_tiles * col_tiles
-    if blocks > INDEX_LIMIT:
-        raise ValueError('transpose_planes: %d tiles is above the kernel limit of 2^31 - 1; split the batch' % blocks)
+    tile, vec = tile_size(itemsize), 16 // itemsize
     word = WORD_DTYPES[itemsize]
-    src = xp.ascontiguousarray(a).reshape(-1).view(word)
-    rt.load(SOURCE, defines(itemsize)).kernel('transpose_planes').launch(
-        blocks, LAYOUT_THREADS, (src, out.reshape(-1).view(word), np.int32(rows), np.int32(cols),
-                                 np.int32(row_tiles), np.int32(col_tiles)))
+    module = rt.load(SOURCE, defines(itemsize))
+    args = (xp.ascontiguousarray(a).reshape(-1).view(word), out.reshape(-1).view(word), np.int32(rows),
+            np.int32(cols))
+    if rows < tile and (rows % vec or cols % vec):
+        # few rows the vector path cannot take (C = 3 images): wide tiles of all rows
+        tile_cols = thin_tile_cols(itemsize, rows)
+        col_tiles = math.ceil(cols / tile_cols)
+        _check_blocks(planes * col_tiles)
+        module.kernel('transpose_planes_thin').launch(
+            planes * col_tiles, LAYOUT_THREADS,
+            args + (np.int32(col_tiles), np.int32(tile_cols), np.int32(thin_stride(itemsize, rows))))
+    else:
+        row_tiles, col_tiles = math.ceil(rows / tile), math.ceil(cols / tile)
+        _check_blocks(planes * row_tiles * col_tiles)
+        module.kernel('transpose_planes').launch(planes * row_tiles * col_tiles, LAYOUT_THREADS,
+                                                 args + (np.int32(row_tiles), np.int32(col_tiles)))
     return out
 
 
