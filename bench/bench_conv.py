@@ -18,6 +18,9 @@ carry the suite 'resnet50 fp32 strict', 'resnet50 tf32' or 'resnet50 bf16', and 
 depthwise rows 'mobilenetv2 depthwise': the report averages gpuk / cuDNN per family over
 each suite on its own (bench/rows.py suite_summary), the figures the convolution targets
 are stated in.
+
+``test_channels_first_transpose`` times the layout transposes a channels_first convolution
+adds around the implicit GEMM (gpuk/kernels/layout.py) against CuPy's transpose copy.
 """
 import math
 
@@ -205,3 +208,38 @@ def test_depthwise(benchmark, harness, impl, pass_name, case):
                        set_bytes=set_bytes, bytes_moved=bytes_moved, flops=flops, dtype='float32',
                        suite='mobilenetv2 depthwise')
     assert info['tflops'] > 0
+
+
+# (case, shape (N, C, H, W), dtype) of the transposes a channels_first convolution adds around
+# the implicit GEMM (gpuk/kernels/layout.py): a ResNet-50 stage-2 activation each way, an RGB
+# input (the thin-plane kernel), and bfloat16. gpuk's kernel against CuPy's generic transpose
+# copy; bytes are counted read + write.
+TRANSPOSE_CASES_NCHW = [('NCHW->NHWC N=32 256x56x56', (32, 256, 56, 56), 'float32', 'last'),
+                        ('NHWC->NCHW N=32 56x56x256', (32, 256, 56, 56), 'float32', 'first'),
+                        ('NCHW->NHWC N=32 3x224x224', (32, 3, 224, 224), 'float32', 'last'),
+                        ('NCHW->NHWC N=32 256x56x56 bfloat16', (32, 256, 56, 56), 'bfloat16', 'last')]
+
+
+@pytest.mark.parametrize('impl, case', [pytest.param(impl, case, id='%s-%s' % (case[0], impl))
+                                        for case in TRANSPOSE_CASES_NCHW for impl in ('gpuk', 'cupy')])
+def test_channels_first_transpose(benchmark, harness, impl, case):
+    name, (n, c, height, width), dtype, to = case
+    h.require(impl)
+    import cupy
+    from gpuk.kernels import layout
+    shape = (n, c, height, width) if to == 'last' else (n, height, width, c)
+    if impl == 'gpuk':
+        function = layout.to_channels_last if to == 'last' else layout.to_channels_first
+
+        def fn(x):
+            return function(x, runtime='cuda')
+    else:
+        axes = (0, 2, 3, 1) if to == 'last' else (0, 3, 1, 2)
+
+        def fn(x):
+            return cupy.ascontiguousarray(x.transpose(axes))
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    info = harness.run(benchmark, family='layout_transpose', case=name, impl=impl, fn=fn,
+                       make_inputs=lambda i: _inputs(cupy.random.RandomState(i), dtype, [shape]),
+                       set_bytes=nbytes, bytes_moved=2 * nbytes, dtype=dtype)
+    assert info['gbps'] > 0
