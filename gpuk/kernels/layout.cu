@@ -121,35 +121,53 @@ __device__ __forceinline__ void transpose_tile_scalar(const word_t* __restrict__
     }
 }
 
-// transpose_planes_thin: transpose_planes for planes of few rows (rows < LAYOUT_TILE) whose
-// sizes the vector path cannot take, e.g. C = 3 images (the launcher's choice).
-// Thread mapping: one tile of all `rows` rows x tile_cols columns (as many as the scalar tile's
-//   shared memory holds, layout.py thin_tile_cols) per block of LAYOUT_THREADS threads;
-//   blockIdx.x = plane * col_tiles + col tile. The tile is kept in dst order, element (r, c) at
-//   c * stride + r (layout.py thin_stride: an odd number of 4-byte words per column, so the
-//   loads' lanes, which run along a src row, hit distinct banks). The tile's dst elements are
-//   one contiguous run (dst rows are whole), stored lane by lane.
+// transpose_planes_thin: transpose_planes for planes with a short side (fewer rows or columns
+// than a tile) whose sizes the vector path cannot take, e.g. C = 3 images either way (the
+// launcher's choice; few_rows: the rows are the short side, else the columns).
+// Thread mapping: one tile of the whole short side x tile_len of the long side (as many as the
+//   scalar tile's shared memory holds, layout.py thin_tile_len) per block of LAYOUT_THREADS
+//   threads; blockIdx.x = plane * tiles + tile. The tile is kept short side fastest, element
+//   (short s, long l) at l * stride + s (layout.py thin_stride: an odd number of 4-byte words
+//   per long index, so lanes running along the long side hit distinct banks). The side whose
+//   rows run along the long dimension (src for few rows, dst for few columns) is read or
+//   written lane by lane along it, one short index at a time; the other side's tile is one
+//   contiguous run (its rows are whole), moved lane by lane.
 // A kernel of its own: its division loops, inlined beside the vector path, pushed that path
-//   into spills on sm_90 (NVRTC 13.5). Tail guards: the last column tile. No atomics.
+//   into spills on sm_90 (NVRTC 13.5). Tail guards: the last tile. No atomics.
 extern "C" __global__ void __launch_bounds__(LAYOUT_THREADS)
-transpose_planes_thin(const word_t* __restrict__ src, word_t* __restrict__ dst, int rows, int cols, int col_tiles,
-                      int tile_cols, int stride) {
+transpose_planes_thin(const word_t* __restrict__ src, word_t* __restrict__ dst, int rows, int cols, int tiles,
+                      int tile_len, int stride, int few_rows) {
     __shared__ __align__(16) LayoutTile shared_tile;
     word_t* tile = &shared_tile.words[0][0];
-    const unsigned plane = blockIdx.x / (unsigned)col_tiles;
-    const int c0 = (int)(blockIdx.x % (unsigned)col_tiles) * tile_cols;
+    const unsigned plane = blockIdx.x / (unsigned)tiles;
+    const int l0 = (int)(blockIdx.x % (unsigned)tiles) * tile_len;
     const long long plane_offset = (long long)plane * rows * cols;
     src += plane_offset;
     dst += plane_offset;
-    const int width = min(tile_cols, cols - c0);
-    for (int r = 0; r < rows; ++r)
-        for (int c = threadIdx.x; c < width; c += LAYOUT_THREADS)
-            tile[c * stride + r] = src[(long long)r * cols + c0 + c];
+    const int short_len = few_rows ? rows : cols;
+    const int width = min(tile_len, (few_rows ? cols : rows) - l0);
+    if (few_rows) {   // src row s, lanes along its columns l0..
+        for (int s = 0; s < rows; ++s)
+            for (int l = threadIdx.x; l < width; l += LAYOUT_THREADS)
+                tile[l * stride + s] = src[(long long)s * cols + l0 + l];
+    } else {          // src rows l0.. are one run
+        const word_t* __restrict__ run = src + (long long)l0 * cols;
+        for (int q = threadIdx.x; q < width * cols; q += LAYOUT_THREADS) {
+            const int l = q / cols;
+            tile[l * stride + (q - l * cols)] = run[q];
+        }
+    }
     __syncthreads();
-    word_t* __restrict__ out = dst + (long long)c0 * rows;
-    for (int q = threadIdx.x; q < width * rows; q += LAYOUT_THREADS) {
-        const int c = q / rows;
-        out[q] = tile[c * stride + (q - c * rows)];
+    if (few_rows) {   // dst rows l0.. are one run
+        word_t* __restrict__ run = dst + (long long)l0 * rows;
+        for (int q = threadIdx.x; q < width * short_len; q += LAYOUT_THREADS) {
+            const int l = q / short_len;
+            run[q] = tile[l * stride + (q - l * short_len)];
+        }
+    } else {          // dst row s, lanes along its columns l0..
+        for (int s = 0; s < cols; ++s)
+            for (int l = threadIdx.x; l < width; l += LAYOUT_THREADS)
+                dst[(long long)s * rows + l0 + l] = tile[l * stride + s];
     }
 }
 

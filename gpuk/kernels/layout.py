@@ -32,20 +32,20 @@ def pad_elements(itemsize):
     return 2 if itemsize == 2 else 1
 
 
-def thin_stride(itemsize, rows):
-    """Elements between columns of a thin-path tile (layout.cu transpose_tile_thin): at least
-    `rows`, an odd number of 4-byte words (2-byte elements) or of elements (4, 8 bytes), so
-    that 32 lanes storing one row's consecutive columns hit distinct banks."""
+def thin_stride(itemsize, short_len):
+    """Elements between long-side indices of a thin-path tile (layout.cu transpose_planes_thin):
+    at least `short_len`, an odd number of 4-byte words (2-byte elements) or of elements (4, 8
+    bytes), so that 32 lanes running along the long side hit distinct banks."""
     if itemsize == 2:
-        return 2 * ((rows + 1) // 2 | 1)
-    return rows | 1
+        return 2 * ((short_len + 1) // 2 | 1)
+    return short_len | 1
 
 
-def thin_tile_cols(itemsize, rows):
-    """Columns of a thin-path tile: as many as the scalar tile's shared memory holds, in whole
-    groups of 32 (sector-aligned loads) when there is room for one."""
+def thin_tile_len(itemsize, short_len):
+    """Long-side length of a thin-path tile: as much as the scalar tile's shared memory holds,
+    in whole groups of 32 (sector-aligned lanes) when there is room for one."""
     tile = tile_size(itemsize)
-    fit = tile * (tile + pad_elements(itemsize)) // thin_stride(itemsize, rows)
+    fit = tile * (tile + pad_elements(itemsize)) // thin_stride(itemsize, short_len)
     return fit // 32 * 32 if fit >= 32 else fit
 
 
@@ -82,14 +82,17 @@ def transpose_planes(a, planes, rows, cols, rt):
     module = rt.load(SOURCE, defines(itemsize))
     args = (xp.ascontiguousarray(a).reshape(-1).view(word), out.reshape(-1).view(word), np.int32(rows),
             np.int32(cols))
-    if rows < tile and (rows % vec or cols % vec):
-        # few rows the vector path cannot take (C = 3 images): wide tiles of all rows
-        tile_cols = thin_tile_cols(itemsize, rows)
-        col_tiles = math.ceil(cols / tile_cols)
-        _check_blocks(planes * col_tiles)
+    if min(rows, cols) < tile and (rows % vec or cols % vec):
+        # a short side the vector path cannot take (C = 3 images): wide tiles of the whole short side
+        few_rows = rows <= cols
+        short_len, long_len = (rows, cols) if few_rows else (cols, rows)
+        tile_len = thin_tile_len(itemsize, short_len)
+        tiles = math.ceil(long_len / tile_len)
+        _check_blocks(planes * tiles)
         module.kernel('transpose_planes_thin').launch(
-            planes * col_tiles, LAYOUT_THREADS,
-            args + (np.int32(col_tiles), np.int32(tile_cols), np.int32(thin_stride(itemsize, rows))))
+            planes * tiles, LAYOUT_THREADS,
+            args + (np.int32(tiles), np.int32(tile_len), np.int32(thin_stride(itemsize, short_len)),
+                    np.int32(few_rows)))
     else:
         row_tiles, col_tiles = math.ceil(rows / tile), math.ceil(cols / tile)
         _check_blocks(planes * row_tiles * col_tiles)

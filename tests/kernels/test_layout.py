@@ -16,9 +16,9 @@ from gpuk.kernels.testing import assert_matches_twin, to_device, to_host
 
 DTYPES = [np.float16, np.dtype(ml_dtypes.bfloat16), np.float32, np.float64]
 DTYPE_IDS = [np.dtype(d).name for d in DTYPES]
-# (N, C, *spatial): 1-d, 2-d, 3-d; odd sizes (tails on both tile sides, planes of fewer
-# rows or columns than a tile: the thin path, odd and even row counts, several wide tiles
-# per plane in 3x30x40); the last two are multiples of 8 (the vector path).
+# (N, C, *spatial): 1-d, 2-d, 3-d; odd sizes (tails on both tile sides, planes with fewer
+# rows or columns than a tile: the thin kernel both ways, odd and even short sides, several
+# wide tiles per plane in 3x30x40); the last two are multiples of 8 (the vector path).
 SHAPES = [(2, 5, 7), (3, 70, 9, 11), (1, 3, 4, 5, 6), (2, 3, 30, 40), (2, 6, 7, 9), (2, 16, 8, 9), (2, 8, 16, 8)]
 
 
@@ -119,10 +119,11 @@ def test_channels_first_convolutions_run_channels_last_between_transposes(emulat
 
 
 def test_the_inspect_shapes_coalesce_without_bank_conflicts():
-    """The emulated figures gpuk.kernels.inspect reports for the transposes (ResNet-50-like
-    activation both ways, an RGB input): every sector moved is one the data needs, and shared
-    memory serves each request in one wavefront per phase, except the 16-bit thin path, whose
-    2-byte column reads wrap around the banks at a warp's edge (a few 2-way conflicts)."""
+    """The emulated figures gpuk.kernels.inspect reports for the transposes (a ResNet-50-like
+    activation and an RGB image, each way): every sector moved is one the data needs, and
+    shared memory serves each request in one wavefront per phase, except the 16-bit thin
+    kernel, whose 2-byte accesses of the contiguous run wrap around the banks at a warp's edge
+    (a few 2-way conflicts)."""
     from gpuk.kernels.inspect import emulated
     records = emulated.measure(['layout'])
     assert {r['kernel'] for r in records} == {'transpose_planes', 'transpose_planes_thin'}

@@ -90,8 +90,8 @@ def _conv_local(rt):
 
 def _layout(rt):
     """The channels_first convolutions' transposes on a ResNet-50 stage-2 activation scaled down
-    (batch 2, 64 channels, 28x28): x in and y out, and an RGB input (3 channels) in; b32 is
-    float32, b16 float16/bfloat16."""
+    (batch 2, 64 channels, 28x28) and an RGB image (3 channels), each way; b32 is float32,
+    b16 float16/bfloat16."""
     from .. import layout
     for dtype, name in ((np.float32, 'b32'), (np.float16, 'b16')):
         x = _rng().standard_normal((2, 64, 28, 28)).astype(dtype)
@@ -100,6 +100,8 @@ def _layout(rt):
         yield f'NHWC -> NCHW 2x28x28x64 {name}', lambda y=y: layout.to_channels_first(y, runtime=rt)
         rgb = _rng().standard_normal((2, 3, 32, 32)).astype(dtype)   # a first layer's input (transpose_planes_thin)
         yield f'NCHW -> NHWC 2x3x32x32 {name}', lambda rgb=rgb: layout.to_channels_last(rgb, runtime=rt)
+        rgb_last = np.ascontiguousarray(np.moveaxis(rgb, 1, -1))      # an RGB output or gradient
+        yield f'NHWC -> NCHW 2x32x32x3 {name}', lambda y=rgb_last: layout.to_channels_first(y, runtime=rt)
 
 
 def _pooling(rt):
