@@ -6,13 +6,21 @@ stride-2 transpose conv (= conv_dgrad), conv1d (T=1024, k=3 and 11) and conv3d. 
 reports TFLOP/s (2 * N * output pixels * prod(k) * C_in * C_out per pass; depthwise
 2 * N * output pixels * prod(k) * C) and, once the cudnn row of the case has run, the ratio
 to cuDNN. NumPy rows run only where one pass is under ``NUMPY_MAX_FLOPS`` (the CPU would
-take minutes otherwise) and skip with that reason elsewhere. Depthwise has no cuDNN
-Frontend path here, so its rows have gpuk and numpy only.
+take minutes otherwise) and skip with that reason elsewhere. Depthwise's cuDNN rows run it
+as a grouped convolution, one group per channel (gpuk/kernels/cudnn/conv.py).
 
-Precision modes: every row above is float32 strict (FFMA, no TF32). ``test_conv_bfloat16``
-runs the ResNet-50 layers again with bfloat16 inputs (tensor cores, float32 accumulation),
-gpuk against cuDNN only; its case names end in ' bfloat16' so each pairs with its own
-cuDNN row.
+Precision modes: the ResNet-50 layers run three times, each gpuk row against the cuDNN row
+of its own case: float32 strict (``test_conv``: FFMA, no TF32; with the other float32
+cases), TF32 (``test_conv_tf32``: float32 arrays under ``config.set_precision('tf32')``,
+tensor cores with TF32 inputs on both sides; case names end in ' tf32') and bfloat16
+(``test_conv_bfloat16``: bfloat16 arrays, float32 accumulation; ' bfloat16'). Their rows
+carry the suite 'resnet50 fp32 strict', 'resnet50 tf32' or 'resnet50 bf16', and the
+depthwise rows 'mobilenetv2 depthwise': the report averages gpuk / cuDNN per family over
+each suite on its own (bench/rows.py suite_summary), the figures the convolution targets
+are stated in.
+
+``test_channels_first_transpose`` times the layout transposes a channels_first convolution
+adds around the implicit GEMM (gpuk/kernels/layout.py) against CuPy's transpose copy.
 """
 import math
 
@@ -21,8 +29,10 @@ import numpy as np
 import pytest
 
 from bench import harness as h
+from gpuk import config
 from gpuk.cpu_fallback import conv as twin
 from gpuk.contracts import geometry
+from gpuk.kernels.cudnn import conv as cudnn_conv
 
 NUMPY_MAX_FLOPS = 2e9
 PASSES = ('fwd', 'dgrad', 'wgrad')
@@ -86,7 +96,7 @@ def _conv_row(impl, pass_name, n, spatial, c_in, c_out, kernel, strides, dtype):
     else:
         import cupy
         from gpuk.kernels import conv as gpuk_conv
-        module = gpuk_conv if impl == 'gpuk' else cudnn
+        module = gpuk_conv if impl == 'gpuk' else cudnn_conv
 
         def make(i):
             return _inputs(cupy.random.RandomState(i), dtype, shapes)
@@ -110,7 +120,7 @@ def _skip_numpy_if_large(impl, flops):
                                                                                          NUMPY_MAX_FLOPS / 1e9))
 
 
-def _run_conv(benchmark, harness, impl, pass_name, case, dtype):
+def _run_conv(benchmark, harness, impl, pass_name, case, dtype, suite=None):
     name, n, spatial, c_in, c_out, kernel, strides = case
     h.require(impl)
     _, _, flops = _conv_problem(n, spatial, c_in, c_out, kernel, strides)
@@ -118,21 +128,43 @@ def _run_conv(benchmark, harness, impl, pass_name, case, dtype):
     fn, make, set_bytes, bytes_moved, flops = _conv_row(impl, pass_name, n, spatial, c_in, c_out, kernel, strides,
                                                         dtype)
     info = harness.run(benchmark, family='conv_' + pass_name, case=name, impl=impl, fn=fn, make_inputs=make,
-                       set_bytes=set_bytes, bytes_moved=bytes_moved, flops=flops, dtype=dtype)
+                       set_bytes=set_bytes, bytes_moved=bytes_moved, flops=flops, dtype=dtype, suite=suite)
     assert info['tflops'] > 0
+
+
+RESNET_CASES = _resnet(32) + _resnet(256)
+RESNET_NAMES = {case[0] for case in RESNET_CASES}
 
 
 @pytest.mark.parametrize('impl, pass_name, case', _params(CONV_CASES + TRANSPOSE_CASES, ('gpuk', 'cudnn', 'numpy')))
 def test_conv(benchmark, harness, impl, pass_name, case):
-    _run_conv(benchmark, harness, impl, pass_name, case, 'float32')
+    _run_conv(benchmark, harness, impl, pass_name, case, 'float32',
+              suite='resnet50 fp32 strict' if case[0] in RESNET_NAMES else None)
 
 
-BFLOAT16_CASES = [(name + ' bfloat16', *rest) for name, *rest in _resnet(32) + _resnet(256)]
+BFLOAT16_CASES = [(name + ' bfloat16', *rest) for name, *rest in RESNET_CASES]
 
 
 @pytest.mark.parametrize('impl, pass_name, case', _params(BFLOAT16_CASES, ('gpuk', 'cudnn')))
 def test_conv_bfloat16(benchmark, harness, impl, pass_name, case):
-    _run_conv(benchmark, harness, impl, pass_name, case, 'bfloat16')
+    _run_conv(benchmark, harness, impl, pass_name, case, 'bfloat16', suite='resnet50 bf16')
+
+
+TF32_CASES = [(name + ' tf32', *rest) for name, *rest in RESNET_CASES]
+
+
+@pytest.fixture
+def tf32_precision():
+    """config.precision() 'tf32' for the row (gpuk's tensor-core tiles, cuDNN's TF32 engines)."""
+    saved = config.precision()
+    config.set_precision('tf32')
+    yield
+    config.set_precision(saved)
+
+
+@pytest.mark.parametrize('impl, pass_name, case', _params(TF32_CASES, ('gpuk', 'cudnn')))
+def test_conv_tf32(benchmark, harness, tf32_precision, impl, pass_name, case):
+    _run_conv(benchmark, harness, impl, pass_name, case, 'float32', suite='resnet50 tf32')
 
 
 def _depthwise_row(impl, pass_name, n, spatial, channels, dtype):
@@ -154,7 +186,9 @@ def _depthwise_row(impl, pass_name, n, spatial, channels, dtype):
     else:
         import cupy
         from gpuk.kernels import conv as gpuk_conv
-        function, kwargs = getattr(gpuk_conv, 'depthwise_conv_' + pass_name), {'runtime': 'cuda'}
+        module = gpuk_conv if impl == 'gpuk' else cudnn_conv
+        function = getattr(module, 'depthwise_conv_' + pass_name)
+        kwargs = {'runtime': 'cuda'} if impl == 'gpuk' else {}
 
         def make(i):
             return _inputs(cupy.random.RandomState(i), dtype, shapes)
@@ -164,12 +198,48 @@ def _depthwise_row(impl, pass_name, n, spatial, channels, dtype):
     return fn, make, set_bytes, bytes_moved, flops
 
 
-@pytest.mark.parametrize('impl, pass_name, case', _params(DEPTHWISE_CASES, ('gpuk', 'numpy')))
+@pytest.mark.parametrize('impl, pass_name, case', _params(DEPTHWISE_CASES, ('gpuk', 'cudnn', 'numpy')))
 def test_depthwise(benchmark, harness, impl, pass_name, case):
     name, n, spatial, channels = case
     h.require(impl)
     _skip_numpy_if_large(impl, 2 * n * math.prod(spatial) * 9 * channels)
     fn, make, set_bytes, bytes_moved, flops = _depthwise_row(impl, pass_name, n, spatial, channels, 'float32')
     info = harness.run(benchmark, family='depthwise_' + pass_name, case=name, impl=impl, fn=fn, make_inputs=make,
-                       set_bytes=set_bytes, bytes_moved=bytes_moved, flops=flops, dtype='float32')
+                       set_bytes=set_bytes, bytes_moved=bytes_moved, flops=flops, dtype='float32',
+                       suite='mobilenetv2 depthwise')
     assert info['tflops'] > 0
+
+
+# (case, shape (N, C, H, W), dtype) of the transposes a channels_first convolution adds around
+# the implicit GEMM (gpuk/kernels/layout.py): a ResNet-50 stage-2 activation each way, an RGB
+# input (the thin-plane kernel), and bfloat16. gpuk's kernel against CuPy's generic transpose
+# copy; bytes are counted read + write.
+TRANSPOSE_CASES_NCHW = [('NCHW->NHWC N=32 256x56x56', (32, 256, 56, 56), 'float32', 'last'),
+                        ('NHWC->NCHW N=32 56x56x256', (32, 256, 56, 56), 'float32', 'first'),
+                        ('NCHW->NHWC N=32 3x224x224', (32, 3, 224, 224), 'float32', 'last'),
+                        ('NCHW->NHWC N=32 256x56x56 bfloat16', (32, 256, 56, 56), 'bfloat16', 'last')]
+
+
+@pytest.mark.parametrize('impl, case', [pytest.param(impl, case, id='%s-%s' % (case[0], impl))
+                                        for case in TRANSPOSE_CASES_NCHW for impl in ('gpuk', 'cupy')])
+def test_channels_first_transpose(benchmark, harness, impl, case):
+    name, (n, c, height, width), dtype, to = case
+    h.require(impl)
+    import cupy
+    from gpuk.kernels import layout
+    shape = (n, c, height, width) if to == 'last' else (n, height, width, c)
+    if impl == 'gpuk':
+        function = layout.to_channels_last if to == 'last' else layout.to_channels_first
+
+        def fn(x):
+            return function(x, runtime='cuda')
+    else:
+        axes = (0, 2, 3, 1) if to == 'last' else (0, 3, 1, 2)
+
+        def fn(x):
+            return cupy.ascontiguousarray(x.transpose(axes))
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    info = harness.run(benchmark, family='layout_transpose', case=name, impl=impl, fn=fn,
+                       make_inputs=lambda i: _inputs(cupy.random.RandomState(i), dtype, [shape]),
+                       set_bytes=nbytes, bytes_moved=2 * nbytes, dtype=dtype)
+    assert info['gbps'] > 0

@@ -390,13 +390,14 @@ class Harness:
         self.ceilings = ceilings or Ceilings()
 
     def run(self, benchmark, *, family, case, impl, fn, make_inputs, set_bytes,
-            bytes_moved=0, flops=0, dtype='float32'):
+            bytes_moved=0, flops=0, dtype='float32', suite=None):
         """Times ``fn`` for one row and fills ``benchmark.extra_info``.
 
         ``make_inputs(i)`` returns the i-th argument tuple of the pool (each built from its
         own seed); ``set_bytes`` is the size of one set; ``bytes_moved`` and ``flops`` are
         the fewest bytes one call must move and the floating-point operations it does.
-        Returns the extra_info dict.
+        ``suite`` (optional) names a set of cases the report also averages on its own, per
+        family (bench/rows.py suite_summary: 'resnet50 tf32', ...). Returns the extra_info dict.
         """
         require(impl)
         kind = device_kind(impl)
@@ -415,6 +416,8 @@ class Harness:
         info.update(family=family, case=str(case), impl=impl, dtype=dtype,
                     device=gpu_name() if kind == 'gpu' else cpu_name(),
                     runs=len(samples), pool_sets=sets, load_average=runs.load_average())
+        if suite:
+            info['suite'] = suite
         benchmark.extra_info.update(info)
         return benchmark.extra_info
 

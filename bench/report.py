@@ -23,7 +23,7 @@ from collections import Counter, OrderedDict
 
 from bench import runs
 from bench.rows import (NOISY_SPREAD, family_summary, geometric_mean, impl_label, noisy_rows,
-                        rows_from_results, run_device, run_info)
+                        rows_from_results, run_device, run_info, suite_summary)
 
 CASE_WIDTH = 40
 LINE_WIDTH = 110   # prose lines; the tables stay within ~120 characters
@@ -91,6 +91,22 @@ def family_table(rows):
     return '\n'.join(lines) + '\n'
 
 
+def suite_table(rows):
+    """Markdown: per family, suite and implementation, the time relative to the family's
+    reference over the suite's cases (empty when no row names a suite)."""
+    summary, references = suite_summary(rows), family_summary(rows)
+    if not summary:
+        return ''
+    lines = ['| family | suite | implementation | time relative to reference | cases |',
+             '| --- | --- | --- | --- | ---: |']
+    for (family, suite), by_impl in summary.items():
+        for impl, (mean, cases) in by_impl.items():
+            lines.append('| %s | %s | %s | %.2f x %s | %d |' % (family, suite, impl_label(impl), mean,
+                                                              impl_label(references[family]['reference']),
+                                                              len(cases)))
+    return '\n'.join(lines) + '\n'
+
+
 def skipped_lines(results, limit=8):
     """'- N rows: reason' per distinct reason, most common first."""
     reasons = Counter(entry.get('reason', '?') for entry in results.get('skipped') or [])
@@ -133,6 +149,9 @@ def summary_text(results, rows, max_spread=NOISY_SPREAD):
     parts = ['gpuk bench: ' + first, second, '',
              'Per family, time relative to the reference (geometric mean over cases; below 1 is faster):',
              family_table(rows)]
+    suites = suite_table(rows)
+    if suites:
+        parts += ['Per suite, the same over the suite\'s cases only:', suites]
     skipped = skipped_lines(results)
     if skipped:
         parts += ['Rows that did not run:'] + [_wrap(line) for line in skipped] + ['']

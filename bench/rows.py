@@ -153,6 +153,23 @@ def family_summary(rows):
     return summary
 
 
+def suite_summary(rows):
+    """{(family, suite): {impl: (geo-mean relative time, cases)}} for the rows that name a
+    suite (the harness's ``suite=``), each against its family's reference on the same case:
+    the figures a target is stated in ('conv_fwd', 'resnet50 bf16': gpuk / cuDNN)."""
+    summary = family_summary(rows)
+    reference_time = {(r.family, r.case): r.time_s for r in rows if r.impl == summary[r.family]['reference']}
+    ratios = OrderedDict()
+    for row in rows:
+        suite, ref = row.extra.get('suite'), reference_time.get((row.family, row.case))
+        if suite and ref and row.impl != summary[row.family]['reference']:
+            ratios.setdefault((row.family, suite), OrderedDict()).setdefault(row.impl, []).append(
+                (row.case, row.time_s / ref))
+    return OrderedDict((key, OrderedDict((impl, (geometric_mean(r for _, r in cases), cases))
+                                         for impl, cases in by_impl.items()))
+                       for key, by_impl in ratios.items())
+
+
 def noisy_rows(rows, max_spread=NOISY_SPREAD):
     """Rows timed in more than one round whose spread exceeds ``max_spread``, worst first."""
     return sorted((r for r in rows if len(r.round_times) > 1 and r.spread > max_spread),

@@ -105,6 +105,31 @@ def test_family_summary_uses_cudnn_else_torch_as_reference():
     assert summary['ctc']['reference'] is None and summary['ctc']['alone'] == ['gpuk']
 
 
+def test_suite_summary_averages_each_suite_against_the_familys_reference():
+    """Rows naming a suite get their own geometric mean per (family, suite), each case against
+    the reference's row of the same case; rows without a suite stay out of it."""
+    results = synthetic_results()
+    for r, jitter in enumerate((1.0, 1.0)):
+        results['benchmarks'] += [
+            _row('conv', 'resnet50-1x1 tf32', 'gpuk', 0.090 * jitter, r, suite='resnet50 tf32'),
+            _row('conv', 'resnet50-1x1 tf32', 'cudnn', 0.100 * jitter, r, suite='resnet50 tf32'),
+            _row('conv', 'resnet50-3x3 tf32', 'gpuk', 0.160 * jitter, r, suite='resnet50 tf32'),
+            _row('conv', 'resnet50-3x3 tf32', 'cudnn', 0.100 * jitter, r, suite='resnet50 tf32'),
+            _row('conv', 'mobilenet-dw2', 'gpuk', 0.001 * jitter, r, suite='mobilenetv2 depthwise'),
+            _row('conv', 'mobilenet-dw2', 'cudnn', 0.004 * jitter, r, suite='mobilenetv2 depthwise'),
+            _row('conv', 'resnet50-7x7 tf32', 'gpuk', 0.5 * jitter, r, suite='resnet50 tf32'),   # cuDNN did not run
+        ]
+    summary = rows.suite_summary(report.rows_from_results(results))
+    assert list(summary) == [('conv', 'resnet50 tf32'), ('conv', 'mobilenetv2 depthwise')]
+    mean, cases = summary[('conv', 'resnet50 tf32')]['gpuk']
+    assert mean == pytest.approx((0.9 * 1.6) ** 0.5) and [c for c, _ in cases] == ['resnet50-1x1 tf32',
+                                                                                    'resnet50-3x3 tf32']
+    assert summary[('conv', 'mobilenetv2 depthwise')]['gpuk'][0] == pytest.approx(0.25)
+    table = report.suite_table(report.rows_from_results(results))
+    assert '| conv | resnet50 tf32 | gpuk | 1.20 x cuDNN | 2 |' in table
+    assert report.suite_table(report.rows_from_results(synthetic_results())) == ''
+
+
 def test_report_files_summary_and_table(results_file, tmp_path):
     summary, md_path, png_path = report.write_report(results_file, str(tmp_path / 'out'))
     assert md_path.endswith('run-full.md') and png_path.endswith('run-full.png')

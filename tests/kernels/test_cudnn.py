@@ -230,6 +230,53 @@ def test_translation_reproduces_conv_fwd_and_wgrad(rng, data_format, x_shape, w_
                                                        data_format), rtol=1e-10, atol=1e-10)
 
 
+def _cudnn_like_grouped_fprop(x_nc, w_kc, groups, pads, strides, dilation):
+    """_cudnn_like_fprop per group: group g reads channels g*C/G.. and writes outputs g*K/G.."""
+    c, k = x_nc.shape[1] // groups, w_kc.shape[0] // groups
+    return np.concatenate([_cudnn_like_fprop(x_nc[:, g * c:(g + 1) * c], w_kc[g * k:(g + 1) * k], pads, strides,
+                                             dilation) for g in range(groups)], axis=1)
+
+
+DEPTHWISE_CASES = [
+    ('channels_last', (2, 7, 6, 3), (3, 3, 3, 2), (1, 2), (1, 1), ((1, 1), (1, 2))),   # multiplier 2, uneven pads
+    ('channels_first', (2, 4, 6, 5), (2, 3, 4, 1), (2, 1), (1, 2), ((0, 1), (2, 2))),
+    ('channels_last', (1, 9, 5), (3, 5, 1), (1,), (2,), ((2, 2),)),                     # 1-d, lifted
+]
+
+
+@pytest.mark.parametrize('data_format, x_shape, w_shape, strides, dilation, pads', DEPTHWISE_CASES)
+def test_depthwise_translation_is_a_grouped_conv_with_one_group_per_channel(rng, data_format, x_shape, w_shape,
+                                                                          strides, dilation, pads):
+    """What cudnn.conv.depthwise_conv_fwd hands cuDNN (the (*k, 1, C*M) filter, groups = C),
+    run as a grouped cuDNN-style convolution, is the twin's depthwise convolution."""
+    x = rng.standard_normal(x_shape)
+    w = rng.standard_normal(w_shape)
+    channels = w_shape[-2]
+    flat = w.reshape(cudnn_conv.depthwise_filter_shape('depthwise_conv_fwd', w.shape))
+    p = cudnn_conv.conv_problem('depthwise_conv_fwd', x.shape, flat.shape, strides, dilation, pads, data_format,
+                                groups=channels)
+    cl = p.channels_last
+    x_nc = _nc_view(cudnn_conv.pad_explicit(np, x, p), cudnn_conv.cudnn_dims(p.padded_x_shape, cl), cl)
+    w_kc = _nc_view(cudnn_conv.to_cudnn_filter(np, flat, p), cudnn_conv.filter_dims(p.w_shape), cl)
+    assert w_kc.shape[:2] == (channels * w_shape[-1], 1)     # K = C * M filters of one input channel each
+    y_buffer = np.empty(p.y_shape)
+    _nc_view(y_buffer, cudnn_conv.cudnn_dims(p.y_shape, cl), cl)[...] = _cudnn_like_grouped_fprop(
+        x_nc, w_kc, channels, p.symmetric_pads, p.strides, p.dilation)
+    y = y_buffer.reshape(cudnn_conv.unlifted_shape(p.y_shape, p))
+    np.testing.assert_allclose(y, conv_ref.depthwise_conv_fwd(x, w, strides, dilation, pads, data_format),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_grouped_conv_problem_checks_the_channels():
+    with pytest.raises(ValueError, match=r'depthwise_conv_fwd: the channel count of x .* is 6 but w .* has '
+                                         r'C_in 1 x 4 groups'):
+        cudnn_conv.conv_problem('depthwise_conv_fwd', (2, 5, 5, 6), (3, 3, 1, 8), (1, 1), (1, 1),
+                                ((1, 1), (1, 1)), 'channels_last', groups=4)
+    with pytest.raises(ValueError, match=r'C_out 6 of w .* is not a multiple of the 4 groups'):
+        cudnn_conv.conv_problem('depthwise_conv_fwd', (2, 5, 5, 4), (3, 3, 1, 6), (1, 1), (1, 1),
+                                ((1, 1), (1, 1)), 'channels_last', groups=4)
+
+
 @pytest.mark.parametrize('data_format, x_shape, w_shape, strides, dilation, pads', CASES[:3])
 def test_crop_explicit_is_the_adjoint_of_pad_explicit(rng, data_format, x_shape, w_shape, strides,
                                                       dilation, pads):
@@ -275,6 +322,33 @@ def test_cudnn_conv_matches_numpy_twin(rng, dtype, tol, data_format, x_shape, w_
                                data_format),
     }
     for name, ref in (('y', y_ref), ('dx', dx_ref), ('dw', dw_ref)):
+        value = cupy.asnumpy(got[name])
+        assert value.dtype == np.dtype(dtype) and value.shape == ref.shape, name
+        error = np.linalg.norm(value.astype(np.float64) - ref) / np.linalg.norm(ref)
+        assert error < tol, (name, error)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('dtype, tol', [('float32', 1e-5), ('bfloat16', 1.5e-2)])
+@pytest.mark.parametrize('data_format, x_shape, w_shape, strides, dilation, pads', DEPTHWISE_CASES)
+def test_cudnn_depthwise_matches_numpy_twin(rng, dtype, tol, data_format, x_shape, w_shape, strides, dilation,
+                                            pads):
+    if not cudnn_library.available():
+        pytest.skip('cuDNN unavailable: %s' % cudnn_library.why_unavailable())
+    import cupy
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = rng.standard_normal(w_shape).astype(dtype)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    geometry = (strides, dilation, pads, data_format)
+    y_ref = conv_ref.depthwise_conv_fwd(x64, w64, *geometry)
+    dy = rng.standard_normal(y_ref.shape).astype(dtype)
+    refs = {'y': y_ref,
+            'dx': conv_ref.depthwise_conv_dgrad(dy.astype(np.float64), w64, x_shape, *geometry),
+            'dw': conv_ref.depthwise_conv_wgrad(x64, dy.astype(np.float64), w_shape, *geometry)}
+    got = {'y': cudnn_conv.depthwise_conv_fwd(cupy.asarray(x), cupy.asarray(w), *geometry),
+           'dx': cudnn_conv.depthwise_conv_dgrad(cupy.asarray(dy), cupy.asarray(w), x_shape, *geometry),
+           'dw': cudnn_conv.depthwise_conv_wgrad(cupy.asarray(x), cupy.asarray(dy), w_shape, *geometry)}
+    for name, ref in refs.items():
         value = cupy.asnumpy(got[name])
         assert value.dtype == np.dtype(dtype) and value.shape == ref.shape, name
         error = np.linalg.norm(value.astype(np.float64) - ref) / np.linalg.norm(ref)

@@ -105,3 +105,32 @@ def test_graph_plans_for_an_h100(frontend, h100, case, op, dtype, precision):
         assert graph.plans[graph._plan_index].cpp_index not in barred
     else:
         assert not barred
+
+
+# MobileNet-like depthwise problems (cudnn.conv.depthwise_conv_*): grouped convolutions whose
+# filter has one input channel per group.
+DEPTHWISE_CASES = [
+    ('channels_last', (2, 12, 12, 32), (3, 3, 32, 1), (1, 1), (1, 1), ((1, 1), (1, 1))),
+    ('channels_first', (2, 16, 9, 9), (3, 3, 16, 2), (2, 2), (1, 1), ((1, 1), (1, 1))),
+]
+
+
+def _depthwise_problem(case):
+    data_format, x_shape, w_shape, strides, dilation, pads = case
+    flat = cudnn_conv.depthwise_filter_shape('t', w_shape)
+    return cudnn_conv.conv_problem('t', x_shape, flat, strides, dilation, pads, data_format, groups=w_shape[-2])
+
+
+@pytest.mark.parametrize('op', OPS)
+@pytest.mark.parametrize('case', DEPTHWISE_CASES)
+def test_depthwise_graph_plans_for_an_h100(frontend, h100, case, op):
+    """The grouped graph (x with C channels, filter (C * M, 1, *k)) passes cuDNN's validation
+    and heuristics and builds plans, as the ordinary ones do."""
+    problem = _depthwise_problem(case)
+    graph, tensors, bar = cudnn_conv.graph_for(frontend, op, problem, 'float32', 'float32', device_property=h100)
+    w_dims = cudnn_conv.filter_dims(problem.w_shape)
+    assert w_dims[:2] == (case[2][-2] * case[2][-1], 1)
+    assert [list(d) for d in _expected_dims(op, problem)] == [t.get_dim() for t in tensors]
+    cudnn_conv.plan(frontend, graph, bar)
+    graph.build_plans()
+    assert graph._variant_pack_uids() == sorted(t.get_uid() for t in tensors)

@@ -1,4 +1,4 @@
-"""The pooling, softmax/cross-entropy, CTC, batchnorm and direct-conv builds must stay
+"""The pooling, softmax/cross-entropy, CTC, batchnorm, direct-conv and layout builds must stay
 spill-free: `python -m gpuk.kernels.build --check` only fails a spilling variant when it
 is registered with may_spill=False, so this guards the registration itself."""
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 from gpuk.kernels import runtime
 
 SPILL_FREE_SOURCES = ('pooling.cu', 'softmax_xent.cu', 'ctc.cu', 'ctc_decode.cu', 'batchnorm.cu',
-                      'conv_depthwise.cu', 'conv_local.cu')
+                      'conv_depthwise.cu', 'conv_local.cu', 'layout.cu')
 
 
 @pytest.mark.parametrize('source', SPILL_FREE_SOURCES)

@@ -7,9 +7,11 @@ keyword-only ``epilogue=None|'bias'|'bias_relu'`` and ``bias=`` (a fused bias + 
 Bad input raises the twin's errors before any launch (the checks are the twin's own).
 
 conv_fwd / conv_dgrad / conv_wgrad go through ``dispatch.run('conv', ...)`` on the CUDA
-runtime, so ``GPUK_KERNELS=conv=cudnn|auto`` picks cuDNN Frontend instead. Both data
-formats run through the same kernels (layout-aware index math, no transposes);
-channels_last is the fast path. Every problem is lifted to 3 spatial dims.
+runtime, so ``GPUK_KERNELS=conv=cudnn|auto`` picks cuDNN Frontend instead. The
+implicit-GEMM kernels run channels_last: a channels_first problem is transposed to it on
+the way in and its result back on the way out (layout.cu; a channels_first load of the
+GEMM's channel dimension would stride a whole plane per element). The fused bias/ReLU
+epilogue stays in the kernel. Every problem is lifted to 3 spatial dims.
 """
 import math
 from collections import namedtuple
@@ -21,7 +23,7 @@ import numpy as np
 from gpuk import config
 from gpuk.cpu_fallback import conv as twin
 from gpuk.contracts import conv_checks
-from .. import dispatch
+from .. import dispatch, layout
 from ..cudnn import conv as cudnn_conv
 from . import tiles as conv_tiles
 from . import wgmma as conv_wgmma
@@ -139,13 +141,26 @@ class Problem:
     def __init__(self, g, shape, key):
         self.g, self.shape, self.key = g, shape, key
         self.launches = {}
+        # The kernels see the problem channels_last; channels_first arrays are transposed
+        # around them (to_kernel_layout / from_kernel_layout).
+        self.kernel_g = g._replace(channels_last=True)
 
     def launch(self, make):
         forced = conv_tiles.forced_state()
         found = self.launches.get(forced)
         if found is None:
-            found = self.launches[forced] = make(self.g)
+            found = self.launches[forced] = make(self.kernel_g)
         return found
+
+    def to_kernel_layout(self, rt, *arrays):
+        """The activation arrays (x, dy) as the kernels read them: channels_last."""
+        if self.g.channels_last:
+            return arrays
+        return tuple(layout.to_channels_last(a, runtime=rt) for a in arrays)
+
+    def from_kernel_layout(self, rt, out):
+        """A kernel's (lifted, channels_last) activation result in the problem's layout."""
+        return out if self.g.channels_last else layout.to_channels_first(out, runtime=rt)
 
 
 def _prepared(rt, kind, arrays, params, prepare):
@@ -187,11 +202,12 @@ def _igemm_fwd(x, w, problem, bias, epilogue, rt):
         return conv_wgmma.conv_fwd(rt, x, w, y, bias if bias is not None else _no_bias(xp, x.dtype),
                                    EPILOGUES[epilogue], problem.g)
     launch = problem.launch(lambda g: _fwd_launch(g, x.dtype, epilogue))
+    x, = problem.to_kernel_layout(rt, x)
     y = xp.empty(launch.out_shape, x.dtype)
     bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
     args = (xp.ascontiguousarray(x), xp.ascontiguousarray(w), bias_arg, y, *launch.scalars)
     _kernel(rt, x.dtype, launch).launch(launch.grid, launch.threads, args)
-    return y
+    return problem.from_kernel_layout(rt, y)
 
 
 def _dgrad_launch(g, dtype):
@@ -211,10 +227,11 @@ def _igemm_dgrad(dy, w, problem, rt):
         dx = xp.empty(_layout_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
         return conv_wgmma.conv_dgrad(rt, dy, w, dx, _no_bias(xp, dy.dtype), problem.g)
     launch = problem.launch(lambda g: _dgrad_launch(g, dy.dtype))
+    dy, = problem.to_kernel_layout(rt, dy)
     dx = xp.empty(launch.out_shape, dy.dtype)
     _kernel(rt, dy.dtype, launch).launch(launch.grid, launch.threads,
                                          (xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx, *launch.scalars))
-    return dx
+    return problem.from_kernel_layout(rt, dx)
 
 
 WgradLaunch = namedtuple('WgradLaunch', 'main partial_shape reduce_blocks reduce_scalars')
@@ -240,6 +257,7 @@ def _wgrad_launch(g, dtype):
 def _igemm_wgrad(x, dy, problem, rt):
     xp = rt.xp
     launch = problem.launch(lambda g: _wgrad_launch(g, x.dtype))
+    x, dy = problem.to_kernel_layout(rt, x, dy)
     w_shape = problem.shape
     acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
     dw = xp.empty(w_shape, x.dtype)

@@ -11,6 +11,12 @@ order and says the memory layout with strides; its filters must match the data l
 is symmetric, so uneven pads are applied explicitly to x first. One spatial dim is run as
 two with a height of 1 (cuDNN takes 4-d and 5-d tensors only).
 
+Depthwise convolutions (``depthwise_conv_fwd`` / ``_dgrad`` / ``_wgrad``, the twins'
+signatures) are grouped convolutions with one group per input channel: the Keras depthwise
+filter (*k, C, M) is the ordinary filter (*k, 1, C * M) (output channel c * M + m, like
+TensorFlow), and cuDNN infers the group count from the filter's input-channel dim (1)
+against x's (C).
+
 The translation to cuDNN's terms (``conv_problem``, ``layout_strides``, the filter axis
 orders, ``split_pads``, ``graph_cache_key``) is pure Python, tested without a GPU; so is
 building the graph (``graph_for``) and planning it (``plan``, with a device description
@@ -25,7 +31,8 @@ from gpuk import config
 from gpuk.contracts import geometry
 from . import library
 
-__all__ = ['conv_fwd', 'conv_dgrad', 'conv_wgrad', 'conv_problem', 'graph_cache_key']
+__all__ = ['conv_fwd', 'conv_dgrad', 'conv_wgrad', 'depthwise_conv_fwd', 'depthwise_conv_dgrad',
+           'depthwise_conv_wgrad', 'conv_problem', 'graph_cache_key']
 
 _FLOAT_DTYPES = ('float16', 'bfloat16', 'float32', 'float64')   # dtype names (ml_dtypes.bfloat16's is 'bfloat16')
 _graphs = {}          # graph_cache_key(...) -> library.BuiltGraph
@@ -64,10 +71,11 @@ def _with_spatial(shape, spatial, channels_last):
     return (shape[0], shape[1]) + tuple(spatial)
 
 
-def conv_problem(fn, x_shape, w_shape, strides, dilation, pads, data_format, dy_shape=None):
+def conv_problem(fn, x_shape, w_shape, strides, dilation, pads, data_format, dy_shape=None, groups=1):
     """Checks a convolution and describes it in cuDNN's terms (a ``ConvProblem``).
 
-    ``dy_shape``, when given, must be the output shape. Errors name ``fn``.
+    ``dy_shape``, when given, must be the output shape. ``groups``: x's channels are this many
+    groups of w's C_in (w_shape[-2]), each with C_out / groups of the outputs. Errors name ``fn``.
     """
     channels_last = geometry.normalize_data_format(data_format, fn) == 'channels_last'
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
@@ -81,10 +89,13 @@ def conv_problem(fn, x_shape, w_shape, strides, dilation, pads, data_format, dy_
     strides = geometry.normalize_positive_tuple(strides, rank, fn, 'strides')
     dilation = geometry.normalize_positive_tuple(dilation, rank, fn, 'dilation')
     pads = geometry.normalize_pads(pads, rank, fn)
-    if _channels_of(x_shape, channels_last) != w_shape[-2]:
+    if _channels_of(x_shape, channels_last) != w_shape[-2] * groups:
         raise ValueError('%s: the channel count of x (shape %s) is %d but w (shape %s) has '
-                         'C_in %d' % (fn, x_shape, _channels_of(x_shape, channels_last),
-                                      w_shape, w_shape[-2]))
+                         'C_in %d%s' % (fn, x_shape, _channels_of(x_shape, channels_last),
+                                        w_shape, w_shape[-2], ' x %d groups' % groups if groups > 1 else ''))
+    if w_shape[-1] % groups:
+        raise ValueError('%s: C_out %d of w (shape %s) is not a multiple of the %d groups'
+                         % (fn, w_shape[-1], w_shape, groups))
     out_spatial = []
     for size, k, s, d, (before, after) in zip(_spatial_of(x_shape, channels_last),
                                               w_shape[:rank], strides, dilation, pads):
@@ -320,41 +331,38 @@ def unlifted_shape(shape, problem):
     return (shape[0],) + tuple(shape[2:]) if problem.channels_last else tuple(shape[:2]) + tuple(shape[3:])
 
 
-def conv_fwd(x, w, strides, dilation, pads, data_format):
-    """Convolution (cross-correlation) of x with w -> y, through cuDNN."""
+def conv_fwd(x, w, strides, dilation, pads, data_format, *, groups=1, fn='conv_fwd'):
+    """Convolution (cross-correlation) of x with w -> y, through cuDNN (``groups``: see conv_problem)."""
     import cupy
-    fn = 'conv_fwd'
     x, w = _float_device_array(fn, 'x', x), _float_device_array(fn, 'w', w)
     _same_dtype(fn, 'x', x, 'w', w)
-    problem = conv_problem(fn, x.shape, w.shape, strides, dilation, pads, data_format)
+    problem = conv_problem(fn, x.shape, w.shape, strides, dilation, pads, data_format, groups=groups)
     y = _run(fn, 'fprop', problem, (pad_explicit(cupy, x, problem), to_cudnn_filter(cupy, w, problem)),
              problem.y_shape, x.dtype)
     return y.reshape(unlifted_shape(y.shape, problem))
 
 
-def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
+def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, groups=1, fn='conv_dgrad'):
     """Gradient of conv_fwd with respect to x, through cuDNN."""
     import cupy
-    fn = 'conv_dgrad'
     dy, w = _float_device_array(fn, 'dy', dy), _float_device_array(fn, 'w', w)
     _same_dtype(fn, 'dy', dy, 'w', w)
     x_shape = geometry.normalize_positive_tuple(x_shape, dy.ndim, fn, 'x_shape')
     problem = conv_problem(fn, x_shape, w.shape, strides, dilation, pads, data_format,
-                           dy_shape=dy.shape)
+                           dy_shape=dy.shape, groups=groups)
     dx = _run(fn, 'dgrad', problem, (dy.reshape(problem.y_shape), to_cudnn_filter(cupy, w, problem)),
               problem.padded_x_shape, dy.dtype)
     return crop_explicit(cupy, dx, problem, x_shape)
 
 
-def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
+def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, groups=1, fn='conv_wgrad'):
     """Gradient of conv_fwd with respect to w (Keras layout), through cuDNN."""
     import cupy
-    fn = 'conv_wgrad'
     x, dy = _float_device_array(fn, 'x', x), _float_device_array(fn, 'dy', dy)
     _same_dtype(fn, 'x', x, 'dy', dy)
     w_shape = geometry.normalize_positive_tuple(w_shape, x.ndim, fn, 'w_shape')
     problem = conv_problem(fn, x.shape, w_shape, strides, dilation, pads, data_format,
-                           dy_shape=dy.shape)
+                           dy_shape=dy.shape, groups=groups)
     dw = _run(fn, 'wgrad', problem, (pad_explicit(cupy, x, problem), dy.reshape(problem.y_shape)),
               cudnn_filter_memory_shape(problem), x.dtype)
     return from_cudnn_filter(cupy, dw, problem, w_shape)
@@ -364,3 +372,39 @@ def flops_conv(problem):
     """Multiply-adds x2 of one fprop (the same for dgrad and wgrad)."""
     y_spatial = _spatial_of(problem.y_shape, problem.channels_last)
     return 2 * problem.x_shape[0] * math.prod(y_spatial) * math.prod(problem.w_shape)
+
+
+# ---------------------------------------------------------------- depthwise (grouped)
+
+def depthwise_filter_shape(fn, w_shape):
+    """The ordinary Keras filter shape (*k, 1, C * M) of a depthwise filter (*k, C, M)."""
+    w_shape = tuple(w_shape)
+    if len(w_shape) < 3:
+        raise ValueError('%s: w must have shape (*kernel_spatial, C_in, multiplier), got %s' % (fn, w_shape))
+    return w_shape[:-2] + (1, w_shape[-2] * w_shape[-1])
+
+
+def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format):
+    """Depthwise convolution through cuDNN (a grouped convolution, one group per channel)."""
+    fn = 'depthwise_conv_fwd'
+    w = _float_device_array(fn, 'w', w)
+    return conv_fwd(x, w.reshape(depthwise_filter_shape(fn, w.shape)), strides, dilation, pads, data_format,
+                    groups=w.shape[-2], fn=fn)
+
+
+def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
+    """Gradient of depthwise_conv_fwd with respect to x, through cuDNN."""
+    fn = 'depthwise_conv_dgrad'
+    w = _float_device_array(fn, 'w', w)
+    return conv_dgrad(dy, w.reshape(depthwise_filter_shape(fn, w.shape)), x_shape, strides, dilation, pads,
+                      data_format, groups=w.shape[-2], fn=fn)
+
+
+def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
+    """Gradient of depthwise_conv_fwd with respect to w (shape (*k, C, M)), through cuDNN."""
+    fn = 'depthwise_conv_wgrad'
+    x = _float_device_array(fn, 'x', x)
+    w_shape = geometry.normalize_positive_tuple(w_shape, x.ndim, fn, 'w_shape')
+    dw = conv_wgrad(x, dy, depthwise_filter_shape(fn, w_shape), strides, dilation, pads, data_format,
+                    groups=w_shape[-2], fn=fn)
+    return dw.reshape(w_shape)

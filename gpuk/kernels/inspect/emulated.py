@@ -29,7 +29,7 @@ from ..runtime import emulated_runtime
 from ..runtime import get_runtime
 
 REPO = Path(__file__).resolve().parents[3]
-FAMILIES = ('elementwise', 'conv', 'conv_wgmma', 'conv_depthwise', 'conv_local', 'pooling', 'batchnorm',
+FAMILIES = ('elementwise', 'conv', 'conv_wgmma', 'conv_depthwise', 'conv_local', 'layout', 'pooling', 'batchnorm',
             'softmax_xent', 'ctc')
 
 
@@ -101,6 +101,22 @@ def _conv_local(rt):
     yield f'fwd {config}', lambda: conv_direct.local_conv_fwd(x, w, *window, runtime=rt)
     yield f'dgrad {config}', lambda: conv_direct.local_conv_dgrad(dy, w, x.shape, *window, runtime=rt)
     yield f'wgrad {config}', lambda: conv_direct.local_conv_wgrad(x, dy, w.shape, *window, runtime=rt)
+
+
+def _layout(rt):
+    """The channels_first convolutions' transposes on a ResNet-50 stage-2 activation scaled down
+    (batch 2, 64 channels, 28x28) and an RGB image (3 channels), each way; b32 is float32,
+    b16 float16/bfloat16."""
+    from .. import layout
+    for dtype, name in ((np.float32, 'b32'), (np.float16, 'b16')):
+        x = _rng().standard_normal((2, 64, 28, 28)).astype(dtype)
+        y = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+        yield f'NCHW -> NHWC 2x64x28x28 {name}', lambda x=x: layout.to_channels_last(x, runtime=rt)
+        yield f'NHWC -> NCHW 2x28x28x64 {name}', lambda y=y: layout.to_channels_first(y, runtime=rt)
+        rgb = _rng().standard_normal((2, 3, 32, 32)).astype(dtype)   # a first layer's input (transpose_planes_thin)
+        yield f'NCHW -> NHWC 2x3x32x32 {name}', lambda rgb=rgb: layout.to_channels_last(rgb, runtime=rt)
+        rgb_last = np.ascontiguousarray(np.moveaxis(rgb, 1, -1))      # an RGB output or gradient
+        yield f'NHWC -> NCHW 2x32x32x3 {name}', lambda y=rgb_last: layout.to_channels_first(y, runtime=rt)
 
 
 def _pooling(rt):
@@ -198,9 +214,8 @@ def _ctc(rt):
     yield f'beam 10 {config}', lambda: ctc.ctc_beam_search_decode(log_probs, args[2], 10, 1, runtime=rt)
 
 
-_PROBLEMS = {'elementwise': _elementwise, 'conv': _conv, 'conv_wgmma': _conv_wgmma, 'conv_depthwise': _conv_depthwise,
-             'conv_local': _conv_local,
-             'pooling': _pooling,
+FAMILIES = ('elementwise', 'conv', 'conv_wgmma', 'conv_depthwise', 'conv_local', 'layout', 'pooling', 'batchnorm',
+            'softmax_xent', 'ctc')
              'batchnorm': _batchnorm, 'softmax_xent': _softmax_xent, 'ctc': _ctc}
 
 

@@ -16,7 +16,8 @@ TARGET_OTHER_PER_MMA = 2.0
 TARGET_COALESCING = 0.95
 DYNAMIC_KEYS = ('coalescing', 'bank_conflicts_per_request', 'global_bytes', 'compulsory_bytes',
                 'barriers_per_output', 'atomics', 'host_syncs_per_call')
-_SHORT_TYPES = {'float': 'f32', 'double': 'f64', '__half': 'f16', '__nv_bfloat16': 'bf16'}
+_SHORT_TYPES = {'float': 'f32', 'double': 'f64', '__half': 'f16', '__nv_bfloat16': 'bf16',
+                'unsigned short': 'b16', 'unsigned': 'b32', 'unsigned long long': 'b64'}   # layout.cu moves bits
 _CONV_MATH = {'0': 'ffma', '1': 'mma', '2': 'tf32'}
 BENCH_FAMILIES = {   # bench family of the op a kernel serves (bench/bench_*.py)
     'conv_igemm_fwd': 'conv_fwd', 'conv_igemm_dgrad': 'conv_dgrad', 'conv_igemm_wgrad': 'conv_wgrad',
