@@ -154,18 +154,6 @@ def measure(name, steps=10, warmup=3, graphs=False):
             'graphs_refused': '; '.join(refused)}
 
 
-# Syncs inside a step that other branches remove (so this bench's 0-sync goal waits on them).
-# Implicit syncs (int() of a device scalar) are invisible to the counters in the rehearsal,
-# where device arrays are NumPy's: max-pool backward's argmax range check (contracts/
-# pooling_checks.py, int(argmax.min()), two per call) is one, in bn_cnn and ctc.
-KNOWN_SYNCS = {
-    'bn_cnn': 'max-pool backward\'s argmax range check, 2 per pooling backward, implicit, not counted in the '
-              'rehearsal (branch k15mem removes them)',
-    'ctc': 'CTC forward/backward .get() of labels and lengths (branch k15ctc removes them); max-pool backward\'s '
-           'implicit ones as in bn_cnn (k15mem)',
-}
-
-
 def report(rows, device):
     lines = ['device: %s' % device, '',
              '| model | batch | graphs | launches/step | host µs/launch (median, min) | xp steps (µs each) '
@@ -255,9 +243,6 @@ def main(argv=None):
               'NumPy work of ops computed with xp, so the trained values are wrong there; the counts and host '
               'times are what this measures.')
     print(report(rows, device))
-    for model in dict.fromkeys(r['model'] for r in rows):
-        if model in KNOWN_SYNCS:
-            print('%s: in-step syncs other branches remove: %s' % (model, KNOWN_SYNCS[model]))
     launchers = launcher_overhead(rehearsal) if args.launchers else []
     if launchers:
         print('\n| launcher call (small problem) | host µs plain | host µs prepared |\n|---|---|---|')

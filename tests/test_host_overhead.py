@@ -214,3 +214,39 @@ def test_a_repeated_conv_problem_is_checked_once_and_bad_input_still_raises(monk
     with runtime.prepared_launches():   # reads the switch
         conv.conv_fwd(x, w, (1, 1), (1, 1), valid, 'channels_last', runtime='emulate')
     assert len(checks) == 4
+
+
+def test_value_checks_are_read_with_the_outputs_so_sparse_xent_and_ctc_steps_replay_graphs():
+    """Sparse cross-entropy's label range and CTC's labels and lengths are checked on the
+    device (runtime/deferred.py); K.function reads the flags where it copies the outputs,
+    not inside the step, so those steps are captured and replayed, and a bad value still
+    raises the op's own error without changing a variable."""
+    _rehearse(_CONV_STEP + '''
+    import pytest
+    from bench import host_overhead
+    from gpuk.kernels.runtime import deferred
+    labels = K.placeholder((None,), dtype='int32')
+    logits = K.reshape(y, (-1, 4))                               # conv + relu epilogue, max pool
+    loss = K.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    v = K.variable(np.zeros(18, np.float32))                     # a batch of 2: 18 rows of 4 classes
+    f = K.function([x, labels], [loss], updates=[K.update(v, loss)])
+    good = np.arange(18, dtype=np.int32) % 4
+    for step in range(3):                                        # plain, capture + replay, replay
+        with counters.counting() as c:
+            f([batch(2), good])
+        capturing = step == 1                                    # reads its warm-up's flags once
+        assert c.in_step_syncs == capturing, (step, c.as_dict())
+        assert c.host_syncs == 2 + capturing, (step, c.as_dict())   # the loss, then the flags
+        assert c.graph_replays == (step >= 1), (step, c.as_dict())
+    assert not f._compiled().graphs.refused and deferred.pending_count() == 0
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'
+    before = K.get_value(v)
+    with pytest.raises(ValueError, match=r'sparse_categorical_crossentropy: target must lie in \\[0, 4\\)'):
+        f([batch(2), np.where(good == 3, 4, good).astype(np.int32)])
+    assert np.array_equal(K.get_value(v), before) and deferred.pending_count() == 0
+    os.environ['GPUK_CUDA_GRAPHS'] = '1'
+    row = host_overhead.measure('ctc', steps=1, warmup=2, graphs=True)   # the demo's CTC model
+    assert row['graphs'] and not row['graphs_refused'], row
+    assert row['syncs_in_step'] == 0 and row['allocations'] == 0, row
+    print('ok')
+    ''')
