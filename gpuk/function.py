@@ -3,9 +3,11 @@
 The plan is made once per function: nodes in topological order, each tensor given a slot,
 constant subgraphs folded, chains fused (gpuk/fusion.py), the precision policy applied to the
 tensor-core steps (gpuk/mixed_precision.py), every slot freed after its last use. Running it
-feeds the placeholders, reads the variables, executes the plan, then applies the updates, all
-of whose new values are computed (from the old values) before any is assigned; under loss
-scaling (gpuk/loss_scaling.py) none is applied when a scaled gradient is not finite.
+feeds the placeholders, reads the variables, executes the plan, copies the outputs to the host
+and reads the ops' device-side value checks with them (runtime/deferred.py: no host sync inside
+the step; a failed check raises before any update), then applies the updates, all of whose new
+values are computed (from the old values) before any is assigned; under loss scaling
+(gpuk/loss_scaling.py) none is applied when a scaled gradient is not finite.
 
 Per input signature (shapes and dtypes): the first run checks every launch, later runs skip
 the per-call argument checks (runtime.prepared_launches), and on the CUDA runtime a signature

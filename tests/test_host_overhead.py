@@ -250,3 +250,53 @@ def test_value_checks_are_read_with_the_outputs_so_sparse_xent_and_ctc_steps_rep
     assert row['syncs_in_step'] == 0 and row['allocations'] == 0, row
     print('ok')
     ''')
+
+
+def test_every_launcher_family_prepares_a_problem_once_and_checks_every_call_on_request():
+    """runtime/prepared.py: a Keras step's launchers (conv, batch norm, pooling, bias +
+    activation, fused elementwise, sparse softmax cross-entropy, CTC) run their checks and
+    launch set-up on the first step of an input signature only; GPUK_CHECK_LAUNCHES=1 runs
+    them on every call."""
+    _rehearse('''
+    import os
+    import numpy as np
+    import keras
+    from keras import layers
+    from gpuk import backend as K
+    from gpuk.kernels.runtime import prepared
+    seen, prepares = [], [0]
+    real_get = prepared.get
+    def counted_get(rt, launcher, arrays, params, prepare):
+        seen.append(launcher)
+        def counted_prepare():
+            prepares[0] += 1
+            return prepare()
+        return real_get(rt, launcher, arrays, params, counted_prepare)
+    prepared.get = counted_get
+    net = keras.models.Sequential([
+        layers.Conv2D(4, 3, use_bias=False, input_shape=(8, 8, 1)), layers.BatchNormalization(),
+        layers.Activation('relu'), layers.MaxPooling2D(), layers.Flatten(), layers.Dense(3)])
+    net.compile('adam', lambda y, p: K.sparse_categorical_crossentropy(y, p, from_logits=True))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 8, 8, 1)).astype(np.float32), np.array([0, 1, 2, 1])
+    logits = K.placeholder((2, 5, 4))
+    ctc = K.function([logits], [K.ctc_batch_cost(K.constant([[0, 1], [1, 1]]), K.softmax(logits), K.constant([[5], [5]]),
+                                                 K.constant([[2], [2]]))])
+    def step():
+        seen.clear()
+        prepares[0] = 0
+        net.train_on_batch(x, y)
+        ctc([rng.standard_normal((2, 5, 4)).astype(np.float32)])
+        return set(seen), prepares[0]
+    step()
+    step()   # Adam's iteration count: a 0-d array at first, a NumPy scalar after its first update
+    families, count = step()
+    for name in ('conv_fwd', 'conv_wgrad', 'bn_train_fwd', 'bn_bwd', 'max_pool_fwd', 'max_pool_bwd',
+                 'bias_act_fwd', 'fused', 'sparse_softmax_xent_fwd', 'sparse_softmax_xent_bwd', 'ctc_loss_fwd'):
+        assert name in families, (name, families)
+    assert count == 0, count                           # the second step of the signature: prepared
+    os.environ['GPUK_CHECK_LAUNCHES'] = '1'
+    families, count = step()
+    assert count == len(seen) > 0, (count, len(seen))  # the debug flag: every call checked
+    print('ok')
+    ''')

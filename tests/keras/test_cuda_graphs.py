@@ -45,6 +45,8 @@ def _fit(keras, monkeypatch, build, inputs, targets, weights, graphs):
         history = model.fit(inputs, targets, epochs=3, batch_size=8, shuffle=False, verbose=0)
     with counters.counting() as step:   # a steady-state step: a replay, without allocating
         model.train_on_batch(inputs[:8], targets[:8])
+    # plain launches: every request served from CuPy's pool cache (docs/architecture.md, the memory plan)
+    assert step.device_allocs == 0, step.as_dict()
     return (history.history['loss'], model.predict(inputs, batch_size=8), counted.graph_replays,
             step.pool_mallocs if step.graph_replays else None)
 
