@@ -112,8 +112,7 @@ class CapturedStep:
                         self.values = plan.run(self.inputs)
                         # the device-side value checks: their flags are recomputed by each
                         # replay and gate its update copies
-                        self._write_updates(deferred.any_failed(runtime.current(), self.checks)
-                                            if self.checks else None)
+                        self._write_updates(deferred.any_failed(self.checks) if self.checks else None)
                 finally:
                     graph = self.stream.end_capture()   # raises when the capture was invalidated
                 self.graph = graph

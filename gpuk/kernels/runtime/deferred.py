@@ -79,8 +79,10 @@ def add(checks):
     _pending().extend(checks)
 
 
-def any_failed(rt, checks):
-    """One 1-element boolean device array: True when some flag of ``checks`` is set (no host read)."""
+def any_failed(checks):
+    """One 1-element boolean device array: True when some flag of ``checks`` (a non-empty list
+    from ``collecting()``, one runtime's) is set; no host read."""
+    rt = checks[0][0]
     return rt.xp.any(_flags(rt, [flag for _, flag, _ in checks])).reshape(1)
 
 
