@@ -28,7 +28,9 @@ with graphs on, capture the step), once with K.function's CUDA Graph replay off 
 
 Without a GPU it runs in the GPU rehearsal (tests/gpu_rehearsal: a NumPy stand-in for CuPy,
 kernels in the emulator): counts are the CUDA path's, host times are this CPU's, and
-nothing here is a GPU timing.
+nothing here is a GPU timing. ``--dry-launches`` (rehearsal only) checks launches without
+running them: an emulated launch leaves the host's caches cold and inflates the Python
+around it by tens of µs; the counts do not change, the trained values are meaningless.
 """
 import argparse
 import json
