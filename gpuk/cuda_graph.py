@@ -112,7 +112,8 @@ class CapturedStep:
                         self.values = plan.run(self.inputs)
                         # the device-side value checks: their flags are recomputed by each
                         # replay and gate its update copies
-                        self._write_updates(deferred.any_failed(self.checks) if self.checks else None)
+                        self.failed = deferred.any_failed(self.checks) if self.checks else None
+                        self._write_updates(self.failed)
                 finally:
                     graph = self.stream.end_capture()   # raises when the capture was invalidated
                 self.graph = graph
@@ -174,7 +175,8 @@ class CapturedStep:
             if variable.value is not buffer:
                 variable.value = buffer        # written by the graph's last copies
         counters.device_call(self.graph.launch, self.stream)
-        deferred.add(self.checks)   # read by K.function with the outputs
+        if self.checks:   # read by K.function with the outputs
+            deferred.add_combined(self.checks, self.failed)
         counting = counters.active()
         if counting is not None:
             counting.graph_replays += 1

@@ -306,8 +306,9 @@ def test_every_launcher_family_prepares_a_problem_once_and_checks_every_call_on_
 
 def test_checks_a_graph_collects_gate_its_updates_and_are_read_after_each_replay():
     """runtime/deferred.py as cuda_graph.py uses it: a capture's checks stay out of the pending
-    ones, any_failed gives the device flag its update copies are masked with, and add() makes
-    them pending again after a replay, to raise the op's own error where the outputs are read."""
+    ones, any_failed gives the device flag its update copies are masked with, and add_combined makes
+    them pending again after a replay as one check on their union, to raise the op's own error
+    where the outputs are read."""
     import numpy as np
     import pytest
     from gpuk.kernels.runtime import deferred, get_runtime
@@ -324,9 +325,10 @@ def test_checks_a_graph_collects_gate_its_updates_and_are_read_after_each_replay
         deferred.defer(rt, np.array(False), recheck)
         deferred.defer(rt, np.array([True]), recheck)
     assert deferred.any_failed(failing)[0]
-    deferred.add(checks)
+    deferred.add_combined(checks, deferred.any_failed(checks))
+    assert deferred.pending_count() == 1
     deferred.raise_pending()                      # nothing set: no error
-    deferred.add(failing)
+    deferred.add_combined(failing, deferred.any_failed(failing))
     with pytest.raises(ValueError, match=r'target must lie in \[0, 4\)'):
         deferred.raise_pending()
     assert deferred.pending_count() == 0

@@ -11,9 +11,9 @@ the host (after the plan ran: no sync inside the step) and before it commits any
 update, so a failed call still changes no variable.
 
 A captured CUDA Graph (gpuk/cuda_graph.py) keeps the checks its capture registered
-(`collecting()`): the graph recomputes their flags on each replay, masks its in-place update
-copies with them (`any_failed`), and the replay hands them back (`add`) to be read with the
-outputs like a plain run's.
+(`collecting()`): the graph recomputes their flags and their union (`any_failed`) on each
+replay, masks its in-place update copies with the union, and the replay hands them back as one
+check on the union (`add_combined`) to be read with the outputs like a plain run's.
 
 Only a set flag costs more: its recheck copies the inputs to the host and raises the very
 message the eager check raised (same text, naming the K function and the argument). The
@@ -74,9 +74,12 @@ def collecting():
         _local.checks = outer
 
 
-def add(checks):
-    """Makes ``checks`` (from ``collecting()``, their flags recomputed by a replay) pending again."""
-    _pending().extend(checks)
+def add_combined(checks, failed):
+    """Makes ``checks`` (from ``collecting()``, their flags recomputed by a replay) pending
+    again as one check: ``failed`` (their ``any_failed`` flag, computed inside the replay) is
+    the one flag read, so a replay's read allocates nothing on the device; when it is set the
+    checks are read one by one and the first failed one raises its error."""
+    _pending().append((checks[0][0], failed, lambda: read(checks)))
 
 
 def any_failed(checks):
@@ -118,7 +121,9 @@ def read(checks):
     for rt, flag, recheck in checks:
         by_runtime.setdefault(id(rt), (rt, []))[1].append((flag, recheck))
     for rt, entries in by_runtime.values():
-        bad = np.asarray(to_host(rt, _flags(rt, [flag for flag, _ in entries])), dtype=bool)
+        flags = [flag for flag, _ in entries]
+        joined = flags[0] if len(flags) == 1 else _flags(rt, flags)   # one flag: read as it is
+        bad = np.asarray(to_host(rt, joined), dtype=bool).reshape(-1)[:len(flags)]
         for is_bad, (_, recheck) in zip(bad, entries):
             if is_bad:
                 _run_recheck(recheck)
