@@ -282,8 +282,8 @@ def test_every_launcher_family_prepares_a_problem_once_and_checks_every_call_on_
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((4, 8, 8, 1)).astype(np.float32), np.array([0, 1, 2, 1])
     logits = K.placeholder((2, 5, 4))
-    ctc = K.function([logits], [K.ctc_batch_cost(K.constant([[0, 1], [1, 1]]), K.softmax(logits), K.constant([[5], [5]]),
-                                                 K.constant([[2], [2]]))])
+    labels, lengths = K.constant([[0, 1], [1, 1]]), (K.constant([[5], [5]]), K.constant([[2], [2]]))
+    ctc = K.function([logits], [K.ctc_batch_cost(labels, K.softmax(logits), *lengths)])
     def step():
         seen.clear()
         prepares[0] = 0
