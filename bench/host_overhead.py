@@ -23,11 +23,14 @@ with graphs on, capture the step), once with K.function's CUDA Graph replay off 
 - syncs in step: device-to-host copies inside the step; "incl. output" adds the copies of
   the step's outputs back to Keras (the loss);
 - allocations: arrays the plan's steps created (outputs owning a new buffer); with a real
-  CuPy also pool mallocs (every memory-pool request, a MemoryHook).
+  CuPy also pool mallocs (every memory-pool request, a MemoryHook) and device allocs (the
+  pool's cudaMalloc calls: what a steady-state step must not make, see docs/architecture.md).
 
 Without a GPU it runs in the GPU rehearsal (tests/gpu_rehearsal: a NumPy stand-in for CuPy,
 kernels in the emulator): counts are the CUDA path's, host times are this CPU's, and
-nothing here is a GPU timing.
+nothing here is a GPU timing. ``--dry-launches`` (rehearsal only) checks launches without
+running them: an emulated launch leaves the host's caches cold and inflates the Python
+around it by tens of µs; the counts do not change, the trained values are meaningless.
 """
 import argparse
 import json
@@ -149,32 +152,21 @@ def measure(name, steps=10, warmup=3, graphs=False):
             'host_us_per_step': median_us([w - r.device_s for w, r in zip(walls, rows)]),
             'syncs_in_step': last.in_step_syncs, 'syncs_total': last.host_syncs,
             'allocations': last.allocations, 'pool_mallocs': last.pool_mallocs,
+            'device_allocs': last.device_allocs,
             'graph_replays': last.graph_replays,
             'steady': len({(r.launches, r.allocations, r.host_syncs, r.graph_replays) for r in rows}) == 1,
             'graphs_refused': '; '.join(refused)}
 
 
-# Syncs inside a step that other branches remove (so this bench's 0-sync goal waits on them).
-# Implicit syncs (int() of a device scalar) are invisible to the counters in the rehearsal,
-# where device arrays are NumPy's: max-pool backward's argmax range check (contracts/
-# pooling_checks.py, int(argmax.min()), two per call) is one, in bn_cnn and ctc.
-KNOWN_SYNCS = {
-    'bn_cnn': 'max-pool backward\'s argmax range check, 2 per pooling backward, implicit, not counted in the '
-              'rehearsal (branch k15mem removes them)',
-    'ctc': 'CTC forward/backward .get() of labels and lengths (branch k15ctc removes them); max-pool backward\'s '
-           'implicit ones as in bn_cnn (k15mem)',
-}
-
-
 def report(rows, device):
     lines = ['device: %s' % device, '',
              '| model | batch | graphs | launches/step | host µs/launch (median, min) | xp steps (µs each) '
-             '| host µs/step | syncs in step | syncs incl. output | allocations/step | pool mallocs |',
-             '|---|---|---|---|---|---|---|---|---|---|---|']
+             '| host µs/step | syncs in step | syncs incl. output | allocations/step | pool mallocs | device allocs |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|']
     for r in rows:
         lines.append('| %(model)s | %(batch)d | %(graphs)s | %(launches)d | %(host_us_per_launch)s, '
                      '%(host_us_per_launch_min)s | %(xp_steps)d (%(xp_us_per_step).1f) | %(host_us_per_step).0f '
-                     '| %(syncs_in_step)d | %(syncs_total)d | %(allocations)d | %(pool_mallocs)s |' % r)
+                     '| %(syncs_in_step)d | %(syncs_total)d | %(allocations)d | %(pool_mallocs)s | %(device_allocs)s |' % r)
     lines += ['%s: graphs asked for, plain launches because %s' % (r['model'], r['graphs_refused'][:300])
               for r in rows if r['graphs_refused']]
     lines += ['', 'graphs False: host µs/launch is the time of the plan steps that launch, outside the device '
@@ -244,10 +236,18 @@ def main(argv=None):
                         help='K.function CUDA Graph replay (both: one row each)')
     parser.add_argument('--launchers', action='store_true',
                         help='also time single launchers (host µs per call, plain and prepared)')
+    parser.add_argument('--dry-launches', action='store_true',
+                        help='rehearsal only: launches are checked, not run, so the emulator does not leave the '
+                             'host caches cold around them (host times of gpuk\'s Python; counts unchanged, '
+                             'trained values meaningless)')
     parser.add_argument('--json', help='also write the rows as JSON here')
     args = parser.parse_args(argv)
     rehearsal = args.rehearsal == 'yes' or (args.rehearsal == 'auto' and not _gpu_available())
     device = setup_device(rehearsal)
+    if rehearsal and args.dry_launches:
+        from tests.gpu_rehearsal import rehearsal_runtime
+        rehearsal_runtime.set_dry_launch_bytes(-1)
+        device += '; dry launches (checked, not run)'
     modes = {'both': (False, True), 'on': (True,), 'off': (False,)}[args.graphs]
     rows = [measure(name, args.steps, args.warmup, graphs) for name in args.models for graphs in modes]
     if rehearsal and True in modes:
@@ -255,9 +255,6 @@ def main(argv=None):
               'NumPy work of ops computed with xp, so the trained values are wrong there; the counts and host '
               'times are what this measures.')
     print(report(rows, device))
-    for model in dict.fromkeys(r['model'] for r in rows):
-        if model in KNOWN_SYNCS:
-            print('%s: in-step syncs other branches remove: %s' % (model, KNOWN_SYNCS[model]))
     launchers = launcher_overhead(rehearsal) if args.launchers else []
     if launchers:
         print('\n| launcher call (small problem) | host µs plain | host µs prepared |\n|---|---|---|')

@@ -4,7 +4,7 @@ Per (plan, input shapes and dtypes), on the CUDA runtime:
 
 1. the first call runs the plan with plain launches (it also checks every launch, see
    Function._run_plan) and counts its device-to-host syncs: a step that reads device values
-   on the host (a data-dependent check, a loss-scaling decision) cannot be captured, and
+   on the host (print_tensor, a loss-scaling decision) cannot be captured, and
    neither can one with random ops (a replay would repeat the same numbers) — those keep
    plain launches for good, and say why in ``refused``;
 2. the second call captures: inputs go into fixed buffers, one warm-up run on a side stream
@@ -13,7 +13,11 @@ Per (plan, input shapes and dtypes), on the CUDA runtime:
    address on every replay, and nothing outside the graph can be handed those blocks: the
    pool is the per-plan arena), followed by the copies of the updates' new values into the
    variables' own buffers. Any failure (a sync the counters did not see, an unsupported call)
-   ends the capture and the signature falls back to plain launches;
+   ends the capture and the signature falls back to plain launches. The ops' device-side
+   value checks (runtime/deferred.py: label ranges, CTC lengths) are not host reads: the
+   warm-up's are read once, the capture's stay with the graph, which recomputes their flags,
+   copies the updates only when none is set, and hands them to K.function to read with the
+   outputs, so a bad value raises the op's own error after a replay too;
 3. later calls copy their inputs into the fixed buffers and launch the graph: no Python per
    kernel, no allocation. Outputs are the graph's fixed output buffers (K.function copies
    them to the host at once).
@@ -30,7 +34,7 @@ from collections import OrderedDict
 import numpy as np
 
 from gpuk.kernels import runtime
-from gpuk.kernels.runtime import counters
+from gpuk.kernels.runtime import counters, deferred
 from gpuk.ops.base import Op
 from gpuk.ops.random import RandomOp
 
@@ -70,6 +74,11 @@ class CaptureRefused(Exception):
     """This signature keeps plain launches (the message says why)."""
 
 
+class BadValues(Exception):
+    """The capture's warm-up found a bad argument value (a device-side check): this call runs
+    plain and raises the check's error; the signature may still be captured later."""
+
+
 class CapturedStep:
     """One plan captured for one input signature."""
 
@@ -88,26 +97,36 @@ class CapturedStep:
             self.inputs = [xp.empty(a.shape, a.dtype) for a in fed]
             self._copy_in(fed)
             with self.stream:
-                with runtime.prepared_launches():
+                with runtime.prepared_launches(), deferred.collecting() as warm_up_checks:
                     plan.run(self.inputs)                 # warm-up: fills the private pool
                 self.stream.synchronize()
+                try:   # a bad value in this call's data: the plain run raises its error
+                    deferred.read(warm_up_checks)
+                except ValueError as error:
+                    raise BadValues(error) from error
                 self.stream.begin_capture(getattr(xp.cuda.runtime, 'streamCaptureModeRelaxed',
                                                   _RELAXED_CAPTURE))
                 try:
-                    with runtime.prepared_launches(), counters.counting() as held:
+                    with runtime.prepared_launches(), counters.counting() as held, \
+                            deferred.collecting() as self.checks:
                         self.values = plan.run(self.inputs)
-                        self._write_updates()
+                        # the device-side value checks: their flags are recomputed by each
+                        # replay and gate its update copies
+                        self.failed = deferred.any_failed(self.checks) if self.checks else None
+                        self._write_updates(self.failed)
                 finally:
                     graph = self.stream.end_capture()   # raises when the capture was invalidated
                 self.graph = graph
                 # what the graph holds: gpuk's launches, and the steps computed with xp (CuPy's kernels)
                 self.launches, self.xp_steps = held.launches, held.xp_steps
 
-    def _write_updates(self):
+    def _write_updates(self, failed):
         """Captures the copies of the updates' new values into the variables' buffers. All new
         values are computed from the old ones first, as in a plain call: a value that may
         share memory with an updated variable (update(a, b) with update(b, a)) is copied aside
-        before any variable is written."""
+        before any variable is written. ``failed`` (a device bool, or None): a replay whose
+        value checks fail copies nothing, so the error K.function then raises leaves every
+        variable as it was."""
         xp = self.xp
         buffers = [buffer for _, buffer, _ in self.updates]
         staged = []
@@ -121,8 +140,13 @@ class CapturedStep:
                 xp.copyto(aside, value)
                 value = aside
             staged.append(value)
+        keep = None if failed is None else xp.logical_not(failed).reshape(())
         for (variable, buffer, _), value in zip(self.updates, staged):
-            xp.copyto(buffer, value.astype(variable.dtype, copy=False))
+            value = value.astype(variable.dtype, copy=False)
+            if keep is None:
+                xp.copyto(buffer, value)
+            else:
+                xp.copyto(buffer, value, where=keep)
 
     @contextlib.contextmanager
     def _private_pool(self):
@@ -151,6 +175,8 @@ class CapturedStep:
             if variable.value is not buffer:
                 variable.value = buffer        # written by the graph's last copies
         counters.device_call(self.graph.launch, self.stream)
+        if self.checks:   # read by K.function with the outputs
+            deferred.add_combined(self.checks, self.failed)
         counting = counters.active()
         if counting is not None:
             counting.graph_replays += 1
@@ -194,6 +220,8 @@ class PlanGraphs:
             return run_plain(fed), False
         try:
             step = CapturedStep(self.plan, fed, updates)
+        except BadValues:
+            return run_plain(fed), False
         except Exception as exc:   # an invalidated capture, a sync, an unsupported call
             self.refused[key] = 'capture failed: %s: %s' % (type(exc).__name__, exc)
             return run_plain(fed), False

@@ -129,18 +129,25 @@ def impl():
 
 def run_checked(run, *args):
     """``run(*args)``, then the deferred argument checks its ops queued (Implementation.check_later,
-    gpuk/kernels/runtime/deferred.py): the first failed one raises its ValueError. K.function runs
-    its plan through this before it commits any update. When ``run`` itself fails, a failed check
-    is raised instead (a bad value explains the failure best), and none is left pending for the
-    next call."""
+    gpuk/kernels/runtime/deferred.py): the first failed one raises its ValueError. When ``run``
+    itself fails, a failed check is raised instead (a bad value explains the failure best), and
+    none is left pending for the next call."""
+    from gpuk.kernels.runtime import deferred
+    result = run_deferring(run, *args)
+    deferred.raise_pending()
+    return result
+
+
+def run_deferring(run, *args):
+    """``run(*args)``, leaving the checks its ops queued pending for the caller to read where it
+    reads the results (K.function: with the step's outputs, so the step itself makes no host
+    sync); when ``run`` fails, a failed check is raised instead and none is left pending."""
     from gpuk.kernels.runtime import deferred
     try:
-        result = run(*args)
+        return run(*args)
     except BaseException:
         deferred.raise_pending()
         raise
-    deferred.raise_pending()
-    return result
 
 
 def to_device(value, dtype=None):

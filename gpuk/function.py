@@ -3,9 +3,11 @@
 The plan is made once per function: nodes in topological order, each tensor given a slot,
 constant subgraphs folded, chains fused (gpuk/fusion.py), the precision policy applied to the
 tensor-core steps (gpuk/mixed_precision.py), every slot freed after its last use. Running it
-feeds the placeholders, reads the variables, executes the plan, then applies the updates, all
-of whose new values are computed (from the old values) before any is assigned; under loss
-scaling (gpuk/loss_scaling.py) none is applied when a scaled gradient is not finite.
+feeds the placeholders, reads the variables, executes the plan, copies the outputs to the host
+and reads the ops' device-side value checks with them (runtime/deferred.py: no host sync inside
+the step; a failed check raises before any update), then applies the updates, all of whose new
+values are computed (from the old values) before any is assigned; under loss scaling
+(gpuk/loss_scaling.py) none is applied when a scaled gradient is not finite.
 
 Per input signature (shapes and dtypes): the first run checks every launch, later runs skip
 the per-call argument checks (runtime.prepared_launches), and on the CUDA runtime a signature
@@ -17,7 +19,7 @@ import numpy as np
 
 from gpuk import config, cuda_graph, device, fusion, loss_scaling, mixed_precision
 from gpuk.kernels import runtime
-from gpuk.kernels.runtime import counters
+from gpuk.kernels.runtime import counters, deferred
 from gpuk.graph import (Constant, Placeholder, Tensor, Variable, checked_array, static_value,
                         topological_nodes)
 from gpuk.ops import scan
@@ -299,15 +301,26 @@ class Function:
         plan = self._compiled()
         n_out = len(self.outputs)
 
-        def run_plain(arrays):   # + the ops' deferred argument checks, read before any update
-            return device.run_checked(self._run_plan, plan, [device.to_device(a) for a in arrays])
+        def run_plain(arrays):   # the ops' deferred argument checks stay pending (read below)
+            return device.run_deferring(self._run_plan, plan, [device.to_device(a) for a in arrays])
 
         if plan.graphs is not None and self._guard is None and cuda_graph.enabled():
             updates = [(variable, n_out + i) for i, (variable, _) in enumerate(self.updates)]
             values, replayed = plan.graphs.run(cuda_graph.signature(arrays), arrays, updates, run_plain)
         else:
             values, replayed = run_plain(arrays), False
-        finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
+        try:
+            finite = self._guard.read_finite(values.pop()) if self._guard is not None else True
+        except BaseException:
+            deferred.discard()
+            raise
+        if counting is not None:   # the step proper: everything before the outputs go to the host
+            counting.in_step_syncs += counting.host_syncs - syncs_before
+        results = [_host_copy(v) for v in values[:n_out]]
+        # The ops' device-side value checks, read where the outputs are (no sync inside the
+        # step) and before any update is committed: a failed check changes no variable (a
+        # replayed graph masked its in-place update copies with the same flags).
+        deferred.raise_pending()
         # a replayed graph wrote the updates into the variables' buffers itself
         new_values = values[n_out:] if finite and not replayed else []
         for (variable, _), value in zip(self.updates, new_values):
@@ -321,9 +334,6 @@ class Function:
             variable.value = value
         if self._guard is not None:
             self._guard.step_finished(finite)
-        if counting is not None:   # the step proper: everything before the outputs go to the host
-            counting.in_step_syncs += counting.host_syncs - syncs_before
-        results = [_host_copy(v) for v in values[:n_out]]
         return results
 
 

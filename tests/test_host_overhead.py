@@ -214,3 +214,121 @@ def test_a_repeated_conv_problem_is_checked_once_and_bad_input_still_raises(monk
     with runtime.prepared_launches():   # reads the switch
         conv.conv_fwd(x, w, (1, 1), (1, 1), valid, 'channels_last', runtime='emulate')
     assert len(checks) == 4
+
+
+def test_value_checks_are_read_with_the_outputs_so_sparse_xent_and_ctc_steps_replay_graphs():
+    """Sparse cross-entropy's label range and CTC's labels and lengths are checked on the
+    device (runtime/deferred.py); K.function reads the flags where it copies the outputs,
+    not inside the step, so those steps are captured and replayed, and a bad value still
+    raises the op's own error without changing a variable."""
+    _rehearse(_CONV_STEP + '''
+    import pytest
+    from bench import host_overhead
+    from gpuk.kernels.runtime import deferred
+    labels = K.placeholder((None,), dtype='int32')
+    logits = K.reshape(y, (-1, 4))                               # conv + relu epilogue, max pool
+    loss = K.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    v = K.variable(np.zeros(18, np.float32))                     # a batch of 2: 18 rows of 4 classes
+    f = K.function([x, labels], [loss], updates=[K.update(v, loss)])
+    good = np.arange(18, dtype=np.int32) % 4
+    for step in range(3):                                        # plain, capture + replay, replay
+        with counters.counting() as c:
+            f([batch(2), good])
+        capturing = step == 1                                    # reads its warm-up's flags once
+        assert c.in_step_syncs == capturing, (step, c.as_dict())
+        assert c.host_syncs == 2 + capturing, (step, c.as_dict())   # the loss, then the flags
+        assert c.graph_replays == (step >= 1), (step, c.as_dict())
+    assert not f._compiled().graphs.refused and deferred.pending_count() == 0
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'
+    before = K.get_value(v)
+    with pytest.raises(ValueError, match=r'sparse_categorical_crossentropy: target must lie in \\[0, 4\\)'):
+        f([batch(2), np.where(good == 3, 4, good).astype(np.int32)])
+    assert np.array_equal(K.get_value(v), before) and deferred.pending_count() == 0
+    os.environ['GPUK_CUDA_GRAPHS'] = '1'
+    for model in ('bn_cnn', 'ctc'):                              # the bench's CNN, the demo's CTC model
+        # captured (so its first, plain step synced 0 times, or it would be refused) and replayed
+        row = host_overhead.measure(model, steps=1, warmup=2, graphs=True)
+        assert row['graphs'] and not row['graphs_refused'], row
+        assert row['syncs_in_step'] == 0 and row['allocations'] == 0, row
+    print('ok')
+    ''')
+
+
+def test_every_launcher_family_prepares_a_problem_once_and_checks_every_call_on_request():
+    """runtime/prepared.py: a Keras step's launchers (conv, batch norm, pooling, bias +
+    activation, fused elementwise, sparse softmax cross-entropy, CTC) run their checks and
+    launch set-up on the first step of an input signature only; GPUK_CHECK_LAUNCHES=1 runs
+    them on every call."""
+    _rehearse('''
+    import os
+    import numpy as np
+    import keras
+    from keras import layers
+    from gpuk import backend as K
+    from gpuk.kernels.runtime import prepared
+    seen, prepares = [], [0]
+    real_get = prepared.get
+    def counted_get(rt, launcher, arrays, params, prepare):
+        seen.append(launcher)
+        def counted_prepare():
+            prepares[0] += 1
+            return prepare()
+        return real_get(rt, launcher, arrays, params, counted_prepare)
+    prepared.get = counted_get
+    net = keras.models.Sequential([
+        layers.Conv2D(4, 3, use_bias=False, input_shape=(8, 8, 1)), layers.BatchNormalization(),
+        layers.Activation('relu'), layers.MaxPooling2D(), layers.Flatten(), layers.Dense(3)])
+    net.compile('adam', lambda y, p: K.sparse_categorical_crossentropy(y, p, from_logits=True))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 8, 8, 1)).astype(np.float32), np.array([0, 1, 2, 1])
+    logits = K.placeholder((2, 5, 4))
+    labels, lengths = K.constant([[0, 1], [1, 1]]), (K.constant([[5], [5]]), K.constant([[2], [2]]))
+    ctc = K.function([logits], [K.ctc_batch_cost(labels, K.softmax(logits), *lengths)])
+    def step():
+        seen.clear()
+        prepares[0] = 0
+        net.train_on_batch(x, y)
+        ctc([rng.standard_normal((2, 5, 4)).astype(np.float32)])
+        return set(seen), prepares[0]
+    step()
+    step()   # Adam's iteration count: a 0-d array at first, a NumPy scalar after its first update
+    families, count = step()
+    for name in ('conv_fwd', 'conv_wgrad', 'bn_train_fwd', 'bn_bwd', 'max_pool_fwd', 'max_pool_bwd',
+                 'bias_act_fwd', 'fused', 'sparse_softmax_xent_fwd', 'sparse_softmax_xent_bwd', 'ctc_loss_fwd'):
+        assert name in families, (name, families)
+    assert count == 0, count                           # the second step of the signature: prepared
+    os.environ['GPUK_CHECK_LAUNCHES'] = '1'
+    families, count = step()
+    assert count == len(seen) > 0, (count, len(seen))  # the debug flag: every call checked
+    print('ok')
+    ''')
+
+
+def test_checks_a_graph_collects_gate_its_updates_and_are_read_after_each_replay():
+    """runtime/deferred.py as cuda_graph.py uses it: a capture's checks stay out of the pending
+    ones, any_failed gives the device flag its update copies are masked with, and add_combined makes
+    them pending again after a replay as one check on their union, to raise the op's own error
+    where the outputs are read."""
+    import numpy as np
+    import pytest
+    from gpuk.kernels.runtime import deferred, get_runtime
+    rt = get_runtime('emulate')
+
+    def recheck():
+        raise ValueError('sparse_categorical_crossentropy: target must lie in [0, 4)')
+
+    with deferred.collecting() as checks:
+        deferred.defer(rt, np.array(False), recheck)
+    assert deferred.pending_count() == 0 and len(checks) == 1
+    assert not deferred.any_failed(checks)[0]
+    with deferred.collecting() as failing:
+        deferred.defer(rt, np.array(False), recheck)
+        deferred.defer(rt, np.array([True]), recheck)
+    assert deferred.any_failed(failing)[0]
+    deferred.add_combined(checks, deferred.any_failed(checks))
+    assert deferred.pending_count() == 1
+    deferred.raise_pending()                      # nothing set: no error
+    deferred.add_combined(failing, deferred.any_failed(failing))
+    with pytest.raises(ValueError, match=r'target must lie in \[0, 4\)'):
+        deferred.raise_pending()
+    assert deferred.pending_count() == 0

@@ -32,6 +32,15 @@ class FusedProgram:
     instructions: Tuple[Instruction, ...]
     outputs: Tuple[int, ...]
 
+    def __hash__(self):
+        # kept: a program keys the launcher's kernel and prepared-problem tables on every call,
+        # and hashing its instructions each time costs tens of µs for an optimizer's update
+        cached = self.__dict__.get('_hash')
+        if cached is None:
+            cached = hash((self.input_dtypes, self.instructions, self.outputs))
+            object.__setattr__(self, '_hash', cached)
+        return cached
+
     @property
     def n_inputs(self):
         return len(self.input_dtypes)

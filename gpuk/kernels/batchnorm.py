@@ -31,7 +31,7 @@ from gpuk.contracts import batchnorm_checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES_NO_BFLOAT16, accumulation_dtype
 from . import dispatch
 from .cudnn import batchnorm as cudnn_batchnorm
-from .runtime import register_build, resolve
+from .runtime import prepared, register_build, resolve
 
 __all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']
 
@@ -259,14 +259,23 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
     fn = 'bn_train_fwd'
     rt = resolve(runtime)
     xp = rt.xp
+
+    def prepare():   # once per problem signature (runtime/prepared.py)
+        checked = _float_array(fn, 'x', x, xp)
+        checked_epsilon = batchnorm_checks.check_epsilon(fn, epsilon)
+        batchnorm_checks.check_activation(fn, activation)
+        moving = batchnorm_checks.check_moving_args(fn, moving_mean, moving_var, decay, var_decay, var_factor)
+        checked_axes = batchnorm_checks.normalize_axes(fn, axes, checked.ndim)
+        layout = batchnorm_checks.Layout(checked.shape, checked_axes)
+        if layout.count == 0:
+            raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
+                             % (fn, checked_axes, checked.shape))
+        return checked_epsilon, moving, checked_axes, layout
+
+    epsilon, moving, axes, layout = prepared.get(
+        rt, fn, (x, gamma, beta, moving_mean, moving_var, decay, var_decay, var_factor), (axes, epsilon, activation),
+        prepare)
     x = _float_array(fn, 'x', x, xp)
-    epsilon = batchnorm_checks.check_epsilon(fn, epsilon)
-    batchnorm_checks.check_activation(fn, activation)
-    moving = batchnorm_checks.check_moving_args(fn, moving_mean, moving_var, decay, var_decay, var_factor)
-    axes = batchnorm_checks.normalize_axes(fn, axes, x.ndim)
-    layout = batchnorm_checks.Layout(x.shape, axes)
-    if layout.count == 0:
-        raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s' % (fn, axes, x.shape))
     acc = accumulation_dtype(x.dtype)
     gamma = _kept_param(fn, 'gamma', gamma, layout, acc, xp)
     beta = _kept_param(fn, 'beta', beta, layout, acc, xp)
@@ -339,10 +348,15 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='l
     fn = 'bn_infer_fwd'
     rt = resolve(runtime)
     xp = rt.xp
+
+    def prepare():   # once per problem signature (runtime/prepared.py)
+        checked = _float_array(fn, 'x', x, xp)
+        checked_epsilon = batchnorm_checks.check_epsilon(fn, epsilon)
+        batchnorm_checks.check_activation(fn, activation)
+        return checked_epsilon, batchnorm_checks.check_channel_axis(fn, axis, checked.ndim)
+
+    epsilon, axis = prepared.get(rt, fn, (x,), (epsilon, axis, activation), prepare)
     x = _float_array(fn, 'x', x, xp)
-    epsilon = batchnorm_checks.check_epsilon(fn, epsilon)
-    batchnorm_checks.check_activation(fn, activation)
-    axis = batchnorm_checks.check_channel_axis(fn, axis, x.ndim)
     acc = accumulation_dtype(x.dtype)
     params = [None if p is None else _channel_param(fn, n, p, x, axis, acc, xp)
               for n, p in (('mean', mean), ('var', var), ('gamma', gamma), ('beta', beta))]
@@ -398,20 +412,28 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
     fn = 'bn_bwd'
     rt = resolve(runtime)
     xp = rt.xp
-    x = _float_array(fn, 'x', x, xp)
-    dy = _float_array(fn, 'dy', dy, xp)
-    if dy.shape != x.shape:
-        raise ValueError('%s: dy must have the shape of x, got dy %s and x %s' % (fn, dy.shape, x.shape))
+
+    def prepare():   # once per problem signature (runtime/prepared.py)
+        checked_x, checked_dy = _float_array(fn, 'x', x, xp), _float_array(fn, 'dy', dy, xp)
+        if checked_dy.shape != checked_x.shape:
+            raise ValueError('%s: dy must have the shape of x, got dy %s and x %s'
+                             % (fn, checked_dy.shape, checked_x.shape))
+        batchnorm_checks.check_relu_output(fn, activation, None if y is None else _float_array(fn, 'y', y, xp),
+                                           checked_x)
+        checked_axes = batchnorm_checks.normalize_axes(fn, axes, checked_x.ndim)
+        layout = batchnorm_checks.Layout(checked_x.shape, checked_axes)
+        if layout.count == 0:
+            raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
+                             % (fn, checked_axes, checked_x.shape))
+        if mean is None or inv_std is None:
+            raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)
+        return checked_axes, layout
+
+    axes, layout = prepared.get(rt, fn, (dy, x, gamma, mean, inv_std, dmean, dvar, y), (axes, activation), prepare)
+    x, dy = _float_array(fn, 'x', x, xp), _float_array(fn, 'dy', dy, xp)
     dy = dy.astype(x.dtype, copy=False)   # the twin computes in x's precision too
     y = None if y is None else _float_array(fn, 'y', y, xp)
-    batchnorm_checks.check_relu_output(fn, activation, y, x)
-    axes = batchnorm_checks.normalize_axes(fn, axes, x.ndim)
-    layout = batchnorm_checks.Layout(x.shape, axes)
-    if layout.count == 0:
-        raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s' % (fn, axes, x.shape))
     acc = accumulation_dtype(x.dtype)
-    if mean is None or inv_std is None:
-        raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)
     mean, inv_std, gamma, dmean, dvar = (_kept_param(fn, n, v, layout, acc, xp) for n, v in (
         ('mean', mean), ('inv_std', inv_std), ('gamma', gamma), ('dmean', dmean), ('dvar', dvar)))
     view = _View(x.shape, layout)

@@ -31,7 +31,7 @@ from gpuk.contracts import ctc_checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES_NO_BFLOAT16, accumulation_dtype
 from . import dispatch
 from .cudnn import ctc as cudnn_ctc
-from .runtime import deferred, register_build, resolve, to_host
+from .runtime import deferred, prepared, register_build, resolve, to_host
 
 __all__ = list(twin.__all__)
 
@@ -102,19 +102,23 @@ def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, b
     values (lengths in range, labels in [0, A) without the blank) checked on the device and
     raised later (runtime/deferred.py) with the twin's message. The kernels clamp every
     data-dependent index meanwhile."""
-    logits, stand_in = _stand_in(rt, fn, 'logits', logits)
+    def prepare():   # shapes and dtypes: once per problem signature (runtime/prepared.py)
+        _, stand_in = _stand_in(rt, fn, 'logits', logits)
+        ints = [_small_ints(rt, v) for v in (labels, input_lengths, label_lengths)]
+        return ctc_checks.check_loss_inputs(fn, stand_in, *_stand_ins(*ints), blank)[4]
+
+    blank = prepared.get(rt, fn, (logits, labels, input_lengths, label_lengths), (blank,), prepare)
+    logits, _ = _stand_in(rt, fn, 'logits', logits)
     labels, input_lengths, label_lengths = (_small_ints(rt, v) for v in (labels, input_lengths, label_lengths))
-    _, _, _, _, blank = ctc_checks.check_loss_inputs(fn, stand_in, *_stand_ins(labels, input_lengths, label_lengths),
-                                                     blank)
     if more_checks is not None:   # every eager error before a device check is queued
         more_checks(logits, labels)
     steps, classes = logits.shape[1:]
     if labels.size or input_lengths.size:
         deferred.defer(rt, ctc_checks.loss_values_flag(rt.xp, labels, input_lengths, label_lengths, steps, classes,
                                                        blank),
-                       lambda: ctc_checks.check_loss_inputs(fn, stand_in, to_host(rt, labels),
-                                                            to_host(rt, input_lengths), to_host(rt, label_lengths),
-                                                            blank))
+                       lambda: ctc_checks.check_loss_inputs(fn, _stand_in(rt, fn, 'logits', logits)[1],
+                                                            to_host(rt, labels), to_host(rt, input_lengths),
+                                                            to_host(rt, label_lengths), blank))
     as_int64 = lambda v: rt.xp.ascontiguousarray(v.astype(np.int64, copy=False))   # noqa: E731
     return rt.xp.ascontiguousarray(logits), as_int64(labels), as_int64(input_lengths), as_int64(label_lengths), blank
 

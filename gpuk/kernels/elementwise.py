@@ -9,7 +9,7 @@ import numpy as np
 
 from gpuk.contracts.dtypes import ELEMENT_TYPES
 from gpuk.cpu_fallback.elementwise import check_bias_act_args
-from .runtime import register_build, resolve
+from .runtime import prepared, register_build, resolve
 
 SOURCE = Path(__file__).with_name('elementwise.cu')
 # Tile constants: passed to the .cu as #defines and used for the grid below (one place).
@@ -53,16 +53,21 @@ def copy(x, *, runtime=None):
 def bias_act_fwd(x, bias, axis=-1, activation='linear', *, runtime=None):
     """act(x + bias) with the 1-D `bias` broadcast along `axis` of `x` ('linear' or 'relu')."""
     rt = resolve(runtime)
-    axis = check_bias_act_args(x, bias, axis, activation, rt.xp.ndarray)
+
+    def prepare():   # once per problem signature (runtime/prepared.py)
+        checked_axis = check_bias_act_args(x, bias, axis, activation, rt.xp.ndarray)
+        inner = int(np.prod(x.shape[checked_axis + 1:], dtype=np.int64))
+        return (_blocks(x.size, BIAS_ACT_THREADS, BIAS_ACT_MAX_BLOCKS),
+                (np.int64(x.size), np.int64(x.shape[checked_axis]), np.int64(inner),
+                 np.int32(ACTIVATION_CODES[activation])))
+
+    blocks, scalars = prepared.get(rt, 'bias_act_fwd', (x, bias), (axis, activation), prepare)
     x = rt.xp.ascontiguousarray(x)
     bias = rt.xp.ascontiguousarray(bias)
     y = rt.xp.empty_like(x)
     if x.size:
-        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
-        kernel = rt.load(SOURCE, defines(x.dtype)).kernel('bias_act_fwd')
-        blocks = _blocks(x.size, BIAS_ACT_THREADS, BIAS_ACT_MAX_BLOCKS)
-        kernel.launch(blocks, BIAS_ACT_THREADS, (x, bias, y, np.int64(x.size), np.int64(x.shape[axis]),
-                                                 np.int64(inner), np.int32(ACTIVATION_CODES[activation])))
+        rt.load(SOURCE, defines(x.dtype)).kernel('bias_act_fwd').launch(blocks, BIAS_ACT_THREADS,
+                                                                        (x, bias, y) + scalars)
     return y
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from gpuk.contracts.dtypes import ELEMENT_TYPES, accumulation_dtype
 from gpuk.contracts.fused_program import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, check_fused_args
-from .runtime import register_build, resolve
+from .runtime import prepared, register_build, resolve
 
 SOURCE = Path(__file__).with_name('fused_elementwise.cu')
 FUSED_THREADS = 256        # block size: #defined into the .cu and used for the grid below
@@ -129,17 +129,22 @@ def _contiguous(xp, a):
 def fused(program, inputs, *, runtime=None):
     """The outputs (a list) of ``program`` (gpuk.contracts.fused_program) on ``inputs``."""
     rt = resolve(runtime)
-    check_fused_args(program, inputs)
     xp = rt.xp
+
+    def prepare():   # once per problem signature (runtime/prepared.py)
+        check_fused_args(program, inputs)
+        shapes = [tuple(np.shape(a)) for a in inputs]
+        out_shape = tuple(np.broadcast_shapes(*shapes))
+        same_shape = all(tuple(np.broadcast_shapes(*[shapes[k] for k in deps])) == out_shape
+                         for deps in program.input_dependencies())
+        kernel_takes = program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK
+        return kernel_takes, shapes, out_shape, int(np.prod(out_shape, dtype=np.int64))
+
+    kernel_takes, shapes, out_shape, n = prepared.get(rt, 'fused', inputs, (program,), prepare)
     inputs = [_contiguous(xp, a) for a in inputs]
-    shapes = [tuple(a.shape) for a in inputs]
-    out_shape = tuple(np.broadcast_shapes(*shapes))
-    same_shape = all(tuple(np.broadcast_shapes(*[shapes[k] for k in deps])) == out_shape
-                     for deps in program.input_dependencies())
-    if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):
+    if not kernel_takes:
         return [xp.asarray(v) for v in program.run_unfused(inputs)]
     outputs = [xp.empty(out_shape, dtype=program.dtype(v)) for v in program.outputs]
-    n = int(np.prod(out_shape, dtype=np.int64))
     if n:
         rank, dims, strides = _index_tables(rt, out_shape, shapes)
         # the emulator loads instrumented builds while its sanitizer or counters are on

@@ -24,7 +24,7 @@ from gpuk.contracts import pooling_checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES_NO_BFLOAT16, accumulation_dtype
 from . import dispatch
 from .cudnn import pooling as cudnn_pooling
-from .runtime import register_build, resolve
+from .runtime import prepared, register_build, resolve
 
 __all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd']
 
@@ -131,9 +131,14 @@ def _problem(setup, dtype):
                     setup.pads, dtype)
 
 
-def _forward_problem(fn, x, window, strides, pads, data_format, xp):
-    x = _float_array(fn, 'x', x, xp)
-    return x, _problem(pooling_checks.forward_setup(fn, x, window, strides, pads, data_format), x.dtype)
+def _forward_problem(fn, x, window, strides, pads, data_format, rt):
+    """(x contiguous, its checked _Problem: prepared once per signature, runtime/prepared.py)."""
+    def prepare():
+        checked = _float_array(fn, 'x', x, rt.xp)
+        return _problem(pooling_checks.forward_setup(fn, checked, window, strides, pads, data_format), checked.dtype)
+
+    problem = prepared.get(rt, fn, (x,), (window, strides, pads, data_format), prepare)
+    return _float_array(fn, 'x', x, rt.xp), problem
 
 
 def _tap_suffix(window):
@@ -151,7 +156,7 @@ def max_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
     """Max pooling -> (y, argmax); argmax (shaped like y, uint8 up to 256 window taps, int32
     beyond) is the winner's row-major tap in its window, the first one winning ties."""
     rt = resolve(runtime)
-    x, problem = _forward_problem('max_pool_fwd', x, window, strides, pads, data_format, rt.xp)
+    x, problem = _forward_problem('max_pool_fwd', x, window, strides, pads, data_format, rt)
     gpuk_fn = functools.partial(_max_pool_fwd_gpuk, rt, problem)
     return _run(rt, problem, 'max_fwd', gpuk_fn, cudnn_pooling.max_pool_fwd,
                 x, problem.window, problem.strides, problem.pads, data_format)
@@ -170,7 +175,7 @@ def _max_pool_fwd_gpuk(rt, problem, x, *_geometry):
 def avg_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
     """Average pooling over the real inputs of each window (padding excluded)."""
     rt = resolve(runtime)
-    x, problem = _forward_problem('avg_pool_fwd', x, window, strides, pads, data_format, rt.xp)
+    x, problem = _forward_problem('avg_pool_fwd', x, window, strides, pads, data_format, rt)
     gpuk_fn = functools.partial(_avg_pool_fwd_gpuk, rt, problem)
     return _run(rt, problem, 'avg_fwd', gpuk_fn, cudnn_pooling.avg_pool_fwd,
                 x, problem.window, problem.strides, problem.pads, data_format)
@@ -207,9 +212,13 @@ def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format, *, runtime=Non
     """Gradient of avg_pool_fwd with respect to x."""
     fn = 'avg_pool_bwd'
     rt = resolve(runtime)
+    def prepare():   # once per problem signature (runtime/prepared.py)
+        checked = _float_array(fn, 'dy', dy, rt.xp)
+        setup = pooling_checks.avg_backward_setup(fn, checked, x_shape, window, strides, pads, data_format)
+        return setup, _problem(setup, checked.dtype)
+
+    setup, problem = prepared.get(rt, fn, (dy,), (x_shape, window, strides, pads, data_format), prepare)
     dy = _float_array(fn, 'dy', dy, rt.xp)
-    setup = pooling_checks.avg_backward_setup(fn, dy, x_shape, window, strides, pads, data_format)
-    problem = _problem(setup, dy.dtype)
     gpuk_fn = functools.partial(_avg_pool_bwd_gpuk, rt, problem)
     return _run(rt, problem, 'avg_bwd', gpuk_fn, cudnn_pooling.avg_pool_bwd,
                 dy, setup.x_shape, setup.window, setup.strides, setup.pads, data_format)
@@ -229,10 +238,15 @@ def max_pool_bwd(dy, argmax, x_shape, window, strides, pads, data_format, *, run
     fn = 'max_pool_bwd'
     rt = resolve(runtime)
     xp = rt.xp
+    def prepare():   # once per problem signature (runtime/prepared.py)
+        checked = _float_array(fn, 'dy', dy, xp)
+        taps = argmax if isinstance(argmax, xp.ndarray) else xp.asarray(argmax)
+        setup = pooling_checks.max_backward_setup(fn, checked, taps, x_shape, window, strides, pads, data_format)
+        return setup, _problem(setup, checked.dtype)
+
+    setup, problem = prepared.get(rt, fn, (dy, argmax), (x_shape, window, strides, pads, data_format), prepare)
     dy = _float_array(fn, 'dy', dy, xp)
     argmax = argmax if isinstance(argmax, xp.ndarray) else xp.asarray(argmax)
-    setup = pooling_checks.max_backward_setup(fn, dy, argmax, x_shape, window, strides, pads, data_format)
-    problem = _problem(setup, dy.dtype)
     # taps of another integer dtype (a caller's own array) become the kernels' dtype on the device
     argmax = xp.ascontiguousarray(argmax, dtype=pooling_checks.tap_dtype(setup.window))
     gpuk_fn = functools.partial(_max_pool_bwd_gpuk, rt, problem)

@@ -26,7 +26,7 @@ from gpuk.contracts import softmax_xent_checks as checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
 from . import dispatch
 from .cudnn import softmax as cudnn_softmax
-from .runtime import deferred, register_build, resolve, to_host
+from .runtime import deferred, prepared, register_build, resolve, to_host
 
 __all__ = list(twin.__all__)
 
@@ -116,13 +116,19 @@ def _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis):
             _row_values(fn, 'dloss', rt, dloss, logits.shape, axis, acc))
 
 
-def _labels(fn, rt, labels, logits_shape, axis):
-    """int64 labels; their range is checked on the device (runtime/deferred.py: no host sync,
-    the error is raised where the results are read) and the kernels never index with a bad one."""
+def _label_shape(fn, rt, labels, logits_shape, axis):
+    """``labels`` as an array of rt.xp, its dtype and shape checked."""
     labels = labels if isinstance(labels, rt.xp.ndarray) else rt.xp.asarray(labels)
     if labels.dtype.kind not in 'iu':
         raise TypeError('%s: labels must be an integer array, got dtype %s' % (fn, labels.dtype))
     checks.reduced_shape_check(fn, 'labels', labels, logits_shape, axis)
+    return labels
+
+
+def _labels(fn, rt, labels, logits_shape, axis):
+    """int64 labels; their range is checked on the device (runtime/deferred.py: no host sync,
+    the error is raised where the results are read) and the kernels never index with a bad one."""
+    labels = _label_shape(fn, rt, labels, logits_shape, axis)
     classes = logits_shape[axis]
     if labels.size:
         deferred.defer(rt, rt.xp.any((labels < 0) | (labels >= classes)),
@@ -156,10 +162,21 @@ def _launch_rows(rt, dtype, name, rows, cols, args):
     kernel.launch(_row_blocks(rows, cols), ROW_THREADS, tuple(args) + (np.int64(rows), np.int64(cols)))
 
 
+def _checked_axis(rt, fn, arrays, axis, check):
+    """``check()``'s axis, once per problem signature (runtime/prepared.py): the checks of
+    dtypes and shapes run on the first call of a problem, not on the next ones."""
+    return prepared.get(rt, fn, arrays, (axis,), check)
+
+
 def _softmax_like_fwd(fn, x, axis, log_output, rt):
+    def check():
+        checked = _float(fn, 'x', rt, x)
+        checked_axis = checks.check_axis(fn, axis, checked.ndim)
+        _nonempty_axis(fn, 'x', checked.shape, checked_axis)
+        return checked_axis
+
+    axis = _checked_axis(rt, fn, (x,), axis, check)
     x = _float(fn, 'x', rt, x)
-    axis = checks.check_axis(fn, axis, x.ndim)
-    _nonempty_axis(fn, 'x', x.shape, axis)
     rows = _Rows(rt, x, axis)
     y = rows.empty(x.dtype)
     if rows.rows:
@@ -170,11 +187,15 @@ def _softmax_like_fwd(fn, x, axis, log_output, rt):
 
 
 def _softmax_like_bwd(fn, first_name, y, dy, axis, log_input, rt):
-    y = _float(fn, first_name, rt, y)
-    dy = _float(fn, 'dy', rt, dy)
-    checks.same_shape(fn, first_name, y, 'dy', dy)
-    axis = checks.check_axis(fn, axis, y.ndim)
-    _nonempty_axis(fn, first_name, y.shape, axis)
+    def check():
+        checked_y, checked_dy = _float(fn, first_name, rt, y), _float(fn, 'dy', rt, dy)
+        checks.same_shape(fn, first_name, checked_y, 'dy', checked_dy)
+        checked_axis = checks.check_axis(fn, axis, checked_y.ndim)
+        _nonempty_axis(fn, first_name, checked_y.shape, checked_axis)
+        return checked_axis
+
+    axis = _checked_axis(rt, fn, (y, dy), axis, check)
+    y, dy = _float(fn, first_name, rt, y), _float(fn, 'dy', rt, dy)
     rows = _Rows(rt, y, axis)
     dx = rows.empty(y.dtype)
     if rows.rows:
@@ -249,11 +270,16 @@ def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
         logits.
     """
     fn, rt = 'softmax_xent_fwd', resolve(runtime)
-    logits = _float(fn, 'logits', rt, logits)
-    target = _float(fn, 'target', rt, target)
-    checks.same_shape(fn, 'logits', logits, 'target', target)
-    axis = checks.check_axis(fn, axis, logits.ndim)
-    _nonempty_axis(fn, 'logits', logits.shape, axis)
+
+    def check():
+        checked, checked_target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
+        checks.same_shape(fn, 'logits', checked, 'target', checked_target)
+        checked_axis = checks.check_axis(fn, axis, checked.ndim)
+        _nonempty_axis(fn, 'logits', checked.shape, checked_axis)
+        return checked_axis
+
+    axis = _checked_axis(rt, fn, (logits, target), axis, check)
+    logits, target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
     rows = _Rows(rt, logits, axis)
     loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
     lse = rt.xp.empty(_reduced(rows), dtype=accumulation_dtype(logits.dtype))
@@ -266,12 +292,18 @@ def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
 def softmax_xent_bwd(logits, target, lse, dloss, axis=-1, *, runtime=None):
     """dlogits = (softmax(logits) * sum(target) - target) * dloss."""
     fn, rt = 'softmax_xent_bwd', resolve(runtime)
-    logits = _float(fn, 'logits', rt, logits)
-    target = _float(fn, 'target', rt, target)
-    checks.same_shape(fn, 'logits', logits, 'target', target)
-    axis = checks.check_axis(fn, axis, logits.ndim)
+
+    def check():
+        checked, checked_target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
+        checks.same_shape(fn, 'logits', checked, 'target', checked_target)
+        checked_axis = checks.check_axis(fn, axis, checked.ndim)
+        _saved_lse_and_dloss(fn, rt, lse, dloss, checked, checked_axis)
+        _nonempty_axis(fn, 'logits', checked.shape, checked_axis)
+        return checked_axis
+
+    axis = _checked_axis(rt, fn, (logits, target, lse, dloss), axis, check)
+    logits, target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
     lse, dloss = _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis)
-    _nonempty_axis(fn, 'logits', logits.shape, axis)
     rows = _Rows(rt, logits, axis)
     dlogits = rows.empty(logits.dtype)
     _launch_rows(rt, logits.dtype, 'softmax_xent_rows_bwd', rows.rows, rows.cols,
@@ -302,10 +334,17 @@ def sparse_softmax_xent_fwd(logits, labels, axis=-1, *, runtime=None):
         (loss, lse): loss = lse - logits[label], both with the input shape without axis.
     """
     fn, rt = 'sparse_softmax_xent_fwd', resolve(runtime)
+
+    def check():
+        checked = _float(fn, 'logits', rt, logits)
+        checked_axis = checks.check_axis(fn, axis, checked.ndim)
+        _label_shape(fn, rt, labels, checked.shape, checked_axis)
+        _nonempty_axis(fn, 'logits', checked.shape, checked_axis)
+        return checked_axis
+
+    axis = _checked_axis(rt, fn, (logits, labels), axis, check)
     logits = _float(fn, 'logits', rt, logits)
-    axis = checks.check_axis(fn, axis, logits.ndim)
     labels = _labels(fn, rt, labels, logits.shape, axis)
-    _nonempty_axis(fn, 'logits', logits.shape, axis)
     rows = _Rows(rt, logits, axis)
     loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
     lse = rt.xp.empty(_reduced(rows), dtype=accumulation_dtype(logits.dtype))
@@ -318,8 +357,16 @@ def sparse_softmax_xent_fwd(logits, labels, axis=-1, *, runtime=None):
 def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1, *, runtime=None):
     """dlogits = (softmax(logits) - one_hot(labels)) * dloss."""
     fn, rt = 'sparse_softmax_xent_bwd', resolve(runtime)
+
+    def check():
+        checked = _float(fn, 'logits', rt, logits)
+        checked_axis = checks.check_axis(fn, axis, checked.ndim)
+        _label_shape(fn, rt, labels, checked.shape, checked_axis)
+        _saved_lse_and_dloss(fn, rt, lse, dloss, checked, checked_axis)
+        return checked_axis
+
+    axis = _checked_axis(rt, fn, (logits, labels, lse, dloss), axis, check)
     logits = _float(fn, 'logits', rt, logits)
-    axis = checks.check_axis(fn, axis, logits.ndim)
     labels = _labels(fn, rt, labels, logits.shape, axis)
     lse, dloss = _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis)
     rows = _Rows(rt, logits, axis)

@@ -31,7 +31,7 @@ from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wg
                           local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
 from gpuk.contracts.dtypes import c_types
 from .direct import check_index_limit, lift3
-from ..runtime import check_launches_forced, register_build, resolve
+from ..runtime import prepared, register_build, resolve
 
 __all__ = list(twin.__all__)
 
@@ -122,13 +122,10 @@ def _module(rt, dtype, tile):
 
 
 # ---------------------------------------------------------------- prepared launches
-# A convolution's checks and launch set-up read only the arrays' types, shapes and dtypes and
-# the geometry parameters, so their results are kept per problem signature: a repeated
-# problem (every step of a training loop) skips the checks, the tile choice, the grid and the
-# scalar arguments and goes straight to the kernel handle. A signature with an unhashable
-# parameter (a list) is checked on every call.
-_PREPARED = {}
-_PREPARED_LIMIT = 4096   # problems kept before the table starts over (shapes churn in no real loop)
+# A convolution's checks and launch set-up are kept per problem signature (runtime/prepared.py,
+# with the precision policy among the parameters): a repeated problem (every step of a training
+# loop) skips the checks, the tile choice, the grid and the scalar arguments and goes straight
+# to the kernel handle.
 # The kernel itself is looked up per call (rt.load answers from a dict): the emulated runtime
 # swaps in instrumented builds when its sanitizer or counters are switched on.
 Launch = namedtuple('Launch', 'tile kernel_name grid threads out_shape scalars')
@@ -164,21 +161,8 @@ class Problem:
 
 
 def _prepared(rt, kind, arrays, params, prepare):
-    """The Problem of these arrays (types, shapes, dtypes) and parameters: prepare() the first
-    time, kept after; every call under GPUK_CHECK_LAUNCHES=1 or with an unhashable parameter
-    (a list) or a non-array, whose checks then raise the user's error."""
-    if check_launches_forced():
-        return prepare()
-    try:
-        key = (rt, kind, config.precision(), params) + tuple((type(a), a.shape, a.dtype) for a in arrays)
-        found = _PREPARED.get(key)
-    except (TypeError, AttributeError):
-        return prepare()
-    if found is None:
-        if len(_PREPARED) >= _PREPARED_LIMIT:
-            _PREPARED.clear()
-        found = _PREPARED[key] = prepare()
-    return found
+    """The Problem of these arrays and parameters (runtime/prepared.py: prepare() once per signature)."""
+    return prepared.get(rt, 'conv_' + kind, arrays, (config.precision(),) + params, prepare)
 
 
 def _kernel(rt, dtype, launch, name=None):

@@ -17,7 +17,11 @@ What is counted, and where (the runtime boundary, so every implementation is mea
   ``runtime.to_host`` or ``device.to_host`` (the step's final output copies included; the
   Plan reports its own in-step figure separately, ``in_step_syncs``).
 - ``allocations``: arrays a plan's steps created (outputs owning a new buffer, counted by
-  Plan.run) plus CuPy memory-pool mallocs where a real CuPy reports them (a MemoryHook).
+  Plan.run). Where a real CuPy reports them (a MemoryHook): ``pool_mallocs``, every request
+  to the memory pool (each new array, served from the pool's cache or not), and
+  ``device_allocs``, the pool's own device allocations (cudaMalloc: a request its cache
+  could not serve). A steady-state step of a plan has 0 of these (docs/architecture.md,
+  "memory plan").
 
 Counting costs two perf_counter calls per launch and is off unless ``counting()`` is active.
 """
@@ -33,6 +37,7 @@ class Counters:
         self.in_step_syncs = 0
         self.allocations = 0
         self.pool_mallocs = None     # set where a real CuPy memory hook counted them
+        self.device_allocs = None    # likewise: the pool's cudaMalloc calls
         self.graph_replays = 0
         self.replayed_launches = 0   # gpuk launches the replayed graphs hold (each graph launch counts 1)
         self.replayed_xp_steps = 0   # and their steps computed with xp (at least one CuPy kernel each)
@@ -109,7 +114,10 @@ def _pool_hook(counters):
         def malloc_preprocess(self, device_id, size, mem_size):
             counters.pool_mallocs = (counters.pool_mallocs or 0) + 1
 
-    counters.pool_mallocs = 0
+        def alloc_preprocess(self, device_id, mem_size):
+            counters.device_allocs = (counters.device_allocs or 0) + 1
+
+    counters.pool_mallocs = counters.device_allocs = 0
     return PoolMallocs()
 
 

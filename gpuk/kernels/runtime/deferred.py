@@ -6,8 +6,14 @@ per CTC or sparse cross-entropy call. Instead the launcher (or op) computes a 0-
 *flag* on the device ("some value is bad": a few small reductions, queued like any kernel)
 and registers it here with a *recheck*: a callable that runs the eager check on host copies
 and raises its ValueError. The flags are read later, all in one copy, where the results are
-read anyway: `raise_pending()`, which K.function calls after running its plan and before it
-commits any variable update, so a failed call still changes no variable.
+read anyway: `raise_pending()`, which K.function calls where it copies the step's outputs to
+the host (after the plan ran: no sync inside the step) and before it commits any variable
+update, so a failed call still changes no variable.
+
+A captured CUDA Graph (gpuk/cuda_graph.py) keeps the checks its capture registered
+(`collecting()`): the graph recomputes their flags and their union (`any_failed`) on each
+replay, masks its in-place update copies with the union, and the replay hands them back as one
+check on the union (`add_combined`) to be read with the outputs like a plain run's.
 
 Only a set flag costs more: its recheck copies the inputs to the host and raises the very
 message the eager check raised (same text, naming the K function and the argument). The
@@ -17,6 +23,7 @@ Eager instead of deferred: on NumPy arrays of the 'cpu' device (the twins check 
 nothing to save there), and under GPUK_SYNC_LAUNCHES=1 (debugging: the error at its call).
 The emulated runtime defers like the CUDA runtime, so the tests exercise this path.
 """
+import contextlib
 import os
 import threading
 
@@ -55,6 +62,37 @@ def defer(rt, flag, recheck):
         raise_pending()
 
 
+@contextlib.contextmanager
+def collecting():
+    """Checks registered inside the block go to the list it yields instead of the pending ones
+    (a graph capture keeps its checks for its replays; a warm-up reads its own)."""
+    outer = _pending()
+    _local.checks = collected = []
+    try:
+        yield collected
+    finally:
+        _local.checks = outer
+
+
+def add_combined(checks, failed):
+    """Makes ``checks`` (from ``collecting()``, their flags recomputed by a replay) pending
+    again as one check: ``failed`` (their ``any_failed`` flag, computed inside the replay) is
+    the one flag read, so a replay's read allocates nothing on the device; when it is set the
+    checks are read one by one and the first failed one raises its error."""
+    _pending().append((checks[0][0], failed, lambda: read(checks)))
+
+
+def any_failed(checks):
+    """One 1-element boolean device array: True when some flag of ``checks`` (a non-empty list
+    from ``collecting()``, one runtime's) is set; no host read."""
+    rt = checks[0][0]
+    return rt.xp.any(_flags(rt, [flag for _, flag, _ in checks])).reshape(1)
+
+
+def _flags(rt, flags):
+    return rt.xp.concatenate([rt.xp.asarray(flag, dtype=bool).reshape(-1)[:1] for flag in flags])
+
+
 def pending_count():
     """How many checks wait to be read (for tests)."""
     return len(_pending())
@@ -73,12 +111,19 @@ def raise_pending():
     if not checks:
         return
     _local.checks = []
+    read(checks)
+
+
+def read(checks):
+    """Reads the flags of ``checks`` (one device-to-host copy per runtime) and raises the first
+    failed check's ValueError."""
     by_runtime = {}
     for rt, flag, recheck in checks:
         by_runtime.setdefault(id(rt), (rt, []))[1].append((flag, recheck))
     for rt, entries in by_runtime.values():
-        flags = rt.xp.concatenate([rt.xp.asarray(flag, dtype=bool).reshape(-1)[:1] for flag, _ in entries])
-        bad = np.asarray(to_host(rt, flags), dtype=bool)
+        flags = [flag for flag, _ in entries]
+        joined = flags[0] if len(flags) == 1 else _flags(rt, flags)   # one flag: read as it is
+        bad = np.asarray(to_host(rt, joined), dtype=bool).reshape(-1)[:len(flags)]
         for is_bad, (_, recheck) in zip(bad, entries):
             if is_bad:
                 _run_recheck(recheck)

@@ -1,0 +1,72 @@
+"""Launches prepared once per problem: a launcher's checks and launch set-up run on its first
+call for a problem signature, and later calls for it go straight to the launch.
+
+    problem = prepared.get(rt, 'max_pool_fwd', (x,), (window, strides, pads, data_format),
+                           lambda: <the checks, then the kernel, grid, block, scalar arguments>)
+
+A launcher's argument checks (dtypes, ranks, shapes, geometry) and its launch set-up (kernel
+name and defines, grid, block, scalar arguments, output shapes) read only the *signature* of
+its arrays (type, shape, dtype) and its other parameters. ``get`` keeps what ``prepare()``
+returned per (runtime, launcher, parameters, array signatures): the first call of a problem
+checks it and raises the user's error; every later call of the same problem (each step of a
+K.function plan for the same input shapes: the same launches with the same signatures) skips
+both. What ``prepare()`` returns must hold no array (only sizes, names, numpy scalars): the
+per-call part still does the array work (contiguous copies, casts, outputs).
+
+Checked on every call instead:
+- with GPUK_CHECK_LAUNCHES=1 (the debug flag; read at import and by each
+  ``runtime.prepared_launches()`` block, i.e. each K.function call), which also keeps the
+  runtimes' per-launch argument checks on;
+- when a parameter is unhashable (a list of pads) or an "array" is neither one of the
+  runtime's arrays, None nor a host number (a NumPy array handed to the CUDA runtime, a
+  list): those are converted and checked per call, so their errors and conversions stay
+  exactly as before. Host numbers among the arrays (batch norm's decay) key by their type
+  only: a check that reads a number's value takes it among the parameters (epsilon).
+
+Values (labels in range, lengths) are not part of a signature: runtime/deferred.py checks them
+on the device on every call.
+"""
+import numpy as np
+
+from . import check_launches_forced
+
+_PREPARED = {}
+LIMIT = 4096   # problems kept before the table starts over (shapes churn in no real training loop)
+
+
+def get(rt, launcher, arrays, params, prepare):
+    """``prepare()``'s result for this problem: computed on its first call, kept after (see the
+    module docstring for when it runs on every call)."""
+    if check_launches_forced():
+        return prepare()
+    array_type = rt.xp.ndarray
+    try:
+        key = (rt, launcher, params) + tuple(_signature(a, array_type) for a in arrays)
+        found = _PREPARED.get(key)
+    except (TypeError, _NotAnArray):
+        return prepare()
+    if found is None:
+        if len(_PREPARED) >= LIMIT:
+            _PREPARED.clear()
+        found = _PREPARED[key] = prepare()
+    return found
+
+
+def clear():
+    """Forgets every prepared problem (tests that change what a preparation reads)."""
+    _PREPARED.clear()
+
+
+class _NotAnArray(Exception):
+    pass
+
+
+def _signature(value, array_type):
+    """What the checks read of one argument: a runtime array's shape and dtype; of an absent
+    one (None) or a host number (a NumPy scalar is also a NumPy-backed runtime's 0-d result)
+    only its type. A value a check reads belongs in ``params``."""
+    if type(value) is array_type:
+        return value.shape, value.dtype
+    if value is None or isinstance(value, (int, float, np.generic)):
+        return type(value)
+    raise _NotAnArray
