@@ -214,8 +214,8 @@ def _ctc(rt):
     yield f'beam 10 {config}', lambda: ctc.ctc_beam_search_decode(log_probs, args[2], 10, 1, runtime=rt)
 
 
-FAMILIES = ('elementwise', 'conv', 'conv_wgmma', 'conv_depthwise', 'conv_local', 'layout', 'pooling', 'batchnorm',
-            'softmax_xent', 'ctc')
+_PROBLEMS = {'elementwise': _elementwise, 'conv': _conv, 'conv_wgmma': _conv_wgmma, 'conv_depthwise': _conv_depthwise,
+             'conv_local': _conv_local, 'layout': _layout, 'pooling': _pooling,
              'batchnorm': _batchnorm, 'softmax_xent': _softmax_xent, 'ctc': _ctc}
 
 
