@@ -328,6 +328,7 @@ class Clip(Op):
 
 class SumToShapeOf(Op):
     """Sums ``g`` over the axes along which ``like`` was broadcast to reach g's shape."""
+    shape_only_inputs = (1,)
 
     def infer(self, g, like):
         return Meta(like.shape, g.dtype)
@@ -346,6 +347,7 @@ class SumToShapeOf(Op):
 
 class BroadcastLike(Op):
     """Broadcasts ``x`` to the (runtime) shape of ``like``."""
+    shape_only_inputs = (1,)
 
     def infer(self, x, like):
         return Meta(broadcast_shapes(x.shape, like.shape, 'broadcast_like'), x.dtype)

@@ -72,7 +72,9 @@ class Scan(Op):
     foldable = False  # the step may hold stateful ops (dropout noise)
 
     def __init__(self, seq_inputs, state_inputs, captured_inputs, step_outputs, state_outputs,
-                 reverse=False, where='scan'):
+                 reverse=False, where='scan', shape_only_outputs=()):
+        # step outputs whose readers want only their shape: stacked as a zero-strided stand-in
+        self.shape_only_outputs = frozenset(shape_only_outputs)
         self.seq_inputs = list(seq_inputs)
         self.state_inputs = list(state_inputs)
         self.captured_inputs = list(captured_inputs)
@@ -124,22 +126,42 @@ class Scan(Op):
             return self._no_steps(xp, states)
         plan = self._plan(impl)
         n_out = len(self.step_outputs)
-        outputs = [[None] * steps for _ in range(n_out)]
-        history = [[None] * steps for _ in range(n_state)]
+        # each step's values are written into the stacked results at once (no list of
+        # per-step arrays kept alive until a final stack)
+        history = [xp.empty((steps,) + tuple(s.shape), s.dtype) for s in states]
+        outputs = None
         for t in (range(steps - 1, -1, -1) if self.reverse else range(steps)):
-            for i, state in enumerate(states):
-                history[i][t] = state
+            for stacked, state in zip(history, states):
+                stacked[t] = state
             values = plan.run([s[t] for s in sequences] + states + captured)
+            if outputs is None:
+                outputs = [self._stacked_like(xp, i, steps, values[i]) for i in range(n_out)]
             for i in range(n_out):
-                outputs[i][t] = values[i]
+                if i not in self.shape_only_outputs:
+                    self._write_step(outputs[i], t, values[i])
             new_states = values[n_out:]
             for old, new in zip(states, new_states):
                 if new.shape != old.shape:
                     raise ValueError('%s: the step changed a state of shape %s into shape %s'
                                      % (self.where, old.shape, new.shape))
             states = [xp.asarray(s) for s in new_states]
-        results = [xp.stack(o) for o in outputs] + states + [xp.stack(h) for h in history]
+        results = outputs + states + history
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _stacked_like(self, xp, i, steps, value):
+        """The stacked result for step output ``i`` from its first step's ``value``: a buffer
+        to fill, or for a shape-only output zeros broadcast to the stacked shape (no memory)."""
+        value = xp.asarray(value)
+        shape = (steps,) + tuple(value.shape)
+        if i in self.shape_only_outputs:
+            return xp.broadcast_to(xp.zeros((), value.dtype), shape)
+        return xp.empty(shape, value.dtype)
+
+    def _write_step(self, stacked, t, value):
+        if tuple(value.shape) != stacked.shape[1:] or value.dtype != stacked.dtype:
+            raise ValueError('%s: step %d gave an output of shape %s and dtype %s, the steps before %s and %s'
+                             % (self.where, t, tuple(value.shape), value.dtype, stacked.shape[1:], stacked.dtype))
+        stacked[t] = value
 
     def _no_steps(self, xp, states):
         """The results of looping over empty sequences, as TensorFlow's: no outputs stacked
@@ -153,6 +175,41 @@ class Scan(Op):
         history = [xp.zeros((0,) + tuple(s.shape), s.dtype) for s in states]
         results = stacked + list(states) + history
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _residuals(self, backward_outputs):
+        """(residuals, the positions of those read for their shape alone): the forward step's
+        values that the backward step graph ``backward_outputs`` reads and that change from
+        step to step, except the step's inputs and what is cheap to recompute (elementwise
+        ops and slices, Op.cheap_to_recompute: the backward step computes them again from
+        the residuals). Values computed from the captured tensors alone are loop
+        invariants: recomputed too."""
+        inner = self.seq_inputs + self.state_inputs + self.captured_inputs
+        forward_nodes = topological_nodes(self.step_outputs + self.state_outputs, stop_at=set(inner))
+        varying = {id(t) for t in self.seq_inputs + self.state_inputs}
+        for node in forward_nodes:
+            if any(id(t) in varying for t in node.inputs):
+                varying.update(id(t) for t in node.outputs)
+        kept = {t for node in forward_nodes if not node.op.cheap_to_recompute()
+                for t in node.outputs if id(t) in varying}
+        shape_only = {}   # residual -> whether every read wants its shape alone
+        for node in topological_nodes(backward_outputs, stop_at=kept | set(inner)):
+            for position, t in enumerate(node.inputs):
+                if t in kept:
+                    shape_only[t] = shape_only.get(t, True) and position in node.op.shape_only_inputs
+        shape_only.update((t, False) for t in backward_outputs if t in kept)
+        return list(shape_only), [i for i, flag in enumerate(shape_only.values()) if flag]
+
+    def _stacked_residuals(self, inputs, residuals, shape_only):
+        """The ``residuals`` stacked over time: the outputs of this Scan extended with them as
+        more step outputs (ResidualScan), applied to the same inputs. A plan holding both
+        runs the extended Scan alone (fusion_scan.merge_residual_scans). The residuals
+        numbered in ``shape_only`` are read for their shape alone: zero-strided stand-ins."""
+        if not residuals:
+            return []
+        extended = ResidualScan(self, residuals, shape_only)
+        results = apply(extended, *inputs)
+        n_out = len(self.step_outputs)
+        return list(results[n_out:n_out + len(residuals)])
 
     def grad(self, inputs, outputs, output_grads):
         n_seq, n_state = len(self.seq_inputs), len(self.state_inputs)
@@ -188,16 +245,23 @@ class Scan(Op):
         g_seq = local[:len(float_seqs)]
         g_state = local[len(float_seqs):len(float_seqs) + len(float_states)]
         g_cap = local[len(float_seqs) + len(float_states):]
+        step_outputs = g_seq
+        state_outputs = [g + h for g, h in zip(g_state, dh)] + [acc + g for acc, g in zip(dc, g_cap)]
+        # the forward values the backward step reads come from the forward Scan, stacked
+        residuals, shape_only = self._residuals(step_outputs + state_outputs)
+        residual_ph = [Placeholder(t.shape, t.dtype, name='scan_residual') for t in residuals]
+        backward = clone(step_outputs + state_outputs, dict(zip(residuals, residual_ph)))
         back = Scan(
-            seq_inputs=list(self.seq_inputs) + list(self.state_inputs) + dy + dh,
+            seq_inputs=list(self.seq_inputs) + list(self.state_inputs) + dy + dh + residual_ph,
             state_inputs=ds + dc,
             captured_inputs=self.captured_inputs,
-            step_outputs=g_seq,
-            state_outputs=[g + h for g, h in zip(g_state, dh)] + [acc + g for acc, g in zip(dc, g_cap)],
+            step_outputs=backward[:len(step_outputs)],
+            state_outputs=backward[len(step_outputs):],
             reverse=not self.reverse,
             where=self.where + ' gradient')
         back_inputs = (seqs + list(history) + [d_stacked[i] for i in float_outs]
-                       + [d_history[i] for i in float_states] + [d_final[i] for i in float_states]
+                       + [d_history[i] for i in float_states] + self._stacked_residuals(inputs, residuals, shape_only)
+                       + [d_final[i] for i in float_states]
                        + [zeros_like(captured[i]) for i in float_caps] + captured)
         results = apply(back, *back_inputs)
         results = results if isinstance(results, tuple) else (results,)
@@ -210,6 +274,19 @@ class Scan(Op):
         for k, i in enumerate(float_caps):
             grads[n_seq + n_state + i] = results[n_gseq + len(float_states) + k]
         return grads
+
+
+class ResidualScan(Scan):
+    """A Scan with more stacked outputs: ``base``'s step outputs, then ``residuals`` (values
+    of its step graph that its gradient's step reads). Its outputs extend ``base``'s, so a
+    plan running both runs this one alone, in place of ``base``."""
+
+    def __init__(self, base, residuals, shape_only=()):
+        n_out = len(base.step_outputs)
+        super().__init__(base.seq_inputs, base.state_inputs, base.captured_inputs,
+                         base.step_outputs + list(residuals), base.state_outputs, base.reverse, base.where,
+                         base.shape_only_outputs | {n_out + i for i in shape_only})
+        self.base = base
 
 
 def scan(step_graph_inputs, step_graph_outputs, sequences, initial_states, reverse=False, where='scan'):

@@ -495,6 +495,9 @@ def _getitem_shape(template, shape):
 
 
 class Getitem(Op):
+    def cheap_to_recompute(self):
+        return True   # a slice: a view of its input
+
     def __init__(self, template):
         self.template = template
 
@@ -511,6 +514,7 @@ class Getitem(Op):
 
 class ScatterSlice(Op):
     """Zeros shaped like ``like`` with ``g`` written at ``like[key]`` (Getitem's gradient)."""
+    shape_only_inputs = (1,)
 
     def __init__(self, template):
         self.template = template
