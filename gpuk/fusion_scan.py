@@ -7,7 +7,8 @@ ResidualScan on the same inputs runs the ResidualScan alone in the Scan's place:
 loop, and the backward step recomputes nothing of the forward.
 
 Pruning: stacked per-step outputs that nothing in the plan reads are dropped from the step
-graph, so the loop does not compute them.
+graph, so the loop does not compute them, and state histories nothing reads are not recorded
+(a gradient's weight-gradient accumulators would copy a (time, in, out) history per step).
 
 The gradient of a Scan computes, per time step, the gradient of every float sequence it
 read: for ``K.rnn`` over a model's input that is d(loss)/d(inputs), a (batch, features) GEMM
@@ -57,26 +58,30 @@ def _merge_one(steps, protected):
 
 
 def prune_scan_outputs(steps, protected):
-    """The steps with each Scan's unread stacked outputs removed (see the module docstring)."""
+    """The steps with each Scan's unread stacked outputs and state histories removed (see the
+    module docstring); an unrecorded history's slot holds None, which nothing reads."""
     read = {s for _, ins, _ in steps for s in ins} | set(protected)
     pruned = []
     for op, ins, outs in steps:
         if isinstance(op, Scan):
-            n_out = len(op.step_outputs)
+            n_out, n_state = len(op.step_outputs), len(op.state_inputs)
             keep = tuple(i for i in range(n_out) if outs[i] in read)
-            if len(keep) < n_out:
-                op = _without_outputs(op, keep)
+            history = tuple(i for i in range(n_state) if outs[n_out + n_state + i] in read)
+            if len(keep) < n_out or history != op.recorded_history:
+                op = _without_outputs(op, keep, history)
                 outs = [outs[i] for i in keep] + list(outs[n_out:])
         pruned.append((op, ins, outs))
     return pruned
 
 
-def _without_outputs(scan, keep):
-    """The Scan computing only the stacked outputs ``keep`` (memoized on the original, so a
-    plan compiled again reuses the pruned Scan's compiled step plan)."""
+def _without_outputs(scan, keep, history):
+    """The Scan computing only the stacked outputs ``keep`` and the histories of the states
+    ``history`` (memoized on the original, so a plan compiled again reuses the pruned Scan's
+    compiled step plan)."""
     cache = scan.__dict__.setdefault('_pruned', {})
-    if keep not in cache:
-        cache[keep] = Scan(scan.seq_inputs, scan.state_inputs, scan.captured_inputs,
-                           [scan.step_outputs[i] for i in keep], scan.state_outputs, scan.reverse, scan.where,
-                           [k for k, i in enumerate(keep) if i in scan.shape_only_outputs])
-    return cache[keep]
+    if (keep, history) not in cache:
+        cache[keep, history] = Scan(
+            scan.seq_inputs, scan.state_inputs, scan.captured_inputs, [scan.step_outputs[i] for i in keep],
+            scan.state_outputs, scan.reverse, scan.where,
+            [k for k, i in enumerate(keep) if i in scan.shape_only_outputs], history)
+    return cache[keep, history]

@@ -72,9 +72,13 @@ class Scan(Op):
     foldable = False  # the step may hold stateful ops (dropout noise)
 
     def __init__(self, seq_inputs, state_inputs, captured_inputs, step_outputs, state_outputs,
-                 reverse=False, where='scan', shape_only_outputs=()):
+                 reverse=False, where='scan', shape_only_outputs=(), recorded_history=None):
         # step outputs whose readers want only their shape: stacked as a zero-strided stand-in
         self.shape_only_outputs = frozenset(shape_only_outputs)
+        # the states whose history is recorded (the others' history output is None: a plan
+        # prunes those it does not read, fusion_scan.prune_scan_outputs)
+        self.recorded_history = (tuple(range(len(state_inputs))) if recorded_history is None
+                                 else tuple(recorded_history))
         self.seq_inputs = list(seq_inputs)
         self.state_inputs = list(state_inputs)
         self.captured_inputs = list(captured_inputs)
@@ -128,11 +132,13 @@ class Scan(Op):
         n_out = len(self.step_outputs)
         # each step's values are written into the stacked results at once (no list of
         # per-step arrays kept alive until a final stack)
-        history = [xp.empty((steps,) + tuple(s.shape), s.dtype) for s in states]
+        history = [xp.empty((steps,) + tuple(s.shape), s.dtype) if i in self.recorded_history else None
+                   for i, s in enumerate(states)]
+        recorded = [(i, history[i]) for i in self.recorded_history]
         outputs = None
         for t in (range(steps - 1, -1, -1) if self.reverse else range(steps)):
-            for stacked, state in zip(history, states):
-                stacked[t] = state
+            for i, stacked in recorded:
+                stacked[t] = states[i]
             values = plan.run([s[t] for s in sequences] + states + captured)
             if outputs is None:
                 outputs = [self._stacked_like(xp, i, steps, values[i]) for i in range(n_out)]
