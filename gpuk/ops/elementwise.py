@@ -335,6 +335,8 @@ class SumToShapeOf(Op):
 
     def forward(self, impl, g, like):
         target = like.shape
+        if g.shape == target:   # nothing was broadcast (the common case)
+            return g
         extra = g.ndim - len(target)
         axes = tuple(range(extra)) + tuple(
             extra + i for i, d in enumerate(target) if d == 1 and g.shape[extra + i] != 1)
