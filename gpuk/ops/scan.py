@@ -110,12 +110,19 @@ class Scan(Op):
         history = [Meta((steps,) + tuple(m.shape), m.dtype) for m in metas[n_seq:n_seq + n_state]]
         return tuple(stacked + finals + history)
 
-    def _plan(self, impl):
-        plan = self._plans.get(id(impl))
+    def _plan(self, impl, arrays):
+        """The step plan for step inputs of these shapes: compiled on a copy of the step graph
+        whose inputs have them, so that the plan knows every shape (a gradient's
+        SumToShapeOf between equal shapes drops out, gpuk/fusion_gradients.py). One plan per
+        implementation and input signature, like a K.function's CUDA graphs."""
+        signature = (id(impl),) + tuple((tuple(a.shape), a.dtype.name) for a in arrays)
+        plan = self._plans.get(signature)
         if plan is None or plan.impl is not impl or plan.precision != config.precision():
-            plan = compile_plan(self.seq_inputs + self.state_inputs + self.captured_inputs,
-                                self.step_outputs + self.state_outputs, impl)
-            self._plans[id(impl)] = plan
+            inner = self.seq_inputs + self.state_inputs + self.captured_inputs
+            shaped = [Placeholder(tuple(a.shape), t.dtype, name='scan_step_input') for t, a in zip(inner, arrays)]
+            outputs = clone(self.step_outputs + self.state_outputs, dict(zip(inner, shaped)))
+            plan = compile_plan(shaped, outputs, impl)
+            self._plans[signature] = plan
         return plan
 
     def forward(self, impl, *arrays):
@@ -128,7 +135,8 @@ class Scan(Op):
             raise ValueError('%s: sequences of different lengths %s' % (self.where, [s.shape[0] for s in sequences]))
         if steps == 0:
             return self._no_steps(xp, states)
-        plan = self._plan(impl)
+        first = steps - 1 if self.reverse else 0
+        plan = self._plan(impl, [s[first] for s in sequences] + states + captured)
         n_out = len(self.step_outputs)
         # each step's values are written into the stacked results at once (no list of
         # per-step arrays kept alive until a final stack)

@@ -1,21 +1,44 @@
-"""Plan-time merging of the gradient of a tensor split into slices.
+"""Plan-time simplification of gradient plumbing: the steps autodiff adds to route
+gradients (to a broadcast input, to the parts of a sliced tensor) where the plan's static
+shapes show they are not needed or can be one step.
 
-Slicing one tensor into parts (an LSTM's or GRU's gate pre-activations ``z[:, :units]``,
-``z[:, units:2 * units]``, ...) has as gradient one ScatterSlice per part (zeros of z's shape
-with the part's gradient written in) and the sum of those: per part a zero-filled buffer of
-the whole tensor's size, and one add per part. When the slices are static and disjoint, the
-sum is one buffer with each gradient written at its slice: ScatterSlices (gpuk/ops/shape.py).
+Identity broadcasts (``drop_identity_broadcasts``): the gradient of a broadcasting op sums
+it back to each input's shape with SumToShapeOf(g, like), and broadcasts with
+BroadcastLike(x, like); when both shapes are fully known at plan time and equal (a Scan's
+step plan is compiled for the shapes it runs with, gpuk/ops/scan.py), the step is the
+identity: its readers read g (or x) instead, and elementwise chains around it can fuse.
 
-The pass rewrites ``add(a, b)`` where a and b are each a ScatterSlice (no dynamic index) or
-an already merged ScatterSlices of the same ``like`` slot, with disjoint keys, and each has
-that add as its only reader (and is not a plan target): the add's step becomes the merged
-ScatterSlices (all its inputs were computed before the add), the two scatters go away.
-Chains ``add(add(s1, s2), s3)`` merge step by step.
+Slice gradients (``merge_slice_gradients``): slicing one tensor into parts (an LSTM's or
+GRU's gate pre-activations ``z[:, :units]``, ``z[:, units:2 * units]``, ...) has as gradient
+one ScatterSlice per part (zeros of z's shape with the part's gradient written in) and the
+sum of those: per part a zero-filled buffer of the whole tensor's size, and one add per
+part. When the slices are static and disjoint, the sum is one buffer with each gradient
+written at its slice: ScatterSlices (gpuk/ops/shape.py). The pass rewrites ``add(a, b)``
+where a and b are each a ScatterSlice (no dynamic index) or an already merged ScatterSlices
+of the same ``like`` slot, with disjoint keys, and each has that add as its only reader (and
+is not a plan target): the add's step becomes the merged ScatterSlices (all its inputs were
+computed before the add), the two scatters go away. Chains ``add(add(s1, s2), s3)`` merge
+step by step.
 """
 from collections import Counter
 
-from gpuk.ops.elementwise import Binary
+from gpuk.ops.elementwise import Binary, BroadcastLike, SumToShapeOf
 from gpuk.ops.shape import ScatterSlice, ScatterSlices
+
+
+def drop_identity_broadcasts(steps, protected, slot_shapes):
+    """The steps without the SumToShapeOf / BroadcastLike between equal, fully known shapes
+    (see the module docstring); their readers read the step's first input instead."""
+    rename, kept = {}, []
+    for op, ins, outs in steps:
+        ins = [rename.get(s, s) for s in ins]
+        if type(op) in (SumToShapeOf, BroadcastLike) and outs[0] not in protected:
+            source, like = slot_shapes.get(ins[0]), slot_shapes.get(ins[1])
+            if source is not None and source == like and None not in source:
+                rename[outs[0]] = ins[0]
+                continue
+        kept.append((op, ins, outs))
+    return kept
 
 
 def merge_slice_gradients(steps, protected):
