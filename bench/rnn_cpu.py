@@ -75,13 +75,13 @@ def torch_step(cell):
     return step
 
 
-def step_ms(step, steps):
-    """The median time of ``steps`` calls of ``step``, in ms."""
+def step_ms(step, steps, clock):
+    """The median time of ``steps`` calls of ``step`` on ``clock``, in ms."""
     times = []
     for _ in range(steps):
-        start = time.perf_counter()
+        start = clock()
         step()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return 1e3 * statistics.median(times)
 
 
@@ -91,18 +91,23 @@ def main(argv=None):
     parser.add_argument('--impls', default='gpuk,torch')
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--clock', choices=('wall', 'cpu'), default='wall',
+                        help="wall: elapsed time; cpu: this thread's CPU time (both sides run on "
+                             "the calling thread), less disturbed by other processes on a shared machine")
     args = parser.parse_args(argv)
+    clock = time.perf_counter if args.clock == 'wall' else time.thread_time
     fusion = os.environ.get('GPUK_FUSION', '1')
     impls = args.impls.split(',')
     for cell in args.cells.split(','):
         steps = {impl: keras_step(cell) if impl == 'gpuk' else torch_step(cell) for impl in impls}
         for step in steps.values():
             step()   # compile / warm up
-        rounds = [{impl: step_ms(step, args.steps) for impl, step in steps.items()} for _ in range(args.repeats)]
+        rounds = [{impl: step_ms(step, args.steps, clock) for impl, step in steps.items()} for _ in range(args.repeats)]
         for impl in impls:
             label = 'gpuk (GPUK_FUSION=%s)' % fusion if impl == 'gpuk' else 'torch %s' % __import__('torch').__version__
             ms = statistics.median(r[impl] for r in rounds)
-            print('%s(%d) x %d steps, batch %d | %-22s | %8.2f ms/step' % (cell, UNITS, STEPS, BATCH, label, ms))
+            print('%s(%d) x %d steps, batch %d | %-22s | %8.2f ms/step (%s)' % (cell, UNITS, STEPS, BATCH, label, ms,
+                                                                             args.clock))
         if len(impls) == 2:
             ratio = statistics.median(r[impls[0]] / r[impls[1]] for r in rounds)
             print('%s(%d) x %d steps, batch %d | %-22s | %8.2f x' % (cell, UNITS, STEPS, BATCH,
