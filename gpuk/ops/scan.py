@@ -86,7 +86,8 @@ class Scan(Op):
         self.state_outputs = list(state_outputs)
         self.reverse = reverse
         self.where = where
-        self._plans = {}
+        self._plans = {}       # input signature -> step plan
+        self._prologues = {}   # input signature -> the plan of the loop invariants, or None
         for placeholder, new_state in zip(self.state_inputs, self.state_outputs):
             if placeholder.dtype != new_state.dtype:
                 raise ValueError('%s: the step returns a state of dtype %s for a state of dtype %s'
@@ -111,19 +112,29 @@ class Scan(Op):
         return tuple(stacked + finals + history)
 
     def _plan(self, impl, arrays):
-        """The step plan for step inputs of these shapes: compiled on a copy of the step graph
-        whose inputs have them, so that the plan knows every shape (a gradient's
-        SumToShapeOf between equal shapes drops out, gpuk/fusion_gradients.py). One plan per
-        implementation and input signature, like a K.function's CUDA graphs."""
+        """(prologue, step plan) for step inputs of these shapes (``arrays``: one step's
+        sequence slices, the states, the captured tensors).
+
+        The step graph is copied with inputs of these shapes, so that the plan knows every
+        shape (a gradient's SumToShapeOf between equal shapes drops out,
+        gpuk/fusion_gradients.py). Its loop invariants (pure ops reading only captured
+        tensors, like the transposed recurrent kernel a gradient step multiplies by) move to
+        the prologue, a plan run once per loop whose results the step plan reads as inputs.
+        One pair per implementation and input signature, like a K.function's CUDA graphs;
+        the step plans stay in ``_plans`` (the plan reports read them there)."""
         signature = (id(impl),) + tuple((tuple(a.shape), a.dtype.name) for a in arrays)
         plan = self._plans.get(signature)
         if plan is None or plan.impl is not impl or plan.precision != config.precision():
             inner = self.seq_inputs + self.state_inputs + self.captured_inputs
             shaped = [Placeholder(tuple(a.shape), t.dtype, name='scan_step_input') for t, a in zip(inner, arrays)]
             outputs = clone(self.step_outputs + self.state_outputs, dict(zip(inner, shaped)))
-            plan = compile_plan(shaped, outputs, impl)
+            n_varying = len(self.seq_inputs) + len(self.state_inputs)
+            invariants = _loop_invariants(outputs, shaped[:n_varying], shaped[n_varying:])
+            self._prologues[signature] = (compile_plan(shaped[n_varying:], invariants, impl)
+                                          if invariants else None)
+            plan = compile_plan(shaped + invariants, outputs, impl)
             self._plans[signature] = plan
-        return plan
+        return self._prologues[signature], plan
 
     def forward(self, impl, *arrays):
         xp = impl.xp
@@ -136,7 +147,10 @@ class Scan(Op):
         if steps == 0:
             return self._no_steps(xp, states)
         first = steps - 1 if self.reverse else 0
-        plan = self._plan(impl, [s[first] for s in sequences] + states + captured)
+        prologue, plan = self._plan(impl, [s[first] for s in sequences] + states + captured)
+        # loop invariants computed once, contiguous (a transposed matrix is a faster GEMM
+        # operand copied than as a strided view)
+        captured = captured + ([] if prologue is None else [xp.ascontiguousarray(v) for v in prologue.run(captured)])
         n_out = len(self.step_outputs)
         # each step's values are written into the stacked results at once (no list of
         # per-step arrays kept alive until a final stack)
@@ -301,6 +315,24 @@ class ResidualScan(Scan):
                          base.step_outputs + list(residuals), base.state_outputs, base.reverse, base.where,
                          base.shape_only_outputs | {n_out + i for i in shape_only})
         self.base = base
+
+
+def _loop_invariants(outputs, varying, captured):
+    """The tensors of the step graph ``outputs`` computed by pure (foldable) ops from the
+    ``captured`` inputs and constants alone, that a step-dependent op (or the step's
+    outputs) reads: what a loop can compute once before its first step."""
+    nodes = topological_nodes(outputs, stop_at=set(varying) | set(captured))
+    invariant = set(captured)
+    for node in nodes:
+        if node.op.foldable and all(t in invariant or (t.node is None and isinstance(t, Constant))
+                                    for t in node.inputs):
+            invariant.update(node.outputs)
+    frontier = {}
+    for node in nodes:
+        if not all(t in invariant for t in node.outputs):
+            frontier.update((t, None) for t in node.inputs if t in invariant and t.node is not None)
+    frontier.update((t, None) for t in outputs if t in invariant and t.node is not None)
+    return list(frontier)
 
 
 def scan(step_graph_inputs, step_graph_outputs, sequences, initial_states, reverse=False, where='scan'):
