@@ -93,7 +93,8 @@ def _disjoint(templates):
     differing = [axis for axis in range(len(templates[0])) if len({repr(t[axis]) for t in templates}) > 1]
     if len(differing) != 1 or any(k is not None and not isinstance(k, slice) for k in templates[0]):
         return False
-    intervals = sorted(_interval(t[differing[0]]) or (None, None) for t in templates)
-    if any(start is None for start, _ in intervals):
+    intervals = [_interval(t[differing[0]]) for t in templates]
+    if None in intervals:
         return False
+    intervals.sort()
     return all(stop <= next_start for (_, stop), (next_start, _) in zip(intervals, intervals[1:]))

@@ -1,0 +1,126 @@
+"""The gradient of a scan (K.rnn) as a training plan runs it: the forward loop runs once and
+keeps the values its gradient reads (ResidualScan, merged in the plan), the backward step
+recomputes no GEMM of the forward, its gradient plumbing between equal shapes and over gate
+slices is gone (gpuk/fusion_gradients.py), its loop invariants run once, and unread state
+histories are not recorded. Values: float64 finite differences and NumPy references."""
+import numpy as np
+
+from gpuk import backend as K
+from gpuk.fusion_gradients import _disjoint
+from gpuk.ops.scan import Scan
+from gpuk.ops.shape import ScatterSlice, ScatterSlices
+from tests.evaluation import compiled_with_fusion, plan_ops
+from tests.gradcheck import check_gradients
+
+UNITS = 3
+
+
+def _lstm_like(w, u, b):
+    """An LSTM cell written as Keras 2.3.1 writes it (implementation 2): one GEMM per
+    operand for all gates, a bias, gate slices, sigmoid and tanh."""
+    def step(x_t, states):
+        h, c = states
+        z = K.bias_add(K.dot(x_t, w) + K.dot(h, u), b)
+        i, f = K.sigmoid(z[:, :UNITS]), K.sigmoid(z[:, UNITS:2 * UNITS])
+        g, o = K.tanh(z[:, 2 * UNITS:3 * UNITS]), K.sigmoid(z[:, 3 * UNITS:])
+        c = f * c + i * g
+        h = o * K.tanh(c)
+        return h, [h, c]
+    return step
+
+
+def _loss(x, w, u, b):
+    zeros = K.zeros_like(x[:, 0, :1]) * K.zeros((1, UNITS), dtype=x.dtype)
+    last, _, _ = K.rnn(_lstm_like(w, u, b), x, [zeros, zeros])
+    return K.sum(last * last)
+
+
+def _arrays(dtype):
+    rng = np.random.default_rng(5)
+    return (rng.standard_normal((2, 4, 2)).astype(dtype),
+            rng.standard_normal((2, 4 * UNITS)).astype(dtype) * 0.5,
+            rng.standard_normal((UNITS, 4 * UNITS)).astype(dtype) * 0.5,
+            rng.standard_normal((4 * UNITS,)).astype(dtype) * 0.1)
+
+
+def _step_op_names(scan):
+    (plan,) = scan._plans.values()
+    return [type(forward.__self__).__name__ for forward, _, _, _ in plan.steps]
+
+
+def test_lstm_like_scan_gradients_match_finite_differences():
+    check_gradients(_loss, *_arrays(np.float64), rtol=1e-5, atol=1e-8)
+
+
+def test_training_plan_runs_the_forward_loop_once_and_recomputes_no_gemm(monkeypatch):
+    arrays = _arrays(np.float32)
+    x, w, u, b = [K.placeholder(a.shape, dtype='float32') for a in arrays]
+    loss = _loss(x, w, u, b)
+    grads = K.gradients(loss, [w, u, b])
+    f = compiled_with_fusion(monkeypatch, True, [x, w, u, b], [loss] + grads)
+    got = f(list(arrays))
+    plain = compiled_with_fusion(monkeypatch, False, [x, w, u, b], [loss] + grads)
+    for g, want in zip(got, plain(list(arrays))):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+
+    scans = [op for op in plan_ops(f) if isinstance(op, Scan)]
+    assert [op.where for op in scans] == ['rnn', 'rnn gradient']
+    forward, backward = scans
+    assert backward.recorded_history == ()   # nothing reads the gradient loop's state history
+    forward_ops, backward_ops = _step_op_names(forward), _step_op_names(backward)
+    assert forward_ops.count('MatMul') == 2
+    # dz @ u^T, h^T @ dz, x^T @ dz: none of the forward's GEMMs again
+    assert backward_ops.count('MatMul') == 3
+    # u^T is a loop invariant (the prologue's); the transposes of h and x vary per step
+    assert backward_ops.count('Transpose') == 2
+    # the gate slices' gradients are one buffer; no SumToShapeOf between equal shapes remains
+    assert backward_ops.count('ScatterSlices') == 1 and 'ScatterSlice' not in backward_ops
+    assert 'SumToShapeOf' not in backward_ops
+
+
+def test_the_gradient_reads_the_forward_steps_random_values(monkeypatch):
+    # noise drawn inside the step: the gradient must use the noise the outputs were made
+    # with, so the forward loop must run once (the plan merges the Scan and its ResidualScan)
+    x = K.placeholder((3, 5, 4), dtype='float64')
+
+    def step(x_t, states):
+        y = x_t * K.random_uniform(K.shape(x_t), 0.5, 1.5, dtype='float64')
+        return y, [states[0] + y]
+    init = K.zeros_like(x[:, 0])
+    _, outputs, _ = K.rnn(step, x, [init])
+    weights = K.constant(np.arange(60, dtype=np.float64).reshape(3, 5, 4))
+    (g,) = K.gradients(K.sum(outputs * weights), [x])
+    values = np.random.default_rng(2).uniform(1, 2, (3, 5, 4))
+    for fusion in (True, False):
+        out, got = compiled_with_fusion(monkeypatch, fusion, [x], [outputs, g])([values])
+        np.testing.assert_allclose(got, out / values * weights.value, rtol=1e-12)
+
+
+def _slice_gradient(monkeypatch, first, second):
+    x = K.placeholder((2, 6), dtype='float64')
+    a, b = K.constant(np.full((2, 3), 2.0)), K.constant(np.full((2, 3), 5.0))
+    (g,) = K.gradients(K.sum(x[:, first] * a) + K.sum(x[:, second] * b), [x])
+    f = compiled_with_fusion(monkeypatch, True, [x], [g])
+    (value,) = f([np.ones((2, 6))])
+    return value, [type(op) for op in plan_ops(f)]
+
+
+def test_disjoint_slice_gradients_become_one_scatter(monkeypatch):
+    value, ops = _slice_gradient(monkeypatch, slice(0, 3), slice(3, None))
+    np.testing.assert_array_equal(value, [[2, 2, 2, 5, 5, 5]] * 2)
+    assert ScatterSlices in ops and ScatterSlice not in ops
+
+
+def test_overlapping_slice_gradients_stay_a_sum(monkeypatch):
+    value, ops = _slice_gradient(monkeypatch, slice(0, 3), slice(2, 5))
+    np.testing.assert_array_equal(value, [[2, 2, 7, 5, 5, 0]] * 2)
+    assert ScatterSlices not in ops and ops.count(ScatterSlice) == 2
+
+
+def test_disjoint_keys():
+    full = slice(None)
+    assert _disjoint([(full, slice(0, 3)), (full, slice(3, 6)), (full, slice(6, None))])
+    assert not _disjoint([(full, slice(0, 3)), (full, slice(2, None))])
+    assert not _disjoint([(slice(0, 1), slice(0, 3)), (full, slice(3, 6))])   # two axes differ
+    assert not _disjoint([(full, slice(0, 4, 2)), (full, slice(1, 5, 2))])     # strided: not checked
+    assert not _disjoint([(full, slice(-3, None)), (full, slice(0, 3))])       # negative bounds
