@@ -20,8 +20,9 @@ def _sigmoid(xp, x):
     # float16 computes in float32 (its exp overflows from x < -11, where the result is still
     # representable). Four ufuncs: the logaddexp form cost 4x more, the bulk of an LSTM step.
     wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    e = xp.negative(wide)
     with np.errstate(over='ignore'):
-        e = xp.exp(-wide)
+        xp.exp(e, out=e)   # in place: one buffer for the whole sigmoid
     e += 1
     return xp.reciprocal(e, out=e).astype(x.dtype, copy=False)
 
