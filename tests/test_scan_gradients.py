@@ -6,6 +6,7 @@ histories are not recorded. Values: float64 finite differences and NumPy referen
 import numpy as np
 
 from gpuk import backend as K
+from gpuk.graph import apply
 from gpuk.fusion_gradients import _disjoint
 from gpuk.ops.scan import Scan
 from gpuk.ops.shape import ScatterSlice, ScatterSlices
@@ -124,3 +125,25 @@ def test_disjoint_keys():
     assert not _disjoint([(slice(0, 1), slice(0, 3)), (full, slice(3, 6))])   # two axes differ
     assert not _disjoint([(full, slice(0, 4, 2)), (full, slice(1, 5, 2))])     # strided: not checked
     assert not _disjoint([(full, slice(-3, None)), (full, slice(0, 3))])       # negative bounds
+
+
+def test_loop_invariants_run_once_and_keep_their_shapes():
+    # a step reading transpose(w) and sum(w) (a scalar), w captured: the prologue computes
+    # both once per loop, the step reads them with their own shapes (the scalar stays 0-d).
+    # Built as a Scan node directly: K.rnn and map_fn compute such values outside the step
+    # (find_captured); inside, they come from gradients (a backward step's transposed kernel).
+    rng = np.random.default_rng(4)
+    xs, ws = rng.standard_normal((3, 2, 4)), rng.standard_normal((4, 4))
+    x, w = K.placeholder((3, 2, 4), dtype='float64'), K.placeholder((4, 4), dtype='float64')
+    x_t, w_inner = K.placeholder((2, 4), dtype='float64'), K.placeholder((4, 4), dtype='float64')
+    total = K.sum(w_inner)
+    scan = Scan([x_t], [], [w_inner], [K.dot(x_t, K.transpose(w_inner)) * total, total], [])
+    products, sums = apply(scan, x, w)
+    f = K.function([x, w], [products, sums])
+    got, got_sums = f([xs, ws])
+    np.testing.assert_allclose(got, xs @ ws.T * ws.sum(), rtol=1e-12)
+    np.testing.assert_allclose(got_sums, np.full(3, ws.sum()), rtol=1e-12)
+    assert got_sums.shape == (3,)
+    (prologue,) = scan._prologues.values()
+    assert [type(forward.__self__).__name__ for forward, _, _, _ in prologue.steps] == ['Reduce', 'Transpose']
+    assert _step_op_names(scan) == ['MatMul', 'Binary']
