@@ -1,5 +1,8 @@
 """Elementwise ops: unary math, binary math with broadcasting, comparisons, casts, where,
 and the broadcasting helpers gradients use (sum_to_shape_of / broadcast_like)."""
+import functools
+import operator
+
 import numpy as np
 
 from gpuk import config
@@ -53,6 +56,9 @@ UNARY = {
     'isnan': (lambda xp, x: xp.isnan(x), None),
     'isinf': (lambda xp, x: xp.isinf(x), None),
 }
+# the unary ops whose forward is the array module's function of that name (UNARY's lambdas)
+_XP_FUNCTION_UNARY = ('abs', 'sign', 'sqrt', 'exp', 'log', 'log1p', 'expm1', 'sin', 'cos', 'tanh',
+                      'round', 'floor', 'ceil', 'logical_not', 'isnan', 'isinf')
 _BOOL_RESULT = ('logical_not', 'isnan', 'isinf')
 
 # The element expression of each unary op that fused elementwise kernels can compute
@@ -97,6 +103,15 @@ class Unary(Op):
 
     def forward(self, impl, x):
         return UNARY[self.name][0](impl.xp, x)
+
+    def bound_forward(self, impl):
+        """``forward`` with ``impl`` bound, as few Python calls deep as possible (a fused
+        step's NumPy twin calls it per op and step): the same function, so the same results."""
+        if self.name in _XP_FUNCTION_UNARY:
+            return getattr(impl.xp, self.name)
+        if self.name == 'negative':
+            return operator.neg
+        return functools.partial(UNARY[self.name][0], impl.xp)
 
     def c_expression(self):
         """The element expression for fused kernels, or None (gpuk/fusion_elementwise.py)."""
@@ -157,6 +172,10 @@ BINARY_C = {
     'logical_or': '({0} || {1})',
     'logical_xor': '(!{0} != !{1})',
 }
+# the binary ops whose forward is a Python operator on the operands (BINARY's lambdas)
+_OPERATORS = {'add': operator.add, 'subtract': operator.sub, 'multiply': operator.mul,
+              'less': operator.lt, 'less_equal': operator.le, 'greater': operator.gt,
+              'greater_equal': operator.ge, 'equal': operator.eq, 'not_equal': operator.ne}
 _COMPARISONS = ('less', 'less_equal', 'greater', 'greater_equal', 'equal', 'not_equal',
                 'logical_and', 'logical_or', 'logical_xor')
 
@@ -205,6 +224,15 @@ class Binary(Op):
 
     def c_expression(self):
         return BINARY_C.get(self.name)
+
+    def bound_forward(self, impl):
+        """``forward`` with ``impl`` bound (see Unary.bound_forward): the Python operator
+        itself for the ops whose forward is one (``a + b`` is what the table's lambda runs)."""
+        if self.name in _OPERATORS:
+            return _OPERATORS[self.name]
+        if self.name == 'divide':   # int / int becomes floatx: the full forward
+            return functools.partial(self.forward, impl)
+        return functools.partial(BINARY[self.name], impl.xp)
 
     def grad(self, inputs, outputs, output_grads):
         a, b = inputs
