@@ -72,9 +72,13 @@ class Scan(Op):
     foldable = False  # the step may hold stateful ops (dropout noise)
 
     def __init__(self, seq_inputs, state_inputs, captured_inputs, step_outputs, state_outputs,
-                 reverse=False, where='scan', shape_only_outputs=(), recorded_history=None):
+                 reverse=False, where='scan', shape_only_outputs=(), recorded_history=None,
+                 summed_outputs=()):
         # step outputs whose readers want only their shape: stacked as a zero-strided stand-in
         self.shape_only_outputs = frozenset(shape_only_outputs)
+        # step outputs only read summed over all their rows (a gradient's time-summed weight
+        # gradient factors): over no steps, a dim unknown before run time may stack as 0
+        self.summed_outputs = frozenset(summed_outputs)
         # the states whose history is recorded (the others' history output is None: a plan
         # prunes those it does not read, fusion_scan.prune_scan_outputs)
         self.recorded_history = (tuple(range(len(state_inputs))) if recorded_history is None
@@ -195,7 +199,10 @@ class Scan(Op):
         """The results of looping over empty sequences, as TensorFlow's: no outputs stacked
         (shape (0,) + the step output's, which must then be static), the states as given."""
         stacked = []
-        for t in self.step_outputs:
+        for i, t in enumerate(self.step_outputs):
+            if i in self.summed_outputs and t.shape is not None:
+                stacked.append(xp.zeros((0,) + tuple(0 if d is None else d for d in t.shape), t.dtype))
+                continue
             if t.shape is None or None in t.shape:
                 raise ValueError('%s: cannot stack the outputs of a sequence of length 0: the '
                                  'step output shape %s is not fully known' % (self.where, t.shape))
@@ -273,8 +280,19 @@ class Scan(Op):
         g_seq = local[:len(float_seqs)]
         g_state = local[len(float_seqs):len(float_seqs) + len(float_states)]
         g_cap = local[len(float_seqs) + len(float_states):]
-        step_outputs = g_seq
-        state_outputs = [g + h for g, h in zip(g_state, dh)] + [acc + g for acc, g in zip(dc, g_cap)]
+        # weight gradients of the form sum over time of A_t^T B_t (or of B_t's column sums)
+        # are computed after the loop as one product of the stacked A and B: no accumulator
+        # state, transposes, small GEMMs and adds per step (_time_summed_factors)
+        factors = [_time_summed_factors(g, self.captured_inputs[i]) for g, i in zip(g_cap, float_caps)]
+        summed = [k for k, f in enumerate(factors) if f is not None]
+        outer_of = dict(zip(self.seq_inputs, seqs))
+        outer_of.update((self.state_inputs[i], history[i]) for i in range(n_state))
+        stacked_factors = list(dict.fromkeys(t for k in summed for t in factors[k][1:]
+                                           if t is not None and t not in outer_of))
+        dc = [d for k, d in enumerate(dc) if k not in summed]
+        step_outputs = g_seq + stacked_factors
+        state_outputs = ([g + h for g, h in zip(g_state, dh)]
+                         + [acc + g for acc, g in zip(dc, [g for k, g in enumerate(g_cap) if k not in summed])])
         # the forward values the backward step reads come from the forward Scan, stacked
         residuals, shape_only = self._residuals(step_outputs + state_outputs)
         residual_ph = [Placeholder(t.shape, t.dtype, name='scan_residual') for t in residuals]
@@ -286,21 +304,27 @@ class Scan(Op):
             step_outputs=backward[:len(step_outputs)],
             state_outputs=backward[len(step_outputs):],
             reverse=not self.reverse,
-            where=self.where + ' gradient')
+            where=self.where + ' gradient',
+            summed_outputs=range(len(g_seq), len(step_outputs)))
         back_inputs = (seqs + list(history) + [d_stacked[i] for i in float_outs]
                        + [d_history[i] for i in float_states] + self._stacked_residuals(inputs, residuals, shape_only)
                        + [d_final[i] for i in float_states]
-                       + [zeros_like(captured[i]) for i in float_caps] + captured)
+                       + [zeros_like(captured[i]) for k, i in enumerate(float_caps) if k not in summed]
+                       + captured)
         results = apply(back, *back_inputs)
         results = results if isinstance(results, tuple) else (results,)
         n_gseq = len(float_seqs)
+        stacked_of = dict(outer_of)
+        stacked_of.update(zip(stacked_factors, results[n_gseq:len(step_outputs)]))
+        finals = iter(results[len(step_outputs):])
         grads = [None] * len(inputs)
         for k, i in enumerate(float_seqs):
             grads[i] = results[k]
         for k, i in enumerate(float_states):
-            grads[n_seq + i] = results[n_gseq + k]
+            grads[n_seq + i] = next(finals)
         for k, i in enumerate(float_caps):
-            grads[n_seq + n_state + i] = results[n_gseq + len(float_states) + k]
+            grads[n_seq + n_state + i] = (_summed_over_time(factors[k], stacked_of) if k in summed
+                                          else next(finals))
         return grads
 
 
@@ -315,6 +339,67 @@ class ResidualScan(Scan):
                          base.step_outputs + list(residuals), base.state_outputs, base.reverse, base.where,
                          base.shape_only_outputs | {n_out + i for i in shape_only})
         self.base = base
+
+
+def _time_summed_factors(g, captured):
+    """('matmul', A, B) when the step's gradient ``g`` of the 2-D ``captured`` tensor is
+    A^T B (MatMul's gradient for its right operand: x_t^T dz for x_t W), ('sum', None, B)
+    when it is B's column sums (a bias's gradient); else None. Both A and B are 2-D values
+    of the step with static last dims, of the captured tensor's dtype."""
+    from gpuk.ops.linalg import MatMul
+    from gpuk.ops.reduction import Reduce
+    from gpuk.ops.shape import Transpose
+    node = g.node
+    if node is None or g.dtype != captured.dtype:
+        return None
+    if isinstance(node.op, MatMul) and len(node.inputs) == 2:
+        a_t, b = node.inputs
+        if (a_t.node is not None and isinstance(a_t.node.op, Transpose) and a_t.node.op.perm == (1, 0)
+                and _matrix_of(a_t.node.inputs[0], g.dtype) and _matrix_of(b, g.dtype)):
+            a = a_t.node.inputs[0]
+            return 'matmul', a, _unbroadcast_rows(b, a)
+    if (isinstance(node.op, Reduce) and node.op.kind == 'sum' and node.op.axes == (0,)
+            and not node.op.keepdims and _matrix_of(node.inputs[0], g.dtype)):
+        return 'sum', None, _unbroadcast_rows(node.inputs[0], None)
+    return None
+
+
+def _unbroadcast_rows(b, a):
+    """``b`` without a SumToShapeOf(g, like) between equal static shapes (an add's gradient
+    in z = x W + h U + bias), so that one stacked g serves every factor: for column sums
+    always (summing g's rows or its rows summed to like's gives the same), for A^T B when
+    like is A times a matrix (like's rows are A's: the product needs g's rows to be A's,
+    which holds unless A broadcast a single row against more rows of the step's states:
+    then the product after the loop raises matmul's shape error instead of summing)."""
+    from gpuk.ops.elementwise import SumToShapeOf
+    from gpuk.ops.linalg import MatMul
+    node = b.node
+    if node is None or not isinstance(node.op, SumToShapeOf):
+        return b
+    g, like = node.inputs
+    if g.shape != like.shape or g.dtype != b.dtype:
+        return b
+    if a is None or (like.node is not None and isinstance(like.node.op, MatMul) and like.node.inputs[0] is a
+                     and g.shape[0] == a.shape[0]):
+        return g
+    return b
+
+
+def _matrix_of(t, dtype):
+    return t.shape is not None and len(t.shape) == 2 and t.shape[1] is not None and t.dtype == dtype
+
+
+def _summed_over_time(factors, stacked_of):
+    """The gradient ``factors`` (_time_summed_factors) summed over time: one product (or one
+    reduction) of the factors stacked over time (``stacked_of``: step value -> stacked)."""
+    from gpuk.ops.linalg import matmul
+    from gpuk.ops.reduction import reduce
+    from gpuk.ops.shape import reshape, transpose
+    kind, a, b = factors
+    b_rows = reshape(stacked_of[b], (-1, b.shape[1]))
+    if kind == 'sum':
+        return reduce('sum', b_rows, 0)
+    return matmul(transpose(reshape(stacked_of[a], (-1, a.shape[1])), (1, 0)), b_rows)
 
 
 def _loop_invariants(outputs, varying, captured):
