@@ -150,3 +150,13 @@ def test_loop_invariants_run_once_and_keep_their_shapes():
     (prologue,) = scan._prologues.values()
     assert [type(forward.__self__).__name__ for forward, _, _, _ in prologue.steps] == ['Reduce', 'Transpose']
     assert _step_op_names(scan) == ['MatMul', 'Binary']
+
+
+def test_second_order_gradients_through_the_gradient_loop():
+    # the gradient of a gradient reads the forward loop's state history, so the history's
+    # gradient is not zeros there (the first-order gradient skips adding zeros per step), and
+    # the time-summed weight gradients (one product after the loop) differentiate again
+    def gradient_norm(x, w, u, b):
+        (g_u,) = K.gradients(_loss(x, w, u, b), [u])
+        return K.sum(g_u * g_u)
+    check_gradients(gradient_norm, *_arrays(np.float64), rtol=1e-4, atol=1e-7)

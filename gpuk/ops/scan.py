@@ -264,7 +264,11 @@ class Scan(Op):
         # The backward step: vector-Jacobian product of the forward step.
         dy = [Placeholder(self.step_outputs[i].shape, self.step_outputs[i].dtype, name='scan_dy') for i in float_outs]
         ds = [Placeholder(self.state_inputs[i].shape, self.state_inputs[i].dtype, name='scan_ds') for i in float_states]
-        dh = [Placeholder(self.state_inputs[i].shape, self.state_inputs[i].dtype, name='scan_dh') for i in float_states]
+        # a state history's gradient is zeros unless something besides this gradient reads the
+        # history (a second-order gradient): zeros are not added per step
+        dh = [None if _is_zeros(d_history[i]) else
+              Placeholder(self.state_inputs[i].shape, self.state_inputs[i].dtype, name='scan_dh')
+              for i in float_states]
         dc = [Placeholder(self.captured_inputs[i].shape, self.captured_inputs[i].dtype, name='scan_dc')
               for i in float_caps]
         # seeded with dy / ds directly (not as gradients of sum(output * seed)), so the step's
@@ -291,14 +295,15 @@ class Scan(Op):
                                            if t is not None and t not in outer_of))
         dc = [d for k, d in enumerate(dc) if k not in summed]
         step_outputs = g_seq + stacked_factors
-        state_outputs = ([g + h for g, h in zip(g_state, dh)]
+        state_outputs = ([g if h is None else g + h for g, h in zip(g_state, dh)]
                          + [acc + g for acc, g in zip(dc, [g for k, g in enumerate(g_cap) if k not in summed])])
         # the forward values the backward step reads come from the forward Scan, stacked
         residuals, shape_only = self._residuals(step_outputs + state_outputs)
         residual_ph = [Placeholder(t.shape, t.dtype, name='scan_residual') for t in residuals]
         backward = clone(step_outputs + state_outputs, dict(zip(residuals, residual_ph)))
         back = Scan(
-            seq_inputs=list(self.seq_inputs) + list(self.state_inputs) + dy + dh + residual_ph,
+            seq_inputs=(list(self.seq_inputs) + list(self.state_inputs) + dy + [h for h in dh if h is not None]
+                        + residual_ph),
             state_inputs=ds + dc,
             captured_inputs=self.captured_inputs,
             step_outputs=backward[:len(step_outputs)],
@@ -307,7 +312,8 @@ class Scan(Op):
             where=self.where + ' gradient',
             summed_outputs=range(len(g_seq), len(step_outputs)))
         back_inputs = (seqs + list(history) + [d_stacked[i] for i in float_outs]
-                       + [d_history[i] for i in float_states] + self._stacked_residuals(inputs, residuals, shape_only)
+                       + [d_history[i] for i, h in zip(float_states, dh) if h is not None]
+                       + self._stacked_residuals(inputs, residuals, shape_only)
                        + [d_final[i] for i in float_states]
                        + [zeros_like(captured[i]) for k, i in enumerate(float_caps) if k not in summed]
                        + captured)
@@ -339,6 +345,14 @@ class ResidualScan(Scan):
                          base.step_outputs + list(residuals), base.state_outputs, base.reverse, base.where,
                          base.shape_only_outputs | {n_out + i for i in shape_only})
         self.base = base
+
+
+def _is_zeros(t):
+    """Whether ``t`` is zeros by construction (autodiff's zeros_like of an unused output)."""
+    from gpuk.ops.elementwise import FillLike
+    if t.node is not None:
+        return isinstance(t.node.op, FillLike) and t.node.op.value == 0
+    return isinstance(t, Constant) and not np.any(t.value)
 
 
 def _time_summed_factors(g, captured):
