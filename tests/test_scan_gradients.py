@@ -160,3 +160,32 @@ def test_second_order_gradients_through_the_gradient_loop():
         (g_u,) = K.gradients(_loss(x, w, u, b), [u])
         return K.sum(g_u * g_u)
     check_gradients(gradient_norm, *_arrays(np.float64), rtol=1e-4, atol=1e-7)
+
+
+def test_stacked_results_reuse_their_buffers_only_when_nothing_holds_them(monkeypatch):
+    # a Scan run again fills the stacked buffers of its last run when they are no longer
+    # referenced (no page faults on fresh multi-MB buffers per training step), never one
+    # that a caller still holds (directly or through a view)
+    x = K.placeholder((4, 2, 3), dtype='float64')
+
+    def step(x_t, states):
+        y = states[0] * 0.5 + x_t
+        return y, [y]
+    _, outputs, _ = K.rnn(step, x, [K.zeros_like(x[:, 0])])
+    f = compiled_with_fusion(monkeypatch, True, [x], [outputs])
+    (scan,) = [op for op in plan_ops(f) if isinstance(op, Scan)]
+    impl = f._plan.impl
+    sequences = np.ones((2, 4, 3))
+    first = scan.forward(impl, sequences, np.zeros((4, 3)))
+    first_stacked = first[0]
+    kept = first_stacked.copy()
+    view = first_stacked[1]
+    del first, first_stacked
+    second = scan.forward(impl, sequences * 3, np.zeros((4, 3)))
+    np.testing.assert_array_equal(view, kept[1])            # the view's buffer was not refilled
+    assert not np.shares_memory(second[0], view)
+    address = second[0].__array_interface__['data'][0]
+    del second, view
+    third = scan.forward(impl, sequences * 3, np.zeros((4, 3)))
+    assert third[0].__array_interface__['data'][0] == address   # no longer held: reused
+    np.testing.assert_array_equal(third[0], [[[3.0] * 3] * 4, [[4.5] * 3] * 4])
