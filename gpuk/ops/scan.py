@@ -167,21 +167,19 @@ class Scan(Op):
                    if i in self.recorded_history else None for i, s in enumerate(states)]
         recorded = [(i, history[i]) for i in self.recorded_history]
         outputs = None
+        written = [i for i in range(n_out) if i not in self.shape_only_outputs]
+        state_shapes = [s.shape for s in states]
         for t in (range(steps - 1, -1, -1) if self.reverse else range(steps)):
             for i, stacked in recorded:
                 stacked[t] = states[i]
             values = plan.run([s[t] for s in sequences] + states + captured)
             if outputs is None:
                 outputs = [self._stacked_like(xp, i, steps, values[i]) for i in range(n_out)]
-            for i in range(n_out):
-                if i not in self.shape_only_outputs:
-                    self._write_step(outputs[i], t, values[i])
-            new_states = values[n_out:]
-            for old, new in zip(states, new_states):
-                if new.shape != old.shape:
-                    raise ValueError('%s: the step changed a state of shape %s into shape %s'
-                                     % (self.where, old.shape, new.shape))
-            states = [xp.asarray(s) for s in new_states]
+            for i in written:
+                self._write_step(outputs[i], t, values[i])
+            states = [xp.asarray(s) for s in values[n_out:]]
+            if [s.shape for s in states] != state_shapes:
+                self._check_states(state_shapes, states)
         results = outputs + states + history
         return results[0] if len(results) == 1 else tuple(results)
 
@@ -211,6 +209,12 @@ class Scan(Op):
         if xp is np:
             buffers[key] = buffer
         return buffer
+
+    def _check_states(self, shapes, states):
+        for shape, new in zip(shapes, states):
+            if new.shape != shape:
+                raise ValueError('%s: the step changed a state of shape %s into shape %s'
+                                 % (self.where, shape, new.shape))
 
     def _write_step(self, stacked, t, value):
         if tuple(value.shape) != stacked.shape[1:] or value.dtype != stacked.dtype:
