@@ -83,6 +83,5 @@ def _without_outputs(scan, keep, history):
         cache[keep, history] = Scan(
             scan.seq_inputs, scan.state_inputs, scan.captured_inputs, [scan.step_outputs[i] for i in keep],
             scan.state_outputs, scan.reverse, scan.where,
-            [k for k, i in enumerate(keep) if i in scan.shape_only_outputs], history,
-            [k for k, i in enumerate(keep) if i in scan.summed_outputs])
+            [k for k, i in enumerate(keep) if i in scan.shape_only_outputs], history)
     return cache[keep, history]

@@ -189,3 +189,19 @@ def test_stacked_results_reuse_their_buffers_only_when_nothing_holds_them(monkey
     third = scan.forward(impl, sequences * 3, np.zeros((4, 3)))
     assert third[0].__array_interface__['data'][0] == address   # no longer held: reused
     np.testing.assert_array_equal(third[0], [[[3.0] * 3] * 4, [[4.5] * 3] * 4])
+
+
+def test_weight_gradients_over_an_empty_sequence_are_zeros():
+    # the time-summed weight gradients are products of factors stacked over no steps: zeros
+    x = K.placeholder((2, None, 2), dtype='float64')
+    h0 = K.placeholder((2, UNITS), dtype='float64')
+    _, w, u, b = [K.placeholder(a.shape, dtype='float64') for a in _arrays(np.float64)]
+    _, _, states = K.rnn(_lstm_like(w, u, b), x, [h0, h0])
+    loss = K.sum(states[0] * states[0])
+    f = K.function([x, w, u, b, h0], K.gradients(loss, [w, u, b, h0]))
+    _, ws, us, bs = _arrays(np.float64)
+    h0s = np.ones((2, UNITS))
+    g_w, g_u, g_b, g_h0 = f([np.zeros((2, 0, 2)), ws, us, bs, h0s])
+    for g, like in ((g_w, ws), (g_u, us), (g_b, bs)):
+        np.testing.assert_array_equal(g, np.zeros_like(like))
+    np.testing.assert_array_equal(g_h0, 2 * h0s)

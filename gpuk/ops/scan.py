@@ -74,13 +74,9 @@ class Scan(Op):
     foldable = False  # the step may hold stateful ops (dropout noise)
 
     def __init__(self, seq_inputs, state_inputs, captured_inputs, step_outputs, state_outputs,
-                 reverse=False, where='scan', shape_only_outputs=(), recorded_history=None,
-                 summed_outputs=()):
+                 reverse=False, where='scan', shape_only_outputs=(), recorded_history=None):
         # step outputs whose readers want only their shape: stacked as a zero-strided stand-in
         self.shape_only_outputs = frozenset(shape_only_outputs)
-        # step outputs only read summed over all their rows (a gradient's time-summed weight
-        # gradient factors): over no steps, a dim unknown before run time may stack as 0
-        self.summed_outputs = frozenset(summed_outputs)
         # the states whose history is recorded (the others' history output is None: a plan
         # prunes those it does not read, fusion_scan.prune_scan_outputs)
         self.recorded_history = (tuple(range(len(state_inputs))) if recorded_history is None
@@ -226,10 +222,7 @@ class Scan(Op):
         """The results of looping over empty sequences, as TensorFlow's: no outputs stacked
         (shape (0,) + the step output's, which must then be static), the states as given."""
         stacked = []
-        for i, t in enumerate(self.step_outputs):
-            if i in self.summed_outputs and t.shape is not None:
-                stacked.append(xp.zeros((0,) + tuple(0 if d is None else d for d in t.shape), t.dtype))
-                continue
+        for t in self.step_outputs:
             if t.shape is None or None in t.shape:
                 raise ValueError('%s: cannot stack the outputs of a sequence of length 0: the '
                                  'step output shape %s is not fully known' % (self.where, t.shape))
@@ -336,8 +329,7 @@ class Scan(Op):
             step_outputs=backward[:len(step_outputs)],
             state_outputs=backward[len(step_outputs):],
             reverse=not self.reverse,
-            where=self.where + ' gradient',
-            summed_outputs=range(len(g_seq), len(step_outputs)))
+            where=self.where + ' gradient')
         back_inputs = (seqs + list(history) + [d_stacked[i] for i in float_outs]
                        + [d_history[i] for i, h in zip(float_states, dh) if h is not None]
                        + self._stacked_residuals(inputs, residuals, shape_only)
