@@ -205,3 +205,32 @@ def test_weight_gradients_over_an_empty_sequence_are_zeros():
     for g, like in ((g_w, ws), (g_u, us), (g_b, bs)):
         np.testing.assert_array_equal(g, np.zeros_like(like))
     np.testing.assert_array_equal(g_h0, 2 * h0s)
+
+
+def _fused_member_names(scan):
+    (plan,) = scan._plans.values()
+    return [getattr(op, 'name', '') for forward, _, _, _ in plan.steps
+            for op, _ in getattr(forward.__self__, 'members', ())]
+
+
+def test_activations_are_kept_on_the_numpy_device_and_recomputed_for_kernels(monkeypatch):
+    # on the NumPy device the backward step reads the forward's sigmoids and tanhs stacked
+    # (several ufunc calls each); for kernel devices they are recomputed in the backward cell
+    # kernel (no extra forward kernel outputs): both give the same gradients
+    from gpuk import device
+    from gpuk.ops import scan as scan_module
+    assert device.kind() == 'cpu'
+    arrays = _arrays(np.float32)
+    results = {}
+    for policy in ('kept', 'recomputed'):
+        if policy == 'recomputed':
+            monkeypatch.setattr(scan_module, '_KEPT_ON_THE_NUMPY_DEVICE', ())
+        x, w, u, b = [K.placeholder(a.shape, dtype='float32') for a in arrays]
+        loss = _loss(x, w, u, b)
+        f = compiled_with_fusion(monkeypatch, True, [x, w, u, b], [loss] + K.gradients(loss, [w, u, b]))
+        results[policy] = f(list(arrays))
+        backward = [op for op in plan_ops(f) if isinstance(op, Scan)][1]
+        recomputed = {'sigmoid', 'tanh'} & set(_fused_member_names(backward))
+        assert recomputed == (set() if policy == 'kept' else {'sigmoid', 'tanh'})
+    for kept, recomputed in zip(results['kept'], results['recomputed']):
+        np.testing.assert_allclose(kept, recomputed, rtol=1e-6, atol=1e-7)

@@ -13,9 +13,10 @@ import sys
 
 import numpy as np
 
-from gpuk import config
+from gpuk import config, device
 from gpuk.graph import Constant, Meta, Placeholder, Tensor, apply, clone, topological_nodes
 from gpuk.ops.base import Op
+from gpuk.ops.elementwise import Unary
 
 
 def compile_plan(inputs, outputs, impl):
@@ -244,7 +245,7 @@ class Scan(Op):
         for node in forward_nodes:
             if any(id(t) in varying for t in node.inputs):
                 varying.update(id(t) for t in node.outputs)
-        kept = {t for node in forward_nodes if not node.op.cheap_to_recompute()
+        kept = {t for node in forward_nodes if not _recomputed(node.op)
                 for t in node.outputs if id(t) in varying}
         shape_only = {}   # residual -> whether every read wants its shape alone
         for node in topological_nodes(backward_outputs, stop_at=kept | set(inner)):
@@ -374,6 +375,22 @@ def _without_identity_broadcast(t):
         if g.shape is not None and g.shape == like.shape and None not in g.shape and g.dtype == t.dtype:
             return g
     return t
+
+
+# Kept, stacked, on the NumPy device rather than recomputed by the backward step: each is
+# several ufunc calls there (a sigmoid four), a stacked value one copy per step (measured:
+# ~8% of Keras's LSTM training step). On a kernel device they fuse into the backward cell
+# kernel at no cost, while keeping them would add outputs to the forward cell's kernel (at
+# most 4) and split it: they are recomputed there.
+_KEPT_ON_THE_NUMPY_DEVICE = ('sigmoid', 'tanh')
+
+
+def _recomputed(op):
+    """Whether a Scan's backward step computes ``op``'s value again instead of reading it
+    stacked from the forward loop (see Scan._residuals)."""
+    if not op.cheap_to_recompute():
+        return False
+    return not (isinstance(op, Unary) and op.name in _KEPT_ON_THE_NUMPY_DEVICE and device.kind() == 'cpu')
 
 
 def _is_zeros(t):
