@@ -368,6 +368,8 @@ class ResidualScan(Scan):
 
 
 def _without_identity_broadcast(t):
+    """``t``, or its gradient input when ``t`` is a SumToShapeOf between equal, fully known
+    shapes (the identity)."""
     from gpuk.ops.elementwise import SumToShapeOf
     node = t.node
     if node is not None and type(node.op) is SumToShapeOf:
