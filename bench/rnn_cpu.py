@@ -4,9 +4,11 @@
 
 Model: (batch 32, 50 time steps, 32 features) -> LSTM(128) (or GRU(128)) -> Dense(10),
 softmax cross-entropy, Adam; one ``train_on_batch`` step. The torch rows build the same
-network with torch.nn.LSTM / GRU + Linear and torch.optim.Adam. Each implementation is timed
-``--repeats`` times (median of the per-repeat medians over ``--steps`` steps); the machine is
-shared, so medians, not minima. ``GPUK_FUSION=0`` in the environment gives the unfused row.
+network with torch.nn.LSTM / GRU + Linear and torch.optim.Adam. The implementations take
+turns: each of ``--repeats`` rounds times ``--steps`` steps of each, so a load on the shared
+machine hits both alike; a row gives the median over rounds of the per-round medians, and the
+ratio row the median over rounds of gpuk / torch (both sides measured in the same round).
+``GPUK_FUSION=0`` in the environment gives the unfused row.
 Run as a script (not a pytest-benchmark suite: its name keeps bench/conftest.py from
 collecting it), it pins BLAS/OpenMP to one thread and gpuk to the NumPy device unless the
 environment says otherwise.
@@ -73,17 +75,14 @@ def torch_step(cell):
     return step
 
 
-def time_ms(step, steps, repeats):
-    step()  # compile / warm up
-    medians = []
-    for _ in range(repeats):
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-        medians.append(statistics.median(times))
-    return 1e3 * statistics.median(medians)
+def step_ms(step, steps, clock):
+    """The median time of ``steps`` calls of ``step`` on ``clock``, in ms."""
+    times = []
+    for _ in range(steps):
+        start = clock()
+        step()
+        times.append(clock() - start)
+    return 1e3 * statistics.median(times)
 
 
 def main(argv=None):
@@ -92,15 +91,28 @@ def main(argv=None):
     parser.add_argument('--impls', default='gpuk,torch')
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--clock', choices=('wall', 'cpu'), default='wall',
+                        help="wall: elapsed time; cpu: this thread's CPU time (both sides run on "
+                             "the calling thread), less disturbed by other processes on a shared machine")
     args = parser.parse_args(argv)
+    clock = time.perf_counter if args.clock == 'wall' else time.thread_time
     fusion = os.environ.get('GPUK_FUSION', '1')
+    impls = args.impls.split(',')
     for cell in args.cells.split(','):
-        for impl in args.impls.split(','):
-            step = keras_step(cell) if impl == 'gpuk' else torch_step(cell)
-            ms = time_ms(step, args.steps, args.repeats)
+        steps = {impl: keras_step(cell) if impl == 'gpuk' else torch_step(cell) for impl in impls}
+        for step in steps.values():
+            step()   # compile / warm up
+        rounds = [{impl: step_ms(step, args.steps, clock) for impl, step in steps.items()} for _ in range(args.repeats)]
+        for impl in impls:
             label = 'gpuk (GPUK_FUSION=%s)' % fusion if impl == 'gpuk' else 'torch %s' % __import__('torch').__version__
-            print('%s(%d) x %d steps, batch %d | %-22s | %8.2f ms/step' % (cell, UNITS, STEPS, BATCH, label, ms))
-            sys.stdout.flush()
+            ms = statistics.median(r[impl] for r in rounds)
+            print('%s(%d) x %d steps, batch %d | %-22s | %8.2f ms/step (%s)' % (cell, UNITS, STEPS, BATCH, label, ms,
+                                                                             args.clock))
+        if len(impls) == 2:
+            ratio = statistics.median(r[impls[0]] / r[impls[1]] for r in rounds)
+            print('%s(%d) x %d steps, batch %d | %-22s | %8.2f x' % (cell, UNITS, STEPS, BATCH,
+                                                                     '%s / %s' % tuple(impls), ratio))
+        sys.stdout.flush()
 
 
 if __name__ == '__main__':

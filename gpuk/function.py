@@ -17,7 +17,7 @@ import itertools
 
 import numpy as np
 
-from gpuk import config, cuda_graph, device, fusion, loss_scaling, mixed_precision
+from gpuk import config, cuda_graph, device, fusion, fusion_scan, loss_scaling, mixed_precision
 from gpuk.kernels import runtime
 from gpuk.kernels.runtime import counters, deferred
 from gpuk.graph import (Constant, Placeholder, Tensor, Variable, checked_array, static_value,
@@ -115,6 +115,8 @@ class Plan:
         self.n_slots = len(slot_of)
         self.slot_dtypes = {s: t.dtype for t, s in slot_of.items()}
         self._fold_constants(nodes)
+        # one forward loop for a Scan and its gradient's residuals, fused or not
+        self.steps = fusion_scan.merge_residual_scans(self.steps, set(self.target_slots) | set(self.input_slots))
         if fusion.enabled():
             self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots),
                                      {s: t.shape for t, s in slot_of.items()})

@@ -37,6 +37,7 @@ from collections import Counter, defaultdict
 
 from gpuk.fusion_elementwise import fuse_elementwise
 from gpuk.fusion_scan import prune_scan_outputs
+from gpuk.fusion_gradients import drop_identity_broadcasts, merge_slice_gradients
 from gpuk.ops.activation import Relu, ReluGrad
 from gpuk.ops.batchnorm import BnGrad, BnInfer, BnTrain, MovingAverages
 from gpuk.ops.bias import BiasAct, ConvBiasAct
@@ -85,6 +86,8 @@ def fuse(steps, protected, slot_shapes=None):
     """The steps with every chain this module knows fused (see the module docstring);
     ``slot_shapes`` (slot -> static shape) lets elementwise groups keep to one shape."""
     steps = prune_scan_outputs(steps, protected)
+    steps = drop_identity_broadcasts(steps, protected, slot_shapes or {})
+    steps = merge_slice_gradients(steps, protected)
     steps = _fuse_bias_chains(steps, protected)
     steps = _fuse_batchnorm_relu(steps, protected)
     steps = _fuse_batchnorm_relu_backward(steps, protected)

@@ -81,7 +81,10 @@ def _dtype(name):
 
 
 def _bound_forward(op, impl):
-    return functools.partial(op.forward, impl)
+    """The op's forward on ``impl`` as one callable: its own ``bound_forward`` where it has
+    one (fewer Python calls per op in the NumPy twin's loop), else forward with impl bound."""
+    bind = getattr(op, 'bound_forward', None)
+    return bind(impl) if bind is not None else functools.partial(op.forward, impl)
 
 
 def fusable(op):

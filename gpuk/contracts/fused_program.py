@@ -32,14 +32,18 @@ class FusedProgram:
     instructions: Tuple[Instruction, ...]
     outputs: Tuple[int, ...]
 
+    def __post_init__(self):
+        # Both kept, computed once: a program keys the launcher's kernel and prepared-problem
+        # tables on every call (hashing an optimizer update's instructions costs tens of µs),
+        # and run_unfused's loop is flattened to (evaluate, first arg, second arg or -1, all
+        # args when more than two) per instruction (no attribute reads per op and call).
+        object.__setattr__(self, '_hash', hash((self.input_dtypes, self.instructions, self.outputs)))
+        code = tuple((i.evaluate, i.args[0] if i.args else 0, i.args[1] if len(i.args) == 2 else -1,
+                      i.args if len(i.args) not in (1, 2) else None) for i in self.instructions)
+        object.__setattr__(self, '_code', code)
+
     def __hash__(self):
-        # kept: a program keys the launcher's kernel and prepared-problem tables on every call,
-        # and hashing its instructions each time costs tens of µs for an optimizer's update
-        cached = self.__dict__.get('_hash')
-        if cached is None:
-            cached = hash((self.input_dtypes, self.instructions, self.outputs))
-            object.__setattr__(self, '_hash', cached)
-        return cached
+        return self._hash
 
     @property
     def n_inputs(self):
@@ -51,9 +55,12 @@ class FusedProgram:
         return self.instructions[value - self.n_inputs].dtype
 
     def takes(self, inputs):
-        """Whether ``inputs`` are as many as the program's, of its input dtypes."""
-        return len(inputs) == len(self.input_dtypes) and all(
-            a.dtype == d for a, d in zip(inputs, self.input_dtypes))
+        """Whether ``inputs`` are as many as the program's, of its input dtypes (one tuple
+        comparison: it runs per call of a fused step)."""
+        try:
+            return tuple([a.dtype for a in inputs]) == self.input_dtypes
+        except AttributeError:   # not an array
+            return False
 
     def kernel_ready(self):
         """Whether the generated kernel can run this program: every value a bool or a
@@ -76,20 +83,19 @@ class FusedProgram:
         NumPy device it runs per step, and its overhead is what fusing there costs)."""
         values = list(inputs)
         append = values.append
-        for instruction in self.instructions:
-            args = instruction.args
-            if len(args) == 1:
-                append(instruction.evaluate(values[args[0]]))
-            elif len(args) == 2:
-                append(instruction.evaluate(values[args[0]], values[args[1]]))
+        for evaluate, first, second, args in self._code:
+            if args is not None:
+                append(evaluate(*[values[a] for a in args]))
+            elif second < 0:
+                append(evaluate(values[first]))
             else:
-                append(instruction.evaluate(*[values[a] for a in args]))
+                append(evaluate(values[first], values[second]))
         return [values[v] for v in self.outputs]
 
 
 def check_fused_args(program, inputs, fn='fused'):
     """The arguments of ``fused(program, inputs)``: a FusedProgram and its inputs' dtypes."""
-    if type(program) is FusedProgram and all(hasattr(a, 'dtype') for a in inputs) and program.takes(inputs):
+    if type(program) is FusedProgram and program.takes(inputs):
         return   # the common case, checked without building messages (it runs per step)
     if not isinstance(program, FusedProgram):
         raise TypeError(f"{fn}: program must be a FusedProgram, got {type(program).__name__}")

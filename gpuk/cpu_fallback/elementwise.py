@@ -47,7 +47,7 @@ def bias_act_fwd(x, bias, axis=-1, activation='linear'):
     acc = np.float32 if x.dtype == np.float16 else x.dtype.type
     shape = [1] * x.ndim
     shape[axis] = -1
-    y = x.astype(acc) + bias.astype(acc).reshape(shape)
+    y = x.astype(acc, copy=False) + bias.astype(acc, copy=False).reshape(shape)   # no copies for float32/64
     if activation == 'relu':
         y = np.where(y < 0, acc(0), y)   # keeps NaN, as the kernel does
     return y.astype(x.dtype, copy=False)

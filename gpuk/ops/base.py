@@ -23,6 +23,8 @@ class Op:
     # A pure function of its inputs: may be constant-folded and evaluated statically.
     foldable = True
     differentiable = True
+    # positions of the inputs read for their shape alone (a Scan's gradient keeps no values for them)
+    shape_only_inputs = ()
 
     def infer(self, *metas):
         raise TypeError('%s does not define infer()' % type(self).__name__)
@@ -33,6 +35,14 @@ class Op:
     def grad(self, inputs, outputs, output_grads):
         """Non-differentiable ops: no gradient flows to any input."""
         return [None] * len(inputs)
+
+    def cheap_to_recompute(self):
+        """Whether computing the output again costs less than keeping it: elementwise
+        arithmetic (ops with an element expression) and views. A Scan's gradient recomputes
+        these in its backward step (where they fuse with the gradient's own arithmetic) and
+        keeps, stacked over time, only the values of the other ops (GEMMs, ...)."""
+        expression = getattr(self, 'c_expression', None)
+        return expression is not None and expression() is not None
 
     def static_values(self, inputs):
         """Output values when every input has a small static value (see graph.static_value)."""

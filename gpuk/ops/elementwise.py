@@ -1,5 +1,8 @@
 """Elementwise ops: unary math, binary math with broadcasting, comparisons, casts, where,
 and the broadcasting helpers gradients use (sum_to_shape_of / broadcast_like)."""
+import functools
+import operator
+
 import numpy as np
 
 from gpuk import config
@@ -20,8 +23,9 @@ def _sigmoid(xp, x):
     # float16 computes in float32 (its exp overflows from x < -11, where the result is still
     # representable). Four ufuncs: the logaddexp form cost 4x more, the bulk of an LSTM step.
     wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    e = xp.negative(wide)
     with np.errstate(over='ignore'):
-        e = xp.exp(-wide)
+        xp.exp(e, out=e)   # in place: one buffer for the whole sigmoid
     e += 1
     return xp.reciprocal(e, out=e).astype(x.dtype, copy=False)
 
@@ -52,6 +56,9 @@ UNARY = {
     'isnan': (lambda xp, x: xp.isnan(x), None),
     'isinf': (lambda xp, x: xp.isinf(x), None),
 }
+# the unary ops whose forward is the array module's function of that name (UNARY's lambdas)
+_XP_FUNCTION_UNARY = ('abs', 'sign', 'sqrt', 'exp', 'log', 'log1p', 'expm1', 'sin', 'cos', 'tanh',
+                      'round', 'floor', 'ceil', 'logical_not', 'isnan', 'isinf')
 _BOOL_RESULT = ('logical_not', 'isnan', 'isinf')
 
 # The element expression of each unary op that fused elementwise kernels can compute
@@ -96,6 +103,15 @@ class Unary(Op):
 
     def forward(self, impl, x):
         return UNARY[self.name][0](impl.xp, x)
+
+    def bound_forward(self, impl):
+        """``forward`` with ``impl`` bound, as few Python calls deep as possible (a fused
+        step's NumPy twin calls it per op and step): the same function, so the same results."""
+        if self.name in _XP_FUNCTION_UNARY:
+            return getattr(impl.xp, self.name)
+        if self.name == 'negative':
+            return operator.neg
+        return functools.partial(UNARY[self.name][0], impl.xp)
 
     def c_expression(self):
         """The element expression for fused kernels, or None (gpuk/fusion_elementwise.py)."""
@@ -156,6 +172,10 @@ BINARY_C = {
     'logical_or': '({0} || {1})',
     'logical_xor': '(!{0} != !{1})',
 }
+# the binary ops whose forward is a Python operator on the operands (BINARY's lambdas)
+_OPERATORS = {'add': operator.add, 'subtract': operator.sub, 'multiply': operator.mul,
+              'less': operator.lt, 'less_equal': operator.le, 'greater': operator.gt,
+              'greater_equal': operator.ge, 'equal': operator.eq, 'not_equal': operator.ne}
 _COMPARISONS = ('less', 'less_equal', 'greater', 'greater_equal', 'equal', 'not_equal',
                 'logical_and', 'logical_or', 'logical_xor')
 
@@ -204,6 +224,15 @@ class Binary(Op):
 
     def c_expression(self):
         return BINARY_C.get(self.name)
+
+    def bound_forward(self, impl):
+        """``forward`` with ``impl`` bound (see Unary.bound_forward): the Python operator
+        itself for the ops whose forward is one (``a + b`` is what the table's lambda runs)."""
+        if self.name in _OPERATORS:
+            return _OPERATORS[self.name]
+        if self.name == 'divide':   # int / int becomes floatx: the full forward
+            return functools.partial(self.forward, impl)
+        return functools.partial(BINARY[self.name], impl.xp)
 
     def grad(self, inputs, outputs, output_grads):
         a, b = inputs
@@ -328,12 +357,15 @@ class Clip(Op):
 
 class SumToShapeOf(Op):
     """Sums ``g`` over the axes along which ``like`` was broadcast to reach g's shape."""
+    shape_only_inputs = (1,)
 
     def infer(self, g, like):
         return Meta(like.shape, g.dtype)
 
     def forward(self, impl, g, like):
         target = like.shape
+        if g.shape == target:   # nothing was broadcast (the common case)
+            return g
         extra = g.ndim - len(target)
         axes = tuple(range(extra)) + tuple(
             extra + i for i, d in enumerate(target) if d == 1 and g.shape[extra + i] != 1)
@@ -346,6 +378,7 @@ class SumToShapeOf(Op):
 
 class BroadcastLike(Op):
     """Broadcasts ``x`` to the (runtime) shape of ``like``."""
+    shape_only_inputs = (1,)
 
     def infer(self, x, like):
         return Meta(broadcast_shapes(x.shape, like.shape, 'broadcast_like'), x.dtype)

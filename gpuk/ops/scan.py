@@ -9,11 +9,14 @@ and the state history (the state entering each step), which the gradient needs.
 The gradient of a Scan is another Scan running the other way over the vector-Jacobian
 product of the step, so gradients through time are graph nodes and differentiate again.
 """
+import sys
+
 import numpy as np
 
-from gpuk import config
+from gpuk import config, device
 from gpuk.graph import Constant, Meta, Placeholder, Tensor, apply, clone, topological_nodes
 from gpuk.ops.base import Op
+from gpuk.ops.elementwise import Unary
 
 
 def compile_plan(inputs, outputs, impl):
@@ -72,7 +75,13 @@ class Scan(Op):
     foldable = False  # the step may hold stateful ops (dropout noise)
 
     def __init__(self, seq_inputs, state_inputs, captured_inputs, step_outputs, state_outputs,
-                 reverse=False, where='scan'):
+                 reverse=False, where='scan', shape_only_outputs=(), recorded_history=None):
+        # step outputs whose readers want only their shape: stacked as a zero-strided stand-in
+        self.shape_only_outputs = frozenset(shape_only_outputs)
+        # the states whose history is recorded (the others' history output is None: a plan
+        # prunes those it does not read, fusion_scan.prune_scan_outputs)
+        self.recorded_history = (tuple(range(len(state_inputs))) if recorded_history is None
+                                 else tuple(recorded_history))
         self.seq_inputs = list(seq_inputs)
         self.state_inputs = list(state_inputs)
         self.captured_inputs = list(captured_inputs)
@@ -80,7 +89,8 @@ class Scan(Op):
         self.state_outputs = list(state_outputs)
         self.reverse = reverse
         self.where = where
-        self._plans = {}
+        self._plans = {}       # input signature -> step plan
+        self._prologues = {}   # input signature -> the plan of the loop invariants, or None
         for placeholder, new_state in zip(self.state_inputs, self.state_outputs):
             if placeholder.dtype != new_state.dtype:
                 raise ValueError('%s: the step returns a state of dtype %s for a state of dtype %s'
@@ -104,13 +114,33 @@ class Scan(Op):
         history = [Meta((steps,) + tuple(m.shape), m.dtype) for m in metas[n_seq:n_seq + n_state]]
         return tuple(stacked + finals + history)
 
-    def _plan(self, impl):
-        plan = self._plans.get(id(impl))
+    def _plan(self, impl, arrays):
+        """(prologue, step plan) for step inputs of these shapes (``arrays``: one step's
+        sequence slices, the states, the captured tensors).
+
+        The step graph is copied with inputs of these shapes, so that the plan knows every
+        shape (a gradient's SumToShapeOf between equal shapes drops out,
+        gpuk/fusion_gradients.py). Its loop invariants (pure ops reading only captured
+        tensors, like the transposed recurrent kernel a gradient step multiplies by) move to
+        the prologue, a plan run once per loop whose results the step plan reads as inputs.
+        One pair per implementation and input signature, like a K.function's CUDA graphs;
+        the step plans stay in ``_plans`` (the plan reports read them there)."""
+        signature = (id(impl),) + tuple((tuple(a.shape), a.dtype.name) for a in arrays)
+        plan = self._plans.get(signature)
         if plan is None or plan.impl is not impl or plan.precision != config.precision():
-            plan = compile_plan(self.seq_inputs + self.state_inputs + self.captured_inputs,
-                                self.step_outputs + self.state_outputs, impl)
-            self._plans[id(impl)] = plan
-        return plan
+            inner = self.seq_inputs + self.state_inputs + self.captured_inputs
+            shaped = [Placeholder(tuple(a.shape), t.dtype, name='scan_step_input') for t, a in zip(inner, arrays)]
+            outputs = clone(self.step_outputs + self.state_outputs, dict(zip(inner, shaped)))
+            # a new state that is a SumToShapeOf between equal known shapes is its input (the
+            # plan drops such steps between other steps, not the ones whose value it returns)
+            outputs = [_without_identity_broadcast(t) for t in outputs]
+            n_varying = len(self.seq_inputs) + len(self.state_inputs)
+            invariants = _loop_invariants(outputs, shaped[:n_varying], shaped[n_varying:])
+            self._prologues[signature] = (compile_plan(shaped[n_varying:], invariants, impl)
+                                          if invariants else None)
+            plan = compile_plan(shaped + invariants, outputs, impl)
+            self._plans[signature] = plan
+        return self._prologues[signature], plan
 
     def forward(self, impl, *arrays):
         xp = impl.xp
@@ -122,24 +152,72 @@ class Scan(Op):
             raise ValueError('%s: sequences of different lengths %s' % (self.where, [s.shape[0] for s in sequences]))
         if steps == 0:
             return self._no_steps(xp, states)
-        plan = self._plan(impl)
+        first = steps - 1 if self.reverse else 0
+        prologue, plan = self._plan(impl, [s[first] for s in sequences] + states + captured)
+        # loop invariants computed once, contiguous (a transposed matrix is a faster GEMM
+        # operand copied than as a strided view)
+        captured = captured + ([] if prologue is None else [xp.asarray(v, order='C') for v in prologue.run(captured)])
         n_out = len(self.step_outputs)
-        outputs = [[None] * steps for _ in range(n_out)]
-        history = [[None] * steps for _ in range(n_state)]
+        # each step's values are written into the stacked results at once (no list of
+        # per-step arrays kept alive until a final stack)
+        history = [self._buffer(xp, ('history', i), (steps,) + tuple(s.shape), s.dtype)
+                   if i in self.recorded_history else None for i, s in enumerate(states)]
+        recorded = [(i, history[i]) for i in self.recorded_history]
+        outputs = None
+        written = [i for i in range(n_out) if i not in self.shape_only_outputs]
+        state_shapes = [s.shape for s in states]
         for t in (range(steps - 1, -1, -1) if self.reverse else range(steps)):
-            for i, state in enumerate(states):
-                history[i][t] = state
+            for i, stacked in recorded:
+                stacked[t] = states[i]
             values = plan.run([s[t] for s in sequences] + states + captured)
-            for i in range(n_out):
-                outputs[i][t] = values[i]
-            new_states = values[n_out:]
-            for old, new in zip(states, new_states):
-                if new.shape != old.shape:
-                    raise ValueError('%s: the step changed a state of shape %s into shape %s'
-                                     % (self.where, old.shape, new.shape))
-            states = [xp.asarray(s) for s in new_states]
-        results = [xp.stack(o) for o in outputs] + states + [xp.stack(h) for h in history]
+            if outputs is None:
+                outputs = [self._stacked_like(xp, i, steps, values[i]) for i in range(n_out)]
+            for i in written:
+                self._write_step(outputs[i], t, values[i])
+            states = [xp.asarray(s) for s in values[n_out:]]
+            if [s.shape for s in states] != state_shapes:
+                self._check_states(state_shapes, states)
+        results = outputs + states + history
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _stacked_like(self, xp, i, steps, value):
+        """The stacked result for step output ``i`` from its first step's ``value``: a buffer
+        to fill, or for a shape-only output zeros broadcast to the stacked shape (no memory)."""
+        value = xp.asarray(value)
+        shape = (steps,) + tuple(value.shape)
+        if i in self.shape_only_outputs:
+            return xp.broadcast_to(xp.zeros((), value.dtype), shape)
+        return self._buffer(xp, ('output', i), shape, value.dtype)
+
+    def _buffer(self, xp, key, shape, dtype):
+        """An empty stacked result: on the NumPy device the one this Scan returned for
+        ``key`` last time when nothing else refers to it any more (no view, no variable,
+        no plan slot), else a new one. Fresh multi-MB buffers cost page faults on every
+        first touch of every call (measured: 2/3 of the per-step writes' time on the LSTM
+        benchmark); a reused one is already mapped. Device arrays come from CuPy's pool."""
+        buffers = self.__dict__.setdefault('_buffers', {})
+        if xp is np:
+            buffer = buffers.get(key)
+            # the references: the dict's, `buffer` and getrefcount's argument
+            if (buffer is not None and sys.getrefcount(buffer) == 3 and buffer.shape == shape
+                    and buffer.dtype == dtype):
+                return buffer
+        buffer = xp.empty(shape, dtype)
+        if xp is np:
+            buffers[key] = buffer
+        return buffer
+
+    def _check_states(self, shapes, states):
+        for shape, new in zip(shapes, states):
+            if new.shape != shape:
+                raise ValueError('%s: the step changed a state of shape %s into shape %s'
+                                 % (self.where, shape, new.shape))
+
+    def _write_step(self, stacked, t, value):
+        if tuple(value.shape) != stacked.shape[1:] or value.dtype != stacked.dtype:
+            raise ValueError('%s: step %d gave an output of shape %s and dtype %s, the steps before %s and %s'
+                             % (self.where, t, tuple(value.shape), value.dtype, stacked.shape[1:], stacked.dtype))
+        stacked[t] = value
 
     def _no_steps(self, xp, states):
         """The results of looping over empty sequences, as TensorFlow's: no outputs stacked
@@ -153,6 +231,41 @@ class Scan(Op):
         history = [xp.zeros((0,) + tuple(s.shape), s.dtype) for s in states]
         results = stacked + list(states) + history
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _residuals(self, backward_outputs):
+        """(residuals, the positions of those read for their shape alone): the forward step's
+        values that the backward step graph ``backward_outputs`` reads and that change from
+        step to step, except the step's inputs and what is cheap to recompute (elementwise
+        ops and slices, Op.cheap_to_recompute: the backward step computes them again from
+        the residuals). Values computed from the captured tensors alone are loop
+        invariants: recomputed too."""
+        inner = self.seq_inputs + self.state_inputs + self.captured_inputs
+        forward_nodes = topological_nodes(self.step_outputs + self.state_outputs, stop_at=set(inner))
+        varying = {id(t) for t in self.seq_inputs + self.state_inputs}
+        for node in forward_nodes:
+            if any(id(t) in varying for t in node.inputs):
+                varying.update(id(t) for t in node.outputs)
+        kept = {t for node in forward_nodes if not _recomputed(node.op)
+                for t in node.outputs if id(t) in varying}
+        shape_only = {}   # residual -> whether every read wants its shape alone
+        for node in topological_nodes(backward_outputs, stop_at=kept | set(inner)):
+            for position, t in enumerate(node.inputs):
+                if t in kept:
+                    shape_only[t] = shape_only.get(t, True) and position in node.op.shape_only_inputs
+        shape_only.update((t, False) for t in backward_outputs if t in kept)
+        return list(shape_only), [i for i, flag in enumerate(shape_only.values()) if flag]
+
+    def _stacked_residuals(self, inputs, residuals, shape_only):
+        """The ``residuals`` stacked over time: the outputs of this Scan extended with them as
+        more step outputs (ResidualScan), applied to the same inputs. A plan holding both
+        runs the extended Scan alone (fusion_scan.merge_residual_scans). The residuals
+        numbered in ``shape_only`` are read for their shape alone: zero-strided stand-ins."""
+        if not residuals:
+            return []
+        extended = ResidualScan(self, residuals, shape_only)
+        results = apply(extended, *inputs)
+        n_out = len(self.step_outputs)
+        return list(results[n_out:n_out + len(residuals)])
 
     def grad(self, inputs, outputs, output_grads):
         n_seq, n_state = len(self.seq_inputs), len(self.state_inputs)
@@ -172,7 +285,11 @@ class Scan(Op):
         # The backward step: vector-Jacobian product of the forward step.
         dy = [Placeholder(self.step_outputs[i].shape, self.step_outputs[i].dtype, name='scan_dy') for i in float_outs]
         ds = [Placeholder(self.state_inputs[i].shape, self.state_inputs[i].dtype, name='scan_ds') for i in float_states]
-        dh = [Placeholder(self.state_inputs[i].shape, self.state_inputs[i].dtype, name='scan_dh') for i in float_states]
+        # a state history's gradient is zeros unless something besides this gradient reads the
+        # history (a second-order gradient): zeros are not added per step
+        dh = [None if _is_zeros(d_history[i]) else
+              Placeholder(self.state_inputs[i].shape, self.state_inputs[i].dtype, name='scan_dh')
+              for i in float_states]
         dc = [Placeholder(self.captured_inputs[i].shape, self.captured_inputs[i].dtype, name='scan_dc')
               for i in float_caps]
         # seeded with dy / ds directly (not as gradients of sum(output * seed)), so the step's
@@ -188,28 +305,181 @@ class Scan(Op):
         g_seq = local[:len(float_seqs)]
         g_state = local[len(float_seqs):len(float_seqs) + len(float_states)]
         g_cap = local[len(float_seqs) + len(float_states):]
+        # weight gradients of the form sum over time of A_t^T B_t (or of B_t's column sums)
+        # are computed after the loop as one product of the stacked A and B: no accumulator
+        # state, transposes, small GEMMs and adds per step (_time_summed_factors)
+        factors = [_time_summed_factors(g, self.captured_inputs[i]) for g, i in zip(g_cap, float_caps)]
+        summed = [k for k, f in enumerate(factors) if f is not None]
+        outer_of = dict(zip(self.seq_inputs, seqs))
+        outer_of.update((self.state_inputs[i], history[i]) for i in range(n_state))
+        stacked_factors = list(dict.fromkeys(t for k in summed for t in factors[k][1:]
+                                           if t is not None and t not in outer_of))
+        dc = [d for k, d in enumerate(dc) if k not in summed]
+        step_outputs = g_seq + stacked_factors
+        state_outputs = ([g if h is None else g + h for g, h in zip(g_state, dh)]
+                         + [acc + g for acc, g in zip(dc, [g for k, g in enumerate(g_cap) if k not in summed])])
+        # the forward values the backward step reads come from the forward Scan, stacked
+        residuals, shape_only = self._residuals(step_outputs + state_outputs)
+        residual_ph = [Placeholder(t.shape, t.dtype, name='scan_residual') for t in residuals]
+        backward = clone(step_outputs + state_outputs, dict(zip(residuals, residual_ph)))
         back = Scan(
-            seq_inputs=list(self.seq_inputs) + list(self.state_inputs) + dy + dh,
+            seq_inputs=(list(self.seq_inputs) + list(self.state_inputs) + dy + [h for h in dh if h is not None]
+                        + residual_ph),
             state_inputs=ds + dc,
             captured_inputs=self.captured_inputs,
-            step_outputs=g_seq,
-            state_outputs=[g + h for g, h in zip(g_state, dh)] + [acc + g for acc, g in zip(dc, g_cap)],
+            step_outputs=backward[:len(step_outputs)],
+            state_outputs=backward[len(step_outputs):],
             reverse=not self.reverse,
             where=self.where + ' gradient')
         back_inputs = (seqs + list(history) + [d_stacked[i] for i in float_outs]
-                       + [d_history[i] for i in float_states] + [d_final[i] for i in float_states]
-                       + [zeros_like(captured[i]) for i in float_caps] + captured)
+                       + [d_history[i] for i, h in zip(float_states, dh) if h is not None]
+                       + self._stacked_residuals(inputs, residuals, shape_only)
+                       + [d_final[i] for i in float_states]
+                       + [zeros_like(captured[i]) for k, i in enumerate(float_caps) if k not in summed]
+                       + captured)
         results = apply(back, *back_inputs)
         results = results if isinstance(results, tuple) else (results,)
         n_gseq = len(float_seqs)
+        stacked_of = dict(outer_of)
+        stacked_of.update(zip(stacked_factors, results[n_gseq:len(step_outputs)]))
+        finals = iter(results[len(step_outputs):])
         grads = [None] * len(inputs)
         for k, i in enumerate(float_seqs):
             grads[i] = results[k]
         for k, i in enumerate(float_states):
-            grads[n_seq + i] = results[n_gseq + k]
+            grads[n_seq + i] = next(finals)
         for k, i in enumerate(float_caps):
-            grads[n_seq + n_state + i] = results[n_gseq + len(float_states) + k]
+            grads[n_seq + n_state + i] = (_summed_over_time(factors[k], stacked_of) if k in summed
+                                          else next(finals))
         return grads
+
+
+class ResidualScan(Scan):
+    """A Scan with more stacked outputs: ``base``'s step outputs, then ``residuals`` (values
+    of its step graph that its gradient's step reads). Its outputs extend ``base``'s, so a
+    plan running both runs this one alone, in place of ``base``."""
+
+    def __init__(self, base, residuals, shape_only=()):
+        n_out = len(base.step_outputs)
+        super().__init__(base.seq_inputs, base.state_inputs, base.captured_inputs,
+                         base.step_outputs + list(residuals), base.state_outputs, base.reverse, base.where,
+                         base.shape_only_outputs | {n_out + i for i in shape_only})
+        self.base = base
+
+
+def _without_identity_broadcast(t):
+    """``t``, or its gradient input when ``t`` is a SumToShapeOf between equal, fully known
+    shapes (the identity)."""
+    from gpuk.ops.elementwise import SumToShapeOf
+    node = t.node
+    if node is not None and type(node.op) is SumToShapeOf:
+        g, like = node.inputs
+        if g.shape is not None and g.shape == like.shape and None not in g.shape and g.dtype == t.dtype:
+            return g
+    return t
+
+
+# Kept, stacked, on the NumPy device rather than recomputed by the backward step: each is
+# several ufunc calls there (a sigmoid four), a stacked value one copy per step (measured:
+# ~8% of Keras's LSTM training step). On a kernel device they fuse into the backward cell
+# kernel at no cost, while keeping them would add outputs to the forward cell's kernel (at
+# most 4) and split it: they are recomputed there.
+_KEPT_ON_THE_NUMPY_DEVICE = ('sigmoid', 'tanh')
+
+
+def _recomputed(op):
+    """Whether a Scan's backward step computes ``op``'s value again instead of reading it
+    stacked from the forward loop (see Scan._residuals)."""
+    if not op.cheap_to_recompute():
+        return False
+    return not (isinstance(op, Unary) and op.name in _KEPT_ON_THE_NUMPY_DEVICE and device.kind() == 'cpu')
+
+
+def _is_zeros(t):
+    """Whether ``t`` is zeros by construction (autodiff's zeros_like of an unused output)."""
+    from gpuk.ops.elementwise import FillLike
+    if t.node is not None:
+        return isinstance(t.node.op, FillLike) and t.node.op.value == 0
+    return isinstance(t, Constant) and not np.any(t.value)
+
+
+def _time_summed_factors(g, captured):
+    """('matmul', A, B) when the step's gradient ``g`` of the 2-D ``captured`` tensor is
+    A^T B (MatMul's gradient for its right operand: x_t^T dz for x_t W), ('sum', None, B)
+    when it is B's column sums (a bias's gradient); else None. Both A and B are 2-D values
+    of the step with static last dims, of the captured tensor's dtype."""
+    from gpuk.ops.linalg import MatMul
+    from gpuk.ops.reduction import Reduce
+    from gpuk.ops.shape import Transpose
+    node = g.node
+    if node is None or g.dtype != captured.dtype:
+        return None
+    if isinstance(node.op, MatMul) and len(node.inputs) == 2:
+        a_t, b = node.inputs
+        if (a_t.node is not None and isinstance(a_t.node.op, Transpose) and a_t.node.op.perm == (1, 0)
+                and _matrix_of(a_t.node.inputs[0], g.dtype) and _matrix_of(b, g.dtype)):
+            a = a_t.node.inputs[0]
+            return 'matmul', a, _unbroadcast_rows(b, a)
+    if (isinstance(node.op, Reduce) and node.op.kind == 'sum' and node.op.axes == (0,)
+            and not node.op.keepdims and _matrix_of(node.inputs[0], g.dtype)):
+        return 'sum', None, _unbroadcast_rows(node.inputs[0], None)
+    return None
+
+
+def _unbroadcast_rows(b, a):
+    """``b`` without a SumToShapeOf(g, like) between equal static shapes (an add's gradient
+    in z = x W + h U + bias), so that one stacked g serves every factor: for column sums
+    always (summing g's rows or its rows summed to like's gives the same), for A^T B when
+    like is A times a matrix (like's rows are A's: the product needs g's rows to be A's,
+    which holds unless A broadcast a single row against more rows of the step's states:
+    then the product after the loop raises matmul's shape error instead of summing)."""
+    from gpuk.ops.elementwise import SumToShapeOf
+    from gpuk.ops.linalg import MatMul
+    node = b.node
+    if node is None or not isinstance(node.op, SumToShapeOf):
+        return b
+    g, like = node.inputs
+    if g.shape != like.shape or g.dtype != b.dtype:
+        return b
+    if a is None or (like.node is not None and isinstance(like.node.op, MatMul) and like.node.inputs[0] is a
+                     and g.shape[0] == a.shape[0]):
+        return g
+    return b
+
+
+def _matrix_of(t, dtype):
+    return t.shape is not None and len(t.shape) == 2 and t.shape[1] is not None and t.dtype == dtype
+
+
+def _summed_over_time(factors, stacked_of):
+    """The gradient ``factors`` (_time_summed_factors) summed over time: one product (or one
+    reduction) of the factors stacked over time (``stacked_of``: step value -> stacked)."""
+    from gpuk.ops.linalg import matmul
+    from gpuk.ops.reduction import reduce
+    from gpuk.ops.shape import reshape, transpose
+    kind, a, b = factors
+    b_rows = reshape(stacked_of[b], (-1, b.shape[1]))
+    if kind == 'sum':
+        return reduce('sum', b_rows, 0)
+    return matmul(transpose(reshape(stacked_of[a], (-1, a.shape[1])), (1, 0)), b_rows)
+
+
+def _loop_invariants(outputs, varying, captured):
+    """The tensors of the step graph ``outputs`` computed by pure (foldable) ops from the
+    ``captured`` inputs and constants alone, that a step-dependent op (or the step's
+    outputs) reads: what a loop can compute once before its first step."""
+    nodes = topological_nodes(outputs, stop_at=set(varying) | set(captured))
+    invariant = set(captured)
+    for node in nodes:
+        if node.op.foldable and all(t in invariant or (t.node is None and isinstance(t, Constant))
+                                    for t in node.inputs):
+            invariant.update(node.outputs)
+    frontier = {}
+    for node in nodes:
+        if not all(t in invariant for t in node.outputs):
+            frontier.update((t, None) for t in node.inputs if t in invariant and t.node is not None)
+    frontier.update((t, None) for t in outputs if t in invariant and t.node is not None)
+    return list(frontier)
 
 
 def scan(step_graph_inputs, step_graph_outputs, sequences, initial_states, reverse=False, where='scan'):

@@ -498,11 +498,14 @@ class Getitem(Op):
     def __init__(self, template):
         self.template = template
 
+    def cheap_to_recompute(self):
+        return True   # a slice: a view of its input
+
     def infer(self, x, *dynamic):
         return Meta(_getitem_shape(self.template, x.shape), x.dtype)
 
     def forward(self, impl, x, *dynamic):
-        return x[_fill(self.template, dynamic)]
+        return x[_fill(self.template, dynamic) if dynamic else self.template]
 
     def grad(self, inputs, outputs, output_grads):
         x, dynamic = inputs[0], inputs[1:]
@@ -511,6 +514,7 @@ class Getitem(Op):
 
 class ScatterSlice(Op):
     """Zeros shaped like ``like`` with ``g`` written at ``like[key]`` (Getitem's gradient)."""
+    shape_only_inputs = (1,)
 
     def __init__(self, template):
         self.template = template
@@ -520,12 +524,34 @@ class ScatterSlice(Op):
 
     def forward(self, impl, g, like, *dynamic):
         out = impl.xp.zeros(like.shape, dtype=g.dtype)
-        out[_fill(self.template, dynamic)] = g
+        out[_fill(self.template, dynamic) if dynamic else self.template] = g
         return out
 
     def grad(self, inputs, outputs, output_grads):
         dynamic = inputs[2:]
         return [apply(Getitem(self.template), output_grads[0], *dynamic), None] + [None] * len(dynamic)
+
+
+class ScatterSlices(Op):
+    """Zeros shaped like ``like`` (the last input) with each ``g`` written at its static key
+    of ``templates``: the sum of ScatterSlice's over disjoint slices, as one step (the
+    gradient of a tensor split into slices, like an LSTM's gates; gpuk/fusion_slices.py).
+    A plan-only op: it never appears in a graph, so it has no gradient."""
+    foldable = False
+    differentiable = False
+
+    def __init__(self, templates):
+        self.templates = tuple(templates)
+
+    def infer(self, *metas):
+        return Meta(metas[-1].shape, np.result_type(*[m.dtype for m in metas[:-1]]).name)
+
+    def forward(self, impl, *arrays):
+        gs, like = arrays[:-1], arrays[-1]
+        out = impl.xp.zeros(like.shape, dtype=impl.xp.result_type(*gs))
+        for key, g in zip(self.templates, gs):
+            out[key] = g
+        return out
 
 
 def getitem(x, key):
