@@ -188,11 +188,22 @@ def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     return y
 
 
+MAX_GRID_Z = 65535
+
+
 def _dgrad_launch(g, dtype):
+    """dgrad runs one sub-convolution per stride phase (conv_igemm.cu, DgradPhase): grid z is the
+    phase, grid x covers the largest phase (phase 0: ceil(in / s) pixels per dim)."""
     rows, cols, depth = g.batch * math.prod(g.in_sp), g.c_in, math.prod(g.k_sp) * g.c_out
     _check_gemm('conv_dgrad', rows, cols, depth)
-    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth)
-    grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
+    phases = math.prod(g.strides)
+    if phases > MAX_GRID_Z:
+        raise ValueError('conv_dgrad: the product of the strides must be at most %d (one block row per stride '
+                         'phase), got strides %s' % (MAX_GRID_Z, tuple(g.strides)))
+    phase_rows = g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides))
+    tile = conv_tiles.choose_tile(dtype, config.precision(), phase_rows * phases, cols,
+                                  math.ceil(depth / phases))
+    grid = (math.ceil(phase_rows / tile.bm), math.ceil(cols / tile.bn), phases)
     return Launch(tile, 'conv_igemm_dgrad', grid, tile.threads,
                   _layout_shape(g, g.in_sp, g.c_in), _geometry_args(g))
 
