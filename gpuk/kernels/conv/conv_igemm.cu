@@ -125,14 +125,20 @@ template <int MODE> struct Layout {
 
 // The unit a row's unit u is stored at: rows of U units, U a power of two >= 2; groups of
 // 8/U rows share one XOR pattern when U < 8.
+// Unsigned bit arithmetic (rows and columns are never negative): the compiler then sees that
+// rows 8 apart share a pattern, so the addresses of a thread's fragments 16 rows apart differ
+// by constants (immediate offsets, not one address register per fragment).
 template <int U> __device__ __forceinline__ int swizzled_unit(int row, int u) {
     static_assert(U >= 2 && (U & (U - 1)) == 0, "swizzle: rows of 2^n >= 2 units");
-    return u ^ (U >= 8 ? row % 8 : (row / (8 / U)) % U);
+    const unsigned r = (unsigned)row;
+    return (int)((unsigned)u ^ (U >= 8 ? r & 7u : (r / (8u / U)) & (unsigned)(U - 1)));
 }
 // Index of a tile element at (row, col) of a tile with rows of LEN elements (+ padding).
 template <int LEN> __device__ __forceinline__ int tile_offset(int row, int col) {
-    if (SMEM_SWIZZLE)
-        return row * LEN + swizzled_unit<LEN / VEC>(row, col / VEC) * VEC + col % VEC;
+    if (SMEM_SWIZZLE) {
+        const unsigned c = (unsigned)col;
+        return row * LEN + swizzled_unit<LEN / VEC>(row, (int)(c / VEC)) * VEC + (int)(c % VEC);
+    }
     return row * (LEN + SMEM_PAD) + col;
 }
 // Index of element (mn, k) of a tile with MN rows/columns, stored mn-major ([mn][k]) or k-major.
@@ -807,16 +813,21 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
         if (s < tiles) loader.template load<VECTOR>(g, a_src, b_src, as[s], bs[s], cols);
         cp_async_commit();   // empty groups keep the count uniform for the wait below
     }
-    int read_stage = 0, write_stage = CONV_STAGES - 1;
-    for (int t = 0; t < tiles; ++t) {
-        cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
-        __syncthreads();                    // ... everyone's, and stage t-1 is free again
-        if (t + CONV_STAGES - 1 < tiles)
-            loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], cols);
-        cp_async_commit();
-        tile_multiply<MODE>(as[read_stage], bs[read_stage], acc);
-        read_stage = read_stage == CONV_STAGES - 1 ? 0 : read_stage + 1;
-        write_stage = write_stage == CONV_STAGES - 1 ? 0 : write_stage + 1;
+    // Unrolled by the stage count, so that every stage index is a constant: the shared
+    // addresses of fragments and copies become register + immediate (no per-tile address math).
+    for (int t0 = 0; t0 < tiles; t0 += CONV_STAGES) {
+#pragma unroll
+        for (int s = 0; s < CONV_STAGES; ++s) {
+            const int t = t0 + s;
+            if (t >= tiles) break;
+            cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
+            __syncthreads();                    // ... everyone's, and stage t-1 is free again
+            const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
+            if (t + CONV_STAGES - 1 < tiles)
+                loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], cols);
+            cp_async_commit();
+            tile_multiply<MODE>(as[s], bs[s], acc);
+        }
     }
     cp_async_wait_all();
 }
