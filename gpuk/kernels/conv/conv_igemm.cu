@@ -539,8 +539,9 @@ template <> struct Loader<MODE_WGRAD> {
     __device__ __forceinline__ bool a_element(const ConvGeom& g, const TapSeq& taps, const TapIter& t,
                                               const PixIter& p, bool channels_last, long long& offset) const {
         const int id = p.od * g.s_d + t.od, ih = p.oh * g.s_h + t.oh, iw = p.ow * g.s_w + t.ow;
-        const long long ipix = ((long long)id * g.in_h + ih) * g.in_w + iw;
-        offset = tensor_offset(p.n, t.c, ipix, g.c_in, g.in_pix, channels_last);
+        const int ipix = (id * g.in_h + ih) * g.in_w + iw;   // within one image: < 2^31 (launcher)
+        offset = channels_last ? p.n * (g.in_pix * g.c_in) + ((long long)ipix * g.c_in + t.c)
+                               : ((long long)p.n * g.c_in + t.c) * g.in_pix + ipix;
         return t.in_filter(taps) && (unsigned)id < (unsigned)g.in_d && (unsigned)ih < (unsigned)g.in_h &&
                (unsigned)iw < (unsigned)g.in_w;
     }
