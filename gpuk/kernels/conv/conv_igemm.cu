@@ -6,9 +6,10 @@
 // The three GEMM views (taps = KD*KH*KW, OP/IP = output/input pixels per image):
 //   conv_igemm_fwd:   y[m, n]  = sum_k A[m, k] B[k, n]   M = N*OP,      N = C_out, K = taps*C_in
 //       A = im2col(x) gathered on the fly (padding/stride/dilation predicates), B = w as (K, C_out).
-//   conv_igemm_dgrad: dx[m, n] = ...                     M = N*IP,      N = C_in,  K = taps*C_out
-//       A[(img, i), (tap, co)] = dy[img, o, co] where i = o*s - pad + tap*dil (o must be an
-//       integer in range: the stride holes are predicates, no zeros are inserted),
+//   conv_igemm_dgrad: dx[m, n] = ...  per stride phase   M = N*IP/s^k,  N = C_in,  K = taps/s^k*C_out
+//       one sub-convolution per stride phase r (grid z; DgradPhase): input pixels i = r + s*q
+//       get A[(img, q), (tap, co)] = dy[img, q + (r + pad - tap*dil)/s, co] over the phase's
+//       taps only ((r + pad - tap*dil) % s == 0), so no work lands on the stride holes;
 //       B[(tap, co), ci] = w[tap, ci, co] (the transposed filter; the flip is implicit).
 //   conv_igemm_wgrad: dw[m, n] = ...                     M = taps*C_in, N = C_out, K = N*OP
 //       A = im2col(x) transposed, B = dy as (N*OP, C_out). Split-K over gridDim.z: each
@@ -19,21 +20,28 @@
 //   1 = mma.m16n8k16 with float32 accumulation on 16-bit inputs: f16 for float16, bf16 for
 //       bfloat16 (ELEMENT_T picks the instruction, see Mma16);
 //   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32'), operands rounded
-//       with cvt.rna. MMA fragments come from ldmatrix (see tile_multiply).
+//       with cvt.rna per fragment element (2 instructions each on sm_90; a per-shared-tile
+//       pass would cost as much: each element is read by only 2 warps). MMA fragments come
+//       from ldmatrix (see tile_multiply).
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
-//   cp.async pipeline (one barrier per K tile). Each operand tile is stored in shared memory
+//   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
+//   every shared address is a register plus an immediate. Each operand tile is stored in shared memory
 //   with its contiguous global dimension contiguous (see Layout); FFMA and 16-bit tiles are
 //   XOR-swizzled in 16-byte units, tf32 tiles padded by one unit per row (no bank conflicts
 //   on the cp.async writes, ldmatrix phases and FFMA reads). Tile shapes and their choice per
-//   problem: gpuk/kernels/conv/tiles.py (table in its docstring).
+//   problem: gpuk/kernels/conv/tiles.py (table and rules in its docstring): the largest tile
+//   that fills two waves of SMs with padding waste <= 1.5 (2.0 where the gathered operand is
+//   copied per element, the 7x7 stem) and, for the largest tile, K >= 6 K tiles (1x1 layers).
 //   FFMA: each thread owns a CONV_TM x CONV_TN micro-tile made of runs of 4 rows/columns
 //   (conflict-free 16-byte shared reads). MMA: CONV_WARPS_M x CONV_WARPS_N warps, each a
 //   (BM/WARPS_M) x (BN/WARPS_N) warp tile of 16x8 MMA tiles.
 // Loads (Loader<MODE>): all index decoding (divisions) happens once per block: each thread
-//   keeps the window origin and base offset of its A rows and a (tap, channel) or (image,
-//   pixel) iterator that each K tile advances by adds and a wrap compare. Rows past the end
-//   get a far-outside origin, so one bounds check covers padding and tails; no thread returns
-//   early. Vector path (every operand channels_last-contiguous with a channel count that is a
+//   keeps the window origin and base offset of its A rows and one (tap, channel) iterator for
+//   all its chunks (they share k), or (image, pixel) iterators (wgrad), that each K tile
+//   advances by adds and a wrap compare; row-major operands (fwd w, wgrad dy) are a pointer
+//   plus a count of K rows left (RowStream). Rows past the end get a far-outside origin, so
+//   one bounds check covers padding and tails; zero-filled chunks pass their address unread.
+//   No thread returns early (dgrad blocks past their phase's rows exit whole). Vector path (every operand channels_last-contiguous with a channel count that is a
 //   multiple of VEC = 16 bytes / element, 16-byte-aligned pointers): one 16-byte zero-filling
 //   cp.async per VEC neighbouring channels, which share one padding check. Otherwise each
 //   element is copied on its own (cp.async of 4/8 bytes; 16-bit elements synchronously).
@@ -43,8 +51,9 @@
 // Epilogue (fwd only): 0 none, 1 + bias[c_out], 2 + bias then relu (relu keeps NaN). Stores
 //   go out in runs of consecutive channels (store_tile): one vector store per run in
 //   channels_last, no division per element.
-// Limits: M, N, K < 2^31 (checked by the launcher; indices decode in 32 bits); offsets are 64-bit; grid.y = N tiles
-//   <= 65535, grid.z = splits <= 65535. No atomics.
+// Limits: M, N, K and the pixels of one image < 2^31 (checked by the launcher; indices decode
+//   in 32 bits); offsets are 64-bit; grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
+//   stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
 #include "conv_common.cuh"
 
 #ifndef CONV_MATH
