@@ -825,18 +825,34 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
     }
     // Unrolled by the stage count, so that every stage index is a constant: the shared
     // addresses of fragments and copies become register + immediate (no per-tile address math).
-    for (int t0 = 0; t0 < tiles; t0 += CONV_STAGES) {
-#pragma unroll
-        for (int s = 0; s < CONV_STAGES; ++s) {
-            const int t = t0 + s;
-            if (t >= tiles) break;
-            cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
-            __syncthreads();                    // ... everyone's, and stage t-1 is free again
-            const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
+    // Not for wgrad's 16-bit 128x128 tile: its per-chunk (image, pixel) iterators and 128
+    // accumulators then spill on sm_80; it rotates the stage indices instead.
+    if constexpr (MODE == MODE_WGRAD && CONV_MATH == 1 && ACC_COUNT >= 128) {
+        int read_stage = 0, write_stage = CONV_STAGES - 1;
+        for (int t = 0; t < tiles; ++t) {
+            cp_async_wait<CONV_STAGES - 2>();
+            __syncthreads();
             if (t + CONV_STAGES - 1 < tiles)
                 loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], cols);
             cp_async_commit();
-            tile_multiply<MODE>(as[s], bs[s], acc);
+            tile_multiply<MODE>(as[read_stage], bs[read_stage], acc);
+            read_stage = read_stage == CONV_STAGES - 1 ? 0 : read_stage + 1;
+            write_stage = write_stage == CONV_STAGES - 1 ? 0 : write_stage + 1;
+        }
+    } else {
+        for (int t0 = 0; t0 < tiles; t0 += CONV_STAGES) {
+#pragma unroll
+            for (int s = 0; s < CONV_STAGES; ++s) {
+                const int t = t0 + s;
+                if (t >= tiles) break;
+                cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
+                __syncthreads();                    // ... everyone's, and stage t-1 is free again
+                const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
+                if (t + CONV_STAGES - 1 < tiles)
+                    loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], cols);
+                cp_async_commit();
+                tile_multiply<MODE>(as[s], bs[s], acc);
+            }
         }
     }
     cp_async_wait_all();
