@@ -344,3 +344,13 @@ def test_tile_choice_table():
     # wgrad of a 3x3 64->64 layer at N=32: M x N = 576 x 64 gives few tiles, so K is split.
     tile = conv_tiles.choose_tile(np.float32, 'float32', 576, 64, 32 * 56 * 56, split_k=True)
     assert conv_tiles.wgrad_splits(tile, 576, 64, 32 * 56 * 56) > 1
+
+
+def test_tile_rules_for_short_k_and_per_element_copies():
+    # 1x1 64 -> 64 at N=32: K = 64 is 4 FFMA K tiles, too short for the largest tile's pipeline.
+    assert conv_tiles.choose_tile(np.float32, 'float32', 32 * 56 * 56, 64, 64).name == '64x64x16'
+    assert conv_tiles.choose_tile(np.float32, 'float32', 32 * 56 * 56, 256, 576).name == '128x128x16'
+    # the 7x7 stem (C_in = 3, C_out = 64): per-element copies accept the 128-wide tile's padding.
+    stem = (32 * 112 * 112, 64, 147)
+    assert conv_tiles.choose_tile(np.float32, 'float32', *stem, aligned=False).name == '128x128x16'
+    assert conv_tiles.choose_tile(np.float32, 'float32', *stem).name == '64x64x16'

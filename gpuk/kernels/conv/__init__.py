@@ -100,8 +100,16 @@ def _layout_shape(g, spatial, channels):
     return (g.batch, *spatial, channels) if g.channels_last else (g.batch, channels, *spatial)
 
 
-def _check_gemm(fn, rows, cols, depth):
-    for what, value in (('the GEMM M', rows), ('the GEMM N', cols), ('the GEMM K', depth)):
+def _chunk_elements(dtype):
+    """Elements per 16-byte chunk (VEC in conv_igemm.cu)."""
+    return 16 // np.dtype(dtype).itemsize
+
+
+def _check_gemm(fn, g, rows, cols, depth):
+    """The kernels decode GEMM indices and pixel offsets within one image in 32 bits."""
+    for what, value in (('the GEMM M', rows), ('the GEMM N', cols), ('the GEMM K', depth),
+                        ('the input pixels per image', math.prod(g.in_sp)),
+                        ('the output pixels per image', math.prod(g.out_sp))):
         check_index_limit(fn, what, value)
 
 
@@ -171,8 +179,9 @@ def _kernel(rt, dtype, launch, name=None):
 
 def _fwd_launch(g, dtype, epilogue):
     rows, cols, depth = g.batch * math.prod(g.out_sp), g.c_out, math.prod(g.k_sp) * g.c_in
-    _check_gemm('conv_fwd', rows, cols, depth)
-    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth)
+    _check_gemm('conv_fwd', g, rows, cols, depth)
+    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth,
+                                  aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
     return Launch(tile, 'conv_igemm_fwd', grid, tile.threads,
                   _layout_shape(g, g.out_sp, g.c_out), _geometry_args(g) + (np.int32(EPILOGUES[epilogue]),))
@@ -194,11 +203,22 @@ def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     return problem.from_kernel_layout(rt, y)
 
 
+MAX_GRID_Z = 65535
+
+
 def _dgrad_launch(g, dtype):
+    """dgrad runs one sub-convolution per stride phase (conv_igemm.cu, DgradPhase): grid z is the
+    phase, grid x covers the largest phase (phase 0: ceil(in / s) pixels per dim)."""
     rows, cols, depth = g.batch * math.prod(g.in_sp), g.c_in, math.prod(g.k_sp) * g.c_out
-    _check_gemm('conv_dgrad', rows, cols, depth)
-    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth)
-    grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
+    _check_gemm('conv_dgrad', g, rows, cols, depth)
+    phases = math.prod(g.strides)
+    if phases > MAX_GRID_Z:
+        raise ValueError('conv_dgrad: the product of the strides must be at most %d (one block row per stride '
+                         'phase), got strides %s' % (MAX_GRID_Z, tuple(g.strides)))
+    phase_rows = g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides))
+    tile = conv_tiles.choose_tile(dtype, config.precision(), phase_rows * phases, cols,
+                                  math.ceil(depth / phases), aligned=g.c_out % _chunk_elements(dtype) == 0)
+    grid = (math.ceil(phase_rows / tile.bm), math.ceil(cols / tile.bn), phases)
     return Launch(tile, 'conv_igemm_dgrad', grid, tile.threads,
                   _layout_shape(g, g.in_sp, g.c_in), _geometry_args(g))
 
@@ -223,8 +243,9 @@ WgradLaunch = namedtuple('WgradLaunch', 'main partial_shape reduce_blocks reduce
 
 def _wgrad_launch(g, dtype):
     rows, cols, depth = math.prod(g.k_sp) * g.c_in, g.c_out, g.batch * math.prod(g.out_sp)
-    _check_gemm('conv_wgrad', rows, cols, depth)
-    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, split_k=True)
+    _check_gemm('conv_wgrad', g, rows, cols, depth)
+    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, split_k=True,
+                                  aligned=g.c_in % _chunk_elements(dtype) == 0)
     per_split = conv_tiles.k_per_split(tile, depth, conv_tiles.wgrad_splits(tile, rows, cols, depth))
     splits = math.ceil(depth / per_split)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn), splits)

@@ -6,9 +6,10 @@
 // The three GEMM views (taps = KD*KH*KW, OP/IP = output/input pixels per image):
 //   conv_igemm_fwd:   y[m, n]  = sum_k A[m, k] B[k, n]   M = N*OP,      N = C_out, K = taps*C_in
 //       A = im2col(x) gathered on the fly (padding/stride/dilation predicates), B = w as (K, C_out).
-//   conv_igemm_dgrad: dx[m, n] = ...                     M = N*IP,      N = C_in,  K = taps*C_out
-//       A[(img, i), (tap, co)] = dy[img, o, co] where i = o*s - pad + tap*dil (o must be an
-//       integer in range: the stride holes are predicates, no zeros are inserted),
+//   conv_igemm_dgrad: dx[m, n] = ...  per stride phase   M = N*IP/s^k,  N = C_in,  K = taps/s^k*C_out
+//       one sub-convolution per stride phase r (grid z; DgradPhase): input pixels i = r + s*q
+//       get A[(img, q), (tap, co)] = dy[img, q + (r + pad - tap*dil)/s, co] over the phase's
+//       taps only ((r + pad - tap*dil) % s == 0), so no work lands on the stride holes;
 //       B[(tap, co), ci] = w[tap, ci, co] (the transposed filter; the flip is implicit).
 //   conv_igemm_wgrad: dw[m, n] = ...                     M = taps*C_in, N = C_out, K = N*OP
 //       A = im2col(x) transposed, B = dy as (N*OP, C_out). Split-K over gridDim.z: each
@@ -19,21 +20,28 @@
 //   1 = mma.m16n8k16 with float32 accumulation on 16-bit inputs: f16 for float16, bf16 for
 //       bfloat16 (ELEMENT_T picks the instruction, see Mma16);
 //   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32'), operands rounded
-//       with cvt.rna. MMA fragments come from ldmatrix (see tile_multiply).
+//       with cvt.rna per fragment element (2 instructions each on sm_90; a per-shared-tile
+//       pass would cost as much: each element is read by only 2 warps). MMA fragments come
+//       from ldmatrix (see tile_multiply).
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
-//   cp.async pipeline (one barrier per K tile). Each operand tile is stored in shared memory
+//   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
+//   every shared address is a register plus an immediate. Each operand tile is stored in shared memory
 //   with its contiguous global dimension contiguous (see Layout); FFMA and 16-bit tiles are
 //   XOR-swizzled in 16-byte units, tf32 tiles padded by one unit per row (no bank conflicts
 //   on the cp.async writes, ldmatrix phases and FFMA reads). Tile shapes and their choice per
-//   problem: gpuk/kernels/conv/tiles.py (table in its docstring).
+//   problem: gpuk/kernels/conv/tiles.py (table and rules in its docstring): the largest tile
+//   that fills two waves of SMs with padding waste <= 1.5 (2.0 where the gathered operand is
+//   copied per element, the 7x7 stem) and, for the largest tile, K >= 6 K tiles (1x1 layers).
 //   FFMA: each thread owns a CONV_TM x CONV_TN micro-tile made of runs of 4 rows/columns
 //   (conflict-free 16-byte shared reads). MMA: CONV_WARPS_M x CONV_WARPS_N warps, each a
 //   (BM/WARPS_M) x (BN/WARPS_N) warp tile of 16x8 MMA tiles.
 // Loads (Loader<MODE>): all index decoding (divisions) happens once per block: each thread
-//   keeps the window origin and base offset of its A rows and a (tap, channel) or (image,
-//   pixel) iterator that each K tile advances by adds and a wrap compare. Rows past the end
-//   get a far-outside origin, so one bounds check covers padding and tails; no thread returns
-//   early. Vector path (every operand channels_last-contiguous with a channel count that is a
+//   keeps the window origin and base offset of its A rows and one (tap, channel) iterator for
+//   all its chunks (they share k), or (image, pixel) iterators (wgrad), that each K tile
+//   advances by adds and a wrap compare; row-major operands (fwd w, wgrad dy) are a pointer
+//   plus a count of K rows left (RowStream). Rows past the end get a far-outside origin, so
+//   one bounds check covers padding and tails; zero-filled chunks pass their address unread.
+//   No thread returns early (dgrad blocks past their phase's rows exit whole). Vector path (every operand channels_last-contiguous with a channel count that is a
 //   multiple of VEC = 16 bytes / element, 16-byte-aligned pointers): one 16-byte zero-filling
 //   cp.async per VEC neighbouring channels, which share one padding check. Otherwise each
 //   element is copied on its own (cp.async of 4/8 bytes; 16-bit elements synchronously).
@@ -43,8 +51,9 @@
 // Epilogue (fwd only): 0 none, 1 + bias[c_out], 2 + bias then relu (relu keeps NaN). Stores
 //   go out in runs of consecutive channels (store_tile): one vector store per run in
 //   channels_last, no division per element.
-// Limits: M, N, K < 2^31 (checked by the launcher; indices decode in 32 bits); offsets are 64-bit; grid.y = N tiles
-//   <= 65535, grid.z = splits <= 65535. No atomics.
+// Limits: M, N, K and the pixels of one image < 2^31 (checked by the launcher; indices decode
+//   in 32 bits); offsets are 64-bit; grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
+//   stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
 #include "conv_common.cuh"
 
 #ifndef CONV_MATH
@@ -125,14 +134,20 @@ template <int MODE> struct Layout {
 
 // The unit a row's unit u is stored at: rows of U units, U a power of two >= 2; groups of
 // 8/U rows share one XOR pattern when U < 8.
+// Unsigned bit arithmetic (rows and columns are never negative): the compiler then sees that
+// rows 8 apart share a pattern, so the addresses of a thread's fragments 16 rows apart differ
+// by constants (immediate offsets, not one address register per fragment).
 template <int U> __device__ __forceinline__ int swizzled_unit(int row, int u) {
     static_assert(U >= 2 && (U & (U - 1)) == 0, "swizzle: rows of 2^n >= 2 units");
-    return u ^ (U >= 8 ? row % 8 : (row / (8 / U)) % U);
+    const unsigned r = (unsigned)row;
+    return (int)((unsigned)u ^ (U >= 8 ? r & 7u : (r / (8u / U)) & (unsigned)(U - 1)));
 }
 // Index of a tile element at (row, col) of a tile with rows of LEN elements (+ padding).
 template <int LEN> __device__ __forceinline__ int tile_offset(int row, int col) {
-    if (SMEM_SWIZZLE)
-        return row * LEN + swizzled_unit<LEN / VEC>(row, col / VEC) * VEC + col % VEC;
+    if (SMEM_SWIZZLE) {
+        const unsigned c = (unsigned)col;
+        return row * LEN + swizzled_unit<LEN / VEC>(row, (int)(c / VEC)) * VEC + (int)(c % VEC);
+    }
     return row * (LEN + SMEM_PAD) + col;
 }
 // Index of element (mn, k) of a tile with MN rows/columns, stored mn-major ([mn][k]) or k-major.
@@ -167,45 +182,56 @@ struct ConvGeom {
 
 #define FAR_OUTSIDE (-(1 << 29))   // a coordinate that fails every bounds check (rows past the end)
 
+// The filter taps a GEMM's K (or wgrad's M) runs over, per spatial dim: tap coordinates
+// k0, k0 + kstep, ... (< the filter size; `count` of them) and, for each, the offset the tap
+// adds to a row's window origin: o0, o0 + ostep, ...
+//   fwd:   every tap, offset k*dil (source coordinate = o*s - pad + k*dil);
+//   wgrad: every tap, offset k*dil - pad (along M);
+//   dgrad: one stride phase's taps (dgrad_phase_dim), offset (r + pad - k*dil) / s.
+struct TapDim { int k0, kstep, o0, ostep, count; };
+struct TapSeq { TapDim d, h, w; int size_d, size_h, size_w; };
+
+__device__ __forceinline__ TapDim dense_dim(int size, int dil, int base) { return TapDim{0, 1, base, dil, size}; }
+__device__ __forceinline__ TapSeq dense_taps(const ConvGeom& g, int base_d, int base_h, int base_w) {
+    return TapSeq{dense_dim(g.k_d, g.dil_d, base_d), dense_dim(g.k_h, g.dil_h, base_h),
+                  dense_dim(g.k_w, g.dil_w, base_w), g.k_d, g.k_h, g.k_w};
+}
+
 // A (tap, channel) position along K (fwd/dgrad A, dgrad B) or along M (wgrad A), advanced
 // by adds and one wrap compare per step: the divisions happen once, in start().
-// (od, oh, ow) are the tap's offsets k*dil + base (base: -pad for wgrad, else 0).
+// (od, oh, ow) are the tap's offsets (TapSeq); the tap is past the filter when kd >= size_d.
 struct TapIter {
-    int c, kw, kh, kd, tap, ow, oh, od;
-    __device__ __forceinline__ void start(const ConvGeom& g, int k, int channels, int base_d, int base_h,
-                                          int base_w) {
-        tap = k / channels;
-        c = k - tap * channels;
-        kw = tap % g.k_w;
-        kh = (tap / g.k_w) % g.k_h;
-        kd = tap / (g.k_w * g.k_h);
-        ow = kw * g.dil_w + base_w;
-        oh = kh * g.dil_h + base_h;
-        od = kd * g.dil_d + base_d;
+    int c, kw, kh, kd, ow, oh, od;
+    __device__ __forceinline__ void start(const TapSeq& s, int k, int channels) {
+        const int i = k / channels;   // the tap's index in the sequence
+        c = k - i * channels;
+        const int iw = i % s.w.count, ih = (i / s.w.count) % s.h.count, id = i / (s.w.count * s.h.count);
+        kw = s.w.k0 + iw * s.w.kstep; ow = s.w.o0 + iw * s.w.ostep;
+        kh = s.h.k0 + ih * s.h.kstep; oh = s.h.o0 + ih * s.h.ostep;
+        kd = s.d.k0 + id * s.d.kstep; od = s.d.o0 + id * s.d.ostep;
     }
-    __device__ __forceinline__ void next_tap(const ConvGeom& g, int base_d, int base_h, int base_w) {
-        ++tap;
-        ow += g.dil_w;
-        if (++kw == g.k_w) {
-            kw = 0;
-            ow = base_w;
-            oh += g.dil_h;
-            if (++kh == g.k_h) {
-                kh = 0;
-                oh = base_h;
-                od += g.dil_d;
-                ++kd;
+    __device__ __forceinline__ void next_tap(const TapSeq& s) {
+        kw += s.w.kstep;
+        ow += s.w.ostep;
+        if (kw >= s.size_w) {
+            kw = s.w.k0; ow = s.w.o0;
+            kh += s.h.kstep; oh += s.h.ostep;
+            if (kh >= s.size_h) {
+                kh = s.h.k0; oh = s.h.o0;
+                kd += s.d.kstep; od += s.d.ostep;
             }
         }
     }
-    __device__ __forceinline__ void advance(const ConvGeom& g, int step, int channels, int base_d, int base_h,
-                                            int base_w) {
+    __device__ __forceinline__ void advance(const TapSeq& s, int step, int channels) {
         c += step;
         while (c >= channels) {
             c -= channels;
-            next_tap(g, base_d, base_h, base_w);
+            next_tap(s);
         }
     }
+    __device__ __forceinline__ bool in_filter(const TapSeq& s) const { return kd < s.size_d; }
+    // The tap's index in the filter (w is (taps, C_in, C_out)).
+    __device__ __forceinline__ int tap(const TapSeq& s) const { return (kd * s.size_h + kh) * s.size_w + kw; }
 };
 
 // An (image, output pixel) position along K (wgrad), advanced by adds and wrap compares.
@@ -235,19 +261,61 @@ struct PixIter {
     __device__ __forceinline__ int pixel(const ConvGeom& g) const { return (od * g.out_h + oh) * g.out_w + ow; }
 };
 
-// dgrad: the output coordinate o with o*s == t, or -1 (t negative, a stride hole, or past the end).
-__device__ __forceinline__ int dgrad_coord(int t, int stride, int size) {
-    if (t < 0) return -1;
-    int o = t;
-    if (stride != 1) {   // uniform branch: stride 1 (the common case) divides nothing
-        o = t / stride;
-        if (o * stride != t) return -1;
-    }
-    return o < size ? o : -1;
+// ---- dgrad as stride-phase sub-convolutions ----
+// Input pixel i = r + s*q (phase r in [0, s), per dim) receives dy[o] * w[k] exactly for the taps
+// with (r + pad - k*dil) % s == 0, at o = q + (r + pad - k*dil) / s. Those taps are
+// k0, k0 + s/gcd(s, dil), ...: each phase is a dense (stride-1) convolution of dy with a
+// subsampled, flipped filter, so no work lands on the stride holes. Block z of the grid runs
+// phase z; its GEMM has M = N * Q_d*Q_h*Q_w rows (Q = pixels of the phase) and
+// K = (taps of the phase) * C_out; a phase without taps writes zeros (K = 0).
+__device__ __forceinline__ TapDim dgrad_phase_dim(int r, int s, int pad, int dil, int size) {
+    TapDim t{size, 1, 0, 0, 0};
+    for (int k = 0; k < size && k < s; ++k)   // the first tap of the phase, if any (period s)
+        if ((r + pad - k * dil) % s == 0) {   // (C's % is 0 exactly for multiples, negative or not)
+            t.k0 = k;
+            break;
+        }
+    while ((t.kstep * dil) % s != 0) ++t.kstep;   // s / gcd(s, dil)
+    t.count = t.k0 < size ? (size - 1 - t.k0) / t.kstep + 1 : 0;
+    t.o0 = (r + pad - t.k0 * dil) / s;          // exact
+    t.ostep = -(t.kstep * dil) / s;             // exact
+    return t;
 }
+__device__ __forceinline__ int phase_pixels(int r, int s, int size) { return r < size ? (size - r + s - 1) / s : 0; }
+
+struct DgradPhase {
+    TapSeq taps;
+    int r_d, r_h, r_w, q_d, q_h, q_w;   // the phase and its pixel grid
+    long long rows, depth;              // its GEMM's M and K
+    __device__ __forceinline__ void init(const ConvGeom& g, int z) {
+        r_w = z % g.s_w;
+        r_h = (z / g.s_w) % g.s_h;
+        r_d = z / (g.s_w * g.s_h);
+        taps.d = dgrad_phase_dim(r_d, g.s_d, g.pad_d, g.dil_d, g.k_d);
+        taps.h = dgrad_phase_dim(r_h, g.s_h, g.pad_h, g.dil_h, g.k_h);
+        taps.w = dgrad_phase_dim(r_w, g.s_w, g.pad_w, g.dil_w, g.k_w);
+        taps.size_d = g.k_d; taps.size_h = g.k_h; taps.size_w = g.k_w;
+        q_d = phase_pixels(r_d, g.s_d, g.in_d);
+        q_h = phase_pixels(r_h, g.s_h, g.in_h);
+        q_w = phase_pixels(r_w, g.s_w, g.in_w);
+        rows = (long long)g.batch * q_d * q_h * q_w;
+        depth = (long long)taps.d.count * taps.h.count * taps.w.count * g.c_out;
+        if (depth == 0) taps.d.count = taps.h.count = taps.w.count = 1;   // nothing to load; start() divides
+    }
+    // The dx row (n * in_pix + pixel) of GEMM row m.
+    __device__ __forceinline__ long long out_row(const ConvGeom& g, long long m) const {
+        const unsigned mu = (unsigned)m, pixels = (unsigned)q_d * q_h * q_w;
+        const unsigned n = mu / pixels, p = mu - n * pixels;
+        const int qw = (int)(p % (unsigned)q_w), qh = (int)((p / (unsigned)q_w) % (unsigned)q_h);
+        const int qd = (int)(p / ((unsigned)q_w * (unsigned)q_h));
+        return (long long)n * g.in_pix +
+               ((long long)(r_d + g.s_d * qd) * g.in_h + (r_h + g.s_h * qh)) * g.in_w + (r_w + g.s_w * qw);
+    }
+};
 
 // ---- global -> shared copies ----
-// A 16-byte chunk, zero-filled when !valid (the source is then not read).
+// A 16-byte chunk, zero-filled when !valid: then the source is not read (cp.async with a
+// source size of 0), so the address of an out-of-range element may be passed as it is.
 __device__ __forceinline__ void copy_chunk(elem_t* dst, const elem_t* src, bool valid) {
     cp_async_16_zfill(dst, src, valid);
 }
@@ -262,274 +330,276 @@ __device__ __forceinline__ void copy_scalar(elem_t* dst, const elem_t* src, bool
     }
 }
 
+// Tile rows one block-wide pass of chunks covers (chunk j of a thread is row chunk_row(0) + j * this).
+#define ROWS_PER_PASS(len) (CONV_THREADS / ((len) / VEC))
+
+// The gathered A operand of fwd and dgrad: A[m][k] = src[n, origin(m) + offset(tap), c] over a
+// (N, sd, sh, sw, C) source (fwd: x; dgrad: dy), k = (tap of `taps`, c). Row m = (n, p) with p
+// a pixel of the grid (gd, gh, gw); its window origin is p * mul + add per dim. A thread's
+// chunks share one k (its position along the tile's K), so one TapIter serves them all; each
+// chunk keeps its row's origin and base offset.
+struct Source { int sd, sh, sw, channels; long long pix; };
+struct RowGrid { int gd, gh, gw, mul_d, mul_h, mul_w, add_d, add_h, add_w; };
+struct GatherA {
+    long long base[A_CHUNKS_PER_THREAD];                    // offset of (n, window origin) of row j
+    int o_d[A_CHUNKS_PER_THREAD], o_h[A_CHUNKS_PER_THREAD], o_w[A_CHUNKS_PER_THREAD];   // window origin
+    TapIter k;                                              // this thread's k within the tile
+
+    __device__ __forceinline__ void init(const Source& src, const RowGrid& grid, const TapSeq& taps, long long rows,
+                                         long long k_begin, int channels_last) {
+        const long long row0 = (long long)blockIdx.x * CONV_BM;
+#pragma unroll
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+            const long long m = row0 + chunk_row(j, CONV_BK);
+            if (m < rows) {
+                const unsigned mu = (unsigned)m, pixels = (unsigned)grid.gd * grid.gh * grid.gw;
+                const unsigned n = mu / pixels, p = mu - n * pixels;
+                const int pw = (int)(p % (unsigned)grid.gw), ph = (int)((p / (unsigned)grid.gw) % (unsigned)grid.gh);
+                const int pd = (int)(p / ((unsigned)grid.gw * (unsigned)grid.gh));
+                o_d[j] = pd * grid.mul_d + grid.add_d;
+                o_h[j] = ph * grid.mul_h + grid.add_h;
+                o_w[j] = pw * grid.mul_w + grid.add_w;
+                const long long origin = ((long long)o_d[j] * src.sh + o_h[j]) * src.sw + o_w[j];
+                base[j] = channels_last ? ((long long)n * src.pix + origin) * src.channels
+                                        : (long long)n * src.channels * src.pix + origin;
+            } else {
+                o_d[j] = o_h[j] = o_w[j] = FAR_OUTSIDE;
+                base[j] = 0;
+            }
+        }
+        k.start(taps, (int)k_begin + chunk_pos(CONV_BK), src.channels);
+    }
+    // Element (row j, tap position t): its offset in the source and whether it is inside.
+    __device__ __forceinline__ bool element(const Source& src, const TapSeq& taps, const TapIter& t, int j,
+                                            bool channels_last, long long& offset) const {
+        const int tap_pix = (t.od * src.sh + t.oh) * src.sw + t.ow;
+        offset = base[j] + (channels_last ? (long long)tap_pix * src.channels + t.c
+                                          : (long long)t.c * src.pix + tap_pix);
+        return t.in_filter(taps) && (unsigned)(o_d[j] + t.od) < (unsigned)src.sd &&
+               (unsigned)(o_h[j] + t.oh) < (unsigned)src.sh && (unsigned)(o_w[j] + t.ow) < (unsigned)src.sw;
+    }
+    // Issues this thread's chunks of one K tile into `as` ([m][k]); does not advance k.
+    template <bool VECTOR>
+    __device__ __forceinline__ void load(const Source& src, const TapSeq& taps, const elem_t* __restrict__ data,
+                                         elem_t* as, int channels_last) const {
+        const int kc = chunk_pos(CONV_BK);
+        // The vector path runs only on channels_last operands (igemm_mainloop), which the
+        // compiler then knows.
+        const bool cl = VECTOR || channels_last;
+#pragma unroll
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+            elem_t* dst = as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc);
+            if constexpr (VECTOR) {
+                long long off;
+                const bool valid = element(src, taps, k, j, cl, off);
+                copy_chunk(dst, data + off, valid);
+            } else {
+                TapIter t = k;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    long long off;
+                    const bool valid = element(src, taps, t, j, cl, off);
+                    copy_scalar(dst + e, valid ? data + off : data, valid);
+                    t.advance(taps, 1, src.channels);
+                }
+            }
+        }
+    }
+};
+
+// A row-major (K, ld) operand streamed by whole rows (fwd B = w as (taps*C_in, C_out); wgrad
+// B = dy as (N*OP, C_out) in channels_last): one pointer per thread, advanced by CONV_BK rows per
+// tile, and the count of K rows left, so the per-chunk check is one compare with a constant.
+struct RowStream {
+    const elem_t* ptr;   // this thread's chunk 0 of the next tile
+    int left;            // K rows from the next tile's first row to k_end
+    int col;             // this thread's first column
+    __device__ __forceinline__ void init(const elem_t* data, long long k_begin, long long k_end, int ld) {
+        col = blockIdx.y * CONV_BN + chunk_pos(CONV_BN);
+        ptr = data + (k_begin + chunk_row(0, CONV_BN)) * ld + col;
+        left = (int)(k_end - k_begin);
+    }
+    template <bool VECTOR>
+    __device__ __forceinline__ void load(elem_t* bs, int ld, int cols) {
+        const int nc = chunk_pos(CONV_BN);
+        const long long pass = (long long)ROWS_PER_PASS(CONV_BN) * ld;
+#pragma unroll
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
+            const int row = chunk_row(j, CONV_BN);
+            elem_t* dst = bs + tile_index<false, CONV_BN>(nc, row);
+            const elem_t* src = ptr + j * pass;
+            const bool k_ok = row < left;
+            if constexpr (VECTOR) {
+                copy_chunk(dst, src, k_ok && col < cols);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const bool valid = k_ok && col + e < cols;
+                    copy_scalar(dst + e, valid ? src + e : ptr, valid);
+                }
+            }
+        }
+        ptr += (long long)CONV_BK * ld;
+        left -= CONV_BK;
+    }
+};
+
 // The per-thread loader state of one operand tile stream. Built once per block (the only
 // divisions), then load() issues one K tile and steps every iterator by CONV_BK.
 template <int MODE> struct Loader;
 
 // fwd: A = im2col(x) [m = (n, output pixel)][k = (tap, c_in)]; B = w as (taps*C_in, C_out).
 template <> struct Loader<MODE_FWD> {
-    long long a_base[A_CHUNKS_PER_THREAD];                    // offset of the window origin of row j
-    int a_d[A_CHUNKS_PER_THREAD], a_h[A_CHUNKS_PER_THREAD], a_w[A_CHUNKS_PER_THREAD];   // window origin
-    TapIter a_k;                                              // this thread's k within the tile
-    int b_k[B_CHUNKS_PER_THREAD], b_col;
+    GatherA a;
+    RowStream b;
     bool a_vec, b_vec;
 
+    __device__ __forceinline__ static Source source(const ConvGeom& g) {
+        return Source{g.in_d, g.in_h, g.in_w, g.c_in, g.in_pix};
+    }
     __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* w, long long rows,
-                                         int cols, long long k_begin) {
-        const long long row0 = (long long)blockIdx.x * CONV_BM;
-#pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
-            const long long m = row0 + chunk_row(j, CONV_BK);
-            if (m < rows) {
-                const unsigned mu = (unsigned)m, pixels = (unsigned)g.out_pix;
-                const unsigned n = mu / pixels, p = mu - n * pixels;
-                const int ow = (int)(p % (unsigned)g.out_w), oh = (int)((p / (unsigned)g.out_w) % (unsigned)g.out_h);
-                const int od = (int)(p / ((unsigned)g.out_w * (unsigned)g.out_h));
-                a_d[j] = od * g.s_d - g.pad_d;
-                a_h[j] = oh * g.s_h - g.pad_h;
-                a_w[j] = ow * g.s_w - g.pad_w;
-                const long long origin = ((long long)a_d[j] * g.in_h + a_h[j]) * g.in_w + a_w[j];
-                a_base[j] = g.channels_last ? ((long long)n * g.in_pix + origin) * g.c_in
-                                            : (long long)n * g.c_in * g.in_pix + origin;
-            } else {
-                a_d[j] = a_h[j] = a_w[j] = FAR_OUTSIDE;
-                a_base[j] = 0;
-            }
-        }
-        a_k.start(g, (int)k_begin + chunk_pos(CONV_BK), g.c_in, 0, 0, 0);
-#pragma unroll
-        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) b_k[j] = (int)k_begin + chunk_row(j, CONV_BN);
-        b_col = blockIdx.y * CONV_BN + chunk_pos(CONV_BN);
+                                         long long k_begin, long long k_end) {
+        const RowGrid grid{g.out_d, g.out_h, g.out_w, g.s_d, g.s_h, g.s_w, -g.pad_d, -g.pad_h, -g.pad_w};
+        a.init(source(g), grid, dense_taps(g, 0, 0, 0), rows, k_begin, g.channels_last);
+        b.init(w, k_begin, k_end, g.c_out);
         a_vec = g.channels_last && g.c_in % VEC == 0 && is_aligned(x, 16);
         b_vec = g.c_out % VEC == 0 && is_aligned(w, 16);
     }
-
-    // Element (row j, tap position `t`) of A: its source and whether it is inside the input.
-    __device__ __forceinline__ bool a_element(const ConvGeom& g, const TapIter& t, int j, long long& offset) const {
-        const int tap_pix = (t.od * g.in_h + t.oh) * g.in_w + t.ow;
-        offset = a_base[j] + (g.channels_last ? (long long)tap_pix * g.c_in + t.c
-                                              : (long long)t.c * g.in_pix + tap_pix);
-        return t.kd < g.k_d && (unsigned)(a_d[j] + t.od) < (unsigned)g.in_d &&
-               (unsigned)(a_h[j] + t.oh) < (unsigned)g.in_h && (unsigned)(a_w[j] + t.ow) < (unsigned)g.in_w;
-    }
-
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
-                                         const elem_t* __restrict__ w, elem_t* as, elem_t* bs, long long k_end,
-                                         int cols) {
-        const int kc = chunk_pos(CONV_BK);
-#pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
-            elem_t* dst = as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc);
-            if constexpr (VECTOR) {
-                long long off;
-                const bool valid = a_element(g, a_k, j, off);
-                copy_chunk(dst, valid ? x + off : x, valid);
-            } else {
-                TapIter t = a_k;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    long long off;
-                    const bool valid = a_element(g, t, j, off);
-                    copy_scalar(dst + e, valid ? x + off : x, valid);
-                    t.advance(g, 1, g.c_in, 0, 0, 0);
-                }
-            }
-        }
-        a_k.advance(g, CONV_BK, g.c_in, 0, 0, 0);
-        const int nc = chunk_pos(CONV_BN);
-#pragma unroll
-        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
-            elem_t* dst = bs + tile_index<false, CONV_BN>(nc, chunk_row(j, CONV_BN));
-            const elem_t* src = w + (long long)b_k[j] * g.c_out + b_col;
-            const bool k_ok = b_k[j] < k_end;
-            if constexpr (VECTOR) {
-                const bool valid = k_ok && b_col < cols;
-                copy_chunk(dst, valid ? src : w, valid);
-            } else {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const bool valid = k_ok && b_col + e < cols;
-                    copy_scalar(dst + e, valid ? src + e : w, valid);
-                }
-            }
-            b_k[j] += CONV_BK;
-        }
+                                         const elem_t* __restrict__ w, elem_t* as, elem_t* bs, int cols) {
+        const TapSeq taps = dense_taps(g, 0, 0, 0);
+        a.load<VECTOR>(source(g), taps, x, as, g.channels_last);
+        a.k.advance(taps, CONV_BK, g.c_in);
+        b.load<VECTOR>(bs, g.c_out, cols);
     }
 };
 
-// dgrad: A[(n, input pixel), (tap, co)] = dy[n, o, co] where o*s == i + pad - tap*dil (stride
-// holes and out-of-range o are zeros); B[(tap, co), ci] = w[tap, ci, co], stored [n=ci][k].
+// dgrad, one stride phase (DgradPhase): A[(n, q), (tap, co)] = dy[n, q + offset(tap), co];
+// B[(tap, co), ci] = w[tap, ci, co], stored [n=ci][k]. A and B chunks of a thread sit at the
+// same k, so A's TapIter also steps B.
 template <> struct Loader<MODE_DGRAD> {
-    long long a_base[A_CHUNKS_PER_THREAD];                    // offset of image n in dy
-    int a_d[A_CHUNKS_PER_THREAD], a_h[A_CHUNKS_PER_THREAD], a_w[A_CHUNKS_PER_THREAD];   // i + pad
-    TapIter a_k, b_k;
-    int b_ci;
+    GatherA a;
+    TapSeq taps;
+    int b_ci;   // this thread's chunk-0 input channel
     bool a_vec, b_vec;
 
-    __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* dy, const elem_t* w, long long rows,
-                                         int cols, long long k_begin) {
-        const long long row0 = (long long)blockIdx.x * CONV_BM;
-#pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
-            const long long m = row0 + chunk_row(j, CONV_BK);
-            if (m < rows) {
-                const unsigned mu = (unsigned)m, pixels = (unsigned)g.in_pix;
-                const unsigned n = mu / pixels, p = mu - n * pixels;
-                a_w[j] = (int)(p % (unsigned)g.in_w) + g.pad_w;
-                a_h[j] = (int)((p / (unsigned)g.in_w) % (unsigned)g.in_h) + g.pad_h;
-                a_d[j] = (int)(p / ((unsigned)g.in_w * (unsigned)g.in_h)) + g.pad_d;
-                a_base[j] = (long long)n * g.out_pix * g.c_out;
-            } else {
-                a_d[j] = a_h[j] = a_w[j] = FAR_OUTSIDE;
-                a_base[j] = 0;
-            }
-        }
-        a_k.start(g, (int)k_begin + chunk_pos(CONV_BK), g.c_out, 0, 0, 0);
-        b_k.start(g, (int)k_begin + chunk_pos(CONV_BK), g.c_out, 0, 0, 0);
-        b_ci = blockIdx.y * CONV_BN;
+    __device__ __forceinline__ static Source source(const ConvGeom& g) {
+        return Source{g.out_d, g.out_h, g.out_w, g.c_out, g.out_pix};
+    }
+    __device__ __forceinline__ void init(const ConvGeom& g, const DgradPhase& phase, const elem_t* dy,
+                                         const elem_t* w) {
+        taps = phase.taps;
+        const RowGrid grid{phase.q_d, phase.q_h, phase.q_w, 1, 1, 1, 0, 0, 0};
+        a.init(source(g), grid, taps, phase.rows, 0, g.channels_last);
+        b_ci = blockIdx.y * CONV_BN + chunk_row(0, CONV_BK);
         a_vec = g.channels_last && g.c_out % VEC == 0 && is_aligned(dy, 16);
         b_vec = g.c_out % VEC == 0 && is_aligned(w, 16);
     }
-
-    __device__ __forceinline__ bool a_element(const ConvGeom& g, const TapIter& t, int j, long long& offset) const {
-        const int od = dgrad_coord(a_d[j] - t.od, g.s_d, g.out_d);
-        const int oh = dgrad_coord(a_h[j] - t.oh, g.s_h, g.out_h);
-        const int ow = dgrad_coord(a_w[j] - t.ow, g.s_w, g.out_w);
-        const int opix = (od * g.out_h + oh) * g.out_w + ow;
-        offset = a_base[j] + (g.channels_last ? (long long)opix * g.c_out + t.c
-                                              : (long long)t.c * g.out_pix + opix);
-        return t.kd < g.k_d && (od | oh | ow) >= 0;
-    }
-
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ dy,
-                                         const elem_t* __restrict__ w, elem_t* as, elem_t* bs, long long k_end,
-                                         int cols) {
+                                         const elem_t* __restrict__ w, elem_t* as, elem_t* bs, int cols) {
+        a.load<VECTOR>(source(g), taps, dy, as, g.channels_last);
         const int kc = chunk_pos(CONV_BK);
-#pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
-            elem_t* dst = as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc);
-            if constexpr (VECTOR) {
-                long long off;
-                const bool valid = a_element(g, a_k, j, off);
-                copy_chunk(dst, valid ? dy + off : dy, valid);
-            } else {
-                TapIter t = a_k;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    long long off;
-                    const bool valid = a_element(g, t, j, off);
-                    copy_scalar(dst + e, valid ? dy + off : dy, valid);
-                    t.advance(g, 1, g.c_out, 0, 0, 0);
-                }
-            }
-        }
-        a_k.advance(g, CONV_BK, g.c_out, 0, 0, 0);
+        const long long filter_pass = (long long)ROWS_PER_PASS(CONV_BK) * g.c_out;
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
-            const int ci = b_ci + chunk_row(j, CONV_BK);
+            const int ci = b_ci + j * ROWS_PER_PASS(CONV_BK);
             elem_t* dst = bs + tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), kc);
             if constexpr (VECTOR) {
-                const bool valid = b_k.kd < g.k_d && ci < cols;
-                const elem_t* src = w + ((long long)b_k.tap * g.c_in + ci) * g.c_out + b_k.c;
-                copy_chunk(dst, valid ? src : w, valid);
+                const elem_t* src = w + ((long long)a.k.tap(taps) * g.c_in + b_ci) * g.c_out + a.k.c + j * filter_pass;
+                copy_chunk(dst, src, a.k.in_filter(taps) && ci < cols);
             } else {
-                TapIter t = b_k;
+                TapIter t = a.k;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const bool valid = t.kd < g.k_d && ci < cols;
-                    const elem_t* src = w + ((long long)t.tap * g.c_in + ci) * g.c_out + t.c;
+                    const bool valid = t.in_filter(taps) && ci < cols;
+                    const elem_t* src = w + ((long long)t.tap(taps) * g.c_in + ci) * g.c_out + t.c;
                     copy_scalar(dst + e, valid ? src : w, valid);
-                    t.advance(g, 1, g.c_out, 0, 0, 0);
+                    t.advance(taps, 1, g.c_out);
                 }
             }
         }
-        b_k.advance(g, CONV_BK, g.c_out, 0, 0, 0);
+        a.k.advance(taps, CONV_BK, g.c_out);
     }
 };
 
 // wgrad: A[(tap, ci), (n, output pixel)] = x[n, o*s + tap*dil - pad, ci], stored [k][m];
-// B = dy as (N*OP, C_out), stored [k][n].
+// B = dy as (N*OP, C_out), stored [k][n]: a RowStream in channels_last, (image, pixel)
+// iterators in channels_first.
 template <> struct Loader<MODE_WGRAD> {
     TapIter a_m;                          // this thread's (tap, ci) column (fixed for the block)
     PixIter a_k[A_CHUNKS_PER_THREAD], b_k[B_CHUNKS_PER_THREAD];
-    int a_kk[A_CHUNKS_PER_THREAD], b_kk[B_CHUNKS_PER_THREAD];   // k of each chunk row
-    int b_col;
+    RowStream b;                          // b.left: K rows from the next tile's first row to k_end
     bool a_vec, b_vec;
 
     __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* dy, long long rows,
-                                         int cols, long long k_begin) {
-        a_m.start(g, blockIdx.x * CONV_BM + chunk_pos(CONV_BM), g.c_in, -g.pad_d, -g.pad_h, -g.pad_w);
+                                         long long k_begin, long long k_end) {
+        a_m.start(dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w), blockIdx.x * CONV_BM + chunk_pos(CONV_BM), g.c_in);
 #pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
-            a_kk[j] = (int)k_begin + chunk_row(j, CONV_BM);
-            a_k[j].start(g, a_kk[j]);
-        }
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) a_k[j].start(g, k_begin + chunk_row(j, CONV_BM));
 #pragma unroll
-        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
-            b_kk[j] = (int)k_begin + chunk_row(j, CONV_BN);
-            b_k[j].start(g, b_kk[j]);
-        }
-        b_col = blockIdx.y * CONV_BN + chunk_pos(CONV_BN);
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) b_k[j].start(g, k_begin + chunk_row(j, CONV_BN));
+        b.init(dy, k_begin, k_end, g.c_out);
         a_vec = g.channels_last && g.c_in % VEC == 0 && is_aligned(x, 16);
         b_vec = g.channels_last && g.c_out % VEC == 0 && is_aligned(dy, 16);
     }
 
-    __device__ __forceinline__ bool a_element(const ConvGeom& g, const TapIter& t, const PixIter& p, long long& offset) const {
+    __device__ __forceinline__ bool a_element(const ConvGeom& g, const TapSeq& taps, const TapIter& t,
+                                              const PixIter& p, bool channels_last, long long& offset) const {
         const int id = p.od * g.s_d + t.od, ih = p.oh * g.s_h + t.oh, iw = p.ow * g.s_w + t.ow;
-        const long long ipix = ((long long)id * g.in_h + ih) * g.in_w + iw;
-        offset = tensor_offset(p.n, t.c, ipix, g.c_in, g.in_pix, g.channels_last);
-        return t.kd < g.k_d && (unsigned)id < (unsigned)g.in_d && (unsigned)ih < (unsigned)g.in_h &&
+        const int ipix = (id * g.in_h + ih) * g.in_w + iw;   // within one image: < 2^31 (launcher)
+        offset = channels_last ? p.n * (g.in_pix * g.c_in) + ((long long)ipix * g.c_in + t.c)
+                               : ((long long)p.n * g.c_in + t.c) * g.in_pix + ipix;
+        return t.in_filter(taps) && (unsigned)id < (unsigned)g.in_d && (unsigned)ih < (unsigned)g.in_h &&
                (unsigned)iw < (unsigned)g.in_w;
     }
 
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
-                                         const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, long long k_end,
-                                         int cols) {
+                                         const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
+        const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
+        const bool cl = VECTOR || g.channels_last;
         const int mc = chunk_pos(CONV_BM);
 #pragma unroll
         for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
-            elem_t* dst = as + tile_index<false, CONV_BM>(mc, chunk_row(j, CONV_BM));
-            const bool k_ok = a_kk[j] < k_end;
+            const int row = chunk_row(j, CONV_BM);
+            elem_t* dst = as + tile_index<false, CONV_BM>(mc, row);
+            const bool k_ok = row < b.left;
             if constexpr (VECTOR) {
                 long long off;
-                const bool valid = a_element(g, a_m, a_k[j], off) && k_ok;
-                copy_chunk(dst, valid ? x + off : x, valid);
+                const bool valid = a_element(g, taps, a_m, a_k[j], cl, off) && k_ok;
+                copy_chunk(dst, x + off, valid);
             } else {
                 TapIter t = a_m;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
                     long long off;
-                    const bool valid = a_element(g, t, a_k[j], off) && k_ok;
+                    const bool valid = a_element(g, taps, t, a_k[j], cl, off) && k_ok;
                     copy_scalar(dst + e, valid ? x + off : x, valid);
-                    t.advance(g, 1, g.c_in, -g.pad_d, -g.pad_h, -g.pad_w);
+                    t.advance(taps, 1, g.c_in);
                 }
             }
-            a_kk[j] += CONV_BK;
             a_k[j].advance(g, CONV_BK);
         }
-        const int nc = chunk_pos(CONV_BN);
+        if (cl) {
+            b.load<VECTOR>(bs, g.c_out, cols);
+        } else {
+            const int nc = chunk_pos(CONV_BN);
 #pragma unroll
-        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
-            elem_t* dst = bs + tile_index<false, CONV_BN>(nc, chunk_row(j, CONV_BN));
-            const bool k_ok = b_kk[j] < k_end;
-            const long long base = tensor_offset(b_k[j].n, b_col, b_k[j].pixel(g), g.c_out, g.out_pix,
-                                                 g.channels_last);
-            if constexpr (VECTOR) {
-                const bool valid = k_ok && b_col < cols;
-                copy_chunk(dst, valid ? dy + base : dy, valid);
-            } else {
-                const long long step = g.channels_last ? 1 : g.out_pix;
+            for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
+                const int row = chunk_row(j, CONV_BN);
+                elem_t* dst = bs + tile_index<false, CONV_BN>(nc, row);
+                const bool k_ok = row < b.left;
+                const long long base = tensor_offset(b_k[j].n, b.col, b_k[j].pixel(g), g.c_out, g.out_pix, 0);
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const bool valid = k_ok && b_col + e < cols;
-                    copy_scalar(dst + e, valid ? dy + base + e * step : dy, valid);
+                    const bool valid = k_ok && b.col + e < cols;
+                    copy_scalar(dst + e, valid ? dy + base + e * g.out_pix : dy, valid);
                 }
+                b_k[j].advance(g, CONV_BK);
             }
-            b_kk[j] += CONV_BK;
-            b_k[j].advance(g, CONV_BK);
+            b.left -= CONV_BK;
         }
     }
 };
@@ -746,44 +816,64 @@ __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
 template <int MODE, bool VECTOR>
 __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                          const ConvGeom& g, const elem_t* __restrict__ a_src,
-                                               const elem_t* __restrict__ b_src, long long rows, int cols,
-                                               long long k_begin, long long k_end, acc_t* acc) {
-    const int tiles = (int)((k_end - k_begin + CONV_BK - 1) / CONV_BK);
+                                         const elem_t* __restrict__ b_src, int cols, long long depth, acc_t* acc) {
+    const int tiles = (int)((depth + CONV_BK - 1) / CONV_BK);
 #pragma unroll
     for (int s = 0; s < CONV_STAGES - 1; ++s) {
-        if (s < tiles) loader.template load<VECTOR>(g, a_src, b_src, as[s], bs[s], k_end, cols);
+        if (s < tiles) loader.template load<VECTOR>(g, a_src, b_src, as[s], bs[s], cols);
         cp_async_commit();   // empty groups keep the count uniform for the wait below
     }
-    int read_stage = 0, write_stage = CONV_STAGES - 1;
-    for (int t = 0; t < tiles; ++t) {
-        cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
-        __syncthreads();                    // ... everyone's, and stage t-1 is free again
-        if (t + CONV_STAGES - 1 < tiles)
-            loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], k_end, cols);
-        cp_async_commit();
-        tile_multiply<MODE>(as[read_stage], bs[read_stage], acc);
-        read_stage = read_stage == CONV_STAGES - 1 ? 0 : read_stage + 1;
-        write_stage = write_stage == CONV_STAGES - 1 ? 0 : write_stage + 1;
+    // Unrolled by the stage count, so that every stage index is a constant: the shared
+    // addresses of fragments and copies become register + immediate (no per-tile address math).
+    // Not for wgrad's 16-bit 128x128 tile: its per-chunk (image, pixel) iterators and 128
+    // accumulators then spill on sm_80; it rotates the stage indices instead.
+    if constexpr (MODE == MODE_WGRAD && CONV_MATH == 1 && ACC_COUNT >= 128) {
+        int read_stage = 0, write_stage = CONV_STAGES - 1;
+        for (int t = 0; t < tiles; ++t) {
+            cp_async_wait<CONV_STAGES - 2>();
+            __syncthreads();
+            if (t + CONV_STAGES - 1 < tiles)
+                loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], cols);
+            cp_async_commit();
+            tile_multiply<MODE>(as[read_stage], bs[read_stage], acc);
+            read_stage = read_stage == CONV_STAGES - 1 ? 0 : read_stage + 1;
+            write_stage = write_stage == CONV_STAGES - 1 ? 0 : write_stage + 1;
+        }
+    } else {
+        for (int t0 = 0; t0 < tiles; t0 += CONV_STAGES) {
+#pragma unroll
+            for (int s = 0; s < CONV_STAGES; ++s) {
+                const int t = t0 + s;
+                if (t >= tiles) break;
+                cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
+                __syncthreads();                    // ... everyone's, and stage t-1 is free again
+                const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
+                if (t + CONV_STAGES - 1 < tiles)
+                    loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], cols);
+                cp_async_commit();
+                tile_multiply<MODE>(as[s], bs[s], acc);
+            }
+        }
     }
     cp_async_wait_all();
 }
 
+// Runs the pipeline over `depth` (= k_end - k_begin) K elements with an initialized loader.
 template <int MODE>
-__device__ __forceinline__ void igemm_mainloop(const ConvGeom& g, const elem_t* __restrict__ a_src,
-                                               const elem_t* __restrict__ b_src, long long rows, int cols,
-                                               long long k_begin, long long k_end, acc_t* acc) {
+__device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvGeom& g,
+                                               const elem_t* __restrict__ a_src, const elem_t* __restrict__ b_src,
+                                               int cols, long long depth, acc_t* acc) {
     __shared__ __align__(16) elem_t as[CONV_STAGES][A_STAGE];
     __shared__ __align__(16) elem_t bs[CONV_STAGES][B_STAGE];
-    Loader<MODE> loader;
-    loader.init(g, a_src, b_src, rows, cols, k_begin);
 #pragma unroll
     for (int e = 0; e < ACC_COUNT; ++e) acc[e] = acc_t(0);
-    // One uniform choice per block, outside the loop: both operands in 16-byte chunks, or
-    // every element on its own (unaligned channel counts or pointers, channels_first gathers).
+    // One uniform choice per block, outside the loop: both operands in 16-byte chunks (always
+    // channels_last, which the loaders then assume), or every element on its own (unaligned
+    // channel counts or pointers, channels_first gathers).
     if (loader.a_vec && loader.b_vec)
-        pipeline<MODE, true>(loader, as, bs, g, a_src, b_src, rows, cols, k_begin, k_end, acc);
+        pipeline<MODE, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
     else
-        pipeline<MODE, false>(loader, as, bs, g, a_src, b_src, rows, cols, k_begin, k_end, acc);
+        pipeline<MODE, false>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
 }
 
 static __device__ ConvGeom make_geom(int batch, int c_in, int c_out, int in_d, int in_h, int in_w, int out_d,
@@ -839,13 +929,24 @@ __device__ __forceinline__ void store_run(T* __restrict__ out, long long offset,
     }
 }
 
+// GEMM row -> row of the output matrix: the identity except for dgrad's stride phases.
+struct SameRows {
+    __device__ __forceinline__ long long operator()(long long m) const { return m; }
+};
+struct PhaseRows {
+    const ConvGeom& g;
+    const DgradPhase& phase;
+    __device__ __forceinline__ long long operator()(long long m) const { return phase.out_row(g, m); }
+};
+
 // Writes this block's accumulator tile (rows GEMM rows, `channels` GEMM columns) to a
-// (rows, channels) row-major matrix (channels_last, dw, split partials) or to a channels_first
-// activation (rows = N * pix), with the epilogue: 0 none, 1 + bias[c], 2 + bias[c] then relu.
-template <int MODE, class T>
+// (N * pix, channels) row-major matrix (channels_last, dw, split partials) or to a channels_first
+// activation, GEMM row m going to output row out_row(m), with the epilogue: 0 none,
+// 1 + bias[c], 2 + bias[c] then relu.
+template <int MODE, class T, class RowMap>
 __device__ __forceinline__ void store_tile(const acc_t (&acc)[ACC_COUNT], long long rows, int channels, long long pix,
                                            const elem_t* __restrict__ bias, int epilogue, T* __restrict__ out,
-                                           int channels_last) {
+                                           int channels_last, const RowMap& out_row) {
     constexpr int LEN = EpilogueRun<MODE>::len;
     const bool vector = channels_last && channels % LEN == 0 && is_aligned(out, LEN * sizeof(T));
 #pragma unroll
@@ -862,10 +963,11 @@ __device__ __forceinline__ void store_tile(const acc_t (&acc)[ACC_COUNT], long l
             if (epilogue >= 1 && channel + q < channels) v[q] += to_acc(bias[channel + q]);
             if (epilogue == 2) v[q] = v[q] < acc_t(0) ? acc_t(0) : v[q];
         }
-        long long offset = m * channels + channel, stride = 1;
+        const long long row = out_row(m);
+        long long offset = row * channels + channel, stride = 1;
         if (!channels_last) {
-            const long long n = (long long)((unsigned)m / (unsigned)pix);
-            offset = (n * channels + channel) * pix + (m - n * pix);
+            const long long n = (long long)((unsigned long long)row / (unsigned long long)pix);
+            offset = (n * channels + channel) * pix + (row - n * pix);
             stride = pix;
         }
         store_run<T, LEN>(out, offset, stride, v, channels - channel, vector);
@@ -881,21 +983,29 @@ conv_igemm_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, const
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
     const long long rows = (long long)batch * g.out_pix, depth = (long long)g.taps * c_in;
     acc_t acc[ACC_COUNT];
-    igemm_mainloop<MODE_FWD>(g, x, w, rows, c_out, 0, depth, acc);
-    store_tile<MODE_FWD>(acc, rows, c_out, g.out_pix, bias, epilogue, y, channels_last);
+    Loader<MODE_FWD> loader;
+    loader.init(g, x, w, rows, 0, depth);
+    igemm_mainloop<MODE_FWD>(loader, g, x, w, c_out, depth, acc);
+    store_tile<MODE_FWD>(acc, rows, c_out, g.out_pix, bias, epilogue, y, channels_last, SameRows{});
 }
 
-// conv_igemm_dgrad: dx = dgrad(dy, w). Grid (N*IP tiles, C_in tiles), CONV_THREADS threads.
+// conv_igemm_dgrad: dx = dgrad(dy, w), as stride-phase sub-convolutions (DgradPhase).
+// Grid (tiles of the largest phase's rows, C_in tiles, s_d*s_h*s_w phases), CONV_THREADS threads;
+// a block past its phase's rows exits at once (the whole block: no barrier is skipped).
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, 1)
 conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, elem_t* __restrict__ dx, int batch,
                  int c_in, int c_out, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d,
                  int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d,
                  int pad_h, int pad_w, int channels_last) {
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
-    const long long rows = (long long)batch * g.in_pix, depth = (long long)g.taps * c_out;
+    DgradPhase phase;
+    phase.init(g, blockIdx.z);
+    if ((long long)blockIdx.x * CONV_BM >= phase.rows) return;
     acc_t acc[ACC_COUNT];
-    igemm_mainloop<MODE_DGRAD>(g, dy, w, rows, c_in, 0, depth, acc);
-    store_tile<MODE_DGRAD>(acc, rows, c_in, g.in_pix, nullptr, 0, dx, channels_last);
+    Loader<MODE_DGRAD> loader;
+    loader.init(g, phase, dy, w);
+    igemm_mainloop<MODE_DGRAD>(loader, g, dy, w, c_in, phase.depth, acc);
+    store_tile<MODE_DGRAD>(acc, phase.rows, c_in, g.in_pix, nullptr, 0, dx, channels_last, PhaseRows{g, phase});
 }
 
 // conv_igemm_wgrad: dw (Keras layout (*k, C_in, C_out), i.e. row-major (taps*C_in, C_out)).
@@ -911,11 +1021,14 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
     const long long k_begin = (long long)blockIdx.z * k_per_split;
     const long long k_end = k_begin + k_per_split < depth ? k_begin + k_per_split : depth;
     acc_t acc[ACC_COUNT];
-    igemm_mainloop<MODE_WGRAD>(g, x, dy, rows, c_out, k_begin, k_end, acc);
+    Loader<MODE_WGRAD> loader;
+    loader.init(g, x, dy, rows, k_begin, k_end);
+    igemm_mainloop<MODE_WGRAD>(loader, g, x, dy, c_out, k_end - k_begin, acc);
     if (gridDim.z == 1)
-        store_tile<MODE_WGRAD>(acc, rows, c_out, 1, nullptr, 0, dw, 1);
+        store_tile<MODE_WGRAD>(acc, rows, c_out, 1, nullptr, 0, dw, 1, SameRows{});
     else
-        store_tile<MODE_WGRAD>(acc, rows, c_out, 1, nullptr, 0, partial + (long long)blockIdx.z * rows * c_out, 1);
+        store_tile<MODE_WGRAD>(acc, rows, c_out, 1, nullptr, 0, partial + (long long)blockIdx.z * rows * c_out, 1,
+                               SameRows{});
 }
 
 // conv_reduce_splits: dw[i] = sum over splits of partial[s][i], in split order.

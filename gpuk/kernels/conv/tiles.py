@@ -9,29 +9,42 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
     ffma64 64x64x8      64 x 64 x 8    256      3       4 x 4 DFMA            float64
     ffma64 32x32x8      32 x 32 x 8    64       3       4 x 4                 float64, small
     f16    128x128x32   128 x 128 x 32 128      3       4 warps, 64 x 64/warp float16 (mma m16n8k16)
-    f16    64x64x32     64 x 64 x 32   128      3       4 warps, 32 x 32      float16, smaller problems
+    f16    64x64x32     64 x 64 x 32   64       3       2 warps, 64 x 32      float16, smaller problems
     bf16   (as f16)                                                           bfloat16 (mma m16n8k16 bf16)
     tf32   128x128x16   128 x 128 x 16 128      2       4 warps, 64 x 64      float32 with precision 'tf32'
-    tf32   64x64x16     64 x 64 x 16   128      3       4 warps, 32 x 32
+    tf32   64x64x32     64 x 64 x 32   64       2       2 warps, 64 x 32
 
 Every tile moves whole 16-byte chunks: BM*BK and BN*BK are multiples of (16 bytes / element)
 x threads (static_asserts in conv_igemm.cu). FFMA and 16-bit tiles are XOR-swizzled without
 padding, so BK=16 (FFMA) and BK=32 (16-bit) fit 3 stages in 48 KB of static shared memory;
-tf32 tiles are padded, and 128x128 tf32 keeps 2 stages to stay under 48 KB. The 128x128
-tensor-core tiles use 64x64 warp tiles (32 MMAs per k16 step per warp), so the per-thread
-loader work is shared by twice the MMAs of a 64x32 warp tile. Small N (few output channels)
-falls to the smaller tiles through the padding-waste rule below; 1x1 and 7x7 layers have no
-rule of their own yet (nothing measured on a GPU to set one).
+tf32 tiles are padded; 128x128 tf32 keeps BK=16 and 2 stages to stay under 48 KB of static
+shared memory (BK=32 there needs dynamic shared memory above 48 KB, not done), 64x64 tf32
+runs BK=32 with 2 stages. The 128x128 tensor-core tiles use 64x64 warp tiles (32 MMAs per
+k16 step per warp) and the 64x64 ones 2 warps of 64x32 (not 4 of 32x32): the ldmatrix and
+loader work per thread is shared by twice the MMAs.
 
 f16 and bf16 share the math code (both m16n8k16, float32 accumulation): the element
 type of the build picks the instruction. float64 has no 128x128 tile: 64 double
 accumulators per thread plus fragments would spill.
 
-Choice (`choose_tile`): candidates from big to small; take the first whose block count
-(M tiles x N tiles x splits) reaches ``MIN_BLOCKS`` (about two waves of 132 SMs) and
-whose padding waste (tile area covered / real area) stays under ``MAX_WASTE``; else the
-smallest. wgrad (K = N * output pixels, often huge next to M x N) splits K over blocks
-(`wgrad_splits`) so that small filters still fill the GPU.
+Choice (`choose_tile`): candidates from big to small; take the first that passes every rule
+below, else the smallest. wgrad (K = N * output pixels, often huge next to M x N) splits K
+over blocks (`wgrad_splits`) so that small filters still fill the GPU. No GPU was at hand to
+time these rules: they come from the compiled hot loops (python -m gpuk.kernels.inspect:
+instructions per K tile, registers, occupancy) and are to be checked with bench/bench_conv.py.
+
+    rule              condition for the bigger tile            why (from the instruction counts)
+    fill              M tiles x N tiles x splits >= MIN_BLOCKS about two waves of 132 SMs: the big
+                                                               tiles sit at 1 block (8 warps) per SM
+    small N           padding waste <= MAX_WASTE (1.5)         C_out = 64 on a 128-wide tile wastes
+                                                               half of every MMA/FFMA
+    1x1 / short K     the largest tile only:                   a 1x1 layer with C_in = 64 has 4 FFMA
+    (largest tile)    K >= MIN_K_TILES x BK per split          K tiles: the 3-stage prologue and the
+                                                               epilogue are not amortized
+    7x7 stem, odd C   waste <= MAX_WASTE_PER_ELEMENT (2.0)     C_in = 3 takes per-element copies (VEC
+                      when C % (16 bytes) != 0                 per chunk): the loader then costs as
+                                                               much as the math, so the tile with
+                                                               the most math per loaded element wins
 
 Tests force a tile with ``forced(name)`` (a context manager) to cover every variant on
 tiny shapes.
@@ -60,12 +73,14 @@ def _mma(math_path, bm, bn, warps_m, warps_n, bk=16, stages=3):
 TILES = {
     'ffma': (_ffma(128, 128, 16, 8, 8), _ffma(64, 64, 16, 4, 4), _ffma(32, 32, 8, 4, 4)),
     'ffma64': (_ffma(64, 64, 8, 4, 4), _ffma(32, 32, 8, 4, 4)),
-    'f16': (_mma('f16', 128, 128, 2, 2, bk=32), _mma('f16', 64, 64, 2, 2, bk=32)),
-    'bf16': (_mma('bf16', 128, 128, 2, 2, bk=32), _mma('bf16', 64, 64, 2, 2, bk=32)),
-    'tf32': (_mma('tf32', 128, 128, 2, 2, stages=2), _mma('tf32', 64, 64, 2, 2)),
+    'f16': (_mma('f16', 128, 128, 2, 2, bk=32), _mma('f16', 64, 64, 1, 2, bk=32)),
+    'bf16': (_mma('bf16', 128, 128, 2, 2, bk=32), _mma('bf16', 64, 64, 1, 2, bk=32)),
+    'tf32': (_mma('tf32', 128, 128, 2, 2, stages=2), _mma('tf32', 64, 64, 1, 2, bk=32, stages=2)),
 }
 MIN_BLOCKS = 264          # two waves on a 132-SM H100
 MAX_WASTE = 1.5           # tile area / real area
+MAX_WASTE_PER_ELEMENT = 2.0   # ... when the gathered operand is copied element by element (C % chunk != 0)
+MIN_K_TILES = 6           # K tiles the largest tile needs to fill its pipeline (2 x 3 stages)
 MAX_SPLITS = 64
 MIN_K_TILES_PER_SPLIT = 4
 _forced = {'tile': None, 'splits': None}
@@ -96,8 +111,9 @@ def _waste(tile, rows, cols):
     return (math.ceil(rows / tile.bm) * tile.bm * math.ceil(cols / tile.bn) * tile.bn) / (rows * cols)
 
 
-def choose_tile(dtype, precision, rows, cols, depth, split_k=False):
-    """The tile for a GEMM of rows x cols x depth (see the module docstring)."""
+def choose_tile(dtype, precision, rows, cols, depth, split_k=False, aligned=True):
+    """The tile for a GEMM of rows x cols x depth (see the module docstring). ``aligned``: the
+    gathered operand's channel count is a multiple of the 16-byte chunk (16-byte copies)."""
     table = table_for(dtype, precision)
     if _forced['tile'] is not None:
         for tile in table:
@@ -105,9 +121,11 @@ def choose_tile(dtype, precision, rows, cols, depth, split_k=False):
                 return tile
         raise ValueError('conv_tiles.forced: no tile %r for %s/%s; have %s'
                          % (_forced['tile'], np.dtype(dtype), precision, [t.name for t in table]))
+    max_waste = MAX_WASTE if aligned else MAX_WASTE_PER_ELEMENT
     for tile in table[:-1]:
         splits = wgrad_splits(tile, rows, cols, depth) if split_k else 1
-        if _blocks(tile, rows, cols) * splits >= MIN_BLOCKS and _waste(tile, rows, cols) <= MAX_WASTE:
+        if (_blocks(tile, rows, cols) * splits >= MIN_BLOCKS and _waste(tile, rows, cols) <= max_waste
+                and (tile is not table[0] or math.ceil(depth / splits) >= MIN_K_TILES * tile.bk)):
             return tile
     return table[-1]
 
