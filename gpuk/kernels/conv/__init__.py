@@ -107,10 +107,11 @@ def _chunk_elements(dtype):
 
 def _check_gemm(fn, g, rows, cols, depth):
     """The kernels decode GEMM indices and pixel offsets within one image in 32 bits."""
-    for what, value in (('the GEMM M', rows), ('the GEMM N', cols), ('the GEMM K', depth),
-                        ('the input pixels per image', math.prod(g.in_sp)),
-                        ('the output pixels per image', math.prod(g.out_sp))):
+    for what, value in (('the GEMM M', rows), ('the GEMM N', cols), ('the GEMM K', depth)):
         check_index_limit(fn, what, value)
+    for what, value in (('the input pixels per image', math.prod(g.in_sp)),
+                        ('the output pixels per image', math.prod(g.out_sp))):
+        check_index_limit(fn, what, value, remedy='one image may hold at most that many pixels')
 
 
 _NO_BIAS = {}
@@ -190,7 +191,7 @@ def _fwd_launch(g, dtype, epilogue):
 def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     xp = rt.xp
     if conv_wgmma.applies(rt, problem.g, x, config.precision()):   # Hopper: warpgroup MMA (conv/wgmma.py)
-        _check_gemm('conv_fwd', *conv_wgmma.gemm_shape(problem.g))
+        _check_gemm('conv_fwd', problem.g, *conv_wgmma.gemm_shape(problem.g))
         y = xp.empty(_layout_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
         return conv_wgmma.conv_fwd(rt, x, w, y, bias if bias is not None else _no_bias(xp, x.dtype),
                                    EPILOGUES[epilogue], problem.g)
@@ -227,7 +228,7 @@ def _igemm_dgrad(dy, w, problem, rt):
     xp = rt.xp
     forward = conv_wgmma.dgrad_geometry(problem.g) if conv_wgmma.active(rt) else None   # stride 1 (conv/wgmma.py)
     if forward is not None and conv_wgmma.applies(rt, forward, dy, config.precision()):
-        _check_gemm('conv_dgrad', *conv_wgmma.gemm_shape(forward))
+        _check_gemm('conv_dgrad', forward, *conv_wgmma.gemm_shape(forward))
         dx = xp.empty(_layout_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
         return conv_wgmma.conv_dgrad(rt, dy, w, dx, _no_bias(xp, dy.dtype), problem.g)
     launch = problem.launch(lambda g: _dgrad_launch(g, dy.dtype))

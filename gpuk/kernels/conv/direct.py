@@ -50,11 +50,11 @@ for _dtype in FLOAT_DTYPES:
 INDEX_LIMIT = 2**31 - 1   # the kernels decode indices in 32 bits (64-bit division is slow on GPUs)
 
 
-def check_index_limit(fn, what, value):
+def check_index_limit(fn, what, value, remedy='split the batch'):
     """A size the kernels index in 32 bits must stay below 2^31 (offsets are 64-bit anyway)."""
     if value > INDEX_LIMIT:
-        raise ValueError('%s: %s is %d, above the kernel limit of 2^31 - 1; split the batch'
-                         % (fn, what, value))
+        raise ValueError('%s: %s is %d, above the kernel limit of 2^31 - 1; %s'
+                         % (fn, what, value, remedy))
 
 
 def lift3(values, fill):
