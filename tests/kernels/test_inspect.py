@@ -288,8 +288,10 @@ def test_records_have_the_documented_keys(records):
 
 
 def test_conv_main_loops_count_one_k_tile_of_math(records):
-    """The hot loop of each implicit-GEMM kernel is its main loop: one BK slice per iteration,
-    so it holds exactly the tile's multiply-adds (whatever the compiler does around them)."""
+    """The hot loop of each implicit-GEMM kernel is its main loop, unrolled by the stage count
+    (one turn of the stage ring per iteration; wgrad's 16-bit 128x128 tile rotates its stages
+    one BK slice at a time), so it holds exactly those K tiles' multiply-adds (whatever the
+    compiler does around them)."""
     conv = [r for r in records if r['kernel'] in ('conv_igemm_fwd', 'conv_igemm_dgrad', 'conv_igemm_wgrad')]
     assert len(conv) == 3 * 11 * 2
     for r in conv:
@@ -297,14 +299,17 @@ def test_conv_main_loops_count_one_k_tile_of_math(records):
         loop, counts = r['hot_loop'], r['hot_loop']['counts']
         # contiguous bodies: the count is the listing's, loop label to back edge (16-byte instructions)
         assert loop['instructions'] == (int(loop['back_edge'], 16) - int(loop['head'], 16)) // 16 + 1
+        rotating = (r['kernel'] == 'conv_igemm_wgrad' and d['CONV_MATH'] == 1
+                    and d['CONV_BM'] == d['CONV_BN'] == 128)
+        k_slices = d['CONV_BK'] * (1 if rotating else d['CONV_STAGES'])
         if d['CONV_MATH'] == 0:
-            per_thread = d['CONV_BM'] * d['CONV_BN'] * d['CONV_BK'] // d['CONV_THREADS']
+            per_thread = d['CONV_BM'] * d['CONV_BN'] * k_slices // d['CONV_THREADS']
             op = 'dfma' if r['defines']['ELEMENT_T'] == 'double' else 'ffma'
             assert counts.get(op) == per_thread, (r['kernel'], r['config'], r['arch'])
         else:
             k_step = 8 if d['CONV_MATH'] == 2 else 16          # tf32 m16n8k8, f16/bf16 m16n8k16
             warp_tiles = (d['CONV_BM'] // d['CONV_WARPS_M'] // 16) * (d['CONV_BN'] // d['CONV_WARPS_N'] // 8)
-            assert counts.get('mma') == warp_tiles * d['CONV_BK'] // k_step, (r['kernel'], r['config'])
+            assert counts.get('mma') == warp_tiles * k_slices // k_step, (r['kernel'], r['config'])
             assert r['other_per_mma'] == pytest.approx((r['hot_loop']['instructions'] - counts['mma'])
                                                        / counts['mma'], abs=0.01)
 
