@@ -1,9 +1,10 @@
 """python -m gpuk.kernels.inspect: the SASS reader, the occupancy rules, the model, the join of
 the emulator's figures, and the baseline check of every kernel (docs/kernels.md).
 
-The baseline test compiles every registered variant for sm_80 and sm_90 (NVRTC, no GPU)
-into the report's own cache, so after the first run it reads cached cubins and listings,
-and runs the emulator's counters (gpuk/kernels/inspect/emulated.py) on scaled-down shapes.
+The baseline test reads every registered variant for sm_80 and sm_90 from the compile cache
+``python -m gpuk.kernels.build --check`` fills (make test runs it first; NVRTC, no GPU), so it
+compiles only what that left out and disassembles each cubin once, and runs the emulator's
+counters (gpuk/kernels/inspect/emulated.py) on scaled-down shapes meanwhile.
 """
 import copy
 import json
@@ -20,8 +21,8 @@ from gpuk.kernels.inspect import baseline, emulated, model, occupancy, report, s
 from gpuk.kernels.runtime.kernel_source import normalized_defines
 
 # Captured at import, before tests/kernels/conftest.py points GPUK_CACHE_DIR at a fresh
-# per-session folder: the report's cache keys hash source, headers, defines, arch and flags,
-# so reusing it across sessions never reads a stale entry, and a warm run takes seconds.
+# per-session folder: the compile cache build --check filled (its keys hash source, headers,
+# defines, arch, flags and compiler, so reusing it across sessions never reads a stale entry).
 REPORT_CACHE = variants.cache_folder()
 
 LISTING = """
@@ -249,10 +250,10 @@ def records(request):
     except (build.NvrtcMissing, sass.ToolMissing) as exc:
         pytest.skip(str(exc))
     with pytest.MonkeyPatch.context() as patch:
-        # the emulator's counters without the sanitizer's checks (test_sanitizer.py runs those)
+        # the emulator's counters without the sanitizer's checks (test_sanitizer.py runs those),
+        # measured while the variants missing from the compile cache compile
         patch.setenv('GPUK_EMU_SANITIZE', '0')
-        emulated = report.emulated_measure()
-    found = report.build_records(emulated=emulated, cache=REPORT_CACHE)
+        found = report.build_records(cache=REPORT_CACHE, measure=report.emulated_measure)
     plugins = request.config.pluginmanager
     reporter, capture = plugins.get_plugin('terminalreporter'), plugins.get_plugin('capturemanager')
     if reporter is not None and capture is not None:   # the report's one-line summary, in make test's output

@@ -234,11 +234,16 @@ def add_measured(records, rows):
 
 # ---------------------------------------------------------------- assembling
 
-def build_records(archs=variants.ARCHS, emulated=None, gpu_results=None, workers=2, cache=None):
-    """Every record, JSON-ready. ``emulated``: the emulator's records (None: none joined);
-    ``gpu_results``: folder of measured benchmark JSON (bench/gpu-results); ``cache``: the
-    compile cache folder (default variants.cache_folder())."""
-    records = static_records(variants.compile_all(archs, workers=workers, folder=cache))
+def build_records(archs=variants.ARCHS, emulated=None, gpu_results=None, workers=2, cache=None, measure=None):
+    """Every record, JSON-ready. ``emulated``: the emulator's records (None: none joined), or
+    ``measure``: a function returning them, run in this process while the variants missing from
+    the compile cache compile in ``workers`` others (a cold run overlaps the two); ``gpu_results``:
+    folder of measured benchmark JSON (bench/gpu-results); ``cache``: the compile cache folder
+    (default variants.cache_folder())."""
+    pending = variants.PendingCompiles(archs, workers=workers, folder=cache)
+    if measure is not None:
+        emulated = measure()
+    records = static_records(pending.result())
     return finish(records, emulated, measured_rows(gpu_results) if gpu_results else [])
 
 
