@@ -27,6 +27,12 @@ demo: venv
 # The GPU rehearsal (tests/gpu_rehearsal, about 1.5 minutes): the `gpu` tests and one GPU benchmark
 # row per suite, with a NumPy stand-in for CuPy and the 'cuda' runtime running the kernels in
 # the emulator, so the CUDA paths' Python is run on every commit; its timings go to a temp folder.
+# One kernel cache for every step (entries are named by a hash of what they are built from, so
+# reuse is safe): build --check fills the NVRTC cache the inspect baseline test reads, and the
+# emulator's g++ builds of the first pytest run serve the rehearsal and the bench after it
+# (tests/kernels would otherwise compile into a fresh folder per session).
+# build --check compiles in 2 processes (--jobs).
+test: export GPUK_CACHE_DIR ?= $(HOME)/.cache/gpuk
 test: venv
 	$(BIN)/lint-imports
 	$(BIN)/python -m gpuk.kernels.build --check

@@ -240,6 +240,44 @@ def test_a_deliberately_uncoalesced_copy_is_flagged(tmp_path, monkeypatch):
     assert bad['predicted_bound'] == 'memory' and bad['predicted_fraction'] < good['predicted_fraction']
 
 
+def _needs_nvrtc_and_nvdisasm():
+    try:
+        build.nvrtc_version()
+        sass.find_tool('nvdisasm')
+    except (build.NvrtcMissing, sass.ToolMissing) as exc:
+        pytest.skip(str(exc))
+
+
+def test_build_check_and_the_report_share_one_compile_cache(tmp_path, monkeypatch, capsys):
+    """build --check fills the cache; the report then only disassembles (no second NVRTC compile);
+    an edited header or other defines are other entries, never a stale one."""
+    _needs_nvrtc_and_nvdisasm()
+    monkeypatch.setenv('GPUK_CACHE_DIR', str(tmp_path / 'cache'))
+    (tmp_path / 'copy.cu').write_text((Path(__file__).with_name('cu') / 'strided_copy.cu').read_text()
+                                      .replace('#ifndef COPY_THREADS', '#include "scale.cuh"\n#ifndef COPY_THREADS'))
+    (tmp_path / 'scale.cuh').write_text('#define SCALE 1\n')
+    spec = runtime.BuildSpec(str(tmp_path / 'copy.cu'), normalized_defines({'COPY_THREADS': 256}),
+                             ('coalesced_copy', 'strided_copy'))
+    monkeypatch.setattr(runtime, 'registered_builds', lambda: [spec])
+    assert build.main(['--check', '--arch', 'sm_90', '--jobs', '1']) == 0
+    assert 'compiled for sm_90' in capsys.readouterr().out
+    compiles = []
+    real = build.compile_variant
+    monkeypatch.setattr(build, 'compile_variant', lambda *a: compiles.append(a) or real(*a))
+    [variant] = variants.compile_all(('sm_90',), workers=1)
+    assert compiles == [] and variant.error is None and variant.usage['strided_copy'].registers > 0
+    assert set(variant.functions) == {'coalesced_copy', 'strided_copy'}
+    assert build.main(['--check', '--arch', 'sm_90', '--jobs', '1']) == 0 and compiles == []
+    cubin, _ = build.cached_paths(spec, 'sm_90')
+    assert cubin.parent == tmp_path / 'cache' / 'nvrtc' and variants.listing_path(cubin).is_file()
+    (tmp_path / 'scale.cuh').write_text('#define SCALE 2\n')     # a header edit: a new entry
+    assert build.cached_paths(spec, 'sm_90')[0] != cubin
+    other = runtime.BuildSpec(spec.source_file, normalized_defines({'COPY_THREADS': 128}), spec.kernels)
+    assert build.cached_paths(other, 'sm_90')[0] != build.cached_paths(spec, 'sm_90')[0]
+    variants.compile_all(('sm_90',), specs=[spec, other], workers=1)
+    assert len(compiles) == 2
+
+
 # ---------------------------------------------------------------- every real kernel
 
 @pytest.fixture(scope='module')
