@@ -318,10 +318,22 @@ def test_records_have_the_documented_keys(records):
     keys = {'kernel', 'source', 'family', 'arch', 'config', 'registers', 'spills', 'smem_bytes', 'occupancy',
             'math_fraction', 'other_per_mma', 'coalescing', 'bank_conflicts_per_request',
             'host_syncs_per_call', 'predicted_bound', 'predicted_fraction'}
+    assert set(report.REQUIRED_KEYS) == keys
     for record in records:
         assert keys <= set(record), record['kernel']
         assert 0 <= record['occupancy'] <= 1
     json.dumps(records)   # --json writes them as they are
+
+
+def test_every_kernel_is_measured_on_the_emulator_and_predicted(records):
+    """Each kernel has the emulator's figures (a benchmark-like launch: every kernel reads
+    global memory, so coalescing is defined) and a bound with its fraction of the roofline."""
+    bounds = {'issue', 'fp32', 'fp64', 'mufu', 'tensor-core', 'memory'}
+    unmeasured = sorted({r['kernel'] for r in records if r['host_syncs_per_call'] is None or r['coalescing'] is None})
+    assert unmeasured == []
+    for record in records:
+        assert record['predicted_bound'] in bounds, record['kernel']
+        assert 0 < record['predicted_fraction'] <= 1, record['kernel']
 
 
 def test_conv_main_loops_count_one_k_tile_of_math(records):

@@ -14,6 +14,11 @@ from . import launches, model, occupancy, sass, variants
 TARGET_FFMA_FRACTION = 0.80
 TARGET_OTHER_PER_MMA = 2.0
 TARGET_COALESCING = 0.95
+# The keys every record has (issue 21's --json contract; a record whose variant does not compile
+# has them null, beside its 'error').
+REQUIRED_KEYS = ('kernel', 'source', 'family', 'arch', 'config', 'registers', 'spills', 'smem_bytes', 'occupancy',
+                 'math_fraction', 'other_per_mma', 'coalescing', 'bank_conflicts_per_request',
+                 'host_syncs_per_call', 'predicted_bound', 'predicted_fraction')
 DYNAMIC_KEYS = ('coalescing', 'bank_conflicts_per_request', 'global_bytes', 'compulsory_bytes',
                 'barriers_per_output', 'atomics', 'host_syncs_per_call')
 _SHORT_TYPES = {'float': 'f32', 'double': 'f64', '__half': 'f16', '__nv_bfloat16': 'bf16'}
@@ -83,7 +88,7 @@ def static_records(compiled):
                     'family': Path(variant.spec.source_file).stem, 'arch': variant.arch,
                     'config': labels[variant.spec], 'defines': defines}
             if variant.error:
-                records.append(dict(base, error=variant.error))
+                records.append(dict({key: None for key in REQUIRED_KEYS}, **base, error=variant.error))
                 continue
             records.append(dict(base, **_kernel_figures(variant, kernel, defines)))
     return records
