@@ -232,11 +232,11 @@ def loops(function):
 def innermost(found):
     """The loops that contain no other loop with useful math (a loop may hold small loops
     without math, such as a loader's per-row copies, and still be the innermost main loop)."""
-    def has_math(loop):
-        return instruction_mix(loop.instructions)['math'] > 0
-    return [loop for loop in found
-            if not any(other is not loop and other.blocks < loop.blocks and (has_math(other) or not has_math(loop))
-                       for other in found)]
+    # once per loop: a kernel may have hundreds of loops, and the test below is over pairs
+    has_math = [instruction_mix(loop.instructions)['math'] > 0 for loop in found]
+    return [loop for i, loop in enumerate(found)
+            if not any(j != i and other.blocks < loop.blocks and (has_math[j] or not has_math[i])
+                       for j, other in enumerate(found))]
 
 
 def hot_loop(function):
