@@ -60,7 +60,8 @@ def unique_labels(specs):
 
 def loop_figures(function):
     """(hot loop summary dict or None, mix used by the model, MMA opcodes, basis)."""
-    loop = sass.hot_loop(function)
+    found = sass.loops(function)
+    loop = sass.hot_loop(function, found)
     instructions = loop.instructions if loop else function.instructions
     mix = sass.instruction_mix(instructions)
     mmas = [i.opcode for i in instructions if sass.classify(i) in ('mma', 'wgmma')]
@@ -68,7 +69,7 @@ def loop_figures(function):
         return None, mix, mmas, 'kernel body'
     summary = {'head': '0x%x' % loop.head, 'back_edge': '0x%x' % loop.tail, 'instructions': mix['total'],
                'counts': _json_mix(mix),
-               'loops_in_kernel': len(sass.loops(function))}
+               'loops_in_kernel': len(found)}
     return summary, mix, mmas, 'hot loop'
 
 

@@ -239,13 +239,13 @@ def innermost(found):
                        for j, other in enumerate(found))]
 
 
-def hot_loop(function):
+def hot_loop(function, found=None):
     """The innermost loop (see innermost) doing the most useful math, of those the shortest
     (a kernel with a fast and a general path of the same math: the fast one); without math,
     the one with the most global memory accesses, then the longest. None when the kernel has
     no loop. Without a profile, "hot" is this guess: the main loop of a kernel is where its
-    math or its streaming happens."""
-    candidates = innermost(loops(function))
+    math or its streaming happens. ``found``: loops(function), when the caller has them."""
+    candidates = innermost(loops(function) if found is None else found)
     if not candidates:
         return None
 
