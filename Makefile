@@ -9,10 +9,12 @@ STAMP := $(BIN)/.installed-$(EXTRAS)
 
 .PHONY: demo test bench venv clean
 
+# --no-compile: no .pyc for every file of every wheel up front (torch alone is thousands);
+# Python writes them for the modules a run imports, when it first imports them.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[$(EXTRAS)]"
 	touch $@
 
 venv: $(STAMP)
