@@ -430,7 +430,8 @@ def main(argv=None):
     parser.add_argument('--arch', default=','.join(DEFAULT_ARCHS),
                         help='comma-separated architectures (default %(default)s)')
     parser.add_argument('--out', default=None, help='write cubins here instead of runtime.cubin_dir()')
-    parser.add_argument('--check', action='store_true', help='compile and report only; write nothing')
+    parser.add_argument('--check', action='store_true',
+                        help='compile (through the compile cache) and report only; install no cubin')
     parser.add_argument('--table', action='store_true',
                         help='print registers, shared memory, stack and spills per kernel (default: one summary line)')
     parser.add_argument('--jobs', type=int, default=2,
@@ -440,14 +441,14 @@ def main(argv=None):
         archs = parse_archs(args.arch)
     except ValueError as exc:
         parser.error(str(exc))
-    try:
-        major, minor = nvrtc_version()
-    except NvrtcMissing as exc:
-        print('build: %s' % exc, file=sys.stderr)
-        return 2
     if args.jobs < 1:
         parser.error('--jobs must be at least 1, got %d' % args.jobs)
-    results = build_all(runtime.registered_builds(), archs, workers=args.jobs)
+    try:
+        major, minor = nvrtc_version()
+        results = build_all(runtime.registered_builds(), archs, workers=args.jobs)
+    except NvrtcMissing as exc:   # the library, or the CUDA headers the cache key hashes
+        print('build: %s' % exc, file=sys.stderr)
+        return 2
     if not args.check:
         results = [install(result, args.out) for result in results]
     print('NVRTC %d.%d: %s%s' % (major, minor, summary_line(results, archs),
