@@ -29,7 +29,8 @@ from ..runtime import emulated_runtime
 from ..runtime import get_runtime
 
 REPO = Path(__file__).resolve().parents[3]
-FAMILIES = ('elementwise', 'conv', 'conv_depthwise', 'conv_local', 'pooling', 'batchnorm', 'softmax_xent', 'ctc')
+FAMILIES = ('elementwise', 'fused_elementwise', 'conv', 'conv_depthwise', 'conv_local', 'pooling', 'batchnorm',
+            'softmax_xent', 'ctc')
 
 
 def _rng():
@@ -42,6 +43,12 @@ def _elementwise(rt):
     bias = _rng().standard_normal(32).astype(np.float32)
     yield 'copy f32 131072', lambda: elementwise.copy(x, runtime=rt)
     yield 'bias_act relu f32 64x8x8x32', lambda: elementwise.bias_act_fwd(x, bias, -1, 'relu', runtime=rt)
+
+
+def _fused_elementwise(rt):
+    from .. import elementwise
+    x = _rng().standard_normal((64, 8, 8, 32)).astype(np.float32)
+    bias = _rng().standard_normal(32).astype(np.float32)
     yield 'fused (x + bias) * 0.5, relu f32 64x8x8x32', lambda: elementwise.fused(_fused_bias_scale_relu(), [x, bias],
                                                                                    runtime=rt)
 
@@ -225,8 +232,8 @@ def _ctc(rt):
         short, np.full(batch, 16, np.int32), 10, 1, runtime=rt)
 
 
-_PROBLEMS = {'elementwise': _elementwise, 'conv': _conv, 'conv_depthwise': _conv_depthwise, 'conv_local': _conv_local,
-             'pooling': _pooling,
+_PROBLEMS = {'elementwise': _elementwise, 'fused_elementwise': _fused_elementwise, 'conv': _conv,
+             'conv_depthwise': _conv_depthwise, 'conv_local': _conv_local, 'pooling': _pooling,
              'batchnorm': _batchnorm, 'softmax_xent': _softmax_xent, 'ctc': _ctc}
 
 
