@@ -9,10 +9,12 @@ STAMP := $(BIN)/.installed-$(EXTRAS)
 
 .PHONY: demo test bench venv clean
 
+# --no-compile: no .pyc for every file of every wheel up front (torch alone is thousands);
+# Python writes them for the modules a run imports, when it first imports them.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[$(EXTRAS)]"
 	touch $@
 
 venv: $(STAMP)
@@ -27,6 +29,12 @@ demo: venv
 # The GPU rehearsal (tests/gpu_rehearsal, about 1.5 minutes): the `gpu` tests and one GPU benchmark
 # row per suite, with a NumPy stand-in for CuPy and the 'cuda' runtime running the kernels in
 # the emulator, so the CUDA paths' Python is run on every commit; its timings go to a temp folder.
+# One kernel cache for every step (entries are named by a hash of what they are built from, so
+# reuse is safe): build --check fills the NVRTC cache the inspect baseline test reads, and the
+# emulator's g++ builds of the first pytest run serve the rehearsal and the bench after it
+# (tests/kernels would otherwise compile into a fresh folder per session).
+# build --check compiles in 2 processes (--jobs).
+test: export GPUK_CACHE_DIR ?= $(HOME)/.cache/gpuk
 test: venv
 	$(BIN)/lint-imports
 	$(BIN)/python -m gpuk.kernels.build --check

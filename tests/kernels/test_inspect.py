@@ -1,10 +1,11 @@
 """python -m gpuk.kernels.inspect: the SASS reader, the occupancy rules, the model, the join of
 the emulator's figures, and the baseline check of every kernel (docs/kernels.md).
 
-The baseline test compiles every registered variant for sm_80 and sm_90 (and the Hopper
-convolution for sm_90a; NVRTC, no GPU)
-into the report's own cache, so after the first run it reads cached cubins and listings,
-and runs the emulator's counters (gpuk/kernels/inspect/emulated.py) on scaled-down shapes.
+The baseline test reads every registered variant for sm_80 and sm_90 (and the
+Hopper convolution for sm_90a) from the compile cache
+``python -m gpuk.kernels.build --check`` fills (make test runs it first; NVRTC, no GPU), so it
+compiles only what that left out and disassembles each cubin once, and runs the emulator's
+counters (gpuk/kernels/inspect/emulated.py) on scaled-down shapes meanwhile.
 """
 import copy
 import json
@@ -21,8 +22,8 @@ from gpuk.kernels.inspect import baseline, emulated, model, occupancy, report, s
 from gpuk.kernels.runtime.kernel_source import normalized_defines
 
 # Captured at import, before tests/kernels/conftest.py points GPUK_CACHE_DIR at a fresh
-# per-session folder: the report's cache keys hash source, headers, defines, arch and flags,
-# so reusing it across sessions never reads a stale entry, and a warm run takes seconds.
+# per-session folder: the compile cache build --check filled (its keys hash source, headers,
+# defines, arch, flags and compiler, so reusing it across sessions never reads a stale entry).
 REPORT_CACHE = variants.cache_folder()
 
 LISTING = """
@@ -240,6 +241,44 @@ def test_a_deliberately_uncoalesced_copy_is_flagged(tmp_path, monkeypatch):
     assert bad['predicted_bound'] == 'memory' and bad['predicted_fraction'] < good['predicted_fraction']
 
 
+def _needs_nvrtc_and_nvdisasm():
+    try:
+        build.nvrtc_version()
+        sass.find_tool('nvdisasm')
+    except (build.NvrtcMissing, sass.ToolMissing) as exc:
+        pytest.skip(str(exc))
+
+
+def test_build_check_and_the_report_share_one_compile_cache(tmp_path, monkeypatch, capsys):
+    """build --check fills the cache; the report then only disassembles (no second NVRTC compile);
+    an edited header or other defines are other entries, never a stale one."""
+    _needs_nvrtc_and_nvdisasm()
+    monkeypatch.setenv('GPUK_CACHE_DIR', str(tmp_path / 'cache'))
+    (tmp_path / 'copy.cu').write_text((Path(__file__).with_name('cu') / 'strided_copy.cu').read_text()
+                                      .replace('#ifndef COPY_THREADS', '#include "scale.cuh"\n#ifndef COPY_THREADS'))
+    (tmp_path / 'scale.cuh').write_text('#define SCALE 1\n')
+    spec = runtime.BuildSpec(str(tmp_path / 'copy.cu'), normalized_defines({'COPY_THREADS': 256}),
+                             ('coalesced_copy', 'strided_copy'))
+    monkeypatch.setattr(runtime, 'registered_builds', lambda: [spec])
+    assert build.main(['--check', '--arch', 'sm_90', '--jobs', '1']) == 0
+    assert 'compiled for sm_90' in capsys.readouterr().out
+    compiles = []
+    real = build.compile_variant
+    monkeypatch.setattr(build, 'compile_variant', lambda *a: compiles.append(a) or real(*a))
+    [variant] = variants.compile_all(('sm_90',), workers=1)
+    assert compiles == [] and variant.error is None and variant.usage['strided_copy'].registers > 0
+    assert set(variant.functions) == {'coalesced_copy', 'strided_copy'}
+    assert build.main(['--check', '--arch', 'sm_90', '--jobs', '1']) == 0 and compiles == []
+    cubin, _ = build.cached_paths(spec, 'sm_90')
+    assert cubin.parent == tmp_path / 'cache' / 'nvrtc' and variants.listing_path(cubin).is_file()
+    (tmp_path / 'scale.cuh').write_text('#define SCALE 2\n')     # a header edit: a new entry
+    assert build.cached_paths(spec, 'sm_90')[0] != cubin
+    other = runtime.BuildSpec(spec.source_file, normalized_defines({'COPY_THREADS': 128}), spec.kernels)
+    assert build.cached_paths(other, 'sm_90')[0] != build.cached_paths(spec, 'sm_90')[0]
+    variants.compile_all(('sm_90',), specs=[spec, other], workers=1)
+    assert len(compiles) == 2
+
+
 # ---------------------------------------------------------------- every real kernel
 
 @pytest.fixture(scope='module')
@@ -250,10 +289,10 @@ def records(request):
     except (build.NvrtcMissing, sass.ToolMissing) as exc:
         pytest.skip(str(exc))
     with pytest.MonkeyPatch.context() as patch:
-        # the emulator's counters without the sanitizer's checks (test_sanitizer.py runs those)
+        # the emulator's counters without the sanitizer's checks (test_sanitizer.py runs those),
+        # measured while the variants missing from the compile cache compile
         patch.setenv('GPUK_EMU_SANITIZE', '0')
-        emulated = report.emulated_measure()
-    found = report.build_records(emulated=emulated, cache=REPORT_CACHE)
+        found = report.build_records(cache=REPORT_CACHE, measure=report.emulated_measure)
     plugins = request.config.pluginmanager
     reporter, capture = plugins.get_plugin('terminalreporter'), plugins.get_plugin('capturemanager')
     if reporter is not None and capture is not None:   # the report's one-line summary, in make test's output
@@ -281,10 +320,22 @@ def test_records_have_the_documented_keys(records):
     keys = {'kernel', 'source', 'family', 'arch', 'config', 'registers', 'spills', 'smem_bytes', 'occupancy',
             'math_fraction', 'other_per_mma', 'coalescing', 'bank_conflicts_per_request',
             'host_syncs_per_call', 'predicted_bound', 'predicted_fraction'}
+    assert set(report.REQUIRED_KEYS) == keys
     for record in records:
         assert keys <= set(record), record['kernel']
         assert 0 <= record['occupancy'] <= 1
     json.dumps(records)   # --json writes them as they are
+
+
+def test_every_kernel_is_measured_on_the_emulator_and_predicted(records):
+    """Each kernel has the emulator's figures (a benchmark-like launch: every kernel reads
+    global memory, so coalescing is defined) and a bound with its fraction of the roofline."""
+    bounds = {'issue', 'fp32', 'fp64', 'mufu', 'tensor-core', 'memory'}
+    unmeasured = sorted({r['kernel'] for r in records if r['host_syncs_per_call'] is None or r['coalescing'] is None})
+    assert unmeasured == []
+    for record in records:
+        assert record['predicted_bound'] in bounds, record['kernel']
+        assert 0 < record['predicted_fraction'] <= 1, record['kernel']
 
 
 def test_conv_main_loops_count_one_k_tile_of_math(records):

@@ -14,6 +14,11 @@ from . import launches, model, occupancy, sass, variants
 TARGET_FFMA_FRACTION = 0.80
 TARGET_OTHER_PER_MMA = 2.0
 TARGET_COALESCING = 0.95
+# The keys every record has (issue 21's --json contract; a record whose variant does not compile
+# has them null, beside its 'error').
+REQUIRED_KEYS = ('kernel', 'source', 'family', 'arch', 'config', 'registers', 'spills', 'smem_bytes', 'occupancy',
+                 'math_fraction', 'other_per_mma', 'coalescing', 'bank_conflicts_per_request',
+                 'host_syncs_per_call', 'predicted_bound', 'predicted_fraction')
 DYNAMIC_KEYS = ('coalescing', 'bank_conflicts_per_request', 'global_bytes', 'compulsory_bytes',
                 'barriers_per_output', 'atomics', 'host_syncs_per_call')
 _SHORT_TYPES = {'float': 'f32', 'double': 'f64', '__half': 'f16', '__nv_bfloat16': 'bf16',
@@ -59,7 +64,8 @@ def unique_labels(specs):
 
 def loop_figures(function):
     """(hot loop summary dict or None, mix used by the model, MMA opcodes, basis)."""
-    loop = sass.hot_loop(function)
+    found = sass.loops(function)
+    loop = sass.hot_loop(function, found)
     instructions = loop.instructions if loop else function.instructions
     mix = sass.instruction_mix(instructions)
     mmas = [i.opcode for i in instructions if sass.classify(i) in ('mma', 'wgmma')]
@@ -67,7 +73,7 @@ def loop_figures(function):
         return None, mix, mmas, 'kernel body'
     summary = {'head': '0x%x' % loop.head, 'back_edge': '0x%x' % loop.tail, 'instructions': mix['total'],
                'counts': _json_mix(mix),
-               'loops_in_kernel': len(sass.loops(function))}
+               'loops_in_kernel': len(found)}
     return summary, mix, mmas, 'hot loop'
 
 
@@ -87,7 +93,7 @@ def static_records(compiled):
                     'family': Path(variant.spec.source_file).stem, 'arch': variant.arch,
                     'config': labels[variant.spec], 'defines': defines}
             if variant.error:
-                records.append(dict(base, error=variant.error))
+                records.append(dict({key: None for key in REQUIRED_KEYS}, **base, error=variant.error))
                 continue
             records.append(dict(base, **_kernel_figures(variant, kernel, defines)))
     return records
@@ -238,11 +244,16 @@ def add_measured(records, rows):
 
 # ---------------------------------------------------------------- assembling
 
-def build_records(archs=variants.ARCHS, emulated=None, gpu_results=None, workers=2, cache=None):
-    """Every record, JSON-ready. ``emulated``: the emulator's records (None: none joined);
-    ``gpu_results``: folder of measured benchmark JSON (bench/gpu-results); ``cache``: the
-    compile cache folder (default variants.cache_folder())."""
-    records = static_records(variants.compile_all(archs, workers=workers, folder=cache))
+def build_records(archs=variants.ARCHS, emulated=None, gpu_results=None, workers=2, cache=None, measure=None):
+    """Every record, JSON-ready. ``emulated``: the emulator's records (None: none joined), or
+    ``measure``: a function returning them, run in this process while the variants missing from
+    the compile cache compile in ``workers`` others (a cold run overlaps the two); ``gpu_results``:
+    folder of measured benchmark JSON (bench/gpu-results); ``cache``: the compile cache folder
+    (default variants.cache_folder())."""
+    pending = variants.PendingCompiles(archs, workers=workers, folder=cache)
+    if measure is not None:
+        emulated = measure()
+    records = static_records(pending.result())
     return finish(records, emulated, measured_rows(gpu_results) if gpu_results else [])
 
 

@@ -232,20 +232,20 @@ def loops(function):
 def innermost(found):
     """The loops that contain no other loop with useful math (a loop may hold small loops
     without math, such as a loader's per-row copies, and still be the innermost main loop)."""
-    def has_math(loop):
-        return instruction_mix(loop.instructions)['math'] > 0
-    return [loop for loop in found
-            if not any(other is not loop and other.blocks < loop.blocks and (has_math(other) or not has_math(loop))
-                       for other in found)]
+    # once per loop: a kernel may have hundreds of loops, and the test below is over pairs
+    has_math = [instruction_mix(loop.instructions)['math'] > 0 for loop in found]
+    return [loop for i, loop in enumerate(found)
+            if not any(j != i and other.blocks < loop.blocks and (has_math[j] or not has_math[i])
+                       for j, other in enumerate(found))]
 
 
-def hot_loop(function):
+def hot_loop(function, found=None):
     """The innermost loop (see innermost) doing the most useful math, of those the shortest
     (a kernel with a fast and a general path of the same math: the fast one); without math,
     the one with the most global memory accesses, then the longest. None when the kernel has
     no loop. Without a profile, "hot" is this guess: the main loop of a kernel is where its
-    math or its streaming happens."""
-    candidates = innermost(loops(function))
+    math or its streaming happens. ``found``: loops(function), when the caller has them."""
+    candidates = innermost(loops(function) if found is None else found)
     if not candidates:
         return None
 

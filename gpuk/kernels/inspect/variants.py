@@ -1,21 +1,18 @@
 """Every (variant, arch) of the build registry compiled once, with its ptxas report and SASS.
 
 A variant is a runtime.BuildSpec: a .cu file, the defines a launcher passes, the kernels in
-it (what ``python -m gpuk.kernels.build`` compiles). Compiling goes through
-``build.build_variant`` (the same NVRTC call and options as the AOT build and the CUDA
-runtime); the cubin, its per-kernel resource report and its disassembly are kept under
-``$GPUK_CACHE_DIR/inspect/`` named like the runtime's cubins (a hash of the source, its
-headers, the defines, the arch and the NVRTC flags), so an unchanged kernel is never
-compiled or disassembled twice and an edited one never reads a stale entry.
+it (what ``python -m gpuk.kernels.build`` compiles). Compiling goes through the AOT build's
+compile cache (``build.cached_build``: the same NVRTC call and options as the build and the
+CUDA runtime, entries named by a hash of the source, its headers, the defines, the arch and
+the compiler), and the SASS listing is kept beside each cubin there, so ``build --check`` and
+this report compile each variant once between them, an unchanged kernel is never compiled or
+disassembled twice, and an edited one never reads a stale entry.
 """
-import json
-import os
 import struct
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from .. import runtime   # the registry
-from ..runtime import build   # the AOT build's compile step
+from ..runtime import build   # the AOT build's compile cache
 from . import sass
 
 ARCHS = ('sm_90', 'sm_80')
@@ -30,78 +27,67 @@ class CompiledVariant:
 
 
 def cache_folder():
-    return runtime.cache_dir() / 'inspect'
+    """The compile cache this report shares with ``python -m gpuk.kernels.build``."""
+    return build.cache_folder()
 
 
-def _usage_to_json(usage):
-    return {kernel: u._asdict() for kernel, u in usage.items()}
+def listing_path(cubin):
+    return cubin.with_suffix('.sass')
 
 
-def _usage_from_json(data):
-    return {kernel: build.ResourceUsage(**fields) for kernel, fields in data.items()}
+def ensure_cached(spec, arch, folder, identity=None):
+    """Compiles (spec, arch) into the cache ``folder`` and disassembles it there, each unless
+    already done; the BuildResult (its ``error`` the compile error text, or None)."""
+    result = build.cached_build(spec, arch, folder, identity)
+    if not result.error and not listing_path(result.path).is_file():
+        build.write_atomically(listing_path(result.path), sass.disassemble_text(result.path))
+    return result
 
 
-def _cached_paths(spec, arch, folder):
-    cubin = Path(folder) / runtime.cubin_path(spec.source_file, spec.defines_dict, arch).name
-    return cubin, cubin.with_suffix('.usage.json'), cubin.with_suffix('.sass')
-
-
-def ensure_cached(spec, arch, folder):
-    """Compiles and disassembles (spec, arch) into ``folder`` unless already there; the compile
-    error text, or None."""
-    cubin, report, listing = _cached_paths(spec, arch, folder)
-    if cubin.is_file() and report.is_file() and listing.is_file():
-        return None
-    result = build.build_variant(spec, arch, out_dir=folder, write=True)
-    if result.error:
-        return result.error
-    _write(report, json.dumps(_usage_to_json(result.usage)))
-    _write(listing, sass.disassemble_text(cubin))
-    return None
+def _is_cached(spec, arch, folder, identity):
+    cubin, report = build.cached_paths(spec, arch, folder, identity)
+    return cubin.is_file() and report.is_file() and listing_path(cubin).is_file()
 
 
 def compile_variant(spec, arch, folder=None):
     """The CompiledVariant of (spec, arch), from the cache ``folder`` (default cache_folder())
     or compiled now."""
-    folder = Path(folder) if folder else cache_folder()
-    error = ensure_cached(spec, arch, folder)
-    return CompiledVariant(spec, arch, {}, {}, {}, error=error) if error else _load(spec, arch, folder)
+    return _load(ensure_cached(spec, arch, Path(folder) if folder else cache_folder()))
 
 
-def _load(spec, arch, folder):
-    cubin, report, listing = _cached_paths(spec, arch, folder)
-    usage = _usage_from_json(json.loads(report.read_text()))
-    return CompiledVariant(spec, arch, usage, sass.parse(listing.read_text()),
-                           max_threads_per_kernel(cubin.read_bytes()))
+def _load(result):
+    if result.error:
+        return CompiledVariant(result.spec, result.arch, {}, {}, {}, error=result.error)
+    return CompiledVariant(result.spec, result.arch, result.usage, sass.parse(listing_path(result.path).read_text()),
+                           max_threads_per_kernel(result.path.read_bytes()))
 
 
-def _write(path, text):
-    partial = path.with_name('%s.%d.tmp' % (path.name, os.getpid()))
-    partial.write_text(text)
-    partial.replace(path)   # atomic: a concurrent report never reads half a file
+class PendingCompiles:
+    """compile_all started: the jobs missing from the cache run in ``workers`` processes while
+    the caller does other work (the report runs the emulator meanwhile); ``result()`` waits and
+    returns the CompiledVariants (registry order, then arch)."""
+
+    def __init__(self, archs=ARCHS, specs=None, workers=2, folder=None):
+        specs = runtime.registered_builds() if specs is None else specs
+        self._folder = Path(folder) if folder else cache_folder()
+        self._folder.mkdir(parents=True, exist_ok=True)
+        self._identity = build.compiler_identity()
+        self._jobs = [(spec, arch) for spec in specs for arch in spec.build_archs(archs)]
+        self._missing = [job for job in self._jobs if not _is_cached(*job, self._folder, self._identity)]
+        self._pending = build.Jobs(ensure_cached, [job + (self._folder, self._identity) for job in self._missing],
+                                   workers)
+
+    def result(self):
+        done = dict(zip(self._missing, self._pending.results()))
+        return [_load(done.get(job) or ensure_cached(*job, self._folder, self._identity)) for job in self._jobs]
 
 
 def compile_all(archs=ARCHS, specs=None, workers=2, folder=None):
     """CompiledVariants of every registered variant for every arch (registry order, then arch).
 
-    Variants missing from the cache compile in ``workers`` processes (NVRTC's Python bindings
-    hold the GIL, so threads would not overlap the compiles): a cold run takes about half the
-    CPU time on 2 cores; a warm one only reads the cache."""
-    specs = runtime.registered_builds() if specs is None else specs
-    folder = Path(folder) if folder else cache_folder()
-    folder.mkdir(parents=True, exist_ok=True)
-    jobs = [(spec, arch) for spec in specs for arch in spec.build_archs(archs)]
-    missing = [(spec, arch) for spec, arch in jobs
-               if not all(path.is_file() for path in _cached_paths(spec, arch, folder))]
-    errors = {}
-    if len(missing) > 1 and workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            found = pool.map(ensure_cached, *zip(*missing), [folder] * len(missing))
-            errors = {job: error for job, error in zip(missing, found) if error}
-    else:
-        errors = {job: error for job in missing for error in [ensure_cached(*job, folder)] if error}
-    return [CompiledVariant(spec, arch, {}, {}, {}, error=errors[(spec, arch)]) if (spec, arch) in errors
-            else _load(spec, arch, folder) for spec, arch in jobs]
+    Variants missing from the cache compile and disassemble in ``workers`` processes: a cold
+    run takes about half the CPU time on 2 cores; a warm one only reads the cache."""
+    return PendingCompiles(archs, specs, workers, folder).result()
 
 
 # ---------------------------------------------------------------- the cubin's launch bounds

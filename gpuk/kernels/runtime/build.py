@@ -14,6 +14,15 @@ same file name) so the runtime loads it instead of compiling at run time, and su
 in one line; ``--table`` reports each kernel: registers, static shared memory, stack
 frame, spill stores / loads.
 
+The compile cache: every (variant, arch) compiled here is kept under
+``$GPUK_CACHE_DIR/nvrtc/`` (cubin and its ptxas resource report) named by a hash of what
+shapes the machine code: the source and every header it includes, the defines, the arch, the
+NVRTC flags, the NVRTC version and the CUDA headers. ``--check`` and
+``python -m gpuk.kernels.inspect`` (which adds the SASS listing beside each entry) read and
+fill the same entries, so ``make test`` compiles each variant once, and an edited kernel
+(or another compiler) never reads a stale one. Missing entries compile in ``--jobs``
+processes (default 2: NVRTC's bindings hold the GIL, so threads would not overlap).
+
 Where the numbers come from: ptxas's verbose report (``--ptxas-options=-v``), read from
 the NVRTC program log. It is the only place that states spills; the cubin's ELF
 attributes have no spill count and their layout moves between toolkits (seen here: NVRTC
@@ -26,14 +35,17 @@ Exit status: 0 when everything compiled and no variant with ``may_spill=False`` 
 NVRTC is not installed.
 """
 import argparse
+import hashlib
+import json
 import os
 import re
 import sys
 from collections import namedtuple
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from .. import runtime
-from .kernel_source import KERNELS_DIR, NVRTC_FLAGS, kernel_source
+from .kernel_source import KERNELS_DIR, NVRTC_FLAGS, kernel_source, memoized_digest, source_key
 
 DEFAULT_ARCHS = ('sm_80', 'sm_90')
 # Options the CUDA runtime must use too, so a prebuilt cubin equals a JIT-compiled one.
@@ -205,6 +217,8 @@ def kernel_usage(log, kernels):
 # ---------------------------------------------------------------- building
 
 BuildResult = namedtuple('BuildResult', ['spec', 'arch', 'path', 'usage', 'spilled', 'error'])
+BuildResult.__doc__ = ('One (variant, arch) compiled: ``path`` is the cubin written (or, for a cached '
+                       'build, the cache entry), ``error`` the compile error text or None.')
 
 
 def variant_label(spec):
@@ -213,24 +227,145 @@ def variant_label(spec):
     return '%s %s' % (Path(spec.source_file).name, defines)
 
 
-def build_variant(spec, arch, out_dir=None, write=True):
-    """Compiles one variant for one arch; writes the cubin unless ``write`` is False."""
+def compile_variant(spec, arch):
+    """(cubin bytes, ResourceUsage per kernel, bytes spilled) of one variant for one arch;
+    raises BuildError (or OSError, ValueError for an unreadable source or bad defines)."""
     defines = dict(spec.defines)
-    target = runtime.cubin_path(spec.source_file, defines, arch)
+    text = kernel_source(spec.source_file, defines)
+    cubin, log = compile_cubin(text, Path(spec.source_file).name, arch, options=nvrtc_options(spec.source_file))
+    usage, spilled = kernel_usage(log, spec.kernels)
+    return cubin, usage, spilled
+
+
+def build_variant(spec, arch, out_dir=None, write=True):
+    """Compiles one variant for one arch (no cache); writes the cubin unless ``write`` is False."""
+    target = runtime.cubin_path(spec.source_file, dict(spec.defines), arch)
     if out_dir is not None:
         target = Path(out_dir) / target.name
     try:
-        text = kernel_source(spec.source_file, defines)
-        cubin, log = compile_cubin(text, Path(spec.source_file).name, arch, options=nvrtc_options(spec.source_file))
-        usage, spilled = kernel_usage(log, spec.kernels)
+        cubin, usage, spilled = compile_variant(spec, arch)
     except (BuildError, OSError, ValueError) as exc:
         return BuildResult(spec, arch, target, {}, 0, str(exc))
     if write:
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix('.tmp')
-        partial.write_bytes(cubin)
-        partial.replace(target)   # never leave a half-written cubin for the runtime to load
+        write_atomically(target, cubin)   # never leave a half-written cubin for the runtime to load
     return BuildResult(spec, arch, target, usage, spilled, None)
+
+
+# ---------------------------------------------------------------- the compile cache
+
+def cache_folder():
+    """The compile cache shared by ``--check`` and the inspect report: $GPUK_CACHE_DIR/nvrtc."""
+    return runtime.cache_dir() / 'nvrtc'
+
+
+def cuda_headers_digest():
+    """sha256 of the CUDA headers NVRTC compiles against (cuda_fp16.h and the rest of that
+    folder, not its subfolders), memoized while the files keep their stat."""
+    folder = Path(cuda_include_dir())
+
+    def compute():
+        headers = sorted(p for p in folder.iterdir() if p.suffix in ('.h', '.hpp') and p.is_file())
+        h = hashlib.sha256()
+        for path in headers:
+            h.update(path.name.encode() + b'\0' + path.read_bytes() + b'\0')
+        return [folder] + headers, h.hexdigest()
+    return memoized_digest(('cuda headers', str(folder)), compute)
+
+
+def compiler_identity():
+    """What, besides the source and its arch, shapes every cubin: the NVRTC flags, the NVRTC
+    version and the CUDA headers (part of each cache key)."""
+    return NVRTC_FLAGS + ('nvrtc %d.%d' % nvrtc_version(), cuda_headers_digest())
+
+
+def cached_paths(spec, arch, folder=None, identity=None):
+    """(cubin, resource report) of (spec, arch) in the cache ``folder`` (default cache_folder()).
+    ``identity``: compiler_identity(), when the caller already has it. The kernel names are part
+    of the key since the report holds theirs only."""
+    arch = runtime.normalize_arch(arch)
+    key = source_key(spec.source_file, spec.defines_dict, arch, ' '.join(spec.kernels),
+                     *(identity or compiler_identity()))
+    cubin = Path(folder or cache_folder()) / ('%s-%s-%s.cubin' % (Path(spec.source_file).stem, key[:32], arch))
+    return cubin, cubin.with_suffix('.usage.json')
+
+
+def write_atomically(path, data):
+    """Writes ``data`` (bytes or text) to ``path`` through a temporary beside it: a concurrent
+    reader (another process of the pool, another test session) never sees half a file."""
+    partial = path.with_name('%s.%d.tmp' % (path.name, os.getpid()))
+    if isinstance(data, bytes):
+        partial.write_bytes(data)
+    else:
+        partial.write_text(data)
+    partial.replace(path)
+
+
+def cached_build(spec, arch, folder=None, identity=None):
+    """The BuildResult of (spec, arch) from the cache, or compiled now and stored there
+    (compile errors are not stored: they are reported on every run)."""
+    cubin, report = cached_paths(spec, arch, folder, identity)
+    arch = runtime.normalize_arch(arch)
+    if cubin.is_file() and report.is_file():
+        stored = json.loads(report.read_text())
+        usage = {kernel: ResourceUsage(**fields) for kernel, fields in stored['usage'].items()}
+        return BuildResult(spec, arch, cubin, usage, stored['spilled'], None)
+    try:
+        binary, usage, spilled = compile_variant(spec, arch)
+    except (BuildError, OSError, ValueError) as exc:
+        return BuildResult(spec, arch, cubin, {}, 0, str(exc))
+    cubin.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(cubin, binary)
+    write_atomically(report, json.dumps({'usage': {k: u._asdict() for k, u in usage.items()}, 'spilled': spilled}))
+    return BuildResult(spec, arch, cubin, usage, spilled, None)
+
+
+def install(result, out_dir=None):
+    """Copies a cached build's cubin to where the runtime loads it (runtime.cubin_path, or
+    ``out_dir`` under the same name); the result, with ``path`` the installed cubin."""
+    if result.error:
+        return result
+    target = runtime.cubin_path(result.spec.source_file, result.spec.defines_dict, result.arch)
+    if out_dir is not None:
+        target = Path(out_dir) / target.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(target, result.path.read_bytes())
+    return result._replace(path=target)
+
+
+def is_cached(spec, arch, folder=None, identity=None):
+    return all(path.is_file() for path in cached_paths(spec, arch, folder, identity))
+
+
+class Jobs:
+    """``function(*job)`` for each job, started at once in up to ``workers`` processes, so the
+    caller can do other work meanwhile; ``results()`` waits for them (in job order). One job
+    or one worker: they run in this process, at ``results()``."""
+
+    def __init__(self, function, jobs, workers=2):
+        self._function, self._jobs = function, list(jobs)
+        self._pool = ProcessPoolExecutor(max_workers=min(workers, len(self._jobs))) \
+            if len(self._jobs) > 1 and workers > 1 else None
+        self._futures = [self._pool.submit(function, *job) for job in self._jobs] if self._pool else []
+
+    def results(self):
+        if self._pool is None:
+            return [self._function(*job) for job in self._jobs]
+        try:
+            return [future.result() for future in self._futures]
+        finally:
+            self._pool.shutdown()
+
+
+def build_all(specs, archs, folder=None, workers=2):
+    """BuildResults of every (spec, arch), spec order then arch order, through the cache:
+    entries already there are read, the others compiled in ``workers`` processes."""
+    folder = Path(folder or cache_folder())
+    identity = compiler_identity()
+    jobs = [(spec, arch) for spec in specs for arch in spec.build_archs(archs)]
+    missing = [job for job in jobs if not is_cached(*job, folder, identity)]
+    done = dict(zip(missing, Jobs(cached_build, [job + (folder, identity) for job in missing], workers).results()))
+    return [done.get(job) or cached_build(*job, folder, identity) for job in jobs]
 
 
 def problems(results):
@@ -298,22 +433,27 @@ def main(argv=None):
     parser.add_argument('--arch', default=','.join(DEFAULT_ARCHS),
                         help='comma-separated architectures (default %(default)s)')
     parser.add_argument('--out', default=None, help='write cubins here instead of runtime.cubin_dir()')
-    parser.add_argument('--check', action='store_true', help='compile and report only; write nothing')
+    parser.add_argument('--check', action='store_true',
+                        help='compile (through the compile cache) and report only; install no cubin')
     parser.add_argument('--table', action='store_true',
                         help='print registers, shared memory, stack and spills per kernel (default: one summary line)')
+    parser.add_argument('--jobs', type=int, default=2,
+                        help='compile processes for the variants missing from the cache (default %(default)s)')
     args = parser.parse_args(argv)
     try:
         archs = parse_archs(args.arch)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.jobs < 1:
+        parser.error('--jobs must be at least 1, got %d' % args.jobs)
     try:
         major, minor = nvrtc_version()
-    except NvrtcMissing as exc:
+        results = build_all(runtime.registered_builds(), archs, workers=args.jobs)
+    except NvrtcMissing as exc:   # the library, or the CUDA headers the cache key hashes
         print('build: %s' % exc, file=sys.stderr)
         return 2
-    builds = runtime.registered_builds()
-    results = [build_variant(spec, arch, args.out, write=not args.check)
-               for spec in builds for arch in spec.build_archs(archs)]
+    if not args.check:
+        results = [install(result, args.out) for result in results]
     print('NVRTC %d.%d: %s%s' % (major, minor, summary_line(results, archs),
                                 '' if args.table else ' (--table: per kernel)'))
     if args.table:
