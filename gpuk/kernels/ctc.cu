@@ -152,13 +152,15 @@ ctc_emissions(const elem_t* __restrict__ logits, const long long* __restrict__ l
         const long long s_n = t < t_n ? 2 * l_n + 1 : 0;
         const ExtendedLabel ext{labels + n * width, l_n, blank, classes};
         acc_t* __restrict__ out = emissions + r * pitch;
-        for (long long s = lane; s < states; s += 32) {
+        for (long long base = 0; base < states; base += 32) {   // uniform per warp (__syncwarp inside)
+            const long long s = base + lane;
             acc_t e = ctc_neg_inf();
             if (s < s_n) {
                 const long long c = ext.class_of(s);
                 e = (staged_row ? staged[c] : to_acc(row[c])) - lse;
             }
-            out[s] = e;
+            __syncwarp();   // converged after the label reads: one coalesced store of the row
+            if (s < states) out[s] = e;
         }
     }
 }
@@ -217,34 +219,33 @@ ctc_alpha(const long long* __restrict__ labels, const long long* __restrict__ in
 }
 
 // ctc_label_map: per sample, first_of_class[n, c] = the first label position l < L_n with
-// class c (-1 where none) and next_same[n, l] = the next position after l with the same
-// class (-1 at the last). Thread mapping: one block per sample; threads over the classes
-// (the -1 fill), a barrier, then over the label positions (O(L_n) each). Labels outside
-// [0, A) or equal to the blank (rejected by the deferred check) get no class.
+// class c (-1 where none; rows of class_pitch ints, a multiple of 8: sector-aligned) and
+// next_same[n, l] = the next position after l with the same class (-1 at the last).
+// Thread mapping: one block per sample; threads over the classes (the -1 fill), a barrier,
+// then over the label positions (O(L_n) each). Labels outside [0, A) or equal to the blank
+// (rejected by the deferred check) get no class.
 extern "C" __global__ void __launch_bounds__(CTC_THREADS, CTC_MIN_BLOCKS)
 ctc_label_map(const long long* __restrict__ labels, const long long* __restrict__ label_lengths,
               int* __restrict__ first_of_class, int* __restrict__ next_same, long long classes, long long width,
-              long long blank) {
+              long long class_pitch, long long blank) {
     const long long n = blockIdx.x, l_n = clamp_length(label_lengths[n], width);
     const long long* __restrict__ lab = labels + n * width;
-    int* __restrict__ first = first_of_class + n * classes;
+    int* __restrict__ first = first_of_class + n * class_pitch;
     for (long long c = threadIdx.x; c < classes; c += blockDim.x) first[c] = -1;
     __syncthreads();   // the fill lands before the first positions overwrite it
     for (long long l = threadIdx.x; l < l_n; l += blockDim.x) {
         const long long c = lab[l];
-        if (c < 0 || c >= classes || c == blank) {
-            next_same[n * width + l] = -1;
-            continue;
-        }
+        const bool has_class = c >= 0 && c < classes && c != blank;
         long long next = -1;
         bool is_first = true;
-        for (long long k = 0; k < l_n; ++k) {
-            if (lab[k] != c) continue;
+        for (long long k = 0; k < l_n; ++k) {   // every thread reads lab[k]: broadcasts
+            const long long other = lab[k];
+            if (other != c) continue;
             if (k < l) is_first = false;
             if (k > l && next < 0) next = k;
         }
-        next_same[n * width + l] = (int)next;
-        if (is_first) first[c] = (int)l;
+        next_same[n * width + l] = has_class ? (int)next : -1;
+        if (has_class && is_first) first[c] = (int)l;
     }
 }
 
@@ -310,7 +311,7 @@ ctc_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
          const acc_t* __restrict__ occupation, const int* __restrict__ first_of_class,
          const int* __restrict__ next_same, const acc_t* __restrict__ loss, const acc_t* __restrict__ dloss,
          elem_t* __restrict__ dlogits, long long batch, long long steps, long long classes, long long width,
-         long long pitch, long long blank, int stage) {
+         long long pitch, long long class_pitch, long long blank, int stage) {
     extern __shared__ __align__(16) unsigned char ctc_stage_bytes[];
     const long long warps = blockDim.x >> 5, frames = batch * steps;
     const unsigned lane = threadIdx.x & 31u;
@@ -339,14 +340,20 @@ ctc_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
             blank_part += __shfl_xor_sync(GPUK_FULL_MASK, blank_part, offset);
         const acc_t lse = frame_lse[r], d = dloss[n];
         const elem_t* __restrict__ x = logits + r * classes;
-        const int* __restrict__ first = first_of_class + n * classes;
+        const int* __restrict__ first = first_of_class + n * class_pitch;
         const int* __restrict__ next = next_same + n * width;
-        for (long long c = lane; c < classes; c += 32) {
-            acc_t o = 0;
-            if (c == blank) o = blank_part;
-            else
-                for (int l = first[c]; l >= 0; l = next[l]) o += occ[2 * l + 1];
-            g_row[c] = ElementTraits<elem_t>::from_acc((exp(to_acc(x[c]) - lse) - o) * d);
+        for (long long base = 0; base < classes; base += 32) {   // uniform per warp (__syncwarp inside)
+            const long long c = base + lane;
+            acc_t g = 0;
+            if (c < classes) {
+                const acc_t xc = to_acc(x[c]);
+                int l = first[c];   // -1 for the blank (ctc_label_map gives it no position)
+                acc_t o = c == blank ? blank_part : acc_t(0);
+                for (; l >= 0; l = next[l]) o += occ[2 * l + 1];
+                g = (exp(xc - lse) - o) * d;
+            }
+            __syncwarp();   // converged after the label-position chains: one coalesced store
+            if (c < classes) g_row[c] = ElementTraits<elem_t>::from_acc(g);
         }
     }
 }

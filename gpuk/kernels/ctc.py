@@ -22,6 +22,7 @@ The Theano-backend helpers (ctc_interleave_blanks, ctc_create_skip_idxs,
 ctc_update_log_p, ctc_path_probs, ctc_cost) are tiny index helpers over one label: they
 delegate to the NumPy twin on host copies and return arrays of the runtime's xp.
 """
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -155,29 +156,32 @@ def state_pitch(states, dtype):
     return -(-states // per_sector) * per_sector
 
 
+# ctc_loss_fwd's log_alpha views -> their padded buffers, while the view lives (the backward
+# then reads the buffer without a copy). Keyed by id with a weak reference: arrays are unhashable.
+_PADDED_BUFFERS = {}
+
+
 def _state_rows(rt, batch, steps, states, acc):
     """(padded (N, T, P) buffer, its (N, T, S) view)."""
     padded = rt.xp.empty((batch, steps, state_pitch(states, acc)), dtype=acc)
-    return padded, padded[:, :, :states]
+    view = padded[:, :, :states]
+    key = id(view)
+    try:
+        _PADDED_BUFFERS[key] = (weakref.ref(view, lambda _, k=key: _PADDED_BUFFERS.pop(k, None)), padded)
+    except TypeError:   # an array type without weak references: the backward copies instead
+        pass
+    return padded, view
 
 
 def _padded_rows(rt, view, acc):
     """The (N, T, P) buffer under a state array: the one `view` was sliced from when it is
     ctc_loss_fwd's log_alpha (no copy), else a padded copy of it."""
-    batch, steps, states = view.shape
-    pitch = state_pitch(states, acc)
-    base = view.base
-    if (base is not None and base.shape == (batch, steps, pitch) and base.dtype == view.dtype
-            and base.flags.c_contiguous and view.strides == base.strides and _address(base) == _address(view)):
-        return base
-    padded, inner = _state_rows(rt, batch, steps, states, acc)
+    entry = _PADDED_BUFFERS.get(id(view))
+    if entry is not None and entry[0]() is view and entry[1].dtype == np.dtype(acc):
+        return entry[1]
+    padded, inner = _state_rows(rt, *view.shape, acc)
     inner[...] = view
     return padded
-
-
-def _address(array):
-    data = array.data
-    return data.ptr if hasattr(data, 'ptr') else array.__array_interface__['data'][0]
 
 
 def _stage(row_elements, acc):
@@ -278,11 +282,12 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
     work, _ = _state_rows(rt, batch, steps, states, acc)   # emissions, then occupations
     pitch = work.shape[2]
     _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, work, blank, 0)
-    first_of_class = rt.xp.empty(batch * classes, dtype=np.int32)
+    class_pitch = -(-classes // 8) * 8   # int32 rows on 32-byte sectors
+    first_of_class = rt.xp.empty(batch * class_pitch, dtype=np.int32)
     next_same = rt.xp.empty(max(batch * width, 1), dtype=np.int32)
     module.kernel('ctc_label_map').launch(
         batch, CTC_THREADS, (ints[0], ints[2], first_of_class, next_same, np.int64(classes), np.int64(width),
-                             np.int64(blank)))
+                             np.int64(class_pitch), np.int64(blank)))
     # beta's two rows live in shared memory up to CTC_SHARED_STATES states, else here
     gamma = rt.xp.empty(batch * 2 * pitch if states > CTC_SHARED_STATES else 1, dtype=acc)
     module.kernel('ctc_beta_occupation').launch(
@@ -292,8 +297,8 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
     module.kernel('ctc_grad').launch(
         _frame_blocks(batch * steps), CTC_THREADS,
         (logits, frame_lse, ints[1], ints[2], work, first_of_class, next_same, loss, dloss, dlogits,
-         np.int64(batch), np.int64(steps), np.int64(classes), np.int64(width), np.int64(pitch), np.int64(blank),
-         np.int32(stage)), shared_mem=shared)
+         np.int64(batch), np.int64(steps), np.int64(classes), np.int64(width), np.int64(pitch),
+         np.int64(class_pitch), np.int64(blank), np.int32(stage)), shared_mem=shared)
     return dlogits
 
 

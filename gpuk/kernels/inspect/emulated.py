@@ -36,6 +36,15 @@ def _rng():
     return np.random.default_rng(0)
 
 
+def _dev(rt, array):
+    """`array` copied where a device array would live: rt.xp.empty's alignment (the emulated
+    runtime's DEVICE_ALIGNMENT), as a benchmark's inputs already sit in device memory (NumPy's
+    own 16-byte alignment would split rows that start on a sector on the GPU)."""
+    out = rt.xp.empty(array.shape, array.dtype)
+    out[...] = array
+    return out
+
+
 def _elementwise(rt):
     from .. import elementwise
     x = _rng().standard_normal((64, 8, 8, 32)).astype(np.float32)
@@ -89,9 +98,9 @@ def _conv_local(rt):
 
 def _pooling(rt):
     from .. import pooling
-    x = _rng().standard_normal((2, 16, 16, 32)).astype(np.float32)
+    x = _dev(rt, _rng().standard_normal((2, 16, 16, 32)).astype(np.float32))
     geometry = ((2, 2), (2, 2), ((0, 0), (0, 0)), 'channels_last')
-    dy = _rng().standard_normal((2, 8, 8, 32)).astype(np.float32)
+    dy = _dev(rt, _rng().standard_normal((2, 8, 8, 32)).astype(np.float32))
     config = 'NHWC 2x16x16x32, 2x2/2, f32'
     yield f'max fwd {config}', lambda: pooling.max_pool_fwd(x, *geometry, runtime=rt)
     yield f'avg fwd {config}', lambda: pooling.avg_pool_fwd(x, *geometry, runtime=rt)
@@ -102,17 +111,17 @@ def _pooling(rt):
 
 def _batchnorm(rt):
     from .. import batchnorm
-    x = _rng().standard_normal((8, 8, 8, 64)).astype(np.float32)
-    gamma, beta = np.ones(64, np.float32), np.zeros(64, np.float32)
+    x = _dev(rt, _rng().standard_normal((8, 8, 8, 64)).astype(np.float32))
+    gamma, beta = _dev(rt, np.ones(64, np.float32)), _dev(rt, np.zeros(64, np.float32))
     axes = (0, 1, 2)
     config = 'NHWC 8x8x8x64 f32'
     yield f'train fwd {config}', lambda: batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt)
     _, mean, _, inv_std = batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt)
-    dy = _rng().standard_normal(x.shape).astype(np.float32)
+    dy = _dev(rt, _rng().standard_normal(x.shape).astype(np.float32))
     yield f'bwd {config}', lambda: batchnorm.bn_bwd(dy, x, gamma, mean, inv_std, axes, runtime=rt)
     yield f'infer fwd {config}', lambda: batchnorm.bn_infer_fwd(x, mean, inv_std, gamma, beta, 1e-3, -1, runtime=rt)
-    xc = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
-    dyc = np.ascontiguousarray(dy.transpose(0, 3, 1, 2))
+    xc = _dev(rt, x.transpose(0, 3, 1, 2))
+    dyc = _dev(rt, dy.transpose(0, 3, 1, 2))
     config = 'NCHW 8x64x8x8 f32'
     yield f'train fwd {config}', lambda: batchnorm.bn_train_fwd(xc, gamma, beta, (0, 2, 3), 1e-3, runtime=rt)
     _, mean_c, _, inv_std_c = batchnorm.bn_train_fwd(xc, gamma, beta, (0, 2, 3), 1e-3, runtime=rt)
@@ -121,33 +130,33 @@ def _batchnorm(rt):
 
 def _softmax_xent(rt):
     from .. import softmax_xent
-    logits = _rng().standard_normal((64, 1000)).astype(np.float32)
-    labels = _rng().integers(0, 1000, 64)
+    logits = _dev(rt, _rng().standard_normal((64, 1000)).astype(np.float32))
+    labels = _dev(rt, _rng().integers(0, 1000, 64))
     config = '64x1000 f32'
     yield f'softmax fwd {config}', lambda: softmax_xent.softmax_fwd(logits, runtime=rt)
     y = softmax_xent.softmax_fwd(logits, runtime=rt)
     yield f'softmax bwd {config}', lambda: softmax_xent.softmax_bwd(y, logits, runtime=rt)
     yield f'sparse xent fwd {config}', lambda: softmax_xent.sparse_softmax_xent_fwd(logits, labels, runtime=rt)
     loss, lse = softmax_xent.sparse_softmax_xent_fwd(logits, labels, runtime=rt)
-    dloss = np.ones(64, np.float32)
+    dloss = _dev(rt, np.ones(64, np.float32))
     yield f'sparse xent bwd {config}', lambda: softmax_xent.sparse_softmax_xent_bwd(logits, labels, lse, dloss,
                                                                                   runtime=rt)
-    target = softmax_xent.softmax_fwd(logits[::-1].copy(), runtime=rt)
+    target = softmax_xent.softmax_fwd(_dev(rt, logits[::-1]), runtime=rt)
     yield f'xent fwd {config}', lambda: softmax_xent.softmax_xent_fwd(logits, target, runtime=rt)
     yield f'log_softmax fwd {config}', lambda: softmax_xent.log_softmax_fwd(logits, runtime=rt)
     yield f'categorical probs fwd {config}', lambda: softmax_xent.categorical_xent_probs_fwd(y, target, runtime=rt)
     # short rows: several per warp (sub-warp groups)
-    small = _rng().standard_normal((512, 10)).astype(np.float32)
-    small_target = softmax_xent.softmax_fwd(small[::-1].copy(), runtime=rt)
-    small_labels = _rng().integers(0, 10, 512)
+    small = _dev(rt, _rng().standard_normal((512, 10)).astype(np.float32))
+    small_target = softmax_xent.softmax_fwd(_dev(rt, small[::-1]), runtime=rt)
+    small_labels = _dev(rt, _rng().integers(0, 10, 512))
     small_lse = softmax_xent.softmax_xent_fwd(small, small_target, runtime=rt)[1]
-    ones = np.ones(512, np.float32)
+    ones = _dev(rt, np.ones(512, np.float32))
     yield 'xent fwd 512x10 f32', lambda: softmax_xent.softmax_xent_fwd(small, small_target, runtime=rt)
     yield 'xent bwd 512x10 f32', lambda: softmax_xent.softmax_xent_bwd(small, small_target, small_lse, ones,
                                                                       runtime=rt)
     yield 'sparse xent fwd 512x10 f32', lambda: softmax_xent.sparse_softmax_xent_fwd(small, small_labels, runtime=rt)
     yield 'xent bwd 64x1000 f32', lambda: softmax_xent.softmax_xent_bwd(logits, target, lse, dloss, runtime=rt)
-    bits = (_rng().random((64, 1000)) < 0.5).astype(np.float32)
+    bits = _dev(rt, (_rng().random((64, 1000)) < 0.5).astype(np.float32))
     yield f'binary logits fwd {config}', lambda: softmax_xent.binary_xent_logits_fwd(logits, bits, runtime=rt)
     yield f'binary logits bwd {config}', lambda: softmax_xent.binary_xent_logits_bwd(logits, bits, logits, runtime=rt)
 
@@ -155,30 +164,30 @@ def _softmax_xent(rt):
 def _ctc(rt):
     from .. import ctc
     steps, batch, classes = 24, 4, 12
-    logits = _rng().standard_normal((batch, steps, classes)).astype(np.float32)
-    labels = _rng().integers(0, classes - 1, (batch, 6)).astype(np.int32)
-    input_lengths = np.full(batch, steps, np.int32)
-    label_lengths = np.full(batch, 6, np.int32)
+    logits = _dev(rt, _rng().standard_normal((batch, steps, classes)).astype(np.float32))
+    labels = _dev(rt, _rng().integers(0, classes - 1, (batch, 6)))
+    input_lengths = _dev(rt, np.full(batch, steps, np.int64))
+    label_lengths = _dev(rt, np.full(batch, 6, np.int64))
     config = f'batch {batch}, {steps} steps, {classes} classes, labels 6, f32'
     args = (logits, labels, input_lengths, label_lengths)
     yield f'loss fwd {config}', lambda: ctc.ctc_loss_fwd(*args, runtime=rt)
     loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(*args, runtime=rt)
-    yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss, np.ones_like(loss),
-                                                         runtime=rt)
-    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss,
+                                                         _dev(rt, np.ones_like(loss)), runtime=rt)
+    log_probs = _dev(rt, logits - np.log(np.exp(logits).sum(-1, keepdims=True)))
     yield f'greedy {config}', lambda: ctc.ctc_greedy_decode(log_probs, input_lengths, runtime=rt)
     yield f'beam 8 {config}', lambda: ctc.ctc_beam_search_decode(log_probs, input_lengths, 8, 1, runtime=rt)
     # closer to warp-ctc's character models: 29 classes, 20-label transcripts (41 states)
     steps, batch, classes, width = 60, 2, 29, 20
-    logits = _rng().standard_normal((batch, steps, classes)).astype(np.float32)
-    labels = _rng().integers(0, classes - 1, (batch, width)).astype(np.int32)
-    args = (logits, labels, np.full(batch, steps, np.int32), np.full(batch, width, np.int32))
+    logits = _dev(rt, _rng().standard_normal((batch, steps, classes)).astype(np.float32))
+    labels = _dev(rt, _rng().integers(0, classes - 1, (batch, width)))
+    args = (logits, labels, _dev(rt, np.full(batch, steps, np.int64)), _dev(rt, np.full(batch, width, np.int64)))
     config = f'batch {batch}, {steps} steps, {classes} classes, labels {width}, f32'
     yield f'loss fwd {config}', lambda: ctc.ctc_loss_fwd(*args, runtime=rt)
     loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(*args, runtime=rt)
-    yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss, np.ones_like(loss),
-                                                         runtime=rt)
-    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss,
+                                                         _dev(rt, np.ones_like(loss)), runtime=rt)
+    log_probs = _dev(rt, logits - np.log(np.exp(logits).sum(-1, keepdims=True)))
     yield f'beam 10 {config}', lambda: ctc.ctc_beam_search_decode(log_probs, args[2], 10, 1, runtime=rt)
 
 
