@@ -153,6 +153,7 @@ def _remember_poisoned(array):
 # runtime's xp.empty / empty_like start on this boundary too, so that the counters see the
 # sectors a launch moves on a GPU (a 16-byte offset splits every row a kernel aligned).
 DEVICE_ALIGNMENT = 256
+MAX_WORKERS = 64   # emu_host.h runs a grid on at most this many host threads
 
 
 def _aligned_empty(shape, dtype=float, order='C'):
@@ -255,6 +256,12 @@ class EmulatedKernel:
                                'arrays': [(p.name, a.nbytes, a.size, p.is_const)
                                           for p, a in zip(self.signature.params, args) if p.is_pointer],
                                **{name: int(getattr(counters, name)) for name in COUNTER_FIELDS}})
+
+    def coresident_blocks(self, threads_per_block, shared_mem=0):
+        """How many blocks of this kernel run at once: the emulator's worker threads
+        (GPUK_EMULATE_THREADS, at most MAX_WORKERS), each running one block to its end; a
+        grid-wide barrier is safe up to this many blocks."""
+        return min(_env_int('GPUK_EMULATE_THREADS', 1, 1), MAX_WORKERS)
 
     def _marshal(self, args, check_init):
         c_args = (_Arg * max(1, len(args)))()
@@ -370,6 +377,7 @@ class EmulatedRuntime:
     kind = 'emulate'
     xp = _make_xp()
     host_syncs = 0      # device-to-host copies launchers made through runtime.to_host
+    l2_bytes = 50 * 1024 * 1024   # the L2 a launcher plans for: an H100's (CudaRuntime asks the device)
 
     def __init__(self):
         self.cxx = os.environ.get('GPUK_CXX') or os.environ.get('CXX') or 'g++'
