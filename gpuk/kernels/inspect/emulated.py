@@ -109,13 +109,27 @@ def _pooling(rt):
     yield f'avg bwd {config}', lambda: pooling.avg_pool_bwd(dy, x.shape, *geometry, runtime=rt)
 
 
+def _split_path(batchnorm, call):
+    """call() with batch norm's single-kernel training forward off (the path of activations
+    past the L2, or of grids that cannot be resident at once)."""
+    saved = batchnorm.PERSISTENT_L2_FRACTION
+    batchnorm.PERSISTENT_L2_FRACTION = 0
+    try:
+        return call()
+    finally:
+        batchnorm.PERSISTENT_L2_FRACTION = saved
+
+
 def _batchnorm(rt):
     from .. import batchnorm
     x = _dev(rt, _rng().standard_normal((8, 8, 8, 64)).astype(np.float32))
     gamma, beta = _dev(rt, np.ones(64, np.float32)), _dev(rt, np.zeros(64, np.float32))
     axes = (0, 1, 2)
     config = 'NHWC 8x8x8x64 f32'
+    # channels last within the L2: the single-kernel forward (one block per emulator thread)
     yield f'train fwd {config}', lambda: batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt)
+    yield f'train fwd {config}, split path', lambda: _split_path(
+        batchnorm, lambda: batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt))
     _, mean, _, inv_std = batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt)
     dy = _dev(rt, _rng().standard_normal(x.shape).astype(np.float32))
     yield f'bwd {config}', lambda: batchnorm.bn_bwd(dy, x, gamma, mean, inv_std, axes, runtime=rt)
