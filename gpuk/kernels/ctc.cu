@@ -219,33 +219,37 @@ ctc_alpha(const long long* __restrict__ labels, const long long* __restrict__ in
 }
 
 // ctc_label_map: per sample, first_of_class[n, c] = the first label position l < L_n with
-// class c (-1 where none; rows of class_pitch ints, a multiple of 8: sector-aligned) and
-// next_same[n, l] = the next position after l with the same class (-1 at the last).
-// Thread mapping: one block per sample; threads over the classes (the -1 fill), a barrier,
-// then over the label positions (O(L_n) each). Labels outside [0, A) or equal to the blank
-// (rejected by the deferred check) get no class.
+// class c (-1 where none, and for the blank) and next_same[n, l] = the next position after l
+// with the same class (-1 at the last, and for a label outside [0, A) or the blank: rejected
+// by the deferred check). Rows of class_pitch / label_pitch ints (multiples of 8: every row
+// starts on a sector). Thread mapping: one block per sample; threads over the classes, each
+// scanning the L_n labels (every lane reads the same label: broadcasts) and writing its
+// class's entry (one coalesced store per class, no fill-then-scatter); then threads over the
+// label positions (O(L_n) each). No barriers, no atomics.
 extern "C" __global__ void __launch_bounds__(CTC_THREADS, CTC_MIN_BLOCKS)
 ctc_label_map(const long long* __restrict__ labels, const long long* __restrict__ label_lengths,
               int* __restrict__ first_of_class, int* __restrict__ next_same, long long classes, long long width,
-              long long class_pitch, long long blank) {
+              long long class_pitch, long long label_pitch, long long blank) {
     const long long n = blockIdx.x, l_n = clamp_length(label_lengths[n], width);
     const long long* __restrict__ lab = labels + n * width;
     int* __restrict__ first = first_of_class + n * class_pitch;
-    for (long long c = threadIdx.x; c < classes; c += blockDim.x) first[c] = -1;
-    __syncthreads();   // the fill lands before the first positions overwrite it
+    for (long long c = threadIdx.x; c < classes; c += blockDim.x) {
+        long long at = -1;
+        for (long long k = 0; k < l_n; ++k) {
+            const long long label = lab[k];
+            if (at < 0 && label == c) at = k;
+        }
+        first[c] = c == blank ? -1 : (int)at;
+    }
     for (long long l = threadIdx.x; l < l_n; l += blockDim.x) {
         const long long c = lab[l];
         const bool has_class = c >= 0 && c < classes && c != blank;
         long long next = -1;
-        bool is_first = true;
-        for (long long k = 0; k < l_n; ++k) {   // every thread reads lab[k]: broadcasts
+        for (long long k = l + 1; k < l_n; ++k) {
             const long long other = lab[k];
-            if (other != c) continue;
-            if (k < l) is_first = false;
-            if (k > l && next < 0) next = k;
+            if (next < 0 && other == c) next = k;
         }
-        next_same[n * width + l] = has_class ? (int)next : -1;
-        if (has_class && is_first) first[c] = (int)l;
+        next_same[n * label_pitch + l] = has_class ? (int)next : -1;
     }
 }
 
@@ -311,7 +315,7 @@ ctc_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
          const acc_t* __restrict__ occupation, const int* __restrict__ first_of_class,
          const int* __restrict__ next_same, const acc_t* __restrict__ loss, const acc_t* __restrict__ dloss,
          elem_t* __restrict__ dlogits, long long batch, long long steps, long long classes, long long width,
-         long long pitch, long long class_pitch, long long blank, int stage) {
+         long long pitch, long long class_pitch, long long label_pitch, long long blank, int stage) {
     extern __shared__ __align__(16) unsigned char ctc_stage_bytes[];
     const long long warps = blockDim.x >> 5, frames = batch * steps;
     const unsigned lane = threadIdx.x & 31u;
@@ -341,7 +345,7 @@ ctc_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
         const acc_t lse = frame_lse[r], d = dloss[n];
         const elem_t* __restrict__ x = logits + r * classes;
         const int* __restrict__ first = first_of_class + n * class_pitch;
-        const int* __restrict__ next = next_same + n * width;
+        const int* __restrict__ next = next_same + n * label_pitch;
         for (long long base = 0; base < classes; base += 32) {   // uniform per warp (__syncwarp inside)
             const long long c = base + lane;
             acc_t g = 0;

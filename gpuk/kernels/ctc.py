@@ -282,12 +282,12 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
     work, _ = _state_rows(rt, batch, steps, states, acc)   # emissions, then occupations
     pitch = work.shape[2]
     _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, work, blank, 0)
-    class_pitch = -(-classes // 8) * 8   # int32 rows on 32-byte sectors
+    class_pitch, label_pitch = (-(-k // 8) * 8 for k in (classes, width))   # int32 rows on 32-byte sectors
     first_of_class = rt.xp.empty(batch * class_pitch, dtype=np.int32)
-    next_same = rt.xp.empty(max(batch * width, 1), dtype=np.int32)
+    next_same = rt.xp.empty(max(batch * label_pitch, 1), dtype=np.int32)
     module.kernel('ctc_label_map').launch(
         batch, CTC_THREADS, (ints[0], ints[2], first_of_class, next_same, np.int64(classes), np.int64(width),
-                             np.int64(class_pitch), np.int64(blank)))
+                             np.int64(class_pitch), np.int64(label_pitch), np.int64(blank)))
     # beta's two rows live in shared memory up to CTC_SHARED_STATES states, else here
     gamma = rt.xp.empty(batch * 2 * pitch if states > CTC_SHARED_STATES else 1, dtype=acc)
     module.kernel('ctc_beta_occupation').launch(
@@ -298,7 +298,7 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
         _frame_blocks(batch * steps), CTC_THREADS,
         (logits, frame_lse, ints[1], ints[2], work, first_of_class, next_same, loss, dloss, dlogits,
          np.int64(batch), np.int64(steps), np.int64(classes), np.int64(width), np.int64(pitch),
-         np.int64(class_pitch), np.int64(blank), np.int32(stage)), shared_mem=shared)
+         np.int64(class_pitch), np.int64(label_pitch), np.int64(blank), np.int32(stage)), shared_mem=shared)
     return dlogits
 
 
