@@ -48,13 +48,10 @@
 // Per-thread skip flags are a 64-bit mask over the states a thread owns (s = tid + k blockDim,
 // k < 64); states past that (S > 64 CTC_THREADS) read the flag from the labels each step.
 #define CTC_SKIP_BITS 64
-// ctc_emissions / ctc_grad stage rows per warp in dynamic shared memory when the launcher
-// passes stage = 1 (warps x row fits CTC_STAGE_BYTES, the launcher's constant): a frame's
-// logits row (read once, contiguous; the states' class gathers then hit shared memory), or
-// a frame's occupation row (the classes' label-position gathers).
-#ifndef CTC_STAGE_BYTES
-#define CTC_STAGE_BYTES 49152
-#endif
+// ctc_emissions / ctc_grad stage rows in dynamic shared memory when the launcher passes
+// stage = 1 (the rows fit its CTC_STAGE_BYTES, 48 KB): a frame's logits row (read once,
+// contiguous; the states' class gathers then hit shared memory), or a frame's occupation
+// and next_same rows (the classes' label-position gathers); see the kernels.
 
 typedef ELEMENT_T elem_t;
 typedef ACC_T acc_t;
@@ -306,58 +303,91 @@ ctc_beta_occupation(const long long* __restrict__ labels, const long long* __res
 // CTC_THREADS / 32 frames per block, grid-stride: the occupation row read whole (the
 // blank's share, the even states, by a warp sum), then lanes over the classes, each adding
 // its class's label positions along next_same: one coalesced write per element,
-// deterministic, no atomics. With stage = 1 (launcher: warps x P acc_t fit CTC_STAGE_BYTES)
-// the row read is kept in the warp's slice of dynamic shared memory and the label-position
-// gathers read it there instead of scattered 4-byte reads of global memory.
+// deterministic, no atomics. With stage = 1 (launcher: warps x (P acc_t + the next_same row)
+// fit CTC_STAGE_BYTES) the occupation row and the sample's next_same row are kept in the
+// warp's slice of dynamic shared memory and the label-position chains read them there
+// instead of scattered 4-byte reads of global memory. With stage_rows
+// = 1 (launcher: those rows plus warps x A elements fit CTC_STAGE_BYTES) a block's frames
+// (consecutive: f0 .. f0 + warps - 1) move as one span: their logits are read into shared
+// memory from the span's first sector on, the gradients written there in place, and the
+// span written out the same way, so rows of A elements that start mid-sector (A = 29 floats:
+// 7 rows in 8) cost whole sectors only at the span's two ends. Two barriers per span.
 extern "C" __global__ void __launch_bounds__(CTC_THREADS, CTC_MIN_BLOCKS)
 ctc_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
          const long long* __restrict__ input_lengths, const long long* __restrict__ label_lengths,
          const acc_t* __restrict__ occupation, const int* __restrict__ first_of_class,
          const int* __restrict__ next_same, const acc_t* __restrict__ loss, const acc_t* __restrict__ dloss,
          elem_t* __restrict__ dlogits, long long batch, long long steps, long long classes, long long width,
-         long long pitch, long long class_pitch, long long label_pitch, long long blank, int stage) {
+         long long pitch, long long class_pitch, long long label_pitch, long long blank, int stage,
+         int stage_rows) {
     extern __shared__ __align__(16) unsigned char ctc_stage_bytes[];
-    const long long warps = blockDim.x >> 5, frames = batch * steps;
+    const long long warps = blockDim.x >> 5, frames = batch * steps, warp = threadIdx.x >> 5;
     const unsigned lane = threadIdx.x & 31u;
-    acc_t* const staged = reinterpret_cast<acc_t*>(ctc_stage_bytes) + (threadIdx.x >> 5) * pitch;
-    for (long long r = blockIdx.x * warps + (threadIdx.x >> 5); r < frames; r += gridDim.x * warps) {
-        const long long n = r / steps, t = r - n * steps;
-        elem_t* __restrict__ g_row = dlogits + r * classes;
-        const long long t_n = clamp_length(input_lengths[n], steps);
-        if (t >= t_n || !ctc_finite(loss[n])) {   // uniform per warp
-            for (long long c = lane; c < classes; c += 32) g_row[c] = ElementTraits<elem_t>::from_acc(acc_t(0));
-            continue;
+    // stage: each warp's occupation row (pitch acc_t), then each warp's next_same row
+    // (label_pitch ints); stage_rows: then the block's frames' logits, later their gradients
+    acc_t* const staged = reinterpret_cast<acc_t*>(ctc_stage_bytes) + warp * pitch;
+    int* const staged_next_rows = reinterpret_cast<int*>(reinterpret_cast<acc_t*>(ctc_stage_bytes) + warps * pitch);
+    int* const staged_next = staged_next_rows + warp * label_pitch;
+    elem_t* const rows = reinterpret_cast<elem_t*>(stage ? staged_next_rows + warps * label_pitch
+                                                         : reinterpret_cast<int*>(ctc_stage_bytes));
+    const long long sector = 32 / (long long)sizeof(elem_t);
+    for (long long f0 = blockIdx.x * warps; f0 < frames; f0 += gridDim.x * warps) {   // uniform per block
+        const long long f1 = f0 + warps < frames ? f0 + warps : frames;
+        const long long lo = f0 * classes, hi = f1 * classes;
+        if (stage_rows) {   // the span [lo, hi) of logits, read from its first sector on: whole sectors
+            for (long long i = lo - lo % sector + threadIdx.x; i < hi; i += blockDim.x)
+                if (i >= lo) rows[i - lo] = logits[i];
         }
-        const long long s_n = 2 * clamp_length(label_lengths[n], width) + 1;
-        const acc_t* __restrict__ occ_row = occupation + r * pitch;
-        acc_t blank_part = 0;
-        __syncwarp();   // the previous frame's gathers from the stage are done
-        for (long long s = lane; s < s_n; s += 32) {
-            const acc_t o = occ_row[s];
-            if (stage) staged[s] = o;
-            if (!(s & 1)) blank_part += o;
-        }
-        __syncwarp();   // the staged row is whole before any lane gathers from it
-        const acc_t* occ = stage ? staged : occ_row;
+        __syncthreads();   // the span is in shared memory before any warp reads its row
+        const long long r = f0 + warp;
+        if (r < frames) {   // uniform per warp
+            const long long n = r / steps, t = r - n * steps;
+            const elem_t* __restrict__ x = stage_rows ? rows + (r - f0) * classes : logits + r * classes;
+            elem_t* __restrict__ g_row = stage_rows ? rows + (r - f0) * classes : dlogits + r * classes;
+            const long long t_n = clamp_length(input_lengths[n], steps);
+            if (t >= t_n || !ctc_finite(loss[n])) {   // uniform per warp
+                for (long long c = lane; c < classes; c += 32) g_row[c] = ElementTraits<elem_t>::from_acc(acc_t(0));
+            } else {
+                const long long l_n = clamp_length(label_lengths[n], width), s_n = 2 * l_n + 1;
+                const acc_t* __restrict__ occ_row = occupation + r * pitch;
+                const int* __restrict__ next_row = next_same + n * label_pitch;
+                acc_t blank_part = 0;
+                __syncwarp();   // the previous frame's gathers from the stage are done
+                for (long long s = lane; s < s_n; s += 32) {
+                    const acc_t o = occ_row[s];
+                    if (stage) staged[s] = o;
+                    if (!(s & 1)) blank_part += o;
+                }
+                if (stage)
+                    for (long long l = lane; l < l_n; l += 32) staged_next[l] = next_row[l];
+                __syncwarp();   // the staged rows are whole before any lane gathers from them
+                const acc_t* occ = stage ? staged : occ_row;
+                const int* next = stage ? staged_next : next_row;
 #pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1)
-            blank_part += __shfl_xor_sync(GPUK_FULL_MASK, blank_part, offset);
-        const acc_t lse = frame_lse[r], d = dloss[n];
-        const elem_t* __restrict__ x = logits + r * classes;
-        const int* __restrict__ first = first_of_class + n * class_pitch;
-        const int* __restrict__ next = next_same + n * label_pitch;
-        for (long long base = 0; base < classes; base += 32) {   // uniform per warp (__syncwarp inside)
-            const long long c = base + lane;
-            acc_t g = 0;
-            if (c < classes) {
-                const acc_t xc = to_acc(x[c]);
-                int l = first[c];   // -1 for the blank (ctc_label_map gives it no position)
-                acc_t o = c == blank ? blank_part : acc_t(0);
-                for (; l >= 0; l = next[l]) o += occ[2 * l + 1];
-                g = (exp(xc - lse) - o) * d;
+                for (int offset = 16; offset > 0; offset >>= 1)
+                    blank_part += __shfl_xor_sync(GPUK_FULL_MASK, blank_part, offset);
+                const acc_t lse = frame_lse[r], d = dloss[n];
+                const int* __restrict__ first = first_of_class + n * class_pitch;
+                for (long long base = 0; base < classes; base += 32) {   // uniform per warp (__syncwarp inside)
+                    const long long c = base + lane;
+                    acc_t g = 0;
+                    if (c < classes) {
+                        const acc_t xc = to_acc(x[c]);
+                        int l = first[c];   // -1 for the blank (ctc_label_map gives it no position)
+                        acc_t o = c == blank ? blank_part : acc_t(0);
+                        for (; l >= 0; l = next[l]) o += occ[2 * l + 1];
+                        g = (exp(xc - lse) - o) * d;
+                    }
+                    __syncwarp();   // converged after the label-position chains: one coalesced store
+                    if (c < classes) g_row[c] = ElementTraits<elem_t>::from_acc(g);   // in place when staged
+                }
             }
-            __syncwarp();   // converged after the label-position chains: one coalesced store
-            if (c < classes) g_row[c] = ElementTraits<elem_t>::from_acc(g);
         }
+        __syncthreads();   // every gradient row is in shared memory
+        if (stage_rows) {   // the span of dlogits, written from its first sector on
+            for (long long i = lo - lo % sector + threadIdx.x; i < hi; i += blockDim.x)
+                if (i >= lo) dlogits[i] = rows[i - lo];
+        }
+        __syncthreads();   // written out before the next span overwrites the stage
     }
 }

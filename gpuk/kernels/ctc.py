@@ -50,7 +50,7 @@ SECTOR_BYTES = 32            # state rows (log_alpha, the backward's work) start
 
 def loss_defines(dtype):
     return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
-            'CTC_THREADS': CTC_THREADS, 'CTC_SHARED_STATES': CTC_SHARED_STATES, 'CTC_STAGE_BYTES': CTC_STAGE_BYTES}
+            'CTC_THREADS': CTC_THREADS, 'CTC_SHARED_STATES': CTC_SHARED_STATES}
 
 
 def decode_defines(dtype):
@@ -293,12 +293,18 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
     module.kernel('ctc_beta_occupation').launch(
         batch, CTC_THREADS, tuple(ints) + (log_alpha, loss, work, gamma, np.int64(steps), np.int64(classes),
                                            np.int64(width), np.int64(pitch), np.int64(blank)))
-    stage, shared = _stage(pitch, acc)
+    per_warp = pitch * np.dtype(acc).itemsize + label_pitch * 4   # occupation and next_same rows
+    stage = int((CTC_THREADS // 32) * per_warp <= CTC_STAGE_BYTES)
+    shared = (CTC_THREADS // 32) * per_warp if stage else 0
+    span = (CTC_THREADS // 32) * classes * logits.dtype.itemsize   # a block's logits rows (stage_rows)
+    stage_rows = int(shared + span <= CTC_STAGE_BYTES)
+    shared += span if stage_rows else 0
     module.kernel('ctc_grad').launch(
         _frame_blocks(batch * steps), CTC_THREADS,
         (logits, frame_lse, ints[1], ints[2], work, first_of_class, next_same, loss, dloss, dlogits,
          np.int64(batch), np.int64(steps), np.int64(classes), np.int64(width), np.int64(pitch),
-         np.int64(class_pitch), np.int64(label_pitch), np.int64(blank), np.int32(stage)), shared_mem=shared)
+         np.int64(class_pitch), np.int64(label_pitch), np.int64(blank), np.int32(stage), np.int32(stage_rows)),
+        shared_mem=shared)
     return dlogits
 
 
