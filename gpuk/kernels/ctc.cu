@@ -232,6 +232,7 @@ ctc_label_map(const long long* __restrict__ labels, const long long* __restrict_
     int* __restrict__ first = first_of_class + n * class_pitch;
     for (long long c = threadIdx.x; c < classes; c += blockDim.x) {
         long long at = -1;
+#pragma unroll 1
         for (long long k = 0; k < l_n; ++k) {
             const long long label = lab[k];
             if (at < 0 && label == c) at = k;
@@ -242,6 +243,7 @@ ctc_label_map(const long long* __restrict__ labels, const long long* __restrict_
         const long long c = lab[l];
         const bool has_class = c >= 0 && c < classes && c != blank;
         long long next = -1;
+#pragma unroll 1
         for (long long k = l + 1; k < l_n; ++k) {
             const long long other = lab[k];
             if (next < 0 && other == c) next = k;
