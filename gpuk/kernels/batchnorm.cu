@@ -637,12 +637,13 @@ bn_bwd_relu_dx(const elem_t* __restrict__ dy, const elem_t* __restrict__ x, cons
 // ---------------------------------------------------------------- persistent training forward
 // bn_train_persistent: the whole training forward of a channels-last x (rows, c) in one
 // launch, for activations that fit in L2 (the launcher's rule): the sums of bn_stats_channels_last
-// (block b is split b: rows [b * rows_per_split, +rows_per_split), every 32-channel chunk in
-// turn, threads as (tx, ty) = (tid % 32, tid / 32) over BN_ROWS rows), a grid barrier, the
+// (its (32-channel chunk, split) tiles, the split path's own, spread over the blocks: block b
+// takes tiles b, b + gridDim.x, ...; threads as (tx, ty) = (tid % 32, tid / 32)), a grid barrier, the
 // finalize of bn_stats_finalize[_moving] (32-channel chunks over the blocks, BN_ROWS split
 // rows), a grid barrier, then bn_apply's elementwise pass over the whole of x, whose second
-// read of x then comes from L2 instead of HBM. Two launches fewer than the split path, same
-// arithmetic and summation order for a given number of splits; deterministic, no float atomics.
+// read of x then comes from L2 instead of HBM. Two launches fewer than the split path, with
+// its splits and per-split sums (the finalize adds the splits in BN_ROWS rows, not
+// BN_FIN_ROWS: the last bits may differ). Deterministic, no float atomics.
 // The grid barriers need every block resident at once: the launcher sizes the grid from the
 // occupancy (blocks per SM x SMs; on the emulator its worker threads) and takes the split
 // path where that is not possible. barrier: two unsigned, zero when allocated, left as found.
@@ -656,13 +657,13 @@ bn_train_persistent(const elem_t* __restrict__ x, elem_t* __restrict__ y, const 
                     acc_t* __restrict__ inv_std, acc_t* __restrict__ scale, acc_t* __restrict__ next_mean,
                     acc_t* __restrict__ next_var, acc_t* __restrict__ partials, acc_t* __restrict__ shifts,
                     unsigned* __restrict__ barrier, const acc_t* __restrict__ scalars, long long rows, long long c,
-                    long long rows_per_split, int moving, int relu) {
+                    long long splits, long long rows_per_split, int moving, int relu) {
     const unsigned tx = threadIdx.x & 31u, ty = threadIdx.x >> 5;
-    const long long splits = gridDim.x;
-    for (long long chunk = 0; chunk * 32 < c; ++chunk) {
-        sums_channels_last_tile<false, false>(x, x, x, nullptr, partials, shifts, rows, c, rows_per_split, chunk,
-                                              blockIdx.x, tx, ty);
-        __syncthreads();   // row 0 has read part_a / part_b before the next chunk writes them
+    const long long chunks = (c + 31) / 32;
+    for (long long tile = blockIdx.x; tile < chunks * splits; tile += gridDim.x) {   // uniform per block
+        sums_channels_last_tile<false, false>(x, x, x, nullptr, partials, shifts, rows, c, rows_per_split,
+                                              tile % chunks, tile / chunks, tx, ty);
+        __syncthreads();   // row 0 has read part_a / part_b before the next tile writes them
     }
     grid_barrier(barrier);   // every split's partials (and the shifts) written
     for (long long chunk = blockIdx.x; chunk * 32 < c; chunk += gridDim.x) {

@@ -241,20 +241,16 @@ def _shifts(rt, view, acc):
     return _scratch(rt, 'shifts', (view.channels,), acc)
 
 
-def _persistent_splits(rt, module, view, x):
-    """(blocks, rows per block) of bn_train_persistent, or None for the split path: it needs
-    channels last, x within PERSISTENT_L2_FRACTION of the L2 and a grid that is resident all
-    at once (its grid barriers wait for every block): at most the kernel's co-resident blocks
-    (occupancy x SMs on a GPU, the worker threads on the emulator), each at least
-    MIN_ROWS_PER_SPLIT rows."""
+def _persistent_blocks(rt, module, view, x):
+    """The grid of bn_train_persistent, or 0 for the split path: it needs channels last, x
+    within PERSISTENT_L2_FRACTION of the L2 and a grid that is resident all at once (its grid
+    barriers wait for every block): the split path's (chunk, split) tiles, at most the
+    kernel's co-resident blocks (occupancy x SMs on a GPU, the worker threads on the emulator)."""
     if view.inner != 1 or not view.channels or x.nbytes > PERSISTENT_L2_FRACTION * getattr(rt, 'l2_bytes', 0):
-        return None
+        return 0
     capacity = module.kernel('bn_train_persistent').coresident_blocks(BN_THREADS)
-    if capacity < 1:
-        return None
-    wanted = min(capacity, -(-view.outer // MIN_ROWS_PER_SPLIT))
-    per_split = -(-view.outer // wanted)
-    return -(-view.outer // per_split), per_split
+    tiles = -(-view.channels // 32) * _splits(view)[0]
+    return max(0, min(capacity, tiles))
 
 
 def _barrier(rt):
@@ -267,7 +263,8 @@ def _train_persistent(rt, module, view, xk, gamma, beta, moving_args, activation
     mean, var, inv_std, next_mean, next_var)."""
     xp, c = rt.xp, view.channels
     acc = accumulation_dtype(xk.dtype)
-    blocks, per_split = _persistent_splits(rt, module, view, xk)
+    blocks = _persistent_blocks(rt, module, view, xk)
+    splits, per_split = _splits(view)
     moving_mean, moving_var, decay, var_decay, var_factor = moving_args
     moving = moving_mean is not None
     mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
@@ -276,9 +273,9 @@ def _train_persistent(rt, module, view, xk, gamma, beta, moving_args, activation
     y = xp.empty(xk.shape, xk.dtype)
     module.kernel('bn_train_persistent').launch(blocks, BN_THREADS, (
         xk, y, gamma, beta, moving_mean if moving else gamma, moving_var if moving else gamma, mean, var, inv_std,
-        _scratch(rt, 'scale', (c,), acc), next_mean, next_var, _scratch(rt, 'partials', (blocks, c, 2), acc),
-        _shifts(rt, view, acc), _barrier(rt), scalars, np.int64(view.outer), np.int64(c), np.int64(per_split),
-        np.int32(moving), np.int32(activation == 'relu')))
+        _scratch(rt, 'scale', (c,), acc), next_mean, next_var, _scratch(rt, 'partials', (splits, c, 2), acc),
+        _shifts(rt, view, acc), _barrier(rt), scalars, np.int64(view.outer), np.int64(c), np.int64(splits),
+        np.int64(per_split), np.int32(moving), np.int32(activation == 'relu')))
     return y, mean, var, inv_std, (next_mean if moving else None), (next_var if moving else None)
 
 
@@ -339,7 +336,7 @@ def _bn_train_fwd_gpuk(rt, view, layout, x, gamma, beta, _axes, epsilon, activat
     moving = moving_mean is not None
     xk = view.to_kernel(xp, x)
     kept = layout.kept_shape
-    if _persistent_splits(rt, module, view, xk) is not None:
+    if _persistent_blocks(rt, module, view, xk):
         y, mean, var, inv_std, next_mean, next_var = _train_persistent(
             rt, module, view, xk, gamma, beta, (moving_mean, moving_var, decay, var_decay, var_factor), activation,
             epsilon)

@@ -410,7 +410,8 @@ def test_scratch_is_reused_and_outputs_are_fresh():
 def test_persistent_training_forward_is_one_launch_matching_twin(monkeypatch, workers, dtype):
     """Channels last within the L2: one bn_train_persistent launch, its blocks meeting at grid
     barriers (3 blocks resident at once on 3 emulator threads), with the twin's outputs,
-    relu and moving averages included; the barrier state is left as it was found."""
+    relu and moving averages included, and the split path's (same splits; the finalize adds
+    them in 8 rows, not 16); the barrier state is left as it was found."""
     from gpuk.kernels.runtime import emulated_runtime, get_runtime
     monkeypatch.setenv('GPUK_EMULATE_THREADS', str(workers))
     monkeypatch.setattr(batchnorm, 'MIN_ROWS_PER_SPLIT', 8)
@@ -430,6 +431,10 @@ def test_persistent_training_forward_is_one_launch_matching_twin(monkeypatch, wo
         assert [(launch['kernel'], launch['grid'][0]) for launch in launches] == [('bn_train_persistent', workers)]
         for out, ref in zip(outs, twin.bn_train_fwd(*_as64(args))):
             assert_close(out, ref, dtype, 'bn_train_persistent')
+        monkeypatch.setattr(batchnorm, 'PERSISTENT_L2_FRACTION', 0)
+        for out, split_path in zip(outs, batchnorm.bn_train_fwd(*args, runtime=rt)):
+            assert_close(out, split_path, dtype, 'bn_train_persistent vs split path')
+        monkeypatch.setattr(batchnorm, 'PERSISTENT_L2_FRACTION', 0.5)
         generation += 2   # two grid barriers per launch
         assert list(barrier) == [0, generation]
 
@@ -442,18 +447,20 @@ def test_persistent_path_only_where_the_grid_is_resident_and_x_fits_in_l2(monkey
     x = np.zeros((1000, 16), np.float32)
     last = batchnorm._View(x.shape, twin._Layout(x.shape, (0,)))
     first = batchnorm._View((10, 16, 100), twin._Layout((10, 16, 100), (0, 2)))
+    tiles = batchnorm._splits(last)[0]   # one 32-channel chunk
+    assert tiles == 16
     monkeypatch.setenv('GPUK_EMULATE_THREADS', '1')
-    assert batchnorm._persistent_splits(rt, module, last, x) == (1, 1000)
+    assert batchnorm._persistent_blocks(rt, module, last, x) == 1
     monkeypatch.setenv('GPUK_EMULATE_THREADS', '5')
-    assert batchnorm._persistent_splits(rt, module, last, x) == (5, 200)   # the resident blocks, no more
+    assert batchnorm._persistent_blocks(rt, module, last, x) == 5         # the resident blocks, no more
     monkeypatch.setenv('GPUK_EMULATE_THREADS', '100')
-    assert batchnorm._persistent_splits(rt, module, last, x) == (16, 63)   # >= MIN_ROWS_PER_SPLIT rows each
-    assert batchnorm._persistent_splits(rt, module, first, x) is None      # channels first: the split path
+    assert batchnorm._persistent_blocks(rt, module, last, x) == tiles     # the split path's tiles, no more
+    assert batchnorm._persistent_blocks(rt, module, first, x) == 0        # channels first: the split path
     monkeypatch.setattr(rt, 'l2_bytes', 2 * x.nbytes - 1)
-    assert batchnorm._persistent_splits(rt, module, last, x) is None       # x past half the L2
+    assert batchnorm._persistent_blocks(rt, module, last, x) == 0         # x past half the L2
     monkeypatch.setattr(rt, 'l2_bytes', 2 * x.nbytes)
     monkeypatch.setattr(emulated_runtime.EmulatedKernel, 'coresident_blocks', lambda self, threads, shared=0: 0)
-    assert batchnorm._persistent_splits(rt, module, last, x) is None       # no resident grid: never wait
+    assert batchnorm._persistent_blocks(rt, module, last, x) == 0         # no resident grid: never wait
 
 
 def test_cuda_coresident_blocks_from_occupancy():
