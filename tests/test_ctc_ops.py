@@ -206,6 +206,38 @@ def test_beam_decode_against_twin_and_hand_case(on_device, rng):
         K.function([yp], K.ctc_decode(yp, K.constant([7, 1, 1]))[0])
 
 
+def test_decode_lengths_checked_on_device(on_device):
+    """Run-time input lengths of both decoders are checked on the device (no host sync per
+    op) with the eager check's messages; a good call reads the pending flags once."""
+    from gpuk.kernels import runtime
+    probs = np.full((2, 3, A), 1 / A, dtype=np.float32)
+    yp, il = K.placeholder((2, 3, A)), K.placeholder((2,))
+    greedy = K.function([yp, il], K.ctc_decode(yp, il)[0])
+    beam_paths, beam_logp = K.ctc_decode(yp, il, greedy=False, beam_width=3, top_paths=2)
+    beam = K.function([yp, il], beam_paths + [beam_logp])
+    for lengths, message in (([4, 1], 'input_length must be at most 3'),
+                             ([2, -1], 'input_length must not be negative'),
+                             ([1.5, 1], 'input_length must hold integers')):
+        for decode in (greedy, beam):
+            with pytest.raises(ValueError, match='ctc_decode: ' + message):
+                decode([probs, np.array(lengths)])
+    rt = runtime.get_runtime('emulate')
+    for decode in (greedy, beam):
+        before = rt.host_syncs = getattr(rt, 'host_syncs', 0)
+        decode([probs, np.array([3, 2])])
+        if on_device == 'emulate':
+            assert rt.host_syncs - before == 1   # the pending flags, read once per call
+    if on_device != 'cpu':   # the op itself does not read the lengths: it queues their check
+        from gpuk import device
+        from gpuk.kernels.runtime import deferred
+        from gpuk.ops import ctc as ctc_ops
+        impl = device.impl()
+        deferred.discard()
+        ctc_ops.CtcGreedyDecode().forward(impl, impl.xp.asarray(np.log(probs)), impl.xp.asarray([4, 1]))
+        with pytest.raises(ValueError, match='ctc_decode: input_length must be at most 3'):
+            deferred.raise_pending()
+
+
 def test_label_dense_to_sparse(on_device):
     labels, lengths = K.placeholder((3, 4), dtype='int32'), K.placeholder((3,), dtype='int32')
     masked = K.ctc_label_dense_to_sparse(labels, lengths)

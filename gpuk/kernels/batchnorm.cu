@@ -76,33 +76,43 @@ __device__ __forceinline__ void store_pair(acc_t* __restrict__ partials, long lo
 // 32 consecutive channels (coalesced); threadIdx.y strides the rows of split blockIdx.y
 // (rows [blockIdx.y * rows_per_split, +rows_per_split)). The BN_ROWS partials meet in
 // shared memory and are added in row order. partials[(split * c + ch) * 2 + {0, 1}].
-// Limits: gridDim.y (splits) <= 65535. No atomics.
+// Limits: gridDim.y (splits) <= 65535. No atomics. The body takes the (chunk, split) and
+// (tx, ty) = (channel lane, row lane) it works on: bn_train_persistent runs it with 1-D blocks.
+template <bool BACKWARD, bool RELU>
+__device__ __forceinline__ void sums_channels_last_tile(const elem_t* __restrict__ x, const elem_t* __restrict__ dy,
+                                                        const elem_t* __restrict__ y, const acc_t* __restrict__ mean,
+                                                        acc_t* __restrict__ partials, acc_t* __restrict__ shifts,
+                                                        long long rows, long long c, long long rows_per_split,
+                                                        long long chunk, long long split, unsigned tx, unsigned ty) {
+    __shared__ acc_t part_a[BN_ROWS][33], part_b[BN_ROWS][33];
+    const long long ch = chunk * 32 + tx;
+    const long long r0 = split * rows_per_split;
+    const long long r1 = r0 + rows_per_split < rows ? r0 + rows_per_split : rows;
+    acc_t a = acc_t(0), b = acc_t(0);
+    if (ch < c) {
+        const acc_t center = BACKWARD ? mean[ch] : to_acc(x[ch]);
+        if (!BACKWARD && split == 0 && ty == 0) shifts[ch] = center;
+        for (long long r = r0 + ty; r < r1; r += BN_ROWS) add_terms<BACKWARD, RELU>(x, dy, y, r * c + ch, center, a, b);
+    }
+    part_a[ty][tx] = a;
+    part_b[ty][tx] = b;
+    __syncthreads();
+    if (ty == 0 && ch < c) {
+        acc_t sa = acc_t(0), sb = acc_t(0);
+        for (int r = 0; r < BN_ROWS; ++r) {
+            sa += part_a[r][tx];
+            sb += part_b[r][tx];
+        }
+        store_pair(partials, split * c + ch, sa, sb);
+    }
+}
 template <bool BACKWARD, bool RELU>
 __device__ __forceinline__ void sums_channels_last(const elem_t* __restrict__ x, const elem_t* __restrict__ dy,
                                                    const elem_t* __restrict__ y, const acc_t* __restrict__ mean,
                                                    acc_t* __restrict__ partials, acc_t* __restrict__ shifts,
                                                    long long rows, long long c, long long rows_per_split) {
-    __shared__ acc_t part_a[BN_ROWS][33], part_b[BN_ROWS][33];
-    const long long ch = (long long)blockIdx.x * 32 + threadIdx.x;
-    const long long r0 = (long long)blockIdx.y * rows_per_split;
-    const long long r1 = r0 + rows_per_split < rows ? r0 + rows_per_split : rows;
-    acc_t a = acc_t(0), b = acc_t(0);
-    if (ch < c) {
-        const acc_t center = BACKWARD ? mean[ch] : to_acc(x[ch]);
-        if (!BACKWARD && blockIdx.y == 0 && threadIdx.y == 0) shifts[ch] = center;
-        for (long long r = r0 + threadIdx.y; r < r1; r += BN_ROWS) add_terms<BACKWARD, RELU>(x, dy, y, r * c + ch, center, a, b);
-    }
-    part_a[threadIdx.y][threadIdx.x] = a;
-    part_b[threadIdx.y][threadIdx.x] = b;
-    __syncthreads();
-    if (threadIdx.y == 0 && ch < c) {
-        acc_t sa = acc_t(0), sb = acc_t(0);
-        for (int r = 0; r < BN_ROWS; ++r) {
-            sa += part_a[r][threadIdx.x];
-            sb += part_b[r][threadIdx.x];
-        }
-        store_pair(partials, (long long)blockIdx.y * c + ch, sa, sb);
-    }
+    sums_channels_last_tile<BACKWARD, RELU>(x, dy, y, mean, partials, shifts, rows, c, rows_per_split, blockIdx.x,
+                                            blockIdx.y, threadIdx.x, threadIdx.y);
 }
 
 // Channels-first sums: x is (outer, c, inner). Thread mapping: block (ch = blockIdx.x,
@@ -208,32 +218,39 @@ bn_bwd_relu_sums_channels_first(const elem_t* __restrict__ dy, const elem_t* __r
 #endif
 
 // The two sums of channel ch over the splits, valid in the threads of row 0 (all threads
-// of the block must call it: it holds two barriers).
+// of the block must call it: it holds two barriers). (tx, ty): the channel lane and the
+// split row (ROWS of them) of this thread.
+template <int ROWS>
 __device__ __forceinline__ void block_split_sums(const acc_t* __restrict__ partials, long long c, long long ch,
-                                                 long long splits, acc_t& first, acc_t& second) {
-    __shared__ acc_t part_a[BN_FIN_ROWS][33], part_b[BN_FIN_ROWS][33];
+                                                 long long splits, acc_t& first, acc_t& second, unsigned tx,
+                                                 unsigned ty) {
+    __shared__ acc_t part_a[ROWS][33], part_b[ROWS][33];
     acc_t a = acc_t(0), b = acc_t(0);
     if (ch < c) {
         const AccPair* __restrict__ pairs = reinterpret_cast<const AccPair*>(partials);
 #pragma unroll 4
-        for (long long s = threadIdx.y; s < splits; s += BN_FIN_ROWS) {
+        for (long long s = ty; s < splits; s += ROWS) {
             const AccPair p = pairs[s * c + ch];
             a += p.first;
             b += p.second;
         }
     }
-    part_a[threadIdx.y][threadIdx.x] = a;
-    part_b[threadIdx.y][threadIdx.x] = b;
+    part_a[ty][tx] = a;
+    part_b[ty][tx] = b;
     __syncthreads();
     first = acc_t(0);
     second = acc_t(0);
-    if (threadIdx.y == 0) {
-        for (int r = 0; r < BN_FIN_ROWS; ++r) {
-            first += part_a[r][threadIdx.x];
-            second += part_b[r][threadIdx.x];
+    if (ty == 0) {
+        for (int r = 0; r < ROWS; ++r) {
+            first += part_a[r][tx];
+            second += part_b[r][tx];
         }
     }
     __syncthreads();   // the next chunk overwrites part_a / part_b
+}
+__device__ __forceinline__ void block_split_sums(const acc_t* __restrict__ partials, long long c, long long ch,
+                                                 long long splits, acc_t& first, acc_t& second) {
+    block_split_sums<BN_FIN_ROWS>(partials, c, ch, splits, first, second, threadIdx.x, threadIdx.y);
 }
 
 #define BN_FOR_EACH_CHANNEL_CHUNK(ch, c)                                                        \
@@ -282,6 +299,16 @@ bn_stats_finalize(const acc_t* __restrict__ partials, const acc_t* __restrict__ 
     }
 }
 
+// Keras's moving_average_update of channel ch (see bn_stats_finalize_moving).
+__device__ __forceinline__ void store_moving_averages(const acc_t* __restrict__ moving_mean,
+                                                      const acc_t* __restrict__ moving_var, acc_t* __restrict__ next_mean,
+                                                      acc_t* __restrict__ next_var, const acc_t* __restrict__ scalars,
+                                                      long long ch, acc_t m, acc_t v) {
+    const acc_t old_mean = moving_mean[ch], old_var = moving_var[ch];
+    next_mean[ch] = old_mean - (old_mean - m) * scalars[1];
+    next_var[ch] = old_var - (old_var - v * scalars[3]) * scalars[2];
+}
+
 // bn_stats_finalize_moving: bn_stats_finalize, plus Keras's moving_average_update of both
 // statistics into new buffers (the variables change only after the whole call succeeds):
 //   next_mean = moving_mean - (moving_mean - mean) * decay
@@ -304,9 +331,7 @@ bn_stats_finalize_moving(const acc_t* __restrict__ partials, const acc_t* __rest
         if (threadIdx.y == 0 && ch < c) {
             acc_t m, v;
             channel_moments(shifts, s1, s2, ch, count, m, v);
-            const acc_t old_mean = moving_mean[ch], old_var = moving_var[ch];
-            next_mean[ch] = old_mean - (old_mean - m) * scalars[1];
-            next_var[ch] = old_var - (old_var - v * scalars[3]) * scalars[2];
+            store_moving_averages(moving_mean, moving_var, next_mean, next_var, scalars, ch, m, v);
             store_statistics(gamma, mean, var, inv_std, scale, scalars[0], ch, m, v);
         }
     }
@@ -607,4 +632,52 @@ bn_bwd_relu_dx(const elem_t* __restrict__ dy, const elem_t* __restrict__ x, cons
                long long total, long long c, long long inner) {
     const ChannelArrays a = {mean, coef, coef + c, coef + 2 * c};
     elementwise_any_size<KIND_DX, true>(x, dy, y, dx, a, acc_t(0), total, c, inner, false);
+}
+
+// ---------------------------------------------------------------- persistent training forward
+// bn_train_persistent: the whole training forward of a channels-last x (rows, c) in one
+// launch, for activations that fit in L2 (the launcher's rule): the sums of bn_stats_channels_last
+// (its (32-channel chunk, split) tiles, the split path's own, spread over the blocks: block b
+// takes tiles b, b + gridDim.x, ...; threads as (tx, ty) = (tid % 32, tid / 32)), a grid barrier, the
+// finalize of bn_stats_finalize[_moving] (32-channel chunks over the blocks, BN_ROWS split
+// rows), a grid barrier, then bn_apply's elementwise pass over the whole of x, whose second
+// read of x then comes from L2 instead of HBM. Two launches fewer than the split path, with
+// its splits and per-split sums (the finalize adds the splits in BN_ROWS rows, not
+// BN_FIN_ROWS: the last bits may differ). Deterministic, no float atomics.
+// The grid barriers need every block resident at once: the launcher sizes the grid from the
+// occupancy (blocks per SM x SMs; on the emulator its worker threads) and takes the split
+// path where that is not possible. barrier: two unsigned, zero when allocated, left as found.
+// moving != 0: the moving averages too (scalars = [epsilon, decay, var_decay, var_factor]);
+// else scalars = [epsilon] and the moving buffers are not touched.
+static_assert(BN_ROWS * 32 == BN_THREADS, "bn_train_persistent runs the channels-last tiles with 1-D blocks");
+extern "C" __global__ void __launch_bounds__(BN_THREADS)
+bn_train_persistent(const elem_t* __restrict__ x, elem_t* __restrict__ y, const acc_t* __restrict__ gamma,
+                    const acc_t* __restrict__ beta, const acc_t* __restrict__ moving_mean,
+                    const acc_t* __restrict__ moving_var, acc_t* __restrict__ mean, acc_t* __restrict__ var,
+                    acc_t* __restrict__ inv_std, acc_t* __restrict__ scale, acc_t* __restrict__ next_mean,
+                    acc_t* __restrict__ next_var, acc_t* __restrict__ partials, acc_t* __restrict__ shifts,
+                    unsigned* __restrict__ barrier, const acc_t* __restrict__ scalars, long long rows, long long c,
+                    long long splits, long long rows_per_split, int moving, int relu) {
+    const unsigned tx = threadIdx.x & 31u, ty = threadIdx.x >> 5;
+    const long long chunks = (c + 31) / 32;
+    for (long long tile = blockIdx.x; tile < chunks * splits; tile += gridDim.x) {   // uniform per block
+        sums_channels_last_tile<false, false>(x, x, x, nullptr, partials, shifts, rows, c, rows_per_split,
+                                              tile % chunks, tile / chunks, tx, ty);
+        __syncthreads();   // row 0 has read part_a / part_b before the next tile writes them
+    }
+    grid_barrier(barrier);   // every split's partials (and the shifts) written
+    for (long long chunk = blockIdx.x; chunk * 32 < c; chunk += gridDim.x) {
+        const long long ch = chunk * 32 + tx;
+        acc_t s1, s2;
+        block_split_sums<BN_ROWS>(partials, c, ch, splits, s1, s2, tx, ty);
+        if (ty == 0 && ch < c) {
+            acc_t m, v;
+            channel_moments(shifts, s1, s2, ch, rows, m, v);
+            if (moving) store_moving_averages(moving_mean, moving_var, next_mean, next_var, scalars, ch, m, v);
+            store_statistics(gamma, mean, var, inv_std, scale, scalars[0], ch, m, v);
+        }
+    }
+    grid_barrier(barrier);   // every channel's mean and scale written
+    const ChannelArrays a = {mean, scale, beta, beta};
+    elementwise_any_size<KIND_APPLY, false>(x, x, x, y, a, acc_t(0), rows * c, c, 1, relu != 0);
 }

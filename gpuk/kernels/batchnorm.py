@@ -46,10 +46,14 @@ TARGET_BLOCKS = 1024      # enough blocks to fill any current GPU several times 
 MIN_ROWS_PER_SPLIT = 64   # channels last: at least this many rows per split
 MIN_PER_SPLIT = 4 * BN_THREADS   # channels first: at least this many elements per split
 MAX_SPLITS = 65535        # gridDim.y
+# The single-kernel training forward (bn_train_persistent): channels last, x at most this
+# fraction of the L2 (x's second read must still be there after the first pass and the
+# barriers; y's writes and the partials share the cache meanwhile).
+PERSISTENT_L2_FRACTION = 0.5
 KERNELS = ['bn_stats_channels_last', 'bn_bwd_sums_channels_last', 'bn_bwd_relu_sums_channels_last',
            'bn_stats_channels_first', 'bn_bwd_sums_channels_first', 'bn_bwd_relu_sums_channels_first',
            'bn_stats_finalize', 'bn_stats_finalize_moving', 'bn_bwd_finalize', 'bn_apply', 'bn_infer_apply',
-           'bn_bwd_dx', 'bn_bwd_relu_dx']
+           'bn_bwd_dx', 'bn_bwd_relu_dx', 'bn_train_persistent']
 
 
 def defines(dtype):
@@ -237,6 +241,44 @@ def _shifts(rt, view, acc):
     return _scratch(rt, 'shifts', (view.channels,), acc)
 
 
+def _persistent_blocks(rt, module, view, x):
+    """The grid of bn_train_persistent, or 0 for the split path: it needs channels last, x
+    within PERSISTENT_L2_FRACTION of the L2 and a grid that is resident all at once (its grid
+    barriers wait for every block): the split path's (chunk, split) tiles, at most the
+    kernel's co-resident blocks (occupancy x SMs on a GPU, the worker threads on the emulator)."""
+    if view.inner != 1 or not view.channels or x.nbytes > PERSISTENT_L2_FRACTION * getattr(rt, 'l2_bytes', 0):
+        return 0
+    capacity = module.kernel('bn_train_persistent').coresident_blocks(BN_THREADS)
+    tiles = -(-view.channels // 32) * _splits(view)[0]
+    return max(0, min(capacity, tiles))
+
+
+def _barrier(rt):
+    """bn_train_persistent's grid-barrier state: zeroed once, left as found by every launch."""
+    return _cached(rt, ('barrier',), lambda: rt.xp.zeros(2, np.uint32))
+
+
+def _train_persistent(rt, module, view, xk, gamma, beta, moving_args, activation, epsilon):
+    """The training forward as one bn_train_persistent launch -> (y in the kernel's layout,
+    mean, var, inv_std, next_mean, next_var)."""
+    xp, c = rt.xp, view.channels
+    acc = accumulation_dtype(xk.dtype)
+    blocks = _persistent_blocks(rt, module, view, xk)
+    splits, per_split = _splits(view)
+    moving_mean, moving_var, decay, var_decay, var_factor = moving_args
+    moving = moving_mean is not None
+    mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
+    next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (mean, var)
+    scalars = _scalars(rt, acc, epsilon, decay, var_decay, var_factor) if moving else _scalars(rt, acc, epsilon)
+    y = xp.empty(xk.shape, xk.dtype)
+    module.kernel('bn_train_persistent').launch(blocks, BN_THREADS, (
+        xk, y, gamma, beta, moving_mean if moving else gamma, moving_var if moving else gamma, mean, var, inv_std,
+        _scratch(rt, 'scale', (c,), acc), next_mean, next_var, _scratch(rt, 'partials', (splits, c, 2), acc),
+        _shifts(rt, view, acc), _barrier(rt), scalars, np.int64(view.outer), np.int64(c), np.int64(splits),
+        np.int64(per_split), np.int32(moving), np.int32(activation == 'relu')))
+    return y, mean, var, inv_std, (next_mean if moving else None), (next_var if moving else None)
+
+
 def _apply(module, channels, inner, x, mean, scale, shift, dtype, xp, activation):
     """y = (x - mean[ch]) * scale[ch] + shift[ch] [then max(y, 0)] over x viewed as
     (outer, channels, inner)."""
@@ -302,6 +344,13 @@ def _bn_train_fwd_gpuk(rt, view, layout, x, gamma, beta, _axes, epsilon, activat
     beta = _filled(rt, c, 0, acc) if beta is None else beta
     moving = moving_mean is not None
     xk = view.to_kernel(xp, x)
+    kept = layout.kept_shape
+    if _persistent_blocks(rt, module, view, xk):
+        y, mean, var, inv_std, next_mean, next_var = _train_persistent(
+            rt, module, view, xk, gamma, beta, (moving_mean, moving_var, decay, var_decay, var_factor), activation,
+            epsilon)
+        stats = (view.from_kernel(xp, y), mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
+        return stats + (next_mean.reshape(kept), next_var.reshape(kept)) if moving else stats
     mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
     scale = _scratch(rt, 'scale', (c,), acc)
     next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (None, None)
@@ -317,7 +366,6 @@ def _bn_train_fwd_gpuk(rt, view, layout, x, gamma, beta, _axes, epsilon, activat
             module.kernel('bn_stats_finalize').launch(*_finalize_grid(c), (
                 partials, shifts, gamma, mean, var, inv_std, scale, _scalars(rt, acc, epsilon)) + sizes)
     y = view.from_kernel(xp, _apply(module, c, view.inner, xk, mean, scale, beta, x.dtype, xp, activation))
-    kept = layout.kept_shape
     stats = (y, mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
     return stats + (next_mean.reshape(kept), next_var.reshape(kept)) if moving else stats
 

@@ -51,6 +51,32 @@ __device__ __forceinline__ float neg_inf_f() { return __int_as_float(0xff800000)
 template <class A, class B> struct gpuk_same_type { static const bool value = false; };
 template <class A> struct gpuk_same_type<A, A> { static const bool value = true; };
 
+// ---- grid-wide barrier: only for grids whose blocks are all resident at once ----
+// (the launcher proves it from the occupancy, else it must not launch: a block waiting here
+// for one that cannot start waits forever). state[0] counts arrivals; the last block to
+// arrive resets it to 0 and then bumps state[1], the generation the others wait on, so the
+// state is left as found for the next barrier or launch (zeroed once when allocated).
+// Thread 0 of each block arrives and waits; __threadfence orders the block's writes before
+// its arrival and the other blocks' writes before what follows the barrier.
+__device__ __forceinline__ void grid_barrier(unsigned* state) {
+    __syncthreads();
+    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+        volatile unsigned* generation = state + 1;
+        const unsigned seen = *generation;   // read before arriving: the last arrival bumps it
+        __threadfence();
+        const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+        if (atomicAdd(state, 1u) == blocks - 1u) {
+            atomicExch(state, 0u);
+            __threadfence();
+            atomicAdd(state + 1, 1u);
+        } else {
+            while (*generation == seen) __nanosleep(32);
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 // ---- warp and block reductions (1-D blocks, blockDim.x a multiple of 32) ----
 template <class T> __device__ __forceinline__ T warp_reduce_sum(T v) {
 #pragma unroll

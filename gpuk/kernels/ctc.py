@@ -22,6 +22,7 @@ The Theano-backend helpers (ctc_interleave_blanks, ctc_create_skip_idxs,
 ctc_update_log_p, ctc_path_probs, ctc_cost) are tiny index helpers over one label: they
 delegate to the NumPy twin on host copies and return arrays of the runtime's xp.
 """
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,8 @@ CTC_SHARED_STATES = 2049     # extended labels up to this many states keep alpha
 CTC_DECODE_THREADS = 256     # a block per sample for both decoders
 BEAM_SHARED_CLASSES = 2048   # beam search: frames up to this many classes are cached in shared memory
 MAX_FRAME_BLOCKS = 65535     # ctc_emissions, ctc_grad: a warp per frame, grid-stride beyond this
+CTC_STAGE_BYTES = 48 * 1024  # ctc_emissions / ctc_grad stage a row per warp in shared memory up to this
+SECTOR_BYTES = 32            # state rows (log_alpha, the backward's work) start on a sector
 
 
 def loss_defines(dtype):
@@ -150,36 +153,79 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, ru
                           label_lengths, blank)
 
 
+def state_pitch(states, dtype):
+    """The row pitch (elements) of the (N, T, S) state arrays: S rounded up to a 32-byte sector,
+    so that every row starts on a sector (ctc.cu's header)."""
+    per_sector = SECTOR_BYTES // np.dtype(dtype).itemsize
+    return -(-states // per_sector) * per_sector
+
+
+# ctc_loss_fwd's log_alpha views -> their padded buffers, while the view lives (the backward
+# then reads the buffer without a copy). Keyed by id with a weak reference: arrays are unhashable.
+_PADDED_BUFFERS = {}
+
+
+def _state_rows(rt, batch, steps, states, acc):
+    """(padded (N, T, P) buffer, its (N, T, S) view)."""
+    padded = rt.xp.empty((batch, steps, state_pitch(states, acc)), dtype=acc)
+    view = padded[:, :, :states]
+    key = id(view)
+    try:
+        _PADDED_BUFFERS[key] = (weakref.ref(view, lambda _, k=key: _PADDED_BUFFERS.pop(k, None)), padded)
+    except TypeError:   # an array type without weak references: the backward copies instead
+        pass
+    return padded, view
+
+
+def _padded_rows(rt, view, acc):
+    """The (N, T, P) buffer under a state array: the one `view` was sliced from when it is
+    ctc_loss_fwd's log_alpha (no copy), else a padded copy of it."""
+    entry = _PADDED_BUFFERS.get(id(view))
+    if entry is not None and entry[0]() is view and entry[1].dtype == np.dtype(acc):
+        return entry[1]
+    padded, inner = _state_rows(rt, *view.shape, acc)
+    inner[...] = view
+    return padded
+
+
+def _stage(row_elements, acc):
+    """(stage flag, dynamic shared bytes): a row of `row_elements` acc per warp, if it fits."""
+    nbytes = (CTC_THREADS // 32) * row_elements * np.dtype(acc).itemsize
+    return (1, nbytes) if nbytes <= CTC_STAGE_BYTES else (0, 0)
+
+
 def _frame_blocks(frames):
     """ctc_emissions and ctc_grad: a warp per frame, grid-stride beyond MAX_FRAME_BLOCKS."""
     return max(1, min(-(-frames // (CTC_THREADS // 32)), MAX_FRAME_BLOCKS))
 
 
 def _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, out, blank, compute_lse):
-    """ctc_emissions: out (N, T, S) <- each state's log-probability per frame; frame_lse
+    """ctc_emissions: out (N, T, P) <- each state's log-probability per frame; frame_lse
     written (compute_lse) or read."""
     batch, steps, classes = logits.shape
+    stage, shared = _stage(classes, out.dtype)
     rt.load(LOSS_SOURCE, loss_defines(logits.dtype)).kernel('ctc_emissions').launch(
         _frame_blocks(batch * steps), CTC_THREADS,
         (logits, _device_ints(rt, labels), _device_ints(rt, input_lengths), _device_ints(rt, label_lengths),
          frame_lse, out, np.int64(batch), np.int64(steps), np.int64(classes), np.int64(labels.shape[1]),
-         np.int64(blank), np.int32(compute_lse)))
+         np.int64(out.shape[2]), np.int64(blank), np.int32(compute_lse), np.int32(stage)), shared_mem=shared)
 
 
 def _ctc_loss_fwd_gpuk(rt, logits, labels, input_lengths, label_lengths, blank):
     batch, steps, classes = logits.shape
     width = labels.shape[1]
     acc = accumulation_dtype(logits.dtype)
-    log_alpha = rt.xp.empty((batch, steps, 2 * width + 1), dtype=acc)
+    padded, log_alpha = _state_rows(rt, batch, steps, 2 * width + 1, acc)
     frame_lse = rt.xp.empty((batch, steps), dtype=acc)
     if steps == 0 or batch == 0:
         return rt.xp.where(label_lengths == 0, 0.0, np.inf).astype(logits.dtype), log_alpha, frame_lse
     loss = rt.xp.empty(batch, dtype=logits.dtype)
-    _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, log_alpha, blank, 1)
+    _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, padded, blank, 1)
     rt.load(LOSS_SOURCE, loss_defines(logits.dtype)).kernel('ctc_alpha').launch(
         batch, CTC_THREADS,
         (_device_ints(rt, labels), _device_ints(rt, input_lengths), _device_ints(rt, label_lengths),
-         log_alpha, loss, np.int64(steps), np.int64(classes), np.int64(width), np.int64(blank)))
+         padded, loss, np.int64(steps), np.int64(classes), np.int64(width), np.int64(padded.shape[2]),
+         np.int64(blank)))
     return loss, log_alpha, frame_lse
 
 
@@ -188,7 +234,7 @@ def _float_by_product(fn, rt, name, value, shape, acc, meaning):
     ctc_checks.float_array(fn, name, stand_in)
     if array.shape != shape:
         raise ValueError('%s: %s must have shape %s (%s), got %s' % (fn, name, shape, meaning, array.shape))
-    return rt.xp.ascontiguousarray(array.astype(acc, copy=False))
+    return array.astype(acc, copy=False)   # the launchers lay it out (contiguous or padded rows)
 
 
 def _row_floats(fn, rt, name, value, shape, acc):
@@ -214,7 +260,8 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_
         by_products.update(
             log_alpha=_float_by_product(fn, rt, 'log_alpha', log_alpha, (batch, steps, states), acc,
                                         'batch, time, 2 * labels width + 1'),
-            frame_lse=_float_by_product(fn, rt, 'frame_lse', frame_lse, (batch, steps), acc, 'batch, time'),
+            frame_lse=rt.xp.ascontiguousarray(_float_by_product(fn, rt, 'frame_lse', frame_lse, (batch, steps), acc,
+                                                                'batch, time')),
             loss=_row_floats(fn, rt, 'loss', loss, (batch,), acc),
             dloss=_row_floats(fn, rt, 'dloss', dloss, (batch,), acc))
 
@@ -235,22 +282,33 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
         return dlogits
     module = rt.load(LOSS_SOURCE, loss_defines(logits.dtype))
     ints = [_device_ints(rt, a) for a in (labels, input_lengths, label_lengths)]
-    work = rt.xp.empty((batch, steps, states), dtype=acc)   # emissions, then occupations
+    log_alpha = _padded_rows(rt, log_alpha, acc)
+    work, _ = _state_rows(rt, batch, steps, states, acc)   # emissions, then occupations
+    pitch = work.shape[2]
     _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, work, blank, 0)
-    first_of_class = rt.xp.empty(batch * classes, dtype=np.int32)
-    next_same = rt.xp.empty(max(batch * width, 1), dtype=np.int32)
+    class_pitch, label_pitch = (-(-k // 8) * 8 for k in (classes, width))   # int32 rows on 32-byte sectors
+    first_of_class = rt.xp.empty(batch * class_pitch, dtype=np.int32)
+    next_same = rt.xp.empty(max(batch * label_pitch, 1), dtype=np.int32)
     module.kernel('ctc_label_map').launch(
         batch, CTC_THREADS, (ints[0], ints[2], first_of_class, next_same, np.int64(classes), np.int64(width),
-                             np.int64(blank)))
+                             np.int64(class_pitch), np.int64(label_pitch), np.int64(blank)))
     # beta's two rows live in shared memory up to CTC_SHARED_STATES states, else here
-    gamma = rt.xp.empty(batch * 2 * states if states > CTC_SHARED_STATES else 1, dtype=acc)
+    gamma = rt.xp.empty(batch * 2 * pitch if states > CTC_SHARED_STATES else 1, dtype=acc)
     module.kernel('ctc_beta_occupation').launch(
         batch, CTC_THREADS, tuple(ints) + (log_alpha, loss, work, gamma, np.int64(steps), np.int64(classes),
-                                           np.int64(width), np.int64(blank)))
+                                           np.int64(width), np.int64(pitch), np.int64(blank)))
+    per_warp = pitch * np.dtype(acc).itemsize + label_pitch * 4   # occupation and next_same rows
+    stage = int((CTC_THREADS // 32) * per_warp <= CTC_STAGE_BYTES)
+    shared = (CTC_THREADS // 32) * per_warp if stage else 0
+    span = (CTC_THREADS // 32) * classes * logits.dtype.itemsize   # a block's logits rows (stage_rows)
+    stage_rows = int(shared + span <= CTC_STAGE_BYTES)
+    shared += span if stage_rows else 0
     module.kernel('ctc_grad').launch(
         _frame_blocks(batch * steps), CTC_THREADS,
         (logits, frame_lse, ints[1], ints[2], work, first_of_class, next_same, loss, dloss, dlogits,
-         np.int64(batch), np.int64(steps), np.int64(classes), np.int64(width), np.int64(blank)))
+         np.int64(batch), np.int64(steps), np.int64(classes), np.int64(width), np.int64(pitch),
+         np.int64(class_pitch), np.int64(label_pitch), np.int64(blank), np.int32(stage), np.int32(stage_rows)),
+        shared_mem=shared)
     return dlogits
 
 

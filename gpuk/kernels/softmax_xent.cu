@@ -429,22 +429,30 @@ softmax_xent_rows_dtarget(const elem_t* __restrict__ logits, const acc_t* __rest
     });
 }
 
-// sparse_softmax_xent_rows_fwd: lse per row (one read of x) and loss = lse - x[label].
-// Labels are checked in [0, cols) on the device by the launcher (an error raised later,
-// gpuk/kernels/runtime/deferred.py); meanwhile a label out of range gives a NaN loss and
-// is never used as an index.
+// sparse_softmax_xent_rows_fwd: lse per row and loss = lse - x[label], in one read of x:
+// the thread that meets the label's column keeps x there and the group sums it with the
+// others' zeros (no gather of x[label] afterwards: with several short rows per warp those
+// scattered 4-byte reads cost a sector each). Labels are checked in [0, cols) on the device
+// by the launcher (an error raised later, gpuk/kernels/runtime/deferred.py); meanwhile a
+// label out of range gives a NaN loss and is never used as an index.
 extern "C" __global__ void __launch_bounds__(ROW_THREADS, ROW_MIN_BLOCKS)
 sparse_softmax_xent_rows_fwd(const elem_t* __restrict__ logits, const long long* __restrict__ labels,
                              elem_t* __restrict__ loss, acc_t* __restrict__ lse, long long rows, long long cols) {
     const bool vec = vec_ok(cols, logits);
     for_each_row(rows, cols, vec, [&](const auto& g, long long row) {
-        const elem_t* xr = logits + row * cols;
-        const LseState st = row_lse(g, xr, cols, vec);
+        const long long label = labels[row];
+        LseState st{acc_neg_inf(), acc_t(0)};
+        acc_t picked = 0;
+        each_element(g, cols, vec, [&](long long col, acc_t x) {
+            lse_push(st, x);
+            if (col == label) picked = x;
+        }, logits + row * cols);
+        st = g.lse(st);
+        picked = g.sum(picked);   // x[label] + zeros: exact, inf and NaN included
         if (g.leader()) {
             const acc_t row_lse = lse_of(st.m, st.s);
             lse[row] = row_lse;
-            const long long label = labels[row];
-            loss[row] = from_acc(label >= 0 && label < cols ? row_lse - to_acc(xr[label]) : acc_nan());
+            loss[row] = from_acc(label >= 0 && label < cols ? row_lse - picked : acc_nan());
         }
     });
 }

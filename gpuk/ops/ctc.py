@@ -174,6 +174,18 @@ class CtcLossGrad(Op):
 
 # --- decoders -----------------------------------------------------------------------------------
 
+def lengths_checked_later(impl, where, name, values, batch, upper, upper_desc):
+    """``lengths_vector`` without a host sync: the shape and dtype now, the values (whole,
+    in [0, upper]) by a device-side flag read with the others (``impl.check_later``), with
+    the same messages. The decoding kernels clamp the lengths meanwhile."""
+    xp = impl.xp
+    lengths_vector(np, where, name, _stand_in(values), batch, upper, upper_desc)
+    vector = values.reshape(-1)
+    bad = xp.any(ctc_checks.bad_lengths(xp, vector, upper))
+    impl.check_later(bad, lambda: lengths_vector(np, where, name, to_host(values), batch, upper, upper_desc))
+    return vector.astype(np.int64)
+
+
 def _cut_trailing_padding(xp, decoded):
     """(N, T) labels padded with -1 -> (N, longest decoded), as tf.sparse.to_dense gives."""
     width = int(xp.max(xp.sum(decoded >= 0, axis=1))) if decoded.size else 0
@@ -192,8 +204,8 @@ class CtcGreedyDecode(Op):
         return Meta((batch, None), 'int64'), Meta((batch, 1), log_probs.dtype)
 
     def forward(self, impl, log_probs, input_lengths):
-        lengths = lengths_vector(impl.xp, self.where, 'input_length', input_lengths,
-                                 log_probs.shape[0], log_probs.shape[1], 'the time steps of y_pred')
+        lengths = lengths_checked_later(impl, self.where, 'input_length', input_lengths,
+                                        log_probs.shape[0], log_probs.shape[1], 'the time steps of y_pred')
         decoded, neg_sum = impl.ctc.ctc_greedy_decode(log_probs, lengths, None, True)
         return _cut_trailing_padding(impl.xp, decoded), neg_sum
 
@@ -212,8 +224,8 @@ class CtcBeamDecode(Op):
             Meta((batch, self.top_paths), log_probs.dtype),)
 
     def forward(self, impl, log_probs, input_lengths):
-        lengths = lengths_vector(impl.xp, self.where, 'input_length', input_lengths,
-                                 log_probs.shape[0], log_probs.shape[1], 'the time steps of y_pred')
+        lengths = lengths_checked_later(impl, self.where, 'input_length', input_lengths,
+                                        log_probs.shape[0], log_probs.shape[1], 'the time steps of y_pred')
         paths, scores = impl.ctc.ctc_beam_search_decode(
             log_probs, lengths, self.beam_width, self.top_paths, None, self.merge_repeated)
         return tuple(_cut_trailing_padding(impl.xp, p) for p in paths) + (scores,)

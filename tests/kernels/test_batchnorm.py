@@ -74,7 +74,9 @@ def test_bn_train_fwd_and_bwd_match_twin(kernel_runtime, dtype, shape, axes):
 
 @pytest.mark.parametrize('layout', ['channels_last', 'channels_first'])
 def test_many_splits_combine_in_order(kernel_runtime, monkeypatch, layout):
-    """Force several blocks per channel so the second (combine) pass matters."""
+    """Force several blocks per channel so the second (combine) pass matters (the split path:
+    no single-kernel forward)."""
+    monkeypatch.setattr(batchnorm, 'PERSISTENT_L2_FRACTION', 0)
     monkeypatch.setattr(batchnorm, 'MIN_ROWS_PER_SPLIT', 3)
     monkeypatch.setattr(batchnorm, 'MIN_PER_SPLIT', 40)
     shape, axes = ((50, 3, 7), (0, 1)) if layout == 'channels_last' else ((5, 3, 60), (0, 2))
@@ -398,3 +400,81 @@ def test_scratch_is_reused_and_outputs_are_fresh():
     assert all(a is not b for a, b in zip(first, second))
     np.testing.assert_allclose(second[1], 2 * first[1], rtol=1e-6)   # the first outputs kept their values
     assert not np.shares_memory(first[0], second[0])
+
+
+# ---------------------------------------------------------------- single-kernel training forward
+
+@pytest.mark.emulate
+@pytest.mark.parametrize('workers', [1, 3])
+@pytest.mark.parametrize('dtype', [np.float16, np.float64])
+def test_persistent_training_forward_is_one_launch_matching_twin(monkeypatch, workers, dtype):
+    """Channels last within the L2: one bn_train_persistent launch, its blocks meeting at grid
+    barriers (3 blocks resident at once on 3 emulator threads), with the twin's outputs,
+    relu and moving averages included, and the split path's (same splits; the finalize adds
+    them in 8 rows, not 16); the barrier state is left as it was found."""
+    from gpuk.kernels.runtime import emulated_runtime, get_runtime
+    monkeypatch.setenv('GPUK_EMULATE_THREADS', str(workers))
+    monkeypatch.setattr(batchnorm, 'MIN_ROWS_PER_SPLIT', 8)
+    rng = np.random.default_rng(workers)
+    shape, axes = (40, 5, 12), (0, 1)
+    x = (rng.standard_normal(shape) * 2 + 5).astype(dtype)
+    gamma, beta = _params(rng, (12,), dtype)
+    acc = np.float32 if dtype == np.float16 else dtype
+    moving_mean, moving_var = rng.standard_normal(12).astype(acc), rng.uniform(0.5, 2, 12).astype(acc)
+    rt = get_runtime('emulate')
+    barrier = batchnorm._barrier(rt)
+    generation = int(barrier[1])
+    for args in ((x, gamma, beta, axes, 1e-3, 'relu', moving_mean, moving_var, 0.01, 0.02, 1.25),
+                 (x, gamma, beta, axes, 1e-3)):
+        with emulated_runtime.counting() as launches:
+            outs = batchnorm.bn_train_fwd(*args, runtime=rt)
+        assert [(launch['kernel'], launch['grid'][0]) for launch in launches] == [('bn_train_persistent', workers)]
+        for out, ref in zip(outs, twin.bn_train_fwd(*_as64(args))):
+            assert_close(out, ref, dtype, 'bn_train_persistent')
+        monkeypatch.setattr(batchnorm, 'PERSISTENT_L2_FRACTION', 0)
+        for out, split_path in zip(outs, batchnorm.bn_train_fwd(*args, runtime=rt)):
+            assert_close(out, split_path, dtype, 'bn_train_persistent vs split path')
+        monkeypatch.setattr(batchnorm, 'PERSISTENT_L2_FRACTION', 0.5)
+        generation += 2   # two grid barriers per launch
+        assert list(barrier) == [0, generation]
+
+
+@pytest.mark.emulate
+def test_persistent_path_only_where_the_grid_is_resident_and_x_fits_in_l2(monkeypatch):
+    from gpuk.kernels.runtime import emulated_runtime, get_runtime
+    rt = get_runtime('emulate')
+    module = rt.load(batchnorm.SOURCE, batchnorm.defines(np.float32))
+    x = np.zeros((1000, 16), np.float32)
+    last = batchnorm._View(x.shape, twin._Layout(x.shape, (0,)))
+    first = batchnorm._View((10, 16, 100), twin._Layout((10, 16, 100), (0, 2)))
+    tiles = batchnorm._splits(last)[0]   # one 32-channel chunk
+    assert tiles == 16
+    monkeypatch.setenv('GPUK_EMULATE_THREADS', '1')
+    assert batchnorm._persistent_blocks(rt, module, last, x) == 1
+    monkeypatch.setenv('GPUK_EMULATE_THREADS', '5')
+    assert batchnorm._persistent_blocks(rt, module, last, x) == 5         # the resident blocks, no more
+    monkeypatch.setenv('GPUK_EMULATE_THREADS', '100')
+    assert batchnorm._persistent_blocks(rt, module, last, x) == tiles     # the split path's tiles, no more
+    assert batchnorm._persistent_blocks(rt, module, first, x) == 0        # channels first: the split path
+    monkeypatch.setattr(rt, 'l2_bytes', 2 * x.nbytes - 1)
+    assert batchnorm._persistent_blocks(rt, module, last, x) == 0         # x past half the L2
+    monkeypatch.setattr(rt, 'l2_bytes', 2 * x.nbytes)
+    monkeypatch.setattr(emulated_runtime.EmulatedKernel, 'coresident_blocks', lambda self, threads, shared=0: 0)
+    assert batchnorm._persistent_blocks(rt, module, last, x) == 0         # no resident grid: never wait
+
+
+def test_cuda_coresident_blocks_from_occupancy():
+    """A GPU's co-resident blocks: the occupancy rules for the kernel's registers and shared
+    memory times the SMs; 0 (no grid barrier) where the registers or the arch are unknown."""
+    import types
+    from gpuk.kernels.inspect import occupancy
+    from gpuk.kernels.runtime.cuda_runtime import CudaKernel
+    rt = types.SimpleNamespace(arch='sm_90', multiprocessors=132)
+    module = types.SimpleNamespace(runtime=rt)
+    signature = types.SimpleNamespace(name='bn_train_persistent')
+    function = types.SimpleNamespace(num_regs=40, shared_size_bytes=4224)
+    blocks = CudaKernel(module, signature, function).coresident_blocks(256)
+    assert blocks == occupancy.theoretical('sm_90', 256, 40, 4224).blocks_per_sm * 132 == 6 * 132
+    assert CudaKernel(module, signature, types.SimpleNamespace()).coresident_blocks(256) == 0
+    rt.arch = 'sm_75'
+    assert CudaKernel(module, signature, function).coresident_blocks(256) == 0

@@ -76,8 +76,10 @@ def test_ctc_label_longer_than_the_block(kernel_runtime):
 def test_ctc_labels_past_the_shared_memory_states(kernel_runtime, monkeypatch, dtype):
     """Extended labels longer than CTC_SHARED_STATES keep the previous step in global memory
     (log_alpha's previous row; a (N, 2, S) scratch for beta): the same results. A smaller
-    limit here takes that path on the test batch (9 states)."""
+    limit here takes that path on the test batch (9 states); no staging budget takes the
+    unstaged paths of ctc_emissions and ctc_grad (gathers from global memory)."""
     monkeypatch.setattr(ctc, 'CTC_SHARED_STATES', 7)
+    monkeypatch.setattr(ctc, 'CTC_STAGE_BYTES', 0)
     rng = np.random.default_rng(4)
     x, labels, input_lengths, label_lengths = _batch(rng, dtype, True)
     loss, log_alpha, dloss, grad = _loss_and_grad(kernel_runtime, x, labels, input_lengths, label_lengths)

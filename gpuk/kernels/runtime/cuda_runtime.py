@@ -120,6 +120,20 @@ class CudaKernel:
             self._function.max_dynamic_shared_size_bytes = shared_mem
             self._dynamic_allowed = shared_mem
 
+    def coresident_blocks(self, threads_per_block, shared_mem=0):
+        """How many blocks of this kernel the device holds at once (the occupancy rules of
+        gpuk/kernels/inspect/occupancy.py for its registers and shared memory, times the SMs);
+        0 where that is unknown (an architecture without limits there, or a function object
+        that does not report its registers): a grid-wide barrier is safe up to this many."""
+        from ..inspect import occupancy
+        registers = getattr(self._function, 'num_regs', None)
+        arch = self.module.runtime.arch
+        if registers is None or arch not in occupancy.LIMITS:
+            return 0
+        static = int(getattr(self._function, 'shared_size_bytes', 0))
+        per_sm = occupancy.theoretical(arch, threads_per_block, int(registers), static + shared_mem).blocks_per_sm
+        return per_sm * self.module.runtime.multiprocessors
+
     def launch(self, grid, block, args, shared_mem=0):
         """Enqueue the kernel on the current CuPy stream.
 
@@ -186,6 +200,8 @@ class CudaRuntime:
         self.device_id = device.id
         self.arch = runtime.normalize_arch(device.compute_capability)   # CuPy gives '90' for 9.0
         self.max_shared_mem = max_shared_mem_per_block(device.id)
+        self.multiprocessors = int(device.attributes['MultiProcessorCount'])
+        self.l2_bytes = int(device.attributes['L2CacheSize'])
         self._modules = {}
         self._loaded = {}        # (source_file, defines items) as given -> module: no re-keying per launch
         self._lock = threading.Lock()

@@ -148,16 +148,41 @@ def _remember_poisoned(array):
     return array
 
 
+# Device allocations start on DEVICE_ALIGNMENT bytes (CuPy's pool hands out 512-byte
+# blocks, cudaMalloc 256 bytes); NumPy's host allocator gives 16. Arrays of the emulated
+# runtime's xp.empty / empty_like start on this boundary too, so that the counters see the
+# sectors a launch moves on a GPU (a 16-byte offset splits every row a kernel aligned).
+DEVICE_ALIGNMENT = 256
+MAX_WORKERS = 64   # emu_host.h runs a grid on at most this many host threads
+
+
+def _aligned_empty(shape, dtype=float, order='C'):
+    if order not in ('C', 'A', 'K'):
+        return np.empty(shape, dtype, order)
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + DEVICE_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % DEVICE_ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _aligned_empty_like(prototype, dtype=None, order='K', subok=True, shape=None):
+    if order == 'F' or (order in ('A', 'K') and not prototype.flags.c_contiguous and prototype.ndim > 1):
+        return np.empty_like(prototype, dtype, order, subok, shape)   # keeps a Fortran / strided layout
+    return _aligned_empty(prototype.shape if shape is None else shape, prototype.dtype if dtype is None else dtype)
+
+
 def _poisoned_empty(*args, **kwargs):
-    return _remember_poisoned(np.empty(*args, **kwargs))
+    return _remember_poisoned(_aligned_empty(*args, **kwargs))
 
 
 def _poisoned_empty_like(*args, **kwargs):
-    return _remember_poisoned(np.empty_like(*args, **kwargs))
+    return _remember_poisoned(_aligned_empty_like(*args, **kwargs))
 
 
 def _make_xp():
-    xp = types.ModuleType('numpy', 'NumPy, with empty/empty_like poisoned under the sanitizer')
+    xp = types.ModuleType('numpy', 'NumPy, with empty/empty_like device-aligned and poisoned under the sanitizer')
     xp.__getattr__ = lambda name: getattr(np, name)
     xp.empty, xp.empty_like = _poisoned_empty, _poisoned_empty_like
     return xp
@@ -231,6 +256,12 @@ class EmulatedKernel:
                                'arrays': [(p.name, a.nbytes, a.size, p.is_const)
                                           for p, a in zip(self.signature.params, args) if p.is_pointer],
                                **{name: int(getattr(counters, name)) for name in COUNTER_FIELDS}})
+
+    def coresident_blocks(self, threads_per_block, shared_mem=0):
+        """How many blocks of this kernel run at once: the emulator's worker threads
+        (GPUK_EMULATE_THREADS, at most MAX_WORKERS), each running one block to its end; a
+        grid-wide barrier is safe up to this many blocks."""
+        return min(_env_int('GPUK_EMULATE_THREADS', 1, 1), MAX_WORKERS)
 
     def _marshal(self, args, check_init):
         c_args = (_Arg * max(1, len(args)))()
@@ -346,6 +377,7 @@ class EmulatedRuntime:
     kind = 'emulate'
     xp = _make_xp()
     host_syncs = 0      # device-to-host copies launchers made through runtime.to_host
+    l2_bytes = 50 * 1024 * 1024   # the L2 a launcher plans for: an H100's (CudaRuntime asks the device)
 
     def __init__(self):
         self.cxx = os.environ.get('GPUK_CXX') or os.environ.get('CXX') or 'g++'
