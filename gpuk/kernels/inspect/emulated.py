@@ -37,27 +37,25 @@ def _rng():
     return np.random.default_rng(0)
 
 
-def _dev(rt, array):
-    """`array` copied where a device array would live: rt.xp.empty's alignment (the emulated
-    runtime's DEVICE_ALIGNMENT), as a benchmark's inputs already sit in device memory (NumPy's
-    own 16-byte alignment would split rows that start on a sector on the GPU)."""
-    out = rt.xp.empty(array.shape, array.dtype)
-    out[...] = array
-    return out
+def _dev(array):
+    """`array` copied where a device array would live (emulated_runtime.aligned_copy), as a
+    benchmark's inputs already sit in device memory (NumPy's own 16-byte alignment would
+    split rows that start on a sector on the GPU)."""
+    return emulated_runtime.aligned_copy(array)
 
 
 def _elementwise(rt):
     from .. import elementwise
-    x = _dev(rt, _rng().standard_normal((64, 8, 8, 32)).astype(np.float32))
-    bias = _dev(rt, _rng().standard_normal(32).astype(np.float32))
+    x = _dev(_rng().standard_normal((64, 8, 8, 32)).astype(np.float32))
+    bias = _dev(_rng().standard_normal(32).astype(np.float32))
     yield 'copy f32 131072', lambda: elementwise.copy(x, runtime=rt)
     yield 'bias_act relu f32 64x8x8x32', lambda: elementwise.bias_act_fwd(x, bias, -1, 'relu', runtime=rt)
 
 
 def _fused_elementwise(rt):
     from .. import elementwise
-    x = _dev(rt, _rng().standard_normal((64, 8, 8, 32)).astype(np.float32))
-    bias = _dev(rt, _rng().standard_normal(32).astype(np.float32))
+    x = _dev(_rng().standard_normal((64, 8, 8, 32)).astype(np.float32))
+    bias = _dev(_rng().standard_normal(32).astype(np.float32))
     yield 'fused (x + bias) * 0.5, relu f32 64x8x8x32', lambda: elementwise.fused(_fused_bias_scale_relu(), [x, bias],
                                                                                    runtime=rt)
 
@@ -77,11 +75,11 @@ def _conv(rt):
     from .. import conv
     from gpuk.contracts.geometry import conv_pads
     for dtype, name in ((np.float32, 'f32'), (np.float16, 'f16')):
-        x = _dev(rt, _rng().standard_normal((2, 8, 8, 32)).astype(dtype))
-        w = _dev(rt, (_rng().standard_normal((3, 3, 32, 64)) * 0.1).astype(dtype))
+        x = _dev(_rng().standard_normal((2, 8, 8, 32)).astype(dtype))
+        w = _dev((_rng().standard_normal((3, 3, 32, 64)) * 0.1).astype(dtype))
         pads = conv_pads((8, 8), (3, 3), (1, 1), (1, 1), 'same')
         geometry = ((1, 1), (1, 1), pads, 'channels_last')
-        dy = _dev(rt, _rng().standard_normal((2, 8, 8, 64)).astype(dtype))
+        dy = _dev(_rng().standard_normal((2, 8, 8, 64)).astype(dtype))
         config = f'NHWC 2x8x8x32 -> 64, 3x3 same, {name}'
         yield f'fwd {config}', lambda x=x, w=w, g=geometry: conv.conv_fwd(x, w, *g, runtime=rt)
         yield f'dgrad {config}', lambda dy=dy, w=w, x=x, g=geometry: conv.conv_dgrad(dy, w, x.shape, *g, runtime=rt)
@@ -93,8 +91,8 @@ def _conv_wgmma(rt):
     from .. import conv
     from ..conv import wgmma
     from gpuk.contracts.geometry import conv_pads
-    x = _dev(rt, _rng().standard_normal((2, 8, 8, 32)).astype(np.float16))
-    w = _dev(rt, (_rng().standard_normal((3, 3, 32, 64)) * 0.1).astype(np.float16))
+    x = _dev(_rng().standard_normal((2, 8, 8, 32)).astype(np.float16))
+    w = _dev((_rng().standard_normal((3, 3, 32, 64)) * 0.1).astype(np.float16))
     geometry = ((1, 1), (1, 1), conv_pads((8, 8), (3, 3), (1, 1), (1, 1), 'same'), 'channels_last')
 
     def call():
@@ -105,11 +103,11 @@ def _conv_wgmma(rt):
 
 def _conv_depthwise(rt):
     from ..conv import direct as conv_direct
-    w = _dev(rt, _rng().standard_normal((3, 3, 32, 1)).astype(np.float32))
+    w = _dev(_rng().standard_normal((3, 3, 32, 1)).astype(np.float32))
     for data_format, name in (('channels_last', 'NHWC 2x16x16x32'), ('channels_first', 'NCHW 2x32x16x16')):
         shape = (2, 16, 16, 32) if data_format == 'channels_last' else (2, 32, 16, 16)
-        x = _dev(rt, _rng().standard_normal(shape).astype(np.float32))
-        dy = _dev(rt, _rng().standard_normal(shape).astype(np.float32))
+        x = _dev(_rng().standard_normal(shape).astype(np.float32))
+        dy = _dev(_rng().standard_normal(shape).astype(np.float32))
         g = ((1, 1), (1, 1), ((1, 1), (1, 1)), data_format)
         config = f'{name}, 3x3 same, f32'
         yield f'fwd {config}', lambda x=x, g=g: conv_direct.depthwise_conv_fwd(x, w, *g, runtime=rt)
@@ -121,10 +119,10 @@ def _conv_depthwise(rt):
 
 def _conv_local(rt):
     from ..conv import direct as conv_direct
-    x = _dev(rt, _rng().standard_normal((2, 10, 10, 8)).astype(np.float32))
-    w = _dev(rt, (_rng().standard_normal((64, 3 * 3 * 8, 16)) * 0.1).astype(np.float32))
+    x = _dev(_rng().standard_normal((2, 10, 10, 8)).astype(np.float32))
+    w = _dev((_rng().standard_normal((64, 3 * 3 * 8, 16)) * 0.1).astype(np.float32))
     window = ((3, 3), (1, 1), (8, 8), 'channels_last')
-    dy = _dev(rt, _rng().standard_normal((2, 8, 8, 16)).astype(np.float32))
+    dy = _dev(_rng().standard_normal((2, 8, 8, 16)).astype(np.float32))
     config = 'NHWC 2x10x10x8 -> 8x8x16, 3x3 valid, f32'
     yield f'fwd {config}', lambda: conv_direct.local_conv_fwd(x, w, *window, runtime=rt)
     yield f'dgrad {config}', lambda: conv_direct.local_conv_dgrad(dy, w, x.shape, *window, runtime=rt)
@@ -137,21 +135,21 @@ def _layout(rt):
     b16 float16/bfloat16."""
     from .. import layout
     for dtype, name in ((np.float32, 'b32'), (np.float16, 'b16')):
-        x = _dev(rt, _rng().standard_normal((2, 64, 28, 28)).astype(dtype))
-        y = _dev(rt, np.moveaxis(x, 1, -1))
+        x = _dev(_rng().standard_normal((2, 64, 28, 28)).astype(dtype))
+        y = _dev(np.moveaxis(x, 1, -1))
         yield f'NCHW -> NHWC 2x64x28x28 {name}', lambda x=x: layout.to_channels_last(x, runtime=rt)
         yield f'NHWC -> NCHW 2x28x28x64 {name}', lambda y=y: layout.to_channels_first(y, runtime=rt)
-        rgb = _dev(rt, _rng().standard_normal((2, 3, 32, 32)).astype(dtype))   # a first layer's input (transpose_planes_thin)
+        rgb = _dev(_rng().standard_normal((2, 3, 32, 32)).astype(dtype))   # a first layer's input (transpose_planes_thin)
         yield f'NCHW -> NHWC 2x3x32x32 {name}', lambda rgb=rgb: layout.to_channels_last(rgb, runtime=rt)
-        rgb_last = _dev(rt, np.moveaxis(rgb, 1, -1))     # an RGB output or gradient
+        rgb_last = _dev(np.moveaxis(rgb, 1, -1))     # an RGB output or gradient
         yield f'NHWC -> NCHW 2x32x32x3 {name}', lambda y=rgb_last: layout.to_channels_first(y, runtime=rt)
 
 
 def _pooling(rt):
     from .. import pooling
-    x = _dev(rt, _rng().standard_normal((2, 16, 16, 32)).astype(np.float32))
+    x = _dev(_rng().standard_normal((2, 16, 16, 32)).astype(np.float32))
     geometry = ((2, 2), (2, 2), ((0, 0), (0, 0)), 'channels_last')
-    dy = _dev(rt, _rng().standard_normal((2, 8, 8, 32)).astype(np.float32))
+    dy = _dev(_rng().standard_normal((2, 8, 8, 32)).astype(np.float32))
     config = 'NHWC 2x16x16x32, 2x2/2, f32'
     yield f'max fwd {config}', lambda: pooling.max_pool_fwd(x, *geometry, runtime=rt)
     yield f'avg fwd {config}', lambda: pooling.avg_pool_fwd(x, *geometry, runtime=rt)
@@ -161,13 +159,13 @@ def _pooling(rt):
     # global average pooling (the window is the whole input): a reduction kernel per layout
     whole = ((16, 16), (16, 16), ((0, 0), (0, 0)))
     yield 'global avg fwd NHWC 2x16x16x32, f32', lambda: pooling.avg_pool_fwd(x, *whole, 'channels_last', runtime=rt)
-    xc = _dev(rt, x.transpose(0, 3, 1, 2))
+    xc = _dev(x.transpose(0, 3, 1, 2))
     yield 'global avg fwd NCHW 2x32x16x16, f32', lambda: pooling.avg_pool_fwd(xc, *whole, 'channels_first',
                                                                               runtime=rt)
     # windows of more than 256 taps keep int32 argmax (17x17 = 289)
     big = ((17, 17), (17, 17), ((0, 0), (0, 0)), 'channels_last')
-    xb = _dev(rt, _rng().standard_normal((2, 17, 17, 16)).astype(np.float32))
-    dyb = _dev(rt, _rng().standard_normal((2, 1, 1, 16)).astype(np.float32))
+    xb = _dev(_rng().standard_normal((2, 17, 17, 16)).astype(np.float32))
+    dyb = _dev(_rng().standard_normal((2, 1, 1, 16)).astype(np.float32))
     config = 'NHWC 2x17x17x16, 17x17/17 (int32 taps), f32'
     yield f'max fwd {config}', lambda: pooling.max_pool_fwd(xb, *big, runtime=rt)
     argmax_i32 = pooling.max_pool_fwd(xb, *big, runtime=rt)[1]
@@ -187,8 +185,8 @@ def _split_path(batchnorm, call):
 
 def _batchnorm(rt):
     from .. import batchnorm
-    x = _dev(rt, _rng().standard_normal((8, 8, 8, 64)).astype(np.float32))
-    gamma, beta = _dev(rt, np.ones(64, np.float32)), _dev(rt, np.zeros(64, np.float32))
+    x = _dev(_rng().standard_normal((8, 8, 8, 64)).astype(np.float32))
+    gamma, beta = _dev(np.ones(64, np.float32)), _dev(np.zeros(64, np.float32))
     axes = (0, 1, 2)
     config = 'NHWC 8x8x8x64 f32'
     # channels last within the L2: the single-kernel forward (one block per emulator thread)
@@ -196,17 +194,20 @@ def _batchnorm(rt):
     yield f'train fwd {config}, split path', lambda: _split_path(
         batchnorm, lambda: batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt))
     _, mean, _, inv_std = batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt)
-    dy = _dev(rt, _rng().standard_normal(x.shape).astype(np.float32))
+    dy = _dev(_rng().standard_normal(x.shape).astype(np.float32))
     yield f'bwd {config}', lambda: batchnorm.bn_bwd(dy, x, gamma, mean, inv_std, axes, runtime=rt)
     yield f'infer fwd {config}', lambda: batchnorm.bn_infer_fwd(x, mean, inv_std, gamma, beta, 1e-3, -1, runtime=rt)
-    moving_mean, moving_var = _dev(rt, np.zeros(64, np.float32)), _dev(rt, np.ones(64, np.float32))
+    moving_mean, moving_var = _dev(np.zeros(64, np.float32)), _dev(np.ones(64, np.float32))
     yield f'train fwd, moving averages {config}', lambda: batchnorm.bn_train_fwd(
         x, gamma, beta, axes, 1e-3, 'linear', moving_mean, moving_var, 0.01, runtime=rt)
+    yield f'train fwd, moving averages {config}, split path', lambda: _split_path(
+        batchnorm, lambda: batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, 'linear', moving_mean, moving_var,
+                                                  0.01, runtime=rt))
     y_relu = batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, 'relu', runtime=rt)[0]
     yield f'bwd relu {config}', lambda: batchnorm.bn_bwd(dy, x, gamma, mean, inv_std, axes, activation='relu',
                                                          y=y_relu, runtime=rt)
-    xc = _dev(rt, x.transpose(0, 3, 1, 2))
-    dyc = _dev(rt, dy.transpose(0, 3, 1, 2))
+    xc = _dev(x.transpose(0, 3, 1, 2))
+    dyc = _dev(dy.transpose(0, 3, 1, 2))
     config = 'NCHW 8x64x8x8 f32'
     yield f'train fwd {config}', lambda: batchnorm.bn_train_fwd(xc, gamma, beta, (0, 2, 3), 1e-3, runtime=rt)
     _, mean_c, _, inv_std_c = batchnorm.bn_train_fwd(xc, gamma, beta, (0, 2, 3), 1e-3, runtime=rt)
@@ -218,34 +219,34 @@ def _batchnorm(rt):
 
 def _softmax_xent(rt):
     from .. import softmax_xent
-    logits = _dev(rt, _rng().standard_normal((64, 1000)).astype(np.float32))
-    labels = _dev(rt, _rng().integers(0, 1000, 64))
+    logits = _dev(_rng().standard_normal((64, 1000)).astype(np.float32))
+    labels = _dev(_rng().integers(0, 1000, 64))
     config = '64x1000 f32'
     yield f'softmax fwd {config}', lambda: softmax_xent.softmax_fwd(logits, runtime=rt)
     y = softmax_xent.softmax_fwd(logits, runtime=rt)
     yield f'softmax bwd {config}', lambda: softmax_xent.softmax_bwd(y, logits, runtime=rt)
     yield f'sparse xent fwd {config}', lambda: softmax_xent.sparse_softmax_xent_fwd(logits, labels, runtime=rt)
     loss, lse = softmax_xent.sparse_softmax_xent_fwd(logits, labels, runtime=rt)
-    dloss = _dev(rt, np.ones(64, np.float32))
+    dloss = _dev(np.ones(64, np.float32))
     yield f'sparse xent bwd {config}', lambda: softmax_xent.sparse_softmax_xent_bwd(logits, labels, lse, dloss,
                                                                                   runtime=rt)
-    target = softmax_xent.softmax_fwd(_dev(rt, logits[::-1]), runtime=rt)
+    target = softmax_xent.softmax_fwd(_dev(logits[::-1]), runtime=rt)
     yield f'xent fwd {config}', lambda: softmax_xent.softmax_xent_fwd(logits, target, runtime=rt)
     yield f'log_softmax fwd {config}', lambda: softmax_xent.log_softmax_fwd(logits, runtime=rt)
     yield f'categorical probs fwd {config}', lambda: softmax_xent.categorical_xent_probs_fwd(y, target, runtime=rt)
     # short rows: several per warp (sub-warp groups)
-    small = _dev(rt, _rng().standard_normal((512, 10)).astype(np.float32))
-    small_target = softmax_xent.softmax_fwd(_dev(rt, small[::-1]), runtime=rt)
-    small_labels = _dev(rt, _rng().integers(0, 10, 512))
+    small = _dev(_rng().standard_normal((512, 10)).astype(np.float32))
+    small_target = softmax_xent.softmax_fwd(_dev(small[::-1]), runtime=rt)
+    small_labels = _dev(_rng().integers(0, 10, 512))
     small_lse = softmax_xent.softmax_xent_fwd(small, small_target, runtime=rt)[1]
-    ones = _dev(rt, np.ones(512, np.float32))
+    ones = _dev(np.ones(512, np.float32))
     yield 'xent fwd 512x10 f32', lambda: softmax_xent.softmax_xent_fwd(small, small_target, runtime=rt)
     yield 'xent bwd 512x10 f32', lambda: softmax_xent.softmax_xent_bwd(small, small_target, small_lse, ones,
                                                                       runtime=rt)
     yield 'sparse xent fwd 512x10 f32', lambda: softmax_xent.sparse_softmax_xent_fwd(small, small_labels, runtime=rt)
     yield 'xent bwd 64x1000 f32', lambda: softmax_xent.softmax_xent_bwd(logits, target, lse, dloss, runtime=rt)
     yield 'xent dtarget 64x1000 f32', lambda: softmax_xent.softmax_xent_dtarget(logits, lse, dloss, runtime=rt)
-    bits = _dev(rt, (_rng().random((64, 1000)) < 0.5).astype(np.float32))
+    bits = _dev((_rng().random((64, 1000)) < 0.5).astype(np.float32))
     yield f'binary logits fwd {config}', lambda: softmax_xent.binary_xent_logits_fwd(logits, bits, runtime=rt)
     yield f'binary logits bwd {config}', lambda: softmax_xent.binary_xent_logits_bwd(logits, bits, logits, runtime=rt)
 
@@ -253,37 +254,37 @@ def _softmax_xent(rt):
 def _ctc(rt):
     from .. import ctc
     steps, batch, classes = 24, 4, 12
-    logits = _dev(rt, _rng().standard_normal((batch, steps, classes)).astype(np.float32))
-    labels = _dev(rt, _rng().integers(0, classes - 1, (batch, 6)))
-    input_lengths = _dev(rt, np.full(batch, steps, np.int64))
-    label_lengths = _dev(rt, np.full(batch, 6, np.int64))
+    logits = _dev(_rng().standard_normal((batch, steps, classes)).astype(np.float32))
+    labels = _dev(_rng().integers(0, classes - 1, (batch, 6)))
+    input_lengths = _dev(np.full(batch, steps, np.int64))
+    label_lengths = _dev(np.full(batch, 6, np.int64))
     config = f'batch {batch}, {steps} steps, {classes} classes, labels 6, f32'
     args = (logits, labels, input_lengths, label_lengths)
     yield f'loss fwd {config}', lambda: ctc.ctc_loss_fwd(*args, runtime=rt)
     loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(*args, runtime=rt)
     yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss,
-                                                         _dev(rt, np.ones_like(loss)), runtime=rt)
-    log_probs = _dev(rt, logits - np.log(np.exp(logits).sum(-1, keepdims=True)))
+                                                         _dev(np.ones_like(loss)), runtime=rt)
+    log_probs = _dev(logits - np.log(np.exp(logits).sum(-1, keepdims=True)))
     yield f'greedy {config}', lambda: ctc.ctc_greedy_decode(log_probs, input_lengths, runtime=rt)
     # the beam search's emulated time grows with the steps (a block per sequence, serial over
     # time): its first 12 / 16 steps show the same access pattern at a third of the cost
-    short = _dev(rt, log_probs[:, :12])
+    short = _dev(log_probs[:, :12])
     yield f'beam 8 {config.replace(f"{steps} steps", "12 steps")}', lambda: ctc.ctc_beam_search_decode(
         short, np.full(batch, 12, np.int32), 8, 1, runtime=rt)
     # closer to warp-ctc's character models: 29 classes, 20-label transcripts (41 states)
     steps, batch, classes, width = 60, 2, 29, 20
-    logits = _dev(rt, _rng().standard_normal((batch, steps, classes)).astype(np.float32))
-    labels = _dev(rt, _rng().integers(0, classes - 1, (batch, width)))
-    args = (logits, labels, _dev(rt, np.full(batch, steps, np.int64)), _dev(rt, np.full(batch, width, np.int64)))
+    logits = _dev(_rng().standard_normal((batch, steps, classes)).astype(np.float32))
+    labels = _dev(_rng().integers(0, classes - 1, (batch, width)))
+    args = (logits, labels, _dev(np.full(batch, steps, np.int64)), _dev(np.full(batch, width, np.int64)))
     config = f'batch {batch}, {steps} steps, {classes} classes, labels {width}, f32'
     yield f'loss fwd {config}', lambda: ctc.ctc_loss_fwd(*args, runtime=rt)
     loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(*args, runtime=rt)
     yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss,
-                                                         _dev(rt, np.ones_like(loss)), runtime=rt)
-    log_probs = _dev(rt, logits - np.log(np.exp(logits).sum(-1, keepdims=True)))
-    short = _dev(rt, log_probs[:, :16])
+                                                         _dev(np.ones_like(loss)), runtime=rt)
+    log_probs = _dev(logits - np.log(np.exp(logits).sum(-1, keepdims=True)))
+    short = _dev(log_probs[:, :16])
     yield f'beam 10 {config.replace(f"{steps} steps", "16 steps")}', lambda: ctc.ctc_beam_search_decode(
-        short, _dev(rt, np.full(batch, 16, np.int32)), 10, 1, runtime=rt)
+        short, _dev(np.full(batch, 16, np.int32)), 10, 1, runtime=rt)
 
 
 _PROBLEMS = {'elementwise': _elementwise, 'fused_elementwise': _fused_elementwise, 'conv': _conv,

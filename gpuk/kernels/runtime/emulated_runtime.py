@@ -173,6 +173,16 @@ def _aligned_empty_like(prototype, dtype=None, order='K', subok=True, shape=None
     return _aligned_empty(prototype.shape if shape is None else shape, prototype.dtype if dtype is None else dtype)
 
 
+def aligned_copy(array):
+    """A copy of host ``array`` where a device array would live (DEVICE_ALIGNMENT), counted as
+    written: inputs for measurements and tests (a poisoned xp.empty filled on the host would
+    flag every element whose bytes happen to equal the poison, e.g. a uint8 0xA5)."""
+    array = np.asarray(array)
+    out = _aligned_empty(array.shape, array.dtype)
+    out[...] = array
+    return out
+
+
 def _poisoned_empty(*args, **kwargs):
     return _remember_poisoned(_aligned_empty(*args, **kwargs))
 
