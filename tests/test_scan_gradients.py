@@ -11,7 +11,7 @@ from gpuk.fusion_gradients import _disjoint
 from gpuk.ops.scan import Scan
 from gpuk.ops.shape import ScatterSlice, ScatterSlices
 from tests.evaluation import compiled_with_fusion, plan_ops
-from tests.gradcheck import check_gradients
+from tests.gradcheck import check_gradients, numeric_gradient
 
 UNITS = 3
 
@@ -234,3 +234,51 @@ def test_activations_are_kept_on_the_numpy_device_and_recomputed_for_kernels(mon
         assert recomputed == (set() if policy == 'kept' else {'sigmoid', 'tanh'})
     for kept, recomputed in zip(results['kept'], results['recomputed']):
         np.testing.assert_allclose(kept, recomputed, rtol=1e-6, atol=1e-7)
+
+
+def test_batch_one_inputs_broadcast_against_batch_n_states_have_right_gradients():
+    # batch dims known only at run time: a batch-1 sequence broadcasts against batch-4 initial
+    # states inside the step (x_t W + h U), so W's time-summed gradient must sum the step's
+    # gradient over the broadcast rows (it used to multiply 1-row inputs by 4-row gradients)
+    rng = np.random.default_rng(7)
+    x = K.placeholder((None, 5, 3), dtype='float64')
+    h0 = K.placeholder((None, UNITS), dtype='float64')
+    w, u, b = (K.placeholder(s, dtype='float64') for s in ((3, UNITS), (UNITS, UNITS), (UNITS,)))
+
+    def step(x_t, states):
+        h = K.tanh(K.bias_add(K.dot(x_t, w) + K.dot(states[0], u), b))
+        return h, [h]
+    last, _, _ = K.rnn(step, x, [h0])
+    weights = K.constant(rng.standard_normal((4, UNITS)), dtype='float64')
+    loss = K.sum(last * weights)
+    tensors = [x, h0, w, u, b]
+    arrays = [rng.standard_normal((1, 5, 3)), rng.standard_normal((4, UNITS)),
+              rng.standard_normal((3, UNITS)) * 0.5, rng.standard_normal((UNITS, UNITS)) * 0.5,
+              rng.standard_normal((UNITS,)) * 0.1]
+    grads = K.function(tensors, K.gradients(loss, tensors))(arrays)
+    evaluate = K.function(tensors, [loss])
+    for array, grad in zip(arrays, grads):
+        assert grad.shape == array.shape
+        np.testing.assert_allclose(grad, numeric_gradient(lambda: evaluate(arrays)[0], array),
+                                   rtol=1e-6, atol=1e-8)
+
+
+def test_the_gradient_loop_stacks_one_gate_gradient_for_all_weight_factors(monkeypatch):
+    # with run-time batch dims the weight factors x_t^T dz, h^T dz and colsum(dz) are three
+    # tensors of the step graph; at equal run-time shapes they are one value, written once
+    # per step into one stacked buffer
+    arrays = _arrays(np.float32)
+    x = K.placeholder((None,) + arrays[0].shape[1:], dtype='float32')
+    w, u, b = [K.placeholder(a.shape, dtype='float32') for a in arrays[1:]]
+    loss = _loss(x, w, u, b)
+    f = K.function([x, w, u, b], K.gradients(loss, [w, u, b]))
+    gate_gradient_writes = []
+    write = Scan._write_step
+
+    def counting_write(scan, stacked, t, value):
+        if scan.reverse and value.shape == (2, 4 * UNITS):
+            gate_gradient_writes.append(t)
+        return write(scan, stacked, t, value)
+    monkeypatch.setattr(Scan, '_write_step', counting_write)
+    f(list(arrays))
+    assert sorted(gate_gradient_writes) == list(range(arrays[0].shape[1]))

@@ -164,14 +164,20 @@ class Scan(Op):
                    if i in self.recorded_history else None for i, s in enumerate(states)]
         recorded = [(i, history[i]) for i in self.recorded_history]
         outputs = None
-        written = [i for i in range(n_out) if i not in self.shape_only_outputs]
+        # outputs the step plan returns from one slot (factors a gradient step reads as
+        # different tensors that are the same value at these shapes): stacked once
+        aliases = _aliased_outputs(plan.target_slots[:n_out], self.shape_only_outputs)
+        written = [i for i in range(n_out) if i not in self.shape_only_outputs and i not in aliases]
         state_shapes = [s.shape for s in states]
         for t in (range(steps - 1, -1, -1) if self.reverse else range(steps)):
             for i, stacked in recorded:
                 stacked[t] = states[i]
             values = plan.run([s[t] for s in sequences] + states + captured)
             if outputs is None:
-                outputs = [self._stacked_like(xp, i, steps, values[i]) for i in range(n_out)]
+                outputs = [None if i in aliases else self._stacked_like(xp, i, steps, values[i])
+                           for i in range(n_out)]
+                for i, first in aliases.items():
+                    outputs[i] = outputs[first]
             for i in written:
                 self._write_step(outputs[i], t, values[i])
             states = [xp.asarray(s) for s in values[n_out:]]
@@ -367,6 +373,20 @@ class ResidualScan(Scan):
         self.base = base
 
 
+def _aliased_outputs(target_slots, shape_only):
+    """{output: the first output read from the same plan slot} over the stacked (not
+    shape-only) step outputs whose slot an earlier one has already."""
+    first_of, aliases = {}, {}
+    for i, slot in enumerate(target_slots):
+        if i in shape_only:
+            continue
+        if slot in first_of:
+            aliases[i] = first_of[slot]
+        else:
+            first_of[slot] = i
+    return aliases
+
+
 def _without_identity_broadcast(t):
     """``t``, or its gradient input when ``t`` is a SumToShapeOf between equal, fully known
     shapes (the identity)."""
@@ -428,11 +448,15 @@ def _time_summed_factors(g, captured):
 
 def _unbroadcast_rows(b, a):
     """``b`` without a SumToShapeOf(g, like) between equal static shapes (an add's gradient
-    in z = x W + h U + bias), so that one stacked g serves every factor: for column sums
-    always (summing g's rows or its rows summed to like's gives the same), for A^T B when
-    like is A times a matrix (like's rows are A's: the product needs g's rows to be A's,
-    which holds unless A broadcast a single row against more rows of the step's states:
-    then the product after the loop raises matmul's shape error instead of summing)."""
+    in z = x W + h U + bias) where that cannot change the result, so that one stacked g
+    serves every factor: for column sums always (summing g's rows or its rows summed to
+    like's gives the same). For A^T B only when the rows are known to be the same at build
+    time (like is A times a matrix and the row count is a static number): with a batch
+    known only at run time, A may broadcast a single row against more rows of the step's
+    states (batch-1 inputs, batch-n initial states), and then B must be g summed to like's
+    one row. There the SumToShapeOf stays in the step graph: a step plan compiled for equal
+    run-time shapes drops it (Scan._plan), and the Scan then writes the one stacked value
+    once for all the factors that are the same plan slot (Scan._aliased_outputs)."""
     from gpuk.ops.elementwise import SumToShapeOf
     from gpuk.ops.linalg import MatMul
     node = b.node
@@ -442,7 +466,7 @@ def _unbroadcast_rows(b, a):
     if g.shape != like.shape or g.dtype != b.dtype:
         return b
     if a is None or (like.node is not None and isinstance(like.node.op, MatMul) and like.node.inputs[0] is a
-                     and g.shape[0] == a.shape[0]):
+                     and g.shape[0] is not None and g.shape[0] == a.shape[0]):
         return g
     return b
 
