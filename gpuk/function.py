@@ -118,8 +118,10 @@ class Plan:
         # one forward loop for a Scan and its gradient's residuals, fused or not
         self.steps = fusion_scan.merge_residual_scans(self.steps, set(self.target_slots) | set(self.input_slots))
         if fusion.enabled():
+            # elementwise groups within one generated kernel's limits where kernels run them
             self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots),
-                                     {s: t.shape for t, s in slot_of.items()})
+                                     {s: t.shape for t, s in slot_of.items()},
+                                     kernel_limits=getattr(impl, 'kind', None) != 'cpu')
         self.steps = mixed_precision.apply_policy(self.steps, self.slot_dtypes, self.precision)
         self._plan_frees()
         # CUDA Graph capture and replay per input signature (gpuk/cuda_graph.py)

@@ -82,9 +82,11 @@ def _is_linear_bias(op):
     return type(op) is BiasAct and op.activation == 'linear'
 
 
-def fuse(steps, protected, slot_shapes=None):
+def fuse(steps, protected, slot_shapes=None, kernel_limits=True):
     """The steps with every chain this module knows fused (see the module docstring);
-    ``slot_shapes`` (slot -> static shape) lets elementwise groups keep to one shape."""
+    ``slot_shapes`` (slot -> static shape) lets elementwise groups keep to one shape;
+    ``kernel_limits``: whether elementwise groups must fit one generated kernel (False for
+    plans of the NumPy device, fusion_elementwise.fuse_elementwise)."""
     steps = prune_scan_outputs(steps, protected)
     steps = drop_identity_broadcasts(steps, protected, slot_shapes or {})
     steps = merge_slice_gradients(steps, protected)
@@ -93,7 +95,7 @@ def fuse(steps, protected, slot_shapes=None):
     steps = _fuse_batchnorm_relu_backward(steps, protected)
     steps = _fuse_moving_averages(steps, protected)
     # last: the chains above are matched op by op, before their elementwise steps are grouped
-    return fuse_elementwise(steps, protected, slot_shapes) if elementwise_enabled() else steps
+    return fuse_elementwise(steps, protected, slot_shapes, kernel_limits) if elementwise_enabled() else steps
 
 
 def _fuse_bias_chains(steps, protected):

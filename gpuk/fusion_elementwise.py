@@ -99,11 +99,15 @@ def _same_shapes(shapes):
                for s in known)
 
 
-def fuse_elementwise(steps, protected, slot_shapes=None):
+def fuse_elementwise(steps, protected, slot_shapes=None, kernel_limits=True):
     """The steps ``(op, input_slots, output_slots)`` with their elementwise groups fused.
     With ``slot_shapes`` (slot -> static shape), a group's outputs all have one shape (the
     kernel writes every output at every index): a scalar computed once for many readers,
-    like an optimizer's step size, stays its own group instead of joining a consumer's."""
+    like an optimizer's step size, stays its own group instead of joining a consumer's.
+    ``kernel_limits``: groups keep to what one generated kernel takes (inputs, outputs, one
+    output shape). Without them (the NumPy device, whose twin runs the ops one by one and
+    takes any number and shape of values) groups are bounded only by MAX_MEMBERS: fewer,
+    larger steps, each one plan dispatch (an LSTM's backward cell: 7 steps become 1)."""
     slot_shapes = slot_shapes or {}
     producer = {s: i for i, (_, _, outs) in enumerate(steps) for s in outs}
     readers = defaultdict(list)
@@ -127,8 +131,12 @@ def fuse_elementwise(steps, protected, slot_shapes=None):
             for s in steps[m][2]:
                 if any(r not in inside and r < last for r in readers[s]):
                     return False
+        if len(members) > MAX_MEMBERS:
+            return False
+        if not kernel_limits:
+            return True
         inputs, outputs = io(members)
-        return (len(members) <= MAX_MEMBERS and len(inputs) <= MAX_INPUTS and len(outputs) <= MAX_OUTPUTS
+        return (len(inputs) <= MAX_INPUTS and len(outputs) <= MAX_OUTPUTS
                 and _same_shapes([slot_shapes.get(s) for s in outputs]))
 
     for i, (op, ins, outs) in enumerate(steps):

@@ -38,8 +38,18 @@ class FusedProgram:
         # and run_unfused's loop is flattened to (evaluate, first arg, second arg or -1, all
         # args when more than two) per instruction (no attribute reads per op and call).
         object.__setattr__(self, '_hash', hash((self.input_dtypes, self.instructions, self.outputs)))
+        # each intermediate is dropped after its last read (unless returned): a long group
+        # then reuses a few hot buffers, as the unfused plan's frees do, instead of keeping
+        # every intermediate alive to the end (measured: a 25-op LSTM backward cell 10% slower)
+        last_read = {a: k for k, i in enumerate(self.instructions) for a in i.args}
+        n_inputs, kept = len(self.input_dtypes), set(self.outputs)
+        dead_after = [[] for _ in self.instructions]
+        for value, k in last_read.items():
+            if value >= n_inputs and value not in kept:
+                dead_after[k].append(value)
         code = tuple((i.evaluate, i.args[0] if i.args else 0, i.args[1] if len(i.args) == 2 else -1,
-                      i.args if len(i.args) not in (1, 2) else None) for i in self.instructions)
+                      i.args if len(i.args) not in (1, 2) else None, tuple(dead))
+                     for i, dead in zip(self.instructions, dead_after))
         object.__setattr__(self, '_code', code)
 
     def __hash__(self):
@@ -83,13 +93,15 @@ class FusedProgram:
         NumPy device it runs per step, and its overhead is what fusing there costs)."""
         values = list(inputs)
         append = values.append
-        for evaluate, first, second, args in self._code:
+        for evaluate, first, second, args, dead in self._code:
             if args is not None:
                 append(evaluate(*[values[a] for a in args]))
             elif second < 0:
                 append(evaluate(values[first]))
             else:
                 append(evaluate(values[first], values[second]))
+            for v in dead:
+                values[v] = None
         return [values[v] for v in self.outputs]
 
 
