@@ -265,20 +265,22 @@ def test_batch_one_inputs_broadcast_against_batch_n_states_have_right_gradients(
 
 def test_the_gradient_loop_stacks_one_gate_gradient_for_all_weight_factors(monkeypatch):
     # with run-time batch dims the weight factors x_t^T dz, h^T dz and colsum(dz) are three
-    # tensors of the step graph; at equal run-time shapes they are one value, written once
-    # per step into one stacked buffer
+    # tensors of the step graph; at equal run-time shapes they are one value, stacked once
     arrays = _arrays(np.float32)
     x = K.placeholder((None,) + arrays[0].shape[1:], dtype='float32')
     w, u, b = [K.placeholder(a.shape, dtype='float32') for a in arrays[1:]]
     loss = _loss(x, w, u, b)
     f = K.function([x, w, u, b], K.gradients(loss, [w, u, b]))
-    gate_gradient_writes = []
-    write = Scan._write_step
+    stacked_gate_gradients = []
+    forward = Scan.forward
 
-    def counting_write(scan, stacked, t, value):
-        if scan.reverse and value.shape == (2, 4 * UNITS):
-            gate_gradient_writes.append(t)
-        return write(scan, stacked, t, value)
-    monkeypatch.setattr(Scan, '_write_step', counting_write)
+    def recording_forward(scan, impl, *inputs):
+        results = forward(scan, impl, *inputs)
+        if scan.reverse:
+            stacked_gate_gradients.extend(r for r in results[:len(scan.step_outputs)]
+                                          if r.shape == (arrays[0].shape[1], 2, 4 * UNITS))
+        return results
+    monkeypatch.setattr(Scan, 'forward', recording_forward)
     f(list(arrays))
-    assert sorted(gate_gradient_writes) == list(range(arrays[0].shape[1]))
+    assert len(stacked_gate_gradients) == 3   # the factors of w, u and b
+    assert len({id(r) for r in stacked_gate_gradients}) == 1

@@ -5,6 +5,7 @@ from gpuk.contracts.fused_program import check_fused_args
 
 ACTIVATIONS = ('linear', 'relu')
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+_WIDE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))   # computed in their own dtype
 
 
 def copy(x):
@@ -43,6 +44,12 @@ def bias_act_fwd(x, bias, axis=-1, activation='linear'):
     # Returns
         An array like x (float16 is computed in float32 and rounded once).
     """
+    if (activation == 'linear' and type(x) is np.ndarray and type(bias) is np.ndarray
+            and x.dtype in _WIDE_FLOATS and bias.dtype == x.dtype and axis in (-1, x.ndim - 1)
+            and bias.shape == x.shape[-1:]):
+        # the common case (a dense layer's or an RNN cell's bias), checked without the
+        # messages: the plain broadcast add below, per time step in a recurrent layer
+        return x + bias
     axis = check_bias_act_args(x, bias, axis, activation, np.ndarray)
     acc = np.float32 if x.dtype == np.float16 else x.dtype.type
     shape = [1] * x.ndim

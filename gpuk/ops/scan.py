@@ -169,17 +169,29 @@ class Scan(Op):
         aliases = _aliased_outputs(plan.target_slots[:n_out], self.shape_only_outputs)
         written = [i for i in range(n_out) if i not in self.shape_only_outputs and i not in aliases]
         state_shapes = [s.shape for s in states]
+        # only the sequences the step plan reads are sliced per step (a gradient step gets
+        # every forward sequence and state history; the others are None)
+        read = _read_inputs(plan)
+        sliced = [(k, s) for k, s in enumerate(sequences) if k in read]
+        step_slices = [None] * n_seq
         for t in (range(steps - 1, -1, -1) if self.reverse else range(steps)):
             for i, stacked in recorded:
                 stacked[t] = states[i]
-            values = plan.run([s[t] for s in sequences] + states + captured)
+            for k, s in sliced:
+                step_slices[k] = s[t]
+            values = plan.run(step_slices + states + captured)
             if outputs is None:
                 outputs = [None if i in aliases else self._stacked_like(xp, i, steps, values[i])
                            for i in range(n_out)]
                 for i, first in aliases.items():
                     outputs[i] = outputs[first]
-            for i in written:
-                self._write_step(outputs[i], t, values[i])
+                # (stacked, output, one step's shape and dtype): checked per step, then written
+                targets = [(outputs[i], i, outputs[i].shape[1:], outputs[i].dtype) for i in written]
+            for stacked, i, shape, dtype in targets:
+                value = values[i]
+                if value.shape != shape or value.dtype != dtype:
+                    self._step_output_error(t, value, shape, dtype)
+                stacked[t] = value
             states = [xp.asarray(s) for s in values[n_out:]]
             if [s.shape for s in states] != state_shapes:
                 self._check_states(state_shapes, states)
@@ -219,11 +231,9 @@ class Scan(Op):
                 raise ValueError('%s: the step changed a state of shape %s into shape %s'
                                  % (self.where, shape, new.shape))
 
-    def _write_step(self, stacked, t, value):
-        if tuple(value.shape) != stacked.shape[1:] or value.dtype != stacked.dtype:
-            raise ValueError('%s: step %d gave an output of shape %s and dtype %s, the steps before %s and %s'
-                             % (self.where, t, tuple(value.shape), value.dtype, stacked.shape[1:], stacked.dtype))
-        stacked[t] = value
+    def _step_output_error(self, t, value, shape, dtype):
+        raise ValueError('%s: step %d gave an output of shape %s and dtype %s, the steps before %s and %s'
+                         % (self.where, t, tuple(value.shape), value.dtype, shape, dtype))
 
     def _no_steps(self, xp, states):
         """The results of looping over empty sequences, as TensorFlow's: no outputs stacked
@@ -371,6 +381,12 @@ class ResidualScan(Scan):
                          base.step_outputs + list(residuals), base.state_outputs, base.reverse, base.where,
                          base.shape_only_outputs | {n_out + i for i in shape_only})
         self.base = base
+
+
+def _read_inputs(plan):
+    """The positions of the step inputs that the step plan reads (or returns)."""
+    used = {s for _, ins, _, _ in plan.steps for s in ins} | set(plan.target_slots)
+    return {k for k, s in enumerate(plan.input_slots) if s in used}
 
 
 def _aliased_outputs(target_slots, shape_only):
