@@ -425,7 +425,23 @@ _KEPT_ON_THE_NUMPY_DEVICE = ('sigmoid', 'tanh')
 
 def _recomputed(op):
     """Whether a Scan's backward step computes ``op``'s value again instead of reading it
-    stacked from the forward loop (see Scan._residuals)."""
+    stacked from the forward loop (see Scan._residuals).
+
+    Decided when the gradient graph is built (K.gradients), by the device in use then, not
+    when a plan is compiled for a device: the choice fixes the graph itself (which values
+    the ResidualScan stacks, which placeholders the backward step reads), shared by every
+    plan compiled from it, and a plan-time choice would have to rewrite the forward and the
+    backward Scan of the outer plan together. Build time is right because it cannot change
+    values, only cost: both forms compute the same gradients on any device (on the NumPy
+    device bit for bit: the same ufuncs on the same stacked inputs; the test
+    test_activations_are_kept_on_the_numpy_device_and_recomputed_for_kernels). And the
+    device of a graph's build is the device it runs on: device.kind() pins GPUK_DEVICE on
+    first use, and set_device must come before any variable is created (variables keep the
+    arrays of their device), so the graphs of a model are built and run on one device. A
+    graph built on one device and run on another (only by switching devices between
+    building and running, as tests do) computes the same numbers with the other form's
+    cost: kept activations on a kernel device split the forward cell kernel (more than 4
+    outputs), recomputed ones on the NumPy device cost a few ufunc calls each."""
     if not op.cheap_to_recompute():
         return False
     return not (isinstance(op, Unary) and op.name in _KEPT_ON_THE_NUMPY_DEVICE and device.kind() == 'cpu')
