@@ -154,6 +154,15 @@ def fuse_elementwise(steps, protected, slot_shapes=None, kernel_limits=True):
         groups[i] = members
         for m in members:
             group_of[m] = i
+    if not kernel_limits:
+        # no kernel to fit: a group also joins the next one when that is legal, connected or
+        # not (the LSTM backward step's two lone multiplies, state gradients no other step reads)
+        order = sorted(groups)
+        for first, then in zip(order, order[1:]):
+            merged = sorted(set(groups[first]) | set(groups[then]))
+            if legal(merged, then):
+                groups[then] = merged
+                del groups[first]
 
     fused_at, removed = {}, set()
     for last, members in groups.items():
