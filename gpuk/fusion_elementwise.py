@@ -28,6 +28,8 @@ import numpy as np
 from gpuk.contracts.fused_program import MAX_INPUTS, MAX_OUTPUTS, FusedProgram, Instruction
 from gpuk.graph import Meta
 from gpuk.ops.base import Op
+from gpuk.ops.bias import BiasAct
+from gpuk.ops.shape import Getitem
 
 MAX_MEMBERS = 48   # ops per fused step: bounds the kernel's source and registers
 
@@ -64,7 +66,7 @@ class FusedElementwise(Op):
             meta = op.infer(*[metas[a] for a in args])
             metas.append(meta)
             operand_dtype = np.result_type(*[_dtype(metas[a].dtype) for a in args])
-            instructions.append(Instruction(op.c_expression(), args, _dtype(meta.dtype), operand_dtype,
+            instructions.append(Instruction(_expression(op), args, _dtype(meta.dtype), operand_dtype,
                                             _bound_forward(op, impl)))
         program = FusedProgram(tuple(_dtype(a.dtype) for a in arrays), tuple(instructions), self.outputs)
         self._programs[id(impl)] = (impl, program)   # its forwards are bound to impl
@@ -87,9 +89,21 @@ def _bound_forward(op, impl):
     return bind(impl) if bind is not None else functools.partial(op.forward, impl)
 
 
-def fusable(op):
+def _expression(op):
+    """The op's C element expression, None when it has none (a NumPy-only member)."""
     expression = getattr(op, 'c_expression', None)
-    return expression is not None and expression() is not None
+    return None if expression is None else expression()
+
+
+def fusable(op, kernel_limits=True):
+    """Whether ``op`` may join an elementwise group: it has an element expression, or the
+    group runs on the NumPy device (no kernel limits) and ``op`` is a static slice or a
+    linear bias add. There the twin calls each member's forward in turn, so those two (a
+    view, a broadcast add: between an RNN cell's GEMMs and its gate arithmetic) cost one
+    call in the group instead of one plan step each."""
+    if _expression(op) is not None:
+        return True
+    return not kernel_limits and (type(op) is Getitem or (type(op) is BiasAct and op.activation == 'linear'))
 
 
 def _same_shapes(shapes):
@@ -140,7 +154,7 @@ def fuse_elementwise(steps, protected, slot_shapes=None, kernel_limits=True):
                 and _same_shapes([slot_shapes.get(s) for s in outputs]))
 
     for i, (op, ins, outs) in enumerate(steps):
-        if len(outs) != 1 or not fusable(op):
+        if len(outs) != 1 or not fusable(op, kernel_limits):
             continue
         candidates = list(dict.fromkeys(group_of[producer[s]] for s in ins
                                         if producer.get(s) in group_of))
