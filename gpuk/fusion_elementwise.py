@@ -10,7 +10,9 @@ step at the place of its last member; that is legal when no step outside the gro
 before that point, reads a value of the group (it would read it before it is computed).
 The group's outputs are its values read outside it or kept by the plan (targets, inputs);
 every other intermediate disappears. Groups are capped at the kernel's 16 inputs and 4
-outputs (gpuk/kernels/fused_elementwise.cu).
+outputs (gpuk/kernels/fused_elementwise.cu). Plans of the NumPy device have no kernel to fit
+(``kernel_limits=False``): their groups take any inputs and outputs, join unconnected groups,
+and hold slices and linear bias adds too (``fusable``): fewer plan steps per RNN time step.
 
 The step computes with the elementwise family's ``fused``: on the CUDA and emulated runtimes
 one generated kernel (the template .cu with the ops' expressions #define'd in, broadcasting
@@ -97,7 +99,7 @@ def _expression(op):
 
 def fusable(op, kernel_limits=True):
     """Whether ``op`` may join an elementwise group: it has an element expression, or the
-    group runs on the NumPy device (no kernel limits) and ``op`` is a static slice or a
+    group runs on the NumPy device (no kernel limits) and ``op`` is a slice (Getitem) or a
     linear bias add. There the twin calls each member's forward in turn, so those two (a
     view, a broadcast add: between an RNN cell's GEMMs and its gate arithmetic) cost one
     call in the group instead of one plan step each."""
