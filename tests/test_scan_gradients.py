@@ -130,6 +130,22 @@ def test_disjoint_keys():
     assert not _disjoint([(full, slice(-3, None)), (full, slice(0, 3))])       # negative bounds
 
 
+def test_scattered_slices_fill_zeros_only_where_they_do_not_cover(monkeypatch):
+    # slices covering the whole tensor (an LSTM's four gates) skip the zero fill; a gap
+    # between slices stays zero even in a buffer that held other values
+    from gpuk import device
+    full = slice(None)
+    covering = ScatterSlices([(full, slice(0, 2)), (full, slice(2, 5)), (full, slice(5, None))])
+    gapped = ScatterSlices([(full, slice(0, 2)), (full, slice(3, 5))])
+    assert covering._covers((3, 7)) and not gapped._covers((3, 7))
+    monkeypatch.setattr(np, 'empty', lambda shape, dtype: np.full(shape, np.nan, dtype))
+    like, ones = np.zeros((3, 7)), np.ones((3, 2))
+    np.testing.assert_array_equal(covering.forward(device.impl(), ones, 2 * np.ones((3, 3)), 3 * ones, like),
+                                  [[1, 1, 2, 2, 2, 3, 3]] * 3)
+    np.testing.assert_array_equal(gapped.forward(device.impl(), ones, 2 * ones, like),
+                                  [[1, 1, 0, 2, 2, 0, 0]] * 3)
+
+
 def test_loop_invariants_run_once_and_keep_their_shapes():
     # a step reading transpose(w) and sum(w) (a scalar), w captured: the prologue computes
     # both once per loop, the step reads them with their own shapes (the scalar stays 0-d).

@@ -548,10 +548,35 @@ class ScatterSlices(Op):
 
     def forward(self, impl, *arrays):
         gs, like = arrays[:-1], arrays[-1]
-        out = impl.xp.zeros(like.shape, dtype=impl.xp.result_type(*gs))
+        # no zero fill where the slices cover the whole tensor (an LSTM's four gates)
+        allocate = impl.xp.empty if self._covers(tuple(like.shape)) else impl.xp.zeros
+        out = allocate(like.shape, dtype=impl.xp.result_type(*gs))
         for key, g in zip(self.templates, gs):
             out[key] = g
         return out
+
+    def _covers(self, shape):
+        """Whether the keys together select every element of a tensor of ``shape``: their
+        element counts add up to its size (they are disjoint: the fusion pass merges only
+        disjoint static slices, gpuk/fusion_gradients.py). Memoized per shape."""
+        covers = self.__dict__.setdefault('_coverage', {})
+        if shape not in covers:
+            covers[shape] = sum(_selected_count(key, shape) for key in self.templates) == int(np.prod(shape))
+        return covers[shape]
+
+
+def _selected_count(key, shape):
+    """How many elements the static key (ints and slices, one per leading axis) selects
+    from a tensor of ``shape``; 0 for any other key (it never counts as covering)."""
+    if len(key) > len(shape):
+        return 0
+    count = 1
+    for k, n in zip(key, shape):
+        if isinstance(k, slice):
+            count *= len(range(*k.indices(n)))
+        elif not isinstance(k, (int, np.integer)) or isinstance(k, bool):
+            return 0
+    return count * int(np.prod(shape[len(key):]))
 
 
 def getitem(x, key):
