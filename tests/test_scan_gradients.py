@@ -300,3 +300,18 @@ def test_the_gradient_loop_stacks_one_gate_gradient_for_all_weight_factors(monke
     f(list(arrays))
     assert len(stacked_gate_gradients) == 3   # the factors of w, u and b
     assert len({id(r) for r in stacked_gate_gradients}) == 1
+
+
+def test_last_output_of_a_step_returning_its_state_stacks_no_outputs(monkeypatch):
+    # Keras's cells return (h, [h, c]): K.rnn's last output is h's final state, so a model
+    # reading only the last output (no return_sequences) makes the loop stack no outputs
+    arrays = _arrays(np.float64)
+    x, w, u, b = [K.placeholder(a.shape, dtype='float64') for a in arrays]
+    zeros = K.zeros_like(x[:, 0, :1]) * K.zeros((1, UNITS), dtype='float64')
+    last, outputs, _ = K.rnn(_lstm_like(w, u, b), x, [zeros, zeros])
+    every = K.function([x, w, u, b], [last, outputs])(list(arrays))
+    np.testing.assert_array_equal(every[0], every[1][:, -1])
+    f = compiled_with_fusion(monkeypatch, True, [x, w, u, b], [last])
+    np.testing.assert_array_equal(f(list(arrays))[0], every[0])
+    (scan,) = [op for op in plan_ops(f) if isinstance(op, Scan)]
+    assert scan.step_outputs == []

@@ -129,7 +129,12 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     (outputs,), final = scan((seq_ph, state_ph), ([output_t], new_states_t), sequences, init,
                              where='rnn')
     final = final[:len(initial_states)]
-    last_output = outputs[-1]
+    # a step output that is one of the step's new states (Keras's cells return h, [h, c])
+    # has that state's final value as its last: read so, a layer without return_sequences
+    # reads no stacked output, and the plan drops it (fusion_scan.prune_scan_outputs): no
+    # per-step copy forward, no stacked zero gradient added per step backward
+    same_state = [k for k, s in enumerate(new_states_t) if s is output_t] if mask is None else []
+    last_output = final[same_state[0]] if same_state else outputs[-1]
     outputs = _time_major(outputs)
     _mark_learning_phase(last_output, outputs)
     return last_output, outputs, final

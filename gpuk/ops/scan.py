@@ -293,7 +293,9 @@ class Scan(Op):
         d_history = output_grads[n_out + n_state:]
         history = outputs[n_out + n_state:]
 
-        float_outs = [i for i, t in enumerate(self.step_outputs) if _is_float(t)]
+        # a stacked output nothing differentiates (its gradient zeros by construction, like
+        # the sequence of a layer returning only its last output) seeds nothing per step
+        float_outs = [i for i, t in enumerate(self.step_outputs) if _is_float(t) and not _is_zeros(d_stacked[i])]
         float_states = [i for i, t in enumerate(self.state_inputs) if _is_float(t)]
         float_caps = [i for i, t in enumerate(self.captured_inputs) if _is_float(t)]
         float_seqs = [i for i, t in enumerate(self.seq_inputs) if _is_float(t)]
