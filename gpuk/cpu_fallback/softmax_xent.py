@@ -65,7 +65,9 @@ def _weighted_row_sum(weight, value, axis):
     einsum sums the products without an x-sized temporary; only rows where it
     met 0 * inf (NaN or inf there) are summed again through _times_nonzero.
     """
-    a, b = np.moveaxis(weight, axis, -1), np.moveaxis(value, axis, -1)
+    if axis % weight.ndim != weight.ndim - 1:   # moveaxis costs µs even when it moves nothing
+        weight, value = np.moveaxis(weight, axis, -1), np.moveaxis(value, axis, -1)
+    a, b = weight, value
     total = np.asarray(np.einsum('...i,...i->...', a, b))    # 1-D inputs give a scalar
     redo = ~np.isfinite(total)
     if redo.any():
