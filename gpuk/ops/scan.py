@@ -490,7 +490,7 @@ def _unbroadcast_rows(b, a):
     states (batch-1 inputs, batch-n initial states), and then B must be g summed to like's
     one row. There the SumToShapeOf stays in the step graph: a step plan compiled for equal
     run-time shapes drops it (Scan._plan), and the Scan then writes the one stacked value
-    once for all the factors that are the same plan slot (Scan._aliased_outputs)."""
+    once for all the factors that are the same plan slot (_aliased_outputs)."""
     from gpuk.ops.elementwise import SumToShapeOf
     from gpuk.ops.linalg import MatMul
     node = b.node
