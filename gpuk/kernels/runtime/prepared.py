@@ -74,3 +74,44 @@ def _signature(value, array_type):
     if value is None or isinstance(value, (int, float, np.generic)):
         return type(value)
     raise _NotAnArray
+
+
+class Launches:
+    """The kernel launches of one prepared problem, made on first use and kept with it:
+    ``launches(name, grid, block, args)`` launches kernel ``name`` of ``source`` built with
+    ``defines``; the first call of each (name, grid, block, shared_mem) loads the kernel and
+    checks the configuration (``rt.kernel_launch``), later ones go straight to the launch.
+    A launcher's prepare() makes one per module its problem uses and returns it with the rest."""
+    __slots__ = ('_rt', '_source', '_defines', '_arch', '_made', '_kept')
+
+    def __init__(self, rt, source, defines, arch=None):
+        self._rt, self._source, self._defines, self._arch = rt, source, dict(defines), arch
+        self._made, self._kept = {}, {}
+
+    def __call__(self, name, grid, block, args, shared_mem=0):
+        key = (name, grid, block, shared_mem)
+        try:
+            launch = self._made[key]
+        except KeyError:
+            launch = self._made[key] = self._rt.kernel_launch(self._source, self._defines, name, grid, block,
+                                                              shared_mem, arch=self._arch)
+        except TypeError:   # a list for a grid: made for this call only
+            launch = self._rt.kernel_launch(self._source, self._defines, name, grid, block, shared_mem,
+                                            arch=self._arch)
+        launch(args)
+
+    def kernel(self, name):
+        """The loaded kernel ``name`` (for what a launcher asks of it, like co-resident blocks)."""
+        return self._rt.load(self._source, self._defines, self._arch).kernel(name)
+
+    def kept(self, key, make):
+        """``make()``, computed once per key for this problem (a value the launches derive from
+        the problem alone, like a grid that asks the kernel for its occupancy). On the emulator
+        such values follow its switches of the moment (GPUK_EMULATE_THREADS): computed per call."""
+        if self._rt.kind != 'cuda':
+            return make()
+        try:
+            return self._kept[key]
+        except KeyError:
+            value = self._kept[key] = make()
+            return value
