@@ -414,7 +414,7 @@ def _categorical(fn, rt, probs, target, dloss, axis, epsilon, mode):
         return checked_axis, acc, _epsilon_buffer(rt, checked_epsilon, acc)
 
     (axis, acc, epsilon_buffer), launches = _checked_axis(rt, fn, (probs, target, dloss), axis, check,
-                                                          (epsilon, mode))
+                                                          (epsilon, type(epsilon), mode))   # True == 1.0
     probs = _float(fn, 'probs', rt, probs)
     if target is not None:
         target = _float(fn, 'target', rt, target)
@@ -465,7 +465,7 @@ def _binary(fn, rt, first_name, first, second_name, second, dloss, op, epsilon=0
                          _epsilon_buffer(rt, checked_epsilon, accumulation_dtype(checked.dtype))),
                 prepared.Launches(rt, SOURCE, defines(checked.dtype)))
 
-    blocks, tail, launches = prepared.get(rt, fn, (first, second, dloss), (epsilon,), prepare)
+    blocks, tail, launches = prepared.get(rt, fn, (first, second, dloss), (epsilon, type(epsilon)), prepare)
     a = rt.xp.ascontiguousarray(_float(fn, first_name, rt, first))
     b = rt.xp.ascontiguousarray(_float(fn, second_name, rt, second).astype(a.dtype, copy=False))
     c = rt.xp.ascontiguousarray(_float(fn, 'dloss', rt, dloss).astype(a.dtype, copy=False)) if dloss is not None else a
