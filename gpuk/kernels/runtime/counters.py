@@ -52,17 +52,20 @@ class Counters:
     def as_dict(self):
         return {k: v for k, v in vars(self).items() if not k.startswith('_')}
 
-    def step(self, forward, impl, args):
-        """forward(impl, *args), one plan step, timed and attributed (see the fields above)."""
+    def step(self, forward, impl, args, count_allocations=None):
+        """forward(impl, *args), one plan step, timed and attributed (see the fields above);
+        ``count_allocations(result)``, when given, adds the step's new buffers to
+        ``allocations``. The bookkeeping after the call is counting overhead: recorded as
+        time the enclosing step (a scan around a step plan) leaves out, like a nested step's."""
         recorded = self._recorded
-        t0, l0, d0 = time.perf_counter(), self.launches, self.device_s
-        r0 = list(recorded)
+        r0, r1, r2 = recorded
+        l0, d0 = self.launches, self.device_s
+        t0 = time.perf_counter()
         result = forward(impl, *args)
-        elapsed = time.perf_counter() - t0
-        own_s = elapsed - (recorded[0] - r0[0])
-        own_launches = self.launches - l0 - (recorded[1] - r0[1])
-        own_device = self.device_s - d0 - (recorded[2] - r0[2])
-        recorded[0] += own_s
+        t1 = time.perf_counter()
+        own_s = t1 - t0 - (recorded[0] - r0)
+        own_launches = self.launches - l0 - (recorded[1] - r1)
+        own_device = self.device_s - d0 - (recorded[2] - r2)
         recorded[1] += own_launches
         recorded[2] += own_device
         if own_launches:
@@ -72,6 +75,9 @@ class Counters:
         else:
             self.xp_steps += 1
             self.xp_steps_s += own_s
+        if count_allocations is not None:
+            self.allocations += count_allocations(result)
+        recorded[0] += own_s + (time.perf_counter() - t1)
         return result
 
 

@@ -174,7 +174,10 @@ class CudaLaunch:
             runtime.check_args(self.kernel.signature, args, self._array_type)
         grid, block, shared_mem = self.config
         try:
-            counters.device_call(self._function, grid, block, args, shared_mem=shared_mem)
+            if counters._active:   # counted and timed (bench.host_overhead)
+                counters.device_call(self._function, grid, block, args, shared_mem=shared_mem)
+            else:
+                self._function(grid, block, args, shared_mem=shared_mem)
             if _SYNC_LAUNCHES[0]:   # attribute asynchronous faults to this launch
                 self._cupy.cuda.get_current_stream().synchronize()
         except self._errors as exc:
