@@ -31,6 +31,9 @@ kernels in the emulator): counts are the CUDA path's, host times are this CPU's,
 nothing here is a GPU timing. ``--dry-launches`` (rehearsal only) checks launches without
 running them: an emulated launch leaves the host's caches cold and inflates the Python
 around it by tens of µs; the counts do not change, the trained values are meaningless.
+NumPy's BLAS runs on one thread unless OPENBLAS_NUM_THREADS / OMP_NUM_THREADS say otherwise:
+in the rehearsal its matmuls stand in for cuBLAS, and idle BLAS worker threads spinning on a
+small shared VM evicted the caches around gpuk's Python (3x the MLP's host µs per launch).
 """
 import argparse
 import json
@@ -41,7 +44,10 @@ import sys
 import tempfile
 import time
 
-import numpy as np
+for _threads in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS'):   # before NumPy loads its BLAS
+    os.environ.setdefault(_threads, '1')
+
+import numpy as np  # noqa: E402
 
 MODELS = ('mlp', 'bn_cnn', 'ctc')
 
