@@ -3,6 +3,8 @@
     rt = runtime.current()                      # or runtime.get_runtime('emulate')
     module = rt.load(SOURCE, {'ELEMENT_T': 'float', 'THREADS': 256})
     module.kernel('copy_bytes').launch(grid, block, (src, dst, np.int64(n)))
+    launch = rt.kernel_launch(SOURCE, defines, 'copy_bytes', grid, block)   # kept by a prepared
+    launch((src, dst, np.int64(n)))                                         # problem (prepared.py)
 
 Two implementations: 'cuda' (CuPy RawModule on the current stream) and 'emulate'
 (the same .cu compiled with the host C++ compiler against an emulation of the CUDA
