@@ -31,6 +31,9 @@ kernels in the emulator): counts are the CUDA path's, host times are this CPU's,
 nothing here is a GPU timing. ``--dry-launches`` (rehearsal only) checks launches without
 running them: an emulated launch leaves the host's caches cold and inflates the Python
 around it by tens of µs; the counts do not change, the trained values are meaningless.
+NumPy's BLAS runs on one thread unless OPENBLAS_NUM_THREADS / OMP_NUM_THREADS say otherwise:
+in the rehearsal its matmuls stand in for cuBLAS, and idle BLAS worker threads spinning on a
+small shared VM evicted the caches around gpuk's Python (3x the MLP's host µs per launch).
 """
 import argparse
 import json
@@ -41,7 +44,10 @@ import sys
 import tempfile
 import time
 
-import numpy as np
+for _threads in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS'):   # before NumPy loads its BLAS
+    os.environ.setdefault(_threads, '1')
+
+import numpy as np  # noqa: E402
 
 MODELS = ('mlp', 'bn_cnn', 'ctc')
 
@@ -103,9 +109,11 @@ def _ctc(keras, batch):
 BUILDERS = {'mlp': (_mlp, 32), 'bn_cnn': (_bn_cnn, 8), 'ctc': (_ctc, 4)}
 
 
-def measure(name, steps=10, warmup=3, graphs=False):
+def measure(name, steps=10, warmup=3, graphs=False, count_calls=False):
     """One row of the report for model ``name`` (see the module docstring), with K.function's
-    CUDA Graph replay on or off (GPUK_CUDA_GRAPHS, set for the measurement only)."""
+    CUDA Graph replay on or off (GPUK_CUDA_GRAPHS, set for the measurement only).
+    ``count_calls`` (plain launches only): one more step, profiled, gives the Python calls per
+    launch of its launching plan steps (counters.Counters.count_calls: load-free, unlike µs)."""
     import keras
     from gpuk.kernels.runtime import counters
     from gpuk.backend import clear_session   # keras.backend (2.3.1) does not re-export it
@@ -124,6 +132,11 @@ def measure(name, steps=10, warmup=3, graphs=False):
                 net.train_on_batch(x, y)
                 walls.append(time.perf_counter() - started)
             rows.append(c)
+        calls = None
+        if count_calls and not graphs:
+            with counters.counting(count_calls=True) as profiled:
+                net.train_on_batch(x, y)
+            calls = round(profiled.launching_calls / max(profiled.counted_launches, 1), 1)
     finally:
         if previous is None:
             del os.environ['GPUK_CUDA_GRAPHS']
@@ -153,7 +166,7 @@ def measure(name, steps=10, warmup=3, graphs=False):
             'syncs_in_step': last.in_step_syncs, 'syncs_total': last.host_syncs,
             'allocations': last.allocations, 'pool_mallocs': last.pool_mallocs,
             'device_allocs': last.device_allocs,
-            'graph_replays': last.graph_replays,
+            'graph_replays': last.graph_replays, 'calls_per_launch': calls,
             'steady': len({(r.launches, r.allocations, r.host_syncs, r.graph_replays) for r in rows}) == 1,
             'graphs_refused': '; '.join(refused)}
 
@@ -161,12 +174,14 @@ def measure(name, steps=10, warmup=3, graphs=False):
 def report(rows, device):
     lines = ['device: %s' % device, '',
              '| model | batch | graphs | launches/step | host µs/launch (median, min) | xp steps (µs each) '
-             '| host µs/step | syncs in step | syncs incl. output | allocations/step | pool mallocs | device allocs |',
-             '|---|---|---|---|---|---|---|---|---|---|---|---|']
+             '| host µs/step | syncs in step | syncs incl. output | allocations/step | pool mallocs | device allocs '
+             '| Python calls/launch |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
     for r in rows:
         lines.append('| %(model)s | %(batch)d | %(graphs)s | %(launches)d | %(host_us_per_launch)s, '
                      '%(host_us_per_launch_min)s | %(xp_steps)d (%(xp_us_per_step).1f) | %(host_us_per_step).0f '
-                     '| %(syncs_in_step)d | %(syncs_total)d | %(allocations)d | %(pool_mallocs)s | %(device_allocs)s |' % r)
+                     '| %(syncs_in_step)d | %(syncs_total)d | %(allocations)d | %(pool_mallocs)s | %(device_allocs)s '
+                     '| %(calls)s |' % dict(r, calls='—' if r['calls_per_launch'] is None else r['calls_per_launch']))
     lines += ['%s: graphs asked for, plain launches because %s' % (r['model'], r['graphs_refused'][:300])
               for r in rows if r['graphs_refused']]
     lines += ['', 'graphs False: host µs/launch is the time of the plan steps that launch, outside the device '
@@ -240,6 +255,9 @@ def main(argv=None):
                         help='rehearsal only: launches are checked, not run, so the emulator does not leave the '
                              'host caches cold around them (host times of gpuk\'s Python; counts unchanged, '
                              'trained values meaningless)')
+    parser.add_argument('--calls', action='store_true',
+                        help='graphs off: one more, profiled step counts the Python calls per launch of its '
+                             'launching plan steps (a load-free measure of gpuk\'s Python per launch)')
     parser.add_argument('--json', help='also write the rows as JSON here')
     args = parser.parse_args(argv)
     rehearsal = args.rehearsal == 'yes' or (args.rehearsal == 'auto' and not _gpu_available())
@@ -249,7 +267,7 @@ def main(argv=None):
         rehearsal_runtime.set_dry_launch_bytes(-1)
         device += '; dry launches (checked, not run)'
     modes = {'both': (False, True), 'on': (True,), 'off': (False,)}[args.graphs]
-    rows = [measure(name, args.steps, args.warmup, graphs) for name in args.models for graphs in modes]
+    rows = [measure(name, args.steps, args.warmup, graphs, args.calls) for name in args.models for graphs in modes]
     if rehearsal and True in modes:
         print('GPU rehearsal: with graphs on, a replay re-runs gpuk\'s launches, cuBLAS and copies but not the '
               'NumPy work of ops computed with xp, so the trained values are wrong there; the counts and host '

@@ -191,8 +191,8 @@ class Plan:
                 if counting is None:
                     result = forward(impl, *args)
                 else:
-                    result = counting.step(forward, impl, args)
-                    counting.allocations += _new_buffers(result if len(outs) > 1 else (result,), args)
+                    result = counting.step(forward, impl, args, lambda result: _new_buffers(
+                        result if len(outs) > 1 else (result,), args))
             except (ValueError, TypeError, IndexError) as error:
                 raise self._run_error(i, error, args, fed_arrays) from error
             if len(outs) == 1:

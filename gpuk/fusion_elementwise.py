@@ -71,6 +71,7 @@ class FusedElementwise(Op):
             instructions.append(Instruction(_expression(op), args, _dtype(meta.dtype), operand_dtype,
                                             _bound_forward(op, impl)))
         program = FusedProgram(tuple(_dtype(a.dtype) for a in arrays), tuple(instructions), self.outputs)
+        program = _interned(impl, program)
         self._programs[id(impl)] = (impl, program)   # its forwards are bound to impl
         return program
 
@@ -78,6 +79,23 @@ class FusedElementwise(Op):
         # plan values are arrays or NumPy scalars (0-d NumPy results): both have dtype and shape
         results = impl.elementwise.fused(self.program(impl, arrays), arrays)
         return results[0] if len(results) == 1 else tuple(results)
+
+
+_INTERNED = {}   # (impl, program) -> the first equal program built for that implementation
+
+
+def _interned(impl, program):
+    """One object per distinct program and implementation: the steps of a plan that compute the
+    same thing (Adam's update of each weight, a bidirectional RNN's two directions) share it,
+    so the launcher's tables keyed by it compare it by identity, not field by field. Equal
+    programs compute the same: every instruction's element expression, operands and dtypes are
+    equal (an instruction without an expression would compare equal on its evaluate callable
+    alone, which the comparison leaves out: such programs are not shared)."""
+    if any(i.expression is None for i in program.instructions):
+        return program
+    if len(_INTERNED) >= 4096:   # programs of plans long gone: start over
+        _INTERNED.clear()
+    return _INTERNED.setdefault((impl, program), program)
 
 
 def _dtype(name):

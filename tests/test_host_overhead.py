@@ -55,9 +55,11 @@ def test_a_step_counts_its_launches_syncs_and_allocations():
 def test_bench_host_overhead_reports_mlp_steps_without_syncs_and_replays_without_allocations():
     result = _rehearse('''
         from bench import host_overhead
-        row = host_overhead.measure('mlp', steps=2, warmup=1, graphs=False)
+        row = host_overhead.measure('mlp', steps=2, warmup=1, graphs=False, count_calls=True)
         print(row)
         assert row['steady'], row
+        # prepared launches: each costs tens of Python calls, not the ~100 of unprepared ones
+        assert 5 < row['calls_per_launch'] < 50, row
         # 3 bias + relu forward, softmax cross-entropy fwd + bwd, and 7 generated kernels of
         # fusion_elementwise: Adam's update of each of the 6 weights (16 ops each) and its step size
         assert row['launches'] == 12, row

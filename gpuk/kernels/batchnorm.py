@@ -211,7 +211,7 @@ def _splits(view):
     return -(-reduced // per_split), per_split
 
 
-def _reduce(rt, module, view, x, dy, mean, acc, relu_y=None):
+def _reduce(rt, launches, view, x, dy, mean, acc, relu_y=None):
     """The sums pass: partials (splits, C, 2) in acc, for training (dy None) or backward
     (dy masked by the fused relu output when relu_y is given)."""
     splits, per_split = _splits(view)
@@ -232,7 +232,7 @@ def _reduce(rt, module, view, x, dy, mean, acc, relu_y=None):
         buffers = (dy, x, mean, partials)
     else:
         buffers = (dy, x, relu_y, mean, partials)
-    module.kernel(name).launch(grid, block, buffers + args)
+    launches(name, grid, block, buffers + args)
     return partials, splits
 
 
@@ -241,14 +241,14 @@ def _shifts(rt, view, acc):
     return _scratch(rt, 'shifts', (view.channels,), acc)
 
 
-def _persistent_blocks(rt, module, view, x):
+def _persistent_blocks(rt, launches, view, x):
     """The grid of bn_train_persistent, or 0 for the split path: it needs channels last, x
     within PERSISTENT_L2_FRACTION of the L2 and a grid that is resident all at once (its grid
     barriers wait for every block): the split path's (chunk, split) tiles, at most the
     kernel's co-resident blocks (occupancy x SMs on a GPU, the worker threads on the emulator)."""
     if view.inner != 1 or not view.channels or x.nbytes > PERSISTENT_L2_FRACTION * getattr(rt, 'l2_bytes', 0):
         return 0
-    capacity = module.kernel('bn_train_persistent').coresident_blocks(BN_THREADS)
+    capacity = launches.kernel('bn_train_persistent').coresident_blocks(BN_THREADS)
     tiles = -(-view.channels // 32) * _splits(view)[0]
     return max(0, min(capacity, tiles))
 
@@ -258,12 +258,11 @@ def _barrier(rt):
     return _cached(rt, ('barrier',), lambda: rt.xp.zeros(2, np.uint32))
 
 
-def _train_persistent(rt, module, view, xk, gamma, beta, moving_args, activation, epsilon):
+def _train_persistent(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks):
     """The training forward as one bn_train_persistent launch -> (y in the kernel's layout,
     mean, var, inv_std, next_mean, next_var)."""
     xp, c = rt.xp, view.channels
     acc = accumulation_dtype(xk.dtype)
-    blocks = _persistent_blocks(rt, module, view, xk)
     splits, per_split = _splits(view)
     moving_mean, moving_var, decay, var_decay, var_factor = moving_args
     moving = moving_mean is not None
@@ -271,7 +270,7 @@ def _train_persistent(rt, module, view, xk, gamma, beta, moving_args, activation
     next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (mean, var)
     scalars = _scalars(rt, acc, epsilon, decay, var_decay, var_factor) if moving else _scalars(rt, acc, epsilon)
     y = xp.empty(xk.shape, xk.dtype)
-    module.kernel('bn_train_persistent').launch(blocks, BN_THREADS, (
+    launches('bn_train_persistent', blocks, BN_THREADS, (
         xk, y, gamma, beta, moving_mean if moving else gamma, moving_var if moving else gamma, mean, var, inv_std,
         _scratch(rt, 'scale', (c,), acc), next_mean, next_var, _scratch(rt, 'partials', (splits, c, 2), acc),
         _shifts(rt, view, acc), _barrier(rt), scalars, np.int64(view.outer), np.int64(c), np.int64(splits),
@@ -279,12 +278,12 @@ def _train_persistent(rt, module, view, xk, gamma, beta, moving_args, activation
     return y, mean, var, inv_std, (next_mean if moving else None), (next_var if moving else None)
 
 
-def _apply(module, channels, inner, x, mean, scale, shift, dtype, xp, activation):
+def _apply(launches, channels, inner, x, mean, scale, shift, dtype, xp, activation):
     """y = (x - mean[ch]) * scale[ch] + shift[ch] [then max(y, 0)] over x viewed as
     (outer, channels, inner)."""
     y = xp.empty(x.shape, dtype)
     if x.size:
-        module.kernel('bn_apply').launch(_elementwise_blocks(x.size, channels, inner, dtype), BN_THREADS, (
+        launches('bn_apply', _elementwise_blocks(x.size, channels, inner, dtype), BN_THREADS, (
             x, y, mean, scale, shift, np.int64(x.size), np.int64(channels), np.int64(inner),
             np.int32(activation == 'relu')))
     return y
@@ -312,9 +311,12 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
         if layout.count == 0:
             raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
                              % (fn, checked_axes, checked.shape))
-        return checked_epsilon, moving, checked_axes, layout
+        view = _View(checked.shape, layout)
+        key = ('train', checked.dtype, view.key(), gamma is None, beta is None, activation, moving)
+        return checked_epsilon, moving, checked_axes, layout, view, key, prepared.Launches(
+            rt, SOURCE, defines(checked.dtype))
 
-    epsilon, moving, axes, layout = prepared.get(
+    epsilon, moving, axes, layout, view, key, launches = prepared.get(
         rt, fn, (x, gamma, beta, moving_mean, moving_var, decay, var_decay, var_factor), (axes, epsilon, activation),
         prepare)
     x = _float_array(fn, 'x', x, xp)
@@ -327,45 +329,45 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
         # host numbers stay host numbers (reused buffers in _scalars; cuDNN takes them by value)
         decay, var_decay, var_factor = (v if _is_host_number(v) else xp.asarray(v, dtype=acc).reshape(1) for v in (
             decay, decay if var_decay is None else var_decay, 1 if var_factor is None else var_factor))
-    view = _View(x.shape, layout)
-    gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout)
+    gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout, launches)
     args = (x, gamma, beta, axes, epsilon, activation, moving_mean, moving_var, decay, var_decay, var_factor)
-    key = ('train', x.dtype.name, view.key(), gamma is None, beta is None, activation, moving)
     return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, *args)
 
 
-def _bn_train_fwd_gpuk(rt, view, layout, x, gamma, beta, _axes, epsilon, activation, moving_mean, moving_var,
+def _bn_train_fwd_gpuk(rt, view, layout, launches, x, gamma, beta, _axes, epsilon, activation, moving_mean, moving_var,
                        decay, var_decay, var_factor):
     xp = rt.xp
     acc = accumulation_dtype(x.dtype)
-    module = rt.load(SOURCE, defines(x.dtype))
     c = view.channels
     gamma = _filled(rt, c, 1, acc) if gamma is None else gamma
     beta = _filled(rt, c, 0, acc) if beta is None else beta
     moving = moving_mean is not None
     xk = view.to_kernel(xp, x)
     kept = layout.kept_shape
-    if _persistent_blocks(rt, module, view, xk):
+    # what the choice reads besides the problem (tests and the inspect report change them) keys it too
+    blocks = launches.kept(('persistent blocks', PERSISTENT_L2_FRACTION, getattr(rt, 'l2_bytes', 0)),
+                           lambda: _persistent_blocks(rt, launches, view, xk))
+    if blocks:
         y, mean, var, inv_std, next_mean, next_var = _train_persistent(
-            rt, module, view, xk, gamma, beta, (moving_mean, moving_var, decay, var_decay, var_factor), activation,
-            epsilon)
+            rt, launches, view, xk, gamma, beta, (moving_mean, moving_var, decay, var_decay, var_factor), activation,
+            epsilon, blocks)
         stats = (view.from_kernel(xp, y), mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
         return stats + (next_mean.reshape(kept), next_var.reshape(kept)) if moving else stats
     mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
     scale = _scratch(rt, 'scale', (c,), acc)
     next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (None, None)
     if c:
-        partials, splits = _reduce(rt, module, view, xk, None, None, acc)
+        partials, splits = _reduce(rt, launches, view, xk, None, None, acc)
         sizes = (np.int64(c), np.int64(splits), np.int64(view.count))
         shifts = _shifts(rt, view, acc)
         if moving:
-            module.kernel('bn_stats_finalize_moving').launch(*_finalize_grid(c), (
+            launches('bn_stats_finalize_moving', *_finalize_grid(c), args=(
                 partials, shifts, gamma, moving_mean, moving_var, mean, var, inv_std, scale, next_mean, next_var,
                 _scalars(rt, acc, epsilon, decay, var_decay, var_factor)) + sizes)
         else:
-            module.kernel('bn_stats_finalize').launch(*_finalize_grid(c), (
+            launches('bn_stats_finalize', *_finalize_grid(c), args=(
                 partials, shifts, gamma, mean, var, inv_std, scale, _scalars(rt, acc, epsilon)) + sizes)
-    y = view.from_kernel(xp, _apply(module, c, view.inner, xk, mean, scale, beta, x.dtype, xp, activation))
+    y = view.from_kernel(xp, _apply(launches, c, view.inner, xk, mean, scale, beta, x.dtype, xp, activation))
     stats = (y, mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
     return stats + (next_mean.reshape(kept), next_var.reshape(kept)) if moving else stats
 
@@ -397,19 +399,26 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='l
     rt = resolve(runtime)
     xp = rt.xp
 
+    named = (('mean', mean), ('var', var), ('gamma', gamma), ('beta', beta))
+
     def prepare():   # once per problem signature (runtime/prepared.py)
         checked = _float_array(fn, 'x', x, xp)
         checked_epsilon = batchnorm_checks.check_epsilon(fn, epsilon)
         batchnorm_checks.check_activation(fn, activation)
-        return checked_epsilon, batchnorm_checks.check_channel_axis(fn, axis, checked.ndim)
+        checked_axis = batchnorm_checks.check_channel_axis(fn, axis, checked.ndim)
+        acc = accumulation_dtype(checked.dtype)
+        shapes = tuple(None if p is None else _channel_param(fn, n, p, checked, checked_axis, acc, xp).shape
+                       for n, p in named)
+        key = ('infer', checked.dtype, checked.shape, shapes, activation)
+        return checked_epsilon, checked_axis, acc, shapes, key, prepared.Launches(rt, SOURCE, defines(checked.dtype))
 
-    epsilon, axis = prepared.get(rt, fn, (x,), (epsilon, axis, activation), prepare)
+    # the parameters are part of the signature: their shapes (checked once) set their layout
+    epsilon, axis, acc, shapes, key, launches = prepared.get(rt, fn, (x, mean, var, gamma, beta),
+                                                             (epsilon, axis, activation), prepare)
     x = _float_array(fn, 'x', x, xp)
-    acc = accumulation_dtype(x.dtype)
-    params = [None if p is None else _channel_param(fn, n, p, x, axis, acc, xp)
-              for n, p in (('mean', mean), ('var', var), ('gamma', gamma), ('beta', beta))]
-    gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt)
-    key = ('infer', x.dtype.name, x.shape, tuple(None if p is None else p.shape for p in params), activation)
+    params = [None if p is None else _float_array(fn, n, p, xp).astype(acc, copy=False).reshape(shape)
+              for (n, p), shape in zip(named, shapes)]
+    gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt, launches)
     return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_infer_fwd, x, *params, epsilon, axis,
                         activation)
 
@@ -420,7 +429,7 @@ def parameter_span(x_shape, param_shapes):
     return (min(varying), max(varying) + 1) if varying else (0, 0)
 
 
-def _bn_infer_fwd_gpuk(rt, x, mean, var, gamma, beta, epsilon, _axis, activation):
+def _bn_infer_fwd_gpuk(rt, launches, x, mean, var, gamma, beta, epsilon, _axis, activation):
     xp = rt.xp
     acc = accumulation_dtype(x.dtype)
     shape = x.shape if x.ndim else (1,)
@@ -435,17 +444,18 @@ def _bn_infer_fwd_gpuk(rt, x, mean, var, gamma, beta, epsilon, _axis, activation
         # view of a (C,) parameter in acc already, so no copy in the common case
         if p is None:
             return _filled(rt, channels, fill, acc)
+        if p.size == channels and p.dtype == acc and p.flags.c_contiguous:
+            return p.reshape(-1)   # it varies on every span axis (a (C,) parameter): already flat
         index = tuple(slice(None) if lo <= i < hi else slice(0, 1) for i in range(len(shape)))
         return xp.ascontiguousarray(xp.broadcast_to(p[index], (1,) * lo + span_shape + (1,) * (len(shape) - hi)),
                                     dtype=acc).reshape(-1)
     mean_s, var_s, gamma_s, beta_s = (on_span(p, f) for p, f in zip(params, (0, 1, 1, 0)))
-    module = rt.load(SOURCE, defines(x.dtype))
     x = xp.ascontiguousarray(x)
     inner = math.prod(shape[hi:])
     y = xp.empty(x.shape, x.dtype)
     if x.size:
         # the scale 1 / sqrt(var + epsilon) * gamma is computed in the kernel, where it is used
-        module.kernel('bn_infer_apply').launch(_elementwise_blocks(x.size, channels, inner, x.dtype), BN_THREADS, (
+        launches('bn_infer_apply', _elementwise_blocks(x.size, channels, inner, x.dtype), BN_THREADS, (
             x, y, mean_s, var_s, gamma_s, beta_s, _scalars(rt, acc, epsilon), np.int64(x.size),
             np.int64(channels), np.int64(inner), np.int32(activation == 'relu')))
     return y
@@ -475,26 +485,26 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
                              % (fn, checked_axes, checked_x.shape))
         if mean is None or inv_std is None:
             raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)
-        return checked_axes, layout
+        view = _View(checked_x.shape, layout)
+        key = ('bwd', checked_x.dtype, view.key(), gamma is None, dmean is None, dvar is None, activation)
+        return checked_axes, layout, view, key, prepared.Launches(rt, SOURCE, defines(checked_x.dtype))
 
-    axes, layout = prepared.get(rt, fn, (dy, x, gamma, mean, inv_std, dmean, dvar, y), (axes, activation), prepare)
+    axes, layout, view, key, launches = prepared.get(rt, fn, (dy, x, gamma, mean, inv_std, dmean, dvar, y),
+                                                     (axes, activation), prepare)
     x, dy = _float_array(fn, 'x', x, xp), _float_array(fn, 'dy', dy, xp)
     dy = dy.astype(x.dtype, copy=False)   # the twin computes in x's precision too
     y = None if y is None else _float_array(fn, 'y', y, xp)
     acc = accumulation_dtype(x.dtype)
     mean, inv_std, gamma, dmean, dvar = (_kept_param(fn, n, v, layout, acc, xp) for n, v in (
         ('mean', mean), ('inv_std', inv_std), ('gamma', gamma), ('dmean', dmean), ('dvar', dvar)))
-    view = _View(x.shape, layout)
-    gpuk_fn = functools.partial(_bn_bwd_gpuk, rt, view, layout)
+    gpuk_fn = functools.partial(_bn_bwd_gpuk, rt, view, layout, launches)
     args = (dy, x, gamma, mean, inv_std, axes, dmean, dvar, activation, y)
-    key = ('bwd', x.dtype.name, view.key(), gamma is None, dmean is None, dvar is None, activation)
     return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd, *args)
 
 
-def _bn_bwd_gpuk(rt, view, layout, dy, x, gamma, mean, inv_std, _axes, dmean, dvar, _activation, y):
+def _bn_bwd_gpuk(rt, view, layout, launches, dy, x, gamma, mean, inv_std, _axes, dmean, dvar, _activation, y):
     xp = rt.xp
     acc = accumulation_dtype(x.dtype)
-    module = rt.load(SOURCE, defines(x.dtype))
     c = view.channels
     gamma = _filled(rt, c, 1, acc) if gamma is None else gamma
     dmean = _filled(rt, c, 0, acc) if dmean is None else dmean
@@ -506,8 +516,8 @@ def _bn_bwd_gpuk(rt, view, layout, dy, x, gamma, mean, inv_std, _axes, dmean, dv
     kept = layout.kept_shape
     if c == 0:
         return xp.empty(x.shape, x.dtype), dgamma.reshape(kept), dbeta.reshape(kept)
-    partials, splits = _reduce(rt, module, view, xk, dyk, mean, acc, relu_y=yk)
-    module.kernel('bn_bwd_finalize').launch(*_finalize_grid(c), (
+    partials, splits = _reduce(rt, launches, view, xk, dyk, mean, acc, relu_y=yk)
+    launches('bn_bwd_finalize', *_finalize_grid(c), args=(
         partials, inv_std, gamma, dmean, dvar, dgamma, dbeta, coef, np.int64(c), np.int64(splits),
         np.int64(view.count)))
     dx = xp.empty(xk.shape, x.dtype)
@@ -515,7 +525,7 @@ def _bn_bwd_gpuk(rt, view, layout, dy, x, gamma, mean, inv_std, _axes, dmean, dv
         sizes = (np.int64(x.size), np.int64(c), np.int64(view.inner))
         blocks = _elementwise_blocks(x.size, c, view.inner, x.dtype)
         if yk is None:
-            module.kernel('bn_bwd_dx').launch(blocks, BN_THREADS, (dyk, xk, mean, coef, dx) + sizes)
+            launches('bn_bwd_dx', blocks, BN_THREADS, (dyk, xk, mean, coef, dx) + sizes)
         else:
-            module.kernel('bn_bwd_relu_dx').launch(blocks, BN_THREADS, (dyk, xk, yk, mean, coef, dx) + sizes)
+            launches('bn_bwd_relu_dx', blocks, BN_THREADS, (dyk, xk, yk, mean, coef, dx) + sizes)
     return view.from_kernel(xp, dx), dgamma.reshape(kept), dbeta.reshape(kept)

@@ -22,6 +22,7 @@ The Theano-backend helpers (ctc_interleave_blanks, ctc_create_skip_idxs,
 ctc_update_log_p, ctc_path_probs, ctc_cost) are tiny index helpers over one label: they
 delegate to the NumPy twin on host copies and return arrays of the runtime's xp.
 """
+import functools
 import weakref
 from pathlib import Path
 
@@ -100,21 +101,26 @@ def _device_ints(rt, array):
     return array if array.size else rt.xp.zeros(1, np.int64)
 
 
-def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, blank, more_checks=None):
-    """Shapes and dtypes checked now (and `more_checks(logits, labels)`, the other arguments');
-    values (lengths in range, labels in [0, A) without the blank) checked on the device and
-    raised later (runtime/deferred.py) with the twin's message. The kernels clamp every
-    data-dependent index meanwhile."""
-    def prepare():   # shapes and dtypes: once per problem signature (runtime/prepared.py)
-        _, stand_in = _stand_in(rt, fn, 'logits', logits)
+def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, blank, more_checks=None,
+                         more_arrays=()):
+    """Shapes and dtypes checked once per problem signature (runtime/prepared.py; with
+    `more_checks(logits, labels)` on the other arguments, ``more_arrays``, which join the
+    signature); values (lengths in range, labels in [0, A) without the blank) checked on the
+    device on every call and raised later (runtime/deferred.py) with the twin's message. The
+    kernels clamp every data-dependent index meanwhile. Returns the arrays, the checked blank
+    and the problem's kernel launches (prepared.Launches)."""
+    def prepare():
+        checked, stand_in = _stand_in(rt, fn, 'logits', logits)
         ints = [_small_ints(rt, v) for v in (labels, input_lengths, label_lengths)]
-        return ctc_checks.check_loss_inputs(fn, stand_in, *_stand_ins(*ints), blank)[4]
+        checked_blank = ctc_checks.check_loss_inputs(fn, stand_in, *_stand_ins(*ints), blank)[4]
+        if more_checks is not None:
+            more_checks(checked, ints[0])
+        return checked_blank, prepared.Launches(rt, LOSS_SOURCE, loss_defines(checked.dtype))
 
-    blank = prepared.get(rt, fn, (logits, labels, input_lengths, label_lengths), (blank,), prepare)
-    logits, _ = _stand_in(rt, fn, 'logits', logits)
+    blank, launches = prepared.get(rt, fn, (logits, labels, input_lengths, label_lengths) + tuple(more_arrays),
+                                   (blank,), prepare)
+    logits = logits if isinstance(logits, rt.xp.ndarray) else rt.xp.asarray(logits)
     labels, input_lengths, label_lengths = (_small_ints(rt, v) for v in (labels, input_lengths, label_lengths))
-    if more_checks is not None:   # every eager error before a device check is queued
-        more_checks(logits, labels)
     steps, classes = logits.shape[1:]
     if labels.size or input_lengths.size:
         deferred.defer(rt, ctc_checks.loss_values_flag(rt.xp, labels, input_lengths, label_lengths, steps, classes,
@@ -123,18 +129,19 @@ def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, b
                                                             to_host(rt, labels), to_host(rt, input_lengths),
                                                             to_host(rt, label_lengths), blank))
     as_int64 = lambda v: rt.xp.ascontiguousarray(v.astype(np.int64, copy=False))   # noqa: E731
-    return rt.xp.ascontiguousarray(logits), as_int64(labels), as_int64(input_lengths), as_int64(label_lengths), blank
+    return (rt.xp.ascontiguousarray(logits), as_int64(labels), as_int64(input_lengths), as_int64(label_lengths),
+            blank, launches)
 
 
 # ---------------------------------------------------------------- loss
 
 def _family_choice(rt, gpuk_fn, cudnn_fn, logits, labels, *rest):
-    """gpuk_fn(rt, ...) or, on the CUDA runtime when the 'ctc' family picks it, cudnn_fn(...).
+    """gpuk_fn(...) or, on the CUDA runtime when the 'ctc' family picks it, cudnn_fn(...).
 
     The forward and the backward of one problem share a dispatch key, so under 'auto'
     both run the implementation timed fastest on the forward."""
-    key = (logits.shape, logits.dtype.name, labels.shape)
-    return dispatch.run(rt, 'ctc', key, lambda *args: gpuk_fn(rt, *args), cudnn_fn, logits, labels, *rest)
+    key = (logits.shape, logits.dtype, labels.shape)
+    return dispatch.run(rt, 'ctc', key, gpuk_fn, cudnn_fn, logits, labels, *rest)
 
 
 def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, runtime=None):
@@ -147,10 +154,10 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, ru
         recomputing it. float16 logits give a float16 loss and float32 by-products.
     """
     fn, rt = 'ctc_loss_fwd', resolve(runtime)
-    logits, labels, input_lengths, label_lengths, blank = _checked_loss_inputs(
+    logits, labels, input_lengths, label_lengths, blank, launches = _checked_loss_inputs(
         fn, rt, logits, labels, input_lengths, label_lengths, blank)
-    return _family_choice(rt, _ctc_loss_fwd_gpuk, cudnn_ctc.ctc_loss_fwd, logits, labels, input_lengths,
-                          label_lengths, blank)
+    return _family_choice(rt, functools.partial(_ctc_loss_fwd_gpuk, rt, launches), cudnn_ctc.ctc_loss_fwd, logits,
+                          labels, input_lengths, label_lengths, blank)
 
 
 def state_pitch(states, dtype):
@@ -199,19 +206,19 @@ def _frame_blocks(frames):
     return max(1, min(-(-frames // (CTC_THREADS // 32)), MAX_FRAME_BLOCKS))
 
 
-def _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, out, blank, compute_lse):
+def _emissions(rt, launches, logits, labels, input_lengths, label_lengths, frame_lse, out, blank, compute_lse):
     """ctc_emissions: out (N, T, P) <- each state's log-probability per frame; frame_lse
     written (compute_lse) or read."""
     batch, steps, classes = logits.shape
     stage, shared = _stage(classes, out.dtype)
-    rt.load(LOSS_SOURCE, loss_defines(logits.dtype)).kernel('ctc_emissions').launch(
-        _frame_blocks(batch * steps), CTC_THREADS,
+    launches(
+        'ctc_emissions', _frame_blocks(batch * steps), CTC_THREADS,
         (logits, _device_ints(rt, labels), _device_ints(rt, input_lengths), _device_ints(rt, label_lengths),
          frame_lse, out, np.int64(batch), np.int64(steps), np.int64(classes), np.int64(labels.shape[1]),
          np.int64(out.shape[2]), np.int64(blank), np.int32(compute_lse), np.int32(stage)), shared_mem=shared)
 
 
-def _ctc_loss_fwd_gpuk(rt, logits, labels, input_lengths, label_lengths, blank):
+def _ctc_loss_fwd_gpuk(rt, launches, logits, labels, input_lengths, label_lengths, blank):
     batch, steps, classes = logits.shape
     width = labels.shape[1]
     acc = accumulation_dtype(logits.dtype)
@@ -220,9 +227,9 @@ def _ctc_loss_fwd_gpuk(rt, logits, labels, input_lengths, label_lengths, blank):
     if steps == 0 or batch == 0:
         return rt.xp.where(label_lengths == 0, 0.0, np.inf).astype(logits.dtype), log_alpha, frame_lse
     loss = rt.xp.empty(batch, dtype=logits.dtype)
-    _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, padded, blank, 1)
-    rt.load(LOSS_SOURCE, loss_defines(logits.dtype)).kernel('ctc_alpha').launch(
-        batch, CTC_THREADS,
+    _emissions(rt, launches, logits, labels, input_lengths, label_lengths, frame_lse, padded, blank, 1)
+    launches(
+        'ctc_alpha', batch, CTC_THREADS,
         (_device_ints(rt, labels), _device_ints(rt, input_lengths), _device_ints(rt, label_lengths),
          padded, loss, np.int64(steps), np.int64(classes), np.int64(width), np.int64(padded.shape[2]),
          np.int64(blank)))
@@ -251,28 +258,29 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_
     zero past each input length and for impossible labels. log_alpha, frame_lse and loss are
     ctc_loss_fwd's outputs."""
     fn, rt = 'ctc_loss_bwd', resolve(runtime)
-    by_products = {}
 
-    def check_by_products(logits, labels):
+    def check_by_products(logits, labels):   # with the other checks, once per problem signature
         batch, steps, _ = logits.shape
         states = 2 * labels.shape[1] + 1
         acc = accumulation_dtype(logits.dtype)
-        by_products.update(
-            log_alpha=_float_by_product(fn, rt, 'log_alpha', log_alpha, (batch, steps, states), acc,
-                                        'batch, time, 2 * labels width + 1'),
-            frame_lse=rt.xp.ascontiguousarray(_float_by_product(fn, rt, 'frame_lse', frame_lse, (batch, steps), acc,
-                                                                'batch, time')),
-            loss=_row_floats(fn, rt, 'loss', loss, (batch,), acc),
-            dloss=_row_floats(fn, rt, 'dloss', dloss, (batch,), acc))
+        _float_by_product(fn, rt, 'log_alpha', log_alpha, (batch, steps, states), acc,
+                          'batch, time, 2 * labels width + 1')
+        _float_by_product(fn, rt, 'frame_lse', frame_lse, (batch, steps), acc, 'batch, time')
+        _row_floats(fn, rt, 'loss', loss, (batch,), acc)
+        _row_floats(fn, rt, 'dloss', dloss, (batch,), acc)
 
-    logits, labels, input_lengths, label_lengths, blank = _checked_loss_inputs(
-        fn, rt, logits, labels, input_lengths, label_lengths, blank, check_by_products)
-    return _family_choice(rt, _ctc_loss_bwd_gpuk, cudnn_ctc.ctc_loss_bwd, logits, labels, input_lengths,
-                          label_lengths, by_products['log_alpha'], by_products['frame_lse'], by_products['loss'],
-                          by_products['dloss'], blank)
+    logits, labels, input_lengths, label_lengths, blank, launches = _checked_loss_inputs(
+        fn, rt, logits, labels, input_lengths, label_lengths, blank, check_by_products,
+        (log_alpha, frame_lse, loss, dloss))
+    acc, xp = accumulation_dtype(logits.dtype), rt.xp
+    as_acc = lambda v: (v if isinstance(v, xp.ndarray) else xp.asarray(v)).astype(acc, copy=False)   # noqa: E731
+    by_products = (as_acc(log_alpha),) + tuple(xp.ascontiguousarray(as_acc(v)) for v in (frame_lse, loss, dloss))
+    return _family_choice(rt, functools.partial(_ctc_loss_bwd_gpuk, rt, launches), cudnn_ctc.ctc_loss_bwd, logits,
+                          labels, input_lengths, label_lengths, *by_products, blank)
 
 
-def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss, blank):
+def _ctc_loss_bwd_gpuk(rt, launches, logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss,
+                       blank):
     batch, steps, classes = logits.shape
     width = labels.shape[1]
     states = 2 * width + 1
@@ -280,31 +288,32 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
     dlogits = rt.xp.empty(logits.shape, dtype=logits.dtype)
     if steps == 0 or batch == 0:
         return dlogits
-    module = rt.load(LOSS_SOURCE, loss_defines(logits.dtype))
     ints = [_device_ints(rt, a) for a in (labels, input_lengths, label_lengths)]
     log_alpha = _padded_rows(rt, log_alpha, acc)
     work, _ = _state_rows(rt, batch, steps, states, acc)   # emissions, then occupations
     pitch = work.shape[2]
-    _emissions(rt, logits, labels, input_lengths, label_lengths, frame_lse, work, blank, 0)
+    _emissions(rt, launches, logits, labels, input_lengths, label_lengths, frame_lse, work, blank, 0)
     class_pitch, label_pitch = (-(-k // 8) * 8 for k in (classes, width))   # int32 rows on 32-byte sectors
     first_of_class = rt.xp.empty(batch * class_pitch, dtype=np.int32)
     next_same = rt.xp.empty(max(batch * label_pitch, 1), dtype=np.int32)
-    module.kernel('ctc_label_map').launch(
-        batch, CTC_THREADS, (ints[0], ints[2], first_of_class, next_same, np.int64(classes), np.int64(width),
-                             np.int64(class_pitch), np.int64(label_pitch), np.int64(blank)))
+    launches(
+        'ctc_label_map', batch, CTC_THREADS,
+        (ints[0], ints[2], first_of_class, next_same, np.int64(classes), np.int64(width), np.int64(class_pitch),
+         np.int64(label_pitch), np.int64(blank)))
     # beta's two rows live in shared memory up to CTC_SHARED_STATES states, else here
     gamma = rt.xp.empty(batch * 2 * pitch if states > CTC_SHARED_STATES else 1, dtype=acc)
-    module.kernel('ctc_beta_occupation').launch(
-        batch, CTC_THREADS, tuple(ints) + (log_alpha, loss, work, gamma, np.int64(steps), np.int64(classes),
-                                           np.int64(width), np.int64(pitch), np.int64(blank)))
+    launches(
+        'ctc_beta_occupation', batch, CTC_THREADS,
+        tuple(ints) + (log_alpha, loss, work, gamma, np.int64(steps), np.int64(classes), np.int64(width),
+                       np.int64(pitch), np.int64(blank)))
     per_warp = pitch * np.dtype(acc).itemsize + label_pitch * 4   # occupation and next_same rows
     stage = int((CTC_THREADS // 32) * per_warp <= CTC_STAGE_BYTES)
     shared = (CTC_THREADS // 32) * per_warp if stage else 0
     span = (CTC_THREADS // 32) * classes * logits.dtype.itemsize   # a block's logits rows (stage_rows)
     stage_rows = int(shared + span <= CTC_STAGE_BYTES)
     shared += span if stage_rows else 0
-    module.kernel('ctc_grad').launch(
-        _frame_blocks(batch * steps), CTC_THREADS,
+    launches(
+        'ctc_grad', _frame_blocks(batch * steps), CTC_THREADS,
         (logits, frame_lse, ints[1], ints[2], work, first_of_class, next_same, loss, dloss, dlogits,
          np.int64(batch), np.int64(steps), np.int64(classes), np.int64(width), np.int64(pitch),
          np.int64(class_pitch), np.int64(label_pitch), np.int64(blank), np.int32(stage), np.int32(stage_rows)),
@@ -314,16 +323,27 @@ def _ctc_loss_bwd_gpuk(rt, logits, labels, input_lengths, label_lengths, log_alp
 
 # ---------------------------------------------------------------- decoders
 
-def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, more_checks=None):
-    log_probs, stand_in = _stand_in(rt, fn, 'log_probs', log_probs)
+def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, more_checks=None, params=()):
+    """Shapes, dtypes and the blank (and `more_checks()`, of ``params``) checked once per problem
+    signature (runtime/prepared.py); the lengths' values on the device on every call (raised
+    where the results are read, runtime/deferred.py). Returns the arrays, the checked blank and
+    the problem's kernel launches."""
+    def prepare():
+        checked, stand_in = _stand_in(rt, fn, 'log_probs', log_probs)
+        lengths = _small_ints(rt, input_lengths)
+        checked_blank = ctc_checks.check_decode_inputs(fn, stand_in, *_stand_ins(lengths), blank)[2]
+        if more_checks is not None:
+            more_checks()
+        return checked_blank, prepared.Launches(rt, DECODE_SOURCE, decode_defines(checked.dtype))
+
+    blank, launches = prepared.get(rt, fn, (log_probs, input_lengths), (blank,) + params, prepare)
+    log_probs = log_probs if isinstance(log_probs, rt.xp.ndarray) else rt.xp.asarray(log_probs)
     input_lengths = _small_ints(rt, input_lengths)
-    _, _, blank = ctc_checks.check_decode_inputs(fn, stand_in, *_stand_ins(input_lengths), blank)
-    if more_checks is not None:   # every eager error before a device check is queued
-        more_checks()
     if input_lengths.size:
         deferred.defer(rt, rt.xp.any(ctc_checks.bad_lengths(rt.xp, input_lengths, log_probs.shape[1])),
-                       lambda: ctc_checks.check_decode_inputs(fn, stand_in, to_host(rt, input_lengths), blank))
-    return rt.xp.ascontiguousarray(log_probs), input_lengths.astype(np.int64, copy=False), blank
+                       lambda: ctc_checks.check_decode_inputs(fn, _stand_in(rt, fn, 'log_probs', log_probs)[1],
+                                                              to_host(rt, input_lengths), blank))
+    return rt.xp.ascontiguousarray(log_probs), input_lengths.astype(np.int64, copy=False), blank, launches
 
 
 def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True, *, runtime=None):
@@ -334,14 +354,14 @@ def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True,
         neg_sum_logits (N, 1), minus the sum over frames of the largest log_prob.
     """
     fn, rt = 'ctc_greedy_decode', resolve(runtime)
-    log_probs, input_lengths, blank = _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank)
+    log_probs, input_lengths, blank, launches = _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank)
     batch, steps, classes = log_probs.shape
     decoded = rt.xp.empty((batch, steps), dtype=np.int64)
     neg_sum = rt.xp.zeros((batch, 1), dtype=log_probs.dtype)
     if steps == 0 or batch == 0:
         return decoded, neg_sum
-    rt.load(DECODE_SOURCE, decode_defines(log_probs.dtype)).kernel('ctc_greedy_decode').launch(
-        batch, CTC_DECODE_THREADS,
+    launches(
+        'ctc_greedy_decode', batch, CTC_DECODE_THREADS,
         (log_probs, _device_ints(rt, input_lengths), decoded, neg_sum, np.int64(steps), np.int64(classes),
          np.int64(blank), np.int32(bool(merge_repeated))))
     return decoded, neg_sum
@@ -356,10 +376,11 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
         first; log_probs (N, top_paths) (-inf with an empty path when fewer prefixes exist).
     """
     fn, rt = 'ctc_beam_search_decode', resolve(runtime)
-    log_probs, input_lengths, blank = _checked_decode_inputs(
+    log_probs, input_lengths, blank, launches = _checked_decode_inputs(
         fn, rt, log_probs, input_lengths, blank,
         lambda: (ctc_checks.positive_int(fn, 'beam_width', beam_width),
-                 ctc_checks.positive_int(fn, 'top_paths', top_paths, beam_width)))
+                 ctc_checks.positive_int(fn, 'top_paths', top_paths, beam_width)),
+        (beam_width, top_paths, type(beam_width), type(top_paths)))   # True == 1: the types key too
     width, top_paths = int(beam_width), int(top_paths)
     batch, steps, classes = log_probs.shape
     xp, acc = rt.xp, accumulation_dtype(log_probs.dtype)
@@ -377,8 +398,8 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
                xp.empty(batch * candidates, dtype=acc), xp.empty(batch * candidates, dtype=np.int32),
                xp.empty(batch * width, dtype=np.int32), xp.empty(batch * steps * width, dtype=np.int32),
                xp.empty(batch * steps * width, dtype=np.int32))
-    rt.load(DECODE_SOURCE, decode_defines(log_probs.dtype)).kernel('ctc_beam_search').launch(
-        batch, CTC_DECODE_THREADS,
+    launches(
+        'ctc_beam_search', batch, CTC_DECODE_THREADS,
         (log_probs, _device_ints(rt, input_lengths)) + scratch +
         (paths, scores, np.int64(steps), np.int64(classes), np.int64(width), np.int64(top_paths),
          np.int64(blank), np.int32(bool(merge_repeated))))

@@ -57,17 +57,17 @@ def bias_act_fwd(x, bias, axis=-1, activation='linear', *, runtime=None):
     def prepare():   # once per problem signature (runtime/prepared.py)
         checked_axis = check_bias_act_args(x, bias, axis, activation, rt.xp.ndarray)
         inner = int(np.prod(x.shape[checked_axis + 1:], dtype=np.int64))
-        return (_blocks(x.size, BIAS_ACT_THREADS, BIAS_ACT_MAX_BLOCKS),
+        blocks = _blocks(x.size, BIAS_ACT_THREADS, BIAS_ACT_MAX_BLOCKS)
+        return (rt.kernel_launch(SOURCE, defines(x.dtype), 'bias_act_fwd', blocks, BIAS_ACT_THREADS),
                 (np.int64(x.size), np.int64(x.shape[checked_axis]), np.int64(inner),
                  np.int32(ACTIVATION_CODES[activation])))
 
-    blocks, scalars = prepared.get(rt, 'bias_act_fwd', (x, bias), (axis, activation), prepare)
+    launch, scalars = prepared.get(rt, 'bias_act_fwd', (x, bias), (axis, activation), prepare)
     x = rt.xp.ascontiguousarray(x)
     bias = rt.xp.ascontiguousarray(bias)
     y = rt.xp.empty_like(x)
     if x.size:
-        rt.load(SOURCE, defines(x.dtype)).kernel('bias_act_fwd').launch(blocks, BIAS_ACT_THREADS,
-                                                                        (x, bias, y) + scalars)
+        launch((x, bias, y) + scalars)
     return y
 
 

@@ -18,7 +18,7 @@ from .runtime import prepared, register_build, resolve
 SOURCE = Path(__file__).with_name('fused_elementwise.cu')
 FUSED_THREADS = 256        # block size: #defined into the .cu and used for the grid below
 FUSED_MAX_BLOCKS = 8192
-_CACHE_ENTRIES = 512       # (program, runtime) kernels and (shapes) index tables kept
+_CACHE_ENTRIES = 512       # (shapes) index tables kept
 
 # The template with its default one-input copy body, so `python -m gpuk.kernels.build --check`
 # compiles (and register-checks) the template itself.
@@ -72,7 +72,7 @@ class _Lru(OrderedDict):
         return value
 
 
-_kernels, _tables, _dummies = _Lru(), _Lru(), {}
+_tables, _dummies = _Lru(), {}
 
 
 def collapsed_index(out_shape, shapes):
@@ -126,6 +126,17 @@ def _contiguous(xp, a):
     return a if a.flags.c_contiguous else xp.ascontiguousarray(a).reshape(a.shape)
 
 
+def _launch_of(rt, program, shapes, out_shape, n):
+    """(launch, the arguments after the pointers): the kernel of ``program`` for these shapes
+    with its grid, and its index tables and size; (None, None) for an empty output."""
+    if not n:
+        return None, None
+    rank, dims, strides = _index_tables(rt, out_shape, shapes)
+    blocks = max(1, min(-(-n // FUSED_THREADS), FUSED_MAX_BLOCKS))
+    launch = rt.kernel_launch(SOURCE, kernel_defines(program, rank), 'fused_elementwise', blocks, FUSED_THREADS)
+    return launch, (dims, strides, np.int64(n))
+
+
 def fused(program, inputs, *, runtime=None):
     """The outputs (a list) of ``program`` (gpuk.contracts.fused_program) on ``inputs``."""
     rt = resolve(runtime)
@@ -137,23 +148,21 @@ def fused(program, inputs, *, runtime=None):
         out_shape = tuple(np.broadcast_shapes(*shapes))
         same_shape = all(tuple(np.broadcast_shapes(*[shapes[k] for k in deps])) == out_shape
                          for deps in program.input_dependencies())
-        kernel_takes = program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK
-        return kernel_takes, shapes, out_shape, int(np.prod(out_shape, dtype=np.int64))
+        if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):
+            return False, None, None, None, None, None
+        launch, tail = _launch_of(rt, program, shapes, out_shape, int(np.prod(out_shape, dtype=np.int64)))
+        dummy = _dummy(rt)
+        out_dtypes = tuple(program.dtype(v) for v in program.outputs)
+        return (True, out_shape, out_dtypes, launch, (dummy,) * (MAX_INPUTS - len(inputs)),
+                (dummy,) * (MAX_OUTPUTS - len(out_dtypes)) + (tail or ()))
 
-    kernel_takes, shapes, out_shape, n = prepared.get(rt, 'fused', inputs, (program,), prepare)
-    inputs = [_contiguous(xp, a) for a in inputs]
+    kernel_takes, out_shape, out_dtypes, launch, input_pads, tail = prepared.get(
+        rt, 'fused', inputs, (program,), prepare)
+    array_type = xp.ndarray
+    inputs = [a if type(a) is array_type and a.flags.c_contiguous else _contiguous(xp, a) for a in inputs]
     if not kernel_takes:
         return [xp.asarray(v) for v in program.run_unfused(inputs)]
-    outputs = [xp.empty(out_shape, dtype=program.dtype(v)) for v in program.outputs]
-    if n:
-        rank, dims, strides = _index_tables(rt, out_shape, shapes)
-        # the emulator loads instrumented builds while its sanitizer or counters are on
-        instrumented = rt.kind == 'emulate' and rt.instrumented()
-        kernel = _kernels.get_or((rt.kind, instrumented, program, rank), lambda: rt.load(
-            SOURCE, kernel_defines(program, rank)).kernel('fused_elementwise'))
-        dummy = _dummy(rt)
-        pointers = (inputs + [dummy] * (MAX_INPUTS - len(inputs))
-                    + outputs + [dummy] * (MAX_OUTPUTS - len(outputs)))
-        blocks = max(1, min(-(-n // FUSED_THREADS), FUSED_MAX_BLOCKS))
-        kernel.launch(blocks, FUSED_THREADS, tuple(pointers) + (dims, strides, np.int64(n)))
+    outputs = [xp.empty(out_shape, dtype=dtype) for dtype in out_dtypes]
+    if launch is not None:
+        launch((*inputs, *input_pads, *outputs, *tail))
     return outputs

@@ -120,22 +120,25 @@ class _Problem:
         return (self.n,) + tuple(spatial) + (self.channels,)
 
     def key(self, op):
-        return (op, self.dtype.name, self.channels_first, self.n, self.channels, self.in_spatial,
+        return (op, self.dtype, self.channels_first, self.n, self.channels, self.in_spatial,
                 self.window, self.strides, self.pads)
 
 
-def _problem(setup, dtype):
-    """The _Problem of a pooling_checks.PoolSetup."""
-    return _Problem(setup.x_shape[0], conv_checks.channel_count(setup.x_shape, setup.channels_first),
+def _problem(setup, dtype, rt):
+    """The _Problem of a pooling_checks.PoolSetup, with its kernel launches (kept with it)."""
+    problem = _Problem(setup.x_shape[0], conv_checks.channel_count(setup.x_shape, setup.channels_first),
                     setup.channels_first, setup.in_spatial, setup.out_spatial, setup.window, setup.strides,
                     setup.pads, dtype)
+    problem.launches = prepared.Launches(rt, SOURCE, defines(dtype))
+    return problem
 
 
 def _forward_problem(fn, x, window, strides, pads, data_format, rt):
     """(x contiguous, its checked _Problem: prepared once per signature, runtime/prepared.py)."""
     def prepare():
         checked = _float_array(fn, 'x', x, rt.xp)
-        return _problem(pooling_checks.forward_setup(fn, checked, window, strides, pads, data_format), checked.dtype)
+        setup = pooling_checks.forward_setup(fn, checked, window, strides, pads, data_format)
+        return _problem(setup, checked.dtype, rt)
 
     problem = prepared.get(rt, fn, (x,), (window, strides, pads, data_format), prepare)
     return _float_array(fn, 'x', x, rt.xp), problem
@@ -165,10 +168,9 @@ def max_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
 def _max_pool_fwd_gpuk(rt, problem, x, *_geometry):
     y = rt.xp.empty(problem.shape(problem.out_spatial), x.dtype)
     argmax = rt.xp.empty(y.shape, pooling_checks.tap_dtype(problem.window))
-    kernel = rt.load(SOURCE, defines(x.dtype)).kernel('max_pool_fwd' + _tap_suffix(problem.window))
     lanes = y.size // (vector_width(x.dtype) if problem.layout == LAYOUT_CHANNELS_LAST_VEC else 1)
-    kernel.launch(_batch_grid(lanes // problem.n, problem.n), POOL_THREADS,
-                  (x, y, argmax) + problem.geometry + (np.int32(problem.layout),))
+    problem.launches('max_pool_fwd' + _tap_suffix(problem.window), _batch_grid(lanes // problem.n, problem.n),
+                     POOL_THREADS, (x, y, argmax) + problem.geometry + (np.int32(problem.layout),))
     return y, argmax
 
 
@@ -183,27 +185,26 @@ def avg_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
 
 def _avg_pool_fwd_gpuk(rt, problem, x, *_geometry):
     y = rt.xp.empty(problem.shape(problem.out_spatial), x.dtype)
-    module = rt.load(SOURCE, defines(x.dtype))
     if problem.is_global:
-        _global_avg_pool(module, problem, x, y)
+        _global_avg_pool(problem, x, y)
         return y
     lanes = y.size // (vector_width(x.dtype) if problem.layout == LAYOUT_CHANNELS_LAST_VEC else 1)
-    module.kernel('avg_pool_fwd').launch(_batch_grid(lanes // problem.n, problem.n), POOL_THREADS,
-                                         (x, y) + problem.geometry + (np.int32(problem.layout),))
+    problem.launches('avg_pool_fwd', _batch_grid(lanes // problem.n, problem.n), POOL_THREADS,
+                     (x, y) + problem.geometry + (np.int32(problem.layout),))
     return y
 
 
-def _global_avg_pool(module, problem, x, y):
+def _global_avg_pool(problem, x, y):
     volume = math.prod(problem.in_spatial)
     if problem.channels_first:
         rows = problem.n * problem.channels
         warps_per_block = GLOBAL_POOL_THREADS // 32
-        module.kernel('global_avg_pool_rows').launch(
-            _blocks(rows, warps_per_block), GLOBAL_POOL_THREADS, (x, y, np.int64(rows), np.int64(volume)))
+        problem.launches('global_avg_pool_rows', _blocks(rows, warps_per_block), GLOBAL_POOL_THREADS,
+                         (x, y, np.int64(rows), np.int64(volume)))
     else:
         grid = (-(-problem.channels // 32), min(problem.n, GLOBAL_POOL_MAX_BATCH_BLOCKS))
-        module.kernel('global_avg_pool_channels_last').launch(
-            grid, (32, GLOBAL_POOL_ROWS), (x, y, np.int64(problem.n), np.int64(volume), np.int64(problem.channels)))
+        problem.launches('global_avg_pool_channels_last', grid, (32, GLOBAL_POOL_ROWS),
+                         (x, y, np.int64(problem.n), np.int64(volume), np.int64(problem.channels)))
 
 
 # ---------------------------------------------------------------- backward
@@ -215,7 +216,7 @@ def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format, *, runtime=Non
     def prepare():   # once per problem signature (runtime/prepared.py)
         checked = _float_array(fn, 'dy', dy, rt.xp)
         setup = pooling_checks.avg_backward_setup(fn, checked, x_shape, window, strides, pads, data_format)
-        return setup, _problem(setup, checked.dtype)
+        return setup, _problem(setup, checked.dtype, rt)
 
     setup, problem = prepared.get(rt, fn, (dy,), (x_shape, window, strides, pads, data_format), prepare)
     dy = _float_array(fn, 'dy', dy, rt.xp)
@@ -227,8 +228,8 @@ def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format, *, runtime=Non
 def _avg_pool_bwd_gpuk(rt, problem, dy, *_geometry):
     dx = rt.xp.empty(problem.shape(problem.in_spatial), dy.dtype)
     layout = LAYOUT_CHANNELS_FIRST if problem.channels_first else LAYOUT_CHANNELS_LAST
-    rt.load(SOURCE, defines(dy.dtype)).kernel('avg_pool_bwd').launch(
-        _batch_grid(dx.size // problem.n, problem.n), POOL_THREADS, (dy, dx) + problem.geometry + (np.int32(layout),))
+    problem.launches('avg_pool_bwd', _batch_grid(dx.size // problem.n, problem.n), POOL_THREADS,
+                     (dy, dx) + problem.geometry + (np.int32(layout),))
     return dx
 
 
@@ -242,7 +243,7 @@ def max_pool_bwd(dy, argmax, x_shape, window, strides, pads, data_format, *, run
         checked = _float_array(fn, 'dy', dy, xp)
         taps = argmax if isinstance(argmax, xp.ndarray) else xp.asarray(argmax)
         setup = pooling_checks.max_backward_setup(fn, checked, taps, x_shape, window, strides, pads, data_format)
-        return setup, _problem(setup, checked.dtype)
+        return setup, _problem(setup, checked.dtype, rt)
 
     setup, problem = prepared.get(rt, fn, (dy, argmax), (x_shape, window, strides, pads, data_format), prepare)
     dy = _float_array(fn, 'dy', dy, xp)
@@ -257,7 +258,6 @@ def max_pool_bwd(dy, argmax, x_shape, window, strides, pads, data_format, *, run
 def _max_pool_bwd_gpuk(rt, problem, dy, argmax, *_geometry):
     dx = rt.xp.empty(problem.shape(problem.in_spatial), dy.dtype)
     lanes = dx.size // (vector_width(dy.dtype) if problem.layout == LAYOUT_CHANNELS_LAST_VEC else 1)
-    rt.load(SOURCE, defines(dy.dtype)).kernel('max_pool_bwd' + _tap_suffix(problem.window)).launch(
-        _batch_grid(lanes // problem.n, problem.n), POOL_THREADS,
-        (dy, argmax, dx) + problem.geometry + (np.int32(problem.layout),))
+    problem.launches('max_pool_bwd' + _tap_suffix(problem.window), _batch_grid(lanes // problem.n, problem.n),
+                     POOL_THREADS, (dy, argmax, dx) + problem.geometry + (np.int32(problem.layout),))
     return dx

@@ -116,6 +116,14 @@ def _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis):
             _row_values(fn, 'dloss', rt, dloss, logits.shape, axis, acc))
 
 
+def _lse_and_dloss(rt, lse, dloss, logits):
+    """The backward ops' per-row inputs in the accumulation dtype, as _saved_lse_and_dloss
+    gives them, without its checks (they ran once for the problem's signature)."""
+    acc, xp = accumulation_dtype(logits.dtype), rt.xp
+    return tuple(xp.ascontiguousarray((v if isinstance(v, xp.ndarray) else xp.asarray(v)).astype(acc, copy=False))
+                 for v in (lse, dloss))
+
+
 def _label_shape(fn, rt, labels, logits_shape, axis):
     """``labels`` as an array of rt.xp, its dtype and shape checked."""
     labels = labels if isinstance(labels, rt.xp.ndarray) else rt.xp.asarray(labels)
@@ -155,17 +163,20 @@ def _row_blocks(rows, cols):
     return max(1, min(rows, MAX_ROW_BLOCKS))
 
 
-def _launch_rows(rt, dtype, name, rows, cols, args):
+def _launch_rows(launches, name, rows, cols, args):
     if rows == 0:
         return
-    kernel = rt.load(SOURCE, defines(dtype)).kernel(name)
-    kernel.launch(_row_blocks(rows, cols), ROW_THREADS, tuple(args) + (np.int64(rows), np.int64(cols)))
+    launches(name, _row_blocks(rows, cols), ROW_THREADS, tuple(args) + (np.int64(rows), np.int64(cols)))
 
 
-def _checked_axis(rt, fn, arrays, axis, check):
-    """``check()``'s axis, once per problem signature (runtime/prepared.py): the checks of
-    dtypes and shapes run on the first call of a problem, not on the next ones."""
-    return prepared.get(rt, fn, arrays, (axis,), check)
+def _checked_axis(rt, fn, arrays, axis, check, params=()):
+    """(``check()``'s result, the problem's kernel launches), once per problem signature
+    (runtime/prepared.py): the checks of dtypes and shapes run on the first call of a problem,
+    not on the next ones. ``arrays[0]`` is the float array whose dtype builds the kernels."""
+    def prepare():
+        checked = check()
+        return checked, prepared.Launches(rt, SOURCE, defines(rt.xp.asarray(arrays[0]).dtype))
+    return prepared.get(rt, fn, arrays, (axis,) + params, prepare)
 
 
 def _softmax_like_fwd(fn, x, axis, log_output, rt):
@@ -175,14 +186,13 @@ def _softmax_like_fwd(fn, x, axis, log_output, rt):
         _nonempty_axis(fn, 'x', checked.shape, checked_axis)
         return checked_axis
 
-    axis = _checked_axis(rt, fn, (x,), axis, check)
+    axis, launches = _checked_axis(rt, fn, (x,), axis, check)
     x = _float(fn, 'x', rt, x)
     rows = _Rows(rt, x, axis)
     y = rows.empty(x.dtype)
     if rows.rows:
-        kernel = rt.load(SOURCE, defines(x.dtype)).kernel('softmax_rows_fwd')
-        kernel.launch(_row_blocks(rows.rows, rows.cols), ROW_THREADS,
-                      (rows.data, y, np.int64(rows.rows), np.int64(rows.cols), np.int32(log_output)))
+        launches('softmax_rows_fwd', _row_blocks(rows.rows, rows.cols), ROW_THREADS,
+                 (rows.data, y, np.int64(rows.rows), np.int64(rows.cols), np.int32(log_output)))
     return rows.restore(y)
 
 
@@ -194,15 +204,14 @@ def _softmax_like_bwd(fn, first_name, y, dy, axis, log_input, rt):
         _nonempty_axis(fn, first_name, checked_y.shape, checked_axis)
         return checked_axis
 
-    axis = _checked_axis(rt, fn, (y, dy), axis, check)
+    axis, launches = _checked_axis(rt, fn, (y, dy), axis, check)
     y, dy = _float(fn, first_name, rt, y), _float(fn, 'dy', rt, dy)
     rows = _Rows(rt, y, axis)
     dx = rows.empty(y.dtype)
     if rows.rows:
-        kernel = rt.load(SOURCE, defines(y.dtype)).kernel('softmax_rows_bwd')
-        kernel.launch(_row_blocks(rows.rows, rows.cols), ROW_THREADS,
-                      (rows.data, rows.like(dy.astype(y.dtype, copy=False)), dx, np.int64(rows.rows),
-                       np.int64(rows.cols), np.int32(log_input)))
+        launches('softmax_rows_bwd', _row_blocks(rows.rows, rows.cols), ROW_THREADS,
+                 (rows.data, rows.like(dy.astype(y.dtype, copy=False)), dx, np.int64(rows.rows),
+                  np.int64(rows.cols), np.int32(log_input)))
     return rows.restore(dx)
 
 
@@ -278,12 +287,12 @@ def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
         _nonempty_axis(fn, 'logits', checked.shape, checked_axis)
         return checked_axis
 
-    axis = _checked_axis(rt, fn, (logits, target), axis, check)
+    axis, launches = _checked_axis(rt, fn, (logits, target), axis, check)
     logits, target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
     rows = _Rows(rt, logits, axis)
     loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
     lse = rt.xp.empty(_reduced(rows), dtype=accumulation_dtype(logits.dtype))
-    _launch_rows(rt, logits.dtype, 'softmax_xent_rows_fwd', rows.rows, rows.cols,
+    _launch_rows(launches, 'softmax_xent_rows_fwd', rows.rows, rows.cols,
                  (rows.data, rows.like(target.astype(logits.dtype, copy=False)), loss, lse))
     return loss, lse
 
@@ -301,12 +310,12 @@ def softmax_xent_bwd(logits, target, lse, dloss, axis=-1, *, runtime=None):
         _nonempty_axis(fn, 'logits', checked.shape, checked_axis)
         return checked_axis
 
-    axis = _checked_axis(rt, fn, (logits, target, lse, dloss), axis, check)
+    axis, launches = _checked_axis(rt, fn, (logits, target, lse, dloss), axis, check)
     logits, target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
-    lse, dloss = _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis)
+    lse, dloss = _lse_and_dloss(rt, lse, dloss, logits)
     rows = _Rows(rt, logits, axis)
     dlogits = rows.empty(logits.dtype)
-    _launch_rows(rt, logits.dtype, 'softmax_xent_rows_bwd', rows.rows, rows.cols,
+    _launch_rows(launches, 'softmax_xent_rows_bwd', rows.rows, rows.cols,
                  (rows.data, rows.like(target.astype(logits.dtype, copy=False)), lse, dloss, dlogits))
     return rows.restore(dlogits)
 
@@ -315,13 +324,20 @@ def softmax_xent_bwd(logits, target, lse, dloss, axis=-1, *, runtime=None):
 def softmax_xent_dtarget(logits, lse, dloss, axis=-1, *, runtime=None):
     """Gradient of softmax_xent_fwd's loss with respect to target: -(logits - lse) * dloss."""
     fn, rt = 'softmax_xent_dtarget', resolve(runtime)
+
+    def check():
+        checked = _float(fn, 'logits', rt, logits)
+        checked_axis = checks.check_axis(fn, axis, checked.ndim)
+        _saved_lse_and_dloss(fn, rt, lse, dloss, checked, checked_axis)
+        _nonempty_axis(fn, 'logits', checked.shape, checked_axis)
+        return checked_axis
+
+    axis, launches = _checked_axis(rt, fn, (logits, lse, dloss), axis, check)
     logits = _float(fn, 'logits', rt, logits)
-    axis = checks.check_axis(fn, axis, logits.ndim)
-    lse, dloss = _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis)
-    _nonempty_axis(fn, 'logits', logits.shape, axis)
+    lse, dloss = _lse_and_dloss(rt, lse, dloss, logits)
     rows = _Rows(rt, logits, axis)
     dtarget = rows.empty(logits.dtype)
-    _launch_rows(rt, logits.dtype, 'softmax_xent_rows_dtarget', rows.rows, rows.cols,
+    _launch_rows(launches, 'softmax_xent_rows_dtarget', rows.rows, rows.cols,
                  (rows.data, lse, dloss, dtarget))
     return rows.restore(dtarget)
 
@@ -342,13 +358,13 @@ def sparse_softmax_xent_fwd(logits, labels, axis=-1, *, runtime=None):
         _nonempty_axis(fn, 'logits', checked.shape, checked_axis)
         return checked_axis
 
-    axis = _checked_axis(rt, fn, (logits, labels), axis, check)
+    axis, launches = _checked_axis(rt, fn, (logits, labels), axis, check)
     logits = _float(fn, 'logits', rt, logits)
     labels = _labels(fn, rt, labels, logits.shape, axis)
     rows = _Rows(rt, logits, axis)
     loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
     lse = rt.xp.empty(_reduced(rows), dtype=accumulation_dtype(logits.dtype))
-    _launch_rows(rt, logits.dtype, 'sparse_softmax_xent_rows_fwd', rows.rows, rows.cols,
+    _launch_rows(launches, 'sparse_softmax_xent_rows_fwd', rows.rows, rows.cols,
                  (rows.data, labels, loss, lse))
     return loss, lse
 
@@ -365,40 +381,54 @@ def sparse_softmax_xent_bwd(logits, labels, lse, dloss, axis=-1, *, runtime=None
         _saved_lse_and_dloss(fn, rt, lse, dloss, checked, checked_axis)
         return checked_axis
 
-    axis = _checked_axis(rt, fn, (logits, labels, lse, dloss), axis, check)
+    axis, launches = _checked_axis(rt, fn, (logits, labels, lse, dloss), axis, check)
     logits = _float(fn, 'logits', rt, logits)
     labels = _labels(fn, rt, labels, logits.shape, axis)
-    lse, dloss = _saved_lse_and_dloss(fn, rt, lse, dloss, logits, axis)
+    lse, dloss = _lse_and_dloss(rt, lse, dloss, logits)
     rows = _Rows(rt, logits, axis)
     dlogits = rows.empty(logits.dtype)
-    _launch_rows(rt, logits.dtype, 'sparse_softmax_xent_rows_bwd', rows.rows, rows.cols,
+    _launch_rows(launches, 'sparse_softmax_xent_rows_bwd', rows.rows, rows.cols,
                  (rows.data, labels, lse, dloss, dlogits))
     return rows.restore(dlogits)
 
 
 # ---------------------------------------------------------------- cross-entropy from probabilities
 
+def _epsilon_buffer(rt, epsilon, acc):
+    """epsilon as a one-element device array the kernels read (never written: a prepared
+    problem keeps it, so a call allocates no buffer for it)."""
+    return rt.xp.full(1, epsilon, dtype=acc)
+
+
 def _categorical(fn, rt, probs, target, dloss, axis, epsilon, mode):
+    def check():   # once per problem signature (runtime/prepared.py)
+        checked = _float(fn, 'probs', rt, probs)
+        checked_axis = checks.check_axis(fn, axis, checked.ndim)
+        checked_epsilon = checks.check_epsilon(fn, epsilon)
+        acc = accumulation_dtype(checked.dtype)
+        if target is not None:
+            checks.same_shape(fn, 'probs', checked, 'target', _float(fn, 'target', rt, target))
+        if dloss is not None:
+            _row_values(fn, 'dloss', rt, dloss, checked.shape, checked_axis, acc)
+        _nonempty_axis(fn, 'probs', checked.shape, checked_axis)
+        return checked_axis, acc, _epsilon_buffer(rt, checked_epsilon, acc)
+
+    (axis, acc, epsilon_buffer), launches = _checked_axis(rt, fn, (probs, target, dloss), axis, check,
+                                                          (epsilon, type(epsilon), mode))   # True == 1.0
     probs = _float(fn, 'probs', rt, probs)
-    axis = checks.check_axis(fn, axis, probs.ndim)
-    epsilon = checks.check_epsilon(fn, epsilon)
-    acc = accumulation_dtype(probs.dtype)
     if target is not None:
         target = _float(fn, 'target', rt, target)
-        checks.same_shape(fn, 'probs', probs, 'target', target)
     if dloss is not None:
-        dloss = _row_values(fn, 'dloss', rt, dloss, probs.shape, axis, acc)
-    _nonempty_axis(fn, 'probs', probs.shape, axis)
+        dloss = rt.xp.ascontiguousarray(_float(fn, 'dloss', rt, dloss).astype(acc, copy=False))
     rows = _Rows(rt, probs, axis)
     target_rows = rows.like(target.astype(probs.dtype, copy=False)) if target is not None else rows.data
     loss = rt.xp.empty(_reduced(rows), dtype=probs.dtype)
     out = rows.empty(probs.dtype) if mode else loss
     dloss = dloss if dloss is not None else rt.xp.zeros(_reduced(rows), dtype=acc)
     if rows.rows:
-        kernel = rt.load(SOURCE, defines(probs.dtype)).kernel('categorical_xent_probs_rows')
-        kernel.launch(_row_blocks(rows.rows, rows.cols), ROW_THREADS,
-                      (rows.data, target_rows, dloss, out, loss, np.int64(rows.rows), np.int64(rows.cols),
-                       np.int32(mode), rt.xp.full(1, epsilon, dtype=acc)))
+        launches('categorical_xent_probs_rows', _row_blocks(rows.rows, rows.cols), ROW_THREADS,
+                 (rows.data, target_rows, dloss, out, loss, np.int64(rows.rows), np.int64(rows.cols),
+                  np.int32(mode), epsilon_buffer))
     return loss if mode == 0 else rows.restore(out)
 
 
@@ -424,23 +454,24 @@ def categorical_xent_probs_dtarget(probs, dloss, axis=-1, epsilon=1e-7, *, runti
 # ---------------------------------------------------------------- binary cross-entropy (elementwise)
 
 def _binary(fn, rt, first_name, first, second_name, second, dloss, op, epsilon=0.0):
-    first = _float(fn, first_name, rt, first)
-    second = _float(fn, second_name, rt, second)
-    checks.same_shape(fn, first_name, first, second_name, second)
-    if dloss is not None:
-        dloss = _float(fn, 'dloss', rt, dloss)
-        checks.same_shape(fn, first_name, first, 'dloss', dloss)
-    if op.startswith('probs'):
-        epsilon = checks.check_epsilon(fn, epsilon)
-    a = rt.xp.ascontiguousarray(first)
-    b = rt.xp.ascontiguousarray(second.astype(a.dtype, copy=False))
-    c = rt.xp.ascontiguousarray(dloss.astype(a.dtype, copy=False)) if dloss is not None else a
+    def prepare():   # once per problem signature (runtime/prepared.py)
+        checked, checked_second = _float(fn, first_name, rt, first), _float(fn, second_name, rt, second)
+        checks.same_shape(fn, first_name, checked, second_name, checked_second)
+        if dloss is not None:
+            checks.same_shape(fn, first_name, checked, 'dloss', _float(fn, 'dloss', rt, dloss))
+        checked_epsilon = checks.check_epsilon(fn, epsilon) if op.startswith('probs') else epsilon
+        blocks = max(1, min(-(-checked.size // BINARY_THREADS), MAX_BINARY_BLOCKS))
+        return (blocks, (np.int64(checked.size), np.int32(BINARY_OPS[op]),
+                         _epsilon_buffer(rt, checked_epsilon, accumulation_dtype(checked.dtype))),
+                prepared.Launches(rt, SOURCE, defines(checked.dtype)))
+
+    blocks, tail, launches = prepared.get(rt, fn, (first, second, dloss), (epsilon, type(epsilon)), prepare)
+    a = rt.xp.ascontiguousarray(_float(fn, first_name, rt, first))
+    b = rt.xp.ascontiguousarray(_float(fn, second_name, rt, second).astype(a.dtype, copy=False))
+    c = rt.xp.ascontiguousarray(_float(fn, 'dloss', rt, dloss).astype(a.dtype, copy=False)) if dloss is not None else a
     out = rt.xp.empty(a.shape, dtype=a.dtype)
     if a.size:
-        kernel = rt.load(SOURCE, defines(a.dtype)).kernel('binary_xent_elementwise')
-        blocks = max(1, min(-(-a.size // BINARY_THREADS), MAX_BINARY_BLOCKS))
-        kernel.launch(blocks, BINARY_THREADS, (a, b, c, out, np.int64(a.size), np.int32(BINARY_OPS[op]),
-                                               rt.xp.full(1, epsilon, dtype=accumulation_dtype(a.dtype))))
+        launches('binary_xent_elementwise', blocks, BINARY_THREADS, (a, b, c, out) + tail)
     return out
 
 

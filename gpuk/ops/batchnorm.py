@@ -20,6 +20,7 @@ import operator
 import numpy as np
 
 from gpuk.contracts.batchnorm_checks import check_activation, kept_shape, moving_average_updates
+from gpuk.contracts.dtypes import accumulation_dtype
 from gpuk.graph import Constant, Meta, apply
 from gpuk.ops import elementwise as ew
 from gpuk.ops import shape as shape_ops
@@ -136,7 +137,7 @@ class BnTrain(Op):
         gamma, beta, moving = self._parts(rest)
         if self.moving is None:
             return impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon, self.activation)
-        acc = accumulate_dtype(x.dtype)
+        acc = accumulation_dtype(x.dtype)   # the dtype itself: its .name is Python-level, per call
         if x.dtype == acc and self.moving.fits_kernel(acc, kept_shape(x.shape, self.axes), *moving):
             factor = moving[4] if self.moving.has_factor else None
             return impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon, self.activation,

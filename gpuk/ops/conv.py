@@ -98,8 +98,18 @@ class Window:
                 self.data_format)
 
     def pads(self, in_spatial, kernel_spatial):
-        return geometry.conv_pads(in_spatial, kernel_spatial, self.strides, self.dilation,
-                                  self.padding)
+        """geometry.conv_pads for this window, kept per (input, kernel) spatial shape: a plan
+        step asks on every call with the shapes of its last one."""
+        key = (in_spatial, kernel_spatial)
+        hashable = type(in_spatial) is tuple and type(kernel_spatial) is tuple
+        kept = self.__dict__.setdefault('_pads', {})
+        pads = kept.get(key) if hashable else None
+        if pads is None:
+            pads = geometry.conv_pads(in_spatial, kernel_spatial, self.strides, self.dilation,
+                                      self.padding)
+            if hashable and len(kept) < 64:
+                kept[key] = pads
+        return pads
 
     def out_spatial(self, in_spatial, kernel_spatial, x_name, x_shape, w_shape):
         """Static output sizes (None where unknown); ValueError for an empty output."""

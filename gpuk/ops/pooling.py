@@ -31,8 +31,15 @@ class PoolWindow:
         return self.data_format == 'channels_first'
 
     def pads(self, x_shape):
-        return geometry.conv_pads(spatial_dims(x_shape, self.channels_first), self.window,
-                                  self.strides, (1,) * len(self.window), self.padding)
+        """geometry.conv_pads for this window, kept per x shape (a plan step asks per call)."""
+        kept = self.__dict__.setdefault('_pads', {})
+        pads = kept.get(x_shape) if type(x_shape) is tuple else None
+        if pads is None:
+            pads = geometry.conv_pads(spatial_dims(x_shape, self.channels_first), self.window,
+                                      self.strides, (1,) * len(self.window), self.padding)
+            if len(kept) < 64 and type(x_shape) is tuple and None not in x_shape:
+                kept[x_shape] = pads
+        return pads
 
     def out_shape(self, x_shape):
         """Static pooled shape of x (None where unknown); ValueError for an empty output."""

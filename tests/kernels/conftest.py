@@ -63,7 +63,8 @@ def emulator():
 @pytest.fixture
 def cuda_standin(monkeypatch, emulator):
     """The emulator presented as the CUDA runtime, with cuDNN reported available."""
-    standin = types.SimpleNamespace(kind='cuda', xp=emulator.xp, load=emulator.load)
+    standin = types.SimpleNamespace(kind='cuda', xp=emulator.xp, load=emulator.load,
+                                    kernel_launch=emulator.kernel_launch)
     monkeypatch.setattr(runtime, 'current', lambda: standin)
     monkeypatch.setattr(cudnn_library, 'available', lambda: True)
     monkeypatch.setattr(config, '_kernels', dict(config._kernels))

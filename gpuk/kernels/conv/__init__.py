@@ -126,18 +126,15 @@ def _no_bias(xp, dtype):
     return _NO_BIAS[key]
 
 
-def _module(rt, dtype, tile):
-    return rt.load(IGEMM_SOURCE, igemm_defines(dtype, tile))
-
-
 # ---------------------------------------------------------------- prepared launches
 # A convolution's checks and launch set-up are kept per problem signature (runtime/prepared.py,
 # with the precision policy among the parameters): a repeated problem (every step of a training
 # loop) skips the checks, the tile choice, the grid and the scalar arguments and goes straight
 # to the kernel handle.
-# The kernel itself is looked up per call (rt.load answers from a dict): the emulated runtime
-# swaps in instrumented builds when its sanitizer or counters are switched on.
-Launch = namedtuple('Launch', 'tile kernel_name grid threads out_shape scalars')
+# Each Launch keeps its kernel launch (rt.kernel_launch: on the CUDA runtime the loaded kernel
+# with its grid checked; the emulated runtime's loads the module per call, since it swaps in
+# instrumented builds when its sanitizer or counters are switched on).
+Launch = namedtuple('Launch', 'tile kernel_name grid threads out_shape scalars run')
 
 
 class Problem:
@@ -174,18 +171,19 @@ def _prepared(rt, kind, arrays, params, prepare):
     return prepared.get(rt, 'conv_' + kind, arrays, (config.precision(),) + params, prepare)
 
 
-def _kernel(rt, dtype, launch, name=None):
-    return _module(rt, dtype, launch.tile).kernel(name or launch.kernel_name)
+def _kernel_launch(rt, dtype, tile, name, grid, threads):
+    return rt.kernel_launch(IGEMM_SOURCE, igemm_defines(dtype, tile), name, grid, threads)
 
 
-def _fwd_launch(g, dtype, epilogue):
+def _fwd_launch(rt, g, dtype, epilogue):
     rows, cols, depth = g.batch * math.prod(g.out_sp), g.c_out, math.prod(g.k_sp) * g.c_in
     _check_gemm('conv_fwd', g, rows, cols, depth)
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
     return Launch(tile, 'conv_igemm_fwd', grid, tile.threads,
-                  _layout_shape(g, g.out_sp, g.c_out), _geometry_args(g) + (np.int32(EPILOGUES[epilogue]),))
+                  _layout_shape(g, g.out_sp, g.c_out), _geometry_args(g) + (np.int32(EPILOGUES[epilogue]),),
+                  _kernel_launch(rt, dtype, tile, 'conv_igemm_fwd', grid, tile.threads))
 
 
 def _igemm_fwd(x, w, problem, bias, epilogue, rt):
@@ -195,19 +193,19 @@ def _igemm_fwd(x, w, problem, bias, epilogue, rt):
         y = xp.empty(_layout_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
         return conv_wgmma.conv_fwd(rt, x, w, y, bias if bias is not None else _no_bias(xp, x.dtype),
                                    EPILOGUES[epilogue], problem.g)
-    launch = problem.launch(lambda g: _fwd_launch(g, x.dtype, epilogue))
+    launch = problem.launch(lambda g: _fwd_launch(rt, g, x.dtype, epilogue))
     x, = problem.to_kernel_layout(rt, x)
     y = xp.empty(launch.out_shape, x.dtype)
     bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
     args = (xp.ascontiguousarray(x), xp.ascontiguousarray(w), bias_arg, y, *launch.scalars)
-    _kernel(rt, x.dtype, launch).launch(launch.grid, launch.threads, args)
+    launch.run(args)
     return problem.from_kernel_layout(rt, y)
 
 
 MAX_GRID_Z = 65535
 
 
-def _dgrad_launch(g, dtype):
+def _dgrad_launch(rt, g, dtype):
     """dgrad runs one sub-convolution per stride phase (conv_igemm.cu, DgradPhase): grid z is the
     phase, grid x covers the largest phase (phase 0: ceil(in / s) pixels per dim)."""
     rows, cols, depth = g.batch * math.prod(g.in_sp), g.c_in, math.prod(g.k_sp) * g.c_out
@@ -221,7 +219,8 @@ def _dgrad_launch(g, dtype):
                                   math.ceil(depth / phases), aligned=g.c_out % _chunk_elements(dtype) == 0)
     grid = (math.ceil(phase_rows / tile.bm), math.ceil(cols / tile.bn), phases)
     return Launch(tile, 'conv_igemm_dgrad', grid, tile.threads,
-                  _layout_shape(g, g.in_sp, g.c_in), _geometry_args(g))
+                  _layout_shape(g, g.in_sp, g.c_in), _geometry_args(g),
+                  _kernel_launch(rt, dtype, tile, 'conv_igemm_dgrad', grid, tile.threads))
 
 
 def _igemm_dgrad(dy, w, problem, rt):
@@ -231,18 +230,17 @@ def _igemm_dgrad(dy, w, problem, rt):
         _check_gemm('conv_dgrad', forward, *conv_wgmma.gemm_shape(forward))
         dx = xp.empty(_layout_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
         return conv_wgmma.conv_dgrad(rt, dy, w, dx, _no_bias(xp, dy.dtype), problem.g)
-    launch = problem.launch(lambda g: _dgrad_launch(g, dy.dtype))
+    launch = problem.launch(lambda g: _dgrad_launch(rt, g, dy.dtype))
     dy, = problem.to_kernel_layout(rt, dy)
     dx = xp.empty(launch.out_shape, dy.dtype)
-    _kernel(rt, dy.dtype, launch).launch(launch.grid, launch.threads,
-                                         (xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx, *launch.scalars))
+    launch.run((xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx, *launch.scalars))
     return problem.from_kernel_layout(rt, dx)
 
 
-WgradLaunch = namedtuple('WgradLaunch', 'main partial_shape reduce_blocks reduce_scalars')
+WgradLaunch = namedtuple('WgradLaunch', 'main partial_shape reduce_scalars reduce')
 
 
-def _wgrad_launch(g, dtype):
+def _wgrad_launch(rt, g, dtype):
     rows, cols, depth = math.prod(g.k_sp) * g.c_in, g.c_out, g.batch * math.prod(g.out_sp)
     _check_gemm('conv_wgrad', g, rows, cols, depth)
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, split_k=True,
@@ -251,18 +249,19 @@ def _wgrad_launch(g, dtype):
     splits = math.ceil(depth / per_split)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn), splits)
     main = Launch(tile, 'conv_igemm_wgrad', grid, tile.threads, None,
-                  _geometry_args(g) + (np.int64(per_split),))
+                  _geometry_args(g) + (np.int64(per_split),),
+                  _kernel_launch(rt, dtype, tile, 'conv_igemm_wgrad', grid, tile.threads))
     if splits == 1:
         return WgradLaunch(main, (1,), None, None)
     count = rows * cols
     blocks = max(1, min(math.ceil(count / REDUCE_THREADS), REDUCE_MAX_BLOCKS))
-    return WgradLaunch(main, (splits, rows, cols), blocks,
-                       (np.int64(count), np.int32(splits)))
+    return WgradLaunch(main, (splits, rows, cols), (np.int64(count), np.int32(splits)),
+                       _kernel_launch(rt, dtype, tile, 'conv_reduce_splits', blocks, REDUCE_THREADS))
 
 
 def _igemm_wgrad(x, dy, problem, rt):
     xp = rt.xp
-    launch = problem.launch(lambda g: _wgrad_launch(g, x.dtype))
+    launch = problem.launch(lambda g: _wgrad_launch(rt, g, x.dtype))
     x, dy = problem.to_kernel_layout(rt, x, dy)
     w_shape = problem.shape
     acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
@@ -270,10 +269,9 @@ def _igemm_wgrad(x, dy, problem, rt):
     partial = xp.empty(launch.partial_shape, acc_dtype)
     main = launch.main
     args = (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *main.scalars)
-    _kernel(rt, x.dtype, main).launch(main.grid, main.threads, args)
-    if launch.reduce_blocks is not None:
-        _kernel(rt, x.dtype, main, 'conv_reduce_splits').launch(launch.reduce_blocks, REDUCE_THREADS,
-                                                                (partial, dw.reshape(-1), *launch.reduce_scalars))
+    main.run(args)
+    if launch.reduce is not None:
+        launch.reduce((partial, dw.reshape(-1), *launch.reduce_scalars))
     return dw
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from gpuk.contracts import conv_checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
 from . import tiles as conv_tiles
-from ..runtime import register_build, resolve
+from ..runtime import prepared, register_build, resolve
 
 DEPTHWISE_SOURCE = Path(__file__).with_name('conv_depthwise.cu')
 LOCAL_SOURCE = Path(__file__).with_name('conv_local.cu')
@@ -196,63 +196,93 @@ def _checked_pair(fn, runtime, first, second):
     return rt, a, b
 
 
-def _depthwise_tiled(rt, fn, kernel_name, a, w, out, n, c_in, mult, geometry, channels_first, tile_spatial,
-                     tile_strides, lanes, hole_stride=1):
-    """Launches depthwise_fwd / depthwise_dgrad (same argument list): one block per
-    (sample, plane, tile of output pixels) x DW_CHANNELS lanes. geometry: the (in_spatial,
-    out_spatial, kernel_spatial, strides, dilation, pads) of _depthwise_args; tile_spatial /
-    tile_strides: the spatial size the kernel writes and the strides of its correlation."""
+# Every launcher here checks its problem and sets up its launches once per problem signature
+# (runtime/prepared.py): prepare() returns (output shape, dtype, the launches as (launch,
+# scalar arguments) pairs, ...); a repeated problem only converts its arrays and launches.
+
+def _contiguous(rt, *arrays):
     xp = rt.xp
-    tile = depthwise_tile(fn, a.dtype, channels_first, tile_spatial, geometry[2], tile_strides, geometry[4],
+    return tuple(xp.ascontiguousarray(a if isinstance(a, xp.ndarray) else xp.asarray(a)) for a in arrays)
+
+
+def _depthwise_tiled(rt, fn, kernel_name, dtype, n, c_in, mult, geometry, channels_first, tile_spatial,
+                     tile_strides, lanes, hole_stride=1):
+    """(launch, scalar arguments) of depthwise_fwd / depthwise_dgrad (same argument list): one
+    block per (sample, plane, tile of output pixels) x DW_CHANNELS lanes. geometry: the
+    (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads) of _depthwise_args;
+    tile_spatial / tile_strides: the spatial size the kernel writes and the strides of its
+    correlation."""
+    tile = depthwise_tile(fn, dtype, channels_first, tile_spatial, geometry[2], tile_strides, geometry[4],
                           hole_stride)
     t_d, t_h, t_w = lift3(tile_spatial, 1)
     blocks = n * t_d * math.ceil(t_h / tile.rows) * math.ceil(t_w / (tile.segs * DW_PIX))
     check_index_limit(fn, 'the tile count', blocks)
-    rt.load(DEPTHWISE_SOURCE, depthwise_defines(a.dtype, channels_first)).kernel(kernel_name).launch(
-        (blocks, math.ceil(lanes / DW_CHANNELS)), (DW_CHANNELS, DW_ROWS),
-        (xp.ascontiguousarray(a), xp.ascontiguousarray(w), out, np.int32(n), np.int32(c_in), np.int32(mult),
-         *_depthwise_args(*geometry), np.int32(tile.rows), np.int32(tile.segs), np.int32(tile.kh_chunk)),
-        shared_mem=tile.shared_bytes)
+    launch = rt.kernel_launch(DEPTHWISE_SOURCE, depthwise_defines(dtype, channels_first), kernel_name,
+                              (blocks, math.ceil(lanes / DW_CHANNELS)), (DW_CHANNELS, DW_ROWS), tile.shared_bytes)
+    return launch, (np.int32(n), np.int32(c_in), np.int32(mult), *_depthwise_args(*geometry),
+                    np.int32(tile.rows), np.int32(tile.segs), np.int32(tile.kh_chunk))
+
+
+def _run_pair(rt, problem, a, b):
+    """The output of a one-launch problem (shape, dtype, (launch, scalars)) on inputs a, b."""
+    out_shape, dtype, (launch, scalars) = problem
+    a, b = _contiguous(rt, a, b)
+    out = rt.xp.empty(out_shape, dtype)
+    launch((a, b, out) + scalars)
     return out
 
 
 def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format, *, runtime=None):
     """Depthwise convolution; w is (*k, C_in, M), output channel c*M + m like TensorFlow."""
     fn = 'depthwise_conv_fwd'
-    rt, x, w = _checked_pair(fn, runtime, ('x', x), ('w', w))
-    (channels_first, rank, strides, dilation, pads, c_in, mult, in_spatial,
-     out_spatial) = conv_checks.depthwise_fwd_setup(fn, x, w, strides, dilation, pads, data_format)
-    kernel_spatial = w.shape[:rank]
-    c_out, n = c_in * mult, x.shape[0]
-    check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
-    _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), w.size)
-    y = rt.xp.empty((n, c_out, *out_spatial) if channels_first else (n, *out_spatial, c_out), x.dtype)
-    return _depthwise_tiled(rt, fn, 'depthwise_fwd', x, w, y, n, c_in, mult,
-                            (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads), channels_first,
-                            out_spatial, strides, lanes=c_out)
+    rt = resolve(runtime)
+
+    def prepare():
+        _, cx, cw = _checked_pair(fn, rt, ('x', x), ('w', w))
+        (channels_first, rank, c_strides, c_dilation, c_pads, c_in, mult, in_spatial,
+         out_spatial) = conv_checks.depthwise_fwd_setup(fn, cx, cw, strides, dilation, pads, data_format)
+        kernel_spatial = cw.shape[:rank]
+        c_out, n = c_in * mult, cx.shape[0]
+        check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
+        _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), cw.size)
+        y_shape = (n, c_out, *out_spatial) if channels_first else (n, *out_spatial, c_out)
+        return y_shape, cx.dtype, _depthwise_tiled(
+            rt, fn, 'depthwise_fwd', cx.dtype, n, c_in, mult,
+            (in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads), channels_first, out_spatial,
+            c_strides, lanes=c_out)
+
+    return _run_pair(rt, prepared.get(rt, fn, (x, w), (strides, dilation, pads, data_format), prepare), x, w)
+
+
 def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of depthwise_conv_fwd with respect to x."""
     fn = 'depthwise_conv_dgrad'
-    rt, dy, w = _checked_pair(fn, runtime, ('dy', dy), ('w', w))
-    channels_first, rank, strides, dilation, pads = conv_checks.conv_setup(
-        fn, 'dy', dy, data_format, w, 'w', strides, dilation, pads)
-    x_shape = conv_checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
-    conv_checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
-    c_in = conv_checks.channel_count(x_shape, channels_first)
-    conv_checks.check_channels(fn, 'the channel count', 'x_shape', x_shape, c_in, 'w', w.shape, w.shape[-2])
-    in_spatial = conv_checks.spatial_dims(x_shape, channels_first)
-    kernel_spatial, mult = w.shape[:rank], w.shape[-1]
-    out_spatial = conv_checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
-    conv_checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x_shape %s' % (x_shape,))
-    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, conv_checks.channel_count(dy.shape, channels_first),
-                         'w', w.shape, c_in * mult)
-    n = x_shape[0]
-    check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
-    _check_sample_sizes(fn, (c_in, c_in * mult), (math.prod(in_spatial), math.prod(out_spatial)), w.size)
-    dx = rt.xp.empty(x_shape, dy.dtype)
-    return _depthwise_tiled(rt, fn, 'depthwise_dgrad', dy, w, dx, n, c_in, mult,
-                            (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads), channels_first,
-                            in_spatial, (1,) * rank, lanes=c_in, hole_stride=strides[-1])
+    rt = resolve(runtime)
+
+    def prepare():
+        _, cdy, cw = _checked_pair(fn, rt, ('dy', dy), ('w', w))
+        channels_first, rank, c_strides, c_dilation, c_pads = conv_checks.conv_setup(
+            fn, 'dy', cdy, data_format, cw, 'w', strides, dilation, pads)
+        c_x_shape = conv_checks.shape_tuple(fn, 'x_shape', x_shape, rank + 2)
+        conv_checks.check_batch(fn, 'dy', cdy.shape, 'x_shape', c_x_shape)
+        c_in = conv_checks.channel_count(c_x_shape, channels_first)
+        conv_checks.check_channels(fn, 'the channel count', 'x_shape', c_x_shape, c_in, 'w', cw.shape, cw.shape[-2])
+        in_spatial = conv_checks.spatial_dims(c_x_shape, channels_first)
+        kernel_spatial, mult = cw.shape[:rank], cw.shape[-1]
+        out_spatial = conv_checks.output_spatial(fn, in_spatial, kernel_spatial, c_strides, c_dilation, c_pads)
+        conv_checks.check_dy_spatial(fn, cdy, channels_first, out_spatial, 'x_shape %s' % (c_x_shape,))
+        conv_checks.check_channels(fn, 'the channel count', 'dy', cdy.shape,
+                                   conv_checks.channel_count(cdy.shape, channels_first), 'w', cw.shape, c_in * mult)
+        n = c_x_shape[0]
+        check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
+        _check_sample_sizes(fn, (c_in, c_in * mult), (math.prod(in_spatial), math.prod(out_spatial)), cw.size)
+        return c_x_shape, cdy.dtype, _depthwise_tiled(
+            rt, fn, 'depthwise_dgrad', cdy.dtype, n, c_in, mult,
+            (in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads), channels_first, in_spatial,
+            (1,) * rank, lanes=c_in, hole_stride=c_strides[-1])
+
+    problem = prepared.get(rt, fn, (dy, w), (x_shape, strides, dilation, pads, data_format), prepare)
+    return _run_pair(rt, problem, dy, w)
 
 
 def depthwise_wgrad_splits(tiles, blocks_per_split):
@@ -264,67 +294,77 @@ def depthwise_wgrad_splits(tiles, blocks_per_split):
 def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of depthwise_conv_fwd with respect to w."""
     fn = 'depthwise_conv_wgrad'
-    rt, x, dy = _checked_pair(fn, runtime, ('x', x), ('dy', dy))
-    xp = rt.xp
-    channels_first = conv_checks.is_channels_first(fn, data_format)
-    rank = conv_checks.spatial_rank(fn, 'x', x)
-    conv_checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
-    w_shape = conv_checks.shape_tuple(fn, 'w_shape', w_shape, rank + 2)
-    strides, dilation, pads = conv_checks.window_params(fn, rank, strides, dilation, pads)
-    conv_checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
-    c_in = conv_checks.channel_count(x.shape, channels_first)
-    conv_checks.check_channels(fn, 'the channel count', 'x', x.shape, c_in, 'w_shape', w_shape, w_shape[-2])
-    kernel_spatial, mult = w_shape[:rank], w_shape[-1]
-    in_spatial = conv_checks.spatial_dims(x.shape, channels_first)
-    out_spatial = conv_checks.output_spatial(fn, in_spatial, kernel_spatial, strides, dilation, pads)
-    conv_checks.check_dy_spatial(fn, dy, channels_first, out_spatial, 'x shape %s' % (x.shape,))
-    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, conv_checks.channel_count(dy.shape, channels_first),
-                         'w_shape', w_shape, c_in * mult)
-    n, c_out, taps = x.shape[0], c_in * mult, math.prod(kernel_spatial)
-    check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
-    _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), taps * c_out)
-    tile = depthwise_wgrad_tile(fn, x.dtype, channels_first, out_spatial, kernel_spatial, strides, dilation)
-    out_d, out_h, out_w = lift3(out_spatial, 1)
-    tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
-    group_taps = wgrad_group_taps(kernel_spatial)
-    channel_tiles, groups = math.ceil(c_out / DW_CHANNELS), math.ceil(taps / group_taps)
-    if groups > 65535:
-        raise ValueError('%s: %d filter taps is above the kernel limit of %d' % (fn, taps, 65535 * group_taps))
-    splits = conv_tiles.forced_splits() or depthwise_wgrad_splits(tiles, channel_tiles * groups)
-    per_split = math.ceil(tiles / min(splits, tiles))
-    splits = math.ceil(tiles / per_split)
-    dw = xp.empty(w_shape, x.dtype)
-    partial = xp.empty((splits, taps * c_out) if splits > 1 else (1,), accumulation_dtype(x.dtype))
-    module = rt.load(DEPTHWISE_SOURCE, depthwise_defines(x.dtype, channels_first))
-    module.kernel('depthwise_wgrad').launch(
-        (channel_tiles, groups, splits), (DW_CHANNELS, DW_ROWS),
-        (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, np.int32(n), np.int32(c_in),
-         np.int32(mult), *_depthwise_args(in_spatial, out_spatial, kernel_spatial, strides, dilation, pads),
-         np.int32(tile.rows), np.int32(tile.segs), np.int32(group_taps), np.int32(per_split)),
-        shared_mem=tile.shared_bytes)
-    if splits > 1:
+    rt = resolve(runtime)
+    forced_splits = conv_tiles.forced_splits()   # tests force it: part of the problem
+
+    def prepare():
+        _, cx, cdy = _checked_pair(fn, rt, ('x', x), ('dy', dy))
+        channels_first = conv_checks.is_channels_first(fn, data_format)
+        rank = conv_checks.spatial_rank(fn, 'x', cx)
+        conv_checks.check_rank(fn, 'dy', cdy, rank + 2, 'like x')
+        c_w_shape = conv_checks.shape_tuple(fn, 'w_shape', w_shape, rank + 2)
+        c_strides, c_dilation, c_pads = conv_checks.window_params(fn, rank, strides, dilation, pads)
+        conv_checks.check_batch(fn, 'x', cx.shape, 'dy', cdy.shape)
+        c_in = conv_checks.channel_count(cx.shape, channels_first)
+        conv_checks.check_channels(fn, 'the channel count', 'x', cx.shape, c_in, 'w_shape', c_w_shape, c_w_shape[-2])
+        kernel_spatial, mult = c_w_shape[:rank], c_w_shape[-1]
+        in_spatial = conv_checks.spatial_dims(cx.shape, channels_first)
+        out_spatial = conv_checks.output_spatial(fn, in_spatial, kernel_spatial, c_strides, c_dilation, c_pads)
+        conv_checks.check_dy_spatial(fn, cdy, channels_first, out_spatial, 'x shape %s' % (cx.shape,))
+        conv_checks.check_channels(fn, 'the channel count', 'dy', cdy.shape,
+                                   conv_checks.channel_count(cdy.shape, channels_first), 'w_shape', c_w_shape,
+                                   c_in * mult)
+        n, c_out, taps = cx.shape[0], c_in * mult, math.prod(kernel_spatial)
+        check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
+        _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), taps * c_out)
+        tile = depthwise_wgrad_tile(fn, cx.dtype, channels_first, out_spatial, kernel_spatial, c_strides, c_dilation)
+        out_d, out_h, out_w = lift3(out_spatial, 1)
+        tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
+        group_taps = wgrad_group_taps(kernel_spatial)
+        channel_tiles, groups = math.ceil(c_out / DW_CHANNELS), math.ceil(taps / group_taps)
+        if groups > 65535:
+            raise ValueError('%s: %d filter taps is above the kernel limit of %d' % (fn, taps, 65535 * group_taps))
+        splits = forced_splits or depthwise_wgrad_splits(tiles, channel_tiles * groups)
+        per_split = math.ceil(tiles / min(splits, tiles))
+        splits = math.ceil(tiles / per_split)
+        defines = depthwise_defines(cx.dtype, channels_first)
+        main = (rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_wgrad', (channel_tiles, groups, splits),
+                                 (DW_CHANNELS, DW_ROWS), tile.shared_bytes),
+                (np.int32(n), np.int32(c_in), np.int32(mult),
+                 *_depthwise_args(in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads),
+                 np.int32(tile.rows), np.int32(tile.segs), np.int32(group_taps), np.int32(per_split)))
         count = taps * c_out
-        module.kernel('depthwise_reduce_splits').launch(
-            max(1, min(math.ceil(count / DW_THREADS), 4096)), DW_THREADS,
-            (partial, dw.reshape(-1), np.int64(count), np.int32(splits)))
+        reduce = (rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_reduce_splits',
+                                   max(1, min(math.ceil(count / DW_THREADS), 4096)), DW_THREADS),
+                  (np.int64(count), np.int32(splits))) if splits > 1 else None
+        partial_shape = (splits, taps * c_out) if splits > 1 else (1,)
+        return c_w_shape, cx.dtype, partial_shape, main, reduce
+
+    w_shape, dtype, partial_shape, (launch, scalars), reduce = prepared.get(
+        rt, fn, (x, dy), (w_shape, strides, dilation, pads, data_format, forced_splits), prepare)
+    x, dy = _contiguous(rt, x, dy)
+    dw = rt.xp.empty(w_shape, dtype)
+    partial = rt.xp.empty(partial_shape, accumulation_dtype(dtype))
+    launch((x, dy, dw, partial) + scalars)
+    if reduce is not None:
+        reduce[0]((partial, dw.reshape(-1)) + reduce[1])
     return dw
 
 
 # ---------------------------------------------------------------- locally connected
 
-def _local_launch(rt, kernel_name, dtype, out, work, args, n, c_in, c_out, in_spatial, output_spatial, kernel_size,
-                  strides, channels_first):
-    args = tuple(rt.xp.ascontiguousarray(a) for a in args)
-    for name, array in zip(('x or dy', 'w or dy'), args):
-        check_index_limit(kernel_name, 'the element count of %s' % name, array.size)
-    check_index_limit(kernel_name, 'the element count of the result', out.size)
+def _local_launch(rt, kernel_name, dtype, out_shape, work, sizes, n, c_in, c_out, in_spatial, output_spatial,
+                  kernel_size, strides, channels_first):
+    """(launch, scalar arguments) of local_fwd / local_dgrad / local_wgrad; ``sizes``: the
+    element counts of the two inputs."""
+    for name, size in zip(('x or dy', 'w or dy'), sizes):
+        check_index_limit(kernel_name, 'the element count of %s' % name, size)
+    check_index_limit(kernel_name, 'the element count of the result', math.prod(out_shape))
     blocks = max(1, min(math.ceil(work / LOCAL_THREADS), LOCAL_MAX_BLOCKS))
-    rt.load(LOCAL_SOURCE, local_defines(dtype)).kernel(kernel_name).launch(
-        blocks, LOCAL_THREADS,
-        (*args, out, np.int32(n), np.int32(c_in), np.int32(c_out),
-         *_spatial_args(lift3(in_spatial, 1), lift3(output_spatial, 1), lift3(kernel_size, 1), lift3(strides, 1)),
-         np.int32(not channels_first)))
-    return out
+    return rt.kernel_launch(LOCAL_SOURCE, local_defines(dtype), kernel_name, blocks, LOCAL_THREADS), (
+        np.int32(n), np.int32(c_in), np.int32(c_out),
+        *_spatial_args(lift3(in_spatial, 1), lift3(output_spatial, 1), lift3(kernel_size, 1), lift3(strides, 1)),
+        np.int32(not channels_first))
 
 
 def _local_window(fn, data_format, rank_name, rank_array, x_shape, kernel_size, strides, output_spatial):
@@ -343,48 +383,68 @@ def _local_window(fn, data_format, rank_name, rank_array, x_shape, kernel_size, 
 def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format, *, runtime=None):
     """Convolution with unshared weights w (P, prod(k) * C_in, C_out), P = prod(output_spatial)."""
     fn = 'local_conv_fwd'
-    rt, x, w = _checked_pair(fn, runtime, ('x', x), ('w', w))
-    channels_first, _, _, in_spatial, kernel_size, strides, output_spatial = _local_window(
-        fn, data_format, 'x', x, None, kernel_size, strides, output_spatial)
-    c_in = conv_checks.channel_count(x.shape, channels_first)
-    conv_checks.check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
-    n, c_out = x.shape[0], w.shape[-1]
-    y = rt.xp.empty((n, c_out, *output_spatial) if channels_first else (n, *output_spatial, c_out), x.dtype)
-    return _local_launch(rt, 'local_fwd', x.dtype, y, y.size, (x, w), n, c_in, c_out, in_spatial, output_spatial,
-                         kernel_size, strides, channels_first)
+    rt = resolve(runtime)
+
+    def prepare():
+        _, cx, cw = _checked_pair(fn, rt, ('x', x), ('w', w))
+        channels_first, _, _, in_spatial, c_kernel, c_strides, c_output = _local_window(
+            fn, data_format, 'x', cx, None, kernel_size, strides, output_spatial)
+        c_in = conv_checks.channel_count(cx.shape, channels_first)
+        conv_checks.check_local_kernel(fn, 'w', cw.shape, c_output, c_kernel, c_in)
+        n, c_out = cx.shape[0], cw.shape[-1]
+        y_shape = (n, c_out, *c_output) if channels_first else (n, *c_output, c_out)
+        return y_shape, cx.dtype, _local_launch(rt, 'local_fwd', cx.dtype, y_shape, math.prod(y_shape),
+                                                (cx.size, cw.size), n, c_in, c_out, in_spatial, c_output, c_kernel,
+                                                c_strides, channels_first)
+
+    problem = prepared.get(rt, fn, (x, w), (kernel_size, strides, output_spatial, data_format), prepare)
+    return _run_pair(rt, problem, x, w)
 
 
 def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_format, *, runtime=None):
     """Gradient of local_conv_fwd with respect to x."""
     fn = 'local_conv_dgrad'
-    rt, dy, w = _checked_pair(fn, runtime, ('dy', dy), ('w', w))
-    channels_first, _, x_shape, in_spatial, kernel_size, strides, output_spatial = _local_window(
-        fn, data_format, 'dy', dy, x_shape, kernel_size, strides, output_spatial)
-    conv_checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
-    c_in = conv_checks.channel_count(x_shape, channels_first)
-    conv_checks.check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
-    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, conv_checks.channel_count(dy.shape, channels_first),
-                         'w', w.shape, w.shape[-1])
-    conv_checks.check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
-    dx = rt.xp.empty(x_shape, dy.dtype)
-    return _local_launch(rt, 'local_dgrad', dy.dtype, dx, dx.size, (dy, w), x_shape[0], c_in, w.shape[-1],
-                         in_spatial, output_spatial, kernel_size, strides, channels_first)
+    rt = resolve(runtime)
+
+    def prepare():
+        _, cdy, cw = _checked_pair(fn, rt, ('dy', dy), ('w', w))
+        channels_first, _, c_x_shape, in_spatial, c_kernel, c_strides, c_output = _local_window(
+            fn, data_format, 'dy', cdy, x_shape, kernel_size, strides, output_spatial)
+        conv_checks.check_batch(fn, 'dy', cdy.shape, 'x_shape', c_x_shape)
+        c_in = conv_checks.channel_count(c_x_shape, channels_first)
+        conv_checks.check_local_kernel(fn, 'w', cw.shape, c_output, c_kernel, c_in)
+        conv_checks.check_channels(fn, 'the channel count', 'dy', cdy.shape,
+                                   conv_checks.channel_count(cdy.shape, channels_first), 'w', cw.shape, cw.shape[-1])
+        conv_checks.check_dy_spatial(fn, cdy, channels_first, c_output, 'output_spatial')
+        return c_x_shape, cdy.dtype, _local_launch(rt, 'local_dgrad', cdy.dtype, c_x_shape, math.prod(c_x_shape),
+                                                   (cdy.size, cw.size), c_x_shape[0], c_in, cw.shape[-1], in_spatial,
+                                                   c_output, c_kernel, c_strides, channels_first)
+
+    problem = prepared.get(rt, fn, (dy, w), (x_shape, kernel_size, strides, output_spatial, data_format), prepare)
+    return _run_pair(rt, problem, dy, w)
 
 
 def local_conv_wgrad(x, dy, w_shape, kernel_size, strides, output_spatial, data_format, *, runtime=None):
     """Gradient of local_conv_fwd with respect to w."""
     fn = 'local_conv_wgrad'
-    rt, x, dy = _checked_pair(fn, runtime, ('x', x), ('dy', dy))
-    channels_first, rank, _, in_spatial, kernel_size, strides, output_spatial = _local_window(
-        fn, data_format, 'x', x, None, kernel_size, strides, output_spatial)
-    conv_checks.check_rank(fn, 'dy', dy, rank + 2, 'like x')
-    w_shape = conv_checks.shape_tuple(fn, 'w_shape', w_shape, 3)
-    conv_checks.check_batch(fn, 'x', x.shape, 'dy', dy.shape)
-    c_in = conv_checks.channel_count(x.shape, channels_first)
-    conv_checks.check_local_kernel(fn, 'w_shape', w_shape, output_spatial, kernel_size, c_in)
-    c_out = conv_checks.channel_count(dy.shape, channels_first)
-    conv_checks.check_channels(fn, 'the channel count', 'dy', dy.shape, c_out, 'w_shape', w_shape, w_shape[-1])
-    conv_checks.check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
-    dw = rt.xp.empty(w_shape, x.dtype)
-    return _local_launch(rt, 'local_wgrad', x.dtype, dw, dw.size, (x, dy), x.shape[0], c_in, c_out, in_spatial,
-                         output_spatial, kernel_size, strides, channels_first)
+    rt = resolve(runtime)
+
+    def prepare():
+        _, cx, cdy = _checked_pair(fn, rt, ('x', x), ('dy', dy))
+        channels_first, rank, _, in_spatial, c_kernel, c_strides, c_output = _local_window(
+            fn, data_format, 'x', cx, None, kernel_size, strides, output_spatial)
+        conv_checks.check_rank(fn, 'dy', cdy, rank + 2, 'like x')
+        c_w_shape = conv_checks.shape_tuple(fn, 'w_shape', w_shape, 3)
+        conv_checks.check_batch(fn, 'x', cx.shape, 'dy', cdy.shape)
+        c_in = conv_checks.channel_count(cx.shape, channels_first)
+        conv_checks.check_local_kernel(fn, 'w_shape', c_w_shape, c_output, c_kernel, c_in)
+        c_out = conv_checks.channel_count(cdy.shape, channels_first)
+        conv_checks.check_channels(fn, 'the channel count', 'dy', cdy.shape, c_out, 'w_shape', c_w_shape,
+                                   c_w_shape[-1])
+        conv_checks.check_dy_spatial(fn, cdy, channels_first, c_output, 'output_spatial')
+        return c_w_shape, cx.dtype, _local_launch(rt, 'local_wgrad', cx.dtype, c_w_shape, math.prod(c_w_shape),
+                                                  (cx.size, cdy.size), cx.shape[0], c_in, c_out, in_spatial,
+                                                  c_output, c_kernel, c_strides, channels_first)
+
+    problem = prepared.get(rt, fn, (x, dy), (w_shape, kernel_size, strides, output_spatial, data_format), prepare)
+    return _run_pair(rt, problem, x, dy)

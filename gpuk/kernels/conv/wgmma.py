@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from gpuk.contracts.dtypes import c_types
-from ..runtime import register_build
+from ..runtime import prepared, register_build
 
 SOURCE = Path(__file__).with_name('conv_wgmma.cu')
 ARCH = 'sm_90a'
@@ -124,10 +124,13 @@ def conv_dgrad(rt, dy, w, dx, no_bias, g):
 
 
 def _launch(rt, x, w_t, y, bias, epilogue_code, g):
-    xp = rt.xp
-    grid, threads, shared = launch_shape(g)
-    geometry = (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides, *g.dilation, *g.pad_before)
-    args = (xp.ascontiguousarray(x), w_t, bias, y, *(np.int32(v) for v in geometry), np.int32(epilogue_code))
-    # conv_wgmma_fwd's geometry: (batch, c_in, c_out, in, out, kernel, strides, dilation, pads)
-    rt.load(SOURCE, defines(x.dtype), arch=ARCH).kernel(KERNEL).launch(grid, threads, args, shared_mem=shared)
+    def prepare():   # once per (geometry, dtype, epilogue): runtime/prepared.py
+        grid, threads, shared = launch_shape(g)
+        # conv_wgmma_fwd's geometry: (batch, c_in, c_out, in, out, kernel, strides, dilation, pads)
+        geometry = (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides, *g.dilation, *g.pad_before)
+        return (rt.kernel_launch(SOURCE, defines(x.dtype), KERNEL, grid, threads, shared, arch=ARCH),
+                tuple(np.int32(v) for v in geometry) + (np.int32(epilogue_code),))
+
+    launch, scalars = prepared.get(rt, 'conv_wgmma', (x,), (g, epilogue_code), prepare)
+    launch((rt.xp.ascontiguousarray(x), w_t, bias, y) + scalars)
     return y

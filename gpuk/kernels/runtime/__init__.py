@@ -3,6 +3,8 @@
     rt = runtime.current()                      # or runtime.get_runtime('emulate')
     module = rt.load(SOURCE, {'ELEMENT_T': 'float', 'THREADS': 256})
     module.kernel('copy_bytes').launch(grid, block, (src, dst, np.int64(n)))
+    launch = rt.kernel_launch(SOURCE, defines, 'copy_bytes', grid, block)   # kept by a prepared
+    launch((src, dst, np.int64(n)))                                         # problem (prepared.py)
 
 Two implementations: 'cuda' (CuPy RawModule on the current stream) and 'emulate'
 (the same .cu compiled with the host C++ compiler against an emulation of the CUDA
@@ -105,7 +107,8 @@ def current_setting():
 def current():
     """The runtime launchers use when not given one explicitly."""
     if _current is not None:
-        return get_runtime(_current)
+        # every launcher call asks: the memoized runtime without the lock (a dict read is atomic)
+        return _runtimes.get(_current) or get_runtime(_current)
     wanted = config.requested_device()
     if wanted == 'cpu':   # the NumPy twins run no kernels: never a silent switch to the emulator
         raise RuntimeError("runtime.current: GPUK_DEVICE=cpu runs the NumPy twins, not the CUDA kernels; "
@@ -118,6 +121,8 @@ def current():
 def resolve(rt):
     """A launcher's `runtime=` argument: None (current), a kind string, or a runtime."""
     if rt is None:
+        if _current is not None:
+            return _runtimes.get(_current) or get_runtime(_current)
         return current()
     if isinstance(rt, str):
         return get_runtime(rt)

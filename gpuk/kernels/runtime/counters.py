@@ -26,11 +26,12 @@ What is counted, and where (the runtime boundary, so every implementation is mea
 Counting costs two perf_counter calls per launch and is off unless ``counting()`` is active.
 """
 import contextlib
+import sys
 import time
 
 
 class Counters:
-    def __init__(self):
+    def __init__(self, count_calls=False):
         self.launches = 0
         self.device_s = 0.0
         self.host_syncs = 0
@@ -48,21 +49,35 @@ class Counters:
         self.xp_steps = 0            # steps that launched nothing of gpuk's (ops computed with xp)
         self.xp_steps_s = 0.0        # on a GPU CuPy's host time; in the rehearsal NumPy's compute
         self._recorded = [0.0, 0, 0.0]   # exclusive time, launches, device time recorded so far
+        # count_calls: Python function calls (Python and C, sys.setprofile) inside the forwards of
+        # the outermost plan steps that launch, device calls left out: a load-free measure of the
+        # Python per launch (a scan's step plans count in the scan). It slows the step: a
+        # separate step from the timed ones.
+        self.count_calls = count_calls
+        self.launching_calls = 0      # those calls
+        self.counted_launches = 0     # the launches of the steps they were counted in
+        self._calls = [0, 0]          # calls seen, depth inside device calls
 
     def as_dict(self):
         return {k: v for k, v in vars(self).items() if not k.startswith('_')}
 
-    def step(self, forward, impl, args):
-        """forward(impl, *args), one plan step, timed and attributed (see the fields above)."""
+    def step(self, forward, impl, args, count_allocations=None):
+        """forward(impl, *args), one plan step, timed and attributed (see the fields above);
+        ``count_allocations(result)``, when given, adds the step's new buffers to
+        ``allocations``. The bookkeeping after the call is counting overhead: recorded as
+        time the enclosing step (a scan around a step plan) leaves out, like a nested step's."""
         recorded = self._recorded
-        t0, l0, d0 = time.perf_counter(), self.launches, self.device_s
-        r0 = list(recorded)
-        result = forward(impl, *args)
-        elapsed = time.perf_counter() - t0
-        own_s = elapsed - (recorded[0] - r0[0])
-        own_launches = self.launches - l0 - (recorded[1] - r0[1])
-        own_device = self.device_s - d0 - (recorded[2] - r0[2])
-        recorded[0] += own_s
+        r0, r1, r2 = recorded
+        l0, d0 = self.launches, self.device_s
+        calls = self.count_calls and sys.getprofile() is None   # the outermost step counts
+        t0 = time.perf_counter()
+        result = self._profiled(forward, impl, args) if calls else forward(impl, *args)
+        t1 = time.perf_counter()
+        if calls and self.launches != l0:
+            self.counted_launches += self.launches - l0
+        own_s = t1 - t0 - (recorded[0] - r0)
+        own_launches = self.launches - l0 - (recorded[1] - r1)
+        own_device = self.device_s - d0 - (recorded[2] - r2)
         recorded[1] += own_launches
         recorded[2] += own_device
         if own_launches:
@@ -72,7 +87,27 @@ class Counters:
         else:
             self.xp_steps += 1
             self.xp_steps_s += own_s
+        if count_allocations is not None:
+            self.allocations += count_allocations(result)
+        recorded[0] += own_s + (time.perf_counter() - t1)
         return result
+
+    def _profiled(self, forward, impl, args):
+        """forward(impl, *args) with its Python calls counted (see count_calls)."""
+        seen = self._calls
+        before = seen[0]
+
+        def profile(frame, event, arg):
+            if (event == 'call' or event == 'c_call') and not seen[1]:
+                seen[0] += 1
+        sys.setprofile(profile)
+        launches = self.launches
+        try:
+            return forward(impl, *args)
+        finally:
+            sys.setprofile(None)
+            if self.launches != launches:
+                self.launching_calls += seen[0] - before
 
 
 _active = []   # the Counters of the innermost counting() block, if any
@@ -84,9 +119,10 @@ def active():
 
 
 @contextlib.contextmanager
-def counting():
-    """Count launches, device time, syncs and allocations of the code in the block."""
-    counters = Counters()
+def counting(count_calls=False):
+    """Count launches, device time, syncs and allocations of the code in the block (and with
+    ``count_calls`` the Python calls of its launching plan steps, see Counters)."""
+    counters = Counters(count_calls)
     _active.append(counters)
     hook = _pool_hook(counters)
     try:
@@ -127,9 +163,11 @@ def device_call(call, *args, **kwargs):
     if counters is None:
         return call(*args, **kwargs)
     started = time.perf_counter()
+    counters._calls[1] += 1   # a profiled step leaves the device call out of its count
     try:
         return call(*args, **kwargs)
     finally:
+        counters._calls[1] -= 1
         counters.device_s += time.perf_counter() - started
         counters.launches += 1
 

@@ -155,6 +155,36 @@ class CudaKernel:
             raise runtime.KernelLaunchError(f"{what}: {exc}", kernel=self.name, kind='cuda') from exc
 
 
+class CudaLaunch:
+    """One kernel with one checked (grid, block, shared_mem): ``launch(args)`` enqueues it on
+    the current stream. What a launcher's prepared problem keeps (runtime/prepared.py), so a
+    repeated problem skips the module lookup (``rt.load`` keys its defines), the kernel lookup
+    and the launch configuration's checks. The arguments are checked as by CudaKernel.launch:
+    on every call outside runtime.prepared_launches() and under GPUK_CHECK_LAUNCHES=1."""
+    __slots__ = ('kernel', 'config', '_function', '_array_type', '_errors', '_cupy')
+
+    def __init__(self, kernel, grid, block, shared_mem):
+        import cupy
+        self.kernel, self.config = kernel, kernel._check_config(grid, block, shared_mem)
+        self._function, self._array_type, self._cupy = kernel._function, cupy.ndarray, cupy
+        self._errors = (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError)
+
+    def __call__(self, args):
+        if not runtime._prepared_depth[0] or runtime._forced[0]:
+            runtime.check_args(self.kernel.signature, args, self._array_type)
+        grid, block, shared_mem = self.config
+        try:
+            if counters._active:   # counted and timed (bench.host_overhead)
+                counters.device_call(self._function, grid, block, args, shared_mem=shared_mem)
+            else:
+                self._function(grid, block, args, shared_mem=shared_mem)
+            if _SYNC_LAUNCHES[0]:   # attribute asynchronous faults to this launch
+                self._cupy.cuda.get_current_stream().synchronize()
+        except self._errors as exc:
+            what = runtime.describe_launch(self.kernel.name, grid, block, shared_mem, args)
+            raise runtime.KernelLaunchError(f"{what}: {exc}", kernel=self.kernel.name, kind='cuda') from exc
+
+
 class CudaModule:
     def __init__(self, rt, source_file, defines, raw_module, signatures, cubin):
         self.runtime, self.source_file, self.defines = rt, source_file, dict(defines)
@@ -239,6 +269,11 @@ class CudaRuntime:
         if fast_key is not None:
             self._loaded[fast_key] = module
         return module
+
+    def kernel_launch(self, source_file, defines, name, grid, block, shared_mem=0, arch=None):
+        """A CudaLaunch of kernel ``name`` of ``load(source_file, defines, arch)`` with (grid,
+        block, shared_mem) checked now (a launcher's prepare() keeps it per problem)."""
+        return CudaLaunch(self.load(source_file, defines, arch).kernel(name), grid, block, shared_mem)
 
     def _load(self, source_file, defines, arch):
         defines = dict(defines or {})

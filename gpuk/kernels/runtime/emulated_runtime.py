@@ -418,6 +418,16 @@ class EmulatedRuntime:
         flags = CXX_FLAGS + (SANITIZE_FLAGS if instrumented else ())
         return source_key(source_file, defines, 'emulate', ABI_VERSION, emu, self.compiler_id(), flags)
 
+    def kernel_launch(self, source_file, defines, name, grid, block, shared_mem=0, arch=None):
+        """What CudaRuntime.kernel_launch gives, for the emulator: ``launch(args)`` loads the
+        module on every call (which build it is, instrumented or not, follows the sanitizer and
+        counters switches of the moment) and checks and runs the launch as EmulatedKernel.launch."""
+        defines = dict(defines or {})
+
+        def launch(args):
+            self.load(source_file, defines, arch).kernel(name).launch(grid, block, args, shared_mem)
+        return launch
+
     def load(self, source_file, defines=None, arch=None):
         """Compile (or fetch from the caches) `source_file` with `defines`; returns a module.
         ``arch`` (the CUDA runtime's target override, e.g. 'sm_90a') changes nothing here."""

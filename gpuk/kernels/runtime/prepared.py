@@ -10,8 +10,11 @@ its arrays (type, shape, dtype) and its other parameters. ``get`` keeps what ``p
 returned per (runtime, launcher, parameters, array signatures): the first call of a problem
 checks it and raises the user's error; every later call of the same problem (each step of a
 K.function plan for the same input shapes: the same launches with the same signatures) skips
-both. What ``prepare()`` returns must hold no array (only sizes, names, numpy scalars): the
-per-call part still does the array work (contiguous copies, casts, outputs).
+both. What ``prepare()`` returns holds sizes, names, numpy scalars, the kernel launches
+themselves (``rt.kernel_launch``: the loaded kernel with its grid, block and shared memory
+checked) and at most constant device tables no call writes (the fused kernel's index
+strides); never a caller's array: the per-call part still does the array work (contiguous
+copies, casts, outputs, the launch).
 
 Checked on every call instead:
 - with GPUK_CHECK_LAUNCHES=1 (the debug flag; read at import and by each
@@ -28,7 +31,7 @@ on the device on every call.
 """
 import numpy as np
 
-from . import check_launches_forced
+from . import _forced
 
 _PREPARED = {}
 LIMIT = 4096   # problems kept before the table starts over (shapes churn in no real training loop)
@@ -37,11 +40,12 @@ LIMIT = 4096   # problems kept before the table starts over (shapes churn in no 
 def get(rt, launcher, arrays, params, prepare):
     """``prepare()``'s result for this problem: computed on its first call, kept after (see the
     module docstring for when it runs on every call)."""
-    if check_launches_forced():
+    if _forced[0]:   # runtime.check_launches_forced(), read per launcher call
         return prepare()
     array_type = rt.xp.ndarray
-    try:
-        key = (rt, launcher, params) + tuple(_signature(a, array_type) for a in arrays)
+    try:   # the runtime's arrays inline: this runs per launcher call
+        key = (rt, launcher, params, *[(a.shape, a.dtype) if type(a) is array_type else _signature(a, array_type)
+                                       for a in arrays])
         found = _PREPARED.get(key)
     except (TypeError, _NotAnArray):
         return prepare()
@@ -70,3 +74,44 @@ def _signature(value, array_type):
     if value is None or isinstance(value, (int, float, np.generic)):
         return type(value)
     raise _NotAnArray
+
+
+class Launches:
+    """The kernel launches of one prepared problem, made on first use and kept with it:
+    ``launches(name, grid, block, args)`` launches kernel ``name`` of ``source`` built with
+    ``defines``; the first call of each (name, grid, block, shared_mem) loads the kernel and
+    checks the configuration (``rt.kernel_launch``), later ones go straight to the launch.
+    A launcher's prepare() makes one per module its problem uses and returns it with the rest."""
+    __slots__ = ('_rt', '_source', '_defines', '_arch', '_made', '_kept')
+
+    def __init__(self, rt, source, defines, arch=None):
+        self._rt, self._source, self._defines, self._arch = rt, source, dict(defines), arch
+        self._made, self._kept = {}, {}
+
+    def __call__(self, name, grid, block, args, shared_mem=0):
+        key = (name, grid, block, shared_mem)
+        try:
+            launch = self._made[key]
+        except KeyError:
+            launch = self._made[key] = self._rt.kernel_launch(self._source, self._defines, name, grid, block,
+                                                              shared_mem, arch=self._arch)
+        except TypeError:   # a list for a grid: made for this call only
+            launch = self._rt.kernel_launch(self._source, self._defines, name, grid, block, shared_mem,
+                                            arch=self._arch)
+        launch(args)
+
+    def kernel(self, name):
+        """The loaded kernel ``name`` (for what a launcher asks of it, like co-resident blocks)."""
+        return self._rt.load(self._source, self._defines, self._arch).kernel(name)
+
+    def kept(self, key, make):
+        """``make()``, computed once per key for this problem (a value the launches derive from
+        the problem alone, like a grid that asks the kernel for its occupancy). On the emulator
+        such values follow its switches of the moment (GPUK_EMULATE_THREADS): computed per call."""
+        if self._rt.kind != 'cuda':
+            return make()
+        try:
+            return self._kept[key]
+        except KeyError:
+            value = self._kept[key] = make()
+            return value
