@@ -35,11 +35,23 @@ typedef ELEMENT_T elem_t;
 typedef ACC_T acc_t;   // a #define, not ElementTraits<elem_t>::acc, so kernel signatures can name it
 static_assert(gpuk_same_type<acc_t, ElementTraits<elem_t>::acc>::value, "ACC_T must be the accumulation type of ELEMENT_T");
 
+// v where keep, else +0: a bitwise select, so the load of v stays unconditional (a compiler
+// may sink a load used only under a condition into that condition's branch).
+__device__ __forceinline__ float keep_or_zero(bool keep, float v) {
+    return __uint_as_float(__float_as_uint(v) & (0u - (unsigned)keep));
+}
+__device__ __forceinline__ double keep_or_zero(bool keep, double v) {
+    return __longlong_as_double(__double_as_longlong(v) & -(long long)keep);
+}
+
 // dy, or 0 where the fused relu output y is not > 0 (NaN included): relu'(y) selects.
+// Both loads are unconditional: lanes skipping the dy load where y <= 0 would leave the warp
+// moving the same sectors for fewer bytes (masked lanes rarely leave a whole sector idle),
+// and the branch would put the dy load behind the y load's latency.
 template <bool RELU>
 __device__ __forceinline__ acc_t masked_grad(const elem_t* __restrict__ dy, const elem_t* __restrict__ y, long long off) {
-    if (RELU && !(to_acc(y[off]) > acc_t(0))) return acc_t(0);
-    return to_acc(dy[off]);
+    const acc_t g = to_acc(dy[off]);
+    return RELU ? keep_or_zero(to_acc(y[off]) > acc_t(0), g) : g;
 }
 
 // The two per-element terms: training (x - K, (x - K)^2); backward (dy, dy * (x - mean)),
