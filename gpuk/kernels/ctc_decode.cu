@@ -18,6 +18,14 @@
 #define BEAM_SHARED_CLASSES 2048
 #endif
 
+// ctc_beam_search's per-sample scratch arrays (and the per-beam arrays inside them) start on
+// a multiple of this many elements: 32 bytes for int / float, 64 for long long / double, so
+// with W + W^2 candidates (110 at W = 10) a warp's run of them still moves whole sectors.
+// The launcher allocates with the same padding (beam_pitch).
+#ifndef BEAM_PITCH_ELEMENTS
+#define BEAM_PITCH_ELEMENTS 8
+#endif
+
 typedef ELEMENT_T elem_t;
 typedef ACC_T acc_t;
 
@@ -273,7 +281,11 @@ __device__ __noinline__ void best_extensions(const StepContext& ctx, long long b
 // Thread mapping: one block per sample, threads stride over candidates / beams / pairs.
 // Scratch (global, per sample): beams (2 x W each), merge_from / absorbed head / next
 // (3 W), ext_list (W^2), cand_total (C), ties (C), selected (W), parents / emitted (T, W);
-// C = W + W^2.
+// C = W + W^2; each array padded to beam_pitch elements (BEAM_PITCH_ELEMENTS above).
+__device__ __forceinline__ long long beam_pitch(long long count) {
+    return (count + BEAM_PITCH_ELEMENTS - 1) / BEAM_PITCH_ELEMENTS * BEAM_PITCH_ELEMENTS;
+}
+
 extern "C" __global__ void __launch_bounds__(CTC_DECODE_THREADS)
 ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restrict__ input_lengths,
                 acc_t* __restrict__ beam_p, long long* __restrict__ beam_hash, int* __restrict__ beam_last,
@@ -291,21 +303,22 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
     const long long n = blockIdx.x, t_n = input_lengths[n], extend = classes - 1;
     const long long n_cand = width * (1 + width);
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const long long w_pitch = beam_pitch(width), cand_pitch = beam_pitch(n_cand);
     Beams beams[2];
     for (int k = 0; k < 2; ++k) {
-        const long long off = (n * 2 + k) * width;
-        beams[k] = Beams{beam_p + 2 * off, beam_p + 2 * off + width, beam_hash + 2 * off, beam_hash + 2 * off + width,
-                         beam_last + off};
+        const long long off = (n * 2 + k) * w_pitch;
+        beams[k] = Beams{beam_p + 2 * off, beam_p + 2 * off + w_pitch, beam_hash + 2 * off,
+                         beam_hash + 2 * off + w_pitch, beam_last + off};
     }
-    int* __restrict__ merge_from = merge_scratch + n * 3 * width;
-    int* __restrict__ absorbed_head = merge_from + width;
-    int* __restrict__ absorbed_next = merge_from + 2 * width;
-    int* __restrict__ ext_list = ext_scratch + n * width * width;
-    acc_t* __restrict__ cand = cand_scratch + n * n_cand;
-    int* __restrict__ ties = tie_scratch + n * n_cand;
-    int* __restrict__ selected = selected_scratch + n * width;
-    int* __restrict__ parents = parents_scratch + n * steps * width;
-    int* __restrict__ emitted = emitted_scratch + n * steps * width;
+    int* __restrict__ merge_from = merge_scratch + n * 3 * w_pitch;
+    int* __restrict__ absorbed_head = merge_from + w_pitch;
+    int* __restrict__ absorbed_next = merge_from + 2 * w_pitch;
+    int* __restrict__ ext_list = ext_scratch + n * beam_pitch(width * width);
+    acc_t* __restrict__ cand = cand_scratch + n * cand_pitch;
+    int* __restrict__ ties = tie_scratch + n * cand_pitch;
+    int* __restrict__ selected = selected_scratch + n * w_pitch;
+    int* __restrict__ parents = parents_scratch + n * beam_pitch(steps * width);
+    int* __restrict__ emitted = emitted_scratch + n * beam_pitch(steps * width);
     for (long long w = threadIdx.x; w < width; w += blockDim.x) {
         beams[0].p_blank[w] = w == 0 ? acc_t(0) : dec_neg_inf();
         beams[0].p_label[w] = dec_neg_inf();
