@@ -197,7 +197,8 @@ transpose_planes_thin(const word_t* __restrict__ src, word_t* __restrict__ dst, 
             if (paired) {
                 for (int l = 2 * threadIdx.x; l < width; l += 2 * LAYOUT_THREADS) {
                     if (l + 1 < width)
-                        *reinterpret_cast<unsigned*>(row + l) = pack_pair(tile[l * stride + s], tile[(l + 1) * stride + s]);
+                        *reinterpret_cast<unsigned*>(row + l) =
+                            pack_pair(tile[l * stride + s], tile[(l + 1) * stride + s]);
                     else
                         row[l] = tile[l * stride + s];
                 }
