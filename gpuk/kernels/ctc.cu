@@ -364,11 +364,11 @@ ctc_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
                 if (stage)
                     for (long long l = lane; l < l_n; l += 32) staged_next[l] = next_row[l];
                 __syncwarp();   // the staged rows are whole before any lane gathers from them
-                // label position l's occupation (state 2 l + 1) is occ[l * occ_step]: packed in the
-                // stage, so lanes gathering different positions hit different banks (a stride of 2
-                // put positions l and l + 16 on one bank)
-                const acc_t* occ = stage ? staged : occ_row + 1;
-                const long long occ_step = stage ? 1 : 2;
+                // label position l's occupation (state 2 l + 1) is occ[(l << occ_shift) + occ_shift]:
+                // packed in the stage, so lanes gathering different positions hit different banks
+                // (a stride of 2 put positions l and l + 16 on one bank)
+                const acc_t* occ = stage ? staged : occ_row;
+                const int occ_shift = stage ? 0 : 1;
                 const int* next = stage ? staged_next : next_row;
 #pragma unroll
                 for (int offset = 16; offset > 0; offset >>= 1)
@@ -382,7 +382,7 @@ ctc_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
                         const acc_t xc = to_acc(x[c]);
                         int l = first[c];   // -1 for the blank (ctc_label_map gives it no position)
                         acc_t o = c == blank ? blank_part : acc_t(0);
-                        for (; l >= 0; l = next[l]) o += occ[l * occ_step];
+                        for (; l >= 0; l = next[l]) o += occ[((long long)l << occ_shift) + occ_shift];
                         g = (exp(xc - lse) - o) * d;
                     }
                     __syncwarp();   // converged after the label-position chains: one coalesced store
