@@ -159,7 +159,7 @@ struct StepContext {
     const elem_t* frame;     // log_probs[n, t, :]
     acc_t frame_lse;         // frames are log-softmax normalized first, like the twin
     const int* merge_from;   // stay w merges with the extension of merge_from[w] (or -1)
-    const int* ext_list;     // (W, W): beam b's best W extension classes, best first (-1: none)
+    const int* ext_list;     // (W, W): [k][b] = beam b's k-th best extension class (-1: none)
     const acc_t* lp_cache;   // the frame's log-probabilities in shared memory, or nullptr
     long long width, extend, blank;
     __device__ __forceinline__ acc_t lp(long long c) const {
@@ -174,8 +174,9 @@ struct StepContext {
     __device__ __forceinline__ long long ext_key(long long b, long long c) const {
         return ((cur.hash1[b] * HASH_B1 + c + 1) % HASH_P1) * HASH_P2 + (cur.hash2[b] * HASH_B2 + c + 1) % HASH_P2;
     }
-    // candidate i: stays are 0 .. W-1, then beam b's k-th best extension at W + b W + k
-    __device__ __forceinline__ long long cand_beam(long long i) const { return i < width ? i : (i - width) / width; }
+    // candidate i: stays are 0 .. W-1, then beam b's k-th best extension at W + k W + b (rank
+    // major: the winners, mostly the first extensions of the beams, sit close together)
+    __device__ __forceinline__ long long cand_beam(long long i) const { return i < width ? i : (i - width) % width; }
     __device__ __forceinline__ int cand_class(long long i) const {
         return i < width ? cur.last[i] : ext_list[i - width];
     }
@@ -213,10 +214,11 @@ __device__ __forceinline__ bool ranks_before(acc_t v1, long long k1, long long c
     return v1 > v2 || (v1 == v2 && (k1 < k2 || (k1 == k2 && c1 < c2)));
 }
 
-// Beam b's best `width` extension classes under ranks_before, into list[0 .. width) (-1
-// past its live extensions). Called by a whole warp (the result is uniform over it): width
-// rounds, each the warp's best among the classes ranked after the previous round's winner
-// (lanes stride over the classes, then a shuffle butterfly under the same total order).
+// Beam b's best `width` extension classes under ranks_before, the k-th into list[k * width]
+// (-1 past its live extensions; ext_list is rank major). Called by a whole warp (the result
+// is uniform over it): width rounds, each the warp's best among the classes ranked after the
+// previous round's winner (lanes stride over the classes, then a shuffle butterfly under the
+// same total order).
 // An extension absorbed by a merge (stay w, merge_from[w] == b, class last[w]) is skipped:
 // absorbed_head / absorbed_next list those stays per beam.
 // Not inlined: inside ctc_beam_search its 64-bit keys and shuffles made ptxas spill 80-320
@@ -256,12 +258,12 @@ __device__ __noinline__ void best_extensions(const StepContext& ctx, long long b
                 if (oc >= 0 && (bc < 0 || ranks_before(ov, ok, oc, bv, bk, bc))) { bv = ov; bk = ok; bc = oc; }
             }
             if (bc < 0) break;   // uniform: every lane holds the same winner
-            if (lane == 0) list[k] = (int)bc;
+            if (lane == 0) list[k * ctx.width] = (int)bc;
             have_prev = true;
             pv = bv; pk = bk; pc = bc;
         }
     }
-    for (long long j = k + lane; j < ctx.width; j += 32) list[j] = -1;
+    for (long long j = k + lane; j < ctx.width; j += 32) list[j * ctx.width] = -1;
 }
 
 // ctc_beam_search_decode: TensorFlow-style prefix beam search, the twin's rules.
@@ -381,7 +383,7 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
         const StepContext ctx{now, frame, lse_m[0], merge_from, ext_list, cache_frame ? frame_lp : nullptr,
                               width, extend, blank};
         for (long long b = warp; b < width; b += nwarps)   // uniform per warp
-            best_extensions(ctx, b, absorbed_head, absorbed_next, ext_list + b * width);
+            best_extensions(ctx, b, absorbed_head, absorbed_next, ext_list + b);
         __syncthreads();
         for (long long i = threadIdx.x; i < n_cand; i += blockDim.x) {
             acc_t pb, pl;
