@@ -17,6 +17,7 @@
 // then exactly the unfused relu gradient's); bn_stats_finalize_moving also writes Keras's
 // moving-average updates, so training needs no separate launches for them.
 #include "common.cuh"
+#include "bitwise_select.cuh"
 
 #ifndef ELEMENT_T
 #define ELEMENT_T float
@@ -36,10 +37,13 @@ typedef ACC_T acc_t;   // a #define, not ElementTraits<elem_t>::acc, so kernel s
 static_assert(gpuk_same_type<acc_t, ElementTraits<elem_t>::acc>::value, "ACC_T must be the accumulation type of ELEMENT_T");
 
 // dy, or 0 where the fused relu output y is not > 0 (NaN included): relu'(y) selects.
+// Both loads are unconditional: lanes skipping the dy load where y <= 0 would leave the warp
+// moving the same sectors for fewer bytes (masked lanes rarely leave a whole sector idle),
+// and the branch would put the dy load behind the y load's latency.
 template <bool RELU>
 __device__ __forceinline__ acc_t masked_grad(const elem_t* __restrict__ dy, const elem_t* __restrict__ y, long long off) {
-    if (RELU && !(to_acc(y[off]) > acc_t(0))) return acc_t(0);
-    return to_acc(dy[off]);
+    const acc_t g = to_acc(dy[off]);
+    return RELU ? keep_or_zero(g, to_acc(y[off]) > acc_t(0)) : g;
 }
 
 // The two per-element terms: training (x - K, (x - K)^2); backward (dy, dy * (x - mean)),
@@ -248,11 +252,8 @@ __device__ __forceinline__ void block_split_sums(const acc_t* __restrict__ parti
     }
     __syncthreads();   // the next chunk overwrites part_a / part_b
 }
-__device__ __forceinline__ void block_split_sums(const acc_t* __restrict__ partials, long long c, long long ch,
-                                                 long long splits, acc_t& first, acc_t& second) {
-    block_split_sums<BN_FIN_ROWS>(partials, c, ch, splits, first, second, threadIdx.x, threadIdx.y);
-}
 
+// The 32-channel chunks of a block (grid-stride), ch = the channel of this thread's lane in each.
 #define BN_FOR_EACH_CHANNEL_CHUNK(ch, c)                                                        \
     for (long long chunk = blockIdx.x, ch = chunk * 32 + threadIdx.x; chunk * 32 < (c);          \
          chunk += gridDim.x, ch = chunk * 32 + threadIdx.x)
@@ -281,24 +282,6 @@ __device__ __forceinline__ void store_statistics(const acc_t* __restrict__ gamma
     scale[ch] = r * gamma[ch];
 }
 
-// bn_stats_finalize: the statistics of each channel from the split sums. epsilon is a
-// one-element buffer (the launcher keeps one per value).
-extern "C" __global__ void __launch_bounds__(32 * BN_FIN_ROWS)
-bn_stats_finalize(const acc_t* __restrict__ partials, const acc_t* __restrict__ shifts,
-                  const acc_t* __restrict__ gamma, acc_t* __restrict__ mean, acc_t* __restrict__ var,
-                  acc_t* __restrict__ inv_std, acc_t* __restrict__ scale, const acc_t* __restrict__ epsilon,
-                  long long c, long long splits, long long count) {
-    BN_FOR_EACH_CHANNEL_CHUNK(ch, c) {
-        acc_t s1, s2;
-        block_split_sums(partials, c, ch, splits, s1, s2);
-        if (threadIdx.y == 0 && ch < c) {
-            acc_t m, v;
-            channel_moments(shifts, s1, s2, ch, count, m, v);
-            store_statistics(gamma, mean, var, inv_std, scale, epsilon[0], ch, m, v);
-        }
-    }
-}
-
 // Keras's moving_average_update of channel ch (see bn_stats_finalize_moving).
 __device__ __forceinline__ void store_moving_averages(const acc_t* __restrict__ moving_mean,
                                                       const acc_t* __restrict__ moving_var, acc_t* __restrict__ next_mean,
@@ -307,6 +290,46 @@ __device__ __forceinline__ void store_moving_averages(const acc_t* __restrict__ 
     const acc_t old_mean = moving_mean[ch], old_var = moving_var[ch];
     next_mean[ch] = old_mean - (old_mean - m) * scalars[1];
     next_var[ch] = old_var - (old_var - v * scalars[3]) * scalars[2];
+}
+
+// One channel chunk of the training statistics' finalize, shared by bn_stats_finalize[_moving]
+// and bn_train_persistent (each loops over its block's 32-channel chunks and calls this with
+// all its threads: block_split_sums holds two barriers): the ROWS split rows' sums, then row 0
+// writes the statistics of channel ch and, when `moving`, its moving averages. scalars[0] is
+// epsilon; with moving, scalars = [epsilon, decay, var_decay, var_factor]. (tx, ty): the
+// channel lane and split row of this thread.
+template <int ROWS>
+__device__ __forceinline__ void finalize_statistics(const acc_t* __restrict__ partials,
+                                                    const acc_t* __restrict__ shifts, const acc_t* __restrict__ gamma,
+                                                    const acc_t* __restrict__ moving_mean,
+                                                    const acc_t* __restrict__ moving_var, acc_t* __restrict__ mean,
+                                                    acc_t* __restrict__ var, acc_t* __restrict__ inv_std,
+                                                    acc_t* __restrict__ scale, acc_t* __restrict__ next_mean,
+                                                    acc_t* __restrict__ next_var, const acc_t* __restrict__ scalars,
+                                                    long long c, long long ch, long long splits, long long count,
+                                                    bool moving, unsigned tx, unsigned ty) {
+    acc_t s1, s2;
+    block_split_sums<ROWS>(partials, c, ch, splits, s1, s2, tx, ty);
+    if (ty == 0 && ch < c) {
+        acc_t m, v;
+        channel_moments(shifts, s1, s2, ch, count, m, v);
+        if (moving) store_moving_averages(moving_mean, moving_var, next_mean, next_var, scalars, ch, m, v);
+        store_statistics(gamma, mean, var, inv_std, scale, scalars[0], ch, m, v);
+    }
+}
+
+// bn_stats_finalize: the statistics of each channel from the split sums. epsilon is a
+// one-element buffer (the launcher keeps one per value).
+extern "C" __global__ void __launch_bounds__(32 * BN_FIN_ROWS)
+bn_stats_finalize(const acc_t* __restrict__ partials, const acc_t* __restrict__ shifts,
+                  const acc_t* __restrict__ gamma, acc_t* __restrict__ mean, acc_t* __restrict__ var,
+                  acc_t* __restrict__ inv_std, acc_t* __restrict__ scale, const acc_t* __restrict__ epsilon,
+                  long long c, long long splits, long long count) {
+    BN_FOR_EACH_CHANNEL_CHUNK(ch, c) {
+        finalize_statistics<BN_FIN_ROWS>(partials, shifts, gamma, nullptr, nullptr, mean, var, inv_std, scale,
+                                         nullptr, nullptr, epsilon, c, ch, splits, count, false, threadIdx.x,
+                                         threadIdx.y);
+    }
 }
 
 // bn_stats_finalize_moving: bn_stats_finalize, plus Keras's moving_average_update of both
@@ -326,14 +349,9 @@ bn_stats_finalize_moving(const acc_t* __restrict__ partials, const acc_t* __rest
                          acc_t* __restrict__ next_var, const acc_t* __restrict__ scalars, long long c,
                          long long splits, long long count) {
     BN_FOR_EACH_CHANNEL_CHUNK(ch, c) {
-        acc_t s1, s2;
-        block_split_sums(partials, c, ch, splits, s1, s2);
-        if (threadIdx.y == 0 && ch < c) {
-            acc_t m, v;
-            channel_moments(shifts, s1, s2, ch, count, m, v);
-            store_moving_averages(moving_mean, moving_var, next_mean, next_var, scalars, ch, m, v);
-            store_statistics(gamma, mean, var, inv_std, scale, scalars[0], ch, m, v);
-        }
+        finalize_statistics<BN_FIN_ROWS>(partials, shifts, gamma, moving_mean, moving_var, mean, var, inv_std, scale,
+                                         next_mean, next_var, scalars, c, ch, splits, count, true, threadIdx.x,
+                                         threadIdx.y);
     }
 }
 
@@ -350,7 +368,7 @@ bn_bwd_finalize(const acc_t* __restrict__ partials, const acc_t* __restrict__ in
                 long long splits, long long count) {
     BN_FOR_EACH_CHANNEL_CHUNK(ch, c) {
         acc_t sum_dy, sum_dy_centred;
-        block_split_sums(partials, c, ch, splits, sum_dy, sum_dy_centred);
+        block_split_sums<BN_FIN_ROWS>(partials, c, ch, splits, sum_dy, sum_dy_centred, threadIdx.x, threadIdx.y);
         if (threadIdx.y == 0 && ch < c) {
             const acc_t n = acc_t(count), r = inv_std[ch];
             const acc_t dg = r * sum_dy_centred;
@@ -666,17 +684,10 @@ bn_train_persistent(const elem_t* __restrict__ x, elem_t* __restrict__ y, const 
         __syncthreads();   // row 0 has read part_a / part_b before the next tile writes them
     }
     grid_barrier(barrier);   // every split's partials (and the shifts) written
-    for (long long chunk = blockIdx.x; chunk * 32 < c; chunk += gridDim.x) {
-        const long long ch = chunk * 32 + tx;
-        acc_t s1, s2;
-        block_split_sums<BN_ROWS>(partials, c, ch, splits, s1, s2, tx, ty);
-        if (ty == 0 && ch < c) {
-            acc_t m, v;
-            channel_moments(shifts, s1, s2, ch, rows, m, v);
-            if (moving) store_moving_averages(moving_mean, moving_var, next_mean, next_var, scalars, ch, m, v);
-            store_statistics(gamma, mean, var, inv_std, scale, scalars[0], ch, m, v);
-        }
-    }
+    for (long long chunk = blockIdx.x; chunk * 32 < c; chunk += gridDim.x)
+        finalize_statistics<BN_ROWS>(partials, shifts, gamma, moving_mean, moving_var, mean, var, inv_std, scale,
+                                     next_mean, next_var, scalars, c, chunk * 32 + tx, splits, rows, moving != 0, tx,
+                                     ty);
     grid_barrier(barrier);   // every channel's mean and scale written
     const ChannelArrays a = {mean, scale, beta, beta};
     elementwise_any_size<KIND_APPLY, false>(x, x, x, y, a, acc_t(0), rows * c, c, 1, relu != 0);

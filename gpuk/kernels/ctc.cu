@@ -306,9 +306,10 @@ ctc_beta_occupation(const long long* __restrict__ labels, const long long* __res
 // blank's share, the even states, by a warp sum), then lanes over the classes, each adding
 // its class's label positions along next_same: one coalesced write per element,
 // deterministic, no atomics. With stage = 1 (launcher: warps x (P acc_t + the next_same row)
-// fit CTC_STAGE_BYTES) the occupation row and the sample's next_same row are kept in the
-// warp's slice of dynamic shared memory and the label-position chains read them there
-// instead of scattered 4-byte reads of global memory. With stage_rows
+// fit CTC_STAGE_BYTES) the occupation row's label states (packed: position l at l) and the
+// sample's next_same row are kept in the warp's slice of dynamic shared memory and the
+// label-position chains read them there instead of scattered 4-byte reads of global memory
+// (packed, lanes gathering positions l and l + 16 no longer share a bank). With stage_rows
 // = 1 (launcher: those rows plus warps x A elements fit CTC_STAGE_BYTES) a block's frames
 // (consecutive: f0 .. f0 + warps - 1) move as one span: their logits are read into shared
 // memory from the span's first sector on, the gradients written there in place, and the
@@ -325,7 +326,7 @@ ctc_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
     extern __shared__ __align__(16) unsigned char ctc_stage_bytes[];
     const long long warps = blockDim.x >> 5, frames = batch * steps, warp = threadIdx.x >> 5;
     const unsigned lane = threadIdx.x & 31u;
-    // stage: each warp's occupation row (pitch acc_t), then each warp's next_same row
+    // stage: each warp's occupation label states (a slice of pitch acc_t), then each warp's next_same row
     // (label_pitch ints); stage_rows: then the block's frames' logits, later their gradients
     acc_t* const staged = reinterpret_cast<acc_t*>(ctc_stage_bytes) + warp * pitch;
     int* const staged_next_rows = reinterpret_cast<int*>(reinterpret_cast<acc_t*>(ctc_stage_bytes) + warps * pitch);
@@ -357,13 +358,17 @@ ctc_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
                 __syncwarp();   // the previous frame's gathers from the stage are done
                 for (long long s = lane; s < s_n; s += 32) {
                     const acc_t o = occ_row[s];
-                    if (stage) staged[s] = o;
+                    if (stage && (s & 1)) staged[s >> 1] = o;   // label position l = s / 2, packed
                     if (!(s & 1)) blank_part += o;
                 }
                 if (stage)
                     for (long long l = lane; l < l_n; l += 32) staged_next[l] = next_row[l];
                 __syncwarp();   // the staged rows are whole before any lane gathers from them
+                // label position l's occupation (state 2 l + 1) is occ[(l << occ_shift) + occ_shift]:
+                // packed in the stage, so lanes gathering different positions hit different banks
+                // (a stride of 2 put positions l and l + 16 on one bank)
                 const acc_t* occ = stage ? staged : occ_row;
+                const int occ_shift = stage ? 0 : 1;
                 const int* next = stage ? staged_next : next_row;
 #pragma unroll
                 for (int offset = 16; offset > 0; offset >>= 1)
@@ -377,7 +382,7 @@ ctc_grad(const elem_t* __restrict__ logits, const acc_t* __restrict__ frame_lse,
                         const acc_t xc = to_acc(x[c]);
                         int l = first[c];   // -1 for the blank (ctc_label_map gives it no position)
                         acc_t o = c == blank ? blank_part : acc_t(0);
-                        for (; l >= 0; l = next[l]) o += occ[2 * l + 1];
+                        for (; l >= 0; l = next[l]) o += occ[((long long)l << occ_shift) + occ_shift];
                         g = (exp(xc - lse) - o) * d;
                     }
                     __syncwarp();   // converged after the label-position chains: one coalesced store

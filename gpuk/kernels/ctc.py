@@ -44,6 +44,7 @@ CTC_THREADS = 256            # a block per sample; threads stride over label sta
 CTC_SHARED_STATES = 2049     # extended labels up to this many states keep alpha / beta in shared memory
 CTC_DECODE_THREADS = 256     # a block per sample for both decoders
 BEAM_SHARED_CLASSES = 2048   # beam search: frames up to this many classes are cached in shared memory
+BEAM_PITCH_ELEMENTS = 8      # beam search: per-sample scratch arrays padded to start on a sector
 MAX_FRAME_BLOCKS = 65535     # ctc_emissions, ctc_grad: a warp per frame, grid-stride beyond this
 CTC_STAGE_BYTES = 48 * 1024  # ctc_emissions / ctc_grad stage a row per warp in shared memory up to this
 SECTOR_BYTES = 32            # state rows (log_alpha, the backward's work) start on a sector
@@ -56,7 +57,13 @@ def loss_defines(dtype):
 
 def decode_defines(dtype):
     return {'ELEMENT_T': ELEMENT_TYPES[np.dtype(dtype)], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
-            'CTC_DECODE_THREADS': CTC_DECODE_THREADS, 'BEAM_SHARED_CLASSES': BEAM_SHARED_CLASSES}
+            'CTC_DECODE_THREADS': CTC_DECODE_THREADS, 'BEAM_SHARED_CLASSES': BEAM_SHARED_CLASSES,
+            'BEAM_PITCH_ELEMENTS': BEAM_PITCH_ELEMENTS}
+
+
+def beam_pitch(count):
+    """ctc_decode.cu's beam_pitch: count rounded up to BEAM_PITCH_ELEMENTS."""
+    return -(-count // BEAM_PITCH_ELEMENTS) * BEAM_PITCH_ELEMENTS
 
 
 # Every variant builds without spills (CTC_MIN_BLOCKS in ctc.cu says what that needs).
@@ -389,15 +396,16 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
         scores[:, 0] = 0.0
         empty = xp.empty((batch, steps), dtype=np.int64)
         return [empty.copy() for _ in range(top_paths)], xp.asarray(scores.astype(log_probs.dtype))
-    candidates = width + width * width   # the stays and each beam's best W extensions
+    candidates = beam_pitch(width + width * width)   # the stays and each beam's best W extensions
+    beams, history = beam_pitch(width), beam_pitch(steps * width)   # (per-sample pitches: ctc_decode.cu)
     paths = xp.empty((batch, top_paths, steps), dtype=np.int64)
     scores = xp.empty((batch, top_paths), dtype=log_probs.dtype)
-    scratch = (xp.empty(batch * 4 * width, dtype=acc), xp.empty(batch * 4 * width, dtype=np.int64),
-               xp.empty(batch * 2 * width, dtype=np.int32), xp.empty(batch * 3 * width, dtype=np.int32),
-               xp.empty(batch * width * width, dtype=np.int32),
+    scratch = (xp.empty(batch * 4 * beams, dtype=acc), xp.empty(batch * 4 * beams, dtype=np.int64),
+               xp.empty(batch * 2 * beams, dtype=np.int32), xp.empty(batch * 3 * beams, dtype=np.int32),
+               xp.empty(batch * beam_pitch(width * width), dtype=np.int32),
                xp.empty(batch * candidates, dtype=acc), xp.empty(batch * candidates, dtype=np.int32),
-               xp.empty(batch * width, dtype=np.int32), xp.empty(batch * steps * width, dtype=np.int32),
-               xp.empty(batch * steps * width, dtype=np.int32))
+               xp.empty(batch * beams, dtype=np.int32), xp.empty(batch * history, dtype=np.int32),
+               xp.empty(batch * history, dtype=np.int32))
     launches(
         'ctc_beam_search', batch, CTC_DECODE_THREADS,
         (log_probs, _device_ints(rt, input_lengths)) + scratch +

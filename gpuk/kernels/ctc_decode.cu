@@ -18,6 +18,14 @@
 #define BEAM_SHARED_CLASSES 2048
 #endif
 
+// ctc_beam_search's per-sample scratch arrays (and the per-beam arrays inside them) start on
+// a multiple of this many elements: 32 bytes for int / float, 64 for long long / double, so
+// with W + W^2 candidates (110 at W = 10) a warp's run of them still moves whole sectors.
+// The launcher allocates with the same padding (beam_pitch).
+#ifndef BEAM_PITCH_ELEMENTS
+#define BEAM_PITCH_ELEMENTS 8
+#endif
+
 typedef ELEMENT_T elem_t;
 typedef ACC_T acc_t;
 
@@ -151,7 +159,7 @@ struct StepContext {
     const elem_t* frame;     // log_probs[n, t, :]
     acc_t frame_lse;         // frames are log-softmax normalized first, like the twin
     const int* merge_from;   // stay w merges with the extension of merge_from[w] (or -1)
-    const int* ext_list;     // (W, W): beam b's best W extension classes, best first (-1: none)
+    const int* ext_list;     // (W, W): [k][b] = beam b's k-th best extension class (-1: none)
     const acc_t* lp_cache;   // the frame's log-probabilities in shared memory, or nullptr
     long long width, extend, blank;
     __device__ __forceinline__ acc_t lp(long long c) const {
@@ -166,8 +174,9 @@ struct StepContext {
     __device__ __forceinline__ long long ext_key(long long b, long long c) const {
         return ((cur.hash1[b] * HASH_B1 + c + 1) % HASH_P1) * HASH_P2 + (cur.hash2[b] * HASH_B2 + c + 1) % HASH_P2;
     }
-    // candidate i: stays are 0 .. W-1, then beam b's k-th best extension at W + b W + k
-    __device__ __forceinline__ long long cand_beam(long long i) const { return i < width ? i : (i - width) / width; }
+    // candidate i: stays are 0 .. W-1, then beam b's k-th best extension at W + k W + b (rank
+    // major: the winners, mostly the first extensions of the beams, sit close together)
+    __device__ __forceinline__ long long cand_beam(long long i) const { return i < width ? i : (i - width) % width; }
     __device__ __forceinline__ int cand_class(long long i) const {
         return i < width ? cur.last[i] : ext_list[i - width];
     }
@@ -205,10 +214,11 @@ __device__ __forceinline__ bool ranks_before(acc_t v1, long long k1, long long c
     return v1 > v2 || (v1 == v2 && (k1 < k2 || (k1 == k2 && c1 < c2)));
 }
 
-// Beam b's best `width` extension classes under ranks_before, into list[0 .. width) (-1
-// past its live extensions). Called by a whole warp (the result is uniform over it): width
-// rounds, each the warp's best among the classes ranked after the previous round's winner
-// (lanes stride over the classes, then a shuffle butterfly under the same total order).
+// Beam b's best `width` extension classes under ranks_before, the k-th into list[k * width]
+// (-1 past its live extensions; ext_list is rank major). Called by a whole warp (the result
+// is uniform over it): width rounds, each the warp's best among the classes ranked after the
+// previous round's winner (lanes stride over the classes, then a shuffle butterfly under the
+// same total order).
 // An extension absorbed by a merge (stay w, merge_from[w] == b, class last[w]) is skipped:
 // absorbed_head / absorbed_next list those stays per beam.
 // Not inlined: inside ctc_beam_search its 64-bit keys and shuffles made ptxas spill 80-320
@@ -248,12 +258,12 @@ __device__ __noinline__ void best_extensions(const StepContext& ctx, long long b
                 if (oc >= 0 && (bc < 0 || ranks_before(ov, ok, oc, bv, bk, bc))) { bv = ov; bk = ok; bc = oc; }
             }
             if (bc < 0) break;   // uniform: every lane holds the same winner
-            if (lane == 0) list[k] = (int)bc;
+            if (lane == 0) list[k * ctx.width] = (int)bc;
             have_prev = true;
             pv = bv; pk = bk; pc = bc;
         }
     }
-    for (long long j = k + lane; j < ctx.width; j += 32) list[j] = -1;
+    for (long long j = k + lane; j < ctx.width; j += 32) list[j * ctx.width] = -1;
 }
 
 // ctc_beam_search_decode: TensorFlow-style prefix beam search, the twin's rules.
@@ -273,7 +283,11 @@ __device__ __noinline__ void best_extensions(const StepContext& ctx, long long b
 // Thread mapping: one block per sample, threads stride over candidates / beams / pairs.
 // Scratch (global, per sample): beams (2 x W each), merge_from / absorbed head / next
 // (3 W), ext_list (W^2), cand_total (C), ties (C), selected (W), parents / emitted (T, W);
-// C = W + W^2.
+// C = W + W^2; each array padded to beam_pitch elements (BEAM_PITCH_ELEMENTS above).
+__device__ __forceinline__ long long beam_pitch(long long count) {
+    return (count + BEAM_PITCH_ELEMENTS - 1) / BEAM_PITCH_ELEMENTS * BEAM_PITCH_ELEMENTS;
+}
+
 extern "C" __global__ void __launch_bounds__(CTC_DECODE_THREADS)
 ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restrict__ input_lengths,
                 acc_t* __restrict__ beam_p, long long* __restrict__ beam_hash, int* __restrict__ beam_last,
@@ -291,21 +305,22 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
     const long long n = blockIdx.x, t_n = input_lengths[n], extend = classes - 1;
     const long long n_cand = width * (1 + width);
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const long long w_pitch = beam_pitch(width), cand_pitch = beam_pitch(n_cand);
     Beams beams[2];
     for (int k = 0; k < 2; ++k) {
-        const long long off = (n * 2 + k) * width;
-        beams[k] = Beams{beam_p + 2 * off, beam_p + 2 * off + width, beam_hash + 2 * off, beam_hash + 2 * off + width,
-                         beam_last + off};
+        const long long off = (n * 2 + k) * w_pitch;
+        beams[k] = Beams{beam_p + 2 * off, beam_p + 2 * off + w_pitch, beam_hash + 2 * off,
+                         beam_hash + 2 * off + w_pitch, beam_last + off};
     }
-    int* __restrict__ merge_from = merge_scratch + n * 3 * width;
-    int* __restrict__ absorbed_head = merge_from + width;
-    int* __restrict__ absorbed_next = merge_from + 2 * width;
-    int* __restrict__ ext_list = ext_scratch + n * width * width;
-    acc_t* __restrict__ cand = cand_scratch + n * n_cand;
-    int* __restrict__ ties = tie_scratch + n * n_cand;
-    int* __restrict__ selected = selected_scratch + n * width;
-    int* __restrict__ parents = parents_scratch + n * steps * width;
-    int* __restrict__ emitted = emitted_scratch + n * steps * width;
+    int* __restrict__ merge_from = merge_scratch + n * 3 * w_pitch;
+    int* __restrict__ absorbed_head = merge_from + w_pitch;
+    int* __restrict__ absorbed_next = merge_from + 2 * w_pitch;
+    int* __restrict__ ext_list = ext_scratch + n * beam_pitch(width * width);
+    acc_t* __restrict__ cand = cand_scratch + n * cand_pitch;
+    int* __restrict__ ties = tie_scratch + n * cand_pitch;
+    int* __restrict__ selected = selected_scratch + n * w_pitch;
+    int* __restrict__ parents = parents_scratch + n * beam_pitch(steps * width);
+    int* __restrict__ emitted = emitted_scratch + n * beam_pitch(steps * width);
     for (long long w = threadIdx.x; w < width; w += blockDim.x) {
         beams[0].p_blank[w] = w == 0 ? acc_t(0) : dec_neg_inf();
         beams[0].p_label[w] = dec_neg_inf();
@@ -368,7 +383,7 @@ ctc_beam_search(const elem_t* __restrict__ log_probs, const long long* __restric
         const StepContext ctx{now, frame, lse_m[0], merge_from, ext_list, cache_frame ? frame_lp : nullptr,
                               width, extend, blank};
         for (long long b = warp; b < width; b += nwarps)   // uniform per warp
-            best_extensions(ctx, b, absorbed_head, absorbed_next, ext_list + b * width);
+            best_extensions(ctx, b, absorbed_head, absorbed_next, ext_list + b);
         __syncthreads();
         for (long long i = threadIdx.x; i < n_cand; i += blockDim.x) {
             acc_t pb, pl;

@@ -121,22 +121,34 @@ __device__ __forceinline__ void transpose_tile_scalar(const word_t* __restrict__
     }
 }
 
+// Two 2-byte elements as one 4-byte word (little endian: the lower address in the low half).
+__device__ __forceinline__ unsigned pack_pair(word_t lo, word_t hi) {
+    return (unsigned)lo | ((unsigned)hi << 16);
+}
+
 // transpose_planes_thin: transpose_planes for planes with a short side (fewer rows or columns
 // than a tile) whose sizes the vector path cannot take, e.g. C = 3 images either way (the
 // launcher's choice; few_rows: the rows are the short side, else the columns).
 // Thread mapping: one tile of the whole short side x tile_len of the long side (as many as the
 //   scalar tile's shared memory holds, layout.py thin_tile_len) per block of LAYOUT_THREADS
 //   threads; blockIdx.x = plane * tiles + tile. The tile is kept short side fastest, element
-//   (short s, long l) at l * stride + s (layout.py thin_stride: an odd number of 4-byte words
-//   per long index, so lanes running along the long side hit distinct banks). The side whose
-//   rows run along the long dimension (src for few rows, dst for few columns) is read or
-//   written lane by lane along it, one short index at a time; the other side's tile is one
-//   contiguous run (its rows are whole), moved lane by lane.
+//   (short s, long l) at l * stride + s (layout.py thin_stride). The side whose rows run along
+//   the long dimension (src for few rows, dst for few columns) is read or written lane by lane
+//   along it, one short index at a time; the other side's tile is one contiguous run (its rows
+//   are whole), moved lane by lane.
+// Banks: on the run side 32 lanes read or write 32 consecutive tile positions; on the long side
+//   lane k takes long index k (pairs = 0) or the pair 2k, 2k + 1 as one 4-byte global access
+//   (pairs = 1: 2-byte elements, launcher: long side and tile_len even; the kernel also checks
+//   the long-side pointer's 4-byte alignment and otherwise moves the pair as two elements).
+//   stride is an odd number of 4-byte words (pairs = 0, 2-byte) or of elements, so the long
+//   side's lanes hit distinct banks; with pairs the 2-byte tile is packed (odd elements per
+//   long index: lane k's word k * stride + s / 2), so the run side's 32 elements span at most
+//   32 words too (a padded 2-byte tile spread them over 33: a 2-way conflict).
 // A kernel of its own: its division loops, inlined beside the vector path, pushed that path
 //   into spills on sm_90 (NVRTC 13.5). Tail guards: the last tile. No atomics.
 extern "C" __global__ void __launch_bounds__(LAYOUT_THREADS)
 transpose_planes_thin(const word_t* __restrict__ src, word_t* __restrict__ dst, int rows, int cols, int tiles,
-                      int tile_len, int stride, int few_rows) {
+                      int tile_len, int stride, int few_rows, int pairs) {
     __shared__ __align__(16) LayoutTile shared_tile;
     word_t* tile = &shared_tile.words[0][0];
     const unsigned plane = blockIdx.x / (unsigned)tiles;
@@ -146,10 +158,25 @@ transpose_planes_thin(const word_t* __restrict__ src, word_t* __restrict__ dst, 
     dst += plane_offset;
     const int short_len = few_rows ? rows : cols;
     const int width = min(tile_len, (few_rows ? cols : rows) - l0);
+    // uniform per block: the long-side rows start 4-byte aligned (long side and l0 even)
+    const bool paired = sizeof(word_t) == 2 && pairs && is_aligned(few_rows ? src : dst, 4);
     if (few_rows) {   // src row s, lanes along its columns l0..
-        for (int s = 0; s < rows; ++s)
-            for (int l = threadIdx.x; l < width; l += LAYOUT_THREADS)
-                tile[l * stride + s] = src[(long long)s * cols + l0 + l];
+        for (int s = 0; s < rows; ++s) {
+            const word_t* __restrict__ row = src + (long long)s * cols + l0;
+            if (paired) {
+                for (int l = 2 * threadIdx.x; l < width; l += 2 * LAYOUT_THREADS) {
+                    if (l + 1 < width) {
+                        const unsigned two = *reinterpret_cast<const unsigned*>(row + l);
+                        tile[l * stride + s] = (word_t)(two & 0xffffu);
+                        tile[(l + 1) * stride + s] = (word_t)(two >> 16);
+                    } else {
+                        tile[l * stride + s] = row[l];
+                    }
+                }
+            } else {
+                for (int l = threadIdx.x; l < width; l += LAYOUT_THREADS) tile[l * stride + s] = row[l];
+            }
+        }
     } else {          // src rows l0.. are one run
         const word_t* __restrict__ run = src + (long long)l0 * cols;
         for (int q = threadIdx.x; q < width * cols; q += LAYOUT_THREADS) {
@@ -165,9 +192,20 @@ transpose_planes_thin(const word_t* __restrict__ src, word_t* __restrict__ dst, 
             run[q] = tile[l * stride + (q - l * short_len)];
         }
     } else {          // dst row s, lanes along its columns l0..
-        for (int s = 0; s < cols; ++s)
-            for (int l = threadIdx.x; l < width; l += LAYOUT_THREADS)
-                dst[(long long)s * rows + l0 + l] = tile[l * stride + s];
+        for (int s = 0; s < cols; ++s) {
+            word_t* __restrict__ row = dst + (long long)s * rows + l0;
+            if (paired) {
+                for (int l = 2 * threadIdx.x; l < width; l += 2 * LAYOUT_THREADS) {
+                    if (l + 1 < width)
+                        *reinterpret_cast<unsigned*>(row + l) =
+                            pack_pair(tile[l * stride + s], tile[(l + 1) * stride + s]);
+                    else
+                        row[l] = tile[l * stride + s];
+                }
+            } else {
+                for (int l = threadIdx.x; l < width; l += LAYOUT_THREADS) row[l] = tile[l * stride + s];
+            }
+        }
     }
 }
 

@@ -32,21 +32,28 @@ def pad_elements(itemsize):
     return 2 if itemsize == 2 else 1
 
 
-def thin_stride(itemsize, short_len):
+def thin_stride(itemsize, short_len, pairs=False):
     """Elements between long-side indices of a thin-path tile (layout.cu transpose_planes_thin):
     at least `short_len`, an odd number of 4-byte words (2-byte elements) or of elements (4, 8
-    bytes), so that 32 lanes running along the long side hit distinct banks."""
-    if itemsize == 2:
+    bytes, and 2-byte elements moved in pairs), so that 32 lanes running along the long side
+    hit distinct banks."""
+    if itemsize == 2 and not pairs:
         return 2 * ((short_len + 1) // 2 | 1)
     return short_len | 1
 
 
-def thin_tile_len(itemsize, short_len):
+def thin_tile_len(itemsize, short_len, pairs=False):
     """Long-side length of a thin-path tile: as much as the scalar tile's shared memory holds,
     in whole groups of 32 (sector-aligned lanes) when there is room for one."""
     tile = tile_size(itemsize)
-    fit = tile * (tile + pad_elements(itemsize)) // thin_stride(itemsize, short_len)
+    fit = tile * (tile + pad_elements(itemsize)) // thin_stride(itemsize, short_len, pairs)
     return fit // 32 * 32 if fit >= 32 else fit
+
+
+def thin_pairs(itemsize, short_len, long_len):
+    """Whether transpose_planes_thin moves 2-byte elements of the long side in 4-byte pairs:
+    every long-side row and tile then starts on an even element (the kernel checks the base)."""
+    return itemsize == 2 and long_len % 2 == 0 and thin_tile_len(itemsize, short_len, True) % 2 == 0
 
 
 def defines(itemsize):
@@ -86,13 +93,14 @@ def transpose_planes(a, planes, rows, cols, rt):
         # a short side the vector path cannot take (C = 3 images): wide tiles of the whole short side
         few_rows = rows <= cols
         short_len, long_len = (rows, cols) if few_rows else (cols, rows)
-        tile_len = thin_tile_len(itemsize, short_len)
+        pairs = thin_pairs(itemsize, short_len, long_len)
+        tile_len = thin_tile_len(itemsize, short_len, pairs)
         tiles = math.ceil(long_len / tile_len)
         _check_blocks(planes * tiles)
         module.kernel('transpose_planes_thin').launch(
             planes * tiles, LAYOUT_THREADS,
-            args + (np.int32(tiles), np.int32(tile_len), np.int32(thin_stride(itemsize, short_len)),
-                    np.int32(few_rows)))
+            args + (np.int32(tiles), np.int32(tile_len), np.int32(thin_stride(itemsize, short_len, pairs)),
+                    np.int32(few_rows), np.int32(pairs)))
     else:
         row_tiles, col_tiles = math.ceil(rows / tile), math.ceil(cols / tile)
         _check_blocks(planes * row_tiles * col_tiles)

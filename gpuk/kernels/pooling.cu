@@ -24,6 +24,7 @@
 // order: no atomics (atomicAdd(float) flushed subnormal sums to zero and rounded
 // overlapping windows in a varying order), bit-identical results across runs.
 #include "common.cuh"
+#include "bitwise_select.cuh"
 
 #ifndef ELEMENT_T
 #define ELEMENT_T float
@@ -89,6 +90,40 @@ __device__ __forceinline__ void window_range(const PoolGeometry& g, int dim, int
     hi = start + g.k[dim] < g.in[dim] ? start + g.k[dim] : g.in[dim];
 }
 
+// Flat index t within a sample, in the memory order of its array (channels_last: the lane of
+// `lanes` fastest, then w, h, d; channels first: w, h, d, then the lane) -> its lane and
+// spatial coordinates pos (d, h, w) over the sizes dims; `position` is the flat spatial
+// index. 32-bit divisions (the launcher checks per-sample sizes < 2^31).
+__device__ __forceinline__ unsigned split_index(unsigned t, unsigned lanes, const int dims[3], bool channels_last,
+                                                int pos[3], unsigned& position) {
+    unsigned lane = 0;
+    if (channels_last) { lane = t % lanes; t /= lanes; }
+    position = t % ((unsigned)dims[0] * (unsigned)dims[1] * (unsigned)dims[2]);
+    pos[2] = (int)(t % (unsigned)dims[2]); t /= (unsigned)dims[2];
+    pos[1] = (int)(t % (unsigned)dims[1]); t /= (unsigned)dims[1];
+    pos[0] = (int)(t % (unsigned)dims[0]); t /= (unsigned)dims[0];
+    return channels_last ? lane : t;
+}
+
+// The outputs whose windows cover input position pos, per dim: lo[dim] .. hi[dim] inclusive
+// (empty when lo > hi), i.e. ceil((pos + p - k + 1) / s) .. floor((pos + p) / s), clamped.
+__device__ __forceinline__ void covering_outputs(const PoolGeometry& g, const int pos[3], int lo[3], int hi[3]) {
+#pragma unroll
+    for (int dim = 0; dim < 3; ++dim) {
+        const int first = pos[dim] + g.p[dim] - g.k[dim] + 1;
+        lo[dim] = first <= 0 ? 0 : (first + g.s[dim] - 1) / g.s[dim];
+        const int last = (pos[dim] + g.p[dim]) / g.s[dim];
+        hi[dim] = last < g.out[dim] - 1 ? last : g.out[dim] - 1;
+    }
+}
+
+// The grid-stride skeleton of the window kernels: blockIdx.y strides the batch (sample b),
+// a 32-bit grid-stride loop over blockIdx.x / threadIdx.x the per_sample elements i of a
+// sample (64-bit division is a slow subroutine call on the GPU).
+#define POOL_FOR_EACH_ELEMENT(b, i, n, per_sample)                                               \
+    for (long long b = blockIdx.y; b < (n); b += gridDim.y)                                      \
+        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < (per_sample); i += gridDim.x * blockDim.x)
+
 // VEC consecutive elements at p as acc_t (one 16-byte load when VEC > 1; p is 16-byte aligned).
 template <int VEC> __device__ __forceinline__ void load_lanes(const elem_t* __restrict__ p, acc_t v[VEC]) {
     if (VEC == 1) {
@@ -147,71 +182,66 @@ __device__ __forceinline__ void pool_fwd_body(const elem_t* __restrict__ x, elem
                                               bool channels_last) {
     const unsigned lanes = channels_last ? (unsigned)(g.c / VEC) : (unsigned)g.c;
     const unsigned per_sample = (unsigned)g.out_volume * lanes;
-    const unsigned stride = gridDim.x * blockDim.x;
-    for (long long b = blockIdx.y; b < g.n; b += gridDim.y) {
-        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < per_sample; i += stride) {
-            unsigned t = i, lane = 0;
-            if (channels_last) { lane = t % lanes; t /= lanes; }
-            const int ow = (int)(t % (unsigned)g.out[2]); t /= (unsigned)g.out[2];
-            const int oh = (int)(t % (unsigned)g.out[1]); t /= (unsigned)g.out[1];
-            const int od = (int)(t % (unsigned)g.out[0]); t /= (unsigned)g.out[0];
-            if (!channels_last) lane = t;
-            // x offset of spatial position sp: base + sp * sp_stride
-            const long long base = channels_last ? b * g.in_volume * g.c + (long long)lane * VEC
-                                                 : (b * g.c + (long long)lane) * g.in_volume;
-            const long long sp_stride = channels_last ? g.c : 1;
-            int d0, d1, h0, h1, w0, w1;
-            window_range(g, 0, od, d0, d1);
-            window_range(g, 1, oh, h0, h1);
-            window_range(g, 2, ow, w0, w1);
-            acc_t best[VEC];
-            int where[VEC];
-            // tap of input (d, h, w) = ((d - sd) * k_h + (h - sh)) * k_w + (w - sw), (sd, sh, sw)
-            // the window's padded start
-            const int sd = od * g.s[0] - g.p[0], sh = oh * g.s[1] - g.p[1], sw = ow * g.s[2] - g.p[2];
-            if (IS_MAX) {
-                // best = -inf and the first real element's tap: the loop's strict > then
-                // keeps that tap for an all -inf window, and x is read once
-                const int first_tap = ((d0 - sd) * g.k[1] + (h0 - sh)) * g.k[2] + (w0 - sw);
+    POOL_FOR_EACH_ELEMENT(b, i, g.n, per_sample) {
+        int o[3];
+        unsigned position;
+        const unsigned lane = split_index(i, lanes, g.out, channels_last, o, position);
+        const int od = o[0], oh = o[1], ow = o[2];
+        // x offset of spatial position sp: base + sp * sp_stride
+        const long long base = channels_last ? b * g.in_volume * g.c + (long long)lane * VEC
+                                             : (b * g.c + (long long)lane) * g.in_volume;
+        const long long sp_stride = channels_last ? g.c : 1;
+        int d0, d1, h0, h1, w0, w1;
+        window_range(g, 0, od, d0, d1);
+        window_range(g, 1, oh, h0, h1);
+        window_range(g, 2, ow, w0, w1);
+        acc_t best[VEC];
+        int where[VEC];
+        // tap of input (d, h, w) = ((d - sd) * k_h + (h - sh)) * k_w + (w - sw), (sd, sh, sw)
+        // the window's padded start
+        const int sd = od * g.s[0] - g.p[0], sh = oh * g.s[1] - g.p[1], sw = ow * g.s[2] - g.p[2];
+        if (IS_MAX) {
+            // best = -inf and the first real element's tap: the loop's strict > then
+            // keeps that tap for an all -inf window, and x is read once
+            const int first_tap = ((d0 - sd) * g.k[1] + (h0 - sh)) * g.k[2] + (w0 - sw);
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) {
-                    best[j] = minus_infinity(acc_t(0));
-                    where[j] = first_tap;
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) best[j] = acc_t(0);
+            for (int j = 0; j < VEC; ++j) {
+                best[j] = minus_infinity(acc_t(0));
+                where[j] = first_tap;
             }
-            for (int d = d0; d < d1; ++d) {
-                for (int h = h0; h < h1; ++h) {
-                    const long long row = ((long long)d * g.in[1] + h) * g.in[2];
-                    for (int w = w0; w < w1; ++w) {
-                        acc_t v[VEC];
-                        load_lanes<VEC>(x + base + (row + w) * sp_stride, v);
+        } else {
 #pragma unroll
-                        for (int j = 0; j < VEC; ++j) {
-                            if (IS_MAX) {
-                                if (v[j] > best[j] || (v[j] != v[j] && best[j] == best[j])) {
-                                    best[j] = v[j];
-                                    where[j] = ((d - sd) * g.k[1] + (h - sh)) * g.k[2] + (w - sw);
-                                }
-                            } else {
-                                best[j] += v[j];
+            for (int j = 0; j < VEC; ++j) best[j] = acc_t(0);
+        }
+        for (int d = d0; d < d1; ++d) {
+            for (int h = h0; h < h1; ++h) {
+                const long long row = ((long long)d * g.in[1] + h) * g.in[2];
+                for (int w = w0; w < w1; ++w) {
+                    acc_t v[VEC];
+                    load_lanes<VEC>(x + base + (row + w) * sp_stride, v);
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) {
+                        if (IS_MAX) {
+                            if (v[j] > best[j] || (v[j] != v[j] && best[j] == best[j])) {
+                                best[j] = v[j];
+                                where[j] = ((d - sd) * g.k[1] + (h - sh)) * g.k[2] + (w - sw);
                             }
+                        } else {
+                            best[j] += v[j];
                         }
                     }
                 }
             }
-            if (!IS_MAX) {
-                const acc_t count = acc_t((d1 - d0) * (h1 - h0) * (w1 - w0));
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) best[j] = best[j] / count;
-            }
-            const long long out = b * g.out_volume * g.c +
-                                  (channels_last ? (long long)(i / lanes) * g.c + (long long)lane * VEC : (long long)i);
-            store_lanes<VEC>(y + out, best);
-            if (IS_MAX) store_taps<VEC>(argmax + out, where);
         }
+        if (!IS_MAX) {
+            const acc_t count = acc_t((d1 - d0) * (h1 - h0) * (w1 - w0));
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) best[j] = best[j] / count;
+        }
+        const long long out = b * g.out_volume * g.c +
+                              (channels_last ? (long long)(i / lanes) * g.c + (long long)lane * VEC : (long long)i);
+        store_lanes<VEC>(y + out, best);
+        if (IS_MAX) store_taps<VEC>(argmax + out, where);
     }
 }
 
@@ -252,9 +282,7 @@ extern "C" __global__ void __launch_bounds__(POOL_THREADS, POOL_MIN_BLOCKS)
 avg_pool_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, int n, int c, int in_d, int in_h, int in_w,
              int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d,
              int p_h, int p_w, int layout) {
-    const PoolGeometry g = make_geometry(n, c, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w,
-                                         p_d, p_h, p_w);
-    pool_fwd_dispatch<false, int>(x, y, nullptr, g, layout);
+    pool_fwd_dispatch<false, int>(x, y, nullptr, POOL_GEOMETRY, layout);
 }
 
 // avg_pool_bwd: dx[i] = sum over the outputs o whose window covers i of dy[o] / count(o).
@@ -266,44 +294,30 @@ avg_pool_fwd(const elem_t* __restrict__ x, elem_t* __restrict__ y, int n, int c,
 __device__ __forceinline__ void avg_pool_bwd_body(const elem_t* __restrict__ dy, elem_t* __restrict__ dx,
                                                   const PoolGeometry& g, bool channels_last) {
     const unsigned per_sample = (unsigned)(g.in_volume * g.c);
-    const unsigned stride = gridDim.x * blockDim.x;
-    for (long long b = blockIdx.y; b < g.n; b += gridDim.y) {
-        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < per_sample; i += stride) {
-            unsigned t = i, ch = 0;
-            if (channels_last) { ch = t % (unsigned)g.c; t /= (unsigned)g.c; }
-            int pos[3];
-            pos[2] = (int)(t % (unsigned)g.in[2]); t /= (unsigned)g.in[2];
-            pos[1] = (int)(t % (unsigned)g.in[1]); t /= (unsigned)g.in[1];
-            pos[0] = (int)(t % (unsigned)g.in[0]); t /= (unsigned)g.in[0];
-            if (!channels_last) ch = t;
-            int lo[3], hi[3];
-#pragma unroll
-            for (int dim = 0; dim < 3; ++dim) {
-                const int first = pos[dim] + g.p[dim] - g.k[dim] + 1;
-                lo[dim] = first <= 0 ? 0 : (first + g.s[dim] - 1) / g.s[dim];
-                const int last = (pos[dim] + g.p[dim]) / g.s[dim];
-                hi[dim] = last < g.out[dim] - 1 ? last : g.out[dim] - 1;   // inclusive
-            }
-            const long long base = channels_last ? b * g.out_volume * g.c + (long long)ch
-                                                 : (b * g.c + (long long)ch) * g.out_volume;
-            const long long sp_stride = channels_last ? g.c : 1;
-            acc_t sum = acc_t(0);
-            for (int od = lo[0]; od <= hi[0]; ++od) {
-                int a0, a1;
-                window_range(g, 0, od, a0, a1);
-                for (int oh = lo[1]; oh <= hi[1]; ++oh) {
-                    int b0, b1;
-                    window_range(g, 1, oh, b0, b1);
-                    for (int ow = lo[2]; ow <= hi[2]; ++ow) {
-                        int c0, c1;
-                        window_range(g, 2, ow, c0, c1);
-                        const long long o = ((long long)od * g.out[1] + oh) * g.out[2] + ow;
-                        sum += to_acc(dy[base + o * sp_stride]) / acc_t((a1 - a0) * (b1 - b0) * (c1 - c0));
-                    }
+    POOL_FOR_EACH_ELEMENT(b, i, g.n, per_sample) {
+        int pos[3], lo[3], hi[3];
+        unsigned position;
+        const unsigned ch = split_index(i, (unsigned)g.c, g.in, channels_last, pos, position);
+        covering_outputs(g, pos, lo, hi);
+        const long long base = channels_last ? b * g.out_volume * g.c + (long long)ch
+                                             : (b * g.c + (long long)ch) * g.out_volume;
+        const long long sp_stride = channels_last ? g.c : 1;
+        acc_t sum = acc_t(0);
+        for (int od = lo[0]; od <= hi[0]; ++od) {
+            int a0, a1;
+            window_range(g, 0, od, a0, a1);
+            for (int oh = lo[1]; oh <= hi[1]; ++oh) {
+                int b0, b1;
+                window_range(g, 1, oh, b0, b1);
+                for (int ow = lo[2]; ow <= hi[2]; ++ow) {
+                    int c0, c1;
+                    window_range(g, 2, ow, c0, c1);
+                    const long long o = ((long long)od * g.out[1] + oh) * g.out[2] + ow;
+                    sum += to_acc(dy[base + o * sp_stride]) / acc_t((a1 - a0) * (b1 - b0) * (c1 - c0));
                 }
             }
-            dx[b * g.in_volume * g.c + i] = ElementTraits<elem_t>::from_acc(sum);
         }
+        dx[b * g.in_volume * g.c + i] = ElementTraits<elem_t>::from_acc(sum);
     }
 }
 
@@ -311,19 +325,7 @@ extern "C" __global__ void __launch_bounds__(POOL_THREADS, POOL_MIN_BLOCKS)
 avg_pool_bwd(const elem_t* __restrict__ dy, elem_t* __restrict__ dx, int n, int c, int in_d, int in_h, int in_w,
              int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int p_d,
              int p_h, int p_w, int layout) {
-    const PoolGeometry g = make_geometry(n, c, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w,
-                                         p_d, p_h, p_w);
-    avg_pool_bwd_body(dy, dx, g, layout != LAYOUT_CHANNELS_FIRST);
-}
-
-// g where keep, else +0.0, by masking its bits: no branch, so every lane of a warp loads dy
-// and its loads stay one request (a load under the tap test diverges into per-lane ones).
-// Adding +0.0 leaves every sum here unchanged: sums start at +0.0, so none is -0.0.
-__device__ __forceinline__ float keep_or_zero(float g, bool keep) {
-    return __uint_as_float(__float_as_uint(g) & (0u - (unsigned)keep));
-}
-__device__ __forceinline__ double keep_or_zero(double g, bool keep) {
-    return __longlong_as_double(__double_as_longlong(g) & (0LL - (long long)keep));
+    avg_pool_bwd_body(dy, dx, POOL_GEOMETRY, layout != LAYOUT_CHANNELS_FIRST);
 }
 
 // VEC taps at p as ints (one load of VEC * sizeof(TapT) bytes when VEC > 1; p aligned to that).
@@ -355,51 +357,39 @@ __device__ __forceinline__ void max_pool_bwd_body(const elem_t* __restrict__ dy,
                                                   bool channels_last) {
     const unsigned lanes = channels_last ? (unsigned)(g.c / VEC) : (unsigned)g.c;
     const unsigned per_sample = (unsigned)g.in_volume * lanes;
-    const unsigned stride = gridDim.x * blockDim.x;
-    for (long long b = blockIdx.y; b < g.n; b += gridDim.y) {
-        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < per_sample; i += stride) {
-            unsigned t = i, lane = 0;
-            if (channels_last) { lane = t % lanes; t /= lanes; }
-            const unsigned position = t % (unsigned)g.in_volume;
-            int pos[3];
-            pos[2] = (int)(t % (unsigned)g.in[2]); t /= (unsigned)g.in[2];
-            pos[1] = (int)(t % (unsigned)g.in[1]); t /= (unsigned)g.in[1];
-            pos[0] = (int)(t % (unsigned)g.in[0]); t /= (unsigned)g.in[0];
-            if (!channels_last) lane = t;
-            const long long ch = (long long)lane * (channels_last ? VEC : 1);
-            int lo[3], hi[3];
+    POOL_FOR_EACH_ELEMENT(b, i, g.n, per_sample) {
+        int pos[3], lo[3], hi[3];
+        unsigned position;
+        const unsigned lane = split_index(i, lanes, g.in, channels_last, pos, position);
+        const long long ch = (long long)lane * (channels_last ? VEC : 1);
+        covering_outputs(g, pos, lo, hi);
+        const long long base = channels_last ? b * g.out_volume * g.c + ch : (b * g.c + ch) * g.out_volume;
+        const long long sp_stride = channels_last ? g.c : 1;
+        acc_t sum[VEC];
 #pragma unroll
-            for (int dim = 0; dim < 3; ++dim) {
-                const int first = pos[dim] + g.p[dim] - g.k[dim] + 1;
-                lo[dim] = first <= 0 ? 0 : (first + g.s[dim] - 1) / g.s[dim];
-                const int last = (pos[dim] + g.p[dim]) / g.s[dim];
-                hi[dim] = last < g.out[dim] - 1 ? last : g.out[dim] - 1;   // inclusive
-            }
-            const long long base = channels_last ? b * g.out_volume * g.c + ch : (b * g.c + ch) * g.out_volume;
-            const long long sp_stride = channels_last ? g.c : 1;
-            acc_t sum[VEC];
+        for (int j = 0; j < VEC; ++j) sum[j] = acc_t(0);
+        for (int od = lo[0]; od <= hi[0]; ++od) {
+            const int td = pos[0] - (od * g.s[0] - g.p[0]);
+            for (int oh = lo[1]; oh <= hi[1]; ++oh) {
+                const int tdh = td * g.k[1] + pos[1] - (oh * g.s[1] - g.p[1]);
+                for (int ow = lo[2]; ow <= hi[2]; ++ow) {
+                    const int tap = tdh * g.k[2] + pos[2] - (ow * g.s[2] - g.p[2]);
+                    const long long o = base + (((long long)od * g.out[1] + oh) * g.out[2] + ow) * sp_stride;
+                    acc_t grad[VEC];
+                    int taps[VEC];
+                    load_lanes<VEC>(dy + o, grad);
+                    load_taps<VEC>(argmax + o, taps);
+                    // keep_or_zero (bitwise_select.cuh): every lane loads dy, so a warp's loads
+                    // stay one request; adding +0.0 leaves every sum unchanged (sums start at
+                    // +0.0, so none is -0.0)
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) sum[j] = acc_t(0);
-            for (int od = lo[0]; od <= hi[0]; ++od) {
-                const int td = pos[0] - (od * g.s[0] - g.p[0]);
-                for (int oh = lo[1]; oh <= hi[1]; ++oh) {
-                    const int tdh = td * g.k[1] + pos[1] - (oh * g.s[1] - g.p[1]);
-                    for (int ow = lo[2]; ow <= hi[2]; ++ow) {
-                        const int tap = tdh * g.k[2] + pos[2] - (ow * g.s[2] - g.p[2]);
-                        const long long o = base + (((long long)od * g.out[1] + oh) * g.out[2] + ow) * sp_stride;
-                        acc_t grad[VEC];
-                        int taps[VEC];
-                        load_lanes<VEC>(dy + o, grad);
-                        load_taps<VEC>(argmax + o, taps);
-#pragma unroll
-                        for (int j = 0; j < VEC; ++j) sum[j] += keep_or_zero(grad[j], taps[j] == tap);
-                    }
+                    for (int j = 0; j < VEC; ++j) sum[j] += keep_or_zero(grad[j], taps[j] == tap);
                 }
             }
-            const long long out = channels_last ? (b * g.in_volume + position) * g.c + ch
-                                                : (b * g.c + ch) * g.in_volume + position;
-            store_lanes<VEC>(dx + out, sum);
         }
+        const long long out = channels_last ? (b * g.in_volume + position) * g.c + ch
+                                            : (b * g.c + ch) * g.in_volume + position;
+        store_lanes<VEC>(dx + out, sum);
     }
 }
 

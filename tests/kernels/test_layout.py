@@ -47,7 +47,7 @@ def test_transpose_both_ways_equals_moveaxis(kernel_runtime, shape, dtype):
 def test_vector_friendly_planes_move_16_bytes_per_access(emulator, dtype):
     """Row lengths that are multiples of 16 bytes: 16-byte accesses (more bytes per warp
     request than 32 lanes of single elements can carry); one channel fewer: element by
-    element. Both exact."""
+    element (2-byte elements along the long side in 4-byte pairs). Both exact."""
     itemsize = np.dtype(dtype).itemsize
     per_request = {}
     for channels in (16, 15):
@@ -58,7 +58,7 @@ def test_vector_friendly_planes_move_16_bytes_per_access(emulator, dtype):
         (launch,) = launches
         moved = launch['global_load_bytes'] + launch['global_store_bytes']
         per_request[channels] = moved / launch['global_requests']
-    assert per_request[16] > 32 * itemsize >= per_request[15]
+    assert per_request[16] > 32 * max(itemsize, 4) >= per_request[15], per_request
 
 
 def test_empty_arrays_and_planes_of_one_row_or_column_launch_nothing(emulator):
@@ -121,13 +121,11 @@ def test_channels_first_convolutions_run_channels_last_between_transposes(emulat
 def test_the_inspect_shapes_coalesce_without_bank_conflicts():
     """The emulated figures gpuk.kernels.inspect reports for the transposes (a ResNet-50-like
     activation and an RGB image, each way): every sector moved is one the data needs, and
-    shared memory serves each request in one wavefront per phase, except the 16-bit thin
-    kernel, whose 2-byte accesses of the contiguous run wrap around the banks at a warp's edge
-    (a few 2-way conflicts)."""
+    shared memory serves each request in one wavefront per phase (the 16-bit thin kernel too:
+    it moves the long side's elements in 4-byte pairs through a packed tile)."""
     from gpuk.kernels.inspect import emulated
     records = emulated.measure(['layout'])
     assert {r['kernel'] for r in records} == {'transpose_planes', 'transpose_planes_thin'}
     for r in records:
         assert r['coalescing'] == 1.0 and r['global_bytes'] == r['compulsory_bytes'], r['config']
-        allowed = 0.2 if r['kernel'] == 'transpose_planes_thin' and r['config'].endswith('b16') else 0.0
-        assert r['bank_conflicts_per_request'] <= allowed, r['config']
+        assert r['bank_conflicts_per_request'] == 0.0, r['config']
