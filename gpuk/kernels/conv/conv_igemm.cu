@@ -36,23 +36,33 @@
 //   (conflict-free 16-byte shared reads). MMA: CONV_WARPS_M x CONV_WARPS_N warps, each a
 //   (BM/WARPS_M) x (BN/WARPS_N) warp tile of 16x8 MMA tiles.
 // Loads (Loader<MODE>): all index decoding (divisions) happens once per block: each thread
-//   keeps the window origin and base offset of its A rows and one (tap, channel) iterator for
-//   all its chunks (they share k), or (image, pixel) iterators (wgrad), that each K tile
-//   advances by adds and a wrap compare; row-major operands (fwd w, wgrad dy) are a pointer
-//   plus a count of K rows left (RowStream). Rows past the end get a far-outside origin, so
-//   one bounds check covers padding and tails; zero-filled chunks pass their address unread.
-//   No thread returns early (dgrad blocks past their phase's rows exit whole). Vector path (every operand channels_last-contiguous with a channel count that is a
-//   multiple of VEC = 16 bytes / element, 16-byte-aligned pointers): one 16-byte zero-filling
-//   cp.async per VEC neighbouring channels, which share one padding check. Otherwise each
-//   element is copied on its own (cp.async of 4/8 bytes; 16-bit elements synchronously).
-//   The choice is made once per block, outside the K loop (pipeline<MODE, VECTOR>).
-// Layouts: channels_last and channels_first share the kernel through tensor_offset().
-//   channels_last is the fast path (K runs along contiguous channels).
+//   keeps, per A row it loads, a pointer to the row's window origin, and one (tap, channel)
+//   iterator for all its chunks (they share k; fwd/dgrad), or one (image, pixel) iterator for
+//   its one k row plus, per chunk, the fixed (tap, channel) as a 32-bit offset (wgrad); each K
+//   tile advances them by adds and a wrap compare. Row-major operands (fwd w, wgrad dy) are a
+//   pointer plus a count of K rows left (RowStream). Rows past the end get a far-outside origin
+//   (or an empty tap mask), so one bounds check covers padding and tails; zero-filled chunks
+//   pass their address unread. No thread returns early (dgrad blocks past their phase's rows
+//   exit whole).
+//   Vector path (channel counts that are multiples of VEC = 16 bytes / element, 16-byte-aligned
+//   pointers, tap offsets within 32 bits): one 16-byte zero-filling cp.async per VEC neighbouring
+//   channels, which share one padding check; fwd/dgrad test it with the row's tap mask (one AND
+//   and one compare per chunk, see tap_bits) and address the chunk as row pointer + one 32-bit
+//   tap offset shared by the thread's chunks. Otherwise each element is copied on its own
+//   (cp.async of 4/8 bytes; 16-bit elements synchronously; copy_tap_run), the K loop rotating
+//   its stages instead of unrolling them. The choice is made once per block, outside the K loop
+//   (pipeline<MODE, VECTOR>).
+// Layout: channels_last only (K runs along contiguous channels). The launcher transposes
+//   channels_first activations around the kernels (layout.cu; conv/__init__.py Problem), so the
+//   kernels have no channels_first path and no layout parameter.
 // Epilogue (fwd only): 0 none, 1 + bias[c_out], 2 + bias then relu (relu keeps NaN). Stores
-//   go out in runs of consecutive channels (store_tile): one vector store per run in
-//   channels_last, no division per element.
+//   go out in runs of consecutive channels (store_tile), the row offset m * channels with no
+//   division; 16-bit MMA outputs are regrouped in each quad by shuffles into 8-byte runs
+//   (store_tile_16bit), so a warp's stores fill whole 32-byte sectors.
 // Limits: M, N, K and the pixels of one image < 2^31 (checked by the launcher; indices decode
-//   in 32 bits); offsets are 64-bit; grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
+//   in 32 bits); offsets are 64-bit, except the 32-bit tap offsets of the vector path (checked
+//   per block: larger reaches take the per-element path), which also needs
+//   k_d + k_h + k_w <= 32 for the fwd/dgrad tap masks; grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
 //   stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
 #include "conv_common.cuh"
 
@@ -564,19 +574,49 @@ template <> struct Loader<MODE_DGRAD> {
 
 // wgrad: A[(tap, ci), (n, output pixel)] = x[n, o*s + tap*dil - pad, ci], stored [k][m];
 // B = dy as (N*OP, C_out), stored [k][n] (a RowStream).
+// A's chunks: each thread copies one k row (one output pixel: wgrad_a_row) and
+// A_CHUNKS_PER_THREAD chunks along m (wgrad_a_unit), so one (image, pixel) iterator serves all
+// of them, and each chunk keeps its fixed (tap, channel) as a 32-bit offset from the pixel's
+// window origin plus the tap's spatial offsets for the bounds check.
+#define WG_THREADS_PER_ROW (CONV_THREADS / CONV_BK)
+static_assert(WG_THREADS_PER_ROW * A_CHUNKS_PER_THREAD * VEC == CONV_BM &&
+              (A_CHUNKS_PER_THREAD & (A_CHUNKS_PER_THREAD - 1)) == 0, "wgrad A: one k row per thread, 2^n chunks");
+__device__ __forceinline__ int wgrad_a_row() { return threadIdx.x / WG_THREADS_PER_ROW; }
+// The 16-byte unit of chunk j along m: a row's units are dealt to its threads in turn and
+// permuted per row (j ^ row), so that the 8 chunks a quarter warp writes at once land in 8
+// distinct bank groups (every swizzled tile and the 128x128 tf32 tile; the padded 64x64 tf32
+// tile, 2 threads per row, keeps 2-way conflicts on these writes).
+__device__ __forceinline__ int wgrad_a_unit(int j) {
+    return threadIdx.x % WG_THREADS_PER_ROW +
+           WG_THREADS_PER_ROW * (j ^ (wgrad_a_row() & (A_CHUNKS_PER_THREAD - 1)));
+}
 template <> struct Loader<MODE_WGRAD> {
-    TapIter a_m;                          // this thread's (tap, ci) column (fixed for the block)
-    PixIter a_k[A_CHUNKS_PER_THREAD];     // the (image, pixel) of this thread's A rows
+    PixIter pix;                          // this thread's k row: (image, output pixel)
+    TapIter a_m[A_CHUNKS_PER_THREAD];     // chunk j's (tap, ci) column, fixed for the block (per-element path)
+    int a_off[A_CHUNKS_PER_THREAD];       // 16-byte path: chunk j's offset from the pixel's window origin
+    int a_td[A_CHUNKS_PER_THREAD], a_th[A_CHUNKS_PER_THREAD], a_tw[A_CHUNKS_PER_THREAD];   // its tap's offsets
     RowStream b;                          // b.left: K rows from the next tile's first row to k_end
     bool a_vec, b_vec;
 
     __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* dy, long long rows,
                                          long long k_begin, long long k_end) {
-        a_m.start(dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w), blockIdx.x * CONV_BM + chunk_pos(CONV_BM), g.c_in);
+        const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
+        pix.start(g, k_begin + wgrad_a_row());
+        // the chunk offsets fit 32 bits: one register each, and one IMAD.WIDE per chunk address
+        const long long reach =
+            ((dim_reach(taps.d) * g.in_h + dim_reach(taps.h)) * g.in_w + dim_reach(taps.w) + 1) * g.c_in;
 #pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) a_k[j].start(g, k_begin + chunk_row(j, CONV_BM));
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+            TapIter& t = a_m[j];
+            t.start(taps, blockIdx.x * CONV_BM + wgrad_a_unit(j) * VEC, g.c_in);
+            const bool inside = t.in_filter(taps);   // false past the last (tap, ci) column
+            a_td[j] = inside ? t.od : FAR_OUTSIDE;
+            a_th[j] = t.oh;
+            a_tw[j] = t.ow;
+            a_off[j] = inside ? (int)(((long long)(t.od * g.in_h + t.oh) * g.in_w + t.ow) * g.c_in + t.c) : 0;
+        }
         b.init(dy, k_begin, k_end, g.c_out);
-        a_vec = g.c_in % VEC == 0 && is_aligned(x, 16);
+        a_vec = reach < (1ll << 31) && g.c_in % VEC == 0 && is_aligned(x, 16);
         b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16);
     }
 
@@ -593,27 +633,32 @@ template <> struct Loader<MODE_WGRAD> {
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
-        const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
-        const int mc = chunk_pos(CONV_BM);
+        const int row = wgrad_a_row();
+        const bool k_ok = row < b.left;
+        if constexpr (VECTOR) {
+            // uniform per tile: the pixel's window origin (before the tap offsets)
+            const int id0 = pix.od * g.s_d, ih0 = pix.oh * g.s_h, iw0 = pix.ow * g.s_w;
+            const elem_t* origin =
+                x + (pix.n * g.in_pix + ((long long)id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;
 #pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
-            const int row = chunk_row(j, CONV_BM);
-            elem_t* dst = as + tile_index<false, CONV_BM>(mc, row);
-            const bool k_ok = row < b.left;
-            if constexpr (VECTOR) {
-                long long off;
-                const bool valid = a_element(g, taps, a_m, a_k[j], off) && k_ok;
-                copy_chunk(dst, x + off, valid);
-            } else {
-                copy_tap_run(dst, x, taps, a_m, g.c_in, k_ok, [&](const TapIter& t, const elem_t*& at) {
-                    long long offset;
-                    const bool inside = a_element(g, taps, t, a_k[j], offset);
-                    at = x + offset;
-                    return inside;
-                });
-            }
-            a_k[j].advance(g, CONV_BK);
+            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
+                copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), origin + a_off[j],
+                           k_ok && (unsigned)(id0 + a_td[j]) < (unsigned)g.in_d &&
+                               (unsigned)(ih0 + a_th[j]) < (unsigned)g.in_h &&
+                               (unsigned)(iw0 + a_tw[j]) < (unsigned)g.in_w);
+        } else {
+            const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
+#pragma unroll
+            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
+                copy_tap_run(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), x, taps, a_m[j], g.c_in,
+                             k_ok, [&](const TapIter& t, const elem_t*& at) {
+                                 long long offset;
+                                 const bool inside = a_element(g, taps, t, pix, offset);
+                                 at = x + offset;
+                                 return inside;
+                             });
         }
+        pix.advance(g, CONV_BK);
         b.load<VECTOR>(bs, g.c_out, cols);
     }
 };
@@ -839,11 +884,9 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
     }
     // Unrolled by the stage count, so that every stage index is a constant: the shared
     // addresses of fragments and copies become register + immediate (no per-tile address math).
-    // Not for wgrad's 16-bit 128x128 tile (its per-chunk (image, pixel) iterators and 128
-    // accumulators then spill on sm_80), nor for the per-element path, whose copies cost more
-    // than the address math (unrolled, its VEC-times-longer loader spills the 128x128 tiles):
-    // these rotate the stage indices instead.
-    if constexpr (!VECTOR || (MODE == MODE_WGRAD && CONV_MATH == 1 && ACC_COUNT >= 128)) {
+    // Not for the per-element path, whose copies cost more than the address math (unrolled,
+    // its VEC-times-longer loader spills the 128x128 tiles): it rotates the stage indices.
+    if constexpr (!VECTOR) {
         int read_stage = 0, write_stage = CONV_STAGES - 1;
         for (int t = 0; t < tiles; ++t) {
             cp_async_wait<CONV_STAGES - 2>();
