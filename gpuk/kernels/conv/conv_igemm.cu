@@ -592,6 +592,8 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 }
 template <> struct Loader<MODE_WGRAD> {
     PixIter pix;                          // this thread's k row: (image, output pixel)
+    const elem_t* image;                  // x at image pix.n (a pointer carried across K tiles, so
+                                          // that each chunk address is one IMAD.WIDE from it)
     TapIter a_m[A_CHUNKS_PER_THREAD];     // chunk j's (tap, ci) column, fixed for the block (per-element path)
     int a_off[A_CHUNKS_PER_THREAD];       // 16-byte path: chunk j's offset from the pixel's window origin
     int a_td[A_CHUNKS_PER_THREAD], a_th[A_CHUNKS_PER_THREAD], a_tw[A_CHUNKS_PER_THREAD];   // its tap's offsets
@@ -602,9 +604,14 @@ template <> struct Loader<MODE_WGRAD> {
                                          long long k_begin, long long k_end) {
         const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
         pix.start(g, k_begin + wgrad_a_row());
-        // the chunk offsets fit 32 bits: one register each, and one IMAD.WIDE per chunk address
+        image = x + pix.n * (g.in_pix * g.c_in);
+        // 16-byte path: a chunk's offset within its image, window origin + chunk offset, fits 32
+        // bits (one IMAD and one IMAD.WIDE per chunk address); so do an image's elements
         const long long reach =
             ((dim_reach(taps.d) * g.in_h + dim_reach(taps.h)) * g.in_w + dim_reach(taps.w) + 1) * g.c_in;
+        const long long origins = ((((long long)g.out_d - 1) * g.s_d * g.in_h + (long long)(g.out_h - 1) * g.s_h) *
+                                       g.in_w + (long long)(g.out_w - 1) * g.s_w + 1) * g.c_in;
+        const bool fits = origins + reach < (1ll << 31) && g.in_pix * g.c_in < (1ll << 31);
 #pragma unroll
         for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
             TapIter& t = a_m[j];
@@ -616,7 +623,7 @@ template <> struct Loader<MODE_WGRAD> {
             a_off[j] = inside ? (int)(((long long)(t.od * g.in_h + t.oh) * g.in_w + t.ow) * g.c_in + t.c) : 0;
         }
         b.init(dy, k_begin, k_end, g.c_out);
-        a_vec = reach < (1ll << 31) && g.c_in % VEC == 0 && is_aligned(x, 16);
+        a_vec = fits && g.c_in % VEC == 0 && is_aligned(x, 16);
         b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16);
     }
 
@@ -636,13 +643,12 @@ template <> struct Loader<MODE_WGRAD> {
         const int row = wgrad_a_row();
         const bool k_ok = row < b.left;
         if constexpr (VECTOR) {
-            // uniform per tile: the pixel's window origin (before the tap offsets)
+            // uniform per tile: the pixel's window origin in its image (before the tap offsets)
             const int id0 = pix.od * g.s_d, ih0 = pix.oh * g.s_h, iw0 = pix.ow * g.s_w;
-            const elem_t* origin =
-                x + (pix.n * g.in_pix + ((long long)id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;
+            const int origin = ((id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), origin + a_off[j],
+                copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), image + (origin + a_off[j]),
                            k_ok && (unsigned)(id0 + a_td[j]) < (unsigned)g.in_d &&
                                (unsigned)(ih0 + a_th[j]) < (unsigned)g.in_h &&
                                (unsigned)(iw0 + a_tw[j]) < (unsigned)g.in_w);
@@ -658,7 +664,9 @@ template <> struct Loader<MODE_WGRAD> {
                                  return inside;
                              });
         }
+        const int n = pix.n;
         pix.advance(g, CONV_BK);
+        image += (pix.n - n) * (g.in_pix * g.c_in);   // the images this tile stepped over
         b.load<VECTOR>(bs, g.c_out, cols);
     }
 };
