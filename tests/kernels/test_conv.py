@@ -170,6 +170,15 @@ def test_conv_fwd_fused_bias_relu(kernel_runtime, epilogue, dtype, data_format):
     assert_close(out, ref, dtype, 'conv_fwd epilogue=%s' % epilogue)
 
 
+@pytest.mark.parametrize('dtype', [np.float16, np.float32], ids=['float16', 'float32'])
+def test_filters_too_wide_for_tap_masks_take_the_per_element_path(kernel_runtime, dtype):
+    """The 16-byte gather of fwd/dgrad tests a row's taps with a 32-bit mask of k_d + k_h + k_w
+    bits (conv_igemm.cu, tap_bits); a 1-d filter of 34 taps does not fit, so aligned channels
+    (8) take the per-element copies there, strided dgrad included, and still match the twin."""
+    case = ((40,), (34,), (2,), (1,), ((3, 2),), 8, 8)
+    _check_all_three(kernel_runtime, case, dtype, 'channels_last')
+
+
 # ---------------------------------------------------------------- depthwise
 
 # (input spatial, kernel spatial, strides, dilation, pads, C_in, multiplier)
@@ -335,7 +344,7 @@ def test_launchers_mirror_the_twin():
 def test_tile_choice_table():
     big = conv_tiles.choose_tile(np.float32, 'float32', 32 * 56 * 56, 256, 576)
     assert big.name == '128x128x16'
-    assert conv_tiles.choose_tile(np.float32, 'float32', 60, 5, 27).name == '32x32x8'
+    assert conv_tiles.choose_tile(np.float32, 'float32', 60, 5, 27).name == '32x32x16'
     assert conv_tiles.choose_tile(np.float64, 'float32', 32 * 56 * 56, 256, 576).name == '64x64x8'
     assert conv_tiles.choose_tile(np.float16, 'float32', 32 * 56 * 56, 256, 576).math == 'f16'
     assert conv_tiles.choose_tile(BF16, 'float32', 32 * 56 * 56, 256, 576).math == 'bf16'

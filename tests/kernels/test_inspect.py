@@ -339,10 +339,9 @@ def test_every_kernel_is_measured_on_the_emulator_and_predicted(records):
 
 
 def test_conv_main_loops_count_one_k_tile_of_math(records):
-    """The hot loop of each implicit-GEMM kernel is its main loop, unrolled by the stage count
-    (one turn of the stage ring per iteration; wgrad's 16-bit 128x128 tile rotates its stages
-    one BK slice at a time), so it holds exactly those K tiles' multiply-adds (whatever the
-    compiler does around them)."""
+    """The hot loop of each implicit-GEMM kernel is its 16-byte path's main loop, unrolled by the
+    stage count (one turn of the stage ring per iteration), so it holds exactly those K tiles'
+    multiply-adds (whatever the compiler does around them)."""
     conv = [r for r in records if r['kernel'] in ('conv_igemm_fwd', 'conv_igemm_dgrad', 'conv_igemm_wgrad')]
     assert len(conv) == 3 * 11 * 2
     for r in conv:
@@ -350,9 +349,7 @@ def test_conv_main_loops_count_one_k_tile_of_math(records):
         loop, counts = r['hot_loop'], r['hot_loop']['counts']
         # contiguous bodies: the count is the listing's, loop label to back edge (16-byte instructions)
         assert loop['instructions'] == (int(loop['back_edge'], 16) - int(loop['head'], 16)) // 16 + 1
-        rotating = (r['kernel'] == 'conv_igemm_wgrad' and d['CONV_MATH'] == 1
-                    and d['CONV_BM'] == d['CONV_BN'] == 128)
-        k_slices = d['CONV_BK'] * (1 if rotating else d['CONV_STAGES'])
+        k_slices = d['CONV_BK'] * d['CONV_STAGES']
         if d['CONV_MATH'] == 0:
             per_thread = d['CONV_BM'] * d['CONV_BN'] * k_slices // d['CONV_THREADS']
             op = 'dfma' if r['defines']['ELEMENT_T'] == 'double' else 'ffma'

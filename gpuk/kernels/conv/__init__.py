@@ -91,8 +91,9 @@ def _check_epilogue(fn, epilogue, bias, c_out, dtype, xp):
 # ---------------------------------------------------------------- launches
 
 def _geometry_args(g):
+    """The kernels' geometry scalars (of Problem.kernel_g: the kernels read channels_last only)."""
     return tuple(np.int32(v) for v in (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides,
-                                       *g.dilation, *g.pad_before, int(g.channels_last)))
+                                       *g.dilation, *g.pad_before))
 
 
 def _layout_shape(g, spatial, channels):

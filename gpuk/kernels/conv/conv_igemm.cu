@@ -36,23 +36,33 @@
 //   (conflict-free 16-byte shared reads). MMA: CONV_WARPS_M x CONV_WARPS_N warps, each a
 //   (BM/WARPS_M) x (BN/WARPS_N) warp tile of 16x8 MMA tiles.
 // Loads (Loader<MODE>): all index decoding (divisions) happens once per block: each thread
-//   keeps the window origin and base offset of its A rows and one (tap, channel) iterator for
-//   all its chunks (they share k), or (image, pixel) iterators (wgrad), that each K tile
-//   advances by adds and a wrap compare; row-major operands (fwd w, wgrad dy) are a pointer
-//   plus a count of K rows left (RowStream). Rows past the end get a far-outside origin, so
-//   one bounds check covers padding and tails; zero-filled chunks pass their address unread.
-//   No thread returns early (dgrad blocks past their phase's rows exit whole). Vector path (every operand channels_last-contiguous with a channel count that is a
-//   multiple of VEC = 16 bytes / element, 16-byte-aligned pointers): one 16-byte zero-filling
-//   cp.async per VEC neighbouring channels, which share one padding check. Otherwise each
-//   element is copied on its own (cp.async of 4/8 bytes; 16-bit elements synchronously).
-//   The choice is made once per block, outside the K loop (pipeline<MODE, VECTOR>).
-// Layouts: channels_last and channels_first share the kernel through tensor_offset().
-//   channels_last is the fast path (K runs along contiguous channels).
+//   keeps, per A row it loads, a pointer to the row's window origin, and one (tap, channel)
+//   iterator for all its chunks (they share k; fwd/dgrad), or one (image, pixel) iterator for
+//   its one k row plus, per chunk, the fixed (tap, channel) as a 32-bit offset (wgrad); each K
+//   tile advances them by adds and a wrap compare. Row-major operands (fwd w, wgrad dy) are a
+//   pointer plus a count of K rows left (RowStream). Rows past the end get a far-outside origin
+//   (or an empty tap mask), so one bounds check covers padding and tails; zero-filled chunks
+//   pass their address unread. No thread returns early (dgrad blocks past their phase's rows
+//   exit whole).
+//   Vector path (channel counts that are multiples of VEC = 16 bytes / element, 16-byte-aligned
+//   pointers, tap offsets within 32 bits): one 16-byte zero-filling cp.async per VEC neighbouring
+//   channels, which share one padding check; fwd/dgrad test it with the row's tap mask (one AND
+//   and one compare per chunk, see tap_bits) and address the chunk as row pointer + one 32-bit
+//   tap offset shared by the thread's chunks. Otherwise each element is copied on its own
+//   (cp.async of 4/8 bytes; 16-bit elements synchronously; copy_tap_run), the K loop rotating
+//   its stages instead of unrolling them. The choice is made once per block, outside the K loop
+//   (pipeline<MODE, VECTOR>).
+// Layout: channels_last only (K runs along contiguous channels). The launcher transposes
+//   channels_first activations around the kernels (layout.cu; conv/__init__.py Problem), so the
+//   kernels have no channels_first path and no layout parameter.
 // Epilogue (fwd only): 0 none, 1 + bias[c_out], 2 + bias then relu (relu keeps NaN). Stores
-//   go out in runs of consecutive channels (store_tile): one vector store per run in
-//   channels_last, no division per element.
+//   go out in runs of consecutive channels (store_tile), the row offset m * channels with no
+//   division; 16-bit MMA outputs are regrouped in each quad by shuffles into 8-byte runs
+//   (store_tile_16bit), so a warp's stores fill whole 32-byte sectors.
 // Limits: M, N, K and the pixels of one image < 2^31 (checked by the launcher; indices decode
-//   in 32 bits); offsets are 64-bit; grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
+//   in 32 bits); offsets are 64-bit, except the 32-bit tap offsets of the vector path (checked
+//   per block: larger reaches take the per-element path), which also needs
+//   k_d + k_h + k_w <= 32 for the fwd/dgrad tap masks; grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
 //   stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
 #include "conv_common.cuh"
 
@@ -175,7 +185,6 @@ struct ConvGeom {
     int batch, c_in, c_out;
     int in_d, in_h, in_w, out_d, out_h, out_w;
     int k_d, k_h, k_w, s_d, s_h, s_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w;
-    int channels_last;
     long long in_pix, out_pix;
     int taps;
 };
@@ -258,7 +267,6 @@ struct PixIter {
             }
         }
     }
-    __device__ __forceinline__ int pixel(const ConvGeom& g) const { return (od * g.out_h + oh) * g.out_w + ow; }
 };
 
 // ---- dgrad as stride-phase sub-convolutions ----
@@ -320,8 +328,8 @@ __device__ __forceinline__ void copy_chunk(elem_t* dst, const elem_t* src, bool 
     cp_async_16_zfill(dst, src, valid);
 }
 // One element, for chunks whose neighbours do not share a padding check (unaligned channel
-// counts, channels_first): cp.async for 4- and 8-byte elements, a synchronous copy for
-// 16-bit ones (below cp.async's 4-byte minimum).
+// counts, unaligned pointers, filters too large for tap masks): cp.async for 4- and 8-byte
+// elements, a synchronous copy for 16-bit ones (below cp.async's 4-byte minimum).
 __device__ __forceinline__ void copy_scalar(elem_t* dst, const elem_t* src, bool valid) {
     if constexpr (sizeof(elem_t) >= 4) {
         cp_async_zfill<sizeof(elem_t)>(dst, src, valid);
@@ -333,21 +341,69 @@ __device__ __forceinline__ void copy_scalar(elem_t* dst, const elem_t* src, bool
 // Tile rows one block-wide pass of chunks covers (chunk j of a thread is row chunk_row(0) + j * this).
 #define ROWS_PER_PASS(len) (CONV_THREADS / ((len) / VEC))
 
+// VEC consecutive positions of a (tap, channel) iterator copied one element at a time (the
+// per-element path of every gathered operand): element(t, src) gives position t's source
+// element and whether it is inside; `ok` covers what does not depend on t (K or N tails).
+template <class Element>
+__device__ __forceinline__ void copy_tap_run(elem_t* dst, const elem_t* __restrict__ data, const TapSeq& taps,
+                                             TapIter t, int channels, bool ok, const Element& element) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        const elem_t* src;
+        const bool valid = ok && element(t, src);
+        copy_scalar(dst + e, valid ? src : data, valid);   // an invalid element passes a readable address
+        t.advance(taps, 1, channels);
+    }
+}
+
+// ---- tap masks (the 16-byte path of the gathered A operand) ----
+// A tap is a bit per spatial dim: coordinate kw at bit kw, kh at bit size_w + kh, kd at bit
+// size_w + size_h + kd. A row's mask holds the bits of the coordinates that keep its window
+// inside the source, so the tap is inside for that row iff (mask & tap_bits) == tap_bits: one
+// AND and one compare per chunk in the K loop instead of three adds and three compares.
+// Needs size_w + size_h + size_d <= 32 (tap_masks_fit); larger filters take the per-element path.
+__device__ __forceinline__ bool tap_masks_fit(const TapSeq& s) { return s.size_w + s.size_h + s.size_d <= 32; }
+__device__ __forceinline__ unsigned dim_mask(const TapDim& t, int size, int origin, int extent, int shift) {
+    unsigned bits = 0;
+    for (int i = 0; i < t.count; ++i) {
+        const int coord = t.k0 + i * t.kstep;
+        if (coord < size && (unsigned)(origin + t.o0 + i * t.ostep) < (unsigned)extent) bits |= 1u << (shift + coord);
+    }
+    return bits;
+}
+// The tap's bits; a tap past the filter (kd >= size_d) is refused by in_filter, not by the mask.
+__device__ __forceinline__ unsigned tap_bits(const TapSeq& s, const TapIter& t) {
+    return (1u << t.kw) | (1u << (s.size_w + t.kh)) | (1u << ((unsigned)(s.size_w + s.size_h + t.kd) & 31u));
+}
+// Largest |offset| a dim's taps add to a window origin.
+__device__ __forceinline__ long long dim_reach(const TapDim& t) {
+    const long long first = t.o0, last = t.o0 + (long long)(t.count - 1) * t.ostep;
+    return first < 0 ? (last < 0 ? (-first > -last ? -first : -last) : (-first > last ? -first : last))
+                     : (last < 0 ? (first > -last ? first : -last) : (first > last ? first : last));
+}
+
 // The gathered A operand of fwd and dgrad: A[m][k] = src[n, origin(m) + offset(tap), c] over a
-// (N, sd, sh, sw, C) source (fwd: x; dgrad: dy), k = (tap of `taps`, c). Row m = (n, p) with p
-// a pixel of the grid (gd, gh, gw); its window origin is p * mul + add per dim. A thread's
-// chunks share one k (its position along the tile's K), so one TapIter serves them all; each
-// chunk keeps its row's origin and base offset.
+// channels_last (N, sd, sh, sw, C) source (fwd: x; dgrad: dy), k = (tap of `taps`, c). Row m =
+// (n, p) with p a pixel of the grid (gd, gh, gw); its window origin is p * mul + add per dim. A
+// thread's chunks share one k (its position along the tile's K), so one TapIter serves them
+// all; each chunk keeps its row's base offset, and its window origin (per-element path) or tap
+// mask (16-byte path).
 struct Source { int sd, sh, sw, channels; long long pix; };
 struct RowGrid { int gd, gh, gw, mul_d, mul_h, mul_w, add_d, add_h, add_w; };
 struct GatherA {
-    long long base[A_CHUNKS_PER_THREAD];                    // offset of (n, window origin) of row j
+    const elem_t* row[A_CHUNKS_PER_THREAD];                 // the source at (n, window origin) of row j
     int o_d[A_CHUNKS_PER_THREAD], o_h[A_CHUNKS_PER_THREAD], o_w[A_CHUNKS_PER_THREAD];   // window origin
+    unsigned mask[A_CHUNKS_PER_THREAD];                     // taps inside the source for row j
     TapIter k;                                              // this thread's k within the tile
+    bool fast;                                              // 16-byte path allowed (masks, 32-bit tap offsets)
 
-    __device__ __forceinline__ void init(const Source& src, const RowGrid& grid, const TapSeq& taps, long long rows,
-                                         long long k_begin, int channels_last) {
+    __device__ __forceinline__ void init(const Source& src, const RowGrid& grid, const TapSeq& taps,
+                                         const elem_t* data, long long rows, long long k_begin) {
         const long long row0 = (long long)blockIdx.x * CONV_BM;
+        // Tap offsets fit 32 bits, so a chunk's address is its row's pointer plus one 32-bit offset.
+        const long long reach = ((dim_reach(taps.d) * src.sh + dim_reach(taps.h)) * src.sw + dim_reach(taps.w) + 1) *
+                                src.channels;
+        fast = tap_masks_fit(taps) && reach < (1ll << 31);
 #pragma unroll
         for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
             const long long m = row0 + chunk_row(j, CONV_BK);
@@ -360,49 +416,44 @@ struct GatherA {
                 o_h[j] = ph * grid.mul_h + grid.add_h;
                 o_w[j] = pw * grid.mul_w + grid.add_w;
                 const long long origin = ((long long)o_d[j] * src.sh + o_h[j]) * src.sw + o_w[j];
-                base[j] = channels_last ? ((long long)n * src.pix + origin) * src.channels
-                                        : (long long)n * src.channels * src.pix + origin;
+                row[j] = data + ((long long)n * src.pix + origin) * src.channels;
             } else {
                 o_d[j] = o_h[j] = o_w[j] = FAR_OUTSIDE;
-                base[j] = 0;
+                row[j] = data;
             }
+            mask[j] = 0;
+            if (fast)   // one region of bits per dim: the test needs each of the tap's three bits
+                mask[j] = dim_mask(taps.w, taps.size_w, o_w[j], src.sw, 0) |
+                          dim_mask(taps.h, taps.size_h, o_h[j], src.sh, taps.size_w) |
+                          dim_mask(taps.d, taps.size_d, o_d[j], src.sd, taps.size_w + taps.size_h);
         }
         k.start(taps, (int)k_begin + chunk_pos(CONV_BK), src.channels);
-    }
-    // Element (row j, tap position t): its offset in the source and whether it is inside.
-    __device__ __forceinline__ bool element(const Source& src, const TapSeq& taps, const TapIter& t, int j,
-                                            bool channels_last, long long& offset) const {
-        const int tap_pix = (t.od * src.sh + t.oh) * src.sw + t.ow;
-        offset = base[j] + (channels_last ? (long long)tap_pix * src.channels + t.c
-                                          : (long long)t.c * src.pix + tap_pix);
-        return t.in_filter(taps) && (unsigned)(o_d[j] + t.od) < (unsigned)src.sd &&
-               (unsigned)(o_h[j] + t.oh) < (unsigned)src.sh && (unsigned)(o_w[j] + t.ow) < (unsigned)src.sw;
     }
     // Issues this thread's chunks of one K tile into `as` ([m][k]); does not advance k.
     template <bool VECTOR>
     __device__ __forceinline__ void load(const Source& src, const TapSeq& taps, const elem_t* __restrict__ data,
-                                         elem_t* as, int channels_last) const {
+                                         elem_t* as) const {
         const int kc = chunk_pos(CONV_BK);
-        // The vector path runs only on channels_last operands (igemm_mainloop), which the
-        // compiler then knows.
-        const bool cl = VECTOR || channels_last;
+        if constexpr (VECTOR) {
+            // uniform per tile: the tap's offset (unsigned: past the filter it may wrap, unread) and bits
+            const int off = (int)(((unsigned)(k.od * src.sh + k.oh) * (unsigned)src.sw + (unsigned)k.ow) *
+                                  (unsigned)src.channels + (unsigned)k.c);
+            const unsigned bits = tap_bits(taps, k);
+            const bool in_filter = k.in_filter(taps);
 #pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
-            elem_t* dst = as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc);
-            if constexpr (VECTOR) {
-                long long off;
-                const bool valid = element(src, taps, k, j, cl, off);
-                copy_chunk(dst, data + off, valid);
-            } else {
-                TapIter t = k;
+            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
+                copy_chunk(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc), row[j] + off,
+                           in_filter && (mask[j] & bits) == bits);
+        } else {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    long long off;
-                    const bool valid = element(src, taps, t, j, cl, off);
-                    copy_scalar(dst + e, valid ? data + off : data, valid);
-                    t.advance(taps, 1, src.channels);
-                }
-            }
+            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
+                copy_tap_run(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc), data, taps, k,
+                             src.channels, true, [&](const TapIter& t, const elem_t*& at) {
+                                 at = row[j] + ((long long)(t.od * src.sh + t.oh) * src.sw + t.ow) * src.channels + t.c;
+                                 return t.in_filter(taps) && (unsigned)(o_d[j] + t.od) < (unsigned)src.sd &&
+                                        (unsigned)(o_h[j] + t.oh) < (unsigned)src.sh &&
+                                        (unsigned)(o_w[j] + t.ow) < (unsigned)src.sw;
+                             });
         }
     }
 };
@@ -460,16 +511,16 @@ template <> struct Loader<MODE_FWD> {
     __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* w, long long rows,
                                          long long k_begin, long long k_end) {
         const RowGrid grid{g.out_d, g.out_h, g.out_w, g.s_d, g.s_h, g.s_w, -g.pad_d, -g.pad_h, -g.pad_w};
-        a.init(source(g), grid, dense_taps(g, 0, 0, 0), rows, k_begin, g.channels_last);
+        a.init(source(g), grid, dense_taps(g, 0, 0, 0), x, rows, k_begin);
         b.init(w, k_begin, k_end, g.c_out);
-        a_vec = g.channels_last && g.c_in % VEC == 0 && is_aligned(x, 16);
+        a_vec = a.fast && g.c_in % VEC == 0 && is_aligned(x, 16);
         b_vec = g.c_out % VEC == 0 && is_aligned(w, 16);
     }
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ w, elem_t* as, elem_t* bs, int cols) {
         const TapSeq taps = dense_taps(g, 0, 0, 0);
-        a.load<VECTOR>(source(g), taps, x, as, g.channels_last);
+        a.load<VECTOR>(source(g), taps, x, as);
         a.k.advance(taps, CONV_BK, g.c_in);
         b.load<VECTOR>(bs, g.c_out, cols);
     }
@@ -491,33 +542,30 @@ template <> struct Loader<MODE_DGRAD> {
                                          const elem_t* w) {
         taps = phase.taps;
         const RowGrid grid{phase.q_d, phase.q_h, phase.q_w, 1, 1, 1, 0, 0, 0};
-        a.init(source(g), grid, taps, phase.rows, 0, g.channels_last);
+        a.init(source(g), grid, taps, dy, phase.rows, 0);
         b_ci = blockIdx.y * CONV_BN + chunk_row(0, CONV_BK);
-        a_vec = g.channels_last && g.c_out % VEC == 0 && is_aligned(dy, 16);
+        a_vec = a.fast && g.c_out % VEC == 0 && is_aligned(dy, 16);
         b_vec = g.c_out % VEC == 0 && is_aligned(w, 16);
     }
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ dy,
                                          const elem_t* __restrict__ w, elem_t* as, elem_t* bs, int cols) {
-        a.load<VECTOR>(source(g), taps, dy, as, g.channels_last);
+        a.load<VECTOR>(source(g), taps, dy, as);
         const int kc = chunk_pos(CONV_BK);
         const long long filter_pass = (long long)ROWS_PER_PASS(CONV_BK) * g.c_out;
+        // uniform per tile: w at (tap, chunk 0's input channel, k's output channel)
+        const elem_t* tap_w = w + ((long long)a.k.tap(taps) * g.c_in + b_ci) * g.c_out + a.k.c;
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
             const int ci = b_ci + j * ROWS_PER_PASS(CONV_BK);
             elem_t* dst = bs + tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), kc);
             if constexpr (VECTOR) {
-                const elem_t* src = w + ((long long)a.k.tap(taps) * g.c_in + b_ci) * g.c_out + a.k.c + j * filter_pass;
-                copy_chunk(dst, src, a.k.in_filter(taps) && ci < cols);
+                copy_chunk(dst, tap_w + j * filter_pass, a.k.in_filter(taps) && ci < cols);
             } else {
-                TapIter t = a.k;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const bool valid = t.in_filter(taps) && ci < cols;
-                    const elem_t* src = w + ((long long)t.tap(taps) * g.c_in + ci) * g.c_out + t.c;
-                    copy_scalar(dst + e, valid ? src : w, valid);
-                    t.advance(taps, 1, g.c_out);
-                }
+                copy_tap_run(dst, w, taps, a.k, g.c_out, ci < cols, [&](const TapIter& t, const elem_t*& at) {
+                    at = w + ((long long)t.tap(taps) * g.c_in + ci) * g.c_out + t.c;
+                    return t.in_filter(taps);
+                });
             }
         }
         a.k.advance(taps, CONV_BK, g.c_out);
@@ -525,32 +573,66 @@ template <> struct Loader<MODE_DGRAD> {
 };
 
 // wgrad: A[(tap, ci), (n, output pixel)] = x[n, o*s + tap*dil - pad, ci], stored [k][m];
-// B = dy as (N*OP, C_out), stored [k][n]: a RowStream in channels_last, (image, pixel)
-// iterators in channels_first.
+// B = dy as (N*OP, C_out), stored [k][n] (a RowStream).
+// A's chunks: each thread copies one k row (one output pixel: wgrad_a_row) and
+// A_CHUNKS_PER_THREAD chunks along m (wgrad_a_unit), so one (image, pixel) iterator serves all
+// of them, and each chunk keeps its fixed (tap, channel) as a 32-bit offset from the pixel's
+// window origin plus the tap's spatial offsets for the bounds check.
+#define WG_THREADS_PER_ROW (CONV_THREADS / CONV_BK)
+static_assert(WG_THREADS_PER_ROW * A_CHUNKS_PER_THREAD * VEC == CONV_BM &&
+              (A_CHUNKS_PER_THREAD & (A_CHUNKS_PER_THREAD - 1)) == 0, "wgrad A: one k row per thread, 2^n chunks");
+__device__ __forceinline__ int wgrad_a_row() { return threadIdx.x / WG_THREADS_PER_ROW; }
+// The 16-byte unit of chunk j along m: a row's units are dealt to its threads in turn and
+// permuted per row (j ^ row), so that the 8 chunks a quarter warp writes at once land in 8
+// distinct bank groups (every swizzled tile and the 128x128 tf32 tile; the padded 64x64 tf32
+// tile, 2 threads per row, keeps 2-way conflicts on these writes).
+__device__ __forceinline__ int wgrad_a_unit(int j) {
+    return threadIdx.x % WG_THREADS_PER_ROW +
+           WG_THREADS_PER_ROW * (j ^ (wgrad_a_row() & (A_CHUNKS_PER_THREAD - 1)));
+}
 template <> struct Loader<MODE_WGRAD> {
-    TapIter a_m;                          // this thread's (tap, ci) column (fixed for the block)
-    PixIter a_k[A_CHUNKS_PER_THREAD], b_k[B_CHUNKS_PER_THREAD];
+    PixIter pix;                          // this thread's k row: (image, output pixel)
+    const elem_t* image;                  // x at image pix.n (a pointer carried across K tiles, so
+                                          // that each chunk address is one IMAD.WIDE from it)
+    TapIter a_m[A_CHUNKS_PER_THREAD];     // chunk j's (tap, ci) column, fixed for the block (per-element path)
+    int a_off[A_CHUNKS_PER_THREAD];       // 16-byte path: chunk j's offset from the pixel's window origin
+    int a_td[A_CHUNKS_PER_THREAD], a_th[A_CHUNKS_PER_THREAD], a_tw[A_CHUNKS_PER_THREAD];   // its tap's offsets
     RowStream b;                          // b.left: K rows from the next tile's first row to k_end
     bool a_vec, b_vec;
 
     __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* dy, long long rows,
                                          long long k_begin, long long k_end) {
-        a_m.start(dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w), blockIdx.x * CONV_BM + chunk_pos(CONV_BM), g.c_in);
+        const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
+        pix.start(g, k_begin + wgrad_a_row());
+        image = x + pix.n * (g.in_pix * g.c_in);
+        // 16-byte path: a chunk's offset within its image, window origin + chunk offset, fits 32
+        // bits (one IMAD and one IMAD.WIDE per chunk address); so do an image's elements
+        const long long reach =
+            ((dim_reach(taps.d) * g.in_h + dim_reach(taps.h)) * g.in_w + dim_reach(taps.w) + 1) * g.c_in;
+        const long long origins = ((((long long)g.out_d - 1) * g.s_d * g.in_h + (long long)(g.out_h - 1) * g.s_h) *
+                                       g.in_w + (long long)(g.out_w - 1) * g.s_w + 1) * g.c_in;
+        const bool fits = origins + reach < (1ll << 31) && g.in_pix * g.c_in < (1ll << 31);
 #pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) a_k[j].start(g, k_begin + chunk_row(j, CONV_BM));
-#pragma unroll
-        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) b_k[j].start(g, k_begin + chunk_row(j, CONV_BN));
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+            TapIter& t = a_m[j];
+            t.start(taps, blockIdx.x * CONV_BM + wgrad_a_unit(j) * VEC, g.c_in);
+            const bool inside = t.in_filter(taps);   // false past the last (tap, ci) column
+            a_td[j] = inside ? t.od : FAR_OUTSIDE;
+            a_th[j] = t.oh;
+            a_tw[j] = t.ow;
+            a_off[j] = inside ? (int)(((long long)(t.od * g.in_h + t.oh) * g.in_w + t.ow) * g.c_in + t.c) : 0;
+        }
         b.init(dy, k_begin, k_end, g.c_out);
-        a_vec = g.channels_last && g.c_in % VEC == 0 && is_aligned(x, 16);
-        b_vec = g.channels_last && g.c_out % VEC == 0 && is_aligned(dy, 16);
+        a_vec = fits && g.c_in % VEC == 0 && is_aligned(x, 16);
+        b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16);
     }
 
+    // x's element (tap, channel t; image and output pixel p): its offset and whether it is inside.
     __device__ __forceinline__ bool a_element(const ConvGeom& g, const TapSeq& taps, const TapIter& t,
-                                              const PixIter& p, bool channels_last, long long& offset) const {
+                                              const PixIter& p, long long& offset) const {
         const int id = p.od * g.s_d + t.od, ih = p.oh * g.s_h + t.oh, iw = p.ow * g.s_w + t.ow;
         const int ipix = (id * g.in_h + ih) * g.in_w + iw;   // within one image: < 2^31 (launcher)
-        offset = channels_last ? p.n * (g.in_pix * g.c_in) + ((long long)ipix * g.c_in + t.c)
-                               : ((long long)p.n * g.c_in + t.c) * g.in_pix + ipix;
+        offset = p.n * (g.in_pix * g.c_in) + ((long long)ipix * g.c_in + t.c);
         return t.in_filter(taps) && (unsigned)id < (unsigned)g.in_d && (unsigned)ih < (unsigned)g.in_h &&
                (unsigned)iw < (unsigned)g.in_w;
     }
@@ -558,49 +640,34 @@ template <> struct Loader<MODE_WGRAD> {
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
-        const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
-        const bool cl = VECTOR || g.channels_last;
-        const int mc = chunk_pos(CONV_BM);
+        const int row = wgrad_a_row();
+        const bool k_ok = row < b.left;
+        if constexpr (VECTOR) {
+            // uniform per tile: the pixel's window origin in its image (before the tap offsets)
+            const int id0 = pix.od * g.s_d, ih0 = pix.oh * g.s_h, iw0 = pix.ow * g.s_w;
+            const int origin = ((id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;
 #pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
-            const int row = chunk_row(j, CONV_BM);
-            elem_t* dst = as + tile_index<false, CONV_BM>(mc, row);
-            const bool k_ok = row < b.left;
-            if constexpr (VECTOR) {
-                long long off;
-                const bool valid = a_element(g, taps, a_m, a_k[j], cl, off) && k_ok;
-                copy_chunk(dst, x + off, valid);
-            } else {
-                TapIter t = a_m;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    long long off;
-                    const bool valid = a_element(g, taps, t, a_k[j], cl, off) && k_ok;
-                    copy_scalar(dst + e, valid ? x + off : x, valid);
-                    t.advance(taps, 1, g.c_in);
-                }
-            }
-            a_k[j].advance(g, CONV_BK);
-        }
-        if (cl) {
-            b.load<VECTOR>(bs, g.c_out, cols);
+            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
+                copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), image + (origin + a_off[j]),
+                           k_ok && (unsigned)(id0 + a_td[j]) < (unsigned)g.in_d &&
+                               (unsigned)(ih0 + a_th[j]) < (unsigned)g.in_h &&
+                               (unsigned)(iw0 + a_tw[j]) < (unsigned)g.in_w);
         } else {
-            const int nc = chunk_pos(CONV_BN);
+            const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
 #pragma unroll
-            for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
-                const int row = chunk_row(j, CONV_BN);
-                elem_t* dst = bs + tile_index<false, CONV_BN>(nc, row);
-                const bool k_ok = row < b.left;
-                const long long base = tensor_offset(b_k[j].n, b.col, b_k[j].pixel(g), g.c_out, g.out_pix, 0);
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const bool valid = k_ok && b.col + e < cols;
-                    copy_scalar(dst + e, valid ? dy + base + e * g.out_pix : dy, valid);
-                }
-                b_k[j].advance(g, CONV_BK);
-            }
-            b.left -= CONV_BK;
+            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
+                copy_tap_run(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), x, taps, a_m[j], g.c_in,
+                             k_ok, [&](const TapIter& t, const elem_t*& at) {
+                                 long long offset;
+                                 const bool inside = a_element(g, taps, t, pix, offset);
+                                 at = x + offset;
+                                 return inside;
+                             });
         }
+        const int n = pix.n;
+        pix.advance(g, CONV_BK);
+        image += (pix.n - n) * (g.in_pix * g.c_in);   // the images this tile stepped over
+        b.load<VECTOR>(bs, g.c_out, cols);
     }
 };
 
@@ -825,9 +892,9 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
     }
     // Unrolled by the stage count, so that every stage index is a constant: the shared
     // addresses of fragments and copies become register + immediate (no per-tile address math).
-    // Not for wgrad's 16-bit 128x128 tile: its per-chunk (image, pixel) iterators and 128
-    // accumulators then spill on sm_80; it rotates the stage indices instead.
-    if constexpr (MODE == MODE_WGRAD && CONV_MATH == 1 && ACC_COUNT >= 128) {
+    // Not for the per-element path, whose copies cost more than the address math (unrolled,
+    // its VEC-times-longer loader spills the 128x128 tiles): it rotates the stage indices.
+    if constexpr (!VECTOR) {
         int read_stage = 0, write_stage = CONV_STAGES - 1;
         for (int t = 0; t < tiles; ++t) {
             cp_async_wait<CONV_STAGES - 2>();
@@ -867,9 +934,8 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
     __shared__ __align__(16) elem_t bs[CONV_STAGES][B_STAGE];
 #pragma unroll
     for (int e = 0; e < ACC_COUNT; ++e) acc[e] = acc_t(0);
-    // One uniform choice per block, outside the loop: both operands in 16-byte chunks (always
-    // channels_last, which the loaders then assume), or every element on its own (unaligned
-    // channel counts or pointers, channels_first gathers).
+    // One uniform choice per block, outside the loop: both operands in 16-byte chunks, or every
+    // element on its own (unaligned channel counts or pointers, filters too large for tap masks).
     if (loader.a_vec && loader.b_vec)
         pipeline<MODE, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
     else
@@ -878,14 +944,12 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
 
 static __device__ ConvGeom make_geom(int batch, int c_in, int c_out, int in_d, int in_h, int in_w, int out_d,
                                      int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w,
-                                     int dil_d, int dil_h, int dil_w, int pad_d, int pad_h, int pad_w,
-                                     int channels_last) {
+                                     int dil_d, int dil_h, int dil_w, int pad_d, int pad_h, int pad_w) {
     ConvGeom g;
     g.batch = batch; g.c_in = c_in; g.c_out = c_out;
     g.in_d = in_d; g.in_h = in_h; g.in_w = in_w; g.out_d = out_d; g.out_h = out_h; g.out_w = out_w;
     g.k_d = k_d; g.k_h = k_h; g.k_w = k_w; g.s_d = s_d; g.s_h = s_h; g.s_w = s_w;
     g.dil_d = dil_d; g.dil_h = dil_h; g.dil_w = dil_w; g.pad_d = pad_d; g.pad_h = pad_h; g.pad_w = pad_w;
-    g.channels_last = channels_last;
     g.in_pix = (long long)in_d * in_h * in_w;
     g.out_pix = (long long)out_d * out_h * out_w;
     g.taps = k_d * k_h * k_w;
@@ -894,14 +958,15 @@ static __device__ ConvGeom make_geom(int batch, int c_in, int c_out, int in_d, i
 
 #define CONV_GEOM_ARGS                                                                                   \
     batch, c_in, c_out, in_d, in_h, in_w, out_d, out_h, out_w, k_d, k_h, k_w, s_d, s_h, s_w, dil_d, dil_h, \
-        dil_w, pad_d, pad_h, pad_w, channels_last
+        dil_w, pad_d, pad_h, pad_w
 
 // ---- epilogue ----
-// Accumulators come in runs of EPILOGUE_RUN consecutive columns of one row: FFMA micro-tile
+// Accumulators come in runs of EpilogueRun consecutive columns of one row: FFMA micro-tile
 // runs of 4 (1 where dgrad's B columns are strided), MMA pairs (c0, c1) and (c2, c3). A run is
-// one vector store where the output is channels_last with a channel count that is a multiple
-// of the run (rows then start aligned); elsewhere one store per element. The row offset is
-// m * channels in channels_last (no division); channels_first divides once per run.
+// one vector store where the channel count is a multiple of the run (rows then start aligned);
+// elsewhere one store per element. The row offset is out_row(m) * channels (no division).
+// 16-bit MMA outputs are regrouped first (store_tile_16bit): a pair is only 4 bytes, and the 8
+// rows x 4 lanes of one store would fill half of each 32-byte sector.
 #if CONV_MATH == 0
 template <int MODE> struct EpilogueRun { static constexpr int len = Layout<MODE>::b_nk ? 1 : 4; };
 #else
@@ -912,21 +977,11 @@ template <class T> __device__ __forceinline__ T out_value(acc_t v) {
     if constexpr (gpuk_same_type<T, acc_t>::value) return v;
     else return ElementTraits<T>::from_acc(v);
 }
-// out[offset + q * stride] = v[q] for q < min(LEN, count); one LEN-wide store when `vector`
-// (then stride == 1 and count >= LEN).
-template <class T, int LEN>
-__device__ __forceinline__ void store_run(T* __restrict__ out, long long offset, long long stride, const acc_t* v,
-                                          int count, bool vector) {
-    if (vector) {
-        ValueRun<T, LEN> run;
-#pragma unroll
-        for (int q = 0; q < LEN; ++q) run.v[q] = out_value<T>(v[q]);
-        *reinterpret_cast<ValueRun<T, LEN>*>(out + offset) = run;
-    } else {
-#pragma unroll
-        for (int q = 0; q < LEN; ++q)
-            if (q < count) out[offset + q * stride] = out_value<T>(v[q]);
-    }
+// v + bias[channel] (epilogue >= 1), then relu (epilogue 2; NaN is kept); channel < channels.
+__device__ __forceinline__ acc_t epilogue_value(acc_t v, const elem_t* __restrict__ bias, int channel, int epilogue) {
+    if (epilogue >= 1) v += to_acc(bias[channel]);
+    if (epilogue == 2) v = v < acc_t(0) ? acc_t(0) : v;
+    return v;
 }
 
 // GEMM row -> row of the output matrix: the identity except for dgrad's stride phases.
@@ -939,16 +994,76 @@ struct PhaseRows {
     __device__ __forceinline__ long long operator()(long long m) const { return phase.out_row(g, m); }
 };
 
+#if CONV_MATH != 0
+// Two 16-bit outputs in one 32-bit word (low: the first).
+__device__ __forceinline__ unsigned pack_out2(float lo, float hi) {
+    if constexpr (gpuk_same_type<elem_t, __half>::value) return pack_half2(lo, hi);
+    else return pack_bfloat162(lo, hi);
+}
+// The 16-bit MMA epilogue. A lane holds columns (2t, 2t+1) of two neighbouring 8-column MMA
+// tiles (t = lane % 4), per row gr and gr + 8. Within each quad the 16 columns are regrouped by
+// 4 shuffles so that lane t holds columns 4t..4t+3: one 8-byte store per lane, and the 8 rows x 32
+// bytes of a warp's store are whole sectors.
+template <int MODE, class RowMap>
+__device__ __forceinline__ void store_tile_16bit(const acc_t (&acc)[ACC_COUNT], long long rows, int channels,
+                                                 const elem_t* __restrict__ bias, int epilogue,
+                                                 elem_t* __restrict__ out, const RowMap& out_row) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
+    const bool vector = channels % 4 == 0 && is_aligned(out, 8);
+    const int src = (lane & ~3) | ((t & 1) << 1);   // the lane holding columns 4t, 4t+1 of its tile
+#pragma unroll
+    for (int mi = 0; mi < MMA_M_TILES; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < MMA_N_TILES; ni += 2)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int first = blockIdx.y * CONV_BN + (warp % CONV_WARPS_N) * WARP_TILE_N + ni * 8;
+                unsigned word[2];
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int e = ((mi * MMA_N_TILES + ni + u) * 2 + h) * 2, channel = first + u * 8 + 2 * t;
+                    const acc_t v0 = channel < channels ? epilogue_value(acc[e], bias, channel, epilogue) : acc_t(0);
+                    const acc_t v1 =
+                        channel + 1 < channels ? epilogue_value(acc[e + 1], bias, channel + 1, epilogue) : acc_t(0);
+                    word[u] = pack_out2(v0, v1);
+                }
+                const unsigned a0 = __shfl_sync(0xffffffffu, word[0], src), a1 = __shfl_sync(0xffffffffu, word[1], src);
+                const unsigned b0 = __shfl_sync(0xffffffffu, word[0], src + 1);
+                const unsigned b1 = __shfl_sync(0xffffffffu, word[1], src + 1);
+                const unsigned lo = t >= 2 ? a1 : a0, hi = t >= 2 ? b1 : b0;   // columns 4t, 4t+1 and 4t+2, 4t+3
+                const int r = (warp / CONV_WARPS_N) * WARP_TILE_M + mi * 16 + gr + 8 * h;
+                const long long m = (long long)blockIdx.x * CONV_BM + r;
+                const int channel = first + 4 * t;
+                if (m >= rows || channel >= channels) continue;
+                unsigned short* dst = reinterpret_cast<unsigned short*>(out + out_row(m) * channels + channel);
+                if (vector) {
+                    *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+                } else {
+                    const unsigned short bits[4] = {(unsigned short)lo, (unsigned short)(lo >> 16),
+                                                    (unsigned short)hi, (unsigned short)(hi >> 16)};
+#pragma unroll
+                    for (int q = 0; q < 4; ++q)
+                        if (channel + q < channels) dst[q] = bits[q];
+                }
+            }
+}
+#endif
+
 // Writes this block's accumulator tile (rows GEMM rows, `channels` GEMM columns) to a
-// (N * pix, channels) row-major matrix (channels_last, dw, split partials) or to a channels_first
-// activation, GEMM row m going to output row out_row(m), with the epilogue: 0 none,
-// 1 + bias[c], 2 + bias[c] then relu.
+// (rows, channels) row-major matrix (a channels_last activation, dw, split partials), GEMM row
+// m going to output row out_row(m), with the epilogue: 0 none, 1 + bias[c], 2 + bias[c] then relu.
 template <int MODE, class T, class RowMap>
-__device__ __forceinline__ void store_tile(const acc_t (&acc)[ACC_COUNT], long long rows, int channels, long long pix,
+__device__ __forceinline__ void store_tile(const acc_t (&acc)[ACC_COUNT], long long rows, int channels,
                                            const elem_t* __restrict__ bias, int epilogue, T* __restrict__ out,
-                                           int channels_last, const RowMap& out_row) {
+                                           const RowMap& out_row) {
+#if CONV_MATH != 0
+    if constexpr (sizeof(T) == 2) {
+        store_tile_16bit<MODE>(acc, rows, channels, bias, epilogue, out, out_row);
+        return;
+    }
+#endif
     constexpr int LEN = EpilogueRun<MODE>::len;
-    const bool vector = channels_last && channels % LEN == 0 && is_aligned(out, LEN * sizeof(T));
+    const bool vector = channels % LEN == 0 && is_aligned(out, LEN * sizeof(T));
 #pragma unroll
     for (int e = 0; e < ACC_COUNT; e += LEN) {
         int r, c;
@@ -956,21 +1071,17 @@ __device__ __forceinline__ void store_tile(const acc_t (&acc)[ACC_COUNT], long l
         const long long m = (long long)blockIdx.x * CONV_BM + r;
         const int channel = blockIdx.y * CONV_BN + c;
         if (m >= rows || channel >= channels) continue;
-        acc_t v[LEN];
+        T* dst = out + out_row(m) * channels + channel;
+        if (vector) {
+            ValueRun<T, LEN> run;
 #pragma unroll
-        for (int q = 0; q < LEN; ++q) {
-            v[q] = acc[e + q];
-            if (epilogue >= 1 && channel + q < channels) v[q] += to_acc(bias[channel + q]);
-            if (epilogue == 2) v[q] = v[q] < acc_t(0) ? acc_t(0) : v[q];
+            for (int q = 0; q < LEN; ++q) run.v[q] = out_value<T>(epilogue_value(acc[e + q], bias, channel + q, epilogue));
+            *reinterpret_cast<ValueRun<T, LEN>*>(dst) = run;
+        } else {
+#pragma unroll
+            for (int q = 0; q < LEN; ++q)
+                if (channel + q < channels) dst[q] = out_value<T>(epilogue_value(acc[e + q], bias, channel + q, epilogue));
         }
-        const long long row = out_row(m);
-        long long offset = row * channels + channel, stride = 1;
-        if (!channels_last) {
-            const long long n = (long long)((unsigned long long)row / (unsigned long long)pix);
-            offset = (n * channels + channel) * pix + (row - n * pix);
-            stride = pix;
-        }
-        store_run<T, LEN>(out, offset, stride, v, channels - channel, vector);
     }
 }
 
@@ -979,14 +1090,14 @@ extern "C" __global__ void __launch_bounds__(CONV_THREADS, 1)
 conv_igemm_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, const elem_t* __restrict__ bias,
                elem_t* __restrict__ y, int batch, int c_in, int c_out, int in_d, int in_h, int in_w, int out_d,
                int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h,
-               int dil_w, int pad_d, int pad_h, int pad_w, int channels_last, int epilogue) {
+               int dil_w, int pad_d, int pad_h, int pad_w, int epilogue) {
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
     const long long rows = (long long)batch * g.out_pix, depth = (long long)g.taps * c_in;
     acc_t acc[ACC_COUNT];
     Loader<MODE_FWD> loader;
     loader.init(g, x, w, rows, 0, depth);
     igemm_mainloop<MODE_FWD>(loader, g, x, w, c_out, depth, acc);
-    store_tile<MODE_FWD>(acc, rows, c_out, g.out_pix, bias, epilogue, y, channels_last, SameRows{});
+    store_tile<MODE_FWD>(acc, rows, c_out, bias, epilogue, y, SameRows{});
 }
 
 // conv_igemm_dgrad: dx = dgrad(dy, w), as stride-phase sub-convolutions (DgradPhase).
@@ -996,7 +1107,7 @@ extern "C" __global__ void __launch_bounds__(CONV_THREADS, 1)
 conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, elem_t* __restrict__ dx, int batch,
                  int c_in, int c_out, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d,
                  int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d,
-                 int pad_h, int pad_w, int channels_last) {
+                 int pad_h, int pad_w) {
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
     DgradPhase phase;
     phase.init(g, blockIdx.z);
@@ -1005,7 +1116,7 @@ conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, el
     Loader<MODE_DGRAD> loader;
     loader.init(g, phase, dy, w);
     igemm_mainloop<MODE_DGRAD>(loader, g, dy, w, c_in, phase.depth, acc);
-    store_tile<MODE_DGRAD>(acc, phase.rows, c_in, g.in_pix, nullptr, 0, dx, channels_last, PhaseRows{g, phase});
+    store_tile<MODE_DGRAD>(acc, phase.rows, c_in, nullptr, 0, dx, PhaseRows{g, phase});
 }
 
 // conv_igemm_wgrad: dw (Keras layout (*k, C_in, C_out), i.e. row-major (taps*C_in, C_out)).
@@ -1015,7 +1126,7 @@ extern "C" __global__ void __launch_bounds__(CONV_THREADS, 1)
 conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, elem_t* __restrict__ dw,
                  acc_t* __restrict__ partial, int batch, int c_in, int c_out, int in_d, int in_h, int in_w,
                  int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d,
-                 int dil_h, int dil_w, int pad_d, int pad_h, int pad_w, int channels_last, long long k_per_split) {
+                 int dil_h, int dil_w, int pad_d, int pad_h, int pad_w, long long k_per_split) {
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
     const long long rows = (long long)g.taps * c_in, depth = (long long)batch * g.out_pix;
     const long long k_begin = (long long)blockIdx.z * k_per_split;
@@ -1025,10 +1136,9 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
     loader.init(g, x, dy, rows, k_begin, k_end);
     igemm_mainloop<MODE_WGRAD>(loader, g, x, dy, c_out, k_end - k_begin, acc);
     if (gridDim.z == 1)
-        store_tile<MODE_WGRAD>(acc, rows, c_out, 1, nullptr, 0, dw, 1, SameRows{});
+        store_tile<MODE_WGRAD>(acc, rows, c_out, nullptr, 0, dw, SameRows{});
     else
-        store_tile<MODE_WGRAD>(acc, rows, c_out, 1, nullptr, 0, partial + (long long)blockIdx.z * rows * c_out, 1,
-                               SameRows{});
+        store_tile<MODE_WGRAD>(acc, rows, c_out, nullptr, 0, partial + (long long)blockIdx.z * rows * c_out, SameRows{});
 }
 
 // conv_reduce_splits: dw[i] = sum over splits of partial[s][i], in split order.

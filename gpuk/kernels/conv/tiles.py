@@ -4,8 +4,8 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
 
     path   name         block tile     threads  stages  per thread / warp     used for
     ffma   128x128x16   128 x 128 x 16 256      3       8 x 8 FFMA micro-tile float32, big M and N
-    ffma   64x64x16     64 x 64 x 16   256      3       4 x 4                 float32, mid-size
-    ffma   32x32x8      32 x 32 x 8    64       3       4 x 4                 small M or N (tails)
+    ffma   64x64x16     64 x 64 x 16   64       3       8 x 8                 float32, mid-size
+    ffma   32x32x16     32 x 32 x 16   32       3       8 x 4                 small M or N (tails)
     ffma64 64x64x8      64 x 64 x 8    256      3       4 x 4 DFMA            float64
     ffma64 32x32x8      32 x 32 x 8    64       3       4 x 4                 float64, small
     f16    128x128x32   128 x 128 x 32 128      3       4 warps, 64 x 64/warp float16 (mma m16n8k16)
@@ -22,6 +22,14 @@ shared memory (BK=32 there needs dynamic shared memory above 48 KB, not done), 6
 runs BK=32 with 2 stages. The 128x128 tensor-core tiles use 64x64 warp tiles (32 MMAs per
 k16 step per warp) and the 64x64 ones 2 warps of 64x32 (not 4 of 32x32): the ldmatrix and
 loader work per thread is shared by twice the MMAs.
+
+FFMA micro-tiles: 8 x 8 per thread on 128x128 and 64x64 (64 multiply-adds per 4 shared reads
+of 16 bytes: 85-88% of the hot loop is FFMA on sm_90; 4 x 4 on 256 threads gave 64x64 only
+70%), 8 x 4 on one warp for 32x32 (74-78%; 4 x 4 on 64 threads with BK=8 gave 57-60%, BK=32
+reaches 78-82% but spills dgrad). The 32x32 tile stays in the table: split-K exists for wgrad
+only, so without it a forward or dgrad with C_out or C_in <= 32 (or a few M rows) would run the
+64-wide tile at more than MAX_WASTE padding, i.e. half its multiply-adds on zeros, which costs
+more than the lower FFMA share of the 32-wide loop.
 
 f16 and bf16 share the math code (both m16n8k16, float32 accumulation): the element
 type of the build picks the instruction. float64 has no 128x128 tile: 64 double
@@ -71,7 +79,7 @@ def _mma(math_path, bm, bn, warps_m, warps_n, bk=16, stages=3):
 
 
 TILES = {
-    'ffma': (_ffma(128, 128, 16, 8, 8), _ffma(64, 64, 16, 4, 4), _ffma(32, 32, 8, 4, 4)),
+    'ffma': (_ffma(128, 128, 16, 8, 8), _ffma(64, 64, 16, 8, 8), _ffma(32, 32, 16, 8, 4)),
     'ffma64': (_ffma(64, 64, 8, 4, 4), _ffma(32, 32, 8, 4, 4)),
     'f16': (_mma('f16', 128, 128, 2, 2, bk=32), _mma('f16', 64, 64, 1, 2, bk=32)),
     'bf16': (_mma('bf16', 128, 128, 2, 2, bk=32), _mma('bf16', 64, 64, 1, 2, bk=32)),
