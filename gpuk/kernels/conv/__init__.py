@@ -1,5 +1,6 @@
-"""Launchers of the convolution kernels: implicit GEMM (conv_igemm.cu), depthwise
-(conv_depthwise.cu) and locally connected (conv_local.cu).
+"""Launchers of the convolution kernels: implicit GEMM (conv_igemm.cu; on sm_90 devices
+conv_wgmma.cu where conv/wgmma.py says it applies), depthwise (conv_depthwise.cu) and locally
+connected (conv_local.cu).
 
 Same names and signatures as gpuk/cpu_fallback/conv.py, plus a keyword-only `runtime`
 (None: runtime.current(); 'cuda', 'emulate' or a runtime object). conv_fwd also takes
@@ -226,11 +227,10 @@ def _dgrad_launch(g, dtype):
 
 def _igemm_dgrad(dy, w, problem, rt):
     xp = rt.xp
-    forward = conv_wgmma.dgrad_geometry(problem.g) if conv_wgmma.active(rt) else None   # stride 1 (conv/wgmma.py)
-    if forward is not None and conv_wgmma.applies(rt, forward, dy, config.precision()):
-        _check_gemm('conv_dgrad', forward, *conv_wgmma.gemm_shape(forward))
+    if conv_wgmma.dgrad_applies(rt, problem.g, dy, config.precision()):   # Hopper: conv/wgmma.py
+        _check_gemm('conv_dgrad', problem.g, *conv_wgmma.dgrad_gemm_shape(problem.g))
         dx = xp.empty(_layout_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
-        return conv_wgmma.conv_dgrad(rt, dy, w, dx, _no_bias(xp, dy.dtype), problem.g)
+        return conv_wgmma.conv_dgrad(rt, dy, w, dx, problem.g)
     launch = problem.launch(lambda g: _dgrad_launch(g, dy.dtype))
     dy, = problem.to_kernel_layout(rt, dy)
     dx = xp.empty(launch.out_shape, dy.dtype)
@@ -262,6 +262,9 @@ def _wgrad_launch(g, dtype):
 
 def _igemm_wgrad(x, dy, problem, rt):
     xp = rt.xp
+    if conv_wgmma.wgrad_applies(rt, problem.g, x, dy, config.precision()):   # Hopper: conv/wgmma.py
+        _check_gemm('conv_wgrad', problem.g, *conv_wgmma.wgrad_gemm_shape(problem.g))
+        return conv_wgmma.conv_wgrad(rt, x, dy, problem.shape, problem.g)
     launch = problem.launch(lambda g: _wgrad_launch(g, x.dtype))
     x, dy = problem.to_kernel_layout(rt, x, dy)
     w_shape = problem.shape
