@@ -15,7 +15,7 @@ from gpuk.kernels import conv
 from gpuk.kernels.conv import tiles as conv_tiles
 from gpuk.kernels.conv import wgmma
 from gpuk.kernels.runtime import KernelLaunchError, get_runtime
-from gpuk.kernels.testing import assert_close, to_host
+from gpuk.kernels.testing import assert_close, to_device, to_host
 
 SOURCE = Path(__file__).with_name('cu') / 'wgmma_test.cu'
 SHARED = 64 * 128 + 128 * 128 + 1024
@@ -263,30 +263,36 @@ class _Sm90Runtime:
         return getattr(self._emulated, name)
 
 
-def test_launchers_choose_wgmma_on_sm90_devices(precision):
-    """conv_fwd, conv_dgrad (strided) and conv_wgrad on an sm_90 runtime launch conv_wgmma.cu's
-    kernels, not the implicit GEMM's, without forcing, and give the twin's results."""
-    emulated = get_runtime('emulate')
-    rt = _Sm90Runtime(emulated)
-    launched = []
-    load = emulated.load
+def test_launchers_choose_wgmma_on_sm90_devices(kernel_runtime, precision):
+    """conv_fwd, conv_dgrad (strided) and conv_wgrad on an sm_90 device launch conv_wgmma.cu's
+    kernels, not the implicit GEMM's, without forcing, and give the twin's results (on the
+    emulator: the emulated runtime presented as an sm_90 device; on CUDA: an sm_90 device)."""
+    if kernel_runtime.kind == 'emulate':
+        loader, rt = kernel_runtime, _Sm90Runtime(kernel_runtime)
+    elif getattr(kernel_runtime, 'arch', None) == 'sm_90':
+        loader = rt = kernel_runtime
+    else:
+        pytest.skip('the wgmma path is for sm_90 devices; this one is %s' % getattr(kernel_runtime, 'arch', None))
+    loaded = []
+    load = loader.load
 
     def recording_load(source, defines=None, arch=None):
-        launched.append((Path(source).name, arch))
+        loaded.append((Path(source).name, arch))
         return load(source, defines, arch=arch)
     rng = np.random.default_rng(9)
     x = rng.standard_normal((2, 6, 6, 16)).astype(np.float16)
     w = rng.standard_normal((3, 3, 16, 8)).astype(np.float16)
     geometry = ((2, 2), (1, 1), ((1, 1), (1, 1)), 'channels_last')
     dy = rng.standard_normal((2, 3, 3, 8)).astype(np.float16)
-    emulated.load = recording_load
+    xd, wd, dyd = (to_device(kernel_runtime, a) for a in (x, w, dy))
+    loader.load = recording_load
     try:
-        y = conv.conv_fwd(x, w, *geometry, runtime=rt)
-        dx = conv.conv_dgrad(dy, w, x.shape, *geometry, runtime=rt)
-        dw = conv.conv_wgrad(x, dy, w.shape, *geometry, runtime=rt)
+        y = conv.conv_fwd(xd, wd, *geometry, runtime=rt)
+        dx = conv.conv_dgrad(dyd, wd, x.shape, *geometry, runtime=rt)
+        dw = conv.conv_wgrad(xd, dyd, w.shape, *geometry, runtime=rt)
     finally:
-        del emulated.load
-    assert launched and set(launched) == {('conv_wgmma.cu', 'sm_90a')}
+        del loader.load
+    assert loaded and set(loaded) == {('conv_wgmma.cu', 'sm_90a')}
     xr, wr, dyr = (a.astype(np.float64) for a in (x, w, dy))
     assert_close(y, twin.conv_fwd(xr, wr, *geometry), np.float16, 'fwd')
     assert_close(dx, twin.conv_dgrad(dyr, wr, x.shape, *geometry), np.float16, 'dgrad')
