@@ -297,3 +297,26 @@ def test_launchers_choose_wgmma_on_sm90_devices(kernel_runtime, precision):
     assert_close(y, twin.conv_fwd(xr, wr, *geometry), np.float16, 'fwd')
     assert_close(dx, twin.conv_dgrad(dyr, wr, x.shape, *geometry), np.float16, 'dgrad')
     assert_close(dw, twin.conv_wgrad(xr, dyr, w.shape, *geometry), np.float16, 'wgrad')
+
+
+def test_wgmma_launches_are_prepared_once_per_problem(monkeypatch):
+    """The grid, split plan and scalars of each wgmma launch are made on a problem's first call
+    and kept (runtime/prepared.py), as the implicit GEMM's are: later calls only launch."""
+    rt = _Sm90Runtime(get_runtime('emulate'))
+    made = []
+    for name in ('fwd_launch', 'dgrad_launch', 'wgrad_launch'):
+        def counted(*args, _make=getattr(wgmma, name), _name=name):
+            made.append(_name)
+            return _make(*args)
+        monkeypatch.setattr(wgmma, name, counted)
+    x = np.ones((1, 4, 4, 8), np.float16)
+    w = np.ones((1, 1, 8, 8), np.float16)
+    geometry = ((2, 2), (1, 1), ((0, 0), (0, 0)), 'channels_last')
+    dy = np.ones((1, 2, 2, 8), np.float16)
+    for _ in range(2):
+        conv.conv_fwd(x, w, *geometry, runtime=rt)
+        dx = conv.conv_dgrad(dy, w, x.shape, *geometry, runtime=rt)
+        dw = conv.conv_wgrad(x, dy, w.shape, *geometry, runtime=rt)
+    assert sorted(made) == ['dgrad_launch', 'fwd_launch', 'wgrad_launch']
+    assert to_host(dx)[0, ::2, ::2].min() == 8 and to_host(dx)[0, 1::2].max() == 0   # stride holes: zeros
+    assert (to_host(dw) == 4).all()

@@ -152,11 +152,13 @@ class Problem:
         # around them (to_kernel_layout / from_kernel_layout).
         self.kernel_g = g._replace(channels_last=True)
 
-    def launch(self, make):
-        forced = conv_tiles.forced_state()
-        found = self.launches.get(forced)
+    def launch(self, make, path='igemm'):
+        """The launch make(kernel geometry) prepared for this problem on `path` ('igemm' or
+        'wgmma', conv/wgmma.py), once per forced tile / split state."""
+        key = (path,) + conv_tiles.forced_state()
+        found = self.launches.get(key)
         if found is None:
-            found = self.launches[forced] = make(self.kernel_g)
+            found = self.launches[key] = make(self.kernel_g)
         return found
 
     def to_kernel_layout(self, rt, *arrays):
@@ -189,13 +191,17 @@ def _fwd_launch(g, dtype, epilogue):
                   _layout_shape(g, g.out_sp, g.c_out), _geometry_args(g) + (np.int32(EPILOGUES[epilogue]),))
 
 
+def _wgmma_fwd_launch(g, epilogue):
+    _check_gemm('conv_fwd', g, *conv_wgmma.gemm_shape(g))
+    return conv_wgmma.fwd_launch(g, EPILOGUES[epilogue])
+
+
 def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     xp = rt.xp
     if conv_wgmma.applies(rt, problem.g, x, config.precision()):   # Hopper: warpgroup MMA (conv/wgmma.py)
-        _check_gemm('conv_fwd', problem.g, *conv_wgmma.gemm_shape(problem.g))
+        launch = problem.launch(lambda g: _wgmma_fwd_launch(g, epilogue), 'wgmma')
         y = xp.empty(_layout_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
-        return conv_wgmma.conv_fwd(rt, x, w, y, bias if bias is not None else _no_bias(xp, x.dtype),
-                                   EPILOGUES[epilogue], problem.g)
+        return conv_wgmma.conv_fwd(rt, x, w, y, bias if bias is not None else _no_bias(xp, x.dtype), launch)
     launch = problem.launch(lambda g: _fwd_launch(g, x.dtype, epilogue))
     x, = problem.to_kernel_layout(rt, x)
     y = xp.empty(launch.out_shape, x.dtype)
@@ -225,12 +231,17 @@ def _dgrad_launch(g, dtype):
                   _layout_shape(g, g.in_sp, g.c_in), _geometry_args(g))
 
 
+def _wgmma_dgrad_launch(g):
+    _check_gemm('conv_dgrad', g, *conv_wgmma.dgrad_gemm_shape(g))
+    return conv_wgmma.dgrad_launch(g)
+
+
 def _igemm_dgrad(dy, w, problem, rt):
     xp = rt.xp
     if conv_wgmma.dgrad_applies(rt, problem.g, dy, config.precision()):   # Hopper: conv/wgmma.py
-        _check_gemm('conv_dgrad', problem.g, *conv_wgmma.dgrad_gemm_shape(problem.g))
+        launch = problem.launch(_wgmma_dgrad_launch, 'wgmma')
         dx = xp.empty(_layout_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
-        return conv_wgmma.conv_dgrad(rt, dy, w, dx, problem.g)
+        return conv_wgmma.conv_dgrad(rt, dy, w, dx, launch)
     launch = problem.launch(lambda g: _dgrad_launch(g, dy.dtype))
     dy, = problem.to_kernel_layout(rt, dy)
     dx = xp.empty(launch.out_shape, dy.dtype)
@@ -260,11 +271,16 @@ def _wgrad_launch(g, dtype):
                        (np.int64(count), np.int32(splits)))
 
 
+def _wgmma_wgrad_launch(g, dtype):
+    _check_gemm('conv_wgrad', g, *conv_wgmma.wgrad_gemm_shape(g))
+    return conv_wgmma.wgrad_launch(g, dtype)
+
+
 def _igemm_wgrad(x, dy, problem, rt):
     xp = rt.xp
     if conv_wgmma.wgrad_applies(rt, problem.g, x, dy, config.precision()):   # Hopper: conv/wgmma.py
-        _check_gemm('conv_wgrad', problem.g, *conv_wgmma.wgrad_gemm_shape(problem.g))
-        return conv_wgmma.conv_wgrad(rt, x, dy, problem.shape, problem.g)
+        launch = problem.launch(lambda g: _wgmma_wgrad_launch(g, x.dtype), 'wgmma')
+        return conv_wgmma.conv_wgrad(rt, x, dy, problem.shape, launch)
     launch = problem.launch(lambda g: _wgrad_launch(g, x.dtype))
     x, dy = problem.to_kernel_layout(rt, x, dy)
     w_shape = problem.shape

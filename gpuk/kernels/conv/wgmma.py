@@ -16,6 +16,7 @@ kernel's 128 x 128 tile and K step) and adds the float32 partials in split order
 """
 import contextlib
 import math
+from collections import namedtuple
 from pathlib import Path
 
 import ml_dtypes
@@ -176,43 +177,64 @@ def _geometry_args(g):
     return tuple(np.int32(v) for v in geometry)
 
 
+# A prepared launch (kept per problem by the conv launcher, runtime/prepared.py): the grid and
+# scalar arguments of the main kernel; wgrad with several splits adds the float32 partials'
+# shape and the reduce's blocks and scalars (else None).
+Launch = namedtuple('Launch', 'grid scalars partial_shape reduce_blocks reduce_scalars')
+
+
+def fwd_launch(g, epilogue_code):
+    """conv_wgmma_fwd's launch for Geometry g with epilogue code 0 / 1 (+ bias) / 2 (+ bias, relu)."""
+    return Launch(launch_shape(g)[0], _geometry_args(g) + (np.int32(epilogue_code),), None, None, None)
+
+
+def dgrad_launch(g):
+    """conv_wgmma_dgrad's launch for Geometry g."""
+    return Launch(dgrad_launch_shape(g)[0], _geometry_args(g), None, None, None)
+
+
+def wgrad_launch(g, dtype):
+    """conv_wgmma_wgrad's launch (and its reduce's, with several splits) for Geometry g."""
+    grid, per_split = wgrad_plan(g, dtype)
+    scalars = _geometry_args(g) + (np.int64(per_split),)
+    if grid[2] == 1:
+        return Launch(grid, scalars, (1,), None, None)
+    rows, cols, _ = wgrad_gemm_shape(g)
+    count = rows * cols
+    blocks = max(1, min(math.ceil(count / REDUCE_THREADS), REDUCE_MAX_BLOCKS))
+    return Launch(grid, scalars, (grid[2], rows, cols), blocks, (np.int64(count), np.int32(grid[2])))
+
+
 def _kernel(rt, dtype, name):
     return rt.load(SOURCE, defines(dtype), arch=ARCH).kernel(name)
 
 
-def conv_fwd(rt, x, w, y, bias, epilogue_code, g):
+def conv_fwd(rt, x, w, y, bias, launch):
     """Launches conv_wgmma_fwd: y = conv(x, w) (+ bias, relu); y is channels_last, preallocated."""
-    w_t = rt.xp.ascontiguousarray(w.reshape(-1, g.c_out).T)   # (C_out, taps * C_in): K-major B
-    grid, threads, shared = launch_shape(g)
-    args = (rt.xp.ascontiguousarray(x), w_t, bias, y, *_geometry_args(g), np.int32(epilogue_code))
-    _kernel(rt, x.dtype, KERNEL).launch(grid, threads, args, shared_mem=shared)
+    w_t = rt.xp.ascontiguousarray(w.reshape(-1, w.shape[-1]).T)   # (C_out, taps * C_in): K-major B
+    args = (rt.xp.ascontiguousarray(x), w_t, bias, y, *launch.scalars)
+    _kernel(rt, x.dtype, KERNEL).launch(launch.grid, THREADS, args, shared_mem=SHARED_BYTES)
     return y
 
 
-def conv_dgrad(rt, dy, w, dx, g):
+def conv_dgrad(rt, dy, w, dx, launch):
     """dx = conv_dgrad(dy, w) (dx channels_last, preallocated): one stride phase per grid z;
     B is the filter as (C_in, taps, C_out), K-major along each phase's (tap, C_out)."""
-    w_t = rt.xp.ascontiguousarray(rt.xp.moveaxis(w.reshape(-1, g.c_in, g.c_out), 1, 0))
-    grid, threads, shared = dgrad_launch_shape(g)
-    _kernel(rt, dy.dtype, DGRAD_KERNEL).launch(grid, threads, (rt.xp.ascontiguousarray(dy), w_t, dx,
-                                                               *_geometry_args(g)), shared_mem=shared)
+    w_t = rt.xp.ascontiguousarray(rt.xp.moveaxis(w.reshape(-1, *w.shape[-2:]), 1, 0))
+    args = (rt.xp.ascontiguousarray(dy), w_t, dx, *launch.scalars)
+    _kernel(rt, dy.dtype, DGRAD_KERNEL).launch(launch.grid, THREADS, args, shared_mem=SHARED_BYTES)
     return dx
 
 
-def conv_wgrad(rt, x, dy, w_shape, g):
+def conv_wgrad(rt, x, dy, w_shape, launch):
     """dw = conv_wgrad(x, dy) of the filter shape w_shape: conv_wgmma_wgrad, then (several
-    splits) conv_wgmma_reduce_splits over its float32 partials."""
+    splits) conv_wgmma_reduce_splits adding its float32 partials in split order."""
     xp = rt.xp
-    grid, per_split = wgrad_plan(g, x.dtype)
     dw = xp.empty(w_shape, x.dtype)
-    rows, cols, _ = wgrad_gemm_shape(g)
-    splits = grid[2]
-    partial = xp.empty((splits, rows, cols) if splits > 1 else (1,), np.float32)
-    args = (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *_geometry_args(g), np.int64(per_split))
-    _kernel(rt, x.dtype, WGRAD_KERNEL).launch(grid, THREADS, args, shared_mem=SHARED_BYTES)
-    if splits > 1:
-        count = rows * cols
-        blocks = max(1, min(math.ceil(count / REDUCE_THREADS), REDUCE_MAX_BLOCKS))
-        _kernel(rt, x.dtype, REDUCE_KERNEL).launch(blocks, REDUCE_THREADS, (partial, dw.reshape(-1), np.int64(count),
-                                                                             np.int32(splits)))
+    partial = xp.empty(launch.partial_shape, np.float32)
+    args = (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *launch.scalars)
+    _kernel(rt, x.dtype, WGRAD_KERNEL).launch(launch.grid, THREADS, args, shared_mem=SHARED_BYTES)
+    if launch.reduce_blocks is not None:
+        _kernel(rt, x.dtype, REDUCE_KERNEL).launch(launch.reduce_blocks, REDUCE_THREADS,
+                                                   (partial, dw.reshape(-1), *launch.reduce_scalars))
     return dw
