@@ -53,7 +53,9 @@ def test_wgmma_follows_the_ptx_layouts(gemm, mode):
     (3, 'synccheck', ['wgmma.mma_async in warpgroup 0', '96 of its 128 threads arrived', '32 exited']),
     (4, 'wgmma', ['descriptor b', 'dynamic shared memory']),
     (5, 'wgmma', ['never retired']),
-], ids=['no-fence', 'operand-written-early', 'partial-warpgroup', 'descriptor-outside', 'never-waited'])
+    (7, 'wgmma', ['thread (5, 0, 0)', 'generic proxy', 'no fence.proxy.async']),
+], ids=['no-fence', 'operand-written-early', 'partial-warpgroup', 'descriptor-outside', 'never-waited',
+        'no-proxy-fence'])
 def test_wgmma_misuse_is_reported(gemm, mode, kind, words):
     with pytest.raises(KernelLaunchError) as info:
         _run(gemm, mode)

@@ -54,8 +54,9 @@
 //     the hot loop at 1.9 other instructions per wgmma (sm_90a, NVRTC 13). Float32
 //     accumulators: 2 x 64 registers per thread (layout in hopper.cuh). Same code in every kernel.
 // Pipeline: one __syncthreads per K tile hands stages over. Iteration t: the producer waits
-//   for its copies of tile t (cp.async.wait_group WG_STAGES - 3; wgrad's stores are synchronous),
-//   all threads meet at the barrier, the producer refills the stage of tile t - 2 with tile
+//   for its copies of tile t (cp.async.wait_group WG_STAGES - 3; wgrad's stores are synchronous)
+//   and fences them (fence.proxy.async: cp.async and st.shared write through the generic proxy,
+//   wgmma reads through the async proxy), all threads meet at the barrier, the producer refills the stage of tile t - 2 with tile
 //   t + WG_STAGES - 2 and the consumer issues tile t's wgmmas (tf32 fwd/dgrad: the producer first
 //   rounds its landed units of tile t with cvt.rna, as the mma.sync path does), commits them and
 //   waits until one group is left in flight (tile t - 1 retired, so its stage is free for the
@@ -382,6 +383,7 @@ __device__ __forceinline__ void produce(Loader& loader, unsigned char* smem, int
     for (int t = 0; t < tiles; ++t) {
         cp_async_wait<WG_STAGES - 3>();   // tile t has landed (this thread's copies) ...
         loader.landed(smem + read_stage * WG_STAGE_BYTES);
+        fence_async_shared();             // ... its generic writes are visible to wgmma's async proxy ...
         read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
         __syncthreads();                  // ... everyone's; the consumer retired tile t - 2
         if (t + WG_STAGES - 2 < tiles) loader.load(smem + write_stage * WG_STAGE_BYTES);
