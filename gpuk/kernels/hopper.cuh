@@ -7,7 +7,8 @@
 // emulated runtime (GPUK_EMULATE) every call goes to the emulator's warpgroup collective
 // (emulate/emu_host.h), which follows the PTX ISA (9.7.15) and checks its use: all 128
 // threads of the warpgroup, a wgmma.fence since the last wait, descriptors inside dynamic
-// shared memory, no write to an operand before the wait that retires it.
+// shared memory, no write to an operand before the wait that retires it, and a
+// fence.proxy.async (fence_async_shared) by each thread that wrote an operand byte.
 //
 // Accumulator layout (PTX ISA, "WGMMA .m64nNk16 / .m64nNk8 register fragment layout for
 // accumulator matrix D"): thread t of the warpgroup, warp w = t / 32, lane l = t % 32;
@@ -40,7 +41,11 @@ __device__ __forceinline__ unsigned long long wgmma_desc_k_sw128(unsigned addres
            ((unsigned long long)((sbo_bytes & 0x3FFFF) >> 4) << 32) | (WGMMA_SWIZZLE_128B << 62);
 }
 
+// wgmma reads shared memory through the async proxy: a thread's generic writes of an operand
+// (st.shared, and cp.async's non-bulk copies once waited for) reach it only after that thread's
+// fence.proxy.async (PTX ISA 9.7.15.4), then the barrier that hands the tile over.
 #if defined(GPUK_EMULATE)
+__device__ __forceinline__ void fence_async_shared() { ::gpuk_emu::proxy_fence_async(); }
 __device__ __forceinline__ void wgmma_fence() { ::gpuk_emu::wgmma_fence(); }
 __device__ __forceinline__ void wgmma_commit() { ::gpuk_emu::wgmma_commit(); }
 template <int N> __device__ __forceinline__ void wgmma_wait() { ::gpuk_emu::wgmma_wait(N); }
@@ -55,6 +60,7 @@ __device__ __forceinline__ void wgmma_m64n128(float (&d)[WGMMA_ACC], unsigned lo
     ::gpuk_emu::wgmma_mma_async(op);
 }
 #elif defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() {

@@ -13,6 +13,7 @@ from gpuk.cpu_fallback import conv as twin
 from gpuk.kernels import conv
 from gpuk.kernels.conv import direct as conv_direct
 from gpuk.kernels.conv import tiles as conv_tiles
+from gpuk.kernels.conv import wgmma as conv_wgmma
 from gpuk.kernels.testing import assert_close, assert_matches_twin, relative_error, to_device, to_host
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -92,7 +93,8 @@ def test_every_tile_and_split_k(kernel_runtime, dtype, precision, tile, splits, 
     case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0))) + channels
     _, kernel, strides, dilation, pads, _, _ = case
     x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=3, batch=3)
-    with _precision(precision), conv_tiles.forced(tile=tile, splits=splits):
+    # (wgmma.forced(False): the tile itself, also on an sm_90 device, where conv/wgmma.py would take over)
+    with _precision(precision), conv_tiles.forced(tile=tile, splits=splits), conv_wgmma.forced(False):
         rounded = [_round_tf32(a) for a in (x, w, dy)] if precision == 'tf32' else [x, w, dy]
         xr, wr, dyr = (a.astype(np.float64) for a in rounded)
         outs = [(conv.conv_fwd, (x, w, strides, dilation, pads, 'channels_last'),

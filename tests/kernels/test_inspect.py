@@ -312,7 +312,8 @@ def test_report_covers_every_kernel_of_every_cu_file(records):
         covered = {r['kernel'] for r in records if r['source'].endswith('/' + path.name)}
         assert declared == covered, path.name
     assert {r['arch'] for r in records} == {'sm_80', 'sm_90', 'sm_90a'}
-    assert {r['kernel'] for r in records if r['arch'] == 'sm_90a'} == {'conv_wgmma_fwd'}   # wgmma: sm_90a only
+    from gpuk.kernels.conv import wgmma
+    assert {r['kernel'] for r in records if r['arch'] == 'sm_90a'} == set(wgmma.KERNELS)   # wgmma: sm_90a only
     assert not [r for r in records if 'error' in r]
 
 
@@ -363,17 +364,19 @@ def test_conv_main_loops_count_one_k_tile_of_math(records):
 
 
 def test_hopper_conv_loop_is_wgmma_with_at_most_two_other_instructions_each(records):
-    """conv_wgmma_fwd's hot loop is one turn of its stage ring: per stage and k step two
-    wgmmas (two m64 halves), and at most 2 other instructions per wgmma (issue 14's target for
-    tensor-core paths), spill-free, for f16, bf16 and tf32."""
+    """The hot loop of conv_wgmma_fwd, _dgrad and _wgrad is one turn of the consumer's stage ring:
+    per stage and k step two wgmmas (two m64 halves), and at most 2 other instructions per wgmma
+    (issue 14's target for tensor-core paths), spill-free, for f16, bf16 and tf32."""
     from gpuk.kernels.conv import wgmma
-    hopper = [r for r in records if r['kernel'] == 'conv_wgmma_fwd']
-    assert sorted(r['config'].split()[0] for r in hopper) == ['bf16', 'f16', 'f32']
-    for r in hopper:
-        counts = r['hot_loop']['counts']
-        assert counts.get('wgmma') == wgmma.STAGES * wgmma.ATOMS * 4 * 2 and not counts.get('mma'), r['config']
-        assert r['other_per_mma'] <= report.TARGET_OTHER_PER_MMA and r['spills'] == 0, r['config']
-        assert r['dynamic_smem_bytes'] == wgmma.SHARED_BYTES and r['arch'] == 'sm_90a'
+    for kernel in wgmma.STAGED_KERNELS:
+        hopper = [r for r in records if r['kernel'] == kernel]
+        assert sorted(r['config'].split()[0] for r in hopper) == ['bf16', 'f16', 'f32'], kernel
+        for r in hopper:
+            counts = r['hot_loop']['counts']
+            assert counts.get('wgmma') == wgmma.STAGES * wgmma.ATOMS * 4 * 2 and not counts.get('mma'), r['config']
+            assert r['other_per_mma'] <= report.TARGET_OTHER_PER_MMA and r['spills'] == 0, (kernel, r['config'])
+            assert r['dynamic_smem_bytes'] == wgmma.SHARED_BYTES and r['arch'] == 'sm_90a'
+            assert r['coalescing'] >= report.TARGET_COALESCING, (kernel, r['config'])
 
 
 def test_no_kernel_regressed_against_the_baseline(records):

@@ -1,5 +1,6 @@
 """The Hopper wgmma path: the emulator's wgmma (tests/kernels/cu/wgmma_test.cu, with planted
-misuse) and conv_wgmma.cu forced on the emulator against the NumPy twin (forward pass)."""
+misuse) and conv_wgmma.cu forced on the emulator against the NumPy twin (forward, dgrad in
+stride phases, split-K wgrad), and the launchers' choice of it."""
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,9 +12,10 @@ import pytest
 from gpuk import config
 from gpuk.cpu_fallback import conv as twin
 from gpuk.kernels import conv
+from gpuk.kernels.conv import tiles as conv_tiles
 from gpuk.kernels.conv import wgmma
 from gpuk.kernels.runtime import KernelLaunchError, get_runtime
-from gpuk.kernels.testing import assert_close, to_host
+from gpuk.kernels.testing import assert_close, to_device, to_host
 
 SOURCE = Path(__file__).with_name('cu') / 'wgmma_test.cu'
 SHARED = 64 * 128 + 128 * 128 + 1024
@@ -51,7 +53,9 @@ def test_wgmma_follows_the_ptx_layouts(gemm, mode):
     (3, 'synccheck', ['wgmma.mma_async in warpgroup 0', '96 of its 128 threads arrived', '32 exited']),
     (4, 'wgmma', ['descriptor b', 'dynamic shared memory']),
     (5, 'wgmma', ['never retired']),
-], ids=['no-fence', 'operand-written-early', 'partial-warpgroup', 'descriptor-outside', 'never-waited'])
+    (7, 'wgmma', ['thread (5, 0, 0)', 'generic proxy', 'no fence.proxy.async']),
+], ids=['no-fence', 'operand-written-early', 'partial-warpgroup', 'descriptor-outside', 'never-waited',
+        'no-proxy-fence'])
 def test_wgmma_misuse_is_reported(gemm, mode, kind, words):
     with pytest.raises(KernelLaunchError) as info:
         _run(gemm, mode)
@@ -115,35 +119,85 @@ def test_conv_wgmma_fwd_matches_twin(precision, dtype, mode):
     assert any(m.source_file.name == 'conv_wgmma.cu' for m in rt._modules.values())
 
 
-# Stride-1 dgrad problems (input spatial, kernel, dilation, pads, C_in, C_out, batch): C_out a
-# multiple of 8; pads beyond the kernel's reach make the forward view's padding negative.
+# dgrad problems (input spatial, kernel, strides, dilation, pads, C_in, C_out, batch): C_out a
+# multiple of 8. Stride 1 (one phase; pads beyond the kernel's reach make the phase's offsets
+# point past dy); strides 2 and 3 with dilation (phases with fewer taps), a 1x1 stride-2 layer
+# (3 of 4 phases have no tap: zeros) with 136 input channels (two N tiles), 200 rows in a phase
+# (two M tiles), and a 3-d problem with a different stride per dim.
 DGRAD_CASES = [
-    ((9, 11), (3, 3), (1, 2), ((1, 1), (2, 0)), 12, 16, 2),
-    ((13,), (4,), (2,), ((3, 0),), 8, 8, 3),
-    ((4, 5, 3), (2, 3, 2), (1, 1, 2), ((0, 1), (1, 1), (1, 0)), 5, 8, 2),
-    ((6, 7), (2, 2), (1, 1), ((2, 2), (0, 1)), 3, 24, 1),
+    ((9, 11), (3, 3), (1, 1), (1, 2), ((1, 1), (2, 0)), 12, 16, 2),
+    ((13,), (4,), (1,), (2,), ((3, 0),), 8, 8, 3),
+    ((6, 7), (2, 2), (1, 1), (1, 1), ((2, 2), (0, 1)), 3, 24, 1),
+    ((9, 11), (3, 3), (2, 2), (1, 2), ((1, 1), (2, 0)), 12, 16, 2),
+    ((13,), (4,), (3,), (2,), ((0, 0),), 8, 16, 3),
+    ((12, 12), (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0)), 136, 8, 2),
+    ((20, 20), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), 8, 8, 2),
+    ((5, 7, 6), (2, 3, 2), (2, 1, 3), (1, 2, 1), ((0, 1), (2, 1), (1, 0)), 5, 8, 2),
 ]
 
 
 @pytest.mark.parametrize('dtype, mode', PATHS, ids=['f16', 'bf16', 'tf32'])
 def test_conv_wgmma_dgrad_matches_twin(precision, dtype, mode):
-    """Stride-1 dgrad as a forward convolution of dy with the flipped filter, on the same kernel."""
+    """Every dgrad on conv_wgmma_dgrad: one stride phase per grid z, only the taps that land on
+    the phase's pixels (the implicit GEMM's decomposition, DgradPhase in conv_common.cuh)."""
     rt = get_runtime('emulate')
     precision(mode)
     rng = np.random.default_rng(6)
-    for spatial, kernel, dilation, pads, c_in, c_out, batch in DGRAD_CASES:
-        geometry = ((1,) * len(spatial), dilation, pads, 'channels_last')
+    for spatial, kernel, strides, dilation, pads, c_in, c_out, batch in DGRAD_CASES:
+        geometry = (strides, dilation, pads, 'channels_last')
         x_shape = (batch, *spatial, c_in)
         w = rng.standard_normal((*kernel, c_in, c_out)).astype(dtype)
         y_shape = twin.conv_fwd(np.zeros(x_shape, np.float32), w.astype(np.float32), *geometry).shape
         dy = rng.standard_normal(y_shape).astype(dtype)
         g = conv._geometry(conv.conv_checks.dgrad_problem('conv_dgrad', dy, w, x_shape, *geometry, np)[3])
-        assert wgmma.fits(wgmma.dgrad_geometry(g), dtype, mode)
+        assert wgmma.dgrad_fits(g, dtype, mode)
         dyr, wr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (dy, w))
         with wgmma.forced(True):
             dx = conv.conv_dgrad(dy, w, x_shape, *geometry, runtime=rt)
+        assert to_host(dx).dtype == np.dtype(dtype)
         assert_close(dx, twin.conv_dgrad(dyr, wr, x_shape, *geometry), dtype,
-                     'conv_dgrad on wgmma %s on %s' % (np.dtype(dtype).name, (spatial, kernel, dilation, pads)))
+                     'conv_dgrad on wgmma %s on %s' % (np.dtype(dtype).name, (spatial, kernel, strides, dilation)))
+    assert {m.source_file.name for m in rt._modules.values()} >= {'conv_wgmma.cu'}
+
+
+# wgrad problems (input spatial, kernel, strides, dilation, pads, C_in, C_out, batch, forced
+# splits): C_in and C_out multiples of 8. M = taps * C_in with tails (360 rows: three M tiles),
+# 136 output channels (two N tiles), K = batch * output pixels with tails, split 3 ways
+# (800 = 7 K tiles of 16-bit, 13 of tf32; the last split partial), strides with dilation,
+# a 1x1 stride-2 layer, 3-d.
+WGRAD_CASES = [
+    ((9, 11), (3, 3), (2, 1), (1, 2), ((1, 1), (2, 0)), 40, 24, 2, None),
+    ((13,), (4,), (3,), (2,), ((0, 0),), 8, 136, 3, None),
+    ((20, 20), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 8, 16, 2, 3),
+    ((12, 12), (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0)), 136, 8, 2, None),
+    ((4, 5, 3), (2, 3, 2), (1, 2, 1), (1, 1, 2), ((0, 1), (1, 1), (1, 0)), 8, 8, 2, None),
+]
+
+
+@pytest.mark.parametrize('dtype, mode', PATHS, ids=['f16', 'bf16', 'tf32'])
+def test_conv_wgmma_wgrad_matches_twin(precision, dtype, mode):
+    """wgrad on conv_wgmma_wgrad (operands transposed to K-major by the producer), split over K
+    with the float32 partials added in split order by conv_wgmma_reduce_splits."""
+    rt = get_runtime('emulate')
+    precision(mode)
+    rng = np.random.default_rng(8)
+    for spatial, kernel, strides, dilation, pads, c_in, c_out, batch, splits in WGRAD_CASES:
+        geometry = (strides, dilation, pads, 'channels_last')
+        x = rng.standard_normal((batch, *spatial, c_in)).astype(dtype)
+        w_shape = (*kernel, c_in, c_out)
+        y_shape = twin.conv_fwd(np.zeros(x.shape, np.float32), np.zeros(w_shape, np.float32), *geometry).shape
+        dy = rng.standard_normal(y_shape).astype(dtype)
+        g = conv._geometry(conv.conv_checks.wgrad_problem('conv_wgrad', x, dy, w_shape, *geometry, np)[3])
+        assert wgmma.wgrad_fits(g, dtype, mode)
+        if splits:
+            with conv_tiles.forced(splits=splits):
+                assert wgmma.wgrad_plan(g, dtype)[0][2] == splits
+        xr, dyr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (x, dy))
+        with wgmma.forced(True), conv_tiles.forced(splits=splits):
+            dw = conv.conv_wgrad(x, dy, w_shape, *geometry, runtime=rt)
+        assert to_host(dw).dtype == np.dtype(dtype) and dw.shape == w_shape
+        assert_close(dw, twin.conv_wgrad(xr, dyr, w_shape, *geometry), dtype,
+                     'conv_wgrad on wgmma %s on %s' % (np.dtype(dtype).name, (spatial, kernel, strides, splits)))
 
 
 def test_wgmma_path_choice():
@@ -166,6 +220,105 @@ def test_wgmma_path_choice():
     with wgmma.forced(False):
         assert not wgmma.applies(h100, g, x16, 'float32')
     assert wgmma.launch_shape(g) == ((1, 1), 256, wgmma.SHARED_BYTES)
-    assert wgmma.dgrad_geometry(g._replace(strides=(1, 2, 1))) is None   # strided dgrad: conv_igemm.cu
-    assert wgmma.dgrad_geometry(g)._replace(pad_before=(0, 1, 1)) == g._replace(c_in=32, c_out=16)
     assert math.ceil(300 * 1 / 128) == wgmma.launch_shape(g._replace(c_out=300))[0][1]
+    # dgrad reads dy's C_out channels in 16-byte units, wgrad x's C_in and dy's C_out; strides too
+    dy16 = np.zeros((1, 8, 8, 32), np.float16)
+    strided = g._replace(strides=(1, 2, 2), out_sp=(1, 4, 4))
+    for geometry in (g, strided):
+        assert wgmma.dgrad_applies(h100, geometry, dy16, 'float32')
+        assert wgmma.wgrad_applies(h100, geometry, x16, dy16, 'float32')
+        assert not wgmma.dgrad_applies(a100, geometry, dy16, 'float32')
+        assert not wgmma.wgrad_applies(emulator, geometry, x16, dy16, 'float32')
+        assert not wgmma.dgrad_applies(h100, geometry, dy16.astype(np.float32), 'float32')
+        assert wgmma.wgrad_applies(h100, geometry, x16.astype(np.float32), dy16.astype(np.float32), 'tf32')
+    assert wgmma.dgrad_applies(h100, g._replace(c_in=12), dy16, 'float32')        # C_in: the output
+    assert not wgmma.dgrad_applies(h100, g._replace(c_out=12), dy16, 'float32')   # C_out: dy's units
+    assert not wgmma.wgrad_applies(h100, g._replace(c_in=12), x16, dy16, 'float32')
+    assert not wgmma.wgrad_applies(h100, g._replace(c_out=20), x16, dy16, 'float32')
+    assert not wgmma.dgrad_applies(h100, g._replace(channels_last=False), dy16, 'float32')
+    assert not wgmma.dgrad_applies(h100, g._replace(strides=(1, 256, 256)), dy16, 'float32')   # > 65535 phases
+    misaligned = np.zeros(8 * 8 * 32 + 1, np.float16)[1:].reshape(1, 8, 8, 32)
+    assert not wgmma.dgrad_applies(h100, g, misaligned, 'float32')
+    assert not wgmma.wgrad_applies(h100, g, x16, misaligned, 'float32')
+    with wgmma.forced(False):
+        assert not wgmma.dgrad_applies(h100, g, dy16, 'float32')
+        assert not wgmma.wgrad_applies(h100, g, x16, dy16, 'float32')
+    assert wgmma.dgrad_launch_shape(strided._replace(c_in=300)) == ((1, 3, 4), 256, wgmma.SHARED_BYTES)
+    # wgrad: M = taps * C_in, N = C_out, splits along K = batch * output pixels (tiles.py's rule)
+    big = g._replace(batch=32, in_sp=(1, 56, 56), out_sp=(1, 56, 56), c_in=64, c_out=64)
+    grid, per_split = wgmma.wgrad_plan(big, np.float16)
+    assert grid[:2] == (math.ceil(9 * 64 / 128), 1) and per_split % wgmma.k_step(np.float16) == 0
+    assert grid[2] == math.ceil(32 * 56 * 56 / per_split) > 1
+    with conv_tiles.forced(splits=1):
+        assert wgmma.wgrad_plan(big, np.float16) == ((5, 1, 1), math.ceil(32 * 56 * 56 / 128) * 128)
+    assert wgmma.k_step(np.float32) == 64 and wgmma.k_step(BF16) == 128
+
+
+class _Sm90Runtime:
+    """The emulated runtime presented as an sm_90 CUDA device: what the launchers see on an H100."""
+    kind, arch = 'cuda', 'sm_90'
+
+    def __init__(self, emulated):
+        self._emulated = emulated
+
+    def __getattr__(self, name):
+        return getattr(self._emulated, name)
+
+
+def test_launchers_choose_wgmma_on_sm90_devices(kernel_runtime, precision):
+    """conv_fwd, conv_dgrad (strided) and conv_wgrad on an sm_90 device launch conv_wgmma.cu's
+    kernels, not the implicit GEMM's, without forcing, and give the twin's results (on the
+    emulator: the emulated runtime presented as an sm_90 device; on CUDA: an sm_90 device)."""
+    if kernel_runtime.kind == 'emulate':
+        loader, rt = kernel_runtime, _Sm90Runtime(kernel_runtime)
+    elif getattr(kernel_runtime, 'arch', None) == 'sm_90':
+        loader = rt = kernel_runtime
+    else:
+        pytest.skip('the wgmma path is for sm_90 devices; this one is %s' % getattr(kernel_runtime, 'arch', None))
+    loaded = []
+    load = loader.load
+
+    def recording_load(source, defines=None, arch=None):
+        loaded.append((Path(source).name, arch))
+        return load(source, defines, arch=arch)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 6, 6, 16)).astype(np.float16)
+    w = rng.standard_normal((3, 3, 16, 8)).astype(np.float16)
+    geometry = ((2, 2), (1, 1), ((1, 1), (1, 1)), 'channels_last')
+    dy = rng.standard_normal((2, 3, 3, 8)).astype(np.float16)
+    xd, wd, dyd = (to_device(kernel_runtime, a) for a in (x, w, dy))
+    loader.load = recording_load
+    try:
+        y = conv.conv_fwd(xd, wd, *geometry, runtime=rt)
+        dx = conv.conv_dgrad(dyd, wd, x.shape, *geometry, runtime=rt)
+        dw = conv.conv_wgrad(xd, dyd, w.shape, *geometry, runtime=rt)
+    finally:
+        del loader.load
+    assert loaded and set(loaded) == {('conv_wgmma.cu', 'sm_90a')}
+    xr, wr, dyr = (a.astype(np.float64) for a in (x, w, dy))
+    assert_close(y, twin.conv_fwd(xr, wr, *geometry), np.float16, 'fwd')
+    assert_close(dx, twin.conv_dgrad(dyr, wr, x.shape, *geometry), np.float16, 'dgrad')
+    assert_close(dw, twin.conv_wgrad(xr, dyr, w.shape, *geometry), np.float16, 'wgrad')
+
+
+def test_wgmma_launches_are_prepared_once_per_problem(monkeypatch):
+    """The grid, split plan and scalars of each wgmma launch are made on a problem's first call
+    and kept (runtime/prepared.py), as the implicit GEMM's are: later calls only launch."""
+    rt = _Sm90Runtime(get_runtime('emulate'))
+    made = []
+    for name in ('fwd_launch', 'dgrad_launch', 'wgrad_launch'):
+        def counted(*args, _make=getattr(wgmma, name), _name=name):
+            made.append(_name)
+            return _make(*args)
+        monkeypatch.setattr(wgmma, name, counted)
+    x = np.ones((1, 4, 4, 8), np.float16)
+    w = np.ones((1, 1, 8, 8), np.float16)
+    geometry = ((2, 2), (1, 1), ((0, 0), (0, 0)), 'channels_last')
+    dy = np.ones((1, 2, 2, 8), np.float16)
+    for _ in range(2):
+        conv.conv_fwd(x, w, *geometry, runtime=rt)
+        dx = conv.conv_dgrad(dy, w, x.shape, *geometry, runtime=rt)
+        dw = conv.conv_wgrad(x, dy, w.shape, *geometry, runtime=rt)
+    assert sorted(made) == ['dgrad_launch', 'fwd_launch', 'wgrad_launch']
+    assert to_host(dx)[0, ::2, ::2].min() == 8 and to_host(dx)[0, 1::2].max() == 0   # stride holes: zeros
+    assert (to_host(dw) == 4).all()

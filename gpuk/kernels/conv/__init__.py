@@ -1,5 +1,6 @@
-"""Launchers of the convolution kernels: implicit GEMM (conv_igemm.cu), depthwise
-(conv_depthwise.cu) and locally connected (conv_local.cu).
+"""Launchers of the convolution kernels: implicit GEMM (conv_igemm.cu; on sm_90 devices
+conv_wgmma.cu where conv/wgmma.py says it applies), depthwise (conv_depthwise.cu) and locally
+connected (conv_local.cu).
 
 Same names and signatures as gpuk/cpu_fallback/conv.py, plus a keyword-only `runtime`
 (None: runtime.current(); 'cuda', 'emulate' or a runtime object). conv_fwd also takes
@@ -149,11 +150,13 @@ class Problem:
         # around them (to_kernel_layout / from_kernel_layout).
         self.kernel_g = g._replace(channels_last=True)
 
-    def launch(self, make):
-        forced = conv_tiles.forced_state()
-        found = self.launches.get(forced)
+    def launch(self, make, path='igemm'):
+        """The launch make(kernel geometry) prepared for this problem on `path` ('igemm' or
+        'wgmma', conv/wgmma.py), once per forced tile / split state."""
+        key = (path,) + conv_tiles.forced_state()
+        found = self.launches.get(key)
         if found is None:
-            found = self.launches[forced] = make(self.kernel_g)
+            found = self.launches[key] = make(self.kernel_g)
         return found
 
     def to_kernel_layout(self, rt, *arrays):
@@ -187,13 +190,17 @@ def _fwd_launch(rt, g, dtype, epilogue):
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_fwd', grid, tile.threads))
 
 
+def _wgmma_fwd_launch(rt, g, dtype, epilogue):
+    _check_gemm('conv_fwd', g, *conv_wgmma.gemm_shape(g))
+    return conv_wgmma.fwd_launch(rt, g, dtype, EPILOGUES[epilogue])
+
+
 def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     xp = rt.xp
     if conv_wgmma.applies(rt, problem.g, x, config.precision()):   # Hopper: warpgroup MMA (conv/wgmma.py)
-        _check_gemm('conv_fwd', problem.g, *conv_wgmma.gemm_shape(problem.g))
+        launch = problem.launch(lambda g: _wgmma_fwd_launch(rt, g, x.dtype, epilogue), 'wgmma')
         y = xp.empty(_layout_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
-        return conv_wgmma.conv_fwd(rt, x, w, y, bias if bias is not None else _no_bias(xp, x.dtype),
-                                   EPILOGUES[epilogue], problem.g)
+        return conv_wgmma.conv_fwd(rt, x, w, y, bias if bias is not None else _no_bias(xp, x.dtype), launch)
     launch = problem.launch(lambda g: _fwd_launch(rt, g, x.dtype, epilogue))
     x, = problem.to_kernel_layout(rt, x)
     y = xp.empty(launch.out_shape, x.dtype)
@@ -224,13 +231,17 @@ def _dgrad_launch(rt, g, dtype):
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_dgrad', grid, tile.threads))
 
 
+def _wgmma_dgrad_launch(rt, g, dtype):
+    _check_gemm('conv_dgrad', g, *conv_wgmma.dgrad_gemm_shape(g))
+    return conv_wgmma.dgrad_launch(rt, g, dtype)
+
+
 def _igemm_dgrad(dy, w, problem, rt):
     xp = rt.xp
-    forward = conv_wgmma.dgrad_geometry(problem.g) if conv_wgmma.active(rt) else None   # stride 1 (conv/wgmma.py)
-    if forward is not None and conv_wgmma.applies(rt, forward, dy, config.precision()):
-        _check_gemm('conv_dgrad', forward, *conv_wgmma.gemm_shape(forward))
+    if conv_wgmma.dgrad_applies(rt, problem.g, dy, config.precision()):   # Hopper: conv/wgmma.py
+        launch = problem.launch(lambda g: _wgmma_dgrad_launch(rt, g, dy.dtype), 'wgmma')
         dx = xp.empty(_layout_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
-        return conv_wgmma.conv_dgrad(rt, dy, w, dx, _no_bias(xp, dy.dtype), problem.g)
+        return conv_wgmma.conv_dgrad(rt, dy, w, dx, launch)
     launch = problem.launch(lambda g: _dgrad_launch(rt, g, dy.dtype))
     dy, = problem.to_kernel_layout(rt, dy)
     dx = xp.empty(launch.out_shape, dy.dtype)
@@ -260,8 +271,16 @@ def _wgrad_launch(rt, g, dtype):
                        _kernel_launch(rt, dtype, tile, 'conv_reduce_splits', blocks, REDUCE_THREADS))
 
 
+def _wgmma_wgrad_launch(rt, g, dtype):
+    _check_gemm('conv_wgrad', g, *conv_wgmma.wgrad_gemm_shape(g))
+    return conv_wgmma.wgrad_launch(rt, g, dtype)
+
+
 def _igemm_wgrad(x, dy, problem, rt):
     xp = rt.xp
+    if conv_wgmma.wgrad_applies(rt, problem.g, x, dy, config.precision()):   # Hopper: conv/wgmma.py
+        launch = problem.launch(lambda g: _wgmma_wgrad_launch(rt, g, x.dtype), 'wgmma')
+        return conv_wgmma.conv_wgrad(rt, x, dy, problem.shape, launch)
     launch = problem.launch(lambda g: _wgrad_launch(rt, g, x.dtype))
     x, dy = problem.to_kernel_layout(rt, x, dy)
     w_shape = problem.shape

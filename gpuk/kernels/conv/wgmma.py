@@ -1,32 +1,37 @@
-"""The Hopper path of conv_fwd and stride-1 conv_dgrad: conv_wgmma.cu (warpgroup MMA, sm_90a).
+"""The Hopper path of conv_fwd, conv_dgrad and conv_wgrad: conv_wgmma.cu (warpgroup MMA, sm_90a).
 
-``applies`` decides per problem: float16 / bfloat16 inputs, or float32 under precision
-'tf32'; channels_last with C_in a multiple of 16 bytes / element (8 or 4 channels) and a
-16-byte aligned x; an sm_90 device (the kernel is built for sm_90a, which runs on sm_90
-only). conv_dgrad with every stride 1 is the forward convolution of dy with the flipped,
-transposed filter (``dgrad_geometry``) and takes the same path when that problem fits (C_out
-a multiple of 16 bytes / element). Everything else, strided dgrad and every wgrad, runs
-conv_igemm.cu. The emulator has no architecture, so there the path runs only inside
-``forced()`` (tests).
+Each op has its ``*_applies``: float16 / bfloat16 inputs, or float32 under precision 'tf32';
+channels_last with the channels the kernel reads in 16-byte units a multiple of 16 bytes /
+element (8 or 4 channels: fwd C_in, dgrad C_out, wgrad C_in and C_out) and those operands
+16-byte aligned; an sm_90 device (the kernels are built for sm_90a, which runs on sm_90 only).
+Everything else runs conv_igemm.cu. The emulator has no architecture, so there the path runs
+only inside ``forced()`` (tests).
 
-The launch transposes the filter to (C_out, taps * C_in) first (dgrad: flips it too, to
-(C_in, taps * C_out)): both wgmma operands are then K-major in shared memory (wgmma's only
-layout for tf32). That is one extra pass over the filter per call (small next to the
-activations on the layers this path is for).
+The launches transpose the filter first: fwd to (C_out, taps * C_in), dgrad to (C_in, taps,
+C_out), so that B is K-major in shared memory (wgmma's only layout for tf32); one extra pass
+over the filter per call (small next to the activations on the layers this path is for).
+dgrad runs one stride phase per grid z (conv_common.cuh's DgradPhase, as the implicit GEMM);
+wgrad splits K = batch * pixels over grid z (``wgrad_plan``: tiles.py's split rule with this
+kernel's 128 x 128 tile and K step) and adds the float32 partials in split order.
 """
 import contextlib
 import math
+from collections import namedtuple
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
 from gpuk.contracts.dtypes import c_types
-from ..runtime import prepared, register_build
+from ..runtime import register_build
+from . import tiles as conv_tiles
 
 SOURCE = Path(__file__).with_name('conv_wgmma.cu')
 ARCH = 'sm_90a'
 KERNEL = 'conv_wgmma_fwd'
+DGRAD_KERNEL, WGRAD_KERNEL, REDUCE_KERNEL = 'conv_wgmma_dgrad', 'conv_wgmma_wgrad', 'conv_wgmma_reduce_splits'
+KERNELS = (KERNEL, DGRAD_KERNEL, WGRAD_KERNEL, REDUCE_KERNEL)
+STAGED_KERNELS = KERNELS[:3]   # the ones launched with SHARED_BYTES of dynamic shared memory
 # Tile constants of conv_wgmma.cu (WG_*): a 128 x 128 output tile, K in steps of ATOMS 128-byte
 # swizzle atoms (128 16-bit or 64 tf32 elements), a ring of STAGES stages of 64 KB.
 THREADS = 256             # producer warpgroup + consumer warpgroup
@@ -35,7 +40,9 @@ ROW_BYTES = 128
 ATOMS = 2
 STAGES = 3
 SHARED_BYTES = STAGES * (BLOCK_M + BLOCK_N) * ATOMS * ROW_BYTES + 1024   # WG_SMEM_BYTES (+ 1 KB alignment slack)
-MAX_GRID_Y = 65535
+MAX_GRID_Y = MAX_GRID_Z = 65535
+REDUCE_THREADS = 256
+REDUCE_MAX_BLOCKS = 4096
 DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32))   # float32: as tf32
 
 _forced = {'on': None}
@@ -43,16 +50,17 @@ _forced = {'on': None}
 
 def defines(dtype):
     element_t, acc_t = c_types(np.dtype(dtype))
-    return {'ELEMENT_T': element_t, 'ACC_T': acc_t, 'WG_STAGES': STAGES, 'WG_ATOMS': ATOMS}
+    return {'ELEMENT_T': element_t, 'ACC_T': acc_t, 'WG_STAGES': STAGES, 'WG_ATOMS': ATOMS,
+            'REDUCE_THREADS': REDUCE_THREADS}
 
 
 for _dtype in DTYPES:
-    register_build(SOURCE, defines(_dtype), [KERNEL], archs=(ARCH,))
+    register_build(SOURCE, defines(_dtype), list(KERNELS), archs=(ARCH,))
 
 
 @contextlib.contextmanager
 def forced(on=True):
-    """Within the block, conv_fwd and stride-1 conv_dgrad take the wgmma path wherever the
+    """Within the block, conv_fwd, conv_dgrad and conv_wgrad take the wgmma path wherever the
     problem fits it (on=True, on any runtime, the emulator included) or never (on=False)."""
     previous = _forced['on']
     _forced['on'] = bool(on)
@@ -67,13 +75,33 @@ def _aligned16(array):
     return pointer % 16 == 0
 
 
-def fits(g, dtype, precision):
-    """Whether the problem (conv Geometry) has what conv_wgmma_fwd needs, device aside."""
+def _vec(dtype, precision):
+    """Elements per 16-byte unit when the path takes this dtype under precision, else None."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES or (dtype == np.float32 and precision != 'tf32'):
-        return False
-    vec = 16 // dtype.itemsize
-    return bool(g.channels_last and g.c_in % vec == 0 and math.ceil(g.c_out / BLOCK_N) <= MAX_GRID_Y)
+        return None
+    return 16 // dtype.itemsize
+
+
+def fits(g, dtype, precision):
+    """Whether the forward problem (conv Geometry) has what conv_wgmma_fwd needs, device aside."""
+    vec = _vec(dtype, precision)
+    return bool(vec and g.channels_last and g.c_in % vec == 0 and math.ceil(g.c_out / BLOCK_N) <= MAX_GRID_Y)
+
+
+def dgrad_fits(g, dtype, precision):
+    """Whether conv_dgrad of Geometry g has what conv_wgmma_dgrad needs (dy's C_out in 16-byte units)."""
+    vec = _vec(dtype, precision)
+    return bool(vec and g.channels_last and g.c_out % vec == 0 and math.ceil(g.c_in / BLOCK_N) <= MAX_GRID_Y
+                and math.prod(g.strides) <= MAX_GRID_Z)
+
+
+def wgrad_fits(g, dtype, precision):
+    """Whether conv_wgrad of Geometry g has what conv_wgmma_wgrad needs (x's C_in and dy's C_out in
+    16-byte units)."""
+    vec = _vec(dtype, precision)
+    return bool(vec and g.channels_last and g.c_in % vec == 0 and g.c_out % vec == 0
+                and math.ceil(g.c_out / BLOCK_N) <= MAX_GRID_Y)
 
 
 def active(rt):
@@ -87,18 +115,31 @@ def applies(rt, g, x, precision):
     return active(rt) and fits(g, x.dtype, precision) and _aligned16(x)
 
 
-def dgrad_geometry(g):
-    """The forward problem whose result is conv_dgrad of Geometry g when every stride is 1:
-    dy convolved with the flipped, transposed filter (see conv_dgrad); None for strided g."""
-    if any(s != 1 for s in g.strides):
-        return None
-    pads = tuple(d * (k - 1) - p for d, k, p in zip(g.dilation, g.k_sp, g.pad_before))
-    return g._replace(c_in=g.c_out, c_out=g.c_in, in_sp=g.out_sp, out_sp=g.in_sp, pad_before=pads)
+def dgrad_applies(rt, g, dy, precision):
+    """Whether conv_dgrad of dy (Geometry g) runs conv_wgmma_dgrad on runtime rt."""
+    return active(rt) and dgrad_fits(g, dy.dtype, precision) and _aligned16(dy)
+
+
+def wgrad_applies(rt, g, x, dy, precision):
+    """Whether conv_wgrad of x and dy (Geometry g) runs conv_wgmma_wgrad on runtime rt."""
+    return active(rt) and wgrad_fits(g, x.dtype, precision) and _aligned16(x) and _aligned16(dy)
 
 
 def gemm_shape(g):
     """(M, N, K) of the forward GEMM of Geometry g (the launcher checks them against 2^31)."""
     return g.batch * math.prod(g.out_sp), g.c_out, math.prod(g.k_sp) * g.c_in
+
+
+def dgrad_gemm_shape(g):
+    """Bounds on (M, N, K) of conv_wgmma_dgrad's stride phases: ceil(in / s) pixels and
+    ceil(k / (s / gcd(s, dil))) taps per dim at most (the launcher checks them against 2^31)."""
+    taps = math.prod(math.ceil(k / (s // math.gcd(s, d))) for k, s, d in zip(g.k_sp, g.strides, g.dilation))
+    return g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides)), g.c_in, taps * g.c_out
+
+
+def wgrad_gemm_shape(g):
+    """(M, N, K) of conv_wgmma_wgrad: dw's rows (tap, C_in), C_out, batch * output pixels."""
+    return math.prod(g.k_sp) * g.c_in, g.c_out, g.batch * math.prod(g.out_sp)
 
 
 def launch_shape(g):
@@ -107,30 +148,95 @@ def launch_shape(g):
     return (math.ceil(rows / BLOCK_M), math.ceil(g.c_out / BLOCK_N)), THREADS, SHARED_BYTES
 
 
-def conv_fwd(rt, x, w, y, bias, epilogue_code, g):
+def dgrad_launch_shape(g):
+    """(grid, threads, shared bytes) of conv_wgmma_dgrad: grid z is the stride phase, grid x
+    covers the largest phase (phase 0: ceil(in / s) pixels per dim)."""
+    rows = g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides))
+    return (math.ceil(rows / BLOCK_M), math.ceil(g.c_in / BLOCK_N), math.prod(g.strides)), THREADS, SHARED_BYTES
+
+
+def k_step(dtype):
+    """K elements per tile (WG_BK): ATOMS atoms of 128 bytes."""
+    return ATOMS * ROW_BYTES // np.dtype(dtype).itemsize
+
+
+def wgrad_plan(g, dtype):
+    """(grid, K elements per split) of conv_wgmma_wgrad: tiles.py's split rule (enough blocks to
+    fill the GPU, at least MIN_K_TILES_PER_SPLIT K tiles per split; ``tiles.forced(splits=)``
+    applies) with this kernel's tile; every split but the last has whole K tiles."""
+    rows, cols, depth = wgrad_gemm_shape(g)
+    tile = conv_tiles.Tile('128x128 wgmma', 'wgmma', BLOCK_M, BLOCK_N, k_step(dtype), 1, 1, 1, 1, THREADS, STAGES)
+    per_split = conv_tiles.k_per_split(tile, depth, conv_tiles.wgrad_splits(tile, rows, cols, depth))
+    splits = max(1, math.ceil(depth / per_split))
+    return (math.ceil(rows / BLOCK_M), math.ceil(cols / BLOCK_N), splits), per_split
+
+
+def _geometry_args(g):
+    # the kernels' geometry: (batch, c_in, c_out, in, out, kernel, strides, dilation, pads)
+    geometry = (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides, *g.dilation, *g.pad_before)
+    return tuple(np.int32(v) for v in geometry)
+
+
+# A prepared launch (kept per problem by the conv launcher, runtime/prepared.py): the main
+# kernel's launch (rt.kernel_launch: kernel, grid and block checked once) and scalar arguments;
+# wgrad with several splits adds the float32 partials' shape, the reduce's launch and scalars
+# (else None).
+Launch = namedtuple('Launch', 'run scalars partial_shape reduce reduce_scalars')
+
+
+def _kernel_launch(rt, dtype, name, grid, threads=THREADS, shared=SHARED_BYTES):
+    return rt.kernel_launch(SOURCE, defines(dtype), name, grid, threads, shared, arch=ARCH)
+
+
+def fwd_launch(rt, g, dtype, epilogue_code):
+    """conv_wgmma_fwd's launch for Geometry g with epilogue code 0 / 1 (+ bias) / 2 (+ bias, relu)."""
+    return Launch(_kernel_launch(rt, dtype, KERNEL, launch_shape(g)[0]),
+                  _geometry_args(g) + (np.int32(epilogue_code),), None, None, None)
+
+
+def dgrad_launch(rt, g, dtype):
+    """conv_wgmma_dgrad's launch for Geometry g."""
+    return Launch(_kernel_launch(rt, dtype, DGRAD_KERNEL, dgrad_launch_shape(g)[0]),
+                  _geometry_args(g), None, None, None)
+
+
+def wgrad_launch(rt, g, dtype):
+    """conv_wgmma_wgrad's launch (and its reduce's, with several splits) for Geometry g."""
+    grid, per_split = wgrad_plan(g, dtype)
+    main = _kernel_launch(rt, dtype, WGRAD_KERNEL, grid)
+    scalars = _geometry_args(g) + (np.int64(per_split),)
+    if grid[2] == 1:
+        return Launch(main, scalars, (1,), None, None)
+    rows, cols, _ = wgrad_gemm_shape(g)
+    count = rows * cols
+    blocks = max(1, min(math.ceil(count / REDUCE_THREADS), REDUCE_MAX_BLOCKS))
+    return Launch(main, scalars, (grid[2], rows, cols),
+                  _kernel_launch(rt, dtype, REDUCE_KERNEL, blocks, REDUCE_THREADS, 0),
+                  (np.int64(count), np.int32(grid[2])))
+
+
+def conv_fwd(rt, x, w, y, bias, launch):
     """Launches conv_wgmma_fwd: y = conv(x, w) (+ bias, relu); y is channels_last, preallocated."""
-    w_t = rt.xp.ascontiguousarray(w.reshape(-1, g.c_out).T)   # (C_out, taps * C_in): K-major B
-    return _launch(rt, x, w_t, y, bias, epilogue_code, g)
-
-
-def conv_dgrad(rt, dy, w, dx, no_bias, g):
-    """dx = conv_dgrad(dy, w) of a stride-1 Geometry g as conv_wgmma_fwd of dgrad_geometry(g):
-    dx[i, ci] = sum over taps t', co of dy[i - pad' + t' dil, co] w[k - 1 - t', ci, co], so B is
-    the filter flipped along every spatial axis, as (C_in, taps * C_out)."""
-    spatial = w.ndim - 2
-    flipped = w[(slice(None, None, -1),) * spatial]
-    w_t = rt.xp.ascontiguousarray(rt.xp.moveaxis(flipped, -2, 0)).reshape(g.c_in, -1)
-    return _launch(rt, dy, w_t, dx, no_bias, 0, dgrad_geometry(g))
-
-
-def _launch(rt, x, w_t, y, bias, epilogue_code, g):
-    def prepare():   # once per (geometry, dtype, epilogue): runtime/prepared.py
-        grid, threads, shared = launch_shape(g)
-        # conv_wgmma_fwd's geometry: (batch, c_in, c_out, in, out, kernel, strides, dilation, pads)
-        geometry = (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides, *g.dilation, *g.pad_before)
-        return (rt.kernel_launch(SOURCE, defines(x.dtype), KERNEL, grid, threads, shared, arch=ARCH),
-                tuple(np.int32(v) for v in geometry) + (np.int32(epilogue_code),))
-
-    launch, scalars = prepared.get(rt, 'conv_wgmma', (x,), (g, epilogue_code), prepare)
-    launch((rt.xp.ascontiguousarray(x), w_t, bias, y) + scalars)
+    w_t = rt.xp.ascontiguousarray(w.reshape(-1, w.shape[-1]).T)   # (C_out, taps * C_in): K-major B
+    launch.run((rt.xp.ascontiguousarray(x), w_t, bias, y, *launch.scalars))
     return y
+
+
+def conv_dgrad(rt, dy, w, dx, launch):
+    """dx = conv_dgrad(dy, w) (dx channels_last, preallocated): one stride phase per grid z;
+    B is the filter as (C_in, taps, C_out), K-major along each phase's (tap, C_out)."""
+    w_t = rt.xp.ascontiguousarray(rt.xp.moveaxis(w.reshape(-1, *w.shape[-2:]), 1, 0))
+    launch.run((rt.xp.ascontiguousarray(dy), w_t, dx, *launch.scalars))
+    return dx
+
+
+def conv_wgrad(rt, x, dy, w_shape, launch):
+    """dw = conv_wgrad(x, dy) of the filter shape w_shape: conv_wgmma_wgrad, then (several
+    splits) conv_wgmma_reduce_splits adding its float32 partials in split order."""
+    xp = rt.xp
+    dw = xp.empty(w_shape, x.dtype)
+    partial = xp.empty(launch.partial_shape, np.float32)
+    launch.run((xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *launch.scalars))
+    if launch.reduce is not None:
+        launch.reduce((partial, dw.reshape(-1), *launch.reduce_scalars))
+    return dw

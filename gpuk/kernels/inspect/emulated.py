@@ -87,18 +87,30 @@ def _conv(rt):
 
 
 def _conv_wgmma(rt):
-    """conv_wgmma.cu (the sm_90 forward path), forced on: the emulator has no architecture."""
+    """conv_wgmma.cu (the sm_90 path), forced on: the emulator has no architecture. dgrad with
+    stride 2 (4 stride phases); wgrad in 2 splits, so that the reduce kernel runs too."""
     from .. import conv
+    from ..conv import tiles as conv_tiles
     from ..conv import wgmma
     from gpuk.contracts.geometry import conv_pads
     x = _dev(_rng().standard_normal((2, 8, 8, 32)).astype(np.float16))
     w = _dev((_rng().standard_normal((3, 3, 32, 64)) * 0.1).astype(np.float16))
     geometry = ((1, 1), (1, 1), conv_pads((8, 8), (3, 3), (1, 1), (1, 1), 'same'), 'channels_last')
+    strided = ((2, 2), (1, 1), conv_pads((8, 8), (3, 3), (2, 2), (1, 1), 'same'), 'channels_last')
+    dy = _dev(_rng().standard_normal((2, 4, 4, 64)).astype(np.float16))
+    x_big = _dev(_rng().standard_normal((2, 16, 16, 32)).astype(np.float16))   # K = 512: 4 K tiles to split
+    dy_big = _dev(_rng().standard_normal((2, 16, 16, 64)).astype(np.float16))
 
-    def call():
-        with wgmma.forced(True):
-            conv.conv_fwd(x, w, *geometry, runtime=rt)
-    yield 'fwd NHWC 2x8x8x32 -> 64, 3x3 same, f16', call
+    def forced(call):
+        def run():
+            with wgmma.forced(True), conv_tiles.forced(splits=2):
+                call()
+        return run
+    yield 'fwd NHWC 2x8x8x32 -> 64, 3x3 same, f16', forced(lambda: conv.conv_fwd(x, w, *geometry, runtime=rt))
+    yield 'dgrad NHWC 2x8x8x32 -> 64, 3x3 same stride 2, f16', forced(
+        lambda: conv.conv_dgrad(dy, w, x.shape, *strided, runtime=rt))
+    yield 'wgrad NHWC 2x16x16x32 -> 64, 3x3 same, 2 splits, f16', forced(
+        lambda: conv.conv_wgrad(x_big, dy_big, w.shape, *geometry, runtime=rt))
 
 
 def _conv_depthwise(rt):

@@ -17,7 +17,7 @@ TYPICAL_FILTER = (3, 3)
 def dynamic_shared_bytes(kernel, defines):
     """Bytes of dynamic shared memory the launcher asks for when launching ``kernel`` built
     with ``defines`` (a dict), on the benchmark-like shape."""
-    if kernel == wgmma.KERNEL:
+    if kernel in wgmma.STAGED_KERNELS:
         return wgmma.SHARED_BYTES
     if not kernel.startswith('depthwise_') or kernel == 'depthwise_reduce_splits':
         return 0

@@ -26,7 +26,7 @@ _SHORT_TYPES = {'float': 'f32', 'double': 'f64', '__half': 'f16', '__nv_bfloat16
 _CONV_MATH = {'0': 'ffma', '1': 'mma', '2': 'tf32'}
 BENCH_FAMILIES = {   # bench family of the op a kernel serves (bench/bench_*.py)
     'conv_igemm_fwd': 'conv_fwd', 'conv_igemm_dgrad': 'conv_dgrad', 'conv_igemm_wgrad': 'conv_wgrad',
-    'conv_wgmma_fwd': 'conv_fwd',
+    'conv_wgmma_fwd': 'conv_fwd', 'conv_wgmma_dgrad': 'conv_dgrad', 'conv_wgmma_wgrad': 'conv_wgrad',
     'depthwise_fwd': 'depthwise_fwd', 'depthwise_dgrad': 'depthwise_dgrad', 'depthwise_wgrad': 'depthwise_wgrad',
     'copy_bytes': 'copy',
 }

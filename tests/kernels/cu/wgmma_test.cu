@@ -5,7 +5,8 @@
 // mode: 0 correct; 1 no wgmma.fence; 2 thread 0 writes an A byte before the wait; 3 threads
 // 96..127 skip the wgmma; 4 B's descriptor points past the shared memory; 5 no wait at all;
 // 6 correct, with the operands in the no-swizzle ("interleaved") layout instead: 8-row x
-// 16-byte core matrices, LBO = 128 bytes between K neighbours, SBO = 1024 between row groups.
+// 16-byte core matrices, LBO = 128 bytes between K neighbours, SBO = 1024 between row groups;
+// 7 thread 5 skips the fence.proxy.async after its operand stores.
 #include "hopper.cuh"
 
 #define WGT_A_BYTES (64 * 128)
@@ -23,6 +24,7 @@ extern "C" __global__ void __launch_bounds__(128) wgmma_gemm(const __half* __res
         const unsigned at = mode == 6 ? (r / 8) * 1024 + u * 128 + (r % 8) * 16 : r * 128 + ((u ^ (r % 8)) << 4);
         store_uint4(base + at, load_uint4(src));
     }
+    if (mode != 7 || threadIdx.x != 5) fence_async_shared();
     __syncthreads();
     float acc[WGMMA_ACC];
     for (int e = 0; e < WGMMA_ACC; ++e) acc[e] = 0.0f;

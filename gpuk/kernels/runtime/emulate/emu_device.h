@@ -70,6 +70,7 @@ enum WgmmaKind { WGMMA_F16, WGMMA_BF16, WGMMA_TF32 };
 struct WgmmaOperands { int kind, n; uint64_t desc_a, desc_b; int scale_d; float* d; };
 unsigned shared_window_address(const void* p);   // offset in the launch's dynamic shared memory
 void wgmma_fence();
+void proxy_fence_async();   // fence.proxy.async.shared::cta: generic writes visible to the async proxy
 void wgmma_mma_async(WgmmaOperands& op);
 void wgmma_commit();
 void wgmma_wait(int pending_groups);

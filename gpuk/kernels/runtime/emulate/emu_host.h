@@ -261,6 +261,7 @@ enum AccessKind { ACC_READ, ACC_WRITE, ACC_ATOMIC };
 struct Cell {
     uint32_t wepoch, wstamp, repoch, rstamp, initb, pendb, rlanes;
     uint32_t wgb;     // block serial while wgn wgmma.mma_async operands not yet retired read this byte
+    uint32_t wfence;  // the writer's count of fence.proxy.async at the last write (wtid's)
     uint16_t wtid, rtid, wgn;
     int16_t rwarp;
     uint8_t ignore;   // not shared memory (a guard variable of a thread-local)
@@ -285,6 +286,7 @@ struct San {
     // end) unless another thread's write in the same interval makes it a race first.
     bool uninit_pending; int uninit_where; int64_t uninit_offset; unsigned uninit_tid;
     uint32_t *wgen, *sync_gen, *sync_mask, *seq;
+    uint32_t* proxy_fences;    // per thread: fence.proxy.async executed (never reset in a launch)
     CpQueue* cp;
     OpenAccess* open;          // per thread
     ReqTable* tables;          // [warp][space]: 0 global, 1 shared
@@ -366,6 +368,7 @@ GPUK_EMU_NOSAN void shared_access(San* s, Cell* cells, int where, int64_t offset
             }
         }
         c.wepoch = epoch; c.wtid = uint16_t(tid); c.wstamp = stamp; c.repoch = 0; c.initb = block;
+        c.wfence = s->proxy_fences[tid];
     }
 }
 
@@ -677,13 +680,15 @@ inline San* san_create(Worker* w) {
     s->sync_gen = static_cast<uint32_t*>(calloc(warps * 32u, 4));
     s->sync_mask = static_cast<uint32_t*>(calloc(warps * 32u, 4));
     s->seq = static_cast<uint32_t*>(calloc(2 * warps * 32u, 4));
+    s->proxy_fences = static_cast<uint32_t*>(calloc(n, 4));
     s->cp = static_cast<CpQueue*>(calloc(n, sizeof(CpQueue)));
     s->open = static_cast<OpenAccess*>(calloc(n, sizeof(OpenAccess)));
     s->tables = static_cast<ReqTable*>(calloc(2 * warps, sizeof(ReqTable)));
     return s;
 }
 inline bool san_complete(const San* s) {
-    return s->dyn_cells && s->tls_cells && s->wgen && s->sync_gen && s->sync_mask && s->seq && s->cp && s->open && s->tables;
+    return s->dyn_cells && s->tls_cells && s->wgen && s->sync_gen && s->sync_mask && s->seq && s->proxy_fences && s->cp &&
+           s->open && s->tables;
 }
 inline void san_destroy(San* s, unsigned nthreads) {
     if (!s) return;
@@ -691,7 +696,7 @@ inline void san_destroy(San* s, unsigned nthreads) {
     if (s->cp) for (unsigned t = 0; t < nthreads; ++t) free(s->cp[t].e);
     if (s->tables) for (unsigned k = 0; k < 2 * warps; ++k) free(s->tables[k].slots);
     free(s->dyn_cells); free(s->tls_cells); free(s->wgen); free(s->sync_gen); free(s->sync_mask);
-    free(s->seq); free(s->cp); free(s->open); free(s->tables); free(s);
+    free(s->seq); free(s->proxy_fences); free(s->cp); free(s->open); free(s->tables); free(s);
 }
 
 // ---- __syncthreads ----
@@ -967,6 +972,9 @@ GPUK_EMU_NOSAN void wgmma_check_desc(const char* which, uint64_t desc, int rows,
 }
 
 // Marks (+1) or releases (-1) the operand bytes of an op: a write to a marked byte is reported.
+// At the issue (+1), an operand byte this block wrote through the generic proxy (st.shared, a
+// landed cp.async) must have been followed by a fence.proxy.async of its writer: wgmma reads
+// shared memory through the async proxy (PTX ISA 9.7.15.4).
 GPUK_EMU_NOSAN void wgmma_mark(Worker* w, const WgOp& op, int delta) {
     San* s = w->san;
     if (!s || !s->check) return;
@@ -976,7 +984,18 @@ GPUK_EMU_NOSAN void wgmma_mark(Worker* w, const WgOp& op, int delta) {
         const int rows = which ? op.n : 64;
         for (int r = 0; r < rows; ++r)
             for (int kb = 0; kb < kbytes; ++kb) {
-                Cell& c = s->dyn_cells[wgmma_byte_address(desc, r, kb)];
+                const uint32_t at = wgmma_byte_address(desc, r, kb);
+                Cell& c = s->dyn_cells[at];
+                if (delta > 0 && c.initb == s->block_serial && !c.ignore && c.wfence == s->proxy_fences[c.wtid]) {
+                    char who[48];
+                    describe_tid(who, sizeof who, c.wtid);
+                    w->err.arg_index = SHARED_ARG;
+                    w->err.byte_offset = at;
+                    fail_in_fiber(ERR_WGMMA, "wgmma.mma_async: operand %s reads byte %u of dynamic shared memory, "
+                                  "written by thread %s through the generic proxy (a store or a landed cp.async) "
+                                  "with no fence.proxy.async by that thread since (wgmma reads through the async "
+                                  "proxy: fence, then __syncthreads, before the wgmma)", which ? "b" : "a", at, who);
+                }
                 if (c.wgb != s->block_serial) { c.wgb = s->block_serial; c.wgn = 0; }
                 c.wgn = uint16_t(c.wgn + delta);
             }
@@ -1074,6 +1093,11 @@ GPUK_EMU_NOSAN void wgmma_mma_async(WgmmaOperands& operands) {
     w->progress = true;
 }
 GPUK_EMU_NOSAN void wgmma_fence() { wg_state("wgmma.fence")->fenced[thread_in_warpgroup()] = true; }
+GPUK_EMU_NOSAN void proxy_fence_async() {   // fence.proxy.async.shared::cta of this thread
+    Worker* w = t_worker;
+    if (!w || !w->san || !w->san->check || !t_thread) return;
+    ++w->san->proxy_fences[static_cast<Fiber*>(t_thread) - w->fibers];
+}
 GPUK_EMU_NOSAN void wgmma_commit() { ++wg_state("wgmma.commit_group")->open_group[thread_in_warpgroup()]; }
 GPUK_EMU_NOSAN void wgmma_wait(int pending_groups) {
     Worker* w = t_worker;
