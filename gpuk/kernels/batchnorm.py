@@ -340,8 +340,8 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
     return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, *args)
 
 
-def _bn_train_fwd_gpuk(rt, view, layout, single_kernel, x, gamma, beta, _axes, epsilon, activation, moving_mean, moving_var,
-                       decay, var_decay, var_factor):
+def _bn_train_fwd_gpuk(rt, view, layout, single_kernel, x, gamma, beta, _axes, epsilon, activation, moving_mean,
+                       moving_var, decay, var_decay, var_factor):
     xp = rt.xp
     acc = accumulation_dtype(x.dtype)
     module = rt.load(SOURCE, defines(x.dtype))
