@@ -294,10 +294,16 @@ def _apply(launches, channels, inner, x, mean, scale, shift, dtype, xp, activati
 # ---------------------------------------------------------------- training forward
 
 def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving_mean=None, moving_var=None,
-                 decay=None, var_decay=None, var_factor=None, *, runtime=None):
+                 decay=None, var_decay=None, var_factor=None, *, runtime=None, single_kernel=True):
     """Batch statistics over `axes`, then normalize, scale and shift [and relu]
-    -> (y, mean, var, inv_std[, next_moving_mean, next_moving_var])."""
+    -> (y, mean, var, inv_std[, next_moving_mean, next_moving_var]).
+
+    ``single_kernel``: True takes bn_train_persistent where it fits (channels last, x within
+    PERSISTENT_L2_FRACTION of the L2, a resident grid); False always takes the split path
+    (sums, finalize, apply), as activations past the L2 do (the inspect report measures both)."""
     fn = 'bn_train_fwd'
+    if not isinstance(single_kernel, bool):
+        raise TypeError('%s: single_kernel must be True or False, got %r' % (fn, single_kernel))
     rt = resolve(runtime)
     xp = rt.xp
 
@@ -329,13 +335,13 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
         # host numbers stay host numbers (reused buffers in _scalars; cuDNN takes them by value)
         decay, var_decay, var_factor = (v if _is_host_number(v) else xp.asarray(v, dtype=acc).reshape(1) for v in (
             decay, decay if var_decay is None else var_decay, 1 if var_factor is None else var_factor))
-    gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout, launches)
+    gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout, launches, single_kernel)
     args = (x, gamma, beta, axes, epsilon, activation, moving_mean, moving_var, decay, var_decay, var_factor)
     return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, *args)
 
 
-def _bn_train_fwd_gpuk(rt, view, layout, launches, x, gamma, beta, _axes, epsilon, activation, moving_mean, moving_var,
-                       decay, var_decay, var_factor):
+def _bn_train_fwd_gpuk(rt, view, layout, launches, single_kernel, x, gamma, beta, _axes, epsilon, activation,
+                       moving_mean, moving_var, decay, var_decay, var_factor):
     xp = rt.xp
     acc = accumulation_dtype(x.dtype)
     c = view.channels
@@ -344,9 +350,9 @@ def _bn_train_fwd_gpuk(rt, view, layout, launches, x, gamma, beta, _axes, epsilo
     moving = moving_mean is not None
     xk = view.to_kernel(xp, x)
     kept = layout.kept_shape
-    # what the choice reads besides the problem (tests and the inspect report change them) keys it too
-    blocks = launches.kept(('persistent blocks', PERSISTENT_L2_FRACTION, getattr(rt, 'l2_bytes', 0)),
-                           lambda: _persistent_blocks(rt, launches, view, xk))
+    # what the choice reads besides the problem (tests change them) keys it too
+    choice_key = ('persistent blocks', PERSISTENT_L2_FRACTION, getattr(rt, 'l2_bytes', 0))
+    blocks = single_kernel and launches.kept(choice_key, lambda: _persistent_blocks(rt, launches, view, xk))
     if blocks:
         y, mean, var, inv_std, next_mean, next_var = _train_persistent(
             rt, launches, view, xk, gamma, beta, (moving_mean, moving_var, decay, var_decay, var_factor), activation,

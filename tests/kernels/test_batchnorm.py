@@ -413,8 +413,8 @@ def test_scratch_is_reused_and_outputs_are_fresh():
 def test_persistent_training_forward_is_one_launch_matching_twin(monkeypatch, workers, dtype):
     """Channels last within the L2: one bn_train_persistent launch, its blocks meeting at grid
     barriers (3 blocks resident at once on 3 emulator threads), with the twin's outputs,
-    relu and moving averages included, and the split path's (same splits; the finalize adds
-    them in 8 rows, not 16); the barrier state is left as it was found."""
+    relu and moving averages included, and the split path's (single_kernel=False; same splits,
+    the finalize adds them in 8 rows, not 16); the barrier state is left as it was found."""
     from gpuk.kernels.runtime import emulated_runtime, get_runtime
     monkeypatch.setenv('GPUK_EMULATE_THREADS', str(workers))
     monkeypatch.setattr(batchnorm, 'MIN_ROWS_PER_SPLIT', 8)
@@ -434,10 +434,11 @@ def test_persistent_training_forward_is_one_launch_matching_twin(monkeypatch, wo
         assert [(launch['kernel'], launch['grid'][0]) for launch in launches] == [('bn_train_persistent', workers)]
         for out, ref in zip(outs, twin.bn_train_fwd(*_as64(args))):
             assert_close(out, ref, dtype, 'bn_train_persistent')
-        monkeypatch.setattr(batchnorm, 'PERSISTENT_L2_FRACTION', 0)
-        for out, split_path in zip(outs, batchnorm.bn_train_fwd(*args, runtime=rt)):
+        with emulated_runtime.counting() as launches:
+            split = batchnorm.bn_train_fwd(*args, runtime=rt, single_kernel=False)
+        assert 'bn_train_persistent' not in [launch['kernel'] for launch in launches]
+        for out, split_path in zip(outs, split):
             assert_close(out, split_path, dtype, 'bn_train_persistent vs split path')
-        monkeypatch.setattr(batchnorm, 'PERSISTENT_L2_FRACTION', 0.5)
         generation += 2   # two grid barriers per launch
         assert list(barrier) == [0, generation]
 
@@ -481,3 +482,9 @@ def test_cuda_coresident_blocks_from_occupancy():
     assert CudaKernel(module, signature, types.SimpleNamespace()).coresident_blocks(256) == 0
     rt.arch = 'sm_75'
     assert CudaKernel(module, signature, function).coresident_blocks(256) == 0
+
+
+def test_single_kernel_switch_must_be_a_bool():
+    x = np.ones((4, 3), np.float32)
+    with pytest.raises(TypeError, match="bn_train_fwd: single_kernel must be True or False, got 'no'"):
+        batchnorm.bn_train_fwd(x, None, None, (0,), runtime='emulate', single_kernel='no')

@@ -1,6 +1,8 @@
 """gpuk.kernels.build: NVRTC ahead-of-time compile of every registered kernel, the ptxas
 resource report, spill policy and exit codes. Needs the NVRTC wheels (test extras), no GPU."""
 import dataclasses
+import threading
+import time
 
 import pytest
 
@@ -188,3 +190,47 @@ def test_parse_archs():
         build.parse_archs(' , ')
     with pytest.raises(ValueError, match="arch must look like 'sm_90'"):
         build.parse_archs('hopper')
+
+
+def _fake_entry(tmp_path, monkeypatch):
+    """A variant whose 'compile' is a stand-in that counts its calls (no NVRTC needed), and a
+    fixed compiler identity, for the cache's locking."""
+    source = tmp_path / 'locked.cu'
+    source.write_text('extern "C" __global__ void k() {}\n')
+    spec = runtime.BuildSpec(str(source), (), ('k',))
+    calls = []
+
+    def compile_variant(spec, arch):
+        calls.append(arch)
+        time.sleep(0.2)   # long enough for the other caller to arrive while this one compiles
+        return b'\x7fELF cubin', {'k': build.ResourceUsage(8, 0, 0, 0, 0)}, 0
+    monkeypatch.setattr(build, 'compile_variant', compile_variant)
+    return spec, calls, ('test compiler',)
+
+
+@pytest.mark.skipif(build.fcntl is None, reason='entry locks need fcntl (POSIX)')
+def test_an_entry_being_filled_elsewhere_is_waited_for_not_compiled_again(tmp_path, monkeypatch):
+    """build --check beside the test suite, or two inspect runs: a caller that finds an entry
+    locked waits, then reads what the holder wrote; two callers missing it compile it once."""
+    spec, calls, identity = _fake_entry(tmp_path, monkeypatch)
+    cubin, report = build.cached_paths(spec, 'sm_90', tmp_path / 'cache', identity)
+    results = []
+    with build.entry_lock(cubin):   # another process is compiling this entry
+        waiter = threading.Thread(target=lambda: results.append(
+            build.cached_build(spec, 'sm_90', tmp_path / 'cache', identity)))
+        waiter.start()
+        waiter.join(0.3)
+        assert waiter.is_alive() and not results   # waiting on the lock, not compiling
+        build.write_atomically(cubin, b'\x7fELF from the holder')
+        build.write_atomically(report, '{"usage": {"k": {"registers": 9, "shared_bytes": 0, "stack_frame": 0, '
+                                       '"spill_stores": 0, "spill_loads": 0}}, "spilled": 0}')
+    waiter.join()
+    assert calls == [] and results[0].usage['k'].registers == 9 and results[0].error is None
+
+    callers = [threading.Thread(target=lambda: results.append(
+        build.cached_build(spec, 'sm_80', tmp_path / 'cache', identity))) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert calls == ['sm_80'] and [r.usage['k'].registers for r in results[1:]] == [8, 8]

@@ -1,7 +1,8 @@
 """Every kernel family's CUDA launcher module (gpuk.kernels.<family>) offers its NumPy twin's
 functions (gpuk.cpu_fallback.<family>) with the twin's parameters, defaults included, plus a
-keyword-only ``runtime=None``: ops call either one through ``device.impl()`` with the same
-arguments, so a launcher that drifts from its twin breaks here, not on a GPU."""
+keyword-only ``runtime=None`` (and, after it, any launcher-only keyword-only switch with a
+default, such as batch norm's ``single_kernel``): ops call either one through ``device.impl()``
+with the same arguments, so a launcher that drifts from its twin breaks here, not on a GPU."""
 import importlib
 import inspect
 
@@ -34,6 +35,10 @@ def test_launcher_has_its_twins_functions_and_signatures(family):
         runtime = [p for p in launcher_params if p.name == 'runtime']
         assert runtime and runtime[0].kind is inspect.Parameter.KEYWORD_ONLY and runtime[0].default is None, \
             '%s.%s: no keyword-only runtime=None' % (family, name)
-        assert [p for p in launcher_params if p.name != 'runtime'] == twin_params, \
+        index = launcher_params.index(runtime[0])
+        switches = launcher_params[index + 1:]
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not p.empty for p in switches), \
+            '%s.%s: launcher-only parameters after runtime must be keyword-only with defaults' % (family, name)
+        assert launcher_params[:index] == twin_params, \
             '%s.%s: launcher %s, twin %s' % (family, name, inspect.signature(getattr(launcher, name)),
                                             inspect.signature(getattr(twin, name)))

@@ -184,17 +184,6 @@ def _pooling(rt):
     yield f'max bwd {config}', lambda: pooling.max_pool_bwd(dyb, argmax_i32, xb.shape, *big, runtime=rt)
 
 
-def _split_path(batchnorm, call):
-    """call() with batch norm's single-kernel training forward off (the path of activations
-    past the L2, or of grids that cannot be resident at once)."""
-    saved = batchnorm.PERSISTENT_L2_FRACTION
-    batchnorm.PERSISTENT_L2_FRACTION = 0
-    try:
-        return call()
-    finally:
-        batchnorm.PERSISTENT_L2_FRACTION = saved
-
-
 def _batchnorm(rt):
     from .. import batchnorm
     x = _dev(_rng().standard_normal((8, 8, 8, 64)).astype(np.float32))
@@ -203,8 +192,8 @@ def _batchnorm(rt):
     config = 'NHWC 8x8x8x64 f32'
     # channels last within the L2: the single-kernel forward (one block per emulator thread)
     yield f'train fwd {config}', lambda: batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt)
-    yield f'train fwd {config}, split path', lambda: _split_path(
-        batchnorm, lambda: batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt))
+    yield f'train fwd {config}, split path', lambda: batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt,
+                                                                            single_kernel=False)
     _, mean, _, inv_std = batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, runtime=rt)
     dy = _dev(_rng().standard_normal(x.shape).astype(np.float32))
     yield f'bwd {config}', lambda: batchnorm.bn_bwd(dy, x, gamma, mean, inv_std, axes, runtime=rt)
@@ -212,9 +201,8 @@ def _batchnorm(rt):
     moving_mean, moving_var = _dev(np.zeros(64, np.float32)), _dev(np.ones(64, np.float32))
     yield f'train fwd, moving averages {config}', lambda: batchnorm.bn_train_fwd(
         x, gamma, beta, axes, 1e-3, 'linear', moving_mean, moving_var, 0.01, runtime=rt)
-    yield f'train fwd, moving averages {config}, split path', lambda: _split_path(
-        batchnorm, lambda: batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, 'linear', moving_mean, moving_var,
-                                                  0.01, runtime=rt))
+    yield f'train fwd, moving averages {config}, split path', lambda: batchnorm.bn_train_fwd(
+        x, gamma, beta, axes, 1e-3, 'linear', moving_mean, moving_var, 0.01, runtime=rt, single_kernel=False)
     y_relu = batchnorm.bn_train_fwd(x, gamma, beta, axes, 1e-3, 'relu', runtime=rt)[0]
     yield f'bwd relu {config}', lambda: batchnorm.bn_bwd(dy, x, gamma, mean, inv_std, axes, activation='relu',
                                                          y=y_relu, runtime=rt)

@@ -40,7 +40,9 @@ def ensure_cached(spec, arch, folder, identity=None):
     already done; the BuildResult (its ``error`` the compile error text, or None)."""
     result = build.cached_build(spec, arch, folder, identity)
     if not result.error and not listing_path(result.path).is_file():
-        build.write_atomically(listing_path(result.path), sass.disassemble_text(result.path))
+        with build.entry_lock(result.path):   # another process may be disassembling it right now
+            if not listing_path(result.path).is_file():
+                build.write_atomically(listing_path(result.path), sass.disassemble_text(result.path))
     return result
 
 

@@ -21,7 +21,10 @@ NVRTC flags, the NVRTC version and the CUDA headers. ``--check`` and
 ``python -m gpuk.kernels.inspect`` (which adds the SASS listing beside each entry) read and
 fill the same entries, so ``make test`` compiles each variant once, and an edited kernel
 (or another compiler) never reads a stale one. Missing entries compile in ``--jobs``
-processes (default 2: NVRTC's bindings hold the GIL, so threads would not overlap).
+processes (default 2: NVRTC's bindings hold the GIL, so threads would not overlap). An entry
+is filled under a lock (``entry_lock``), so processes running at once (``make test`` runs
+``--check`` beside the test suite; two inspect runs) never compile the same entry twice: the
+second waits for the first and reads what it wrote.
 
 Where the numbers come from: ptxas's verbose report (``--ptxas-options=-v``), read from
 the NVRTC program log. It is the only place that states spills; the cubin's ELF
@@ -35,6 +38,7 @@ Exit status: 0 when everything compiled and no variant with ``may_spill=False`` 
 NVRTC is not installed.
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -43,6 +47,11 @@ import sys
 from collections import namedtuple
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:   # not POSIX: no entry locks (concurrent runs may then compile an entry twice)
+    fcntl = None
 
 from .. import runtime
 from .kernel_source import KERNELS_DIR, NVRTC_FLAGS, kernel_source, memoized_digest, source_key
@@ -301,22 +310,49 @@ def write_atomically(path, data):
     partial.replace(path)
 
 
+@contextlib.contextmanager
+def entry_lock(cubin):
+    """Held while this process fills the cache entry of ``cubin`` (compiles it, or adds its SASS
+    listing): another process asking for the same entry meanwhile waits here, then finds it
+    filled, instead of compiling it a second time. An advisory lock on ``<entry>.lock`` beside
+    it (the file stays: removing it could let a third process lock a new one while the second
+    still waits on the old), released by the system if the holder dies."""
+    cubin.parent.mkdir(parents=True, exist_ok=True)
+    with open(cubin.with_name(cubin.name + '.lock'), 'a') as handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield   # closing the file releases the lock
+
+
+def _stored_build(spec, arch, cubin, report):
+    """The BuildResult of a filled cache entry, or None when it is not (yet) there."""
+    if not (cubin.is_file() and report.is_file()):
+        return None
+    stored = json.loads(report.read_text())
+    usage = {kernel: ResourceUsage(**fields) for kernel, fields in stored['usage'].items()}
+    return BuildResult(spec, arch, cubin, usage, stored['spilled'], None)
+
+
 def cached_build(spec, arch, folder=None, identity=None):
     """The BuildResult of (spec, arch) from the cache, or compiled now and stored there
-    (compile errors are not stored: they are reported on every run)."""
+    (compile errors are not stored: they are reported on every run). A process compiling the
+    same entry at the same time is waited for (entry_lock), not duplicated."""
     cubin, report = cached_paths(spec, arch, folder, identity)
     arch = runtime.normalize_arch(arch)
-    if cubin.is_file() and report.is_file():
-        stored = json.loads(report.read_text())
-        usage = {kernel: ResourceUsage(**fields) for kernel, fields in stored['usage'].items()}
-        return BuildResult(spec, arch, cubin, usage, stored['spilled'], None)
-    try:
-        binary, usage, spilled = compile_variant(spec, arch)
-    except (BuildError, OSError, ValueError) as exc:
-        return BuildResult(spec, arch, cubin, {}, 0, str(exc))
-    cubin.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(cubin, binary)
-    write_atomically(report, json.dumps({'usage': {k: u._asdict() for k, u in usage.items()}, 'spilled': spilled}))
+    found = _stored_build(spec, arch, cubin, report)
+    if found:
+        return found
+    with entry_lock(cubin):
+        found = _stored_build(spec, arch, cubin, report)   # filled while this process waited
+        if found:
+            return found
+        try:
+            binary, usage, spilled = compile_variant(spec, arch)
+        except (BuildError, OSError, ValueError) as exc:
+            return BuildResult(spec, arch, cubin, {}, 0, str(exc))
+        write_atomically(cubin, binary)
+        write_atomically(report, json.dumps({'usage': {k: u._asdict() for k, u in usage.items()},
+                                             'spilled': spilled}))
     return BuildResult(spec, arch, cubin, usage, spilled, None)
 
 
