@@ -378,12 +378,7 @@ def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_
     in_spatial = checks.spatial_dims(x_shape, channels_first)
     kernel_size, strides, output_spatial = checks.local_setup(
         fn, rank, kernel_size, strides, output_spatial, in_spatial)
-    checks.check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
-    c_in = checks.channel_count(x_shape, channels_first)
-    checks.check_local_kernel(fn, 'w', w.shape, output_spatial, kernel_size, c_in)
-    checks.check_channels(fn, 'the channel count', 'dy', dy.shape,
-                          checks.channel_count(dy.shape, channels_first), 'w', w.shape, w.shape[-1])
-    checks.check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
+    c_in = checks.check_local_dgrad_operands(fn, dy, w, x_shape, channels_first, output_spatial, kernel_size)
     compute = compute_dtype(dy.dtype)
     n, c_out = dy.shape[0], w.shape[-1]
     dy_p = to_channels_last(dy, channels_first).astype(compute, copy=False)

@@ -12,7 +12,7 @@ import pytest
 from gpuk.cpu_fallback import conv as twin
 from gpuk.kernels import conv, layout
 from gpuk.kernels.runtime import emulated_runtime
-from gpuk.kernels.testing import assert_matches_twin, to_device, to_host
+from gpuk.kernels.testing import to_device, to_host
 
 DTYPES = [np.float16, np.dtype(ml_dtypes.bfloat16), np.float32, np.float64]
 DTYPE_IDS = [np.dtype(d).name for d in DTYPES]

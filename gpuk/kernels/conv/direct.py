@@ -410,12 +410,7 @@ def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_
         _, cdy, cw = _checked_pair(fn, rt, ('dy', dy), ('w', w))
         channels_first, _, c_x_shape, in_spatial, c_kernel, c_strides, c_output = _local_window(
             fn, data_format, 'dy', cdy, x_shape, kernel_size, strides, output_spatial)
-        conv_checks.check_batch(fn, 'dy', cdy.shape, 'x_shape', c_x_shape)
-        c_in = conv_checks.channel_count(c_x_shape, channels_first)
-        conv_checks.check_local_kernel(fn, 'w', cw.shape, c_output, c_kernel, c_in)
-        conv_checks.check_channels(fn, 'the channel count', 'dy', cdy.shape,
-                                   conv_checks.channel_count(cdy.shape, channels_first), 'w', cw.shape, cw.shape[-1])
-        conv_checks.check_dy_spatial(fn, cdy, channels_first, c_output, 'output_spatial')
+        c_in = conv_checks.check_local_dgrad_operands(fn, cdy, cw, c_x_shape, channels_first, c_output, c_kernel)
         return c_x_shape, cdy.dtype, _local_launch(rt, 'local_dgrad', cdy.dtype, c_x_shape, math.prod(c_x_shape),
                                                    (cdy.size, cw.size), c_x_shape[0], c_in, cw.shape[-1], in_spatial,
                                                    c_output, c_kernel, c_strides, channels_first)
