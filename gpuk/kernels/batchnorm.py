@@ -349,16 +349,26 @@ def _bn_train_fwd_gpuk(rt, view, layout, launches, single_kernel, x, gamma, beta
     beta = _filled(rt, c, 0, acc) if beta is None else beta
     moving = moving_mean is not None
     xk = view.to_kernel(xp, x)
-    kept = layout.kept_shape
-    # what the choice reads besides the problem (tests change them) keys it too
-    choice_key = ('persistent blocks', PERSISTENT_L2_FRACTION, getattr(rt, 'l2_bytes', 0))
-    blocks = single_kernel and launches.kept(choice_key, lambda: _persistent_blocks(rt, launches, view, xk))
+    moving_args = (moving_mean, moving_var, decay, var_decay, var_factor)
+    # per problem on a GPU (its L2 and occupancy are the runtime's; Launches.kept)
+    blocks = single_kernel and launches.kept('persistent blocks', lambda: _persistent_blocks(rt, launches, view, xk))
     if blocks:
-        y, mean, var, inv_std, next_mean, next_var = _train_persistent(
-            rt, launches, view, xk, gamma, beta, (moving_mean, moving_var, decay, var_decay, var_factor), activation,
-            epsilon, blocks)
-        stats = (view.from_kernel(xp, y), mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
-        return stats + (next_mean.reshape(kept), next_var.reshape(kept)) if moving else stats
+        outs = _train_persistent(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks)
+    else:
+        outs = _train_split(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon)
+    y, mean, var, inv_std, next_mean, next_var = outs
+    kept = layout.kept_shape
+    stats = (view.from_kernel(xp, y), mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
+    return stats + (next_mean.reshape(kept), next_var.reshape(kept)) if moving else stats
+
+
+def _train_split(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon):
+    """The training forward as the split path (sums, finalize, apply) -> (y in the kernel's
+    layout, mean, var, inv_std, next_mean, next_var)."""
+    xp, c = rt.xp, view.channels
+    acc = accumulation_dtype(xk.dtype)
+    moving_mean, moving_var, decay, var_decay, var_factor = moving_args
+    moving = moving_mean is not None
     mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
     scale = _scratch(rt, 'scale', (c,), acc)
     next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (None, None)
@@ -373,9 +383,8 @@ def _bn_train_fwd_gpuk(rt, view, layout, launches, single_kernel, x, gamma, beta
         else:
             launches('bn_stats_finalize', *_finalize_grid(c), args=(
                 partials, shifts, gamma, mean, var, inv_std, scale, _scalars(rt, acc, epsilon)) + sizes)
-    y = view.from_kernel(xp, _apply(launches, c, view.inner, xk, mean, scale, beta, x.dtype, xp, activation))
-    stats = (y, mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
-    return stats + (next_mean.reshape(kept), next_var.reshape(kept)) if moving else stats
+    y = _apply(launches, c, view.inner, xk, mean, scale, beta, xk.dtype, xp, activation)
+    return y, mean, var, inv_std, next_mean, next_var
 
 
 # ---------------------------------------------------------------- inference forward

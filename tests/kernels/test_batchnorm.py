@@ -76,7 +76,6 @@ def test_bn_train_fwd_and_bwd_match_twin(kernel_runtime, dtype, shape, axes):
 def test_many_splits_combine_in_order(kernel_runtime, monkeypatch, layout):
     """Force several blocks per channel so the second (combine) pass matters (the split path:
     no single-kernel forward)."""
-    monkeypatch.setattr(batchnorm, 'PERSISTENT_L2_FRACTION', 0)
     monkeypatch.setattr(batchnorm, 'MIN_ROWS_PER_SPLIT', 3)
     monkeypatch.setattr(batchnorm, 'MIN_PER_SPLIT', 40)
     shape, axes = ((50, 3, 7), (0, 1)) if layout == 'channels_last' else ((5, 3, 60), (0, 2))
@@ -84,7 +83,7 @@ def test_many_splits_combine_in_order(kernel_runtime, monkeypatch, layout):
     assert batchnorm._splits(view)[0] > 3
     rng = np.random.default_rng(1)
     x = (rng.standard_normal(shape) + 100).astype(np.float32)
-    outs = _run(batchnorm.bn_train_fwd, kernel_runtime, x, None, None, axes)
+    outs = _run(batchnorm.bn_train_fwd, kernel_runtime, x, None, None, axes, single_kernel=False)
     refs = twin.bn_train_fwd(x.astype(np.float64), None, None, axes)
     for out, ref in zip(outs, refs):
         assert_close(out, ref, np.float32)
