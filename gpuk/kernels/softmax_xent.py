@@ -134,9 +134,10 @@ def _label_shape(fn, rt, labels, logits_shape, axis):
 
 
 def _labels(fn, rt, labels, logits_shape, axis):
-    """int64 labels; their range is checked on the device (runtime/deferred.py: no host sync,
-    the error is raised where the results are read) and the kernels never index with a bad one."""
-    labels = _label_shape(fn, rt, labels, logits_shape, axis)
+    """int64 labels, their dtype and shape already checked (_label_shape, once per problem);
+    their range is checked on the device (runtime/deferred.py: no host sync, the error is
+    raised where the results are read) and the kernels never index with a bad one."""
+    labels = labels if isinstance(labels, rt.xp.ndarray) else rt.xp.asarray(labels)
     classes = logits_shape[axis]
     if labels.size:
         deferred.defer(rt, rt.xp.any((labels < 0) | (labels >= classes)),
