@@ -169,7 +169,7 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, ru
 
 def state_pitch(states, dtype):
     """The row pitch (elements) of the (N, T, S) state arrays: S rounded up to a 32-byte sector,
-    so that every row starts on a sector (ctc.cu's header)."""
+    so that every row starts on a sector (ctc.cu's header); ctc_label_map's int32 rows too."""
     per_sector = SECTOR_BYTES // np.dtype(dtype).itemsize
     return -(-states // per_sector) * per_sector
 
@@ -202,9 +202,9 @@ def _padded_rows(rt, view, acc):
     return padded
 
 
-def _stage(row_elements, acc):
-    """(stage flag, dynamic shared bytes): a row of `row_elements` acc per warp, if it fits."""
-    nbytes = (CTC_THREADS // 32) * row_elements * np.dtype(acc).itemsize
+def _stage(per_warp_bytes):
+    """(stage flag, dynamic shared bytes): `per_warp_bytes` of rows per warp, if they fit."""
+    nbytes = (CTC_THREADS // 32) * per_warp_bytes
     return (1, nbytes) if nbytes <= CTC_STAGE_BYTES else (0, 0)
 
 
@@ -217,7 +217,7 @@ def _emissions(rt, launches, logits, labels, input_lengths, label_lengths, frame
     """ctc_emissions: out (N, T, P) <- each state's log-probability per frame; frame_lse
     written (compute_lse) or read."""
     batch, steps, classes = logits.shape
-    stage, shared = _stage(classes, out.dtype)
+    stage, shared = _stage(classes * out.dtype.itemsize)
     launches(
         'ctc_emissions', _frame_blocks(batch * steps), CTC_THREADS,
         (logits, _device_ints(rt, labels), _device_ints(rt, input_lengths), _device_ints(rt, label_lengths),
@@ -300,7 +300,7 @@ def _ctc_loss_bwd_gpuk(rt, launches, logits, labels, input_lengths, label_length
     work, _ = _state_rows(rt, batch, steps, states, acc)   # emissions, then occupations
     pitch = work.shape[2]
     _emissions(rt, launches, logits, labels, input_lengths, label_lengths, frame_lse, work, blank, 0)
-    class_pitch, label_pitch = (-(-k // 8) * 8 for k in (classes, width))   # int32 rows on 32-byte sectors
+    class_pitch, label_pitch = (state_pitch(k, np.int32) for k in (classes, width))   # int32 rows on sectors too
     first_of_class = rt.xp.empty(batch * class_pitch, dtype=np.int32)
     next_same = rt.xp.empty(max(batch * label_pitch, 1), dtype=np.int32)
     launches(
@@ -313,9 +313,7 @@ def _ctc_loss_bwd_gpuk(rt, launches, logits, labels, input_lengths, label_length
         'ctc_beta_occupation', batch, CTC_THREADS,
         tuple(ints) + (log_alpha, loss, work, gamma, np.int64(steps), np.int64(classes), np.int64(width),
                        np.int64(pitch), np.int64(blank)))
-    per_warp = pitch * np.dtype(acc).itemsize + label_pitch * 4   # occupation and next_same rows
-    stage = int((CTC_THREADS // 32) * per_warp <= CTC_STAGE_BYTES)
-    shared = (CTC_THREADS // 32) * per_warp if stage else 0
+    stage, shared = _stage(pitch * np.dtype(acc).itemsize + label_pitch * 4)   # occupation and next_same rows
     span = (CTC_THREADS // 32) * classes * logits.dtype.itemsize   # a block's logits rows (stage_rows)
     stage_rows = int(shared + span <= CTC_STAGE_BYTES)
     shared += span if stage_rows else 0
