@@ -70,6 +70,20 @@ def _check_float(where, name, dtype):
 
 # ---------------------------------------------------------------- shared convolution
 
+def kept_pads(window, shapes, compute):
+    """``compute()`` (a window's geometry.conv_pads), kept on the window per ``shapes``: a plan
+    step asks on every call with the shapes of its last one. Shapes that are not all tuples of
+    known sizes are computed per call; at most 64 are kept per window."""
+    kept = window.__dict__.setdefault('_pads', {})
+    cacheable = all(type(shape) is tuple and None not in shape for shape in shapes)
+    pads = kept.get(shapes) if cacheable else None
+    if pads is None:
+        pads = compute()
+        if cacheable and len(kept) < 64:
+            kept[shapes] = pads
+    return pads
+
+
 class Window:
     """The static attributes of a (depthwise) convolution."""
 
@@ -98,18 +112,9 @@ class Window:
                 self.data_format)
 
     def pads(self, in_spatial, kernel_spatial):
-        """geometry.conv_pads for this window, kept per (input, kernel) spatial shape: a plan
-        step asks on every call with the shapes of its last one."""
-        key = (in_spatial, kernel_spatial)
-        hashable = type(in_spatial) is tuple and type(kernel_spatial) is tuple
-        kept = self.__dict__.setdefault('_pads', {})
-        pads = kept.get(key) if hashable else None
-        if pads is None:
-            pads = geometry.conv_pads(in_spatial, kernel_spatial, self.strides, self.dilation,
-                                      self.padding)
-            if hashable and len(kept) < 64:
-                kept[key] = pads
-        return pads
+        """geometry.conv_pads for this window, kept per (input, kernel) spatial shape."""
+        return kept_pads(self, (in_spatial, kernel_spatial), lambda: geometry.conv_pads(
+            in_spatial, kernel_spatial, self.strides, self.dilation, self.padding))
 
     def out_spatial(self, in_spatial, kernel_spatial, x_name, x_shape, w_shape):
         """Static output sizes (None where unknown); ValueError for an empty output."""

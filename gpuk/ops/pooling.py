@@ -12,7 +12,7 @@ import numpy as np
 from gpuk.graph import Meta, apply
 from gpuk.contracts import geometry, pooling_checks
 from gpuk.ops.base import Op
-from gpuk.ops.conv import assemble_shape, channel_dim, spatial_dims
+from gpuk.ops.conv import assemble_shape, channel_dim, kept_pads, spatial_dims
 
 
 class PoolWindow:
@@ -31,15 +31,10 @@ class PoolWindow:
         return self.data_format == 'channels_first'
 
     def pads(self, x_shape):
-        """geometry.conv_pads for this window, kept per x shape (a plan step asks per call)."""
-        kept = self.__dict__.setdefault('_pads', {})
-        pads = kept.get(x_shape) if type(x_shape) is tuple else None
-        if pads is None:
-            pads = geometry.conv_pads(spatial_dims(x_shape, self.channels_first), self.window,
-                                      self.strides, (1,) * len(self.window), self.padding)
-            if len(kept) < 64 and type(x_shape) is tuple and None not in x_shape:
-                kept[x_shape] = pads
-        return pads
+        """geometry.conv_pads for this window, kept per x shape (conv.kept_pads)."""
+        return kept_pads(self, (x_shape,), lambda: geometry.conv_pads(
+            spatial_dims(x_shape, self.channels_first), self.window, self.strides, (1,) * len(self.window),
+            self.padding))
 
     def out_shape(self, x_shape):
         """Static pooled shape of x (None where unknown); ValueError for an empty output."""
