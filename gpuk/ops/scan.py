@@ -17,6 +17,7 @@ from gpuk import config, device
 from gpuk.graph import Constant, Meta, Placeholder, Tensor, apply, clone, topological_nodes
 from gpuk.ops.base import Op
 from gpuk.ops.elementwise import Unary
+from gpuk.ops.fused import is_zero
 
 
 def compile_plan(inputs, outputs, impl):
@@ -295,7 +296,7 @@ class Scan(Op):
 
         # a stacked output nothing differentiates (its gradient zeros by construction, like
         # the sequence of a layer returning only its last output) seeds nothing per step
-        float_outs = [i for i, t in enumerate(self.step_outputs) if _is_float(t) and not _is_zeros(d_stacked[i])]
+        float_outs = [i for i, t in enumerate(self.step_outputs) if _is_float(t) and not is_zero(d_stacked[i])]
         float_states = [i for i, t in enumerate(self.state_inputs) if _is_float(t)]
         float_caps = [i for i, t in enumerate(self.captured_inputs) if _is_float(t)]
         float_seqs = [i for i, t in enumerate(self.seq_inputs) if _is_float(t)]
@@ -305,7 +306,7 @@ class Scan(Op):
         ds = [Placeholder(self.state_inputs[i].shape, self.state_inputs[i].dtype, name='scan_ds') for i in float_states]
         # a state history's gradient is zeros unless something besides this gradient reads the
         # history (a second-order gradient): zeros are not added per step
-        dh = [None if _is_zeros(d_history[i]) else
+        dh = [None if is_zero(d_history[i]) else
               Placeholder(self.state_inputs[i].shape, self.state_inputs[i].dtype, name='scan_dh')
               for i in float_states]
         dc = [Placeholder(self.captured_inputs[i].shape, self.captured_inputs[i].dtype, name='scan_dc')
@@ -447,14 +448,6 @@ def _recomputed(op):
     if not op.cheap_to_recompute():
         return False
     return not (isinstance(op, Unary) and op.name in _KEPT_ON_THE_NUMPY_DEVICE and device.kind() == 'cpu')
-
-
-def _is_zeros(t):
-    """Whether ``t`` is zeros by construction (autodiff's zeros_like of an unused output)."""
-    from gpuk.ops.elementwise import FillLike
-    if t.node is not None:
-        return isinstance(t.node.op, FillLike) and t.node.op.value == 0
-    return isinstance(t, Constant) and not np.any(t.value)
 
 
 def _time_summed_factors(g, captured):

@@ -312,7 +312,8 @@ def table(records):
             lines.append(' '.join(c.ljust(w) for c, (_, w) in zip(cells, COLUMNS)))
             continue
         loop = r['hot_loop']
-        cells = [r['kernel'][:28], r['arch'][3:], r['config'][:19],   # arch without 'sm_': 80, 90, 90a str(r['registers']), str(r['spills']),
+        # arch without 'sm_': 80, 90, 90a
+        cells = [r['kernel'][:28], r['arch'][3:], r['config'][:19], str(r['registers']), str(r['spills']),
                  str(r['smem_bytes']), _pct(r['occupancy']), str(loop['instructions']) if loop else '-',
                  _pct(r['math_fraction']), _num(r['other_per_mma'], '%.0f'), _pct(r['coalescing']),
                  r['predicted_bound'], _pct(r['predicted_fraction']), _pct(r['measured_fraction'])]

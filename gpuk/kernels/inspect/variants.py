@@ -71,17 +71,12 @@ class PendingCompiles:
 
     def __init__(self, archs=ARCHS, specs=None, workers=2, folder=None):
         specs = runtime.registered_builds() if specs is None else specs
-        self._folder = Path(folder) if folder else cache_folder()
-        self._folder.mkdir(parents=True, exist_ok=True)
-        self._identity = build.compiler_identity()
-        self._jobs = [(spec, arch) for spec in specs for arch in spec.build_archs(archs)]
-        self._missing = [job for job in self._jobs if not _is_cached(*job, self._folder, self._identity)]
-        self._pending = build.Jobs(ensure_cached, [job + (self._folder, self._identity) for job in self._missing],
-                                   workers)
+        folder = Path(folder) if folder else cache_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        self._builds = build.PendingBuilds(specs, archs, folder, workers, fill=ensure_cached, filled=_is_cached)
 
     def result(self):
-        done = dict(zip(self._missing, self._pending.results()))
-        return [_load(done.get(job) or ensure_cached(*job, self._folder, self._identity)) for job in self._jobs]
+        return [_load(result) for result in self._builds.results()]
 
 
 def compile_all(archs=ARCHS, specs=None, workers=2, folder=None):
