@@ -28,6 +28,7 @@ from .. import dispatch, layout
 from ..cudnn import conv as cudnn_conv
 from . import tiles as conv_tiles
 from . import wgmma as conv_wgmma
+from .geometry import Geometry, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
 from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
                           local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
 from gpuk.contracts.dtypes import c_types
@@ -42,9 +43,6 @@ REDUCE_MAX_BLOCKS = 4096
 EPILOGUES = {None: 0, 'bias': 1, 'bias_relu': 2}
 _TABLE_DTYPES = {'ffma': np.float32, 'tf32': np.float32, 'ffma64': np.float64, 'f16': np.float16,
                  'bf16': ml_dtypes.bfloat16}
-
-# The lifted problem: per-dim tuples of 3 (d, h, w), sizes and the layout flag.
-Geometry = namedtuple('Geometry', 'batch c_in c_out in_sp out_sp k_sp strides dilation pad_before channels_last')
 
 
 def igemm_defines(dtype, tile):
@@ -90,12 +88,6 @@ def _check_epilogue(fn, epilogue, bias, c_out, dtype, xp):
 
 
 # ---------------------------------------------------------------- launches
-
-def _geometry_args(g):
-    """The kernels' geometry scalars (of Problem.kernel_g: the kernels read channels_last only)."""
-    return tuple(np.int32(v) for v in (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides,
-                                       *g.dilation, *g.pad_before))
-
 
 def _layout_shape(g, spatial, channels):
     """The array shape of a lifted (N, spatial, C) tensor in the problem's layout (lifted dims kept)."""
@@ -180,18 +172,18 @@ def _kernel_launch(rt, dtype, tile, name, grid, threads):
 
 
 def _fwd_launch(rt, g, dtype, epilogue):
-    rows, cols, depth = g.batch * math.prod(g.out_sp), g.c_out, math.prod(g.k_sp) * g.c_in
+    rows, cols, depth = fwd_gemm_shape(g)
     _check_gemm('conv_fwd', g, rows, cols, depth)
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
     return Launch(tile, 'conv_igemm_fwd', grid, tile.threads,
-                  _layout_shape(g, g.out_sp, g.c_out), _geometry_args(g) + (np.int32(EPILOGUES[epilogue]),),
+                  _layout_shape(g, g.out_sp, g.c_out), kernel_args(g) + (np.int32(EPILOGUES[epilogue]),),
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_fwd', grid, tile.threads))
 
 
 def _wgmma_fwd_launch(rt, g, dtype, epilogue):
-    _check_gemm('conv_fwd', g, *conv_wgmma.gemm_shape(g))
+    _check_gemm('conv_fwd', g, *fwd_gemm_shape(g))
     return conv_wgmma.fwd_launch(rt, g, dtype, EPILOGUES[epilogue])
 
 
@@ -222,12 +214,12 @@ def _dgrad_launch(rt, g, dtype):
     if phases > MAX_GRID_Z:
         raise ValueError('conv_dgrad: the product of the strides must be at most %d (one block row per stride '
                          'phase), got strides %s' % (MAX_GRID_Z, tuple(g.strides)))
-    phase_rows = g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides))
+    phase_rows = dgrad_phase_rows(g)
     tile = conv_tiles.choose_tile(dtype, config.precision(), phase_rows * phases, cols,
                                   math.ceil(depth / phases), aligned=g.c_out % _chunk_elements(dtype) == 0)
     grid = (math.ceil(phase_rows / tile.bm), math.ceil(cols / tile.bn), phases)
     return Launch(tile, 'conv_igemm_dgrad', grid, tile.threads,
-                  _layout_shape(g, g.in_sp, g.c_in), _geometry_args(g),
+                  _layout_shape(g, g.in_sp, g.c_in), kernel_args(g),
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_dgrad', grid, tile.threads))
 
 
@@ -253,7 +245,7 @@ WgradLaunch = namedtuple('WgradLaunch', 'main partial_shape reduce_scalars reduc
 
 
 def _wgrad_launch(rt, g, dtype):
-    rows, cols, depth = math.prod(g.k_sp) * g.c_in, g.c_out, g.batch * math.prod(g.out_sp)
+    rows, cols, depth = wgrad_gemm_shape(g)
     _check_gemm('conv_wgrad', g, rows, cols, depth)
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, split_k=True,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
@@ -261,7 +253,7 @@ def _wgrad_launch(rt, g, dtype):
     splits = math.ceil(depth / per_split)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn), splits)
     main = Launch(tile, 'conv_igemm_wgrad', grid, tile.threads, None,
-                  _geometry_args(g) + (np.int64(per_split),),
+                  kernel_args(g) + (np.int64(per_split),),
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_wgrad', grid, tile.threads))
     if splits == 1:
         return WgradLaunch(main, (1,), None, None)
@@ -272,7 +264,7 @@ def _wgrad_launch(rt, g, dtype):
 
 
 def _wgmma_wgrad_launch(rt, g, dtype):
-    _check_gemm('conv_wgrad', g, *conv_wgmma.wgrad_gemm_shape(g))
+    _check_gemm('conv_wgrad', g, *wgrad_gemm_shape(g))
     return conv_wgmma.wgrad_launch(rt, g, dtype)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from gpuk.contracts.dtypes import c_types
 from ..runtime import register_build
 from . import tiles as conv_tiles
+from .geometry import dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
 
 SOURCE = Path(__file__).with_name('conv_wgmma.cu')
 ARCH = 'sm_90a'
@@ -125,34 +126,23 @@ def wgrad_applies(rt, g, x, dy, precision):
     return active(rt) and wgrad_fits(g, x.dtype, precision) and _aligned16(x) and _aligned16(dy)
 
 
-def gemm_shape(g):
-    """(M, N, K) of the forward GEMM of Geometry g (the launcher checks them against 2^31)."""
-    return g.batch * math.prod(g.out_sp), g.c_out, math.prod(g.k_sp) * g.c_in
-
-
 def dgrad_gemm_shape(g):
     """Bounds on (M, N, K) of conv_wgmma_dgrad's stride phases: ceil(in / s) pixels and
     ceil(k / (s / gcd(s, dil))) taps per dim at most (the launcher checks them against 2^31)."""
     taps = math.prod(math.ceil(k / (s // math.gcd(s, d))) for k, s, d in zip(g.k_sp, g.strides, g.dilation))
-    return g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides)), g.c_in, taps * g.c_out
-
-
-def wgrad_gemm_shape(g):
-    """(M, N, K) of conv_wgmma_wgrad: dw's rows (tap, C_in), C_out, batch * output pixels."""
-    return math.prod(g.k_sp) * g.c_in, g.c_out, g.batch * math.prod(g.out_sp)
+    return dgrad_phase_rows(g), g.c_in, taps * g.c_out
 
 
 def launch_shape(g):
     """(grid, threads, shared bytes) of conv_wgmma_fwd for Geometry g."""
-    rows = g.batch * math.prod(g.out_sp)
-    return (math.ceil(rows / BLOCK_M), math.ceil(g.c_out / BLOCK_N)), THREADS, SHARED_BYTES
+    rows, cols, _ = fwd_gemm_shape(g)
+    return (math.ceil(rows / BLOCK_M), math.ceil(cols / BLOCK_N)), THREADS, SHARED_BYTES
 
 
 def dgrad_launch_shape(g):
     """(grid, threads, shared bytes) of conv_wgmma_dgrad: grid z is the stride phase, grid x
     covers the largest phase (phase 0: ceil(in / s) pixels per dim)."""
-    rows = g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides))
-    return (math.ceil(rows / BLOCK_M), math.ceil(g.c_in / BLOCK_N), math.prod(g.strides)), THREADS, SHARED_BYTES
+    return (math.ceil(dgrad_phase_rows(g) / BLOCK_M), math.ceil(g.c_in / BLOCK_N), math.prod(g.strides)), THREADS, SHARED_BYTES
 
 
 def k_step(dtype):
@@ -171,12 +161,6 @@ def wgrad_plan(g, dtype):
     return (math.ceil(rows / BLOCK_M), math.ceil(cols / BLOCK_N), splits), per_split
 
 
-def _geometry_args(g):
-    # the kernels' geometry: (batch, c_in, c_out, in, out, kernel, strides, dilation, pads)
-    geometry = (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides, *g.dilation, *g.pad_before)
-    return tuple(np.int32(v) for v in geometry)
-
-
 # A prepared launch (kept per problem by the conv launcher, runtime/prepared.py): the main
 # kernel's launch (rt.kernel_launch: kernel, grid and block checked once) and scalar arguments;
 # wgrad with several splits adds the float32 partials' shape, the reduce's launch and scalars
@@ -191,20 +175,20 @@ def _kernel_launch(rt, dtype, name, grid, threads=THREADS, shared=SHARED_BYTES):
 def fwd_launch(rt, g, dtype, epilogue_code):
     """conv_wgmma_fwd's launch for Geometry g with epilogue code 0 / 1 (+ bias) / 2 (+ bias, relu)."""
     return Launch(_kernel_launch(rt, dtype, KERNEL, launch_shape(g)[0]),
-                  _geometry_args(g) + (np.int32(epilogue_code),), None, None, None)
+                  kernel_args(g) + (np.int32(epilogue_code),), None, None, None)
 
 
 def dgrad_launch(rt, g, dtype):
     """conv_wgmma_dgrad's launch for Geometry g."""
     return Launch(_kernel_launch(rt, dtype, DGRAD_KERNEL, dgrad_launch_shape(g)[0]),
-                  _geometry_args(g), None, None, None)
+                  kernel_args(g), None, None, None)
 
 
 def wgrad_launch(rt, g, dtype):
     """conv_wgmma_wgrad's launch (and its reduce's, with several splits) for Geometry g."""
     grid, per_split = wgrad_plan(g, dtype)
     main = _kernel_launch(rt, dtype, WGRAD_KERNEL, grid)
-    scalars = _geometry_args(g) + (np.int64(per_split),)
+    scalars = kernel_args(g) + (np.int64(per_split),)
     if grid[2] == 1:
         return Launch(main, scalars, (1,), None, None)
     rows, cols, _ = wgrad_gemm_shape(g)
