@@ -27,6 +27,7 @@ from gpuk.contracts import conv_checks
 from .. import dispatch, layout
 from ..cudnn import conv as cudnn_conv
 from . import tiles as conv_tiles
+from . import split_k
 from . import wgmma as conv_wgmma
 from .geometry import Geometry, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
 from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
@@ -38,8 +39,6 @@ from ..runtime import prepared, register_build, resolve
 __all__ = list(twin.__all__)
 
 IGEMM_SOURCE = Path(__file__).with_name('conv_igemm.cu')
-REDUCE_THREADS = 256
-REDUCE_MAX_BLOCKS = 4096
 EPILOGUES = {None: 0, 'bias': 1, 'bias_relu': 2}
 _TABLE_DTYPES = {'ffma': np.float32, 'tf32': np.float32, 'ffma64': np.float64, 'f16': np.float16,
                  'bf16': ml_dtypes.bfloat16}
@@ -52,7 +51,7 @@ def igemm_defines(dtype, tile):
             'CONV_MATH': conv_tiles.MATH_CODES[tile.math], 'CONV_BM': tile.bm, 'CONV_BN': tile.bn,
             'CONV_BK': tile.bk, 'CONV_TM': tile.tm, 'CONV_TN': tile.tn, 'CONV_WARPS_M': tile.warps_m,
             'CONV_WARPS_N': tile.warps_n, 'CONV_THREADS': tile.threads, 'CONV_STAGES': tile.stages,
-            'REDUCE_THREADS': REDUCE_THREADS}
+            'REDUCE_THREADS': split_k.REDUCE_THREADS}
 
 
 for _table, _tiles in conv_tiles.TILES.items():
@@ -241,26 +240,16 @@ def _igemm_dgrad(dy, w, problem, rt):
     return problem.from_kernel_layout(rt, dx)
 
 
-WgradLaunch = namedtuple('WgradLaunch', 'main partial_shape reduce_scalars reduce')
-
-
 def _wgrad_launch(rt, g, dtype):
     rows, cols, depth = wgrad_gemm_shape(g)
     _check_gemm('conv_wgrad', g, rows, cols, depth)
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, split_k=True,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
-    per_split = conv_tiles.k_per_split(tile, depth, conv_tiles.wgrad_splits(tile, rows, cols, depth))
-    splits = math.ceil(depth / per_split)
-    grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn), splits)
-    main = Launch(tile, 'conv_igemm_wgrad', grid, tile.threads, None,
-                  kernel_args(g) + (np.int64(per_split),),
-                  _kernel_launch(rt, dtype, tile, 'conv_igemm_wgrad', grid, tile.threads))
-    if splits == 1:
-        return WgradLaunch(main, (1,), None, None)
-    count = rows * cols
-    blocks = max(1, min(math.ceil(count / REDUCE_THREADS), REDUCE_MAX_BLOCKS))
-    return WgradLaunch(main, (splits, rows, cols), (np.int64(count), np.int32(splits)),
-                       _kernel_launch(rt, dtype, tile, 'conv_reduce_splits', blocks, REDUCE_THREADS))
+    grid, per_split = split_k.plan(tile, rows, cols, depth)
+    return split_k.wgrad_launch(
+        _kernel_launch(rt, dtype, tile, 'conv_igemm_wgrad', grid, tile.threads),
+        kernel_args(g) + (np.int64(per_split),), grid, rows, cols,
+        lambda blocks: _kernel_launch(rt, dtype, tile, 'conv_reduce_splits', blocks, split_k.REDUCE_THREADS))
 
 
 def _wgmma_wgrad_launch(rt, g, dtype):
@@ -269,22 +258,12 @@ def _wgmma_wgrad_launch(rt, g, dtype):
 
 
 def _igemm_wgrad(x, dy, problem, rt):
-    xp = rt.xp
     if conv_wgmma.wgrad_applies(rt, problem.g, x, dy, config.precision()):   # Hopper: conv/wgmma.py
         launch = problem.launch(lambda g: _wgmma_wgrad_launch(rt, g, x.dtype), 'wgmma')
-        return conv_wgmma.conv_wgrad(rt, x, dy, problem.shape, launch)
-    launch = problem.launch(lambda g: _wgrad_launch(rt, g, x.dtype))
-    x, dy = problem.to_kernel_layout(rt, x, dy)
-    w_shape = problem.shape
-    acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
-    dw = xp.empty(w_shape, x.dtype)
-    partial = xp.empty(launch.partial_shape, acc_dtype)
-    main = launch.main
-    args = (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *main.scalars)
-    main.run(args)
-    if launch.reduce is not None:
-        launch.reduce((partial, dw.reshape(-1), *launch.reduce_scalars))
-    return dw
+    else:
+        launch = problem.launch(lambda g: _wgrad_launch(rt, g, x.dtype))
+        x, dy = problem.to_kernel_layout(rt, x, dy)
+    return split_k.run(rt.xp, x, dy, problem.shape, launch)
 
 
 def _unlift(array, shape):

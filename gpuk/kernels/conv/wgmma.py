@@ -24,6 +24,7 @@ import numpy as np
 
 from gpuk.contracts.dtypes import c_types
 from ..runtime import register_build
+from . import split_k
 from . import tiles as conv_tiles
 from .geometry import dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
 
@@ -42,8 +43,6 @@ ATOMS = 2
 STAGES = 3
 SHARED_BYTES = STAGES * (BLOCK_M + BLOCK_N) * ATOMS * ROW_BYTES + 1024   # WG_SMEM_BYTES (+ 1 KB alignment slack)
 MAX_GRID_Y = MAX_GRID_Z = 65535
-REDUCE_THREADS = 256
-REDUCE_MAX_BLOCKS = 4096
 DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32))   # float32: as tf32
 
 _forced = {'on': None}
@@ -52,7 +51,7 @@ _forced = {'on': None}
 def defines(dtype):
     element_t, acc_t = c_types(np.dtype(dtype))
     return {'ELEMENT_T': element_t, 'ACC_T': acc_t, 'WG_STAGES': STAGES, 'WG_ATOMS': ATOMS,
-            'REDUCE_THREADS': REDUCE_THREADS}
+            'REDUCE_THREADS': split_k.REDUCE_THREADS}
 
 
 for _dtype in DTYPES:
@@ -156,16 +155,13 @@ def wgrad_plan(g, dtype):
     applies) with this kernel's tile; every split but the last has whole K tiles."""
     rows, cols, depth = wgrad_gemm_shape(g)
     tile = conv_tiles.Tile('128x128 wgmma', 'wgmma', BLOCK_M, BLOCK_N, k_step(dtype), 1, 1, 1, 1, THREADS, STAGES)
-    per_split = conv_tiles.k_per_split(tile, depth, conv_tiles.wgrad_splits(tile, rows, cols, depth))
-    splits = max(1, math.ceil(depth / per_split))
-    return (math.ceil(rows / BLOCK_M), math.ceil(cols / BLOCK_N), splits), per_split
+    return split_k.plan(tile, rows, cols, depth)
 
 
-# A prepared launch (kept per problem by the conv launcher, runtime/prepared.py): the main
-# kernel's launch (rt.kernel_launch: kernel, grid and block checked once) and scalar arguments;
-# wgrad with several splits adds the float32 partials' shape, the reduce's launch and scalars
-# (else None).
-Launch = namedtuple('Launch', 'run scalars partial_shape reduce reduce_scalars')
+# A prepared fwd / dgrad launch (kept per problem by the conv launcher, runtime/prepared.py): the
+# kernel's launch (rt.kernel_launch: kernel, grid and block checked once) and scalar arguments.
+# wgrad's is split_k.WgradLaunch (wgrad_launch; run by split_k.run).
+Launch = namedtuple('Launch', 'run scalars')
 
 
 def _kernel_launch(rt, dtype, name, grid, threads=THREADS, shared=SHARED_BYTES):
@@ -175,28 +171,22 @@ def _kernel_launch(rt, dtype, name, grid, threads=THREADS, shared=SHARED_BYTES):
 def fwd_launch(rt, g, dtype, epilogue_code):
     """conv_wgmma_fwd's launch for Geometry g with epilogue code 0 / 1 (+ bias) / 2 (+ bias, relu)."""
     return Launch(_kernel_launch(rt, dtype, KERNEL, launch_shape(g)[0]),
-                  kernel_args(g) + (np.int32(epilogue_code),), None, None, None)
+                  kernel_args(g) + (np.int32(epilogue_code),))
 
 
 def dgrad_launch(rt, g, dtype):
     """conv_wgmma_dgrad's launch for Geometry g."""
     return Launch(_kernel_launch(rt, dtype, DGRAD_KERNEL, dgrad_launch_shape(g)[0]),
-                  kernel_args(g), None, None, None)
+                  kernel_args(g))
 
 
 def wgrad_launch(rt, g, dtype):
     """conv_wgmma_wgrad's launch (and its reduce's, with several splits) for Geometry g."""
     grid, per_split = wgrad_plan(g, dtype)
-    main = _kernel_launch(rt, dtype, WGRAD_KERNEL, grid)
-    scalars = kernel_args(g) + (np.int64(per_split),)
-    if grid[2] == 1:
-        return Launch(main, scalars, (1,), None, None)
     rows, cols, _ = wgrad_gemm_shape(g)
-    count = rows * cols
-    blocks = max(1, min(math.ceil(count / REDUCE_THREADS), REDUCE_MAX_BLOCKS))
-    return Launch(main, scalars, (grid[2], rows, cols),
-                  _kernel_launch(rt, dtype, REDUCE_KERNEL, blocks, REDUCE_THREADS, 0),
-                  (np.int64(count), np.int32(grid[2])))
+    return split_k.wgrad_launch(
+        _kernel_launch(rt, dtype, WGRAD_KERNEL, grid), kernel_args(g) + (np.int64(per_split),), grid, rows, cols,
+        lambda blocks: _kernel_launch(rt, dtype, REDUCE_KERNEL, blocks, split_k.REDUCE_THREADS, 0))
 
 
 def conv_fwd(rt, x, w, y, bias, launch):
@@ -212,15 +202,3 @@ def conv_dgrad(rt, dy, w, dx, launch):
     w_t = rt.xp.ascontiguousarray(rt.xp.moveaxis(w.reshape(-1, *w.shape[-2:]), 1, 0))
     launch.run((rt.xp.ascontiguousarray(dy), w_t, dx, *launch.scalars))
     return dx
-
-
-def conv_wgrad(rt, x, dy, w_shape, launch):
-    """dw = conv_wgrad(x, dy) of the filter shape w_shape: conv_wgmma_wgrad, then (several
-    splits) conv_wgmma_reduce_splits adding its float32 partials in split order."""
-    xp = rt.xp
-    dw = xp.empty(w_shape, x.dtype)
-    partial = xp.empty(launch.partial_shape, np.float32)
-    launch.run((xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *launch.scalars))
-    if launch.reduce is not None:
-        launch.reduce((partial, dw.reshape(-1), *launch.reduce_scalars))
-    return dw
