@@ -127,7 +127,7 @@ def _no_bias(xp, dtype):
 # Each Launch keeps its kernel launch (rt.kernel_launch: on the CUDA runtime the loaded kernel
 # with its grid checked; the emulated runtime's loads the module per call, since it swaps in
 # instrumented builds when its sanitizer or counters are switched on).
-Launch = namedtuple('Launch', 'tile kernel_name grid threads out_shape scalars run')
+Launch = namedtuple('Launch', 'out_shape scalars run')
 
 
 class Problem:
@@ -176,8 +176,7 @@ def _fwd_launch(rt, g, dtype, epilogue):
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
-    return Launch(tile, 'conv_igemm_fwd', grid, tile.threads,
-                  _layout_shape(g, g.out_sp, g.c_out), kernel_args(g) + (np.int32(EPILOGUES[epilogue]),),
+    return Launch(_layout_shape(g, g.out_sp, g.c_out), kernel_args(g) + (np.int32(EPILOGUES[epilogue]),),
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_fwd', grid, tile.threads))
 
 
@@ -188,14 +187,14 @@ def _wgmma_fwd_launch(rt, g, dtype, epilogue):
 
 def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     xp = rt.xp
+    bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
     if conv_wgmma.applies(rt, problem.g, x, config.precision()):   # Hopper: warpgroup MMA (conv/wgmma.py)
         launch = problem.launch(lambda g: _wgmma_fwd_launch(rt, g, x.dtype, epilogue), 'wgmma')
         y = xp.empty(_layout_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
-        return conv_wgmma.conv_fwd(rt, x, w, y, bias if bias is not None else _no_bias(xp, x.dtype), launch)
+        return conv_wgmma.conv_fwd(rt, x, w, y, bias_arg, launch)
     launch = problem.launch(lambda g: _fwd_launch(rt, g, x.dtype, epilogue))
     x, = problem.to_kernel_layout(rt, x)
     y = xp.empty(launch.out_shape, x.dtype)
-    bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
     args = (xp.ascontiguousarray(x), xp.ascontiguousarray(w), bias_arg, y, *launch.scalars)
     launch.run(args)
     return problem.from_kernel_layout(rt, y)
@@ -217,8 +216,7 @@ def _dgrad_launch(rt, g, dtype):
     tile = conv_tiles.choose_tile(dtype, config.precision(), phase_rows * phases, cols,
                                   math.ceil(depth / phases), aligned=g.c_out % _chunk_elements(dtype) == 0)
     grid = (math.ceil(phase_rows / tile.bm), math.ceil(cols / tile.bn), phases)
-    return Launch(tile, 'conv_igemm_dgrad', grid, tile.threads,
-                  _layout_shape(g, g.in_sp, g.c_in), kernel_args(g),
+    return Launch(_layout_shape(g, g.in_sp, g.c_in), kernel_args(g),
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_dgrad', grid, tile.threads))
 
 
