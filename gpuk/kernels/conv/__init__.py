@@ -29,11 +29,11 @@ from ..cudnn import conv as cudnn_conv
 from . import tiles as conv_tiles
 from . import split_k
 from . import wgmma as conv_wgmma
-from .geometry import Geometry, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
+from .geometry import Geometry, check_gemm, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
 from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
                           local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
 from gpuk.contracts.dtypes import c_types
-from .direct import check_index_limit, lift3
+from .direct import lift3
 from ..runtime import prepared, register_build, resolve
 
 __all__ = list(twin.__all__)
@@ -96,15 +96,6 @@ def _layout_shape(g, spatial, channels):
 def _chunk_elements(dtype):
     """Elements per 16-byte chunk (VEC in conv_igemm.cu)."""
     return 16 // np.dtype(dtype).itemsize
-
-
-def _check_gemm(fn, g, rows, cols, depth):
-    """The kernels decode GEMM indices and pixel offsets within one image in 32 bits."""
-    for what, value in (('the GEMM M', rows), ('the GEMM N', cols), ('the GEMM K', depth)):
-        check_index_limit(fn, what, value)
-    for what, value in (('the input pixels per image', math.prod(g.in_sp)),
-                        ('the output pixels per image', math.prod(g.out_sp))):
-        check_index_limit(fn, what, value, remedy='one image may hold at most that many pixels')
 
 
 _NO_BIAS = {}
@@ -172,7 +163,7 @@ def _kernel_launch(rt, dtype, tile, name, grid, threads):
 
 def _fwd_launch(rt, g, dtype, epilogue):
     rows, cols, depth = fwd_gemm_shape(g)
-    _check_gemm('conv_fwd', g, rows, cols, depth)
+    check_gemm('conv_fwd', g, rows, cols, depth)
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
@@ -180,16 +171,11 @@ def _fwd_launch(rt, g, dtype, epilogue):
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_fwd', grid, tile.threads))
 
 
-def _wgmma_fwd_launch(rt, g, dtype, epilogue):
-    _check_gemm('conv_fwd', g, *fwd_gemm_shape(g))
-    return conv_wgmma.fwd_launch(rt, g, dtype, EPILOGUES[epilogue])
-
-
 def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     xp = rt.xp
     bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
     if conv_wgmma.applies(rt, problem.g, x, config.precision()):   # Hopper: warpgroup MMA (conv/wgmma.py)
-        launch = problem.launch(lambda g: _wgmma_fwd_launch(rt, g, x.dtype, epilogue), 'wgmma')
+        launch = problem.launch(lambda g: conv_wgmma.fwd_launch(rt, g, x.dtype, EPILOGUES[epilogue]), 'wgmma')
         y = xp.empty(_layout_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
         return conv_wgmma.conv_fwd(rt, x, w, y, bias_arg, launch)
     launch = problem.launch(lambda g: _fwd_launch(rt, g, x.dtype, epilogue))
@@ -207,7 +193,7 @@ def _dgrad_launch(rt, g, dtype):
     """dgrad runs one sub-convolution per stride phase (conv_igemm.cu, DgradPhase): grid z is the
     phase, grid x covers the largest phase (phase 0: ceil(in / s) pixels per dim)."""
     rows, cols, depth = g.batch * math.prod(g.in_sp), g.c_in, math.prod(g.k_sp) * g.c_out
-    _check_gemm('conv_dgrad', g, rows, cols, depth)
+    check_gemm('conv_dgrad', g, rows, cols, depth)
     phases = math.prod(g.strides)
     if phases > MAX_GRID_Z:
         raise ValueError('conv_dgrad: the product of the strides must be at most %d (one block row per stride '
@@ -220,15 +206,10 @@ def _dgrad_launch(rt, g, dtype):
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_dgrad', grid, tile.threads))
 
 
-def _wgmma_dgrad_launch(rt, g, dtype):
-    _check_gemm('conv_dgrad', g, *conv_wgmma.dgrad_gemm_shape(g))
-    return conv_wgmma.dgrad_launch(rt, g, dtype)
-
-
 def _igemm_dgrad(dy, w, problem, rt):
     xp = rt.xp
     if conv_wgmma.dgrad_applies(rt, problem.g, dy, config.precision()):   # Hopper: conv/wgmma.py
-        launch = problem.launch(lambda g: _wgmma_dgrad_launch(rt, g, dy.dtype), 'wgmma')
+        launch = problem.launch(lambda g: conv_wgmma.dgrad_launch(rt, g, dy.dtype), 'wgmma')
         dx = xp.empty(_layout_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
         return conv_wgmma.conv_dgrad(rt, dy, w, dx, launch)
     launch = problem.launch(lambda g: _dgrad_launch(rt, g, dy.dtype))
@@ -240,7 +221,7 @@ def _igemm_dgrad(dy, w, problem, rt):
 
 def _wgrad_launch(rt, g, dtype):
     rows, cols, depth = wgrad_gemm_shape(g)
-    _check_gemm('conv_wgrad', g, rows, cols, depth)
+    check_gemm('conv_wgrad', g, rows, cols, depth)
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, split_k=True,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid, per_split = split_k.plan(tile, rows, cols, depth)
@@ -250,14 +231,9 @@ def _wgrad_launch(rt, g, dtype):
         lambda blocks: _kernel_launch(rt, dtype, tile, 'conv_reduce_splits', blocks, split_k.REDUCE_THREADS))
 
 
-def _wgmma_wgrad_launch(rt, g, dtype):
-    _check_gemm('conv_wgrad', g, *wgrad_gemm_shape(g))
-    return conv_wgmma.wgrad_launch(rt, g, dtype)
-
-
 def _igemm_wgrad(x, dy, problem, rt):
     if conv_wgmma.wgrad_applies(rt, problem.g, x, dy, config.precision()):   # Hopper: conv/wgmma.py
-        launch = problem.launch(lambda g: _wgmma_wgrad_launch(rt, g, x.dtype), 'wgmma')
+        launch = problem.launch(lambda g: conv_wgmma.wgrad_launch(rt, g, x.dtype), 'wgmma')
     else:
         launch = problem.launch(lambda g: _wgrad_launch(rt, g, x.dtype))
         x, dy = problem.to_kernel_layout(rt, x, dy)

@@ -7,6 +7,8 @@ from collections import namedtuple
 
 import numpy as np
 
+from .direct import check_index_limit
+
 # The lifted problem: per-dim tuples of 3 (d, h, w), sizes and the layout flag.
 Geometry = namedtuple('Geometry', 'batch c_in c_out in_sp out_sp k_sp strides dilation pad_before channels_last')
 
@@ -16,6 +18,15 @@ def kernel_args(g):
     dilation, pads); the kernels read channels_last only, so the layout flag is not among them."""
     return tuple(np.int32(v) for v in (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides,
                                        *g.dilation, *g.pad_before))
+
+
+def check_gemm(fn, g, rows, cols, depth):
+    """The kernels decode GEMM indices and pixel offsets within one image in 32 bits."""
+    for what, value in (('the GEMM M', rows), ('the GEMM N', cols), ('the GEMM K', depth)):
+        check_index_limit(fn, what, value)
+    for what, value in (('the input pixels per image', math.prod(g.in_sp)),
+                        ('the output pixels per image', math.prod(g.out_sp))):
+        check_index_limit(fn, what, value, remedy='one image may hold at most that many pixels')
 
 
 def fwd_gemm_shape(g):

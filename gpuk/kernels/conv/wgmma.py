@@ -26,7 +26,7 @@ from gpuk.contracts.dtypes import c_types
 from ..runtime import register_build
 from . import split_k
 from . import tiles as conv_tiles
-from .geometry import dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
+from .geometry import check_gemm, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
 
 SOURCE = Path(__file__).with_name('conv_wgmma.cu')
 ARCH = 'sm_90a'
@@ -127,7 +127,7 @@ def wgrad_applies(rt, g, x, dy, precision):
 
 def dgrad_gemm_shape(g):
     """Bounds on (M, N, K) of conv_wgmma_dgrad's stride phases: ceil(in / s) pixels and
-    ceil(k / (s / gcd(s, dil))) taps per dim at most (the launcher checks them against 2^31)."""
+    ceil(k / (s / gcd(s, dil))) taps per dim at most (dgrad_launch checks them against 2^31)."""
     taps = math.prod(math.ceil(k / (s // math.gcd(s, d))) for k, s, d in zip(g.k_sp, g.strides, g.dilation))
     return dgrad_phase_rows(g), g.c_in, taps * g.c_out
 
@@ -170,18 +170,21 @@ def _kernel_launch(rt, dtype, name, grid, threads=THREADS, shared=SHARED_BYTES):
 
 def fwd_launch(rt, g, dtype, epilogue_code):
     """conv_wgmma_fwd's launch for Geometry g with epilogue code 0 / 1 (+ bias) / 2 (+ bias, relu)."""
+    check_gemm('conv_fwd', g, *fwd_gemm_shape(g))
     return Launch(_kernel_launch(rt, dtype, KERNEL, launch_shape(g)[0]),
                   kernel_args(g) + (np.int32(epilogue_code),))
 
 
 def dgrad_launch(rt, g, dtype):
     """conv_wgmma_dgrad's launch for Geometry g."""
+    check_gemm('conv_dgrad', g, *dgrad_gemm_shape(g))
     return Launch(_kernel_launch(rt, dtype, DGRAD_KERNEL, dgrad_launch_shape(g)[0]),
                   kernel_args(g))
 
 
 def wgrad_launch(rt, g, dtype):
     """conv_wgmma_wgrad's launch (and its reduce's, with several splits) for Geometry g."""
+    check_gemm('conv_wgrad', g, *wgrad_gemm_shape(g))
     grid, per_split = wgrad_plan(g, dtype)
     rows, cols, _ = wgrad_gemm_shape(g)
     return split_k.wgrad_launch(
