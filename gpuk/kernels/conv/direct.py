@@ -10,6 +10,7 @@ import numpy as np
 
 from gpuk.contracts import conv_checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
+from gpuk.contracts.geometry import check_index_limit
 from . import tiles as conv_tiles
 from ..runtime import prepared, register_build, resolve
 
@@ -45,16 +46,6 @@ for _dtype in FLOAT_DTYPES:
         register_build(DEPTHWISE_SOURCE, depthwise_defines(_dtype, _channels_first),
                        ['depthwise_fwd', 'depthwise_dgrad', 'depthwise_wgrad', 'depthwise_reduce_splits'])
     register_build(LOCAL_SOURCE, local_defines(_dtype), ['local_fwd', 'local_dgrad', 'local_wgrad'])
-
-
-INDEX_LIMIT = 2**31 - 1   # the kernels decode indices in 32 bits (64-bit division is slow on GPUs)
-
-
-def check_index_limit(fn, what, value, remedy='split the batch'):
-    """A size the kernels index in 32 bits must stay below 2^31 (offsets are 64-bit anyway)."""
-    if value > INDEX_LIMIT:
-        raise ValueError('%s: %s is %d, above the kernel limit of 2^31 - 1; %s'
-                         % (fn, what, value, remedy))
 
 
 def lift3(values, fill):

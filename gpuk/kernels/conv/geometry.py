@@ -7,7 +7,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from .direct import check_index_limit
+from gpuk.contracts.geometry import check_index_limit
 
 # The lifted problem: per-dim tuples of 3 (d, h, w), sizes and the layout flag.
 Geometry = namedtuple('Geometry', 'batch c_in c_out in_sp out_sp k_sp strides dilation pad_before channels_last')
