@@ -227,7 +227,7 @@ def _wgrad_launch(rt, g, dtype):
     grid, per_split = split_k.plan(tile, rows, cols, depth)
     return split_k.wgrad_launch(
         _kernel_launch(rt, dtype, tile, 'conv_igemm_wgrad', grid, tile.threads),
-        kernel_args(g) + (np.int64(per_split),), grid, rows, cols,
+        kernel_args(g) + (np.int64(per_split),), grid[2], rows * cols,
         lambda blocks: _kernel_launch(rt, dtype, tile, 'conv_reduce_splits', blocks, split_k.REDUCE_THREADS))
 
 
@@ -237,7 +237,7 @@ def _igemm_wgrad(x, dy, problem, rt):
     else:
         launch = problem.launch(lambda g: _wgrad_launch(rt, g, x.dtype))
         x, dy = problem.to_kernel_layout(rt, x, dy)
-    return split_k.run(rt.xp, x, dy, problem.shape, launch)
+    return split_k.run(rt.xp, x, dy, problem.shape, x.dtype, launch)
 
 
 def _unlift(array, shape):

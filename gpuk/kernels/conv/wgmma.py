@@ -188,7 +188,7 @@ def wgrad_launch(rt, g, dtype):
     grid, per_split = wgrad_plan(g, dtype)
     rows, cols, _ = wgrad_gemm_shape(g)
     return split_k.wgrad_launch(
-        _kernel_launch(rt, dtype, WGRAD_KERNEL, grid), kernel_args(g) + (np.int64(per_split),), grid, rows, cols,
+        _kernel_launch(rt, dtype, WGRAD_KERNEL, grid), kernel_args(g) + (np.int64(per_split),), grid[2], rows * cols,
         lambda blocks: _kernel_launch(rt, dtype, REDUCE_KERNEL, blocks, split_k.REDUCE_THREADS, 0))
 
 
