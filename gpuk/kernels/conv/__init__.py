@@ -88,9 +88,10 @@ def _check_epilogue(fn, epilogue, bias, c_out, dtype, xp):
 
 # ---------------------------------------------------------------- launches
 
-def _layout_shape(g, spatial, channels):
-    """The array shape of a lifted (N, spatial, C) tensor in the problem's layout (lifted dims kept)."""
-    return (g.batch, *spatial, channels) if g.channels_last else (g.batch, channels, *spatial)
+def _kernel_shape(g, spatial, channels):
+    """The shape of a lifted (N, spatial, C) tensor as the kernels write it: channels_last, lifted
+    dims kept (a channels_first problem's result is transposed back by Problem.from_kernel_layout)."""
+    return (g.batch, *spatial, channels)
 
 
 def _chunk_elements(dtype):
@@ -167,7 +168,7 @@ def _fwd_launch(rt, g, dtype, epilogue):
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
-    return Launch(_layout_shape(g, g.out_sp, g.c_out), kernel_args(g) + (np.int32(EPILOGUES[epilogue]),),
+    return Launch(_kernel_shape(g, g.out_sp, g.c_out), kernel_args(g) + (np.int32(EPILOGUES[epilogue]),),
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_fwd', grid, tile.threads))
 
 
@@ -176,7 +177,7 @@ def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
     if conv_wgmma.applies(rt, problem.g, x, config.precision()):   # Hopper: warpgroup MMA (conv/wgmma.py)
         launch = problem.launch(lambda g: conv_wgmma.fwd_launch(rt, g, x.dtype, EPILOGUES[epilogue]), 'wgmma')
-        y = xp.empty(_layout_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
+        y = xp.empty(_kernel_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
         return conv_wgmma.conv_fwd(rt, x, w, y, bias_arg, launch)
     launch = problem.launch(lambda g: _fwd_launch(rt, g, x.dtype, epilogue))
     x, = problem.to_kernel_layout(rt, x)
@@ -202,7 +203,7 @@ def _dgrad_launch(rt, g, dtype):
     tile = conv_tiles.choose_tile(dtype, config.precision(), phase_rows * phases, cols,
                                   math.ceil(depth / phases), aligned=g.c_out % _chunk_elements(dtype) == 0)
     grid = (math.ceil(phase_rows / tile.bm), math.ceil(cols / tile.bn), phases)
-    return Launch(_layout_shape(g, g.in_sp, g.c_in), kernel_args(g),
+    return Launch(_kernel_shape(g, g.in_sp, g.c_in), kernel_args(g),
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_dgrad', grid, tile.threads))
 
 
@@ -210,7 +211,7 @@ def _igemm_dgrad(dy, w, problem, rt):
     xp = rt.xp
     if conv_wgmma.dgrad_applies(rt, problem.g, dy, config.precision()):   # Hopper: conv/wgmma.py
         launch = problem.launch(lambda g: conv_wgmma.dgrad_launch(rt, g, dy.dtype), 'wgmma')
-        dx = xp.empty(_layout_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
+        dx = xp.empty(_kernel_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
         return conv_wgmma.conv_dgrad(rt, dy, w, dx, launch)
     launch = problem.launch(lambda g: _dgrad_launch(rt, g, dy.dtype))
     dy, = problem.to_kernel_layout(rt, dy)
