@@ -157,7 +157,6 @@ def check_local_kernel(fn, w_name, w_shape, output_spatial, kernel_size, c_in):
                          % (fn, w_name, expected[0], expected[1], tuple(w_shape)))
 
 
-
 def check_local_dgrad_operands(fn, dy, w, x_shape, channels_first, output_spatial, kernel_size):
     """local_conv_dgrad's checks of dy and w against x_shape (every implementation); returns C_in."""
     check_batch(fn, 'dy', dy.shape, 'x_shape', x_shape)
@@ -167,6 +166,7 @@ def check_local_dgrad_operands(fn, dy, w, x_shape, channels_first, output_spatia
                    'w', w.shape, w.shape[-1])
     check_dy_spatial(fn, dy, channels_first, output_spatial, 'output_spatial')
     return c_in
+
 
 def depthwise_fwd_setup(fn, x, w, strides, dilation, pads, data_format):
     """Checks of a depthwise forward pass (x, w already float arrays of one dtype); returns

@@ -149,3 +149,13 @@ def deconv_output_length(dim_size, stride_size, kernel_size, padding,
         return dim_size * stride_size
     pad = {'same': extent // 2, 'valid': 0, 'full': extent - 1}[padding]
     return (dim_size - 1) * stride_size + extent - 2 * pad + output_padding
+
+
+INDEX_LIMIT = 2**31 - 1   # the kernels decode indices in 32 bits (64-bit division is slow on GPUs)
+
+
+def check_index_limit(fn, what, value, remedy='split the batch'):
+    """A size the kernels index in 32 bits must stay below 2^31 (offsets are 64-bit anyway)."""
+    if value > INDEX_LIMIT:
+        raise ValueError('%s: %s is %d, above the kernel limit of 2^31 - 1; %s'
+                         % (fn, what, value, remedy))

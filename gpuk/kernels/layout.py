@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpuk.contracts.geometry import INDEX_LIMIT, check_index_limit
 from .runtime import register_build, resolve
 
 SOURCE = Path(__file__).with_name('layout.cu')
@@ -66,7 +67,6 @@ for _itemsize in WORD_TYPES:
 
 
 def _check_blocks(blocks):
-    from .conv.direct import INDEX_LIMIT   # conv/__init__.py imports this module
     if blocks > INDEX_LIMIT:
         raise ValueError('transpose_planes: %d tiles is above the kernel limit of 2^31 - 1; split the batch' % blocks)
 
@@ -75,7 +75,6 @@ def transpose_planes(a, planes, rows, cols, rt):
     """(planes, cols, rows) array: each (rows, cols) plane of `a` transposed. A plane of one row
     or one column is its own transpose in memory: then `a` itself, reshaped (a view when `a`
     is C-contiguous), and no launch."""
-    from .conv.direct import check_index_limit   # conv/__init__.py imports this module
     xp, itemsize = rt.xp, a.dtype.itemsize
     if rows == 1 or cols == 1:
         return xp.ascontiguousarray(a).reshape(planes, cols, rows)

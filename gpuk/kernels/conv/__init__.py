@@ -27,24 +27,21 @@ from gpuk.contracts import conv_checks
 from .. import dispatch, layout
 from ..cudnn import conv as cudnn_conv
 from . import tiles as conv_tiles
+from . import split_k
 from . import wgmma as conv_wgmma
+from .geometry import Geometry, check_gemm, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
 from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
                           local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
 from gpuk.contracts.dtypes import c_types
-from .direct import check_index_limit, lift3
+from .direct import lift3
 from ..runtime import prepared, register_build, resolve
 
 __all__ = list(twin.__all__)
 
 IGEMM_SOURCE = Path(__file__).with_name('conv_igemm.cu')
-REDUCE_THREADS = 256
-REDUCE_MAX_BLOCKS = 4096
 EPILOGUES = {None: 0, 'bias': 1, 'bias_relu': 2}
 _TABLE_DTYPES = {'ffma': np.float32, 'tf32': np.float32, 'ffma64': np.float64, 'f16': np.float16,
                  'bf16': ml_dtypes.bfloat16}
-
-# The lifted problem: per-dim tuples of 3 (d, h, w), sizes and the layout flag.
-Geometry = namedtuple('Geometry', 'batch c_in c_out in_sp out_sp k_sp strides dilation pad_before channels_last')
 
 
 def igemm_defines(dtype, tile):
@@ -54,7 +51,7 @@ def igemm_defines(dtype, tile):
             'CONV_MATH': conv_tiles.MATH_CODES[tile.math], 'CONV_BM': tile.bm, 'CONV_BN': tile.bn,
             'CONV_BK': tile.bk, 'CONV_TM': tile.tm, 'CONV_TN': tile.tn, 'CONV_WARPS_M': tile.warps_m,
             'CONV_WARPS_N': tile.warps_n, 'CONV_THREADS': tile.threads, 'CONV_STAGES': tile.stages,
-            'REDUCE_THREADS': REDUCE_THREADS}
+            'REDUCE_THREADS': split_k.REDUCE_THREADS}
 
 
 for _table, _tiles in conv_tiles.TILES.items():
@@ -91,29 +88,15 @@ def _check_epilogue(fn, epilogue, bias, c_out, dtype, xp):
 
 # ---------------------------------------------------------------- launches
 
-def _geometry_args(g):
-    """The kernels' geometry scalars (of Problem.kernel_g: the kernels read channels_last only)."""
-    return tuple(np.int32(v) for v in (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides,
-                                       *g.dilation, *g.pad_before))
-
-
-def _layout_shape(g, spatial, channels):
-    """The array shape of a lifted (N, spatial, C) tensor in the problem's layout (lifted dims kept)."""
-    return (g.batch, *spatial, channels) if g.channels_last else (g.batch, channels, *spatial)
+def _kernel_shape(g, spatial, channels):
+    """The shape of a lifted (N, spatial, C) tensor as the kernels write it: channels_last, lifted
+    dims kept (a channels_first problem's result is transposed back by Problem.from_kernel_layout)."""
+    return (g.batch, *spatial, channels)
 
 
 def _chunk_elements(dtype):
     """Elements per 16-byte chunk (VEC in conv_igemm.cu)."""
     return 16 // np.dtype(dtype).itemsize
-
-
-def _check_gemm(fn, g, rows, cols, depth):
-    """The kernels decode GEMM indices and pixel offsets within one image in 32 bits."""
-    for what, value in (('the GEMM M', rows), ('the GEMM N', cols), ('the GEMM K', depth)):
-        check_index_limit(fn, what, value)
-    for what, value in (('the input pixels per image', math.prod(g.in_sp)),
-                        ('the output pixels per image', math.prod(g.out_sp))):
-        check_index_limit(fn, what, value, remedy='one image may hold at most that many pixels')
 
 
 _NO_BIAS = {}
@@ -136,7 +119,7 @@ def _no_bias(xp, dtype):
 # Each Launch keeps its kernel launch (rt.kernel_launch: on the CUDA runtime the loaded kernel
 # with its grid checked; the emulated runtime's loads the module per call, since it swaps in
 # instrumented builds when its sanitizer or counters are switched on).
-Launch = namedtuple('Launch', 'tile kernel_name grid threads out_shape scalars run')
+Launch = namedtuple('Launch', 'out_shape scalars run')
 
 
 class Problem:
@@ -180,31 +163,25 @@ def _kernel_launch(rt, dtype, tile, name, grid, threads):
 
 
 def _fwd_launch(rt, g, dtype, epilogue):
-    rows, cols, depth = g.batch * math.prod(g.out_sp), g.c_out, math.prod(g.k_sp) * g.c_in
-    _check_gemm('conv_fwd', g, rows, cols, depth)
+    rows, cols, depth = fwd_gemm_shape(g)
+    check_gemm('conv_fwd', g, rows, cols, depth)
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
-    return Launch(tile, 'conv_igemm_fwd', grid, tile.threads,
-                  _layout_shape(g, g.out_sp, g.c_out), _geometry_args(g) + (np.int32(EPILOGUES[epilogue]),),
+    return Launch(_kernel_shape(g, g.out_sp, g.c_out), kernel_args(g) + (np.int32(EPILOGUES[epilogue]),),
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_fwd', grid, tile.threads))
-
-
-def _wgmma_fwd_launch(rt, g, dtype, epilogue):
-    _check_gemm('conv_fwd', g, *conv_wgmma.gemm_shape(g))
-    return conv_wgmma.fwd_launch(rt, g, dtype, EPILOGUES[epilogue])
 
 
 def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     xp = rt.xp
+    bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
     if conv_wgmma.applies(rt, problem.g, x, config.precision()):   # Hopper: warpgroup MMA (conv/wgmma.py)
-        launch = problem.launch(lambda g: _wgmma_fwd_launch(rt, g, x.dtype, epilogue), 'wgmma')
-        y = xp.empty(_layout_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
-        return conv_wgmma.conv_fwd(rt, x, w, y, bias if bias is not None else _no_bias(xp, x.dtype), launch)
+        launch = problem.launch(lambda g: conv_wgmma.fwd_launch(rt, g, x.dtype, EPILOGUES[epilogue]), 'wgmma')
+        y = xp.empty(_kernel_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
+        return conv_wgmma.conv_fwd(rt, x, w, y, bias_arg, launch)
     launch = problem.launch(lambda g: _fwd_launch(rt, g, x.dtype, epilogue))
     x, = problem.to_kernel_layout(rt, x)
     y = xp.empty(launch.out_shape, x.dtype)
-    bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
     args = (xp.ascontiguousarray(x), xp.ascontiguousarray(w), bias_arg, y, *launch.scalars)
     launch.run(args)
     return problem.from_kernel_layout(rt, y)
@@ -217,30 +194,24 @@ def _dgrad_launch(rt, g, dtype):
     """dgrad runs one sub-convolution per stride phase (conv_igemm.cu, DgradPhase): grid z is the
     phase, grid x covers the largest phase (phase 0: ceil(in / s) pixels per dim)."""
     rows, cols, depth = g.batch * math.prod(g.in_sp), g.c_in, math.prod(g.k_sp) * g.c_out
-    _check_gemm('conv_dgrad', g, rows, cols, depth)
+    check_gemm('conv_dgrad', g, rows, cols, depth)
     phases = math.prod(g.strides)
     if phases > MAX_GRID_Z:
         raise ValueError('conv_dgrad: the product of the strides must be at most %d (one block row per stride '
                          'phase), got strides %s' % (MAX_GRID_Z, tuple(g.strides)))
-    phase_rows = g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides))
+    phase_rows = dgrad_phase_rows(g)
     tile = conv_tiles.choose_tile(dtype, config.precision(), phase_rows * phases, cols,
                                   math.ceil(depth / phases), aligned=g.c_out % _chunk_elements(dtype) == 0)
     grid = (math.ceil(phase_rows / tile.bm), math.ceil(cols / tile.bn), phases)
-    return Launch(tile, 'conv_igemm_dgrad', grid, tile.threads,
-                  _layout_shape(g, g.in_sp, g.c_in), _geometry_args(g),
+    return Launch(_kernel_shape(g, g.in_sp, g.c_in), kernel_args(g),
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_dgrad', grid, tile.threads))
-
-
-def _wgmma_dgrad_launch(rt, g, dtype):
-    _check_gemm('conv_dgrad', g, *conv_wgmma.dgrad_gemm_shape(g))
-    return conv_wgmma.dgrad_launch(rt, g, dtype)
 
 
 def _igemm_dgrad(dy, w, problem, rt):
     xp = rt.xp
     if conv_wgmma.dgrad_applies(rt, problem.g, dy, config.precision()):   # Hopper: conv/wgmma.py
-        launch = problem.launch(lambda g: _wgmma_dgrad_launch(rt, g, dy.dtype), 'wgmma')
-        dx = xp.empty(_layout_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
+        launch = problem.launch(lambda g: conv_wgmma.dgrad_launch(rt, g, dy.dtype), 'wgmma')
+        dx = xp.empty(_kernel_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
         return conv_wgmma.conv_dgrad(rt, dy, w, dx, launch)
     launch = problem.launch(lambda g: _dgrad_launch(rt, g, dy.dtype))
     dy, = problem.to_kernel_layout(rt, dy)
@@ -249,50 +220,25 @@ def _igemm_dgrad(dy, w, problem, rt):
     return problem.from_kernel_layout(rt, dx)
 
 
-WgradLaunch = namedtuple('WgradLaunch', 'main partial_shape reduce_scalars reduce')
-
-
 def _wgrad_launch(rt, g, dtype):
-    rows, cols, depth = math.prod(g.k_sp) * g.c_in, g.c_out, g.batch * math.prod(g.out_sp)
-    _check_gemm('conv_wgrad', g, rows, cols, depth)
+    rows, cols, depth = wgrad_gemm_shape(g)
+    check_gemm('conv_wgrad', g, rows, cols, depth)
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, split_k=True,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
-    per_split = conv_tiles.k_per_split(tile, depth, conv_tiles.wgrad_splits(tile, rows, cols, depth))
-    splits = math.ceil(depth / per_split)
-    grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn), splits)
-    main = Launch(tile, 'conv_igemm_wgrad', grid, tile.threads, None,
-                  _geometry_args(g) + (np.int64(per_split),),
-                  _kernel_launch(rt, dtype, tile, 'conv_igemm_wgrad', grid, tile.threads))
-    if splits == 1:
-        return WgradLaunch(main, (1,), None, None)
-    count = rows * cols
-    blocks = max(1, min(math.ceil(count / REDUCE_THREADS), REDUCE_MAX_BLOCKS))
-    return WgradLaunch(main, (splits, rows, cols), (np.int64(count), np.int32(splits)),
-                       _kernel_launch(rt, dtype, tile, 'conv_reduce_splits', blocks, REDUCE_THREADS))
-
-
-def _wgmma_wgrad_launch(rt, g, dtype):
-    _check_gemm('conv_wgrad', g, *conv_wgmma.wgrad_gemm_shape(g))
-    return conv_wgmma.wgrad_launch(rt, g, dtype)
+    grid, per_split = split_k.plan(tile, rows, cols, depth)
+    return split_k.wgrad_launch(
+        _kernel_launch(rt, dtype, tile, 'conv_igemm_wgrad', grid, tile.threads),
+        kernel_args(g) + (np.int64(per_split),), grid[2], rows * cols,
+        lambda blocks: _kernel_launch(rt, dtype, tile, 'conv_reduce_splits', blocks, split_k.REDUCE_THREADS))
 
 
 def _igemm_wgrad(x, dy, problem, rt):
-    xp = rt.xp
     if conv_wgmma.wgrad_applies(rt, problem.g, x, dy, config.precision()):   # Hopper: conv/wgmma.py
-        launch = problem.launch(lambda g: _wgmma_wgrad_launch(rt, g, x.dtype), 'wgmma')
-        return conv_wgmma.conv_wgrad(rt, x, dy, problem.shape, launch)
-    launch = problem.launch(lambda g: _wgrad_launch(rt, g, x.dtype))
-    x, dy = problem.to_kernel_layout(rt, x, dy)
-    w_shape = problem.shape
-    acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
-    dw = xp.empty(w_shape, x.dtype)
-    partial = xp.empty(launch.partial_shape, acc_dtype)
-    main = launch.main
-    args = (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *main.scalars)
-    main.run(args)
-    if launch.reduce is not None:
-        launch.reduce((partial, dw.reshape(-1), *launch.reduce_scalars))
-    return dw
+        launch = problem.launch(lambda g: conv_wgmma.wgrad_launch(rt, g, x.dtype), 'wgmma')
+    else:
+        launch = problem.launch(lambda g: _wgrad_launch(rt, g, x.dtype))
+        x, dy = problem.to_kernel_layout(rt, x, dy)
+    return split_k.run(rt.xp, x, dy, problem.shape, x.dtype, launch)
 
 
 def _unlift(array, shape):

@@ -10,6 +10,8 @@ import numpy as np
 
 from gpuk.contracts import conv_checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
+from gpuk.contracts.geometry import check_index_limit
+from . import split_k
 from . import tiles as conv_tiles
 from ..runtime import prepared, register_build, resolve
 
@@ -45,16 +47,6 @@ for _dtype in FLOAT_DTYPES:
         register_build(DEPTHWISE_SOURCE, depthwise_defines(_dtype, _channels_first),
                        ['depthwise_fwd', 'depthwise_dgrad', 'depthwise_wgrad', 'depthwise_reduce_splits'])
     register_build(LOCAL_SOURCE, local_defines(_dtype), ['local_fwd', 'local_dgrad', 'local_wgrad'])
-
-
-INDEX_LIMIT = 2**31 - 1   # the kernels decode indices in 32 bits (64-bit division is slow on GPUs)
-
-
-def check_index_limit(fn, what, value, remedy='split the batch'):
-    """A size the kernels index in 32 bits must stay below 2^31 (offsets are 64-bit anyway)."""
-    if value > INDEX_LIMIT:
-        raise ValueError('%s: %s is %d, above the kernel limit of 2^31 - 1; %s'
-                         % (fn, what, value, remedy))
 
 
 def lift3(values, fill):
@@ -328,27 +320,21 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *
         per_split = math.ceil(tiles / min(splits, tiles))
         splits = math.ceil(tiles / per_split)
         defines = depthwise_defines(cx.dtype, channels_first)
-        main = (rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_wgrad', (channel_tiles, groups, splits),
-                                 (DW_CHANNELS, DW_ROWS), tile.shared_bytes),
-                (np.int32(n), np.int32(c_in), np.int32(mult),
-                 *_depthwise_args(in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads),
-                 np.int32(tile.rows), np.int32(tile.segs), np.int32(group_taps), np.int32(per_split)))
-        count = taps * c_out
-        reduce = (rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_reduce_splits',
-                                   max(1, min(math.ceil(count / DW_THREADS), 4096)), DW_THREADS),
-                  (np.int64(count), np.int32(splits))) if splits > 1 else None
-        partial_shape = (splits, taps * c_out) if splits > 1 else (1,)
-        return c_w_shape, cx.dtype, partial_shape, main, reduce
+        launch = split_k.wgrad_launch(
+            rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_wgrad', (channel_tiles, groups, splits),
+                             (DW_CHANNELS, DW_ROWS), tile.shared_bytes),
+            (np.int32(n), np.int32(c_in), np.int32(mult),
+             *_depthwise_args(in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads),
+             np.int32(tile.rows), np.int32(tile.segs), np.int32(group_taps), np.int32(per_split)),
+            splits, taps * c_out,
+            lambda blocks: rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_reduce_splits', blocks, DW_THREADS),
+            DW_THREADS)
+        return c_w_shape, cx.dtype, launch
 
-    w_shape, dtype, partial_shape, (launch, scalars), reduce = prepared.get(
+    w_shape, dtype, launch = prepared.get(
         rt, fn, (x, dy), (w_shape, strides, dilation, pads, data_format, forced_splits), prepare)
     x, dy = _contiguous(rt, x, dy)
-    dw = rt.xp.empty(w_shape, dtype)
-    partial = rt.xp.empty(partial_shape, accumulation_dtype(dtype))
-    launch((x, dy, dw, partial) + scalars)
-    if reduce is not None:
-        reduce[0]((partial, dw.reshape(-1)) + reduce[1])
-    return dw
+    return split_k.run(rt.xp, x, dy, w_shape, dtype, launch)
 
 
 # ---------------------------------------------------------------- locally connected

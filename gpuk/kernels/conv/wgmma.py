@@ -24,7 +24,9 @@ import numpy as np
 
 from gpuk.contracts.dtypes import c_types
 from ..runtime import register_build
+from . import split_k
 from . import tiles as conv_tiles
+from .geometry import check_gemm, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
 
 SOURCE = Path(__file__).with_name('conv_wgmma.cu')
 ARCH = 'sm_90a'
@@ -41,8 +43,6 @@ ATOMS = 2
 STAGES = 3
 SHARED_BYTES = STAGES * (BLOCK_M + BLOCK_N) * ATOMS * ROW_BYTES + 1024   # WG_SMEM_BYTES (+ 1 KB alignment slack)
 MAX_GRID_Y = MAX_GRID_Z = 65535
-REDUCE_THREADS = 256
-REDUCE_MAX_BLOCKS = 4096
 DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32))   # float32: as tf32
 
 _forced = {'on': None}
@@ -51,7 +51,7 @@ _forced = {'on': None}
 def defines(dtype):
     element_t, acc_t = c_types(np.dtype(dtype))
     return {'ELEMENT_T': element_t, 'ACC_T': acc_t, 'WG_STAGES': STAGES, 'WG_ATOMS': ATOMS,
-            'REDUCE_THREADS': REDUCE_THREADS}
+            'REDUCE_THREADS': split_k.REDUCE_THREADS}
 
 
 for _dtype in DTYPES:
@@ -125,34 +125,23 @@ def wgrad_applies(rt, g, x, dy, precision):
     return active(rt) and wgrad_fits(g, x.dtype, precision) and _aligned16(x) and _aligned16(dy)
 
 
-def gemm_shape(g):
-    """(M, N, K) of the forward GEMM of Geometry g (the launcher checks them against 2^31)."""
-    return g.batch * math.prod(g.out_sp), g.c_out, math.prod(g.k_sp) * g.c_in
-
-
 def dgrad_gemm_shape(g):
     """Bounds on (M, N, K) of conv_wgmma_dgrad's stride phases: ceil(in / s) pixels and
-    ceil(k / (s / gcd(s, dil))) taps per dim at most (the launcher checks them against 2^31)."""
+    ceil(k / (s / gcd(s, dil))) taps per dim at most (dgrad_launch checks them against 2^31)."""
     taps = math.prod(math.ceil(k / (s // math.gcd(s, d))) for k, s, d in zip(g.k_sp, g.strides, g.dilation))
-    return g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides)), g.c_in, taps * g.c_out
-
-
-def wgrad_gemm_shape(g):
-    """(M, N, K) of conv_wgmma_wgrad: dw's rows (tap, C_in), C_out, batch * output pixels."""
-    return math.prod(g.k_sp) * g.c_in, g.c_out, g.batch * math.prod(g.out_sp)
+    return dgrad_phase_rows(g), g.c_in, taps * g.c_out
 
 
 def launch_shape(g):
     """(grid, threads, shared bytes) of conv_wgmma_fwd for Geometry g."""
-    rows = g.batch * math.prod(g.out_sp)
-    return (math.ceil(rows / BLOCK_M), math.ceil(g.c_out / BLOCK_N)), THREADS, SHARED_BYTES
+    rows, cols, _ = fwd_gemm_shape(g)
+    return (math.ceil(rows / BLOCK_M), math.ceil(cols / BLOCK_N)), THREADS, SHARED_BYTES
 
 
 def dgrad_launch_shape(g):
     """(grid, threads, shared bytes) of conv_wgmma_dgrad: grid z is the stride phase, grid x
     covers the largest phase (phase 0: ceil(in / s) pixels per dim)."""
-    rows = g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides))
-    return (math.ceil(rows / BLOCK_M), math.ceil(g.c_in / BLOCK_N), math.prod(g.strides)), THREADS, SHARED_BYTES
+    return (math.ceil(dgrad_phase_rows(g) / BLOCK_M), math.ceil(g.c_in / BLOCK_N), math.prod(g.strides)), THREADS, SHARED_BYTES
 
 
 def k_step(dtype):
@@ -166,22 +155,13 @@ def wgrad_plan(g, dtype):
     applies) with this kernel's tile; every split but the last has whole K tiles."""
     rows, cols, depth = wgrad_gemm_shape(g)
     tile = conv_tiles.Tile('128x128 wgmma', 'wgmma', BLOCK_M, BLOCK_N, k_step(dtype), 1, 1, 1, 1, THREADS, STAGES)
-    per_split = conv_tiles.k_per_split(tile, depth, conv_tiles.wgrad_splits(tile, rows, cols, depth))
-    splits = max(1, math.ceil(depth / per_split))
-    return (math.ceil(rows / BLOCK_M), math.ceil(cols / BLOCK_N), splits), per_split
+    return split_k.plan(tile, rows, cols, depth)
 
 
-def _geometry_args(g):
-    # the kernels' geometry: (batch, c_in, c_out, in, out, kernel, strides, dilation, pads)
-    geometry = (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides, *g.dilation, *g.pad_before)
-    return tuple(np.int32(v) for v in geometry)
-
-
-# A prepared launch (kept per problem by the conv launcher, runtime/prepared.py): the main
-# kernel's launch (rt.kernel_launch: kernel, grid and block checked once) and scalar arguments;
-# wgrad with several splits adds the float32 partials' shape, the reduce's launch and scalars
-# (else None).
-Launch = namedtuple('Launch', 'run scalars partial_shape reduce reduce_scalars')
+# A prepared fwd / dgrad launch (kept per problem by the conv launcher, runtime/prepared.py): the
+# kernel's launch (rt.kernel_launch: kernel, grid and block checked once) and scalar arguments.
+# wgrad's is split_k.WgradLaunch (wgrad_launch; run by split_k.run).
+Launch = namedtuple('Launch', 'run scalars')
 
 
 def _kernel_launch(rt, dtype, name, grid, threads=THREADS, shared=SHARED_BYTES):
@@ -190,29 +170,26 @@ def _kernel_launch(rt, dtype, name, grid, threads=THREADS, shared=SHARED_BYTES):
 
 def fwd_launch(rt, g, dtype, epilogue_code):
     """conv_wgmma_fwd's launch for Geometry g with epilogue code 0 / 1 (+ bias) / 2 (+ bias, relu)."""
+    check_gemm('conv_fwd', g, *fwd_gemm_shape(g))
     return Launch(_kernel_launch(rt, dtype, KERNEL, launch_shape(g)[0]),
-                  _geometry_args(g) + (np.int32(epilogue_code),), None, None, None)
+                  kernel_args(g) + (np.int32(epilogue_code),))
 
 
 def dgrad_launch(rt, g, dtype):
     """conv_wgmma_dgrad's launch for Geometry g."""
+    check_gemm('conv_dgrad', g, *dgrad_gemm_shape(g))
     return Launch(_kernel_launch(rt, dtype, DGRAD_KERNEL, dgrad_launch_shape(g)[0]),
-                  _geometry_args(g), None, None, None)
+                  kernel_args(g))
 
 
 def wgrad_launch(rt, g, dtype):
     """conv_wgmma_wgrad's launch (and its reduce's, with several splits) for Geometry g."""
+    check_gemm('conv_wgrad', g, *wgrad_gemm_shape(g))
     grid, per_split = wgrad_plan(g, dtype)
-    main = _kernel_launch(rt, dtype, WGRAD_KERNEL, grid)
-    scalars = _geometry_args(g) + (np.int64(per_split),)
-    if grid[2] == 1:
-        return Launch(main, scalars, (1,), None, None)
     rows, cols, _ = wgrad_gemm_shape(g)
-    count = rows * cols
-    blocks = max(1, min(math.ceil(count / REDUCE_THREADS), REDUCE_MAX_BLOCKS))
-    return Launch(main, scalars, (grid[2], rows, cols),
-                  _kernel_launch(rt, dtype, REDUCE_KERNEL, blocks, REDUCE_THREADS, 0),
-                  (np.int64(count), np.int32(grid[2])))
+    return split_k.wgrad_launch(
+        _kernel_launch(rt, dtype, WGRAD_KERNEL, grid), kernel_args(g) + (np.int64(per_split),), grid[2], rows * cols,
+        lambda blocks: _kernel_launch(rt, dtype, REDUCE_KERNEL, blocks, split_k.REDUCE_THREADS, 0))
 
 
 def conv_fwd(rt, x, w, y, bias, launch):
@@ -228,15 +205,3 @@ def conv_dgrad(rt, dy, w, dx, launch):
     w_t = rt.xp.ascontiguousarray(rt.xp.moveaxis(w.reshape(-1, *w.shape[-2:]), 1, 0))
     launch.run((rt.xp.ascontiguousarray(dy), w_t, dx, *launch.scalars))
     return dx
-
-
-def conv_wgrad(rt, x, dy, w_shape, launch):
-    """dw = conv_wgrad(x, dy) of the filter shape w_shape: conv_wgmma_wgrad, then (several
-    splits) conv_wgmma_reduce_splits adding its float32 partials in split order."""
-    xp = rt.xp
-    dw = xp.empty(w_shape, x.dtype)
-    partial = xp.empty(launch.partial_shape, np.float32)
-    launch.run((xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *launch.scalars))
-    if launch.reduce is not None:
-        launch.reduce((partial, dw.reshape(-1), *launch.reduce_scalars))
-    return dw

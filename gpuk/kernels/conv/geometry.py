@@ -1,0 +1,44 @@
+"""The lifted convolution problem as the kernels see it (conv_common.cuh's ConvGeom, read by both
+conv_igemm.cu and conv_wgmma.cu): the Geometry tuple, its kernel arguments (make_geom's) and the
+GEMM shapes of fwd / dgrad / wgrad, shared by the implicit-GEMM launcher (conv/__init__.py) and
+the wgmma one (conv/wgmma.py)."""
+import math
+from collections import namedtuple
+
+import numpy as np
+
+from gpuk.contracts.geometry import check_index_limit
+
+# The lifted problem: per-dim tuples of 3 (d, h, w), sizes and the layout flag.
+Geometry = namedtuple('Geometry', 'batch c_in c_out in_sp out_sp k_sp strides dilation pad_before channels_last')
+
+
+def kernel_args(g):
+    """The kernels' geometry scalars (make_geom's: batch, c_in, c_out, in, out, kernel, strides,
+    dilation, pads); the kernels read channels_last only, so the layout flag is not among them."""
+    return tuple(np.int32(v) for v in (g.batch, g.c_in, g.c_out, *g.in_sp, *g.out_sp, *g.k_sp, *g.strides,
+                                       *g.dilation, *g.pad_before))
+
+
+def check_gemm(fn, g, rows, cols, depth):
+    """The kernels decode GEMM indices and pixel offsets within one image in 32 bits."""
+    for what, value in (('the GEMM M', rows), ('the GEMM N', cols), ('the GEMM K', depth)):
+        check_index_limit(fn, what, value)
+    for what, value in (('the input pixels per image', math.prod(g.in_sp)),
+                        ('the output pixels per image', math.prod(g.out_sp))):
+        check_index_limit(fn, what, value, remedy='one image may hold at most that many pixels')
+
+
+def fwd_gemm_shape(g):
+    """(M, N, K) of the forward GEMM: output pixels, C_out, taps * C_in."""
+    return g.batch * math.prod(g.out_sp), g.c_out, math.prod(g.k_sp) * g.c_in
+
+
+def wgrad_gemm_shape(g):
+    """(M, N, K) of the wgrad GEMM: dw's rows (tap, C_in), C_out, batch * output pixels."""
+    return math.prod(g.k_sp) * g.c_in, g.c_out, g.batch * math.prod(g.out_sp)
+
+
+def dgrad_phase_rows(g):
+    """GEMM rows of dgrad's largest stride phase (phase 0: ceil(in / s) pixels per dim)."""
+    return g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides))
