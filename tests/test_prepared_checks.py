@@ -1,6 +1,6 @@
 """Launcher families checked once per problem signature (gpuk/kernels/runtime/prepared.py): the
 cross-entropies from probabilities, softmax_xent_dtarget, depthwise and locally connected
-convolutions, the CTC decoders and loss gradient, cuBLAS matmul. A repeated problem skips its
+convolutions, the CTC decoders and loss gradient, cuBLAS matmul, the layout transposes. A repeated problem skips its
 checks and launch set-up; bad input still raises the launcher's own error before any launch, on
 every call; GPUK_CHECK_LAUNCHES=1 checks every call. The launchers run against a runtime that
 records launches (no kernel is compiled or run: what is tested is when checks happen)."""
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpuk import backend as K
-from gpuk.kernels import conv, ctc, matmul, runtime
+from gpuk.kernels import conv, ctc, layout, matmul, runtime
 from gpuk.kernels import softmax_xent as xent
 from gpuk.kernels.runtime import prepared
 
@@ -81,6 +81,14 @@ CASES = {
         lambda rt: matmul.matmul(np.ones((2, 3), F32), np.ones((3, 2), F32), runtime=rt),
         lambda rt: matmul.matmul(np.ones((2, 3), F32), np.ones((2, 3), F32), runtime=rt),
         ValueError, r'matmul: inner dimensions differ: shapes \(2, 3\) and \(2, 3\)'),
+    'to_channels_last': (   # a thin plane (3 channels)
+        lambda rt: layout.to_channels_last(np.ones((2, 3, 5, 7), F32), runtime=rt),
+        lambda rt: layout.to_channels_last(np.ones((2, 3), F32), runtime=rt),
+        ValueError, r'to_channels_last: x must have 3 to 5 dimensions .*got shape \(2, 3\)'),
+    'to_channels_first': (   # vector-friendly planes (16 x 8)
+        lambda rt: layout.to_channels_first(np.ones((2, 4, 4, 16), F32), runtime=rt),
+        lambda rt: layout.to_channels_first(np.ones((2, 4, 4, 16), np.int8), runtime=rt),
+        TypeError, r'to_channels_first: x.dtype must have 2, 4 or 8 bytes per element, got int8'),
 }
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuk.contracts.geometry import INDEX_LIMIT, check_index_limit
-from .runtime import register_build, resolve
+from gpuk.contracts.geometry import check_index_limit
+from .runtime import prepared, register_build, resolve
 
 SOURCE = Path(__file__).with_name('layout.cu')
 # Tile constants: #defines of layout.cu and the grid below (one place).
@@ -66,28 +66,30 @@ for _itemsize in WORD_TYPES:
     register_build(SOURCE, defines(_itemsize), ['transpose_planes', 'transpose_planes_thin'])
 
 
-def _check_blocks(blocks):
-    if blocks > INDEX_LIMIT:
-        raise ValueError('transpose_planes: %d tiles is above the kernel limit of 2^31 - 1; split the batch' % blocks)
-
-
 def transpose_planes(a, planes, rows, cols, rt):
     """(planes, cols, rows) array: each (rows, cols) plane of `a` transposed. A plane of one row
     or one column is its own transpose in memory: then `a` itself, reshaped (a view when `a`
     is C-contiguous), and no launch."""
-    xp, itemsize = rt.xp, a.dtype.itemsize
+    xp = rt.xp
     if rows == 1 or cols == 1:
         return xp.ascontiguousarray(a).reshape(planes, cols, rows)
     out = xp.empty((planes, cols, rows), a.dtype)
     if out.size == 0:
         return out
+    word = WORD_DTYPES[a.dtype.itemsize]
+    launch, scalars = prepared.get(rt, 'transpose_planes', (), (planes, rows, cols, a.dtype.itemsize),
+                                   lambda: _transpose_launch(rt, planes, rows, cols, a.dtype.itemsize))
+    launch((xp.ascontiguousarray(a).reshape(-1).view(word), out.reshape(-1).view(word)) + scalars)
+    return out
+
+
+def _transpose_launch(rt, planes, rows, cols, itemsize):
+    """(kernel launch, scalar arguments) of one transpose problem: its checks, path, tiles and
+    grid, prepared once per (planes, rows, cols, element size) (runtime/prepared.py)."""
     for what, value in (('the plane rows', rows), ('the plane columns', cols)):
         check_index_limit('transpose_planes', what, value)
     tile, vec = tile_size(itemsize), 16 // itemsize
-    word = WORD_DTYPES[itemsize]
-    module = rt.load(SOURCE, defines(itemsize))
-    args = (xp.ascontiguousarray(a).reshape(-1).view(word), out.reshape(-1).view(word), np.int32(rows),
-            np.int32(cols))
+    scalars = (np.int32(rows), np.int32(cols))
     if min(rows, cols) < tile and (rows % vec or cols % vec):
         # a short side the vector path cannot take (C = 3 images): wide tiles of the whole short side
         few_rows = rows <= cols
@@ -95,17 +97,15 @@ def transpose_planes(a, planes, rows, cols, rt):
         pairs = thin_pairs(itemsize, short_len, long_len)
         tile_len = thin_tile_len(itemsize, short_len, pairs)
         tiles = math.ceil(long_len / tile_len)
-        _check_blocks(planes * tiles)
-        module.kernel('transpose_planes_thin').launch(
-            planes * tiles, LAYOUT_THREADS,
-            args + (np.int32(tiles), np.int32(tile_len), np.int32(thin_stride(itemsize, short_len, pairs)),
-                    np.int32(few_rows), np.int32(pairs)))
+        name, blocks = 'transpose_planes_thin', planes * tiles
+        scalars += (np.int32(tiles), np.int32(tile_len), np.int32(thin_stride(itemsize, short_len, pairs)),
+                    np.int32(few_rows), np.int32(pairs))
     else:
         row_tiles, col_tiles = math.ceil(rows / tile), math.ceil(cols / tile)
-        _check_blocks(planes * row_tiles * col_tiles)
-        module.kernel('transpose_planes').launch(planes * row_tiles * col_tiles, LAYOUT_THREADS,
-                                                 args + (np.int32(row_tiles), np.int32(col_tiles)))
-    return out
+        name, blocks = 'transpose_planes', planes * row_tiles * col_tiles
+        scalars += (np.int32(row_tiles), np.int32(col_tiles))
+    check_index_limit('transpose_planes', 'the tile count', blocks)
+    return rt.kernel_launch(SOURCE, defines(itemsize), name, blocks, LAYOUT_THREADS), scalars
 
 
 def _check(fn, x, xp):
