@@ -207,42 +207,38 @@ def test_wgmma_path_choice():
     g = conv.Geometry(1, 16, 32, (1, 8, 8), (1, 8, 8), (1, 3, 3), (1, 1, 1), (1, 1, 1), (0, 1, 1), True)
     h100, a100 = SimpleNamespace(kind='cuda', arch='sm_90'), SimpleNamespace(kind='cuda', arch='sm_80')
     emulator = SimpleNamespace(kind='emulate')
-    assert wgmma.applies(h100, g, x16, 'float32')
-    assert not wgmma.applies(a100, g, x16, 'float32') and not wgmma.applies(emulator, g, x16, 'float32')
-    assert not wgmma.applies(h100, g, x16.astype(np.float32), 'float32')    # strict float32: igemm's FFMA
-    assert wgmma.applies(h100, g, x16.astype(np.float32), 'tf32')
-    assert not wgmma.applies(h100, g, x16.astype(np.float64), 'tf32')
-    assert not wgmma.applies(h100, g._replace(channels_last=False), x16, 'float32')
-    assert not wgmma.applies(h100, g._replace(c_in=12), x16, 'float32')    # 12 channels: no 16-byte units
+    assert wgmma.fits(g, np.float16, 'float32') and wgmma.applies(h100, True, x16)
+    assert not wgmma.applies(a100, True, x16) and not wgmma.applies(emulator, True, x16)
+    assert not wgmma.applies(h100, False, x16)                               # a problem that does not fit
+    assert not wgmma.fits(g, np.float32, 'float32')    # strict float32: igemm's FFMA
+    assert wgmma.fits(g, np.float32, 'tf32')
+    assert not wgmma.fits(g, np.float64, 'tf32')
+    assert not wgmma.fits(g._replace(channels_last=False), np.float16, 'float32')
+    assert not wgmma.fits(g._replace(c_in=12), np.float16, 'float32')    # 12 channels: no 16-byte units
     with wgmma.forced(True):
-        assert wgmma.applies(emulator, g, x16, 'float32')
-        assert not wgmma.applies(emulator, g._replace(channels_last=False), x16, 'float32')
+        assert wgmma.applies(emulator, True, x16)
+        assert not wgmma.applies(emulator, False, x16)
     with wgmma.forced(False):
-        assert not wgmma.applies(h100, g, x16, 'float32')
+        assert not wgmma.applies(h100, True, x16)
     assert wgmma.launch_shape(g) == ((1, 1), 256, wgmma.SHARED_BYTES)
     assert math.ceil(300 * 1 / 128) == wgmma.launch_shape(g._replace(c_out=300))[0][1]
     # dgrad reads dy's C_out channels in 16-byte units, wgrad x's C_in and dy's C_out; strides too
     dy16 = np.zeros((1, 8, 8, 32), np.float16)
     strided = g._replace(strides=(1, 2, 2), out_sp=(1, 4, 4))
     for geometry in (g, strided):
-        assert wgmma.dgrad_applies(h100, geometry, dy16, 'float32')
-        assert wgmma.wgrad_applies(h100, geometry, x16, dy16, 'float32')
-        assert not wgmma.dgrad_applies(a100, geometry, dy16, 'float32')
-        assert not wgmma.wgrad_applies(emulator, geometry, x16, dy16, 'float32')
-        assert not wgmma.dgrad_applies(h100, geometry, dy16.astype(np.float32), 'float32')
-        assert wgmma.wgrad_applies(h100, geometry, x16.astype(np.float32), dy16.astype(np.float32), 'tf32')
-    assert wgmma.dgrad_applies(h100, g._replace(c_in=12), dy16, 'float32')        # C_in: the output
-    assert not wgmma.dgrad_applies(h100, g._replace(c_out=12), dy16, 'float32')   # C_out: dy's units
-    assert not wgmma.wgrad_applies(h100, g._replace(c_in=12), x16, dy16, 'float32')
-    assert not wgmma.wgrad_applies(h100, g._replace(c_out=20), x16, dy16, 'float32')
-    assert not wgmma.dgrad_applies(h100, g._replace(channels_last=False), dy16, 'float32')
-    assert not wgmma.dgrad_applies(h100, g._replace(strides=(1, 256, 256)), dy16, 'float32')   # > 65535 phases
+        assert wgmma.dgrad_fits(geometry, np.float16, 'float32')
+        assert wgmma.wgrad_fits(geometry, np.float16, 'float32')
+        assert not wgmma.dgrad_fits(geometry, np.float32, 'float32')
+        assert wgmma.wgrad_fits(geometry, np.float32, 'tf32')
+    assert wgmma.dgrad_fits(g._replace(c_in=12), np.float16, 'float32')        # C_in: the output
+    assert not wgmma.dgrad_fits(g._replace(c_out=12), np.float16, 'float32')   # C_out: dy's units
+    assert not wgmma.wgrad_fits(g._replace(c_in=12), np.float16, 'float32')
+    assert not wgmma.wgrad_fits(g._replace(c_out=20), np.float16, 'float32')
+    assert not wgmma.dgrad_fits(g._replace(channels_last=False), np.float16, 'float32')
+    assert not wgmma.dgrad_fits(g._replace(strides=(1, 256, 256)), np.float16, 'float32')   # > 65535 phases
     misaligned = np.zeros(8 * 8 * 32 + 1, np.float16)[1:].reshape(1, 8, 8, 32)
-    assert not wgmma.dgrad_applies(h100, g, misaligned, 'float32')
-    assert not wgmma.wgrad_applies(h100, g, x16, misaligned, 'float32')
-    with wgmma.forced(False):
-        assert not wgmma.dgrad_applies(h100, g, dy16, 'float32')
-        assert not wgmma.wgrad_applies(h100, g, x16, dy16, 'float32')
+    assert wgmma.applies(h100, True, x16, dy16) and not wgmma.applies(h100, True, misaligned)
+    assert not wgmma.applies(h100, True, x16, misaligned)
     assert wgmma.dgrad_launch_shape(strided._replace(c_in=300)) == ((1, 3, 4), 256, wgmma.SHARED_BYTES)
     # wgrad: M = taps * C_in, N = C_out, splits along K = batch * output pixels (tiles.py's rule)
     big = g._replace(batch=32, in_sp=(1, 56, 56), out_sp=(1, 56, 56), c_in=64, c_out=64)
@@ -302,8 +298,9 @@ def test_launchers_choose_wgmma_on_sm90_devices(kernel_runtime, precision):
 
 
 def test_wgmma_launches_are_prepared_once_per_problem(monkeypatch):
-    """The grid, split plan and scalars of each wgmma launch are made on a problem's first call
-    and kept (runtime/prepared.py), as the implicit GEMM's are: later calls only launch."""
+    """Whether a problem fits the wgmma path, and the grid, split plan and scalars of each wgmma
+    launch, are decided on a problem's first call and kept (runtime/prepared.py), as the
+    implicit GEMM's are: later calls only check the alignment and launch."""
     rt = _Sm90Runtime(get_runtime('emulate'))
     made = []
     for name in ('fwd_launch', 'dgrad_launch', 'wgrad_launch'):
@@ -311,6 +308,11 @@ def test_wgmma_launches_are_prepared_once_per_problem(monkeypatch):
             made.append(_name)
             return _make(*args)
         monkeypatch.setattr(wgmma, name, counted)
+    for op, fits in list(wgmma.FITS.items()):   # whether the problem fits: decided once too
+        def counted_fits(*args, _fits=fits, _op=op):
+            made.append(_op + ' fits')
+            return _fits(*args)
+        monkeypatch.setitem(wgmma.FITS, op, counted_fits)
     x = np.ones((1, 4, 4, 8), np.float16)
     w = np.ones((1, 1, 8, 8), np.float16)
     geometry = ((2, 2), (1, 1), ((0, 0), (0, 0)), 'channels_last')
@@ -319,6 +321,6 @@ def test_wgmma_launches_are_prepared_once_per_problem(monkeypatch):
         conv.conv_fwd(x, w, *geometry, runtime=rt)
         dx = conv.conv_dgrad(dy, w, x.shape, *geometry, runtime=rt)
         dw = conv.conv_wgrad(x, dy, w.shape, *geometry, runtime=rt)
-    assert sorted(made) == ['dgrad_launch', 'fwd_launch', 'wgrad_launch']
+    assert sorted(made) == ['dgrad fits', 'dgrad_launch', 'fwd fits', 'fwd_launch', 'wgrad fits', 'wgrad_launch']
     assert to_host(dx)[0, ::2, ::2].min() == 8 and to_host(dx)[0, 1::2].max() == 0   # stride holes: zeros
     assert (to_host(dw) == 4).all()

@@ -129,6 +129,7 @@ class Problem:
     def __init__(self, g, shape, key):
         self.g, self.shape, self.key = g, shape, key
         self.launches = {}
+        self._wgmma_fits = {}
         # The kernels see the problem channels_last; channels_first arrays are transposed
         # around them (to_kernel_layout / from_kernel_layout).
         self.kernel_g = g._replace(channels_last=True)
@@ -140,6 +141,15 @@ class Problem:
         found = self.launches.get(key)
         if found is None:
             found = self.launches[key] = make(self.kernel_g)
+        return found
+
+    def wgmma_fits(self, op, dtype):
+        """Whether this problem has what conv_wgmma.cu's `op` kernel ('fwd', 'dgrad', 'wgrad')
+        needs (conv/wgmma.py FITS), decided on its first call: the dtype and the precision
+        policy are part of the problem's signature."""
+        found = self._wgmma_fits.get(op)
+        if found is None:
+            found = self._wgmma_fits[op] = conv_wgmma.FITS[op](self.g, dtype, config.precision())
         return found
 
     def to_kernel_layout(self, rt, *arrays):
@@ -175,7 +185,7 @@ def _fwd_launch(rt, g, dtype, epilogue):
 def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     xp = rt.xp
     bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
-    if conv_wgmma.applies(rt, problem.g, x, config.precision()):   # Hopper: warpgroup MMA (conv/wgmma.py)
+    if conv_wgmma.applies(rt, problem.wgmma_fits('fwd', x.dtype), x):   # Hopper: warpgroup MMA (conv/wgmma.py)
         launch = problem.launch(lambda g: conv_wgmma.fwd_launch(rt, g, x.dtype, EPILOGUES[epilogue]), 'wgmma')
         y = xp.empty(_kernel_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
         return conv_wgmma.conv_fwd(rt, x, w, y, bias_arg, launch)
@@ -209,7 +219,7 @@ def _dgrad_launch(rt, g, dtype):
 
 def _igemm_dgrad(dy, w, problem, rt):
     xp = rt.xp
-    if conv_wgmma.dgrad_applies(rt, problem.g, dy, config.precision()):   # Hopper: conv/wgmma.py
+    if conv_wgmma.applies(rt, problem.wgmma_fits('dgrad', dy.dtype), dy):   # Hopper: conv/wgmma.py
         launch = problem.launch(lambda g: conv_wgmma.dgrad_launch(rt, g, dy.dtype), 'wgmma')
         dx = xp.empty(_kernel_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
         return conv_wgmma.conv_dgrad(rt, dy, w, dx, launch)
@@ -233,7 +243,7 @@ def _wgrad_launch(rt, g, dtype):
 
 
 def _igemm_wgrad(x, dy, problem, rt):
-    if conv_wgmma.wgrad_applies(rt, problem.g, x, dy, config.precision()):   # Hopper: conv/wgmma.py
+    if conv_wgmma.applies(rt, problem.wgmma_fits('wgrad', x.dtype), x, dy):   # Hopper: conv/wgmma.py
         launch = problem.launch(lambda g: conv_wgmma.wgrad_launch(rt, g, x.dtype), 'wgmma')
     else:
         launch = problem.launch(lambda g: _wgrad_launch(rt, g, x.dtype))

@@ -1,9 +1,9 @@
 """The Hopper path of conv_fwd, conv_dgrad and conv_wgrad: conv_wgmma.cu (warpgroup MMA, sm_90a).
 
-Each op has its ``*_applies``: float16 / bfloat16 inputs, or float32 under precision 'tf32';
+Each op has its ``*_fits`` (FITS), decided once per problem: float16 / bfloat16 inputs, or float32 under precision 'tf32';
 channels_last with the channels the kernel reads in 16-byte units a multiple of 16 bytes /
-element (8 or 4 channels: fwd C_in, dgrad C_out, wgrad C_in and C_out) and those operands
-16-byte aligned; an sm_90 device (the kernels are built for sm_90a, which runs on sm_90 only).
+element (8 or 4 channels: fwd C_in, dgrad C_out, wgrad C_in and C_out); then ``applies`` per
+call: those operands 16-byte aligned and an sm_90 device (the kernels are built for sm_90a, which runs on sm_90 only).
 Everything else runs conv_igemm.cu. The emulator has no architecture, so there the path runs
 only inside ``forced()`` (tests).
 
@@ -110,19 +110,15 @@ def active(rt):
     return forced_on is not False and bool(forced_on or (rt.kind == 'cuda' and getattr(rt, 'arch', None) == 'sm_90'))
 
 
-def applies(rt, g, x, precision):
-    """Whether the forward convolution of x (Geometry g) runs conv_wgmma_fwd on runtime rt."""
-    return active(rt) and fits(g, x.dtype, precision) and _aligned16(x)
+FITS = {'fwd': fits, 'dgrad': dgrad_fits, 'wgrad': wgrad_fits}   # op -> whether a problem fits its kernel
 
 
-def dgrad_applies(rt, g, dy, precision):
-    """Whether conv_dgrad of dy (Geometry g) runs conv_wgmma_dgrad on runtime rt."""
-    return active(rt) and dgrad_fits(g, dy.dtype, precision) and _aligned16(dy)
-
-
-def wgrad_applies(rt, g, x, dy, precision):
-    """Whether conv_wgrad of x and dy (Geometry g) runs conv_wgmma_wgrad on runtime rt."""
-    return active(rt) and wgrad_fits(g, x.dtype, precision) and _aligned16(x) and _aligned16(dy)
+def applies(rt, problem_fits, *operands):
+    """Whether an op runs its conv_wgmma.cu kernel on runtime rt: its problem fits (FITS[op]: the
+    conv launcher decides it once per problem, conv.Problem.wgmma_fits), the path is active on
+    rt, and the operands the kernel reads in 16-byte units (fwd x, dgrad dy, wgrad x and dy) are
+    16-byte aligned (checked per call: a view may start anywhere)."""
+    return problem_fits and active(rt) and all(_aligned16(a) for a in operands)
 
 
 def dgrad_gemm_shape(g):
