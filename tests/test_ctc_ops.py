@@ -232,10 +232,12 @@ def test_decode_lengths_checked_on_device(on_device):
         from gpuk.kernels.runtime import deferred
         from gpuk.ops import ctc as ctc_ops
         impl = device.impl()
-        deferred.discard()
-        ctc_ops.CtcGreedyDecode().forward(impl, impl.xp.asarray(np.log(probs)), impl.xp.asarray([4, 1]))
-        with pytest.raises(ValueError, match='ctc_decode: input_length must be at most 3'):
-            deferred.raise_pending()
+        for op in (ctc_ops.CtcGreedyDecode(), ctc_ops.CtcBeamDecode(3, 2, False)):
+            deferred.discard()
+            op.forward(impl, impl.xp.asarray(np.log(probs)), impl.xp.asarray([4, 1]))
+            assert deferred.pending_count() == 1   # one check of the lengths, not the op's and the launcher's
+            with pytest.raises(ValueError, match='ctc_decode: input_length must be at most 3'):
+                deferred.raise_pending()
 
 
 def test_label_dense_to_sparse(on_device):

@@ -328,11 +328,12 @@ def _ctc_loss_bwd_gpuk(rt, launches, logits, labels, input_lengths, label_length
 
 # ---------------------------------------------------------------- decoders
 
-def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, more_checks=None, params=()):
+def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, lengths_checked, more_checks=None, params=()):
     """Shapes, dtypes and the blank (and `more_checks()`, of ``params``) checked once per problem
     signature (runtime/prepared.py); the lengths' values on the device on every call (raised
-    where the results are read, runtime/deferred.py). Returns the arrays, the checked blank and
-    the problem's kernel launches."""
+    where the results are read, runtime/deferred.py) unless ``lengths_checked`` (the caller
+    queued that check itself). Returns the arrays, the checked blank and the problem's kernel
+    launches."""
     def prepare():
         checked, stand_in = _stand_in(rt, fn, 'log_probs', log_probs)
         lengths = _small_ints(rt, input_lengths)
@@ -344,22 +345,26 @@ def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, more_checks=
     blank, launches = prepared.get(rt, fn, (log_probs, input_lengths), (blank,) + params, prepare)
     log_probs = log_probs if isinstance(log_probs, rt.xp.ndarray) else rt.xp.asarray(log_probs)
     input_lengths = _small_ints(rt, input_lengths)
-    if input_lengths.size:
+    if input_lengths.size and not lengths_checked:
         deferred.defer(rt, rt.xp.any(ctc_checks.bad_lengths(rt.xp, input_lengths, log_probs.shape[1])),
                        lambda: ctc_checks.check_decode_inputs(fn, _stand_in(rt, fn, 'log_probs', log_probs)[1],
                                                               to_host(rt, input_lengths), blank))
     return rt.xp.ascontiguousarray(log_probs), input_lengths.astype(np.int64, copy=False), blank, launches
 
 
-def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True, *, runtime=None):
+def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True, *, runtime=None,
+                      lengths_checked=False):
     """Best path: argmax per frame within input_length, merge repeats, drop blanks.
+    ``lengths_checked=True``: the caller has queued the device-side check of input_lengths'
+    values itself (the graph op does, naming the K function), so none is queued here.
 
     # Returns
         (decoded, neg_sum_logits): decoded (N, T) int64 padded with -1;
         neg_sum_logits (N, 1), minus the sum over frames of the largest log_prob.
     """
     fn, rt = 'ctc_greedy_decode', resolve(runtime)
-    log_probs, input_lengths, blank, launches = _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank)
+    log_probs, input_lengths, blank, launches = _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank,
+                                                                       lengths_checked)
     batch, steps, classes = log_probs.shape
     decoded = rt.xp.empty((batch, steps), dtype=np.int64)
     neg_sum = rt.xp.zeros((batch, 1), dtype=log_probs.dtype)
@@ -373,8 +378,10 @@ def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True,
 
 
 def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1, blank=None,
-                           merge_repeated=False, *, runtime=None):
+                           merge_repeated=False, *, runtime=None, lengths_checked=False):
     """CTC prefix beam search (TensorFlow's ctc_beam_search_decoder), on the GPU.
+    ``lengths_checked=True``: the caller has queued the device-side check of input_lengths'
+    values itself (the graph op does, naming the K function), so none is queued here.
 
     # Returns
         (paths, log_probs): a list of top_paths arrays (N, T) int64 padded with -1, best
@@ -382,7 +389,7 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
     """
     fn, rt = 'ctc_beam_search_decode', resolve(runtime)
     log_probs, input_lengths, blank, launches = _checked_decode_inputs(
-        fn, rt, log_probs, input_lengths, blank,
+        fn, rt, log_probs, input_lengths, blank, lengths_checked,
         lambda: (ctc_checks.positive_int(fn, 'beam_width', beam_width),
                  ctc_checks.positive_int(fn, 'top_paths', top_paths, beam_width)),
         (beam_width, top_paths, type(beam_width), type(top_paths)))   # True == 1: the types key too

@@ -186,6 +186,13 @@ def lengths_checked_later(impl, where, name, values, batch, upper, upper_desc):
     return vector.astype(np.int64)
 
 
+def _lengths_checked(impl):
+    """The launchers' ``lengths_checked=True`` (gpuk/kernels/ctc.py) on 'cuda' and 'emulate':
+    ``lengths_checked_later`` queued the check of the lengths' values, so the launcher queues no
+    second one. The NumPy twin ('cpu', where that check ran at once) has no such switch."""
+    return {} if impl.kind == 'cpu' else {'lengths_checked': True}
+
+
 def _cut_trailing_padding(xp, decoded):
     """(N, T) labels padded with -1 -> (N, longest decoded), as tf.sparse.to_dense gives."""
     width = int(xp.max(xp.sum(decoded >= 0, axis=1))) if decoded.size else 0
@@ -206,7 +213,7 @@ class CtcGreedyDecode(Op):
     def forward(self, impl, log_probs, input_lengths):
         lengths = lengths_checked_later(impl, self.where, 'input_length', input_lengths,
                                         log_probs.shape[0], log_probs.shape[1], 'the time steps of y_pred')
-        decoded, neg_sum = impl.ctc.ctc_greedy_decode(log_probs, lengths, None, True)
+        decoded, neg_sum = impl.ctc.ctc_greedy_decode(log_probs, lengths, None, True, **_lengths_checked(impl))
         return _cut_trailing_padding(impl.xp, decoded), neg_sum
 
 
@@ -227,7 +234,7 @@ class CtcBeamDecode(Op):
         lengths = lengths_checked_later(impl, self.where, 'input_length', input_lengths,
                                         log_probs.shape[0], log_probs.shape[1], 'the time steps of y_pred')
         paths, scores = impl.ctc.ctc_beam_search_decode(
-            log_probs, lengths, self.beam_width, self.top_paths, None, self.merge_repeated)
+            log_probs, lengths, self.beam_width, self.top_paths, None, self.merge_repeated, **_lengths_checked(impl))
         return tuple(_cut_trailing_padding(impl.xp, p) for p in paths) + (scores,)
 
 
