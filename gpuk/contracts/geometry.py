@@ -152,6 +152,11 @@ def deconv_output_length(dim_size, stride_size, kernel_size, padding,
 
 
 INDEX_LIMIT = 2**31 - 1   # the kernels decode indices in 32 bits (64-bit division is slow on GPUs)
+# CUDA's grid limits (every device since compute capability 3.0): runtime.launch_dims refuses a
+# launch beyond them; a launcher that puts a problem size on grid y or z checks it against
+# MAX_GRID_YZ first, with an error that names the argument.
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
 
 
 def check_index_limit(fn, what, value, remedy='split the batch'):

@@ -29,6 +29,7 @@ import numpy as np
 
 from gpuk.contracts import batchnorm_checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES_NO_BFLOAT16, accumulation_dtype
+from gpuk.contracts.geometry import MAX_GRID_YZ
 from . import dispatch
 from .cudnn import batchnorm as cudnn_batchnorm
 from .runtime import prepared, register_build, resolve
@@ -45,7 +46,7 @@ BN_MAX_BLOCKS = 65535
 TARGET_BLOCKS = 1024      # enough blocks to fill any current GPU several times over
 MIN_ROWS_PER_SPLIT = 64   # channels last: at least this many rows per split
 MIN_PER_SPLIT = 4 * BN_THREADS   # channels first: at least this many elements per split
-MAX_SPLITS = 65535        # gridDim.y
+MAX_SPLITS = MAX_GRID_YZ  # gridDim.y
 # The single-kernel training forward (bn_train_persistent): channels last, x at most this
 # fraction of the L2 (x's second read must still be there after the first pass and the
 # barriers; y's writes and the partials share the cache meanwhile).

@@ -22,6 +22,7 @@ import numpy as np
 from gpuk.contracts import conv_checks
 from gpuk.contracts import pooling_checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES_NO_BFLOAT16, accumulation_dtype
+from gpuk.contracts.geometry import MAX_GRID_YZ
 from . import dispatch
 from .cudnn import pooling as cudnn_pooling
 from .runtime import prepared, register_build, resolve
@@ -32,10 +33,10 @@ SOURCE = Path(__file__).with_name('pooling.cu')
 # Tile constants: passed to the .cu as #defines and used for the grids below (one place).
 POOL_THREADS = 256
 POOL_MAX_BLOCKS = 65535
-POOL_MAX_BATCH_BLOCKS = 65535
+POOL_MAX_BATCH_BLOCKS = MAX_GRID_YZ   # grid y strides the batch
 GLOBAL_POOL_THREADS = 256
 GLOBAL_POOL_ROWS = 8
-GLOBAL_POOL_MAX_BATCH_BLOCKS = 65535
+GLOBAL_POOL_MAX_BATCH_BLOCKS = MAX_GRID_YZ
 LAYOUT_CHANNELS_FIRST, LAYOUT_CHANNELS_LAST, LAYOUT_CHANNELS_LAST_VEC = 0, 1, 2
 KERNELS = ['max_pool_fwd_u8', 'max_pool_fwd_i32', 'avg_pool_fwd', 'avg_pool_bwd', 'max_pool_bwd_u8',
            'max_pool_bwd_i32', 'global_avg_pool_rows', 'global_avg_pool_channels_last']

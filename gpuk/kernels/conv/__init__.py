@@ -24,6 +24,7 @@ import numpy as np
 from gpuk import config
 from gpuk.cpu_fallback import conv as twin
 from gpuk.contracts import conv_checks
+from gpuk.contracts.geometry import MAX_GRID_YZ
 from .. import dispatch, layout
 from ..cudnn import conv as cudnn_conv
 from . import tiles as conv_tiles
@@ -197,8 +198,6 @@ def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     return problem.from_kernel_layout(rt, y)
 
 
-MAX_GRID_Z = 65535
-
 
 def _dgrad_launch(rt, g, dtype):
     """dgrad runs one sub-convolution per stride phase (conv_igemm.cu, DgradPhase): grid z is the
@@ -206,9 +205,9 @@ def _dgrad_launch(rt, g, dtype):
     rows, cols, depth = g.batch * math.prod(g.in_sp), g.c_in, math.prod(g.k_sp) * g.c_out
     check_gemm('conv_dgrad', g, rows, cols, depth)
     phases = math.prod(g.strides)
-    if phases > MAX_GRID_Z:
+    if phases > MAX_GRID_YZ:
         raise ValueError('conv_dgrad: the product of the strides must be at most %d (one block row per stride '
-                         'phase), got strides %s' % (MAX_GRID_Z, tuple(g.strides)))
+                         'phase), got strides %s' % (MAX_GRID_YZ, tuple(g.strides)))
     phase_rows = dgrad_phase_rows(g)
     tile = conv_tiles.choose_tile(dtype, config.precision(), phase_rows * phases, cols,
                                   math.ceil(depth / phases), aligned=g.c_out % _chunk_elements(dtype) == 0)

@@ -10,7 +10,7 @@ import numpy as np
 
 from gpuk.contracts import conv_checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
-from gpuk.contracts.geometry import check_index_limit
+from gpuk.contracts.geometry import MAX_GRID_YZ, check_index_limit
 from . import split_k
 from . import tiles as conv_tiles
 from ..runtime import prepared, register_build, resolve
@@ -171,11 +171,12 @@ def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial,
 
 def _check_sample_sizes(fn, channels, pixels, filter_size):
     """Inside a sample and the filter the kernels use 32-bit offsets; the grid has at most
-    65535 channel tiles."""
+    MAX_GRID_YZ channel tiles."""
     check_index_limit(fn, 'channels x pixels of one sample', max(c * p for c, p in zip(channels, pixels)))
     check_index_limit(fn, 'the filter size', filter_size)
-    if math.ceil(max(channels) / DW_CHANNELS) > 65535:
-        raise ValueError('%s: %d channels is above the kernel limit of %d' % (fn, max(channels), 65535 * DW_CHANNELS))
+    if math.ceil(max(channels) / DW_CHANNELS) > MAX_GRID_YZ:
+        raise ValueError('%s: %d channels is above the kernel limit of %d'
+                         % (fn, max(channels), MAX_GRID_YZ * DW_CHANNELS))
 
 
 def _checked_pair(fn, runtime, first, second):
@@ -314,8 +315,8 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *
         tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
         group_taps = wgrad_group_taps(kernel_spatial)
         channel_tiles, groups = math.ceil(c_out / DW_CHANNELS), math.ceil(taps / group_taps)
-        if groups > 65535:
-            raise ValueError('%s: %d filter taps is above the kernel limit of %d' % (fn, taps, 65535 * group_taps))
+        if groups > MAX_GRID_YZ:
+            raise ValueError('%s: %d filter taps is above the kernel limit of %d' % (fn, taps, MAX_GRID_YZ * group_taps))
         splits = forced_splits or depthwise_wgrad_splits(tiles, channel_tiles * groups)
         per_split = math.ceil(tiles / min(splits, tiles))
         splits = math.ceil(tiles / per_split)

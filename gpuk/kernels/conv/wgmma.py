@@ -23,6 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from gpuk.contracts.dtypes import c_types
+from gpuk.contracts.geometry import MAX_GRID_YZ
 from ..runtime import register_build
 from . import split_k
 from . import tiles as conv_tiles
@@ -42,7 +43,6 @@ ROW_BYTES = 128
 ATOMS = 2
 STAGES = 3
 SHARED_BYTES = STAGES * (BLOCK_M + BLOCK_N) * ATOMS * ROW_BYTES + 1024   # WG_SMEM_BYTES (+ 1 KB alignment slack)
-MAX_GRID_Y = MAX_GRID_Z = 65535
 DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32))   # float32: as tf32
 
 _forced = {'on': None}
@@ -86,14 +86,14 @@ def _vec(dtype, precision):
 def fits(g, dtype, precision):
     """Whether the forward problem (conv Geometry) has what conv_wgmma_fwd needs, device aside."""
     vec = _vec(dtype, precision)
-    return bool(vec and g.channels_last and g.c_in % vec == 0 and math.ceil(g.c_out / BLOCK_N) <= MAX_GRID_Y)
+    return bool(vec and g.channels_last and g.c_in % vec == 0 and math.ceil(g.c_out / BLOCK_N) <= MAX_GRID_YZ)
 
 
 def dgrad_fits(g, dtype, precision):
     """Whether conv_dgrad of Geometry g has what conv_wgmma_dgrad needs (dy's C_out in 16-byte units)."""
     vec = _vec(dtype, precision)
-    return bool(vec and g.channels_last and g.c_out % vec == 0 and math.ceil(g.c_in / BLOCK_N) <= MAX_GRID_Y
-                and math.prod(g.strides) <= MAX_GRID_Z)
+    return bool(vec and g.channels_last and g.c_out % vec == 0 and math.ceil(g.c_in / BLOCK_N) <= MAX_GRID_YZ
+                and math.prod(g.strides) <= MAX_GRID_YZ)
 
 
 def wgrad_fits(g, dtype, precision):
@@ -101,7 +101,7 @@ def wgrad_fits(g, dtype, precision):
     16-byte units)."""
     vec = _vec(dtype, precision)
     return bool(vec and g.channels_last and g.c_in % vec == 0 and g.c_out % vec == 0
-                and math.ceil(g.c_out / BLOCK_N) <= MAX_GRID_Y)
+                and math.ceil(g.c_out / BLOCK_N) <= MAX_GRID_YZ)
 
 
 def active(rt):

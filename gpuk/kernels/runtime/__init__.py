@@ -25,6 +25,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from gpuk import config
+from gpuk.contracts.geometry import MAX_GRID_X, MAX_GRID_YZ
 from . import counters
 from .kernel_source import NVRTC_FLAGS, normalized_defines, source_key
 
@@ -196,8 +197,8 @@ def launch_dims(kernel, grid, block):
     grid, block = _dims(grid, 'grid', kernel), _dims(block, 'block', kernel)
     if block[0] * block[1] * block[2] > MAX_THREADS_PER_BLOCK or block[2] > 64:
         raise ValueError(f"kernel '{kernel}': block {block} exceeds {MAX_THREADS_PER_BLOCK} threads or z > 64")
-    if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
-        raise ValueError(f"kernel '{kernel}': grid {grid} exceeds (2^31-1, 65535, 65535)")
+    if grid[0] > MAX_GRID_X or grid[1] > MAX_GRID_YZ or grid[2] > MAX_GRID_YZ:
+        raise ValueError(f"kernel '{kernel}': grid {grid} exceeds (2^31-1, {MAX_GRID_YZ}, {MAX_GRID_YZ})")
     return grid, block
 
 
