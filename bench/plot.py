@@ -7,7 +7,7 @@ shows it at about 800 pixels wide.
 """
 import math
 
-from bench.rows import family_summary, impl_label
+from bench.rows import impl_label
 
 COLUMNS = 3
 PANEL_WIDTH_IN, PANEL_HEIGHT_IN = 3.0, 1.0   # per panel; height grows with the bars
@@ -53,10 +53,10 @@ def _panel(ax, family, s, show_reference, limits):
     ax.set_title(title, fontsize=9)
 
 
-def write_plot(rows, path, title=''):
-    """Writes the panels of ``rows`` to ``path`` (PNG); returns the path, or None when no
-    family has a reference to compare with."""
-    panels = [(family, s) for family, s in family_summary(rows).items() if s['impls']]
+def write_plot(families, path, title=''):
+    """Writes a panel per family of ``families`` (bench/rows.py family_summary) to ``path``
+    (PNG); returns the path, or None when no family has a reference to compare with."""
+    panels = [(family, s) for family, s in families.items() if s['impls']]
     if not panels:
         return None
     import matplotlib

@@ -74,11 +74,12 @@ def describe_run(results, rows):
     return first, second
 
 
-def family_table(rows):
-    """Markdown: per family and implementation, the time relative to the reference."""
+def family_table(families):
+    """Markdown: per family and implementation, the time relative to the reference
+    (``families``: the rows' family_summary)."""
     lines = ['| family | implementation | time relative to reference | cases | worst spread |',
              '| --- | --- | --- | ---: | ---: |']
-    for family, s in family_summary(rows).items():
+    for family, s in families.items():
         for impl, (mean, cases) in s['impls'].items():
             verdict = 'faster' if mean < 1 else 'slower'
             lines.append('| %s | %s | %.2f x %s (%s) | %d | %.2f |' % (
@@ -91,10 +92,11 @@ def family_table(rows):
     return '\n'.join(lines) + '\n'
 
 
-def suite_table(rows):
+def suite_table(rows, families):
     """Markdown: per family, suite and implementation, the time relative to the family's
-    reference over the suite's cases (empty when no row names a suite)."""
-    summary, references = suite_summary(rows), family_summary(rows)
+    reference (``families``: the rows' family_summary) over the suite's cases (empty when no
+    row names a suite)."""
+    summary = suite_summary(rows, families)
     if not summary:
         return ''
     lines = ['| family | suite | implementation | time relative to reference | cases |',
@@ -102,7 +104,7 @@ def suite_table(rows):
     for (family, suite), by_impl in summary.items():
         for impl, (mean, cases) in by_impl.items():
             lines.append('| %s | %s | %s | %.2f x %s | %d |' % (family, suite, impl_label(impl), mean,
-                                                              impl_label(references[family]['reference']),
+                                                              impl_label(families[family]['reference']),
                                                               len(cases)))
     return '\n'.join(lines) + '\n'
 
@@ -129,10 +131,10 @@ def noise_lines(rows, max_spread=NOISY_SPREAD):
                impl_label(worst.impl))]
 
 
-def rows_table(rows):
-    """Markdown: every row (case names cut to CASE_WIDTH; the JSON has them whole)."""
-    summary = family_summary(rows)
-    reference_time = {(r.family, r.case): r.time_s for r in rows if r.impl == summary[r.family]['reference']}
+def rows_table(rows, families):
+    """Markdown: every row (case names cut to CASE_WIDTH; the JSON has them whole), against its
+    family's reference (``families``: the rows' family_summary)."""
+    reference_time = {(r.family, r.case): r.time_s for r in rows if r.impl == families[r.family]['reference']}
     lines = ['| family | case | impl | time | spread | rate | vs ref |',
              '| --- | --- | --- | ---: | ---: | ---: | ---: |']
     for row in sorted(rows, key=lambda r: (r.family, r.case, r.impl)):
@@ -143,13 +145,14 @@ def rows_table(rows):
     return '\n'.join(lines) + '\n'
 
 
-def summary_text(results, rows, max_spread=NOISY_SPREAD):
-    """What ``python -m bench`` prints at the end: run, per-family table, skips, noise."""
+def summary_text(results, rows, families, max_spread=NOISY_SPREAD):
+    """What ``python -m bench`` prints at the end: run, per-family table, skips, noise
+    (``families``: the rows' family_summary)."""
     first, second = describe_run(results, rows)
     parts = ['gpuk bench: ' + first, second, '',
              'Per family, time relative to the reference (geometric mean over cases; below 1 is faster):',
-             family_table(rows)]
-    suites = suite_table(rows)
+             family_table(families)]
+    suites = suite_table(rows, families)
     if suites:
         parts += ['Per suite, the same over the suite\'s cases only:', suites]
     skipped = skipped_lines(results)
@@ -173,15 +176,16 @@ def write_report(results_path, out_dir=None, max_spread=NOISY_SPREAD):
     out_dir = out_dir or os.path.dirname(os.path.abspath(results_path))
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.splitext(os.path.basename(results_path))[0]
-    summary = summary_text(results, rows, max_spread)
+    families = family_summary(rows)   # once: the summary, the rows table and the plot all read it
+    summary = summary_text(results, rows, families, max_spread)
     md_path = os.path.join(out_dir, stem + '.md')
     with open(md_path, 'w') as f:
         legend = ('Times are medians of each row\'s round medians; spread is the largest round median over '
                   'the smallest; "vs ref" is the time over the reference\'s for the same case (below 1 is '
                   'faster). Every row and round, whole case names and rates: %s.' % os.path.basename(results_path))
         f.write('# gpuk benchmarks\n\n```\n%s```\n\n%s\n\n%s'
-                % (summary, textwrap.fill(legend, LINE_WIDTH), rows_table(rows)))
-    png_path = plot.write_plot(rows, os.path.join(out_dir, stem + '.png'),
+                % (summary, textwrap.fill(legend, LINE_WIDTH), rows_table(rows, families)))
+    png_path = plot.write_plot(families, os.path.join(out_dir, stem + '.png'),
                                title=describe_run(results, rows)[0])
     return summary, md_path, png_path
 

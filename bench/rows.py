@@ -153,16 +153,16 @@ def family_summary(rows):
     return summary
 
 
-def suite_summary(rows):
+def suite_summary(rows, families):
     """{(family, suite): {impl: (geo-mean relative time, cases)}} for the rows that name a
-    suite (the harness's ``suite=``), each against its family's reference on the same case:
-    the figures a target is stated in ('conv_fwd', 'resnet50 bf16': gpuk / cuDNN)."""
-    summary = family_summary(rows)
-    reference_time = {(r.family, r.case): r.time_s for r in rows if r.impl == summary[r.family]['reference']}
+    suite (the harness's ``suite=``), each against its family's reference (``families``: the
+    rows' family_summary) on the same case: the figures a target is stated in ('conv_fwd',
+    'resnet50 bf16': gpuk / cuDNN)."""
+    reference_time = {(r.family, r.case): r.time_s for r in rows if r.impl == families[r.family]['reference']}
     ratios = OrderedDict()
     for row in rows:
         suite, ref = row.extra.get('suite'), reference_time.get((row.family, row.case))
-        if suite and ref and row.impl != summary[row.family]['reference']:
+        if suite and ref and row.impl != families[row.family]['reference']:
             ratios.setdefault((row.family, suite), OrderedDict()).setdefault(row.impl, []).append(
                 (row.case, row.time_s / ref))
     return OrderedDict((key, OrderedDict((impl, (geometric_mean(r for _, r in cases), cases))

@@ -119,15 +119,18 @@ def test_suite_summary_averages_each_suite_against_the_familys_reference():
             _row('conv', 'mobilenet-dw2', 'cudnn', 0.004 * jitter, r, suite='mobilenetv2 depthwise'),
             _row('conv', 'resnet50-7x7 tf32', 'gpuk', 0.5 * jitter, r, suite='resnet50 tf32'),   # cuDNN did not run
         ]
-    summary = rows.suite_summary(report.rows_from_results(results))
+    table_rows = report.rows_from_results(results)
+    families = rows.family_summary(table_rows)
+    summary = rows.suite_summary(table_rows, families)
     assert list(summary) == [('conv', 'resnet50 tf32'), ('conv', 'mobilenetv2 depthwise')]
     mean, cases = summary[('conv', 'resnet50 tf32')]['gpuk']
     assert mean == pytest.approx((0.9 * 1.6) ** 0.5) and [c for c, _ in cases] == ['resnet50-1x1 tf32',
                                                                                     'resnet50-3x3 tf32']
     assert summary[('conv', 'mobilenetv2 depthwise')]['gpuk'][0] == pytest.approx(0.25)
-    table = report.suite_table(report.rows_from_results(results))
+    table = report.suite_table(table_rows, families)
     assert '| conv | resnet50 tf32 | gpuk | 1.20 x cuDNN | 2 |' in table
-    assert report.suite_table(report.rows_from_results(synthetic_results())) == ''
+    plain = report.rows_from_results(synthetic_results())
+    assert report.suite_table(plain, rows.family_summary(plain)) == ''
 
 
 def test_report_files_summary_and_table(results_file, tmp_path):
@@ -148,6 +151,18 @@ def test_report_files_summary_and_table(results_file, tmp_path):
     assert table[('pool', 'shape=case1', 'numpy')] == ['500.000 ms', '1.00', '-', '-']
 
 
+def test_a_report_summarises_the_families_once(results_file, tmp_path, monkeypatch):
+    """The text, the rows table and the plot read one family summary (bench/rows.py)."""
+    calls = []
+
+    def counted(table_rows):
+        calls.append(len(table_rows))
+        return rows.family_summary(table_rows)
+    monkeypatch.setattr(report, 'family_summary', counted)
+    report.write_report(results_file, str(tmp_path))
+    assert len(calls) == 1
+
+
 def test_markdown_lines_stay_within_120_characters(tmp_path):
     results = synthetic_results()
     long_case = 'resnet50 N=256 down5 1x1/2 1024-2048 bfloat16 with a long tail of words'
@@ -162,7 +177,8 @@ def test_noisy_rows_warn(tmp_path):
     for bench in results['benchmarks']:
         if bench['extra_info'].get('impl') == 'torch' and bench['params'].get('bench_round') == 1:
             bench['stats']['median'] *= 3   # one round of one row three times slower
-    summary = report.summary_text(results, report.rows_from_results(results))
+    table_rows = report.rows_from_results(results)
+    summary = report.summary_text(results, table_rows, rows.family_summary(table_rows))
     assert ('WARNING: 1 of 8 rows varied by more than 1.5x between rounds (worst 3.30x: softmax fwd 256x1000 '
             'PyTorch CPU)') in summary
 
@@ -180,7 +196,8 @@ def test_no_plot_when_no_family_has_a_reference(tmp_path):
     results = synthetic_results()
     results['benchmarks'] = [b for b in results['benchmarks']
                              if (b.get('extra_info') or {}).get('impl') not in ('cudnn', 'torch')]
-    assert plot.write_plot(report.rows_from_results(results), str(tmp_path / 'none.png')) is None
+    families = rows.family_summary(report.rows_from_results(results))
+    assert plot.write_plot(families, str(tmp_path / 'none.png')) is None
 
 
 def test_cli_writes_report_and_rejects_bad_files(results_file, tmp_path, capsys):
