@@ -30,35 +30,60 @@ def _sigmoid(xp, x):
     return xp.reciprocal(e, out=e).astype(x.dtype, copy=False)
 
 
-# name -> (forward(xp, x), gradient(x, y, g) as graph tensors or None when not differentiable)
+def _softplus(xp, x):
+    return xp.logaddexp(0, x).astype(x.dtype, copy=False)
+
+
+def _softsign(xp, x):
+    return x / (1 + xp.abs(x))
+
+
+def _square(x):
+    return x * x
+
+
+# An op's forward, as the tables keep it: a binder that takes the array module and returns
+# the function of the operands (what a fused step's NumPy twin calls per op and step, few
+# Python calls deep: the array module's own function or a Python operator where there is one).
+def _everywhere(function):
+    """The forward of an op that is ``function`` on any array module (a Python operator)."""
+    return lambda xp: function
+
+
+def _xp_function(name):
+    """The forward of an op that is the array module's function ``name``."""
+    return lambda xp: getattr(xp, name)
+
+
+def _with_xp(function):
+    """The forward of an op written as ``function(xp, *operands)``."""
+    return lambda xp: functools.partial(function, xp)
+
+
+# name -> (forward binder (above), gradient(x, y, g) as graph tensors or None when not differentiable)
 UNARY = {
-    'negative': (lambda xp, x: -x, lambda x, y, g: -g),
-    'abs': (lambda xp, x: xp.abs(x), lambda x, y, g: g * unary('sign', x)),
-    'sign': (lambda xp, x: xp.sign(x), None),
-    'square': (lambda xp, x: x * x, lambda x, y, g: g * x * 2),
-    'sqrt': (lambda xp, x: xp.sqrt(x), lambda x, y, g: g * 0.5 / y),
-    'exp': (lambda xp, x: xp.exp(x), lambda x, y, g: g * y),
-    'log': (lambda xp, x: xp.log(x), lambda x, y, g: g / x),
-    'log1p': (lambda xp, x: xp.log1p(x), lambda x, y, g: g / (x + 1)),
-    'expm1': (lambda xp, x: xp.expm1(x), lambda x, y, g: g * (y + 1)),
-    'sin': (lambda xp, x: xp.sin(x), lambda x, y, g: g * unary('cos', x)),
-    'cos': (lambda xp, x: xp.cos(x), lambda x, y, g: -g * unary('sin', x)),
-    'tanh': (lambda xp, x: xp.tanh(x), lambda x, y, g: g * (1 - y * y)),
-    'sigmoid': (_sigmoid, lambda x, y, g: g * y * (1 - y)),
-    'softplus': (lambda xp, x: xp.logaddexp(0, x).astype(x.dtype, copy=False),
-                 lambda x, y, g: g * unary('sigmoid', x)),
-    'softsign': (lambda xp, x: x / (1 + xp.abs(x)),
-                 lambda x, y, g: g / unary('square', 1 + unary('abs', x))),
-    'round': (lambda xp, x: xp.round(x), None),  # half to even, like TensorFlow
-    'floor': (lambda xp, x: xp.floor(x), None),
-    'ceil': (lambda xp, x: xp.ceil(x), None),
-    'logical_not': (lambda xp, x: xp.logical_not(x), None),
-    'isnan': (lambda xp, x: xp.isnan(x), None),
-    'isinf': (lambda xp, x: xp.isinf(x), None),
+    'negative': (_everywhere(operator.neg), lambda x, y, g: -g),
+    'abs': (_xp_function('abs'), lambda x, y, g: g * unary('sign', x)),
+    'sign': (_xp_function('sign'), None),
+    'square': (_everywhere(_square), lambda x, y, g: g * x * 2),
+    'sqrt': (_xp_function('sqrt'), lambda x, y, g: g * 0.5 / y),
+    'exp': (_xp_function('exp'), lambda x, y, g: g * y),
+    'log': (_xp_function('log'), lambda x, y, g: g / x),
+    'log1p': (_xp_function('log1p'), lambda x, y, g: g / (x + 1)),
+    'expm1': (_xp_function('expm1'), lambda x, y, g: g * (y + 1)),
+    'sin': (_xp_function('sin'), lambda x, y, g: g * unary('cos', x)),
+    'cos': (_xp_function('cos'), lambda x, y, g: -g * unary('sin', x)),
+    'tanh': (_xp_function('tanh'), lambda x, y, g: g * (1 - y * y)),
+    'sigmoid': (_with_xp(_sigmoid), lambda x, y, g: g * y * (1 - y)),
+    'softplus': (_with_xp(_softplus), lambda x, y, g: g * unary('sigmoid', x)),
+    'softsign': (_with_xp(_softsign), lambda x, y, g: g / unary('square', 1 + unary('abs', x))),
+    'round': (_xp_function('round'), None),  # half to even, like TensorFlow
+    'floor': (_xp_function('floor'), None),
+    'ceil': (_xp_function('ceil'), None),
+    'logical_not': (_xp_function('logical_not'), None),
+    'isnan': (_xp_function('isnan'), None),
+    'isinf': (_xp_function('isinf'), None),
 }
-# the unary ops whose forward is the array module's function of that name (UNARY's lambdas)
-_XP_FUNCTION_UNARY = ('abs', 'sign', 'sqrt', 'exp', 'log', 'log1p', 'expm1', 'sin', 'cos', 'tanh',
-                      'round', 'floor', 'ceil', 'logical_not', 'isnan', 'isinf')
 _BOOL_RESULT = ('logical_not', 'isnan', 'isinf')
 
 # The element expression of each unary op that fused elementwise kernels can compute
@@ -102,16 +127,12 @@ class Unary(Op):
         return Meta(x.shape, x.dtype)
 
     def forward(self, impl, x):
-        return UNARY[self.name][0](impl.xp, x)
+        return UNARY[self.name][0](impl.xp)(x)
 
     def bound_forward(self, impl):
         """``forward`` with ``impl`` bound, as few Python calls deep as possible (a fused
         step's NumPy twin calls it per op and step): the same function, so the same results."""
-        if self.name in _XP_FUNCTION_UNARY:
-            return getattr(impl.xp, self.name)
-        if self.name == 'negative':
-            return operator.neg
-        return functools.partial(UNARY[self.name][0], impl.xp)
+        return UNARY[self.name][0](impl.xp)
 
     def c_expression(self):
         """The element expression for fused kernels, or None (gpuk/fusion_elementwise.py)."""
@@ -132,25 +153,26 @@ def unary(name, x):
 
 # --- binary --------------------------------------------------------------------------
 
+# name -> forward binder (see UNARY)
 BINARY = {
-    'add': lambda xp, a, b: a + b,
-    'subtract': lambda xp, a, b: a - b,
-    'multiply': lambda xp, a, b: a * b,
-    'divide': lambda xp, a, b: a / b,
-    'floor_divide': lambda xp, a, b: a // b,
-    'mod': lambda xp, a, b: a % b,
-    'power': lambda xp, a, b: xp.power(a, b),
-    'maximum': lambda xp, a, b: xp.maximum(a, b),
-    'minimum': lambda xp, a, b: xp.minimum(a, b),
-    'less': lambda xp, a, b: a < b,
-    'less_equal': lambda xp, a, b: a <= b,
-    'greater': lambda xp, a, b: a > b,
-    'greater_equal': lambda xp, a, b: a >= b,
-    'equal': lambda xp, a, b: a == b,
-    'not_equal': lambda xp, a, b: a != b,
-    'logical_and': lambda xp, a, b: xp.logical_and(a, b),
-    'logical_or': lambda xp, a, b: xp.logical_or(a, b),
-    'logical_xor': lambda xp, a, b: xp.logical_xor(a, b),
+    'add': _everywhere(operator.add),
+    'subtract': _everywhere(operator.sub),
+    'multiply': _everywhere(operator.mul),
+    'divide': _everywhere(operator.truediv),   # Binary.forward casts int / int to floatx
+    'floor_divide': _everywhere(operator.floordiv),
+    'mod': _everywhere(operator.mod),
+    'power': _xp_function('power'),
+    'maximum': _xp_function('maximum'),
+    'minimum': _xp_function('minimum'),
+    'less': _everywhere(operator.lt),
+    'less_equal': _everywhere(operator.le),
+    'greater': _everywhere(operator.gt),
+    'greater_equal': _everywhere(operator.ge),
+    'equal': _everywhere(operator.eq),
+    'not_equal': _everywhere(operator.ne),
+    'logical_and': _xp_function('logical_and'),
+    'logical_or': _xp_function('logical_or'),
+    'logical_xor': _xp_function('logical_xor'),
 }
 # Element expressions of the binary ops fused kernels compute (see UNARY_C); maximum and
 # minimum propagate NaN from either side, like NumPy.
@@ -172,10 +194,6 @@ BINARY_C = {
     'logical_or': '({0} || {1})',
     'logical_xor': '(!{0} != !{1})',
 }
-# the binary ops whose forward is a Python operator on the operands (BINARY's lambdas)
-_OPERATORS = {'add': operator.add, 'subtract': operator.sub, 'multiply': operator.mul,
-              'less': operator.lt, 'less_equal': operator.le, 'greater': operator.gt,
-              'greater_equal': operator.ge, 'equal': operator.eq, 'not_equal': operator.ne}
 _COMPARISONS = ('less', 'less_equal', 'greater', 'greater_equal', 'equal', 'not_equal',
                 'logical_and', 'logical_or', 'logical_xor')
 
@@ -217,7 +235,7 @@ class Binary(Op):
         return Meta(shape, dtype)
 
     def forward(self, impl, a, b):
-        out = BINARY[self.name](impl.xp, a, b)
+        out = BINARY[self.name](impl.xp)(a, b)
         if self.name == 'divide' and out.dtype.kind == 'f' and a.dtype.kind != 'f' and b.dtype.kind != 'f':
             out = out.astype(config.floatx())
         return out
@@ -226,13 +244,10 @@ class Binary(Op):
         return BINARY_C.get(self.name)
 
     def bound_forward(self, impl):
-        """``forward`` with ``impl`` bound (see Unary.bound_forward): the Python operator
-        itself for the ops whose forward is one (``a + b`` is what the table's lambda runs)."""
-        if self.name in _OPERATORS:
-            return _OPERATORS[self.name]
+        """``forward`` with ``impl`` bound (see Unary.bound_forward)."""
         if self.name == 'divide':   # int / int becomes floatx: the full forward
             return functools.partial(self.forward, impl)
-        return functools.partial(BINARY[self.name], impl.xp)
+        return BINARY[self.name](impl.xp)
 
     def grad(self, inputs, outputs, output_grads):
         a, b = inputs
