@@ -333,8 +333,13 @@ def unlifted_shape(shape, problem):
 
 def conv_fwd(x, w, strides, dilation, pads, data_format, *, groups=1, fn='conv_fwd'):
     """Convolution (cross-correlation) of x with w -> y, through cuDNN (``groups``: see conv_problem)."""
-    import cupy
     x, w = _float_device_array(fn, 'x', x), _float_device_array(fn, 'w', w)
+    return _fwd(fn, x, w, strides, dilation, pads, data_format, groups)
+
+
+def _fwd(fn, x, w, strides, dilation, pads, data_format, groups):
+    """conv_fwd of x and w as _float_device_array gives them (converted once by the caller)."""
+    import cupy
     _same_dtype(fn, 'x', x, 'w', w)
     problem = conv_problem(fn, x.shape, w.shape, strides, dilation, pads, data_format, groups=groups)
     y = _run(fn, 'fprop', problem, (pad_explicit(cupy, x, problem), to_cudnn_filter(cupy, w, problem)),
@@ -344,8 +349,13 @@ def conv_fwd(x, w, strides, dilation, pads, data_format, *, groups=1, fn='conv_f
 
 def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, groups=1, fn='conv_dgrad'):
     """Gradient of conv_fwd with respect to x, through cuDNN."""
-    import cupy
     dy, w = _float_device_array(fn, 'dy', dy), _float_device_array(fn, 'w', w)
+    return _dgrad(fn, dy, w, x_shape, strides, dilation, pads, data_format, groups)
+
+
+def _dgrad(fn, dy, w, x_shape, strides, dilation, pads, data_format, groups):
+    """conv_dgrad of dy and w as _float_device_array gives them."""
+    import cupy
     _same_dtype(fn, 'dy', dy, 'w', w)
     x_shape = geometry.normalize_positive_tuple(x_shape, dy.ndim, fn, 'x_shape')
     problem = conv_problem(fn, x_shape, w.shape, strides, dilation, pads, data_format,
@@ -357,8 +367,13 @@ def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, groups=1
 
 def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, groups=1, fn='conv_wgrad'):
     """Gradient of conv_fwd with respect to w (Keras layout), through cuDNN."""
-    import cupy
     x, dy = _float_device_array(fn, 'x', x), _float_device_array(fn, 'dy', dy)
+    return _wgrad(fn, x, dy, w_shape, strides, dilation, pads, data_format, groups)
+
+
+def _wgrad(fn, x, dy, w_shape, strides, dilation, pads, data_format, groups):
+    """conv_wgrad of x and dy as _float_device_array gives them."""
+    import cupy
     _same_dtype(fn, 'x', x, 'dy', dy)
     w_shape = geometry.normalize_positive_tuple(w_shape, x.ndim, fn, 'w_shape')
     problem = conv_problem(fn, x.shape, w_shape, strides, dilation, pads, data_format,
@@ -387,24 +402,24 @@ def depthwise_filter_shape(fn, w_shape):
 def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format):
     """Depthwise convolution through cuDNN (a grouped convolution, one group per channel)."""
     fn = 'depthwise_conv_fwd'
-    w = _float_device_array(fn, 'w', w)
-    return conv_fwd(x, w.reshape(depthwise_filter_shape(fn, w.shape)), strides, dilation, pads, data_format,
-                    groups=w.shape[-2], fn=fn)
+    x, w = _float_device_array(fn, 'x', x), _float_device_array(fn, 'w', w)
+    return _fwd(fn, x, w.reshape(depthwise_filter_shape(fn, w.shape)), strides, dilation, pads, data_format,
+                w.shape[-2])
 
 
 def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format):
     """Gradient of depthwise_conv_fwd with respect to x, through cuDNN."""
     fn = 'depthwise_conv_dgrad'
-    w = _float_device_array(fn, 'w', w)
-    return conv_dgrad(dy, w.reshape(depthwise_filter_shape(fn, w.shape)), x_shape, strides, dilation, pads,
-                      data_format, groups=w.shape[-2], fn=fn)
+    dy, w = _float_device_array(fn, 'dy', dy), _float_device_array(fn, 'w', w)
+    return _dgrad(fn, dy, w.reshape(depthwise_filter_shape(fn, w.shape)), x_shape, strides, dilation, pads,
+                  data_format, w.shape[-2])
 
 
 def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
     """Gradient of depthwise_conv_fwd with respect to w (shape (*k, C, M)), through cuDNN."""
     fn = 'depthwise_conv_wgrad'
-    x = _float_device_array(fn, 'x', x)
+    x, dy = _float_device_array(fn, 'x', x), _float_device_array(fn, 'dy', dy)
     w_shape = geometry.normalize_positive_tuple(w_shape, x.ndim, fn, 'w_shape')
-    dw = conv_wgrad(x, dy, depthwise_filter_shape(fn, w_shape), strides, dilation, pads, data_format,
-                    groups=w_shape[-2], fn=fn)
+    dw = _wgrad(fn, x, dy, depthwise_filter_shape(fn, w_shape), strides, dilation, pads, data_format,
+                w_shape[-2])
     return dw.reshape(w_shape)
