@@ -664,7 +664,10 @@ bn_bwd_relu_dx(const elem_t* __restrict__ dy, const elem_t* __restrict__ x, cons
 // BN_FIN_ROWS: the last bits may differ). Deterministic, no float atomics.
 // The grid barriers need every block resident at once: the launcher sizes the grid from the
 // occupancy (blocks per SM x SMs; on the emulator its worker threads) and takes the split
-// path where that is not possible. barrier: two unsigned, zero when allocated, left as found.
+// path where that is not possible. barrier: two unsigned, zero when allocated, left as found;
+// one launch at a time may use it (two overlapping launches on one barrier would count each
+// other's arrivals): the launcher keeps one per (device, stream, host thread) (batchnorm.py
+// _barrier), so only launches that run in order (one stream) share one.
 // moving != 0: the moving averages too (scalars = [epsilon, decay, var_decay, var_factor]);
 // else scalars = [epsilon] and the moving buffers are not touched.
 static_assert(BN_ROWS * 32 == BN_THREADS, "bn_train_persistent runs the channels-last tiles with 1-D blocks");

@@ -255,7 +255,12 @@ def _persistent_blocks(rt, launches, view, x):
 
 
 def _barrier(rt):
-    """bn_train_persistent's grid-barrier state: zeroed once, left as found by every launch."""
+    """bn_train_persistent's grid-barrier state: zeroed once, left as found by every launch.
+    Two launches that overlap must never share one (each would count the other's blocks at its
+    barriers, and wait forever or run on early): like the scratch buffers it is kept per
+    (runtime, device, stream, host thread) (_device_key), and launches on one stream run one
+    after the other, so concurrent launches on two streams (or threads) use two barriers. A
+    captured CUDA Graph keeps the one of its capture stream, on which it is also replayed."""
     return _cached(rt, ('barrier',), lambda: rt.xp.zeros(2, np.uint32))
 
 

@@ -466,6 +466,30 @@ def test_persistent_path_only_where_the_grid_is_resident_and_x_fits_in_l2(monkey
     assert batchnorm._persistent_blocks(rt, module, last, x) == 0         # no resident grid: never wait
 
 
+def test_overlapping_launches_never_share_a_grid_barrier():
+    """bn_train_persistent's barrier counts the arrivals of one launch: two launches that may
+    overlap (two CUDA streams, two host threads) each get their own; one stream, whose
+    launches run in order, reuses its barrier."""
+    import threading
+    import types
+    stream = [1]
+    cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0),
+                                 get_current_stream=lambda: types.SimpleNamespace(ptr=stream[0]))
+    rt = types.SimpleNamespace(xp=types.SimpleNamespace(cuda=cuda, zeros=np.zeros))
+    first = batchnorm._barrier(rt)
+    assert batchnorm._barrier(rt) is first
+    stream[0] = 2
+    second = batchnorm._barrier(rt)
+    assert second is not first
+    other_thread = []
+    worker = threading.Thread(target=lambda: other_thread.append(batchnorm._barrier(rt)))
+    worker.start()
+    worker.join()
+    assert other_thread[0] is not second and other_thread[0] is not first
+    stream[0] = 1
+    assert batchnorm._barrier(rt) is first
+
+
 def test_cuda_coresident_blocks_from_occupancy():
     """A GPU's co-resident blocks: the occupancy rules for the kernel's registers and shared
     memory times the SMs; 0 (no grid barrier) where the registers or the arch are unknown."""
