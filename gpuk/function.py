@@ -17,7 +17,7 @@ import itertools
 
 import numpy as np
 
-from gpuk import config, cuda_graph, device, fusion, fusion_scan, loss_scaling, mixed_precision
+from gpuk import config, cuda_graph, device, fusion, fusion_gradients, fusion_scan, loss_scaling, mixed_precision
 from gpuk.kernels import runtime
 from gpuk.kernels.runtime import counters, deferred
 from gpuk.graph import (Constant, Placeholder, Tensor, Variable, checked_array, static_value,
@@ -118,9 +118,12 @@ class Plan:
         # one forward loop for a Scan and its gradient's residuals, fused or not
         self.steps = fusion_scan.merge_residual_scans(self.steps, set(self.target_slots) | set(self.input_slots))
         if fusion.enabled():
+            shapes = {s: t.shape for t, s in slot_of.items()}
+            # a target that is an identity broadcast is its source's slot; fuse drops the step
+            sources = fusion_gradients.identity_sources(self.steps, shapes)
+            self.target_slots = [sources.get(s, s) for s in self.target_slots]
             # elementwise groups within one generated kernel's limits where kernels run them
-            self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots),
-                                     {s: t.shape for t, s in slot_of.items()},
+            self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots), shapes,
                                      kernel_limits=getattr(impl, 'kind', None) != 'cpu')
         self.steps = mixed_precision.apply_policy(self.steps, self.slot_dtypes, self.precision)
         self._plan_frees()

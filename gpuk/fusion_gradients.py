@@ -2,11 +2,14 @@
 gradients (to a broadcast input, to the parts of a sliced tensor) where the plan's static
 shapes show they are not needed or can be one step.
 
-Identity broadcasts (``drop_identity_broadcasts``): the gradient of a broadcasting op sums
-it back to each input's shape with SumToShapeOf(g, like), and broadcasts with
-BroadcastLike(x, like); when both shapes are fully known at plan time and equal (a Scan's
+Identity broadcasts (``identity_sources``, ``drop_identity_broadcasts``): the gradient of a
+broadcasting op sums it back to each input's shape with SumToShapeOf(g, like), and broadcasts
+with BroadcastLike(x, like); when both shapes are fully known at plan time and equal (a Scan's
 step plan is compiled for the shapes it runs with, gpuk/ops/scan.py), the step is the
-identity: its readers read g (or x) instead, and elementwise chains around it can fuse.
+identity: its readers read g (or x) instead, and elementwise chains around it can fuse. A
+plan target computed by one is the source's slot (the Plan renames its target slots first),
+so a Scan's step plan returns one slot for a new state or output and the gradient it equals
+(and the Scan stacks that value once).
 
 Slice gradients (``merge_slice_gradients``): slicing one tensor into parts (an LSTM's or
 GRU's gate pre-activations ``z[:, :units]``, ``z[:, units:2 * units]``, ...) has as gradient
@@ -26,19 +29,24 @@ from gpuk.ops.elementwise import Binary, BroadcastLike, SumToShapeOf
 from gpuk.ops.shape import ScatterSlice, ScatterSlices
 
 
-def drop_identity_broadcasts(steps, protected, slot_shapes):
-    """The steps without the SumToShapeOf / BroadcastLike between equal, fully known shapes
-    (see the module docstring); their readers read the step's first input instead."""
-    rename, kept = {}, []
+def identity_sources(steps, slot_shapes):
+    """{output slot: source slot} of the steps that are a SumToShapeOf / BroadcastLike between
+    equal, fully known shapes (``slot_shapes``: slot -> static shape); a chain of them maps to
+    the first source."""
+    sources = {}
     for op, ins, outs in steps:
-        ins = [rename.get(s, s) for s in ins]
-        if type(op) in (SumToShapeOf, BroadcastLike) and outs[0] not in protected:
-            source, like = slot_shapes.get(ins[0]), slot_shapes.get(ins[1])
-            if source is not None and source == like and None not in source:
-                rename[outs[0]] = ins[0]
-                continue
-        kept.append((op, ins, outs))
-    return kept
+        if type(op) in (SumToShapeOf, BroadcastLike):
+            shape, like = slot_shapes.get(ins[0]), slot_shapes.get(ins[1])
+            if shape is not None and shape == like and None not in shape:
+                sources[outs[0]] = sources.get(ins[0], ins[0])
+    return sources
+
+
+def drop_identity_broadcasts(steps, protected, slot_shapes):
+    """The steps without the identity broadcasts (identity_sources) whose output is not
+    ``protected``; their readers read the source instead."""
+    rename = {s: source for s, source in identity_sources(steps, slot_shapes).items() if s not in protected}
+    return [(op, [rename.get(s, s) for s in ins], outs) for op, ins, outs in steps if outs[0] not in rename]
 
 
 def merge_slice_gradients(steps, protected):

@@ -147,6 +147,24 @@ def test_fusion_flag(monkeypatch, rng):
         K.function([x], [y])([np.zeros((2, 3))])
 
 
+def test_a_target_that_is_an_identity_broadcast_is_its_sources_slot(monkeypatch):
+    """SumToShapeOf / BroadcastLike between equal, fully known shapes (what a Scan's step plan
+    sees, compiled for its run-time shapes) compute nothing: as plan targets they are their
+    source's slot, with no step of their own (a Scan stacks such outputs once); unfused, the
+    steps run and give the same values."""
+    from gpuk.ops.elementwise import BroadcastLike, SumToShapeOf
+    x = K.placeholder((2, 3), dtype='float32')
+    doubled = x * 2
+    outputs = [doubled, apply(SumToShapeOf(), doubled, x), apply(BroadcastLike(), doubled, x)]
+    value = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for fusion_on in (True, False):
+        f = _compiled(monkeypatch, fusion_on, [x], outputs)
+        broadcasts = [op for op in _ops(f) if isinstance(op, (SumToShapeOf, BroadcastLike))]
+        assert (len(set(f._plan.target_slots)), len(broadcasts)) == ((1, 0) if fusion_on else (3, 2))
+        for got in f([value]):
+            np.testing.assert_array_equal(got, value * 2)
+
+
 # ---------------------------------------------------------------- training
 
 def _train_step(monkeypatch, fusion, data_format, init, xv):

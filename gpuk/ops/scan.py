@@ -120,8 +120,8 @@ class Scan(Op):
         sequence slices, the states, the captured tensors).
 
         The step graph is copied with inputs of these shapes, so that the plan knows every
-        shape (a gradient's SumToShapeOf between equal shapes drops out,
-        gpuk/fusion_gradients.py). Its loop invariants (pure ops reading only captured
+        shape (a gradient's SumToShapeOf between equal shapes drops out, and a new state or
+        output that is one is its input's plan slot: gpuk/fusion_gradients.py). Its loop invariants (pure ops reading only captured
         tensors, like the transposed recurrent kernel a gradient step multiplies by) move to
         the prologue, a plan run once per loop whose results the step plan reads as inputs.
         One pair per implementation and input signature, like a K.function's CUDA graphs;
@@ -132,9 +132,6 @@ class Scan(Op):
             inner = self.seq_inputs + self.state_inputs + self.captured_inputs
             shaped = [Placeholder(tuple(a.shape), t.dtype, name='scan_step_input') for t, a in zip(inner, arrays)]
             outputs = clone(self.step_outputs + self.state_outputs, dict(zip(inner, shaped)))
-            # a new state that is a SumToShapeOf between equal known shapes is its input (the
-            # plan drops such steps between other steps, not the ones whose value it returns)
-            outputs = [_without_identity_broadcast(t) for t in outputs]
             n_varying = len(self.seq_inputs) + len(self.state_inputs)
             invariants = _loop_invariants(outputs, shaped[:n_varying], shaped[n_varying:])
             self._prologues[signature] = (compile_plan(shaped[n_varying:], invariants, impl)
@@ -406,18 +403,6 @@ def _aliased_outputs(target_slots, shape_only):
     return aliases
 
 
-def _without_identity_broadcast(t):
-    """``t``, or its gradient input when ``t`` is a SumToShapeOf between equal, fully known
-    shapes (the identity)."""
-    from gpuk.ops.elementwise import SumToShapeOf
-    node = t.node
-    if node is not None and type(node.op) is SumToShapeOf:
-        g, like = node.inputs
-        if g.shape is not None and g.shape == like.shape and None not in g.shape and g.dtype == t.dtype:
-            return g
-    return t
-
-
 # Kept, stacked, on the NumPy device rather than recomputed by the backward step: each is
 # several ufunc calls there (a sigmoid four), a stacked value one copy per step (measured:
 # ~8% of Keras's LSTM training step). On a kernel device they fuse into the backward cell
@@ -482,8 +467,9 @@ def _unbroadcast_rows(b, a):
     known only at run time, A may broadcast a single row against more rows of the step's
     states (batch-1 inputs, batch-n initial states), and then B must be g summed to like's
     one row. There the SumToShapeOf stays in the step graph: a step plan compiled for equal
-    run-time shapes drops it (Scan._plan), and the Scan then writes the one stacked value
-    once for all the factors that are the same plan slot (_aliased_outputs)."""
+    run-time shapes returns its input's slot for it (gpuk/fusion_gradients.py), and the Scan
+    then writes the one stacked value once for all the factors that are the same plan slot
+    (_aliased_outputs)."""
     from gpuk.ops.elementwise import SumToShapeOf
     from gpuk.ops.linalg import MatMul
     node = b.node
