@@ -71,6 +71,23 @@ def test_atomics(selftest):
     assert umin[0] == values.min()
 
 
+def test_worker_threads_are_capped_once_by_the_runtime(selftest, monkeypatch):
+    """GPUK_EMULATE_THREADS beyond MAX_WORKERS runs MAX_WORKERS host threads (the runtime's
+    one cap, which the C++ launcher takes as given): the grid-wide barrier bound reports it,
+    and a grid of more blocks than workers still adds every thread's atomics."""
+    from gpuk.kernels.runtime import emulated_runtime
+    monkeypatch.setenv('GPUK_EMULATE_THREADS', str(10 * emulated_runtime.MAX_WORKERS))
+    assert emulated_runtime.worker_count() == emulated_runtime.MAX_WORKERS
+    kernel = selftest.kernel('atomics')
+    assert kernel.coresident_blocks(32) == emulated_runtime.MAX_WORKERS
+    n = 32 * (emulated_runtime.MAX_WORKERS + 7)
+    values = np.arange(1, n + 1, dtype=np.int32)
+    fsum, dsum = np.zeros(1, np.float32), np.zeros(1, np.float64)
+    ints, umin = np.array([0, -1, 0, 0, 0], np.int32), np.array([0xffffffff], np.uint32)
+    kernel.launch(n // 32, 32, (values, fsum, dsum, ints, umin, np.int64(n)))
+    assert ints.tolist() == [int(values.sum()), n, int(values.sum()), 1, 1]
+
+
 def test_votes(selftest):
     pred = np.zeros(96, np.int32)
     pred[[0, 5, 31]] = 1             # warp 0: some

@@ -153,7 +153,7 @@ def _remember_poisoned(array):
 # runtime's xp.empty / empty_like start on this boundary too, so that the counters see the
 # sectors a launch moves on a GPU (a 16-byte offset splits every row a kernel aligned).
 DEVICE_ALIGNMENT = 256
-MAX_WORKERS = 64   # emu_host.h runs a grid on at most this many host threads
+MAX_WORKERS = 64   # host threads a launch runs its blocks on at most (emu_host.h takes worker_count())
 
 
 def _aligned_empty(shape, dtype=float, order='C'):
@@ -216,6 +216,13 @@ def init_mask(array):
     return np.ascontiguousarray(np.repeat(written, array.itemsize).astype(np.uint8))
 
 
+def worker_count():
+    """The host threads a launch runs its blocks on: GPUK_EMULATE_THREADS (default 1), at most
+    MAX_WORKERS. The one cap: emu_host.h starts as many workers as it is given (fewer only
+    when the grid has fewer blocks)."""
+    return min(_env_int('GPUK_EMULATE_THREADS', 1, 1), MAX_WORKERS)
+
+
 def _env_int(name, default, minimum):
     raw = os.environ.get(name, '').strip()
     if not raw:
@@ -247,7 +254,7 @@ class EmulatedKernel:
         if order not in ('forward', 'reverse'):
             raise ValueError(f"GPUK_EMULATE_ORDER must be 'forward' or 'reverse', got {order!r}")
         config = _Config((ctypes.c_uint32 * 3)(*grid), (ctypes.c_uint32 * 3)(*block), int(shared_mem),
-                         _env_int('GPUK_EMULATE_THREADS', 1, 1), int(order == 'reverse'),
+                         worker_count(), int(order == 'reverse'),
                          _env_int('GPUK_EMULATE_STACK_KB', 64, 16) * 1024, checks)
         counters = _Counters()
         if checks:
@@ -269,9 +276,9 @@ class EmulatedKernel:
 
     def coresident_blocks(self, threads_per_block, shared_mem=0):
         """How many blocks of this kernel run at once: the emulator's worker threads
-        (GPUK_EMULATE_THREADS, at most MAX_WORKERS), each running one block to its end; a
-        grid-wide barrier is safe up to this many blocks."""
-        return min(_env_int('GPUK_EMULATE_THREADS', 1, 1), MAX_WORKERS)
+        (worker_count()), each running one block to its end; a grid-wide barrier is safe up to
+        this many blocks."""
+        return worker_count()
 
     def _marshal(self, args, check_init):
         c_args = (_Arg * max(1, len(args)))()

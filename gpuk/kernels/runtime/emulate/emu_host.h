@@ -37,7 +37,8 @@ struct gpuk_emu_counters {
 struct gpuk_emu_config {
     uint32_t grid[3], block[3];
     uint64_t shared_mem;
-    uint32_t host_threads, reverse_order;
+    uint32_t host_threads, reverse_order;   // host_threads: the workers to run the blocks on, as
+                                            // emulated_runtime.worker_count() capped them (MAX_WORKERS)
     uint64_t stack_bytes;
     uint32_t checks, n_tls_ignore;   // CHECK_* bits; used only by instrumented builds
     gpuk_emu_counters* counters;
@@ -1471,20 +1472,25 @@ inline int launch(const gpuk_emu_config* cfg, gpuk_emu_arg* args, int nargs, gpu
         L.nblocks = cfg->grid[0] * cfg->grid[1] * cfg->grid[2];
         L.err = err;
         pthread_mutex_init(&L.error_lock, nullptr);
-        unsigned nworkers = cfg->host_threads ? cfg->host_threads : 1;
+        unsigned nworkers = cfg->host_threads ? cfg->host_threads : 1;   // capped by the caller
         if (nworkers > L.nblocks) nworkers = L.nblocks;
-        if (nworkers > 64) nworkers = 64;
         Worker* workers = static_cast<Worker*>(calloc(nworkers, sizeof(Worker)));
-        pthread_t tids[64];
-        install_handlers();
-        for (unsigned k = 0; k < nworkers; ++k) workers[k].launch = &L;
-        for (unsigned k = 1; k < nworkers; ++k) pthread_create(&tids[k], nullptr, &worker_main, &workers[k]);
-        worker_main(&workers[0]);
-        for (unsigned k = 1; k < nworkers; ++k) pthread_join(tids[k], nullptr);
-        restore_handlers();
+        pthread_t* tids = static_cast<pthread_t*>(calloc(nworkers, sizeof(pthread_t)));
+        if (!workers || !tids) {
+            set_error(err, ERR_INTERNAL, "out of host memory for %u worker threads", nworkers);
+            status = 1;
+        } else {
+            install_handlers();
+            for (unsigned k = 0; k < nworkers; ++k) workers[k].launch = &L;
+            for (unsigned k = 1; k < nworkers; ++k) pthread_create(&tids[k], nullptr, &worker_main, &workers[k]);
+            worker_main(&workers[0]);
+            for (unsigned k = 1; k < nworkers; ++k) pthread_join(tids[k], nullptr);
+            restore_handlers();
+            status = L.failed;
+        }
+        free(tids);
         free(workers);
         pthread_mutex_destroy(&L.error_lock);
-        status = L.failed;
     }
     for (int r = 0; r < nregions && !status; ++r) {   // underflow writes land in the slack before the data
         const Region& g = regions[r];
