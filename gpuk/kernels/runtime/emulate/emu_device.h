@@ -65,7 +65,8 @@ void cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes);
 void cp_async_commit();
 void cp_async_wait(int pending_groups);   // -1: wait for every copy, committed or not
 // wgmma (hopper.cuh's wrappers): a warpgroup (128-thread) collective; the product is queued
-// at the issue and computed at the wait that retires its group (emu_host.h).
+// at the issue and computed at the first wait of a thread of the warpgroup that retires its
+// group (emu_host.h, which says what the sanitizer checks).
 enum WgmmaKind { WGMMA_F16, WGMMA_BF16, WGMMA_TF32 };
 struct WgmmaOperands { int kind, n; uint64_t desc_a, desc_b; int scale_d; float* d; };
 unsigned shared_window_address(const void* p);   // offset in the launch's dynamic shared memory

@@ -896,12 +896,27 @@ inline void* dynamic_shared_base() { return t_worker->smem; }
 // wgmma.mma_async is a collective of the 128 threads of a warpgroup (threads 128g..128g+127).
 // It is checked and queued when the last thread arrives; the product is computed when the
 // first thread of the warpgroup waits for its group (wgmma.wait_group), as the hardware may
-// read its operands any time until then: the shared memory is read at that wait. With the
-// memory checks on, a thread's write to an operand byte before its own wait retired the op is
-// reported (so is an operand still being landed by cp.async). Supported: m64nNk16 f16/bf16
-// and m64nNk8 tf32 with float32 accumulators, both operands K-major (imm-trans 0) in shared
-// memory, scale-a = scale-b = 1.
-struct WgOp { int kind, n; uint64_t desc_a, desc_b; int scale_d; uint32_t group, waited; bool done; float* d[128]; };
+// read its operands any time until then: the shared memory is read at that wait, into every
+// thread's accumulators. With the memory checks on:
+// - at the issue, an operand byte this block wrote must have been fenced by its writer
+//   (fence.proxy.async, wgmma_mark);
+// - a write to an operand byte is reported until all 128 threads have waited for the op (a
+//   landing cp.async is such a write; a read of a byte still being landed is reported at the
+//   wait). Stricter than PTX, which lets a thread write once its own wait returned: the
+//   fibers pass a wait_group one at a time, and the kernels hand a tile back through a
+//   barrier anyway. The operand reads count, for the race check, as the first waiter's at its
+//   wait, so a write after the waits needs that barrier too.
+// Supported: m64nNk16 f16/bf16 and m64nNk8 tf32 with float32 accumulators, both operands
+// K-major (imm-trans 0) in shared memory, scale-a = scale-b = 1.
+struct WgOp {
+    int kind, n;
+    uint64_t desc_a, desc_b;
+    int scale_d;
+    uint32_t group;    // the commit group it belongs to: groups its warpgroup committed before its issue
+    uint32_t waited;   // threads whose wgmma.wait_group retired it (128: its operand bytes are free)
+    bool done;         // computed (at the first of those waits)
+    float* d[128];     // each thread's accumulators
+};
 struct WgState {
     WgOp* ops; uint32_t head, n, cap;     // ops [head, n) not yet waited for by all 128 threads, in issue order
     uint32_t next[128];                   // per thread: the first op (index into ops) it has not waited for
