@@ -129,6 +129,22 @@ def test_ctc_errors(on_device):
     for labels, inputs, lengths, message in runs:
         with pytest.raises(ValueError, match='ctc_batch_cost: ' + message):
             f([probs, np.array(labels), np.array(inputs), np.array(lengths)])
+    if on_device != 'cpu':   # the loss ops queue one check of the values each, not theirs and the launcher's
+        from gpuk import device
+        from gpuk.kernels.runtime import deferred
+        from gpuk.ops import ctc as ctc_ops
+        impl = device.impl()
+        xp = impl.xp
+        logits = xp.asarray(np.zeros((2, 4, A), np.float32))
+        labels, inputs, lengths = xp.asarray([[0, 1], [1, 0]]), xp.asarray([[4], [3]]), xp.asarray([[2], [3]])
+        deferred.discard()
+        loss, log_alpha, frame_lse = ctc_ops.CtcLoss().forward(impl, logits, labels, inputs, lengths)
+        assert deferred.pending_count() == 1
+        ctc_ops.CtcLossGrad().forward(impl, logits, labels, inputs, lengths, log_alpha, frame_lse, loss,
+                                      xp.ones_like(loss))
+        assert deferred.pending_count() == 2
+        with pytest.raises(ValueError, match='ctc_batch_cost: label_length must be at most 2'):
+            deferred.raise_pending()
 
 
 def test_bad_label_in_a_ctc_training_step_changes_no_variable(on_device):

@@ -108,12 +108,13 @@ def _device_ints(rt, array):
     return array if array.size else rt.xp.zeros(1, np.int64)
 
 
-def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, blank, more_checks=None,
-                         more_arrays=()):
+def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, blank, values_checked,
+                         more_checks=None, more_arrays=()):
     """Shapes and dtypes checked once per problem signature (runtime/prepared.py; with
     `more_checks(logits, labels)` on the other arguments, ``more_arrays``, which join the
     signature); values (lengths in range, labels in [0, A) without the blank) checked on the
-    device on every call and raised later (runtime/deferred.py) with the twin's message. The
+    device on every call and raised later (runtime/deferred.py) with the twin's message, unless
+    ``values_checked`` (the caller queued that check itself). The
     kernels clamp every data-dependent index meanwhile. Returns the arrays, the checked blank
     and the problem's kernel launches (prepared.Launches)."""
     def prepare():
@@ -129,7 +130,7 @@ def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, b
     logits = logits if isinstance(logits, rt.xp.ndarray) else rt.xp.asarray(logits)
     labels, input_lengths, label_lengths = (_small_ints(rt, v) for v in (labels, input_lengths, label_lengths))
     steps, classes = logits.shape[1:]
-    if labels.size or input_lengths.size:
+    if (labels.size or input_lengths.size) and not values_checked:
         deferred.defer(rt, ctc_checks.loss_values_flag(rt.xp, labels, input_lengths, label_lengths, steps, classes,
                                                        blank),
                        lambda: ctc_checks.check_loss_inputs(fn, _stand_in(rt, fn, 'logits', logits)[1],
@@ -151,8 +152,10 @@ def _family_choice(rt, gpuk_fn, cudnn_fn, logits, labels, *rest):
     return dispatch.run(rt, 'ctc', key, gpuk_fn, cudnn_fn, logits, labels, *rest)
 
 
-def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, runtime=None):
+def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, runtime=None, values_checked=False):
     """CTC negative log-likelihood of each label given softmax(logits).
+    ``values_checked=True``: the caller has queued the device-side check of the labels' and
+    lengths' values itself (the graph op does, naming the K function), so none is queued here.
 
     # Returns
         (loss, log_alpha, frame_lse): loss (N,) (inf where no alignment exists); log_alpha
@@ -162,7 +165,7 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, ru
     """
     fn, rt = 'ctc_loss_fwd', resolve(runtime)
     logits, labels, input_lengths, label_lengths, blank, launches = _checked_loss_inputs(
-        fn, rt, logits, labels, input_lengths, label_lengths, blank)
+        fn, rt, logits, labels, input_lengths, label_lengths, blank, values_checked)
     return _family_choice(rt, functools.partial(_ctc_loss_fwd_gpuk, rt, launches), cudnn_ctc.ctc_loss_fwd, logits,
                           labels, input_lengths, label_lengths, blank)
 
@@ -260,10 +263,10 @@ def _row_floats(fn, rt, name, value, shape, acc):
 
 
 def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss, blank=None, *,
-                 runtime=None):
+                 runtime=None, values_checked=False):
     """Gradient of ctc_loss_fwd's loss with respect to the logits (log-softmax folded in);
     zero past each input length and for impossible labels. log_alpha, frame_lse and loss are
-    ctc_loss_fwd's outputs."""
+    ctc_loss_fwd's outputs. ``values_checked``: as ctc_loss_fwd's."""
     fn, rt = 'ctc_loss_bwd', resolve(runtime)
 
     def check_by_products(logits, labels):   # with the other checks, once per problem signature
@@ -277,7 +280,7 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_
         _row_floats(fn, rt, 'dloss', dloss, (batch,), acc)
 
     logits, labels, input_lengths, label_lengths, blank, launches = _checked_loss_inputs(
-        fn, rt, logits, labels, input_lengths, label_lengths, blank, check_by_products,
+        fn, rt, logits, labels, input_lengths, label_lengths, blank, values_checked, check_by_products,
         (log_alpha, frame_lse, loss, dloss))
     acc, xp = accumulation_dtype(logits.dtype), rt.xp
     as_acc = lambda v: (v if isinstance(v, xp.ndarray) else xp.asarray(v)).astype(acc, copy=False)   # noqa: E731
@@ -328,10 +331,10 @@ def _ctc_loss_bwd_gpuk(rt, launches, logits, labels, input_lengths, label_length
 
 # ---------------------------------------------------------------- decoders
 
-def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, lengths_checked, more_checks=None, params=()):
+def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, values_checked, more_checks=None, params=()):
     """Shapes, dtypes and the blank (and `more_checks()`, of ``params``) checked once per problem
     signature (runtime/prepared.py); the lengths' values on the device on every call (raised
-    where the results are read, runtime/deferred.py) unless ``lengths_checked`` (the caller
+    where the results are read, runtime/deferred.py) unless ``values_checked`` (the caller
     queued that check itself). Returns the arrays, the checked blank and the problem's kernel
     launches."""
     def prepare():
@@ -345,7 +348,7 @@ def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, lengths_chec
     blank, launches = prepared.get(rt, fn, (log_probs, input_lengths), (blank,) + params, prepare)
     log_probs = log_probs if isinstance(log_probs, rt.xp.ndarray) else rt.xp.asarray(log_probs)
     input_lengths = _small_ints(rt, input_lengths)
-    if input_lengths.size and not lengths_checked:
+    if input_lengths.size and not values_checked:
         deferred.defer(rt, rt.xp.any(ctc_checks.bad_lengths(rt.xp, input_lengths, log_probs.shape[1])),
                        lambda: ctc_checks.check_decode_inputs(fn, _stand_in(rt, fn, 'log_probs', log_probs)[1],
                                                               to_host(rt, input_lengths), blank))
@@ -353,9 +356,9 @@ def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, lengths_chec
 
 
 def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True, *, runtime=None,
-                      lengths_checked=False):
+                      values_checked=False):
     """Best path: argmax per frame within input_length, merge repeats, drop blanks.
-    ``lengths_checked=True``: the caller has queued the device-side check of input_lengths'
+    ``values_checked=True``: the caller has queued the device-side check of input_lengths'
     values itself (the graph op does, naming the K function), so none is queued here.
 
     # Returns
@@ -364,7 +367,7 @@ def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True,
     """
     fn, rt = 'ctc_greedy_decode', resolve(runtime)
     log_probs, input_lengths, blank, launches = _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank,
-                                                                       lengths_checked)
+                                                                       values_checked)
     batch, steps, classes = log_probs.shape
     decoded = rt.xp.empty((batch, steps), dtype=np.int64)
     neg_sum = rt.xp.zeros((batch, 1), dtype=log_probs.dtype)
@@ -378,9 +381,9 @@ def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True,
 
 
 def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1, blank=None,
-                           merge_repeated=False, *, runtime=None, lengths_checked=False):
+                           merge_repeated=False, *, runtime=None, values_checked=False):
     """CTC prefix beam search (TensorFlow's ctc_beam_search_decoder), on the GPU.
-    ``lengths_checked=True``: the caller has queued the device-side check of input_lengths'
+    ``values_checked=True``: the caller has queued the device-side check of input_lengths'
     values itself (the graph op does, naming the K function), so none is queued here.
 
     # Returns
@@ -389,7 +392,7 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
     """
     fn, rt = 'ctc_beam_search_decode', resolve(runtime)
     log_probs, input_lengths, blank, launches = _checked_decode_inputs(
-        fn, rt, log_probs, input_lengths, blank, lengths_checked,
+        fn, rt, log_probs, input_lengths, blank, values_checked,
         lambda: (ctc_checks.positive_int(fn, 'beam_width', beam_width),
                  ctc_checks.positive_int(fn, 'top_paths', top_paths, beam_width)),
         (beam_width, top_paths, type(beam_width), type(top_paths)))   # True == 1: the types key too

@@ -122,6 +122,14 @@ def loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths, 
     return labels, input_lengths.astype(np.int64), label_lengths.astype(np.int64)
 
 
+def _values_checked(impl):
+    """The launchers' ``values_checked=True`` (gpuk/kernels/ctc.py) on 'cuda' and 'emulate': the
+    op queued the check of the labels' and lengths' values (loss_inputs_checked_later,
+    lengths_checked_later), naming the K function, so the launcher queues no second one. The
+    NumPy twin ('cpu', where the op's check ran at once) has no such switch."""
+    return {} if impl.kind == 'cpu' else {'values_checked': True}
+
+
 # --- loss ---------------------------------------------------------------------------------------
 
 class CtcLoss(Op):
@@ -146,7 +154,7 @@ class CtcLoss(Op):
     def forward(self, impl, logits, labels, input_lengths, label_lengths):
         labels, input_lengths, label_lengths = loss_inputs_checked_later(
             impl, self.where, logits.shape, labels, input_lengths, label_lengths)
-        return impl.ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths)
+        return impl.ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, **_values_checked(impl))
 
     def grad(self, inputs, outputs, output_grads):
         if not (is_zero(output_grads[1]) and is_zero(output_grads[2])):
@@ -169,7 +177,7 @@ class CtcLossGrad(Op):
         labels, input_lengths, label_lengths = loss_inputs_checked_later(
             impl, 'ctc_batch_cost', logits.shape, labels, input_lengths, label_lengths)
         return impl.ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss,
-                                     dloss)
+                                     dloss, **_values_checked(impl))
 
 
 # --- decoders -----------------------------------------------------------------------------------
@@ -184,13 +192,6 @@ def lengths_checked_later(impl, where, name, values, batch, upper, upper_desc):
     bad = xp.any(ctc_checks.bad_lengths(xp, vector, upper))
     impl.check_later(bad, lambda: lengths_vector(np, where, name, to_host(values), batch, upper, upper_desc))
     return vector.astype(np.int64)
-
-
-def _lengths_checked(impl):
-    """The launchers' ``lengths_checked=True`` (gpuk/kernels/ctc.py) on 'cuda' and 'emulate':
-    ``lengths_checked_later`` queued the check of the lengths' values, so the launcher queues no
-    second one. The NumPy twin ('cpu', where that check ran at once) has no such switch."""
-    return {} if impl.kind == 'cpu' else {'lengths_checked': True}
 
 
 def _cut_trailing_padding(xp, decoded):
@@ -213,7 +214,7 @@ class CtcGreedyDecode(Op):
     def forward(self, impl, log_probs, input_lengths):
         lengths = lengths_checked_later(impl, self.where, 'input_length', input_lengths,
                                         log_probs.shape[0], log_probs.shape[1], 'the time steps of y_pred')
-        decoded, neg_sum = impl.ctc.ctc_greedy_decode(log_probs, lengths, None, True, **_lengths_checked(impl))
+        decoded, neg_sum = impl.ctc.ctc_greedy_decode(log_probs, lengths, None, True, **_values_checked(impl))
         return _cut_trailing_padding(impl.xp, decoded), neg_sum
 
 
@@ -234,7 +235,7 @@ class CtcBeamDecode(Op):
         lengths = lengths_checked_later(impl, self.where, 'input_length', input_lengths,
                                         log_probs.shape[0], log_probs.shape[1], 'the time steps of y_pred')
         paths, scores = impl.ctc.ctc_beam_search_decode(
-            log_probs, lengths, self.beam_width, self.top_paths, None, self.merge_repeated, **_lengths_checked(impl))
+            log_probs, lengths, self.beam_width, self.top_paths, None, self.merge_repeated, **_values_checked(impl))
         return tuple(_cut_trailing_padding(impl.xp, p) for p in paths) + (scores,)
 
 
