@@ -121,9 +121,10 @@ class Scan(Op):
 
         The step graph is copied with inputs of these shapes, so that the plan knows every
         shape (a gradient's SumToShapeOf between equal shapes drops out, and a new state or
-        output that is one is its input's plan slot: gpuk/fusion_gradients.py). Its loop invariants (pure ops reading only captured
-        tensors, like the transposed recurrent kernel a gradient step multiplies by) move to
-        the prologue, a plan run once per loop whose results the step plan reads as inputs.
+        output that is one is its input's plan slot: gpuk/fusion_gradients.py). Its loop
+        invariants (pure ops reading only captured tensors, like the transposed recurrent kernel
+        a gradient step multiplies by) move to the prologue, a plan run once per loop whose
+        results the step plan reads as inputs.
         One pair per implementation and input signature, like a K.function's CUDA graphs;
         the step plans stay in ``_plans`` (the plan reports read them there)."""
         signature = (id(impl),) + tuple((tuple(a.shape), a.dtype.name) for a in arrays)

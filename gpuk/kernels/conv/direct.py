@@ -316,7 +316,8 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *
         group_taps = wgrad_group_taps(kernel_spatial)
         channel_tiles, groups = math.ceil(c_out / DW_CHANNELS), math.ceil(taps / group_taps)
         if groups > MAX_GRID_YZ:
-            raise ValueError('%s: %d filter taps is above the kernel limit of %d' % (fn, taps, MAX_GRID_YZ * group_taps))
+            raise ValueError('%s: %d filter taps is above the kernel limit of %d'
+                             % (fn, taps, MAX_GRID_YZ * group_taps))
         splits = forced_splits or depthwise_wgrad_splits(tiles, channel_tiles * groups)
         per_split = math.ceil(tiles / min(splits, tiles))
         splits = math.ceil(tiles / per_split)

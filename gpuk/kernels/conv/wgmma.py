@@ -1,9 +1,10 @@
 """The Hopper path of conv_fwd, conv_dgrad and conv_wgrad: conv_wgmma.cu (warpgroup MMA, sm_90a).
 
-Each op has its ``*_fits`` (FITS), decided once per problem: float16 / bfloat16 inputs, or float32 under precision 'tf32';
-channels_last with the channels the kernel reads in 16-byte units a multiple of 16 bytes /
-element (8 or 4 channels: fwd C_in, dgrad C_out, wgrad C_in and C_out); then ``applies`` per
-call: those operands 16-byte aligned and an sm_90 device (the kernels are built for sm_90a, which runs on sm_90 only).
+Each op has its ``*_fits`` (FITS), decided once per problem: float16 / bfloat16 inputs, or
+float32 under precision 'tf32'; channels_last with the channels the kernel reads in 16-byte
+units a multiple of 16 bytes / element (8 or 4 channels: fwd C_in, dgrad C_out, wgrad C_in and
+C_out); then ``applies`` per call: those operands 16-byte aligned and an sm_90 device (the
+kernels are built for sm_90a, which runs on sm_90 only).
 Everything else runs conv_igemm.cu. The emulator has no architecture, so there the path runs
 only inside ``forced()`` (tests).
 
