@@ -198,7 +198,6 @@ def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     return problem.from_kernel_layout(rt, y)
 
 
-
 def _dgrad_launch(rt, g, dtype):
     """dgrad runs one sub-convolution per stride phase (conv_igemm.cu, DgradPhase): grid z is the
     phase, grid x covers the largest phase (phase 0: ceil(in / s) pixels per dim)."""
