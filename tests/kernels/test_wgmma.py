@@ -54,8 +54,9 @@ def test_wgmma_follows_the_ptx_layouts(gemm, mode):
     (4, 'wgmma', ['descriptor b', 'dynamic shared memory']),
     (5, 'wgmma', ['never retired']),
     (7, 'wgmma', ['thread (5, 0, 0)', 'generic proxy', 'no fence.proxy.async']),
+    (8, 'wgmma', ['write of dynamic shared memory', 'not yet retired']),
 ], ids=['no-fence', 'operand-written-early', 'partial-warpgroup', 'descriptor-outside', 'never-waited',
-        'no-proxy-fence'])
+        'no-proxy-fence', 'operand-written-before-the-warpgroup-waited'])
 def test_wgmma_misuse_is_reported(gemm, mode, kind, words):
     with pytest.raises(KernelLaunchError) as info:
         _run(gemm, mode)

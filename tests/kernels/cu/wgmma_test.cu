@@ -6,7 +6,9 @@
 // 96..127 skip the wgmma; 4 B's descriptor points past the shared memory; 5 no wait at all;
 // 6 correct, with the operands in the no-swizzle ("interleaved") layout instead: 8-row x
 // 16-byte core matrices, LBO = 128 bytes between K neighbours, SBO = 1024 between row groups;
-// 7 thread 5 skips the fence.proxy.async after its operand stores.
+// 7 thread 5 skips the fence.proxy.async after its operand stores; 8 thread 0 writes an A byte
+// right after its own wait, before the other threads' waits (PTX allows it; the emulator's
+// stricter rule wants the whole warpgroup's waits, then a barrier).
 #include "hopper.cuh"
 
 #define WGT_A_BYTES (64 * 128)
@@ -44,6 +46,7 @@ extern "C" __global__ void __launch_bounds__(128) wgmma_gemm(const __half* __res
     if (mode == 2 && threadIdx.x == 0) smem[0] = 0;
     if (mode == 5) return;
     wgmma_wait<0>();
+    if (mode == 8 && threadIdx.x == 0) smem[0] = 0;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int j = 0; j < 16; ++j)
         for (int i = 0; i < 2; ++i)
