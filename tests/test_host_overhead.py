@@ -292,13 +292,15 @@ def test_every_launcher_family_prepares_a_problem_once_and_checks_every_call_on_
         net.train_on_batch(x, y)
         ctc([rng.standard_normal((2, 5, 4)).astype(np.float32)])
         return set(seen), prepares[0]
-    step()
-    step()   # Adam's iteration count: a 0-d array at first, a NumPy scalar after its first update
-    families, count = step()
+    families, count = step()                           # the first step prepares every family's problems
     for name in ('conv_fwd', 'conv_wgrad', 'bn_train_fwd', 'bn_bwd', 'max_pool_fwd', 'max_pool_bwd',
                  'bias_act_fwd', 'fused', 'sparse_softmax_xent_fwd', 'sparse_softmax_xent_bwd', 'ctc_loss_fwd'):
         assert name in families, (name, families)
+    assert count > 0, count
+    step()   # Adam's iteration count: a 0-d array at first, a NumPy scalar after its first update
+    families, count = step()
     assert count == 0, count                           # the second step of the signature: prepared
+    assert 'fused' not in families, families           # fused steps keep their runners (prepared.Kept)
     os.environ['GPUK_CHECK_LAUNCHES'] = '1'
     families, count = step()
     assert count == len(seen) > 0, (count, len(seen))  # the debug flag: every call checked

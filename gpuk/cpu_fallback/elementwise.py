@@ -63,5 +63,11 @@ def bias_act_fwd(x, bias, axis=-1, activation='linear'):
 def fused(program, inputs):
     """The outputs (a list) of a fused elementwise ``program`` (gpuk.contracts.fused_program):
     its ops run one by one with their own NumPy forwards, so results equal the unfused plan's."""
+    return fused_runner(program, inputs)(inputs)
+
+
+def fused_runner(program, inputs):
+    """``run(inputs)``, ``fused(program, inputs)`` for inputs of the dtypes of these ``inputs``
+    (checked now): what a fused plan step keeps between calls."""
     check_fused_args(program, inputs)
-    return program.run_unfused(inputs)
+    return program.run_unfused

@@ -71,4 +71,4 @@ def bias_act_fwd(x, bias, axis=-1, activation='linear', *, runtime=None):
     return y
 
 
-from .fused_elementwise import fused  # noqa: E402,F401 - the family's fused chains (generated kernels)
+from .fused_elementwise import fused, fused_runner  # noqa: E402,F401 - the family's fused chains (generated kernels)
