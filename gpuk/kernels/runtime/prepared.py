@@ -89,16 +89,24 @@ class Kept:
         shapes = self._shapes
         if len(arrays) != len(shapes):
             return None
-        for a, shape, dtype in zip(arrays, shapes, self._dtypes):
-            if a.shape != shape or a.dtype != dtype:
-                return None
+        try:
+            for a, shape, dtype in zip(arrays, shapes, self._dtypes):
+                if a.shape != shape or a.dtype != dtype:
+                    return None
+        except AttributeError:   # not an array
+            return None
         return self._value
 
     def keep(self, owner, arrays, value):
-        """Keeps ``value`` for ``arrays``' shapes and dtypes and returns it."""
+        """Keeps ``value`` for ``arrays``' shapes and dtypes (nothing, when one has none) and
+        returns it."""
+        try:
+            self._shapes = tuple(a.shape for a in arrays)
+            self._dtypes = tuple(a.dtype for a in arrays)
+        except AttributeError:   # not arrays: nothing kept, the call site asks each time
+            self._owner = self._value = None
+            return value
         self._owner, self._generation, self._value = owner, _generation[0], value
-        self._shapes = tuple(a.shape for a in arrays)
-        self._dtypes = tuple(a.dtype for a in arrays)
         return value
 
 
