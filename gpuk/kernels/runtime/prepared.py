@@ -66,43 +66,44 @@ def clear():
 class Kept:
     """What one call site prepared for its last problem: a plan step's op sees the same problem
     call after call, so it keeps the prepared value (a launcher's runner) with its arrays'
-    shapes and dtypes and finds it again by comparing them, without building and hashing
+    types, shapes and dtypes and finds it again by comparing them, without building and hashing
     ``get``'s key or going through the launcher's own lookups:
 
         run = self._kept.find(impl, arrays)
         if run is None:
             run = self._kept.keep(impl, arrays, impl.<family>.<launcher>_runner(..., arrays))
 
-    ``owner`` (the implementation) must be the same object; the arrays need shape and dtype
-    (runtime arrays or NumPy scalars: a runner converts what is not a contiguous runtime
-    array per call). Bypassed like ``get`` under GPUK_CHECK_LAUNCHES=1, and forgotten by
-    ``clear()``."""
-    __slots__ = ('_owner', '_generation', '_shapes', '_dtypes', '_value')
+    ``owner`` (the implementation) must be the same object; values without a shape and dtype
+    are never kept, and a value of another type misses (a NumPy array where the CUDA runtime's
+    was kept goes through ``get`` and its checks, as before). Bypassed like ``get`` under
+    GPUK_CHECK_LAUNCHES=1, and forgotten by ``clear()``."""
+    __slots__ = ('_owner', '_generation', '_types', '_shapes', '_dtypes', '_value')
 
     def __init__(self):
         self._owner = self._value = None
 
     def find(self, owner, arrays):
-        """The kept value when ``arrays`` have the kept shapes and dtypes, else None."""
+        """The kept value when ``arrays`` have the kept types, shapes and dtypes, else None."""
         if owner is not self._owner or self._generation != _generation[0] or _forced[0]:
             return None
         shapes = self._shapes
         if len(arrays) != len(shapes):
             return None
         try:
-            for a, shape, dtype in zip(arrays, shapes, self._dtypes):
-                if a.shape != shape or a.dtype != dtype:
+            for a, kind, shape, dtype in zip(arrays, self._types, shapes, self._dtypes):
+                if type(a) is not kind or a.shape != shape or a.dtype != dtype:
                     return None
         except AttributeError:   # not an array
             return None
         return self._value
 
     def keep(self, owner, arrays, value):
-        """Keeps ``value`` for ``arrays``' shapes and dtypes (nothing, when one has none) and
-        returns it."""
+        """Keeps ``value`` for ``arrays``' types, shapes and dtypes (nothing, when one has no
+        shape or dtype) and returns it."""
         try:
             self._shapes = tuple(a.shape for a in arrays)
             self._dtypes = tuple(a.dtype for a in arrays)
+            self._types = tuple(type(a) for a in arrays)
         except AttributeError:   # not arrays: nothing kept, the call site asks each time
             self._owner = self._value = None
             return value
