@@ -168,7 +168,7 @@ class CudaLaunch:
                  '_cupy')
 
     def __init__(self, kernel, grid, block, shared_mem):
-        import cupy
+        cupy = kernel.module.runtime.xp   # (no import statement: made per call outside prepared steps)
         self.kernel, self.config = kernel, kernel._check_config(grid, block, shared_mem)
         self._grid, self._block, self._shared_mem = self.config
         self._function, self._array_type, self._cupy = kernel._function, cupy.ndarray, cupy
