@@ -336,3 +336,36 @@ def test_checks_a_graph_collects_gate_its_updates_and_are_read_after_each_replay
     with pytest.raises(ValueError, match=r'target must lie in \[0, 4\)'):
         deferred.raise_pending()
     assert deferred.pending_count() == 0
+
+
+def test_the_cuda_runtime_launches_one_way_and_checks_a_configuration_per_call_outside_prepared_steps():
+    """CudaKernel.launch goes through its configuration's CudaLaunch (cuda_runtime.py): kept
+    inside prepared steps, checked on every call elsewhere, so an int-equal bool grid or bad
+    arguments still raise after a good launch of the same configuration."""
+    _rehearse('''
+    import numpy as np
+    import pytest
+    from gpuk import device
+    from gpuk.kernels import elementwise, runtime
+    rt = runtime.get_runtime('cuda')
+    xp = rt.xp
+    kernel = rt.load(elementwise.SOURCE, elementwise.defines(np.float32)).kernel('bias_act_fwd')
+    x, b = xp.ones((4, 64), xp.float32), xp.full(64, 2.0, xp.float32)
+    y = xp.empty_like(x)
+    args = (x, b, y, np.int64(x.size), np.int64(64), np.int64(1), np.int32(0))
+    kernel.launch(1, 64, args)
+    assert np.allclose(device.to_host(y), 3.0)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="kernel 'bias_act_fwd': grid"):
+            kernel.launch(True, 64, args)
+        with pytest.raises(TypeError, match="kernel 'bias_act_fwd': argument 0"):
+            kernel.launch(1, 64, (x.astype(np.float64),) + args[1:])
+    assert kernel.configured(1, 64) is not kernel.configured(1, 64)      # checked on every call
+    with runtime.prepared_launches():
+        launch = kernel.configured(1, 64)
+        assert kernel.configured(1, 64) is launch                        # kept for the prepared step
+        y[...] = 0
+        launch(args)
+    assert np.allclose(device.to_host(y), 3.0)
+    print('ok')
+    ''')
