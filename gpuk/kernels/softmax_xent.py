@@ -318,9 +318,9 @@ class _XentRows:
             array = array.astype(dtype, copy=False)
         return xp.ascontiguousarray(xp.moveaxis(array, self.axis, -1) if self.moved else array)
 
-    def cuda_wanted(self):
-        """Whether the family is set to cuDNN (or auto) here: the runner then calls the launcher,
-        whose dispatcher says once that cuDNN has no fused cross-entropy."""
+    def cudnn_asked(self):
+        """Whether the family is set to cuDNN (or auto, with cuDNN here): the runner then calls
+        the launcher, whose dispatcher says once that cuDNN has no fused cross-entropy."""
         return cudnn_library.choose('softmax_xent') != 'gpuk'
 
 
@@ -336,7 +336,7 @@ def softmax_xent_fwd_runner(logits, target, axis=-1, *, runtime=None):
         dtype, acc = rows.dtype, rows.acc
 
         def run(logits, target):
-            if rows.cuda_wanted():
+            if rows.cudnn_asked():
                 return softmax_xent_fwd(logits, target, axis, runtime=rt)
             loss, lse = empty(reduced, dtype), empty(reduced, acc)
             if launch is not None:
@@ -360,7 +360,7 @@ def softmax_xent_bwd_runner(logits, target, lse, dloss, axis=-1, *, runtime=None
                                                  .astype(acc, copy=False))
 
         def run(logits, target, lse, dloss):
-            if rows.cuda_wanted():
+            if rows.cudnn_asked():
                 return softmax_xent_bwd(logits, target, lse, dloss, axis, runtime=rt)
             dlogits = xp.empty(rows.moved_shape, dtype)
             if launch is not None:

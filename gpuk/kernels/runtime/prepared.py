@@ -13,8 +13,10 @@ K.function plan for the same input shapes: the same launches with the same signa
 both. What ``prepare()`` returns holds sizes, names, numpy scalars, the kernel launches
 themselves (``rt.kernel_launch``: the loaded kernel with its grid, block and shared memory
 checked) and at most constant device tables no call writes (the fused kernel's index
-strides); never a caller's array: the per-call part still does the array work (contiguous
-copies, casts, outputs, the launch).
+strides), or a *runner* closing over those (``fused_runner``, ``bias_act_fwd_runner``, the
+cross-entropy runners: ``run(arrays)`` is the per-call part); never a caller's array: the
+per-call part still does the array work (contiguous copies, casts, outputs, the launch). A
+plan step that calls a runner launcher keeps its last runner itself (``Kept`` below).
 
 Checked on every call instead:
 - with GPUK_CHECK_LAUNCHES=1 (the debug flag; read at import and by each
@@ -77,37 +79,38 @@ class Kept:
     are never kept, and a value of another type misses (a NumPy array where the CUDA runtime's
     was kept goes through ``get`` and its checks, as before). Bypassed like ``get`` under
     GPUK_CHECK_LAUNCHES=1, and forgotten by ``clear()``."""
-    __slots__ = ('_owner', '_generation', '_types', '_shapes', '_dtypes', '_value')
+    __slots__ = ('_last',)
 
     def __init__(self):
-        self._owner = self._value = None
+        # (owner, generation, types, shapes, dtypes, value): replaced in one assignment, so a
+        # thread sharing the step never reads half of one problem and half of another
+        self._last = None
 
     def find(self, owner, arrays):
         """The kept value when ``arrays`` have the kept types, shapes and dtypes, else None."""
-        if owner is not self._owner or self._generation != _generation[0] or _forced[0]:
+        last = self._last
+        if last is None or _forced[0]:
             return None
-        shapes = self._shapes
-        if len(arrays) != len(shapes):
+        kept_owner, generation, types, shapes, dtypes, value = last
+        if owner is not kept_owner or generation != _generation[0] or len(arrays) != len(shapes):
             return None
         try:
-            for a, kind, shape, dtype in zip(arrays, self._types, shapes, self._dtypes):
+            for a, kind, shape, dtype in zip(arrays, types, shapes, dtypes):
                 if type(a) is not kind or a.shape != shape or a.dtype != dtype:
                     return None
         except AttributeError:   # not an array
             return None
-        return self._value
+        return value
 
     def keep(self, owner, arrays, value):
         """Keeps ``value`` for ``arrays``' types, shapes and dtypes (nothing, when one has no
         shape or dtype) and returns it."""
         try:
-            self._shapes = tuple(a.shape for a in arrays)
-            self._dtypes = tuple(a.dtype for a in arrays)
-            self._types = tuple(type(a) for a in arrays)
+            last = (owner, _generation[0], tuple(type(a) for a in arrays), tuple(a.shape for a in arrays),
+                    tuple(a.dtype for a in arrays), value)
         except AttributeError:   # not arrays: nothing kept, the call site asks each time
-            self._owner = self._value = None
-            return value
-        self._owner, self._generation, self._value = owner, _generation[0], value
+            last = None
+        self._last = last
         return value
 
 
