@@ -29,6 +29,7 @@ import numpy as np
 
 from gpuk.contracts.fused_program import MAX_INPUTS, MAX_OUTPUTS, FusedProgram, Instruction
 from gpuk.graph import Meta
+from gpuk.kernels.runtime import prepared
 from gpuk.ops.base import Op
 from gpuk.ops.bias import BiasAct
 from gpuk.ops.shape import Getitem
@@ -47,7 +48,8 @@ class FusedElementwise(Op):
         self.members = tuple((op, tuple(args)) for op, args in members)
         self.n_inputs = n_inputs
         self.outputs = tuple(outputs)
-        self._programs = {}
+        self._last = None   # (implementation, the program last built for it)
+        self._kept = prepared.Kept()
 
     @property
     def name(self):
@@ -57,11 +59,11 @@ class FusedElementwise(Op):
         return 'FusedElementwise(%d ops: %s)' % (len(self.members), self.name)
 
     def program(self, impl, arrays):
-        """The FusedProgram for these inputs' dtypes (the last one per implementation is kept:
-        a plan's step sees the same dtypes call after call)."""
-        impl_and_program = self._programs.get(id(impl))
-        if impl_and_program is not None and impl_and_program[0] is impl and impl_and_program[1].takes(arrays):
-            return impl_and_program[1]
+        """The FusedProgram for these inputs' dtypes (the last one built is kept: a plan's step
+        sees the same implementation and dtypes call after call)."""
+        last = self._last
+        if last is not None and last[0] is impl and last[1].takes(arrays):
+            return last[1]
         metas = [Meta(tuple(a.shape), a.dtype.name) for a in arrays]
         instructions = []
         for op, args in self.members:
@@ -72,12 +74,16 @@ class FusedElementwise(Op):
                                             _bound_forward(op, impl)))
         program = FusedProgram(tuple(_dtype(a.dtype) for a in arrays), tuple(instructions), self.outputs)
         program = _interned(impl, program)
-        self._programs[id(impl)] = (impl, program)   # its forwards are bound to impl
+        self._last = (impl, program)   # its forwards are bound to impl
         return program
 
     def forward(self, impl, *arrays):
-        # plan values are arrays or NumPy scalars (0-d NumPy results): both have dtype and shape
-        results = impl.elementwise.fused(self.program(impl, arrays), arrays)
+        # plan values are arrays or NumPy scalars (0-d NumPy results): both have dtype and shape.
+        # The step keeps the runner of its last problem (checked and set up once: prepared.Kept)
+        run = self._kept.find(impl, arrays)
+        if run is None:
+            run = self._kept.keep(impl, arrays, impl.elementwise.fused_runner(self.program(impl, arrays), arrays))
+        results = run(arrays)
         return results[0] if len(results) == 1 else tuple(results)
 
 

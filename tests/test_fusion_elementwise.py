@@ -43,6 +43,26 @@ def test_broadcast_chain_fuses_into_one_step(monkeypatch, on, rng, kind, dtype):
 
 
 @pytest.mark.parametrize('kind', ['cpu', 'emulate'])
+def test_a_fused_step_keeps_its_runner_per_input_shapes(monkeypatch, on, rng, kind):
+    """A fused step keeps the runner of its last problem (prepared.Kept): a call with other
+    shapes or dtypes must not reuse it (the kernel's output shape and index tables are the
+    problem's), and the step's results follow the shapes call after call."""
+    on(kind)
+    x = K.placeholder((None, 6))
+    b = K.variable(rng.standard_normal(6).astype('float32'))
+    scale = K.variable(0.5)
+    y = K.sigmoid(x * scale + b) * K.tanh(x) - K.exp(-K.abs(x)) / (1 + K.square(b))   # as above: one build
+    fused = _compiled(monkeypatch, True, [x], [y])
+    plain = _compiled(monkeypatch, False, [x], [y])
+    _no_fallback(monkeypatch, kind)
+    for batch in (4, 4, 2, 2, 4, 1):
+        xv = rng.standard_normal((batch, 6)).astype('float32')
+        got, want = fused([xv])[0], plain([xv])[0]
+        assert got.shape == want.shape == (batch, 6)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('kind', ['cpu', 'emulate'])
 def test_mixed_dtypes_promote_like_the_ops(monkeypatch, on, rng, kind):
     on(kind)
     xv = rng.standard_normal((3, 5)).astype('float32')

@@ -292,13 +292,15 @@ def test_every_launcher_family_prepares_a_problem_once_and_checks_every_call_on_
         net.train_on_batch(x, y)
         ctc([rng.standard_normal((2, 5, 4)).astype(np.float32)])
         return set(seen), prepares[0]
-    step()
-    step()   # Adam's iteration count: a 0-d array at first, a NumPy scalar after its first update
-    families, count = step()
+    families, count = step()                           # the first step prepares every family's problems
     for name in ('conv_fwd', 'conv_wgrad', 'bn_train_fwd', 'bn_bwd', 'max_pool_fwd', 'max_pool_bwd',
                  'bias_act_fwd', 'fused', 'sparse_softmax_xent_fwd', 'sparse_softmax_xent_bwd', 'ctc_loss_fwd'):
         assert name in families, (name, families)
+    assert count > 0, count
+    step()   # Adam's iteration count: a 0-d array at first, a NumPy scalar after its first update
+    families, count = step()
     assert count == 0, count                           # the second step of the signature: prepared
+    assert 'fused' not in families, families           # fused steps keep their runners (prepared.Kept)
     os.environ['GPUK_CHECK_LAUNCHES'] = '1'
     families, count = step()
     assert count == len(seen) > 0, (count, len(seen))  # the debug flag: every call checked
@@ -334,3 +336,36 @@ def test_checks_a_graph_collects_gate_its_updates_and_are_read_after_each_replay
     with pytest.raises(ValueError, match=r'target must lie in \[0, 4\)'):
         deferred.raise_pending()
     assert deferred.pending_count() == 0
+
+
+def test_the_cuda_runtime_launches_one_way_and_checks_a_configuration_per_call_outside_prepared_steps():
+    """CudaKernel.launch goes through its configuration's CudaLaunch (cuda_runtime.py): kept
+    inside prepared steps, checked on every call elsewhere, so an int-equal bool grid or bad
+    arguments still raise after a good launch of the same configuration."""
+    _rehearse('''
+    import numpy as np
+    import pytest
+    from gpuk import device
+    from gpuk.kernels import elementwise, runtime
+    rt = runtime.get_runtime('cuda')
+    xp = rt.xp
+    kernel = rt.load(elementwise.SOURCE, elementwise.defines(np.float32)).kernel('bias_act_fwd')
+    x, b = xp.ones((4, 64), xp.float32), xp.full(64, 2.0, xp.float32)
+    y = xp.empty_like(x)
+    args = (x, b, y, np.int64(x.size), np.int64(64), np.int64(1), np.int32(0))
+    kernel.launch(1, 64, args)
+    assert np.allclose(device.to_host(y), 3.0)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="kernel 'bias_act_fwd': grid"):
+            kernel.launch(True, 64, args)
+        with pytest.raises(TypeError, match="kernel 'bias_act_fwd': argument 0"):
+            kernel.launch(1, 64, (x.astype(np.float64),) + args[1:])
+    assert kernel.configured(1, 64) is not kernel.configured(1, 64)      # checked on every call
+    with runtime.prepared_launches():
+        launch = kernel.configured(1, 64)
+        assert kernel.configured(1, 64) is launch                        # kept for the prepared step
+        y[...] = 0
+        launch(args)
+    assert np.allclose(device.to_host(y), 3.0)
+    print('ok')
+    ''')

@@ -27,6 +27,7 @@ from gpuk.contracts import softmax_xent_checks as checks
 __all__ = [
     'softmax_fwd', 'softmax_bwd', 'log_softmax_fwd', 'log_softmax_bwd',
     'softmax_xent_fwd', 'softmax_xent_bwd', 'softmax_xent_dtarget',
+    'softmax_xent_fwd_runner', 'softmax_xent_bwd_runner',
     'sparse_softmax_xent_fwd', 'sparse_softmax_xent_bwd',
     'categorical_xent_probs_fwd', 'categorical_xent_probs_bwd',
     'categorical_xent_probs_dtarget',
@@ -166,6 +167,18 @@ def _expand_row_values(fn, name, value, full_shape, axis, acc):
     array = checks.float_array(fn, name, value)
     checks.reduced_shape_check(fn, name, array, full_shape, axis)
     return np.expand_dims(array.astype(acc, copy=False), axis)
+
+
+def softmax_xent_fwd_runner(logits, target, axis=-1):
+    """``run(logits, target)``: softmax_xent_fwd with this axis (what a plan step keeps between
+    calls; the checks run per call here, as in softmax_xent_fwd)."""
+    return lambda logits, target: softmax_xent_fwd(logits, target, axis)
+
+
+def softmax_xent_bwd_runner(logits, target, lse, dloss, axis=-1):
+    """``run(logits, target, lse, dloss)``: softmax_xent_bwd with this axis (what a plan step
+    keeps between calls; the checks run per call here, as in softmax_xent_bwd)."""
+    return lambda logits, target, lse, dloss: softmax_xent_bwd(logits, target, lse, dloss, axis)
 
 
 def softmax_xent_bwd(logits, target, lse, dloss, axis=-1):

@@ -52,23 +52,35 @@ def copy(x, *, runtime=None):
 
 def bias_act_fwd(x, bias, axis=-1, activation='linear', *, runtime=None):
     """act(x + bias) with the 1-D `bias` broadcast along `axis` of `x` ('linear' or 'relu')."""
+    return bias_act_fwd_runner(x, bias, axis, activation, runtime=runtime)(x, bias)
+
+
+def bias_act_fwd_runner(x, bias, axis=-1, activation='linear', *, runtime=None):
+    """``run(x, bias)``, ``bias_act_fwd(x, bias, axis, activation)`` for arrays of the shapes and
+    dtypes of these: checked and set up once per problem signature (runtime/prepared.py); a
+    BiasAct plan step keeps it for its next calls (prepared.Kept)."""
     rt = resolve(runtime)
-
-    def prepare():   # once per problem signature (runtime/prepared.py)
-        checked_axis = check_bias_act_args(x, bias, axis, activation, rt.xp.ndarray)
-        inner = int(np.prod(x.shape[checked_axis + 1:], dtype=np.int64))
-        blocks = _blocks(x.size, BIAS_ACT_THREADS, BIAS_ACT_MAX_BLOCKS)
-        return (rt.kernel_launch(SOURCE, defines(x.dtype), 'bias_act_fwd', blocks, BIAS_ACT_THREADS),
-                (np.int64(x.size), np.int64(x.shape[checked_axis]), np.int64(inner),
-                 np.int32(ACTIVATION_CODES[activation])))
-
-    launch, scalars = prepared.get(rt, 'bias_act_fwd', (x, bias), (axis, activation), prepare)
-    x = rt.xp.ascontiguousarray(x)
-    bias = rt.xp.ascontiguousarray(bias)
-    y = rt.xp.empty_like(x)
-    if x.size:
-        launch((x, bias, y) + scalars)
-    return y
+    return prepared.get(rt, 'bias_act_fwd', (x, bias), (axis, activation),
+                        lambda: _prepare_bias_act(rt, x, bias, axis, activation))
 
 
-from .fused_elementwise import fused  # noqa: E402,F401 - the family's fused chains (generated kernels)
+def _prepare_bias_act(rt, x, bias, axis, activation):
+    checked_axis = check_bias_act_args(x, bias, axis, activation, rt.xp.ndarray)
+    contiguous, empty_like = rt.xp.ascontiguousarray, rt.xp.empty_like
+    if not x.size:
+        return lambda x, bias: empty_like(contiguous(x))
+    inner = int(np.prod(x.shape[checked_axis + 1:], dtype=np.int64))
+    blocks = _blocks(x.size, BIAS_ACT_THREADS, BIAS_ACT_MAX_BLOCKS)
+    launch = rt.kernel_launch(SOURCE, defines(x.dtype), 'bias_act_fwd', blocks, BIAS_ACT_THREADS)
+    scalars = (np.int64(x.size), np.int64(x.shape[checked_axis]), np.int64(inner),
+               np.int32(ACTIVATION_CODES[activation]))
+
+    def run(x, bias):
+        x = contiguous(x)
+        y = empty_like(x)
+        launch((x, contiguous(bias), y) + scalars)
+        return y
+    return run
+
+
+from .fused_elementwise import fused, fused_runner  # noqa: E402,F401 - the family's fused chains (generated kernels)

@@ -139,30 +139,57 @@ def _launch_of(rt, program, shapes, out_shape, n):
 
 def fused(program, inputs, *, runtime=None):
     """The outputs (a list) of ``program`` (gpuk.contracts.fused_program) on ``inputs``."""
+    return fused_runner(program, inputs, runtime=runtime)(inputs)
+
+
+def fused_runner(program, inputs, *, runtime=None):
+    """``run(inputs)``, ``fused(program, inputs)`` for inputs of the shapes and dtypes of these
+    ``inputs``: checked and set up once per problem signature (runtime/prepared.py); a fused
+    plan step keeps it for its next calls (prepared.Kept)."""
     rt = resolve(runtime)
+    return prepared.get(rt, 'fused', inputs, (program,), lambda: _prepare(rt, program, inputs))
+
+
+def _prepare(rt, program, inputs):
+    """``run(inputs)`` for inputs of this problem's signature: the checks and every choice that
+    reads only the signature (kernel or op-by-op, output shape and dtypes, the kernel launch
+    with its grid, index tables and padding arguments) are made here, once; ``run`` does the
+    per-call array work (contiguous inputs, outputs, the launch)."""
+    check_fused_args(program, inputs)
     xp = rt.xp
+    array_type, empty = xp.ndarray, xp.empty
+    shapes = [tuple(np.shape(a)) for a in inputs]
+    out_shape = tuple(np.broadcast_shapes(*shapes))
+    same_shape = all(tuple(np.broadcast_shapes(*[shapes[k] for k in deps])) == out_shape
+                     for deps in program.input_dependencies())
 
-    def prepare():   # once per problem signature (runtime/prepared.py)
-        check_fused_args(program, inputs)
-        shapes = [tuple(np.shape(a)) for a in inputs]
-        out_shape = tuple(np.broadcast_shapes(*shapes))
-        same_shape = all(tuple(np.broadcast_shapes(*[shapes[k] for k in deps])) == out_shape
-                         for deps in program.input_dependencies())
-        if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):
-            return False, None, None, None, None, None
-        launch, tail = _launch_of(rt, program, shapes, out_shape, int(np.prod(out_shape, dtype=np.int64)))
-        dummy = _dummy(rt)
-        out_dtypes = tuple(program.dtype(v) for v in program.outputs)
-        return (True, out_shape, out_dtypes, launch, (dummy,) * (MAX_INPUTS - len(inputs)),
-                (dummy,) * (MAX_OUTPUTS - len(out_dtypes)) + (tail or ()))
+    def contiguous(inputs):
+        for a in inputs:
+            if type(a) is not array_type or not a.flags.c_contiguous:
+                return [_contiguous(xp, a) for a in inputs]
+        return inputs
 
-    kernel_takes, out_shape, out_dtypes, launch, input_pads, tail = prepared.get(
-        rt, 'fused', inputs, (program,), prepare)
-    array_type = xp.ndarray
-    inputs = [a if type(a) is array_type and a.flags.c_contiguous else _contiguous(xp, a) for a in inputs]
-    if not kernel_takes:
-        return [xp.asarray(v) for v in program.run_unfused(inputs)]
-    outputs = [xp.empty(out_shape, dtype=dtype) for dtype in out_dtypes]
-    if launch is not None:
-        launch((*inputs, *input_pads, *outputs, *tail))
-    return outputs
+    if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):
+        return lambda inputs: [xp.asarray(v) for v in program.run_unfused(contiguous(inputs))]
+    launch, tail = _launch_of(rt, program, shapes, out_shape, int(np.prod(out_shape, dtype=np.int64)))
+    dummy = _dummy(rt)
+    out_dtypes = tuple(program.dtype(v) for v in program.outputs)
+    input_pads = (dummy,) * (MAX_INPUTS - len(inputs))
+    tail = (dummy,) * (MAX_OUTPUTS - len(out_dtypes)) + (tail or ())
+
+    if launch is None:   # an empty output: nothing to launch
+        return lambda inputs: [empty(out_shape, dtype) for dtype in out_dtypes]
+    if len(out_dtypes) == 1:   # the common case, without a loop over the outputs
+        out_dtype = out_dtypes[0]
+
+        def run(inputs):
+            out = empty(out_shape, out_dtype)
+            launch((*contiguous(inputs), *input_pads, out, *tail))
+            return [out]
+        return run
+
+    def run(inputs):
+        outputs = [empty(out_shape, dtype) for dtype in out_dtypes]
+        launch((*contiguous(inputs), *input_pads, *outputs, *tail))
+        return outputs
+    return run

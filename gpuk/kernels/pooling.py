@@ -109,6 +109,16 @@ class _Problem:
         self.window, self.strides, self.pads, self.dtype = window, strides, pads, np.dtype(dtype)
         self.layout = layout_code(channels_first, channels, dtype)
         self.geometry = geometry_args(n, channels, in_spatial, out_spatial, window, strides, pads)
+        # what the launches derive from the problem alone, once (not per call)
+        self.in_shape, self.out_shape = self.shape(self.in_spatial), self.shape(self.out_spatial)
+        self.tap_dtype = pooling_checks.tap_dtype(window)
+        self.tap_suffix = _tap_suffix(window)
+        self.geometry_and_layout = self.geometry + (np.int32(self.layout),)
+        lane = vector_width(dtype) if self.layout == LAYOUT_CHANNELS_LAST_VEC else 1
+        per = max(n, 1)   # (the checks refuse an empty batch)
+        self.out_grid = _batch_grid(math.prod(self.out_shape) // lane // per, n)   # over y (vector lanes)
+        self.in_grid = _batch_grid(math.prod(self.in_shape) // lane // per, n)     # over dx (vector lanes)
+        self._keys = {}
 
     @property
     def is_global(self):
@@ -121,8 +131,11 @@ class _Problem:
         return (self.n,) + tuple(spatial) + (self.channels,)
 
     def key(self, op):
-        return (op, self.dtype, self.channels_first, self.n, self.channels, self.in_spatial,
-                self.window, self.strides, self.pads)
+        key = self._keys.get(op)
+        if key is None:
+            key = self._keys[op] = (op, self.dtype, self.channels_first, self.n, self.channels, self.in_spatial,
+                                    self.window, self.strides, self.pads)
+        return key
 
 
 def _problem(setup, dtype, rt):
@@ -167,11 +180,10 @@ def max_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
 
 
 def _max_pool_fwd_gpuk(rt, problem, x, *_geometry):
-    y = rt.xp.empty(problem.shape(problem.out_spatial), x.dtype)
-    argmax = rt.xp.empty(y.shape, pooling_checks.tap_dtype(problem.window))
-    lanes = y.size // (vector_width(x.dtype) if problem.layout == LAYOUT_CHANNELS_LAST_VEC else 1)
-    problem.launches('max_pool_fwd' + _tap_suffix(problem.window), _batch_grid(lanes // problem.n, problem.n),
-                     POOL_THREADS, (x, y, argmax) + problem.geometry + (np.int32(problem.layout),))
+    y = rt.xp.empty(problem.out_shape, x.dtype)
+    argmax = rt.xp.empty(problem.out_shape, problem.tap_dtype)
+    problem.launches('max_pool_fwd' + problem.tap_suffix, problem.out_grid, POOL_THREADS,
+                     (x, y, argmax) + problem.geometry_and_layout)
     return y, argmax
 
 
@@ -185,13 +197,11 @@ def avg_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
 
 
 def _avg_pool_fwd_gpuk(rt, problem, x, *_geometry):
-    y = rt.xp.empty(problem.shape(problem.out_spatial), x.dtype)
+    y = rt.xp.empty(problem.out_shape, x.dtype)
     if problem.is_global:
         _global_avg_pool(problem, x, y)
         return y
-    lanes = y.size // (vector_width(x.dtype) if problem.layout == LAYOUT_CHANNELS_LAST_VEC else 1)
-    problem.launches('avg_pool_fwd', _batch_grid(lanes // problem.n, problem.n), POOL_THREADS,
-                     (x, y) + problem.geometry + (np.int32(problem.layout),))
+    problem.launches('avg_pool_fwd', problem.out_grid, POOL_THREADS, (x, y) + problem.geometry_and_layout)
     return y
 
 
@@ -250,15 +260,14 @@ def max_pool_bwd(dy, argmax, x_shape, window, strides, pads, data_format, *, run
     dy = _float_array(fn, 'dy', dy, xp)
     argmax = argmax if isinstance(argmax, xp.ndarray) else xp.asarray(argmax)
     # taps of another integer dtype (a caller's own array) become the kernels' dtype on the device
-    argmax = xp.ascontiguousarray(argmax, dtype=pooling_checks.tap_dtype(setup.window))
+    argmax = xp.ascontiguousarray(argmax, dtype=problem.tap_dtype)
     gpuk_fn = functools.partial(_max_pool_bwd_gpuk, rt, problem)
     return _run(rt, problem, 'max_bwd', gpuk_fn, cudnn_pooling.max_pool_bwd,
                 dy, argmax, setup.x_shape, setup.window, setup.strides, setup.pads, data_format)
 
 
 def _max_pool_bwd_gpuk(rt, problem, dy, argmax, *_geometry):
-    dx = rt.xp.empty(problem.shape(problem.in_spatial), dy.dtype)
-    lanes = dx.size // (vector_width(dy.dtype) if problem.layout == LAYOUT_CHANNELS_LAST_VEC else 1)
-    problem.launches('max_pool_bwd' + _tap_suffix(problem.window), _batch_grid(lanes // problem.n, problem.n),
-                     POOL_THREADS, (dy, argmax, dx) + problem.geometry + (np.int32(problem.layout),))
+    dx = rt.xp.empty(problem.in_shape, dy.dtype)
+    problem.launches('max_pool_bwd' + problem.tap_suffix, problem.in_grid, POOL_THREADS,
+                     (dy, argmax, dx) + problem.geometry_and_layout)
     return dx

@@ -17,6 +17,7 @@ On the CUDA runtime the softmax functions run the 'softmax_xent' family's choice
 functions always run these kernels (saying so once when the family is set to 'cudnn').
 """
 import functools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from gpuk.cpu_fallback import softmax_xent as twin
 from gpuk.contracts import softmax_xent_checks as checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
 from . import dispatch
+from .cudnn import library as cudnn_library
 from .cudnn import softmax as cudnn_softmax
 from .runtime import deferred, prepared, register_build, resolve, to_host
 
@@ -271,6 +273,103 @@ def _reduced(rows):
     return rows.moved_shape[:-1]
 
 
+def _check_xent_fwd(rt, logits, target, axis, fn='softmax_xent_fwd'):
+    """softmax_xent_fwd's argument checks -> the axis made non-negative."""
+    checked, checked_target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
+    checks.same_shape(fn, 'logits', checked, 'target', checked_target)
+    checked_axis = checks.check_axis(fn, axis, checked.ndim)
+    _nonempty_axis(fn, 'logits', checked.shape, checked_axis)
+    return checked_axis
+
+
+def _check_xent_bwd(rt, logits, target, lse, dloss, axis, fn='softmax_xent_bwd'):
+    """softmax_xent_bwd's argument checks -> the axis made non-negative."""
+    checked, checked_target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
+    checks.same_shape(fn, 'logits', checked, 'target', checked_target)
+    checked_axis = checks.check_axis(fn, axis, checked.ndim)
+    _saved_lse_and_dloss(fn, rt, lse, dloss, checked, checked_axis)
+    _nonempty_axis(fn, 'logits', checked.shape, checked_axis)
+    return checked_axis
+
+
+class _XentRows:
+    """What softmax_xent_fwd/bwd's runners fix for one problem: the class axis, whether it must
+    move last, the rows and columns, dtypes, the kernel launch and its size arguments."""
+
+    def __init__(self, rt, logits, axis, kernel):
+        xp = rt.xp
+        self.xp, self.array_type, self.axis = xp, xp.ndarray, axis
+        self.dtype = xp.asarray(logits).dtype
+        self.acc = accumulation_dtype(self.dtype)
+        self.moved = axis != len(logits.shape) - 1
+        self.moved_shape = tuple(n for i, n in enumerate(logits.shape) if i != axis) + (logits.shape[axis],)
+        cols = logits.shape[axis]
+        rows = math.prod(logits.shape) // cols
+        self.launch = rt.kernel_launch(SOURCE, defines(self.dtype), kernel, _row_blocks(rows, cols),
+                                       ROW_THREADS) if rows else None
+        self.sizes = (np.int64(rows), np.int64(cols))
+
+    def data(self, array, dtype=None):
+        """``array`` (of the problem's shape) as contiguous rows, in ``dtype`` when given."""
+        xp = self.xp
+        if type(array) is not self.array_type:
+            array = xp.asarray(array)
+        if dtype is not None:
+            array = array.astype(dtype, copy=False)
+        return xp.ascontiguousarray(xp.moveaxis(array, self.axis, -1) if self.moved else array)
+
+    def cudnn_asked(self):
+        """Whether the family is set to cuDNN (or auto, with cuDNN here): the runner then calls
+        the launcher, whose dispatcher says once that cuDNN has no fused cross-entropy."""
+        return cudnn_library.choose('softmax_xent') != 'gpuk'
+
+
+def softmax_xent_fwd_runner(logits, target, axis=-1, *, runtime=None):
+    """``run(logits, target)``, softmax_xent_fwd(logits, target, axis) for arrays of the types,
+    shapes and dtypes of these: checked and set up once per problem signature
+    (runtime/prepared.py); a SoftmaxXent plan step keeps it (prepared.Kept)."""
+    rt = resolve(runtime)
+
+    def prepare():
+        rows = _XentRows(rt, logits, _check_xent_fwd(rt, logits, target, axis), 'softmax_xent_rows_fwd')
+        empty, reduced, data, launch, sizes = rt.xp.empty, rows.moved_shape[:-1], rows.data, rows.launch, rows.sizes
+        dtype, acc = rows.dtype, rows.acc
+
+        def run(logits, target):
+            if rows.cudnn_asked():
+                return softmax_xent_fwd(logits, target, axis, runtime=rt)
+            loss, lse = empty(reduced, dtype), empty(reduced, acc)
+            if launch is not None:
+                launch((data(logits), data(target, dtype), loss, lse) + sizes)
+            return loss, lse
+        return run
+    return prepared.get(rt, 'softmax_xent_fwd_runner', (logits, target), (axis,), prepare)
+
+
+def softmax_xent_bwd_runner(logits, target, lse, dloss, axis=-1, *, runtime=None):
+    """``run(logits, target, lse, dloss)``, softmax_xent_bwd(logits, target, lse, dloss, axis)
+    for arrays of the types, shapes and dtypes of these: checked and set up once per problem
+    signature (runtime/prepared.py); a SoftmaxXentGrad plan step keeps it (prepared.Kept)."""
+    rt = resolve(runtime)
+
+    def prepare():
+        rows = _XentRows(rt, logits, _check_xent_bwd(rt, logits, target, lse, dloss, axis), 'softmax_xent_rows_bwd')
+        xp, data, launch, sizes, dtype, acc = rt.xp, rows.data, rows.launch, rows.sizes, rows.dtype, rows.acc
+        # the per-row inputs: flat in the rows' order, in the accumulation dtype
+        per_row = lambda v: xp.ascontiguousarray((v if type(v) is rows.array_type else xp.asarray(v))
+                                                 .astype(acc, copy=False))
+
+        def run(logits, target, lse, dloss):
+            if rows.cudnn_asked():
+                return softmax_xent_bwd(logits, target, lse, dloss, axis, runtime=rt)
+            dlogits = xp.empty(rows.moved_shape, dtype)
+            if launch is not None:
+                launch((data(logits), data(target, dtype), per_row(lse), per_row(dloss), dlogits) + sizes)
+            return xp.ascontiguousarray(xp.moveaxis(dlogits, -1, axis)) if rows.moved else dlogits
+        return run
+    return prepared.get(rt, 'softmax_xent_bwd_runner', (logits, target, lse, dloss), (axis,), prepare)
+
+
 @_no_cudnn_cross_entropy
 def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
     """Cross-entropy of softmax(logits) against `target`; one read pass per row.
@@ -280,15 +379,7 @@ def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
         logits.
     """
     fn, rt = 'softmax_xent_fwd', resolve(runtime)
-
-    def check():
-        checked, checked_target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
-        checks.same_shape(fn, 'logits', checked, 'target', checked_target)
-        checked_axis = checks.check_axis(fn, axis, checked.ndim)
-        _nonempty_axis(fn, 'logits', checked.shape, checked_axis)
-        return checked_axis
-
-    axis, launches = _checked_axis(rt, fn, (logits, target), axis, check)
+    axis, launches = _checked_axis(rt, fn, (logits, target), axis, lambda: _check_xent_fwd(rt, logits, target, axis))
     logits, target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
     rows = _Rows(rt, logits, axis)
     loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
@@ -302,16 +393,8 @@ def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
 def softmax_xent_bwd(logits, target, lse, dloss, axis=-1, *, runtime=None):
     """dlogits = (softmax(logits) * sum(target) - target) * dloss."""
     fn, rt = 'softmax_xent_bwd', resolve(runtime)
-
-    def check():
-        checked, checked_target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
-        checks.same_shape(fn, 'logits', checked, 'target', checked_target)
-        checked_axis = checks.check_axis(fn, axis, checked.ndim)
-        _saved_lse_and_dloss(fn, rt, lse, dloss, checked, checked_axis)
-        _nonempty_axis(fn, 'logits', checked.shape, checked_axis)
-        return checked_axis
-
-    axis, launches = _checked_axis(rt, fn, (logits, target, lse, dloss), axis, check)
+    axis, launches = _checked_axis(rt, fn, (logits, target, lse, dloss), axis,
+                                   lambda: _check_xent_bwd(rt, logits, target, lse, dloss, axis))
     logits, target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
     lse, dloss = _lse_and_dloss(rt, lse, dloss, logits)
     rows = _Rows(rt, logits, axis)

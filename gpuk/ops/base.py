@@ -56,7 +56,8 @@ class Op:
         return [np.asarray(o) if np.size(o) <= 64 else None for o in outs]
 
     def __repr__(self):
-        attrs = ', '.join('%s=%r' % kv for kv in sorted(vars(self).items()))
+        # private attributes are run-time state (a step's kept runner), not what the op computes
+        attrs = ', '.join('%s=%r' % kv for kv in sorted(vars(self).items()) if not kv[0].startswith('_'))
         return '%s(%s)' % (type(self).__name__, attrs)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from gpuk.autodiff import gradients
 from gpuk.device import to_host
 from gpuk.graph import Meta, apply, as_tensor
+from gpuk.kernels.runtime import prepared
 from gpuk.ops import elementwise as ew
 from gpuk.ops.base import Op, normalize_axis
 from gpuk.ops.fused import accumulate_dtype, composite_partial_grads, is_zero, require_float, same_shape
@@ -152,6 +153,7 @@ class SoftmaxXent(Op):
 
     def __init__(self, axis, where='categorical_crossentropy'):
         self.axis, self.where = axis, where
+        self._kept = prepared.Kept()
 
     def infer(self, logits, target):
         require_float(self.where, 'output', logits)
@@ -161,7 +163,12 @@ class SoftmaxXent(Op):
         return Meta(reduced, logits.dtype), Meta(reduced, accumulate_dtype(logits.dtype))
 
     def forward(self, impl, logits, target):
-        return impl.softmax_xent.softmax_xent_fwd(logits, target, self.axis)
+        # the step keeps the runner of its last problem (checked and set up once: prepared.Kept)
+        arrays = (logits, target)
+        run = self._kept.find(impl, arrays)
+        if run is None:
+            run = self._kept.keep(impl, arrays, impl.softmax_xent.softmax_xent_fwd_runner(logits, target, self.axis))
+        return run(logits, target)
 
     def grad(self, inputs, outputs, output_grads):
         logits, target = inputs
@@ -184,12 +191,18 @@ class SoftmaxXentGrad(Op):
 
     def __init__(self, axis):
         self.axis = axis
+        self._kept = prepared.Kept()
 
     def infer(self, logits, target, lse, dloss):
         return Meta(logits.shape, logits.dtype)
 
     def forward(self, impl, logits, target, lse, dloss):
-        return impl.softmax_xent.softmax_xent_bwd(logits, target, lse, dloss, self.axis)
+        arrays = (logits, target, lse, dloss)   # the step keeps its runner, as SoftmaxXent's
+        run = self._kept.find(impl, arrays)
+        if run is None:
+            run = self._kept.keep(impl, arrays, impl.softmax_xent.softmax_xent_bwd_runner(logits, target, lse, dloss,
+                                                                                          self.axis))
+        return run(logits, target, lse, dloss)
 
     def grad(self, inputs, outputs, output_grads):
         def formula(logits, target, lse, dloss):

@@ -122,8 +122,6 @@ def current():
 def resolve(rt):
     """A launcher's `runtime=` argument: None (current), a kind string, or a runtime."""
     if rt is None:
-        if _current is not None:
-            return _runtimes.get(_current) or get_runtime(_current)
         return current()
     if isinstance(rt, str):
         return get_runtime(rt)

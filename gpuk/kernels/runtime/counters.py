@@ -28,6 +28,7 @@ Counting costs two perf_counter calls per launch and is off unless ``counting()`
 import contextlib
 import sys
 import time
+from time import perf_counter
 
 
 class Counters:
@@ -56,7 +57,7 @@ class Counters:
         self.count_calls = count_calls
         self.launching_calls = 0      # those calls
         self.counted_launches = 0     # the launches of the steps they were counted in
-        self._calls = [0, 0]          # calls seen, depth inside device calls
+        self._calls = [0, 0]          # calls seen, depth inside device calls and the bookkeeping
 
     def as_dict(self):
         return {k: v for k, v in vars(self).items() if not k.startswith('_')}
@@ -64,15 +65,21 @@ class Counters:
     def step(self, forward, impl, args, count_allocations=None):
         """forward(impl, *args), one plan step, timed and attributed (see the fields above);
         ``count_allocations(result)``, when given, adds the step's new buffers to
-        ``allocations``. The bookkeeping after the call is counting overhead: recorded as
-        time the enclosing step (a scan around a step plan) leaves out, like a nested step's."""
+        ``allocations``. The bookkeeping before and after the call is counting overhead:
+        recorded as time the enclosing step (a scan around a step plan) leaves out, like a
+        nested step's, and left out of count_calls' count."""
+        entered = perf_counter()
+        depth = self._calls
+        depth[1] += 1
         recorded = self._recorded
         r0, r1, r2 = recorded
         l0, d0 = self.launches, self.device_s
         calls = self.count_calls and sys.getprofile() is None   # the outermost step counts
-        t0 = time.perf_counter()
+        depth[1] -= 1
+        t0 = perf_counter()
         result = self._profiled(forward, impl, args) if calls else forward(impl, *args)
-        t1 = time.perf_counter()
+        t1 = perf_counter()
+        depth[1] += 1
         if calls and self.launches != l0:
             self.counted_launches += self.launches - l0
         own_s = t1 - t0 - (recorded[0] - r0)
@@ -89,7 +96,8 @@ class Counters:
             self.xp_steps_s += own_s
         if count_allocations is not None:
             self.allocations += count_allocations(result)
-        recorded[0] += own_s + (time.perf_counter() - t1)
+        depth[1] -= 1
+        recorded[0] += own_s + (t0 - entered) + (perf_counter() - t1)
         return result
 
     def _profiled(self, forward, impl, args):
@@ -158,17 +166,20 @@ def _pool_hook(counters):
 
 
 def device_call(call, *args, **kwargs):
-    """``call(*args, **kwargs)``, a launch into the device: counted, and timed while counting."""
-    counters = active()
-    if counters is None:
+    """``call(*args, **kwargs)``, a launch into the device: counted, and timed while counting
+    (the bookkeeping sits outside the timed window as little as it can: it is counted as the
+    host time of the step around the launch)."""
+    if not _active:
         return call(*args, **kwargs)
-    started = time.perf_counter()
-    counters._calls[1] += 1   # a profiled step leaves the device call out of its count
+    counters = _active[-1]
+    depth = counters._calls
+    depth[1] += 1   # a profiled step leaves the device call out of its count
+    started = perf_counter()
     try:
         return call(*args, **kwargs)
     finally:
-        counters._calls[1] -= 1
-        counters.device_s += time.perf_counter() - started
+        counters.device_s += perf_counter() - started
+        depth[1] -= 1
         counters.launches += 1
 
 

@@ -90,15 +90,13 @@ class CudaKernel:
         self._function = function          # a cupy.RawKernel
         self._dynamic_limit = None         # what the device allows this kernel beside its static shared memory
         self._dynamic_allowed = None       # the kernel's current cudaFuncAttributeMaxDynamicSharedMemorySize
-        self._configs = {}                 # (grid, block, shared_mem) as given -> checked and normalized
+        self._launches = {}                # (grid, block, shared_mem) as given -> its CudaLaunch
 
     def _check_config(self, grid, block, shared_mem):
-        """(grid, block, shared_mem) checked and normalized; remembered when hashable."""
+        """(grid, block, shared_mem) checked and normalized."""
         dims = runtime.launch_dims(self.name, grid, block)
         config = dims + (self._check_shared_mem(shared_mem),)
         self._opt_in(config[2])
-        if type(grid) is not list and type(block) is not list:
-            self._configs[(grid, block, shared_mem)] = config
         return config
 
     def _check_shared_mem(self, shared_mem):
@@ -134,54 +132,60 @@ class CudaKernel:
         per_sm = occupancy.theoretical(arch, threads_per_block, int(registers), static + shared_mem).blocks_per_sm
         return per_sm * self.module.runtime.multiprocessors
 
-    def launch(self, grid, block, args, shared_mem=0):
-        """Enqueue the kernel on the current CuPy stream.
+    def configured(self, grid, block, shared_mem=0):
+        """The CudaLaunch of this kernel with (grid, block, shared_mem). Inside a prepared step
+        (runtime.prepared_launches(): launches already checked for these shapes) a
+        configuration checked before is reused; elsewhere, and under GPUK_CHECK_LAUNCHES=1, it
+        is checked on every call (an int-equal bool or float must still raise its error)."""
+        key = (grid, block, shared_mem)
+        if not runtime.launch_checks_per_call():
+            try:
+                launch = self._launches.get(key)
+            except TypeError:   # a list for a grid or block: checked, not kept
+                launch = None
+            if launch is not None:
+                return launch
+        launch = CudaLaunch(self, grid, block, shared_mem)
+        if type(grid) is not list and type(block) is not list:
+            self._launches[key] = launch
+        return launch
 
-        Dims and shared memory are checked once per (grid, block, shared_mem) and remembered;
-        the arguments are checked on every call except inside runtime.prepared_launches()
-        (a plan step re-run for shapes it already ran with)."""
-        import cupy
-        config = self._configs.get((grid, block, shared_mem)) if type(grid) is not list else None
-        if config is None or runtime.launch_checks_per_call():
-            config = self._check_config(grid, block, shared_mem)
-            runtime.check_args(self.signature, args, cupy.ndarray)
-        grid, block, shared_mem = config
-        try:
-            counters.device_call(self._function, grid, block, args, shared_mem=shared_mem)
-            if _SYNC_LAUNCHES[0]:   # attribute asynchronous faults to this launch
-                cupy.cuda.get_current_stream().synchronize()
-        except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
-            what = runtime.describe_launch(self.name, grid, block, shared_mem, args)
-            raise runtime.KernelLaunchError(f"{what}: {exc}", kernel=self.name, kind='cuda') from exc
+    def launch(self, grid, block, args, shared_mem=0):
+        """Enqueue the kernel on the current CuPy stream: ``configured(grid, block,
+        shared_mem)(args)`` (dims and shared memory checked once per configuration, the
+        arguments as CudaLaunch says)."""
+        self.configured(grid, block, shared_mem)(args)
 
 
 class CudaLaunch:
     """One kernel with one checked (grid, block, shared_mem): ``launch(args)`` enqueues it on
-    the current stream. What a launcher's prepared problem keeps (runtime/prepared.py), so a
+    the current stream; the one launch path of the CUDA runtime (CudaKernel.launch goes
+    through it too). What a launcher's prepared problem keeps (runtime/prepared.py), so a
     repeated problem skips the module lookup (``rt.load`` keys its defines), the kernel lookup
-    and the launch configuration's checks. The arguments are checked as by CudaKernel.launch:
-    on every call outside runtime.prepared_launches() and under GPUK_CHECK_LAUNCHES=1."""
-    __slots__ = ('kernel', 'config', '_function', '_array_type', '_errors', '_cupy')
+    and the launch configuration's checks. The arguments are checked on every call outside
+    runtime.prepared_launches() and under GPUK_CHECK_LAUNCHES=1."""
+    __slots__ = ('kernel', 'config', '_function', '_grid', '_block', '_shared_mem', '_array_type', '_errors',
+                 '_cupy')
 
     def __init__(self, kernel, grid, block, shared_mem):
-        import cupy
+        cupy = kernel.module.runtime.xp   # (no import statement: made per call outside prepared steps)
         self.kernel, self.config = kernel, kernel._check_config(grid, block, shared_mem)
+        self._grid, self._block, self._shared_mem = self.config
         self._function, self._array_type, self._cupy = kernel._function, cupy.ndarray, cupy
         self._errors = (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError)
 
     def __call__(self, args):
-        if not runtime._prepared_depth[0] or runtime._forced[0]:
+        if not runtime._prepared_depth[0] or runtime._forced[0]:   # runtime.launch_checks_per_call()
             runtime.check_args(self.kernel.signature, args, self._array_type)
-        grid, block, shared_mem = self.config
         try:
             if counters._active:   # counted and timed (bench.host_overhead)
-                counters.device_call(self._function, grid, block, args, shared_mem=shared_mem)
+                counters.device_call(self._function, self._grid, self._block, args, shared_mem=self._shared_mem)
             else:
-                self._function(grid, block, args, shared_mem=shared_mem)
+                self._function(self._grid, self._block, args, shared_mem=self._shared_mem)
             if _SYNC_LAUNCHES[0]:   # attribute asynchronous faults to this launch
                 self._cupy.cuda.get_current_stream().synchronize()
         except self._errors as exc:
-            what = runtime.describe_launch(self.kernel.name, grid, block, shared_mem, args)
+            what = runtime.describe_launch(self.kernel.name, *self.config, args)
             raise runtime.KernelLaunchError(f"{what}: {exc}", kernel=self.kernel.name, kind='cuda') from exc
 
 
@@ -273,7 +277,7 @@ class CudaRuntime:
     def kernel_launch(self, source_file, defines, name, grid, block, shared_mem=0, arch=None):
         """A CudaLaunch of kernel ``name`` of ``load(source_file, defines, arch)`` with (grid,
         block, shared_mem) checked now (a launcher's prepare() keeps it per problem)."""
-        return CudaLaunch(self.load(source_file, defines, arch).kernel(name), grid, block, shared_mem)
+        return self.load(source_file, defines, arch).kernel(name).configured(grid, block, shared_mem)
 
     def _load(self, source_file, defines, arch):
         defines = dict(defines or {})

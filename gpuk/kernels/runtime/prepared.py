@@ -13,8 +13,10 @@ K.function plan for the same input shapes: the same launches with the same signa
 both. What ``prepare()`` returns holds sizes, names, numpy scalars, the kernel launches
 themselves (``rt.kernel_launch``: the loaded kernel with its grid, block and shared memory
 checked) and at most constant device tables no call writes (the fused kernel's index
-strides); never a caller's array: the per-call part still does the array work (contiguous
-copies, casts, outputs, the launch).
+strides), or a *runner* closing over those (``fused_runner``, ``bias_act_fwd_runner``, the
+cross-entropy runners: ``run(arrays)`` is the per-call part); never a caller's array: the
+per-call part still does the array work (contiguous copies, casts, outputs, the launch). A
+plan step that calls a runner launcher keeps its last runner itself (``Kept`` below).
 
 Checked on every call instead:
 - with GPUK_CHECK_LAUNCHES=1 (the debug flag; read at import and by each
@@ -34,6 +36,7 @@ import numpy as np
 from . import _forced
 
 _PREPARED = {}
+_generation = [0]   # bumped by clear(): what Kept instances kept is forgotten with the table
 LIMIT = 4096   # problems kept before the table starts over (shapes churn in no real training loop)
 
 
@@ -59,6 +62,56 @@ def get(rt, launcher, arrays, params, prepare):
 def clear():
     """Forgets every prepared problem (tests that change what a preparation reads)."""
     _PREPARED.clear()
+    _generation[0] += 1
+
+
+class Kept:
+    """What one call site prepared for its last problem: a plan step's op sees the same problem
+    call after call, so it keeps the prepared value (a launcher's runner) with its arrays'
+    types, shapes and dtypes and finds it again by comparing them, without building and hashing
+    ``get``'s key or going through the launcher's own lookups:
+
+        run = self._kept.find(impl, arrays)
+        if run is None:
+            run = self._kept.keep(impl, arrays, impl.<family>.<launcher>_runner(..., arrays))
+
+    ``owner`` (the implementation) must be the same object; values without a shape and dtype
+    are never kept, and a value of another type misses (a NumPy array where the CUDA runtime's
+    was kept goes through ``get`` and its checks, as before). Bypassed like ``get`` under
+    GPUK_CHECK_LAUNCHES=1, and forgotten by ``clear()``."""
+    __slots__ = ('_last',)
+
+    def __init__(self):
+        # (owner, generation, types, shapes, dtypes, value): replaced in one assignment, so a
+        # thread sharing the step never reads half of one problem and half of another
+        self._last = None
+
+    def find(self, owner, arrays):
+        """The kept value when ``arrays`` have the kept types, shapes and dtypes, else None."""
+        last = self._last
+        if last is None or _forced[0]:
+            return None
+        kept_owner, generation, types, shapes, dtypes, value = last
+        if owner is not kept_owner or generation != _generation[0] or len(arrays) != len(shapes):
+            return None
+        try:
+            for a, kind, shape, dtype in zip(arrays, types, shapes, dtypes):
+                if type(a) is not kind or a.shape != shape or a.dtype != dtype:
+                    return None
+        except AttributeError:   # not an array
+            return None
+        return value
+
+    def keep(self, owner, arrays, value):
+        """Keeps ``value`` for ``arrays``' types, shapes and dtypes (nothing, when one has no
+        shape or dtype) and returns it."""
+        try:
+            last = (owner, _generation[0], tuple(type(a) for a in arrays), tuple(a.shape for a in arrays),
+                    tuple(a.dtype for a in arrays), value)
+        except AttributeError:   # not arrays: nothing kept, the call site asks each time
+            last = None
+        self._last = last
+        return value
 
 
 class _NotAnArray(Exception):
