@@ -148,3 +148,13 @@ def test_bad_probabilities_in_a_training_step_raise_the_k_functions_error_and_ch
     with pytest.raises(ValueError, match=r'categorical_crossentropy: .*same shape.*\(2, 3\).*\(2, 4\)'):
         step([probs, np.ones((2, 4), F32)])
     np.testing.assert_array_equal(K.get_value(w), before)
+
+
+def test_a_parameter_of_another_type_is_a_new_problem():
+    # 1.0 == 1 as dict keys: an axis of 1.0 must still be refused after axis=1 was prepared
+    x = np.zeros((2, 3), F32)
+    rt = RecordingRuntime()
+    xent.softmax_fwd(x, 1, runtime=rt)
+    with pytest.raises(TypeError, match='softmax_fwd: axis must be an int'):
+        xent.softmax_fwd(x, 1.0, runtime=rt)
+    prepared.clear()

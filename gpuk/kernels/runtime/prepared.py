@@ -7,8 +7,8 @@ call for a problem signature, and later calls for it go straight to the launch.
 A launcher's argument checks (dtypes, ranks, shapes, geometry) and its launch set-up (kernel
 name and defines, grid, block, scalar arguments, output shapes) read only the *signature* of
 its arrays (type, shape, dtype) and its other parameters. ``get`` keeps what ``prepare()``
-returned per (runtime, launcher, parameters, array signatures): the first call of a problem
-checks it and raises the user's error; every later call of the same problem (each step of a
+returned per (runtime, launcher, parameters and their types, array signatures): the first
+call of a problem checks it and raises the user's error; every later call of the same problem (each step of a
 K.function plan for the same input shapes: the same launches with the same signatures) skips
 both. What ``prepare()`` returns holds sizes, names, numpy scalars, the kernel launches
 themselves (``rt.kernel_launch``: the loaded kernel with its grid, block and shared memory
@@ -47,8 +47,11 @@ def get(rt, launcher, arrays, params, prepare):
         return prepare()
     array_type = rt.xp.ndarray
     try:   # the runtime's arrays inline: this runs per launcher call
-        key = (rt, launcher, params, *[(a.shape, a.dtype) if type(a) is array_type else _signature(a, array_type)
-                                       for a in arrays])
+        # the parameters' types too: 1, 1.0 and True are equal keys, and a check that refuses
+        # axis=1.0 must not be skipped because axis=1 was prepared (nested tuples are not
+        # typed: their checks run in the ops, before any launcher sees them)
+        key = (rt, launcher, params, tuple(map(type, params)),
+               *[(a.shape, a.dtype) if type(a) is array_type else _signature(a, array_type) for a in arrays])
         found = _PREPARED.get(key)
     except (TypeError, _NotAnArray):
         return prepare()
