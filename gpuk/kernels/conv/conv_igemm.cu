@@ -194,7 +194,10 @@ struct PixIter {
         oh = (int)((p / (unsigned)g.out_w) % (unsigned)g.out_h);
         od = (int)(p / ((unsigned)g.out_w * (unsigned)g.out_h));
     }
-    __device__ __forceinline__ void advance(const ConvGeom& g, int step) {
+    // next_image() runs at each step into the next image: the wgrad loader moves its image
+    // pointer there, in the rare branch, instead of multiplying by the images stepped per K tile.
+    template <class NextImage>
+    __device__ __forceinline__ void advance(const ConvGeom& g, int step, const NextImage& next_image) {
         ow += step;
         while (ow >= g.out_w) {
             ow -= g.out_w;
@@ -203,6 +206,7 @@ struct PixIter {
                 if (++od == g.out_d) {
                     od = 0;
                     ++n;
+                    next_image();
                 }
             }
         }
@@ -487,7 +491,8 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 template <> struct Loader<MODE_WGRAD> {
     PixIter pix;                          // this thread's k row: (image, output pixel)
     const elem_t* image;                  // x at image pix.n (a pointer carried across K tiles, so
-                                          // that each chunk address is one IMAD.WIDE from it)
+                                          // that each chunk address is one IMAD.WIDE from it;
+                                          // stepped by one image in PixIter's wrap, no multiply)
     TapIter a_m[A_CHUNKS_PER_THREAD];     // chunk j's (tap, ci) column, fixed for the block (per-element path)
     int a_off[A_CHUNKS_PER_THREAD];       // 16-byte path: chunk j's offset from the pixel's window origin
     int a_td[A_CHUNKS_PER_THREAD], a_th[A_CHUNKS_PER_THREAD], a_tw[A_CHUNKS_PER_THREAD];   // its tap's offsets
@@ -558,9 +563,7 @@ template <> struct Loader<MODE_WGRAD> {
                                  return inside;
                              });
         }
-        const int n = pix.n;
-        pix.advance(g, CONV_BK);
-        image += (pix.n - n) * (g.in_pix * g.c_in);   // the images this tile stepped over
+        pix.advance(g, CONV_BK, [&] { image += g.in_pix * g.c_in; });
         b.load<VECTOR>(bs, g.c_out, cols);
     }
 };
