@@ -254,25 +254,76 @@ __device__ __forceinline__ void copy_tap_run(elem_t* dst, const elem_t* __restri
     }
 }
 
-// ---- tap masks (the 16-byte path of the gathered A operand) ----
-// A tap is a bit per spatial dim: coordinate kw at bit kw, kh at bit size_w + kh, kd at bit
-// size_w + size_h + kd. A row's mask holds the bits of the coordinates that keep its window
-// inside the source, so the tap is inside for that row iff (mask & tap_bits) == tap_bits: one
-// AND and one compare per chunk in the K loop instead of three adds and three compares.
-// Needs size_w + size_h + size_d <= 32 (tap_masks_fit); larger filters take the per-element path.
-__device__ __forceinline__ bool tap_masks_fit(const TapSeq& s) { return s.size_w + s.size_h + s.size_d <= 32; }
+// ---- tap masks and the tap cursor (the 16-byte path of the gathered A operand) ----
+// A tap is a bit per spatial dim, by its index in the sequence (TapSeq): index iw at bit iw, ih
+// at bit cw + ih, id at bit cw + ch + id (cw, ch, cd: the sequence's tap counts). A row's mask
+// holds the bits of the indices that keep its window inside the source, so the tap is inside
+// for that row iff its bits are all in the mask: one LOP3 (need & ~mask, to a predicate) per
+// chunk in the K loop instead of three adds and three compares. Past the filter the d index
+// runs on to cd and beyond, bits no mask holds: the same test refuses those taps. Needs
+// cw + ch + cd plus the taps one K tile can step past the filter (CONV_BK / VEC) <= 31
+// (tap_masks_fit); larger filters take the per-element path.
+__device__ __forceinline__ bool tap_masks_fit(const TapSeq& s) {
+    return s.w.count + s.h.count + s.d.count + CONV_BK / VEC <= 31;
+}
 __device__ __forceinline__ unsigned dim_mask(const TapDim& t, int size, int origin, int extent, int shift) {
     unsigned bits = 0;
     for (int i = 0; i < t.count; ++i) {
         const int coord = t.k0 + i * t.kstep;
-        if (coord < size && (unsigned)(origin + t.o0 + i * t.ostep) < (unsigned)extent) bits |= 1u << (shift + coord);
+        if (coord < size && (unsigned)(origin + t.o0 + i * t.ostep) < (unsigned)extent) bits |= 1u << (shift + i);
     }
     return bits;
 }
-// The tap's bits; a tap past the filter (kd >= size_d) is refused by in_filter, not by the mask.
-__device__ __forceinline__ unsigned tap_bits(const TapSeq& s, const TapIter& t) {
-    return (1u << t.kw) | (1u << (s.size_w + t.kh)) | (1u << ((unsigned)(s.size_w + s.size_h + t.kd) & 31u));
-}
+// The 16-byte path's K position (fwd/dgrad): (tap, channel c) as the copies use it, the tap's
+// offset from a row's window origin plus c (32-bit: GatherA::fast) and its one-hot index bits
+// per dim. A K tile adds CONV_BK to c and the offset; each step into the next tap (the wrap,
+// c >= channels) shifts the bits and adds one of three precomputed offset steps (next w index;
+// w wraps, next h; h wraps too, next d), all by selects: no divisions, no nested branches, so
+// the K loop stays short. wrapped(w_end, h_end) lets the dgrad loader step its filter offset.
+struct TapCursor {
+    int c;
+    unsigned off;                 // offset of (tap, c) from a row's window origin (wraps past the filter, unread)
+    unsigned wbit, hbit, dbit;    // the tap's index bits (see tap_masks_fit)
+    unsigned step_w, step_h, step_d;   // offset steps into the next tap, less `channels` (c wraps)
+
+    __device__ __forceinline__ unsigned need() const { return wbit | hbit | dbit; }
+    __device__ __forceinline__ bool in_filter(const TapSeq& s) const {
+        return dbit < 1u << (s.w.count + s.h.count + s.d.count);
+    }
+    __device__ __forceinline__ void start(const TapSeq& s, int k, int channels, int sh, int sw) {
+        const int i = k / channels, iw = i % s.w.count, ih = (i / s.w.count) % s.h.count;
+        const int id = i / (s.w.count * s.h.count);
+        c = k - i * channels;
+        wbit = 1u << iw;
+        hbit = 1u << (s.w.count + ih);
+        dbit = 1u << (s.w.count + s.h.count + id);   // id <= cd + CONV_BK / VEC: tap_masks_fit
+        const unsigned C = (unsigned)channels, dw = (unsigned)s.w.ostep * C, dh = (unsigned)(s.h.ostep * sw) * C,
+                       dd = (unsigned)(s.d.ostep * sh * sw) * C;
+        const unsigned back_w = (unsigned)(s.w.count - 1) * dw, back_h = (unsigned)(s.h.count - 1) * dh;
+        step_w = dw - C;
+        step_h = dh - back_w - C;
+        step_d = dd - back_h - back_w - C;
+        off = (((unsigned)(s.d.o0 + id * s.d.ostep) * (unsigned)sh + (unsigned)(s.h.o0 + ih * s.h.ostep)) * (unsigned)sw +
+               (unsigned)(s.w.o0 + iw * s.w.ostep)) * C + (unsigned)c;
+    }
+    template <class Wrapped>
+    __device__ __forceinline__ void advance(const TapSeq& s, int channels, const Wrapped& wrapped) {
+        c += CONV_BK;
+        off += CONV_BK;
+        while (c >= channels) {
+            c -= channels;
+            wbit <<= 1;
+            const bool w_end = wbit == 1u << s.w.count;
+            wbit = w_end ? 1u : wbit;
+            const unsigned h = w_end ? hbit << 1 : hbit;
+            const bool h_end = h == 1u << (s.w.count + s.h.count);
+            hbit = h_end ? 1u << s.w.count : h;
+            dbit = h_end ? dbit << 1 : dbit;
+            off += w_end ? (h_end ? step_d : step_h) : step_w;
+            wrapped(w_end, h_end);
+        }
+    }
+};
 // Largest |offset| a dim's taps add to a window origin.
 __device__ __forceinline__ long long dim_reach(const TapDim& t) {
     const long long first = t.o0, last = t.o0 + (long long)(t.count - 1) * t.ostep;
@@ -292,7 +343,8 @@ struct GatherA {
     const elem_t* row[A_CHUNKS_PER_THREAD];                 // the source at (n, window origin) of row j
     int o_d[A_CHUNKS_PER_THREAD], o_h[A_CHUNKS_PER_THREAD], o_w[A_CHUNKS_PER_THREAD];   // window origin
     unsigned mask[A_CHUNKS_PER_THREAD];                     // taps inside the source for row j
-    TapIter k;                                              // this thread's k within the tile
+    TapIter k;                                              // this thread's k within the tile (per-element path)
+    TapCursor at;                                           // the same k, for the 16-byte path
     bool fast;                                              // 16-byte path allowed (masks, 32-bit tap offsets)
 
     __device__ __forceinline__ void init(const Source& src, const RowGrid& grid, const TapSeq& taps,
@@ -322,26 +374,23 @@ struct GatherA {
             mask[j] = 0;
             if (fast)   // one region of bits per dim: the test needs each of the tap's three bits
                 mask[j] = dim_mask(taps.w, taps.size_w, o_w[j], src.sw, 0) |
-                          dim_mask(taps.h, taps.size_h, o_h[j], src.sh, taps.size_w) |
-                          dim_mask(taps.d, taps.size_d, o_d[j], src.sd, taps.size_w + taps.size_h);
+                          dim_mask(taps.h, taps.size_h, o_h[j], src.sh, taps.w.count) |
+                          dim_mask(taps.d, taps.size_d, o_d[j], src.sd, taps.w.count + taps.h.count);
         }
         k.start(taps, (int)k_begin + chunk_pos(CONV_BK), src.channels);
+        if (fast) at.start(taps, (int)k_begin + chunk_pos(CONV_BK), src.channels, src.sh, src.sw);
     }
-    // Issues this thread's chunks of one K tile into `as` ([m][k]); does not advance k.
+    // Issues this thread's chunks of one K tile into `as` ([m][k]); does not advance k or `at`.
     template <bool VECTOR>
     __device__ __forceinline__ void load(const Source& src, const TapSeq& taps, const elem_t* __restrict__ data,
                                          elem_t* as) const {
         const int kc = chunk_pos(CONV_BK);
         if constexpr (VECTOR) {
-            // uniform per tile: the tap's offset (unsigned: past the filter it may wrap, unread) and bits
-            const int off = (int)(((unsigned)(k.od * src.sh + k.oh) * (unsigned)src.sw + (unsigned)k.ow) *
-                                  (unsigned)src.channels + (unsigned)k.c);
-            const unsigned bits = tap_bits(taps, k);
-            const bool in_filter = k.in_filter(taps);
+            const unsigned need = at.need();
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_chunk(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc), row[j] + off,
-                           in_filter && (mask[j] & bits) == bits);
+                copy_chunk(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc), row[j] + (int)at.off,
+                           (need & ~mask[j]) == 0u);
         } else {
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
@@ -419,7 +468,8 @@ template <> struct Loader<MODE_FWD> {
                                          const elem_t* __restrict__ w, elem_t* as, elem_t* bs, int cols) {
         const TapSeq taps = dense_taps(g, 0, 0, 0);
         a.load<VECTOR>(source(g), taps, x, as);
-        a.k.advance(taps, CONV_BK, g.c_in);
+        if constexpr (VECTOR) a.at.advance(taps, g.c_in, [](bool, bool) {});
+        else a.k.advance(taps, CONV_BK, g.c_in);
         b.load<VECTOR>(bs, g.c_out, cols);
     }
 };
@@ -431,6 +481,9 @@ template <> struct Loader<MODE_DGRAD> {
     GatherA a;
     TapSeq taps;
     int b_ci;   // this thread's chunk-0 input channel
+    // 16-byte path: w at (k's tap, ci, k's c_out channel) as an offset from w + b_ci * C_out,
+    // stepped with A's cursor: CONV_BK per tile, and at each tap wrap one of three steps
+    unsigned b_off, b_step_w, b_step_h, b_step_d;
     bool a_vec, b_vec;
 
     __device__ __forceinline__ static Source source(const ConvGeom& g) {
@@ -443,30 +496,48 @@ template <> struct Loader<MODE_DGRAD> {
         a.init(source(g), grid, taps, dy, phase.rows, 0);
         b_ci = blockIdx.y * CONV_BN + chunk_row(0, CONV_BK);
         a_vec = a.fast && g.c_out % VEC == 0 && is_aligned(dy, 16);
-        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16);
+        // the filter offsets of the 16-byte path fit 32 bits (past the filter they may wrap: unread)
+        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16) && ((long long)g.taps + 1) * g.c_in * g.c_out < (1ll << 31);
+        if (a_vec && b_vec) {
+            const unsigned cico = (unsigned)g.c_in * (unsigned)g.c_out, co = (unsigned)g.c_out;
+            const unsigned tw = (unsigned)taps.w.kstep, th = (unsigned)(taps.h.kstep * taps.size_w),
+                           td = (unsigned)(taps.d.kstep * taps.size_h * taps.size_w);
+            const unsigned back_w = (unsigned)(taps.w.count - 1) * tw, back_h = (unsigned)(taps.h.count - 1) * th;
+            b_step_w = tw * cico - co;
+            b_step_h = (th - back_w) * cico - co;
+            b_step_d = (td - back_h - back_w) * cico - co;
+            b_off = (unsigned)a.k.tap(taps) * cico + (unsigned)a.k.c;
+        }
     }
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ dy,
                                          const elem_t* __restrict__ w, elem_t* as, elem_t* bs, int cols) {
         a.load<VECTOR>(source(g), taps, dy, as);
         const int kc = chunk_pos(CONV_BK);
-        const long long filter_pass = (long long)ROWS_PER_PASS(CONV_BK) * g.c_out;
-        // uniform per tile: w at (tap, chunk 0's input channel, k's output channel)
-        const elem_t* tap_w = w + ((long long)a.k.tap(taps) * g.c_in + b_ci) * g.c_out + a.k.c;
+        if constexpr (VECTOR) {
+            const int filter_pass = ROWS_PER_PASS(CONV_BK) * g.c_out;   // < 2^31: b_vec
+            const elem_t* tap_w = w + (long long)b_ci * g.c_out + (int)b_off;
+            const bool in_filter = a.at.in_filter(taps);
 #pragma unroll
-        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
-            const int ci = b_ci + j * ROWS_PER_PASS(CONV_BK);
-            elem_t* dst = bs + tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), kc);
-            if constexpr (VECTOR) {
-                copy_chunk(dst, tap_w + j * filter_pass, a.k.in_filter(taps) && ci < cols);
-            } else {
-                copy_tap_run(dst, w, taps, a.k, g.c_out, ci < cols, [&](const TapIter& t, const elem_t*& at) {
-                    at = w + ((long long)t.tap(taps) * g.c_in + ci) * g.c_out + t.c;
-                    return t.in_filter(taps);
-                });
+            for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
+                copy_chunk(bs + tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), kc), tap_w + j * filter_pass,
+                           in_filter && b_ci + j * ROWS_PER_PASS(CONV_BK) < cols);
+            b_off += CONV_BK;
+            a.at.advance(taps, g.c_out, [&](bool w_end, bool h_end) {
+                b_off += w_end ? (h_end ? b_step_d : b_step_h) : b_step_w;
+            });
+        } else {
+#pragma unroll
+            for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
+                const int ci = b_ci + j * ROWS_PER_PASS(CONV_BK);
+                copy_tap_run(bs + tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), kc), w, taps, a.k, g.c_out,
+                             ci < cols, [&](const TapIter& t, const elem_t*& at) {
+                                 at = w + ((long long)t.tap(taps) * g.c_in + ci) * g.c_out + t.c;
+                                 return t.in_filter(taps);
+                             });
             }
+            a.k.advance(taps, CONV_BK, g.c_out);
         }
-        a.k.advance(taps, CONV_BK, g.c_out);
     }
 };
 
