@@ -417,6 +417,8 @@ struct RowStream {
         ptr = data + (k_begin + chunk_row(0, CONV_BN)) * ld + col;
         left = (int)(k_end - k_begin);
     }
+    // The 16-byte path offsets a thread's chunks from `ptr` in 32 bits (one IMAD.WIDE each).
+    __device__ __forceinline__ static bool fits(int ld) { return (long long)CONV_BK * ld < (1ll << 31); }
     template <bool VECTOR>
     __device__ __forceinline__ void load(elem_t* bs, int ld, int cols) {
         const int nc = chunk_pos(CONV_BN);
@@ -428,7 +430,7 @@ struct RowStream {
             const elem_t* src = ptr + j * pass;
             const bool k_ok = row < left;
             if constexpr (VECTOR) {
-                copy_chunk(dst, src, k_ok && col < cols);
+                copy_chunk(dst, ptr + j * (int)pass, k_ok && col < cols);   // j * pass < CONV_BK * ld: fits()
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
@@ -461,7 +463,7 @@ template <> struct Loader<MODE_FWD> {
         a.init(source(g), grid, dense_taps(g, 0, 0, 0), x, rows, k_begin);
         b.init(w, k_begin, k_end, g.c_out);
         a_vec = a.fast && g.c_in % VEC == 0 && is_aligned(x, 16);
-        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16);
+        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16) && RowStream::fits(g.c_out);
     }
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
@@ -543,38 +545,47 @@ template <> struct Loader<MODE_DGRAD> {
 
 // wgrad: A[(tap, ci), (n, output pixel)] = x[n, o*s + tap*dil - pad, ci], stored [k][m];
 // B = dy as (N*OP, C_out), stored [k][n] (a RowStream).
-// A's chunks: each thread copies one k row (one output pixel: wgrad_a_row) and
-// A_CHUNKS_PER_THREAD chunks along m (wgrad_a_unit), so one (image, pixel) iterator serves all
-// of them, and each chunk keeps its fixed (tap, channel) as a 32-bit offset from the pixel's
-// window origin plus the tap's spatial offsets for the bounds check.
-#define WG_THREADS_PER_ROW (CONV_THREADS / CONV_BK)
-static_assert(WG_THREADS_PER_ROW * A_CHUNKS_PER_THREAD * VEC == CONV_BM &&
-              (A_CHUNKS_PER_THREAD & (A_CHUNKS_PER_THREAD - 1)) == 0, "wgrad A: one k row per thread, 2^n chunks");
-__device__ __forceinline__ int wgrad_a_row() { return threadIdx.x / WG_THREADS_PER_ROW; }
-// The 16-byte unit of chunk j along m: a row's units are dealt to its threads in turn and
-// permuted per row (j ^ row), so that the 8 chunks a quarter warp writes at once land in 8
-// distinct bank groups (every swizzled tile and the 128x128 tf32 tile; the padded 64x64 tf32
-// tile, 2 threads per row, keeps 2-way conflicts on these writes).
+// A's chunks: WG_LANES threads share each k row (one output pixel), so that a warp's copies
+// read whole 32-byte sectors (neighbouring lanes, neighbouring 16-byte units of one pixel);
+// each thread copies WG_ROWS k rows (2 where the block has as many threads as K rows, the
+// f16 64x64x64 tile; else 1), THREADS / WG_LANES rows apart, and WG_CHUNKS chunks along m in
+// each (wgrad_a_unit). One (image, pixel) iterator per row serves its chunks, and each chunk
+// column keeps its fixed (tap, channel) as a 32-bit offset from the pixel's window origin plus
+// the tap's spatial offsets for the bounds check (shared by the thread's rows).
+#define WG_LANES (CONV_THREADS / CONV_BK >= 2 ? CONV_THREADS / CONV_BK : 2)
+#define WG_ROWS (CONV_BK * WG_LANES / CONV_THREADS)
+#define WG_CHUNKS (A_CHUNKS_PER_THREAD / WG_ROWS)
+static_assert(WG_ROWS * CONV_THREADS == CONV_BK * WG_LANES && WG_LANES * WG_CHUNKS * VEC == CONV_BM &&
+              (WG_CHUNKS & (WG_CHUNKS - 1)) == 0 && (CONV_THREADS / WG_LANES) % WG_CHUNKS == 0,
+              "wgrad A: whole k rows per thread, 2^n chunks per row");
+__device__ __forceinline__ int wgrad_a_row(int r) { return threadIdx.x / WG_LANES + r * (CONV_THREADS / WG_LANES); }
+// The 16-byte unit of chunk j along m: a row's units are dealt to its lanes in turn and
+// permuted per row (j ^ row; a thread's rows share the low bits), so that the 8 chunks a
+// quarter warp writes at once land in 8 distinct bank groups (every swizzled tile and the
+// 128x128 tf32 tile; the padded 64x64 tf32 tile, 2 threads per row, keeps 2-way conflicts on
+// these writes).
 __device__ __forceinline__ int wgrad_a_unit(int j) {
-    return threadIdx.x % WG_THREADS_PER_ROW +
-           WG_THREADS_PER_ROW * (j ^ (wgrad_a_row() & (A_CHUNKS_PER_THREAD - 1)));
+    return threadIdx.x % WG_LANES + WG_LANES * (j ^ (wgrad_a_row(0) & (WG_CHUNKS - 1)));
 }
 template <> struct Loader<MODE_WGRAD> {
-    PixIter pix;                          // this thread's k row: (image, output pixel)
-    const elem_t* image;                  // x at image pix.n (a pointer carried across K tiles, so
+    PixIter pix[WG_ROWS];                 // this thread's k rows: (image, output pixel)
+    const elem_t* image[WG_ROWS];         // x at image pix[r].n (a pointer carried across K tiles, so
                                           // that each chunk address is one IMAD.WIDE from it;
                                           // stepped by one image in PixIter's wrap, no multiply)
-    TapIter a_m[A_CHUNKS_PER_THREAD];     // chunk j's (tap, ci) column, fixed for the block (per-element path)
-    int a_off[A_CHUNKS_PER_THREAD];       // 16-byte path: chunk j's offset from the pixel's window origin
-    int a_td[A_CHUNKS_PER_THREAD], a_th[A_CHUNKS_PER_THREAD], a_tw[A_CHUNKS_PER_THREAD];   // its tap's offsets
+    TapIter a_m[WG_CHUNKS];               // chunk j's (tap, ci) column, fixed for the block (per-element path)
+    int a_off[WG_CHUNKS];                 // 16-byte path: chunk j's offset from the pixel's window origin
+    int a_td[WG_CHUNKS], a_th[WG_CHUNKS], a_tw[WG_CHUNKS];   // its tap's offsets
     RowStream b;                          // b.left: K rows from the next tile's first row to k_end
     bool a_vec, b_vec;
 
     __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* dy, long long rows,
                                          long long k_begin, long long k_end) {
         const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
-        pix.start(g, k_begin + wgrad_a_row());
-        image = x + pix.n * (g.in_pix * g.c_in);
+#pragma unroll
+        for (int r = 0; r < WG_ROWS; ++r) {
+            pix[r].start(g, k_begin + wgrad_a_row(r));
+            image[r] = x + pix[r].n * (g.in_pix * g.c_in);
+        }
         // 16-byte path: a chunk's offset within its image, window origin + chunk offset, fits 32
         // bits (one IMAD and one IMAD.WIDE per chunk address); so do an image's elements
         const long long reach =
@@ -583,7 +594,7 @@ template <> struct Loader<MODE_WGRAD> {
                                        g.in_w + (long long)(g.out_w - 1) * g.s_w + 1) * g.c_in;
         const bool fits = origins + reach < (1ll << 31) && g.in_pix * g.c_in < (1ll << 31);
 #pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+        for (int j = 0; j < WG_CHUNKS; ++j) {
             TapIter& t = a_m[j];
             t.start(taps, blockIdx.x * CONV_BM + wgrad_a_unit(j) * VEC, g.c_in);
             const bool inside = t.in_filter(taps);   // false past the last (tap, ci) column
@@ -594,7 +605,7 @@ template <> struct Loader<MODE_WGRAD> {
         }
         b.init(dy, k_begin, k_end, g.c_out);
         a_vec = fits && g.c_in % VEC == 0 && is_aligned(x, 16);
-        b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16);
+        b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16) && RowStream::fits(g.c_out);
     }
 
     // x's element (tap, channel t; image and output pixel p): its offset and whether it is inside.
@@ -610,31 +621,36 @@ template <> struct Loader<MODE_WGRAD> {
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
-        const int row = wgrad_a_row();
-        const bool k_ok = row < b.left;
-        if constexpr (VECTOR) {
-            // uniform per tile: the pixel's window origin in its image (before the tap offsets)
-            const int id0 = pix.od * g.s_d, ih0 = pix.oh * g.s_h, iw0 = pix.ow * g.s_w;
-            const int origin = ((id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;
 #pragma unroll
-            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), image + (origin + a_off[j]),
-                           k_ok && (unsigned)(id0 + a_td[j]) < (unsigned)g.in_d &&
-                               (unsigned)(ih0 + a_th[j]) < (unsigned)g.in_h &&
-                               (unsigned)(iw0 + a_tw[j]) < (unsigned)g.in_w);
-        } else {
-            const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
+        for (int r = 0; r < WG_ROWS; ++r) {
+            const PixIter& p = pix[r];
+            const int row = wgrad_a_row(r);
+            const bool k_ok = row < b.left;
+            if constexpr (VECTOR) {
+                // uniform per tile: the pixel's window origin in its image (before the tap offsets)
+                const int id0 = p.od * g.s_d, ih0 = p.oh * g.s_h, iw0 = p.ow * g.s_w;
+                const int origin = ((id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;
 #pragma unroll
-            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_tap_run(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), x, taps, a_m[j], g.c_in,
-                             k_ok, [&](const TapIter& t, const elem_t*& at) {
-                                 long long offset;
-                                 const bool inside = a_element(g, taps, t, pix, offset);
-                                 at = x + offset;
-                                 return inside;
-                             });
+                for (int j = 0; j < WG_CHUNKS; ++j)
+                    copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row),
+                               image[r] + (origin + a_off[j]),
+                               k_ok && (unsigned)(id0 + a_td[j]) < (unsigned)g.in_d &&
+                                   (unsigned)(ih0 + a_th[j]) < (unsigned)g.in_h &&
+                                   (unsigned)(iw0 + a_tw[j]) < (unsigned)g.in_w);
+            } else {
+                const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
+#pragma unroll
+                for (int j = 0; j < WG_CHUNKS; ++j)
+                    copy_tap_run(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), x, taps, a_m[j],
+                                 g.c_in, k_ok, [&](const TapIter& t, const elem_t*& at) {
+                                     long long offset;
+                                     const bool inside = a_element(g, taps, t, p, offset);
+                                     at = x + offset;
+                                     return inside;
+                                 });
+            }
+            pix[r].advance(g, CONV_BK, [&] { image[r] += g.in_pix * g.c_in; });
         }
-        pix.advance(g, CONV_BK, [&] { image += g.in_pix * g.c_in; });
         b.load<VECTOR>(bs, g.c_out, cols);
     }
 };
