@@ -37,18 +37,20 @@
 //   (BM/WARPS_M) x (BN/WARPS_N) warp tile of 16x8 MMA tiles.
 // Loads (Loader<MODE>): all index decoding (divisions) happens once per block: each thread
 //   keeps, per A row it loads, a pointer to the row's window origin, and one (tap, channel)
-//   iterator for all its chunks (they share k; fwd/dgrad), or one (image, pixel) iterator for
-//   its one k row plus, per chunk, the fixed (tap, channel) as a 32-bit offset (wgrad); each K
-//   tile advances them by adds and a wrap compare. Row-major operands (fwd w, wgrad dy) are a
-//   pointer plus a count of K rows left (RowStream). Rows past the end get a far-outside origin
+//   position for all its chunks (they share k; fwd/dgrad: a TapCursor on the 16-byte path,
+//   a TapIter on the per-element one), or one (image, pixel) iterator per k row it loads (1 or
+//   2) plus, per chunk column, the fixed (tap, channel) as a 32-bit offset (wgrad); each K tile
+//   advances them by adds and a wrap compare (the cursor's tap wrap: shifts and selects, no
+//   nested branches). Row-major operands (fwd w, wgrad dy) are a pointer plus a count of K rows
+//   left (RowStream). Rows past the end get a far-outside origin
 //   (or an empty tap mask), so one bounds check covers padding and tails; zero-filled chunks
 //   pass their address unread. No thread returns early (dgrad blocks past their phase's rows
 //   exit whole).
 //   Vector path (channel counts that are multiples of VEC = 16 bytes / element, 16-byte-aligned
 //   pointers, tap offsets within 32 bits): one 16-byte zero-filling cp.async per VEC neighbouring
-//   channels, which share one padding check; fwd/dgrad test it with the row's tap mask (one AND
-//   and one compare per chunk, see tap_bits) and address the chunk as row pointer + one 32-bit
-//   tap offset shared by the thread's chunks. Otherwise each element is copied on its own
+//   channels, which share one padding check; fwd/dgrad test it with the row's tap mask (one LOP3
+//   per chunk, see tap_masks_fit) and address the chunk as row pointer + one 32-bit tap offset
+//   shared by the thread's chunks; dgrad's filter chunks step a 32-bit offset with the cursor. Otherwise each element is copied on its own
 //   (cp.async of 4/8 bytes; 16-bit elements synchronously; copy_tap_run), the K loop rotating
 //   its stages instead of unrolling them. The choice is made once per block, outside the K loop
 //   (pipeline<MODE, VECTOR>).
@@ -60,9 +62,10 @@
 //   division; 16-bit MMA outputs are regrouped in each quad by shuffles into 8-byte runs
 //   (store_tile_16bit), so a warp's stores fill whole 32-byte sectors.
 // Limits: M, N, K and the pixels of one image < 2^31 (checked by the launcher; indices decode
-//   in 32 bits); offsets are 64-bit, except the 32-bit tap offsets of the vector path (checked
-//   per block: larger reaches take the per-element path), which also needs
-//   k_d + k_h + k_w <= 32 for the fwd/dgrad tap masks; grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
+//   in 32 bits); offsets are 64-bit, except the 32-bit tap, filter (dgrad) and row-stream
+//   offsets of the vector path (checked per block: larger reaches take the per-element path),
+//   which also needs the filter's taps per dim (of the dgrad phase) plus CONV_BK / VEC to sum
+//   to <= 31 for the fwd/dgrad tap masks (tap_masks_fit); grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
 //   stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
 #include "conv_common.cuh"
 
@@ -123,7 +126,8 @@ static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 // unit u of row r is stored at u ^ swizzle(r), which spreads the 8 rows an ldmatrix phase
 // (or a quarter warp of FFMA reads down strided columns) reads, and the 8 units a quarter
 // warp of cp.async chunks writes, over the 8 bank groups; without padding, BK=16 (FFMA) and
-// BK=32 (16-bit) fit 3 stages in the 48 KB of static shared memory. tf32 tiles pad each row
+// BK=32 (16-bit 128x128) fit 3 stages in the 48 KB of static shared memory (16-bit 64x64:
+// BK=64, 2 stages, 32 KB). tf32 tiles pad each row
 // by one unit instead (an odd unit stride), because their k-major operands are read one
 // 4-byte word per lane (a swizzle would pair rows 0/1 and 2/3 in the same banks there).
 #define VEC (16 / (int)sizeof(elem_t))   // elements per 16-byte unit (chunk)
