@@ -350,7 +350,7 @@ def test_tile_choice_table():
     assert conv_tiles.choose_tile(np.float64, 'float32', 32 * 56 * 56, 256, 576).name == '64x64x8'
     assert conv_tiles.choose_tile(np.float16, 'float32', 32 * 56 * 56, 256, 576).math == 'f16'
     assert conv_tiles.choose_tile(BF16, 'float32', 32 * 56 * 56, 256, 576).math == 'bf16'
-    assert conv_tiles.choose_tile(BF16, 'tf32', 60, 5, 27).name == '64x64x32'   # precision only concerns float32
+    assert conv_tiles.choose_tile(BF16, 'tf32', 60, 5, 27).name == '64x64x64'   # precision only concerns float32
     assert conv_tiles.choose_tile(np.float32, 'tf32', 32 * 56 * 56, 256, 576).math == 'tf32'
     # wgrad of a 3x3 64->64 layer at N=32: M x N = 576 x 64 gives few tiles, so K is split.
     tile = conv_tiles.choose_tile(np.float32, 'float32', 576, 64, 32 * 56 * 56, split_k=True)

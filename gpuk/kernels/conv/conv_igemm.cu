@@ -37,18 +37,20 @@
 //   (BM/WARPS_M) x (BN/WARPS_N) warp tile of 16x8 MMA tiles.
 // Loads (Loader<MODE>): all index decoding (divisions) happens once per block: each thread
 //   keeps, per A row it loads, a pointer to the row's window origin, and one (tap, channel)
-//   iterator for all its chunks (they share k; fwd/dgrad), or one (image, pixel) iterator for
-//   its one k row plus, per chunk, the fixed (tap, channel) as a 32-bit offset (wgrad); each K
-//   tile advances them by adds and a wrap compare. Row-major operands (fwd w, wgrad dy) are a
-//   pointer plus a count of K rows left (RowStream). Rows past the end get a far-outside origin
+//   position for all its chunks (they share k; fwd/dgrad: a TapCursor on the 16-byte path,
+//   a TapIter on the per-element one), or one (image, pixel) iterator per k row it loads (1 or
+//   2) plus, per chunk column, the fixed (tap, channel) as a 32-bit offset (wgrad); each K tile
+//   advances them by adds and a wrap compare (the cursor's tap wrap: shifts and selects, no
+//   nested branches). Row-major operands (fwd w, wgrad dy) are a pointer plus a count of K rows
+//   left (RowStream). Rows past the end get a far-outside origin
 //   (or an empty tap mask), so one bounds check covers padding and tails; zero-filled chunks
 //   pass their address unread. No thread returns early (dgrad blocks past their phase's rows
 //   exit whole).
 //   Vector path (channel counts that are multiples of VEC = 16 bytes / element, 16-byte-aligned
 //   pointers, tap offsets within 32 bits): one 16-byte zero-filling cp.async per VEC neighbouring
-//   channels, which share one padding check; fwd/dgrad test it with the row's tap mask (one AND
-//   and one compare per chunk, see tap_bits) and address the chunk as row pointer + one 32-bit
-//   tap offset shared by the thread's chunks. Otherwise each element is copied on its own
+//   channels, which share one padding check; fwd/dgrad test it with the row's tap mask (one LOP3
+//   per chunk, see tap_masks_fit) and address the chunk as row pointer + one 32-bit tap offset
+//   shared by the thread's chunks; dgrad's filter chunks step a 32-bit offset with the cursor. Otherwise each element is copied on its own
 //   (cp.async of 4/8 bytes; 16-bit elements synchronously; copy_tap_run), the K loop rotating
 //   its stages instead of unrolling them. The choice is made once per block, outside the K loop
 //   (pipeline<MODE, VECTOR>).
@@ -60,9 +62,10 @@
 //   division; 16-bit MMA outputs are regrouped in each quad by shuffles into 8-byte runs
 //   (store_tile_16bit), so a warp's stores fill whole 32-byte sectors.
 // Limits: M, N, K and the pixels of one image < 2^31 (checked by the launcher; indices decode
-//   in 32 bits); offsets are 64-bit, except the 32-bit tap offsets of the vector path (checked
-//   per block: larger reaches take the per-element path), which also needs
-//   k_d + k_h + k_w <= 32 for the fwd/dgrad tap masks; grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
+//   in 32 bits); offsets are 64-bit, except the 32-bit tap, filter (dgrad) and row-stream
+//   offsets of the vector path (checked per block: larger reaches take the per-element path),
+//   which also needs the filter's taps per dim (of the dgrad phase) plus CONV_BK / VEC to sum
+//   to <= 31 for the fwd/dgrad tap masks (tap_masks_fit); grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
 //   stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
 #include "conv_common.cuh"
 
@@ -123,7 +126,8 @@ static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 // unit u of row r is stored at u ^ swizzle(r), which spreads the 8 rows an ldmatrix phase
 // (or a quarter warp of FFMA reads down strided columns) reads, and the 8 units a quarter
 // warp of cp.async chunks writes, over the 8 bank groups; without padding, BK=16 (FFMA) and
-// BK=32 (16-bit) fit 3 stages in the 48 KB of static shared memory. tf32 tiles pad each row
+// BK=32 (16-bit 128x128) fit 3 stages in the 48 KB of static shared memory (16-bit 64x64:
+// BK=64, 2 stages, 32 KB). tf32 tiles pad each row
 // by one unit instead (an odd unit stride), because their k-major operands are read one
 // 4-byte word per lane (a swizzle would pair rows 0/1 and 2/3 in the same banks there).
 #define VEC (16 / (int)sizeof(elem_t))   // elements per 16-byte unit (chunk)
@@ -194,7 +198,10 @@ struct PixIter {
         oh = (int)((p / (unsigned)g.out_w) % (unsigned)g.out_h);
         od = (int)(p / ((unsigned)g.out_w * (unsigned)g.out_h));
     }
-    __device__ __forceinline__ void advance(const ConvGeom& g, int step) {
+    // next_image() runs at each step into the next image: the wgrad loader moves its image
+    // pointer there, in the rare branch, instead of multiplying by the images stepped per K tile.
+    template <class NextImage>
+    __device__ __forceinline__ void advance(const ConvGeom& g, int step, const NextImage& next_image) {
         ow += step;
         while (ow >= g.out_w) {
             ow -= g.out_w;
@@ -203,6 +210,7 @@ struct PixIter {
                 if (++od == g.out_d) {
                     od = 0;
                     ++n;
+                    next_image();
                 }
             }
         }
@@ -250,25 +258,76 @@ __device__ __forceinline__ void copy_tap_run(elem_t* dst, const elem_t* __restri
     }
 }
 
-// ---- tap masks (the 16-byte path of the gathered A operand) ----
-// A tap is a bit per spatial dim: coordinate kw at bit kw, kh at bit size_w + kh, kd at bit
-// size_w + size_h + kd. A row's mask holds the bits of the coordinates that keep its window
-// inside the source, so the tap is inside for that row iff (mask & tap_bits) == tap_bits: one
-// AND and one compare per chunk in the K loop instead of three adds and three compares.
-// Needs size_w + size_h + size_d <= 32 (tap_masks_fit); larger filters take the per-element path.
-__device__ __forceinline__ bool tap_masks_fit(const TapSeq& s) { return s.size_w + s.size_h + s.size_d <= 32; }
+// ---- tap masks and the tap cursor (the 16-byte path of the gathered A operand) ----
+// A tap is a bit per spatial dim, by its index in the sequence (TapSeq): index iw at bit iw, ih
+// at bit cw + ih, id at bit cw + ch + id (cw, ch, cd: the sequence's tap counts). A row's mask
+// holds the bits of the indices that keep its window inside the source, so the tap is inside
+// for that row iff its bits are all in the mask: one LOP3 (need & ~mask, to a predicate) per
+// chunk in the K loop instead of three adds and three compares. Past the filter the d index
+// runs on to cd and beyond, bits no mask holds: the same test refuses those taps. Needs
+// cw + ch + cd plus the taps one K tile can step past the filter (CONV_BK / VEC) <= 31
+// (tap_masks_fit); larger filters take the per-element path.
+__device__ __forceinline__ bool tap_masks_fit(const TapSeq& s) {
+    return s.w.count + s.h.count + s.d.count + CONV_BK / VEC <= 31;
+}
 __device__ __forceinline__ unsigned dim_mask(const TapDim& t, int size, int origin, int extent, int shift) {
     unsigned bits = 0;
     for (int i = 0; i < t.count; ++i) {
         const int coord = t.k0 + i * t.kstep;
-        if (coord < size && (unsigned)(origin + t.o0 + i * t.ostep) < (unsigned)extent) bits |= 1u << (shift + coord);
+        if (coord < size && (unsigned)(origin + t.o0 + i * t.ostep) < (unsigned)extent) bits |= 1u << (shift + i);
     }
     return bits;
 }
-// The tap's bits; a tap past the filter (kd >= size_d) is refused by in_filter, not by the mask.
-__device__ __forceinline__ unsigned tap_bits(const TapSeq& s, const TapIter& t) {
-    return (1u << t.kw) | (1u << (s.size_w + t.kh)) | (1u << ((unsigned)(s.size_w + s.size_h + t.kd) & 31u));
-}
+// The 16-byte path's K position (fwd/dgrad): (tap, channel c) as the copies use it, the tap's
+// offset from a row's window origin plus c (32-bit: GatherA::fast) and its one-hot index bits
+// per dim. A K tile adds CONV_BK to c and the offset; each step into the next tap (the wrap,
+// c >= channels) shifts the bits and adds one of three precomputed offset steps (next w index;
+// w wraps, next h; h wraps too, next d), all by selects: no divisions, no nested branches, so
+// the K loop stays short. wrapped(w_end, h_end) lets the dgrad loader step its filter offset.
+struct TapCursor {
+    int c;
+    unsigned off;                 // offset of (tap, c) from a row's window origin (wraps past the filter, unread)
+    unsigned wbit, hbit, dbit;    // the tap's index bits (see tap_masks_fit)
+    unsigned step_w, step_h, step_d;   // offset steps into the next tap, less `channels` (c wraps)
+
+    __device__ __forceinline__ unsigned need() const { return wbit | hbit | dbit; }
+    __device__ __forceinline__ bool in_filter(const TapSeq& s) const {
+        return dbit < 1u << (s.w.count + s.h.count + s.d.count);
+    }
+    __device__ __forceinline__ void start(const TapSeq& s, int k, int channels, int sh, int sw) {
+        const int i = k / channels, iw = i % s.w.count, ih = (i / s.w.count) % s.h.count;
+        const int id = i / (s.w.count * s.h.count);
+        c = k - i * channels;
+        wbit = 1u << iw;
+        hbit = 1u << (s.w.count + ih);
+        dbit = 1u << (s.w.count + s.h.count + id);   // id <= cd + CONV_BK / VEC: tap_masks_fit
+        const unsigned C = (unsigned)channels, dw = (unsigned)s.w.ostep * C, dh = (unsigned)(s.h.ostep * sw) * C,
+                       dd = (unsigned)(s.d.ostep * sh * sw) * C;
+        const unsigned back_w = (unsigned)(s.w.count - 1) * dw, back_h = (unsigned)(s.h.count - 1) * dh;
+        step_w = dw - C;
+        step_h = dh - back_w - C;
+        step_d = dd - back_h - back_w - C;
+        off = (((unsigned)(s.d.o0 + id * s.d.ostep) * (unsigned)sh + (unsigned)(s.h.o0 + ih * s.h.ostep)) * (unsigned)sw +
+               (unsigned)(s.w.o0 + iw * s.w.ostep)) * C + (unsigned)c;
+    }
+    template <class Wrapped>
+    __device__ __forceinline__ void advance(const TapSeq& s, int channels, const Wrapped& wrapped) {
+        c += CONV_BK;
+        off += CONV_BK;
+        while (c >= channels) {
+            c -= channels;
+            wbit <<= 1;
+            const bool w_end = wbit == 1u << s.w.count;
+            wbit = w_end ? 1u : wbit;
+            const unsigned h = w_end ? hbit << 1 : hbit;
+            const bool h_end = h == 1u << (s.w.count + s.h.count);
+            hbit = h_end ? 1u << s.w.count : h;
+            dbit = h_end ? dbit << 1 : dbit;
+            off += w_end ? (h_end ? step_d : step_h) : step_w;
+            wrapped(w_end, h_end);
+        }
+    }
+};
 // Largest |offset| a dim's taps add to a window origin.
 __device__ __forceinline__ long long dim_reach(const TapDim& t) {
     const long long first = t.o0, last = t.o0 + (long long)(t.count - 1) * t.ostep;
@@ -288,7 +347,8 @@ struct GatherA {
     const elem_t* row[A_CHUNKS_PER_THREAD];                 // the source at (n, window origin) of row j
     int o_d[A_CHUNKS_PER_THREAD], o_h[A_CHUNKS_PER_THREAD], o_w[A_CHUNKS_PER_THREAD];   // window origin
     unsigned mask[A_CHUNKS_PER_THREAD];                     // taps inside the source for row j
-    TapIter k;                                              // this thread's k within the tile
+    TapIter k;                                              // this thread's k within the tile (per-element path)
+    TapCursor at;                                           // the same k, for the 16-byte path
     bool fast;                                              // 16-byte path allowed (masks, 32-bit tap offsets)
 
     __device__ __forceinline__ void init(const Source& src, const RowGrid& grid, const TapSeq& taps,
@@ -318,26 +378,23 @@ struct GatherA {
             mask[j] = 0;
             if (fast)   // one region of bits per dim: the test needs each of the tap's three bits
                 mask[j] = dim_mask(taps.w, taps.size_w, o_w[j], src.sw, 0) |
-                          dim_mask(taps.h, taps.size_h, o_h[j], src.sh, taps.size_w) |
-                          dim_mask(taps.d, taps.size_d, o_d[j], src.sd, taps.size_w + taps.size_h);
+                          dim_mask(taps.h, taps.size_h, o_h[j], src.sh, taps.w.count) |
+                          dim_mask(taps.d, taps.size_d, o_d[j], src.sd, taps.w.count + taps.h.count);
         }
         k.start(taps, (int)k_begin + chunk_pos(CONV_BK), src.channels);
+        if (fast) at.start(taps, (int)k_begin + chunk_pos(CONV_BK), src.channels, src.sh, src.sw);
     }
-    // Issues this thread's chunks of one K tile into `as` ([m][k]); does not advance k.
+    // Issues this thread's chunks of one K tile into `as` ([m][k]); does not advance k or `at`.
     template <bool VECTOR>
     __device__ __forceinline__ void load(const Source& src, const TapSeq& taps, const elem_t* __restrict__ data,
                                          elem_t* as) const {
         const int kc = chunk_pos(CONV_BK);
         if constexpr (VECTOR) {
-            // uniform per tile: the tap's offset (unsigned: past the filter it may wrap, unread) and bits
-            const int off = (int)(((unsigned)(k.od * src.sh + k.oh) * (unsigned)src.sw + (unsigned)k.ow) *
-                                  (unsigned)src.channels + (unsigned)k.c);
-            const unsigned bits = tap_bits(taps, k);
-            const bool in_filter = k.in_filter(taps);
+            const unsigned need = at.need();
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_chunk(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc), row[j] + off,
-                           in_filter && (mask[j] & bits) == bits);
+                copy_chunk(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc), row[j] + (int)at.off,
+                           (need & ~mask[j]) == 0u);
         } else {
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
@@ -364,6 +421,8 @@ struct RowStream {
         ptr = data + (k_begin + chunk_row(0, CONV_BN)) * ld + col;
         left = (int)(k_end - k_begin);
     }
+    // The 16-byte path offsets a thread's chunks from `ptr` in 32 bits (one IMAD.WIDE each).
+    __device__ __forceinline__ static bool fits(int ld) { return (long long)CONV_BK * ld < (1ll << 31); }
     template <bool VECTOR>
     __device__ __forceinline__ void load(elem_t* bs, int ld, int cols) {
         const int nc = chunk_pos(CONV_BN);
@@ -375,7 +434,7 @@ struct RowStream {
             const elem_t* src = ptr + j * pass;
             const bool k_ok = row < left;
             if constexpr (VECTOR) {
-                copy_chunk(dst, src, k_ok && col < cols);
+                copy_chunk(dst, ptr + j * (int)pass, k_ok && col < cols);   // j * pass < CONV_BK * ld: fits()
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
@@ -408,14 +467,15 @@ template <> struct Loader<MODE_FWD> {
         a.init(source(g), grid, dense_taps(g, 0, 0, 0), x, rows, k_begin);
         b.init(w, k_begin, k_end, g.c_out);
         a_vec = a.fast && g.c_in % VEC == 0 && is_aligned(x, 16);
-        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16);
+        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16) && RowStream::fits(g.c_out);
     }
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ w, elem_t* as, elem_t* bs, int cols) {
         const TapSeq taps = dense_taps(g, 0, 0, 0);
         a.load<VECTOR>(source(g), taps, x, as);
-        a.k.advance(taps, CONV_BK, g.c_in);
+        if constexpr (VECTOR) a.at.advance(taps, g.c_in, [](bool, bool) {});
+        else a.k.advance(taps, CONV_BK, g.c_in);
         b.load<VECTOR>(bs, g.c_out, cols);
     }
 };
@@ -427,6 +487,9 @@ template <> struct Loader<MODE_DGRAD> {
     GatherA a;
     TapSeq taps;
     int b_ci;   // this thread's chunk-0 input channel
+    // 16-byte path: w at (k's tap, ci, k's c_out channel) as an offset from w + b_ci * C_out,
+    // stepped with A's cursor: CONV_BK per tile, and at each tap wrap one of three steps
+    unsigned b_off, b_step_w, b_step_h, b_step_d;
     bool a_vec, b_vec;
 
     __device__ __forceinline__ static Source source(const ConvGeom& g) {
@@ -439,66 +502,94 @@ template <> struct Loader<MODE_DGRAD> {
         a.init(source(g), grid, taps, dy, phase.rows, 0);
         b_ci = blockIdx.y * CONV_BN + chunk_row(0, CONV_BK);
         a_vec = a.fast && g.c_out % VEC == 0 && is_aligned(dy, 16);
-        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16);
+        // the filter offsets of the 16-byte path fit 32 bits (past the filter they may wrap: unread)
+        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16) && ((long long)g.taps + 1) * g.c_in * g.c_out < (1ll << 31);
+        if (a_vec && b_vec) {
+            const unsigned cico = (unsigned)g.c_in * (unsigned)g.c_out, co = (unsigned)g.c_out;
+            const unsigned tw = (unsigned)taps.w.kstep, th = (unsigned)(taps.h.kstep * taps.size_w),
+                           td = (unsigned)(taps.d.kstep * taps.size_h * taps.size_w);
+            const unsigned back_w = (unsigned)(taps.w.count - 1) * tw, back_h = (unsigned)(taps.h.count - 1) * th;
+            b_step_w = tw * cico - co;
+            b_step_h = (th - back_w) * cico - co;
+            b_step_d = (td - back_h - back_w) * cico - co;
+            b_off = (unsigned)a.k.tap(taps) * cico + (unsigned)a.k.c;
+        }
     }
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ dy,
                                          const elem_t* __restrict__ w, elem_t* as, elem_t* bs, int cols) {
         a.load<VECTOR>(source(g), taps, dy, as);
         const int kc = chunk_pos(CONV_BK);
-        const long long filter_pass = (long long)ROWS_PER_PASS(CONV_BK) * g.c_out;
-        // uniform per tile: w at (tap, chunk 0's input channel, k's output channel)
-        const elem_t* tap_w = w + ((long long)a.k.tap(taps) * g.c_in + b_ci) * g.c_out + a.k.c;
+        if constexpr (VECTOR) {
+            const int filter_pass = ROWS_PER_PASS(CONV_BK) * g.c_out;   // < 2^31: b_vec
+            const elem_t* tap_w = w + (long long)b_ci * g.c_out + (int)b_off;
+            const bool in_filter = a.at.in_filter(taps);
 #pragma unroll
-        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
-            const int ci = b_ci + j * ROWS_PER_PASS(CONV_BK);
-            elem_t* dst = bs + tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), kc);
-            if constexpr (VECTOR) {
-                copy_chunk(dst, tap_w + j * filter_pass, a.k.in_filter(taps) && ci < cols);
-            } else {
-                copy_tap_run(dst, w, taps, a.k, g.c_out, ci < cols, [&](const TapIter& t, const elem_t*& at) {
-                    at = w + ((long long)t.tap(taps) * g.c_in + ci) * g.c_out + t.c;
-                    return t.in_filter(taps);
-                });
+            for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
+                copy_chunk(bs + tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), kc), tap_w + j * filter_pass,
+                           in_filter && b_ci + j * ROWS_PER_PASS(CONV_BK) < cols);
+            b_off += CONV_BK;
+            a.at.advance(taps, g.c_out, [&](bool w_end, bool h_end) {
+                b_off += w_end ? (h_end ? b_step_d : b_step_h) : b_step_w;
+            });
+        } else {
+#pragma unroll
+            for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
+                const int ci = b_ci + j * ROWS_PER_PASS(CONV_BK);
+                copy_tap_run(bs + tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), kc), w, taps, a.k, g.c_out,
+                             ci < cols, [&](const TapIter& t, const elem_t*& at) {
+                                 at = w + ((long long)t.tap(taps) * g.c_in + ci) * g.c_out + t.c;
+                                 return t.in_filter(taps);
+                             });
             }
+            a.k.advance(taps, CONV_BK, g.c_out);
         }
-        a.k.advance(taps, CONV_BK, g.c_out);
     }
 };
 
 // wgrad: A[(tap, ci), (n, output pixel)] = x[n, o*s + tap*dil - pad, ci], stored [k][m];
 // B = dy as (N*OP, C_out), stored [k][n] (a RowStream).
-// A's chunks: each thread copies one k row (one output pixel: wgrad_a_row) and
-// A_CHUNKS_PER_THREAD chunks along m (wgrad_a_unit), so one (image, pixel) iterator serves all
-// of them, and each chunk keeps its fixed (tap, channel) as a 32-bit offset from the pixel's
-// window origin plus the tap's spatial offsets for the bounds check.
-#define WG_THREADS_PER_ROW (CONV_THREADS / CONV_BK)
-static_assert(WG_THREADS_PER_ROW * A_CHUNKS_PER_THREAD * VEC == CONV_BM &&
-              (A_CHUNKS_PER_THREAD & (A_CHUNKS_PER_THREAD - 1)) == 0, "wgrad A: one k row per thread, 2^n chunks");
-__device__ __forceinline__ int wgrad_a_row() { return threadIdx.x / WG_THREADS_PER_ROW; }
-// The 16-byte unit of chunk j along m: a row's units are dealt to its threads in turn and
-// permuted per row (j ^ row), so that the 8 chunks a quarter warp writes at once land in 8
-// distinct bank groups (every swizzled tile and the 128x128 tf32 tile; the padded 64x64 tf32
-// tile, 2 threads per row, keeps 2-way conflicts on these writes).
+// A's chunks: WG_LANES threads share each k row (one output pixel), so that a warp's copies
+// read whole 32-byte sectors (neighbouring lanes, neighbouring 16-byte units of one pixel);
+// each thread copies WG_ROWS k rows (2 where the block has as many threads as K rows, the
+// f16 64x64x64 tile; else 1), THREADS / WG_LANES rows apart, and WG_CHUNKS chunks along m in
+// each (wgrad_a_unit). One (image, pixel) iterator per row serves its chunks, and each chunk
+// column keeps its fixed (tap, channel) as a 32-bit offset from the pixel's window origin plus
+// the tap's spatial offsets for the bounds check (shared by the thread's rows).
+#define WG_LANES (CONV_THREADS / CONV_BK >= 2 ? CONV_THREADS / CONV_BK : 2)
+#define WG_ROWS (CONV_BK * WG_LANES / CONV_THREADS)
+#define WG_CHUNKS (A_CHUNKS_PER_THREAD / WG_ROWS)
+static_assert(WG_ROWS * CONV_THREADS == CONV_BK * WG_LANES && WG_LANES * WG_CHUNKS * VEC == CONV_BM &&
+              (WG_CHUNKS & (WG_CHUNKS - 1)) == 0 && (CONV_THREADS / WG_LANES) % WG_CHUNKS == 0,
+              "wgrad A: whole k rows per thread, 2^n chunks per row");
+__device__ __forceinline__ int wgrad_a_row(int r) { return threadIdx.x / WG_LANES + r * (CONV_THREADS / WG_LANES); }
+// The 16-byte unit of chunk j along m: a row's units are dealt to its lanes in turn and
+// permuted per row (j ^ row; a thread's rows share the low bits), so that the 8 chunks a
+// quarter warp writes at once land in 8 distinct bank groups (every swizzled tile and the
+// 128x128 tf32 tile; the padded 64x64 tf32 tile, 2 threads per row, keeps 2-way conflicts on
+// these writes).
 __device__ __forceinline__ int wgrad_a_unit(int j) {
-    return threadIdx.x % WG_THREADS_PER_ROW +
-           WG_THREADS_PER_ROW * (j ^ (wgrad_a_row() & (A_CHUNKS_PER_THREAD - 1)));
+    return threadIdx.x % WG_LANES + WG_LANES * (j ^ (wgrad_a_row(0) & (WG_CHUNKS - 1)));
 }
 template <> struct Loader<MODE_WGRAD> {
-    PixIter pix;                          // this thread's k row: (image, output pixel)
-    const elem_t* image;                  // x at image pix.n (a pointer carried across K tiles, so
-                                          // that each chunk address is one IMAD.WIDE from it)
-    TapIter a_m[A_CHUNKS_PER_THREAD];     // chunk j's (tap, ci) column, fixed for the block (per-element path)
-    int a_off[A_CHUNKS_PER_THREAD];       // 16-byte path: chunk j's offset from the pixel's window origin
-    int a_td[A_CHUNKS_PER_THREAD], a_th[A_CHUNKS_PER_THREAD], a_tw[A_CHUNKS_PER_THREAD];   // its tap's offsets
+    PixIter pix[WG_ROWS];                 // this thread's k rows: (image, output pixel)
+    const elem_t* image[WG_ROWS];         // x at image pix[r].n (a pointer carried across K tiles, so
+                                          // that each chunk address is one IMAD.WIDE from it;
+                                          // stepped by one image in PixIter's wrap, no multiply)
+    TapIter a_m[WG_CHUNKS];               // chunk j's (tap, ci) column, fixed for the block (per-element path)
+    int a_off[WG_CHUNKS];                 // 16-byte path: chunk j's offset from the pixel's window origin
+    int a_td[WG_CHUNKS], a_th[WG_CHUNKS], a_tw[WG_CHUNKS];   // its tap's offsets
     RowStream b;                          // b.left: K rows from the next tile's first row to k_end
     bool a_vec, b_vec;
 
     __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* dy, long long rows,
                                          long long k_begin, long long k_end) {
         const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
-        pix.start(g, k_begin + wgrad_a_row());
-        image = x + pix.n * (g.in_pix * g.c_in);
+#pragma unroll
+        for (int r = 0; r < WG_ROWS; ++r) {
+            pix[r].start(g, k_begin + wgrad_a_row(r));
+            image[r] = x + pix[r].n * (g.in_pix * g.c_in);
+        }
         // 16-byte path: a chunk's offset within its image, window origin + chunk offset, fits 32
         // bits (one IMAD and one IMAD.WIDE per chunk address); so do an image's elements
         const long long reach =
@@ -507,7 +598,7 @@ template <> struct Loader<MODE_WGRAD> {
                                        g.in_w + (long long)(g.out_w - 1) * g.s_w + 1) * g.c_in;
         const bool fits = origins + reach < (1ll << 31) && g.in_pix * g.c_in < (1ll << 31);
 #pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+        for (int j = 0; j < WG_CHUNKS; ++j) {
             TapIter& t = a_m[j];
             t.start(taps, blockIdx.x * CONV_BM + wgrad_a_unit(j) * VEC, g.c_in);
             const bool inside = t.in_filter(taps);   // false past the last (tap, ci) column
@@ -518,7 +609,7 @@ template <> struct Loader<MODE_WGRAD> {
         }
         b.init(dy, k_begin, k_end, g.c_out);
         a_vec = fits && g.c_in % VEC == 0 && is_aligned(x, 16);
-        b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16);
+        b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16) && RowStream::fits(g.c_out);
     }
 
     // x's element (tap, channel t; image and output pixel p): its offset and whether it is inside.
@@ -534,33 +625,36 @@ template <> struct Loader<MODE_WGRAD> {
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
-        const int row = wgrad_a_row();
-        const bool k_ok = row < b.left;
-        if constexpr (VECTOR) {
-            // uniform per tile: the pixel's window origin in its image (before the tap offsets)
-            const int id0 = pix.od * g.s_d, ih0 = pix.oh * g.s_h, iw0 = pix.ow * g.s_w;
-            const int origin = ((id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;
 #pragma unroll
-            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), image + (origin + a_off[j]),
-                           k_ok && (unsigned)(id0 + a_td[j]) < (unsigned)g.in_d &&
-                               (unsigned)(ih0 + a_th[j]) < (unsigned)g.in_h &&
-                               (unsigned)(iw0 + a_tw[j]) < (unsigned)g.in_w);
-        } else {
-            const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
+        for (int r = 0; r < WG_ROWS; ++r) {
+            const PixIter& p = pix[r];
+            const int row = wgrad_a_row(r);
+            const bool k_ok = row < b.left;
+            if constexpr (VECTOR) {
+                // uniform per tile: the pixel's window origin in its image (before the tap offsets)
+                const int id0 = p.od * g.s_d, ih0 = p.oh * g.s_h, iw0 = p.ow * g.s_w;
+                const int origin = ((id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;
 #pragma unroll
-            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_tap_run(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), x, taps, a_m[j], g.c_in,
-                             k_ok, [&](const TapIter& t, const elem_t*& at) {
-                                 long long offset;
-                                 const bool inside = a_element(g, taps, t, pix, offset);
-                                 at = x + offset;
-                                 return inside;
-                             });
+                for (int j = 0; j < WG_CHUNKS; ++j)
+                    copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row),
+                               image[r] + (origin + a_off[j]),
+                               k_ok && (unsigned)(id0 + a_td[j]) < (unsigned)g.in_d &&
+                                   (unsigned)(ih0 + a_th[j]) < (unsigned)g.in_h &&
+                                   (unsigned)(iw0 + a_tw[j]) < (unsigned)g.in_w);
+            } else {
+                const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
+#pragma unroll
+                for (int j = 0; j < WG_CHUNKS; ++j)
+                    copy_tap_run(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), x, taps, a_m[j],
+                                 g.c_in, k_ok, [&](const TapIter& t, const elem_t*& at) {
+                                     long long offset;
+                                     const bool inside = a_element(g, taps, t, p, offset);
+                                     at = x + offset;
+                                     return inside;
+                                 });
+            }
+            pix[r].advance(g, CONV_BK, [&] { image[r] += g.in_pix * g.c_in; });
         }
-        const int n = pix.n;
-        pix.advance(g, CONV_BK);
-        image += (pix.n - n) * (g.in_pix * g.c_in);   // the images this tile stepped over
         b.load<VECTOR>(bs, g.c_out, cols);
     }
 };

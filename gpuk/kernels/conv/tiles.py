@@ -9,19 +9,23 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
     ffma64 64x64x8      64 x 64 x 8    256      3       4 x 4 DFMA            float64
     ffma64 32x32x8      32 x 32 x 8    64       3       4 x 4                 float64, small
     f16    128x128x32   128 x 128 x 32 128      3       4 warps, 64 x 64/warp float16 (mma m16n8k16)
-    f16    64x64x32     64 x 64 x 32   64       3       2 warps, 64 x 32      float16, smaller problems
+    f16    64x64x64     64 x 64 x 64   64       2       2 warps, 64 x 32      float16, smaller problems
     bf16   (as f16)                                                           bfloat16 (mma m16n8k16 bf16)
     tf32   128x128x16   128 x 128 x 16 128      2       4 warps, 64 x 64      float32 with precision 'tf32'
     tf32   64x64x32     64 x 64 x 32   64       2       2 warps, 64 x 32
 
 Every tile moves whole 16-byte chunks: BM*BK and BN*BK are multiples of (16 bytes / element)
 x threads (static_asserts in conv_igemm.cu). FFMA and 16-bit tiles are XOR-swizzled without
-padding, so BK=16 (FFMA) and BK=32 (16-bit) fit 3 stages in 48 KB of static shared memory;
-tf32 tiles are padded; 128x128 tf32 keeps BK=16 and 2 stages to stay under 48 KB of static
-shared memory (BK=32 there needs dynamic shared memory above 48 KB, not done), 64x64 tf32
-runs BK=32 with 2 stages. The 128x128 tensor-core tiles use 64x64 warp tiles (32 MMAs per
+padding, so BK=16 (FFMA) and BK=32 (16-bit 128x128) fit 3 stages in 48 KB of static shared
+memory; tf32 tiles are padded; 128x128 tf32 keeps BK=16 and 2 stages to stay under 48 KB of
+static shared memory (BK=32 there needs dynamic shared memory above 48 KB, not done), 64x64
+tf32 runs BK=32 with 2 stages. The 128x128 tensor-core tiles use 64x64 warp tiles (32 MMAs per
 k16 step per warp) and the 64x64 ones 2 warps of 64x32 (not 4 of 32x32): the ldmatrix and
-loader work per thread is shared by twice the MMAs.
+loader work per thread is shared by twice the MMAs. 16-bit 64x64 runs BK=64 with 2 stages
+(32 KB: 4 blocks per SM on sm_80 too, as many as its 242-255 registers allow): each K tile's
+fixed work (barrier, tap cursor, pointer steps) is then shared by 64 MMAs per warp, which brings
+fwd and dgrad to 1.7-1.9 other instructions per MMA (3.0-3.8 with BK=32, 3 stages); the data in
+flight is the same as 3 stages of BK=32 (one 64-deep tile while the other is multiplied).
 
 FFMA micro-tiles: 8 x 8 per thread on 128x128 and 64x64 (64 multiply-adds per 4 shared reads
 of 16 bytes: 85-88% of the hot loop is FFMA on sm_90; 4 x 4 on 256 threads gave 64x64 only
@@ -81,8 +85,8 @@ def _mma(math_path, bm, bn, warps_m, warps_n, bk=16, stages=3):
 TILES = {
     'ffma': (_ffma(128, 128, 16, 8, 8), _ffma(64, 64, 16, 8, 8), _ffma(32, 32, 16, 8, 4)),
     'ffma64': (_ffma(64, 64, 8, 4, 4), _ffma(32, 32, 8, 4, 4)),
-    'f16': (_mma('f16', 128, 128, 2, 2, bk=32), _mma('f16', 64, 64, 1, 2, bk=32)),
-    'bf16': (_mma('bf16', 128, 128, 2, 2, bk=32), _mma('bf16', 64, 64, 1, 2, bk=32)),
+    'f16': (_mma('f16', 128, 128, 2, 2, bk=32), _mma('f16', 64, 64, 1, 2, bk=64, stages=2)),
+    'bf16': (_mma('bf16', 128, 128, 2, 2, bk=32), _mma('bf16', 64, 64, 1, 2, bk=64, stages=2)),
     'tf32': (_mma('tf32', 128, 128, 2, 2, stages=2), _mma('tf32', 64, 64, 1, 2, bk=32, stages=2)),
 }
 MIN_BLOCKS = 264          # two waves on a 132-SM H100

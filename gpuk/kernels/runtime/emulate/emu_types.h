@@ -87,15 +87,21 @@ inline float bf16_bits_to_float(uint16_t b) { return bits_float(uint32_t(b) << 1
 
 }  // namespace gpuk_emu
 
+// The bits start at 0 (a default member initializer) so that `__shared__ __half a[N]`, i.e.
+// `static thread_local __half a[N]` in the emulator, is constant-initialized: with only a
+// defaulted constructor g++ gives such an array a one-byte initialization guard in the TLS
+// block, which every thread reads and the first writes, and which the counters and the
+// sanitizer then took for shared-memory accesses (thread 0's extra writes shifted its
+// requests against its warp's: phantom bank conflicts in conv_igemm_wgrad's first block).
 struct __half {
-    unsigned short __x;
+    unsigned short __x = 0;
     __half() = default;
     __half(float f) : __x(gpuk_emu::float_to_half_bits(f)) {}
     __half(double d) : __x(gpuk_emu::float_to_half_bits(float(d))) {}
     operator float() const { return gpuk_emu::half_bits_to_float(__x); }
 };
-struct __nv_bfloat16 {
-    unsigned short __x;
+struct __nv_bfloat16 {   // bits start at 0: see __half
+    unsigned short __x = 0;
     __nv_bfloat16() = default;
     __nv_bfloat16(float f) : __x(gpuk_emu::float_to_bf16_bits(f)) {}
     __nv_bfloat16(double d) : __x(gpuk_emu::float_to_bf16_bits(float(d))) {}
