@@ -123,15 +123,21 @@ static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 // unit u of row r is stored at u ^ swizzle(r), which spreads the 8 rows an ldmatrix phase
 // (or a quarter warp of FFMA reads down strided columns) reads, and the 8 units a quarter
 // warp of cp.async chunks writes, over the 8 bank groups; without padding, BK=16 (FFMA) and
-// BK=32 (16-bit) fit 3 stages in the 48 KB of static shared memory. tf32 tiles pad each row
-// by one unit instead (an odd unit stride), because their k-major operands are read one
-// 4-byte word per lane (a swizzle would pair rows 0/1 and 2/3 in the same banks there).
+// BK=32 (16-bit) fit 3 stages in the 48 KB of static shared memory. tf32 tiles pad their
+// rows instead: [mn][k] rows (read by ldmatrix) by one unit, an odd unit stride that puts an
+// ldmatrix phase's 8 rows on 8 bank groups; k-major rows (read 8 or 16 bytes per lane at rows
+// t and t + 4, see tile_multiply) by two units, a stride of 2 mod 8 units, so that the 4 k rows
+// x 2 (16-byte reads) or 4 (8-byte reads) neighbouring units of one phase hit distinct banks
+// (a swizzle would pair rows 0/1 and 2/3 in the same banks there). SMEM_PAD: [mn][k] rows,
+// SMEM_PAD_K: k-major rows.
 #define VEC (16 / (int)sizeof(elem_t))   // elements per 16-byte unit (chunk)
 #if CONV_MATH == 2
 #define SMEM_PAD VEC
+#define SMEM_PAD_K (2 * VEC)
 #define SMEM_SWIZZLE 0
 #else
 #define SMEM_PAD 0
+#define SMEM_PAD_K 0
 #define SMEM_SWIZZLE 1
 #endif
 template <int MODE> struct Layout {
@@ -139,8 +145,8 @@ template <int MODE> struct Layout {
     static constexpr bool b_nk = MODE == MODE_DGRAD;   // B as [n][k], else [k][n]
 };
 #define CONV_MAX(a, b) ((a) > (b) ? (a) : (b))
-#define A_STAGE CONV_MAX(CONV_BM * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BM + SMEM_PAD))
-#define B_STAGE CONV_MAX(CONV_BN * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BN + SMEM_PAD))
+#define A_STAGE CONV_MAX(CONV_BM * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BM + SMEM_PAD_K))
+#define B_STAGE CONV_MAX(CONV_BN * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BN + SMEM_PAD_K))
 
 // The unit a row's unit u is stored at: rows of U units, U a power of two >= 2; groups of
 // 8/U rows share one XOR pattern when U < 8.
@@ -152,18 +158,18 @@ template <int U> __device__ __forceinline__ int swizzled_unit(int row, int u) {
     const unsigned r = (unsigned)row;
     return (int)((unsigned)u ^ (U >= 8 ? r & 7u : (r / (8u / U)) & (unsigned)(U - 1)));
 }
-// Index of a tile element at (row, col) of a tile with rows of LEN elements (+ padding).
-template <int LEN> __device__ __forceinline__ int tile_offset(int row, int col) {
+// Index of a tile element at (row, col) of a tile with rows of LEN elements (+ PAD, unswizzled).
+template <int LEN, int PAD = SMEM_PAD> __device__ __forceinline__ int tile_offset(int row, int col) {
     if (SMEM_SWIZZLE) {
         const unsigned c = (unsigned)col;
         return row * LEN + swizzled_unit<LEN / VEC>(row, (int)(c / VEC)) * VEC + (int)(c % VEC);
     }
-    return row * (LEN + SMEM_PAD) + col;
+    return row * (LEN + PAD) + col;
 }
 // Index of element (mn, k) of a tile with MN rows/columns, stored mn-major ([mn][k]) or k-major.
 template <bool MN_MAJOR, int MN>
 __device__ __forceinline__ int tile_index(int mn, int k) {
-    return MN_MAJOR ? tile_offset<CONV_BK>(mn, k) : tile_offset<MN>(k, mn);
+    return MN_MAJOR ? tile_offset<CONV_BK>(mn, k) : tile_offset<MN, SMEM_PAD_K>(k, mn);
 }
 
 // Chunk mapping: a tile of R rows (the strided dimension) x L contiguous elements is cut into
@@ -671,6 +677,58 @@ template <> struct Mma16<__nv_bfloat16> {
     }
 };
 #endif
+#if CONV_MATH == 2
+// tf32 fragments. ldmatrix moves 16-bit columns, so it serves only [mn][k] tiles (a 32-bit
+// element is two columns; .trans would split each word); a k-major tile (A [k][m] in wgrad,
+// B [k][n] in fwd and wgrad) is read with plain shared loads. Each lane's two k (t, t + 4) lie in
+// two rows there, so the MMA rows (or columns) are ordered to make a lane's other fragment
+// elements shared-memory neighbours, and k-major rows are padded to a stride of 2 mod 8 units
+// (SMEM_PAD_K) so those reads are conflict-free. Reordering the output rows or columns is exact
+// (each output is still one row of A times one column of B); position() says where accumulator e
+// lands. Per K step of 8, per warp:
+//   dgrad (A [m][k], B [n][k]): ldmatrix for both, the plain order.
+//   wgrad (A [k][m]): row g + 8h of 16-row MMA tile mi is warp-tile row 16 mi + 2g + h, so a
+//     lane's (a0, a1) (k = t) and (a2, a3) (k = t + 4) are one 8-byte read each, straight into
+//     the MMA's register quad; B [k][n] stays one 4-byte read per register (its b0, b1 lie in two
+//     rows whatever the column order, and 8-byte reads of neighbouring columns would need a move
+//     per register to pair them up).
+//   fwd (A [m][k], B [k][n]): the transposed product D^T = B^T A^T, so that the k-major B is the
+//     MMA's A operand (8-byte reads as in wgrad, 16-row tiles along n) and A is the MMA's B
+//     operand (ldmatrix, 8-column tiles along m). Lane (g, t) then holds output rows m = 2t, 2t+1
+//     of each 8-row m tile at the channel pair n = 2g, 2g + 1 of each 16-channel n tile: acc keeps
+//     each pair together, one 8-byte store (EpilogueRun 2), 4 rows x 64 contiguous bytes per warp.
+// Rounding: every operand element is rounded once, in shared memory, by the thread that copied it
+// (round_landed_tf32), so the fragments go to the MMA as loaded.
+template <int MODE> struct Tf32Order {
+    static constexpr bool swapped = MODE == MODE_FWD;          // D^T = B^T A^T
+    static constexpr bool paired_rows = !Layout<MODE>::a_mk;   // wgrad's A rows 16 mi + 2g + h
+    static constexpr int M8 = WARP_TILE_M / 8;                 // swapped: 8-row m tiles
+    static_assert(WARP_TILE_M % 16 == 0 && WARP_TILE_N % 16 == 0, "tf32 warp tile: 16-row and 16-column tiles");
+    // swapped: accumulator index of (n tile ni, m tile mj, part c0..c3): pairs (c0, c2), (c1, c3)
+    __device__ __forceinline__ static constexpr int acc_swapped(int ni, int mj, int part) {
+        return (ni * M8 + mj) * 4 + (part & 1) * 2 + (part >> 1);
+    }
+    // (row, col) within the warp tile of accumulator e, for lane (g, t)
+    __device__ __forceinline__ static void position(int e, int g, int t, int& row, int& col) {
+        const int tile = e >> 2, q = e & 3;
+        if (swapped) {
+            row = (tile % M8) * 8 + 2 * t + (q >> 1);
+            col = (tile / M8) * 16 + 2 * g + (q & 1);
+        } else {
+            const int mi = tile / MMA_N_TILES, ni = tile % MMA_N_TILES, h = q >> 1;
+            row = paired_rows ? mi * 16 + 2 * g + h : mi * 16 + g + 8 * h;
+            col = ni * 8 + 2 * t + (q & 1);
+        }
+    }
+};
+// An MMA A fragment from a k-major tile whose paired rows r, r + 1 (a0, a1 at k; a2, a3 at k + 4)
+// are neighbours: two 8-byte reads.
+__device__ __forceinline__ void load_paired_a(unsigned (&a)[4], const elem_t* at_k, const elem_t* at_k4) {
+    const float2 lo = *reinterpret_cast<const float2*>(at_k), hi = *reinterpret_cast<const float2*>(at_k4);
+    a[0] = __float_as_uint(lo.x); a[1] = __float_as_uint(lo.y);
+    a[2] = __float_as_uint(hi.x); a[3] = __float_as_uint(hi.y);
+}
+#endif
 // Fragments come from ldmatrix (common.cuh) wherever the stored layout allows it:
 //   16-bit A: [m][k] plain, [k][m] .trans;  16-bit B: [n][k] plain, [k][n] .trans;
 //   tf32 (a 32-bit element is two 16-bit columns, so only the plain form applies):
@@ -718,44 +776,61 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 #else
 #pragma unroll
     for (int ks = 0; ks < CONV_BK; ks += 8) {
-        unsigned b[MMA_N_TILES][2];
+        if constexpr (Tf32Order<MODE>::swapped) {   // fwd: MMA A = B^T (k-major, paired), MMA B = A^T (ldmatrix)
+            constexpr int M8 = Tf32Order<MODE>::M8;
+            unsigned b[M8][2];
 #pragma unroll
-        for (int ni = 0; ni < MMA_N_TILES; ni += 2) {
-            if (Layout<MODE>::b_nk) {   // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
+            for (int mj = 0; mj < M8; mj += 2) {   // matrices: (k 0-3, mj), (k 4-7, mj), (k 0-3, mj+1), (k 4-7, mj+1)
                 unsigned r[4];
-                ldmatrix<4, false>(r, &BS(ks + (mat & 1) * 4, col0 + (ni + (mat >> 1)) * 8 + mrow));
-                b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
-            } else {
+                ldmatrix<4, false>(r, &AS(ks + (mat & 1) * 4, row0 + (mj + (mat >> 1)) * 8 + mrow));
+                b[mj][0] = r[0]; b[mj][1] = r[1]; b[mj + 1][0] = r[2]; b[mj + 1][1] = r[3];
+            }
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int c = col0 + (ni + h) * 8 + gr;
-                    b[ni + h][0] = __float_as_uint(BS(ks + t, c));
-                    b[ni + h][1] = __float_as_uint(BS(ks + t + 4, c));
+            for (int ni = 0; ni < WARP_TILE_N / 16; ++ni) {
+                unsigned a[4];
+                const int n = col0 + ni * 16 + 2 * gr;
+                load_paired_a(a, &BS(ks + t, n), &BS(ks + t + 4, n));
+#pragma unroll
+                for (int mj = 0; mj < M8; ++mj) {
+                    float c[4];
+#pragma unroll
+                    for (int part = 0; part < 4; ++part) c[part] = acc[Tf32Order<MODE>::acc_swapped(ni, mj, part)];
+                    mma_m16n8k8_tf32(c, a, b[mj], c);
+#pragma unroll
+                    for (int part = 0; part < 4; ++part) acc[Tf32Order<MODE>::acc_swapped(ni, mj, part)] = c[part];
                 }
             }
-        }
+        } else {
+            unsigned b[MMA_N_TILES][2];
 #pragma unroll
-        for (int ni = 0; ni < MMA_N_TILES; ++ni)
+            for (int ni = 0; ni < MMA_N_TILES; ni += 2) {
+                if (Layout<MODE>::b_nk) {   // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
+                    unsigned r[4];
+                    ldmatrix<4, false>(r, &BS(ks + (mat & 1) * 4, col0 + (ni + (mat >> 1)) * 8 + mrow));
+                    b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
+                } else {   // one 4-byte read per register (Tf32Order)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) b[ni][h] = float_to_tf32(__uint_as_float(b[ni][h]));
-#pragma unroll
-        for (int mi = 0; mi < MMA_M_TILES; ++mi) {
-            unsigned a[4];
-            const int m = row0 + mi * 16;
-            if (Layout<MODE>::a_mk) {   // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, k 4-7)
-                ldmatrix<4, false>(a, &AS(ks + (mat >> 1) * 4, m + (mat & 1) * 8 + mrow));
-            } else {
-                a[0] = __float_as_uint(AS(ks + t, m + gr));
-                a[1] = __float_as_uint(AS(ks + t, m + gr + 8));
-                a[2] = __float_as_uint(AS(ks + t + 4, m + gr));
-                a[3] = __float_as_uint(AS(ks + t + 4, m + gr + 8));
+                    for (int h = 0; h < 2; ++h) {
+                        const int c = col0 + (ni + h) * 8 + gr;
+                        b[ni + h][0] = __float_as_uint(BS(ks + t, c));
+                        b[ni + h][1] = __float_as_uint(BS(ks + t + 4, c));
+                    }
+                }
             }
 #pragma unroll
-            for (int r = 0; r < 4; ++r) a[r] = float_to_tf32(__uint_as_float(a[r]));
+            for (int mi = 0; mi < MMA_M_TILES; ++mi) {
+                unsigned a[4];
+                if (Layout<MODE>::a_mk) {   // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, k 4-7)
+                    ldmatrix<4, false>(a, &AS(ks + (mat >> 1) * 4, row0 + mi * 16 + (mat & 1) * 8 + mrow));
+                } else {   // paired rows (Tf32Order)
+                    const int m = row0 + mi * 16 + 2 * gr;
+                    load_paired_a(a, &AS(ks + t, m), &AS(ks + t + 4, m));
+                }
 #pragma unroll
-            for (int ni = 0; ni < MMA_N_TILES; ++ni) {
-                float* c = acc + (mi * MMA_N_TILES + ni) * 4;
-                mma_m16n8k8_tf32(c, a, b[ni], c);
+                for (int ni = 0; ni < MMA_N_TILES; ++ni) {
+                    float* c = acc + (mi * MMA_N_TILES + ni) * 4;
+                    mma_m16n8k8_tf32(c, a, b[ni], c);
+                }
             }
         }
     }
@@ -763,6 +838,40 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 }
 #undef AS
 #undef BS
+#if CONV_MATH == 2
+// tf32 rounding, once per element: after a thread's cp_async_wait, each thread rounds (cvt.rna,
+// in place) the 16-byte chunks of the landed stage that it copied itself, before the barrier that
+// publishes the stage, so no other thread's copy is touched and no barrier is added. These
+// offsets must follow the loaders' chunk mapping (GatherA and dgrad's B: chunk_row / chunk_pos of
+// a [mn][k] tile; RowStream: of a k-major tile; wgrad A: wgrad_a_row / wgrad_a_unit); the
+// emulator's racecheck flags any chunk rounded by a thread other than its copier.
+// cvt.rna.tf32.f32 as the MMA sees it: + half a tf32 unit to finite values (inf and NaN kept),
+// without clearing the 13 low bits, which the MMA ignores (the compiler lowers cvt.rna feeding
+// an MMA the same way): 2 instructions (FSETP, IADD) instead of 3.
+__device__ __forceinline__ float tf32_round_for_mma(float x) {
+    return fabsf(x) < __int_as_float(0x7f800000) ? __uint_as_float(__float_as_uint(x) + 0x1000u) : x;
+}
+__device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
+    float4 v = *reinterpret_cast<float4*>(p);
+    v.x = tf32_round_for_mma(v.x);
+    v.y = tf32_round_for_mma(v.y);
+    v.z = tf32_round_for_mma(v.z);
+    v.w = tf32_round_for_mma(v.w);
+    *reinterpret_cast<float4*>(p) = v;
+}
+template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
+#pragma unroll
+    for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
+        round_chunk_tf32(as + (MODE == MODE_WGRAD ? tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row())
+                                                  : tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK))));
+#pragma unroll
+    for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
+        round_chunk_tf32(bs + (Layout<MODE>::b_nk ? tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK))
+                                                  : tile_index<false, CONV_BN>(chunk_pos(CONV_BN), chunk_row(j, CONV_BN))));
+}
+#define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
+#endif
+#if CONV_MATH == 1
 template <int MODE>
 __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
@@ -770,6 +879,21 @@ __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
     row = (warp / CONV_WARPS_N) * WARP_TILE_M + mi * 16 + gr + (part >= 2 ? 8 : 0);
     col = (warp % CONV_WARPS_N) * WARP_TILE_N + ni * 8 + 2 * t + (part & 1);
 }
+#else
+template <int MODE>
+__device__ __forceinline__ void acc_position(int e, int& row, int& col) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
+    Tf32Order<MODE>::position(e, gr, t, row, col);
+    row += (warp / CONV_WARPS_N) * WARP_TILE_M;
+    col += (warp % CONV_WARPS_N) * WARP_TILE_N;
+}
+#endif
+#endif
+
+// TF32_ROUND_LANDED(as, bs): the tf32 path's per-stage rounding (round_landed_tf32), between a
+// thread's cp_async_wait and the barrier that publishes the stage; nothing on the other paths.
+#ifndef TF32_ROUND_LANDED
+#define TF32_ROUND_LANDED(as_stage, bs_stage) ((void)0)
 #endif
 
 // The shared main loop: accumulates the block's tile over k in [k_begin, k_end) through a
@@ -792,6 +916,7 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
         int read_stage = 0, write_stage = CONV_STAGES - 1;
         for (int t = 0; t < tiles; ++t) {
             cp_async_wait<CONV_STAGES - 2>();
+            TF32_ROUND_LANDED(as[read_stage], bs[read_stage]);
             __syncthreads();
             if (t + CONV_STAGES - 1 < tiles)
                 loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], cols);
@@ -807,6 +932,7 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
                 const int t = t0 + s;
                 if (t >= tiles) break;
                 cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
+                TF32_ROUND_LANDED(as[s], bs[s]);
                 __syncthreads();                    // ... everyone's, and stage t-1 is free again
                 const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
                 if (t + CONV_STAGES - 1 < tiles)
