@@ -119,34 +119,30 @@ static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 // so that one 16-byte cp.async moves VEC neighbours: A is [m][k] for fwd/dgrad (k runs
 // along channels) and [k][m] for wgrad (m runs along c_in); B is [k][n] for fwd/wgrad and
 // [n][k] for dgrad (k runs along c_out of w[tap, ci, co]).
-// Bank conflicts: a row is made of 16-byte units. FFMA and 16-bit tiles are XOR-swizzled:
-// unit u of row r is stored at u ^ swizzle(r), which spreads the 8 rows an ldmatrix phase
-// (or a quarter warp of FFMA reads down strided columns) reads, and the 8 units a quarter
-// warp of cp.async chunks writes, over the 8 bank groups; without padding, BK=16 (FFMA) and
-// BK=32 (16-bit) fit 3 stages in the 48 KB of static shared memory. tf32 tiles pad their
-// rows instead: [mn][k] rows (read by ldmatrix) by one unit, an odd unit stride that puts an
-// ldmatrix phase's 8 rows on 8 bank groups; k-major rows (read 8 or 16 bytes per lane at rows
-// t and t + 4, see tile_multiply) by two units, a stride of 2 mod 8 units, so that the 4 k rows
-// x 2 (16-byte reads) or 4 (8-byte reads) neighbouring units of one phase hit distinct banks
-// (a swizzle would pair rows 0/1 and 2/3 in the same banks there). SMEM_PAD: [mn][k] rows,
-// SMEM_PAD_K: k-major rows.
+// Bank conflicts: a row is made of 16-byte units. Tiles are XOR-swizzled: unit u of row r is
+// stored at u ^ swizzle(r), which spreads the 8 rows an ldmatrix phase (or a quarter warp of
+// FFMA reads down strided columns) reads, and the 8 units a quarter warp of cp.async chunks
+// writes, over the 8 bank groups; without padding, BK=16 (FFMA) and BK=32 (16-bit) fit 3 stages
+// in the 48 KB of static shared memory. tf32 k-major rows (A [k][m] in wgrad, B [k][n] in fwd
+// and wgrad) are padded by SMEM_PAD_K = 2 units instead, unswizzled: tile_multiply reads them 4
+// or 8 bytes per lane at rows t and t + 4 (t = lane % 4), where a swizzle would put rows 0/1 and
+// 2/3 in the same banks; a stride of 2 mod 8 units puts the 4 rows of a phase 8 banks apart, so
+// 8 lanes' words (or 4 lanes' 8-byte pairs) per row fill all 32 banks. tf32 [mn][k] rows stay
+// swizzled (a padding could not serve both their ldmatrix phases, 8 rows x 1 unit, and their
+// chunk accesses, BK=16: 2 rows x 4 units, per quarter warp).
 #define VEC (16 / (int)sizeof(elem_t))   // elements per 16-byte unit (chunk)
 #if CONV_MATH == 2
-#define SMEM_PAD VEC
 #define SMEM_PAD_K (2 * VEC)
-#define SMEM_SWIZZLE 0
 #else
-#define SMEM_PAD 0
 #define SMEM_PAD_K 0
-#define SMEM_SWIZZLE 1
 #endif
 template <int MODE> struct Layout {
     static constexpr bool a_mk = MODE != MODE_WGRAD;   // A as [m][k], else [k][m]
     static constexpr bool b_nk = MODE == MODE_DGRAD;   // B as [n][k], else [k][n]
 };
 #define CONV_MAX(a, b) ((a) > (b) ? (a) : (b))
-#define A_STAGE CONV_MAX(CONV_BM * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BM + SMEM_PAD_K))
-#define B_STAGE CONV_MAX(CONV_BN * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BN + SMEM_PAD_K))
+#define A_STAGE CONV_MAX(CONV_BM * CONV_BK, CONV_BK * (CONV_BM + SMEM_PAD_K))
+#define B_STAGE CONV_MAX(CONV_BN * CONV_BK, CONV_BK * (CONV_BN + SMEM_PAD_K))
 
 // The unit a row's unit u is stored at: rows of U units, U a power of two >= 2; groups of
 // 8/U rows share one XOR pattern when U < 8.
@@ -158,9 +154,10 @@ template <int U> __device__ __forceinline__ int swizzled_unit(int row, int u) {
     const unsigned r = (unsigned)row;
     return (int)((unsigned)u ^ (U >= 8 ? r & 7u : (r / (8u / U)) & (unsigned)(U - 1)));
 }
-// Index of a tile element at (row, col) of a tile with rows of LEN elements (+ PAD, unswizzled).
-template <int LEN, int PAD = SMEM_PAD> __device__ __forceinline__ int tile_offset(int row, int col) {
-    if (SMEM_SWIZZLE) {
+// Index of a tile element at (row, col) of a tile with rows of LEN elements: swizzled, or padded
+// by PAD elements (then not swizzled).
+template <int LEN, int PAD = 0> __device__ __forceinline__ int tile_offset(int row, int col) {
+    if (PAD == 0) {
         const unsigned c = (unsigned)col;
         return row * LEN + swizzled_unit<LEN / VEC>(row, (int)(c / VEC)) * VEC + (int)(c % VEC);
     }
@@ -482,13 +479,14 @@ template <> struct Loader<MODE_DGRAD> {
 static_assert(WG_THREADS_PER_ROW * A_CHUNKS_PER_THREAD * VEC == CONV_BM &&
               (A_CHUNKS_PER_THREAD & (A_CHUNKS_PER_THREAD - 1)) == 0, "wgrad A: one k row per thread, 2^n chunks");
 __device__ __forceinline__ int wgrad_a_row() { return threadIdx.x / WG_THREADS_PER_ROW; }
-// The 16-byte unit of chunk j along m: a row's units are dealt to its threads in turn and
-// permuted per row (j ^ row), so that the 8 chunks a quarter warp writes at once land in 8
-// distinct bank groups (every swizzled tile and the 128x128 tf32 tile; the padded 64x64 tf32
-// tile, 2 threads per row, keeps 2-way conflicts on these writes).
+// The 16-byte unit of chunk j along m: a row's units are dealt to its threads in turn and, in
+// swizzled tiles, permuted per row (j ^ row), so that the 8 chunks a quarter warp writes at once
+// land in 8 distinct bank groups. tf32's padded k-major rows (a stride of 2 mod 8 units, see
+// SMEM_PAD_K) need no permutation: there j ^ row would put rows 0 and 2 of the 64x64 tile (2
+// threads per row) on the same groups.
 __device__ __forceinline__ int wgrad_a_unit(int j) {
-    return threadIdx.x % WG_THREADS_PER_ROW +
-           WG_THREADS_PER_ROW * (j ^ (wgrad_a_row() & (A_CHUNKS_PER_THREAD - 1)));
+    const int permute = SMEM_PAD_K ? 0 : wgrad_a_row() & (A_CHUNKS_PER_THREAD - 1);
+    return threadIdx.x % WG_THREADS_PER_ROW + WG_THREADS_PER_ROW * (j ^ permute);
 }
 template <> struct Loader<MODE_WGRAD> {
     PixIter pix;                          // this thread's k row: (image, output pixel)
