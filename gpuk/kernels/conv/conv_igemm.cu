@@ -19,16 +19,19 @@
 // Math paths (CONV_MATH): 0 = register-blocked FFMA (float32 strict, float64), 16-byte shared reads;
 //   1 = mma.m16n8k16 with float32 accumulation on 16-bit inputs: f16 for float16, bf16 for
 //       bfloat16 (ELEMENT_T picks the instruction, see Mma16);
-//   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32'), operands rounded
-//       with cvt.rna per fragment element (2 instructions each on sm_90; a per-shared-tile
-//       pass would cost as much: each element is read by only 2 warps). MMA fragments come
-//       from ldmatrix (see tile_multiply).
+//   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32'): each operand element
+//       is rounded once (cvt.rna, ties away from zero) in shared memory, by the thread that
+//       copied it, between its cp.async wait and the barrier that publishes the stage
+//       (round_landed_tf32: 2 instructions per element plus a 16-byte load and store per 4,
+//       instead of 2 per fragment register in every warp that reads it). Fragments come from
+//       ldmatrix for [mn][k] tiles and from 8-byte shared loads for k-major ones: fwd runs as
+//       D^T = B^T A^T and wgrad pairs its A rows (Tf32Order).
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
 //   every shared address is a register plus an immediate. Each operand tile is stored in shared memory
-//   with its contiguous global dimension contiguous (see Layout); FFMA and 16-bit tiles are
-//   XOR-swizzled in 16-byte units, tf32 tiles padded by one unit per row (no bank conflicts
-//   on the cp.async writes, ldmatrix phases and FFMA reads). Tile shapes and their choice per
+//   with its contiguous global dimension contiguous (see Layout), XOR-swizzled in 16-byte units;
+//   tf32 k-major tiles are padded by two units per row instead (no bank conflicts on the
+//   cp.async writes, ldmatrix phases, fragment and FFMA reads). Tile shapes and their choice per
 //   problem: gpuk/kernels/conv/tiles.py (table and rules in its docstring): the largest tile
 //   that fills two waves of SMs with padding waste <= 1.5 (2.0 where the gathered operand is
 //   copied per element, the 7x7 stem) and, for the largest tile, K >= 6 K tiles (1x1 layers).
@@ -729,12 +732,10 @@ __device__ __forceinline__ void load_paired_a(unsigned (&a)[4], const elem_t* at
 #endif
 // Fragments come from ldmatrix (common.cuh) wherever the stored layout allows it:
 //   16-bit A: [m][k] plain, [k][m] .trans;  16-bit B: [n][k] plain, [k][n] .trans;
-//   tf32 (a 32-bit element is two 16-bit columns, so only the plain form applies):
-//   A [m][k] and B [n][k] by ldmatrix; A [k][m] (wgrad) and B [k][n] (fwd, wgrad) by one
-//   shared load per register (conflict-free: a row stride of BM/BN + 4 words puts the 4 k
-//   rows 4 banks apart).
-// Padded (tf32) or swizzled (16-bit) rows keep every ldmatrix phase (8 rows of 16 bytes) on 8
-// distinct 16-byte bank groups.
+//   tf32 (a 32-bit element is two 16-bit columns, so only the plain form applies): [m][k] and
+//   [n][k] tiles by ldmatrix, k-major ones by 8-byte (paired rows) or 4-byte shared loads, see
+//   Tf32Order.
+// Swizzled rows keep every ldmatrix phase (8 rows of 16 bytes) on 8 distinct 16-byte bank groups.
 static_assert(MMA_N_TILES % 2 == 0, "B fragments load two 8-column tiles per ldmatrix.x4");
 #define AS(k, m) as[tile_index<Layout<MODE>::a_mk, CONV_BM>((m), (k))]
 #define BS(k, n) bs[tile_index<Layout<MODE>::b_nk, CONV_BN>((n), (k))]
