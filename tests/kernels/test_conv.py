@@ -155,7 +155,8 @@ def test_tf32_epilogue_and_non_finite_inputs(kernel_runtime, tile):
     with _precision('tf32'), conv_tiles.forced(tile=tile), conv_wgmma.forced(False):
         out = conv.conv_fwd(dev(x), dev(w), *geometry, epilogue='bias_relu', bias=dev(bias), runtime=kernel_runtime)
         assert_close(out, np.maximum(twin.conv_fwd(xr, wr, *geometry) + bias, 0), np.float32, 'tf32 bias_relu')
-        runs = [(conv.conv_fwd(dev(x_bad), dev(w), *geometry, runtime=kernel_runtime), twin.conv_fwd(xbr, wr, *geometry)),
+        runs = [(conv.conv_fwd(dev(x_bad), dev(w), *geometry, runtime=kernel_runtime),
+                 twin.conv_fwd(xbr, wr, *geometry)),
                 (conv.conv_dgrad(dev(dy_bad), dev(w), x.shape, *geometry, runtime=kernel_runtime),
                  twin.conv_dgrad(dybr, wr, x.shape, *geometry)),
                 (conv.conv_wgrad(dev(x_bad), dev(dy), w.shape, *geometry, runtime=kernel_runtime),

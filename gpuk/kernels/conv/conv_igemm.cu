@@ -698,8 +698,26 @@ template <> struct Mma16<__nv_bfloat16> {
 //     operand (ldmatrix, 8-column tiles along m). Lane (g, t) then holds output rows m = 2t, 2t+1
 //     of each 8-row m tile at the channel pair n = 2g, 2g + 1 of each 16-channel n tile: acc keeps
 //     each pair together, one 8-byte store (EpilogueRun 2), 4 rows x 64 contiguous bytes per warp.
-// Rounding: every operand element is rounded once, in shared memory, by the thread that copied it
-// (round_landed_tf32), so the fragments go to the MMA as loaded.
+// Rounding (cvt.rna, ties away from zero, as the twin's tests model it): an operand whose
+// elements are read by several warps (A by CONV_WARPS_N, B by CONV_WARPS_M) is rounded once per
+// element in shared memory, by the thread that copied it (round_landed_tf32: 2.5 instructions
+// per element with its 16-byte load and store), otherwise in the fragment registers of its one
+// reader (2 per register): 128x128 rounds both in shared memory, 64x64 (1 x 2 warps) A there and
+// B in registers.
+constexpr bool TF32_ROUND_A_SHARED = CONV_WARPS_N > 1, TF32_ROUND_B_SHARED = CONV_WARPS_M > 1;
+// cvt.rna.tf32.f32 as the MMA sees it: + half a tf32 unit to finite values (inf and NaN kept),
+// without clearing the 13 low bits, which the MMA ignores (the compiler lowers cvt.rna feeding
+// an MMA the same way): 2 instructions (FSETP, IADD) instead of 3.
+__device__ __forceinline__ float tf32_round_for_mma(float x) {
+    return fabsf(x) < __int_as_float(0x7f800000) ? __uint_as_float(__float_as_uint(x) + 0x1000u) : x;
+}
+// Rounds fragment registers unless their operand was rounded in shared memory (SHARED).
+template <bool SHARED, int N> __device__ __forceinline__ void round_fragment(unsigned (&r)[N]) {
+    if constexpr (!SHARED) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) r[i] = __float_as_uint(tf32_round_for_mma(__uint_as_float(r[i])));
+    }
+}
 template <int MODE> struct Tf32Order {
     static constexpr bool swapped = MODE == MODE_FWD;          // D^T = B^T A^T
     static constexpr bool paired_rows = !Layout<MODE>::a_mk;   // wgrad's A rows 16 mi + 2g + h
@@ -785,10 +803,13 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                 b[mj][0] = r[0]; b[mj][1] = r[1]; b[mj + 1][0] = r[2]; b[mj + 1][1] = r[3];
             }
 #pragma unroll
+            for (int mj = 0; mj < M8; ++mj) round_fragment<TF32_ROUND_A_SHARED>(b[mj]);
+#pragma unroll
             for (int ni = 0; ni < WARP_TILE_N / 16; ++ni) {
                 unsigned a[4];
                 const int n = col0 + ni * 16 + 2 * gr;
                 load_paired_a(a, &BS(ks + t, n), &BS(ks + t + 4, n));
+                round_fragment<TF32_ROUND_B_SHARED>(a);
 #pragma unroll
                 for (int mj = 0; mj < M8; ++mj) {
                     float c[4];
@@ -817,14 +838,17 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                 }
             }
 #pragma unroll
+            for (int ni = 0; ni < MMA_N_TILES; ++ni) round_fragment<TF32_ROUND_B_SHARED>(b[ni]);
+#pragma unroll
             for (int mi = 0; mi < MMA_M_TILES; ++mi) {
                 unsigned a[4];
-                if (Layout<MODE>::a_mk) {   // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, k 4-7)
+                if (Layout<MODE>::a_mk) {   // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, ...)
                     ldmatrix<4, false>(a, &AS(ks + (mat >> 1) * 4, row0 + mi * 16 + (mat & 1) * 8 + mrow));
                 } else {   // paired rows (Tf32Order)
                     const int m = row0 + mi * 16 + 2 * gr;
                     load_paired_a(a, &AS(ks + t, m), &AS(ks + t + 4, m));
                 }
+                round_fragment<TF32_ROUND_A_SHARED>(a);
 #pragma unroll
                 for (int ni = 0; ni < MMA_N_TILES; ++ni) {
                     float* c = acc + (mi * MMA_N_TILES + ni) * 4;
@@ -838,18 +862,13 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 #undef AS
 #undef BS
 #if CONV_MATH == 2
-// tf32 rounding, once per element: after a thread's cp_async_wait, each thread rounds (cvt.rna,
-// in place) the 16-byte chunks of the landed stage that it copied itself, before the barrier that
-// publishes the stage, so no other thread's copy is touched and no barrier is added. These
+// tf32 rounding in shared memory (TF32_ROUND_A_SHARED / _B_SHARED): after its cp_async_wait,
+// each thread rounds (cvt.rna, in place) the 16-byte chunks of the landed stage that it copied
+// itself, before the barrier that publishes the stage, so no other thread's copy is touched and
+// no barrier is added. These
 // offsets must follow the loaders' chunk mapping (GatherA and dgrad's B: chunk_row / chunk_pos of
 // a [mn][k] tile; RowStream: of a k-major tile; wgrad A: wgrad_a_row / wgrad_a_unit); the
 // emulator's racecheck flags any chunk rounded by a thread other than its copier.
-// cvt.rna.tf32.f32 as the MMA sees it: + half a tf32 unit to finite values (inf and NaN kept),
-// without clearing the 13 low bits, which the MMA ignores (the compiler lowers cvt.rna feeding
-// an MMA the same way): 2 instructions (FSETP, IADD) instead of 3.
-__device__ __forceinline__ float tf32_round_for_mma(float x) {
-    return fabsf(x) < __int_as_float(0x7f800000) ? __uint_as_float(__float_as_uint(x) + 0x1000u) : x;
-}
 __device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
     float4 v = *reinterpret_cast<float4*>(p);
     v.x = tf32_round_for_mma(v.x);
@@ -859,14 +878,20 @@ __device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
     *reinterpret_cast<float4*>(p) = v;
 }
 template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
+    if constexpr (TF32_ROUND_A_SHARED) {
 #pragma unroll
-    for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-        round_chunk_tf32(as + (MODE == MODE_WGRAD ? tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row())
-                                                  : tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK))));
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
+            round_chunk_tf32(as + (MODE == MODE_WGRAD
+                                       ? tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row())
+                                       : tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK))));
+    }
+    if constexpr (TF32_ROUND_B_SHARED) {
 #pragma unroll
-    for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
-        round_chunk_tf32(bs + (Layout<MODE>::b_nk ? tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK))
-                                                  : tile_index<false, CONV_BN>(chunk_pos(CONV_BN), chunk_row(j, CONV_BN))));
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
+            round_chunk_tf32(bs + (Layout<MODE>::b_nk
+                                       ? tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK))
+                                       : tile_index<false, CONV_BN>(chunk_pos(CONV_BN), chunk_row(j, CONV_BN))));
+    }
 }
 #define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
 #endif
