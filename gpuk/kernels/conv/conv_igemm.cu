@@ -23,9 +23,19 @@
 //       is rounded once (cvt.rna, ties away from zero) in shared memory, by the thread that
 //       copied it, between its cp.async wait and the barrier that publishes the stage
 //       (round_landed_tf32: 2 instructions per element plus a 16-byte load and store per 4,
-//       instead of 2 per fragment register in every warp that reads it). Fragments come from
-//       ldmatrix for [mn][k] tiles and from 8-byte shared loads for k-major ones: fwd runs as
-//       D^T = B^T A^T and wgrad pairs its A rows (Tf32Order).
+//       instead of 2 per fragment register in every warp that reads it; an operand read by one
+//       warp only keeps the per-register rounding). Fragments come from ldmatrix for [mn][k]
+//       tiles and from 8-byte shared loads for k-major ones: fwd runs as D^T = B^T A^T and wgrad
+//       pairs its A rows (Tf32Order).
+//       Why round at all: the tensor core reads the top 19 bits of each 32-bit word, i.e. it
+//       truncates. Truncation would be free (measured: 1.91 / 1.94 / 2.56 other instructions
+//       per MMA for 128x128 fwd / dgrad / wgrad on sm_90, 2.5-3.6 on 64x64) but doubles the worst
+//       input error (2^-10 instead of 2^-11 relative) and biases every product toward zero,
+//       an error that adds up along K instead of averaging out (triton-lang/triton#4574: a
+//       truncating tf32 dot measured far less accurate than one rounding with cvt.rna);
+//       round-to-nearest is also what the wgmma path and the tf32 tests (inputs rounded half away
+//       from zero, then float32 tolerance) assume. tf32 is opt-in; float32 strict runs the FFMA
+//       path.
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
 //   every shared address is a register plus an immediate. Each operand tile is stored in shared memory
