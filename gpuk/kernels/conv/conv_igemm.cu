@@ -875,10 +875,10 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 // tf32 rounding in shared memory (TF32_ROUND_A_SHARED / _B_SHARED): after its cp_async_wait,
 // each thread rounds (cvt.rna, in place) the 16-byte chunks of the landed stage that it copied
 // itself, before the barrier that publishes the stage, so no other thread's copy is touched and
-// no barrier is added. These
-// offsets must follow the loaders' chunk mapping (GatherA and dgrad's B: chunk_row / chunk_pos of
-// a [mn][k] tile; RowStream: of a k-major tile; wgrad A: wgrad_a_row / wgrad_a_unit); the
-// emulator's racecheck flags any chunk rounded by a thread other than its copier.
+// no barrier is added. These offsets must follow the loaders' chunk mapping (GatherA and dgrad's
+// B: chunk_row / chunk_pos of a [mn][k] tile; RowStream: of a k-major tile; wgrad A:
+// wgrad_a_row / wgrad_a_unit); the emulator's racecheck flags any chunk rounded by a thread
+// other than its copier (tried: it does).
 __device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
     float4 v = *reinterpret_cast<float4*>(p);
     v.x = tf32_round_for_mma(v.x);
