@@ -101,7 +101,7 @@ def _spec(tmp_path, text, kernels, may_spill=False, name='case.cu', defines=None
 
 
 def test_spills_fail_only_where_not_allowed(tmp_path):
-    strict = build.build_variant(_spec(tmp_path, SPILLING_SOURCE, ['spiller']), 'sm_80', tmp_path, write=False)
+    strict = build.cached_build(_spec(tmp_path, SPILLING_SOURCE, ['spiller']), 'sm_80', tmp_path / 'cache')
     assert strict.error is None and strict.spilled > 0
     assert strict.usage['spiller'].spill_stores > 0
     [sentence] = build.problems([strict])
@@ -112,9 +112,9 @@ def test_spills_fail_only_where_not_allowed(tmp_path):
     assert 'SPILLS' in build.format_table([strict])
 
 
-def test_build_variant_writes_the_runtime_cubin_name(tmp_path):
+def test_install_writes_the_runtime_cubin_name(tmp_path):
     spec = _spec(tmp_path, SHARED_SOURCE, ['tiled'], defines={'TILE': '64'})
-    result = build.build_variant(spec, 'sm_90', tmp_path / 'out')
+    result = build.install(build.cached_build(spec, 'sm_90', tmp_path / 'cache'), tmp_path / 'out')
     expected = runtime.cubin_path(spec.source_file, {'TILE': '64'}, 'sm_90').name
     assert result.error is None and result.path == tmp_path / 'out' / expected
     assert result.path.read_bytes()[:4] == b'\x7fELF'

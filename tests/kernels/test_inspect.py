@@ -223,7 +223,7 @@ def test_a_deliberately_uncoalesced_copy_is_flagged(tmp_path, monkeypatch):
     source = Path(__file__).with_name('cu') / 'strided_copy.cu'
     defines = {'COPY_THREADS': 256}
     spec = runtime.BuildSpec(str(source), normalized_defines(defines), ('coalesced_copy', 'strided_copy'))
-    records = report.static_records([variants.compile_variant(spec, 'sm_90', tmp_path)])
+    records = report.static_records(variants.compile_all(('sm_90',), specs=[spec], workers=1, folder=tmp_path))
     monkeypatch.setenv('GPUK_EMU_SANITIZE', '0')
     rt = runtime.get_runtime('emulate')
     n, stride = 64 * 256, 64

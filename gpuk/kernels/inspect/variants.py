@@ -51,12 +51,6 @@ def _is_cached(spec, arch, folder, identity):
     return cubin.is_file() and report.is_file() and listing_path(cubin).is_file()
 
 
-def compile_variant(spec, arch, folder=None):
-    """The CompiledVariant of (spec, arch), from the cache ``folder`` (default cache_folder())
-    or compiled now."""
-    return _load(ensure_cached(spec, arch, Path(folder) if folder else cache_folder()))
-
-
 def _load(result):
     if result.error:
         return CompiledVariant(result.spec, result.arch, {}, {}, {}, error=result.error)

@@ -236,29 +236,22 @@ def variant_label(spec):
     return '%s %s' % (Path(spec.source_file).name, defines)
 
 
+def compile_source(source_file, defines, arch):
+    """(cubin bytes, ptxas log text) of ``source_file`` with ``defines`` for ``arch``: the one
+    compile of a kernel module, behind the AOT build and its cache (so the inspect report) and
+    the CUDA runtime's first-use compile alike (cuda_runtime.compile_to_cache), so all of them
+    get the same machine code from the same text (``kernel_source``) and options."""
+    return compile_cubin(kernel_source(source_file, defines), Path(source_file).name, arch,
+                         options=nvrtc_options(source_file))
+
+
 def compile_variant(spec, arch):
-    """(cubin bytes, ResourceUsage per kernel, bytes spilled) of one variant for one arch;
-    raises BuildError (or OSError, ValueError for an unreadable source or bad defines)."""
-    defines = dict(spec.defines)
-    text = kernel_source(spec.source_file, defines)
-    cubin, log = compile_cubin(text, Path(spec.source_file).name, arch, options=nvrtc_options(spec.source_file))
+    """(cubin bytes, ResourceUsage per kernel, bytes spilled) of one variant for one arch, what
+    a cache entry holds (``cached_build``); raises BuildError (or OSError, ValueError for an
+    unreadable source or bad defines)."""
+    cubin, log = compile_source(spec.source_file, spec.defines_dict, arch)
     usage, spilled = kernel_usage(log, spec.kernels)
     return cubin, usage, spilled
-
-
-def build_variant(spec, arch, out_dir=None, write=True):
-    """Compiles one variant for one arch (no cache); writes the cubin unless ``write`` is False."""
-    target = runtime.cubin_path(spec.source_file, dict(spec.defines), arch)
-    if out_dir is not None:
-        target = Path(out_dir) / target.name
-    try:
-        cubin, usage, spilled = compile_variant(spec, arch)
-    except (BuildError, OSError, ValueError) as exc:
-        return BuildResult(spec, arch, target, {}, 0, str(exc))
-    if write:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(target, cubin)   # never leave a half-written cubin for the runtime to load
-    return BuildResult(spec, arch, target, usage, spilled, None)
 
 
 # ---------------------------------------------------------------- the compile cache

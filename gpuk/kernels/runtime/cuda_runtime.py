@@ -1,7 +1,7 @@
 """The CUDA runtime: kernels as CuPy RawModules launched on CuPy's current stream.
 
 Every module is loaded from a cubin compiled by gpuk's own NVRTC call
-(gpuk/kernels/runtime/build.py, ``compile_cubin``), so a kernel is the same machine code
+(gpuk/kernels/runtime/build.py, ``compile_source``), so a kernel is the same machine code
 whether it comes from the ahead-of-time build or is compiled here on first use:
 
 1. the prebuilt cubin at runtime.cubin_path(source, defines, arch), written by
@@ -53,8 +53,7 @@ def compile_to_cache(source_file, defines, arch):
     if target.is_file():
         return target
     try:
-        cubin, _log = build.compile_cubin(kernel_source(source_file, defines), Path(source_file).name, arch,
-                                          options=build.nvrtc_options(source_file))
+        cubin, _log = build.compile_source(source_file, defines, arch)
     except build.BuildError as exc:
         raise runtime.KernelCompileError(
             f"NVRTC failed on {Path(source_file).name} with defines {dict(defines)}:\n{exc}") from exc
