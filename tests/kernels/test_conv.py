@@ -346,7 +346,7 @@ def test_launchers_mirror_the_twin():
 def test_tile_choice_table():
     big = conv_tiles.choose_tile(np.float32, 'float32', 32 * 56 * 56, 256, 576)
     assert big.name == '128x128x16'
-    assert conv_tiles.choose_tile(np.float32, 'float32', 60, 5, 27).name == '32x32x16'
+    assert conv_tiles.choose_tile(np.float32, 'float32', 60, 5, 27).name == '32x32x32'
     assert conv_tiles.choose_tile(np.float64, 'float32', 32 * 56 * 56, 256, 576).name == '64x64x8'
     assert conv_tiles.choose_tile(np.float16, 'float32', 32 * 56 * 56, 256, 576).math == 'f16'
     assert conv_tiles.choose_tile(BF16, 'float32', 32 * 56 * 56, 256, 576).math == 'bf16'

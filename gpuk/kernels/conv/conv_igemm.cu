@@ -152,18 +152,24 @@ template <int U> __device__ __forceinline__ int swizzled_unit(int row, int u) {
     const unsigned r = (unsigned)row;
     return (int)((unsigned)u ^ (U >= 8 ? r & 7u : (r / (8u / U)) & (unsigned)(U - 1)));
 }
+// [m][k] A tiles (fwd, dgrad) are swizzled for ldmatrix (16-bit) but not on the FFMA path: there
+// every read of them is a quarter-warp broadcast (the 8 threads share their rows, see micro_row)
+// and a quarter warp's cp.async chunks fill whole 128-byte lines, so no access conflicts either
+// way; unswizzled, a thread's A reads are one base register plus immediates (swizzled, one
+// register per (row pattern, unit): 32 of them at BK=32, which spilled the 32x32 dgrad).
+constexpr bool A_MK_SWIZZLED = SMEM_SWIZZLE && CONV_MATH != 0;
 // Index of a tile element at (row, col) of a tile with rows of LEN elements (+ padding).
-template <int LEN> __device__ __forceinline__ int tile_offset(int row, int col) {
-    if (SMEM_SWIZZLE) {
+template <int LEN, bool SWIZZLED = SMEM_SWIZZLE> __device__ __forceinline__ int tile_offset(int row, int col) {
+    if (SWIZZLED) {
         const unsigned c = (unsigned)col;
         return row * LEN + swizzled_unit<LEN / VEC>(row, (int)(c / VEC)) * VEC + (int)(c % VEC);
     }
     return row * (LEN + SMEM_PAD) + col;
 }
 // Index of element (mn, k) of a tile with MN rows/columns, stored mn-major ([mn][k]) or k-major.
-template <bool MN_MAJOR, int MN>
+template <bool MN_MAJOR, int MN, bool SWIZZLED = SMEM_SWIZZLE>
 __device__ __forceinline__ int tile_index(int mn, int k) {
-    return MN_MAJOR ? tile_offset<CONV_BK>(mn, k) : tile_offset<MN>(k, mn);
+    return MN_MAJOR ? tile_offset<CONV_BK, SWIZZLED>(mn, k) : tile_offset<MN, SWIZZLED>(k, mn);
 }
 
 // Chunk mapping: a tile of R rows (the strided dimension) x L contiguous elements is cut into
@@ -336,12 +342,12 @@ struct GatherA {
             const bool in_filter = k.in_filter(taps);
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_chunk(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc), row[j] + off,
+                copy_chunk(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), kc), row[j] + off,
                            in_filter && (mask[j] & bits) == bits);
         } else {
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_tap_run(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc), data, taps, k,
+                copy_tap_run(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), kc), data, taps, k,
                              src.channels, true, [&](const TapIter& t, const elem_t*& at) {
                                  at = row[j] + ((long long)(t.od * src.sh + t.oh) * src.sw + t.ow) * src.channels + t.c;
                                  return t.in_filter(taps) && (unsigned)(o_d[j] + t.od) < (unsigned)src.sd &&
@@ -479,8 +485,11 @@ __device__ __forceinline__ int wgrad_a_row() { return threadIdx.x / WG_THREADS_P
 // The 16-byte unit of chunk j along m: a row's units are dealt to its threads in turn and
 // permuted per row (j ^ row), so that the 8 chunks a quarter warp writes at once land in 8
 // distinct bank groups (every swizzled tile and the 128x128 tf32 tile; the padded 64x64 tf32
-// tile, 2 threads per row, keeps 2-way conflicts on these writes).
+// tile, 2 threads per row, keeps 2-way conflicts on these writes). With one thread per row
+// (FFMA 32x32x32) the quarter warp writes 8 rows at the same j, which the swizzle alone spreads
+// (the permutation would undo it).
 __device__ __forceinline__ int wgrad_a_unit(int j) {
+    if (WG_THREADS_PER_ROW == 1 && SMEM_SWIZZLE) return j;
     return threadIdx.x % WG_THREADS_PER_ROW +
            WG_THREADS_PER_ROW * (j ^ (wgrad_a_row() & (A_CHUNKS_PER_THREAD - 1)));
 }
@@ -589,14 +598,14 @@ __device__ __forceinline__ int micro_col(int j) {
 // multiple of 4: explicit 16-byte shared reads (one float4 or two double2), whose address
 // the swizzle computes once per unit.
 static_assert(sizeof(elem_t) == 4 || sizeof(elem_t) == 8, "FFMA: float or double");
-template <int LEN>
+template <int LEN, bool SWIZZLED = SMEM_SWIZZLE>
 __device__ __forceinline__ void read_run4(const elem_t* __restrict__ tile, int row, int col, acc_t (&out)[4]) {
     if constexpr (sizeof(elem_t) == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(tile + tile_offset<LEN>(row, col));
+        const float4 v = *reinterpret_cast<const float4*>(tile + tile_offset<LEN, SWIZZLED>(row, col));
         out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
     } else {
-        const double2 lo = *reinterpret_cast<const double2*>(tile + tile_offset<LEN>(row, col));
-        const double2 hi = *reinterpret_cast<const double2*>(tile + tile_offset<LEN>(row, col + 2));
+        const double2 lo = *reinterpret_cast<const double2*>(tile + tile_offset<LEN, SWIZZLED>(row, col));
+        const double2 hi = *reinterpret_cast<const double2*>(tile + tile_offset<LEN, SWIZZLED>(row, col + 2));
         out[0] = lo.x; out[1] = lo.y; out[2] = hi.x; out[3] = hi.y;
     }
 }
@@ -610,7 +619,7 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
         acc_t a[CONV_TM][4], b[CONV_TN][4];
         if (Layout<MODE>::a_mk) {
 #pragma unroll
-            for (int i = 0; i < CONV_TM; ++i) read_run4<CONV_BK>(as, micro_row(i), k0, a[i]);
+            for (int i = 0; i < CONV_TM; ++i) read_run4<CONV_BK, A_MK_SWIZZLED>(as, micro_row(i), k0, a[i]);
         } else {
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)

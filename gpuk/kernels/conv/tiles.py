@@ -5,7 +5,7 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
     path   name         block tile     threads  stages  per thread / warp     used for
     ffma   128x128x16   128 x 128 x 16 256      3       8 x 8 FFMA micro-tile float32, big M and N
     ffma   64x64x16     64 x 64 x 16   64       3       8 x 8                 float32, mid-size
-    ffma   32x32x16     32 x 32 x 16   32       3       8 x 4                 small M or N (tails)
+    ffma   32x32x32     32 x 32 x 32   32       2       8 x 4                 small M or N (tails)
     ffma64 64x64x8      64 x 64 x 8    256      3       4 x 4 DFMA            float64
     ffma64 32x32x8      32 x 32 x 8    64       3       4 x 4                 float64, small
     f16    128x128x32   128 x 128 x 32 128      3       4 warps, 64 x 64/warp float16 (mma m16n8k16)
@@ -79,7 +79,7 @@ def _mma(math_path, bm, bn, warps_m, warps_n, bk=16, stages=3):
 
 
 TILES = {
-    'ffma': (_ffma(128, 128, 16, 8, 8), _ffma(64, 64, 16, 8, 8), _ffma(32, 32, 16, 8, 4)),
+    'ffma': (_ffma(128, 128, 16, 8, 8), _ffma(64, 64, 16, 8, 8), _ffma(32, 32, 32, 8, 4, stages=2)),
     'ffma64': (_ffma(64, 64, 8, 4, 4), _ffma(32, 32, 8, 4, 4)),
     'f16': (_mma('f16', 128, 128, 2, 2, bk=32), _mma('f16', 64, 64, 1, 2, bk=32)),
     'bf16': (_mma('bf16', 128, 128, 2, 2, bk=32), _mma('bf16', 64, 64, 1, 2, bk=32)),
