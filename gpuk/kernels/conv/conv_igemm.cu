@@ -27,7 +27,8 @@
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
 //   every shared address is a register plus an immediate. Each operand tile is stored in shared memory
 //   with its contiguous global dimension contiguous (see Layout); FFMA and 16-bit tiles are
-//   XOR-swizzled in 16-byte units, tf32 tiles padded by one unit per row (no bank conflicts
+//   XOR-swizzled in 16-byte units (but FFMA [m][k] A tiles, read by broadcast: A_MK_SWIZZLED),
+//   tf32 tiles padded by one unit per row (no bank conflicts
 //   on the cp.async writes, ldmatrix phases and FFMA reads). Tile shapes and their choice per
 //   problem: gpuk/kernels/conv/tiles.py (table and rules in its docstring): the largest tile
 //   that fills two waves of SMs with padding waste <= 1.5 (2.0 where the gathered operand is
@@ -119,7 +120,8 @@ static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 // so that one 16-byte cp.async moves VEC neighbours: A is [m][k] for fwd/dgrad (k runs
 // along channels) and [k][m] for wgrad (m runs along c_in); B is [k][n] for fwd/wgrad and
 // [n][k] for dgrad (k runs along c_out of w[tap, ci, co]).
-// Bank conflicts: a row is made of 16-byte units. FFMA and 16-bit tiles are XOR-swizzled:
+// Bank conflicts: a row is made of 16-byte units. FFMA and 16-bit tiles are XOR-swizzled
+// (FFMA [m][k] A tiles need not be: A_MK_SWIZZLED below):
 // unit u of row r is stored at u ^ swizzle(r), which spreads the 8 rows an ldmatrix phase
 // (or a quarter warp of FFMA reads down strided columns) reads, and the 8 units a quarter
 // warp of cp.async chunks writes, over the 8 bank groups; without padding, BK=16 (FFMA) and
@@ -581,7 +583,7 @@ static_assert(CONV_TM % 4 == 0 && CONV_TN % 4 == 0, "FFMA micro-tile: runs of 4"
 // Micro-tile mapping: a thread's TM rows are runs of 4 consecutive rows, BM / (TM/4) apart
 // (likewise for columns), so 8 neighbouring threads read 8 consecutive 16-byte pieces of a
 // k-major tile: no bank conflicts, one LDS.128 per run. The 8 threads of a quarter warp share
-// ty, so [m][k] A tiles are broadcast reads. An [n][k] B tile (dgrad) is read along k by
+// ty, so [m][k] A tiles are broadcast reads (stored unswizzled). An [n][k] B tile (dgrad) is read along k by
 // neighbouring tx: there the columns are strided (tx, tx + BN/TN, ...), so the 8 threads read
 // 8 consecutive rows, which the swizzle puts in 8 distinct 16-byte bank groups.
 __device__ __forceinline__ int micro_row(int i) {

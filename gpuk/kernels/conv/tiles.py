@@ -16,7 +16,8 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
 
 Every tile moves whole 16-byte chunks: BM*BK and BN*BK are multiples of (16 bytes / element)
 x threads (static_asserts in conv_igemm.cu). FFMA and 16-bit tiles are XOR-swizzled without
-padding, so BK=16 (FFMA) and BK=32 (16-bit) fit 3 stages in 48 KB of static shared memory;
+padding (except the FFMA [m][k] A tiles of fwd/dgrad, whose reads are broadcasts and need no
+swizzle), so BK=16 (FFMA) and BK=32 (16-bit) fit 3 stages in 48 KB of static shared memory;
 tf32 tiles are padded; 128x128 tf32 keeps BK=16 and 2 stages to stay under 48 KB of static
 shared memory (BK=32 there needs dynamic shared memory above 48 KB, not done), 64x64 tf32
 runs BK=32 with 2 stages. The 128x128 tensor-core tiles use 64x64 warp tiles (32 MMAs per
@@ -25,8 +26,15 @@ loader work per thread is shared by twice the MMAs.
 
 FFMA micro-tiles: 8 x 8 per thread on 128x128 and 64x64 (64 multiply-adds per 4 shared reads
 of 16 bytes: 85-88% of the hot loop is FFMA on sm_90; 4 x 4 on 256 threads gave 64x64 only
-70%), 8 x 4 on one warp for 32x32 (74-78%; 4 x 4 on 64 threads with BK=8 gave 57-60%, BK=32
-reaches 78-82% but spills dgrad). The 32x32 tile stays in the table: split-K exists for wgrad
+70%), 8 x 4 on one warp for 32x32. A 32x32 tile gives each thread only 64 multiply-adds per
+16-byte chunk it copies (4 BM BN / (BM + BN); 128 on 64x64), and 8 x 4 needs 3 shared reads
+per 32 multiply-adds, so the per-K-tile work (barrier, iterator steps, tap masks) decides: at
+BK=16 it left 76-79% FFMA; BK=32 halves it per multiply-add: 80-83% (fwd, dgrad; wgrad 79.6-80%,
+its A copies test 3 bounds per chunk), 0 spills since the [m][k] A tile is unswizzled (one
+address register for its reads instead of 32: BK=32 spilled dgrad before). 2 stages of 32 keep
+the 3 x 16 stages' prefetch distance (one 32-deep K tile ahead) in 16 KB, so 8 blocks (the
+register limit) still fit an sm_80 SM (3 stages: 6). 4 x 4 on 64 threads with BK=8 gave 57-60%.
+The 32x32 tile stays in the table: split-K exists for wgrad
 only, so without it a forward or dgrad with C_out or C_in <= 32 (or a few M rows) would run the
 64-wide tile at more than MAX_WASTE padding, i.e. half its multiply-adds on zeros, which costs
 more than the lower FFMA share of the 32-wide loop.
