@@ -476,40 +476,51 @@ template <> struct Loader<MODE_DGRAD> {
 
 // wgrad: A[(tap, ci), (n, output pixel)] = x[n, o*s + tap*dil - pad, ci], stored [k][m];
 // B = dy as (N*OP, C_out), stored [k][n] (a RowStream).
-// A's chunks: each thread copies one k row (one output pixel: wgrad_a_row) and
-// A_CHUNKS_PER_THREAD chunks along m (wgrad_a_unit), so one (image, pixel) iterator serves all
-// of them, and each chunk keeps its fixed (tap, channel) as a 32-bit offset from the pixel's
-// window origin plus the tap's spatial offsets for the bounds check.
-#define WG_THREADS_PER_ROW (CONV_THREADS / CONV_BK)
-static_assert(WG_THREADS_PER_ROW * A_CHUNKS_PER_THREAD * VEC == CONV_BM &&
-              (A_CHUNKS_PER_THREAD & (A_CHUNKS_PER_THREAD - 1)) == 0, "wgrad A: one k row per thread, 2^n chunks");
-__device__ __forceinline__ int wgrad_a_row() { return threadIdx.x / WG_THREADS_PER_ROW; }
-// The 16-byte unit of chunk j along m: a row's units are dealt to its threads in turn and
-// permuted per row (j ^ row), so that the 8 chunks a quarter warp writes at once land in 8
-// distinct bank groups (every swizzled tile and the 128x128 tf32 tile; the padded 64x64 tf32
-// tile, 2 threads per row, keeps 2-way conflicts on these writes). With one thread per row
-// (FFMA 32x32x32) the quarter warp writes 8 rows at the same j, which the swizzle alone spreads
-// (the permutation would undo it).
+// A's chunks: each thread copies WG_ROWS_PER_THREAD k rows (output pixels: wgrad_a_row) and
+// WG_COLS chunks along m in each (wgrad_a_unit), so one (image, pixel) iterator per row serves
+// all of them, and each chunk column keeps its fixed (tap, channel) as a 32-bit offset from the
+// pixel's window origin plus the tap's spatial offsets for the bounds check.
+// At least 2 threads share a row, so that the two 16-byte chunks of a 32-byte sector of x are
+// neighbours in one request: where CONV_THREADS == CONV_BK (FFMA 32x32x32) thread pairs take 2
+// rows each (one thread per row read half sectors: coalescing 0.5 on those loads).
+#define WG_ROWS_PER_THREAD (CONV_THREADS / CONV_BK >= 2 ? 1 : 2)
+#define WG_THREADS_PER_ROW (CONV_THREADS * WG_ROWS_PER_THREAD / CONV_BK)
+#define WG_COLS (A_CHUNKS_PER_THREAD / WG_ROWS_PER_THREAD)
+static_assert((CONV_THREADS * WG_ROWS_PER_THREAD) % CONV_BK == 0 && WG_THREADS_PER_ROW * WG_COLS * VEC == CONV_BM &&
+              (WG_COLS & (WG_COLS - 1)) == 0, "wgrad A: whole k rows per thread group, 2^n chunks per row");
+static_assert(WG_ROWS_PER_THREAD == 1 || SMEM_SWIZZLE, "wgrad A: two rows per thread rely on the swizzle");
+// Row h of this thread's k rows.
+__device__ __forceinline__ int wgrad_a_row(int h) {
+    return (int)threadIdx.x / WG_THREADS_PER_ROW * WG_ROWS_PER_THREAD + h;
+}
+// The 16-byte unit of chunk column j along m: a row's units are dealt to its threads in turn
+// and, with one row per thread, permuted per row (j ^ row), so that the 8 chunks a quarter warp
+// writes at once land in 8 distinct bank groups (every swizzled tile and the 128x128 tf32 tile;
+// the padded 64x64 tf32 tile, 2 threads per row, keeps 2-way conflicts on these writes). With
+// two rows per thread (the same columns in both) the quarter warp writes 2 units of each of 4
+// rows 2 apart, which the swizzle alone spreads.
 __device__ __forceinline__ int wgrad_a_unit(int j) {
-    if (WG_THREADS_PER_ROW == 1 && SMEM_SWIZZLE) return j;
-    return threadIdx.x % WG_THREADS_PER_ROW +
-           WG_THREADS_PER_ROW * (j ^ (wgrad_a_row() & (A_CHUNKS_PER_THREAD - 1)));
+    const int perm = WG_ROWS_PER_THREAD == 1 ? (wgrad_a_row(0) & (WG_COLS - 1)) : 0;
+    return (int)threadIdx.x % WG_THREADS_PER_ROW + WG_THREADS_PER_ROW * (j ^ perm);
 }
 template <> struct Loader<MODE_WGRAD> {
-    PixIter pix;                          // this thread's k row: (image, output pixel)
-    const elem_t* image;                  // x at image pix.n (a pointer carried across K tiles, so
-                                          // that each chunk address is one IMAD.WIDE from it)
-    TapIter a_m[A_CHUNKS_PER_THREAD];     // chunk j's (tap, ci) column, fixed for the block (per-element path)
-    int a_off[A_CHUNKS_PER_THREAD];       // 16-byte path: chunk j's offset from the pixel's window origin
-    int a_td[A_CHUNKS_PER_THREAD], a_th[A_CHUNKS_PER_THREAD], a_tw[A_CHUNKS_PER_THREAD];   // its tap's offsets
+    PixIter pix[WG_ROWS_PER_THREAD];      // this thread's k rows: (image, output pixel)
+    const elem_t* image[WG_ROWS_PER_THREAD];   // x at image pix[h].n (a pointer carried across K tiles,
+                                          // so that each chunk address is one IMAD.WIDE from it)
+    TapIter a_m[WG_COLS];                 // column j's (tap, ci), fixed for the block (per-element path)
+    int a_off[WG_COLS];                   // 16-byte path: column j's offset from the pixel's window origin
+    int a_td[WG_COLS], a_th[WG_COLS], a_tw[WG_COLS];   // its tap's offsets
     RowStream b;                          // b.left: K rows from the next tile's first row to k_end
     bool a_vec, b_vec;
 
     __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* dy, long long rows,
                                          long long k_begin, long long k_end) {
         const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
-        pix.start(g, k_begin + wgrad_a_row());
-        image = x + pix.n * (g.in_pix * g.c_in);
+#pragma unroll
+        for (int h = 0; h < WG_ROWS_PER_THREAD; ++h) {
+            pix[h].start(g, k_begin + wgrad_a_row(h));
+            image[h] = x + pix[h].n * (g.in_pix * g.c_in);
+        }
         // 16-byte path: a chunk's offset within its image, window origin + chunk offset, fits 32
         // bits (one IMAD and one IMAD.WIDE per chunk address); so do an image's elements
         const long long reach =
@@ -518,7 +529,7 @@ template <> struct Loader<MODE_WGRAD> {
                                        g.in_w + (long long)(g.out_w - 1) * g.s_w + 1) * g.c_in;
         const bool fits = origins + reach < (1ll << 31) && g.in_pix * g.c_in < (1ll << 31);
 #pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
+        for (int j = 0; j < WG_COLS; ++j) {
             TapIter& t = a_m[j];
             t.start(taps, blockIdx.x * CONV_BM + wgrad_a_unit(j) * VEC, g.c_in);
             const bool inside = t.in_filter(taps);   // false past the last (tap, ci) column
@@ -545,33 +556,41 @@ template <> struct Loader<MODE_WGRAD> {
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
-        const int row = wgrad_a_row();
-        const bool k_ok = row < b.left;
-        if constexpr (VECTOR) {
-            // uniform per tile: the pixel's window origin in its image (before the tap offsets)
-            const int id0 = pix.od * g.s_d, ih0 = pix.oh * g.s_h, iw0 = pix.ow * g.s_w;
-            const int origin = ((id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;
 #pragma unroll
-            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), image + (origin + a_off[j]),
-                           k_ok && (unsigned)(id0 + a_td[j]) < (unsigned)g.in_d &&
-                               (unsigned)(ih0 + a_th[j]) < (unsigned)g.in_h &&
-                               (unsigned)(iw0 + a_tw[j]) < (unsigned)g.in_w);
-        } else {
-            const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
+        for (int h = 0; h < WG_ROWS_PER_THREAD; ++h) {
+            const int row = wgrad_a_row(h);
+            const bool k_ok = row < b.left;
+            const PixIter& p = pix[h];
+            if constexpr (VECTOR) {
+                // uniform per tile: the pixel's window origin in its image (before the tap offsets)
+                const int id0 = p.od * g.s_d, ih0 = p.oh * g.s_h, iw0 = p.ow * g.s_w;
+                const int origin = ((id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;
 #pragma unroll
-            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_tap_run(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), x, taps, a_m[j], g.c_in,
-                             k_ok, [&](const TapIter& t, const elem_t*& at) {
-                                 long long offset;
-                                 const bool inside = a_element(g, taps, t, pix, offset);
-                                 at = x + offset;
-                                 return inside;
-                             });
+                for (int j = 0; j < WG_COLS; ++j)
+                    copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row),
+                               image[h] + (origin + a_off[j]),
+                               k_ok && (unsigned)(id0 + a_td[j]) < (unsigned)g.in_d &&
+                                   (unsigned)(ih0 + a_th[j]) < (unsigned)g.in_h &&
+                                   (unsigned)(iw0 + a_tw[j]) < (unsigned)g.in_w);
+            } else {
+                const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
+#pragma unroll
+                for (int j = 0; j < WG_COLS; ++j)
+                    copy_tap_run(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), x, taps, a_m[j],
+                                 g.c_in, k_ok, [&](const TapIter& t, const elem_t*& at) {
+                                     long long offset;
+                                     const bool inside = a_element(g, taps, t, p, offset);
+                                     at = x + offset;
+                                     return inside;
+                                 });
+            }
         }
-        const int n = pix.n;
-        pix.advance(g, CONV_BK);
-        image += (pix.n - n) * (g.in_pix * g.c_in);   // the images this tile stepped over
+#pragma unroll
+        for (int h = 0; h < WG_ROWS_PER_THREAD; ++h) {
+            const int n = pix[h].n;
+            pix[h].advance(g, CONV_BK);
+            image[h] += (pix[h].n - n) * (g.in_pix * g.c_in);   // the images this tile stepped over
+        }
         b.load<VECTOR>(bs, g.c_out, cols);
     }
 };
