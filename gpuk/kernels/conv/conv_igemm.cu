@@ -491,7 +491,7 @@ static_assert((CONV_THREADS * WG_ROWS_PER_THREAD) % CONV_BK == 0 && WG_THREADS_P
 static_assert(WG_ROWS_PER_THREAD == 1 || SMEM_SWIZZLE, "wgrad A: two rows per thread rely on the swizzle");
 // Row h of this thread's k rows.
 __device__ __forceinline__ int wgrad_a_row(int h) {
-    return (int)threadIdx.x / WG_THREADS_PER_ROW * WG_ROWS_PER_THREAD + h;
+    return threadIdx.x / WG_THREADS_PER_ROW * WG_ROWS_PER_THREAD + h;
 }
 // The 16-byte unit of chunk column j along m: a row's units are dealt to its threads in turn
 // and, with one row per thread, permuted per row (j ^ row), so that the 8 chunks a quarter warp
@@ -501,7 +501,7 @@ __device__ __forceinline__ int wgrad_a_row(int h) {
 // rows 2 apart, which the swizzle alone spreads.
 __device__ __forceinline__ int wgrad_a_unit(int j) {
     const int perm = WG_ROWS_PER_THREAD == 1 ? (wgrad_a_row(0) & (WG_COLS - 1)) : 0;
-    return (int)threadIdx.x % WG_THREADS_PER_ROW + WG_THREADS_PER_ROW * (j ^ perm);
+    return threadIdx.x % WG_THREADS_PER_ROW + WG_THREADS_PER_ROW * (j ^ perm);
 }
 template <> struct Loader<MODE_WGRAD> {
     PixIter pix[WG_ROWS_PER_THREAD];      // this thread's k rows: (image, output pixel)

@@ -29,9 +29,11 @@ of 16 bytes: 85-88% of the hot loop is FFMA on sm_90; 4 x 4 on 256 threads gave 
 70%), 8 x 4 on one warp for 32x32. A 32x32 tile gives each thread only 64 multiply-adds per
 16-byte chunk it copies (4 BM BN / (BM + BN); 128 on 64x64), and 8 x 4 needs 3 shared reads
 per 32 multiply-adds, so the per-K-tile work (barrier, iterator steps, tap masks) decides: at
-BK=16 it left 76-79% FFMA; BK=32 halves it per multiply-add: 80-83% (fwd, dgrad; wgrad 79.6-80%,
-its A copies test 3 bounds per chunk), 0 spills since the [m][k] A tile is unswizzled (one
-address register for its reads instead of 32: BK=32 spilled dgrad before). 2 stages of 32 keep
+BK=16 it left 76-79% FFMA; BK=32 halves it per multiply-add: 80-83% for fwd and dgrad, 77-78%
+for wgrad (its A copies test 3 bounds per chunk, and with 32 threads for 32 k rows each thread
+steps two pixel iterators: one row per thread read half sectors), 0 spills since the [m][k] A
+tile is unswizzled (one address register for its reads instead of 32: BK=32 spilled dgrad
+before). 2 stages of 32 keep
 the 3 x 16 stages' prefetch distance (one 32-deep K tile ahead) in 16 KB, so 8 blocks (the
 register limit) still fit an sm_80 SM (3 stages: 6). 4 x 4 on 64 threads with BK=8 gave 57-60%.
 The 32x32 tile stays in the table: split-K exists for wgrad
