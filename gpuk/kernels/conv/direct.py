@@ -40,8 +40,8 @@ def depthwise_defines(dtype, channels_first):
 
 def local_defines(dtype):
     dtype = np.dtype(dtype)
-    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)], 'LOCAL_THREADS': LOCAL_THREADS,
-            'LOCAL_IMAGES': LOCAL_IMAGES}
+    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
+            'LOCAL_THREADS': LOCAL_THREADS, 'LOCAL_IMAGES': LOCAL_IMAGES}
 
 
 for _dtype in FLOAT_DTYPES:
