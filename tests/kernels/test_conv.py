@@ -305,6 +305,23 @@ def test_local_conv_matches_twin(kernel_runtime, case, dtype, data_format):
     assert_matches_twin(conv.local_conv_wgrad, twin.local_conv_wgrad, (x, dy, w.shape, *geometry), kernel_runtime)
 
 
+@pytest.mark.parametrize('data_format', FORMATS)
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
+def test_local_conv_image_groups_feature_chunks_and_wide_c_out(kernel_runtime, dtype, data_format):
+    """conv_local.cu's blocking: 5 images (a full group of LOCAL_IMAGES and a partial one), F =
+    9 taps x 5 channels = 45 (two staged chunks of 32 in local_fwd), C_out = 33 (32 lanes per
+    dgrad element, each summing two output channels; 1 or 2 (image group, p) rows per fwd warp)."""
+    spatial, kernel_size, strides, output_spatial, c_in, c_out = (5, 6), (3, 3), (1, 1), (3, 4), 5, 33
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal(_shape(5, spatial, c_in, data_format)).astype(dtype)
+    w = rng.standard_normal((int(np.prod(output_spatial)), int(np.prod(kernel_size)) * c_in, c_out)).astype(dtype)
+    dy = rng.standard_normal(_shape(5, output_spatial, c_out, data_format)).astype(dtype)
+    geometry = (kernel_size, strides, output_spatial, data_format)
+    assert_matches_twin(conv.local_conv_fwd, twin.local_conv_fwd, (x, w, *geometry), kernel_runtime)
+    assert_matches_twin(conv.local_conv_dgrad, twin.local_conv_dgrad, (dy, w, x.shape, *geometry), kernel_runtime)
+    assert_matches_twin(conv.local_conv_wgrad, twin.local_conv_wgrad, (x, dy, w.shape, *geometry), kernel_runtime)
+
+
 # ---------------------------------------------------------------- bad input
 
 def _same_error(kernel_fn, twin_fn, args, exc_type, match):
@@ -384,7 +401,7 @@ def test_launchers_mirror_the_twin():
 def test_tile_choice_table():
     big = conv_tiles.choose_tile(np.float32, 'float32', 32 * 56 * 56, 256, 576)
     assert big.name == '128x128x16'
-    assert conv_tiles.choose_tile(np.float32, 'float32', 60, 5, 27).name == '32x32x16'
+    assert conv_tiles.choose_tile(np.float32, 'float32', 60, 5, 27).name == '32x32x32'
     assert conv_tiles.choose_tile(np.float64, 'float32', 32 * 56 * 56, 256, 576).name == '64x64x8'
     assert conv_tiles.choose_tile(np.float16, 'float32', 32 * 56 * 56, 256, 576).math == 'f16'
     assert conv_tiles.choose_tile(BF16, 'float32', 32 * 56 * 56, 256, 576).math == 'bf16'

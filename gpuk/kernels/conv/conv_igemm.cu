@@ -39,9 +39,10 @@
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
 //   every shared address is a register plus an immediate. Each operand tile is stored in shared memory
-//   with its contiguous global dimension contiguous (see Layout), XOR-swizzled in 16-byte units;
-//   tf32 k-major tiles are padded by two units per row instead (no bank conflicts on the
-//   cp.async writes, ldmatrix phases, fragment and FFMA reads). Tile shapes and their choice per
+//   with its contiguous global dimension contiguous (see Layout), XOR-swizzled in 16-byte units
+//   (but FFMA [m][k] A tiles, read by broadcast: A_MK_SWIZZLED); tf32 k-major tiles are padded
+//   by two units per row instead (no bank conflicts on the cp.async writes, ldmatrix phases,
+//   fragment and FFMA reads). Tile shapes and their choice per
 //   problem: gpuk/kernels/conv/tiles.py (table and rules in its docstring): the largest tile
 //   that fills two waves of SMs with padding waste <= 1.5 (2.0 where the gathered operand is
 //   copied per element, the 7x7 stem) and, for the largest tile, K >= 6 K tiles (1x1 layers).
@@ -135,7 +136,8 @@ static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 // so that one 16-byte cp.async moves VEC neighbours: A is [m][k] for fwd/dgrad (k runs
 // along channels) and [k][m] for wgrad (m runs along c_in); B is [k][n] for fwd/wgrad and
 // [n][k] for dgrad (k runs along c_out of w[tap, ci, co]).
-// Bank conflicts: a row is made of 16-byte units. Tiles are XOR-swizzled: unit u of row r is
+// Bank conflicts: a row is made of 16-byte units. Tiles are XOR-swizzled (FFMA [m][k] A tiles
+// need not be: A_MK_SWIZZLED below): unit u of row r is
 // stored at u ^ swizzle(r), which spreads the 8 rows an ldmatrix phase (or a quarter warp of
 // FFMA reads down strided columns) reads, and the 8 units a quarter warp of cp.async chunks
 // writes, over the 8 bank groups; without padding, BK=16 (FFMA) and BK=32 (16-bit 128x128) fit 3
@@ -170,19 +172,26 @@ template <int U> __device__ __forceinline__ int swizzled_unit(int row, int u) {
     const unsigned r = (unsigned)row;
     return (int)((unsigned)u ^ (U >= 8 ? r & 7u : (r / (8u / U)) & (unsigned)(U - 1)));
 }
+// [m][k] A tiles (fwd, dgrad) are swizzled for ldmatrix (16-bit, tf32) but not on the FFMA path:
+// there every read of them is a quarter-warp broadcast (the 8 threads share their rows, see
+// micro_row) and a quarter warp's cp.async chunks fill whole 128-byte lines, so no access
+// conflicts either way; unswizzled, a thread's A reads are one base register plus immediates
+// (swizzled, one register per (row pattern, unit): 32 of them at BK=32, which spilled the 32x32
+// dgrad).
+constexpr bool A_MK_SWIZZLED = CONV_MATH != 0;
 // Index of a tile element at (row, col) of a tile with rows of LEN elements: swizzled, or padded
-// by PAD elements (then not swizzled).
-template <int LEN, int PAD = 0> __device__ __forceinline__ int tile_offset(int row, int col) {
-    if (PAD == 0) {
+// by PAD elements (then not swizzled), or neither.
+template <int LEN, int PAD = 0, bool SWIZZLED = true> __device__ __forceinline__ int tile_offset(int row, int col) {
+    if (SWIZZLED && PAD == 0) {
         const unsigned c = (unsigned)col;
         return row * LEN + swizzled_unit<LEN / VEC>(row, (int)(c / VEC)) * VEC + (int)(c % VEC);
     }
     return row * (LEN + PAD) + col;
 }
 // Index of element (mn, k) of a tile with MN rows/columns, stored mn-major ([mn][k]) or k-major.
-template <bool MN_MAJOR, int MN>
+template <bool MN_MAJOR, int MN, bool SWIZZLED = true>
 __device__ __forceinline__ int tile_index(int mn, int k) {
-    return MN_MAJOR ? tile_offset<CONV_BK>(mn, k) : tile_offset<MN, SMEM_PAD_K>(k, mn);
+    return MN_MAJOR ? tile_offset<CONV_BK, 0, SWIZZLED>(mn, k) : tile_offset<MN, SMEM_PAD_K, SWIZZLED>(k, mn);
 }
 
 // Chunk mapping: a tile of R rows (the strided dimension) x L contiguous elements is cut into
@@ -408,12 +417,12 @@ struct GatherA {
             const unsigned need = at.need();
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_chunk(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc), row[j] + (int)at.off,
-                           (need & ~mask[j]) == 0u);
+                copy_chunk(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), kc),
+                           row[j] + (int)at.off, (need & ~mask[j]) == 0u);
         } else {
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                copy_tap_run(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), kc), data, taps, k,
+                copy_tap_run(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), kc), data, taps, k,
                              src.channels, true, [&](const TapIter& t, const elem_t*& at) {
                                  at = row[j] + ((long long)(t.od * src.sh + t.oh) * src.sw + t.ow) * src.channels + t.c;
                                  return t.in_filter(taps) && (unsigned)(o_d[j] + t.od) < (unsigned)src.sd &&
@@ -682,7 +691,7 @@ static_assert(CONV_TM % 4 == 0 && CONV_TN % 4 == 0, "FFMA micro-tile: runs of 4"
 // Micro-tile mapping: a thread's TM rows are runs of 4 consecutive rows, BM / (TM/4) apart
 // (likewise for columns), so 8 neighbouring threads read 8 consecutive 16-byte pieces of a
 // k-major tile: no bank conflicts, one LDS.128 per run. The 8 threads of a quarter warp share
-// ty, so [m][k] A tiles are broadcast reads. An [n][k] B tile (dgrad) is read along k by
+// ty, so [m][k] A tiles are broadcast reads (stored unswizzled). An [n][k] B tile (dgrad) is read along k by
 // neighbouring tx: there the columns are strided (tx, tx + BN/TN, ...), so the 8 threads read
 // 8 consecutive rows, which the swizzle puts in 8 distinct 16-byte bank groups.
 __device__ __forceinline__ int micro_row(int i) {
@@ -699,14 +708,14 @@ __device__ __forceinline__ int micro_col(int j) {
 // multiple of 4: explicit 16-byte shared reads (one float4 or two double2), whose address
 // the swizzle computes once per unit.
 static_assert(sizeof(elem_t) == 4 || sizeof(elem_t) == 8, "FFMA: float or double");
-template <int LEN>
+template <int LEN, bool SWIZZLED = true>
 __device__ __forceinline__ void read_run4(const elem_t* __restrict__ tile, int row, int col, acc_t (&out)[4]) {
     if constexpr (sizeof(elem_t) == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(tile + tile_offset<LEN>(row, col));
+        const float4 v = *reinterpret_cast<const float4*>(tile + tile_offset<LEN, 0, SWIZZLED>(row, col));
         out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
     } else {
-        const double2 lo = *reinterpret_cast<const double2*>(tile + tile_offset<LEN>(row, col));
-        const double2 hi = *reinterpret_cast<const double2*>(tile + tile_offset<LEN>(row, col + 2));
+        const double2 lo = *reinterpret_cast<const double2*>(tile + tile_offset<LEN, 0, SWIZZLED>(row, col));
+        const double2 hi = *reinterpret_cast<const double2*>(tile + tile_offset<LEN, 0, SWIZZLED>(row, col + 2));
         out[0] = lo.x; out[1] = lo.y; out[2] = hi.x; out[3] = hi.y;
     }
 }
@@ -720,7 +729,7 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
         acc_t a[CONV_TM][4], b[CONV_TN][4];
         if (Layout<MODE>::a_mk) {
 #pragma unroll
-            for (int i = 0; i < CONV_TM; ++i) read_run4<CONV_BK>(as, micro_row(i), k0, a[i]);
+            for (int i = 0; i < CONV_TM; ++i) read_run4<CONV_BK, A_MK_SWIZZLED>(as, micro_row(i), k0, a[i]);
         } else {
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
@@ -991,7 +1000,7 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
         } else {
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
-                round_chunk_tf32(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK)));
+                round_chunk_tf32(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK)));
         }
     }
     if constexpr (TF32_ROUND_B_SHARED) {

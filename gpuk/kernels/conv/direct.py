@@ -27,6 +27,7 @@ DW_MIN_TILES_PER_SPLIT = 4
 DW_MAX_SPLITS = 4096
 DW_THREADS = DW_CHANNELS * DW_ROWS
 LOCAL_THREADS = 256
+LOCAL_IMAGES = 4                           # images one local_fwd / local_dgrad work item sums (w read once per group)
 LOCAL_MAX_BLOCKS = 65535
 
 
@@ -39,7 +40,8 @@ def depthwise_defines(dtype, channels_first):
 
 def local_defines(dtype):
     dtype = np.dtype(dtype)
-    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)], 'LOCAL_THREADS': LOCAL_THREADS}
+    return {'ELEMENT_T': ELEMENT_TYPES[dtype], 'ACC_T': ELEMENT_TYPES[accumulation_dtype(dtype)],
+            'LOCAL_THREADS': LOCAL_THREADS, 'LOCAL_IMAGES': LOCAL_IMAGES}
 
 
 for _dtype in FLOAT_DTYPES:
@@ -355,6 +357,17 @@ def _local_launch(rt, kernel_name, dtype, out_shape, work, sizes, n, c_in, c_out
         np.int32(not channels_first))
 
 
+def _image_groups(batch):
+    """Groups of LOCAL_IMAGES images (the last one partial) local_fwd and local_dgrad iterate over."""
+    return math.ceil(batch / LOCAL_IMAGES)
+
+
+def local_dgrad_lanes(c_out):
+    """Lanes per dx element of local_dgrad (conv_local.cu, local_dgrad_lane_bits): C_out rounded
+    up to a power of two, at most 32 (they split the sum over C_out)."""
+    return min(32, 1 << max(0, int(c_out) - 1).bit_length())
+
+
 def _local_window(fn, data_format, rank_name, rank_array, x_shape, kernel_size, strides, output_spatial):
     """(channels_first, rank, x_shape, in_spatial, kernel_size, strides, output_spatial): the
     window checks shared by the three local launchers, in the twins' order. The spatial rank
@@ -381,7 +394,8 @@ def local_conv_fwd(x, w, kernel_size, strides, output_spatial, data_format, *, r
         conv_checks.check_local_kernel(fn, 'w', cw.shape, c_output, c_kernel, c_in)
         n, c_out = cx.shape[0], cw.shape[-1]
         y_shape = (n, c_out, *c_output) if channels_first else (n, *c_output, c_out)
-        return y_shape, cx.dtype, _local_launch(rt, 'local_fwd', cx.dtype, y_shape, math.prod(y_shape),
+        work = _image_groups(n) * math.prod(y_shape[1:])   # work items (image group, p, c_out)
+        return y_shape, cx.dtype, _local_launch(rt, 'local_fwd', cx.dtype, y_shape, work,
                                                 (cx.size, cw.size), n, c_in, c_out, in_spatial, c_output, c_kernel,
                                                 c_strides, channels_first)
 
@@ -399,7 +413,9 @@ def local_conv_dgrad(dy, w, x_shape, kernel_size, strides, output_spatial, data_
         channels_first, _, c_x_shape, in_spatial, c_kernel, c_strides, c_output = _local_window(
             fn, data_format, 'dy', cdy, x_shape, kernel_size, strides, output_spatial)
         c_in = conv_checks.check_local_dgrad_operands(fn, cdy, cw, c_x_shape, channels_first, c_output, c_kernel)
-        return c_x_shape, cdy.dtype, _local_launch(rt, 'local_dgrad', cdy.dtype, c_x_shape, math.prod(c_x_shape),
+        # work items (image group, input pixel, c_in), local_dgrad_lanes(C_out) lanes each
+        work = _image_groups(c_x_shape[0]) * math.prod(c_x_shape[1:]) * local_dgrad_lanes(cw.shape[-1])
+        return c_x_shape, cdy.dtype, _local_launch(rt, 'local_dgrad', cdy.dtype, c_x_shape, work,
                                                    (cdy.size, cw.size), c_x_shape[0], c_in, cw.shape[-1], in_spatial,
                                                    c_output, c_kernel, c_strides, channels_first)
 

@@ -5,7 +5,7 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
     path   name         block tile     threads  stages  per thread / warp     used for
     ffma   128x128x16   128 x 128 x 16 256      3       8 x 8 FFMA micro-tile float32, big M and N
     ffma   64x64x16     64 x 64 x 16   64       3       8 x 8                 float32, mid-size
-    ffma   32x32x16     32 x 32 x 16   32       3       8 x 4                 small M or N (tails)
+    ffma   32x32x32     32 x 32 x 32   32       2       8 x 4                 small M or N (tails)
     ffma64 64x64x8      64 x 64 x 8    256      3       4 x 4 DFMA            float64
     ffma64 32x32x8      32 x 32 x 8    64       3       4 x 4                 float64, small
     f16    128x128x32   128 x 128 x 32 128      3       4 warps, 64 x 64/warp float16 (mma m16n8k16)
@@ -16,7 +16,8 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
 
 Every tile moves whole 16-byte chunks: BM*BK and BN*BK are multiples of (16 bytes / element)
 x threads (static_asserts in conv_igemm.cu). FFMA and 16-bit tiles are XOR-swizzled without
-padding, so BK=16 (FFMA) and BK=32 (16-bit 128x128) fit 3 stages in 48 KB of static shared
+padding (except the FFMA [m][k] A tiles of fwd/dgrad, whose reads are broadcasts and need no
+swizzle), so BK=16 (FFMA) and BK=32 (16-bit 128x128) fit 3 stages in 48 KB of static shared
 memory; tf32 pads its k-major tiles (wgrad A, fwd/wgrad B) by 8 floats per row (conflict-free
 fragment reads): 128x128 tf32 keeps BK=16 and 2 stages (34 KB; 3 stages or BK=32 need dynamic
 shared memory above 48 KB, not done), 64x64 tf32 runs BK=32 with 2 stages (36 KB). The 128x128
@@ -33,8 +34,17 @@ against 2 per MMA (128x128) and 3 (64x64) when every warp rounded its fragment r
 
 FFMA micro-tiles: 8 x 8 per thread on 128x128 and 64x64 (64 multiply-adds per 4 shared reads
 of 16 bytes: 85-88% of the hot loop is FFMA on sm_90; 4 x 4 on 256 threads gave 64x64 only
-70%), 8 x 4 on one warp for 32x32 (74-78%; 4 x 4 on 64 threads with BK=8 gave 57-60%, BK=32
-reaches 78-82% but spills dgrad). The 32x32 tile stays in the table: split-K exists for wgrad
+70%), 8 x 4 on one warp for 32x32. A 32x32 tile gives each thread only 64 multiply-adds per
+16-byte chunk it copies (4 BM BN / (BM + BN); 128 on 64x64), and 8 x 4 needs 3 shared reads
+per 32 multiply-adds, so the per-K-tile work (barrier, iterator steps, tap masks) decides: at
+BK=16 it left 76-79% FFMA; BK=32 halves it per multiply-add: 80-83% for fwd and dgrad, 77-78%
+for wgrad (its A copies test 3 bounds per chunk, and with 32 threads for 32 k rows each thread
+steps two pixel iterators: one row per thread read half sectors), 0 spills since the [m][k] A
+tile is unswizzled (one address register for its reads instead of 32: BK=32 spilled dgrad
+before). 2 stages of 32 keep
+the 3 x 16 stages' prefetch distance (one 32-deep K tile ahead) in 16 KB, so 8 blocks (the
+register limit) still fit an sm_80 SM (3 stages: 6). 4 x 4 on 64 threads with BK=8 gave 57-60%.
+The 32x32 tile stays in the table: split-K exists for wgrad
 only, so without it a forward or dgrad with C_out or C_in <= 32 (or a few M rows) would run the
 64-wide tile at more than MAX_WASTE padding, i.e. half its multiply-adds on zeros, which costs
 more than the lower FFMA share of the 32-wide loop.
@@ -87,7 +97,7 @@ def _mma(math_path, bm, bn, warps_m, warps_n, bk=16, stages=3):
 
 
 TILES = {
-    'ffma': (_ffma(128, 128, 16, 8, 8), _ffma(64, 64, 16, 8, 8), _ffma(32, 32, 16, 8, 4)),
+    'ffma': (_ffma(128, 128, 16, 8, 8), _ffma(64, 64, 16, 8, 8), _ffma(32, 32, 32, 8, 4, stages=2)),
     'ffma64': (_ffma(64, 64, 8, 4, 4), _ffma(32, 32, 8, 4, 4)),
     'f16': (_mma('f16', 128, 128, 2, 2, bk=32), _mma('f16', 64, 64, 1, 2, bk=64, stages=2)),
     'bf16': (_mma('bf16', 128, 128, 2, 2, bk=32), _mma('bf16', 64, 64, 1, 2, bk=64, stages=2)),

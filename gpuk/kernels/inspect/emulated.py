@@ -72,8 +72,15 @@ def _fused_bias_scale_relu():
 
 
 def _conv(rt):
+    """wgrad in 2 K splits (forced: K = 2 x 8 x 8 = 128 is 4 K tiles of the 32x32x32 FFMA tile,
+    too few to split by the tile rules), so that conv_reduce_splits runs too."""
     from .. import conv
+    from ..conv import tiles as conv_tiles
     from gpuk.contracts.geometry import conv_pads
+
+    def split_in_two(x, dy, w, g):
+        with conv_tiles.forced(splits=2):
+            return conv.conv_wgrad(x, dy, w.shape, *g, runtime=rt)
     for dtype, name in ((np.float32, 'f32'), (np.float16, 'f16')):
         x = _dev(_rng().standard_normal((2, 8, 8, 32)).astype(dtype))
         w = _dev((_rng().standard_normal((3, 3, 32, 64)) * 0.1).astype(dtype))
@@ -83,7 +90,7 @@ def _conv(rt):
         config = f'NHWC 2x8x8x32 -> 64, 3x3 same, {name}'
         yield f'fwd {config}', lambda x=x, w=w, g=geometry: conv.conv_fwd(x, w, *g, runtime=rt)
         yield f'dgrad {config}', lambda dy=dy, w=w, x=x, g=geometry: conv.conv_dgrad(dy, w, x.shape, *g, runtime=rt)
-        yield f'wgrad {config}', lambda x=x, dy=dy, w=w, g=geometry: conv.conv_wgrad(x, dy, w.shape, *g, runtime=rt)
+        yield f'wgrad {config}, 2 splits', lambda x=x, dy=dy, w=w, g=geometry: split_in_two(x, dy, w, g)
 
 
 def _conv_wgmma(rt):
