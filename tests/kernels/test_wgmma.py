@@ -94,6 +94,20 @@ def _tf32_rounded(a):
     return ((bits + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
 
 
+def _runs_tile(choose, g, tile):
+    """Asserts the tile conv_wgmma's launcher picks for Geometry g (choose: wgmma.fwd_tile, ...)
+    under forced(True, tile): the forced one, else the rule's 128x64 (these grids are small)."""
+    with wgmma.forced(True, tile=tile):
+        assert wgmma.tile_name(choose(g)) == (tile or '128x64')
+
+
+def _both_tiles_loaded(rt, dtype):
+    """Whether conv_wgmma.cu's builds of both tiles for dtype ran on rt."""
+    element_t = wgmma.defines(dtype)['ELEMENT_T']
+    return {str(m.defines.get('WG_BN')) for m in rt._modules.values()
+            if m.source_file.name == 'conv_wgmma.cu' and m.defines.get('ELEMENT_T') == element_t} >= {'64', '128'}
+
+
 @pytest.fixture
 def precision():
     previous = config.precision()
@@ -114,13 +128,14 @@ def test_conv_wgmma_fwd_matches_twin(precision, dtype, mode):
         geometry = (strides, dilation, pads, 'channels_last')
         g = conv._geometry(conv.conv_checks.fwd_problem('conv_fwd', x, w, *geometry, np)[2])
         assert wgmma.fits(g, dtype, mode)
+        _runs_tile(wgmma.fwd_tile, g, tile)
         xr, wr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (x, w))
         ref = np.maximum(twin.conv_fwd(xr, wr, *geometry) + bias.astype(np.float64), 0)
         with wgmma.forced(True, tile=tile):
             out = conv.conv_fwd(x, w, *geometry, epilogue='bias_relu', bias=bias, runtime=rt)
         assert to_host(out).dtype == np.dtype(dtype)
         assert_close(out, ref, dtype, 'conv_wgmma_fwd %s on %s' % (np.dtype(dtype).name, case))
-    assert any(m.source_file.name == 'conv_wgmma.cu' for m in rt._modules.values())
+    assert _both_tiles_loaded(rt, dtype)
 
 
 # dgrad problems (input spatial, kernel, strides, dilation, pads, C_in, C_out, batch): C_out a
@@ -155,13 +170,14 @@ def test_conv_wgmma_dgrad_matches_twin(precision, dtype, mode):
         dy = rng.standard_normal(y_shape).astype(dtype)
         g = conv._geometry(conv.conv_checks.dgrad_problem('conv_dgrad', dy, w, x_shape, *geometry, np)[3])
         assert wgmma.dgrad_fits(g, dtype, mode)
+        _runs_tile(wgmma.dgrad_tile, g, tile)
         dyr, wr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (dy, w))
         with wgmma.forced(True, tile=tile):
             dx = conv.conv_dgrad(dy, w, x_shape, *geometry, runtime=rt)
         assert to_host(dx).dtype == np.dtype(dtype)
         assert_close(dx, twin.conv_dgrad(dyr, wr, x_shape, *geometry), dtype,
                      'conv_dgrad on wgmma %s on %s' % (np.dtype(dtype).name, (spatial, kernel, strides, dilation)))
-    assert {m.source_file.name for m in rt._modules.values()} >= {'conv_wgmma.cu'}
+    assert _both_tiles_loaded(rt, dtype)
 
 
 # wgrad problems (input spatial, kernel, strides, dilation, pads, C_in, C_out, batch, forced
@@ -195,6 +211,10 @@ def test_conv_wgmma_wgrad_matches_twin(precision, dtype, mode):
         dy = rng.standard_normal(y_shape).astype(dtype)
         g = conv._geometry(conv.conv_checks.wgrad_problem('conv_wgrad', x, dy, w_shape, *geometry, np)[3])
         assert wgmma.wgrad_fits(g, dtype, mode)
+        if tile or c_out <= 64:
+            _runs_tile(wgmma.wgrad_tile, g, tile)
+        else:
+            assert wgmma.wgrad_tile(g) == 128   # C_out 136: no fill rule for wgrad
         if splits:
             with conv_tiles.forced(splits=splits):
                 assert wgmma.wgrad_plan(g, dtype)[0][2] == splits

@@ -61,7 +61,10 @@
 //   warpgroup 1, the consumer: owns all 128 rows as two m64 halves and issues, per K tile and
 //     k step (WG_BK / WG_KSTEP = 8 of them), two wgmma.mma_async m64nWG_BNk16 (k8 for tf32)
 //     sharing B's descriptor: 3 descriptor adds per 2 wgmmas, and 16 wgmmas per barrier keep
-//     the hot loop at 1.9 other instructions per wgmma (sm_90a, NVRTC 13). Float32
+//     the hot loop at 1.9 other instructions per wgmma (sm_90a, NVRTC 13) on 128x128. On 128x64
+//     (m64n64) ptxas copies B's descriptor into a second uniform register quad per k step
+//     (2 UMOVs more per 2 wgmmas: 2.8 other per wgmma; an opaque second B descriptor or another
+//     issue order did not remove them). Float32
 //     accumulators: 2 x WG_BN / 2 registers per thread (layout in hopper.cuh). Same code in
 //     every kernel.
 // Pipeline: one __syncthreads per K tile hands stages over. Iteration t: the producer waits
