@@ -223,10 +223,9 @@ struct GatherLoader {
             for (int a = 0; a < WG_ATOMS; ++a)
 #pragma unroll
                 for (int j = 0; j < WG_CHUNKS + WG_B_CHUNKS; ++j) {   // A's units, then B's
-                    unsigned char* unit = stage + (j >= WG_CHUNKS ? WG_A_BYTES + a * WG_B_ATOM_BYTES + (j - WG_CHUNKS) *
-                                                                    WG_ROWS_PER_PASS * WG_ROW_BYTES
-                                                                  : a * WG_ATOM_BYTES + j * WG_ROWS_PER_PASS * WG_ROW_BYTES) +
-                                          dst;
+                    const int row_bytes = (j % WG_CHUNKS) * WG_ROWS_PER_PASS * WG_ROW_BYTES;
+                    unsigned char* unit = stage + dst + row_bytes +
+                                          (j >= WG_CHUNKS ? WG_A_BYTES + a * WG_B_ATOM_BYTES : a * WG_ATOM_BYTES);
                     float4 v = *reinterpret_cast<const float4*>(unit);
                     v.x = __uint_as_float(float_to_tf32(v.x));
                     v.y = __uint_as_float(float_to_tf32(v.y));

@@ -271,9 +271,10 @@ def wgrad_launch(rt, g, dtype):
     block_n = wgrad_tile(g)
     grid, per_split = wgrad_plan(g, dtype, block_n)
     rows, cols, _ = wgrad_gemm_shape(g)
-    return split_k.wgrad_launch(
-        _kernel_launch(rt, dtype, block_n, WGRAD_KERNEL, grid), kernel_args(g) + (np.int64(per_split),), grid[2],
-        rows * cols, lambda blocks: _kernel_launch(rt, dtype, block_n, REDUCE_KERNEL, blocks, split_k.REDUCE_THREADS, 0))
+    def reduce_launch(blocks):
+        return _kernel_launch(rt, dtype, block_n, REDUCE_KERNEL, blocks, split_k.REDUCE_THREADS, 0)
+    return split_k.wgrad_launch(_kernel_launch(rt, dtype, block_n, WGRAD_KERNEL, grid),
+                                kernel_args(g) + (np.int64(per_split),), grid[2], rows * cols, reduce_launch)
 
 
 def conv_fwd(rt, x, w, y, bias, launch):
