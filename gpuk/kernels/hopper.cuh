@@ -1,6 +1,7 @@
 // hopper.cuh: Hopper (sm_90a) warpgroup MMA (wgmma) helpers: shared-memory matrix
-// descriptors, wgmma.fence / commit_group / wait_group and wgmma.mma_async m64n128 with
-// float32 accumulators for f16, bf16 (k16) and tf32 (k8), both operands from shared memory,
+// descriptors, wgmma.fence / commit_group / wait_group and wgmma.mma_async m64n128 and m64n64
+// (wgmma_m64n<N>: N / 2 float accumulators per thread) with float32 accumulators for f16,
+// bf16 (k16) and tf32 (k8), both operands from shared memory,
 // K-major (imm-trans-a/b = 0), scale-a = scale-b = 1.
 //
 // Compiles to PTX only for sm_90a (wgmma needs the architecture-specific target); under the
@@ -22,8 +23,8 @@
 #pragma once
 #include "common.cuh"
 
-#define WGMMA_N 128               // columns of D per wgmma (m64n128)
-#define WGMMA_ACC (WGMMA_N / 2)   // float accumulators per thread
+#define WGMMA_N 128               // columns of D per wgmma_m64n128
+#define WGMMA_ACC (WGMMA_N / 2)   // float accumulators per thread of wgmma_m64n128
 #define WGMMA_SWIZZLE_128B 1ull
 
 // Shared-window address of a shared-memory pointer (what a descriptor encodes).
@@ -50,13 +51,13 @@ __device__ __forceinline__ void wgmma_fence() { ::gpuk_emu::wgmma_fence(); }
 __device__ __forceinline__ void wgmma_commit() { ::gpuk_emu::wgmma_commit(); }
 template <int N> __device__ __forceinline__ void wgmma_wait() { ::gpuk_emu::wgmma_wait(N); }
 // Keeps the compiler from moving accumulator reads or writes across a wgmma (no-op here).
-__device__ __forceinline__ void wgmma_fence_operands(float (&)[WGMMA_ACC]) {}
-template <class T>
-__device__ __forceinline__ void wgmma_m64n128(float (&d)[WGMMA_ACC], unsigned long long desc_a,
-                                              unsigned long long desc_b) {
+template <int ACC> __device__ __forceinline__ void wgmma_fence_operands(float (&)[ACC]) {}
+template <int N, class T>
+__device__ __forceinline__ void wgmma_m64n(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b) {
+    static_assert(N == 64 || N == 128, "m64n64 or m64n128");
     constexpr int kind = sizeof(T) == 4 ? ::gpuk_emu::WGMMA_TF32
                          : gpuk_same_type<T, __half>::value ? ::gpuk_emu::WGMMA_F16 : ::gpuk_emu::WGMMA_BF16;
-    ::gpuk_emu::WgmmaOperands op{kind, WGMMA_N, desc_a, desc_b, 1, d};
+    ::gpuk_emu::WgmmaOperands op{kind, N, desc_a, desc_b, 1, d};
     ::gpuk_emu::wgmma_mma_async(op);
 }
 #elif defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -66,10 +67,23 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void wgmma_fence_operands(float (&d)[WGMMA_ACC]) {
+template <int ACC> __device__ __forceinline__ void wgmma_fence_operands(float (&d)[ACC]) {
 #pragma unroll
-    for (int i = 0; i < WGMMA_ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+#define GPUK_WGMMA64_ASM(SHAPE_TYPES, TAIL)                                                                                \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                            \
+                 "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {"                                                          \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, "                                                                        \
+                 "%8, %9, %10, %11, %12, %13, %14, %15, "                                                                  \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, "                                                                \
+                 "%24, %25, %26, %27, %28, %29, %30, %31 "                                                                 \
+                 "}, %32, %33, p, 1, 1" TAIL ";\n}\n"                                                                      \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+                 : "l"(desc_a), "l"(desc_b), "r"(1))
 #define GPUK_WGMMA_ASM(SHAPE_TYPES, TAIL)                                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                              \
                  "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {"                                                          \
@@ -91,14 +105,27 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[WGMMA_ACC]) {
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
                  : "l"(desc_a), "l"(desc_b), "r"(1))
-template <class T>
-__device__ __forceinline__ void wgmma_m64n128(float (&d)[WGMMA_ACC], unsigned long long desc_a,
-                                              unsigned long long desc_b) {
-    if constexpr (sizeof(T) == 4) GPUK_WGMMA_ASM("m64n128k8.f32.tf32.tf32", "");
-    else if constexpr (gpuk_same_type<T, __half>::value) GPUK_WGMMA_ASM("m64n128k16.f32.f16.f16", ", 0, 0");
-    else GPUK_WGMMA_ASM("m64n128k16.f32.bf16.bf16", ", 0, 0");
+template <int N, class T>
+__device__ __forceinline__ void wgmma_m64n(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b) {
+    static_assert(N == 64 || N == 128, "m64n64 or m64n128");
+    if constexpr (N == 64) {
+        if constexpr (sizeof(T) == 4) GPUK_WGMMA64_ASM("m64n64k8.f32.tf32.tf32", "");
+        else if constexpr (gpuk_same_type<T, __half>::value) GPUK_WGMMA64_ASM("m64n64k16.f32.f16.f16", ", 0, 0");
+        else GPUK_WGMMA64_ASM("m64n64k16.f32.bf16.bf16", ", 0, 0");
+    } else {
+        if constexpr (sizeof(T) == 4) GPUK_WGMMA_ASM("m64n128k8.f32.tf32.tf32", "");
+        else if constexpr (gpuk_same_type<T, __half>::value) GPUK_WGMMA_ASM("m64n128k16.f32.f16.f16", ", 0, 0");
+        else GPUK_WGMMA_ASM("m64n128k16.f32.bf16.bf16", ", 0, 0");
+    }
 }
+#undef GPUK_WGMMA64_ASM
 #undef GPUK_WGMMA_ASM
 #else
 #error "hopper.cuh: wgmma needs an sm_90a target (--gpu-architecture=sm_90a) or the emulator"
 #endif
+
+template <class T>
+__device__ __forceinline__ void wgmma_m64n128(float (&d)[WGMMA_ACC], unsigned long long desc_a,
+                                              unsigned long long desc_b) {
+    wgmma_m64n<WGMMA_N, T>(d, desc_a, desc_b);
+}

@@ -143,7 +143,8 @@ def test_arch_specific_variants_build_for_their_family_only():
     """The Hopper convolution is registered for sm_90a: built when sm_90 is asked for, never for sm_80."""
     from gpuk.kernels.conv import wgmma
     specs = [s for s in runtime.registered_builds() if s.source_file.endswith('conv_wgmma.cu')]
-    assert len(specs) == len(wgmma.DTYPES) and all(s.archs == ('sm_90a',) for s in specs)
+    assert len(specs) == len(wgmma.DTYPES) * len(wgmma.BLOCK_NS) and all(s.archs == ('sm_90a',) for s in specs)
+    assert {int(s.defines_dict['WG_BN']) for s in specs} == set(wgmma.BLOCK_NS)   # every tile of the table
     assert specs[0].build_archs(('sm_80', 'sm_90')) == ('sm_90a',)
     assert specs[0].build_archs(('sm_80',)) == ()
     assert runtime.normalize_arch('sm_90a') == 'sm_90a' and runtime.normalize_arch(90) == 'sm_90'

@@ -72,14 +72,17 @@ def test_wgmma_needs_whole_warpgroups(gemm):
 
 # ---------------------------------------------------------------- conv_wgmma.cu
 
-# (input spatial, kernel spatial, strides, dilation, pads, C_in, C_out, batch): channels_last,
+# (input spatial, kernel spatial, strides, dilation, pads, C_in, C_out, batch, tile): channels_last,
 # C_in a multiple of 8; M, N and K tails; 40 channels x 9 taps = 6 K tiles of 16-bit (12 of
-# tf32) wrap the 4-stage ring; 136 output channels take two N tiles; 288 rows three M tiles.
+# tf32) wrap the 4-stage ring; 136 output channels take two N tiles of 128 (three of 64); 288
+# rows three M tiles. tile: the one forced (wgmma.forced), None: the rule's (128x64 on these
+# small grids).
 CASES = [
-    ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0)), 40, 20, 2),
-    ((13,), (4,), (3,), (2,), ((0, 0),), 8, 136, 3),
-    ((12, 12), (1, 1), (1, 1), (1, 1), ((0, 0), (0, 0)), 16, 6, 2),
-    ((4, 5, 3), (2, 3, 2), (1, 2, 1), (1, 1, 2), ((0, 1), (1, 1), (1, 0)), 8, 3, 2),
+    ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0)), 40, 20, 2, None),
+    ((13,), (4,), (3,), (2,), ((0, 0),), 8, 136, 3, '128x128'),
+    ((13,), (4,), (3,), (2,), ((0, 0),), 8, 136, 3, None),
+    ((12, 12), (1, 1), (1, 1), (1, 1), ((0, 0), (0, 0)), 16, 6, 2, '128x128'),
+    ((4, 5, 3), (2, 3, 2), (1, 2, 1), (1, 1, 2), ((0, 1), (1, 1), (1, 0)), 8, 3, 2, None),
 ]
 PATHS = [(np.float16, 'float32'), (BF16, 'float32'), (np.float32, 'tf32')]
 
@@ -89,6 +92,20 @@ def _tf32_rounded(a):
     mantissa bits in shared memory (cvt.rna) before wgmma reads its top 19 bits."""
     bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
     return ((bits + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
+
+
+def _runs_tile(choose, g, tile):
+    """Asserts the tile conv_wgmma's launcher picks for Geometry g (choose: wgmma.fwd_tile, ...)
+    under forced(True, tile): the forced one, else the rule's 128x64 (these grids are small)."""
+    with wgmma.forced(True, tile=tile):
+        assert wgmma.tile_name(choose(g)) == (tile or '128x64')
+
+
+def _both_tiles_loaded(rt, dtype):
+    """Whether conv_wgmma.cu's builds of both tiles for dtype ran on rt."""
+    element_t = wgmma.defines(dtype)['ELEMENT_T']
+    return {str(m.defines.get('WG_BN')) for m in rt._modules.values()
+            if m.source_file.name == 'conv_wgmma.cu' and m.defines.get('ELEMENT_T') == element_t} >= {'64', '128'}
 
 
 @pytest.fixture
@@ -104,36 +121,37 @@ def test_conv_wgmma_fwd_matches_twin(precision, dtype, mode):
     precision(mode)
     rng = np.random.default_rng(4)
     for case in CASES:
-        spatial, kernel, strides, dilation, pads, c_in, c_out, batch = case
+        spatial, kernel, strides, dilation, pads, c_in, c_out, batch, tile = case
         x = rng.standard_normal((batch, *spatial, c_in)).astype(dtype)
         w = rng.standard_normal((*kernel, c_in, c_out)).astype(dtype)
         bias = rng.standard_normal(c_out).astype(dtype)
         geometry = (strides, dilation, pads, 'channels_last')
         g = conv._geometry(conv.conv_checks.fwd_problem('conv_fwd', x, w, *geometry, np)[2])
         assert wgmma.fits(g, dtype, mode)
+        _runs_tile(wgmma.fwd_tile, g, tile)
         xr, wr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (x, w))
         ref = np.maximum(twin.conv_fwd(xr, wr, *geometry) + bias.astype(np.float64), 0)
-        with wgmma.forced(True):
+        with wgmma.forced(True, tile=tile):
             out = conv.conv_fwd(x, w, *geometry, epilogue='bias_relu', bias=bias, runtime=rt)
         assert to_host(out).dtype == np.dtype(dtype)
         assert_close(out, ref, dtype, 'conv_wgmma_fwd %s on %s' % (np.dtype(dtype).name, case))
-    assert any(m.source_file.name == 'conv_wgmma.cu' for m in rt._modules.values())
+    assert _both_tiles_loaded(rt, dtype)
 
 
 # dgrad problems (input spatial, kernel, strides, dilation, pads, C_in, C_out, batch): C_out a
 # multiple of 8. Stride 1 (one phase; pads beyond the kernel's reach make the phase's offsets
 # point past dy); strides 2 and 3 with dilation (phases with fewer taps), a 1x1 stride-2 layer
 # (3 of 4 phases have no tap: zeros) with 136 input channels (two N tiles), 200 rows in a phase
-# (two M tiles), and a 3-d problem with a different stride per dim.
+# (two M tiles), and a 3-d problem with a different stride per dim; tile as in CASES.
 DGRAD_CASES = [
-    ((9, 11), (3, 3), (1, 1), (1, 2), ((1, 1), (2, 0)), 12, 16, 2),
-    ((13,), (4,), (1,), (2,), ((3, 0),), 8, 8, 3),
-    ((6, 7), (2, 2), (1, 1), (1, 1), ((2, 2), (0, 1)), 3, 24, 1),
-    ((9, 11), (3, 3), (2, 2), (1, 2), ((1, 1), (2, 0)), 12, 16, 2),
-    ((13,), (4,), (3,), (2,), ((0, 0),), 8, 16, 3),
-    ((12, 12), (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0)), 136, 8, 2),
-    ((20, 20), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), 8, 8, 2),
-    ((5, 7, 6), (2, 3, 2), (2, 1, 3), (1, 2, 1), ((0, 1), (2, 1), (1, 0)), 5, 8, 2),
+    ((9, 11), (3, 3), (1, 1), (1, 2), ((1, 1), (2, 0)), 12, 16, 2, None),
+    ((13,), (4,), (1,), (2,), ((3, 0),), 8, 8, 3, '128x128'),
+    ((6, 7), (2, 2), (1, 1), (1, 1), ((2, 2), (0, 1)), 3, 24, 1, None),
+    ((9, 11), (3, 3), (2, 2), (1, 2), ((1, 1), (2, 0)), 12, 16, 2, None),
+    ((13,), (4,), (3,), (2,), ((0, 0),), 8, 16, 3, '128x128'),
+    ((12, 12), (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0)), 136, 8, 2, None),
+    ((20, 20), (3, 3), (2, 2), (1, 1), ((1, 1), (1, 1)), 8, 8, 2, '128x128'),
+    ((5, 7, 6), (2, 3, 2), (2, 1, 3), (1, 2, 1), ((0, 1), (2, 1), (1, 0)), 5, 8, 2, None),
 ]
 
 
@@ -144,7 +162,7 @@ def test_conv_wgmma_dgrad_matches_twin(precision, dtype, mode):
     rt = get_runtime('emulate')
     precision(mode)
     rng = np.random.default_rng(6)
-    for spatial, kernel, strides, dilation, pads, c_in, c_out, batch in DGRAD_CASES:
+    for spatial, kernel, strides, dilation, pads, c_in, c_out, batch, tile in DGRAD_CASES:
         geometry = (strides, dilation, pads, 'channels_last')
         x_shape = (batch, *spatial, c_in)
         w = rng.standard_normal((*kernel, c_in, c_out)).astype(dtype)
@@ -152,26 +170,29 @@ def test_conv_wgmma_dgrad_matches_twin(precision, dtype, mode):
         dy = rng.standard_normal(y_shape).astype(dtype)
         g = conv._geometry(conv.conv_checks.dgrad_problem('conv_dgrad', dy, w, x_shape, *geometry, np)[3])
         assert wgmma.dgrad_fits(g, dtype, mode)
+        _runs_tile(wgmma.dgrad_tile, g, tile)
         dyr, wr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (dy, w))
-        with wgmma.forced(True):
+        with wgmma.forced(True, tile=tile):
             dx = conv.conv_dgrad(dy, w, x_shape, *geometry, runtime=rt)
         assert to_host(dx).dtype == np.dtype(dtype)
         assert_close(dx, twin.conv_dgrad(dyr, wr, x_shape, *geometry), dtype,
                      'conv_dgrad on wgmma %s on %s' % (np.dtype(dtype).name, (spatial, kernel, strides, dilation)))
-    assert {m.source_file.name for m in rt._modules.values()} >= {'conv_wgmma.cu'}
+    assert _both_tiles_loaded(rt, dtype)
 
 
 # wgrad problems (input spatial, kernel, strides, dilation, pads, C_in, C_out, batch, forced
 # splits): C_in and C_out multiples of 8. M = taps * C_in with tails (360 rows: three M tiles),
 # 136 output channels (two N tiles), K = batch * output pixels with tails, split 3 ways
 # (800 = 7 K tiles of 16-bit, 13 of tf32; the last split partial), strides with dilation,
-# a 1x1 stride-2 layer, 3-d.
+# a 1x1 stride-2 layer, 3-d; tile as in CASES (the rule: 128x64 for C_out <= 64, else 128x128).
 WGRAD_CASES = [
-    ((9, 11), (3, 3), (2, 1), (1, 2), ((1, 1), (2, 0)), 40, 24, 2, None),
-    ((13,), (4,), (3,), (2,), ((0, 0),), 8, 136, 3, None),
-    ((20, 20), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 8, 16, 2, 3),
-    ((12, 12), (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0)), 136, 8, 2, None),
-    ((4, 5, 3), (2, 3, 2), (1, 2, 1), (1, 1, 2), ((0, 1), (1, 1), (1, 0)), 8, 8, 2, None),
+    ((9, 11), (3, 3), (2, 1), (1, 2), ((1, 1), (2, 0)), 40, 24, 2, None, None),
+    ((13,), (4,), (3,), (2,), ((0, 0),), 8, 136, 3, None, None),
+    ((13,), (4,), (3,), (2,), ((0, 0),), 8, 136, 3, None, '128x64'),
+    ((20, 20), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 8, 16, 2, 3, None),
+    ((20, 20), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 8, 16, 2, 3, '128x128'),
+    ((12, 12), (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0)), 136, 8, 2, None, '128x128'),
+    ((4, 5, 3), (2, 3, 2), (1, 2, 1), (1, 1, 2), ((0, 1), (1, 1), (1, 0)), 8, 8, 2, None, None),
 ]
 
 
@@ -182,7 +203,7 @@ def test_conv_wgmma_wgrad_matches_twin(precision, dtype, mode):
     rt = get_runtime('emulate')
     precision(mode)
     rng = np.random.default_rng(8)
-    for spatial, kernel, strides, dilation, pads, c_in, c_out, batch, splits in WGRAD_CASES:
+    for spatial, kernel, strides, dilation, pads, c_in, c_out, batch, splits, tile in WGRAD_CASES:
         geometry = (strides, dilation, pads, 'channels_last')
         x = rng.standard_normal((batch, *spatial, c_in)).astype(dtype)
         w_shape = (*kernel, c_in, c_out)
@@ -190,15 +211,19 @@ def test_conv_wgmma_wgrad_matches_twin(precision, dtype, mode):
         dy = rng.standard_normal(y_shape).astype(dtype)
         g = conv._geometry(conv.conv_checks.wgrad_problem('conv_wgrad', x, dy, w_shape, *geometry, np)[3])
         assert wgmma.wgrad_fits(g, dtype, mode)
+        if tile or c_out <= 64:
+            _runs_tile(wgmma.wgrad_tile, g, tile)
+        else:
+            assert wgmma.wgrad_tile(g) == 128   # C_out 136: no fill rule for wgrad
         if splits:
             with conv_tiles.forced(splits=splits):
                 assert wgmma.wgrad_plan(g, dtype)[0][2] == splits
         xr, dyr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (x, dy))
-        with wgmma.forced(True), conv_tiles.forced(splits=splits):
+        with wgmma.forced(True, tile=tile), conv_tiles.forced(splits=splits):
             dw = conv.conv_wgrad(x, dy, w_shape, *geometry, runtime=rt)
         assert to_host(dw).dtype == np.dtype(dtype) and dw.shape == w_shape
         assert_close(dw, twin.conv_wgrad(xr, dyr, w_shape, *geometry), dtype,
-                     'conv_wgrad on wgmma %s on %s' % (np.dtype(dtype).name, (spatial, kernel, strides, splits)))
+                     'conv_wgrad on wgmma %s on %s' % (np.dtype(dtype).name, (spatial, kernel, strides, splits, tile)))
 
 
 def test_wgmma_path_choice():
@@ -221,8 +246,9 @@ def test_wgmma_path_choice():
         assert not wgmma.applies(emulator, False, x16)
     with wgmma.forced(False):
         assert not wgmma.applies(h100, True, x16)
-    assert wgmma.launch_shape(g) == ((1, 1), 256, wgmma.SHARED_BYTES)
-    assert math.ceil(300 * 1 / 128) == wgmma.launch_shape(g._replace(c_out=300))[0][1]
+    assert wgmma.launch_shape(g) == ((1, 1), 256, wgmma.shared_bytes(64))   # C_out 32: the 128x64 tile
+    assert wgmma.launch_shape(g._replace(c_out=300))[0][1] == math.ceil(300 / 64)   # 3 blocks: far under a wave
+    assert wgmma.launch_shape(g._replace(c_out=300), 128) == ((1, 3), 256, wgmma.SHARED_BYTES)
     # dgrad reads dy's C_out channels in 16-byte units, wgrad x's C_in and dy's C_out; strides too
     dy16 = np.zeros((1, 8, 8, 32), np.float16)
     strided = g._replace(strides=(1, 2, 2), out_sp=(1, 4, 4))
@@ -240,7 +266,7 @@ def test_wgmma_path_choice():
     misaligned = np.zeros(8 * 8 * 32 + 1, np.float16)[1:].reshape(1, 8, 8, 32)
     assert wgmma.applies(h100, True, x16, dy16) and not wgmma.applies(h100, True, misaligned)
     assert not wgmma.applies(h100, True, x16, misaligned)
-    assert wgmma.dgrad_launch_shape(strided._replace(c_in=300)) == ((1, 3, 4), 256, wgmma.SHARED_BYTES)
+    assert wgmma.dgrad_launch_shape(strided._replace(c_in=300)) == ((1, 5, 4), 256, wgmma.shared_bytes(64))
     # wgrad: M = taps * C_in, N = C_out, splits along K = batch * output pixels (tiles.py's rule)
     big = g._replace(batch=32, in_sp=(1, 56, 56), out_sp=(1, 56, 56), c_in=64, c_out=64)
     grid, per_split = wgmma.wgrad_plan(big, np.float16)
@@ -325,3 +351,36 @@ def test_wgmma_launches_are_prepared_once_per_problem(monkeypatch):
     assert sorted(made) == ['dgrad fits', 'dgrad_launch', 'fwd fits', 'fwd_launch', 'wgrad fits', 'wgrad_launch']
     assert to_host(dx)[0, ::2, ::2].min() == 8 and to_host(dx)[0, 1::2].max() == 0   # stride holes: zeros
     assert (to_host(dw) == 4).all()
+
+
+def test_wgmma_tile_rule():
+    """The tile table's rule (conv/wgmma.py): 128x64 where N <= 64 or, for fwd and dgrad, where
+    128x128 blocks would not make one wave on 132 SMs; wgrad's split-K fills the SMs itself."""
+    def layer(batch, size, k, c_in, c_out, stride=1):
+        out = size // stride
+        return conv.Geometry(batch, c_in, c_out, (1, size, size), (1, out, out), (1, k, k), (1, stride, stride),
+                             (1, 1, 1), (0, k // 2, k // 2), True)
+    assert wgmma.fwd_tile(layer(32, 56, 1, 256, 64)) == 64              # ResNet-50 stage 1: C_out 64
+    assert wgmma.fwd_tile(layer(32, 56, 3, 64, 64)) == 64
+    assert wgmma.fwd_tile(layer(32, 56, 1, 64, 256)) == 128             # 784 x 2 blocks
+    assert wgmma.fwd_tile(layer(32, 7, 3, 512, 512)) == 64              # 13 x 4 blocks < 132
+    assert wgmma.fwd_tile(layer(256, 7, 3, 512, 512)) == 128            # 98 x 4 blocks
+    assert wgmma.dgrad_tile(layer(32, 56, 3, 64, 64)) == 64             # N = C_in 64
+    assert wgmma.dgrad_tile(layer(32, 56, 1, 64, 256, stride=2)) == 64  # N = C_in 64
+    assert wgmma.dgrad_tile(layer(32, 56, 1, 256, 512, stride=2)) == 128   # 196 x 2 x 4 phases
+    assert wgmma.dgrad_tile(layer(8, 14, 1, 256, 512, stride=2)) == 64     # 4 x 2 x 4 phases
+    assert wgmma.wgrad_tile(layer(32, 56, 3, 64, 64)) == 64             # N = C_out 64
+    assert wgmma.wgrad_tile(layer(1, 7, 1, 512, 2048)) == 128           # small M: split-K fills
+    g = layer(32, 7, 3, 512, 512)
+    with wgmma.forced(True, tile='128x128'):
+        assert wgmma.fwd_tile(g) == 128 and wgmma.launch_key() == 'wgmma 128x128'
+    assert wgmma.launch_key() == 'wgmma'
+    with pytest.raises(ValueError, match='128x64'):
+        with wgmma.forced(True, tile='64x64'):
+            pass
+    # the wgrad split plan sizes its grid with the chosen tile
+    grid, _ = wgmma.wgrad_plan(layer(32, 56, 3, 64, 64), np.float16)
+    assert grid[:2] == (math.ceil(9 * 64 / 128), 1)
+    grid, _ = wgmma.wgrad_plan(layer(32, 56, 3, 64, 64), np.float16, 128)
+    assert grid[:2] == (math.ceil(9 * 64 / 128), 1)
+    assert wgmma.wgrad_plan(layer(2, 8, 3, 64, 200), np.float16)[0][1] == 2

@@ -136,8 +136,9 @@ class Problem:
         self.kernel_g = g._replace(channels_last=True)
 
     def launch(self, make, path='igemm'):
-        """The launch make(kernel geometry) prepared for this problem on `path` ('igemm' or
-        'wgmma', conv/wgmma.py), once per forced tile / split state."""
+        """The launch make(kernel geometry) prepared for this problem on `path` ('igemm', or
+        conv/wgmma.py's launch_key(): 'wgmma' and the tile it forces), once per forced tile /
+        split state. The launch keeps the tile chosen for the problem."""
         key = (path,) + conv_tiles.forced_state()
         found = self.launches.get(key)
         if found is None:
@@ -187,7 +188,8 @@ def _igemm_fwd(x, w, problem, bias, epilogue, rt):
     xp = rt.xp
     bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
     if conv_wgmma.applies(rt, problem.wgmma_fits('fwd', x.dtype), x):   # Hopper: warpgroup MMA (conv/wgmma.py)
-        launch = problem.launch(lambda g: conv_wgmma.fwd_launch(rt, g, x.dtype, EPILOGUES[epilogue]), 'wgmma')
+        launch = problem.launch(lambda g: conv_wgmma.fwd_launch(rt, g, x.dtype, EPILOGUES[epilogue]),
+                                 conv_wgmma.launch_key())
         y = xp.empty(_kernel_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
         return conv_wgmma.conv_fwd(rt, x, w, y, bias_arg, launch)
     launch = problem.launch(lambda g: _fwd_launch(rt, g, x.dtype, epilogue))
@@ -218,7 +220,7 @@ def _dgrad_launch(rt, g, dtype):
 def _igemm_dgrad(dy, w, problem, rt):
     xp = rt.xp
     if conv_wgmma.applies(rt, problem.wgmma_fits('dgrad', dy.dtype), dy):   # Hopper: conv/wgmma.py
-        launch = problem.launch(lambda g: conv_wgmma.dgrad_launch(rt, g, dy.dtype), 'wgmma')
+        launch = problem.launch(lambda g: conv_wgmma.dgrad_launch(rt, g, dy.dtype), conv_wgmma.launch_key())
         dx = xp.empty(_kernel_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
         return conv_wgmma.conv_dgrad(rt, dy, w, dx, launch)
     launch = problem.launch(lambda g: _dgrad_launch(rt, g, dy.dtype))
@@ -242,7 +244,7 @@ def _wgrad_launch(rt, g, dtype):
 
 def _igemm_wgrad(x, dy, problem, rt):
     if conv_wgmma.applies(rt, problem.wgmma_fits('wgrad', x.dtype), x, dy):   # Hopper: conv/wgmma.py
-        launch = problem.launch(lambda g: conv_wgmma.wgrad_launch(rt, g, x.dtype), 'wgmma')
+        launch = problem.launch(lambda g: conv_wgmma.wgrad_launch(rt, g, x.dtype), conv_wgmma.launch_key())
     else:
         launch = problem.launch(lambda g: _wgrad_launch(rt, g, x.dtype))
         x, dy = problem.to_kernel_layout(rt, x, dy)

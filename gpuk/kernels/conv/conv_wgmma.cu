@@ -28,31 +28,45 @@
 //   and stores VEC units along k. wgmma's MN-major descriptor mode (16-bit only) would save the
 //   permutes but needs a second layout in the descriptors and the emulator for 16-bit types and
 //   this transpose anyway for tf32; one K-major layout keeps one consumer for all three kernels.
-// Tiling: a block computes a 128 x 128 output tile (WG_BM x WG_BN); K advances WG_BK elements
-//   per tile (WG_ATOMS = 2 atoms of 128 bytes: 128 16-bit or 64 tf32 elements) through a
-//   ring of WG_STAGES = 3 stages of 64 KB in dynamic shared memory. A stage holds A and B
-//   (128 rows each) as WG_ATOMS atoms of 128 rows x 128 bytes; each row of an atom is stored
+// Tiling: a block computes a WG_BM x WG_BN output tile, 128 x 128 or 128 x 64 (the build's WG_BN,
+//   picked per problem by conv/wgmma.py's table:
+//       tile      wgmma      stage   ring (3 stages)  used for
+//       128x128   m64n128    64 KB   193 KB           N > 64 where 128-wide tiles fill the SMs
+//       128x64    m64n64     48 KB   145 KB           N <= 64 (C_out 64 layers: no wgmma column on
+//                                                     padding), or fwd / dgrad grids of 128x128
+//                                                     blocks smaller than one wave of 132 SMs
+//   N is C_out (fwd, wgrad) or C_in (dgrad); wgrad's split-K fills the SMs itself, so there only
+//   the N rule applies). K advances WG_BK elements per tile (WG_ATOMS = 2 atoms of 128 bytes:
+//   128 16-bit or 64 tf32 elements) through a ring of WG_STAGES = 3 stages in dynamic shared
+//   memory. A stage holds A (128 rows) and B (WG_BN rows) as WG_ATOMS atoms of rows x 128 bytes
+//   each (A's atoms, then B's); each row of an atom is stored
 //   with the 128-byte swizzle (16-byte unit u of row r at unit u ^ (r % 8), atoms 1024-byte
 //   aligned): what the wgmma descriptors read, and the producer's 16-byte writes of 8 rows'
 //   same unit (fwd, dgrad) or of one row's 8 units (wgrad) fall in 8 different bank groups.
 // Thread mapping (warp specialization, 2 warpgroups = 256 threads):
 //   warpgroup 0, the producer. fwd/dgrad (GatherLoader): thread p copies 16-byte unit p % 8 of
-//     rows p / 8 + 16 j (j < 8) of every atom of both operands with zero-filling cp.async; its A
+//     rows p / 8 + 16 j (j < 8 for A, j < WG_BN / 16 for B) of every atom of both operands with
+//     zero-filling cp.async; its A
 //     rows keep their window origin and base offset (divisions once per block), and its K
 //     position in each atom is a TapIter advanced by adds (no division in the loop). A 16-byte
 //     unit is 8 (or 4) neighbouring channels of one pixel: channels_last with the gathered
 //     channel count a multiple of 8 (16-bit) or 4 (tf32) makes them share one padding check.
 //     wgrad (WgradLoader): thread p owns unit column p % 8 (VEC consecutive k) of the row groups
-//     p / 8 + 16 j (VEC rows each, j < 8 / VEC) of every atom of both operands: per K tile it
+//     p / 8 + 16 j (VEC rows each, j < 8 / VEC) of every atom of both operands (B: the groups
+//     inside its WG_BN rows; with 64, half of them): per K tile it
 //     loads 16-byte units with plain loads into registers (the next tile is fetched right after
 //     the previous one is stored, so its loads are in flight across the barrier), transposes
 //     and stores them. Its k's (image, output pixel) are PixelCursors: one division per block,
 //     then adds with carries.
 //   warpgroup 1, the consumer: owns all 128 rows as two m64 halves and issues, per K tile and
-//     k step (WG_BK / WG_KSTEP = 8 of them), two wgmma.mma_async m64n128k16 (k8 for tf32)
+//     k step (WG_BK / WG_KSTEP = 8 of them), two wgmma.mma_async m64nWG_BNk16 (k8 for tf32)
 //     sharing B's descriptor: 3 descriptor adds per 2 wgmmas, and 16 wgmmas per barrier keep
-//     the hot loop at 1.9 other instructions per wgmma (sm_90a, NVRTC 13). Float32
-//     accumulators: 2 x 64 registers per thread (layout in hopper.cuh). Same code in every kernel.
+//     the hot loop at 1.9 other instructions per wgmma (sm_90a, NVRTC 13) on 128x128. On 128x64
+//     (m64n64) ptxas copies B's descriptor into a second uniform register quad per k step
+//     (2 UMOVs more per 2 wgmmas: 2.8 other per wgmma; an opaque second B descriptor or another
+//     issue order did not remove them). Float32
+//     accumulators: 2 x WG_BN / 2 registers per thread (layout in hopper.cuh). Same code in
+//     every kernel.
 // Pipeline: one __syncthreads per K tile hands stages over. Iteration t: the producer waits
 //   for its copies of tile t (cp.async.wait_group WG_STAGES - 3; wgrad's stores are synchronous)
 //   and fences them (fence.proxy.async: cp.async and st.shared write through the generic proxy,
@@ -63,7 +77,7 @@
 //   producer after the next barrier). With 3 stages: one tile landing while one is multiplied.
 // Epilogue: after the K loop the consumer writes its accumulators, + bias[c_out] (fwd epilogue
 //   1) then relu (2), converted to the output type (elem_t; float32 for wgrad's partials), into
-//   the idle stage ring (swizzled, conflict-free); then all 256 threads copy the 128 x 128 tile
+//   the idle stage ring (swizzled, conflict-free); then all 256 threads copy the 128 x WG_BN tile
 //   out in 16-byte units (rows of the output matrix; dgrad maps its phase rows to dx rows; one
 //   vector store per unit where the channel count is a multiple of 16 bytes, else per element).
 // Limits (checked by the launcher): channels_last; the channels read in 16-byte units (fwd C_in,
@@ -84,22 +98,28 @@
 #define REDUCE_THREADS 256
 #endif
 #define WG_THREADS 256                         // 1 producer + 1 consumer warpgroup
+#ifndef WG_BN
+#define WG_BN 128                              // output channels per block: the tile table (Tiling)
+#endif
 #define WG_BM 128                              // output rows per block: 2 m64 halves
-#define WG_BN WGMMA_N                          // output channels per block
+#define WG_ACC (WG_BN / 2)                     // float accumulators per consumer thread and m64 half
 #define WG_ROW_BYTES 128                       // one K atom of a row: the 128-byte swizzle width
 #define WG_ATOM_BYTES (WG_BM * WG_ROW_BYTES)   // one K atom of a 128-row operand tile
 #define WG_ATOM_K (WG_ROW_BYTES / (int)sizeof(elem_t))   // K elements per atom
 #define WG_BK (WG_ATOMS * WG_ATOM_K)
 #define WG_KSTEP (32 / (int)sizeof(elem_t))   // K of one wgmma: k16 (16-bit), k8 (tf32)
 #define WG_VEC (16 / (int)sizeof(elem_t))     // elements per 16-byte unit
+#define WG_B_ATOM_BYTES (WG_BN * WG_ROW_BYTES)   // one K atom of the WG_BN-row B tile
 #define WG_A_BYTES (WG_ATOMS * WG_ATOM_BYTES)
-#define WG_STAGE_BYTES (2 * WG_A_BYTES)       // A, then B (WG_BN == WG_BM rows)
+#define WG_B_BYTES (WG_ATOMS * WG_B_ATOM_BYTES)
+#define WG_STAGE_BYTES (WG_A_BYTES + WG_B_BYTES)   // A, then B
 #define WG_SMEM_BYTES (WG_STAGES * WG_STAGE_BYTES + 1024)   // + alignment slack
 #define WG_ROWS_PER_PASS 16                    // 128 producer threads / 8 units per row
-#define WG_CHUNKS (WG_BM / WG_ROWS_PER_PASS)   // A (and B) units per producer thread per atom
-#define WG_GROUPS (8 / WG_VEC)                 // wgrad: VEC-row groups per producer thread and operand
+#define WG_CHUNKS (WG_BM / WG_ROWS_PER_PASS)   // A units per producer thread per atom
+#define WG_B_CHUNKS (WG_BN / WG_ROWS_PER_PASS) // B units per producer thread per atom
+#define WG_GROUPS (8 / WG_VEC)                 // wgrad: VEC-row groups of A per producer thread
 static_assert(WG_STAGES >= 3, "a tile landing, one being multiplied, one retiring");
-static_assert(WG_BN == WG_BM && WG_CHUNKS == 8, "the producer maps A and B rows alike");
+static_assert((WG_BN == 128 || WG_BN == 64) && WG_CHUNKS == 8, "m64n128 or m64n64; A's rows as 8 passes of 16");
 static_assert(sizeof(elem_t) == 2 || sizeof(elem_t) == 4, "16-bit or tf32 operands");
 static_assert(gpuk_same_type<acc_t, float>::value, "float32 accumulators (and wgrad partials)");
 
@@ -130,7 +150,7 @@ struct GatherLoader {
     const elem_t* w_t;
     long long a_base[WG_CHUNKS];   // ((image * src_pix) + window origin pixel) * channels
     int a_d[WG_CHUNKS], a_h[WG_CHUNKS], a_w[WG_CHUNKS];
-    long long b_base[WG_CHUNKS];   // n * b_ld of B row n, or -1 past N
+    long long b_base[WG_B_CHUNKS]; // n * b_ld of B row n, or -1 past N
     TapIter pos[WG_ATOMS];         // this thread's k in each atom of the tile
     unsigned dst;                  // byte offset of this thread's first unit in an atom
 
@@ -154,6 +174,9 @@ struct GatherLoader {
                 a_d[j] = a_h[j] = a_w[j] = FAR_OUTSIDE;
                 a_base[j] = 0;
             }
+        }
+#pragma unroll
+        for (int j = 0; j < WG_B_CHUNKS; ++j) {
             const int col = blockIdx.y * WG_BN + row0 + WG_ROWS_PER_PASS * j;
             b_base[j] = col < p.cols ? (long long)col * p.b_ld : -1;
         }
@@ -171,6 +194,7 @@ struct GatherLoader {
             const long long b_offset = (long long)t.tap(p.taps) * p.channels + t.c;
             const bool k_ok = t.in_filter(p.taps);
             unsigned char* a_dst = stage + a * WG_ATOM_BYTES + dst;
+            unsigned char* b_dst = stage + WG_A_BYTES + a * WG_B_ATOM_BYTES + dst;
 #pragma unroll
             for (int j = 0; j < WG_CHUNKS; ++j) {
                 const bool valid = k_ok && (unsigned)(a_d[j] + t.od) < (unsigned)p.sd &&
@@ -180,9 +204,9 @@ struct GatherLoader {
                                   valid ? src + a_base[j] + tap_offset : src, valid);
             }
 #pragma unroll
-            for (int j = 0; j < WG_CHUNKS; ++j) {
+            for (int j = 0; j < WG_B_CHUNKS; ++j) {
                 const bool valid = k_ok && b_base[j] >= 0;
-                cp_async_16_zfill(a_dst + WG_A_BYTES + j * WG_ROWS_PER_PASS * WG_ROW_BYTES,
+                cp_async_16_zfill(b_dst + j * WG_ROWS_PER_PASS * WG_ROW_BYTES,
                                   valid ? w_t + b_base[j] + b_offset : w_t, valid);
             }
         }
@@ -198,9 +222,10 @@ struct GatherLoader {
 #pragma unroll
             for (int a = 0; a < WG_ATOMS; ++a)
 #pragma unroll
-                for (int j = 0; j < 2 * WG_CHUNKS; ++j) {   // A's units, then B's
-                    unsigned char* unit = stage + (j >= WG_CHUNKS ? WG_A_BYTES : 0) + a * WG_ATOM_BYTES + dst +
-                                          (j % WG_CHUNKS) * WG_ROWS_PER_PASS * WG_ROW_BYTES;
+                for (int j = 0; j < WG_CHUNKS + WG_B_CHUNKS; ++j) {   // A's units, then B's
+                    const int row_bytes = (j % WG_CHUNKS) * WG_ROWS_PER_PASS * WG_ROW_BYTES;
+                    unsigned char* unit = stage + dst + row_bytes +
+                                          (j >= WG_CHUNKS ? WG_A_BYTES + a * WG_B_ATOM_BYTES : a * WG_ATOM_BYTES);
                     float4 v = *reinterpret_cast<const float4*>(unit);
                     v.x = __uint_as_float(float_to_tf32(v.x));
                     v.y = __uint_as_float(float_to_tf32(v.y));
@@ -279,12 +304,18 @@ struct WgradLoader {
     const elem_t* x;
     const elem_t* dy;
     int a_c[WG_GROUPS], a_d[WG_GROUPS], a_h[WG_GROUPS], a_w[WG_GROUPS];   // A row groups: channel, tap offsets
-    int b_c[WG_GROUPS];               // B row groups: first output channel, or -1 past C_out
+    int b_c[WG_GROUPS];               // B row groups: first output channel, or -1 past C_out or past WG_BN
     PixelCursor pos[WG_ATOMS];        // k of this thread's first unit in each atom of the next tile
     PixelCursor step;                 // WG_BK as mixed-radix digits
     long long k_tile;                 // k of the next tile's first element
     int left;                         // K elements from k_tile to the split's end
     uint4 a_buf[WG_ATOMS][WG_GROUPS][WG_VEC], b_buf[WG_ATOMS][WG_GROUPS][WG_VEC];   // the fetched tile
+
+    // Whether this thread's row group j lies in B's WG_BN rows (every group does with 128; with
+    // 64, the first half of the groups).
+    static __device__ __forceinline__ bool in_b(int j) {
+        return WG_BN == WG_BM || (int)(threadIdx.x / 8 + WG_ROWS_PER_PASS * j) * WG_VEC < WG_BN;
+    }
 
     __device__ __forceinline__ void init(const ConvGeom& geom, const elem_t* x_src, const elem_t* dy_src,
                                          long long k_begin, long long k_end) {
@@ -308,7 +339,7 @@ struct WgradLoader {
                 a_d[j] = a_h[j] = a_w[j] = FAR_OUTSIDE;
             }
             const int co = blockIdx.y * WG_BN + group * WG_VEC;
-            b_c[j] = co < g.c_out ? co : -1;
+            b_c[j] = co < g.c_out && in_b(j) ? co : -1;
         }
 #pragma unroll
         for (int a = 0; a < WG_ATOMS; ++a) pos[a].start(g, k_begin + a * WG_ATOM_K + kg * WG_VEC);
@@ -361,9 +392,10 @@ struct WgradLoader {
 #pragma unroll
                 for (int r = 0; r < WG_VEC; ++r) {
                     const int row = (threadIdx.x / 8 + WG_ROWS_PER_PASS * j) * WG_VEC + r;
-                    unsigned char* dst = stage + a * WG_ATOM_BYTES + atom_offset(row, kg);
-                    store_uint4(dst, transposed_unit(a_buf[a][j], r));
-                    store_uint4(dst + WG_A_BYTES, transposed_unit(b_buf[a][j], r));
+                    store_uint4(stage + a * WG_ATOM_BYTES + atom_offset(row, kg), transposed_unit(a_buf[a][j], r));
+                    if (in_b(j))
+                        store_uint4(stage + WG_A_BYTES + a * WG_B_ATOM_BYTES + atom_offset(row, kg),
+                                    transposed_unit(b_buf[a][j], r));
                 }
         if (left > 0) fetch();
     }
@@ -396,7 +428,7 @@ __device__ __forceinline__ void produce(Loader& loader, unsigned char* smem, int
 // The consumer's part of one K tile: after the barrier that hands it over, the wgmmas of
 // stage `stage` (two m64 halves sharing B per k step), then a wait until one group is left in
 // flight (the tile before retired: its stage may be refilled after the next barrier).
-__device__ __forceinline__ void consume_tile(float (&acc)[2][WGMMA_ACC], unsigned long long desc_a0,
+__device__ __forceinline__ void consume_tile(float (&acc)[2][WG_ACC], unsigned long long desc_a0,
                                              unsigned long long desc_b0, int stage) {
     __syncthreads();
     const unsigned long long offset = (unsigned long long)stage * (WG_STAGE_BYTES >> 4);
@@ -407,9 +439,9 @@ __device__ __forceinline__ void consume_tile(float (&acc)[2][WGMMA_ACC], unsigne
 #pragma unroll
     for (int ks = 0; ks < WG_BK / WG_KSTEP; ++ks) {   // k step ks: atom ks / 4, 32 bytes each
         const unsigned long long k_off = (ks / 4) * (WG_ATOM_BYTES >> 4) + (ks % 4) * 2;
-        const unsigned long long b = desc_b0 + offset + k_off;
-        wgmma_m64n128<elem_t>(acc[0], desc_a0 + offset + k_off, b);
-        wgmma_m64n128<elem_t>(acc[1], desc_a0 + half_a + offset + k_off, b);
+        const unsigned long long b = desc_b0 + offset + (ks / 4) * (WG_B_ATOM_BYTES >> 4) + (ks % 4) * 2;
+        wgmma_m64n<WG_BN, elem_t>(acc[0], desc_a0 + offset + k_off, b);
+        wgmma_m64n<WG_BN, elem_t>(acc[1], desc_a0 + half_a + offset + k_off, b);
     }
     wgmma_commit();
     wgmma_wait<1>();
@@ -418,9 +450,9 @@ __device__ __forceinline__ void consume_tile(float (&acc)[2][WGMMA_ACC], unsigne
 }
 
 // The consumer warpgroup: `tiles` K tiles into the two m64 halves' accumulators.
-__device__ __forceinline__ void consume(float (&acc)[2][WGMMA_ACC], unsigned char* smem, int tiles) {
+__device__ __forceinline__ void consume(float (&acc)[2][WG_ACC], unsigned char* smem, int tiles) {
 #pragma unroll
-    for (int e = 0; e < WGMMA_ACC; ++e) acc[0][e] = acc[1][e] = 0.0f;
+    for (int e = 0; e < WG_ACC; ++e) acc[0][e] = acc[1][e] = 0.0f;
     // Descriptors of stage 0, k step 0 (from the shared window address, which the compiler
     // knows to be uniform: they live in uniform registers); a stage is WG_STAGE_BYTES
     // further, a k step 32 bytes, the second m64 half of A 64 rows.
@@ -446,7 +478,7 @@ __device__ __forceinline__ void consume(float (&acc)[2][WGMMA_ACC], unsigned cha
 }
 
 // ---- epilogue: accumulators -> shared memory tile -> 16-byte stores ----
-// The output tile (128 rows x 128 channels of T: elem_t, or float for wgrad's partials) is staged
+// The output tile (128 rows x WG_BN channels of T: elem_t, or float for wgrad's partials) is staged
 // in the (then idle) stage ring, rows of 16-byte units, unit u of row r stored at
 // u ^ ((r * spread) % 8): a consumer warp's fragment writes (8 rows x 4 lanes per instruction;
 // float pairs are 8 bytes, written per half warp: 4 rows x 2 units, hence spread 2) then hit 8
@@ -460,13 +492,13 @@ template <class T> __device__ __forceinline__ unsigned out_offset(int row, int c
 // A consumer thread's accumulators of the m64 half `half` (+ bias, relu) into the staged tile
 // (layout: hopper.cuh).
 template <class T>
-__device__ __forceinline__ void stage_accumulators(const float (&acc)[WGMMA_ACC], int half, unsigned char* tile,
+__device__ __forceinline__ void stage_accumulators(const float (&acc)[WG_ACC], int half, unsigned char* tile,
                                                    int cols, const elem_t* __restrict__ bias, int epilogue) {
     const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
     const int row0 = half * 64 + 16 * warp + lane / 4;
     struct alignas(2 * sizeof(T)) Pair { T v[2]; };
 #pragma unroll
-    for (int j = 0; j < WGMMA_N / 8; ++j) {
+    for (int j = 0; j < WG_BN / 8; ++j) {
         const int col = 8 * j + 2 * (lane % 4), channel = blockIdx.y * WG_BN + col;
         float b[2] = {0.0f, 0.0f};
         if (epilogue >= 1) {
@@ -515,7 +547,7 @@ __device__ __forceinline__ void store_tile(const unsigned char* tile, long long 
 // The end of every kernel: every copy landed and every wgmma retired, so the stage ring is free
 // for the staged output tile.
 template <class T, class RowMap>
-__device__ __forceinline__ void write_output(const float (&acc)[2][WGMMA_ACC], unsigned char* smem, long long rows,
+__device__ __forceinline__ void write_output(const float (&acc)[2][WG_ACC], unsigned char* smem, long long rows,
                                              int cols, const elem_t* __restrict__ bias, int epilogue,
                                              T* __restrict__ out, const RowMap& out_row) {
     __syncthreads();
@@ -537,7 +569,7 @@ __device__ __forceinline__ unsigned char* stage_ring(unsigned char* dynamic_smem
 // A gathered GEMM (fwd, one dgrad phase) from the producer's and the consumer's side.
 __device__ __forceinline__ void gather_mainloop(const GatherGemm& p, const elem_t* __restrict__ a_src,
                                                 const elem_t* __restrict__ w_t, unsigned char* smem,
-                                                float (&acc)[2][WGMMA_ACC]) {
+                                                float (&acc)[2][WG_ACC]) {
     const int tiles = (int)((p.depth + WG_BK - 1) / WG_BK);
     if (threadIdx.x < 128) {
         GatherLoader loader;
@@ -562,7 +594,7 @@ conv_wgmma_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w_t, con
     const long long depth = (long long)g.taps * c_in;
     const GatherGemm p{in_d, in_h, in_w, c_in, g.in_pix, out_d, out_h, out_w, s_d, s_h, s_w, -pad_d, -pad_h, -pad_w,
                        dense_taps(g, 0, 0, 0), (long long)batch * g.out_pix, depth, c_out, depth};
-    float acc[2][WGMMA_ACC];   // the consumer's two m64 halves
+    float acc[2][WG_ACC];   // the consumer's two m64 halves
     gather_mainloop(p, x, w_t, smem, acc);
     write_output<elem_t>(acc, smem, p.rows, c_out, bias, epilogue, y, [](long long m) { return m; });
 }
@@ -585,7 +617,7 @@ conv_wgmma_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w_t, 
     if ((long long)blockIdx.x * WG_BM >= phase.rows) return;
     const GatherGemm p{out_d, out_h, out_w, c_out, g.out_pix, phase.q_d, phase.q_h, phase.q_w, 1, 1, 1, 0, 0, 0,
                        phase.taps, phase.rows, phase.depth, c_in, (long long)g.taps * c_out};
-    float acc[2][WGMMA_ACC];
+    float acc[2][WG_ACC];
     gather_mainloop(p, dy, w_t, smem, acc);
     write_output<elem_t>(acc, smem, p.rows, c_in, nullptr, 0, dx,
                          [&](long long m) { return phase.out_row(g, m); });
@@ -609,7 +641,7 @@ conv_wgmma_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
     const long long k_begin = (long long)blockIdx.z * k_per_split;
     const long long k_end = k_begin + k_per_split < depth ? k_begin + k_per_split : depth;
     const int tiles = (int)((k_end - k_begin + WG_BK - 1) / WG_BK);
-    float acc[2][WGMMA_ACC];
+    float acc[2][WG_ACC];
     if (threadIdx.x < 128) {
         WgradLoader loader;
         loader.init(g, x, dy, k_begin, k_end);

@@ -94,8 +94,9 @@ def _conv(rt):
 
 
 def _conv_wgmma(rt):
-    """conv_wgmma.cu (the sm_90 path), forced on: the emulator has no architecture. dgrad with
-    stride 2 (4 stride phases); wgrad in 2 splits, so that the reduce kernel runs too."""
+    """conv_wgmma.cu (the sm_90 path), forced on (the emulator has no architecture), on each
+    tile of its table. dgrad with stride 2 (4 stride phases); wgrad in 2 splits, so that the
+    reduce kernel runs too."""
     from .. import conv
     from ..conv import tiles as conv_tiles
     from ..conv import wgmma
@@ -108,16 +109,18 @@ def _conv_wgmma(rt):
     x_big = _dev(_rng().standard_normal((2, 16, 16, 32)).astype(np.float16))   # K = 512: 4 K tiles to split
     dy_big = _dev(_rng().standard_normal((2, 16, 16, 64)).astype(np.float16))
 
-    def forced(call):
+    def forced(call, tile):
         def run():
-            with wgmma.forced(True), conv_tiles.forced(splits=2):
+            with wgmma.forced(True, tile=tile), conv_tiles.forced(splits=2):
                 call()
         return run
-    yield 'fwd NHWC 2x8x8x32 -> 64, 3x3 same, f16', forced(lambda: conv.conv_fwd(x, w, *geometry, runtime=rt))
-    yield 'dgrad NHWC 2x8x8x32 -> 64, 3x3 same stride 2, f16', forced(
-        lambda: conv.conv_dgrad(dy, w, x.shape, *strided, runtime=rt))
-    yield 'wgrad NHWC 2x16x16x32 -> 64, 3x3 same, 2 splits, f16', forced(
-        lambda: conv.conv_wgrad(x_big, dy_big, w.shape, *geometry, runtime=rt))
+    for tile in wgmma.TILE_NAMES:   # every tile of the table (C_out 64 would pick 128x64 only)
+        yield f'fwd NHWC 2x8x8x32 -> 64, 3x3 same, f16, {tile} tile', forced(
+            lambda: conv.conv_fwd(x, w, *geometry, runtime=rt), tile)
+        yield f'dgrad NHWC 2x8x8x32 -> 64, 3x3 same stride 2, f16, {tile} tile', forced(
+            lambda: conv.conv_dgrad(dy, w, x.shape, *strided, runtime=rt), tile)
+        yield f'wgrad NHWC 2x16x16x32 -> 64, 3x3 same, 2 splits, f16, {tile} tile', forced(
+            lambda: conv.conv_wgrad(x_big, dy_big, w.shape, *geometry, runtime=rt), tile)
 
 
 def _conv_depthwise(rt):

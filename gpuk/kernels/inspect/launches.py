@@ -5,7 +5,7 @@ exactly THREADS threads (docs/kernels.md), so the report reads the block size fr
 cubin (variants.max_threads_per_kernel). Dynamic shared memory: the depthwise convolution
 (its input / dy tiles; the report asks the launcher's own tile rule, conv/direct.py, for the
 benchmarks' MobileNet-like layer: 3x3 filter, stride 1, 56x56 output) and the Hopper wgmma
-convolution (its fixed stage ring, conv/wgmma.py).
+convolution (its stage ring, by the build's tile: conv/wgmma.py).
 """
 from ..conv import direct, wgmma
 from ..runtime.kernel_source import SCALAR_DTYPES
@@ -18,7 +18,7 @@ def dynamic_shared_bytes(kernel, defines):
     """Bytes of dynamic shared memory the launcher asks for when launching ``kernel`` built
     with ``defines`` (a dict), on the benchmark-like shape."""
     if kernel in wgmma.STAGED_KERNELS:
-        return wgmma.SHARED_BYTES
+        return wgmma.shared_bytes(int(defines.get('WG_BN', wgmma.BLOCK_N)))
     if not kernel.startswith('depthwise_') or kernel == 'depthwise_reduce_splits':
         return 0
     dtype = SCALAR_DTYPES[defines['ELEMENT_T']]

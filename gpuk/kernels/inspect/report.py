@@ -41,8 +41,8 @@ def config_label(defines):
     if 'CONV_BM' in defines:
         parts.append('%sx%sx%s' % (defines['CONV_BM'], defines['CONV_BN'], defines['CONV_BK']))
         parts.append(_CONV_MATH.get(defines.get('CONV_MATH'), 'math' + str(defines.get('CONV_MATH'))))
-    if 'WG_STAGES' in defines:   # conv_wgmma.cu: 128x128 tiles, K in 128-byte steps
-        parts.append('128x128 wgmma %s stages' % defines['WG_STAGES'])
+    if 'WG_STAGES' in defines:   # conv_wgmma.cu: 128 x WG_BN tiles, K in 128-byte steps
+        parts.append('128x%s wgmma %s stages' % (defines.get('WG_BN', 128), defines['WG_STAGES']))
     return ' '.join(p for p in parts if p)
 
 
