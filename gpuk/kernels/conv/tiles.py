@@ -10,8 +10,8 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
     ffma64 32x32x8      32 x 32 x 8    64       3       4 x 4                 float64, small
     f16    128x128x32   128 x 128 x 32 128      3       4 warps, 64 x 64/warp float16 (mma m16n8k16)
     f16    64x64x64     64 x 64 x 64   64       2       2 warps, 64 x 32      float16, smaller problems
-    f16    128x64x64    128 x 64 x 64  128     2       4 warps, 64 x 32      wgrad only: C_out <= 64
     f16    64x128x64    64 x 128 x 64  128     2       4 warps, 64 x 32      wgrad only: taps*C_in <= 64
+    f16    128x64x64    128 x 64 x 64  128     2       4 warps, 64 x 32      wgrad only: C_out <= 64
     bf16   (as f16)                                                           bfloat16 (mma m16n8k16 bf16)
     tf32   128x128x16   128 x 128 x 16 128      2       4 warps, 64 x 64      float32 with precision 'tf32'
     tf32   64x64x32     64 x 64 x 32   64       2       2 warps, 64 x 32
@@ -29,18 +29,21 @@ fixed work (barrier, tap cursor, pointer steps) is then shared by 64 MMAs per wa
 fwd and dgrad to 1.7-1.9 other instructions per MMA (3.0-3.8 with BK=32, 3 stages); the data in
 flight is the same as 3 stages of BK=32 (one 64-deep tile while the other is multiplied).
 
-16-bit wgrad has its own table (WGRAD_TILES: 128x128x32, 128x64x64, 64x128x64, 64x64x64; the
+16-bit wgrad has its own table (WGRAD_TILES: 128x128x32, 64x128x64, 128x64x64, 64x64x64; the
 two rectangular tiles are built for conv_igemm_wgrad only). Its K (batch x output pixels) is long,
 so split-K fills the GPU with any tile and the smaller tiles are only there for small M =
-taps*C_in or N = C_out (padding waste). The wgrad A loader is the costly one (a pixel iterator
-and three bounds checks per chunk row, the chunk offsets per column): on 64x64x64 (64 threads)
-each thread carries two pixel rows and 8 A + 8 B chunks per 64 MMAs of its warp (3.0-3.4 other
-instructions per MMA); 128 threads on 128x64 or 64x128 carry one pixel row and 12 chunks per 64
-MMAs (the cp.async count per MMA is 8(BM+BN)/(BM*BN)). 64x64x64 stays last, for M and N both
-<= 64, where either rectangle would run half its MMAs on padding. The fill rule there also
-passes a tile whose K is split as far as the split rule allows (MAX_SPLITS, MIN_K_TILES_PER_SPLIT):
-a 1x1 256 -> 64 layer (M x N = 256 x 64) is then 2 x 64 blocks of 128x64 (4 warps each) rather
-than 4 x 64 of 64x64 (2 warps each), the same warps at a cheaper loader per MMA.
+taps*C_in or N = C_out (padding waste). The wgrad A loader is the costly one (per k row a pixel
+iterator; per chunk three bounds checks and its address): on 64x64x64 (64 threads) each thread
+carries two pixel rows and 8 A + 8 B chunks per 64 MMAs of its warp (3.42 / 2.98 other
+instructions per MMA, sm_90 / sm_80); 128 threads on 64x128 or 128x64 carry one pixel row and
+12 chunks per 64 MMAs (cp.async per MMA: 8(BM+BN)/(BM*BN)): 64x128 (4 A + 8 B chunks) 2.22 / 1.98,
+128x64 (8 A + 4 B) 2.62 / 2.35; 128x128x32 1.94 / 1.69. The rectangles run 2 stages of BK=64 in
+48 KB (2 blocks per SM, 8 warps, as 64x64x64's 4 blocks of 2 warps). 64x128 comes first (the
+cheaper loader where both fit); 64x64x64 stays last, for M and N both <= 64, where either
+rectangle would run half its MMAs on padding. The fill rule there also passes a tile whose K is
+split as far as the split rule allows (MAX_SPLITS, MIN_K_TILES_PER_SPLIT): a 1x1 256 -> 64 layer
+(M x N = 256 x 64) is then 2 x 64 blocks of 128x64 (4 warps each) rather than 4 x 64 of 64x64
+(2 warps each), the same warps at a cheaper loader per MMA.
 
 FFMA micro-tiles: 8 x 8 per thread on 128x128 and 64x64 (64 multiply-adds per 4 shared reads
 of 16 bytes: 85-88% of the hot loop is FFMA on sm_90; 4 x 4 on 256 threads gave 64x64 only
@@ -105,8 +108,8 @@ TILES = {
     'tf32': (_mma('tf32', 128, 128, 2, 2, stages=2), _mma('tf32', 64, 64, 1, 2, bk=32, stages=2)),
 }
 # 16-bit wgrad (see the docstring); the rectangular tiles exist for conv_igemm_wgrad only.
-WGRAD_ONLY = {math_path: (_mma(math_path, 128, 64, 2, 2, bk=64, stages=2),
-                          _mma(math_path, 64, 128, 1, 4, bk=64, stages=2))
+WGRAD_ONLY = {math_path: (_mma(math_path, 64, 128, 1, 4, bk=64, stages=2),
+                          _mma(math_path, 128, 64, 2, 2, bk=64, stages=2))
               for math_path in ('f16', 'bf16')}
 WGRAD_TILES = {math_path: (TILES[math_path][0],) + WGRAD_ONLY[math_path] + (TILES[math_path][1],)
                for math_path in ('f16', 'bf16')}
