@@ -3,6 +3,7 @@
 Shapes are tiny (the emulator runs each thread as a fiber) but odd, so every tile has tails.
 """
 import contextlib
+import functools
 
 import ml_dtypes
 import numpy as np
@@ -133,9 +134,11 @@ def test_wgrad_only_tiles_and_split_k(kernel_runtime, dtype, tile, splits, chann
 
 
 def _round_tf32(a):
-    """float32 -> the tf32 value the MMA sees (round half away from zero to 10 mantissa bits)."""
-    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
-    return ((bits + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
+    """float32 -> the tf32 value the MMA sees (round half away from zero to 10 mantissa bits;
+    inf and NaN kept)."""
+    a = np.ascontiguousarray(a, np.float32)
+    rounded = ((a.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
+    return np.where(np.isfinite(a), rounded, a)
 
 
 @pytest.mark.parametrize('data_format', FORMATS)
@@ -153,6 +156,41 @@ def test_tf32_mode_uses_tensor_cores_only_when_asked(kernel_runtime, data_format
     assert relative_error(out, exact) > 1e-5, 'tf32 mode should round the inputs to 10 mantissa bits'
     strict = conv.conv_fwd(*[to_device(kernel_runtime, a) for a in args], runtime=kernel_runtime)
     assert_close(strict, exact, np.float32, 'conv_fwd in strict float32 mode')
+
+
+@pytest.mark.parametrize('tile', [t.name for t in conv_tiles.TILES['tf32']])
+def test_tf32_epilogue_and_non_finite_inputs(kernel_runtime, tile):
+    """The tf32 tiles reorder their MMA rows and columns (conv_igemm.cu, Tf32Order) and round each
+    input once in shared memory: bias and relu still land on their channels, and inf and NaN
+    inputs reach the outputs as in float64 (CUDA's canonical NaN 0x7fffffff included, which adding
+    half a tf32 unit without the inf/NaN check would turn into -0)."""
+    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0)), 8, 24)
+    _, kernel, strides, dilation, pads, _, c_out = case
+    geometry = (strides, dilation, pads, 'channels_last')
+    x, w, dy = _conv_arrays(case, np.float32, 'channels_last', seed=11, batch=3)
+    bias = np.random.default_rng(12).standard_normal(c_out).astype(np.float32)
+    nan = np.array([0x7fffffff], np.uint32).view(np.float32)[0]
+    x_bad, dy_bad = x.copy(), dy.copy()
+    x_bad[0, 2, 3, 1], x_bad[1, 5, 7, 4] = nan, np.inf
+    dy_bad[2, 4, 2, 5], dy_bad[0, 1, 1, 3] = nan, -np.inf
+    xr, wr, dyr, xbr, dybr = (_round_tf32(a).astype(np.float64) for a in (x, w, dy, x_bad, dy_bad))
+    dev = functools.partial(to_device, kernel_runtime)
+    with _precision('tf32'), conv_tiles.forced(tile=tile), conv_wgmma.forced(False):
+        out = conv.conv_fwd(dev(x), dev(w), *geometry, epilogue='bias_relu', bias=dev(bias), runtime=kernel_runtime)
+        assert_close(out, np.maximum(twin.conv_fwd(xr, wr, *geometry) + bias, 0), np.float32, 'tf32 bias_relu')
+        runs = [(conv.conv_fwd(dev(x_bad), dev(w), *geometry, runtime=kernel_runtime),
+                 twin.conv_fwd(xbr, wr, *geometry)),
+                (conv.conv_dgrad(dev(dy_bad), dev(w), x.shape, *geometry, runtime=kernel_runtime),
+                 twin.conv_dgrad(dybr, wr, x.shape, *geometry)),
+                (conv.conv_wgrad(dev(x_bad), dev(dy), w.shape, *geometry, runtime=kernel_runtime),
+                 twin.conv_wgrad(xbr, dyr, w.shape, *geometry))]
+        for got, ref in runs:
+            got = to_host(got)
+            assert np.isnan(ref).any() and np.isinf(ref).any()
+            for special in (np.isnan, np.isposinf, np.isneginf):
+                np.testing.assert_array_equal(special(got), special(ref))
+            finite = np.isfinite(ref)
+            assert_close(got[finite], ref[finite], np.float32, 'tf32 finite outputs beside inf and NaN')
 
 
 @pytest.mark.parametrize('tile', [t.name for t in conv_tiles.TILES['bf16']])

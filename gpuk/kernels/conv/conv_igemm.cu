@@ -19,16 +19,29 @@
 // Math paths (CONV_MATH): 0 = register-blocked FFMA (float32 strict, float64), 16-byte shared reads;
 //   1 = mma.m16n8k16 with float32 accumulation on 16-bit inputs: f16 for float16, bf16 for
 //       bfloat16 (ELEMENT_T picks the instruction, see Mma16);
-//   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32'), operands rounded
-//       with cvt.rna per fragment element (2 instructions each on sm_90; a per-shared-tile
-//       pass would cost as much: each element is read by only 2 warps). MMA fragments come
-//       from ldmatrix (see tile_multiply).
+//   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32'): each operand element
+//       is rounded once (cvt.rna, ties away from zero) in shared memory, by the thread that
+//       copied it, between its cp.async wait and the barrier that publishes the stage
+//       (round_landed_tf32: 2 instructions per element plus a 16-byte load and store per 4,
+//       instead of 2 per fragment register in every warp that reads it; an operand read by one
+//       warp only keeps the per-register rounding). Fragments come from ldmatrix for [mn][k]
+//       tiles and from 8-byte shared loads for k-major ones: fwd runs as D^T = B^T A^T and wgrad
+//       pairs its A rows (Tf32Order).
+//       Why round at all: the tensor core reads the top 19 bits of each 32-bit word, i.e. it
+//       truncates. Truncation would be free (measured: 1.91 / 1.94 / 2.56 other instructions
+//       per MMA for 128x128 fwd / dgrad / wgrad on sm_90, 2.5-3.6 on 64x64) but doubles the worst
+//       input error (2^-10 instead of 2^-11 relative) and biases every product toward zero,
+//       an error that adds up along K instead of averaging out (triton-lang/triton#4574: a
+//       truncating tf32 dot measured far less accurate than one rounding with cvt.rna);
+//       round-to-nearest is also what the wgmma path and the tf32 tests (inputs rounded half away
+//       from zero, then float32 tolerance) assume. tf32 is opt-in; float32 strict runs the FFMA
+//       path.
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
 //   every shared address is a register plus an immediate. Each operand tile is stored in shared memory
-//   with its contiguous global dimension contiguous (see Layout); FFMA and 16-bit tiles are
-//   XOR-swizzled in 16-byte units, tf32 tiles padded by one unit per row (no bank conflicts
-//   on the cp.async writes, ldmatrix phases and FFMA reads). Tile shapes and their choice per
+//   with its contiguous global dimension contiguous (see Layout), XOR-swizzled in 16-byte units;
+//   tf32 k-major tiles are padded by two units per row instead (no bank conflicts on the
+//   cp.async writes, ldmatrix phases, fragment and FFMA reads). Tile shapes and their choice per
 //   problem: gpuk/kernels/conv/tiles.py (table and rules in its docstring): the largest tile
 //   that fills two waves of SMs with padding waste <= 1.5 (2.0 where the gathered operand is
 //   copied per element, the 7x7 stem) and, for the largest tile, K >= 6 K tiles (1x1 layers);
@@ -123,29 +136,30 @@ static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 // so that one 16-byte cp.async moves VEC neighbours: A is [m][k] for fwd/dgrad (k runs
 // along channels) and [k][m] for wgrad (m runs along c_in); B is [k][n] for fwd/wgrad and
 // [n][k] for dgrad (k runs along c_out of w[tap, ci, co]).
-// Bank conflicts: a row is made of 16-byte units. FFMA and 16-bit tiles are XOR-swizzled:
-// unit u of row r is stored at u ^ swizzle(r), which spreads the 8 rows an ldmatrix phase
-// (or a quarter warp of FFMA reads down strided columns) reads, and the 8 units a quarter
-// warp of cp.async chunks writes, over the 8 bank groups; without padding, BK=16 (FFMA) and
-// BK=32 (16-bit 128x128) fit 3 stages in the 48 KB of static shared memory (16-bit 64x64:
-// BK=64, 2 stages, 32 KB). tf32 tiles pad each row
-// by one unit instead (an odd unit stride), because their k-major operands are read one
-// 4-byte word per lane (a swizzle would pair rows 0/1 and 2/3 in the same banks there).
+// Bank conflicts: a row is made of 16-byte units. Tiles are XOR-swizzled: unit u of row r is
+// stored at u ^ swizzle(r), which spreads the 8 rows an ldmatrix phase (or a quarter warp of
+// FFMA reads down strided columns) reads, and the 8 units a quarter warp of cp.async chunks
+// writes, over the 8 bank groups; without padding, BK=16 (FFMA) and BK=32 (16-bit 128x128) fit 3
+// stages in the 48 KB of static shared memory (16-bit 64x64: BK=64, 2 stages, 32 KB). tf32 k-major rows (A [k][m] in wgrad, B [k][n] in fwd
+// and wgrad) are padded by SMEM_PAD_K = 2 units instead, unswizzled: tile_multiply reads them 4
+// or 8 bytes per lane at rows t and t + 4 (t = lane % 4), where a swizzle would put rows 0/1 and
+// 2/3 in the same banks; a stride of 2 mod 8 units puts the 4 rows of a phase 8 banks apart, so
+// 8 lanes' words (or 4 lanes' 8-byte pairs) per row fill all 32 banks. tf32 [mn][k] rows stay
+// swizzled (a padding could not serve both their ldmatrix phases, 8 rows x 1 unit, and their
+// chunk accesses, BK=16: 2 rows x 4 units, per quarter warp).
 #define VEC (16 / (int)sizeof(elem_t))   // elements per 16-byte unit (chunk)
 #if CONV_MATH == 2
-#define SMEM_PAD VEC
-#define SMEM_SWIZZLE 0
+#define SMEM_PAD_K (2 * VEC)
 #else
-#define SMEM_PAD 0
-#define SMEM_SWIZZLE 1
+#define SMEM_PAD_K 0
 #endif
 template <int MODE> struct Layout {
     static constexpr bool a_mk = MODE != MODE_WGRAD;   // A as [m][k], else [k][m]
     static constexpr bool b_nk = MODE == MODE_DGRAD;   // B as [n][k], else [k][n]
 };
 #define CONV_MAX(a, b) ((a) > (b) ? (a) : (b))
-#define A_STAGE CONV_MAX(CONV_BM * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BM + SMEM_PAD))
-#define B_STAGE CONV_MAX(CONV_BN * (CONV_BK + SMEM_PAD), CONV_BK * (CONV_BN + SMEM_PAD))
+#define A_STAGE CONV_MAX(CONV_BM * CONV_BK, CONV_BK * (CONV_BM + SMEM_PAD_K))
+#define B_STAGE CONV_MAX(CONV_BN * CONV_BK, CONV_BK * (CONV_BN + SMEM_PAD_K))
 
 // The unit a row's unit u is stored at: rows of U units, U a power of two >= 2; groups of
 // 8/U rows share one XOR pattern when U < 8.
@@ -157,18 +171,19 @@ template <int U> __device__ __forceinline__ int swizzled_unit(int row, int u) {
     const unsigned r = (unsigned)row;
     return (int)((unsigned)u ^ (U >= 8 ? r & 7u : (r / (8u / U)) & (unsigned)(U - 1)));
 }
-// Index of a tile element at (row, col) of a tile with rows of LEN elements (+ padding).
-template <int LEN> __device__ __forceinline__ int tile_offset(int row, int col) {
-    if (SMEM_SWIZZLE) {
+// Index of a tile element at (row, col) of a tile with rows of LEN elements: swizzled, or padded
+// by PAD elements (then not swizzled).
+template <int LEN, int PAD = 0> __device__ __forceinline__ int tile_offset(int row, int col) {
+    if (PAD == 0) {
         const unsigned c = (unsigned)col;
         return row * LEN + swizzled_unit<LEN / VEC>(row, (int)(c / VEC)) * VEC + (int)(c % VEC);
     }
-    return row * (LEN + SMEM_PAD) + col;
+    return row * (LEN + PAD) + col;
 }
 // Index of element (mn, k) of a tile with MN rows/columns, stored mn-major ([mn][k]) or k-major.
 template <bool MN_MAJOR, int MN>
 __device__ __forceinline__ int tile_index(int mn, int k) {
-    return MN_MAJOR ? tile_offset<CONV_BK>(mn, k) : tile_offset<MN>(k, mn);
+    return MN_MAJOR ? tile_offset<CONV_BK>(mn, k) : tile_offset<MN, SMEM_PAD_K>(k, mn);
 }
 
 // Chunk mapping: a tile of R rows (the strided dimension) x L contiguous elements is cut into
@@ -565,12 +580,13 @@ static_assert(WG_ROWS * CONV_THREADS == CONV_BK * WG_LANES && WG_LANES * WG_CHUN
               "wgrad A: whole k rows per thread, 2^n chunks per row");
 __device__ __forceinline__ int wgrad_a_row(int r) { return threadIdx.x / WG_LANES + r * (CONV_THREADS / WG_LANES); }
 // The 16-byte unit of chunk j along m: a row's units are dealt to its lanes in turn and
-// permuted per row (j ^ row; a thread's rows share the low bits), so that the 8 chunks a
-// quarter warp writes at once land in 8 distinct bank groups (every swizzled tile and the
-// 128x128 tf32 tile; the padded 64x64 tf32 tile, 2 threads per row, keeps 2-way conflicts on
-// these writes).
+// in swizzled tiles permuted per row (j ^ row; a thread's rows share the low bits), so that the
+// 8 chunks a quarter warp writes at once land in 8 distinct bank groups. tf32's padded k-major
+// rows (a stride of 2 mod 8 units, see SMEM_PAD_K) need no permutation: there j ^ row would put
+// rows 0 and 2 of the 64x64 tile (2 threads per row) on the same groups.
 __device__ __forceinline__ int wgrad_a_unit(int j) {
-    return threadIdx.x % WG_LANES + WG_LANES * (j ^ (wgrad_a_row(0) & (WG_CHUNKS - 1)));
+    const int permute = SMEM_PAD_K ? 0 : wgrad_a_row(0) & (WG_CHUNKS - 1);
+    return threadIdx.x % WG_LANES + WG_LANES * (j ^ permute);
 }
 template <> struct Loader<MODE_WGRAD> {
     PixIter pix[WG_ROWS];                 // this thread's k rows: (image, output pixel)
@@ -766,14 +782,82 @@ template <> struct Mma16<__nv_bfloat16> {
     }
 };
 #endif
+#if CONV_MATH == 2
+// tf32 fragments. ldmatrix moves 16-bit columns, so it serves only [mn][k] tiles (a 32-bit
+// element is two columns; .trans would split each word); a k-major tile (A [k][m] in wgrad,
+// B [k][n] in fwd and wgrad) is read with plain shared loads. Each lane's two k (t, t + 4) lie in
+// two rows there, so the MMA rows (or columns) are ordered to make a lane's other fragment
+// elements shared-memory neighbours, and k-major rows are padded to a stride of 2 mod 8 units
+// (SMEM_PAD_K) so those reads are conflict-free. Reordering the output rows or columns is exact
+// (each output is still one row of A times one column of B); position() says where accumulator e
+// lands. Per K step of 8, per warp:
+//   dgrad (A [m][k], B [n][k]): ldmatrix for both, the plain order.
+//   wgrad (A [k][m]): row g + 8h of 16-row MMA tile mi is warp-tile row 16 mi + 2g + h, so a
+//     lane's (a0, a1) (k = t) and (a2, a3) (k = t + 4) are one 8-byte read each, straight into
+//     the MMA's register quad; B [k][n] stays one 4-byte read per register (its b0, b1 lie in two
+//     rows whatever the column order, and 8-byte reads of neighbouring columns would need a move
+//     per register to pair them up).
+//   fwd (A [m][k], B [k][n]): the transposed product D^T = B^T A^T, so that the k-major B is the
+//     MMA's A operand (8-byte reads as in wgrad, 16-row tiles along n) and A is the MMA's B
+//     operand (ldmatrix, 8-column tiles along m). Lane (g, t) then holds output rows m = 2t, 2t+1
+//     of each 8-row m tile at the channel pair n = 2g, 2g + 1 of each 16-channel n tile: acc keeps
+//     each pair together, one 8-byte store (EpilogueRun 2), 4 rows x 64 contiguous bytes per warp.
+// Rounding (cvt.rna, ties away from zero, as the twin's tests model it): an operand whose
+// elements are read by several warps (A by CONV_WARPS_N, B by CONV_WARPS_M) is rounded once per
+// element in shared memory, by the thread that copied it (round_landed_tf32: 2.5 instructions
+// per element with its 16-byte load and store), otherwise in the fragment registers of its one
+// reader (2 per register): 128x128 rounds both in shared memory, 64x64 (1 x 2 warps) A there and
+// B in registers.
+constexpr bool TF32_ROUND_A_SHARED = CONV_WARPS_N > 1, TF32_ROUND_B_SHARED = CONV_WARPS_M > 1;
+// cvt.rna.tf32.f32 as the MMA sees it: + half a tf32 unit to finite values (inf and NaN kept),
+// without clearing the 13 low bits, which the MMA ignores (the compiler lowers cvt.rna feeding
+// an MMA the same way): 2 instructions (FSETP, IADD) instead of 3.
+__device__ __forceinline__ float tf32_round_for_mma(float x) {
+    return fabsf(x) < __int_as_float(0x7f800000) ? __uint_as_float(__float_as_uint(x) + 0x1000u) : x;
+}
+// Rounds fragment registers unless their operand was rounded in shared memory (SHARED).
+template <bool SHARED, int N> __device__ __forceinline__ void round_fragment(unsigned (&r)[N]) {
+    if constexpr (!SHARED) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) r[i] = __float_as_uint(tf32_round_for_mma(__uint_as_float(r[i])));
+    }
+}
+template <int MODE> struct Tf32Order {
+    static constexpr bool swapped = MODE == MODE_FWD;          // D^T = B^T A^T
+    static constexpr bool paired_rows = !Layout<MODE>::a_mk;   // wgrad's A rows 16 mi + 2g + h
+    static constexpr int M8 = WARP_TILE_M / 8;                 // swapped: 8-row m tiles
+    static_assert(WARP_TILE_M % 16 == 0 && WARP_TILE_N % 16 == 0, "tf32 warp tile: 16-row and 16-column tiles");
+    // swapped: accumulator index of (n tile ni, m tile mj, part c0..c3): pairs (c0, c2), (c1, c3)
+    __device__ __forceinline__ static constexpr int acc_swapped(int ni, int mj, int part) {
+        return (ni * M8 + mj) * 4 + (part & 1) * 2 + (part >> 1);
+    }
+    // (row, col) within the warp tile of accumulator e, for lane (g, t)
+    __device__ __forceinline__ static void position(int e, int g, int t, int& row, int& col) {
+        const int tile = e >> 2, q = e & 3;
+        if (swapped) {
+            row = (tile % M8) * 8 + 2 * t + (q >> 1);
+            col = (tile / M8) * 16 + 2 * g + (q & 1);
+        } else {
+            const int mi = tile / MMA_N_TILES, ni = tile % MMA_N_TILES, h = q >> 1;
+            row = paired_rows ? mi * 16 + 2 * g + h : mi * 16 + g + 8 * h;
+            col = ni * 8 + 2 * t + (q & 1);
+        }
+    }
+};
+// An MMA A fragment from a k-major tile whose paired rows r, r + 1 (a0, a1 at k; a2, a3 at k + 4)
+// are neighbours: two 8-byte reads.
+__device__ __forceinline__ void load_paired_a(unsigned (&a)[4], const elem_t* at_k, const elem_t* at_k4) {
+    const float2 lo = *reinterpret_cast<const float2*>(at_k), hi = *reinterpret_cast<const float2*>(at_k4);
+    a[0] = __float_as_uint(lo.x); a[1] = __float_as_uint(lo.y);
+    a[2] = __float_as_uint(hi.x); a[3] = __float_as_uint(hi.y);
+}
+#endif
 // Fragments come from ldmatrix (common.cuh) wherever the stored layout allows it:
 //   16-bit A: [m][k] plain, [k][m] .trans;  16-bit B: [n][k] plain, [k][n] .trans;
-//   tf32 (a 32-bit element is two 16-bit columns, so only the plain form applies):
-//   A [m][k] and B [n][k] by ldmatrix; A [k][m] (wgrad) and B [k][n] (fwd, wgrad) by one
-//   shared load per register (conflict-free: a row stride of BM/BN + 4 words puts the 4 k
-//   rows 4 banks apart).
-// Padded (tf32) or swizzled (16-bit) rows keep every ldmatrix phase (8 rows of 16 bytes) on 8
-// distinct 16-byte bank groups.
+//   tf32 (a 32-bit element is two 16-bit columns, so only the plain form applies): [m][k] and
+//   [n][k] tiles by ldmatrix, k-major ones by 8-byte (paired rows) or 4-byte shared loads, see
+//   Tf32Order.
+// Swizzled rows keep every ldmatrix phase (8 rows of 16 bytes) on 8 distinct 16-byte bank groups.
 static_assert(MMA_N_TILES % 2 == 0, "B fragments load two 8-column tiles per ldmatrix.x4");
 #define AS(k, m) as[tile_index<Layout<MODE>::a_mk, CONV_BM>((m), (k))]
 #define BS(k, n) bs[tile_index<Layout<MODE>::b_nk, CONV_BN>((n), (k))]
@@ -813,44 +897,67 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 #else
 #pragma unroll
     for (int ks = 0; ks < CONV_BK; ks += 8) {
-        unsigned b[MMA_N_TILES][2];
+        if constexpr (Tf32Order<MODE>::swapped) {   // fwd: MMA A = B^T (k-major, paired), MMA B = A^T (ldmatrix)
+            constexpr int M8 = Tf32Order<MODE>::M8;
+            unsigned b[M8][2];
 #pragma unroll
-        for (int ni = 0; ni < MMA_N_TILES; ni += 2) {
-            if (Layout<MODE>::b_nk) {   // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
+            for (int mj = 0; mj < M8; mj += 2) {   // matrices: (k 0-3, mj), (k 4-7, mj), (k 0-3, mj+1), (k 4-7, mj+1)
                 unsigned r[4];
-                ldmatrix<4, false>(r, &BS(ks + (mat & 1) * 4, col0 + (ni + (mat >> 1)) * 8 + mrow));
-                b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
-            } else {
+                ldmatrix<4, false>(r, &AS(ks + (mat & 1) * 4, row0 + (mj + (mat >> 1)) * 8 + mrow));
+                b[mj][0] = r[0]; b[mj][1] = r[1]; b[mj + 1][0] = r[2]; b[mj + 1][1] = r[3];
+            }
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int c = col0 + (ni + h) * 8 + gr;
-                    b[ni + h][0] = __float_as_uint(BS(ks + t, c));
-                    b[ni + h][1] = __float_as_uint(BS(ks + t + 4, c));
+            for (int mj = 0; mj < M8; ++mj) round_fragment<TF32_ROUND_A_SHARED>(b[mj]);
+#pragma unroll
+            for (int ni = 0; ni < WARP_TILE_N / 16; ++ni) {
+                unsigned a[4];
+                const int n = col0 + ni * 16 + 2 * gr;
+                load_paired_a(a, &BS(ks + t, n), &BS(ks + t + 4, n));
+                round_fragment<TF32_ROUND_B_SHARED>(a);
+#pragma unroll
+                for (int mj = 0; mj < M8; ++mj) {
+                    float c[4];
+#pragma unroll
+                    for (int part = 0; part < 4; ++part) c[part] = acc[Tf32Order<MODE>::acc_swapped(ni, mj, part)];
+                    mma_m16n8k8_tf32(c, a, b[mj], c);
+#pragma unroll
+                    for (int part = 0; part < 4; ++part) acc[Tf32Order<MODE>::acc_swapped(ni, mj, part)] = c[part];
                 }
             }
-        }
+        } else {
+            unsigned b[MMA_N_TILES][2];
 #pragma unroll
-        for (int ni = 0; ni < MMA_N_TILES; ++ni)
+            for (int ni = 0; ni < MMA_N_TILES; ni += 2) {
+                if (Layout<MODE>::b_nk) {   // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
+                    unsigned r[4];
+                    ldmatrix<4, false>(r, &BS(ks + (mat & 1) * 4, col0 + (ni + (mat >> 1)) * 8 + mrow));
+                    b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
+                } else {   // one 4-byte read per register (Tf32Order)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) b[ni][h] = float_to_tf32(__uint_as_float(b[ni][h]));
-#pragma unroll
-        for (int mi = 0; mi < MMA_M_TILES; ++mi) {
-            unsigned a[4];
-            const int m = row0 + mi * 16;
-            if (Layout<MODE>::a_mk) {   // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, k 4-7)
-                ldmatrix<4, false>(a, &AS(ks + (mat >> 1) * 4, m + (mat & 1) * 8 + mrow));
-            } else {
-                a[0] = __float_as_uint(AS(ks + t, m + gr));
-                a[1] = __float_as_uint(AS(ks + t, m + gr + 8));
-                a[2] = __float_as_uint(AS(ks + t + 4, m + gr));
-                a[3] = __float_as_uint(AS(ks + t + 4, m + gr + 8));
+                    for (int h = 0; h < 2; ++h) {
+                        const int c = col0 + (ni + h) * 8 + gr;
+                        b[ni + h][0] = __float_as_uint(BS(ks + t, c));
+                        b[ni + h][1] = __float_as_uint(BS(ks + t + 4, c));
+                    }
+                }
             }
 #pragma unroll
-            for (int r = 0; r < 4; ++r) a[r] = float_to_tf32(__uint_as_float(a[r]));
+            for (int ni = 0; ni < MMA_N_TILES; ++ni) round_fragment<TF32_ROUND_B_SHARED>(b[ni]);
 #pragma unroll
-            for (int ni = 0; ni < MMA_N_TILES; ++ni) {
-                float* c = acc + (mi * MMA_N_TILES + ni) * 4;
-                mma_m16n8k8_tf32(c, a, b[ni], c);
+            for (int mi = 0; mi < MMA_M_TILES; ++mi) {
+                unsigned a[4];
+                if (Layout<MODE>::a_mk) {   // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, ...)
+                    ldmatrix<4, false>(a, &AS(ks + (mat >> 1) * 4, row0 + mi * 16 + (mat & 1) * 8 + mrow));
+                } else {   // paired rows (Tf32Order)
+                    const int m = row0 + mi * 16 + 2 * gr;
+                    load_paired_a(a, &AS(ks + t, m), &AS(ks + t + 4, m));
+                }
+                round_fragment<TF32_ROUND_A_SHARED>(a);
+#pragma unroll
+                for (int ni = 0; ni < MMA_N_TILES; ++ni) {
+                    float* c = acc + (mi * MMA_N_TILES + ni) * 4;
+                    mma_m16n8k8_tf32(c, a, b[ni], c);
+                }
             }
         }
     }
@@ -858,6 +965,47 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 }
 #undef AS
 #undef BS
+#if CONV_MATH == 2
+// tf32 rounding in shared memory (TF32_ROUND_A_SHARED / _B_SHARED): after its cp_async_wait,
+// each thread rounds (cvt.rna, in place) the 16-byte chunks of the landed stage that it copied
+// itself, before the barrier that publishes the stage, so no other thread's copy is touched and
+// no barrier is added. These offsets must follow the loaders' chunk mapping (GatherA and dgrad's
+// B: chunk_row / chunk_pos of a [mn][k] tile; RowStream: of a k-major tile; wgrad A:
+// wgrad_a_row / wgrad_a_unit); the emulator's racecheck flags any chunk rounded by a thread
+// other than its copier (tried: it does).
+__device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
+    float4 v = *reinterpret_cast<float4*>(p);
+    v.x = tf32_round_for_mma(v.x);
+    v.y = tf32_round_for_mma(v.y);
+    v.z = tf32_round_for_mma(v.z);
+    v.w = tf32_round_for_mma(v.w);
+    *reinterpret_cast<float4*>(p) = v;
+}
+template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
+    if constexpr (TF32_ROUND_A_SHARED) {
+        if constexpr (MODE == MODE_WGRAD) {
+#pragma unroll
+            for (int r = 0; r < WG_ROWS; ++r)
+#pragma unroll
+                for (int j = 0; j < WG_CHUNKS; ++j)
+                    round_chunk_tf32(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row(r)));
+        } else {
+#pragma unroll
+            for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
+                round_chunk_tf32(as + tile_index<true, CONV_BM>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK)));
+        }
+    }
+    if constexpr (TF32_ROUND_B_SHARED) {
+#pragma unroll
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
+            round_chunk_tf32(bs + (Layout<MODE>::b_nk
+                                       ? tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK))
+                                       : tile_index<false, CONV_BN>(chunk_pos(CONV_BN), chunk_row(j, CONV_BN))));
+    }
+}
+#define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
+#endif
+#if CONV_MATH == 1
 template <int MODE>
 __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
@@ -865,6 +1013,21 @@ __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
     row = (warp / CONV_WARPS_N) * WARP_TILE_M + mi * 16 + gr + (part >= 2 ? 8 : 0);
     col = (warp % CONV_WARPS_N) * WARP_TILE_N + ni * 8 + 2 * t + (part & 1);
 }
+#else
+template <int MODE>
+__device__ __forceinline__ void acc_position(int e, int& row, int& col) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
+    Tf32Order<MODE>::position(e, gr, t, row, col);
+    row += (warp / CONV_WARPS_N) * WARP_TILE_M;
+    col += (warp % CONV_WARPS_N) * WARP_TILE_N;
+}
+#endif
+#endif
+
+// TF32_ROUND_LANDED(as, bs): the tf32 path's per-stage rounding (round_landed_tf32), between a
+// thread's cp_async_wait and the barrier that publishes the stage; nothing on the other paths.
+#ifndef TF32_ROUND_LANDED
+#define TF32_ROUND_LANDED(as_stage, bs_stage) ((void)0)
 #endif
 
 // The shared main loop: accumulates the block's tile over k in [k_begin, k_end) through a
@@ -887,6 +1050,7 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
         int read_stage = 0, write_stage = CONV_STAGES - 1;
         for (int t = 0; t < tiles; ++t) {
             cp_async_wait<CONV_STAGES - 2>();
+            TF32_ROUND_LANDED(as[read_stage], bs[read_stage]);
             __syncthreads();
             if (t + CONV_STAGES - 1 < tiles)
                 loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], cols);
@@ -902,6 +1066,7 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
                 const int t = t0 + s;
                 if (t >= tiles) break;
                 cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
+                TF32_ROUND_LANDED(as[s], bs[s]);
                 __syncthreads();                    // ... everyone's, and stage t-1 is free again
                 const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
                 if (t + CONV_STAGES - 1 < tiles)

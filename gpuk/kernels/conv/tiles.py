@@ -19,15 +19,19 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
 Every tile moves whole 16-byte chunks: BM*BK and BN*BK are multiples of (16 bytes / element)
 x threads (static_asserts in conv_igemm.cu). FFMA and 16-bit tiles are XOR-swizzled without
 padding, so BK=16 (FFMA) and BK=32 (16-bit 128x128) fit 3 stages in 48 KB of static shared
-memory; tf32 tiles are padded; 128x128 tf32 keeps BK=16 and 2 stages to stay under 48 KB of
-static shared memory (BK=32 there needs dynamic shared memory above 48 KB, not done), 64x64
-tf32 runs BK=32 with 2 stages. The 128x128 tensor-core tiles use 64x64 warp tiles (32 MMAs per
-k16 step per warp) and the 64x64 ones 2 warps of 64x32 (not 4 of 32x32): the ldmatrix and
-loader work per thread is shared by twice the MMAs. 16-bit 64x64 runs BK=64 with 2 stages
-(32 KB: 4 blocks per SM on sm_80 too, as many as its 242-255 registers allow): each K tile's
-fixed work (barrier, tap cursor, pointer steps) is then shared by 64 MMAs per warp, which brings
-fwd and dgrad to 1.7-1.9 other instructions per MMA (3.0-3.8 with BK=32, 3 stages); the data in
-flight is the same as 3 stages of BK=32 (one 64-deep tile while the other is multiplied).
+memory; tf32 pads its k-major tiles (wgrad A, fwd/wgrad B) by 8 floats per row (conflict-free
+fragment reads): 128x128 tf32 keeps BK=16 and 2 stages (34 KB; 3 stages or BK=32 need dynamic
+shared memory above 48 KB, not done), 64x64 tf32 runs BK=32 with 2 stages (36 KB). The 128x128
+tensor-core tiles use 64x64 warp tiles (32 MMAs per k16 step per warp) and the 64x64 ones 2
+warps of 64x32 (not 4 of 32x32): the ldmatrix and loader work per thread is shared by twice the
+MMAs. 16-bit 64x64 runs BK=64 with 2 stages (32 KB: 4 blocks per SM on sm_80 too, as many as
+its 242-255 registers allow): each K tile's fixed work (barrier, tap cursor, pointer steps) is
+then shared by 64 MMAs per warp, which brings fwd and dgrad to 1.7-1.9 other instructions per
+MMA (3.0-3.8 with BK=32, 3 stages); the data in flight is the same as 3 stages of BK=32 (one
+64-deep tile while the other is multiplied). tf32 rounds each operand element once per block in
+shared memory (conv_igemm.cu, round_landed_tf32), which costs 2.5 instructions per element:
+1.25 per MMA on the 128x128 tile, 2.5 on 64x64 (half the multiply-adds per loaded element),
+against 2 per MMA (128x128) and 3 (64x64) when every warp rounded its fragment registers.
 
 16-bit wgrad has its own table (WGRAD_TILES: 128x128x32, 64x128x64, 128x64x64, 64x64x64; the
 two rectangular tiles are built for conv_igemm_wgrad only). Its K (batch x output pixels) is long,
