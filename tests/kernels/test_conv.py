@@ -110,6 +110,29 @@ def test_every_tile_and_split_k(kernel_runtime, dtype, precision, tile, splits, 
             assert_close(out, ref, dtype, '%s with tile %s' % (fn.__name__, tile))
 
 
+# 16-bit wgrad's rectangular tiles (built for conv_igemm_wgrad only): both on float16, 128x64
+# on bfloat16 too (same loader and MMA code; only the MMA instruction differs).
+WGRAD_ONLY_VARIANTS = [(np.float16, '128x64x64'), (np.float16, '64x128x64'), (BF16, '128x64x64')]
+
+
+@pytest.mark.parametrize('dtype, tile', WGRAD_ONLY_VARIANTS,
+                         ids=['%s-%s' % (np.dtype(d).name, t) for d, t in WGRAD_ONLY_VARIANTS])
+@pytest.mark.parametrize('splits', [1, 3])
+@pytest.mark.parametrize('channels', [(7, 9), (8, 24)], ids=['odd-channels', 'aligned-channels'])
+def test_wgrad_only_tiles_and_split_k(kernel_runtime, dtype, tile, splits, channels):
+    """The wgrad-only tiles on the problem of test_every_tile_and_split_k (M, N and K tails,
+    per-element and 16-byte copies), with and without split-K."""
+    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0))) + channels
+    _, kernel, strides, dilation, pads, _, _ = case
+    x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=3, batch=3)
+    args = (x, dy, w.shape, strides, dilation, pads, 'channels_last')
+    ref = twin.conv_wgrad(x.astype(np.float64), dy.astype(np.float64), *args[2:])
+    with conv_tiles.forced(tile=tile, splits=splits), conv_wgmma.forced(False):
+        out = conv.conv_wgrad(*[to_device(kernel_runtime, a) for a in args[:2]], *args[2:], runtime=kernel_runtime)
+    assert to_host(out).dtype == np.dtype(dtype)
+    assert_close(out, ref, dtype, 'conv_wgrad with tile %s' % tile)
+
+
 def _round_tf32(a):
     """float32 -> the tf32 value the MMA sees (round half away from zero to 10 mantissa bits;
     inf and NaN kept)."""
@@ -410,6 +433,23 @@ def test_tile_choice_table():
     # wgrad of a 3x3 64->64 layer at N=32: M x N = 576 x 64 gives few tiles, so K is split.
     tile = conv_tiles.choose_tile(np.float32, 'float32', 576, 64, 32 * 56 * 56, split_k=True)
     assert conv_tiles.wgrad_splits(tile, 576, 64, 32 * 56 * 56) > 1
+
+
+def test_16bit_wgrad_tile_choice():
+    """16-bit wgrad (its own table): the rectangle whose small side fits C_out = 64 or taps*C_in = 64,
+    64x64 only when both are that small; split-K fills the GPU in every case."""
+    depth = 32 * 56 * 56
+    for dtype in (np.float16, BF16):
+        def choose(rows, cols):
+            return conv_tiles.choose_tile(dtype, 'float32', rows, cols, depth, split_k=True).name
+        assert choose(2304, 256) == '128x128x32'   # 3x3 256 -> 256
+        assert choose(576, 64) == '128x64x64'      # 3x3 64 -> 64
+        assert choose(256, 64) == '128x64x64'      # 1x1 256 -> 64
+        assert choose(64, 256) == '64x128x64'      # 1x1 64 -> 256
+        assert choose(64, 64) == '64x64x64'        # 1x1 64 -> 64
+    # fwd and dgrad keep the shared table: the wgrad-only tiles are not built for them
+    with pytest.raises(ValueError, match='no tile'), conv_tiles.forced(tile='128x64x64'):
+        conv_tiles.choose_tile(np.float16, 'float32', 576, 64, 576)
 
 
 def test_tile_rules_for_short_k_and_per_element_copies():

@@ -59,6 +59,10 @@ for _table, _tiles in conv_tiles.TILES.items():
     for _tile in _tiles:
         register_build(IGEMM_SOURCE, igemm_defines(_TABLE_DTYPES[_table], _tile),
                        ['conv_igemm_fwd', 'conv_igemm_dgrad', 'conv_igemm_wgrad', 'conv_reduce_splits'])
+for _table, _tiles in conv_tiles.WGRAD_ONLY.items():   # 16-bit wgrad's rectangular tiles
+    for _tile in _tiles:
+        register_build(IGEMM_SOURCE, igemm_defines(_TABLE_DTYPES[_table], _tile),
+                       ['conv_igemm_wgrad', 'conv_reduce_splits'])
 
 
 # ---------------------------------------------------------------- checks (the twin's, on shapes)

@@ -45,7 +45,8 @@
 //   fragment and FFMA reads). Tile shapes and their choice per
 //   problem: gpuk/kernels/conv/tiles.py (table and rules in its docstring): the largest tile
 //   that fills two waves of SMs with padding waste <= 1.5 (2.0 where the gathered operand is
-//   copied per element, the 7x7 stem) and, for the largest tile, K >= 6 K tiles (1x1 layers).
+//   copied per element, the 7x7 stem) and, for the largest tile, K >= 6 K tiles (1x1 layers);
+//   16-bit wgrad picks from its own table, with 64x128 and 128x64 tiles built for it only.
 //   FFMA: each thread owns a CONV_TM x CONV_TN micro-tile made of runs of 4 rows/columns
 //   (conflict-free 16-byte shared reads). MMA: CONV_WARPS_M x CONV_WARPS_N warps, each a
 //   (BM/WARPS_M) x (BN/WARPS_N) warp tile of 16x8 MMA tiles.

@@ -10,6 +10,8 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
     ffma64 32x32x8      32 x 32 x 8    64       3       4 x 4                 float64, small
     f16    128x128x32   128 x 128 x 32 128      3       4 warps, 64 x 64/warp float16 (mma m16n8k16)
     f16    64x64x64     64 x 64 x 64   64       2       2 warps, 64 x 32      float16, smaller problems
+    f16    64x128x64    64 x 128 x 64  128     2       4 warps, 64 x 32      wgrad only: taps*C_in <= 64
+    f16    128x64x64    128 x 64 x 64  128     2       4 warps, 64 x 32      wgrad only: C_out <= 64
     bf16   (as f16)                                                           bfloat16 (mma m16n8k16 bf16)
     tf32   128x128x16   128 x 128 x 16 128      2       4 warps, 64 x 64      float32 with precision 'tf32'
     tf32   64x64x32     64 x 64 x 32   64       2       2 warps, 64 x 32
@@ -31,6 +33,22 @@ MMA (3.0-3.8 with BK=32, 3 stages); the data in flight is the same as 3 stages o
 shared memory (conv_igemm.cu, round_landed_tf32), which costs 2.5 instructions per element:
 1.25 per MMA on the 128x128 tile, 2.5 on 64x64 (half the multiply-adds per loaded element),
 against 2 per MMA (128x128) and 3 (64x64) when every warp rounded its fragment registers.
+
+16-bit wgrad has its own table (WGRAD_TILES: 128x128x32, 64x128x64, 128x64x64, 64x64x64; the
+two rectangular tiles are built for conv_igemm_wgrad only). Its K (batch x output pixels) is long,
+so split-K fills the GPU with any tile and the smaller tiles are only there for small M =
+taps*C_in or N = C_out (padding waste). The wgrad A loader is the costly one (per k row a pixel
+iterator; per chunk three bounds checks and its address): on 64x64x64 (64 threads) each thread
+carries two pixel rows and 8 A + 8 B chunks per 64 MMAs of its warp (3.42 / 2.98 other
+instructions per MMA, sm_90 / sm_80); 128 threads on 64x128 or 128x64 carry one pixel row and
+12 chunks per 64 MMAs (cp.async per MMA: 8(BM+BN)/(BM*BN)): 64x128 (4 A + 8 B chunks) 2.22 / 1.98,
+128x64 (8 A + 4 B) 2.62 / 2.35; 128x128x32 1.94 / 1.69. The rectangles run 2 stages of BK=64 in
+48 KB (2 blocks per SM, 8 warps, as 64x64x64's 4 blocks of 2 warps). 64x128 comes first (the
+cheaper loader where both fit); 64x64x64 stays last, for M and N both <= 64, where either
+rectangle would run half its MMAs on padding. The fill rule there also passes a tile whose K is
+split as far as the split rule allows (MAX_SPLITS, MIN_K_TILES_PER_SPLIT): a 1x1 256 -> 64 layer
+(M x N = 256 x 64) is then 2 x 64 blocks of 128x64 (4 warps each) rather than 4 x 64 of 64x64
+(2 warps each), the same warps at a cheaper loader per MMA.
 
 FFMA micro-tiles: 8 x 8 per thread on 128x128 and 64x64 (64 multiply-adds per 4 shared reads
 of 16 bytes: 85-88% of the hot loop is FFMA on sm_90; 4 x 4 on 256 threads gave 64x64 only
@@ -103,6 +121,12 @@ TILES = {
     'bf16': (_mma('bf16', 128, 128, 2, 2, bk=32), _mma('bf16', 64, 64, 1, 2, bk=64, stages=2)),
     'tf32': (_mma('tf32', 128, 128, 2, 2, stages=2), _mma('tf32', 64, 64, 1, 2, bk=32, stages=2)),
 }
+# 16-bit wgrad (see the docstring); the rectangular tiles exist for conv_igemm_wgrad only.
+WGRAD_ONLY = {math_path: (_mma(math_path, 64, 128, 1, 4, bk=64, stages=2),
+                          _mma(math_path, 128, 64, 2, 2, bk=64, stages=2))
+              for math_path in ('f16', 'bf16')}
+WGRAD_TILES = {math_path: (TILES[math_path][0],) + WGRAD_ONLY[math_path] + (TILES[math_path][1],)
+               for math_path in ('f16', 'bf16')}
 MIN_BLOCKS = 264          # two waves on a 132-SM H100
 MAX_WASTE = 1.5           # tile area / real area
 MAX_WASTE_PER_ELEMENT = 2.0   # ... when the gathered operand is copied element by element (C % chunk != 0)
@@ -117,13 +141,15 @@ def forced_state():
     return _forced['tile'], _forced['splits']
 
 
-def table_for(dtype, precision):
-    """The candidate tiles (big to small) for inputs of ``dtype`` under ``precision``."""
+def table_for(dtype, precision, wgrad=False):
+    """The candidate tiles (big to small) for inputs of ``dtype`` under ``precision`` (``wgrad``:
+    of conv_igemm_wgrad)."""
     dtype = np.dtype(dtype)
+    tables = WGRAD_TILES if wgrad else TILES
     if dtype == np.float16:
-        return TILES['f16']
+        return tables['f16']
     if dtype == ml_dtypes.bfloat16:
-        return TILES['bf16']
+        return tables['bf16']
     if dtype == np.float64:
         return TILES['ffma64']
     return TILES['tf32'] if precision == 'tf32' else TILES['ffma']
@@ -139,8 +165,9 @@ def _waste(tile, rows, cols):
 
 def choose_tile(dtype, precision, rows, cols, depth, split_k=False, aligned=True):
     """The tile for a GEMM of rows x cols x depth (see the module docstring). ``aligned``: the
-    gathered operand's channel count is a multiple of the 16-byte chunk (16-byte copies)."""
-    table = table_for(dtype, precision)
+    gathered operand's channel count is a multiple of the 16-byte chunk (16-byte copies);
+    ``split_k``: a wgrad GEMM (its K is split; 16-bit wgrad has its own table)."""
+    table = table_for(dtype, precision, wgrad=split_k)
     if _forced['tile'] is not None:
         for tile in table:
             if tile.name == _forced['tile']:
@@ -148,9 +175,13 @@ def choose_tile(dtype, precision, rows, cols, depth, split_k=False, aligned=True
         raise ValueError('conv_tiles.forced: no tile %r for %s/%s; have %s'
                          % (_forced['tile'], np.dtype(dtype), precision, [t.name for t in table]))
     max_waste = MAX_WASTE if aligned else MAX_WASTE_PER_ELEMENT
+    # 16-bit wgrad: K split as far as the split rule allows also counts as filled (see the docstring)
+    split_cap_fills = split_k and table in WGRAD_TILES.values()
     for tile in table[:-1]:
         splits = wgrad_splits(tile, rows, cols, depth) if split_k else 1
-        if (_blocks(tile, rows, cols) * splits >= MIN_BLOCKS and _waste(tile, rows, cols) <= max_waste
+        filled = (_blocks(tile, rows, cols) * splits >= MIN_BLOCKS
+                  or split_cap_fills and splits == _most_splits(tile, depth))
+        if (filled and _waste(tile, rows, cols) <= max_waste
                 and (tile is not table[0] or math.ceil(depth / splits) >= MIN_K_TILES * tile.bk)):
             return tile
     return table[-1]
@@ -163,6 +194,11 @@ def wgrad_splits(tile, rows, cols, depth):
     k_tiles = math.ceil(depth / tile.bk)
     wanted = math.ceil(MIN_BLOCKS / _blocks(tile, rows, cols))
     return int(max(1, min(wanted, k_tiles // MIN_K_TILES_PER_SPLIT, MAX_SPLITS)))
+
+
+def _most_splits(tile, depth):
+    """The split count wgrad_splits gives when the GPU is far from filled."""
+    return int(max(1, min(math.ceil(depth / tile.bk) // MIN_K_TILES_PER_SPLIT, MAX_SPLITS)))
 
 
 def k_per_split(tile, depth, splits):
