@@ -317,11 +317,14 @@ LOCAL_CASES = [
 @pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize('case', LOCAL_CASES, ids=['%dd-%d' % (len(c[0]), i) for i, c in enumerate(LOCAL_CASES)])
 def test_local_conv_matches_twin(kernel_runtime, case, dtype, data_format):
+    _check_local_conv(kernel_runtime, case, 2, dtype, data_format, np.random.default_rng(11))
+
+
+def _check_local_conv(kernel_runtime, case, images, dtype, data_format, rng):
     spatial, kernel_size, strides, output_spatial, c_in, c_out = case
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal(_shape(2, spatial, c_in, data_format)).astype(dtype)
+    x = rng.standard_normal(_shape(images, spatial, c_in, data_format)).astype(dtype)
     w = rng.standard_normal((int(np.prod(output_spatial)), int(np.prod(kernel_size)) * c_in, c_out)).astype(dtype)
-    dy = rng.standard_normal(_shape(2, output_spatial, c_out, data_format)).astype(dtype)
+    dy = rng.standard_normal(_shape(images, output_spatial, c_out, data_format)).astype(dtype)
     geometry = (kernel_size, strides, output_spatial, data_format)
     assert_matches_twin(conv.local_conv_fwd, twin.local_conv_fwd, (x, w, *geometry), kernel_runtime)
     assert_matches_twin(conv.local_conv_dgrad, twin.local_conv_dgrad, (dy, w, x.shape, *geometry), kernel_runtime)
@@ -334,15 +337,8 @@ def test_local_conv_image_groups_feature_chunks_and_wide_c_out(kernel_runtime, d
     """conv_local.cu's blocking: 5 images (a full group of LOCAL_IMAGES and a partial one), F =
     9 taps x 5 channels = 45 (two staged chunks of 32 in local_fwd), C_out = 33 (32 lanes per
     dgrad element, each summing two output channels; 1 or 2 (image group, p) rows per fwd warp)."""
-    spatial, kernel_size, strides, output_spatial, c_in, c_out = (5, 6), (3, 3), (1, 1), (3, 4), 5, 33
-    rng = np.random.default_rng(12)
-    x = rng.standard_normal(_shape(5, spatial, c_in, data_format)).astype(dtype)
-    w = rng.standard_normal((int(np.prod(output_spatial)), int(np.prod(kernel_size)) * c_in, c_out)).astype(dtype)
-    dy = rng.standard_normal(_shape(5, output_spatial, c_out, data_format)).astype(dtype)
-    geometry = (kernel_size, strides, output_spatial, data_format)
-    assert_matches_twin(conv.local_conv_fwd, twin.local_conv_fwd, (x, w, *geometry), kernel_runtime)
-    assert_matches_twin(conv.local_conv_dgrad, twin.local_conv_dgrad, (dy, w, x.shape, *geometry), kernel_runtime)
-    assert_matches_twin(conv.local_conv_wgrad, twin.local_conv_wgrad, (x, dy, w.shape, *geometry), kernel_runtime)
+    case = ((5, 6), (3, 3), (1, 1), (3, 4), 5, 33)
+    _check_local_conv(kernel_runtime, case, 5, dtype, data_format, np.random.default_rng(12))
 
 
 # ---------------------------------------------------------------- bad input
