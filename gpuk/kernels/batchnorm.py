@@ -107,42 +107,47 @@ def _device_key(rt):
     return (id(rt), cuda.Device().id, cuda.get_current_stream().ptr, threading.get_ident())
 
 
-def _cached(rt, key, make):
-    key = _device_key(rt) + key
-    buffer = _BUFFERS.get(key)
-    if buffer is None:
-        buffer = _BUFFERS[key] = make()
-        if len(_BUFFERS) > _MAX_BUFFERS:
-            _BUFFERS.popitem(last=False)
-    else:
-        _BUFFERS.move_to_end(key)
-    return buffer
+class _Buffers:
+    """The reused buffers of one launcher call: their owner (_device_key: the current device
+    and stream, read from the array library) is read once per call, not once per buffer."""
+    __slots__ = ('xp', 'owner')
 
+    def __init__(self, rt):
+        self.xp, self.owner = rt.xp, _device_key(rt)
 
-def _scratch(rt, name, shape, dtype):
-    """A reused uninitialized buffer (contents left from the previous call)."""
-    return _cached(rt, ('scratch', name, tuple(shape), np.dtype(dtype).str),
-                   lambda: rt.xp.empty(shape, dtype))
+    def cached(self, key, make):
+        key = self.owner + key
+        buffer = _BUFFERS.get(key)
+        if buffer is None:
+            buffer = _BUFFERS[key] = make()
+            if len(_BUFFERS) > _MAX_BUFFERS:
+                _BUFFERS.popitem(last=False)
+        else:
+            _BUFFERS.move_to_end(key)
+        return buffer
 
+    def scratch(self, name, shape, dtype):
+        """A reused uninitialized buffer (contents left from the previous call)."""
+        return self.cached(('scratch', name, tuple(shape), np.dtype(dtype).str),
+                           lambda: self.xp.empty(shape, dtype))
 
-def _filled(rt, count, value, dtype):
-    """A reused read-only buffer of `count` copies of `value`."""
-    return _cached(rt, ('filled', count, float(value), np.dtype(dtype).str),
-                   lambda: rt.xp.full(count, value, dtype))
+    def filled(self, count, value, dtype):
+        """A reused read-only buffer of `count` copies of `value`."""
+        return self.cached(('filled', count, float(value), np.dtype(dtype).str),
+                           lambda: self.xp.full(count, value, dtype))
+
+    def scalars(self, acc, *values):
+        """Host numbers or one-element (device) arrays as one acc buffer, without a host copy;
+        reused per value when all are host numbers."""
+        xp = self.xp
+        if all(_is_host_number(v) for v in values):
+            numbers = tuple(float(np.asarray(v).reshape(-1)[0]) for v in values)
+            return self.cached(('scalars', numbers, np.dtype(acc).str), lambda: xp.asarray(np.array(numbers, acc)))
+        return xp.concatenate([xp.asarray(v, dtype=acc).reshape(1) for v in values])
 
 
 def _is_host_number(value):
     return isinstance(value, (int, float, np.generic)) or (isinstance(value, np.ndarray) and value.size == 1)
-
-
-def _scalars(rt, acc, *values):
-    """Host numbers or one-element (device) arrays as one acc buffer, without a host copy;
-    reused per value when all are host numbers."""
-    xp = rt.xp
-    if all(_is_host_number(v) for v in values):
-        numbers = tuple(float(np.asarray(v).reshape(-1)[0]) for v in values)
-        return _cached(rt, ('scalars', numbers, np.dtype(acc).str), lambda: xp.asarray(np.array(numbers, acc)))
-    return xp.concatenate([xp.asarray(v, dtype=acc).reshape(1) for v in values])
 
 
 # ---------------------------------------------------------------- checks (xp arrays)
@@ -212,11 +217,11 @@ def _splits(view):
     return -(-reduced // per_split), per_split
 
 
-def _reduce(rt, launches, view, x, dy, mean, acc, relu_y=None):
+def _reduce(buffers, launches, view, x, dy, mean, acc, relu_y=None):
     """The sums pass: partials (splits, C, 2) in acc, for training (dy None) or backward
     (dy masked by the fused relu output when relu_y is given)."""
     splits, per_split = _splits(view)
-    partials = _scratch(rt, 'partials', (splits, view.channels, 2), acc)
+    partials = buffers.scratch('partials', (splits, view.channels, 2), acc)
     backward = dy is not None
     kind = 'bn_stats' if not backward else 'bn_bwd_sums' if relu_y is None else 'bn_bwd_relu_sums'
     if view.inner == 1:
@@ -228,18 +233,18 @@ def _reduce(rt, launches, view, x, dy, mean, acc, relu_y=None):
         args = (np.int64(view.outer), np.int64(view.channels), np.int64(view.inner), np.int64(per_split))
         grid, block = (view.channels, splits), BN_THREADS
     if not backward:
-        buffers = (x, partials, _shifts(rt, view, acc))
+        operands = (x, partials, _shifts(buffers, view, acc))
     elif relu_y is None:
-        buffers = (dy, x, mean, partials)
+        operands = (dy, x, mean, partials)
     else:
-        buffers = (dy, x, relu_y, mean, partials)
-    launches(name, grid, block, buffers + args)
+        operands = (dy, x, relu_y, mean, partials)
+    launches(name, grid, block, operands + args)
     return partials, splits
 
 
-def _shifts(rt, view, acc):
+def _shifts(buffers, view, acc):
     """The per-channel shifts K the training sums kernels wrote beside the partials."""
-    return _scratch(rt, 'shifts', (view.channels,), acc)
+    return buffers.scratch('shifts', (view.channels,), acc)
 
 
 def _persistent_blocks(rt, launches, view, x):
@@ -254,32 +259,32 @@ def _persistent_blocks(rt, launches, view, x):
     return max(0, min(capacity, tiles))
 
 
-def _barrier(rt):
+def _barrier(buffers):
     """bn_train_persistent's grid-barrier state: zeroed once, left as found by every launch.
     Two launches that overlap must never share one (each would count the other's blocks at its
     barriers, and wait forever or run on early): like the scratch buffers it is kept per
     (runtime, device, stream, host thread) (_device_key), and launches on one stream run one
     after the other, so concurrent launches on two streams (or threads) use two barriers. A
     captured CUDA Graph keeps the one of its capture stream, on which it is also replayed."""
-    return _cached(rt, ('barrier',), lambda: rt.xp.zeros(2, np.uint32))
+    return buffers.cached(('barrier',), lambda: buffers.xp.zeros(2, np.uint32))
 
 
-def _train_persistent(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks):
+def _train_persistent(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks):
     """The training forward as one bn_train_persistent launch -> (y in the kernel's layout,
     mean, var, inv_std, next_mean, next_var)."""
-    xp, c = rt.xp, view.channels
+    xp, c = buffers.xp, view.channels
     acc = accumulation_dtype(xk.dtype)
     splits, per_split = _splits(view)
     moving_mean, moving_var, decay, var_decay, var_factor = moving_args
     moving = moving_mean is not None
     mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
     next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (mean, var)
-    scalars = _scalars(rt, acc, epsilon, decay, var_decay, var_factor) if moving else _scalars(rt, acc, epsilon)
+    scalars = buffers.scalars(acc, epsilon, decay, var_decay, var_factor) if moving else buffers.scalars(acc, epsilon)
     y = xp.empty(xk.shape, xk.dtype)
     launches('bn_train_persistent', blocks, BN_THREADS, (
         xk, y, gamma, beta, moving_mean if moving else gamma, moving_var if moving else gamma, mean, var, inv_std,
-        _scratch(rt, 'scale', (c,), acc), next_mean, next_var, _scratch(rt, 'partials', (splits, c, 2), acc),
-        _shifts(rt, view, acc), _barrier(rt), scalars, np.int64(view.outer), np.int64(c), np.int64(splits),
+        buffers.scratch('scale', (c,), acc), next_mean, next_var, buffers.scratch('partials', (splits, c, 2), acc),
+        _shifts(buffers, view, acc), _barrier(buffers), scalars, np.int64(view.outer), np.int64(c), np.int64(splits),
         np.int64(per_split), np.int32(moving), np.int32(activation == 'relu')))
     return y, mean, var, inv_std, (next_mean if moving else None), (next_var if moving else None)
 
@@ -349,46 +354,47 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
 def _bn_train_fwd_gpuk(rt, view, layout, launches, single_kernel, x, gamma, beta, _axes, epsilon, activation,
                        moving_mean, moving_var, decay, var_decay, var_factor):
     xp = rt.xp
+    buffers = _Buffers(rt)
     acc = accumulation_dtype(x.dtype)
     c = view.channels
-    gamma = _filled(rt, c, 1, acc) if gamma is None else gamma
-    beta = _filled(rt, c, 0, acc) if beta is None else beta
+    gamma = buffers.filled(c, 1, acc) if gamma is None else gamma
+    beta = buffers.filled(c, 0, acc) if beta is None else beta
     moving = moving_mean is not None
     xk = view.to_kernel(xp, x)
     moving_args = (moving_mean, moving_var, decay, var_decay, var_factor)
     # per problem on a GPU (its L2 and occupancy are the runtime's; Launches.kept)
     blocks = single_kernel and launches.kept('persistent blocks', lambda: _persistent_blocks(rt, launches, view, xk))
     if blocks:
-        outs = _train_persistent(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks)
+        outs = _train_persistent(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks)
     else:
-        outs = _train_split(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon)
+        outs = _train_split(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon)
     y, mean, var, inv_std, next_mean, next_var = outs
     kept = layout.kept_shape
     stats = (view.from_kernel(xp, y), mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
     return stats + (next_mean.reshape(kept), next_var.reshape(kept)) if moving else stats
 
 
-def _train_split(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon):
+def _train_split(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon):
     """The training forward as the split path (sums, finalize, apply) -> (y in the kernel's
     layout, mean, var, inv_std, next_mean, next_var)."""
-    xp, c = rt.xp, view.channels
+    xp, c = buffers.xp, view.channels
     acc = accumulation_dtype(xk.dtype)
     moving_mean, moving_var, decay, var_decay, var_factor = moving_args
     moving = moving_mean is not None
     mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
-    scale = _scratch(rt, 'scale', (c,), acc)
+    scale = buffers.scratch('scale', (c,), acc)
     next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (None, None)
     if c:
-        partials, splits = _reduce(rt, launches, view, xk, None, None, acc)
+        partials, splits = _reduce(buffers, launches, view, xk, None, None, acc)
         sizes = (np.int64(c), np.int64(splits), np.int64(view.count))
-        shifts = _shifts(rt, view, acc)
+        shifts = _shifts(buffers, view, acc)
         if moving:
             launches('bn_stats_finalize_moving', *_finalize_grid(c), args=(
                 partials, shifts, gamma, moving_mean, moving_var, mean, var, inv_std, scale, next_mean, next_var,
-                _scalars(rt, acc, epsilon, decay, var_decay, var_factor)) + sizes)
+                buffers.scalars(acc, epsilon, decay, var_decay, var_factor)) + sizes)
         else:
             launches('bn_stats_finalize', *_finalize_grid(c), args=(
-                partials, shifts, gamma, mean, var, inv_std, scale, _scalars(rt, acc, epsilon)) + sizes)
+                partials, shifts, gamma, mean, var, inv_std, scale, buffers.scalars(acc, epsilon)) + sizes)
     y = _apply(launches, c, view.inner, xk, mean, scale, beta, xk.dtype, xp, activation)
     return y, mean, var, inv_std, next_mean, next_var
 
@@ -452,6 +458,7 @@ def parameter_span(x_shape, param_shapes):
 
 def _bn_infer_fwd_gpuk(rt, launches, x, mean, var, gamma, beta, epsilon, _axis, activation):
     xp = rt.xp
+    buffers = _Buffers(rt)
     acc = accumulation_dtype(x.dtype)
     shape = x.shape if x.ndim else (1,)
     params = [p.reshape(shape) if p is not None and x.ndim == 0 else p for p in (mean, var, gamma, beta)]
@@ -464,7 +471,7 @@ def _bn_infer_fwd_gpuk(rt, launches, x, mean, var, gamma, beta, epsilon, _axis, 
         # the parameter restricted to the span axes (it is constant elsewhere), flattened: a
         # view of a (C,) parameter in acc already, so no copy in the common case
         if p is None:
-            return _filled(rt, channels, fill, acc)
+            return buffers.filled(channels, fill, acc)
         if p.size == channels and p.dtype == acc and p.flags.c_contiguous:
             return p.reshape(-1)   # it varies on every span axis (a (C,) parameter): already flat
         index = tuple(slice(None) if lo <= i < hi else slice(0, 1) for i in range(len(shape)))
@@ -477,7 +484,7 @@ def _bn_infer_fwd_gpuk(rt, launches, x, mean, var, gamma, beta, epsilon, _axis, 
     if x.size:
         # the scale 1 / sqrt(var + epsilon) * gamma is computed in the kernel, where it is used
         launches('bn_infer_apply', _elementwise_blocks(x.size, channels, inner, x.dtype), BN_THREADS, (
-            x, y, mean_s, var_s, gamma_s, beta_s, _scalars(rt, acc, epsilon), np.int64(x.size),
+            x, y, mean_s, var_s, gamma_s, beta_s, buffers.scalars(acc, epsilon), np.int64(x.size),
             np.int64(channels), np.int64(inner), np.int32(activation == 'relu')))
     return y
 
@@ -525,19 +532,20 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
 
 def _bn_bwd_gpuk(rt, view, layout, launches, dy, x, gamma, mean, inv_std, _axes, dmean, dvar, _activation, y):
     xp = rt.xp
+    buffers = _Buffers(rt)
     acc = accumulation_dtype(x.dtype)
     c = view.channels
-    gamma = _filled(rt, c, 1, acc) if gamma is None else gamma
-    dmean = _filled(rt, c, 0, acc) if dmean is None else dmean
-    dvar = _filled(rt, c, 0, acc) if dvar is None else dvar
+    gamma = buffers.filled(c, 1, acc) if gamma is None else gamma
+    dmean = buffers.filled(c, 0, acc) if dmean is None else dmean
+    dvar = buffers.filled(c, 0, acc) if dvar is None else dvar
     xk, dyk = view.to_kernel(xp, x), view.to_kernel(xp, dy)
     yk = None if y is None else view.to_kernel(xp, y)
     dgamma, dbeta = xp.empty(c, acc), xp.empty(c, acc)
-    coef = _scratch(rt, 'coef', (3 * c,), acc)
+    coef = buffers.scratch('coef', (3 * c,), acc)
     kept = layout.kept_shape
     if c == 0:
         return xp.empty(x.shape, x.dtype), dgamma.reshape(kept), dbeta.reshape(kept)
-    partials, splits = _reduce(rt, launches, view, xk, dyk, mean, acc, relu_y=yk)
+    partials, splits = _reduce(buffers, launches, view, xk, dyk, mean, acc, relu_y=yk)
     launches('bn_bwd_finalize', *_finalize_grid(c), args=(
         partials, inv_std, gamma, dmean, dvar, dgamma, dbeta, coef, np.int64(c), np.int64(splits),
         np.int64(view.count)))
