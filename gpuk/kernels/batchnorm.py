@@ -34,7 +34,7 @@ from . import dispatch
 from .cudnn import batchnorm as cudnn_batchnorm
 from .runtime import prepared, register_build, resolve
 
-__all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']
+__all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd', 'bn_train_fwd_runner', 'bn_infer_fwd_runner', 'bn_bwd_runner']
 
 SOURCE = Path(__file__).with_name('batchnorm.cu')
 # Tile constants: passed to the .cu as #defines and used for the grids below (one place).
@@ -312,6 +312,17 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
     ``single_kernel``: True takes bn_train_persistent where it fits (channels last, x within
     PERSISTENT_L2_FRACTION of the L2, a resident grid); False always takes the split path
     (sums, finalize, apply), as activations past the L2 do (the inspect report measures both)."""
+    return bn_train_fwd_runner(x, gamma, beta, axes, epsilon, activation, moving_mean, moving_var, decay, var_decay,
+                               var_factor, runtime=runtime, single_kernel=single_kernel)(
+        x, gamma, beta, moving_mean, moving_var, decay, var_decay, var_factor)
+
+
+def bn_train_fwd_runner(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving_mean=None, moving_var=None,
+                        decay=None, var_decay=None, var_factor=None, *, runtime=None, single_kernel=True):
+    """``run(x, gamma, beta, moving_mean=None, moving_var=None, decay=None, var_decay=None,
+    var_factor=None)``, bn_train_fwd with these axes, epsilon and activation for arguments of the
+    types, shapes and dtypes of these: checked and set up once per problem signature
+    (runtime/prepared.py); a BnTrain plan step keeps it (prepared.Kept)."""
     fn = 'bn_train_fwd'
     if not isinstance(single_kernel, bool):
         raise TypeError('%s: single_kernel must be True or False, got %r' % (fn, single_kernel))
@@ -328,27 +339,46 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
         if layout.count == 0:
             raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
                              % (fn, checked_axes, checked.shape))
+        acc = accumulation_dtype(checked.dtype)
+        for name, value in (('gamma', gamma), ('beta', beta)) + (
+                (('moving_mean', moving_mean), ('moving_var', moving_var)) if moving else ()):
+            _kept_param(fn, name, value, layout, acc, xp)
         view = _View(checked.shape, layout)
         key = ('train', checked.dtype, view.key(), gamma is None, beta is None, activation, moving)
-        return checked_epsilon, moving, checked_axes, layout, view, key, prepared.Launches(
-            rt, SOURCE, defines(checked.dtype))
+        gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout,
+                                    prepared.Launches(rt, SOURCE, defines(checked.dtype)), single_kernel)
+        array, flat = _converters(xp, acc)
 
-    epsilon, moving, axes, layout, view, key, launches = prepared.get(
-        rt, fn, (x, gamma, beta, moving_mean, moving_var, decay, var_decay, var_factor), (axes, epsilon, activation),
-        prepare)
-    x = _float_array(fn, 'x', x, xp)
-    acc = accumulation_dtype(x.dtype)
-    gamma = _kept_param(fn, 'gamma', gamma, layout, acc, xp)
-    beta = _kept_param(fn, 'beta', beta, layout, acc, xp)
-    if moving:
-        moving_mean = _kept_param(fn, 'moving_mean', moving_mean, layout, acc, xp)
-        moving_var = _kept_param(fn, 'moving_var', moving_var, layout, acc, xp)
-        # host numbers stay host numbers (reused buffers in _scalars; cuDNN takes them by value)
-        decay, var_decay, var_factor = (v if _is_host_number(v) else xp.asarray(v, dtype=acc).reshape(1) for v in (
-            decay, decay if var_decay is None else var_decay, 1 if var_factor is None else var_factor))
-    gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout, launches, single_kernel)
-    args = (x, gamma, beta, axes, epsilon, activation, moving_mean, moving_var, decay, var_decay, var_factor)
-    return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, *args)
+        def run(x, gamma, beta, moving_mean=None, moving_var=None, decay=None, var_decay=None, var_factor=None):
+            if moving:
+                moving_mean, moving_var = flat(moving_mean), flat(moving_var)
+                # host numbers stay host numbers (reused buffers in scalars; cuDNN takes them by value)
+                decay, var_decay, var_factor = (v if _is_host_number(v) else xp.asarray(v, dtype=acc).reshape(1)
+                                                for v in (decay, decay if var_decay is None else var_decay,
+                                                          1 if var_factor is None else var_factor))
+            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, array(x), flat(gamma),
+                                flat(beta), checked_axes, checked_epsilon, activation, moving_mean, moving_var, decay,
+                                var_decay, var_factor)
+        return run
+    return prepared.get(rt, fn, (x, gamma, beta, moving_mean, moving_var, decay, var_decay, var_factor),
+                        (axes, epsilon, activation, single_kernel), prepare)
+
+
+def _converters(xp, acc):
+    """(array, flat): a checked argument as the runtime's array, and a checked kept-shape
+    parameter (or None) as a flat contiguous acc array (a NumPy array or a list handed to the
+    CUDA runtime is converted per call; the checks ran on it in prepare())."""
+    array_type = xp.ndarray
+
+    def array(value):
+        return value if type(value) is array_type else xp.asarray(value)
+
+    def flat(value):
+        if value is None:
+            return None
+        return xp.ascontiguousarray((value if type(value) is array_type else xp.asarray(value)).reshape(-1),
+                                    dtype=acc)
+    return array, flat
 
 
 def _bn_train_fwd_gpuk(rt, view, layout, launches, single_kernel, x, gamma, beta, _axes, epsilon, activation,
@@ -422,6 +452,14 @@ def _channel_param(fn, name, value, x, axis, acc, xp):
 
 def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='linear', *, runtime=None):
     """Keras `batch_normalization`: (x - mean) / sqrt(var + epsilon) * gamma + beta [then relu]."""
+    return bn_infer_fwd_runner(x, mean, var, gamma, beta, epsilon, axis, activation, runtime=runtime)(
+        x, mean, var, gamma, beta)
+
+
+def bn_infer_fwd_runner(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='linear', *, runtime=None):
+    """``run(x, mean, var, gamma, beta)``, bn_infer_fwd with this epsilon, axis and activation for
+    arguments of the types, shapes and dtypes of these: checked and set up once per problem
+    signature (runtime/prepared.py); a BnInfer plan step keeps it (prepared.Kept)."""
     fn = 'bn_infer_fwd'
     rt = resolve(runtime)
     xp = rt.xp
@@ -434,20 +472,20 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='l
         batchnorm_checks.check_activation(fn, activation)
         checked_axis = batchnorm_checks.check_channel_axis(fn, axis, checked.ndim)
         acc = accumulation_dtype(checked.dtype)
+        # the parameters are part of the signature: their shapes (checked once) set their layout
         shapes = tuple(None if p is None else _channel_param(fn, n, p, checked, checked_axis, acc, xp).shape
                        for n, p in named)
         key = ('infer', checked.dtype, checked.shape, shapes, activation)
-        return checked_epsilon, checked_axis, acc, shapes, key, prepared.Launches(rt, SOURCE, defines(checked.dtype))
+        gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt, prepared.Launches(rt, SOURCE, defines(checked.dtype)))
+        array, _ = _converters(xp, acc)
 
-    # the parameters are part of the signature: their shapes (checked once) set their layout
-    epsilon, axis, acc, shapes, key, launches = prepared.get(rt, fn, (x, mean, var, gamma, beta),
-                                                             (epsilon, axis, activation), prepare)
-    x = _float_array(fn, 'x', x, xp)
-    params = [None if p is None else _float_array(fn, n, p, xp).astype(acc, copy=False).reshape(shape)
-              for (n, p), shape in zip(named, shapes)]
-    gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt, launches)
-    return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_infer_fwd, x, *params, epsilon, axis,
-                        activation)
+        def run(x, mean, var, gamma, beta):
+            params = [None if p is None else array(p).astype(acc, copy=False).reshape(shape)
+                      for p, shape in zip((mean, var, gamma, beta), shapes)]
+            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_infer_fwd, array(x), *params,
+                                checked_epsilon, checked_axis, activation)
+        return run
+    return prepared.get(rt, fn, (x, mean, var, gamma, beta), (epsilon, axis, activation), prepare)
 
 
 def parameter_span(x_shape, param_shapes):
@@ -495,6 +533,15 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
            runtime=None):
     """Gradients of bn_train_fwd -> (dx, dgamma, dbeta), in two passes over x and dy (and y, the
     fused forward's output, with activation='relu': dy counts only where y > 0)."""
+    return bn_bwd_runner(dy, x, gamma, mean, inv_std, axes, dmean, dvar, activation, y, runtime=runtime)(
+        dy, x, gamma, mean, inv_std, dmean, dvar, y)
+
+
+def bn_bwd_runner(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation='linear', y=None, *,
+                  runtime=None):
+    """``run(dy, x, gamma, mean, inv_std, dmean=None, dvar=None, y=None)``, bn_bwd with these axes
+    and activation for arguments of the types, shapes and dtypes of these: checked and set up
+    once per problem signature (runtime/prepared.py); a BnGrad plan step keeps it (prepared.Kept)."""
     fn = 'bn_bwd'
     rt = resolve(runtime)
     xp = rt.xp
@@ -513,21 +560,25 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
                              % (fn, checked_axes, checked_x.shape))
         if mean is None or inv_std is None:
             raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)
+        acc = accumulation_dtype(checked_x.dtype)
+        for name, value in (('mean', mean), ('inv_std', inv_std), ('gamma', gamma), ('dmean', dmean),
+                            ('dvar', dvar)):
+            _kept_param(fn, name, value, layout, acc, xp)
         view = _View(checked_x.shape, layout)
         key = ('bwd', checked_x.dtype, view.key(), gamma is None, dmean is None, dvar is None, activation)
-        return checked_axes, layout, view, key, prepared.Launches(rt, SOURCE, defines(checked_x.dtype))
+        gpuk_fn = functools.partial(_bn_bwd_gpuk, rt, view, layout,
+                                    prepared.Launches(rt, SOURCE, defines(checked_x.dtype)))
+        array, flat = _converters(xp, acc)
+        dtype = checked_x.dtype
 
-    axes, layout, view, key, launches = prepared.get(rt, fn, (dy, x, gamma, mean, inv_std, dmean, dvar, y),
-                                                     (axes, activation), prepare)
-    x, dy = _float_array(fn, 'x', x, xp), _float_array(fn, 'dy', dy, xp)
-    dy = dy.astype(x.dtype, copy=False)   # the twin computes in x's precision too
-    y = None if y is None else _float_array(fn, 'y', y, xp)
-    acc = accumulation_dtype(x.dtype)
-    mean, inv_std, gamma, dmean, dvar = (_kept_param(fn, n, v, layout, acc, xp) for n, v in (
-        ('mean', mean), ('inv_std', inv_std), ('gamma', gamma), ('dmean', dmean), ('dvar', dvar)))
-    gpuk_fn = functools.partial(_bn_bwd_gpuk, rt, view, layout, launches)
-    args = (dy, x, gamma, mean, inv_std, axes, dmean, dvar, activation, y)
-    return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd, *args)
+        def run(dy, x, gamma, mean, inv_std, dmean=None, dvar=None, y=None):
+            # dy in x's precision: the twin computes in it too
+            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd,
+                                array(dy).astype(dtype, copy=False), array(x), flat(gamma), flat(mean),
+                                flat(inv_std), checked_axes, flat(dmean), flat(dvar), activation,
+                                None if y is None else array(y))
+        return run
+    return prepared.get(rt, fn, (dy, x, gamma, mean, inv_std, dmean, dvar, y), (axes, activation), prepare)
 
 
 def _bn_bwd_gpuk(rt, view, layout, launches, dy, x, gamma, mean, inv_std, _axes, dmean, dvar, _activation, y):
