@@ -140,10 +140,13 @@ class _Buffers:
         """Host numbers or one-element (device) arrays as one acc buffer, without a host copy;
         reused per value when all are host numbers."""
         xp = self.xp
-        if all(_is_host_number(v) for v in values):
+        if len(values) == 1 and type(values[0]) is float:   # a checked epsilon: the common case, short
+            numbers = values
+        elif all(_is_host_number(v) for v in values):
             numbers = tuple(float(np.asarray(v).reshape(-1)[0]) for v in values)
-            return self.cached(('scalars', numbers, np.dtype(acc).str), lambda: xp.asarray(np.array(numbers, acc)))
-        return xp.concatenate([xp.asarray(v, dtype=acc).reshape(1) for v in values])
+        else:
+            return xp.concatenate([xp.asarray(v, dtype=acc).reshape(1) for v in values])
+        return self.cached(('scalars', numbers, np.dtype(acc).str), lambda: xp.asarray(np.array(numbers, acc)))
 
 
 def _is_host_number(value):
@@ -476,7 +479,8 @@ def bn_infer_fwd_runner(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activa
         shapes = tuple(None if p is None else _channel_param(fn, n, p, checked, checked_axis, acc, xp).shape
                        for n, p in named)
         key = ('infer', checked.dtype, checked.shape, shapes, activation)
-        gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt, prepared.Launches(rt, SOURCE, defines(checked.dtype)))
+        gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt, prepared.Launches(rt, SOURCE, defines(checked.dtype)),
+                                    _InferPlan(checked.shape, shapes, checked.dtype, activation))
         array, _ = _converters(xp, acc)
 
         def run(x, mean, var, gamma, beta):
@@ -494,36 +498,49 @@ def parameter_span(x_shape, param_shapes):
     return (min(varying), max(varying) + 1) if varying else (0, 0)
 
 
-def _bn_infer_fwd_gpuk(rt, launches, x, mean, var, gamma, beta, epsilon, _axis, activation):
+class _InferPlan:
+    """What bn_infer_fwd's launch reads of its problem's shapes, once per problem: the run of
+    axes the parameters vary on (parameter_span; x viewed as (outer, channels, inner) around
+    it), the grid and the launch's sizes."""
+
+    def __init__(self, x_shape, param_shapes, dtype, activation):
+        self.scalar_x = not x_shape
+        self.shape = shape = tuple(x_shape) if x_shape else (1,)
+        # a 0-d x: every parameter is reshaped to (1,) too
+        lo, hi = parameter_span(shape, [shape if self.scalar_x else s for s in param_shapes if s is not None])
+        span_shape = shape[lo:hi]
+        self.channels = max(math.prod(span_shape), 1)
+        size, inner = math.prod(shape), math.prod(shape[hi:])
+        self.blocks = _elementwise_blocks(size, self.channels, inner, dtype) if size else 0
+        # a parameter restricted to the span axes (it is constant elsewhere)
+        self.index = tuple(slice(None) if lo <= i < hi else slice(0, 1) for i in range(len(shape)))
+        self.span_full = (1,) * lo + span_shape + (1,) * (len(shape) - hi)
+        self.sizes = (np.int64(size), np.int64(self.channels), np.int64(inner), np.int32(activation == 'relu'))
+
+
+def _bn_infer_fwd_gpuk(rt, launches, plan, x, mean, var, gamma, beta, epsilon, _axis, _activation):
     xp = rt.xp
     buffers = _Buffers(rt)
     acc = accumulation_dtype(x.dtype)
-    shape = x.shape if x.ndim else (1,)
-    params = [p.reshape(shape) if p is not None and x.ndim == 0 else p for p in (mean, var, gamma, beta)]
-    lo, hi = parameter_span(shape, [p.shape for p in params if p is not None])
-    span_shape = shape[lo:hi]
-
-    channels = max(math.prod(span_shape), 1)
+    channels = plan.channels
 
     def on_span(p, fill):
-        # the parameter restricted to the span axes (it is constant elsewhere), flattened: a
-        # view of a (C,) parameter in acc already, so no copy in the common case
+        # the parameter restricted to the span axes, flattened: a view of a (C,) parameter in
+        # acc already, so no copy in the common case
         if p is None:
             return buffers.filled(channels, fill, acc)
+        if plan.scalar_x:
+            p = p.reshape(plan.shape)
         if p.size == channels and p.dtype == acc and p.flags.c_contiguous:
             return p.reshape(-1)   # it varies on every span axis (a (C,) parameter): already flat
-        index = tuple(slice(None) if lo <= i < hi else slice(0, 1) for i in range(len(shape)))
-        return xp.ascontiguousarray(xp.broadcast_to(p[index], (1,) * lo + span_shape + (1,) * (len(shape) - hi)),
-                                    dtype=acc).reshape(-1)
-    mean_s, var_s, gamma_s, beta_s = (on_span(p, f) for p, f in zip(params, (0, 1, 1, 0)))
+        return xp.ascontiguousarray(xp.broadcast_to(p[plan.index], plan.span_full), dtype=acc).reshape(-1)
+    mean_s, var_s, gamma_s, beta_s = on_span(mean, 0), on_span(var, 1), on_span(gamma, 1), on_span(beta, 0)
     x = xp.ascontiguousarray(x)
-    inner = math.prod(shape[hi:])
     y = xp.empty(x.shape, x.dtype)
-    if x.size:
+    if plan.blocks:
         # the scale 1 / sqrt(var + epsilon) * gamma is computed in the kernel, where it is used
-        launches('bn_infer_apply', _elementwise_blocks(x.size, channels, inner, x.dtype), BN_THREADS, (
-            x, y, mean_s, var_s, gamma_s, beta_s, buffers.scalars(acc, epsilon), np.int64(x.size),
-            np.int64(channels), np.int64(inner), np.int32(activation == 'relu')))
+        launches('bn_infer_apply', plan.blocks, BN_THREADS, (
+            x, y, mean_s, var_s, gamma_s, beta_s, buffers.scalars(acc, epsilon)) + plan.sizes)
     return y
 
 
