@@ -351,14 +351,21 @@ def bn_train_fwd_runner(x, gamma, beta, axes, epsilon=1e-3, activation='linear',
         gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout,
                                     prepared.Launches(rt, SOURCE, defines(checked.dtype)), single_kernel)
         array, flat = _converters(xp, acc)
+        # host numbers stay host numbers (reused buffers in scalars; cuDNN takes them by value),
+        # device values become (1,) acc arrays: which is which is part of the signature
+        scalar_slots = tuple(_is_host_number(v) for v in (decay, decay if var_decay is None else var_decay,
+                                                             1 if var_factor is None else var_factor))
+
+        def scalar(value, host):
+            return value if host else xp.asarray(value, dtype=acc).reshape(1)
 
         def run(x, gamma, beta, moving_mean=None, moving_var=None, decay=None, var_decay=None, var_factor=None):
             if moving:
                 moving_mean, moving_var = flat(moving_mean), flat(moving_var)
-                # host numbers stay host numbers (reused buffers in scalars; cuDNN takes them by value)
-                decay, var_decay, var_factor = (v if _is_host_number(v) else xp.asarray(v, dtype=acc).reshape(1)
-                                                for v in (decay, decay if var_decay is None else var_decay,
-                                                          1 if var_factor is None else var_factor))
+                host_decay, host_var_decay, host_factor = scalar_slots
+                var_decay = scalar(decay if var_decay is None else var_decay, host_var_decay)
+                decay = scalar(decay, host_decay)
+                var_factor = scalar(1 if var_factor is None else var_factor, host_factor)
             return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, array(x), flat(gamma),
                                 flat(beta), checked_axes, checked_epsilon, activation, moving_mean, moving_var, decay,
                                 var_decay, var_factor)
