@@ -21,7 +21,7 @@ import numpy as np
 from gpuk.contracts.dtypes import accumulation_dtype
 from gpuk.contracts import batchnorm_checks as checks, conv_checks
 
-__all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']
+__all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd', 'bn_train_fwd_runner', 'bn_infer_fwd_runner', 'bn_bwd_runner']
 
 
 # ---------------------------------------------------------------- checks
@@ -262,3 +262,30 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
     if dmean is not None:
         dx += layout.stat_view(dmean / n)
     return dx.reshape(x.shape).astype(x.dtype, copy=False), dgamma, dbeta
+
+
+# ---------------------------------------------------------------- runners (what a plan step keeps)
+
+def bn_train_fwd_runner(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving_mean=None,
+                        moving_var=None, decay=None, var_decay=None, var_factor=None):
+    """``run(x, gamma, beta, moving_mean=None, moving_var=None, decay=None, var_decay=None,
+    var_factor=None)``: bn_train_fwd with these axes, epsilon and activation (what a BnTrain plan
+    step keeps between calls; the checks run per call here, as in bn_train_fwd)."""
+    def run(x, gamma, beta, moving_mean=None, moving_var=None, decay=None, var_decay=None, var_factor=None):
+        return bn_train_fwd(x, gamma, beta, axes, epsilon, activation, moving_mean, moving_var, decay, var_decay,
+                            var_factor)
+    return run
+
+
+def bn_infer_fwd_runner(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='linear'):
+    """``run(x, mean, var, gamma, beta)``: bn_infer_fwd with this epsilon, axis and activation
+    (what a BnInfer plan step keeps; checked per call here, as in bn_infer_fwd)."""
+    return lambda x, mean, var, gamma, beta: bn_infer_fwd(x, mean, var, gamma, beta, epsilon, axis, activation)
+
+
+def bn_bwd_runner(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation='linear', y=None):
+    """``run(dy, x, gamma, mean, inv_std, dmean=None, dvar=None, y=None)``: bn_bwd with these axes
+    and activation (what a BnGrad plan step keeps; checked per call here, as in bn_bwd)."""
+    def run(dy, x, gamma, mean, inv_std, dmean=None, dvar=None, y=None):
+        return bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean, dvar, activation, y)
+    return run

@@ -34,7 +34,7 @@ from . import dispatch
 from .cudnn import batchnorm as cudnn_batchnorm
 from .runtime import prepared, register_build, resolve
 
-__all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd']
+__all__ = ['bn_train_fwd', 'bn_infer_fwd', 'bn_bwd', 'bn_train_fwd_runner', 'bn_infer_fwd_runner', 'bn_bwd_runner']
 
 SOURCE = Path(__file__).with_name('batchnorm.cu')
 # Tile constants: passed to the .cu as #defines and used for the grids below (one place).
@@ -107,42 +107,50 @@ def _device_key(rt):
     return (id(rt), cuda.Device().id, cuda.get_current_stream().ptr, threading.get_ident())
 
 
-def _cached(rt, key, make):
-    key = _device_key(rt) + key
-    buffer = _BUFFERS.get(key)
-    if buffer is None:
-        buffer = _BUFFERS[key] = make()
-        if len(_BUFFERS) > _MAX_BUFFERS:
-            _BUFFERS.popitem(last=False)
-    else:
-        _BUFFERS.move_to_end(key)
-    return buffer
+class _Buffers:
+    """The reused buffers of one launcher call: their owner (_device_key: the current device
+    and stream, read from the array library) is read once per call, not once per buffer."""
+    __slots__ = ('xp', 'owner')
 
+    def __init__(self, rt):
+        self.xp, self.owner = rt.xp, _device_key(rt)
 
-def _scratch(rt, name, shape, dtype):
-    """A reused uninitialized buffer (contents left from the previous call)."""
-    return _cached(rt, ('scratch', name, tuple(shape), np.dtype(dtype).str),
-                   lambda: rt.xp.empty(shape, dtype))
+    def cached(self, key, make):
+        key = self.owner + key
+        buffer = _BUFFERS.get(key)
+        if buffer is None:
+            buffer = _BUFFERS[key] = make()
+            if len(_BUFFERS) > _MAX_BUFFERS:
+                _BUFFERS.popitem(last=False)
+        else:
+            _BUFFERS.move_to_end(key)
+        return buffer
 
+    def scratch(self, name, shape, dtype):
+        """A reused uninitialized buffer (contents left from the previous call)."""
+        return self.cached(('scratch', name, tuple(shape), np.dtype(dtype).str),
+                           lambda: self.xp.empty(shape, dtype))
 
-def _filled(rt, count, value, dtype):
-    """A reused read-only buffer of `count` copies of `value`."""
-    return _cached(rt, ('filled', count, float(value), np.dtype(dtype).str),
-                   lambda: rt.xp.full(count, value, dtype))
+    def filled(self, count, value, dtype):
+        """A reused read-only buffer of `count` copies of `value`."""
+        return self.cached(('filled', count, float(value), np.dtype(dtype).str),
+                           lambda: self.xp.full(count, value, dtype))
+
+    def scalars(self, acc, *values):
+        """Host numbers or one-element (device) arrays as one acc buffer, without a host copy;
+        reused per value when all are host numbers."""
+        xp = self.xp
+        if len(values) == 1 and type(values[0]) is float:   # a checked epsilon: the common case, short
+            numbers = values
+        elif all(_is_host_number(v) for v in values):
+            numbers = tuple(float(np.asarray(v).reshape(-1)[0]) for v in values)
+        else:
+            return xp.concatenate([xp.asarray(v, dtype=acc).reshape(1) for v in values])
+        return self.cached(('scalars', numbers, np.dtype(acc).str), lambda: xp.asarray(np.array(numbers, acc)))
 
 
 def _is_host_number(value):
     return isinstance(value, (int, float, np.generic)) or (isinstance(value, np.ndarray) and value.size == 1)
-
-
-def _scalars(rt, acc, *values):
-    """Host numbers or one-element (device) arrays as one acc buffer, without a host copy;
-    reused per value when all are host numbers."""
-    xp = rt.xp
-    if all(_is_host_number(v) for v in values):
-        numbers = tuple(float(np.asarray(v).reshape(-1)[0]) for v in values)
-        return _cached(rt, ('scalars', numbers, np.dtype(acc).str), lambda: xp.asarray(np.array(numbers, acc)))
-    return xp.concatenate([xp.asarray(v, dtype=acc).reshape(1) for v in values])
 
 
 # ---------------------------------------------------------------- checks (xp arrays)
@@ -212,11 +220,11 @@ def _splits(view):
     return -(-reduced // per_split), per_split
 
 
-def _reduce(rt, launches, view, x, dy, mean, acc, relu_y=None):
+def _reduce(buffers, launches, view, x, dy, mean, acc, relu_y=None):
     """The sums pass: partials (splits, C, 2) in acc, for training (dy None) or backward
     (dy masked by the fused relu output when relu_y is given)."""
     splits, per_split = _splits(view)
-    partials = _scratch(rt, 'partials', (splits, view.channels, 2), acc)
+    partials = buffers.scratch('partials', (splits, view.channels, 2), acc)
     backward = dy is not None
     kind = 'bn_stats' if not backward else 'bn_bwd_sums' if relu_y is None else 'bn_bwd_relu_sums'
     if view.inner == 1:
@@ -228,18 +236,18 @@ def _reduce(rt, launches, view, x, dy, mean, acc, relu_y=None):
         args = (np.int64(view.outer), np.int64(view.channels), np.int64(view.inner), np.int64(per_split))
         grid, block = (view.channels, splits), BN_THREADS
     if not backward:
-        buffers = (x, partials, _shifts(rt, view, acc))
+        operands = (x, partials, _shifts(buffers, view, acc))
     elif relu_y is None:
-        buffers = (dy, x, mean, partials)
+        operands = (dy, x, mean, partials)
     else:
-        buffers = (dy, x, relu_y, mean, partials)
-    launches(name, grid, block, buffers + args)
+        operands = (dy, x, relu_y, mean, partials)
+    launches(name, grid, block, operands + args)
     return partials, splits
 
 
-def _shifts(rt, view, acc):
+def _shifts(buffers, view, acc):
     """The per-channel shifts K the training sums kernels wrote beside the partials."""
-    return _scratch(rt, 'shifts', (view.channels,), acc)
+    return buffers.scratch('shifts', (view.channels,), acc)
 
 
 def _persistent_blocks(rt, launches, view, x):
@@ -254,32 +262,32 @@ def _persistent_blocks(rt, launches, view, x):
     return max(0, min(capacity, tiles))
 
 
-def _barrier(rt):
+def _barrier(buffers):
     """bn_train_persistent's grid-barrier state: zeroed once, left as found by every launch.
     Two launches that overlap must never share one (each would count the other's blocks at its
     barriers, and wait forever or run on early): like the scratch buffers it is kept per
     (runtime, device, stream, host thread) (_device_key), and launches on one stream run one
     after the other, so concurrent launches on two streams (or threads) use two barriers. A
     captured CUDA Graph keeps the one of its capture stream, on which it is also replayed."""
-    return _cached(rt, ('barrier',), lambda: rt.xp.zeros(2, np.uint32))
+    return buffers.cached(('barrier',), lambda: buffers.xp.zeros(2, np.uint32))
 
 
-def _train_persistent(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks):
+def _train_persistent(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks):
     """The training forward as one bn_train_persistent launch -> (y in the kernel's layout,
     mean, var, inv_std, next_mean, next_var)."""
-    xp, c = rt.xp, view.channels
+    xp, c = buffers.xp, view.channels
     acc = accumulation_dtype(xk.dtype)
     splits, per_split = _splits(view)
     moving_mean, moving_var, decay, var_decay, var_factor = moving_args
     moving = moving_mean is not None
     mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
     next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (mean, var)
-    scalars = _scalars(rt, acc, epsilon, decay, var_decay, var_factor) if moving else _scalars(rt, acc, epsilon)
+    scalars = buffers.scalars(acc, epsilon, decay, var_decay, var_factor) if moving else buffers.scalars(acc, epsilon)
     y = xp.empty(xk.shape, xk.dtype)
     launches('bn_train_persistent', blocks, BN_THREADS, (
         xk, y, gamma, beta, moving_mean if moving else gamma, moving_var if moving else gamma, mean, var, inv_std,
-        _scratch(rt, 'scale', (c,), acc), next_mean, next_var, _scratch(rt, 'partials', (splits, c, 2), acc),
-        _shifts(rt, view, acc), _barrier(rt), scalars, np.int64(view.outer), np.int64(c), np.int64(splits),
+        buffers.scratch('scale', (c,), acc), next_mean, next_var, buffers.scratch('partials', (splits, c, 2), acc),
+        _shifts(buffers, view, acc), _barrier(buffers), scalars, np.int64(view.outer), np.int64(c), np.int64(splits),
         np.int64(per_split), np.int32(moving), np.int32(activation == 'relu')))
     return y, mean, var, inv_std, (next_mean if moving else None), (next_var if moving else None)
 
@@ -307,6 +315,17 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
     ``single_kernel``: True takes bn_train_persistent where it fits (channels last, x within
     PERSISTENT_L2_FRACTION of the L2, a resident grid); False always takes the split path
     (sums, finalize, apply), as activations past the L2 do (the inspect report measures both)."""
+    return bn_train_fwd_runner(x, gamma, beta, axes, epsilon, activation, moving_mean, moving_var, decay, var_decay,
+                               var_factor, runtime=runtime, single_kernel=single_kernel)(
+        x, gamma, beta, moving_mean, moving_var, decay, var_decay, var_factor)
+
+
+def bn_train_fwd_runner(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving_mean=None, moving_var=None,
+                        decay=None, var_decay=None, var_factor=None, *, runtime=None, single_kernel=True):
+    """``run(x, gamma, beta, moving_mean=None, moving_var=None, decay=None, var_decay=None,
+    var_factor=None)``, bn_train_fwd with these axes, epsilon and activation for arguments of the
+    types, shapes and dtypes of these: checked and set up once per problem signature
+    (runtime/prepared.py); a BnTrain plan step keeps it (prepared.Kept)."""
     fn = 'bn_train_fwd'
     if not isinstance(single_kernel, bool):
         raise TypeError('%s: single_kernel must be True or False, got %r' % (fn, single_kernel))
@@ -323,72 +342,99 @@ def bn_train_fwd(x, gamma, beta, axes, epsilon=1e-3, activation='linear', moving
         if layout.count == 0:
             raise ValueError('%s: x must have elements along the reduced axes %s, got shape %s'
                              % (fn, checked_axes, checked.shape))
+        acc = accumulation_dtype(checked.dtype)
+        for name, value in (('gamma', gamma), ('beta', beta)) + (
+                (('moving_mean', moving_mean), ('moving_var', moving_var)) if moving else ()):
+            _kept_param(fn, name, value, layout, acc, xp)
         view = _View(checked.shape, layout)
         key = ('train', checked.dtype, view.key(), gamma is None, beta is None, activation, moving)
-        return checked_epsilon, moving, checked_axes, layout, view, key, prepared.Launches(
-            rt, SOURCE, defines(checked.dtype))
+        gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout,
+                                    prepared.Launches(rt, SOURCE, defines(checked.dtype)), single_kernel)
+        array, flat = _converters(xp, acc)
+        # host numbers stay host numbers (reused buffers in scalars; cuDNN takes them by value),
+        # device values become (1,) acc arrays: which is which is part of the signature
+        scalar_slots = tuple(_is_host_number(v) for v in (decay, decay if var_decay is None else var_decay,
+                                                             1 if var_factor is None else var_factor))
 
-    epsilon, moving, axes, layout, view, key, launches = prepared.get(
-        rt, fn, (x, gamma, beta, moving_mean, moving_var, decay, var_decay, var_factor), (axes, epsilon, activation),
-        prepare)
-    x = _float_array(fn, 'x', x, xp)
-    acc = accumulation_dtype(x.dtype)
-    gamma = _kept_param(fn, 'gamma', gamma, layout, acc, xp)
-    beta = _kept_param(fn, 'beta', beta, layout, acc, xp)
-    if moving:
-        moving_mean = _kept_param(fn, 'moving_mean', moving_mean, layout, acc, xp)
-        moving_var = _kept_param(fn, 'moving_var', moving_var, layout, acc, xp)
-        # host numbers stay host numbers (reused buffers in _scalars; cuDNN takes them by value)
-        decay, var_decay, var_factor = (v if _is_host_number(v) else xp.asarray(v, dtype=acc).reshape(1) for v in (
-            decay, decay if var_decay is None else var_decay, 1 if var_factor is None else var_factor))
-    gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout, launches, single_kernel)
-    args = (x, gamma, beta, axes, epsilon, activation, moving_mean, moving_var, decay, var_decay, var_factor)
-    return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, *args)
+        def scalar(value, host):
+            return value if host else xp.asarray(value, dtype=acc).reshape(1)
+
+        def run(x, gamma, beta, moving_mean=None, moving_var=None, decay=None, var_decay=None, var_factor=None):
+            if moving:
+                moving_mean, moving_var = flat(moving_mean), flat(moving_var)
+                host_decay, host_var_decay, host_factor = scalar_slots
+                var_decay = scalar(decay if var_decay is None else var_decay, host_var_decay)
+                decay = scalar(decay, host_decay)
+                var_factor = scalar(1 if var_factor is None else var_factor, host_factor)
+            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, array(x), flat(gamma),
+                                flat(beta), checked_axes, checked_epsilon, activation, moving_mean, moving_var, decay,
+                                var_decay, var_factor)
+        return run
+    return prepared.get(rt, fn, (x, gamma, beta, moving_mean, moving_var, decay, var_decay, var_factor),
+                        (axes, epsilon, activation, single_kernel), prepare)
+
+
+def _converters(xp, acc):
+    """(array, flat): a checked argument as the runtime's array, and a checked kept-shape
+    parameter (or None) as a flat contiguous acc array (a NumPy array or a list handed to the
+    CUDA runtime is converted per call; the checks ran on it in prepare())."""
+    array_type = xp.ndarray
+
+    def array(value):
+        return value if type(value) is array_type else xp.asarray(value)
+
+    def flat(value):
+        if value is None:
+            return None
+        return xp.ascontiguousarray((value if type(value) is array_type else xp.asarray(value)).reshape(-1),
+                                    dtype=acc)
+    return array, flat
 
 
 def _bn_train_fwd_gpuk(rt, view, layout, launches, single_kernel, x, gamma, beta, _axes, epsilon, activation,
                        moving_mean, moving_var, decay, var_decay, var_factor):
     xp = rt.xp
+    buffers = _Buffers(rt)
     acc = accumulation_dtype(x.dtype)
     c = view.channels
-    gamma = _filled(rt, c, 1, acc) if gamma is None else gamma
-    beta = _filled(rt, c, 0, acc) if beta is None else beta
+    gamma = buffers.filled(c, 1, acc) if gamma is None else gamma
+    beta = buffers.filled(c, 0, acc) if beta is None else beta
     moving = moving_mean is not None
     xk = view.to_kernel(xp, x)
     moving_args = (moving_mean, moving_var, decay, var_decay, var_factor)
     # per problem on a GPU (its L2 and occupancy are the runtime's; Launches.kept)
     blocks = single_kernel and launches.kept('persistent blocks', lambda: _persistent_blocks(rt, launches, view, xk))
     if blocks:
-        outs = _train_persistent(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks)
+        outs = _train_persistent(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks)
     else:
-        outs = _train_split(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon)
+        outs = _train_split(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon)
     y, mean, var, inv_std, next_mean, next_var = outs
     kept = layout.kept_shape
     stats = (view.from_kernel(xp, y), mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
     return stats + (next_mean.reshape(kept), next_var.reshape(kept)) if moving else stats
 
 
-def _train_split(rt, launches, view, xk, gamma, beta, moving_args, activation, epsilon):
+def _train_split(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon):
     """The training forward as the split path (sums, finalize, apply) -> (y in the kernel's
     layout, mean, var, inv_std, next_mean, next_var)."""
-    xp, c = rt.xp, view.channels
+    xp, c = buffers.xp, view.channels
     acc = accumulation_dtype(xk.dtype)
     moving_mean, moving_var, decay, var_decay, var_factor = moving_args
     moving = moving_mean is not None
     mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
-    scale = _scratch(rt, 'scale', (c,), acc)
+    scale = buffers.scratch('scale', (c,), acc)
     next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (None, None)
     if c:
-        partials, splits = _reduce(rt, launches, view, xk, None, None, acc)
+        partials, splits = _reduce(buffers, launches, view, xk, None, None, acc)
         sizes = (np.int64(c), np.int64(splits), np.int64(view.count))
-        shifts = _shifts(rt, view, acc)
+        shifts = _shifts(buffers, view, acc)
         if moving:
             launches('bn_stats_finalize_moving', *_finalize_grid(c), args=(
                 partials, shifts, gamma, moving_mean, moving_var, mean, var, inv_std, scale, next_mean, next_var,
-                _scalars(rt, acc, epsilon, decay, var_decay, var_factor)) + sizes)
+                buffers.scalars(acc, epsilon, decay, var_decay, var_factor)) + sizes)
         else:
             launches('bn_stats_finalize', *_finalize_grid(c), args=(
-                partials, shifts, gamma, mean, var, inv_std, scale, _scalars(rt, acc, epsilon)) + sizes)
+                partials, shifts, gamma, mean, var, inv_std, scale, buffers.scalars(acc, epsilon)) + sizes)
     y = _apply(launches, c, view.inner, xk, mean, scale, beta, xk.dtype, xp, activation)
     return y, mean, var, inv_std, next_mean, next_var
 
@@ -416,6 +462,14 @@ def _channel_param(fn, name, value, x, axis, acc, xp):
 
 def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='linear', *, runtime=None):
     """Keras `batch_normalization`: (x - mean) / sqrt(var + epsilon) * gamma + beta [then relu]."""
+    return bn_infer_fwd_runner(x, mean, var, gamma, beta, epsilon, axis, activation, runtime=runtime)(
+        x, mean, var, gamma, beta)
+
+
+def bn_infer_fwd_runner(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='linear', *, runtime=None):
+    """``run(x, mean, var, gamma, beta)``, bn_infer_fwd with this epsilon, axis and activation for
+    arguments of the types, shapes and dtypes of these: checked and set up once per problem
+    signature (runtime/prepared.py); a BnInfer plan step keeps it (prepared.Kept)."""
     fn = 'bn_infer_fwd'
     rt = resolve(runtime)
     xp = rt.xp
@@ -428,20 +482,21 @@ def bn_infer_fwd(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activation='l
         batchnorm_checks.check_activation(fn, activation)
         checked_axis = batchnorm_checks.check_channel_axis(fn, axis, checked.ndim)
         acc = accumulation_dtype(checked.dtype)
+        # the parameters are part of the signature: their shapes (checked once) set their layout
         shapes = tuple(None if p is None else _channel_param(fn, n, p, checked, checked_axis, acc, xp).shape
                        for n, p in named)
         key = ('infer', checked.dtype, checked.shape, shapes, activation)
-        return checked_epsilon, checked_axis, acc, shapes, key, prepared.Launches(rt, SOURCE, defines(checked.dtype))
+        gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt, prepared.Launches(rt, SOURCE, defines(checked.dtype)),
+                                    _InferPlan(checked.shape, shapes, checked.dtype, activation))
+        array, _ = _converters(xp, acc)
 
-    # the parameters are part of the signature: their shapes (checked once) set their layout
-    epsilon, axis, acc, shapes, key, launches = prepared.get(rt, fn, (x, mean, var, gamma, beta),
-                                                             (epsilon, axis, activation), prepare)
-    x = _float_array(fn, 'x', x, xp)
-    params = [None if p is None else _float_array(fn, n, p, xp).astype(acc, copy=False).reshape(shape)
-              for (n, p), shape in zip(named, shapes)]
-    gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt, launches)
-    return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_infer_fwd, x, *params, epsilon, axis,
-                        activation)
+        def run(x, mean, var, gamma, beta):
+            params = [None if p is None else array(p).astype(acc, copy=False).reshape(shape)
+                      for p, shape in zip((mean, var, gamma, beta), shapes)]
+            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_infer_fwd, array(x), *params,
+                                checked_epsilon, checked_axis, activation)
+        return run
+    return prepared.get(rt, fn, (x, mean, var, gamma, beta), (epsilon, axis, activation), prepare)
 
 
 def parameter_span(x_shape, param_shapes):
@@ -450,35 +505,49 @@ def parameter_span(x_shape, param_shapes):
     return (min(varying), max(varying) + 1) if varying else (0, 0)
 
 
-def _bn_infer_fwd_gpuk(rt, launches, x, mean, var, gamma, beta, epsilon, _axis, activation):
-    xp = rt.xp
-    acc = accumulation_dtype(x.dtype)
-    shape = x.shape if x.ndim else (1,)
-    params = [p.reshape(shape) if p is not None and x.ndim == 0 else p for p in (mean, var, gamma, beta)]
-    lo, hi = parameter_span(shape, [p.shape for p in params if p is not None])
-    span_shape = shape[lo:hi]
+class _InferPlan:
+    """What bn_infer_fwd's launch reads of its problem's shapes, once per problem: the run of
+    axes the parameters vary on (parameter_span; x viewed as (outer, channels, inner) around
+    it), the grid and the launch's sizes."""
 
-    channels = max(math.prod(span_shape), 1)
+    def __init__(self, x_shape, param_shapes, dtype, activation):
+        self.scalar_x = not x_shape
+        self.shape = shape = tuple(x_shape) if x_shape else (1,)
+        # a 0-d x: every parameter is reshaped to (1,) too
+        lo, hi = parameter_span(shape, [shape if self.scalar_x else s for s in param_shapes if s is not None])
+        span_shape = shape[lo:hi]
+        self.channels = max(math.prod(span_shape), 1)
+        size, inner = math.prod(shape), math.prod(shape[hi:])
+        self.blocks = _elementwise_blocks(size, self.channels, inner, dtype) if size else 0
+        # a parameter restricted to the span axes (it is constant elsewhere)
+        self.index = tuple(slice(None) if lo <= i < hi else slice(0, 1) for i in range(len(shape)))
+        self.span_full = (1,) * lo + span_shape + (1,) * (len(shape) - hi)
+        self.sizes = (np.int64(size), np.int64(self.channels), np.int64(inner), np.int32(activation == 'relu'))
+
+
+def _bn_infer_fwd_gpuk(rt, launches, plan, x, mean, var, gamma, beta, epsilon, _axis, _activation):
+    xp = rt.xp
+    buffers = _Buffers(rt)
+    acc = accumulation_dtype(x.dtype)
+    channels = plan.channels
 
     def on_span(p, fill):
-        # the parameter restricted to the span axes (it is constant elsewhere), flattened: a
-        # view of a (C,) parameter in acc already, so no copy in the common case
+        # the parameter restricted to the span axes, flattened: a view of a (C,) parameter in
+        # acc already, so no copy in the common case
         if p is None:
-            return _filled(rt, channels, fill, acc)
+            return buffers.filled(channels, fill, acc)
+        if plan.scalar_x:
+            p = p.reshape(plan.shape)
         if p.size == channels and p.dtype == acc and p.flags.c_contiguous:
             return p.reshape(-1)   # it varies on every span axis (a (C,) parameter): already flat
-        index = tuple(slice(None) if lo <= i < hi else slice(0, 1) for i in range(len(shape)))
-        return xp.ascontiguousarray(xp.broadcast_to(p[index], (1,) * lo + span_shape + (1,) * (len(shape) - hi)),
-                                    dtype=acc).reshape(-1)
-    mean_s, var_s, gamma_s, beta_s = (on_span(p, f) for p, f in zip(params, (0, 1, 1, 0)))
+        return xp.ascontiguousarray(xp.broadcast_to(p[plan.index], plan.span_full), dtype=acc).reshape(-1)
+    mean_s, var_s, gamma_s, beta_s = on_span(mean, 0), on_span(var, 1), on_span(gamma, 1), on_span(beta, 0)
     x = xp.ascontiguousarray(x)
-    inner = math.prod(shape[hi:])
     y = xp.empty(x.shape, x.dtype)
-    if x.size:
+    if plan.blocks:
         # the scale 1 / sqrt(var + epsilon) * gamma is computed in the kernel, where it is used
-        launches('bn_infer_apply', _elementwise_blocks(x.size, channels, inner, x.dtype), BN_THREADS, (
-            x, y, mean_s, var_s, gamma_s, beta_s, _scalars(rt, acc, epsilon), np.int64(x.size),
-            np.int64(channels), np.int64(inner), np.int32(activation == 'relu')))
+        launches('bn_infer_apply', plan.blocks, BN_THREADS, (
+            x, y, mean_s, var_s, gamma_s, beta_s, buffers.scalars(acc, epsilon)) + plan.sizes)
     return y
 
 
@@ -488,6 +557,15 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
            runtime=None):
     """Gradients of bn_train_fwd -> (dx, dgamma, dbeta), in two passes over x and dy (and y, the
     fused forward's output, with activation='relu': dy counts only where y > 0)."""
+    return bn_bwd_runner(dy, x, gamma, mean, inv_std, axes, dmean, dvar, activation, y, runtime=runtime)(
+        dy, x, gamma, mean, inv_std, dmean, dvar, y)
+
+
+def bn_bwd_runner(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation='linear', y=None, *,
+                  runtime=None):
+    """``run(dy, x, gamma, mean, inv_std, dmean=None, dvar=None, y=None)``, bn_bwd with these axes
+    and activation for arguments of the types, shapes and dtypes of these: checked and set up
+    once per problem signature (runtime/prepared.py); a BnGrad plan step keeps it (prepared.Kept)."""
     fn = 'bn_bwd'
     rt = resolve(runtime)
     xp = rt.xp
@@ -506,38 +584,43 @@ def bn_bwd(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, activation=
                              % (fn, checked_axes, checked_x.shape))
         if mean is None or inv_std is None:
             raise ValueError('%s: mean and inv_std (outputs of bn_train_fwd) are required' % fn)
+        acc = accumulation_dtype(checked_x.dtype)
+        for name, value in (('mean', mean), ('inv_std', inv_std), ('gamma', gamma), ('dmean', dmean),
+                            ('dvar', dvar)):
+            _kept_param(fn, name, value, layout, acc, xp)
         view = _View(checked_x.shape, layout)
         key = ('bwd', checked_x.dtype, view.key(), gamma is None, dmean is None, dvar is None, activation)
-        return checked_axes, layout, view, key, prepared.Launches(rt, SOURCE, defines(checked_x.dtype))
+        gpuk_fn = functools.partial(_bn_bwd_gpuk, rt, view, layout,
+                                    prepared.Launches(rt, SOURCE, defines(checked_x.dtype)))
+        array, flat = _converters(xp, acc)
+        dtype = checked_x.dtype
 
-    axes, layout, view, key, launches = prepared.get(rt, fn, (dy, x, gamma, mean, inv_std, dmean, dvar, y),
-                                                     (axes, activation), prepare)
-    x, dy = _float_array(fn, 'x', x, xp), _float_array(fn, 'dy', dy, xp)
-    dy = dy.astype(x.dtype, copy=False)   # the twin computes in x's precision too
-    y = None if y is None else _float_array(fn, 'y', y, xp)
-    acc = accumulation_dtype(x.dtype)
-    mean, inv_std, gamma, dmean, dvar = (_kept_param(fn, n, v, layout, acc, xp) for n, v in (
-        ('mean', mean), ('inv_std', inv_std), ('gamma', gamma), ('dmean', dmean), ('dvar', dvar)))
-    gpuk_fn = functools.partial(_bn_bwd_gpuk, rt, view, layout, launches)
-    args = (dy, x, gamma, mean, inv_std, axes, dmean, dvar, activation, y)
-    return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd, *args)
+        def run(dy, x, gamma, mean, inv_std, dmean=None, dvar=None, y=None):
+            # dy in x's precision: the twin computes in it too
+            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd,
+                                array(dy).astype(dtype, copy=False), array(x), flat(gamma), flat(mean),
+                                flat(inv_std), checked_axes, flat(dmean), flat(dvar), activation,
+                                None if y is None else array(y))
+        return run
+    return prepared.get(rt, fn, (dy, x, gamma, mean, inv_std, dmean, dvar, y), (axes, activation), prepare)
 
 
 def _bn_bwd_gpuk(rt, view, layout, launches, dy, x, gamma, mean, inv_std, _axes, dmean, dvar, _activation, y):
     xp = rt.xp
+    buffers = _Buffers(rt)
     acc = accumulation_dtype(x.dtype)
     c = view.channels
-    gamma = _filled(rt, c, 1, acc) if gamma is None else gamma
-    dmean = _filled(rt, c, 0, acc) if dmean is None else dmean
-    dvar = _filled(rt, c, 0, acc) if dvar is None else dvar
+    gamma = buffers.filled(c, 1, acc) if gamma is None else gamma
+    dmean = buffers.filled(c, 0, acc) if dmean is None else dmean
+    dvar = buffers.filled(c, 0, acc) if dvar is None else dvar
     xk, dyk = view.to_kernel(xp, x), view.to_kernel(xp, dy)
     yk = None if y is None else view.to_kernel(xp, y)
     dgamma, dbeta = xp.empty(c, acc), xp.empty(c, acc)
-    coef = _scratch(rt, 'coef', (3 * c,), acc)
+    coef = buffers.scratch('coef', (3 * c,), acc)
     kept = layout.kept_shape
     if c == 0:
         return xp.empty(x.shape, x.dtype), dgamma.reshape(kept), dbeta.reshape(kept)
-    partials, splits = _reduce(rt, launches, view, xk, dyk, mean, acc, relu_y=yk)
+    partials, splits = _reduce(buffers, launches, view, xk, dyk, mean, acc, relu_y=yk)
     launches('bn_bwd_finalize', *_finalize_grid(c), args=(
         partials, inv_std, gamma, dmean, dvar, dgamma, dbeta, coef, np.int64(c), np.int64(splits),
         np.int64(view.count)))

@@ -27,7 +27,7 @@ from . import dispatch
 from .cudnn import pooling as cudnn_pooling
 from .runtime import prepared, register_build, resolve
 
-__all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd']
+__all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd', 'max_pool_fwd_runner', 'max_pool_bwd_runner']
 
 SOURCE = Path(__file__).with_name('pooling.cu')
 # Tile constants: passed to the .cu as #defines and used for the grids below (one place).
@@ -172,11 +172,37 @@ def _run(rt, problem, op, gpuk_fn, cudnn_fn, *args):
 def max_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
     """Max pooling -> (y, argmax); argmax (shaped like y, uint8 up to 256 window taps, int32
     beyond) is the winner's row-major tap in its window, the first one winning ties."""
+    return max_pool_fwd_runner(x, window, strides, pads, data_format, runtime=runtime)(x)
+
+
+def max_pool_fwd_runner(x, window, strides, pads, data_format, *, runtime=None):
+    """``run(x)``, max_pool_fwd with this geometry for an x of the type, shape and dtype of this
+    one: checked and set up once per problem signature (runtime/prepared.py); a MaxPool plan
+    step keeps it (prepared.Kept)."""
+    fn = 'max_pool_fwd'
     rt = resolve(runtime)
-    x, problem = _forward_problem('max_pool_fwd', x, window, strides, pads, data_format, rt)
-    gpuk_fn = functools.partial(_max_pool_fwd_gpuk, rt, problem)
-    return _run(rt, problem, 'max_fwd', gpuk_fn, cudnn_pooling.max_pool_fwd,
-                x, problem.window, problem.strides, problem.pads, data_format)
+    xp = rt.xp
+
+    def prepare():
+        checked = _float_array(fn, 'x', x, xp)
+        problem = _problem(pooling_checks.forward_setup(fn, checked, window, strides, pads, data_format),
+                           checked.dtype, rt)
+        gpuk_fn = functools.partial(_max_pool_fwd_gpuk, rt, problem)
+        key, geometry, contiguous = problem.key('max_fwd'), (problem.window, problem.strides, problem.pads), \
+            _contiguous(xp)
+
+        def run(x):
+            return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.max_pool_fwd, contiguous(x), *geometry,
+                                data_format)
+        return run
+    return prepared.get(rt, fn, (x,), (window, strides, pads, data_format), prepare)
+
+
+def _contiguous(xp):
+    """A checked argument as a contiguous array of the runtime's xp (converted per call: the
+    checks ran on it once per signature)."""
+    array_type = xp.ndarray
+    return lambda value: xp.ascontiguousarray(value if type(value) is array_type else xp.asarray(value))
 
 
 def _max_pool_fwd_gpuk(rt, problem, x, *_geometry):
@@ -247,23 +273,34 @@ def _avg_pool_bwd_gpuk(rt, problem, dy, *_geometry):
 def max_pool_bwd(dy, argmax, x_shape, window, strides, pads, data_format, *, runtime=None):
     """Gradient of max_pool_fwd: dy added at the winners (argmax: window taps) of dx, gathered
     per dx element in output order (bit for bit the twin's order)."""
+    return max_pool_bwd_runner(dy, argmax, x_shape, window, strides, pads, data_format, runtime=runtime)(dy, argmax)
+
+
+def max_pool_bwd_runner(dy, argmax, x_shape, window, strides, pads, data_format, *, runtime=None):
+    """``run(dy, argmax)``, max_pool_bwd with this x_shape and geometry for arrays of the types,
+    shapes and dtypes of these: checked and set up once per problem signature
+    (runtime/prepared.py); a MaxPoolBwd plan step keeps it (prepared.Kept)."""
     fn = 'max_pool_bwd'
     rt = resolve(runtime)
     xp = rt.xp
+
     def prepare():   # once per problem signature (runtime/prepared.py)
         checked = _float_array(fn, 'dy', dy, xp)
         taps = argmax if isinstance(argmax, xp.ndarray) else xp.asarray(argmax)
         setup = pooling_checks.max_backward_setup(fn, checked, taps, x_shape, window, strides, pads, data_format)
-        return setup, _problem(setup, checked.dtype, rt)
+        problem = _problem(setup, checked.dtype, rt)
+        gpuk_fn = functools.partial(_max_pool_bwd_gpuk, rt, problem)
+        key, geometry, contiguous = problem.key('max_bwd'), (setup.x_shape, setup.window, setup.strides,
+                                                             setup.pads), _contiguous(xp)
+        array_type, tap_dtype = xp.ndarray, problem.tap_dtype
 
-    setup, problem = prepared.get(rt, fn, (dy, argmax), (x_shape, window, strides, pads, data_format), prepare)
-    dy = _float_array(fn, 'dy', dy, xp)
-    argmax = argmax if isinstance(argmax, xp.ndarray) else xp.asarray(argmax)
-    # taps of another integer dtype (a caller's own array) become the kernels' dtype on the device
-    argmax = xp.ascontiguousarray(argmax, dtype=problem.tap_dtype)
-    gpuk_fn = functools.partial(_max_pool_bwd_gpuk, rt, problem)
-    return _run(rt, problem, 'max_bwd', gpuk_fn, cudnn_pooling.max_pool_bwd,
-                dy, argmax, setup.x_shape, setup.window, setup.strides, setup.pads, data_format)
+        def run(dy, argmax):
+            # taps of another integer dtype (a caller's own array) become the kernels' dtype on the device
+            taps = xp.ascontiguousarray(argmax if type(argmax) is array_type else xp.asarray(argmax), dtype=tap_dtype)
+            return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.max_pool_bwd, contiguous(dy), taps,
+                                *geometry, data_format)
+        return run
+    return prepared.get(rt, fn, (dy, argmax), (x_shape, window, strides, pads, data_format), prepare)
 
 
 def _max_pool_bwd_gpuk(rt, problem, dy, argmax, *_geometry):

@@ -22,6 +22,7 @@ import numpy as np
 from gpuk.contracts.batchnorm_checks import check_activation, kept_shape, moving_average_updates
 from gpuk.contracts.dtypes import accumulation_dtype
 from gpuk.graph import Constant, Meta, apply
+from gpuk.kernels.runtime import prepared
 from gpuk.ops import elementwise as ew
 from gpuk.ops import shape as shape_ops
 from gpuk.ops.activation import relu
@@ -113,6 +114,7 @@ class BnTrain(Op):
         self.axes, self.epsilon = tuple(axes), float(epsilon)
         self.has_gamma, self.has_beta, self.where = has_gamma, has_beta, where
         self.activation, self.moving = check_activation(where, activation), moving
+        self._kept = prepared.Kept()
 
     def _parts(self, rest):
         """(gamma, beta, moving inputs) from the inputs after x."""
@@ -134,16 +136,40 @@ class BnTrain(Op):
         return outs + (next_mean, next_var)
 
     def forward(self, impl, x, *rest):
+        # the step keeps the runner of its last problem (checked and set up once: prepared.Kept)
+        arrays = (x,) + rest
+        run = self._kept.find(impl, arrays)
+        if run is None:
+            run = self._kept.keep(impl, arrays, self._runner(impl, x, rest))
+        return run(x, *rest)
+
+    def _runner(self, impl, x, rest):
+        """``run(x, *rest)`` for inputs of the types, shapes and dtypes of these: the kernel's
+        runner, with the moving averages fused when they fit it (fits_kernel reads attributes
+        only: the same answer for the same signature), else computed after it by the graph's
+        own ops."""
         gamma, beta, moving = self._parts(rest)
-        if self.moving is None:
-            return impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon, self.activation)
-        acc = accumulation_dtype(x.dtype)   # the dtype itself: its .name is Python-level, per call
-        if x.dtype == acc and self.moving.fits_kernel(acc, kept_shape(x.shape, self.axes), *moving):
-            factor = moving[4] if self.moving.has_factor else None
-            return impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon, self.activation,
-                                               moving[0], moving[1], moving[2], moving[3], factor)
-        outs = impl.batchnorm.bn_train_fwd(x, gamma, beta, self.axes, self.epsilon, self.activation)
-        return tuple(outs) + MovingAverages.on_arrays(impl, outs[1], outs[2], *moving)
+        fused = False
+        if self.moving is not None:
+            acc = accumulation_dtype(x.dtype)
+            fused = x.dtype == acc and self.moving.fits_kernel(acc, kept_shape(x.shape, self.axes), *moving)
+        moving_args = (moving[:4] + [moving[4] if self.moving.has_factor else None]) if fused else []
+        kernel = impl.batchnorm.bn_train_fwd_runner(x, gamma, beta, self.axes, self.epsilon, self.activation,
+                                                    *moving_args)
+        if self.moving is None or fused:
+            if self.has_gamma and self.has_beta:   # Keras's layer: the inputs in the runner's order
+                return kernel
+
+            def run(x, *rest):
+                gamma, beta, moving = self._parts(rest)
+                return kernel(x, gamma, beta, *moving)
+            return run
+
+        def unfused(x, *rest):
+            gamma, beta, moving = self._parts(rest)
+            outs = kernel(x, gamma, beta)
+            return tuple(outs) + MovingAverages.on_arrays(impl, outs[1], outs[2], *moving)
+        return unfused
 
     def grad(self, inputs, outputs, output_grads):
         x = inputs[0]
@@ -187,6 +213,7 @@ class BnGrad(Op):
         self.axes = axes
         self.has_gamma, self.has_dmean, self.has_dvar = has_gamma, has_dmean, has_dvar
         self.activation = check_activation('BnGrad', activation)
+        self._kept = prepared.Kept()
 
     def _optional(self, rest):
         """(gamma, d_mean, d_var, y) from the inputs after inv_std."""
@@ -199,9 +226,18 @@ class BnGrad(Op):
         return Meta(x.shape, x.dtype), stat, stat
 
     def forward(self, impl, dy, x, mean, inv_std, *rest):
-        gamma, d_mean, d_var, relu_y = self._optional(rest)
-        return impl.batchnorm.bn_bwd(dy, x, gamma, mean, inv_std, self.axes, dmean=d_mean, dvar=d_var,
-                                     activation=self.activation, y=relu_y)
+        arrays = (dy, x, mean, inv_std) + rest   # the step keeps its runner, as BnTrain's
+        run = self._kept.find(impl, arrays)
+        if run is None:
+            gamma, d_mean, d_var, relu_y = self._optional(rest)
+            kernel = impl.batchnorm.bn_bwd_runner(dy, x, gamma, mean, inv_std, self.axes, d_mean, d_var,
+                                                  self.activation, relu_y)
+
+            def run(dy, x, mean, inv_std, *rest):
+                gamma, d_mean, d_var, relu_y = self._optional(rest)
+                return kernel(dy, x, gamma, mean, inv_std, d_mean, d_var, relu_y)
+            run = self._kept.keep(impl, arrays, run)
+        return run(dy, x, mean, inv_std, *rest)
 
     def grad(self, inputs, outputs, output_grads):
         axes = self.axes
@@ -237,6 +273,7 @@ class BnInfer(Op):
         self.epsilon, self.has_gamma, self.has_beta = float(epsilon), has_gamma, has_beta
         self.axis, self.where = axis, where
         self.activation = check_activation(where, activation)
+        self._kept = prepared.Kept()
 
     def infer(self, x, mean, var, *params):
         require_float(self.where, 'x', x)
@@ -256,8 +293,19 @@ class BnInfer(Op):
         return Meta(x.shape, x.dtype)
 
     def forward(self, impl, x, mean, var, *params):
-        gamma, beta = _split((self.has_gamma, self.has_beta), params)
-        return impl.batchnorm.bn_infer_fwd(x, mean, var, gamma, beta, self.epsilon, self.axis, self.activation)
+        arrays = (x, mean, var) + params   # the step keeps its runner, as BnTrain's
+        run = self._kept.find(impl, arrays)
+        if run is None:
+            gamma, beta = _split((self.has_gamma, self.has_beta), params)
+            kernel = impl.batchnorm.bn_infer_fwd_runner(x, mean, var, gamma, beta, self.epsilon, self.axis,
+                                                        self.activation)
+            if self.has_gamma and self.has_beta:
+                run = kernel
+            else:
+                def run(x, mean, var, *params):
+                    return kernel(x, mean, var, *_split((self.has_gamma, self.has_beta), params))
+            run = self._kept.keep(impl, arrays, run)
+        return run(x, mean, var, *params)
 
     def grad(self, inputs, outputs, output_grads):
         def formula(x, mean, var, *params):

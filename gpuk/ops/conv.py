@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from gpuk.graph import Meta, apply
+from gpuk.kernels.runtime import prepared
 from gpuk.contracts import geometry
 from gpuk.ops.base import Op
 
@@ -164,6 +165,20 @@ class _WindowOp(Op):
         self.window = window
         self.static_shape = static_shape
         self.from_like = from_like
+        self._kept = prepared.Kept()
+
+    def _kept_call(self, impl, arrays, make):
+        """The call of the step's last problem: ``make()`` (the family's function with this
+        problem's pads and result shape bound, all read from the shapes) kept with the arrays'
+        signature (prepared.Kept), so a step that sees the same shapes again skips reading them.
+        The launcher still checks and prepares its problem as always. A result shape read from
+        a shape vector's values (not ``from_like``) is never kept."""
+        run = self._kept.find(impl, arrays)
+        if run is None:
+            run = make()
+            if self.from_like:
+                self._kept.keep(impl, arrays, run)
+        return run(*arrays)
 
 
 class ConvFwd(_WindowOp):
@@ -181,12 +196,17 @@ class ConvFwd(_WindowOp):
         return assemble_shape(x_shape[0], win.out_channels(w_shape), out, win.channels_first)
 
     def forward(self, impl, x, w):
+        return self._kept_call(impl, (x, w), lambda: self._call(impl, x, w))
+
+    def _call(self, impl, x, w):
         win = self.window
         if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
-            return impl.xp.zeros(self.output_shape(x.shape, w.shape), x.dtype)
-        pads = win.pads(spatial_dims(x.shape, win.channels_first), w.shape[:win.rank])
-        return getattr(impl.conv, win.function(0))(x, w, win.strides, win.dilation, pads,
-                                                   win.data_format)
+            shape = self.output_shape(x.shape, w.shape)
+            return lambda x, w: impl.xp.zeros(shape, x.dtype)
+        function = getattr(impl.conv, win.function(0))
+        geometry = (win.strides, win.dilation, win.pads(spatial_dims(x.shape, win.channels_first), w.shape[:win.rank]),
+                    win.data_format)
+        return lambda x, w: function(x, w, *geometry)
 
     def grad(self, inputs, outputs, output_grads):
         x, w = inputs
@@ -223,13 +243,17 @@ class ConvDgrad(_WindowOp):
                                    win.channels_first), dy.dtype)
 
     def forward(self, impl, dy, w, x_shape_source):
+        return self._kept_call(impl, (dy, w, x_shape_source), lambda: self._call(impl, dy, w, x_shape_source))
+
+    def _call(self, impl, dy, w, x_shape_source):
         win = self.window
         x_shape = _runtime_shape(x_shape_source, self.from_like)
         if dy.shape[0] == 0:
-            return impl.xp.zeros(x_shape, dy.dtype)
-        pads = win.pads(spatial_dims(x_shape, win.channels_first), w.shape[:win.rank])
-        return getattr(impl.conv, win.function(1))(dy, w, x_shape, win.strides, win.dilation,
-                                                   pads, win.data_format)
+            return lambda dy, w, _: impl.xp.zeros(x_shape, dy.dtype)
+        function = getattr(impl.conv, win.function(1))
+        geometry = (x_shape, win.strides, win.dilation, win.pads(spatial_dims(x_shape, win.channels_first),
+                                                                 w.shape[:win.rank]), win.data_format)
+        return lambda dy, w, _: function(dy, w, *geometry)
 
     def grad(self, inputs, outputs, output_grads):
         dy, w, _ = inputs
@@ -251,13 +275,17 @@ class ConvWgrad(_WindowOp):
         return Meta(w_shape, x.dtype)
 
     def forward(self, impl, x, dy, w_shape_source):
+        return self._kept_call(impl, (x, dy, w_shape_source), lambda: self._call(impl, x, dy, w_shape_source))
+
+    def _call(self, impl, x, dy, w_shape_source):
         win = self.window
         w_shape = _runtime_shape(w_shape_source, self.from_like)
         if x.shape[0] == 0:  # no samples: no gradient
-            return impl.xp.zeros(w_shape, x.dtype)
-        pads = win.pads(spatial_dims(x.shape, win.channels_first), w_shape[:win.rank])
-        return getattr(impl.conv, win.function(2))(x, dy, w_shape, win.strides, win.dilation,
-                                                   pads, win.data_format)
+            return lambda x, dy, _: impl.xp.zeros(w_shape, x.dtype)
+        function = getattr(impl.conv, win.function(2))
+        geometry = (w_shape, win.strides, win.dilation, win.pads(spatial_dims(x.shape, win.channels_first),
+                                                                 w_shape[:win.rank]), win.data_format)
+        return lambda x, dy, _: function(x, dy, *geometry)
 
     def grad(self, inputs, outputs, output_grads):
         x, dy, _ = inputs

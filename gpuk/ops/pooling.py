@@ -10,6 +10,7 @@ are adjoint linear maps, each the gradient of the other.
 import numpy as np
 
 from gpuk.graph import Meta, apply
+from gpuk.kernels.runtime import prepared
 from gpuk.contracts import geometry, pooling_checks
 from gpuk.ops.base import Op
 from gpuk.ops.conv import assemble_shape, channel_dim, kept_pads, spatial_dims
@@ -77,6 +78,7 @@ class MaxPool(Op):
 
     def __init__(self, window):
         self.window = window
+        self._kept = prepared.Kept()
 
     def infer(self, x):
         _check_float(self.window.where, x.dtype)
@@ -84,10 +86,17 @@ class MaxPool(Op):
         return Meta(out, x.dtype), Meta(out, pooling_checks.tap_dtype(self.window.window).name)
 
     def forward(self, impl, x):
+        # the step keeps the runner of its last problem (checked and set up once: prepared.Kept)
+        run = self._kept.find(impl, (x,))
+        if run is None:
+            run = self._kept.keep(impl, (x,), self._runner(impl, x))
+        return run(x)
+
+    def _runner(self, impl, x):
         if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
-            out = self.window.out_shape(x.shape)
-            return impl.xp.zeros(out, x.dtype), impl.xp.zeros(out, pooling_checks.tap_dtype(self.window.window))
-        return impl.pooling.max_pool_fwd(x, *self.window.args(x.shape))
+            out, taps = self.window.out_shape(x.shape), pooling_checks.tap_dtype(self.window.window)
+            return lambda x: (impl.xp.zeros(out, x.dtype), impl.xp.zeros(out, taps))
+        return impl.pooling.max_pool_fwd_runner(x, *self.window.args(x.shape))
 
     def grad(self, inputs, outputs, output_grads):
         x = inputs[0]
@@ -101,14 +110,25 @@ class MaxPoolBwd(Op):
 
     def __init__(self, window, x_static):
         self.window, self.x_static = window, x_static
+        self._kept = prepared.Kept()
 
     def infer(self, dy, argmax, x_like):
         return Meta(self.x_static, dy.dtype)
 
     def forward(self, impl, dy, argmax, x_like):
-        if dy.shape[0] == 0:
-            return impl.xp.zeros(x_like.shape, dy.dtype)
-        return impl.pooling.max_pool_bwd(dy, argmax, x_like.shape, *self.window.args(x_like.shape))
+        arrays = (dy, argmax, x_like)   # the step keeps its runner, as MaxPool's
+        run = self._kept.find(impl, arrays)
+        if run is None:
+            if dy.shape[0] == 0:
+                def run(dy, argmax, x_like):
+                    return impl.xp.zeros(x_like.shape, dy.dtype)
+            else:
+                kernel = impl.pooling.max_pool_bwd_runner(dy, argmax, x_like.shape, *self.window.args(x_like.shape))
+
+                def run(dy, argmax, x_like):
+                    return kernel(dy, argmax)
+            run = self._kept.keep(impl, arrays, run)
+        return run(dy, argmax, x_like)
 
     def grad(self, inputs, outputs, output_grads):
         _, argmax, _ = inputs
@@ -149,6 +169,7 @@ class AvgPool(Op):
 
     def __init__(self, window):
         self.window = window
+        self._kept = prepared.Kept()
 
     def infer(self, x):
         _check_float(self.window.where, x.dtype)
@@ -169,6 +190,7 @@ class AvgPoolBwd(Op):
 
     def __init__(self, window, x_static):
         self.window, self.x_static = window, x_static
+        self._kept = prepared.Kept()
 
     def infer(self, dy, x_like):
         return Meta(self.x_static, dy.dtype)

@@ -424,7 +424,7 @@ def test_persistent_training_forward_is_one_launch_matching_twin(monkeypatch, wo
     acc = np.float32 if dtype == np.float16 else dtype
     moving_mean, moving_var = rng.standard_normal(12).astype(acc), rng.uniform(0.5, 2, 12).astype(acc)
     rt = get_runtime('emulate')
-    barrier = batchnorm._barrier(rt)
+    barrier = batchnorm._barrier(batchnorm._Buffers(rt))
     generation = int(barrier[1])
     for args in ((x, gamma, beta, axes, 1e-3, 'relu', moving_mean, moving_var, 0.01, 0.02, 1.25),
                  (x, gamma, beta, axes, 1e-3)):
@@ -476,18 +476,18 @@ def test_overlapping_launches_never_share_a_grid_barrier():
     cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0),
                                  get_current_stream=lambda: types.SimpleNamespace(ptr=stream[0]))
     rt = types.SimpleNamespace(xp=types.SimpleNamespace(cuda=cuda, zeros=np.zeros))
-    first = batchnorm._barrier(rt)
-    assert batchnorm._barrier(rt) is first
+    first = batchnorm._barrier(batchnorm._Buffers(rt))
+    assert batchnorm._barrier(batchnorm._Buffers(rt)) is first
     stream[0] = 2
-    second = batchnorm._barrier(rt)
+    second = batchnorm._barrier(batchnorm._Buffers(rt))
     assert second is not first
     other_thread = []
-    worker = threading.Thread(target=lambda: other_thread.append(batchnorm._barrier(rt)))
+    worker = threading.Thread(target=lambda: other_thread.append(batchnorm._barrier(batchnorm._Buffers(rt))))
     worker.start()
     worker.join()
     assert other_thread[0] is not second and other_thread[0] is not first
     stream[0] = 1
-    assert batchnorm._barrier(rt) is first
+    assert batchnorm._barrier(batchnorm._Buffers(rt)) is first
 
 
 def test_cuda_coresident_blocks_from_occupancy():
