@@ -169,7 +169,6 @@ class AvgPool(Op):
 
     def __init__(self, window):
         self.window = window
-        self._kept = prepared.Kept()
 
     def infer(self, x):
         _check_float(self.window.where, x.dtype)
@@ -190,7 +189,6 @@ class AvgPoolBwd(Op):
 
     def __init__(self, window, x_static):
         self.window, self.x_static = window, x_static
-        self._kept = prepared.Kept()
 
     def infer(self, dy, x_like):
         return Meta(self.x_static, dy.dtype)
