@@ -1,7 +1,7 @@
 """Launches prepared once per problem: a launcher's checks and launch set-up run on its first
 call for a problem signature, and later calls for it go straight to the launch.
 
-    problem = prepared.get(rt, 'max_pool_fwd', (x,), (window, strides, pads, data_format),
+    problem = prepared.get(rt, 'avg_pool_fwd', (x,), (window, strides, pads, data_format),
                            lambda: <the checks, then the kernel, grid, block, scalar arguments>)
 
 A launcher's argument checks (dtypes, ranks, shapes, geometry) and its launch set-up (kernel
