@@ -6,18 +6,23 @@
 // each layout). Problems are lifted to 3 spatial dims.
 // __launch_bounds__ names the minimum blocks per SM explicitly: without it this NVRTC's
 // ptxas capped registers low (32-64) and spilled the index math.
-// Thread mapping (w, read once per image, is the bulk of the traffic; its contiguous dim is C_out):
-//   local_fwd: a 1-D grid-stride loop over warps; a warp takes 32 consecutive outputs of the flat
-//     (N, P, C_out) index, C_out fastest, so lanes run along w's rows. F is walked in chunks of
-//     LOCAL_CHUNK: for each (n, p) row its lanes cover (LOCAL_ROWS at a time), the warp copies the
-//     row's chunk of x into shared memory, lane l element f0 + l (consecutive along F, i.e. along
-//     C_in and the window's rows: coalesced), then each lane multiplies its row's chunk by its w
-//     column. Warp-private shared memory, __syncwarp only (no block barrier).
-//   local_dgrad: lanes = C_out rounded up to a power of two, at most 32, per
-//     dx element; lane j sums co = j, j + lanes, ... over the covering windows, so dy and w are read
-//     along C_out (coalesced for channels_last dy; channels_first dy is strided by P), and the
-//     lanes' partial sums are added by a fixed xor-shuffle tree (deterministic). Neighbouring
-//     groups take neighbouring c_in, i.e. neighbouring w rows (channels_last F order).
+// Thread mapping (w, (P, F, C_out), is the bulk of the traffic; its contiguous dim is C_out):
+//   Images go in groups of LOCAL_IMAGES (the last one partial): a work item of local_fwd and
+//   local_dgrad computes its output element in each image of its group, so w is read once per
+//   group (the grid covers ceil(N / LOCAL_IMAGES) groups, direct.py _image_groups).
+//   local_fwd: a 1-D grid-stride loop over warps; a warp takes 32 consecutive work items of the
+//     flat (image group, P, C_out) index, C_out fastest, so lanes run along w's rows. F is walked
+//     in chunks of LOCAL_CHUNK: for each (image group, p) row its lanes cover (LOCAL_ROWS at a
+//     time), the warp copies the row's chunk of x, all images of the group, into shared memory,
+//     lane l element f0 + l (consecutive along F, i.e. along C_in and the window's rows:
+//     coalesced), then each lane multiplies its row's chunk by its w column. Warp-private shared
+//     memory, __syncwarp only (no block barrier).
+//   local_dgrad: lanes = C_out rounded up to a power of two, at most 32, per work item (image
+//     group, dx pixel, c_in), c_in fastest; lane j sums co = j, j + lanes, ... over the covering
+//     windows, so dy and w are read along C_out (coalesced for channels_last dy; channels_first
+//     dy is strided by P), and the lanes' partial sums are added by a fixed xor-shuffle tree
+//     (deterministic). Neighbouring lane groups take neighbouring c_in, i.e. neighbouring w rows
+//     (channels_last F order).
 //   local_wgrad: a 1-D grid-stride loop, one dw element per thread and step, C_out fastest
 //     (coalesced dw and dy); sums over the batch.
 // Sums run in a fixed order; no atomics. Limits: every tensor has < 2^31 elements (launcher
