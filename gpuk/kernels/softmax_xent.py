@@ -293,15 +293,17 @@ def _check_xent_bwd(rt, logits, target, lse, dloss, axis, fn='softmax_xent_bwd')
 
 
 class _XentRows:
-    """What softmax_xent_fwd/bwd's runners fix for one problem: the class axis, whether it must
-    move last, the rows and columns, dtypes, the kernel launch and its size arguments."""
+    """What softmax_xent_fwd/bwd fix for one problem (their launcher and their runner alike):
+    the class axis, whether it must move last, the rows and columns, dtypes, the kernel launch
+    and its size arguments."""
 
     def __init__(self, rt, logits, axis, kernel):
         xp = rt.xp
+        logits = xp.asarray(logits)   # (checked already: an array, or what becomes one)
         self.xp, self.array_type, self.axis = xp, xp.ndarray, axis
-        self.dtype = xp.asarray(logits).dtype
+        self.dtype = logits.dtype
         self.acc = accumulation_dtype(self.dtype)
-        self.moved = axis != len(logits.shape) - 1
+        self.moved = axis != logits.ndim - 1
         self.moved_shape = tuple(n for i, n in enumerate(logits.shape) if i != axis) + (logits.shape[axis],)
         cols = logits.shape[axis]
         rows = math.prod(logits.shape) // cols
@@ -318,32 +320,57 @@ class _XentRows:
             array = array.astype(dtype, copy=False)
         return xp.ascontiguousarray(xp.moveaxis(array, self.axis, -1) if self.moved else array)
 
-    def cudnn_asked(self):
-        """Whether the family is set to cuDNN (or auto, with cuDNN here): the runner then calls
-        the launcher, whose dispatcher says once that cuDNN has no fused cross-entropy."""
-        return cudnn_library.choose('softmax_xent') != 'gpuk'
+
+def _cudnn_asked():
+    """Whether the family is set to cuDNN (or auto, with cuDNN here): a runner then calls the
+    launcher, whose dispatcher says once that cuDNN has no fused cross-entropy."""
+    return cudnn_library.choose('softmax_xent') != 'gpuk'
+
+
+def _prepare_xent_fwd(rt, logits, target, axis, launcher=None):
+    """``run(logits, target)`` of softmax_xent_fwd's kernel for this problem (checked now);
+    with ``launcher`` (the runner's), a call while the family is set to cuDNN goes to it."""
+    rows = _XentRows(rt, logits, _check_xent_fwd(rt, logits, target, axis), 'softmax_xent_rows_fwd')
+    empty, reduced, data, launch, sizes = rt.xp.empty, rows.moved_shape[:-1], rows.data, rows.launch, rows.sizes
+    dtype, acc = rows.dtype, rows.acc
+
+    def run(logits, target):
+        if launcher is not None and _cudnn_asked():
+            return launcher(logits, target, axis, runtime=rt)
+        loss, lse = empty(reduced, dtype), empty(reduced, acc)
+        if launch is not None:
+            launch((data(logits), data(target, dtype), loss, lse) + sizes)
+        return loss, lse
+    return run
+
+
+def _prepare_xent_bwd(rt, logits, target, lse, dloss, axis, launcher=None):
+    """``run(logits, target, lse, dloss)`` of softmax_xent_bwd's kernel for this problem
+    (checked now); ``launcher``: as _prepare_xent_fwd's."""
+    rows = _XentRows(rt, logits, _check_xent_bwd(rt, logits, target, lse, dloss, axis), 'softmax_xent_rows_bwd')
+    xp, data, launch, sizes, dtype, acc = rt.xp, rows.data, rows.launch, rows.sizes, rows.dtype, rows.acc
+    # the per-row inputs: flat in the rows' order, in the accumulation dtype
+    per_row = lambda v: xp.ascontiguousarray((v if type(v) is rows.array_type else xp.asarray(v))  # noqa: E731
+                                             .astype(acc, copy=False))
+
+    def run(logits, target, lse, dloss):
+        if launcher is not None and _cudnn_asked():
+            return launcher(logits, target, lse, dloss, axis, runtime=rt)
+        dlogits = xp.empty(rows.moved_shape, dtype)
+        if launch is not None:
+            launch((data(logits), data(target, dtype), per_row(lse), per_row(dloss), dlogits) + sizes)
+        return xp.ascontiguousarray(xp.moveaxis(dlogits, -1, axis)) if rows.moved else dlogits
+    return run
 
 
 def softmax_xent_fwd_runner(logits, target, axis=-1, *, runtime=None):
     """``run(logits, target)``, softmax_xent_fwd(logits, target, axis) for arrays of the types,
     shapes and dtypes of these: checked and set up once per problem signature
-    (runtime/prepared.py); a SoftmaxXent plan step keeps it (prepared.Kept)."""
+    (runtime/prepared.py); a SoftmaxXent plan step keeps it (prepared.Kept). It goes through
+    the launcher (and its dispatcher) only when the family is set to cuDNN."""
     rt = resolve(runtime)
-
-    def prepare():
-        rows = _XentRows(rt, logits, _check_xent_fwd(rt, logits, target, axis), 'softmax_xent_rows_fwd')
-        empty, reduced, data, launch, sizes = rt.xp.empty, rows.moved_shape[:-1], rows.data, rows.launch, rows.sizes
-        dtype, acc = rows.dtype, rows.acc
-
-        def run(logits, target):
-            if rows.cudnn_asked():
-                return softmax_xent_fwd(logits, target, axis, runtime=rt)
-            loss, lse = empty(reduced, dtype), empty(reduced, acc)
-            if launch is not None:
-                launch((data(logits), data(target, dtype), loss, lse) + sizes)
-            return loss, lse
-        return run
-    return prepared.get(rt, 'softmax_xent_fwd_runner', (logits, target), (axis,), prepare)
+    return prepared.get(rt, 'softmax_xent_fwd_runner', (logits, target), (axis,),
+                        lambda: _prepare_xent_fwd(rt, logits, target, axis, softmax_xent_fwd))
 
 
 def softmax_xent_bwd_runner(logits, target, lse, dloss, axis=-1, *, runtime=None):
@@ -351,23 +378,8 @@ def softmax_xent_bwd_runner(logits, target, lse, dloss, axis=-1, *, runtime=None
     for arrays of the types, shapes and dtypes of these: checked and set up once per problem
     signature (runtime/prepared.py); a SoftmaxXentGrad plan step keeps it (prepared.Kept)."""
     rt = resolve(runtime)
-
-    def prepare():
-        rows = _XentRows(rt, logits, _check_xent_bwd(rt, logits, target, lse, dloss, axis), 'softmax_xent_rows_bwd')
-        xp, data, launch, sizes, dtype, acc = rt.xp, rows.data, rows.launch, rows.sizes, rows.dtype, rows.acc
-        # the per-row inputs: flat in the rows' order, in the accumulation dtype
-        per_row = lambda v: xp.ascontiguousarray((v if type(v) is rows.array_type else xp.asarray(v))
-                                                 .astype(acc, copy=False))
-
-        def run(logits, target, lse, dloss):
-            if rows.cudnn_asked():
-                return softmax_xent_bwd(logits, target, lse, dloss, axis, runtime=rt)
-            dlogits = xp.empty(rows.moved_shape, dtype)
-            if launch is not None:
-                launch((data(logits), data(target, dtype), per_row(lse), per_row(dloss), dlogits) + sizes)
-            return xp.ascontiguousarray(xp.moveaxis(dlogits, -1, axis)) if rows.moved else dlogits
-        return run
-    return prepared.get(rt, 'softmax_xent_bwd_runner', (logits, target, lse, dloss), (axis,), prepare)
+    return prepared.get(rt, 'softmax_xent_bwd_runner', (logits, target, lse, dloss), (axis,),
+                        lambda: _prepare_xent_bwd(rt, logits, target, lse, dloss, axis, softmax_xent_bwd))
 
 
 @_no_cudnn_cross_entropy
@@ -378,30 +390,17 @@ def softmax_xent_fwd(logits, target, axis=-1, *, runtime=None):
         (loss, lse) with the input shape without axis; lse float32 for float16 and bfloat16
         logits.
     """
-    fn, rt = 'softmax_xent_fwd', resolve(runtime)
-    axis, launches = _checked_axis(rt, fn, (logits, target), axis, lambda: _check_xent_fwd(rt, logits, target, axis))
-    logits, target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
-    rows = _Rows(rt, logits, axis)
-    loss = rt.xp.empty(_reduced(rows), dtype=logits.dtype)
-    lse = rt.xp.empty(_reduced(rows), dtype=accumulation_dtype(logits.dtype))
-    _launch_rows(launches, 'softmax_xent_rows_fwd', rows.rows, rows.cols,
-                 (rows.data, rows.like(target.astype(logits.dtype, copy=False)), loss, lse))
-    return loss, lse
+    rt = resolve(runtime)
+    return prepared.get(rt, 'softmax_xent_fwd', (logits, target), (axis,),
+                        lambda: _prepare_xent_fwd(rt, logits, target, axis))(logits, target)
 
 
 @_no_cudnn_cross_entropy
 def softmax_xent_bwd(logits, target, lse, dloss, axis=-1, *, runtime=None):
     """dlogits = (softmax(logits) * sum(target) - target) * dloss."""
-    fn, rt = 'softmax_xent_bwd', resolve(runtime)
-    axis, launches = _checked_axis(rt, fn, (logits, target, lse, dloss), axis,
-                                   lambda: _check_xent_bwd(rt, logits, target, lse, dloss, axis))
-    logits, target = _float(fn, 'logits', rt, logits), _float(fn, 'target', rt, target)
-    lse, dloss = _lse_and_dloss(rt, lse, dloss, logits)
-    rows = _Rows(rt, logits, axis)
-    dlogits = rows.empty(logits.dtype)
-    _launch_rows(launches, 'softmax_xent_rows_bwd', rows.rows, rows.cols,
-                 (rows.data, rows.like(target.astype(logits.dtype, copy=False)), lse, dloss, dlogits))
-    return rows.restore(dlogits)
+    rt = resolve(runtime)
+    return prepared.get(rt, 'softmax_xent_bwd', (logits, target, lse, dloss), (axis,),
+                        lambda: _prepare_xent_bwd(rt, logits, target, lse, dloss, axis))(logits, target, lse, dloss)
 
 
 @_no_cudnn_cross_entropy
