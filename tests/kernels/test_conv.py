@@ -235,8 +235,9 @@ def test_conv_fwd_fused_bias_relu(kernel_runtime, epilogue, dtype, data_format):
 
 @pytest.mark.parametrize('dtype', [np.float16, np.float32], ids=['float16', 'float32'])
 def test_filters_too_wide_for_tap_masks_take_the_per_element_path(kernel_runtime, dtype):
-    """The 16-byte gather of fwd/dgrad tests a row's taps with a 32-bit mask of k_d + k_h + k_w
-    bits (conv_igemm.cu, tap_bits); a 1-d filter of 34 taps does not fit, so aligned channels
+    """The 16-byte gather of fwd/dgrad tests a row's taps with a 32-bit mask, a bit per tap index
+    of each dim plus room for the taps one K tile steps past the filter (conv_igemm.cu,
+    tap_masks_fit: at most 31 bits); a 1-d filter of 34 taps does not fit, so aligned channels
     (8) take the per-element copies there, strided dgrad included, and still match the twin."""
     case = ((40,), (34,), (2,), (1,), ((3, 2),), 8, 8)
     _check_all_three(kernel_runtime, case, dtype, 'channels_last')
