@@ -243,6 +243,19 @@ def test_filters_too_wide_for_tap_masks_take_the_per_element_path(kernel_runtime
     _check_all_three(kernel_runtime, case, dtype, 'channels_last')
 
 
+@pytest.mark.parametrize('dtype, tile', [(np.float16, '64x64x64'), (np.float32, '32x32x32')],
+                         ids=['float16-64x64x64', 'float32-32x32x32'])
+def test_a_filter_at_the_tap_mask_limit_takes_the_16_byte_path_and_matches(kernel_runtime, dtype, tile):
+    """The largest filter the tap masks hold on these tiles (K steps of 8 chunks): 21 taps along w
+    + 1 + 1 + CONV_BK / VEC = 31 bits (tap_masks_fit), so the last K tiles step the tap cursor's d
+    bit up to bit 30 past the filter, where in_filter must refuse it; stride 2 runs dgrad's phases
+    of 11 and 10 taps."""
+    for strides in ((1,), (2,)):
+        case = ((30,), (21,), strides, (1,), ((4, 3),), 8, 8)
+        with conv_tiles.forced(tile=tile), conv_wgmma.forced(False):
+            _check_all_three(kernel_runtime, case, dtype, 'channels_last')
+
+
 # ---------------------------------------------------------------- depthwise
 
 # (input spatial, kernel spatial, strides, dilation, pads, C_in, multiplier)
