@@ -27,7 +27,6 @@ Counting costs two perf_counter calls per launch and is off unless ``counting()`
 """
 import contextlib
 import sys
-import time
 from time import perf_counter
 
 
