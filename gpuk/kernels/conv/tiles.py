@@ -191,13 +191,13 @@ def wgrad_splits(tile, rows, cols, depth):
     """How many K ranges a wgrad GEMM is split into (1: no split)."""
     if _forced['splits'] is not None:
         return max(1, min(_forced['splits'], math.ceil(depth / tile.bk)))
-    k_tiles = math.ceil(depth / tile.bk)
-    wanted = math.ceil(MIN_BLOCKS / _blocks(tile, rows, cols))
-    return int(max(1, min(wanted, k_tiles // MIN_K_TILES_PER_SPLIT, MAX_SPLITS)))
+    wanted = math.ceil(MIN_BLOCKS / _blocks(tile, rows, cols))   # >= 1
+    return min(wanted, _most_splits(tile, depth))
 
 
 def _most_splits(tile, depth):
-    """The split count wgrad_splits gives when the GPU is far from filled."""
+    """The split count wgrad_splits gives when the GPU is far from filled: at least
+    MIN_K_TILES_PER_SPLIT K tiles per split, at most MAX_SPLITS splits, at least 1."""
     return int(max(1, min(math.ceil(depth / tile.bk) // MIN_K_TILES_PER_SPLIT, MAX_SPLITS)))
 
 
