@@ -71,7 +71,7 @@ template <int ACC> __device__ __forceinline__ void wgmma_fence_operands(float (&
 #pragma unroll
     for (int i = 0; i < ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-#define GPUK_WGMMA64_ASM(SHAPE_TYPES, TAIL)                                                                                \
+#define GPUK_WGMMA_N64_ASM(SHAPE_TYPES, TAIL)                                                                            \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                            \
                  "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {"                                                          \
                  "%0, %1, %2, %3, %4, %5, %6, %7, "                                                                        \
@@ -84,7 +84,7 @@ template <int ACC> __device__ __forceinline__ void wgmma_fence_operands(float (&
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
                  : "l"(desc_a), "l"(desc_b), "r"(1))
-#define GPUK_WGMMA_ASM(SHAPE_TYPES, TAIL)                                                                                  \
+#define GPUK_WGMMA_N128_ASM(SHAPE_TYPES, TAIL)                                                                             \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                              \
                  "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {"                                                          \
                  "%0, %1, %2, %3, %4, %5, %6, %7, "                                                                        \
@@ -109,17 +109,17 @@ template <int N, class T>
 __device__ __forceinline__ void wgmma_m64n(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b) {
     static_assert(N == 64 || N == 128, "m64n64 or m64n128");
     if constexpr (N == 64) {
-        if constexpr (sizeof(T) == 4) GPUK_WGMMA64_ASM("m64n64k8.f32.tf32.tf32", "");
-        else if constexpr (gpuk_same_type<T, __half>::value) GPUK_WGMMA64_ASM("m64n64k16.f32.f16.f16", ", 0, 0");
-        else GPUK_WGMMA64_ASM("m64n64k16.f32.bf16.bf16", ", 0, 0");
+        if constexpr (sizeof(T) == 4) GPUK_WGMMA_N64_ASM("m64n64k8.f32.tf32.tf32", "");
+        else if constexpr (gpuk_same_type<T, __half>::value) GPUK_WGMMA_N64_ASM("m64n64k16.f32.f16.f16", ", 0, 0");
+        else GPUK_WGMMA_N64_ASM("m64n64k16.f32.bf16.bf16", ", 0, 0");
     } else {
-        if constexpr (sizeof(T) == 4) GPUK_WGMMA_ASM("m64n128k8.f32.tf32.tf32", "");
-        else if constexpr (gpuk_same_type<T, __half>::value) GPUK_WGMMA_ASM("m64n128k16.f32.f16.f16", ", 0, 0");
-        else GPUK_WGMMA_ASM("m64n128k16.f32.bf16.bf16", ", 0, 0");
+        if constexpr (sizeof(T) == 4) GPUK_WGMMA_N128_ASM("m64n128k8.f32.tf32.tf32", "");
+        else if constexpr (gpuk_same_type<T, __half>::value) GPUK_WGMMA_N128_ASM("m64n128k16.f32.f16.f16", ", 0, 0");
+        else GPUK_WGMMA_N128_ASM("m64n128k16.f32.bf16.bf16", ", 0, 0");
     }
 }
-#undef GPUK_WGMMA64_ASM
-#undef GPUK_WGMMA_ASM
+#undef GPUK_WGMMA_N64_ASM
+#undef GPUK_WGMMA_N128_ASM
 #else
 #error "hopper.cuh: wgmma needs an sm_90a target (--gpu-architecture=sm_90a) or the emulator"
 #endif
