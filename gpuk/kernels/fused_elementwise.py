@@ -166,7 +166,9 @@ def _prepare(rt, program, inputs):
     def contiguous(inputs):
         for a in inputs:
             if type(a) is not array_type or not a.flags.c_contiguous:
-                return [_contiguous(xp, a) for a in inputs]
+                # only those are converted (a gate sliced off a matmul result, a host number):
+                # the others pass as they are, without a call each
+                return [a if type(a) is array_type and a.flags.c_contiguous else _contiguous(xp, a) for a in inputs]
         return inputs
 
     if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):
