@@ -121,9 +121,11 @@ def _dummy(rt):
 
 
 def _contiguous(xp, a):
-    """``a`` as a C-contiguous array of its own shape (ascontiguousarray makes 0-d arrays 1-d)."""
-    a = xp.asarray(a)
-    return a if a.flags.c_contiguous else xp.ascontiguousarray(a).reshape(a.shape)
+    """``a`` as a C-contiguous array of the runtime's xp, of its own shape (ascontiguousarray,
+    which makes 0-d arrays 1-d, never sees one: a 0-d array is always C-contiguous)."""
+    if type(a) is not xp.ndarray:
+        a = xp.asarray(a)
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
 
 
 def _launch_of(rt, program, shapes, out_shape, n):
