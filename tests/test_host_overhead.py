@@ -218,6 +218,40 @@ def test_a_repeated_conv_problem_is_checked_once_and_bad_input_still_raises(monk
     assert len(checks) == 4
 
 
+def test_a_kept_conv_runner_follows_the_precision_policy_and_the_forced_splits(monkeypatch):
+    """A conv plan step keeps its launcher's runner (conv_wgrad_runner here) across calls: its
+    checks and launch set-up run once, a forced split count remakes its launch, and another
+    precision policy makes it another problem (checked again), as a plain launcher call would."""
+    import numpy as np
+    from gpuk import config
+    from gpuk.contracts import conv_checks
+    from gpuk.kernels import conv
+    from gpuk.kernels.conv import tiles
+    checks, made = [], []
+    real_checks, real_launch = conv_checks.wgrad_problem, conv._wgrad_launch
+    monkeypatch.setattr(conv_checks, 'wgrad_problem', lambda *a, **k: checks.append(1) or real_checks(*a, **k))
+    monkeypatch.setattr(conv, '_wgrad_launch', lambda *a: made.append(tiles.forced_state()) or real_launch(*a))
+    rng = np.random.default_rng(0)
+    x, dy = rng.standard_normal((1, 5, 5, 2)).astype(np.float32), rng.standard_normal((1, 3, 3, 4)).astype(np.float32)
+    geometry = ((1, 1), (1, 1), ((0, 0), (0, 0)), 'channels_last')
+    run = conv.conv_wgrad_runner(x, dy, (3, 3, 2, 4), *geometry, runtime='emulate')
+    first, again = run(x, dy), run(x, dy)
+    assert len(checks) == 1 and made == [(None, None)] and np.array_equal(first, again)
+    with tiles.forced(splits=2):
+        split = run(x, dy)
+    assert made == [(None, None), (None, 2)] and len(checks) == 1
+    np.testing.assert_allclose(split, first, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(run(x, dy), first) and len(made) == 2   # back: the kept launch again
+    previous = config.precision()
+    config.set_precision('mixed_float16')   # float32 convolutions keep the FFMA tiles, another problem
+    try:
+        other = run(x, dy)
+    finally:
+        config.set_precision(previous)
+    assert len(checks) == 2 and len(made) == 3 and np.array_equal(other, first)
+    assert np.array_equal(run(x, dy), first) and len(checks) == 2 and len(made) == 3
+
+
 def test_value_checks_are_read_with_the_outputs_so_sparse_xent_and_ctc_steps_replay_graphs():
     """Sparse cross-entropy's label range and CTC's labels and lengths are checked on the
     device (runtime/deferred.py); K.function reads the flags where it copies the outputs,

@@ -24,7 +24,7 @@ from gpuk.cpu_fallback.layout import (
 from gpuk.contracts import geometry
 
 __all__ = [
-    'conv_fwd', 'conv_dgrad', 'conv_wgrad',
+    'conv_fwd', 'conv_dgrad', 'conv_wgrad', 'conv_fwd_runner', 'conv_dgrad_runner', 'conv_wgrad_runner',
     'depthwise_conv_fwd', 'depthwise_conv_dgrad', 'depthwise_conv_wgrad',
     'local_conv_fwd', 'local_conv_dgrad', 'local_conv_wgrad',
 ]
@@ -185,6 +185,27 @@ def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format):
 # wgrad sums per-block partials in block order, so threads never change a result.
 
 _OUT, _TAPS = 'ijk', 'pqr'     # einsum letters for output and kernel spatial dims
+
+
+# ---------------------------------------------------------------- runners (what a plan step keeps)
+
+def conv_fwd_runner(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=None):
+    """``run(x, w, bias=None)``: conv_fwd with this geometry and epilogue (what a ConvFwd plan step
+    keeps between calls; the checks run per call here, as in conv_fwd)."""
+    return lambda x, w, bias=None: conv_fwd(x, w, strides, dilation, pads, data_format, epilogue=epilogue,
+                                            bias=bias)
+
+
+def conv_dgrad_runner(dy, w, x_shape, strides, dilation, pads, data_format):
+    """``run(dy, w)``: conv_dgrad with this x_shape and geometry (what a ConvDgrad plan step keeps;
+    checked per call here, as in conv_dgrad)."""
+    return lambda dy, w: conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format)
+
+
+def conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_format):
+    """``run(x, dy)``: conv_wgrad with this w_shape and geometry (what a ConvWgrad plan step keeps;
+    checked per call here, as in conv_wgrad)."""
+    return lambda x, dy: conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format)
 
 
 def _depthwise_kernel(kernel, rank, c_in, multiplier, row, compute):

@@ -121,9 +121,11 @@ def _dummy(rt):
 
 
 def _contiguous(xp, a):
-    """``a`` as a C-contiguous array of its own shape (ascontiguousarray makes 0-d arrays 1-d)."""
-    a = xp.asarray(a)
-    return a if a.flags.c_contiguous else xp.ascontiguousarray(a).reshape(a.shape)
+    """``a`` as a C-contiguous array of the runtime's xp, of its own shape (ascontiguousarray,
+    which makes 0-d arrays 1-d, never sees one: a 0-d array is always C-contiguous)."""
+    if type(a) is not xp.ndarray:
+        a = xp.asarray(a)
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
 
 
 def _launch_of(rt, program, shapes, out_shape, n):
@@ -166,7 +168,9 @@ def _prepare(rt, program, inputs):
     def contiguous(inputs):
         for a in inputs:
             if type(a) is not array_type or not a.flags.c_contiguous:
-                return [_contiguous(xp, a) for a in inputs]
+                # only those are converted (a gate sliced off a matmul result, a host number):
+                # the others pass as they are, without a call each
+                return [a if type(a) is array_type and a.flags.c_contiguous else _contiguous(xp, a) for a in inputs]
         return inputs
 
     if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):

@@ -171,8 +171,10 @@ class _WindowOp(Op):
         """The call of the step's last problem: ``make()`` (the family's function with this
         problem's pads and result shape bound, all read from the shapes) kept with the arrays'
         signature (prepared.Kept), so a step that sees the same shapes again skips reading them.
-        The launcher still checks and prepares its problem as always. A result shape read from
-        a shape vector's values (not ``from_like``) is never kept."""
+        For the 'conv' family that is the launcher's runner (conv_*_runner: checked and set up
+        once per problem signature, then only the per-call array work); the depthwise launchers
+        still check and prepare their problem per call. A result shape read from a shape
+        vector's values (not ``from_like``) is never kept."""
         run = self._kept.find(impl, arrays)
         if run is None:
             run = make()
@@ -203,9 +205,11 @@ class ConvFwd(_WindowOp):
         if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
             shape = self.output_shape(x.shape, w.shape)
             return lambda x, w: impl.xp.zeros(shape, x.dtype)
-        function = getattr(impl.conv, win.function(0))
         geometry = (win.strides, win.dilation, win.pads(spatial_dims(x.shape, win.channels_first), w.shape[:win.rank]),
                     win.data_format)
+        if win.family == 'conv':   # the launcher's runner: checked and set up once (runtime/prepared.py)
+            return impl.conv.conv_fwd_runner(x, w, *geometry)
+        function = getattr(impl.conv, win.function(0))
         return lambda x, w: function(x, w, *geometry)
 
     def grad(self, inputs, outputs, output_grads):
@@ -250,9 +254,12 @@ class ConvDgrad(_WindowOp):
         x_shape = _runtime_shape(x_shape_source, self.from_like)
         if dy.shape[0] == 0:
             return lambda dy, w, _: impl.xp.zeros(x_shape, dy.dtype)
-        function = getattr(impl.conv, win.function(1))
         geometry = (x_shape, win.strides, win.dilation, win.pads(spatial_dims(x_shape, win.channels_first),
                                                                  w.shape[:win.rank]), win.data_format)
+        if win.family == 'conv':   # the launcher's runner, as ConvFwd's
+            run = impl.conv.conv_dgrad_runner(dy, w, *geometry)
+            return lambda dy, w, _: run(dy, w)
+        function = getattr(impl.conv, win.function(1))
         return lambda dy, w, _: function(dy, w, *geometry)
 
     def grad(self, inputs, outputs, output_grads):
@@ -282,9 +289,12 @@ class ConvWgrad(_WindowOp):
         w_shape = _runtime_shape(w_shape_source, self.from_like)
         if x.shape[0] == 0:  # no samples: no gradient
             return lambda x, dy, _: impl.xp.zeros(w_shape, x.dtype)
-        function = getattr(impl.conv, win.function(2))
         geometry = (w_shape, win.strides, win.dilation, win.pads(spatial_dims(x.shape, win.channels_first),
                                                                  w_shape[:win.rank]), win.data_format)
+        if win.family == 'conv':   # the launcher's runner, as ConvFwd's
+            run = impl.conv.conv_wgrad_runner(x, dy, *geometry)
+            return lambda x, dy, _: run(x, dy)
+        function = getattr(impl.conv, win.function(2))
         return lambda x, dy, _: function(x, dy, *geometry)
 
     def grad(self, inputs, outputs, output_grads):

@@ -470,3 +470,41 @@ def test_tile_rules_for_short_k_and_per_element_copies():
     stem = (32 * 112 * 112, 64, 147)
     assert conv_tiles.choose_tile(np.float32, 'float32', *stem, aligned=False).name == '128x128x16'
     assert conv_tiles.choose_tile(np.float32, 'float32', *stem).name == '64x64x16'
+
+
+class _CudaLikeRuntime:
+    """The emulated runtime presented as an sm_80 CUDA device: the launchers take the cuDNN
+    dispatcher's path (dispatch.run runs cuDNN only on the CUDA runtime)."""
+    kind, arch = 'cuda', 'sm_80'
+
+    def __init__(self, emulated):
+        self._emulated = emulated
+
+    def __getattr__(self, name):
+        return getattr(self._emulated, name)
+
+
+def test_prepared_runners_dispatch_to_cudnn_with_the_bias_epilogue(monkeypatch):
+    """With GPUK_KERNELS=conv=cudnn the conv runners hand each call (kept problem or not) to
+    cuDNN with the caller's arrays and geometry, and conv_fwd's fused bias + relu epilogue is
+    applied after cuDNN's convolution (here cuDNN's functions are the twin's, counted)."""
+    from gpuk.kernels.cudnn import conv as cudnn_conv, library as cudnn
+    from gpuk.kernels.runtime import get_runtime
+    rt = _CudaLikeRuntime(get_runtime('emulate'))
+    monkeypatch.setattr(cudnn, 'choose', lambda family: 'cudnn')
+    calls = []
+    for name in ('conv_fwd', 'conv_dgrad', 'conv_wgrad'):
+        monkeypatch.setattr(cudnn_conv, name, lambda *a, _name=name: calls.append(_name) or getattr(twin, _name)(*a))
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((2, 5, 5, 3)).astype(np.float32), rng.standard_normal((3, 3, 3, 4)).astype(np.float32)
+    b, dy = rng.standard_normal(4).astype(np.float32), rng.standard_normal((2, 5, 5, 4)).astype(np.float32)
+    geometry = ((1, 1), (1, 1), ((1, 1), (1, 1)), 'channels_last')
+    for _ in range(2):   # the second call: the problems' kept runners
+        y = conv.conv_fwd(x, w, *geometry, epilogue='bias_relu', bias=b, runtime=rt)
+        np.testing.assert_allclose(y, twin.conv_fwd(x, w, *geometry, epilogue='bias_relu', bias=b), rtol=1e-5,
+                                   atol=1e-5)
+        np.testing.assert_allclose(conv.conv_dgrad(dy, w, x.shape, *geometry, runtime=rt),
+                                   twin.conv_dgrad(dy, w, x.shape, *geometry), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(conv.conv_wgrad(x, dy, w.shape, *geometry, runtime=rt),
+                                   twin.conv_wgrad(x, dy, w.shape, *geometry), rtol=1e-5, atol=1e-4)
+    assert calls == ['conv_fwd', 'conv_dgrad', 'conv_wgrad'] * 2

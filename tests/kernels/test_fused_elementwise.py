@@ -58,6 +58,27 @@ def test_broadcasting_and_promotion(kernel_runtime, monkeypatch):
     _assert_close(got, want, np.dtype(np.float32))   # tanh(a) is a float32 op
 
 
+def test_a_strided_input_beside_contiguous_ones(kernel_runtime, monkeypatch):
+    """A view sliced off a wider array (as a GRU step's gates off its matrix product) beside
+    contiguous inputs and a scalar: the view is copied for the kernel, the others pass as they
+    are, and the results are the twin's (the program above: no new kernel build)."""
+    rng = np.random.default_rng(0)
+    wide = rng.standard_normal((4, 1, 9)).astype(np.float32)
+    b = rng.standard_normal((3, 1)).astype(np.float64)
+    c = np.asarray(rng.standard_normal(), np.float16)
+    op = FusedElementwise([(Binary('multiply'), (0, 1)), (Binary('add'), (3, 2)), (Unary('sigmoid'), (4,)),
+                           (Unary('tanh'), (0,)), (Binary('subtract'), (5, 6))], 3, [3, 7])
+    inputs = [to_device(kernel_runtime, wide)[..., 2:7], to_device(kernel_runtime, b), c]
+    assert not inputs[0].flags.c_contiguous and inputs[1].flags.c_contiguous
+    host = [wide[..., 2:7], b, c]
+    program = _program(op, np, host)
+    assert program.kernel_ready()
+    monkeypatch.setattr(FusedProgram, 'run_unfused', lambda *a: pytest.fail('the kernel did not run'))
+    got = launcher.fused(_program(op, kernel_runtime.xp, inputs), inputs, runtime=kernel_runtime)
+    monkeypatch.undo()
+    _assert_close([to_host(g) for g in got], twin.fused(program, host), np.dtype(np.float32))
+
+
 @pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
 def test_chain_of_every_expression(kernel_runtime, monkeypatch, dtype):
     rng = np.random.default_rng(1)

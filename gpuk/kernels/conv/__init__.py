@@ -135,6 +135,7 @@ class Problem:
         self.g, self.shape, self.key = g, shape, key
         self.launches = {}
         self._wgmma_fits = {}
+        self._runner = None
         # The kernels see the problem channels_last; channels_first arrays are transposed
         # around them (to_kernel_layout / from_kernel_layout).
         self.kernel_g = g._replace(channels_last=True)
@@ -147,6 +148,13 @@ class Problem:
         found = self.launches.get(key)
         if found is None:
             found = self.launches[key] = make(self.kernel_g)
+        return found
+
+    def runner(self, make):
+        """``make()``, this problem's runner (conv_*_runner): made on its first call, kept with it."""
+        found = self._runner
+        if found is None:
+            found = self._runner = make()
         return found
 
     def wgmma_fits(self, op, dtype):
@@ -188,22 +196,6 @@ def _fwd_launch(rt, g, dtype, epilogue):
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_fwd', grid, tile.threads))
 
 
-def _igemm_fwd(x, w, problem, bias, epilogue, rt):
-    xp = rt.xp
-    bias_arg = bias if bias is not None else _no_bias(xp, x.dtype)
-    if conv_wgmma.applies(rt, problem.wgmma_fits('fwd', x.dtype), x):   # Hopper: warpgroup MMA (conv/wgmma.py)
-        launch = problem.launch(lambda g: conv_wgmma.fwd_launch(rt, g, x.dtype, EPILOGUES[epilogue]),
-                                 conv_wgmma.launch_key())
-        y = xp.empty(_kernel_shape(problem.g, problem.g.out_sp, problem.g.c_out), x.dtype)
-        return conv_wgmma.conv_fwd(rt, x, w, y, bias_arg, launch)
-    launch = problem.launch(lambda g: _fwd_launch(rt, g, x.dtype, epilogue))
-    x, = problem.to_kernel_layout(rt, x)
-    y = xp.empty(launch.out_shape, x.dtype)
-    args = (xp.ascontiguousarray(x), xp.ascontiguousarray(w), bias_arg, y, *launch.scalars)
-    launch.run(args)
-    return problem.from_kernel_layout(rt, y)
-
-
 def _dgrad_launch(rt, g, dtype):
     """dgrad runs one sub-convolution per stride phase (conv_igemm.cu, DgradPhase): grid z is the
     phase, grid x covers the largest phase (phase 0: ceil(in / s) pixels per dim)."""
@@ -221,19 +213,6 @@ def _dgrad_launch(rt, g, dtype):
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_dgrad', grid, tile.threads))
 
 
-def _igemm_dgrad(dy, w, problem, rt):
-    xp = rt.xp
-    if conv_wgmma.applies(rt, problem.wgmma_fits('dgrad', dy.dtype), dy):   # Hopper: conv/wgmma.py
-        launch = problem.launch(lambda g: conv_wgmma.dgrad_launch(rt, g, dy.dtype), conv_wgmma.launch_key())
-        dx = xp.empty(_kernel_shape(problem.g, problem.g.in_sp, problem.g.c_in), dy.dtype)
-        return conv_wgmma.conv_dgrad(rt, dy, w, dx, launch)
-    launch = problem.launch(lambda g: _dgrad_launch(rt, g, dy.dtype))
-    dy, = problem.to_kernel_layout(rt, dy)
-    dx = xp.empty(launch.out_shape, dy.dtype)
-    launch.run((xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx, *launch.scalars))
-    return problem.from_kernel_layout(rt, dx)
-
-
 def _wgrad_launch(rt, g, dtype):
     rows, cols, depth = wgrad_gemm_shape(g)
     check_gemm('conv_wgrad', g, rows, cols, depth)
@@ -244,19 +223,6 @@ def _wgrad_launch(rt, g, dtype):
         _kernel_launch(rt, dtype, tile, 'conv_igemm_wgrad', grid, tile.threads),
         kernel_args(g) + (np.int64(per_split),), grid[2], rows * cols,
         lambda blocks: _kernel_launch(rt, dtype, tile, 'conv_reduce_splits', blocks, split_k.REDUCE_THREADS))
-
-
-def _igemm_wgrad(x, dy, problem, rt):
-    if conv_wgmma.applies(rt, problem.wgmma_fits('wgrad', x.dtype), x, dy):   # Hopper: conv/wgmma.py
-        launch = problem.launch(lambda g: conv_wgmma.wgrad_launch(rt, g, x.dtype), conv_wgmma.launch_key())
-    else:
-        launch = problem.launch(lambda g: _wgrad_launch(rt, g, x.dtype))
-        x, dy = problem.to_kernel_layout(rt, x, dy)
-    return split_k.run(rt.xp, x, dy, problem.shape, x.dtype, launch)
-
-
-def _unlift(array, shape):
-    return array.reshape(shape)
 
 
 def _problem_key(*parts):
@@ -275,64 +241,210 @@ def _gradient_problem(rt, kind, checks, a, b, shape, strides, dilation, pads, da
     return _prepared(rt, kind, (a, b), (shape, strides, dilation, pads, data_format), prepare)
 
 
-def _run(rt, key, gpuk_fn, cudnn_fn, *args):
-    return dispatch.run(rt, 'conv', key, gpuk_fn, cudnn_fn, *args)
+# ---------------------------------------------------------------- runners
+# A conv plan step keeps its last problem's runner (prepared.Kept in gpuk/ops/conv.py): ``run``
+# compares the switches its launches depend on (the precision policy, and the tile and wgmma
+# switches tests force) with those its kernel call was made under, then goes to dispatch.run and
+# that call, which does only the per-call array work: the wgmma path's 16-byte alignment check
+# (it reads pointers), layout transposes, contiguity, the output, the launch.
+
+def _switches():
+    """The precision policy, then what conv/tiles.py's and conv/wgmma.py's ``forced()`` set
+    (read in place: this runs per call)."""
+    tiles, wgmma = conv_tiles._forced, conv_wgmma._forced
+    return config.precision(), tiles['tile'], tiles['splits'], wgmma['on'], wgmma['tile']
+
+
+def _runner(rt, problem, make_kernel_call, cudnn_fn, geometry, again):
+    """``run(*arrays)`` of a prepared Problem: dispatch.run(kernel call, cudnn_fn, *arrays,
+    *geometry). The kernel call (``make_kernel_call()``: the wgmma-or-igemm choice and launches
+    of the Problem) is remade when the tile / wgmma switches change; under another precision
+    policy the call is another problem's (``again(*arrays)``: the launcher, with its checks)."""
+    precision, key = _switches()[0], problem.key
+    made = [(None, None)]   # (switches, kernel call): replaced in one assignment
+
+    def run(*arrays):
+        switches = _switches()
+        if switches[0] != precision:
+            return again(*arrays)
+        kept_switches, kernel_call = made[0]
+        if switches != kept_switches:
+            kernel_call = make_kernel_call()
+            made[0] = switches, kernel_call
+        return dispatch.run(rt, 'conv', key, kernel_call, cudnn_fn, *arrays, *geometry)
+    return run
+
+
+def _wgmma_active(rt, problem, op, dtype):
+    """Whether `op` of this problem takes the wgmma path when its operands are 16-byte aligned
+    (conv_wgmma.applies without the per-call alignment check)."""
+    return conv_wgmma.applies(rt, problem.wgmma_fits(op, dtype))
+
+
+def _fwd_kernel_call(rt, problem, dtype, epilogue):
+    """kernel_call(x, w, bias, *geometry) of a conv_fwd runner under the current switches."""
+    xp, g, shape, code = rt.xp, problem.g, problem.shape, EPILOGUES[epilogue]
+    wgmma, aligned16 = _wgmma_active(rt, problem, 'fwd', dtype), conv_wgmma._aligned16
+    y_shape, no_bias = _kernel_shape(g, g.out_sp, g.c_out), _no_bias(xp, dtype)
+    launches = {}
+
+    def kernel_call(x, w, bias, *_geometry):
+        bias = no_bias if bias is None else bias
+        if wgmma and aligned16(x):   # Hopper: warpgroup MMA (conv/wgmma.py)
+            try:
+                launch = launches['wgmma']
+            except KeyError:
+                launch = launches['wgmma'] = problem.launch(lambda g: conv_wgmma.fwd_launch(rt, g, dtype, code),
+                                                            conv_wgmma.launch_key())
+            return conv_wgmma.conv_fwd(rt, x, w, xp.empty(y_shape, dtype), bias, launch).reshape(shape)
+        try:
+            launch = launches['igemm']
+        except KeyError:
+            launch = launches['igemm'] = problem.launch(lambda g: _fwd_launch(rt, g, dtype, epilogue))
+        if not g.channels_last:
+            x = layout.to_channels_last(x, runtime=rt)
+        y = xp.empty(launch.out_shape, dtype)
+        launch.run((xp.ascontiguousarray(x), xp.ascontiguousarray(w), bias, y, *launch.scalars))
+        return problem.from_kernel_layout(rt, y).reshape(shape)
+    return kernel_call
+
+
+def _dgrad_kernel_call(rt, problem, dtype):
+    """kernel_call(dy, w, *geometry) of a conv_dgrad runner under the current switches."""
+    xp, g, shape = rt.xp, problem.g, problem.shape
+    wgmma, aligned16 = _wgmma_active(rt, problem, 'dgrad', dtype), conv_wgmma._aligned16
+    dx_shape = _kernel_shape(g, g.in_sp, g.c_in)
+    launches = {}
+
+    def kernel_call(dy, w, *_geometry):
+        if wgmma and aligned16(dy):   # Hopper: conv/wgmma.py
+            try:
+                launch = launches['wgmma']
+            except KeyError:
+                launch = launches['wgmma'] = problem.launch(lambda g: conv_wgmma.dgrad_launch(rt, g, dtype),
+                                                            conv_wgmma.launch_key())
+            return conv_wgmma.conv_dgrad(rt, dy, w, xp.empty(dx_shape, dtype), launch).reshape(shape)
+        try:
+            launch = launches['igemm']
+        except KeyError:
+            launch = launches['igemm'] = problem.launch(lambda g: _dgrad_launch(rt, g, dtype))
+        if not g.channels_last:
+            dy = layout.to_channels_last(dy, runtime=rt)
+        dx = xp.empty(launch.out_shape, dtype)
+        launch.run((xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx, *launch.scalars))
+        return problem.from_kernel_layout(rt, dx).reshape(shape)
+    return kernel_call
+
+
+def _wgrad_kernel_call(rt, problem, dtype):
+    """kernel_call(x, dy, *geometry) of a conv_wgrad runner under the current switches."""
+    xp, shape, channels_last = rt.xp, problem.shape, problem.g.channels_last
+    wgmma, aligned16 = _wgmma_active(rt, problem, 'wgrad', dtype), conv_wgmma._aligned16
+    launches = {}
+
+    def kernel_call(x, dy, *_geometry):
+        if wgmma and aligned16(x) and aligned16(dy):   # Hopper: conv/wgmma.py
+            try:
+                launch = launches['wgmma']
+            except KeyError:
+                launch = launches['wgmma'] = problem.launch(lambda g: conv_wgmma.wgrad_launch(rt, g, dtype),
+                                                            conv_wgmma.launch_key())
+        else:
+            try:
+                launch = launches['igemm']
+            except KeyError:
+                launch = launches['igemm'] = problem.launch(lambda g: _wgrad_launch(rt, g, dtype))
+            if not channels_last:
+                x, dy = problem.to_kernel_layout(rt, x, dy)
+        return split_k.run(xp, x, dy, shape, dtype, launch)
+    return kernel_call
 
 
 # ---------------------------------------------------------------- public functions
 
 def conv_fwd(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=None, runtime=None):
     """Convolution (cross-correlation) of x with w -> y; optionally y + bias, relu(y + bias)."""
+    return conv_fwd_runner(x, w, strides, dilation, pads, data_format, epilogue=epilogue, bias=bias,
+                           runtime=runtime)(x, w, bias)
+
+
+def conv_fwd_runner(x, w, strides, dilation, pads, data_format, *, epilogue=None, bias=None, runtime=None):
+    """``run(x, w, bias=None)``, conv_fwd with this geometry and epilogue for arrays of the types,
+    shapes and dtypes of these (``bias`` given or not as here): checked and set up once per
+    problem signature (runtime/prepared.py); a ConvFwd plan step keeps it (prepared.Kept)."""
     rt = resolve(runtime)
+    xp = rt.xp
     params = (strides, dilation, pads, data_format, epilogue, bias is None)
 
     def prepare():
-        _, _, shapes = conv_checks.fwd_problem('conv_fwd', x, w, strides, dilation, pads, data_format, rt.xp)
+        _, _, shapes = conv_checks.fwd_problem('conv_fwd', x, w, strides, dilation, pads, data_format, xp)
         g = _geometry(shapes)
-        _check_epilogue('conv_fwd', epilogue, bias, g.c_out, x.dtype, rt.xp)
+        _check_epilogue('conv_fwd', epilogue, bias, g.c_out, x.dtype, xp)
         out_spatial = g.out_sp[3 - (x.ndim - 2):]
         y_shape = (x.shape[0], *out_spatial, g.c_out) if g.channels_last else (x.shape[0], g.c_out, *out_spatial)
         return Problem(g, y_shape, _problem_key('fwd', x, w, strides, dilation, pads, data_format, epilogue))
 
     problem = _prepared(rt, 'fwd', (x, w) if bias is None else (x, w, bias), params, prepare)
-    g = problem.g
-    bias = rt.xp.ascontiguousarray(bias) if bias is not None else None
+    dtype, channel_axis = x.dtype, -1 if problem.g.channels_last else 1
 
-    def gpuk_fn(x, w, *geometry):
-        return _unlift(_igemm_fwd(x, w, problem, bias, epilogue, rt), problem.shape)
-
-    def cudnn_fn(x, w, *geometry):
+    def cudnn_fn(x, w, bias, *geometry):
         y = cudnn_conv.conv_fwd(x, w, *geometry)
         if epilogue is None:
             return y
         from .. import elementwise
-        return elementwise.bias_act_fwd(y, bias, -1 if g.channels_last else 1,
-                                        'relu' if epilogue == 'bias_relu' else 'linear', runtime=rt)
+        return elementwise.bias_act_fwd(y, bias, channel_axis, 'relu' if epilogue == 'bias_relu' else 'linear',
+                                        runtime=rt)
 
-    return _run(rt, problem.key, gpuk_fn, cudnn_fn, x, w, strides, dilation, pads, data_format)
+    def again(x, w, bias=None):
+        return conv_fwd(x, w, strides, dilation, pads, data_format, epilogue=epilogue, bias=bias, runtime=rt)
+
+    def make():
+        launch = _runner(rt, problem, lambda: _fwd_kernel_call(rt, problem, dtype, epilogue), cudnn_fn,
+                         (strides, dilation, pads, data_format), again)
+
+        def run(x, w, bias=None):
+            return launch(x, w, None if bias is None else xp.ascontiguousarray(bias))
+        return run
+    return problem.runner(make)
 
 
 def conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of conv_fwd with respect to x (also the forward of conv_transpose)."""
+    return conv_dgrad_runner(dy, w, x_shape, strides, dilation, pads, data_format, runtime=runtime)(dy, w)
+
+
+def conv_dgrad_runner(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
+    """``run(dy, w)``, conv_dgrad with this x_shape and geometry for arrays of the types, shapes
+    and dtypes of these: checked and set up once per problem signature (runtime/prepared.py); a
+    ConvDgrad plan step keeps it (prepared.Kept)."""
     rt = resolve(runtime)
     problem = _gradient_problem(rt, 'dgrad', conv_checks.dgrad_problem, dy, w, x_shape, strides, dilation, pads,
                                 data_format)
+    dtype = dy.dtype
 
-    def gpuk_fn(dy, w, *geometry):
-        return _unlift(_igemm_dgrad(dy, w, problem, rt), problem.shape)
-
-    return _run(rt, problem.key, gpuk_fn, cudnn_conv.conv_dgrad, dy, w, problem.shape, strides, dilation, pads,
-                data_format)
+    def again(dy, w):
+        return conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, runtime=rt)
+    return problem.runner(lambda: _runner(rt, problem, lambda: _dgrad_kernel_call(rt, problem, dtype),
+                                          cudnn_conv.conv_dgrad,
+                                          (problem.shape, strides, dilation, pads, data_format), again))
 
 
 def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of conv_fwd with respect to w."""
+    return conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_format, runtime=runtime)(x, dy)
+
+
+def conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
+    """``run(x, dy)``, conv_wgrad with this w_shape and geometry for arrays of the types, shapes
+    and dtypes of these: checked and set up once per problem signature (runtime/prepared.py); a
+    ConvWgrad plan step keeps it (prepared.Kept)."""
     rt = resolve(runtime)
     problem = _gradient_problem(rt, 'wgrad', conv_checks.wgrad_problem, x, dy, w_shape, strides, dilation, pads,
                                 data_format)
+    dtype = x.dtype
 
-    def gpuk_fn(x, dy, *geometry):
-        return _igemm_wgrad(x, dy, problem, rt)
-
-    return _run(rt, problem.key, gpuk_fn, cudnn_conv.conv_wgrad, x, dy, problem.shape, strides, dilation, pads,
-                data_format)
+    def again(x, dy):
+        return conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, runtime=rt)
+    return problem.runner(lambda: _runner(rt, problem, lambda: _wgrad_kernel_call(rt, problem, dtype),
+                                          cudnn_conv.conv_wgrad,
+                                          (problem.shape, strides, dilation, pads, data_format), again))

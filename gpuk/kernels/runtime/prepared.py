@@ -85,8 +85,8 @@ class Kept:
     __slots__ = ('_last',)
 
     def __init__(self):
-        # (owner, generation, types, shapes, dtypes, value): replaced in one assignment, so a
-        # thread sharing the step never reads half of one problem and half of another
+        # (owner, generation, count, types, shapes, dtypes, value): replaced in one assignment,
+        # so a thread sharing the step never reads half of one problem and half of another
         self._last = None
 
     def find(self, owner, arrays):
@@ -94,8 +94,8 @@ class Kept:
         last = self._last
         if last is None or _forced[0]:
             return None
-        kept_owner, generation, types, shapes, dtypes, value = last
-        if owner is not kept_owner or generation != _generation[0] or len(arrays) != len(shapes):
+        kept_owner, generation, count, types, shapes, dtypes, value = last
+        if owner is not kept_owner or generation != _generation[0] or len(arrays) != count:
             return None
         try:
             for a, kind, shape, dtype in zip(arrays, types, shapes, dtypes):
@@ -109,8 +109,8 @@ class Kept:
         """Keeps ``value`` for ``arrays``' types, shapes and dtypes (nothing, when one has no
         shape or dtype) and returns it."""
         try:
-            last = (owner, _generation[0], tuple(type(a) for a in arrays), tuple(a.shape for a in arrays),
-                    tuple(a.dtype for a in arrays), value)
+            last = (owner, _generation[0], len(arrays), tuple(type(a) for a in arrays),
+                    tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays), value)
         except AttributeError:   # not arrays: nothing kept, the call site asks each time
             last = None
         self._last = last
