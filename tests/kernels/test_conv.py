@@ -463,6 +463,7 @@ def test_tile_rules_for_short_k_and_per_element_copies():
 # holds [size - 128, 127]); otherwise it keeps three compares. Input depth 127 with pad 1 on both
 # sides is the d field's limit (coordinates -1 .. 127), 128 one past it (the fallback); the 2D
 # case pads every side, dilates and strides. Channels are multiples of 8 (16-byte copies).
+# float64 (2 chunks per row) keeps the compares on every shape (WG_PACKED).
 PACKED_BOUNDS_CASES = [
     ((127, 1, 2), (3, 1, 1), (1, 1, 1), (1, 1, 1), ((1, 1), (0, 0), (0, 0)), 8, 8),    # packed, at the limit
     ((128, 1, 2), (3, 1, 1), (1, 1, 1), (1, 1, 1), ((1, 1), (0, 0), (0, 0)), 8, 8),    # compares (fallback)

@@ -65,7 +65,11 @@
 //   pointers, tap offsets within 32 bits): one 16-byte zero-filling cp.async per VEC neighbouring
 //   channels, which share one padding check; fwd/dgrad test it with the row's tap mask (one LOP3
 //   per chunk, see tap_masks_fit) and address the chunk as row pointer + one 32-bit tap offset
-//   shared by the thread's chunks; dgrad's filter chunks step a 32-bit offset with the cursor. Otherwise each element is copied on its own
+//   shared by the thread's chunks; dgrad's filter chunks step a 32-bit offset with the cursor;
+//   wgrad packs the pixel's window origin and each chunk's tap offsets into 32-bit words with
+//   guard bits (WgradPack: two adds and a LOP3 per chunk) where the image fits the fields (d <
+//   2^7, h < 2^10, w < 2^12 coordinates, pads included; checked per block, else three compares:
+//   pipeline<MODE, true, PACKED>). Otherwise each element is copied on its own
 //   (cp.async of 4/8 bytes; 16-bit elements synchronously; copy_tap_run), the K loop rotating
 //   its stages instead of unrolling them. The choice is made once per block, outside the K loop
 //   (pipeline<MODE, VECTOR>).
@@ -606,7 +610,10 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 // (tap + up_bias), lo = (lo_bias - tap) - origin, the tap terms fixed per chunk column, the
 // origin packed once per row and tile. Rows past k_end take fake_origin() (w = -1 - last tap)
 // and chunks past the filter far_tap() (w = -1 - the largest origin), both outside on w.
-// Larger images (or pads) keep the three compares (Loader<MODE_WGRAD>::load<true>).
+// Larger images (or pads) keep the three compares (Loader<MODE_WGRAD>::load<true>), and so do
+// tiles with fewer than 4 chunks per row (f64): there the per-tile packing and biases cost more
+// than the 3 instructions a chunk saves.
+#define WG_PACKED (WG_CHUNKS >= 4)
 struct WgradPack {
     static constexpr int W_BITS = 13, H_BITS = 11, D_BITS = 8;
     static constexpr int H_SHIFT = W_BITS, D_SHIFT = W_BITS + H_BITS;
@@ -694,7 +701,7 @@ template <> struct Loader<MODE_WGRAD> {
             a_up[j] = tap + WgradPack::up_bias(g);
             a_lo[j] = WgradPack::lo_bias() - tap;
         }
-        a_packed = WgradPack::fits(g, taps);
+        a_packed = WG_PACKED && WgradPack::fits(g, taps);
         b.init(dy, k_begin, k_end, g.c_out);
         a_vec = fits && g.c_in % VEC == 0 && is_aligned(x, 16);
         b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16) && RowStream::fits(g.c_out);
@@ -1193,7 +1200,7 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
     // One uniform choice per block, outside the loop: both operands in 16-byte chunks, or every
     // element on its own (unaligned channel counts or pointers, filters too large for tap masks).
     // wgrad's 16-byte path tests its bounds packed where the image fits (WgradPack).
-    if constexpr (MODE == MODE_WGRAD) {
+    if constexpr (MODE == MODE_WGRAD && WG_PACKED) {
         if (loader.a_vec && loader.b_vec && loader.a_packed) {
             pipeline<MODE, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
             return;
