@@ -121,7 +121,9 @@ def test_killed_worker_makes_the_other_fail_with_a_clear_error_within_the_timeou
     stderr = done.stderr
     assert 'DistributedError' in stderr and 'gradient bucket' in stderr, stderr
     assert 'did not complete within %g s (GPUK_DIST_TIMEOUT)' % TIMEOUT in stderr, stderr
-    assert 'MPI_Abort' in stderr, stderr
+    # The abort is what ended the job: without it the shells' `sleep 60` would keep it alive.
+    # (MPICH's own "MPI_Abort" line is not asserted: the launcher forwards output asynchronously
+    # and, on a loaded machine, the teardown can beat it; CI lost it once.)
     assert TIMEOUT <= elapsed < TIMEOUT + 20, elapsed  # 20 s: two interpreter and Keras start-ups
 
 

@@ -508,3 +508,34 @@ def test_prepared_runners_dispatch_to_cudnn_with_the_bias_epilogue(monkeypatch):
         np.testing.assert_allclose(conv.conv_wgrad(x, dy, w.shape, *geometry, runtime=rt),
                                    twin.conv_wgrad(x, dy, w.shape, *geometry), rtol=1e-5, atol=1e-4)
     assert calls == ['conv_fwd', 'conv_dgrad', 'conv_wgrad'] * 2
+
+
+# conv_igemm.cu's WgradPack: the wgrad 16-byte loader tests "inside the image" on all three axes
+# with one packed add per side, where every coordinate it can reach fits the fields (the d field
+# holds [size - 128, 127]); otherwise it keeps three compares. Input depth 127 with pad 1 on both
+# sides is the d field's limit (coordinates -1 .. 127), 128 one past it (the fallback); the 2D
+# case pads every side, dilates and strides. Channels are multiples of 8 (16-byte copies).
+# float64 (2 chunks per row) keeps the compares on every shape (WG_PACKED).
+PACKED_BOUNDS_CASES = [
+    ((127, 1, 2), (3, 1, 1), (1, 1, 1), (1, 1, 1), ((1, 1), (0, 0), (0, 0)), 8, 8),    # packed, at the limit
+    ((128, 1, 2), (3, 1, 1), (1, 1, 1), (1, 1, 1), ((1, 1), (0, 0), (0, 0)), 8, 8),    # compares (fallback)
+    ((7, 9), (3, 2), (2, 1), (1, 2), ((2, 1), (1, 2)), 8, 16),                         # packed, pads all round
+]
+PACKED_DTYPES = [(np.float16, 'float32'), (np.float32, 'float32'), (np.float32, 'tf32'), (np.float64, 'float32')]
+
+
+@pytest.mark.parametrize('dtype, precision', PACKED_DTYPES,
+                         ids=['%s-%s' % (np.dtype(d).name, p) for d, p in PACKED_DTYPES])
+@pytest.mark.parametrize('case', PACKED_BOUNDS_CASES, ids=['d127-packed', 'd128-compares', '2d-pads-all-round'])
+def test_wgrad_packed_bounds_and_their_fallback(kernel_runtime, case, dtype, precision):
+    """wgrad's 16-byte loader on both sides of the packed bounds test's limit, with padding on
+    every side, dilation, stride and M, N, K tails: the same weights gradient as the twin."""
+    _, kernel, strides, dilation, pads, _, _ = case
+    x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=5, batch=1)
+    args = (x, dy, w.shape, strides, dilation, pads, 'channels_last')
+    with _precision(precision), conv_wgmma.forced(False):
+        rounded = [_round_tf32(a) for a in (x, dy)] if precision == 'tf32' else [x, dy]
+        ref = twin.conv_wgrad(*(a.astype(np.float64) for a in rounded), *args[2:])
+        out = conv.conv_wgrad(*[to_device(kernel_runtime, a) for a in args[:2]], *args[2:], runtime=kernel_runtime)
+    assert to_host(out).dtype == np.dtype(dtype)
+    assert_close(out, ref, dtype, 'conv_wgrad %s' % (case[:2],))

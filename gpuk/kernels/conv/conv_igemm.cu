@@ -65,7 +65,11 @@
 //   pointers, tap offsets within 32 bits): one 16-byte zero-filling cp.async per VEC neighbouring
 //   channels, which share one padding check; fwd/dgrad test it with the row's tap mask (one LOP3
 //   per chunk, see tap_masks_fit) and address the chunk as row pointer + one 32-bit tap offset
-//   shared by the thread's chunks; dgrad's filter chunks step a 32-bit offset with the cursor. Otherwise each element is copied on its own
+//   shared by the thread's chunks; dgrad's filter chunks step a 32-bit offset with the cursor;
+//   wgrad packs the pixel's window origin and each chunk's tap offsets into 32-bit words with
+//   guard bits (WgradPack: two adds and a LOP3 per chunk) where the image fits the fields (d <
+//   2^7, h < 2^10, w < 2^12 coordinates, pads included; checked per block, else three compares:
+//   pipeline<MODE, true, PACKED>). Otherwise each element is copied on its own
 //   (cp.async of 4/8 bytes; 16-bit elements synchronously; copy_tap_run), the K loop rotating
 //   its stages instead of unrolling them. The choice is made once per block, outside the K loop
 //   (pipeline<MODE, VECTOR>).
@@ -597,6 +601,64 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
     const int permute = SMEM_PAD_K ? 0 : wgrad_a_row(0) & (WG_CHUNKS - 1);
     return threadIdx.x % WG_LANES + WG_LANES * (j ^ permute);
 }
+// WgradPack: the wgrad 16-byte path's bounds test, "0 <= origin + tap < size on d, h and w",
+// in one add per side and one AND. A coordinate v of an axis of size S gets a W-bit field
+// (d: 8, h: 11, w: 13 bits; half = 2^(W-1)) in two 32-bit words: up = v + half - S and
+// lo = half - 1 - v. While every reachable v lies in [S - half, half - 1] (fits(), per block)
+// both stay in [0, 2^W), so the fields never carry into each other, and a field's top (guard)
+// bit is set exactly when v >= S (up) or v < 0 (lo). The words are linear in v: up = origin +
+// (tap + up_bias), lo = (lo_bias - tap) - origin, the tap terms fixed per chunk column, the
+// origin packed once per row and tile. Rows past k_end take fake_origin() (w = -1 - last tap)
+// and chunks past the filter far_tap() (w = -1 - the largest origin), both outside on w.
+// Larger images (or pads) keep the three compares (Loader<MODE_WGRAD>::load<true>), and so do
+// tiles with fewer than 4 chunks per row (f64): there the per-tile packing and biases cost more
+// than the 3 instructions a chunk saves.
+#define WG_PACKED (WG_CHUNKS >= 4)
+struct WgradPack {
+    static constexpr int W_BITS = 13, H_BITS = 11, D_BITS = 8;
+    static constexpr int H_SHIFT = W_BITS, D_SHIFT = W_BITS + H_BITS;
+    static_assert(D_SHIFT + D_BITS == 32, "three fields fill 32 bits");
+    static constexpr unsigned GUARD = (1u << (W_BITS - 1)) | (1u << (H_SHIFT + H_BITS - 1)) | (1u << 31);
+    __device__ __forceinline__ static unsigned pack(int d, int h, int w) {   // mod 2^32: exact once added up
+        return ((unsigned)d << D_SHIFT) + ((unsigned)h << H_SHIFT) + (unsigned)w;
+    }
+    __device__ __forceinline__ static unsigned up_bias(const ConvGeom& g) {
+        return pack((1 << (D_BITS - 1)) - g.in_d, (1 << (H_BITS - 1)) - g.in_h, (1 << (W_BITS - 1)) - g.in_w);
+    }
+    __device__ __forceinline__ static unsigned lo_bias() {
+        return pack((1 << (D_BITS - 1)) - 1, (1 << (H_BITS - 1)) - 1, (1 << (W_BITS - 1)) - 1);
+    }
+    __device__ __forceinline__ static bool inside(unsigned up, unsigned lo) { return ((up | lo) & GUARD) == 0; }
+    __device__ __forceinline__ static long long first(const TapDim& t) { return t.o0; }
+    __device__ __forceinline__ static long long last(const TapDim& t) { return t.o0 + (long long)(t.count - 1) * t.ostep; }
+    __device__ __forceinline__ static long long lesser(long long a, long long b) { return a < b ? a : b; }
+    __device__ __forceinline__ static long long greater(long long a, long long b) { return a > b ? a : b; }
+    __device__ __forceinline__ static long long tap_min(const TapDim& t) { return lesser(first(t), last(t)); }
+    __device__ __forceinline__ static long long tap_max(const TapDim& t) { return greater(first(t), last(t)); }
+    __device__ __forceinline__ static int fake_w(const ConvGeom& g, const TapSeq& taps) { return (int)(-1 - tap_max(taps.w)); }
+    __device__ __forceinline__ static unsigned fake_origin(const ConvGeom& g) {
+        return pack(0, 0, fake_w(g, dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w)));
+    }
+    __device__ __forceinline__ static int far_tap(const ConvGeom& g, const TapSeq& taps) {
+        return (int)(-1 - greater((long long)(g.out_w - 1) * g.s_w, fake_w(g, taps)));
+    }
+    // every reachable coordinate v of the axis within [size - half, half - 1]
+    __device__ __forceinline__ static bool axis_fits(long long vmin, long long vmax, long long size, int bits) {
+        const long long half = 1ll << (bits - 1);
+        return vmin >= size - half && vmax <= half - 1;
+    }
+    __device__ __forceinline__ static bool fits(const ConvGeom& g, const TapSeq& taps) {
+        const long long od = (long long)(g.out_d - 1) * g.s_d, oh = (long long)(g.out_h - 1) * g.s_h;
+        const long long ow = (long long)(g.out_w - 1) * g.s_w, fake = fake_w(g, taps), far = far_tap(g, taps);
+        // d, h: origins [0, o], taps [min, max] (the far chunks use the first tap, the fake origin 0);
+        // w: origins [0, ow] and the fake one, taps [min, max] and the far one
+        return axis_fits(tap_min(taps.d), od + tap_max(taps.d), g.in_d, D_BITS) &&
+               axis_fits(tap_min(taps.h), oh + tap_max(taps.h), g.in_h, H_BITS) &&
+               axis_fits(lesser(0, fake) + lesser(tap_min(taps.w), far), greater(ow, fake) + greater(tap_max(taps.w), far),
+                         g.in_w, W_BITS);
+    }
+};
+
 template <> struct Loader<MODE_WGRAD> {
     PixIter pix[WG_ROWS];                 // this thread's k rows: (image, output pixel)
     const elem_t* image[WG_ROWS];         // x at image pix[r].n (a pointer carried across K tiles, so
@@ -605,8 +667,9 @@ template <> struct Loader<MODE_WGRAD> {
     TapIter a_m[WG_CHUNKS];               // chunk j's (tap, ci) column, fixed for the block (per-element path)
     int a_off[WG_CHUNKS];                 // 16-byte path: chunk j's offset from the pixel's window origin
     int a_td[WG_CHUNKS], a_th[WG_CHUNKS], a_tw[WG_CHUNKS];   // its tap's offsets
+    unsigned a_up[WG_CHUNKS], a_lo[WG_CHUNKS];   // packed path: its tap as WgradPack terms
     RowStream b;                          // b.left: K rows from the next tile's first row to k_end
-    bool a_vec, b_vec;
+    bool a_vec, b_vec, a_packed;          // a_packed: the image fits WgradPack (16-byte path only)
 
     __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* dy, long long rows,
                                          long long k_begin, long long k_end) {
@@ -632,7 +695,13 @@ template <> struct Loader<MODE_WGRAD> {
             a_th[j] = t.oh;
             a_tw[j] = t.ow;
             a_off[j] = inside ? (int)(((long long)(t.od * g.in_h + t.oh) * g.in_w + t.ow) * g.c_in + t.c) : 0;
+            // past the filter: a w offset that puts every origin (the rows' and the fake) left of 0
+            const unsigned tap = WgradPack::pack(inside ? t.od : taps.d.o0, inside ? t.oh : taps.h.o0,
+                                                 inside ? t.ow : WgradPack::far_tap(g, taps));
+            a_up[j] = tap + WgradPack::up_bias(g);
+            a_lo[j] = WgradPack::lo_bias() - tap;
         }
+        a_packed = WG_PACKED && WgradPack::fits(g, taps);
         b.init(dy, k_begin, k_end, g.c_out);
         a_vec = fits && g.c_in % VEC == 0 && is_aligned(x, 16);
         b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16) && RowStream::fits(g.c_out);
@@ -646,6 +715,27 @@ template <> struct Loader<MODE_WGRAD> {
         offset = p.n * (g.in_pix * g.c_in) + ((long long)ipix * g.c_in + t.c);
         return t.in_filter(taps) && (unsigned)id < (unsigned)g.in_d && (unsigned)ih < (unsigned)g.in_h &&
                (unsigned)iw < (unsigned)g.in_w;
+    }
+
+    // The 16-byte path where the image fits WgradPack: per chunk its address (an IMAD and an
+    // IMAD.WIDE, as in load<true>) and one packed bounds test (two IADD3 and a LOP3).
+    __device__ __forceinline__ void load_packed(const ConvGeom& g, const elem_t* __restrict__ x,
+                                                const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
+#pragma unroll
+        for (int r = 0; r < WG_ROWS; ++r) {
+            const PixIter& p = pix[r];
+            const int row = wgrad_a_row(r);
+            const int id0 = p.od * g.s_d, ih0 = p.oh * g.s_h, iw0 = p.ow * g.s_w;
+            const int origin = ((id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;   // in its image
+            // rows past k_end take the fake origin, left of 0 with every tap
+            const unsigned at = row < b.left ? WgradPack::pack(id0, ih0, iw0) : WgradPack::fake_origin(g);
+#pragma unroll
+            for (int j = 0; j < WG_CHUNKS; ++j)
+                copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), image[r] + (origin + a_off[j]),
+                           WgradPack::inside(at + a_up[j], a_lo[j] - at));
+            pix[r].advance(g, CONV_BK, [&] { image[r] += g.in_pix * g.c_in; });
+        }
+        b.load<true>(bs, g.c_out, cols);
     }
 
     template <bool VECTOR>
@@ -1041,14 +1131,24 @@ __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
 
 // The shared main loop: accumulates the block's tile over k in [k_begin, k_end) through a
 // CONV_STAGES-deep cp.async pipeline (one barrier per K tile; stage indices rotate by compare).
-template <int MODE, bool VECTOR>
+// One K tile's copies: the loader's load<VECTOR>, or wgrad's packed-bounds 16-byte path.
+template <bool VECTOR, bool PACKED, class L>
+__device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const elem_t* __restrict__ a_src,
+                                          const elem_t* __restrict__ b_src, elem_t* as, elem_t* bs, int cols) {
+    if constexpr (PACKED)
+        loader.load_packed(g, a_src, b_src, as, bs, cols);
+    else
+        loader.template load<VECTOR>(g, a_src, b_src, as, bs, cols);
+}
+
+template <int MODE, bool VECTOR, bool PACKED = false>
 __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                          const ConvGeom& g, const elem_t* __restrict__ a_src,
                                          const elem_t* __restrict__ b_src, int cols, long long depth, acc_t* acc) {
     const int tiles = (int)((depth + CONV_BK - 1) / CONV_BK);
 #pragma unroll
     for (int s = 0; s < CONV_STAGES - 1; ++s) {
-        if (s < tiles) loader.template load<VECTOR>(g, a_src, b_src, as[s], bs[s], cols);
+        if (s < tiles) load_tile<VECTOR, PACKED>(loader, g, a_src, b_src, as[s], bs[s], cols);
         cp_async_commit();   // empty groups keep the count uniform for the wait below
     }
     // Unrolled by the stage count, so that every stage index is a constant: the shared
@@ -1062,7 +1162,7 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
             TF32_ROUND_LANDED(as[read_stage], bs[read_stage]);
             __syncthreads();
             if (t + CONV_STAGES - 1 < tiles)
-                loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], cols);
+                load_tile<VECTOR, PACKED>(loader, g, a_src, b_src, as[write_stage], bs[write_stage], cols);
             cp_async_commit();
             tile_multiply<MODE>(as[read_stage], bs[read_stage], acc);
             read_stage = read_stage == CONV_STAGES - 1 ? 0 : read_stage + 1;
@@ -1079,7 +1179,7 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
                 __syncthreads();                    // ... everyone's, and stage t-1 is free again
                 const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
                 if (t + CONV_STAGES - 1 < tiles)
-                    loader.template load<VECTOR>(g, a_src, b_src, as[write_stage], bs[write_stage], cols);
+                    load_tile<VECTOR, PACKED>(loader, g, a_src, b_src, as[write_stage], bs[write_stage], cols);
                 cp_async_commit();
                 tile_multiply<MODE>(as[s], bs[s], acc);
             }
@@ -1099,6 +1199,13 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
     for (int e = 0; e < ACC_COUNT; ++e) acc[e] = acc_t(0);
     // One uniform choice per block, outside the loop: both operands in 16-byte chunks, or every
     // element on its own (unaligned channel counts or pointers, filters too large for tap masks).
+    // wgrad's 16-byte path tests its bounds packed where the image fits (WgradPack).
+    if constexpr (MODE == MODE_WGRAD && WG_PACKED) {
+        if (loader.a_vec && loader.b_vec && loader.a_packed) {
+            pipeline<MODE, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
+            return;
+        }
+    }
     if (loader.a_vec && loader.b_vec)
         pipeline<MODE, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
     else
