@@ -441,7 +441,7 @@ def test_tile_choice_table():
     assert conv_tiles.choose_tile(BF16, 'tf32', 60, 5, 27).name == '64x64x64'   # precision only concerns float32
     assert conv_tiles.choose_tile(np.float32, 'tf32', 32 * 56 * 56, 256, 576).math == 'tf32'
     # wgrad of a 3x3 64->64 layer at N=32: M x N = 576 x 64 gives few tiles, so K is split.
-    tile = conv_tiles.choose_tile(np.float32, 'float32', 576, 64, 32 * 56 * 56, split_k=True)
+    tile = conv_tiles.choose_tile(np.float32, 'float32', 576, 64, 32 * 56 * 56, wgrad=True)
     assert conv_tiles.wgrad_splits(tile, 576, 64, 32 * 56 * 56) > 1
 
 
@@ -451,7 +451,7 @@ def test_16bit_wgrad_tile_choice():
     depth = 32 * 56 * 56
     for dtype in (np.float16, BF16):
         def choose(rows, cols):
-            return conv_tiles.choose_tile(dtype, 'float32', rows, cols, depth, split_k=True).name
+            return conv_tiles.choose_tile(dtype, 'float32', rows, cols, depth, wgrad=True).name
         assert choose(2304, 256) == '128x128x32'   # 3x3 256 -> 256
         assert choose(576, 64) == '128x64x64'      # 3x3 64 -> 64
         assert choose(256, 64) == '128x64x64'      # 1x1 256 -> 64

@@ -216,7 +216,7 @@ def _dgrad_launch(rt, g, dtype):
 def _wgrad_launch(rt, g, dtype):
     rows, cols, depth = wgrad_gemm_shape(g)
     check_gemm('conv_wgrad', g, rows, cols, depth)
-    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, split_k=True,
+    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, wgrad=True,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid, per_split = split_k.plan(tile, rows, cols, depth)
     return split_k.wgrad_launch(

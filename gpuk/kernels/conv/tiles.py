@@ -162,11 +162,11 @@ def _waste(tile, rows, cols):
     return (math.ceil(rows / tile.bm) * tile.bm * math.ceil(cols / tile.bn) * tile.bn) / (rows * cols)
 
 
-def choose_tile(dtype, precision, rows, cols, depth, split_k=False, aligned=True):
+def choose_tile(dtype, precision, rows, cols, depth, wgrad=False, aligned=True):
     """The tile for a GEMM of rows x cols x depth (see the module docstring). ``aligned``: the
     gathered operand's channel count is a multiple of the 16-byte chunk (16-byte copies);
-    ``split_k``: a wgrad GEMM (its K is split; 16-bit wgrad has its own table)."""
-    table = table_for(dtype, precision, wgrad=split_k)
+    ``wgrad``: a weights-gradient GEMM (its K is split; 16-bit wgrad has its own table)."""
+    table = table_for(dtype, precision, wgrad=wgrad)
     if _forced['tile'] is not None:
         for tile in table:
             if tile.name == _forced['tile']:
@@ -175,9 +175,9 @@ def choose_tile(dtype, precision, rows, cols, depth, split_k=False, aligned=True
                          % (_forced['tile'], np.dtype(dtype), precision, [t.name for t in table]))
     max_waste = MAX_WASTE if aligned else MAX_WASTE_PER_ELEMENT
     # 16-bit wgrad: K split as far as the split rule allows also counts as filled (see the docstring)
-    split_cap_fills = split_k and table in WGRAD_TILES.values()
+    split_cap_fills = wgrad and table in WGRAD_TILES.values()
     for tile in table[:-1]:
-        splits = wgrad_splits(tile, rows, cols, depth) if split_k else 1
+        splits = wgrad_splits(tile, rows, cols, depth) if wgrad else 1
         filled = (_blocks(tile, rows, cols) * splits >= MIN_BLOCKS
                   or split_cap_fills and splits == _most_splits(tile, depth))
         if (filled and _waste(tile, rows, cols) <= max_waste
