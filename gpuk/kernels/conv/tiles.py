@@ -60,8 +60,8 @@ for wgrad (its A copies test 3 bounds per chunk, and with 32 threads for 32 k ro
 steps two pixel iterators: one row per thread read half sectors), 0 spills since the [m][k] A
 tile is unswizzled (one address register for its reads instead of 32: BK=32 spilled dgrad
 before). 2 stages of 32 keep the 3 x 16 stages' prefetch distance (one 32-deep K tile ahead)
-in 16 KB, so 8 blocks (the register limit) still fit an sm_80 SM (3 stages: 6). 4 x 4 on 64 threads with BK=8 gave 57-60%.
-The 32x32 tile stays in the table: split-K exists for wgrad
+in 16 KB, so 8 blocks (the register limit) still fit an sm_80 SM (3 stages: 6). 4 x 4 on 64
+threads with BK=8 gave 57-60%. The 32x32 tile stays in the table: split-K exists for wgrad
 only, so without it a forward or dgrad with C_out or C_in <= 32 (or a few M rows) would run the
 64-wide tile at more than MAX_WASTE padding, i.e. half its multiply-adds on zeros, which costs
 more than the lower FFMA share of the 32-wide loop.

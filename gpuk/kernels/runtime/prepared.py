@@ -8,9 +8,9 @@ A launcher's argument checks (dtypes, ranks, shapes, geometry) and its launch se
 name and defines, grid, block, scalar arguments, output shapes) read only the *signature* of
 its arrays (type, shape, dtype) and its other parameters. ``get`` keeps what ``prepare()``
 returned per (runtime, launcher, parameters and their types, array signatures): the first
-call of a problem checks it and raises the user's error; every later call of the same problem (each step of a
-K.function plan for the same input shapes: the same launches with the same signatures) skips
-both. What ``prepare()`` returns holds sizes, names, numpy scalars, the kernel launches
+call of a problem checks it and raises the user's error; every later call of the same problem
+(each step of a K.function plan for the same input shapes: the same launches with the same
+signatures) skips both. What ``prepare()`` returns holds sizes, names, numpy scalars, the kernel launches
 themselves (``rt.kernel_launch``: the loaded kernel with its grid, block and shared memory
 checked) and at most constant device tables no call writes (the fused kernel's index
 strides), or a *runner* closing over those (``fused_runner``, ``bias_act_fwd_runner``, the
