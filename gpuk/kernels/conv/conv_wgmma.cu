@@ -58,15 +58,17 @@
 //     the previous one is stored, so its loads are in flight across the barrier), transposes
 //     and stores them. Its k's (image, output pixel) are PixelCursors: one division per block,
 //     then adds with carries.
-//   warpgroup 1, the consumer: owns all 128 rows as two m64 halves and issues, per K tile and
-//     k step (WG_BK / WG_KSTEP = 8 of them), two wgmma.mma_async m64nWG_BNk16 (k8 for tf32)
-//     sharing B's descriptor: 3 descriptor adds per 2 wgmmas, and 16 wgmmas per barrier keep
-//     the hot loop at 1.9 other instructions per wgmma (sm_90a, NVRTC 13) on 128x128. On 128x64
-//     (m64n64) ptxas copies B's descriptor into a second uniform register quad per k step
-//     (2 UMOVs more per 2 wgmmas: 2.8 other per wgmma; an opaque second B descriptor or another
-//     issue order did not remove them). Float32
-//     accumulators: 2 x WG_BN / 2 registers per thread (layout in hopper.cuh). Same code in
-//     every kernel.
+//   warpgroup 1, the consumer: owns all 128 rows as two m64 halves and issues, per K tile,
+//     WG_BK / WG_KSTEP = 8 k steps of two wgmma.mma_async m64nWG_BNk16 (k8 for tf32), one per
+//     half, sharing B's descriptor, in pairs of k steps (k, k + 1): half 0 at k, at k + 1, then
+//     half 1 at k, at k + 1 (each half still adds its k's in order). ptxas keeps k and k + 1
+//     in two uniform register quads of (A, B) descriptors, so every other wgmma changes only
+//     A's: 3 descriptor adds per 2 wgmmas, and 16 wgmmas per barrier keep the hot loop at 138
+//     instructions for 48 wgmmas, 1.88 other per wgmma, on both tiles (sm_90a, NVRTC 13).
+//     (Issued k step by k step, half 0 then half 1, m64n64 made ptxas copy B's descriptor into
+//     a second quad at every k step: 2 UMOVs more per 2 wgmmas, 2.81 other per wgmma on 128x64.)
+//     Float32 accumulators: 2 x WG_BN / 2 registers per thread (layout in hopper.cuh). Same
+//     code in every kernel.
 // Pipeline: one __syncthreads per K tile hands stages over. Iteration t: the producer waits
 //   for its copies of tile t (cp.async.wait_group WG_STAGES - 3; wgrad's stores are synchronous)
 //   and fences them (fence.proxy.async: cp.async and st.shared write through the generic proxy,
@@ -119,6 +121,7 @@
 #define WG_B_CHUNKS (WG_BN / WG_ROWS_PER_PASS) // B units per producer thread per atom
 #define WG_GROUPS (8 / WG_VEC)                 // wgrad: VEC-row groups of A per producer thread
 static_assert(WG_STAGES >= 3, "a tile landing, one being multiplied, one retiring");
+static_assert(WG_BK / WG_KSTEP % 2 == 0, "the consumer issues k steps in pairs");
 static_assert((WG_BN == 128 || WG_BN == 64) && WG_CHUNKS == 8, "m64n128 or m64n64; A's rows as 8 passes of 16");
 static_assert(sizeof(elem_t) == 2 || sizeof(elem_t) == 4, "16-bit or tf32 operands");
 static_assert(gpuk_same_type<acc_t, float>::value, "float32 accumulators (and wgrad partials)");
@@ -426,8 +429,9 @@ __device__ __forceinline__ void produce(Loader& loader, unsigned char* smem, int
 }
 
 // The consumer's part of one K tile: after the barrier that hands it over, the wgmmas of
-// stage `stage` (two m64 halves sharing B per k step), then a wait until one group is left in
-// flight (the tile before retired: its stage may be refilled after the next barrier).
+// stage `stage` (two m64 halves sharing B per k step; per pair of k steps, half 0's two, then
+// half 1's), then a wait until one group is left in flight (the tile before retired: its stage
+// may be refilled after the next barrier).
 __device__ __forceinline__ void consume_tile(float (&acc)[2][WG_ACC], unsigned long long desc_a0,
                                              unsigned long long desc_b0, int stage) {
     __syncthreads();
@@ -437,12 +441,15 @@ __device__ __forceinline__ void consume_tile(float (&acc)[2][WG_ACC], unsigned l
     wgmma_fence_operands(acc[1]);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < WG_BK / WG_KSTEP; ++ks) {   // k step ks: atom ks / 4, 32 bytes each
-        const unsigned long long k_off = (ks / 4) * (WG_ATOM_BYTES >> 4) + (ks % 4) * 2;
-        const unsigned long long b = desc_b0 + offset + (ks / 4) * (WG_B_ATOM_BYTES >> 4) + (ks % 4) * 2;
-        wgmma_m64n<WG_BN, elem_t>(acc[0], desc_a0 + offset + k_off, b);
-        wgmma_m64n<WG_BN, elem_t>(acc[1], desc_a0 + half_a + offset + k_off, b);
-    }
+    for (int kp = 0; kp < WG_BK / WG_KSTEP; kp += 2)   // k steps in pairs (see Thread mapping)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int ks = kp; ks < kp + 2; ++ks) {   // k step ks: atom ks / 4, 32 bytes each
+                const unsigned long long k_off = (ks / 4) * (WG_ATOM_BYTES >> 4) + (ks % 4) * 2;
+                const unsigned long long b = desc_b0 + offset + (ks / 4) * (WG_B_ATOM_BYTES >> 4) + (ks % 4) * 2;
+                wgmma_m64n<WG_BN, elem_t>(acc[h], desc_a0 + h * half_a + offset + k_off, b);
+            }
     wgmma_commit();
     wgmma_wait<1>();
     wgmma_fence_operands(acc[0]);
@@ -461,10 +468,11 @@ __device__ __forceinline__ void consume(float (&acc)[2][WG_ACC], unsigned char* 
     const unsigned long long desc_b0 = desc_a0 + (WG_A_BYTES >> 4);
     // Tile t reads stage t % WG_STAGES. Whole turns of the ring run unrolled without tail
     // checks (every descriptor is then a base plus an immediate: one uniform add each); the
-    // last tiles < WG_STAGES run one at a time.
-    int t = 0;
+    // last tiles < WG_STAGES run one at a time. (Counting turns down: no copy of t per turn.)
     unsigned long long desc = desc_a0;
-    for (; t + WG_STAGES <= tiles; t += WG_STAGES) {
+    const int turns = tiles / WG_STAGES;
+    int t = turns * WG_STAGES;
+    for (int turn = turns; turn > 0; --turn) {
         // An opaque copy per turn: ptxas then moves one base into uniform registers per turn
         // instead of keeping every stage-0 descriptor in ordinary registers (12 R2UR a turn).
         asm volatile("" : "+l"(desc));
