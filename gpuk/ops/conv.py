@@ -165,22 +165,12 @@ class _WindowOp(Op):
         self.window = window
         self.static_shape = static_shape
         self.from_like = from_like
-        self._kept = prepared.Kept()
-
-    def _kept_call(self, impl, arrays, make):
-        """The call of the step's last problem: ``make()`` (the family's function with this
-        problem's pads and result shape bound, all read from the shapes) kept with the arrays'
-        signature (prepared.Kept), so a step that sees the same shapes again skips reading them.
-        For the 'conv' family that is the launcher's runner (conv_*_runner: checked and set up
-        once per problem signature, then only the per-call array work); the depthwise launchers
-        still check and prepare their problem per call. A result shape read from a shape
-        vector's values (not ``from_like``) is never kept."""
-        run = self._kept.find(impl, arrays)
-        if run is None:
-            run = make()
-            if self.from_like:
-                self._kept.keep(impl, arrays, run)
-        return run(*arrays)
+        # The call of the step's last problem, ``self._call(impl, *arrays)`` (the family's
+        # runner with this problem's pads and result shape bound, all read from the shapes), is
+        # kept with the arrays' signature (prepared.Kept), so a step that sees the same shapes
+        # again skips reading them. A result shape read from a shape vector's values (not
+        # ``from_like``) is never kept.
+        self._kept = prepared.Kept(keeps=from_like)
 
 
 class ConvFwd(_WindowOp):
@@ -198,7 +188,7 @@ class ConvFwd(_WindowOp):
         return assemble_shape(x_shape[0], win.out_channels(w_shape), out, win.channels_first)
 
     def forward(self, impl, x, w):
-        return self._kept_call(impl, (x, w), lambda: self._call(impl, x, w))
+        return self._kept.run(impl, (x, w), self._call)
 
     def _call(self, impl, x, w):
         win = self.window
@@ -247,7 +237,7 @@ class ConvDgrad(_WindowOp):
                                    win.channels_first), dy.dtype)
 
     def forward(self, impl, dy, w, x_shape_source):
-        return self._kept_call(impl, (dy, w, x_shape_source), lambda: self._call(impl, dy, w, x_shape_source))
+        return self._kept.run(impl, (dy, w, x_shape_source), self._call)
 
     def _call(self, impl, dy, w, x_shape_source):
         win = self.window
@@ -282,7 +272,7 @@ class ConvWgrad(_WindowOp):
         return Meta(w_shape, x.dtype)
 
     def forward(self, impl, x, dy, w_shape_source):
-        return self._kept_call(impl, (x, dy, w_shape_source), lambda: self._call(impl, x, dy, w_shape_source))
+        return self._kept.run(impl, (x, dy, w_shape_source), self._call)
 
     def _call(self, impl, x, dy, w_shape_source):
         win = self.window
