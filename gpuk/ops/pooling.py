@@ -160,15 +160,20 @@ class AvgPool(Op):
 
     def __init__(self, window):
         self.window = window
+        self._kept = prepared.Kept()
 
     def infer(self, x):
         _check_float(self.window.where, x.dtype)
         return Meta(self.window.out_shape(x.shape), x.dtype)
 
-    def forward(self, impl, x):
+    def forward(self, impl, x):   # the step keeps its runner, as MaxPool's
+        return self._kept.run(impl, (x,), self._runner)
+
+    def _runner(self, impl, x):
         if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
-            return impl.xp.zeros(self.window.out_shape(x.shape), x.dtype)
-        return impl.pooling.avg_pool_fwd(x, *self.window.args(x.shape))
+            out = self.window.out_shape(x.shape)
+            return lambda x: impl.xp.zeros(out, x.dtype)
+        return impl.pooling.avg_pool_fwd_runner(x, *self.window.args(x.shape))
 
     def grad(self, inputs, outputs, output_grads):
         x = inputs[0]
@@ -180,16 +185,20 @@ class AvgPoolBwd(Op):
 
     def __init__(self, window, x_static):
         self.window, self.x_static = window, x_static
+        self._kept = prepared.Kept()
 
     def infer(self, dy, x_like):
         return Meta(self.x_static, dy.dtype)
 
-    def forward(self, impl, dy, x_like):
+    def forward(self, impl, dy, x_like):   # the step keeps its runner, as MaxPool's
+        return self._kept.run(impl, (dy, x_like), self._runner)
+
+    def _runner(self, impl, dy, x_like):
         x_shape = x_like.shape
         if dy.shape[0] == 0:
-            return impl.xp.zeros(x_shape, dy.dtype)
-        window, strides, pads, data_format = self.window.args(x_shape)
-        return impl.pooling.avg_pool_bwd(dy, x_shape, window, strides, pads, data_format)
+            return lambda dy, x_like: impl.xp.zeros(x_like.shape, dy.dtype)
+        kernel = impl.pooling.avg_pool_bwd_runner(dy, x_shape, *self.window.args(x_shape))
+        return lambda dy, x_like: kernel(dy)
 
     def grad(self, inputs, outputs, output_grads):
         return [apply(AvgPool(self.window), output_grads[0]), None]
