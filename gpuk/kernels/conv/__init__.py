@@ -432,17 +432,18 @@ def conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_format, *, r
     return _gradient_runner('wgrad', x, dy, w_shape, strides, dilation, pads, data_format, runtime)
 
 
-_GRADIENTS = {'dgrad': (conv_checks.dgrad_problem, _dgrad_kernel_call),
-              'wgrad': (conv_checks.wgrad_problem, _wgrad_kernel_call)}
+_GRADIENT_KERNEL_CALLS = {'dgrad': _dgrad_kernel_call, 'wgrad': _wgrad_kernel_call}
 
 
 def _gradient_runner(kind, a, b, shape, strides, dilation, pads, data_format, runtime):
     """``run(a, b)`` of conv_dgrad (kind 'dgrad': a = dy, b = w, shape = x_shape) or conv_wgrad
     ('wgrad': a = x, b = dy, shape = w_shape): the prepared Problem's runner, its kernel call
-    made by _dgrad_kernel_call / _wgrad_kernel_call, cuDNN's conv_dgrad / conv_wgrad beside it."""
+    made by _dgrad_kernel_call / _wgrad_kernel_call, checked by conv_checks.dgrad_problem /
+    wgrad_problem, cuDNN's conv_dgrad / conv_wgrad beside it (those two read where they are now)."""
     rt = resolve(runtime)
-    checks, kernel_call = _GRADIENTS[kind]
-    problem = _gradient_problem(rt, kind, checks, a, b, shape, strides, dilation, pads, data_format)
+    kernel_call = _GRADIENT_KERNEL_CALLS[kind]
+    problem = _gradient_problem(rt, kind, getattr(conv_checks, kind + '_problem'), a, b, shape, strides, dilation,
+                                pads, data_format)
     dtype = a.dtype
 
     def again(a, b):   # under another precision policy: the launcher, with its checks
