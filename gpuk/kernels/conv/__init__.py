@@ -32,7 +32,8 @@ from . import split_k
 from . import wgmma as conv_wgmma
 from .geometry import Geometry, check_gemm, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
 from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
-                          local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
+                     depthwise_conv_dgrad_runner, depthwise_conv_fwd_runner, depthwise_conv_wgrad_runner,
+                     local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
 from gpuk.contracts.dtypes import c_types
 from .direct import lift3
 from ..runtime import prepared, register_build, resolve
