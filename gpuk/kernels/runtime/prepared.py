@@ -106,7 +106,8 @@ class Kept:
                 found = value
                 try:
                     for a, kind, shape, dtype in zip(arrays, types, shapes, dtypes):
-                        if type(a) is not kind or a.shape != shape or a.dtype != dtype:
+                        # (a dtype is mostly the very object kept: compared by identity first)
+                        if type(a) is not kind or a.shape != shape or a.dtype is not dtype and a.dtype != dtype:
                             found = None
                             break
                 except AttributeError:   # not an array
