@@ -296,8 +296,12 @@ class _TrainLaunches:
     """bn_train_fwd's launches for one problem: bn_train_persistent where it fits
     (_persistent_blocks), else the split path (sums, finalize, apply)."""
 
-    def __init__(self, rt, view, layout, dtype, activation, moving, single_kernel, has_gamma, has_beta):
+    def __init__(self, rt, view, layout, dtype, activation, moving, single_kernel, has_gamma, has_beta,
+                 numbers=None):
         self.xp, self.view, self.moving, self.single_kernel = rt.xp, view, moving, single_kernel
+        # moving-average scalars that are host numbers: their conversions to float, per slot
+        # (decay, var_decay, var_factor); None when one is a device value
+        self.numbers = numbers
         self.launches = prepared.Launches(rt, SOURCE, defines(dtype))
         acc = self.acc = accumulation_dtype(dtype)
         c = self.channels = view.channels
@@ -324,16 +328,16 @@ class _TrainLaunches:
     def _scalars(self, buffers, by_numbers, epsilon, decay, var_decay, var_factor):
         """(epsilon, decay, var_decay, var_factor) as one acc buffer: reused per value when all
         are host numbers, else concatenated on the device (no host copy)."""
-        values = (epsilon, decay, var_decay, var_factor)
-        if all(_is_host_number(v) for v in values):
-            numbers = tuple(_host_number(v) for v in values)
+        if self.numbers is not None:
+            to_decay, to_var_decay, to_factor = self.numbers
+            numbers = (epsilon, to_decay(decay), to_var_decay(var_decay), to_factor(var_factor))
             found = by_numbers.get(numbers)
             if found is None:
                 if len(by_numbers) >= _MAX_OWNERS:
                     by_numbers.clear()
                 found = by_numbers[numbers] = buffers.scalars(self.acc, *numbers)
             return found
-        return buffers.scalars(self.acc, *values)
+        return buffers.scalars(self.acc, epsilon, decay, var_decay, var_factor)
 
     def run(self, x, gamma, beta, _axes, epsilon, _activation, moving_mean, moving_var, decay, var_decay, var_factor):
         xp, c, acc, launches, view, moving = self.xp, self.channels, self.acc, self.launches, self.view, self.moving
@@ -456,17 +460,19 @@ def bn_train_fwd_runner(x, gamma, beta, axes, epsilon=1e-3, activation='linear',
             _kept_param(fn, name, value, layout, acc, xp)
         view = _View(checked.shape, layout)
         key = ('train', checked.dtype, view.key(), gamma is None, beta is None, activation, moving)
+        # host numbers stay host numbers (reused buffers in scalars; cuDNN takes them by value),
+        # device values become (1,) acc arrays: which is which is part of the signature
+        scalars = (decay, decay if var_decay is None else var_decay, 1 if var_factor is None else var_factor)
+        scalar_slots = tuple(_is_host_number(v) for v in scalars)
+        device_scalars = not all(scalar_slots)
+        numbers = None if device_scalars else tuple(float if getattr(v, 'ndim', 0) == 0 else _host_number
+                                                    for v in scalars)
         gpuk_fn = _TrainLaunches(rt, view, layout, checked.dtype, activation, moving, single_kernel,
-                                 gamma is not None, beta is not None).run
+                                 gamma is not None, beta is not None, numbers).run
         to_x = None if type(x) is xp.ndarray else xp.asarray
         flat = [_flat_param(xp, p, acc) for p in (gamma, beta, moving_mean, moving_var)]
         converters = [f for f, _ in flat]
         direct = to_x is None and all(d for _, d in flat)
-        # host numbers stay host numbers (reused buffers in scalars; cuDNN takes them by value),
-        # device values become (1,) acc arrays: which is which is part of the signature
-        scalar_slots = tuple(_is_host_number(v) for v in (decay, decay if var_decay is None else var_decay,
-                                                             1 if var_factor is None else var_factor))
-        device_scalars = not all(scalar_slots)
 
         def scalar(value, host):
             return value if host else xp.asarray(value, dtype=acc).reshape(1)
