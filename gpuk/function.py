@@ -14,6 +14,7 @@ the per-call argument checks (runtime.prepared_launches), and on the CUDA runtim
 called again replays a captured CUDA Graph (gpuk/cuda_graph.py) instead of running the plan.
 """
 import itertools
+import operator
 
 import numpy as np
 
@@ -127,6 +128,11 @@ class Plan:
                                      kernel_limits=getattr(impl, 'kind', None) != 'cpu')
         self.steps = mixed_precision.apply_policy(self.steps, self.slot_dtypes, self.precision)
         self._plan_frees()
+        self._env_template = [None] * self.n_slots   # the folded constants in place (_initial_env)
+        for slot, value in self.fixed:
+            self._env_template[slot] = value
+        self._targets = _gather(self.target_slots)
+        self._inputs_leading = self.input_slots == list(range(len(self.input_slots)))
         # CUDA Graph capture and replay per input signature (gpuk/cuda_graph.py)
         self.graphs = cuda_graph.PlanGraphs(self) if cuda_graph.supported(impl) else None
 
@@ -172,40 +178,62 @@ class Plan:
                            for _, _, outs in self.steps]
         self.step_op_names = [getattr(op, 'name', type(op).__name__) for op, _, _ in self.steps]
         self.steps = [(op.forward, ins, outs, frees[i]) for i, (op, ins, outs) in enumerate(self.steps)]
+        self._bound_steps = [_bound_step(*step) for step in self.steps]
 
     def _initial_env(self, fed_arrays):
-        """Slot values before the first step: folded constants, variables and the fed inputs."""
-        env = [None] * self.n_slots
-        for slot, value in self.fixed:
-            env[slot] = value
+        """Slot values before the first step: folded constants, variables and the fed inputs
+        (the constants' slots are filled once, in a template copied per run: a scan runs its
+        step plan once per time step)."""
+        env = self._env_template[:]
         for slot, variable in self.variables:
             env[slot] = variable.value
-        for slot, value in zip(self.input_slots, fed_arrays):
-            env[slot] = value
+        if self._inputs_leading and len(fed_arrays) == len(self.input_slots):
+            env[:len(fed_arrays)] = fed_arrays   # the inputs hold the first slots, in order: one C call
+        else:
+            for slot, value in zip(self.input_slots, fed_arrays):
+                env[slot] = value
         return env
 
     def run(self, fed_arrays):
         env = self._initial_env(fed_arrays)
         impl = self.impl
         counting = counters.active()
-        for i, (forward, ins, outs, frees) in enumerate(self.steps):
-            args = [env[s] for s in ins]
+        if counting is not None:
+            return self._run_counted(env, fed_arrays, counting)
+        # each step's slots were resolved when the plan was built (_bound_step): per step one C
+        # call gathers its arguments, one stores its result, frees run only where there are any
+        for i, (forward, arguments, out, outs, frees) in enumerate(self._bound_steps):
             try:
-                if counting is None:
-                    result = forward(impl, *args)
-                else:
-                    result = counting.step(forward, impl, args, lambda result: _new_buffers(
-                        result if len(outs) > 1 else (result,), args))
+                result = forward(impl, *arguments(env))
+            except (ValueError, TypeError, IndexError) as error:
+                raise self._run_error(i, error, arguments(env), fed_arrays) from error
+            if out is not None:
+                env[out] = result
+            else:
+                for s, value in zip(outs, result):
+                    env[s] = value
+            if frees:
+                for s in frees:
+                    env[s] = None
+        return list(self._targets(env))
+
+    def _run_counted(self, env, fed_arrays, counting):
+        """run() inside counters.counting(): each step timed and its new buffers counted."""
+        impl = self.impl
+        for i, (forward, arguments, out, outs, frees) in enumerate(self._bound_steps):
+            args = arguments(env)
+            try:
+                result = counting.step(forward, impl, args, _NewBuffers(len(outs) > 1, args))
             except (ValueError, TypeError, IndexError) as error:
                 raise self._run_error(i, error, args, fed_arrays) from error
-            if len(outs) == 1:
-                env[outs[0]] = result
+            if out is not None:
+                env[out] = result
             else:
                 for s, value in zip(outs, result):
                     env[s] = value
             for s in frees:
                 env[s] = None
-        return [env[s] for s in self.target_slots]
+        return list(self._targets(env))
 
     def _run_error(self, step, error, arrays, fed_arrays):
         """``error`` (raised by a step at run time, when the shapes are known) naming the K
@@ -238,6 +266,36 @@ class Plan:
             return None
         values = [env[self._slot_of[t]] for t in call.args]
         return None if any(v is None for v in values) else [tuple(v.shape) for v in values]
+
+
+def _bound_step(forward, ins, outs, frees):
+    """(forward, arguments, out, outs, frees): one plan step with its slots resolved for
+    Plan.run. ``arguments(env)`` gathers the step's argument values in one C call (an
+    itemgetter; a slice for fewer than two, as itemgetter of one index returns the bare
+    value); ``out`` is the one output slot, or None when the step returns a tuple for ``outs``;
+    ``frees`` the slots whose last reader this step is (a tuple, empty when none)."""
+    return forward, _gather(ins), outs[0] if len(outs) == 1 else None, tuple(outs), tuple(frees)
+
+
+def _gather(slots):
+    """``gather(env)``: the values of ``slots`` as a sequence, in one C call (an itemgetter; a
+    slice for fewer than two slots, as an itemgetter of one index returns the bare value)."""
+    if len(slots) > 1:
+        return operator.itemgetter(*slots)
+    if slots:
+        return operator.itemgetter(slice(slots[0], slots[0] + 1))
+    return operator.itemgetter(slice(0, 0))
+
+
+class _NewBuffers:
+    """count_allocations for counters.step: the new buffers among a step's result."""
+    __slots__ = ('several', 'inputs')
+
+    def __init__(self, several, inputs):
+        self.several, self.inputs = several, inputs
+
+    def __call__(self, result):
+        return _new_buffers(result if self.several else (result,), self.inputs)
 
 
 def _new_buffers(outputs, inputs):

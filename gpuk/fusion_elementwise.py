@@ -49,7 +49,7 @@ class FusedElementwise(Op):
         self.n_inputs = n_inputs
         self.outputs = tuple(outputs)
         self._last = None   # (implementation, the program last built for it)
-        self._kept = prepared.Kept()
+        self._kept = prepared.Kept(as_sequence=True)   # its runners take the inputs as one sequence
 
     @property
     def name(self):
@@ -80,11 +80,11 @@ class FusedElementwise(Op):
     def forward(self, impl, *arrays):
         # plan values are arrays or NumPy scalars (0-d NumPy results): both have dtype and shape.
         # The step keeps the runner of its last problem (checked and set up once: prepared.Kept)
-        run = self._kept.find(impl, arrays)
-        if run is None:
-            run = self._kept.keep(impl, arrays, impl.elementwise.fused_runner(self.program(impl, arrays), arrays))
-        results = run(arrays)
+        results = self._kept.run(impl, arrays, self._runner)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _runner(self, impl, *arrays):
+        return impl.elementwise.fused_runner(self.program(impl, arrays), arrays)
 
 
 _INTERNED = {}   # (impl, program) -> the first equal program built for that implementation

@@ -25,7 +25,8 @@ from gpuk.contracts import geometry
 
 __all__ = [
     'conv_fwd', 'conv_dgrad', 'conv_wgrad', 'conv_fwd_runner', 'conv_dgrad_runner', 'conv_wgrad_runner',
-    'depthwise_conv_fwd', 'depthwise_conv_dgrad', 'depthwise_conv_wgrad',
+    'depthwise_conv_fwd', 'depthwise_conv_dgrad', 'depthwise_conv_wgrad', 'depthwise_conv_fwd_runner',
+    'depthwise_conv_dgrad_runner', 'depthwise_conv_wgrad_runner',
     'local_conv_fwd', 'local_conv_dgrad', 'local_conv_wgrad',
 ]
 
@@ -206,6 +207,21 @@ def conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_format):
     """``run(x, dy)``: conv_wgrad with this w_shape and geometry (what a ConvWgrad plan step keeps;
     checked per call here, as in conv_wgrad)."""
     return lambda x, dy: conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format)
+
+
+def depthwise_conv_fwd_runner(x, w, strides, dilation, pads, data_format):
+    """``run(x, w)``: depthwise_conv_fwd with this geometry (checked per call here)."""
+    return lambda x, w: depthwise_conv_fwd(x, w, strides, dilation, pads, data_format)
+
+
+def depthwise_conv_dgrad_runner(dy, w, x_shape, strides, dilation, pads, data_format):
+    """``run(dy, w)``: depthwise_conv_dgrad with this x_shape and geometry (checked per call here)."""
+    return lambda dy, w: depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format)
+
+
+def depthwise_conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_format):
+    """``run(x, dy)``: depthwise_conv_wgrad with this w_shape and geometry (checked per call here)."""
+    return lambda x, dy: depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format)
 
 
 def _depthwise_kernel(kernel, rank, c_in, multiplier, row, compute):

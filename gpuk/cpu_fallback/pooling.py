@@ -15,7 +15,8 @@ from gpuk.contracts import conv_checks, pooling_checks
 from gpuk.cpu_fallback.layout import (
     compute_dtype, crop_spatial, from_channels_last, pad_spatial, to_channels_last, window_regions)
 
-__all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd', 'max_pool_fwd_runner', 'max_pool_bwd_runner']
+__all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd', 'max_pool_fwd_runner', 'max_pool_bwd_runner',
+           'avg_pool_fwd_runner', 'avg_pool_bwd_runner']
 
 
 def max_pool_fwd(x, window, strides, pads, data_format):
@@ -205,3 +206,15 @@ def max_pool_bwd_runner(dy, argmax, x_shape, window, strides, pads, data_format)
     """``run(dy, argmax)``: max_pool_bwd with this x_shape and geometry (what a MaxPoolBwd plan
     step keeps; checked per call here, as in max_pool_bwd)."""
     return lambda dy, argmax: max_pool_bwd(dy, argmax, x_shape, window, strides, pads, data_format)
+
+
+def avg_pool_fwd_runner(x, window, strides, pads, data_format):
+    """``run(x)``: avg_pool_fwd with this geometry (what an AvgPool plan step keeps between calls;
+    the checks run per call here, as in avg_pool_fwd)."""
+    return lambda x: avg_pool_fwd(x, window, strides, pads, data_format)
+
+
+def avg_pool_bwd_runner(dy, x_shape, window, strides, pads, data_format):
+    """``run(dy)``: avg_pool_bwd with this x_shape and geometry (what an AvgPoolBwd plan step
+    keeps; checked per call here, as in avg_pool_bwd)."""
+    return lambda dy: avg_pool_bwd(dy, x_shape, window, strides, pads, data_format)

@@ -19,7 +19,6 @@ gpuk/fusion.py folds the relu's gradient into BnGrad: no learning-phase switch b
 them); the moving-average update is bn_stats_finalize_moving, the training forward's
 finalize launch itself.
 """
-import functools
 import math
 import threading
 from collections import OrderedDict
@@ -112,8 +111,8 @@ class _Buffers:
     and stream, read from the array library) is read once per call, not once per buffer."""
     __slots__ = ('xp', 'owner')
 
-    def __init__(self, rt):
-        self.xp, self.owner = rt.xp, _device_key(rt)
+    def __init__(self, rt, owner=None):
+        self.xp, self.owner = rt.xp, _device_key(rt) if owner is None else owner
 
     def cached(self, key, make):
         key = self.owner + key
@@ -220,34 +219,16 @@ def _splits(view):
     return -(-reduced // per_split), per_split
 
 
-def _reduce(buffers, launches, view, x, dy, mean, acc, relu_y=None):
-    """The sums pass: partials (splits, C, 2) in acc, for training (dy None) or backward
-    (dy masked by the fused relu output when relu_y is given)."""
+def _sums_launch(view, kind):
+    """(kernel, grid, block, size arguments) of a sums pass over x viewed as (outer, C, inner):
+    kind 'bn_stats' (training), 'bn_bwd_sums' or 'bn_bwd_relu_sums' (backward, dy masked by the
+    fused relu's output); its partials are (splits, C, 2) in acc."""
     splits, per_split = _splits(view)
-    partials = buffers.scratch('partials', (splits, view.channels, 2), acc)
-    backward = dy is not None
-    kind = 'bn_stats' if not backward else 'bn_bwd_sums' if relu_y is None else 'bn_bwd_relu_sums'
     if view.inner == 1:
-        name = kind + '_channels_last'
-        args = (np.int64(view.outer), np.int64(view.channels), np.int64(per_split))
-        grid, block = (-(-view.channels // 32), splits), (32, BN_ROWS)
-    else:
-        name = kind + '_channels_first'
-        args = (np.int64(view.outer), np.int64(view.channels), np.int64(view.inner), np.int64(per_split))
-        grid, block = (view.channels, splits), BN_THREADS
-    if not backward:
-        operands = (x, partials, _shifts(buffers, view, acc))
-    elif relu_y is None:
-        operands = (dy, x, mean, partials)
-    else:
-        operands = (dy, x, relu_y, mean, partials)
-    launches(name, grid, block, operands + args)
-    return partials, splits
-
-
-def _shifts(buffers, view, acc):
-    """The per-channel shifts K the training sums kernels wrote beside the partials."""
-    return buffers.scratch('shifts', (view.channels,), acc)
+        return (kind + '_channels_last', (-(-view.channels // 32), splits), (32, BN_ROWS),
+                (np.int64(view.outer), np.int64(view.channels), np.int64(per_split)))
+    return (kind + '_channels_first', (view.channels, splits), BN_THREADS,
+            (np.int64(view.outer), np.int64(view.channels), np.int64(view.inner), np.int64(per_split)))
 
 
 def _persistent_blocks(rt, launches, view, x):
@@ -272,37 +253,168 @@ def _barrier(buffers):
     return buffers.cached(('barrier',), lambda: buffers.xp.zeros(2, np.uint32))
 
 
-def _train_persistent(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks):
-    """The training forward as one bn_train_persistent launch -> (y in the kernel's layout,
-    mean, var, inv_std, next_mean, next_var)."""
-    xp, c = buffers.xp, view.channels
-    acc = accumulation_dtype(xk.dtype)
-    splits, per_split = _splits(view)
-    moving_mean, moving_var, decay, var_decay, var_factor = moving_args
-    moving = moving_mean is not None
-    mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
-    next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (mean, var)
-    scalars = buffers.scalars(acc, epsilon, decay, var_decay, var_factor) if moving else buffers.scalars(acc, epsilon)
-    y = xp.empty(xk.shape, xk.dtype)
-    launches('bn_train_persistent', blocks, BN_THREADS, (
-        xk, y, gamma, beta, moving_mean if moving else gamma, moving_var if moving else gamma, mean, var, inv_std,
-        buffers.scratch('scale', (c,), acc), next_mean, next_var, buffers.scratch('partials', (splits, c, 2), acc),
-        _shifts(buffers, view, acc), _barrier(buffers), scalars, np.int64(view.outer), np.int64(c), np.int64(splits),
-        np.int64(per_split), np.int32(moving), np.int32(activation == 'relu')))
-    return y, mean, var, inv_std, (next_mean if moving else None), (next_var if moving else None)
+# ---------------------------------------------------------------- per-problem launches
+# A runner's prepare() (runtime/prepared.py) makes one of the classes below per problem
+# signature: every grid, split, size argument and layout choice is worked out there, once.
+# Their ``run`` is the gpuk implementation dispatch.run calls (cuDNN's signature); per call it
+# finds the problem's scratch with one look-up (_Scratch), allocates the outputs and launches.
+
+_MAX_OWNERS = 8   # scratch bundles one problem keeps (the streams and host threads that ran it)
 
 
-def _apply(launches, channels, inner, x, mean, scale, shift, dtype, xp, activation):
-    """y = (x - mean[ch]) * scale[ch] + shift[ch] [then max(y, 0)] over x viewed as
-    (outer, channels, inner)."""
-    y = xp.empty(x.shape, dtype)
-    if x.size:
-        launches('bn_apply', _elementwise_blocks(x.size, channels, inner, dtype), BN_THREADS, (
-            x, y, mean, scale, shift, np.int64(x.size), np.int64(channels), np.int64(inner),
-            np.int32(activation == 'relu')))
-    return y
+class _Scratch:
+    """A problem's reused buffers, ``make(buffers)`` (a tuple taken from the shared cache, so
+    problems of equal shapes share them), per owner (_device_key): one look-up per call."""
+    __slots__ = ('_rt', '_make', '_by_owner')
+
+    def __init__(self, rt, make):
+        self._rt, self._make, self._by_owner = rt, make, {}
+
+    def __call__(self):
+        owner = _device_key(self._rt)
+        found = self._by_owner.get(owner)
+        if found is None:
+            if len(self._by_owner) >= _MAX_OWNERS:
+                self._by_owner.clear()
+            found = self._by_owner[owner] = self._make(_Buffers(self._rt, owner))
+        return found
 
 
+def _kernel_layout(view, xp, array):
+    """``array`` (x's shape) as the kernels read it: itself when contiguous in x's own layout."""
+    if view.permutation is None and array.flags.c_contiguous:
+        return array
+    return view.to_kernel(xp, array)
+
+
+def _host_number(value):
+    """A host number (a Python or NumPy number, or a one-element NumPy array) as a float."""
+    return float(value) if getattr(value, 'ndim', 0) == 0 else float(np.asarray(value).reshape(-1)[0])
+
+
+class _TrainLaunches:
+    """bn_train_fwd's launches for one problem: bn_train_persistent where it fits
+    (_persistent_blocks), else the split path (sums, finalize, apply)."""
+
+    def __init__(self, rt, view, layout, dtype, activation, moving, single_kernel, has_gamma, has_beta,
+                 numbers=None):
+        self.xp, self.view, self.moving, self.single_kernel = rt.xp, view, moving, single_kernel
+        # moving-average scalars that are host numbers: their conversions to float, per slot
+        # (decay, var_decay, var_factor); None when one is a device value
+        self.numbers = numbers
+        self.launches = prepared.Launches(rt, SOURCE, defines(dtype))
+        acc = self.acc = accumulation_dtype(dtype)
+        c = self.channels = view.channels
+        splits, per_split = _splits(view)
+        relu = np.int32(activation == 'relu')
+        size = math.prod(view.shape)
+        self.sums = _sums_launch(view, 'bn_stats')
+        self.finalize = _finalize_grid(c)
+        self.finalize_sizes = (np.int64(c), np.int64(splits), np.int64(view.count))
+        self.apply_blocks = _elementwise_blocks(size, c, view.inner, dtype) if size else 0
+        self.apply_sizes = (np.int64(size), np.int64(c), np.int64(view.inner), relu)
+        self.persistent_sizes = (np.int64(view.outer), np.int64(c), np.int64(splits), np.int64(per_split),
+                                 np.int32(moving), relu)
+        self.kept = layout.kept_shape
+        self.reshape_stats = tuple(self.kept) != (c,)
+        self._x = _Signature(view.shape, dtype)   # what _persistent_blocks reads of x
+        self.scratch = _Scratch(rt, lambda b: (
+            b.scratch('partials', (splits, c, 2), acc), b.scratch('shifts', (c,), acc), b.scratch('scale', (c,), acc),
+            None if has_gamma else b.filled(c, 1, acc), None if has_beta else b.filled(c, 0, acc), _barrier(b), b, {}))
+
+    def _persistent_blocks(self):
+        return _persistent_blocks(self.launches._rt, self.launches, self.view, self._x)
+
+    def _scalars(self, buffers, by_numbers, epsilon, decay, var_decay, var_factor):
+        """(epsilon, decay, var_decay, var_factor) as one acc buffer: reused per value when all
+        are host numbers, else concatenated on the device (no host copy)."""
+        if self.numbers is not None:
+            to_decay, to_var_decay, to_factor = self.numbers
+            numbers = (epsilon, to_decay(decay), to_var_decay(var_decay), to_factor(var_factor))
+            found = by_numbers.get(numbers)
+            if found is None:
+                if len(by_numbers) >= _MAX_OWNERS:
+                    by_numbers.clear()
+                found = by_numbers[numbers] = buffers.scalars(self.acc, *numbers)
+            return found
+        return buffers.scalars(self.acc, epsilon, decay, var_decay, var_factor)
+
+    def run(self, x, gamma, beta, _axes, epsilon, _activation, moving_mean, moving_var, decay, var_decay, var_factor):
+        xp, c, acc, launches, view, moving = self.xp, self.channels, self.acc, self.launches, self.view, self.moving
+        partials, shifts, scale, ones, zeros, barrier, buffers, by_numbers = self.scratch()
+        gamma = ones if gamma is None else gamma
+        beta = zeros if beta is None else beta
+        xk = _kernel_layout(view, xp, x)
+        empty = xp.empty
+        mean, var, inv_std, y = empty(c, acc), empty(c, acc), empty(c, acc), empty(xk.shape, xk.dtype)
+        if moving:
+            next_mean, next_var = empty(c, acc), empty(c, acc)
+            scalars = self._scalars(buffers, by_numbers, epsilon, decay, var_decay, var_factor)
+        else:
+            next_mean, next_var = mean, var
+            scalars = by_numbers.get(epsilon)
+            if scalars is None:
+                scalars = by_numbers[epsilon] = buffers.scalars(acc, epsilon)
+        # per problem on a GPU (its L2 and occupancy are the runtime's; Launches.kept)
+        blocks = self.single_kernel and launches.kept('persistent blocks', self._persistent_blocks)
+        if blocks:
+            launches('bn_train_persistent', blocks, BN_THREADS, (
+                xk, y, gamma, beta, moving_mean if moving else gamma, moving_var if moving else gamma, mean, var,
+                inv_std, scale, next_mean, next_var, partials, shifts, barrier, scalars) + self.persistent_sizes)
+        else:
+            if c:
+                name, grid, block, sizes = self.sums
+                launches(name, grid, block, (xk, partials, shifts) + sizes)
+                if moving:
+                    launches('bn_stats_finalize_moving', *self.finalize, args=(
+                        partials, shifts, gamma, moving_mean, moving_var, mean, var, inv_std, scale, next_mean,
+                        next_var, scalars) + self.finalize_sizes)
+                else:
+                    launches('bn_stats_finalize', *self.finalize, args=(
+                        partials, shifts, gamma, mean, var, inv_std, scale, scalars) + self.finalize_sizes)
+            if self.apply_blocks:
+                launches('bn_apply', self.apply_blocks, BN_THREADS, (xk, y, mean, scale, beta) + self.apply_sizes)
+        if view.permutation is not None:
+            y = view.from_kernel(xp, y)
+        if self.reshape_stats:
+            kept = self.kept
+            mean, var, inv_std, next_mean, next_var = (a.reshape(kept) for a in (
+                mean, var, inv_std, next_mean, next_var))
+        return (y, mean, var, inv_std, next_mean, next_var) if moving else (y, mean, var, inv_std)
+
+
+class _Signature:
+    """An array's shape, dtype and size in bytes (what a per-problem choice may read of it)."""
+    __slots__ = ('shape', 'dtype', 'nbytes')
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+
+
+def _flat_param(xp, value, acc):
+    """(convert, direct) for a kept-shape parameter of ``value``'s type, shape and dtype:
+    ``convert(v)`` gives a flat contiguous acc array; ``direct`` when ``value`` is one already
+    but for its contiguity (a flag the per-call part reads itself). None for None."""
+    if value is None:
+        return None, True
+    if type(value) is xp.ndarray and value.ndim == 1 and value.dtype == acc:
+        return xp.ascontiguousarray, True
+    return (lambda v: xp.ascontiguousarray((v if type(v) is xp.ndarray else xp.asarray(v)).reshape(-1),
+                                           dtype=acc)), False
+
+
+def _flat_params(converters, values):
+    """``values`` through their _flat_param converters (None stays None)."""
+    return [v if f is None else f(v) for f, v in zip(converters, values)]
+
+
+def _contiguous(values):
+    """Whether every array among ``values`` (None aside) is C-contiguous."""
+    for v in values:
+        if v is not None and not v.flags.c_contiguous:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------- training forward
@@ -348,95 +460,40 @@ def bn_train_fwd_runner(x, gamma, beta, axes, epsilon=1e-3, activation='linear',
             _kept_param(fn, name, value, layout, acc, xp)
         view = _View(checked.shape, layout)
         key = ('train', checked.dtype, view.key(), gamma is None, beta is None, activation, moving)
-        gpuk_fn = functools.partial(_bn_train_fwd_gpuk, rt, view, layout,
-                                    prepared.Launches(rt, SOURCE, defines(checked.dtype)), single_kernel)
-        array, flat = _converters(xp, acc)
         # host numbers stay host numbers (reused buffers in scalars; cuDNN takes them by value),
         # device values become (1,) acc arrays: which is which is part of the signature
-        scalar_slots = tuple(_is_host_number(v) for v in (decay, decay if var_decay is None else var_decay,
-                                                             1 if var_factor is None else var_factor))
+        scalars = (decay, decay if var_decay is None else var_decay, 1 if var_factor is None else var_factor)
+        scalar_slots = tuple(_is_host_number(v) for v in scalars)
+        device_scalars = not all(scalar_slots)
+        numbers = None if device_scalars else tuple(float if getattr(v, 'ndim', 0) == 0 else _host_number
+                                                    for v in scalars)
+        gpuk_fn = _TrainLaunches(rt, view, layout, checked.dtype, activation, moving, single_kernel,
+                                 gamma is not None, beta is not None, numbers).run
+        to_x = None if type(x) is xp.ndarray else xp.asarray
+        flat = [_flat_param(xp, p, acc) for p in (gamma, beta, moving_mean, moving_var)]
+        converters = [f for f, _ in flat]
+        direct = to_x is None and all(d for _, d in flat)
 
         def scalar(value, host):
             return value if host else xp.asarray(value, dtype=acc).reshape(1)
 
         def run(x, gamma, beta, moving_mean=None, moving_var=None, decay=None, var_decay=None, var_factor=None):
+            params = (gamma, beta, moving_mean, moving_var)
+            if not (direct and _contiguous(params)):   # which conversions: per problem, or a strided view
+                x = x if to_x is None else to_x(x)
+                gamma, beta, moving_mean, moving_var = _flat_params(converters, params)
             if moving:
-                moving_mean, moving_var = flat(moving_mean), flat(moving_var)
-                host_decay, host_var_decay, host_factor = scalar_slots
-                var_decay = scalar(decay if var_decay is None else var_decay, host_var_decay)
-                decay = scalar(decay, host_decay)
-                var_factor = scalar(1 if var_factor is None else var_factor, host_factor)
-            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, array(x), flat(gamma),
-                                flat(beta), checked_axes, checked_epsilon, activation, moving_mean, moving_var, decay,
+                var_decay = decay if var_decay is None else var_decay
+                var_factor = 1 if var_factor is None else var_factor
+                if device_scalars:
+                    decay, var_decay, var_factor = (scalar(v, host) for v, host in
+                                                    zip((decay, var_decay, var_factor), scalar_slots))
+            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, x, gamma, beta,
+                                checked_axes, checked_epsilon, activation, moving_mean, moving_var, decay,
                                 var_decay, var_factor)
         return run
     return prepared.get(rt, fn, (x, gamma, beta, moving_mean, moving_var, decay, var_decay, var_factor),
                         (axes, epsilon, activation, single_kernel), prepare)
-
-
-def _converters(xp, acc):
-    """(array, flat): a checked argument as the runtime's array, and a checked kept-shape
-    parameter (or None) as a flat contiguous acc array (a NumPy array or a list handed to the
-    CUDA runtime is converted per call; the checks ran on it in prepare())."""
-    array_type = xp.ndarray
-
-    def array(value):
-        return value if type(value) is array_type else xp.asarray(value)
-
-    def flat(value):
-        if value is None:
-            return None
-        return xp.ascontiguousarray((value if type(value) is array_type else xp.asarray(value)).reshape(-1),
-                                    dtype=acc)
-    return array, flat
-
-
-def _bn_train_fwd_gpuk(rt, view, layout, launches, single_kernel, x, gamma, beta, _axes, epsilon, activation,
-                       moving_mean, moving_var, decay, var_decay, var_factor):
-    xp = rt.xp
-    buffers = _Buffers(rt)
-    acc = accumulation_dtype(x.dtype)
-    c = view.channels
-    gamma = buffers.filled(c, 1, acc) if gamma is None else gamma
-    beta = buffers.filled(c, 0, acc) if beta is None else beta
-    moving = moving_mean is not None
-    xk = view.to_kernel(xp, x)
-    moving_args = (moving_mean, moving_var, decay, var_decay, var_factor)
-    # per problem on a GPU (its L2 and occupancy are the runtime's; Launches.kept)
-    blocks = single_kernel and launches.kept('persistent blocks', lambda: _persistent_blocks(rt, launches, view, xk))
-    if blocks:
-        outs = _train_persistent(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon, blocks)
-    else:
-        outs = _train_split(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon)
-    y, mean, var, inv_std, next_mean, next_var = outs
-    kept = layout.kept_shape
-    stats = (view.from_kernel(xp, y), mean.reshape(kept), var.reshape(kept), inv_std.reshape(kept))
-    return stats + (next_mean.reshape(kept), next_var.reshape(kept)) if moving else stats
-
-
-def _train_split(buffers, launches, view, xk, gamma, beta, moving_args, activation, epsilon):
-    """The training forward as the split path (sums, finalize, apply) -> (y in the kernel's
-    layout, mean, var, inv_std, next_mean, next_var)."""
-    xp, c = buffers.xp, view.channels
-    acc = accumulation_dtype(xk.dtype)
-    moving_mean, moving_var, decay, var_decay, var_factor = moving_args
-    moving = moving_mean is not None
-    mean, var, inv_std = (xp.empty(c, acc) for _ in range(3))
-    scale = buffers.scratch('scale', (c,), acc)
-    next_mean, next_var = (xp.empty(c, acc) for _ in range(2)) if moving else (None, None)
-    if c:
-        partials, splits = _reduce(buffers, launches, view, xk, None, None, acc)
-        sizes = (np.int64(c), np.int64(splits), np.int64(view.count))
-        shifts = _shifts(buffers, view, acc)
-        if moving:
-            launches('bn_stats_finalize_moving', *_finalize_grid(c), args=(
-                partials, shifts, gamma, moving_mean, moving_var, mean, var, inv_std, scale, next_mean, next_var,
-                buffers.scalars(acc, epsilon, decay, var_decay, var_factor)) + sizes)
-        else:
-            launches('bn_stats_finalize', *_finalize_grid(c), args=(
-                partials, shifts, gamma, mean, var, inv_std, scale, buffers.scalars(acc, epsilon)) + sizes)
-    y = _apply(launches, c, view.inner, xk, mean, scale, beta, xk.dtype, xp, activation)
-    return y, mean, var, inv_std, next_mean, next_var
 
 
 # ---------------------------------------------------------------- inference forward
@@ -486,15 +543,17 @@ def bn_infer_fwd_runner(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activa
         shapes = tuple(None if p is None else _channel_param(fn, n, p, checked, checked_axis, acc, xp).shape
                        for n, p in named)
         key = ('infer', checked.dtype, checked.shape, shapes, activation)
-        gpuk_fn = functools.partial(_bn_infer_fwd_gpuk, rt, prepared.Launches(rt, SOURCE, defines(checked.dtype)),
-                                    _InferPlan(checked.shape, shapes, checked.dtype, activation))
-        array, _ = _converters(xp, acc)
+        gpuk_fn = _InferLaunches(rt, _InferPlan(checked.shape, shapes, checked.dtype, activation), checked.dtype,
+                                 [p for _, p in named], shapes).run
+
+        def cudnn_fn(x, *rest):   # cuDNN takes the parameters in their broadcastable shapes
+            params = [None if p is None else (p if type(p) is xp.ndarray else xp.asarray(p)).astype(
+                acc, copy=False).reshape(shape) for p, shape in zip(rest[:4], shapes)]
+            return cudnn_batchnorm.bn_infer_fwd(x, *params, *rest[4:])
 
         def run(x, mean, var, gamma, beta):
-            params = [None if p is None else array(p).astype(acc, copy=False).reshape(shape)
-                      for p, shape in zip((mean, var, gamma, beta), shapes)]
-            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_infer_fwd, array(x), *params,
-                                checked_epsilon, checked_axis, activation)
+            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_fn, x if type(x) is xp.ndarray else xp.asarray(x),
+                                mean, var, gamma, beta, checked_epsilon, checked_axis, activation)
         return run
     return prepared.get(rt, fn, (x, mean, var, gamma, beta), (epsilon, axis, activation), prepare)
 
@@ -525,30 +584,60 @@ class _InferPlan:
         self.sizes = (np.int64(size), np.int64(self.channels), np.int64(inner), np.int32(activation == 'relu'))
 
 
-def _bn_infer_fwd_gpuk(rt, launches, plan, x, mean, var, gamma, beta, epsilon, _axis, _activation):
-    xp = rt.xp
-    buffers = _Buffers(rt)
-    acc = accumulation_dtype(x.dtype)
-    channels = plan.channels
+_FLAT = 'flat'   # an inference parameter given as the span's flat acc values (a (C,) one)
 
-    def on_span(p, fill):
-        # the parameter restricted to the span axes, flattened: a view of a (C,) parameter in
-        # acc already, so no copy in the common case
-        if p is None:
-            return buffers.filled(channels, fill, acc)
+
+class _InferLaunches:
+    """bn_infer_fwd's launch for one problem. Each parameter is read on the span axes only,
+    flattened: an absent one from a reused filled buffer, a (C,) acc one as it is (_FLAT), any
+    other through its broadcastable shape (``_on_span``)."""
+
+    def __init__(self, rt, plan, dtype, params, shapes):
+        xp = self.xp = rt.xp
+        self.plan = plan
+        self.launches = prepared.Launches(rt, SOURCE, defines(dtype))
+        acc = self.acc = accumulation_dtype(dtype)
+        c = plan.channels
+        self.modes = tuple(None if p is None else _FLAT if (
+            type(p) is xp.ndarray and p.ndim == 1 and p.dtype == acc and p.size == c and not plan.scalar_x)
+            else shape for p, shape in zip(params, shapes))
+        absent = tuple(p is None for p in params)
+        self.scratch = _Scratch(rt, lambda b: (tuple(
+            b.filled(c, fill, acc) if none else None for none, fill in zip(absent, (0, 1, 1, 0))), b, {}))
+
+    def _on_span(self, p, shape):
+        """``p`` in its broadcastable ``shape``, restricted to the span axes, flat, in acc: a view
+        where it varies on every span axis already, else a copy."""
+        xp, plan = self.xp, self.plan
+        p = (p if type(p) is xp.ndarray else xp.asarray(p)).astype(self.acc, copy=False).reshape(shape)
         if plan.scalar_x:
             p = p.reshape(plan.shape)
-        if p.size == channels and p.dtype == acc and p.flags.c_contiguous:
-            return p.reshape(-1)   # it varies on every span axis (a (C,) parameter): already flat
-        return xp.ascontiguousarray(xp.broadcast_to(p[plan.index], plan.span_full), dtype=acc).reshape(-1)
-    mean_s, var_s, gamma_s, beta_s = on_span(mean, 0), on_span(var, 1), on_span(gamma, 1), on_span(beta, 0)
-    x = xp.ascontiguousarray(x)
-    y = xp.empty(x.shape, x.dtype)
-    if plan.blocks:
-        # the scale 1 / sqrt(var + epsilon) * gamma is computed in the kernel, where it is used
-        launches('bn_infer_apply', plan.blocks, BN_THREADS, (
-            x, y, mean_s, var_s, gamma_s, beta_s, buffers.scalars(acc, epsilon)) + plan.sizes)
-    return y
+        if p.size == plan.channels and p.flags.c_contiguous:
+            return p.reshape(-1)
+        return xp.ascontiguousarray(xp.broadcast_to(p[plan.index], plan.span_full), dtype=self.acc).reshape(-1)
+
+    def run(self, x, mean, var, gamma, beta, epsilon, _axis, _activation):
+        xp, plan = self.xp, self.plan
+        filled, buffers, by_epsilon = self.scratch()
+        params = [mean, var, gamma, beta]
+        for i, mode in enumerate(self.modes):
+            if mode is None:
+                params[i] = filled[i]
+            elif mode is _FLAT:
+                if not params[i].flags.c_contiguous:
+                    params[i] = xp.ascontiguousarray(params[i])
+            else:
+                params[i] = self._on_span(params[i], mode)
+        if not x.flags.c_contiguous:
+            x = xp.ascontiguousarray(x)
+        y = xp.empty(x.shape, x.dtype)
+        if plan.blocks:
+            scalars = by_epsilon.get(epsilon)
+            if scalars is None:
+                scalars = by_epsilon[epsilon] = buffers.scalars(self.acc, epsilon)
+            # the scale 1 / sqrt(var + epsilon) * gamma is computed in the kernel, where it is used
+            self.launches('bn_infer_apply', plan.blocks, BN_THREADS, (x, y, *params, scalars) + plan.sizes)
+        return y
 
 
 # ---------------------------------------------------------------- backward
@@ -590,46 +679,72 @@ def bn_bwd_runner(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, acti
             _kept_param(fn, name, value, layout, acc, xp)
         view = _View(checked_x.shape, layout)
         key = ('bwd', checked_x.dtype, view.key(), gamma is None, dmean is None, dvar is None, activation)
-        gpuk_fn = functools.partial(_bn_bwd_gpuk, rt, view, layout,
-                                    prepared.Launches(rt, SOURCE, defines(checked_x.dtype)))
-        array, flat = _converters(xp, acc)
+        gpuk_fn = _BwdLaunches(rt, view, layout, checked_x.dtype, y is not None, gamma is not None).run
         dtype = checked_x.dtype
+        flat = [_flat_param(xp, p, acc) for p in (gamma, mean, inv_std, dmean, dvar)]
+        converters = [f for f, _ in flat]
+        # dy in x's precision: the twin computes in it too
+        direct = (all(type(a) is xp.ndarray for a in (dy, x) + (() if y is None else (y,))) and dy.dtype == dtype
+                  and all(d for _, d in flat))
 
         def run(dy, x, gamma, mean, inv_std, dmean=None, dvar=None, y=None):
-            # dy in x's precision: the twin computes in it too
-            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd,
-                                array(dy).astype(dtype, copy=False), array(x), flat(gamma), flat(mean),
-                                flat(inv_std), checked_axes, flat(dmean), flat(dvar), activation,
-                                None if y is None else array(y))
+            params = (gamma, mean, inv_std, dmean, dvar)
+            if not (direct and _contiguous(params)):   # which conversions: per problem, or a strided view
+                dy = (dy if type(dy) is xp.ndarray else xp.asarray(dy)).astype(dtype, copy=False)
+                x = x if type(x) is xp.ndarray else xp.asarray(x)
+                y = y if y is None or type(y) is xp.ndarray else xp.asarray(y)
+                gamma, mean, inv_std, dmean, dvar = _flat_params(converters, params)
+            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd, dy, x, gamma, mean, inv_std,
+                                checked_axes, dmean, dvar, activation, y)
         return run
     return prepared.get(rt, fn, (dy, x, gamma, mean, inv_std, dmean, dvar, y), (axes, activation), prepare)
 
 
-def _bn_bwd_gpuk(rt, view, layout, launches, dy, x, gamma, mean, inv_std, _axes, dmean, dvar, _activation, y):
-    xp = rt.xp
-    buffers = _Buffers(rt)
-    acc = accumulation_dtype(x.dtype)
-    c = view.channels
-    gamma = buffers.filled(c, 1, acc) if gamma is None else gamma
-    dmean = buffers.filled(c, 0, acc) if dmean is None else dmean
-    dvar = buffers.filled(c, 0, acc) if dvar is None else dvar
-    xk, dyk = view.to_kernel(xp, x), view.to_kernel(xp, dy)
-    yk = None if y is None else view.to_kernel(xp, y)
-    dgamma, dbeta = xp.empty(c, acc), xp.empty(c, acc)
-    coef = buffers.scratch('coef', (3 * c,), acc)
-    kept = layout.kept_shape
-    if c == 0:
-        return xp.empty(x.shape, x.dtype), dgamma.reshape(kept), dbeta.reshape(kept)
-    partials, splits = _reduce(buffers, launches, view, xk, dyk, mean, acc, relu_y=yk)
-    launches('bn_bwd_finalize', *_finalize_grid(c), args=(
-        partials, inv_std, gamma, dmean, dvar, dgamma, dbeta, coef, np.int64(c), np.int64(splits),
-        np.int64(view.count)))
-    dx = xp.empty(xk.shape, x.dtype)
-    if x.size:
-        sizes = (np.int64(x.size), np.int64(c), np.int64(view.inner))
-        blocks = _elementwise_blocks(x.size, c, view.inner, x.dtype)
-        if yk is None:
-            launches('bn_bwd_dx', blocks, BN_THREADS, (dyk, xk, mean, coef, dx) + sizes)
+class _BwdLaunches:
+    """bn_bwd's launches for one problem: sums (dy masked by the fused relu's output y when
+    given), finalize (dgamma, dbeta and the dx coefficients), dx."""
+
+    def __init__(self, rt, view, layout, dtype, relu, has_gamma):
+        self.xp, self.view = rt.xp, view
+        self.launches = prepared.Launches(rt, SOURCE, defines(dtype))
+        acc = self.acc = accumulation_dtype(dtype)
+        c = self.channels = view.channels
+        splits = _splits(view)[0]
+        size = math.prod(view.shape)
+        self.sums = _sums_launch(view, 'bn_bwd_relu_sums' if relu else 'bn_bwd_sums')
+        self.finalize = _finalize_grid(c)
+        self.finalize_sizes = (np.int64(c), np.int64(splits), np.int64(view.count))
+        self.dx_kernel = 'bn_bwd_relu_dx' if relu else 'bn_bwd_dx'
+        self.dx_blocks = _elementwise_blocks(size, c, view.inner, dtype) if size else 0
+        self.dx_sizes = (np.int64(size), np.int64(c), np.int64(view.inner))
+        self.kept = layout.kept_shape
+        self.reshape_stats = tuple(self.kept) != (c,)
+        self.scratch = _Scratch(rt, lambda b: (
+            b.scratch('partials', (splits, c, 2), acc), b.scratch('coef', (3 * c,), acc),
+            None if has_gamma else b.filled(c, 1, acc), b.filled(c, 0, acc)))
+
+    def run(self, dy, x, gamma, mean, inv_std, _axes, dmean, dvar, _activation, y):
+        xp, c, acc, view, launches = self.xp, self.channels, self.acc, self.view, self.launches
+        partials, coef, ones, zeros = self.scratch()
+        gamma = ones if gamma is None else gamma
+        dmean = zeros if dmean is None else dmean
+        dvar = zeros if dvar is None else dvar
+        xk, dyk = _kernel_layout(view, xp, x), _kernel_layout(view, xp, dy)
+        dgamma, dbeta = xp.empty(c, acc), xp.empty(c, acc)
+        if c == 0:
+            return xp.empty(x.shape, x.dtype), dgamma.reshape(self.kept), dbeta.reshape(self.kept)
+        name, grid, block, sizes = self.sums
+        if y is None:
+            launches(name, grid, block, (dyk, xk, mean, partials) + sizes)
         else:
-            launches('bn_bwd_relu_dx', blocks, BN_THREADS, (dyk, xk, yk, mean, coef, dx) + sizes)
-    return view.from_kernel(xp, dx), dgamma.reshape(kept), dbeta.reshape(kept)
+            yk = _kernel_layout(view, xp, y)
+            launches(name, grid, block, (dyk, xk, yk, mean, partials) + sizes)
+        launches('bn_bwd_finalize', *self.finalize, args=(
+            partials, inv_std, gamma, dmean, dvar, dgamma, dbeta, coef) + self.finalize_sizes)
+        dx = xp.empty(xk.shape, x.dtype)
+        if self.dx_blocks:
+            operands = (dyk, xk, mean, coef, dx) if y is None else (dyk, xk, yk, mean, coef, dx)
+            launches(self.dx_kernel, self.dx_blocks, BN_THREADS, operands + self.dx_sizes)
+        if self.reshape_stats:
+            dgamma, dbeta = dgamma.reshape(self.kept), dbeta.reshape(self.kept)
+        return (dx if view.permutation is None else view.from_kernel(xp, dx)), dgamma, dbeta

@@ -7,6 +7,7 @@ cuDNN runs only on the CUDA runtime; a cuDNN function that cannot take a problem
 """
 import warnings
 
+from gpuk import config
 from gpuk.kernels import runtime
 from gpuk.kernels.cudnn import library as cudnn
 from gpuk.kernels.cudnn.library import Unsupported
@@ -55,7 +56,11 @@ def run(rt, family, problem_key, gpuk_fn, cudnn_fn, *args, **kwargs):
     ``problem_key`` identifies the problem for 'auto' (shapes, dtypes, geometry);
     ``cudnn_fn`` may be None where cuDNN has no such operation.
     """
-    if cudnn_fn is None or runtime.resolve(rt).kind != 'cuda':
+    # per launch: the common answers (not the CUDA runtime, or the family set to gpuk's
+    # kernels, read in place) without a call; cudnn.choose handles the others
+    if cudnn_fn is None or (getattr(rt, 'kind', None) or runtime.resolve(rt).kind) != 'cuda':
+        return gpuk_fn(*args, **kwargs)
+    if config._kernels.get(family) == 'gpuk':
         return gpuk_fn(*args, **kwargs)
     choice = cudnn.choose(family)
     if choice == 'gpuk':

@@ -6,6 +6,7 @@ it as the elementwise family's ``fused`` (the twin's is gpuk/cpu_fallback/elemen
 A call the kernel cannot take (a bool/int value, outputs of different shapes, rank > 8)
 runs the program's ops one by one on the runtime's arrays instead, with the same results.
 """
+import functools
 from collections import OrderedDict
 from pathlib import Path
 
@@ -183,17 +184,28 @@ def _prepare(rt, program, inputs):
 
     if launch is None:   # an empty output: nothing to launch
         return lambda inputs: [empty(out_shape, dtype) for dtype in out_dtypes]
+    # (contiguous() inlined in the runs below: a loop, no call, when every input is contiguous)
     if len(out_dtypes) == 1:   # the common case, without a loop over the outputs
         out_dtype = out_dtypes[0]
 
         def run(inputs):
+            for a in inputs:
+                if type(a) is not array_type or not a.flags.c_contiguous:
+                    inputs = contiguous(inputs)
+                    break
             out = empty(out_shape, out_dtype)
-            launch((*contiguous(inputs), *input_pads, out, *tail))
+            launch((*inputs, *input_pads, out, *tail))
             return [out]
         return run
 
+    empty_output = functools.partial(empty, out_shape)   # one per output dtype, mapped (no Python frame)
+
     def run(inputs):
-        outputs = [empty(out_shape, dtype) for dtype in out_dtypes]
-        launch((*contiguous(inputs), *input_pads, *outputs, *tail))
+        for a in inputs:
+            if type(a) is not array_type or not a.flags.c_contiguous:
+                inputs = contiguous(inputs)
+                break
+        outputs = [*map(empty_output, out_dtypes)]
+        launch((*inputs, *input_pads, *outputs, *tail))
         return outputs
     return run

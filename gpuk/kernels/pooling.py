@@ -27,7 +27,8 @@ from . import dispatch
 from .cudnn import pooling as cudnn_pooling
 from .runtime import prepared, register_build, resolve
 
-__all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd', 'max_pool_fwd_runner', 'max_pool_bwd_runner']
+__all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd', 'max_pool_fwd_runner', 'max_pool_bwd_runner',
+           'avg_pool_fwd_runner', 'avg_pool_bwd_runner']
 
 SOURCE = Path(__file__).with_name('pooling.cu')
 # Tile constants: passed to the .cu as #defines and used for the grids below (one place).
@@ -147,24 +148,9 @@ def _problem(setup, dtype, rt):
     return problem
 
 
-def _forward_problem(fn, x, window, strides, pads, data_format, rt):
-    """(x contiguous, its checked _Problem: prepared once per signature, runtime/prepared.py)."""
-    def prepare():
-        checked = _float_array(fn, 'x', x, rt.xp)
-        setup = pooling_checks.forward_setup(fn, checked, window, strides, pads, data_format)
-        return _problem(setup, checked.dtype, rt)
-
-    problem = prepared.get(rt, fn, (x,), (window, strides, pads, data_format), prepare)
-    return _float_array(fn, 'x', x, rt.xp), problem
-
-
 def _tap_suffix(window):
     """The kernel-name suffix of the argmax dtype: '_u8' or '_i32'."""
     return '_u8' if pooling_checks.tap_dtype(window) == np.uint8 else '_i32'
-
-
-def _run(rt, problem, op, gpuk_fn, cudnn_fn, *args):
-    return dispatch.run(rt, 'pooling', problem.key(op), gpuk_fn, cudnn_fn, *args)
 
 
 # ---------------------------------------------------------------- forward
@@ -215,11 +201,30 @@ def _max_pool_fwd_gpuk(rt, problem, x, *_geometry):
 
 def avg_pool_fwd(x, window, strides, pads, data_format, *, runtime=None):
     """Average pooling over the real inputs of each window (padding excluded)."""
+    return avg_pool_fwd_runner(x, window, strides, pads, data_format, runtime=runtime)(x)
+
+
+def avg_pool_fwd_runner(x, window, strides, pads, data_format, *, runtime=None):
+    """``run(x)``, avg_pool_fwd with this geometry for an x of the type, shape and dtype of this
+    one: checked and set up once per problem signature (runtime/prepared.py); an AvgPool plan
+    step keeps it (prepared.Kept)."""
+    fn = 'avg_pool_fwd'
     rt = resolve(runtime)
-    x, problem = _forward_problem('avg_pool_fwd', x, window, strides, pads, data_format, rt)
-    gpuk_fn = functools.partial(_avg_pool_fwd_gpuk, rt, problem)
-    return _run(rt, problem, 'avg_fwd', gpuk_fn, cudnn_pooling.avg_pool_fwd,
-                x, problem.window, problem.strides, problem.pads, data_format)
+    xp = rt.xp
+
+    def prepare():
+        checked = _float_array(fn, 'x', x, xp)
+        problem = _problem(pooling_checks.forward_setup(fn, checked, window, strides, pads, data_format),
+                           checked.dtype, rt)
+        gpuk_fn = functools.partial(_avg_pool_fwd_gpuk, rt, problem)
+        key, geometry, contiguous = problem.key('avg_fwd'), (problem.window, problem.strides, problem.pads), \
+            _contiguous(xp)
+
+        def run(x):
+            return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.avg_pool_fwd, contiguous(x), *geometry,
+                                data_format)
+        return run
+    return prepared.get(rt, fn, (x,), (window, strides, pads, data_format), prepare)
 
 
 def _avg_pool_fwd_gpuk(rt, problem, x, *_geometry):
@@ -248,25 +253,38 @@ def _global_avg_pool(problem, x, y):
 
 def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format, *, runtime=None):
     """Gradient of avg_pool_fwd with respect to x."""
+    return avg_pool_bwd_runner(dy, x_shape, window, strides, pads, data_format, runtime=runtime)(dy)
+
+
+def avg_pool_bwd_runner(dy, x_shape, window, strides, pads, data_format, *, runtime=None):
+    """``run(dy)``, avg_pool_bwd with this x_shape and geometry for a dy of the type, shape and
+    dtype of this one: checked and set up once per problem signature (runtime/prepared.py); an
+    AvgPoolBwd plan step keeps it (prepared.Kept)."""
     fn = 'avg_pool_bwd'
     rt = resolve(runtime)
+    xp = rt.xp
+
     def prepare():   # once per problem signature (runtime/prepared.py)
-        checked = _float_array(fn, 'dy', dy, rt.xp)
+        checked = _float_array(fn, 'dy', dy, xp)
         setup = pooling_checks.avg_backward_setup(fn, checked, x_shape, window, strides, pads, data_format)
-        return setup, _problem(setup, checked.dtype, rt)
+        problem = _problem(setup, checked.dtype, rt)
+        layout = LAYOUT_CHANNELS_FIRST if problem.channels_first else LAYOUT_CHANNELS_LAST
+        grid, tail = _batch_grid(math.prod(problem.in_shape) // problem.n, problem.n), problem.geometry + (
+            np.int32(layout),)   # dx element by element: no vector lanes
+        gpuk_fn = functools.partial(_avg_pool_bwd_gpuk, problem, xp.empty, grid, tail)
+        key, geometry, contiguous = problem.key('avg_bwd'), (setup.x_shape, setup.window, setup.strides,
+                                                             setup.pads), _contiguous(xp)
 
-    setup, problem = prepared.get(rt, fn, (dy,), (x_shape, window, strides, pads, data_format), prepare)
-    dy = _float_array(fn, 'dy', dy, rt.xp)
-    gpuk_fn = functools.partial(_avg_pool_bwd_gpuk, rt, problem)
-    return _run(rt, problem, 'avg_bwd', gpuk_fn, cudnn_pooling.avg_pool_bwd,
-                dy, setup.x_shape, setup.window, setup.strides, setup.pads, data_format)
+        def run(dy):
+            return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.avg_pool_bwd, contiguous(dy), *geometry,
+                                data_format)
+        return run
+    return prepared.get(rt, fn, (dy,), (x_shape, window, strides, pads, data_format), prepare)
 
 
-def _avg_pool_bwd_gpuk(rt, problem, dy, *_geometry):
-    dx = rt.xp.empty(problem.shape(problem.in_spatial), dy.dtype)
-    layout = LAYOUT_CHANNELS_FIRST if problem.channels_first else LAYOUT_CHANNELS_LAST
-    problem.launches('avg_pool_bwd', _batch_grid(dx.size // problem.n, problem.n), POOL_THREADS,
-                     (dy, dx) + problem.geometry + (np.int32(layout),))
+def _avg_pool_bwd_gpuk(problem, empty, grid, tail, dy, *_geometry):
+    dx = empty(problem.in_shape, dy.dtype)
+    problem.launches('avg_pool_bwd', grid, POOL_THREADS, (dy, dx) + tail)
     return dx
 
 

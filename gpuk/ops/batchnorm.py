@@ -137,13 +137,9 @@ class BnTrain(Op):
 
     def forward(self, impl, x, *rest):
         # the step keeps the runner of its last problem (checked and set up once: prepared.Kept)
-        arrays = (x,) + rest
-        run = self._kept.find(impl, arrays)
-        if run is None:
-            run = self._kept.keep(impl, arrays, self._runner(impl, x, rest))
-        return run(x, *rest)
+        return self._kept.run(impl, (x,) + rest, self._runner)
 
-    def _runner(self, impl, x, rest):
+    def _runner(self, impl, x, *rest):
         """``run(x, *rest)`` for inputs of the types, shapes and dtypes of these: the kernel's
         runner, with the moving averages fused when they fit it (fits_kernel reads attributes
         only: the same answer for the same signature), else computed after it by the graph's
@@ -225,19 +221,22 @@ class BnGrad(Op):
         stat = Meta(mean.shape, mean.dtype)
         return Meta(x.shape, x.dtype), stat, stat
 
-    def forward(self, impl, dy, x, mean, inv_std, *rest):
-        arrays = (dy, x, mean, inv_std) + rest   # the step keeps its runner, as BnTrain's
-        run = self._kept.find(impl, arrays)
-        if run is None:
-            gamma, d_mean, d_var, relu_y = self._optional(rest)
-            kernel = impl.batchnorm.bn_bwd_runner(dy, x, gamma, mean, inv_std, self.axes, d_mean, d_var,
-                                                  self.activation, relu_y)
+    def forward(self, impl, dy, x, mean, inv_std, *rest):   # the step keeps its runner, as BnTrain's
+        return self._kept.run(impl, (dy, x, mean, inv_std) + rest, self._runner)
 
-            def run(dy, x, mean, inv_std, *rest):
-                gamma, d_mean, d_var, relu_y = self._optional(rest)
-                return kernel(dy, x, gamma, mean, inv_std, d_mean, d_var, relu_y)
-            run = self._kept.keep(impl, arrays, run)
-        return run(dy, x, mean, inv_std, *rest)
+    def _runner(self, impl, dy, x, mean, inv_std, *rest):
+        gamma, d_mean, d_var, relu_y = self._optional(rest)
+        kernel = impl.batchnorm.bn_bwd_runner(dy, x, gamma, mean, inv_std, self.axes, d_mean, d_var,
+                                              self.activation, relu_y)
+        if self.has_gamma and not self.has_dmean and not self.has_dvar:   # Keras's layer: no _optional per call
+            if self.activation == 'relu':
+                return lambda dy, x, mean, inv_std, gamma, y: kernel(dy, x, gamma, mean, inv_std, None, None, y)
+            return lambda dy, x, mean, inv_std, gamma: kernel(dy, x, gamma, mean, inv_std)
+
+        def run(dy, x, mean, inv_std, *rest):
+            gamma, d_mean, d_var, relu_y = self._optional(rest)
+            return kernel(dy, x, gamma, mean, inv_std, d_mean, d_var, relu_y)
+        return run
 
     def grad(self, inputs, outputs, output_grads):
         axes = self.axes
@@ -292,20 +291,16 @@ class BnInfer(Op):
                                  'against x of shape %s' % (self.where, name, meta.shape, x.shape))
         return Meta(x.shape, x.dtype)
 
-    def forward(self, impl, x, mean, var, *params):
-        arrays = (x, mean, var) + params   # the step keeps its runner, as BnTrain's
-        run = self._kept.find(impl, arrays)
-        if run is None:
-            gamma, beta = _split((self.has_gamma, self.has_beta), params)
-            kernel = impl.batchnorm.bn_infer_fwd_runner(x, mean, var, gamma, beta, self.epsilon, self.axis,
-                                                        self.activation)
-            if self.has_gamma and self.has_beta:
-                run = kernel
-            else:
-                def run(x, mean, var, *params):
-                    return kernel(x, mean, var, *_split((self.has_gamma, self.has_beta), params))
-            run = self._kept.keep(impl, arrays, run)
-        return run(x, mean, var, *params)
+    def forward(self, impl, x, mean, var, *params):   # the step keeps its runner, as BnTrain's
+        return self._kept.run(impl, (x, mean, var) + params, self._runner)
+
+    def _runner(self, impl, x, mean, var, *params):
+        gamma, beta = _split((self.has_gamma, self.has_beta), params)
+        kernel = impl.batchnorm.bn_infer_fwd_runner(x, mean, var, gamma, beta, self.epsilon, self.axis,
+                                                    self.activation)
+        if self.has_gamma and self.has_beta:
+            return kernel
+        return lambda x, mean, var, *params: kernel(x, mean, var, *_split((self.has_gamma, self.has_beta), params))
 
     def grad(self, inputs, outputs, output_grads):
         def formula(x, mean, var, *params):

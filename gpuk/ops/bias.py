@@ -30,12 +30,10 @@ class BiasAct(Op):
 
     def forward(self, impl, x, bias):
         # the step keeps the runner of its last problem (checked and set up once: prepared.Kept)
-        arrays = (x, bias)
-        run = self._kept.find(impl, arrays)
-        if run is None:
-            run = self._kept.keep(impl, arrays, impl.elementwise.bias_act_fwd_runner(x, bias, self.axis,
-                                                                                    self.activation))
-        return run(x, bias)
+        return self._kept.run(impl, (x, bias), self._runner)
+
+    def _runner(self, impl, x, bias):
+        return impl.elementwise.bias_act_fwd_runner(x, bias, self.axis, self.activation)
 
     def grad(self, inputs, outputs, output_grads):
         return list(_bias_act_grads(self.activation, self.axis, outputs[0], output_grads[0]))
@@ -64,6 +62,7 @@ class ConvBiasAct(Op):
             raise ValueError('ConvBiasAct: activation must be one of %s, got %r'
                              % (ACTIVATIONS, activation))
         self.window, self.activation = window, activation
+        self._kept = prepared.Kept()
 
     @property
     def channel_axis(self):
@@ -73,13 +72,17 @@ class ConvBiasAct(Op):
         conv_meta = ConvFwd(self.window).infer(x, w)
         return BiasAct(self.channel_axis, 'linear').infer(conv_meta, bias)
 
-    def forward(self, impl, x, w, bias):
+    def forward(self, impl, x, w, bias):   # the step keeps its runner, as BiasAct's
+        return self._kept.run(impl, (x, w, bias), self._runner)
+
+    def _runner(self, impl, x, w, bias):
         win = self.window
         if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
-            return impl.xp.zeros(ConvFwd(win).output_shape(x.shape, w.shape), x.dtype)
+            shape = ConvFwd(win).output_shape(x.shape, w.shape)
+            return lambda x, w, bias: impl.xp.zeros(shape, x.dtype)
         pads = win.pads(spatial_dims(x.shape, win.channels_first), w.shape[:win.rank])
-        return impl.conv.conv_fwd(x, w, win.strides, win.dilation, pads, win.data_format,
-                                  epilogue=_EPILOGUES[self.activation], bias=bias)
+        return impl.conv.conv_fwd_runner(x, w, win.strides, win.dilation, pads, win.data_format,
+                                         epilogue=_EPILOGUES[self.activation], bias=bias)
 
     def grad(self, inputs, outputs, output_grads):
         g, d_bias = _bias_act_grads(self.activation, self.channel_axis, outputs[0],

@@ -20,9 +20,10 @@ from gpuk.contracts import geometry
 from gpuk.ops.base import Op
 
 # family -> impl.conv function names (forward, data gradient, filter gradient)
-_FUNCTIONS = {
-    'conv': ('conv_fwd', 'conv_dgrad', 'conv_wgrad'),
-    'depthwise': ('depthwise_conv_fwd', 'depthwise_conv_dgrad', 'depthwise_conv_wgrad'),
+# each family's runners (fwd, dgrad, wgrad): checked and set up once per problem signature
+_RUNNERS = {
+    'conv': ('conv_fwd_runner', 'conv_dgrad_runner', 'conv_wgrad_runner'),
+    'depthwise': ('depthwise_conv_fwd_runner', 'depthwise_conv_dgrad_runner', 'depthwise_conv_wgrad_runner'),
 }
 
 
@@ -150,8 +151,9 @@ class Window:
         _check_channels(self.where, 'dy', dy_shape, channel_dim(dy_shape, self.channels_first),
                         'the kernel', w_shape, self.out_channels(w_shape))
 
-    def function(self, index):
-        return _FUNCTIONS[self.family][index]
+    def runner(self, impl, index):
+        """The family's runner launcher on ``impl``: 0 forward, 1 dgrad, 2 wgrad (_RUNNERS)."""
+        return getattr(impl.conv, _RUNNERS[self.family][index])
 
     def __repr__(self):
         return 'Window%r' % (self.key(),)
@@ -165,22 +167,12 @@ class _WindowOp(Op):
         self.window = window
         self.static_shape = static_shape
         self.from_like = from_like
-        self._kept = prepared.Kept()
-
-    def _kept_call(self, impl, arrays, make):
-        """The call of the step's last problem: ``make()`` (the family's function with this
-        problem's pads and result shape bound, all read from the shapes) kept with the arrays'
-        signature (prepared.Kept), so a step that sees the same shapes again skips reading them.
-        For the 'conv' family that is the launcher's runner (conv_*_runner: checked and set up
-        once per problem signature, then only the per-call array work); the depthwise launchers
-        still check and prepare their problem per call. A result shape read from a shape
-        vector's values (not ``from_like``) is never kept."""
-        run = self._kept.find(impl, arrays)
-        if run is None:
-            run = make()
-            if self.from_like:
-                self._kept.keep(impl, arrays, run)
-        return run(*arrays)
+        # The call of the step's last problem, ``self._call(impl, *arrays)`` (the family's
+        # runner with this problem's pads and result shape bound, all read from the shapes), is
+        # kept with the arrays' signature (prepared.Kept), so a step that sees the same shapes
+        # again skips reading them. A result shape read from a shape vector's values (not
+        # ``from_like``) is never kept.
+        self._kept = prepared.Kept(keeps=from_like)
 
 
 class ConvFwd(_WindowOp):
@@ -198,7 +190,7 @@ class ConvFwd(_WindowOp):
         return assemble_shape(x_shape[0], win.out_channels(w_shape), out, win.channels_first)
 
     def forward(self, impl, x, w):
-        return self._kept_call(impl, (x, w), lambda: self._call(impl, x, w))
+        return self._kept.run(impl, (x, w), self._call)
 
     def _call(self, impl, x, w):
         win = self.window
@@ -207,10 +199,8 @@ class ConvFwd(_WindowOp):
             return lambda x, w: impl.xp.zeros(shape, x.dtype)
         geometry = (win.strides, win.dilation, win.pads(spatial_dims(x.shape, win.channels_first), w.shape[:win.rank]),
                     win.data_format)
-        if win.family == 'conv':   # the launcher's runner: checked and set up once (runtime/prepared.py)
-            return impl.conv.conv_fwd_runner(x, w, *geometry)
-        function = getattr(impl.conv, win.function(0))
-        return lambda x, w: function(x, w, *geometry)
+        # the launcher's runner: checked and set up once (runtime/prepared.py)
+        return win.runner(impl, 0)(x, w, *geometry)
 
     def grad(self, inputs, outputs, output_grads):
         x, w = inputs
@@ -247,7 +237,7 @@ class ConvDgrad(_WindowOp):
                                    win.channels_first), dy.dtype)
 
     def forward(self, impl, dy, w, x_shape_source):
-        return self._kept_call(impl, (dy, w, x_shape_source), lambda: self._call(impl, dy, w, x_shape_source))
+        return self._kept.run(impl, (dy, w, x_shape_source), self._call)
 
     def _call(self, impl, dy, w, x_shape_source):
         win = self.window
@@ -256,11 +246,8 @@ class ConvDgrad(_WindowOp):
             return lambda dy, w, _: impl.xp.zeros(x_shape, dy.dtype)
         geometry = (x_shape, win.strides, win.dilation, win.pads(spatial_dims(x_shape, win.channels_first),
                                                                  w.shape[:win.rank]), win.data_format)
-        if win.family == 'conv':   # the launcher's runner, as ConvFwd's
-            run = impl.conv.conv_dgrad_runner(dy, w, *geometry)
-            return lambda dy, w, _: run(dy, w)
-        function = getattr(impl.conv, win.function(1))
-        return lambda dy, w, _: function(dy, w, *geometry)
+        run = win.runner(impl, 1)(dy, w, *geometry)   # the launcher's runner, as ConvFwd's
+        return lambda dy, w, _: run(dy, w)
 
     def grad(self, inputs, outputs, output_grads):
         dy, w, _ = inputs
@@ -282,7 +269,7 @@ class ConvWgrad(_WindowOp):
         return Meta(w_shape, x.dtype)
 
     def forward(self, impl, x, dy, w_shape_source):
-        return self._kept_call(impl, (x, dy, w_shape_source), lambda: self._call(impl, x, dy, w_shape_source))
+        return self._kept.run(impl, (x, dy, w_shape_source), self._call)
 
     def _call(self, impl, x, dy, w_shape_source):
         win = self.window
@@ -291,11 +278,8 @@ class ConvWgrad(_WindowOp):
             return lambda x, dy, _: impl.xp.zeros(w_shape, x.dtype)
         geometry = (w_shape, win.strides, win.dilation, win.pads(spatial_dims(x.shape, win.channels_first),
                                                                  w_shape[:win.rank]), win.data_format)
-        if win.family == 'conv':   # the launcher's runner, as ConvFwd's
-            run = impl.conv.conv_wgrad_runner(x, dy, *geometry)
-            return lambda x, dy, _: run(x, dy)
-        function = getattr(impl.conv, win.function(2))
-        return lambda x, dy, _: function(x, dy, *geometry)
+        run = win.runner(impl, 2)(x, dy, *geometry)   # the launcher's runner, as ConvFwd's
+        return lambda x, dy, _: run(x, dy)
 
     def grad(self, inputs, outputs, output_grads):
         x, dy, _ = inputs

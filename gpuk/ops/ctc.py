@@ -14,6 +14,7 @@ import numpy as np
 from gpuk.contracts import ctc_checks
 from gpuk.device import to_host
 from gpuk.graph import Meta, apply
+from gpuk.kernels.runtime import check_launches_forced
 from gpuk.ops.base import Op
 from gpuk.ops.fused import accumulate_dtype, is_zero, require_float
 
@@ -102,12 +103,23 @@ def _stand_in(value):
     return None if value is None else np.broadcast_to(np.zeros((), dtype=value.dtype), value.shape)
 
 
+_SHAPES_CHECKED = set()   # loss_inputs_checked_later's signatures whose shapes and dtypes passed
+
+
 def loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths, label_lengths):
-    """``check_loss_inputs`` without a host sync: shapes and dtypes now, the values by a
-    device-side flag that ``impl.check_later`` reads with the others before the call's results
-    are used; the same messages. Labels past each length become -1, as label_matrix gives."""
+    """``check_loss_inputs`` without a host sync: shapes and dtypes now (once per signature, or
+    on every call under GPUK_CHECK_LAUNCHES=1), the values by a device-side flag that
+    ``impl.check_later`` reads with the others before the call's results are used; the same
+    messages. Labels past each length become -1, as label_matrix gives."""
     xp = impl.xp
-    check_loss_inputs(np, where, logits_shape, _stand_in(labels), _stand_in(input_lengths), _stand_in(label_lengths))
+    signature = (where, tuple(logits_shape), labels.shape, labels.dtype, input_lengths.shape, input_lengths.dtype,
+                 label_lengths.shape, label_lengths.dtype)
+    if signature not in _SHAPES_CHECKED or check_launches_forced():
+        check_loss_inputs(np, where, logits_shape, _stand_in(labels), _stand_in(input_lengths),
+                          _stand_in(label_lengths))
+        if len(_SHAPES_CHECKED) >= 1024:
+            _SHAPES_CHECKED.clear()
+        _SHAPES_CHECKED.add(signature)
     _, steps, classes = logits_shape
     input_lengths, label_lengths = input_lengths.reshape(-1), label_lengths.reshape(-1)
     raw = (labels, input_lengths, label_lengths)

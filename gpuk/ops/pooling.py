@@ -87,10 +87,7 @@ class MaxPool(Op):
 
     def forward(self, impl, x):
         # the step keeps the runner of its last problem (checked and set up once: prepared.Kept)
-        run = self._kept.find(impl, (x,))
-        if run is None:
-            run = self._kept.keep(impl, (x,), self._runner(impl, x))
-        return run(x)
+        return self._kept.run(impl, (x,), self._runner)
 
     def _runner(self, impl, x):
         if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
@@ -115,20 +112,14 @@ class MaxPoolBwd(Op):
     def infer(self, dy, argmax, x_like):
         return Meta(self.x_static, dy.dtype)
 
-    def forward(self, impl, dy, argmax, x_like):
-        arrays = (dy, argmax, x_like)   # the step keeps its runner, as MaxPool's
-        run = self._kept.find(impl, arrays)
-        if run is None:
-            if dy.shape[0] == 0:
-                def run(dy, argmax, x_like):
-                    return impl.xp.zeros(x_like.shape, dy.dtype)
-            else:
-                kernel = impl.pooling.max_pool_bwd_runner(dy, argmax, x_like.shape, *self.window.args(x_like.shape))
+    def forward(self, impl, dy, argmax, x_like):   # the step keeps its runner, as MaxPool's
+        return self._kept.run(impl, (dy, argmax, x_like), self._runner)
 
-                def run(dy, argmax, x_like):
-                    return kernel(dy, argmax)
-            run = self._kept.keep(impl, arrays, run)
-        return run(dy, argmax, x_like)
+    def _runner(self, impl, dy, argmax, x_like):
+        if dy.shape[0] == 0:
+            return lambda dy, argmax, x_like: impl.xp.zeros(x_like.shape, dy.dtype)
+        kernel = impl.pooling.max_pool_bwd_runner(dy, argmax, x_like.shape, *self.window.args(x_like.shape))
+        return lambda dy, argmax, x_like: kernel(dy, argmax)
 
     def grad(self, inputs, outputs, output_grads):
         _, argmax, _ = inputs
@@ -169,15 +160,20 @@ class AvgPool(Op):
 
     def __init__(self, window):
         self.window = window
+        self._kept = prepared.Kept()
 
     def infer(self, x):
         _check_float(self.window.where, x.dtype)
         return Meta(self.window.out_shape(x.shape), x.dtype)
 
-    def forward(self, impl, x):
+    def forward(self, impl, x):   # the step keeps its runner, as MaxPool's
+        return self._kept.run(impl, (x,), self._runner)
+
+    def _runner(self, impl, x):
         if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
-            return impl.xp.zeros(self.window.out_shape(x.shape), x.dtype)
-        return impl.pooling.avg_pool_fwd(x, *self.window.args(x.shape))
+            out = self.window.out_shape(x.shape)
+            return lambda x: impl.xp.zeros(out, x.dtype)
+        return impl.pooling.avg_pool_fwd_runner(x, *self.window.args(x.shape))
 
     def grad(self, inputs, outputs, output_grads):
         x = inputs[0]
@@ -189,16 +185,20 @@ class AvgPoolBwd(Op):
 
     def __init__(self, window, x_static):
         self.window, self.x_static = window, x_static
+        self._kept = prepared.Kept()
 
     def infer(self, dy, x_like):
         return Meta(self.x_static, dy.dtype)
 
-    def forward(self, impl, dy, x_like):
+    def forward(self, impl, dy, x_like):   # the step keeps its runner, as MaxPool's
+        return self._kept.run(impl, (dy, x_like), self._runner)
+
+    def _runner(self, impl, dy, x_like):
         x_shape = x_like.shape
         if dy.shape[0] == 0:
-            return impl.xp.zeros(x_shape, dy.dtype)
-        window, strides, pads, data_format = self.window.args(x_shape)
-        return impl.pooling.avg_pool_bwd(dy, x_shape, window, strides, pads, data_format)
+            return lambda dy, x_like: impl.xp.zeros(x_like.shape, dy.dtype)
+        kernel = impl.pooling.avg_pool_bwd_runner(dy, x_shape, *self.window.args(x_shape))
+        return lambda dy, x_like: kernel(dy)
 
     def grad(self, inputs, outputs, output_grads):
         return [apply(AvgPool(self.window), output_grads[0]), None]

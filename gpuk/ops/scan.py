@@ -168,6 +168,7 @@ class Scan(Op):
         aliases = _aliased_outputs(plan.target_slots[:n_out], self.shape_only_outputs)
         written = [i for i in range(n_out) if i not in self.shape_only_outputs and i not in aliases]
         state_shapes = [s.shape for s in states]
+        array_type = xp.ndarray
         # only the sequences the step plan reads are sliced per step (a gradient step gets
         # every forward sequence and state history; the others are None)
         read = _read_inputs(plan)
@@ -191,9 +192,13 @@ class Scan(Op):
                 if value.shape != shape or value.dtype != dtype:
                     self._step_output_error(t, value, shape, dtype)
                 stacked[t] = value
-            states = [xp.asarray(s) for s in values[n_out:]]
-            if [s.shape for s in states] != state_shapes:
-                self._check_states(state_shapes, states)
+            states = values[n_out:]
+            for s, shape in zip(states, state_shapes):   # a loop without calls while all is well
+                if type(s) is not array_type or s.shape != shape:
+                    states = [xp.asarray(s) for s in states]
+                    if [s.shape for s in states] != state_shapes:
+                        self._check_states(state_shapes, states)
+                    break
         results = outputs + states + history
         return results[0] if len(results) == 1 else tuple(results)
 

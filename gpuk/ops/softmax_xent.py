@@ -164,11 +164,10 @@ class SoftmaxXent(Op):
 
     def forward(self, impl, logits, target):
         # the step keeps the runner of its last problem (checked and set up once: prepared.Kept)
-        arrays = (logits, target)
-        run = self._kept.find(impl, arrays)
-        if run is None:
-            run = self._kept.keep(impl, arrays, impl.softmax_xent.softmax_xent_fwd_runner(logits, target, self.axis))
-        return run(logits, target)
+        return self._kept.run(impl, (logits, target), self._runner)
+
+    def _runner(self, impl, logits, target):
+        return impl.softmax_xent.softmax_xent_fwd_runner(logits, target, self.axis)
 
     def grad(self, inputs, outputs, output_grads):
         logits, target = inputs
@@ -196,13 +195,11 @@ class SoftmaxXentGrad(Op):
     def infer(self, logits, target, lse, dloss):
         return Meta(logits.shape, logits.dtype)
 
-    def forward(self, impl, logits, target, lse, dloss):
-        arrays = (logits, target, lse, dloss)   # the step keeps its runner, as SoftmaxXent's
-        run = self._kept.find(impl, arrays)
-        if run is None:
-            run = self._kept.keep(impl, arrays, impl.softmax_xent.softmax_xent_bwd_runner(logits, target, lse, dloss,
-                                                                                          self.axis))
-        return run(logits, target, lse, dloss)
+    def forward(self, impl, logits, target, lse, dloss):   # the step keeps its runner, as SoftmaxXent's
+        return self._kept.run(impl, (logits, target, lse, dloss), self._runner)
+
+    def _runner(self, impl, logits, target, lse, dloss):
+        return impl.softmax_xent.softmax_xent_bwd_runner(logits, target, lse, dloss, self.axis)
 
     def grad(self, inputs, outputs, output_grads):
         def formula(logits, target, lse, dloss):

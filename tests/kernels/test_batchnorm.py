@@ -7,6 +7,7 @@ from gpuk.cpu_fallback import batchnorm as twin
 from gpuk.kernels import batchnorm, dispatch
 from gpuk.kernels.cudnn import batchnorm as cudnn_batchnorm
 from gpuk.kernels.testing import assert_close, to_device, to_host
+from gpuk.kernels.runtime import prepared
 
 DTYPES = [np.float16, np.float32, np.float64]
 
@@ -417,6 +418,7 @@ def test_persistent_training_forward_is_one_launch_matching_twin(monkeypatch, wo
     from gpuk.kernels.runtime import emulated_runtime, get_runtime
     monkeypatch.setenv('GPUK_EMULATE_THREADS', str(workers))
     monkeypatch.setattr(batchnorm, 'MIN_ROWS_PER_SPLIT', 8)
+    prepared.clear()   # the splits are worked out once per problem: not from an earlier test's
     rng = np.random.default_rng(workers)
     shape, axes = (40, 5, 12), (0, 1)
     x = (rng.standard_normal(shape) * 2 + 5).astype(dtype)

@@ -490,8 +490,10 @@ def test_prepared_runners_dispatch_to_cudnn_with_the_bias_epilogue(monkeypatch):
     applied after cuDNN's convolution (here cuDNN's functions are the twin's, counted)."""
     from gpuk.kernels.cudnn import conv as cudnn_conv, library as cudnn
     from gpuk.kernels.runtime import get_runtime
+    from gpuk import config
     rt = _CudaLikeRuntime(get_runtime('emulate'))
-    monkeypatch.setattr(cudnn, 'choose', lambda family: 'cudnn')
+    monkeypatch.setitem(config._kernels, 'conv', 'cudnn')   # GPUK_KERNELS=conv=cudnn
+    monkeypatch.setattr(cudnn, 'choose', lambda family: 'cudnn')   # as if cuDNN were available
     calls = []
     for name in ('conv_fwd', 'conv_dgrad', 'conv_wgrad'):
         monkeypatch.setattr(cudnn_conv, name, lambda *a, _name=name: calls.append(_name) or getattr(twin, _name)(*a))

@@ -32,7 +32,8 @@ from . import split_k
 from . import wgmma as conv_wgmma
 from .geometry import Geometry, check_gemm, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
 from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
-                          local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
+                     depthwise_conv_dgrad_runner, depthwise_conv_fwd_runner, depthwise_conv_wgrad_runner,
+                     local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
 from gpuk.contracts.dtypes import c_types
 from .direct import lift3
 from ..runtime import prepared, register_build, resolve
@@ -417,16 +418,7 @@ def conv_dgrad_runner(dy, w, x_shape, strides, dilation, pads, data_format, *, r
     """``run(dy, w)``, conv_dgrad with this x_shape and geometry for arrays of the types, shapes
     and dtypes of these: checked and set up once per problem signature (runtime/prepared.py); a
     ConvDgrad plan step keeps it (prepared.Kept)."""
-    rt = resolve(runtime)
-    problem = _gradient_problem(rt, 'dgrad', conv_checks.dgrad_problem, dy, w, x_shape, strides, dilation, pads,
-                                data_format)
-    dtype = dy.dtype
-
-    def again(dy, w):
-        return conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, runtime=rt)
-    return problem.runner(lambda: _runner(rt, problem, lambda: _dgrad_kernel_call(rt, problem, dtype),
-                                          cudnn_conv.conv_dgrad,
-                                          (problem.shape, strides, dilation, pads, data_format), again))
+    return _gradient_runner('dgrad', dy, w, x_shape, strides, dilation, pads, data_format, runtime)
 
 
 def conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
@@ -438,13 +430,25 @@ def conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_format, *, r
     """``run(x, dy)``, conv_wgrad with this w_shape and geometry for arrays of the types, shapes
     and dtypes of these: checked and set up once per problem signature (runtime/prepared.py); a
     ConvWgrad plan step keeps it (prepared.Kept)."""
-    rt = resolve(runtime)
-    problem = _gradient_problem(rt, 'wgrad', conv_checks.wgrad_problem, x, dy, w_shape, strides, dilation, pads,
-                                data_format)
-    dtype = x.dtype
+    return _gradient_runner('wgrad', x, dy, w_shape, strides, dilation, pads, data_format, runtime)
 
-    def again(x, dy):
-        return conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, runtime=rt)
-    return problem.runner(lambda: _runner(rt, problem, lambda: _wgrad_kernel_call(rt, problem, dtype),
-                                          cudnn_conv.conv_wgrad,
+
+_GRADIENT_KERNEL_CALLS = {'dgrad': _dgrad_kernel_call, 'wgrad': _wgrad_kernel_call}
+
+
+def _gradient_runner(kind, a, b, shape, strides, dilation, pads, data_format, runtime):
+    """``run(a, b)`` of conv_dgrad (kind 'dgrad': a = dy, b = w, shape = x_shape) or conv_wgrad
+    ('wgrad': a = x, b = dy, shape = w_shape): the prepared Problem's runner, its kernel call
+    made by _dgrad_kernel_call / _wgrad_kernel_call, checked by conv_checks.dgrad_problem /
+    wgrad_problem, cuDNN's conv_dgrad / conv_wgrad beside it (those two read where they are now)."""
+    rt = resolve(runtime)
+    kernel_call = _GRADIENT_KERNEL_CALLS[kind]
+    problem = _gradient_problem(rt, kind, getattr(conv_checks, kind + '_problem'), a, b, shape, strides, dilation,
+                                pads, data_format)
+    dtype = a.dtype
+
+    def again(a, b):   # under another precision policy: the launcher, with its checks
+        return _gradient_runner(kind, a, b, shape, strides, dilation, pads, data_format, rt)(a, b)
+    return problem.runner(lambda: _runner(rt, problem, lambda: kernel_call(rt, problem, dtype),
+                                          getattr(cudnn_conv, 'conv_' + kind),
                                           (problem.shape, strides, dilation, pads, data_format), again))

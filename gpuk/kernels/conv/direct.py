@@ -218,17 +218,36 @@ def _depthwise_tiled(rt, fn, kernel_name, dtype, n, c_in, mult, geometry, channe
                     np.int32(tile.rows), np.int32(tile.segs), np.int32(tile.kh_chunk))
 
 
-def _run_pair(rt, problem, a, b):
-    """The output of a one-launch problem (shape, dtype, (launch, scalars)) on inputs a, b."""
+def _pair_runner(rt, problem):
+    """``run(a, b)``: the output of a one-launch problem (shape, dtype, (launch, scalars)) on
+    inputs a, b (made contiguous arrays of the runtime's, per call)."""
     out_shape, dtype, (launch, scalars) = problem
-    a, b = _contiguous(rt, a, b)
-    out = rt.xp.empty(out_shape, dtype)
-    launch((a, b, out) + scalars)
-    return out
+    xp = rt.xp
+    array_type, empty, contiguous = xp.ndarray, xp.empty, xp.ascontiguousarray
+
+    def run(a, b):
+        a = contiguous(a if type(a) is array_type else xp.asarray(a))
+        b = contiguous(b if type(b) is array_type else xp.asarray(b))
+        out = empty(out_shape, dtype)
+        launch((a, b, out) + scalars)
+        return out
+    return run
+
+
+def _run_pair(rt, problem, a, b):
+    """The output of a one-launch problem on inputs a, b (the locally connected launchers')."""
+    return _pair_runner(rt, problem)(a, b)
 
 
 def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format, *, runtime=None):
     """Depthwise convolution; w is (*k, C_in, M), output channel c*M + m like TensorFlow."""
+    return depthwise_conv_fwd_runner(x, w, strides, dilation, pads, data_format, runtime=runtime)(x, w)
+
+
+def depthwise_conv_fwd_runner(x, w, strides, dilation, pads, data_format, *, runtime=None):
+    """``run(x, w)``, depthwise_conv_fwd with this geometry for arrays of the types, shapes and
+    dtypes of these: checked and set up once per problem signature (runtime/prepared.py); a
+    depthwise ConvFwd plan step keeps it (prepared.Kept)."""
     fn = 'depthwise_conv_fwd'
     rt = resolve(runtime)
 
@@ -241,16 +260,24 @@ def depthwise_conv_fwd(x, w, strides, dilation, pads, data_format, *, runtime=No
         check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
         _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), cw.size)
         y_shape = (n, c_out, *out_spatial) if channels_first else (n, *out_spatial, c_out)
-        return y_shape, cx.dtype, _depthwise_tiled(
+        problem = y_shape, cx.dtype, _depthwise_tiled(
             rt, fn, 'depthwise_fwd', cx.dtype, n, c_in, mult,
             (in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads), channels_first, out_spatial,
             c_strides, lanes=c_out)
+        return _pair_runner(rt, problem)
 
-    return _run_pair(rt, prepared.get(rt, fn, (x, w), (strides, dilation, pads, data_format), prepare), x, w)
+    return prepared.get(rt, fn, (x, w), (strides, dilation, pads, data_format), prepare)
 
 
 def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of depthwise_conv_fwd with respect to x."""
+    return depthwise_conv_dgrad_runner(dy, w, x_shape, strides, dilation, pads, data_format, runtime=runtime)(dy, w)
+
+
+def depthwise_conv_dgrad_runner(dy, w, x_shape, strides, dilation, pads, data_format, *, runtime=None):
+    """``run(dy, w)``, depthwise_conv_dgrad with this x_shape and geometry for arrays of the types,
+    shapes and dtypes of these: checked and set up once per problem signature
+    (runtime/prepared.py); a depthwise ConvDgrad plan step keeps it (prepared.Kept)."""
     fn = 'depthwise_conv_dgrad'
     rt = resolve(runtime)
 
@@ -271,13 +298,12 @@ def depthwise_conv_dgrad(dy, w, x_shape, strides, dilation, pads, data_format, *
         n = c_x_shape[0]
         check_index_limit(fn, 'N * input pixels', n * math.prod(in_spatial))
         _check_sample_sizes(fn, (c_in, c_in * mult), (math.prod(in_spatial), math.prod(out_spatial)), cw.size)
-        return c_x_shape, cdy.dtype, _depthwise_tiled(
+        return _pair_runner(rt, (c_x_shape, cdy.dtype, _depthwise_tiled(
             rt, fn, 'depthwise_dgrad', cdy.dtype, n, c_in, mult,
             (in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads), channels_first, in_spatial,
-            (1,) * rank, lanes=c_in, hole_stride=c_strides[-1])
+            (1,) * rank, lanes=c_in, hole_stride=c_strides[-1])))
 
-    problem = prepared.get(rt, fn, (dy, w), (x_shape, strides, dilation, pads, data_format), prepare)
-    return _run_pair(rt, problem, dy, w)
+    return prepared.get(rt, fn, (dy, w), (x_shape, strides, dilation, pads, data_format), prepare)
 
 
 def depthwise_wgrad_splits(tiles, blocks_per_split):
@@ -288,6 +314,14 @@ def depthwise_wgrad_splits(tiles, blocks_per_split):
 
 def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
     """Gradient of depthwise_conv_fwd with respect to w."""
+    return depthwise_conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_format, runtime=runtime)(x, dy)
+
+
+def depthwise_conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_format, *, runtime=None):
+    """``run(x, dy)``, depthwise_conv_wgrad with this w_shape and geometry (and the split count
+    conv/tiles.py may force) for arrays of the types, shapes and dtypes of these: checked and set
+    up once per problem signature (runtime/prepared.py); a depthwise ConvWgrad plan step keeps it
+    (prepared.Kept), and makes it again when the forced split count changes."""
     fn = 'depthwise_conv_wgrad'
     rt = resolve(runtime)
     forced_splits = conv_tiles.forced_splits()   # tests force it: part of the problem
@@ -333,12 +367,16 @@ def depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, *
             splits, taps * c_out,
             lambda blocks: rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_reduce_splits', blocks, DW_THREADS),
             DW_THREADS)
-        return c_w_shape, cx.dtype, launch
+        xp, c_dtype = rt.xp, cx.dtype
 
-    w_shape, dtype, launch = prepared.get(
-        rt, fn, (x, dy), (w_shape, strides, dilation, pads, data_format, forced_splits), prepare)
-    x, dy = _contiguous(rt, x, dy)
-    return split_k.run(rt.xp, x, dy, w_shape, dtype, launch)
+        def run(x, dy):
+            if conv_tiles.forced_splits() != forced_splits:   # another split count: another problem
+                return depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, runtime=rt)
+            x, dy = _contiguous(rt, x, dy)
+            return split_k.run(xp, x, dy, c_w_shape, c_dtype, launch)
+        return run
+
+    return prepared.get(rt, fn, (x, dy), (w_shape, strides, dilation, pads, data_format, forced_splits), prepare)
 
 
 # ---------------------------------------------------------------- locally connected

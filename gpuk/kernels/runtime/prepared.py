@@ -72,49 +72,61 @@ class Kept:
     """What one call site prepared for its last problem: a plan step's op sees the same problem
     call after call, so it keeps the prepared value (a launcher's runner) with its arrays'
     types, shapes and dtypes and finds it again by comparing them, without building and hashing
-    ``get``'s key or going through the launcher's own lookups:
+    ``get``'s key or going through the launcher's own lookups. The one way an op does it:
 
-        run = self._kept.find(impl, arrays)
-        if run is None:
-            run = self._kept.keep(impl, arrays, impl.<family>.<launcher>_runner(..., arrays))
+        def forward(self, impl, x, bias):
+            return self._kept.run(impl, (x, bias), self._runner)
 
-    ``owner`` (the implementation) must be the same object; values without a shape and dtype
-    are never kept, and a value of another type misses (a NumPy array where the CUDA runtime's
-    was kept goes through ``get`` and its checks, as before). Bypassed like ``get`` under
-    GPUK_CHECK_LAUNCHES=1, and forgotten by ``clear()``."""
-    __slots__ = ('_last',)
+        def _runner(self, impl, x, bias):   # on a miss: the launcher's runner for this problem
+            return impl.<family>.<launcher>_runner(..., x, bias)
 
-    def __init__(self):
+    ``run`` calls the kept runner with the arrays (``run(*arrays)``; ``run(arrays)`` for a Kept
+    made with ``as_sequence=True``), making it first with ``make(owner, *arrays)`` when the
+    arrays' signature or ``owner`` (the implementation, the same object) changed. Values without
+    a shape and dtype are never kept, and a value of another type misses (a NumPy array where
+    the CUDA runtime's was kept goes through ``get`` and its checks, as before); ``keeps=False``
+    keeps nothing (a result shape read from a shape vector's values). Bypassed like ``get``
+    under GPUK_CHECK_LAUNCHES=1, and forgotten by ``clear()``. The hit path is this one call
+    between the op's forward and the runner."""
+    __slots__ = ('_last', '_as_sequence', '_keeps')
+
+    def __init__(self, as_sequence=False, keeps=True):
         # (owner, generation, count, types, shapes, dtypes, value): replaced in one assignment,
         # so a thread sharing the step never reads half of one problem and half of another
         self._last = None
+        self._as_sequence, self._keeps = as_sequence, keeps
 
-    def find(self, owner, arrays):
-        """The kept value when ``arrays`` have the kept types, shapes and dtypes, else None."""
+    def run(self, owner, arrays, make):
+        """The kept runner's result on ``arrays`` (see the class docstring)."""
         last = self._last
-        if last is None or _forced[0]:
-            return None
-        kept_owner, generation, count, types, shapes, dtypes, value = last
-        if owner is not kept_owner or generation != _generation[0] or len(arrays) != count:
-            return None
-        try:
-            for a, kind, shape, dtype in zip(arrays, types, shapes, dtypes):
-                if type(a) is not kind or a.shape != shape or a.dtype != dtype:
-                    return None
-        except AttributeError:   # not an array
-            return None
-        return value
+        found = None
+        if last is not None and not _forced[0]:
+            kept_owner, generation, count, types, shapes, dtypes, value = last
+            if owner is kept_owner and generation == _generation[0] and len(arrays) == count:
+                found = value
+                try:
+                    for a, kind, shape, dtype in zip(arrays, types, shapes, dtypes):
+                        # (a dtype is mostly the very object kept: compared by identity first)
+                        if type(a) is not kind or a.shape != shape or a.dtype is not dtype and a.dtype != dtype:
+                            found = None
+                            break
+                except AttributeError:   # not an array
+                    found = None
+        if found is None:
+            found = make(owner, *arrays)
+            if self._keeps:
+                self._keep(owner, arrays, found)
+        return found(arrays) if self._as_sequence else found(*arrays)
 
-    def keep(self, owner, arrays, value):
+    def _keep(self, owner, arrays, value):
         """Keeps ``value`` for ``arrays``' types, shapes and dtypes (nothing, when one has no
-        shape or dtype) and returns it."""
+        shape or dtype)."""
         try:
             last = (owner, _generation[0], len(arrays), tuple(type(a) for a in arrays),
                     tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays), value)
         except AttributeError:   # not arrays: nothing kept, the call site asks each time
             last = None
         self._last = last
-        return value
 
 
 class _NotAnArray(Exception):
