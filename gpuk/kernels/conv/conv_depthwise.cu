@@ -120,7 +120,31 @@ __device__ __forceinline__ void load_element(acc_t* tile, const DwSource& s, int
 constexpr int DW_VEC = 16 / (int)sizeof(elem_t);
 constexpr int DW_VECS_PER_PIXEL = DW_CHANNELS / DW_VEC;
 constexpr int DW_VEC_PIXEL_STEP = DW_THREADS / DW_VECS_PER_PIXEL;   // pixels one pass of the block copies
-constexpr int DW_VEC_STORES = DW_VEC * (int)sizeof(acc_t) / 16;     // 16-byte shared stores per vector
+
+// The DW_VEC elements of a 16-byte load `raw` widened to acc_t and stored at dst (16-byte
+// aligned shared memory); the first argument picks the element type. float32 / float64 store
+// the bits as loaded. 16-bit sources make 32 bytes, two 16-byte stores: `b_first` says which
+// half goes first (bank spreading, see load_tile_vec).
+__device__ __forceinline__ void store_halves(float* dst, float4 a, float4 b, bool b_first) {
+    store_float4(dst + (b_first ? 4 : 0), b_first ? b : a);
+    store_float4(dst + (b_first ? 0 : 4), b_first ? a : b);
+}
+__device__ __forceinline__ void store_widened(const float*, float* dst, uint4 raw, bool) { store_uint4(dst, raw); }
+__device__ __forceinline__ void store_widened(const double*, double* dst, uint4 raw, bool) { store_uint4(dst, raw); }
+__device__ __forceinline__ float half_bits(unsigned bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
+__device__ __forceinline__ void store_widened(const __half*, float* dst, uint4 raw, bool b_first) {
+    store_halves(dst, make_float4(half_bits(raw.x & 0xffffu), half_bits(raw.x >> 16), half_bits(raw.y & 0xffffu),
+                                  half_bits(raw.y >> 16)),
+                 make_float4(half_bits(raw.z & 0xffffu), half_bits(raw.z >> 16), half_bits(raw.w & 0xffffu),
+                             half_bits(raw.w >> 16)), b_first);
+}
+// bfloat16 -> float32: the 16 bits become the high half of the float's bits
+__device__ __forceinline__ void store_widened(const __nv_bfloat16*, float* dst, uint4 raw, bool b_first) {
+    store_halves(dst, make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+                                  __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)),
+                 make_float4(__uint_as_float(raw.z << 16), __uint_as_float(raw.z & 0xffff0000u),
+                             __uint_as_float(raw.w << 16), __uint_as_float(raw.w & 0xffff0000u)), b_first);
+}
 
 // Whether a tile of `s` can be copied with 16-byte loads: channels_last, tile lane j reads
 // source channel j (no depth multiplier between them), whole aligned vectors. Uniform per block.
@@ -141,7 +165,7 @@ __device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, in
                                               int cols, int j0) {
     const int tid = threadIdx.y * DW_CHANNELS + threadIdx.x;
     const int lane0 = tid % DW_VECS_PER_PIXEL * DW_VEC;
-    const int half_order = (tid / DW_VECS_PER_PIXEL) & 1;
+    const bool half_order = (tid / DW_VECS_PER_PIXEL) & 1;
     const bool load = sd >= 0 && j0 + lane0 < s.lanes;
     const elem_t* __restrict__ src = s.sample + (unsigned)max(sd, 0) * s.h * s.w * s.channels + j0 + lane0;
     int pix = tid / DW_VECS_PER_PIXEL, row = pix / cols, col = pix - row * cols;
@@ -149,16 +173,7 @@ __device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, in
         const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h), sw = real_index<HOLES>(vw0 + col, s.up_w, s.w);
         uint4 raw = make_uint4(0u, 0u, 0u, 0u);
         if (load && sh >= 0 && sw >= 0) raw = load_uint4(src + ((unsigned)sh * s.w + sw) * s.channels);
-        const elem_t* e = reinterpret_cast<const elem_t*>(&raw);
-        union { acc_t v[DW_VEC]; uint4 q[DW_VEC_STORES]; } wide;
-#pragma unroll
-        for (int i = 0; i < DW_VEC; ++i) wide.v[i] = to_acc(e[i]);
-        acc_t* dst = tile + pix * DW_PITCH + lane0;
-#pragma unroll
-        for (int k = 0; k < DW_VEC_STORES; ++k) {
-            const int part = DW_VEC_STORES == 2 ? k ^ half_order : k;
-            store_uint4(dst + part * (16 / (int)sizeof(acc_t)), wide.q[part]);
-        }
+        store_widened(static_cast<const elem_t*>(nullptr), tile + pix * DW_PITCH + lane0, raw, half_order);
         col += DW_VEC_PIXEL_STEP;
         while (col >= cols) {
             col -= cols;
@@ -479,20 +494,34 @@ depthwise_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, ele
     tile_correlation(src, w, dx, g, (unsigned)c_in, mult, c_in * mult, mult);
 }
 
-// wgrad: one tile's sums for the block's taps. x: the thread's input run for tap 0 of the
-// group; tap_off[t]: shared offset of tap t; dyv: the thread's DW_PIX output gradients.
-// S > 0: compile-time stride along W (immediate shared offsets); S = 0: runtime `step`.
+// wgrad: one tile's sums for the block's taps, any kernel width and dilation, stride S along
+// W (1 or 2). x: the thread's input run for tap 0 of the group; tap_off[t]: shared offset of
+// tap t; dyv: the thread's DW_PIX output gradients. Offsets q * S are immediates.
 template <int S>
-__device__ __forceinline__ void wgrad_run(const acc_t* x, const int tap_off[DW_WG_TAPS], int taps, int step,
+__device__ __forceinline__ void wgrad_run(const acc_t* x, const int tap_off[DW_WG_TAPS], int taps,
                                           const acc_t dyv[DW_PIX], acc_t acc[DW_WG_TAPS]) {
-    if (S > 0) step = S * DW_PITCH;
 #pragma unroll
     for (int t = 0; t < DW_WG_TAPS; ++t) {
         if (t < taps) {
             const acc_t* p = x + tap_off[t];
 #pragma unroll
-            for (int q = 0; q < DW_PIX; ++q) acc[t] += p[q * step] * dyv[q];
+            for (int q = 0; q < DW_PIX; ++q) acc[t] += p[q * S * DW_PITCH] * dyv[q];
         }
+    }
+}
+
+// The same for a runtime stride (3 and more): a loop over the thread's pixels (each reads its
+// dy value from the tile), taps unrolled inside, so that no tap x pixel address table is
+// hoisted out of the tile loop into registers (it would spill).
+__device__ __forceinline__ void wgrad_run_strided(const acc_t* x, const acc_t* dy, const int tap_off[DW_WG_TAPS],
+                                                  int taps, int step, acc_t acc[DW_WG_TAPS]) {
+#pragma unroll 1
+    for (int q = 0; q < DW_PIX; ++q) {
+        const acc_t* p = x + q * step;
+        const acc_t d = dy[q * DW_PITCH];
+#pragma unroll
+        for (int t = 0; t < DW_WG_TAPS; ++t)
+            if (t < taps) acc[t] += p[tap_off[t]] * d;
     }
 }
 
@@ -528,7 +557,7 @@ struct DwWgradWalk {
 
 // The tile loop of depthwise_wgrad for one math path, chosen once per block: KW > 0: whole
 // kernel rows of width KW (dilation 1) and stride S through wgrad_rows; KW = 0: wgrad_run
-// with stride S (0: runtime). VEC: the tiles are copied with load_tile_vec (both sources are
+// with stride S = 1, 2, or wgrad_run_strided (S = 0: any stride). VEC: the tiles are copied with load_tile_vec (both sources are
 // vector_source). The tile index advances by adds (one division per block, before the loop).
 template <int KW, int S, bool VEC>
 __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile, acc_t* dy_tile,
@@ -555,11 +584,15 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
         load_tile<false>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, VEC);
         __syncthreads();
         if (g.active) {
-            acc_t dyv[DW_PIX];
+            if constexpr (S == 0) {
+                wgrad_run_strided(x_run, dy_run, tap_off, g.taps, g.s_w * DW_PITCH, acc);
+            } else {
+                acc_t dyv[DW_PIX];
 #pragma unroll
-            for (int q = 0; q < DW_PIX; ++q) dyv[q] = dy_run[q * DW_PITCH];
-            if constexpr (KW > 0) wgrad_rows<KW, S>(x_run, tap_off, g.taps, dyv, acc);
-            else wgrad_run<S>(x_run, tap_off, g.taps, g.s_w * DW_PITCH, dyv, acc);
+                for (int q = 0; q < DW_PIX; ++q) dyv[q] = dy_run[q * DW_PITCH];
+                if constexpr (KW > 0) wgrad_rows<KW, S>(x_run, tap_off, g.taps, dyv, acc);
+                else wgrad_run<S>(x_run, tap_off, g.taps, dyv, acc);
+            }
         }
         if (++tw == g.tiles_w) {
             tw = 0;
@@ -584,6 +617,8 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
     else if (rows && k_w == 3 && g.s_w == 2) wgrad_tiles<3, 2, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else if (rows && k_w == 5 && g.s_w == 1) wgrad_tiles<5, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else if (rows && k_w == 5 && g.s_w == 2) wgrad_tiles<5, 2, VEC>(g, x_tile, dy_tile, tap_off, acc);
+    else if (g.s_w == 1) wgrad_tiles<0, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
+    else if (g.s_w == 2) wgrad_tiles<0, 2, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else wgrad_tiles<0, 0, VEC>(g, x_tile, dy_tile, tap_off, acc);
 }
 
