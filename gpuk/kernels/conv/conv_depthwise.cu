@@ -311,15 +311,22 @@ __device__ __forceinline__ void row_window(const acc_t* x, const elem_t* __restr
         for (int kw = 0; kw < KW; ++kw) acc[q] += xv[q * S + kw] * wk[kw];
 }
 
-// Any width, stride and dilation: one shared load per multiply-add.
+// The generic rows' tap loops are unrolled this deep: the filter loads of 8 taps are in flight
+// at once (they come from global memory) before their multiply-adds.
+#define DW_GENERIC_UNROLL 8
+
+// Any width, stride and dilation: one shared load per multiply-add. S > 0: compile-time
+// stride along W (immediate shared offsets), S = 0: s_w at run time. The filter pointer and
+// the tile pointer step by adds (no 64-bit address computed per tap).
+template <int S>
 __device__ __forceinline__ void row_generic(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
                                             int s_w, int dil_w, acc_t acc[DW_PIX]) {
-    const int step = s_w * DW_PITCH;
-    for (int kw = 0; kw < k_w; ++kw) {
-        const acc_t wv = to_acc(w[kw * w_step]);
-        const acc_t* p = x + kw * dil_w * DW_PITCH;
+    const int step = (S > 0 ? S : s_w) * DW_PITCH, x_step = dil_w * DW_PITCH;
+#pragma unroll DW_GENERIC_UNROLL
+    for (int kw = 0; kw < k_w; ++kw, w += w_step, x += x_step) {
+        const acc_t wv = to_acc(*w);
 #pragma unroll
-        for (int q = 0; q < DW_PIX; ++q) acc[q] += p[q * step] * wv;
+        for (int q = 0; q < DW_PIX; ++q) acc[q] += x[q * step] * wv;
     }
 }
 
@@ -341,6 +348,27 @@ __device__ __forceinline__ void row_live_taps2(const acc_t* x, const elem_t* __r
         for (int m = 0; m < NV; ++m) acc[q] += xv[q + m] * wk[m];
 }
 
+// Any width and dilation: the live taps are kw0, kw0 + period, ... (period = U / gcd(U, dil_w)),
+// found once per row; each costs one shared load per multiply-add. UC > 0: U at compile time
+// (immediate shared offsets), UC = 0: at run time.
+template <int UC>
+__device__ __forceinline__ void row_live_taps(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
+                                              int dil_w, int U, int phase, acc_t acc[DW_PIX]) {
+    if (UC > 0) U = UC;
+    int kw = 0, period = 1;
+    while (kw < k_w && (phase + kw * dil_w) % U != 0) ++kw;
+    while ((period * dil_w) % U != 0) ++period;
+    const int step = U * DW_PITCH, x_step = period * dil_w * DW_PITCH;
+    w += kw * w_step;
+    x += kw * dil_w * DW_PITCH;
+#pragma unroll DW_GENERIC_UNROLL
+    for (; kw < k_w; kw += period, w += period * w_step, x += x_step) {
+        const acc_t wv = to_acc(*w);
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) acc[q] += x[q * step] * wv;
+    }
+}
+
 // phase: the virtual dy column of the thread's first output at kw = 0, modulo U.
 __device__ __forceinline__ void conv_row_holes(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
                                                int dil_w, int U, int phase, acc_t acc[DW_PIX]) {
@@ -354,14 +382,8 @@ __device__ __forceinline__ void conv_row_holes(const acc_t* x, const elem_t* __r
         else row_live_taps2<3>(xf, wf, 2 * w_step, acc);
         return;
     }
-    const int step = U * DW_PITCH;
-    for (int kw = 0; kw < k_w; ++kw) {
-        if ((phase + kw * dil_w) % U != 0) continue;
-        const acc_t wv = to_acc(w[kw * w_step]);
-        const acc_t* p = x + kw * dil_w * DW_PITCH;
-#pragma unroll
-        for (int q = 0; q < DW_PIX; ++q) acc[q] += p[q * step] * wv;
-    }
+    if (U == 2) row_live_taps<2>(x, w, w_step, k_w, dil_w, U, phase, acc);
+    else row_live_taps<0>(x, w, w_step, k_w, dil_w, U, phase, acc);
 }
 
 __device__ __forceinline__ void conv_row(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w, int s_w,
@@ -370,7 +392,9 @@ __device__ __forceinline__ void conv_row(const acc_t* x, const elem_t* __restric
     else if (dil_w == 1 && k_w == 3 && s_w == 2) row_window<3, 2>(x, w, w_step, acc);
     else if (dil_w == 1 && k_w == 5 && s_w == 1) row_window<5, 1>(x, w, w_step, acc);
     else if (dil_w == 1 && k_w == 5 && s_w == 2) row_window<5, 2>(x, w, w_step, acc);
-    else row_generic(x, w, w_step, k_w, s_w, dil_w, acc);
+    else if (s_w == 1) row_generic<1>(x, w, w_step, k_w, s_w, dil_w, acc);
+    else if (s_w == 2) row_generic<2>(x, w, w_step, k_w, s_w, dil_w, acc);
+    else row_generic<0>(x, w, w_step, k_w, s_w, dil_w, acc);
 }
 
 // The geometry both tiled correlations (forward, dgrad) share: out[o] = sum_t
