@@ -146,11 +146,55 @@ __device__ __forceinline__ void store_widened(const __nv_bfloat16*, float* dst, 
                              __uint_as_float(raw.w << 16), __uint_as_float(raw.w & 0xffff0000u)), b_first);
 }
 
-// Whether a tile of `s` can be copied with 16-byte loads: channels_last, tile lane j reads
-// source channel j (no depth multiplier between them), whole aligned vectors. Uniform per block.
+// Whether a tile of `s` can be copied with 16-byte loads (uniform per block):
+//   channels_last: tile lane j reads source channel j (no depth multiplier between them), whole
+//     aligned vectors of DW_VEC channels;
+//   channels_first: DW_VEC pixels along W of one channel per load; 4-byte tile words (not
+//     float64), no stride holes along W, every sample 16-byte aligned.
 __device__ __forceinline__ bool vector_source(const DwSource& s) {
-    return DW_CHANNELS_LAST && s.ch_div == 1 && s.ch_mul == 1 && s.ch_add == 0 && s.channels % DW_VEC == 0 &&
-           is_aligned(s.sample, 16);
+#if DW_CHANNELS_LAST
+    return s.ch_div == 1 && s.ch_mul == 1 && s.ch_add == 0 && s.channels % DW_VEC == 0 && is_aligned(s.sample, 16);
+#else
+    return sizeof(acc_t) == 4 && s.up_w == 1 && s.channels * s.pixels % DW_VEC == 0 && is_aligned(s.sample, 16);
+#endif
+}
+// Whether this build has a 16-byte loader (wgrad instantiates its tile loop for it only then).
+constexpr bool DW_VEC_LOADS = DW_CHANNELS_LAST || sizeof(acc_t) == 4;
+
+// The DW_VEC elements of a 16-byte load widened to acc_t in registers (channels_first).
+__device__ __forceinline__ void widen(const float*, uint4 raw, acc_t (&v)[DW_VEC]) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < DW_VEC && i < 4; ++i) v[i] = __uint_as_float(words[i]);
+}
+__device__ __forceinline__ void widen(const double*, uint4, acc_t (&)[DW_VEC]) {}   // never called (no f64 vectors)
+__device__ __forceinline__ void widen(const __half*, uint4 raw, acc_t (&v)[DW_VEC]) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < DW_VEC / 2 && i < 4; ++i) {
+        v[2 * i] = half_bits(words[i] & 0xffffu);
+        v[2 * i + 1] = half_bits(words[i] >> 16);
+    }
+}
+__device__ __forceinline__ void widen(const __nv_bfloat16*, uint4 raw, acc_t (&v)[DW_VEC]) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < DW_VEC / 2 && i < 4; ++i) {
+        v[2 * i] = __uint_as_float(words[i] << 16);
+        v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+}
+
+// v[m] <- v[(m + r) % DW_VEC] for a run-time r (selects, no indexed registers).
+__device__ __forceinline__ void rotate(acc_t (&v)[DW_VEC], int r) {
+#pragma unroll
+    for (int b = 1; b < DW_VEC; b <<= 1) {
+        acc_t t[DW_VEC];
+#pragma unroll
+        for (int m = 0; m < DW_VEC; ++m) t[m] = (r & b) ? v[(m + b) % DW_VEC] : v[m];
+#pragma unroll
+        for (int m = 0; m < DW_VEC; ++m) v[m] = t[m];
+    }
 }
 
 // load_tile for vector_source(s): thread tid copies the DW_VEC channels (tid % DW_VECS_PER_PIXEL)
@@ -182,6 +226,61 @@ __device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, in
     }
 }
 
+// load_tile for vector_source(s), channels_first: a warp copies DW_VEC lanes (channels) x one
+// tile row x 32 source columns (a chunk starting on a 32-element boundary of the source row,
+// as in the scalar loader: whole sectors); thread (c, t) of it loads columns t * DW_VEC.. of
+// lane c with one 16-byte load (element by element where the vector crosses the row's ends)
+// and stores them one word at a time, rotated by the chunk's alignment so that the 32 threads
+// of each store hit 32 distinct banks (pitch DW_CHANNELS + 1). Tasks (lane group, row, chunk)
+// advance with carries as in the scalar loader.
+template <bool HOLES>
+__device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
+                                                 int cols, int j0) {
+    constexpr int PER_LANE = DW_CHANNELS / DW_VEC;   // threads sharing one (lane, row, chunk)
+    const int c = threadIdx.x / PER_LANE, t = threadIdx.x % PER_LANE;
+    const int chunks = (cols + 2 * DW_CHANNELS - 2) / DW_CHANNELS, per_group = rows * chunks;
+    const int tasks = per_group * (DW_CHANNELS / DW_VEC);
+    const int d_group = DW_ROWS / per_group, d_row = DW_ROWS % per_group / chunks, d_k = DW_ROWS % per_group % chunks;
+    int task = threadIdx.y, group = task / per_group, row = task % per_group / chunks, k = task % per_group % chunks;
+    for (; task < tasks; task += DW_ROWS) {
+        const int lane = group * DW_VEC + c, sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
+        const bool load = sd >= 0 && sh >= 0 && j0 + lane < s.lanes;
+        const unsigned ch = source_channel(s, min(j0 + lane, s.lanes - 1));
+        const unsigned row_start = ch * s.pixels + ((unsigned)max(sd, 0) * s.h + max(sh, 0)) * s.w;
+        const int shift = (int)((row_start + vw0) % DW_CHANNELS);   // (unsigned wrap-around: exact modulo 32)
+        const int c0 = k * DW_CHANNELS + t * DW_VEC - shift, sw0 = vw0 + c0;   // first element's tile / source column
+        acc_t v[DW_VEC];
+        if (load && sw0 >= 0 && sw0 + DW_VEC <= s.w) {
+            widen(static_cast<const elem_t*>(nullptr), load_uint4(s.sample + row_start + sw0), v);
+        } else {
+#pragma unroll
+            for (int i = 0; i < DW_VEC; ++i) {
+                const int sw = sw0 + i;
+                v[i] = load && sw >= 0 && sw < s.w ? to_acc(s.sample[row_start + sw]) : acc_t(0);
+            }
+        }
+        const int r = shift & (DW_VEC - 1);
+        rotate(v, r);
+        acc_t* dst = tile + row * cols * DW_PITCH + lane;
+#pragma unroll
+        for (int m = 0; m < DW_VEC; ++m) {
+            const int col = c0 + ((m + r) & (DW_VEC - 1));
+            if (col >= 0 && col < cols) dst[col * DW_PITCH] = v[m];
+        }
+        k += d_k;
+        if (k >= chunks) {
+            k -= chunks;
+            ++row;
+        }
+        row += d_row;
+        if (row >= rows) {
+            row -= rows;
+            ++group;
+        }
+        group += d_group;
+    }
+}
+
 // Loads plane `sd` (real index; < 0 = outside, zeros) rows vh0 .. vh0 + rows - 1 and columns
 // vw0 .. vw0 + cols - 1 (virtual) of the channel tile starting at j0 into tile[pixel][lane].
 // vec: vector_source(s) (the caller's compile-time or block-uniform choice); HOLES: whether
@@ -210,7 +309,10 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
         }
     }
 #else
-    (void)vec;
+    if (DW_VEC_LOADS && vec) {
+        load_tile_vec_cf<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0);
+        return;
+    }
     // A warp = up to 32 columns of one (lane, row). Chunks start on 32-element boundaries of
     // the source row (without stride holes) so a request touches whole sectors; __syncwarp
     // closes each chunk (cheap on the GPU; it also keeps the emulator's per-warp request
@@ -700,8 +802,8 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
 #pragma unroll
     for (int t = 0; t < DW_WG_TAPS; ++t) acc[t] = acc_t(0);
     // every sample's base keeps the 16-byte alignment of sample 0 when C is a multiple of DW_VEC
-    if (vector_source(g.xs) && vector_source(g.ds)) wgrad_paths<DW_CHANNELS_LAST != 0>(g, x_tile, dy_tile, tap_off,
-                                                                                        k_w, dil_w, group_taps, acc);
+    if (vector_source(g.xs) && vector_source(g.ds)) wgrad_paths<DW_VEC_LOADS>(g, x_tile, dy_tile, tap_off, k_w,
+                                                                               dil_w, group_taps, acc);
     else wgrad_paths<false>(g, x_tile, dy_tile, tap_off, k_w, dil_w, group_taps, acc);
 
     // fixed-order reduction over the DW_ROWS threads of each lane
