@@ -229,8 +229,7 @@ __device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, in
 // load_tile for vector_source(s), channels_first: a warp copies DW_VEC lanes (channels) x one
 // tile row x 32 source columns (a chunk starting on a 32-element boundary of the source row,
 // as in the scalar loader: whole sectors); thread (c, t) of it loads columns t * DW_VEC.. of
-// lane c with one 16-byte load (element by element where the vector crosses the row's ends)
-// and stores them one word at a time, rotated by the chunk's alignment so that the 32 threads
+// lane c with one 16-byte load (zeros for its elements outside the row) and stores them one word at a time, rotated by the chunk's alignment so that the 32 threads
 // of each store hit 32 distinct banks (pitch DW_CHANNELS + 1). Tasks (lane group, row, chunk)
 // advance with carries as in the scalar loader.
 template <bool HOLES>
@@ -249,16 +248,16 @@ __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s,
         const unsigned row_start = ch * s.pixels + ((unsigned)max(sd, 0) * s.h + max(sh, 0)) * s.w;
         const int shift = (int)((row_start + vw0) % DW_CHANNELS);   // (unsigned wrap-around: exact modulo 32)
         const int c0 = k * DW_CHANNELS + t * DW_VEC - shift, sw0 = vw0 + c0;   // first element's tile / source column
+        // The vector is aligned; one that holds an element of the row lies inside the tensor
+        // (16-byte aligned, a multiple of DW_VEC elements long), so it is loaded whole and its
+        // elements outside the row (padding: the neighbouring row's) are set to 0.
+        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+        if (load && sw0 + DW_VEC > 0 && sw0 < s.w) raw = load_uint4(s.sample + ((int)row_start + sw0));
         acc_t v[DW_VEC];
-        if (load && sw0 >= 0 && sw0 + DW_VEC <= s.w) {
-            widen(static_cast<const elem_t*>(nullptr), load_uint4(s.sample + row_start + sw0), v);
-        } else {
+        widen(static_cast<const elem_t*>(nullptr), raw, v);
 #pragma unroll
-            for (int i = 0; i < DW_VEC; ++i) {
-                const int sw = sw0 + i;
-                v[i] = load && sw >= 0 && sw < s.w ? to_acc(s.sample[row_start + sw]) : acc_t(0);
-            }
-        }
+        for (int i = 0; i < DW_VEC; ++i)
+            if (sw0 + i < 0 || sw0 + i >= s.w) v[i] = acc_t(0);
         const int r = shift & (DW_VEC - 1);
         rotate(v, r);
         acc_t* dst = tile + row * cols * DW_PITCH + lane;
