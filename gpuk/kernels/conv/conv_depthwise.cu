@@ -150,12 +150,12 @@ __device__ __forceinline__ void store_widened(const __nv_bfloat16*, float* dst, 
 //   channels_last: tile lane j reads source channel j (no depth multiplier between them), whole
 //     aligned vectors of DW_VEC channels;
 //   channels_first: DW_VEC pixels along W of one channel per load; 4-byte tile words (not
-//     float64), no stride holes along W, every sample 16-byte aligned.
+//     float64), no stride holes along W, every sample 32-byte aligned (whole sectors).
 __device__ __forceinline__ bool vector_source(const DwSource& s) {
 #if DW_CHANNELS_LAST
     return s.ch_div == 1 && s.ch_mul == 1 && s.ch_add == 0 && s.channels % DW_VEC == 0 && is_aligned(s.sample, 16);
 #else
-    return sizeof(acc_t) == 4 && s.up_w == 1 && s.channels * s.pixels % DW_VEC == 0 && is_aligned(s.sample, 16);
+    return sizeof(acc_t) == 4 && s.up_w == 1 && s.channels * s.pixels % (2 * DW_VEC) == 0 && is_aligned(s.sample, 32);
 #endif
 }
 // Whether this build has a 16-byte loader (wgrad instantiates its tile loop for it only then).
@@ -224,6 +224,7 @@ __device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, in
             ++row;
         }
     }
+    __syncwarp();   // the last pass may leave some threads of a warp out
 }
 
 // load_tile for vector_source(s), channels_first: a warp copies DW_VEC lanes (channels) x one
@@ -248,11 +249,15 @@ __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s,
         const unsigned row_start = ch * s.pixels + ((unsigned)max(sd, 0) * s.h + max(sh, 0)) * s.w;
         const int shift = (int)((row_start + vw0) % DW_CHANNELS);   // (unsigned wrap-around: exact modulo 32)
         const int c0 = k * DW_CHANNELS + t * DW_VEC - shift, sw0 = vw0 + c0;   // first element's tile / source column
-        // The vector is aligned; one that holds an element of the row lies inside the tensor
-        // (16-byte aligned, a multiple of DW_VEC elements long), so it is loaded whole and its
-        // elements outside the row (padding: the neighbouring row's) are set to 0.
+        // Whole 32-byte sectors (two vectors: threads t and t ^ 1) are loaded when the sector
+        // holds a column of the tile and of the row: a request then moves no sector it only
+        // partly uses. The tensor is 32-byte aligned and a multiple of 2 * DW_VEC elements long,
+        // so such a sector lies inside it; elements outside the row (padding: the neighbouring
+        // row's) are set to 0.
+        const int s0 = c0 - (t & 1) * DW_VEC, sw_s0 = vw0 + s0;   // the sector's first column
         uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-        if (load && sw0 + DW_VEC > 0 && sw0 < s.w) raw = load_uint4(s.sample + ((int)row_start + sw0));
+        if (load && s0 + 2 * DW_VEC > 0 && s0 < cols && sw_s0 + 2 * DW_VEC > 0 && sw_s0 < s.w)
+            raw = load_uint4(s.sample + ((int)row_start + sw0));
         acc_t v[DW_VEC];
         widen(static_cast<const elem_t*>(nullptr), raw, v);
 #pragma unroll
@@ -265,6 +270,7 @@ __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s,
         for (int m = 0; m < DW_VEC; ++m) {
             const int col = c0 + ((m + r) & (DW_VEC - 1));
             if (col >= 0 && col < cols) dst[col * DW_PITCH] = v[m];
+            __syncwarp();   // threads skip different stores; this keeps each store one warp request
         }
         k += d_k;
         if (k >= chunks) {
