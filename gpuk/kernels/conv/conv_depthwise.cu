@@ -418,9 +418,9 @@ __device__ __forceinline__ void row_window(const acc_t* x, const elem_t* __restr
         for (int kw = 0; kw < KW; ++kw) acc[q] += xv[q * S + kw] * wk[kw];
 }
 
-// The generic rows' tap loops are unrolled this deep: the filter loads of 8 taps are in flight
-// at once (they come from global memory) before their multiply-adds.
-#define DW_GENERIC_UNROLL 8
+// The generic rows' tap loops are unrolled this deep: the filter loads of 8 taps (4 in float64,
+// which has no registers to spare) are in flight at once before their multiply-adds.
+constexpr int DW_GENERIC_UNROLL = sizeof(acc_t) == 8 ? 4 : 8;
 
 // Any width, stride and dilation: one shared load per multiply-add. S > 0: compile-time
 // stride along W (immediate shared offsets), S = 0: s_w at run time. The filter pointer and
