@@ -22,6 +22,11 @@
 // instructions, dgrad 1.6-2.3, wgrad 1.3-1.7; the generic rows (other widths, dilation along
 // W) 2-4. 0 spills, no stack (`python -m gpuk.kernels.build --check`).
 //
+// Tile loads: 16-byte global loads where the layout allows (load_tile_vec: channels_last,
+// DW_VEC channels of a pixel; load_tile_vec_cf: channels_first, DW_VEC pixels along W, 4-byte
+// tile words), else one element per lane; positions advance by adds (no division per element).
+// wgrad's tile loop is instantiated per math path and loader (wgrad_tiles), chosen per block.
+//
 // Address math: a 64-bit base per sample (n * C * pixels); offsets inside a sample are
 // 32-bit (the launcher keeps C * pixels < 2^31), tile offsets are 32-bit shared indices.
 #include "conv_common.cuh"
