@@ -22,6 +22,11 @@
 // instructions, dgrad 1.6-2.3, wgrad 1.3-1.7; the generic rows (other widths, dilation along
 // W) 2-4. 0 spills, no stack (`python -m gpuk.kernels.build --check`).
 //
+// Tile loads: 16-byte global loads where the layout allows (load_tile_vec: channels_last,
+// DW_VEC channels of a pixel; load_tile_vec_cf: channels_first, DW_VEC pixels along W, 4-byte
+// tile words), else one element per lane; positions advance by adds (no division per element).
+// wgrad's tile loop is instantiated per math path and loader (wgrad_tiles), chosen per block.
+//
 // Address math: a 64-bit base per sample (n * C * pixels); offsets inside a sample are
 // 32-bit (the launcher keeps C * pixels < 2^31), tile offsets are 32-bit shared indices.
 #include "conv_common.cuh"
@@ -69,63 +74,288 @@ struct DwSource {
     int lanes;                           // channels j0 + lane < lanes exist
 };
 
+// Virtual coordinate v of a source dimension of n real elements, zero-stuffed by `up`
+// (HOLES: up may exceed 1): the real index, or -1 for padding / a stride hole.
+template <bool HOLES>
+__device__ __forceinline__ int real_index(int v, int up, int n) {
+    if (HOLES && up > 1) {
+        const int r = v / up;
+        return v >= 0 && r * up == v && r < n ? r : -1;
+    }
+    return v >= 0 && v < n ? v : -1;
+}
+
+// The same, clamped into the source (a neighbour of v); `inside` is cleared when v is not real.
+template <bool HOLES>
+__device__ __forceinline__ int clamped_index(int v, int up, int n, bool& inside) {
+    const int c = max(v, 0);
+    const bool holes = HOLES && up > 1;
+    const int r = holes ? c / up : c;
+    inside = inside && v >= 0 && (!holes || r * up == c) && r < n;
+    return min(r, n - 1);
+}
+
+// Source channel of tile lane j (one division only with a depth multiplier).
+__device__ __forceinline__ unsigned source_channel(const DwSource& s, int j) {
+    return (unsigned)((s.ch_div == 1 ? j : j / s.ch_div) * s.ch_mul + s.ch_add);
+}
+
 // tile[row][col][lane] = source element (virtual row vh0 + row, column vw0 + col) of tile lane
 // `lane`, or 0. Lanes whose element is padding, a stride hole or past the last channel read a
 // clamped in-bounds element and keep 0, so every lane of a warp issues the load (one request);
 // `load` = false (uniform per warp: padding rows, planes outside) skips the read.
+template <bool HOLES>
 __device__ __forceinline__ void load_element(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int row,
                                              int col, int cols, int lane, int j0, bool load) {
-    const int vh = max(vh0 + row, 0), vw = max(vw0 + col, 0), j = min(j0 + lane, s.lanes - 1);
-    const int sh = vh / s.up_h, sw = vw / s.up_w;
-    const bool inside = vh0 + row >= 0 && vw0 + col >= 0 && sh * s.up_h == vh && sw * s.up_w == vw && sh < s.h &&
-                        sw < s.w && j0 + lane < s.lanes;
     acc_t v = acc_t(0);
     if (load) {
-        const unsigned ch = (unsigned)((j / s.ch_div) * s.ch_mul + s.ch_add);
-        const unsigned pix = ((unsigned)sd * s.h + min(sh, s.h - 1)) * s.w + min(sw, s.w - 1);
+        bool inside = j0 + lane < s.lanes;
+        const int sh = clamped_index<HOLES>(vh0 + row, s.up_h, s.h, inside);
+        const int sw = clamped_index<HOLES>(vw0 + col, s.up_w, s.w, inside);
+        const unsigned ch = source_channel(s, min(j0 + lane, s.lanes - 1));
+        const unsigned pix = ((unsigned)sd * s.h + sh) * s.w + sw;
         const acc_t loaded = to_acc(s.sample[sample_offset(ch, pix, s.channels, s.pixels)]);
         v = inside ? loaded : acc_t(0);
     }
     tile[(row * cols + col) * DW_PITCH + lane] = v;
 }
 
-// Whether virtual row vh of the source is a real row (not padding, not a stride hole).
-__device__ __forceinline__ bool real_row(const DwSource& s, int vh) {
-    return vh >= 0 && vh % s.up_h == 0 && vh / s.up_h < s.h;
+// channels_last, 16-byte loads: DW_VEC neighbouring channels of a pixel per global load
+// (4 float32, 8 float16/bfloat16, 2 float64), converted once and stored as DW_VEC acc_t words.
+constexpr int DW_VEC = 16 / (int)sizeof(elem_t);
+constexpr int DW_VECS_PER_PIXEL = DW_CHANNELS / DW_VEC;
+constexpr int DW_VEC_PIXEL_STEP = DW_THREADS / DW_VECS_PER_PIXEL;   // pixels one pass of the block copies
+
+// The DW_VEC elements of a 16-byte load `raw` widened to acc_t and stored at dst (16-byte
+// aligned shared memory); the first argument picks the element type. float32 / float64 store
+// the bits as loaded. 16-bit sources make 32 bytes, two 16-byte stores: `b_first` says which
+// half goes first (bank spreading, see load_tile_vec).
+__device__ __forceinline__ void store_halves(float* dst, float4 a, float4 b, bool b_first) {
+    store_float4(dst + (b_first ? 4 : 0), b_first ? b : a);
+    store_float4(dst + (b_first ? 0 : 4), b_first ? a : b);
+}
+__device__ __forceinline__ void store_widened(const float*, float* dst, uint4 raw, bool) { store_uint4(dst, raw); }
+__device__ __forceinline__ void store_widened(const double*, double* dst, uint4 raw, bool) { store_uint4(dst, raw); }
+__device__ __forceinline__ float half_bits(unsigned bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
+__device__ __forceinline__ void store_widened(const __half*, float* dst, uint4 raw, bool b_first) {
+    store_halves(dst, make_float4(half_bits(raw.x & 0xffffu), half_bits(raw.x >> 16), half_bits(raw.y & 0xffffu),
+                                  half_bits(raw.y >> 16)),
+                 make_float4(half_bits(raw.z & 0xffffu), half_bits(raw.z >> 16), half_bits(raw.w & 0xffffu),
+                             half_bits(raw.w >> 16)), b_first);
+}
+// bfloat16 -> float32: the 16 bits become the high half of the float's bits
+__device__ __forceinline__ void store_widened(const __nv_bfloat16*, float* dst, uint4 raw, bool b_first) {
+    store_halves(dst, make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+                                  __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)),
+                 make_float4(__uint_as_float(raw.z << 16), __uint_as_float(raw.z & 0xffff0000u),
+                             __uint_as_float(raw.w << 16), __uint_as_float(raw.w & 0xffff0000u)), b_first);
+}
+
+// Whether a tile of `s` can be copied with 16-byte loads (uniform per block):
+//   channels_last: tile lane j reads source channel j (no depth multiplier between them), whole
+//     aligned vectors of DW_VEC channels;
+//   channels_first: DW_VEC pixels along W of one channel per load; 4-byte tile words (not
+//     float64), no stride holes along W, every sample 32-byte aligned (whole sectors).
+__device__ __forceinline__ bool vector_source(const DwSource& s) {
+#if DW_CHANNELS_LAST
+    return s.ch_div == 1 && s.ch_mul == 1 && s.ch_add == 0 && s.channels % DW_VEC == 0 && is_aligned(s.sample, 16);
+#else
+    return sizeof(acc_t) == 4 && s.up_w == 1 && s.channels * s.pixels % (2 * DW_VEC) == 0 && is_aligned(s.sample, 32);
+#endif
+}
+// Whether this build has a 16-byte loader (wgrad instantiates its tile loop for it only then).
+constexpr bool DW_VEC_LOADS = DW_CHANNELS_LAST || sizeof(acc_t) == 4;
+
+// The DW_VEC elements of a 16-byte load widened to acc_t in registers (channels_first).
+__device__ __forceinline__ void widen(const float*, uint4 raw, acc_t (&v)[DW_VEC]) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < DW_VEC && i < 4; ++i) v[i] = __uint_as_float(words[i]);
+}
+__device__ __forceinline__ void widen(const double*, uint4, acc_t (&)[DW_VEC]) {}   // never called (no f64 vectors)
+__device__ __forceinline__ void widen(const __half*, uint4 raw, acc_t (&v)[DW_VEC]) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < DW_VEC / 2 && i < 4; ++i) {
+        v[2 * i] = half_bits(words[i] & 0xffffu);
+        v[2 * i + 1] = half_bits(words[i] >> 16);
+    }
+}
+__device__ __forceinline__ void widen(const __nv_bfloat16*, uint4 raw, acc_t (&v)[DW_VEC]) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < DW_VEC / 2 && i < 4; ++i) {
+        v[2 * i] = __uint_as_float(words[i] << 16);
+        v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+}
+
+// v[m] <- v[(m + r) % DW_VEC] for a run-time r (selects, no indexed registers).
+__device__ __forceinline__ void rotate(acc_t (&v)[DW_VEC], int r) {
+#pragma unroll
+    for (int b = 1; b < DW_VEC; b <<= 1) {
+        acc_t t[DW_VEC];
+#pragma unroll
+        for (int m = 0; m < DW_VEC; ++m) t[m] = (r & b) ? v[(m + b) % DW_VEC] : v[m];
+#pragma unroll
+        for (int m = 0; m < DW_VEC; ++m) v[m] = t[m];
+    }
+}
+
+// load_tile for vector_source(s): thread tid copies the DW_VEC channels (tid % DW_VECS_PER_PIXEL)
+// * DW_VEC.. of pixels tid / DW_VECS_PER_PIXEL, + DW_VEC_PIXEL_STEP, ...: a quarter warp moves
+// 128 contiguous bytes of one pixel (coalesced), and its 16-byte shared stores hit distinct
+// banks (16-bit sources: each thread writes its two 16-byte halves in an order that alternates
+// with the pixel, so the two pixels a quarter warp covers use different banks). Row and column
+// advance by adds: one division per call, none per element. Channels past `lanes` are zeros
+// (lanes is a multiple of DW_VEC, so a vector is wholly inside or outside).
+template <bool HOLES>
+__device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
+                                              int cols, int j0) {
+    const int tid = threadIdx.y * DW_CHANNELS + threadIdx.x;
+    const int lane0 = tid % DW_VECS_PER_PIXEL * DW_VEC;
+    const bool half_order = (tid / DW_VECS_PER_PIXEL) & 1;
+    const bool load = sd >= 0 && j0 + lane0 < s.lanes;
+    const elem_t* __restrict__ src = s.sample + (unsigned)max(sd, 0) * s.h * s.w * s.channels + j0 + lane0;
+    int pix = tid / DW_VECS_PER_PIXEL, row = pix / cols, col = pix - row * cols;
+    for (const int total = rows * cols; pix < total; pix += DW_VEC_PIXEL_STEP) {
+        const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h), sw = real_index<HOLES>(vw0 + col, s.up_w, s.w);
+        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+        if (load && sh >= 0 && sw >= 0) raw = load_uint4(src + ((unsigned)sh * s.w + sw) * s.channels);
+        store_widened(static_cast<const elem_t*>(nullptr), tile + pix * DW_PITCH + lane0, raw, half_order);
+        col += DW_VEC_PIXEL_STEP;
+        while (col >= cols) {
+            col -= cols;
+            ++row;
+        }
+    }
+    __syncwarp();   // the last pass may leave some threads of a warp out
+}
+
+// load_tile for vector_source(s), channels_first: a warp copies DW_VEC lanes (channels) x one
+// tile row x 32 source columns (a chunk starting on a 32-element boundary of the source row,
+// as in the scalar loader: whole sectors); thread (c, t) of it loads columns t * DW_VEC.. of
+// lane c with one 16-byte load (zeros for its elements outside the row) and stores them one word at a time, rotated by the chunk's alignment so that the 32 threads
+// of each store hit 32 distinct banks (pitch DW_CHANNELS + 1). Tasks (lane group, row, chunk)
+// advance with carries as in the scalar loader.
+template <bool HOLES>
+__device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
+                                                 int cols, int j0) {
+    constexpr int PER_LANE = DW_CHANNELS / DW_VEC;   // threads sharing one (lane, row, chunk)
+    const int c = threadIdx.x / PER_LANE, t = threadIdx.x % PER_LANE;
+    const int chunks = (cols + 2 * DW_CHANNELS - 2) / DW_CHANNELS, per_group = rows * chunks;
+    const int tasks = per_group * (DW_CHANNELS / DW_VEC);
+    const int d_group = DW_ROWS / per_group, d_row = DW_ROWS % per_group / chunks, d_k = DW_ROWS % per_group % chunks;
+    int task = threadIdx.y, group = task / per_group, row = task % per_group / chunks, k = task % per_group % chunks;
+    for (; task < tasks; task += DW_ROWS) {
+        const int lane = group * DW_VEC + c, sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
+        const bool load = sd >= 0 && sh >= 0 && j0 + lane < s.lanes;
+        const unsigned ch = source_channel(s, min(j0 + lane, s.lanes - 1));
+        const unsigned row_start = ch * s.pixels + ((unsigned)max(sd, 0) * s.h + max(sh, 0)) * s.w;
+        const int shift = (int)((row_start + vw0) % DW_CHANNELS);   // (unsigned wrap-around: exact modulo 32)
+        const int c0 = k * DW_CHANNELS + t * DW_VEC - shift, sw0 = vw0 + c0;   // first element's tile / source column
+        // Whole 32-byte sectors (two vectors: threads t and t ^ 1) are loaded when the sector
+        // holds a column of the tile and of the row: a request then moves no sector it only
+        // partly uses. The tensor is 32-byte aligned and a multiple of 2 * DW_VEC elements long,
+        // so such a sector lies inside it; elements outside the row (padding: the neighbouring
+        // row's) are set to 0.
+        const int s0 = c0 - (t & 1) * DW_VEC, sw_s0 = vw0 + s0;   // the sector's first column
+        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+        if (load && s0 + 2 * DW_VEC > 0 && s0 < cols && sw_s0 + 2 * DW_VEC > 0 && sw_s0 < s.w)
+            raw = load_uint4(s.sample + ((int)row_start + sw0));
+        acc_t v[DW_VEC];
+        widen(static_cast<const elem_t*>(nullptr), raw, v);
+#pragma unroll
+        for (int i = 0; i < DW_VEC; ++i)
+            if (sw0 + i < 0 || sw0 + i >= s.w) v[i] = acc_t(0);
+        const int r = shift & (DW_VEC - 1);
+        rotate(v, r);
+        acc_t* dst = tile + row * cols * DW_PITCH + lane;
+#pragma unroll
+        for (int m = 0; m < DW_VEC; ++m) {
+            const int col = c0 + ((m + r) & (DW_VEC - 1));
+            if (col >= 0 && col < cols) dst[col * DW_PITCH] = v[m];
+            __syncwarp();   // threads skip different stores; this keeps each store one warp request
+        }
+        k += d_k;
+        if (k >= chunks) {
+            k -= chunks;
+            ++row;
+        }
+        row += d_row;
+        if (row >= rows) {
+            row -= rows;
+            ++group;
+        }
+        group += d_group;
+    }
 }
 
 // Loads plane `sd` (real index; < 0 = outside, zeros) rows vh0 .. vh0 + rows - 1 and columns
 // vw0 .. vw0 + cols - 1 (virtual) of the channel tile starting at j0 into tile[pixel][lane].
+// vec: vector_source(s) (the caller's compile-time or block-uniform choice); HOLES: whether
+// the source may be zero-stuffed (dgrad). Positions advance by adds with carries: the
+// divisions happen once per call, not per element.
+template <bool HOLES>
 __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
-                                          int cols, int j0) {
+                                          int cols, int j0, bool vec) {
 #if DW_CHANNELS_LAST
-    // a warp = the 32 lanes of one pixel
-    const int total = rows * cols * DW_CHANNELS;
-    for (int e = threadIdx.y * DW_CHANNELS + threadIdx.x; e < total; e += DW_THREADS) {
-        const int lane = e % DW_CHANNELS, pix = e / DW_CHANNELS, col = pix % cols, row = pix / cols;
-        const int vw = vw0 + col;
-        const bool pixel = real_row(s, vh0 + row) && vw >= 0 && vw % s.up_w == 0 && vw / s.up_w < s.w;
-        load_element(tile, s, sd, vh0, vw0, row, col, cols, lane, j0, sd >= 0 && pixel);
+    if (vec) {
+        load_tile_vec<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0);
+        return;
+    }
+    // a warp = the 32 lanes of one pixel; thread (lane, ty) copies pixels ty, ty + DW_ROWS, ...
+    // (cols >= DW_PIX >= DW_ROWS: one carry per step at most)
+    const int lane = threadIdx.x;
+    int pix = threadIdx.y, row = pix / cols, col = pix - row * cols;
+    for (const int total = rows * cols; pix < total; pix += DW_ROWS) {
+        const bool pixel = real_index<HOLES>(vh0 + row, s.up_h, s.h) >= 0 &&
+                           real_index<HOLES>(vw0 + col, s.up_w, s.w) >= 0;
+        load_element<HOLES>(tile, s, sd, vh0, vw0, row, col, cols, lane, j0, sd >= 0 && pixel);
+        col += DW_ROWS;
+        if (col >= cols) {
+            col -= cols;
+            ++row;
+        }
     }
 #else
+    if (DW_VEC_LOADS && vec) {
+        load_tile_vec_cf<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0);
+        return;
+    }
     // A warp = up to 32 columns of one (lane, row). Chunks start on 32-element boundaries of
     // the source row (without stride holes) so a request touches whole sectors; __syncwarp
     // closes each chunk (cheap on the GPU; it also keeps the emulator's per-warp request
-    // grouping exact although lanes outside the tile skip).
+    // grouping exact although lanes outside the tile skip). Task = k + chunks * (row + rows *
+    // lane), advanced by DW_ROWS with carries.
     const int align = s.up_w == 1 ? DW_CHANNELS - 1 : 0;
-    const int chunks = (cols + align + DW_CHANNELS - 1) / DW_CHANNELS, tasks = rows * chunks * DW_CHANNELS;
-    for (int task = threadIdx.y; task < tasks; task += DW_ROWS) {
-        const int k = task % chunks, row = task / chunks % rows, lane = task / (chunks * rows);
-        const bool load = sd >= 0 && real_row(s, vh0 + row);
+    const int chunks = (cols + align + DW_CHANNELS - 1) / DW_CHANNELS, per_lane = rows * chunks;
+    const int tasks = per_lane * DW_CHANNELS;
+    const int d_lane = DW_ROWS / per_lane, d_row = DW_ROWS % per_lane / chunks, d_k = DW_ROWS % per_lane % chunks;
+    int task = threadIdx.y, lane = task / per_lane, row = task % per_lane / chunks, k = task % per_lane % chunks;
+    for (; task < tasks; task += DW_ROWS) {
+        const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
+        const bool load = sd >= 0 && sh >= 0;
         int shift = 0;
-        if (align && load) {
-            const int ch = (min(j0 + lane, s.lanes - 1) / s.ch_div) * s.ch_mul + s.ch_add;
-            const long long first = (long long)ch * s.pixels + ((long long)sd * s.h + (vh0 + row) / s.up_h) * s.w + vw0;
-            shift = (int)(((first % DW_CHANNELS) + DW_CHANNELS) % DW_CHANNELS);
+        if (align && load) {   // (unsigned wrap-around keeps the value modulo 32 when vw0 < 0)
+            const unsigned ch = source_channel(s, min(j0 + lane, s.lanes - 1));
+            const unsigned first = ch * s.pixels + ((unsigned)sd * s.h + sh) * s.w + vw0;
+            shift = (int)(first % DW_CHANNELS);
         }
         const int col = k * DW_CHANNELS - shift + (int)threadIdx.x;
-        if (col >= 0 && col < cols) load_element(tile, s, sd, vh0, vw0, row, col, cols, lane, j0, load);
+        if (col >= 0 && col < cols) load_element<HOLES>(tile, s, sd, vh0, vw0, row, col, cols, lane, j0, load);
         __syncwarp();
+        k += d_k;
+        if (k >= chunks) {
+            k -= chunks;
+            ++row;
+        }
+        row += d_row;
+        if (row >= rows) {
+            row -= rows;
+            ++lane;
+        }
+        lane += d_lane;
     }
 #endif
 }
@@ -193,15 +423,22 @@ __device__ __forceinline__ void row_window(const acc_t* x, const elem_t* __restr
         for (int kw = 0; kw < KW; ++kw) acc[q] += xv[q * S + kw] * wk[kw];
 }
 
-// Any width, stride and dilation: one shared load per multiply-add.
+// The generic rows' tap loops are unrolled this deep: the filter loads of 8 taps (4 in float64,
+// which has no registers to spare) are in flight at once before their multiply-adds.
+constexpr int DW_GENERIC_UNROLL = sizeof(acc_t) == 8 ? 4 : 8;
+
+// Any width, stride and dilation: one shared load per multiply-add. S > 0: compile-time
+// stride along W (immediate shared offsets), S = 0: s_w at run time. The filter pointer and
+// the tile pointer step by adds (no 64-bit address computed per tap).
+template <int S>
 __device__ __forceinline__ void row_generic(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
                                             int s_w, int dil_w, acc_t acc[DW_PIX]) {
-    const int step = s_w * DW_PITCH;
-    for (int kw = 0; kw < k_w; ++kw) {
-        const acc_t wv = to_acc(w[kw * w_step]);
-        const acc_t* p = x + kw * dil_w * DW_PITCH;
+    const int step = (S > 0 ? S : s_w) * DW_PITCH, x_step = dil_w * DW_PITCH;
+#pragma unroll DW_GENERIC_UNROLL
+    for (int kw = 0; kw < k_w; ++kw, w += w_step, x += x_step) {
+        const acc_t wv = to_acc(*w);
 #pragma unroll
-        for (int q = 0; q < DW_PIX; ++q) acc[q] += p[q * step] * wv;
+        for (int q = 0; q < DW_PIX; ++q) acc[q] += x[q * step] * wv;
     }
 }
 
@@ -223,6 +460,27 @@ __device__ __forceinline__ void row_live_taps2(const acc_t* x, const elem_t* __r
         for (int m = 0; m < NV; ++m) acc[q] += xv[q + m] * wk[m];
 }
 
+// Any width and dilation: the live taps are kw0, kw0 + period, ... (period = U / gcd(U, dil_w)),
+// found once per row; each costs one shared load per multiply-add. UC > 0: U at compile time
+// (immediate shared offsets), UC = 0: at run time.
+template <int UC>
+__device__ __forceinline__ void row_live_taps(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
+                                              int dil_w, int U, int phase, acc_t acc[DW_PIX]) {
+    if (UC > 0) U = UC;
+    int kw = 0, period = 1;
+    while (kw < k_w && (phase + kw * dil_w) % U != 0) ++kw;
+    while ((period * dil_w) % U != 0) ++period;
+    const int step = U * DW_PITCH, x_step = period * dil_w * DW_PITCH;
+    w += kw * w_step;
+    x += kw * dil_w * DW_PITCH;
+#pragma unroll DW_GENERIC_UNROLL
+    for (; kw < k_w; kw += period, w += period * w_step, x += x_step) {
+        const acc_t wv = to_acc(*w);
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) acc[q] += x[q * step] * wv;
+    }
+}
+
 // phase: the virtual dy column of the thread's first output at kw = 0, modulo U.
 __device__ __forceinline__ void conv_row_holes(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
                                                int dil_w, int U, int phase, acc_t acc[DW_PIX]) {
@@ -236,14 +494,8 @@ __device__ __forceinline__ void conv_row_holes(const acc_t* x, const elem_t* __r
         else row_live_taps2<3>(xf, wf, 2 * w_step, acc);
         return;
     }
-    const int step = U * DW_PITCH;
-    for (int kw = 0; kw < k_w; ++kw) {
-        if ((phase + kw * dil_w) % U != 0) continue;
-        const acc_t wv = to_acc(w[kw * w_step]);
-        const acc_t* p = x + kw * dil_w * DW_PITCH;
-#pragma unroll
-        for (int q = 0; q < DW_PIX; ++q) acc[q] += p[q * step] * wv;
-    }
+    if (U == 2) row_live_taps<2>(x, w, w_step, k_w, dil_w, U, phase, acc);
+    else row_live_taps<0>(x, w, w_step, k_w, dil_w, U, phase, acc);
 }
 
 __device__ __forceinline__ void conv_row(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w, int s_w,
@@ -252,7 +504,9 @@ __device__ __forceinline__ void conv_row(const acc_t* x, const elem_t* __restric
     else if (dil_w == 1 && k_w == 3 && s_w == 2) row_window<3, 2>(x, w, w_step, acc);
     else if (dil_w == 1 && k_w == 5 && s_w == 1) row_window<5, 1>(x, w, w_step, acc);
     else if (dil_w == 1 && k_w == 5 && s_w == 2) row_window<5, 2>(x, w, w_step, acc);
-    else row_generic(x, w, w_step, k_w, s_w, dil_w, acc);
+    else if (s_w == 1) row_generic<1>(x, w, w_step, k_w, s_w, dil_w, acc);
+    else if (s_w == 2) row_generic<2>(x, w, w_step, k_w, s_w, dil_w, acc);
+    else row_generic<0>(x, w, w_step, k_w, s_w, dil_w, acc);
 }
 
 // The geometry both tiled correlations (forward, dgrad) share: out[o] = sum_t
@@ -298,8 +552,10 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
     acc_t acc[DW_PIX];
 #pragma unroll
     for (int q = 0; q < DW_PIX; ++q) acc[q] = acc_t(0);
+    const bool holes = src.up_h > 1 || src.up_w > 1;
     for (int m = 0; m < groups; ++m) {
         src.ch_add = m;
+        const bool vec = vector_source(src);
         // filter column of this thread's channel; rows of taps are w_cols apart
         const int w_col = active ? j * w_col_mul + m : 0;
         for (int kd = 0; kd < g.k_d; ++kd) {
@@ -310,8 +566,9 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                 const int khc = min(g.kh_chunk, g.k_h - kh0);
                 const int rows_in = (g.tile_rows - 1) * g.s_h + (khc - 1) * g.dil_h + 1;
                 __syncthreads();   // the previous tile is no longer read
-                load_tile(tile, src, sd, oh0 * g.s_h - g.pad_h + kh0 * g.dil_h, ow0 * g.s_w - g.pad_w, rows_in,
-                          cols_in, j0);
+                const int vh0 = oh0 * g.s_h - g.pad_h + kh0 * g.dil_h, vw0 = ow0 * g.s_w - g.pad_w;
+                if (holes) load_tile<true>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec);
+                else load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec);
                 __syncthreads();
                 if (!active) continue;
                 for (int kh = kh0; kh < kh0 + khc; ++kh) {
@@ -373,20 +630,34 @@ depthwise_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, ele
     tile_correlation(src, w, dx, g, (unsigned)c_in, mult, c_in * mult, mult);
 }
 
-// wgrad: one tile's sums for the block's taps. x: the thread's input run for tap 0 of the
-// group; tap_off[t]: shared offset of tap t; dyv: the thread's DW_PIX output gradients.
-// S > 0: compile-time stride along W (immediate shared offsets); S = 0: runtime `step`.
+// wgrad: one tile's sums for the block's taps, any kernel width and dilation, stride S along
+// W (1 or 2). x: the thread's input run for tap 0 of the group; tap_off[t]: shared offset of
+// tap t; dyv: the thread's DW_PIX output gradients. Offsets q * S are immediates.
 template <int S>
-__device__ __forceinline__ void wgrad_run(const acc_t* x, const int tap_off[DW_WG_TAPS], int taps, int step,
+__device__ __forceinline__ void wgrad_run(const acc_t* x, const int tap_off[DW_WG_TAPS], int taps,
                                           const acc_t dyv[DW_PIX], acc_t acc[DW_WG_TAPS]) {
-    if (S > 0) step = S * DW_PITCH;
 #pragma unroll
     for (int t = 0; t < DW_WG_TAPS; ++t) {
         if (t < taps) {
             const acc_t* p = x + tap_off[t];
 #pragma unroll
-            for (int q = 0; q < DW_PIX; ++q) acc[t] += p[q * step] * dyv[q];
+            for (int q = 0; q < DW_PIX; ++q) acc[t] += p[q * S * DW_PITCH] * dyv[q];
         }
+    }
+}
+
+// The same for a runtime stride (3 and more): a loop over the thread's pixels (each reads its
+// dy value from the tile), taps unrolled inside, so that no tap x pixel address table is
+// hoisted out of the tile loop into registers (it would spill).
+__device__ __forceinline__ void wgrad_run_strided(const acc_t* x, const acc_t* dy, const int tap_off[DW_WG_TAPS],
+                                                  int taps, int step, acc_t acc[DW_WG_TAPS]) {
+#pragma unroll 1
+    for (int q = 0; q < DW_PIX; ++q) {
+        const acc_t* p = x + q * step;
+        const acc_t d = dy[q * DW_PITCH];
+#pragma unroll
+        for (int t = 0; t < DW_WG_TAPS; ++t)
+            if (t < taps) acc[t] += p[tap_off[t]] * d;
     }
 }
 
@@ -411,18 +682,95 @@ __device__ __forceinline__ void wgrad_rows(const acc_t* x, const int tap_off[DW_
     }
 }
 
+// The per-block constants of depthwise_wgrad's walk over its pixel tiles.
+struct DwWgradWalk {
+    DwSource xs, ds;                      // x and dy, sample 0
+    int in_d, out_d, s_d, s_h, s_w, pad_d, pad_h, pad_w, dil_d, dil_h;
+    int kd_lo, kh_lo, planes_in, rows_in, cols_in, plane_size;
+    int tile_rows, cols, tiles_w, tiles_h, first, last, taps, row, seg;
+    bool active;
+};
+
+// The tile loop of depthwise_wgrad for one math path, chosen once per block: KW > 0: whole
+// kernel rows of width KW (dilation 1) and stride S through wgrad_rows; KW = 0: wgrad_run
+// with stride S = 1, 2, or wgrad_run_strided (S = 0: any stride). VEC: the tiles are copied with load_tile_vec (both sources are
+// vector_source). The tile index advances by adds (one division per block, before the loop).
+template <int KW, int S, bool VEC>
+__device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile, acc_t* dy_tile,
+                                         const int tap_off[DW_WG_TAPS], acc_t acc[DW_WG_TAPS]) {
+    const int lane = threadIdx.x, j0 = blockIdx.x * DW_CHANNELS;
+    unsigned b = g.first;
+    int tw = b % g.tiles_w; b /= g.tiles_w;
+    int th = b % g.tiles_h; b /= g.tiles_h;
+    int od = b % g.out_d, n = b / g.out_d;
+    const acc_t* dy_run = dy_tile + (g.row * g.cols + g.seg * DW_PIX) * DW_PITCH + lane;
+    const acc_t* x_run = x_tile + (g.row * g.s_h * g.cols_in + g.seg * DW_PIX * g.s_w) * DW_PITCH + lane;
+    for (int tile = g.first; tile < g.last; ++tile) {
+        const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
+        DwSource xn = g.xs, dn = g.ds;
+        xn.sample += (long long)n * g.xs.channels * g.xs.pixels;
+        dn.sample += (long long)n * g.ds.channels * g.ds.pixels;
+        __syncthreads();   // the previous tile is no longer read
+        for (int p = 0; p < g.planes_in; ++p) {
+            const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
+            load_tile<false>(x_tile + p * g.plane_size, xn, id >= 0 && id < g.in_d ? id : -1,
+                             oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in, g.cols_in,
+                             j0, VEC);
+        }
+        load_tile<false>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, VEC);
+        __syncthreads();
+        if (g.active) {
+            if constexpr (S == 0) {
+                wgrad_run_strided(x_run, dy_run, tap_off, g.taps, g.s_w * DW_PITCH, acc);
+            } else {
+                acc_t dyv[DW_PIX];
+#pragma unroll
+                for (int q = 0; q < DW_PIX; ++q) dyv[q] = dy_run[q * DW_PITCH];
+                if constexpr (KW > 0) wgrad_rows<KW, S>(x_run, tap_off, g.taps, dyv, acc);
+                else wgrad_run<S>(x_run, tap_off, g.taps, dyv, acc);
+            }
+        }
+        if (++tw == g.tiles_w) {
+            tw = 0;
+            if (++th == g.tiles_h) {
+                th = 0;
+                if (++od == g.out_d) {
+                    od = 0;
+                    ++n;
+                }
+            }
+        }
+    }
+}
+
+// wgrad_tiles for the block's math path (see there) and loader; VEC: the sources are vector_source.
+template <bool VEC>
+__device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile, acc_t* dy_tile,
+                                            const int tap_off[DW_WG_TAPS], int k_w, int dil_w, int group_taps,
+                                            acc_t acc[DW_WG_TAPS]) {
+    const bool rows = dil_w == 1 && group_taps % k_w == 0;
+    if (rows && k_w == 3 && g.s_w == 1) wgrad_tiles<3, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
+    else if (rows && k_w == 3 && g.s_w == 2) wgrad_tiles<3, 2, VEC>(g, x_tile, dy_tile, tap_off, acc);
+    else if (rows && k_w == 5 && g.s_w == 1) wgrad_tiles<5, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
+    else if (rows && k_w == 5 && g.s_w == 2) wgrad_tiles<5, 2, VEC>(g, x_tile, dy_tile, tap_off, acc);
+    else if (g.s_w == 1) wgrad_tiles<0, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
+    else if (g.s_w == 2) wgrad_tiles<0, 2, VEC>(g, x_tile, dy_tile, tap_off, acc);
+    else wgrad_tiles<0, 0, VEC>(g, x_tile, dy_tile, tap_off, acc);
+}
+
 // depthwise_wgrad: dw[tap, j] = sum over (n, o) of x[n, o*s - pad + tap*dil, j / M] * dy[n, o, j].
 // Grid: (C_out / DW_CHANNELS tiles, tap groups, splits); a group is `group_taps` (<= DW_WG_TAPS)
 // consecutive taps, whole kernel rows when k_w <= DW_WG_TAPS. A block walks the
 // output-pixel tiles [split * tiles_per_split, ...) (tile: tile_rows x segs*DW_PIX pixels
 // of one (sample, plane)); per tile it loads the input tile (every plane and kernel row the
 // group's taps touch, all kernel columns) and the dy tile into shared memory between two
-// barriers; each thread then adds, for every tap of the group, its DW_PIX pixels into one
-// register sum per tap (dy run held in registers; whole rows of width 3 or 5, stride 1 or 2,
-// dilation 1 go through wgrad_rows' register window). At the end the DW_ROWS threads of a lane
-// add their sums in shared memory in a fixed order; with one split the block writes dw,
-// else partial[split] and depthwise_reduce_splits adds the splits in order. Deterministic,
-// no atomics.
+// barriers (16-byte loads when both are vector_source); each thread then adds, for every tap
+// of the group, its DW_PIX pixels into one register sum per tap (dy run held in registers;
+// whole rows of width 3 or 5, stride 1 or 2, dilation 1 go through wgrad_rows' register
+// window). The math path and the loader are chosen once per block (wgrad_tiles), so the
+// tile loop holds one of each. At the end the DW_ROWS threads of a lane add their sums in
+// shared memory in a fixed order; with one split the block writes dw, else partial[split]
+// and depthwise_reduce_splits adds the splits in order. Deterministic, no atomics.
 extern "C" __global__ void __launch_bounds__(DW_THREADS, 2)
 depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, elem_t* __restrict__ dw,
                 acc_t* __restrict__ partial, int batch, int c_in, int mult, int in_d, int in_h, int in_w,
@@ -431,7 +779,7 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
                 int group_taps, int tiles_per_split) {
     extern __shared__ unsigned char dw_shared_raw[];
     acc_t* x_tile = reinterpret_cast<acc_t*>(dw_shared_raw);
-    const int c_out = c_in * mult, lane = threadIdx.x, j0 = blockIdx.x * DW_CHANNELS, j = j0 + lane;
+    const int c_out = c_in * mult, lane = threadIdx.x, j = blockIdx.x * DW_CHANNELS + lane;
     const int row = threadIdx.y / segs, seg = threadIdx.y % segs, cols = segs * DW_PIX;
     // the group's taps [t_lo, t_hi) and the planes / kernel rows they touch
     const int taps = k_d * k_h * k_w, plane_taps = k_h * k_w;
@@ -451,46 +799,23 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
         tap_off[t] = (kd - kd_lo) * dil_d * plane_size + ((kh - kh_lo) * dil_h * cols_in + kw * dil_w) * DW_PITCH;
     }
     const unsigned in_pixels = (unsigned)in_d * in_h * in_w, out_pixels = (unsigned)out_d * out_h * out_w;
-    const DwSource xs = {x, (unsigned)c_in, in_pixels, in_h, in_w, 1, 1, mult, 1, 0, c_out};
-    const DwSource ds = {dy, (unsigned)c_out, out_pixels, out_h, out_w, 1, 1, 1, 1, 0, c_out};
     const int tiles_w = (out_w + cols - 1) / cols, tiles_h = (out_h + tile_rows - 1) / tile_rows;
     const int tiles = batch * out_d * tiles_h * tiles_w;
-    const int first = blockIdx.z * tiles_per_split, last = min(tiles, first + tiles_per_split);
-    const bool active = row < tile_rows && j < c_out;
+    const int first = blockIdx.z * tiles_per_split;
+    const DwWgradWalk g = {{x, (unsigned)c_in, in_pixels, in_h, in_w, 1, 1, mult, 1, 0, c_out},
+                           {dy, (unsigned)c_out, out_pixels, out_h, out_w, 1, 1, 1, 1, 0, c_out},
+                           in_d, out_d, s_d, s_h, s_w, pad_d, pad_h, pad_w, dil_d, dil_h,
+                           kd_lo, kh_lo, planes_in, rows_in, cols_in, plane_size,
+                           tile_rows, cols, tiles_w, tiles_h, first, min(tiles, first + tiles_per_split),
+                           t_hi - t_lo, row, seg, row < tile_rows && j < c_out};
     acc_t acc[DW_WG_TAPS];
 #pragma unroll
     for (int t = 0; t < DW_WG_TAPS; ++t) acc[t] = acc_t(0);
-    for (int tile = first; tile < last; ++tile) {
-        unsigned b = tile;
-        const int tw = b % tiles_w; b /= tiles_w;
-        const int th = b % tiles_h; b /= tiles_h;
-        const int od = b % out_d, n = b / out_d;
-        const int oh0 = th * tile_rows, ow0 = tw * cols;
-        DwSource xn = xs, dn = ds;
-        xn.sample += (long long)n * c_in * in_pixels;
-        dn.sample += (long long)n * c_out * out_pixels;
-        __syncthreads();   // the previous tile is no longer read
-        for (int p = 0; p < planes_in; ++p) {
-            const int id = od * s_d - pad_d + kd_lo * dil_d + p;
-            load_tile(x_tile + p * plane_size, xn, id >= 0 && id < in_d ? id : -1,
-                      oh0 * s_h - pad_h + kh_lo * dil_h, ow0 * s_w - pad_w, rows_in, cols_in, j0);
-        }
-        load_tile(dy_tile, dn, od, oh0, ow0, tile_rows, cols, j0);
-        __syncthreads();
-        if (!active) continue;
-        acc_t dyv[DW_PIX];
-#pragma unroll
-        for (int q = 0; q < DW_PIX; ++q) dyv[q] = dy_tile[(row * cols + seg * DW_PIX + q) * DW_PITCH + lane];
-        const acc_t* xr = x_tile + (row * s_h * cols_in + seg * DW_PIX * s_w) * DW_PITCH + lane;
-        const bool rows = dil_w == 1 && group_taps % k_w == 0;
-        if (rows && k_w == 3 && s_w == 1) wgrad_rows<3, 1>(xr, tap_off, t_hi - t_lo, dyv, acc);
-        else if (rows && k_w == 3 && s_w == 2) wgrad_rows<3, 2>(xr, tap_off, t_hi - t_lo, dyv, acc);
-        else if (rows && k_w == 5 && s_w == 1) wgrad_rows<5, 1>(xr, tap_off, t_hi - t_lo, dyv, acc);
-        else if (rows && k_w == 5 && s_w == 2) wgrad_rows<5, 2>(xr, tap_off, t_hi - t_lo, dyv, acc);
-        else if (s_w == 1) wgrad_run<1>(xr, tap_off, t_hi - t_lo, 0, dyv, acc);
-        else if (s_w == 2) wgrad_run<2>(xr, tap_off, t_hi - t_lo, 0, dyv, acc);
-        else wgrad_run<0>(xr, tap_off, t_hi - t_lo, s_w * DW_PITCH, dyv, acc);
-    }
+    // every sample's base keeps the 16-byte alignment of sample 0 when C is a multiple of DW_VEC
+    if (vector_source(g.xs) && vector_source(g.ds)) wgrad_paths<DW_VEC_LOADS>(g, x_tile, dy_tile, tap_off, k_w,
+                                                                               dil_w, group_taps, acc);
+    else wgrad_paths<false>(g, x_tile, dy_tile, tap_off, k_w, dil_w, group_taps, acc);
+
     // fixed-order reduction over the DW_ROWS threads of each lane
     acc_t* sums = x_tile;   // DW_ROWS x DW_WG_TAPS x DW_CHANNELS (the launcher sizes the buffer)
     __syncthreads();
