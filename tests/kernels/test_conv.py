@@ -185,6 +185,30 @@ def test_tf32_epilogue_and_non_finite_inputs(kernel_runtime, tile):
             assert_close(got[finite], ref[finite], np.float32, 'tf32 finite outputs beside inf and NaN')
 
 
+@pytest.mark.parametrize('channels', [(7, 9), (8, 24)], ids=['odd-channels', 'aligned-channels'])
+def test_fwd_only_tiles(kernel_runtime, channels):
+    """The forward-only tiles (tf32 128x128x32: its stage ring in dynamic shared memory) on the problem
+    of test_every_tile_and_split_k (M, N and K tails, per-element and 16-byte copies), fused bias and
+    relu included, and ties between tf32 values rounded to even; and the forward picks it."""
+    assert conv_tiles.choose_tile(np.float32, 'tf32', 32 * 56 * 56, 256, 576, fwd=True).name == '128x128x32'
+    assert conv_tiles.choose_tile(np.float32, 'tf32', 32 * 56 * 56, 256, 128, fwd=True).name == '128x128x16'
+    assert conv_tiles.choose_tile(np.float32, 'tf32', 32 * 56 * 56, 256, 64, fwd=True).name == '64x64x32'
+    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0))) + channels
+    _, kernel, strides, dilation, pads, _, c_out = case
+    geometry = (strides, dilation, pads, 'channels_last')
+    x, w, _ = _conv_arrays(case, np.float32, 'channels_last', seed=3, batch=3)
+    x[0] = _tf32_ties(x[0])
+    bias = np.random.default_rng(4).standard_normal(c_out).astype(np.float32)
+    ref = np.maximum(twin.conv_fwd(round_tf32(x).astype(np.float64), round_tf32(w).astype(np.float64), *geometry)
+                     + bias, 0)
+    for tile in conv_tiles.FWD_ONLY['tf32']:
+        with _precision('tf32'), conv_tiles.forced(tile=tile.name), conv_wgmma.forced(False):
+            out = conv.conv_fwd(to_device(kernel_runtime, x), to_device(kernel_runtime, w), *geometry,
+                                epilogue='bias_relu', bias=to_device(kernel_runtime, bias), runtime=kernel_runtime)
+        assert to_host(out).dtype == np.float32
+        assert_close(out, ref, np.float32, 'conv_fwd with tile %s' % tile.name)
+
+
 def _tf32_ties(a):
     """a with every element made a tf32 tie (the 13 dropped bits exactly half a tf32 unit)."""
     bits = np.ascontiguousarray(a, np.float32).view(np.uint32)

@@ -169,6 +169,15 @@ template <int MODE> struct Layout {
 #define CONV_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define A_STAGE CONV_MAX(CONV_BM * CONV_BK, CONV_BK * (CONV_BM + SMEM_PAD_K))
 #define B_STAGE CONV_MAX(CONV_BN * CONV_BK, CONV_BK * (CONV_BN + SMEM_PAD_K))
+// The stage ring is static shared memory where it fits the 48 KB a kernel may declare statically;
+// past that (tf32 128x128x32: 68 KB) the launcher passes its size as CONV_DYNAMIC_SMEM (conv/tiles.py
+// dynamic_smem, the same formula) and launches with that much dynamic shared memory.
+#ifndef CONV_DYNAMIC_SMEM
+#define CONV_DYNAMIC_SMEM 0
+#endif
+#define CONV_STAGE_BYTES (CONV_STAGES * (A_STAGE + B_STAGE) * (int)sizeof(elem_t))
+static_assert(CONV_DYNAMIC_SMEM == 0 ? CONV_STAGE_BYTES <= 48 * 1024 : CONV_DYNAMIC_SMEM == CONV_STAGE_BYTES,
+              "stage ring: static up to 48 KB, else dynamic of the launcher's size (tiles.dynamic_smem)");
 
 // The unit a row's unit u is stored at: rows of U units, U a power of two >= 2; groups of
 // 8/U rows share one XOR pattern when U < 8.
@@ -1188,12 +1197,19 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
 }
 
 // Runs the pipeline over `depth` (= k_end - k_begin) K elements with an initialized loader.
+// dynamic_smem: the kernel's dynamic shared memory (CONV_DYNAMIC_SMEM), else unused.
 template <int MODE>
 __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvGeom& g,
                                                const elem_t* __restrict__ a_src, const elem_t* __restrict__ b_src,
-                                               int cols, long long depth, acc_t* acc) {
+                                               int cols, long long depth, acc_t* acc, unsigned char* dynamic_smem) {
+#if CONV_DYNAMIC_SMEM
+    elem_t (*as)[A_STAGE] = reinterpret_cast<elem_t (*)[A_STAGE]>(dynamic_smem);
+    elem_t (*bs)[B_STAGE] = reinterpret_cast<elem_t (*)[B_STAGE]>(dynamic_smem + CONV_STAGES * A_STAGE * sizeof(elem_t));
+#else
+    (void)dynamic_smem;
     __shared__ __align__(16) elem_t as[CONV_STAGES][A_STAGE];
     __shared__ __align__(16) elem_t bs[CONV_STAGES][B_STAGE];
+#endif
 #pragma unroll
     for (int e = 0; e < ACC_COUNT; ++e) acc[e] = acc_t(0);
     // One uniform choice per block, outside the loop: both operands in 16-byte chunks, or every
@@ -1347,7 +1363,12 @@ conv_igemm_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, const
     acc_t acc[ACC_COUNT];
     Loader<MODE_FWD> loader;
     loader.init(g, x, w, rows, 0, depth);
-    igemm_mainloop<MODE_FWD>(loader, g, x, w, c_out, depth, acc);
+#if CONV_DYNAMIC_SMEM
+    extern __shared__ __align__(16) unsigned char conv_dynamic_smem[];
+#else
+    unsigned char* const conv_dynamic_smem = nullptr;
+#endif
+    igemm_mainloop<MODE_FWD>(loader, g, x, w, c_out, depth, acc, conv_dynamic_smem);
     store_tile<MODE_FWD>(acc, rows, c_out, bias, epilogue, y, SameRows{});
 }
 
@@ -1366,7 +1387,12 @@ conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, el
     acc_t acc[ACC_COUNT];
     Loader<MODE_DGRAD> loader;
     loader.init(g, phase, dy, w);
-    igemm_mainloop<MODE_DGRAD>(loader, g, dy, w, c_in, phase.depth, acc);
+#if CONV_DYNAMIC_SMEM
+    extern __shared__ __align__(16) unsigned char conv_dynamic_smem[];
+#else
+    unsigned char* const conv_dynamic_smem = nullptr;
+#endif
+    igemm_mainloop<MODE_DGRAD>(loader, g, dy, w, c_in, phase.depth, acc, conv_dynamic_smem);
     store_tile<MODE_DGRAD>(acc, phase.rows, c_in, nullptr, 0, dx, PhaseRows{g, phase});
 }
 
@@ -1385,7 +1411,12 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
     acc_t acc[ACC_COUNT];
     Loader<MODE_WGRAD> loader;
     loader.init(g, x, dy, rows, k_begin, k_end);
-    igemm_mainloop<MODE_WGRAD>(loader, g, x, dy, c_out, k_end - k_begin, acc);
+#if CONV_DYNAMIC_SMEM
+    extern __shared__ __align__(16) unsigned char conv_dynamic_smem[];
+#else
+    unsigned char* const conv_dynamic_smem = nullptr;
+#endif
+    igemm_mainloop<MODE_WGRAD>(loader, g, x, dy, c_out, k_end - k_begin, acc, conv_dynamic_smem);
     if (gridDim.z == 1)
         store_tile<MODE_WGRAD>(acc, rows, c_out, nullptr, 0, dw, SameRows{});
     else

@@ -126,6 +126,11 @@ WGRAD_ONLY = {math_path: (_mma(math_path, 64, 128, 1, 4, bk=64, stages=2),
               for math_path in ('f16', 'bf16')}
 WGRAD_TILES = {math_path: (TILES[math_path][0],) + WGRAD_ONLY[math_path] + (TILES[math_path][1],)
                for math_path in ('f16', 'bf16')}
+# tf32 forward's own largest tile (see the docstring): BK=32, its 68 KB stage ring in dynamic shared
+# memory; built for conv_igemm_fwd only (the dgrad and wgrad loaders spill at BK=32).
+FWD_ONLY = {'tf32': (_mma('tf32', 128, 128, 2, 2, bk=32, stages=2),)}
+FWD_TILES = {'tf32': FWD_ONLY['tf32'] + TILES['tf32']}
+STATIC_SMEM_LIMIT = 48 * 1024   # bytes a kernel may declare as static shared memory
 MIN_BLOCKS = 264          # two waves on a 132-SM H100
 MAX_WASTE = 1.5           # tile area / real area
 MAX_WASTE_PER_ELEMENT = 2.0   # ... when the gathered operand is copied element by element (C % chunk != 0)
@@ -135,15 +140,34 @@ MIN_K_TILES_PER_SPLIT = 4
 _forced = {'tile': None, 'splits': None}
 
 
+def stage_bytes(tile, dtype):
+    """Shared-memory bytes of the tile's stage ring in conv_igemm.cu (A_STAGE + B_STAGE elements per
+    stage): tf32 pads its k-major rows by two 16-byte units (SMEM_PAD_K), the other paths by none."""
+    size = np.dtype(dtype).itemsize
+    pad = 2 * (16 // size) if tile.math == 'tf32' else 0
+    a_stage = max(tile.bm * tile.bk, tile.bk * (tile.bm + pad))
+    b_stage = max(tile.bn * tile.bk, tile.bk * (tile.bn + pad))
+    return tile.stages * (a_stage + b_stage) * size
+
+
+def dynamic_smem(tile, dtype):
+    """Bytes of dynamic shared memory the tile's stage ring is launched with: 0 (static shared
+    memory) where it fits STATIC_SMEM_LIMIT, else stage_bytes (the kernel checks that it agrees)."""
+    needed = stage_bytes(tile, dtype)
+    return needed if needed > STATIC_SMEM_LIMIT else 0
+
+
 def forced_state():
     """What forced() set (tile, splits): part of a launch's prepared key in the launcher."""
     return _forced['tile'], _forced['splits']
 
 
-def table_for(dtype, precision, wgrad=False):
+def table_for(dtype, precision, wgrad=False, fwd=False):
     """The candidate tiles (big to small) for inputs of ``dtype`` under ``precision`` (``wgrad``:
-    of conv_igemm_wgrad)."""
+    of conv_igemm_wgrad; ``fwd``: of conv_igemm_fwd)."""
     dtype = np.dtype(dtype)
+    if fwd and dtype == np.float32 and precision == 'tf32':
+        return FWD_TILES['tf32']
     tables = WGRAD_TILES if wgrad else TILES
     if dtype == np.float16:
         return tables['f16']
@@ -162,11 +186,12 @@ def _waste(tile, rows, cols):
     return (math.ceil(rows / tile.bm) * tile.bm * math.ceil(cols / tile.bn) * tile.bn) / (rows * cols)
 
 
-def choose_tile(dtype, precision, rows, cols, depth, wgrad=False, aligned=True):
+def choose_tile(dtype, precision, rows, cols, depth, wgrad=False, aligned=True, fwd=False):
     """The tile for a GEMM of rows x cols x depth (see the module docstring). ``aligned``: the
     gathered operand's channel count is a multiple of the 16-byte chunk (16-byte copies);
-    ``wgrad``: a weights-gradient GEMM (its K is split; 16-bit wgrad has its own table)."""
-    table = table_for(dtype, precision, wgrad=wgrad)
+    ``wgrad``: a weights-gradient GEMM (its K is split; 16-bit wgrad has its own table); ``fwd``:
+    a forward GEMM (tf32 has its own table)."""
+    table = table_for(dtype, precision, wgrad=wgrad, fwd=fwd)
     if _forced['tile'] is not None:
         for tile in table:
             if tile.name == _forced['tile']:
@@ -181,7 +206,8 @@ def choose_tile(dtype, precision, rows, cols, depth, wgrad=False, aligned=True):
         filled = (_blocks(tile, rows, cols) * splits >= MIN_BLOCKS
                   or split_cap_fills and splits == _most_splits(tile, depth))
         if (filled and _waste(tile, rows, cols) <= max_waste
-                and (tile is not table[0] or math.ceil(depth / splits) >= MIN_K_TILES * tile.bk)):
+                and (tile.bm * tile.bn < table[0].bm * table[0].bn
+                     or math.ceil(depth / splits) >= MIN_K_TILES * tile.bk)):
             return tile
     return table[-1]
 
