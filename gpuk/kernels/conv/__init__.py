@@ -54,7 +54,8 @@ def igemm_defines(dtype, tile):
             'CONV_WARPS_N': tile.warps_n, 'CONV_THREADS': tile.threads, 'CONV_STAGES': tile.stages,
             'REDUCE_THREADS': split_k.REDUCE_THREADS,
             # stage rings past the static limit (tiles.dynamic_smem): the kernel checks the size
-            **({'CONV_DYNAMIC_SMEM': conv_tiles.dynamic_smem(tile, dtype)} if conv_tiles.dynamic_smem(tile, dtype) else {})}
+            **({'CONV_DYNAMIC_SMEM': conv_tiles.dynamic_smem(tile, dtype)} if conv_tiles.dynamic_smem(tile, dtype) else {}),
+            **({'CONV_FWD_ONLY': 1} if tile in conv_tiles.FWD_ONLY.get(tile.math, ()) else {})}
 
 
 for _table, _tiles in conv_tiles.TILES.items():

@@ -175,6 +175,12 @@ template <int MODE> struct Layout {
 #ifndef CONV_DYNAMIC_SMEM
 #define CONV_DYNAMIC_SMEM 0
 #endif
+// CONV_FWD_ONLY: a build for conv_igemm_fwd only (tiles.FWD_ONLY, tf32 128x128x32: the dgrad and
+// wgrad loaders keep twice the per-chunk state at BK=32 and spill); its dgrad and wgrad kernels
+// only trap, so that the build compiles spill-free and fast. The launcher never launches them.
+#ifndef CONV_FWD_ONLY
+#define CONV_FWD_ONLY 0
+#endif
 #define CONV_STAGE_BYTES (CONV_STAGES * (A_STAGE + B_STAGE) * (int)sizeof(elem_t))
 static_assert(CONV_DYNAMIC_SMEM == 0 ? CONV_STAGE_BYTES <= 48 * 1024 : CONV_DYNAMIC_SMEM == CONV_STAGE_BYTES,
               "stage ring: static up to 48 KB, else dynamic of the launcher's size (tiles.dynamic_smem)");
@@ -1380,6 +1386,9 @@ conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, el
                  int c_in, int c_out, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d,
                  int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d,
                  int pad_h, int pad_w) {
+#if CONV_FWD_ONLY
+    __trap();
+#else
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
     DgradPhase phase;
     phase.init(g, blockIdx.z);
@@ -1394,6 +1403,7 @@ conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, el
 #endif
     igemm_mainloop<MODE_DGRAD>(loader, g, dy, w, c_in, phase.depth, acc, conv_dynamic_smem);
     store_tile<MODE_DGRAD>(acc, phase.rows, c_in, nullptr, 0, dx, PhaseRows{g, phase});
+#endif
 }
 
 // conv_igemm_wgrad: dw (Keras layout (*k, C_in, C_out), i.e. row-major (taps*C_in, C_out)).
@@ -1404,6 +1414,9 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
                  acc_t* __restrict__ partial, int batch, int c_in, int c_out, int in_d, int in_h, int in_w,
                  int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d,
                  int dil_h, int dil_w, int pad_d, int pad_h, int pad_w, long long k_per_split) {
+#if CONV_FWD_ONLY
+    __trap();
+#else
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
     const long long rows = (long long)g.taps * c_in, depth = (long long)batch * g.out_pix;
     const long long k_begin = (long long)blockIdx.z * k_per_split;
@@ -1421,6 +1434,7 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
         store_tile<MODE_WGRAD>(acc, rows, c_out, nullptr, 0, dw, SameRows{});
     else
         store_tile<MODE_WGRAD>(acc, rows, c_out, nullptr, 0, partial + (long long)blockIdx.z * rows * c_out, SameRows{});
+#endif
 }
 
 // conv_reduce_splits: dw[i] = sum over splits of partial[s][i], in split order.
