@@ -283,7 +283,7 @@ __device__ __forceinline__ unsigned unit_word(const uint4& v, int i) {
 }
 
 // Row r of the transpose of a VEC x VEC block given as VEC units (unit e: VEC channels at k e):
-XX
+// the VEC k's of channel r, as one 16-byte unit (tf32: rounded with float_to_tf32).
 __device__ __forceinline__ uint4 transposed_unit(const uint4 (&in)[WG_VEC], int r) {
     unsigned w[4];
     if constexpr (sizeof(elem_t) == 2) {   // channel r: half r % 2 of word r / 2 of each unit
