@@ -48,13 +48,14 @@ _TABLE_DTYPES = {'ffma': np.float32, 'tf32': np.float32, 'ffma64': np.float64, '
 def igemm_defines(dtype, tile):
     dtype = np.dtype(dtype)
     element_t, acc_t = c_types(dtype)
+    dynamic = conv_tiles.dynamic_smem(tile, dtype)
     return {'ELEMENT_T': element_t, 'ACC_T': acc_t,
             'CONV_MATH': conv_tiles.MATH_CODES[tile.math], 'CONV_BM': tile.bm, 'CONV_BN': tile.bn,
             'CONV_BK': tile.bk, 'CONV_TM': tile.tm, 'CONV_TN': tile.tn, 'CONV_WARPS_M': tile.warps_m,
             'CONV_WARPS_N': tile.warps_n, 'CONV_THREADS': tile.threads, 'CONV_STAGES': tile.stages,
             'REDUCE_THREADS': split_k.REDUCE_THREADS,
             # stage rings past the static limit (tiles.dynamic_smem): the kernel checks the size
-            **({'CONV_DYNAMIC_SMEM': conv_tiles.dynamic_smem(tile, dtype)} if conv_tiles.dynamic_smem(tile, dtype) else {}),
+            **({'CONV_DYNAMIC_SMEM': dynamic} if dynamic else {}),
             **({'CONV_FWD_ONLY': 1} if tile in conv_tiles.FWD_ONLY.get(tile.math, ()) else {})}
 
 
