@@ -177,15 +177,33 @@ __device__ __forceinline__ void store_uint4(void* p, uint4 v) { *reinterpret_cas
 //   f16 B (16x8):   b0 (k=2t..2t+1, n=g)  b1 (k=2t+8..2t+9, n=g)
 //   C/D (16x8 f32): c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
 // A packed register holds the lower-indexed element in its low 16 bits.
+// float32 -> tf32 MMA operand: rounded to nearest, ties to even (the IEEE default), to the 19
+// bits (sign, 8 exponent, 10 mantissa) the tensor core reads; inf and NaN stay inf and NaN (a
+// finite value past the largest tf32 rounds to inf, as a float rounds). The low 13 bits of the
+// register are not cleared on every path (the tensor core ignores them). sm_90 has
+// cvt.rn.tf32.f32 (one F2FP.TF32 instruction). sm_80 has only cvt.rna (ties away from zero,
+// lowered to 3 instructions), so there, as in the emulator, the rounding is done on the bits:
+// + 0xfff plus the lowest kept bit (bit 13), so that a tie carries into the kept bits only when
+// that bit is odd; skipped for inf and NaN (a NaN's mantissa could carry into the sign). On sm_80
+// the bit comes as a carry: (u << 18) + 2^31 carries out exactly when bit 13 is set (mad.lo.cc,
+// a LEA setting the carry), then addc adds 0xfff and the carry: 3 instructions with the finite
+// test (FSETP, LEA, IADD3.X), as cheap as cvt.rna. One rounding on every path and architecture,
+// so the NumPy references model one thing (gpuk.kernels.testing.round_tf32).
 __device__ __forceinline__ unsigned float_to_tf32(float x) {
-#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    asm("cvt.rn.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
     return r;
 #else
-    const unsigned u = __float_as_uint(x);
-    if ((u & 0x7f800000u) == 0x7f800000u) return u;   // inf / NaN unchanged
-    return (u + 0x1000u) & 0xffffe000u;                // round half away from zero
+    unsigned u = __float_as_uint(x);
+    if (fabsf(x) < __int_as_float(0x7f800000)) {
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
+        asm("{\n .reg .u32 d;\n mad.lo.cc.u32 d, %0, 0x40000, 0x80000000;\n addc.u32 %0, %0, 0xfff;\n}\n" : "+r"(u));
+#else
+        u += 0xfffu + ((u >> 13) & 1u);
+#endif
+    }
+    return u;
 #endif
 }
 __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {

@@ -50,6 +50,17 @@ def relative_error(actual, reference):
     return float(np.max(np.abs(a - r)) / max(float(np.max(np.abs(r))), np.finfo(np.float64).tiny))
 
 
+def round_tf32(a):
+    """float32 -> the tf32 value a tensor core multiplies for it in gpuk's kernels (float_to_tf32
+    in common.cuh): rounded to 10 mantissa bits, to nearest with ties to even; inf and NaN kept
+    (a NaN whose payload lies in the dropped bits reads as inf, as on the tensor core)."""
+    a = np.ascontiguousarray(a, np.float32)
+    bits = a.view(np.uint32)
+    rounded = ((bits + np.uint32(0xfff) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xffffe000))
+    kept = bits & np.uint32(0xffffe000)
+    return np.where(np.isfinite(a), rounded, kept).view(np.float32)
+
+
 def assert_close(actual, reference, dtype, what='result'):
     """Assert the policy for inputs of `dtype`; the message names the error and tolerance."""
     tol = TOLERANCE[np.dtype(dtype)]

@@ -15,7 +15,7 @@ from gpuk.kernels import conv
 from gpuk.kernels.conv import direct as conv_direct
 from gpuk.kernels.conv import tiles as conv_tiles
 from gpuk.kernels.conv import wgmma as conv_wgmma
-from gpuk.kernels.testing import assert_close, assert_matches_twin, relative_error, to_device, to_host
+from gpuk.kernels.testing import assert_close, assert_matches_twin, relative_error, round_tf32, to_device, to_host
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.float16, BF16, np.float32, np.float64]
@@ -96,7 +96,7 @@ def test_every_tile_and_split_k(kernel_runtime, dtype, precision, tile, splits, 
     x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=3, batch=3)
     # (wgmma.forced(False): the tile itself, also on an sm_90 device, where conv/wgmma.py would take over)
     with _precision(precision), conv_tiles.forced(tile=tile, splits=splits), conv_wgmma.forced(False):
-        rounded = [_round_tf32(a) for a in (x, w, dy)] if precision == 'tf32' else [x, w, dy]
+        rounded = [round_tf32(a) for a in (x, w, dy)] if precision == 'tf32' else [x, w, dy]
         xr, wr, dyr = (a.astype(np.float64) for a in rounded)
         outs = [(conv.conv_fwd, (x, w, strides, dilation, pads, 'channels_last'),
                  twin.conv_fwd(xr, wr, strides, dilation, pads, 'channels_last')),
@@ -133,14 +133,6 @@ def test_wgrad_only_tiles_and_split_k(kernel_runtime, dtype, tile, splits, chann
     assert_close(out, ref, dtype, 'conv_wgrad with tile %s' % tile)
 
 
-def _round_tf32(a):
-    """float32 -> the tf32 value the MMA sees (round half away from zero to 10 mantissa bits;
-    inf and NaN kept)."""
-    a = np.ascontiguousarray(a, np.float32)
-    rounded = ((a.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
-    return np.where(np.isfinite(a), rounded, a)
-
-
 @pytest.mark.parametrize('data_format', FORMATS)
 def test_tf32_mode_uses_tensor_cores_only_when_asked(kernel_runtime, data_format):
     case = CONV_CASES[2]
@@ -151,7 +143,7 @@ def test_tf32_mode_uses_tensor_cores_only_when_asked(kernel_runtime, data_format
     with _precision('tf32'):
         out = conv.conv_fwd(*[to_device(kernel_runtime, a) for a in args], runtime=kernel_runtime)
     # Inputs rounded to tf32, products and sums in float32: float32 tolerance holds.
-    rounded = twin.conv_fwd(_round_tf32(x).astype(np.float64), _round_tf32(w).astype(np.float64), *args[2:])
+    rounded = twin.conv_fwd(round_tf32(x).astype(np.float64), round_tf32(w).astype(np.float64), *args[2:])
     assert_close(out, rounded, np.float32, 'conv_fwd in tf32 mode')
     assert relative_error(out, exact) > 1e-5, 'tf32 mode should round the inputs to 10 mantissa bits'
     strict = conv.conv_fwd(*[to_device(kernel_runtime, a) for a in args], runtime=kernel_runtime)
@@ -173,7 +165,7 @@ def test_tf32_epilogue_and_non_finite_inputs(kernel_runtime, tile):
     x_bad, dy_bad = x.copy(), dy.copy()
     x_bad[0, 2, 3, 1], x_bad[1, 5, 7, 4] = nan, np.inf
     dy_bad[2, 4, 2, 5], dy_bad[0, 1, 1, 3] = nan, -np.inf
-    xr, wr, dyr, xbr, dybr = (_round_tf32(a).astype(np.float64) for a in (x, w, dy, x_bad, dy_bad))
+    xr, wr, dyr, xbr, dybr = (round_tf32(a).astype(np.float64) for a in (x, w, dy, x_bad, dy_bad))
     dev = functools.partial(to_device, kernel_runtime)
     with _precision('tf32'), conv_tiles.forced(tile=tile), conv_wgmma.forced(False):
         out = conv.conv_fwd(dev(x), dev(w), *geometry, epilogue='bias_relu', bias=dev(bias), runtime=kernel_runtime)
@@ -191,6 +183,65 @@ def test_tf32_epilogue_and_non_finite_inputs(kernel_runtime, tile):
                 np.testing.assert_array_equal(special(got), special(ref))
             finite = np.isfinite(ref)
             assert_close(got[finite], ref[finite], np.float32, 'tf32 finite outputs beside inf and NaN')
+
+
+@pytest.mark.parametrize('channels', [(7, 9), (8, 24)], ids=['odd-channels', 'aligned-channels'])
+def test_fwd_only_tiles(kernel_runtime, channels):
+    """The forward-only tiles (tf32 128x128x32: its stage ring in dynamic shared memory) on the problem
+    of test_every_tile_and_split_k (M, N and K tails, per-element and 16-byte copies), fused bias and
+    relu included, and ties between tf32 values rounded to even; and the forward picks it."""
+    assert conv_tiles.choose_tile(np.float32, 'tf32', 32 * 56 * 56, 256, 576, fwd=True).name == '128x128x32'
+    assert conv_tiles.choose_tile(np.float32, 'tf32', 32 * 56 * 56, 256, 128, fwd=True).name == '128x128x16'
+    assert conv_tiles.choose_tile(np.float32, 'tf32', 32 * 56 * 56, 256, 64, fwd=True).name == '64x64x32'
+    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0))) + channels
+    _, kernel, strides, dilation, pads, _, c_out = case
+    geometry = (strides, dilation, pads, 'channels_last')
+    x, w, _ = _conv_arrays(case, np.float32, 'channels_last', seed=3, batch=3)
+    x[0] = _tf32_ties(x[0])
+    bias = np.random.default_rng(4).standard_normal(c_out).astype(np.float32)
+    ref = np.maximum(twin.conv_fwd(round_tf32(x).astype(np.float64), round_tf32(w).astype(np.float64), *geometry)
+                     + bias, 0)
+    for tile in conv_tiles.FWD_ONLY['tf32']:
+        with _precision('tf32'), conv_tiles.forced(tile=tile.name), conv_wgmma.forced(False):
+            out = conv.conv_fwd(to_device(kernel_runtime, x), to_device(kernel_runtime, w), *geometry,
+                                epilogue='bias_relu', bias=to_device(kernel_runtime, bias), runtime=kernel_runtime)
+        assert to_host(out).dtype == np.float32
+        assert_close(out, ref, np.float32, 'conv_fwd with tile %s' % tile.name)
+
+
+def _tf32_ties(a):
+    """a with every element made a tf32 tie (the 13 dropped bits exactly half a tf32 unit)."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return ((bits & np.uint32(0xffffe000)) | np.uint32(0x1000)).view(np.float32)
+
+
+def _round_tf32_ties_away(a):
+    """The rounding the tf32 path does not do (cvt.rna: ties away from zero), to show the tie data tells them apart."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
+
+
+@pytest.mark.parametrize('tile', [t.name for t in conv_tiles.TILES['tf32']])
+def test_tf32_rounds_ties_to_even(kernel_runtime, tile):
+    """Every input a tie between two tf32 values: the kernels round to nearest even (the IEEE default,
+    cvt.rn.tf32.f32 on sm_90), so half the inputs round down; rounding ties away from zero (cvt.rna)
+    would move these outputs by 8e-4 to 1e-3 relative, about 80 times the float32 tolerance."""
+    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0)), 8, 24)
+    _, kernel, strides, dilation, pads, _, _ = case
+    geometry = (strides, dilation, pads, 'channels_last')
+    x, w, dy = (_tf32_ties(a) for a in _conv_arrays(case, np.float32, 'channels_last', seed=13, batch=3))
+    dev = functools.partial(to_device, kernel_runtime)
+    with _precision('tf32'), conv_tiles.forced(tile=tile), conv_wgmma.forced(False):
+        runs = [(conv.conv_fwd(dev(x), dev(w), *geometry, runtime=kernel_runtime), twin.conv_fwd, (x, w)),
+                (conv.conv_dgrad(dev(dy), dev(w), x.shape, *geometry, runtime=kernel_runtime),
+                 lambda a, b, *g: twin.conv_dgrad(a, b, x.shape, *g), (dy, w)),
+                (conv.conv_wgrad(dev(x), dev(dy), w.shape, *geometry, runtime=kernel_runtime),
+                 lambda a, b, *g: twin.conv_wgrad(a, b, w.shape, *g), (x, dy))]
+        for got, reference, inputs in runs:
+            even, away = (reference(*(rounding(a).astype(np.float64) for a in inputs), *geometry)
+                          for rounding in (round_tf32, _round_tf32_ties_away))
+            assert relative_error(away, even) > 1e-4
+            assert_close(got, even, np.float32, 'tf32 on ties')
 
 
 @pytest.mark.parametrize('tile', [t.name for t in conv_tiles.TILES['bf16']])
@@ -537,7 +588,7 @@ def test_wgrad_packed_bounds_and_their_fallback(kernel_runtime, case, dtype, pre
     x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=5, batch=1)
     args = (x, dy, w.shape, strides, dilation, pads, 'channels_last')
     with _precision(precision), conv_wgmma.forced(False):
-        rounded = [_round_tf32(a) for a in (x, dy)] if precision == 'tf32' else [x, dy]
+        rounded = [round_tf32(a) for a in (x, dy)] if precision == 'tf32' else [x, dy]
         ref = twin.conv_wgrad(*(a.astype(np.float64) for a in rounded), *args[2:])
         out = conv.conv_wgrad(*[to_device(kernel_runtime, a) for a in args[:2]], *args[2:], runtime=kernel_runtime)
     assert to_host(out).dtype == np.dtype(dtype)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from gpuk.kernels.runtime import KernelLaunchError
+from gpuk.kernels.testing import round_tf32
 
 CU = Path(__file__).with_name('cu')
 SELFTEST = CU / 'emu_selftest.cu'
@@ -173,8 +174,7 @@ def test_mma_wrappers_match_numpy(emulator, defines):
 
     d = np.zeros((m, n), np.float32)
     module.kernel('mma_tf32_matmul').launch(tiles, 32, (a, b, c, d) + dims)
-    tf32 = lambda x: ((x.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
-    ref = tf32(a).astype(np.float64) @ tf32(b) + c
+    ref = round_tf32(a).astype(np.float64) @ round_tf32(b) + c
     np.testing.assert_allclose(d, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
     assert np.abs(d - (a.astype(np.float64) @ b + c)).max() > 1e-5   # inputs really were rounded
 

@@ -344,9 +344,10 @@ def test_conv_main_loops_count_one_k_tile_of_math(records):
     stage count (one turn of the stage ring per iteration), so it holds exactly those K tiles'
     multiply-adds (whatever the compiler does around them)."""
     conv = [r for r in records if r['kernel'] in ('conv_igemm_fwd', 'conv_igemm_dgrad', 'conv_igemm_wgrad')]
-    from gpuk.kernels.conv import tiles as conv_tiles   # every tile: 3 kernels; 16-bit wgrad-only tiles: 1
-    shared, wgrad_only = (sum(len(t) for t in table.values()) for table in (conv_tiles.TILES, conv_tiles.WGRAD_ONLY))
-    assert len(conv) == (3 * shared + wgrad_only) * 2
+    from gpuk.kernels.conv import tiles as conv_tiles   # every tile: 3 kernels; wgrad- or fwd-only tiles: 1
+    shared, wgrad_only, fwd_only = (sum(len(t) for t in table.values())
+                                    for table in (conv_tiles.TILES, conv_tiles.WGRAD_ONLY, conv_tiles.FWD_ONLY))
+    assert len(conv) == (3 * shared + wgrad_only + fwd_only) * 2
     for r in conv:
         d = {k: int(v) for k, v in r['defines'].items() if k.startswith('CONV_')}
         loop, counts = r['hot_loop'], r['hot_loop']['counts']

@@ -15,7 +15,7 @@ from gpuk.kernels import conv
 from gpuk.kernels.conv import tiles as conv_tiles
 from gpuk.kernels.conv import wgmma
 from gpuk.kernels.runtime import KernelLaunchError, get_runtime
-from gpuk.kernels.testing import assert_close, to_device, to_host
+from gpuk.kernels.testing import assert_close, round_tf32, to_device, to_host
 
 SOURCE = Path(__file__).with_name('cu') / 'wgmma_test.cu'
 SHARED = 64 * 128 + 128 * 128 + 1024
@@ -87,13 +87,6 @@ CASES = [
 PATHS = [(np.float16, 'float32'), (BF16, 'float32'), (np.float32, 'tf32')]
 
 
-def _tf32_rounded(a):
-    """float32 -> the tf32 operand the kernel multiplies: rounded half away from zero to 10
-    mantissa bits in shared memory (cvt.rna) before wgmma reads its top 19 bits."""
-    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
-    return ((bits + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
-
-
 def _runs_tile(choose, g, tile):
     """Asserts the tile conv_wgmma's launcher picks for Geometry g (choose: wgmma.fwd_tile, ...)
     under forced(True, tile): the forced one, else the rule's 128x64 (these grids are small)."""
@@ -129,7 +122,7 @@ def test_conv_wgmma_fwd_matches_twin(precision, dtype, mode):
         g = conv._geometry(conv.conv_checks.fwd_problem('conv_fwd', x, w, *geometry, np)[2])
         assert wgmma.fits(g, dtype, mode)
         _runs_tile(wgmma.fwd_tile, g, tile)
-        xr, wr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (x, w))
+        xr, wr = ((round_tf32(a) if mode == 'tf32' else a).astype(np.float64) for a in (x, w))
         ref = np.maximum(twin.conv_fwd(xr, wr, *geometry) + bias.astype(np.float64), 0)
         with wgmma.forced(True, tile=tile):
             out = conv.conv_fwd(x, w, *geometry, epilogue='bias_relu', bias=bias, runtime=rt)
@@ -171,7 +164,7 @@ def test_conv_wgmma_dgrad_matches_twin(precision, dtype, mode):
         g = conv._geometry(conv.conv_checks.dgrad_problem('conv_dgrad', dy, w, x_shape, *geometry, np)[3])
         assert wgmma.dgrad_fits(g, dtype, mode)
         _runs_tile(wgmma.dgrad_tile, g, tile)
-        dyr, wr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (dy, w))
+        dyr, wr = ((round_tf32(a) if mode == 'tf32' else a).astype(np.float64) for a in (dy, w))
         with wgmma.forced(True, tile=tile):
             dx = conv.conv_dgrad(dy, w, x_shape, *geometry, runtime=rt)
         assert to_host(dx).dtype == np.dtype(dtype)
@@ -218,7 +211,7 @@ def test_conv_wgmma_wgrad_matches_twin(precision, dtype, mode):
         if splits:
             with conv_tiles.forced(splits=splits):
                 assert wgmma.wgrad_plan(g, dtype)[0][2] == splits
-        xr, dyr = ((_tf32_rounded(a) if mode == 'tf32' else a).astype(np.float64) for a in (x, dy))
+        xr, dyr = ((round_tf32(a) if mode == 'tf32' else a).astype(np.float64) for a in (x, dy))
         with wgmma.forced(True, tile=tile), conv_tiles.forced(splits=splits):
             dw = conv.conv_wgrad(x, dy, w_shape, *geometry, runtime=rt)
         assert to_host(dw).dtype == np.dtype(dtype) and dw.shape == w_shape

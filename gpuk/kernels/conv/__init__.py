@@ -49,17 +49,24 @@ _TABLE_DTYPES = {'ffma': np.float32, 'tf32': np.float32, 'ffma64': np.float64, '
 def igemm_defines(dtype, tile):
     dtype = np.dtype(dtype)
     element_t, acc_t = c_types(dtype)
+    dynamic = conv_tiles.dynamic_smem(tile, dtype)
     return {'ELEMENT_T': element_t, 'ACC_T': acc_t,
             'CONV_MATH': conv_tiles.MATH_CODES[tile.math], 'CONV_BM': tile.bm, 'CONV_BN': tile.bn,
             'CONV_BK': tile.bk, 'CONV_TM': tile.tm, 'CONV_TN': tile.tn, 'CONV_WARPS_M': tile.warps_m,
             'CONV_WARPS_N': tile.warps_n, 'CONV_THREADS': tile.threads, 'CONV_STAGES': tile.stages,
-            'REDUCE_THREADS': split_k.REDUCE_THREADS}
+            'REDUCE_THREADS': split_k.REDUCE_THREADS,
+            # stage rings past the static limit (tiles.dynamic_smem): the kernel checks the size
+            **({'CONV_DYNAMIC_SMEM': dynamic} if dynamic else {}),
+            **({'CONV_FWD_ONLY': 1} if tile in conv_tiles.FWD_ONLY.get(tile.math, ()) else {})}
 
 
 for _table, _tiles in conv_tiles.TILES.items():
     for _tile in _tiles:
         register_build(IGEMM_SOURCE, igemm_defines(_TABLE_DTYPES[_table], _tile),
                        ['conv_igemm_fwd', 'conv_igemm_dgrad', 'conv_igemm_wgrad', 'conv_reduce_splits'])
+for _table, _tiles in conv_tiles.FWD_ONLY.items():   # tf32 forward's BK=32 tile
+    for _tile in _tiles:
+        register_build(IGEMM_SOURCE, igemm_defines(_TABLE_DTYPES[_table], _tile), ['conv_igemm_fwd'])
 for _table, _tiles in conv_tiles.WGRAD_ONLY.items():   # 16-bit wgrad's rectangular tiles
     for _tile in _tiles:
         register_build(IGEMM_SOURCE, igemm_defines(_TABLE_DTYPES[_table], _tile),
@@ -184,13 +191,14 @@ def _prepared(rt, kind, arrays, params, prepare):
 
 
 def _kernel_launch(rt, dtype, tile, name, grid, threads):
-    return rt.kernel_launch(IGEMM_SOURCE, igemm_defines(dtype, tile), name, grid, threads)
+    shared = 0 if name == 'conv_reduce_splits' else conv_tiles.dynamic_smem(tile, dtype)
+    return rt.kernel_launch(IGEMM_SOURCE, igemm_defines(dtype, tile), name, grid, threads, shared)
 
 
 def _fwd_launch(rt, g, dtype, epilogue):
     rows, cols, depth = fwd_gemm_shape(g)
     check_gemm('conv_fwd', g, rows, cols, depth)
-    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth,
+    tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, fwd=True,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
     return Launch(_kernel_shape(g, g.out_sp, g.c_out), kernel_args(g) + (np.int32(EPILOGUES[epilogue]),),

@@ -20,22 +20,25 @@
 //   1 = mma.m16n8k16 with float32 accumulation on 16-bit inputs: f16 for float16, bf16 for
 //       bfloat16 (ELEMENT_T picks the instruction, see Mma16);
 //   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32'): each operand element
-//       is rounded once (cvt.rna, ties away from zero) in shared memory, by the thread that
-//       copied it, between its cp.async wait and the barrier that publishes the stage
-//       (round_landed_tf32: 2 instructions per element plus a 16-byte load and store per 4,
-//       instead of 2 per fragment register in every warp that reads it; an operand read by one
+//       is rounded once (float_to_tf32: to nearest, ties to even; cvt.rn.tf32.f32 on sm_90, one
+//       instruction; the same rounding on the bits on sm_80, 3) in shared memory, by the thread
+//       that copied it, between its cp.async wait and the barrier that publishes the stage
+//       (round_landed_tf32: the rounding plus a 16-byte load and store per 4 elements, instead
+//       of a rounding per fragment register in every warp that reads it; an operand read by one
 //       warp only keeps the per-register rounding). Fragments come from ldmatrix for [mn][k]
 //       tiles and from 8-byte shared loads for k-major ones: fwd runs as D^T = B^T A^T and wgrad
 //       pairs its A rows (Tf32Order).
 //       Why round at all: the tensor core reads the top 19 bits of each 32-bit word, i.e. it
 //       truncates. Truncation would be free (measured: 1.91 / 1.94 / 2.56 other instructions
-//       per MMA for 128x128 fwd / dgrad / wgrad on sm_90, 2.5-3.6 on 64x64) but doubles the worst
-//       input error (2^-10 instead of 2^-11 relative) and biases every product toward zero,
+//       per MMA for 128x128x16 fwd / dgrad / wgrad on sm_90, 2.5-3.6 on 64x64) but doubles the
+//       worst input error (2^-10 instead of 2^-11 relative) and biases every product toward zero,
 //       an error that adds up along K instead of averaging out (triton-lang/triton#4574: a
-//       truncating tf32 dot measured far less accurate than one rounding with cvt.rna);
-//       round-to-nearest is also what the wgmma path and the tf32 tests (inputs rounded half away
-//       from zero, then float32 tolerance) assume. tf32 is opt-in; float32 strict runs the FFMA
-//       path.
+//       truncating tf32 dot measured far less accurate than one rounding with cvt.rna). Ties go
+//       to even, not away from zero (cvt.rna, the only rounding sm_80 has): no bias on ties
+//       either (they are frequent in data with few significant bits), one instruction on sm_90,
+//       and the one rounding of every tf32 path (the wgmma path too), which the tests model
+//       (gpuk.kernels.testing.round_tf32, then float32 tolerance). tf32 is opt-in; float32
+//       strict runs the FFMA path.
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
 //   every shared address is a register plus an immediate. Each operand tile is stored in shared memory
@@ -166,6 +169,21 @@ template <int MODE> struct Layout {
 #define CONV_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define A_STAGE CONV_MAX(CONV_BM * CONV_BK, CONV_BK * (CONV_BM + SMEM_PAD_K))
 #define B_STAGE CONV_MAX(CONV_BN * CONV_BK, CONV_BK * (CONV_BN + SMEM_PAD_K))
+// The stage ring is static shared memory where it fits the 48 KB a kernel may declare statically;
+// past that (tf32 128x128x32: 68 KB) the launcher passes its size as CONV_DYNAMIC_SMEM (conv/tiles.py
+// dynamic_smem, the same formula) and launches with that much dynamic shared memory.
+#ifndef CONV_DYNAMIC_SMEM
+#define CONV_DYNAMIC_SMEM 0
+#endif
+// CONV_FWD_ONLY: a build for conv_igemm_fwd only (tiles.FWD_ONLY, tf32 128x128x32: the dgrad and
+// wgrad loaders keep twice the per-chunk state at BK=32 and spill); its dgrad and wgrad kernels
+// only trap, so that the build compiles spill-free and fast. The launcher never launches them.
+#ifndef CONV_FWD_ONLY
+#define CONV_FWD_ONLY 0
+#endif
+#define CONV_STAGE_BYTES (CONV_STAGES * (A_STAGE + B_STAGE) * (int)sizeof(elem_t))
+static_assert(CONV_DYNAMIC_SMEM == 0 ? CONV_STAGE_BYTES <= 48 * 1024 : CONV_DYNAMIC_SMEM == CONV_STAGE_BYTES,
+              "stage ring: static up to 48 KB, else dynamic of the launcher's size (tiles.dynamic_smem)");
 
 // The unit a row's unit u is stored at: rows of U units, U a power of two >= 2; groups of
 // 8/U rows share one XOR pattern when U < 8.
@@ -901,19 +919,15 @@ template <> struct Mma16<__nv_bfloat16> {
 //     operand (ldmatrix, 8-column tiles along m). Lane (g, t) then holds output rows m = 2t, 2t+1
 //     of each 8-row m tile at the channel pair n = 2g, 2g + 1 of each 16-channel n tile: acc keeps
 //     each pair together, one 8-byte store (EpilogueRun 2), 4 rows x 64 contiguous bytes per warp.
-// Rounding (cvt.rna, ties away from zero, as the twin's tests model it): an operand whose
-// elements are read by several warps (A by CONV_WARPS_N, B by CONV_WARPS_M) is rounded once per
-// element in shared memory, by the thread that copied it (round_landed_tf32: 2.5 instructions
-// per element with its 16-byte load and store), otherwise in the fragment registers of its one
-// reader (2 per register): 128x128 rounds both in shared memory, 64x64 (1 x 2 warps) A there and
-// B in registers.
+// Rounding (float_to_tf32, to nearest even): an operand whose elements are read by several warps
+// (A by CONV_WARPS_N, B by CONV_WARPS_M) is rounded once per element in shared memory, by the
+// thread that copied it (round_landed_tf32: the rounding, 1 instruction on sm_90 and 3 on sm_80,
+// plus its share of a 16-byte load and store), otherwise in the fragment registers of its one
+// reader (the rounding per register): 128x128 rounds both in shared memory, 64x64 (1 x 2 warps)
+// A there and B in registers.
 constexpr bool TF32_ROUND_A_SHARED = CONV_WARPS_N > 1, TF32_ROUND_B_SHARED = CONV_WARPS_M > 1;
-// cvt.rna.tf32.f32 as the MMA sees it: + half a tf32 unit to finite values (inf and NaN kept),
-// without clearing the 13 low bits, which the MMA ignores (the compiler lowers cvt.rna feeding
-// an MMA the same way): 2 instructions (FSETP, IADD) instead of 3.
-__device__ __forceinline__ float tf32_round_for_mma(float x) {
-    return fabsf(x) < __int_as_float(0x7f800000) ? __uint_as_float(__float_as_uint(x) + 0x1000u) : x;
-}
+// float_to_tf32 (common.cuh): round to nearest even, as the MMA reads it.
+__device__ __forceinline__ float tf32_round_for_mma(float x) { return __uint_as_float(float_to_tf32(x)); }
 // Rounds fragment registers unless their operand was rounded in shared memory (SHARED).
 template <bool SHARED, int N> __device__ __forceinline__ void round_fragment(unsigned (&r)[N]) {
     if constexpr (!SHARED) {
@@ -1066,7 +1080,7 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 #undef BS
 #if CONV_MATH == 2
 // tf32 rounding in shared memory (TF32_ROUND_A_SHARED / _B_SHARED): after its cp_async_wait,
-// each thread rounds (cvt.rna, in place) the 16-byte chunks of the landed stage that it copied
+// each thread rounds (float_to_tf32, in place) the 16-byte chunks of the landed stage that it copied
 // itself, before the barrier that publishes the stage, so no other thread's copy is touched and
 // no barrier is added. These offsets must follow the loaders' chunk mapping (GatherA and dgrad's
 // B: chunk_row / chunk_pos of a [mn][k] tile; RowStream: of a k-major tile; wgrad A:
@@ -1189,12 +1203,19 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
 }
 
 // Runs the pipeline over `depth` (= k_end - k_begin) K elements with an initialized loader.
+// dynamic_smem: the kernel's dynamic shared memory (CONV_DYNAMIC_SMEM), else unused.
 template <int MODE>
 __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvGeom& g,
                                                const elem_t* __restrict__ a_src, const elem_t* __restrict__ b_src,
-                                               int cols, long long depth, acc_t* acc) {
+                                               int cols, long long depth, acc_t* acc, unsigned char* dynamic_smem) {
+#if CONV_DYNAMIC_SMEM
+    elem_t (*as)[A_STAGE] = reinterpret_cast<elem_t (*)[A_STAGE]>(dynamic_smem);
+    elem_t (*bs)[B_STAGE] = reinterpret_cast<elem_t (*)[B_STAGE]>(dynamic_smem + CONV_STAGES * A_STAGE * sizeof(elem_t));
+#else
+    (void)dynamic_smem;
     __shared__ __align__(16) elem_t as[CONV_STAGES][A_STAGE];
     __shared__ __align__(16) elem_t bs[CONV_STAGES][B_STAGE];
+#endif
 #pragma unroll
     for (int e = 0; e < ACC_COUNT; ++e) acc[e] = acc_t(0);
     // One uniform choice per block, outside the loop: both operands in 16-byte chunks, or every
@@ -1348,7 +1369,12 @@ conv_igemm_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, const
     acc_t acc[ACC_COUNT];
     Loader<MODE_FWD> loader;
     loader.init(g, x, w, rows, 0, depth);
-    igemm_mainloop<MODE_FWD>(loader, g, x, w, c_out, depth, acc);
+#if CONV_DYNAMIC_SMEM
+    extern __shared__ __align__(16) unsigned char conv_dynamic_smem[];
+#else
+    unsigned char* const conv_dynamic_smem = nullptr;
+#endif
+    igemm_mainloop<MODE_FWD>(loader, g, x, w, c_out, depth, acc, conv_dynamic_smem);
     store_tile<MODE_FWD>(acc, rows, c_out, bias, epilogue, y, SameRows{});
 }
 
@@ -1360,6 +1386,9 @@ conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, el
                  int c_in, int c_out, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d,
                  int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d,
                  int pad_h, int pad_w) {
+#if CONV_FWD_ONLY
+    __trap();
+#else
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
     DgradPhase phase;
     phase.init(g, blockIdx.z);
@@ -1367,8 +1396,14 @@ conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, el
     acc_t acc[ACC_COUNT];
     Loader<MODE_DGRAD> loader;
     loader.init(g, phase, dy, w);
-    igemm_mainloop<MODE_DGRAD>(loader, g, dy, w, c_in, phase.depth, acc);
+#if CONV_DYNAMIC_SMEM
+    extern __shared__ __align__(16) unsigned char conv_dynamic_smem[];
+#else
+    unsigned char* const conv_dynamic_smem = nullptr;
+#endif
+    igemm_mainloop<MODE_DGRAD>(loader, g, dy, w, c_in, phase.depth, acc, conv_dynamic_smem);
     store_tile<MODE_DGRAD>(acc, phase.rows, c_in, nullptr, 0, dx, PhaseRows{g, phase});
+#endif
 }
 
 // conv_igemm_wgrad: dw (Keras layout (*k, C_in, C_out), i.e. row-major (taps*C_in, C_out)).
@@ -1379,6 +1414,9 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
                  acc_t* __restrict__ partial, int batch, int c_in, int c_out, int in_d, int in_h, int in_w,
                  int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d,
                  int dil_h, int dil_w, int pad_d, int pad_h, int pad_w, long long k_per_split) {
+#if CONV_FWD_ONLY
+    __trap();
+#else
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
     const long long rows = (long long)g.taps * c_in, depth = (long long)batch * g.out_pix;
     const long long k_begin = (long long)blockIdx.z * k_per_split;
@@ -1386,11 +1424,17 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
     acc_t acc[ACC_COUNT];
     Loader<MODE_WGRAD> loader;
     loader.init(g, x, dy, rows, k_begin, k_end);
-    igemm_mainloop<MODE_WGRAD>(loader, g, x, dy, c_out, k_end - k_begin, acc);
+#if CONV_DYNAMIC_SMEM
+    extern __shared__ __align__(16) unsigned char conv_dynamic_smem[];
+#else
+    unsigned char* const conv_dynamic_smem = nullptr;
+#endif
+    igemm_mainloop<MODE_WGRAD>(loader, g, x, dy, c_out, k_end - k_begin, acc, conv_dynamic_smem);
     if (gridDim.z == 1)
         store_tile<MODE_WGRAD>(acc, rows, c_out, nullptr, 0, dw, SameRows{});
     else
         store_tile<MODE_WGRAD>(acc, rows, c_out, nullptr, 0, partial + (long long)blockIdx.z * rows * c_out, SameRows{});
+#endif
 }
 
 // conv_reduce_splits: dw[i] = sum over splits of partial[s][i], in split order.

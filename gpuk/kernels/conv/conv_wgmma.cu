@@ -24,7 +24,7 @@
 //   (K runs along channels); wgrad's operands are MN-major in global memory (channels contiguous,
 //   K = pixels strided), so its producer transposes in registers: it loads VEC x VEC blocks (VEC
 //   16-byte units of VEC channels at VEC consecutive k), transposes them (16-bit: one byte
-//   permute per output word; tf32: register renaming, with the cvt.rna rounding applied there)
+//   permute per output word; tf32: register renaming, with the float_to_tf32 rounding applied there)
 //   and stores VEC units along k. wgmma's MN-major descriptor mode (16-bit only) would save the
 //   permutes but needs a second layout in the descriptors and the emulator for 16-bit types and
 //   this transpose anyway for tf32; one K-major layout keeps one consumer for all three kernels.
@@ -74,7 +74,7 @@
 //   and fences them (fence.proxy.async: cp.async and st.shared write through the generic proxy,
 //   wgmma reads through the async proxy), all threads meet at the barrier, the producer refills the stage of tile t - 2 with tile
 //   t + WG_STAGES - 2 and the consumer issues tile t's wgmmas (tf32 fwd/dgrad: the producer first
-//   rounds its landed units of tile t with cvt.rna, as the mma.sync path does), commits them and
+//   rounds its landed units of tile t with float_to_tf32, as the mma.sync path does), commits them and
 //   waits until one group is left in flight (tile t - 1 retired, so its stage is free for the
 //   producer after the next barrier). With 3 stages: one tile landing while one is multiplied.
 // Epilogue: after the K loop the consumer writes its accumulators, + bias[c_out] (fwd epilogue
@@ -218,7 +218,7 @@ struct GatherLoader {
     }
 
     // After this thread's copies of the stage at `stage` landed. tf32: rounds its units to tf32
-    // in place (cvt.rna, as the mma.sync path): the tensor core would otherwise truncate the
+    // in place (float_to_tf32: cvt.rn, as the mma.sync path): the tensor core would otherwise truncate the
     // float32 bits it reads.
     __device__ __forceinline__ void landed(unsigned char* stage) const {
         if constexpr (sizeof(elem_t) == 4) {
@@ -286,7 +286,7 @@ __device__ __forceinline__ unsigned unit_word(const uint4& v, int i) {
 }
 
 // Row r of the transpose of a VEC x VEC block given as VEC units (unit e: VEC channels at k e):
-// the VEC k's of channel r, as one 16-byte unit (tf32: rounded with cvt.rna).
+// the VEC k's of channel r, as one 16-byte unit (tf32: rounded with float_to_tf32).
 __device__ __forceinline__ uint4 transposed_unit(const uint4 (&in)[WG_VEC], int r) {
     unsigned w[4];
     if constexpr (sizeof(elem_t) == 2) {   // channel r: half r % 2 of word r / 2 of each unit

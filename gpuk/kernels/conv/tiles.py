@@ -13,6 +13,7 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
     f16    64x128x64    64 x 128 x 64  128     2       4 warps, 64 x 32      wgrad only: taps*C_in <= 64
     f16    128x64x64    128 x 64 x 64  128     2       4 warps, 64 x 32      wgrad only: C_out <= 64
     bf16   (as f16)                                                           bfloat16 (mma m16n8k16 bf16)
+    tf32   128x128x32   128 x 128 x 32 128      2       4 warps, 64 x 64      fwd only (FWD_ONLY): float32, 'tf32'
     tf32   128x128x16   128 x 128 x 16 128      2       4 warps, 64 x 64      float32 with precision 'tf32'
     tf32   64x64x32     64 x 64 x 32   64       2       2 warps, 64 x 32
 
@@ -21,8 +22,13 @@ x threads (static_asserts in conv_igemm.cu). FFMA and 16-bit tiles are XOR-swizz
 padding (except the FFMA [m][k] A tiles of fwd/dgrad, whose reads are broadcasts and need no
 swizzle), so BK=16 (FFMA) and BK=32 (16-bit 128x128) fit 3 stages in 48 KB of static shared
 memory; tf32 pads its k-major tiles (wgrad A, fwd/wgrad B) by 8 floats per row (conflict-free
-fragment reads): 128x128 tf32 keeps BK=16 and 2 stages (34 KB; 3 stages or BK=32 need dynamic
-shared memory above 48 KB, not done), 64x64 tf32 runs BK=32 with 2 stages (36 KB). The 128x128
+fragment reads): 128x128 tf32 runs BK=16 and 2 stages (34 KB) for dgrad and wgrad, and for the
+forward BK=32 with 2 stages (68 KB: a stage ring past 48 KB is dynamic shared memory, sized by
+`dynamic_smem`, still 2 blocks per SM on sm_80 and sm_90), which shares each K tile's fixed work
+(barrier, tap cursor, pointer steps) by twice the MMAs: 1.87 other instructions per MMA on sm_90
+against 2.19 at BK=16. dgrad and wgrad spill at BK=32 (8 A chunks per thread: twice the row
+pointers, tap masks or packed bounds), so the BK=32 tile is built for conv_igemm_fwd only
+(FWD_ONLY; FWD_TILES is the forward's table). 64x64 tf32 runs BK=32 with 2 stages (36 KB). The 128x128
 tensor-core tiles use 64x64 warp tiles (32 MMAs per k16 step per warp) and the 64x64 ones 2
 warps of 64x32 (not 4 of 32x32): the ldmatrix and loader work per thread is shared by twice the
 MMAs. 16-bit 64x64 runs BK=64 with 2 stages (32 KB: 4 blocks per SM on sm_80 too, as many as
@@ -30,9 +36,11 @@ its 242-255 registers allow): each K tile's fixed work (barrier, tap cursor, poi
 then shared by 64 MMAs per warp, which brings fwd and dgrad to 1.7-1.9 other instructions per
 MMA (3.0-3.8 with BK=32, 3 stages); the data in flight is the same as 3 stages of BK=32 (one
 64-deep tile while the other is multiplied). tf32 rounds each operand element once per block in
-shared memory (conv_igemm.cu, round_landed_tf32), which costs 2.5 instructions per element:
-1.25 per MMA on the 128x128 tile, 2.5 on 64x64 (half the multiply-adds per loaded element),
-against 2 per MMA (128x128) and 3 (64x64) when every warp rounded its fragment registers.
+shared memory (conv_igemm.cu, round_landed_tf32; to nearest even: common.cuh float_to_tf32), at
+1.5 instructions per element on sm_90 (one cvt.rn.tf32.f32 plus a quarter of a 16-byte load and
+store) and 3.5 on sm_80 (no cvt.rn there: 3 on the bits): 0.75 / 1.75 per MMA on the 128x128
+tiles (0.5 elements per MMA); the 64x64 tile rounds A so and B, read by one warp, in its
+registers.
 
 16-bit wgrad has its own table (WGRAD_TILES: 128x128x32, 64x128x64, 128x64x64, 64x64x64; the
 two rectangular tiles are built for conv_igemm_wgrad only). Its K (batch x output pixels) is long,
@@ -81,9 +89,10 @@ instructions per K tile, registers, occupancy) and are to be checked with bench/
                                                                tiles sit at 1 block (8 warps) per SM
     small N           padding waste <= MAX_WASTE (1.5)         C_out = 64 on a 128-wide tile wastes
                                                                half of every MMA/FFMA
-    1x1 / short K     the largest tile only:                   a 1x1 layer with C_in = 64 has 4 FFMA
-    (largest tile)    K >= MIN_K_TILES x BK per split          K tiles: the 3-stage prologue and the
-                                                               epilogue are not amortized
+    1x1 / short K     the largest tiles only (the table's      a 1x1 layer with C_in = 64 has 4 FFMA
+    (largest tile)    first block area: tf32 fwd's BK=32 and   K tiles: the 3-stage prologue and the
+                      BK=16 128x128): K >= MIN_K_TILES x BK    epilogue are not amortized
+                      per split
     7x7 stem, odd C   waste <= MAX_WASTE_PER_ELEMENT (2.0)     C_in = 3 takes per-element copies (VEC
                       when C % (16 bytes) != 0                 per chunk): the loader then costs as
                                                                much as the math, so the tile with
@@ -126,6 +135,11 @@ WGRAD_ONLY = {math_path: (_mma(math_path, 64, 128, 1, 4, bk=64, stages=2),
               for math_path in ('f16', 'bf16')}
 WGRAD_TILES = {math_path: (TILES[math_path][0],) + WGRAD_ONLY[math_path] + (TILES[math_path][1],)
                for math_path in ('f16', 'bf16')}
+# tf32 forward's own largest tile (see the docstring): BK=32, its 68 KB stage ring in dynamic shared
+# memory; built for conv_igemm_fwd only (the dgrad and wgrad loaders spill at BK=32).
+FWD_ONLY = {'tf32': (_mma('tf32', 128, 128, 2, 2, bk=32, stages=2),)}
+FWD_TILES = {'tf32': FWD_ONLY['tf32'] + TILES['tf32']}
+STATIC_SMEM_LIMIT = 48 * 1024   # bytes a kernel may declare as static shared memory
 MIN_BLOCKS = 264          # two waves on a 132-SM H100
 MAX_WASTE = 1.5           # tile area / real area
 MAX_WASTE_PER_ELEMENT = 2.0   # ... when the gathered operand is copied element by element (C % chunk != 0)
@@ -135,15 +149,34 @@ MIN_K_TILES_PER_SPLIT = 4
 _forced = {'tile': None, 'splits': None}
 
 
+def stage_bytes(tile, dtype):
+    """Shared-memory bytes of the tile's stage ring in conv_igemm.cu (A_STAGE + B_STAGE elements per
+    stage): tf32 pads its k-major rows by two 16-byte units (SMEM_PAD_K), the other paths by none."""
+    size = np.dtype(dtype).itemsize
+    pad = 2 * (16 // size) if tile.math == 'tf32' else 0
+    a_stage = max(tile.bm * tile.bk, tile.bk * (tile.bm + pad))
+    b_stage = max(tile.bn * tile.bk, tile.bk * (tile.bn + pad))
+    return tile.stages * (a_stage + b_stage) * size
+
+
+def dynamic_smem(tile, dtype):
+    """Bytes of dynamic shared memory the tile's stage ring is launched with: 0 (static shared
+    memory) where it fits STATIC_SMEM_LIMIT, else stage_bytes (the kernel checks that it agrees)."""
+    needed = stage_bytes(tile, dtype)
+    return needed if needed > STATIC_SMEM_LIMIT else 0
+
+
 def forced_state():
     """What forced() set (tile, splits): part of a launch's prepared key in the launcher."""
     return _forced['tile'], _forced['splits']
 
 
-def table_for(dtype, precision, wgrad=False):
+def table_for(dtype, precision, wgrad=False, fwd=False):
     """The candidate tiles (big to small) for inputs of ``dtype`` under ``precision`` (``wgrad``:
-    of conv_igemm_wgrad)."""
+    of conv_igemm_wgrad; ``fwd``: of conv_igemm_fwd)."""
     dtype = np.dtype(dtype)
+    if fwd and dtype == np.float32 and precision == 'tf32':
+        return FWD_TILES['tf32']
     tables = WGRAD_TILES if wgrad else TILES
     if dtype == np.float16:
         return tables['f16']
@@ -162,11 +195,12 @@ def _waste(tile, rows, cols):
     return (math.ceil(rows / tile.bm) * tile.bm * math.ceil(cols / tile.bn) * tile.bn) / (rows * cols)
 
 
-def choose_tile(dtype, precision, rows, cols, depth, wgrad=False, aligned=True):
+def choose_tile(dtype, precision, rows, cols, depth, wgrad=False, aligned=True, fwd=False):
     """The tile for a GEMM of rows x cols x depth (see the module docstring). ``aligned``: the
     gathered operand's channel count is a multiple of the 16-byte chunk (16-byte copies);
-    ``wgrad``: a weights-gradient GEMM (its K is split; 16-bit wgrad has its own table)."""
-    table = table_for(dtype, precision, wgrad=wgrad)
+    ``wgrad``: a weights-gradient GEMM (its K is split; 16-bit wgrad has its own table); ``fwd``:
+    a forward GEMM (tf32 has its own table)."""
+    table = table_for(dtype, precision, wgrad=wgrad, fwd=fwd)
     if _forced['tile'] is not None:
         for tile in table:
             if tile.name == _forced['tile']:
@@ -181,7 +215,8 @@ def choose_tile(dtype, precision, rows, cols, depth, wgrad=False, aligned=True):
         filled = (_blocks(tile, rows, cols) * splits >= MIN_BLOCKS
                   or split_cap_fills and splits == _most_splits(tile, depth))
         if (filled and _waste(tile, rows, cols) <= max_waste
-                and (tile is not table[0] or math.ceil(depth / splits) >= MIN_K_TILES * tile.bk)):
+                and (tile.bm * tile.bn < table[0].bm * table[0].bn
+                     or math.ceil(depth / splits) >= MIN_K_TILES * tile.bk)):
             return tile
     return table[-1]
 
