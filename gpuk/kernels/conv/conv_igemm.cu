@@ -230,15 +230,6 @@ template <class T> __device__ __forceinline__ const T* add_wide(const T* p, int 
     return p + elements;
 #endif
 }
-template <class T> __device__ __forceinline__ const T* add_bytes_wide(const T* p, unsigned a, unsigned b) {   // p + a*b bytes
-#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
-    const T* r;
-    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"(a), "r"(b), "l"(p));
-    return r;
-#else
-    return reinterpret_cast<const T*>(reinterpret_cast<const char*>(p) + (unsigned long long)a * b);
-#endif
-}
 __device__ __forceinline__ unsigned long long mul_wide(unsigned a, unsigned b) {
 #if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
     unsigned long long r;
@@ -267,29 +258,27 @@ struct FastDiv {
 
 // An (image, output pixel) position along K (wgrad).
 struct PixPos { unsigned n; int od, oh, ow; };
-// K position -> (image, output pixel), decoded afresh for every K tile by three FastDivs
-// (9 instructions, no branch): cheaper than carrying an iterator whose wrap branches (pixel ->
-// row -> plane -> image, each step of CONV_BK) cost ~20 instructions per row and tile. k < 2^31
-// (K < 2^31, checked by the launcher); rows past K decode to garbage that no copy reads.
+// K position -> (image, output pixel), decoded afresh for every K tile by three FastDivs, by
+// the output sizes themselves (k / out_w, then / out_h, then / out_d: no derived constant for
+// the compiler to rematerialize in the loop), and three remainders: 9-12 instructions without a
+// branch, where an iterator carried across tiles needs its wrap branches (pixel -> row -> plane
+// -> image, each step of CONV_BK: ~20 instructions per row and tile, counted statically).
+// k < 2^31 (K < 2^31, checked by the launcher); rows past K decode to garbage no copy reads.
 struct PixDecode {
-    FastDiv by_pix, by_w, by_h;
-    unsigned neg_pix, neg_w, neg_h;   // -divisor, so that each remainder is one IMAD
+    FastDiv by_w, by_h, by_d;
     __device__ __forceinline__ void init(const ConvGeom& g) {
-        by_pix.init((int)g.out_pix);
         by_w.init(g.out_w);
         by_h.init(g.out_h);
-        neg_pix = 0u - (unsigned)g.out_pix;
-        neg_w = 0u - (unsigned)g.out_w;
-        neg_h = 0u - (unsigned)g.out_h;
+        by_d.init(g.out_d);
     }
-    __device__ __forceinline__ PixPos operator()(unsigned k) const {
+    __device__ __forceinline__ PixPos operator()(const ConvGeom& g, unsigned k) const {
         PixPos p;
-        p.n = (unsigned)by_pix(k);
-        const unsigned rest = k + p.n * neg_pix;   // pixel within the image
-        const int rows = by_w(rest);               // od * out_h + oh
-        p.ow = (int)(rest + (unsigned)rows * neg_w);
-        p.od = by_h((unsigned)rows);
-        p.oh = (int)((unsigned)rows + (unsigned)p.od * neg_h);
+        const int rows = by_w(k);               // (n * out_d + od) * out_h + oh
+        p.ow = (int)(k - (unsigned)rows * (unsigned)g.out_w);
+        const int planes = by_h((unsigned)rows);   // n * out_d + od
+        p.oh = rows - planes * g.out_h;
+        p.n = (unsigned)by_d((unsigned)planes);
+        p.od = planes - (int)p.n * g.out_d;
         return p;
     }
 };
@@ -712,9 +701,6 @@ struct WgradPack {
 template <> struct Loader<MODE_WGRAD> {
     PixDecode decode;                     // K position -> (image, output pixel), per tile
     unsigned k_row;                       // K position of this thread's row 0 in the next tile (< 2^32)
-    // 16-byte path, per output pixel step along d/h/w: the window origin's offset in x's elements
-    // (< 2^31 within an image: a_vec) and in WgradPack words; an image's bytes (< 2^32: a_vec)
-    unsigned step_d, step_h, step_w, pack_d, pack_h, pack_w, image_bytes;
     TapIter a_m[WG_CHUNKS];               // chunk j's (tap, ci) column, fixed for the block (per-element path)
     int a_off[WG_CHUNKS];                 // 16-byte path: chunk j's offset from the pixel's window origin
     int a_td[WG_CHUNKS], a_th[WG_CHUNKS], a_tw[WG_CHUNKS];   // its tap's offsets
@@ -733,14 +719,8 @@ template <> struct Loader<MODE_WGRAD> {
             ((dim_reach(taps.d) * g.in_h + dim_reach(taps.h)) * g.in_w + dim_reach(taps.w) + 1) * g.c_in;
         const long long origins = ((((long long)g.out_d - 1) * g.s_d * g.in_h + (long long)(g.out_h - 1) * g.s_h) *
                                        g.in_w + (long long)(g.out_w - 1) * g.s_w + 1) * g.c_in;
-        const bool fits = origins + reach < (1ll << 31) && g.in_pix * g.c_in * (long long)sizeof(elem_t) < (1ll << 32);
-        image_bytes = (unsigned)(g.in_pix * g.c_in * (long long)sizeof(elem_t));
-        step_w = (unsigned)g.s_w * (unsigned)g.c_in;
-        step_h = (unsigned)g.s_h * (unsigned)g.in_w * (unsigned)g.c_in;   // mod 2^32: exact where used
-        step_d = (unsigned)g.s_d * (unsigned)g.in_h * (unsigned)g.in_w * (unsigned)g.c_in;
-        pack_d = WgradPack::pack(g.s_d, 0, 0);
-        pack_h = WgradPack::pack(0, g.s_h, 0);
-        pack_w = WgradPack::pack(0, 0, g.s_w);
+        // ... and x's pixels (all images) fit 32 bits: a row's window origin is one pixel index
+        const bool fits = origins + reach < (1ll << 31) && (long long)g.batch * g.in_pix < (1ll << 31);
 #pragma unroll
         for (int j = 0; j < WG_CHUNKS; ++j) {
             TapIter& t = a_m[j];
@@ -773,15 +753,15 @@ template <> struct Loader<MODE_WGRAD> {
     }
 
     // The window origin of k row `row` (its pixel decoded, PixDecode), as the 16-byte path uses
-    // it: x at (image, origin), from 32-bit terms (a_vec), and the packed word (WgradPack::pack of
-    // the origin: linear, mod 2^32), the fake origin for rows past k_end.
+    // it: x at (image, origin), from its pixel index in x (32-bit: a_vec; by the sizes themselves,
+    // no derived constant), and packed (WgradPack), the fake origin for rows past k_end.
     __device__ __forceinline__ void row_origin(const ConvGeom& g, const elem_t* __restrict__ x, int row,
                                                const elem_t*& origin, unsigned& at) const {
-        const PixPos p = decode(k_row + (unsigned)(row - wgrad_a_row(0)));
-        origin = add_wide(add_bytes_wide(x, p.n, image_bytes),
-                          (int)((unsigned)p.od * step_d + (unsigned)p.oh * step_h + (unsigned)p.ow * step_w));
-        at = row < b.left ? (unsigned)p.od * pack_d + (unsigned)p.oh * pack_h + (unsigned)p.ow * pack_w
-                          : WgradPack::fake_origin(g);
+        const PixPos p = decode(g, k_row + (unsigned)(row - wgrad_a_row(0)));
+        const int id0 = p.od * g.s_d, ih0 = p.oh * g.s_h, iw0 = p.ow * g.s_w;
+        const unsigned pixel = (((p.n * (unsigned)g.in_d + id0) * g.in_h + ih0) * g.in_w + iw0);
+        origin = x + mul_wide(pixel, (unsigned)g.c_in);
+        at = row < b.left ? WgradPack::pack(id0, ih0, iw0) : WgradPack::fake_origin(g);
     }
 
     // One K tile: this thread's chunks of each of its k rows, then B (RowStream).
@@ -813,7 +793,7 @@ template <> struct Loader<MODE_WGRAD> {
             } else if constexpr (VECTOR) {
                 row_origin(g, x, row, origin, at);
             }
-            if constexpr (!PACKED) p = decode(k_row + (unsigned)(row - wgrad_a_row(0)));
+            if constexpr (!PACKED) p = decode(g, k_row + (unsigned)(row - wgrad_a_row(0)));
 #pragma unroll
             for (int j = 0; j < WG_CHUNKS; ++j) {
                 elem_t* dst = as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row);
