@@ -50,13 +50,14 @@
 //   FFMA: each thread owns a CONV_TM x CONV_TN micro-tile made of runs of 4 rows/columns
 //   (conflict-free 16-byte shared reads). MMA: CONV_WARPS_M x CONV_WARPS_N warps, each a
 //   (BM/WARPS_M) x (BN/WARPS_N) warp tile of 16x8 MMA tiles.
-// Loads (Loader<MODE>): all index decoding (divisions) happens once per block: each thread
+// Loads (Loader<MODE>): fwd/dgrad decode their indices (divisions) once per block: each thread
 //   keeps, per A row it loads, a pointer to the row's window origin, and one (tap, channel)
-//   position for all its chunks (they share k; fwd/dgrad: a TapCursor on the 16-byte path,
-//   a TapIter on the per-element one), or one (image, pixel) iterator per k row it loads (1 or
-//   2) plus, per chunk column, the fixed (tap, channel) as a 32-bit offset (wgrad); each K tile
-//   advances them by adds and a wrap compare (the cursor's tap wrap: shifts and selects, no
-//   nested branches). Row-major operands (fwd w, wgrad dy) are a pointer plus a count of K rows
+//   position for all its chunks (they share k; a TapCursor on the 16-byte path, a TapIter on the
+//   per-element one), advanced every K tile by adds and a wrap compare (the cursor's tap wrap:
+//   shifts and selects, no nested branches). wgrad keeps, per chunk column, the fixed (tap,
+//   channel) as a 32-bit offset, and decodes the (image, pixel) of each k row it loads (1 or 2)
+//   afresh every K tile by multiply-shift divisions (PixDecode; the divisors' multipliers are
+//   computed once per block): no state carried across tiles, no branch. Row-major operands (fwd w, wgrad dy) are a pointer plus a count of K rows
 //   left (RowStream). Rows past the end get a far-outside origin
 //   (or an empty tap mask), so one bounds check covers padding and tails; zero-filled chunks
 //   pass their address unread. No thread returns early (dgrad blocks past their phase's rows
@@ -84,7 +85,8 @@
 //   in 32 bits); offsets are 64-bit, except the 32-bit tap, filter (dgrad) and row-stream
 //   offsets of the vector path (checked per block: larger reaches take the per-element path),
 //   which also needs the filter's taps per dim (of the dgrad phase) plus CONV_BK / VEC to sum
-//   to <= 31 for the fwd/dgrad tap masks (tap_masks_fit); grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
+//   to <= 31 for the fwd/dgrad tap masks (tap_masks_fit), and for wgrad x's pixels (all images)
+//   < 2^31 (a row's window origin is a 32-bit pixel index); grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
 //   stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
 #include "conv_common.cuh"
 
@@ -619,9 +621,10 @@ template <> struct Loader<MODE_DGRAD> {
 // read whole 32-byte sectors (neighbouring lanes, neighbouring 16-byte units of one pixel);
 // each thread copies WG_ROWS k rows (2 where the block has as many threads as K rows, the
 // f16 64x64x64 tile; else 1), THREADS / WG_LANES rows apart, and WG_CHUNKS chunks along m in
-// each (wgrad_a_unit). One (image, pixel) iterator per row serves its chunks, and each chunk
-// column keeps its fixed (tap, channel) as a 32-bit offset from the pixel's window origin plus
-// the tap's spatial offsets for the bounds check (shared by the thread's rows).
+// each (wgrad_a_unit). Each K tile decodes each row's pixel once for its chunks (PixDecode; two
+// lanes sharing two rows decode one each and swap, WG_PAIRED), and each chunk column keeps its
+// fixed (tap, channel) as a 32-bit offset from the pixel's window origin plus the tap's spatial
+// offsets for the bounds check (shared by the thread's rows).
 #define WG_LANES (CONV_THREADS / CONV_BK >= 2 ? CONV_THREADS / CONV_BK : 2)
 #define WG_ROWS (CONV_BK * WG_LANES / CONV_THREADS)
 #define WG_CHUNKS (A_CHUNKS_PER_THREAD / WG_ROWS)
@@ -649,7 +652,7 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 // (tap + up_bias), lo = (lo_bias - tap) - origin, the tap terms fixed per chunk column, the
 // origin packed once per row and tile. Rows past k_end take fake_origin() (w = -1 - last tap)
 // and chunks past the filter far_tap() (w = -1 - the largest origin), both outside on w.
-// Larger images (or pads) keep the three compares (Loader<MODE_WGRAD>::load<true>), and so do
+// Larger images (or pads) keep the three compares (Loader<MODE_WGRAD>::load<true, false>), and so do
 // tiles with fewer than 4 chunks per row (f64): there the per-tile packing and biases cost more
 // than the 3 instructions a chunk saves.
 #define WG_PACKED (WG_CHUNKS >= 4)
@@ -752,16 +755,24 @@ template <> struct Loader<MODE_WGRAD> {
                (unsigned)iw < (unsigned)g.in_w;
     }
 
-    // The window origin of k row `row` (its pixel decoded, PixDecode), as the 16-byte path uses
-    // it: x at (image, origin), from its pixel index in x (32-bit: a_vec; by the sizes themselves,
-    // no derived constant), and packed (WgradPack), the fake origin for rows past k_end.
+    // The pixel of k row `row` in the next tile.
+    __device__ __forceinline__ PixPos row_pixel(const ConvGeom& g, int row) const {
+        return decode(g, k_row + (unsigned)(row - wgrad_a_row(0)));
+    }
+    // x at the window origin of pixel p (16-byte path), from its pixel index in x (32-bit: a_vec;
+    // by the sizes themselves, no derived constant for ptxas to rematerialize every tile).
+    __device__ __forceinline__ static const elem_t* window_origin(const ConvGeom& g, const elem_t* __restrict__ x,
+                                                                  const PixPos& p) {
+        const unsigned pixel = ((p.n * (unsigned)g.in_d + p.od * g.s_d) * g.in_h + p.oh * g.s_h) * g.in_w + p.ow * g.s_w;
+        return x + mul_wide(pixel, (unsigned)g.c_in);
+    }
+    // The packed path's view of k row `row`: its window origin and the origin packed (WgradPack),
+    // the fake origin for rows past k_end.
     __device__ __forceinline__ void row_origin(const ConvGeom& g, const elem_t* __restrict__ x, int row,
                                                const elem_t*& origin, unsigned& at) const {
-        const PixPos p = decode(g, k_row + (unsigned)(row - wgrad_a_row(0)));
-        const int id0 = p.od * g.s_d, ih0 = p.oh * g.s_h, iw0 = p.ow * g.s_w;
-        const unsigned pixel = (((p.n * (unsigned)g.in_d + id0) * g.in_h + ih0) * g.in_w + iw0);
-        origin = x + mul_wide(pixel, (unsigned)g.c_in);
-        at = row < b.left ? WgradPack::pack(id0, ih0, iw0) : WgradPack::fake_origin(g);
+        const PixPos p = row_pixel(g, row);
+        origin = window_origin(g, x, p);
+        at = row < b.left ? WgradPack::pack(p.od * g.s_d, p.oh * g.s_h, p.ow * g.s_w) : WgradPack::fake_origin(g);
     }
 
     // One K tile: this thread's chunks of each of its k rows, then B (RowStream).
@@ -790,20 +801,23 @@ template <> struct Loader<MODE_WGRAD> {
                 origin = reinterpret_cast<const elem_t*>(
                     __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(shared_origin), lane));
                 at = __shfl_sync(0xffffffffu, shared_at, lane);
-            } else if constexpr (VECTOR) {
+            } else if constexpr (PACKED) {
                 row_origin(g, x, row, origin, at);
+            } else {
+                p = row_pixel(g, row);
+                if constexpr (VECTOR) origin = window_origin(g, x, p);
             }
-            if constexpr (!PACKED) p = decode(g, k_row + (unsigned)(row - wgrad_a_row(0)));
 #pragma unroll
             for (int j = 0; j < WG_CHUNKS; ++j) {
                 elem_t* dst = as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row);
                 if constexpr (PACKED) {
                     copy_chunk(dst, add_wide(origin, a_off[j]), WgradPack::inside(at + a_up[j], a_lo[j] - at));
                 } else if constexpr (VECTOR) {
+                    // & rather than &&: no branches around the compares
                     copy_chunk(dst, add_wide(origin, a_off[j]),
-                               k_ok && (unsigned)(p.od * g.s_d + a_td[j]) < (unsigned)g.in_d &&
-                                   (unsigned)(p.oh * g.s_h + a_th[j]) < (unsigned)g.in_h &&
-                                   (unsigned)(p.ow * g.s_w + a_tw[j]) < (unsigned)g.in_w);
+                               k_ok & ((unsigned)(p.od * g.s_d + a_td[j]) < (unsigned)g.in_d) &
+                                   ((unsigned)(p.oh * g.s_h + a_th[j]) < (unsigned)g.in_h) &
+                                   ((unsigned)(p.ow * g.s_w + a_tw[j]) < (unsigned)g.in_w));
                 } else {
                     const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
                     copy_tap_run(dst, x, taps, a_m[j], g.c_in, k_ok, [&](const TapIter& t, const elem_t*& src) {
