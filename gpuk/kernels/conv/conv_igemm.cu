@@ -57,8 +57,8 @@
 //   shifts and selects, no nested branches). wgrad keeps, per chunk column, the fixed (tap,
 //   channel) as a 32-bit offset, and decodes the (image, pixel) of each k row it loads (1 or 2)
 //   afresh every K tile by multiply-shift divisions (PixDecode; the divisors' multipliers are
-//   computed once per block): no state carried across tiles, no branch. Row-major operands (fwd w, wgrad dy) are a pointer plus a count of K rows
-//   left (RowStream). Rows past the end get a far-outside origin
+//   computed once per block): no state carried across tiles, no branch. Row-major operands
+//   (fwd w, wgrad dy) are a pointer plus a count of K rows left (RowStream). Rows past the end get a far-outside origin
 //   (or an empty tap mask), so one bounds check covers padding and tails; zero-filled chunks
 //   pass their address unread. No thread returns early (dgrad blocks past their phase's rows
 //   exit whole).
@@ -86,8 +86,8 @@
 //   offsets of the vector path (checked per block: larger reaches take the per-element path),
 //   which also needs the filter's taps per dim (of the dgrad phase) plus CONV_BK / VEC to sum
 //   to <= 31 for the fwd/dgrad tap masks (tap_masks_fit), and for wgrad x's pixels (all images)
-//   < 2^31 (a row's window origin is a 32-bit pixel index); grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
-//   stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
+//   < 2^31 (a row's window origin is a 32-bit pixel index); grid.y = N tiles <= 65535,
+//   grid.z = splits (wgrad) or stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
 #include "conv_common.cuh"
 
 #ifndef CONV_MATH
@@ -218,11 +218,11 @@ __device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len /
 
 // ConvGeom, TapSeq / TapIter (K positions) and DgradPhase (stride phases): conv_common.cuh.
 
-// 32 x 32 -> 64-bit multiply-adds as single PTX instructions (one IMAD.WIDE each). Written
-// in C++, the wgrad loader's address sums (a per-row pointer plus a per-chunk 32-bit offset
-// fixed for the block) get folded into 64-bit index arithmetic with hoisted, sign-extended
-// offsets (2-4 instructions and 2 registers per chunk), and a u64 product of two u32 gets an
-// extra add of a zero high word. The emulator computes the same in plain C++.
+// 32 x 32 -> 64-bit multiply(-add)s as single PTX instructions (mad.wide / mul.wide). Written
+// in C++, the wgrad loader's chunk addresses (a per-row pointer plus a per-chunk 32-bit offset
+// fixed for the block) get folded into 64-bit index arithmetic (4 instructions per chunk; as
+// one mad.wide, ptxas makes it 2: LEA + LEA.HI.X), and a u64 product of two u32 gets an extra
+// add of a zero high word. The emulator computes the same in plain C++.
 template <class T> __device__ __forceinline__ const T* add_wide(const T* p, int elements) {   // p + elements
 #if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
     const T* r;
@@ -763,7 +763,8 @@ template <> struct Loader<MODE_WGRAD> {
     // by the sizes themselves, no derived constant for ptxas to rematerialize every tile).
     __device__ __forceinline__ static const elem_t* window_origin(const ConvGeom& g, const elem_t* __restrict__ x,
                                                                   const PixPos& p) {
-        const unsigned pixel = ((p.n * (unsigned)g.in_d + p.od * g.s_d) * g.in_h + p.oh * g.s_h) * g.in_w + p.ow * g.s_w;
+        const unsigned pixel =
+            ((p.n * (unsigned)g.in_d + p.od * g.s_d) * g.in_h + p.oh * g.s_h) * g.in_w + p.ow * g.s_w;
         return x + mul_wide(pixel, (unsigned)g.c_in);
     }
     // The packed path's view of k row `row`: its window origin and the origin packed (WgradPack),
