@@ -53,14 +53,15 @@
 //   FFMA: each thread owns a CONV_TM x CONV_TN micro-tile made of runs of 4 rows/columns
 //   (conflict-free 16-byte shared reads). MMA: CONV_WARPS_M x CONV_WARPS_N warps, each a
 //   (BM/WARPS_M) x (BN/WARPS_N) warp tile of 16x8 MMA tiles.
-// Loads (Loader<MODE>): all index decoding (divisions) happens once per block: each thread
+// Loads (Loader<MODE>): fwd/dgrad decode their indices (divisions) once per block: each thread
 //   keeps, per A row it loads, a pointer to the row's window origin, and one (tap, channel)
-//   position for all its chunks (they share k; fwd/dgrad: a TapCursor on the 16-byte path,
-//   a TapIter on the per-element one), or one (image, pixel) iterator per k row it loads (1 or
-//   2) plus, per chunk column, the fixed (tap, channel) as a 32-bit offset (wgrad); each K tile
-//   advances them by adds and a wrap compare (the cursor's tap wrap: shifts and selects, no
-//   nested branches). Row-major operands (fwd w, wgrad dy) are a pointer plus a count of K rows
-//   left (RowStream). Rows past the end get a far-outside origin
+//   position for all its chunks (they share k; a TapCursor on the 16-byte path, a TapIter on the
+//   per-element one), advanced every K tile by adds and a wrap compare (the cursor's tap wrap:
+//   shifts and selects, no nested branches). wgrad keeps, per chunk column, the fixed (tap,
+//   channel) as a 32-bit offset, and decodes the (image, pixel) of each k row it loads (1 or 2)
+//   afresh every K tile by multiply-shift divisions (PixDecode; the divisors' multipliers are
+//   computed once per block): no state carried across tiles, no branch. Row-major operands
+//   (fwd w, wgrad dy) are a pointer plus a count of K rows left (RowStream). Rows past the end get a far-outside origin
 //   (or an empty tap mask), so one bounds check covers padding and tails; zero-filled chunks
 //   pass their address unread. No thread returns early (dgrad blocks past their phase's rows
 //   exit whole).
@@ -87,8 +88,9 @@
 //   in 32 bits); offsets are 64-bit, except the 32-bit tap, filter (dgrad) and row-stream
 //   offsets of the vector path (checked per block: larger reaches take the per-element path),
 //   which also needs the filter's taps per dim (of the dgrad phase) plus CONV_BK / VEC to sum
-//   to <= 31 for the fwd/dgrad tap masks (tap_masks_fit); grid.y = N tiles <= 65535, grid.z = splits (wgrad) or
-//   stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
+//   to <= 31 for the fwd/dgrad tap masks (tap_masks_fit), and for wgrad x's pixels (all images)
+//   < 2^31 (a row's window origin is a 32-bit pixel index); grid.y = N tiles <= 65535,
+//   grid.z = splits (wgrad) or stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
 #include "conv_common.cuh"
 
 #ifndef CONV_MATH
@@ -234,33 +236,70 @@ __device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len /
 
 // ConvGeom, TapSeq / TapIter (K positions) and DgradPhase (stride phases): conv_common.cuh.
 
-// An (image, output pixel) position along K (wgrad), advanced by adds and wrap compares.
-struct PixIter {
-    int n, od, oh, ow;
-    __device__ __forceinline__ void start(const ConvGeom& g, long long k) {
-        const unsigned opix = (unsigned)g.out_pix, ku = (unsigned)k;
-        n = (int)(ku / opix);
-        const unsigned p = ku - (unsigned)n * opix;
-        ow = (int)(p % (unsigned)g.out_w);
-        oh = (int)((p / (unsigned)g.out_w) % (unsigned)g.out_h);
-        od = (int)(p / ((unsigned)g.out_w * (unsigned)g.out_h));
+// 32 x 32 -> 64-bit multiply(-add)s as single PTX instructions (mad.wide / mul.wide). Written
+// in C++, the wgrad loader's chunk addresses (a per-row pointer plus a per-chunk 32-bit offset
+// fixed for the block) get folded into 64-bit index arithmetic (4 instructions per chunk; as
+// one mad.wide, ptxas makes it 2: LEA + LEA.HI.X), and a u64 product of two u32 gets an extra
+// add of a zero high word. The emulator computes the same in plain C++.
+template <class T> __device__ __forceinline__ const T* add_wide(const T* p, int elements) {   // p + elements
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
+    const T* r;
+    asm("mad.wide.s32 %0, %1, %2, %3;" : "=l"(r) : "r"(elements), "n"((int)sizeof(T)), "l"(p));
+    return r;
+#else
+    return p + elements;
+#endif
+}
+__device__ __forceinline__ unsigned long long mul_wide(unsigned a, unsigned b) {
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
+    unsigned long long r;
+    asm("mul.wide.u32 %0, %1, %2;" : "=l"(r) : "r"(a), "r"(b));
+    return r;
+#else
+    return (unsigned long long)a * b;
+#endif
+}
+
+// Division of numerators n < 2^31 by a block-uniform divisor d >= 1 as one 32 x 32 -> 64-bit
+// multiply and a shift (IMAD.WIDE.U32, SHF): with l = ceil(log2 d), s = 31 + l and
+// mul = ceil(2^s / d) < 2^32, n * mul / 2^s = n / d + e with 0 <= e < n / 2^s < 2^-l <= 1/d, which
+// keeps floor exact. init() divides once per block (64-bit), outside the K loop.
+struct FastDiv {
+    unsigned mul;
+    int shift;
+    __device__ __forceinline__ void init(int d) {
+        shift = 31 + (32 - __clz(d - 1));
+        mul = (unsigned)(((1ull << shift) - 1) / (unsigned)d + 1);
     }
-    // next_image() runs at each step into the next image: the wgrad loader moves its image
-    // pointer there, in the rare branch, instead of multiplying by the images stepped per K tile.
-    template <class NextImage>
-    __device__ __forceinline__ void advance(const ConvGeom& g, int step, const NextImage& next_image) {
-        ow += step;
-        while (ow >= g.out_w) {
-            ow -= g.out_w;
-            if (++oh == g.out_h) {
-                oh = 0;
-                if (++od == g.out_d) {
-                    od = 0;
-                    ++n;
-                    next_image();
-                }
-            }
-        }
+    __device__ __forceinline__ int operator()(unsigned n) const {
+        return (int)(mul_wide(n, mul) >> shift);
+    }
+};
+
+// An (image, output pixel) position along K (wgrad).
+struct PixPos { unsigned n; int od, oh, ow; };
+// K position -> (image, output pixel), decoded afresh for every K tile by three FastDivs, by
+// the output sizes themselves (k / out_w, then / out_h, then / out_d: no derived constant for
+// the compiler to rematerialize in the loop), and three remainders: 9-12 instructions without a
+// branch, where an iterator carried across tiles needs its wrap branches (pixel -> row -> plane
+// -> image, each step of CONV_BK: ~20 instructions per row and tile, counted statically).
+// k < 2^31 (K < 2^31, checked by the launcher); rows past K decode to garbage no copy reads.
+struct PixDecode {
+    FastDiv by_w, by_h, by_d;
+    __device__ __forceinline__ void init(const ConvGeom& g) {
+        by_w.init(g.out_w);
+        by_h.init(g.out_h);
+        by_d.init(g.out_d);
+    }
+    __device__ __forceinline__ PixPos operator()(const ConvGeom& g, unsigned k) const {
+        PixPos p;
+        const int rows = by_w(k);               // (n * out_d + od) * out_h + oh
+        p.ow = (int)(k - (unsigned)rows * (unsigned)g.out_w);
+        const int planes = by_h((unsigned)rows);   // n * out_d + od
+        p.oh = rows - planes * g.out_h;
+        p.n = (unsigned)by_d((unsigned)planes);
+        p.od = planes - (int)p.n * g.out_d;
+        return p;
     }
 };
 
@@ -600,15 +639,18 @@ template <> struct Loader<MODE_DGRAD> {
 // read whole 32-byte sectors (neighbouring lanes, neighbouring 16-byte units of one pixel);
 // each thread copies WG_ROWS k rows (2 where the block has as many threads as K rows, the
 // f16 64x64x64 tile; else 1), THREADS / WG_LANES rows apart, and WG_CHUNKS chunks along m in
-// each (wgrad_a_unit). One (image, pixel) iterator per row serves its chunks, and each chunk
-// column keeps its fixed (tap, channel) as a 32-bit offset from the pixel's window origin plus
-// the tap's spatial offsets for the bounds check (shared by the thread's rows).
+// each (wgrad_a_unit). Each K tile decodes each row's pixel once for its chunks (PixDecode; two
+// lanes sharing two rows decode one each and swap, WG_PAIRED), and each chunk column keeps its
+// fixed (tap, channel) as a 32-bit offset from the pixel's window origin plus the tap's spatial
+// offsets for the bounds check (shared by the thread's rows).
 #define WG_LANES (CONV_THREADS / CONV_BK >= 2 ? CONV_THREADS / CONV_BK : 2)
 #define WG_ROWS (CONV_BK * WG_LANES / CONV_THREADS)
 #define WG_CHUNKS (A_CHUNKS_PER_THREAD / WG_ROWS)
 static_assert(WG_ROWS * CONV_THREADS == CONV_BK * WG_LANES && WG_LANES * WG_CHUNKS * VEC == CONV_BM &&
               (WG_CHUNKS & (WG_CHUNKS - 1)) == 0 && (CONV_THREADS / WG_LANES) % WG_CHUNKS == 0,
               "wgrad A: whole k rows per thread, 2^n chunks per row");
+// Packed path: the two lanes that share a thread's two k rows decode one each (Loader::load).
+#define WG_PAIRED (WG_ROWS == 2 && WG_LANES % 2 == 0)
 __device__ __forceinline__ int wgrad_a_row(int r) { return threadIdx.x / WG_LANES + r * (CONV_THREADS / WG_LANES); }
 // The 16-byte unit of chunk j along m: a row's units are dealt to its lanes in turn and
 // in swizzled tiles permuted per row (j ^ row; a thread's rows share the low bits), so that the
@@ -628,7 +670,7 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 // (tap + up_bias), lo = (lo_bias - tap) - origin, the tap terms fixed per chunk column, the
 // origin packed once per row and tile. Rows past k_end take fake_origin() (w = -1 - last tap)
 // and chunks past the filter far_tap() (w = -1 - the largest origin), both outside on w.
-// Larger images (or pads) keep the three compares (Loader<MODE_WGRAD>::load<true>), and so do
+// Larger images (or pads) keep the three compares (Loader<MODE_WGRAD>::load<true, false>), and so do
 // tiles with fewer than 4 chunks per row (f64): there the per-tile packing and biases cost more
 // than the 3 instructions a chunk saves.
 #define WG_PACKED (WG_CHUNKS >= 4)
@@ -678,10 +720,8 @@ struct WgradPack {
 };
 
 template <> struct Loader<MODE_WGRAD> {
-    PixIter pix[WG_ROWS];                 // this thread's k rows: (image, output pixel)
-    const elem_t* image[WG_ROWS];         // x at image pix[r].n (a pointer carried across K tiles, so
-                                          // that each chunk address is one IMAD.WIDE from it;
-                                          // stepped by one image in PixIter's wrap, no multiply)
+    PixDecode decode;                     // K position -> (image, output pixel), per tile
+    unsigned k_row;                       // K position of this thread's row 0 in the next tile (< 2^32)
     TapIter a_m[WG_CHUNKS];               // chunk j's (tap, ci) column, fixed for the block (per-element path)
     int a_off[WG_CHUNKS];                 // 16-byte path: chunk j's offset from the pixel's window origin
     int a_td[WG_CHUNKS], a_th[WG_CHUNKS], a_tw[WG_CHUNKS];   // its tap's offsets
@@ -692,18 +732,16 @@ template <> struct Loader<MODE_WGRAD> {
     __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* dy, long long rows,
                                          long long k_begin, long long k_end) {
         const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
-#pragma unroll
-        for (int r = 0; r < WG_ROWS; ++r) {
-            pix[r].start(g, k_begin + wgrad_a_row(r));
-            image[r] = x + pix[r].n * (g.in_pix * g.c_in);
-        }
+        decode.init(g);
+        k_row = (unsigned)k_begin + (unsigned)wgrad_a_row(0);
         // 16-byte path: a chunk's offset within its image, window origin + chunk offset, fits 32
-        // bits (one IMAD and one IMAD.WIDE per chunk address); so do an image's elements
+        // bits (one IMAD.WIDE per chunk address from its row's origin); so do an image's elements
         const long long reach =
             ((dim_reach(taps.d) * g.in_h + dim_reach(taps.h)) * g.in_w + dim_reach(taps.w) + 1) * g.c_in;
         const long long origins = ((((long long)g.out_d - 1) * g.s_d * g.in_h + (long long)(g.out_h - 1) * g.s_h) *
                                        g.in_w + (long long)(g.out_w - 1) * g.s_w + 1) * g.c_in;
-        const bool fits = origins + reach < (1ll << 31) && g.in_pix * g.c_in < (1ll << 31);
+        // ... and x's pixels (all images) fit 32 bits: a row's window origin is one pixel index
+        const bool fits = origins + reach < (1ll << 31) && (long long)g.batch * g.in_pix < (1ll << 31);
 #pragma unroll
         for (int j = 0; j < WG_CHUNKS; ++j) {
             TapIter& t = a_m[j];
@@ -727,7 +765,7 @@ template <> struct Loader<MODE_WGRAD> {
 
     // x's element (tap, channel t; image and output pixel p): its offset and whether it is inside.
     __device__ __forceinline__ bool a_element(const ConvGeom& g, const TapSeq& taps, const TapIter& t,
-                                              const PixIter& p, long long& offset) const {
+                                              const PixPos& p, long long& offset) const {
         const int id = p.od * g.s_d + t.od, ih = p.oh * g.s_h + t.oh, iw = p.ow * g.s_w + t.ow;
         const int ipix = (id * g.in_h + ih) * g.in_w + iw;   // within one image: < 2^31 (launcher)
         offset = p.n * (g.in_pix * g.c_in) + ((long long)ipix * g.c_in + t.c);
@@ -735,60 +773,82 @@ template <> struct Loader<MODE_WGRAD> {
                (unsigned)iw < (unsigned)g.in_w;
     }
 
-    // The 16-byte path where the image fits WgradPack: per chunk its address (an IMAD and an
-    // IMAD.WIDE, as in load<true>) and one packed bounds test (two IADD3 and a LOP3).
-    __device__ __forceinline__ void load_packed(const ConvGeom& g, const elem_t* __restrict__ x,
-                                                const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
-#pragma unroll
-        for (int r = 0; r < WG_ROWS; ++r) {
-            const PixIter& p = pix[r];
-            const int row = wgrad_a_row(r);
-            const int id0 = p.od * g.s_d, ih0 = p.oh * g.s_h, iw0 = p.ow * g.s_w;
-            const int origin = ((id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;   // in its image
-            // rows past k_end take the fake origin, left of 0 with every tap
-            const unsigned at = row < b.left ? WgradPack::pack(id0, ih0, iw0) : WgradPack::fake_origin(g);
-#pragma unroll
-            for (int j = 0; j < WG_CHUNKS; ++j)
-                copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), image[r] + (origin + a_off[j]),
-                           WgradPack::inside(at + a_up[j], a_lo[j] - at));
-            pix[r].advance(g, CONV_BK, [&] { image[r] += g.in_pix * g.c_in; });
-        }
-        b.load<true>(bs, g.c_out, cols);
+    // The pixel of k row `row` in the next tile.
+    __device__ __forceinline__ PixPos row_pixel(const ConvGeom& g, int row) const {
+        return decode(g, k_row + (unsigned)(row - wgrad_a_row(0)));
+    }
+    // x at the window origin of pixel p (16-byte path), from its pixel index in x (32-bit: a_vec;
+    // by the sizes themselves, no derived constant for ptxas to rematerialize every tile).
+    __device__ __forceinline__ static const elem_t* window_origin(const ConvGeom& g, const elem_t* __restrict__ x,
+                                                                  const PixPos& p) {
+        const unsigned pixel =
+            ((p.n * (unsigned)g.in_d + p.od * g.s_d) * g.in_h + p.oh * g.s_h) * g.in_w + p.ow * g.s_w;
+        return x + mul_wide(pixel, (unsigned)g.c_in);
+    }
+    // The packed path's view of k row `row`: its window origin and the origin packed (WgradPack),
+    // the fake origin for rows past k_end.
+    __device__ __forceinline__ void row_origin(const ConvGeom& g, const elem_t* __restrict__ x, int row,
+                                               const elem_t*& origin, unsigned& at) const {
+        const PixPos p = row_pixel(g, row);
+        origin = window_origin(g, x, p);
+        at = row < b.left ? WgradPack::pack(p.od * g.s_d, p.oh * g.s_h, p.ow * g.s_w) : WgradPack::fake_origin(g);
     }
 
-    template <bool VECTOR>
+    // One K tile: this thread's chunks of each of its k rows, then B (RowStream).
+    //   16-byte path (VECTOR): a chunk's address is one IMAD.WIDE from its row's window origin;
+    //     its bounds test is packed (PACKED: two IADD3 and a LOP3, WgradPack) or three compares.
+    //     Packed, where a thread has two rows and shares them with its neighbour lane (WG_PAIRED),
+    //     each lane decodes one row and the pair swaps them by shuffles (4 instead of ~20).
+    //   Per-element path: copy_tap_run over each chunk's VEC (tap, channel) positions.
+    // Rows past k_end copy nothing (k_ok; packed: the fake origin).
+    template <bool VECTOR, bool PACKED = false>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
+        static_assert(VECTOR || !PACKED, "packed bounds: 16-byte path only");
+        const elem_t* shared_origin = x;   // WG_PAIRED: this lane's decoded row, row (lane & 1)
+        unsigned shared_at = 0;
+        if constexpr (PACKED && WG_PAIRED) row_origin(g, x, wgrad_a_row(threadIdx.x & 1), shared_origin, shared_at);
 #pragma unroll
         for (int r = 0; r < WG_ROWS; ++r) {
-            const PixIter& p = pix[r];
             const int row = wgrad_a_row(r);
             const bool k_ok = row < b.left;
-            if constexpr (VECTOR) {
-                // uniform per tile: the pixel's window origin in its image (before the tap offsets)
-                const int id0 = p.od * g.s_d, ih0 = p.oh * g.s_h, iw0 = p.ow * g.s_w;
-                const int origin = ((id0 * g.in_h + ih0) * g.in_w + iw0) * g.c_in;
-#pragma unroll
-                for (int j = 0; j < WG_CHUNKS; ++j)
-                    copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row),
-                               image[r] + (origin + a_off[j]),
-                               k_ok && (unsigned)(id0 + a_td[j]) < (unsigned)g.in_d &&
-                                   (unsigned)(ih0 + a_th[j]) < (unsigned)g.in_h &&
-                                   (unsigned)(iw0 + a_tw[j]) < (unsigned)g.in_w);
+            const elem_t* origin = x;   // 16-byte path
+            unsigned at = 0;            // packed path
+            PixPos p{};                 // three compares and per-element path
+            if constexpr (PACKED && WG_PAIRED) {
+                const int lane = (threadIdx.x & 31 & ~1) | r;   // the lane that decoded row r
+                origin = reinterpret_cast<const elem_t*>(
+                    __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(shared_origin), lane));
+                at = __shfl_sync(0xffffffffu, shared_at, lane);
+            } else if constexpr (PACKED) {
+                row_origin(g, x, row, origin, at);
             } else {
-                const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
-#pragma unroll
-                for (int j = 0; j < WG_CHUNKS; ++j)
-                    copy_tap_run(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row), x, taps, a_m[j],
-                                 g.c_in, k_ok, [&](const TapIter& t, const elem_t*& at) {
-                                     long long offset;
-                                     const bool inside = a_element(g, taps, t, p, offset);
-                                     at = x + offset;
-                                     return inside;
-                                 });
+                p = row_pixel(g, row);
+                if constexpr (VECTOR) origin = window_origin(g, x, p);
             }
-            pix[r].advance(g, CONV_BK, [&] { image[r] += g.in_pix * g.c_in; });
+#pragma unroll
+            for (int j = 0; j < WG_CHUNKS; ++j) {
+                elem_t* dst = as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row);
+                if constexpr (PACKED) {
+                    copy_chunk(dst, add_wide(origin, a_off[j]), WgradPack::inside(at + a_up[j], a_lo[j] - at));
+                } else if constexpr (VECTOR) {
+                    // & rather than &&: no branches around the compares
+                    copy_chunk(dst, add_wide(origin, a_off[j]),
+                               k_ok & ((unsigned)(p.od * g.s_d + a_td[j]) < (unsigned)g.in_d) &
+                                   ((unsigned)(p.oh * g.s_h + a_th[j]) < (unsigned)g.in_h) &
+                                   ((unsigned)(p.ow * g.s_w + a_tw[j]) < (unsigned)g.in_w));
+                } else {
+                    const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
+                    copy_tap_run(dst, x, taps, a_m[j], g.c_in, k_ok, [&](const TapIter& t, const elem_t*& src) {
+                        long long offset;
+                        const bool inside = a_element(g, taps, t, p, offset);
+                        src = x + offset;
+                        return inside;
+                    });
+                }
+            }
         }
+        k_row += CONV_BK;
         b.load<VECTOR>(bs, g.c_out, cols);
     }
 };
@@ -1150,7 +1210,7 @@ template <bool VECTOR, bool PACKED, class L>
 __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const elem_t* __restrict__ a_src,
                                           const elem_t* __restrict__ b_src, elem_t* as, elem_t* bs, int cols) {
     if constexpr (PACKED)
-        loader.load_packed(g, a_src, b_src, as, bs, cols);
+        loader.template load<VECTOR, true>(g, a_src, b_src, as, bs, cols);
     else
         loader.template load<VECTOR>(g, a_src, b_src, as, bs, cols);
 }
