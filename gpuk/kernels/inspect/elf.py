@@ -9,9 +9,11 @@ The merged image holds every section of every cubin, in cubin order, except thei
 name, symbol and string tables, which become one of each: the symbols of cubin k keep their
 order and move up by the number of symbols before them; each reference to a symbol or a
 section is renumbered (section headers' link and info fields, relocations, the symbol
-indices in .nv.info attributes and in .nv.callgraph). Names are made unique by appending
-``NAME_SUFFIX % k`` to every symbol of cubin k and to its per-kernel sections (nvdisasm
-would otherwise rename duplicates its own way); sass.disassemble_texts removes the suffix.
+indices in .nv.info attributes and in .nv.callgraph). Names are made unique by putting
+``NAME_MARK % k`` in front of every symbol name of cubin k and of the function name in its
+per-function section names (.text.<function>, .nv.info.<function>, .nv.constant2.<function>,
+...): nvdisasm would otherwise rename duplicates its own way (.text.f__1);
+sass.split_listing removes the mark.
 The layout of .nv.info follows the public descriptions of the CUDA ELF format (e.g. the
 cuobjdump/nvdisasm documentation and open-source cubin parsers): 4-byte attribute headers
 (format, attribute, 16-bit size or value), a payload only in format EIFMT_SVAL.
@@ -32,8 +34,8 @@ EIFMT_SVAL = 0x04
 # MIN_STACK_SIZE, MAX_STACK_SIZE, REGCOUNT; EXTERNS is a list of symbol indices.
 SYMBOL_ATTRIBUTES = {0x0a, 0x11, 0x12, 0x23, 0x2f}
 SYMBOL_LIST_ATTRIBUTES = {0x0f}
-PER_KERNEL_SECTIONS = (b'.text.', b'.nv.info.', b'.nv.constant0.', b'.nv.shared.', b'.rel.text.', b'.rela.text.')
-NAME_SUFFIX = '_gpukb%d'
+STT_FUNC, STT_SECTION = 2, 3
+NAME_MARK = 'gpukb%d_'
 CODE_PREFIX = b'.text.'
 
 
@@ -74,11 +76,26 @@ def code_sections(elf):
     return [s.name.decode() for s in read(elf)[1] if s.name.startswith(CODE_PREFIX)]
 
 
-def kind(elf):
-    """What must agree for cubins to share one merged image: ELF class and machine, e_flags
-    (the architecture: sm_80, sm_90, sm_90a) and the file type."""
-    header = ELF_HEADER.unpack_from(elf, 0)
-    return header[0][:8], header[1], header[2], header[7]
+def kind(cubin):
+    """What must agree for cubins to share one merged image (whose listing has one preamble):
+    ELF class, type, machine and flags, and the module-wide target descriptions (the notes and
+    .nv.compat: sm_90a and sm_90 cubins differ only there)."""
+    header, own = read(cubin)
+    described = tuple((s.name, s.data) for s in own if s.name.startswith(b'.note.') or s.name == b'.nv.compat')
+    return (header[0][:8], header[1], header[2], header[7]) + described
+
+
+def _marked(name, mark, functions, section=True):
+    """``name`` with ``mark`` in front of the function name in it: a per-function section or
+    its section symbol (.text.f, .nv.info.f, .nv.constant2.f, ...: a name ending in '.' + a
+    function of the cubin) -> .text.<mark>f; a module-wide section (.nv.info, .nv.constant4,
+    ...) keeps its name; any other symbol s -> <mark>s."""
+    if not section:
+        return mark + name
+    for function in functions:   # longest first: .text.f_g is f_g's, not g's
+        if name.endswith(b'.' + function):
+            return name[:len(name) - len(function)] + mark + function
+    return name
 
 
 def _renumber_info(data, symbol):
@@ -111,7 +128,7 @@ def _renumber_relocations(data, layout, symbol):
 
 def merge(cubins):
     """One ELF image holding every cubin of ``cubins`` (bytes, all of one ``kind``), for
-    nvdisasm; cubin k's names carry NAME_SUFFIX % k."""
+    nvdisasm; cubin k's names carry NAME_MARK % k."""
     first = None
     merged = [Section(b'', [0] * 10, b'')]
     symbols, strings = bytearray(SYMBOL.size), bytearray(b'\0')
@@ -121,7 +138,7 @@ def merge(cubins):
             first = header
         elif kind(elf) != kind(cubins[0]):
             raise ValueError('elf.merge: cubin %d is for another architecture or ELF kind than cubin 0' % number)
-        suffix = (NAME_SUFFIX % number).encode()
+        mark = (NAME_MARK % number).encode()
         tables = [i for i, s in enumerate(own) if s.kind == SHT_SYMTAB]
         if len(tables) != 1:
             raise ValueError('elf.merge: cubin %d has %d symbol tables, expected 1' % (number, len(tables)))
@@ -133,12 +150,15 @@ def merge(cubins):
                 new_index[i] = len(merged) + len(new_index)
         symbol_base = len(symbols) // SYMBOL.size - 1
         names = own[strtab].data
-        for offset in range(SYMBOL.size, len(own[symtab].data), SYMBOL.size):
-            fields = list(SYMBOL.unpack_from(own[symtab].data, offset))
+        entries = [list(SYMBOL.unpack_from(own[symtab].data, offset))
+                   for offset in range(SYMBOL.size, len(own[symtab].data), SYMBOL.size)]
+        functions = sorted((names[e[0]:names.index(b'\0', e[0])] for e in entries if e[1] & 0xf == STT_FUNC),
+                           key=len, reverse=True)
+        for fields in entries:
             if fields[0]:   # a fresh string each: string tables share tails between names
                 name = names[fields[0]:names.index(b'\0', fields[0])]
                 fields[0] = len(strings)
-                strings.extend(name + suffix + b'\0')
+                strings.extend(_marked(name, mark, functions, fields[1] & 0xf == STT_SECTION) + b'\0')
             if 0 < fields[3] < SHN_LORESERVE:
                 fields[3] = new_index[fields[3]]
             symbols.extend(SYMBOL.pack(*fields))
@@ -167,7 +187,7 @@ def merge(cubins):
             elif s.kind == SHT_NV_CALLGRAPH:
                 words = struct.unpack('<%dI' % (len(data) // 4), data)
                 data = struct.pack('<%dI' % len(words), *map(symbol, words))
-            merged.append(Section(s.name + suffix if s.name.startswith(PER_KERNEL_SECTIONS) else s.name, fields, data))
+            merged.append(Section(_marked(s.name, mark, functions), fields, data))
     symtab_index, strtab_index = len(merged), len(merged) + 1
     for s in merged:
         s.header[6] = {'symtab': symtab_index, 'strtab': strtab_index}.get(s.header[6], s.header[6])

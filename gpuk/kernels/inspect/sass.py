@@ -61,14 +61,18 @@ def find_tool(name):
 
 
 _LABEL_NUMBER = re.compile(r'\.L_x_(\d+)\b')
+_ALIGNED_ANNOTATION = re.compile(r'[ \t]{2,}(?=\(\*)')
 
 
-def canonical_labels(text):
-    """``text`` with nvdisasm's branch labels (.L_x_N) numbered in order of first appearance.
-    nvdisasm numbers them in passes over the whole file (numbers also go to labels it never
-    prints), so a cubin's labels are numbered differently alone and inside a merged image;
-    renumbered, both listings are the same text."""
+def canonical_listing(text):
+    """``text`` with what depends on the rest of the file made local to it: nvdisasm's branch
+    labels (.L_x_N) numbered in order of first appearance (nvdisasm numbers them in passes
+    over the whole file, and numbers also go to labels it never prints), and the blank run
+    that aligns annotations ((*"BRANCH_TARGETS ..."*), padded to the file's widest line)
+    made one space. A cubin's listing alone and its part of a merged image's listing are then
+    the same text."""
     numbers = {}
+    text = _ALIGNED_ANNOTATION.sub(' ', text)
     return _LABEL_NUMBER.sub(lambda m: '.L_x_%d' % numbers.setdefault(m.group(1), len(numbers)), text)
 
 
@@ -80,33 +84,49 @@ def _run_nvdisasm(path, listing):
 
 
 def disassemble_text(cubin_path):
-    """nvdisasm's listing (code sections only) of a cubin, labels renumbered (canonical_labels)."""
+    """nvdisasm's listing (code sections only) of a cubin, labels renumbered (canonical_listing)."""
     result = subprocess.run([find_tool('nvdisasm'), '-c', str(cubin_path)], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError('nvdisasm failed on %s: %s' % (cubin_path, result.stderr.strip()))
-    return canonical_labels(result.stdout)
+    return canonical_listing(result.stdout)
 
 
-_CODE_BLOCK = re.compile(r'^//-+ (\.text\.\S+?)\s*-+$', re.M)
+_CODE_BLOCK = re.compile(r'^(//-+) (\.text\.\S+?)\s*(-+)$', re.M)
+_SYMBOLS_BLOCK = re.compile(r'^//-+ SYMBOLS -+$', re.M)
 
 
 def split_listing(text, cubin_sections):
     """Per-cubin listings from nvdisasm's listing of an elf.merge image: ``cubin_sections``,
     the code section names of each merged cubin in order. Each gets the listing's preamble
-    (.target, .elftype: the same for cubins of one kind), its own code sections, the merge's
-    name suffix removed and its labels renumbered, which is the text disassemble_text gives
-    for that cubin alone. ValueError when the sections listed are not the ones expected."""
-    found = list(_CODE_BLOCK.finditer(text))
+    (.target, .elftype: the same for cubins of one kind), its own code sections and lines of
+    the closing SYMBOLS block, the merge's name mark removed (section headings padded again)
+    and its labels renumbered: the text disassemble_text gives for that cubin alone.
+    ValueError when the sections listed are not the ones expected."""
+    symbols = _SYMBOLS_BLOCK.search(text)
+    code_end = symbols.start() if symbols else len(text)
+    found = list(_CODE_BLOCK.finditer(text, 0, code_end))
     expected = [(k, name) for k, names in enumerate(cubin_sections) for name in names]
-    got = [match.group(1) for match in found]
-    if got != ['%s%s' % (name, elf.NAME_SUFFIX % k) for k, name in expected]:
+    got = [match.group(2) for match in found]
+    if got != [elf.CODE_PREFIX.decode() + elf.NAME_MARK % k + name[len(elf.CODE_PREFIX):] for k, name in expected]:
         raise ValueError('nvdisasm listed the code sections %s, expected %s' % (got[:5], expected[:5]))
-    preamble, ends = text[:found[0].start()] if found else text, [m.start() for m in found[1:]] + [len(text)]
+    preamble = text[:found[0].start()] if found else text[:code_end]
+    ends = [m.start() for m in found[1:]] + [code_end]
+    symbol_lines = text[symbols.end():].splitlines(keepends=True) if symbols else []
     listings, first = [], 0
     for k, names in enumerate(cubin_sections):
-        body = ''.join(text[found[i].start():ends[i]] for i in range(first, first + len(names)))
+        mark = elf.NAME_MARK % k
+        blocks = []
+        for match, end in zip(found[first:first + len(names)], ends[first:first + len(names)]):
+            heading = '%s %-25s %s' % (match.group(1), match.group(2).replace(mark, ''), match.group(3))
+            blocks.append(heading + text[match.end():end].replace(mark, ''))
         first += len(names)
-        listings.append(canonical_labels(preamble + body.replace(elf.NAME_SUFFIX % k, '')))
+        own = [line.replace(mark, '') for line in symbol_lines if mark in line]
+        body = ''.join(blocks)
+        if own:   # a SYMBOLS block follows the code after two blank lines, as between code sections
+            body = body.rstrip('\n') + '\n\n\n' + ''.join([symbols.group(0), '\n\n'] + own)
+        else:     # the listing ends with the last code line
+            body = body.rstrip('\n') + '\n'
+        listings.append(canonical_listing(preamble + body))
     return listings
 
 
@@ -153,7 +173,7 @@ def _batch_listings(returncode, errors, text, cubins):
     if returncode != 0:
         return None
     if len(cubins) == 1:
-        return [canonical_labels(text)]
+        return [canonical_listing(text)]
     try:
         return split_listing(text, [elf.code_sections(cubin) for cubin in cubins])
     except ValueError:
