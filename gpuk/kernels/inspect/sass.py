@@ -43,8 +43,11 @@ class ToolMissing(RuntimeError):
 
 def find_tool(name):
     """Path of an NVIDIA binary tool: $GPUK_<NAME>, the pip wheels' nvidia/*/bin, a CUDA toolkit, PATH."""
-    override = os.environ.get('GPUK_' + name.upper())
+    variable = 'GPUK_' + name.upper()
+    override = os.environ.get(variable)
     if override:
+        if not os.access(override, os.X_OK):
+            raise ToolMissing('%s=%s is not an executable file' % (variable, override))
         return override
     for base in sys.path:
         for candidate in sorted(Path(base or '.').glob('nvidia/*/bin/' + name)):
@@ -134,6 +137,7 @@ def disassemble_texts(cubin_paths, processes=2):
     """disassemble_text of every cubin of ``cubin_paths``, in one nvdisasm run per architecture
     and share (elf.merge: nvdisasm's fixed start-up, about 0.2 CPU-seconds, is paid per run, not
     per cubin), ``processes`` runs at a time; the same texts as disassemble_text one by one."""
+    find_tool('nvdisasm')   # ToolMissing before any work
     cubins = [Path(path).read_bytes() for path in cubin_paths]
     groups = {}
     for index, cubin in enumerate(cubins):
