@@ -70,9 +70,14 @@ def test_merged_image_holds_every_function_of_every_cubin_marked(cubins):
 
 def test_a_listing_that_does_not_split_falls_back_to_one_run_per_cubin(cubins, monkeypatch):
     """An image nvdisasm reads differently than expected (here: only the first cubin of the
-    pair) costs time, never a wrong listing."""
+    pair), or cubins elf.merge cannot merge, cost time, never a wrong listing."""
     single = [sass.disassemble_text(path) for path in cubins[:2]]
     monkeypatch.setattr(elf, 'merge', lambda images: images[0])
+    assert sass.disassemble_texts(cubins[:2], processes=1) == single
+
+    def unknown_layout(images):
+        raise ValueError('elf.merge: cubin 1 has 2 symbol tables, expected 1')
+    monkeypatch.setattr(elf, 'merge', unknown_layout)
     assert sass.disassemble_texts(cubins[:2], processes=1) == single
     with pytest.raises(ValueError, match='code sections'):
         sass.split_listing(single[0], [elf.code_sections(path.read_bytes()) for path in cubins[:2]])

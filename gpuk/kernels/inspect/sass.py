@@ -154,23 +154,31 @@ def disassemble_texts(cubin_paths, processes=2):
             running = [(batch,) + _start_batch(folder, start + n, batch, cubins)
                        for n, batch in enumerate(batches[start:start + processes])]
             for batch, process, output in running:
-                _, errors = process.communicate()
-                output.seek(0)
-                texts = _batch_listings(process.returncode, errors, output.read(), [cubins[i] for i in batch])
+                texts = None
+                if process is not None:
+                    process.communicate()
+                    output.seek(0)
+                    texts = _batch_listings(process.returncode, output.read(), [cubins[i] for i in batch])
+                    output.close()
                 for index, text in zip(batch, texts or [None] * len(batch)):
                     listings[index] = text if text is not None else disassemble_text(cubin_paths[index])
-                output.close()
     return listings
 
 
 def _start_batch(folder, number, batch, cubins):
+    """(nvdisasm process, its output file) of one batch's image; (None, None) when the cubins
+    do not merge (an ELF layout elf.merge does not know: they are disassembled one by one)."""
+    try:
+        image_bytes = elf.merge([cubins[i] for i in batch]) if len(batch) > 1 else cubins[batch[0]]
+    except ValueError:
+        return None, None
     image = Path(folder) / ('batch%d.cubin' % number)
-    image.write_bytes(elf.merge([cubins[i] for i in batch]) if len(batch) > 1 else cubins[batch[0]])
+    image.write_bytes(image_bytes)
     output = open(Path(folder) / ('batch%d.sass' % number), 'w+')
     return _run_nvdisasm(image, output), output
 
 
-def _batch_listings(returncode, errors, text, cubins):
+def _batch_listings(returncode, text, cubins):
     """The per-cubin listings of one batch run; None when the run failed or its listing does
     not split as expected (the caller then disassembles those cubins one by one, so that an
     ELF layout the merge does not handle costs time, never a wrong listing)."""
