@@ -17,8 +17,11 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections import namedtuple
 from pathlib import Path
+
+from . import elf
 
 Instruction = namedtuple('Instruction', 'offset predicate opcode operands')
 Loop = namedtuple('Loop', 'head tail instructions blocks')   # header offset, last back edge, body, block ids
@@ -40,8 +43,11 @@ class ToolMissing(RuntimeError):
 
 def find_tool(name):
     """Path of an NVIDIA binary tool: $GPUK_<NAME>, the pip wheels' nvidia/*/bin, a CUDA toolkit, PATH."""
-    override = os.environ.get('GPUK_' + name.upper())
+    variable = 'GPUK_' + name.upper()
+    override = os.environ.get(variable)
     if override:
+        if not os.access(override, os.X_OK):
+            raise ToolMissing('%s=%s is not an executable file' % (variable, override))
         return override
     for base in sys.path:
         for candidate in sorted(Path(base or '.').glob('nvidia/*/bin/' + name)):
@@ -57,12 +63,133 @@ def find_tool(name):
                       % (name, name, name.upper()))
 
 
+_LABEL_NUMBER = re.compile(r'\.L_x_(\d+)\b')
+_ALIGNED_ANNOTATION = re.compile(r'[ \t]{2,}(?=\(\*)')
+
+
+def canonical_listing(text):
+    """``text`` with what depends on the rest of the file made local to it: nvdisasm's branch
+    labels (.L_x_N) numbered in order of first appearance (nvdisasm numbers them in passes
+    over the whole file, and numbers also go to labels it never prints), and the blank run
+    that aligns annotations ((*"BRANCH_TARGETS ..."*), padded to the file's widest line)
+    made one space. A cubin's listing alone and its part of a merged image's listing are then
+    the same text."""
+    numbers = {}
+    text = _ALIGNED_ANNOTATION.sub(' ', text)
+    return _LABEL_NUMBER.sub(lambda m: '.L_x_%d' % numbers.setdefault(m.group(1), len(numbers)), text)
+
+
+def _run_nvdisasm(path, listing):
+    """Starts nvdisasm -c on ``path`` writing to the open file ``listing`` (a file, not a pipe:
+    several run at once)."""
+    return subprocess.Popen([find_tool('nvdisasm'), '-c', str(path)], stdout=listing, stderr=subprocess.PIPE,
+                            text=True)
+
+
 def disassemble_text(cubin_path):
-    """nvdisasm's listing (code sections only) of a cubin."""
+    """nvdisasm's listing (code sections only) of a cubin, labels renumbered (canonical_listing)."""
     result = subprocess.run([find_tool('nvdisasm'), '-c', str(cubin_path)], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError('nvdisasm failed on %s: %s' % (cubin_path, result.stderr.strip()))
-    return result.stdout
+    return canonical_listing(result.stdout)
+
+
+_CODE_BLOCK = re.compile(r'^(//-+) (\.text\.\S+?)\s*(-+)$', re.M)
+_SYMBOLS_BLOCK = re.compile(r'^//-+ SYMBOLS -+$', re.M)
+
+
+def split_listing(text, cubin_sections):
+    """Per-cubin listings from nvdisasm's listing of an elf.merge image: ``cubin_sections``,
+    the code section names of each merged cubin in order. Each gets the listing's preamble
+    (.target, .elftype: the same for cubins of one kind), its own code sections and lines of
+    the closing SYMBOLS block, the merge's name mark removed (section headings padded again)
+    and its labels renumbered: the text disassemble_text gives for that cubin alone.
+    ValueError when the sections listed are not the ones expected."""
+    symbols = _SYMBOLS_BLOCK.search(text)
+    code_end = symbols.start() if symbols else len(text)
+    found = list(_CODE_BLOCK.finditer(text, 0, code_end))
+    expected = [(k, name) for k, names in enumerate(cubin_sections) for name in names]
+    got = [match.group(2) for match in found]
+    if got != [elf.CODE_PREFIX.decode() + elf.NAME_MARK % k + name[len(elf.CODE_PREFIX):] for k, name in expected]:
+        raise ValueError('nvdisasm listed the code sections %s, expected %s' % (got[:5], expected[:5]))
+    preamble = text[:found[0].start()] if found else text[:code_end]
+    ends = [m.start() for m in found[1:]] + [code_end]
+    symbol_lines = text[symbols.end():].splitlines(keepends=True) if symbols else []
+    listings, first = [], 0
+    for k, names in enumerate(cubin_sections):
+        mark = elf.NAME_MARK % k
+        blocks = []
+        for match, end in zip(found[first:first + len(names)], ends[first:first + len(names)]):
+            heading = '%s %-25s %s' % (match.group(1), match.group(2).replace(mark, ''), match.group(3))
+            blocks.append(heading + text[match.end():end].replace(mark, ''))
+        first += len(names)
+        own = [line.replace(mark, '') for line in symbol_lines if mark in line]
+        body = ''.join(blocks)
+        if own:   # a SYMBOLS block follows the code after two blank lines, as between code sections
+            body = body.rstrip('\n') + '\n\n\n' + ''.join([symbols.group(0), '\n\n'] + own)
+        else:     # the listing ends with the last code line
+            body = body.rstrip('\n') + '\n'
+        listings.append(canonical_listing(preamble + body))
+    return listings
+
+
+def disassemble_texts(cubin_paths, processes=2):
+    """disassemble_text of every cubin of ``cubin_paths``, in one nvdisasm run per architecture
+    and share (elf.merge: nvdisasm's fixed start-up, about 0.2 CPU-seconds, is paid per run, not
+    per cubin), ``processes`` runs at a time; the same texts as disassemble_text one by one."""
+    find_tool('nvdisasm')   # ToolMissing before any work
+    cubins = [Path(path).read_bytes() for path in cubin_paths]
+    groups = {}
+    for index, cubin in enumerate(cubins):
+        groups.setdefault(elf.kind(cubin), []).append(index)
+    batches = []   # about equal shares (by bytes) of each kind, one per process
+    for members in groups.values():
+        shares = [[] for _ in range(min(processes, len(members)))]
+        for index in sorted(members, key=lambda i: -len(cubins[i])):
+            min(shares, key=lambda share: sum(len(cubins[i]) for i in share)).append(index)
+        batches.extend(sorted(share) for share in shares)
+    listings = [None] * len(cubins)
+    with tempfile.TemporaryDirectory(prefix='gpuk-nvdisasm-') as folder:
+        for start in range(0, len(batches), processes):
+            running = [(batch,) + _start_batch(folder, start + n, batch, cubins)
+                       for n, batch in enumerate(batches[start:start + processes])]
+            for batch, process, output in running:
+                texts = None
+                if process is not None:
+                    process.communicate()
+                    output.seek(0)
+                    texts = _batch_listings(process.returncode, output.read(), [cubins[i] for i in batch])
+                    output.close()
+                for index, text in zip(batch, texts or [None] * len(batch)):
+                    listings[index] = text if text is not None else disassemble_text(cubin_paths[index])
+    return listings
+
+
+def _start_batch(folder, number, batch, cubins):
+    """(nvdisasm process, its output file) of one batch's image; (None, None) when the cubins
+    do not merge (an ELF layout elf.merge does not know: they are disassembled one by one)."""
+    try:
+        image_bytes = elf.merge([cubins[i] for i in batch]) if len(batch) > 1 else cubins[batch[0]]
+    except ValueError:
+        return None, None
+    image = Path(folder) / ('batch%d.cubin' % number)
+    image.write_bytes(image_bytes)
+    output = open(Path(folder) / ('batch%d.sass' % number), 'w+')
+    return _run_nvdisasm(image, output), output
+
+
+def _batch_listings(returncode, text, cubins):
+    """The per-cubin listings of one batch run; None when the run failed or its listing does
+    not split as expected (the caller then disassembles those cubins one by one, so that an
+    ELF layout the merge does not handle costs time, never a wrong listing)."""
+    if returncode != 0:
+        return None
+    if len(cubins) == 1:
+        return [canonical_listing(text)]
+    try:
+        return split_listing(text, [elf.code_sections(cubin) for cubin in cubins])
+    except ValueError:
+        return None
 
 
 _SECTION = re.compile(r'^\s*\.section\s+\.text\.([^,\s]+)')
@@ -342,8 +469,22 @@ COUNTED = ('ffma', 'hfma2', 'dfma', 'fp_other', 'fp64_other', 'mufu', 'mma', 'wg
 USEFUL_MATH = ('ffma', 'hfma2', 'dfma', 'fp_other', 'fp64_other', 'mufu', 'mma', 'wgmma')
 
 
+_REGISTER = re.compile(r'\bR\d+\b')
+_CATEGORY_OF_OPCODE = {}   # classify's answer depends on the opcode alone but for HFMA2
+
+
 def _registers(operands):
-    return re.findall(r'\bR\d+\b', operands)
+    return _REGISTER.findall(operands)
+
+
+def _category(instruction):
+    """classify(instruction), remembered per opcode (a report classifies millions)."""
+    category = _CATEGORY_OF_OPCODE.get(instruction.opcode)
+    if category is None:
+        category = classify(instruction)
+        if not instruction.opcode.startswith('HFMA2'):
+            _CATEGORY_OF_OPCODE[instruction.opcode] = category
+    return category
 
 
 def instruction_mix(instructions):
@@ -357,8 +498,11 @@ def instruction_mix(instructions):
     mix.update({key: {} for key in SIZED})
     from_integer = set()   # registers last written by an I2F.*.RP
     for instruction in instructions:
-        category = classify(instruction)
-        registers = _registers(instruction.operands)
+        category = _category(instruction)
+        if not from_integer and not instruction.opcode.startswith('I2F'):   # nothing to track (the
+            registers = ()                                                  # common case: skip the regex)
+        else:
+            registers = _registers(instruction.operands)
         if instruction.opcode.startswith('I2F') and '.RP' in instruction.opcode and registers:
             from_integer.add(registers[0])
         elif category == 'mufu' and instruction.opcode == 'MUFU.RCP' and registers[1:2] \

@@ -387,20 +387,20 @@ class Jobs:
 
 
 class PendingBuilds:
-    """Every (spec, arch) through the cache ``folder``, started at once: ``fill(spec, arch,
-    folder, identity)`` runs in ``workers`` processes for the entries ``filled(...)`` says are
-    missing, while the caller does other work; ``results()`` waits and returns fill's results,
-    spec order then arch order (an entry already there is read by fill in this process)."""
+    """Every (spec, arch) through the cache ``folder``, started at once: the entries missing
+    there compile (cached_build) in ``workers`` processes while the caller does other work;
+    ``results()`` waits and returns the BuildResults, spec order then arch order (an entry
+    already there is read in this process)."""
 
-    def __init__(self, specs, archs, folder=None, workers=2, fill=cached_build, filled=is_cached):
-        self._folder, self._identity, self._fill = Path(folder or cache_folder()), compiler_identity(), fill
+    def __init__(self, specs, archs, folder=None, workers=2):
+        self._folder, self._identity = Path(folder or cache_folder()), compiler_identity()
         self._jobs = [(spec, arch) for spec in specs for arch in spec.build_archs(archs)]
-        self._missing = [job for job in self._jobs if not filled(*job, self._folder, self._identity)]
-        self._pending = Jobs(fill, [job + (self._folder, self._identity) for job in self._missing], workers)
+        self._missing = [job for job in self._jobs if not is_cached(*job, self._folder, self._identity)]
+        self._pending = Jobs(cached_build, [job + (self._folder, self._identity) for job in self._missing], workers)
 
     def results(self):
         done = dict(zip(self._missing, self._pending.results()))
-        return [done.get(job) or self._fill(*job, self._folder, self._identity) for job in self._jobs]
+        return [done.get(job) or cached_build(*job, self._folder, self._identity) for job in self._jobs]
 
 
 def build_all(specs, archs, folder=None, workers=2):
