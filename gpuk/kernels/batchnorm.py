@@ -142,7 +142,7 @@ class _Buffers:
         if len(values) == 1 and type(values[0]) is float:   # a checked epsilon: the common case, short
             numbers = values
         elif all(_is_host_number(v) for v in values):
-            numbers = tuple(float(np.asarray(v).reshape(-1)[0]) for v in values)
+            numbers = tuple(_host_number(v) for v in values)
         else:
             return xp.concatenate([xp.asarray(v, dtype=acc).reshape(1) for v in values])
         return self.cached(('scalars', numbers, np.dtype(acc).str), lambda: xp.asarray(np.array(numbers, acc)))
@@ -260,6 +260,7 @@ def _barrier(buffers):
 # finds the problem's scratch with one look-up (_Scratch), allocates the outputs and launches.
 
 _MAX_OWNERS = 8   # scratch bundles one problem keeps (the streams and host threads that ran it)
+_MAX_SCALAR_SETS = 8   # scalar buffers one owner keeps per problem (a decay schedule changes them)
 
 
 class _Scratch:
@@ -298,7 +299,7 @@ class _TrainLaunches:
 
     def __init__(self, rt, view, layout, dtype, activation, moving, single_kernel, has_gamma, has_beta,
                  numbers=None):
-        self.xp, self.view, self.moving, self.single_kernel = rt.xp, view, moving, single_kernel
+        self.rt, self.xp, self.view, self.moving, self.single_kernel = rt, rt.xp, view, moving, single_kernel
         # moving-average scalars that are host numbers: their conversions to float, per slot
         # (decay, var_decay, var_factor); None when one is a device value
         self.numbers = numbers
@@ -323,7 +324,7 @@ class _TrainLaunches:
             None if has_gamma else b.filled(c, 1, acc), None if has_beta else b.filled(c, 0, acc), _barrier(b), b, {}))
 
     def _persistent_blocks(self):
-        return _persistent_blocks(self.launches._rt, self.launches, self.view, self._x)
+        return _persistent_blocks(self.rt, self.launches, self.view, self._x)
 
     def _scalars(self, buffers, by_numbers, epsilon, decay, var_decay, var_factor):
         """(epsilon, decay, var_decay, var_factor) as one acc buffer: reused per value when all
@@ -333,7 +334,7 @@ class _TrainLaunches:
             numbers = (epsilon, to_decay(decay), to_var_decay(var_decay), to_factor(var_factor))
             found = by_numbers.get(numbers)
             if found is None:
-                if len(by_numbers) >= _MAX_OWNERS:
+                if len(by_numbers) >= _MAX_SCALAR_SETS:
                     by_numbers.clear()
                 found = by_numbers[numbers] = buffers.scalars(self.acc, *numbers)
             return found
