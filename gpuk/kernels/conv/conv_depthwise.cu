@@ -262,9 +262,9 @@ struct ChunkTasks {
 // load_tile for vector_source(s), channels_first: a warp copies DW_VEC lanes (channels) x one
 // tile row x 32 source columns (a chunk starting on a 32-element boundary of the source row,
 // as in the scalar loader: whole sectors); thread (c, t) of it loads columns t * DW_VEC.. of
-// lane c with one 16-byte load (zeros for its elements outside the row) and stores them one word at a time, rotated by the chunk's alignment so that the 32 threads
-// of each store hit 32 distinct banks (pitch DW_CHANNELS + 1). Tasks (lane group, row, chunk)
-// advance with carries as in the scalar loader.
+// lane c with one 16-byte load (zeros for its elements outside the row) and stores them one
+// word at a time, rotated by the chunk's alignment so that the 32 threads of each store hit 32
+// distinct banks (pitch DW_CHANNELS + 1). Tasks (lane group, row, chunk): ChunkTasks.
 template <bool HOLES>
 __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
                                                  int cols, int j0) {
