@@ -178,9 +178,12 @@ __device__ __forceinline__ void store_uint4(void* p, uint4 v) { *reinterpret_cas
 //   C/D (16x8 f32): c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
 // A packed register holds the lower-indexed element in its low 16 bits.
 // float32 -> tf32 MMA operand: rounded to nearest, ties to even (the IEEE default), to the 19
-// bits (sign, 8 exponent, 10 mantissa) the tensor core reads; inf and NaN stay inf and NaN (a
-// finite value past the largest tf32 rounds to inf, as a float rounds). The low 13 bits of the
-// register are not cleared on every path (the tensor core ignores them). sm_90 has
+// bits (sign, 8 exponent, 10 mantissa) the tensor core reads; inf stays inf (a finite value past
+// the largest tf32 rounds to inf, as a float rounds). The low 13 bits of the register are not
+// cleared on every path (the tensor core ignores them), so on sm_80 and in the emulator a NaN is
+// passed as it came and the MMA reads its top 19 bits: NaN for every NaN arithmetic makes (CUDA's
+// 0x7fffffff, NumPy's 0x7fc00000), inf for a hand-made one whose payload lies only in the 13
+// dropped bits (sm_90's cvt gives NaN there; not worth 2 instructions per element on sm_80). sm_90 has
 // cvt.rn.tf32.f32 (one F2FP.TF32 instruction). sm_80 has only cvt.rna (ties away from zero,
 // lowered to 3 instructions), so there, as in the emulator, the rounding is done on the bits:
 // + 0xfff plus the lowest kept bit (bit 13), so that a tie carries into the kept bits only when

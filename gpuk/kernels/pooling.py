@@ -165,7 +165,14 @@ def max_pool_fwd_runner(x, window, strides, pads, data_format, *, runtime=None):
     """``run(x)``, max_pool_fwd with this geometry for an x of the type, shape and dtype of this
     one: checked and set up once per problem signature (runtime/prepared.py); a MaxPool plan
     step keeps it (prepared.Kept)."""
-    fn = 'max_pool_fwd'
+    return _fwd_runner('max_pool_fwd', 'max_fwd', _max_pool_fwd_gpuk, cudnn_pooling.max_pool_fwd, x, window, strides,
+                       pads, data_format, runtime)
+
+
+def _fwd_runner(fn, op, gpuk_impl, cudnn_impl, x, window, strides, pads, data_format, runtime):
+    """The forward runner of max and average pooling: ``fn`` the K function, ``op`` the
+    prepared key's op, ``gpuk_impl(rt, problem, x, *geometry)`` gpuk's kernels, ``cudnn_impl``
+    cuDNN's."""
     rt = resolve(runtime)
     xp = rt.xp
 
@@ -173,13 +180,12 @@ def max_pool_fwd_runner(x, window, strides, pads, data_format, *, runtime=None):
         checked = _float_array(fn, 'x', x, xp)
         problem = _problem(pooling_checks.forward_setup(fn, checked, window, strides, pads, data_format),
                            checked.dtype, rt)
-        gpuk_fn = functools.partial(_max_pool_fwd_gpuk, rt, problem)
-        key, geometry, contiguous = problem.key('max_fwd'), (problem.window, problem.strides, problem.pads), \
+        gpuk_fn = functools.partial(gpuk_impl, rt, problem)
+        key, geometry, contiguous = problem.key(op), (problem.window, problem.strides, problem.pads), \
             _contiguous(xp)
 
         def run(x):
-            return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.max_pool_fwd, contiguous(x), *geometry,
-                                data_format)
+            return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_impl, contiguous(x), *geometry, data_format)
         return run
     return prepared.get(rt, fn, (x,), (window, strides, pads, data_format), prepare)
 
@@ -208,23 +214,8 @@ def avg_pool_fwd_runner(x, window, strides, pads, data_format, *, runtime=None):
     """``run(x)``, avg_pool_fwd with this geometry for an x of the type, shape and dtype of this
     one: checked and set up once per problem signature (runtime/prepared.py); an AvgPool plan
     step keeps it (prepared.Kept)."""
-    fn = 'avg_pool_fwd'
-    rt = resolve(runtime)
-    xp = rt.xp
-
-    def prepare():
-        checked = _float_array(fn, 'x', x, xp)
-        problem = _problem(pooling_checks.forward_setup(fn, checked, window, strides, pads, data_format),
-                           checked.dtype, rt)
-        gpuk_fn = functools.partial(_avg_pool_fwd_gpuk, rt, problem)
-        key, geometry, contiguous = problem.key('avg_fwd'), (problem.window, problem.strides, problem.pads), \
-            _contiguous(xp)
-
-        def run(x):
-            return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.avg_pool_fwd, contiguous(x), *geometry,
-                                data_format)
-        return run
-    return prepared.get(rt, fn, (x,), (window, strides, pads, data_format), prepare)
+    return _fwd_runner('avg_pool_fwd', 'avg_fwd', _avg_pool_fwd_gpuk, cudnn_pooling.avg_pool_fwd, x, window, strides,
+                       pads, data_format, runtime)
 
 
 def _avg_pool_fwd_gpuk(rt, problem, x, *_geometry):

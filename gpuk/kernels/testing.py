@@ -53,7 +53,8 @@ def relative_error(actual, reference):
 def round_tf32(a):
     """float32 -> the tf32 value a tensor core multiplies for it in gpuk's kernels (float_to_tf32
     in common.cuh): rounded to 10 mantissa bits, to nearest with ties to even; inf and NaN kept
-    (a NaN whose payload lies in the dropped bits reads as inf, as on the tensor core)."""
+    (a NaN whose payload lies only in the 13 dropped bits reads as inf, as on sm_80 and in the
+    emulator; sm_90's cvt.rn.tf32.f32 keeps it a NaN)."""
     a = np.ascontiguousarray(a, np.float32)
     bits = a.view(np.uint32)
     rounded = ((bits + np.uint32(0xfff) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xffffe000))

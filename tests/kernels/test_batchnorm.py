@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gpuk.cpu_fallback import batchnorm as twin
-from gpuk.kernels import batchnorm, dispatch
+from gpuk.kernels import batchnorm, batchnorm_launch, dispatch
 from gpuk.kernels.cudnn import batchnorm as cudnn_batchnorm
 from gpuk.kernels.testing import assert_close, to_device, to_host
 from gpuk.kernels.runtime import prepared
@@ -77,11 +77,11 @@ def test_bn_train_fwd_and_bwd_match_twin(kernel_runtime, dtype, shape, axes):
 def test_many_splits_combine_in_order(kernel_runtime, monkeypatch, layout):
     """Force several blocks per channel so the second (combine) pass matters (the split path:
     no single-kernel forward)."""
-    monkeypatch.setattr(batchnorm, 'MIN_ROWS_PER_SPLIT', 3)
-    monkeypatch.setattr(batchnorm, 'MIN_PER_SPLIT', 40)
+    monkeypatch.setattr(batchnorm_launch, 'MIN_ROWS_PER_SPLIT', 3)
+    monkeypatch.setattr(batchnorm_launch, 'MIN_PER_SPLIT', 40)
     shape, axes = ((50, 3, 7), (0, 1)) if layout == 'channels_last' else ((5, 3, 60), (0, 2))
-    view = batchnorm._View(shape, twin._Layout(shape, axes))
-    assert batchnorm._splits(view)[0] > 3
+    view = batchnorm_launch._View(shape, twin._Layout(shape, axes))
+    assert batchnorm_launch._splits(view)[0] > 3
     rng = np.random.default_rng(1)
     x = (rng.standard_normal(shape) + 100).astype(np.float32)
     outs = _run(batchnorm.bn_train_fwd, kernel_runtime, x, None, None, axes, single_kernel=False)
@@ -113,17 +113,17 @@ def test_bn_infer_fwd_matches_twin(kernel_runtime, dtype, shape, axis, param_sha
 
 
 def test_parameter_span():
-    assert batchnorm.parameter_span((2, 3, 4), [(1, 3, 1)]) == (1, 2)
-    assert batchnorm.parameter_span((2, 3, 4), [(1, 3, 1), (2, 1, 4)]) == (0, 3)
-    assert batchnorm.parameter_span((2, 3, 4), [(1, 1, 1)]) == (0, 0)
+    assert batchnorm_launch.parameter_span((2, 3, 4), [(1, 3, 1)]) == (1, 2)
+    assert batchnorm_launch.parameter_span((2, 3, 4), [(1, 3, 1), (2, 1, 4)]) == (0, 3)
+    assert batchnorm_launch.parameter_span((2, 3, 4), [(1, 1, 1)]) == (0, 0)
 
 
 def test_views():
-    nchw = batchnorm._View((2, 3, 4, 5), twin._Layout((2, 3, 4, 5), (0, 2, 3)))
+    nchw = batchnorm_launch._View((2, 3, 4, 5), twin._Layout((2, 3, 4, 5), (0, 2, 3)))
     assert (nchw.outer, nchw.channels, nchw.inner, nchw.permutation) == (2, 3, 20, None)
-    nhwc = batchnorm._View((2, 4, 5, 3), twin._Layout((2, 4, 5, 3), (0, 1, 2)))
+    nhwc = batchnorm_launch._View((2, 4, 5, 3), twin._Layout((2, 4, 5, 3), (0, 1, 2)))
     assert (nhwc.outer, nhwc.channels, nhwc.inner) == (40, 3, 1)
-    odd = batchnorm._View((4, 6, 5), twin._Layout((4, 6, 5), (1,)))
+    odd = batchnorm_launch._View((4, 6, 5), twin._Layout((4, 6, 5), (1,)))
     assert odd.permutation == (1, 0, 2) and (odd.outer, odd.channels, odd.inner) == (6, 20, 1)
 
 
@@ -368,7 +368,7 @@ VECTOR_CASES = {
 def test_vector_layouts_match_twin(monkeypatch, dtype, case):
     shape, axes, how = VECTOR_CASES[case]
     if how == 1:
-        monkeypatch.setattr(batchnorm, '_elementwise_blocks', lambda *args: 1)
+        monkeypatch.setattr(batchnorm_launch, '_elementwise_blocks', lambda *args: 1)
     prepare = _misaligned if how == 'misaligned' else (lambda a: a)
     rng = np.random.default_rng(len(case))
     x = (rng.standard_normal(shape) + 2).astype(dtype)
@@ -397,9 +397,9 @@ def test_scratch_is_reused_and_outputs_are_fresh():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((6, 4, 16)).astype(np.float32)
     first = batchnorm.bn_train_fwd(x, None, None, (0, 1), runtime='emulate')
-    held = len(batchnorm._BUFFERS)
+    held = len(batchnorm_launch._BUFFERS)
     second = batchnorm.bn_train_fwd(x * 2, None, None, (0, 1), runtime='emulate')
-    assert len(batchnorm._BUFFERS) == held               # same shape: nothing new kept
+    assert len(batchnorm_launch._BUFFERS) == held               # same shape: nothing new kept
     assert all(a is not b for a, b in zip(first, second))
     np.testing.assert_allclose(second[1], 2 * first[1], rtol=1e-6)   # the first outputs kept their values
     assert not np.shares_memory(first[0], second[0])
@@ -417,7 +417,7 @@ def test_persistent_training_forward_is_one_launch_matching_twin(monkeypatch, wo
     the finalize adds them in 8 rows, not 16); the barrier state is left as it was found."""
     from gpuk.kernels.runtime import emulated_runtime, get_runtime
     monkeypatch.setenv('GPUK_EMULATE_THREADS', str(workers))
-    monkeypatch.setattr(batchnorm, 'MIN_ROWS_PER_SPLIT', 8)
+    monkeypatch.setattr(batchnorm_launch, 'MIN_ROWS_PER_SPLIT', 8)
     prepared.clear()   # the splits are worked out once per problem: not from an earlier test's
     rng = np.random.default_rng(workers)
     shape, axes = (40, 5, 12), (0, 1)
@@ -426,7 +426,7 @@ def test_persistent_training_forward_is_one_launch_matching_twin(monkeypatch, wo
     acc = np.float32 if dtype == np.float16 else dtype
     moving_mean, moving_var = rng.standard_normal(12).astype(acc), rng.uniform(0.5, 2, 12).astype(acc)
     rt = get_runtime('emulate')
-    barrier = batchnorm._barrier(batchnorm._Buffers(rt))
+    barrier = batchnorm_launch._barrier(batchnorm_launch._Buffers(rt))
     generation = int(barrier[1])
     for args in ((x, gamma, beta, axes, 1e-3, 'relu', moving_mean, moving_var, 0.01, 0.02, 1.25),
                  (x, gamma, beta, axes, 1e-3)):
@@ -448,24 +448,24 @@ def test_persistent_training_forward_is_one_launch_matching_twin(monkeypatch, wo
 def test_persistent_path_only_where_the_grid_is_resident_and_x_fits_in_l2(monkeypatch):
     from gpuk.kernels.runtime import emulated_runtime, get_runtime
     rt = get_runtime('emulate')
-    module = rt.load(batchnorm.SOURCE, batchnorm.defines(np.float32))
+    module = rt.load(batchnorm_launch.SOURCE, batchnorm_launch.defines(np.float32))
     x = np.zeros((1000, 16), np.float32)
-    last = batchnorm._View(x.shape, twin._Layout(x.shape, (0,)))
-    first = batchnorm._View((10, 16, 100), twin._Layout((10, 16, 100), (0, 2)))
-    tiles = batchnorm._splits(last)[0]   # one 32-channel chunk
+    last = batchnorm_launch._View(x.shape, twin._Layout(x.shape, (0,)))
+    first = batchnorm_launch._View((10, 16, 100), twin._Layout((10, 16, 100), (0, 2)))
+    tiles = batchnorm_launch._splits(last)[0]   # one 32-channel chunk
     assert tiles == 16
     monkeypatch.setenv('GPUK_EMULATE_THREADS', '1')
-    assert batchnorm._persistent_blocks(rt, module, last, x) == 1
+    assert batchnorm_launch._persistent_blocks(rt, module, last, x) == 1
     monkeypatch.setenv('GPUK_EMULATE_THREADS', '5')
-    assert batchnorm._persistent_blocks(rt, module, last, x) == 5         # the resident blocks, no more
+    assert batchnorm_launch._persistent_blocks(rt, module, last, x) == 5         # the resident blocks, no more
     monkeypatch.setenv('GPUK_EMULATE_THREADS', '100')
-    assert batchnorm._persistent_blocks(rt, module, last, x) == tiles     # the split path's tiles, no more
-    assert batchnorm._persistent_blocks(rt, module, first, x) == 0        # channels first: the split path
+    assert batchnorm_launch._persistent_blocks(rt, module, last, x) == tiles     # the split path's tiles, no more
+    assert batchnorm_launch._persistent_blocks(rt, module, first, x) == 0        # channels first: the split path
     monkeypatch.setattr(rt, 'l2_bytes', 2 * x.nbytes - 1)
-    assert batchnorm._persistent_blocks(rt, module, last, x) == 0         # x past half the L2
+    assert batchnorm_launch._persistent_blocks(rt, module, last, x) == 0         # x past half the L2
     monkeypatch.setattr(rt, 'l2_bytes', 2 * x.nbytes)
     monkeypatch.setattr(emulated_runtime.EmulatedKernel, 'coresident_blocks', lambda self, threads, shared=0: 0)
-    assert batchnorm._persistent_blocks(rt, module, last, x) == 0         # no resident grid: never wait
+    assert batchnorm_launch._persistent_blocks(rt, module, last, x) == 0         # no resident grid: never wait
 
 
 def test_overlapping_launches_never_share_a_grid_barrier():
@@ -478,18 +478,18 @@ def test_overlapping_launches_never_share_a_grid_barrier():
     cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0),
                                  get_current_stream=lambda: types.SimpleNamespace(ptr=stream[0]))
     rt = types.SimpleNamespace(xp=types.SimpleNamespace(cuda=cuda, zeros=np.zeros))
-    first = batchnorm._barrier(batchnorm._Buffers(rt))
-    assert batchnorm._barrier(batchnorm._Buffers(rt)) is first
+    first = batchnorm_launch._barrier(batchnorm_launch._Buffers(rt))
+    assert batchnorm_launch._barrier(batchnorm_launch._Buffers(rt)) is first
     stream[0] = 2
-    second = batchnorm._barrier(batchnorm._Buffers(rt))
+    second = batchnorm_launch._barrier(batchnorm_launch._Buffers(rt))
     assert second is not first
     other_thread = []
-    worker = threading.Thread(target=lambda: other_thread.append(batchnorm._barrier(batchnorm._Buffers(rt))))
+    worker = threading.Thread(target=lambda: other_thread.append(batchnorm_launch._barrier(batchnorm_launch._Buffers(rt))))
     worker.start()
     worker.join()
     assert other_thread[0] is not second and other_thread[0] is not first
     stream[0] = 1
-    assert batchnorm._barrier(batchnorm._Buffers(rt)) is first
+    assert batchnorm_launch._barrier(batchnorm_launch._Buffers(rt)) is first
 
 
 def test_cuda_coresident_blocks_from_occupancy():

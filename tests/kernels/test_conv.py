@@ -221,6 +221,26 @@ def _round_tf32_ties_away(a):
     return ((bits + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
 
 
+def test_round_tf32_is_ieee_rounding_to_11_significant_bits():
+    """The NumPy model every tf32 reference uses, against the IEEE definition worked in float64
+    (np.rint: to nearest, ties to even) at tf32's quantum (11 significant bits, subnormals at
+    float32's smallest exponent): ties, subnormals, a finite value rounding past the largest
+    tf32 to inf, signed zeros; inf and NaN as they came."""
+    rng = np.random.default_rng(7)
+    finite = np.concatenate([rng.standard_normal(4000).astype(np.float32) * np.float32(1e3),
+                             _tf32_ties(rng.standard_normal(1000).astype(np.float32)),
+                             np.array([1e-40, -3e-39, 1.5e-45, 0.0, -0.0, 3.4028235e38, -3.40282e38], np.float32)])
+    exponent = np.frexp(finite.astype(np.float64))[1]
+    quantum = np.ldexp(1.0, np.maximum(exponent, -125) - 11)
+    with np.errstate(over='ignore'):
+        want = (np.rint(finite / quantum) * quantum).astype(np.float32)
+    got = round_tf32(finite)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.isinf(got[-2]) and np.isinf(got[-1])   # past the largest tf32 (halfway and beyond)
+    special = round_tf32(np.array([np.inf, -np.inf, np.nan], np.float32))
+    assert special[0] == np.inf and special[1] == -np.inf and np.isnan(special[2])
+
+
 @pytest.mark.parametrize('tile', [t.name for t in conv_tiles.TILES['tf32']])
 def test_tf32_rounds_ties_to_even(kernel_runtime, tile):
     """Every input a tie between two tf32 values: the kernels round to nearest even (the IEEE default,

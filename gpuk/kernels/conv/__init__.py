@@ -448,7 +448,8 @@ def _gradient_runner(kind, a, b, shape, strides, dilation, pads, data_format, ru
     """``run(a, b)`` of conv_dgrad (kind 'dgrad': a = dy, b = w, shape = x_shape) or conv_wgrad
     ('wgrad': a = x, b = dy, shape = w_shape): the prepared Problem's runner, its kernel call
     made by _dgrad_kernel_call / _wgrad_kernel_call, checked by conv_checks.dgrad_problem /
-    wgrad_problem, cuDNN's conv_dgrad / conv_wgrad beside it (those two read where they are now)."""
+    wgrad_problem, cuDNN's conv_dgrad / conv_wgrad beside it (both looked up by name per problem,
+    not bound at import, so a test's patch of conv_checks or cudnn_conv is seen)."""
     rt = resolve(runtime)
     kernel_call = _GRADIENT_KERNEL_CALLS[kind]
     problem = _gradient_problem(rt, kind, getattr(conv_checks, kind + '_problem'), a, b, shape, strides, dilation,

@@ -232,12 +232,39 @@ __device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, in
     __syncwarp();   // the last pass may leave some threads of a warp out
 }
 
+// The channels_first loaders' task (outer, row, k) = threadIdx.y, + DW_ROWS, ... as digits of
+// task = k + chunks * (row + rows * outer) (outer: a lane, or a group of DW_VEC lanes): the
+// divisions once per call, then DW_ROWS's digits added with one carry each (d_k < chunks and
+// d_row < rows, so a digit passes its base at most once; outer takes the rest).
+struct ChunkTasks {
+    int outer, row, k;
+    int d_outer, d_row, d_k, rows, chunks;
+    __device__ __forceinline__ ChunkTasks(int rows_, int chunks_) : rows(rows_), chunks(chunks_) {
+        const int per_outer = rows * chunks, task = threadIdx.y;
+        outer = task / per_outer, row = task % per_outer / chunks, k = task % per_outer % chunks;
+        d_outer = DW_ROWS / per_outer, d_row = DW_ROWS % per_outer / chunks, d_k = DW_ROWS % per_outer % chunks;
+    }
+    __device__ __forceinline__ void advance() {
+        k += d_k;
+        if (k >= chunks) {
+            k -= chunks;
+            ++row;
+        }
+        row += d_row;
+        if (row >= rows) {
+            row -= rows;
+            ++outer;
+        }
+        outer += d_outer;
+    }
+};
+
 // load_tile for vector_source(s), channels_first: a warp copies DW_VEC lanes (channels) x one
 // tile row x 32 source columns (a chunk starting on a 32-element boundary of the source row,
 // as in the scalar loader: whole sectors); thread (c, t) of it loads columns t * DW_VEC.. of
-// lane c with one 16-byte load (zeros for its elements outside the row) and stores them one word at a time, rotated by the chunk's alignment so that the 32 threads
-// of each store hit 32 distinct banks (pitch DW_CHANNELS + 1). Tasks (lane group, row, chunk)
-// advance with carries as in the scalar loader.
+// lane c with one 16-byte load (zeros for its elements outside the row) and stores them one
+// word at a time, rotated by the chunk's alignment so that the 32 threads of each store hit 32
+// distinct banks (pitch DW_CHANNELS + 1). Tasks (lane group, row, chunk): ChunkTasks.
 template <bool HOLES>
 __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
                                                  int cols, int j0) {
@@ -245,10 +272,10 @@ __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s,
     const int c = threadIdx.x / PER_LANE, t = threadIdx.x % PER_LANE;
     const int chunks = (cols + 2 * DW_CHANNELS - 2) / DW_CHANNELS, per_group = rows * chunks;
     const int tasks = per_group * (DW_CHANNELS / DW_VEC);
-    const int d_group = DW_ROWS / per_group, d_row = DW_ROWS % per_group / chunks, d_k = DW_ROWS % per_group % chunks;
-    int task = threadIdx.y, group = task / per_group, row = task % per_group / chunks, k = task % per_group % chunks;
-    for (; task < tasks; task += DW_ROWS) {
-        const int lane = group * DW_VEC + c, sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
+    ChunkTasks at(rows, chunks);   // outer: the group of DW_VEC lanes
+    for (int task = threadIdx.y; task < tasks; task += DW_ROWS, at.advance()) {
+        const int row = at.row, k = at.k;
+        const int lane = at.outer * DW_VEC + c, sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
         const bool load = sd >= 0 && sh >= 0 && j0 + lane < s.lanes;
         const unsigned ch = source_channel(s, min(j0 + lane, s.lanes - 1));
         const unsigned row_start = ch * s.pixels + ((unsigned)max(sd, 0) * s.h + max(sh, 0)) * s.w;
@@ -277,17 +304,6 @@ __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s,
             if (col >= 0 && col < cols) dst[col * DW_PITCH] = v[m];
             __syncwarp();   // threads skip different stores; this keeps each store one warp request
         }
-        k += d_k;
-        if (k >= chunks) {
-            k -= chunks;
-            ++row;
-        }
-        row += d_row;
-        if (row >= rows) {
-            row -= rows;
-            ++group;
-        }
-        group += d_group;
     }
 }
 
@@ -331,9 +347,9 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
     const int align = s.up_w == 1 ? DW_CHANNELS - 1 : 0;
     const int chunks = (cols + align + DW_CHANNELS - 1) / DW_CHANNELS, per_lane = rows * chunks;
     const int tasks = per_lane * DW_CHANNELS;
-    const int d_lane = DW_ROWS / per_lane, d_row = DW_ROWS % per_lane / chunks, d_k = DW_ROWS % per_lane % chunks;
-    int task = threadIdx.y, lane = task / per_lane, row = task % per_lane / chunks, k = task % per_lane % chunks;
-    for (; task < tasks; task += DW_ROWS) {
+    ChunkTasks at(rows, chunks);   // outer: the lane
+    for (int task = threadIdx.y; task < tasks; task += DW_ROWS, at.advance()) {
+        const int lane = at.outer, row = at.row, k = at.k;
         const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
         const bool load = sd >= 0 && sh >= 0;
         int shift = 0;
@@ -345,17 +361,6 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
         const int col = k * DW_CHANNELS - shift + (int)threadIdx.x;
         if (col >= 0 && col < cols) load_element<HOLES>(tile, s, sd, vh0, vw0, row, col, cols, lane, j0, load);
         __syncwarp();
-        k += d_k;
-        if (k >= chunks) {
-            k -= chunks;
-            ++row;
-        }
-        row += d_row;
-        if (row >= rows) {
-            row -= rows;
-            ++lane;
-        }
-        lane += d_lane;
     }
 #endif
 }
