@@ -48,6 +48,7 @@ _TABLE_DTYPES = {'ffma': np.float32, 'tf32': np.float32, 'ffma64': np.float64, '
 
 def igemm_defines(dtype, tile):
     dtype = np.dtype(dtype)
+    kernels = igemm_kernels(tile)
     element_t, acc_t = c_types(dtype)
     dynamic = conv_tiles.dynamic_smem(tile, dtype)
     return {'ELEMENT_T': element_t, 'ACC_T': acc_t,
@@ -57,20 +58,30 @@ def igemm_defines(dtype, tile):
             'REDUCE_THREADS': split_k.REDUCE_THREADS,
             # stage rings past the static limit (tiles.dynamic_smem): the kernel checks the size
             **({'CONV_DYNAMIC_SMEM': dynamic} if dynamic else {}),
-            **({'CONV_FWD_ONLY': 1} if tile in conv_tiles.FWD_ONLY.get(tile.math, ()) else {})}
+            **({'CONV_KERNELS': sum(_KERNEL_BITS[k] for k in kernels)} if kernels != _ALL_KERNELS else {})}
 
 
-for _table, _tiles in conv_tiles.TILES.items():
-    for _tile in _tiles:
-        register_build(IGEMM_SOURCE, igemm_defines(_TABLE_DTYPES[_table], _tile),
-                       ['conv_igemm_fwd', 'conv_igemm_dgrad', 'conv_igemm_wgrad', 'conv_reduce_splits'])
-for _table, _tiles in conv_tiles.FWD_ONLY.items():   # tf32 forward's BK=32 tile
-    for _tile in _tiles:
-        register_build(IGEMM_SOURCE, igemm_defines(_TABLE_DTYPES[_table], _tile), ['conv_igemm_fwd'])
-for _table, _tiles in conv_tiles.WGRAD_ONLY.items():   # 16-bit wgrad's rectangular tiles
-    for _tile in _tiles:
-        register_build(IGEMM_SOURCE, igemm_defines(_TABLE_DTYPES[_table], _tile),
-                       ['conv_igemm_wgrad', 'conv_reduce_splits'])
+_KERNEL_BITS = {'conv_igemm_fwd': 1, 'conv_igemm_dgrad': 2, 'conv_igemm_wgrad': 4}   # conv_igemm.cu's CONV_KERNEL_*
+_ALL_KERNELS = tuple(_KERNEL_BITS)
+
+
+def igemm_kernels(tile):
+    """The conv kernels ``tile``'s build compiles (the others trap): the forward only for
+    tiles.FWD_ONLY, wgrad only for tiles.WGRAD_ONLY, else all three."""
+    if tile in conv_tiles.FWD_ONLY.get(tile.math, ()):
+        return ('conv_igemm_fwd',)
+    if tile in conv_tiles.WGRAD_ONLY.get(tile.math, ()):
+        return ('conv_igemm_wgrad',)
+    return _ALL_KERNELS
+
+
+# every tile of the tables, the forward's (tf32 BK=32) and wgrad's (16-bit rectangles) own ones too
+for _tables in (conv_tiles.TILES, conv_tiles.FWD_ONLY, conv_tiles.WGRAD_ONLY):
+    for _table, _tiles in _tables.items():
+        for _tile in _tiles:
+            _kernels = igemm_kernels(_tile)
+            register_build(IGEMM_SOURCE, igemm_defines(_TABLE_DTYPES[_table], _tile),
+                           list(_kernels) + (['conv_reduce_splits'] if 'conv_igemm_wgrad' in _kernels else []))
 
 
 # ---------------------------------------------------------------- checks (the twin's, on shapes)

@@ -177,11 +177,18 @@ template <int MODE> struct Layout {
 #ifndef CONV_DYNAMIC_SMEM
 #define CONV_DYNAMIC_SMEM 0
 #endif
-// CONV_FWD_ONLY: a build for conv_igemm_fwd only (tiles.FWD_ONLY, tf32 128x128x32: the dgrad and
-// wgrad loaders keep twice the per-chunk state at BK=32 and spill); its dgrad and wgrad kernels
-// only trap, so that the build compiles spill-free and fast. The launcher never launches them.
-#ifndef CONV_FWD_ONLY
-#define CONV_FWD_ONLY 0
+// CONV_KERNELS: the conv kernels this build compiles, as bits (CONV_KERNEL_FWD | _DGRAD | _WGRAD;
+// all three unless the launcher says otherwise). A tile registered for one pass only leaves the
+// other two as a trap: tiles.FWD_ONLY (tf32 128x128x32: the dgrad and wgrad loaders keep twice
+// the per-chunk state at BK=32 and spill) and tiles.WGRAD_ONLY (16-bit 64x128x64 / 128x64x64: the
+// forward and dgrad bodies would only cost compile time, about two thirds of the build's). The
+// kernel list stays the same in every build (the emulator reads it from this text), and the
+// launcher never launches a trapped kernel.
+#define CONV_KERNEL_FWD 1
+#define CONV_KERNEL_DGRAD 2
+#define CONV_KERNEL_WGRAD 4
+#ifndef CONV_KERNELS
+#define CONV_KERNELS (CONV_KERNEL_FWD | CONV_KERNEL_DGRAD | CONV_KERNEL_WGRAD)
 #endif
 #define CONV_STAGE_BYTES (CONV_STAGES * (A_STAGE + B_STAGE) * (int)sizeof(elem_t))
 static_assert(CONV_DYNAMIC_SMEM == 0 ? CONV_STAGE_BYTES <= 48 * 1024 : CONV_DYNAMIC_SMEM == CONV_STAGE_BYTES,
@@ -1424,6 +1431,9 @@ conv_igemm_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, const
                elem_t* __restrict__ y, int batch, int c_in, int c_out, int in_d, int in_h, int in_w, int out_d,
                int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h,
                int dil_w, int pad_d, int pad_h, int pad_w, int epilogue) {
+#if !(CONV_KERNELS & CONV_KERNEL_FWD)
+    __trap();
+#else
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
     const long long rows = (long long)batch * g.out_pix, depth = (long long)g.taps * c_in;
     acc_t acc[ACC_COUNT];
@@ -1436,6 +1446,7 @@ conv_igemm_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, const
 #endif
     igemm_mainloop<MODE_FWD>(loader, g, x, w, c_out, depth, acc, conv_dynamic_smem);
     store_tile<MODE_FWD>(acc, rows, c_out, bias, epilogue, y, SameRows{});
+#endif
 }
 
 // conv_igemm_dgrad: dx = dgrad(dy, w), as stride-phase sub-convolutions (DgradPhase).
@@ -1446,7 +1457,7 @@ conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, el
                  int c_in, int c_out, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d,
                  int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d,
                  int pad_h, int pad_w) {
-#if CONV_FWD_ONLY
+#if !(CONV_KERNELS & CONV_KERNEL_DGRAD)
     __trap();
 #else
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
@@ -1474,7 +1485,7 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
                  acc_t* __restrict__ partial, int batch, int c_in, int c_out, int in_d, int in_h, int in_w,
                  int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d,
                  int dil_h, int dil_w, int pad_d, int pad_h, int pad_w, long long k_per_split) {
-#if CONV_FWD_ONLY
+#if !(CONV_KERNELS & CONV_KERNEL_WGRAD)
     __trap();
 #else
     const ConvGeom g = make_geom(CONV_GEOM_ARGS);
