@@ -5,7 +5,8 @@ import pytest
 
 from gpuk import config
 from gpuk.kernels import dispatch, runtime
-from gpuk.kernels.runtime import deferred
+from gpuk.kernels.inspect import sass
+from gpuk.kernels.runtime import build, deferred
 from gpuk.kernels.cudnn import library as cudnn_library
 
 KERNEL_RUNTIMES = ['emulate', pytest.param('cuda', marks=pytest.mark.gpu)]
@@ -45,6 +46,17 @@ def _deferred_checks_pass():
     deferred.discard()
     yield
     deferred.raise_pending()
+
+
+@pytest.fixture(scope='session')
+def sass_tools():
+    """Skips the test unless NVRTC and nvdisasm (the inspect report's compile and SASS tools,
+    pip packages of the dev extra) are installed."""
+    try:
+        build.nvrtc_version()
+        sass.find_tool('nvdisasm')
+    except (build.NvrtcMissing, sass.ToolMissing) as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(params=KERNEL_RUNTIMES)

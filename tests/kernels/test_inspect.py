@@ -212,14 +212,9 @@ def test_baseline_compare_flags_each_regression_and_passes_small_drops():
     assert 'no longer built' in baseline.compare([], before)[0]
 
 
-def test_a_deliberately_uncoalesced_copy_is_flagged(tmp_path, monkeypatch):
+def test_a_deliberately_uncoalesced_copy_is_flagged(sass_tools, tmp_path, monkeypatch):
     """tests/kernels/cu/strided_copy.cu through the whole report: compiled and read like the
     registered kernels, counted on the emulator, joined, predicted and flagged."""
-    try:
-        build.nvrtc_version()
-        sass.find_tool('nvdisasm')
-    except (build.NvrtcMissing, sass.ToolMissing) as exc:
-        pytest.skip(str(exc))
     source = Path(__file__).with_name('cu') / 'strided_copy.cu'
     defines = {'COPY_THREADS': 256}
     spec = runtime.BuildSpec(str(source), normalized_defines(defines), ('coalesced_copy', 'strided_copy'))
@@ -241,18 +236,9 @@ def test_a_deliberately_uncoalesced_copy_is_flagged(tmp_path, monkeypatch):
     assert bad['predicted_bound'] == 'memory' and bad['predicted_fraction'] < good['predicted_fraction']
 
 
-def _needs_nvrtc_and_nvdisasm():
-    try:
-        build.nvrtc_version()
-        sass.find_tool('nvdisasm')
-    except (build.NvrtcMissing, sass.ToolMissing) as exc:
-        pytest.skip(str(exc))
-
-
-def test_build_check_and_the_report_share_one_compile_cache(tmp_path, monkeypatch, capsys):
+def test_build_check_and_the_report_share_one_compile_cache(sass_tools, tmp_path, monkeypatch, capsys):
     """build --check fills the cache; the report then only disassembles (no second NVRTC compile);
     an edited header or other defines are other entries, never a stale one."""
-    _needs_nvrtc_and_nvdisasm()
     monkeypatch.setenv('GPUK_CACHE_DIR', str(tmp_path / 'cache'))
     (tmp_path / 'copy.cu').write_text((Path(__file__).with_name('cu') / 'strided_copy.cu').read_text()
                                       .replace('#ifndef COPY_THREADS', '#include "scale.cuh"\n#ifndef COPY_THREADS'))
@@ -282,12 +268,7 @@ def test_build_check_and_the_report_share_one_compile_cache(tmp_path, monkeypatc
 # ---------------------------------------------------------------- every real kernel
 
 @pytest.fixture(scope='module')
-def records(request):
-    try:
-        build.nvrtc_version()
-        sass.find_tool('nvdisasm')
-    except (build.NvrtcMissing, sass.ToolMissing) as exc:
-        pytest.skip(str(exc))
+def records(sass_tools, request):
     with pytest.MonkeyPatch.context() as patch:
         # the emulator's counters without the sanitizer's checks (test_sanitizer.py runs those),
         # measured while the variants missing from the compile cache compile
@@ -421,12 +402,7 @@ def test_cli_json_and_table(tmp_path, capsys, monkeypatch, records):
     assert json.loads(out.read_text()) == records
 
 
-def test_cli_dump_loop_prints_the_listing_for_hand_counts(capsys):
-    try:
-        build.nvrtc_version()
-        sass.find_tool('nvdisasm')
-    except (build.NvrtcMissing, sass.ToolMissing) as exc:
-        pytest.skip(str(exc))
+def test_cli_dump_loop_prints_the_listing_for_hand_counts(sass_tools, capsys):
     assert cli.main(['--dump-loop', 'copy_bytes', '--arch', 'sm_90']) == 0
     out = capsys.readouterr().out
     assert out.startswith('== copy_bytes sm_90 f32') and 'LDG.E.128' in out and 'STG.E.128' in out

@@ -19,13 +19,8 @@ COPY_CU = Path(__file__).with_name('cu') / 'strided_copy.cu'
 
 
 @pytest.fixture(scope='module')
-def cubins(tmp_path_factory):
+def cubins(sass_tools, tmp_path_factory):
     """Cubin paths: COPY_THREADS 256 and 128 for sm_90, the same for sm_80 (two of each kind)."""
-    try:
-        build.nvrtc_version()
-        sass.find_tool('nvdisasm')
-    except (build.NvrtcMissing, sass.ToolMissing) as exc:
-        pytest.skip(str(exc))
     folder = tmp_path_factory.mktemp('batch-cache')
     paths = []
     for arch in ('sm_90', 'sm_80'):
