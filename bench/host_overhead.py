@@ -123,8 +123,9 @@ def measure(name, steps=10, warmup=3, graphs=False, count_calls=False):
         clear_session()
         build, batch = BUILDERS[name]
         net, x, y = build(keras, batch)
-        for _ in range(warmup):
-            net.train_on_batch(x, y)
+        for _ in range(warmup):   # counted too: a step's new buffers are those no earlier counted step saw
+            with counters.counting():
+                net.train_on_batch(x, y)
         walls, rows = [], []
         for _ in range(steps):
             with counters.counting() as c:

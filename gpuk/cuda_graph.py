@@ -34,7 +34,7 @@ from collections import OrderedDict
 import numpy as np
 
 from gpuk.kernels import runtime
-from gpuk.kernels.runtime import counters, deferred
+from gpuk.kernels.runtime import counters, deferred, prepared
 from gpuk.ops.base import Op
 from gpuk.ops.random import RandomOp
 
@@ -93,6 +93,9 @@ class CapturedStep:
                 variable.value = xp.array(value, dtype=variable.dtype, order='C')   # keeps 0-d shapes
         self.variables = [(variable, variable.value) for _, variable in plan.variables]
         self.updates = [(variable, variable.value, index) for variable, index in updates]
+        # the plan steps' reused output buffers (prepared.StepBuffers) start over: a graph must
+        # write only into its private pool, which nothing outside it is ever handed
+        prepared.forget_kept()
         with self._private_pool():
             self.inputs = [xp.empty(a.shape, a.dtype) for a in fed]
             self._copy_in(fed)

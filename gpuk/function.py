@@ -20,7 +20,7 @@ import numpy as np
 
 from gpuk import config, cuda_graph, device, fusion, fusion_gradients, fusion_scan, loss_scaling, mixed_precision
 from gpuk.kernels import runtime
-from gpuk.kernels.runtime import counters, deferred
+from gpuk.kernels.runtime import counters, deferred, prepared
 from gpuk.graph import (Constant, Placeholder, Tensor, Variable, checked_array, static_value,
                         topological_nodes)
 from gpuk.ops import scan
@@ -177,6 +177,9 @@ class Plan:
         self.step_calls = [next((self._k_call_of[s] for s in outs if s in self._k_call_of), None)
                            for _, _, outs in self.steps]
         self.step_op_names = [getattr(op, 'name', type(op).__name__) for op, _, _ in self.steps]
+        self._repeats_layouts = _layouts_repeat(self.steps, {s for s, _ in self.fixed})
+        self._layouts = None   # (the inputs' and variables' layouts, their LayoutToken) of the last run
+        self._layout_slots = _gather(self.input_slots + [s for s, _ in self.variables])
         self.steps = [(op.forward, ins, outs, frees[i]) for i, (op, ins, outs) in enumerate(self.steps)]
         self._bound_steps = [_bound_step(*step) for step in self.steps]
 
@@ -194,8 +197,32 @@ class Plan:
                 env[slot] = value
         return env
 
+    def _layout_token(self, env):
+        """The LayoutToken of this run (runtime/prepared.py): the last run's when the inputs and
+        variables have the layouts they had then, a new one when not, None when this plan's
+        layouts need not repeat (a shape read from a value that is not a constant)."""
+        if not self._repeats_layouts:
+            return None
+        try:
+            layouts = [*map(prepared.LAYOUT, self._layout_slots(env))]
+        except AttributeError:   # a value that is not an array
+            return None
+        last = self._layouts
+        if last is not None and last[0] == layouts:
+            return last[1]
+        token = prepared.LayoutToken()
+        self._layouts = (layouts, token)
+        return token
+
     def run(self, fed_arrays):
         env = self._initial_env(fed_arrays)
+        previous = prepared.enter_run(self._layout_token(env))
+        try:
+            return self._run(env, fed_arrays)
+        finally:
+            prepared.leave_run(previous)
+
+    def _run(self, env, fed_arrays):
         impl = self.impl
         counting = counters.active()
         if counting is not None:
@@ -257,6 +284,7 @@ class Plan:
         if call is None or not call.args or any(t not in self._slot_of for t in call.args):
             return None
         env = self._initial_env(fed_arrays)
+        previous = prepared.enter_run(None)   # a second call of the same steps in this run
         try:
             for forward, ins, outs, _ in self.steps[:step]:
                 result = forward(self.impl, *[env[s] for s in ins])
@@ -264,8 +292,39 @@ class Plan:
                     env[s] = value
         except Exception:  # noqa: BLE001 - a report of the first error must not raise another
             return None
+        finally:
+            prepared.leave_run(previous)
         values = [env[self._slot_of[t]] for t in call.args]
         return None if any(v is None for v in values) else [tuple(v.shape) for v in values]
+
+
+def _layouts_repeat(steps, fixed_slots):
+    """Whether each step's output layouts follow from its input layouts alone: no step reads
+    an output shape from the value of an input that is not a constant (Op.shape_from_values;
+    a wrapper's inner op, LowPrecision's, counts too)."""
+    for op, ins, _ in steps:
+        for candidate in (op, getattr(op, 'op', None)):
+            positions = getattr(candidate, 'shape_from_values', None)
+            if positions is not None and any(s not in fixed_slots for s in ins[positions]):
+                return False
+            if candidate is not None and _step_graph_reads_shape_values(candidate):
+                return False
+    return True
+
+
+def _step_graph_reads_shape_values(op):
+    """Whether a scan's step graph (``op.step_outputs``...) has a step reading an output shape
+    from a value that is not a constant (its stacked outputs' layouts need not repeat then)."""
+    outputs = list(getattr(op, 'step_outputs', ())) + list(getattr(op, 'state_outputs', ()))
+    if not outputs:
+        return False
+    given = set(op.seq_inputs) | set(op.state_inputs) | set(op.captured_inputs)
+    for node in topological_nodes(outputs, stop_at=given):
+        if any(not isinstance(t, Constant) for t in node.inputs[node.op.shape_from_values]):
+            return True
+        if _step_graph_reads_shape_values(node.op):
+            return True
+    return False
 
 
 def _bound_step(forward, ins, outs, frees):
@@ -295,15 +354,7 @@ class _NewBuffers:
         self.several, self.inputs = several, inputs
 
     def __call__(self, result):
-        return _new_buffers(result if self.several else (result,), self.inputs)
-
-
-def _new_buffers(outputs, inputs):
-    """How many of a step's outputs own a buffer the step allocated (not an input, not a view)."""
-    inputs = {id(a) for a in inputs}
-    return sum(1 for value in outputs
-               if hasattr(value, 'shape') and not isinstance(value, np.generic)
-               and value.base is None and id(value) not in inputs)
+        return counters.new_buffers(result if self.several else (result,), self.inputs)
 
 
 class Function:

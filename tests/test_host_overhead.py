@@ -55,7 +55,7 @@ def test_a_step_counts_its_launches_syncs_and_allocations():
 def test_bench_host_overhead_reports_mlp_steps_without_syncs_and_replays_without_allocations():
     result = _rehearse('''
         from bench import host_overhead
-        row = host_overhead.measure('mlp', steps=2, warmup=1, graphs=False, count_calls=True)
+        row = host_overhead.measure('mlp', steps=2, warmup=3, graphs=False, count_calls=True)
         print(row)
         assert row['steady'], row
         # prepared launches: each costs tens of Python calls, not the ~100 of unprepared ones

@@ -25,6 +25,10 @@ class Op:
     differentiable = True
     # positions of the inputs read for their shape alone (a Scan's gradient keeps no values for them)
     shape_only_inputs = ()
+    # the inputs (a slice of their positions) whose values, not only their shapes, decide an
+    # output's shape: a plan where such an input is not a constant cannot count on a step's
+    # layouts repeating from run to run (prepared.LayoutToken)
+    shape_from_values = slice(0, 0)
 
     def infer(self, *metas):
         raise TypeError('%s does not define infer()' % type(self).__name__)

@@ -173,6 +173,8 @@ class _WindowOp(Op):
         # again skips reading them. A result shape read from a shape vector's values (not
         # ``from_like``) is never kept.
         self._kept = prepared.Kept(keeps=from_like)
+        # a gradient's result shape read from a shape vector's values (third input)
+        self.shape_from_values = slice(0, 0) if from_like else slice(2, None)
 
 
 class ConvFwd(_WindowOp):

@@ -214,6 +214,7 @@ def _cut_trailing_padding(xp, decoded):
 
 class CtcGreedyDecode(Op):
     """(decoded (N, longest), neg_sum_logits (N, 1)) from log-probabilities (N, T, A)."""
+    shape_from_values = slice(0, None)   # decoded lengths
     differentiable = False
 
     def __init__(self, where='ctc_decode'):
@@ -232,6 +233,7 @@ class CtcGreedyDecode(Op):
 
 class CtcBeamDecode(Op):
     """top_paths decoded (N, longest) arrays, then the log-probabilities (N, top_paths)."""
+    shape_from_values = slice(0, None)   # decoded lengths
     differentiable = False
 
     def __init__(self, beam_width, top_paths, merge_repeated, where='ctc_decode'):

@@ -74,6 +74,7 @@ def gather(reference, indices):
 class OneHot(Op):
     """float32 one-hot vectors on a new last axis; indices outside [0, n) give zero rows,
     like tf.one_hot. ``num_classes`` is an int, or None when given as a scalar input."""
+    shape_from_values = slice(1, None)   # depth
     differentiable = False
 
     def __init__(self, num_classes):
@@ -114,6 +115,7 @@ def _slice_key(shape, begin, size, where='slice'):
 
 class Slice(Op):
     """``x[begin[i] : begin[i] + size[i]]`` per axis, begin and size being int vectors."""
+    shape_from_values = slice(1, None)   # begin and size
 
     def __init__(self, static_shape):
         self.static_shape = static_shape  # computed by the caller, which sees static values
@@ -137,6 +139,7 @@ class Slice(Op):
 
 class SliceAdjoint(Op):
     """Zeros shaped like ``like`` with ``g`` written from ``begin`` on (Slice's adjoint)."""
+    shape_from_values = slice(2, None)   # begin
 
     def infer(self, g, like, begin):
         return Meta(like.shape, g.dtype)
@@ -168,6 +171,7 @@ def arange_length(start, stop, step):
 
 class Arange(Op):
     """The 1-D sequence start, start + step, ... below ``stop``, cast to ``dtype``."""
+    shape_from_values = slice(0, None)   # start, stop, step
     differentiable = False
 
     def __init__(self, dtype, length):

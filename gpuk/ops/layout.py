@@ -77,6 +77,7 @@ class Tile(Op):
     ``reps`` is a static tuple (None entries: known at run time only, from the int vector
     given as second input) or None when even its entries are unknown.
     """
+    shape_from_values = slice(1, None)   # the repetitions vector, when there is one
 
     def __init__(self, reps):
         self.reps = None if reps is None else tuple(reps)

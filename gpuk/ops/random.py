@@ -50,6 +50,7 @@ def sample_shape(spec, where):
 
 class RandomOp(Op):
     """Base of the random ops: a generator per array namespace, a static or runtime shape."""
+    shape_from_values = slice(0, None)   # the shape vector, when there is one
     foldable = False
     differentiable = False
 

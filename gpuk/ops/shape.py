@@ -119,6 +119,7 @@ def static_shape_tuple(spec, where):
 
 class Fill(Op):
     """An array of a runtime shape filled with one value."""
+    shape_from_values = slice(0, None)   # the shape vector
     differentiable = False
 
     def __init__(self, value, dtype, static):
@@ -165,6 +166,7 @@ def _reshape_static(in_shape, target):
 
 class Reshape(Op):
     """Reshape to a static target, or to the runtime shape vector given as a second input."""
+    shape_from_values = slice(1, None)   # the shape vector, when there is one
 
     def __init__(self, target):
         self.target = target  # static tuple (None = known at run time only)
@@ -495,6 +497,7 @@ def _getitem_shape(template, shape):
 
 
 class Getitem(Op):
+    shape_from_values = slice(1, None)   # dynamic slice bounds
     def __init__(self, template):
         self.template = template
 

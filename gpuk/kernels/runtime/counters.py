@@ -27,7 +27,10 @@ Counting costs two perf_counter calls per launch and is off unless ``counting()`
 """
 import contextlib
 import sys
+import weakref
 from time import perf_counter
+
+import numpy as np
 
 
 class Counters:
@@ -180,6 +183,54 @@ def device_call(call, *args, **kwargs):
         counters.device_s += perf_counter() - started
         depth[1] -= 1
         counters.launches += 1
+
+
+# Every buffer a counted plan step returned or read, held weakly (no reference keeps a buffer
+# alive or changes what prepared.StepBuffers sees): id -> the array owning the memory
+_known_buffers = weakref.WeakValueDictionary()
+
+
+def new_buffers(outputs, inputs):
+    """How many of a plan step's ``outputs`` are memory the step allocated, as a CuPy run would
+    request it from its pool: an array (or a view of one) whose memory no array known before
+    the step owns (the step's inputs, and what earlier counted steps returned or read: a buffer
+    a step reuses from one call to the next, prepared.StepBuffers, is known), and each NumPy
+    scalar (the rehearsal's 0-d results, 0-d device arrays on CuPy). Memory a step allocates
+    and frees inside itself is not seen here (on a GPU ``pool_mallocs`` counts it)."""
+    known = _known_buffers
+    for a in inputs:
+        root = _owner(a)
+        if root is not None:
+            _remember(known, root)
+    count = 0
+    for value in outputs:
+        if isinstance(value, np.generic):
+            count += 1
+            continue
+        root = _owner(value)
+        if root is None:
+            continue
+        if known.get(id(root)) is not root:
+            count += 1
+            _remember(known, root)
+    return count
+
+
+def _owner(value):
+    """The array owning ``value``'s memory (itself, or the base of a view); None for a value
+    that is not an array."""
+    if not hasattr(value, 'shape') or isinstance(value, np.generic):
+        return None
+    while getattr(value, 'base', None) is not None and hasattr(value.base, 'shape'):
+        value = value.base
+    return value
+
+
+def _remember(known, root):
+    try:
+        known[id(root)] = root
+    except TypeError:   # an array type without weak references: counted as new each time
+        pass
 
 
 _total_host_syncs = [0]

@@ -31,6 +31,10 @@ Checked on every call instead:
 Values (labels in range, lengths) are not part of a signature: runtime/deferred.py checks them
 on the device on every call.
 """
+import operator
+import threading
+from sys import getrefcount as _getrefcount
+
 import numpy as np
 
 from . import _forced
@@ -71,8 +75,9 @@ def clear():
 class Kept:
     """What one call site prepared for its last problem: a plan step's op sees the same problem
     call after call, so it keeps the prepared value (a launcher's runner) with its arrays'
-    types, shapes and dtypes and finds it again by comparing them, without building and hashing
-    ``get``'s key or going through the launcher's own lookups. The one way an op does it:
+    layouts (type, shape, strides, dtype) and finds it again by comparing them, without building
+    and hashing ``get``'s key or going through the launcher's own lookups. The one way an op
+    does it:
 
         def forward(self, impl, x, bias):
             return self._kept.run(impl, (x, bias), self._runner)
@@ -82,51 +87,173 @@ class Kept:
 
     ``run`` calls the kept runner with the arrays (``run(*arrays)``; ``run(arrays)`` for a Kept
     made with ``as_sequence=True``), making it first with ``make(owner, *arrays)`` when the
-    arrays' signature or ``owner`` (the implementation, the same object) changed. Values without
-    a shape and dtype are never kept, and a value of another type misses (a NumPy array where
-    the CUDA runtime's was kept goes through ``get`` and its checks, as before); ``keeps=False``
-    keeps nothing (a result shape read from a shape vector's values). Bypassed like ``get``
-    under GPUK_CHECK_LAUNCHES=1, and forgotten by ``clear()``. The hit path is this one call
-    between the op's forward and the runner."""
-    __slots__ = ('_last', '_as_sequence', '_keeps')
+    arrays' layouts or ``owner`` (the implementation, the same object) changed. The comparison
+    is one C-level list comparison (``LAYOUT`` mapped over the arrays). Because it includes
+    the strides, a runner may offer a faster variant for exactly these layouts: a runner with a
+    ``specialized(arrays)`` attribute is kept as what that returns (the fused runner's
+    variant for C-contiguous inputs skips their per-call contiguity test).
+
+    A runner made with ``outputs=True`` reuses the step's output buffers across calls (the
+    plan's memory arena for plain launches): it is called ``run(arrays, kept_outputs)`` with the
+    list of buffers it returned last time, each of which it may write into again only if
+    ``reusable(buffer)`` says nobody else holds it (see ``reusable``).
+
+    Values without a shape and dtype are never kept, and a value of another type misses (a NumPy
+    array where the CUDA runtime's was kept goes through ``get`` and its checks, as before);
+    ``keeps=False`` keeps nothing (a result shape read from a shape vector's values). Bypassed
+    like ``get`` under GPUK_CHECK_LAUNCHES=1, and forgotten by ``clear()``. The hit path is this
+    one call between the op's forward and the runner."""
+    __slots__ = ('_last', '_as_sequence', '_keeps', '_token', '_run', '_repeats')
 
     def __init__(self, as_sequence=False, keeps=True):
-        # (owner, generation, count, types, shapes, dtypes, value): replaced in one assignment,
-        # so a thread sharing the step never reads half of one problem and half of another
+        # (owner, generation, layouts, value): replaced in one assignment, so a thread sharing
+        # the step never reads half of one problem and half of another
         self._last = None
         self._as_sequence, self._keeps = as_sequence, keeps
+        # the plan run (LayoutToken and its run number) of the last call; _repeats: False once
+        # this call site was called twice in one run (its layouts need not repeat per run)
+        self._token, self._run, self._repeats = None, -1, True
 
     def run(self, owner, arrays, make):
         """The kept runner's result on ``arrays`` (see the class docstring)."""
         last = self._last
+        token = _plan_run.token
+        if token is not None and self._token is token and last is not None:
+            run = token.runs
+            if self._run == run - 1 and owner is last[0] and last[1] == _generation[0] and not _forced[0]:
+                # called in the previous run of a plan with the same input layouts, once: these
+                # arrays have the kept layouts (LayoutToken), nothing to compare
+                self._run = run
+                found = last[3]
+                return found(arrays) if self._as_sequence else found(*arrays)
+            if self._run == run:   # a second call in this run: layouts need not repeat
+                self._repeats = False
         found = None
-        if last is not None and not _forced[0]:
-            kept_owner, generation, count, types, shapes, dtypes, value = last
-            if owner is kept_owner and generation == _generation[0] and len(arrays) == count:
-                found = value
-                try:
-                    for a, kind, shape, dtype in zip(arrays, types, shapes, dtypes):
-                        # (a dtype is mostly the very object kept: compared by identity first)
-                        if type(a) is not kind or a.shape != shape or a.dtype is not dtype and a.dtype != dtype:
-                            found = None
-                            break
-                except AttributeError:   # not an array
-                    found = None
+        if last is not None and owner is last[0] and last[1] == _generation[0] and not _forced[0]:
+            try:
+                if [*map(LAYOUT, arrays)] == last[2]:
+                    found = last[3]
+            except AttributeError:   # not an array
+                pass
         if found is None:
             found = make(owner, *arrays)
             if self._keeps:
-                self._keep(owner, arrays, found)
+                found = self._keep(owner, arrays, found)
+        if token is not None and self._repeats and self._last is not None:
+            self._token, self._run = token, token.runs
+        else:
+            self._token = None
         return found(arrays) if self._as_sequence else found(*arrays)
 
     def _keep(self, owner, arrays, value):
-        """Keeps ``value`` for ``arrays``' types, shapes and dtypes (nothing, when one has no
-        shape or dtype)."""
+        """Keeps ``value`` (its variant for these layouts, where it has one) for ``arrays``'
+        layouts, and returns what it kept (nothing, when one has no shape or dtype)."""
         try:
-            last = (owner, _generation[0], len(arrays), tuple(type(a) for a in arrays),
-                    tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays), value)
+            layouts = [*map(LAYOUT, arrays)]
         except AttributeError:   # not arrays: nothing kept, the call site asks each time
-            last = None
-        self._last = last
+            self._last = None
+            return value
+        specialized = getattr(value, 'specialized', None)
+        if specialized is not None:
+            value = specialized(arrays)
+        self._last = (owner, _generation[0], layouts, value)
+        return value
+
+
+class LayoutToken:
+    """The runs of one plan whose inputs (fed arrays and variables) had the same layouts (type,
+    shape, strides, dtype): Plan.run makes a new one when its inputs' layouts change and passes
+    the same one otherwise, counting its runs. In such a plan every step's output layouts follow
+    from its input layouts (a plan with a step whose output shape is read from a value that is
+    not a constant gets no token: Op.shape_from_values), so a step sees in one run the layouts
+    it saw in the previous run of the same token, and a Kept called once per run skips its
+    comparison (Kept.run). Set per thread by ``enter_run``; None outside plan runs."""
+    __slots__ = ('runs',)
+
+    def __init__(self):
+        self.runs = 0
+
+
+class _PlanRun(threading.local):
+    token = None
+
+
+_plan_run = _PlanRun()
+
+
+def enter_run(token):
+    """Marks the start of a plan run under ``token`` (or None) on this thread; returns what
+    ``leave_run`` restores (a scan's step plan runs inside a step of its outer plan)."""
+    previous = _plan_run.token
+    if token is not None:
+        token.runs += 1
+    _plan_run.token = token
+    return previous
+
+
+def leave_run(previous):
+    _plan_run.token = previous
+
+
+# What Kept compares per array: its type, shape, strides (so its contiguity) and dtype, read in C
+LAYOUT = operator.attrgetter('__class__', 'shape', 'strides', 'dtype')
+
+
+class StepBuffers:
+    """The output buffers of one plan step, reused across its calls: the plan's memory arena for
+    plain launches (a replayed CUDA Graph has its private pool instead, gpuk/cuda_graph.py). A
+    step's runner kept by a ``Kept`` (its ``specialized`` variant) owns one; ``take(k)`` is a
+    buffer for output ``k`` (of the problem's shape and dtype) that nothing else holds.
+
+    Reuse is decided per call by reference count, so it can never alias a value still in use:
+    a buffer is written again only when this object holds the last reference to it (the plan
+    freed it after its last reader, K.function copied it to the host). Anything else holding it
+    (the plan's slot not yet freed, a variable whose new value it became, a view of it, a scan's
+    stacked history, a caller that kept the array) makes ``take`` use the other buffer or
+    allocate. Two buffers per output serve the common case where the value outlives one call:
+    an optimizer's update becomes the variable's value and is read by the next step, whose own
+    update goes to the other buffer; from then on the two alternate. Graph capture must not
+    reuse a buffer from before it (its replays would keep writing there after this object let
+    it go): gpuk/cuda_graph.py calls ``forget_kept()`` first, so capture-time steps start new
+    buffers in the graph's private pool."""
+    __slots__ = ('_kept', '_empty', '_shape', '_dtypes')
+
+    def __init__(self, empty, shape, dtypes):
+        self._empty, self._shape, self._dtypes = empty, shape, tuple(dtypes)
+        self._kept = [[] for _ in self._dtypes]   # per output: its buffers, the oldest first
+
+    def take(self, k):
+        kept = self._kept[k]
+        for buffer in kept:
+            if _getrefcount(buffer) <= _ONLY_KEPT:
+                return buffer
+        buffer = self._empty(self._shape, self._dtypes[k])
+        if len(kept) < 2:
+            kept.append(buffer)
+        else:   # every buffer held elsewhere: the newest two are kept
+            kept[:] = [kept[1], buffer]
+        return buffer
+
+    def take_all(self):
+        return [self.take(k) for k in range(len(self._dtypes))]
+
+
+def _only_kept_count():
+    """What getrefcount says, inside ``StepBuffers.take``'s loop, of a buffer only its list
+    holds (the list, the loop variable, getrefcount's argument: measured, not assumed, as the
+    interpreter's counting of borrowed references differs between versions)."""
+    kept = [object()]
+    for buffer in kept:
+        return _getrefcount(buffer)
+
+
+_ONLY_KEPT = _only_kept_count()
+
+
+def forget_kept():
+    """Every Kept forgets its runner (and the step buffers that runner owns) without clearing
+    the prepared problems: a Kept's next call makes its runner again from ``get``'s table."""
+    _generation[0] += 1
 
 
 class _NotAnArray(Exception):
