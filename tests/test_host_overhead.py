@@ -406,3 +406,69 @@ def test_the_cuda_runtime_launches_one_way_and_checks_a_configuration_per_call_o
     assert np.allclose(device.to_host(y), 3.0)
     print('ok')
     ''')
+
+
+def test_reused_step_buffers_never_change_results_nor_overwrite_a_held_value():
+    """A fused plan step writes its outputs into buffers of its own, reused from one call to the
+    next (prepared.StepBuffers) only when nothing else holds them: steps give the numbers that
+    fresh buffers on every call give (GPUK_CHECK_LAUNCHES=1 keeps no runner, so no buffer), a
+    variable's old value someone still holds is never written, and the steady state reuses."""
+    _rehearse('''
+    import os
+    import numpy as np
+    from gpuk import backend as K
+    from gpuk.kernels.runtime import counters
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'
+    rng = np.random.default_rng(0)
+    start_w = rng.standard_normal((8, 3)).astype(np.float32)
+    x = K.placeholder((4, 8))
+    w, b, m = K.variable(start_w), K.variable(np.zeros(3, np.float32)), K.variable(np.zeros((8, 3), np.float32))
+    h = K.dot(x, w)
+    z = K.sigmoid(K.relu(K.bias_add(h, b))) * 2.0 + h                # a fused group of several inputs
+    loss = K.mean(K.square(z))
+    gw, gb = K.gradients(loss, [w, b])
+    m_new = 0.9 * m + 0.1 * gw                                       # Adam-like: outputs m_new and w_new
+    w_new = w - 0.01 * m_new / (K.sqrt(K.square(m_new)) + 1e-3)
+    f = K.function([x], [z, loss], updates=[K.update(m, m_new), K.update(w, w_new), K.update(b, b - 0.1 * gb)])
+    batches = [rng.standard_normal((4, 8)).astype(np.float32) for _ in range(8)]
+    def train():
+        for v, value in ((w, start_w), (b, np.zeros(3, np.float32)), (m, np.zeros((8, 3), np.float32))):
+            K.set_value(v, value)
+        outputs, allocations = [], []
+        for step, value in enumerate(batches):
+            if step == 2:
+                held, held_copy = w.value, np.array(w.value)         # an old value someone keeps
+            with counters.counting() as c:
+                outputs.append(f([value]) + [K.get_value(w), K.get_value(m)])
+            allocations.append(c.allocations)
+            if step == 4:
+                assert np.array_equal(held, held_copy)               # never written since
+                del held
+        return outputs, allocations
+    reused, reused_allocations = train()
+    os.environ['GPUK_CHECK_LAUNCHES'] = '1'                          # no kept runner: fresh buffers
+    fresh, fresh_allocations = train()
+    for step, (a, e) in enumerate(zip(reused, fresh)):
+        for got, want in zip(a, e):
+            assert np.array_equal(got, want), step
+    assert not np.array_equal(reused[0][0], reused[1][0])             # the steps did differ
+    assert reused_allocations[-1] == reused_allocations[-2] < fresh_allocations[-1], (reused_allocations,
+                                                                                        fresh_allocations)
+    print('ok')
+    ''')
+
+
+def test_steady_steps_of_the_three_bench_models_sync_nothing_and_allocate_the_same():
+    """bench.host_overhead's models on plain launches (dry: counts only): no device-to-host
+    sync inside a steady-state step, the same allocations step after step, and fewer than the
+    steps' outputs (a fused step's outputs go to its reused buffers)."""
+    _rehearse('''
+    from bench import host_overhead
+    from tests.gpu_rehearsal import rehearsal_runtime
+    rehearsal_runtime.set_dry_launch_bytes(-1)
+    for model in host_overhead.MODELS:
+        row = host_overhead.measure(model, steps=2, warmup=3, graphs=False)
+        assert row['syncs_in_step'] == 0 and row['steady'], row
+        assert row['allocations'] < row['launching_steps'] + row['xp_steps'], row
+    print('ok')
+    ''')

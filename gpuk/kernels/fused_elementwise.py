@@ -209,13 +209,31 @@ def _prepare(rt, program, inputs):
             return outputs
 
     def specialized(inputs):
-        """The run of one plan step (prepared.Kept) for inputs of exactly these layouts: with
-        every input C-contiguous, no per-call contiguity test (the Kept compared the strides),
-        and the step's outputs written into its own buffers, reused across calls
-        (prepared.StepBuffers: a buffer anything else still holds is never written again)."""
-        if not all(type(a) is array_type and a.flags.c_contiguous for a in inputs):
-            return run
+        """The run of one plan step (prepared.Kept) for inputs of exactly these layouts (the
+        Kept compared their strides): the inputs that are not C-contiguous (a gate sliced off a
+        matrix product, a host number) are known, and copied into the step's own buffers, so
+        the others are passed without a test; the outputs too are written into buffers of the
+        step's own, reused across calls (prepared.StepBuffers: a buffer anything else still
+        holds is never written again)."""
+        converted = [k for k, a in enumerate(inputs) if type(a) is not array_type or not a.flags.c_contiguous]
         buffers = prepared.StepBuffers(empty, out_shape, out_dtypes)
+        take_outputs = buffers.take_all
+        if converted:
+            copies = prepared.StepBuffers(empty, None, [np.dtype(np.asarray(inputs[k]).dtype) for k in converted],
+                                          shapes=[tuple(np.shape(inputs[k])) for k in converted])
+            copyto = xp.copyto
+            take_copy = copies.take
+
+            def run_converting(inputs):
+                inputs = list(inputs)
+                for j, k in enumerate(converted):
+                    copy = take_copy(j)
+                    copyto(copy, inputs[k])
+                    inputs[k] = copy
+                outputs = take_outputs()
+                launch((*inputs, *input_pads, *outputs, *tail))
+                return outputs
+            return run_converting
         if len(out_dtypes) == 1:
             take = functools.partial(buffers.take, 0)
 
@@ -224,10 +242,9 @@ def _prepare(rt, program, inputs):
                 launch((*inputs, *input_pads, out, *tail))
                 return [out]
             return run_one
-        outputs_of = buffers.take_all
 
         def run_several(inputs):
-            outputs = outputs_of()
+            outputs = take_outputs()
             launch((*inputs, *input_pads, *outputs, *tail))
             return outputs
         return run_several

@@ -216,10 +216,13 @@ class StepBuffers:
     reuse a buffer from before it (its replays would keep writing there after this object let
     it go): gpuk/cuda_graph.py calls ``forget_kept()`` first, so capture-time steps start new
     buffers in the graph's private pool."""
-    __slots__ = ('_kept', '_empty', '_shape', '_dtypes')
+    __slots__ = ('_kept', '_empty', '_shapes', '_dtypes')
 
-    def __init__(self, empty, shape, dtypes):
-        self._empty, self._shape, self._dtypes = empty, shape, tuple(dtypes)
+    def __init__(self, empty, shape, dtypes, shapes=None):
+        """Buffers of ``shape`` and each of ``dtypes`` (or of ``shapes[k]`` and ``dtypes[k]``),
+        made by ``empty(shape, dtype)``."""
+        self._empty, self._dtypes = empty, tuple(dtypes)
+        self._shapes = tuple(shapes) if shapes is not None else (shape,) * len(self._dtypes)
         self._kept = [[] for _ in self._dtypes]   # per output: its buffers, the oldest first
 
     def take(self, k):
@@ -227,7 +230,7 @@ class StepBuffers:
         for buffer in kept:
             if _getrefcount(buffer) <= _ONLY_KEPT:
                 return buffer
-        buffer = self._empty(self._shape, self._dtypes[k])
+        buffer = self._empty(self._shapes[k], self._dtypes[k])
         if len(kept) < 2:
             kept.append(buffer)
         else:   # every buffer held elsewhere: the newest two are kept
