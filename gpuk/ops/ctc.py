@@ -14,7 +14,7 @@ import numpy as np
 from gpuk.contracts import ctc_checks
 from gpuk.device import to_host
 from gpuk.graph import Meta, apply
-from gpuk.kernels.runtime import check_launches_forced
+from gpuk.kernels.runtime import check_launches_forced, prepared
 from gpuk.ops.base import Op
 from gpuk.ops.fused import accumulate_dtype, is_zero, require_float
 
@@ -106,11 +106,29 @@ def _stand_in(value):
 _SHAPES_CHECKED = set()   # loss_inputs_checked_later's signatures whose shapes and dtypes passed
 
 
+_LAST_RUN_CHECKED = [None]   # (run stamp, impl, where, logits shape, the raw arrays, the result)
+
+
 def loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths, label_lengths):
     """``check_loss_inputs`` without a host sync: shapes and dtypes now (once per signature, or
     on every call under GPUK_CHECK_LAUNCHES=1), the values by a device-side flag that
     ``impl.check_later`` reads with the others before the call's results are used; the same
-    messages. Labels past each length become -1, as label_matrix gives."""
+    messages. Labels past each length become -1, as label_matrix gives. The loss's backward
+    step, in the same plan run on the same arrays, gets the forward's result (its check is
+    pending already): prepared.run_stamp."""
+    stamp = prepared.run_stamp()
+    last = _LAST_RUN_CHECKED[0]
+    raw = (labels, input_lengths, label_lengths)
+    if (stamp is not None and last is not None and last[0] == stamp and last[1] is impl and last[2] == where
+            and last[3] == tuple(logits_shape) and all(a is b for a, b in zip(last[4], raw))
+            and not check_launches_forced()):
+        return last[5]
+    result = _loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths, label_lengths)
+    _LAST_RUN_CHECKED[0] = None if stamp is None else (stamp, impl, where, tuple(logits_shape), raw, result)
+    return result
+
+
+def _loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths, label_lengths):
     xp = impl.xp
     signature = (where, tuple(logits_shape), labels.shape, labels.dtype, input_lengths.shape, input_lengths.dtype,
                  label_lengths.shape, label_lengths.dtype)

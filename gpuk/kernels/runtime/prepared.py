@@ -195,6 +195,14 @@ def leave_run(previous):
     _plan_run.token = previous
 
 
+def run_stamp():
+    """(LayoutToken, run number) of the plan run on this thread, or None: equal stamps are
+    the same run of a plan, in which no step changes a value another step reads (a value
+    checked once in a run stays checked for the rest of it)."""
+    token = _plan_run.token
+    return None if token is None else (token, token.runs)
+
+
 # What Kept compares per array: its type, shape, strides (so its contiguity) and dtype, read in C
 LAYOUT = operator.attrgetter('__class__', 'shape', 'strides', 'dtype')
 
