@@ -3,6 +3,7 @@
 Same names and signatures as gpuk/cpu_fallback/elementwise.py, plus a keyword-only
 `runtime` (None: runtime.current(); 'cuda', 'emulate', or a runtime object).
 """
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,23 @@ def _prepare_bias_act(rt, x, bias, axis, activation):
         y = empty_like(x)
         launch((x, contiguous(bias), y) + scalars)
         return y
+
+    def specialized(arrays):
+        """The run of one plan step (prepared.Kept, which compared the strides) for contiguous
+        operands: no conversion calls, the output in the step's own reused buffer
+        (prepared.StepBuffers)."""
+        if not all(type(a) is array_type and a.flags.c_contiguous for a in arrays):
+            return run
+        take = functools.partial(prepared.StepBuffers(rt.xp.empty, x.shape, [x.dtype]).take, 0)
+
+        def run_contiguous(x, bias):
+            y = take()
+            launch((x, bias, y) + scalars)
+            return y
+        return run_contiguous
+
+    array_type = rt.xp.ndarray
+    run.specialized = specialized
     return run
 
 
