@@ -22,7 +22,8 @@ with graphs on, capture the step), once with K.function's CUDA Graph replay off 
   copies, the graph launch) over the launches and xp steps the graph holds;
 - syncs in step: device-to-host copies inside the step; "incl. output" adds the copies of
   the step's outputs back to Keras (the loss);
-- allocations: arrays the plan's steps created (outputs owning a new buffer); with a real
+- allocations: step outputs in memory no earlier counted step saw (a step's reused output
+  buffers are not new; the warm-up steps are counted so the first timed one knows them); with a real
   CuPy also pool mallocs (every memory-pool request, a MemoryHook) and device allocs (the
   pool's cudaMalloc calls: what a steady-state step must not make, see docs/architecture.md).
 

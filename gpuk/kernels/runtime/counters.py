@@ -16,8 +16,9 @@ What is counted, and where (the runtime boundary, so every implementation is mea
 - ``host_syncs``: device-to-host copies that wait for the stream, made through
   ``runtime.to_host`` or ``device.to_host`` (the step's final output copies included; the
   Plan reports its own in-step figure separately, ``in_step_syncs``).
-- ``allocations``: arrays a plan's steps created (outputs owning a new buffer, counted by
-  Plan.run). Where a real CuPy reports them (a MemoryHook): ``pool_mallocs``, every request
+- ``allocations``: outputs of a plan's steps in memory no earlier counted step saw
+  (``new_buffers``, called by Plan.run: a step's reused buffers are not new; NumPy scalar
+  results are, as CuPy's 0-d arrays would be). Where a real CuPy reports them (a MemoryHook): ``pool_mallocs``, every request
   to the memory pool (each new array, served from the pool's cache or not), and
   ``device_allocs``, the pool's own device allocations (cudaMalloc: a request its cache
   could not serve). A steady-state step of a plan has 0 of these (docs/architecture.md,
