@@ -24,6 +24,7 @@ from gpuk.kernels.runtime import counters, deferred, prepared
 from gpuk.graph import (Constant, Placeholder, Tensor, Variable, checked_array, static_value,
                         topological_nodes)
 from gpuk.ops import scan
+from gpuk.ops.shape import Shape, Size
 
 
 class Update:
@@ -300,15 +301,20 @@ class Plan:
 
 def _layouts_repeat(steps, fixed_slots):
     """Whether each step's output layouts follow from its input layouts alone: no step reads
-    an output shape from the value of an input that is not a constant (Op.shape_from_values;
-    a wrapper's inner op, LowPrecision's, counts too)."""
-    for op, ins, _ in steps:
+    an output shape from the value of an input (Op.shape_from_values; a wrapper's inner op,
+    LowPrecision's, counts too) that is not itself a function of layouts: a constant, K.shape
+    or K.size of a value, or a pure op on such values (Keras's batch-size reshapes)."""
+    from_layouts = set(fixed_slots)
+    for op, ins, outs in steps:
         for candidate in (op, getattr(op, 'op', None)):
             positions = getattr(candidate, 'shape_from_values', None)
-            if positions is not None and any(s not in fixed_slots for s in ins[positions]):
+            if positions is not None and any(s not in from_layouts for s in ins[positions]):
                 return False
             if candidate is not None and _step_graph_reads_shape_values(candidate):
                 return False
+        if isinstance(op, (Shape, Size)) or op.foldable and all(
+                s in from_layouts or k in op.shape_only_inputs for k, s in enumerate(ins)):
+            from_layouts.update(outs)
     return True
 
 

@@ -472,3 +472,38 @@ def test_steady_steps_of_the_three_bench_models_sync_nothing_and_allocate_the_sa
         assert row['allocations'] < row['launching_steps'] + row['xp_steps'], row
     print('ok')
     ''')
+
+
+def test_steps_skip_their_layout_comparison_only_where_a_plan_run_repeats_its_layouts():
+    """prepared.LayoutToken: a plan whose output shapes follow from its inputs' layouts (K.shape
+    arithmetic included) lets its steps skip comparing layouts; one reading a shape from a fed
+    value does not, so a new shape vector with the same input layouts still gives its shape."""
+    _rehearse('''
+    import os
+    import numpy as np
+    from gpuk import backend as K
+    from gpuk.kernels.runtime import prepared
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'
+    x = K.placeholder((None, 6))
+    shape = K.placeholder((2,), dtype='int64')
+    fed = K.function([x, shape], [K.relu(K.reshape(x, shape)) * 2.0 + 1.0])
+    derived = K.function([x], [K.relu(K.reshape(x, (K.shape(x)[0] * 2, 3))) * 2.0 + 1.0])
+    value = np.arange(24, dtype=np.float32).reshape(4, 6) - 10
+    expected = np.maximum(value, 0) * 2 + 1
+    for target in [(4, 6), (4, 6), (2, 12), (3, 8)]:
+        out, = fed([value, np.array(target)])
+        assert np.array_equal(out, expected.reshape(target)), target
+    assert not fed._compiled()._repeats_layouts
+    compared = []
+    real = prepared.Kept.run
+    def run(self, owner, arrays, make):
+        compared.append(prepared._plan_run.token is None or self._token is not prepared._plan_run.token)
+        return real(self, owner, arrays, make)
+    prepared.Kept.run = run
+    for n in (4, 4, 4, 2, 2):
+        compared.clear()
+        out, = derived([value[:n]])
+        assert np.array_equal(out, expected[:n].reshape(n * 2, 3)), n
+    assert derived._compiled()._repeats_layouts and compared == [False], compared   # the last run: no comparison
+    print('ok')
+    ''')
