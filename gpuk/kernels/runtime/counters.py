@@ -186,9 +186,12 @@ def device_call(call, *args, **kwargs):
         counters.launches += 1
 
 
-# Every buffer a counted plan step returned or read, held weakly (no reference keeps a buffer
-# alive or changes what prepared.StepBuffers sees): id -> the array owning the memory
-_known_buffers = weakref.WeakValueDictionary()
+# Every buffer a counted plan step returned or read: id -> a weak reference to the array owning
+# the memory (no reference keeps a buffer alive or changes what prepared.StepBuffers sees, and
+# no callback runs when one dies: that would be counting's work inside the steps it times;
+# dead entries are dropped when there are many)
+_known_buffers = {}
+_KNOWN_LIMIT = 1 << 16
 
 
 def new_buffers(outputs, inputs):
@@ -211,7 +214,8 @@ def new_buffers(outputs, inputs):
         root = _owner(value)
         if root is None:
             continue
-        if known.get(id(root)) is not root:
+        seen = known.get(id(root))
+        if seen is None or seen() is not root:
             count += 1
             _remember(known, root)
     return count
@@ -229,9 +233,12 @@ def _owner(value):
 
 def _remember(known, root):
     try:
-        known[id(root)] = root
+        known[id(root)] = weakref.ref(root)
     except TypeError:   # an array type without weak references: counted as new each time
-        pass
+        return
+    if len(known) > _KNOWN_LIMIT:
+        for key in [key for key, ref in known.items() if ref() is None]:
+            del known[key]
 
 
 _total_host_syncs = [0]
