@@ -14,7 +14,7 @@ import numpy as np
 
 from gpuk.contracts.dtypes import ELEMENT_TYPES, accumulation_dtype
 from gpuk.contracts.fused_program import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, check_fused_args
-from .runtime import prepared, register_build, resolve
+from .runtime import counters, prepared, register_build, resolve
 
 SOURCE = Path(__file__).with_name('fused_elementwise.cu')
 FUSED_THREADS = 256        # block size: #defined into the .cu and used for the grid below
@@ -123,10 +123,16 @@ def _dummy(rt):
 
 def _contiguous(xp, a):
     """``a`` as a C-contiguous array of the runtime's xp, of its own shape (ascontiguousarray,
-    which makes 0-d arrays 1-d, never sees one: a 0-d array is always C-contiguous)."""
+    which makes 0-d arrays 1-d, never sees one: a 0-d array is always C-contiguous). A copy of
+    a strided array is counted as an allocation of the step (counters.allocated: the step's
+    outputs alone would not show it); a NumPy scalar made an array is not: it is the GPU
+    rehearsal's 0-d result (counted where it was made), a 0-d device array on CuPy."""
     if type(a) is not xp.ndarray:
         a = xp.asarray(a)
-    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
+    if a.flags.c_contiguous:
+        return a
+    counters.allocated()
+    return xp.ascontiguousarray(a)
 
 
 def _launch_of(rt, program, shapes, out_shape, n):
@@ -211,25 +217,20 @@ def _prepare(rt, program, inputs):
     def specialized(inputs):
         """The run of one plan step (prepared.Kept) for inputs of exactly these layouts (the
         Kept compared their strides): the inputs that are not C-contiguous (a gate sliced off a
-        matrix product, a host number) are known, and copied into the step's own buffers, so
-        the others are passed without a test; the outputs too are written into buffers of the
-        step's own, reused across calls (prepared.StepBuffers: a buffer anything else still
-        holds is never written again)."""
+        matrix product, a host number) are known, so the others are passed without a test; the
+        outputs are written into buffers of the step's own, reused across calls
+        (prepared.StepBuffers: a buffer anything else still holds is never written again). The
+        strided inputs are copied to new contiguous arrays, as before: copying them into reused
+        buffers too (xp.copyto) made the GRU's steps slower in the rehearsal, and reading them
+        in place needs kernels that take strided pointers (the runtimes refuse them)."""
         converted = [k for k, a in enumerate(inputs) if type(a) is not array_type or not a.flags.c_contiguous]
         buffers = prepared.StepBuffers(empty, out_shape, out_dtypes)
         take_outputs = buffers.take_all
         if converted:
-            copies = prepared.StepBuffers(empty, None, [np.dtype(np.asarray(inputs[k]).dtype) for k in converted],
-                                          shapes=[tuple(np.shape(inputs[k])) for k in converted])
-            copyto = xp.copyto
-            take_copy = copies.take
-
             def run_converting(inputs):
                 inputs = list(inputs)
-                for j, k in enumerate(converted):
-                    copy = take_copy(j)
-                    copyto(copy, inputs[k])
-                    inputs[k] = copy
+                for k in converted:
+                    inputs[k] = _contiguous(xp, inputs[k])
                 outputs = take_outputs()
                 launch((*inputs, *input_pads, *outputs, *tail))
                 return outputs

@@ -221,6 +221,13 @@ def new_buffers(outputs, inputs):
     return count
 
 
+def allocated(count=1):
+    """Records ``count`` arrays a step allocated for its own use (a launcher's contiguous copy
+    of a strided input), which ``new_buffers`` does not see among its outputs."""
+    if _active:
+        _active[-1].allocations += count
+
+
 def _owner(value):
     """The array owning ``value``'s memory (itself, or the base of a view); None for a value
     that is not an array."""
