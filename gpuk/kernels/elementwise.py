@@ -3,7 +3,6 @@
 Same names and signatures as gpuk/cpu_fallback/elementwise.py, plus a keyword-only
 `runtime` (None: runtime.current(); 'cuda', 'emulate', or a runtime object).
 """
-import functools
 from pathlib import Path
 
 import numpy as np
@@ -88,10 +87,10 @@ def _prepare_bias_act(rt, x, bias, axis, activation):
         (prepared.StepBuffers)."""
         if not all(type(a) is array_type and a.flags.c_contiguous for a in arrays):
             return run
-        take = functools.partial(prepared.StepBuffers(rt.xp.empty, x.shape, [x.dtype]).take, 0)
+        take = prepared.StepBuffers(rt.xp.empty, x.shape, [x.dtype]).take
 
         def run_contiguous(x, bias):
-            y = take()
+            y = take(0)
             launch((x, bias, y) + scalars)
             return y
         return run_contiguous

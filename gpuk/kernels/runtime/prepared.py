@@ -246,7 +246,8 @@ class StepBuffers:
         return buffer
 
     def take_all(self):
-        return [self.take(k) for k in range(len(self._dtypes))]
+        """A buffer for each output (``take(k)`` for every k), as a new list."""
+        return [*map(self.take, range(len(self._dtypes)))]
 
 
 def _only_kept_count():
