@@ -312,7 +312,7 @@ def _layouts_repeat(steps, fixed_slots):
                 return False
             if candidate is not None and _step_graph_reads_shape_values(candidate):
                 return False
-        if isinstance(op, (Shape, Size)) or op.foldable and all(
+        if isinstance(op, (Shape, Size)) or getattr(op, 'foldable', False) and all(
                 s in from_layouts or k in op.shape_only_inputs for k, s in enumerate(ins)):
             from_layouts.update(outs)
     return True

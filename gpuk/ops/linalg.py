@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 
 from gpuk.graph import Meta, Tensor, apply, as_tensor
+from gpuk.kernels.runtime import prepared
 from gpuk.ops import elementwise as ew
 from gpuk.ops import shape as shape_ops
 from gpuk.ops.base import Op, broadcast_shapes
@@ -23,7 +24,12 @@ def _swap_last(t):
 
 
 class MatMul(Op):
-    """``a @ b`` for rank >= 2 operands; leading (batch) dims broadcast."""
+    """``a @ b`` for rank >= 2 operands; leading (batch) dims broadcast. On the kernel runtimes
+    a plan step writes its float32/float64 products into buffers of its own, reused across calls
+    (prepared.Kept's variant for the kept layouts, prepared.StepBuffers)."""
+
+    def __init__(self):
+        self._kept = prepared.Kept()
 
     def infer(self, a, b):
         if len(a.shape) < 2 or len(b.shape) < 2:
@@ -38,7 +44,9 @@ class MatMul(Op):
     def forward(self, impl, a, b):
         if a.dtype in _HALF_DTYPES:     # bfloat16 comes from a mixed-precision policy
             return impl.matmul.matmul(a, b)
-        return impl.xp.matmul(a, b)
+        if impl.kind == 'cpu':          # the NumPy device keeps NumPy's own buffers
+            return impl.xp.matmul(a, b)
+        return self._kept.run(impl, (a, b), _product_runner)
 
     def grad(self, inputs, outputs, output_grads):
         a, b = inputs
@@ -47,6 +55,27 @@ class MatMul(Op):
         g = output_grads[0]
         return [ew.sum_to_shape_of(matmul(g, _swap_last(b)), a),
                 ew.sum_to_shape_of(matmul(_swap_last(a), g), b)]
+
+
+def _product_runner(impl, a, b):
+    """``run(a, b)``: xp.matmul, with a ``specialized`` variant writing into the step's reused
+    output buffers (the product's shape and dtype read once from these operands)."""
+    matmul = impl.xp.matmul
+
+    def run(a, b):
+        return matmul(a, b)
+
+    def specialized(arrays):
+        if a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.shape[-1] != b.shape[-2]:
+            return run   # xp.matmul raises, or promotes, as it does without a buffer
+        shape = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (a.shape[-2], b.shape[-1])
+        take = prepared.StepBuffers(impl.xp.empty, shape, [a.dtype]).take
+
+        def run_into(a, b):
+            return matmul(a, b, out=take(0))
+        return run_into
+    run.specialized = specialized
+    return run
 
 
 def _operands(where, x, y):
