@@ -91,12 +91,10 @@ class Kept:
     is one C-level list comparison (``LAYOUT`` mapped over the arrays). Because it includes
     the strides, a runner may offer a faster variant for exactly these layouts: a runner with a
     ``specialized(arrays)`` attribute is kept as what that returns (the fused runner's
-    variant for C-contiguous inputs skips their per-call contiguity test).
-
-    A runner made with ``outputs=True`` reuses the step's output buffers across calls (the
-    plan's memory arena for plain launches): it is called ``run(arrays, kept_outputs)`` with the
-    list of buffers it returned last time, each of which it may write into again only if
-    ``reusable(buffer)`` says nobody else holds it (see ``reusable``).
+    variant knows which inputs are strided, so it tests none per call), and such a variant,
+    being this call site's own, may own the step's output buffers (``StepBuffers``: the plan's
+    memory arena for plain launches). Inside a plan run whose input layouts repeat
+    (``LayoutToken``), a Kept called once per run skips even the comparison.
 
     Values without a shape and dtype are never kept, and a value of another type misses (a NumPy
     array where the CUDA runtime's was kept goes through ``get`` and its checks, as before);
