@@ -341,6 +341,20 @@ def _prepare_xent_fwd(rt, logits, target, axis, launcher=None):
         if launch is not None:
             launch((data(logits), data(target, dtype), loss, lse) + sizes)
         return loss, lse
+
+    def specialized(arrays):
+        """A plan step's run (prepared.Kept): loss and lse in the step's reused buffers."""
+        take = prepared.StepBuffers(empty, None, (dtype, acc), shapes=(reduced, reduced)).take
+
+        def run_kept(logits, target):
+            if launcher is not None and _cudnn_asked():
+                return launcher(logits, target, axis, runtime=rt)
+            loss, lse = take(0), take(1)
+            if launch is not None:
+                launch((data(logits), data(target, dtype), loss, lse) + sizes)
+            return loss, lse
+        return run_kept
+    run.specialized = specialized
     return run
 
 
@@ -353,13 +367,23 @@ def _prepare_xent_bwd(rt, logits, target, lse, dloss, axis, launcher=None):
     per_row = lambda v: xp.ascontiguousarray((v if type(v) is rows.array_type else xp.asarray(v))  # noqa: E731
                                              .astype(acc, copy=False))
 
-    def run(logits, target, lse, dloss):
+    def run(logits, target, lse, dloss, dlogits=None):
         if launcher is not None and _cudnn_asked():
             return launcher(logits, target, lse, dloss, axis, runtime=rt)
-        dlogits = xp.empty(rows.moved_shape, dtype)
+        if dlogits is None:
+            dlogits = xp.empty(rows.moved_shape, dtype)
         if launch is not None:
             launch((data(logits), data(target, dtype), per_row(lse), per_row(dloss), dlogits) + sizes)
         return xp.ascontiguousarray(xp.moveaxis(dlogits, -1, axis)) if rows.moved else dlogits
+
+    def specialized(arrays):
+        """A plan step's run (prepared.Kept): dlogits in the step's reused buffer (classes on
+        the last axis; a moved axis gives a new array as before)."""
+        if rows.moved:
+            return run
+        take = prepared.StepBuffers(xp.empty, rows.moved_shape, (dtype,)).take
+        return lambda logits, target, lse, dloss: run(logits, target, lse, dloss, take(0))
+    run.specialized = specialized
     return run
 
 
