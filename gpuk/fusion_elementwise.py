@@ -32,6 +32,7 @@ from gpuk.graph import Meta
 from gpuk.kernels.runtime import prepared
 from gpuk.ops.base import Op
 from gpuk.ops.bias import BiasAct
+from gpuk.ops.elementwise import Unary
 from gpuk.ops.shape import Getitem
 
 MAX_MEMBERS = 48   # ops per fused step: bounds the kernel's source and registers
@@ -209,13 +210,78 @@ def fuse_elementwise(steps, protected, slot_shapes=None, kernel_limits=True):
         if len(members) < 2:
             continue
         inputs, outputs = io(members)
+        member_steps = [steps[m] for m in members]
+        if not kernel_limits:
+            member_steps = one_unary_per_span(member_steps, set(outputs), slot_shapes)
         number = {s: k for k, s in enumerate(inputs)}
         fused_members = []
-        for m in members:
-            op, ins, outs = steps[m]
+        for op, ins, outs in member_steps:
             fused_members.append((op, [number[s] for s in ins]))
             number[outs[0]] = len(number)
         op = FusedElementwise(fused_members, len(inputs), [number[s] for s in outputs])
         fused_at[last] = (op, inputs, outputs)
         removed.update(members)
     return [fused_at.get(i, step) for i, step in enumerate(steps) if i not in removed or i in fused_at]
+
+
+def one_unary_per_span(members, kept, slot_shapes):
+    """A NumPy group's ``members`` (``(op, input_slots, output_slots)`` in order) with each
+    family of one unary op applied to slices of one value along one axis (an LSTM's sigmoid
+    on its i, f and o gates, sliced off the gates' pre-activations) computed once, on the
+    slice spanning the family, each member's result a view of that. On (32, 128) arrays a
+    ufunc call costs about what its arithmetic does, and a sigmoid is four of them plus an
+    ``np.errstate``: three sigmoids on (32, 128) take 22 µs, one on (32, 512) 16 µs. Only
+    where the span is at most 4/3 of the family's slices (the LSTM's: 512 columns for 384,
+    the tanh gate's computed for nothing). The values are the same, bit for bit: each element
+    goes through the same ufuncs as in its own slice. Slices (Getitem members) that no member
+    reads any more, and that the group does not return (``kept``), are dropped. New internal
+    values are named by tuples, never by a plan slot (ints)."""
+    producer = {outs[0]: k for k, (_, _, outs) in enumerate(members)}
+    families = defaultdict(list)
+    for k, (op, ins, _) in enumerate(members):
+        source = producer.get(ins[0]) if type(op) is Unary else None
+        if source is None or type(members[source][0]) is not Getitem or len(members[source][1]) != 1:
+            continue
+        template, sliced = members[source][0].template, members[source][1][0]
+        interval = _axis_interval(template, slot_shapes.get(sliced))
+        if interval is not None:
+            axis, start, stop = interval
+            families[(op.name, sliced, axis, len(template))].append((k, start, stop))
+    replaced, inserted = {}, {}
+    for (name, sliced, axis, rank), family in families.items():
+        low, high = min(f[1] for f in family), max(f[2] for f in family)
+        if len(family) < 2 or 3 * (high - low) > 4 * sum(stop - start for _, start, stop in family):
+            continue
+        span, values = ('span', sliced, name, axis, low), ('unary', sliced, name, axis, low)
+        template = tuple(slice(low, high) if d == axis else slice(None) for d in range(rank))
+        inserted[family[0][0]] = [(Getitem(template), [sliced], [span]), (Unary(name), [span], [values])]
+        for k, start, stop in family:
+            view = tuple(slice(start - low, stop - low) if d == axis else slice(None) for d in range(rank))
+            replaced[k] = (Getitem(view), [values], members[k][2])
+    if not replaced:
+        return members
+    rewritten = []
+    for k, step in enumerate(members):
+        rewritten.extend(inserted.get(k, ()))
+        rewritten.append(replaced.get(k, step))
+    read = {s for _, ins, _ in rewritten for s in ins}
+    return [step for step in rewritten
+            if not (type(step[0]) is Getitem and step[2][0] not in read and step[2][0] not in kept)]
+
+
+def _axis_interval(template, shape):
+    """(axis, start, stop) of a static slice template selecting a range of one axis and all
+    of every other (``shape``: the sliced value's static shape, for an open stop), else None."""
+    if shape is None or len(template) != len(shape) or not all(type(k) is slice for k in template):
+        return None
+    partial = [d for d, k in enumerate(template) if k != slice(None)]
+    if len(partial) != 1:
+        return None
+    axis = partial[0]
+    key, dim = template[axis], shape[axis]
+    start = 0 if key.start is None else key.start
+    stop = dim if key.stop is None else key.stop
+    if (key.step not in (None, 1) or type(start) is not int or type(stop) is not int or dim is None
+            or not 0 <= start < stop <= dim):
+        return None
+    return axis, start, stop

@@ -103,3 +103,24 @@ def test_fusion_off(monkeypatch):
     x = K.placeholder((3,))
     f = _compiled(monkeypatch, False, [x], [K.exp(x) * 2 + 1])
     assert not any(isinstance(op, FusedElementwise) for op in _ops(f))
+
+
+def _members(f):
+    return [[getattr(op, 'name', type(op).__name__) for op, _ in step.members]
+            for step in _ops(f) if isinstance(step, FusedElementwise)]
+
+
+def test_one_unary_on_slices_of_one_value_runs_once_on_their_span(monkeypatch, rng):
+    # the NumPy device's groups (no kernel limits): sigmoid on three of four column blocks, as
+    # an LSTM's gates, is one sigmoid on the span (8 columns for 6: within 4/3); on two blocks
+    # far apart (8 columns for 4) each keeps its own
+    xv = rng.standard_normal((3, 8)).astype('float32')
+    x = K.placeholder((3, 8))
+    gates = K.sigmoid(x[:, 0:2]) * K.tanh(x[:, 4:6]) + K.sigmoid(x[:, 2:4]) * K.sigmoid(x[:, 6:])
+    apart = K.sigmoid(x[:, :2]) + K.sigmoid(x[:, 6:8])
+    for y, sigmoids in ((gates, 1), (apart, 2)):
+        fused = _compiled(monkeypatch, True, [x], [y])
+        plain = _compiled(monkeypatch, False, [x], [y])
+        (members,) = _members(fused)
+        assert members.count('sigmoid') == sigmoids and members.count('tanh') == 1 - (y is apart)
+        np.testing.assert_array_equal(fused([xv])[0], plain([xv])[0])   # the same ufuncs per element
