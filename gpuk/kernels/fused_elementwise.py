@@ -5,6 +5,8 @@ body, input/output types and rank the launcher #defines from a FusedProgram).
 it as the elementwise family's ``fused`` (the twin's is gpuk/cpu_fallback/elementwise.py).
 A call the kernel cannot take (a bool/int value, outputs of different shapes, rank > 8)
 runs the program's ops one by one on the runtime's arrays instead, with the same results.
+Non-contiguous inputs (a GRU's gate slices of its matrix products) are read in place, not
+copied: ``read_in_place``.
 """
 import functools
 from collections import OrderedDict
@@ -52,9 +54,13 @@ def _element_type(dtype):
     return 'bool' if dtype == np.bool_ else ELEMENT_TYPES[dtype]
 
 
-def kernel_defines(program, rank):
+def kernel_defines(program, rank, offsets=False):
+    """The template's #defines for ``program`` at output ``rank``; ``offsets``: its inputs start
+    at element offsets of their pointers (views read in place, FUSED_OFFSETS)."""
     defines = {'FUSED_THREADS': FUSED_THREADS, 'FUSED_N_IN': program.n_inputs,
                'FUSED_N_OUT': len(program.outputs), 'FUSED_RANK': rank, 'FUSED_BODY': kernel_body(program)}
+    if offsets:
+        defines['FUSED_OFFSETS'] = 1
     for k, dtype in enumerate(program.input_dtypes):
         defines['IN%d_T' % k] = _element_type(dtype)
     for k, value in enumerate(program.outputs):
@@ -76,18 +82,23 @@ class _Lru(OrderedDict):
 _tables, _dummies = _Lru(), {}
 
 
-def collapsed_index(out_shape, shapes):
+def collapsed_index(out_shape, shapes, element_strides=None):
     """(dims, strides): the output's dims and each input's element strides (0 along a
     broadcast dim), with size-1 dims dropped and neighbouring dims merged wherever every
     input steps through them contiguously (or not at all), so inputs of the output's shape
-    index as one flat dim and the kernel does no division (FUSED_RANK 1)."""
+    index as one flat dim and the kernel does no division (FUSED_RANK 1).
+    ``element_strides``: per input, the strides (in elements, over its own dims) of an input
+    read in place, or None for a C-contiguous one (the default for all)."""
     rank = len(out_shape)
     full = []
-    for shape in shapes:
-        shape = (1,) * (rank - len(shape)) + tuple(shape)
+    for k, shape in enumerate(shapes):
+        own = element_strides[k] if element_strides is not None else None
+        pad = rank - len(shape)
+        shape = (1,) * pad + tuple(shape)
         strides, step = [0] * rank, 1
         for d in range(rank - 1, -1, -1):
-            strides[d] = step if shape[d] != 1 else 0
+            stride = step if own is None else (own[d - pad] if d >= pad else 0)
+            strides[d] = stride if shape[d] != 1 else 0
             step *= shape[d]
         full.append(strides)
     dims, strides = [], [[] for _ in shapes]   # innermost first while merging
@@ -105,14 +116,18 @@ def collapsed_index(out_shape, shapes):
     return tuple(reversed(dims)), [tuple(reversed(s)) for s in strides]
 
 
-def _index_tables(rt, out_shape, shapes):
+def _index_tables(rt, out_shape, shapes, layout=None):
     """(rank, dims, strides): collapsed_index as device int64 arrays (dims (rank,), strides
-    (n_inputs * rank,)), memoized per shapes."""
+    (n_inputs * rank,), then with a ``layout`` of inputs read in place (read_in_place: per
+    input its element strides or None, and its first element's offset) the n_inputs
+    offsets), memoized per shapes and layout."""
     def make():
-        dims, strides = collapsed_index(out_shape, shapes)
-        return (len(dims), rt.xp.asarray(np.array(dims, dtype=np.int64)),
-                rt.xp.asarray(np.array(strides, dtype=np.int64).reshape(-1)))
-    return _tables.get_or((rt.kind, out_shape, tuple(shapes)), make)
+        dims, strides = collapsed_index(out_shape, shapes, None if layout is None else layout[0])
+        table = np.array(strides, dtype=np.int64).reshape(-1)
+        if layout is not None:
+            table = np.concatenate([table, np.array(layout[1], dtype=np.int64)])
+        return len(dims), rt.xp.asarray(np.array(dims, dtype=np.int64)), rt.xp.asarray(table)
+    return _tables.get_or((rt.kind, out_shape, tuple(shapes), layout), make)
 
 
 def _dummy(rt):
@@ -129,15 +144,65 @@ def _contiguous(xp, a):
     return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
 
 
-def _launch_of(rt, program, shapes, out_shape, n):
+def _launch_of(rt, program, shapes, out_shape, n, layout=None):
     """(launch, the arguments after the pointers): the kernel of ``program`` for these shapes
-    with its grid, and its index tables and size; (None, None) for an empty output."""
+    (and ``layout`` of inputs read in place) with its grid, and its index tables and size;
+    (None, None) for an empty output."""
     if not n:
         return None, None
-    rank, dims, strides = _index_tables(rt, out_shape, shapes)
+    rank, dims, strides = _index_tables(rt, out_shape, shapes, layout)
     blocks = max(1, min(-(-n // FUSED_THREADS), FUSED_MAX_BLOCKS))
-    launch = rt.kernel_launch(SOURCE, kernel_defines(program, rank), 'fused_elementwise', blocks, FUSED_THREADS)
+    launch = rt.kernel_launch(SOURCE, kernel_defines(program, rank, layout is not None), 'fused_elementwise',
+                              blocks, FUSED_THREADS)
     return launch, (dims, strides, np.int64(n))
+
+
+def read_in_place(xp, inputs):
+    """(arrays to pass, layout) to read ``inputs`` (runtime arrays, some not C-contiguous) in
+    place, or (None, None) when one cannot be (a negative or partial-element stride).
+
+    The launch takes C-contiguous arrays only, and the emulator identical or disjoint ones:
+    the inputs viewing one array's memory (a GRU step's gate slices of its matrix product,
+    that array itself) are passed as one 1-D span of that memory, from the lowest first
+    element among them to the highest last one, each with its element strides and the
+    offset of its first element in the span. The layout, ((strides or None per input),
+    (offsets)), keys the index tables; the other inputs pass as they are (strides None,
+    offset 0)."""
+    groups = {}
+    for k, a in enumerate(inputs):
+        base = a.base
+        groups.setdefault(id(a) if base is None else id(base), []).append(k)
+    arrays, strides, offsets = list(inputs), [None] * len(inputs), [0] * len(inputs)
+    for members in groups.values():
+        if all(inputs[k].flags.c_contiguous for k in members):
+            continue
+        first, last, lowest = None, None, None
+        for k in members:
+            a = inputs[k]
+            itemsize = a.itemsize
+            if a.size == 0 or any(s < 0 or s % itemsize for s in a.strides):
+                return None, None
+            start = _address(a)
+            end = start + sum((n - 1) * s for n, s in zip(a.shape, a.strides)) + itemsize
+            if first is None or start < first:
+                first, lowest = start, a
+            last = end if last is None else max(last, end)
+        itemsize = lowest.itemsize
+        if any(inputs[k].itemsize != itemsize for k in members):
+            return None, None
+        span = xp.lib.stride_tricks.as_strided(lowest, ((last - first) // itemsize,), (itemsize,))
+        for k in members:
+            a = inputs[k]
+            arrays[k] = span
+            strides[k] = tuple(s // itemsize for s in a.strides)
+            offsets[k] = (_address(a) - first) // itemsize
+    return arrays, (tuple(strides), tuple(offsets))
+
+
+def _address(a):
+    """The device (or host) address of ``a``'s first element."""
+    data = a.data
+    return data.ptr if hasattr(data, 'ptr') else a.__array_interface__['data'][0]
 
 
 def fused(program, inputs, *, runtime=None):
@@ -176,7 +241,8 @@ def _prepare(rt, program, inputs):
 
     if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):
         return lambda inputs: [xp.asarray(v) for v in program.run_unfused(contiguous(inputs))]
-    launch, tail = _launch_of(rt, program, shapes, out_shape, int(np.prod(out_shape, dtype=np.int64)))
+    n = int(np.prod(out_shape, dtype=np.int64))
+    launch, tail = _launch_of(rt, program, shapes, out_shape, n)
     dummy = _dummy(rt)
     out_dtypes = tuple(program.dtype(v) for v in program.outputs)
     input_pads = (dummy,) * (MAX_INPUTS - len(inputs))
@@ -184,27 +250,43 @@ def _prepare(rt, program, inputs):
 
     if launch is None:   # an empty output: nothing to launch
         return lambda inputs: [empty(out_shape, dtype) for dtype in out_dtypes]
-    # (contiguous() inlined in the runs below: a loop, no call, when every input is contiguous)
+    empty_output = functools.partial(empty, out_shape)   # one per output dtype, mapped (no Python frame)
+    in_place = {}   # layout -> (launch, tail) of the kernel reading views in place
+
+    def run_reading_views(inputs):
+        """The run of a call with a non-contiguous input: views read in place (a GRU's gate
+        slices: no copy per time step), copied contiguous only where they cannot be."""
+        inputs = [a if type(a) is array_type else _contiguous(xp, a) for a in inputs]   # host numbers
+        arrays, layout = read_in_place(xp, inputs)
+        if arrays is None:
+            arrays, (views_launch, views_tail) = contiguous(inputs), (launch, tail)
+        else:
+            found = in_place.get(layout)
+            if found is None:
+                found = _launch_of(rt, program, shapes, out_shape, n, layout)
+                found = in_place[layout] = (found[0], (dummy,) * (MAX_OUTPUTS - len(out_dtypes)) + found[1])
+            views_launch, views_tail = found
+        outputs = [*map(empty_output, out_dtypes)]
+        views_launch((*arrays, *input_pads, *outputs, *views_tail))
+        return outputs
+
+    # (the contiguity check inlined in the runs below: a loop, no call, when every input is contiguous)
     if len(out_dtypes) == 1:   # the common case, without a loop over the outputs
         out_dtype = out_dtypes[0]
 
         def run(inputs):
             for a in inputs:
                 if type(a) is not array_type or not a.flags.c_contiguous:
-                    inputs = contiguous(inputs)
-                    break
+                    return run_reading_views(inputs)
             out = empty(out_shape, out_dtype)
             launch((*inputs, *input_pads, out, *tail))
             return [out]
         return run
 
-    empty_output = functools.partial(empty, out_shape)   # one per output dtype, mapped (no Python frame)
-
     def run(inputs):
         for a in inputs:
             if type(a) is not array_type or not a.flags.c_contiguous:
-                inputs = contiguous(inputs)
-                break
+                return run_reading_views(inputs)
         outputs = [*map(empty_output, out_dtypes)]
         launch((*inputs, *input_pads, *outputs, *tail))
         return outputs
