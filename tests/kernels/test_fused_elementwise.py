@@ -248,12 +248,13 @@ def _lstm_cell_program(dtype):
 
 
 @pytest.mark.parametrize('arch', ['sm_80', 'sm_90'])
-@pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
-def test_generated_kernels_compile_spill_free_with_nvrtc(arch, dtype):
+@pytest.mark.parametrize('dtype, offsets', [(np.float16, False), (np.float32, False), (np.float64, False),
+                                            (np.float32, True)])   # gates read in place (FUSED_OFFSETS)
+def test_generated_kernels_compile_spill_free_with_nvrtc(arch, dtype, offsets):
     from gpuk.kernels.runtime import build
     from gpuk.kernels.runtime.kernel_source import kernel_source
     program = _lstm_cell_program(dtype)
-    text = kernel_source(launcher.SOURCE, launcher.kernel_defines(program, 2))
+    text = kernel_source(launcher.SOURCE, launcher.kernel_defines(program, 2, offsets))
     try:
         _, log = build.compile_cubin(text, 'fused_elementwise.cu', arch,
                                      options=build.nvrtc_options(launcher.SOURCE))
