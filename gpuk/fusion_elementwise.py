@@ -27,7 +27,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from gpuk.contracts.fused_program import MAX_INPUTS, MAX_OUTPUTS, FusedProgram, Instruction
+from gpuk.contracts.fused_program import (MAX_INPUTS, MAX_OUTPUTS, FusedProgram, Instruction, is_view_template,
+                                          viewed_layout)
 from gpuk.graph import Meta
 from gpuk.kernels.runtime import prepared
 from gpuk.ops.base import Op
@@ -45,10 +46,12 @@ class FusedElementwise(Op):
     foldable = False
     differentiable = False
 
-    def __init__(self, members, n_inputs, outputs):
+    def __init__(self, members, n_inputs, outputs, input_views=()):
         self.members = tuple((op, tuple(args)) for op, args in members)
         self.n_inputs = n_inputs
         self.outputs = tuple(outputs)
+        # per input None or a slice template the step reads it through (FusedProgram.input_views)
+        self.input_views = tuple(input_views) if any(input_views) else ()
         self._last = None   # (implementation, the program last built for it)
         self._kept = prepared.Kept(as_sequence=True)   # its runners take the inputs as one sequence
 
@@ -65,7 +68,9 @@ class FusedElementwise(Op):
         last = self._last
         if last is not None and last[0] is impl and last[1].takes(arrays):
             return last[1]
-        metas = [Meta(tuple(a.shape), a.dtype.name) for a in arrays]
+        views = self.input_views or (None,) * len(arrays)
+        metas = [Meta(tuple(a.shape) if view is None else viewed_layout(tuple(a.shape), view)[0], a.dtype.name)
+                 for a, view in zip(arrays, views)]
         instructions = []
         for op, args in self.members:
             meta = op.infer(*[metas[a] for a in args])
@@ -73,7 +78,8 @@ class FusedElementwise(Op):
             operand_dtype = np.result_type(*[_dtype(metas[a].dtype) for a in args])
             instructions.append(Instruction(_expression(op), args, _dtype(meta.dtype), operand_dtype,
                                             _bound_forward(op, impl)))
-        program = FusedProgram(tuple(_dtype(a.dtype) for a in arrays), tuple(instructions), self.outputs)
+        program = FusedProgram(tuple(_dtype(a.dtype) for a in arrays), tuple(instructions), self.outputs,
+                               self.input_views)
         program = _interned(impl, program)
         self._last = (impl, program)   # its forwards are bound to impl
         return program
@@ -218,10 +224,36 @@ def fuse_elementwise(steps, protected, slot_shapes=None, kernel_limits=True):
         for op, ins, outs in member_steps:
             fused_members.append((op, [number[s] for s in ins]))
             number[outs[0]] = len(number)
-        op = FusedElementwise(fused_members, len(inputs), [number[s] for s in outputs])
+        views = [None] * len(inputs)
+        if kernel_limits:   # gate slices read in place by the kernel, not copied per call
+            inputs, views, folded = _fold_slices(steps, producer, readers, protected, set(members), inputs)
+            removed.update(folded)
+        op = FusedElementwise(fused_members, len(inputs), [number[s] for s in outputs], views)
         fused_at[last] = (op, inputs, outputs)
         removed.update(members)
     return [fused_at.get(i, step) for i, step in enumerate(steps) if i not in removed or i in fused_at]
+
+
+def _fold_slices(steps, producer, readers, protected, members, inputs):
+    """(inputs, views, folded steps) of a kernel group whose inputs include static slices
+    (Getitem steps with slice templates, read by this group alone: a GRU's or LSTM's gates
+    sliced off its matrix products): each such input becomes the sliced tensor read through
+    the slice (FusedProgram.input_views: the kernel reads it in place at the view's strides
+    and offset, where the launcher would otherwise copy every non-contiguous input per call),
+    and its Getitem step goes. A tensor read through several views is several inputs."""
+    views, folded, new_inputs = [], [], []
+    for s in inputs:
+        i = producer.get(s)
+        step = steps[i] if i is not None else None
+        if (step is not None and type(step[0]) is Getitem and len(step[1]) == 1 and s not in protected
+                and is_view_template(step[0].template) and all(r in members for r in readers[s])):
+            new_inputs.append(step[1][0])
+            views.append(step[0].template)
+            folded.append(i)
+        else:
+            new_inputs.append(s)
+            views.append(None)
+    return new_inputs, views, folded
 
 
 def one_unary_per_span(members, kept, slot_shapes):

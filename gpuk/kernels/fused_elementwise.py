@@ -5,8 +5,10 @@ body, input/output types and rank the launcher #defines from a FusedProgram).
 it as the elementwise family's ``fused`` (the twin's is gpuk/cpu_fallback/elementwise.py).
 A call the kernel cannot take (a bool/int value, outputs of different shapes, rank > 8)
 runs the program's ops one by one on the runtime's arrays instead, with the same results.
-Non-contiguous inputs (a GRU's gate slices of its matrix products) are read in place, not
-copied: ``read_in_place``.
+Inputs that are static slices of a group input (``FusedProgram.input_views``: a GRU's or
+LSTM's gate slices of its matrix products, folded into the fused step by the fusion pass) are
+read in place: their element strides and first-element offsets are index tables set up once
+per problem, and the sliced array is passed once per view, as it is.
 """
 import functools
 from collections import OrderedDict
@@ -15,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuk.contracts.dtypes import ELEMENT_TYPES, accumulation_dtype
-from gpuk.contracts.fused_program import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, check_fused_args
+from gpuk.contracts.fused_program import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, check_fused_args, viewed_layout
 from .runtime import prepared, register_build, resolve
 
 SOURCE = Path(__file__).with_name('fused_elementwise.cu')
@@ -157,52 +159,25 @@ def _launch_of(rt, program, shapes, out_shape, n, layout=None):
     return launch, (dims, strides, np.int64(n))
 
 
-def read_in_place(xp, inputs):
-    """(arrays to pass, layout) to read ``inputs`` (runtime arrays, some not C-contiguous) in
-    place, or (None, None) when one cannot be (a negative or partial-element stride).
-
-    The launch takes C-contiguous arrays only, and the emulator identical or disjoint ones:
-    the inputs viewing one array's memory (a GRU step's gate slices of its matrix product,
-    that array itself) are passed as one 1-D span of that memory, from the lowest first
-    element among them to the highest last one, each with its element strides and the
-    offset of its first element in the span. The layout, ((strides or None per input),
-    (offsets)), keys the index tables; the other inputs pass as they are (strides None,
-    offset 0)."""
-    groups = {}
-    for k, a in enumerate(inputs):
-        base = a.base
-        groups.setdefault(id(a) if base is None else id(base), []).append(k)
-    arrays, strides, offsets = list(inputs), [None] * len(inputs), [0] * len(inputs)
-    for members in groups.values():
-        if all(inputs[k].flags.c_contiguous for k in members):
-            continue
-        first, last, lowest = None, None, None
-        for k in members:
-            a = inputs[k]
-            itemsize = a.itemsize
-            if a.size == 0 or any(s < 0 or s % itemsize for s in a.strides):
-                return None, None
-            start = _address(a)
-            end = start + sum((n - 1) * s for n, s in zip(a.shape, a.strides)) + itemsize
-            if first is None or start < first:
-                first, lowest = start, a
-            last = end if last is None else max(last, end)
-        itemsize = lowest.itemsize
-        if any(inputs[k].itemsize != itemsize for k in members):
-            return None, None
-        span = xp.lib.stride_tricks.as_strided(lowest, ((last - first) // itemsize,), (itemsize,))
-        for k in members:
-            a = inputs[k]
-            arrays[k] = span
-            strides[k] = tuple(s // itemsize for s in a.strides)
-            offsets[k] = (_address(a) - first) // itemsize
-    return arrays, (tuple(strides), tuple(offsets))
-
-
-def _address(a):
-    """The device (or host) address of ``a``'s first element."""
-    data = a.data
-    return data.ptr if hasattr(data, 'ptr') else a.__array_interface__['data'][0]
+def _viewed_shapes(program, shapes):
+    """(the shapes the program's ops read, the layout of its input views or None): an input
+    with a view (FusedProgram.input_views) is read at the view's shape, element strides and
+    first-element offset in the C-contiguous array passed for it (viewed_layout), fixed per
+    problem: the kernel reads the gate slices of a matrix product in place."""
+    if not any(program.input_views):
+        return shapes, None
+    viewed, strides, offsets = [], [], []
+    for shape, view in zip(shapes, program.input_views):
+        if view is None:
+            viewed.append(shape)
+            strides.append(None)
+            offsets.append(0)
+        else:
+            shape, element_strides, offset = viewed_layout(shape, view)
+            viewed.append(shape)
+            strides.append(element_strides)
+            offsets.append(offset)
+    return viewed, (tuple(strides), tuple(offsets))
 
 
 def fused(program, inputs, *, runtime=None):
@@ -226,7 +201,7 @@ def _prepare(rt, program, inputs):
     check_fused_args(program, inputs)
     xp = rt.xp
     array_type, empty = xp.ndarray, xp.empty
-    shapes = [tuple(np.shape(a)) for a in inputs]
+    shapes, layout = _viewed_shapes(program, [tuple(np.shape(a)) for a in inputs])
     out_shape = tuple(np.broadcast_shapes(*shapes))
     same_shape = all(tuple(np.broadcast_shapes(*[shapes[k] for k in deps])) == out_shape
                      for deps in program.input_dependencies())
@@ -242,7 +217,7 @@ def _prepare(rt, program, inputs):
     if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):
         return lambda inputs: [xp.asarray(v) for v in program.run_unfused(contiguous(inputs))]
     n = int(np.prod(out_shape, dtype=np.int64))
-    launch, tail = _launch_of(rt, program, shapes, out_shape, n)
+    launch, tail = _launch_of(rt, program, shapes, out_shape, n, layout)
     dummy = _dummy(rt)
     out_dtypes = tuple(program.dtype(v) for v in program.outputs)
     input_pads = (dummy,) * (MAX_INPUTS - len(inputs))
@@ -250,43 +225,27 @@ def _prepare(rt, program, inputs):
 
     if launch is None:   # an empty output: nothing to launch
         return lambda inputs: [empty(out_shape, dtype) for dtype in out_dtypes]
-    empty_output = functools.partial(empty, out_shape)   # one per output dtype, mapped (no Python frame)
-    in_place = {}   # layout -> (launch, tail) of the kernel reading views in place
-
-    def run_reading_views(inputs):
-        """The run of a call with a non-contiguous input: views read in place (a GRU's gate
-        slices: no copy per time step), copied contiguous only where they cannot be."""
-        inputs = [a if type(a) is array_type else _contiguous(xp, a) for a in inputs]   # host numbers
-        arrays, layout = read_in_place(xp, inputs)
-        if arrays is None:
-            arrays, (views_launch, views_tail) = contiguous(inputs), (launch, tail)
-        else:
-            found = in_place.get(layout)
-            if found is None:
-                found = _launch_of(rt, program, shapes, out_shape, n, layout)
-                found = in_place[layout] = (found[0], (dummy,) * (MAX_OUTPUTS - len(out_dtypes)) + found[1])
-            views_launch, views_tail = found
-        outputs = [*map(empty_output, out_dtypes)]
-        views_launch((*arrays, *input_pads, *outputs, *views_tail))
-        return outputs
-
-    # (the contiguity check inlined in the runs below: a loop, no call, when every input is contiguous)
+    # (contiguous() inlined in the runs below: a loop, no call, when every input is contiguous)
     if len(out_dtypes) == 1:   # the common case, without a loop over the outputs
         out_dtype = out_dtypes[0]
 
         def run(inputs):
             for a in inputs:
                 if type(a) is not array_type or not a.flags.c_contiguous:
-                    return run_reading_views(inputs)
+                    inputs = contiguous(inputs)
+                    break
             out = empty(out_shape, out_dtype)
             launch((*inputs, *input_pads, out, *tail))
             return [out]
         return run
 
+    empty_output = functools.partial(empty, out_shape)   # one per output dtype, mapped (no Python frame)
+
     def run(inputs):
         for a in inputs:
             if type(a) is not array_type or not a.flags.c_contiguous:
-                return run_reading_views(inputs)
+                inputs = contiguous(inputs)
+                break
         outputs = [*map(empty_output, out_dtypes)]
         launch((*inputs, *input_pads, *outputs, *tail))
         return outputs

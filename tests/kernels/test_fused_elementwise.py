@@ -58,69 +58,61 @@ def test_broadcasting_and_promotion(kernel_runtime, monkeypatch):
     _assert_close(got, want, np.dtype(np.float32))   # tanh(a) is a float32 op
 
 
-def _no_copies(monkeypatch, kernel_runtime):
-    """Fail when the launcher copies an input contiguous (views are read in place)."""
-    monkeypatch.setattr(launcher, '_contiguous', lambda xp, a: pytest.fail('an input was copied'))
-    monkeypatch.setattr(kernel_runtime.xp, 'ascontiguousarray', lambda a: pytest.fail('an input was copied'),
-                        raising=False)
-
-
 def test_a_strided_input_beside_contiguous_ones(kernel_runtime, monkeypatch):
     """A view sliced off a wider array (as a GRU step's gates off its matrix product) beside
-    contiguous inputs: the view is read in place (no copy), the others pass as they are, and
-    the results are the twin's."""
+    contiguous inputs and a scalar: the view is copied for the kernel, the others pass as they
+    are, and the results are the twin's (the program above: no new kernel build)."""
     rng = np.random.default_rng(0)
     wide = rng.standard_normal((4, 1, 9)).astype(np.float32)
     b = rng.standard_normal((3, 1)).astype(np.float64)
     c = np.asarray(rng.standard_normal(), np.float16)
     op = FusedElementwise([(Binary('multiply'), (0, 1)), (Binary('add'), (3, 2)), (Unary('sigmoid'), (4,)),
                            (Unary('tanh'), (0,)), (Binary('subtract'), (5, 6))], 3, [3, 7])
-    inputs = [to_device(kernel_runtime, wide)[..., 2:7], to_device(kernel_runtime, b),
-              to_device(kernel_runtime, np.asarray(c))]
+    inputs = [to_device(kernel_runtime, wide)[..., 2:7], to_device(kernel_runtime, b), c]
     assert not inputs[0].flags.c_contiguous and inputs[1].flags.c_contiguous
     host = [wide[..., 2:7], b, c]
     program = _program(op, np, host)
     assert program.kernel_ready()
     monkeypatch.setattr(FusedProgram, 'run_unfused', lambda *a: pytest.fail('the kernel did not run'))
-    _no_copies(monkeypatch, kernel_runtime)
     got = launcher.fused(_program(op, kernel_runtime.xp, inputs), inputs, runtime=kernel_runtime)
     monkeypatch.undo()
     _assert_close([to_host(g) for g in got], twin.fused(program, host), np.dtype(np.float32))
 
 
-def test_gate_slices_of_one_product_and_the_product_itself_are_read_in_place(kernel_runtime, monkeypatch):
-    """A GRU step's cell: z = sigmoid(x_z + r_z), r = sigmoid(x_r + r_r) with the gates column
-    slices of two matrix products (the first also read whole), on the same program called
-    with contiguous copies, then with the views (one span per product, each gate at its
-    offset), then with other slices of the same shapes (another layout): the same values."""
+def test_gate_slices_are_read_in_place_through_input_views(kernel_runtime, monkeypatch):
+    """A GRU step's cell with its gates folded in as input views (FusedProgram.input_views):
+    z = sigmoid(x_z + r_z), r = sigmoid(x_r + r_r), x_z and x_r column slices of one matrix
+    product passed twice, r_z and r_r of another, h whole: the kernel reads each at its
+    strides and offset (no copy: the arrays are contiguous), the twin slices views."""
     rng = np.random.default_rng(5)
     xm = rng.standard_normal((4, 9)).astype(np.float32)     # x . W: gates z, r, h of 3 columns
     rm = rng.standard_normal((4, 6)).astype(np.float32)     # h . U[:, :6]: gates z, r
+    h = rng.standard_normal((4, 3)).astype(np.float32)
+    full = slice(None)
+    views = [(full, slice(0, 3)), (full, slice(3, 6)), (full, slice(0, 3)), (full, slice(3, None)), None]
     op = FusedElementwise([(Binary('add'), (0, 2)), (Unary('sigmoid'), (5,)), (Binary('add'), (1, 3)),
-                           (Unary('sigmoid'), (7,)), (Binary('multiply'), (6, 8)), (Binary('add'), (9, 4))],
-                          5, [6, 10])
-    rt, xp = kernel_runtime, kernel_runtime.xp
-    whole = to_device(rt, xm[:, :3].copy())
+                           (Unary('sigmoid'), (7,)), (Binary('multiply'), (6, 8)), (Binary('multiply'), (9, 4))],
+                          5, [6, 10], views)
+    host = [xm, xm, rm, rm, h]
+    want = twin.fused(_program(op, np, host), host)
+    sliced = [xm[:, :3], xm[:, 3:6], rm[:, :3], rm[:, 3:], h]
+    plain = FusedElementwise(op.members, 5, op.outputs)
+    np.testing.assert_array_equal(want[1], twin.fused(_program(plain, np, sliced), sliced)[1])
+    inputs = [to_device(kernel_runtime, a) for a in host]
+    inputs[1], inputs[3] = inputs[0], inputs[2]   # one array read through two views
+    monkeypatch.setattr(FusedProgram, 'run_unfused', lambda *a: pytest.fail('the kernel did not run'))
+    monkeypatch.setattr(launcher, '_contiguous', lambda xp, a: pytest.fail('an input was copied'))
+    got = launcher.fused(_program(op, kernel_runtime.xp, inputs), inputs, runtime=kernel_runtime)
+    monkeypatch.undo()
+    _assert_close([to_host(g) for g in got], want)
 
-    def case(xs, rs):
-        host = [xm[:, xs[0]], xm[:, xs[1]], rm[:, rs[0]], rm[:, rs[1]], xm[:, :3]]
-        device_xm, device_rm = to_device(rt, xm), to_device(rt, rm)
-        inputs = [device_xm[:, xs[0]], device_xm[:, xs[1]], device_rm[:, rs[0]], device_rm[:, rs[1]],
-                  device_xm[:, :3]]
-        return host, inputs
-    contiguous_host, _ = case((slice(0, 3), slice(3, 6)), (slice(0, 3), slice(3, 6)))
-    program = _program(op, xp, [whole] * 5)
-    contiguous = [to_device(rt, np.ascontiguousarray(a)) for a in contiguous_host]
-    first = launcher.fused(program, contiguous, runtime=rt)    # prepares the contiguous problem
-    for xs, rs in [((slice(0, 3), slice(3, 6)), (slice(0, 3), slice(3, 6))),
-                   ((slice(6, 9), slice(0, 3)), (slice(3, 6), slice(0, 3)))]:
-        host, inputs = case(xs, rs)
-        monkeypatch.setattr(FusedProgram, 'run_unfused', lambda *a: pytest.fail('the kernel did not run'))
-        _no_copies(monkeypatch, rt)
-        got = launcher.fused(program, inputs, runtime=rt)
-        monkeypatch.undo()
-        _assert_close([to_host(g) for g in got], twin.fused(_program(op, np, host), host))
-    _assert_close([to_host(g) for g in first], twin.fused(_program(op, np, contiguous_host), contiguous_host))
+
+def test_viewed_layout():
+    from gpuk.contracts.fused_program import viewed_layout
+    full = slice(None)
+    assert viewed_layout((4, 9), (full, slice(3, 6))) == ((4, 3), (9, 1), 3)
+    assert viewed_layout((4, 9), (slice(1, None, 2),)) == ((2, 9), (18, 1), 9)
+    assert viewed_layout((2, 3, 8), (full, full, slice(6, None))) == ((2, 3, 2), (24, 8, 1), 6)
 
 
 @pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
