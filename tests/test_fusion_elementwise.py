@@ -124,3 +124,25 @@ def test_one_unary_on_slices_of_one_value_runs_once_on_their_span(monkeypatch, r
         (members,) = _members(fused)
         assert members.count('sigmoid') == sigmoids and members.count('tanh') == 1 - (y is apart)
         np.testing.assert_array_equal(fused([xv])[0], plain([xv])[0])   # the same ufuncs per element
+
+
+def test_kernel_groups_read_the_gate_slices_they_alone_read_in_place(monkeypatch, on, rng):
+    # a GRU-like cell on the emulator: the column slices of x (each read by the group alone)
+    # fold into the fused step as input views, x passed once per view; a slice read outside
+    # the group too stays a step; batch sizes change call after call
+    on('emulate')
+    x = K.placeholder((None, 9))
+    h = K.placeholder((None, 3))
+    shared = x[:, 6:9]
+    z = K.sigmoid(x[:, 0:3] + h)
+    y = z * h + (1 - z) * K.tanh(x[:, 3:6] * shared)
+    fused = _compiled(monkeypatch, True, [x, h], [y, K.sum(shared)])
+    plain = _compiled(monkeypatch, False, [x, h], [y, K.sum(shared)])
+    (step,) = [op for op in _ops(fused) if isinstance(op, FusedElementwise)]
+    assert [type(op).__name__ for op in _ops(fused)].count('Getitem') == 1   # the shared slice
+    assert sorted(str(v[1]) for v in step.input_views if v is not None) == ['slice(0, 3, None)', 'slice(3, 6, None)']
+    _no_fallback(monkeypatch, 'emulate')
+    for batch in (4, 2):
+        xv, hv = rng.standard_normal((batch, 9)).astype('float32'), rng.standard_normal((batch, 3)).astype('float32')
+        for got, want in zip(fused([xv, hv]), plain([xv, hv])):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
