@@ -256,6 +256,12 @@ def _fold_slices(steps, producer, readers, protected, members, inputs):
     return new_inputs, views, folded
 
 
+# The unaries computed on a span: on elements nobody asked for too, so only those defined,
+# finite and silent on every float (no invalid-value or overflow warning, nothing raised under
+# np.seterr(all='raise'): sigmoid's exp overflows inside its own errstate).
+_SILENT_UNARIES = ('sigmoid', 'tanh')
+
+
 def one_unary_per_span(members, kept, slot_shapes):
     """A NumPy group's ``members`` (``(op, input_slots, output_slots)`` in order) with each
     family of one unary op applied to slices of one value along one axis (an LSTM's sigmoid
@@ -265,13 +271,14 @@ def one_unary_per_span(members, kept, slot_shapes):
     ``np.errstate``: three sigmoids on (32, 128) take 22 µs, one on (32, 512) 16 µs. Only
     where the span is at most 4/3 of the family's slices (the LSTM's: 512 columns for 384,
     the tanh gate's computed for nothing). The values are the same, bit for bit: each element
-    goes through the same ufuncs as in its own slice. Slices (Getitem members) that no member
+    goes through the same ufuncs as in its own slice. Only sigmoid and tanh (_SILENT_UNARIES:
+    the extra elements must not warn or raise). Slices (Getitem members) that no member
     reads any more, and that the group does not return (``kept``), are dropped. New internal
     values are named by tuples, never by a plan slot (ints)."""
     producer = {outs[0]: k for k, (_, _, outs) in enumerate(members)}
     families = defaultdict(list)
     for k, (op, ins, _) in enumerate(members):
-        source = producer.get(ins[0]) if type(op) is Unary else None
+        source = producer.get(ins[0]) if type(op) is Unary and op.name in _SILENT_UNARIES else None
         if source is None or type(members[source][0]) is not Getitem or len(members[source][1]) != 1:
             continue
         template, sliced = members[source][0].template, members[source][1][0]
