@@ -120,7 +120,7 @@ def collapsed_index(out_shape, shapes, element_strides=None):
 
 def _index_tables(rt, out_shape, shapes, layout=None):
     """(rank, dims, strides): collapsed_index as device int64 arrays (dims (rank,), strides
-    (n_inputs * rank,), then with a ``layout`` of inputs read in place (read_in_place: per
+    (n_inputs * rank,), then with a ``layout`` of input views (_viewed_shapes: per
     input its element strides or None, and its first element's offset) the n_inputs
     offsets), memoized per shapes and layout."""
     def make():
