@@ -44,9 +44,37 @@ def identity_sources(steps, slot_shapes):
 
 def drop_identity_broadcasts(steps, protected, slot_shapes):
     """The steps without the identity broadcasts (identity_sources) whose output is not
-    ``protected``; their readers read the source instead."""
+    ``protected``; their readers read the source instead. A broadcast's ``like`` is read
+    for its shape alone: a pure step computing one for nothing else (an LSTM gradient's
+    product of two gates, the like of the add's gradient) goes too (_drop_unread), or the
+    step plan would compute it per time step for no reader."""
     rename = {s: source for s, source in identity_sources(steps, slot_shapes).items() if s not in protected}
-    return [(op, [rename.get(s, s) for s in ins], outs) for op, ins, outs in steps if outs[0] not in rename]
+    if not rename:
+        return steps
+    kept = [(op, [rename.get(s, s) for s in ins], outs) for op, ins, outs in steps if outs[0] not in rename]
+    likes = {ins[1] for op, ins, outs in steps if outs[0] in rename}
+    return _drop_unread(kept, protected, likes)
+
+
+def _drop_unread(steps, protected, candidates):
+    """``steps`` without the pure (foldable) steps whose outputs no step reads and that are
+    not ``protected``, starting from the producers of ``candidates`` and following their
+    inputs (a step whose only reader went may go next). Steps that were unread before the
+    rewrite are not touched (a plan holds none: it is built from its targets)."""
+    readers = Counter(s for _, ins, _ in steps for s in ins)
+    producer = {s: i for i, (_, _, outs) in enumerate(steps) for s in outs}
+    removed, pending = set(), [s for s in candidates if s in producer]
+    while pending:
+        i = producer[pending.pop()]
+        op, ins, outs = steps[i]
+        if (i in removed or not op.foldable or any(readers[s] or s in protected for s in outs)):
+            continue
+        removed.add(i)
+        for s in ins:
+            readers[s] -= 1
+            if s in producer:
+                pending.append(s)
+    return [step for i, step in enumerate(steps) if i not in removed]
 
 
 def merge_slice_gradients(steps, protected):

@@ -103,3 +103,46 @@ def test_fusion_off(monkeypatch):
     x = K.placeholder((3,))
     f = _compiled(monkeypatch, False, [x], [K.exp(x) * 2 + 1])
     assert not any(isinstance(op, FusedElementwise) for op in _ops(f))
+
+
+def _members(f):
+    return [[getattr(op, 'name', type(op).__name__) for op, _ in step.members]
+            for step in _ops(f) if isinstance(step, FusedElementwise)]
+
+
+def test_one_unary_on_slices_of_one_value_runs_once_on_their_span(monkeypatch, rng):
+    # the NumPy device's groups (no kernel limits): sigmoid on three of four column blocks, as
+    # an LSTM's gates, is one sigmoid on the span (8 columns for 6: within 4/3); on two blocks
+    # far apart (8 columns for 4) each keeps its own
+    xv = rng.standard_normal((3, 8)).astype('float32')
+    x = K.placeholder((3, 8))
+    gates = K.sigmoid(x[:, 0:2]) * K.tanh(x[:, 4:6]) + K.sigmoid(x[:, 2:4]) * K.sigmoid(x[:, 6:])
+    apart = K.sigmoid(x[:, :2]) + K.sigmoid(x[:, 6:8])
+    for y, sigmoids in ((gates, 1), (apart, 2)):
+        fused = _compiled(monkeypatch, True, [x], [y])
+        plain = _compiled(monkeypatch, False, [x], [y])
+        (members,) = _members(fused)
+        assert members.count('sigmoid') == sigmoids and members.count('tanh') == 1 - (y is apart)
+        np.testing.assert_array_equal(fused([xv])[0], plain([xv])[0])   # the same ufuncs per element
+
+
+def test_kernel_groups_read_the_gate_slices_they_alone_read_in_place(monkeypatch, on, rng):
+    # a GRU-like cell on the emulator: the column slices of x (each read by the group alone)
+    # fold into the fused step as input views, x passed once per view; a slice read outside
+    # the group too stays a step; batch sizes change call after call
+    on('emulate')
+    x = K.placeholder((None, 9))
+    h = K.placeholder((None, 3))
+    shared = x[:, 6:9]
+    z = K.sigmoid(x[:, 0:3] + h)
+    y = z * h + (1 - z) * K.tanh(x[:, 3:6] * shared)
+    fused = _compiled(monkeypatch, True, [x, h], [y, K.sum(shared)])
+    plain = _compiled(monkeypatch, False, [x, h], [y, K.sum(shared)])
+    (step,) = [op for op in _ops(fused) if isinstance(op, FusedElementwise)]
+    assert [type(op).__name__ for op in _ops(fused)].count('Getitem') == 1   # the shared slice
+    assert sorted(str(v[1]) for v in step.input_views if v is not None) == ['slice(0, 3, None)', 'slice(3, 6, None)']
+    _no_fallback(monkeypatch, 'emulate')
+    for batch in (4, 2):
+        xv, hv = rng.standard_normal((batch, 9)).astype('float32'), rng.standard_normal((batch, 3)).astype('float32')
+        for got, want in zip(fused([xv, hv]), plain([xv, hv])):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

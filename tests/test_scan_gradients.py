@@ -315,3 +315,19 @@ def test_last_output_of_a_step_returning_its_state_stacks_no_outputs(monkeypatch
     np.testing.assert_array_equal(f(list(arrays))[0], every[0])
     (scan,) = [op for op in plan_ops(f) if isinstance(op, Scan)]
     assert scan.step_outputs == []
+
+
+def test_a_broadcasts_like_computed_for_nothing_else_leaves_the_plan():
+    # SumToShapeOf(g, like) between equal shapes is dropped; like (a product read for its
+    # shape alone, as an LSTM gradient's gate products) goes with it, its inputs stay
+    from gpuk.fusion_gradients import drop_identity_broadcasts
+    from gpuk.ops.elementwise import Binary, SumToShapeOf
+    steps = [(Binary('multiply'), [0, 1], [3]),      # like: read only by the broadcast
+             (Binary('multiply'), [0, 2], [4]),      # g
+             (SumToShapeOf(), [4, 3], [5]),
+             (Binary('add'), [5, 1], [6])]
+    kept = drop_identity_broadcasts(steps, {0, 1, 2, 6}, {s: (2, 3) for s in range(7)})
+    assert [(op.name, ins, outs) for op, ins, outs in kept] == [('multiply', [0, 2], [4]), ('add', [4, 1], [6])]
+    # a like read elsewhere too, or protected, stays
+    kept = drop_identity_broadcasts(steps, {0, 1, 2, 3, 6}, {s: (2, 3) for s in range(7)})
+    assert [outs for _, _, outs in kept] == [[3], [4], [6]]

@@ -6,7 +6,10 @@ An instruction is one op of the fused chain: its C element expression (a templat
 operands ``{0}``, ``{1}`` and their compute type ``{T}``), the values it reads, its result
 dtype, the dtype its operands are promoted to (NumPy's result_type of theirs: the result's,
 except for comparisons and where's bool condition), and ``evaluate(*arrays)``, the op's own forward (the twin's path, and the kernel launcher's
-when a call cannot take the kernel). ``outputs`` are the values the step returns.
+when a call cannot take the kernel). ``outputs`` are the values the step returns. ``input_views``, when given, holds per input
+None or a static slice template (a tuple of slices) applied to that input before the ops
+read it: a gate slice of a matrix product folded into the step (the kernel reads it in
+place at its strides and offset; the twin slices a view).
 """
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Tuple
@@ -31,13 +34,15 @@ class FusedProgram:
     input_dtypes: Tuple[np.dtype, ...]
     instructions: Tuple[Instruction, ...]
     outputs: Tuple[int, ...]
+    input_views: Tuple[Optional[tuple], ...] = ()   # per input: None or a slice template (see above)
 
     def __post_init__(self):
         # Both kept, computed once: a program keys the launcher's kernel and prepared-problem
         # tables on every call (hashing an optimizer update's instructions costs tens of µs),
         # and run_unfused's loop is flattened to (evaluate, first arg, second arg or -1, all
         # args when more than two) per instruction (no attribute reads per op and call).
-        object.__setattr__(self, '_hash', hash((self.input_dtypes, self.instructions, self.outputs)))
+        views = tuple(None if v is None else tuple((k.start, k.stop, k.step) for k in v) for v in self.input_views)
+        object.__setattr__(self, '_hash', hash((self.input_dtypes, self.instructions, self.outputs, views)))
         # each intermediate is dropped after its last read (unless returned): a long group
         # then reuses a few hot buffers, as the unfused plan's frees do, instead of keeping
         # every intermediate alive to the end (measured: a 25-op LSTM backward cell 10% slower)
@@ -51,6 +56,7 @@ class FusedProgram:
                       i.args if len(i.args) not in (1, 2) else None, tuple(dead))
                      for i, dead in zip(self.instructions, dead_after))
         object.__setattr__(self, '_code', code)
+        object.__setattr__(self, '_views', tuple(enumerate(self.input_views)) if any(self.input_views) else ())
 
     def __hash__(self):
         return self._hash
@@ -92,6 +98,9 @@ class FusedProgram:
         """The outputs computed op by op with each op's own forward (a tight loop: on the
         NumPy device it runs per step, and its overhead is what fusing there costs)."""
         values = list(inputs)
+        for k, view in self._views:
+            if view is not None:
+                values[k] = values[k][view]
         append = values.append
         for evaluate, first, second, args, dead in self._code:
             if args is not None:
@@ -103,6 +112,33 @@ class FusedProgram:
             for v in dead:
                 values[v] = None
         return [values[v] for v in self.outputs]
+
+
+def viewed_layout(shape, template):
+    """(shape, element strides, element offset) of ``template`` (a tuple of slices, as in
+    FusedProgram.input_views) applied to a C-contiguous array of ``shape``."""
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    strides.reverse()
+    out_shape, out_strides, offset = [], [], 0
+    for d, dim in enumerate(shape):
+        key = template[d] if d < len(template) else slice(None)
+        start, stop, stride = key.indices(dim)
+        out_shape.append(len(range(start, stop, stride)))
+        out_strides.append(strides[d] * stride)
+        offset += start * strides[d]
+    return tuple(out_shape), tuple(out_strides), offset
+
+
+def is_view_template(template, rank=None):
+    """Whether ``template`` (a Getitem's) can be an input view: static slices only, with
+    forward steps, at most one per dim of a ``rank``-dim input."""
+    return (isinstance(template, tuple) and all(type(k) is slice for k in template)
+            and all(v is None or type(v) is int for k in template for v in (k.start, k.stop, k.step))
+            and all(k.step is None or k.step > 0 for k in template)
+            and (rank is None or len(template) <= rank))
 
 
 def check_fused_args(program, inputs, fn='fused'):

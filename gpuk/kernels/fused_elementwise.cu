@@ -14,6 +14,11 @@
 // Precision: each op's operands are promoted as NumPy promotes them and computed in float
 //   (float16/float32) or double (float64); a float16 result is rounded to half right away,
 //   as NumPy rounds each op. Values are bool or float16/32/64.
+// Inputs read in place (FUSED_OFFSETS defined: views such as a GRU's gate slices of its matrix
+//   products, passed as one contiguous span of their memory each, shared by the views of one
+//   array): each input's first element sits at element strides[FUSED_N_IN * FUSED_RANK + k]
+//   of its pointer, and its strides are the view's. Without FUSED_OFFSETS every input starts
+//   at its pointer (the kernel compiles as before).
 // Limits: FUSED_MAX_IN inputs, FUSED_MAX_OUT outputs, rank <= FUSED_MAX_RANK; 64-bit
 //   offsets. No shared memory, no atomics; outputs are C-contiguous and never alias inputs.
 #include "common.cuh"
@@ -130,6 +135,12 @@ template <class E, class T> __device__ __forceinline__ T round_to(T v) {
     return (T)to_acc(ElementTraits<E>::from_acc(v));
 }
 
+// the element offset of input k's first element in its pointer (see FUSED_OFFSETS above)
+#ifdef FUSED_OFFSETS
+#define FUSED_FIRST(k) strides[FUSED_N_IN * FUSED_RANK + (k)]
+#else
+#define FUSED_FIRST(k) 0
+#endif
 #define LOAD(k) to_acc(in##k[offset[k]])
 #define STORE(k, value) out##k[i] = ElementTraits<out##k##_t>::from_acc(value)
 
@@ -151,10 +162,10 @@ fused_elementwise(const in0_t* __restrict__ in0, const in1_t* __restrict__ in1,
 #if FUSED_RANK == 1
         // one (collapsed) dim: no division; stride 1 (same shape as the output) or 0 (a scalar)
 #pragma unroll
-        for (int k = 0; k < FUSED_N_IN; ++k) offset[k] = i * strides[k];
+        for (int k = 0; k < FUSED_N_IN; ++k) offset[k] = FUSED_FIRST(k) + i * strides[k];
 #else
 #pragma unroll
-        for (int k = 0; k < FUSED_N_IN; ++k) offset[k] = 0;
+        for (int k = 0; k < FUSED_N_IN; ++k) offset[k] = FUSED_FIRST(k);
         long long rest = i;
 #pragma unroll
         for (int d = FUSED_RANK - 1; d >= 0; --d) {

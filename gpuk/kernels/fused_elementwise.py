@@ -5,6 +5,10 @@ body, input/output types and rank the launcher #defines from a FusedProgram).
 it as the elementwise family's ``fused`` (the twin's is gpuk/cpu_fallback/elementwise.py).
 A call the kernel cannot take (a bool/int value, outputs of different shapes, rank > 8)
 runs the program's ops one by one on the runtime's arrays instead, with the same results.
+Inputs that are static slices of a group input (``FusedProgram.input_views``: a GRU's or
+LSTM's gate slices of its matrix products, folded into the fused step by the fusion pass) are
+read in place: their element strides and first-element offsets are index tables set up once
+per problem, and the sliced array is passed once per view, as it is.
 """
 import functools
 from collections import OrderedDict
@@ -13,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuk.contracts.dtypes import ELEMENT_TYPES, accumulation_dtype
-from gpuk.contracts.fused_program import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, check_fused_args
+from gpuk.contracts.fused_program import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, check_fused_args, viewed_layout
 from .runtime import counters, prepared, register_build, resolve
 
 SOURCE = Path(__file__).with_name('fused_elementwise.cu')
@@ -52,9 +56,13 @@ def _element_type(dtype):
     return 'bool' if dtype == np.bool_ else ELEMENT_TYPES[dtype]
 
 
-def kernel_defines(program, rank):
+def kernel_defines(program, rank, offsets=False):
+    """The template's #defines for ``program`` at output ``rank``; ``offsets``: its inputs start
+    at element offsets of their pointers (views read in place, FUSED_OFFSETS)."""
     defines = {'FUSED_THREADS': FUSED_THREADS, 'FUSED_N_IN': program.n_inputs,
                'FUSED_N_OUT': len(program.outputs), 'FUSED_RANK': rank, 'FUSED_BODY': kernel_body(program)}
+    if offsets:
+        defines['FUSED_OFFSETS'] = 1
     for k, dtype in enumerate(program.input_dtypes):
         defines['IN%d_T' % k] = _element_type(dtype)
     for k, value in enumerate(program.outputs):
@@ -77,18 +85,23 @@ _tables, _dummies = _Lru(), {}
 _counting = counters._active   # the active Counters, if any (a strided input's copy is counted)
 
 
-def collapsed_index(out_shape, shapes):
+def collapsed_index(out_shape, shapes, element_strides=None):
     """(dims, strides): the output's dims and each input's element strides (0 along a
     broadcast dim), with size-1 dims dropped and neighbouring dims merged wherever every
     input steps through them contiguously (or not at all), so inputs of the output's shape
-    index as one flat dim and the kernel does no division (FUSED_RANK 1)."""
+    index as one flat dim and the kernel does no division (FUSED_RANK 1).
+    ``element_strides``: per input, the strides (in elements, over its own dims) of an input
+    read in place, or None for a C-contiguous one (the default for all)."""
     rank = len(out_shape)
     full = []
-    for shape in shapes:
-        shape = (1,) * (rank - len(shape)) + tuple(shape)
+    for k, shape in enumerate(shapes):
+        own = element_strides[k] if element_strides is not None else None
+        pad = rank - len(shape)
+        shape = (1,) * pad + tuple(shape)
         strides, step = [0] * rank, 1
         for d in range(rank - 1, -1, -1):
-            strides[d] = step if shape[d] != 1 else 0
+            stride = step if own is None else (own[d - pad] if d >= pad else 0)
+            strides[d] = stride if shape[d] != 1 else 0
             step *= shape[d]
         full.append(strides)
     dims, strides = [], [[] for _ in shapes]   # innermost first while merging
@@ -106,14 +119,18 @@ def collapsed_index(out_shape, shapes):
     return tuple(reversed(dims)), [tuple(reversed(s)) for s in strides]
 
 
-def _index_tables(rt, out_shape, shapes):
+def _index_tables(rt, out_shape, shapes, layout=None):
     """(rank, dims, strides): collapsed_index as device int64 arrays (dims (rank,), strides
-    (n_inputs * rank,)), memoized per shapes."""
+    (n_inputs * rank,), then with a ``layout`` of input views (_viewed_shapes: per
+    input its element strides or None, and its first element's offset) the n_inputs
+    offsets), memoized per shapes and layout."""
     def make():
-        dims, strides = collapsed_index(out_shape, shapes)
-        return (len(dims), rt.xp.asarray(np.array(dims, dtype=np.int64)),
-                rt.xp.asarray(np.array(strides, dtype=np.int64).reshape(-1)))
-    return _tables.get_or((rt.kind, out_shape, tuple(shapes)), make)
+        dims, strides = collapsed_index(out_shape, shapes, None if layout is None else layout[0])
+        table = np.array(strides, dtype=np.int64).reshape(-1)
+        if layout is not None:
+            table = np.concatenate([table, np.array(layout[1], dtype=np.int64)])
+        return len(dims), rt.xp.asarray(np.array(dims, dtype=np.int64)), rt.xp.asarray(table)
+    return _tables.get_or((rt.kind, out_shape, tuple(shapes), layout), make)
 
 
 def _dummy(rt):
@@ -136,15 +153,38 @@ def _contiguous(xp, a):
     return xp.ascontiguousarray(a)
 
 
-def _launch_of(rt, program, shapes, out_shape, n):
+def _launch_of(rt, program, shapes, out_shape, n, layout=None):
     """(launch, the arguments after the pointers): the kernel of ``program`` for these shapes
-    with its grid, and its index tables and size; (None, None) for an empty output."""
+    (and ``layout`` of inputs read in place) with its grid, and its index tables and size;
+    (None, None) for an empty output."""
     if not n:
         return None, None
-    rank, dims, strides = _index_tables(rt, out_shape, shapes)
+    rank, dims, strides = _index_tables(rt, out_shape, shapes, layout)
     blocks = max(1, min(-(-n // FUSED_THREADS), FUSED_MAX_BLOCKS))
-    launch = rt.kernel_launch(SOURCE, kernel_defines(program, rank), 'fused_elementwise', blocks, FUSED_THREADS)
+    launch = rt.kernel_launch(SOURCE, kernel_defines(program, rank, layout is not None), 'fused_elementwise',
+                              blocks, FUSED_THREADS)
     return launch, (dims, strides, np.int64(n))
+
+
+def _viewed_shapes(program, shapes):
+    """(the shapes the program's ops read, the layout of its input views or None): an input
+    with a view (FusedProgram.input_views) is read at the view's shape, element strides and
+    first-element offset in the C-contiguous array passed for it (viewed_layout), fixed per
+    problem: the kernel reads the gate slices of a matrix product in place."""
+    if not any(program.input_views):
+        return shapes, None
+    viewed, strides, offsets = [], [], []
+    for shape, view in zip(shapes, program.input_views):
+        if view is None:
+            viewed.append(shape)
+            strides.append(None)
+            offsets.append(0)
+        else:
+            shape, element_strides, offset = viewed_layout(shape, view)
+            viewed.append(shape)
+            strides.append(element_strides)
+            offsets.append(offset)
+    return viewed, (tuple(strides), tuple(offsets))
 
 
 def fused(program, inputs, *, runtime=None):
@@ -168,7 +208,7 @@ def _prepare(rt, program, inputs):
     check_fused_args(program, inputs)
     xp = rt.xp
     array_type, empty = xp.ndarray, xp.empty
-    shapes = [tuple(np.shape(a)) for a in inputs]
+    shapes, layout = _viewed_shapes(program, [tuple(np.shape(a)) for a in inputs])
     out_shape = tuple(np.broadcast_shapes(*shapes))
     same_shape = all(tuple(np.broadcast_shapes(*[shapes[k] for k in deps])) == out_shape
                      for deps in program.input_dependencies())
@@ -183,7 +223,8 @@ def _prepare(rt, program, inputs):
 
     if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):
         return lambda inputs: [xp.asarray(v) for v in program.run_unfused(contiguous(inputs))]
-    launch, tail = _launch_of(rt, program, shapes, out_shape, int(np.prod(out_shape, dtype=np.int64)))
+    n = int(np.prod(out_shape, dtype=np.int64))
+    launch, tail = _launch_of(rt, program, shapes, out_shape, n, layout)
     dummy = _dummy(rt)
     out_dtypes = tuple(program.dtype(v) for v in program.outputs)
     input_pads = (dummy,) * (MAX_INPUTS - len(inputs))

@@ -79,6 +79,42 @@ def test_a_strided_input_beside_contiguous_ones(kernel_runtime, monkeypatch):
     _assert_close([to_host(g) for g in got], twin.fused(program, host), np.dtype(np.float32))
 
 
+def test_gate_slices_are_read_in_place_through_input_views(kernel_runtime, monkeypatch):
+    """A GRU step's cell with its gates folded in as input views (FusedProgram.input_views):
+    z = sigmoid(x_z + r_z), r = sigmoid(x_r + r_r), x_z and x_r column slices of one matrix
+    product passed twice, r_z and r_r of another, h whole: the kernel reads each at its
+    strides and offset (no copy: the arrays are contiguous), the twin slices views."""
+    rng = np.random.default_rng(5)
+    xm = rng.standard_normal((4, 9)).astype(np.float32)     # x . W: gates z, r, h of 3 columns
+    rm = rng.standard_normal((4, 6)).astype(np.float32)     # h . U[:, :6]: gates z, r
+    h = rng.standard_normal((4, 3)).astype(np.float32)
+    full = slice(None)
+    views = [(full, slice(0, 3)), (full, slice(3, 6)), (full, slice(0, 3)), (full, slice(3, None)), None]
+    op = FusedElementwise([(Binary('add'), (0, 2)), (Unary('sigmoid'), (5,)), (Binary('add'), (1, 3)),
+                           (Unary('sigmoid'), (7,)), (Binary('multiply'), (6, 8)), (Binary('multiply'), (9, 4))],
+                          5, [6, 10], views)
+    host = [xm, xm, rm, rm, h]
+    want = twin.fused(_program(op, np, host), host)
+    sliced = [xm[:, :3], xm[:, 3:6], rm[:, :3], rm[:, 3:], h]
+    plain = FusedElementwise(op.members, 5, op.outputs)
+    np.testing.assert_array_equal(want[1], twin.fused(_program(plain, np, sliced), sliced)[1])
+    inputs = [to_device(kernel_runtime, a) for a in host]
+    inputs[1], inputs[3] = inputs[0], inputs[2]   # one array read through two views
+    monkeypatch.setattr(FusedProgram, 'run_unfused', lambda *a: pytest.fail('the kernel did not run'))
+    monkeypatch.setattr(launcher, '_contiguous', lambda xp, a: pytest.fail('an input was copied'))
+    got = launcher.fused(_program(op, kernel_runtime.xp, inputs), inputs, runtime=kernel_runtime)
+    monkeypatch.undo()
+    _assert_close([to_host(g) for g in got], want)
+
+
+def test_viewed_layout():
+    from gpuk.contracts.fused_program import viewed_layout
+    full = slice(None)
+    assert viewed_layout((4, 9), (full, slice(3, 6))) == ((4, 3), (9, 1), 3)
+    assert viewed_layout((4, 9), (slice(1, None, 2),)) == ((2, 9), (18, 1), 9)
+    assert viewed_layout((2, 3, 8), (full, full, slice(6, None))) == ((2, 3, 2), (24, 8, 1), 6)
+
+
 @pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
 def test_chain_of_every_expression(kernel_runtime, monkeypatch, dtype):
     rng = np.random.default_rng(1)
@@ -204,12 +240,13 @@ def _lstm_cell_program(dtype):
 
 
 @pytest.mark.parametrize('arch', ['sm_80', 'sm_90'])
-@pytest.mark.parametrize('dtype', [np.float16, np.float32, np.float64])
-def test_generated_kernels_compile_spill_free_with_nvrtc(arch, dtype):
+@pytest.mark.parametrize('dtype, offsets', [(np.float16, False), (np.float32, False), (np.float64, False),
+                                            (np.float32, True)])   # gates read in place (FUSED_OFFSETS)
+def test_generated_kernels_compile_spill_free_with_nvrtc(arch, dtype, offsets):
     from gpuk.kernels.runtime import build
     from gpuk.kernels.runtime.kernel_source import kernel_source
     program = _lstm_cell_program(dtype)
-    text = kernel_source(launcher.SOURCE, launcher.kernel_defines(program, 2))
+    text = kernel_source(launcher.SOURCE, launcher.kernel_defines(program, 2, offsets))
     try:
         _, log = build.compile_cubin(text, 'fused_elementwise.cu', arch,
                                      options=build.nvrtc_options(launcher.SOURCE))
