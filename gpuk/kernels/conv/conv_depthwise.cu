@@ -50,6 +50,11 @@
 #define DW_PITCH (DW_CHANNELS_LAST ? DW_CHANNELS : DW_CHANNELS + 1)
 // 2 blocks of 256 threads per SM leave up to 128 registers per thread (no spills, see
 // `python -m gpuk.kernels.build --check`); 16 warps still hide the shared-memory latency.
+// The forward kernel asks for 3 (at most 80 registers) where it accumulates in float32: left at
+// 2 it spends 96 (the 16-bit vector loader's 8 widened values and 16 raw bytes live at once on
+// sm_80 since the wave-6 loaders), so 16 warps per SM instead of 24; at 80 no path spills and
+// the hot loops keep their length (shared memory, 13 KB a block, allows 16 blocks).
+constexpr int DW_FWD_BLOCKS = sizeof(acc_t) == 4 ? 3 : 2;
 
 // Element (ch, pix) of one sample of a tensor with `pixels` pixels and `channels` channels.
 __device__ __forceinline__ unsigned sample_offset(unsigned ch, unsigned pix, unsigned channels, unsigned pixels) {
@@ -604,7 +609,7 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
 // depthwise_fwd: y[n, o, j] = sum_tap x[n, o*s - pad + tap*dil, j / M] * w[tap, j].
 // Grid: (N * out_d * row tiles * column tiles, C_out / DW_CHANNELS tiles); see tile_correlation.
 // Limits: C * pixels per sample < 2^31, grid.y <= 65535 (launcher checks). No atomics.
-extern "C" __global__ void __launch_bounds__(DW_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_FWD_BLOCKS)
 depthwise_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, elem_t* __restrict__ y, int batch,
               int c_in, int mult, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, int k_h,
               int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d, int pad_h, int pad_w,
