@@ -207,39 +207,9 @@ __device__ __forceinline__ void rotate(acc_t (&v)[DW_VEC], int r) {
     }
 }
 
-// load_tile for vector_source(s): thread tid copies the DW_VEC channels (tid % DW_VECS_PER_PIXEL)
-// * DW_VEC.. of pixels tid / DW_VECS_PER_PIXEL, + DW_VEC_PIXEL_STEP, ...: a quarter warp moves
-// 128 contiguous bytes of one pixel (coalesced), and its 16-byte shared stores hit distinct
-// banks (16-bit sources: each thread writes its two 16-byte halves in an order that alternates
-// with the pixel, so the two pixels a quarter warp covers use different banks). Row and column
-// advance by adds: one division per call, none per element. Channels past `lanes` are zeros
-// (lanes is a multiple of DW_VEC, so a vector is wholly inside or outside).
-template <bool HOLES>
-__device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
-                                              int cols, int j0) {
-    const int tid = threadIdx.y * DW_CHANNELS + threadIdx.x;
-    const int lane0 = tid % DW_VECS_PER_PIXEL * DW_VEC;
-    const bool half_order = (tid / DW_VECS_PER_PIXEL) & 1;
-    const bool load = sd >= 0 && j0 + lane0 < s.lanes;
-    const elem_t* __restrict__ src = s.sample + (unsigned)max(sd, 0) * s.h * s.w * s.channels + j0 + lane0;
-    int pix = tid / DW_VECS_PER_PIXEL, row = pix / cols, col = pix - row * cols;
-    for (const int total = rows * cols; pix < total; pix += DW_VEC_PIXEL_STEP) {
-        const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h), sw = real_index<HOLES>(vw0 + col, s.up_w, s.w);
-        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-        if (load && sh >= 0 && sw >= 0) raw = load_uint4(src + ((unsigned)sh * s.w + sw) * s.channels);
-        store_widened(static_cast<const elem_t*>(nullptr), tile + pix * DW_PITCH + lane0, raw, half_order);
-        col += DW_VEC_PIXEL_STEP;
-        while (col >= cols) {
-            col -= cols;
-            ++row;
-        }
-    }
-    __syncwarp();   // the last pass may leave some threads of a warp out
-}
-
 // The channels_first loaders' task (outer, row, k) = threadIdx.y, + DW_ROWS, ... as digits of
 // task = k + chunks * (row + rows * outer) (outer: a lane, or a group of DW_VEC lanes): the
-// divisions once per call, then DW_ROWS's digits added with one carry each (d_k < chunks and
+// divisions once per tile shape (tile_start), then DW_ROWS's digits added with one carry each (d_k < chunks and
 // d_row < rows, so a digit passes its base at most once; outer takes the rest).
 struct ChunkTasks {
     int outer, row, k;
@@ -264,6 +234,57 @@ struct ChunkTasks {
     }
 };
 
+// Where this thread's walk over a rows x cols tile starts: the loaders' divisions, done once
+// per tile shape (wgrad computes both of its tiles' starts before its tile loop). vec: the
+// 16-byte loader will run (vector_source); up_w: the source's stride holes along W.
+#if DW_CHANNELS_LAST
+struct DwTileStart { int row, col; };   // of the thread's first pixel
+__device__ __forceinline__ DwTileStart tile_start(int rows, int cols, bool vec, int up_w) {
+    (void)rows; (void)up_w;
+    if (!vec) return {0, (int)threadIdx.y};   // pixel threadIdx.y: cols >= DW_PIX >= DW_ROWS
+    const int pix = (threadIdx.y * DW_CHANNELS + threadIdx.x) / DW_VECS_PER_PIXEL, row = pix / cols;
+    return {row, pix - row * cols};
+}
+#else
+// chunks of 32 columns per tile row: aligned on the source row's 32-element boundaries (one
+// more chunk) unless the row has stride holes
+struct DwTileStart { ChunkTasks tasks; };
+__device__ __forceinline__ DwTileStart tile_start(int rows, int cols, bool vec, int up_w) {
+    (void)vec;
+    return {ChunkTasks(rows, (cols + (up_w == 1 ? 2 * DW_CHANNELS - 2 : DW_CHANNELS - 1)) / DW_CHANNELS)};
+}
+#endif
+
+// load_tile for vector_source(s): thread tid copies the DW_VEC channels (tid % DW_VECS_PER_PIXEL)
+// * DW_VEC.. of pixels tid / DW_VECS_PER_PIXEL, + DW_VEC_PIXEL_STEP, ...: a quarter warp moves
+// 128 contiguous bytes of one pixel (coalesced), and its 16-byte shared stores hit distinct
+// banks (16-bit sources: each thread writes its two 16-byte halves in an order that alternates
+// with the pixel, so the two pixels a quarter warp covers use different banks). Row and column
+// advance by adds from tile_start's position: no division per call or element. Channels past `lanes` are zeros
+// (lanes is a multiple of DW_VEC, so a vector is wholly inside or outside).
+template <bool HOLES>
+__device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
+                                              int cols, int j0, DwTileStart at) {
+    const int tid = threadIdx.y * DW_CHANNELS + threadIdx.x;
+    const int lane0 = tid % DW_VECS_PER_PIXEL * DW_VEC;
+    const bool half_order = (tid / DW_VECS_PER_PIXEL) & 1;
+    const bool load = sd >= 0 && j0 + lane0 < s.lanes;
+    const elem_t* __restrict__ src = s.sample + (unsigned)max(sd, 0) * s.h * s.w * s.channels + j0 + lane0;
+    int pix = tid / DW_VECS_PER_PIXEL, row = at.row, col = at.col;
+    for (const int total = rows * cols; pix < total; pix += DW_VEC_PIXEL_STEP) {
+        const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h), sw = real_index<HOLES>(vw0 + col, s.up_w, s.w);
+        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+        if (load && sh >= 0 && sw >= 0) raw = load_uint4(src + ((unsigned)sh * s.w + sw) * s.channels);
+        store_widened(static_cast<const elem_t*>(nullptr), tile + pix * DW_PITCH + lane0, raw, half_order);
+        col += DW_VEC_PIXEL_STEP;
+        while (col >= cols) {
+            col -= cols;
+            ++row;
+        }
+    }
+    __syncwarp();   // the last pass may leave some threads of a warp out
+}
+
 // load_tile for vector_source(s), channels_first: a warp copies DW_VEC lanes (channels) x one
 // tile row x 32 source columns (a chunk starting on a 32-element boundary of the source row,
 // as in the scalar loader: whole sectors); thread (c, t) of it loads columns t * DW_VEC.. of
@@ -272,12 +293,10 @@ struct ChunkTasks {
 // distinct banks (pitch DW_CHANNELS + 1). Tasks (lane group, row, chunk): ChunkTasks.
 template <bool HOLES>
 __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
-                                                 int cols, int j0) {
+                                                 int cols, int j0, ChunkTasks at) {
     constexpr int PER_LANE = DW_CHANNELS / DW_VEC;   // threads sharing one (lane, row, chunk)
     const int c = threadIdx.x / PER_LANE, t = threadIdx.x % PER_LANE;
-    const int chunks = (cols + 2 * DW_CHANNELS - 2) / DW_CHANNELS, per_group = rows * chunks;
-    const int tasks = per_group * (DW_CHANNELS / DW_VEC);
-    ChunkTasks at(rows, chunks);   // outer: the group of DW_VEC lanes
+    const int tasks = rows * at.chunks * (DW_CHANNELS / DW_VEC);   // at.outer: the group of DW_VEC lanes
     for (int task = threadIdx.y; task < tasks; task += DW_ROWS, at.advance()) {
         const int row = at.row, k = at.k;
         const int lane = at.outer * DW_VEC + c, sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
@@ -319,16 +338,16 @@ __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s,
 // divisions happen once per call, not per element.
 template <bool HOLES>
 __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
-                                          int cols, int j0, bool vec) {
+                                          int cols, int j0, bool vec, const DwTileStart& at) {
 #if DW_CHANNELS_LAST
     if (vec) {
-        load_tile_vec<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0);
+        load_tile_vec<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0, at);
         return;
     }
     // a warp = the 32 lanes of one pixel; thread (lane, ty) copies pixels ty, ty + DW_ROWS, ...
     // (cols >= DW_PIX >= DW_ROWS: one carry per step at most)
     const int lane = threadIdx.x;
-    int pix = threadIdx.y, row = pix / cols, col = pix - row * cols;
+    int pix = threadIdx.y, row = at.row, col = at.col;
     for (const int total = rows * cols; pix < total; pix += DW_ROWS) {
         const bool pixel = real_index<HOLES>(vh0 + row, s.up_h, s.h) >= 0 &&
                            real_index<HOLES>(vw0 + col, s.up_w, s.w) >= 0;
@@ -341,7 +360,7 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
     }
 #else
     if (DW_VEC_LOADS && vec) {
-        load_tile_vec_cf<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0);
+        load_tile_vec_cf<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0, at.tasks);
         return;
     }
     // A warp = up to 32 columns of one (lane, row). Chunks start on 32-element boundaries of
@@ -349,12 +368,11 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
     // closes each chunk (cheap on the GPU; it also keeps the emulator's per-warp request
     // grouping exact although lanes outside the tile skip). Task = k + chunks * (row + rows *
     // lane), advanced by DW_ROWS with carries.
-    const int align = s.up_w == 1 ? DW_CHANNELS - 1 : 0;
-    const int chunks = (cols + align + DW_CHANNELS - 1) / DW_CHANNELS, per_lane = rows * chunks;
-    const int tasks = per_lane * DW_CHANNELS;
-    ChunkTasks at(rows, chunks);   // outer: the lane
-    for (int task = threadIdx.y; task < tasks; task += DW_ROWS, at.advance()) {
-        const int lane = at.outer, row = at.row, k = at.k;
+    const bool align = s.up_w == 1;   // (tile_start counts the chunks the same way)
+    const int tasks = rows * at.tasks.chunks * DW_CHANNELS;
+    ChunkTasks at_lane = at.tasks;   // outer: the lane
+    for (int task = threadIdx.y; task < tasks; task += DW_ROWS, at_lane.advance()) {
+        const int lane = at_lane.outer, row = at_lane.row, k = at_lane.k;
         const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
         const bool load = sd >= 0 && sh >= 0;
         int shift = 0;
@@ -577,8 +595,9 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                 const int rows_in = (g.tile_rows - 1) * g.s_h + (khc - 1) * g.dil_h + 1;
                 __syncthreads();   // the previous tile is no longer read
                 const int vh0 = oh0 * g.s_h - g.pad_h + kh0 * g.dil_h, vw0 = ow0 * g.s_w - g.pad_w;
-                if (holes) load_tile<true>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec);
-                else load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec);
+                const DwTileStart at = tile_start(rows_in, cols_in, vec, src.up_w);
+                if (holes) load_tile<true>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
+                else load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
                 __syncthreads();
                 if (!active) continue;
                 for (int kh = kh0; kh < kh0 + khc; ++kh) {
@@ -715,6 +734,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     int od = b % g.out_d, n = b / g.out_d;
     const acc_t* dy_run = dy_tile + (g.row * g.cols + g.seg * DW_PIX) * DW_PITCH + lane;
     const acc_t* x_run = x_tile + (g.row * g.s_h * g.cols_in + g.seg * DW_PIX * g.s_w) * DW_PITCH + lane;
+    const DwTileStart x_at = tile_start(g.rows_in, g.cols_in, VEC, 1), dy_at = tile_start(g.tile_rows, g.cols, VEC, 1);
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
         DwSource xn = g.xs, dn = g.ds;
@@ -725,9 +745,9 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
             const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
             load_tile<false>(x_tile + p * g.plane_size, xn, id >= 0 && id < g.in_d ? id : -1,
                              oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in, g.cols_in,
-                             j0, VEC);
+                             j0, VEC, x_at);
         }
-        load_tile<false>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, VEC);
+        load_tile<false>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, VEC, dy_at);
         __syncthreads();
         if (g.active) {
             if constexpr (S == 0) {
