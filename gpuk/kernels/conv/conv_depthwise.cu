@@ -133,27 +133,26 @@ constexpr int DW_VEC_PIXEL_STEP = DW_THREADS / DW_VECS_PER_PIXEL;   // pixels on
 
 // The DW_VEC elements of a 16-byte load `raw` widened to acc_t and stored at dst (16-byte
 // aligned shared memory); the first argument picks the element type. float32 / float64 store
-// the bits as loaded. 16-bit sources make 32 bytes, two 16-byte stores: `b_first` says which
-// half goes first (bank spreading, see load_tile_vec).
-__device__ __forceinline__ void store_halves(float* dst, float4 a, float4 b, bool b_first) {
-    store_float4(dst + (b_first ? 4 : 0), b_first ? b : a);
-    store_float4(dst + (b_first ? 0 : 4), b_first ? a : b);
-}
+// the bits as loaded. 16-bit sources make 32 bytes, two 16-byte stores: `b_first` says whether
+// the load's second 8 bytes go first (bank spreading, see load_tile_vec); the halves are
+// swapped as raw words (4 selects) before they are widened, not after (8).
 __device__ __forceinline__ void store_widened(const float*, float* dst, uint4 raw, bool) { store_uint4(dst, raw); }
 __device__ __forceinline__ void store_widened(const double*, double* dst, uint4 raw, bool) { store_uint4(dst, raw); }
 __device__ __forceinline__ float half_bits(unsigned bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
-__device__ __forceinline__ void store_widened(const __half*, float* dst, uint4 raw, bool b_first) {
-    store_halves(dst, make_float4(half_bits(raw.x & 0xffffu), half_bits(raw.x >> 16), half_bits(raw.y & 0xffffu),
-                                  half_bits(raw.y >> 16)),
-                 make_float4(half_bits(raw.z & 0xffffu), half_bits(raw.z >> 16), half_bits(raw.w & 0xffffu),
-                             half_bits(raw.w >> 16)), b_first);
+__device__ __forceinline__ float4 widen4(const __half*, uint2 w) {
+    return make_float4(half_bits(w.x & 0xffffu), half_bits(w.x >> 16), half_bits(w.y & 0xffffu), half_bits(w.y >> 16));
 }
 // bfloat16 -> float32: the 16 bits become the high half of the float's bits
-__device__ __forceinline__ void store_widened(const __nv_bfloat16*, float* dst, uint4 raw, bool b_first) {
-    store_halves(dst, make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
-                                  __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)),
-                 make_float4(__uint_as_float(raw.z << 16), __uint_as_float(raw.z & 0xffff0000u),
-                             __uint_as_float(raw.w << 16), __uint_as_float(raw.w & 0xffff0000u)), b_first);
+__device__ __forceinline__ float4 widen4(const __nv_bfloat16*, uint2 w) {
+    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
+                       __uint_as_float(w.y & 0xffff0000u));
+}
+template <class Half>   // __half, __nv_bfloat16
+__device__ __forceinline__ void store_widened(const Half* type, float* dst, uint4 raw, bool b_first) {
+    const uint2 first = b_first ? make_uint2(raw.z, raw.w) : make_uint2(raw.x, raw.y);
+    const uint2 second = b_first ? make_uint2(raw.x, raw.y) : make_uint2(raw.z, raw.w);
+    store_float4(dst + (b_first ? 4 : 0), widen4(type, first));
+    store_float4(dst + (b_first ? 0 : 4), widen4(type, second));
 }
 
 // Whether a tile of `s` can be copied with 16-byte loads (uniform per block):
@@ -255,6 +254,7 @@ __device__ __forceinline__ DwTileStart tile_start(int rows, int cols, bool vec, 
 }
 #endif
 
+#if DW_CHANNELS_LAST
 // load_tile for vector_source(s): thread tid copies the DW_VEC channels (tid % DW_VECS_PER_PIXEL)
 // * DW_VEC.. of pixels tid / DW_VECS_PER_PIXEL, + DW_VEC_PIXEL_STEP, ...: a quarter warp moves
 // 128 contiguous bytes of one pixel (coalesced), and its 16-byte shared stores hit distinct
@@ -285,6 +285,7 @@ __device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, in
     __syncwarp();   // the last pass may leave some threads of a warp out
 }
 
+#else
 // load_tile for vector_source(s), channels_first: a warp copies DW_VEC lanes (channels) x one
 // tile row x 32 source columns (a chunk starting on a 32-element boundary of the source row,
 // as in the scalar loader: whole sectors); thread (c, t) of it loads columns t * DW_VEC.. of
@@ -331,11 +332,13 @@ __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s,
     }
 }
 
+#endif
+
 // Loads plane `sd` (real index; < 0 = outside, zeros) rows vh0 .. vh0 + rows - 1 and columns
 // vw0 .. vw0 + cols - 1 (virtual) of the channel tile starting at j0 into tile[pixel][lane].
 // vec: vector_source(s) (the caller's compile-time or block-uniform choice); HOLES: whether
-// the source may be zero-stuffed (dgrad). Positions advance by adds with carries: the
-// divisions happen once per call, not per element.
+// the source may be zero-stuffed (dgrad); at: tile_start(rows, cols, vec, s.up_w). Positions
+// advance by adds with carries: no division per element.
 template <bool HOLES>
 __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
                                           int cols, int j0, bool vec, const DwTileStart& at) {
