@@ -286,24 +286,31 @@ __device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, in
 }
 
 #else
-// load_tile for vector_source(s), channels_first: a warp copies DW_VEC lanes (channels) x one
-// tile row x 32 source columns (a chunk starting on a 32-element boundary of the source row,
-// as in the scalar loader: whole sectors); thread (c, t) of it loads columns t * DW_VEC.. of
-// lane c with one 16-byte load (zeros for its elements outside the row) and stores them one
-// word at a time, rotated by the chunk's alignment so that the 32 threads of each store hit 32
-// distinct banks (pitch DW_CHANNELS + 1). Tasks (lane group, row, chunk): ChunkTasks.
+// load_tile for vector_source(s), channels_first: warp y copies the DW_VEC lanes (channels)
+// (y % DW_VEC_GROUPS) * DW_VEC.. of every tile row, in chunks of 32 source columns that start
+// on a 32-element boundary of the source row (as in the element loader: whole sectors); its
+// (row, chunk) tasks are y / DW_VEC_GROUPS, + DW_ROWS / DW_VEC_GROUPS, ... (row-major), so a
+// thread's lane, source channel and channel base stay put for the whole call (one division at
+// most, with a depth multiplier). Thread (c, t) of the warp loads columns t * DW_VEC.. of lane c
+// with one 16-byte load (zeros for its elements outside the row) and stores them one word at a
+// time, rotated by the chunk's alignment so that the 32 threads of each store hit 32 distinct
+// banks (pitch DW_CHANNELS + 1).
+constexpr int DW_VEC_GROUPS = DW_CHANNELS / DW_VEC;   // lane groups; also threads per (lane, row, chunk)
 template <bool HOLES>
 __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
-                                                 int cols, int j0, ChunkTasks at) {
-    constexpr int PER_LANE = DW_CHANNELS / DW_VEC;   // threads sharing one (lane, row, chunk)
-    const int c = threadIdx.x / PER_LANE, t = threadIdx.x % PER_LANE;
-    const int tasks = rows * at.chunks * (DW_CHANNELS / DW_VEC);   // at.outer: the group of DW_VEC lanes
-    for (int task = threadIdx.y; task < tasks; task += DW_ROWS, at.advance()) {
-        const int row = at.row, k = at.k;
-        const int lane = at.outer * DW_VEC + c, sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
-        const bool load = sd >= 0 && sh >= 0 && j0 + lane < s.lanes;
-        const unsigned ch = source_channel(s, min(j0 + lane, s.lanes - 1));
-        const unsigned row_start = ch * s.pixels + ((unsigned)max(sd, 0) * s.h + max(sh, 0)) * s.w;
+                                                 int cols, int j0) {
+    static_assert(!DW_VEC_LOADS || DW_ROWS % DW_VEC_GROUPS == 0, "whole warps per lane group");
+    constexpr int WARPS_PER_GROUP = DW_ROWS / DW_VEC_GROUPS;   // 1 (float32) or 2 (16-bit)
+    const int c = threadIdx.x / DW_VEC_GROUPS, t = threadIdx.x % DW_VEC_GROUPS;
+    const int lane = threadIdx.y % DW_VEC_GROUPS * DW_VEC + c;
+    const bool lane_loads = sd >= 0 && j0 + lane < s.lanes;
+    const unsigned plane_start = source_channel(s, min(j0 + lane, s.lanes - 1)) * s.pixels
+                                 + (unsigned)max(sd, 0) * s.h * s.w;
+    const int chunks = (cols + 2 * DW_CHANNELS - 2) / DW_CHANNELS;   // >= 2 >= WARPS_PER_GROUP: one carry
+    acc_t* dst = tile + lane;
+    for (int row = 0, k = threadIdx.y / DW_VEC_GROUPS; row < rows; ) {   // uniform per warp
+        const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
+        const unsigned row_start = plane_start + (unsigned)max(sh, 0) * s.w;
         const int shift = (int)((row_start + vw0) % DW_CHANNELS);   // (unsigned wrap-around: exact modulo 32)
         const int c0 = k * DW_CHANNELS + t * DW_VEC - shift, sw0 = vw0 + c0;   // first element's tile / source column
         // Whole 32-byte sectors (two vectors: threads t and t ^ 1) are loaded when the sector
@@ -313,21 +320,28 @@ __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s,
         // row's) are set to 0.
         const int s0 = c0 - (t & 1) * DW_VEC, sw_s0 = vw0 + s0;   // the sector's first column
         uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-        if (load && s0 + 2 * DW_VEC > 0 && s0 < cols && sw_s0 + 2 * DW_VEC > 0 && sw_s0 < s.w)
+        // (unsigned compares: -2 * DW_VEC < s0 < cols, and the same for sw_s0 and the row)
+        if (lane_loads && sh >= 0 && (unsigned)(s0 + 2 * DW_VEC - 1) < (unsigned)(cols + 2 * DW_VEC - 1) &&
+            (unsigned)(sw_s0 + 2 * DW_VEC - 1) < (unsigned)(s.w + 2 * DW_VEC - 1))
             raw = load_uint4(s.sample + ((int)row_start + sw0));
         acc_t v[DW_VEC];
         widen(static_cast<const elem_t*>(nullptr), raw, v);
 #pragma unroll
         for (int i = 0; i < DW_VEC; ++i)
-            if (sw0 + i < 0 || sw0 + i >= s.w) v[i] = acc_t(0);
+            if ((unsigned)(sw0 + i) >= (unsigned)s.w) v[i] = acc_t(0);
         const int r = shift & (DW_VEC - 1);
         rotate(v, r);
-        acc_t* dst = tile + row * cols * DW_PITCH + lane;
+        acc_t* dst_row = dst + row * cols * DW_PITCH;
 #pragma unroll
         for (int m = 0; m < DW_VEC; ++m) {
             const int col = c0 + ((m + r) & (DW_VEC - 1));
-            if (col >= 0 && col < cols) dst[col * DW_PITCH] = v[m];
+            if ((unsigned)col < (unsigned)cols) dst_row[col * DW_PITCH] = v[m];
             __syncwarp();   // threads skip different stores; this keeps each store one warp request
+        }
+        k += WARPS_PER_GROUP;
+        if (k >= chunks) {
+            k -= chunks;
+            ++row;
         }
     }
 }
@@ -362,9 +376,11 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
         }
     }
 #else
-    if (DW_VEC_LOADS && vec) {
-        load_tile_vec_cf<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0, at.tasks);
-        return;
+    if constexpr (DW_VEC_LOADS) {   // (not float64: 4-byte tile words)
+        if (vec) {
+            load_tile_vec_cf<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0);
+            return;
+        }
     }
     // A warp = up to 32 columns of one (lane, row). Chunks start on 32-element boundaries of
     // the source row (without stride holes) so a request touches whole sectors; __syncwarp
