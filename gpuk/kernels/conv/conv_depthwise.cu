@@ -24,8 +24,11 @@
 //
 // Tile loads: 16-byte global loads where the layout allows (load_tile_vec: channels_last,
 // DW_VEC channels of a pixel; load_tile_vec_cf: channels_first, DW_VEC pixels along W, 4-byte
-// tile words), else one element per lane; positions advance by adds (no division per element).
-// wgrad's tile loop is instantiated per math path and loader (wgrad_tiles), chosen per block.
+// tile words, warp y on lane group y % DW_VEC_GROUPS for the whole call), else one element per
+// lane (load_tile); one loader of each kind per layout (#if DW_CHANNELS_LAST). Positions
+// advance by adds from tile_start's (the divisions, once per tile shape: wgrad computes them
+// before its tile loop, which then holds no division). wgrad's tile loop is instantiated per
+// math path and loader (wgrad_tiles), chosen per block.
 //
 // Address math: a 64-bit base per sample (n * C * pixels); offsets inside a sample are
 // 32-bit (the launcher keeps C * pixels < 2^31), tile offsets are 32-bit shared indices.
@@ -51,9 +54,9 @@
 // 2 blocks of 256 threads per SM leave up to 128 registers per thread (no spills, see
 // `python -m gpuk.kernels.build --check`); 16 warps still hide the shared-memory latency.
 // The forward kernel asks for 3 (at most 80 registers) where it accumulates in float32: left at
-// 2 it spends 96 (the 16-bit vector loader's 8 widened values and 16 raw bytes live at once on
-// sm_80 since the wave-6 loaders), so 16 warps per SM instead of 24; at 80 no path spills and
-// the hot loops keep their length (shared memory, 13 KB a block, allows 16 blocks).
+// 2 the compiler spends 95-96 (the 16-bit channels_last build on sm_80 went from 80 to 96 with
+// the wave-6 16-byte loaders), so 16 warps per SM instead of 24; at 80 no path spills and no
+// hot loop gets longer. Shared memory (13 KB a block at the usual tiles) is not the limit.
 constexpr int DW_FWD_BLOCKS = sizeof(acc_t) == 4 ? 3 : 2;
 
 // Element (ch, pix) of one sample of a tensor with `pixels` pixels and `channels` channels.
