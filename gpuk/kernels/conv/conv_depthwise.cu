@@ -24,8 +24,11 @@
 //
 // Tile loads: 16-byte global loads where the layout allows (load_tile_vec: channels_last,
 // DW_VEC channels of a pixel; load_tile_vec_cf: channels_first, DW_VEC pixels along W, 4-byte
-// tile words), else one element per lane; positions advance by adds (no division per element).
-// wgrad's tile loop is instantiated per math path and loader (wgrad_tiles), chosen per block.
+// tile words, warp y on lane group y % DW_VEC_GROUPS for the whole call), else one element per
+// lane (load_tile); one loader of each kind per layout (#if DW_CHANNELS_LAST). Positions
+// advance by adds from tile_start's (the divisions, once per tile shape: wgrad computes them
+// before its tile loop, which then holds no division). wgrad's tile loop is instantiated per
+// math path and loader (wgrad_tiles), chosen per block.
 //
 // Address math: a 64-bit base per sample (n * C * pixels); offsets inside a sample are
 // 32-bit (the launcher keeps C * pixels < 2^31), tile offsets are 32-bit shared indices.
@@ -50,6 +53,11 @@
 #define DW_PITCH (DW_CHANNELS_LAST ? DW_CHANNELS : DW_CHANNELS + 1)
 // 2 blocks of 256 threads per SM leave up to 128 registers per thread (no spills, see
 // `python -m gpuk.kernels.build --check`); 16 warps still hide the shared-memory latency.
+// The forward kernel asks for 3 (at most 80 registers) where it accumulates in float32: left at
+// 2 the compiler spends 95-96 (the 16-bit channels_last build on sm_80 went from 80 to 96 with
+// the wave-6 16-byte loaders), so 16 warps per SM instead of 24; at 80 no path spills and no
+// hot loop gets longer. Shared memory (13 KB a block at the usual tiles) is not the limit.
+constexpr int DW_FWD_BLOCKS = sizeof(acc_t) == 4 ? 3 : 2;
 
 // Element (ch, pix) of one sample of a tensor with `pixels` pixels and `channels` channels.
 __device__ __forceinline__ unsigned sample_offset(unsigned ch, unsigned pix, unsigned channels, unsigned pixels) {
@@ -128,27 +136,26 @@ constexpr int DW_VEC_PIXEL_STEP = DW_THREADS / DW_VECS_PER_PIXEL;   // pixels on
 
 // The DW_VEC elements of a 16-byte load `raw` widened to acc_t and stored at dst (16-byte
 // aligned shared memory); the first argument picks the element type. float32 / float64 store
-// the bits as loaded. 16-bit sources make 32 bytes, two 16-byte stores: `b_first` says which
-// half goes first (bank spreading, see load_tile_vec).
-__device__ __forceinline__ void store_halves(float* dst, float4 a, float4 b, bool b_first) {
-    store_float4(dst + (b_first ? 4 : 0), b_first ? b : a);
-    store_float4(dst + (b_first ? 0 : 4), b_first ? a : b);
-}
+// the bits as loaded. 16-bit sources make 32 bytes, two 16-byte stores: `b_first` says whether
+// the load's second 8 bytes go first (bank spreading, see load_tile_vec); the halves are
+// swapped as raw words (4 selects) before they are widened, not after (8).
 __device__ __forceinline__ void store_widened(const float*, float* dst, uint4 raw, bool) { store_uint4(dst, raw); }
 __device__ __forceinline__ void store_widened(const double*, double* dst, uint4 raw, bool) { store_uint4(dst, raw); }
 __device__ __forceinline__ float half_bits(unsigned bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
-__device__ __forceinline__ void store_widened(const __half*, float* dst, uint4 raw, bool b_first) {
-    store_halves(dst, make_float4(half_bits(raw.x & 0xffffu), half_bits(raw.x >> 16), half_bits(raw.y & 0xffffu),
-                                  half_bits(raw.y >> 16)),
-                 make_float4(half_bits(raw.z & 0xffffu), half_bits(raw.z >> 16), half_bits(raw.w & 0xffffu),
-                             half_bits(raw.w >> 16)), b_first);
+__device__ __forceinline__ float4 widen4(const __half*, uint2 w) {
+    return make_float4(half_bits(w.x & 0xffffu), half_bits(w.x >> 16), half_bits(w.y & 0xffffu), half_bits(w.y >> 16));
 }
 // bfloat16 -> float32: the 16 bits become the high half of the float's bits
-__device__ __forceinline__ void store_widened(const __nv_bfloat16*, float* dst, uint4 raw, bool b_first) {
-    store_halves(dst, make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
-                                  __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)),
-                 make_float4(__uint_as_float(raw.z << 16), __uint_as_float(raw.z & 0xffff0000u),
-                             __uint_as_float(raw.w << 16), __uint_as_float(raw.w & 0xffff0000u)), b_first);
+__device__ __forceinline__ float4 widen4(const __nv_bfloat16*, uint2 w) {
+    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
+                       __uint_as_float(w.y & 0xffff0000u));
+}
+template <class Half>   // __half, __nv_bfloat16
+__device__ __forceinline__ void store_widened(const Half* type, float* dst, uint4 raw, bool b_first) {
+    const uint2 first = b_first ? make_uint2(raw.z, raw.w) : make_uint2(raw.x, raw.y);
+    const uint2 second = b_first ? make_uint2(raw.x, raw.y) : make_uint2(raw.z, raw.w);
+    store_float4(dst + (b_first ? 4 : 0), widen4(type, first));
+    store_float4(dst + (b_first ? 0 : 4), widen4(type, second));
 }
 
 // Whether a tile of `s` can be copied with 16-byte loads (uniform per block):
@@ -202,39 +209,9 @@ __device__ __forceinline__ void rotate(acc_t (&v)[DW_VEC], int r) {
     }
 }
 
-// load_tile for vector_source(s): thread tid copies the DW_VEC channels (tid % DW_VECS_PER_PIXEL)
-// * DW_VEC.. of pixels tid / DW_VECS_PER_PIXEL, + DW_VEC_PIXEL_STEP, ...: a quarter warp moves
-// 128 contiguous bytes of one pixel (coalesced), and its 16-byte shared stores hit distinct
-// banks (16-bit sources: each thread writes its two 16-byte halves in an order that alternates
-// with the pixel, so the two pixels a quarter warp covers use different banks). Row and column
-// advance by adds: one division per call, none per element. Channels past `lanes` are zeros
-// (lanes is a multiple of DW_VEC, so a vector is wholly inside or outside).
-template <bool HOLES>
-__device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
-                                              int cols, int j0) {
-    const int tid = threadIdx.y * DW_CHANNELS + threadIdx.x;
-    const int lane0 = tid % DW_VECS_PER_PIXEL * DW_VEC;
-    const bool half_order = (tid / DW_VECS_PER_PIXEL) & 1;
-    const bool load = sd >= 0 && j0 + lane0 < s.lanes;
-    const elem_t* __restrict__ src = s.sample + (unsigned)max(sd, 0) * s.h * s.w * s.channels + j0 + lane0;
-    int pix = tid / DW_VECS_PER_PIXEL, row = pix / cols, col = pix - row * cols;
-    for (const int total = rows * cols; pix < total; pix += DW_VEC_PIXEL_STEP) {
-        const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h), sw = real_index<HOLES>(vw0 + col, s.up_w, s.w);
-        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-        if (load && sh >= 0 && sw >= 0) raw = load_uint4(src + ((unsigned)sh * s.w + sw) * s.channels);
-        store_widened(static_cast<const elem_t*>(nullptr), tile + pix * DW_PITCH + lane0, raw, half_order);
-        col += DW_VEC_PIXEL_STEP;
-        while (col >= cols) {
-            col -= cols;
-            ++row;
-        }
-    }
-    __syncwarp();   // the last pass may leave some threads of a warp out
-}
-
 // The channels_first loaders' task (outer, row, k) = threadIdx.y, + DW_ROWS, ... as digits of
 // task = k + chunks * (row + rows * outer) (outer: a lane, or a group of DW_VEC lanes): the
-// divisions once per call, then DW_ROWS's digits added with one carry each (d_k < chunks and
+// divisions once per tile shape (tile_start), then DW_ROWS's digits added with one carry each (d_k < chunks and
 // d_row < rows, so a digit passes its base at most once; outer takes the rest).
 struct ChunkTasks {
     int outer, row, k;
@@ -259,26 +236,84 @@ struct ChunkTasks {
     }
 };
 
-// load_tile for vector_source(s), channels_first: a warp copies DW_VEC lanes (channels) x one
-// tile row x 32 source columns (a chunk starting on a 32-element boundary of the source row,
-// as in the scalar loader: whole sectors); thread (c, t) of it loads columns t * DW_VEC.. of
-// lane c with one 16-byte load (zeros for its elements outside the row) and stores them one
-// word at a time, rotated by the chunk's alignment so that the 32 threads of each store hit 32
-// distinct banks (pitch DW_CHANNELS + 1). Tasks (lane group, row, chunk): ChunkTasks.
+// Where this thread's walk over a rows x cols tile starts: the loaders' divisions, done once
+// per tile shape (wgrad computes both of its tiles' starts before its tile loop). vec: the
+// 16-byte loader will run (vector_source); up_w: the source's stride holes along W.
+#if DW_CHANNELS_LAST
+struct DwTileStart { int row, col; };   // of the thread's first pixel
+__device__ __forceinline__ DwTileStart tile_start(int rows, int cols, bool vec, int up_w) {
+    (void)rows; (void)up_w;
+    if (!vec) return {0, (int)threadIdx.y};   // pixel threadIdx.y: cols >= DW_PIX >= DW_ROWS
+    const int pix = (threadIdx.y * DW_CHANNELS + threadIdx.x) / DW_VECS_PER_PIXEL, row = pix / cols;
+    return {row, pix - row * cols};
+}
+#else
+// chunks of 32 columns per tile row: aligned on the source row's 32-element boundaries (one
+// more chunk) unless the row has stride holes
+struct DwTileStart { ChunkTasks tasks; };
+__device__ __forceinline__ DwTileStart tile_start(int rows, int cols, bool vec, int up_w) {
+    (void)vec;
+    return {ChunkTasks(rows, (cols + (up_w == 1 ? 2 * DW_CHANNELS - 2 : DW_CHANNELS - 1)) / DW_CHANNELS)};
+}
+#endif
+
+#if DW_CHANNELS_LAST
+// load_tile for vector_source(s): thread tid copies the DW_VEC channels (tid % DW_VECS_PER_PIXEL)
+// * DW_VEC.. of pixels tid / DW_VECS_PER_PIXEL, + DW_VEC_PIXEL_STEP, ...: a quarter warp moves
+// 128 contiguous bytes of one pixel (coalesced), and its 16-byte shared stores hit distinct
+// banks (16-bit sources: each thread writes its two 16-byte halves in an order that alternates
+// with the pixel, so the two pixels a quarter warp covers use different banks). Row and column
+// advance by adds from tile_start's position: no division per call or element. Channels past `lanes` are zeros
+// (lanes is a multiple of DW_VEC, so a vector is wholly inside or outside).
+template <bool HOLES>
+__device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
+                                              int cols, int j0, DwTileStart at) {
+    const int tid = threadIdx.y * DW_CHANNELS + threadIdx.x;
+    const int lane0 = tid % DW_VECS_PER_PIXEL * DW_VEC;
+    const bool half_order = (tid / DW_VECS_PER_PIXEL) & 1;
+    const bool load = sd >= 0 && j0 + lane0 < s.lanes;
+    const elem_t* __restrict__ src = s.sample + (unsigned)max(sd, 0) * s.h * s.w * s.channels + j0 + lane0;
+    int pix = tid / DW_VECS_PER_PIXEL, row = at.row, col = at.col;
+    for (const int total = rows * cols; pix < total; pix += DW_VEC_PIXEL_STEP) {
+        const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h), sw = real_index<HOLES>(vw0 + col, s.up_w, s.w);
+        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+        if (load && sh >= 0 && sw >= 0) raw = load_uint4(src + ((unsigned)sh * s.w + sw) * s.channels);
+        store_widened(static_cast<const elem_t*>(nullptr), tile + pix * DW_PITCH + lane0, raw, half_order);
+        col += DW_VEC_PIXEL_STEP;
+        while (col >= cols) {
+            col -= cols;
+            ++row;
+        }
+    }
+    __syncwarp();   // the last pass may leave some threads of a warp out
+}
+
+#else
+// load_tile for vector_source(s), channels_first: warp y copies the DW_VEC lanes (channels)
+// (y % DW_VEC_GROUPS) * DW_VEC.. of every tile row, in chunks of 32 source columns that start
+// on a 32-element boundary of the source row (as in the element loader: whole sectors); its
+// (row, chunk) tasks are y / DW_VEC_GROUPS, + DW_ROWS / DW_VEC_GROUPS, ... (row-major), so a
+// thread's lane, source channel and channel base stay put for the whole call (one division at
+// most, with a depth multiplier). Thread (c, t) of the warp loads columns t * DW_VEC.. of lane c
+// with one 16-byte load (zeros for its elements outside the row) and stores them one word at a
+// time, rotated by the chunk's alignment so that the 32 threads of each store hit 32 distinct
+// banks (pitch DW_CHANNELS + 1).
+constexpr int DW_VEC_GROUPS = DW_CHANNELS / DW_VEC;   // lane groups; also threads per (lane, row, chunk)
 template <bool HOLES>
 __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
                                                  int cols, int j0) {
-    constexpr int PER_LANE = DW_CHANNELS / DW_VEC;   // threads sharing one (lane, row, chunk)
-    const int c = threadIdx.x / PER_LANE, t = threadIdx.x % PER_LANE;
-    const int chunks = (cols + 2 * DW_CHANNELS - 2) / DW_CHANNELS, per_group = rows * chunks;
-    const int tasks = per_group * (DW_CHANNELS / DW_VEC);
-    ChunkTasks at(rows, chunks);   // outer: the group of DW_VEC lanes
-    for (int task = threadIdx.y; task < tasks; task += DW_ROWS, at.advance()) {
-        const int row = at.row, k = at.k;
-        const int lane = at.outer * DW_VEC + c, sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
-        const bool load = sd >= 0 && sh >= 0 && j0 + lane < s.lanes;
-        const unsigned ch = source_channel(s, min(j0 + lane, s.lanes - 1));
-        const unsigned row_start = ch * s.pixels + ((unsigned)max(sd, 0) * s.h + max(sh, 0)) * s.w;
+    static_assert(!DW_VEC_LOADS || DW_ROWS % DW_VEC_GROUPS == 0, "whole warps per lane group");
+    constexpr int WARPS_PER_GROUP = DW_ROWS / DW_VEC_GROUPS;   // 1 (float32) or 2 (16-bit)
+    const int c = threadIdx.x / DW_VEC_GROUPS, t = threadIdx.x % DW_VEC_GROUPS;
+    const int lane = threadIdx.y % DW_VEC_GROUPS * DW_VEC + c;
+    const bool lane_loads = sd >= 0 && j0 + lane < s.lanes;
+    const unsigned plane_start = source_channel(s, min(j0 + lane, s.lanes - 1)) * s.pixels
+                                 + (unsigned)max(sd, 0) * s.h * s.w;
+    const int chunks = (cols + 2 * DW_CHANNELS - 2) / DW_CHANNELS;   // >= 2 >= WARPS_PER_GROUP: one carry
+    acc_t* dst = tile + lane;
+    for (int row = 0, k = threadIdx.y / DW_VEC_GROUPS; row < rows; ) {   // uniform per warp
+        const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
+        const unsigned row_start = plane_start + (unsigned)max(sh, 0) * s.w;
         const int shift = (int)((row_start + vw0) % DW_CHANNELS);   // (unsigned wrap-around: exact modulo 32)
         const int c0 = k * DW_CHANNELS + t * DW_VEC - shift, sw0 = vw0 + c0;   // first element's tile / source column
         // Whole 32-byte sectors (two vectors: threads t and t ^ 1) are loaded when the sector
@@ -288,42 +323,51 @@ __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s,
         // row's) are set to 0.
         const int s0 = c0 - (t & 1) * DW_VEC, sw_s0 = vw0 + s0;   // the sector's first column
         uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-        if (load && s0 + 2 * DW_VEC > 0 && s0 < cols && sw_s0 + 2 * DW_VEC > 0 && sw_s0 < s.w)
+        // (unsigned compares: -2 * DW_VEC < s0 < cols, and the same for sw_s0 and the row)
+        if (lane_loads && sh >= 0 && (unsigned)(s0 + 2 * DW_VEC - 1) < (unsigned)(cols + 2 * DW_VEC - 1) &&
+            (unsigned)(sw_s0 + 2 * DW_VEC - 1) < (unsigned)(s.w + 2 * DW_VEC - 1))
             raw = load_uint4(s.sample + ((int)row_start + sw0));
         acc_t v[DW_VEC];
         widen(static_cast<const elem_t*>(nullptr), raw, v);
 #pragma unroll
         for (int i = 0; i < DW_VEC; ++i)
-            if (sw0 + i < 0 || sw0 + i >= s.w) v[i] = acc_t(0);
+            if ((unsigned)(sw0 + i) >= (unsigned)s.w) v[i] = acc_t(0);
         const int r = shift & (DW_VEC - 1);
         rotate(v, r);
-        acc_t* dst = tile + row * cols * DW_PITCH + lane;
+        acc_t* dst_row = dst + row * cols * DW_PITCH;
 #pragma unroll
         for (int m = 0; m < DW_VEC; ++m) {
             const int col = c0 + ((m + r) & (DW_VEC - 1));
-            if (col >= 0 && col < cols) dst[col * DW_PITCH] = v[m];
+            if ((unsigned)col < (unsigned)cols) dst_row[col * DW_PITCH] = v[m];
             __syncwarp();   // threads skip different stores; this keeps each store one warp request
+        }
+        k += WARPS_PER_GROUP;
+        if (k >= chunks) {
+            k -= chunks;
+            ++row;
         }
     }
 }
 
+#endif
+
 // Loads plane `sd` (real index; < 0 = outside, zeros) rows vh0 .. vh0 + rows - 1 and columns
 // vw0 .. vw0 + cols - 1 (virtual) of the channel tile starting at j0 into tile[pixel][lane].
 // vec: vector_source(s) (the caller's compile-time or block-uniform choice); HOLES: whether
-// the source may be zero-stuffed (dgrad). Positions advance by adds with carries: the
-// divisions happen once per call, not per element.
+// the source may be zero-stuffed (dgrad); at: tile_start(rows, cols, vec, s.up_w). Positions
+// advance by adds with carries: no division per element.
 template <bool HOLES>
 __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
-                                          int cols, int j0, bool vec) {
+                                          int cols, int j0, bool vec, const DwTileStart& at) {
 #if DW_CHANNELS_LAST
     if (vec) {
-        load_tile_vec<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0);
+        load_tile_vec<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0, at);
         return;
     }
     // a warp = the 32 lanes of one pixel; thread (lane, ty) copies pixels ty, ty + DW_ROWS, ...
     // (cols >= DW_PIX >= DW_ROWS: one carry per step at most)
     const int lane = threadIdx.x;
-    int pix = threadIdx.y, row = pix / cols, col = pix - row * cols;
+    int pix = threadIdx.y, row = at.row, col = at.col;
     for (const int total = rows * cols; pix < total; pix += DW_ROWS) {
         const bool pixel = real_index<HOLES>(vh0 + row, s.up_h, s.h) >= 0 &&
                            real_index<HOLES>(vw0 + col, s.up_w, s.w) >= 0;
@@ -335,21 +379,22 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
         }
     }
 #else
-    if (DW_VEC_LOADS && vec) {
-        load_tile_vec_cf<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0);
-        return;
+    if constexpr (DW_VEC_LOADS) {   // (not float64: 4-byte tile words)
+        if (vec) {
+            load_tile_vec_cf<HOLES>(tile, s, sd, vh0, vw0, rows, cols, j0);
+            return;
+        }
     }
     // A warp = up to 32 columns of one (lane, row). Chunks start on 32-element boundaries of
     // the source row (without stride holes) so a request touches whole sectors; __syncwarp
     // closes each chunk (cheap on the GPU; it also keeps the emulator's per-warp request
     // grouping exact although lanes outside the tile skip). Task = k + chunks * (row + rows *
     // lane), advanced by DW_ROWS with carries.
-    const int align = s.up_w == 1 ? DW_CHANNELS - 1 : 0;
-    const int chunks = (cols + align + DW_CHANNELS - 1) / DW_CHANNELS, per_lane = rows * chunks;
-    const int tasks = per_lane * DW_CHANNELS;
-    ChunkTasks at(rows, chunks);   // outer: the lane
-    for (int task = threadIdx.y; task < tasks; task += DW_ROWS, at.advance()) {
-        const int lane = at.outer, row = at.row, k = at.k;
+    const bool align = s.up_w == 1;   // (tile_start counts the chunks the same way)
+    const int tasks = rows * at.tasks.chunks * DW_CHANNELS;
+    ChunkTasks at_lane = at.tasks;   // outer: the lane
+    for (int task = threadIdx.y; task < tasks; task += DW_ROWS, at_lane.advance()) {
+        const int lane = at_lane.outer, row = at_lane.row, k = at_lane.k;
         const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
         const bool load = sd >= 0 && sh >= 0;
         int shift = 0;
@@ -572,8 +617,9 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                 const int rows_in = (g.tile_rows - 1) * g.s_h + (khc - 1) * g.dil_h + 1;
                 __syncthreads();   // the previous tile is no longer read
                 const int vh0 = oh0 * g.s_h - g.pad_h + kh0 * g.dil_h, vw0 = ow0 * g.s_w - g.pad_w;
-                if (holes) load_tile<true>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec);
-                else load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec);
+                const DwTileStart at = tile_start(rows_in, cols_in, vec, src.up_w);
+                if (holes) load_tile<true>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
+                else load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
                 __syncthreads();
                 if (!active) continue;
                 for (int kh = kh0; kh < kh0 + khc; ++kh) {
@@ -604,7 +650,7 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
 // depthwise_fwd: y[n, o, j] = sum_tap x[n, o*s - pad + tap*dil, j / M] * w[tap, j].
 // Grid: (N * out_d * row tiles * column tiles, C_out / DW_CHANNELS tiles); see tile_correlation.
 // Limits: C * pixels per sample < 2^31, grid.y <= 65535 (launcher checks). No atomics.
-extern "C" __global__ void __launch_bounds__(DW_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_FWD_BLOCKS)
 depthwise_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, elem_t* __restrict__ y, int batch,
               int c_in, int mult, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, int k_h,
               int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d, int pad_h, int pad_w,
@@ -710,6 +756,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     int od = b % g.out_d, n = b / g.out_d;
     const acc_t* dy_run = dy_tile + (g.row * g.cols + g.seg * DW_PIX) * DW_PITCH + lane;
     const acc_t* x_run = x_tile + (g.row * g.s_h * g.cols_in + g.seg * DW_PIX * g.s_w) * DW_PITCH + lane;
+    const DwTileStart x_at = tile_start(g.rows_in, g.cols_in, VEC, 1), dy_at = tile_start(g.tile_rows, g.cols, VEC, 1);
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
         DwSource xn = g.xs, dn = g.ds;
@@ -720,9 +767,9 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
             const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
             load_tile<false>(x_tile + p * g.plane_size, xn, id >= 0 && id < g.in_d ? id : -1,
                              oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in, g.cols_in,
-                             j0, VEC);
+                             j0, VEC, x_at);
         }
-        load_tile<false>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, VEC);
+        load_tile<false>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, VEC, dy_at);
         __syncthreads();
         if (g.active) {
             if constexpr (S == 0) {
