@@ -48,7 +48,7 @@ def measure(archs, workers=2):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog='python -m bench.nvrtc_jobs', description=__doc__.split('\n\n')[1])
+    parser = argparse.ArgumentParser(prog='python -m bench.nvrtc_jobs', description=__doc__.split('\n\n')[0])
     parser.add_argument('--arch', default='sm_90,sm_80')
     parser.add_argument('--workers', type=int, default=2)
     parser.add_argument('--json', metavar='PATH')
