@@ -534,6 +534,31 @@ def test_16bit_wgrad_tile_choice():
         conv_tiles.choose_tile(np.float16, 'float32', 576, 64, 576)
 
 
+def test_wgrad_decode_args_reproduce_the_pixel_and_its_packed_origin():
+    """The launcher's decode constants for conv_igemm_wgrad (geometry.wgrad_decode_args): the FastDiv
+    multipliers divide exactly for every numerator < 2**31, and the two linear forms of the K
+    position's quotients give the window origin's pixel index and WgradPack coordinates (mod 2**32),
+    which the kernel computes from them alone (conv_igemm.cu PixLinear)."""
+    from gpuk.kernels.conv import geometry
+    rng = np.random.default_rng(0)
+    for d in (1, 2, 3, 7, 56, 64, 1000, 65537, (1 << 31) - 1):
+        mul, shift = geometry.fast_div(d)
+        assert mul < 1 << 32
+        n = np.concatenate([rng.integers(0, 1 << 31, 2000), [0, d - 1, d, (1 << 31) - 1]]).astype(object)
+        assert all((v * mul) >> shift == v // d for v in n)
+    g = geometry.Geometry(3, 8, 16, (5, 9, 11), (3, 4, 6), (2, 3, 3), (2, 2, 2), (1, 1, 1), (0, 1, 1), True)
+    (w_mul, w_shift, h_mul, h_shift, d_mul, d_shift, *forms) = (int(v) for v in geometry.wgrad_decode_args(g))
+    (in_d, in_h, in_w), (out_d, out_h, out_w), (s_d, s_h, s_w) = g.in_sp, g.out_sp, g.strides
+    for k in range(g.batch * out_d * out_h * out_w):
+        rows = (k * w_mul) >> w_shift
+        planes = (rows * h_mul) >> h_shift
+        n = (planes * d_mul) >> d_shift
+        ow, oh, od = k - rows * out_w, rows - planes * out_h, planes - n * out_d
+        pixel, packed = ((k * s_w + rows * a + planes * b + n * c) % (1 << 32) for a, b, c in (forms[:3], forms[3:]))
+        assert pixel == ((n * in_d + od * s_d) * in_h + oh * s_h) * in_w + ow * s_w
+        assert packed == ((od * s_d) << geometry.WGRAD_PACK_D_SHIFT) + ((oh * s_h) << geometry.WGRAD_PACK_H_SHIFT) + ow * s_w
+
+
 def test_tile_rules_for_short_k_and_per_element_copies():
     # 1x1 64 -> 64 at N=32: K = 64 is 4 FFMA K tiles, too short for the largest tile's pipeline.
     assert conv_tiles.choose_tile(np.float32, 'float32', 32 * 56 * 56, 64, 64).name == '64x64x16'
