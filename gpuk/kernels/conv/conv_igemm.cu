@@ -41,7 +41,8 @@
 //       strict runs the FFMA path.
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
-//   every shared address is a register plus an immediate. Each operand tile is stored in shared memory
+//   every shared address is a register plus an immediate (16-bit wgrad's also free of per-tile
+//   end tests until its last one or two groups: pipeline_group). Each operand tile is stored in shared memory
 //   with its contiguous global dimension contiguous (see Layout), XOR-swizzled in 16-byte units
 //   (but FFMA [m][k] A tiles, read by broadcast: A_MK_SWIZZLED); tf32 k-major tiles are padded
 //   by two units per row instead (no bank conflicts on the cp.async writes, ldmatrix phases,
@@ -255,8 +256,9 @@ __device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len /
 // 32 x 32 -> 64-bit multiply(-add)s as single PTX instructions (mad.wide / mul.wide). Written
 // in C++, the wgrad loader's chunk addresses (a per-chunk pointer fixed for the block plus the
 // row's pixel times the pixel's size) get folded into 64-bit index arithmetic (3-4 instructions
-// per chunk; as one mad.wide.u32, ptxas makes it one IMAD.WIDE.U32), and a u64 product of two
-// u32 gets an extra add of a zero high word. The emulator computes the same in plain C++.
+// per chunk; as mad.wide.u32, ptxas computes the row's product once, one IMAD.WIDE.U32, and adds
+// it to each chunk's pointer, 2 instructions), and a u64 product of two u32 gets an extra add of
+// a zero high word. The emulator computes the same in plain C++.
 template <class T> __device__ __forceinline__ const T* index_wide(const T* p, unsigned i, unsigned stride) {
     // p + i * stride elements (i * stride < 2^64: no overflow)
 #if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
@@ -305,9 +307,8 @@ struct FastDiv {
 // and its quotients: rows = k / out_w, planes = rows / out_h, n = planes / out_d.
 struct PixPos { unsigned n; int od, oh, ow; };
 struct PixQuot { unsigned k, rows, planes, n; };
-// K position -> quotients, decoded afresh for every K tile by three FastDivs, by the output sizes
-// themselves (no derived constant for the compiler to rematerialize in the loop): 6 instructions
-// without a branch, where an iterator carried across tiles needs its wrap branches (pixel -> row ->
+// K position -> quotients, decoded afresh for every K tile by three FastDivs (by out_w, out_h,
+// out_d; multipliers from the launcher): 6 instructions without a branch, where an iterator carried across tiles needs its wrap branches (pixel -> row ->
 // plane -> image, each step of CONV_BK: ~20 instructions per row and tile, counted statically).
 // position() adds the three remainders (the bounds-checking paths that need the coordinates).
 // k < 2^31 (K < 2^31, checked by the launcher); rows past K decode to garbage no copy reads.
@@ -1264,6 +1265,30 @@ __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const el
         loader.template load<VECTOR>(g, a_src, b_src, as, bs, cols);
 }
 
+// One group of CONV_STAGES K tiles from tile t0 on, unrolled (every stage index a constant). CHECKED:
+// a tile or a prefetch of the group may lie past the last tile (tiles), so each is tested; in 16-bit
+// wgrad the groups before (where t0 + 2 * CONV_STAGES - 1 <= tiles) run without those two tests per
+// tile (about 4.5 instructions a tile).
+template <int MODE, bool VECTOR, bool PACKED, bool CHECKED>
+__device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
+                                               const ConvGeom& g, const elem_t* __restrict__ a_src,
+                                               const elem_t* __restrict__ b_src, int cols, int t0, int tiles,
+                                               acc_t* acc) {
+#pragma unroll
+    for (int s = 0; s < CONV_STAGES; ++s) {
+        const int t = t0 + s;
+        if (CHECKED && t >= tiles) break;
+        cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
+        TF32_ROUND_LANDED(as[s], bs[s]);
+        __syncthreads();                    // ... everyone's, and stage t-1 is free again
+        const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
+        if (!CHECKED || t + CONV_STAGES - 1 < tiles)
+            load_tile<VECTOR, PACKED>(loader, g, a_src, b_src, as[write_stage], bs[write_stage], cols);
+        cp_async_commit();
+        tile_multiply<MODE>(as[s], bs[s], acc);
+    }
+}
+
 template <int MODE, bool VECTOR, bool PACKED = false>
 __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                          const ConvGeom& g, const elem_t* __restrict__ a_src,
@@ -1292,21 +1317,14 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
             write_stage = write_stage == CONV_STAGES - 1 ? 0 : write_stage + 1;
         }
     } else {
-        for (int t0 = 0; t0 < tiles; t0 += CONV_STAGES) {
-#pragma unroll
-            for (int s = 0; s < CONV_STAGES; ++s) {
-                const int t = t0 + s;
-                if (t >= tiles) break;
-                cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
-                TF32_ROUND_LANDED(as[s], bs[s]);
-                __syncthreads();                    // ... everyone's, and stage t-1 is free again
-                const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
-                if (t + CONV_STAGES - 1 < tiles)
-                    load_tile<VECTOR, PACKED>(loader, g, a_src, b_src, as[write_stage], bs[write_stage], cols);
-                cp_async_commit();
-                tile_multiply<MODE>(as[s], bs[s], acc);
-            }
-        }
+        // 16-bit wgrad only (its split K is long): the untested groups are a second copy of the loop,
+        // with which tf32 spilled (sm_90: fwd 128x128x32 420 bytes, wgrad 128x128x16 124 bytes)
+        int t0 = 0;
+        if constexpr (MODE == MODE_WGRAD && CONV_MATH == 1)
+            for (; t0 + 2 * CONV_STAGES - 1 <= tiles; t0 += CONV_STAGES)   // every tile and prefetch exists
+                pipeline_group<MODE, VECTOR, PACKED, false>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
+        for (; t0 < tiles; t0 += CONV_STAGES)   // the rest (wgrad: the last one or two groups)
+            pipeline_group<MODE, VECTOR, PACKED, true>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
     }
     cp_async_wait_all();
 }
