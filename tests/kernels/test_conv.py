@@ -133,6 +133,24 @@ def test_wgrad_only_tiles_and_split_k(kernel_runtime, dtype, tile, splits, chann
     assert_close(out, ref, dtype, 'conv_wgrad with tile %s' % tile)
 
 
+@pytest.mark.parametrize('dtype, tile', [(np.float16, t) for t in ('128x128x32', '64x128x64', '128x64x64', '64x64x64')]
+                         + [(BF16, '64x64x64')])
+@pytest.mark.parametrize('splits', [1, 3])
+def test_16bit_wgrad_steady_state_and_k_tail(kernel_runtime, dtype, tile, splits):
+    """16-bit wgrad over enough K tiles per split (K = 3 x 17 x 16 = 816: 13 tiles of 64, the last
+    partial) that its K loop runs the groups without end tests, whose prefetched tiles skip the
+    row tests against k_end (conv_igemm.cu pipeline_group), before the tested last groups; with
+    3 splits the middle split ends on a full tile, the last on the partial one."""
+    case = ((17, 17), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 0)), 8, 24)
+    _, kernel, strides, dilation, pads, _, _ = case
+    x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=4, batch=3)
+    args = (x, dy, w.shape, strides, dilation, pads, 'channels_last')
+    ref = twin.conv_wgrad(x.astype(np.float64), dy.astype(np.float64), *args[2:])
+    with conv_tiles.forced(tile=tile, splits=splits), conv_wgmma.forced(False):
+        out = conv.conv_wgrad(*[to_device(kernel_runtime, a) for a in args[:2]], *args[2:], runtime=kernel_runtime)
+    assert_close(out, ref, dtype, 'conv_wgrad with tile %s, %d splits' % (tile, splits))
+
+
 @pytest.mark.parametrize('data_format', FORMATS)
 def test_tf32_mode_uses_tensor_cores_only_when_asked(kernel_runtime, data_format):
     case = CONV_CASES[2]

@@ -42,7 +42,8 @@
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
 //   every shared address is a register plus an immediate (16-bit wgrad's also free of per-tile
-//   end tests until its last one or two groups: pipeline_group). Each operand tile is stored in shared memory
+//   end tests and its copies of row tests against k_end until its last one or two groups:
+//   pipeline_group). Each operand tile is stored in shared memory
 //   with its contiguous global dimension contiguous (see Layout), XOR-swizzled in 16-byte units
 //   (but FFMA [m][k] A tiles, read by broadcast: A_MK_SWIZZLED); tf32 k-major tiles are padded
 //   by two units per row instead (no bank conflicts on the cp.async writes, ldmatrix phases,
@@ -558,16 +559,21 @@ struct RowStream {
     const elem_t* ptr;   // this thread's chunk 0 of the next tile
     int ahead;           // K rows from this thread's chunk 0 of the next tile to k_end
     int col;             // this thread's first column
+    // ld: the operand's columns (its row length). A thread whose columns lie past them (the N tail)
+    // points at column 0 instead: its 16-byte copies then read real data into tile columns that
+    // only feed accumulator columns the epilogue does not store, so they need no column test
+    // (the per-element path tests every column: its copies past ld read nothing).
     __device__ __forceinline__ void init(const elem_t* data, long long k_begin, long long k_end, int ld) {
         col = blockIdx.y * CONV_BN + chunk_pos(CONV_BN);
-        ptr = data + (k_begin + chunk_row(0, CONV_BN)) * ld + col;
+        ptr = data + (k_begin + chunk_row(0, CONV_BN)) * ld + (col < ld ? col : 0);
         ahead = (int)(k_end - k_begin) - chunk_row(0, CONV_BN);
     }
     // Whether row `row` of the next tile lies before k_end (another operand's rows, e.g. wgrad A's).
     __device__ __forceinline__ bool row_before_end(int row) const { return row - chunk_row(0, CONV_BN) < ahead; }
     // The 16-byte path offsets a thread's chunks from `ptr` in 32 bits (one IMAD.WIDE each).
     __device__ __forceinline__ static bool fits(int ld) { return (long long)CONV_BK * ld < (1ll << 31); }
-    template <bool VECTOR>
+    // FULL: the tile lies before k_end (no row test).
+    template <bool VECTOR, bool FULL = false>
     __device__ __forceinline__ void load(elem_t* bs, int ld, int cols) {
         constexpr int PASS = ROWS_PER_PASS(CONV_BN);
         const int nc = chunk_pos(CONV_BN);
@@ -578,9 +584,9 @@ struct RowStream {
             elem_t* dst = k_rows_linear(PASS) ? dst0 + k_rows_apart<CONV_BN>(j * PASS)
                                               : bs + tile_index<false, CONV_BN>(nc, chunk_row(j, CONV_BN));
             const elem_t* src = ptr + j * pass;
-            const bool k_ok = j * PASS < ahead;   // chunk_row(j) before k_end
+            const bool k_ok = FULL || j * PASS < ahead;   // chunk_row(j) before k_end
             if constexpr (VECTOR) {
-                copy_chunk(dst, ptr + j * (int)pass, k_ok && col < cols);   // j * pass < CONV_BK * ld: fits()
+                copy_chunk(dst, ptr + j * (int)pass, k_ok);   // j * pass < CONV_BK * ld: fits()
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
@@ -836,40 +842,44 @@ template <> struct Loader<MODE_WGRAD> {
     __device__ __forceinline__ unsigned row_k(int row) const { return k_row + (unsigned)(row - wgrad_decoded_row()); }
     // The packed path's view of k row `row`: its window origin's pixel index in x and the origin
     // packed (WgradPack), the fake origin for rows past k_end.
+    template <bool FULL>
     __device__ __forceinline__ void row_origin(const ConvGeom& g, int row, unsigned& pixel, unsigned& at) const {
         unsigned packed;
         decode.origin(row_k(row), pixel, packed);
-        at = select_u32(b.row_before_end(row), packed, WgradPack::fake_origin(g));
+        at = FULL ? packed : select_u32(b.row_before_end(row), packed, WgradPack::fake_origin(g));
     }
 
     // One K tile: this thread's chunks of each of its k rows, then B (RowStream).
     //   16-byte path (VECTOR): a chunk's address is its a_base plus the row's origin pixel times
     //     C_in; its bounds test is packed (PACKED: two adds and a LOP3, WgradPack) or three compares.
     //     Packed, where a thread has two rows and shares them with its neighbour lane (WG_PAIRED),
-    //     each lane decodes its own row (wgrad_decoded_row, the thread's row 0 in this loop) and
-    //     gets the other from its neighbour: 2 shuffles instead of ~16 instructions.
+    //     each lane decodes one (wgrad_decoded_row: row lane & 1) and the pair swaps them by
+    //     shuffles (4 instead of ~16 instructions). Both lanes copy the same row at once (their
+    //     units of one pixel fill whole sectors): handing a lane its own row first (2 shuffles)
+    //     dropped the emulated coalescing to 0.74-0.83.
     //   Per-element path: copy_tap_run over each chunk's VEC (tap, channel) positions.
-    // Rows past k_end copy nothing (k_ok; packed: the fake origin).
-    template <bool VECTOR, bool PACKED = false>
+    // Rows past k_end copy nothing (k_ok; packed: the fake origin). FULL: every row of the tile lies
+    // before k_end (the tiles before a split's last: k_per_split is whole K tiles), no row test.
+    template <bool VECTOR, bool PACKED = false, bool FULL = false>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
         static_assert(VECTOR || !PACKED, "packed bounds: 16-byte path only");
         constexpr bool PAIRED = PACKED && WG_PAIRED;
-        unsigned own_pixel = 0, own_at = 0;   // PAIRED: this lane's row, decoded once
-        if constexpr (PAIRED) row_origin(g, wgrad_decoded_row(), own_pixel, own_at);
+        unsigned own_pixel = 0, own_at = 0;   // PAIRED: this lane's row (lane & 1), decoded once
+        if constexpr (PAIRED) row_origin<FULL>(g, wgrad_decoded_row(), own_pixel, own_at);
 #pragma unroll
         for (int r = 0; r < WG_ROWS; ++r) {
-            // PAIRED: row 0 is the lane's own row, row 1 its neighbour's (the same two rows per pair)
-            const int row = wgrad_a_row(PAIRED ? r ^ (threadIdx.x & 1) : r);
-            const bool k_ok = b.row_before_end(row);
+            const int row = wgrad_a_row(r);
+            const bool k_ok = FULL || b.row_before_end(row);
             unsigned pixel = 0;   // 16-byte path: the window origin's pixel index in x
             unsigned at = 0;      // packed path
             PixPos p{};           // three compares and per-element path
             if constexpr (PAIRED) {
-                pixel = r == 0 ? own_pixel : __shfl_xor_sync(0xffffffffu, own_pixel, 1);
-                at = r == 0 ? own_at : __shfl_xor_sync(0xffffffffu, own_at, 1);
+                const int lane = (threadIdx.x & 31 & ~1) | r;   // the lane that decoded row r
+                pixel = __shfl_sync(0xffffffffu, own_pixel, lane);
+                at = __shfl_sync(0xffffffffu, own_at, lane);
             } else if constexpr (PACKED) {
-                row_origin(g, row, pixel, at);
+                row_origin<FULL>(g, row, pixel, at);
             } else {
                 const PixQuot q = decode.divide(row_k(row));
                 p = PixDecode::position(g, q);
@@ -899,7 +909,7 @@ template <> struct Loader<MODE_WGRAD> {
             }
         }
         k_row += CONV_BK;
-        b.load<VECTOR>(bs, g.c_out, cols);
+        b.load<VECTOR, FULL>(bs, g.c_out, cols);
     }
 };
 
@@ -1255,11 +1265,14 @@ __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
 
 // The shared main loop: accumulates the block's tile over k in [k_begin, k_end) through a
 // CONV_STAGES-deep cp.async pipeline (one barrier per K tile; stage indices rotate by compare).
-// One K tile's copies: the loader's load<VECTOR>, or wgrad's packed-bounds 16-byte path.
-template <bool VECTOR, bool PACKED, class L>
+// One K tile's copies: the loader's load<VECTOR>, or wgrad's packed-bounds 16-byte path; FULL (wgrad):
+// a tile before the split's last, whose rows need no test against k_end.
+template <bool VECTOR, bool PACKED, class L, bool FULL = false>
 __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const elem_t* __restrict__ a_src,
                                           const elem_t* __restrict__ b_src, elem_t* as, elem_t* bs, int cols) {
-    if constexpr (PACKED)
+    if constexpr (FULL)
+        loader.template load<VECTOR, PACKED, true>(g, a_src, b_src, as, bs, cols);
+    else if constexpr (PACKED)
         loader.template load<VECTOR, true>(g, a_src, b_src, as, bs, cols);
     else
         loader.template load<VECTOR>(g, a_src, b_src, as, bs, cols);
@@ -1267,8 +1280,9 @@ __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const el
 
 // One group of CONV_STAGES K tiles from tile t0 on, unrolled (every stage index a constant). CHECKED:
 // a tile or a prefetch of the group may lie past the last tile (tiles), so each is tested; in 16-bit
-// wgrad the groups before (where t0 + 2 * CONV_STAGES - 1 <= tiles) run without those two tests per
-// tile (about 4.5 instructions a tile).
+// wgrad the groups before (where t0 + 2 * CONV_STAGES <= tiles) run without those two tests per tile
+// (about 4.5 instructions a tile), and prefetch only tiles before the last (the one that may end
+// before BK rows), whose copies skip their row tests against k_end (FULL: ~10 instructions a tile).
 template <int MODE, bool VECTOR, bool PACKED, bool CHECKED>
 __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                                const ConvGeom& g, const elem_t* __restrict__ a_src,
@@ -1283,7 +1297,8 @@ __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as
         __syncthreads();                    // ... everyone's, and stage t-1 is free again
         const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
         if (!CHECKED || t + CONV_STAGES - 1 < tiles)
-            load_tile<VECTOR, PACKED>(loader, g, a_src, b_src, as[write_stage], bs[write_stage], cols);
+            load_tile<VECTOR, PACKED, Loader<MODE>, !CHECKED>(loader, g, a_src, b_src, as[write_stage], bs[write_stage],
+                                                              cols);
         cp_async_commit();
         tile_multiply<MODE>(as[s], bs[s], acc);
     }
@@ -1321,7 +1336,7 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
         // with which tf32 spilled (sm_90: fwd 128x128x32 420 bytes, wgrad 128x128x16 124 bytes)
         int t0 = 0;
         if constexpr (MODE == MODE_WGRAD && CONV_MATH == 1)
-            for (; t0 + 2 * CONV_STAGES - 1 <= tiles; t0 += CONV_STAGES)   // every tile and prefetch exists
+            for (; t0 + 2 * CONV_STAGES <= tiles; t0 += CONV_STAGES)   // tiles and prefetches before the last
                 pipeline_group<MODE, VECTOR, PACKED, false>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
         for (; t0 < tiles; t0 += CONV_STAGES)   // the rest (wgrad: the last one or two groups)
             pipeline_group<MODE, VECTOR, PACKED, true>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
