@@ -133,6 +133,24 @@ def test_wgrad_only_tiles_and_split_k(kernel_runtime, dtype, tile, splits, chann
     assert_close(out, ref, dtype, 'conv_wgrad with tile %s' % tile)
 
 
+@pytest.mark.parametrize('dtype, tile', [(np.float16, t) for t in ('128x128x32', '64x128x64', '128x64x64', '64x64x64')]
+                         + [(BF16, '64x64x64')])
+@pytest.mark.parametrize('splits', [1, 3])
+def test_16bit_wgrad_steady_state_and_k_tail(kernel_runtime, dtype, tile, splits):
+    """16-bit wgrad over enough K tiles per split (K = 3 x 17 x 16 = 816: 13 tiles of 64, the last
+    partial) that its K loop runs the groups without end tests, whose prefetched tiles skip the
+    row tests against k_end (conv_igemm.cu pipeline_group), before the tested last groups; with
+    3 splits the middle split ends on a full tile, the last on the partial one."""
+    case = ((17, 17), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 0)), 8, 24)
+    _, kernel, strides, dilation, pads, _, _ = case
+    x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=4, batch=3)
+    args = (x, dy, w.shape, strides, dilation, pads, 'channels_last')
+    ref = twin.conv_wgrad(x.astype(np.float64), dy.astype(np.float64), *args[2:])
+    with conv_tiles.forced(tile=tile, splits=splits), conv_wgmma.forced(False):
+        out = conv.conv_wgrad(*[to_device(kernel_runtime, a) for a in args[:2]], *args[2:], runtime=kernel_runtime)
+    assert_close(out, ref, dtype, 'conv_wgrad with tile %s, %d splits' % (tile, splits))
+
+
 @pytest.mark.parametrize('data_format', FORMATS)
 def test_tf32_mode_uses_tensor_cores_only_when_asked(kernel_runtime, data_format):
     case = CONV_CASES[2]
@@ -532,6 +550,31 @@ def test_16bit_wgrad_tile_choice():
     # fwd and dgrad keep the shared table: the wgrad-only tiles are not built for them
     with pytest.raises(ValueError, match='no tile'), conv_tiles.forced(tile='128x64x64'):
         conv_tiles.choose_tile(np.float16, 'float32', 576, 64, 576)
+
+
+def test_wgrad_decode_args_reproduce_the_pixel_and_its_packed_origin():
+    """The launcher's decode constants for conv_igemm_wgrad (geometry.wgrad_decode_args): the FastDiv
+    multipliers divide exactly for every numerator < 2**31, and the two linear forms of the K
+    position's quotients give the window origin's pixel index and WgradPack coordinates (mod 2**32),
+    which the kernel computes from them alone (conv_igemm.cu PixLinear)."""
+    from gpuk.kernels.conv import geometry
+    rng = np.random.default_rng(0)
+    for d in (1, 2, 3, 7, 56, 64, 1000, 65537, (1 << 31) - 1):
+        mul, shift = geometry.fast_div(d)
+        assert mul < 1 << 32
+        n = np.concatenate([rng.integers(0, 1 << 31, 2000), [0, d - 1, d, (1 << 31) - 1]]).astype(object)
+        assert all((v * mul) >> shift == v // d for v in n)
+    g = geometry.Geometry(3, 8, 16, (5, 9, 11), (3, 4, 6), (2, 3, 3), (2, 2, 2), (1, 1, 1), (0, 1, 1), True)
+    (w_mul, w_shift, h_mul, h_shift, d_mul, d_shift, *forms) = (int(v) for v in geometry.wgrad_decode_args(g))
+    (in_d, in_h, in_w), (out_d, out_h, out_w), (s_d, s_h, s_w) = g.in_sp, g.out_sp, g.strides
+    for k in range(g.batch * out_d * out_h * out_w):
+        rows = (k * w_mul) >> w_shift
+        planes = (rows * h_mul) >> h_shift
+        n = (planes * d_mul) >> d_shift
+        ow, oh, od = k - rows * out_w, rows - planes * out_h, planes - n * out_d
+        pixel, packed = ((k * s_w + rows * a + planes * b + n * c) % (1 << 32) for a, b, c in (forms[:3], forms[3:]))
+        assert pixel == ((n * in_d + od * s_d) * in_h + oh * s_h) * in_w + ow * s_w
+        assert packed == ((od * s_d) << geometry.WGRAD_PACK_D_SHIFT) + ((oh * s_h) << geometry.WGRAD_PACK_H_SHIFT) + ow * s_w
 
 
 def test_tile_rules_for_short_k_and_per_element_copies():

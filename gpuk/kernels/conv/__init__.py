@@ -30,7 +30,8 @@ from ..cudnn import conv as cudnn_conv
 from . import tiles as conv_tiles
 from . import split_k
 from . import wgmma as conv_wgmma
-from .geometry import Geometry, check_gemm, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
+from .geometry import (Geometry, check_gemm, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_decode_args,
+                       wgrad_gemm_shape)
 from .direct import (depthwise_conv_dgrad, depthwise_conv_fwd, depthwise_conv_wgrad,  # noqa: F401
                      depthwise_conv_dgrad_runner, depthwise_conv_fwd_runner, depthwise_conv_wgrad_runner,
                      local_conv_dgrad, local_conv_fwd, local_conv_wgrad)
@@ -241,7 +242,7 @@ def _wgrad_launch(rt, g, dtype):
     grid, per_split = split_k.plan(tile, rows, cols, depth)
     return split_k.wgrad_launch(
         _kernel_launch(rt, dtype, tile, 'conv_igemm_wgrad', grid, tile.threads),
-        kernel_args(g) + (np.int64(per_split),), grid[2], rows * cols,
+        kernel_args(g) + (np.int64(per_split),) + wgrad_decode_args(g), grid[2], rows * cols,
         lambda blocks: _kernel_launch(rt, dtype, tile, 'conv_reduce_splits', blocks, split_k.REDUCE_THREADS))
 
 

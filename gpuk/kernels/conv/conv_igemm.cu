@@ -41,7 +41,9 @@
 //       strict runs the FFMA path.
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
-//   every shared address is a register plus an immediate. Each operand tile is stored in shared memory
+//   every shared address is a register plus an immediate (16-bit wgrad's also free of per-tile
+//   end tests and its copies of row tests against k_end until its last one or two groups:
+//   pipeline_group). Each operand tile is stored in shared memory
 //   with its contiguous global dimension contiguous (see Layout), XOR-swizzled in 16-byte units
 //   (but FFMA [m][k] A tiles, read by broadcast: A_MK_SWIZZLED); tf32 k-major tiles are padded
 //   by two units per row instead (no bank conflicts on the cp.async writes, ldmatrix phases,
@@ -58,9 +60,11 @@
 //   position for all its chunks (they share k; a TapCursor on the 16-byte path, a TapIter on the
 //   per-element one), advanced every K tile by adds and a wrap compare (the cursor's tap wrap:
 //   shifts and selects, no nested branches). wgrad keeps, per chunk column, the fixed (tap,
-//   channel) as a 32-bit offset, and decodes the (image, pixel) of each k row it loads (1 or 2)
-//   afresh every K tile by multiply-shift divisions (PixDecode; the divisors' multipliers are
-//   computed once per block): no state carried across tiles, no branch. Row-major operands
+//   channel) as a source pointer for the window origin at pixel 0, and decodes the K position of
+//   each k row it loads (1 or 2) afresh every K tile by multiply-shift divisions into its window
+//   origin's pixel index and packed coordinates, linear forms of the quotients (PixDecode,
+//   PixLinear: constants the launcher computes, read from the constant bank): no state carried
+//   across tiles, no branch. Row-major operands
 //   (fwd w, wgrad dy) are a pointer plus a count of K rows left (RowStream). Rows past the end get a far-outside origin
 //   (or an empty tap mask), so one bounds check covers padding and tails; zero-filled chunks
 //   pass their address unread. No thread returns early (dgrad blocks past their phase's rows
@@ -226,6 +230,13 @@ __device__ __forceinline__ int tile_index(int mn, int k) {
     return MN_MAJOR ? tile_offset<CONV_BK, 0, SWIZZLED>(mn, k) : tile_offset<MN, SMEM_PAD_K, SWIZZLED>(k, mn);
 }
 
+// Rows of a k-major tile `rows` apart (a multiple of the swizzle's period, 8 rows, or any count in
+// padded tiles) start `rows` whole rows apart: a thread's copies into rows one pass apart then
+// address one base register plus immediates (k_rows_apart), where each row's own swizzled index
+// took a register per row.
+__device__ __forceinline__ constexpr bool k_rows_linear(int rows) { return SMEM_PAD_K != 0 || rows % 8 == 0; }
+template <int MN> __device__ __forceinline__ constexpr int k_rows_apart(int rows) { return rows * (MN + SMEM_PAD_K); }
+
 // Chunk mapping: a tile of R rows (the strided dimension) x L contiguous elements is cut into
 // L/VEC chunks per row; chunk c = threadIdx.x + j * CONV_THREADS. Every block-wide pass covers
 // whole rows, so a thread's position along the contiguous dimension is the same for all j.
@@ -244,17 +255,19 @@ __device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len /
 // ConvGeom, TapSeq / TapIter (K positions) and DgradPhase (stride phases): conv_common.cuh.
 
 // 32 x 32 -> 64-bit multiply(-add)s as single PTX instructions (mad.wide / mul.wide). Written
-// in C++, the wgrad loader's chunk addresses (a per-row pointer plus a per-chunk 32-bit offset
-// fixed for the block) get folded into 64-bit index arithmetic (4 instructions per chunk; as
-// one mad.wide, ptxas makes it 2: LEA + LEA.HI.X), and a u64 product of two u32 gets an extra
-// add of a zero high word. The emulator computes the same in plain C++.
-template <class T> __device__ __forceinline__ const T* add_wide(const T* p, int elements) {   // p + elements
+// in C++, the wgrad loader's chunk addresses (a per-chunk pointer fixed for the block plus the
+// row's pixel times the pixel's size) get folded into 64-bit index arithmetic (3-4 instructions
+// per chunk; as mad.wide.u32, ptxas computes the row's product once, one IMAD.WIDE.U32, and adds
+// it to each chunk's pointer, 2 instructions), and a u64 product of two u32 gets an extra add of
+// a zero high word. The emulator computes the same in plain C++.
+template <class T> __device__ __forceinline__ const T* index_wide(const T* p, unsigned i, unsigned stride) {
+    // p + i * stride elements (i * stride < 2^64: no overflow)
 #if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
     const T* r;
-    asm("mad.wide.s32 %0, %1, %2, %3;" : "=l"(r) : "r"(elements), "n"((int)sizeof(T)), "l"(p));
+    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"(i), "r"(stride * (unsigned)sizeof(T)), "l"(p));
     return r;
 #else
-    return p + elements;
+    return p + (unsigned long long)i * stride;
 #endif
 }
 __device__ __forceinline__ unsigned long long mul_wide(unsigned a, unsigned b) {
@@ -267,46 +280,82 @@ __device__ __forceinline__ unsigned long long mul_wide(unsigned a, unsigned b) {
 #endif
 }
 
+// c ? a : b as one SEL: written in C++, the compiler may branch around the computation of a.
+__device__ __forceinline__ unsigned select_u32(bool c, unsigned a, unsigned b) {
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
+    unsigned r;
+    asm("{ .reg .pred p; setp.ne.u32 p, %1, 0; selp.b32 %0, %2, %3, p; }" : "=r"(r) : "r"((unsigned)c), "r"(a), "r"(b));
+    return r;
+#else
+    return c ? a : b;
+#endif
+}
+
 // Division of numerators n < 2^31 by a block-uniform divisor d >= 1 as one 32 x 32 -> 64-bit
 // multiply and a shift (IMAD.WIDE.U32, SHF): with l = ceil(log2 d), s = 31 + l and
 // mul = ceil(2^s / d) < 2^32, n * mul / 2^s = n / d + e with 0 <= e < n / 2^s < 2^-l <= 1/d, which
-// keeps floor exact. init() divides once per block (64-bit), outside the K loop.
+// keeps floor exact. The launcher computes (mul, s) (conv/geometry.py fast_div) and passes them
+// as kernel parameters.
 struct FastDiv {
     unsigned mul;
     int shift;
-    __device__ __forceinline__ void init(int d) {
-        shift = 31 + (32 - __clz(d - 1));
-        mul = (unsigned)(((1ull << shift) - 1) / (unsigned)d + 1);
-    }
     __device__ __forceinline__ int operator()(unsigned n) const {
         return (int)(mul_wide(n, mul) >> shift);
     }
 };
 
-// An (image, output pixel) position along K (wgrad).
+// An (image, output pixel) position along K (wgrad), k = ((n * out_d + od) * out_h + oh) * out_w + ow,
+// and its quotients: rows = k / out_w, planes = rows / out_h, n = planes / out_d.
 struct PixPos { unsigned n; int od, oh, ow; };
-// K position -> (image, output pixel), decoded afresh for every K tile by three FastDivs, by
-// the output sizes themselves (k / out_w, then / out_h, then / out_d: no derived constant for
-// the compiler to rematerialize in the loop), and three remainders: 9-12 instructions without a
-// branch, where an iterator carried across tiles needs its wrap branches (pixel -> row -> plane
-// -> image, each step of CONV_BK: ~20 instructions per row and tile, counted statically).
+struct PixQuot { unsigned k, rows, planes, n; };
+// K position -> quotients, decoded afresh for every K tile by three FastDivs (by out_w, out_h,
+// out_d; multipliers from the launcher): 6 instructions without a branch, where an iterator carried across tiles needs its wrap branches (pixel -> row ->
+// plane -> image, each step of CONV_BK: ~20 instructions per row and tile, counted statically).
+// position() adds the three remainders (the bounds-checking paths that need the coordinates).
 // k < 2^31 (K < 2^31, checked by the launcher); rows past K decode to garbage no copy reads.
 struct PixDecode {
     FastDiv by_w, by_h, by_d;
-    __device__ __forceinline__ void init(const ConvGeom& g) {
-        by_w.init(g.out_w);
-        by_h.init(g.out_h);
-        by_d.init(g.out_d);
+    __device__ __forceinline__ PixQuot operator()(unsigned k) const {
+        PixQuot q;
+        q.k = k;
+        q.rows = (unsigned)by_w(k);
+        q.planes = (unsigned)by_h(q.rows);
+        q.n = (unsigned)by_d(q.planes);
+        return q;
     }
-    __device__ __forceinline__ PixPos operator()(const ConvGeom& g, unsigned k) const {
-        PixPos p;
-        const int rows = by_w(k);               // (n * out_d + od) * out_h + oh
-        p.ow = (int)(k - (unsigned)rows * (unsigned)g.out_w);
-        const int planes = by_h((unsigned)rows);   // n * out_d + od
-        p.oh = rows - planes * g.out_h;
-        p.n = (unsigned)by_d((unsigned)planes);
-        p.od = planes - (int)p.n * g.out_d;
-        return p;
+    __device__ __forceinline__ static PixPos position(const ConvGeom& g, const PixQuot& q) {
+        return PixPos{q.n, (int)(q.planes - q.n * (unsigned)g.out_d), (int)(q.rows - q.planes * (unsigned)g.out_h),
+                      (int)(q.k - q.rows * (unsigned)g.out_w)};
+    }
+};
+// A value linear in a K position's coordinates, v = n c_n + od c_d + oh c_h + ow s_w (mod 2^32),
+// computed from the quotients alone: with ow = k - rows out_w, oh = rows - planes out_h and
+// od = planes - n out_d, v = k s_w + rows (c_h - out_w s_w) + planes (c_d - out_h c_h) +
+// n (c_n - out_d c_d): four IMADs, none of the remainders (3 more) nor the coordinates' own
+// products. The wgrad loader's window origin (its pixel index in x) and packed origin (WgradPack)
+// are two such values, both with ow's factor s_w (the stride), so they share the IMAD of k s_w;
+// the launcher computes the other three factors (conv/geometry.py wgrad_decode_args).
+struct PixLinear {
+    unsigned by_rows, by_planes, by_n;
+    __device__ __forceinline__ unsigned operator()(const PixQuot& q, unsigned k_term) const {
+        return k_term + q.rows * by_rows + q.planes * by_planes + q.n * by_n;
+    }
+};
+// conv_igemm_wgrad's K-position decode: the three divisions and the two linear forms, computed
+// per problem by the launcher (conv/geometry.py wgrad_decode_args) and passed as kernel
+// parameters, so that the K loop reads them as constant-bank operands: computed by the kernel,
+// in registers, ptxas recomputed them in every K tile (uniform IMADs) instead.
+struct WgradDecode {
+    PixDecode divide;
+    unsigned s_w;       // ow's factor in both forms
+    PixLinear pixel;    // the window origin of (n, od, oh, ow): pixel ((n in_d + od s_d) in_h + oh s_h) in_w + ow s_w of x
+    PixLinear packed;   // the origin's coordinates (od s_d, oh s_h, ow s_w) packed (WgradPack::pack)
+    // both forms of a K position
+    __device__ __forceinline__ void origin(unsigned k, unsigned& pixel_index, unsigned& packed_origin) const {
+        const PixQuot q = divide(k);
+        const unsigned k_term = q.k * s_w;
+        pixel_index = pixel(q, k_term);
+        packed_origin = packed(q, k_term);
     }
 };
 
@@ -506,30 +555,40 @@ struct GatherA {
 
 // A row-major (K, ld) operand streamed by whole rows (fwd B = w as (taps*C_in, C_out); wgrad
 // B = dy as (N*OP, C_out) in channels_last): one pointer per thread, advanced by CONV_BK rows per
-// tile, and the count of K rows left, so the per-chunk check is one compare with a constant.
+// tile, and the count of K rows from the thread's first chunk to k_end, so the per-chunk check is
+// one compare with an immediate (the chunk's row offset).
 struct RowStream {
     const elem_t* ptr;   // this thread's chunk 0 of the next tile
-    int left;            // K rows from the next tile's first row to k_end
+    int ahead;           // K rows from this thread's chunk 0 of the next tile to k_end
     int col;             // this thread's first column
+    // ld: the operand's columns (its row length). A thread whose columns lie past them (the N tail)
+    // points at column 0 instead: its 16-byte copies then read real data into tile columns that
+    // only feed accumulator columns the epilogue does not store, so they need no column test
+    // (the per-element path tests every column: its copies past ld read nothing).
     __device__ __forceinline__ void init(const elem_t* data, long long k_begin, long long k_end, int ld) {
         col = blockIdx.y * CONV_BN + chunk_pos(CONV_BN);
-        ptr = data + (k_begin + chunk_row(0, CONV_BN)) * ld + col;
-        left = (int)(k_end - k_begin);
+        ptr = data + (k_begin + chunk_row(0, CONV_BN)) * ld + (col < ld ? col : 0);
+        ahead = (int)(k_end - k_begin) - chunk_row(0, CONV_BN);
     }
+    // Whether row `row` of the next tile lies before k_end (another operand's rows, e.g. wgrad A's).
+    __device__ __forceinline__ bool row_before_end(int row) const { return row - chunk_row(0, CONV_BN) < ahead; }
     // The 16-byte path offsets a thread's chunks from `ptr` in 32 bits (one IMAD.WIDE each).
     __device__ __forceinline__ static bool fits(int ld) { return (long long)CONV_BK * ld < (1ll << 31); }
-    template <bool VECTOR>
+    // FULL: the tile lies before k_end (no row test).
+    template <bool VECTOR, bool FULL = false>
     __device__ __forceinline__ void load(elem_t* bs, int ld, int cols) {
+        constexpr int PASS = ROWS_PER_PASS(CONV_BN);
         const int nc = chunk_pos(CONV_BN);
-        const long long pass = (long long)ROWS_PER_PASS(CONV_BN) * ld;
+        const long long pass = (long long)PASS * ld;
+        elem_t* const dst0 = bs + tile_index<false, CONV_BN>(nc, chunk_row(0, CONV_BN));
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
-            const int row = chunk_row(j, CONV_BN);
-            elem_t* dst = bs + tile_index<false, CONV_BN>(nc, row);
+            elem_t* dst = k_rows_linear(PASS) ? dst0 + k_rows_apart<CONV_BN>(j * PASS)
+                                              : bs + tile_index<false, CONV_BN>(nc, chunk_row(j, CONV_BN));
             const elem_t* src = ptr + j * pass;
-            const bool k_ok = row < left;
+            const bool k_ok = FULL || j * PASS < ahead;   // chunk_row(j) before k_end
             if constexpr (VECTOR) {
-                copy_chunk(dst, ptr + j * (int)pass, k_ok && col < cols);   // j * pass < CONV_BK * ld: fits()
+                copy_chunk(dst, ptr + j * (int)pass, k_ok);   // j * pass < CONV_BK * ld: fits()
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
@@ -539,7 +598,7 @@ struct RowStream {
             }
         }
         ptr += (long long)CONV_BK * ld;
-        left -= CONV_BK;
+        ahead -= CONV_BK;
     }
 };
 
@@ -661,6 +720,8 @@ static_assert(WG_ROWS * CONV_THREADS == CONV_BK * WG_LANES && WG_LANES * WG_CHUN
 // Packed path: the two lanes that share a thread's two k rows decode one each (Loader::load).
 #define WG_PAIRED (WG_ROWS == 2 && WG_LANES % 2 == 0)
 __device__ __forceinline__ int wgrad_a_row(int r) { return threadIdx.x / WG_LANES + r * (CONV_THREADS / WG_LANES); }
+// The row a thread decodes first: its own (lane & 1) of the pair's two where WG_PAIRED, else its row 0.
+__device__ __forceinline__ int wgrad_decoded_row() { return wgrad_a_row(WG_PAIRED ? threadIdx.x & 1 : 0); }
 // The 16-byte unit of chunk j along m: a row's units are dealt to its lanes in turn and
 // in swizzled tiles permuted per row (j ^ row; a thread's rows share the low bits), so that the
 // 8 chunks a quarter warp writes at once land in 8 distinct bank groups. tf32's padded k-major
@@ -676,8 +737,9 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 // lo = half - 1 - v. While every reachable v lies in [S - half, half - 1] (fits(), per block)
 // both stay in [0, 2^W), so the fields never carry into each other, and a field's top (guard)
 // bit is set exactly when v >= S (up) or v < 0 (lo). The words are linear in v: up = origin +
-// (tap + up_bias), lo = (lo_bias - tap) - origin, the tap terms fixed per chunk column, the
-// origin packed once per row and tile. Rows past k_end take fake_origin() (w = -1 - last tap)
+// (tap + up_bias), the tap term fixed per chunk column, the origin packed once per row and tile,
+// and lo = bounds - up (bounds = up_bias + lo_bias, per block; lo = lo_bias - tap - origin), so a
+// chunk column keeps one word (a register each; two words were recomputed every K tile instead). Rows past k_end take fake_origin() (w = -1 - last tap)
 // and chunks past the filter far_tap() (w = -1 - the largest origin), both outside on w.
 // Larger images (or pads) keep the three compares (Loader<MODE_WGRAD>::load<true, false>), and so do
 // tiles with fewer than 4 chunks per row (f64): there the per-tile packing and biases cost more
@@ -685,7 +747,7 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 #define WG_PACKED (WG_CHUNKS >= 4)
 struct WgradPack {
     static constexpr int W_BITS = 13, H_BITS = 11, D_BITS = 8;
-    static constexpr int H_SHIFT = W_BITS, D_SHIFT = W_BITS + H_BITS;
+    static constexpr int H_SHIFT = W_BITS, D_SHIFT = W_BITS + H_BITS;   // also in conv/geometry.py (WGRAD_PACK_*)
     static_assert(D_SHIFT + D_BITS == 32, "three fields fill 32 bits");
     static constexpr unsigned GUARD = (1u << (W_BITS - 1)) | (1u << (H_SHIFT + H_BITS - 1)) | (1u << 31);
     __device__ __forceinline__ static unsigned pack(int d, int h, int w) {   // mod 2^32: exact once added up
@@ -697,7 +759,8 @@ struct WgradPack {
     __device__ __forceinline__ static unsigned lo_bias() {
         return pack((1 << (D_BITS - 1)) - 1, (1 << (H_BITS - 1)) - 1, (1 << (W_BITS - 1)) - 1);
     }
-    __device__ __forceinline__ static bool inside(unsigned up, unsigned lo) { return ((up | lo) & GUARD) == 0; }
+    __device__ __forceinline__ static unsigned bounds(const ConvGeom& g) { return up_bias(g) + lo_bias(); }
+    __device__ __forceinline__ static bool inside(unsigned up, unsigned bounds) { return ((up | (bounds - up)) & GUARD) == 0; }
     __device__ __forceinline__ static long long first(const TapDim& t) { return t.o0; }
     __device__ __forceinline__ static long long last(const TapDim& t) { return t.o0 + (long long)(t.count - 1) * t.ostep; }
     __device__ __forceinline__ static long long lesser(long long a, long long b) { return a < b ? a : b; }
@@ -729,28 +792,23 @@ struct WgradPack {
 };
 
 template <> struct Loader<MODE_WGRAD> {
-    PixDecode decode;                     // K position -> (image, output pixel), per tile
-    unsigned k_row;                       // K position of this thread's row 0 in the next tile (< 2^32)
+    WgradDecode decode;                   // K position -> quotients -> window origin (pixel, packed)
+    unsigned k_row;                       // K position of wgrad_decoded_row() in the next tile (< 2^32)
     TapIter a_m[WG_CHUNKS];               // chunk j's (tap, ci) column, fixed for the block (per-element path)
-    int a_off[WG_CHUNKS];                 // 16-byte path: chunk j's offset from the pixel's window origin
+    const elem_t* a_base[WG_CHUNKS];      // 16-byte path: chunk j's source for the window origin at pixel 0
     int a_td[WG_CHUNKS], a_th[WG_CHUNKS], a_tw[WG_CHUNKS];   // its tap's offsets
-    unsigned a_up[WG_CHUNKS], a_lo[WG_CHUNKS];   // packed path: its tap as WgradPack terms
-    RowStream b;                          // b.left: K rows from the next tile's first row to k_end
+    unsigned a_up[WG_CHUNKS];             // packed path: its tap + WgradPack::up_bias
+    RowStream b;                          // b.row_before_end: whether a k row of the next tile is before k_end
     bool a_vec, b_vec, a_packed;          // a_packed: the image fits WgradPack (16-byte path only)
 
-    __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* dy, long long rows,
-                                         long long k_begin, long long k_end) {
+    __device__ __forceinline__ void init(const ConvGeom& g, const WgradDecode& wgrad_decode, const elem_t* x,
+                                         const elem_t* dy, long long k_begin, long long k_end) {
         const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
-        decode.init(g);
-        k_row = (unsigned)k_begin + (unsigned)wgrad_a_row(0);
-        // 16-byte path: a chunk's offset within its image, window origin + chunk offset, fits 32
-        // bits (one IMAD.WIDE per chunk address from its row's origin); so do an image's elements
-        const long long reach =
-            ((dim_reach(taps.d) * g.in_h + dim_reach(taps.h)) * g.in_w + dim_reach(taps.w) + 1) * g.c_in;
-        const long long origins = ((((long long)g.out_d - 1) * g.s_d * g.in_h + (long long)(g.out_h - 1) * g.s_h) *
-                                       g.in_w + (long long)(g.out_w - 1) * g.s_w + 1) * g.c_in;
-        // ... and x's pixels (all images) fit 32 bits: a row's window origin is one pixel index
-        const bool fits = origins + reach < (1ll << 31) && (long long)g.batch * g.in_pix < (1ll << 31);
+        decode = wgrad_decode;
+        k_row = (unsigned)k_begin + (unsigned)wgrad_decoded_row();
+        // 16-byte path: x's pixels (all images) fit 32 bits, so a row's window origin is one pixel
+        // index (a chunk's address: its a_base plus that index times C_in, one IMAD.WIDE.U32)
+        const bool fits = (long long)g.batch * g.in_pix < (1ll << 31);
 #pragma unroll
         for (int j = 0; j < WG_CHUNKS; ++j) {
             TapIter& t = a_m[j];
@@ -759,12 +817,12 @@ template <> struct Loader<MODE_WGRAD> {
             a_td[j] = inside ? t.od : FAR_OUTSIDE;
             a_th[j] = t.oh;
             a_tw[j] = t.ow;
-            a_off[j] = inside ? (int)(((long long)(t.od * g.in_h + t.oh) * g.in_w + t.ow) * g.c_in + t.c) : 0;
+            // (an address for the zero-filled chunks past the filter too; a_base itself may lie before x)
+            a_base[j] = x + (inside ? ((long long)(t.od * g.in_h + t.oh) * g.in_w + t.ow) * g.c_in + t.c : 0);
             // past the filter: a w offset that puts every origin (the rows' and the fake) left of 0
             const unsigned tap = WgradPack::pack(inside ? t.od : taps.d.o0, inside ? t.oh : taps.h.o0,
                                                  inside ? t.ow : WgradPack::far_tap(g, taps));
             a_up[j] = tap + WgradPack::up_bias(g);
-            a_lo[j] = WgradPack::lo_bias() - tap;
         }
         a_packed = WG_PACKED && WgradPack::fits(g, taps);
         b.init(dy, k_begin, k_end, g.c_out);
@@ -782,67 +840,62 @@ template <> struct Loader<MODE_WGRAD> {
                (unsigned)iw < (unsigned)g.in_w;
     }
 
-    // The pixel of k row `row` in the next tile.
-    __device__ __forceinline__ PixPos row_pixel(const ConvGeom& g, int row) const {
-        return decode(g, k_row + (unsigned)(row - wgrad_a_row(0)));
-    }
-    // x at the window origin of pixel p (16-byte path), from its pixel index in x (32-bit: a_vec;
-    // by the sizes themselves, no derived constant for ptxas to rematerialize every tile).
-    __device__ __forceinline__ static const elem_t* window_origin(const ConvGeom& g, const elem_t* __restrict__ x,
-                                                                  const PixPos& p) {
-        const unsigned pixel =
-            ((p.n * (unsigned)g.in_d + p.od * g.s_d) * g.in_h + p.oh * g.s_h) * g.in_w + p.ow * g.s_w;
-        return x + mul_wide(pixel, (unsigned)g.c_in);
-    }
-    // The packed path's view of k row `row`: its window origin and the origin packed (WgradPack),
-    // the fake origin for rows past k_end.
-    __device__ __forceinline__ void row_origin(const ConvGeom& g, const elem_t* __restrict__ x, int row,
-                                               const elem_t*& origin, unsigned& at) const {
-        const PixPos p = row_pixel(g, row);
-        origin = window_origin(g, x, p);
-        at = row < b.left ? WgradPack::pack(p.od * g.s_d, p.oh * g.s_h, p.ow * g.s_w) : WgradPack::fake_origin(g);
+    // The K position of k row `row` in the next tile.
+    __device__ __forceinline__ unsigned row_k(int row) const { return k_row + (unsigned)(row - wgrad_decoded_row()); }
+    // The packed path's view of k row `row`: its window origin's pixel index in x and the origin
+    // packed (WgradPack), the fake origin for rows past k_end.
+    template <bool FULL>
+    __device__ __forceinline__ void row_origin(const ConvGeom& g, int row, unsigned& pixel, unsigned& at) const {
+        unsigned packed;
+        decode.origin(row_k(row), pixel, packed);
+        at = FULL ? packed : select_u32(b.row_before_end(row), packed, WgradPack::fake_origin(g));
     }
 
     // One K tile: this thread's chunks of each of its k rows, then B (RowStream).
-    //   16-byte path (VECTOR): a chunk's address is one IMAD.WIDE from its row's window origin;
-    //     its bounds test is packed (PACKED: two IADD3 and a LOP3, WgradPack) or three compares.
+    //   16-byte path (VECTOR): a chunk's address is its a_base plus the row's origin pixel times
+    //     C_in; its bounds test is packed (PACKED: two adds and a LOP3, WgradPack) or three compares.
     //     Packed, where a thread has two rows and shares them with its neighbour lane (WG_PAIRED),
-    //     each lane decodes one row and the pair swaps them by shuffles (4 instead of ~20).
+    //     each lane decodes one (wgrad_decoded_row: row lane & 1) and the pair swaps them by
+    //     shuffles (4 instead of ~16 instructions). Both lanes copy the same row at once (their
+    //     units of one pixel fill whole sectors): handing a lane its own row first (2 shuffles)
+    //     dropped the emulated coalescing to 0.74-0.83.
     //   Per-element path: copy_tap_run over each chunk's VEC (tap, channel) positions.
-    // Rows past k_end copy nothing (k_ok; packed: the fake origin).
-    template <bool VECTOR, bool PACKED = false>
+    // Rows past k_end copy nothing (k_ok; packed: the fake origin). FULL: every row of the tile lies
+    // before k_end (the tiles before a split's last: k_per_split is whole K tiles), no row test.
+    template <bool VECTOR, bool PACKED = false, bool FULL = false>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
         static_assert(VECTOR || !PACKED, "packed bounds: 16-byte path only");
-        const elem_t* shared_origin = x;   // WG_PAIRED: this lane's decoded row, row (lane & 1)
-        unsigned shared_at = 0;
-        if constexpr (PACKED && WG_PAIRED) row_origin(g, x, wgrad_a_row(threadIdx.x & 1), shared_origin, shared_at);
+        constexpr bool PAIRED = PACKED && WG_PAIRED;
+        unsigned own_pixel = 0, own_at = 0;   // PAIRED: this lane's row (lane & 1), decoded once
+        if constexpr (PAIRED) row_origin<FULL>(g, wgrad_decoded_row(), own_pixel, own_at);
 #pragma unroll
         for (int r = 0; r < WG_ROWS; ++r) {
             const int row = wgrad_a_row(r);
-            const bool k_ok = row < b.left;
-            const elem_t* origin = x;   // 16-byte path
-            unsigned at = 0;            // packed path
-            PixPos p{};                 // three compares and per-element path
-            if constexpr (PACKED && WG_PAIRED) {
+            const bool k_ok = FULL || b.row_before_end(row);
+            unsigned pixel = 0;   // 16-byte path: the window origin's pixel index in x
+            unsigned at = 0;      // packed path
+            PixPos p{};           // three compares and per-element path
+            if constexpr (PAIRED) {
                 const int lane = (threadIdx.x & 31 & ~1) | r;   // the lane that decoded row r
-                origin = reinterpret_cast<const elem_t*>(
-                    __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(shared_origin), lane));
-                at = __shfl_sync(0xffffffffu, shared_at, lane);
+                pixel = __shfl_sync(0xffffffffu, own_pixel, lane);
+                at = __shfl_sync(0xffffffffu, own_at, lane);
             } else if constexpr (PACKED) {
-                row_origin(g, x, row, origin, at);
+                row_origin<FULL>(g, row, pixel, at);
             } else {
-                p = row_pixel(g, row);
-                if constexpr (VECTOR) origin = window_origin(g, x, p);
+                const PixQuot q = decode.divide(row_k(row));
+                p = PixDecode::position(g, q);
+                if constexpr (VECTOR) pixel = decode.pixel(q, q.k * decode.s_w);
             }
 #pragma unroll
             for (int j = 0; j < WG_CHUNKS; ++j) {
                 elem_t* dst = as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, row);
                 if constexpr (PACKED) {
-                    copy_chunk(dst, add_wide(origin, a_off[j]), WgradPack::inside(at + a_up[j], a_lo[j] - at));
+                    copy_chunk(dst, index_wide(a_base[j], pixel, (unsigned)g.c_in),
+                               WgradPack::inside(at + a_up[j], WgradPack::bounds(g)));
                 } else if constexpr (VECTOR) {
                     // & rather than &&: no branches around the compares
-                    copy_chunk(dst, add_wide(origin, a_off[j]),
+                    copy_chunk(dst, index_wide(a_base[j], pixel, (unsigned)g.c_in),
                                k_ok & ((unsigned)(p.od * g.s_d + a_td[j]) < (unsigned)g.in_d) &
                                    ((unsigned)(p.oh * g.s_h + a_th[j]) < (unsigned)g.in_h) &
                                    ((unsigned)(p.ow * g.s_w + a_tw[j]) < (unsigned)g.in_w));
@@ -858,7 +911,7 @@ template <> struct Loader<MODE_WGRAD> {
             }
         }
         k_row += CONV_BK;
-        b.load<VECTOR>(bs, g.c_out, cols);
+        b.load<VECTOR, FULL>(bs, g.c_out, cols);
     }
 };
 
@@ -1214,14 +1267,43 @@ __device__ __forceinline__ void acc_position(int e, int& row, int& col) {
 
 // The shared main loop: accumulates the block's tile over k in [k_begin, k_end) through a
 // CONV_STAGES-deep cp.async pipeline (one barrier per K tile; stage indices rotate by compare).
-// One K tile's copies: the loader's load<VECTOR>, or wgrad's packed-bounds 16-byte path.
-template <bool VECTOR, bool PACKED, class L>
+// One K tile's copies: the loader's load<VECTOR>, or wgrad's packed-bounds 16-byte path; FULL (wgrad):
+// a tile before the split's last, whose rows need no test against k_end.
+template <bool VECTOR, bool PACKED, class L, bool FULL = false>
 __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const elem_t* __restrict__ a_src,
                                           const elem_t* __restrict__ b_src, elem_t* as, elem_t* bs, int cols) {
-    if constexpr (PACKED)
+    if constexpr (FULL)
+        loader.template load<VECTOR, PACKED, true>(g, a_src, b_src, as, bs, cols);
+    else if constexpr (PACKED)
         loader.template load<VECTOR, true>(g, a_src, b_src, as, bs, cols);
     else
         loader.template load<VECTOR>(g, a_src, b_src, as, bs, cols);
+}
+
+// One group of CONV_STAGES K tiles from tile t0 on, unrolled (every stage index a constant). CHECKED:
+// a tile or a prefetch of the group may lie past the last tile (tiles), so each is tested; in 16-bit
+// wgrad the groups before (where t0 + 2 * CONV_STAGES <= tiles) run without those two tests per tile
+// (about 4.5 instructions a tile), and prefetch only tiles before the last (the one that may end
+// before BK rows), whose copies skip their row tests against k_end (FULL: ~10 instructions a tile).
+template <int MODE, bool VECTOR, bool PACKED, bool CHECKED>
+__device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
+                                               const ConvGeom& g, const elem_t* __restrict__ a_src,
+                                               const elem_t* __restrict__ b_src, int cols, int t0, int tiles,
+                                               acc_t* acc) {
+#pragma unroll
+    for (int s = 0; s < CONV_STAGES; ++s) {
+        const int t = t0 + s;
+        if (CHECKED && t >= tiles) break;
+        cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
+        TF32_ROUND_LANDED(as[s], bs[s]);
+        __syncthreads();                    // ... everyone's, and stage t-1 is free again
+        const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
+        if (!CHECKED || t + CONV_STAGES - 1 < tiles)
+            load_tile<VECTOR, PACKED, Loader<MODE>, !CHECKED>(loader, g, a_src, b_src, as[write_stage], bs[write_stage],
+                                                              cols);
+        cp_async_commit();
+        tile_multiply<MODE>(as[s], bs[s], acc);
+    }
 }
 
 template <int MODE, bool VECTOR, bool PACKED = false>
@@ -1252,21 +1334,14 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
             write_stage = write_stage == CONV_STAGES - 1 ? 0 : write_stage + 1;
         }
     } else {
-        for (int t0 = 0; t0 < tiles; t0 += CONV_STAGES) {
-#pragma unroll
-            for (int s = 0; s < CONV_STAGES; ++s) {
-                const int t = t0 + s;
-                if (t >= tiles) break;
-                cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
-                TF32_ROUND_LANDED(as[s], bs[s]);
-                __syncthreads();                    // ... everyone's, and stage t-1 is free again
-                const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
-                if (t + CONV_STAGES - 1 < tiles)
-                    load_tile<VECTOR, PACKED>(loader, g, a_src, b_src, as[write_stage], bs[write_stage], cols);
-                cp_async_commit();
-                tile_multiply<MODE>(as[s], bs[s], acc);
-            }
-        }
+        // 16-bit wgrad only (its split K is long): the untested groups are a second copy of the loop,
+        // with which tf32 spilled (sm_90: fwd 128x128x32 420 bytes, wgrad 128x128x16 124 bytes)
+        int t0 = 0;
+        if constexpr (MODE == MODE_WGRAD && CONV_MATH == 1)
+            for (; t0 + 2 * CONV_STAGES <= tiles; t0 += CONV_STAGES)   // tiles and prefetches before the last
+                pipeline_group<MODE, VECTOR, PACKED, false>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
+        for (; t0 < tiles; t0 += CONV_STAGES)   // the rest (wgrad: the last one or two groups)
+            pipeline_group<MODE, VECTOR, PACKED, true>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
     }
     cp_async_wait_all();
 }
@@ -1486,7 +1561,10 @@ extern "C" __global__ void __launch_bounds__(CONV_THREADS, 1)
 conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, elem_t* __restrict__ dw,
                  acc_t* __restrict__ partial, int batch, int c_in, int c_out, int in_d, int in_h, int in_w,
                  int out_d, int out_h, int out_w, int k_d, int k_h, int k_w, int s_d, int s_h, int s_w, int dil_d,
-                 int dil_h, int dil_w, int pad_d, int pad_h, int pad_w, long long k_per_split) {
+                 int dil_h, int dil_w, int pad_d, int pad_h, int pad_w, long long k_per_split, unsigned w_mul,
+                 int w_shift, unsigned h_mul, int h_shift, unsigned d_mul, int d_shift, unsigned pixel_rows,
+                 unsigned pixel_planes, unsigned pixel_n, unsigned packed_rows, unsigned packed_planes,
+                 unsigned packed_n) {
 #if !(CONV_KERNELS & CONV_KERNEL_WGRAD)
     __trap();
 #else
@@ -1495,8 +1573,10 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
     const long long k_begin = (long long)blockIdx.z * k_per_split;
     const long long k_end = k_begin + k_per_split < depth ? k_begin + k_per_split : depth;
     acc_t acc[ACC_COUNT];
+    const WgradDecode decode{{{w_mul, w_shift}, {h_mul, h_shift}, {d_mul, d_shift}}, (unsigned)s_w,
+                             {pixel_rows, pixel_planes, pixel_n}, {packed_rows, packed_planes, packed_n}};
     Loader<MODE_WGRAD> loader;
-    loader.init(g, x, dy, rows, k_begin, k_end);
+    loader.init(g, decode, x, dy, k_begin, k_end);
 #if CONV_DYNAMIC_SMEM
     extern __shared__ __align__(16) unsigned char conv_dynamic_smem[];
 #else

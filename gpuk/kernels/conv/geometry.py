@@ -42,3 +42,39 @@ def wgrad_gemm_shape(g):
 def dgrad_phase_rows(g):
     """GEMM rows of dgrad's largest stride phase (phase 0: ceil(in / s) pixels per dim)."""
     return g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides))
+
+
+# conv_igemm.cu's WgradPack: bit positions of the packed d and h coordinates (w at bit 0)
+WGRAD_PACK_D_SHIFT, WGRAD_PACK_H_SHIFT = 24, 13
+_U32 = (1 << 32) - 1
+
+
+def fast_div(divisor):
+    """(multiplier, shift) of conv_igemm.cu's FastDiv: n // divisor == (n * multiplier) >> shift
+    for every n < 2**31 (shift = 31 + ceil(log2 divisor), multiplier = ceil(2**shift / divisor)
+    < 2**32)."""
+    shift = 31 + (divisor - 1).bit_length()
+    return ((1 << shift) - 1) // divisor + 1, shift
+
+
+def _linear_form(g, c_n, c_d, c_h):
+    """The factors of rows, planes and n in conv_igemm.cu's PixLinear of a value
+    n c_n + od c_d + oh c_h + ow s_w of a wgrad K position (mod 2**32)."""
+    out_d, out_h, out_w = g.out_sp
+    s_w = g.strides[2]
+    return tuple(np.uint32(v & _U32) for v in (c_h - out_w * s_w, c_d - out_h * c_h, c_n - out_d * c_d))
+
+
+def wgrad_decode_args(g):
+    """conv_igemm_wgrad's decode parameters (its WgradDecode, after k_per_split): the FastDivs
+    by out_w, out_h, out_d, then the window origin's pixel index in x and its packed coordinates
+    (WgradPack) as linear forms of the K position's quotients."""
+    in_d, in_h, in_w = g.in_sp
+    s_d, s_h, _ = g.strides
+    divs = []
+    for size in reversed(g.out_sp):   # w, h, d
+        multiplier, shift = fast_div(size)
+        divs += [np.uint32(multiplier), np.int32(shift)]
+    pixel = _linear_form(g, in_d * in_h * in_w, s_d * in_h * in_w, s_h * in_w)
+    packed = _linear_form(g, 0, s_d << WGRAD_PACK_D_SHIFT, s_h << WGRAD_PACK_H_SHIFT)
+    return tuple(divs) + pixel + packed

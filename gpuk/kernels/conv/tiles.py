@@ -48,10 +48,11 @@ so split-K fills the GPU with any tile and the smaller tiles are only there for 
 taps*C_in or N = C_out (padding waste). The wgrad A loader is the costly one (per k row and K
 tile its pixel decoded; per chunk a packed bounds test and its address): on 64x64x64 (64
 threads) each thread copies two pixel rows (decoded one per lane of a pair) and 8 A + 8 B
-chunks per 64 MMAs of its warp (2.56 / 2.59 other instructions per MMA, sm_90 / sm_80, after
-the wave-6 loader; 3.42 / 2.98 before the packed test); 128 threads on 64x128 or 128x64 copy
-one pixel row and 12 chunks per 64 MMAs (cp.async per MMA: 8(BM+BN)/(BM*BN)): 64x128 (4 A + 8 B
-chunks) 1.91 / 1.88, 128x64 (8 A + 4 B) 2.03 / 2.01; 128x128x32 1.61 / 1.62. The rectangles run 2 stages of BK=64 in
+chunks per 64 MMAs of its warp (1.87 / 1.85 other instructions per MMA, sm_90 / sm_80, after
+the wave-7 decode by linear forms and the untested steady-state K loop; 2.56 / 2.59 before,
+3.42 / 2.98 before the packed test); 128 threads on 64x128 or 128x64 copy one pixel row and 12
+chunks per 64 MMAs (cp.async per MMA: 8(BM+BN)/(BM*BN)): 64x128 (4 A + 8 B chunks) 1.42 /
+1.41, 128x64 (8 A + 4 B) 1.67 / 1.66; 128x128x32 1.20 / 1.18. The rectangles run 2 stages of BK=64 in
 48 KB (2 blocks per SM, 8 warps, as 64x64x64's 4 blocks of 2 warps). 64x128 comes first (the
 cheaper loader where both fit); 64x64x64 stays last, for M and N both <= 64, where either
 rectangle would run half its MMAs on padding. The fill rule there also passes a tile whose K is
