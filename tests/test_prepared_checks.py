@@ -201,3 +201,23 @@ def test_a_kept_runner_is_skipped_to_only_under_the_plan_run_that_kept_it():
     assert interfered == [(2, 3)]
     assert _kept_call(kept, this_plan, wide, make) == (4, 3)
     assert _kept_call(kept, other_plan, narrow, make) == (2, 3)
+
+
+def test_a_runner_holds_none_of_the_arrays_it_was_prepared_for():
+    """prepared.get keeps each problem's runner (LIMIT of them) and a plan step's Kept keeps its
+    own: neither, nor the runner's step variant (``specialized``), may hold the arrays of the
+    call that prepared it (an activation per problem kept alive on the device, and a reused
+    step buffer among them never free again: prepared.StepBuffers)."""
+    import gc
+    import weakref
+    from gpuk.kernels import elementwise
+    from gpuk.ops.linalg import _product_runner
+    rt = RecordingRuntime()
+    x, bias = np.ones((2, 3), F32), np.zeros(3, F32)
+    a, b = np.ones((2, 3), F32), np.ones((3, 2), np.float64)   # a product without a step variant
+    arrays = [weakref.ref(v) for v in (x, a, b)]
+    runners = [elementwise.bias_act_fwd_runner(x, bias, runtime=rt), _product_runner(rt, a, b)]
+    del x, a, b
+    gc.collect()
+    assert [array() for array in arrays] == [None] * 3, runners
+    prepared.clear()
