@@ -52,6 +52,11 @@ class FusedElementwise(Op):
         self.outputs = tuple(outputs)
         # per input None or a slice template the step reads it through (FusedProgram.input_views)
         self.input_views = tuple(input_views) if any(input_views) else ()
+        # a member whose output shape is read from a value (a Getitem's run-time bounds, in a
+        # NumPy-device group): so is the step's, and its plan's layouts need not repeat per run
+        # (Op.shape_from_values, gpuk/function.py _layouts_repeat)
+        if any(args[op.shape_from_values] for op, args in self.members):
+            self.shape_from_values = slice(0, None)
         self._last = None   # (implementation, the program last built for it)
         self._kept = prepared.Kept(as_sequence=True)   # its runners take the inputs as one sequence
 

@@ -146,3 +146,20 @@ def test_kernel_groups_read_the_gate_slices_they_alone_read_in_place(monkeypatch
         xv, hv = rng.standard_normal((batch, 9)).astype('float32'), rng.standard_normal((batch, 3)).astype('float32')
         for got, want in zip(fused([xv, hv]), plain([xv, hv])):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_group_slicing_by_a_fed_bound_still_refuses_a_bias_that_no_longer_fits(monkeypatch, on):
+    # the NumPy device's groups take Getitems with bounds read at run time: the group's output
+    # shape then follows a fed value, not the inputs' layouts, so no step of the plan may skip
+    # comparing its layouts (prepared.LayoutToken): bias_add, fused in, kept a plain add for
+    # 3 columns and must still refuse a bias of 3 for 1 column, not broadcast it
+    on('cpu')
+    x = K.placeholder((None, 3))
+    n = K.placeholder((), dtype='int32')
+    b = K.variable(np.arange(3, dtype=np.float32))
+    f = _compiled(monkeypatch, True, [x, n], [K.bias_add(K.exp(x[:, :n]) * 2.0, b)])
+    assert [type(op).__name__ for op in _ops(f)] == ['FusedElementwise']
+    xv = np.zeros((2, 3), np.float32)
+    np.testing.assert_array_equal(f([xv, np.int32(3)])[0], np.tile([2.0, 3.0, 4.0], (2, 1)))
+    with pytest.raises(ValueError, match='bias_add: .*bias must have shape'):
+        f([xv, np.int32(1)])

@@ -158,3 +158,66 @@ def test_a_parameter_of_another_type_is_a_new_problem():
     with pytest.raises(TypeError, match='softmax_fwd: axis must be an int'):
         xent.softmax_fwd(x, 1.0, runtime=rt)
     prepared.clear()
+
+
+def _kept_call(kept, token, array, make):
+    """``kept.run`` on ``array`` inside a plan run of ``token`` (prepared.LayoutToken)."""
+    previous = prepared.enter_run(token)
+    try:
+        return kept.run('owner', (array,), make)
+    finally:
+        prepared.leave_run(previous)
+
+
+def test_a_kept_runner_is_skipped_to_only_under_the_plan_run_that_kept_it():
+    """prepared.Kept skips its layout comparison in a plan run of the token its runner was kept
+    under. Another plan's call sharing the op (another thread: K.function instances share their
+    ops) may land right after this run's call kept its runner and before it notes the run; the
+    next run of this plan must still get a runner for its own layouts, never the other plan's
+    (whose shapes would go to the kernel)."""
+    import sys
+    kept = prepared.Kept()
+    this_plan, other_plan = prepared.LayoutToken(), prepared.LayoutToken()
+    wide, narrow = np.zeros((4, 3), F32), np.zeros((2, 3), F32)
+
+    def make(owner, array):
+        shape = array.shape
+        return lambda array: shape   # a runner made for one shape
+
+    interfered = []
+
+    def on_line(frame, event, arg):
+        # the first line Kept.run reaches with a runner kept: the other plan's call runs there
+        if event == 'line' and kept._last is not None and not interfered:
+            interfered.append(_kept_call(kept, other_plan, narrow, make))
+        return on_line
+
+    tracing = sys.gettrace()
+    sys.settrace(lambda frame, event, arg: on_line if frame.f_code is prepared.Kept.run.__code__ else None)
+    try:
+        assert _kept_call(kept, this_plan, wide, make) == (4, 3)
+    finally:
+        sys.settrace(tracing)
+    assert interfered == [(2, 3)]
+    assert _kept_call(kept, this_plan, wide, make) == (4, 3)
+    assert _kept_call(kept, other_plan, narrow, make) == (2, 3)
+
+
+def test_a_runner_holds_none_of_the_arrays_it_was_prepared_for():
+    """prepared.get keeps each problem's runner (LIMIT of them) and a plan step's Kept keeps its
+    own: neither, nor the runner's step variant (``specialized``), may hold the arrays of the
+    call that prepared it (an activation per problem kept alive on the device, and a reused
+    step buffer among them never free again: prepared.StepBuffers)."""
+    import gc
+    import weakref
+    from gpuk.kernels import elementwise
+    from gpuk.ops.linalg import _product_runner
+    rt = RecordingRuntime()
+    x, bias = np.ones((2, 3), F32), np.zeros(3, F32)
+    a, b = np.ones((2, 3), F32), np.ones((3, 2), np.float64)   # a product without a step variant
+    arrays = [weakref.ref(v) for v in (x, a, b)]
+    runners = [elementwise.bias_act_fwd_runner(x, bias, runtime=rt), _product_runner(rt, a, b)]
+    del x, a, b
+    gc.collect()
+    assert [array() for array in arrays] == [None] * 3, runners
+    prepared.clear()

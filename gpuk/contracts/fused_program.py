@@ -37,6 +37,7 @@ class FusedProgram:
     input_views: Tuple[Optional[tuple], ...] = ()   # per input: None or a slice template (see above)
 
     def __post_init__(self):
+        _check_input_views(self.input_views, len(self.input_dtypes))
         # Both kept, computed once: a program keys the launcher's kernel and prepared-problem
         # tables on every call (hashing an optimizer update's instructions costs tens of µs),
         # and run_unfused's loop is flattened to (evaluate, first arg, second arg or -1, all
@@ -141,9 +142,19 @@ def is_view_template(template, rank=None):
             and (rank is None or len(template) <= rank))
 
 
+def _check_input_views(views, n_inputs):
+    if views and len(views) != n_inputs:
+        raise ValueError(f"FusedProgram: input_views must hold one entry per input ({n_inputs}), got {len(views)}")
+    for k, view in enumerate(views):
+        if view is not None and not is_view_template(view):
+            raise ValueError(f"FusedProgram: input_views[{k}] must be None or a tuple of slices with int (or "
+                             f"None) bounds and positive steps, got {view!r}")
+
+
 def check_fused_args(program, inputs, fn='fused'):
-    """The arguments of ``fused(program, inputs)``: a FusedProgram and its inputs' dtypes."""
-    if type(program) is FusedProgram and program.takes(inputs):
+    """The arguments of ``fused(program, inputs)``: a FusedProgram, its inputs' dtypes, and
+    inputs with the dims their views slice (the kernel would skip a slice the twin refuses)."""
+    if type(program) is FusedProgram and program.takes(inputs) and not program.input_views:
         return   # the common case, checked without building messages (it runs per step)
     if not isinstance(program, FusedProgram):
         raise TypeError(f"{fn}: program must be a FusedProgram, got {type(program).__name__}")
@@ -153,3 +164,7 @@ def check_fused_args(program, inputs, fn='fused'):
         if np.dtype(getattr(a, 'dtype', type(a))) != dtype:
             raise TypeError(f"{fn}: input {k} must have dtype {dtype} (the program was built for it), "
                             f"got {getattr(a, 'dtype', type(a).__name__)}")
+    for k, (a, view) in enumerate(zip(inputs, program.input_views)):
+        if view is not None and len(view) > np.ndim(a):
+            raise ValueError(f"{fn}: input {k} is read through a view of {len(view)} slices but has {np.ndim(a)} "
+                             f"dims (shape {np.shape(a)})")

@@ -87,7 +87,8 @@ def _prepare_bias_act(rt, x, bias, axis, activation):
         (prepared.StepBuffers)."""
         if not all(type(a) is array_type and a.flags.c_contiguous for a in arrays):
             return run
-        take = prepared.StepBuffers(rt.xp.empty, x.shape, [x.dtype]).take
+        # (read from ``arrays``, not the prepared x: the cached runner must not hold x)
+        take = prepared.StepBuffers(rt.xp.empty, arrays[0].shape, [arrays[0].dtype]).take
 
         def run_contiguous(x, bias):
             y = take(0)

@@ -82,7 +82,6 @@ class _Lru(OrderedDict):
 
 
 _tables, _dummies = _Lru(), {}
-_counting = counters._active   # the active Counters, if any (a strided input's copy is counted)
 
 
 def collapsed_index(out_shape, shapes, element_strides=None):
@@ -265,21 +264,15 @@ def _prepare(rt, program, inputs):
         strided inputs are copied to new contiguous arrays, as before: copying them into reused
         buffers too (xp.copyto) made the GRU's steps slower in the rehearsal, and reading them
         in place needs kernels that take strided pointers (the runtimes refuse them)."""
-        def copy_contiguous(a):   # a strided array's copy: counted as the step's allocation
-            if _counting:
-                _counting[-1].allocations += 1
-            return xp.ascontiguousarray(a)
-
-        # (position, conversion) of each input that is not a C-contiguous array of the runtime
-        converted = [(k, copy_contiguous if type(a) is array_type else xp.asarray) for k, a in enumerate(inputs)
-                     if type(a) is not array_type or not a.flags.c_contiguous]
+        # the positions of the inputs that are not C-contiguous arrays of the runtime
+        converted = [k for k, a in enumerate(inputs) if type(a) is not array_type or not a.flags.c_contiguous]
         buffers = prepared.StepBuffers(empty, out_shape, out_dtypes)
         take_outputs = buffers.take_all
         if converted:
             def run_converting(inputs):
                 inputs = list(inputs)
-                for k, convert in converted:
-                    inputs[k] = convert(inputs[k])
+                for k in converted:
+                    inputs[k] = _contiguous(xp, inputs[k])   # (a strided copy is counted there)
                 outputs = take_outputs()
                 launch((*inputs, *input_pads, *outputs, *tail))
                 return outputs

@@ -66,6 +66,7 @@ def _product_runner(impl, a, b):
         return matmul(a, b)
 
     def specialized(arrays):
+        a, b = arrays   # its own names: the runner must hold no array of the call that made it
         if a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.shape[-1] != b.shape[-2]:
             return run   # xp.matmul raises, or promotes, as it does without a buffer
         shape = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (a.shape[-2], b.shape[-1])

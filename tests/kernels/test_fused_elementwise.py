@@ -220,6 +220,24 @@ def test_bad_program_arguments():
         twin.fused('exp', [np.ones(2, np.float32)])
 
 
+def test_bad_input_views(kernel_runtime):
+    # a view must be a tuple of forward slices of static ints, one per input at most, and fit
+    # its input's dims: the kernel would read another region than the twin's slice
+    op = FusedElementwise([(Unary('exp'), (0,))], 1, [1], [(slice(None), slice(1, 3))])
+    with pytest.raises(ValueError, match=r'FusedProgram: input_views must hold one entry per input \(1\), got 2'):
+        FusedProgram((np.dtype(np.float32),), (), (0,), (None, None))
+    with pytest.raises(ValueError, match=r'FusedProgram: input_views\[0\] must be None or a tuple of slices .*'
+                                         r'got \(slice\(None, None, -1\),\)'):
+        FusedProgram((np.dtype(np.float32),), (), (0,), ((slice(None, None, -1),),))
+    program = _program(op, np, [np.ones((2, 4), np.float32)])
+    flat = np.ones(4, np.float32)
+    message = r'fused: input 0 is read through a view of 2 slices but has 1 dims \(shape \(4,\)\)'
+    with pytest.raises(ValueError, match=message):
+        twin.fused(program, [flat])
+    with pytest.raises(ValueError, match=message):
+        launcher.fused(program, [to_device(kernel_runtime, flat)], runtime=kernel_runtime)
+
+
 def test_kernel_body_has_one_expression_per_op():
     op = FusedElementwise([(Binary('add'), (0, 1)), (Unary('tanh'), (2,))], 2, [3])
     program = _program(op, np, [np.ones(2, np.float16), np.ones(2, np.float16)])

@@ -101,22 +101,25 @@ class Kept:
     ``keeps=False`` keeps nothing (a result shape read from a shape vector's values). Bypassed
     like ``get`` under GPUK_CHECK_LAUNCHES=1, and forgotten by ``clear()``. The hit path is this
     one call between the op's forward and the runner."""
-    __slots__ = ('_last', '_as_sequence', '_keeps', '_token', '_run', '_repeats')
+    __slots__ = ('_last', '_as_sequence', '_keeps', '_run', '_repeats')
 
     def __init__(self, as_sequence=False, keeps=True):
-        # (owner, generation, layouts, value): replaced in one assignment, so a thread sharing
-        # the step never reads half of one problem and half of another
+        # (owner, generation, layouts, value, token): replaced in one assignment, so a thread
+        # sharing the step never reads half of one problem and half of another; ``token`` is
+        # the LayoutToken of the plan run that found these layouts (None: none, or this call
+        # site's layouts need not repeat per run), kept in the same tuple so that a runner is
+        # never skipped to under a token other than its own
         self._last = None
         self._as_sequence, self._keeps = as_sequence, keeps
-        # the plan run (LayoutToken and its run number) of the last call; _repeats: False once
-        # this call site was called twice in one run (its layouts need not repeat per run)
-        self._token, self._run, self._repeats = None, -1, True
+        # the run number of the last call in a plan run; _repeats: False once this call site
+        # was called twice in one run (its layouts need not repeat per run)
+        self._run, self._repeats = -1, True
 
     def run(self, owner, arrays, make):
         """The kept runner's result on ``arrays`` (see the class docstring)."""
         last = self._last
         token = _plan_run.token
-        if token is not None and self._token is token and last is not None:
+        if token is not None and last is not None and last[4] is token:
             run = token.runs
             if self._run == run - 1 and owner is last[0] and last[1] == _generation[0] and not _forced[0]:
                 # called in the previous run of a plan with the same input layouts, once: these
@@ -126,26 +129,28 @@ class Kept:
                 return found(arrays) if self._as_sequence else found(*arrays)
             if self._run == run:   # a second call in this run: layouts need not repeat
                 self._repeats = False
+        mine = token if self._repeats else None
         found = None
         if last is not None and owner is last[0] and last[1] == _generation[0] and not _forced[0]:
             try:
                 if [*map(LAYOUT, arrays)] == last[2]:
                     found = last[3]
+                    if last[4] is not mine:   # the same layouts in another plan run
+                        self._last = (*last[:4], mine)
             except AttributeError:   # not an array
                 pass
         if found is None:
             found = make(owner, *arrays)
             if self._keeps:
-                found = self._keep(owner, arrays, found)
-        if token is not None and self._repeats and self._last is not None:
-            self._token, self._run = token, token.runs
-        else:
-            self._token = None
+                found = self._keep(owner, arrays, found, mine)
+        if token is not None:
+            self._run = token.runs
         return found(arrays) if self._as_sequence else found(*arrays)
 
-    def _keep(self, owner, arrays, value):
+    def _keep(self, owner, arrays, value, token):
         """Keeps ``value`` (its variant for these layouts, where it has one) for ``arrays``'
-        layouts, and returns what it kept (nothing, when one has no shape or dtype)."""
+        layouts, found in a plan run of ``token``, and returns what it kept (nothing, when one
+        has no shape or dtype)."""
         try:
             layouts = [*map(LAYOUT, arrays)]
         except AttributeError:   # not arrays: nothing kept, the call site asks each time
@@ -154,7 +159,7 @@ class Kept:
         specialized = getattr(value, 'specialized', None)
         if specialized is not None:
             value = specialized(arrays)
-        self._last = (owner, _generation[0], layouts, value)
+        self._last = (owner, _generation[0], layouts, value, token)
         return value
 
 
