@@ -93,8 +93,9 @@ class CapturedStep:
                 variable.value = xp.array(value, dtype=variable.dtype, order='C')   # keeps 0-d shapes
         self.variables = [(variable, variable.value) for _, variable in plan.variables]
         self.updates = [(variable, variable.value, index) for variable, index in updates]
-        # the plan steps' reused output buffers (prepared.StepBuffers) start over: a graph must
-        # write only into its private pool, which nothing outside it is ever handed
+        # the plan steps' reused output buffers (prepared.StepBuffers) start over, here and after
+        # the capture: a graph writes only into its private pool, which nothing outside it is
+        # ever handed
         prepared.forget_kept()
         with self._private_pool():
             self.inputs = [xp.empty(a.shape, a.dtype) for a in fed]
@@ -118,6 +119,10 @@ class CapturedStep:
                         self.failed = deferred.any_failed(self.checks) if self.checks else None
                         self._write_updates(self.failed)
                 finally:
+                    # and again: the buffers the capture's steps took are the graph's, which its
+                    # replays write; a later plain run (another plan sharing an op) must not be
+                    # handed them
+                    prepared.forget_kept()
                     graph = self.stream.end_capture()   # raises when the capture was invalidated
                 self.graph = graph
                 # what the graph holds: gpuk's launches, and the steps computed with xp (CuPy's kernels)

@@ -508,3 +508,40 @@ def test_steps_skip_their_layout_comparison_only_where_a_plan_run_repeats_its_la
     assert derived._compiled()._repeats_layouts and compared == [False], compared   # the last run: no comparison
     print('ok')
     ''')
+
+
+def test_a_capture_leaves_no_kept_buffer_to_plain_runs():
+    """The step buffers a capture's steps take belong to the graph, whose replays keep writing
+    them: the kept runners start over after the capture (prepared.forget_kept), not only before
+    it, so that a plain run of another plan sharing an op is never handed one of them."""
+    _rehearse('''
+    import os
+    import numpy as np
+    from gpuk import backend as K
+    from gpuk.kernels.runtime import prepared
+    from gpuk import cuda_graph
+    os.environ['GPUK_CUDA_GRAPHS'] = '1'
+    capturing, forgotten = [], []
+    begin = cuda_graph.CapturedStep.__init__
+    forget = prepared.forget_kept
+    def counting_forget():
+        forgotten.append(bool(capturing))
+        forget()
+    def tracked_init(self, *args, **kwargs):
+        capturing.append(True)
+        try:
+            begin(self, *args, **kwargs)
+        finally:
+            capturing.pop()
+    cuda_graph.prepared.forget_kept = counting_forget
+    cuda_graph.CapturedStep.__init__ = tracked_init
+    x = K.placeholder((4, 8))
+    v = K.variable(np.zeros((4, 8), np.float32))
+    y = K.tanh(x * 2.0 + 1.0)
+    f = K.function([x], [y], updates=[K.update(v, y)])
+    for _ in range(3):                        # plain, then capture and replay
+        f([np.ones((4, 8), np.float32)])
+    assert f._compiled().graphs.captured, f._compiled().graphs.refused
+    assert forgotten == [True, True], forgotten   # before the capture's warm-up and after the capture
+    print('ok')
+    ''')

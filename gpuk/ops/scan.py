@@ -15,6 +15,7 @@ import numpy as np
 
 from gpuk import config, device
 from gpuk.graph import Constant, Meta, Placeholder, Tensor, apply, clone, topological_nodes
+from gpuk.kernels.runtime.prepared import SOLE_HOLDER_REFCOUNT
 from gpuk.ops.base import Op
 from gpuk.ops.elementwise import Unary
 from gpuk.ops.fused import is_zero
@@ -220,8 +221,8 @@ class Scan(Op):
         buffers = self.__dict__.setdefault('_buffers', {})
         if xp is np:
             buffer = buffers.get(key)
-            # the references: the dict's, `buffer` and getrefcount's argument
-            if (buffer is not None and sys.getrefcount(buffer) == 3 and buffer.shape == shape
+            # held by the dict and `buffer` alone (prepared.SOLE_HOLDER_REFCOUNT: measured)
+            if (buffer is not None and sys.getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and buffer.shape == shape
                     and buffer.dtype == dtype):
                 return buffer
         buffer = xp.empty(shape, dtype)

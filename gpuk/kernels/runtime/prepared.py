@@ -239,7 +239,7 @@ class StepBuffers:
     def take(self, k):
         kept = self._kept[k]
         for buffer in kept:
-            if _getrefcount(buffer) <= _ONLY_KEPT:
+            if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT:
                 return buffer
         buffer = self._empty(self._shapes[k], self._dtypes[k])
         if len(kept) < 2:
@@ -253,16 +253,17 @@ class StepBuffers:
         return [*map(self.take, range(len(self._dtypes)))]
 
 
-def _only_kept_count():
-    """What getrefcount says, inside ``StepBuffers.take``'s loop, of a buffer only its list
-    holds (the list, the loop variable, getrefcount's argument: measured, not assumed, as the
-    interpreter's counting of borrowed references differs between versions)."""
+def _sole_holder_count():
+    """What getrefcount says of an object that one container (a list, a dict) and the calling
+    function's one local name hold, as in ``StepBuffers.take``'s loop or Scan's buffer cache:
+    the container, the local, getrefcount's argument. Measured, not assumed, as the
+    interpreter's counting of borrowed references differs between versions (3.14 counts fewer)."""
     kept = [object()]
     for buffer in kept:
         return _getrefcount(buffer)
 
 
-_ONLY_KEPT = _only_kept_count()
+SOLE_HOLDER_REFCOUNT = _sole_holder_count()
 
 
 def forget_kept():
