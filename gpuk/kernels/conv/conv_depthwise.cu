@@ -11,7 +11,9 @@
 //   channels_first: a warp loads up to 32 consecutive pixels of one tile row of one channel
 //                   (coalesced); shared pitch DW_CHANNELS + 1 words so those pixels hit
 //                   distinct banks; results are staged through shared memory so that a
-//                   warp stores along W as well.
+//                   warp stores along W as well. (Not [lane][pixel] with 16-byte stores: the
+//                   32 lanes' reads of one pixel would share a word phase, 4-way conflicts;
+//                   docs/kernels.md, depthwise.)
 //
 // Block: DW_CHANNELS x DW_ROWS threads. The block's output tile is tile_rows x
 // (segs * DW_PIX) pixels of one (sample, output plane) x DW_CHANNELS channels; thread
