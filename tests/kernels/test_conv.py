@@ -151,6 +151,22 @@ def test_16bit_wgrad_steady_state_and_k_tail(kernel_runtime, dtype, tile, splits
     assert_close(out, ref, dtype, 'conv_wgrad with tile %s, %d splits' % (tile, splits))
 
 
+def test_16bit_wgrad_window_origins_past_2_32_pixels(kernel_runtime):
+    """16-bit wgrad's 16-byte loader computes a row's window origin as a pixel index mod 2**32
+    (conv_igemm.cu PixLinear): where padding puts an origin past 2**32 pixels (here d padded by
+    4097 planes of 1024 x 1024 pixels, the one in-bounds row's origin at 4097 * 2**20), the block
+    must take another path, not read far before x. A 1x1x1 filter with strides of the image's h and
+    w: K = 4098 output pixels, of which only od = 4097 sees x, so dw is one outer product."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 1, 1024, 1024, 8)).astype(np.float16)
+    dy = rng.standard_normal((1, 4098, 1, 1, 8)).astype(np.float16)
+    ref = np.outer(x[0, 0, 0, 0].astype(np.float64), dy[0, 4097, 0, 0].astype(np.float64)).reshape(1, 1, 1, 8, 8)
+    args = ((1, 1, 1, 8, 8), (1, 1024, 1024), (1, 1, 1), ((4097, 0), (0, 0), (0, 0)), 'channels_last')
+    with conv_tiles.forced(tile='64x64x64', splits=1), conv_wgmma.forced(False):
+        out = conv.conv_wgrad(to_device(kernel_runtime, x), to_device(kernel_runtime, dy), *args, runtime=kernel_runtime)
+    assert_close(out, ref, np.float16, 'conv_wgrad with window origins past 2**32 pixels')
+
+
 @pytest.mark.parametrize('data_format', FORMATS)
 def test_tf32_mode_uses_tensor_cores_only_when_asked(kernel_runtime, data_format):
     case = CONV_CASES[2]

@@ -93,7 +93,8 @@
 //   offsets of the vector path (checked per block: larger reaches take the per-element path),
 //   which also needs the filter's taps per dim (of the dgrad phase) plus CONV_BK / VEC to sum
 //   to <= 31 for the fwd/dgrad tap masks (tap_masks_fit), and for wgrad x's pixels (all images)
-//   < 2^31 (a row's window origin is a 32-bit pixel index); grid.y = N tiles <= 65535,
+//   < 2^31 and every window origin's pixel index (pads included) < 2^32 (a row's window origin
+//   is a 32-bit pixel index); grid.y = N tiles <= 65535,
 //   grid.z = splits (wgrad) or stride phases s_d*s_h*s_w (dgrad) <= 65535. No atomics.
 #include "conv_common.cuh"
 
@@ -806,9 +807,13 @@ template <> struct Loader<MODE_WGRAD> {
         const TapSeq taps = dense_taps(g, -g.pad_d, -g.pad_h, -g.pad_w);
         decode = wgrad_decode;
         k_row = (unsigned)k_begin + (unsigned)wgrad_decoded_row();
-        // 16-byte path: x's pixels (all images) fit 32 bits, so a row's window origin is one pixel
-        // index (a chunk's address: its a_base plus that index times C_in, one IMAD.WIDE.U32)
-        const bool fits = (long long)g.batch * g.in_pix < (1ll << 31);
+        // 16-byte path: x's pixels (all images) fit 32 bits, and so does every row's window origin
+        // as a pixel index (PixLinear computes it mod 2^32; padding can put origins past x's
+        // pixels), so a chunk's address is its a_base plus that index times C_in (one IMAD.WIDE.U32)
+        const long long last_origin =
+            ((((long long)g.batch - 1) * g.in_d + (long long)(g.out_d - 1) * g.s_d) * g.in_h +
+             (long long)(g.out_h - 1) * g.s_h) * g.in_w + (long long)(g.out_w - 1) * g.s_w;
+        const bool fits = (long long)g.batch * g.in_pix < (1ll << 31) && last_origin < (1ll << 32);
 #pragma unroll
         for (int j = 0; j < WG_CHUNKS; ++j) {
             TapIter& t = a_m[j];
