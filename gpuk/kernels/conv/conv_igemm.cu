@@ -1435,14 +1435,21 @@ struct PhaseRows {
 };
 // row[s]: the output row out_row(m) of this thread's row slot s (GEMM row m), -1 where m >= rows.
 // 32-bit (output rows < 2^31, checked by the launcher: check_gemm): 64-bit offsets cost the
-// tiles with the most rows per thread a spill.
+// tiles with the most rows per thread a spill. out_row runs for every slot, then the select: no
+// branch, so the divisions' reciprocals (one per divisor) are shared by all rows.
 template <int MODE, class RowMap>
 __device__ __forceinline__ void thread_out_rows(int (&row)[THREAD_ROWS], long long rows, const RowMap& out_row) {
 #pragma unroll
     for (int s = 0; s < THREAD_ROWS; ++s) {
         const long long m = (long long)blockIdx.x * CONV_BM + slot_row<MODE>(s);
-        row[s] = m < rows ? (int)out_row(m) : -1;
+        const int mapped = (int)out_row(m);
+        row[s] = m < rows ? mapped : -1;
     }
+}
+// The element offset of (row, channel) in a (rows, channels) matrix, row >= 0: unsigned, so the
+// 64-bit product needs no sign extension (one wide multiply-add).
+__device__ __forceinline__ unsigned long long out_offset(int row, int channels, int channel) {
+    return (unsigned long long)(unsigned)row * (unsigned)channels + (unsigned)channel;
 }
 
 #if CONV_MATH != 0
@@ -1487,7 +1494,7 @@ __device__ __forceinline__ void store_tile_16bit(const acc_t (&acc)[ACC_COUNT], 
                 const int row = out_rows[2 * mi + h];   // the slot of row 16 mi + gr + 8 h (acc_position)
                 const int channel = first + 4 * t;
                 if (row < 0 || channel >= channels) continue;
-                unsigned short* dst = reinterpret_cast<unsigned short*>(out + (long long)row * channels + channel);
+                unsigned short* dst = reinterpret_cast<unsigned short*>(out + out_offset(row, channels, channel));
                 if (vector) {
                     *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
                 } else {
@@ -1525,7 +1532,7 @@ __device__ __forceinline__ void store_tile(const acc_t (&acc)[ACC_COUNT], long l
         const int row = out_rows[slot];
         const int channel = blockIdx.y * CONV_BN + c;
         if (row < 0 || channel >= channels) continue;
-        T* dst = out + (long long)row * channels + channel;
+        T* dst = out + out_offset(row, channels, channel);
         if (vector) {
             ValueRun<T, LEN> run;
 #pragma unroll
