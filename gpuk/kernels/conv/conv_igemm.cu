@@ -995,9 +995,9 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                     acc[i * CONV_TN + j] = fma(a[i][kk], b[j][kk], acc[i * CONV_TN + j]);
     }
 }
-// Accumulator e lies in the thread's row slot `slot` (of THREAD_ROWS) and at column `col` of the
-// block tile; slot s is block-tile row slot_row(s).
-#define THREAD_ROWS CONV_TM
+// Accumulator e lies in the thread's row slot `slot` (of ThreadRows<MODE>::count) and at column
+// `col` of the block tile; slot s is block-tile row slot_row(s).
+template <int MODE> struct ThreadRows { static constexpr int count = CONV_TM; };
 template <int MODE>
 __device__ __forceinline__ void acc_position(int e, int& slot, int& col) {
     slot = e / CONV_TN;
@@ -1070,8 +1070,9 @@ template <int MODE> struct Tf32Order {
     __device__ __forceinline__ static constexpr int acc_swapped(int ni, int mj, int part) {
         return (ni * M8 + mj) * 4 + (part & 1) * 2 + (part >> 1);
     }
-    // Accumulator e's row slot (2 per 16 rows of the warp tile) and column within the warp tile,
-    // for lane (g, t); slot_row: the slot's row within the warp tile.
+    // Accumulator e's row slot (swapped: 2 per 8 rows of the warp tile, else 2 per 16) and column
+    // within the warp tile, for lane (g, t); slot_row: the slot's row within the warp tile.
+    static constexpr int thread_rows = swapped ? 2 * M8 : 2 * MMA_M_TILES;
     __device__ __forceinline__ static void position(int e, int g, int t, int& slot, int& col) {
         const int tile = e >> 2, q = e & 3;
         if (swapped) {
@@ -1249,10 +1250,11 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
 }
 #define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
 #endif
-// Accumulator e lies in the thread's row slot `slot` (of THREAD_ROWS: two per 16 rows of its warp
-// tile) and at column `col` of the block tile; slot s is block-tile row slot_row(s).
-#define THREAD_ROWS (2 * MMA_M_TILES)
+// Accumulator e lies in the thread's row slot `slot` (of ThreadRows<MODE>::count: two per 16 rows
+// of its warp tile, tf32 fwd two per 8) and at column `col` of the block tile; slot s is
+// block-tile row slot_row(s).
 #if CONV_MATH == 1
+template <int MODE> struct ThreadRows { static constexpr int count = 2 * MMA_M_TILES; };
 template <int MODE>
 __device__ __forceinline__ void acc_position(int e, int& slot, int& col) {
     const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
@@ -1266,6 +1268,7 @@ __device__ __forceinline__ int slot_row(int slot) {   // slot 2 mi + h: row 16 m
     return (warp / CONV_WARPS_N) * WARP_TILE_M + (slot >> 1) * 16 + gr + 8 * (slot & 1);
 }
 #else
+template <int MODE> struct ThreadRows { static constexpr int count = Tf32Order<MODE>::thread_rows; };
 template <int MODE>
 __device__ __forceinline__ void acc_position(int e, int& slot, int& col) {
     const int warp = threadIdx.x >> 5, gr = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
@@ -1402,8 +1405,8 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
 // Accumulators come in runs of EpilogueRun consecutive columns of one row: FFMA micro-tile
 // runs of 4 (1 where dgrad's B columns are strided), MMA pairs (c0, c1) and (c2, c3). A run is
 // one vector store where the channel count is a multiple of the run (rows then start aligned);
-// elsewhere one store per element. A thread's accumulators lie in THREAD_ROWS rows (acc_position's
-// slots); each row's output row out_row(m) is computed once, before the stores (thread_out_rows):
+// elsewhere one store per element. A thread's accumulators lie in a few rows (ThreadRows, the
+// slots of acc_position); each row's output row out_row(m) is computed once, before the stores (thread_out_rows):
 // dgrad's PhaseRows divides, and its FFMA runs are single elements. The offset is row * channels.
 // 16-bit MMA outputs are regrouped first (store_tile_16bit): a pair is only 4 bytes, and the 8
 // rows x 4 lanes of one store would fill half of each 32-byte sector.
@@ -1438,9 +1441,10 @@ struct PhaseRows {
 // tiles with the most rows per thread a spill. out_row runs for every slot, then the select: no
 // branch, so the divisions' reciprocals (one per divisor) are shared by all rows.
 template <int MODE, class RowMap>
-__device__ __forceinline__ void thread_out_rows(int (&row)[THREAD_ROWS], long long rows, const RowMap& out_row) {
+__device__ __forceinline__ void thread_out_rows(int (&row)[ThreadRows<MODE>::count], long long rows,
+                                                const RowMap& out_row) {
 #pragma unroll
-    for (int s = 0; s < THREAD_ROWS; ++s) {
+    for (int s = 0; s < ThreadRows<MODE>::count; ++s) {
         const long long m = (long long)blockIdx.x * CONV_BM + slot_row<MODE>(s);
         const int mapped = (int)out_row(m);
         row[s] = m < rows ? mapped : -1;
@@ -1469,7 +1473,7 @@ __device__ __forceinline__ void store_tile_16bit(const acc_t (&acc)[ACC_COUNT], 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const bool vector = channels % 4 == 0 && is_aligned(out, 8);
     const int src = (lane & ~3) | ((t & 1) << 1);   // the lane holding columns 4t, 4t+1 of its tile
-    int out_rows[THREAD_ROWS];
+    int out_rows[ThreadRows<MODE>::count];
     thread_out_rows<MODE>(out_rows, rows, out_row);
 #pragma unroll
     for (int mi = 0; mi < MMA_M_TILES; ++mi)
@@ -1523,7 +1527,7 @@ __device__ __forceinline__ void store_tile(const acc_t (&acc)[ACC_COUNT], long l
 #endif
     constexpr int LEN = EpilogueRun<MODE>::len;
     const bool vector = channels % LEN == 0 && is_aligned(out, LEN * sizeof(T));
-    int out_rows[THREAD_ROWS];
+    int out_rows[ThreadRows<MODE>::count];
     thread_out_rows<MODE>(out_rows, rows, out_row);
 #pragma unroll
     for (int e = 0; e < ACC_COUNT; e += LEN) {
