@@ -85,9 +85,10 @@
 //   channels_first activations around the kernels (layout.cu; conv/__init__.py Problem), so the
 //   kernels have no channels_first path and no layout parameter.
 // Epilogue (fwd only): 0 none, 1 + bias[c_out], 2 + bias then relu (relu keeps NaN). Stores
-//   go out in runs of consecutive channels (store_tile), each row's offset out_row(m) * channels
-//   computed once per thread before the stores (dgrad's phase rows divide); 16-bit MMA outputs are regrouped in each quad by shuffles into 8-byte runs
-//   (store_tile_16bit), so a warp's stores fill whole 32-byte sectors.
+//   go out in runs of consecutive channels (store_tile), each output row out_row(m) mapped once
+//   per row a thread owns, before the stores (dgrad's phase rows divide); 16-bit MMA outputs are
+//   regrouped in each quad by shuffles into 8-byte runs (store_tile_16bit), so a warp's stores
+//   fill whole 32-byte sectors.
 // Limits: M, N, K and the pixels of one image < 2^31 (checked by the launcher; indices decode
 //   in 32 bits); offsets are 64-bit, except the 32-bit tap, filter (dgrad) and row-stream
 //   offsets of the vector path (checked per block: larger reaches take the per-element path),
@@ -1406,8 +1407,8 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
 // runs of 4 (1 where dgrad's B columns are strided), MMA pairs (c0, c1) and (c2, c3). A run is
 // one vector store where the channel count is a multiple of the run (rows then start aligned);
 // elsewhere one store per element. A thread's accumulators lie in a few rows (ThreadRows, the
-// slots of acc_position); each row's output row out_row(m) is computed once, before the stores (thread_out_rows):
-// dgrad's PhaseRows divides, and its FFMA runs are single elements. The offset is row * channels.
+// slots of acc_position); each one's output row out_row(m) is computed once, before the stores
+// (thread_out_rows): dgrad's PhaseRows divides, and its FFMA runs are single elements.
 // 16-bit MMA outputs are regrouped first (store_tile_16bit): a pair is only 4 bytes, and the 8
 // rows x 4 lanes of one store would fill half of each 32-byte sector.
 #if CONV_MATH == 0
