@@ -85,9 +85,10 @@
 //   channels_first activations around the kernels (layout.cu; conv/__init__.py Problem), so the
 //   kernels have no channels_first path and no layout parameter.
 // Epilogue (fwd only): 0 none, 1 + bias[c_out], 2 + bias then relu (relu keeps NaN). Stores
-//   go out in runs of consecutive channels (store_tile), the row offset m * channels with no
-//   division; 16-bit MMA outputs are regrouped in each quad by shuffles into 8-byte runs
-//   (store_tile_16bit), so a warp's stores fill whole 32-byte sectors.
+//   go out in runs of consecutive channels (store_tile), each output row out_row(m) mapped once
+//   per row a thread owns, before the stores (dgrad's phase rows divide); 16-bit MMA outputs are
+//   regrouped in each quad by shuffles into 8-byte runs (store_tile_16bit), so a warp's stores
+//   fill whole 32-byte sectors.
 // Limits: M, N, K and the pixels of one image < 2^31 (checked by the launcher; indices decode
 //   in 32 bits); offsets are 64-bit, except the 32-bit tap, filter (dgrad) and row-stream
 //   offsets of the vector path (checked per block: larger reaches take the per-element path),
@@ -1000,12 +1001,16 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                     acc[i * CONV_TN + j] = fma(a[i][kk], b[j][kk], acc[i * CONV_TN + j]);
     }
 }
-// (row, col) within the block tile of accumulator e.
+// Accumulator e lies in the thread's row slot `slot` (of ThreadRows<MODE>::count) and at column
+// `col` of the block tile; slot s is block-tile row slot_row(s).
+template <int MODE> struct ThreadRows { static constexpr int count = CONV_TM; };
 template <int MODE>
-__device__ __forceinline__ void acc_position(int e, int& row, int& col) {
-    row = micro_row(e / CONV_TN);
+__device__ __forceinline__ void acc_position(int e, int& slot, int& col) {
+    slot = e / CONV_TN;
     col = micro_col<MODE>(e % CONV_TN);
 }
+template <int MODE>
+__device__ __forceinline__ int slot_row(int slot) { return micro_row(slot); }
 #else
 #define WARP_TILE_M (CONV_BM / CONV_WARPS_M)
 #define WARP_TILE_N (CONV_BN / CONV_WARPS_N)
@@ -1071,17 +1076,23 @@ template <int MODE> struct Tf32Order {
     __device__ __forceinline__ static constexpr int acc_swapped(int ni, int mj, int part) {
         return (ni * M8 + mj) * 4 + (part & 1) * 2 + (part >> 1);
     }
-    // (row, col) within the warp tile of accumulator e, for lane (g, t)
-    __device__ __forceinline__ static void position(int e, int g, int t, int& row, int& col) {
+    // Accumulator e's row slot (swapped: 2 per 8 rows of the warp tile, else 2 per 16) and column
+    // within the warp tile, for lane (g, t); slot_row: the slot's row within the warp tile.
+    static constexpr int thread_rows = swapped ? 2 * M8 : 2 * MMA_M_TILES;
+    __device__ __forceinline__ static void position(int e, int g, int t, int& slot, int& col) {
         const int tile = e >> 2, q = e & 3;
         if (swapped) {
-            row = (tile % M8) * 8 + 2 * t + (q >> 1);
+            slot = (tile % M8) * 2 + (q >> 1);
             col = (tile / M8) * 16 + 2 * g + (q & 1);
         } else {
-            const int mi = tile / MMA_N_TILES, ni = tile % MMA_N_TILES, h = q >> 1;
-            row = paired_rows ? mi * 16 + 2 * g + h : mi * 16 + g + 8 * h;
-            col = ni * 8 + 2 * t + (q & 1);
+            slot = (tile / MMA_N_TILES) * 2 + (q >> 1);
+            col = (tile % MMA_N_TILES) * 8 + 2 * t + (q & 1);
         }
+    }
+    __device__ __forceinline__ static int slot_row(int slot, int g, int t) {
+        const int tile = slot >> 1, h = slot & 1;
+        if (swapped) return tile * 8 + 2 * t + h;
+        return paired_rows ? tile * 16 + 2 * g + h : tile * 16 + g + 8 * h;
     }
 };
 // An MMA A fragment from a k-major tile whose paired rows r, r + 1 (a0, a1 at k; a2, a3 at k + 4)
@@ -1245,21 +1256,35 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
 }
 #define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
 #endif
+// Accumulator e lies in the thread's row slot `slot` (of ThreadRows<MODE>::count: two per 16 rows
+// of its warp tile, tf32 fwd two per 8) and at column `col` of the block tile; slot s is
+// block-tile row slot_row(s).
 #if CONV_MATH == 1
+template <int MODE> struct ThreadRows { static constexpr int count = 2 * MMA_M_TILES; };
 template <int MODE>
-__device__ __forceinline__ void acc_position(int e, int& row, int& col) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
-    const int tile = e >> 2, part = e & 3, mi = tile / MMA_N_TILES, ni = tile % MMA_N_TILES;
-    row = (warp / CONV_WARPS_N) * WARP_TILE_M + mi * 16 + gr + (part >= 2 ? 8 : 0);
-    col = (warp % CONV_WARPS_N) * WARP_TILE_N + ni * 8 + 2 * t + (part & 1);
+__device__ __forceinline__ void acc_position(int e, int& slot, int& col) {
+    const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
+    const int tile = e >> 2, part = e & 3;
+    slot = (tile / MMA_N_TILES) * 2 + (part >> 1);
+    col = (warp % CONV_WARPS_N) * WARP_TILE_N + (tile % MMA_N_TILES) * 8 + 2 * t + (part & 1);
+}
+template <int MODE>
+__device__ __forceinline__ int slot_row(int slot) {   // slot 2 mi + h: row 16 mi + g + 8 h of the warp tile
+    const int warp = threadIdx.x >> 5, gr = (threadIdx.x & 31) >> 2;
+    return (warp / CONV_WARPS_N) * WARP_TILE_M + (slot >> 1) * 16 + gr + 8 * (slot & 1);
 }
 #else
+template <int MODE> struct ThreadRows { static constexpr int count = Tf32Order<MODE>::thread_rows; };
 template <int MODE>
-__device__ __forceinline__ void acc_position(int e, int& row, int& col) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
-    Tf32Order<MODE>::position(e, gr, t, row, col);
-    row += (warp / CONV_WARPS_N) * WARP_TILE_M;
+__device__ __forceinline__ void acc_position(int e, int& slot, int& col) {
+    const int warp = threadIdx.x >> 5, gr = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    Tf32Order<MODE>::position(e, gr, t, slot, col);
     col += (warp % CONV_WARPS_N) * WARP_TILE_N;
+}
+template <int MODE>
+__device__ __forceinline__ int slot_row(int slot) {
+    const int warp = threadIdx.x >> 5, gr = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    return (warp / CONV_WARPS_N) * WARP_TILE_M + Tf32Order<MODE>::slot_row(slot, gr, t);
 }
 #endif
 #endif
@@ -1386,7 +1411,9 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
 // Accumulators come in runs of EpilogueRun consecutive columns of one row: FFMA micro-tile
 // runs of 4 (1 where dgrad's B columns are strided), MMA pairs (c0, c1) and (c2, c3). A run is
 // one vector store where the channel count is a multiple of the run (rows then start aligned);
-// elsewhere one store per element. The row offset is out_row(m) * channels (no division).
+// elsewhere one store per element. A thread's accumulators lie in a few rows (ThreadRows, the
+// slots of acc_position); each one's output row out_row(m) is computed once, before the stores
+// (thread_out_rows): dgrad's PhaseRows divides, and its FFMA runs are single elements.
 // 16-bit MMA outputs are regrouped first (store_tile_16bit): a pair is only 4 bytes, and the 8
 // rows x 4 lanes of one store would fill half of each 32-byte sector.
 #if CONV_MATH == 0
@@ -1415,6 +1442,25 @@ struct PhaseRows {
     const DgradPhase& phase;
     __device__ __forceinline__ long long operator()(long long m) const { return phase.out_row(g, m); }
 };
+// row[s]: the output row out_row(m) of this thread's row slot s (GEMM row m), -1 where m >= rows.
+// 32-bit (output rows < 2^31, checked by the launcher: check_gemm): 64-bit offsets cost the
+// tiles with the most rows per thread a spill. out_row runs for every slot, then the select: no
+// branch, so the divisions' reciprocals (one per divisor) are shared by all rows.
+template <int MODE, class RowMap>
+__device__ __forceinline__ void thread_out_rows(int (&row)[ThreadRows<MODE>::count], long long rows,
+                                                const RowMap& out_row) {
+#pragma unroll
+    for (int s = 0; s < ThreadRows<MODE>::count; ++s) {
+        const long long m = (long long)blockIdx.x * CONV_BM + slot_row<MODE>(s);
+        const int mapped = (int)out_row(m);
+        row[s] = m < rows ? mapped : -1;
+    }
+}
+// The element offset of (row, channel) in a (rows, channels) matrix, row >= 0: unsigned, so the
+// 64-bit product needs no sign extension (one wide multiply-add).
+__device__ __forceinline__ unsigned long long out_offset(int row, int channels, int channel) {
+    return (unsigned long long)(unsigned)row * (unsigned)channels + (unsigned)channel;
+}
 
 #if CONV_MATH != 0
 // Two 16-bit outputs in one 32-bit word (low: the first).
@@ -1430,9 +1476,11 @@ template <int MODE, class RowMap>
 __device__ __forceinline__ void store_tile_16bit(const acc_t (&acc)[ACC_COUNT], long long rows, int channels,
                                                  const elem_t* __restrict__ bias, int epilogue,
                                                  elem_t* __restrict__ out, const RowMap& out_row) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const bool vector = channels % 4 == 0 && is_aligned(out, 8);
     const int src = (lane & ~3) | ((t & 1) << 1);   // the lane holding columns 4t, 4t+1 of its tile
+    int out_rows[ThreadRows<MODE>::count];
+    thread_out_rows<MODE>(out_rows, rows, out_row);
 #pragma unroll
     for (int mi = 0; mi < MMA_M_TILES; ++mi)
 #pragma unroll
@@ -1453,11 +1501,10 @@ __device__ __forceinline__ void store_tile_16bit(const acc_t (&acc)[ACC_COUNT], 
                 const unsigned b0 = __shfl_sync(0xffffffffu, word[0], src + 1);
                 const unsigned b1 = __shfl_sync(0xffffffffu, word[1], src + 1);
                 const unsigned lo = t >= 2 ? a1 : a0, hi = t >= 2 ? b1 : b0;   // columns 4t, 4t+1 and 4t+2, 4t+3
-                const int r = (warp / CONV_WARPS_N) * WARP_TILE_M + mi * 16 + gr + 8 * h;
-                const long long m = (long long)blockIdx.x * CONV_BM + r;
+                const int row = out_rows[2 * mi + h];   // the slot of row 16 mi + gr + 8 h (acc_position)
                 const int channel = first + 4 * t;
-                if (m >= rows || channel >= channels) continue;
-                unsigned short* dst = reinterpret_cast<unsigned short*>(out + out_row(m) * channels + channel);
+                if (row < 0 || channel >= channels) continue;
+                unsigned short* dst = reinterpret_cast<unsigned short*>(out + out_offset(row, channels, channel));
                 if (vector) {
                     *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
                 } else {
@@ -1486,14 +1533,16 @@ __device__ __forceinline__ void store_tile(const acc_t (&acc)[ACC_COUNT], long l
 #endif
     constexpr int LEN = EpilogueRun<MODE>::len;
     const bool vector = channels % LEN == 0 && is_aligned(out, LEN * sizeof(T));
+    int out_rows[ThreadRows<MODE>::count];
+    thread_out_rows<MODE>(out_rows, rows, out_row);
 #pragma unroll
     for (int e = 0; e < ACC_COUNT; e += LEN) {
-        int r, c;
-        acc_position<MODE>(e, r, c);
-        const long long m = (long long)blockIdx.x * CONV_BM + r;
+        int slot, c;
+        acc_position<MODE>(e, slot, c);
+        const int row = out_rows[slot];
         const int channel = blockIdx.y * CONV_BN + c;
-        if (m >= rows || channel >= channels) continue;
-        T* dst = out + out_row(m) * channels + channel;
+        if (row < 0 || channel >= channels) continue;
+        T* dst = out + out_offset(row, channels, channel);
         if (vector) {
             ValueRun<T, LEN> run;
 #pragma unroll
