@@ -123,14 +123,21 @@ def test_wgrad_only_tiles_and_split_k(kernel_runtime, dtype, tile, splits, chann
     """The wgrad-only tiles on the problem of test_every_tile_and_split_k (M, N and K tails,
     per-element and 16-byte copies), with and without split-K."""
     case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0))) + channels
+    out, ref = _forced_wgrad(kernel_runtime, case, dtype, tile, splits, seed=3)
+    assert to_host(out).dtype == np.dtype(dtype)
+    assert_close(out, ref, dtype, 'conv_wgrad with tile %s' % tile)
+
+
+def _forced_wgrad(kernel_runtime, case, dtype, tile, splits, seed):
+    """(conv_wgrad on the device with ``tile`` and ``splits`` forced, wgmma off; its float64 twin)
+    for a channels_last ``case`` of batch 3."""
     _, kernel, strides, dilation, pads, _, _ = case
-    x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=3, batch=3)
+    x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=seed, batch=3)
     args = (x, dy, w.shape, strides, dilation, pads, 'channels_last')
     ref = twin.conv_wgrad(x.astype(np.float64), dy.astype(np.float64), *args[2:])
     with conv_tiles.forced(tile=tile, splits=splits), conv_wgmma.forced(False):
         out = conv.conv_wgrad(*[to_device(kernel_runtime, a) for a in args[:2]], *args[2:], runtime=kernel_runtime)
-    assert to_host(out).dtype == np.dtype(dtype)
-    assert_close(out, ref, dtype, 'conv_wgrad with tile %s' % tile)
+    return out, ref
 
 
 @pytest.mark.parametrize('dtype, tile', [(np.float16, t) for t in ('128x128x32', '64x128x64', '128x64x64', '64x64x64')]
@@ -142,12 +149,7 @@ def test_16bit_wgrad_steady_state_and_k_tail(kernel_runtime, dtype, tile, splits
     row tests against k_end (conv_igemm.cu pipeline_group), before the tested last groups; with
     3 splits the middle split ends on a full tile, the last on the partial one."""
     case = ((17, 17), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 0)), 8, 24)
-    _, kernel, strides, dilation, pads, _, _ = case
-    x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=4, batch=3)
-    args = (x, dy, w.shape, strides, dilation, pads, 'channels_last')
-    ref = twin.conv_wgrad(x.astype(np.float64), dy.astype(np.float64), *args[2:])
-    with conv_tiles.forced(tile=tile, splits=splits), conv_wgmma.forced(False):
-        out = conv.conv_wgrad(*[to_device(kernel_runtime, a) for a in args[:2]], *args[2:], runtime=kernel_runtime)
+    out, ref = _forced_wgrad(kernel_runtime, case, dtype, tile, splits, seed=4)
     assert_close(out, ref, dtype, 'conv_wgrad with tile %s, %d splits' % (tile, splits))
 
 
