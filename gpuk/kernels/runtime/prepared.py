@@ -225,8 +225,9 @@ class StepBuffers:
     an optimizer's update becomes the variable's value and is read by the next step, whose own
     update goes to the other buffer; from then on the two alternate. Graph capture must not
     reuse a buffer from before it (its replays would keep writing there after this object let
-    it go): gpuk/cuda_graph.py calls ``forget_kept()`` first, so capture-time steps start new
-    buffers in the graph's private pool."""
+    it go), nor may a plain run after it be handed one of the graph's: gpuk/cuda_graph.py calls
+    ``forget_kept()`` before and after the capture, so capture-time steps start new buffers in
+    the graph's private pool and later plain runs start their own."""
     __slots__ = ('_kept', '_empty', '_shapes', '_dtypes')
 
     def __init__(self, empty, shape, dtypes, shapes=None):
