@@ -402,6 +402,24 @@ def test_cli_json_and_table(tmp_path, capsys, monkeypatch, records):
     assert json.loads(out.read_text()) == records
 
 
+def test_cli_reports_the_h100_by_default_and_checks_the_baseline_on_every_arch(monkeypatch, capsys, records):
+    asked = []
+
+    def build_records(archs, **options):
+        asked.append(tuple(archs))
+        return [r for r in records if r['arch'] in archs or r['arch'].rstrip('a') in archs]
+
+    monkeypatch.setattr(report, 'build_records', build_records)
+    assert cli.main(['--no-emulate', '--quiet']) == 0
+    assert cli.main(['--no-emulate', '--quiet', '--check-baseline']) == 0
+    assert asked == [variants.DEFAULT_ARCHS, variants.BASELINE_ARCHS] and asked[0] == ('sm_90',)
+    # a narrower check compares only its architectures' entries: nothing is "no longer built"
+    assert cli.main(['--no-emulate', '--quiet', '--check-baseline', '--arch', 'sm_80']) == 0
+    with pytest.raises(SystemExit):   # a baseline of one architecture would drop the other's
+        cli.main(['--no-emulate', '--write-baseline', '--arch', 'sm_90'])
+    assert 'the baseline holds sm_90,sm_80' in capsys.readouterr().err
+
+
 def test_cli_dump_loop_prints_the_listing_for_hand_counts(sass_tools, capsys):
     assert cli.main(['--dump-loop', 'copy_bytes', '--arch', 'sm_90']) == 0
     out = capsys.readouterr().out

@@ -4,6 +4,7 @@
 Prints a one-line summary, then a table of every kernel of every .cu file in every launch
 configuration the launchers register (docs/kernels.md, "Reading the inspect report").
 No GPU needed: NVRTC and nvdisasm from pip; compiled variants are cached.
+By default for the H100 (sm_90, with sm_90a); the baseline options cover sm_80 too.
 
 Exit status: 0; 1 with --check-baseline when a kernel regressed against
 bench/inspect_baseline.json; 2 when NVRTC or nvdisasm is missing.
@@ -41,10 +42,18 @@ def dump_loop(name, archs):
     return bool(specs)
 
 
+def chosen_archs(arch_option, baseline_run):
+    """--arch's architectures; without it the baseline's for a baseline run, else the default."""
+    if arch_option:
+        return build.parse_archs(arch_option)
+    return variants.BASELINE_ARCHS if baseline_run else variants.DEFAULT_ARCHS
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m gpuk.kernels.inspect', description=__doc__.split('\n\n')[1])
     parser.add_argument('--json', metavar='PATH', help='write the records as a JSON list')
-    parser.add_argument('--arch', default=','.join(variants.ARCHS), help='architectures (default %(default)s)')
+    parser.add_argument('--arch', help='comma-separated architectures (default %s; %s with --write-baseline '
+                        'or --check-baseline)' % (','.join(variants.DEFAULT_ARCHS), ','.join(variants.BASELINE_ARCHS)))
     parser.add_argument('--no-emulate', action='store_true', help="skip the emulator's dynamic figures")
     parser.add_argument('--families', help='emulate only these comma-separated families')
     parser.add_argument('--write-baseline', action='store_true', help='write bench/inspect_baseline.json')
@@ -53,7 +62,7 @@ def main(argv=None):
     parser.add_argument('--quiet', action='store_true', help='print the summary line only')
     args = parser.parse_args(argv)
     try:
-        archs = build.parse_archs(args.arch)
+        archs = chosen_archs(args.arch, args.write_baseline or args.check_baseline)
         nvrtc = '%d.%d' % build.nvrtc_version()
         sass.find_tool('nvdisasm')
     except ValueError as exc:
@@ -64,6 +73,9 @@ def main(argv=None):
     unknown = [a for a in archs if a not in occupancy.LIMITS]
     if unknown:
         parser.error('--arch: no occupancy limits for %s (have %s)' % (unknown, ', '.join(occupancy.LIMITS)))
+    if args.write_baseline and set(archs) != set(variants.BASELINE_ARCHS):
+        parser.error('--write-baseline: the baseline holds %s; got --arch %s'
+                     % (','.join(variants.BASELINE_ARCHS), ','.join(archs)))
     if args.dump_loop:
         if not dump_loop(args.dump_loop, archs):
             parser.error('--dump-loop: no registered kernel named %r' % args.dump_loop)
@@ -82,7 +94,7 @@ def main(argv=None):
         baseline.write(records, nvrtc=nvrtc)
         print('inspect: wrote %s' % baseline.BASELINE_PATH)
     if args.check_baseline:
-        problems = baseline.compare(records, baseline.load()['records'])
+        problems = baseline.compare(records, baseline.for_archs(baseline.load()['records'], archs))
         for sentence in problems:
             print('inspect: ' + sentence, file=sys.stderr)
         return 1 if problems else 0

@@ -42,6 +42,12 @@ def load(path=BASELINE_PATH):
     return json.loads(Path(path).read_text())
 
 
+def for_archs(baseline_records, archs):
+    """The entries a report for ``archs`` is compared with: those of the asked architectures
+    and of their arch-specific targets (sm_90 brings sm_90a, as the build does)."""
+    return [b for b in baseline_records if b['arch'] in archs or b['arch'].rstrip('a') in archs]
+
+
 def _dropped(before, after):
     """True when ``after`` is more than RELATIVE_DROP below ``before`` (None: no figure, no check)."""
     if before is None or after is None:

@@ -244,7 +244,7 @@ def add_measured(records, rows):
 
 # ---------------------------------------------------------------- assembling
 
-def build_records(archs=variants.ARCHS, emulated=None, gpu_results=None, workers=2, cache=None, measure=None):
+def build_records(archs=variants.BASELINE_ARCHS, emulated=None, gpu_results=None, workers=2, cache=None, measure=None):
     """Every record, JSON-ready. ``emulated``: the emulator's records (None: none joined), or
     ``measure``: a function returning them, run in this process while the variants missing from
     the compile cache compile in ``workers`` others (a cold run overlaps the two); ``gpu_results``:
