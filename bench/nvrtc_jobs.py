@@ -1,11 +1,11 @@
 """CPU time of every NVRTC job of a cold inspect report, one row per (variant, arch).
 
-    python -m bench.nvrtc_jobs [--arch sm_90,sm_80] [--workers 2] [--json PATH]
+    python -m bench.nvrtc_jobs [--arch sm_90] [--workers 2] [--json PATH]
 
-Compiles every registered variant for every arch as ``python -m gpuk.kernels.inspect`` does on
-an empty cache (build.compile_variant: the same source text and NVRTC options), in ``--workers``
-processes in registry order, without reading or writing the compile cache, and prints one line
-per job (CPU-seconds of its worker, user + system, and when it ran), the heaviest first, then the
+Compiles every registered variant for each arch (default: the report's, sm_90) as
+``python -m gpuk.kernels.inspect`` does on an empty cache (build.compile_variant: the same source
+text and NVRTC options), in ``--workers`` processes in registry order, without reading or writing
+the compile cache, and prints one line per job (CPU-seconds of its worker, user + system, and when it ran), the heaviest first, then the
 total and the wall time. CPU time is the figure to compare on a shared machine: wall time moves
 with the other jobs; the start and end times show whether both workers stay busy to the end.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gpuk.kernels import runtime
 from gpuk.kernels.inspect import report as _report   # noqa: F401 (imported first, as the report does: the registry order)
+from gpuk.kernels.inspect import variants
 from gpuk.kernels.runtime import build
 
 
@@ -49,7 +50,7 @@ def measure(archs, workers=2):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.nvrtc_jobs', description=__doc__.split('\n\n')[0])
-    parser.add_argument('--arch', default='sm_90,sm_80')
+    parser.add_argument('--arch', default=','.join(variants.DEFAULT_ARCHS))
     parser.add_argument('--workers', type=int, default=2)
     parser.add_argument('--json', metavar='PATH')
     args = parser.parse_args(argv)
