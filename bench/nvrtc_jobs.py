@@ -5,8 +5,8 @@
 Compiles every registered variant for each arch (default: the report's, sm_90) as
 ``python -m gpuk.kernels.inspect`` does on an empty cache (build.compile_variant: the same source
 text and NVRTC options), in ``--workers`` processes in registry order, without reading or writing
-the compile cache, and prints one line per job (CPU-seconds of its worker, user + system, and when it ran), the heaviest first, then the
-total and the wall time. CPU time is the figure to compare on a shared machine: wall time moves
+the compile cache, and prints one line per job (CPU-seconds of its worker, user + system, and
+when it ran), the heaviest first, then the total and the wall time. CPU time is the figure to compare on a shared machine: wall time moves
 with the other jobs; the start and end times show whether both workers stay busy to the end.
 """
 import argparse
