@@ -180,7 +180,11 @@ class Plan:
         self.step_op_names = [getattr(op, 'name', type(op).__name__) for op, _, _ in self.steps]
         self._repeats_layouts = _layouts_repeat(self.steps, {s for s, _ in self.fixed})
         self._layouts = None   # (the inputs' and variables' layouts, their LayoutToken) of the last run
-        self._layout_slots = _gather(self.input_slots + [s for s, _ in self.variables])
+        # the fed inputs and variables that steps read: one only returned (or, in a scan's
+        # gradient step plan, a sequence slice the step does not read and is fed None for)
+        # makes no step's layout
+        read = {s for _, ins, _ in self.steps for s in ins}
+        self._layout_slots = _gather([s for s in self.input_slots + [s for s, _ in self.variables] if s in read])
         self.steps = [(op.forward, ins, outs, frees[i]) for i, (op, ins, outs) in enumerate(self.steps)]
         self._bound_steps = [_bound_step(*step) for step in self.steps]
 
