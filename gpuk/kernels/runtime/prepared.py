@@ -250,20 +250,33 @@ class StepBuffers:
         self._kept = [[] for _ in self._dtypes]   # per output: its buffers, the oldest first
 
     def take(self, k):
-        kept = self._kept[k]
-        for buffer in kept:
+        for buffer in self._kept[k]:
             if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT:
                 return buffer
+        return self._new(k)
+
+    def take_all(self):
+        """A buffer for each output (``take(k)`` for every k), as a tuple: take's loop for each
+        output in this one call (a fused step's up to 4 outputs: no call per output)."""
+        taken = []
+        for k, kept in enumerate(self._kept):
+            for buffer in kept:
+                if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT:
+                    taken.append(buffer)
+                    break
+            else:
+                taken.append(self._new(k))
+        return tuple(taken)
+
+    def _new(self, k):
+        """A new buffer for output ``k``, kept with the newest one before it."""
         buffer = self._empty(self._shapes[k], self._dtypes[k])
+        kept = self._kept[k]
         if len(kept) < 2:
             kept.append(buffer)
         else:   # every buffer held elsewhere: the newest two are kept
             kept[:] = [kept[1], buffer]
         return buffer
-
-    def take_all(self):
-        """A buffer for each output (``take(k)`` for every k), as a tuple."""
-        return (*map(self.take, range(len(self._dtypes))),)
 
 
 def _sole_holder_count():
