@@ -14,7 +14,7 @@ signatures) skips both. What ``prepare()`` returns holds sizes, names, numpy sca
 themselves (``rt.kernel_launch``: the loaded kernel with its grid, block and shared memory
 checked) and at most constant device tables no call writes (the fused kernel's index
 strides), or a *runner* closing over those (``fused_runner``, ``bias_act_fwd_runner``, the
-cross-entropy runners: ``run(arrays)`` is the per-call part); never a caller's array: the
+cross-entropy runners: ``run(*arrays)`` is the per-call part); never a caller's array: the
 per-call part still does the array work (contiguous copies, casts, outputs, the launch). A
 plan step that calls a runner launcher keeps its last runner itself (``Kept`` below).
 
@@ -87,9 +87,8 @@ class Kept:
 
     ``run`` calls the kept runner with the arrays (``run(*arrays)``), making it first with
     ``make(owner, *arrays)`` when the arrays' layouts or ``owner`` (the implementation, the same
-    object) changed. The comparison
-    is one C-level list comparison (``LAYOUT`` mapped over the arrays). Because it includes
-    the strides, a runner may offer a faster variant for exactly these layouts: a runner with a
+    object) changed. The comparison is one C-level list comparison (``LAYOUT`` mapped over the
+    arrays). Because it includes the strides, a runner may offer a faster variant for exactly these layouts: a runner with a
     ``specialized(arrays)`` attribute is kept as what that returns (the fused runner's
     variant knows which inputs are strided, so it tests none per call), and such a variant,
     being this call site's own, may own the step's output buffers (``StepBuffers``: the plan's
