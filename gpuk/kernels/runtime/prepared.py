@@ -88,11 +88,11 @@ class Kept:
     ``run`` calls the kept runner with the arrays (``run(*arrays)``), making it first with
     ``make(owner, *arrays)`` when the arrays' layouts or ``owner`` (the implementation, the same
     object) changed. The comparison is one C-level list comparison (``LAYOUT`` mapped over the
-    arrays). Because it includes the strides, a runner may offer a faster variant for exactly these layouts: a runner with a
-    ``specialized(arrays)`` attribute is kept as what that returns (the fused runner's
-    variant knows which inputs are strided, so it tests none per call), and such a variant,
-    being this call site's own, may own the step's output buffers (``StepBuffers``: the plan's
-    memory arena for plain launches). Inside a plan run whose input layouts repeat
+    arrays). Because it includes the strides, a runner may offer a faster variant for exactly
+    these layouts: a runner with a ``specialized(arrays)`` attribute is kept as what that
+    returns (the fused runner's variant knows which inputs are strided, so it tests none per
+    call), and such a variant, being this call site's own, may own the step's output buffers
+    (``StepBuffers``: the plan's memory arena for plain launches). Inside a plan run whose input layouts repeat
     (``LayoutToken``), a Kept called once per run skips even the comparison, and the plan calls
     the runner it kept directly from the next run of that token on (``runner_of_run``).
 
