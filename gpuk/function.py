@@ -231,20 +231,20 @@ class Plan:
             steps = self._steps_of_run(token)
             values = self._run(env, fed_arrays, steps)
             if steps is self._bound_steps:
-                self._call_kept_runners(token)
+                self._resolve_kept_runners(token)
             return values
         finally:
             prepared.leave_run(previous)
 
     def _steps_of_run(self, token):
         """The bound steps, or in a run of a token whose earlier run they were made from, the
-        steps calling their op's kept runner in place of its forward (_call_kept_runners)."""
+        steps calling their op's kept runner in place of its forward (_resolve_kept_runners)."""
         kept = self._kept_steps
         if kept is not None and kept[0] is token and kept[1] == prepared.kept_state():
             return kept[2]
         return self._bound_steps
 
-    def _call_kept_runners(self, token):
+    def _resolve_kept_runners(self, token):
         """After a run of ``token`` through the ops' forwards, from its second run on (the first
         may have compared and made runners): each step whose op's Kept called a runner once in
         it calls that runner itself in the next runs of the token (its arrays have the layouts
