@@ -13,6 +13,8 @@ Per input signature (shapes and dtypes): the first run checks every launch, late
 the per-call argument checks (runtime.prepared_launches), and on the CUDA runtime a signature
 called again replays a captured CUDA Graph (gpuk/cuda_graph.py) instead of running the plan.
 """
+import collections
+import functools
 import itertools
 import operator
 
@@ -180,9 +182,15 @@ class Plan:
         self.step_op_names = [getattr(op, 'name', type(op).__name__) for op, _, _ in self.steps]
         self._repeats_layouts = _layouts_repeat(self.steps, {s for s, _ in self.fixed})
         self._layouts = None   # (the inputs' and variables' layouts, their LayoutToken) of the last run
-        self._layout_slots = _gather(self.input_slots + [s for s, _ in self.variables])
+        # the fed inputs and variables that steps read: one only returned (or, in a scan's
+        # gradient step plan, a sequence slice the step does not read and is fed None for)
+        # makes no step's layout
+        read = {s for _, ins, _ in self.steps for s in ins}
+        self._layout_slots = _gather([s for s in self.input_slots + [s for s, _ in self.variables] if s in read])
+        self._step_kepts = _sole_kepts([getattr(op, 'kept', None) for op, _, _ in self.steps])
+        self._kept_steps = None   # (LayoutToken, prepared.kept_state(), steps calling kept runners)
         self.steps = [(op.forward, ins, outs, frees[i]) for i, (op, ins, outs) in enumerate(self.steps)]
-        self._bound_steps = [_bound_step(*step) for step in self.steps]
+        self._bound_steps = [_bound_step(self.impl, *step) for step in self.steps]
 
     def _initial_env(self, fed_arrays):
         """Slot values before the first step: folded constants, variables and the fed inputs
@@ -217,22 +225,51 @@ class Plan:
 
     def run(self, fed_arrays):
         env = self._initial_env(fed_arrays)
-        previous = prepared.enter_run(self._layout_token(env))
+        token = self._layout_token(env)
+        previous = prepared.enter_run(token)
         try:
-            return self._run(env, fed_arrays)
+            steps = self._steps_of_run(token)
+            values = self._run(env, fed_arrays, steps)
+            if steps is self._bound_steps:
+                self._resolve_kept_runners(token)
+            return values
         finally:
             prepared.leave_run(previous)
 
-    def _run(self, env, fed_arrays):
-        impl = self.impl
+    def _steps_of_run(self, token):
+        """The bound steps, or in a run of a token whose earlier run they were made from, the
+        steps calling their op's kept runner in place of its forward (_resolve_kept_runners)."""
+        kept = self._kept_steps
+        if kept is not None and kept[0] is token and kept[1] == prepared.kept_state():
+            return kept[2]
+        return self._bound_steps
+
+    def _resolve_kept_runners(self, token):
+        """After a run of ``token`` through the ops' forwards, from its second run on (the first
+        may have compared and made runners): each step whose op's Kept called a runner once in
+        it calls that runner itself in the next runs of the token (its arrays have the layouts
+        the runner was kept for: prepared.LayoutToken), one Python frame and the Kept's checks
+        fewer per step; the other steps stay as they are. Valid until prepared.clear() or
+        forget_kept(), unused under GPUK_CHECK_LAUNCHES=1 (and not made then: its runners
+        would be none)."""
+        state = prepared.kept_state()
+        if token is None or token.runs < 2 or state is None:
+            return
+        steps = []
+        for kept, step in zip(self._step_kepts, self._bound_steps):
+            runner = None if kept is None else kept.runner_of_run(self.impl, token)
+            steps.append(step if runner is None else (runner, *step[1:]))
+        self._kept_steps = (token, state, steps)
+
+    def _run(self, env, fed_arrays, steps):
         counting = counters.active()
         if counting is not None:
-            return self._run_counted(env, fed_arrays, counting)
+            return self._run_counted(env, fed_arrays, counting, steps)
         # each step's slots were resolved when the plan was built (_bound_step): per step one C
         # call gathers its arguments, one stores its result, frees run only where there are any
-        for i, (forward, arguments, out, outs, frees) in enumerate(self._bound_steps):
+        for i, (call, arguments, out, outs, frees) in enumerate(steps):
             try:
-                result = forward(impl, *arguments(env))
+                result = call(*arguments(env))
             except (ValueError, TypeError, IndexError) as error:
                 raise self._run_error(i, error, arguments(env), fed_arrays) from error
             if out is not None:
@@ -245,13 +282,12 @@ class Plan:
                     env[s] = None
         return list(self._targets(env))
 
-    def _run_counted(self, env, fed_arrays, counting):
+    def _run_counted(self, env, fed_arrays, counting, steps):
         """run() inside counters.counting(): each step timed and its new buffers counted."""
-        impl = self.impl
-        for i, (forward, arguments, out, outs, frees) in enumerate(self._bound_steps):
+        for i, (call, arguments, out, outs, frees) in enumerate(steps):
             args = arguments(env)
             try:
-                result = counting.step(forward, impl, args, _NewBuffers(len(outs) > 1, args))
+                result = counting.step(call, args, _NewBuffers(len(outs) > 1, args))
             except (ValueError, TypeError, IndexError) as error:
                 raise self._run_error(i, error, args, fed_arrays) from error
             if out is not None:
@@ -333,13 +369,23 @@ def _step_graph_reads_shape_values(op):
     return False
 
 
-def _bound_step(forward, ins, outs, frees):
-    """(forward, arguments, out, outs, frees): one plan step with its slots resolved for
-    Plan.run. ``arguments(env)`` gathers the step's argument values in one C call (an
-    itemgetter; a slice for fewer than two, as itemgetter of one index returns the bare
-    value); ``out`` is the one output slot, or None when the step returns a tuple for ``outs``;
-    ``frees`` the slots whose last reader this step is (a tuple, empty when none)."""
-    return forward, _gather(ins), outs[0] if len(outs) == 1 else None, tuple(outs), tuple(frees)
+def _bound_step(impl, forward, ins, outs, frees):
+    """(call, arguments, out, outs, frees): one plan step with its slots resolved for Plan.run.
+    ``call(*arguments(env))`` is ``forward(impl, ...)`` (a partial: no Python frame of its own);
+    ``arguments(env)`` gathers the step's argument values in one C call (an itemgetter; a slice
+    for fewer than two, as itemgetter of one index returns the bare value); ``out`` is the one
+    output slot, or None when the step returns a tuple for ``outs``; ``frees`` the slots whose
+    last reader this step is (a tuple, empty when none)."""
+    return (functools.partial(forward, impl), _gather(ins), outs[0] if len(outs) == 1 else None, tuple(outs),
+            tuple(frees))
+
+
+def _sole_kepts(kepts):
+    """Each step's prepared.Kept (Op.kept; None for a plan-only wrapper, which is no Op), or
+    None where the op is in several steps: one Kept at two call sites keeps one runner, made for
+    the layouts of whichever called it last, so neither may call it directly."""
+    uses = collections.Counter(id(kept) for kept in kepts)
+    return [kept if kept is not None and uses[id(kept)] == 1 else None for kept in kepts]
 
 
 def _gather(slots):

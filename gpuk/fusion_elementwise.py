@@ -58,7 +58,7 @@ class FusedElementwise(Op):
         if any(args[op.shape_from_values] for op, args in self.members):
             self.shape_from_values = slice(0, None)
         self._last = None   # (implementation, the program last built for it)
-        self._kept = prepared.Kept(as_sequence=True)   # its runners take the inputs as one sequence
+        self.kept = prepared.Kept()
 
     @property
     def name(self):
@@ -91,9 +91,9 @@ class FusedElementwise(Op):
 
     def forward(self, impl, *arrays):
         # plan values are arrays or NumPy scalars (0-d NumPy results): both have dtype and shape.
-        # The step keeps the runner of its last problem (checked and set up once: prepared.Kept)
-        results = self._kept.run(impl, arrays, self._runner)
-        return results[0] if len(results) == 1 else tuple(results)
+        # The step keeps the runner of its last problem (checked and set up once: prepared.Kept),
+        # which returns the step's result (the one output, or a tuple)
+        return self.kept.run(impl, arrays, self._runner)
 
     def _runner(self, impl, *arrays):
         return impl.elementwise.fused_runner(self.program(impl, arrays), arrays)

@@ -141,3 +141,57 @@ def test_plan_takes_static_shapes_as_constants():
     assert got[0].shape == (2, 4) and got[1] == 6
     op_names = [type(forward.__self__).__name__ for forward, _, _, _ in f._plan.steps]
     assert op_names.count('Shape') == 1  # K.shape(x) only: K.shape(w) is known at compile time
+
+
+def test_steps_call_their_kept_runners_once_a_run_of_the_same_layouts_repeats(on_device, monkeypatch):
+    """From the third run with the same input layouts (prepared.LayoutToken), a step whose op
+    keeps a runner (Op.kept) calls it directly, not through its forward; new layouts,
+    prepared.clear() and GPUK_CHECK_LAUNCHES=1 go through the forwards again, and every run
+    gives the same results."""
+    from gpuk.kernels.runtime import prepared
+    x = K.placeholder((None, 3))
+    w = K.variable(np.full((3, 4), 0.5, np.float32))
+    b = K.variable(np.arange(4, dtype=np.float32))
+    f = K.function([x], [K.relu(K.bias_add(K.dot(x, w), b)) * 2.0 + 1.0])
+    through_kept = []
+    real = prepared.Kept.run
+
+    def run(self, owner, arrays, make):
+        through_kept.append(type(self))
+        return real(self, owner, arrays, make)
+    monkeypatch.setattr(prepared.Kept, 'run', run)
+
+    def calls_through_kept(value):
+        through_kept.clear()
+        out, = f([value])
+        expected = np.maximum(value @ np.full((3, 4), 0.5) + np.arange(4), 0) * 2 + 1
+        np.testing.assert_allclose(out, expected, rtol=1e-6)
+        return len(through_kept)
+
+    value, other = np.ones((2, 3), np.float32), np.ones((5, 3), np.float32)
+    first, second, third, fourth = [calls_through_kept(value) for _ in range(4)]
+    assert first == second > 0 and third == fourth == 0, (first, second, third, fourth)
+    assert calls_through_kept(other) == first          # new layouts: a new token
+    assert calls_through_kept(value) == first          # and back
+    prepared.clear()                                   # the runners are made again, in the next run
+    assert [calls_through_kept(value) for _ in range(3)] == [first, 0, 0]
+    monkeypatch.setenv('GPUK_CHECK_LAUNCHES', '1')
+    assert calls_through_kept(value) == first
+    monkeypatch.delenv('GPUK_CHECK_LAUNCHES')
+    assert calls_through_kept(value) == 0
+
+
+def test_an_op_in_two_steps_of_different_shapes_never_calls_one_kept_runner_for_both(on_device):
+    """One op object in two steps shares one prepared.Kept, which keeps a runner for the shapes
+    of its last call: neither step may be handed the other's runner, through its forward
+    (Kept: a second call in a run trusts no token) or directly (Plan: _sole_kepts)."""
+    from gpuk.graph import apply
+    from gpuk.ops.bias import BiasAct
+    shared = BiasAct(1, 'relu')
+    x1, x2, b = K.placeholder((2, 3)), K.placeholder((4, 3)), K.variable(np.array([0.5, -1.0, 2.0], np.float32))
+    f = K.function([x1, x2], [apply(shared, x1, b), apply(shared, x2, b)])
+    v1, v2 = np.full((2, 3), 1.0, np.float32), np.full((4, 3), -2.0, np.float32)
+    for _ in range(4):
+        y1, y2 = f([v1, v2])
+        np.testing.assert_array_equal(y1, np.maximum(v1 + [0.5, -1.0, 2.0], 0))
+        np.testing.assert_array_equal(y2, np.maximum(v2 + [0.5, -1.0, 2.0], 0))

@@ -77,6 +77,24 @@ def test_categorical_crossentropy_probs_and_logits(on_device, rng, dtype, axis):
         np.testing.assert_allclose(from_probs, keras, **TOL[dtype])
 
 
+def test_cross_entropy_steps_give_the_same_results_run_after_run_on_strided_inputs(on_device, rng):
+    """A plan step's cross-entropy variant passes the inputs that are contiguous rows already as
+    they are and converts the others (a transposed target, a broadcast gradient seed), tested
+    once on the kept layouts: the same loss and gradient on every run."""
+    logits = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    target = rng.random((3, 4, 5)).astype(np.float32)
+    x, t = K.placeholder((4, 3, 5)), K.placeholder((3, 4, 5))
+    loss = K.categorical_crossentropy(K.permute_dimensions(t, (1, 0, 2)), x, from_logits=True)
+    f = K.function([x, t], [loss, K.gradients(K.sum(loss), [x])[0]])
+    moved = np.transpose(target, (1, 0, 2))
+    want_loss = -(moved * _log_softmax(logits, -1)).sum(-1)
+    want_grad = np.exp(_log_softmax(logits, -1)) * moved.sum(-1, keepdims=True) - moved
+    for _ in range(4):
+        got_loss, got_grad = f([logits, target])
+        np.testing.assert_allclose(got_loss, want_loss, **TOL['float32'])
+        np.testing.assert_allclose(got_grad, want_grad, **TOL['float32'])
+
+
 @pytest.mark.parametrize('dtype', ['float16', 'float32', 'float64'])
 def test_softmax_rewrite_is_stable(on_device, dtype):
     """softmax probabilities underflow to 0; the loss of the softmax node stays finite and

@@ -95,6 +95,15 @@ class FusedProgram:
             deps.append(frozenset().union(*(deps[a] for a in instruction.args)))
         return [deps[v] for v in self.outputs]
 
+    def step_result(self, outputs):
+        """``outputs`` (one per program output) as a plan step returns them, and so a fused
+        runner: the one output itself, or a tuple of them."""
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def output_list(self, result):
+        """A runner's ``result`` (step_result) as the list ``fused()`` returns."""
+        return [result] if len(self.outputs) == 1 else list(result)
+
     def run_unfused(self, inputs):
         """The outputs computed op by op with each op's own forward (a tight loop: on the
         NumPy device it runs per step, and its overhead is what fusing there costs)."""

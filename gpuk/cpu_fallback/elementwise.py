@@ -76,11 +76,17 @@ def bias_act_fwd_runner(x, bias, axis=-1, activation='linear'):
 def fused(program, inputs):
     """The outputs (a list) of a fused elementwise ``program`` (gpuk.contracts.fused_program):
     its ops run one by one with their own NumPy forwards, so results equal the unfused plan's."""
-    return fused_runner(program, inputs)(inputs)
+    run = fused_runner(program, inputs)   # (checks the program first)
+    return program.output_list(run(*inputs))
 
 
 def fused_runner(program, inputs):
-    """``run(inputs)``, ``fused(program, inputs)`` for inputs of the dtypes of these ``inputs``
-    (checked now): what a fused plan step keeps between calls."""
+    """``run(*inputs)``, ``fused(program, inputs)`` as a plan step returns it (the one output,
+    or a tuple: FusedProgram.step_result) for inputs of the dtypes of these ``inputs`` (checked
+    now): what a fused plan step keeps between calls."""
     check_fused_args(program, inputs)
-    return program.run_unfused
+    run_unfused, step_result = program.run_unfused, program.step_result
+
+    def run(*inputs):
+        return step_result(run_unfused(inputs))
+    return run

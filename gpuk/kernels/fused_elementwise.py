@@ -188,19 +188,21 @@ def _viewed_shapes(program, shapes):
 
 def fused(program, inputs, *, runtime=None):
     """The outputs (a list) of ``program`` (gpuk.contracts.fused_program) on ``inputs``."""
-    return fused_runner(program, inputs, runtime=runtime)(inputs)
+    run = fused_runner(program, inputs, runtime=runtime)   # (checks the program first)
+    return program.output_list(run(*inputs))
 
 
 def fused_runner(program, inputs, *, runtime=None):
-    """``run(inputs)``, ``fused(program, inputs)`` for inputs of the shapes and dtypes of these
-    ``inputs``: checked and set up once per problem signature (runtime/prepared.py); a fused
-    plan step keeps it for its next calls (prepared.Kept)."""
+    """``run(*inputs)``, ``fused(program, inputs)`` as a plan step returns it (the one output, or
+    a tuple: FusedProgram.step_result) for inputs of the shapes and dtypes of these ``inputs``:
+    checked and set up once per problem signature (runtime/prepared.py); a fused plan step
+    keeps it for its next calls (prepared.Kept)."""
     rt = resolve(runtime)
     return prepared.get(rt, 'fused', inputs, (program,), lambda: _prepare(rt, program, inputs))
 
 
 def _prepare(rt, program, inputs):
-    """``run(inputs)`` for inputs of this problem's signature: the checks and every choice that
+    """``run(*inputs)`` for inputs of this problem's signature: the checks and every choice that
     reads only the signature (kernel or op-by-op, output shape and dtypes, the kernel launch
     with its grid, index tables and padding arguments) are made here, once; ``run`` does the
     per-call array work (contiguous inputs, outputs, the launch)."""
@@ -220,8 +222,9 @@ def _prepare(rt, program, inputs):
                 return [a if type(a) is array_type and a.flags.c_contiguous else _contiguous(xp, a) for a in inputs]
         return inputs
 
+    step_result = program.step_result
     if not (program.kernel_ready() and same_shape and len(out_shape) <= MAX_RANK):
-        return lambda inputs: [xp.asarray(v) for v in program.run_unfused(contiguous(inputs))]
+        return lambda *inputs: step_result([xp.asarray(v) for v in program.run_unfused(contiguous(inputs))])
     n = int(np.prod(out_shape, dtype=np.int64))
     launch, tail = _launch_of(rt, program, shapes, out_shape, n, layout)
     dummy = _dummy(rt)
@@ -230,28 +233,28 @@ def _prepare(rt, program, inputs):
     tail = (dummy,) * (MAX_OUTPUTS - len(out_dtypes)) + (tail or ())
 
     if launch is None:   # an empty output: nothing to launch
-        return lambda inputs: [empty(out_shape, dtype) for dtype in out_dtypes]
+        return lambda *inputs: step_result([empty(out_shape, dtype) for dtype in out_dtypes])
     # (contiguous() inlined in the runs below: a loop, no call, when every input is contiguous)
     if len(out_dtypes) == 1:   # the common case, without a loop over the outputs
         out_dtype = out_dtypes[0]
 
-        def run(inputs):
+        def run(*inputs):
             for a in inputs:
                 if type(a) is not array_type or not a.flags.c_contiguous:
                     inputs = contiguous(inputs)
                     break
             out = empty(out_shape, out_dtype)
             launch((*inputs, *input_pads, out, *tail))
-            return [out]
+            return out
     else:
         empty_output = functools.partial(empty, out_shape)   # one per output dtype, mapped (no Python frame)
 
-        def run(inputs):
+        def run(*inputs):
             for a in inputs:
                 if type(a) is not array_type or not a.flags.c_contiguous:
                     inputs = contiguous(inputs)
                     break
-            outputs = [*map(empty_output, out_dtypes)]
+            outputs = (*map(empty_output, out_dtypes),)
             launch((*inputs, *input_pads, *outputs, *tail))
             return outputs
 
@@ -269,24 +272,24 @@ def _prepare(rt, program, inputs):
         buffers = prepared.StepBuffers(empty, out_shape, out_dtypes)
         take_outputs = buffers.take_all
         if converted:
-            def run_converting(inputs):
+            def run_converting(*inputs):
                 inputs = list(inputs)
                 for k in converted:
                     inputs[k] = _contiguous(xp, inputs[k])   # (a strided copy is counted there)
                 outputs = take_outputs()
                 launch((*inputs, *input_pads, *outputs, *tail))
-                return outputs
+                return step_result(outputs)
             return run_converting
         if len(out_dtypes) == 1:
             take = buffers.take
 
-            def run_one(inputs):
+            def run_one(*inputs):
                 out = take(0)
                 launch((*inputs, *input_pads, out, *tail))
-                return [out]
+                return out
             return run_one
 
-        def run_several(inputs):
+        def run_several(*inputs):
             outputs = take_outputs()
             launch((*inputs, *input_pads, *outputs, *tail))
             return outputs

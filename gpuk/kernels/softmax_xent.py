@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpuk import config
 from gpuk.cpu_fallback import softmax_xent as twin
 from gpuk.contracts import softmax_xent_checks as checks
 from gpuk.contracts.dtypes import ELEMENT_TYPES, FLOAT_DTYPES, accumulation_dtype
@@ -320,11 +321,19 @@ class _XentRows:
             array = array.astype(dtype, copy=False)
         return xp.ascontiguousarray(xp.moveaxis(array, self.axis, -1) if self.moved else array)
 
+    def is_data(self, array, dtype):
+        """Whether ``array`` is what ``data(array, dtype)`` returns already (a runtime array of
+        contiguous rows in ``dtype``): a plan step's variant, which knows its arrays' layouts
+        (prepared.Kept), then passes it as it is."""
+        return (type(array) is self.array_type and not self.moved and array.flags.c_contiguous
+                and array.dtype == dtype)
+
 
 def _cudnn_asked():
     """Whether the family is set to cuDNN (or auto, with cuDNN here): a runner then calls the
-    launcher, whose dispatcher says once that cuDNN has no fused cross-entropy."""
-    return cudnn_library.choose('softmax_xent') != 'gpuk'
+    launcher, whose dispatcher says once that cuDNN has no fused cross-entropy. The common
+    answer (gpuk's kernels) is read in place, as dispatch.run reads it: this runs per call."""
+    return config._kernels.get('softmax_xent') != 'gpuk' and cudnn_library.choose('softmax_xent') != 'gpuk'
 
 
 def _prepare_xent_fwd(rt, logits, target, axis, launcher=None):
@@ -334,26 +343,26 @@ def _prepare_xent_fwd(rt, logits, target, axis, launcher=None):
     empty, reduced, data, launch, sizes = rt.xp.empty, rows.moved_shape[:-1], rows.data, rows.launch, rows.sizes
     dtype, acc = rows.dtype, rows.acc
 
-    def run(logits, target):
-        if launcher is not None and _cudnn_asked():
-            return launcher(logits, target, axis, runtime=rt)
-        loss, lse = empty(reduced, dtype), empty(reduced, acc)
-        if launch is not None:
-            launch((data(logits), data(target, dtype), loss, lse) + sizes)
-        return loss, lse
-
-    def specialized(arrays):
-        """A plan step's run (prepared.Kept): loss and lse in the step's reused buffers."""
-        take = prepared.StepBuffers(empty, None, (dtype, acc), shapes=(reduced, reduced)).take
-
-        def run_kept(logits, target):
+    def run_with(outputs, logits_as_is=False, target_as_is=False):
+        """The run taking (loss, lse) from ``outputs()``, passing logits or target as they
+        are where they are the kernel's data already (_XentRows.is_data)."""
+        def run(logits, target):
             if launcher is not None and _cudnn_asked():
                 return launcher(logits, target, axis, runtime=rt)
-            loss, lse = take(0), take(1)
+            loss, lse = outputs()
             if launch is not None:
-                launch((data(logits), data(target, dtype), loss, lse) + sizes)
+                launch((logits if logits_as_is else data(logits), target if target_as_is else data(target, dtype),
+                        loss, lse) + sizes)
             return loss, lse
-        return run_kept
+        return run
+
+    run = run_with(lambda: (empty(reduced, dtype), empty(reduced, acc)))
+
+    def specialized(arrays):
+        """A plan step's run (prepared.Kept): loss and lse in the step's reused buffers, logits and
+        target tested once here (their layouts are the kept ones)."""
+        buffers = prepared.StepBuffers(empty, None, (dtype, acc), shapes=(reduced, reduced))
+        return run_with(buffers.take_all, rows.is_data(arrays[0], dtype), rows.is_data(arrays[1], dtype))
     run.specialized = specialized
     return run
 
@@ -367,22 +376,32 @@ def _prepare_xent_bwd(rt, logits, target, lse, dloss, axis, launcher=None):
     per_row = lambda v: xp.ascontiguousarray((v if type(v) is rows.array_type else xp.asarray(v))  # noqa: E731
                                              .astype(acc, copy=False))
 
-    def run(logits, target, lse, dloss, dlogits=None):
-        if launcher is not None and _cudnn_asked():
-            return launcher(logits, target, lse, dloss, axis, runtime=rt)
-        if dlogits is None:
-            dlogits = xp.empty(rows.moved_shape, dtype)
-        if launch is not None:
-            launch((data(logits), data(target, dtype), per_row(lse), per_row(dloss), dlogits) + sizes)
-        return xp.ascontiguousarray(xp.moveaxis(dlogits, -1, axis)) if rows.moved else dlogits
+    def run_with(output, as_is=(False,) * 4):
+        """The run taking dlogits from ``output()``, passing each input as it is where ``as_is``
+        says it is the kernel's data already (_XentRows.is_data)."""
+        logits_as_is, target_as_is, lse_as_is, dloss_as_is = as_is
+
+        def run(logits, target, lse, dloss):
+            if launcher is not None and _cudnn_asked():
+                return launcher(logits, target, lse, dloss, axis, runtime=rt)
+            dlogits = output()
+            if launch is not None:
+                launch((logits if logits_as_is else data(logits), target if target_as_is else data(target, dtype),
+                        lse if lse_as_is else per_row(lse), dloss if dloss_as_is else per_row(dloss), dlogits)
+                       + sizes)
+            return xp.ascontiguousarray(xp.moveaxis(dlogits, -1, axis)) if rows.moved else dlogits
+        return run
+
+    run = run_with(functools.partial(xp.empty, rows.moved_shape, dtype))
 
     def specialized(arrays):
         """A plan step's run (prepared.Kept): dlogits in the step's reused buffer (classes on
-        the last axis; a moved axis gives a new array as before)."""
+        the last axis; a moved axis gives a new array as before), the inputs tested once here
+        (their layouts are the kept ones)."""
         if rows.moved:
             return run
-        take = prepared.StepBuffers(xp.empty, rows.moved_shape, (dtype,)).take
-        return lambda logits, target, lse, dloss: run(logits, target, lse, dloss, take(0))
+        output = functools.partial(prepared.StepBuffers(xp.empty, rows.moved_shape, (dtype,)).take, 0)
+        return run_with(output, tuple(map(rows.is_data, arrays, (dtype, dtype, acc, acc))))
     run.specialized = specialized
     return run
 

@@ -29,6 +29,11 @@ class Op:
     # output's shape: a plan where such an input is not a constant cannot count on a step's
     # layouts repeating from run to run (prepared.LayoutToken)
     shape_from_values = slice(0, 0)
+    # the op's prepared.Kept, where its forward(impl, *arrays) is kept.run(impl, arrays, make):
+    # all its arrays, in order, the runner's result returned as it is. A plan then calls the
+    # runner its step called in one run in place of forward in the runs after it with the same
+    # input layouts (Kept.runner_of_run, Plan.run)
+    kept = None
 
     def infer(self, *metas):
         raise TypeError('%s does not define infer()' % type(self).__name__)

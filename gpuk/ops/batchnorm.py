@@ -114,7 +114,7 @@ class BnTrain(Op):
         self.axes, self.epsilon = tuple(axes), float(epsilon)
         self.has_gamma, self.has_beta, self.where = has_gamma, has_beta, where
         self.activation, self.moving = check_activation(where, activation), moving
-        self._kept = prepared.Kept()
+        self.kept = prepared.Kept()
 
     def _parts(self, rest):
         """(gamma, beta, moving inputs) from the inputs after x."""
@@ -137,7 +137,7 @@ class BnTrain(Op):
 
     def forward(self, impl, x, *rest):
         # the step keeps the runner of its last problem (checked and set up once: prepared.Kept)
-        return self._kept.run(impl, (x,) + rest, self._runner)
+        return self.kept.run(impl, (x,) + rest, self._runner)
 
     def _runner(self, impl, x, *rest):
         """``run(x, *rest)`` for inputs of the types, shapes and dtypes of these: the kernel's
@@ -209,7 +209,7 @@ class BnGrad(Op):
         self.axes = axes
         self.has_gamma, self.has_dmean, self.has_dvar = has_gamma, has_dmean, has_dvar
         self.activation = check_activation('BnGrad', activation)
-        self._kept = prepared.Kept()
+        self.kept = prepared.Kept()
 
     def _optional(self, rest):
         """(gamma, d_mean, d_var, y) from the inputs after inv_std."""
@@ -222,7 +222,7 @@ class BnGrad(Op):
         return Meta(x.shape, x.dtype), stat, stat
 
     def forward(self, impl, dy, x, mean, inv_std, *rest):   # the step keeps its runner, as BnTrain's
-        return self._kept.run(impl, (dy, x, mean, inv_std) + rest, self._runner)
+        return self.kept.run(impl, (dy, x, mean, inv_std) + rest, self._runner)
 
     def _runner(self, impl, dy, x, mean, inv_std, *rest):
         gamma, d_mean, d_var, relu_y = self._optional(rest)
@@ -272,7 +272,7 @@ class BnInfer(Op):
         self.epsilon, self.has_gamma, self.has_beta = float(epsilon), has_gamma, has_beta
         self.axis, self.where = axis, where
         self.activation = check_activation(where, activation)
-        self._kept = prepared.Kept()
+        self.kept = prepared.Kept()
 
     def infer(self, x, mean, var, *params):
         require_float(self.where, 'x', x)
@@ -292,7 +292,7 @@ class BnInfer(Op):
         return Meta(x.shape, x.dtype)
 
     def forward(self, impl, x, mean, var, *params):   # the step keeps its runner, as BnTrain's
-        return self._kept.run(impl, (x, mean, var) + params, self._runner)
+        return self.kept.run(impl, (x, mean, var) + params, self._runner)
 
     def _runner(self, impl, x, mean, var, *params):
         gamma, beta = _split((self.has_gamma, self.has_beta), params)

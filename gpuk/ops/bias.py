@@ -19,7 +19,7 @@ ACTIVATIONS = ('linear', 'relu')
 class BiasAct(Op):
     def __init__(self, axis, activation):
         self.axis, self.activation = axis, activation
-        self._kept = prepared.Kept()
+        self.kept = prepared.Kept()
 
     def infer(self, x, bias):
         size = x.shape[self.axis]
@@ -30,7 +30,7 @@ class BiasAct(Op):
 
     def forward(self, impl, x, bias):
         # the step keeps the runner of its last problem (checked and set up once: prepared.Kept)
-        return self._kept.run(impl, (x, bias), self._runner)
+        return self.kept.run(impl, (x, bias), self._runner)
 
     def _runner(self, impl, x, bias):
         return impl.elementwise.bias_act_fwd_runner(x, bias, self.axis, self.activation)
@@ -62,7 +62,7 @@ class ConvBiasAct(Op):
             raise ValueError('ConvBiasAct: activation must be one of %s, got %r'
                              % (ACTIVATIONS, activation))
         self.window, self.activation = window, activation
-        self._kept = prepared.Kept()
+        self.kept = prepared.Kept()
 
     @property
     def channel_axis(self):
@@ -73,7 +73,7 @@ class ConvBiasAct(Op):
         return BiasAct(self.channel_axis, 'linear').infer(conv_meta, bias)
 
     def forward(self, impl, x, w, bias):   # the step keeps its runner, as BiasAct's
-        return self._kept.run(impl, (x, w, bias), self._runner)
+        return self.kept.run(impl, (x, w, bias), self._runner)
 
     def _runner(self, impl, x, w, bias):
         win = self.window

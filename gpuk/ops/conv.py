@@ -172,7 +172,7 @@ class _WindowOp(Op):
         # kept with the arrays' signature (prepared.Kept), so a step that sees the same shapes
         # again skips reading them. A result shape read from a shape vector's values (not
         # ``from_like``) is never kept.
-        self._kept = prepared.Kept(keeps=from_like)
+        self.kept = prepared.Kept(keeps=from_like)
         # a gradient's result shape read from a shape vector's values (third input)
         self.shape_from_values = slice(0, 0) if from_like else slice(2, None)
 
@@ -192,7 +192,7 @@ class ConvFwd(_WindowOp):
         return assemble_shape(x_shape[0], win.out_channels(w_shape), out, win.channels_first)
 
     def forward(self, impl, x, w):
-        return self._kept.run(impl, (x, w), self._call)
+        return self.kept.run(impl, (x, w), self._call)
 
     def _call(self, impl, x, w):
         win = self.window
@@ -239,7 +239,7 @@ class ConvDgrad(_WindowOp):
                                    win.channels_first), dy.dtype)
 
     def forward(self, impl, dy, w, x_shape_source):
-        return self._kept.run(impl, (dy, w, x_shape_source), self._call)
+        return self.kept.run(impl, (dy, w, x_shape_source), self._call)
 
     def _call(self, impl, dy, w, x_shape_source):
         win = self.window
@@ -271,7 +271,7 @@ class ConvWgrad(_WindowOp):
         return Meta(w_shape, x.dtype)
 
     def forward(self, impl, x, dy, w_shape_source):
-        return self._kept.run(impl, (x, dy, w_shape_source), self._call)
+        return self.kept.run(impl, (x, dy, w_shape_source), self._call)
 
     def _call(self, impl, x, dy, w_shape_source):
         win = self.window

@@ -78,7 +78,7 @@ class MaxPool(Op):
 
     def __init__(self, window):
         self.window = window
-        self._kept = prepared.Kept()
+        self.kept = prepared.Kept()
 
     def infer(self, x):
         _check_float(self.window.where, x.dtype)
@@ -87,7 +87,7 @@ class MaxPool(Op):
 
     def forward(self, impl, x):
         # the step keeps the runner of its last problem (checked and set up once: prepared.Kept)
-        return self._kept.run(impl, (x,), self._runner)
+        return self.kept.run(impl, (x,), self._runner)
 
     def _runner(self, impl, x):
         if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
@@ -107,13 +107,13 @@ class MaxPoolBwd(Op):
 
     def __init__(self, window, x_static):
         self.window, self.x_static = window, x_static
-        self._kept = prepared.Kept()
+        self.kept = prepared.Kept()
 
     def infer(self, dy, argmax, x_like):
         return Meta(self.x_static, dy.dtype)
 
     def forward(self, impl, dy, argmax, x_like):   # the step keeps its runner, as MaxPool's
-        return self._kept.run(impl, (dy, argmax, x_like), self._runner)
+        return self.kept.run(impl, (dy, argmax, x_like), self._runner)
 
     def _runner(self, impl, dy, argmax, x_like):
         if dy.shape[0] == 0:
@@ -160,14 +160,14 @@ class AvgPool(Op):
 
     def __init__(self, window):
         self.window = window
-        self._kept = prepared.Kept()
+        self.kept = prepared.Kept()
 
     def infer(self, x):
         _check_float(self.window.where, x.dtype)
         return Meta(self.window.out_shape(x.shape), x.dtype)
 
     def forward(self, impl, x):   # the step keeps its runner, as MaxPool's
-        return self._kept.run(impl, (x,), self._runner)
+        return self.kept.run(impl, (x,), self._runner)
 
     def _runner(self, impl, x):
         if x.shape[0] == 0:  # an empty batch: an empty result, as in TensorFlow
@@ -185,13 +185,13 @@ class AvgPoolBwd(Op):
 
     def __init__(self, window, x_static):
         self.window, self.x_static = window, x_static
-        self._kept = prepared.Kept()
+        self.kept = prepared.Kept()
 
     def infer(self, dy, x_like):
         return Meta(self.x_static, dy.dtype)
 
     def forward(self, impl, dy, x_like):   # the step keeps its runner, as MaxPool's
-        return self._kept.run(impl, (dy, x_like), self._runner)
+        return self.kept.run(impl, (dy, x_like), self._runner)
 
     def _runner(self, impl, dy, x_like):
         x_shape = x_like.shape

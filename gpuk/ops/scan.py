@@ -15,6 +15,7 @@ import numpy as np
 
 from gpuk import config, device
 from gpuk.graph import Constant, Meta, Placeholder, Tensor, apply, clone, topological_nodes
+from gpuk.kernels.runtime import counters
 from gpuk.kernels.runtime.prepared import SOLE_HOLDER_REFCOUNT
 from gpuk.ops.base import Op
 from gpuk.ops.elementwise import Unary
@@ -173,7 +174,7 @@ class Scan(Op):
         # only the sequences the step plan reads are sliced per step (a gradient step gets
         # every forward sequence and state history; the others are None)
         read = _read_inputs(plan)
-        sliced = [(k, s) for k, s in enumerate(sequences) if k in read]
+        sliced = [(k, _steps_contiguous(impl, s)) for k, s in enumerate(sequences) if k in read]
         step_slices = [None] * n_seq
         for t in (range(steps - 1, -1, -1) if self.reverse else range(steps)):
             for i, stacked in recorded:
@@ -394,6 +395,20 @@ def _read_inputs(plan):
     """The positions of the step inputs that the step plan reads (or returns)."""
     used = {s for _, ins, _, _ in plan.steps for s in ins} | set(plan.target_slots)
     return {k for k, s in enumerate(plan.input_slots) if s in used}
+
+
+def _steps_contiguous(impl, sequence):
+    """``sequence`` with C-contiguous per-step slices. On the kernel runtimes, whose launchers
+    copy a strided operand on every call, a sequence whose slices are strided (a time-major
+    view of a batch-major array: the gradient of a Keras RNN's outputs) is copied once per
+    loop instead of once per time step; one allocation of the step, counted as the launchers'
+    copies are. The NumPy device's ufuncs read strided slices in place: nothing is copied. Nor
+    is a broadcast (a zero stride: the stacked stand-in of a value read for its shape alone,
+    _stacked_like), which would become a whole sequence of memory."""
+    if impl.kind == 'cpu' or sequence[0].flags.c_contiguous or 0 in sequence.strides:
+        return sequence
+    counters.allocated()
+    return impl.xp.ascontiguousarray(sequence)
 
 
 def _aliased_outputs(target_slots, shape_only):

@@ -153,7 +153,7 @@ class SoftmaxXent(Op):
 
     def __init__(self, axis, where='categorical_crossentropy'):
         self.axis, self.where = axis, where
-        self._kept = prepared.Kept()
+        self.kept = prepared.Kept()
 
     def infer(self, logits, target):
         require_float(self.where, 'output', logits)
@@ -164,7 +164,7 @@ class SoftmaxXent(Op):
 
     def forward(self, impl, logits, target):
         # the step keeps the runner of its last problem (checked and set up once: prepared.Kept)
-        return self._kept.run(impl, (logits, target), self._runner)
+        return self.kept.run(impl, (logits, target), self._runner)
 
     def _runner(self, impl, logits, target):
         return impl.softmax_xent.softmax_xent_fwd_runner(logits, target, self.axis)
@@ -190,13 +190,13 @@ class SoftmaxXentGrad(Op):
 
     def __init__(self, axis):
         self.axis = axis
-        self._kept = prepared.Kept()
+        self.kept = prepared.Kept()
 
     def infer(self, logits, target, lse, dloss):
         return Meta(logits.shape, logits.dtype)
 
     def forward(self, impl, logits, target, lse, dloss):   # the step keeps its runner, as SoftmaxXent's
-        return self._kept.run(impl, (logits, target, lse, dloss), self._runner)
+        return self.kept.run(impl, (logits, target, lse, dloss), self._runner)
 
     def _runner(self, impl, logits, target, lse, dloss):
         return impl.softmax_xent.softmax_xent_bwd_runner(logits, target, lse, dloss, self.axis)

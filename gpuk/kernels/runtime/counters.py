@@ -65,8 +65,8 @@ class Counters:
     def as_dict(self):
         return {k: v for k, v in vars(self).items() if not k.startswith('_')}
 
-    def step(self, forward, impl, args, count_allocations=None):
-        """forward(impl, *args), one plan step, timed and attributed (see the fields above);
+    def step(self, call, args, count_allocations=None):
+        """call(*args), one plan step, timed and attributed (see the fields above);
         ``count_allocations(result)``, when given, adds the step's new buffers to
         ``allocations``. The bookkeeping before and after the call is counting overhead:
         recorded as time the enclosing step (a scan around a step plan) leaves out, like a
@@ -80,7 +80,7 @@ class Counters:
         calls = self.count_calls and sys.getprofile() is None   # the outermost step counts
         depth[1] -= 1
         t0 = perf_counter()
-        result = self._profiled(forward, impl, args) if calls else forward(impl, *args)
+        result = self._profiled(call, args) if calls else call(*args)
         t1 = perf_counter()
         depth[1] += 1
         if calls and self.launches != l0:
@@ -103,8 +103,8 @@ class Counters:
         recorded[0] += own_s + (t0 - entered) + (perf_counter() - t1)
         return result
 
-    def _profiled(self, forward, impl, args):
-        """forward(impl, *args) with its Python calls counted (see count_calls)."""
+    def _profiled(self, call, args):
+        """call(*args) with its Python calls counted (see count_calls)."""
         seen = self._calls
         before = seen[0]
 
@@ -114,7 +114,7 @@ class Counters:
         sys.setprofile(profile)
         launches = self.launches
         try:
-            return forward(impl, *args)
+            return call(*args)
         finally:
             sys.setprofile(None)
             if self.launches != launches:

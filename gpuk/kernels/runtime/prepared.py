@@ -14,7 +14,7 @@ signatures) skips both. What ``prepare()`` returns holds sizes, names, numpy sca
 themselves (``rt.kernel_launch``: the loaded kernel with its grid, block and shared memory
 checked) and at most constant device tables no call writes (the fused kernel's index
 strides), or a *runner* closing over those (``fused_runner``, ``bias_act_fwd_runner``, the
-cross-entropy runners: ``run(arrays)`` is the per-call part); never a caller's array: the
+cross-entropy runners: ``run(*arrays)`` is the per-call part); never a caller's array: the
 per-call part still does the array work (contiguous copies, casts, outputs, the launch). A
 plan step that calls a runner launcher keeps its last runner itself (``Kept`` below).
 
@@ -80,37 +80,37 @@ class Kept:
     does it:
 
         def forward(self, impl, x, bias):
-            return self._kept.run(impl, (x, bias), self._runner)
+            return self.kept.run(impl, (x, bias), self._runner)
 
         def _runner(self, impl, x, bias):   # on a miss: the launcher's runner for this problem
             return impl.<family>.<launcher>_runner(..., x, bias)
 
-    ``run`` calls the kept runner with the arrays (``run(*arrays)``; ``run(arrays)`` for a Kept
-    made with ``as_sequence=True``), making it first with ``make(owner, *arrays)`` when the
-    arrays' layouts or ``owner`` (the implementation, the same object) changed. The comparison
-    is one C-level list comparison (``LAYOUT`` mapped over the arrays). Because it includes
-    the strides, a runner may offer a faster variant for exactly these layouts: a runner with a
-    ``specialized(arrays)`` attribute is kept as what that returns (the fused runner's
-    variant knows which inputs are strided, so it tests none per call), and such a variant,
-    being this call site's own, may own the step's output buffers (``StepBuffers``: the plan's
-    memory arena for plain launches). Inside a plan run whose input layouts repeat
-    (``LayoutToken``), a Kept called once per run skips even the comparison.
+    ``run`` calls the kept runner with the arrays (``run(*arrays)``), making it first with
+    ``make(owner, *arrays)`` when the arrays' layouts or ``owner`` (the implementation, the same
+    object) changed. The comparison is one C-level list comparison (``LAYOUT`` mapped over the
+    arrays). Because it includes the strides, a runner may offer a faster variant for exactly
+    these layouts: a runner with a ``specialized(arrays)`` attribute is kept as what that
+    returns (the fused runner's variant knows which inputs are strided, so it tests none per
+    call), and such a variant, being this call site's own, may own the step's output buffers
+    (``StepBuffers``: the plan's memory arena for plain launches). Inside a plan run whose input layouts repeat
+    (``LayoutToken``), a Kept called once per run skips even the comparison, and the plan calls
+    the runner it kept directly from the next run of that token on (``runner_of_run``).
 
     Values without a shape and dtype are never kept, and a value of another type misses (a NumPy
     array where the CUDA runtime's was kept goes through ``get`` and its checks, as before);
     ``keeps=False`` keeps nothing (a result shape read from a shape vector's values). Bypassed
     like ``get`` under GPUK_CHECK_LAUNCHES=1, and forgotten by ``clear()``. The hit path is this
     one call between the op's forward and the runner."""
-    __slots__ = ('_last', '_as_sequence', '_keeps', '_run', '_repeats')
+    __slots__ = ('_last', '_keeps', '_run', '_repeats')
 
-    def __init__(self, as_sequence=False, keeps=True):
+    def __init__(self, keeps=True):
         # (owner, generation, layouts, value, token): replaced in one assignment, so a thread
         # sharing the step never reads half of one problem and half of another; ``token`` is
         # the LayoutToken of the plan run that found these layouts (None: none, or this call
         # site's layouts need not repeat per run), kept in the same tuple so that a runner is
         # never skipped to under a token other than its own
         self._last = None
-        self._as_sequence, self._keeps = as_sequence, keeps
+        self._keeps = keeps
         # the run number of the last call in a plan run; _repeats: False once this call site
         # was called twice in one run (its layouts need not repeat per run)
         self._run, self._repeats = -1, True
@@ -125,8 +125,7 @@ class Kept:
                 # called in the previous run of a plan with the same input layouts, once: these
                 # arrays have the kept layouts (LayoutToken), nothing to compare
                 self._run = run
-                found = last[3]
-                return found(arrays) if self._as_sequence else found(*arrays)
+                return last[3](*arrays)
             if self._run == run:   # a second call in this run: layouts need not repeat
                 self._repeats = False
         mine = token if self._repeats else None
@@ -145,7 +144,19 @@ class Kept:
                 found = self._keep(owner, arrays, found, mine)
         if token is not None:
             self._run = token.runs
-        return found(arrays) if self._as_sequence else found(*arrays)
+        return found(*arrays)
+
+    def runner_of_run(self, owner, token):
+        """The runner this call site called, with ``owner``, exactly once in the current run of
+        ``token`` and kept for that run's layouts, or None: in the later runs of ``token`` the
+        step's arrays have those layouts again (LayoutToken), so a plan may call it in place
+        of the op's forward (Plan.run). None after ``clear()`` or ``forget_kept()``, and under
+        GPUK_CHECK_LAUNCHES=1."""
+        last = self._last
+        if (last is None or token is None or last[4] is not token or self._run != token.runs or not self._repeats
+                or owner is not last[0] or last[1] != _generation[0] or _forced[0]):
+            return None
+        return last[3]
 
     def _keep(self, owner, arrays, value, token):
         """Keeps ``value`` (its variant for these layouts, where it has one) for ``arrays``'
@@ -238,20 +249,33 @@ class StepBuffers:
         self._kept = [[] for _ in self._dtypes]   # per output: its buffers, the oldest first
 
     def take(self, k):
-        kept = self._kept[k]
-        for buffer in kept:
+        for buffer in self._kept[k]:
             if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT:
                 return buffer
+        return self._new(k)
+
+    def take_all(self):
+        """A buffer for each output (``take(k)`` for every k), as a tuple: take's loop for each
+        output in this one call (a fused step's up to 4 outputs: no call per output)."""
+        taken = []
+        for k, kept in enumerate(self._kept):
+            for buffer in kept:
+                if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT:
+                    taken.append(buffer)
+                    break
+            else:
+                taken.append(self._new(k))
+        return tuple(taken)
+
+    def _new(self, k):
+        """A new buffer for output ``k``, kept with the newest one before it."""
         buffer = self._empty(self._shapes[k], self._dtypes[k])
+        kept = self._kept[k]
         if len(kept) < 2:
             kept.append(buffer)
         else:   # every buffer held elsewhere: the newest two are kept
             kept[:] = [kept[1], buffer]
         return buffer
-
-    def take_all(self):
-        """A buffer for each output (``take(k)`` for every k), as a new list."""
-        return [*map(self.take, range(len(self._dtypes)))]
 
 
 def _sole_holder_count():
@@ -265,6 +289,14 @@ def _sole_holder_count():
 
 
 SOLE_HOLDER_REFCOUNT = _sole_holder_count()
+
+
+def kept_state():
+    """What every kept runner's validity depends on besides its layouts: None under
+    GPUK_CHECK_LAUNCHES=1 (none may be used), else the generation that ``clear()`` and
+    ``forget_kept()`` move on. A plan's steps calling kept runners are valid while it stays
+    the same (Plan.run)."""
+    return None if _forced[0] else _generation[0]
 
 
 def forget_kept():
