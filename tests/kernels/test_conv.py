@@ -375,6 +375,9 @@ DEPTHWISE_CASES = [
     ((6, 7), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),          # 16-byte tile loads, partial tile
     ((6, 11), (2, 3), (1, 3), (1, 2), ((0, 0), (2, 1)), 3, 2),          # dilated, stride 3: generic rows
     ((5, 13), (1, 4), (2, 2), (1, 2), ((0, 0), (3, 2)), 2, 1),          # generic rows skipping dgrad holes
+    # channels_first wgrad's transposing 16-byte loads: 120-pixel planes (an odd number of
+    # 16-bit vectors), rows wider than a chunk, a partial lane group
+    ((6, 20), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 34, 1),
 ]
 
 
