@@ -423,8 +423,8 @@ __device__ __forceinline__ DwGroupLanes group_lanes(const DwSource& s, int j0) {
 // load_tile for transposable_source(s), no stride holes (wgrad): warp y copies lane group
 // y % DW_VEC_GROUPS (DW_VEC lanes) of every tile row in chunks of 32 columns, its (row, chunk)
 // tasks as in load_tile_vec_cf. Thread v * DW_VEC + c loads columns v * DW_VEC.. of lane c with
-// one 16-byte load; chunks start on 32-element boundaries of the row inside its plane, the same
-// columns for every lane of the group (planes are whole vectors). The DW_VEC threads of one v
+// one 16-byte load; chunks start on 32-byte sector boundaries of the row inside its plane, the
+// same columns for every lane of the group (planes are whole vectors). The DW_VEC threads of one v
 // then transpose their vectors in registers (transpose_group), so that thread (v, c) holds
 // column v * DW_VEC + c of the group's DW_VEC lanes, and store them with 16-byte shared stores
 // (DW_TRANSPOSED_PITCH: no bank conflicts). Whole 32-byte sectors are loaded as in
@@ -437,7 +437,9 @@ __device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource
     const int c = threadIdx.x % DW_VEC, v = threadIdx.x / DW_VEC;
     const bool loads = sd >= 0 && lanes.loads;
     const int depth_start = max(sd, 0) * s.h;
-    const int chunks = (cols + 2 * DW_CHANNELS - 2) / DW_CHANNELS;   // >= 2 >= WARPS_PER_GROUP: one carry
+    // chunks start on the 32-byte sectors of the row, not on 32 elements as in load_tile_vec_cf:
+    // a 34-column tile row takes 2 chunks, not 3 (at least WARPS_PER_GROUP: one carry per pass)
+    const int chunks = max(WARPS_PER_GROUP, (cols + 2 * DW_VEC - 1 + DW_CHANNELS - 1) / DW_CHANNELS);
     acc_t* dst_row = tile + threadIdx.y % DW_VEC_GROUPS * DW_VEC;
     // The trip count depends on kernel arguments only, so the compiler sees the loop (and its
     // shuffles) run by whole warps; the second warp of a 16-bit group may idle its last pass.
@@ -447,7 +449,7 @@ __device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource
         const bool live = WARPS_PER_GROUP == 1 || row < rows;
         const int sh = real_index<false>(vh0 + row, 1, s.h);
         const unsigned row_start = (unsigned)(depth_start + max(sh, 0)) * s.w;   // inside the plane
-        const int shift = (int)((row_start + vw0) % DW_CHANNELS);   // (unsigned wrap-around: exact modulo 32)
+        const int shift = (int)((row_start + vw0) % (2 * DW_VEC));   // (unsigned wrap-around: an exact modulo)
         const int c0 = k * DW_CHANNELS + v * DW_VEC - shift, sw0 = vw0 + c0;   // the vector's first tile / source column
         const int s0 = c0 - lanes.lead, sw_s0 = vw0 + s0;                       // its sector's
         uint4 raw = make_uint4(0u, 0u, 0u, 0u);
@@ -870,7 +872,9 @@ struct DwWgradWalk {
 };
 
 // wgrad's tiles: the shared pitch of a tile pixel and the loader for VEC (both sources are
-// wgrad_vector_source): channels_first copies them with load_tile_transposed, at its pitch.
+// wgrad_vector_source): channels_first copies them with load_tile_transposed, at its pitch;
+// otherwise with load_tile, whose 16-byte loader (`vec`: vector_source(s)) stores word by word
+// in channels_first, e.g. 16-bit planes that are not whole vectors (14 x 14).
 template <bool VEC>
 __host__ __device__ constexpr int wgrad_pitch() { return !DW_CHANNELS_LAST && VEC ? DW_TRANSPOSED_PITCH : DW_PITCH; }
 
@@ -884,15 +888,15 @@ __device__ __forceinline__ bool wgrad_vector_source(const DwSource& s) {
 
 template <bool VEC>
 __device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
-                                                int cols, int j0, const DwTileStart& at, const DwGroupLanes& lanes) {
-#if !DW_CHANNELS_LAST
-    if constexpr (VEC) {
-        load_tile_transposed(tile, s, sd, vh0, vw0, rows, cols, j0, lanes);
-        return;
-    }
-#endif
-    (void)lanes;
+                                                int cols, int j0, const DwTileStart& at, const DwGroupLanes& lanes,
+                                                bool vec) {
+#if DW_CHANNELS_LAST
+    (void)lanes; (void)vec;
     load_tile<false>(tile, s, sd, vh0, vw0, rows, cols, j0, VEC, at);
+#else
+    if constexpr (VEC) load_tile_transposed(tile, s, sd, vh0, vw0, rows, cols, j0, lanes);
+    else load_tile<false>(tile, s, sd, vh0, vw0, rows, cols, j0, vec, at);
+#endif
 }
 
 // The tile loop of depthwise_wgrad for one math path, chosen once per block: KW > 0: whole
@@ -917,6 +921,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
 #else
     const DwGroupLanes x_lanes = group_lanes(g.xs, j0), dy_lanes = group_lanes(g.ds, j0);
 #endif
+    const bool x_vec = vector_source(g.xs), dy_vec = vector_source(g.ds);   // (samples keep sample 0's alignment)
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
         DwSource xn = g.xs, dn = g.ds;
@@ -927,9 +932,9 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
             const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
             wgrad_load_tile<VEC>(x_tile + p * g.plane_size, xn, id >= 0 && id < g.in_d ? id : -1,
                                  oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in,
-                                 g.cols_in, j0, x_at, x_lanes);
+                                 g.cols_in, j0, x_at, x_lanes, x_vec);
         }
-        wgrad_load_tile<VEC>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes);
+        wgrad_load_tile<VEC>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes, dy_vec);
         __syncthreads();
         if (g.active) {
             if constexpr (S == 0) {
