@@ -53,10 +53,10 @@
 #endif
 #define DW_THREADS (DW_CHANNELS * DW_ROWS)
 #define DW_PITCH (DW_CHANNELS_LAST ? DW_CHANNELS : DW_CHANNELS + 1)
-// channels_first wgrad's tiles copied by load_tile_transposed (16-byte shared stores): 8
-// consecutive pixels (a quarter warp's stores) start on 8 distinct 4-bank groups while one
-// pixel's 32 lanes stay in 32 banks.
-#define DW_TRANSPOSED_PITCH (DW_CHANNELS + 4)
+// channels_first wgrad's tiles copied by load_tile_transposed (16-byte shared stores): a pixel
+// padded by 16 bytes (36 words, or 34 float64), so that 8 consecutive pixels (a quarter warp's
+// stores) start on 8 distinct 4-bank groups while one pixel's lanes stay in distinct banks.
+#define DW_TRANSPOSED_PITCH (DW_CHANNELS + 16 / (int)sizeof(acc_t))
 // 2 blocks of 256 threads per SM leave up to 128 registers per thread (no spills, see
 // `python -m gpuk.kernels.build --check`); 16 warps still hide the shared-memory latency.
 // The forward kernel asks for 3 (at most 80 registers) where it accumulates in float32: left at
@@ -176,7 +176,7 @@ __device__ __forceinline__ bool vector_source(const DwSource& s) {
     return sizeof(acc_t) == 4 && s.up_w == 1 && s.channels * s.pixels % (2 * DW_VEC) == 0 && is_aligned(s.sample, 32);
 #endif
 }
-// Whether this build has a 16-byte loader (wgrad instantiates its tile loop for it only then).
+// Whether this build has a 16-byte loader for fwd / dgrad (channels_first: 4-byte tile words).
 constexpr bool DW_VEC_LOADS = DW_CHANNELS_LAST || sizeof(acc_t) == 4;
 
 // The DW_VEC elements of a 16-byte load widened to acc_t in registers (channels_first).
@@ -395,62 +395,75 @@ __device__ __forceinline__ void swap_halves(unsigned (&w)[4]) {
     }
 }
 
-// Transposes DW_VEC x DW_VEC elements (4 words: 4 float32 or 8 16-bit values) among the DW_VEC
-// threads whose threadIdx.x differ in the bits below DW_VEC: thread c's element m moves to
-// thread m's element c. log2(DW_VEC) shuffle stages, 2 shuffles each.
+// Transposes DW_VEC x DW_VEC elements (4 words: 8 16-bit values, 4 float32 or 2 float64) among
+// the DW_VEC threads whose threadIdx.x differ in the bits below DW_VEC: thread c's element m
+// moves to thread m's element c. log2(DW_VEC) shuffle stages, 2 shuffles each.
 __device__ __forceinline__ void transpose_group(unsigned (&w)[4]) {
-    constexpr int PER_WORD = DW_VEC / 4;   // elements per word
-    if (PER_WORD == 2) swap_halves(w);
-    swap_words(w, 1, PER_WORD);
-    swap_words(w, 2, 2 * PER_WORD);
+    if (DW_VEC == 8) swap_halves(w);
+    if (DW_VEC >= 4) swap_words(w, 1, DW_VEC / 4);   // (float64: words 2i, 2i + 1 are element i)
+    swap_words(w, 2, DW_VEC / 2);
 }
 
-// Whether the tiles of `s` can be copied by load_tile_transposed (uniform per launch): the
-// 16-byte loader's conditions, and planes that are whole vectors, so that the DW_VEC lanes of
-// a group share their column alignment.
+// load_tile_transposed's warp: DW_T_LANES lanes (whole transpose groups, and at least
+// DW_CHANNELS / DW_ROWS so that the warps hold every lane) x DW_T_COLS columns per pass, one
+// 16-byte vector per thread; DW_T_GROUPS such lane groups.
+constexpr int DW_T_LANES = DW_VEC > DW_CHANNELS / DW_ROWS ? DW_VEC : DW_CHANNELS / DW_ROWS;
+constexpr int DW_T_COLS = 32 * DW_VEC / DW_T_LANES;
+constexpr int DW_T_GROUPS = DW_CHANNELS / DW_T_LANES;
+
+// Whether the tiles of `s` can be copied by load_tile_transposed (uniform per launch): no stride
+// holes along W, planes that are whole vectors (the DW_VEC lanes of a transpose group share
+// their column alignment), and whole 32-byte sectors (as vector_source).
 __device__ __forceinline__ bool transposable_source(const DwSource& s) {
-    return vector_source(s) && s.pixels % DW_VEC == 0;
+    return s.up_w == 1 && s.pixels % DW_VEC == 0 && s.channels * s.pixels % (2 * DW_VEC) == 0 &&
+           is_aligned(s.sample, 32);
+}
+
+// The first lane of thread (c, v, sub)'s transpose group in the tile: threadIdx.x =
+// (sub * DW_T_COLS / DW_VEC + v) * DW_VEC + c.
+__device__ __forceinline__ int transposed_lane0() {
+    return threadIdx.y % DW_T_GROUPS * DW_T_LANES + (int)threadIdx.x / DW_T_COLS * DW_VEC;
 }
 
 // (see DwGroupLanes)
 __device__ __forceinline__ DwGroupLanes group_lanes(const DwSource& s, int j0) {
-    const int c = threadIdx.x % DW_VEC, v = threadIdx.x / DW_VEC;
-    const int lane = threadIdx.y % DW_VEC_GROUPS * DW_VEC + c;
+    const int lane = transposed_lane0() + threadIdx.x % DW_VEC, v = threadIdx.x % DW_T_COLS / DW_VEC;
     const unsigned plane_start = source_channel(s, min(j0 + lane, s.lanes - 1)) * s.pixels;
     return {plane_start, (int)((plane_start / DW_VEC + v) & 1) * DW_VEC, j0 + lane < s.lanes};
 }
 
-// load_tile for transposable_source(s), no stride holes (wgrad): warp y copies lane group
-// y % DW_VEC_GROUPS (DW_VEC lanes) of every tile row in chunks of 32 columns, its (row, chunk)
-// tasks as in load_tile_vec_cf. Thread v * DW_VEC + c loads columns v * DW_VEC.. of lane c with
-// one 16-byte load; chunks start on 32-byte sector boundaries of the row inside its plane, the
-// same columns for every lane of the group (planes are whole vectors). The DW_VEC threads of one v
-// then transpose their vectors in registers (transpose_group), so that thread (v, c) holds
-// column v * DW_VEC + c of the group's DW_VEC lanes, and store them with 16-byte shared stores
-// (DW_TRANSPOSED_PITCH: no bank conflicts). Whole 32-byte sectors are loaded as in
+// load_tile for transposable_source(s) (wgrad): warp y copies lane group y % DW_T_GROUPS
+// (DW_T_LANES lanes) of every tile row in chunks of DW_T_COLS columns, its (row, chunk) tasks
+// y / DW_T_GROUPS, + DW_ROWS / DW_T_GROUPS, ... Thread (c, v, sub) (transposed_lane0) loads
+// columns v * DW_VEC.. of lane sub * DW_VEC + c with one 16-byte load; chunks start on 32-byte
+// sector boundaries of the row inside its plane, the same columns for every lane (planes are
+// whole vectors). The DW_VEC threads of one (v, sub) then transpose their vectors in registers
+// (transpose_group), so that thread (c, v, sub) holds column v * DW_VEC + c of lanes
+// sub * DW_VEC.., and store them with 16-byte shared stores (DW_TRANSPOSED_PITCH: a quarter
+// warp stores 8 consecutive pixels, no bank conflicts). Whole 32-byte sectors are loaded as in
 // load_tile_vec_cf (lanes.lead). A column outside the source row (a loaded vector may hold the
 // neighbouring row's elements) is one pixel, all lanes: it is stored as zeros by its own
 // predicated store, not by a select per element.
 __device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0,
                                                      int rows, int cols, int j0, const DwGroupLanes& lanes) {
-    constexpr int WARPS_PER_GROUP = DW_ROWS / DW_VEC_GROUPS;
-    const int c = threadIdx.x % DW_VEC, v = threadIdx.x / DW_VEC;
+    constexpr int WARPS_PER_GROUP = DW_ROWS / DW_T_GROUPS;
+    const int c = threadIdx.x % DW_VEC, v = threadIdx.x % DW_T_COLS / DW_VEC;
     const bool loads = sd >= 0 && lanes.loads;
     const int depth_start = max(sd, 0) * s.h;
     // chunks start on the 32-byte sectors of the row, not on 32 elements as in load_tile_vec_cf:
-    // a 34-column tile row takes 2 chunks, not 3 (at least WARPS_PER_GROUP: one carry per pass)
-    const int chunks = max(WARPS_PER_GROUP, (cols + 2 * DW_VEC - 1 + DW_CHANNELS - 1) / DW_CHANNELS);
-    acc_t* dst_row = tile + threadIdx.y % DW_VEC_GROUPS * DW_VEC;
+    // a 34-column tile row takes 2 chunks of 32, not 3 (at least WARPS_PER_GROUP: one carry per pass)
+    const int chunks = max(WARPS_PER_GROUP, (cols + 2 * DW_VEC - 1 + DW_T_COLS - 1) / DW_T_COLS);
+    acc_t* dst_row = tile + transposed_lane0();
     // The trip count depends on kernel arguments only, so the compiler sees the loop (and its
     // shuffles) run by whole warps; the second warp of a 16-bit group may idle its last pass.
     const int passes = (rows * chunks + WARPS_PER_GROUP - 1) / WARPS_PER_GROUP;
-    int row = 0, k = threadIdx.y / DW_VEC_GROUPS;
+    int row = 0, k = threadIdx.y / DW_T_GROUPS;
     for (int pass = 0; pass < passes; ++pass) {
         const bool live = WARPS_PER_GROUP == 1 || row < rows;
         const int sh = real_index<false>(vh0 + row, 1, s.h);
         const unsigned row_start = (unsigned)(depth_start + max(sh, 0)) * s.w;   // inside the plane
         const int shift = (int)((row_start + vw0) % (2 * DW_VEC));   // (unsigned wrap-around: an exact modulo)
-        const int c0 = k * DW_CHANNELS + v * DW_VEC - shift, sw0 = vw0 + c0;   // the vector's first tile / source column
+        const int c0 = k * DW_T_COLS + v * DW_VEC - shift, sw0 = vw0 + c0;   // the vector's first tile / source column
         const int s0 = c0 - lanes.lead, sw_s0 = vw0 + s0;                       // its sector's
         uint4 raw = make_uint4(0u, 0u, 0u, 0u);
         // (unsigned compares: -2 * DW_VEC < s0 < cols, and the same for sw_s0 and the row)
@@ -1012,7 +1025,7 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
     const DwSource ds = {dy, (unsigned)c_out, out_pixels, out_h, out_w, 1, 1, 1, 1, 0, c_out};
     // every sample's base keeps the alignment of sample 0 (vector_source: C times a sample's
     // pixels is a multiple of the vector)
-    const bool vec = DW_VEC_LOADS && wgrad_vector_source(xs) && wgrad_vector_source(ds);
+    const bool vec = wgrad_vector_source(xs) && wgrad_vector_source(ds);
     const int pitch = vec ? wgrad_pitch<true>() : wgrad_pitch<false>();
     const int plane_size = rows_in * cols_in * pitch;
     acc_t* dy_tile = x_tile + planes_in * plane_size;
@@ -1032,7 +1045,7 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
     acc_t acc[DW_WG_TAPS];
 #pragma unroll
     for (int t = 0; t < DW_WG_TAPS; ++t) acc[t] = acc_t(0);
-    if (vec) wgrad_paths<DW_VEC_LOADS>(g, x_tile, dy_tile, tap_off, k_w, dil_w, group_taps, acc);
+    if (vec) wgrad_paths<true>(g, x_tile, dy_tile, tap_off, k_w, dil_w, group_taps, acc);
     else wgrad_paths<false>(g, x_tile, dy_tile, tap_off, k_w, dil_w, group_taps, acc);
 
     // fixed-order reduction over the DW_ROWS threads of each lane
