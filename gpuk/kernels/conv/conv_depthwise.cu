@@ -460,14 +460,15 @@ __device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource
     int row = 0, k = threadIdx.y / DW_T_GROUPS;
     for (int pass = 0; pass < passes; ++pass) {
         const bool live = WARPS_PER_GROUP == 1 || row < rows;
-        const int sh = real_index<false>(vh0 + row, 1, s.h);
-        const unsigned row_start = (unsigned)(depth_start + max(sh, 0)) * s.w;   // inside the plane
+        const int sh = vh0 + row;
+        const bool row_real = (unsigned)sh < (unsigned)s.h;   // (not padding)
+        const unsigned row_start = (unsigned)(depth_start + (row_real ? sh : 0)) * s.w;   // inside the plane
         const int shift = (int)((row_start + vw0) % (2 * DW_VEC));   // (unsigned wrap-around: an exact modulo)
         const int c0 = k * DW_T_COLS + v * DW_VEC - shift, sw0 = vw0 + c0;   // the vector's first tile / source column
         const int s0 = c0 - lanes.lead, sw_s0 = vw0 + s0;                       // its sector's
         uint4 raw = make_uint4(0u, 0u, 0u, 0u);
         // (unsigned compares: -2 * DW_VEC < s0 < cols, and the same for sw_s0 and the row)
-        if (live && loads && sh >= 0 && (unsigned)(s0 + 2 * DW_VEC - 1) < (unsigned)(cols + 2 * DW_VEC - 1) &&
+        if (live && loads && row_real && (unsigned)(s0 + 2 * DW_VEC - 1) < (unsigned)(cols + 2 * DW_VEC - 1) &&
             (unsigned)(sw_s0 + 2 * DW_VEC - 1) < (unsigned)(s.w + 2 * DW_VEC - 1))
             raw = load_uint4(s.sample + (int)(lanes.plane_start + row_start + sw0));
         unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
