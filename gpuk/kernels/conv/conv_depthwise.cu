@@ -473,7 +473,7 @@ __device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource
         const int c0 = k * DW_T_COLS + v * DW_VEC - shift, sw0 = vw0 + c0;   // the vector's first tile / source column
         const int s0 = c0 - lanes.lead, sw_s0 = vw0 + s0;                       // its sector's
         uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-        // (unsigned compares: -2 * DW_VEC < s0 < cols, and the same for sw_s0 and the row)
+        // (unsigned compares: -2 * DW_VEC < s0 < cols, and the same for sw_s0 against the row width)
         if (live && loads && row_real && (unsigned)(s0 + 2 * DW_VEC - 1) < (unsigned)(cols + 2 * DW_VEC - 1) &&
             (unsigned)(sw_s0 + 2 * DW_VEC - 1) < (unsigned)(s.w + 2 * DW_VEC - 1))
             raw = load_uint4(s.sample + (int)(lanes.plane_start + row_start + sw0));
