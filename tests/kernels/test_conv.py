@@ -404,6 +404,27 @@ def test_depthwise_matches_twin(kernel_runtime, case, dtype, data_format):
                         kernel_runtime)
 
 
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
+def test_depthwise_channels_first_wgrad_tiles_coalesce_without_bank_conflicts(emulator, dtype):
+    """channels_first wgrad copies its tiles with 16-byte loads transposed in registers and
+    16-byte shared stores (conv_depthwise.cu load_tile_transposed): on planes of whole 32-byte
+    sectors every sector moved is fully used and every shared request takes one wavefront per
+    phase, in every dtype and both register-window widths (the inspect report emulates float32
+    3x3 only)."""
+    from gpuk.kernels.inspect import emulated
+    from gpuk.kernels.runtime import emulated_runtime
+    for kernel in (3, 5):
+        case = ((16, 16), (kernel, kernel), (1, 1), (1, 1), ((kernel // 2,) * 2,) * 2, 32, 1)
+        x, w, dy = _depthwise_arrays(case, dtype, 'channels_first', seed=5)
+        geometry = case[2:5] + ('channels_first',)
+        with emulated_runtime.counting() as launches:
+            assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, (x, dy, w.shape, *geometry),
+                                emulator)
+        records = emulated.summarize(launches, 'conv_depthwise', '')
+        (record,) = [r for r in records if r['kernel'] == 'depthwise_wgrad']
+        assert record['coalescing'] == 1.0 and record['bank_conflicts_per_request'] == 0.0, (kernel, record)
+
+
 def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):
     """Pixel-tile splits with the deterministic second pass; filters whose input tile does not
     fit shared memory at once (loaded in chunks of kernel rows) or need many tap groups."""
