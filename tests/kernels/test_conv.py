@@ -430,11 +430,11 @@ def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):
     fit shared memory at once (loaded in chunks of kernel rows) or need many tap groups."""
     case = DEPTHWISE_CASES[1]
     _, _, strides, dilation, pads, _, _ = case
-    for dtype in (np.float32, BF16):
-        x, w, dy = _depthwise_arrays(case, dtype, 'channels_last', seed=2)
+    for dtype, data_format in ((np.float32, 'channels_last'), (BF16, 'channels_last'), (np.float64, 'channels_first')):
+        x, w, dy = _depthwise_arrays(case, dtype, data_format, seed=2)
         with conv_tiles.forced(splits=4):
             assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
-                                (x, dy, w.shape, strides, dilation, pads, 'channels_last'), kernel_runtime)
+                                (x, dy, w.shape, strides, dilation, pads, data_format), kernel_runtime)
     big = ((17, 16), (16, 14), (1, 1), (1, 1), ((0, 0), (0, 1)), 2, 2)   # 224 taps: 25 wgrad tap groups
     tile = conv_direct.depthwise_tile('t', np.float64, False, (2, 4), (16, 14), (1, 1), (1, 1))
     assert tile.kh_chunk < 16 and tile.shared_bytes <= conv_direct.DW_MAX_SHARED
