@@ -934,8 +934,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     unsigned b = g.first;
     int tw = b % g.tiles_w; b /= g.tiles_w;
     int th = b % g.tiles_h; b /= g.tiles_h;
-    int od = b % g.out_d;
-    const int n = b / g.out_d;   // (the first tile's sample)
+    int od = b % g.out_d, n = b / g.out_d;
     const acc_t* dy_run = dy_tile + (g.row * g.cols + g.seg * DW_PIX) * P + lane;
     const acc_t* x_run = x_tile + (g.row * g.s_h * g.cols_in + g.seg * DW_PIX * g.s_w) * P + lane;
     const DwTileStart x_at = tile_start(g.rows_in, g.cols_in, VEC, 1), dy_at = tile_start(g.tile_rows, g.cols, VEC, 1);
@@ -945,14 +944,11 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     const DwGroupLanes x_lanes = group_lanes(g.xs, j0), dy_lanes = group_lanes(g.ds, j0);
 #endif
     const bool x_vec = vector_source(g.xs), dy_vec = vector_source(g.ds);   // (samples keep sample 0's alignment)
-    // the tile's sample of x and dy: stepped by a sample when n advances, not recomputed per tile
-    const long long x_sample_size = (long long)g.xs.channels * g.xs.pixels;
-    const long long dy_sample_size = (long long)g.ds.channels * g.ds.pixels;
-    DwSource xn = g.xs, dn = g.ds;
-    xn.sample += n * x_sample_size;
-    dn.sample += n * dy_sample_size;
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
+        DwSource xn = g.xs, dn = g.ds;
+        xn.sample += (long long)n * g.xs.channels * g.xs.pixels;
+        dn.sample += (long long)n * g.ds.channels * g.ds.pixels;
         __syncthreads();   // the previous tile is no longer read
         for (int p = 0; p < g.planes_in; ++p) {
             const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
@@ -979,8 +975,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
                 th = 0;
                 if (++od == g.out_d) {
                     od = 0;
-                    xn.sample += x_sample_size;
-                    dn.sample += dy_sample_size;
+                    ++n;
                 }
             }
         }
