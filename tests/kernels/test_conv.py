@@ -375,6 +375,9 @@ DEPTHWISE_CASES = [
     ((6, 7), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),          # 16-byte tile loads, partial tile
     ((6, 11), (2, 3), (1, 3), (1, 2), ((0, 0), (2, 1)), 3, 2),          # dilated, stride 3: generic rows
     ((5, 13), (1, 4), (2, 2), (1, 2), ((0, 0), (3, 2)), 2, 1),          # generic rows skipping dgrad holes
+    # channels_first wgrad's transposing 16-byte loads: 120-pixel planes (an odd number of
+    # 16-bit vectors), rows wider than a chunk, a partial lane group
+    ((6, 20), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 34, 1),
 ]
 
 
@@ -401,16 +404,37 @@ def test_depthwise_matches_twin(kernel_runtime, case, dtype, data_format):
                         kernel_runtime)
 
 
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
+def test_depthwise_channels_first_wgrad_tiles_coalesce_without_bank_conflicts(emulator, dtype):
+    """channels_first wgrad copies its tiles with 16-byte loads transposed in registers and
+    16-byte shared stores (conv_depthwise.cu load_tile_transposed): on planes of whole 32-byte
+    sectors every sector moved is fully used and every shared request takes one wavefront per
+    phase, in every dtype and both register-window widths (the inspect report emulates float32
+    3x3 only)."""
+    from gpuk.kernels.inspect import emulated
+    from gpuk.kernels.runtime import emulated_runtime
+    for kernel in (3, 5):
+        case = ((16, 16), (kernel, kernel), (1, 1), (1, 1), ((kernel // 2,) * 2,) * 2, 32, 1)
+        x, w, dy = _depthwise_arrays(case, dtype, 'channels_first', seed=5)
+        geometry = case[2:5] + ('channels_first',)
+        with emulated_runtime.counting() as launches:
+            assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, (x, dy, w.shape, *geometry),
+                                emulator)
+        records = emulated.summarize(launches, 'conv_depthwise', '')
+        (record,) = [r for r in records if r['kernel'] == 'depthwise_wgrad']
+        assert record['coalescing'] == 1.0 and record['bank_conflicts_per_request'] == 0.0, (kernel, record)
+
+
 def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):
     """Pixel-tile splits with the deterministic second pass; filters whose input tile does not
     fit shared memory at once (loaded in chunks of kernel rows) or need many tap groups."""
     case = DEPTHWISE_CASES[1]
     _, _, strides, dilation, pads, _, _ = case
-    for dtype in (np.float32, BF16):
-        x, w, dy = _depthwise_arrays(case, dtype, 'channels_last', seed=2)
+    for dtype, data_format in ((np.float32, 'channels_last'), (BF16, 'channels_last'), (np.float64, 'channels_first')):
+        x, w, dy = _depthwise_arrays(case, dtype, data_format, seed=2)
         with conv_tiles.forced(splits=4):
             assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
-                                (x, dy, w.shape, strides, dilation, pads, 'channels_last'), kernel_runtime)
+                                (x, dy, w.shape, strides, dilation, pads, data_format), kernel_runtime)
     big = ((17, 16), (16, 14), (1, 1), (1, 1), ((0, 0), (0, 1)), 2, 2)   # 224 taps: 25 wgrad tap groups
     tile = conv_direct.depthwise_tile('t', np.float64, False, (2, 4), (16, 14), (1, 1), (1, 1))
     assert tile.kh_chunk < 16 and tile.shared_bytes <= conv_direct.DW_MAX_SHARED

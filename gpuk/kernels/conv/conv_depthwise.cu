@@ -13,7 +13,10 @@
 //                   distinct banks; results are staged through shared memory so that a
 //                   warp stores along W as well. (Not [lane][pixel] with 16-byte stores: the
 //                   32 lanes' reads of one pixel would share a word phase, 4-way conflicts;
-//                   docs/kernels.md, depthwise.)
+//                   docs/kernels.md, depthwise.) wgrad instead transposes its 16-byte loads
+//                   in registers (shuffles among the threads holding the same columns of
+//                   neighbouring lanes) and stores one pixel's lanes with 16-byte shared
+//                   stores, pitch DW_TRANSPOSED_PITCH (load_tile_transposed).
 //
 // Block: DW_CHANNELS x DW_ROWS threads. The block's output tile is tile_rows x
 // (segs * DW_PIX) pixels of one (sample, output plane) x DW_CHANNELS channels; thread
@@ -22,12 +25,15 @@
 // interleaves s_w segments, see tile_correlation).
 // Hot loops (sm_90 SASS, float32, per multiply-add): fwd register windows 1.45-1.9
 // instructions, dgrad 1.6-2.3, wgrad 1.3-1.7; the generic rows (other widths, dilation along
-// W) 2-4. 0 spills, no stack (`python -m gpuk.kernels.build --check`).
+// W) 2-4. wgrad's whole tile loop (5x5 rows, both loaders; inspect figures, no GPU measured):
+// NHWC 324 instructions per 120 FFMA, NCHW 372 (16-bit 420, f64 354). 0 spills, no stack
+// (`python -m gpuk.kernels.build --check`).
 //
 // Tile loads: 16-byte global loads where the layout allows (load_tile_vec: channels_last,
 // DW_VEC channels of a pixel; load_tile_vec_cf: channels_first, DW_VEC pixels along W, 4-byte
-// tile words, warp y on lane group y % DW_VEC_GROUPS for the whole call), else one element per
-// lane (load_tile); one loader of each kind per layout (#if DW_CHANNELS_LAST). Positions
+// tile words, warp y on lane group y % DW_VEC_GROUPS for the whole call; load_tile_transposed:
+// channels_first wgrad, every dtype, planes that are whole vectors), else one element per lane
+// (load_tile); one loader of each kind per layout (#if DW_CHANNELS_LAST). Positions
 // advance by adds from tile_start's (the divisions, once per tile shape: wgrad computes them
 // before its tile loop, which then holds no division). wgrad's tile loop is instantiated per
 // math path and loader (wgrad_tiles), chosen per block.
@@ -53,6 +59,10 @@
 #endif
 #define DW_THREADS (DW_CHANNELS * DW_ROWS)
 #define DW_PITCH (DW_CHANNELS_LAST ? DW_CHANNELS : DW_CHANNELS + 1)
+// channels_first wgrad's tiles copied by load_tile_transposed (16-byte shared stores): a pixel
+// padded by 16 bytes (36 words, or 34 float64), so that 8 consecutive pixels (a quarter warp's
+// stores) start on 8 distinct 4-bank groups while one pixel's lanes stay in distinct banks.
+#define DW_TRANSPOSED_PITCH (DW_CHANNELS + 16 / (int)sizeof(acc_t))
 // 2 blocks of 256 threads per SM leave up to 128 registers per thread (no spills, see
 // `python -m gpuk.kernels.build --check`); 16 warps still hide the shared-memory latency.
 // The forward kernel asks for 3 (at most 80 registers) where it accumulates in float32: left at
@@ -172,7 +182,7 @@ __device__ __forceinline__ bool vector_source(const DwSource& s) {
     return sizeof(acc_t) == 4 && s.up_w == 1 && s.channels * s.pixels % (2 * DW_VEC) == 0 && is_aligned(s.sample, 32);
 #endif
 }
-// Whether this build has a 16-byte loader (wgrad instantiates its tile loop for it only then).
+// Whether this build has a 16-byte loader for fwd / dgrad (channels_first: 4-byte tile words).
 constexpr bool DW_VEC_LOADS = DW_CHANNELS_LAST || sizeof(acc_t) == 4;
 
 // The DW_VEC elements of a 16-byte load widened to acc_t in registers (channels_first).
@@ -258,6 +268,17 @@ __device__ __forceinline__ DwTileStart tile_start(int rows, int cols, bool vec, 
     return {ChunkTasks(rows, (cols + (up_w == 1 ? 2 * DW_CHANNELS - 2 : DW_CHANNELS - 1)) / DW_CHANNELS)};
 }
 #endif
+
+// What load_tile_transposed's thread (channels_first) copies of a source, the same for every
+// tile: its lane's plane start and whether that lane exists, and `lead`, the columns from the
+// start of its vector's 32-byte sector to the vector (a sector starts a vector early in the
+// odd-numbered planes when a plane is an odd number of vectors). Computed once per block (one
+// division with a depth multiplier), not per tile.
+struct DwGroupLanes {
+    unsigned plane_start;
+    int lead;
+    bool loads;
+};
 
 #if DW_CHANNELS_LAST
 // load_tile for vector_source(s): thread tid copies the DW_VEC channels (tid % DW_VECS_PER_PIXEL)
@@ -351,6 +372,131 @@ __device__ __forceinline__ void load_tile_vec_cf(acc_t* tile, const DwSource& s,
     }
 }
 
+// One butterfly stage of transpose_group on whole words: the threads that differ in bit `mask`
+// of threadIdx.x swap word i + d of the lower one with word i of the upper one (i & d == 0),
+// i.e. that thread bit trades places with bit d of the word index. One shuffle per pair.
+__device__ __forceinline__ void swap_words(unsigned (&w)[4], int d, int mask) {
+    const bool upper = threadIdx.x & mask;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if (i & d) continue;
+        const unsigned r = __shfl_xor_sync(0xffffffffu, upper ? w[i] : w[i + d], mask);
+        w[i] = upper ? r : w[i];
+        w[i + d] = upper ? w[i + d] : r;
+    }
+}
+
+// The same for the 16-bit halves of each word (thread bit 0 against the half index): the
+// partner's halves travel two words to a shuffle, packed and unpacked by byte permutes.
+__device__ __forceinline__ void swap_halves(unsigned (&w)[4]) {
+    const bool upper = threadIdx.x & 1;
+    // the upper thread keeps the high halves and sends the low ones; the lower one the reverse
+    const unsigned send = upper ? 0x5410u : 0x7632u, keep0 = upper ? 0x3254u : 0x5410u,
+                   keep1 = upper ? 0x3276u : 0x7610u;
+#pragma unroll
+    for (int i = 0; i < 4; i += 2) {
+        const unsigned r = __shfl_xor_sync(0xffffffffu, __byte_perm(w[i], w[i + 1], send), 1);
+        w[i] = __byte_perm(w[i], r, keep0);
+        w[i + 1] = __byte_perm(w[i + 1], r, keep1);
+    }
+}
+
+// Transposes DW_VEC x DW_VEC elements (4 words: 8 16-bit values, 4 float32 or 2 float64) among
+// the DW_VEC threads whose threadIdx.x differ in the bits below DW_VEC: thread c's element m
+// moves to thread m's element c. log2(DW_VEC) shuffle stages, 2 shuffles each.
+__device__ __forceinline__ void transpose_group(unsigned (&w)[4]) {
+    if (DW_VEC == 8) swap_halves(w);
+    if (DW_VEC >= 4) swap_words(w, 1, DW_VEC / 4);   // (float64: words 2i, 2i + 1 are element i)
+    swap_words(w, 2, DW_VEC / 2);
+}
+
+// load_tile_transposed's warp: DW_T_LANES lanes (whole transpose groups, and at least
+// DW_CHANNELS / DW_ROWS so that the warps hold every lane) x DW_T_COLS columns per pass, one
+// 16-byte vector per thread; DW_T_GROUPS such lane groups.
+constexpr int DW_T_LANES = DW_VEC > DW_CHANNELS / DW_ROWS ? DW_VEC : DW_CHANNELS / DW_ROWS;
+constexpr int DW_T_COLS = 32 * DW_VEC / DW_T_LANES;
+constexpr int DW_T_GROUPS = DW_CHANNELS / DW_T_LANES;
+
+// Whether the tiles of `s` can be copied by load_tile_transposed (uniform per launch): no stride
+// holes along W, planes that are whole vectors (the DW_VEC lanes of a transpose group share
+// their column alignment), and whole 32-byte sectors (as vector_source).
+__device__ __forceinline__ bool transposable_source(const DwSource& s) {
+    return s.up_w == 1 && s.pixels % DW_VEC == 0 && s.channels * s.pixels % (2 * DW_VEC) == 0 &&
+           is_aligned(s.sample, 32);
+}
+
+// The first lane of thread (c, v, sub)'s transpose group in the tile: threadIdx.x =
+// (sub * DW_T_COLS / DW_VEC + v) * DW_VEC + c.
+__device__ __forceinline__ int transposed_lane0() {
+    return threadIdx.y % DW_T_GROUPS * DW_T_LANES + (int)threadIdx.x / DW_T_COLS * DW_VEC;
+}
+
+// (see DwGroupLanes)
+__device__ __forceinline__ DwGroupLanes group_lanes(const DwSource& s, int j0) {
+    const int lane = transposed_lane0() + threadIdx.x % DW_VEC, v = threadIdx.x % DW_T_COLS / DW_VEC;
+    const unsigned plane_start = source_channel(s, min(j0 + lane, s.lanes - 1)) * s.pixels;
+    return {plane_start, (int)((plane_start / DW_VEC + v) & 1) * DW_VEC, j0 + lane < s.lanes};
+}
+
+// load_tile for transposable_source(s) (wgrad): warp y copies lane group y % DW_T_GROUPS
+// (DW_T_LANES lanes) of every tile row in chunks of DW_T_COLS columns, its (row, chunk) tasks
+// y / DW_T_GROUPS, + DW_ROWS / DW_T_GROUPS, ... Thread (c, v, sub) (transposed_lane0) loads
+// columns v * DW_VEC.. of lane sub * DW_VEC + c with one 16-byte load; chunks start on 32-byte
+// sector boundaries of the row inside its plane, the same columns for every lane (planes are
+// whole vectors). The DW_VEC threads of one (v, sub) then transpose their vectors in registers
+// (transpose_group), so that thread (c, v, sub) holds column v * DW_VEC + c of lanes
+// sub * DW_VEC.., and store them with 16-byte shared stores (DW_TRANSPOSED_PITCH: a quarter
+// warp stores 8 consecutive pixels, no bank conflicts). Whole 32-byte sectors are loaded as in
+// load_tile_vec_cf (lanes.lead). A column outside the source row (a loaded vector may hold the
+// neighbouring row's elements) is one pixel, all lanes: it is stored as zeros by its own
+// predicated store, not by a select per element.
+__device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0,
+                                                     int rows, int cols, int j0, const DwGroupLanes& lanes) {
+    constexpr int WARPS_PER_GROUP = DW_ROWS / DW_T_GROUPS;
+    const int c = threadIdx.x % DW_VEC, v = threadIdx.x % DW_T_COLS / DW_VEC;
+    const bool loads = sd >= 0 && lanes.loads;
+    const int depth_start = max(sd, 0) * s.h;
+    // chunks start on the 32-byte sectors of the row, not on 32 elements as in load_tile_vec_cf:
+    // a 34-column tile row takes 2 chunks of 32, not 3 (at least WARPS_PER_GROUP: one carry per pass)
+    const int chunks = max(WARPS_PER_GROUP, (cols + 2 * DW_VEC - 1 + DW_T_COLS - 1) / DW_T_COLS);
+    acc_t* dst_row = tile + transposed_lane0();
+    // The trip count depends on kernel arguments only, so the compiler sees the loop (and its
+    // shuffles) run by whole warps; the second warp of a 16-bit group may idle its last pass.
+    const int passes = (rows * chunks + WARPS_PER_GROUP - 1) / WARPS_PER_GROUP;
+    int row = 0, k = threadIdx.y / DW_T_GROUPS;
+    for (int pass = 0; pass < passes; ++pass) {
+        const bool live = WARPS_PER_GROUP == 1 || row < rows;
+        const int sh = vh0 + row;
+        const bool row_real = (unsigned)sh < (unsigned)s.h;   // (not padding)
+        const unsigned row_start = (unsigned)(depth_start + (row_real ? sh : 0)) * s.w;   // inside the plane
+        const int shift = (int)((row_start + vw0) % (2 * DW_VEC));   // (unsigned wrap-around: an exact modulo)
+        const int c0 = k * DW_T_COLS + v * DW_VEC - shift, sw0 = vw0 + c0;   // the vector's first tile / source column
+        const int s0 = c0 - lanes.lead, sw_s0 = vw0 + s0;                       // its sector's
+        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+        // (unsigned compares: -2 * DW_VEC < s0 < cols, and the same for sw_s0 against the row width)
+        if (live && loads && row_real && (unsigned)(s0 + 2 * DW_VEC - 1) < (unsigned)(cols + 2 * DW_VEC - 1) &&
+            (unsigned)(sw_s0 + 2 * DW_VEC - 1) < (unsigned)(s.w + 2 * DW_VEC - 1))
+            raw = load_uint4(s.sample + (int)(lanes.plane_start + row_start + sw0));
+        unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+        transpose_group(w);
+        const int col = c0 + c;
+        if (live && (unsigned)col < (unsigned)cols) {
+            acc_t* dst = dst_row + col * DW_TRANSPOSED_PITCH;
+            const elem_t* type = nullptr;
+            if ((unsigned)(sw0 + c) < (unsigned)s.w)
+                store_widened(type, dst, make_uint4(w[0], w[1], w[2], w[3]), false);
+            else
+                store_widened(type, dst, make_uint4(0u, 0u, 0u, 0u), false);
+        }
+        k += WARPS_PER_GROUP;
+        if (k >= chunks) {
+            k -= chunks;
+            ++row;
+            dst_row += cols * DW_TRANSPOSED_PITCH;
+        }
+    }
+}
+
 #endif
 
 // Loads plane `sd` (real index; < 0 = outside, zeros) rows vh0 .. vh0 + rows - 1 and columns
@@ -395,6 +541,7 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
     const bool align = s.up_w == 1;   // (tile_start counts the chunks the same way)
     const int tasks = rows * at.tasks.chunks * DW_CHANNELS;
     ChunkTasks at_lane = at.tasks;   // outer: the lane
+#pragma unroll 1   // (unrolled, its copies would only lengthen the loops that hold it)
     for (int task = threadIdx.y; task < tasks; task += DW_ROWS, at_lane.advance()) {
         const int lane = at_lane.outer, row = at_lane.row, k = at_lane.k;
         const int sh = real_index<HOLES>(vh0 + row, s.up_h, s.h);
@@ -685,8 +832,9 @@ depthwise_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, ele
 
 // wgrad: one tile's sums for the block's taps, any kernel width and dilation, stride S along
 // W (1 or 2). x: the thread's input run for tap 0 of the group; tap_off[t]: shared offset of
-// tap t; dyv: the thread's DW_PIX output gradients. Offsets q * S are immediates.
-template <int S>
+// tap t; dyv: the thread's DW_PIX output gradients. Offsets q * S are immediates. P: the tiles'
+// pitch (wgrad_pitch).
+template <int S, int P>
 __device__ __forceinline__ void wgrad_run(const acc_t* x, const int tap_off[DW_WG_TAPS], int taps,
                                           const acc_t dyv[DW_PIX], acc_t acc[DW_WG_TAPS]) {
 #pragma unroll
@@ -694,7 +842,7 @@ __device__ __forceinline__ void wgrad_run(const acc_t* x, const int tap_off[DW_W
         if (t < taps) {
             const acc_t* p = x + tap_off[t];
 #pragma unroll
-            for (int q = 0; q < DW_PIX; ++q) acc[t] += p[q * S * DW_PITCH] * dyv[q];
+            for (int q = 0; q < DW_PIX; ++q) acc[t] += p[q * S * P] * dyv[q];
         }
     }
 }
@@ -702,12 +850,13 @@ __device__ __forceinline__ void wgrad_run(const acc_t* x, const int tap_off[DW_W
 // The same for a runtime stride (3 and more): a loop over the thread's pixels (each reads its
 // dy value from the tile), taps unrolled inside, so that no tap x pixel address table is
 // hoisted out of the tile loop into registers (it would spill).
+template <int P>
 __device__ __forceinline__ void wgrad_run_strided(const acc_t* x, const acc_t* dy, const int tap_off[DW_WG_TAPS],
                                                   int taps, int step, acc_t acc[DW_WG_TAPS]) {
 #pragma unroll 1
     for (int q = 0; q < DW_PIX; ++q) {
         const acc_t* p = x + q * step;
-        const acc_t d = dy[q * DW_PITCH];
+        const acc_t d = dy[q * P];
 #pragma unroll
         for (int t = 0; t < DW_WG_TAPS; ++t)
             if (t < taps) acc[t] += p[tap_off[t]] * d;
@@ -717,7 +866,7 @@ __device__ __forceinline__ void wgrad_run_strided(const acc_t* x, const acc_t* d
 // The same with whole kernel rows of compile-time width KW (dilation 1) and stride S: per
 // row the (DW_PIX - 1) * S + KW inputs are read once into a register window and feed
 // KW * DW_PIX multiply-adds. Row r's taps are r * KW .. r * KW + KW - 1.
-template <int KW, int S>
+template <int KW, int S, int P>
 __device__ __forceinline__ void wgrad_rows(const acc_t* x, const int tap_off[DW_WG_TAPS], int taps,
                                            const acc_t dyv[DW_PIX], acc_t acc[DW_WG_TAPS]) {
 #pragma unroll
@@ -726,7 +875,7 @@ __device__ __forceinline__ void wgrad_rows(const acc_t* x, const int tap_off[DW_
             const acc_t* p = x + tap_off[r * KW];
             acc_t xv[(DW_PIX - 1) * S + KW];
 #pragma unroll
-            for (int i = 0; i < (DW_PIX - 1) * S + KW; ++i) xv[i] = p[i * DW_PITCH];
+            for (int i = 0; i < (DW_PIX - 1) * S + KW; ++i) xv[i] = p[i * P];
 #pragma unroll
             for (int kw = 0; kw < KW; ++kw)
 #pragma unroll
@@ -744,21 +893,57 @@ struct DwWgradWalk {
     bool active;
 };
 
+// wgrad's tiles: the shared pitch of a tile pixel and the loader for VEC (both sources are
+// wgrad_vector_source): channels_first copies them with load_tile_transposed, at its pitch;
+// otherwise with load_tile, whose 16-byte loader (`vec`: vector_source(s)) stores word by word
+// in channels_first, e.g. 16-bit planes that are not whole vectors (14 x 14).
+template <bool VEC>
+__host__ __device__ constexpr int wgrad_pitch() { return !DW_CHANNELS_LAST && VEC ? DW_TRANSPOSED_PITCH : DW_PITCH; }
+
+__device__ __forceinline__ bool wgrad_vector_source(const DwSource& s) {
+#if DW_CHANNELS_LAST
+    return vector_source(s);
+#else
+    return transposable_source(s);
+#endif
+}
+
+template <bool VEC>
+__device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
+                                                int cols, int j0, const DwTileStart& at, const DwGroupLanes& lanes,
+                                                bool vec) {
+#if DW_CHANNELS_LAST
+    (void)lanes; (void)vec;
+    load_tile<false>(tile, s, sd, vh0, vw0, rows, cols, j0, VEC, at);
+#else
+    if constexpr (VEC) load_tile_transposed(tile, s, sd, vh0, vw0, rows, cols, j0, lanes);
+    else load_tile<false>(tile, s, sd, vh0, vw0, rows, cols, j0, vec, at);
+#endif
+}
+
 // The tile loop of depthwise_wgrad for one math path, chosen once per block: KW > 0: whole
 // kernel rows of width KW (dilation 1) and stride S through wgrad_rows; KW = 0: wgrad_run
-// with stride S = 1, 2, or wgrad_run_strided (S = 0: any stride). VEC: the tiles are copied with load_tile_vec (both sources are
-// vector_source). The tile index advances by adds (one division per block, before the loop).
+// with stride S = 1, 2, or wgrad_run_strided (S = 0: any stride). VEC: the tiles are copied
+// with 16-byte loads (wgrad_load_tile). The tile index advances by adds (one division per
+// block, before the loop).
 template <int KW, int S, bool VEC>
 __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile, acc_t* dy_tile,
                                          const int tap_off[DW_WG_TAPS], acc_t acc[DW_WG_TAPS]) {
+    constexpr int P = wgrad_pitch<VEC>();
     const int lane = threadIdx.x, j0 = blockIdx.x * DW_CHANNELS;
     unsigned b = g.first;
     int tw = b % g.tiles_w; b /= g.tiles_w;
     int th = b % g.tiles_h; b /= g.tiles_h;
     int od = b % g.out_d, n = b / g.out_d;
-    const acc_t* dy_run = dy_tile + (g.row * g.cols + g.seg * DW_PIX) * DW_PITCH + lane;
-    const acc_t* x_run = x_tile + (g.row * g.s_h * g.cols_in + g.seg * DW_PIX * g.s_w) * DW_PITCH + lane;
+    const acc_t* dy_run = dy_tile + (g.row * g.cols + g.seg * DW_PIX) * P + lane;
+    const acc_t* x_run = x_tile + (g.row * g.s_h * g.cols_in + g.seg * DW_PIX * g.s_w) * P + lane;
     const DwTileStart x_at = tile_start(g.rows_in, g.cols_in, VEC, 1), dy_at = tile_start(g.tile_rows, g.cols, VEC, 1);
+#if DW_CHANNELS_LAST
+    const DwGroupLanes x_lanes = {}, dy_lanes = {};
+#else
+    const DwGroupLanes x_lanes = group_lanes(g.xs, j0), dy_lanes = group_lanes(g.ds, j0);
+#endif
+    const bool x_vec = vector_source(g.xs), dy_vec = vector_source(g.ds);   // (samples keep sample 0's alignment)
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
         DwSource xn = g.xs, dn = g.ds;
@@ -767,21 +952,21 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
         __syncthreads();   // the previous tile is no longer read
         for (int p = 0; p < g.planes_in; ++p) {
             const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
-            load_tile<false>(x_tile + p * g.plane_size, xn, id >= 0 && id < g.in_d ? id : -1,
-                             oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in, g.cols_in,
-                             j0, VEC, x_at);
+            wgrad_load_tile<VEC>(x_tile + p * g.plane_size, xn, id >= 0 && id < g.in_d ? id : -1,
+                                 oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in,
+                                 g.cols_in, j0, x_at, x_lanes, x_vec);
         }
-        load_tile<false>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, VEC, dy_at);
+        wgrad_load_tile<VEC>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes, dy_vec);
         __syncthreads();
         if (g.active) {
             if constexpr (S == 0) {
-                wgrad_run_strided(x_run, dy_run, tap_off, g.taps, g.s_w * DW_PITCH, acc);
+                wgrad_run_strided<P>(x_run, dy_run, tap_off, g.taps, g.s_w * P, acc);
             } else {
                 acc_t dyv[DW_PIX];
 #pragma unroll
-                for (int q = 0; q < DW_PIX; ++q) dyv[q] = dy_run[q * DW_PITCH];
-                if constexpr (KW > 0) wgrad_rows<KW, S>(x_run, tap_off, g.taps, dyv, acc);
-                else wgrad_run<S>(x_run, tap_off, g.taps, dyv, acc);
+                for (int q = 0; q < DW_PIX; ++q) dyv[q] = dy_run[q * P];
+                if constexpr (KW > 0) wgrad_rows<KW, S, P>(x_run, tap_off, g.taps, dyv, acc);
+                else wgrad_run<S, P>(x_run, tap_off, g.taps, dyv, acc);
             }
         }
         if (++tw == g.tiles_w) {
@@ -818,8 +1003,8 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
 // output-pixel tiles [split * tiles_per_split, ...) (tile: tile_rows x segs*DW_PIX pixels
 // of one (sample, plane)); per tile it loads the input tile (every plane and kernel row the
 // group's taps touch, all kernel columns) and the dy tile into shared memory between two
-// barriers (16-byte loads when both are vector_source); each thread then adds, for every tap
-// of the group, its DW_PIX pixels into one register sum per tap (dy run held in registers;
+// barriers (16-byte loads when both are wgrad_vector_source); each thread then adds, for every
+// tap of the group, its DW_PIX pixels into one register sum per tap (dy run held in registers;
 // whole rows of width 3 or 5, stride 1 or 2, dilation 1 go through wgrad_rows' register
 // window). The math path and the loader are chosen once per block (wgrad_tiles), so the
 // tile loop holds one of each. At the end the DW_ROWS threads of a lane add their sums in
@@ -844,30 +1029,32 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
     const int planes_in = (kd_hi - kd_lo) * dil_d + 1;
     const int rows_in = (tile_rows - 1) * s_h + (kh_hi - kh_lo) * dil_h + 1;
     const int cols_in = (cols - 1) * s_w + (k_w - 1) * dil_w + 1;
-    const int plane_size = rows_in * cols_in * DW_PITCH;
+    const unsigned in_pixels = (unsigned)in_d * in_h * in_w, out_pixels = (unsigned)out_d * out_h * out_w;
+    const DwSource xs = {x, (unsigned)c_in, in_pixels, in_h, in_w, 1, 1, mult, 1, 0, c_out};
+    const DwSource ds = {dy, (unsigned)c_out, out_pixels, out_h, out_w, 1, 1, 1, 1, 0, c_out};
+    // every sample's base keeps the alignment of sample 0 (vector_source: C times a sample's
+    // pixels is a multiple of the vector)
+    const bool vec = wgrad_vector_source(xs) && wgrad_vector_source(ds);
+    const int pitch = vec ? wgrad_pitch<true>() : wgrad_pitch<false>();
+    const int plane_size = rows_in * cols_in * pitch;
     acc_t* dy_tile = x_tile + planes_in * plane_size;
     int tap_off[DW_WG_TAPS];
 #pragma unroll
     for (int t = 0; t < DW_WG_TAPS; ++t) {
         const int tt = min(t_lo + t, t_hi - 1), kd = tt / plane_taps, kh = (tt / k_w) % k_h, kw = tt % k_w;
-        tap_off[t] = (kd - kd_lo) * dil_d * plane_size + ((kh - kh_lo) * dil_h * cols_in + kw * dil_w) * DW_PITCH;
+        tap_off[t] = (kd - kd_lo) * dil_d * plane_size + ((kh - kh_lo) * dil_h * cols_in + kw * dil_w) * pitch;
     }
-    const unsigned in_pixels = (unsigned)in_d * in_h * in_w, out_pixels = (unsigned)out_d * out_h * out_w;
     const int tiles_w = (out_w + cols - 1) / cols, tiles_h = (out_h + tile_rows - 1) / tile_rows;
     const int tiles = batch * out_d * tiles_h * tiles_w;
     const int first = blockIdx.z * tiles_per_split;
-    const DwWgradWalk g = {{x, (unsigned)c_in, in_pixels, in_h, in_w, 1, 1, mult, 1, 0, c_out},
-                           {dy, (unsigned)c_out, out_pixels, out_h, out_w, 1, 1, 1, 1, 0, c_out},
-                           in_d, out_d, s_d, s_h, s_w, pad_d, pad_h, pad_w, dil_d, dil_h,
+    const DwWgradWalk g = {xs, ds, in_d, out_d, s_d, s_h, s_w, pad_d, pad_h, pad_w, dil_d, dil_h,
                            kd_lo, kh_lo, planes_in, rows_in, cols_in, plane_size,
                            tile_rows, cols, tiles_w, tiles_h, first, min(tiles, first + tiles_per_split),
                            t_hi - t_lo, row, seg, row < tile_rows && j < c_out};
     acc_t acc[DW_WG_TAPS];
 #pragma unroll
     for (int t = 0; t < DW_WG_TAPS; ++t) acc[t] = acc_t(0);
-    // every sample's base keeps the 16-byte alignment of sample 0 when C is a multiple of DW_VEC
-    if (vector_source(g.xs) && vector_source(g.ds)) wgrad_paths<DW_VEC_LOADS>(g, x_tile, dy_tile, tap_off, k_w,
-                                                                               dil_w, group_taps, acc);
+    if (vec) wgrad_paths<true>(g, x_tile, dy_tile, tap_off, k_w, dil_w, group_taps, acc);
     else wgrad_paths<false>(g, x_tile, dy_tile, tap_off, k_w, dil_w, group_taps, acc);
 
     // fixed-order reduction over the DW_ROWS threads of each lane

@@ -77,6 +77,15 @@ def _shared_words_per_pixel(channels_first):
     return DW_CHANNELS + 1 if channels_first else DW_CHANNELS
 
 
+def _wgrad_elements_per_pixel(dtype, channels_first):
+    """The same for depthwise_wgrad's tiles, in accumulator elements: channels_first tiles may be
+    copied by its transposing loader, whose 16-byte shared stores need a pixel padded by 16
+    bytes (conv_depthwise.cu DW_TRANSPOSED_PITCH); the launch sizes them for it."""
+    if channels_first:
+        return DW_CHANNELS + 16 // _acc_bytes(dtype)
+    return _shared_words_per_pixel(channels_first)
+
+
 def _acc_bytes(dtype):
     return 8 if np.dtype(dtype) == np.float64 else 4
 
@@ -157,7 +166,7 @@ def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial,
     (_, out_h, out_w), (_, _, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
     (_, s_h, s_w), (dil_d, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
     rows, segs = _tile_shape(channels_first, out_h, out_w)
-    pixel_bytes = _shared_words_per_pixel(channels_first) * _acc_bytes(dtype)
+    pixel_bytes = _wgrad_elements_per_pixel(dtype, channels_first) * _acc_bytes(dtype)
     spans = set(_tap_groups(kernel_spatial))
     reduction = DW_ROWS * DW_WG_TAPS * DW_CHANNELS * _acc_bytes(dtype)
 

@@ -220,6 +220,13 @@ inline long long __float2ll_rn(float x) { return (long long)nearbyintf(x); }
 inline float __int2float_rn(int i) { return float(i); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+// PRMT in its default mode: byte i of the result is byte (s >> 4i) & 7 of y:x (x bytes 0-3, y 4-7).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long both = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= unsigned(both >> (8 * ((s >> (4 * i)) & 7u)) & 0xffu) << (8 * i);
+    return r;
+}
 inline int __clz(int x) { return x ? __builtin_clz(unsigned(x)) : 32; }
 inline int __clzll(long long x) { return x ? __builtin_clzll((unsigned long long)x) : 64; }
 inline int __ffs(int x) { return __builtin_ffs(x); }
