@@ -195,3 +195,12 @@ def test_an_op_in_two_steps_of_different_shapes_never_calls_one_kept_runner_for_
         y1, y2 = f([v1, v2])
         np.testing.assert_array_equal(y1, np.maximum(v1 + [0.5, -1.0, 2.0], 0))
         np.testing.assert_array_equal(y2, np.maximum(v2 + [0.5, -1.0, 2.0], 0))
+
+
+def test_an_op_repr_shows_what_it_computes_not_its_kept_runner():
+    """Op.kept is run-time state like the private attributes: a repr names the op's parameters
+    only, the same for two ops that compute the same thing."""
+    from gpuk.ops.bias import BiasAct
+    from gpuk.ops.linalg import MatMul
+    assert repr(BiasAct(-1, 'relu')) == repr(BiasAct(-1, 'relu')) == "BiasAct(activation='relu', axis=-1)"
+    assert repr(MatMul()) == 'MatMul()'

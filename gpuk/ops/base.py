@@ -65,8 +65,10 @@ class Op:
         return [np.asarray(o) if np.size(o) <= 64 else None for o in outs]
 
     def __repr__(self):
-        # private attributes are run-time state (a step's kept runner), not what the op computes
-        attrs = ', '.join('%s=%r' % kv for kv in sorted(vars(self).items()) if not kv[0].startswith('_'))
+        # private attributes and ``kept`` are run-time state (a step's kept runner), not what the
+        # op computes
+        attrs = ', '.join('%s=%r' % kv for kv in sorted(vars(self).items())
+                          if not kv[0].startswith('_') and kv[0] != 'kept')
         return '%s(%s)' % (type(self).__name__, attrs)
 
 
