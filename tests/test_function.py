@@ -195,3 +195,30 @@ def test_an_op_in_two_steps_of_different_shapes_never_calls_one_kept_runner_for_
         y1, y2 = f([v1, v2])
         np.testing.assert_array_equal(y1, np.maximum(v1 + [0.5, -1.0, 2.0], 0))
         np.testing.assert_array_equal(y2, np.maximum(v2 + [0.5, -1.0, 2.0], 0))
+
+
+def test_an_op_repr_shows_what_it_computes_not_its_kept_runner():
+    """Op.kept is run-time state like the private attributes: a repr names the op's parameters
+    only, the same for two ops that compute the same thing."""
+    from gpuk.ops.bias import BiasAct
+    from gpuk.ops.linalg import MatMul
+    assert repr(BiasAct(-1, 'relu')) == repr(BiasAct(-1, 'relu')) == "BiasAct(activation='relu', axis=-1)"
+    assert repr(MatMul()) == 'MatMul()'
+
+
+def test_only_ops_whose_forward_calls_their_kept_runner_expose_one(on_device, rng):
+    """Op.kept says a plan may call the step's kept runner in place of its forward. The locally
+    connected convolutions share _WindowOp with the convolutions but launch without a Kept:
+    they expose none, and their plans give the same results run after run."""
+    x = K.placeholder((2, 5, 5, 3))
+    w = K.variable(rng.standard_normal((9, 12, 4)).astype(np.float32))
+    y = K.local_conv2d(x, w, (2, 2), (1, 1), (3, 3), 'channels_last')
+    f = K.function([x], [y, K.gradients(K.sum(y * y), [w])[0]])
+    value = rng.standard_normal((2, 5, 5, 3)).astype(np.float32)
+    first = f([value])
+    for _ in range(3):
+        for got, want in zip(f([value]), first):
+            np.testing.assert_array_equal(got, want)
+    ops = [forward.__self__ for forward, _, _, _ in f._compiled().steps]
+    local = [op for op in ops if type(op).__name__.startswith('LocalConv')]
+    assert local and all(op.kept is None for op in local), ops

@@ -331,3 +331,21 @@ def test_a_broadcasts_like_computed_for_nothing_else_leaves_the_plan():
     # a like read elsewhere too, or protected, stays
     kept = drop_identity_broadcasts(steps, {0, 1, 2, 3, 6}, {s: (2, 3) for s in range(7)})
     assert [outs for _, _, outs in kept] == [[3], [4], [6]]
+
+
+def test_a_scan_copies_strided_sequences_but_never_a_broadcast_stand_in(on_device):
+    """On the kernel runtimes a sequence whose per-step slices are strided is copied once per
+    loop (Scan: _steps_contiguous); a broadcast sequence (the zero-stride stand-in of a value
+    read for its shape alone, Scan._stacked_like) is passed as it is: a copy would make a whole
+    sequence of memory out of none. The NumPy device copies nothing."""
+    from gpuk import device
+    from gpuk.ops.scan import _steps_contiguous
+    impl = device.impl()
+    xp = impl.xp
+    stand_in = xp.broadcast_to(xp.zeros((), np.float32), (5, 2, 3))
+    assert _steps_contiguous(impl, stand_in) is stand_in
+    time_major = xp.transpose(xp.asarray(np.arange(30, dtype=np.float32).reshape(2, 5, 3)), (1, 0, 2))
+    sliced = _steps_contiguous(impl, time_major)
+    assert (sliced is time_major) == (impl.kind == 'cpu')
+    assert sliced[0].flags.c_contiguous or impl.kind == 'cpu'
+    np.testing.assert_array_equal(device.to_host(sliced), device.to_host(time_major))

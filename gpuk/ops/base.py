@@ -30,9 +30,11 @@ class Op:
     # layouts repeating from run to run (prepared.LayoutToken)
     shape_from_values = slice(0, 0)
     # the op's prepared.Kept, where its forward(impl, *arrays) is kept.run(impl, arrays, make):
-    # all its arrays, in order, the runner's result returned as it is. A plan then calls the
+    # all its arrays, in order, the runner's result returned as it is (or, as MatMul's, some
+    # other call where the arrays' layouts and impl alone say so). A plan then calls the
     # runner its step called in one run in place of forward in the runs after it with the same
-    # input layouts (Kept.runner_of_run, Plan.run)
+    # input layouts (Kept.runner_of_run, Plan.run). An op whose forward never calls its Kept
+    # has none (LocalConvFwd)
     kept = None
 
     def infer(self, *metas):
@@ -65,8 +67,10 @@ class Op:
         return [np.asarray(o) if np.size(o) <= 64 else None for o in outs]
 
     def __repr__(self):
-        # private attributes are run-time state (a step's kept runner), not what the op computes
-        attrs = ', '.join('%s=%r' % kv for kv in sorted(vars(self).items()) if not kv[0].startswith('_'))
+        # private attributes and ``kept`` are run-time state (a step's kept runner), not what the
+        # op computes
+        attrs = ', '.join('%s=%r' % kv for kv in sorted(vars(self).items())
+                          if not kv[0].startswith('_') and kv[0] != 'kept')
         return '%s(%s)' % (type(self).__name__, attrs)
 
 

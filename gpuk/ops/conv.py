@@ -352,6 +352,12 @@ class LocalWindow:
 
 
 class LocalConvFwd(_WindowOp):
+    """A locally connected convolution, whose forward (and its gradients') calls the launcher
+    itself: no runner is kept (Op.kept), so a plan never calls _WindowOp's Kept in its place."""
+
+    def __init__(self, window, static_shape=None, from_like=True):
+        super().__init__(window, static_shape, from_like)
+        self.kept = None
 
     def infer(self, x, w):
         win = self.window

@@ -53,10 +53,11 @@ class Counters:
         self.xp_steps = 0            # steps that launched nothing of gpuk's (ops computed with xp)
         self.xp_steps_s = 0.0        # on a GPU CuPy's host time; in the rehearsal NumPy's compute
         self._recorded = [0.0, 0, 0.0]   # exclusive time, launches, device time recorded so far
-        # count_calls: Python function calls (Python and C, sys.setprofile) inside the forwards of
-        # the outermost plan steps that launch, device calls left out: a load-free measure of the
-        # Python per launch (a scan's step plans count in the scan). It slows the step: a
-        # separate step from the timed ones.
+        # count_calls: Python function calls (Python and C, sys.setprofile) inside the calls (an
+        # op's forward, or the kept runner a plan calls in its place) of the outermost plan steps
+        # that launch, device calls left out: a load-free measure of the Python per launch (a
+        # scan's step plans count in the scan). It slows the step: a separate step from the
+        # timed ones.
         self.count_calls = count_calls
         self.launching_calls = 0      # those calls
         self.counted_launches = 0     # the launches of the steps they were counted in
