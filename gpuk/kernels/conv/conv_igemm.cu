@@ -21,11 +21,13 @@
 //       bfloat16 (ELEMENT_T picks the instruction, see Mma16);
 //   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32'): each operand element
 //       is rounded once (float_to_tf32: to nearest, ties to even; cvt.rn.tf32.f32 on sm_90, one
-//       instruction; the same rounding on the bits on sm_80, 3) in shared memory, by the thread
-//       that copied it, between its cp.async wait and the barrier that publishes the stage
+//       instruction; the same rounding on the bits on sm_80, 3). The filter (fwd's and dgrad's B,
+//       read by every block) arrives rounded: conv_round_tf32, launched ahead by the launcher,
+//       rounds it once per call. The other operands are rounded in shared memory, by the thread
+//       that copied them, between its cp.async wait and the barrier that publishes the stage
 //       (round_landed_tf32: the rounding plus a 16-byte load and store per 4 elements, instead
 //       of a rounding per fragment register in every warp that reads it; an operand read by one
-//       warp only keeps the per-register rounding). Fragments come from ldmatrix for [mn][k]
+//       warp only keeps the per-register rounding: Tf32Rounding). Fragments come from ldmatrix for [mn][k]
 //       tiles and from 8-byte shared loads for k-major ones: fwd runs as D^T = B^T A^T and wgrad
 //       pairs its A rows (Tf32Order).
 //       Why round at all: the tensor core reads the top 19 bits of each 32-bit word, i.e. it
@@ -1051,18 +1053,24 @@ template <> struct Mma16<__nv_bfloat16> {
 //     operand (ldmatrix, 8-column tiles along m). Lane (g, t) then holds output rows m = 2t, 2t+1
 //     of each 8-row m tile at the channel pair n = 2g, 2g + 1 of each 16-channel n tile: acc keeps
 //     each pair together, one 8-byte store (EpilogueRun 2), 4 rows x 64 contiguous bytes per warp.
-// Rounding (float_to_tf32, to nearest even): an operand whose elements are read by several warps
-// (A by CONV_WARPS_N, B by CONV_WARPS_M) is rounded once per element in shared memory, by the
-// thread that copied it (round_landed_tf32: the rounding, 1 instruction on sm_90 and 3 on sm_80,
-// plus its share of a 16-byte load and store), otherwise in the fragment registers of its one
-// reader (the rounding per register): 128x128 rounds both in shared memory, 64x64 (1 x 2 warps)
-// A there and B in registers.
-constexpr bool TF32_ROUND_A_SHARED = CONV_WARPS_N > 1, TF32_ROUND_B_SHARED = CONV_WARPS_M > 1;
+// Rounding (float_to_tf32, to nearest even): fwd's and dgrad's B is the filter, which every block
+// reads: the launcher rounds it once per call (conv_round_tf32), so those kernels never round B.
+// Any other operand whose elements are read by several warps (A by CONV_WARPS_N, wgrad's B by
+// CONV_WARPS_M) is rounded once per element in shared memory, by the thread that copied it
+// (round_landed_tf32: the rounding, 1 instruction on sm_90 and 3 on sm_80, plus its share of a
+// 16-byte load and store), otherwise in the fragment registers of its one reader (the rounding
+// per register): 128x128 rounds A (and wgrad's B) in shared memory, 64x64 (1 x 2 warps) A there
+// and wgrad's B in registers.
+template <int MODE> struct Tf32Rounding {
+    static constexpr bool b_prerounded = MODE != MODE_WGRAD;   // B = w: conv_round_tf32
+    static constexpr bool a_shared = CONV_WARPS_N > 1, b_shared = !b_prerounded && CONV_WARPS_M > 1;
+    static constexpr bool a_registers = !a_shared, b_registers = !b_prerounded && !b_shared;
+};
 // float_to_tf32 (common.cuh): round to nearest even, as the MMA reads it.
 __device__ __forceinline__ float tf32_round_for_mma(float x) { return __uint_as_float(float_to_tf32(x)); }
-// Rounds fragment registers unless their operand was rounded in shared memory (SHARED).
-template <bool SHARED, int N> __device__ __forceinline__ void round_fragment(unsigned (&r)[N]) {
-    if constexpr (!SHARED) {
+// Rounds fragment registers where their operand is rounded there (Tf32Rounding's *_registers).
+template <bool ROUND, int N> __device__ __forceinline__ void round_fragment(unsigned (&r)[N]) {
+    if constexpr (ROUND) {
 #pragma unroll
         for (int i = 0; i < N; ++i) r[i] = __float_as_uint(tf32_round_for_mma(__uint_as_float(r[i])));
     }
@@ -1158,13 +1166,13 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                 b[mj][0] = r[0]; b[mj][1] = r[1]; b[mj + 1][0] = r[2]; b[mj + 1][1] = r[3];
             }
 #pragma unroll
-            for (int mj = 0; mj < M8; ++mj) round_fragment<TF32_ROUND_A_SHARED>(b[mj]);
+            for (int mj = 0; mj < M8; ++mj) round_fragment<Tf32Rounding<MODE>::a_registers>(b[mj]);
 #pragma unroll
             for (int ni = 0; ni < WARP_TILE_N / 16; ++ni) {
                 unsigned a[4];
                 const int n = col0 + ni * 16 + 2 * gr;
                 load_paired_a(a, &BS(ks + t, n), &BS(ks + t + 4, n));
-                round_fragment<TF32_ROUND_B_SHARED>(a);
+                round_fragment<Tf32Rounding<MODE>::b_registers>(a);
 #pragma unroll
                 for (int mj = 0; mj < M8; ++mj) {
                     float c[4];
@@ -1193,7 +1201,7 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                 }
             }
 #pragma unroll
-            for (int ni = 0; ni < MMA_N_TILES; ++ni) round_fragment<TF32_ROUND_B_SHARED>(b[ni]);
+            for (int ni = 0; ni < MMA_N_TILES; ++ni) round_fragment<Tf32Rounding<MODE>::b_registers>(b[ni]);
 #pragma unroll
             for (int mi = 0; mi < MMA_M_TILES; ++mi) {
                 unsigned a[4];
@@ -1203,7 +1211,7 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                     const int m = row0 + mi * 16 + 2 * gr;
                     load_paired_a(a, &AS(ks + t, m), &AS(ks + t + 4, m));
                 }
-                round_fragment<TF32_ROUND_A_SHARED>(a);
+                round_fragment<Tf32Rounding<MODE>::a_registers>(a);
 #pragma unroll
                 for (int ni = 0; ni < MMA_N_TILES; ++ni) {
                     float* c = acc + (mi * MMA_N_TILES + ni) * 4;
@@ -1217,11 +1225,11 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 #undef AS
 #undef BS
 #if CONV_MATH == 2
-// tf32 rounding in shared memory (TF32_ROUND_A_SHARED / _B_SHARED): after its cp_async_wait,
+// tf32 rounding in shared memory (Tf32Rounding's *_shared): after its cp_async_wait,
 // each thread rounds (float_to_tf32, in place) the 16-byte chunks of the landed stage that it copied
 // itself, before the barrier that publishes the stage, so no other thread's copy is touched and
-// no barrier is added. These offsets must follow the loaders' chunk mapping (GatherA and dgrad's
-// B: chunk_row / chunk_pos of a [mn][k] tile; RowStream: of a k-major tile; wgrad A:
+// no barrier is added. These offsets must follow the loaders' chunk mapping (GatherA: chunk_row /
+// chunk_pos of a [mn][k] tile; RowStream (wgrad's B): of a k-major tile; wgrad A:
 // wgrad_a_row / wgrad_a_unit); the emulator's racecheck flags any chunk rounded by a thread
 // other than its copier (tried: it does).
 __device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
@@ -1233,7 +1241,7 @@ __device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
     *reinterpret_cast<float4*>(p) = v;
 }
 template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
-    if constexpr (TF32_ROUND_A_SHARED) {
+    if constexpr (Tf32Rounding<MODE>::a_shared) {
         if constexpr (MODE == MODE_WGRAD) {
 #pragma unroll
             for (int r = 0; r < WG_ROWS; ++r)
@@ -1246,12 +1254,10 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
                 round_chunk_tf32(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK)));
         }
     }
-    if constexpr (TF32_ROUND_B_SHARED) {
+    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy, a RowStream
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
-            round_chunk_tf32(bs + (Layout<MODE>::b_nk
-                                       ? tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK))
-                                       : tile_index<false, CONV_BN>(chunk_pos(CONV_BN), chunk_row(j, CONV_BN))));
+            round_chunk_tf32(bs + tile_index<false, CONV_BN>(chunk_pos(CONV_BN), chunk_row(j, CONV_BN)));
     }
 }
 #define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
@@ -1641,6 +1647,19 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
         store_tile<MODE_WGRAD>(acc, rows, c_out, nullptr, 0, dw, SameRows{});
     else
         store_tile<MODE_WGRAD>(acc, rows, c_out, nullptr, 0, partial + (long long)blockIdx.z * rows * c_out, SameRows{});
+#endif
+}
+
+// conv_round_tf32: y[i] = x[i] rounded to tf32 (float_to_tf32, to nearest even), for the filter
+// that the tf32 fwd and dgrad kernels read as B unrounded in-kernel (Tf32Rounding): once per call
+// here instead of once per block there (every block of those kernels reads all of w's K rows for
+// its columns). Built for the tf32 tiles only (traps elsewhere); 1-D grid-stride loop.
+extern "C" __global__ void __launch_bounds__(REDUCE_THREADS)
+conv_round_tf32(const float* __restrict__ x, float* __restrict__ y, long long n) {
+#if CONV_MATH == 2
+    GPUK_GRID_STRIDE_LOOP(i, n) y[i] = __uint_as_float(float_to_tf32(x[i]));
+#else
+    __trap();
 #endif
 }
 
