@@ -382,6 +382,11 @@ __device__ __forceinline__ void copy_scalar(elem_t* dst, const elem_t* src, bool
 
 // Tile rows one block-wide pass of chunks covers (chunk j of a thread is row chunk_row(0) + j * this).
 #define ROWS_PER_PASS(len) (CONV_THREADS / ((len) / VEC))
+// tf32 wgrad's B (dy) where it is rounded in shared memory (several warps read it: CONV_WARPS_M > 1,
+// Tf32Rounding): each thread copies B_CHUNKS_PER_THREAD consecutive k rows of one unit (RowStream<true>)
+// and its rounding pass transposes their 4 x 4 blocks, so ldmatrix reads the MMA's B fragments (K4Transposed).
+#define TF32_B_TRANSPOSED (CONV_MATH == 2 && CONV_WARPS_M > 1)
+static_assert(!TF32_B_TRANSPOSED || B_CHUNKS_PER_THREAD % 4 == 0, "K4Transposed: whole 4 x 4 blocks per thread");
 
 // VEC consecutive positions of a (tap, channel) iterator copied one element at a time (the
 // per-element path of every gathered operand): element(t, src) gives position t's source
@@ -560,8 +565,16 @@ struct GatherA {
 // A row-major (K, ld) operand streamed by whole rows (fwd B = w as (taps*C_in, C_out); wgrad
 // B = dy as (N*OP, C_out) in channels_last): one pointer per thread, advanced by CONV_BK rows per
 // tile, and the count of K rows from the thread's first chunk to k_end, so the per-chunk check is
-// one compare with an immediate (the chunk's row offset).
-struct RowStream {
+// one compare with an immediate (the chunk's row offset). A thread's chunks lie in one column
+// of units, one block-wide pass apart (chunk_row), or, RUNS, in B_CHUNKS_PER_THREAD consecutive
+// rows (tf32 wgrad's B, whose rounding pass transposes them: K4Transposed); a warp's copies fill
+// whole tile rows either way.
+template <bool RUNS> struct RowStream {
+    static constexpr int STEP = RUNS ? 1 : ROWS_PER_PASS(CONV_BN);   // rows between a thread's chunks
+    // The tile row of this thread's chunk j.
+    __device__ __forceinline__ static int row(int j) {
+        return (RUNS ? B_CHUNKS_PER_THREAD * (int)(threadIdx.x / (CONV_BN / VEC)) : chunk_row(0, CONV_BN)) + j * STEP;
+    }
     const elem_t* ptr;   // this thread's chunk 0 of the next tile
     int ahead;           // K rows from this thread's chunk 0 of the next tile to k_end
     int col;             // this thread's first column
@@ -571,26 +584,25 @@ struct RowStream {
     // (the per-element path tests every column: its copies past ld read nothing).
     __device__ __forceinline__ void init(const elem_t* data, long long k_begin, long long k_end, int ld) {
         col = blockIdx.y * CONV_BN + chunk_pos(CONV_BN);
-        ptr = data + (k_begin + chunk_row(0, CONV_BN)) * ld + (col < ld ? col : 0);
-        ahead = (int)(k_end - k_begin) - chunk_row(0, CONV_BN);
+        ptr = data + (k_begin + row(0)) * ld + (col < ld ? col : 0);
+        ahead = (int)(k_end - k_begin) - row(0);
     }
-    // Whether row `row` of the next tile lies before k_end (another operand's rows, e.g. wgrad A's).
-    __device__ __forceinline__ bool row_before_end(int row) const { return row - chunk_row(0, CONV_BN) < ahead; }
+    // Whether row `r` of the next tile lies before k_end (another operand's rows, e.g. wgrad A's).
+    __device__ __forceinline__ bool row_before_end(int r) const { return r - row(0) < ahead; }
     // The 16-byte path offsets a thread's chunks from `ptr` in 32 bits (one IMAD.WIDE each).
     __device__ __forceinline__ static bool fits(int ld) { return (long long)CONV_BK * ld < (1ll << 31); }
     // FULL: the tile lies before k_end (no row test).
     template <bool VECTOR, bool FULL = false>
     __device__ __forceinline__ void load(elem_t* bs, int ld, int cols) {
-        constexpr int PASS = ROWS_PER_PASS(CONV_BN);
         const int nc = chunk_pos(CONV_BN);
-        const long long pass = (long long)PASS * ld;
-        elem_t* const dst0 = bs + tile_index<false, CONV_BN>(nc, chunk_row(0, CONV_BN));
+        const long long pass = (long long)STEP * ld;
+        elem_t* const dst0 = bs + tile_index<false, CONV_BN>(nc, row(0));
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
-            elem_t* dst = k_rows_linear(PASS) ? dst0 + k_rows_apart<CONV_BN>(j * PASS)
-                                              : bs + tile_index<false, CONV_BN>(nc, chunk_row(j, CONV_BN));
+            elem_t* dst = k_rows_linear(STEP) ? dst0 + k_rows_apart<CONV_BN>(j * STEP)
+                                              : bs + tile_index<false, CONV_BN>(nc, row(j));
             const elem_t* src = ptr + j * pass;
-            const bool k_ok = FULL || j * PASS < ahead;   // chunk_row(j) before k_end
+            const bool k_ok = FULL || j * STEP < ahead;   // row(j) before k_end
             if constexpr (VECTOR) {
                 copy_chunk(dst, ptr + j * (int)pass, k_ok);   // j * pass < CONV_BK * ld: fits()
             } else {
@@ -613,7 +625,7 @@ template <int MODE> struct Loader;
 // fwd: A = im2col(x) [m = (n, output pixel)][k = (tap, c_in)]; B = w as (taps*C_in, C_out).
 template <> struct Loader<MODE_FWD> {
     GatherA a;
-    RowStream b;
+    RowStream<false> b;
     bool a_vec, b_vec;
 
     __device__ __forceinline__ static Source source(const ConvGeom& g) {
@@ -625,7 +637,7 @@ template <> struct Loader<MODE_FWD> {
         a.init(source(g), grid, dense_taps(g, 0, 0, 0), x, rows, k_begin);
         b.init(w, k_begin, k_end, g.c_out);
         a_vec = a.fast && g.c_in % VEC == 0 && is_aligned(x, 16);
-        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16) && RowStream::fits(g.c_out);
+        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16) && RowStream<false>::fits(g.c_out);
     }
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
@@ -802,7 +814,7 @@ template <> struct Loader<MODE_WGRAD> {
     const elem_t* a_base[WG_CHUNKS];      // 16-byte path: chunk j's source for the window origin at pixel 0
     int a_td[WG_CHUNKS], a_th[WG_CHUNKS], a_tw[WG_CHUNKS];   // its tap's offsets
     unsigned a_up[WG_CHUNKS];             // packed path: its tap + WgradPack::up_bias
-    RowStream b;                          // b.row_before_end: whether a k row of the next tile is before k_end
+    RowStream<TF32_B_TRANSPOSED> b;       // b.row_before_end: whether a k row of the next tile is before k_end
     bool a_vec, b_vec, a_packed;          // a_packed: the image fits WgradPack (16-byte path only)
 
     __device__ __forceinline__ void init(const ConvGeom& g, const WgradDecode& wgrad_decode, const elem_t* x,
@@ -835,7 +847,7 @@ template <> struct Loader<MODE_WGRAD> {
         a_packed = WG_PACKED && WgradPack::fits(g, taps);
         b.init(dy, k_begin, k_end, g.c_out);
         a_vec = fits && g.c_in % VEC == 0 && is_aligned(x, 16);
-        b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16) && RowStream::fits(g.c_out);
+        b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16) && RowStream<TF32_B_TRANSPOSED>::fits(g.c_out);
     }
 
     // x's element (tap, channel t; image and output pixel p): its offset and whether it is inside.
@@ -1065,6 +1077,19 @@ template <int MODE> struct Tf32Rounding {
     static constexpr bool b_prerounded = MODE != MODE_WGRAD;   // B = w: conv_round_tf32
     static constexpr bool a_shared = CONV_WARPS_N > 1, b_shared = !b_prerounded && CONV_WARPS_M > 1;
     static constexpr bool a_registers = !a_shared, b_registers = !b_prerounded && !b_shared;
+    static_assert(b_shared == (MODE == MODE_WGRAD && TF32_B_TRANSPOSED), "wgrad's B: rounded where transposed");
+};
+// tf32 wgrad's B tile as TF32_B_TRANSPOSED stores it: each 4 x 4 block (k rows 4q..4q+3, one unit
+// of 4 columns) transposed in place, so that the 16 bytes at row 4q + j of unit u hold column
+// 4u + j at k = 4q..4q+3: a lane's b0 (k = t) or b1 (k = t + 4) of column g is word t of one
+// 16-byte row, and ldmatrix (plain: lane (g, t) takes word t of row g) loads the fragments of two
+// 8-column tiles at once. The 8 rows of a phase (4 rows x 2 units) hit 8 bank groups (the padded
+// stride, 2 mod 8 units).
+struct K4Transposed {
+    __device__ __forceinline__ static int index(int k, int n) {
+        const unsigned ku = (unsigned)k, nu = (unsigned)n;
+        return (int)(((ku & ~3u) + (nu & 3u)) * (CONV_BN + SMEM_PAD_K) + (nu & ~3u) + (ku & 3u));
+    }
 };
 // float_to_tf32 (common.cuh): round to nearest even, as the MMA reads it.
 __device__ __forceinline__ float tf32_round_for_mma(float x) { return __uint_as_float(float_to_tf32(x)); }
@@ -1187,9 +1212,10 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
             unsigned b[MMA_N_TILES][2];
 #pragma unroll
             for (int ni = 0; ni < MMA_N_TILES; ni += 2) {
-                if (Layout<MODE>::b_nk) {   // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
+                if (Layout<MODE>::b_nk || TF32_B_TRANSPOSED) {   // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
+                    const int k = ks + (mat & 1) * 4, n = col0 + (ni + (mat >> 1)) * 8 + mrow;
                     unsigned r[4];
-                    ldmatrix<4, false>(r, &BS(ks + (mat & 1) * 4, col0 + (ni + (mat >> 1)) * 8 + mrow));
+                    ldmatrix<4, false>(r, Layout<MODE>::b_nk ? &BS(k, n) : bs + K4Transposed::index(k, n));
                     b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
                 } else {   // one 4-byte read per register (Tf32Order)
 #pragma unroll
@@ -1232,13 +1258,28 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 // chunk_pos of a [mn][k] tile; RowStream (wgrad's B): of a k-major tile; wgrad A:
 // wgrad_a_row / wgrad_a_unit); the emulator's racecheck flags any chunk rounded by a thread
 // other than its copier (tried: it does).
-__device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
-    float4 v = *reinterpret_cast<float4*>(p);
+__device__ __forceinline__ float4 load_rounded_chunk(const elem_t* p) {
+    float4 v = *reinterpret_cast<const float4*>(p);
     v.x = tf32_round_for_mma(v.x);
     v.y = tf32_round_for_mma(v.y);
     v.z = tf32_round_for_mma(v.z);
     v.w = tf32_round_for_mma(v.w);
-    *reinterpret_cast<float4*>(p) = v;
+    return v;
+}
+__device__ __forceinline__ void round_chunk_tf32(elem_t* p) { *reinterpret_cast<float4*>(p) = load_rounded_chunk(p); }
+// Rounds the 4 chunks at p + j * stride (j = 0..3: rows of one unit) and stores their 4 x 4
+// transpose there (K4Transposed). Read one element at a time, straight into the register of its
+// place in the transpose: the rounding (cvt.rn on sm_90: F2FP, in place) cannot move it, and
+// 16-byte reads cost a move per element off the diagonal (volatile keeps the compiler from
+// merging the reads back into 16-byte ones).
+__device__ __forceinline__ void round_transposed_tf32(elem_t* p, int stride) {
+    float v[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[j][i] = tf32_round_for_mma(static_cast<volatile elem_t*>(p)[i * stride + j]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) *reinterpret_cast<float4*>(p + j * stride) = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
 }
 template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
     if constexpr (Tf32Rounding<MODE>::a_shared) {
@@ -1254,10 +1295,11 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
                 round_chunk_tf32(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK)));
         }
     }
-    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy, a RowStream
+    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy: RowStream<true>'s rows, 4 x 4 blocks transposed
 #pragma unroll
-        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
-            round_chunk_tf32(bs + tile_index<false, CONV_BN>(chunk_pos(CONV_BN), chunk_row(j, CONV_BN)));
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; j += 4)
+            round_transposed_tf32(bs + tile_index<false, CONV_BN>(chunk_pos(CONV_BN), RowStream<true>::row(j)),
+                                  k_rows_apart<CONV_BN>(1));
     }
 }
 #define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
