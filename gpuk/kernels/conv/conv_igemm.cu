@@ -385,10 +385,9 @@ __device__ __forceinline__ void copy_scalar(elem_t* dst, const elem_t* src, bool
 // Tile rows one block-wide pass of chunks covers (chunk j of a thread is row chunk_row(0) + j * this).
 #define ROWS_PER_PASS(len) (CONV_THREADS / ((len) / VEC))
 // tf32 wgrad's B (dy) where it is rounded in shared memory (several warps read it: CONV_WARPS_M > 1,
-// Tf32Rounding): each thread copies B_CHUNKS_PER_THREAD consecutive k rows of one unit (RowStream<true>)
-// and its rounding pass transposes their 4 x 4 blocks, so ldmatrix reads the MMA's B fragments (K4Transposed).
+// Tf32Rounding): each warp copies whole 4 x 4 blocks (RowStream<true>) and its rounding pass stores
+// them transposed, so ldmatrix reads the MMA's B fragments (K4Transposed).
 #define TF32_B_TRANSPOSED (CONV_MATH == 2 && CONV_WARPS_M > 1)
-static_assert(!TF32_B_TRANSPOSED || B_CHUNKS_PER_THREAD % 4 == 0, "K4Transposed: whole 4 x 4 blocks per thread");
 
 // VEC consecutive positions of a (tap, channel) iterator copied one element at a time (the
 // per-element path of every gathered operand): element(t, src) gives position t's source
@@ -567,15 +566,22 @@ struct GatherA {
 // A row-major (K, ld) operand streamed by whole rows (fwd B = w as (taps*C_in, C_out); wgrad
 // B = dy as (N*OP, C_out) in channels_last): one pointer per thread, advanced by CONV_BK rows per
 // tile, and the count of K rows from the thread's first chunk to k_end, so the per-chunk check is
-// one compare with an immediate (the chunk's row offset). A thread's chunks lie in one column
-// of units, one block-wide pass apart (chunk_row), or, RUNS, in B_CHUNKS_PER_THREAD consecutive
-// rows (tf32 wgrad's B, whose rounding pass transposes them: K4Transposed); a warp's copies fill
-// whole tile rows either way.
-template <bool RUNS> struct RowStream {
-    static constexpr int STEP = RUNS ? 1 : ROWS_PER_PASS(CONV_BN);   // rows between a thread's chunks
-    // The tile row of this thread's chunk j.
+// one compare with an immediate (the chunk's row offset). A thread's chunks lie in one column of
+// units, one block-wide pass (ROWS_PER_PASS) apart. Which thread takes which: chunk_row /
+// chunk_pos (a warp's copies fill whole tile rows), or, WARP_BLOCKS (tf32 wgrad's B), lane
+// 8i + g of warp w takes unit 8w + g at rows 4j + i: lanes g, g + 8, g + 16, g + 24 copy the 4 rows
+// of one 4 x 4 block, which the warp transposes with one ldmatrix per j (round_transposed_tf32),
+// and a warp's copies fill 4 rows x 128 bytes.
+template <bool WARP_BLOCKS> struct RowStream {
+    static constexpr int STEP = ROWS_PER_PASS(CONV_BN);   // rows between a thread's chunks
+    static_assert(!WARP_BLOCKS || (STEP == 4 && CONV_BN / VEC == 8 * (CONV_THREADS / 32)),
+                  "warp blocks: each warp copies 8 units of 4 x 4 blocks");
+    // The tile row of this thread's chunk j, and its position along the row.
     __device__ __forceinline__ static int row(int j) {
-        return (RUNS ? B_CHUNKS_PER_THREAD * (int)(threadIdx.x / (CONV_BN / VEC)) : chunk_row(0, CONV_BN)) + j * STEP;
+        return (WARP_BLOCKS ? (int)(threadIdx.x & 31) >> 3 : chunk_row(0, CONV_BN)) + j * STEP;
+    }
+    __device__ __forceinline__ static int pos() {
+        return WARP_BLOCKS ? VEC * (8 * (int)(threadIdx.x >> 5) + (int)(threadIdx.x & 7)) : chunk_pos(CONV_BN);
     }
     const elem_t* ptr;   // this thread's chunk 0 of the next tile
     int ahead;           // K rows from this thread's chunk 0 of the next tile to k_end
@@ -585,7 +591,7 @@ template <bool RUNS> struct RowStream {
     // only feed accumulator columns the epilogue does not store, so they need no column test
     // (the per-element path tests every column: its copies past ld read nothing).
     __device__ __forceinline__ void init(const elem_t* data, long long k_begin, long long k_end, int ld) {
-        col = blockIdx.y * CONV_BN + chunk_pos(CONV_BN);
+        col = blockIdx.y * CONV_BN + pos();
         ptr = data + (k_begin + row(0)) * ld + (col < ld ? col : 0);
         ahead = (int)(k_end - k_begin) - row(0);
     }
@@ -596,7 +602,7 @@ template <bool RUNS> struct RowStream {
     // FULL: the tile lies before k_end (no row test).
     template <bool VECTOR, bool FULL = false>
     __device__ __forceinline__ void load(elem_t* bs, int ld, int cols) {
-        const int nc = chunk_pos(CONV_BN);
+        const int nc = pos();
         const long long pass = (long long)STEP * ld;
         elem_t* const dst0 = bs + tile_index<false, CONV_BN>(nc, row(0));
 #pragma unroll
@@ -1261,28 +1267,28 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 // chunk_pos of a [mn][k] tile; RowStream (wgrad's B): of a k-major tile; wgrad A:
 // wgrad_a_row / wgrad_a_unit); the emulator's racecheck flags any chunk rounded by a thread
 // other than its copier (tried: it does).
-__device__ __forceinline__ float4 load_rounded_chunk(const elem_t* p) {
-    float4 v = *reinterpret_cast<const float4*>(p);
+__device__ __forceinline__ float4 rounded_tf32(float4 v) {
     v.x = tf32_round_for_mma(v.x);
     v.y = tf32_round_for_mma(v.y);
     v.z = tf32_round_for_mma(v.z);
     v.w = tf32_round_for_mma(v.w);
     return v;
 }
-__device__ __forceinline__ void round_chunk_tf32(elem_t* p) { *reinterpret_cast<float4*>(p) = load_rounded_chunk(p); }
-// Rounds the 4 chunks at p + j * stride (j = 0..3: rows of one unit) and stores their 4 x 4
-// transpose there (K4Transposed). Read one element at a time, straight into the register of its
-// place in the transpose: the rounding (cvt.rn on sm_90: F2FP, in place) cannot move it, and
-// 16-byte reads cost a move per element off the diagonal (volatile keeps the compiler from
-// merging the reads back into 16-byte ones).
-__device__ __forceinline__ void round_transposed_tf32(elem_t* p, int stride) {
-    float v[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[j][i] = tf32_round_for_mma(static_cast<volatile elem_t*>(p)[i * stride + j]);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) *reinterpret_cast<float4*>(p + j * stride) = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
+__device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
+    *reinterpret_cast<float4*>(p) = rounded_tf32(*reinterpret_cast<const float4*>(p));
+}
+// The warp's 4 x 4 blocks of B at rows 4j..4j+3 (RowStream<true>), rounded and stored transposed
+// (K4Transposed): each lane hands ldmatrix the chunk it copied (its own row of the block, so every
+// shared read of landed data is its copier's) and receives one column of a block, k = 4j..4j+3,
+// which it rounds and stores as one 16-byte row; the ldmatrix, a warp collective, orders those
+// stores after every lane's read. 1 ldmatrix + 4 cvt + 1 store per 4 elements, no register moves
+// (a transpose of 16-byte loads took one per element off the diagonal: sm_90's cvt.rn rounds in place).
+__device__ __forceinline__ void round_transposed_tf32(elem_t* bs, int j) {
+    unsigned r[4];
+    ldmatrix<4, false>(r, bs + tile_index<false, CONV_BN>(RowStream<true>::pos(), RowStream<true>::row(j)));
+    const int lane = threadIdx.x & 31, column = VEC * (8 * (int)(threadIdx.x >> 5) + (lane >> 2)) + (lane & 3);
+    *reinterpret_cast<float4*>(bs + K4Transposed::index(RowStream<true>::row(j) & ~3, column)) =
+        rounded_tf32(make_float4(__uint_as_float(r[0]), __uint_as_float(r[1]), __uint_as_float(r[2]), __uint_as_float(r[3])));
 }
 template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
     if constexpr (Tf32Rounding<MODE>::a_shared) {
@@ -1298,11 +1304,9 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
                 round_chunk_tf32(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK)));
         }
     }
-    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy: RowStream<true>'s rows, 4 x 4 blocks transposed
+    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy: RowStream<true>'s 4 x 4 blocks, transposed
 #pragma unroll
-        for (int j = 0; j < B_CHUNKS_PER_THREAD; j += 4)
-            round_transposed_tf32(bs + tile_index<false, CONV_BN>(chunk_pos(CONV_BN), RowStream<true>::row(j)),
-                                  k_rows_apart<CONV_BN>(1));
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) round_transposed_tf32(bs, j);
     }
 }
 #define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
