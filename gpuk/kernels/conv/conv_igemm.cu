@@ -743,6 +743,11 @@ static_assert(WG_ROWS * CONV_THREADS == CONV_BK * WG_LANES && WG_LANES * WG_CHUN
               "wgrad A: whole k rows per thread, 2^n chunks per row");
 // Packed path: the two lanes that share a thread's two k rows decode one each (Loader::load).
 #define WG_PAIRED (WG_ROWS == 2 && WG_LANES % 2 == 0)
+// tf32 wgrad's A, where rounded in shared memory (CONV_WARPS_N > 1) and copied one k row per 8 lanes
+// (lane 8i + g of warp w: row 4w + i, units g + 8j): a warp holds whole 4 x 4 blocks, which its
+// rounding pass stores transposed like B's (TF32_B_TRANSPOSED, K4Transposed), and ldmatrix reads
+// the MMA's A fragments in the plain row order (not Tf32Order's paired rows).
+#define TF32_A_TRANSPOSED (CONV_MATH == 2 && CONV_WARPS_N > 1 && WG_LANES == 8 && WG_ROWS == 1)
 __device__ __forceinline__ int wgrad_a_row(int r) { return threadIdx.x / WG_LANES + r * (CONV_THREADS / WG_LANES); }
 // The row a thread decodes first: its own (lane & 1) of the pair's two where WG_PAIRED, else its row 0.
 __device__ __forceinline__ int wgrad_decoded_row() { return wgrad_a_row(WG_PAIRED ? threadIdx.x & 1 : 0); }
@@ -1088,16 +1093,16 @@ template <int MODE> struct Tf32Rounding {
     static constexpr bool a_registers = !a_shared, b_registers = !b_prerounded && !b_shared;
     static_assert(b_shared == (MODE == MODE_WGRAD && TF32_B_TRANSPOSED), "wgrad's B: rounded where transposed");
 };
-// tf32 wgrad's B tile as TF32_B_TRANSPOSED stores it: each 4 x 4 block (k rows 4q..4q+3, one unit
-// of 4 columns) transposed in place, so that the 16 bytes at row 4q + j of unit u hold column
-// 4u + j at k = 4q..4q+3: a lane's b0 (k = t) or b1 (k = t + 4) of column g is word t of one
-// 16-byte row, and ldmatrix (plain: lane (g, t) takes word t of row g) loads the fragments of two
-// 8-column tiles at once. The 8 rows of a phase (4 rows x 2 units) hit 8 bank groups (the padded
-// stride, 2 mod 8 units).
-struct K4Transposed {
+// A k-major tile of MN columns as TF32_A_TRANSPOSED / TF32_B_TRANSPOSED store it: each 4 x 4 block
+// (k rows 4q..4q+3, one unit of 4 columns) transposed in place, so that the 16 bytes at row 4q + j
+// of unit u hold column 4u + j at k = 4q..4q+3: a lane's fragment element at k = t (or t + 4) of
+// column (MMA row) g is word t of one 16-byte row, and ldmatrix (plain: lane (g, t) takes word t
+// of row g) loads an MMA A quad, or the B fragments of two 8-column tiles, at once. The 8 rows of
+// a phase (4 rows x 2 units) hit 8 bank groups (the padded stride, 2 mod 8 units).
+template <int MN> struct K4Transposed {
     __device__ __forceinline__ static int index(int k, int n) {
         const unsigned ku = (unsigned)k, nu = (unsigned)n;
-        return (int)(((ku & ~3u) + (nu & 3u)) * (CONV_BN + SMEM_PAD_K) + (nu & ~3u) + (ku & 3u));
+        return (int)(((ku & ~3u) + (nu & 3u)) * (MN + SMEM_PAD_K) + (nu & ~3u) + (ku & 3u));
     }
 };
 // float_to_tf32 (common.cuh): round to nearest even, as the MMA reads it.
@@ -1111,7 +1116,7 @@ template <bool ROUND, int N> __device__ __forceinline__ void round_fragment(unsi
 }
 template <int MODE> struct Tf32Order {
     static constexpr bool swapped = MODE == MODE_FWD;          // D^T = B^T A^T
-    static constexpr bool paired_rows = !Layout<MODE>::a_mk;   // wgrad's A rows 16 mi + 2g + h
+    static constexpr bool paired_rows = !Layout<MODE>::a_mk && !TF32_A_TRANSPOSED;   // wgrad's A rows 16 mi + 2g + h
     static constexpr int M8 = WARP_TILE_M / 8;                 // swapped: 8-row m tiles
     static_assert(WARP_TILE_M % 16 == 0 && WARP_TILE_N % 16 == 0, "tf32 warp tile: 16-row and 16-column tiles");
     // swapped: accumulator index of (n tile ni, m tile mj, part c0..c3): pairs (c0, c2), (c1, c3)
@@ -1224,7 +1229,7 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                 if (Layout<MODE>::b_nk || TF32_B_TRANSPOSED) {   // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
                     const int k = ks + (mat & 1) * 4, n = col0 + (ni + (mat >> 1)) * 8 + mrow;
                     unsigned r[4];
-                    ldmatrix<4, false>(r, Layout<MODE>::b_nk ? &BS(k, n) : bs + K4Transposed::index(k, n));
+                    ldmatrix<4, false>(r, Layout<MODE>::b_nk ? &BS(k, n) : bs + K4Transposed<CONV_BN>::index(k, n));
                     b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
                 } else {   // one 4-byte read per register (Tf32Order)
 #pragma unroll
@@ -1240,8 +1245,9 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 #pragma unroll
             for (int mi = 0; mi < MMA_M_TILES; ++mi) {
                 unsigned a[4];
-                if (Layout<MODE>::a_mk) {   // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, ...)
-                    ldmatrix<4, false>(a, &AS(ks + (mat >> 1) * 4, row0 + mi * 16 + (mat & 1) * 8 + mrow));
+                if (Layout<MODE>::a_mk || TF32_A_TRANSPOSED) {   // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, ...)
+                    const int k = ks + (mat >> 1) * 4, m = row0 + mi * 16 + (mat & 1) * 8 + mrow;
+                    ldmatrix<4, false>(a, Layout<MODE>::a_mk ? &AS(k, m) : as + K4Transposed<CONV_BM>::index(k, m));
                 } else {   // paired rows (Tf32Order)
                     const int m = row0 + mi * 16 + 2 * gr;
                     load_paired_a(a, &AS(ks + t, m), &AS(ks + t + 4, m));
@@ -1277,22 +1283,30 @@ __device__ __forceinline__ float4 rounded_tf32(float4 v) {
 __device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
     *reinterpret_cast<float4*>(p) = rounded_tf32(*reinterpret_cast<const float4*>(p));
 }
-// The warp's 4 x 4 blocks of B at rows 4j..4j+3 (RowStream<true>), rounded and stored transposed
-// (K4Transposed): each lane hands ldmatrix the chunk it copied (its own row of the block, so every
-// shared read of landed data is its copier's) and receives one column of a block, k = 4j..4j+3,
-// which it rounds and stores as one 16-byte row; the ldmatrix, a warp collective, orders those
-// stores after every lane's read. 1 ldmatrix + 4 cvt + 1 store per 4 elements, no register moves
-// (a transpose of 16-byte loads took one per element off the diagonal: sm_90's cvt.rn rounds in place).
-__device__ __forceinline__ void round_transposed_tf32(elem_t* bs, int j) {
+// A warp's 8 landed 4 x 4 blocks of a k-major tile of MN columns at rows k0..k0+3, rounded and stored
+// transposed (K4Transposed): `own` is the chunk this lane copied, row lane / 8 of block lane % 8;
+// `unit` is the unit of block lane / 4, whose column lane % 4 this lane receives. Each lane hands
+// ldmatrix its own chunk (so every shared read of landed data is its copier's), rounds the column it
+// receives (k = k0..k0+3) and stores it as one 16-byte row; the ldmatrix, a warp collective, orders
+// those stores after every lane's read. 1 ldmatrix + 4 cvt + 1 store per 4 elements, no register
+// moves (a transpose of 16-byte loads took one per element off the diagonal: sm_90's cvt.rn rounds
+// in place).
+template <int MN>
+__device__ __forceinline__ void round_transposed_tf32(elem_t* tile, const elem_t* own, int k0, int unit) {
     unsigned r[4];
-    ldmatrix<4, false>(r, bs + tile_index<false, CONV_BN>(RowStream<true>::pos(), RowStream<true>::row(j)));
-    const int lane = threadIdx.x & 31, column = VEC * (8 * (int)(threadIdx.x >> 5) + (lane >> 2)) + (lane & 3);
-    *reinterpret_cast<float4*>(bs + K4Transposed::index(RowStream<true>::row(j) & ~3, column)) =
+    ldmatrix<4, false>(r, own);
+    *reinterpret_cast<float4*>(tile + K4Transposed<MN>::index(k0, VEC * unit + (threadIdx.x & 3))) =
         rounded_tf32(make_float4(__uint_as_float(r[0]), __uint_as_float(r[1]), __uint_as_float(r[2]), __uint_as_float(r[3])));
 }
 template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
+    const int warp = threadIdx.x >> 5, block = (threadIdx.x & 31) >> 2;   // round_transposed_tf32's unit
     if constexpr (Tf32Rounding<MODE>::a_shared) {
-        if constexpr (MODE == MODE_WGRAD) {
+        if constexpr (MODE == MODE_WGRAD && TF32_A_TRANSPOSED) {   // warp w: rows 4w..4w+3, units g + 8j
+#pragma unroll
+            for (int j = 0; j < WG_CHUNKS; ++j)
+                round_transposed_tf32<CONV_BM>(as, as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row(0)),
+                                               4 * warp, block + 8 * j);
+        } else if constexpr (MODE == MODE_WGRAD) {
 #pragma unroll
             for (int r = 0; r < WG_ROWS; ++r)
 #pragma unroll
@@ -1304,9 +1318,11 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
                 round_chunk_tf32(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK)));
         }
     }
-    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy: RowStream<true>'s 4 x 4 blocks, transposed
+    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy: RowStream<true>, warp w: rows 4j..4j+3, units 8w + g
 #pragma unroll
-        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) round_transposed_tf32(bs, j);
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
+            round_transposed_tf32<CONV_BN>(bs, bs + tile_index<false, CONV_BN>(RowStream<true>::pos(), RowStream<true>::row(j)),
+                                           4 * j, 8 * warp + block);
     }
 }
 #define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
