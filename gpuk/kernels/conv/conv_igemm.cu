@@ -44,7 +44,7 @@
 //       strict runs the FFMA path.
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
-//   every shared address is a register plus an immediate (16-bit wgrad's also free of per-tile
+//   every shared address is a register plus an immediate (16-bit and tf32 64x64 wgrad's also free of per-tile
 //   end tests and its copies of row tests against k_end until its last one or two groups:
 //   pipeline_group). Each operand tile is stored in shared memory
 //   with its contiguous global dimension contiguous (see Layout), XOR-swizzled in 16-byte units
@@ -1383,7 +1383,7 @@ __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const el
 
 // One group of CONV_STAGES K tiles from tile t0 on, unrolled (every stage index a constant). CHECKED:
 // a tile or a prefetch of the group may lie past the last tile (tiles), so each is tested; in 16-bit
-// wgrad the groups before (where t0 + 2 * CONV_STAGES <= tiles) run without those two tests per tile
+// and tf32 64x64 wgrad (UNTESTED_GROUPS) the groups before (where t0 + 2 * CONV_STAGES <= tiles) run without those two tests per tile
 // (about 4.5 instructions a tile), and prefetch only tiles before the last (the one that may end
 // before BK rows), whose copies skip their row tests against k_end (FULL: ~10 instructions a tile).
 template <int MODE, bool VECTOR, bool PACKED, bool CHECKED>
@@ -1435,10 +1435,12 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
             write_stage = write_stage == CONV_STAGES - 1 ? 0 : write_stage + 1;
         }
     } else {
-        // 16-bit wgrad only (its split K is long): the untested groups are a second copy of the loop,
-        // with which tf32 spilled (sm_90: fwd 128x128x32 420 bytes, wgrad 128x128x16 124 bytes)
+        // wgrad only (its split K is long), 16-bit and the tf32 64x64 tile: the untested groups are a
+        // second copy of the loop, with which the 128x128 tf32 tiles spill (sm_90: fwd 128x128x32 420
+        // bytes; wgrad 128x128x16 124, 96 since its transposed blocks)
+        constexpr bool UNTESTED_GROUPS = CONV_MATH == 1 || (CONV_MATH == 2 && CONV_BM * CONV_BN <= 64 * 64);
         int t0 = 0;
-        if constexpr (MODE == MODE_WGRAD && CONV_MATH == 1)
+        if constexpr (MODE == MODE_WGRAD && UNTESTED_GROUPS)
             for (; t0 + 2 * CONV_STAGES <= tiles; t0 += CONV_STAGES)   // tiles and prefetches before the last
                 pipeline_group<MODE, VECTOR, PACKED, false>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
         for (; t0 < tiles; t0 += CONV_STAGES)   // the rest (wgrad: the last one or two groups)
