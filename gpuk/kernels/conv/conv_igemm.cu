@@ -29,8 +29,9 @@
 //       of a rounding per fragment register in every warp that reads it; an operand read by one
 //       warp only keeps the per-register rounding: Tf32Rounding). Fragments come from ldmatrix for [mn][k]
 //       tiles and from 8-byte shared loads for k-major ones: fwd runs as D^T = B^T A^T and wgrad
-//       pairs its A rows (Tf32Order); 128x128 wgrad's B (dy) is rounded and transposed in 4 x 4
-//       blocks by its copier's rounding pass and read by ldmatrix too (K4Transposed).
+//       pairs its A rows (Tf32Order); the 128x128 wgrad's x and dy are rounded and transposed in
+//       4 x 4 blocks by their copiers' warp (round_transposed_tf32) and read by ldmatrix too
+//       (K4Transposed).
 //       Why round at all: the tensor core reads the top 19 bits of each 32-bit word, i.e. it
 //       truncates. Truncation would be free (measured: 1.91 / 1.94 / 2.56 other instructions
 //       per MMA for 128x128x16 fwd / dgrad / wgrad on sm_90, 2.5-3.6 on 64x64) but doubles the
@@ -165,7 +166,7 @@ static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 // or 8 bytes per lane at rows t and t + 4 (t = lane % 4), where a swizzle would put rows 0/1 and
 // 2/3 in the same banks; a stride of 2 mod 8 units puts the 4 rows of a phase 8 banks apart, so
 // 8 lanes' words (or 4 lanes' 8-byte pairs) per row fill all 32 banks (and an ldmatrix phase over
-// tf32 wgrad's transposed B blocks, 4 rows x 2 units, 8 bank groups). tf32 [mn][k] rows stay
+// tf32 wgrad's transposed blocks, 4 rows x 2 units, 8 bank groups). tf32 [mn][k] rows stay
 // swizzled (a padding could not serve both their ldmatrix phases, 8 rows x 1 unit, and their
 // chunk accesses, BK=16: 2 rows x 4 units, per quarter warp).
 #define VEC (16 / (int)sizeof(elem_t))   // elements per 16-byte unit (chunk)
@@ -1068,12 +1069,13 @@ template <> struct Mma16<__nv_bfloat16> {
 // (each output is still one row of A times one column of B); position() says where accumulator e
 // lands. Per K step of 8, per warp:
 //   dgrad (A [m][k], B [n][k]): ldmatrix for both, the plain order.
-//   wgrad (A [k][m]): row g + 8h of 16-row MMA tile mi is warp-tile row 16 mi + 2g + h, so a
-//     lane's (a0, a1) (k = t) and (a2, a3) (k = t + 4) are one 8-byte read each, straight into
-//     the MMA's register quad; B [k][n] is one 4-byte read per register on 64x64 (its b0, b1 lie
-//     in two rows whatever the column order, and 8-byte reads of neighbouring columns would need a
-//     move per register to pair them up); on 128x128, where its rounding pass rewrites it anyway,
-//     it is stored in transposed 4 x 4 blocks and read by ldmatrix (TF32_B_TRANSPOSED, K4Transposed).
+//   wgrad 128x128 (A [k][m], B [k][n]): both stored in transposed 4 x 4 blocks by their rounding
+//     pass (TF32_A_TRANSPOSED, TF32_B_TRANSPOSED, K4Transposed) and read by ldmatrix, plain order.
+//   wgrad 64x64: row g + 8h of 16-row MMA tile mi is warp-tile row 16 mi + 2g + h, so a lane's
+//     (a0, a1) (k = t) and (a2, a3) (k = t + 4) are one 8-byte read each, straight into the MMA's
+//     register quad; B [k][n] is one 4-byte read per register (its b0, b1 lie in two rows whatever
+//     the column order, and 8-byte reads of neighbouring columns would need a move per register to
+//     pair them up).
 //   fwd (A [m][k], B [k][n]): the transposed product D^T = B^T A^T, so that the k-major B is the
 //     MMA's A operand (8-byte reads as in wgrad, 16-row tiles along n) and A is the MMA's B
 //     operand (ldmatrix, 8-column tiles along m). Lane (g, t) then holds output rows m = 2t, 2t+1
@@ -1153,7 +1155,7 @@ __device__ __forceinline__ void load_paired_a(unsigned (&a)[4], const elem_t* at
 // Fragments come from ldmatrix (common.cuh) wherever the stored layout allows it:
 //   16-bit A: [m][k] plain, [k][m] .trans;  16-bit B: [n][k] plain, [k][n] .trans;
 //   tf32 (a 32-bit element is two 16-bit columns, so only the plain form applies): [m][k] and
-//   [n][k] tiles and wgrad's transposed B blocks (K4Transposed) by ldmatrix, the other k-major
+//   [n][k] tiles and wgrad's transposed blocks (K4Transposed) by ldmatrix, the other k-major
 //   ones by 8-byte (paired rows) or 4-byte shared loads, see Tf32Order.
 // Swizzled rows keep every ldmatrix phase (8 rows of 16 bytes) on 8 distinct 16-byte bank groups.
 static_assert(MMA_N_TILES % 2 == 0, "B fragments load two 8-column tiles per ldmatrix.x4");

@@ -40,8 +40,9 @@ call ahead of the conv kernel (conv_igemm.cu, conv_round_tf32) and every other o
 once per block in shared memory (round_landed_tf32; to nearest even: common.cuh float_to_tf32),
 at 1.5 instructions per element on sm_90 (one cvt.rn.tf32.f32 plus a quarter of a 16-byte load
 and store) and 3.5 on sm_80 (no cvt.rn there: 3 on the bits): 0.375 / 0.875 per MMA for A on
-the 128x128 tiles (0.25 elements per MMA), a little more for wgrad's B (its pass also transposes
-4 x 4 blocks); the 64x64 tile rounds A so and wgrad's B, read by one warp, in its registers.
+the 128x128 tiles (0.25 elements per MMA), as much again for wgrad's B (its pass also transposes
+4 x 4 blocks, with an ldmatrix in place of the 16-byte load); the 64x64 tile rounds A so and
+wgrad's B, read by one warp, in its registers.
 
 16-bit wgrad has its own table (WGRAD_TILES: 128x128x32, 64x128x64, 128x64x64, 64x64x64; the
 two rectangular tiles are built for conv_igemm_wgrad only). Its K (batch x output pixels) is long,
