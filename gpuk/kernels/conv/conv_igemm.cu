@@ -45,9 +45,9 @@
 //       strict runs the FFMA path.
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
-//   every shared address is a register plus an immediate (16-bit and tf32 64x64 wgrad's also free of per-tile
-//   end tests and its copies of row tests against k_end until its last one or two groups:
-//   pipeline_group). Each operand tile is stored in shared memory
+//   every shared address is a register plus an immediate (16-bit and tf32 64x64 wgrad's also free
+//   of per-tile end tests and its copies of row tests against k_end until its last one or two
+//   groups: pipeline_group). Each operand tile is stored in shared memory
 //   with its contiguous global dimension contiguous (see Layout), XOR-swizzled in 16-byte units
 //   (but FFMA [m][k] A tiles, read by broadcast: A_MK_SWIZZLED); tf32 k-major tiles are padded
 //   by two units per row instead (no bank conflicts on the cp.async writes, ldmatrix phases,
@@ -1270,11 +1270,13 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 #if CONV_MATH == 2
 // tf32 rounding in shared memory (Tf32Rounding's *_shared): after its cp_async_wait,
 // each thread rounds (float_to_tf32, in place) the 16-byte chunks of the landed stage that it copied
-// itself, before the barrier that publishes the stage, so no other thread's copy is touched and
-// no barrier is added. These offsets must follow the loaders' chunk mapping (GatherA: chunk_row /
-// chunk_pos of a [mn][k] tile; RowStream (wgrad's B): of a k-major tile; wgrad A:
-// wgrad_a_row / wgrad_a_unit); the emulator's racecheck flags any chunk rounded by a thread
-// other than its copier (tried: it does).
+// itself, before the barrier that publishes the stage, so no other thread's copy is read before
+// it landed and no barrier is added (the transposed blocks: each lane reads only its own chunk,
+// and its store into another lane's follows the warp's ldmatrix, round_transposed_tf32). These
+// offsets must follow the loaders' chunk mapping (GatherA: chunk_row / chunk_pos of a [mn][k]
+// tile; RowStream<true> (wgrad's B): row / pos; wgrad A: wgrad_a_row / wgrad_a_unit); the
+// emulator's racecheck flags a chunk rounded by a thread other than its copier, and a lane that
+// hands ldmatrix another lane's chunk (tried: it does).
 __device__ __forceinline__ float4 rounded_tf32(float4 v) {
     v.x = tf32_round_for_mma(v.x);
     v.y = tf32_round_for_mma(v.y);
@@ -1385,9 +1387,10 @@ __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const el
 
 // One group of CONV_STAGES K tiles from tile t0 on, unrolled (every stage index a constant). CHECKED:
 // a tile or a prefetch of the group may lie past the last tile (tiles), so each is tested; in 16-bit
-// and tf32 64x64 wgrad (UNTESTED_GROUPS) the groups before (where t0 + 2 * CONV_STAGES <= tiles) run without those two tests per tile
-// (about 4.5 instructions a tile), and prefetch only tiles before the last (the one that may end
-// before BK rows), whose copies skip their row tests against k_end (FULL: ~10 instructions a tile).
+// and tf32 64x64 wgrad (UNTESTED_GROUPS) the groups before (where t0 + 2 * CONV_STAGES <= tiles) run
+// without those two tests per tile (about 4.5 instructions a tile), and prefetch only tiles before
+// the last (the one that may end before BK rows), whose copies skip their row tests against k_end
+// (FULL: ~10 instructions a tile).
 template <int MODE, bool VECTOR, bool PACKED, bool CHECKED>
 __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                                const ConvGeom& g, const elem_t* __restrict__ a_src,
@@ -1439,7 +1442,7 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
     } else {
         // wgrad only (its split K is long), 16-bit and the tf32 64x64 tile: the untested groups are a
         // second copy of the loop, with which the 128x128 tf32 tiles spill (sm_90: fwd 128x128x32 420
-        // bytes; wgrad 128x128x16 124, 96 since its transposed blocks)
+        // bytes; wgrad 128x128x16 124, and 96 with its transposed blocks)
         constexpr bool UNTESTED_GROUPS = CONV_MATH == 1 || (CONV_MATH == 2 && CONV_BM * CONV_BN <= 64 * 64);
         int t0 = 0;
         if constexpr (MODE == MODE_WGRAD && UNTESTED_GROUPS)
