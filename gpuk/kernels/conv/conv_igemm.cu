@@ -1228,7 +1228,8 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
             unsigned b[MMA_N_TILES][2];
 #pragma unroll
             for (int ni = 0; ni < MMA_N_TILES; ni += 2) {
-                if (Layout<MODE>::b_nk || TF32_B_TRANSPOSED) {   // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
+                if (Layout<MODE>::b_nk || TF32_B_TRANSPOSED) {
+                    // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
                     const int k = ks + (mat & 1) * 4, n = col0 + (ni + (mat >> 1)) * 8 + mrow;
                     unsigned r[4];
                     ldmatrix<4, false>(r, Layout<MODE>::b_nk ? &BS(k, n) : bs + K4Transposed<CONV_BN>::index(k, n));
@@ -1247,7 +1248,8 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 #pragma unroll
             for (int mi = 0; mi < MMA_M_TILES; ++mi) {
                 unsigned a[4];
-                if (Layout<MODE>::a_mk || TF32_A_TRANSPOSED) {   // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, ...)
+                if (Layout<MODE>::a_mk || TF32_A_TRANSPOSED) {
+                    // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, k 4-7)
                     const int k = ks + (mat >> 1) * 4, m = row0 + mi * 16 + (mat & 1) * 8 + mrow;
                     ldmatrix<4, false>(a, Layout<MODE>::a_mk ? &AS(k, m) : as + K4Transposed<CONV_BM>::index(k, m));
                 } else {   // paired rows (Tf32Order)
@@ -1299,8 +1301,9 @@ template <int MN>
 __device__ __forceinline__ void round_transposed_tf32(elem_t* tile, const elem_t* own, int k0, int unit) {
     unsigned r[4];
     ldmatrix<4, false>(r, own);
-    *reinterpret_cast<float4*>(tile + K4Transposed<MN>::index(k0, VEC * unit + (threadIdx.x & 3))) =
-        rounded_tf32(make_float4(__uint_as_float(r[0]), __uint_as_float(r[1]), __uint_as_float(r[2]), __uint_as_float(r[3])));
+    const float4 column = make_float4(__uint_as_float(r[0]), __uint_as_float(r[1]), __uint_as_float(r[2]),
+                                      __uint_as_float(r[3]));
+    *reinterpret_cast<float4*>(tile + K4Transposed<MN>::index(k0, VEC * unit + (threadIdx.x & 3))) = rounded_tf32(column);
 }
 template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
     const int warp = threadIdx.x >> 5, block = (threadIdx.x & 31) >> 2;   // round_transposed_tf32's unit
@@ -1308,8 +1311,8 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
         if constexpr (MODE == MODE_WGRAD && TF32_A_TRANSPOSED) {   // warp w: rows 4w..4w+3, units g + 8j
 #pragma unroll
             for (int j = 0; j < WG_CHUNKS; ++j)
-                round_transposed_tf32<CONV_BM>(as, as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row(0)),
-                                               4 * warp, block + 8 * j);
+                round_transposed_tf32<CONV_BM>(
+                    as, as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row(0)), 4 * warp, block + 8 * j);
         } else if constexpr (MODE == MODE_WGRAD) {
 #pragma unroll
             for (int r = 0; r < WG_ROWS; ++r)
@@ -1322,11 +1325,11 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
                 round_chunk_tf32(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK)));
         }
     }
-    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy: RowStream<true>, warp w: rows 4j..4j+3, units 8w + g
+    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy (RowStream<true>), warp w: rows 4j..4j+3, units 8w + g
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
-            round_transposed_tf32<CONV_BN>(bs, bs + tile_index<false, CONV_BN>(RowStream<true>::pos(), RowStream<true>::row(j)),
-                                           4 * j, 8 * warp + block);
+            round_transposed_tf32<CONV_BN>(
+                bs, bs + tile_index<false, CONV_BN>(RowStream<true>::pos(), RowStream<true>::row(j)), 4 * j, 8 * warp + block);
     }
 }
 #define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)

@@ -26,8 +26,8 @@ fragment reads): 128x128 tf32 runs BK=16 and 2 stages (34 KB) for dgrad and wgra
 forward BK=32 with 2 stages (68 KB: a stage ring past 48 KB is dynamic shared memory, sized by
 `dynamic_smem`, still 2 blocks per SM on sm_80 and sm_90), which shares each K tile's fixed work
 (barrier, tap cursor, pointer steps) by twice the MMAs: 1.44 other instructions per MMA on sm_90
-against 1.75 at BK=16 (inspect figures). dgrad and wgrad spill at BK=32 (8 A chunks per thread: twice the row
-pointers, tap masks or packed bounds), so the BK=32 tile is built for conv_igemm_fwd only
+against 1.75 at BK=16 (inspect figures). dgrad and wgrad spill at BK=32 (8 A chunks per thread:
+twice the row pointers, tap masks or packed bounds), so the BK=32 tile is built for conv_igemm_fwd only
 (FWD_ONLY; FWD_TILES is the forward's table). 64x64 tf32 runs BK=32 with 2 stages (36 KB). The 128x128
 tensor-core tiles use 64x64 warp tiles (32 MMAs per k16 step per warp) and the 64x64 ones 2
 warps of 64x32 (not 4 of 32x32): the ldmatrix and loader work per thread is shared by twice the
