@@ -1289,30 +1289,31 @@ __device__ __forceinline__ float4 rounded_tf32(float4 v) {
 __device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
     *reinterpret_cast<float4*>(p) = rounded_tf32(*reinterpret_cast<const float4*>(p));
 }
-// A warp's 8 landed 4 x 4 blocks of a k-major tile of MN columns at rows k0..k0+3, rounded and stored
+// A warp's 8 landed 4 x 4 blocks of a k-major tile (8 units at rows k0..k0+3), rounded and stored
 // transposed (K4Transposed): `own` is the chunk this lane copied, row lane / 8 of block lane % 8;
-// `unit` is the unit of block lane / 4, whose column lane % 4 this lane receives. Each lane hands
-// ldmatrix its own chunk (so every shared read of landed data is its copier's), rounds the column it
-// receives (k = k0..k0+3) and stores it as one 16-byte row; the ldmatrix, a warp collective, orders
-// those stores after every lane's read. 1 ldmatrix + 4 cvt + 1 store per 4 elements, no register
-// moves (a transpose of 16-byte loads took one per element off the diagonal: sm_90's cvt.rn rounds
-// in place).
-template <int MN>
-__device__ __forceinline__ void round_transposed_tf32(elem_t* tile, const elem_t* own, int k0, int unit) {
+// `column` is where the column this lane receives goes (column lane % 4 of block lane / 4: its
+// K4Transposed row). Each lane hands ldmatrix its own chunk (so every shared read of landed data is
+// its copier's), rounds the column it receives (k = k0..k0+3) and stores it as one 16-byte row; the
+// ldmatrix, a warp collective, orders those stores after every lane's read. 1 ldmatrix + 4 cvt +
+// 1 store per 4 elements, no register moves (a transpose of 16-byte loads took one per element off
+// the diagonal: sm_90's cvt.rn rounds in place).
+__device__ __forceinline__ void round_transposed_tf32(const elem_t* own, elem_t* column) {
     unsigned r[4];
     ldmatrix<4, false>(r, own);
-    const float4 column = make_float4(__uint_as_float(r[0]), __uint_as_float(r[1]), __uint_as_float(r[2]),
-                                      __uint_as_float(r[3]));
-    *reinterpret_cast<float4*>(tile + K4Transposed<MN>::index(k0, VEC * unit + (threadIdx.x & 3))) = rounded_tf32(column);
+    *reinterpret_cast<float4*>(column) = rounded_tf32(make_float4(__uint_as_float(r[0]), __uint_as_float(r[1]),
+                                                                  __uint_as_float(r[2]), __uint_as_float(r[3])));
 }
 template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
-    const int warp = threadIdx.x >> 5, block = (threadIdx.x & 31) >> 2;   // round_transposed_tf32's unit
+    // round_transposed_tf32: the warp's blocks lie in 8 neighbouring units; this lane receives
+    // column `received` of them
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, received = VEC * (lane >> 2) + (lane & 3);
     if constexpr (Tf32Rounding<MODE>::a_shared) {
         if constexpr (MODE == MODE_WGRAD && TF32_A_TRANSPOSED) {   // warp w: rows 4w..4w+3, units g + 8j
+            elem_t* const column = as + K4Transposed<CONV_BM>::index(4 * warp, received);
 #pragma unroll
             for (int j = 0; j < WG_CHUNKS; ++j)
-                round_transposed_tf32<CONV_BM>(
-                    as, as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row(0)), 4 * warp, block + 8 * j);
+                round_transposed_tf32(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row(0)),
+                                      column + 8 * VEC * j);
         } else if constexpr (MODE == MODE_WGRAD) {
 #pragma unroll
             for (int r = 0; r < WG_ROWS; ++r)
@@ -1326,10 +1327,11 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
         }
     }
     if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy (RowStream<true>), warp w: rows 4j..4j+3, units 8w + g
+        elem_t* const column = bs + K4Transposed<CONV_BN>::index(0, 8 * VEC * warp + received);
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
-            round_transposed_tf32<CONV_BN>(
-                bs, bs + tile_index<false, CONV_BN>(RowStream<true>::pos(), RowStream<true>::row(j)), 4 * j, 8 * warp + block);
+            round_transposed_tf32(bs + tile_index<false, CONV_BN>(RowStream<true>::pos(), RowStream<true>::row(j)),
+                                  column + k_rows_apart<CONV_BN>(4 * j));
     }
 }
 #define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
