@@ -1447,7 +1447,8 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
     } else {
         // wgrad only (its split K is long), 16-bit and the tf32 64x64 tile: the untested groups are a
         // second copy of the loop, with which the 128x128 tf32 tiles spill (sm_90: fwd 128x128x32 420
-        // bytes; wgrad 128x128x16 124, and 96 with its transposed blocks)
+        // bytes; wgrad 128x128x16 124, and 72 with its transposed blocks, for 1.98 other instructions
+        // per MMA instead of 2.08)
         constexpr bool UNTESTED_GROUPS = CONV_MATH == 1 || (CONV_MATH == 2 && CONV_BM * CONV_BN <= 64 * 64);
         int t0 = 0;
         if constexpr (MODE == MODE_WGRAD && UNTESTED_GROUPS)
