@@ -1102,10 +1102,10 @@ template <int MODE> struct Tf32Rounding {
 // of row g) loads an MMA A quad, or the B fragments of two 8-column tiles, at once. The 8 rows of
 // a phase (4 rows x 2 units) hit 8 bank groups (the padded stride, 2 mod 8 units).
 template <int MN> struct K4Transposed {
-    __device__ __forceinline__ static int index(int k, int n) {
-        const unsigned ku = (unsigned)k, nu = (unsigned)n;
-        return (int)(((ku & ~3u) + (nu & 3u)) * (MN + SMEM_PAD_K) + (nu & ~3u) + (ku & 3u));
-    }
+    // The 16-byte row of column n4 + r (n4 a multiple of 4, r < 4) at k = k4..k4+3 (k4 a multiple
+    // of 4). The caller passes n4 and r apart, so that index is linear in k4 and n4 and the offsets
+    // between a thread's rows are immediates (computed from n, they took a register each).
+    __device__ __forceinline__ static int row(int k4, int n4, int r) { return (k4 + r) * (MN + SMEM_PAD_K) + n4; }
 };
 // float_to_tf32 (common.cuh): round to nearest even, as the MMA reads it.
 __device__ __forceinline__ float tf32_round_for_mma(float x) { return __uint_as_float(float_to_tf32(x)); }
@@ -1230,9 +1230,10 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
             for (int ni = 0; ni < MMA_N_TILES; ni += 2) {
                 if (Layout<MODE>::b_nk || TF32_B_TRANSPOSED) {
                     // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
-                    const int k = ks + (mat & 1) * 4, n = col0 + (ni + (mat >> 1)) * 8 + mrow;
+                    const int k = ks + (mat & 1) * 4, n8 = col0 + (ni + (mat >> 1)) * 8;
                     unsigned r[4];
-                    ldmatrix<4, false>(r, Layout<MODE>::b_nk ? &BS(k, n) : bs + K4Transposed<CONV_BN>::index(k, n));
+                    ldmatrix<4, false>(r, Layout<MODE>::b_nk ? &BS(k, n8 + mrow)
+                                                             : bs + K4Transposed<CONV_BN>::row(k, n8 + (mrow & 4), mrow & 3));
                     b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
                 } else {   // one 4-byte read per register (Tf32Order)
 #pragma unroll
@@ -1250,8 +1251,9 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                 unsigned a[4];
                 if (Layout<MODE>::a_mk || TF32_A_TRANSPOSED) {
                     // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, k 4-7)
-                    const int k = ks + (mat >> 1) * 4, m = row0 + mi * 16 + (mat & 1) * 8 + mrow;
-                    ldmatrix<4, false>(a, Layout<MODE>::a_mk ? &AS(k, m) : as + K4Transposed<CONV_BM>::index(k, m));
+                    const int k = ks + (mat >> 1) * 4, m8 = row0 + mi * 16 + (mat & 1) * 8;
+                    ldmatrix<4, false>(a, Layout<MODE>::a_mk ? &AS(k, m8 + mrow)
+                                                             : as + K4Transposed<CONV_BM>::row(k, m8 + (mrow & 4), mrow & 3));
                 } else {   // paired rows (Tf32Order)
                     const int m = row0 + mi * 16 + 2 * gr;
                     load_paired_a(a, &AS(ks + t, m), &AS(ks + t + 4, m));
@@ -1305,11 +1307,11 @@ __device__ __forceinline__ void round_transposed_tf32(const elem_t* own, elem_t*
 }
 template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
     // round_transposed_tf32: the warp's blocks lie in 8 neighbouring units; this lane receives
-    // column `received` of them
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, received = VEC * (lane >> 2) + (lane & 3);
+    // column lane % 4 of unit lane / 4 of them
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, unit = lane >> 2, in_unit = lane & 3;
     if constexpr (Tf32Rounding<MODE>::a_shared) {
         if constexpr (MODE == MODE_WGRAD && TF32_A_TRANSPOSED) {   // warp w: rows 4w..4w+3, units g + 8j
-            elem_t* const column = as + K4Transposed<CONV_BM>::index(4 * warp, received);
+            elem_t* const column = as + K4Transposed<CONV_BM>::row(4 * warp, VEC * unit, in_unit);
 #pragma unroll
             for (int j = 0; j < WG_CHUNKS; ++j)
                 round_transposed_tf32(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row(0)),
@@ -1327,7 +1329,7 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
         }
     }
     if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy (RowStream<true>), warp w: rows 4j..4j+3, units 8w + g
-        elem_t* const column = bs + K4Transposed<CONV_BN>::index(0, 8 * VEC * warp + received);
+        elem_t* const column = bs + K4Transposed<CONV_BN>::row(0, VEC * (8 * warp + unit), in_unit);
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
             round_transposed_tf32(bs + tile_index<false, CONV_BN>(RowStream<true>::pos(), RowStream<true>::row(j)),
