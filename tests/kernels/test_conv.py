@@ -154,13 +154,15 @@ def test_16bit_wgrad_steady_state_and_k_tail(kernel_runtime, dtype, tile, splits
     assert_close(out, ref, dtype, 'conv_wgrad with tile %s, %d splits' % (tile, splits))
 
 
+@pytest.mark.parametrize('tile', ['128x128x16', '64x64x32'])
 @pytest.mark.parametrize('splits', [1, 3])
-def test_tf32_wgrad_steady_state_and_k_tail(kernel_runtime, splits):
-    """The tf32 64x64x32 wgrad runs the same untested groups (conv_igemm.cu UNTESTED_GROUPS): the
-    problem above, 26 K tiles of 32 (the last partial), split in 1 or 3."""
-    case = ((17, 17), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 0)), 8, 24)
-    out, ref = _forced_wgrad(kernel_runtime, case, np.float32, '64x64x32', splits, seed=4, precision='tf32')
-    assert_close(out, ref, np.float32, 'tf32 conv_wgrad with tile 64x64x32, %d splits' % splits)
+def test_tf32_wgrad_steady_state_and_k_tail(kernel_runtime, tile, splits):
+    """tf32 wgrad runs the same untested groups (conv_igemm.cu UNTESTED_GROUPS; 128x128 on its packed
+    path, the one this image takes, and on sm_90 and the emulator): the problem above padded on both
+    sides, K = 3 x 17 x 17 = 867, 55 K tiles of 16 or 28 of 32 (the last partial), split in 1 or 3."""
+    case = ((17, 17), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 8, 24)
+    out, ref = _forced_wgrad(kernel_runtime, case, np.float32, tile, splits, seed=4, precision='tf32')
+    assert_close(out, ref, np.float32, 'tf32 conv_wgrad with tile %s, %d splits' % (tile, splits))
 
 
 def test_16bit_wgrad_window_origins_past_2_32_pixels(kernel_runtime):

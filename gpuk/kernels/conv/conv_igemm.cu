@@ -45,7 +45,7 @@
 //       strict runs the FFMA path.
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
-//   every shared address is a register plus an immediate (16-bit and tf32 64x64 wgrad's also free
+//   every shared address is a register plus an immediate (16-bit and most tf32 wgrad's also free
 //   of per-tile end tests and its copies of row tests against k_end until its last one or two
 //   groups: pipeline_group). Each operand tile is stored in shared memory
 //   with its contiguous global dimension contiguous (see Layout), XOR-swizzled in 16-byte units
@@ -1392,9 +1392,16 @@ __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const el
         loader.template load<VECTOR>(g, a_src, b_src, as, bs, cols);
 }
 
+// Whether the tf32 128x128 wgrad runs untested groups (pipeline): on sm_90 and in the emulator,
+// which then runs the code sm_90 runs (sm_80 keeps the tested loop).
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define TF32_WIDE_UNTESTED false
+#else
+#define TF32_WIDE_UNTESTED true
+#endif
 // One group of CONV_STAGES K tiles from tile t0 on, unrolled (every stage index a constant). CHECKED:
 // a tile or a prefetch of the group may lie past the last tile (tiles), so each is tested; in 16-bit
-// and tf32 64x64 wgrad (UNTESTED_GROUPS) the groups before (where t0 + 2 * CONV_STAGES <= tiles) run
+// and most tf32 wgrad (UNTESTED_GROUPS) the groups before (where t0 + 2 * CONV_STAGES <= tiles) run
 // without those two tests per tile (about 4.5 instructions a tile), and prefetch only tiles before
 // the last (the one that may end before BK rows), whose copies skip their row tests against k_end
 // (FULL: ~10 instructions a tile).
@@ -1447,11 +1454,13 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
             write_stage = write_stage == CONV_STAGES - 1 ? 0 : write_stage + 1;
         }
     } else {
-        // wgrad only (its split K is long), 16-bit and the tf32 64x64 tile: the untested groups are a
-        // second copy of the loop, with which the 128x128 tf32 tiles spill (sm_90: fwd 128x128x32 420
-        // bytes; wgrad 128x128x16 124, and 72 with its transposed blocks, for 1.98 other instructions
-        // per MMA instead of 2.08)
-        constexpr bool UNTESTED_GROUPS = CONV_MATH == 1 || (CONV_MATH == 2 && CONV_BM * CONV_BN <= 64 * 64);
+        // wgrad only (its split K is long): the untested groups are a second copy of the loop. 16-bit
+        // and the tf32 64x64 tile take it; the tf32 128x128 wgrad on its packed path on sm_90 only
+        // (TF32_WIDE_UNTESTED: 2.08 -> 1.98 other instructions per MMA), as its three-compare path
+        // spills with the copy (16 bytes) and on sm_80 the copy costs 22 register moves (3.07 ->
+        // 3.16); the tf32 fwd 128x128x32 spilled 420 bytes with it.
+        constexpr bool UNTESTED_GROUPS =
+            CONV_MATH == 1 || (CONV_MATH == 2 && (CONV_BM * CONV_BN <= 64 * 64 || (PACKED && TF32_WIDE_UNTESTED)));
         int t0 = 0;
         if constexpr (MODE == MODE_WGRAD && UNTESTED_GROUPS)
             for (; t0 + 2 * CONV_STAGES <= tiles; t0 += CONV_STAGES)   // tiles and prefetches before the last
