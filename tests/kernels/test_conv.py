@@ -128,14 +128,15 @@ def test_wgrad_only_tiles_and_split_k(kernel_runtime, dtype, tile, splits, chann
     assert_close(out, ref, dtype, 'conv_wgrad with tile %s' % tile)
 
 
-def _forced_wgrad(kernel_runtime, case, dtype, tile, splits, seed):
-    """(conv_wgrad on the device with ``tile`` and ``splits`` forced, wgmma off; its float64 twin)
-    for a channels_last ``case`` of batch 3."""
+def _forced_wgrad(kernel_runtime, case, dtype, tile, splits, seed, precision='float32'):
+    """(conv_wgrad on the device with ``tile`` and ``splits`` forced, wgmma off, under ``precision``;
+    its float64 twin, on inputs rounded to tf32 under 'tf32') for a channels_last ``case`` of batch 3."""
     _, kernel, strides, dilation, pads, _, _ = case
     x, w, dy = _conv_arrays(case, dtype, 'channels_last', seed=seed, batch=3)
     args = (x, dy, w.shape, strides, dilation, pads, 'channels_last')
-    ref = twin.conv_wgrad(x.astype(np.float64), dy.astype(np.float64), *args[2:])
-    with conv_tiles.forced(tile=tile, splits=splits), conv_wgmma.forced(False):
+    as_multiplied = round_tf32 if precision == 'tf32' else np.asarray
+    ref = twin.conv_wgrad(as_multiplied(x).astype(np.float64), as_multiplied(dy).astype(np.float64), *args[2:])
+    with _precision(precision), conv_tiles.forced(tile=tile, splits=splits), conv_wgmma.forced(False):
         out = conv.conv_wgrad(*[to_device(kernel_runtime, a) for a in args[:2]], *args[2:], runtime=kernel_runtime)
     return out, ref
 
@@ -151,6 +152,17 @@ def test_16bit_wgrad_steady_state_and_k_tail(kernel_runtime, dtype, tile, splits
     case = ((17, 17), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 0)), 8, 24)
     out, ref = _forced_wgrad(kernel_runtime, case, dtype, tile, splits, seed=4)
     assert_close(out, ref, dtype, 'conv_wgrad with tile %s, %d splits' % (tile, splits))
+
+
+@pytest.mark.parametrize('tile', ['128x128x16', '64x64x32'])
+@pytest.mark.parametrize('splits', [1, 3])
+def test_tf32_wgrad_steady_state_and_k_tail(kernel_runtime, tile, splits):
+    """tf32 wgrad runs the same untested groups (conv_igemm.cu UNTESTED_GROUPS; 128x128 on its packed
+    path, the one this image takes, and on sm_90 and the emulator): the problem above padded on both
+    sides, K = 3 x 17 x 17 = 867, 55 K tiles of 16 or 28 of 32 (the last partial), split in 1 or 3."""
+    case = ((17, 17), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 8, 24)
+    out, ref = _forced_wgrad(kernel_runtime, case, np.float32, tile, splits, seed=4, precision='tf32')
+    assert_close(out, ref, np.float32, 'tf32 conv_wgrad with tile %s, %d splits' % (tile, splits))
 
 
 def test_16bit_wgrad_window_origins_past_2_32_pixels(kernel_runtime):

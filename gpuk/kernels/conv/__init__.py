@@ -76,13 +76,20 @@ def igemm_kernels(tile):
     return _ALL_KERNELS
 
 
+def _rounds_filter(tile, kernels):
+    """Whether ``tile``'s fwd / dgrad read the filter pre-rounded by conv_round_tf32 (tf32: conv_igemm.cu,
+    Tf32Rounding), so that its build has that kernel."""
+    return tile.math == 'tf32' and any(k in kernels for k in ('conv_igemm_fwd', 'conv_igemm_dgrad'))
+
+
 # every tile of the tables, the forward's (tf32 BK=32) and wgrad's (16-bit rectangles) own ones too
 for _tables in (conv_tiles.TILES, conv_tiles.FWD_ONLY, conv_tiles.WGRAD_ONLY):
     for _table, _tiles in _tables.items():
         for _tile in _tiles:
             _kernels = igemm_kernels(_tile)
             register_build(IGEMM_SOURCE, igemm_defines(_TABLE_DTYPES[_table], _tile),
-                           list(_kernels) + (['conv_reduce_splits'] if 'conv_igemm_wgrad' in _kernels else []))
+                           list(_kernels) + (['conv_reduce_splits'] if 'conv_igemm_wgrad' in _kernels else [])
+                           + (['conv_round_tf32'] if _rounds_filter(_tile, _kernels) else []))
 
 
 # ---------------------------------------------------------------- checks (the twin's, on shapes)
@@ -144,7 +151,9 @@ def _no_bias(xp, dtype):
 # Each Launch keeps its kernel launch (rt.kernel_launch: on the CUDA runtime the loaded kernel
 # with its grid checked; the emulated runtime's loads the module per call, since it swaps in
 # instrumented builds when its sanitizer or counters are switched on).
-Launch = namedtuple('Launch', 'out_shape scalars run')
+# round_filter: fwd / dgrad under tf32 (conv_igemm.cu, Tf32Rounding) take w rounded by this
+# conv_round_tf32 launch (_kernel_filter); None elsewhere.
+Launch = namedtuple('Launch', 'out_shape scalars run round_filter')
 
 
 class Problem:
@@ -207,6 +216,27 @@ def _kernel_launch(rt, dtype, tile, name, grid, threads):
     return rt.kernel_launch(IGEMM_SOURCE, igemm_defines(dtype, tile), name, grid, threads, shared)
 
 
+def _filter_rounding(rt, g, dtype, tile):
+    """The conv_round_tf32 launch over the filter (taps x C_in x C_out) of ``tile``'s module, or None
+    when the tile rounds nothing ahead (not tf32)."""
+    if tile.math != 'tf32':
+        return None
+    count = math.prod(g.k_sp) * g.c_in * g.c_out
+    blocks = max(1, min(math.ceil(count / split_k.REDUCE_THREADS), split_k.REDUCE_MAX_BLOCKS))
+    run = _kernel_launch(rt, dtype, tile, 'conv_round_tf32', blocks, split_k.REDUCE_THREADS)
+    return lambda w, rounded: run((w, rounded, np.int64(count)))
+
+
+def _kernel_filter(xp, launch, w):
+    """w as the launch's kernel reads it: contiguous, and rounded to tf32 where the launch says so."""
+    w = xp.ascontiguousarray(w)
+    if launch.round_filter is None:
+        return w
+    rounded = xp.empty_like(w)
+    launch.round_filter(w, rounded)
+    return rounded
+
+
 def _fwd_launch(rt, g, dtype, epilogue):
     rows, cols, depth = fwd_gemm_shape(g)
     check_gemm('conv_fwd', g, rows, cols, depth)
@@ -214,7 +244,8 @@ def _fwd_launch(rt, g, dtype, epilogue):
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
     return Launch(_kernel_shape(g, g.out_sp, g.c_out), kernel_args(g) + (np.int32(EPILOGUES[epilogue]),),
-                  _kernel_launch(rt, dtype, tile, 'conv_igemm_fwd', grid, tile.threads))
+                  _kernel_launch(rt, dtype, tile, 'conv_igemm_fwd', grid, tile.threads),
+                  _filter_rounding(rt, g, dtype, tile))
 
 
 def _dgrad_launch(rt, g, dtype):
@@ -231,7 +262,8 @@ def _dgrad_launch(rt, g, dtype):
                                   math.ceil(depth / phases), aligned=g.c_out % _chunk_elements(dtype) == 0)
     grid = (math.ceil(phase_rows / tile.bm), math.ceil(cols / tile.bn), phases)
     return Launch(_kernel_shape(g, g.in_sp, g.c_in), kernel_args(g),
-                  _kernel_launch(rt, dtype, tile, 'conv_igemm_dgrad', grid, tile.threads))
+                  _kernel_launch(rt, dtype, tile, 'conv_igemm_dgrad', grid, tile.threads),
+                  _filter_rounding(rt, g, dtype, tile))
 
 
 def _wgrad_launch(rt, g, dtype):
@@ -325,7 +357,7 @@ def _fwd_kernel_call(rt, problem, dtype, epilogue):
         if not g.channels_last:
             x = layout.to_channels_last(x, runtime=rt)
         y = xp.empty(launch.out_shape, dtype)
-        launch.run((xp.ascontiguousarray(x), xp.ascontiguousarray(w), bias, y, *launch.scalars))
+        launch.run((xp.ascontiguousarray(x), _kernel_filter(xp, launch, w), bias, y, *launch.scalars))
         return problem.from_kernel_layout(rt, y).reshape(shape)
     return kernel_call
 
@@ -352,7 +384,7 @@ def _dgrad_kernel_call(rt, problem, dtype):
         if not g.channels_last:
             dy = layout.to_channels_last(dy, runtime=rt)
         dx = xp.empty(launch.out_shape, dtype)
-        launch.run((xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx, *launch.scalars))
+        launch.run((xp.ascontiguousarray(dy), _kernel_filter(xp, launch, w), dx, *launch.scalars))
         return problem.from_kernel_layout(rt, dx).reshape(shape)
     return kernel_call
 

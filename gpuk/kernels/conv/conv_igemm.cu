@@ -21,13 +21,17 @@
 //       bfloat16 (ELEMENT_T picks the instruction, see Mma16);
 //   2 = mma.m16n8k8 tf32 (float32 when gpuk.config.precision() == 'tf32'): each operand element
 //       is rounded once (float_to_tf32: to nearest, ties to even; cvt.rn.tf32.f32 on sm_90, one
-//       instruction; the same rounding on the bits on sm_80, 3) in shared memory, by the thread
-//       that copied it, between its cp.async wait and the barrier that publishes the stage
+//       instruction; the same rounding on the bits on sm_80, 3). The filter (fwd's and dgrad's B,
+//       read by every block) arrives rounded: conv_round_tf32, launched ahead by the launcher,
+//       rounds it once per call. The other operands are rounded in shared memory, by the thread
+//       that copied them, between its cp.async wait and the barrier that publishes the stage
 //       (round_landed_tf32: the rounding plus a 16-byte load and store per 4 elements, instead
 //       of a rounding per fragment register in every warp that reads it; an operand read by one
-//       warp only keeps the per-register rounding). Fragments come from ldmatrix for [mn][k]
+//       warp only keeps the per-register rounding: Tf32Rounding). Fragments come from ldmatrix for [mn][k]
 //       tiles and from 8-byte shared loads for k-major ones: fwd runs as D^T = B^T A^T and wgrad
-//       pairs its A rows (Tf32Order).
+//       pairs its A rows (Tf32Order); the 128x128 wgrad's x and dy are rounded and transposed in
+//       4 x 4 blocks by their copiers' warp (round_transposed_tf32) and read by ldmatrix too
+//       (K4Transposed).
 //       Why round at all: the tensor core reads the top 19 bits of each 32-bit word, i.e. it
 //       truncates. Truncation would be free (measured: 1.91 / 1.94 / 2.56 other instructions
 //       per MMA for 128x128x16 fwd / dgrad / wgrad on sm_90, 2.5-3.6 on 64x64) but doubles the
@@ -41,9 +45,9 @@
 //       strict runs the FFMA path.
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that
-//   every shared address is a register plus an immediate (16-bit wgrad's also free of per-tile
-//   end tests and its copies of row tests against k_end until its last one or two groups:
-//   pipeline_group). Each operand tile is stored in shared memory
+//   every shared address is a register plus an immediate (16-bit and most tf32 wgrad's also free
+//   of per-tile end tests and its copies of row tests against k_end until its last one or two
+//   groups: pipeline_group). Each operand tile is stored in shared memory
 //   with its contiguous global dimension contiguous (see Layout), XOR-swizzled in 16-byte units
 //   (but FFMA [m][k] A tiles, read by broadcast: A_MK_SWIZZLED); tf32 k-major tiles are padded
 //   by two units per row instead (no bank conflicts on the cp.async writes, ldmatrix phases,
@@ -161,7 +165,8 @@ static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 // and wgrad) are padded by SMEM_PAD_K = 2 units instead, unswizzled: tile_multiply reads them 4
 // or 8 bytes per lane at rows t and t + 4 (t = lane % 4), where a swizzle would put rows 0/1 and
 // 2/3 in the same banks; a stride of 2 mod 8 units puts the 4 rows of a phase 8 banks apart, so
-// 8 lanes' words (or 4 lanes' 8-byte pairs) per row fill all 32 banks. tf32 [mn][k] rows stay
+// 8 lanes' words (or 4 lanes' 8-byte pairs) per row fill all 32 banks (and an ldmatrix phase over
+// tf32 wgrad's transposed blocks, 4 rows x 2 units, 8 bank groups). tf32 [mn][k] rows stay
 // swizzled (a padding could not serve both their ldmatrix phases, 8 rows x 1 unit, and their
 // chunk accesses, BK=16: 2 rows x 4 units, per quarter warp).
 #define VEC (16 / (int)sizeof(elem_t))   // elements per 16-byte unit (chunk)
@@ -380,6 +385,10 @@ __device__ __forceinline__ void copy_scalar(elem_t* dst, const elem_t* src, bool
 
 // Tile rows one block-wide pass of chunks covers (chunk j of a thread is row chunk_row(0) + j * this).
 #define ROWS_PER_PASS(len) (CONV_THREADS / ((len) / VEC))
+// tf32 wgrad's B (dy) where it is rounded in shared memory (several warps read it: CONV_WARPS_M > 1,
+// Tf32Rounding): each warp copies whole 4 x 4 blocks (RowStream<true>) and its rounding pass stores
+// them transposed, so ldmatrix reads the MMA's B fragments (K4Transposed).
+#define TF32_B_TRANSPOSED (CONV_MATH == 2 && CONV_WARPS_M > 1)
 
 // VEC consecutive positions of a (tap, channel) iterator copied one element at a time (the
 // per-element path of every gathered operand): element(t, src) gives position t's source
@@ -558,8 +567,23 @@ struct GatherA {
 // A row-major (K, ld) operand streamed by whole rows (fwd B = w as (taps*C_in, C_out); wgrad
 // B = dy as (N*OP, C_out) in channels_last): one pointer per thread, advanced by CONV_BK rows per
 // tile, and the count of K rows from the thread's first chunk to k_end, so the per-chunk check is
-// one compare with an immediate (the chunk's row offset).
-struct RowStream {
+// one compare with an immediate (the chunk's row offset). A thread's chunks lie in one column of
+// units, one block-wide pass (ROWS_PER_PASS) apart. Which thread takes which: chunk_row /
+// chunk_pos (a warp's copies fill whole tile rows), or, WARP_BLOCKS (tf32 wgrad's B), lane
+// 8i + g of warp w takes unit 8w + g at rows 4j + i: lanes g, g + 8, g + 16, g + 24 copy the 4 rows
+// of one 4 x 4 block, which the warp transposes with one ldmatrix per j (round_transposed_tf32),
+// and a warp's copies fill 4 rows x 128 bytes.
+template <bool WARP_BLOCKS> struct RowStream {
+    static constexpr int STEP = ROWS_PER_PASS(CONV_BN);   // rows between a thread's chunks
+    static_assert(!WARP_BLOCKS || (STEP == 4 && CONV_BN / VEC == 8 * (CONV_THREADS / 32)),
+                  "warp blocks: each warp copies 8 units of 4 x 4 blocks");
+    // The tile row of this thread's chunk j, and its position along the row.
+    __device__ __forceinline__ static int row(int j) {
+        return (WARP_BLOCKS ? (int)(threadIdx.x & 31) >> 3 : chunk_row(0, CONV_BN)) + j * STEP;
+    }
+    __device__ __forceinline__ static int pos() {
+        return WARP_BLOCKS ? VEC * (8 * (int)(threadIdx.x >> 5) + (int)(threadIdx.x & 7)) : chunk_pos(CONV_BN);
+    }
     const elem_t* ptr;   // this thread's chunk 0 of the next tile
     int ahead;           // K rows from this thread's chunk 0 of the next tile to k_end
     int col;             // this thread's first column
@@ -568,27 +592,26 @@ struct RowStream {
     // only feed accumulator columns the epilogue does not store, so they need no column test
     // (the per-element path tests every column: its copies past ld read nothing).
     __device__ __forceinline__ void init(const elem_t* data, long long k_begin, long long k_end, int ld) {
-        col = blockIdx.y * CONV_BN + chunk_pos(CONV_BN);
-        ptr = data + (k_begin + chunk_row(0, CONV_BN)) * ld + (col < ld ? col : 0);
-        ahead = (int)(k_end - k_begin) - chunk_row(0, CONV_BN);
+        col = blockIdx.y * CONV_BN + pos();
+        ptr = data + (k_begin + row(0)) * ld + (col < ld ? col : 0);
+        ahead = (int)(k_end - k_begin) - row(0);
     }
-    // Whether row `row` of the next tile lies before k_end (another operand's rows, e.g. wgrad A's).
-    __device__ __forceinline__ bool row_before_end(int row) const { return row - chunk_row(0, CONV_BN) < ahead; }
+    // Whether row `r` of the next tile lies before k_end (another operand's rows, e.g. wgrad A's).
+    __device__ __forceinline__ bool row_before_end(int r) const { return r - row(0) < ahead; }
     // The 16-byte path offsets a thread's chunks from `ptr` in 32 bits (one IMAD.WIDE each).
     __device__ __forceinline__ static bool fits(int ld) { return (long long)CONV_BK * ld < (1ll << 31); }
     // FULL: the tile lies before k_end (no row test).
     template <bool VECTOR, bool FULL = false>
     __device__ __forceinline__ void load(elem_t* bs, int ld, int cols) {
-        constexpr int PASS = ROWS_PER_PASS(CONV_BN);
-        const int nc = chunk_pos(CONV_BN);
-        const long long pass = (long long)PASS * ld;
-        elem_t* const dst0 = bs + tile_index<false, CONV_BN>(nc, chunk_row(0, CONV_BN));
+        const int nc = pos();
+        const long long pass = (long long)STEP * ld;
+        elem_t* const dst0 = bs + tile_index<false, CONV_BN>(nc, row(0));
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j) {
-            elem_t* dst = k_rows_linear(PASS) ? dst0 + k_rows_apart<CONV_BN>(j * PASS)
-                                              : bs + tile_index<false, CONV_BN>(nc, chunk_row(j, CONV_BN));
+            elem_t* dst = k_rows_linear(STEP) ? dst0 + k_rows_apart<CONV_BN>(j * STEP)
+                                              : bs + tile_index<false, CONV_BN>(nc, row(j));
             const elem_t* src = ptr + j * pass;
-            const bool k_ok = FULL || j * PASS < ahead;   // chunk_row(j) before k_end
+            const bool k_ok = FULL || j * STEP < ahead;   // row(j) before k_end
             if constexpr (VECTOR) {
                 copy_chunk(dst, ptr + j * (int)pass, k_ok);   // j * pass < CONV_BK * ld: fits()
             } else {
@@ -611,7 +634,7 @@ template <int MODE> struct Loader;
 // fwd: A = im2col(x) [m = (n, output pixel)][k = (tap, c_in)]; B = w as (taps*C_in, C_out).
 template <> struct Loader<MODE_FWD> {
     GatherA a;
-    RowStream b;
+    RowStream<false> b;
     bool a_vec, b_vec;
 
     __device__ __forceinline__ static Source source(const ConvGeom& g) {
@@ -623,7 +646,7 @@ template <> struct Loader<MODE_FWD> {
         a.init(source(g), grid, dense_taps(g, 0, 0, 0), x, rows, k_begin);
         b.init(w, k_begin, k_end, g.c_out);
         a_vec = a.fast && g.c_in % VEC == 0 && is_aligned(x, 16);
-        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16) && RowStream::fits(g.c_out);
+        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16) && RowStream<false>::fits(g.c_out);
     }
     template <bool VECTOR>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
@@ -721,6 +744,11 @@ static_assert(WG_ROWS * CONV_THREADS == CONV_BK * WG_LANES && WG_LANES * WG_CHUN
               "wgrad A: whole k rows per thread, 2^n chunks per row");
 // Packed path: the two lanes that share a thread's two k rows decode one each (Loader::load).
 #define WG_PAIRED (WG_ROWS == 2 && WG_LANES % 2 == 0)
+// tf32 wgrad's A, where rounded in shared memory (CONV_WARPS_N > 1) and copied one k row per 8 lanes
+// (lane 8i + g of warp w: row 4w + i, units g + 8j): a warp holds whole 4 x 4 blocks, which its
+// rounding pass stores transposed like B's (TF32_B_TRANSPOSED, K4Transposed), and ldmatrix reads
+// the MMA's A fragments in the plain row order (not Tf32Order's paired rows).
+#define TF32_A_TRANSPOSED (CONV_MATH == 2 && CONV_WARPS_N > 1 && WG_LANES == 8 && WG_ROWS == 1)
 __device__ __forceinline__ int wgrad_a_row(int r) { return threadIdx.x / WG_LANES + r * (CONV_THREADS / WG_LANES); }
 // The row a thread decodes first: its own (lane & 1) of the pair's two where WG_PAIRED, else its row 0.
 __device__ __forceinline__ int wgrad_decoded_row() { return wgrad_a_row(WG_PAIRED ? threadIdx.x & 1 : 0); }
@@ -800,7 +828,7 @@ template <> struct Loader<MODE_WGRAD> {
     const elem_t* a_base[WG_CHUNKS];      // 16-byte path: chunk j's source for the window origin at pixel 0
     int a_td[WG_CHUNKS], a_th[WG_CHUNKS], a_tw[WG_CHUNKS];   // its tap's offsets
     unsigned a_up[WG_CHUNKS];             // packed path: its tap + WgradPack::up_bias
-    RowStream b;                          // b.row_before_end: whether a k row of the next tile is before k_end
+    RowStream<TF32_B_TRANSPOSED> b;       // b.row_before_end: whether a k row of the next tile is before k_end
     bool a_vec, b_vec, a_packed;          // a_packed: the image fits WgradPack (16-byte path only)
 
     __device__ __forceinline__ void init(const ConvGeom& g, const WgradDecode& wgrad_decode, const elem_t* x,
@@ -833,7 +861,7 @@ template <> struct Loader<MODE_WGRAD> {
         a_packed = WG_PACKED && WgradPack::fits(g, taps);
         b.init(dy, k_begin, k_end, g.c_out);
         a_vec = fits && g.c_in % VEC == 0 && is_aligned(x, 16);
-        b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16) && RowStream::fits(g.c_out);
+        b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16) && RowStream<TF32_B_TRANSPOSED>::fits(g.c_out);
     }
 
     // x's element (tap, channel t; image and output pixel p): its offset and whether it is inside.
@@ -1041,35 +1069,56 @@ template <> struct Mma16<__nv_bfloat16> {
 // (each output is still one row of A times one column of B); position() says where accumulator e
 // lands. Per K step of 8, per warp:
 //   dgrad (A [m][k], B [n][k]): ldmatrix for both, the plain order.
-//   wgrad (A [k][m]): row g + 8h of 16-row MMA tile mi is warp-tile row 16 mi + 2g + h, so a
-//     lane's (a0, a1) (k = t) and (a2, a3) (k = t + 4) are one 8-byte read each, straight into
-//     the MMA's register quad; B [k][n] stays one 4-byte read per register (its b0, b1 lie in two
-//     rows whatever the column order, and 8-byte reads of neighbouring columns would need a move
-//     per register to pair them up).
+//   wgrad 128x128 (A [k][m], B [k][n]): both stored in transposed 4 x 4 blocks by their rounding
+//     pass (TF32_A_TRANSPOSED, TF32_B_TRANSPOSED, K4Transposed) and read by ldmatrix, plain order.
+//   wgrad 64x64: row g + 8h of 16-row MMA tile mi is warp-tile row 16 mi + 2g + h, so a lane's
+//     (a0, a1) (k = t) and (a2, a3) (k = t + 4) are one 8-byte read each, straight into the MMA's
+//     register quad; B [k][n] is one 4-byte read per register (its b0, b1 lie in two rows whatever
+//     the column order, and 8-byte reads of neighbouring columns would need a move per register to
+//     pair them up).
 //   fwd (A [m][k], B [k][n]): the transposed product D^T = B^T A^T, so that the k-major B is the
 //     MMA's A operand (8-byte reads as in wgrad, 16-row tiles along n) and A is the MMA's B
 //     operand (ldmatrix, 8-column tiles along m). Lane (g, t) then holds output rows m = 2t, 2t+1
 //     of each 8-row m tile at the channel pair n = 2g, 2g + 1 of each 16-channel n tile: acc keeps
 //     each pair together, one 8-byte store (EpilogueRun 2), 4 rows x 64 contiguous bytes per warp.
-// Rounding (float_to_tf32, to nearest even): an operand whose elements are read by several warps
-// (A by CONV_WARPS_N, B by CONV_WARPS_M) is rounded once per element in shared memory, by the
-// thread that copied it (round_landed_tf32: the rounding, 1 instruction on sm_90 and 3 on sm_80,
-// plus its share of a 16-byte load and store), otherwise in the fragment registers of its one
-// reader (the rounding per register): 128x128 rounds both in shared memory, 64x64 (1 x 2 warps)
-// A there and B in registers.
-constexpr bool TF32_ROUND_A_SHARED = CONV_WARPS_N > 1, TF32_ROUND_B_SHARED = CONV_WARPS_M > 1;
+// Rounding (float_to_tf32, to nearest even): fwd's and dgrad's B is the filter, which every block
+// reads: the launcher rounds it once per call (conv_round_tf32), so those kernels never round B.
+// Any other operand whose elements are read by several warps (A by CONV_WARPS_N, wgrad's B by
+// CONV_WARPS_M) is rounded once per element in shared memory, by the thread that copied it
+// (round_landed_tf32: the rounding, 1 instruction on sm_90 and 3 on sm_80, plus its share of a
+// 16-byte load and store), otherwise in the fragment registers of its one reader (the rounding
+// per register): 128x128 rounds A (and wgrad's B) in shared memory, 64x64 (1 x 2 warps) A there
+// and wgrad's B in registers.
+template <int MODE> struct Tf32Rounding {
+    static constexpr bool b_prerounded = MODE != MODE_WGRAD;   // B = w: conv_round_tf32
+    static constexpr bool a_shared = CONV_WARPS_N > 1, b_shared = !b_prerounded && CONV_WARPS_M > 1;
+    static constexpr bool a_registers = !a_shared, b_registers = !b_prerounded && !b_shared;
+    static_assert(b_shared == (MODE == MODE_WGRAD && TF32_B_TRANSPOSED), "wgrad's B: rounded where transposed");
+};
+// A k-major tile of MN columns as TF32_A_TRANSPOSED / TF32_B_TRANSPOSED store it: each 4 x 4 block
+// (k rows 4q..4q+3, one unit of 4 columns) transposed in place, so that the 16 bytes at row 4q + j
+// of unit u hold column 4u + j at k = 4q..4q+3: a lane's fragment element at k = t (or t + 4) of
+// column (MMA row) g is word t of one 16-byte row, and ldmatrix (plain: lane (g, t) takes word t
+// of row g) loads an MMA A quad, or the B fragments of two 8-column tiles, at once. The 8 rows of
+// a phase (4 rows x 2 units) hit 8 bank groups (the padded stride, 2 mod 8 units).
+template <int MN> struct K4Transposed {
+    // The 16-byte row of column n4 + r (n4 a multiple of 4, r < 4) at k = k4..k4+3 (k4 a multiple
+    // of 4). The caller passes n4 and r apart, so that index is linear in k4 and n4 and the offsets
+    // between a thread's rows are immediates (computed from n, they took a register each).
+    __device__ __forceinline__ static int row(int k4, int n4, int r) { return (k4 + r) * (MN + SMEM_PAD_K) + n4; }
+};
 // float_to_tf32 (common.cuh): round to nearest even, as the MMA reads it.
 __device__ __forceinline__ float tf32_round_for_mma(float x) { return __uint_as_float(float_to_tf32(x)); }
-// Rounds fragment registers unless their operand was rounded in shared memory (SHARED).
-template <bool SHARED, int N> __device__ __forceinline__ void round_fragment(unsigned (&r)[N]) {
-    if constexpr (!SHARED) {
+// Rounds fragment registers where their operand is rounded there (Tf32Rounding's *_registers).
+template <bool ROUND, int N> __device__ __forceinline__ void round_fragment(unsigned (&r)[N]) {
+    if constexpr (ROUND) {
 #pragma unroll
         for (int i = 0; i < N; ++i) r[i] = __float_as_uint(tf32_round_for_mma(__uint_as_float(r[i])));
     }
 }
 template <int MODE> struct Tf32Order {
     static constexpr bool swapped = MODE == MODE_FWD;          // D^T = B^T A^T
-    static constexpr bool paired_rows = !Layout<MODE>::a_mk;   // wgrad's A rows 16 mi + 2g + h
+    static constexpr bool paired_rows = !Layout<MODE>::a_mk && !TF32_A_TRANSPOSED;   // wgrad's A rows 16 mi + 2g + h
     static constexpr int M8 = WARP_TILE_M / 8;                 // swapped: 8-row m tiles
     static_assert(WARP_TILE_M % 16 == 0 && WARP_TILE_N % 16 == 0, "tf32 warp tile: 16-row and 16-column tiles");
     // swapped: accumulator index of (n tile ni, m tile mj, part c0..c3): pairs (c0, c2), (c1, c3)
@@ -1106,8 +1155,8 @@ __device__ __forceinline__ void load_paired_a(unsigned (&a)[4], const elem_t* at
 // Fragments come from ldmatrix (common.cuh) wherever the stored layout allows it:
 //   16-bit A: [m][k] plain, [k][m] .trans;  16-bit B: [n][k] plain, [k][n] .trans;
 //   tf32 (a 32-bit element is two 16-bit columns, so only the plain form applies): [m][k] and
-//   [n][k] tiles by ldmatrix, k-major ones by 8-byte (paired rows) or 4-byte shared loads, see
-//   Tf32Order.
+//   [n][k] tiles and wgrad's transposed blocks (K4Transposed) by ldmatrix, the other k-major
+//   ones by 8-byte (paired rows) or 4-byte shared loads, see Tf32Order.
 // Swizzled rows keep every ldmatrix phase (8 rows of 16 bytes) on 8 distinct 16-byte bank groups.
 static_assert(MMA_N_TILES % 2 == 0, "B fragments load two 8-column tiles per ldmatrix.x4");
 #define AS(k, m) as[tile_index<Layout<MODE>::a_mk, CONV_BM>((m), (k))]
@@ -1158,13 +1207,13 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                 b[mj][0] = r[0]; b[mj][1] = r[1]; b[mj + 1][0] = r[2]; b[mj + 1][1] = r[3];
             }
 #pragma unroll
-            for (int mj = 0; mj < M8; ++mj) round_fragment<TF32_ROUND_A_SHARED>(b[mj]);
+            for (int mj = 0; mj < M8; ++mj) round_fragment<Tf32Rounding<MODE>::a_registers>(b[mj]);
 #pragma unroll
             for (int ni = 0; ni < WARP_TILE_N / 16; ++ni) {
                 unsigned a[4];
                 const int n = col0 + ni * 16 + 2 * gr;
                 load_paired_a(a, &BS(ks + t, n), &BS(ks + t + 4, n));
-                round_fragment<TF32_ROUND_B_SHARED>(a);
+                round_fragment<Tf32Rounding<MODE>::b_registers>(a);
 #pragma unroll
                 for (int mj = 0; mj < M8; ++mj) {
                     float c[4];
@@ -1179,9 +1228,12 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
             unsigned b[MMA_N_TILES][2];
 #pragma unroll
             for (int ni = 0; ni < MMA_N_TILES; ni += 2) {
-                if (Layout<MODE>::b_nk) {   // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
+                if (Layout<MODE>::b_nk || TF32_B_TRANSPOSED) {
+                    // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
+                    const int k = ks + (mat & 1) * 4, n8 = col0 + (ni + (mat >> 1)) * 8;
                     unsigned r[4];
-                    ldmatrix<4, false>(r, &BS(ks + (mat & 1) * 4, col0 + (ni + (mat >> 1)) * 8 + mrow));
+                    ldmatrix<4, false>(r, Layout<MODE>::b_nk ? &BS(k, n8 + mrow)
+                                                             : bs + K4Transposed<CONV_BN>::row(k, n8 + (mrow & 4), mrow & 3));
                     b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
                 } else {   // one 4-byte read per register (Tf32Order)
 #pragma unroll
@@ -1193,17 +1245,20 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                 }
             }
 #pragma unroll
-            for (int ni = 0; ni < MMA_N_TILES; ++ni) round_fragment<TF32_ROUND_B_SHARED>(b[ni]);
+            for (int ni = 0; ni < MMA_N_TILES; ++ni) round_fragment<Tf32Rounding<MODE>::b_registers>(b[ni]);
 #pragma unroll
             for (int mi = 0; mi < MMA_M_TILES; ++mi) {
                 unsigned a[4];
-                if (Layout<MODE>::a_mk) {   // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, ...)
-                    ldmatrix<4, false>(a, &AS(ks + (mat >> 1) * 4, row0 + mi * 16 + (mat & 1) * 8 + mrow));
+                if (Layout<MODE>::a_mk || TF32_A_TRANSPOSED) {
+                    // matrices: (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, k 4-7)
+                    const int k = ks + (mat >> 1) * 4, m8 = row0 + mi * 16 + (mat & 1) * 8;
+                    ldmatrix<4, false>(a, Layout<MODE>::a_mk ? &AS(k, m8 + mrow)
+                                                             : as + K4Transposed<CONV_BM>::row(k, m8 + (mrow & 4), mrow & 3));
                 } else {   // paired rows (Tf32Order)
                     const int m = row0 + mi * 16 + 2 * gr;
                     load_paired_a(a, &AS(ks + t, m), &AS(ks + t + 4, m));
                 }
-                round_fragment<TF32_ROUND_A_SHARED>(a);
+                round_fragment<Tf32Rounding<MODE>::a_registers>(a);
 #pragma unroll
                 for (int ni = 0; ni < MMA_N_TILES; ++ni) {
                     float* c = acc + (mi * MMA_N_TILES + ni) * 4;
@@ -1217,24 +1272,51 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
 #undef AS
 #undef BS
 #if CONV_MATH == 2
-// tf32 rounding in shared memory (TF32_ROUND_A_SHARED / _B_SHARED): after its cp_async_wait,
+// tf32 rounding in shared memory (Tf32Rounding's *_shared): after its cp_async_wait,
 // each thread rounds (float_to_tf32, in place) the 16-byte chunks of the landed stage that it copied
-// itself, before the barrier that publishes the stage, so no other thread's copy is touched and
-// no barrier is added. These offsets must follow the loaders' chunk mapping (GatherA and dgrad's
-// B: chunk_row / chunk_pos of a [mn][k] tile; RowStream: of a k-major tile; wgrad A:
-// wgrad_a_row / wgrad_a_unit); the emulator's racecheck flags any chunk rounded by a thread
-// other than its copier (tried: it does).
-__device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
-    float4 v = *reinterpret_cast<float4*>(p);
+// itself, before the barrier that publishes the stage, so no other thread's copy is read before
+// it landed and no barrier is added (the transposed blocks: each lane reads only its own chunk,
+// and its store into another lane's follows the warp's ldmatrix, round_transposed_tf32). These
+// offsets must follow the loaders' chunk mapping (GatherA: chunk_row / chunk_pos of a [mn][k]
+// tile; RowStream<true> (wgrad's B): row / pos; wgrad A: wgrad_a_row / wgrad_a_unit); the
+// emulator's racecheck flags a chunk rounded by a thread other than its copier, and a lane that
+// hands ldmatrix another lane's chunk (tried: it does).
+__device__ __forceinline__ float4 rounded_tf32(float4 v) {
     v.x = tf32_round_for_mma(v.x);
     v.y = tf32_round_for_mma(v.y);
     v.z = tf32_round_for_mma(v.z);
     v.w = tf32_round_for_mma(v.w);
-    *reinterpret_cast<float4*>(p) = v;
+    return v;
+}
+__device__ __forceinline__ void round_chunk_tf32(elem_t* p) {
+    *reinterpret_cast<float4*>(p) = rounded_tf32(*reinterpret_cast<const float4*>(p));
+}
+// A warp's 8 landed 4 x 4 blocks of a k-major tile (8 units at rows k0..k0+3), rounded and stored
+// transposed (K4Transposed): `own` is the chunk this lane copied, row lane / 8 of block lane % 8;
+// `column` is where the column this lane receives goes (column lane % 4 of block lane / 4: its
+// K4Transposed row). Each lane hands ldmatrix its own chunk (so every shared read of landed data is
+// its copier's), rounds the column it receives (k = k0..k0+3) and stores it as one 16-byte row; the
+// ldmatrix, a warp collective, orders those stores after every lane's read. 1 ldmatrix + 4 cvt +
+// 1 store per 4 elements, no register moves (a transpose of 16-byte loads took one per element off
+// the diagonal: sm_90's cvt.rn rounds in place).
+__device__ __forceinline__ void round_transposed_tf32(const elem_t* own, elem_t* column) {
+    unsigned r[4];
+    ldmatrix<4, false>(r, own);
+    *reinterpret_cast<float4*>(column) = rounded_tf32(make_float4(__uint_as_float(r[0]), __uint_as_float(r[1]),
+                                                                  __uint_as_float(r[2]), __uint_as_float(r[3])));
 }
 template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
-    if constexpr (TF32_ROUND_A_SHARED) {
-        if constexpr (MODE == MODE_WGRAD) {
+    // round_transposed_tf32: the warp's blocks lie in 8 neighbouring units; this lane receives
+    // column lane % 4 of unit lane / 4 of them
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, unit = lane >> 2, in_unit = lane & 3;
+    if constexpr (Tf32Rounding<MODE>::a_shared) {
+        if constexpr (MODE == MODE_WGRAD && TF32_A_TRANSPOSED) {   // warp w: rows 4w..4w+3, units g + 8j
+            elem_t* const column = as + K4Transposed<CONV_BM>::row(4 * warp, VEC * unit, in_unit);
+#pragma unroll
+            for (int j = 0; j < WG_CHUNKS; ++j)
+                round_transposed_tf32(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row(0)),
+                                      column + 8 * VEC * j);
+        } else if constexpr (MODE == MODE_WGRAD) {
 #pragma unroll
             for (int r = 0; r < WG_ROWS; ++r)
 #pragma unroll
@@ -1246,12 +1328,12 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
                 round_chunk_tf32(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK)));
         }
     }
-    if constexpr (TF32_ROUND_B_SHARED) {
+    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy (RowStream<true>), warp w: rows 4j..4j+3, units 8w + g
+        elem_t* const column = bs + K4Transposed<CONV_BN>::row(0, VEC * (8 * warp + unit), in_unit);
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
-            round_chunk_tf32(bs + (Layout<MODE>::b_nk
-                                       ? tile_index<true, CONV_BN>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK))
-                                       : tile_index<false, CONV_BN>(chunk_pos(CONV_BN), chunk_row(j, CONV_BN))));
+            round_transposed_tf32(bs + tile_index<false, CONV_BN>(RowStream<true>::pos(), RowStream<true>::row(j)),
+                                  column + k_rows_apart<CONV_BN>(4 * j));
     }
 }
 #define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
@@ -1310,11 +1392,19 @@ __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const el
         loader.template load<VECTOR>(g, a_src, b_src, as, bs, cols);
 }
 
+// Whether the tf32 128x128 wgrad runs untested groups (pipeline): on sm_90 and in the emulator,
+// which then runs the code sm_90 runs (sm_80 keeps the tested loop).
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define TF32_WIDE_UNTESTED false
+#else
+#define TF32_WIDE_UNTESTED true
+#endif
 // One group of CONV_STAGES K tiles from tile t0 on, unrolled (every stage index a constant). CHECKED:
 // a tile or a prefetch of the group may lie past the last tile (tiles), so each is tested; in 16-bit
-// wgrad the groups before (where t0 + 2 * CONV_STAGES <= tiles) run without those two tests per tile
-// (about 4.5 instructions a tile), and prefetch only tiles before the last (the one that may end
-// before BK rows), whose copies skip their row tests against k_end (FULL: ~10 instructions a tile).
+// and most tf32 wgrad (UNTESTED_GROUPS) the groups before (where t0 + 2 * CONV_STAGES <= tiles) run
+// without those two tests per tile (about 4.5 instructions a tile), and prefetch only tiles before
+// the last (the one that may end before BK rows), whose copies skip their row tests against k_end
+// (FULL: ~10 instructions a tile).
 template <int MODE, bool VECTOR, bool PACKED, bool CHECKED>
 __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                                const ConvGeom& g, const elem_t* __restrict__ a_src,
@@ -1364,10 +1454,15 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
             write_stage = write_stage == CONV_STAGES - 1 ? 0 : write_stage + 1;
         }
     } else {
-        // 16-bit wgrad only (its split K is long): the untested groups are a second copy of the loop,
-        // with which tf32 spilled (sm_90: fwd 128x128x32 420 bytes, wgrad 128x128x16 124 bytes)
+        // wgrad only (its split K is long): the untested groups are a second copy of the loop. 16-bit
+        // and the tf32 64x64 tile take it; the tf32 128x128 wgrad on its packed path on sm_90 only
+        // (TF32_WIDE_UNTESTED: 2.08 -> 1.98 other instructions per MMA), as its three-compare path
+        // spills with the copy (16 bytes) and on sm_80 the copy costs 22 register moves (3.07 ->
+        // 3.16); the tf32 fwd 128x128x32 spilled 420 bytes with it.
+        constexpr bool UNTESTED_GROUPS =
+            CONV_MATH == 1 || (CONV_MATH == 2 && (CONV_BM * CONV_BN <= 64 * 64 || (PACKED && TF32_WIDE_UNTESTED)));
         int t0 = 0;
-        if constexpr (MODE == MODE_WGRAD && CONV_MATH == 1)
+        if constexpr (MODE == MODE_WGRAD && UNTESTED_GROUPS)
             for (; t0 + 2 * CONV_STAGES <= tiles; t0 += CONV_STAGES)   // tiles and prefetches before the last
                 pipeline_group<MODE, VECTOR, PACKED, false>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
         for (; t0 < tiles; t0 += CONV_STAGES)   // the rest (wgrad: the last one or two groups)
@@ -1641,6 +1736,19 @@ conv_igemm_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, el
         store_tile<MODE_WGRAD>(acc, rows, c_out, nullptr, 0, dw, SameRows{});
     else
         store_tile<MODE_WGRAD>(acc, rows, c_out, nullptr, 0, partial + (long long)blockIdx.z * rows * c_out, SameRows{});
+#endif
+}
+
+// conv_round_tf32: y[i] = x[i] rounded to tf32 (float_to_tf32, to nearest even), for the filter
+// that the tf32 fwd and dgrad kernels read as B unrounded in-kernel (Tf32Rounding): once per call
+// here instead of once per block there (every block of those kernels reads all of w's K rows for
+// its columns). Built for the tf32 tiles only (traps elsewhere); 1-D grid-stride loop.
+extern "C" __global__ void __launch_bounds__(REDUCE_THREADS)
+conv_round_tf32(const float* __restrict__ x, float* __restrict__ y, long long n) {
+#if CONV_MATH == 2
+    GPUK_GRID_STRIDE_LOOP(i, n) y[i] = __uint_as_float(float_to_tf32(x[i]));
+#else
+    __trap();
 #endif
 }
 

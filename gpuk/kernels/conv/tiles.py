@@ -25,9 +25,9 @@ memory; tf32 pads its k-major tiles (wgrad A, fwd/wgrad B) by 8 floats per row (
 fragment reads): 128x128 tf32 runs BK=16 and 2 stages (34 KB) for dgrad and wgrad, and for the
 forward BK=32 with 2 stages (68 KB: a stage ring past 48 KB is dynamic shared memory, sized by
 `dynamic_smem`, still 2 blocks per SM on sm_80 and sm_90), which shares each K tile's fixed work
-(barrier, tap cursor, pointer steps) by twice the MMAs: 1.87 other instructions per MMA on sm_90
-against 2.19 at BK=16. dgrad and wgrad spill at BK=32 (8 A chunks per thread: twice the row
-pointers, tap masks or packed bounds), so the BK=32 tile is built for conv_igemm_fwd only
+(barrier, tap cursor, pointer steps) by twice the MMAs: 1.44 other instructions per MMA on sm_90
+against 1.75 at BK=16 (inspect figures). dgrad and wgrad spill at BK=32 (8 A chunks per thread:
+twice the row pointers, tap masks or packed bounds), so the BK=32 tile is built for conv_igemm_fwd only
 (FWD_ONLY; FWD_TILES is the forward's table). 64x64 tf32 runs BK=32 with 2 stages (36 KB). The 128x128
 tensor-core tiles use 64x64 warp tiles (32 MMAs per k16 step per warp) and the 64x64 ones 2
 warps of 64x32 (not 4 of 32x32): the ldmatrix and loader work per thread is shared by twice the
@@ -35,12 +35,14 @@ MMAs. 16-bit 64x64 runs BK=64 with 2 stages (32 KB: 4 blocks per SM on sm_80 too
 its 242-255 registers allow): each K tile's fixed work (barrier, tap cursor, pointer steps) is
 then shared by 64 MMAs per warp, which brings fwd and dgrad to 1.7-1.9 other instructions per
 MMA (3.0-3.8 with BK=32, 3 stages); the data in flight is the same as 3 stages of BK=32 (one
-64-deep tile while the other is multiplied). tf32 rounds each operand element once per block in
-shared memory (conv_igemm.cu, round_landed_tf32; to nearest even: common.cuh float_to_tf32), at
-1.5 instructions per element on sm_90 (one cvt.rn.tf32.f32 plus a quarter of a 16-byte load and
-store) and 3.5 on sm_80 (no cvt.rn there: 3 on the bits): 0.75 / 1.75 per MMA on the 128x128
-tiles (0.5 elements per MMA); the 64x64 tile rounds A so and B, read by one warp, in its
-registers.
+64-deep tile while the other is multiplied). tf32 rounds the filter (fwd's and dgrad's B) once per
+call ahead of the conv kernel (conv_igemm.cu, conv_round_tf32) and every other operand element
+once per block in shared memory (round_landed_tf32; to nearest even: common.cuh float_to_tf32),
+at 1.5 instructions per element on sm_90 (one cvt.rn.tf32.f32 plus a quarter of a 16-byte load
+and store) and 3.5 on sm_80 (no cvt.rn there: 3 on the bits): 0.375 / 0.875 per MMA for A on
+the 128x128 tiles (0.25 elements per MMA), as much again for wgrad's B (its pass also transposes
+4 x 4 blocks, with an ldmatrix in place of the 16-byte load); the 64x64 tile rounds A so and
+wgrad's B, read by one warp, in its registers.
 
 16-bit wgrad has its own table (WGRAD_TILES: 128x128x32, 64x128x64, 128x64x64, 64x64x64; the
 two rectangular tiles are built for conv_igemm_wgrad only). Its K (batch x output pixels) is long,

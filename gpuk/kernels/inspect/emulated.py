@@ -81,16 +81,34 @@ def _conv(rt):
     def split_in_two(x, dy, w, g):
         with conv_tiles.forced(splits=2):
             return conv.conv_wgrad(x, dy, w.shape, *g, runtime=rt)
+
+    def operands(dtype):   # x, w, dy
+        return (_dev(_rng().standard_normal((2, 8, 8, 32)).astype(dtype)),
+                _dev((_rng().standard_normal((3, 3, 32, 64)) * 0.1).astype(dtype)),
+                _dev(_rng().standard_normal((2, 8, 8, 64)).astype(dtype)))
+    geometry = ((1, 1), (1, 1), conv_pads((8, 8), (3, 3), (1, 1), (1, 1), 'same'), 'channels_last')
     for dtype, name in ((np.float32, 'f32'), (np.float16, 'f16')):
-        x = _dev(_rng().standard_normal((2, 8, 8, 32)).astype(dtype))
-        w = _dev((_rng().standard_normal((3, 3, 32, 64)) * 0.1).astype(dtype))
-        pads = conv_pads((8, 8), (3, 3), (1, 1), (1, 1), 'same')
-        geometry = ((1, 1), (1, 1), pads, 'channels_last')
-        dy = _dev(_rng().standard_normal((2, 8, 8, 64)).astype(dtype))
+        x, w, dy = operands(dtype)
         config = f'NHWC 2x8x8x32 -> 64, 3x3 same, {name}'
-        yield f'fwd {config}', lambda x=x, w=w, g=geometry: conv.conv_fwd(x, w, *g, runtime=rt)
-        yield f'dgrad {config}', lambda dy=dy, w=w, x=x, g=geometry: conv.conv_dgrad(dy, w, x.shape, *g, runtime=rt)
-        yield f'wgrad {config}, 2 splits', lambda x=x, dy=dy, w=w, g=geometry: split_in_two(x, dy, w, g)
+        yield f'fwd {config}', lambda x=x, w=w: conv.conv_fwd(x, w, *geometry, runtime=rt)
+        yield f'dgrad {config}', lambda dy=dy, w=w, x=x: conv.conv_dgrad(dy, w, x.shape, *geometry, runtime=rt)
+        yield f'wgrad {config}, 2 splits', lambda x=x, dy=dy, w=w: split_in_two(x, dy, w, geometry)
+    # tf32: the forward rounds its filter first (conv_round_tf32). The config names tf32, not f32, so
+    # these rows are joined only to records no f32 row matches (conv_round_tf32's own).
+    x, w, _ = operands(np.float32)
+    yield 'fwd NHWC 2x8x8x32 -> 64, 3x3 same, tf32', lambda: _under_tf32(lambda: conv.conv_fwd(x, w, *geometry,
+                                                                                              runtime=rt))
+
+
+def _under_tf32(call):
+    """call() with the precision policy 'tf32' (float32 convolutions on tensor cores)."""
+    from gpuk import config
+    previous = config.precision()
+    config.set_precision('tf32')
+    try:
+        return call()
+    finally:
+        config.set_precision(previous)
 
 
 def _conv_wgmma(rt):
