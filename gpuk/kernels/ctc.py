@@ -158,21 +158,20 @@ def ctc_check_loss_values(labels, input_lengths, label_lengths, steps, classes, 
     fn, rt = 'ctc_check_loss_values', resolve(runtime)
     raw = [rt.xp.ascontiguousarray(_small_ints(rt, v)) for v in (labels, input_lengths, label_lengths)]
 
-    def prepare():
+    def prepare():   # the checks, type codes and scalar arguments: per signature (steps, classes in it)
         ctc_checks.check_value_arrays(fn, *raw)
-        codes = tuple(CHECK_TYPE_CODES[a.dtype] for a in raw)
-        return codes, prepared.Launches(rt, CHECK_SOURCE, CHECK_DEFINES)
+        batch, width = raw[0].shape
+        return (prepared.Launches(rt, CHECK_SOURCE, CHECK_DEFINES), [CHECK_TYPE_CODES[a.dtype] for a in raw],
+                batch, width, (np.int64(batch), np.int64(width), np.int64(steps), np.int64(classes)))
 
-    codes, launches = prepared.get(rt, fn, raw, (steps, classes), prepare)
-    batch, width = raw[0].shape
-    packed = rt.xp.empty(batch * width + 2 * batch + 1, dtype=np.int64)
-    labels_out = packed[:batch * width].reshape(batch, width)
-    input_lengths_out, label_lengths_out = packed[batch * width:-1].reshape(2, batch)
-    bad = packed[-1:]
-    launches(
-        'ctc_check_inputs', 1, CTC_CHECK_THREADS,
-        (raw[0], codes[0], raw[1], codes[1], raw[2], codes[2], labels_out, input_lengths_out, label_lengths_out,
-         bad, np.int64(batch), np.int64(width), np.int64(steps), np.int64(classes)))
+    launches, codes, batch, width, sizes = prepared.get(rt, fn, raw, (steps, classes), prepare)
+    count = batch * width
+    packed = rt.xp.empty(count + 2 * batch + 1, dtype=np.int64)
+    labels_out = packed[:count].reshape(batch, width)
+    input_lengths_out, label_lengths_out, bad = packed[count:count + batch], packed[count + batch:-1], packed[-1:]
+    launches('ctc_check_inputs', 1, CTC_CHECK_THREADS,
+             (raw[0], codes[0], raw[1], codes[1], raw[2], codes[2], labels_out, input_lengths_out, label_lengths_out,
+              bad) + sizes)
     return labels_out, input_lengths_out, label_lengths_out, bad.reshape(())
 
 
