@@ -12,7 +12,9 @@ log-sum-exp (a forward output, read again by the backward) and gathers the state
 emissions in parallel; ctc_alpha and ctc_beta_occupation run one block per sample with
 threads across the 2 Lmax + 1 label states, the previous step in shared memory, one
 barrier per step; ctc_grad (a warp per frame) writes the gradient.
-ctc_greedy_decode and ctc_beam_search run one block per sample. See the .cu files.
+ctc_greedy_decode and ctc_beam_search run one block per sample. ctc_check_loss_values
+(ctc_check.cu, one block) checks and converts the labels and lengths of Keras's
+ctc_batch_cost in one launch: the graph op's value check. See the .cu files.
 
 On the CUDA runtime the loss and its gradient run the 'ctc' family's choice
 (``GPUK_KERNELS=ctc=gpuk|cudnn|auto``): these kernels or cudnnCTCLoss
