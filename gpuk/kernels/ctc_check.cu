@@ -4,8 +4,8 @@
 // (ctc_check_loss_values), which #defines CTC_CHECK_THREADS; the NumPy twin is
 // gpuk/cpu_fallback/ctc.py's ctc_check_loss_values.
 //
-// It replaces a dozen array operations per call (a kernel launch and a temporary each on a
-// GPU). The flag it writes is read after the step (gpuk/kernels/runtime/deferred.py), where a
+// It replaces about 40 array operations per call (a CuPy kernel launch and a temporary each
+// on a GPU). The flag it writes is read after the step (gpuk/kernels/runtime/deferred.py), where a
 // set flag runs the host check that raises the error message; the converted arrays are safe to
 // index with meanwhile (lengths clamped, a bad label written as -1, which the loss kernels read
 // as the blank).
