@@ -100,10 +100,10 @@ class Implementation:
         return module
 
     def check_later(self, flag, recheck):
-        """A data-dependent argument check: `flag` (a 0-d boolean array of xp) is True when some
-        value is bad, `recheck()` raises the check's ValueError on host copies. On 'cpu' it runs
-        now; on 'cuda' and 'emulate' its flag is read with the others by `run_checked`
-        (gpuk/kernels/runtime/deferred.py), so checking costs no host sync per op."""
+        """A data-dependent argument check: `flag` (a 0-d boolean or integer array of xp) is
+        true / nonzero when some value is bad, `recheck()` raises the check's ValueError on host
+        copies. On 'cpu' it runs now; on 'cuda' and 'emulate' its flag is read with the others by
+        `run_checked` (gpuk/kernels/runtime/deferred.py), so checking costs no host sync per op."""
         if self._use_kernels:
             from gpuk.kernels.runtime import current, deferred
             deferred.defer(current(), flag, recheck)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from gpuk import backend as K
+from gpuk import backend as K, device
 from gpuk.cpu_fallback import ctc as ctc_twin
 from tests.gradcheck import check_gradients
 from tests.keras_reference import numpy_backend
@@ -166,6 +166,23 @@ def test_bad_label_in_a_ctc_training_step_changes_no_variable(on_device):
     if on_device == 'emulate':
         assert rt.host_syncs - before == 1   # the pending flags, read once per call
     assert not np.array_equal(K.get_value(w), np.ones((3, A), np.float32))
+
+
+def test_a_ctc_training_step_checks_its_values_once(on_device, monkeypatch):
+    """The forward's value check (one ctc_check_inputs launch on the kernel runtimes, the twin on
+    'cpu') serves the gradient step of the same run too: one check per training step."""
+    family = device.impl().ctc
+    checked = family.ctc_check_loss_values
+    calls = []
+    monkeypatch.setattr(family, 'ctc_check_loss_values', lambda *args: calls.append(args) or checked(*args))
+    w = K.variable(np.ones((3, A), np.float32))
+    x, y = K.placeholder((2, 4, 3)), K.placeholder((2, 2))
+    loss = K.mean(K.ctc_batch_cost(y, K.softmax(K.dot(x, w)), K.constant([[4], [3]]), K.constant([[2], [1]])))
+    step = K.function([x, y], [loss], updates=[K.update_sub(w, 0.1 * K.gradients(loss, [w])[0])])
+    inputs = np.random.default_rng(0).standard_normal((2, 4, 3)).astype(np.float32)
+    for _ in range(3):
+        step([inputs, np.array([[0, 1], [1, 0]], np.float32)])
+    assert len(calls) == 3
 
 
 # --- decoding ------------------------------------------------------------------------------------

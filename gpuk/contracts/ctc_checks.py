@@ -4,6 +4,7 @@ raise the same errors, with the same messages, before any work."""
 import numpy as np
 
 from gpuk.contracts import softmax_xent_checks
+from gpuk.contracts.dtypes import FLOAT_DTYPES_NO_BFLOAT16
 
 
 def int_array(fn, name, value, ndim):
@@ -100,6 +101,34 @@ def loss_values_flag(xp, labels, input_lengths, label_lengths, steps, classes, b
     # int_array rejects a non-integral float anywhere in labels, padding included
     out_of_range = (labels < 0) | (labels >= classes) | (labels == blank)
     return bad | xp.any(not_integral(xp, labels)) | xp.any(used & out_of_range)
+
+
+def lengths_to_first_blank(xp, labels, label_lengths, classes):
+    """Each label length cut at the first label >= classes - 1 (the blank or beyond), which
+    ends that sample's label sequence as in TensorFlow (Keras's ctc_batch_cost, gpuk/ops/ctc.py):
+    Keras's OCR example (image_ocr.py) labels its blank images with the blank, length 1, and
+    trains on them."""
+    if classes is None or labels.ndim != 2 or labels.shape[0] != label_lengths.shape[0]:
+        return label_lengths  # the caller's label check reports the shape error
+    if labels.shape[1] == 0:
+        return label_lengths.astype(np.int64)   # no label to cut at (argmax refuses an empty axis)
+    used = xp.arange(labels.shape[1])[None, :] < label_lengths[:, None]
+    ends = used & (labels >= classes - 1)
+    return xp.where(xp.any(ends, axis=1), xp.argmax(ends, axis=1), label_lengths).astype(np.int64)
+
+
+def check_value_arrays(fn, labels, input_lengths, label_lengths):
+    """ctc_check_loss_values's arrays: labels (N, L) and two lengths vectors (N,), each of an
+    integer or float16/32/64 dtype (the element types ctc_check.cu reads)."""
+    if labels.ndim != 2:
+        raise ValueError('%s: labels must have rank 2 (batch, max_label_length), got shape %s' % (fn, labels.shape))
+    for name, lengths in (('input_lengths', input_lengths), ('label_lengths', label_lengths)):
+        if lengths.shape != labels.shape[:1]:
+            raise ValueError('%s: %s must have shape (%d,) (the batch size), got %s'
+                             % (fn, name, labels.shape[0], lengths.shape))
+    for name, array in (('labels', labels), ('input_lengths', input_lengths), ('label_lengths', label_lengths)):
+        if array.dtype.kind not in 'iu' and array.dtype not in FLOAT_DTYPES_NO_BFLOAT16:
+            raise TypeError('%s: %s must be an integer or float16/32/64 array, got dtype %s' % (fn, name, array.dtype))
 
 
 def check_decode_inputs(fn, log_probs, input_lengths, blank):

@@ -21,7 +21,7 @@ from gpuk.contracts import ctc_checks as checks
 from gpuk.cpu_fallback.softmax_xent import log_sum_exp
 
 __all__ = [
-    'ctc_loss_fwd', 'ctc_loss_bwd', 'ctc_greedy_decode', 'ctc_beam_search_decode',
+    'ctc_check_loss_values', 'ctc_loss_fwd', 'ctc_loss_bwd', 'ctc_greedy_decode', 'ctc_beam_search_decode',
     'ctc_interleave_blanks', 'ctc_create_skip_idxs', 'ctc_update_log_p',
     'ctc_path_probs', 'ctc_cost',
 ]
@@ -228,6 +228,41 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_
     inside = (np.arange(steps)[None, :] < input_lengths[:, None]) & possible[:, None]
     grad = np.where(inside[:, :, None], grad, 0)
     return grad.astype(logits.dtype, copy=False)
+
+
+# ---------------------------------------------------------------- the loss inputs' values (Keras)
+
+def _clamped_lengths(lengths, upper):
+    """Lengths clamped to [0, upper] and truncated, NaN as 0: what ctc_check.cu writes (it reads
+    every value as a double)."""
+    return np.nan_to_num(np.clip(np.asarray(lengths, dtype=np.float64), 0, upper)).astype(np.int64)
+
+
+def ctc_check_loss_values(labels, input_lengths, label_lengths, steps, classes):
+    """The values of a CTC loss's labels (N, L) and lengths (N,), as Keras's ctc_batch_cost
+    takes them (the blank is class ``classes - 1`` and ends a label; any integer or float dtype),
+    checked and converted for the loss: the reference of ctc_check.cu's ctc_check_inputs.
+
+    # Returns
+        (labels, input_lengths, label_lengths, bad): int64 arrays, the label lengths clamped to
+        [0, L] and cut at their first label >= classes - 1, the input lengths clamped to
+        [0, steps] (NaN: 0), each label within its cut length kept when it is whole and >= 0 and
+        -1 elsewhere; ``bad`` (0-d bool) is True when a length is not whole or out of its bounds
+        or a label within its cut length is not whole or negative (gpuk/ops/ctc.py's
+        check_loss_inputs then raises the error).
+    """
+    labels, input_lengths, label_lengths = (np.asarray(a) for a in (labels, input_lengths, label_lengths))
+    checks.check_value_arrays('ctc_check_loss_values', labels, input_lengths, label_lengths)
+    width = labels.shape[1]
+    cut = checks.lengths_to_first_blank(np, labels, _clamped_lengths(label_lengths, width), classes)
+    within = np.arange(width) < cut[:, None]
+    bad_labels = within & (checks.not_integral(np, labels) | (labels < 0))
+    bad = (np.any(checks.bad_lengths(np, input_lengths, steps)) | np.any(checks.bad_lengths(np, label_lengths, width))
+           | np.any(bad_labels))
+    kept = within & ~bad_labels
+    checked = np.full(labels.shape, -1, dtype=np.int64)
+    checked[kept] = labels[kept]
+    return checked, _clamped_lengths(input_lengths, steps), cut, np.asarray(bad)
 
 
 # ---------------------------------------------------------------- decoders

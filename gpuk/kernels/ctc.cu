@@ -3,7 +3,8 @@
 //
 // Layout: logits (N, T, A) batch-major; labels (N, Lmax) int64 (entries past a sample's
 // label length are ignored); input_lengths, label_lengths (N,) int64. Their values are
-// checked on the device by the launcher and a bad one raised later (runtime/deferred.py);
+// checked on the device by the launcher (or, for Keras's ctc_batch_cost, by ctc_check.cu,
+// which also converts them) and a bad one raised later (runtime/deferred.py);
 // meanwhile the kernels clamp lengths and read a label outside [0, A) as the blank, so
 // nothing indexes out of bounds. The extended label of a sample is blank, l1, blank, l2,
 // ..., blank: S = 2 Lmax + 1 states, of which the first 2 L_n + 1 are valid. The (N, T, S)

@@ -12,7 +12,9 @@ log-sum-exp (a forward output, read again by the backward) and gathers the state
 emissions in parallel; ctc_alpha and ctc_beta_occupation run one block per sample with
 threads across the 2 Lmax + 1 label states, the previous step in shared memory, one
 barrier per step; ctc_grad (a warp per frame) writes the gradient.
-ctc_greedy_decode and ctc_beam_search run one block per sample. See the .cu files.
+ctc_greedy_decode and ctc_beam_search run one block per sample. ctc_check_loss_values
+(ctc_check.cu, one block) checks and converts the labels and lengths of Keras's
+ctc_batch_cost in one launch: the graph op's value check. See the .cu files.
 
 On the CUDA runtime the loss and its gradient run the 'ctc' family's choice
 (``GPUK_KERNELS=ctc=gpuk|cudnn|auto``): these kernels or cudnnCTCLoss
@@ -39,6 +41,7 @@ __all__ = list(twin.__all__)
 
 LOSS_SOURCE = Path(__file__).with_name('ctc.cu')
 DECODE_SOURCE = Path(__file__).with_name('ctc_decode.cu')
+CHECK_SOURCE = Path(__file__).with_name('ctc_check.cu')
 # Tile constants: #defines of the .cu files and the grids below (one place).
 CTC_THREADS = 256            # a block per sample; threads stride over label states / classes
 CTC_SHARED_STATES = 2049     # extended labels up to this many states keep alpha / beta in shared memory
@@ -48,6 +51,12 @@ BEAM_PITCH_ELEMENTS = 8      # beam search: per-sample scratch arrays padded to 
 MAX_FRAME_BLOCKS = 65535     # ctc_emissions, ctc_grad: a warp per frame, grid-stride beyond this
 CTC_STAGE_BYTES = 48 * 1024  # ctc_emissions / ctc_grad stage a row per warp in shared memory up to this
 SECTOR_BYTES = 32            # state rows (log_alpha, the backward's work) start on a sector
+CTC_CHECK_THREADS = 256      # ctc_check_inputs: one block, a warp per sample, then threads over the labels
+# ctc_check.cu's CheckType codes: the element type of each raw labels / lengths array
+CHECK_TYPE_CODES = {np.dtype(t): np.int32(code) for code, t in enumerate(
+    (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.float16, np.float32,
+     np.float64))}
+CHECK_DEFINES = {'CTC_CHECK_THREADS': CTC_CHECK_THREADS}
 
 
 def loss_defines(dtype):
@@ -71,6 +80,7 @@ for _dtype in FLOAT_DTYPES_NO_BFLOAT16:
     register_build(LOSS_SOURCE, loss_defines(_dtype), ['ctc_emissions', 'ctc_alpha', 'ctc_label_map',
                                                         'ctc_beta_occupation', 'ctc_grad'])
     register_build(DECODE_SOURCE, decode_defines(_dtype), ['ctc_greedy_decode', 'ctc_beam_search'])
+register_build(CHECK_SOURCE, CHECK_DEFINES, ['ctc_check_inputs'])
 
 
 # ---------------------------------------------------------------- checks (before any launch)
@@ -139,6 +149,32 @@ def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, b
     as_int64 = lambda v: rt.xp.ascontiguousarray(v.astype(np.int64, copy=False))   # noqa: E731
     return (rt.xp.ascontiguousarray(logits), as_int64(labels), as_int64(input_lengths), as_int64(label_lengths),
             blank, launches)
+
+
+# ---------------------------------------------------------------- the loss inputs' values (Keras)
+
+def ctc_check_loss_values(labels, input_lengths, label_lengths, steps, classes, *, runtime=None):
+    """The twin's ctc_check_loss_values in one launch (ctc_check.cu's ctc_check_inputs), no host
+    sync: the int64 labels and lengths and the flag are views of one new int64 buffer (the flag
+    its last element, so each call's flag lives as long as the pending check that holds it)."""
+    fn, rt = 'ctc_check_loss_values', resolve(runtime)
+    raw = [rt.xp.ascontiguousarray(_small_ints(rt, v)) for v in (labels, input_lengths, label_lengths)]
+
+    def prepare():   # the checks, type codes and scalar arguments: per signature (steps, classes in it)
+        ctc_checks.check_value_arrays(fn, *raw)
+        batch, width = raw[0].shape
+        return (prepared.Launches(rt, CHECK_SOURCE, CHECK_DEFINES), [CHECK_TYPE_CODES[a.dtype] for a in raw],
+                batch, width, (np.int64(batch), np.int64(width), np.int64(steps), np.int64(classes)))
+
+    launches, codes, batch, width, sizes = prepared.get(rt, fn, raw, (steps, classes), prepare)
+    count = batch * width
+    packed = rt.xp.empty(count + 2 * batch + 1, dtype=np.int64)
+    labels_out = packed[:count].reshape(batch, width)
+    input_lengths_out, label_lengths_out, bad = packed[count:count + batch], packed[count + batch:-1], packed[-1:]
+    launches('ctc_check_inputs', 1, CTC_CHECK_THREADS,
+             (raw[0], codes[0], raw[1], codes[1], raw[2], codes[2], labels_out, input_lengths_out, label_lengths_out,
+              bad) + sizes)
+    return labels_out, input_lengths_out, label_lengths_out, bad.reshape(())
 
 
 # ---------------------------------------------------------------- loss

@@ -81,20 +81,9 @@ def check_loss_inputs(xp, where, logits_shape, labels, input_lengths, label_leng
         label_lengths = lengths_vector(xp, where, 'label_length', label_lengths, batch, width,
                                        'the width of y_true')
         if labels is not None:
-            label_lengths = lengths_to_first_blank(xp, labels, label_lengths, classes)
+            label_lengths = ctc_checks.lengths_to_first_blank(xp, labels, label_lengths, classes)
             labels = label_matrix(xp, where, 'y_true', labels, batch, classes, label_lengths)
     return labels, input_lengths, label_lengths
-
-
-def lengths_to_first_blank(xp, labels, label_lengths, classes):
-    """Each label length cut at the first label >= classes - 1 (the blank or beyond), which
-    ends that sample's label sequence as in TensorFlow: Keras's OCR example (image_ocr.py)
-    labels its blank images with the blank, length 1, and trains on them."""
-    if classes is None or labels.ndim != 2 or labels.shape[0] != label_lengths.shape[0]:
-        return label_lengths  # label_matrix reports the shape error
-    used = xp.arange(labels.shape[1])[None, :] < label_lengths[:, None]
-    ends = used & (labels >= classes - 1)
-    return xp.where(xp.any(ends, axis=1), xp.argmax(ends, axis=1), label_lengths).astype(np.int64)
 
 
 def _stand_in(value):
@@ -111,9 +100,11 @@ _LAST_RUN_CHECKED = [None]   # (run stamp, impl, where, logits shape, the raw ar
 
 def loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths, label_lengths):
     """``check_loss_inputs`` without a host sync: shapes and dtypes now (once per signature, or
-    on every call under GPUK_CHECK_LAUNCHES=1), the values by a device-side flag that
-    ``impl.check_later`` reads with the others before the call's results are used; the same
-    messages. Labels past each length become -1, as label_matrix gives. The loss's backward
+    on every call under GPUK_CHECK_LAUNCHES=1), the values by a flag that ``impl.check_later``
+    reads with the others before the call's results are used, the same messages (a set flag runs
+    check_loss_inputs on host copies). ``impl.ctc.ctc_check_loss_values`` computes the flag and
+    the int64 labels and lengths together: one kernel launch on 'cuda' and 'emulate' (ctc_check.cu),
+    NumPy on 'cpu'. Labels past each length become -1, as label_matrix gives. The loss's backward
     step, in the same plan run on the same arrays, gets the forward's result (its check is
     pending already): prepared.run_stamp."""
     stamp = prepared.run_stamp()
@@ -129,7 +120,6 @@ def loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths, 
 
 
 def _loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths, label_lengths):
-    xp = impl.xp
     signature = (where, tuple(logits_shape), labels.shape, labels.dtype, input_lengths.shape, input_lengths.dtype,
                  label_lengths.shape, label_lengths.dtype)
     if signature not in _SHAPES_CHECKED or check_launches_forced():
@@ -139,17 +129,10 @@ def _loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths,
             _SHAPES_CHECKED.clear()
         _SHAPES_CHECKED.add(signature)
     _, steps, classes = logits_shape
-    input_lengths, label_lengths = input_lengths.reshape(-1), label_lengths.reshape(-1)
-    raw = (labels, input_lengths, label_lengths)
-    bad_lengths = (xp.any(ctc_checks.bad_lengths(xp, input_lengths, steps))
-                   | xp.any(ctc_checks.bad_lengths(xp, label_lengths, labels.shape[1])))
-    label_lengths = lengths_to_first_blank(xp, labels, label_lengths, classes)
-    used = xp.arange(labels.shape[1])[None, :] < label_lengths[:, None]
-    not_integral = ctc_checks.not_integral(xp, labels)
-    bad = bad_lengths | xp.any(used & (not_integral | (labels < 0)))
+    raw = (labels, input_lengths.reshape(-1), label_lengths.reshape(-1))
+    labels, input_lengths, label_lengths, bad = impl.ctc.ctc_check_loss_values(*raw, steps, classes)
     impl.check_later(bad, lambda: check_loss_inputs(np, where, logits_shape, *map(to_host, raw)))
-    labels = xp.where(used, xp.where(used & ~not_integral, labels, 0).astype(np.int64), -1)
-    return labels, input_lengths.astype(np.int64), label_lengths.astype(np.int64)
+    return labels, input_lengths, label_lengths
 
 
 def _values_checked(impl):

@@ -13,8 +13,8 @@ emulator and counted as 0.
 
 Bench mode (``dry_launch_bytes``): a launch whose array arguments total more than that many
 bytes is checked (dims, shared memory, arguments) but not run, so the benchmarks' big
-shapes exercise their Python without hours of emulation; its outputs keep whatever the
-arrays held. The test rehearsal never sets it.
+shapes exercise their Python without hours of emulation; the arrays it may write are zeroed
+instead (`_zero_outputs`). The test rehearsal never sets it.
 """
 import sys
 
@@ -51,9 +51,19 @@ class EmulatedRawKernel:
         if limit is not None and sum(getattr(a, 'nbytes', 0) for a in args if hasattr(a, 'shape')) > limit:
             runtime.launch_dims(self._kernel.name, grid, block)
             runtime.check_args(self._kernel.signature, args, cupy.ndarray)
+            _zero_outputs(self._kernel.signature, args)
             return
         # a capturing stream records the launch for its graph's replay instead of running it
         standin_cupy.run_or_record(self._kernel.launch, grid, block, args, shared_mem=shared_mem)
+
+
+def _zero_outputs(signature, args):
+    """A dry launch's outputs read as zeros rather than whatever the memory held: a flag a
+    kernel computes (ctc_check_inputs' deferred value check, gpuk/kernels/runtime/deferred.py)
+    then says "no error", and the step reads it as it would after a real launch."""
+    for param, array in zip(signature.params, args):
+        if param.is_pointer and not param.is_const:
+            array.fill(0)
 
 
 class EmulatedRawModule:

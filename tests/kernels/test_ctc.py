@@ -373,3 +373,110 @@ def test_cudnn_ctc_matches_gpuk():
     np.testing.assert_allclose(to_host(grad), grad_t, atol=1e-4)
     with pytest.raises(dispatch.Unsupported):
         cudnn_ctc.cudnn_ctc_loss(cupy.asarray(x.astype(np.float64)), labels, input_lengths, label_lengths)
+
+
+# ctc_check_loss_values: Keras's labels and lengths checked and converted in one launch
+
+CHECK_STEPS, CHECK_CLASSES = 50, 29   # the blank is 28: a label >= 28 ends the label
+
+
+def _keras_labels(rng, batch, width, dtype):
+    """Labels in [0, 27] with garbage past each length (what Keras pads with is unchecked) and
+    first-blank cuts (28, or a class past it) inside two lengths."""
+    labels = rng.integers(0, CHECK_CLASSES - 1, (batch, width)).astype(np.float64)
+    label_lengths = rng.integers(0, width + 1, batch)
+    label_lengths[:6] = (width, 0, 1, 33, 20, width)
+    for n in range(batch):
+        labels[n, label_lengths[n]:] = rng.choice([-3.0, 99.0, 0.5, np.nan])
+    labels[4, 7] = CHECK_CLASSES - 1   # the blank ends sample 4's label
+    labels[5, 40] = CHECK_CLASSES + 60   # a class past the blank ends sample 5's
+    if np.dtype(dtype).kind in 'iu':   # integer garbage: no NaN or fractions, no negatives unsigned
+        labels = np.where(np.isnan(labels) | (labels == 0.5), 7, labels)
+        labels = np.where(labels < 0, 0, labels) if np.dtype(dtype).kind == 'u' else labels
+    return labels.astype(dtype), label_lengths
+
+
+def _check_matches_twin(rt, labels, input_lengths, label_lengths):
+    """Kernel and twin agree on every output, the flag included; returns the flag."""
+    got = ctc.ctc_check_loss_values(*[to_device(rt, a) for a in (labels, input_lengths, label_lengths)],
+                                    CHECK_STEPS, CHECK_CLASSES, runtime=rt)
+    expected = twin.ctc_check_loss_values(labels, input_lengths, label_lengths, CHECK_STEPS, CHECK_CLASSES)
+    for name, g, e in zip(('labels', 'input_lengths', 'label_lengths', 'bad'), got, expected):
+        g = to_host(g)
+        assert g.shape == e.shape, name
+        np.testing.assert_array_equal(g.astype(e.dtype), e, err_msg=name)
+    return bool(expected[3])
+
+
+@pytest.mark.parametrize('labels_dtype', [np.int64, np.int32, np.uint8, np.float16, np.float32, np.float64])
+@pytest.mark.parametrize('lengths_dtype', [np.int64, np.int32, np.float32])
+def test_check_loss_values_matches_twin(kernel_runtime, labels_dtype, lengths_dtype):
+    """Good values in the dtypes Keras may feed, odd sizes: batch 37 (warps stride over the
+    samples), width 45 (two ballot chunks per row; 1,665 labels over 256 threads); no flag."""
+    rng = np.random.default_rng(11)
+    labels, label_lengths = _keras_labels(rng, 37, 45, labels_dtype)
+    input_lengths = rng.integers(0, CHECK_STEPS + 1, 37)
+    assert not _check_matches_twin(kernel_runtime, labels, input_lengths.astype(lengths_dtype),
+                                   label_lengths.astype(lengths_dtype))
+
+
+def _with(array, at, value):
+    changed = array.copy()
+    changed[at] = value
+    return changed
+
+
+def _bad_value_cases():
+    """(what, labels, input_lengths, label_lengths, flagged): each kind of bad value, and values
+    that look bad but are not checked (past the length, past the first-blank cut)."""
+    labels = np.arange(1.0, 13.0).reshape(3, 4)
+    ok_in, ok_lab = np.array([50., 9., 0.]), np.array([4., 2., 0.])
+    return [
+        ('input length > steps', labels, _with(ok_in, 1, 51), ok_lab, True),
+        ('negative input length', labels, _with(ok_in, 2, -1), ok_lab, True),
+        ('fractional input length', labels, _with(ok_in, 0, 4.5), ok_lab, True),
+        ('NaN input length', labels, _with(ok_in, 0, np.nan), ok_lab, True),
+        ('label length > width', labels, ok_in, _with(ok_lab, 1, 5), True),
+        ('negative label length', labels, ok_in, _with(ok_lab, 2, -2), True),
+        ('fractional label length', labels, ok_in, _with(ok_lab, 1, 1.5), True),
+        ('inf label length', labels, ok_in, _with(ok_lab, 1, np.inf), True),
+        ('negative label', _with(labels, (1, 1), -1), ok_in, ok_lab, True),
+        ('fractional label', _with(labels, (1, 1), 2.5), ok_in, ok_lab, True),
+        ('NaN label', _with(labels, (1, 1), np.nan), ok_in, ok_lab, True),
+        ('-inf label', _with(labels, (0, 3), -np.inf), ok_in, ok_lab, True),
+        ('bad label past the length', _with(labels, (1, 3), -1), ok_in, ok_lab, False),
+        ('bad label past the first blank', _with(_with(labels, (1, 0), 28), (1, 1), 0.5), ok_in, ok_lab, False),
+        ('+inf ends a label', _with(labels, (0, 2), np.inf), ok_in, ok_lab, False),
+    ]
+
+
+@pytest.mark.parametrize('case', _bad_value_cases(), ids=lambda case: case[0])
+def test_check_loss_values_flags_each_bad_value(kernel_runtime, case):
+    what, labels, input_lengths, label_lengths, flagged = case
+    for dtype in (np.float64, np.float32):
+        assert _check_matches_twin(kernel_runtime, labels.astype(dtype), input_lengths.astype(dtype),
+                                   label_lengths.astype(dtype)) == flagged, what
+
+
+def test_check_loss_values_integer_extremes(kernel_runtime):
+    """Integers past 2^53 (the kernel reads doubles): a huge unsigned label ends a label; the
+    most negative int64 label and length are flagged."""
+    huge = np.array([[3, 2**63 + 5, 1]], np.uint64)
+    assert not _check_matches_twin(kernel_runtime, huge, np.array([5], np.uint64), np.array([3], np.uint64))
+    low = np.iinfo(np.int64).min
+    assert _check_matches_twin(kernel_runtime, np.array([[3, low, 1]]), np.array([5]), np.array([3]))
+    assert _check_matches_twin(kernel_runtime, np.array([[3, 2, 1]]), np.array([low]), np.array([3]))
+
+
+@pytest.mark.parametrize('shape', [(0, 4), (3, 0), (0, 0)])
+def test_check_loss_values_empty(kernel_runtime, shape):
+    labels = np.zeros(shape, np.float32)
+    assert not _check_matches_twin(kernel_runtime, labels, np.full(shape[0], 3), np.zeros(shape[0], np.int64))
+
+
+def test_check_loss_values_shapes_and_dtypes_raise_the_twins_errors(monkeypatch):
+    monkeypatch.setattr(runtime, 'get_runtime', lambda kind: _NoLaunch())
+    labels, lengths = np.zeros((2, 3)), np.array([1, 1])
+    for args in ((labels[0], lengths, lengths), (labels, lengths[:1], lengths), (labels, lengths, lengths[:, None]),
+                 (labels.astype(bool), lengths, lengths), (labels, lengths.astype(ml_dtypes.bfloat16), lengths)):
+        _same_error(ctc.ctc_check_loss_values, twin.ctc_check_loss_values, args + (5, 4))

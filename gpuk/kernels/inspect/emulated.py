@@ -309,6 +309,10 @@ def _ctc(rt):
     loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(*args, runtime=rt)
     yield f'loss bwd {config}', lambda: ctc.ctc_loss_bwd(*args, log_alpha, frame_lse, loss,
                                                          _dev(np.ones_like(loss)), runtime=rt)
+    # the graph op's value check (ctc_check.cu), on the float labels Keras feeds
+    keras_labels = _dev(_rng().integers(0, classes - 1, (batch, width)).astype(np.float32))
+    yield f'check labels {config}', lambda: ctc.ctc_check_loss_values(keras_labels, args[2], args[3], steps,
+                                                                      classes, runtime=rt)
     log_probs = _dev(logits - np.log(np.exp(logits).sum(-1, keepdims=True)))
     short = _dev(log_probs[:, :16])
     yield f'beam 10 {config.replace(f"{steps} steps", "16 steps")}', lambda: ctc.ctc_beam_search_decode(

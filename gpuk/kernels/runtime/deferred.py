@@ -2,9 +2,10 @@
 
 A check of *values* (labels in range, lengths within the time steps) needs the data; on a GPU,
 reading it at the call is a device-to-host copy that stalls the stream, two or three of them
-per CTC or sparse cross-entropy call. Instead the launcher (or op) computes a 0-d boolean
-*flag* on the device ("some value is bad": a few small reductions, queued like any kernel)
-and registers it here with a *recheck*: a callable that runs the eager check on host copies
+per CTC or sparse cross-entropy call. Instead the launcher (or op) computes a 0-d *flag* on
+the device ("some value is bad": a few small reductions, queued like any kernel, or one
+kernel's output: the CTC loss's ctc_check.cu writes a nonzero int64) and registers it here
+with a *recheck*: a callable that runs the eager check on host copies
 and raises its ValueError. The flags are read later, all in one copy, where the results are
 read anyway: `raise_pending()`, which K.function calls where it copies the step's outputs to
 the host (after the plan ran: no sync inside the step) and before it commits any variable
@@ -48,8 +49,8 @@ def eager():
 
 
 def defer(rt, flag, recheck):
-    """Registers `flag` (a 0-d or 1-element boolean array of rt.xp, True when some value is
-    bad) with `recheck` (raises the eager check's error on host copies).
+    """Registers `flag` (a 0-d or 1-element boolean or integer array of rt.xp, true / nonzero
+    when some value is bad) with `recheck` (raises the eager check's error on host copies).
 
     Under GPUK_SYNC_LAUNCHES=1 the flag is read now and recheck runs at once when it is set."""
     if eager():
