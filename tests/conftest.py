@@ -107,6 +107,14 @@ def _fresh_session():
 
 
 @pytest.fixture
+def deferred_checks(monkeypatch):
+    """Checks of device values deferred to the read after the step, as gpuk runs them by default:
+    the tests of that mechanism (what is pending, how many host syncs) hold in a debugging run
+    under GPUK_SYNC_LAUNCHES=1 too, where every other test reads each check at its call."""
+    monkeypatch.delenv('GPUK_SYNC_LAUNCHES', raising=False)
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(int(os.environ.get('GPUK_TEST_SEED', '1234')))
 

@@ -102,6 +102,7 @@ def test_impossible_alignment_is_inf_with_zero_gradient(on_device, rng):
     np.testing.assert_array_equal(grad, 0)
 
 
+@pytest.mark.usefixtures('deferred_checks')
 def test_ctc_errors(on_device):
     y_pred = K.placeholder((2, 4, A))
     good = dict(y_true=K.constant([[0, 1], [1, 0]]), y_pred=y_pred,
@@ -239,6 +240,7 @@ def test_beam_decode_against_twin_and_hand_case(on_device, rng):
         K.function([yp], K.ctc_decode(yp, K.constant([7, 1, 1]))[0])
 
 
+@pytest.mark.usefixtures('deferred_checks')
 def test_decode_lengths_checked_on_device(on_device):
     """Run-time input lengths of both decoders are checked on the device (no host sync per
     op) with the eager check's messages; a good call reads the pending flags once."""

@@ -6,6 +6,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -345,13 +347,13 @@ def test_every_launcher_family_prepares_a_problem_once_and_checks_every_call_on_
     ''')
 
 
+@pytest.mark.usefixtures('deferred_checks')
 def test_checks_a_graph_collects_gate_its_updates_and_are_read_after_each_replay():
     """runtime/deferred.py as cuda_graph.py uses it: a capture's checks stay out of the pending
     ones, any_failed gives the device flag its update copies are masked with, and add_combined makes
     them pending again after a replay as one check on their union, to raise the op's own error
     where the outputs are read."""
     import numpy as np
-    import pytest
     from gpuk.kernels.runtime import deferred, get_runtime
     rt = get_runtime('emulate')
 

@@ -174,6 +174,7 @@ def test_sparse_categorical_errors(on_device):
         K.categorical_crossentropy(K.placeholder((2, 4)), out)
 
 
+@pytest.mark.usefixtures('deferred_checks')
 def test_bad_label_in_a_training_step_changes_no_variable_and_syncs_once(on_device):
     """The label range is checked on the device (gpuk/kernels/runtime/deferred.py): the call
     raises the eager check's message and applies no update; a good call copies no flag to the

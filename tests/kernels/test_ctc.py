@@ -282,6 +282,7 @@ def test_bad_values_raise_the_twins_errors_from_the_device_check():
     _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, np.array([-1, 1]), 2))
 
 
+@pytest.mark.usefixtures('deferred_checks')
 def test_no_host_syncs_per_call(emulator):
     """Loss, gradient and decoders never copy to the host at the call (runtime.to_host counts
     what would be a device-to-host copy on a GPU); one read of the pending flags follows."""

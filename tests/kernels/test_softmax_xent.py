@@ -213,6 +213,7 @@ def test_empty_rows_and_16_bit_results(kernel_runtime, dtype):
     assert loss.shape == (0,) and loss.dtype == dtype and lse.dtype == np.float32
 
 
+@pytest.mark.usefixtures('deferred_checks')
 def test_sparse_labels_are_checked_without_a_host_sync(emulator):
     """The label range is checked on the device: no copy to the host at the call, the twin's
     error raised where the results are read, and the bad label never used as an index."""
