@@ -194,6 +194,7 @@ def test_measure_reports_every_key_for_a_family():
         measure(['nope'])
 
 
+@pytest.mark.usefixtures('deferred_checks')
 def test_host_syncs_are_counted_per_launcher_call():
     from gpuk.kernels import softmax_xent
     rt = get_runtime('emulate')
