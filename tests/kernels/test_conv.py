@@ -257,6 +257,24 @@ def test_fwd_only_tiles(kernel_runtime, channels):
         assert_close(out, ref, np.float32, 'conv_fwd with tile %s' % tile.name)
 
 
+def test_tf32_filter_rounding_launches_without_the_tiles_shared_memory(emulator):
+    """conv_round_tf32 lives in the tile's module but uses no shared memory: it is launched with
+    none, not with the conv kernel's dynamic stage ring (68 KB for tf32 128x128x32, which would
+    hold it to 3 blocks of 256 threads per SM and needs the 48 KB opt-in on a GPU)."""
+    from gpuk.kernels.runtime import emulated_runtime
+    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0)), 8, 24)
+    _, kernel, strides, dilation, pads, _, _ = case
+    x, w, _ = _conv_arrays(case, np.float32, 'channels_last', seed=3, batch=1)
+    (tile,) = conv_tiles.FWD_ONLY['tf32']
+    with _precision('tf32'), conv_tiles.forced(tile=tile.name), conv_wgmma.forced(False), \
+            emulated_runtime.counting() as launches:
+        conv.conv_fwd(to_device(emulator, x), to_device(emulator, w), strides, dilation, pads, 'channels_last',
+                      runtime=emulator)
+    shared = {record['kernel']: record['shared_mem'] for record in launches}
+    assert shared == {'conv_round_tf32': 0, 'conv_igemm_fwd': conv_tiles.dynamic_smem(tile, np.float32)}, shared
+    assert shared['conv_igemm_fwd'] > 0
+
+
 def _tf32_ties(a):
     """a with every element made a tf32 tie (the 13 dropped bits exactly half a tf32 unit)."""
     bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
