@@ -455,6 +455,20 @@ def test_depthwise_channels_first_wgrad_tiles_coalesce_without_bank_conflicts(em
         assert record['coalescing'] == 1.0 and record['bank_conflicts_per_request'] == 0.0, (kernel, record)
 
 
+def test_depthwise_channels_first_wgrad_sizes_the_transposed_pitch_only_where_it_may_run(kernel_runtime):
+    """channels_first wgrad's tiles take the transposing loader's pitch (36 words, not 33) only
+    where its sources are planes of whole 16-byte vectors (direct.wgrad_transposable): 102-pixel
+    planes keep the word loader, so a 1 x 8 output tile at stride 48 (339 input columns) still
+    fits 48 KB, as it did before that loader; the launcher sized it for 36 and refused it."""
+    case = ((2, 51), (1, 3), (1, 48), (1, 1), ((0, 0), (0, 0)), 3, 1)
+    _, _, strides, dilation, pads, _, _ = case
+    x, w, dy = _depthwise_arrays(case, np.float32, 'channels_first', seed=6)
+    assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
+                        (x, dy, w.shape, strides, dilation, pads, 'channels_first'), kernel_runtime)
+    assert not conv_direct.wgrad_transposable(np.float32, 3, 1, 2 * 51, 2 * 2)
+    assert conv_direct.wgrad_transposable(np.float32, 4, 1, 2 * 52, 2 * 2)
+
+
 def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):
     """Pixel-tile splits with the deterministic second pass; filters whose input tile does not
     fit shared memory at once (loaded in chunks of kernel rows) or need many tap groups."""
