@@ -165,6 +165,22 @@ def test_tf32_wgrad_steady_state_and_k_tail(kernel_runtime, tile, splits):
     assert_close(out, ref, np.float32, 'tf32 conv_wgrad with tile %s, %d splits' % (tile, splits))
 
 
+@pytest.mark.parametrize('tile', ['128x128x16', '64x64x32'])
+def test_tf32_wgrad_steady_state_on_the_three_compare_path(kernel_runtime, tile):
+    """An image wider than WgradPack's 13-bit w field (4201 pixels) takes the three-compare bounds
+    test: there the tf32 64x64 wgrad runs the untested groups too (FULL copies of the row tests'
+    path), and the 128x128 one keeps the tested loop; 132 K tiles of 32 (263 of 16), the last partial."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 1, 4201, 8)).astype(np.float32)
+    dy = rng.standard_normal((1, 1, 4201, 8)).astype(np.float32)
+    args = ((1, 3, 8, 8), (1, 1), (1, 1), ((0, 0), (1, 1)), 'channels_last')
+    ref = twin.conv_wgrad(round_tf32(x).astype(np.float64), round_tf32(dy).astype(np.float64), *args)
+    with _precision('tf32'), conv_tiles.forced(tile=tile, splits=1), conv_wgmma.forced(False):
+        out = conv.conv_wgrad(to_device(kernel_runtime, x), to_device(kernel_runtime, dy), *args,
+                              runtime=kernel_runtime)
+    assert_close(out, ref, np.float32, 'tf32 conv_wgrad with tile %s, 4201-pixel rows' % tile)
+
+
 def test_16bit_wgrad_window_origins_past_2_32_pixels(kernel_runtime):
     """16-bit wgrad's 16-byte loader computes a row's window origin as a pixel index mod 2**32
     (conv_igemm.cu PixLinear): where padding puts an origin past 2**32 pixels (here d padded by
