@@ -3,6 +3,7 @@
 Shapes are tiny (the emulator runs each thread as a fiber) but odd, so every tile has tails.
 """
 import contextlib
+import math
 import functools
 
 import ml_dtypes
@@ -483,6 +484,32 @@ def test_depthwise_channels_first_wgrad_sizes_the_transposed_pitch_only_where_it
                         (x, dy, w.shape, strides, dilation, pads, 'channels_first'), kernel_runtime)
     assert not conv_direct.wgrad_transposable(np.float32, 3, 1, 2 * 51, 2 * 2)
     assert conv_direct.wgrad_transposable(np.float32, 4, 1, 2 * 52, 2 * 2)
+
+
+# channels_first wgrad on planes of whole vectors (the transposing loader) where padding is wider than the
+# dilated filter, with strides, dilation, a depth multiplier, batch 1 and partial lane groups
+DEPTHWISE_TRANSPOSED_CASES = [
+    ((8, 16), (3, 3), (2, 2), (2, 3), ((4, 3), (5, 8)), 8, 2, 1),
+    ((4, 32), (2, 5), (1, 3), (3, 1), ((6, 6), (7, 11)), 8, 3, 2),
+    ((8, 24), (3, 3), (2, 2), (1, 1), ((5, 6), (9, 16)), 34, 1, 1),
+]
+
+
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize('case', DEPTHWISE_TRANSPOSED_CASES, ids=_ids(DEPTHWISE_TRANSPOSED_CASES))
+def test_depthwise_channels_first_wgrad_transposed_tiles_with_wide_padding(kernel_runtime, case, dtype):
+    *geometry_case, batch = case
+    spatial, kernel, strides, dilation, pads, c_in, mult = geometry_case
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((batch, c_in, *spatial)).astype(dtype)
+    w = rng.standard_normal((*kernel, c_in, mult)).astype(dtype)
+    dy_shape = twin.depthwise_conv_fwd(x, w, strides, dilation, pads, 'channels_first').shape
+    dy = rng.standard_normal(dy_shape).astype(dtype)
+    assert conv_direct.wgrad_transposable(dtype, c_in, mult, math.prod(spatial), math.prod(dy_shape[2:]))
+    for splits in (None, 3):
+        with conv_tiles.forced(splits=splits):
+            assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
+                                (x, dy, w.shape, strides, dilation, pads, 'channels_first'), kernel_runtime)
 
 
 def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):
