@@ -3,6 +3,7 @@
 Shapes are tiny (the emulator runs each thread as a fiber) but odd, so every tile has tails.
 """
 import contextlib
+import math
 import functools
 
 import ml_dtypes
@@ -165,6 +166,22 @@ def test_tf32_wgrad_steady_state_and_k_tail(kernel_runtime, tile, splits):
     assert_close(out, ref, np.float32, 'tf32 conv_wgrad with tile %s, %d splits' % (tile, splits))
 
 
+@pytest.mark.parametrize('tile', ['128x128x16', '64x64x32'])
+def test_tf32_wgrad_steady_state_on_the_three_compare_path(kernel_runtime, tile):
+    """An image wider than WgradPack's 13-bit w field (4201 pixels) takes the three-compare bounds
+    test: there the tf32 64x64 wgrad runs the untested groups too (FULL copies of the row tests'
+    path), and the 128x128 one keeps the tested loop; 132 K tiles of 32 (263 of 16), the last partial."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 1, 4201, 8)).astype(np.float32)
+    dy = rng.standard_normal((1, 1, 4201, 8)).astype(np.float32)
+    args = ((1, 3, 8, 8), (1, 1), (1, 1), ((0, 0), (1, 1)), 'channels_last')
+    ref = twin.conv_wgrad(round_tf32(x).astype(np.float64), round_tf32(dy).astype(np.float64), *args)
+    with _precision('tf32'), conv_tiles.forced(tile=tile, splits=1), conv_wgmma.forced(False):
+        out = conv.conv_wgrad(to_device(kernel_runtime, x), to_device(kernel_runtime, dy), *args,
+                              runtime=kernel_runtime)
+    assert_close(out, ref, np.float32, 'tf32 conv_wgrad with tile %s, 4201-pixel rows' % tile)
+
+
 def test_16bit_wgrad_window_origins_past_2_32_pixels(kernel_runtime):
     """16-bit wgrad's 16-byte loader computes a row's window origin as a pixel index mod 2**32
     (conv_igemm.cu PixLinear): where padding puts an origin past 2**32 pixels (here d padded by
@@ -255,6 +272,24 @@ def test_fwd_only_tiles(kernel_runtime, channels):
                                 epilogue='bias_relu', bias=to_device(kernel_runtime, bias), runtime=kernel_runtime)
         assert to_host(out).dtype == np.float32
         assert_close(out, ref, np.float32, 'conv_fwd with tile %s' % tile.name)
+
+
+def test_tf32_filter_rounding_launches_without_the_tiles_shared_memory(emulator):
+    """conv_round_tf32 lives in the tile's module but uses no shared memory: it is launched with
+    none, not with the conv kernel's dynamic stage ring (68 KB for tf32 128x128x32, which would
+    hold it to 3 blocks of 256 threads per SM and needs the 48 KB opt-in on a GPU)."""
+    from gpuk.kernels.runtime import emulated_runtime
+    case = ((9, 11), (3, 3), (1, 2), (1, 1), ((1, 1), (1, 0)), 8, 24)
+    _, kernel, strides, dilation, pads, _, _ = case
+    x, w, _ = _conv_arrays(case, np.float32, 'channels_last', seed=3, batch=1)
+    (tile,) = conv_tiles.FWD_ONLY['tf32']
+    with _precision('tf32'), conv_tiles.forced(tile=tile.name), conv_wgmma.forced(False), \
+            emulated_runtime.counting() as launches:
+        conv.conv_fwd(to_device(emulator, x), to_device(emulator, w), strides, dilation, pads, 'channels_last',
+                      runtime=emulator)
+    shared = {record['kernel']: record['shared_mem'] for record in launches}
+    assert shared == {'conv_round_tf32': 0, 'conv_igemm_fwd': conv_tiles.dynamic_smem(tile, np.float32)}, shared
+    assert shared['conv_igemm_fwd'] > 0
 
 
 def _tf32_ties(a):
@@ -435,6 +470,46 @@ def test_depthwise_channels_first_wgrad_tiles_coalesce_without_bank_conflicts(em
         records = emulated.summarize(launches, 'conv_depthwise', '')
         (record,) = [r for r in records if r['kernel'] == 'depthwise_wgrad']
         assert record['coalescing'] == 1.0 and record['bank_conflicts_per_request'] == 0.0, (kernel, record)
+
+
+def test_depthwise_channels_first_wgrad_sizes_the_transposed_pitch_only_where_it_may_run(kernel_runtime):
+    """channels_first wgrad's tiles take the transposing loader's pitch (36 words, not 33) only
+    where its sources are planes of whole 16-byte vectors (direct.wgrad_transposable): 102-pixel
+    planes keep the word loader, so a 1 x 8 output tile at stride 48 (339 input columns) still
+    fits 48 KB, as it did before that loader; the launcher sized it for 36 and refused it."""
+    case = ((2, 51), (1, 3), (1, 48), (1, 1), ((0, 0), (0, 0)), 3, 1)
+    _, _, strides, dilation, pads, _, _ = case
+    x, w, dy = _depthwise_arrays(case, np.float32, 'channels_first', seed=6)
+    assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
+                        (x, dy, w.shape, strides, dilation, pads, 'channels_first'), kernel_runtime)
+    assert not conv_direct.wgrad_transposable(np.float32, 3, 1, 2 * 51, 2 * 2)
+    assert conv_direct.wgrad_transposable(np.float32, 4, 1, 2 * 52, 2 * 2)
+
+
+# channels_first wgrad on planes of whole vectors (the transposing loader) where padding is wider than the
+# dilated filter, with strides, dilation, a depth multiplier, batch 1 and partial lane groups
+DEPTHWISE_TRANSPOSED_CASES = [
+    ((8, 16), (3, 3), (2, 2), (2, 3), ((4, 3), (5, 8)), 8, 2, 1),
+    ((4, 32), (2, 5), (1, 3), (3, 1), ((6, 6), (7, 11)), 8, 3, 2),
+    ((8, 24), (3, 3), (2, 2), (1, 1), ((5, 6), (9, 16)), 34, 1, 1),
+]
+
+
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize('case', DEPTHWISE_TRANSPOSED_CASES, ids=_ids(DEPTHWISE_TRANSPOSED_CASES))
+def test_depthwise_channels_first_wgrad_transposed_tiles_with_wide_padding(kernel_runtime, case, dtype):
+    *geometry_case, batch = case
+    spatial, kernel, strides, dilation, pads, c_in, mult = geometry_case
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((batch, c_in, *spatial)).astype(dtype)
+    w = rng.standard_normal((*kernel, c_in, mult)).astype(dtype)
+    dy_shape = twin.depthwise_conv_fwd(x, w, strides, dilation, pads, 'channels_first').shape
+    dy = rng.standard_normal(dy_shape).astype(dtype)
+    assert conv_direct.wgrad_transposable(dtype, c_in, mult, math.prod(spatial), math.prod(dy_shape[2:]))
+    for splits in (None, 3):
+        with conv_tiles.forced(splits=splits):
+            assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
+                                (x, dy, w.shape, strides, dilation, pads, 'channels_first'), kernel_runtime)
 
 
 def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):

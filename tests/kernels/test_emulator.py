@@ -46,6 +46,29 @@ def test_shuffle_variants(selftest, src, delta, width):
     np.testing.assert_array_equal(out.reshape(4, 32), values[np.stack([idx, up, down, xor])])
 
 
+def test_byte_perm_follows_the_cuda_definition(selftest):
+    """__byte_perm(x, y, s) as the CUDA Math API defines it (libdevice __nv_byte_perm): byte n of
+    the result is byte s<4n+2:4n> of y:x (x bytes 0-3, y bytes 4-7), the upper 16 bits of s unused.
+    conv_depthwise.cu's 16-bit transposes (swap_halves) rest on it: a wrong emulation would hide a
+    wrong selector. Includes CUB's PRMT example and swap_halves' selectors."""
+    rng = np.random.default_rng(9)
+    selectors = [0x7531, 0x5410, 0x7632, 0x3254, 0x3276, 0x7610, 0x3210, 0x7654, 0xffff0123]
+    n = 64
+    x = rng.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
+    y = rng.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
+    x[0], y[0] = 0x03020100, 0x07060504
+    s = np.array(selectors + list(rng.integers(0, 0x8888, n - len(selectors)) & 0x7777), np.uint32)
+    out = np.zeros(n, np.uint32)
+    selftest.kernel('byte_perms').launch(1, n, (x, y, s, out, np.int32(n)))
+    both = x.astype(np.uint64) | (y.astype(np.uint64) << np.uint64(32))
+    want = np.zeros(n, np.uint64)
+    for byte in range(4):
+        pick = (s.astype(np.uint64) >> np.uint64(4 * byte)) & np.uint64(7)
+        want |= ((both >> (np.uint64(8) * pick)) & np.uint64(0xff)) << np.uint64(8 * byte)
+    np.testing.assert_array_equal(out, want.astype(np.uint32))
+    assert out[0] == 0x07050301
+
+
 def test_tiled_matmul_with_syncthreads(selftest):
     rng = np.random.default_rng(2)
     m, n, k = 37, 29, 45

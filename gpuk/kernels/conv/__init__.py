@@ -211,8 +211,12 @@ def _prepared(rt, kind, arrays, params, prepare):
     return prepared.get(rt, 'conv_' + kind, arrays, (config.precision(),) + params, prepare)
 
 
+# conv_igemm.cu's kernels without the tile's stage ring: launched without its dynamic shared memory
+_NO_STAGE_RING = ('conv_reduce_splits', 'conv_round_tf32')
+
+
 def _kernel_launch(rt, dtype, tile, name, grid, threads):
-    shared = 0 if name == 'conv_reduce_splits' else conv_tiles.dynamic_smem(tile, dtype)
+    shared = 0 if name in _NO_STAGE_RING else conv_tiles.dynamic_smem(tile, dtype)
     return rt.kernel_launch(IGEMM_SOURCE, igemm_defines(dtype, tile), name, grid, threads, shared)
 
 

@@ -419,7 +419,10 @@ constexpr int DW_T_GROUPS = DW_CHANNELS / DW_T_LANES;
 
 // Whether the tiles of `s` can be copied by load_tile_transposed (uniform per launch): no stride
 // holes along W, planes that are whole vectors (the DW_VEC lanes of a transpose group share
-// their column alignment), and whole 32-byte sectors (as vector_source).
+// their column alignment), and whole 32-byte sectors (as vector_source). The launcher sizes
+// wgrad's tiles at DW_TRANSPOSED_PITCH only where its twin says the sources may pass
+// (direct.py wgrad_transposable, all but the alignment): keep the two in step, as a pass here
+// that the launcher did not foresee writes past the tiles.
 __device__ __forceinline__ bool transposable_source(const DwSource& s) {
     return s.up_w == 1 && s.pixels % DW_VEC == 0 && s.channels * s.pixels % (2 * DW_VEC) == 0 &&
            is_aligned(s.sample, 32);
@@ -1003,13 +1006,15 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
 // output-pixel tiles [split * tiles_per_split, ...) (tile: tile_rows x segs*DW_PIX pixels
 // of one (sample, plane)); per tile it loads the input tile (every plane and kernel row the
 // group's taps touch, all kernel columns) and the dy tile into shared memory between two
-// barriers (16-byte loads when both are wgrad_vector_source); each thread then adds, for every
-// tap of the group, its DW_PIX pixels into one register sum per tap (dy run held in registers;
-// whole rows of width 3 or 5, stride 1 or 2, dilation 1 go through wgrad_rows' register
-// window). The math path and the loader are chosen once per block (wgrad_tiles), so the
-// tile loop holds one of each. At the end the DW_ROWS threads of a lane add their sums in
-// shared memory in a fixed order; with one split the block writes dw, else partial[split]
-// and depthwise_reduce_splits adds the splits in order. Deterministic, no atomics.
+// barriers (channels_last: 16-byte loads when both are vector_source; channels_first: the
+// transposing loader when both are wgrad_vector_source, else each source's own 16-byte word
+// loader or element loader); each thread then adds, for every tap of the group, its DW_PIX
+// pixels into one register sum per tap (dy run held in registers; whole rows of width 3 or 5,
+// stride 1 or 2, dilation 1 go through wgrad_rows' register window). The math path and the
+// loader are chosen once per block (wgrad_tiles), so the tile loop holds one of each. At the
+// end the DW_ROWS threads of a lane add their sums in shared memory in a fixed order; with one
+// split the block writes dw, else partial[split] and depthwise_reduce_splits adds the splits in
+// order. Deterministic, no atomics.
 extern "C" __global__ void __launch_bounds__(DW_THREADS, 2)
 depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, elem_t* __restrict__ dw,
                 acc_t* __restrict__ partial, int batch, int c_in, int mult, int in_d, int in_h, int in_w,

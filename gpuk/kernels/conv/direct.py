@@ -77,13 +77,23 @@ def _shared_words_per_pixel(channels_first):
     return DW_CHANNELS + 1 if channels_first else DW_CHANNELS
 
 
-def _wgrad_elements_per_pixel(dtype, channels_first):
-    """The same for depthwise_wgrad's tiles, in accumulator elements: channels_first tiles may be
-    copied by its transposing loader, whose 16-byte shared stores need a pixel padded by 16
-    bytes (conv_depthwise.cu DW_TRANSPOSED_PITCH); the launch sizes them for it."""
-    if channels_first:
+def _wgrad_elements_per_pixel(dtype, channels_first, transposable):
+    """The same for depthwise_wgrad's tiles, in accumulator elements: channels_first tiles copied
+    by its transposing loader (``transposable``: wgrad_transposable) have 16-byte shared stores,
+    which need a pixel padded by 16 bytes (conv_depthwise.cu DW_TRANSPOSED_PITCH)."""
+    if channels_first and transposable:
         return DW_CHANNELS + 16 // _acc_bytes(dtype)
     return _shared_words_per_pixel(channels_first)
+
+
+def wgrad_transposable(dtype, c_in, mult, in_pixels, out_pixels):
+    """Whether channels_first depthwise_wgrad may copy x and dy with its transposing loader
+    (conv_depthwise.cu transposable_source, less the 32-byte alignment of the base, which only
+    the kernel sees): planes of whole 16-byte vectors, samples of whole 32-byte sectors. Where
+    it may not, its tiles keep the smaller pitch, and so do the tile sizes here."""
+    vec = 16 // np.dtype(dtype).itemsize
+    return all(pixels % vec == 0 and channels * pixels % (2 * vec) == 0
+               for channels, pixels in ((c_in, in_pixels), (c_in * mult, out_pixels)))
 
 
 def _acc_bytes(dtype):
@@ -160,13 +170,15 @@ def _tap_groups(kernel_spatial):
             yield kd_hi - kd_lo, k_h - 1
 
 
-def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation):
+def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation,
+                         transposable=True):
     """The DwTile of depthwise_wgrad (kh_chunk unused): the input tile of the widest tap
-    group, the dy tile and the final reduction buffer fit DW_MAX_SHARED."""
+    group, the dy tile and the final reduction buffer fit DW_MAX_SHARED. transposable: the
+    sources may take the transposing loader's wider pitch (wgrad_transposable)."""
     (_, out_h, out_w), (_, _, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
     (_, s_h, s_w), (dil_d, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
     rows, segs = _tile_shape(channels_first, out_h, out_w)
-    pixel_bytes = _wgrad_elements_per_pixel(dtype, channels_first) * _acc_bytes(dtype)
+    pixel_bytes = _wgrad_elements_per_pixel(dtype, channels_first, transposable) * _acc_bytes(dtype)
     spans = set(_tap_groups(kernel_spatial))
     reduction = DW_ROWS * DW_WG_TAPS * DW_CHANNELS * _acc_bytes(dtype)
 
@@ -355,7 +367,9 @@ def depthwise_conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_fo
         n, c_out, taps = cx.shape[0], c_in * mult, math.prod(kernel_spatial)
         check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
         _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), taps * c_out)
-        tile = depthwise_wgrad_tile(fn, cx.dtype, channels_first, out_spatial, kernel_spatial, c_strides, c_dilation)
+        transposable = wgrad_transposable(cx.dtype, c_in, mult, math.prod(in_spatial), math.prod(out_spatial))
+        tile = depthwise_wgrad_tile(fn, cx.dtype, channels_first, out_spatial, kernel_spatial, c_strides, c_dilation,
+                                    transposable)
         out_d, out_h, out_w = lift3(out_spatial, 1)
         tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
         group_taps = wgrad_group_taps(kernel_spatial)

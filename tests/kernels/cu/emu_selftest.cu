@@ -23,6 +23,13 @@ extern "C" __global__ void shuffles(const int* __restrict__ in, int* __restrict_
     out[96 + lane] = __shfl_xor_sync(GPUK_FULL_MASK, v, delta, width);
 }
 
+// out[i] = __byte_perm(x[i], y[i], s[i]) for i < n (one element per thread).
+extern "C" __global__ void byte_perms(const unsigned* __restrict__ x, const unsigned* __restrict__ y,
+                                      const unsigned* __restrict__ s, unsigned* __restrict__ out, int n) {
+    const long long i = global_thread_index();
+    if (i < n) out[i] = __byte_perm(x[i], y[i], s[i]);
+}
+
 // C = A @ B with TILE x TILE shared-memory tiles and __syncthreads; tail guards.
 extern "C" __global__ void tiled_matmul(const float* __restrict__ a, const float* __restrict__ b,
                                         float* __restrict__ c, int m, int n, int k) {
