@@ -1675,6 +1675,25 @@ conv_igemm_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, const
 #endif
 }
 
+// dgrad's phase for the epilogue. The MMA paths rebuild it from blockIdx.z read anew (an opaque
+// read on the GPU) rather than keep the prologue's values live across the K loop: with them the
+// tf32 64x64x32 dgrad (2 x 1 warps) spilled 3 registers on sm_80, and 16-bit 128x128 dgrad drops
+// 252 -> 244 registers. The FFMA paths keep the prologue's (rebuilt, float64 lost 1-2% of its
+// FFMA share).
+__device__ __forceinline__ DgradPhase epilogue_phase(const ConvGeom& g, const DgradPhase& phase) {
+#if CONV_MATH != 0
+    unsigned z = blockIdx.z;
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
+    asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(z));
+#endif
+    DgradPhase again;
+    again.init(g, (int)z);
+    return again;
+#else
+    return phase;
+#endif
+}
+
 // conv_igemm_dgrad: dx = dgrad(dy, w), as stride-phase sub-convolutions (DgradPhase).
 // Grid (tiles of the largest phase's rows, C_in tiles, s_d*s_h*s_w phases), CONV_THREADS threads;
 // a block past its phase's rows exits at once (the whole block: no barrier is skipped).
@@ -1699,7 +1718,8 @@ conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, el
     unsigned char* const conv_dynamic_smem = nullptr;
 #endif
     igemm_mainloop<MODE_DGRAD>(loader, g, dy, w, c_in, phase.depth, acc, conv_dynamic_smem);
-    store_tile<MODE_DGRAD>(acc, phase.rows, c_in, nullptr, 0, dx, PhaseRows{g, phase});
+    const DgradPhase out_phase = epilogue_phase(g, phase);
+    store_tile<MODE_DGRAD>(acc, out_phase.rows, c_in, nullptr, 0, dx, PhaseRows{g, out_phase});
 #endif
 }
 
