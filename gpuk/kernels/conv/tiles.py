@@ -32,11 +32,11 @@ twice the row pointers, tap masks or packed bounds), so the BK=32 tile is built 
 tensor-core tiles use 64x64 warp tiles (32 MMAs per k16 step per warp) and the 64x64 ones 2
 warps (not 4 of 32x32): the ldmatrix and loader work per thread is shared by twice the MMAs;
 16-bit as 1 x 2 warps of 64x32, tf32 as 2 x 1 of 32x64 (each warp then reads A alone, which it
-rounds in its registers, see below). 16-bit 64x64 runs BK=64 with 2 stages (32 KB: 4 blocks per SM on sm_80 too, as many as
-its 242-255 registers allow): each K tile's fixed work (barrier, tap cursor, pointer steps) is
-then shared by 64 MMAs per warp, which brings fwd and dgrad to 1.7-1.9 other instructions per
-MMA (3.0-3.8 with BK=32, 3 stages); the data in flight is the same as 3 stages of BK=32 (one
-64-deep tile while the other is multiplied). tf32 rounds the filter (fwd's and dgrad's B) once per
+rounds in its registers, see below). 16-bit 64x64 runs BK=64 with 2 stages (32 KB: 4 blocks per
+SM on sm_80 too, as many as its 242-255 registers allow): each K tile's fixed work (barrier, tap
+cursor, pointer steps) is then shared by 64 MMAs per warp, which brings fwd and dgrad to 1.7-1.9
+other instructions per MMA (3.0-3.8 with BK=32, 3 stages); the data in flight is the same as 3
+stages of BK=32 (one 64-deep tile while the other is multiplied). tf32 rounds the filter (fwd's and dgrad's B) once per
 call ahead of the conv kernel (conv_igemm.cu, conv_round_tf32) and every other operand element
 once per block in shared memory (round_landed_tf32; to nearest even: common.cuh float_to_tf32),
 at 1.5 instructions per element on sm_90 (one cvt.rn.tf32.f32 plus a quarter of a 16-byte load
