@@ -37,8 +37,9 @@ SM on sm_80 too, as many as its 242-255 registers allow): each K tile's fixed wo
 cursor, pointer steps) is then shared by 64 MMAs per warp, which brings fwd and dgrad to 1.7-1.9
 other instructions per MMA (3.0-3.8 with BK=32, 3 stages); the data in flight is the same as 3
 stages of BK=32 (one 64-deep tile while the other is multiplied). tf32 rounds the filter (fwd's
-and dgrad's B) once per call ahead of the conv kernel (conv_igemm.cu, conv_round_tf32) and every other operand element
-once per block in shared memory (round_landed_tf32; to nearest even: common.cuh float_to_tf32),
+and dgrad's B) once per call ahead of the conv kernel (conv_igemm.cu, conv_round_tf32) and every
+other operand element once per block in shared memory (round_landed_tf32; to nearest even:
+common.cuh float_to_tf32),
 at 1.5 instructions per element on sm_90 (one cvt.rn.tf32.f32 plus a quarter of a 16-byte load
 and store) and 3.5 on sm_80 (no cvt.rn there: 3 on the bits): 0.375 / 0.875 per MMA for A on
 the 128x128 tiles (0.25 elements per MMA), as much again for wgrad's B (its pass also transposes
