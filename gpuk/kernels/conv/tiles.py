@@ -39,17 +39,17 @@ other instructions per MMA (3.0-3.8 with BK=32, 3 stages); the data in flight is
 stages of BK=32 (one 64-deep tile while the other is multiplied). tf32 rounds the filter (fwd's
 and dgrad's B) once per call ahead of the conv kernel (conv_igemm.cu, conv_round_tf32) and every
 other operand element once per block in shared memory (round_landed_tf32; to nearest even:
-common.cuh float_to_tf32),
-at 1.5 instructions per element on sm_90 (one cvt.rn.tf32.f32 plus a quarter of a 16-byte load
-and store) and 3.5 on sm_80 (no cvt.rn there: 3 on the bits): 0.375 / 0.875 per MMA for A on
-the 128x128 tiles (0.25 elements per MMA), as much again for wgrad's B (its pass also transposes
-4 x 4 blocks, with an ldmatrix in place of the 16-byte load). The 64x64 tile's warps (2 x 1)
-share B and each reads its own 32 rows of A: A is rounded in the fragment registers of its one
-warp (0.5 elements per MMA: 0.5 / 1.5 per MMA on sm_90 / sm_80, against 0.75 / 1.75 for the
-16-byte pass of 1 x 2 warps), wgrad's B in shared memory as on 128x128 (its transposed blocks,
-so ldmatrix reads its fragments: per 16 MMAs 8 fragment loads instead of 16 with 1 x 2 warps'
-4-byte reads). Other instructions per MMA (inspect, sm_90 [sm_80]), 1 x 2 -> 2 x 1 warps: fwd
-2.88 -> 2.75 [3.84 -> 3.71], dgrad 2.86 -> 2.36 [3.79 -> 3.54], wgrad 3.67 -> 3.16 [5.65 -> 5.38].
+common.cuh float_to_tf32), at 1.5 instructions per element on sm_90 (one cvt.rn.tf32.f32 plus a
+quarter of a 16-byte load and store) and 3.5 on sm_80 (no cvt.rn there: 3 on the bits): 0.375 /
+0.875 per MMA for A on the 128x128 tiles (0.25 elements per MMA), as much again for wgrad's B
+(its pass also transposes 4 x 4 blocks, with an ldmatrix in place of the 16-byte load). The
+64x64 tile's warps (2 x 1) share B and each reads its own 32 rows of A: A is rounded in the
+fragment registers of its one warp (0.5 elements per MMA: 0.5 / 1.5 per MMA on sm_90 / sm_80,
+against 0.75 / 1.75 for the 16-byte pass of 1 x 2 warps), wgrad's B in shared memory as on
+128x128 (its transposed blocks, so ldmatrix reads its fragments: per 16 MMAs 8 fragment loads
+instead of 16 with 1 x 2 warps' 4-byte reads). Other instructions per MMA (inspect, sm_90
+[sm_80]), 1 x 2 -> 2 x 1 warps: fwd 2.88 -> 2.75 [3.84 -> 3.71], dgrad 2.86 -> 2.36 [3.79 ->
+3.54], wgrad 3.67 -> 3.16 [5.65 -> 5.38].
 
 16-bit wgrad has its own table (WGRAD_TILES: 128x128x32, 64x128x64, 128x64x64, 64x64x64; the
 two rectangular tiles are built for conv_igemm_wgrad only). Its K (batch x output pixels) is long,
