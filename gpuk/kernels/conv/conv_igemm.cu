@@ -29,9 +29,10 @@
 //       of a rounding per fragment register in every warp that reads it; an operand read by one
 //       warp only keeps the per-register rounding: Tf32Rounding). Fragments come from ldmatrix for [mn][k]
 //       tiles and from 8-byte shared loads for k-major ones: fwd runs as D^T = B^T A^T and wgrad
-//       pairs its A rows (Tf32Order); the 128x128 wgrad's x and dy are rounded and transposed in
-//       4 x 4 blocks by their copiers' warp (round_transposed_tf32) and read by ldmatrix too
-//       (K4Transposed).
+//       pairs its A rows (Tf32Order); wgrad's dy (and the 128x128 wgrad's x) is rounded and
+//       transposed in 4 x 4 blocks by its copiers' warp (round_transposed_tf32) and read by
+//       ldmatrix too (K4Transposed). The 64x64 tile runs 2 x 1 warps of 32x64, so each warp
+//       reads its rows of A alone and rounds them in its fragment registers (tiles.py).
 //       Why round at all: the tensor core reads the top 19 bits of each 32-bit word, i.e. it
 //       truncates. Truncation would be free (measured: 1.91 / 1.94 / 2.56 other instructions
 //       per MMA for 128x128x16 fwd / dgrad / wgrad on sm_90, 2.5-3.6 on 64x64) but doubles the
@@ -162,10 +163,10 @@ static_assert(CONV_BK % (CONV_MATH == 1 ? 16 : 8) == 0, "MMA k step");
 // FFMA reads down strided columns) reads, and the 8 units a quarter warp of cp.async chunks
 // writes, over the 8 bank groups; without padding, BK=16 (FFMA) and BK=32 (16-bit 128x128) fit 3
 // stages in the 48 KB of static shared memory (16-bit 64x64: BK=64, 2 stages, 32 KB). tf32 k-major rows (A [k][m] in wgrad, B [k][n] in fwd
-// and wgrad) are padded by SMEM_PAD_K = 2 units instead, unswizzled: tile_multiply reads them 4
-// or 8 bytes per lane at rows t and t + 4 (t = lane % 4), where a swizzle would put rows 0/1 and
+// and wgrad) are padded by SMEM_PAD_K = 2 units instead, unswizzled: tile_multiply reads them 8
+// bytes per lane at rows t and t + 4 (t = lane % 4), where a swizzle would put rows 0/1 and
 // 2/3 in the same banks; a stride of 2 mod 8 units puts the 4 rows of a phase 8 banks apart, so
-// 8 lanes' words (or 4 lanes' 8-byte pairs) per row fill all 32 banks (and an ldmatrix phase over
+// 4 lanes' 8-byte pairs per row fill all 32 banks (and an ldmatrix phase over
 // tf32 wgrad's transposed blocks, 4 rows x 2 units, 8 bank groups). tf32 [mn][k] rows stay
 // swizzled (a padding could not serve both their ldmatrix phases, 8 rows x 1 unit, and their
 // chunk accesses, BK=16: 2 rows x 4 units, per quarter warp).
@@ -1071,11 +1072,10 @@ template <> struct Mma16<__nv_bfloat16> {
 //   dgrad (A [m][k], B [n][k]): ldmatrix for both, the plain order.
 //   wgrad 128x128 (A [k][m], B [k][n]): both stored in transposed 4 x 4 blocks by their rounding
 //     pass (TF32_A_TRANSPOSED, TF32_B_TRANSPOSED, K4Transposed) and read by ldmatrix, plain order.
-//   wgrad 64x64: row g + 8h of 16-row MMA tile mi is warp-tile row 16 mi + 2g + h, so a lane's
-//     (a0, a1) (k = t) and (a2, a3) (k = t + 4) are one 8-byte read each, straight into the MMA's
-//     register quad; B [k][n] is one 4-byte read per register (its b0, b1 lie in two rows whatever
-//     the column order, and 8-byte reads of neighbouring columns would need a move per register to
-//     pair them up).
+//   wgrad 64x64 (2 x 1 warps): B as on 128x128 (TF32_B_TRANSPOSED); A, which each warp reads
+//     alone and rounds in its registers: row g + 8h of 16-row MMA tile mi is warp-tile row
+//     16 mi + 2g + h, so a lane's (a0, a1) (k = t) and (a2, a3) (k = t + 4) are one 8-byte read
+//     each, straight into the MMA's register quad (Tf32Order's paired rows).
 //   fwd (A [m][k], B [k][n]): the transposed product D^T = B^T A^T, so that the k-major B is the
 //     MMA's A operand (8-byte reads as in wgrad, 16-row tiles along n) and A is the MMA's B
 //     operand (ldmatrix, 8-column tiles along m). Lane (g, t) then holds output rows m = 2t, 2t+1
@@ -1087,13 +1087,17 @@ template <> struct Mma16<__nv_bfloat16> {
 // CONV_WARPS_M) is rounded once per element in shared memory, by the thread that copied it
 // (round_landed_tf32: the rounding, 1 instruction on sm_90 and 3 on sm_80, plus its share of a
 // 16-byte load and store), otherwise in the fragment registers of its one reader (the rounding
-// per register): 128x128 rounds A (and wgrad's B) in shared memory, 64x64 (1 x 2 warps) A there
-// and wgrad's B in registers.
+// per register): 128x128 rounds A (and wgrad's B) in shared memory; 64x64 (2 x 1 warps: each
+// warp reads its own rows of A, 0.5 elements per MMA against 0.75 for the shared pass with its
+// load and store) A in registers and wgrad's B in shared memory. Every tf32 tile has several
+// warps along M, so wgrad's B is always rounded (and transposed) in shared memory.
 template <int MODE> struct Tf32Rounding {
     static constexpr bool b_prerounded = MODE != MODE_WGRAD;   // B = w: conv_round_tf32
-    static constexpr bool a_shared = CONV_WARPS_N > 1, b_shared = !b_prerounded && CONV_WARPS_M > 1;
-    static constexpr bool a_registers = !a_shared, b_registers = !b_prerounded && !b_shared;
-    static_assert(b_shared == (MODE == MODE_WGRAD && TF32_B_TRANSPOSED), "wgrad's B: rounded where transposed");
+    static constexpr bool a_shared = CONV_WARPS_N > 1, b_shared = !b_prerounded;
+    static constexpr bool a_registers = !a_shared;
+    static_assert(!b_shared || TF32_B_TRANSPOSED, "wgrad's B: read by several warps, rounded where transposed");
+    static_assert(!a_shared || MODE != MODE_WGRAD || TF32_A_TRANSPOSED,
+                  "wgrad's A: rounded in shared memory where transposed");
 };
 // A k-major tile of MN columns as TF32_A_TRANSPOSED / TF32_B_TRANSPOSED store it: each 4 x 4 block
 // (k rows 4q..4q+3, one unit of 4 columns) transposed in place, so that the 16 bytes at row 4q + j
@@ -1156,7 +1160,7 @@ __device__ __forceinline__ void load_paired_a(unsigned (&a)[4], const elem_t* at
 //   16-bit A: [m][k] plain, [k][m] .trans;  16-bit B: [n][k] plain, [k][n] .trans;
 //   tf32 (a 32-bit element is two 16-bit columns, so only the plain form applies): [m][k] and
 //   [n][k] tiles and wgrad's transposed blocks (K4Transposed) by ldmatrix, the other k-major
-//   ones by 8-byte (paired rows) or 4-byte shared loads, see Tf32Order.
+//   ones by 8-byte shared loads (paired rows), see Tf32Order.
 // Swizzled rows keep every ldmatrix phase (8 rows of 16 bytes) on 8 distinct 16-byte bank groups.
 static_assert(MMA_N_TILES % 2 == 0, "B fragments load two 8-column tiles per ldmatrix.x4");
 #define AS(k, m) as[tile_index<Layout<MODE>::a_mk, CONV_BM>((m), (k))]
@@ -1213,7 +1217,6 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                 unsigned a[4];
                 const int n = col0 + ni * 16 + 2 * gr;
                 load_paired_a(a, &BS(ks + t, n), &BS(ks + t + 4, n));
-                round_fragment<Tf32Rounding<MODE>::b_registers>(a);
 #pragma unroll
                 for (int mj = 0; mj < M8; ++mj) {
                     float c[4];
@@ -1225,27 +1228,17 @@ __device__ __forceinline__ void tile_multiply(const elem_t* __restrict__ as, con
                 }
             }
         } else {
+            static_assert(Layout<MODE>::b_nk || TF32_B_TRANSPOSED, "tf32 B fragments by ldmatrix");
             unsigned b[MMA_N_TILES][2];
 #pragma unroll
             for (int ni = 0; ni < MMA_N_TILES; ni += 2) {
-                if (Layout<MODE>::b_nk || TF32_B_TRANSPOSED) {
-                    // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
-                    const int k = ks + (mat & 1) * 4, n8 = col0 + (ni + (mat >> 1)) * 8;
-                    unsigned r[4];
-                    ldmatrix<4, false>(r, Layout<MODE>::b_nk ? &BS(k, n8 + mrow)
-                                                             : bs + K4Transposed<CONV_BN>::row(k, n8 + (mrow & 4), mrow & 3));
-                    b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
-                } else {   // one 4-byte read per register (Tf32Order)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int c = col0 + (ni + h) * 8 + gr;
-                        b[ni + h][0] = __float_as_uint(BS(ks + t, c));
-                        b[ni + h][1] = __float_as_uint(BS(ks + t + 4, c));
-                    }
-                }
+                // matrices: (k 0-3, ni), (k 4-7, ni), (k 0-3, ni+1), (k 4-7, ni+1)
+                const int k = ks + (mat & 1) * 4, n8 = col0 + (ni + (mat >> 1)) * 8;
+                unsigned r[4];
+                ldmatrix<4, false>(r, Layout<MODE>::b_nk ? &BS(k, n8 + mrow)
+                                                         : bs + K4Transposed<CONV_BN>::row(k, n8 + (mrow & 4), mrow & 3));
+                b[ni][0] = r[0]; b[ni][1] = r[1]; b[ni + 1][0] = r[2]; b[ni + 1][1] = r[3];
             }
-#pragma unroll
-            for (int ni = 0; ni < MMA_N_TILES; ++ni) round_fragment<Tf32Rounding<MODE>::b_registers>(b[ni]);
 #pragma unroll
             for (int mi = 0; mi < MMA_M_TILES; ++mi) {
                 unsigned a[4];
@@ -1310,18 +1303,12 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
     // column lane % 4 of unit lane / 4 of them
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, unit = lane >> 2, in_unit = lane & 3;
     if constexpr (Tf32Rounding<MODE>::a_shared) {
-        if constexpr (MODE == MODE_WGRAD && TF32_A_TRANSPOSED) {   // warp w: rows 4w..4w+3, units g + 8j
+        if constexpr (MODE == MODE_WGRAD) {   // warp w: rows 4w..4w+3, units g + 8j
             elem_t* const column = as + K4Transposed<CONV_BM>::row(4 * warp, VEC * unit, in_unit);
 #pragma unroll
             for (int j = 0; j < WG_CHUNKS; ++j)
                 round_transposed_tf32(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row(0)),
                                       column + 8 * VEC * j);
-        } else if constexpr (MODE == MODE_WGRAD) {
-#pragma unroll
-            for (int r = 0; r < WG_ROWS; ++r)
-#pragma unroll
-                for (int j = 0; j < WG_CHUNKS; ++j)
-                    round_chunk_tf32(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row(r)));
         } else {
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
@@ -1675,6 +1662,25 @@ conv_igemm_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, const
 #endif
 }
 
+// dgrad's phase for the epilogue. The MMA paths rebuild it from blockIdx.z read anew (an opaque
+// read on the GPU) rather than keep the prologue's values live across the K loop: with them the
+// tf32 64x64x32 dgrad (2 x 1 warps) spilled 3 registers on sm_80, and 16-bit 128x128 dgrad drops
+// 252 -> 244 registers. The FFMA paths keep the prologue's (rebuilt, float64 lost 1-2% of its
+// FFMA share).
+__device__ __forceinline__ DgradPhase epilogue_phase(const ConvGeom& g, const DgradPhase& phase) {
+#if CONV_MATH != 0
+    unsigned z = blockIdx.z;
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
+    asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(z));
+#endif
+    DgradPhase again;
+    again.init(g, (int)z);
+    return again;
+#else
+    return phase;
+#endif
+}
+
 // conv_igemm_dgrad: dx = dgrad(dy, w), as stride-phase sub-convolutions (DgradPhase).
 // Grid (tiles of the largest phase's rows, C_in tiles, s_d*s_h*s_w phases), CONV_THREADS threads;
 // a block past its phase's rows exits at once (the whole block: no barrier is skipped).
@@ -1699,7 +1705,8 @@ conv_igemm_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, el
     unsigned char* const conv_dynamic_smem = nullptr;
 #endif
     igemm_mainloop<MODE_DGRAD>(loader, g, dy, w, c_in, phase.depth, acc, conv_dynamic_smem);
-    store_tile<MODE_DGRAD>(acc, phase.rows, c_in, nullptr, 0, dx, PhaseRows{g, phase});
+    const DgradPhase out_phase = epilogue_phase(g, phase);
+    store_tile<MODE_DGRAD>(acc, out_phase.rows, c_in, nullptr, 0, dx, PhaseRows{g, out_phase});
 #endif
 }
 

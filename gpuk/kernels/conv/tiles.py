@@ -15,7 +15,7 @@ A tile is (math path, BM x BN x BK, per-thread or per-warp blocking). The table:
     bf16   (as f16)                                                           bfloat16 (mma m16n8k16 bf16)
     tf32   128x128x32   128 x 128 x 32 128      2       4 warps, 64 x 64      fwd only (FWD_ONLY): float32, 'tf32'
     tf32   128x128x16   128 x 128 x 16 128      2       4 warps, 64 x 64      float32 with precision 'tf32'
-    tf32   64x64x32     64 x 64 x 32   64       2       2 warps, 64 x 32
+    tf32   64x64x32     64 x 64 x 32   64       2       2 warps, 32 x 64
 
 Every tile moves whole 16-byte chunks: BM*BK and BN*BK are multiples of (16 bytes / element)
 x threads (static_asserts in conv_igemm.cu). FFMA and 16-bit tiles are XOR-swizzled without
@@ -30,19 +30,26 @@ against 1.75 at BK=16 (inspect figures). dgrad and wgrad spill at BK=32 (8 A chu
 twice the row pointers, tap masks or packed bounds), so the BK=32 tile is built for conv_igemm_fwd only
 (FWD_ONLY; FWD_TILES is the forward's table). 64x64 tf32 runs BK=32 with 2 stages (36 KB). The 128x128
 tensor-core tiles use 64x64 warp tiles (32 MMAs per k16 step per warp) and the 64x64 ones 2
-warps of 64x32 (not 4 of 32x32): the ldmatrix and loader work per thread is shared by twice the
-MMAs. 16-bit 64x64 runs BK=64 with 2 stages (32 KB: 4 blocks per SM on sm_80 too, as many as
-its 242-255 registers allow): each K tile's fixed work (barrier, tap cursor, pointer steps) is
-then shared by 64 MMAs per warp, which brings fwd and dgrad to 1.7-1.9 other instructions per
-MMA (3.0-3.8 with BK=32, 3 stages); the data in flight is the same as 3 stages of BK=32 (one
-64-deep tile while the other is multiplied). tf32 rounds the filter (fwd's and dgrad's B) once per
-call ahead of the conv kernel (conv_igemm.cu, conv_round_tf32) and every other operand element
-once per block in shared memory (round_landed_tf32; to nearest even: common.cuh float_to_tf32),
-at 1.5 instructions per element on sm_90 (one cvt.rn.tf32.f32 plus a quarter of a 16-byte load
-and store) and 3.5 on sm_80 (no cvt.rn there: 3 on the bits): 0.375 / 0.875 per MMA for A on
-the 128x128 tiles (0.25 elements per MMA), as much again for wgrad's B (its pass also transposes
-4 x 4 blocks, with an ldmatrix in place of the 16-byte load); the 64x64 tile rounds A so and
-wgrad's B, read by one warp, in its registers.
+warps (not 4 of 32x32): the ldmatrix and loader work per thread is shared by twice the MMAs;
+16-bit as 1 x 2 warps of 64x32, tf32 as 2 x 1 of 32x64 (each warp then reads A alone, which it
+rounds in its registers, see below). 16-bit 64x64 runs BK=64 with 2 stages (32 KB: 4 blocks per
+SM on sm_80 too, as many as its 242-255 registers allow): each K tile's fixed work (barrier, tap
+cursor, pointer steps) is then shared by 64 MMAs per warp, which brings fwd and dgrad to 1.7-1.9
+other instructions per MMA (3.0-3.8 with BK=32, 3 stages); the data in flight is the same as 3
+stages of BK=32 (one 64-deep tile while the other is multiplied). tf32 rounds the filter (fwd's
+and dgrad's B) once per call ahead of the conv kernel (conv_igemm.cu, conv_round_tf32) and every
+other operand element once per block in shared memory (round_landed_tf32; to nearest even:
+common.cuh float_to_tf32), at 1.5 instructions per element on sm_90 (one cvt.rn.tf32.f32 plus a
+quarter of a 16-byte load and store) and 3.5 on sm_80 (no cvt.rn there: 3 on the bits): 0.375 /
+0.875 per MMA for A on the 128x128 tiles (0.25 elements per MMA), as much again for wgrad's B
+(its pass also transposes 4 x 4 blocks, with an ldmatrix in place of the 16-byte load). The
+64x64 tile's warps (2 x 1) share B and each reads its own 32 rows of A: A is rounded in the
+fragment registers of its one warp (0.5 elements per MMA: 0.5 / 1.5 per MMA on sm_90 / sm_80,
+against 0.75 / 1.75 for the 16-byte pass of 1 x 2 warps), wgrad's B in shared memory as on
+128x128 (its transposed blocks, so ldmatrix reads its fragments: per 16 MMAs 8 fragment loads
+instead of 16 with 1 x 2 warps' 4-byte reads). Other instructions per MMA (inspect, sm_90
+[sm_80]), 1 x 2 -> 2 x 1 warps: fwd 2.88 -> 2.75 [3.84 -> 3.71], dgrad 2.86 -> 2.36 [3.79 ->
+3.54], wgrad 3.67 -> 3.16 [5.65 -> 5.38].
 
 16-bit wgrad has its own table (WGRAD_TILES: 128x128x32, 64x128x64, 128x64x64, 64x64x64; the
 two rectangular tiles are built for conv_igemm_wgrad only). Its K (batch x output pixels) is long,
@@ -131,7 +138,7 @@ TILES = {
     'ffma64': (_ffma(64, 64, 8, 4, 4), _ffma(32, 32, 8, 4, 4)),
     'f16': (_mma('f16', 128, 128, 2, 2, bk=32), _mma('f16', 64, 64, 1, 2, bk=64, stages=2)),
     'bf16': (_mma('bf16', 128, 128, 2, 2, bk=32), _mma('bf16', 64, 64, 1, 2, bk=64, stages=2)),
-    'tf32': (_mma('tf32', 128, 128, 2, 2, stages=2), _mma('tf32', 64, 64, 1, 2, bk=32, stages=2)),
+    'tf32': (_mma('tf32', 128, 128, 2, 2, stages=2), _mma('tf32', 64, 64, 2, 1, bk=32, stages=2)),
 }
 # 16-bit wgrad (see the docstring); the rectangular tiles exist for conv_igemm_wgrad only.
 WGRAD_ONLY = {math_path: (_mma(math_path, 64, 128, 1, 4, bk=64, stages=2),
