@@ -15,6 +15,10 @@ __all__ = ['matmul']
 HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _FLOAT_NAMES = 'float16, bfloat16, float32 or float64'
 
+# MatMul's float32/float64 products on the NumPy device are np.matmul's own new arrays: the
+# reused step buffers are the kernel runtimes' arena (gpuk/kernels/matmul.py says True).
+FLOAT_PRODUCTS_IN_STEP_BUFFERS = False
+
 
 def check_operands(fn, a, b, xp):
     """The shared checks of twin and launcher: two arrays of one float dtype, rank >= 2,

@@ -34,6 +34,11 @@ CUBLAS_POINTER_MODE_HOST = 0
 _ONE = np.ones(1, np.float32)
 _ZERO = np.zeros(1, np.float32)
 
+# MatMul's float32/float64 products (xp.matmul, not this module's matmul) go through a plan
+# step's kept runner into its reused output buffers (prepared.StepBuffers), the kernel
+# runtimes' arena of plain launches; the twin says False.
+FLOAT_PRODUCTS_IN_STEP_BUFFERS = True
+
 
 def _batched(xp, array, batch):
     """(array with its batch dims flattened and contiguous, batch stride in elements)."""

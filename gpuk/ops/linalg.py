@@ -24,9 +24,10 @@ def _swap_last(t):
 
 
 class MatMul(Op):
-    """``a @ b`` for rank >= 2 operands; leading (batch) dims broadcast. On the kernel runtimes
-    a plan step writes its float32/float64 products into buffers of its own, reused across calls
-    (prepared.Kept's variant for the kept layouts, prepared.StepBuffers)."""
+    """``a @ b`` for rank >= 2 operands; leading (batch) dims broadcast. Where the matmul family
+    says FLOAT_PRODUCTS_IN_STEP_BUFFERS (the kernel runtimes), a plan step writes its
+    float32/float64 products into buffers of its own, reused across calls (prepared.Kept's
+    variant for the kept layouts, prepared.StepBuffers); the NumPy device keeps NumPy's own."""
 
     def __init__(self):
         self.kept = prepared.Kept()
@@ -44,9 +45,9 @@ class MatMul(Op):
     def forward(self, impl, a, b):
         if a.dtype in _HALF_DTYPES:     # bfloat16 comes from a mixed-precision policy
             return impl.matmul.matmul(a, b)
-        if impl.kind == 'cpu':          # the NumPy device keeps NumPy's own buffers
-            return impl.xp.matmul(a, b)
-        return self.kept.run(impl, (a, b), _product_runner)
+        if impl.matmul.FLOAT_PRODUCTS_IN_STEP_BUFFERS:
+            return self.kept.run(impl, (a, b), _product_runner)
+        return impl.xp.matmul(a, b)
 
     def grad(self, inputs, outputs, output_grads):
         a, b = inputs
