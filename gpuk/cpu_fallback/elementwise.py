@@ -8,6 +8,8 @@ from gpuk.contracts.fused_program import check_fused_args
 ACTIVATIONS = ('linear', 'relu')
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 _WIDE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))   # computed in their own dtype
+# NumPy's ufuncs read a strided operand in place (gpuk/kernels/elementwise.py says True).
+COPIES_STRIDED_OPERANDS = False
 
 
 def copy(x):

@@ -18,6 +18,10 @@ COPY_MAX_BLOCKS = 4096
 BIAS_ACT_THREADS = 256
 BIAS_ACT_MAX_BLOCKS = 8192
 ACTIVATION_CODES = {'linear': 0, 'relu': 1}
+# The launchers take C-contiguous operands only, so a strided one is copied on every call (the
+# fused kernels' too: fused_elementwise._contiguous); a Scan copies a sequence with strided
+# per-step slices once per loop instead (ops/scan.py). The twin says False.
+COPIES_STRIDED_OPERANDS = True
 
 
 def defines(dtype):

@@ -398,14 +398,16 @@ def _read_inputs(plan):
 
 
 def _steps_contiguous(impl, sequence):
-    """``sequence`` with C-contiguous per-step slices. On the kernel runtimes, whose launchers
-    copy a strided operand on every call, a sequence whose slices are strided (a time-major
-    view of a batch-major array: the gradient of a Keras RNN's outputs) is copied once per
-    loop instead of once per time step; one allocation of the step, counted as the launchers'
-    copies are. The NumPy device's ufuncs read strided slices in place: nothing is copied. Nor
-    is a broadcast (a zero stride: the stacked stand-in of a value read for its shape alone,
-    _stacked_like), which would become a whole sequence of memory."""
-    if impl.kind == 'cpu' or sequence[0].flags.c_contiguous or 0 in sequence.strides:
+    """``sequence`` with C-contiguous per-step slices where the elementwise family's step
+    kernels would copy a strided operand on every call (COPIES_STRIDED_OPERANDS: the kernel
+    runtimes): a sequence whose slices are strided (a time-major view of a batch-major array:
+    the gradient of a Keras RNN's outputs) is copied once per loop instead of once per time
+    step; one allocation of the step, counted as the launchers' copies are. The NumPy
+    device's ufuncs read strided slices in place: nothing is copied. Nor is a broadcast (a
+    zero stride: the stacked stand-in of a value read for its shape alone, _stacked_like),
+    which would become a whole sequence of memory."""
+    if (not impl.elementwise.COPIES_STRIDED_OPERANDS or sequence[0].flags.c_contiguous
+            or 0 in sequence.strides):
         return sequence
     counters.allocated()
     return impl.xp.ascontiguousarray(sequence)
