@@ -14,6 +14,8 @@ Decoders follow TensorFlow's ctc_greedy_decoder and ctc_beam_search_decoder
 (what Keras 2.3.1's ctc_decode calls); the Theano-backend helpers at the end
 reproduce keras/backend/theano_backend.py 2.3.1 on NumPy arrays.
 """
+from types import MappingProxyType
+
 import numpy as np
 
 from gpuk.contracts.dtypes import accumulation_dtype
@@ -25,6 +27,10 @@ __all__ = [
     'ctc_interleave_blanks', 'ctc_create_skip_idxs', 'ctc_update_log_p',
     'ctc_path_probs', 'ctc_cost',
 ]
+
+# Empty: the twin checks the labels' and lengths' values at once on every call, so a caller that
+# checked them itself has no switch to pass (the launchers' values_checked=True: gpuk/kernels/ctc.py).
+VALUES_CHECKED_KEYWORDS = MappingProxyType({})
 
 
 # ---------------------------------------------------------------- loss

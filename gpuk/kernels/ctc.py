@@ -27,6 +27,7 @@ delegate to the NumPy twin on host copies and return arrays of the runtime's xp.
 import functools
 import weakref
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -38,6 +39,11 @@ from .cudnn import ctc as cudnn_ctc
 from .runtime import deferred, prepared, register_build, resolve, to_host
 
 __all__ = list(twin.__all__)
+
+# The keywords of a caller that has queued the check of the labels' and lengths' values itself
+# (the graph ops, naming the K function: ops/ctc.py), for the loss, gradient and decoder
+# launchers, which then queue no second one. The twin's mapping is empty: it has no such switch.
+VALUES_CHECKED_KEYWORDS = MappingProxyType({'values_checked': True})
 
 LOSS_SOURCE = Path(__file__).with_name('ctc.cu')
 DECODE_SOURCE = Path(__file__).with_name('ctc_decode.cu')

@@ -135,14 +135,6 @@ def _loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths,
     return labels, input_lengths, label_lengths
 
 
-def _values_checked(impl):
-    """The launchers' ``values_checked=True`` (gpuk/kernels/ctc.py) on 'cuda' and 'emulate': the
-    op queued the check of the labels' and lengths' values (loss_inputs_checked_later,
-    lengths_checked_later), naming the K function, so the launcher queues no second one. The
-    NumPy twin ('cpu', where the op's check ran at once) has no such switch."""
-    return {} if impl.kind == 'cpu' else {'values_checked': True}
-
-
 # --- loss ---------------------------------------------------------------------------------------
 
 class CtcLoss(Op):
@@ -167,7 +159,8 @@ class CtcLoss(Op):
     def forward(self, impl, logits, labels, input_lengths, label_lengths):
         labels, input_lengths, label_lengths = loss_inputs_checked_later(
             impl, self.where, logits.shape, labels, input_lengths, label_lengths)
-        return impl.ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, **_values_checked(impl))
+        return impl.ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths,
+                                     **impl.ctc.VALUES_CHECKED_KEYWORDS)
 
     def grad(self, inputs, outputs, output_grads):
         if not (is_zero(output_grads[1]) and is_zero(output_grads[2])):
@@ -190,7 +183,7 @@ class CtcLossGrad(Op):
         labels, input_lengths, label_lengths = loss_inputs_checked_later(
             impl, 'ctc_batch_cost', logits.shape, labels, input_lengths, label_lengths)
         return impl.ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss,
-                                     dloss, **_values_checked(impl))
+                                     dloss, **impl.ctc.VALUES_CHECKED_KEYWORDS)
 
 
 # --- decoders -----------------------------------------------------------------------------------
@@ -228,7 +221,8 @@ class CtcGreedyDecode(Op):
     def forward(self, impl, log_probs, input_lengths):
         lengths = lengths_checked_later(impl, self.where, 'input_length', input_lengths,
                                         log_probs.shape[0], log_probs.shape[1], 'the time steps of y_pred')
-        decoded, neg_sum = impl.ctc.ctc_greedy_decode(log_probs, lengths, None, True, **_values_checked(impl))
+        decoded, neg_sum = impl.ctc.ctc_greedy_decode(log_probs, lengths, None, True,
+                                                      **impl.ctc.VALUES_CHECKED_KEYWORDS)
         return _cut_trailing_padding(impl.xp, decoded), neg_sum
 
 
@@ -250,7 +244,8 @@ class CtcBeamDecode(Op):
         lengths = lengths_checked_later(impl, self.where, 'input_length', input_lengths,
                                         log_probs.shape[0], log_probs.shape[1], 'the time steps of y_pred')
         paths, scores = impl.ctc.ctc_beam_search_decode(
-            log_probs, lengths, self.beam_width, self.top_paths, None, self.merge_repeated, **_values_checked(impl))
+            log_probs, lengths, self.beam_width, self.top_paths, None, self.merge_repeated,
+            **impl.ctc.VALUES_CHECKED_KEYWORDS)
         return tuple(_cut_trailing_padding(impl.xp, p) for p in paths) + (scores,)
 
 
