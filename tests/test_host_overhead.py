@@ -512,25 +512,31 @@ def test_steps_skip_their_layout_comparison_only_where_a_plan_run_repeats_its_la
     ''')
 
 
+# A K.rnn tanh cell over (2, steps, 3) inputs and its training step (an update of u), plain launches.
+_RNN_STEP = '''
+    import os
+    import numpy as np
+    from gpuk import backend as K
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'
+    def rnn_training_step(steps, loss_of_outputs):
+        x = K.placeholder((2, steps, 3))
+        w = K.variable(np.full((3, 4), 0.1, np.float32))
+        u = K.variable(np.full((4, 4), 0.2, np.float32))
+        def step(x_t, states):
+            h = K.tanh(K.dot(x_t, w) + K.dot(states[0], u))
+            return h, [h]
+        _, outputs, _ = K.rnn(step, x, [K.zeros((2, 4))])
+        loss = loss_of_outputs(outputs)
+        return K.function([x], [loss], updates=[K.update_sub(u, 0.01 * K.gradients(loss, [u])[0])])
+'''
+
+
 def test_a_scan_gradient_step_plan_not_reading_a_sequence_still_repeats_its_layouts():
     """A scan's gradient step plan is fed None for the forward sequences its steps do not
     read (the input slice x_t, when the weight gradients are taken after the loop): its plan
     runs still get a LayoutToken, as only the inputs a step reads make the steps' layouts."""
-    _rehearse('''
-    import os
-    import numpy as np
-    from gpuk import backend as K
-    from gpuk.kernels.runtime import prepared
-    os.environ['GPUK_CUDA_GRAPHS'] = '0'
-    x = K.placeholder((2, 5, 3))
-    w = K.variable(np.full((3, 4), 0.1, np.float32))
-    u = K.variable(np.full((4, 4), 0.2, np.float32))
-    def step(x_t, states):
-        h = K.tanh(K.dot(x_t, w) + K.dot(states[0], u))
-        return h, [h]
-    _, outputs, _ = K.rnn(step, x, [K.zeros((2, 4))])
-    loss = K.sum(outputs)
-    f = K.function([x], [loss], updates=[K.update_sub(u, 0.01 * K.gradients(loss, [u])[0])])
+    _rehearse(_RNN_STEP + '''
+    f = rnn_training_step(5, K.sum)
     value = np.ones((2, 5, 3), np.float32)
     for _ in range(3):
         f([value])
@@ -554,12 +560,8 @@ def test_a_scan_copies_a_strided_sequence_once_per_loop_not_once_per_time_step()
     view whose per-step slices are strided; the kernels take contiguous operands, so the scan
     copies that sequence once (Scan: _steps_contiguous) instead of the fused step copying each
     slice: a steady step makes as many contiguous copies for 10 time steps as for 5."""
-    _rehearse('''
-    import os
-    import numpy as np
-    from gpuk import backend as K
+    _rehearse(_RNN_STEP + '''
     from gpuk.kernels import fused_elementwise
-    os.environ['GPUK_CUDA_GRAPHS'] = '0'
     copies = []
     real = fused_elementwise._contiguous
     def contiguous(xp, a):
@@ -567,15 +569,7 @@ def test_a_scan_copies_a_strided_sequence_once_per_loop_not_once_per_time_step()
         return real(xp, a)
     fused_elementwise._contiguous = contiguous
     def copies_per_step(steps):
-        x = K.placeholder((2, steps, 3))
-        w = K.variable(np.full((3, 4), 0.1, np.float32))
-        u = K.variable(np.full((4, 4), 0.2, np.float32))
-        def step(x_t, states):
-            h = K.tanh(K.dot(x_t, w) + K.dot(states[0], u))
-            return h, [h]
-        _, outputs, _ = K.rnn(step, x, [K.zeros((2, 4))])
-        loss = K.sum(K.square(outputs))
-        f = K.function([x], [loss], updates=[K.update_sub(u, 0.01 * K.gradients(loss, [u])[0])])
+        f = rnn_training_step(steps, lambda outputs: K.sum(K.square(outputs)))
         value = np.ones((2, steps, 3), np.float32)
         for _ in range(3):
             f([value])
