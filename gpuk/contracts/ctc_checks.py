@@ -91,12 +91,18 @@ def bad_lengths(xp, lengths, upper):
     return not_integral(xp, lengths) | (lengths < 0) | (lengths > upper)
 
 
+def lengths_flag(xp, input_lengths, label_lengths, steps, width):
+    """A 0-d boolean array of xp: True when an input length is not allowed for ``steps`` time
+    steps or a label length for labels ``width`` wide (bad_lengths)."""
+    return xp.any(bad_lengths(xp, input_lengths, steps)) | xp.any(bad_lengths(xp, label_lengths, width))
+
+
 def loss_values_flag(xp, labels, input_lengths, label_lengths, steps, classes, blank):
     """A 0-d boolean array of xp, computed on the arrays' device without reading them back:
     True when check_loss_inputs would reject a value (inputs whose shapes and dtypes it
     accepted). gpuk/kernels/ctc.py reads it later (runtime/deferred.py)."""
     width = labels.shape[1]
-    bad = xp.any(bad_lengths(xp, input_lengths, steps)) | xp.any(bad_lengths(xp, label_lengths, width))
+    bad = lengths_flag(xp, input_lengths, label_lengths, steps, width)
     used = xp.arange(width)[None, :] < label_lengths[:, None]
     # int_array rejects a non-integral float anywhere in labels, padding included
     out_of_range = (labels < 0) | (labels >= classes) | (labels == blank)

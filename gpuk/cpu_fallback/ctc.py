@@ -263,8 +263,7 @@ def ctc_check_loss_values(labels, input_lengths, label_lengths, steps, classes):
     cut = checks.lengths_to_first_blank(np, labels, _clamped_lengths(label_lengths, width), classes)
     within = np.arange(width) < cut[:, None]
     bad_labels = within & (checks.not_integral(np, labels) | (labels < 0))
-    bad = (np.any(checks.bad_lengths(np, input_lengths, steps)) | np.any(checks.bad_lengths(np, label_lengths, width))
-           | np.any(bad_labels))
+    bad = checks.lengths_flag(np, input_lengths, label_lengths, steps, width) | np.any(bad_labels)
     kept = within & ~bad_labels
     checked = np.full(labels.shape, -1, dtype=np.int64)
     checked[kept] = labels[kept]
