@@ -226,8 +226,8 @@ def _filter_rounding(rt, g, dtype, tile):
     if tile.math != 'tf32':
         return None
     count = math.prod(g.k_sp) * g.c_in * g.c_out
-    blocks = max(1, min(math.ceil(count / split_k.REDUCE_THREADS), split_k.REDUCE_MAX_BLOCKS))
-    run = _kernel_launch(rt, dtype, tile, 'conv_round_tf32', blocks, split_k.REDUCE_THREADS)
+    run = _kernel_launch(rt, dtype, tile, 'conv_round_tf32', split_k.grid_stride_blocks(count),
+                         split_k.REDUCE_THREADS)
     return lambda w, rounded: run((w, rounded, np.int64(count)))
 
 

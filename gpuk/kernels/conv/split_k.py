@@ -28,14 +28,20 @@ def plan(tile, rows, cols, depth):
     return (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn), math.ceil(depth / per_split)), per_split
 
 
+def grid_stride_blocks(count, threads=REDUCE_THREADS):
+    """Blocks of ``threads`` for a grid-stride pass over ``count`` elements (the reduce, and
+    conv_round_tf32 over a tf32 filter): one element a thread, at most REDUCE_MAX_BLOCKS."""
+    return max(1, min(math.ceil(count / threads), REDUCE_MAX_BLOCKS))
+
+
 def wgrad_launch(run, scalars, splits, count, reduce_launch, threads=REDUCE_THREADS):
     """The WgradLaunch of the main kernel's launch ``run`` with its scalars, over ``splits``
     splits of a dw of ``count`` elements; ``reduce_launch(blocks)`` makes the reduce's launch
     (``threads`` per block) when there are several splits."""
     if splits == 1:
         return WgradLaunch(run, scalars, (1,), None, None)
-    blocks = max(1, min(math.ceil(count / threads), REDUCE_MAX_BLOCKS))
-    return WgradLaunch(run, scalars, (splits, count), reduce_launch(blocks), (np.int64(count), np.int32(splits)))
+    return WgradLaunch(run, scalars, (splits, count), reduce_launch(grid_stride_blocks(count, threads)),
+                       (np.int64(count), np.int32(splits)))
 
 
 def run(xp, x, dy, w_shape, dtype, launch):
