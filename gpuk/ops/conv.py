@@ -162,6 +162,7 @@ class Window:
 class _WindowOp(Op):
     """``static_shape``: the static shape a gradient op produces; ``from_like``: whether its
     third input is a tensor of that shape (else an int shape vector)."""
+    keeps_calls = True   # False: its forward calls the launcher itself (Op.kept stays None)
 
     def __init__(self, window, static_shape=None, from_like=True):
         self.window = window
@@ -172,7 +173,8 @@ class _WindowOp(Op):
         # kept with the arrays' signature (prepared.Kept), so a step that sees the same shapes
         # again skips reading them. A result shape read from a shape vector's values (not
         # ``from_like``) is never kept.
-        self.kept = prepared.Kept(keeps=from_like)
+        if self.keeps_calls:
+            self.kept = prepared.Kept(keeps=from_like)
         # a gradient's result shape read from a shape vector's values (third input)
         self.shape_from_values = slice(0, 0) if from_like else slice(2, None)
 
@@ -353,11 +355,8 @@ class LocalWindow:
 
 class LocalConvFwd(_WindowOp):
     """A locally connected convolution, whose forward (and its gradients') calls the launcher
-    itself: no runner is kept (Op.kept), so a plan never calls _WindowOp's Kept in its place."""
-
-    def __init__(self, window, static_shape=None, from_like=True):
-        super().__init__(window, static_shape, from_like)
-        self.kept = None
+    itself: no runner is kept (Op.kept), so a plan calls no Kept in its place."""
+    keeps_calls = False
 
     def infer(self, x, w):
         win = self.window
