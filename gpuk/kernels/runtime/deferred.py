@@ -5,11 +5,11 @@ reading it at the call is a device-to-host copy that stalls the stream, two or t
 per CTC or sparse cross-entropy call. Instead the launcher (or op) computes a 0-d *flag* on
 the device ("some value is bad": a few small reductions, queued like any kernel, or one
 kernel's output: the CTC loss's ctc_check.cu writes a nonzero int64) and registers it here
-with a *recheck*: a callable that runs the eager check on host copies
-and raises its ValueError. The flags are read later, all in one copy, where the results are
-read anyway: `raise_pending()`, which K.function calls where it copies the step's outputs to
-the host (after the plan ran: no sync inside the step) and before it commits any variable
-update, so a failed call still changes no variable.
+with a *recheck*: a callable that runs the eager check on host copies and raises its
+ValueError. The flags are read later, all in one copy, where the results are read anyway:
+`raise_pending()`, which K.function calls where it copies the step's outputs to the host
+(after the plan ran: no sync inside the step) and before it commits any variable update, so
+a failed call still changes no variable.
 
 A captured CUDA Graph (gpuk/cuda_graph.py) keeps the checks its capture registered
 (`collecting()`): the graph recomputes their flags and their union (`any_failed`) on each

@@ -92,9 +92,10 @@ class Kept:
     these layouts: a runner with a ``specialized(arrays)`` attribute is kept as what that
     returns (the fused runner's variant knows which inputs are strided, so it tests none per
     call), and such a variant, being this call site's own, may own the step's output buffers
-    (``StepBuffers``: the plan's memory arena for plain launches). Inside a plan run whose input layouts repeat
-    (``LayoutToken``), a Kept called once per run skips even the comparison, and the plan calls
-    the runner it kept directly from the next run of that token on (``runner_of_run``).
+    (``StepBuffers``: the plan's memory arena for plain launches). Inside a plan run whose input
+    layouts repeat (``LayoutToken``), a Kept called once per run skips even the comparison, and
+    the plan calls the runner it kept directly from the next run of that token on
+    (``runner_of_run``).
 
     Values without a shape and dtype are never kept, and a value of another type misses (a NumPy
     array where the CUDA runtime's was kept goes through ``get`` and its checks, as before);
