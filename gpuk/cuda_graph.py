@@ -33,6 +33,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from gpuk import device
 from gpuk.kernels import runtime
 from gpuk.kernels.runtime import counters, deferred, prepared
 from gpuk.ops.base import Op
@@ -229,9 +230,13 @@ class PlanGraphs:
         try:
             step = CapturedStep(self.plan, fed, updates)
         except BadValues:
-            return run_plain(fed), False
-        except Exception as exc:   # an invalidated capture, a sync, an unsupported call
+            step = None
+        except Exception as exc:   # an invalidated capture, a sync, an unsupported call, out of memory
             self.refused[key] = 'capture failed: %s: %s' % (type(exc).__name__, exc)
+            if device.out_of_memory(exc):   # its warm-up's buffers and its private pool go
+                device.release_memory(exc)
+            step = None
+        if step is None:   # run past the except clause: nothing of the failed capture is held
             return run_plain(fed), False
         self.captured[key] = step
         return step.replay(fed), True

@@ -11,6 +11,7 @@ All host<->device copies go through ``to_device`` / ``to_host``.
 """
 import importlib
 import os
+import traceback
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from gpuk.contracts.families import FAMILIES
 
 from gpuk import config
 from gpuk.config import DEVICE_KINDS
-from gpuk.kernels.runtime import counters
+from gpuk.kernels.runtime import KernelLaunchError, counters, prepared
 from gpuk.kernels.runtime import gpu_unusable_reason  # noqa: F401 (part of this module's API)
 
 _state = {'kind': None, 'impl': None}
@@ -26,6 +27,98 @@ _state = {'kind': None, 'impl': None}
 
 class DeviceError(RuntimeError):
     """The requested device cannot be used."""
+
+
+class OutOfMemoryError(MemoryError):
+    """A K.function call ran out of device memory (host memory on the NumPy devices): what it
+    raises in place of CuPy's OutOfMemoryError, a CUDA out-of-memory status or NumPy's
+    MemoryError (kept as ``__cause__``), naming the K function whose step failed and the dtypes
+    and shapes of that step's inputs. The call changed no variable and released what it had
+    allocated (``release_memory``): a smaller batch can run next. A MemoryError, so ``except
+    MemoryError`` catches it; ``requested_bytes`` is the size of the allocation that failed
+    where the error said it (CuPy's and NumPy's do), else None. Also ``gpuk.OutOfMemoryError``."""
+
+    def __init__(self, message, requested_bytes=None):
+        super().__init__(message)
+        self.requested_bytes = requested_bytes
+
+    @classmethod
+    def of(cls, name, error, arrays):
+        """The error for ``error`` (``out_of_memory(error)`` is true) in ``name`` (the K
+        function whose step failed, or the function copying its inputs), given ``arrays``."""
+        memory = 'GPU' if kind() == 'cuda' else 'host'
+        reason = (str(error) or type(error).__name__).rstrip('.')
+        return cls('%s: out of %s memory (at run time, on inputs %s): %s. No variable was updated and the '
+                   'call\'s memory was released: try a smaller batch.'
+                   % (name, memory, ', '.join(map(_described, arrays)), reason), _requested_bytes(error))
+
+
+def _described(value):
+    if hasattr(value, 'shape') and hasattr(value, 'dtype'):
+        return '%s %s' % (value.dtype, tuple(value.shape))
+    return type(value).__name__   # a host number, or None for a value a step does not read
+
+
+def _requested_bytes(error):
+    """The failed allocation's size: CuPy's OutOfMemoryError keeps it as ``_size``, NumPy's
+    (``_ArrayMemoryError``) as ``_total_size``; neither is public, so read if present."""
+    for name in ('_size', '_total_size'):
+        size = getattr(error, name, None)
+        if isinstance(size, int):
+            return size
+    return None
+
+
+# cudaErrorMemoryAllocation (CUDARuntimeError) and CUDA_ERROR_OUT_OF_MEMORY (CUDADriverError)
+_CUDA_OUT_OF_MEMORY = 2
+_CUBLAS_STATUS_ALLOC_FAILED = 3
+
+
+def out_of_memory(error):
+    """Whether ``error`` says an allocation failed: a MemoryError (CuPy's pool raises its
+    OutOfMemoryError, one, also for a cuDNN workspace it allocates; NumPy raises MemoryError),
+    or on the CUDA device a CUDA runtime or driver error with the out-of-memory status or
+    cuBLAS's ALLOC_FAILED, also as the cause of the KernelLaunchError a launch wraps it in.
+    Other errors that may stem from memory (a cuDNN status, a launch out of resources) do not
+    say so reliably and keep their own type."""
+    if isinstance(error, MemoryError):
+        return True
+    if isinstance(error, KernelLaunchError):
+        error = error.__cause__
+    implementation = _state['impl']
+    if error is None or implementation is None or implementation.kind != 'cuda':
+        return False
+    cuda, status = implementation.xp.cuda, getattr(error, 'status', None)
+    if isinstance(error, (cuda.runtime.CUDARuntimeError, cuda.driver.CUDADriverError)):
+        return status == _CUDA_OUT_OF_MEMORY
+    return isinstance(error, cuda.cublas.CUBLASError) and status == _CUBLAS_STATUS_ALLOC_FAILED
+
+
+def release_memory(error):
+    """Releases what a call that failed with ``error`` (an allocation failure) still holds, so
+    that a smaller call can get the memory:
+
+    - the locals of the frames ``error`` and its causes passed through (the plan's slot values,
+      its inputs on the device, an op's temporaries), which the exception keeps alive as long
+      as the caller keeps it (``except MemoryError as e``, pytest.raises); the frames stay in
+      the traceback, without their locals;
+    - the output buffers the ops' kept runners reuse from call to call (prepared.release_kept:
+      made for the failed call's shapes, and the earlier calls');
+    - on CUDA, the blocks CuPy's default pool caches, which the above returned to it: the pool
+      retries a failed cudaMalloc after freeing its own cache, but cached memory is lost to
+      every allocation outside that pool (a CUDA Graph capture's private pool, a library's
+      own workspace, another process) and a pool limit (CUPY_GPU_MEMORY_LIMIT, set_limit)
+      counts it and refuses without freeing it. It costs a device sync and fresh cudaMallocs
+      for the next call, once, after a failure. Captured graphs keep their memory: it is in
+      their private pools, which this does not touch."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__
+    prepared.release_kept()
+    if kind() == 'cuda':
+        impl().xp.get_default_memory_pool().free_all_blocks()
 
 
 def _resolve_kind():
@@ -141,10 +234,15 @@ def run_checked(run, *args):
 def run_deferring(run, *args):
     """``run(*args)``, leaving the checks its ops queued pending for the caller to read where it
     reads the results (K.function: with the step's outputs, so the step itself makes no host
-    sync); when ``run`` fails, a failed check is raised instead and none is left pending."""
+    sync); when ``run`` fails, a failed check is raised instead and none is left pending. An
+    OutOfMemoryError drops the checks unread: no bad value explains a failed allocation, and
+    reading them would hold the failed call's flags (and sync) before it is released."""
     from gpuk.kernels.runtime import deferred
     try:
         return run(*args)
+    except OutOfMemoryError:
+        deferred.discard()
+        raise
     except BaseException:
         deferred.raise_pending()
         raise

@@ -238,10 +238,15 @@ class Plan:
 
     def _steps_of_run(self, token):
         """The bound steps, or in a run of a token whose earlier run they were made from, the
-        steps calling their op's kept runner in place of its forward (_resolve_kept_runners)."""
+        steps calling their op's kept runner in place of its forward (_resolve_kept_runners).
+        Kept steps of another token or kept state are dropped: no later run can use them (a
+        token whose layouts changed never comes back), and their runners hold step buffers
+        (after an allocation failure, prepared.release_kept leaves these the only holders)."""
         kept = self._kept_steps
-        if kept is not None and kept[0] is token and kept[1] == prepared.kept_state():
-            return kept[2]
+        if kept is not None:
+            if kept[0] is token and kept[1] == prepared.kept_state():
+                return kept[2]
+            self._kept_steps = None
         return self._bound_steps
 
     def _resolve_kept_runners(self, token):
@@ -272,6 +277,10 @@ class Plan:
                 result = call(*arguments(env))
             except (ValueError, TypeError, IndexError) as error:
                 raise self._run_error(i, error, arguments(env), fed_arrays) from error
+            except Exception as error:   # (no cost per step: a try costs only when it catches)
+                if not self._names_out_of_memory(error):
+                    raise
+                raise device.OutOfMemoryError.of(self._step_name(i), error, arguments(env)) from error
             if out is not None:
                 env[out] = result
             else:
@@ -290,6 +299,10 @@ class Plan:
                 result = counting.step(call, args, _NewBuffers(len(outs) > 1, args))
             except (ValueError, TypeError, IndexError) as error:
                 raise self._run_error(i, error, args, fed_arrays) from error
+            except Exception as error:
+                if not self._names_out_of_memory(error):
+                    raise
+                raise device.OutOfMemoryError.of(self._step_name(i), error, args) from error
             if out is not None:
                 env[out] = result
             else:
@@ -299,14 +312,23 @@ class Plan:
                 env[s] = None
         return list(self._targets(env))
 
+    @staticmethod
+    def _names_out_of_memory(error):
+        """Whether a step's ``error`` is an allocation failure this plan turns into its
+        OutOfMemoryError: one a scan's step plan raised names its own step already."""
+        return device.out_of_memory(error) and not isinstance(error, device.OutOfMemoryError)
+
+    def _step_name(self, step):
+        """What a run-time error of ``step`` starts with: the K function that built it, or for
+        a step built by a Python operator on tensors (x + y), 'function: ' and the op."""
+        call = self.step_calls[step]
+        return call.name if call is not None else 'function: %s' % self.step_op_names[step]
+
     def _run_error(self, step, error, arrays, fed_arrays):
         """``error`` (raised by a step at run time, when the shapes are known) naming the K
         function that built the step and the shapes of the tensors that call was given."""
         call = self.step_calls[step]
-        name = call.name if call is not None else 'function'
-        message = str(error)
-        if call is None:  # built by a Python operator on tensors (x + y)
-            message = '%s: %s' % (self.step_op_names[step], message)
+        name, message = self._step_name(step), str(error)
         if not message.startswith(name + ':'):
             message = '%s: %s' % (name, message)
         shapes = self._call_arg_shapes(call, step, fed_arrays) or [
@@ -464,6 +486,21 @@ class Function:
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
                                 else '%d values' % len(inputs)))
         arrays = [_input_array(p, v) for p, v in zip(self.inputs, inputs)]
+        try:
+            return self._step(arrays)
+        except device.OutOfMemoryError as error:   # a plan step's, named after its K function
+            device.release_memory(error)
+            raise
+        except Exception as error:   # outside the steps: copying the inputs in, an update's cast
+            if not device.out_of_memory(error):
+                raise
+            failed = device.OutOfMemoryError.of(self.name or 'function', error, arrays)
+            device.release_memory(error)
+            raise failed from error
+
+    def _step(self, arrays):
+        """Runs the plan on ``arrays`` (the checked inputs) and commits the updates; returns
+        the outputs on the host."""
         counting = counters.active()
         syncs_before = counting.host_syncs if counting is not None else 0
         plan = self._compiled()
@@ -495,10 +532,14 @@ class Function:
             if tuple(value.shape) != variable.shape:
                 raise ValueError('function: update of %r has shape %s, variable has %s'
                                  % (variable.name, tuple(value.shape), variable.shape))
+        # every new value made (a cast or a copy allocates, and may fail) before any is assigned
+        staged = []
         for (variable, _), value in zip(self.updates, new_values):
             value = value.astype(variable.dtype, copy=False)
             if isinstance(value, np.ndarray) and any(np.may_share_memory(value, a) for a in arrays):
                 value = value.copy()  # a fed array: the caller may change it later
+            staged.append(value)
+        for (variable, _), value in zip(self.updates, staged):
             variable.value = value
         if self._guard is not None:
             self._guard.step_finished(finite)

@@ -25,8 +25,15 @@ nothing else. What it cannot show, because it is NumPy and not CuPy:
   is NumPy on the host memory the pointers address, so it checks the launcher's sizes,
   leading dimensions, strides and pointers, not cuBLAS's own numerics;
 - asynchronous execution, streams, the memory pool, real CUDA errors: launches run
-  synchronously, the pool is a no-op, and only the errors the rehearsal runtime raises
+  synchronously, the pool caches nothing, and only the errors the rehearsal runtime raises
   itself (dynamic shared memory above the kernel's allowance) are CUDA-like;
+- device memory: only the default pool's limit (``get_default_memory_pool().set_limit``, as in
+  CuPy) is modelled, so a test can run a step out of memory. While a limit is set, the arrays
+  made by the allocation functions (ALLOCATORS: what gpuk's launchers, step buffers and
+  workspaces allocate with) count while they are alive, and one that would take the count past
+  the limit raises ``cupy.cuda.memory.OutOfMemoryError`` with CuPy's arguments and message.
+  NumPy's own results (ops computed with xp, ``asarray`` of host arrays) are not counted, and
+  a freed array's bytes are available at once (CuPy would cache the block);
 - CUDA Graphs: ``Stream.begin_capture`` / ``end_capture`` / ``Graph.launch`` record and
   replay what the rehearsal can see: gpuk's kernel launches (rehearsal_runtime.py), the
   cuBLAS GEMM and ``cupy.copyto``; while capturing those are recorded, not run, as on a GPU.
@@ -36,9 +43,12 @@ nothing else. What it cannot show, because it is NumPy and not CuPy:
   CUDA does.
 """
 import ctypes
+import functools
+import itertools
 import sys
 import time
 import types
+import weakref
 
 import ml_dtypes
 
@@ -234,8 +244,32 @@ def get_elapsed_time(start_event, end_event):
     return (end_event._time - start_event._time) * 1e3
 
 
+class OutOfMemoryError(MemoryError):
+    """cupy.cuda.memory.OutOfMemoryError: CuPy's arguments (the size asked for, the bytes
+    allocated so far, the pool's limit or 0) and message."""
+
+    def __init__(self, size, total, limit=0):
+        self._size, self._total, self._limit = size, total, limit
+        message = 'Out of memory allocating {:,} bytes '.format(size)
+        if limit:
+            message += '(allocated so far: {:,} bytes, limit set to: {:,} bytes).'.format(total, limit)
+        else:
+            message += '(allocated so far: {:,} bytes).'.format(total)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return type(self), (self._size, self._total, self._limit)
+
+
 class MemoryPool:
-    """cupy.cuda.MemoryPool as far as we use it: NumPy owns the memory, so nothing is pooled."""
+    """cupy.cuda.MemoryPool as far as we use it: NumPy owns the memory, so nothing is cached
+    (free_all_blocks has nothing to free); a limit counts the arrays of ALLOCATORS (see the
+    module docstring). ``used_bytes``/``total_bytes``: the bytes of the counted arrays alive."""
+
+    def __init__(self):
+        self._limit = 0
+        self._alive = {}   # a counted array's number -> its bytes, until it is freed
+        self._numbers = itertools.count()
 
     def malloc(self, size):
         raise CUDARuntimeError('the rehearsal allocates with NumPy: MemoryPool.malloc is only passed to '
@@ -244,11 +278,30 @@ class MemoryPool:
     def free_all_blocks(self, stream=None):
         pass
 
+    def set_limit(self, size=None, fraction=None):
+        """CuPy's: ``size`` bytes, or a ``fraction`` of the device's memory; 0 or None: none."""
+        if fraction is not None:
+            size = int(fraction * getDeviceProperties(0)['totalGlobalMem'])
+        self._limit = size or 0
+
+    def get_limit(self):
+        return self._limit
+
     def used_bytes(self):
-        return 0
+        return sum(self._alive.values())
 
     def total_bytes(self):
-        return 0
+        return self.used_bytes()
+
+    def count(self, array):
+        """Counts ``array`` (just allocated) while it is alive, or raises OutOfMemoryError when
+        it does not fit under the limit (the array is dropped: nothing was handed out)."""
+        used = self.used_bytes()
+        if used + array.nbytes > self._limit:
+            raise OutOfMemoryError(array.nbytes, used, self._limit)
+        number = next(self._numbers)
+        self._alive[number] = array.nbytes
+        weakref.finalize(array, self._alive.pop, number, None)
 
 
 _DEFAULT_POOL = MemoryPool()
@@ -256,6 +309,21 @@ _DEFAULT_POOL = MemoryPool()
 
 def get_default_memory_pool():
     return _DEFAULT_POOL
+
+
+# The NumPy functions the stand-in allocates "device" arrays with, counted under a pool limit
+ALLOCATORS = ('empty', 'zeros', 'ones', 'full', 'empty_like', 'zeros_like', 'ones_like', 'full_like')
+
+
+def _pooled(allocate):
+    """``allocate`` (one of ALLOCATORS) handing out memory of the default pool."""
+    @functools.wraps(allocate)
+    def pooled(*args, **kwargs):
+        array = allocate(*args, **kwargs)
+        if _DEFAULT_POOL._limit:
+            _DEFAULT_POOL.count(array)
+        return array
+    return pooled
 
 
 class using_allocator:
@@ -406,7 +474,9 @@ def _build_cuda():
     driver.CUDADriverError = CUDADriverError
     compiler = types.ModuleType('cupy.cuda.compiler')
     compiler.CompileException = CompileException
-    cuda.runtime, cuda.driver, cuda.compiler = runtime, driver, compiler
+    memory = types.ModuleType('cupy.cuda.memory')
+    memory.OutOfMemoryError, memory.MemoryPool = OutOfMemoryError, MemoryPool
+    cuda.runtime, cuda.driver, cuda.compiler, cuda.memory = runtime, driver, compiler, memory
     cuda.Device, cuda.Stream, cuda.Event, cuda.MemoryPool = Device, Stream, Event, MemoryPool
     cuda.Graph, cuda.using_allocator = Graph, using_allocator
     runtime.streamCaptureModeRelaxed = 2
@@ -427,6 +497,8 @@ def build_module():
             setattr(cupy, name, getattr(np, name))
     cupy.__version__ = 'gpu-rehearsal-standin'
     cupy.ndarray = np.ndarray
+    for name in ALLOCATORS:
+        setattr(cupy, name, _pooled(getattr(np, name)))
     cupy.asnumpy = asnumpy
     cupy.copyto = copyto
     cupy.get_array_module = get_array_module
@@ -436,5 +508,6 @@ def build_module():
     cupy.STANDIN = True          # activate() reads it: the stand-in is in sys.modules
     submodules = {'cupy': cupy, 'cupy.cuda': cupy.cuda, 'cupy.random': cupy.random,
                   'cupy.cuda.runtime': cupy.cuda.runtime, 'cupy.cuda.driver': cupy.cuda.driver,
-                  'cupy.cuda.compiler': cupy.cuda.compiler, 'cupy.cuda.cublas': cupy.cuda.cublas}
+                  'cupy.cuda.compiler': cupy.cuda.compiler, 'cupy.cuda.cublas': cupy.cuda.cublas,
+                  'cupy.cuda.memory': cupy.cuda.memory}
     return cupy, submodules

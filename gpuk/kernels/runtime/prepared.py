@@ -33,6 +33,7 @@ on the device on every call.
 """
 import operator
 import threading
+import weakref
 from sys import getrefcount as _getrefcount
 
 import numpy as np
@@ -102,7 +103,7 @@ class Kept:
     ``keeps=False`` keeps nothing (a result shape read from a shape vector's values). Bypassed
     like ``get`` under GPUK_CHECK_LAUNCHES=1, and forgotten by ``clear()``. The hit path is this
     one call between the op's forward and the runner."""
-    __slots__ = ('_last', '_keeps', '_run', '_repeats')
+    __slots__ = ('_last', '_keeps', '_run', '_repeats', '__weakref__')
 
     def __init__(self, keeps=True):
         # (owner, generation, layouts, value, token): replaced in one assignment, so a thread
@@ -115,6 +116,7 @@ class Kept:
         # the run number of the last call in a plan run; _repeats: False once this call site
         # was called twice in one run (its layouts need not repeat per run)
         self._run, self._repeats = -1, True
+        _EVERY_KEPT.add(self)
 
     def run(self, owner, arrays, make):
         """The kept runner's result on ``arrays`` (see the class docstring)."""
@@ -304,6 +306,18 @@ def forget_kept():
     """Every Kept forgets its runner (and the step buffers that runner owns) without clearing
     the prepared problems: a Kept's next call makes its runner again from ``get``'s table."""
     _generation[0] += 1
+
+
+_EVERY_KEPT = weakref.WeakSet()   # for release_kept (a Kept lives as long as its op)
+
+
+def release_kept():
+    """``forget_kept()``, and every Kept drops its runner at once rather than at its next call:
+    the step buffers those runners own go back to the memory pool now (device.release_memory,
+    after an allocation failure; a Kept not called again would hold them for good)."""
+    forget_kept()
+    for kept in list(_EVERY_KEPT):
+        kept._last = None
 
 
 class _NotAnArray(Exception):

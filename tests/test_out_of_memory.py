@@ -1,0 +1,192 @@
+"""A training step that runs out of memory (a batch too large for the device) raises
+gpuk.OutOfMemoryError naming the K function and its inputs' shapes, changes no variable,
+releases what it allocated, and the next, smaller step runs (gpuk/device.py, gpuk/function.py).
+
+On the NumPy device an op's computation raises NumPy's own MemoryError for a large batch; on
+the CUDA path (a GPU, or the GPU rehearsal's stand-in with its pool limit) CuPy's pool refuses
+an allocation past ``set_limit``."""
+import re
+
+import numpy as np
+import pytest
+
+import gpuk
+from gpuk import backend as K
+from gpuk import config, device
+from gpuk.cpu_fallback import conv as conv_twin
+from gpuk.kernels.runtime import deferred
+from tests import gpu_rehearsal
+
+BIG, SMALL = 64, 8
+
+
+def _training_step(rng, sparse=False):
+    """A conv net's SGD-with-momentum step as Keras builds one: the function, its variables."""
+    x = K.placeholder((None, 6, 6, 2))
+    labels = K.placeholder((None,) if sparse else (None, 3))
+    w = K.variable(0.3 * rng.standard_normal((3, 3, 2, 4)), name='w')
+    d = K.variable(0.3 * rng.standard_normal((64, 3)), name='d')
+    velocities = [K.variable(np.zeros(K.int_shape(v)), name='v_' + v.name) for v in (w, d)]
+    iterations = K.variable(0, dtype='int64', name='iterations')
+    logits = K.dot(K.batch_flatten(K.relu(K.conv2d(x, w))), d)
+    if sparse:   # its label-range check is deferred on the CUDA path (runtime/deferred.py)
+        loss = K.mean(K.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+    else:
+        loss = K.mean(K.categorical_crossentropy(labels, K.softmax(logits)))
+    updates = [K.update_add(iterations, 1)]
+    for v, velocity, g in zip((w, d), velocities, K.gradients(loss, [w, d])):
+        new_velocity = 0.9 * velocity - 0.1 * g
+        updates += [K.update(velocity, new_velocity), K.update(v, v + new_velocity)]
+    step = K.function([x, labels], [loss], updates=updates)
+    return step, [w, d, iterations] + velocities
+
+
+def _batch(rng, n, sparse=False):
+    labels = rng.integers(0, 3, n)
+    return [rng.standard_normal((n, 6, 6, 2)).astype(np.float32),
+            labels.astype(np.float32) if sparse else np.eye(3, dtype=np.float32)[labels]]
+
+
+def _values(variables):
+    return [K.get_value(v).copy() for v in variables]
+
+
+def _assert_unchanged(variables, before):
+    for v, value in zip(variables, before):
+        np.testing.assert_array_equal(K.get_value(v), value, err_msg=v.name)   # bit for bit
+
+
+@pytest.fixture
+def conv_runs_out_of_memory_past(monkeypatch):
+    """The NumPy twin's forward convolution fails for a batch above ``limit[0]`` as NumPy does
+    when an array does not fit (its own MemoryError, asking for the batch's share of 8 PiB)."""
+    limit = [None]
+    conv_fwd = conv_twin.conv_fwd
+
+    def short_of_memory(x, w, *args, **kwargs):
+        if limit[0] is not None and x.shape[0] > limit[0]:
+            np.empty((x.shape[0], 1 << 45), x.dtype)
+        return conv_fwd(x, w, *args, **kwargs)
+
+    monkeypatch.setattr(conv_twin, 'conv_fwd', short_of_memory)
+    return limit
+
+
+@pytest.fixture
+def _restore_precision():
+    saved = config.precision()
+    yield
+    config.set_precision(saved)
+
+
+def test_a_step_out_of_memory_changes_nothing_and_a_smaller_one_runs(rng, conv_runs_out_of_memory_past):
+    step, variables = _training_step(rng)
+    small = _batch(rng, SMALL)
+    step(small)                       # a step that fits; then the memory gets short
+    conv_runs_out_of_memory_past[0] = SMALL
+    before = _values(variables)
+    with pytest.raises(gpuk.OutOfMemoryError) as caught:
+        step(_batch(rng, BIG))
+    error = caught.value
+    assert isinstance(error, MemoryError) and str(error.__cause__).startswith('Unable to allocate')
+    assert str(error).startswith('conv2d: out of host memory (at run time, on inputs float32 (64, 6, 6, 2), '
+                                 'float32 (3, 3, 2, 4)): Unable to allocate 8.00 PiB'), str(error)
+    assert 'try a smaller batch' in str(error)
+    assert error.requested_bytes == BIG << 47
+    _assert_unchanged(variables, before)
+    _assert_runs_like_a_step_that_never_failed(step, variables, before, small)
+
+
+def _assert_runs_like_a_step_that_never_failed(step, variables, before, batch, sparse=False):
+    """``step`` on ``batch`` gives the outputs, variables (and loss scale) of the same step
+    built afresh from the values ``before``."""
+    twin, twin_variables = _training_step(np.random.default_rng(0), sparse)
+    for v, value in zip(twin_variables, before):
+        K.set_value(v, value)
+    np.testing.assert_array_equal(step(batch), twin(batch))
+    for v, t in zip(variables, twin_variables):
+        np.testing.assert_array_equal(K.get_value(v), K.get_value(t), err_msg=v.name)
+    if step._guard is not None:
+        scaler, twin_scaler = step._guard.scalers[0], twin._guard.scalers[0]
+        assert (scaler.scale, scaler.growth_tracker) == (twin_scaler.scale, twin_scaler.growth_tracker)
+
+
+def test_a_loss_scaled_step_out_of_memory_keeps_its_loss_scale(rng, conv_runs_out_of_memory_past,
+                                                                _restore_precision):
+    config.set_precision('mixed_float16')
+    step, variables = _training_step(rng)
+    scaler, = step._guard.scalers
+    conv_runs_out_of_memory_past[0] = SMALL
+    before, scale = _values(variables), (scaler.scale, scaler.growth_tracker)
+    with pytest.raises(MemoryError, match='^conv2d: out of host memory'):
+        step(_batch(rng, BIG))
+    _assert_unchanged(variables, before)
+    assert (scaler.scale, scaler.growth_tracker) == scale
+    _assert_runs_like_a_step_that_never_failed(step, variables, before, _batch(rng, SMALL))
+
+
+def test_only_allocation_failures_become_out_of_memory_errors(rng, monkeypatch):
+    step, variables = _training_step(rng)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError('conv: not a memory problem')
+
+    monkeypatch.setattr(conv_twin, 'conv_fwd', broken)
+    with pytest.raises(RuntimeError, match='^conv: not a memory problem$'):
+        step(_batch(rng, SMALL))
+    assert deferred.pending_count() == 0
+
+
+@pytest.fixture
+def pool_limit():
+    """``limit(headroom)``: CuPy's default pool refuses what would take it more than
+    ``headroom`` bytes past what it holds now (``set_limit``, as in CuPy; the GPU rehearsal's
+    stand-in counts its allocations the same way); no limit after the test."""
+    pool = device.xp().get_default_memory_pool()
+
+    def limit(headroom):
+        pool.set_limit(size=pool.total_bytes() + headroom)
+        return pool
+
+    yield limit
+    pool.set_limit(size=0)
+
+
+@pytest.mark.gpu
+def test_a_step_past_the_pool_limit_on_the_cuda_path_changes_nothing_and_a_smaller_one_runs(
+        on, rng, deferred_checks, pool_limit, monkeypatch):
+    on('cuda')
+    step, variables = _training_step(rng, sparse=True)
+    small = _batch(rng, SMALL, sparse=True)
+    step(small)
+    # SMALL's steps take under 4 KB more than the pool holds after one, BIG's 16 KB for the
+    # convolution's output, then 16 KB more for the gradient of the flattened activations (in
+    # the rehearsal: after the cross-entropy deferred its label check, to be dropped unread)
+    pool = pool_limit(17 << 10)
+    held, before = pool.used_bytes(), _values(variables)
+    discarded = []
+    monkeypatch.setattr(deferred, 'discard', lambda discard=deferred.discard: (
+        discarded.append(deferred.pending_count()), discard())[1])
+    big = _batch(rng, BIG, sparse=True)
+    big[1][0] = 3                     # a label out of range: a check that is dropped, not raised
+    with pytest.raises(gpuk.OutOfMemoryError) as caught:
+        step(big)
+    error = caught.value
+    assert type(error.__cause__) is device.xp().cuda.memory.OutOfMemoryError
+    assert re.match(r'^\w+: out of GPU memory \(at run time, on inputs float32 \(64, .*\): Out of memory '
+                    r'allocating [\d,]+ bytes .*\. No variable was updated .*: try a smaller batch\.$', str(error)), error
+    assert error.requested_bytes == error.__cause__._size
+    assert deferred.pending_count() == 0
+    if gpu_rehearsal.active():        # sizes as counted by the stand-in
+        assert str(error).startswith('gradients: ') and discarded[0] > 0, (str(error), discarded)
+    # released although the error (its traceback's frames) is still held here
+    assert pool.used_bytes() <= held
+    _assert_unchanged(variables, before)
+    out = step(small)
+    on('cpu')                         # the same step on the NumPy device, from the same values
+    twin, twin_variables = _training_step(np.random.default_rng(0), sparse=True)
+    for v, value in zip(twin_variables, before):
+        K.set_value(v, value)
+    np.testing.assert_allclose(out, twin(small), rtol=1e-5)
+    for v, t in zip(variables, twin_variables):
+        np.testing.assert_allclose(K.get_value(v), K.get_value(t), rtol=1e-5, atol=1e-6, err_msg=v.name)
