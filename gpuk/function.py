@@ -239,14 +239,17 @@ class Plan:
     def _steps_of_run(self, token):
         """The bound steps, or in a run of a token whose earlier run they were made from, the
         steps calling their op's kept runner in place of its forward (_resolve_kept_runners).
-        Kept steps of another token or kept state are dropped: no later run can use them (a
-        token whose layouts changed never comes back), and their runners hold step buffers
-        (after an allocation failure, prepared.release_kept leaves these the only holders)."""
+        Kept steps no later run can use are dropped, as their runners hold step buffers (after
+        an allocation failure, prepared.release_kept leaves these the only holders): those of
+        another token (one whose layouts changed never comes back) or of an older generation
+        of kept runners (not of a run under GPUK_CHECK_LAUNCHES=1, whose state is None)."""
         kept = self._kept_steps
         if kept is not None:
-            if kept[0] is token and kept[1] == prepared.kept_state():
+            state = prepared.kept_state()
+            if kept[0] is token and kept[1] == state:
                 return kept[2]
-            self._kept_steps = None
+            if kept[0] is not token or state is not None:
+                self._kept_steps = None
         return self._bound_steps
 
     def _resolve_kept_runners(self, token):

@@ -14,7 +14,8 @@ import gpuk
 from gpuk import backend as K
 from gpuk import config, device
 from gpuk.cpu_fallback import conv as conv_twin
-from gpuk.kernels.runtime import deferred
+from gpuk.kernels import runtime
+from gpuk.kernels.runtime import counters, deferred
 from tests import gpu_rehearsal
 
 BIG, SMALL = 64, 8
@@ -125,6 +126,24 @@ def test_a_loss_scaled_step_out_of_memory_keeps_its_loss_scale(rng, conv_runs_ou
     _assert_runs_like_a_step_that_never_failed(step, variables, before, _batch(rng, SMALL))
 
 
+def test_copying_the_inputs_to_the_device_out_of_memory_names_the_function(rng, monkeypatch):
+    step, variables = _training_step(rng)
+    before = _values(variables)
+    to_device = device.to_device
+
+    def short_of_memory(value, dtype=None):
+        if getattr(value, 'shape', ())[:1] == (BIG,):
+            raise MemoryError('Unable to allocate the batch')
+        return to_device(value, dtype)
+
+    monkeypatch.setattr(device, 'to_device', short_of_memory)
+    with pytest.raises(gpuk.OutOfMemoryError, match=r'^function: out of host memory \(at run time, on inputs '
+                                                    r'float32 \(64, 6, 6, 2\), float32 \(64, 3\)\): Unable'):
+        step(_batch(rng, BIG))
+    _assert_unchanged(variables, before)
+    _assert_runs_like_a_step_that_never_failed(step, variables, before, _batch(rng, SMALL))
+
+
 def test_only_allocation_failures_become_out_of_memory_errors(rng, monkeypatch):
     step, variables = _training_step(rng)
 
@@ -190,3 +209,49 @@ def test_a_step_past_the_pool_limit_on_the_cuda_path_changes_nothing_and_a_small
     np.testing.assert_allclose(out, twin(small), rtol=1e-5)
     for v, t in zip(variables, twin_variables):
         np.testing.assert_allclose(K.get_value(v), K.get_value(t), rtol=1e-5, atol=1e-6, err_msg=v.name)
+
+
+@pytest.mark.gpu
+def test_a_step_out_of_memory_leaves_the_graphs_captured_for_other_shapes_valid(on, rng, pool_limit,
+                                                                                monkeypatch):
+    """The stand-in's graphs replay gpuk's launches only: a step made of kernels."""
+    on('cuda')
+    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '1')
+    x = K.placeholder((None, 8, 8, 3))
+    w = K.variable(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
+    b = K.variable(rng.standard_normal(4).astype(np.float32))
+    y = K.pool2d(K.relu(K.bias_add(K.conv2d(x, w), b)), (2, 2), strides=(2, 2))
+    f = K.function([x], [y])
+    graphs = f._compiled().graphs
+    small = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    expected = [f([small]) for _ in range(3)]      # plain, capture and replay, replay
+    assert len(graphs.captured) == 1
+    pool_limit(4 << 10)
+    # on a GPU the input's copy fails; in the rehearsal (which counts no copy of a host array)
+    # the fused convolution's output (its step named after its last K call)
+    with pytest.raises(gpuk.OutOfMemoryError, match=r'^(function|relu): out of GPU memory .* float32 \(64, 8, 8, 3\)'):
+        f([rng.standard_normal((64, 8, 8, 3)).astype(np.float32)])
+    with counters.counting() as counted:
+        out = f([small])
+    assert counted.graph_replays == 1 and len(graphs.captured) == 1 and not graphs.refused
+    np.testing.assert_array_equal(out, expected[0])
+
+
+def test_a_call_out_of_memory_drops_its_deferred_checks_unread(deferred_checks):
+    """Other failures raise a failed check's error instead (a bad value explains them best);
+    no bad value explains a failed allocation."""
+    rt = runtime.get_runtime('emulate')
+
+    def failing(error):
+        deferred.defer(rt, np.array(True), lambda: _raise(ValueError('sparse_categorical_crossentropy: label 3')))
+        raise error
+
+    with pytest.raises(ValueError, match='label 3'):
+        device.run_deferring(failing, RuntimeError('not a memory problem'))
+    with pytest.raises(gpuk.OutOfMemoryError):
+        device.run_deferring(failing, gpuk.OutOfMemoryError('dot: out of GPU memory'))
+    assert deferred.pending_count() == 0
+
+
+def _raise(error):
+    raise error
