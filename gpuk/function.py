@@ -281,9 +281,9 @@ class Plan:
             except (ValueError, TypeError, IndexError) as error:
                 raise self._run_error(i, error, arguments(env), fed_arrays) from error
             except Exception as error:   # (no cost per step: a try costs only when it catches)
-                if not self._names_out_of_memory(error):
+                if not device.out_of_memory(error):
                     raise
-                raise device.OutOfMemoryError.of(self._step_name(i), error, arguments(env)) from error
+                raise self._out_of_memory(i, error, arguments(env)) from error
             if out is not None:
                 env[out] = result
             else:
@@ -303,9 +303,9 @@ class Plan:
             except (ValueError, TypeError, IndexError) as error:
                 raise self._run_error(i, error, args, fed_arrays) from error
             except Exception as error:
-                if not self._names_out_of_memory(error):
+                if not device.out_of_memory(error):
                     raise
-                raise device.OutOfMemoryError.of(self._step_name(i), error, args) from error
+                raise self._out_of_memory(i, error, args) from error
             if out is not None:
                 env[out] = result
             else:
@@ -315,11 +315,17 @@ class Plan:
                 env[s] = None
         return list(self._targets(env))
 
-    @staticmethod
-    def _names_out_of_memory(error):
-        """Whether a step's ``error`` is an allocation failure this plan turns into its
-        OutOfMemoryError: one a scan's step plan raised names its own step already."""
-        return device.out_of_memory(error) and not isinstance(error, device.OutOfMemoryError)
+    def _out_of_memory(self, step, error, arrays):
+        """The OutOfMemoryError of ``error``, an allocation failure of ``step`` given ``arrays``,
+        named like a _run_error; one a scan's step plan raised keeps its message (naming the
+        step inside the loop) with this step's name in front."""
+        name = self._step_name(step)
+        if not isinstance(error, device.OutOfMemoryError):
+            return device.OutOfMemoryError.of(name, error, arrays)
+        message = str(error)
+        if not message.startswith(name + ':'):
+            message = '%s: %s' % (name, message)
+        return device.OutOfMemoryError(message, error.requested_bytes)
 
     def _step_name(self, step):
         """What a run-time error of ``step`` starts with: the K function that built it, or for

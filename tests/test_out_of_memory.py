@@ -60,7 +60,7 @@ def _assert_unchanged(variables, before):
 @pytest.fixture
 def conv_runs_out_of_memory_past(monkeypatch):
     """The NumPy twin's forward convolution fails for a batch above ``limit[0]`` as NumPy does
-    when an array does not fit (its own MemoryError, asking for the batch's share of 8 PiB)."""
+    when an array does not fit (its own MemoryError, asking for 2**47 bytes per sample)."""
     limit = [None]
     conv_fwd = conv_twin.conv_fwd
 
@@ -144,6 +144,22 @@ def test_copying_the_inputs_to_the_device_out_of_memory_names_the_function(rng, 
     _assert_runs_like_a_step_that_never_failed(step, variables, before, _batch(rng, SMALL))
 
 
+def test_a_scans_step_out_of_memory_names_the_loop_and_the_op_inside(rng, conv_runs_out_of_memory_past):
+    x = K.placeholder((None, 6, 6, 2))
+    w = K.variable(0.3 * rng.standard_normal((3, 3, 2, 4)), name='w')
+    f = K.function([x], [K.map_fn(lambda image: K.sum(K.conv2d(K.expand_dims(image, 0), w)), x)])
+    conv_runs_out_of_memory_past[0] = 0
+    with pytest.raises(gpuk.OutOfMemoryError) as caught:
+        f([np.ones((3, 6, 6, 2), np.float32)])
+    # the K call running the loop, then the step plan's error (its nodes name no K call of their
+    # own: the user's call was map_fn's), as for any other run-time error
+    assert str(caught.value).startswith('map_fn: function: ConvFwd: out of host memory (at run time, on inputs '
+                                        'float32 (1, 6, 6, 2), float32 (3, 3, 2, 4)): Unable'), str(caught.value)
+    assert caught.value.requested_bytes == 1 << 47
+    conv_runs_out_of_memory_past[0] = None
+    assert f([np.ones((3, 6, 6, 2), np.float32)])[0].shape == (3,)
+
+
 def test_only_allocation_failures_become_out_of_memory_errors(rng, monkeypatch):
     step, variables = _training_step(rng)
 
@@ -193,7 +209,8 @@ def test_a_step_past_the_pool_limit_on_the_cuda_path_changes_nothing_and_a_small
     error = caught.value
     assert type(error.__cause__) is device.xp().cuda.memory.OutOfMemoryError
     assert re.match(r'^\w+: out of GPU memory \(at run time, on inputs float32 \(64, .*\): Out of memory '
-                    r'allocating [\d,]+ bytes .*\. No variable was updated .*: try a smaller batch\.$', str(error)), error
+                    r'allocating [\d,]+ bytes .*\. No variable was updated .*: try a smaller batch\.$',
+                    str(error)), error
     assert error.requested_bytes == error.__cause__._size
     assert deferred.pending_count() == 0
     if gpu_rehearsal.active():        # sizes as counted by the stand-in
