@@ -7,7 +7,9 @@
 - ``auto`` (default): ``cuda`` when CuPy finds a usable GPU, else ``cpu``.
 
 Importing gpuk never fails for lack of CuPy, a driver or a GPU: probing happens lazily.
-All host<->device copies go through ``to_device`` / ``to_host``.
+All host<->device copies go through ``to_device`` / ``to_host``. A K.function call that runs
+out of memory raises ``OutOfMemoryError`` (``out_of_memory`` tells an allocation failure,
+``release_memory`` frees what the failed call held).
 """
 import importlib
 import os
@@ -41,6 +43,9 @@ class OutOfMemoryError(MemoryError):
     def __init__(self, message, requested_bytes=None):
         super().__init__(message)
         self.requested_bytes = requested_bytes
+
+    def __reduce__(self):   # pickled (a worker's error) with its size
+        return type(self), (str(self), self.requested_bytes)
 
     @classmethod
     def of(cls, name, error, arrays):

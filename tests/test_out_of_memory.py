@@ -94,6 +94,8 @@ def test_a_step_out_of_memory_changes_nothing_and_a_smaller_one_runs(rng, conv_r
                                  'float32 (3, 3, 2, 4)): Unable to allocate 8.00 PiB'), str(error)
     assert 'try a smaller batch' in str(error)
     assert error.requested_bytes == BIG << 47
+    with counters.counting(), pytest.raises(gpuk.OutOfMemoryError, match=r'^conv2d: out of host memory'):
+        step(_batch(rng, BIG))        # the counted run (bench.host_overhead's) too
     _assert_unchanged(variables, before)
     _assert_runs_like_a_step_that_never_failed(step, variables, before, small)
 
