@@ -32,8 +32,10 @@ nothing else. What it cannot show, because it is NumPy and not CuPy:
   made by the allocation functions (ALLOCATORS: what gpuk's launchers, step buffers and
   workspaces allocate with) count while they are alive, and one that would take the count past
   the limit raises ``cupy.cuda.memory.OutOfMemoryError`` with CuPy's arguments and message.
-  NumPy's own results (ops computed with xp, ``asarray`` of host arrays) are not counted, and
-  a freed array's bytes are available at once (CuPy would cache the block);
+  NumPy's own results (ops computed with xp, ``asarray`` of host arrays) are not counted, a
+  freed array's bytes are available at once (CuPy would cache the block), and what a CUDA
+  Graph capture allocates counts too (CuPy gives it a private pool, which that limit does not
+  bound);
 - CUDA Graphs: ``Stream.begin_capture`` / ``end_capture`` / ``Graph.launch`` record and
   replay what the rehearsal can see: gpuk's kernel launches (rehearsal_runtime.py), the
   cuBLAS GEMM and ``cupy.copyto``; while capturing those are recorded, not run, as on a GPU.

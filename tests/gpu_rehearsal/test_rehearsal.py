@@ -49,6 +49,24 @@ def test_random_takes_cupys_dtype_keyword():
         cupy.random.RandomState(3).standard_normal(4, dtype=np.int32)
 
 
+def test_the_default_pool_limit_refuses_like_cupy_and_frees_with_the_array():
+    cupy, _ = standin_cupy.build_module()
+    pool = cupy.get_default_memory_pool()
+    pool.set_limit(size=1000)
+    try:
+        kept = cupy.empty(100, np.float32)
+        with pytest.raises(cupy.cuda.memory.OutOfMemoryError, match=r'^Out of memory allocating 800 bytes '
+                                                                     r'\(allocated so far: 400 bytes, limit set '
+                                                                     r'to: 1,000 bytes\)\.$'):
+            cupy.zeros_like(kept, shape=(200,))
+        assert pool.used_bytes() == 400 and isinstance(cupy.cuda.memory.OutOfMemoryError(1, 0), MemoryError)
+        del kept
+        assert pool.used_bytes() == 0 and cupy.ones((2, 125), np.float32).nbytes == 1000
+    finally:
+        pool.set_limit(size=0)
+    assert cupy.empty(10 ** 4).nbytes == 8 * 10 ** 4 and pool.used_bytes() == 0   # no limit: not counted
+
+
 def _rehearse(code):
     script = 'from tests import gpu_rehearsal\ngpu_rehearsal.activate()\n' + textwrap.dedent(code)
     return subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
