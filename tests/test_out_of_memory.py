@@ -296,3 +296,24 @@ def test_a_capture_out_of_memory_is_released_and_the_step_runs_plain(on, rng, po
     reason, = graphs.refused.values()
     assert reason.startswith('capture failed: OutOfMemoryError: ') and not graphs.captured, reason
     assert pool.used_bytes() <= held
+
+
+@pytest.mark.gpu
+def test_cuda_errors_saying_out_of_memory_are_allocation_failures(on):
+    on('cuda')
+    cuda = device.xp().cuda
+
+    def error(kind, status):   # (CuPy's take the status, the stand-in's a message)
+        made = kind.__new__(kind)
+        made.status = status
+        return made
+
+    launch = runtime.KernelLaunchError('conv_fwd: launch failed')
+    launch.__cause__ = error(cuda.driver.CUDADriverError, 2)          # CUDA_ERROR_OUT_OF_MEMORY
+    assert device.out_of_memory(error(cuda.runtime.CUDARuntimeError, 2))   # cudaErrorMemoryAllocation
+    assert device.out_of_memory(launch)
+    assert device.out_of_memory(error(cuda.cublas.CUBLASError, 3))          # CUBLAS_STATUS_ALLOC_FAILED
+    assert device.out_of_memory(cuda.memory.OutOfMemoryError(512, 0))
+    assert not device.out_of_memory(error(cuda.runtime.CUDARuntimeError, 1))
+    assert not device.out_of_memory(error(cuda.cublas.CUBLASError, 7))
+    assert not device.out_of_memory(runtime.KernelLaunchError('conv_fwd: launch failed'))
