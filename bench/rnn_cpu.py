@@ -25,24 +25,20 @@ if __name__ == '__main__':   # before NumPy loads its BLAS
     os.environ.setdefault('KERAS_BACKEND', 'gpuk.backend')
     os.environ.setdefault('GPUK_DEVICE', 'cpu')
 
-import numpy as np  # noqa: E402
+from bench import keras_models  # noqa: E402
 
-BATCH, STEPS, FEATURES, UNITS, CLASSES = 32, 50, 32, 128, 10
+BATCH = 32
+STEPS, FEATURES, UNITS, CLASSES = (keras_models.RNN_STEPS, keras_models.RNN_FEATURES, keras_models.RNN_UNITS,
+                                   keras_models.CLASSES)
 
 
 def _data():
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((BATCH, STEPS, FEATURES)).astype(np.float32)
-    y = np.eye(CLASSES, dtype=np.float32)[rng.integers(0, CLASSES, BATCH)]
-    return x, y
+    return keras_models.data('lstm', BATCH)   # the GRU's inputs are the LSTM's
 
 
 def keras_step(cell):
     import keras
-    layer = getattr(keras.layers, cell)
-    net = keras.models.Sequential([layer(UNITS, input_shape=(STEPS, FEATURES)),
-                                   keras.layers.Dense(CLASSES, activation='softmax')])
-    net.compile(keras.optimizers.Adam(1e-3), 'categorical_crossentropy')
+    net = keras_models.build(keras, cell.lower())
     x, y = _data()
     return lambda: net.train_on_batch(x, y)
 

@@ -402,6 +402,7 @@ def _build_cuda():
     runtime.getDeviceProperties = getDeviceProperties
     runtime.runtimeGetVersion = lambda: 13000
     runtime.driverGetVersion = lambda: 13000
+    runtime.profilerStart = runtime.profilerStop = lambda: None   # no profiler here (bench/ncu_cases.py)
     driver = types.ModuleType('cupy.cuda.driver')
     driver.CUDADriverError = CUDADriverError
     compiler = types.ModuleType('cupy.cuda.compiler')
