@@ -2,6 +2,7 @@
 # The first (or any) GPU session in one command, from the repository root, without make:
 #
 #   bash bench/gpu_session.sh [--parts LIST] [--budget SECONDS] [--sync] [--bench-args ARGS]
+#                             [--bench-k EXPR]
 #
 # LIST is comma-separated, run in this order (default: info,build,tests), except that every
 # bench-FAMILY part runs last, all in one pytest session:
@@ -16,9 +17,12 @@
 #   ncu            Nsight Compute (SpeedOfLight and memory sections) on one call of each case
 #                  of bench/ncu_cases.py (conv fwd/dgrad/wgrad, depthwise, pooling, batch norm,
 #                  softmax xent, CTC), at most NCU_SECONDS (default 150); ncu-cudnn: cuDNN's
-#                  kernels on the same shapes
+#                  kernels on the same shapes. NCU_ARGS: more bench.ncu_cases options
+#                  ("--cases conv_wgrad,ctc_loss"), NCU_LAUNCH_COUNT: kernels at most (80)
 #   keras3         bench/keras3_jax.py: the Keras training steps on Keras 3 with JAX, from the
 #                  wheels in .whl/keras3/ (a site of its own: Keras 3 and 2.3.1 share a name)
+#   demo           python -m gpuk.demo --device cuda (the OCR demo: training time, accuracy;
+#                  its plot and results stay in /tmp/gpuk-demo, the numbers are in session.log)
 #   bench-quick    python -m bench --quick (one case per benchmark and implementation)
 #   bench          python -m bench (everything; far longer than one 10-minute command)
 #   host-overhead  python -m bench.host_overhead --rehearsal no: launches, host µs per launch,
@@ -28,7 +32,9 @@
 #
 # --sync runs the test parts (tests, tests-kernels, sanitizer) with GPUK_SYNC_LAUNCHES=1: each
 # launch is waited for, so a device fault fails the launch that made it. --bench-args adds
-# options to every python -m bench call (split on spaces: "--rounds 2").
+# options to every python -m bench call (split on spaces: "--rounds 2"); --bench-k narrows the
+# bench-FAMILY rows with a pytest -k expression, and-ed with the families' own
+# ("not numpy": no CPU rows; "resnet50 and 32": conv's ResNet-50 rows at N=32, and N=256 tf32).
 #
 # Every step runs under what is left of --budget (default 540 s, inside the device tool's
 # 10-minute command limit); a step that would start with under 30 s left is skipped and
@@ -47,6 +53,7 @@ BUDGET=540
 MIN_STEP_SECONDS=30
 SYNC=0
 BENCH_ARGS=()
+BENCH_K=
 SANITIZER_SECONDS=${SANITIZER_SECONDS:-100}
 NCU_SECONDS=${NCU_SECONDS:-150}
 
@@ -57,6 +64,7 @@ while [ $# -gt 0 ]; do
         --budget) BUDGET=$2; shift 2 ;;
         --sync) SYNC=1; shift ;;
         --bench-args) read -r -a BENCH_ARGS <<< "$2"; shift 2 ;;
+        --bench-k) BENCH_K=$2; shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "gpu_session: unknown argument $1" >&2; usage 2 ;;
     esac
@@ -190,7 +198,8 @@ run_sanitizer() {
 # --clock-control none: the card's clocks are left as found (never lock or change them here).
 run_ncu() {
     local file=$1; shift
-    local ncu section sections=()
+    local ncu section sections=() more=()
+    read -r -a more <<< "${NCU_ARGS:-}"
     ncu=$(find_tool ncu) || return
     local available; available=$("$ncu" --list-sections 2>&1)
     for section in SpeedOfLight MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables; do
@@ -200,7 +209,7 @@ run_ncu() {
     "$ncu" --version | tail -1
     "$ncu" --profile-from-start off --nvtx --clock-control none --target-processes all \
         --launch-count "${NCU_LAUNCH_COUNT:-80}" "${sections[@]}" --log-file "$OUT/$file" \
-        "$PYTHON" -m bench.ncu_cases "$@" || return
+        "$PYTHON" -m bench.ncu_cases "$@" "${more[@]}" || return
     grep -E '^  [A-Za-z_0-9].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput' \
         "$OUT/$file" | head -120   # the kernels and their speed-of-light lines, into session.log
 }
@@ -236,6 +245,7 @@ for part in "${PART_LIST[@]}"; do
         ncu) capped_step "$NCU_SECONDS" ncu run_ncu ncu.txt ;;
         ncu-cudnn) capped_step "$NCU_SECONDS" ncu-cudnn run_ncu ncu-cudnn.txt --impl cudnn ;;
         keras3) step keras3 run_keras3 ;;
+        demo) step demo "$PYTHON" -m gpuk.demo --device cuda --out /tmp/gpuk-demo ;;
         bench-quick) step bench-quick run_bench --quick "${BENCH_ARGS[@]}" ;;
         host-overhead) step host-overhead env KERAS_BACKEND=gpuk.backend "$PYTHON" -m bench.host_overhead --rehearsal no ;;
         bench) step bench run_bench "${BENCH_ARGS[@]}" ;;
@@ -245,7 +255,8 @@ for part in "${PART_LIST[@]}"; do
 done
 if [ ${#BENCH_FILTER[@]} -gt 0 ]; then   # one pytest run for all families: one bench.json
     FILTER=$(IFS='|'; echo "${BENCH_FILTER[*]}")
-    step "bench ${FILTER//|/ }" run_bench -k "${FILTER//|/ or }" "${BENCH_ARGS[@]}"
+    EXPRESSION="(${FILTER//|/ or })${BENCH_K:+ and ($BENCH_K)}"
+    step "bench ${FILTER//|/ }" run_bench -k "$EXPRESSION" "${BENCH_ARGS[@]}"
 fi
 echo "gpu_session: done in $(( $(date +%s) - START ))s, status $STATUS; files in $OUT:"
 ls -la "$OUT"

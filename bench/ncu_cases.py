@@ -19,6 +19,7 @@ where the row has a cuDNN implementation.
 """
 import argparse
 import contextlib
+import importlib
 import sys
 
 from bench import bench_batchnorm, bench_conv, bench_ctc, bench_pooling, bench_softmax_xent
@@ -127,9 +128,10 @@ def profiled(name):
 
 
 def _nvtx():
-    """cupy.cuda.nvtx where CuPy has NVTX, else None (the ranges are then left out)."""
+    """CuPy's NVTX module (RangePush, RangePop) where this CuPy build has one, else None: the
+    ranges only label the report, so a CuPy without them profiles the same kernels."""
     try:
-        from cupy.cuda import nvtx
+        nvtx = importlib.import_module('cupy.cuda.nvtx')
     except ImportError:
         return None
     return nvtx if getattr(nvtx, 'available', True) else None
@@ -156,6 +158,8 @@ def main(argv=None):
     if args.list:
         print('\n'.join(CASES))
         return {}
+    from tests import gpu_rehearsal
+    gpu_rehearsal.activate_if_requested()   # GPUK_GPU_REHEARSAL=1: before anything imports CuPy
     from gpuk.kernels.runtime import counters
     from bench import harness
     skip = harness.skip_reason(args.impl)

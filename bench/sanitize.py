@@ -84,10 +84,12 @@ def main(argv=None):
     if argv == ['--list']:
         print('\n'.join(node_ids()))
         return 0
-    import cupy
     import pytest
+    from tests import gpu_rehearsal
+    gpu_rehearsal.activate_if_requested()   # GPUK_GPU_REHEARSAL=1: the CuPy stand-in, before the import below
+    import cupy
     cupy.cuda.set_allocator(None)   # no pool: each array its own allocation, bounds memcheck can see
-    return int(pytest.main(['-m', 'gpu', '-q', '-rfEs', '-p', 'no:cacheprovider'] + argv + node_ids()))
+    return int(pytest.main(['-m', 'gpu', '-v', '-rfEs', '-p', 'no:cacheprovider'] + argv + node_ids()))
 
 
 if __name__ == '__main__':

@@ -410,6 +410,7 @@ def _build_cuda():
     cuda.runtime, cuda.driver, cuda.compiler = runtime, driver, compiler
     cuda.Device, cuda.Stream, cuda.Event, cuda.MemoryPool = Device, Stream, Event, MemoryPool
     cuda.Graph, cuda.using_allocator = Graph, using_allocator
+    cuda.set_allocator = lambda allocator=None: None   # NumPy allocates: there is no pool to turn off
     runtime.streamCaptureModeRelaxed = 2
     cuda.get_current_stream = get_current_stream
     cuda.get_elapsed_time = get_elapsed_time
