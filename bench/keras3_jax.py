@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 
 from bench import keras_models
 
@@ -54,6 +55,8 @@ def parse(argv):
 
 def _keras3():
     os.environ.setdefault('KERAS_BACKEND', 'jax')
+    # keras_models passes input_shape to the first layer, which Keras 2.3.1 needs and 3 accepts
+    warnings.filterwarnings('ignore', message='Do not pass an `input_shape`', category=UserWarning)
     import keras
     if not keras.__version__.startswith('3.'):
         raise SystemExit('keras3_jax: keras %s from %s is not Keras 3: put its site first on PYTHONPATH'
