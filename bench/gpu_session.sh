@@ -6,7 +6,8 @@
 #
 # LIST is comma-separated, run in this order (default: info,build,tests), except that every
 # bench-FAMILY part runs last, all in one pytest session:
-#   info           nvidia-smi, CuPy's device and limits, NVRTC, cuDNN and its frontend
+#   info           nvidia-smi, CuPy's device and limits, NVRTC, cuDNN and its frontend, where
+#                  compute-sanitizer and ncu are
 #   build          python -m gpuk.kernels.build for this device's architecture (prebuilt cubins),
 #                  one compile process per core
 #   tests          pytest -m gpu over tests/ (GPUK_REQUIRE_GPU=1: no silent skips)
@@ -111,6 +112,10 @@ install_wheels() {
 
 device_info() {
     nvidia-smi || echo "nvidia-smi failed"
+    local tool path
+    for tool in compute-sanitizer ncu; do   # the sanitizer and ncu parts' tools
+        path=$(find_tool "$tool") && echo "$tool: $path, $(timeout 30 "$path" --version | tail -1)"
+    done
     "$PYTHON" - <<'EOF'
 import sys
 import cupy
