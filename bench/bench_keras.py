@@ -50,52 +50,6 @@ def _data(model):
     return keras_models.data(model, BATCH[model])
 
 
-def build_keras(keras, model):
-    return keras_models.build(keras, model)
-
-
-def build_torch(torch, model, device='cpu'):
-    """A train step of ``model`` in torch.nn on ``device``: step(x, labels) -> the loss on the host.
-    Images come NCHW (the layout torch's convolutions take)."""
-    nn = torch.nn
-    if model == 'mlp':
-        net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                            nn.Linear(256, 10))
-    elif model == 'cnn':
-        net = nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3),
-                            nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 5 * 5, 10))
-    elif model == 'bn_cnn':   # Keras's BatchNormalization: epsilon 1e-3, moving averages at 0.99
-        net = nn.Sequential(nn.Conv2d(1, 8, 3, bias=False), nn.BatchNorm2d(8, 1e-3, 0.01), nn.ReLU(),
-                            nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, bias=False), nn.BatchNorm2d(16, 1e-3, 0.01),
-                            nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 2 * 2, 10))
-    else:
-        net = _torch_rnn(torch, getattr(nn, model.upper()))
-    net = net.to(device)
-    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step(x, labels):
-        optimizer.zero_grad()
-        loss = loss_fn(net(x), labels)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
-    return step
-
-
-def _torch_rnn(torch, cell):
-    """cell (torch.nn.LSTM / GRU) over the sequence, Linear on its last output."""
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn = cell(keras_models.RNN_FEATURES, keras_models.RNN_UNITS, batch_first=True)
-            self.out = torch.nn.Linear(keras_models.RNN_UNITS, keras_models.CLASSES)
-
-        def forward(self, x):
-            return self.out(self.rnn(x)[0][:, -1])
-    return Net()
-
-
 def _record(benchmark, fn, args, samples):
     if getattr(benchmark, '_timer', None) is h.REPLAY_CLOCK:
         h.record_samples(benchmark, samples)
@@ -121,7 +75,7 @@ def test_keras_gpuk_train_step(benchmark, model, precision):
     saved_precision = config.precision()
     config.set_precision(precision)
     try:
-        net = build_keras(keras, model)
+        net = keras_models.build(keras, model)
         x, y = _data(model)
         first = float(net.train_on_batch(x, y))
         for _ in range(3):
@@ -143,7 +97,7 @@ def test_torch_train_step(benchmark, model, impl):
     import torch
     device = 'cuda' if impl == 'torch-cuda' else 'cpu'
     torch.manual_seed(0)
-    step = build_torch(torch, model, device)
+    step = keras_models.torch_step(torch, model, device)
     x, y = _data(model)
     xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy() if x.ndim == 4 else x).to(device)
     labels = torch.from_numpy(y.argmax(axis=1)).to(device)

@@ -50,6 +50,8 @@ for _threads in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS'):   # before NumPy lo
 
 import numpy as np  # noqa: E402
 
+from bench import keras_models  # noqa: E402
+
 MODELS = ('mlp', 'bn_cnn', 'ctc')
 
 
@@ -76,7 +78,6 @@ def setup_device(rehearsal):
 def _keras_models_builder(name):
     """(keras, batch) -> (net, inputs, targets) of bench/keras_models.py's model ``name``."""
     def build(keras, batch):
-        from bench import keras_models
         x, y = keras_models.data(name, batch)
         return keras_models.build(keras, name), [x], [y]
     return build

@@ -7,7 +7,8 @@ categorical cross-entropy. The builders take the ``keras`` module and use only w
 Keras versions have (Sequential, these layers, ``input_shape`` on the first layer, Adam, a
 loss by name), so bench/bench_keras.py, bench/host_overhead.py and bench/rnn_cpu.py (Keras
 2.3.1 on gpuk) and bench/keras3_jax.py (Keras 3 on JAX, in a process of its own) train the
-same networks. PARAMS is each model's parameter count (trainable and not), which both
+same networks; ``torch_step`` builds each one's PyTorch twin (torch.nn, torch.optim.Adam) for
+the PyTorch rows beside them. PARAMS is each model's parameter count (trainable and not), which both
 versions report alike for the same network: tests/bench/test_keras_models.py checks it on
 Keras 2.3.1 and bench/keras3_jax.py on Keras 3 before timing.
 
@@ -81,3 +82,45 @@ def data(name, batch, seed=0):
     x = rng.standard_normal((batch,) + input_shape(name)).astype(np.float32)
     y = np.eye(CLASSES, dtype=np.float32)[rng.integers(0, CLASSES, batch)]
     return x, y
+
+
+def torch_step(torch, name, device='cpu'):
+    """A train step of model ``name`` in torch.nn on ``device``: step(x, labels) -> the loss, read
+    on the host (as Keras's train_on_batch does, so a GPU step is waited for). Images go in NCHW
+    (torch's layout: ``x.transpose(0, 3, 1, 2)`` of data()'s), sequences as data() gives them."""
+    nn = torch.nn
+    if name == 'mlp':
+        net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, CLASSES))
+    elif name == 'cnn':
+        net = nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3),
+                            nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 5 * 5, CLASSES))
+    elif name == 'bn_cnn':   # Keras's BatchNormalization: epsilon 1e-3, moving averages at 0.99
+        net = nn.Sequential(nn.Conv2d(1, 8, 3, bias=False), nn.BatchNorm2d(8, 1e-3, 0.01), nn.ReLU(),
+                            nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, bias=False), nn.BatchNorm2d(16, 1e-3, 0.01),
+                            nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 2 * 2, CLASSES))
+    else:
+        net = _torch_rnn(torch, getattr(nn, name.upper()))
+    net = net.to(device)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step(x, labels):
+        optimizer.zero_grad()
+        loss = loss_fn(net(x), labels)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+    return step
+
+
+def _torch_rnn(torch, cell):
+    """``cell`` (torch.nn.LSTM or GRU) over the sequence, Linear on its last output."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = cell(RNN_FEATURES, RNN_UNITS, batch_first=True)
+            self.out = torch.nn.Linear(RNN_UNITS, CLASSES)
+
+        def forward(self, x):
+            return self.out(self.rnn(x)[0][:, -1])
+    return Net()

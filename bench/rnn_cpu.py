@@ -28,8 +28,7 @@ if __name__ == '__main__':   # before NumPy loads its BLAS
 from bench import keras_models  # noqa: E402
 
 BATCH = 32
-STEPS, FEATURES, UNITS, CLASSES = (keras_models.RNN_STEPS, keras_models.RNN_FEATURES, keras_models.RNN_UNITS,
-                                   keras_models.CLASSES)
+STEPS, UNITS = keras_models.RNN_STEPS, keras_models.RNN_UNITS
 
 
 def _data():
@@ -47,28 +46,10 @@ def torch_step(cell):
     import torch
     torch.set_num_threads(1)
     torch.manual_seed(0)
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn = getattr(torch.nn, cell)(FEATURES, UNITS, batch_first=True)
-            self.out = torch.nn.Linear(UNITS, CLASSES)
-
-        def forward(self, x):
-            return self.out(self.rnn(x)[0][:, -1])
-
-    net = Net()
-    optimizer = torch.optim.Adam(net.parameters(), 1e-3)
+    step = keras_models.torch_step(torch, cell.lower())
     x, y = (torch.from_numpy(a) for a in _data())
     labels = y.argmax(1)
-
-    def step():
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(x), labels)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
-    return step
+    return lambda: step(x, labels)
 
 
 def step_ms(step, steps, clock):
