@@ -14,7 +14,7 @@ the range in the report. It prints one line per case with the number of gpuk lau
 report's kernels can be told apart where NVTX is not available.
 
 ``--small`` swaps every shape for a tiny one (the GPU rehearsal runs this script in CI:
-tests/bench/test_ncu_cases.py); ``--impl cudnn`` profiles cuDNN's kernels on the same shapes,
+tests/bench/test_gpu_session.py); ``--impl cudnn`` profiles cuDNN's kernels on the same shapes,
 where the row has a cuDNN implementation.
 """
 import argparse

@@ -44,6 +44,14 @@ def test_sanitizer_tests_exist():
     assert '%d tests collected' % len(ids) in done.stdout, done.stdout[-3000:]
 
 
+def test_ncu_cases_profile_benchmark_rows():
+    """Each case's full shape is one a benchmark row times, so its profile explains that row."""
+    from bench import bench_batchnorm, bench_conv, bench_ctc, bench_softmax_xent
+    assert ncu_cases.CONV in bench_conv.RESNET_CASES and ncu_cases.DEPTHWISE in bench_conv.DEPTHWISE_CASES
+    assert ncu_cases.BN in bench_batchnorm.SHAPES and ncu_cases.XENT in bench_softmax_xent.SHAPES
+    assert ncu_cases.CTC in bench_ctc.LOSS_CASES
+
+
 def test_ncu_cases_arguments(capsys):
     assert ncu_cases.main(['--list']) == {}
     assert capsys.readouterr().out.split() == list(ncu_cases.CASES)
