@@ -1,7 +1,8 @@
 """What of bench/gpu_session.sh's GPU-only parts can be checked without a GPU: the script
 parses and documents its parts, the sanitizer's list of tests (bench/sanitize.py) covers every
-kernel source and still names tests that exist, and bench/ncu_cases.py's cases run (in the GPU
-rehearsal; on a GPU too, unprofiled)."""
+kernel source and still names tests that exist, bench/ncu_cases.py's cases run (in the GPU
+rehearsal; on a GPU too, unprofiled), and the sanitizer and ncu parts hand the tools their
+options and run those scripts (stand-in tools, the GPU rehearsal)."""
 import os
 import re
 import subprocess
@@ -66,3 +67,48 @@ def test_ncu_cases_run_each_case_once_through_gpuk():
     launches = ncu_cases.main(['--small', '--warmup', '1'])
     assert set(launches) == set(ncu_cases.CASES)
     assert all(count >= 1 for count in launches.values()), launches
+
+
+FAKE_SANITIZER = '''#!/bin/bash
+[ "$1" = --version ] && { echo "fake compute-sanitizer"; exit 0; }
+echo "fake compute-sanitizer: $*"
+while [[ "$1" == --* ]]; do shift 2; done
+"$@"
+'''
+FAKE_NCU = '''#!/bin/bash
+case "$1" in --list-sections) echo "SpeedOfLight MemoryWorkloadAnalysis"; exit 0 ;;
+             --version) echo "fake ncu"; exit 0 ;; esac
+echo "fake ncu: $*"
+while [[ "$1" == --* ]]; do
+    case "$1" in --nvtx) shift ;; --log-file) echo "  fake_kernel() (1, 1, 1)x(32, 1, 1)" > "$2"; shift 2 ;;
+                 *) shift 2 ;; esac
+done
+exec "$@"
+'''
+
+
+@pytest.mark.skipif(any((REPO / '.whl').glob('*.whl')), reason='the script would install .whl/ (a GPU session\'s wheels)')
+def test_sanitizer_and_ncu_parts_run_their_scripts(tmp_path):
+    """The parts' shell plumbing, in the GPU rehearsal with stand-ins for compute-sanitizer and ncu
+    that print their options and run the program: the tools get the options docs/kernels.md
+    names, bench.sanitize runs its tests, bench.ncu_cases its cases (tiny, through NCU_ARGS)."""
+    tools = tmp_path / 'bin'
+    tools.mkdir()
+    for name, text in (('compute-sanitizer', FAKE_SANITIZER), ('ncu', FAKE_NCU)):
+        (tools / name).write_text(text)
+        (tools / name).chmod(0o755)
+    out = tmp_path / 'out'
+    env = dict(os.environ, PATH='%s:%s' % (tools, os.environ['PATH']), PYTHON=sys.executable, OUT=str(out),
+               GPUK_GPU_REHEARSAL='1', SANITIZER_SECONDS='200', NCU_ARGS='--small --cases conv_fwd,ctc_loss')
+    env.pop('PYTHONPATH', None)
+    done = subprocess.run(['bash', str(SCRIPT), '--parts', 'sanitizer,ncu', '--sync', '--budget', '400'],
+                          capture_output=True, text=True, env=env, timeout=600)
+    log = (out / 'session.log').read_text()
+    assert done.returncode == 0, log[-4000:]
+    assert 'fake compute-sanitizer: --tool memcheck --target-processes all --error-exitcode 86' in log
+    assert '--tool racecheck' in log and '--racecheck-report analysis' in log
+    assert log.count('%d passed' % len(sanitize.node_ids())) == 2, log[-4000:]
+    assert 'fake ncu: --profile-from-start off --nvtx --clock-control none' in log
+    assert '--section SpeedOfLight --section MemoryWorkloadAnalysis --log-file' in log
+    assert 'ncu case conv_fwd (gpuk' in log and 'ncu case ctc_loss (gpuk' in log
+    assert (out / 'ncu.txt').exists()
