@@ -101,6 +101,10 @@ def test_sanitizer_and_ncu_parts_run_their_scripts(tmp_path):
     env = dict(os.environ, PATH='%s:%s' % (tools, os.environ['PATH']), PYTHON=sys.executable, OUT=str(out),
                GPUK_GPU_REHEARSAL='1', SANITIZER_SECONDS='200', NCU_ARGS='--small --cases conv_fwd,ctc_loss')
     env.pop('PYTHONPATH', None)
+    # tests/kernels/conftest.py compiles into a fresh cache per session unless this is set (make
+    # test sets it): the runtime's own cache, so the emulator builds the modules once, not per run
+    from gpuk.kernels import runtime
+    env.setdefault('GPUK_CACHE_DIR', str(runtime.cache_dir()))
     done = subprocess.run(['bash', str(SCRIPT), '--parts', 'sanitizer,ncu', '--sync', '--budget', '400'],
                           capture_output=True, text=True, env=env, timeout=600)
     log = (out / 'session.log').read_text()
