@@ -1,13 +1,18 @@
-"""Real Keras 2.3.1 training throughput on gpuk, beside PyTorch on the CPU.
+"""Real Keras 2.3.1 training throughput on gpuk, beside PyTorch eager (CPU and GPU).
 
-One ``train_on_batch`` step (forward, loss, gradients, Adam update) of
+One ``train_on_batch`` step (forward, loss, gradients, Adam update) of bench/keras_models.py's
 - mlp: Dense 784-256-256-10, softmax cross-entropy, batch 128;
 - cnn: Conv2D(16, 3) + MaxPool + Conv2D(32, 3) + MaxPool + Dense(10) on 28x28x1, batch 64;
+- bn_cnn: two Conv2D + BatchNormalization + relu + MaxPool blocks, Dense(10), 16x16x1, batch 64;
+- lstm: LSTM(128) over 50 steps of 32 features, Dense(10), batch 32;
 reported as samples/s (``extra_info['samples_per_s']``). The torch rows build the same
-networks with torch.nn and torch.optim.Adam and run on the CPU; they are skipped, with the
-reason, where torch is not importable. gpuk runs on its current device (GPUK_DEVICE), once
-per precision policy (float32, mixed_bfloat16, mixed_float16: impl 'gpuk <policy>'); on a
-CPU the mixed rows only emulate half-precision rounding and are not expected to be faster.
+networks with torch.nn and torch.optim.Adam, on the CPU (impl 'torch') and on the GPU
+('torch-cuda'); they are skipped, with the reason, where torch (or its CUDA) is not usable.
+Every step ends with the loss read on the host, as Keras's train_on_batch does, so the GPU
+rows time whole steps. gpuk runs on its current device (GPUK_DEVICE), once per precision
+policy (float32, mixed_bfloat16, mixed_float16: impl 'gpuk <policy>'); on a CPU the mixed
+rows only emulate half-precision rounding and are not expected to be faster.
+bench/keras3_jax.py times the same models on Keras 3 with JAX, in rows of this format.
 """
 import os
 import statistics
@@ -17,6 +22,7 @@ import numpy as np
 import pytest
 
 from bench import harness as h
+from bench import keras_models
 
 os.environ.setdefault('KERAS_BACKEND', 'gpuk.backend')
 if 'KERAS_HOME' not in os.environ:   # a private keras.json, removed when the run ends
@@ -27,7 +33,7 @@ if 'KERAS_HOME' not in os.environ:   # a private keras.json, removed when the ru
     atexit.register(shutil.rmtree, os.environ['KERAS_HOME'], ignore_errors=True)
 
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
-MODELS = {'mlp': dict(batch=128, input_shape=(784,)), 'cnn': dict(batch=64, input_shape=(28, 28, 1))}
+BATCH = keras_models.BATCH   # the models timed, and their batch
 
 
 def _keras():
@@ -41,45 +47,7 @@ def _keras():
 
 
 def _data(model):
-    rng = np.random.default_rng(0)
-    spec = MODELS[model]
-    x = rng.standard_normal((spec['batch'],) + spec['input_shape']).astype(np.float32)
-    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, spec['batch'])]
-    return x, y
-
-
-def build_keras(keras, model):
-    layers = keras.layers
-    if model == 'mlp':
-        stack = [layers.Dense(256, activation='relu', input_shape=(784,)),
-                 layers.Dense(256, activation='relu'), layers.Dense(10, activation='softmax')]
-    else:
-        stack = [layers.Conv2D(16, 3, activation='relu', input_shape=(28, 28, 1)),
-                 layers.MaxPooling2D(), layers.Conv2D(32, 3, activation='relu'),
-                 layers.MaxPooling2D(), layers.Flatten(), layers.Dense(10, activation='softmax')]
-    net = keras.models.Sequential(stack)
-    net.compile(keras.optimizers.Adam(1e-3), 'categorical_crossentropy')
-    return net
-
-
-def build_torch(torch, model):
-    nn = torch.nn
-    if model == 'mlp':
-        net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                            nn.Linear(256, 10))
-    else:
-        net = nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3),
-                            nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 5 * 5, 10))
-    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step(x, labels):
-        optimizer.zero_grad()
-        loss = loss_fn(net(x), labels)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
-    return step
+    return keras_models.data(model, BATCH[model])
 
 
 def _record(benchmark, fn, args, samples):
@@ -91,14 +59,14 @@ def _record(benchmark, fn, args, samples):
 
 def _report(benchmark, model, impl, device_name, samples, dtype='float32'):
     median = statistics.median(samples)
-    batch = MODELS[model]['batch']
+    batch = BATCH[model]
     benchmark.extra_info.update(
         family='keras', case='%s train step, batch %d' % (model, batch), impl=impl,
         device=device_name, dtype=dtype, time_s=median, samples_per_s=batch / median)
 
 
 @pytest.mark.parametrize('precision', PRECISIONS)
-@pytest.mark.parametrize('model', sorted(MODELS))
+@pytest.mark.parametrize('model', sorted(BATCH))
 def test_keras_gpuk_train_step(benchmark, model, precision):
     keras = _keras()
     from gpuk import backend as K
@@ -107,7 +75,7 @@ def test_keras_gpuk_train_step(benchmark, model, precision):
     saved_precision = config.precision()
     config.set_precision(precision)
     try:
-        net = build_keras(keras, model)
+        net = keras_models.build(keras, model)
         x, y = _data(model)
         first = float(net.train_on_batch(x, y))
         for _ in range(3):
@@ -122,21 +90,21 @@ def test_keras_gpuk_train_step(benchmark, model, precision):
     _report(benchmark, model, impl, name, samples, dtype=precision)
 
 
-@pytest.mark.parametrize('model', sorted(MODELS))
-def test_torch_cpu_train_step(benchmark, model):
-    try:
-        import torch
-    except ImportError as error:
-        pytest.skip('torch is not importable here (%s): no PyTorch CPU row' % error)
+@pytest.mark.parametrize('impl', ['torch', 'torch-cuda'])
+@pytest.mark.parametrize('model', sorted(BATCH))
+def test_torch_train_step(benchmark, model, impl):
+    h.require(impl)
+    import torch
+    device = 'cuda' if impl == 'torch-cuda' else 'cpu'
     torch.manual_seed(0)
-    step = build_torch(torch, model)
+    step = keras_models.torch_step(torch, model, device)
     x, y = _data(model)
-    xt = torch.from_numpy(x if model == 'mlp' else x.transpose(0, 3, 1, 2).copy())
-    labels = torch.from_numpy(y.argmax(axis=1))
-    first = float(step(xt, labels))
+    xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy() if x.ndim == 4 else x).to(device)
+    labels = torch.from_numpy(y.argmax(axis=1)).to(device)
+    first = step(xt, labels)
     for _ in range(3):
         step(xt, labels)
     samples = h.time_cpu(step, [(xt, labels)], min_time=0.4, min_runs=5, max_runs=200)
     _record(benchmark, step, (xt, labels), samples)
-    assert float(step(xt, labels)) < first
-    _report(benchmark, model, 'torch', h.cpu_name(), samples)
+    assert step(xt, labels) < first
+    _report(benchmark, model, impl, h.gpu_name() if device == 'cuda' else h.cpu_name(), samples)

@@ -39,10 +39,11 @@ def _out_spatial(spatial, window, strides, pads):
     return tuple((s + b + a - k) // st + 1 for s, k, st, (b, a) in zip(spatial, window, strides, pads))
 
 
-def pool_row(geometry, dtype, direction, data_format, impl):
-    """(fn, make_inputs, set_bytes, bytes_moved, case label) of one row."""
+def pool_row(geometry, dtype, direction, data_format, impl, n=None):
+    """(fn, make_inputs, set_bytes, bytes_moved, case label) of one row; ``n``: the batch, by
+    default the suite's (GPU_N, or CPU_N for NumPy)."""
     spatial, c, window, strides, pads, mode = GEOMETRY[geometry]
-    n = CPU_N if impl == 'numpy' else GPU_N[geometry]
+    n = n or (CPU_N if impl == 'numpy' else GPU_N[geometry])
     x_shape = _shape(n, spatial, c, data_format)
     y_shape = _shape(n, _out_spatial(spatial, window, strides, pads), c, data_format)
     item = np.dtype(dtype).itemsize

@@ -50,6 +50,8 @@ for _threads in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS'):   # before NumPy lo
 
 import numpy as np  # noqa: E402
 
+from bench import keras_models  # noqa: E402
+
 MODELS = ('mlp', 'bn_cnn', 'ctc')
 
 
@@ -73,27 +75,12 @@ def setup_device(rehearsal):
     return 'GPU: %s' % cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()
 
 
-def _mlp(keras, batch):
-    layers = keras.layers
-    net = keras.models.Sequential([layers.Dense(256, activation='relu', input_shape=(784,)),
-                                   layers.Dense(256, activation='relu'), layers.Dense(10, activation='softmax')])
-    net.compile(keras.optimizers.Adam(1e-3), 'categorical_crossentropy')
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, 784)).astype(np.float32)
-    return net, [x], [np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]]
-
-
-def _bn_cnn(keras, batch):
-    layers = keras.layers
-    stack = [layers.Conv2D(8, 3, use_bias=False, input_shape=(16, 16, 1)), layers.BatchNormalization(),
-             layers.Activation('relu'), layers.MaxPooling2D(),
-             layers.Conv2D(16, 3, use_bias=False), layers.BatchNormalization(), layers.Activation('relu'),
-             layers.MaxPooling2D(), layers.Flatten(), layers.Dense(10, activation='softmax')]
-    net = keras.models.Sequential(stack)
-    net.compile(keras.optimizers.Adam(1e-3), 'categorical_crossentropy')
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, 16, 16, 1)).astype(np.float32)
-    return net, [x], [np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]]
+def _keras_models_builder(name):
+    """(keras, batch) -> (net, inputs, targets) of bench/keras_models.py's model ``name``."""
+    def build(keras, batch):
+        x, y = keras_models.data(name, batch)
+        return keras_models.build(keras, name), [x], [y]
+    return build
 
 
 def _ctc(keras, batch):
@@ -107,7 +94,8 @@ def _ctc(keras, batch):
     return training, inputs, [np.zeros((batch, 1), np.float32)]
 
 
-BUILDERS = {'mlp': (_mlp, 32), 'bn_cnn': (_bn_cnn, 8), 'ctc': (_ctc, 4)}
+BUILDERS = {'mlp': (_keras_models_builder('mlp'), 32), 'bn_cnn': (_keras_models_builder('bn_cnn'), 8),
+            'ctc': (_ctc, 4)}
 
 
 def measure(name, steps=10, warmup=3, graphs=False, count_calls=False):

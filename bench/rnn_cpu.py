@@ -25,24 +25,19 @@ if __name__ == '__main__':   # before NumPy loads its BLAS
     os.environ.setdefault('KERAS_BACKEND', 'gpuk.backend')
     os.environ.setdefault('GPUK_DEVICE', 'cpu')
 
-import numpy as np  # noqa: E402
+from bench import keras_models  # noqa: E402
 
-BATCH, STEPS, FEATURES, UNITS, CLASSES = 32, 50, 32, 128, 10
+BATCH = 32
+STEPS, UNITS = keras_models.RNN_STEPS, keras_models.RNN_UNITS
 
 
 def _data():
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((BATCH, STEPS, FEATURES)).astype(np.float32)
-    y = np.eye(CLASSES, dtype=np.float32)[rng.integers(0, CLASSES, BATCH)]
-    return x, y
+    return keras_models.data('lstm', BATCH)   # the GRU's inputs are the LSTM's
 
 
 def keras_step(cell):
     import keras
-    layer = getattr(keras.layers, cell)
-    net = keras.models.Sequential([layer(UNITS, input_shape=(STEPS, FEATURES)),
-                                   keras.layers.Dense(CLASSES, activation='softmax')])
-    net.compile(keras.optimizers.Adam(1e-3), 'categorical_crossentropy')
+    net = keras_models.build(keras, cell.lower())
     x, y = _data()
     return lambda: net.train_on_batch(x, y)
 
@@ -51,28 +46,10 @@ def torch_step(cell):
     import torch
     torch.set_num_threads(1)
     torch.manual_seed(0)
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn = getattr(torch.nn, cell)(FEATURES, UNITS, batch_first=True)
-            self.out = torch.nn.Linear(UNITS, CLASSES)
-
-        def forward(self, x):
-            return self.out(self.rnn(x)[0][:, -1])
-
-    net = Net()
-    optimizer = torch.optim.Adam(net.parameters(), 1e-3)
+    step = keras_models.torch_step(torch, cell.lower())
     x, y = (torch.from_numpy(a) for a in _data())
     labels = y.argmax(1)
-
-    def step():
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(x), labels)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
-    return step
+    return lambda: step(x, labels)
 
 
 def step_ms(step, steps, clock):

@@ -472,6 +472,7 @@ def _build_cuda():
     runtime.getDeviceProperties = getDeviceProperties
     runtime.runtimeGetVersion = lambda: 13000
     runtime.driverGetVersion = lambda: 13000
+    runtime.profilerStart = runtime.profilerStop = lambda: None   # no profiler here (bench/ncu_cases.py)
     driver = types.ModuleType('cupy.cuda.driver')
     driver.CUDADriverError = CUDADriverError
     compiler = types.ModuleType('cupy.cuda.compiler')
@@ -481,6 +482,7 @@ def _build_cuda():
     cuda.runtime, cuda.driver, cuda.compiler, cuda.memory = runtime, driver, compiler, memory
     cuda.Device, cuda.Stream, cuda.Event, cuda.MemoryPool = Device, Stream, Event, MemoryPool
     cuda.Graph, cuda.using_allocator = Graph, using_allocator
+    cuda.set_allocator = lambda allocator=None: None   # NumPy allocates: there is no pool to turn off
     runtime.streamCaptureModeRelaxed = 2
     cuda.get_current_stream = get_current_stream
     cuda.get_elapsed_time = get_elapsed_time
