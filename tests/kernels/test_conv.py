@@ -422,6 +422,7 @@ DEPTHWISE_CASES = [
     ((6, 7), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),          # 16-byte tile loads, partial tile
     ((6, 11), (2, 3), (1, 3), (1, 2), ((0, 0), (2, 1)), 3, 2),          # dilated, stride 3: generic rows
     ((5, 13), (1, 4), (2, 2), (1, 2), ((0, 0), (3, 2)), 2, 1),          # generic rows skipping dgrad holes
+    ((4, 21), (2, 9), (1, 1), (1, 1), ((1, 0), (4, 4)), 3, 2),          # rolling window: one trip, 1-tap tail
     # channels_first wgrad's transposing 16-byte loads: 120-pixel planes (an odd number of
     # 16-bit vectors), rows wider than a chunk, a partial lane group
     ((6, 20), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 34, 1),
@@ -510,6 +511,21 @@ def test_depthwise_channels_first_wgrad_transposed_tiles_with_wide_padding(kerne
         with conv_tiles.forced(splits=splits):
             assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
                                 (x, dy, w.shape, strides, dilation, pads, 'channels_first'), kernel_runtime)
+
+
+@pytest.mark.parametrize('data_format', FORMATS)
+@pytest.mark.parametrize('k_w', [1, 2, 7, 8, 16, 17])
+def test_depthwise_rolling_rows_every_trip_count_and_tail(kernel_runtime, k_w, data_format):
+    """Stride-1 rows of widths other than 3 and 5 run conv_depthwise.cu row_roll: (k_w - 1) / 8
+    trips of 8 taps, then a guarded tail of 1..8 taps (fwd; dgrad correlates with the flipped
+    filter the same way)."""
+    case = ((2, 40), (2, k_w), (1, 1), (1, 1), ((0, 1), (k_w // 2, (k_w - 1) // 2)), 6, 1)
+    _, _, strides, dilation, pads, _, _ = case
+    x, w, dy = _depthwise_arrays(case, np.float32, data_format, seed=7)
+    geometry = (strides, dilation, pads, data_format)
+    assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), kernel_runtime)
+    assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry),
+                        kernel_runtime)
 
 
 def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):

@@ -607,16 +607,54 @@ __device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_
 #endif
 }
 
-// One kernel row of a thread's DW_PIX outputs: acc[q] += sum_kw x[q * S + kw] * w[kw], x read
-// from the tile row `x` (pitch DW_PITCH), weights w[kw * w_step]. KW and S compile-time
-// (dilation 1): the (DW_PIX - 1) * S + KW inputs are loaded once into a register window
-// and each feeds up to KW multiply-adds.
-template <int KW, int S>
-__device__ __forceinline__ void row_window(const acc_t* x, const elem_t* __restrict__ w, int w_step,
-                                           acc_t acc[DW_PIX]) {
-    acc_t wk[KW], xv[(DW_PIX - 1) * S + KW];
+// The filter in shared memory (forward, dgrad): the block's lanes' taps of the kernel rows of
+// one tile (a plane, a chunk of kernel rows), staged next to the input tile in correlation order
+// (dgrad's flip done while staging) and widened to acc_t, as [lane][row][kw]: a kernel row is
+// dw_weight_row(k_w) slots (k_w rounded up to DW_PIX, zeros past k_w), so that the math reads a
+// row's filter values as whole 16-byte vectors from immediate offsets (2 loads per DW_PIX taps
+// in float32) instead of one 64-bit addressed global load per tap.
+constexpr int DW_ACC_VEC = 16 / (int)sizeof(acc_t);   // acc_t values per 16-byte shared access
+
+__host__ __device__ constexpr int dw_weight_row(int k_w) { return (k_w + DW_PIX - 1) / DW_PIX * DW_PIX; }
+
+// A lane's slots: `rows` kernel rows plus one 16-byte vector, an odd number of vectors, so
+// that the 8 lanes of a quarter warp's 16-byte accesses fall on 8 distinct 4-bank groups.
+// (direct.py _dw_weight_bytes mirrors it.)
+__host__ __device__ constexpr int dw_weight_pitch(int k_w, int rows) {
+    return dw_weight_row(k_w) * rows + DW_ACC_VEC;
+}
+
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[4]) {
+    store_float4(p, make_float4(v[0], v[1], v[2], v[3]));
+}
+__device__ __forceinline__ void store_vec(double* p, const double (&v)[2]) {
+    *reinterpret_cast<double2*>(p) = make_double2(v[0], v[1]);
+}
+__device__ __forceinline__ void load_vec(const float* p, float* v) {
+    const float4 f = load_float4(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+}
+__device__ __forceinline__ void load_vec(const double* p, double* v) {
+    const double2 d = *reinterpret_cast<const double2*>(p);
+    v[0] = d.x, v[1] = d.y;
+}
+
+// N filter values of a row from wr (16-byte aligned, N a multiple of DW_ACC_VEC).
+template <int N>
+__device__ __forceinline__ void load_weights(const acc_t* wr, acc_t (&v)[N]) {
+    static_assert(N % DW_ACC_VEC == 0, "whole vectors");
 #pragma unroll
-    for (int kw = 0; kw < KW; ++kw) wk[kw] = to_acc(w[kw * w_step]);
+    for (int i = 0; i < N; i += DW_ACC_VEC) load_vec(wr + i, v + i);
+}
+
+// One kernel row of a thread's DW_PIX outputs: acc[q] += sum_kw x[q * S + kw] * wr[kw], x read
+// from the tile row `x` (pitch DW_PITCH), wr the row's staged filter values. KW and S
+// compile-time (dilation 1): the (DW_PIX - 1) * S + KW inputs are loaded once into a register
+// window and each feeds up to KW multiply-adds.
+template <int KW, int S>
+__device__ __forceinline__ void row_window(const acc_t* x, const acc_t* wr, acc_t acc[DW_PIX]) {
+    acc_t wk[(KW + DW_ACC_VEC - 1) / DW_ACC_VEC * DW_ACC_VEC], xv[(DW_PIX - 1) * S + KW];
+    load_weights(wr, wk);
 #pragma unroll
     for (int i = 0; i < (DW_PIX - 1) * S + KW; ++i) xv[i] = x[i * DW_PITCH];
 #pragma unroll
@@ -625,20 +663,61 @@ __device__ __forceinline__ void row_window(const acc_t* x, const elem_t* __restr
         for (int kw = 0; kw < KW; ++kw) acc[q] += xv[q * S + kw] * wk[kw];
 }
 
-// The generic rows' tap loops are unrolled this deep: the filter loads of 8 taps (4 in float64,
-// which has no registers to spare) are in flight at once before their multiply-adds.
+// DW_PIX taps of a rolling window (row_roll): x and wr at the first of them (a multiple of
+// DW_PIX), win[i % DW_PIX] holding input i of the run. Tap t reads slots (t + q) % DW_PIX;
+// once it is done, slot t takes input t + DW_PIX, the one the next tap needs that is not yet
+// loaded. TAIL: only the first `live` taps exist (1..DW_PIX), and the loads stop at the last
+// input they need.
+template <bool TAIL>
+__device__ __forceinline__ void roll_taps(const acc_t* x, const acc_t* wr, int live, acc_t win[DW_PIX],
+                                          acc_t acc[DW_PIX]) {
+    acc_t wv[DW_PIX];
+#pragma unroll
+    for (int t = 0; t < DW_PIX; ++t) {
+        if (TAIL && t >= live) break;
+        // one 16-byte vector of filter values at a time (float64: 4 loads, not all 8 values live at once)
+        if (t % DW_ACC_VEC == 0) load_vec(wr + t, wv + t);
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) acc[q] += win[(t + q) % DW_PIX] * wv[t];
+        if (!TAIL || t + 1 < live) win[t] = x[(t + DW_PIX) * DW_PITCH];
+    }
+}
+
+constexpr bool DW_ROLL = sizeof(acc_t) == 4;
+
+// Stride 1, dilation 1, any width: a rolling register window. Output q of tap kw reads input
+// kw + q, so consecutive taps share DW_PIX - 1 inputs: per tap one shared load, DW_PIX
+// multiply-adds and a filter value (16-byte loads, DW_ACC_VEC taps each). The tap loop is
+// unrolled DW_PIX deep so that the slot indices are compile-time (the window rotates by
+// register renaming, no moves). The loop runs (k_w - 1) / DW_PIX times, i.e. while
+// kw + DW_PIX < k_w, so its loads end at input k_w + DW_PIX - 2, the last one needed; the last
+// 1..DW_PIX taps run the guarded body. (The loop steps the two pointers only and ends on the
+// tile pointer: a tap counter would cost an add and a move per trip.)
+__device__ __forceinline__ void row_roll(const acc_t* x, const acc_t* wr, int k_w, acc_t acc[DW_PIX]) {
+    acc_t win[DW_PIX];
+#pragma unroll
+    for (int i = 0; i < DW_PIX; ++i) win[i] = x[i * DW_PITCH];
+    const int trips = (k_w - 1) / DW_PIX;
+#pragma unroll 1
+    for (const acc_t* const x_end = x + trips * DW_PIX * DW_PITCH; x != x_end; x += DW_PIX * DW_PITCH, wr += DW_PIX)
+        roll_taps<false>(x, wr, DW_PIX, win, acc);
+    roll_taps<true>(x, wr, k_w - trips * DW_PIX, win, acc);
+}
+
+// The generic rows' tap loops are unrolled this deep: 8 taps (4 in float64, which has no
+// registers to spare) of loads in flight at once before their multiply-adds.
 constexpr int DW_GENERIC_UNROLL = sizeof(acc_t) == 8 ? 4 : 8;
 
 // Any width, stride and dilation: one shared load per multiply-add. S > 0: compile-time
-// stride along W (immediate shared offsets), S = 0: s_w at run time. The filter pointer and
-// the tile pointer step by adds (no 64-bit address computed per tap).
+// stride along W (immediate shared offsets), S = 0: s_w at run time. The filter and tile
+// pointers step by adds.
 template <int S>
-__device__ __forceinline__ void row_generic(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
-                                            int s_w, int dil_w, acc_t acc[DW_PIX]) {
+__device__ __forceinline__ void row_generic(const acc_t* x, const acc_t* wr, int k_w, int s_w, int dil_w,
+                                            acc_t acc[DW_PIX]) {
     const int step = (S > 0 ? S : s_w) * DW_PITCH, x_step = dil_w * DW_PITCH;
 #pragma unroll DW_GENERIC_UNROLL
-    for (int kw = 0; kw < k_w; ++kw, w += w_step, x += x_step) {
-        const acc_t wv = to_acc(*w);
+    for (int kw = 0; kw < k_w; ++kw, ++wr, x += x_step) {
+        const acc_t wv = *wr;
 #pragma unroll
         for (int q = 0; q < DW_PIX; ++q) acc[q] += x[q * step] * wv;
     }
@@ -647,13 +726,12 @@ __device__ __forceinline__ void row_generic(const acc_t* x, const elem_t* __rest
 // dgrad, stride U > 1 along W: the thread's outputs are U apart, so a tap either meets a
 // stride hole for all of them or for none. Taps kw = f, f + 2, ... (U = 2, dilation 1) are
 // the live ones; their inputs are consecutive real dy values, U apart in the tile: a register
-// window of DW_PIX + NV - 1 values feeds DW_PIX * NV multiply-adds.
+// window of DW_PIX + NV - 1 values feeds DW_PIX * NV multiply-adds. wr: tap f's filter value.
 template <int NV>
-__device__ __forceinline__ void row_live_taps2(const acc_t* x, const elem_t* __restrict__ w, int w_step,
-                                               acc_t acc[DW_PIX]) {
+__device__ __forceinline__ void row_live_taps2(const acc_t* x, const acc_t* wr, acc_t acc[DW_PIX]) {
     acc_t wk[NV], xv[DW_PIX + NV - 1];
 #pragma unroll
-    for (int m = 0; m < NV; ++m) wk[m] = to_acc(w[m * w_step]);
+    for (int m = 0; m < NV; ++m) wk[m] = wr[2 * m];
 #pragma unroll
     for (int i = 0; i < DW_PIX + NV - 1; ++i) xv[i] = x[i * 2 * DW_PITCH];
 #pragma unroll
@@ -666,49 +744,73 @@ __device__ __forceinline__ void row_live_taps2(const acc_t* x, const elem_t* __r
 // found once per row; each costs one shared load per multiply-add. UC > 0: U at compile time
 // (immediate shared offsets), UC = 0: at run time.
 template <int UC>
-__device__ __forceinline__ void row_live_taps(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
-                                              int dil_w, int U, int phase, acc_t acc[DW_PIX]) {
+__device__ __forceinline__ void row_live_taps(const acc_t* x, const acc_t* wr, int k_w, int dil_w, int U, int phase,
+                                              acc_t acc[DW_PIX]) {
     if (UC > 0) U = UC;
     int kw = 0, period = 1;
     while (kw < k_w && (phase + kw * dil_w) % U != 0) ++kw;
     while ((period * dil_w) % U != 0) ++period;
     const int step = U * DW_PITCH, x_step = period * dil_w * DW_PITCH;
-    w += kw * w_step;
+    wr += kw;
     x += kw * dil_w * DW_PITCH;
 #pragma unroll DW_GENERIC_UNROLL
-    for (; kw < k_w; kw += period, w += period * w_step, x += x_step) {
-        const acc_t wv = to_acc(*w);
+    for (; kw < k_w; kw += period, wr += period, x += x_step) {
+        const acc_t wv = *wr;
 #pragma unroll
         for (int q = 0; q < DW_PIX; ++q) acc[q] += x[q * step] * wv;
     }
 }
 
 // phase: the virtual dy column of the thread's first output at kw = 0, modulo U.
-__device__ __forceinline__ void conv_row_holes(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
-                                               int dil_w, int U, int phase, acc_t acc[DW_PIX]) {
+__device__ __forceinline__ void conv_row_holes(const acc_t* x, const acc_t* wr, int k_w, int dil_w, int U, int phase,
+                                               acc_t acc[DW_PIX]) {
     if (U == 2 && dil_w == 1 && (k_w == 3 || k_w == 5)) {
         const int f = phase;   // first live tap: (phase + f) % 2 == 0
         const int live = (k_w - f + 1) / 2;
         const acc_t* xf = x + f * DW_PITCH;
-        const elem_t* wf = w + f * w_step;
-        if (live == 1) row_live_taps2<1>(xf, wf, 2 * w_step, acc);
-        else if (live == 2) row_live_taps2<2>(xf, wf, 2 * w_step, acc);
-        else row_live_taps2<3>(xf, wf, 2 * w_step, acc);
+        if (live == 1) row_live_taps2<1>(xf, wr + f, acc);
+        else if (live == 2) row_live_taps2<2>(xf, wr + f, acc);
+        else row_live_taps2<3>(xf, wr + f, acc);
         return;
     }
-    if (U == 2) row_live_taps<2>(x, w, w_step, k_w, dil_w, U, phase, acc);
-    else row_live_taps<0>(x, w, w_step, k_w, dil_w, U, phase, acc);
+    if (U == 2) row_live_taps<2>(x, wr, k_w, dil_w, U, phase, acc);
+    else row_live_taps<0>(x, wr, k_w, dil_w, U, phase, acc);
 }
 
-__device__ __forceinline__ void conv_row(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w, int s_w,
-                                         int dil_w, acc_t acc[DW_PIX]) {
-    if (dil_w == 1 && k_w == 3 && s_w == 1) row_window<3, 1>(x, w, w_step, acc);
-    else if (dil_w == 1 && k_w == 3 && s_w == 2) row_window<3, 2>(x, w, w_step, acc);
-    else if (dil_w == 1 && k_w == 5 && s_w == 1) row_window<5, 1>(x, w, w_step, acc);
-    else if (dil_w == 1 && k_w == 5 && s_w == 2) row_window<5, 2>(x, w, w_step, acc);
-    else if (s_w == 1) row_generic<1>(x, w, w_step, k_w, s_w, dil_w, acc);
-    else if (s_w == 2) row_generic<2>(x, w, w_step, k_w, s_w, dil_w, acc);
-    else row_generic<0>(x, w, w_step, k_w, s_w, dil_w, acc);
+__device__ __forceinline__ void conv_row(const acc_t* x, const acc_t* wr, int k_w, int s_w, int dil_w,
+                                         acc_t acc[DW_PIX]) {
+    if (dil_w == 1 && k_w == 3 && s_w == 1) row_window<3, 1>(x, wr, acc);
+    else if (dil_w == 1 && k_w == 3 && s_w == 2) row_window<3, 2>(x, wr, acc);
+    else if (dil_w == 1 && k_w == 5 && s_w == 1) row_window<5, 1>(x, wr, acc);
+    else if (dil_w == 1 && k_w == 5 && s_w == 2) row_window<5, 2>(x, wr, acc);
+    else if (DW_ROLL && dil_w == 1 && s_w == 1) row_roll(x, wr, k_w, acc);
+    else if (s_w == 1) row_generic<1>(x, wr, k_w, s_w, dil_w, acc);
+    else if (s_w == 2) row_generic<2>(x, wr, k_w, s_w, dil_w, acc);
+    else row_generic<0>(x, wr, k_w, s_w, dil_w, acc);
+}
+
+// Stages the filter values of kernel rows kh0 .. kh0 + khc - 1 of plane kd (correlation
+// order; `flip`: dgrad's flipped filter) for the block's lanes at wt (see dw_weight_pitch).
+// Thread (lane, ty) writes 16-byte vectors ty, ty + DW_ROWS, ... of its lane (a warp: one
+// vector of 32 lanes, its global loads coalesced along the filter's channels); lanes that are
+// not `live` and slots past k_w get zeros. w_col: the lane's filter column, w_cols apart per
+// tap; pitch: dw_weight_pitch of the tile's largest chunk.
+__device__ __forceinline__ void stage_weights(acc_t* wt, const elem_t* __restrict__ w, int k_h, int k_w, bool flip,
+                                              int kd_filter, int kh0, int khc, int pitch, int w_cols, int w_col,
+                                              bool live) {
+    const int lane = threadIdx.x, row = dw_weight_row(k_w), vecs = row / DW_ACC_VEC;
+    acc_t* dst = wt + lane * pitch;
+    for (int i = threadIdx.y; i < khc * vecs; i += DW_ROWS) {
+        const int r = i / vecs, kw0 = (i - r * vecs) * DW_ACC_VEC, kh = kh0 + r;
+        const int fh = flip ? k_h - 1 - kh : kh;
+        acc_t v[DW_ACC_VEC];
+#pragma unroll
+        for (int e = 0; e < DW_ACC_VEC; ++e) {
+            const int kw = kw0 + e, fw = flip ? k_w - 1 - kw : kw;
+            v[e] = live && kw < k_w ? to_acc(w[((kd_filter * k_h + fh) * k_w + fw) * w_cols + w_col]) : acc_t(0);
+        }
+        store_vec(dst + r * row + kw0, v);
+    }
 }
 
 // The geometry both tiled correlations (forward, dgrad) share: out[o] = sum_t
@@ -731,7 +833,10 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                                                  const DwCorrelation& g, unsigned out_channels,
                                                  int groups, int w_cols, int w_col_mul) {
     extern __shared__ unsigned char dw_shared_raw[];
-    acc_t* tile = reinterpret_cast<acc_t*>(dw_shared_raw);
+    // the staged filter (DW_CHANNELS lanes x w_pitch, whole 16-byte vectors), then the input tile
+    acc_t* wt = reinterpret_cast<acc_t*>(dw_shared_raw);
+    const int w_pitch = dw_weight_pitch(g.k_w, g.kh_chunk);
+    acc_t* tile = wt + DW_CHANNELS * w_pitch;
     const int cols = g.segs * DW_PIX;
     const int tiles_w = (g.out_w + cols - 1) / cols, tiles_h = (g.out_h + g.tile_rows - 1) / g.tile_rows;
     unsigned b = blockIdx.x;
@@ -750,7 +855,7 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
     src.sample += (long long)n * src.channels * src.pixels;
     const unsigned out_pixels = (unsigned)g.out_d * g.out_h * g.out_w;
     const bool active = row < g.tile_rows && j < src.lanes;
-    const int w_dir = g.flip ? -1 : 1;
+    const acc_t* w_lane = wt + lane * w_pitch;
     acc_t acc[DW_PIX];
 #pragma unroll
     for (int q = 0; q < DW_PIX; ++q) acc[q] = acc_t(0);
@@ -759,7 +864,8 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
         src.ch_add = m;
         const bool vec = vector_source(src);
         // filter column of this thread's channel; rows of taps are w_cols apart
-        const int w_col = active ? j * w_col_mul + m : 0;
+        const bool lane_live = j < src.lanes;   // (threads past the tile's rows stage filter values too)
+        const int w_col = lane_live ? j * w_col_mul + m : 0;
         for (int kd = 0; kd < g.k_d; ++kd) {
             const int vd = od * g.s_d - g.pad_d + kd * g.dil_d;
             const int sd = vd / g.up_d;
@@ -772,6 +878,8 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                 const DwTileStart at = tile_start(rows_in, cols_in, vec, src.up_w);
                 if (holes) load_tile<true>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
                 else load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
+                stage_weights(wt, w, g.k_h, g.k_w, g.flip, g.flip ? g.k_d - 1 - kd : kd, kh0, khc, w_pitch, w_cols,
+                              w_col, lane_live);
                 __syncthreads();
                 if (!active) continue;
                 for (int kh = kh0; kh < kh0 + khc; ++kh) {
@@ -780,14 +888,11 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                     if (src.up_h > 1 && (oh0 + row - g.pad_h + kh * g.dil_h) % src.up_h != 0) continue;
                     const acc_t* x = tile + ((row * g.s_h + (kh - kh0) * g.dil_h) * cols_in + cbase * g.s_w)
                                      * DW_PITCH + lane;
-                    const int fd = g.flip ? g.k_d - 1 - kd : kd, fh = g.flip ? g.k_h - 1 - kh : kh;
-                    const int fw0 = g.flip ? g.k_w - 1 : 0;
-                    const elem_t* w_row = w + ((fd * g.k_h + fh) * g.k_w + fw0) * w_cols + w_col;
+                    const acc_t* w_row = w_lane + (kh - kh0) * dw_weight_row(g.k_w);
                     if (U > 1)
-                        conv_row_holes(x, w_row, w_dir * w_cols, g.k_w, g.dil_w, U,
-                                       ((ow0 + cbase - g.pad_w) % U + U) % U, acc);
+                        conv_row_holes(x, w_row, g.k_w, g.dil_w, U, ((ow0 + cbase - g.pad_w) % U + U) % U, acc);
                     else
-                        conv_row(x, w_row, w_dir * w_cols, g.k_w, g.s_w, g.dil_w, acc);
+                        conv_row(x, w_row, g.k_w, g.s_w, g.dil_w, acc);
                 }
             }
         }

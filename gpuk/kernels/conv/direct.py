@@ -128,12 +128,20 @@ def _smaller_tile(fn, rows, segs, nbytes):
                      'kernel limit of %d; use smaller strides or dilations' % (fn, nbytes, DW_MAX_SHARED))
 
 
+def _dw_weight_bytes(dtype, k_w, chunk):
+    """Shared memory of the filter values fwd / dgrad stage per tile (conv_depthwise.cu
+    dw_weight_pitch): DW_CHANNELS lanes x `chunk` kernel rows of k_w rounded up to DW_PIX
+    slots, plus one 16-byte vector per lane."""
+    acc = _acc_bytes(dtype)
+    return DW_CHANNELS * (math.ceil(k_w / DW_PIX) * DW_PIX * chunk * acc + 16)
+
+
 def depthwise_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation, hole_stride=1):
     """The DwTile of depthwise_fwd / depthwise_dgrad (dgrad passes stride 1: it correlates
     the zero-stuffed dy, and its real stride along W as hole_stride): all kernel rows in one
-    input tile when it fits DW_MAX_SHARED, else chunks of kernel rows, then fewer output
-    rows. Segment counts that hole_stride divides are preferred: the kernel then skips the
-    stride holes along W."""
+    input tile (with their staged filter values, _dw_weight_bytes) when it fits DW_MAX_SHARED,
+    else chunks of kernel rows, then fewer output rows. Segment counts that hole_stride divides
+    are preferred: the kernel then skips the stride holes along W."""
     (_, out_h, out_w), (_, k_h, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
     (_, s_h, s_w), (_, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
     rows, segs = _tile_shape(channels_first, out_h, out_w, hole_stride)
@@ -141,7 +149,8 @@ def depthwise_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strid
 
     def nbytes(rows, segs, chunk):
         cols_in = (segs * DW_PIX - 1) * s_w + (k_w - 1) * dil_w + 1
-        return ((rows - 1) * s_h + (chunk - 1) * dil_h + 1) * cols_in * pixel_bytes
+        return (((rows - 1) * s_h + (chunk - 1) * dil_h + 1) * cols_in * pixel_bytes
+                + _dw_weight_bytes(dtype, k_w, chunk))
     chunk = k_h
     while nbytes(rows, segs, chunk) > DW_MAX_SHARED:
         if chunk > 1:
