@@ -23,10 +23,18 @@
 // (lane, ty) owns row ty / segs, segment ty % segs: DW_PIX consecutive output pixels along
 // W in registers (threads with row >= tile_rows only help with loads; strided dgrad
 // interleaves s_w segments, see tile_correlation).
-// Hot loops (sm_90 SASS, float32, per multiply-add): fwd register windows 1.45-1.9
-// instructions, dgrad 1.6-2.3, wgrad 1.3-1.7; the generic rows (other widths, dilation along
-// W) 2-4. wgrad's whole tile loop (5x5 rows, both loaders; inspect figures, no GPU measured):
-// NHWC 324 instructions per 120 FFMA, NCHW 372 (16-bit 420, f64 354). 0 spills, no stack
+// fwd / dgrad read the filter from shared memory, staged per tile next to the input tile
+// (stage_weights: correlation order, widened, 16-byte reads). Their rows: 3 and 5 wide at
+// strides 1 and 2 a register window per kernel row (row_window); other widths at stride 1 and
+// dilation 1 a rolling window over the taps (row_roll: 1 shared load and 1/4 of a 16-byte
+// filter read per 8 FFMA; float64 keeps the loop below, rolling spilled); the rest one shared
+// load per multiply-add (row_generic, row_live_taps).
+// Figures (inspect, static SASS; no GPU measured), 4-byte accumulators, sm_90 and sm_80: the
+// report's fwd / dgrad hot loop is row_roll's, 78 instructions per 64 FFMA (82%); the window
+// rows are straight-line blocks inside the kernel-row loop, sm_90 float32 3x3 s1 35
+// instructions per 24 FFMA, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
+// wgrad's whole tile loop (5x5 rows, both loaders): NHWC 324 instructions per 120 FFMA, NCHW
+// 372 (16-bit 420, f64 354): its loaders, not its math, hold most of it. 0 spills, no stack
 // (`python -m gpuk.kernels.build --check`).
 //
 // Tile loads: 16-byte global loads where the layout allows (load_tile_vec: channels_last,
