@@ -528,6 +528,32 @@ def test_depthwise_rolling_rows_every_trip_count_and_tail(kernel_runtime, k_w, d
                         kernel_runtime)
 
 
+# whole-filter windows (conv_depthwise.cu tile_rows_window): 3x3 (4 rows per thread, 32-row
+# channels_last tiles: 40 rows take two) and 5x5 (2 rows per thread), one plane of a 3-D
+# problem, partial channel tiles; dgrad takes them where M = 1
+ROWS_WINDOW_CASES = [
+    ((40, 11), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 35, 1),
+    ((20, 19), (5, 5), (1, 1), (1, 1), ((2, 1), (0, 4)), 3, 2),
+    ((21, 9), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 5, 1),
+    ((3, 10, 9), (1, 3, 3), (1, 1, 1), (1, 1, 1), ((1, 0), (1, 1), (0, 2)), 4, 1),
+]
+
+
+@pytest.mark.parametrize('data_format', FORMATS)
+@pytest.mark.parametrize('dtype', [np.float32, np.float16], ids=['f32', 'f16'])
+@pytest.mark.parametrize('case', ROWS_WINDOW_CASES, ids=_ids(ROWS_WINDOW_CASES))
+def test_depthwise_whole_filter_windows(kernel_runtime, case, dtype, data_format):
+    spatial, kernel, strides, dilation, pads, _, mult = case
+    tile = conv_direct.depthwise_tile('t', dtype, data_format == 'channels_first', spatial, kernel, strides, dilation,
+                                      rows_window=True)
+    assert tile.rows_per_thread == conv_direct.DW_ROWS_WINDOW[kernel[-1]]
+    x, w, dy = _depthwise_arrays(case, dtype, data_format, seed=8)
+    geometry = (strides, dilation, pads, data_format)
+    assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), kernel_runtime)
+    assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry),
+                        kernel_runtime)
+
+
 def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):
     """Pixel-tile splits with the deterministic second pass; filters whose input tile does not
     fit shared memory at once (loaded in chunks of kernel rows) or need many tap groups."""

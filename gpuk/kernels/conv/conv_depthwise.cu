@@ -571,31 +571,40 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
 }
 
 // Stores tile_rows x cols results of the channel tile starting at j0 at output rows
-// oh0.. / columns ow0.. of plane od of one sample; `acc` is this thread's DW_PIX run (tile
-// row `row`, columns cbase + q * step). channels_last stores straight from registers (a warp = 32 channels of a pixel);
-// channels_first stages them in `stage` (the caller's tile, after a barrier) so a warp
-// stores 32 pixels along W.
-__device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_t* stage, const acc_t acc[DW_PIX],
+// oh0.. / columns ow0.. of plane od of one sample; `acc` is this thread's R runs of DW_PIX
+// (tile rows row.. row + R - 1, columns cbase + q * step). channels_last stores straight from
+// registers (a warp = 32 channels of a pixel); channels_first stages them in `stage` (the
+// caller's tile, after a barrier) so a warp stores 32 pixels along W.
+template <int R>
+__device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_t* stage, const acc_t (&acc)[R][DW_PIX],
                                            int row, int cbase, int step, int tile_rows, int cols, int od, int oh0,
-                                           int ow0,
-                                           int out_h, int out_w, unsigned channels, unsigned pixels, int j0,
+                                           int ow0, int out_h, int out_w, unsigned channels, unsigned pixels, int j0,
                                            int lanes) {
     const int lane = threadIdx.x;
 #if DW_CHANNELS_LAST
     (void)stage; (void)cols;
-    const int oh = oh0 + row, j = j0 + lane;
-    if (row >= tile_rows || oh >= out_h || j >= lanes) return;
+    const int j = j0 + lane;
+    if (j >= lanes) return;
 #pragma unroll
-    for (int q = 0; q < DW_PIX; ++q) {
-        const int ow = ow0 + cbase + q * step;
-        if (ow < out_w)
-            out_sample[sample_offset(j, ((unsigned)od * out_h + oh) * out_w + ow, channels, pixels)] =
-                ElementTraits<elem_t>::from_acc(acc[q]);
+    for (int r = 0; r < R; ++r) {
+        const int oh = oh0 + row + r;
+        if (row + r >= tile_rows || oh >= out_h) return;
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) {
+            const int ow = ow0 + cbase + q * step;
+            if (ow < out_w)
+                out_sample[sample_offset(j, ((unsigned)od * out_h + oh) * out_w + ow, channels, pixels)] =
+                    ElementTraits<elem_t>::from_acc(acc[r][q]);
+        }
     }
 #else
-    if (row < tile_rows) {
 #pragma unroll
-        for (int q = 0; q < DW_PIX; ++q) stage[(row * cols + cbase + q * step) * DW_PITCH + lane] = acc[q];
+    for (int r = 0; r < R; ++r) {
+        if (row + r < tile_rows) {
+#pragma unroll
+            for (int q = 0; q < DW_PIX; ++q)
+                stage[((row + r) * cols + cbase + q * step) * DW_PITCH + lane] = acc[r][q];
+        }
     }
     __syncthreads();
     // a warp = up to 32 columns of one (lane, row), chunks aligned as in load_tile
@@ -829,7 +838,19 @@ struct DwCorrelation {
     int out_d, out_h, out_w;
     int flip;                // dgrad: the filter flipped in every spatial dim
     int tile_rows, segs, kh_chunk;
+    int rows_per_thread;     // 1, or the whole-filter windows' R (rows_window)
 };
+
+// Where block blockIdx.x's output tile lies: sample n, plane od, first row oh0 and column ow0.
+struct DwBlockTile { int n, od, oh0, ow0; };
+__device__ __forceinline__ DwBlockTile block_tile(const DwCorrelation& g) {
+    const int cols = g.segs * DW_PIX;
+    const int tiles_w = (g.out_w + cols - 1) / cols, tiles_h = (g.out_h + g.tile_rows - 1) / g.tile_rows;
+    unsigned b = blockIdx.x;
+    const int tw = b % tiles_w; b /= tiles_w;
+    const int th = b % tiles_h; b /= tiles_h;
+    return {(int)(b / g.out_d), (int)(b % g.out_d), th * g.tile_rows, tw * cols};
+}
 
 // Thread mapping, tiling: see the file header. For each input plane kd (skipped when it
 // lies in the padding or a stride hole: uniform per block) and each chunk of kh_chunk
@@ -846,14 +867,10 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
     const int w_pitch = dw_weight_pitch(g.k_w, g.kh_chunk);
     acc_t* tile = wt + DW_CHANNELS * w_pitch;
     const int cols = g.segs * DW_PIX;
-    const int tiles_w = (g.out_w + cols - 1) / cols, tiles_h = (g.out_h + g.tile_rows - 1) / g.tile_rows;
-    unsigned b = blockIdx.x;
-    const int tw = b % tiles_w; b /= tiles_w;
-    const int th = b % tiles_h; b /= tiles_h;
-    const int od = b % g.out_d, n = b / g.out_d;
+    const DwBlockTile bt = block_tile(g);
+    const int n = bt.n, od = bt.od, oh0 = bt.oh0, ow0 = bt.ow0;
     const int j0 = blockIdx.y * DW_CHANNELS, lane = threadIdx.x, j = j0 + lane;
     const int row = threadIdx.y / g.segs, seg = threadIdx.y % g.segs;
-    const int oh0 = th * g.tile_rows, ow0 = tw * cols;
     // A thread's DW_PIX outputs: columns cbase + q * U of the tile. U = 1 (consecutive) except
     // for dgrad with stride s_w dividing segs: U = s_w interleaves U segments, so that stride
     // holes along W are skipped per tap (conv_row_holes).
@@ -864,9 +881,9 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
     const unsigned out_pixels = (unsigned)g.out_d * g.out_h * g.out_w;
     const bool active = row < g.tile_rows && j < src.lanes;
     const acc_t* w_lane = wt + lane * w_pitch;
-    acc_t acc[DW_PIX];
+    acc_t acc[1][DW_PIX];
 #pragma unroll
-    for (int q = 0; q < DW_PIX; ++q) acc[q] = acc_t(0);
+    for (int q = 0; q < DW_PIX; ++q) acc[0][q] = acc_t(0);
     const bool holes = src.up_h > 1 || src.up_w > 1;
     for (int m = 0; m < groups; ++m) {
         src.ch_add = m;
@@ -898,9 +915,10 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                                      * DW_PITCH + lane;
                     const acc_t* w_row = w_lane + (kh - kh0) * dw_weight_row(g.k_w);
                     if (U > 1)
-                        conv_row_holes(x, w_row, g.k_w, g.dil_w, U, ((ow0 + cbase - g.pad_w) % U + U) % U, acc);
+                        conv_row_holes(x, w_row, g.k_w, g.dil_w, U, ((ow0 + cbase - g.pad_w) % U + U) % U,
+                                       acc[0]);
                     else
-                        conv_row(x, w_row, g.k_w, g.s_w, g.dil_w, acc);
+                        conv_row(x, w_row, g.k_w, g.s_w, g.dil_w, acc[0]);
                 }
             }
         }
@@ -912,6 +930,99 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                ow0, g.out_h, g.out_w, out_channels, out_pixels, j0, src.lanes);
 }
 
+// A whole K x K filter at stride 1, dilation 1 (the launcher's depthwise_tile chooses it):
+// the thread owns R consecutive output rows of DW_PIX pixels, and each input row's window of
+// DW_PIX + K - 1 values, read once from the tile (x: the thread's first input row, row_step
+// apart), feeds every one of its output rows that it lies under (output row r takes input row
+// i with kernel row i - r). Per thread R + K - 1 rows of loads for R * K * K * DW_PIX
+// multiply-adds, where one row per thread (row_window) loads K rows per K * K * DW_PIX. The
+// filter (K rows of wl, dw_weight_row(K) apart) is held in registers. Sums run over kernel
+// rows, then columns, as in the per-row paths.
+template <int K, int R>
+__device__ __forceinline__ void rows_window(const acc_t* x, int row_step, const acc_t* wl, acc_t (&acc)[R][DW_PIX]) {
+    acc_t wk[K][(K + DW_ACC_VEC - 1) / DW_ACC_VEC * DW_ACC_VEC];
+#pragma unroll
+    for (int kh = 0; kh < K; ++kh) load_weights(wl + kh * dw_weight_row(K), wk[kh]);
+#pragma unroll
+    for (int i = 0; i < R + K - 1; ++i) {
+        acc_t xv[DW_PIX + K - 1];
+#pragma unroll
+        for (int c = 0; c < DW_PIX + K - 1; ++c) xv[c] = x[i * row_step + c * DW_PITCH];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int kh = i - r;
+            if (kh < 0 || kh >= K) continue;
+#pragma unroll
+            for (int q = 0; q < DW_PIX; ++q)
+#pragma unroll
+                for (int kw = 0; kw < K; ++kw) acc[r][q] += xv[q + kw] * wk[kh][kw];
+        }
+    }
+}
+
+// tile_correlation for a K x K filter of one plane (k_d = 1) at stride 1 and dilation 1, with
+// no stride holes (dgrad: a forward stride of 1) and one multiplier group: the tile (tile_rows =
+// R x the thread rows) and the whole filter are loaded once, then each thread runs rows_window
+// for its R rows. Straight-line code: the launcher sends nothing else here.
+template <int K, int R>
+__device__ __forceinline__ void tile_rows_window(DwSource src, const elem_t* __restrict__ w, elem_t* __restrict__ out,
+                                                 const DwCorrelation& g, unsigned out_channels, int w_cols,
+                                                 int w_col_mul) {
+    extern __shared__ unsigned char dw_shared_raw[];
+    acc_t* wt = reinterpret_cast<acc_t*>(dw_shared_raw);
+    constexpr int W_PITCH = dw_weight_pitch(K, K);
+    acc_t* tile = wt + DW_CHANNELS * W_PITCH;
+    const int cols = g.segs * DW_PIX, cols_in = cols + K - 1, rows_in = g.tile_rows + K - 1;
+    const DwBlockTile bt = block_tile(g);
+    const int j0 = blockIdx.y * DW_CHANNELS, lane = threadIdx.x, j = j0 + lane;
+    const int row = threadIdx.y / g.segs * R, seg = threadIdx.y % g.segs;   // the thread's first row
+    src.sample += (long long)bt.n * src.channels * src.pixels;
+    src.ch_add = 0;
+    const bool lane_live = j < src.lanes;
+    acc_t acc[R][DW_PIX];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) acc[r][q] = acc_t(0);
+    const int sd = bt.od * g.s_d - g.pad_d;   // (k_d = 1, no holes)
+    if (sd >= 0 && sd < g.src_d) {   // uniform per block
+        const bool vec = vector_source(src);
+        const int vh0 = bt.oh0 - g.pad_h, vw0 = bt.ow0 - g.pad_w;
+        load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, tile_start(rows_in, cols_in, vec, 1));
+        stage_weights(wt, w, K, K, g.flip, 0, 0, K, W_PITCH, w_cols, lane_live ? j * w_col_mul : 0, lane_live);
+        __syncthreads();
+        if (lane_live)
+            rows_window<K, R>(tile + (row * cols_in + seg * DW_PIX) * DW_PITCH + lane, cols_in * DW_PITCH,
+                              wt + lane * W_PITCH, acc);
+    }
+#if !DW_CHANNELS_LAST
+    __syncthreads();   // the tile becomes the staging buffer of the stores
+#endif
+    const unsigned out_pixels = (unsigned)g.out_d * g.out_h * g.out_w;
+    store_tile(out + (long long)bt.n * out_channels * out_pixels, tile, acc, row, seg * DW_PIX, 1, g.tile_rows, cols,
+               bt.od, bt.oh0, bt.ow0, g.out_h, g.out_w, out_channels, out_pixels, j0, src.lanes);
+}
+
+// The forward and dgrad bodies: the whole-filter windows where the launcher chose them
+// (g.rows_per_thread > 1: 3x3 with 4 rows per thread, 5x5 with 2), else tile_correlation.
+// Not built for float64: its tiles for them do not fit 48 KB (direct.py _rows_window_tile).
+constexpr bool DW_ROWS_WINDOWS = sizeof(acc_t) == 4;
+__device__ __forceinline__ void correlate(const DwSource& src, const elem_t* __restrict__ w, elem_t* __restrict__ out,
+                                          const DwCorrelation& g, unsigned out_channels, int groups, int w_cols,
+                                          int w_col_mul) {
+    if constexpr (DW_ROWS_WINDOWS) {
+        if (g.rows_per_thread == 4 && g.k_w == 3) {
+            tile_rows_window<3, 4>(src, w, out, g, out_channels, w_cols, w_col_mul);
+            return;
+        }
+        if (g.rows_per_thread == 2 && g.k_w == 5) {
+            tile_rows_window<5, 2>(src, w, out, g, out_channels, w_cols, w_col_mul);
+            return;
+        }
+    }
+    tile_correlation(src, w, out, g, out_channels, groups, w_cols, w_col_mul);
+}
+
 // depthwise_fwd: y[n, o, j] = sum_tap x[n, o*s - pad + tap*dil, j / M] * w[tap, j].
 // Grid: (N * out_d * row tiles * column tiles, C_out / DW_CHANNELS tiles); see tile_correlation.
 // Limits: C * pixels per sample < 2^31, grid.y <= 65535 (launcher checks). No atomics.
@@ -919,11 +1030,11 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_FWD_BLOCKS)
 depthwise_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, elem_t* __restrict__ y, int batch,
               int c_in, int mult, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, int k_h,
               int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d, int pad_h, int pad_w,
-              int tile_rows, int segs, int kh_chunk) {
+              int tile_rows, int segs, int kh_chunk, int rows_per_thread) {
     const DwSource src = {x, (unsigned)c_in, (unsigned)in_d * in_h * in_w, in_h, in_w, 1, 1, mult, 1, 0, c_in * mult};
     const DwCorrelation g = {k_d, k_h, k_w, s_d, s_h, s_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w, in_d, 1,
-                             out_d, out_h, out_w, 0, tile_rows, segs, kh_chunk};
-    tile_correlation(src, w, y, g, (unsigned)(c_in * mult), 1, c_in * mult, 1);
+                             out_d, out_h, out_w, 0, tile_rows, segs, kh_chunk, rows_per_thread};
+    correlate(src, w, y, g, (unsigned)(c_in * mult), 1, c_in * mult, 1);
 }
 
 // depthwise_dgrad: dx[n, i, c] = sum_m sum_tap w[tap, c*M + m] * dy[n, o, c*M + m] where
@@ -937,13 +1048,13 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, 2)
 depthwise_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, elem_t* __restrict__ dx, int batch,
                 int c_in, int mult, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, int k_h,
                 int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d, int pad_h,
-                int pad_w, int tile_rows, int segs, int kh_chunk) {
+                int pad_w, int tile_rows, int segs, int kh_chunk, int rows_per_thread) {
     const DwSource src = {dy, (unsigned)(c_in * mult), (unsigned)out_d * out_h * out_w, out_h, out_w, s_h, s_w,
                           1, mult, 0, c_in};
     const DwCorrelation g = {k_d, k_h, k_w, 1, 1, 1, dil_d, dil_h, dil_w,
                              (k_d - 1) * dil_d - pad_d, (k_h - 1) * dil_h - pad_h, (k_w - 1) * dil_w - pad_w,
-                             out_d, s_d, in_d, in_h, in_w, 1, tile_rows, segs, kh_chunk};
-    tile_correlation(src, w, dx, g, (unsigned)c_in, mult, c_in * mult, mult);
+                             out_d, s_d, in_d, in_h, in_w, 1, tile_rows, segs, kh_chunk, rows_per_thread};
+    correlate(src, w, dx, g, (unsigned)c_in, mult, c_in * mult, mult);
 }
 
 // wgrad: one tile's sums for the block's taps, any kernel width and dilation, stride S along
