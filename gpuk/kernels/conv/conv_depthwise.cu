@@ -24,15 +24,19 @@
 // W in registers (threads with row >= tile_rows only help with loads; strided dgrad
 // interleaves s_w segments, see tile_correlation).
 // fwd / dgrad read the filter from shared memory, staged per tile next to the input tile
-// (stage_weights: correlation order, widened, 16-byte reads). Their rows: 3 and 5 wide at
-// strides 1 and 2 a register window per kernel row (row_window); other widths at stride 1 and
-// dilation 1 a rolling window over the taps (row_roll: 1 shared load and 1/4 of a 16-byte
-// filter read per 8 FFMA; float64 keeps the loop below, rolling spilled); the rest one shared
-// load per multiply-add (row_generic, row_live_taps).
-// Figures (inspect, static SASS; no GPU measured), 4-byte accumulators, sm_90 and sm_80: the
-// report's fwd / dgrad hot loop is row_roll's, 78 instructions per 64 FFMA (82%); the window
-// rows are straight-line blocks inside the kernel-row loop, sm_90 float32 3x3 s1 35
-// instructions per 24 FFMA, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
+// (stage_weights: correlation order, widened, 16-byte reads). A whole 3x3 / 5x5 filter at
+// stride 1 (one plane, no stride holes, one multiplier group; 4-byte accumulators) runs
+// tile_rows_window: 4 / 2 output rows per thread, each input row's window read once for all
+// the thread's rows it lies under. Otherwise, per kernel row: 3 and 5 wide at strides 1 and 2
+// a register window (row_window); other widths at stride 1 and dilation 1 a rolling window
+// over the taps (row_roll: 1 shared load and 1/4 of a 16-byte filter read per 8 FFMA; float64
+// keeps the loop below, rolling spilled); the rest one shared load per multiply-add
+// (row_generic, row_live_taps).
+// Figures (inspect, static SASS; no GPU measured), 4-byte accumulators, sm_90 [sm_80]: the
+// report's fwd / dgrad hot loop is row_roll's, 78 instructions per 64 FFMA (82%); the rest is
+// straight-line code: tile_rows_window's math block 3x3 369 [365] instructions per 288 FFMA
+// (78% [79%]), 5x5 500 [496] per 400 (80% [81%]); per-row windows (float32, sm_90) 3x3 s1 35 /
+// 24, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
 // wgrad's whole tile loop (5x5 rows, both loaders): NHWC 324 instructions per 120 FFMA, NCHW
 // 372 (16-bit 420, f64 354): its loaders, not its math, hold most of it. 0 spills, no stack
 // (`python -m gpuk.kernels.build --check`).
