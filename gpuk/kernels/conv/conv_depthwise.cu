@@ -704,6 +704,7 @@ __device__ __forceinline__ void roll_taps(const acc_t* x, const acc_t* wr, int l
     }
 }
 
+// float64 keeps row_generic for the rows below: rolling spilled 8 bytes in sm_90 channels_first dgrad
 constexpr bool DW_ROLL = sizeof(acc_t) == 4;
 
 // Stride 1, dilation 1, any width: a rolling register window. Output q of tap kw reads input
@@ -719,9 +720,9 @@ __device__ __forceinline__ void row_roll(const acc_t* x, const acc_t* wr, int k_
 #pragma unroll
     for (int i = 0; i < DW_PIX; ++i) win[i] = x[i * DW_PITCH];
     const int trips = (k_w - 1) / DW_PIX;
+    const acc_t* const x_end = x + trips * DW_PIX * DW_PITCH;
 #pragma unroll 1
-    for (const acc_t* const x_end = x + trips * DW_PIX * DW_PITCH; x != x_end; x += DW_PIX * DW_PITCH, wr += DW_PIX)
-        roll_taps<false>(x, wr, DW_PIX, win, acc);
+    for (; x != x_end; x += DW_PIX * DW_PITCH, wr += DW_PIX) roll_taps<false>(x, wr, DW_PIX, win, acc);
     roll_taps<true>(x, wr, k_w - trips * DW_PIX, win, acc);
 }
 
