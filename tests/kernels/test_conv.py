@@ -554,6 +554,19 @@ def test_depthwise_whole_filter_windows(kernel_runtime, case, dtype, data_format
                         kernel_runtime)
 
 
+def test_depthwise_rows_window_only_where_the_kernel_has_one():
+    """The launcher asks for the whole-filter windows (rows_per_thread > 1, a taller tile) only
+    where conv_depthwise.cu builds them: a kernel sent one elsewhere would run its per-row path
+    on the taller tile and leave rows unwritten."""
+    def rpt(dtype=np.float32, kernel=(3, 3), strides=(1, 1), dilation=(1, 1), rows_window=True, out=(56, 56)):
+        return conv_direct.depthwise_tile('t', dtype, False, out, kernel, strides, dilation,
+                                          rows_window=rows_window).rows_per_thread
+    assert rpt() == 4 and rpt(np.float16, (5, 5)) == 2 and rpt(kernel=(1, 3, 3), out=(4, 56, 56)) == 4
+    assert rpt(np.float64) == rpt(np.float64, (5, 5)) == 1          # not built for float64
+    assert rpt(strides=(2, 2)) == rpt(dilation=(1, 2)) == rpt(kernel=(3, 5)) == rpt(kernel=(7, 7)) == 1
+    assert rpt(kernel=(2, 3, 3), out=(4, 56, 56)) == 1 and rpt(rows_window=False) == 1   # planes; dgrad with M > 1
+
+
 def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):
     """Pixel-tile splits with the deterministic second pass; filters whose input tile does not
     fit shared memory at once (loaded in chunks of kernel rows) or need many tap groups."""
