@@ -422,6 +422,7 @@ DEPTHWISE_CASES = [
     ((6, 7), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),          # 16-byte tile loads, partial tile
     ((6, 11), (2, 3), (1, 3), (1, 2), ((0, 0), (2, 1)), 3, 2),          # dilated, stride 3: generic rows
     ((5, 13), (1, 4), (2, 2), (1, 2), ((0, 0), (3, 2)), 2, 1),          # generic rows skipping dgrad holes
+    ((4, 21), (2, 9), (1, 1), (1, 1), ((1, 0), (4, 4)), 3, 2),          # rolling window: one trip, 1-tap tail
     # channels_first wgrad's transposing 16-byte loads: 120-pixel planes (an odd number of
     # 16-bit vectors), rows wider than a chunk, a partial lane group
     ((6, 20), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 34, 1),
@@ -510,6 +511,60 @@ def test_depthwise_channels_first_wgrad_transposed_tiles_with_wide_padding(kerne
         with conv_tiles.forced(splits=splits):
             assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
                                 (x, dy, w.shape, strides, dilation, pads, 'channels_first'), kernel_runtime)
+
+
+@pytest.mark.parametrize('data_format', FORMATS)
+@pytest.mark.parametrize('k_w', [1, 2, 7, 8, 16, 17])
+def test_depthwise_rolling_rows_every_trip_count_and_tail(kernel_runtime, k_w, data_format):
+    """Stride-1 rows of widths other than 3 and 5 run conv_depthwise.cu row_roll: (k_w - 1) / 8
+    trips of 8 taps, then a guarded tail of 1..8 taps (fwd; dgrad correlates with the flipped
+    filter the same way)."""
+    case = ((2, 40), (2, k_w), (1, 1), (1, 1), ((0, 1), (k_w // 2, (k_w - 1) // 2)), 6, 1)
+    _, _, strides, dilation, pads, _, _ = case
+    x, w, dy = _depthwise_arrays(case, np.float32, data_format, seed=7)
+    geometry = (strides, dilation, pads, data_format)
+    assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), kernel_runtime)
+    assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry),
+                        kernel_runtime)
+
+
+# whole-filter windows (conv_depthwise.cu tile_rows_window): 3x3 (4 rows per thread, 32-row
+# channels_last tiles: 40 rows take two) and 5x5 (2 rows per thread), one plane of a 3-D
+# problem, partial channel tiles; dgrad takes them where M = 1
+ROWS_WINDOW_CASES = [
+    ((40, 11), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 35, 1),
+    ((20, 19), (5, 5), (1, 1), (1, 1), ((2, 1), (0, 4)), 3, 2),
+    ((21, 9), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 5, 1),
+    ((3, 10, 9), (1, 3, 3), (1, 1, 1), (1, 1, 1), ((1, 0), (1, 1), (0, 2)), 4, 1),
+]
+
+
+@pytest.mark.parametrize('data_format', FORMATS)
+@pytest.mark.parametrize('dtype', [np.float32, np.float16], ids=['f32', 'f16'])
+@pytest.mark.parametrize('case', ROWS_WINDOW_CASES, ids=_ids(ROWS_WINDOW_CASES))
+def test_depthwise_whole_filter_windows(kernel_runtime, case, dtype, data_format):
+    spatial, kernel, strides, dilation, pads, _, mult = case
+    tile = conv_direct.depthwise_tile('t', dtype, data_format == 'channels_first', spatial, kernel, strides, dilation,
+                                      rows_window=True)
+    assert tile.rows_per_thread == conv_direct.DW_ROWS_WINDOW[kernel[-1]]
+    x, w, dy = _depthwise_arrays(case, dtype, data_format, seed=8)
+    geometry = (strides, dilation, pads, data_format)
+    assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), kernel_runtime)
+    assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry),
+                        kernel_runtime)
+
+
+def test_depthwise_rows_window_only_where_the_kernel_has_one():
+    """The launcher asks for the whole-filter windows (rows_per_thread > 1, a taller tile) only
+    where conv_depthwise.cu builds them: a kernel sent one elsewhere would run its per-row path
+    on the taller tile and leave rows unwritten."""
+    def rpt(dtype=np.float32, kernel=(3, 3), strides=(1, 1), dilation=(1, 1), rows_window=True, out=(56, 56)):
+        return conv_direct.depthwise_tile('t', dtype, False, out, kernel, strides, dilation,
+                                          rows_window=rows_window).rows_per_thread
+    assert rpt() == 4 and rpt(np.float16, (5, 5)) == 2 and rpt(kernel=(1, 3, 3), out=(4, 56, 56)) == 4
+    assert rpt(np.float64) == rpt(np.float64, (5, 5)) == 1          # not built for float64
+    assert rpt(strides=(2, 2)) == rpt(dilation=(1, 2)) == rpt(kernel=(3, 5)) == rpt(kernel=(7, 7)) == 1
+    assert rpt(kernel=(2, 3, 3), out=(4, 56, 56)) == 1 and rpt(rows_window=False) == 1   # planes; dgrad with M > 1
 
 
 def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):

@@ -23,10 +23,22 @@
 // (lane, ty) owns row ty / segs, segment ty % segs: DW_PIX consecutive output pixels along
 // W in registers (threads with row >= tile_rows only help with loads; strided dgrad
 // interleaves s_w segments, see tile_correlation).
-// Hot loops (sm_90 SASS, float32, per multiply-add): fwd register windows 1.45-1.9
-// instructions, dgrad 1.6-2.3, wgrad 1.3-1.7; the generic rows (other widths, dilation along
-// W) 2-4. wgrad's whole tile loop (5x5 rows, both loaders; inspect figures, no GPU measured):
-// NHWC 324 instructions per 120 FFMA, NCHW 372 (16-bit 420, f64 354). 0 spills, no stack
+// fwd / dgrad read the filter from shared memory, staged per tile next to the input tile
+// (stage_weights: correlation order, widened, 16-byte reads). A whole 3x3 / 5x5 filter at
+// stride 1 (one plane, no stride holes, one multiplier group; 4-byte accumulators) runs
+// tile_rows_window: 4 / 2 output rows per thread, each input row's window read once for all
+// the thread's rows it lies under. Otherwise, per kernel row: 3 and 5 wide at strides 1 and 2
+// a register window (row_window); other widths at stride 1 and dilation 1 a rolling window
+// over the taps (row_roll: 1 shared load and 1/4 of a 16-byte filter read per 8 FFMA; float64
+// keeps the loop below, rolling spilled); the rest one shared load per multiply-add
+// (row_generic, row_live_taps).
+// Figures (inspect, static SASS; no GPU measured), 4-byte accumulators, sm_90 [sm_80]: the
+// report's fwd / dgrad hot loop is row_roll's, 78 instructions per 64 FFMA (82%); the rest is
+// straight-line code: tile_rows_window's math block 3x3 369 [365] instructions per 288 FFMA
+// (78% [79%]), 5x5 500 [496] per 400 (80% [81%]); per-row windows (float32, sm_90) 3x3 s1 35 /
+// 24, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
+// wgrad's whole tile loop (5x5 rows, both loaders): NHWC 324 instructions per 120 FFMA, NCHW
+// 372 (16-bit 420, f64 354): its loaders, not its math, hold most of it. 0 spills, no stack
 // (`python -m gpuk.kernels.build --check`).
 //
 // Tile loads: 16-byte global loads where the layout allows (load_tile_vec: channels_last,
@@ -563,31 +575,40 @@ __device__ __forceinline__ void load_tile(acc_t* tile, const DwSource& s, int sd
 }
 
 // Stores tile_rows x cols results of the channel tile starting at j0 at output rows
-// oh0.. / columns ow0.. of plane od of one sample; `acc` is this thread's DW_PIX run (tile
-// row `row`, columns cbase + q * step). channels_last stores straight from registers (a warp = 32 channels of a pixel);
-// channels_first stages them in `stage` (the caller's tile, after a barrier) so a warp
-// stores 32 pixels along W.
-__device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_t* stage, const acc_t acc[DW_PIX],
+// oh0.. / columns ow0.. of plane od of one sample; `acc` is this thread's R runs of DW_PIX
+// (tile rows row.. row + R - 1, columns cbase + q * step). channels_last stores straight from
+// registers (a warp = 32 channels of a pixel); channels_first stages them in `stage` (the
+// caller's tile, after a barrier) so a warp stores 32 pixels along W.
+template <int R>
+__device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_t* stage, const acc_t (&acc)[R][DW_PIX],
                                            int row, int cbase, int step, int tile_rows, int cols, int od, int oh0,
-                                           int ow0,
-                                           int out_h, int out_w, unsigned channels, unsigned pixels, int j0,
+                                           int ow0, int out_h, int out_w, unsigned channels, unsigned pixels, int j0,
                                            int lanes) {
     const int lane = threadIdx.x;
 #if DW_CHANNELS_LAST
     (void)stage; (void)cols;
-    const int oh = oh0 + row, j = j0 + lane;
-    if (row >= tile_rows || oh >= out_h || j >= lanes) return;
+    const int j = j0 + lane;
+    if (j >= lanes) return;
 #pragma unroll
-    for (int q = 0; q < DW_PIX; ++q) {
-        const int ow = ow0 + cbase + q * step;
-        if (ow < out_w)
-            out_sample[sample_offset(j, ((unsigned)od * out_h + oh) * out_w + ow, channels, pixels)] =
-                ElementTraits<elem_t>::from_acc(acc[q]);
+    for (int r = 0; r < R; ++r) {
+        const int oh = oh0 + row + r;
+        if (row + r >= tile_rows || oh >= out_h) return;
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) {
+            const int ow = ow0 + cbase + q * step;
+            if (ow < out_w)
+                out_sample[sample_offset(j, ((unsigned)od * out_h + oh) * out_w + ow, channels, pixels)] =
+                    ElementTraits<elem_t>::from_acc(acc[r][q]);
+        }
     }
 #else
-    if (row < tile_rows) {
 #pragma unroll
-        for (int q = 0; q < DW_PIX; ++q) stage[(row * cols + cbase + q * step) * DW_PITCH + lane] = acc[q];
+    for (int r = 0; r < R; ++r) {
+        if (row + r < tile_rows) {
+#pragma unroll
+            for (int q = 0; q < DW_PIX; ++q)
+                stage[((row + r) * cols + cbase + q * step) * DW_PITCH + lane] = acc[r][q];
+        }
     }
     __syncthreads();
     // a warp = up to 32 columns of one (lane, row), chunks aligned as in load_tile
@@ -607,16 +628,54 @@ __device__ __forceinline__ void store_tile(elem_t* __restrict__ out_sample, acc_
 #endif
 }
 
-// One kernel row of a thread's DW_PIX outputs: acc[q] += sum_kw x[q * S + kw] * w[kw], x read
-// from the tile row `x` (pitch DW_PITCH), weights w[kw * w_step]. KW and S compile-time
-// (dilation 1): the (DW_PIX - 1) * S + KW inputs are loaded once into a register window
-// and each feeds up to KW multiply-adds.
-template <int KW, int S>
-__device__ __forceinline__ void row_window(const acc_t* x, const elem_t* __restrict__ w, int w_step,
-                                           acc_t acc[DW_PIX]) {
-    acc_t wk[KW], xv[(DW_PIX - 1) * S + KW];
+// The filter in shared memory (forward, dgrad): the block's lanes' taps of the kernel rows of
+// one tile (a plane, a chunk of kernel rows), staged next to the input tile in correlation order
+// (dgrad's flip done while staging) and widened to acc_t, as [lane][row][kw]: a kernel row is
+// dw_weight_row(k_w) slots (k_w rounded up to DW_PIX, zeros past k_w), so that the math reads a
+// row's filter values as whole 16-byte vectors from immediate offsets (2 loads per DW_PIX taps
+// in float32) instead of one 64-bit addressed global load per tap.
+constexpr int DW_ACC_VEC = 16 / (int)sizeof(acc_t);   // acc_t values per 16-byte shared access
+
+__host__ __device__ constexpr int dw_weight_row(int k_w) { return (k_w + DW_PIX - 1) / DW_PIX * DW_PIX; }
+
+// A lane's slots: `rows` kernel rows plus one 16-byte vector, an odd number of vectors, so
+// that the 8 lanes of a quarter warp's 16-byte accesses fall on 8 distinct 4-bank groups.
+// (direct.py _dw_weight_bytes mirrors it.)
+__host__ __device__ constexpr int dw_weight_pitch(int k_w, int rows) {
+    return dw_weight_row(k_w) * rows + DW_ACC_VEC;
+}
+
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[4]) {
+    store_float4(p, make_float4(v[0], v[1], v[2], v[3]));
+}
+__device__ __forceinline__ void store_vec(double* p, const double (&v)[2]) {
+    *reinterpret_cast<double2*>(p) = make_double2(v[0], v[1]);
+}
+__device__ __forceinline__ void load_vec(const float* p, float* v) {
+    const float4 f = load_float4(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+}
+__device__ __forceinline__ void load_vec(const double* p, double* v) {
+    const double2 d = *reinterpret_cast<const double2*>(p);
+    v[0] = d.x, v[1] = d.y;
+}
+
+// N filter values of a row from wr (16-byte aligned, N a multiple of DW_ACC_VEC).
+template <int N>
+__device__ __forceinline__ void load_weights(const acc_t* wr, acc_t (&v)[N]) {
+    static_assert(N % DW_ACC_VEC == 0, "whole vectors");
 #pragma unroll
-    for (int kw = 0; kw < KW; ++kw) wk[kw] = to_acc(w[kw * w_step]);
+    for (int i = 0; i < N; i += DW_ACC_VEC) load_vec(wr + i, v + i);
+}
+
+// One kernel row of a thread's DW_PIX outputs: acc[q] += sum_kw x[q * S + kw] * wr[kw], x read
+// from the tile row `x` (pitch DW_PITCH), wr the row's staged filter values. KW and S
+// compile-time (dilation 1): the (DW_PIX - 1) * S + KW inputs are loaded once into a register
+// window and each feeds up to KW multiply-adds.
+template <int KW, int S>
+__device__ __forceinline__ void row_window(const acc_t* x, const acc_t* wr, acc_t acc[DW_PIX]) {
+    acc_t wk[(KW + DW_ACC_VEC - 1) / DW_ACC_VEC * DW_ACC_VEC], xv[(DW_PIX - 1) * S + KW];
+    load_weights(wr, wk);
 #pragma unroll
     for (int i = 0; i < (DW_PIX - 1) * S + KW; ++i) xv[i] = x[i * DW_PITCH];
 #pragma unroll
@@ -625,20 +684,62 @@ __device__ __forceinline__ void row_window(const acc_t* x, const elem_t* __restr
         for (int kw = 0; kw < KW; ++kw) acc[q] += xv[q * S + kw] * wk[kw];
 }
 
-// The generic rows' tap loops are unrolled this deep: the filter loads of 8 taps (4 in float64,
-// which has no registers to spare) are in flight at once before their multiply-adds.
+// DW_PIX taps of a rolling window (row_roll): x and wr at the first of them (a multiple of
+// DW_PIX), win[i % DW_PIX] holding input i of the run. Tap t reads slots (t + q) % DW_PIX;
+// once it is done, slot t takes input t + DW_PIX, the one the next tap needs that is not yet
+// loaded. TAIL: only the first `live` taps exist (1..DW_PIX), and the loads stop at the last
+// input they need.
+template <bool TAIL>
+__device__ __forceinline__ void roll_taps(const acc_t* x, const acc_t* wr, int live, acc_t win[DW_PIX],
+                                          acc_t acc[DW_PIX]) {
+    acc_t wv[DW_PIX];
+#pragma unroll
+    for (int t = 0; t < DW_PIX; ++t) {
+        if (TAIL && t >= live) break;
+        // one 16-byte vector of filter values at a time (float64: 4 loads, not all 8 values live at once)
+        if (t % DW_ACC_VEC == 0) load_vec(wr + t, wv + t);
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) acc[q] += win[(t + q) % DW_PIX] * wv[t];
+        if (!TAIL || t + 1 < live) win[t] = x[(t + DW_PIX) * DW_PITCH];
+    }
+}
+
+// float64 keeps row_generic for the rows below: rolling spilled 8 bytes in sm_90 channels_first dgrad
+constexpr bool DW_ROLL = sizeof(acc_t) == 4;
+
+// Stride 1, dilation 1, any width: a rolling register window. Output q of tap kw reads input
+// kw + q, so consecutive taps share DW_PIX - 1 inputs: per tap one shared load, DW_PIX
+// multiply-adds and a filter value (16-byte loads, DW_ACC_VEC taps each). The tap loop is
+// unrolled DW_PIX deep so that the slot indices are compile-time (the window rotates by
+// register renaming, no moves). The loop runs (k_w - 1) / DW_PIX times, i.e. while
+// kw + DW_PIX < k_w, so its loads end at input k_w + DW_PIX - 2, the last one needed; the last
+// 1..DW_PIX taps run the guarded body. (The loop steps the two pointers only and ends on the
+// tile pointer: a tap counter would cost an add and a move per trip.)
+__device__ __forceinline__ void row_roll(const acc_t* x, const acc_t* wr, int k_w, acc_t acc[DW_PIX]) {
+    acc_t win[DW_PIX];
+#pragma unroll
+    for (int i = 0; i < DW_PIX; ++i) win[i] = x[i * DW_PITCH];
+    const int trips = (k_w - 1) / DW_PIX;
+    const acc_t* const x_end = x + trips * DW_PIX * DW_PITCH;
+#pragma unroll 1
+    for (; x != x_end; x += DW_PIX * DW_PITCH, wr += DW_PIX) roll_taps<false>(x, wr, DW_PIX, win, acc);
+    roll_taps<true>(x, wr, k_w - trips * DW_PIX, win, acc);
+}
+
+// The generic rows' tap loops are unrolled this deep: 8 taps (4 in float64, which has no
+// registers to spare) of loads in flight at once before their multiply-adds.
 constexpr int DW_GENERIC_UNROLL = sizeof(acc_t) == 8 ? 4 : 8;
 
 // Any width, stride and dilation: one shared load per multiply-add. S > 0: compile-time
-// stride along W (immediate shared offsets), S = 0: s_w at run time. The filter pointer and
-// the tile pointer step by adds (no 64-bit address computed per tap).
+// stride along W (immediate shared offsets), S = 0: s_w at run time. The filter and tile
+// pointers step by adds.
 template <int S>
-__device__ __forceinline__ void row_generic(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
-                                            int s_w, int dil_w, acc_t acc[DW_PIX]) {
+__device__ __forceinline__ void row_generic(const acc_t* x, const acc_t* wr, int k_w, int s_w, int dil_w,
+                                            acc_t acc[DW_PIX]) {
     const int step = (S > 0 ? S : s_w) * DW_PITCH, x_step = dil_w * DW_PITCH;
 #pragma unroll DW_GENERIC_UNROLL
-    for (int kw = 0; kw < k_w; ++kw, w += w_step, x += x_step) {
-        const acc_t wv = to_acc(*w);
+    for (int kw = 0; kw < k_w; ++kw, ++wr, x += x_step) {
+        const acc_t wv = *wr;
 #pragma unroll
         for (int q = 0; q < DW_PIX; ++q) acc[q] += x[q * step] * wv;
     }
@@ -647,13 +748,12 @@ __device__ __forceinline__ void row_generic(const acc_t* x, const elem_t* __rest
 // dgrad, stride U > 1 along W: the thread's outputs are U apart, so a tap either meets a
 // stride hole for all of them or for none. Taps kw = f, f + 2, ... (U = 2, dilation 1) are
 // the live ones; their inputs are consecutive real dy values, U apart in the tile: a register
-// window of DW_PIX + NV - 1 values feeds DW_PIX * NV multiply-adds.
+// window of DW_PIX + NV - 1 values feeds DW_PIX * NV multiply-adds. wr: tap f's filter value.
 template <int NV>
-__device__ __forceinline__ void row_live_taps2(const acc_t* x, const elem_t* __restrict__ w, int w_step,
-                                               acc_t acc[DW_PIX]) {
+__device__ __forceinline__ void row_live_taps2(const acc_t* x, const acc_t* wr, acc_t acc[DW_PIX]) {
     acc_t wk[NV], xv[DW_PIX + NV - 1];
 #pragma unroll
-    for (int m = 0; m < NV; ++m) wk[m] = to_acc(w[m * w_step]);
+    for (int m = 0; m < NV; ++m) wk[m] = wr[2 * m];
 #pragma unroll
     for (int i = 0; i < DW_PIX + NV - 1; ++i) xv[i] = x[i * 2 * DW_PITCH];
 #pragma unroll
@@ -666,49 +766,73 @@ __device__ __forceinline__ void row_live_taps2(const acc_t* x, const elem_t* __r
 // found once per row; each costs one shared load per multiply-add. UC > 0: U at compile time
 // (immediate shared offsets), UC = 0: at run time.
 template <int UC>
-__device__ __forceinline__ void row_live_taps(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
-                                              int dil_w, int U, int phase, acc_t acc[DW_PIX]) {
+__device__ __forceinline__ void row_live_taps(const acc_t* x, const acc_t* wr, int k_w, int dil_w, int U, int phase,
+                                              acc_t acc[DW_PIX]) {
     if (UC > 0) U = UC;
     int kw = 0, period = 1;
     while (kw < k_w && (phase + kw * dil_w) % U != 0) ++kw;
     while ((period * dil_w) % U != 0) ++period;
     const int step = U * DW_PITCH, x_step = period * dil_w * DW_PITCH;
-    w += kw * w_step;
+    wr += kw;
     x += kw * dil_w * DW_PITCH;
 #pragma unroll DW_GENERIC_UNROLL
-    for (; kw < k_w; kw += period, w += period * w_step, x += x_step) {
-        const acc_t wv = to_acc(*w);
+    for (; kw < k_w; kw += period, wr += period, x += x_step) {
+        const acc_t wv = *wr;
 #pragma unroll
         for (int q = 0; q < DW_PIX; ++q) acc[q] += x[q * step] * wv;
     }
 }
 
 // phase: the virtual dy column of the thread's first output at kw = 0, modulo U.
-__device__ __forceinline__ void conv_row_holes(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w,
-                                               int dil_w, int U, int phase, acc_t acc[DW_PIX]) {
+__device__ __forceinline__ void conv_row_holes(const acc_t* x, const acc_t* wr, int k_w, int dil_w, int U, int phase,
+                                               acc_t acc[DW_PIX]) {
     if (U == 2 && dil_w == 1 && (k_w == 3 || k_w == 5)) {
         const int f = phase;   // first live tap: (phase + f) % 2 == 0
         const int live = (k_w - f + 1) / 2;
         const acc_t* xf = x + f * DW_PITCH;
-        const elem_t* wf = w + f * w_step;
-        if (live == 1) row_live_taps2<1>(xf, wf, 2 * w_step, acc);
-        else if (live == 2) row_live_taps2<2>(xf, wf, 2 * w_step, acc);
-        else row_live_taps2<3>(xf, wf, 2 * w_step, acc);
+        if (live == 1) row_live_taps2<1>(xf, wr + f, acc);
+        else if (live == 2) row_live_taps2<2>(xf, wr + f, acc);
+        else row_live_taps2<3>(xf, wr + f, acc);
         return;
     }
-    if (U == 2) row_live_taps<2>(x, w, w_step, k_w, dil_w, U, phase, acc);
-    else row_live_taps<0>(x, w, w_step, k_w, dil_w, U, phase, acc);
+    if (U == 2) row_live_taps<2>(x, wr, k_w, dil_w, U, phase, acc);
+    else row_live_taps<0>(x, wr, k_w, dil_w, U, phase, acc);
 }
 
-__device__ __forceinline__ void conv_row(const acc_t* x, const elem_t* __restrict__ w, int w_step, int k_w, int s_w,
-                                         int dil_w, acc_t acc[DW_PIX]) {
-    if (dil_w == 1 && k_w == 3 && s_w == 1) row_window<3, 1>(x, w, w_step, acc);
-    else if (dil_w == 1 && k_w == 3 && s_w == 2) row_window<3, 2>(x, w, w_step, acc);
-    else if (dil_w == 1 && k_w == 5 && s_w == 1) row_window<5, 1>(x, w, w_step, acc);
-    else if (dil_w == 1 && k_w == 5 && s_w == 2) row_window<5, 2>(x, w, w_step, acc);
-    else if (s_w == 1) row_generic<1>(x, w, w_step, k_w, s_w, dil_w, acc);
-    else if (s_w == 2) row_generic<2>(x, w, w_step, k_w, s_w, dil_w, acc);
-    else row_generic<0>(x, w, w_step, k_w, s_w, dil_w, acc);
+__device__ __forceinline__ void conv_row(const acc_t* x, const acc_t* wr, int k_w, int s_w, int dil_w,
+                                         acc_t acc[DW_PIX]) {
+    if (dil_w == 1 && k_w == 3 && s_w == 1) row_window<3, 1>(x, wr, acc);
+    else if (dil_w == 1 && k_w == 3 && s_w == 2) row_window<3, 2>(x, wr, acc);
+    else if (dil_w == 1 && k_w == 5 && s_w == 1) row_window<5, 1>(x, wr, acc);
+    else if (dil_w == 1 && k_w == 5 && s_w == 2) row_window<5, 2>(x, wr, acc);
+    else if (DW_ROLL && dil_w == 1 && s_w == 1) row_roll(x, wr, k_w, acc);
+    else if (s_w == 1) row_generic<1>(x, wr, k_w, s_w, dil_w, acc);
+    else if (s_w == 2) row_generic<2>(x, wr, k_w, s_w, dil_w, acc);
+    else row_generic<0>(x, wr, k_w, s_w, dil_w, acc);
+}
+
+// Stages the filter values of kernel rows kh0 .. kh0 + khc - 1 of plane kd (correlation
+// order; `flip`: dgrad's flipped filter) for the block's lanes at wt (see dw_weight_pitch).
+// Thread (lane, ty) writes 16-byte vectors ty, ty + DW_ROWS, ... of its lane (a warp: one
+// vector of 32 lanes, its global loads coalesced along the filter's channels); lanes that are
+// not `live` and slots past k_w get zeros. w_col: the lane's filter column, w_cols apart per
+// tap; pitch: dw_weight_pitch of the tile's largest chunk.
+__device__ __forceinline__ void stage_weights(acc_t* wt, const elem_t* __restrict__ w, int k_h, int k_w, bool flip,
+                                              int kd_filter, int kh0, int khc, int pitch, int w_cols, int w_col,
+                                              bool live) {
+    const int lane = threadIdx.x, row = dw_weight_row(k_w), vecs = row / DW_ACC_VEC;
+    acc_t* dst = wt + lane * pitch;
+    for (int i = threadIdx.y; i < khc * vecs; i += DW_ROWS) {
+        const int r = i / vecs, kw0 = (i - r * vecs) * DW_ACC_VEC, kh = kh0 + r;
+        const int fh = flip ? k_h - 1 - kh : kh;
+        acc_t v[DW_ACC_VEC];
+#pragma unroll
+        for (int e = 0; e < DW_ACC_VEC; ++e) {
+            const int kw = kw0 + e, fw = flip ? k_w - 1 - kw : kw;
+            v[e] = live && kw < k_w ? to_acc(w[((kd_filter * k_h + fh) * k_w + fw) * w_cols + w_col]) : acc_t(0);
+        }
+        store_vec(dst + r * row + kw0, v);
+    }
 }
 
 // The geometry both tiled correlations (forward, dgrad) share: out[o] = sum_t
@@ -719,7 +843,19 @@ struct DwCorrelation {
     int out_d, out_h, out_w;
     int flip;                // dgrad: the filter flipped in every spatial dim
     int tile_rows, segs, kh_chunk;
+    int rows_per_thread;     // 1, or the whole-filter windows' R (rows_window)
 };
+
+// Where block blockIdx.x's output tile lies: sample n, plane od, first row oh0 and column ow0.
+struct DwBlockTile { int n, od, oh0, ow0; };
+__device__ __forceinline__ DwBlockTile block_tile(const DwCorrelation& g) {
+    const int cols = g.segs * DW_PIX;
+    const int tiles_w = (g.out_w + cols - 1) / cols, tiles_h = (g.out_h + g.tile_rows - 1) / g.tile_rows;
+    unsigned b = blockIdx.x;
+    const int tw = b % tiles_w; b /= tiles_w;
+    const int th = b % tiles_h; b /= tiles_h;
+    return {(int)(b / g.out_d), (int)(b % g.out_d), th * g.tile_rows, tw * cols};
+}
 
 // Thread mapping, tiling: see the file header. For each input plane kd (skipped when it
 // lies in the padding or a stride hole: uniform per block) and each chunk of kh_chunk
@@ -731,16 +867,15 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                                                  const DwCorrelation& g, unsigned out_channels,
                                                  int groups, int w_cols, int w_col_mul) {
     extern __shared__ unsigned char dw_shared_raw[];
-    acc_t* tile = reinterpret_cast<acc_t*>(dw_shared_raw);
+    // the staged filter (DW_CHANNELS lanes x w_pitch, whole 16-byte vectors), then the input tile
+    acc_t* wt = reinterpret_cast<acc_t*>(dw_shared_raw);
+    const int w_pitch = dw_weight_pitch(g.k_w, g.kh_chunk);
+    acc_t* tile = wt + DW_CHANNELS * w_pitch;
     const int cols = g.segs * DW_PIX;
-    const int tiles_w = (g.out_w + cols - 1) / cols, tiles_h = (g.out_h + g.tile_rows - 1) / g.tile_rows;
-    unsigned b = blockIdx.x;
-    const int tw = b % tiles_w; b /= tiles_w;
-    const int th = b % tiles_h; b /= tiles_h;
-    const int od = b % g.out_d, n = b / g.out_d;
+    const DwBlockTile bt = block_tile(g);
+    const int n = bt.n, od = bt.od, oh0 = bt.oh0, ow0 = bt.ow0;
     const int j0 = blockIdx.y * DW_CHANNELS, lane = threadIdx.x, j = j0 + lane;
     const int row = threadIdx.y / g.segs, seg = threadIdx.y % g.segs;
-    const int oh0 = th * g.tile_rows, ow0 = tw * cols;
     // A thread's DW_PIX outputs: columns cbase + q * U of the tile. U = 1 (consecutive) except
     // for dgrad with stride s_w dividing segs: U = s_w interleaves U segments, so that stride
     // holes along W are skipped per tap (conv_row_holes).
@@ -750,16 +885,17 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
     src.sample += (long long)n * src.channels * src.pixels;
     const unsigned out_pixels = (unsigned)g.out_d * g.out_h * g.out_w;
     const bool active = row < g.tile_rows && j < src.lanes;
-    const int w_dir = g.flip ? -1 : 1;
-    acc_t acc[DW_PIX];
+    const acc_t* w_lane = wt + lane * w_pitch;
+    acc_t acc[1][DW_PIX];
 #pragma unroll
-    for (int q = 0; q < DW_PIX; ++q) acc[q] = acc_t(0);
+    for (int q = 0; q < DW_PIX; ++q) acc[0][q] = acc_t(0);
     const bool holes = src.up_h > 1 || src.up_w > 1;
     for (int m = 0; m < groups; ++m) {
         src.ch_add = m;
         const bool vec = vector_source(src);
         // filter column of this thread's channel; rows of taps are w_cols apart
-        const int w_col = active ? j * w_col_mul + m : 0;
+        const bool lane_live = j < src.lanes;   // (threads past the tile's rows stage filter values too)
+        const int w_col = lane_live ? j * w_col_mul + m : 0;
         for (int kd = 0; kd < g.k_d; ++kd) {
             const int vd = od * g.s_d - g.pad_d + kd * g.dil_d;
             const int sd = vd / g.up_d;
@@ -772,6 +908,8 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                 const DwTileStart at = tile_start(rows_in, cols_in, vec, src.up_w);
                 if (holes) load_tile<true>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
                 else load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
+                stage_weights(wt, w, g.k_h, g.k_w, g.flip, g.flip ? g.k_d - 1 - kd : kd, kh0, khc, w_pitch, w_cols,
+                              w_col, lane_live);
                 __syncthreads();
                 if (!active) continue;
                 for (int kh = kh0; kh < kh0 + khc; ++kh) {
@@ -780,14 +918,12 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                     if (src.up_h > 1 && (oh0 + row - g.pad_h + kh * g.dil_h) % src.up_h != 0) continue;
                     const acc_t* x = tile + ((row * g.s_h + (kh - kh0) * g.dil_h) * cols_in + cbase * g.s_w)
                                      * DW_PITCH + lane;
-                    const int fd = g.flip ? g.k_d - 1 - kd : kd, fh = g.flip ? g.k_h - 1 - kh : kh;
-                    const int fw0 = g.flip ? g.k_w - 1 : 0;
-                    const elem_t* w_row = w + ((fd * g.k_h + fh) * g.k_w + fw0) * w_cols + w_col;
+                    const acc_t* w_row = w_lane + (kh - kh0) * dw_weight_row(g.k_w);
                     if (U > 1)
-                        conv_row_holes(x, w_row, w_dir * w_cols, g.k_w, g.dil_w, U,
-                                       ((ow0 + cbase - g.pad_w) % U + U) % U, acc);
+                        conv_row_holes(x, w_row, g.k_w, g.dil_w, U, ((ow0 + cbase - g.pad_w) % U + U) % U,
+                                       acc[0]);
                     else
-                        conv_row(x, w_row, w_dir * w_cols, g.k_w, g.s_w, g.dil_w, acc);
+                        conv_row(x, w_row, g.k_w, g.s_w, g.dil_w, acc[0]);
                 }
             }
         }
@@ -799,6 +935,99 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                ow0, g.out_h, g.out_w, out_channels, out_pixels, j0, src.lanes);
 }
 
+// A whole K x K filter at stride 1, dilation 1 (the launcher's depthwise_tile chooses it):
+// the thread owns R consecutive output rows of DW_PIX pixels, and each input row's window of
+// DW_PIX + K - 1 values, read once from the tile (x: the thread's first input row, row_step
+// apart), feeds every one of its output rows that it lies under (output row r takes input row
+// i with kernel row i - r). Per thread R + K - 1 rows of loads for R * K * K * DW_PIX
+// multiply-adds, where one row per thread (row_window) loads K rows per K * K * DW_PIX. The
+// filter (K rows of wl, dw_weight_row(K) apart) is held in registers. Sums run over kernel
+// rows, then columns, as in the per-row paths.
+template <int K, int R>
+__device__ __forceinline__ void rows_window(const acc_t* x, int row_step, const acc_t* wl, acc_t (&acc)[R][DW_PIX]) {
+    acc_t wk[K][(K + DW_ACC_VEC - 1) / DW_ACC_VEC * DW_ACC_VEC];
+#pragma unroll
+    for (int kh = 0; kh < K; ++kh) load_weights(wl + kh * dw_weight_row(K), wk[kh]);
+#pragma unroll
+    for (int i = 0; i < R + K - 1; ++i) {
+        acc_t xv[DW_PIX + K - 1];
+#pragma unroll
+        for (int c = 0; c < DW_PIX + K - 1; ++c) xv[c] = x[i * row_step + c * DW_PITCH];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int kh = i - r;
+            if (kh < 0 || kh >= K) continue;
+#pragma unroll
+            for (int q = 0; q < DW_PIX; ++q)
+#pragma unroll
+                for (int kw = 0; kw < K; ++kw) acc[r][q] += xv[q + kw] * wk[kh][kw];
+        }
+    }
+}
+
+// tile_correlation for a K x K filter of one plane (k_d = 1) at stride 1 and dilation 1, with
+// no stride holes (dgrad: a forward stride of 1) and one multiplier group: the tile (tile_rows =
+// R x the thread rows) and the whole filter are loaded once, then each thread runs rows_window
+// for its R rows. Straight-line code: the launcher sends nothing else here.
+template <int K, int R>
+__device__ __forceinline__ void tile_rows_window(DwSource src, const elem_t* __restrict__ w, elem_t* __restrict__ out,
+                                                 const DwCorrelation& g, unsigned out_channels, int w_cols,
+                                                 int w_col_mul) {
+    extern __shared__ unsigned char dw_shared_raw[];
+    acc_t* wt = reinterpret_cast<acc_t*>(dw_shared_raw);
+    constexpr int W_PITCH = dw_weight_pitch(K, K);
+    acc_t* tile = wt + DW_CHANNELS * W_PITCH;
+    const int cols = g.segs * DW_PIX, cols_in = cols + K - 1, rows_in = g.tile_rows + K - 1;
+    const DwBlockTile bt = block_tile(g);
+    const int j0 = blockIdx.y * DW_CHANNELS, lane = threadIdx.x, j = j0 + lane;
+    const int row = threadIdx.y / g.segs * R, seg = threadIdx.y % g.segs;   // the thread's first row
+    src.sample += (long long)bt.n * src.channels * src.pixels;
+    src.ch_add = 0;
+    const bool lane_live = j < src.lanes;
+    acc_t acc[R][DW_PIX];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int q = 0; q < DW_PIX; ++q) acc[r][q] = acc_t(0);
+    const int sd = bt.od * g.s_d - g.pad_d;   // (k_d = 1, no holes)
+    if (sd >= 0 && sd < g.src_d) {   // uniform per block
+        const bool vec = vector_source(src);
+        const int vh0 = bt.oh0 - g.pad_h, vw0 = bt.ow0 - g.pad_w;
+        load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, tile_start(rows_in, cols_in, vec, 1));
+        stage_weights(wt, w, K, K, g.flip, 0, 0, K, W_PITCH, w_cols, lane_live ? j * w_col_mul : 0, lane_live);
+        __syncthreads();
+        if (lane_live)
+            rows_window<K, R>(tile + (row * cols_in + seg * DW_PIX) * DW_PITCH + lane, cols_in * DW_PITCH,
+                              wt + lane * W_PITCH, acc);
+    }
+#if !DW_CHANNELS_LAST
+    __syncthreads();   // the tile becomes the staging buffer of the stores
+#endif
+    const unsigned out_pixels = (unsigned)g.out_d * g.out_h * g.out_w;
+    store_tile(out + (long long)bt.n * out_channels * out_pixels, tile, acc, row, seg * DW_PIX, 1, g.tile_rows, cols,
+               bt.od, bt.oh0, bt.ow0, g.out_h, g.out_w, out_channels, out_pixels, j0, src.lanes);
+}
+
+// The forward and dgrad bodies: the whole-filter windows where the launcher chose them
+// (g.rows_per_thread > 1: 3x3 with 4 rows per thread, 5x5 with 2), else tile_correlation.
+// Not built for float64: its tiles for them do not fit 48 KB (direct.py _rows_window_tile).
+constexpr bool DW_ROWS_WINDOWS = sizeof(acc_t) == 4;
+__device__ __forceinline__ void correlate(const DwSource& src, const elem_t* __restrict__ w, elem_t* __restrict__ out,
+                                          const DwCorrelation& g, unsigned out_channels, int groups, int w_cols,
+                                          int w_col_mul) {
+    if constexpr (DW_ROWS_WINDOWS) {
+        if (g.rows_per_thread == 4 && g.k_w == 3) {
+            tile_rows_window<3, 4>(src, w, out, g, out_channels, w_cols, w_col_mul);
+            return;
+        }
+        if (g.rows_per_thread == 2 && g.k_w == 5) {
+            tile_rows_window<5, 2>(src, w, out, g, out_channels, w_cols, w_col_mul);
+            return;
+        }
+    }
+    tile_correlation(src, w, out, g, out_channels, groups, w_cols, w_col_mul);
+}
+
 // depthwise_fwd: y[n, o, j] = sum_tap x[n, o*s - pad + tap*dil, j / M] * w[tap, j].
 // Grid: (N * out_d * row tiles * column tiles, C_out / DW_CHANNELS tiles); see tile_correlation.
 // Limits: C * pixels per sample < 2^31, grid.y <= 65535 (launcher checks). No atomics.
@@ -806,11 +1035,11 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_FWD_BLOCKS)
 depthwise_fwd(const elem_t* __restrict__ x, const elem_t* __restrict__ w, elem_t* __restrict__ y, int batch,
               int c_in, int mult, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, int k_h,
               int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d, int pad_h, int pad_w,
-              int tile_rows, int segs, int kh_chunk) {
+              int tile_rows, int segs, int kh_chunk, int rows_per_thread) {
     const DwSource src = {x, (unsigned)c_in, (unsigned)in_d * in_h * in_w, in_h, in_w, 1, 1, mult, 1, 0, c_in * mult};
     const DwCorrelation g = {k_d, k_h, k_w, s_d, s_h, s_w, dil_d, dil_h, dil_w, pad_d, pad_h, pad_w, in_d, 1,
-                             out_d, out_h, out_w, 0, tile_rows, segs, kh_chunk};
-    tile_correlation(src, w, y, g, (unsigned)(c_in * mult), 1, c_in * mult, 1);
+                             out_d, out_h, out_w, 0, tile_rows, segs, kh_chunk, rows_per_thread};
+    correlate(src, w, y, g, (unsigned)(c_in * mult), 1, c_in * mult, 1);
 }
 
 // depthwise_dgrad: dx[n, i, c] = sum_m sum_tap w[tap, c*M + m] * dy[n, o, c*M + m] where
@@ -824,13 +1053,13 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, 2)
 depthwise_dgrad(const elem_t* __restrict__ dy, const elem_t* __restrict__ w, elem_t* __restrict__ dx, int batch,
                 int c_in, int mult, int in_d, int in_h, int in_w, int out_d, int out_h, int out_w, int k_d, int k_h,
                 int k_w, int s_d, int s_h, int s_w, int dil_d, int dil_h, int dil_w, int pad_d, int pad_h,
-                int pad_w, int tile_rows, int segs, int kh_chunk) {
+                int pad_w, int tile_rows, int segs, int kh_chunk, int rows_per_thread) {
     const DwSource src = {dy, (unsigned)(c_in * mult), (unsigned)out_d * out_h * out_w, out_h, out_w, s_h, s_w,
                           1, mult, 0, c_in};
     const DwCorrelation g = {k_d, k_h, k_w, 1, 1, 1, dil_d, dil_h, dil_w,
                              (k_d - 1) * dil_d - pad_d, (k_h - 1) * dil_h - pad_h, (k_w - 1) * dil_w - pad_w,
-                             out_d, s_d, in_d, in_h, in_w, 1, tile_rows, segs, kh_chunk};
-    tile_correlation(src, w, dx, g, (unsigned)c_in, mult, c_in * mult, mult);
+                             out_d, s_d, in_d, in_h, in_w, 1, tile_rows, segs, kh_chunk, rows_per_thread};
+    correlate(src, w, dx, g, (unsigned)c_in, mult, c_in * mult, mult);
 }
 
 // wgrad: one tile's sums for the block's taps, any kernel width and dilation, stride S along

@@ -68,7 +68,10 @@ def _depthwise_args(x_spatial, out_spatial, kernel_spatial, strides, dilation, p
                          lift3(dilation, 1), lift3([b for b, _ in pads], 0))
 
 
-DwTile = namedtuple('DwTile', 'rows segs kh_chunk shared_bytes')
+DwTile = namedtuple('DwTile', 'rows segs kh_chunk shared_bytes rows_per_thread', defaults=(1,))
+# fwd / dgrad with a whole K x K filter at stride 1, dilation 1: output rows per thread
+# (conv_depthwise.cu correlate / rows_window)
+DW_ROWS_WINDOW = {3: 4, 5: 2}
 
 
 def _shared_words_per_pixel(channels_first):
@@ -100,17 +103,17 @@ def _acc_bytes(dtype):
     return 8 if np.dtype(dtype) == np.float64 else 4
 
 
-def _tile_shape(channels_first, out_h, out_w, segs_multiple=1):
+def _tile_shape(channels_first, out_h, out_w, segs_multiple=1, rows_per_thread=1):
     """(rows, segments) of the output tile (rows x segments * DW_PIX pixels, rows * segments
-    = DW_ROWS): the shape that covers the output with the least padding; ties go to 8 x 8
-    in channels_last (smallest halo) and to 2 x 32 in channels_first (loads and stores run
-    along W). segs_multiple: only segment counts it divides (dgrad's hole skipping), when
-    there are any."""
+    = DW_ROWS * rows_per_thread): the shape that covers the output with the least padding; ties
+    go to 8 x 8 in channels_last (smallest halo) and to 2 x 32 in channels_first (loads and
+    stores run along W). segs_multiple: only segment counts it divides (dgrad's hole
+    skipping), when there are any."""
     preferred = (4, 2, 8, 1) if channels_first else (1, 2, 4, 8)
     preferred = [segs for segs in preferred if segs % segs_multiple == 0] or preferred
     best = None
     for segs in preferred:
-        rows, cols = DW_ROWS // segs, segs * DW_PIX
+        rows, cols = DW_ROWS // segs * rows_per_thread, segs * DW_PIX
         covered = math.ceil(out_h / rows) * rows * math.ceil(out_w / cols) * cols
         if best is None or covered < best[0]:
             best = (covered, rows, segs)
@@ -128,20 +131,50 @@ def _smaller_tile(fn, rows, segs, nbytes):
                      'kernel limit of %d; use smaller strides or dilations' % (fn, nbytes, DW_MAX_SHARED))
 
 
-def depthwise_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation, hole_stride=1):
+def _dw_weight_bytes(dtype, k_w, chunk):
+    """Shared memory of the filter values fwd / dgrad stage per tile (conv_depthwise.cu
+    dw_weight_pitch): DW_CHANNELS lanes x `chunk` kernel rows of k_w rounded up to DW_PIX
+    slots, plus one 16-byte vector per lane."""
+    acc = _acc_bytes(dtype)
+    return DW_CHANNELS * (math.ceil(k_w / DW_PIX) * DW_PIX * chunk * acc + 16)
+
+
+def _rows_window_tile(dtype, channels_first, out_h, out_w, k):
+    """The DwTile of conv_depthwise.cu's whole-filter windows (k x k, stride 1, dilation 1, one
+    plane), R = DW_ROWS_WINDOW[k] output rows per thread, or None where its input tile and
+    filter do not fit DW_MAX_SHARED at once, and in float64 (not built: its tiles never fit)."""
+    if _acc_bytes(dtype) != 4:
+        return None
+    rpt = DW_ROWS_WINDOW[k]
+    rows, segs = _tile_shape(channels_first, out_h, out_w, rows_per_thread=rpt)
+    nbytes = ((rows + k - 1) * (segs * DW_PIX + k - 1) * _shared_words_per_pixel(channels_first)
+              * _acc_bytes(dtype) + _dw_weight_bytes(dtype, k, k))
+    return DwTile(rows, segs, k, nbytes, rpt) if nbytes <= DW_MAX_SHARED else None
+
+
+def depthwise_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation, hole_stride=1,
+                   rows_window=False):
     """The DwTile of depthwise_fwd / depthwise_dgrad (dgrad passes stride 1: it correlates
     the zero-stuffed dy, and its real stride along W as hole_stride): all kernel rows in one
-    input tile when it fits DW_MAX_SHARED, else chunks of kernel rows, then fewer output
-    rows. Segment counts that hole_stride divides are preferred: the kernel then skips the
-    stride holes along W."""
-    (_, out_h, out_w), (_, k_h, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
+    input tile (with their staged filter values, _dw_weight_bytes) when it fits DW_MAX_SHARED,
+    else chunks of kernel rows, then fewer output rows. Segment counts that hole_stride divides
+    are preferred: the kernel then skips the stride holes along W. rows_window: the caller's
+    problem may take the whole-filter windows (one multiplier group, no stride holes); they run
+    where the filter is 3x3 or 5x5 in one plane at stride 1, dilation 1, and their tile fits."""
+    (_, out_h, out_w), (k_d, k_h, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
     (_, s_h, s_w), (_, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
+    if (rows_window and k_d == 1 and k_h == k_w and k_w in DW_ROWS_WINDOW and hole_stride == 1
+            and all(s == 1 for s in lift3(strides, 1)) and all(d == 1 for d in lift3(dilation, 1))):
+        tile = _rows_window_tile(dtype, channels_first, out_h, out_w, k_w)
+        if tile is not None:
+            return tile
     rows, segs = _tile_shape(channels_first, out_h, out_w, hole_stride)
     pixel_bytes = _shared_words_per_pixel(channels_first) * _acc_bytes(dtype)
 
     def nbytes(rows, segs, chunk):
         cols_in = (segs * DW_PIX - 1) * s_w + (k_w - 1) * dil_w + 1
-        return ((rows - 1) * s_h + (chunk - 1) * dil_h + 1) * cols_in * pixel_bytes
+        return (((rows - 1) * s_h + (chunk - 1) * dil_h + 1) * cols_in * pixel_bytes
+                + _dw_weight_bytes(dtype, k_w, chunk))
     chunk = k_h
     while nbytes(rows, segs, chunk) > DW_MAX_SHARED:
         if chunk > 1:
@@ -222,21 +255,21 @@ def _contiguous(rt, *arrays):
 
 
 def _depthwise_tiled(rt, fn, kernel_name, dtype, n, c_in, mult, geometry, channels_first, tile_spatial,
-                     tile_strides, lanes, hole_stride=1):
+                     tile_strides, lanes, hole_stride=1, rows_window=True):
     """(launch, scalar arguments) of depthwise_fwd / depthwise_dgrad (same argument list): one
     block per (sample, plane, tile of output pixels) x DW_CHANNELS lanes. geometry: the
     (in_spatial, out_spatial, kernel_spatial, strides, dilation, pads) of _depthwise_args;
     tile_spatial / tile_strides: the spatial size the kernel writes and the strides of its
-    correlation."""
+    correlation; rows_window: see depthwise_tile."""
     tile = depthwise_tile(fn, dtype, channels_first, tile_spatial, geometry[2], tile_strides, geometry[4],
-                          hole_stride)
+                          hole_stride, rows_window)
     t_d, t_h, t_w = lift3(tile_spatial, 1)
     blocks = n * t_d * math.ceil(t_h / tile.rows) * math.ceil(t_w / (tile.segs * DW_PIX))
     check_index_limit(fn, 'the tile count', blocks)
     launch = rt.kernel_launch(DEPTHWISE_SOURCE, depthwise_defines(dtype, channels_first), kernel_name,
                               (blocks, math.ceil(lanes / DW_CHANNELS)), (DW_CHANNELS, DW_ROWS), tile.shared_bytes)
     return launch, (np.int32(n), np.int32(c_in), np.int32(mult), *_depthwise_args(*geometry),
-                    np.int32(tile.rows), np.int32(tile.segs), np.int32(tile.kh_chunk))
+                    np.int32(tile.rows), np.int32(tile.segs), np.int32(tile.kh_chunk), np.int32(tile.rows_per_thread))
 
 
 def _pair_runner(rt, problem):
@@ -322,7 +355,8 @@ def depthwise_conv_dgrad_runner(dy, w, x_shape, strides, dilation, pads, data_fo
         return _pair_runner(rt, (c_x_shape, cdy.dtype, _depthwise_tiled(
             rt, fn, 'depthwise_dgrad', cdy.dtype, n, c_in, mult,
             (in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads), channels_first, in_spatial,
-            (1,) * rank, lanes=c_in, hole_stride=c_strides[-1])))
+            (1,) * rank, lanes=c_in, hole_stride=c_strides[-1],
+            rows_window=mult == 1 and all(s == 1 for s in c_strides))))
 
     return prepared.get(rt, fn, (dy, w), (x_shape, strides, dilation, pads, data_format), prepare)
 

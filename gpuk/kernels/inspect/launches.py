@@ -4,7 +4,8 @@ Block size: every gpuk kernel has ``__launch_bounds__(THREADS)`` and its launche
 exactly THREADS threads (docs/kernels.md), so the report reads the block size from the
 cubin (variants.max_threads_per_kernel). Dynamic shared memory: the depthwise convolution
 (its input / dy tiles; the report asks the launcher's own tile rule, conv/direct.py, for the
-benchmarks' MobileNet-like layer: 3x3 filter, stride 1, 56x56 output) and the Hopper wgmma
+benchmarks' MobileNet-like layer: 3x3 filter, stride 1, 56x56 output, which fwd and dgrad run
+through their whole-filter windows) and the Hopper wgmma
 convolution (its stage ring, by the build's tile: conv/wgmma.py) and the implicit-GEMM tiles
 whose stage ring passes the 48 KB of static shared memory (CONV_DYNAMIC_SMEM, conv/tiles.py).
 """
@@ -31,5 +32,5 @@ def dynamic_shared_bytes(kernel, defines):
                                            (1, 1), (1, 1))
     else:
         tile = direct.depthwise_tile('inspect', dtype, channels_first, TYPICAL_OUTPUT, TYPICAL_FILTER,
-                                     (1, 1), (1, 1))
+                                     (1, 1), (1, 1), rows_window=True)
     return tile.shared_bytes
