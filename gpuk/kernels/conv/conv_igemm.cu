@@ -86,6 +86,15 @@
 //   (cp.async of 4/8 bytes; 16-bit elements synchronously; copy_tap_run), the K loop rotating
 //   its stages instead of unrolling them. The choice is made once per block, outside the K loop
 //   (pipeline<MODE, VECTOR>).
+//   Tap tiles (TAP_TILES: the tf32 64x64 tile; pipeline<MODE, true, false, true>): where the
+//   gathered channel count (fwd C_in, dgrad C_out) is a multiple of CONV_BK, each K tile lies in one
+//   tap, so a thread copies 4 chunks of each of 2 rows (row address + immediates, one tap-mask test
+//   per row), fwd's filter rows whole by lane pairs where the block's columns all lie before C_out
+//   (RowStream::load_tap: one address step and row test per K tile), dgrad's filter rows through
+//   pointers stepped with the cursor; the cursor wraps at most once per tile, and the untested
+//   groups run. Other instructions per MMA (inspect, no GPU) 2.75 -> 1.95 fwd, 2.36 -> 1.85 dgrad on
+//   sm_90 (3.71 -> 2.92, 3.54 -> 2.81 on sm_80, where A's rounding alone is 1.5); other channel
+//   counts keep the chunk mapping (2.56 / 2.39 sm_90).
 // Layout: channels_last only (K runs along contiguous channels). The launcher transposes
 //   channels_first activations around the kernels (layout.cu; conv/__init__.py Problem), so the
 //   kernels have no channels_first path and no layout parameter.
@@ -266,8 +275,8 @@ __device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len /
 // TAP_ROWS rows (of fwd's and dgrad's [m][k] A, dgrad's [n][k] B), at units q, q + 2, ... of the row
 // (q = tap_unit(0)), each the row's address plus an immediate. Per row and K tile that is one address
 // (IMAD.WIDE) and one tap-mask test for 4 chunks, where the chunk mapping above (one k per thread,
-// 8 rows) takes one of each per chunk; and the 2 row pointers held instead of 8 stay in aligned
-// register pairs (the 8 of the 64x64 forward did not: two register moves per chunk). Lanes 8i..8i+7
+// 8 rows) takes one of each per chunk (and on the forward, whose row pointers ptxas keeps in
+// unaligned register halves, two register moves per chunk: now per row). Lanes 8i..8i+7
 // take 8 neighbouring rows (distinct swizzle patterns: their chunks hit 8 bank groups) at one unit
 // parity, lanes 8i + 8 .. 8i + 15 the same rows at the other: a warp's copies fill whole 32-byte
 // sectors. Other channel counts keep the chunk mapping above (the per-block choice: GatherA::init).
@@ -499,18 +508,24 @@ struct TapCursor {
     __device__ __forceinline__ void advance(const TapSeq& s, int channels, const Wrapped& wrapped) {
         c += CONV_BK;
         off += CONV_BK;
-        for (bool more = c >= channels; more; more = !AT_MOST_ONE_WRAP && c >= channels) {
-            c -= channels;
-            wbit <<= 1;
-            const bool w_end = wbit == 1u << s.w.count;
-            wbit = w_end ? 1u : wbit;
-            const unsigned h = w_end ? hbit << 1 : hbit;
-            const bool h_end = h == 1u << (s.w.count + s.h.count);
-            hbit = h_end ? 1u << s.w.count : h;
-            dbit = h_end ? dbit << 1 : dbit;
-            off += w_end ? (h_end ? step_d : step_h) : step_w;
-            wrapped(w_end, h_end);
+        if constexpr (AT_MOST_ONE_WRAP) {
+            if (c >= channels) next_tap(s, channels, wrapped);
+        } else {
+            while (c >= channels) next_tap(s, channels, wrapped);
         }
+    }
+    template <class Wrapped>
+    __device__ __forceinline__ void next_tap(const TapSeq& s, int channels, const Wrapped& wrapped) {
+        c -= channels;
+        wbit <<= 1;
+        const bool w_end = wbit == 1u << s.w.count;
+        wbit = w_end ? 1u : wbit;
+        const unsigned h = w_end ? hbit << 1 : hbit;
+        const bool h_end = h == 1u << (s.w.count + s.h.count);
+        hbit = h_end ? 1u << s.w.count : h;
+        dbit = h_end ? dbit << 1 : dbit;
+        off += w_end ? (h_end ? step_d : step_h) : step_w;
+        wrapped(w_end, h_end);
     }
 };
 // Largest |offset| a dim's taps add to a window origin.
@@ -546,10 +561,12 @@ struct GatherA {
         const long long reach = ((dim_reach(taps.d) * src.sh + dim_reach(taps.h)) * src.sw + dim_reach(taps.w) + 1) *
                                 src.channels;
         fast = tap_masks_fit(taps) && reach < (1ll << 31);
+        // (every use also tests TAP_TILES: the member alone was not folded away where it is 0, and
+        // moved the registers of other builds)
         tap_tiles = TAP_TILES && vector && fast && src.channels % CONV_BK == 0 && k_begin % CONV_BK == 0;
 #pragma unroll
         for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {   // (tap tiles: rows past TAP_ROWS(CONV_BM) unused)
-            const long long m = row0 + (tap_tiles ? tap_row(j) : chunk_row(j, CONV_BK));
+            const long long m = row0 + (TAP_TILES && tap_tiles ? tap_row(j) : chunk_row(j, CONV_BK));
             if (m < rows) {
                 const unsigned mu = (unsigned)m, pixels = (unsigned)grid.gd * grid.gh * grid.gw;
                 const unsigned n = mu / pixels, p = mu - n * pixels;
@@ -571,7 +588,7 @@ struct GatherA {
                           dim_mask(taps.d, taps.size_d, o_d[j], src.sd, taps.w.count + taps.h.count);
         }
         // tap tiles: the k of the thread's first unit, in the tile's tap (the others: + 2 * VEC each)
-        const int k0 = (int)k_begin + (tap_tiles ? tap_unit(0) * VEC : chunk_pos(CONV_BK));
+        const int k0 = (int)k_begin + (TAP_TILES && tap_tiles ? tap_unit(0) * VEC : chunk_pos(CONV_BK));
         k.start(taps, k0, src.channels);
         if (fast) at.start(taps, k0, src.channels, src.sh, src.sw);
     }
@@ -643,10 +660,15 @@ template <bool WARP_BLOCKS> struct RowStream {
     // TAP: the tap-tile mapping (fwd's B where TAP_TILES: load_tap), else the one above.
     __device__ __forceinline__ void init(const elem_t* data, long long k_begin, long long k_end, int ld,
                                          bool tap = false) {
-        const int r0 = tap ? tap_k_row() : row(0);
-        col = blockIdx.y * CONV_BN + (tap ? tap_pos() : pos());
-        ptr = data + (k_begin + r0) * ld + (col < ld ? col : 0);
-        ahead = (int)(k_end - k_begin) - r0;
+        if (TAP_TILES && tap) {
+            col = blockIdx.y * CONV_BN + tap_pos();
+            ptr = data + (k_begin + tap_k_row()) * ld + col;   // (tap: col < ld)
+            ahead = (int)(k_end - k_begin) - tap_k_row();
+            return;
+        }
+        col = blockIdx.y * CONV_BN + pos();
+        ptr = data + (k_begin + row(0)) * ld + (col < ld ? col : 0);
+        ahead = (int)(k_end - k_begin) - row(0);
     }
     // Tap tiles (TAP_TILES; the block's columns all before ld): thread t copies k row t / 2 whole,
     // units t % 2, t % 2 + 2, ... (a lane pair's copies fill 32-byte sectors; a quarter warp's 4 rows
@@ -764,7 +786,7 @@ template <> struct Loader<MODE_DGRAD> {
         taps = phase.taps;
         const RowGrid grid{phase.q_d, phase.q_h, phase.q_w, 1, 1, 1, 0, 0, 0};
         a.init(source(g), grid, taps, dy, phase.rows, 0, TAP_TILES && dy_vec(g, dy) && w_vec(g, w));   // (as fwd's)
-        b_ci = blockIdx.y * CONV_BN + (a.tap_tiles ? tap_row(0) : chunk_row(0, CONV_BK));
+        b_ci = blockIdx.y * CONV_BN + (TAP_TILES && a.tap_tiles ? tap_row(0) : chunk_row(0, CONV_BK));
         a_vec = a.fast && dy_vec(g, dy);
         b_vec = w_vec(g, w);
         if (a_vec && b_vec) {
