@@ -276,7 +276,7 @@ __device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len /
 // (q = tap_unit(0)), each the row's address plus an immediate. Per row and K tile that is one address
 // (IMAD.WIDE) and one tap-mask test for 4 chunks, where the chunk mapping above (one k per thread,
 // 8 rows) takes one of each per chunk (and on the forward, whose row pointers ptxas keeps in
-// unaligned register halves, two register moves per chunk: now per row). Lanes 8i..8i+7
+// unaligned register halves, two register moves per chunk: 32 per 2 K tiles, now 4). Lanes 8i..8i+7
 // take 8 neighbouring rows (distinct swizzle patterns: their chunks hit 8 bank groups) at one unit
 // parity, lanes 8i + 8 .. 8i + 15 the same rows at the other: a warp's copies fill whole 32-byte
 // sectors. Other channel counts keep the chunk mapping above (the per-block choice: GatherA::init).
