@@ -155,6 +155,26 @@ def test_16bit_wgrad_steady_state_and_k_tail(kernel_runtime, dtype, tile, splits
     assert_close(out, ref, dtype, 'conv_wgrad with tile %s, %d splits' % (tile, splits))
 
 
+@pytest.mark.parametrize('channels', [(32, 96), (64, 32)], ids=['cin32-cout96', 'cin64-cout32'])
+def test_tf32_tap_tiles(kernel_runtime, channels):
+    """The tf32 64x64 tile's tap-tile copies (conv_igemm.cu TAP_TILES), taken where the gathered
+    operand's channels are a multiple of BK = 32 (fwd: C_in, dgrad: C_out): each K tile in one tap,
+    a thread's chunks 2 rows x 4 units. Padding and strides put rows partly outside the image (tap
+    masks per row), M and the other operand's channels have tails; C_in = 64 steps two K tiles per
+    tap (the cursor's wrap between them), C_out = 32 one."""
+    case = ((9, 11), (3, 3), (2, 1), (1, 1), ((1, 1), (1, 0))) + channels
+    _, kernel, strides, dilation, pads, _, _ = case
+    x, w, dy = _conv_arrays(case, np.float32, 'channels_last', seed=6, batch=2)
+    xr, wr, dyr = (round_tf32(a).astype(np.float64) for a in (x, w, dy))
+    with _precision('tf32'), conv_tiles.forced(tile='64x64x32'), conv_wgmma.forced(False):
+        for fn, args, ref in [(conv.conv_fwd, (x, w, strides, dilation, pads, 'channels_last'),
+                               twin.conv_fwd(xr, wr, strides, dilation, pads, 'channels_last')),
+                              (conv.conv_dgrad, (dy, w, x.shape, strides, dilation, pads, 'channels_last'),
+                               twin.conv_dgrad(dyr, wr, x.shape, strides, dilation, pads, 'channels_last'))]:
+            out = fn(*[to_device(kernel_runtime, a) for a in args], runtime=kernel_runtime)
+            assert_close(out, ref, np.float32, 'tf32 %s with tap tiles, channels %s' % (fn.__name__, channels))
+
+
 @pytest.mark.parametrize('tile', ['128x128x16', '64x64x32'])
 @pytest.mark.parametrize('splits', [1, 3])
 def test_tf32_wgrad_steady_state_and_k_tail(kernel_runtime, tile, splits):

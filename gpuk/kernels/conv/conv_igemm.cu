@@ -86,6 +86,15 @@
 //   (cp.async of 4/8 bytes; 16-bit elements synchronously; copy_tap_run), the K loop rotating
 //   its stages instead of unrolling them. The choice is made once per block, outside the K loop
 //   (pipeline<MODE, VECTOR>).
+//   Tap tiles (TAP_TILES: the tf32 64x64 tile; pipeline<MODE, true, false, true>): where the
+//   gathered channel count (fwd C_in, dgrad C_out) is a multiple of CONV_BK, each K tile lies in one
+//   tap, so a thread copies 4 chunks of each of 2 rows (row address + immediates, one tap-mask test
+//   per row), fwd's filter rows whole by lane pairs where the block's columns all lie before C_out
+//   (RowStream::load_tap: one address step and row test per K tile), dgrad's filter rows through
+//   pointers stepped with the cursor; the cursor wraps at most once per tile, and the untested
+//   groups run. Other instructions per MMA (inspect, no GPU) 2.75 -> 1.95 fwd, 2.36 -> 1.85 dgrad on
+//   sm_90 (3.71 -> 2.92, 3.54 -> 2.81 on sm_80, where A's rounding alone is 1.5); other channel
+//   counts keep the chunk mapping (2.56 / 2.39 sm_90).
 // Layout: channels_last only (K runs along contiguous channels). The launcher transposes
 //   channels_first activations around the kernels (layout.cu; conv/__init__.py Problem), so the
 //   kernels have no channels_first path and no layout parameter.
@@ -259,6 +268,33 @@ static_assert(CONV_THREADS % (CONV_BK / VEC) == 0 && CONV_THREADS % (CONV_BM / V
 // (row, position along the contiguous dimension) of chunk j of this thread; `len` elements per row.
 __device__ __forceinline__ int chunk_row(int j, int len) { return (threadIdx.x + j * CONV_THREADS) / (len / VEC); }
 __device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len / VEC)) * VEC; }
+
+// Tap tiles (TAP_TILES: the tf32 64x64 tile): where the gathered operand's channel count is a
+// multiple of CONV_BK (fwd: C_in, dgrad: C_out; most layers), every K tile lies within one tap, so
+// its chunks along k need no cursor of their own: a thread then copies TAP_UNITS chunks of each of
+// TAP_ROWS rows (of fwd's and dgrad's [m][k] A, dgrad's [n][k] B), at units q, q + 2, ... of the row
+// (q = tap_unit(0)), each the row's address plus an immediate. Per row and K tile that is one address
+// (IMAD.WIDE) and one tap-mask test for 4 chunks, where the chunk mapping above (one k per thread,
+// 8 rows) takes one of each per chunk (and on the forward, whose row pointers ptxas keeps in
+// unaligned register halves, two register moves per chunk: 32 per 2 K tiles, now 4). Lanes 8i..8i+7
+// take 8 neighbouring rows (distinct swizzle patterns: their chunks hit 8 bank groups) at one unit
+// parity, lanes 8i + 8 .. 8i + 15 the same rows at the other: a warp's copies fill whole 32-byte
+// sectors. Other channel counts keep the chunk mapping above (the per-block choice: GatherA::init).
+#if CONV_MATH == 2 && CONV_WARPS_N == 1
+#define TAP_TILES 1
+#else
+#define TAP_TILES 0
+#endif
+#define TAP_ROWS_PER_PASS (CONV_THREADS / 2)
+#define TAP_UNITS (CONV_BK / VEC / 2)                  // chunks per row and thread
+#define TAP_ROWS(mn) ((mn) / TAP_ROWS_PER_PASS)        // rows per thread of a tile with mn rows
+static_assert(!TAP_TILES || (CONV_THREADS % 16 == 0 && CONV_BK / VEC == 8 && CONV_BM % TAP_ROWS_PER_PASS == 0 &&
+                             CONV_BN % TAP_ROWS_PER_PASS == 0 && TAP_ROWS(CONV_BM) <= A_CHUNKS_PER_THREAD),
+              "tap tiles: 8 units per row (one swizzle period), whole passes of rows, GatherA's row arrays");
+__device__ __forceinline__ int tap_row(int r) {
+    return (int)(((threadIdx.x >> 4) << 3) | (threadIdx.x & 7)) + r * TAP_ROWS_PER_PASS;
+}
+__device__ __forceinline__ int tap_unit(int i) { return 2 * i + (int)((threadIdx.x >> 3) & 1); }
 
 // ConvGeom, TapSeq / TapIter (K positions) and DgradPhase (stride phases): conv_common.cuh.
 
@@ -466,22 +502,30 @@ struct TapCursor {
         off = (((unsigned)(s.d.o0 + id * s.d.ostep) * (unsigned)sh + (unsigned)(s.h.o0 + ih * s.h.ostep)) * (unsigned)sw +
                (unsigned)(s.w.o0 + iw * s.w.ostep)) * C + (unsigned)c;
     }
-    template <class Wrapped>
+    // AT_MOST_ONE_WRAP: channels >= CONV_BK (the tap tiles: a multiple of it), so one K tile steps
+    // into the next tap at most once (an `if`: no loop and its branch per tile).
+    template <bool AT_MOST_ONE_WRAP = false, class Wrapped>
     __device__ __forceinline__ void advance(const TapSeq& s, int channels, const Wrapped& wrapped) {
         c += CONV_BK;
         off += CONV_BK;
-        while (c >= channels) {
-            c -= channels;
-            wbit <<= 1;
-            const bool w_end = wbit == 1u << s.w.count;
-            wbit = w_end ? 1u : wbit;
-            const unsigned h = w_end ? hbit << 1 : hbit;
-            const bool h_end = h == 1u << (s.w.count + s.h.count);
-            hbit = h_end ? 1u << s.w.count : h;
-            dbit = h_end ? dbit << 1 : dbit;
-            off += w_end ? (h_end ? step_d : step_h) : step_w;
-            wrapped(w_end, h_end);
+        if constexpr (AT_MOST_ONE_WRAP) {
+            if (c >= channels) next_tap(s, channels, wrapped);
+        } else {
+            while (c >= channels) next_tap(s, channels, wrapped);
         }
+    }
+    template <class Wrapped>
+    __device__ __forceinline__ void next_tap(const TapSeq& s, int channels, const Wrapped& wrapped) {
+        c -= channels;
+        wbit <<= 1;
+        const bool w_end = wbit == 1u << s.w.count;
+        wbit = w_end ? 1u : wbit;
+        const unsigned h = w_end ? hbit << 1 : hbit;
+        const bool h_end = h == 1u << (s.w.count + s.h.count);
+        hbit = h_end ? 1u << s.w.count : h;
+        dbit = h_end ? dbit << 1 : dbit;
+        off += w_end ? (h_end ? step_d : step_h) : step_w;
+        wrapped(w_end, h_end);
     }
 };
 // Largest |offset| a dim's taps add to a window origin.
@@ -506,17 +550,23 @@ struct GatherA {
     TapIter k;                                              // this thread's k within the tile (per-element path)
     TapCursor at;                                           // the same k, for the 16-byte path
     bool fast;                                              // 16-byte path allowed (masks, 32-bit tap offsets)
+    bool tap_tiles;                                         // the tap-tile mapping (TAP_TILES): row j = tap_row(j)
 
+    // vector: both operands may take 16-byte copies (the loader's other conditions); then TAP_TILES
+    // builds take the tap-tile mapping where the channel count allows it.
     __device__ __forceinline__ void init(const Source& src, const RowGrid& grid, const TapSeq& taps,
-                                         const elem_t* data, long long rows, long long k_begin) {
+                                         const elem_t* data, long long rows, long long k_begin, bool vector) {
         const long long row0 = (long long)blockIdx.x * CONV_BM;
         // Tap offsets fit 32 bits, so a chunk's address is its row's pointer plus one 32-bit offset.
         const long long reach = ((dim_reach(taps.d) * src.sh + dim_reach(taps.h)) * src.sw + dim_reach(taps.w) + 1) *
                                 src.channels;
         fast = tap_masks_fit(taps) && reach < (1ll << 31);
+        // (every use also tests TAP_TILES: the member alone was not folded away where it is 0, and
+        // moved the registers of other builds)
+        tap_tiles = TAP_TILES && vector && fast && src.channels % CONV_BK == 0 && k_begin % CONV_BK == 0;
 #pragma unroll
-        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {
-            const long long m = row0 + chunk_row(j, CONV_BK);
+        for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j) {   // (tap tiles: rows past TAP_ROWS(CONV_BM) unused)
+            const long long m = row0 + (TAP_TILES && tap_tiles ? tap_row(j) : chunk_row(j, CONV_BK));
             if (m < rows) {
                 const unsigned mu = (unsigned)m, pixels = (unsigned)grid.gd * grid.gh * grid.gw;
                 const unsigned n = mu / pixels, p = mu - n * pixels;
@@ -537,15 +587,30 @@ struct GatherA {
                           dim_mask(taps.h, taps.size_h, o_h[j], src.sh, taps.w.count) |
                           dim_mask(taps.d, taps.size_d, o_d[j], src.sd, taps.w.count + taps.h.count);
         }
-        k.start(taps, (int)k_begin + chunk_pos(CONV_BK), src.channels);
-        if (fast) at.start(taps, (int)k_begin + chunk_pos(CONV_BK), src.channels, src.sh, src.sw);
+        // tap tiles: the k of the thread's first unit, in the tile's tap (the others: + 2 * VEC each)
+        const int k0 = (int)k_begin + (TAP_TILES && tap_tiles ? tap_unit(0) * VEC : chunk_pos(CONV_BK));
+        k.start(taps, k0, src.channels);
+        if (fast) at.start(taps, k0, src.channels, src.sh, src.sw);
     }
     // Issues this thread's chunks of one K tile into `as` ([m][k]); does not advance k or `at`.
-    template <bool VECTOR>
+    // TAP: the tap-tile mapping (tap_tiles; 16-byte path only).
+    template <bool VECTOR, bool TAP = false>
     __device__ __forceinline__ void load(const Source& src, const TapSeq& taps, const elem_t* __restrict__ data,
                                          elem_t* as) const {
+        static_assert(!TAP || (VECTOR && TAP_TILES), "tap tiles: 16-byte path of TAP_TILES builds");
         const int kc = chunk_pos(CONV_BK);
-        if constexpr (VECTOR) {
+        if constexpr (TAP) {
+            const unsigned need = at.need();
+#pragma unroll
+            for (int r = 0; r < TAP_ROWS(CONV_BM); ++r) {
+                const elem_t* src_row = row[r] + (int)at.off;   // at unit tap_unit(0)
+                const bool inside = (need & ~mask[r]) == 0u;
+#pragma unroll
+                for (int i = 0; i < TAP_UNITS; ++i)
+                    copy_chunk(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(tap_row(r), tap_unit(i) * VEC),
+                               src_row + 2 * i * VEC, inside);
+            }
+        } else if constexpr (VECTOR) {
             const unsigned need = at.need();
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
@@ -592,10 +657,36 @@ template <bool WARP_BLOCKS> struct RowStream {
     // points at column 0 instead: its 16-byte copies then read real data into tile columns that
     // only feed accumulator columns the epilogue does not store, so they need no column test
     // (the per-element path tests every column: its copies past ld read nothing).
-    __device__ __forceinline__ void init(const elem_t* data, long long k_begin, long long k_end, int ld) {
+    // TAP: the tap-tile mapping (fwd's B where TAP_TILES: load_tap), else the one above.
+    __device__ __forceinline__ void init(const elem_t* data, long long k_begin, long long k_end, int ld,
+                                         bool tap = false) {
+        if (TAP_TILES && tap) {
+            col = blockIdx.y * CONV_BN + tap_pos();
+            ptr = data + (k_begin + tap_k_row()) * ld + col;   // (tap: col < ld)
+            ahead = (int)(k_end - k_begin) - tap_k_row();
+            return;
+        }
         col = blockIdx.y * CONV_BN + pos();
         ptr = data + (k_begin + row(0)) * ld + (col < ld ? col : 0);
         ahead = (int)(k_end - k_begin) - row(0);
+    }
+    // Tap tiles (TAP_TILES; the block's columns all before ld): thread t copies k row t / 2 whole,
+    // units t % 2, t % 2 + 2, ... (a lane pair's copies fill 32-byte sectors; a quarter warp's 4 rows
+    // x 2 unit parities hit 8 bank groups at the padded stride of 2 mod 8 units): one address step
+    // and one row test per K tile for all of its chunks, immediates apart, where the mapping above
+    // takes an address and a row test per chunk (chunks a pass of rows apart).
+    static constexpr int TAP_CHUNKS = CONV_BN / VEC / 2;
+    __device__ __forceinline__ static int tap_k_row() { return (int)(threadIdx.x >> 1); }
+    __device__ __forceinline__ static int tap_pos() { return (int)(threadIdx.x & 1) * VEC; }
+    __device__ __forceinline__ void load_tap(elem_t* bs, int ld) {
+        static_assert(!TAP_TILES || (CONV_THREADS == 2 * CONV_BK && TAP_CHUNKS == B_CHUNKS_PER_THREAD),
+                      "tap tiles: one k row per lane pair");
+        elem_t* const dst = bs + tile_index<false, CONV_BN>(tap_pos(), tap_k_row());
+        const bool k_ok = 0 < ahead;
+#pragma unroll
+        for (int i = 0; i < TAP_CHUNKS; ++i) copy_chunk(dst + 2 * i * VEC, ptr + 2 * i * VEC, k_ok);
+        ptr += (long long)CONV_BK * ld;
+        ahead -= CONV_BK;
     }
     // Whether row `r` of the next tile lies before k_end (another operand's rows, e.g. wgrad A's).
     __device__ __forceinline__ bool row_before_end(int r) const { return r - row(0) < ahead; }
@@ -644,19 +735,30 @@ template <> struct Loader<MODE_FWD> {
     __device__ __forceinline__ void init(const ConvGeom& g, const elem_t* x, const elem_t* w, long long rows,
                                          long long k_begin, long long k_end) {
         const RowGrid grid{g.out_d, g.out_h, g.out_w, g.s_d, g.s_h, g.s_w, -g.pad_d, -g.pad_h, -g.pad_w};
-        a.init(source(g), grid, dense_taps(g, 0, 0, 0), x, rows, k_begin);
-        b.init(w, k_begin, k_end, g.c_out);
-        a_vec = a.fast && g.c_in % VEC == 0 && is_aligned(x, 16);
-        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16) && RowStream<false>::fits(g.c_out);
+        // (the conditions in this order, the tap-tile one folded away where TAP_TILES is 0: computing
+        // b_vec ahead of a.init moved the 16-bit builds' registers, +6 instructions in one loop)
+        // (tap tiles: where the block's columns all lie before C_out, RowStream::load_tap)
+        a.init(source(g), grid, dense_taps(g, 0, 0, 0), x, rows, k_begin,
+               TAP_TILES && x_vec(g, x) && w_vec(g, w) && (int)(blockIdx.y + 1) * CONV_BN <= g.c_out);
+        b.init(w, k_begin, k_end, g.c_out, a.tap_tiles);
+        a_vec = a.fast && x_vec(g, x);
+        b_vec = w_vec(g, w);
     }
-    template <bool VECTOR>
+    __device__ __forceinline__ static bool x_vec(const ConvGeom& g, const elem_t* x) {
+        return g.c_in % VEC == 0 && is_aligned(x, 16);
+    }
+    __device__ __forceinline__ static bool w_vec(const ConvGeom& g, const elem_t* w) {
+        return g.c_out % VEC == 0 && is_aligned(w, 16) && RowStream<false>::fits(g.c_out);
+    }
+    template <bool VECTOR, bool TAP = false>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ w, elem_t* as, elem_t* bs, int cols) {
         const TapSeq taps = dense_taps(g, 0, 0, 0);
-        a.load<VECTOR>(source(g), taps, x, as);
-        if constexpr (VECTOR) a.at.advance(taps, g.c_in, [](bool, bool) {});
+        a.load<VECTOR, TAP>(source(g), taps, x, as);
+        if constexpr (VECTOR) a.at.advance<TAP>(taps, g.c_in, [](bool, bool) {});
         else a.k.advance(taps, CONV_BK, g.c_in);
-        b.load<VECTOR>(bs, g.c_out, cols);
+        if constexpr (TAP) b.load_tap(bs, g.c_out);
+        else b.load<VECTOR>(bs, g.c_out, cols);
     }
 };
 
@@ -670,6 +772,10 @@ template <> struct Loader<MODE_DGRAD> {
     // 16-byte path: w at (k's tap, ci, k's c_out channel) as an offset from w + b_ci * C_out,
     // stepped with A's cursor: CONV_BK per tile, and at each tap wrap one of three steps
     unsigned b_off, b_step_w, b_step_h, b_step_d;
+    // tap tiles: each of the thread's B rows (input channels) at the K tile's (tap, c_out), stepped
+    // as b_off (steps >= 0): one 64-bit add per row and tile, where b_off's sign extension, add to
+    // the row's 64-bit offset and scaling took about 5
+    const elem_t* b_row[TAP_TILES ? TAP_ROWS(CONV_BN) : 1];
     bool a_vec, b_vec;
 
     __device__ __forceinline__ static Source source(const ConvGeom& g) {
@@ -679,11 +785,10 @@ template <> struct Loader<MODE_DGRAD> {
                                          const elem_t* w) {
         taps = phase.taps;
         const RowGrid grid{phase.q_d, phase.q_h, phase.q_w, 1, 1, 1, 0, 0, 0};
-        a.init(source(g), grid, taps, dy, phase.rows, 0);
-        b_ci = blockIdx.y * CONV_BN + chunk_row(0, CONV_BK);
-        a_vec = a.fast && g.c_out % VEC == 0 && is_aligned(dy, 16);
-        // the filter offsets of the 16-byte path fit 32 bits (past the filter they may wrap: unread)
-        b_vec = g.c_out % VEC == 0 && is_aligned(w, 16) && ((long long)g.taps + 1) * g.c_in * g.c_out < (1ll << 31);
+        a.init(source(g), grid, taps, dy, phase.rows, 0, TAP_TILES && dy_vec(g, dy) && w_vec(g, w));   // (as fwd's)
+        b_ci = blockIdx.y * CONV_BN + (TAP_TILES && a.tap_tiles ? tap_row(0) : chunk_row(0, CONV_BK));
+        a_vec = a.fast && dy_vec(g, dy);
+        b_vec = w_vec(g, w);
         if (a_vec && b_vec) {
             const unsigned cico = (unsigned)g.c_in * (unsigned)g.c_out, co = (unsigned)g.c_out;
             const unsigned tw = (unsigned)taps.w.kstep, th = (unsigned)(taps.h.kstep * taps.size_w),
@@ -694,13 +799,41 @@ template <> struct Loader<MODE_DGRAD> {
             b_step_d = (td - back_h - back_w) * cico - co;
             b_off = (unsigned)a.k.tap(taps) * cico + (unsigned)a.k.c;
         }
+        if constexpr (TAP_TILES) {
+#pragma unroll
+            for (int r = 0; r < TAP_ROWS(CONV_BN); ++r)
+                b_row[r] = w + (long long)(b_ci + r * TAP_ROWS_PER_PASS) * g.c_out + b_off;
+        }
     }
-    template <bool VECTOR>
+    __device__ __forceinline__ static bool dy_vec(const ConvGeom& g, const elem_t* dy) {
+        return g.c_out % VEC == 0 && is_aligned(dy, 16);
+    }
+    // the filter offsets of the 16-byte path fit 32 bits (past the filter they may wrap: unread)
+    __device__ __forceinline__ static bool w_vec(const ConvGeom& g, const elem_t* w) {
+        return g.c_out % VEC == 0 && is_aligned(w, 16) && ((long long)g.taps + 1) * g.c_in * g.c_out < (1ll << 31);
+    }
+    template <bool VECTOR, bool TAP = false>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ dy,
                                          const elem_t* __restrict__ w, elem_t* as, elem_t* bs, int cols) {
-        a.load<VECTOR>(source(g), taps, dy, as);
+        a.load<VECTOR, TAP>(source(g), taps, dy, as);
         const int kc = chunk_pos(CONV_BK);
-        if constexpr (VECTOR) {
+        if constexpr (TAP) {   // B as A: TAP_ROWS input channels per thread, TAP_UNITS chunks each
+            const bool in_filter = a.at.in_filter(taps);
+#pragma unroll
+            for (int r = 0; r < TAP_ROWS(CONV_BN); ++r) {
+                const elem_t* src_row = b_row[r];   // at unit tap_unit(0)
+                const bool valid = in_filter && b_ci + r * TAP_ROWS_PER_PASS < cols;
+#pragma unroll
+                for (int i = 0; i < TAP_UNITS; ++i)
+                    copy_chunk(bs + tile_index<true, CONV_BN>(tap_row(r), tap_unit(i) * VEC), src_row + 2 * i * VEC, valid);
+            }
+            unsigned step = CONV_BK;
+            a.at.advance<true>(taps, g.c_out, [&](bool w_end, bool h_end) {
+                step += w_end ? (h_end ? b_step_d : b_step_h) : b_step_w;
+            });
+#pragma unroll
+            for (int r = 0; r < TAP_ROWS(CONV_BN); ++r) b_row[r] += step;
+        } else if constexpr (VECTOR) {
             const int filter_pass = ROWS_PER_PASS(CONV_BK) * g.c_out;   // < 2^31: b_vec
             const elem_t* tap_w = w + (long long)b_ci * g.c_out + (int)b_off;
             const bool in_filter = a.at.in_filter(taps);
@@ -1095,6 +1228,7 @@ template <int MODE> struct Tf32Rounding {
     static constexpr bool b_prerounded = MODE != MODE_WGRAD;   // B = w: conv_round_tf32
     static constexpr bool a_shared = CONV_WARPS_N > 1, b_shared = !b_prerounded;
     static constexpr bool a_registers = !a_shared;
+    static_assert(!(TAP_TILES && a_shared), "tap tiles: round_landed_tf32 follows the chunk mapping only");
     static_assert(!b_shared || TF32_B_TRANSPOSED, "wgrad's B: read by several warps, rounded where transposed");
     static_assert(!a_shared || MODE != MODE_WGRAD || TF32_A_TRANSPOSED,
                   "wgrad's A: rounded in shared memory where transposed");
@@ -1368,12 +1502,13 @@ __device__ __forceinline__ int slot_row(int slot) {
 // CONV_STAGES-deep cp.async pipeline (one barrier per K tile; stage indices rotate by compare).
 // One K tile's copies: the loader's load<VECTOR>, or wgrad's packed-bounds 16-byte path; FULL (wgrad):
 // a tile before the split's last, whose rows need no test against k_end.
-template <bool VECTOR, bool PACKED, class L, bool FULL = false>
+// TAP (fwd, dgrad): the tap-tile mapping (TAP_TILES).
+template <bool VECTOR, bool PACKED, class L, bool FULL = false, bool TAP = false>
 __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const elem_t* __restrict__ a_src,
                                           const elem_t* __restrict__ b_src, elem_t* as, elem_t* bs, int cols) {
-    if constexpr (FULL)
+    if constexpr (FULL && !TAP)   // (the tap-tile loads keep their row tests in untested groups)
         loader.template load<VECTOR, PACKED, true>(g, a_src, b_src, as, bs, cols);
-    else if constexpr (PACKED)
+    else if constexpr (PACKED || TAP)   // wgrad: load<VECTOR, PACKED>; fwd, dgrad: load<VECTOR, TAP>
         loader.template load<VECTOR, true>(g, a_src, b_src, as, bs, cols);
     else
         loader.template load<VECTOR>(g, a_src, b_src, as, bs, cols);
@@ -1392,7 +1527,7 @@ __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const el
 // without those two tests per tile (about 4.5 instructions a tile), and prefetch only tiles before
 // the last (the one that may end before BK rows), whose copies skip their row tests against k_end
 // (FULL: ~10 instructions a tile).
-template <int MODE, bool VECTOR, bool PACKED, bool CHECKED>
+template <int MODE, bool VECTOR, bool PACKED, bool CHECKED, bool TAP = false>
 __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                                const ConvGeom& g, const elem_t* __restrict__ a_src,
                                                const elem_t* __restrict__ b_src, int cols, int t0, int tiles,
@@ -1406,21 +1541,21 @@ __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as
         __syncthreads();                    // ... everyone's, and stage t-1 is free again
         const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
         if (!CHECKED || t + CONV_STAGES - 1 < tiles)
-            load_tile<VECTOR, PACKED, Loader<MODE>, !CHECKED>(loader, g, a_src, b_src, as[write_stage], bs[write_stage],
-                                                              cols);
+            load_tile<VECTOR, PACKED, Loader<MODE>, !CHECKED, TAP>(loader, g, a_src, b_src, as[write_stage],
+                                                                   bs[write_stage], cols);
         cp_async_commit();
         tile_multiply<MODE>(as[s], bs[s], acc);
     }
 }
 
-template <int MODE, bool VECTOR, bool PACKED = false>
+template <int MODE, bool VECTOR, bool PACKED = false, bool TAP = false>
 __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                          const ConvGeom& g, const elem_t* __restrict__ a_src,
                                          const elem_t* __restrict__ b_src, int cols, long long depth, acc_t* acc) {
     const int tiles = (int)((depth + CONV_BK - 1) / CONV_BK);
 #pragma unroll
     for (int s = 0; s < CONV_STAGES - 1; ++s) {
-        if (s < tiles) load_tile<VECTOR, PACKED>(loader, g, a_src, b_src, as[s], bs[s], cols);
+        if (s < tiles) load_tile<VECTOR, PACKED, Loader<MODE>, false, TAP>(loader, g, a_src, b_src, as[s], bs[s], cols);
         cp_async_commit();   // empty groups keep the count uniform for the wait below
     }
     // Unrolled by the stage count, so that every stage index is a constant: the shared
@@ -1448,12 +1583,13 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
         // 3.16); the tf32 fwd 128x128x32 spilled 420 bytes with it.
         constexpr bool UNTESTED_GROUPS =
             CONV_MATH == 1 || (CONV_MATH == 2 && (CONV_BM * CONV_BN <= 64 * 64 || (PACKED && TF32_WIDE_UNTESTED)));
+        // The tap-tile path (fwd, dgrad) takes them too, its copies tested as in the last groups.
         int t0 = 0;
-        if constexpr (MODE == MODE_WGRAD && UNTESTED_GROUPS)
+        if constexpr ((MODE == MODE_WGRAD && UNTESTED_GROUPS) || TAP)
             for (; t0 + 2 * CONV_STAGES <= tiles; t0 += CONV_STAGES)   // tiles and prefetches before the last
-                pipeline_group<MODE, VECTOR, PACKED, false>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
+                pipeline_group<MODE, VECTOR, PACKED, false, TAP>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
         for (; t0 < tiles; t0 += CONV_STAGES)   // the rest (wgrad: the last one or two groups)
-            pipeline_group<MODE, VECTOR, PACKED, true>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
+            pipeline_group<MODE, VECTOR, PACKED, true, TAP>(loader, as, bs, g, a_src, b_src, cols, t0, tiles, acc);
     }
     cp_async_wait_all();
 }
@@ -1480,6 +1616,12 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
     if constexpr (MODE == MODE_WGRAD && WG_PACKED) {
         if (loader.a_vec && loader.b_vec && loader.a_packed) {
             pipeline<MODE, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
+            return;
+        }
+    }
+    if constexpr (MODE != MODE_WGRAD && TAP_TILES) {
+        if (loader.a.tap_tiles) {   // implies a_vec && b_vec (GatherA::init)
+            pipeline<MODE, true, false, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
             return;
         }
     }

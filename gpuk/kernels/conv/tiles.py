@@ -49,7 +49,10 @@ against 0.75 / 1.75 for the 16-byte pass of 1 x 2 warps), wgrad's B in shared me
 128x128 (its transposed blocks, so ldmatrix reads its fragments: per 16 MMAs 8 fragment loads
 instead of 16 with 1 x 2 warps' 4-byte reads). Other instructions per MMA (inspect, sm_90
 [sm_80]), 1 x 2 -> 2 x 1 warps: fwd 2.88 -> 2.75 [3.84 -> 3.71], dgrad 2.86 -> 2.36 [3.79 ->
-3.54], wgrad 3.67 -> 3.16 [5.65 -> 5.38].
+3.54], wgrad 3.67 -> 3.16 [5.65 -> 5.38]. Where fwd's C_in or dgrad's C_out is a multiple of
+BK = 32, the 64x64 tile copies by tap tiles (conv_igemm.cu TAP_TILES: each K tile in one tap, a
+thread's chunks 2 rows x 4 units, one address and one tap test per row): fwd 1.95 [2.92], dgrad
+1.85 [2.81]; other channel counts 2.56 [3.49] and 2.39 [3.35].
 
 16-bit wgrad has its own table (WGRAD_TILES: 128x128x32, 64x128x64, 128x64x64, 64x64x64; the
 two rectangular tiles are built for conv_igemm_wgrad only). Its K (batch x output pixels) is long,
