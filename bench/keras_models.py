@@ -7,10 +7,11 @@ categorical cross-entropy. The builders take the ``keras`` module and use only w
 Keras versions have (Sequential, these layers, ``input_shape`` on the first layer, Adam, a
 loss by name), so bench/bench_keras.py, bench/host_overhead.py and bench/rnn_cpu.py (Keras
 2.3.1 on gpuk) and bench/keras3_jax.py (Keras 3 on JAX, in a process of its own) train the
-same networks; ``torch_step`` builds each one's PyTorch twin (torch.nn, torch.optim.Adam) for
-the PyTorch rows beside them. PARAMS is each model's parameter count (trainable and not), which both
-versions report alike for the same network: tests/bench/test_keras_models.py checks it on
-Keras 2.3.1 and bench/keras3_jax.py on Keras 3 before timing.
+same networks; ``torch_net`` builds each one's PyTorch twin (torch.nn; ``torch_step`` trains it
+with torch.optim.Adam) for the PyTorch rows beside them. PARAMS is each model's parameter count
+(trainable and not), which both versions report alike for the same network:
+tests/keras/test_benchmark_models.py checks it on Keras 2.3.1 and on the PyTorch twins, and
+bench/keras3_jax.py on Keras 3 before timing.
 
 - mlp: Dense 784-256-256-10 (relu, softmax);
 - cnn: Conv2D(16, 3) + MaxPool + Conv2D(32, 3) + MaxPool + Dense(10) on 28x28x1;
@@ -84,10 +85,12 @@ def data(name, batch, seed=0):
     return x, y
 
 
-def torch_step(torch, name, device='cpu'):
-    """A train step of model ``name`` in torch.nn on ``device``: step(x, labels) -> the loss, read
-    on the host (as Keras's train_on_batch does, so a GPU step is waited for). Images go in NCHW
-    (torch's layout: ``x.transpose(0, 3, 1, 2)`` of data()'s), sequences as data() gives them."""
+def torch_net(torch, name):
+    """Model ``name``'s PyTorch twin (torch.nn, on the CPU), logits out (CrossEntropyLoss applies
+    the softmax). Its parameters and BatchNorm running statistics count PARAMS[name], but for
+    the recurrent layers: torch's have two bias vectors per gate where Keras 2.3.1's have one,
+    and torch's GRU applies its reset gate after the recurrent product (Keras's reset_after=True,
+    not 2.3.1's default): the same work per step, not the same function."""
     nn = torch.nn
     if name == 'mlp':
         net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, CLASSES))
@@ -100,7 +103,15 @@ def torch_step(torch, name, device='cpu'):
                             nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 2 * 2, CLASSES))
     else:
         net = _torch_rnn(torch, getattr(nn, name.upper()))
-    net = net.to(device)
+    return net
+
+
+def torch_step(torch, name, device='cpu'):
+    """A train step of model ``name`` (torch_net) on ``device``: step(x, labels) -> the loss, read
+    on the host (as Keras's train_on_batch does, so a GPU step is waited for). Images go in NCHW
+    (torch's layout: ``x.transpose(0, 3, 1, 2)`` of data()'s), sequences as data() gives them."""
+    nn = torch.nn
+    net = torch_net(torch, name).to(device)
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
 

@@ -30,3 +30,21 @@ def test_keras3_runner_arguments():
     for bad in (['--models', 'gru'], ['--precisions', 'float64'], ['--steps', '0']):
         with pytest.raises(SystemExit):
             keras3_jax.parse(bad)
+
+
+@pytest.mark.parametrize('name', sorted(keras_models.MODELS))
+def test_the_pytorch_twins_are_the_counted_networks(name):
+    """torch_net's parameters, with BatchNorm's running mean and variance (Keras counts its
+    moving statistics), are PARAMS; torch's recurrent layers have a second bias per gate."""
+    torch = pytest.importorskip('torch')
+    net = keras_models.torch_net(torch, name)
+    count = sum(p.numel() for p in net.parameters()) + sum(
+        b.numel() for n, b in net.named_buffers() if n.endswith(('running_mean', 'running_var')))
+    gates = {'lstm': 4, 'gru': 3}.get(name)
+    if gates is None:
+        assert count == keras_models.PARAMS[name]
+    elif name in keras_models.PARAMS:
+        assert count == keras_models.PARAMS[name] + gates * keras_models.RNN_UNITS
+    x, _ = keras_models.data(name, 3)
+    x = torch.from_numpy(x.transpose(0, 3, 1, 2).copy() if x.ndim == 4 else x)
+    assert tuple(net(x).shape) == (3, keras_models.CLASSES)
