@@ -96,7 +96,11 @@ def out_of_memory(error):
     cuda, status = implementation.xp.cuda, getattr(error, 'status', None)
     if isinstance(error, (cuda.runtime.CUDARuntimeError, cuda.driver.CUDADriverError)):
         return status == _CUDA_OUT_OF_MEMORY
-    return isinstance(error, cuda.cublas.CUBLASError) and status == _CUBLAS_STATUS_ALLOC_FAILED
+    try:   # CuPy loads cuBLAS on first use (cupy.cuda's __getattr__), which can fail
+        cublas_error = cuda.cublas.CUBLASError
+    except Exception:   # then no cuBLAS error was raised; the error being asked about must propagate
+        return False
+    return isinstance(error, cublas_error) and status == _CUBLAS_STATUS_ALLOC_FAILED
 
 
 def release_memory(error):

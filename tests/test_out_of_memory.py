@@ -317,3 +317,43 @@ def test_cuda_errors_saying_out_of_memory_are_allocation_failures(on):
     assert not device.out_of_memory(error(cuda.runtime.CUDARuntimeError, 1))
     assert not device.out_of_memory(error(cuda.cublas.CUBLASError, 7))
     assert not device.out_of_memory(runtime.KernelLaunchError('conv_fwd: launch failed'))
+
+
+@pytest.mark.gpu
+def test_asking_about_an_error_where_cublas_does_not_load_raises_nothing(on, monkeypatch):
+    """out_of_memory runs in the plan's except clause: an error of its own would replace the
+    step's (CuPy imports cupy.cuda.cublas on first access, and that can fail)."""
+    on('cuda')
+    cuda = device.xp().cuda
+
+    class NoCublas(type(cuda)):
+        def __getattr__(self, name):
+            if name == 'cublas':
+                raise ImportError('libcublas.so: cannot open shared object file')
+            return getattr(cuda, name)
+
+    monkeypatch.setattr(device.xp(), 'cuda', NoCublas('cupy.cuda'))
+    assert not device.out_of_memory(RuntimeError('conv: not a memory problem'))
+
+
+
+def _train(step, batch):   # the user's code calling the step: its frame keeps its locals
+    marker = 'the caller\'s'
+    return step(batch), marker
+
+
+def test_release_clears_only_the_frames_of_the_failed_call(rng, conv_runs_out_of_memory_past):
+    """The frames from K.function's call inward lose their locals (what they held on the device
+    goes); the callers' frames, the test's and pytest's, are left as they are."""
+    step, _ = _training_step(rng)
+    conv_runs_out_of_memory_past[0] = SMALL
+    with pytest.raises(gpuk.OutOfMemoryError) as caught:
+        _train(step, _batch(rng, BIG))
+    frames, tb = {}, caught.tb
+    while tb is not None:
+        frames.setdefault(tb.tb_frame.f_code.co_name, tb.tb_frame)
+        tb = tb.tb_next
+    assert frames['_train'].f_locals['marker'] == 'the caller\'s'
+    assert 'caught' in frames['test_release_clears_only_the_frames_of_the_failed_call'].f_locals
+    assert frames['_step'].f_locals == {}
+    assert 'self' in frames['__call__'].f_locals    # running when it released: not cleared
