@@ -8,7 +8,7 @@ whose path holds Keras 3 (bench/gpu_session.sh, part ``keras3``, installs the wh
 .whl/keras3/ into /tmp/keras3-site for it; docs/kernels.md says how to fetch them). It imports
 nothing of gpuk. The models and batches are bench/keras_models.py's, as bench_keras.py's are;
 before timing, each model's parameter count must equal keras_models.PARAMS (the count Keras
-2.3.1 gives, tests/bench/test_keras_models.py), so both sides train the same network.
+2.3.1 gives, tests/keras/test_benchmark_models.py), so both sides train the same network.
 
 A row: ``--warmup`` train_on_batch calls (the first traces and compiles the step with XLA),
 then ``--steps`` timed calls, each on the host clock. Keras 3's train_on_batch returns the loss

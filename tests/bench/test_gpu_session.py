@@ -116,3 +116,17 @@ def test_sanitizer_and_ncu_parts_run_their_scripts(tmp_path):
     assert '--section SpeedOfLight --section MemoryWorkloadAnalysis --log-file' in log
     assert 'ncu case conv_fwd (gpuk' in log and 'ncu case ctc_loss (gpuk' in log
     assert (out / 'ncu.txt').exists()
+
+
+def test_every_part_together_writes_at_most_the_eight_files_the_header_names():
+    """The device tool brings back 8 files of $OUT at most: whatever parts a call names, the
+    script writes only the files its header lists (bench.json's report beside it: .md, .png)."""
+    source = SCRIPT.read_text()
+    header = source[:source.index('set -uo pipefail')]
+    listed = re.search(r'at most 8 files .*?:(.*?)\. The exit status', header, re.S).group(1)
+    listed = set(re.findall(r'[\w-]+\.\w+', listed))
+    written = set(re.findall(r'\$OUT/([\w-]+\.\w+)', source))
+    written |= set(re.findall(r'run_ncu ([\w-]+\.txt)', source))   # run_ncu FILE writes $OUT/FILE
+    if 'bench.json' in written:                                     # python -m bench --out "$OUT"
+        written |= {'bench.md', 'bench.png'}
+    assert written == listed and len(listed) <= 8, (sorted(written), sorted(listed))
