@@ -319,13 +319,9 @@ class Plan:
         """The OutOfMemoryError of ``error``, an allocation failure of ``step`` given ``arrays``,
         named like a _run_error; one a scan's step plan raised keeps its message (naming the
         step inside the loop) with this step's name in front."""
-        name = self._step_name(step)
         if not isinstance(error, device.OutOfMemoryError):
-            return device.OutOfMemoryError.of(name, error, arrays)
-        message = str(error)
-        if not message.startswith(name + ':'):
-            message = '%s: %s' % (name, message)
-        return device.OutOfMemoryError(message, error.requested_bytes)
+            return device.OutOfMemoryError.of(self._step_name(step), error, arrays)
+        return device.OutOfMemoryError(self._step_message(step, error), error.requested_bytes)
 
     def _step_name(self, step):
         """What a run-time error of ``step`` starts with: the K function that built it, or for
@@ -333,13 +329,15 @@ class Plan:
         call = self.step_calls[step]
         return call.name if call is not None else 'function: %s' % self.step_op_names[step]
 
+    def _step_message(self, step, error):
+        """``error``'s message with ``step``'s name in front, unless it starts with it already."""
+        name, message = self._step_name(step), str(error)
+        return message if message.startswith(name + ':') else '%s: %s' % (name, message)
+
     def _run_error(self, step, error, arrays, fed_arrays):
         """``error`` (raised by a step at run time, when the shapes are known) naming the K
         function that built the step and the shapes of the tensors that call was given."""
-        call = self.step_calls[step]
-        name, message = self._step_name(step), str(error)
-        if not message.startswith(name + ':'):
-            message = '%s: %s' % (name, message)
+        call, message = self.step_calls[step], self._step_message(step, error)
         shapes = self._call_arg_shapes(call, step, fed_arrays) or [
             tuple(a.shape) if hasattr(a, 'shape') else a for a in arrays]
         kind = TypeError if isinstance(error, TypeError) else ValueError
