@@ -5,7 +5,8 @@
 #                             [--bench-k EXPR]
 #
 # LIST is comma-separated, run in this order (default: info,build,tests), except that every
-# bench-FAMILY part runs last, all in one pytest session:
+# bench-FAMILY part runs last, all in one pytest session; an unknown part (or a FAMILY without
+# its bench/bench_FAMILY.py) ends the call with status 2 before any part runs:
 #   info           nvidia-smi, CuPy's device and limits, NVRTC, cuDNN and its frontend, where
 #                  compute-sanitizer and ncu are
 #   build          python -m gpuk.kernels.build for this device's architecture (prebuilt cubins),
@@ -232,8 +233,17 @@ run_keras3() {
 export -f device_info sync_launches run_tests run_bench find_tool run_sanitizer run_ncu run_keras3
 export PYTHON OUT SYNC
 echo "gpu_session: parts=$PARTS budget=${BUDGET}s sync=$SYNC OUT=$OUT"
-install_wheels || { echo "installing .whl/ failed"; STATUS=1; }
 IFS=',' read -r -a PART_LIST <<< "$PARTS"
+# Every part checked before any runs: a misspelt last part is an error now, not after the
+# device time the parts before it took. (The case below runs them; the test holds both alike.)
+KNOWN_PARTS=" info build tests tests-kernels sanitizer ncu ncu-cudnn keras3 demo bench-quick host-overhead bench "
+for part in "${PART_LIST[@]}"; do
+    case "$KNOWN_PARTS" in *" $part "*) continue ;; esac
+    [[ "$part" == bench-?* && -f "bench/bench_${part#bench-}.py" ]] && continue   # a family: its file
+    echo "gpu_session: unknown part '$part' (of${KNOWN_PARTS% }, bench-FAMILY; see --help)"
+    exit 2
+done
+install_wheels || { echo "installing .whl/ failed"; STATUS=1; }
 BENCH_FILTER=()
 for part in "${PART_LIST[@]}"; do
     case "$part" in
@@ -255,7 +265,6 @@ for part in "${PART_LIST[@]}"; do
         host-overhead) step host-overhead env KERAS_BACKEND=gpuk.backend "$PYTHON" -m bench.host_overhead --rehearsal no ;;
         bench) step bench run_bench "${BENCH_ARGS[@]}" ;;
         bench-*) BENCH_FILTER+=("bench_${part#bench-}") ;;
-        *) echo "gpu_session: unknown part '$part'"; STATUS=2 ;;
     esac
 done
 if [ ${#BENCH_FILTER[@]} -gt 0 ]; then   # one pytest run for all families: one bench.json

@@ -21,11 +21,21 @@ def test_gpu_session_script_parses_and_documents_every_part():
     subprocess.run(['bash', '-n', str(SCRIPT)], check=True)
     usage = subprocess.run(['bash', str(SCRIPT), '--help'], capture_output=True, text=True, check=True).stdout
     source = SCRIPT.read_text()
-    loop = source[source.index('for part in "${PART_LIST[@]}"'):source.index('BENCH_FILTER+=')]
+    loop = source[source.rindex('for part in "${PART_LIST[@]}"'):source.index('BENCH_FILTER+=')]
     parts = re.findall(r'^\s+([a-z0-9-]+)\)', loop, re.M)
     assert {'tests', 'sanitizer', 'ncu', 'ncu-cudnn', 'keras3'} <= set(parts)
+    known = re.search(r'^KNOWN_PARTS=" (.*) "$', source, re.M).group(1).split()
+    assert sorted(known) == sorted(parts), 'KNOWN_PARTS (checked before any part runs) and the parts run differ'
     undocumented = [part for part in parts if not re.search(r'(^|\s)%s(\s|:)' % re.escape(part), usage, re.M)]
     assert not undocumented, 'parts missing from the script\'s header (--help): %s' % undocumented
+
+
+def test_an_unknown_part_fails_before_any_part_runs(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable)
+    done = subprocess.run(['bash', str(SCRIPT), '--parts', 'info,tests,bench-quik,bench-', '--budget', '30'],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "unknown part 'bench-quik'" in done.stdout, done.stdout
+    assert '=== ' not in done.stdout and 'bench-FAMILY' in done.stdout   # no part ran
 
 
 def test_sanitizer_tests_cover_every_kernel_source():
