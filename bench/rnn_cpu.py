@@ -3,8 +3,10 @@
     python -m bench.rnn_cpu [--cells LSTM,GRU] [--impls gpuk,torch] [--steps N] [--repeats N]
 
 Model: (batch 32, 50 time steps, 32 features) -> LSTM(128) (or GRU(128)) -> Dense(10),
-softmax cross-entropy, Adam; one ``train_on_batch`` step. The torch rows build the same
-network with torch.nn.LSTM / GRU + Linear and torch.optim.Adam. The implementations take
+softmax cross-entropy, Adam; one ``train_on_batch`` step. The torch rows train
+bench/keras_models.py's twin (torch.nn.LSTM / GRU + Linear, torch.optim.Adam): the same work
+per step, with a second bias per gate, and a GRU whose reset gate follows the recurrent
+product (Keras's reset_after=True, not 2.3.1's default). The implementations take
 turns: each of ``--repeats`` rounds times ``--steps`` steps of each, so a load on the shared
 machine hits both alike; a row gives the median over rounds of the per-round medians, and the
 ratio row the median over rounds of gpuk / torch (both sides measured in the same round).
