@@ -357,3 +357,24 @@ def test_release_clears_only_the_frames_of_the_failed_call(rng, conv_runs_out_of
     assert 'caught' in frames['test_release_clears_only_the_frames_of_the_failed_call'].f_locals
     assert frames['_step'].f_locals == {}
     assert 'self' in frames['__call__'].f_locals    # running when it released: not cleared
+
+
+def test_release_kept_reads_the_kept_runners_again_when_another_thread_adds_one(monkeypatch):
+    """A WeakSet read while another thread adds to it raises RuntimeError; release_memory must
+    not let that replace the OutOfMemoryError it is handling."""
+    from gpuk.kernels.runtime import prepared
+    kept = prepared.Kept()
+    kept._last = ('owner', 0, [], None, None)
+
+    class AddedTo(list):
+        reads = 0
+
+        def __iter__(self):
+            AddedTo.reads += 1
+            if AddedTo.reads == 1:
+                raise RuntimeError('Set changed size during iteration')
+            return super().__iter__()
+
+    monkeypatch.setattr(prepared, '_EVERY_KEPT', AddedTo([kept]))
+    prepared.release_kept()
+    assert kept._last is None and AddedTo.reads == 2

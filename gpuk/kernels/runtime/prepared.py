@@ -316,7 +316,13 @@ def release_kept():
     the step buffers those runners own go back to the memory pool now (device.release_memory,
     after an allocation failure; a Kept not called again would hold them for good)."""
     forget_kept()
-    for kept in list(_EVERY_KEPT):
+    while True:
+        try:
+            every = list(_EVERY_KEPT)
+            break
+        except RuntimeError:   # another thread made an op (a Kept) while the set was read: again
+            continue
+    for kept in every:
         kept._last = None
 
 
