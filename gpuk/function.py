@@ -492,16 +492,17 @@ class Function:
             raise ValueError('function: expected a list of %d input values, got %r'
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
                                 else '%d values' % len(inputs)))
-        arrays = [_input_array(p, v) for p, v in zip(self.inputs, inputs)]
+        arrays = None
         try:
+            arrays = [_input_array(p, v) for p, v in zip(self.inputs, inputs)]
             return self._step(arrays)
         except device.OutOfMemoryError as error:   # a plan step's, named after its K function
             device.release_memory(error)
             raise
-        except Exception as error:   # outside the steps: copying the inputs in, an update's cast
+        except Exception as error:   # outside the steps: an input's cast, its copy in, an update's cast
             if not device.out_of_memory(error):
                 raise
-            failed = device.OutOfMemoryError.of(self.name or 'function', error, arrays)
+            failed = device.OutOfMemoryError.of(self.name or 'function', error, inputs if arrays is None else arrays)
             device.release_memory(error)
             raise failed from error
 

@@ -378,3 +378,21 @@ def test_release_kept_reads_the_kept_runners_again_when_another_thread_adds_one(
     monkeypatch.setattr(prepared, '_EVERY_KEPT', AddedTo([kept]))
     prepared.release_kept()
     assert kept._last is None and AddedTo.reads == 2
+
+
+def test_an_inputs_cast_out_of_memory_names_the_function(rng, monkeypatch):
+    """Checking the inputs casts them (a device array of another dtype: on the device); a
+    failed allocation there is an OutOfMemoryError of K.function's too."""
+    from gpuk import function
+    step, variables = _training_step(rng)
+    before = _values(variables)
+
+    def short_of_memory(value, dtype, fn, what):
+        raise MemoryError('Unable to allocate the cast input')
+
+    monkeypatch.setattr(function, 'checked_array', short_of_memory)
+    x, labels = _batch(rng, BIG)
+    with pytest.raises(gpuk.OutOfMemoryError, match=r'^function: out of host memory \(at run time, on inputs '
+                                                    r'float64 \(64, 6, 6, 2\), float32 \(64, 3\)\): Unable'):
+        step([x.astype(np.float64), labels])
+    _assert_unchanged(variables, before)
