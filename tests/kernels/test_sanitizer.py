@@ -161,6 +161,23 @@ def test_vector_accesses_count_as_one_request_per_warp():
     assert record['global_requests'] == 2 * 1024 // 32
 
 
+def test_zero_filled_cp_async_lanes_stay_in_step_with_their_warp():
+    # A zero-filled lane's copy reads nothing but is part of its warp's request: its next copy
+    # pairs with the other lanes' next ones (read as a lane out of step, the second row's
+    # coalesced copies would count as split requests).
+    x, y = np.arange(2 * THREADS * 4, dtype=np.float32), np.zeros(2 * THREADS * 4, np.float32)
+    whole = _counted('cp_async_zfill_rows', 1, THREADS, x, y, np.int32(0))
+    np.testing.assert_array_equal(y, x)
+    skipped = _counted('cp_async_zfill_rows', 1, THREADS, x, y, np.int32(1))
+    rows = y.reshape(2, THREADS, 4)
+    skipped_lanes = (np.arange(THREADS) & 2) != 0
+    assert not rows[0, skipped_lanes].any()
+    np.testing.assert_array_equal(rows[0, ~skipped_lanes], x.reshape(2, THREADS, 4)[0, ~skipped_lanes])
+    np.testing.assert_array_equal(rows[1], x.reshape(2, THREADS, 4)[1])
+    assert whole['coalescing'] == skipped['coalescing'] == 1.0
+    assert skipped['global_requests'] == whole['global_requests']
+
+
 def test_bank_conflicts_of_a_transpose_tile_and_its_padded_twin():
     x, y = np.arange(2048, dtype=np.float32), np.zeros(2048, np.float32)
     conflicted = _counted('transpose_tile', 2, (32, 32), x, y, np.int32(0))

@@ -104,3 +104,19 @@ extern "C" __global__ void transpose_tile(const float* __restrict__ x, float* __
 extern "C" __global__ void copy_float4(const float* __restrict__ x, float* __restrict__ y, long long n4) {
     GPUK_GRID_STRIDE_LOOP(i, n4) store_float4(y + 4 * i, load_float4(x + 4 * i));
 }
+
+// Two 16-byte cp.async copies per thread, one row of THREADS float4 each; `skip_pairs` = 1
+// zero-fills the first copy of lanes 2, 3, 6, 7, ... (source size 0: they read nothing; the
+// others still read whole 32-byte sectors, a pair of lanes each). The second
+// copies are coalesced whatever the first ones did.
+extern "C" __global__ void cp_async_zfill_rows(const float4* __restrict__ x, float4* __restrict__ y, int skip_pairs) {
+    __shared__ float4 stage[2 * THREADS];
+    const int t = threadIdx.x;
+    cp_async_16_zfill(&stage[t], &x[t], !(skip_pairs && (t & 2)));
+    cp_async_16(&stage[THREADS + t], &x[THREADS + t]);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    y[t] = stage[t];
+    y[THREADS + t] = stage[THREADS + t];
+}

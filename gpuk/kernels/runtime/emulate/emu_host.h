@@ -456,6 +456,17 @@ GPUK_EMU_NOSAN void count_piece(San* s, int space, int kind, const void* site, c
     if (o.size) count_access(s, o.space, o.site, o.addr, o.size, tid);
     o.addr = a; o.site = site; o.size = size; o.space = space; o.kind = kind;
 }
+// A lane's part of a warp's global access that reads nothing (a cp.async whose source size is 0:
+// zero-fill): the instruction is still the warp's one request, so the lane's next access must
+// pair with the other lanes' next ones. Its open access closes and its sequence number advances
+// without an address; left out, every later access of the lane at this site would be grouped
+// with the others' following ones, as if split requests moved extra sectors.
+GPUK_EMU_NOSAN void count_no_access(San* s, unsigned tid) {
+    OpenAccess& o = s->open[tid];
+    if (o.size) count_access(s, o.space, o.site, o.addr, o.size, tid);
+    o.size = 0;
+    ++s->seq[tid * 2];
+}
 GPUK_EMU_NOSAN void flush_warp(San* s, unsigned warp, unsigned nthreads) {
     for (unsigned tid = warp * 32u; tid < warp * 32u + 32u && tid < nthreads; ++tid) {
         OpenAccess& o = s->open[tid];
@@ -583,6 +594,7 @@ GPUK_EMU_NOSAN void cp_async(void* dst, const void* src, unsigned bytes, unsigne
     if (s && t_thread) {
         const void* site = __builtin_return_address(0);
         if (src_bytes) on_access(src, src_bytes, ACC_READ, site);
+        else if (s->count) count_no_access(s, unsigned(static_cast<Fiber*>(t_thread) - w->fibers));
         if (s->check) {
             char* d = static_cast<char*>(dst);
             const bool shared = (d >= s->dyn_lo && d + bytes <= s->dyn_hi) || (d >= s->tls_lo && d + bytes <= s->tls_hi);
