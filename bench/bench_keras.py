@@ -5,9 +5,14 @@ One ``train_on_batch`` step (forward, loss, gradients, Adam update) of bench/ker
 - cnn: Conv2D(16, 3) + MaxPool + Conv2D(32, 3) + MaxPool + Dense(10) on 28x28x1, batch 64;
 - bn_cnn: two Conv2D + BatchNormalization + relu + MaxPool blocks, Dense(10), 16x16x1, batch 64;
 - lstm: LSTM(128) over 50 steps of 32 features, Dense(10), batch 32;
+- ctc: the OCR demo's model (gpuk.demo), conv + batch norm blocks, a bidirectional GRU(48) over
+  36 steps and a per-step softmax, on the CTC loss of 12x72 rendered digit strings, batch 32;
 reported as samples/s (``extra_info['samples_per_s']``). The torch rows build the same
 networks with torch.nn and torch.optim.Adam, on the CPU (impl 'torch') and on the GPU
 ('torch-cuda'); they are skipped, with the reason, where torch (or its CUDA) is not usable.
+The ctc twin's GRU is Keras 2.3.1's cell (reset_after=False) stepped in eager torch, not
+torch.nn.GRU (cuDNN's, reset_after=True: a different network), so its rows time one small
+kernel sequence per time step, as eager PyTorch runs such a cell.
 Every step ends with the loss read on the host, as Keras's train_on_batch does, so the GPU
 rows time whole steps. gpuk runs on its current device (GPUK_DEVICE), once per precision
 policy (float32, mixed_bfloat16, mixed_float16: impl 'gpuk <policy>'); on a CPU the mixed
@@ -98,13 +103,11 @@ def test_torch_train_step(benchmark, model, impl):
     device = 'cuda' if impl == 'torch-cuda' else 'cpu'
     torch.manual_seed(0)
     step = keras_models.torch_step(torch, model, device)
-    x, y = _data(model)
-    xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy() if x.ndim == 4 else x).to(device)
-    labels = torch.from_numpy(y.argmax(axis=1)).to(device)
-    first = step(xt, labels)
+    xt, target = keras_models.torch_inputs(torch, model, *_data(model), device=device)
+    first = step(xt, target)
     for _ in range(3):
-        step(xt, labels)
-    samples = h.time_cpu(step, [(xt, labels)], min_time=0.4, min_runs=5, max_runs=200)
-    _record(benchmark, step, (xt, labels), samples)
-    assert step(xt, labels) < first
+        step(xt, target)
+    samples = h.time_cpu(step, [(xt, target)], min_time=0.4, min_runs=5, max_runs=200)
+    _record(benchmark, step, (xt, target), samples)
+    assert step(xt, target) < first
     _report(benchmark, model, impl, h.gpu_name() if device == 'cuda' else h.cpu_name(), samples)

@@ -5,10 +5,12 @@
 
 Keras 3 and Keras 2.3.1 are both the package ``keras``, so this runs in a process of its own
 whose path holds Keras 3 (bench/gpu_session.sh, part ``keras3``, installs the wheels of
-.whl/keras3/ into /tmp/keras3-site for it; docs/kernels.md says how to fetch them). It imports
-nothing of gpuk. The models and batches are bench/keras_models.py's, as bench_keras.py's are;
-before timing, each model's parameter count must equal keras_models.PARAMS (the count Keras
-2.3.1 gives, tests/keras/test_benchmark_models.py), so both sides train the same network.
+.whl/keras3/ into /tmp/keras3-site for it; docs/kernels.md says how to fetch them). Of gpuk it
+imports only gpuk.demo's NumPy modules (the ctc model's settings, data and Keras-version-free
+network), never its backend. The models and batches are bench/keras_models.py's, as
+bench_keras.py's are (ctc: the OCR demo's network, on keras.ops.ctc_loss); before timing, each
+model's parameter count must equal keras_models.PARAMS (the count Keras 2.3.1 gives,
+tests/keras/test_benchmark_models.py), so both sides train the same network.
 
 A row: ``--warmup`` train_on_batch calls (the first traces and compiles the step with XLA),
 then ``--steps`` timed calls, each on the host clock. Keras 3's train_on_batch returns the loss
@@ -57,6 +59,9 @@ def _keras3():
     os.environ.setdefault('KERAS_BACKEND', 'jax')
     # keras_models passes input_shape to the first layer, which Keras 2.3.1 needs and 3 accepts
     warnings.filterwarnings('ignore', message='Do not pass an `input_shape`', category=UserWarning)
+    # the ctc model's length inputs are int64, as the demo's (Keras 2.3.1) are; JAX without x64
+    # holds them as int32, which is what the CTC loss takes them as anyway
+    warnings.filterwarnings('ignore', message='Explicitly requested dtype int64', category=UserWarning)
     import keras
     if not keras.__version__.startswith('3.'):
         raise SystemExit('keras3_jax: keras %s from %s is not Keras 3: put its site first on PYTHONPATH'

@@ -49,8 +49,7 @@ def torch_step(cell):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     step = keras_models.torch_step(torch, cell.lower())
-    x, y = (torch.from_numpy(a) for a in _data())
-    labels = y.argmax(1)
+    x, labels = keras_models.torch_inputs(torch, 'lstm', *_data())
     return lambda: step(x, labels)
 
 

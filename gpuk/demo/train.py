@@ -10,6 +10,7 @@ from keras import backend as K
 from gpuk.demo import metrics
 from gpuk.demo.data import make_dataset
 from gpuk.demo.model import build_models, time_steps
+from gpuk.demo.network import model_inputs
 from gpuk.demo.settings import TrainConfig
 
 
@@ -41,13 +42,6 @@ class CtcDecoder:
         """(batch, steps, classes) softmax -> list of digit strings."""
         lengths = np.full(len(softmax), self.steps, dtype=np.int64)
         return metrics.decoded_to_strings(self._decode([softmax, lengths])[0])
-
-
-def model_inputs(dataset, steps):
-    """The four inputs of the training model, in order."""
-    n = len(dataset)
-    return [dataset.images, dataset.labels.astype(np.float32),
-            np.full((n, 1), steps, dtype=np.int64), dataset.label_lengths[:, None].astype(np.int64)]
 
 
 class SequenceAccuracyCallback(keras.callbacks.Callback):
