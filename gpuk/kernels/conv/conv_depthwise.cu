@@ -1189,9 +1189,14 @@ __device__ __forceinline__ void load_tile_vec_walk(acc_t* tile, const DwSource& 
     acc_t* const end = tile + v.total * DW_PITCH;
 #pragma unroll 1
     for (; dst < end; dst += DW_VEC_PIXEL_STEP * DW_PITCH) {
-        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-        if (load && (unsigned)c < w && (unsigned)off < limit) raw = __ldg(reinterpret_cast<const uint4*>(src + off));
-        store_widened(static_cast<const elem_t*>(nullptr), dst, raw, v.half_order);
+        const bool inside = load && (unsigned)c < w && (unsigned)off < limit;
+        if constexpr (sizeof(elem_t) == sizeof(acc_t)) {   // stored as loaded: cp.async, zeros outside
+            cp_async_16_zfill(dst, src + off, inside);
+        } else {
+            uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+            if (inside) raw = __ldg(reinterpret_cast<const uint4*>(src + off));
+            store_widened(static_cast<const elem_t*>(nullptr), dst, raw, v.half_order);
+        }
         c += v.d_col;
         off += v.step;
         if (c >= c_end) {
@@ -1261,6 +1266,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
                                    inside, vh0, vw0, g.cols_in, x_walk);
             }
             load_tile_vec_walk(dy_tile, g.ds, dy_base + (unsigned)od * dy_plane, true, oh0, ow0, g.cols, dy_walk);
+            if constexpr (sizeof(elem_t) == sizeof(acc_t)) cp_async_wait_all();   // (this thread's copies)
         } else
 #endif
         {
