@@ -37,15 +37,19 @@
 // straight-line code: tile_rows_window's math block 3x3 369 [365] instructions per 288 FFMA
 // (78% [79%]), 5x5 500 [496] per 400 (80% [81%]); per-row windows (float32, sm_90) 3x3 s1 35 /
 // 24, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
-// wgrad's whole tile loop (5x5 rows, both loaders): NHWC 324 instructions per 120 FFMA, NCHW
-// 372 (16-bit 420, f64 354): its loaders, not its math, hold most of it. 0 spills, no stack
+// wgrad's whole tile loop (5x5 rows, both loaders): NHWC 286 [277] instructions per 120 FFMA
+// (16-bit 321 [310]), NCHW 372 (16-bit 420, f64 354): its loaders, not its math, hold most of
+// it; channels_last copies through load_tile_vec_walk, 13 instructions a 16-byte copy in
+// float32 (cp.async; + 3 never-executed `@!PT LDS` the compiler pads LDGSTS with), 34 in 16-bit
+// (widening, two stores), against about 38 / 55 in load_tile_vec. 0 spills, no stack
 // (`python -m gpuk.kernels.build --check`).
 //
 // Tile loads: 16-byte global loads where the layout allows (load_tile_vec: channels_last,
 // DW_VEC channels of a pixel; load_tile_vec_cf: channels_first, DW_VEC pixels along W, 4-byte
 // tile words, warp y on lane group y % DW_VEC_GROUPS for the whole call; load_tile_transposed:
 // channels_first wgrad, every dtype, planes that are whole vectors), else one element per lane
-// (load_tile); one loader of each kind per layout (#if DW_CHANNELS_LAST). Positions
+// (load_tile); one loader of each kind per layout (#if DW_CHANNELS_LAST); channels_last wgrad
+// has its own (load_tile_vec_walk: per-block steps, cp.async where no widening). Positions
 // advance by adds from tile_start's (the divisions, once per tile shape: wgrad computes them
 // before its tile loop, which then holds no division). wgrad's tile loop is instantiated per
 // math path and loader (wgrad_tiles), chosen per block.
