@@ -327,6 +327,71 @@ __device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, in
     __syncwarp();   // the last pass may leave some threads of a warp out
 }
 
+// The same copy of a rows x cols tile without stride holes, its walk precomputed (wgrad: once
+// per block; fwd and stride-1 dgrad: per tile): the pixels and channels of load_tile_vec, but
+// what is the same for every tile is computed once (DwVecWalk: the thread's first pixel, the step of
+// DW_VEC_PIXEL_STEP pixels as columns and as a source offset, the carry's extra offset). A copy
+// tracks its source column c and offset off = (row * w + c) * C only: the pixel is inside iff
+// c < w and off < h * w * C (unsigned; c inside, the offset's range is the row's), so a copy is
+// two compares, one 64-bit address (IMAD.WIDE from a base the compiler may not re-derive), the
+// load, the store and a step of adds with one carry.
+struct DwVecWalk {
+    int row, col, d_col, total, step, carry, lane0;
+    bool load, half_order;
+};
+__device__ __forceinline__ DwVecWalk vec_walk(const DwSource& s, int rows, int cols, int j0) {
+    const int tid = threadIdx.y * DW_CHANNELS + threadIdx.x, pix = tid / DW_VECS_PER_PIXEL;
+    const int d_row = DW_VEC_PIXEL_STEP / cols;
+    DwVecWalk v;
+    v.row = pix / cols;
+    v.col = pix - v.row * cols;
+    v.d_col = DW_VEC_PIXEL_STEP - d_row * cols;
+    v.total = rows * cols;
+    v.step = (d_row * s.w + v.d_col) * (int)s.channels;
+    v.carry = (s.w - cols) * (int)s.channels;
+    v.lane0 = tid % DW_VECS_PER_PIXEL * DW_VEC;
+    v.load = j0 + v.lane0 < s.lanes;
+    v.half_order = pix & 1;
+    return v;
+}
+// The pointer as the compiler must take it (no re-association of the copies' 64-bit address
+// math with the kernel parameter; the emulator builds it as plain C++). The loads through it
+// say __ldg, as the parameter's const __restrict__ no longer reaches them.
+__device__ __forceinline__ const elem_t* opaque_pointer(const elem_t* p) {
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
+    asm("" : "+l"(p));
+#endif
+    return p;
+}
+// src: the source's sample base at plane sd plus j0 + lane0; plane: sd is inside (else zeros).
+__device__ __forceinline__ void load_tile_vec_walk(acc_t* tile, const DwSource& s, const elem_t* src, bool plane,
+                                                   int vh0, int vw0, int cols, const DwVecWalk& v) {
+    src = opaque_pointer(src);
+    int c = vw0 + v.col, off = ((vh0 + v.row) * s.w + c) * (int)s.channels;
+    const int c_end = vw0 + cols;
+    const unsigned w = (unsigned)s.w, limit = (unsigned)s.h * s.w * s.channels;
+    const bool load = plane && v.load;
+    acc_t* dst = tile + (threadIdx.y * DW_CHANNELS + threadIdx.x) / DW_VECS_PER_PIXEL * DW_PITCH + v.lane0;
+    acc_t* const end = tile + v.total * DW_PITCH;
+#pragma unroll 1
+    for (; dst < end; dst += DW_VEC_PIXEL_STEP * DW_PITCH) {
+        const bool inside = load && (unsigned)c < w && (unsigned)off < limit;
+        if constexpr (sizeof(elem_t) == sizeof(acc_t)) {   // stored as loaded: cp.async, zeros outside
+            cp_async_16_zfill(dst, src + off, inside);
+        } else {
+            uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+            if (inside) raw = __ldg(reinterpret_cast<const uint4*>(src + off));
+            store_widened(static_cast<const elem_t*>(nullptr), dst, raw, v.half_order);
+        }
+        c += v.d_col;
+        off += v.step;
+        if (c >= c_end) {
+            c -= cols;
+            off += v.carry;
+        }
+    }
+}
+
 #else
 // load_tile for vector_source(s), channels_first: warp y copies the DW_VEC lanes (channels)
 // (y % DW_VEC_GROUPS) * DW_VEC.. of every tile row, in chunks of 32 source columns that start
@@ -910,8 +975,19 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                 __syncthreads();   // the previous tile is no longer read
                 const int vh0 = oh0 * g.s_h - g.pad_h + kh0 * g.dil_h, vw0 = ow0 * g.s_w - g.pad_w;
                 const DwTileStart at = tile_start(rows_in, cols_in, vec, src.up_w);
-                if (holes) load_tile<true>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
-                else load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
+                if (holes) {
+                    load_tile<true>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
+                } else {
+#if DW_CHANNELS_LAST
+                    if (vec) {
+                        const DwVecWalk walk = vec_walk(src, rows_in, cols_in, j0);
+                        load_tile_vec_walk(tile, src, src.sample + (unsigned)sd * src.h * src.w * src.channels + j0 +
+                                           walk.lane0, true, vh0, vw0, cols_in, walk);
+                        if constexpr (sizeof(elem_t) == sizeof(acc_t)) cp_async_wait_all();
+                    } else
+#endif
+                    load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
+                }
                 stage_weights(wt, w, g.k_h, g.k_w, g.flip, g.flip ? g.k_d - 1 - kd : kd, kh0, khc, w_pitch, w_cols,
                               w_col, lane_live);
                 __syncthreads();
@@ -1144,72 +1220,6 @@ __device__ __forceinline__ bool wgrad_vector_source(const DwSource& s) {
 #endif
 }
 
-#if DW_CHANNELS_LAST
-// wgrad's channels_last 16-byte copy of a rows x cols tile (both sources vector_source, no
-// stride holes): the pixels and channels of load_tile_vec, but what is the same for every tile
-// is computed once per block (DwVecWalk: the thread's first pixel, the step of
-// DW_VEC_PIXEL_STEP pixels as columns and as a source offset, the carry's extra offset). A copy
-// tracks its source column c and offset off = (row * w + c) * C only: the pixel is inside iff
-// c < w and off < h * w * C (unsigned; c inside, the offset's range is the row's), so a copy is
-// two compares, one 64-bit address (IMAD.WIDE from a base the compiler may not re-derive), the
-// load, the store and a step of adds with one carry.
-struct DwVecWalk {
-    int row, col, d_col, total, step, carry, lane0;
-    bool load, half_order;
-};
-__device__ __forceinline__ DwVecWalk vec_walk(const DwSource& s, int rows, int cols, int j0) {
-    const int tid = threadIdx.y * DW_CHANNELS + threadIdx.x, pix = tid / DW_VECS_PER_PIXEL;
-    const int d_row = DW_VEC_PIXEL_STEP / cols;
-    DwVecWalk v;
-    v.row = pix / cols;
-    v.col = pix - v.row * cols;
-    v.d_col = DW_VEC_PIXEL_STEP - d_row * cols;
-    v.total = rows * cols;
-    v.step = (d_row * s.w + v.d_col) * (int)s.channels;
-    v.carry = (s.w - cols) * (int)s.channels;
-    v.lane0 = tid % DW_VECS_PER_PIXEL * DW_VEC;
-    v.load = j0 + v.lane0 < s.lanes;
-    v.half_order = pix & 1;
-    return v;
-}
-// The pointer as the compiler must take it (no re-association of the copies' 64-bit address
-// math with the kernel parameter; the emulator builds it as plain C++). The loads through it
-// say __ldg, as the parameter's const __restrict__ no longer reaches them.
-__device__ __forceinline__ const elem_t* opaque_pointer(const elem_t* p) {
-#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
-    asm("" : "+l"(p));
-#endif
-    return p;
-}
-// src: the source's sample base at plane sd plus j0 + lane0; plane: sd is inside (else zeros).
-__device__ __forceinline__ void load_tile_vec_walk(acc_t* tile, const DwSource& s, const elem_t* src, bool plane,
-                                                   int vh0, int vw0, int cols, const DwVecWalk& v) {
-    src = opaque_pointer(src);
-    int c = vw0 + v.col, off = ((vh0 + v.row) * s.w + c) * (int)s.channels;
-    const int c_end = vw0 + cols;
-    const unsigned w = (unsigned)s.w, limit = (unsigned)s.h * s.w * s.channels;
-    const bool load = plane && v.load;
-    acc_t* dst = tile + (threadIdx.y * DW_CHANNELS + threadIdx.x) / DW_VECS_PER_PIXEL * DW_PITCH + v.lane0;
-    acc_t* const end = tile + v.total * DW_PITCH;
-#pragma unroll 1
-    for (; dst < end; dst += DW_VEC_PIXEL_STEP * DW_PITCH) {
-        const bool inside = load && (unsigned)c < w && (unsigned)off < limit;
-        if constexpr (sizeof(elem_t) == sizeof(acc_t)) {   // stored as loaded: cp.async, zeros outside
-            cp_async_16_zfill(dst, src + off, inside);
-        } else {
-            uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-            if (inside) raw = __ldg(reinterpret_cast<const uint4*>(src + off));
-            store_widened(static_cast<const elem_t*>(nullptr), dst, raw, v.half_order);
-        }
-        c += v.d_col;
-        off += v.step;
-        if (c >= c_end) {
-            c -= cols;
-            off += v.carry;
-        }
-    }
-}
-#endif
 
 template <bool VEC>
 __device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
