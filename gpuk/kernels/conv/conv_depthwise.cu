@@ -39,17 +39,19 @@
 // 24, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
 // wgrad's whole tile loop (5x5 rows, both loaders): NHWC 286 [277] instructions per 120 FFMA
 // (16-bit 321 [310]), NCHW 372 (16-bit 420, f64 354): its loaders, not its math, hold most of
-// it; channels_last copies through load_tile_vec_walk, 13 instructions a 16-byte copy in
-// float32 (cp.async; + 3 never-executed `@!PT LDS` the compiler pads LDGSTS with), 34 in 16-bit
-// (widening, two stores), against about 38 / 55 in load_tile_vec. 0 spills, no stack
+// it; channels_last copies through load_tile_vec_walk (fwd and stride-1 dgrad too), 13-14
+// instructions a 16-byte copy in float32 / float64 (cp.async; + 3 never-executed `@!PT LDS` the
+// compiler pads LDGSTS with), 34-36 in 16-bit (widening, two stores), against 38-42 / 57-65 in
+// load_tile_vec (sm_90). 0 spills, no stack
 // (`python -m gpuk.kernels.build --check`).
 //
 // Tile loads: 16-byte global loads where the layout allows (load_tile_vec: channels_last,
 // DW_VEC channels of a pixel; load_tile_vec_cf: channels_first, DW_VEC pixels along W, 4-byte
 // tile words, warp y on lane group y % DW_VEC_GROUPS for the whole call; load_tile_transposed:
 // channels_first wgrad, every dtype, planes that are whole vectors), else one element per lane
-// (load_tile); one loader of each kind per layout (#if DW_CHANNELS_LAST); channels_last wgrad
-// has its own (load_tile_vec_walk: per-block steps, cp.async where no widening). Positions
+// (load_tile); one loader of each kind per layout (#if DW_CHANNELS_LAST); channels_last tiles
+// without stride holes (wgrad, fwd, stride-1 dgrad) go through load_tile_vec_walk instead (steps
+// precomputed per block or tile, cp.async where the tile holds the loaded type). Positions
 // advance by adds from tile_start's (the divisions, once per tile shape: wgrad computes them
 // before its tile loop, which then holds no division). wgrad's tile loop is instantiated per
 // math path and loader (wgrad_tiles), chosen per block.
