@@ -37,15 +37,21 @@
 // straight-line code: tile_rows_window's math block 3x3 369 [365] instructions per 288 FFMA
 // (78% [79%]), 5x5 500 [496] per 400 (80% [81%]); per-row windows (float32, sm_90) 3x3 s1 35 /
 // 24, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
-// wgrad's whole tile loop (5x5 rows, both loaders): NHWC 324 instructions per 120 FFMA, NCHW
-// 372 (16-bit 420, f64 354): its loaders, not its math, hold most of it. 0 spills, no stack
+// wgrad's whole tile loop (5x5 rows, both loaders): NHWC 286 [277] instructions per 120 FFMA
+// (16-bit 321 [310]), NCHW 372 (16-bit 420, f64 354): its loaders, not its math, hold most of
+// it; channels_last copies through load_tile_vec_walk (fwd and stride-1 dgrad too), 13-14
+// instructions a 16-byte copy in float32 / float64 (cp.async; + 3 never-executed `@!PT LDS` the
+// compiler pads LDGSTS with), 34-36 in 16-bit (widening, two stores), against 38-42 / 57-65 in
+// load_tile_vec (sm_90). 0 spills, no stack
 // (`python -m gpuk.kernels.build --check`).
 //
 // Tile loads: 16-byte global loads where the layout allows (load_tile_vec: channels_last,
 // DW_VEC channels of a pixel; load_tile_vec_cf: channels_first, DW_VEC pixels along W, 4-byte
 // tile words, warp y on lane group y % DW_VEC_GROUPS for the whole call; load_tile_transposed:
 // channels_first wgrad, every dtype, planes that are whole vectors), else one element per lane
-// (load_tile); one loader of each kind per layout (#if DW_CHANNELS_LAST). Positions
+// (load_tile); one loader of each kind per layout (#if DW_CHANNELS_LAST); channels_last tiles
+// without stride holes (wgrad, fwd, stride-1 dgrad) go through load_tile_vec_walk instead (steps
+// precomputed per block or tile, cp.async where the tile holds the loaded type). Positions
 // advance by adds from tile_start's (the divisions, once per tile shape: wgrad computes them
 // before its tile loop, which then holds no division). wgrad's tile loop is instantiated per
 // math path and loader (wgrad_tiles), chosen per block.
@@ -321,6 +327,71 @@ __device__ __forceinline__ void load_tile_vec(acc_t* tile, const DwSource& s, in
         }
     }
     __syncwarp();   // the last pass may leave some threads of a warp out
+}
+
+// The same copy of a rows x cols tile without stride holes, its walk precomputed (wgrad: once
+// per block; fwd and stride-1 dgrad: per tile): the pixels and channels of load_tile_vec, but
+// what is the same for every tile is computed once (DwVecWalk: the thread's first pixel, the step of
+// DW_VEC_PIXEL_STEP pixels as columns and as a source offset, the carry's extra offset). A copy
+// tracks its source column c and offset off = (row * w + c) * C only: the pixel is inside iff
+// c < w and off < h * w * C (unsigned; c inside, the offset's range is the row's), so a copy is
+// two compares, one 64-bit address (IMAD.WIDE from a base the compiler may not re-derive), the
+// load, the store and a step of adds with one carry.
+struct DwVecWalk {
+    int row, col, d_col, total, step, carry, lane0;
+    bool load, half_order;
+};
+__device__ __forceinline__ DwVecWalk vec_walk(const DwSource& s, int rows, int cols, int j0) {
+    const int tid = threadIdx.y * DW_CHANNELS + threadIdx.x, pix = tid / DW_VECS_PER_PIXEL;
+    const int d_row = DW_VEC_PIXEL_STEP / cols;
+    DwVecWalk v;
+    v.row = pix / cols;
+    v.col = pix - v.row * cols;
+    v.d_col = DW_VEC_PIXEL_STEP - d_row * cols;
+    v.total = rows * cols;
+    v.step = (d_row * s.w + v.d_col) * (int)s.channels;
+    v.carry = (s.w - cols) * (int)s.channels;
+    v.lane0 = tid % DW_VECS_PER_PIXEL * DW_VEC;
+    v.load = j0 + v.lane0 < s.lanes;
+    v.half_order = pix & 1;
+    return v;
+}
+// The pointer as the compiler must take it (no re-association of the copies' 64-bit address
+// math with the kernel parameter; the emulator builds it as plain C++). The loads through it
+// say __ldg, as the parameter's const __restrict__ no longer reaches them.
+__device__ __forceinline__ const elem_t* opaque_pointer(const elem_t* p) {
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
+    asm("" : "+l"(p));
+#endif
+    return p;
+}
+// src: the source's sample base at plane sd plus j0 + lane0; plane: sd is inside (else zeros).
+__device__ __forceinline__ void load_tile_vec_walk(acc_t* tile, const DwSource& s, const elem_t* src, bool plane,
+                                                   int vh0, int vw0, int cols, const DwVecWalk& v) {
+    src = opaque_pointer(src);
+    int c = vw0 + v.col, off = ((vh0 + v.row) * s.w + c) * (int)s.channels;
+    const int c_end = vw0 + cols;
+    const unsigned w = (unsigned)s.w, limit = (unsigned)s.h * s.w * s.channels;
+    const bool load = plane && v.load;
+    acc_t* dst = tile + (threadIdx.y * DW_CHANNELS + threadIdx.x) / DW_VECS_PER_PIXEL * DW_PITCH + v.lane0;
+    acc_t* const end = tile + v.total * DW_PITCH;
+#pragma unroll 1
+    for (; dst < end; dst += DW_VEC_PIXEL_STEP * DW_PITCH) {
+        const bool inside = load && (unsigned)c < w && (unsigned)off < limit;
+        if constexpr (sizeof(elem_t) == sizeof(acc_t)) {   // stored as loaded: cp.async, zeros outside
+            cp_async_16_zfill(dst, src + off, inside);
+        } else {
+            uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+            if (inside) raw = __ldg(reinterpret_cast<const uint4*>(src + off));
+            store_widened(static_cast<const elem_t*>(nullptr), dst, raw, v.half_order);
+        }
+        c += v.d_col;
+        off += v.step;
+        if (c >= c_end) {
+            c -= cols;
+            off += v.carry;
+        }
+    }
 }
 
 #else
@@ -906,8 +977,19 @@ __device__ __forceinline__ void tile_correlation(DwSource src, const elem_t* __r
                 __syncthreads();   // the previous tile is no longer read
                 const int vh0 = oh0 * g.s_h - g.pad_h + kh0 * g.dil_h, vw0 = ow0 * g.s_w - g.pad_w;
                 const DwTileStart at = tile_start(rows_in, cols_in, vec, src.up_w);
-                if (holes) load_tile<true>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
-                else load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
+                if (holes) {
+                    load_tile<true>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
+                } else {
+#if DW_CHANNELS_LAST
+                    if (vec) {
+                        const DwVecWalk walk = vec_walk(src, rows_in, cols_in, j0);
+                        load_tile_vec_walk(tile, src, src.sample + (unsigned)sd * src.h * src.w * src.channels + j0 +
+                                           walk.lane0, true, vh0, vw0, cols_in, walk);
+                        if constexpr (sizeof(elem_t) == sizeof(acc_t)) cp_async_wait_all();
+                    } else
+#endif
+                    load_tile<false>(tile, src, sd, vh0, vw0, rows_in, cols_in, j0, vec, at);
+                }
                 stage_weights(wt, w, g.k_h, g.k_w, g.flip, g.flip ? g.k_d - 1 - kd : kd, kh0, khc, w_pitch, w_cols,
                               w_col, lane_live);
                 __syncthreads();
@@ -1140,6 +1222,7 @@ __device__ __forceinline__ bool wgrad_vector_source(const DwSource& s) {
 #endif
 }
 
+
 template <bool VEC>
 __device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
                                                 int cols, int j0, const DwTileStart& at, const DwGroupLanes& lanes,
@@ -1176,12 +1259,33 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     const DwGroupLanes x_lanes = group_lanes(g.xs, j0), dy_lanes = group_lanes(g.ds, j0);
 #endif
     const bool x_vec = vector_source(g.xs), dy_vec = vector_source(g.ds);   // (samples keep sample 0's alignment)
+#if DW_CHANNELS_LAST
+    const DwVecWalk x_walk = vec_walk(g.xs, g.rows_in, g.cols_in, j0), dy_walk = vec_walk(g.ds, g.tile_rows, g.cols, j0);
+    // the 16-byte copies' sample bases (+ j0 + lane0), stepped with n
+    const unsigned x_plane = (unsigned)g.xs.h * g.xs.w * g.xs.channels, dy_plane = (unsigned)g.ds.h * g.ds.w * g.ds.channels;
+    const elem_t* x_base = g.xs.sample + (long long)n * g.xs.channels * g.xs.pixels + j0 + x_walk.lane0;
+    const elem_t* dy_base = g.ds.sample + (long long)n * g.ds.channels * g.ds.pixels + j0 + dy_walk.lane0;
+#endif
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
         DwSource xn = g.xs, dn = g.ds;
         xn.sample += (long long)n * g.xs.channels * g.xs.pixels;
         dn.sample += (long long)n * g.ds.channels * g.ds.pixels;
         __syncthreads();   // the previous tile is no longer read
+#if DW_CHANNELS_LAST
+        if constexpr (VEC) {
+            const int vh0 = oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, vw0 = ow0 * g.s_w - g.pad_w;
+            for (int p = 0; p < g.planes_in; ++p) {
+                const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
+                const bool inside = id >= 0 && id < g.in_d;
+                load_tile_vec_walk(x_tile + p * g.plane_size, g.xs, x_base + (inside ? (unsigned)id * x_plane : 0u),
+                                   inside, vh0, vw0, g.cols_in, x_walk);
+            }
+            load_tile_vec_walk(dy_tile, g.ds, dy_base + (unsigned)od * dy_plane, true, oh0, ow0, g.cols, dy_walk);
+            if constexpr (sizeof(elem_t) == sizeof(acc_t)) cp_async_wait_all();   // (this thread's copies)
+        } else
+#endif
+        {
         for (int p = 0; p < g.planes_in; ++p) {
             const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
             wgrad_load_tile<VEC>(x_tile + p * g.plane_size, xn, id >= 0 && id < g.in_d ? id : -1,
@@ -1189,6 +1293,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
                                  g.cols_in, j0, x_at, x_lanes, x_vec);
         }
         wgrad_load_tile<VEC>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes, dy_vec);
+        }
         __syncthreads();
         if (g.active) {
             if constexpr (S == 0) {
@@ -1208,6 +1313,10 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
                 if (++od == g.out_d) {
                     od = 0;
                     ++n;
+#if DW_CHANNELS_LAST
+                    x_base += g.xs.channels * g.xs.pixels;
+                    dy_base += g.ds.channels * g.ds.pixels;
+#endif
                 }
             }
         }
