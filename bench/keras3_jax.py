@@ -134,11 +134,17 @@ def main(argv=None):
             rows.append(measure(keras, model, precision, args.warmup, args.steps))
             print('keras3_jax: %(case)s, %(impl)s: %(time_s).6f s/step' % rows[-1])
             sys.stdout.flush()
+            if args.json:   # after every row: a run cut short by the session's budget keeps its rows
+                _write_json(args.json, versions, rows)
     print(table(rows))
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump({'device': device_name(), 'versions': versions, 'rows': rows}, f, indent=1)
     return rows
+
+
+def _write_json(path, versions, rows):
+    """The rows so far, replacing the file (in place: a file beside it could be left behind in
+    $OUT, whose files the device tool counts)."""
+    with open(path, 'w') as f:
+        json.dump({'device': device_name(), 'versions': versions, 'rows': rows}, f, indent=1)
 
 
 if __name__ == '__main__':
