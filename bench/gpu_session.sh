@@ -77,6 +77,7 @@ OUT=${OUT:-$PWD/gpu-session-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 exec > >(tee -a "$OUT/session.log") 2>&1
+TEE_PID=$!
 START=$(date +%s)
 STATUS=0
 
@@ -274,4 +275,8 @@ if [ ${#BENCH_FILTER[@]} -gt 0 ]; then   # one pytest run for all families: one 
 fi
 echo "gpu_session: done in $(( $(date +%s) - START ))s, status $STATUS; files in $OUT:"
 ls -la "$OUT"
+# tee runs asynchronously: close our ends of its pipe and let it write the log's last lines
+# before the device tool collects $OUT. Bounded: a killed step's orphan may still hold the pipe.
+exec >&- 2>&-
+for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$TEE_PID" 2>/dev/null || break; sleep 0.5; done
 exit "$STATUS"
