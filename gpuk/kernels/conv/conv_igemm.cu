@@ -94,7 +94,15 @@
 //   pointers stepped with the cursor; the cursor wraps at most once per tile, and the untested
 //   groups run. Other instructions per MMA (inspect, no GPU) 2.75 -> 1.95 fwd, 2.36 -> 1.85 dgrad on
 //   sm_90 (3.71 -> 2.92, 3.54 -> 2.81 on sm_80, where A's rounding alone is 1.5); other channel
-//   counts keep the chunk mapping (2.56 / 2.39 sm_90).
+//   counts keep the chunk mapping (2.56 / 2.39 sm_90). wgrad's tap groups (WG_TAP_GROUPS, the same
+//   tile; pipeline<MODE_WGRAD, true, true, true>): where C_in is a multiple of 32, each half of a
+//   thread's 8 A chunks (units lane % 2 + 2j of its k row) lies in one tap, so a half takes one
+//   address and one packed bounds test for its 4 chunks: 3.16 -> 2.69 on sm_90 (532 -> 472
+//   instructions per 128 MMAs, 254 -> 253 registers), 5.38 -> 5.15 on sm_80. Still above 2: both
+//   wgrad operands are activations, rounded in the loop at one conversion per element, which on a
+//   64x64 tile is 1.0 per MMA (32 (BM + BN) / (BM BN) elements per MMA, whatever the warps), and
+//   the copies (0.25), A's 8-byte fragment reads (0.25), B's ldmatrix fragments (0.25) and its
+//   rounding pass (ldmatrix + store: 0.25) add 1.0 more before any address or index arithmetic.
 // Layout: channels_last only (K runs along contiguous channels). The launcher transposes
 //   channels_first activations around the kernels (layout.cu; conv/__init__.py Problem), so the
 //   kernels have no channels_first path and no layout parameter.
@@ -909,6 +917,15 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 // tiles with fewer than 4 chunks per row (f64): there the per-tile packing and biases cost more
 // than the 3 instructions a chunk saves.
 #define WG_PACKED (WG_CHUNKS >= 4)
+// Tap groups (the tf32 64x64 tile, TAP_TILES): a thread's WG_CHUNKS = 8 chunks of its k row are units
+// lane % 2 + 2j; chunks 0-3 lie in the row's first WG_TAP_SPAN elements along m, 4-7 in its second.
+// Where C_in is a multiple of that span (and the block's m0 of it: CONV_BM = 2 spans), each group lies
+// in one tap: one address (the 64-bit add of the row's pixel offset) and one packed bounds test per
+// group and K tile instead of one per chunk (Loader<MODE_WGRAD>::load<..., TAP>).
+#define WG_TAP_GROUPS (TAP_TILES && WG_LANES == 2 && WG_ROWS == 1 && WG_CHUNKS == 8 && WG_PACKED)
+#define WG_TAP_CHUNKS 4
+#define WG_TAP_SPAN (CONV_BM / 2)
+static_assert(!WG_TAP_GROUPS || WG_TAP_SPAN == WG_LANES * WG_TAP_CHUNKS * VEC, "tap groups: two halves of the row");
 struct WgradPack {
     static constexpr int W_BITS = 13, H_BITS = 11, D_BITS = 8;
     static constexpr int H_SHIFT = W_BITS, D_SHIFT = W_BITS + H_BITS;   // also in conv/geometry.py (WGRAD_PACK_*)
@@ -964,6 +981,7 @@ template <> struct Loader<MODE_WGRAD> {
     unsigned a_up[WG_CHUNKS];             // packed path: its tap + WgradPack::up_bias
     RowStream<TF32_B_TRANSPOSED> b;       // b.row_before_end: whether a k row of the next tile is before k_end
     bool a_vec, b_vec, a_packed;          // a_packed: the image fits WgradPack (16-byte path only)
+    bool a_tap;                           // tap groups (WG_TAP_GROUPS): C_in a multiple of a group's span
 
     __device__ __forceinline__ void init(const ConvGeom& g, const WgradDecode& wgrad_decode, const elem_t* x,
                                          const elem_t* dy, long long k_begin, long long k_end) {
@@ -993,6 +1011,7 @@ template <> struct Loader<MODE_WGRAD> {
             a_up[j] = tap + WgradPack::up_bias(g);
         }
         a_packed = WG_PACKED && WgradPack::fits(g, taps);
+        a_tap = WG_TAP_GROUPS && g.c_in % WG_TAP_SPAN == 0;
         b.init(dy, k_begin, k_end, g.c_out);
         a_vec = fits && g.c_in % VEC == 0 && is_aligned(x, 16);
         b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16) && RowStream<TF32_B_TRANSPOSED>::fits(g.c_out);
@@ -1030,10 +1049,14 @@ template <> struct Loader<MODE_WGRAD> {
     //   Per-element path: copy_tap_run over each chunk's VEC (tap, channel) positions.
     // Rows past k_end copy nothing (k_ok; packed: the fake origin). FULL: every row of the tile lies
     // before k_end (the tiles before a split's last: k_per_split is whole K tiles), no row test.
-    template <bool VECTOR, bool PACKED = false, bool FULL = false>
+    //   TAP (tap groups, WG_TAP_GROUPS; packed path, a_tap): the WG_TAP_CHUNKS chunks of a group lie in
+    //     one tap, so the group's first chunk column gives the address (its a_base, the others
+    //     immediates apart) and the bounds test of all of them.
+    template <bool VECTOR, bool PACKED = false, bool FULL = false, bool TAP = false>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
         static_assert(VECTOR || !PACKED, "packed bounds: 16-byte path only");
+        static_assert(!TAP || (PACKED && WG_TAP_GROUPS), "tap groups: packed 16-byte path of WG_TAP_GROUPS builds");
         constexpr bool PAIRED = PACKED && WG_PAIRED;
         unsigned own_pixel = 0, own_at = 0;   // PAIRED: this lane's row (lane & 1), decoded once
         if constexpr (PAIRED) row_origin<FULL>(g, wgrad_decoded_row(), own_pixel, own_at);
@@ -1054,6 +1077,19 @@ template <> struct Loader<MODE_WGRAD> {
                 const PixQuot q = decode.divide(row_k(row));
                 p = PixDecode::position(g, q);
                 if constexpr (VECTOR) pixel = decode.pixel(q, q.k * decode.s_w);
+            }
+            if constexpr (TAP) {
+#pragma unroll
+                for (int h = 0; h < WG_CHUNKS / WG_TAP_CHUNKS; ++h) {
+                    const int j0 = h * WG_TAP_CHUNKS;
+                    const elem_t* const src = index_wide(a_base[j0], pixel, (unsigned)g.c_in);
+                    const bool inside = WgradPack::inside(at + a_up[j0], WgradPack::bounds(g));
+#pragma unroll
+                    for (int i = 0; i < WG_TAP_CHUNKS; ++i)
+                        copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j0 + i) * VEC, row),
+                                   src + (wgrad_a_unit(j0 + i) - wgrad_a_unit(j0)) * VEC, inside);
+                }
+                continue;
             }
 #pragma unroll
             for (int j = 0; j < WG_CHUNKS; ++j) {
@@ -1506,9 +1542,11 @@ __device__ __forceinline__ int slot_row(int slot) {
 template <bool VECTOR, bool PACKED, class L, bool FULL = false, bool TAP = false>
 __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const elem_t* __restrict__ a_src,
                                           const elem_t* __restrict__ b_src, elem_t* as, elem_t* bs, int cols) {
-    if constexpr (FULL && !TAP)   // (the tap-tile loads keep their row tests in untested groups)
-        loader.template load<VECTOR, PACKED, true>(g, a_src, b_src, as, bs, cols);
-    else if constexpr (PACKED || TAP)   // wgrad: load<VECTOR, PACKED>; fwd, dgrad: load<VECTOR, TAP>
+    if constexpr (PACKED)   // wgrad's packed path (TAP: its tap groups)
+        loader.template load<VECTOR, true, FULL, TAP>(g, a_src, b_src, as, bs, cols);
+    else if constexpr (FULL && !TAP)   // (the fwd/dgrad tap-tile loads keep their row tests in untested groups)
+        loader.template load<VECTOR, false, true>(g, a_src, b_src, as, bs, cols);
+    else if constexpr (TAP)   // fwd, dgrad: load<VECTOR, TAP>
         loader.template load<VECTOR, true>(g, a_src, b_src, as, bs, cols);
     else
         loader.template load<VECTOR>(g, a_src, b_src, as, bs, cols);
@@ -1615,6 +1653,12 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
     // wgrad's 16-byte path tests its bounds packed where the image fits (WgradPack).
     if constexpr (MODE == MODE_WGRAD && WG_PACKED) {
         if (loader.a_vec && loader.b_vec && loader.a_packed) {
+            if constexpr (WG_TAP_GROUPS) {
+                if (loader.a_tap) {
+                    pipeline<MODE, true, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
+                    return;
+                }
+            }
             pipeline<MODE, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
             return;
         }
