@@ -873,3 +873,30 @@ def test_wgrad_packed_bounds_and_their_fallback(kernel_runtime, case, dtype, pre
         out = conv.conv_wgrad(*[to_device(kernel_runtime, a) for a in args[:2]], *args[2:], runtime=kernel_runtime)
     assert to_host(out).dtype == np.dtype(dtype)
     assert_close(out, ref, dtype, 'conv_wgrad %s' % (case[:2],))
+
+
+# channels_last wgrad's row strips (conv_depthwise.cu wgrad_strip: 4 output rows per thread, dy
+# read into registers): partial tiles along H and W, 3- and 5-wide rows, a 7-tall filter (tap
+# groups of 5 and 2 kernel rows), a depth multiplier, padding wider than the filter's half
+DEPTHWISE_STRIP_CASES = [
+    ((16, 29), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),
+    ((30, 13), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 6, 2),
+    ((14, 16), (7, 3), (1, 1), (1, 1), ((3, 4), (1, 0)), 3, 1),
+]
+
+
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize('case', DEPTHWISE_STRIP_CASES, ids=_ids(DEPTHWISE_STRIP_CASES))
+def test_depthwise_wgrad_row_strips(kernel_runtime, case, dtype):
+    """The launcher gives these the strip tiles (4-byte accumulators; float64 keeps one row per
+    thread) and the kernel's sums match the twin's, with and without pixel-tile splits."""
+    spatial, kernel, strides, dilation, pads, _, _ = case
+    out = twin.depthwise_conv_fwd(*_depthwise_arrays(case, np.float32, 'channels_last')[:2], strides, dilation,
+                                  pads, 'channels_last').shape[1:-1]
+    tile = conv_direct.depthwise_wgrad_tile('t', dtype, False, out, kernel, strides, dilation)
+    assert (tile.rows * tile.segs > conv_direct.DW_ROWS) == (np.dtype(dtype) != np.float64), tile
+    x, w, dy = _depthwise_arrays(case, dtype, 'channels_last', seed=7)
+    for splits in (None, 3):
+        with conv_tiles.forced(splits=splits):
+            assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
+                                (x, dy, w.shape, strides, dilation, pads, 'channels_last'), kernel_runtime)

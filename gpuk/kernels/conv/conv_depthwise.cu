@@ -37,13 +37,16 @@
 // straight-line code: tile_rows_window's math block 3x3 369 [365] instructions per 288 FFMA
 // (78% [79%]), 5x5 500 [496] per 400 (80% [81%]); per-row windows (float32, sm_90) 3x3 s1 35 /
 // 24, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
-// wgrad's whole tile loop (5x5 rows, both loaders): NHWC 286 [277] instructions per 120 FFMA
-// (16-bit 321 [310]), NCHW 372 (16-bit 420, f64 354): its loaders, not its math, hold most of
-// it; channels_last copies through load_tile_vec_walk (fwd and stride-1 dgrad too), 13-14
-// instructions a 16-byte copy in float32 / float64 (cp.async; + 3 never-executed `@!PT LDS` the
-// compiler pads LDGSTS with), 34-36 in 16-bit (widening, two stores), against 38-42 / 57-65 in
-// load_tile_vec (sm_90). 0 spills, no stack
-// (`python -m gpuk.kernels.build --check`).
+// wgrad's whole tile loop: channels_last with 4-byte accumulators runs row strips (wgrad_strip:
+// 4 output rows per thread, dy in registers, no dy tile) at 3 / 5 wide, stride 1: 5x5 tile loop
+// 827 [767] instructions per 480 FFMA (58% [63%]; 16-bit 873 [800-803]), the x loader's body
+// counted once; float64 NHWC (5x5 rows, both loaders) 286 [277] per 120 DFMA, NCHW 372 (16-bit
+// 420, f64 354): their loaders, not their math, hold most of it (and of the strip loop its dy
+// loads: 32 LDG, each with a 32-bit offset, an IMAD.WIDE and a bound compare). channels_last
+// copies through load_tile_vec_walk (fwd and stride-1 dgrad too), 13-14 instructions a 16-byte
+// copy in float32 / float64 (cp.async; + 3 never-executed `@!PT LDS` the compiler pads LDGSTS
+// with), 34-36 in 16-bit (widening, two stores), against 38-42 / 57-65 in load_tile_vec (sm_90).
+// 0 spills, no stack (`python -m gpuk.kernels.build --check`).
 //
 // Tile loads: 16-byte global loads where the layout allows (load_tile_vec: channels_last,
 // DW_VEC channels of a pixel; load_tile_vec_cf: channels_first, DW_VEC pixels along W, 4-byte
@@ -1198,6 +1201,43 @@ __device__ __forceinline__ void wgrad_rows(const acc_t* x, const int tap_off[DW_
     }
 }
 
+// wgrad's row strips (channels_last, 4-byte accumulators; the launcher's depthwise_wgrad_tile
+// picks them for 3- and 5-wide kernel rows at stride 1, dilation 1, k_d = 1): a thread owns
+// DW_WG_STRIP consecutive output rows of DW_PIX pixels, their dy values in registers (dyv, read
+// from global memory, no dy tile), and walks the strip's input rows once: each input row's
+// (DW_PIX - 1) + KW values are read into a register window and feed every (output row, kernel
+// row) pair it lies under, KW * DW_PIX multiply-adds each. kh_rows: the group's kernel rows
+// (<= DW_WG_TAPS / KW); row_pitch: one tile row, in elements. Per input row 10 / 12 shared
+// loads (3 / 5 wide) for up to kh_rows x KW x DW_PIX FFMA (3x3: 72, a 3-row 5x5 group: 120),
+// against 10 / 12 loads + 8 dy loads per 24 / 40 FFMA in wgrad_rows.
+#ifndef DW_WG_STRIP
+#define DW_WG_STRIP 4
+#endif
+template <int KW, int P>
+__device__ __forceinline__ void wgrad_strip(const acc_t* x, int row_pitch, int kh_rows,
+                                            const acc_t dyv[DW_WG_STRIP][DW_PIX], acc_t acc[DW_WG_TAPS]) {
+    constexpr int R = DW_WG_STRIP, KH = DW_WG_TAPS / KW;
+#pragma unroll
+    for (int i = 0; i < R + KH - 1; ++i) {
+        if (i < R || i < R + kh_rows - 1) {
+            const acc_t* p = x + i * row_pitch;
+            acc_t xv[DW_PIX - 1 + KW];
+#pragma unroll
+            for (int c = 0; c < DW_PIX - 1 + KW; ++c) xv[c] = p[c * P];
+#pragma unroll
+            for (int kh = 0; kh < KH; ++kh) {
+                const int o = i - kh;
+                if (o >= 0 && o < R && (kh == 0 || kh < kh_rows)) {
+#pragma unroll
+                    for (int kw = 0; kw < KW; ++kw)
+#pragma unroll
+                        for (int q = 0; q < DW_PIX; ++q) acc[kh * KW + kw] += xv[q + kw] * dyv[o][q];
+                }
+            }
+        }
+    }
+}
+
 // The per-block constants of depthwise_wgrad's walk over its pixel tiles.
 struct DwWgradWalk {
     DwSource xs, ds;                      // x and dy, sample 0
@@ -1241,7 +1281,7 @@ __device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, 
 // with stride S = 1, 2, or wgrad_run_strided (S = 0: any stride). VEC: the tiles are copied
 // with 16-byte loads (wgrad_load_tile). The tile index advances by adds (one division per
 // block, before the loop).
-template <int KW, int S, bool VEC>
+template <int KW, int S, bool VEC, bool STRIP = false>
 __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile, acc_t* dy_tile,
                                          const int tap_off[DW_WG_TAPS], acc_t acc[DW_WG_TAPS]) {
     constexpr int P = wgrad_pitch<VEC>();
@@ -1251,7 +1291,8 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     int th = b % g.tiles_h; b /= g.tiles_h;
     int od = b % g.out_d, n = b / g.out_d;
     const acc_t* dy_run = dy_tile + (g.row * g.cols + g.seg * DW_PIX) * P + lane;
-    const acc_t* x_run = x_tile + (g.row * g.s_h * g.cols_in + g.seg * DW_PIX * g.s_w) * P + lane;
+    const int strip_rows = STRIP ? DW_WG_STRIP : 1;   // output rows per thread
+    const acc_t* x_run = x_tile + (g.row * strip_rows * g.s_h * g.cols_in + g.seg * DW_PIX * g.s_w) * P + lane;
     const DwTileStart x_at = tile_start(g.rows_in, g.cols_in, VEC, 1), dy_at = tile_start(g.tile_rows, g.cols, VEC, 1);
 #if DW_CHANNELS_LAST
     const DwGroupLanes x_lanes = {}, dy_lanes = {};
@@ -1281,7 +1322,8 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
                 load_tile_vec_walk(x_tile + p * g.plane_size, g.xs, x_base + (inside ? (unsigned)id * x_plane : 0u),
                                    inside, vh0, vw0, g.cols_in, x_walk);
             }
-            load_tile_vec_walk(dy_tile, g.ds, dy_base + (unsigned)od * dy_plane, true, oh0, ow0, g.cols, dy_walk);
+            if constexpr (!STRIP)
+                load_tile_vec_walk(dy_tile, g.ds, dy_base + (unsigned)od * dy_plane, true, oh0, ow0, g.cols, dy_walk);
             if constexpr (sizeof(elem_t) == sizeof(acc_t)) cp_async_wait_all();   // (this thread's copies)
         } else
 #endif
@@ -1292,10 +1334,32 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
                                  oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in,
                                  g.cols_in, j0, x_at, x_lanes, x_vec);
         }
-        wgrad_load_tile<VEC>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes, dy_vec);
+        if constexpr (!STRIP)
+            wgrad_load_tile<VEC>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes, dy_vec);
         }
         __syncthreads();
         if (g.active) {
+#if DW_CHANNELS_LAST
+            if constexpr (STRIP) {
+                // the strip's dy values straight from global memory (each is read by this thread
+                // only; a warp reads 32 consecutive channels of a pixel), zero outside dy
+                // (32-bit offsets from one base; a row outside dy reads none of its pixels)
+                const elem_t* d = opaque_pointer(dn.sample + (unsigned)od * dy_plane + j0 + lane);
+                const int oh1 = oh0 + g.row * DW_WG_STRIP, ow1 = ow0 + g.seg * DW_PIX, nq = g.ds.w - ow1;
+                const unsigned c = g.ds.channels;
+                unsigned off = (unsigned)(oh1 * g.ds.w + ow1) * c;
+                acc_t dyv[DW_WG_STRIP][DW_PIX];
+#pragma unroll
+                for (int r = 0; r < DW_WG_STRIP; ++r) {
+                    const int n_r = oh1 + r < g.ds.h ? nq : 0;
+#pragma unroll
+                    for (int q = 0; q < DW_PIX; ++q)
+                        dyv[r][q] = q < n_r ? static_cast<acc_t>(__ldg(d + (off + q * c))) : acc_t(0);
+                    off += (unsigned)g.ds.w * c;
+                }
+                wgrad_strip<KW, P>(x_run + tap_off[0], g.cols_in * P, g.taps / KW, dyv, acc);
+            } else
+#endif
             if constexpr (S == 0) {
                 wgrad_run_strided<P>(x_run, dy_run, tap_off, g.taps, g.s_w * P, acc);
             } else {
@@ -1329,6 +1393,17 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
                                             const int tap_off[DW_WG_TAPS], int k_w, int dil_w, int group_taps,
                                             acc_t acc[DW_WG_TAPS]) {
     const bool rows = dil_w == 1 && group_taps % k_w == 0;
+#if DW_CHANNELS_LAST
+    // row strips: the launcher's tile holds DW_WG_STRIP output rows per thread row (its
+    // depthwise_wgrad_tile decides, for 3- and 5-wide rows at stride 1, dilation 1, k_d = 1)
+    if constexpr (sizeof(acc_t) == 4) {
+        if (g.tile_rows * (g.cols / DW_PIX) > DW_ROWS) {
+            if (k_w == 3) wgrad_tiles<3, 1, VEC, true>(g, x_tile, dy_tile, tap_off, acc);
+            else wgrad_tiles<5, 1, VEC, true>(g, x_tile, dy_tile, tap_off, acc);
+            return;
+        }
+    }
+#endif
     if (rows && k_w == 3 && g.s_w == 1) wgrad_tiles<3, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else if (rows && k_w == 3 && g.s_w == 2) wgrad_tiles<3, 2, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else if (rows && k_w == 5 && g.s_w == 1) wgrad_tiles<5, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
@@ -1348,7 +1423,8 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
 // transposing loader when both are wgrad_vector_source, else each source's own 16-byte word
 // loader or element loader); each thread then adds, for every tap of the group, its DW_PIX
 // pixels into one register sum per tap (dy run held in registers; whole rows of width 3 or 5,
-// stride 1 or 2, dilation 1 go through wgrad_rows' register window). The math path and the
+// stride 1 or 2, dilation 1 go through wgrad_rows' register window; channels_last with 4-byte
+// accumulators at stride 1 through wgrad_strip's row strips where the launcher's tile has them). The math path and the
 // loader are chosen once per block (wgrad_tiles), so the tile loop holds one of each. At the
 // end the DW_ROWS threads of a lane add their sums in shared memory in a fixed order; with one
 // split the block writes dw, else partial[split] and depthwise_reduce_splits adds the splits in

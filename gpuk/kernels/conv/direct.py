@@ -20,6 +20,7 @@ LOCAL_SOURCE = Path(__file__).with_name('conv_local.cu')
 # Tile constants: #defines of the .cu files and the grids below (one place).
 DW_CHANNELS, DW_ROWS, DW_PIX = 32, 8, 8    # lanes x thread rows; output pixels per thread along W
 DW_WG_TAPS = 15                            # wgrad: most taps one block reduces at once
+DW_WG_STRIP = 4                            # wgrad row strips: output rows per thread (conv_depthwise.cu)
 DW_MAX_SHARED = 48 * 1024                  # the tiles live in (default-sized) dynamic shared memory
 DW_CHANNELS_FIRST_SEGS = 4                 # channels_first tiles: 2 rows x 32 pixels (loads along W)
 DW_TARGET_BLOCKS = 528                     # wgrad splits pixel tiles until about four waves of 132 SMs
@@ -203,17 +204,44 @@ def _tap_groups(kernel_spatial):
             yield kd_hi - kd_lo, k_h - 1
 
 
+def _covered(out_h, out_w, rows, segs):
+    """Output pixels (padding included) that tiles of rows x segs * DW_PIX cover."""
+    cols = segs * DW_PIX
+    return math.ceil(out_h / rows) * rows * math.ceil(out_w / cols) * cols
+
+
+def _wgrad_strip_tile(out_h, out_w, k_w, span_h, pixel_bytes, reduction):
+    """depthwise_wgrad's row strips (conv_depthwise.cu wgrad_strip): DW_WG_STRIP output rows
+    per thread, the x tile only in shared memory (dy is read into registers); the shape of
+    the least padding of those that fit DW_MAX_SHARED (ties: 16 x 16, then 8 x 32), or None."""
+    best = None
+    for segs in (2, 4, 1, 8):
+        rows, cols = DW_ROWS // segs * DW_WG_STRIP, segs * DW_PIX
+        nbytes = max(reduction, (rows + span_h) * (cols + k_w - 1) * pixel_bytes)
+        covered = _covered(out_h, out_w, rows, segs)
+        if nbytes <= DW_MAX_SHARED and (best is None or covered < best[0]):
+            best = (covered, DwTile(rows, segs, 1, nbytes, DW_WG_STRIP))
+    return best and best[1]
+
+
 def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation,
                          transposable=True):
     """The DwTile of depthwise_wgrad (kh_chunk unused): the input tile of the widest tap
     group, the dy tile and the final reduction buffer fit DW_MAX_SHARED. transposable: the
     sources may take the transposing loader's wider pitch (wgrad_transposable)."""
-    (_, out_h, out_w), (_, _, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
+    (_, out_h, out_w), (k_d, _, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
     (_, s_h, s_w), (dil_d, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
     rows, segs = _tile_shape(channels_first, out_h, out_w)
     pixel_bytes = _wgrad_elements_per_pixel(dtype, channels_first, transposable) * _acc_bytes(dtype)
     spans = set(_tap_groups(kernel_spatial))
     reduction = DW_ROWS * DW_WG_TAPS * DW_CHANNELS * _acc_bytes(dtype)
+    if (not channels_first and _acc_bytes(dtype) == 4 and k_d == 1 and k_w in (3, 5)
+            and all(s == 1 for s in lift3(strides, 1)) and all(d == 1 for d in lift3(dilation, 1))):
+        strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in spans), pixel_bytes, reduction)
+        # not where its taller tile pads the output much more (short images, 1-D filters)
+        if strip is not None and (_covered(out_h, out_w, strip.rows, strip.segs)
+                                  <= 1.25 * _covered(out_h, out_w, rows, segs)):
+            return strip
 
     def nbytes(rows, segs):
         cols = segs * DW_PIX
