@@ -104,6 +104,12 @@ def _acc_bytes(dtype):
     return 8 if np.dtype(dtype) == np.float64 else 4
 
 
+def _covered(out_h, out_w, rows, segs):
+    """Output pixels (padding included) that tiles of rows x segs * DW_PIX cover."""
+    cols = segs * DW_PIX
+    return math.ceil(out_h / rows) * rows * math.ceil(out_w / cols) * cols
+
+
 def _tile_shape(channels_first, out_h, out_w, segs_multiple=1, rows_per_thread=1):
     """(rows, segments) of the output tile (rows x segments * DW_PIX pixels, rows * segments
     = DW_ROWS * rows_per_thread): the shape that covers the output with the least padding; ties
@@ -114,8 +120,8 @@ def _tile_shape(channels_first, out_h, out_w, segs_multiple=1, rows_per_thread=1
     preferred = [segs for segs in preferred if segs % segs_multiple == 0] or preferred
     best = None
     for segs in preferred:
-        rows, cols = DW_ROWS // segs * rows_per_thread, segs * DW_PIX
-        covered = math.ceil(out_h / rows) * rows * math.ceil(out_w / cols) * cols
+        rows = DW_ROWS // segs * rows_per_thread
+        covered = _covered(out_h, out_w, rows, segs)
         if best is None or covered < best[0]:
             best = (covered, rows, segs)
     return best[1], best[2]
@@ -202,12 +208,6 @@ def _tap_groups(kernel_spatial):
             yield kd_hi - kd_lo, (hi - 1) // k_w % k_h - lo // k_w % k_h
         else:
             yield kd_hi - kd_lo, k_h - 1
-
-
-def _covered(out_h, out_w, rows, segs):
-    """Output pixels (padding included) that tiles of rows x segs * DW_PIX cover."""
-    cols = segs * DW_PIX
-    return math.ceil(out_h / rows) * rows * math.ceil(out_w / cols) * cols
 
 
 def _wgrad_strip_tile(out_h, out_w, k_w, span_h, pixel_bytes, reduction):
