@@ -146,6 +146,11 @@ def _dw_weight_bytes(dtype, k_w, chunk):
     return DW_CHANNELS * (math.ceil(k_w / DW_PIX) * DW_PIX * chunk * acc + 16)
 
 
+def _unit_steps(strides, dilation):
+    """Whether every stride and dilation is 1 (the whole-filter windows and wgrad's row strips)."""
+    return all(s == 1 for s in lift3(strides, 1)) and all(d == 1 for d in lift3(dilation, 1))
+
+
 def _rows_window_tile(dtype, channels_first, out_h, out_w, k):
     """The DwTile of conv_depthwise.cu's whole-filter windows (k x k, stride 1, dilation 1, one
     plane), R = DW_ROWS_WINDOW[k] output rows per thread, or None where its input tile and
@@ -171,7 +176,7 @@ def depthwise_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strid
     (_, out_h, out_w), (k_d, k_h, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
     (_, s_h, s_w), (_, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
     if (rows_window and k_d == 1 and k_h == k_w and k_w in DW_ROWS_WINDOW and hole_stride == 1
-            and all(s == 1 for s in lift3(strides, 1)) and all(d == 1 for d in lift3(dilation, 1))):
+            and _unit_steps(strides, dilation)):
         tile = _rows_window_tile(dtype, channels_first, out_h, out_w, k_w)
         if tile is not None:
             return tile
@@ -236,7 +241,7 @@ def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial,
     spans = set(_tap_groups(kernel_spatial))
     reduction = DW_ROWS * DW_WG_TAPS * DW_CHANNELS * _acc_bytes(dtype)
     if (not channels_first and _acc_bytes(dtype) == 4 and k_d == 1 and k_w in (3, 5)
-            and all(s == 1 for s in lift3(strides, 1)) and all(d == 1 for d in lift3(dilation, 1))):
+            and _unit_steps(strides, dilation)):
         strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in spans), pixel_bytes, reduction)
         # not where its taller tile pads the output much more (short images, 1-D filters)
         if strip is not None and (_covered(out_h, out_w, strip.rows, strip.segs)
