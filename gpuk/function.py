@@ -278,12 +278,11 @@ class Plan:
         for i, (call, arguments, out, outs, frees) in enumerate(steps):
             try:
                 result = call(*arguments(env))
-            except (ValueError, TypeError, IndexError) as error:
-                raise self._run_error(i, error, arguments(env), fed_arrays) from error
             except Exception as error:   # (no cost per step: a try costs only when it catches)
-                if not device.out_of_memory(error):
+                failed = self._step_failure(i, error, arguments(env), fed_arrays)
+                if failed is None:
                     raise
-                raise self._out_of_memory(i, error, arguments(env)) from error
+                raise failed from error
             if out is not None:
                 env[out] = result
             else:
@@ -300,12 +299,11 @@ class Plan:
             args = arguments(env)
             try:
                 result = counting.step(call, args, _NewBuffers(len(outs) > 1, args))
-            except (ValueError, TypeError, IndexError) as error:
-                raise self._run_error(i, error, args, fed_arrays) from error
             except Exception as error:
-                if not device.out_of_memory(error):
+                failed = self._step_failure(i, error, args, fed_arrays)
+                if failed is None:
                     raise
-                raise self._out_of_memory(i, error, args) from error
+                raise failed from error
             if out is not None:
                 env[out] = result
             else:
@@ -314,6 +312,16 @@ class Plan:
             for s in frees:
                 env[s] = None
         return list(self._targets(env))
+
+    def _step_failure(self, step, error, arrays, fed_arrays):
+        """What a run raises for ``error``, raised by ``step`` given ``arrays``: a _run_error
+        for a ValueError, TypeError or IndexError, an OutOfMemoryError for an allocation
+        failure (_out_of_memory), else None (``error`` itself propagates)."""
+        if isinstance(error, (ValueError, TypeError, IndexError)):
+            return self._run_error(step, error, arrays, fed_arrays)
+        if device.out_of_memory(error):
+            return self._out_of_memory(step, error, arrays)
+        return None
 
     def _out_of_memory(self, step, error, arrays):
         """The OutOfMemoryError of ``error``, an allocation failure of ``step`` given ``arrays``,

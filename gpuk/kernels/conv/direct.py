@@ -104,6 +104,12 @@ def _acc_bytes(dtype):
     return 8 if np.dtype(dtype) == np.float64 else 4
 
 
+def _covered(out_h, out_w, rows, segs):
+    """Output pixels (padding included) that tiles of rows x segs * DW_PIX cover."""
+    cols = segs * DW_PIX
+    return math.ceil(out_h / rows) * rows * math.ceil(out_w / cols) * cols
+
+
 def _tile_shape(channels_first, out_h, out_w, segs_multiple=1, rows_per_thread=1):
     """(rows, segments) of the output tile (rows x segments * DW_PIX pixels, rows * segments
     = DW_ROWS * rows_per_thread): the shape that covers the output with the least padding; ties
@@ -114,8 +120,8 @@ def _tile_shape(channels_first, out_h, out_w, segs_multiple=1, rows_per_thread=1
     preferred = [segs for segs in preferred if segs % segs_multiple == 0] or preferred
     best = None
     for segs in preferred:
-        rows, cols = DW_ROWS // segs * rows_per_thread, segs * DW_PIX
-        covered = math.ceil(out_h / rows) * rows * math.ceil(out_w / cols) * cols
+        rows = DW_ROWS // segs * rows_per_thread
+        covered = _covered(out_h, out_w, rows, segs)
         if best is None or covered < best[0]:
             best = (covered, rows, segs)
     return best[1], best[2]
@@ -138,6 +144,11 @@ def _dw_weight_bytes(dtype, k_w, chunk):
     slots, plus one 16-byte vector per lane."""
     acc = _acc_bytes(dtype)
     return DW_CHANNELS * (math.ceil(k_w / DW_PIX) * DW_PIX * chunk * acc + 16)
+
+
+def _unit_steps(strides, dilation):
+    """Whether every stride and dilation is 1 (the whole-filter windows and wgrad's row strips)."""
+    return all(s == 1 for s in lift3(strides, 1)) and all(d == 1 for d in lift3(dilation, 1))
 
 
 def _rows_window_tile(dtype, channels_first, out_h, out_w, k):
@@ -165,7 +176,7 @@ def depthwise_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strid
     (_, out_h, out_w), (k_d, k_h, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
     (_, s_h, s_w), (_, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
     if (rows_window and k_d == 1 and k_h == k_w and k_w in DW_ROWS_WINDOW and hole_stride == 1
-            and all(s == 1 for s in lift3(strides, 1)) and all(d == 1 for d in lift3(dilation, 1))):
+            and _unit_steps(strides, dilation)):
         tile = _rows_window_tile(dtype, channels_first, out_h, out_w, k_w)
         if tile is not None:
             return tile
@@ -204,12 +215,6 @@ def _tap_groups(kernel_spatial):
             yield kd_hi - kd_lo, k_h - 1
 
 
-def _covered(out_h, out_w, rows, segs):
-    """Output pixels (padding included) that tiles of rows x segs * DW_PIX cover."""
-    cols = segs * DW_PIX
-    return math.ceil(out_h / rows) * rows * math.ceil(out_w / cols) * cols
-
-
 def _wgrad_strip_tile(out_h, out_w, k_w, span_h, pixel_bytes, reduction):
     """depthwise_wgrad's row strips (conv_depthwise.cu wgrad_strip): DW_WG_STRIP output rows
     per thread, the x tile only in shared memory (dy is read into registers); the shape of
@@ -236,7 +241,7 @@ def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial,
     spans = set(_tap_groups(kernel_spatial))
     reduction = DW_ROWS * DW_WG_TAPS * DW_CHANNELS * _acc_bytes(dtype)
     if (not channels_first and _acc_bytes(dtype) == 4 and k_d == 1 and k_w in (3, 5)
-            and all(s == 1 for s in lift3(strides, 1)) and all(d == 1 for d in lift3(dilation, 1))):
+            and _unit_steps(strides, dilation)):
         strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in spans), pixel_bytes, reduction)
         # not where its taller tile pads the output much more (short images, 1-D filters)
         if strip is not None and (_covered(out_h, out_w, strip.rows, strip.segs)
