@@ -107,6 +107,15 @@ def _fresh_session():
 
 
 @pytest.fixture
+def restore_precision():
+    """Puts gpuk's precision policy (gpuk.config.set_precision) back as the test found it."""
+    from gpuk import config as gpuk_config
+    saved = gpuk_config.precision()
+    yield
+    gpuk_config.set_precision(saved)
+
+
+@pytest.fixture
 def deferred_checks(monkeypatch):
     """Checks of device values deferred to the read after the step, as gpuk runs them by default:
     the tests of that mechanism (what is pending, how many host syncs) hold in a debugging run

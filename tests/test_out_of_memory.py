@@ -73,13 +73,6 @@ def conv_runs_out_of_memory_past(monkeypatch):
     return limit
 
 
-@pytest.fixture
-def _restore_precision():
-    saved = config.precision()
-    yield
-    config.set_precision(saved)
-
-
 def test_a_step_out_of_memory_changes_nothing_and_a_smaller_one_runs(rng, conv_runs_out_of_memory_past):
     step, variables = _training_step(rng)
     small = _batch(rng, SMALL)
@@ -115,7 +108,7 @@ def _assert_runs_like_a_step_that_never_failed(step, variables, before, batch, s
 
 
 def test_a_loss_scaled_step_out_of_memory_keeps_its_loss_scale(rng, conv_runs_out_of_memory_past,
-                                                                _restore_precision):
+                                                                restore_precision):
     config.set_precision('mixed_float16')
     step, variables = _training_step(rng)
     scaler, = step._guard.scalers
