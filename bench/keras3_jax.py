@@ -28,7 +28,7 @@ import sys
 import time
 import warnings
 
-from bench import keras_models
+from bench import keras_models, runs
 
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
 
@@ -75,12 +75,7 @@ def device_name():
     import jax
     device = jax.devices()[0]
     if device.platform == 'cpu':
-        try:
-            with open('/proc/cpuinfo') as f:
-                model = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), None)
-        except OSError:
-            model = None
-        return 'cpu %s x%d' % (model or 'CPU', os.cpu_count() or 1)
+        return 'cpu %s x%d' % (runs.cpu_name(), os.cpu_count() or 1)
     return getattr(device, 'device_kind', device.platform)
 
 
