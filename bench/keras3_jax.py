@@ -21,6 +21,7 @@ rows have bench_keras.py's fields (family 'keras', case, impl 'keras3 jax' or 'k
 GPU where its CUDA plugin finds one; JAX_PLATFORMS=cpu forces the CPU).
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -71,7 +72,9 @@ def _keras3():
     return keras
 
 
+@functools.lru_cache(maxsize=None)
 def device_name():
+    """The name of the device JAX runs on (found once: every row and JSON write names it)."""
     import jax
     device = jax.devices()[0]
     if device.platform == 'cpu':
