@@ -13,7 +13,6 @@ JSON hold the event times, not host times around asynchronous launches.
 import importlib.util
 import math
 import os
-import platform
 import sys
 import statistics
 import time
@@ -192,15 +191,7 @@ def gpu_name():
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def cpu_name():
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or 'CPU'
+cpu_name = runs.cpu_name
 
 
 def run_device():

@@ -84,13 +84,13 @@ def _keras_models_builder(name):
 
 
 def _ctc(keras, batch):
-    from gpuk.demo import data, model, settings, train
+    from gpuk.demo import data, model, network, settings
     spec = settings.ModelSpec(conv_filters=(4, 8), dense_units=16, rnn_units=8)
     render = data.RenderSpec()
     dataset = data.make_dataset(batch, seed=0, spec=render)
     height, width = dataset.images.shape[1:3]
     training, _ = model.build_models(height, width, dataset.labels.shape[1], spec)
-    inputs = train.model_inputs(dataset, model.time_steps(width))
+    inputs = network.model_inputs(dataset, network.time_steps(width))
     return training, inputs, [np.zeros((batch, 1), np.float32)]
 
 

@@ -21,6 +21,7 @@ rows have bench_keras.py's fields (family 'keras', case, impl 'keras3 jax' or 'k
 GPU where its CUDA plugin finds one; JAX_PLATFORMS=cpu forces the CPU).
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -28,7 +29,7 @@ import sys
 import time
 import warnings
 
-from bench import keras_models
+from bench import keras_models, runs
 
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
 
@@ -71,16 +72,13 @@ def _keras3():
     return keras
 
 
+@functools.lru_cache(maxsize=None)
 def device_name():
+    """The name of the device JAX runs on (found once: every row and JSON write names it)."""
     import jax
     device = jax.devices()[0]
     if device.platform == 'cpu':
-        try:
-            with open('/proc/cpuinfo') as f:
-                model = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), None)
-        except OSError:
-            model = None
-        return 'cpu %s x%d' % (model or 'CPU', os.cpu_count() or 1)
+        return 'cpu %s x%d' % (runs.cpu_name(), os.cpu_count() or 1)
     return getattr(device, 'device_kind', device.platform)
 
 

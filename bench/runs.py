@@ -11,6 +11,7 @@ is first imported: OpenBLAS, MKL and OpenMP read them once, when they load.
 """
 import datetime
 import os
+import platform
 import re
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
@@ -99,6 +100,18 @@ def load_average():
         return tuple(round(x, 2) for x in os.getloadavg())
     except (AttributeError, OSError):
         return None
+
+
+def cpu_name():
+    """The CPU's model name (/proc/cpuinfo), else what platform says."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or 'CPU'
 
 
 def usable_cpus():

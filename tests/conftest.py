@@ -107,6 +107,33 @@ def _fresh_session():
 
 
 @pytest.fixture
+def restore_precision():
+    """Puts gpuk's precision policy (gpuk.config.set_precision) back as the test found it."""
+    from gpuk import config as gpuk_config
+    saved = gpuk_config.precision()
+    yield
+    gpuk_config.set_precision(saved)
+
+
+@pytest.fixture
+def conv_runs_out_of_memory_past(monkeypatch):
+    """The NumPy twin's forward convolution fails for a batch above ``limit[0]`` (set by the
+    test; None: never) as NumPy does when an array does not fit (its own MemoryError, asking
+    for 2**47 bytes per sample)."""
+    from gpuk.cpu_fallback import conv as conv_twin
+    limit = [None]
+    conv_fwd = conv_twin.conv_fwd
+
+    def short_of_memory(x, w, *args, **kwargs):
+        if limit[0] is not None and x.shape[0] > limit[0]:
+            np.empty((x.shape[0], 1 << 45), x.dtype)
+        return conv_fwd(x, w, *args, **kwargs)
+
+    monkeypatch.setattr(conv_twin, 'conv_fwd', short_of_memory)
+    return limit
+
+
+@pytest.fixture
 def deferred_checks(monkeypatch):
     """Checks of device values deferred to the read after the step, as gpuk runs them by default:
     the tests of that mechanism (what is pending, how many host syncs) hold in a debugging run

@@ -22,11 +22,7 @@ HALF = {'mixed_bfloat16': BF16, 'mixed_float16': np.dtype(np.float16)}
 ULP = {BF16: 2.0 ** -8, np.dtype(np.float16): 2.0 ** -11}
 
 
-@pytest.fixture(autouse=True)
-def _restore_precision():
-    saved = config.precision()
-    yield
-    config.set_precision(saved)
+pytestmark = pytest.mark.usefixtures('restore_precision')
 
 
 def _rounded(array, dtype):

@@ -57,29 +57,6 @@ def _assert_unchanged(variables, before):
         np.testing.assert_array_equal(K.get_value(v), value, err_msg=v.name)   # bit for bit
 
 
-@pytest.fixture
-def conv_runs_out_of_memory_past(monkeypatch):
-    """The NumPy twin's forward convolution fails for a batch above ``limit[0]`` as NumPy does
-    when an array does not fit (its own MemoryError, asking for 2**47 bytes per sample)."""
-    limit = [None]
-    conv_fwd = conv_twin.conv_fwd
-
-    def short_of_memory(x, w, *args, **kwargs):
-        if limit[0] is not None and x.shape[0] > limit[0]:
-            np.empty((x.shape[0], 1 << 45), x.dtype)
-        return conv_fwd(x, w, *args, **kwargs)
-
-    monkeypatch.setattr(conv_twin, 'conv_fwd', short_of_memory)
-    return limit
-
-
-@pytest.fixture
-def _restore_precision():
-    saved = config.precision()
-    yield
-    config.set_precision(saved)
-
-
 def test_a_step_out_of_memory_changes_nothing_and_a_smaller_one_runs(rng, conv_runs_out_of_memory_past):
     step, variables = _training_step(rng)
     small = _batch(rng, SMALL)
@@ -115,7 +92,7 @@ def _assert_runs_like_a_step_that_never_failed(step, variables, before, batch, s
 
 
 def test_a_loss_scaled_step_out_of_memory_keeps_its_loss_scale(rng, conv_runs_out_of_memory_past,
-                                                                _restore_precision):
+                                                                restore_precision):
     config.set_precision('mixed_float16')
     step, variables = _training_step(rng)
     scaler, = step._guard.scalers
