@@ -203,7 +203,8 @@ __device__ __forceinline__ bool vector_source(const DwSource& s) {
     return sizeof(acc_t) == 4 && s.up_w == 1 && s.channels * s.pixels % (2 * DW_VEC) == 0 && is_aligned(s.sample, 32);
 #endif
 }
-// Whether this build has a 16-byte loader for fwd / dgrad (channels_first: 4-byte tile words).
+// Whether this build has load_tile's 16-byte loader (channels_first: 4-byte tile words, so not
+// float64); fwd / dgrad and channels_first wgrad on sources that are not transposable_source.
 constexpr bool DW_VEC_LOADS = DW_CHANNELS_LAST || sizeof(acc_t) == 4;
 
 // The DW_VEC elements of a 16-byte load widened to acc_t in registers (channels_first).
@@ -1248,8 +1249,8 @@ struct DwWgradWalk {
 };
 
 // wgrad's tiles: the shared pitch of a tile pixel and the loader for VEC (both sources are
-// wgrad_vector_source): channels_first copies them with load_tile_transposed, at its pitch;
-// otherwise with load_tile, whose 16-byte loader (`vec`: vector_source(s)) stores word by word
+// wgrad_vector_source): channels_first copies them with load_tile_transposed, at its pitch,
+// channels_last with load_tile_vec_walk (in wgrad_tiles); otherwise with load_tile, whose 16-byte loader (`vec`: vector_source(s)) stores word by word
 // in channels_first, e.g. 16-bit planes that are not whole vectors (14 x 14).
 template <bool VEC>
 __host__ __device__ constexpr int wgrad_pitch() { return !DW_CHANNELS_LAST && VEC ? DW_TRANSPOSED_PITCH : DW_PITCH; }
@@ -1262,14 +1263,16 @@ __device__ __forceinline__ bool wgrad_vector_source(const DwSource& s) {
 #endif
 }
 
-
 template <bool VEC>
 __device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
                                                 int cols, int j0, const DwTileStart& at, const DwGroupLanes& lanes,
                                                 bool vec) {
 #if DW_CHANNELS_LAST
+    // (VEC runs load_tile_vec_walk in wgrad_tiles; here both tiles take the element loader, as
+    // `at` was computed for it)
+    static_assert(!VEC, "channels_last wgrad: 16-byte tiles through load_tile_vec_walk");
     (void)lanes; (void)vec;
-    load_tile<false>(tile, s, sd, vh0, vw0, rows, cols, j0, VEC, at);
+    load_tile<false>(tile, s, sd, vh0, vw0, rows, cols, j0, false, at);
 #else
     if constexpr (VEC) load_tile_transposed(tile, s, sd, vh0, vw0, rows, cols, j0, lanes);
     else load_tile<false>(tile, s, sd, vh0, vw0, rows, cols, j0, vec, at);

@@ -1283,7 +1283,8 @@ template <int MN> struct K4Transposed {
 };
 // float_to_tf32 (common.cuh): round to nearest even, as the MMA reads it.
 __device__ __forceinline__ float tf32_round_for_mma(float x) { return __uint_as_float(float_to_tf32(x)); }
-// Rounds fragment registers where their operand is rounded there (Tf32Rounding's *_registers).
+// Rounds fragment registers where their operand is rounded there (Tf32Rounding::a_registers: wgrad's B
+// is always rounded in shared memory).
 template <bool ROUND, int N> __device__ __forceinline__ void round_fragment(unsigned (&r)[N]) {
     if constexpr (ROUND) {
 #pragma unroll
