@@ -414,21 +414,76 @@ def _raise(error):
 
 
 @pytest.mark.gpu
-def test_a_capture_out_of_memory_is_released_and_the_step_runs_plain(on, rng, pool_limit, monkeypatch):
+@pytest.mark.parametrize('memory_comes_free', [True, False])
+def test_a_capture_out_of_memory_is_released_the_step_runs_plain_and_capture_is_tried_again(
+        on, rng, pool_limit, monkeypatch, memory_comes_free):
+    """The signature is not refused for good: a later call may fit (memory came free since), so
+    it is captured then; a signature whose captures keep running out of memory is refused after
+    MAX_CAPTURE_TRIES_OUT_OF_MEMORY of them."""
     if not gpu_rehearsal.active():
         pytest.skip('the stand-in counts a capture against the default pool\'s limit; CuPy gives it a '
                     'private pool, which that limit does not bound')
+    from gpuk import cuda_graph
     on('cuda')
     monkeypatch.setenv('GPUK_CUDA_GRAPHS', '1')
     f, graphs = _kernel_step(rng)
     small = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    key = cuda_graph.signature([small])
     expected = f([small])                        # plain: 1.5 KB for the step, the capture needs more
     pool = pool_limit(2 << 10)
     held = pool.used_bytes()
     np.testing.assert_array_equal(f([small]), expected)     # the capture fails, the plain run fits
-    reason, = graphs.refused.values()
-    assert reason.startswith('capture failed: OutOfMemoryError: ') and not graphs.captured, reason
+    tries, reason = graphs.short_of_memory[key]
+    assert tries == 1 and reason.startswith('capture failed: OutOfMemoryError: '), reason
+    assert not graphs.captured and not graphs.refused
     assert pool.used_bytes() <= held
+    if memory_comes_free:
+        pool.set_limit(size=0)
+        with counters.counting() as counted:
+            np.testing.assert_array_equal(f([small]), expected)   # captured, then replayed
+        assert counted.graph_replays == 1 and list(graphs.captured) == [key]
+        assert not graphs.short_of_memory and not graphs.refused
+        return
+    for tries in range(2, cuda_graph.MAX_CAPTURE_TRIES_OUT_OF_MEMORY + 1):
+        np.testing.assert_array_equal(f([small]), expected)
+        assert pool.used_bytes() <= held
+    reason = graphs.refused[key]
+    assert reason.startswith('capture failed: OutOfMemoryError: ') and reason.endswith(
+        '(out of memory in %d captures)' % cuda_graph.MAX_CAPTURE_TRIES_OUT_OF_MEMORY), reason
+    assert not graphs.short_of_memory and not graphs.captured
+    monkeypatch.setattr(cuda_graph, 'CapturedStep', lambda *args: pytest.fail('tried to capture a refused step'))
+    np.testing.assert_array_equal(f([small]), expected)
+
+
+def test_a_capture_out_of_memory_is_tried_again_only_after_a_plain_run_fits(monkeypatch):
+    """When the plain run after a failed capture runs out of memory too, the next call runs plain
+    (a step that does not fit plainly is not captured); the capture after that one finished."""
+    from gpuk import cuda_graph
+    graphs = cuda_graph.PlanGraphs(plan=None)
+    monkeypatch.setattr(graphs, 'blocked', lambda: None)
+    calls = []
+
+    def capture(plan, fed, updates):
+        calls.append('capture')
+        raise MemoryError('Out of memory allocating 2,048 bytes')
+
+    def run_plain(fed):
+        calls.append('plain')
+        if fed == 'too large now':
+            raise MemoryError('Out of memory allocating 1,024 bytes')
+        return ['values']
+
+    monkeypatch.setattr(cuda_graph, 'CapturedStep', capture)
+    assert graphs.run('key', 'inputs', [], run_plain) == (['values'], False)        # the first run: plain
+    with pytest.raises(MemoryError, match='1,024 bytes'):
+        graphs.run('key', 'too large now', [], run_plain)
+    assert calls == ['plain', 'capture', 'plain'] and graphs.short_of_memory['key'][0] == 1
+    for _ in range(3):
+        graphs.run('key', 'inputs', [], run_plain)
+    assert calls[3:] == ['plain', 'capture', 'plain', 'capture', 'plain']   # the third capture refuses it
+    assert graphs.refused['key'].endswith('(out of memory in 3 captures)') and not graphs.short_of_memory
+    graphs.run('key', 'inputs', [], run_plain)
+    assert calls[8:] == ['plain']
 
 
 @pytest.mark.gpu
