@@ -303,8 +303,8 @@ def test_cudnn_out_of_memory_changes_nothing_and_a_smaller_step_runs(on, rng, po
     # the K call, the step's inputs, then the cuDNN call with its problem's sizes and cuDNN's reason
     assert re.match(r'^conv2d: out of GPU memory \(at run time, on inputs float32 \(64, 6, 6, 2\), float32 '
                     r'\(3, 3, 2, 4\)\): conv_fwd: cuDNN fprop failed for x \(64, 6, 6, 2\), w \(3, 3, 2, 4\), '
-                    r'dtype float32 \(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED\)\. '
-                    r'No variable was updated .*: try a smaller batch\.$', str(error)), str(error)
+                    r'dtype float32 \(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED'
+                    r'\)\. No variable was updated .*: try a smaller batch\.$', str(error)), str(error)
     assert pool.used_bytes() <= held  # released although the error is still held here
     _assert_unchanged(variables, before)
     executed.clear()
@@ -348,7 +348,8 @@ def test_cudnn_frontend_errors_of_a_failed_allocation_are_memory_errors(raised, 
         raise raised
 
     cache = {}
-    with pytest.raises(library.AllocationFailed, match=r'^conv_fwd: cuDNN could not build .* \((Runtime|Memory)Error: '):
+    with pytest.raises(library.AllocationFailed,
+                       match=r'^conv_fwd: cuDNN could not build .* \((Runtime|Memory)Error: '):
         library.cached_graph(cache, 'key', fail, 'conv_fwd: cuDNN could not build a fprop graph')
     assert not cache
     built = library.cached_graph(cache, 'key', lambda: library.BuiltGraph(types.SimpleNamespace(execute=fail), (), 64),

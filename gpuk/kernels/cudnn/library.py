@@ -58,9 +58,9 @@ class AllocationFailed(RuntimeError, MemoryError):
         return type(self), (str(self), self.status)
 
 
-# cudnnStatus_t (cuDNN 9, cudnn_graph.h) of a failed allocation inside cuDNN: host memory (its
-# deprecated name CUDNN_STATUS_ALLOC_FAILED is this value) and device memory (cuDNN's own
-# cudaMalloc, e.g. a runtime-compiled engine's buffers; the workspace is ours, CuPy's).
+# cudnnStatus_t (cuDNN 9, cudnn_graph.h) of a failed allocation inside cuDNN: host memory and
+# device memory (cuDNN's own cudaMalloc, e.g. a runtime-compiled engine's buffers; the workspace
+# is ours, CuPy's). cuDNN 8's CUDNN_STATUS_ALLOC_FAILED, deprecated in 9, is matched by its name.
 ALLOCATION_FAILED_STATUSES = {4003: 'CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED',
                               4004: 'CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED'}
 # The cuDNN Frontend's Python binding raises a plain RuntimeError for a failed cuDNN or CUDA call,
