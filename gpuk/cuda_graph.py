@@ -13,11 +13,12 @@ Per (plan, input shapes and dtypes), on the CUDA runtime:
    address on every replay, and nothing outside the graph can be handed those blocks: the
    pool is the per-plan arena), followed by the copies of the updates' new values into the
    variables' own buffers. Any failure (a sync the counters did not see, an unsupported call)
-   ends the capture and the signature falls back to plain launches. The ops' device-side
-   value checks (runtime/deferred.py: label ranges, CTC lengths) are not host reads: the
-   warm-up's are read once, the capture's stay with the graph, which recomputes their flags,
-   copies the updates only when none is set, and hands them to K.function to read with the
-   outputs, so a bad value raises the op's own error after a replay too;
+   ends the capture and the signature falls back to plain launches; one that ran out of
+   memory runs plain and is tried again later, a few times (PlanGraphs.run). The ops'
+   device-side value checks (runtime/deferred.py: label ranges, CTC lengths) are not host
+   reads: the warm-up's are read once, the capture's stay with the graph, which recomputes
+   their flags, copies the updates only when none is set, and hands them to K.function to
+   read with the outputs, so a bad value raises the op's own error after a replay too;
 3. later calls copy their inputs into the fixed buffers and launch the graph: no Python per
    kernel, no allocation. Outputs are the graph's fixed output buffers (K.function copies
    them to the host at once).
@@ -40,6 +41,12 @@ from gpuk.ops.base import Op
 from gpuk.ops.random import RandomOp
 
 MAX_GRAPHS = 8
+# Captures of one signature that may run out of memory before it keeps plain launches for good.
+# Each try costs a warm-up run in a private pool, the release and a plain run; memory may have
+# come free since the last (what another call held, a raised pool limit), and a capture needs
+# more than a plain step (its pool's blocks are its own): three tries bound the cost at a few
+# steps' time over the function's life.
+MAX_CAPTURE_TRIES_OUT_OF_MEMORY = 3
 _RELAXED_CAPTURE = 2   # cudaStreamCaptureModeRelaxed: a cudaMalloc in the pool may happen while capturing
 
 
@@ -195,12 +202,16 @@ class CapturedStep:
 
 
 class PlanGraphs:
-    """A plan's captured steps per input signature, and the signatures refused (with why)."""
+    """A plan's captured steps per input signature, the signatures refused (with why), and
+    those whose capture ran out of memory (``short_of_memory``: how many times, the last error),
+    to be tried again."""
 
     def __init__(self, plan):
         self.plan = plan
         self.captured = OrderedDict()
         self.refused = {}
+        self.short_of_memory = {}
+        self._waiting = set()   # short of memory: a plain run must finish before the next try
         self._seen = set()
         self._blocked = None   # known after a first run, which builds the scans' step plans
 
@@ -215,7 +226,13 @@ class PlanGraphs:
     def run(self, key, fed, updates, run_plain):
         """The plan's target values for ``fed`` (the inputs: device or NumPy arrays): a replay,
         a capture then replay, or ``run_plain(fed)``. Returns (values, replayed): a replay
-        applied the updates already."""
+        applied the updates already.
+
+        A capture that runs out of memory is released (its warm-up's buffers, its private pool),
+        the call runs plain, and the signature is tried again after a plain run of it finished
+        (that call's, or, where that one ran out of memory too, a later one's: a step that does
+        not fit plainly is not captured), up to MAX_CAPTURE_TRIES_OUT_OF_MEMORY times; then it
+        is refused. Other capture failures refuse it at once."""
         step = self.captured.get(key)
         if step is not None:
             self.captured.move_to_end(key)
@@ -227,19 +244,41 @@ class PlanGraphs:
         if self.blocked():
             self.refused[key] = self.blocked()
             return run_plain(fed), False
+        if key in self._waiting:
+            return self._plain_after_short_of_memory(key, fed, run_plain), False
         try:
             step = CapturedStep(self.plan, fed, updates)
         except BadValues:
             step = None
         except Exception as exc:   # an invalidated capture, a sync, an unsupported call, out of memory
-            self.refused[key] = 'capture failed: %s: %s' % (type(exc).__name__, exc)
+            reason = 'capture failed: %s: %s' % (type(exc).__name__, exc)
             if device.out_of_memory(exc):   # its warm-up's buffers and its private pool go
                 device.release_memory(exc)
+                self._short_of_memory(key, reason)
+            else:
+                self.refused[key] = reason
             step = None
         if step is None:   # run past the except clause: nothing of the failed capture is held
+            if key in self._waiting:
+                return self._plain_after_short_of_memory(key, fed, run_plain), False
             return run_plain(fed), False
+        self.short_of_memory.pop(key, None)
         self.captured[key] = step
         return step.replay(fed), True
+
+    def _short_of_memory(self, key, reason):
+        tries = self.short_of_memory.get(key, (0, None))[0] + 1
+        if tries >= MAX_CAPTURE_TRIES_OUT_OF_MEMORY:
+            self.short_of_memory.pop(key, None)
+            self.refused[key] = '%s (out of memory in %d captures)' % (reason, tries)
+        else:
+            self.short_of_memory[key] = (tries, reason)
+            self._waiting.add(key)
+
+    def _plain_after_short_of_memory(self, key, fed, run_plain):
+        values = run_plain(fed)   # raises (and the signature waits on) when it does not fit either
+        self._waiting.discard(key)
+        return values
 
     def _first_run(self, key, fed, run_plain):
         before = counters.total_host_syncs()

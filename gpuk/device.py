@@ -33,8 +33,8 @@ class DeviceError(RuntimeError):
 
 class OutOfMemoryError(MemoryError):
     """A K.function call ran out of device memory (host memory on the NumPy devices): what it
-    raises in place of CuPy's OutOfMemoryError, a CUDA out-of-memory status or NumPy's
-    MemoryError (kept as ``__cause__``), naming the K function whose step failed and the dtypes
+    raises in place of CuPy's OutOfMemoryError, a CUDA out-of-memory status, cuDNN's failed
+    allocation or NumPy's MemoryError (kept as ``__cause__``), naming the K function whose step failed and the dtypes
     and shapes of that step's inputs. The call changed no variable and released what it had
     allocated (``release_memory``): a smaller batch can run next. A MemoryError, so ``except
     MemoryError`` catches it; ``requested_bytes`` is the size of the allocation that failed
@@ -81,11 +81,12 @@ _CUBLAS_STATUS_ALLOC_FAILED = 3
 
 def out_of_memory(error):
     """Whether ``error`` says an allocation failed: a MemoryError (CuPy's pool raises its
-    OutOfMemoryError, one, also for a cuDNN workspace it allocates; NumPy raises MemoryError),
-    or on the CUDA device a CUDA runtime or driver error with the out-of-memory status or
-    cuBLAS's ALLOC_FAILED, also as the cause of the KernelLaunchError a launch wraps it in.
-    Other errors that may stem from memory (a cuDNN status, a launch out of resources) do not
-    say so reliably and keep their own type."""
+    OutOfMemoryError, one, also for a cuDNN workspace it allocates; the cuDNN path raises
+    cudnn.library.AllocationFailed, one, for cuDNN's own failed allocations; NumPy raises
+    MemoryError), or on the CUDA device a CUDA runtime or driver error with the out-of-memory
+    status or cuBLAS's ALLOC_FAILED, also as the cause of the KernelLaunchError a launch wraps
+    it in. Other errors that may stem from memory (cuDNN's INTERNAL_ERROR or EXECUTION_FAILED,
+    a launch out of resources) do not say so reliably and keep their own type."""
     if isinstance(error, MemoryError):
         return True
     if isinstance(error, KernelLaunchError):

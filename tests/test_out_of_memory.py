@@ -6,6 +6,9 @@ On the NumPy device an op's computation raises NumPy's own MemoryError for a lar
 the CUDA path (a GPU, or the GPU rehearsal's stand-in with its pool limit) CuPy's pool refuses
 an allocation past ``set_limit``."""
 import re
+import sys
+import types
+import weakref
 
 import numpy as np
 import pytest
@@ -197,14 +200,168 @@ def test_a_step_past_the_pool_limit_on_the_cuda_path_changes_nothing_and_a_small
     # released although the error (its traceback's frames) is still held here
     assert pool.used_bytes() <= held
     _assert_unchanged(variables, before)
+    _assert_runs_like_the_numpy_device(on, step, variables, before, small)
+
+
+def _assert_runs_like_the_numpy_device(on, step, variables, before, small):
+    """``step`` (sparse labels, on the CUDA path) on ``small`` gives the outputs and variables
+    of the same step on the NumPy device, built afresh from the values ``before``."""
     out = step(small)
-    on('cpu')                         # the same step on the NumPy device, from the same values
+    on('cpu')
     twin, twin_variables = _training_step(np.random.default_rng(0), sparse=True)
     for v, value in zip(twin_variables, before):
         K.set_value(v, value)
     np.testing.assert_allclose(out, twin(small), rtol=1e-5)
     for v, t in zip(variables, twin_variables):
         np.testing.assert_allclose(K.get_value(v), K.get_value(t), rtol=1e-5, atol=1e-6, err_msg=v.name)
+
+
+# ---------------------------------------------------------------- the cuDNN path
+
+# What the cuDNN Frontend's Python binding raises when a cuDNN call fails: a RuntimeError whose
+# message is the call, "failed with" and cudnnGetErrorString's name of the status (frontend
+# utils' CHECK_CUDNN_ERROR, python throw_if)
+_FRONTEND_ALLOCATION_FAILED = ('cudnnBackendExecute(handle, plan->get_raw_desc(), variant_pack_descriptor.get_ptr()) '
+                               'failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED')
+
+
+class _CudnnConvGraph:
+    """A built cuDNN Frontend convolution graph (conv.py's ``_build``) for the tests: it runs the
+    NumPy twin on the arrays behind the pointers of its variant pack, and for a batch above
+    ``limit[0]`` (None: never) raises what the frontend raises when cuDNN cannot allocate (cuDNN's own device
+    memory, beside the workspace gpuk gives it)."""
+
+    def __init__(self, op, problem, limit, arrays_at, executed):
+        self.op, self.problem, self.limit, self.arrays_at, self.executed = op, problem, limit, arrays_at, executed
+
+    def execute(self, pack, workspace, handle=None):
+        p = self.problem
+        a, b, out = (self.arrays_at.pop(pack[name]) for name in ('a', 'b', 'out'))
+        self.arrays_at.pop(workspace)
+        if self.limit[0] is not None and p.x_shape[0] > self.limit[0]:
+            raise RuntimeError(_FRONTEND_ALLOCATION_FAILED)
+        self.executed.append(self.op)
+        a, b = device.to_host(a), device.to_host(b)
+        geometry = (p.strides, p.dilation, tuple((s, s) for s in p.symmetric_pads),
+                    'channels_last' if p.channels_last else 'channels_first')
+        from gpuk.kernels.cudnn import conv as cudnn_conv
+        if self.op == 'fprop':
+            result = conv_twin.conv_fwd(a, cudnn_conv.from_cudnn_filter(np, b, p, p.w_shape), *geometry)
+        elif self.op == 'dgrad':
+            result = conv_twin.conv_dgrad(a, cudnn_conv.from_cudnn_filter(np, b, p, p.w_shape), p.padded_x_shape,
+                                          *geometry)
+        else:
+            result = cudnn_conv.to_cudnn_filter(np, conv_twin.conv_wgrad(a, b, p.w_shape, *geometry), p)
+        out[...] = device.xp().asarray(result.reshape(out.shape))
+
+
+@pytest.fixture
+def cudnn_conv_runs_out_of_memory_past(monkeypatch):
+    """Convolutions take the cuDNN path (GPUK_KERNELS conv=cudnn), with cuDNN present: the
+    Frontend's graphs are _CudnnConvGraph, which run out of memory for a batch above
+    ``limit[0]`` (None: never). Returns (limit, the ops executed)."""
+    from gpuk.kernels.cudnn import conv as cudnn_conv
+    from gpuk.kernels.cudnn import library
+    limit, executed = [None], []
+    arrays_at = weakref.WeakValueDictionary()   # the variant pack's "pointers": held by the call only
+
+    def pointer(array):
+        arrays_at[id(array)] = array
+        return id(array)
+
+    def build(frontend, handle, op, problem, dtype_name):
+        return library.BuiltGraph(_CudnnConvGraph(op, problem, limit, arrays_at, executed), ('a', 'b', 'out'), 1024)
+
+    monkeypatch.setattr(library, 'available', lambda: True)
+    monkeypatch.setattr(library, 'frontend', lambda: 'the cuDNN Frontend')
+    monkeypatch.setattr(library, 'frontend_handle', lambda frontend, cupy: (0, 'its handle'))
+    monkeypatch.setattr(library, 'device_pointer', pointer)
+    monkeypatch.setattr(cudnn_conv, '_build', build)
+    monkeypatch.setattr(cudnn_conv, '_graphs', {})
+    monkeypatch.setattr(config, '_kernels', dict(config._kernels, conv='cudnn'))
+    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '0')   # the twin's NumPy work would not replay
+    return limit, executed
+
+
+@pytest.mark.gpu
+def test_cudnn_out_of_memory_changes_nothing_and_a_smaller_step_runs(on, rng, pool_limit,
+                                                                     cudnn_conv_runs_out_of_memory_past):
+    on('cuda')
+    limit, executed = cudnn_conv_runs_out_of_memory_past
+    step, variables = _training_step(rng, sparse=True)
+    small = _batch(rng, SMALL, sparse=True)
+    step(small)
+    assert 'fprop' in executed and 'wgrad' in executed, executed     # the step ran on the cuDNN path
+    pool = pool_limit(1 << 30)        # (a limit, so that the rehearsal's stand-in counts what is allocated)
+    held, before = pool.used_bytes(), _values(variables)
+    limit[0] = SMALL
+    with pytest.raises(gpuk.OutOfMemoryError) as caught:
+        step(_batch(rng, BIG, sparse=True))
+    error = caught.value
+    from gpuk.kernels.cudnn import library
+    assert type(error.__cause__) is library.AllocationFailed and error.requested_bytes is None
+    # the K call, the step's inputs, then the cuDNN call with its problem's sizes and cuDNN's reason
+    assert re.match(r'^conv2d: out of GPU memory \(at run time, on inputs float32 \(64, 6, 6, 2\), float32 '
+                    r'\(3, 3, 2, 4\)\): conv_fwd: cuDNN fprop failed for x \(64, 6, 6, 2\), w \(3, 3, 2, 4\), '
+                    r'dtype float32 \(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED'
+                    r'\)\. No variable was updated .*: try a smaller batch\.$', str(error)), str(error)
+    assert pool.used_bytes() <= held  # released although the error is still held here
+    _assert_unchanged(variables, before)
+    executed.clear()
+    _assert_runs_like_the_numpy_device(on, step, variables, before, small)
+    assert 'fprop' in executed
+
+
+@pytest.mark.parametrize('status, name', [(4003, 'CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED'),
+                                          (4004, 'CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED')])
+def test_cudnn_statuses_of_a_failed_allocation_are_memory_errors(status, name):
+    """The legacy calls (pooling, softmax, CTC) check their status: one of a failed allocation
+    raises AllocationFailed, a MemoryError (device.out_of_memory: K.function's OutOfMemoryError)
+    that is a RuntimeError like cuDNN's other failures; those keep their type."""
+    from gpuk.kernels.cudnn import library
+    names = {status: name, 4000: 'CUDNN_STATUS_INTERNAL_ERROR', 5000: 'CUDNN_STATUS_EXECUTION_FAILED'}
+    lib = types.SimpleNamespace(cudnnGetErrorString=lambda code: names[code].encode())
+    with pytest.raises(library.AllocationFailed) as caught:
+        library.check(lib, status, 'cudnnPoolingForward')
+    assert str(caught.value) == 'cuDNN: cudnnPoolingForward failed with status %d (%s)' % (status, name)
+    assert caught.value.status == status and isinstance(caught.value, RuntimeError)
+    assert device.out_of_memory(caught.value)
+    for other in (4000, 5000):        # may stem from memory, but do not say so
+        with pytest.raises(RuntimeError) as caught:
+            library.check(lib, other, 'cudnnPoolingForward')
+        assert type(caught.value) is RuntimeError and not device.out_of_memory(caught.value)
+
+
+@pytest.mark.parametrize('raised', [
+    RuntimeError(_FRONTEND_ALLOCATION_FAILED),
+    RuntimeError('cudnnBackendFinalize(get_ptr()) failed with CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED'),
+    RuntimeError('cudaMalloc(&ptr, size) failed with out of memory'),
+    MemoryError('std::bad_alloc'),    # pybind11's translation of a failed host allocation
+])
+def test_cudnn_frontend_errors_of_a_failed_allocation_are_memory_errors(raised, monkeypatch):
+    """Building (not kept: the next call builds again) and running a Frontend graph."""
+    from gpuk.kernels.cudnn import library
+    monkeypatch.setitem(sys.modules, 'cupy', types.SimpleNamespace(empty=np.empty, uint8=np.uint8))
+    monkeypatch.setattr(library, 'device_pointer', lambda array: array.ctypes.data)
+
+    def fail(*args, **kwargs):
+        raise raised
+
+    cache = {}
+    with pytest.raises(library.AllocationFailed,
+                       match=r'^conv_fwd: cuDNN could not build .* \((Runtime|Memory)Error: '):
+        library.cached_graph(cache, 'key', fail, 'conv_fwd: cuDNN could not build a fprop graph')
+    assert not cache
+    built = library.cached_graph(cache, 'key', lambda: library.BuiltGraph(types.SimpleNamespace(execute=fail), (), 64),
+                                 'conv_fwd: cuDNN could not build a fprop graph')
+    with pytest.raises(library.AllocationFailed) as caught:
+        library.execute_graph(built, {}, 'handle', 'conv_fwd: cuDNN fprop failed for x (64, 6, 6, 2)')
+    assert caught.value.__cause__ is raised and device.out_of_memory(caught.value)
+    not_memory = RuntimeError('cudnnBackendExecute(...) failed with CUDNN_STATUS_EXECUTION_FAILED')
+    with pytest.raises(RuntimeError) as caught:
+        library.execute_graph(library.BuiltGraph(types.SimpleNamespace(execute=lambda *a, **k: _raise(not_memory)),
+                                                 (), 64), {}, 'handle', 'conv_fwd: cuDNN fprop failed')
+    assert type(caught.value) is RuntimeError and not device.out_of_memory(caught.value)
 
 
 def _kernel_step(rng):
@@ -258,21 +415,76 @@ def _raise(error):
 
 
 @pytest.mark.gpu
-def test_a_capture_out_of_memory_is_released_and_the_step_runs_plain(on, rng, pool_limit, monkeypatch):
+@pytest.mark.parametrize('memory_comes_free', [True, False])
+def test_a_capture_out_of_memory_is_released_the_step_runs_plain_and_capture_is_tried_again(
+        on, rng, pool_limit, monkeypatch, memory_comes_free):
+    """The signature is not refused for good: a later call may fit (memory came free since), so
+    it is captured then; a signature whose captures keep running out of memory is refused after
+    MAX_CAPTURE_TRIES_OUT_OF_MEMORY of them."""
     if not gpu_rehearsal.active():
         pytest.skip('the stand-in counts a capture against the default pool\'s limit; CuPy gives it a '
                     'private pool, which that limit does not bound')
+    from gpuk import cuda_graph
     on('cuda')
     monkeypatch.setenv('GPUK_CUDA_GRAPHS', '1')
     f, graphs = _kernel_step(rng)
     small = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    key = cuda_graph.signature([small])
     expected = f([small])                        # plain: 1.5 KB for the step, the capture needs more
     pool = pool_limit(2 << 10)
     held = pool.used_bytes()
     np.testing.assert_array_equal(f([small]), expected)     # the capture fails, the plain run fits
-    reason, = graphs.refused.values()
-    assert reason.startswith('capture failed: OutOfMemoryError: ') and not graphs.captured, reason
+    tries, reason = graphs.short_of_memory[key]
+    assert tries == 1 and reason.startswith('capture failed: OutOfMemoryError: '), reason
+    assert not graphs.captured and not graphs.refused
     assert pool.used_bytes() <= held
+    if memory_comes_free:
+        pool.set_limit(size=0)
+        with counters.counting() as counted:
+            np.testing.assert_array_equal(f([small]), expected)   # captured, then replayed
+        assert counted.graph_replays == 1 and list(graphs.captured) == [key]
+        assert not graphs.short_of_memory and not graphs.refused
+        return
+    for tries in range(2, cuda_graph.MAX_CAPTURE_TRIES_OUT_OF_MEMORY + 1):
+        np.testing.assert_array_equal(f([small]), expected)
+        assert pool.used_bytes() <= held
+    reason = graphs.refused[key]
+    assert reason.startswith('capture failed: OutOfMemoryError: ') and reason.endswith(
+        '(out of memory in %d captures)' % cuda_graph.MAX_CAPTURE_TRIES_OUT_OF_MEMORY), reason
+    assert not graphs.short_of_memory and not graphs.captured
+    monkeypatch.setattr(cuda_graph, 'CapturedStep', lambda *args: pytest.fail('tried to capture a refused step'))
+    np.testing.assert_array_equal(f([small]), expected)
+
+
+def test_a_capture_out_of_memory_is_tried_again_only_after_a_plain_run_fits(monkeypatch):
+    """When the plain run after a failed capture runs out of memory too, the next call runs plain
+    (a step that does not fit plainly is not captured); the capture after that one finished."""
+    from gpuk import cuda_graph
+    graphs = cuda_graph.PlanGraphs(plan=None)
+    monkeypatch.setattr(graphs, 'blocked', lambda: None)
+    calls = []
+
+    def capture(plan, fed, updates):
+        calls.append('capture')
+        raise MemoryError('Out of memory allocating 2,048 bytes')
+
+    def run_plain(fed):
+        calls.append('plain')
+        if fed == 'too large now':
+            raise MemoryError('Out of memory allocating 1,024 bytes')
+        return ['values']
+
+    monkeypatch.setattr(cuda_graph, 'CapturedStep', capture)
+    assert graphs.run('key', 'inputs', [], run_plain) == (['values'], False)        # the first run: plain
+    with pytest.raises(MemoryError, match='1,024 bytes'):
+        graphs.run('key', 'too large now', [], run_plain)
+    assert calls == ['plain', 'capture', 'plain'] and graphs.short_of_memory['key'][0] == 1
+    for _ in range(3):
+        graphs.run('key', 'inputs', [], run_plain)
+    assert calls[3:] == ['plain', 'capture', 'plain', 'capture', 'plain']   # the third capture refuses it
+    assert graphs.refused['key'].endswith('(out of memory in 3 captures)') and not graphs.short_of_memory
+    graphs.run('key', 'inputs', [], run_plain)
+    assert calls[8:] == ['plain']
 
 
 @pytest.mark.gpu

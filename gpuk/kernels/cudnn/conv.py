@@ -263,7 +263,7 @@ def _run(fn, op, problem, arrays, out_shape_layout, dtype):
     built = library.cached_graph(_graphs, key, lambda: _build(frontend, handle, op, problem, dtype_name),
                                  '%s: cuDNN could not build a %s graph for %s' % (fn, op, described))
     out = cupy.empty(out_shape_layout, dtype=dtype)
-    pack = {t: a.data.ptr for t, a in zip(built.tensors, tuple(arrays) + (out,))}
+    pack = {t: library.device_pointer(a) for t, a in zip(built.tensors, tuple(arrays) + (out,))}
     library.execute_graph(built, pack, handle, '%s: cuDNN %s failed for %s' % (fn, op, described))
     return out
 

@@ -24,6 +24,7 @@ tests). ``handle()`` is one legacy handle per device bound to CuPy's current str
 import ctypes
 import glob
 import os
+import re
 import sys
 import threading
 import warnings
@@ -32,13 +33,57 @@ from collections import namedtuple
 from gpuk import config
 from gpuk.kernels import runtime
 
-__all__ = ['Unsupported', 'available', 'why_unavailable', 'reset_probe', 'choose', 'library_path',
-           'frontend', 'frontend_handle', 'BuiltGraph', 'cached_graph', 'execute_graph',
-           'PROTOTYPES', 'DATA_TYPES', 'load', 'library', 'check', 'handle', 'Descriptors', 'scalars']
+__all__ = ['Unsupported', 'AllocationFailed', 'ALLOCATION_FAILED_STATUSES', 'allocation_failed', 'available',
+           'why_unavailable', 'reset_probe', 'choose', 'library_path', 'frontend', 'frontend_handle', 'BuiltGraph',
+           'cached_graph', 'device_pointer', 'execute_graph', 'PROTOTYPES', 'DATA_TYPES', 'load', 'library', 'check',
+           'handle', 'Descriptors', 'scalars']
 
 
 class Unsupported(Exception):
     """Raised by a cuDNN path for a problem outside cuDNN's limits (e.g. CTC labels >= 256)."""
+
+
+class AllocationFailed(RuntimeError, MemoryError):
+    """cuDNN could not allocate memory (``allocation_failed``): the message names the call, the
+    problem's sizes and cuDNN's reason; ``status`` is the cudnnStatus_t where a legacy call
+    returned one, else None. A RuntimeError like cuDNN's other failures, and a MemoryError, so
+    that K.function raises gpuk.OutOfMemoryError for it (device.out_of_memory: any MemoryError)
+    with its guarantees: no variable changed, the call's memory released."""
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+
+    def __reduce__(self):
+        return type(self), (str(self), self.status)
+
+
+# cudnnStatus_t (cuDNN 9, cudnn_graph.h) of a failed allocation inside cuDNN: host memory and
+# device memory (cuDNN's own cudaMalloc, e.g. a runtime-compiled engine's buffers; the workspace
+# is ours, CuPy's). cuDNN 8's CUDNN_STATUS_ALLOC_FAILED, deprecated in 9, is matched by its name.
+ALLOCATION_FAILED_STATUSES = {4003: 'CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED',
+                              4004: 'CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED'}
+# The cuDNN Frontend's Python binding raises a plain RuntimeError for a failed cuDNN or CUDA call,
+# whose message is "<call> failed with <cudnnGetErrorString(status)>" (cudaGetErrorString's for a
+# CUDA call: "out of memory" for cudaErrorMemoryAllocation); pybind11 turns std::bad_alloc into
+# MemoryError. These names in the message say the allocation failed.
+_ALLOCATION_FAILED_MESSAGE = re.compile(
+    r'\b(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED|CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED'
+    r'|CUDNN_STATUS_ALLOC_FAILED)\b|failed with out of memory')
+
+
+def allocation_failed(error):
+    """Whether ``error`` (raised by a cuDNN Frontend call, or a MemoryError from anywhere) says an
+    allocation failed. Statuses that may stem from memory but do not say so (INTERNAL_ERROR,
+    EXECUTION_FAILED) are not counted."""
+    return isinstance(error, MemoryError) or bool(_ALLOCATION_FAILED_MESSAGE.search(str(error)))
+
+
+def _failure(what, exc):
+    """The error for ``exc`` raised inside a cuDNN call: ``what`` (the call and problem), then the
+    cause; AllocationFailed when the allocation failed, else RuntimeError."""
+    kind = AllocationFailed if allocation_failed(exc) else RuntimeError
+    return kind('%s (%s: %s)' % (what, type(exc).__name__, exc))
 
 
 _state = {'reason': None, 'probed': False, 'library': None, 'frontend': None}
@@ -175,7 +220,9 @@ BuiltGraph = namedtuple('BuiltGraph', ['graph', 'tensors', 'workspace_size'])
 
 def cached_graph(cache, key, build, what):
     """``cache[key]``, built by ``build()`` (a BuiltGraph) on first use. A build failure other
-    than ``Unsupported`` raises RuntimeError: ``what`` (the call and problem), then the cause."""
+    than ``Unsupported`` raises RuntimeError (AllocationFailed when cuDNN could not allocate):
+    ``what`` (the call and problem), then the cause. A failed build is not kept: the next call
+    builds again."""
     built = cache.get(key)
     if built is None:
         try:
@@ -183,19 +230,25 @@ def cached_graph(cache, key, build, what):
         except Unsupported:
             raise
         except Exception as exc:
-            raise RuntimeError('%s (%s: %s)' % (what, type(exc).__name__, exc)) from exc
+            raise _failure(what, exc) from exc
     return built
+
+
+def device_pointer(array):
+    """The device address of a CuPy array, as cuDNN's calls take it."""
+    return array.data.ptr
 
 
 def execute_graph(built, pack, handle, what):
     """Runs a BuiltGraph on ``pack`` (its tensors -> device pointers) with a fresh workspace on
-    CuPy's current stream; a failure raises RuntimeError: ``what``, then the cause."""
+    CuPy's current stream (CuPy's OutOfMemoryError when it does not fit); a failure raises
+    RuntimeError (AllocationFailed when cuDNN could not allocate): ``what``, then the cause."""
     import cupy
     workspace = cupy.empty(max(built.workspace_size, 1), dtype=cupy.uint8)
     try:
-        built.graph.execute(pack, workspace.data.ptr, handle=handle)
+        built.graph.execute(pack, device_pointer(workspace), handle=handle)
     except Exception as exc:
-        raise RuntimeError('%s (%s: %s)' % (what, type(exc).__name__, exc)) from exc
+        raise _failure(what, exc) from exc
 
 
 # ---------------------------------------------------------------- the cuDNN 9 library (legacy API)
@@ -299,10 +352,15 @@ def library():
 
 
 def check(lib, status, what):
-    """Raises RuntimeError naming ``what`` and cuDNN's message when ``status`` is not success."""
+    """Raises RuntimeError naming ``what`` and cuDNN's message when ``status`` is not success:
+    AllocationFailed for an allocation failure (ALLOCATION_FAILED_STATUSES, or a status cuDNN
+    names as one)."""
     if status != 0:
         message = lib.cudnnGetErrorString(status).decode(errors='replace')
-        raise RuntimeError('cuDNN: %s failed with status %d (%s)' % (what, status, message))
+        text = 'cuDNN: %s failed with status %d (%s)' % (what, status, message)
+        if status in ALLOCATION_FAILED_STATUSES or _ALLOCATION_FAILED_MESSAGE.search(message):
+            raise AllocationFailed(text, status)
+        raise RuntimeError(text)
 
 
 def handle(lib):
