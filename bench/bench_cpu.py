@@ -71,6 +71,15 @@ def _normal(rng, shape):
     return rng.standard_normal(shape, dtype=np.float32)
 
 
+def _normals(*shapes):
+    """A case's make_numpy for inputs drawn from a standard normal: i -> one float32 array per
+    shape, from the generator seeded i."""
+    def make_numpy(i):
+        rng = np.random.default_rng(i)
+        return tuple(_normal(rng, shape) for shape in shapes)
+    return make_numpy
+
+
 def _conv_case(label, hw, c_in, c_out, k, stride):
     """Ordinary conv, 'same' padding (symmetric where torch can express it)."""
     out = -(-hw // stride)
@@ -80,9 +89,7 @@ def _conv_case(label, hw, c_in, c_out, k, stride):
     geometry = ((stride, stride), (1, 1), pads, 'channels_last')
 
     def build(impl):
-        def make_numpy(i):
-            rng = np.random.default_rng(i)
-            return _normal(rng, x_shape), _normal(rng, w_shape), _normal(rng, y_shape)
+        make_numpy = _normals(x_shape, w_shape, y_shape)
         if impl == 'numpy':
             def step(x, w, dy):
                 conv.conv_fwd(x, w, *geometry)
@@ -116,9 +123,7 @@ def _conv_transpose_case(label, hw_in, c_in, c_out, k, stride):
     geometry = ((stride, stride), (1, 1), pads, 'channels_last')
 
     def build(impl):
-        def make_numpy(i):
-            rng = np.random.default_rng(i)
-            return _normal(rng, small_shape), _normal(rng, w_shape), _normal(rng, big_shape)
+        make_numpy = _normals(small_shape, w_shape, big_shape)
         if impl == 'numpy':
             def step(x, w, dy):
                 conv.conv_dgrad(x, w, big_shape, *geometry)       # the transpose conv itself
@@ -145,9 +150,7 @@ def _depthwise_case(label, hw, channels):
     geometry = ((1, 1), (1, 1), ((1, 1), (1, 1)), 'channels_last')
 
     def build(impl):
-        def make_numpy(i):
-            rng = np.random.default_rng(i)
-            return _normal(rng, x_shape), _normal(rng, w_shape), _normal(rng, x_shape)
+        make_numpy = _normals(x_shape, w_shape, x_shape)
         if impl == 'numpy':
             def step(x, w, dy):
                 conv.depthwise_conv_fwd(x, w, *geometry)
@@ -173,9 +176,7 @@ def _pool_case(label, mode, hw, channels, k, stride, pad):
     geometry = ((k, k), (stride, stride), ((pad, pad), (pad, pad)), 'channels_last')
 
     def build(impl):
-        def make_numpy(i):
-            rng = np.random.default_rng(i)
-            return _normal(rng, x_shape), _normal(rng, y_shape)
+        make_numpy = _normals(x_shape, y_shape)
         if impl == 'numpy':
             if mode == 'max':
                 def step(x, dy):

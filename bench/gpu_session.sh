@@ -159,14 +159,20 @@ device_arch() {
     "$PYTHON" -c 'import cupy; print("sm_" + cupy.cuda.Device().compute_capability)'
 }
 
-# The test parts under --sync: every launch waited for (the variable is read when gpuk's CUDA
-# runtime is made, so it is set in the step's own process).
-sync_launches() { [ "$SYNC" -eq 0 ] || export GPUK_SYNC_LAUNCHES=1; }
+# test_settings SECONDS: what the test parts (tests, tests-kernels, sanitizer) share, set in the
+# step's own process. Under --sync every launch is waited for (the variable is read when gpuk's
+# CUDA runtime is made); where pytest-timeout is installed a test may take SECONDS, so a hung
+# kernel fails its test instead of the step: sets the caller's local per_test to pytest's
+# arguments (bash locals are seen by the functions a function calls).
+test_settings() {
+    [ "$SYNC" -eq 0 ] || export GPUK_SYNC_LAUNCHES=1
+    per_test=()
+    "$PYTHON" -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout "$1")
+}
 
-run_tests() {   # run_tests PATH...: a hung kernel fails its test (pytest-timeout) instead of the step
-    local per_test=()
-    sync_launches
-    "$PYTHON" -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 120)
+run_tests() {   # run_tests PATH...
+    local per_test
+    test_settings 120
     GPUK_REQUIRE_GPU=1 "$PYTHON" -m pytest -m gpu -q -rfEs -p no:cacheprovider "${per_test[@]}" \
         --junitxml="$OUT/tests-junit.xml" "$@"
 }
@@ -196,8 +202,7 @@ run_sanitizer() {
     local options=(--tool "$tool" --target-processes all --error-exitcode 86 --print-limit 25
                    --report-api-errors no)
     [ "$tool" = racecheck ] && options+=(--racecheck-report analysis)
-    "$PYTHON" -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 90)
-    sync_launches
+    test_settings 90
     GPUK_REQUIRE_GPU=1 "$sanitizer" "${options[@]}" "$PYTHON" -m bench.sanitize "${per_test[@]}"
 }
 
@@ -231,7 +236,7 @@ run_keras3() {
         "$PYTHON" -m bench.keras3_jax --json "$OUT/keras3.json"
 }
 
-export -f device_info sync_launches run_tests run_bench find_tool run_sanitizer run_ncu run_keras3
+export -f device_info test_settings run_tests run_bench find_tool run_sanitizer run_ncu run_keras3
 export PYTHON OUT SYNC
 echo "gpu_session: parts=$PARTS budget=${BUDGET}s sync=$SYNC OUT=$OUT"
 IFS=',' read -r -a PART_LIST <<< "$PARTS"

@@ -44,8 +44,8 @@ def parse(argv):
     parser.add_argument('--steps', type=int, default=50)
     parser.add_argument('--json', help='also write the rows here')
     args = parser.parse_args(argv)
-    args.models = [m for m in args.models.split(',') if m]
-    args.precisions = [p for p in args.precisions.split(',') if p]
+    args.models = runs.comma_list(args.models)
+    args.precisions = runs.comma_list(args.precisions)
     for name, given, known in (('model', args.models, keras_models.BATCH), ('precision', args.precisions,
                                                                             PRECISIONS)):
         unknown = sorted(set(given) - set(known))

@@ -22,7 +22,7 @@ import contextlib
 import importlib
 import sys
 
-from bench import bench_batchnorm, bench_conv, bench_ctc, bench_pooling, bench_softmax_xent
+from bench import bench_batchnorm, bench_conv, bench_ctc, bench_pooling, bench_softmax_xent, runs
 
 
 class NoImplementation(Exception):
@@ -145,7 +145,7 @@ def parse(argv):
     parser.add_argument('--warmup', type=int, default=2, help='unprofiled calls before the profiled one')
     parser.add_argument('--list', action='store_true', help='print the case names and exit')
     args = parser.parse_args(argv)
-    args.cases = [c for c in args.cases.split(',') if c]
+    args.cases = runs.comma_list(args.cases)
     unknown = sorted(set(args.cases) - set(CASES))
     if unknown:
         parser.error('unknown case(s) %s; the cases: %s' % (', '.join(unknown), ', '.join(CASES)))

@@ -27,7 +27,7 @@ if __name__ == '__main__':   # before NumPy loads its BLAS
     os.environ.setdefault('KERAS_BACKEND', 'gpuk.backend')
     os.environ.setdefault('GPUK_DEVICE', 'cpu')
 
-from bench import keras_models  # noqa: E402
+from bench import keras_models, runs  # noqa: E402
 
 BATCH = 32
 STEPS, UNITS = keras_models.RNN_STEPS, keras_models.RNN_UNITS
@@ -75,8 +75,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     clock = time.perf_counter if args.clock == 'wall' else time.thread_time
     fusion = os.environ.get('GPUK_FUSION', '1')
-    impls = args.impls.split(',')
-    for cell in args.cells.split(','):
+    impls = runs.comma_list(args.impls)
+    for cell in runs.comma_list(args.cells):
         steps = {impl: keras_step(cell) if impl == 'gpuk' else torch_step(cell) for impl in impls}
         for step in steps.values():
             step()   # compile / warm up

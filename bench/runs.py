@@ -1,4 +1,5 @@
-"""What identifies a benchmark run: its file names, the `latest` pointer, thread settings, load.
+"""What identifies a benchmark run: its file names, the `latest` pointer, thread settings, load;
+and the scripts' comma-separated arguments (``comma_list``).
 
 Stdlib only, so ``python -m bench`` can set the thread variables before NumPy (or torch)
 is first imported: OpenBLAS, MKL and OpenMP read them once, when they load.
@@ -33,6 +34,13 @@ def apply_thread_env(threads, environ=None):
     # waits for a descheduled one (small ops measured 30-80x slower). Passive is its best setting.
     environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
     return {name: environ[name] for name in THREAD_VARIABLES + ('OMP_WAIT_POLICY',)}
+
+
+def comma_list(text):
+    """The items of a comma-separated argument (``--models mlp,lstm``), stripped, empty ones
+    dropped: what every bench script's list option takes (bench/keras3_jax.py, which runs in a
+    site of its own, can import this stdlib-only module too)."""
+    return [item for item in (part.strip() for part in text.split(',')) if item]
 
 
 def slug(text):

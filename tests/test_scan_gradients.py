@@ -233,14 +233,17 @@ def test_activations_are_kept_on_the_numpy_device_and_recomputed_for_kernels(mon
     # on the NumPy device the backward step reads the forward's sigmoids and tanhs stacked
     # (several ufunc calls each); for kernel devices they are recomputed in the backward cell
     # kernel (no extra forward kernel outputs): both give the same gradients
+    # (the elementwise family's RECOMPUTES_STEP_ACTIVATIONS says which: the twin's is set to
+    # the launchers' True for the second case)
     from gpuk import device
-    from gpuk.ops import scan as scan_module
     assert device.kind() == 'cpu'
+    twin = device.impl().elementwise
+    assert not twin.RECOMPUTES_STEP_ACTIVATIONS
     arrays = _arrays(np.float32)
     results = {}
     for policy in ('kept', 'recomputed'):
         if policy == 'recomputed':
-            monkeypatch.setattr(scan_module, '_KEPT_ON_THE_NUMPY_DEVICE', ())
+            monkeypatch.setattr(twin, 'RECOMPUTES_STEP_ACTIVATIONS', True)
         x, w, u, b = [K.placeholder(a.shape, dtype='float32') for a in arrays]
         loss = _loss(x, w, u, b)
         f = compiled_with_fusion(monkeypatch, True, [x, w, u, b], [loss] + K.gradients(loss, [w, u, b]))

@@ -10,6 +10,10 @@ FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 _WIDE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))   # computed in their own dtype
 # NumPy's ufuncs read a strided operand in place (gpuk/kernels/elementwise.py says True).
 COPIES_STRIDED_OPERANDS = False
+# A Scan's backward step reads its forward step's sigmoids and tanhs stacked: each is several
+# ufunc calls here (a sigmoid four), a stacked value one copy per step (measured: ~8% of Keras's
+# LSTM training step). gpuk/kernels/elementwise.py says True (ops/scan.py).
+RECOMPUTES_STEP_ACTIVATIONS = False
 
 
 def copy(x):

@@ -98,24 +98,19 @@ def _host(value):
     return np.asarray(value)
 
 
-def _stand_in(rt, fn, name, value):
-    """(device array, zero-stride host stand-in of its shape and dtype for the twin's checks)."""
+def _device_float_and_stand_in(rt, fn, name, value):
+    """(``value`` as a device array of a float dtype the kernels take, ctc_checks.stand_in of it
+    for the twin's checks)."""
     array = value if isinstance(value, rt.xp.ndarray) else rt.xp.asarray(value)
     if array.dtype.kind == 'f' and array.dtype not in FLOAT_DTYPES_NO_BFLOAT16:
         raise TypeError('%s: %s must be a float16, float32 or float64 array, got dtype %s'
                         % (fn, name, array.dtype))
-    return array, np.broadcast_to(np.zeros((), dtype=array.dtype), array.shape)
+    return array, ctc_checks.stand_in(array)
 
 
 def _small_ints(rt, value):
     """A labels / lengths argument as an array of rt.xp (no copy when it already is one)."""
     return value if isinstance(value, rt.xp.ndarray) else rt.xp.asarray(value)
-
-
-def _stand_ins(*arrays):
-    """Zero-stride zeros of each array's shape and dtype: the twin's checks see the shapes and
-    dtypes without a copy of the values (zeros pass every value check)."""
-    return [np.broadcast_to(np.zeros((), dtype=a.dtype), a.shape) for a in arrays]
 
 
 def _device_ints(rt, array):
@@ -134,9 +129,9 @@ def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, b
     kernels clamp every data-dependent index meanwhile. Returns the arrays, the checked blank
     and the problem's kernel launches (prepared.Launches)."""
     def prepare():
-        checked, stand_in = _stand_in(rt, fn, 'logits', logits)
+        checked, stand_in = _device_float_and_stand_in(rt, fn, 'logits', logits)
         ints = [_small_ints(rt, v) for v in (labels, input_lengths, label_lengths)]
-        checked_blank = ctc_checks.check_loss_inputs(fn, stand_in, *_stand_ins(*ints), blank)[4]
+        checked_blank = ctc_checks.check_loss_inputs(fn, stand_in, *map(ctc_checks.stand_in, ints), blank)[4]
         if more_checks is not None:
             more_checks(checked, ints[0])
         return checked_blank, prepared.Launches(rt, LOSS_SOURCE, loss_defines(checked.dtype))
@@ -149,9 +144,9 @@ def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, b
     if (labels.size or input_lengths.size) and not values_checked:
         deferred.defer(rt, ctc_checks.loss_values_flag(rt.xp, labels, input_lengths, label_lengths, steps, classes,
                                                        blank),
-                       lambda: ctc_checks.check_loss_inputs(fn, _stand_in(rt, fn, 'logits', logits)[1],
-                                                            to_host(rt, labels), to_host(rt, input_lengths),
-                                                            to_host(rt, label_lengths), blank))
+                       lambda: ctc_checks.check_loss_inputs(
+                           fn, _device_float_and_stand_in(rt, fn, 'logits', logits)[1], to_host(rt, labels),
+                           to_host(rt, input_lengths), to_host(rt, label_lengths), blank))
     as_int64 = lambda v: rt.xp.ascontiguousarray(v.astype(np.int64, copy=False))   # noqa: E731
     return (rt.xp.ascontiguousarray(logits), as_int64(labels), as_int64(input_lengths), as_int64(label_lengths),
             blank, launches)
@@ -289,7 +284,7 @@ def _ctc_loss_fwd_gpuk(rt, launches, logits, labels, input_lengths, label_length
 
 
 def _float_by_product(fn, rt, name, value, shape, acc, meaning):
-    array, stand_in = _stand_in(rt, fn, name, value)
+    array, stand_in = _device_float_and_stand_in(rt, fn, name, value)
     ctc_checks.float_array(fn, name, stand_in)
     if array.shape != shape:
         raise ValueError('%s: %s must have shape %s (%s), got %s' % (fn, name, shape, meaning, array.shape))
@@ -297,7 +292,7 @@ def _float_by_product(fn, rt, name, value, shape, acc, meaning):
 
 
 def _row_floats(fn, rt, name, value, shape, acc):
-    array, stand_in = _stand_in(rt, fn, name, value)
+    array, stand_in = _device_float_and_stand_in(rt, fn, name, value)
     ctc_checks.float_array(fn, name, stand_in)
     if array.shape != shape:
         raise ValueError('%s: %s must have shape (%d,), got %s' % (fn, name, shape[0], array.shape))
@@ -380,9 +375,9 @@ def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, values_check
     queued that check itself). Returns the arrays, the checked blank and the problem's kernel
     launches."""
     def prepare():
-        checked, stand_in = _stand_in(rt, fn, 'log_probs', log_probs)
+        checked, stand_in = _device_float_and_stand_in(rt, fn, 'log_probs', log_probs)
         lengths = _small_ints(rt, input_lengths)
-        checked_blank = ctc_checks.check_decode_inputs(fn, stand_in, *_stand_ins(lengths), blank)[2]
+        checked_blank = ctc_checks.check_decode_inputs(fn, stand_in, ctc_checks.stand_in(lengths), blank)[2]
         if more_checks is not None:
             more_checks()
         return checked_blank, prepared.Launches(rt, DECODE_SOURCE, decode_defines(checked.dtype))
@@ -392,8 +387,9 @@ def _checked_decode_inputs(fn, rt, log_probs, input_lengths, blank, values_check
     input_lengths = _small_ints(rt, input_lengths)
     if input_lengths.size and not values_checked:
         deferred.defer(rt, rt.xp.any(ctc_checks.bad_lengths(rt.xp, input_lengths, log_probs.shape[1])),
-                       lambda: ctc_checks.check_decode_inputs(fn, _stand_in(rt, fn, 'log_probs', log_probs)[1],
-                                                              to_host(rt, input_lengths), blank))
+                       lambda: ctc_checks.check_decode_inputs(
+                           fn, _device_float_and_stand_in(rt, fn, 'log_probs', log_probs)[1],
+                           to_host(rt, input_lengths), blank))
     return rt.xp.ascontiguousarray(log_probs), input_lengths.astype(np.int64, copy=False), blank, launches
 
 

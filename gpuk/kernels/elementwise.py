@@ -22,6 +22,10 @@ ACTIVATION_CODES = {'linear': 0, 'relu': 1}
 # fused kernels' too: fused_elementwise._contiguous); a Scan copies a sequence with strided
 # per-step slices once per loop instead (ops/scan.py). The twin says False.
 COPIES_STRIDED_OPERANDS = True
+# A Scan's backward step recomputes its forward step's sigmoids and tanhs: they fuse into the
+# backward cell's generated kernel at no cost, where keeping them stacked would add outputs to
+# the forward cell's kernel (at most 4) and split it (ops/scan.py). The twin says False.
+RECOMPUTES_STEP_ACTIVATIONS = True
 
 
 def defines(dtype):

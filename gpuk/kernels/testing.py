@@ -1,4 +1,4 @@
-"""Test helpers for kernels: moving arrays to a runtime and the tolerance policy.
+"""Test helpers for kernels: moving arrays to a runtime, the tolerance policy, the twin's errors.
 
 Policy: a kernel's result is compared with a float64 reference (the NumPy twin run on
 inputs cast to float64) by the norm-wise relative error max|out - ref| / max|ref|,
@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from gpuk.contracts.dtypes import is_float_dtype
+from gpuk.kernels.runtime import deferred
 
 TOLERANCE = {np.dtype(np.float16): 2e-3, np.dtype(ml_dtypes.bfloat16): 1.5e-2, np.dtype(np.float32): 1e-5,
              np.dtype(np.float64): 1e-12}
@@ -94,3 +95,26 @@ def assert_matches_twin(kernel_fn, twin_fn, args, rt, kwargs=None):
         assert_close(o, r, dtype, kernel_fn.__name__)
         results.append(o)
     return tuple(results) if several else results[0]
+
+
+def assert_same_error(kernel_fn, twin_fn, args, kwargs=None):
+    """twin_fn raises a ValueError or TypeError on ``args``, and kernel_fn on the emulated runtime
+    raises the same type with the same message: at the call, or where its results are read when
+    the launcher checks the values on the device (runtime/deferred.py); no check is left pending."""
+    kwargs = kwargs or {}
+    try:
+        twin_fn(*args, **kwargs)
+    except (ValueError, TypeError) as error:
+        expected = error
+    else:
+        raise AssertionError(f"{twin_fn.__name__}: raised no ValueError or TypeError")
+    try:
+        kernel_fn(*args, runtime='emulate', **kwargs)
+        deferred.raise_pending()   # value checks run on the device and raise where results are read
+    except type(expected) as error:
+        if str(error) != str(expected):
+            raise AssertionError(f"{kernel_fn.__name__} raised {error!r}, the twin {expected!r}") from error
+    else:
+        raise AssertionError(f"{kernel_fn.__name__}: raised nothing, the twin {expected!r}")
+    if deferred.pending_count():
+        raise AssertionError(f"{kernel_fn.__name__}: {deferred.pending_count()} value checks left pending")

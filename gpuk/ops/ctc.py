@@ -86,12 +86,6 @@ def check_loss_inputs(xp, where, logits_shape, labels, input_lengths, label_leng
     return labels, input_lengths, label_lengths
 
 
-def _stand_in(value):
-    """Zero-stride zeros of ``value``'s shape and dtype: the checks above see shapes and dtypes
-    without a copy of the values (zeros pass every value check)."""
-    return None if value is None else np.broadcast_to(np.zeros((), dtype=value.dtype), value.shape)
-
-
 _SHAPES_CHECKED = set()   # loss_inputs_checked_later's signatures whose shapes and dtypes passed
 
 
@@ -123,8 +117,8 @@ def _loss_inputs_checked_later(impl, where, logits_shape, labels, input_lengths,
     signature = (where, tuple(logits_shape), labels.shape, labels.dtype, input_lengths.shape, input_lengths.dtype,
                  label_lengths.shape, label_lengths.dtype)
     if signature not in _SHAPES_CHECKED or check_launches_forced():
-        check_loss_inputs(np, where, logits_shape, _stand_in(labels), _stand_in(input_lengths),
-                          _stand_in(label_lengths))
+        check_loss_inputs(np, where, logits_shape,
+                          *map(ctc_checks.stand_in, (labels, input_lengths, label_lengths)))
         if len(_SHAPES_CHECKED) >= 1024:
             _SHAPES_CHECKED.clear()
         _SHAPES_CHECKED.add(signature)
@@ -193,7 +187,7 @@ def lengths_checked_later(impl, where, name, values, batch, upper, upper_desc):
     in [0, upper]) by a device-side flag read with the others (``impl.check_later``), with
     the same messages. The decoding kernels clamp the lengths meanwhile."""
     xp = impl.xp
-    lengths_vector(np, where, name, _stand_in(values), batch, upper, upper_desc)
+    lengths_vector(np, where, name, ctc_checks.stand_in(values), batch, upper, upper_desc)
     vector = values.reshape(-1)
     bad = xp.any(ctc_checks.bad_lengths(xp, vector, upper))
     impl.check_later(bad, lambda: lengths_vector(np, where, name, to_host(values), batch, upper, upper_desc))

@@ -427,27 +427,25 @@ def _aliased_outputs(target_slots, shape_only):
     return aliases
 
 
-# Kept, stacked, on the NumPy device rather than recomputed by the backward step: each is
-# several ufunc calls there (a sigmoid four), a stacked value one copy per step (measured:
-# ~8% of Keras's LSTM training step). On a kernel device they fuse into the backward cell
-# kernel at no cost, while keeping them would add outputs to the forward cell's kernel (at
-# most 4) and split it: they are recomputed there.
-_KEPT_ON_THE_NUMPY_DEVICE = ('sigmoid', 'tanh')
+# Recomputed by a Scan's backward step or kept, stacked, from its forward loop, as the
+# elementwise family says (RECOMPUTES_STEP_ACTIVATIONS: cheap in a kernel device's fused cell
+# kernel, several ufunc calls each on the NumPy device).
+_STEP_ACTIVATIONS = ('sigmoid', 'tanh')
 
 
 def _recomputed(op):
     """Whether a Scan's backward step computes ``op``'s value again instead of reading it
     stacked from the forward loop (see Scan._residuals).
 
-    Decided when the gradient graph is built (K.gradients), by the device in use then, not
-    when a plan is compiled for a device: the choice fixes the graph itself (which values
-    the ResidualScan stacks, which placeholders the backward step reads), shared by every
-    plan compiled from it, and a plan-time choice would have to rewrite the forward and the
-    backward Scan of the outer plan together. Build time is right because it cannot change
+    Decided when the gradient graph is built (K.gradients), by the implementation of the
+    device in use then (device.impl()), not when a plan is compiled for a device: the choice
+    fixes the graph itself (which values the ResidualScan stacks, which placeholders the
+    backward step reads), shared by every plan compiled from it, and a plan-time choice would
+    have to rewrite the forward and the backward Scan of the outer plan together. Build time is right because it cannot change
     values, only cost: both forms compute the same gradients on any device (on the NumPy
     device bit for bit: the same ufuncs on the same stacked inputs; the test
     test_activations_are_kept_on_the_numpy_device_and_recomputed_for_kernels). And the
-    device of a graph's build is the device it runs on: device.kind() pins GPUK_DEVICE on
+    device of a graph's build is the device it runs on: device.impl() pins GPUK_DEVICE on
     first use, and set_device must come before any variable is created (variables keep the
     arrays of their device), so the graphs of a model are built and run on one device. A
     graph built on one device and run on another (only by switching devices between
@@ -456,7 +454,8 @@ def _recomputed(op):
     outputs), recomputed ones on the NumPy device cost a few ufunc calls each."""
     if not op.cheap_to_recompute():
         return False
-    return not (isinstance(op, Unary) and op.name in _KEPT_ON_THE_NUMPY_DEVICE and device.kind() == 'cpu')
+    return not (isinstance(op, Unary) and op.name in _STEP_ACTIVATIONS
+                and not device.impl().elementwise.RECOMPUTES_STEP_ACTIVATIONS)
 
 
 def _time_summed_factors(g, captured):

@@ -305,3 +305,9 @@ def test_skip_reasons():
     reason = harness.gpu_unusable_reason()
     if reason is not None:
         assert harness.skip_reason('gpuk') == 'gpuk needs a GPU: %s' % reason
+
+
+def test_comma_list_takes_the_bench_scripts_list_arguments():
+    assert runs.comma_list('mlp,lstm') == ['mlp', 'lstm']
+    assert runs.comma_list(' mlp, lstm ,') == ['mlp', 'lstm']
+    assert runs.comma_list('') == []

@@ -471,18 +471,23 @@ def _depthwise_arrays(case, dtype, data_format, seed=0):
     return x, w, dy
 
 
+def _check_depthwise(rt, case, dtype, data_format, seed=0, wgrad=True):
+    """depthwise_conv_fwd and _dgrad of ``case`` (and _wgrad, unless ``wgrad=False``: the tests of
+    paths only fwd and dgrad take) against the twin."""
+    _, _, strides, dilation, pads, _, _ = case
+    x, w, dy = _depthwise_arrays(case, dtype, data_format, seed)
+    geometry = (strides, dilation, pads, data_format)
+    assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), rt)
+    assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry), rt)
+    if wgrad:
+        assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, (x, dy, w.shape, *geometry), rt)
+
+
 @pytest.mark.parametrize('data_format', FORMATS)
 @pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize('case', DEPTHWISE_CASES, ids=_ids(DEPTHWISE_CASES))
 def test_depthwise_matches_twin(kernel_runtime, case, dtype, data_format):
-    _, _, strides, dilation, pads, _, _ = case
-    x, w, dy = _depthwise_arrays(case, dtype, data_format)
-    geometry = (strides, dilation, pads, data_format)
-    assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), kernel_runtime)
-    assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry),
-                        kernel_runtime)
-    assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, (x, dy, w.shape, *geometry),
-                        kernel_runtime)
+    _check_depthwise(kernel_runtime, case, dtype, data_format)
 
 
 @pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
@@ -553,12 +558,7 @@ def test_depthwise_rolling_rows_every_trip_count_and_tail(kernel_runtime, k_w, d
     trips of 8 taps, then a guarded tail of 1..8 taps (fwd; dgrad correlates with the flipped
     filter the same way)."""
     case = ((2, 40), (2, k_w), (1, 1), (1, 1), ((0, 1), (k_w // 2, (k_w - 1) // 2)), 6, 1)
-    _, _, strides, dilation, pads, _, _ = case
-    x, w, dy = _depthwise_arrays(case, np.float32, data_format, seed=7)
-    geometry = (strides, dilation, pads, data_format)
-    assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), kernel_runtime)
-    assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry),
-                        kernel_runtime)
+    _check_depthwise(kernel_runtime, case, np.float32, data_format, seed=7, wgrad=False)
 
 
 # whole-filter windows (conv_depthwise.cu tile_rows_window): 3x3 (4 rows per thread, 32-row
@@ -576,15 +576,11 @@ ROWS_WINDOW_CASES = [
 @pytest.mark.parametrize('dtype', [np.float32, np.float16], ids=['f32', 'f16'])
 @pytest.mark.parametrize('case', ROWS_WINDOW_CASES, ids=_ids(ROWS_WINDOW_CASES))
 def test_depthwise_whole_filter_windows(kernel_runtime, case, dtype, data_format):
-    spatial, kernel, strides, dilation, pads, _, mult = case
+    spatial, kernel, strides, dilation, _, _, _ = case
     tile = conv_direct.depthwise_tile('t', dtype, data_format == 'channels_first', spatial, kernel, strides, dilation,
                                       rows_window=True)
     assert tile.rows_per_thread == conv_direct.DW_ROWS_WINDOW[kernel[-1]]
-    x, w, dy = _depthwise_arrays(case, dtype, data_format, seed=8)
-    geometry = (strides, dilation, pads, data_format)
-    assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), kernel_runtime)
-    assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry),
-                        kernel_runtime)
+    _check_depthwise(kernel_runtime, case, dtype, data_format, seed=8, wgrad=False)
 
 
 def test_depthwise_rows_window_only_where_the_kernel_has_one():
@@ -614,13 +610,7 @@ def test_depthwise_split_wgrad_and_chunked_kernel_rows(kernel_runtime):
     tile = conv_direct.depthwise_tile('t', np.float64, False, (2, 4), (16, 14), (1, 1), (1, 1))
     assert tile.kh_chunk < 16 and tile.shared_bytes <= conv_direct.DW_MAX_SHARED
     for dtype in (np.float32, np.float64):
-        x, w, dy = _depthwise_arrays(big, dtype, 'channels_last', seed=4)
-        geometry = ((1, 1), (1, 1), big[4], 'channels_last')
-        assert_matches_twin(conv.depthwise_conv_fwd, twin.depthwise_conv_fwd, (x, w, *geometry), kernel_runtime)
-        assert_matches_twin(conv.depthwise_conv_dgrad, twin.depthwise_conv_dgrad, (dy, w, x.shape, *geometry),
-                            kernel_runtime)
-        assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, (x, dy, w.shape, *geometry),
-                            kernel_runtime)
+        _check_depthwise(kernel_runtime, big, dtype, 'channels_last', seed=4)
 
 
 # ---------------------------------------------------------------- locally connected

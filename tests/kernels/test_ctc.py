@@ -8,7 +8,7 @@ from gpuk.cpu_fallback import ctc as twin
 from gpuk.kernels import ctc, runtime
 from gpuk.kernels.runtime import deferred
 from gpuk.kernels.cudnn import ctc as cudnn_ctc
-from gpuk.kernels.testing import assert_close, to_device, to_host
+from gpuk.kernels.testing import assert_close, assert_same_error, to_device, to_host
 
 DTYPES = [np.float16, np.float32, np.float64]
 
@@ -212,17 +212,6 @@ def test_beam_search_float16_and_fewer_prefixes_than_paths(kernel_runtime):
     assert np.isinf(scores_t).any()
 
 
-def _same_error(kernel_fn, twin_fn, args, kwargs=None):
-    kwargs = kwargs or {}
-    with pytest.raises((ValueError, TypeError)) as expected:
-        twin_fn(*args, **kwargs)
-    with pytest.raises(expected.type) as got:
-        kernel_fn(*args, runtime='emulate', **kwargs)
-        deferred.raise_pending()   # value checks run on the device and raise where results are read
-    assert str(got.value) == str(expected.value)
-    assert deferred.pending_count() == 0
-
-
 class _NoLaunch:
     """A runtime whose every load fails the test: errors must come before any launch."""
     kind = 'emulate'
@@ -247,15 +236,15 @@ def test_bad_shapes_and_dtypes_raise_before_any_launch(monkeypatch):
         (x[0], labels, ok_in, ok_lab),
     ]
     for case in loss_cases:
-        _same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, case)
+        assert_same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, case)
     log_alpha, loss = np.zeros((2, 5, 5), np.float32), np.zeros(2, np.float32)
     lse = np.zeros((2, 5), np.float32)
-    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha[:, :4], lse, loss, loss))
-    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha, lse[:, :4], loss, loss))
-    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab, log_alpha, lse, loss[:1], loss))
-    _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, ok_in, 4))
-    _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 0))
-    _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 2, 3))
+    for by_products in ((log_alpha[:, :4], lse, loss, loss), (log_alpha, lse[:, :4], loss, loss),
+                        (log_alpha, lse, loss[:1], loss)):
+        assert_same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x, labels, ok_in, ok_lab) + by_products)
+    assert_same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, ok_in, 4))
+    assert_same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 0))
+    assert_same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, ok_in, 2, 3))
 
 
 def test_bad_values_raise_the_twins_errors_from_the_device_check():
@@ -275,11 +264,12 @@ def test_bad_values_raise_the_twins_errors_from_the_device_check():
         (x, labels + 0.5, ok_in, ok_lab),                      # non-integer labels
     ]
     for case in loss_cases:
-        _same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, case)
+        assert_same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, case)
         log_alpha, loss = np.zeros((2, 5, 5), np.float32), np.zeros(2, np.float32)
-        _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, case + (log_alpha, np.zeros((2, 5), np.float32), loss, loss))
-    _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, np.array([6, 1])))
-    _same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, np.array([-1, 1]), 2))
+        assert_same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd,
+                          case + (log_alpha, np.zeros((2, 5), np.float32), loss, loss))
+    assert_same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, np.array([6, 1])))
+    assert_same_error(ctc.ctc_beam_search_decode, twin.ctc_beam_search_decode, (x, np.array([-1, 1]), 2))
 
 
 @pytest.mark.usefixtures('deferred_checks')
@@ -307,11 +297,11 @@ def test_bfloat16_is_refused_by_launcher_and_twin(monkeypatch):
     x = np.zeros((2, 5, 4), ml_dtypes.bfloat16)
     labels, lengths = np.array([[0, 1], [2, 2]]), np.array([5, 5])
     log_alpha, loss = np.zeros((2, 5, 5), np.float32), np.zeros(2, np.float32)
-    _same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, (x, labels, lengths, lengths - 3))
-    _same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x.astype(np.float32), labels, lengths, lengths - 3,
+    assert_same_error(ctc.ctc_loss_fwd, twin.ctc_loss_fwd, (x, labels, lengths, lengths - 3))
+    assert_same_error(ctc.ctc_loss_bwd, twin.ctc_loss_bwd, (x.astype(np.float32), labels, lengths, lengths - 3,
                                                       log_alpha.astype(ml_dtypes.bfloat16), loss[:, None], loss,
                                                       loss))
-    _same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, lengths))
+    assert_same_error(ctc.ctc_greedy_decode, twin.ctc_greedy_decode, (x, lengths))
     with pytest.raises(TypeError, match='ctc_loss_fwd: logits must be a float16, float32 or float64 array, '
                                         'got dtype bfloat16'):
         twin.ctc_loss_fwd(x, labels, lengths, lengths - 3)
@@ -480,4 +470,4 @@ def test_check_loss_values_shapes_and_dtypes_raise_the_twins_errors(monkeypatch)
     labels, lengths = np.zeros((2, 3)), np.array([1, 1])
     for args in ((labels[0], lengths, lengths), (labels, lengths[:1], lengths), (labels, lengths, lengths[:, None]),
                  (labels.astype(bool), lengths, lengths), (labels, lengths.astype(ml_dtypes.bfloat16), lengths)):
-        _same_error(ctc.ctc_check_loss_values, twin.ctc_check_loss_values, args + (5, 4))
+        assert_same_error(ctc.ctc_check_loss_values, twin.ctc_check_loss_values, args + (5, 4))

@@ -111,9 +111,8 @@ def check_cudnn_limits(logits_shape, logits_dtype, input_lengths, label_lengths)
 def cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None):
     """(loss, dlogits) by cudnnCTCLoss_v8; raises Unsupported outside its limits."""
     fn = 'cudnn_ctc_loss'
-    stand_in = np.broadcast_to(np.zeros((), dtype=logits.dtype), logits.shape)
     _, labels, input_lengths, label_lengths, blank = ctc_checks.check_loss_inputs(
-        fn, stand_in, _host(labels), _host(input_lengths), _host(label_lengths), blank)
+        fn, ctc_checks.stand_in(logits), _host(labels), _host(input_lengths), _host(label_lengths), blank)
     check_cudnn_limits(logits.shape, logits.dtype, input_lengths, label_lengths)
     if isinstance(logits, np.ndarray):
         raise Unsupported('logits are not on the GPU')
