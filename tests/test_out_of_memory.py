@@ -16,6 +16,7 @@ import pytest
 import gpuk
 from gpuk import backend as K
 from gpuk import config, device
+from gpuk.cpu_fallback import batchnorm as bn_twin
 from gpuk.cpu_fallback import conv as conv_twin
 from gpuk.kernels import runtime
 from gpuk.kernels.runtime import counters, deferred
@@ -203,12 +204,12 @@ def test_a_step_past_the_pool_limit_on_the_cuda_path_changes_nothing_and_a_small
     _assert_runs_like_the_numpy_device(on, step, variables, before, small)
 
 
-def _assert_runs_like_the_numpy_device(on, step, variables, before, small):
+def _assert_runs_like_the_numpy_device(on, step, variables, before, small, build=_training_step):
     """``step`` (sparse labels, on the CUDA path) on ``small`` gives the outputs and variables
-    of the same step on the NumPy device, built afresh from the values ``before``."""
+    of the same step (``build``'s) on the NumPy device, built afresh from the values ``before``."""
     out = step(small)
     on('cpu')
-    twin, twin_variables = _training_step(np.random.default_rng(0), sparse=True)
+    twin, twin_variables = build(np.random.default_rng(0), sparse=True)
     for v, value in zip(twin_variables, before):
         K.set_value(v, value)
     np.testing.assert_allclose(out, twin(small), rtol=1e-5)
@@ -225,76 +226,129 @@ _FRONTEND_ALLOCATION_FAILED = ('cudnnBackendExecute(handle, plan->get_raw_desc()
                                'failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED')
 
 
-class _CudnnConvGraph:
-    """A built cuDNN Frontend convolution graph (conv.py's ``_build``) for the tests: it runs the
-    NumPy twin on the arrays behind the pointers of its variant pack, and for a batch above
-    ``limit[0]`` (None: never) raises what the frontend raises when cuDNN cannot allocate (cuDNN's own device
-    memory, beside the workspace gpuk gives it)."""
+class _CudnnGraph:
+    """A built cuDNN Frontend graph (the ``_build`` of conv.py or batchnorm.py) for the tests: it
+    runs a NumPy twin (a subclass's ``outputs``) on the arrays behind the pointers of its variant
+    pack, and where ``rows`` is above ``cudnn.limit`` (None: never) raises what the frontend
+    raises when cuDNN cannot allocate (cuDNN's own device memory, beside the workspace gpuk
+    gives it). ``cudnn`` is the state of ``_standing_in_for_cudnn_graphs``; ``tensors`` the
+    BuiltGraph's: the names of the variant pack's buffers, in the form the module reads them."""
 
-    def __init__(self, op, problem, limit, arrays_at, executed):
-        self.op, self.problem, self.limit, self.arrays_at, self.executed = op, problem, limit, arrays_at, executed
+    def __init__(self, cudnn, op, rows, tensors):
+        self.cudnn, self.op, self.rows, self.tensors = cudnn, op, rows, tensors
 
     def execute(self, pack, workspace, handle=None):
-        p = self.problem
-        a, b, out = (self.arrays_at.pop(pack[name]) for name in ('a', 'b', 'out'))
-        self.arrays_at.pop(workspace)
-        if self.limit[0] is not None and p.x_shape[0] > self.limit[0]:
+        arrays = {name: self.cudnn.arrays_at.pop(pack[name]) for name in self.tensors}
+        self.cudnn.arrays_at.pop(workspace)
+        if self.cudnn.limit is not None and self.rows > self.cudnn.limit:
             raise RuntimeError(_FRONTEND_ALLOCATION_FAILED)
-        self.executed.append(self.op)
-        a, b = device.to_host(a), device.to_host(b)
+        self.cudnn.executed.append(self.op)
+        inputs = {name: device.to_host(array) for name, array in arrays.items()}
+        for name, result in self.outputs(inputs).items():
+            arrays[name][...] = device.xp().asarray(np.reshape(result, arrays[name].shape))
+
+
+class _CudnnConvGraph(_CudnnGraph):
+    """conv.py's graphs (fprop, dgrad, wgrad); ``rows``: the batch."""
+
+    def __init__(self, cudnn, op, problem, dtype_name):
+        super().__init__(cudnn, op, problem.x_shape[0], ('a', 'b', 'out'))
+        self.problem = problem
+
+    def outputs(self, inputs):
+        p, a, b = self.problem, inputs['a'], inputs['b']
         geometry = (p.strides, p.dilation, tuple((s, s) for s in p.symmetric_pads),
                     'channels_last' if p.channels_last else 'channels_first')
         from gpuk.kernels.cudnn import conv as cudnn_conv
         if self.op == 'fprop':
-            result = conv_twin.conv_fwd(a, cudnn_conv.from_cudnn_filter(np, b, p, p.w_shape), *geometry)
-        elif self.op == 'dgrad':
-            result = conv_twin.conv_dgrad(a, cudnn_conv.from_cudnn_filter(np, b, p, p.w_shape), p.padded_x_shape,
-                                          *geometry)
-        else:
-            result = cudnn_conv.to_cudnn_filter(np, conv_twin.conv_wgrad(a, b, p.w_shape, *geometry), p)
-        out[...] = device.xp().asarray(result.reshape(out.shape))
+            return {'out': conv_twin.conv_fwd(a, cudnn_conv.from_cudnn_filter(np, b, p, p.w_shape), *geometry)}
+        if self.op == 'dgrad':
+            return {'out': conv_twin.conv_dgrad(a, cudnn_conv.from_cudnn_filter(np, b, p, p.w_shape),
+                                                p.padded_x_shape, *geometry)}
+        return {'out': cudnn_conv.to_cudnn_filter(np, conv_twin.conv_wgrad(a, b, p.w_shape, *geometry), p)}
 
 
-@pytest.fixture
-def cudnn_conv_runs_out_of_memory_past(monkeypatch):
-    """Convolutions take the cuDNN path (GPUK_KERNELS conv=cudnn), with cuDNN present: the
-    Frontend's graphs are _CudnnConvGraph, which run out of memory for a batch above
-    ``limit[0]`` (None: never). Returns (limit, the ops executed)."""
-    from gpuk.kernels.cudnn import conv as cudnn_conv
+class _CudnnBatchnormGraph(_CudnnGraph):
+    """batchnorm.py's 'train' and 'bwd' graphs (no relu; the training graph without moving
+    averages) on x viewed as (outer, C, inner); ``rows``: outer."""
+    TENSORS = {'train': ('x', 'scale', 'bias', 'epsilon', 'running_mean', 'running_var', 'momentum', 'y', 'mean',
+                         'inv_var', 'next_running_mean', 'next_running_var'),
+               'bwd': ('dy', 'x', 'scale', 'mean', 'inv_var', 'dx', 'dscale', 'dbias')}
+
+    def __init__(self, cudnn, op, dtype_name, view):
+        super().__init__(cudnn, op, view[0], {name: name for name in self.TENSORS[op]})
+        self.view = view
+
+    def outputs(self, inputs):
+        x = inputs['x'].reshape(self.view)
+        axes = (0, 2)
+        scale, mean, inv_var = (inputs.get(name, np.ones(1)).reshape(1, -1, 1) for name in ('scale', 'mean', 'inv_var'))
+        if self.op == 'train':
+            assert inputs['momentum'][0] == 0     # the running statistics are throwaway ones
+            y, mean, _, inv_std = bn_twin.bn_train_fwd(x, scale, inputs['bias'].reshape(1, -1, 1), axes,
+                                                       float(inputs['epsilon'][0]))
+            return {'y': y, 'mean': mean, 'inv_var': inv_std, 'next_running_mean': inputs['running_mean'],
+                    'next_running_var': inputs['running_var']}
+        dx, dscale, dbias = bn_twin.bn_bwd(inputs['dy'].reshape(self.view), x, scale, mean, inv_var, axes)
+        return {'dx': dx, 'dscale': dscale, 'dbias': dbias}
+
+
+def _standing_in_for_cudnn_graphs(monkeypatch, family, module, graph):
+    """``family`` takes the cuDNN path (GPUK_KERNELS <family>=cudnn), with cuDNN present: the
+    Frontend graphs ``module._build`` builds are ``graph(cudnn, op, *its problem)`` (a _CudnnGraph),
+    which run out of memory above ``cudnn.limit`` (None: never). Returns ``cudnn``, whose
+    ``executed`` lists the ops run."""
     from gpuk.kernels.cudnn import library
-    limit, executed = [None], []
-    arrays_at = weakref.WeakValueDictionary()   # the variant pack's "pointers": held by the call only
+    # arrays_at: the variant pack's "pointers", to the arrays, held by the call only
+    cudnn = types.SimpleNamespace(limit=None, executed=[], arrays_at=weakref.WeakValueDictionary())
 
     def pointer(array):
-        arrays_at[id(array)] = array
+        cudnn.arrays_at[id(array)] = array
         return id(array)
 
-    def build(frontend, handle, op, problem, dtype_name):
-        return library.BuiltGraph(_CudnnConvGraph(op, problem, limit, arrays_at, executed), ('a', 'b', 'out'), 1024)
+    def build(frontend, handle, op, *problem):
+        made = graph(cudnn, op, *problem)
+        return library.BuiltGraph(made, made.tensors, 1024)
 
     monkeypatch.setattr(library, 'available', lambda: True)
     monkeypatch.setattr(library, 'frontend', lambda: 'the cuDNN Frontend')
     monkeypatch.setattr(library, 'frontend_handle', lambda frontend, cupy: (0, 'its handle'))
     monkeypatch.setattr(library, 'device_pointer', pointer)
-    monkeypatch.setattr(cudnn_conv, '_build', build)
-    monkeypatch.setattr(cudnn_conv, '_graphs', {})
-    monkeypatch.setattr(config, '_kernels', dict(config._kernels, conv='cudnn'))
+    monkeypatch.setattr(module, '_build', build)
+    monkeypatch.setattr(module, '_graphs', {})
+    monkeypatch.setattr(config, '_kernels', dict(config._kernels, **{family: 'cudnn'}))
     monkeypatch.setenv('GPUK_CUDA_GRAPHS', '0')   # the twin's NumPy work would not replay
-    return limit, executed
+    return cudnn
+
+
+@pytest.fixture
+def cudnn_conv_runs_out_of_memory_past(monkeypatch):
+    """Convolutions on cuDNN's (stand-in) graphs: ``_standing_in_for_cudnn_graphs``'s state;
+    ``limit``: the batch."""
+    from gpuk.kernels.cudnn import conv
+    return _standing_in_for_cudnn_graphs(monkeypatch, 'conv', conv, _CudnnConvGraph)
+
+
+@pytest.fixture
+def cudnn_batchnorm_runs_out_of_memory_past(monkeypatch):
+    """Batch normalization on cuDNN's (stand-in) graphs: ``_standing_in_for_cudnn_graphs``'s
+    state; ``limit``: x's rows (outer: batch times height times width, channels last)."""
+    from gpuk.kernels.cudnn import batchnorm
+    return _standing_in_for_cudnn_graphs(monkeypatch, 'batchnorm', batchnorm, _CudnnBatchnormGraph)
 
 
 @pytest.mark.gpu
 def test_cudnn_out_of_memory_changes_nothing_and_a_smaller_step_runs(on, rng, pool_limit,
                                                                      cudnn_conv_runs_out_of_memory_past):
     on('cuda')
-    limit, executed = cudnn_conv_runs_out_of_memory_past
+    cudnn = cudnn_conv_runs_out_of_memory_past
     step, variables = _training_step(rng, sparse=True)
     small = _batch(rng, SMALL, sparse=True)
     step(small)
-    assert 'fprop' in executed and 'wgrad' in executed, executed     # the step ran on the cuDNN path
+    assert 'fprop' in cudnn.executed and 'wgrad' in cudnn.executed, cudnn.executed     # on the cuDNN path
     pool = pool_limit(1 << 30)        # (a limit, so that the rehearsal's stand-in counts what is allocated)
     held, before = pool.used_bytes(), _values(variables)
-    limit[0] = SMALL
+    cudnn.limit = SMALL
     with pytest.raises(gpuk.OutOfMemoryError) as caught:
         step(_batch(rng, BIG, sparse=True))
     error = caught.value
@@ -307,9 +361,56 @@ def test_cudnn_out_of_memory_changes_nothing_and_a_smaller_step_runs(on, rng, po
                     r'\)\. No variable was updated .*: try a smaller batch\.$', str(error)), str(error)
     assert pool.used_bytes() <= held  # released although the error is still held here
     _assert_unchanged(variables, before)
-    executed.clear()
+    cudnn.executed.clear()
     _assert_runs_like_the_numpy_device(on, step, variables, before, small)
-    assert 'fprop' in executed
+    assert 'fprop' in cudnn.executed
+
+
+def _batchnorm_step(rng, sparse=True):
+    """A step normalizing its input with K.normalize_batch_in_training (batch norm's training
+    forward and backward), then a dense layer and sparse cross-entropy: the function, its
+    variables."""
+    x = K.placeholder((None, 6, 6, 2))
+    labels = K.placeholder((None,))
+    gamma = K.variable(1 + 0.1 * rng.standard_normal(2), name='gamma')
+    beta = K.variable(0.1 * rng.standard_normal(2), name='beta')
+    d = K.variable(0.3 * rng.standard_normal((72, 3)), name='d')
+    normalized, _, _ = K.normalize_batch_in_training(x, gamma, beta, [0, 1, 2])
+    logits = K.dot(K.batch_flatten(normalized), d)
+    loss = K.mean(K.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+    variables = [gamma, beta, d]
+    updates = [K.update_sub(v, 0.1 * g) for v, g in zip(variables, K.gradients(loss, variables))]
+    return K.function([x, labels], [loss], updates=updates), variables
+
+
+@pytest.mark.gpu
+def test_cudnn_batchnorm_out_of_memory_changes_nothing_and_a_smaller_step_runs(
+        on, rng, pool_limit, cudnn_batchnorm_runs_out_of_memory_past):
+    on('cuda')
+    cudnn = cudnn_batchnorm_runs_out_of_memory_past
+    step, variables = _batchnorm_step(rng)
+    small = _batch(rng, SMALL, sparse=True)
+    step(small)
+    assert cudnn.executed == ['train', 'bwd'], cudnn.executed     # the step ran on the cuDNN path
+    pool = pool_limit(1 << 30)        # (a limit, so that the rehearsal's stand-in counts what is allocated)
+    held, before = pool.used_bytes(), _values(variables)
+    cudnn.limit = SMALL * 36
+    with pytest.raises(gpuk.OutOfMemoryError) as caught:
+        step(_batch(rng, BIG, sparse=True))
+    error = caught.value
+    from gpuk.kernels.cudnn import library
+    assert type(error.__cause__) is library.AllocationFailed and error.requested_bytes is None
+    # the K call, the step's inputs, then the cuDNN call with its problem's sizes and cuDNN's reason
+    assert re.match(r'^normalize_batch_in_training: out of GPU memory \(at run time, on inputs float32 '
+                    r'\(64, 6, 6, 2\), float32 \(2,\), float32 \(2,\)\): bn_train_fwd: cuDNN failed running the '
+                    r'batchnorm train graph for x \(64, 6, 6, 2\) as \(outer, C, inner\) \(2304, 2, 1\), dtype float32 '
+                    r'\(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED\)\. '
+                    r'No variable was updated .*: try a smaller batch\.$', str(error)), str(error)
+    assert pool.used_bytes() <= held  # released although the error is still held here
+    _assert_unchanged(variables, before)
+    cudnn.executed.clear()
+    _assert_runs_like_the_numpy_device(on, step, variables, before, small, _batchnorm_step)
+    assert cudnn.executed == ['train', 'bwd'], cudnn.executed
 
 
 @pytest.mark.parametrize('status, name', [(4003, 'CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED'),
@@ -321,14 +422,16 @@ def test_cudnn_statuses_of_a_failed_allocation_are_memory_errors(status, name):
     from gpuk.kernels.cudnn import library
     names = {status: name, 4000: 'CUDNN_STATUS_INTERNAL_ERROR', 5000: 'CUDNN_STATUS_EXECUTION_FAILED'}
     lib = types.SimpleNamespace(cudnnGetErrorString=lambda code: names[code].encode())
+    described = library.describe('avg_pool_fwd', x=(64, 6, 6, 2), dtype='float32')
     with pytest.raises(library.AllocationFailed) as caught:
-        library.check(lib, status, 'cudnnPoolingForward')
-    assert str(caught.value) == 'cuDNN: cudnnPoolingForward failed with status %d (%s)' % (status, name)
+        library.check(lib, status, 'cudnnPoolingForward', described)
+    assert str(caught.value) == ('avg_pool_fwd: cuDNN cudnnPoolingForward failed for x (64, 6, 6, 2), dtype float32 '
+                                 '(status %d: %s)' % (status, name))
     assert caught.value.status == status and isinstance(caught.value, RuntimeError)
     assert device.out_of_memory(caught.value)
     for other in (4000, 5000):        # may stem from memory, but do not say so
         with pytest.raises(RuntimeError) as caught:
-            library.check(lib, other, 'cudnnPoolingForward')
+            library.check(lib, other, 'cudnnPoolingForward', described)
         assert type(caught.value) is RuntimeError and not device.out_of_memory(caught.value)
 
 

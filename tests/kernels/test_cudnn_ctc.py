@@ -54,10 +54,10 @@ def test_launchers_run_cudnn_for_loss_and_gradient_when_chosen(cuda_standin, mon
     logits, labels, input_lengths, label_lengths = _small_problem(rng)
     calls = []
 
-    def fake_cudnn_ctc_loss(x, *args):
-        calls.append(x)
+    def fake_ctc_loss(fn, x, *args):
+        calls.append((fn, x))
         return 'cudnn loss', np.full(x.shape, 2.0)
-    monkeypatch.setattr(cudnn_ctc, 'cudnn_ctc_loss', fake_cudnn_ctc_loss)
+    monkeypatch.setattr(cudnn_ctc, '_ctc_loss', fake_ctc_loss)
     config.set_kernels(ctc='cudnn')
     loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths, runtime=cuda_standin)
     assert loss == 'cudnn loss' and log_alpha.shape == (3, 8, 7) and np.isnan(log_alpha).all()
@@ -66,7 +66,7 @@ def test_launchers_run_cudnn_for_loss_and_gradient_when_chosen(cuda_standin, mon
     dlogits = ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, np.zeros(3), dloss,
                                runtime=cuda_standin)
     np.testing.assert_array_equal(dlogits, 2.0 * dloss[:, None, None] * np.ones(logits.shape))
-    assert len(calls) == 2 and all(c is logits for c in calls)
+    assert [fn for fn, _ in calls] == ['ctc_loss_fwd', 'ctc_loss_bwd'] and all(x is logits for _, x in calls)
 
 
 def test_launchers_fall_back_to_gpuk_outside_cudnns_limits(cuda_standin, rng):

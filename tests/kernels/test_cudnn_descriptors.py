@@ -141,11 +141,14 @@ def test_enumerator_values_match_the_headers(headers):
 
 # ---------------------------------------------------------------- descriptors, set and read back
 
+DESCRIBED = cudnn_library.describe('test', x=(2, 3))     # what a failure here would name
+
+
 def _tensor_read_back(lib, desc, nb_requested=8):
     data_type, nb = ctypes.c_int(), ctypes.c_int()
     dims, strides = (ctypes.c_int * nb_requested)(), (ctypes.c_int * nb_requested)()
     cudnn_library.check(lib, lib.cudnnGetTensorNdDescriptor(desc, nb_requested, ctypes.byref(data_type),
-                                                           ctypes.byref(nb), dims, strides), 'get tensor')
+                                                           ctypes.byref(nb), dims, strides), 'get tensor', DESCRIBED)
     return data_type.value, list(dims[:nb.value]), list(strides[:nb.value])
 
 
@@ -165,7 +168,7 @@ POOL_CASES = [
 def test_pooling_descriptors_read_back_and_give_our_output_shape(lib, dtype, mode, x_shape, window, strides, pads,
                                                                  data_format):
     problem = cudnn_pooling.pool_problem('t', x_shape, window, strides, pads, data_format)
-    with cudnn_library.Descriptors(lib) as d:
+    with cudnn_library.Descriptors(lib, DESCRIBED) as d:
         pool, xd, yd = cudnn_pooling._pooling_descriptors(d, problem, mode, dtype)
         for desc, shape in ((xd, problem.x_shape), (yd, problem.y_shape)):
             data_type, _, dims, strides_ = cudnn_pooling.tensor_descriptor_args(shape, problem.channels_last, dtype)
@@ -174,24 +177,25 @@ def test_pooling_descriptors_read_back_and_give_our_output_shape(lib, dtype, mod
         got_mode, got_nan, got_nb = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
         got = [(ctypes.c_int * 3)() for _ in range(3)]
         cudnn_library.check(lib, lib.cudnnGetPoolingNdDescriptor(pool, 3, ctypes.byref(got_mode), ctypes.byref(got_nan),
-                                                                ctypes.byref(got_nb), *got), 'get pooling')
+                                                                ctypes.byref(got_nb), *got), 'get pooling', DESCRIBED)
         assert (got_mode.value, got_nan.value, got_nb.value) == (code, nan, nb)
         assert [list(a[:nb]) for a in got] == [window_, pads_, strides_]
         out = (ctypes.c_int * len(problem.x_shape))()
         cudnn_library.check(lib, lib.cudnnGetPoolingNdForwardOutputDim(pool, xd, len(problem.x_shape), out),
-                            'output dim')
+                            'output dim', DESCRIBED)
         assert tuple(out) == cudnn_conv.cudnn_dims(problem.y_shape, problem.channels_last)
 
 
 def test_ctc_descriptors_read_back(lib):
     args = cudnn_ctc.descriptor_args((4, 50, 28), 12)     # logits (N, T, A)
     assert args['dims'] == (50, 4, 28)
-    with cudnn_library.Descriptors(lib) as d:
+    with cudnn_library.Descriptors(lib, DESCRIBED) as d:
         probs = d.tensor(args['data_type'], args['dims'], args['strides'])
         assert _tensor_read_back(lib, probs) == (args['data_type'], [50, 4, 28], [4 * 28, 28, 1])
         loss = d.ctc_loss(args['comp_type'], args['norm_mode'], args['grad_mode'], args['max_label_length'])
         got = [ctypes.c_int() for _ in range(4)]
-        cudnn_library.check(lib, lib.cudnnGetCTCLossDescriptor_v9(loss, *(ctypes.byref(v) for v in got)), 'get ctc')
+        cudnn_library.check(lib, lib.cudnnGetCTCLossDescriptor_v9(loss, *(ctypes.byref(v) for v in got)), 'get ctc',
+                            DESCRIBED)
         assert [v.value for v in got] == [args['comp_type'], args['norm_mode'], args['grad_mode'], 12]
 
 
@@ -199,19 +203,20 @@ def test_ctc_descriptors_read_back(lib):
 @pytest.mark.parametrize('dtype', ['float16', 'float32', 'float64'])
 def test_softmax_tensor_descriptor_reads_back(lib, shape, axis, dtype):
     data_type, dims, strides = cudnn_softmax.tensor_args(shape, axis, dtype)
-    with cudnn_library.Descriptors(lib) as d:
+    with cudnn_library.Descriptors(lib, DESCRIBED) as d:
         assert _tensor_read_back(lib, d.tensor(data_type, dims, strides)) == (data_type, list(dims), list(strides))
 
 
 def test_descriptors_report_cudnn_errors_by_name(lib):
-    with cudnn_library.Descriptors(lib) as d:
-        with pytest.raises(RuntimeError, match=r'cudnnSetTensorNdDescriptor failed with status \d+ \(CUDNN_STATUS_BAD'):
+    with cudnn_library.Descriptors(lib, DESCRIBED) as d:
+        with pytest.raises(RuntimeError, match=r'^test: cuDNN cudnnSetTensorNdDescriptor failed for x \(2, 3\) '
+                                                 r'\(status \d+: CUDNN_STATUS_BAD'):
             d.tensor(cudnn_library.CUDNN_DATA_FLOAT, (2, -3, 4, 1), (12, 4, 1, 1))
 
 
 def test_descriptors_are_destroyed_on_exit(lib, monkeypatch):
     destroyed = []
-    with cudnn_library.Descriptors(lib) as d:
+    with cudnn_library.Descriptors(lib, DESCRIBED) as d:
         d.tensor(cudnn_library.CUDNN_DATA_FLOAT, (2, 3, 1, 1), (3, 1, 1, 1))
         d.ctc_loss(cudnn_library.CUDNN_DATA_FLOAT, 1, 0, 5)
         real = d.lib

@@ -152,10 +152,6 @@ def _build(frontend, handle, op, dtype_name, view):
     return library.BuiltGraph(graph, tensors, graph.get_workspace_size())
 
 
-def _pointer(array):
-    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
-
-
 def _execute(fn, op, dtype_name, view, arrays):
     """Builds (once per key) and runs the graph; ``arrays`` maps each of its tensors' names to
     a buffer (NumPy arrays for the pass-by-value scalars, CuPy arrays for the rest)."""
@@ -163,10 +159,11 @@ def _execute(fn, op, dtype_name, view, arrays):
     frontend = library.frontend()
     device_id, handle = library.frontend_handle(frontend, cupy)
     key = graph_key(op, device_id, dtype_name, view, config.precision())
-    described = 'batchnorm %s graph for (outer, C, inner) %s, dtype %s' % (op, view, dtype_name)
+    described = 'batchnorm %s graph for x %s as (outer, C, inner) %s, dtype %s' % (op, tuple(arrays['x'].shape),
+                                                                                 view, dtype_name)
     built = library.cached_graph(_graphs, key, lambda: _build(frontend, handle, op, dtype_name, view),
                                  '%s: cuDNN could not build a %s' % (fn, described))
-    pack = {tensor: _pointer(arrays[name]) for name, tensor in built.tensors.items()}
+    pack = {tensor: library.device_pointer(arrays[name]) for name, tensor in built.tensors.items()}
     library.execute_graph(built, pack, handle, '%s: cuDNN failed running the %s' % (fn, described))
 
 

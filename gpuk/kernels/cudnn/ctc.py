@@ -24,6 +24,8 @@ cuDNN's terms, and how ours are translated (pure Python, tested without a GPU):
   dispatcher then runs gpuk's kernels).
 - labels with no alignment (input shorter than the label plus its repeats) get loss inf
   and a zero gradient, our convention, whatever cuDNN computes for them.
+- a failed cuDNN call names the function called (``ctc_loss_fwd``, ``ctc_loss_bwd`` or
+  ``cudnn_ctc_loss``), the logits' and labels' shapes, the longest label, the blank and the dtype.
 """
 import ctypes
 
@@ -110,7 +112,10 @@ def check_cudnn_limits(logits_shape, logits_dtype, input_lengths, label_lengths)
 
 def cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None):
     """(loss, dlogits) by cudnnCTCLoss_v8; raises Unsupported outside its limits."""
-    fn = 'cudnn_ctc_loss'
+    return _ctc_loss('cudnn_ctc_loss', logits, labels, input_lengths, label_lengths, blank)
+
+
+def _ctc_loss(fn, logits, labels, input_lengths, label_lengths, blank):
     _, labels, input_lengths, label_lengths, blank = ctc_checks.check_loss_inputs(
         fn, ctc_checks.stand_in(logits), _host(labels), _host(input_lengths), _host(label_lengths), blank)
     check_cudnn_limits(logits.shape, logits.dtype, input_lengths, label_lengths)
@@ -118,11 +123,13 @@ def cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None):
         raise Unsupported('logits are not on the GPU')
     import cupy
     batch, steps, classes = logits.shape
+    args = descriptor_args(logits.shape, max(int(label_lengths.max(initial=0)), 1))
+    described = library.describe(fn, logits=tuple(logits.shape), labels=tuple(labels.shape),
+                                 max_label_length=args['max_label_length'], blank=blank, dtype=logits.dtype.name)
     lib = _library()
-    handle = library.handle(lib)
+    handle = library.handle(lib, described)
     order, inverse = class_permutation(classes, blank)
     activations = cupy.ascontiguousarray(logits[:, :, cupy.asarray(order)].transpose(1, 0, 2))
-    args = descriptor_args(logits.shape, max(int(label_lengths.max(initial=0)), 1))
     packed = cupy.asarray(pack_labels(cudnn_labels(labels, blank), label_lengths))
     if packed.size == 0:
         packed = cupy.zeros(1, dtype=cupy.int32)
@@ -130,19 +137,18 @@ def cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank=None):
     input_lengths_dev = cupy.asarray(input_lengths.astype(np.int32))
     costs = cupy.empty(batch, dtype=cupy.float32)
     grads = cupy.empty_like(activations)
-    with library.Descriptors(lib) as d:
+    pointer = library.device_pointer
+    with library.Descriptors(lib, described) as d:
         probs_desc = d.tensor(args['data_type'], args['dims'], args['strides'])
         grads_desc = d.tensor(args['data_type'], args['dims'], args['strides'])
         loss_desc = d.ctc_loss(args['comp_type'], args['norm_mode'], args['grad_mode'], args['max_label_length'])
         workspace_size = ctypes.c_size_t()
-        library.check(lib, lib.cudnnGetCTCLossWorkspaceSize_v8(
-            handle, args['algo'], loss_desc, probs_desc, grads_desc, ctypes.byref(workspace_size)),
-            'cudnnGetCTCLossWorkspaceSize_v8')
+        d.check(lib.cudnnGetCTCLossWorkspaceSize_v8(handle, args['algo'], loss_desc, probs_desc, grads_desc,
+                                                    ctypes.byref(workspace_size)), 'cudnnGetCTCLossWorkspaceSize_v8')
         workspace = cupy.empty(max(workspace_size.value, 1), dtype=cupy.uint8)
-        library.check(lib, lib.cudnnCTCLoss_v8(
-            handle, args['algo'], loss_desc, probs_desc, activations.data.ptr, packed.data.ptr,
-            label_lengths_dev.data.ptr, input_lengths_dev.data.ptr, costs.data.ptr, grads_desc, grads.data.ptr,
-            workspace_size.value, workspace.data.ptr), 'cudnnCTCLoss_v8')
+        d.check(lib.cudnnCTCLoss_v8(handle, args['algo'], loss_desc, probs_desc, pointer(activations), pointer(packed),
+                                    pointer(label_lengths_dev), pointer(input_lengths_dev), pointer(costs), grads_desc,
+                                    pointer(grads), workspace_size.value, pointer(workspace)), 'cudnnCTCLoss_v8')
     dlogits = cupy.ascontiguousarray(grads.transpose(1, 0, 2)[:, :, cupy.asarray(inverse)])
     impossible = cupy.asarray(input_lengths < min_frames(labels, label_lengths))
     costs = cupy.where(impossible, cupy.inf, costs)
@@ -167,7 +173,7 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None):
     forward's gradient is dropped and the backward's call computes both again: two cuDNN
     calls per step.
     """
-    loss, _ = cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank)
+    loss, _ = _ctc_loss('ctc_loss_fwd', logits, labels, input_lengths, label_lengths, blank)
     batch, steps, _ = logits.shape
     xp = _array_module(logits)
     return (loss, xp.full((batch, steps, 2 * np.shape(labels)[1] + 1), np.nan, np.float32),
@@ -178,7 +184,7 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_
     """The twin's ctc_loss_bwd through cuDNN: its gradient for dloss = 1, scaled by dloss.
 
     log_alpha, frame_lse and loss are not read (cuDNN recomputes the forward recursion)."""
-    _, dlogits = cudnn_ctc_loss(logits, labels, input_lengths, label_lengths, blank)
+    _, dlogits = _ctc_loss('ctc_loss_bwd', logits, labels, input_lengths, label_lengths, blank)
     return dlogits * _array_module(dlogits).asarray(dloss, dtype=dlogits.dtype)[:, None, None]
 
 

@@ -20,6 +20,9 @@ calls without a GPU. The enumerator values below are those of the same headers.
 when the cuDNN path is available, else ``load()`` (no GPU needed, for the descriptor
 tests). ``handle()`` is one legacy handle per device bound to CuPy's current stream;
 ``Descriptors`` creates and sets descriptors for one call and destroys them on exit.
+A legacy call's failures name the gpuk function called and its problem (a ``Described``, made
+once per call by ``describe`` and passed to ``check``, ``handle`` and ``Descriptors``), the cuDNN
+function and cuDNN's status.
 """
 import ctypes
 import glob
@@ -30,13 +33,15 @@ import threading
 import warnings
 from collections import namedtuple
 
+import numpy as np
+
 from gpuk import config
 from gpuk.kernels import runtime
 
 __all__ = ['Unsupported', 'AllocationFailed', 'ALLOCATION_FAILED_STATUSES', 'allocation_failed', 'available',
            'why_unavailable', 'reset_probe', 'choose', 'library_path', 'frontend', 'frontend_handle', 'BuiltGraph',
-           'cached_graph', 'device_pointer', 'execute_graph', 'PROTOTYPES', 'DATA_TYPES', 'load', 'library', 'check',
-           'handle', 'Descriptors', 'scalars']
+           'cached_graph', 'device_pointer', 'execute_graph', 'PROTOTYPES', 'DATA_TYPES', 'load', 'library',
+           'Described', 'describe', 'check', 'handle', 'Descriptors', 'scalars']
 
 
 class Unsupported(Exception):
@@ -235,8 +240,9 @@ def cached_graph(cache, key, build, what):
 
 
 def device_pointer(array):
-    """The device address of a CuPy array, as cuDNN's calls take it."""
-    return array.data.ptr
+    """The address of an array's buffer, as cuDNN's calls take it: a CuPy array's device memory,
+    or a NumPy array's host memory (a Frontend graph's pass-by-value scalars)."""
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
 
 
 def execute_graph(built, pack, handle, what):
@@ -351,30 +357,45 @@ def library():
     return declare(_state['library'])
 
 
-def check(lib, status, what):
-    """Raises RuntimeError naming ``what`` and cuDNN's message when ``status`` is not success:
-    AllocationFailed for an allocation failure (ALLOCATION_FAILED_STATUSES, or a status cuDNN
-    names as one)."""
+class Described(namedtuple('Described', ['fn', 'sizes'])):
+    """What a legacy call's errors name (made by ``describe``): ``fn``, the gpuk function the user
+    called, and ``sizes``, its problem as cuDNN gets it (shapes, dtype, layout, window ...)."""
+
+    def failed(self, call):
+        """'<fn>: cuDNN <call> failed for <sizes>'."""
+        return '%s: cuDNN %s failed for %s' % (self.fn, call, self.sizes)
+
+
+def describe(fn, **sizes):
+    """One call of ``fn`` described for its errors: ``sizes`` in their order, each as 'name value'
+    (``describe('pool_fwd', x=(8, 5, 5, 3), dtype='float32')``: 'x (8, 5, 5, 3), dtype float32')."""
+    return Described(fn, ', '.join('%s %s' % item for item in sizes.items()))
+
+
+def check(lib, status, call, described):
+    """Raises RuntimeError when ``status`` is not success, naming the call ``described``,
+    the cuDNN function ``call`` and cuDNN's status: AllocationFailed for an allocation failure
+    (ALLOCATION_FAILED_STATUSES, or a status cuDNN names as one)."""
     if status != 0:
         message = lib.cudnnGetErrorString(status).decode(errors='replace')
-        text = 'cuDNN: %s failed with status %d (%s)' % (what, status, message)
+        text = '%s (status %d: %s)' % (described.failed(call), status, message)
         if status in ALLOCATION_FAILED_STATUSES or _ALLOCATION_FAILED_MESSAGE.search(message):
             raise AllocationFailed(text, status)
         raise RuntimeError(text)
 
 
-def handle(lib):
+def handle(lib, described):
     """This thread's legacy handle for this device, bound to CuPy's current stream (it may change
-    between calls)."""
+    between calls); a failure names the call ``described``."""
     import cupy
     device_id = cupy.cuda.Device().id
     by_device = _handles.__dict__.setdefault('by_device', {})
     if device_id not in by_device:
         created = ctypes.c_void_p()
-        check(lib, lib.cudnnCreate(ctypes.byref(created)), 'cudnnCreate')
+        check(lib, lib.cudnnCreate(ctypes.byref(created)), 'cudnnCreate', described)
         by_device[device_id] = created
     bound = by_device[device_id]
-    check(lib, lib.cudnnSetStream(bound, cupy.cuda.get_current_stream().ptr), 'cudnnSetStream')
+    check(lib, lib.cudnnSetStream(bound, cupy.cuda.get_current_stream().ptr), 'cudnnSetStream', described)
     return bound
 
 
@@ -389,38 +410,42 @@ def _int_array(values):
 
 
 class Descriptors:
-    """The descriptors of one call: created and set on request, destroyed on exit."""
+    """The descriptors of the call ``described`` (which failures name): created and set on
+    request, destroyed on exit. ``check(status, call)`` checks the call's other cuDNN calls."""
 
-    def __init__(self, lib):
-        self.lib, self._created = lib, []   # (destroy function name, descriptor)
+    def __init__(self, lib, described):
+        self.lib, self.described, self._created = lib, described, []   # (destroy function name, descriptor)
+
+    def check(self, status, call):
+        check(self.lib, status, call, self.described)
 
     def _create(self, kind):
         desc = ctypes.c_void_p()
-        check(self.lib, getattr(self.lib, 'cudnnCreate%sDescriptor' % kind)(ctypes.byref(desc)),
-              'cudnnCreate%sDescriptor' % kind)
+        self.check(getattr(self.lib, 'cudnnCreate%sDescriptor' % kind)(ctypes.byref(desc)),
+                   'cudnnCreate%sDescriptor' % kind)
         self._created.append(('cudnnDestroy%sDescriptor' % kind, desc))
         return desc
 
     def tensor(self, data_type, dims, strides):
         """cudnnSetTensorNdDescriptor(dataType, nbDims, dimA, strideA)."""
         desc = self._create('Tensor')
-        check(self.lib, self.lib.cudnnSetTensorNdDescriptor(desc, data_type, len(dims), _int_array(dims),
-                                                           _int_array(strides)), 'cudnnSetTensorNdDescriptor')
+        self.check(self.lib.cudnnSetTensorNdDescriptor(desc, data_type, len(dims), _int_array(dims),
+                                                       _int_array(strides)), 'cudnnSetTensorNdDescriptor')
         return desc
 
     def pooling(self, mode, nan_propagation, window, pads, strides):
         """cudnnSetPoolingNdDescriptor(mode, maxpoolingNanOpt, nbDims, windowDimA, paddingA, strideA)."""
         desc = self._create('Pooling')
-        check(self.lib, self.lib.cudnnSetPoolingNdDescriptor(desc, mode, nan_propagation, len(window),
-                                                            _int_array(window), _int_array(pads),
-                                                            _int_array(strides)), 'cudnnSetPoolingNdDescriptor')
+        self.check(self.lib.cudnnSetPoolingNdDescriptor(desc, mode, nan_propagation, len(window), _int_array(window),
+                                                        _int_array(pads), _int_array(strides)),
+                   'cudnnSetPoolingNdDescriptor')
         return desc
 
     def ctc_loss(self, comp_type, norm_mode, grad_mode, max_label_length):
         """cudnnSetCTCLossDescriptor_v9(compType, normMode, ctcGradMode, maxLabelLength)."""
         desc = self._create('CTCLoss')
-        check(self.lib, self.lib.cudnnSetCTCLossDescriptor_v9(desc, comp_type, norm_mode, grad_mode,
-                                                             max_label_length), 'cudnnSetCTCLossDescriptor_v9')
+        self.check(self.lib.cudnnSetCTCLossDescriptor_v9(desc, comp_type, norm_mode, grad_mode, max_label_length),
+                   'cudnnSetCTCLossDescriptor_v9')
         return desc
 
     def __enter__(self):

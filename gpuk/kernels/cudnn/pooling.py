@@ -19,6 +19,8 @@ How our contract maps onto cuDNN's:
   (Taps outside their window, which gpuk's kernels and the twin ignore, are not defined
   here: checking them would cost a host sync.)
 - one spatial dim runs as two with a height of 1 (cuDNN pools 4-d and 5-d tensors).
+- a failed cuDNN call names the function called (``avg_pool_fwd``, ``pool_bwd`` ...) and cuDNN's
+  problem (``_described``: x and y shapes, window, strides, pads, layout, mode, dtype).
 The translation (``pool_problem``, ``pooling_descriptor_args``, ``tensor_descriptor_args``)
 is pure Python and tested on the CPU.
 """
@@ -99,6 +101,13 @@ def _device_float(fn, name, array):
     return cupy.ascontiguousarray(array)
 
 
+def _described(fn, problem, mode, dtype_name):
+    """The call for its errors (library.describe): cuDNN's problem, 1-d lifted to 2-d."""
+    return library.describe(fn, x=problem.x_shape, y=problem.y_shape, window=problem.window, strides=problem.strides,
+                            pads=problem.pads, layout='channels_last' if problem.channels_last else 'channels_first',
+                            mode=mode, dtype=dtype_name)
+
+
 def _pooling_descriptors(d, problem, mode, dtype_name):
     """(pooling, x, y) descriptors of ``problem`` in the Descriptors ``d``."""
     code, nan, _, window, pads, strides = pooling_descriptor_args(problem, mode)
@@ -115,35 +124,46 @@ def _tensor_args(shape, channels_last, dtype_name):
 
 def pool_fwd(x, window, strides, pads, data_format, mode):
     """y of max ('max') or padding-excluding average ('avg') pooling, through cuDNN."""
-    import cupy
-    x = _device_float('pool_fwd', 'x', x)
-    problem = pool_problem('pool_fwd', x.shape, window, strides, pads, data_format)
-    y = cupy.empty(problem.y_shape, x.dtype)
-    lib = library.library()
-    handle = library.handle(lib)
-    alpha, beta = library.scalars(x.dtype.name)
-    with library.Descriptors(lib) as d:
-        pool, xd, yd = _pooling_descriptors(d, problem, mode, x.dtype.name)
-        library.check(lib, lib.cudnnPoolingForward(handle, pool, ctypes.byref(alpha), xd, x.data.ptr,
-                                                         ctypes.byref(beta), yd, y.data.ptr), 'cudnnPoolingForward')
-    return y.reshape(_unlifted(problem, problem.y_shape))
+    return _pool_fwd('pool_fwd', x, window, strides, pads, data_format, mode)
 
 
 def pool_bwd(dy, y, x, window, strides, pads, data_format, mode):
     """dx of ``pool_fwd`` from dy, y and x (cuDNN's own backward contract)."""
+    return _pool_bwd('pool_bwd', dy, y, x, window, strides, pads, data_format, mode)
+
+
+def _pool_fwd(fn, x, window, strides, pads, data_format, mode):
     import cupy
-    dy, y, x = (_device_float('pool_bwd', n, a) for n, a in (('dy', dy), ('y', y), ('x', x)))
-    problem = pool_problem('pool_bwd', x.shape, window, strides, pads, data_format)
-    dx = cupy.empty(problem.x_shape, dy.dtype)
+    x = _device_float(fn, 'x', x)
+    problem = pool_problem(fn, x.shape, window, strides, pads, data_format)
+    y = cupy.empty(problem.y_shape, x.dtype)
+    described = _described(fn, problem, mode, x.dtype.name)
     lib = library.library()
-    handle = library.handle(lib)
+    handle = library.handle(lib, described)
+    alpha, beta = library.scalars(x.dtype.name)
+    pointer = library.device_pointer
+    with library.Descriptors(lib, described) as d:
+        pool, xd, yd = _pooling_descriptors(d, problem, mode, x.dtype.name)
+        d.check(lib.cudnnPoolingForward(handle, pool, ctypes.byref(alpha), xd, pointer(x), ctypes.byref(beta), yd,
+                                        pointer(y)), 'cudnnPoolingForward')
+    return y.reshape(_unlifted(problem, problem.y_shape))
+
+
+def _pool_bwd(fn, dy, y, x, window, strides, pads, data_format, mode):
+    import cupy
+    dy, y, x = (_device_float(fn, n, a) for n, a in (('dy', dy), ('y', y), ('x', x)))
+    problem = pool_problem(fn, x.shape, window, strides, pads, data_format)
+    dx = cupy.empty(problem.x_shape, dy.dtype)
+    described = _described(fn, problem, mode, dy.dtype.name)
+    lib = library.library()
+    handle = library.handle(lib, described)
     alpha, beta = library.scalars(dy.dtype.name)
-    with library.Descriptors(lib) as d:
+    pointer = library.device_pointer
+    with library.Descriptors(lib, described) as d:
         pool, xd, yd = _pooling_descriptors(d, problem, mode, dy.dtype.name)
         # (y, dy) share y's descriptor and (x, dx) x's: packed arrays of one layout
-        library.check(lib, lib.cudnnPoolingBackward(
-            handle, pool, ctypes.byref(alpha), yd, y.data.ptr, yd, dy.data.ptr, xd, x.data.ptr,
-            ctypes.byref(beta), xd, dx.data.ptr), 'cudnnPoolingBackward')
+        d.check(lib.cudnnPoolingBackward(handle, pool, ctypes.byref(alpha), yd, pointer(y), yd, pointer(dy), xd,
+                                         pointer(x), ctypes.byref(beta), xd, pointer(dx)), 'cudnnPoolingBackward')
     return dx.reshape(x.shape)
 
 
@@ -156,14 +176,14 @@ def _unlifted(problem, shape):
 # ---------------------------------------------------------------- the twin's contract
 
 def avg_pool_fwd(x, window, strides, pads, data_format):
-    return pool_fwd(x, window, strides, pads, data_format, 'avg')
+    return _pool_fwd('avg_pool_fwd', x, window, strides, pads, data_format, 'avg')
 
 
 def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format):
     import cupy
     pool_problem('avg_pool_bwd', x_shape, window, strides, pads, data_format)   # Unsupported first
     stand_in_x = cupy.empty(tuple(x_shape), dy.dtype)   # average mode reads no x or y values
-    return pool_bwd(dy, dy, stand_in_x, window, strides, pads, data_format, 'avg')
+    return _pool_bwd('avg_pool_bwd', dy, dy, stand_in_x, window, strides, pads, data_format, 'avg')
 
 
 def max_pool_fwd(x, window, strides, pads, data_format):
@@ -196,4 +216,4 @@ def max_pool_bwd(dy, argmax, x_shape, window, strides, pads, data_format):
     one_hot = cupy.zeros(x_shape, dy.dtype)
     one_hot.reshape(-1)[flat.reshape(-1)] = 1
     ones = cupy.ones(dy.shape, dy.dtype)
-    return pool_bwd(dy, ones, one_hot, window, window, ((0, 0),) * len(window), data_format, 'max')
+    return _pool_bwd('max_pool_bwd', dy, ones, one_hot, window, window, ((0, 0),) * len(window), data_format, 'max')

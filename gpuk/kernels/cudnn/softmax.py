@@ -19,6 +19,8 @@ How our contract maps onto cuDNN's (``tensor_args``, pure Python):
 - float16/32/64 in and out; alpha and beta are double for float64, float otherwise.
 - bfloat16 raises ``library.Unsupported`` (gpuk's kernels run it): cudnn_graph.h has
   CUDNN_DATA_BFLOAT16 = 9, but the legacy softmax has not been run with it on a GPU here.
+- a failed cuDNN call names the function called, the array's shape, the axis, cuDNN's NCHW
+  dims and the dtype (``_described``).
 """
 import ctypes
 import math
@@ -66,6 +68,11 @@ def _checked_axis(fn, name, array, axis):
     return axis
 
 
+def _described(fn, name, shape, axis, dims, dtype_name):
+    """The call for its errors (library.describe)."""
+    return library.describe(fn, **{name: tuple(shape)}, axis=axis, nchw=tuple(dims), dtype=dtype_name)
+
+
 def _softmax(fn, algo, x, axis):
     import cupy
     x = _device_float(fn, 'x', x)
@@ -73,14 +80,16 @@ def _softmax(fn, algo, x, axis):
     data_type, dims, strides = tensor_args(x.shape, axis, x.dtype.name)
     y = cupy.empty_like(x)
     if x.size:
+        described = _described(fn, 'x', x.shape, axis, dims, x.dtype.name)
         lib = library.library()
-        handle = library.handle(lib)
+        handle = library.handle(lib, described)
         alpha, beta = library.scalars(x.dtype.name)
-        with library.Descriptors(lib) as d:
+        pointer = library.device_pointer
+        with library.Descriptors(lib, described) as d:
             desc = d.tensor(data_type, dims, strides)   # x and y: one packed layout
-            library.check(lib, lib.cudnnSoftmaxForward(
-                handle, algo, library.CUDNN_SOFTMAX_MODE_CHANNEL, ctypes.byref(alpha), desc, x.data.ptr,
-                ctypes.byref(beta), desc, y.data.ptr), 'cudnnSoftmaxForward')
+            d.check(lib.cudnnSoftmaxForward(handle, algo, library.CUDNN_SOFTMAX_MODE_CHANNEL, ctypes.byref(alpha),
+                                            desc, pointer(x), ctypes.byref(beta), desc, pointer(y)),
+                    'cudnnSoftmaxForward')
     return y
 
 
@@ -94,14 +103,16 @@ def _softmax_backward(fn, algo, saved_name, saved, dy, axis):
     data_type, dims, strides = tensor_args(saved.shape, axis, saved.dtype.name)
     dx = cupy.empty_like(saved)
     if saved.size:
+        described = _described(fn, saved_name, saved.shape, axis, dims, saved.dtype.name)
         lib = library.library()
-        handle = library.handle(lib)
+        handle = library.handle(lib, described)
         alpha, beta = library.scalars(saved.dtype.name)
-        with library.Descriptors(lib) as d:
+        pointer = library.device_pointer
+        with library.Descriptors(lib, described) as d:
             desc = d.tensor(data_type, dims, strides)   # y, dy and dx: one packed layout
-            library.check(lib, lib.cudnnSoftmaxBackward(
-                handle, algo, library.CUDNN_SOFTMAX_MODE_CHANNEL, ctypes.byref(alpha), desc, saved.data.ptr,
-                desc, dy.data.ptr, ctypes.byref(beta), desc, dx.data.ptr), 'cudnnSoftmaxBackward')
+            d.check(lib.cudnnSoftmaxBackward(handle, algo, library.CUDNN_SOFTMAX_MODE_CHANNEL, ctypes.byref(alpha),
+                                             desc, pointer(saved), desc, pointer(dy), ctypes.byref(beta), desc,
+                                             pointer(dx)), 'cudnnSoftmaxBackward')
     return dx
 
 
