@@ -280,16 +280,18 @@ class _CudnnBatchnormGraph(_CudnnGraph):
         self.view = view
 
     def outputs(self, inputs):
-        x = inputs['x'].reshape(self.view)
-        axes = (0, 2)
-        scale, mean, inv_var = (inputs.get(name, np.ones(1)).reshape(1, -1, 1) for name in ('scale', 'mean', 'inv_var'))
+        x, axes = inputs['x'].reshape(self.view), (0, 2)
+
+        def stat(name):   # (C,) -> the kept shape of x's view
+            return inputs[name].reshape(1, -1, 1)
         if self.op == 'train':
             assert inputs['momentum'][0] == 0     # the running statistics are throwaway ones
-            y, mean, _, inv_std = bn_twin.bn_train_fwd(x, scale, inputs['bias'].reshape(1, -1, 1), axes,
+            y, mean, _, inv_std = bn_twin.bn_train_fwd(x, stat('scale'), stat('bias'), axes,
                                                        float(inputs['epsilon'][0]))
             return {'y': y, 'mean': mean, 'inv_var': inv_std, 'next_running_mean': inputs['running_mean'],
                     'next_running_var': inputs['running_var']}
-        dx, dscale, dbias = bn_twin.bn_bwd(inputs['dy'].reshape(self.view), x, scale, mean, inv_var, axes)
+        dx, dscale, dbias = bn_twin.bn_bwd(inputs['dy'].reshape(self.view), x, stat('scale'), stat('mean'),
+                                           stat('inv_var'), axes)
         return {'dx': dx, 'dscale': dscale, 'dbias': dbias}
 
 

@@ -359,17 +359,19 @@ def library():
 
 class Described(namedtuple('Described', ['fn', 'sizes'])):
     """What a legacy call's errors name (made by ``describe``): ``fn``, the gpuk function the user
-    called, and ``sizes``, its problem as cuDNN gets it (shapes, dtype, layout, window ...)."""
+    called, and ``sizes``, its problem as cuDNN gets it (shapes, dtype, layout, window ...): a
+    dict, formatted only when a call failed."""
 
     def failed(self, call):
-        """'<fn>: cuDNN <call> failed for <sizes>'."""
-        return '%s: cuDNN %s failed for %s' % (self.fn, call, self.sizes)
+        """'<fn>: cuDNN <call> failed for <name> <value>, ...' (``sizes`` in their order)."""
+        return '%s: cuDNN %s failed for %s' % (self.fn, call, ', '.join('%s %s' % item for item in self.sizes.items()))
 
 
 def describe(fn, **sizes):
-    """One call of ``fn`` described for its errors: ``sizes`` in their order, each as 'name value'
-    (``describe('pool_fwd', x=(8, 5, 5, 3), dtype='float32')``: 'x (8, 5, 5, 3), dtype float32')."""
-    return Described(fn, ', '.join('%s %s' % item for item in sizes.items()))
+    """One call of ``fn`` described for its errors (``describe('pool_fwd', x=(8, 5, 5, 3),
+    dtype='float32').failed('cudnnPoolingForward')``: 'pool_fwd: cuDNN cudnnPoolingForward failed
+    for x (8, 5, 5, 3), dtype float32')."""
+    return Described(fn, sizes)
 
 
 def check(lib, status, call, described):
