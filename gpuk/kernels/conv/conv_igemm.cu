@@ -924,6 +924,11 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 // group and K tile instead of one per chunk (Loader<MODE_WGRAD>::load<..., TAP>).
 #define WG_TAP_GROUPS (TAP_TILES && WG_LANES == 2 && WG_ROWS == 1 && WG_CHUNKS == 8 && WG_PACKED)
 #define WG_TAP_CHUNKS 4
+// Shared decode (tap groups, untested pipeline groups of an even stage count): the two lanes of a
+// k row (WG_LANES = 2) decode the same K position, so each decodes one of two tiles' (its pair's
+// row in this tile, lane & 1 == 0, or in the next one) and the pair swaps them by shuffles: per two
+// tiles one decode and 4 SHFL per thread instead of two decodes (Loader<MODE_WGRAD>::load, SHARED).
+#define WG_SHARED_DECODE (WG_TAP_GROUPS && CONV_STAGES % 2 == 0)
 #define WG_TAP_SPAN (CONV_BM / 2)
 static_assert(!WG_TAP_GROUPS || WG_TAP_SPAN == WG_LANES * WG_TAP_CHUNKS * VEC, "tap groups: two halves of the row");
 struct WgradPack {
@@ -982,6 +987,7 @@ template <> struct Loader<MODE_WGRAD> {
     RowStream<TF32_B_TRANSPOSED> b;       // b.row_before_end: whether a k row of the next tile is before k_end
     bool a_vec, b_vec, a_packed;          // a_packed: the image fits WgradPack (16-byte path only)
     bool a_tap;                           // tap groups (WG_TAP_GROUPS): C_in a multiple of a group's span
+    unsigned shared_pixel, shared_at;     // WG_SHARED_DECODE: this lane's decoded row (its tile: lane & 1)
 
     __device__ __forceinline__ void init(const ConvGeom& g, const WgradDecode& wgrad_decode, const elem_t* x,
                                          const elem_t* dy, long long k_begin, long long k_end) {
@@ -1052,11 +1058,12 @@ template <> struct Loader<MODE_WGRAD> {
     //   TAP (tap groups, WG_TAP_GROUPS; packed path, a_tap): the WG_TAP_CHUNKS chunks of a group lie in
     //     one tap, so the group's first chunk column gives the address (its a_base, the others
     //     immediates apart) and the bounds test of all of them.
-    template <bool VECTOR, bool PACKED = false, bool FULL = false, bool TAP = false>
+    template <bool VECTOR, bool PACKED = false, bool FULL = false, bool TAP = false, int SHARED = 0>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
         static_assert(VECTOR || !PACKED, "packed bounds: 16-byte path only");
         static_assert(!TAP || (PACKED && WG_TAP_GROUPS), "tap groups: packed 16-byte path of WG_TAP_GROUPS builds");
+        static_assert(!SHARED || (TAP && FULL && WG_SHARED_DECODE && WG_ROWS == 1), "shared decode: tap groups, untested");
         constexpr bool PAIRED = PACKED && WG_PAIRED;
         unsigned own_pixel = 0, own_at = 0;   // PAIRED: this lane's row (lane & 1), decoded once
         if constexpr (PAIRED) row_origin<FULL>(g, wgrad_decoded_row(), own_pixel, own_at);
@@ -1067,7 +1074,15 @@ template <> struct Loader<MODE_WGRAD> {
             unsigned pixel = 0;   // 16-byte path: the window origin's pixel index in x
             unsigned at = 0;      // packed path
             PixPos p{};           // three compares and per-element path
-            if constexpr (PAIRED) {
+            if constexpr (SHARED) {
+                // SHARED 1: this tile and the next one's row of the pair, decoded by lanes 0 and 1 of it;
+                // 2: the next one's, decoded then
+                if constexpr (SHARED == 1)
+                    decode.origin(row_k(row) + (threadIdx.x & 1) * (unsigned)CONV_BK, shared_pixel, shared_at);
+                const int lane = (threadIdx.x & 31 & ~1) | (SHARED - 1);
+                pixel = __shfl_sync(0xffffffffu, shared_pixel, lane);
+                at = __shfl_sync(0xffffffffu, shared_at, lane);
+            } else if constexpr (PAIRED) {
                 const int lane = (threadIdx.x & 31 & ~1) | r;   // the lane that decoded row r
                 pixel = __shfl_sync(0xffffffffu, own_pixel, lane);
                 at = __shfl_sync(0xffffffffu, own_at, lane);
@@ -1540,11 +1555,11 @@ __device__ __forceinline__ int slot_row(int slot) {
 // One K tile's copies: the loader's load<VECTOR>, or wgrad's packed-bounds 16-byte path; FULL (wgrad):
 // a tile before the split's last, whose rows need no test against k_end.
 // TAP (fwd, dgrad): the tap-tile mapping (TAP_TILES).
-template <bool VECTOR, bool PACKED, class L, bool FULL = false, bool TAP = false>
+template <bool VECTOR, bool PACKED, class L, bool FULL = false, bool TAP = false, int SHARED = 0>
 __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const elem_t* __restrict__ a_src,
                                           const elem_t* __restrict__ b_src, elem_t* as, elem_t* bs, int cols) {
-    if constexpr (PACKED)   // wgrad's packed path (TAP: its tap groups)
-        loader.template load<VECTOR, true, FULL, TAP>(g, a_src, b_src, as, bs, cols);
+    if constexpr (PACKED)   // wgrad's packed path (TAP: its tap groups; SHARED: WG_SHARED_DECODE)
+        loader.template load<VECTOR, true, FULL, TAP, SHARED>(g, a_src, b_src, as, bs, cols);
     else if constexpr (FULL && !TAP)   // (the fwd/dgrad tap-tile loads keep their row tests in untested groups)
         loader.template load<VECTOR, false, true>(g, a_src, b_src, as, bs, cols);
     else if constexpr (TAP)   // fwd, dgrad: load<VECTOR, TAP>
@@ -1579,9 +1594,20 @@ __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as
         TF32_ROUND_LANDED(as[s], bs[s]);
         __syncthreads();                    // ... everyone's, and stage t-1 is free again
         const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
-        if (!CHECKED || t + CONV_STAGES - 1 < tiles)
+        // wgrad's tap groups in an untested group (every load of it runs): the decode of two tiles' rows
+        // shared by the lane pairs (WG_SHARED_DECODE), the first tile of each pair decoding both
+        constexpr bool SHARED = MODE == MODE_WGRAD && WG_SHARED_DECODE && PACKED && TAP && !CHECKED;
+        if constexpr (SHARED) {
+            if (s % 2 == 0)
+                load_tile<VECTOR, PACKED, Loader<MODE>, true, TAP, 1>(loader, g, a_src, b_src, as[write_stage],
+                                                                      bs[write_stage], cols);
+            else
+                load_tile<VECTOR, PACKED, Loader<MODE>, true, TAP, 2>(loader, g, a_src, b_src, as[write_stage],
+                                                                      bs[write_stage], cols);
+        } else if (!CHECKED || t + CONV_STAGES - 1 < tiles) {
             load_tile<VECTOR, PACKED, Loader<MODE>, !CHECKED, TAP>(loader, g, a_src, b_src, as[write_stage],
                                                                    bs[write_stage], cols);
+        }
         cp_async_commit();
         tile_multiply<MODE>(as[s], bs[s], acc);
     }
