@@ -188,6 +188,19 @@ def test_tf32_wgrad_tap_groups(kernel_runtime, channels, splits):
     assert_close(out, ref, np.float32, 'tf32 conv_wgrad with tap groups, channels %s, %d splits' % (channels, splits))
 
 
+@pytest.mark.parametrize('channels', [(32, 40), (32, 100), (12, 45)], ids=['cin32-cout40', 'cin32-cout100', 'cin12-cout45'])
+@pytest.mark.parametrize('splits', [1, 3])
+def test_tf32_wgrad_dy_unit_pairs(kernel_runtime, channels, splits):
+    """The tf32 64x64 wgrad's dy copies in unit pairs (conv_igemm.cu RowStream<true>::UNIT_PAIRS: a lane's
+    chunks are units g and g + 8 of 4 rows): C_out = 40 and 100 put the N tail between a lane's two
+    units (the second zero-filled, hi_ok) in the first and the second column block; C_out = 45 takes
+    the per-element copies, whose second unit tests its columns. C_in = 32 runs the tap groups (and
+    their shared decode), C_in = 12 the per-element path; K = 3 x 9 x 16 = 432, split in 1 or 3."""
+    case = ((17, 17), (3, 3), (2, 1), (1, 1), ((1, 1), (1, 0))) + channels
+    out, ref = _forced_wgrad(kernel_runtime, case, np.float32, '64x64x32', splits, seed=9, precision='tf32')
+    assert_close(out, ref, np.float32, 'tf32 conv_wgrad, dy in unit pairs, channels %s, %d splits' % (channels, splits))
+
+
 @pytest.mark.parametrize('tile', ['128x128x16', '64x64x32'])
 @pytest.mark.parametrize('splits', [1, 3])
 def test_tf32_wgrad_steady_state_and_k_tail(kernel_runtime, tile, splits):

@@ -417,6 +417,22 @@ struct WgradDecode {
 __device__ __forceinline__ void copy_chunk(elem_t* dst, const elem_t* src, bool valid) {
     cp_async_16_zfill(dst, src, valid);
 }
+// Two 16-byte chunks OFFSET elements apart in both shared and global memory from one source
+// address, the second's offset inside its cp.async's address (RowStream<true>::UNIT_PAIRS): written
+// as two copies, ptxas reassociated the second source (src + OFFSET) + row step and gave it a 64-bit
+// address of its own in every row but the first (10 instructions for a tile's 4 row pairs, not 5).
+template <int OFFSET>
+__device__ __forceinline__ void copy_chunk_pair(elem_t* dst, const elem_t* src, bool valid0, bool valid1) {
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 "cp.async.cg.shared.global [%0+%4], [%1+%4], 16, %3;\n"
+                 ::"r"(s), "l"(src), "r"(valid0 ? 16 : 0), "r"(valid1 ? 16 : 0), "n"(OFFSET * (int)sizeof(elem_t)));
+#else
+    copy_chunk(dst, src, valid0);
+    copy_chunk(dst + OFFSET, src + OFFSET, valid1);
+#endif
+}
 // One element, for chunks whose neighbours do not share a padding check (unaligned channel
 // counts, unaligned pointers, filters too large for tap masks): cp.async for 4- and 8-byte
 // elements, a synchronous copy for 16-bit ones (below cp.async's 4-byte minimum).
@@ -651,16 +667,31 @@ template <bool WARP_BLOCKS> struct RowStream {
     static constexpr int STEP = ROWS_PER_PASS(CONV_BN);   // rows between a thread's chunks
     static_assert(!WARP_BLOCKS || (STEP == 4 && CONV_BN / VEC == 8 * (CONV_THREADS / 32)),
                   "warp blocks: each warp copies 8 units of 4 x 4 blocks");
-    // The tile row of this thread's chunk j, and its position along the row.
+    // UNIT_PAIRS (warp blocks of a 16-unit tile, 2 warps: the tf32 64x64 wgrad): lane 8i + g of warp w
+    // takes units g and g + 8 at rows 4p + i, p = w, w + 2, w + 4, w + 6 (the warp's blocks are 4 block
+    // rows x all 16 units, not 8 block rows x its 8 units), so a thread's chunks are 4 rows x 2 units
+    // 32 elements apart: one address per row and tile (the second chunk an immediate further), where
+    // 8 rows took one each. A warp's copies still fill 4 rows x 128 bytes per instruction. The second
+    // unit of a thread whose first lies before ld but the second not is zero-filled (hi_ok: a
+    // thread-constant predicate; it would read past the row, and at dy's last row past dy).
+    static constexpr bool UNIT_PAIRS = WARP_BLOCKS && CONV_BN / VEC == 16;
+    static constexpr int PAIR_STEP = 8;                  // UNIT_PAIRS: rows between a thread's chunk pairs
+    static constexpr int PAIR_UNITS = 8;                 // UNIT_PAIRS: units between a pair's two chunks
+    // The tile row of this thread's chunk j, and its position along the row (UNIT_PAIRS: chunk j's
+    // is pos() + unit_offset(j)).
     __device__ __forceinline__ static int row(int j) {
+        if (UNIT_PAIRS) return ((int)(threadIdx.x & 31) >> 3) + 4 * (int)(threadIdx.x >> 5) + (j >> 1) * PAIR_STEP;
         return (WARP_BLOCKS ? (int)(threadIdx.x & 31) >> 3 : chunk_row(0, CONV_BN)) + j * STEP;
     }
     __device__ __forceinline__ static int pos() {
+        if (UNIT_PAIRS) return VEC * (int)(threadIdx.x & 7);
         return WARP_BLOCKS ? VEC * (8 * (int)(threadIdx.x >> 5) + (int)(threadIdx.x & 7)) : chunk_pos(CONV_BN);
     }
+    __device__ __forceinline__ static constexpr int unit_offset(int j) { return UNIT_PAIRS ? (j & 1) * PAIR_UNITS * VEC : 0; }
     const elem_t* ptr;   // this thread's chunk 0 of the next tile
     int ahead;           // K rows from this thread's chunk 0 of the next tile to k_end
     int col;             // this thread's first column
+    bool hi_ok;          // UNIT_PAIRS: the second unit of each pair lies before ld
     // ld: the operand's columns (its row length). A thread whose columns lie past them (the N tail)
     // points at column 0 instead: its 16-byte copies then read real data into tile columns that
     // only feed accumulator columns the epilogue does not store, so they need no column test
@@ -677,6 +708,7 @@ template <bool WARP_BLOCKS> struct RowStream {
         col = blockIdx.y * CONV_BN + pos();
         ptr = data + (k_begin + row(0)) * ld + (col < ld ? col : 0);
         ahead = (int)(k_end - k_begin) - row(0);
+        hi_ok = col + PAIR_UNITS * VEC < ld;
     }
     // Tap tiles (TAP_TILES; the block's columns all before ld): thread t copies k row t / 2 whole,
     // units t % 2, t % 2 + 2, ... (a lane pair's copies fill 32-byte sectors; a quarter warp's 4 rows
@@ -703,6 +735,31 @@ template <bool WARP_BLOCKS> struct RowStream {
     // FULL: the tile lies before k_end (no row test).
     template <bool VECTOR, bool FULL = false>
     __device__ __forceinline__ void load(elem_t* bs, int ld, int cols) {
+        if constexpr (UNIT_PAIRS) {
+            elem_t* const dst0 = bs + tile_index<false, CONV_BN>(pos(), row(0));
+            const int pair_pass = PAIR_STEP * ld;
+#pragma unroll
+            for (int q = 0; q < B_CHUNKS_PER_THREAD / 2; ++q) {
+                elem_t* const dst = dst0 + k_rows_apart<CONV_BN>(q * PAIR_STEP);
+                const elem_t* const src = ptr + q * pair_pass;   // q * pair_pass < CONV_BK * ld: fits()
+                const bool k_ok = FULL || q * PAIR_STEP < ahead;   // row(2q) before k_end
+                if constexpr (VECTOR) {
+                    copy_chunk_pair<PAIR_UNITS * VEC>(dst, src, k_ok, k_ok && hi_ok);
+                } else {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int e = 0; e < VEC; ++e) {
+                            const int c = h * PAIR_UNITS * VEC + e;
+                            const bool valid = k_ok && col + c < cols;
+                            copy_scalar(dst + c, valid ? src + c : ptr, valid);
+                        }
+                }
+            }
+            ptr += (long long)CONV_BK * ld;
+            ahead -= CONV_BK;
+            return;
+        }
         const int nc = pos();
         const long long pass = (long long)STEP * ld;
         elem_t* const dst0 = bs + tile_index<false, CONV_BN>(nc, row(0));
@@ -1501,7 +1558,16 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
                 round_chunk_tf32(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK)));
         }
     }
-    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy (RowStream<true>), warp w: rows 4j..4j+3, units 8w + g
+    if constexpr (Tf32Rounding<MODE>::b_shared && RowStream<true>::UNIT_PAIRS) {
+        // warp w: block rows w + 2q (rows 4w + 8q ..), units g + 8h (RowStream<true>::UNIT_PAIRS)
+        elem_t* const column = bs + K4Transposed<CONV_BN>::row(4 * warp, VEC * unit, in_unit);
+#pragma unroll
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
+            round_transposed_tf32(bs + tile_index<false, CONV_BN>(RowStream<true>::pos() + RowStream<true>::unit_offset(j),
+                                                                  RowStream<true>::row(j)),
+                                  column + k_rows_apart<CONV_BN>((j >> 1) * RowStream<true>::PAIR_STEP) +
+                                      RowStream<true>::unit_offset(j));
+    } else if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy (RowStream<true>), warp w: rows 4j..4j+3, units 8w + g
         elem_t* const column = bs + K4Transposed<CONV_BN>::row(0, VEC * (8 * warp + unit), in_unit);
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
