@@ -1747,10 +1747,12 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
     if constexpr (MODE == MODE_WGRAD && WG_PACKED) {
         if (loader.a_vec && loader.b_vec && loader.a_packed) {
             if constexpr (WG_TAP_GROUPS) {
-                if (loader.a_tap) {
-                    pipeline<MODE, true, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
+                if (!loader.a_tap) {
+                    pipeline<MODE, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
                     return;
                 }
+                pipeline<MODE, true, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
+                return;
             }
             pipeline<MODE, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
             return;
