@@ -1043,7 +1043,8 @@ template <> struct Loader<MODE_WGRAD> {
     unsigned a_up[WG_CHUNKS];             // packed path: its tap + WgradPack::up_bias
     RowStream<TF32_B_TRANSPOSED> b;       // b.row_before_end: whether a k row of the next tile is before k_end
     bool a_vec, b_vec, a_packed;          // a_packed: the image fits WgradPack (16-byte path only)
-    bool a_tap;                           // tap groups (WG_TAP_GROUPS): C_in a multiple of a group's span
+    int a_tap;                            // tap groups (WG_TAP_GROUPS): 2 where C_in is a multiple of the whole
+                                          // row's span (CONV_BM), 1 of a half's (WG_TAP_SPAN), else 0
     unsigned shared_pixel, shared_at;     // WG_SHARED_DECODE: this lane's decoded row (its tile: lane & 1)
 
     __device__ __forceinline__ void init(const ConvGeom& g, const WgradDecode& wgrad_decode, const elem_t* x,
@@ -1074,7 +1075,7 @@ template <> struct Loader<MODE_WGRAD> {
             a_up[j] = tap + WgradPack::up_bias(g);
         }
         a_packed = WG_PACKED && WgradPack::fits(g, taps);
-        a_tap = WG_TAP_GROUPS && g.c_in % WG_TAP_SPAN == 0;
+        a_tap = !WG_TAP_GROUPS ? 0 : g.c_in % CONV_BM == 0 ? 2 : g.c_in % WG_TAP_SPAN == 0 ? 1 : 0;
         b.init(dy, k_begin, k_end, g.c_out);
         a_vec = fits && g.c_in % VEC == 0 && is_aligned(x, 16);
         b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16) && RowStream<TF32_B_TRANSPOSED>::fits(g.c_out);
@@ -1115,7 +1116,7 @@ template <> struct Loader<MODE_WGRAD> {
     //   TAP (tap groups, WG_TAP_GROUPS; packed path, a_tap): the WG_TAP_CHUNKS chunks of a group lie in
     //     one tap, so the group's first chunk column gives the address (its a_base, the others
     //     immediates apart) and the bounds test of all of them.
-    template <bool VECTOR, bool PACKED = false, bool FULL = false, bool TAP = false, int SHARED = 0>
+    template <bool VECTOR, bool PACKED = false, bool FULL = false, int TAP = 0, int SHARED = 0>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
         static_assert(VECTOR || !PACKED, "packed bounds: 16-byte path only");
@@ -1151,13 +1152,14 @@ template <> struct Loader<MODE_WGRAD> {
                 if constexpr (VECTOR) pixel = decode.pixel(q, q.k * decode.s_w);
             }
             if constexpr (TAP) {
+                constexpr int GROUP = TAP == 2 ? WG_CHUNKS : WG_TAP_CHUNKS;   // chunks in one tap
 #pragma unroll
-                for (int h = 0; h < WG_CHUNKS / WG_TAP_CHUNKS; ++h) {
-                    const int j0 = h * WG_TAP_CHUNKS;
+                for (int h = 0; h < WG_CHUNKS / GROUP; ++h) {
+                    const int j0 = h * GROUP;
                     const elem_t* const src = index_wide(a_base[j0], pixel, (unsigned)g.c_in);
                     const bool inside = WgradPack::inside(at + a_up[j0], WgradPack::bounds(g));
 #pragma unroll
-                    for (int i = 0; i < WG_TAP_CHUNKS; ++i)
+                    for (int i = 0; i < GROUP; ++i)
                         copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j0 + i) * VEC, row),
                                    src + (wgrad_a_unit(j0 + i) - wgrad_a_unit(j0)) * VEC, inside);
                 }
@@ -1621,7 +1623,7 @@ __device__ __forceinline__ int slot_row(int slot) {
 // One K tile's copies: the loader's load<VECTOR>, or wgrad's packed-bounds 16-byte path; FULL (wgrad):
 // a tile before the split's last, whose rows need no test against k_end.
 // TAP (fwd, dgrad): the tap-tile mapping (TAP_TILES).
-template <bool VECTOR, bool PACKED, class L, bool FULL = false, bool TAP = false, int SHARED = 0>
+template <bool VECTOR, bool PACKED, class L, bool FULL = false, int TAP = 0, int SHARED = 0>
 __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const elem_t* __restrict__ a_src,
                                           const elem_t* __restrict__ b_src, elem_t* as, elem_t* bs, int cols) {
     if constexpr (PACKED)   // wgrad's packed path (TAP: its tap groups; SHARED: WG_SHARED_DECODE)
@@ -1647,7 +1649,7 @@ __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const el
 // without those two tests per tile (about 4.5 instructions a tile), and prefetch only tiles before
 // the last (the one that may end before BK rows), whose copies skip their row tests against k_end
 // (FULL: ~10 instructions a tile).
-template <int MODE, bool VECTOR, bool PACKED, bool CHECKED, bool TAP = false>
+template <int MODE, bool VECTOR, bool PACKED, bool CHECKED, int TAP = 0>
 __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                                const ConvGeom& g, const elem_t* __restrict__ a_src,
                                                const elem_t* __restrict__ b_src, int cols, int t0, int tiles,
@@ -1679,7 +1681,7 @@ __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as
     }
 }
 
-template <int MODE, bool VECTOR, bool PACKED = false, bool TAP = false>
+template <int MODE, bool VECTOR, bool PACKED = false, int TAP = 0>
 __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                          const ConvGeom& g, const elem_t* __restrict__ a_src,
                                          const elem_t* __restrict__ b_src, int cols, long long depth, acc_t* acc) {
@@ -1751,7 +1753,10 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
                     pipeline<MODE, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
                     return;
                 }
-                pipeline<MODE, true, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
+                if (loader.a_tap == 2)
+                    pipeline<MODE, true, true, 2>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
+                else
+                    pipeline<MODE, true, true, 1>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
                 return;
             }
             pipeline<MODE, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
