@@ -95,14 +95,20 @@
 //   groups run. Other instructions per MMA (inspect, no GPU) 2.75 -> 1.95 fwd, 2.36 -> 1.85 dgrad on
 //   sm_90 (3.71 -> 2.92, 3.54 -> 2.81 on sm_80, where A's rounding alone is 1.5); other channel
 //   counts keep the chunk mapping (2.56 / 2.39 sm_90). wgrad's tap groups (WG_TAP_GROUPS, the same
-//   tile; pipeline<MODE_WGRAD, true, true, true>): where C_in is a multiple of 32, each half of a
-//   thread's 8 A chunks (units lane % 2 + 2j of its k row) lies in one tap, so a half takes one
-//   address and one packed bounds test for its 4 chunks: 3.16 -> 2.69 on sm_90 (532 -> 472
-//   instructions per 128 MMAs, 254 -> 253 registers), 5.38 -> 5.15 on sm_80. Still above 2: both
-//   wgrad operands are activations, rounded in the loop at one conversion per element, which on a
-//   64x64 tile is 1.0 per MMA (32 (BM + BN) / (BM BN) elements per MMA, whatever the warps), and
-//   the copies (0.25), A's 8-byte fragment reads (0.25), B's ldmatrix fragments (0.25) and its
-//   rounding pass (ldmatrix + store: 0.25) add 1.0 more before any address or index arithmetic.
+//   tile; pipeline<MODE_WGRAD, true, true, TAP>): where C_in is a multiple of 32, each half of a
+//   thread's 8 A chunks (units lane % 2 + 2j of its k row) lies in one tap (TAP 1), where it is a
+//   multiple of 64 the whole row (TAP 2), so a half (a row) takes one address and one packed bounds
+//   test for its 4 (8) chunks; in the untested groups the two lanes of a row decode two tiles' K
+//   positions, one each, and swap them by shuffles (WG_SHARED_DECODE); dy's chunks are copied in
+//   unit pairs, one address per row for two chunks (RowStream<true>::UNIT_PAIRS). Other
+//   instructions per MMA (inspect, no GPU): 3.16 -> 2.69 -> 2.51 on sm_90 (532 -> 472 -> 449
+//   instructions per 128 MMAs; C_in a multiple of 32 only: 459, 2.59), 5.38 -> 4.62 on sm_80 (its
+//   tap loop had 136 register moves while placed first, see igemm_mainloop). Still above 2, and not
+//   reachable on this design: both wgrad operands are activations, rounded in the loop at one
+//   conversion per element, which on a 64x64 tile is 1.0 per MMA (32 (BM + BN) / (BM BN) elements
+//   per MMA, whatever the warps), and the copies (0.25), A's 8-byte fragment reads (0.25), B's
+//   ldmatrix fragments (0.25) and its transposing pass (ldmatrix + store: 0.25) add 1.0 more before
+//   any address, index or pipeline instruction (docs/kernels.md, "The tf32 64x64 wgrad's floor").
 // Layout: channels_last only (K runs along contiguous channels). The launcher transposes
 //   channels_first activations around the kernels (layout.cu; conv/__init__.py Problem), so the
 //   kernels have no channels_first path and no layout parameter.
@@ -978,7 +984,10 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 // lane % 2 + 2j; chunks 0-3 lie in the row's first WG_TAP_SPAN elements along m, 4-7 in its second.
 // Where C_in is a multiple of that span (and the block's m0 of it: CONV_BM = 2 spans), each group lies
 // in one tap: one address (the 64-bit add of the row's pixel offset) and one packed bounds test per
-// group and K tile instead of one per chunk (Loader<MODE_WGRAD>::load<..., TAP>).
+// group and K tile instead of one per chunk (Loader<MODE_WGRAD>::load<..., TAP = 1>); where C_in is a
+// multiple of CONV_BM, the whole row lies in one tap: one address and one test per row and K tile
+// (TAP = 2; Loader::a_tap says which, per block). Per 128 MMAs (with the shared decode and dy's unit
+// pairs below): halves 459 instructions on sm_90, 730 on sm_80; whole rows 449 / 720.
 #define WG_TAP_GROUPS (TAP_TILES && WG_LANES == 2 && WG_ROWS == 1 && WG_CHUNKS == 8 && WG_PACKED)
 #define WG_TAP_CHUNKS 4
 // Shared decode (tap groups, untested pipeline groups of an even stage count): the two lanes of a
@@ -987,7 +996,8 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 // tiles one decode and 4 SHFL per thread instead of two decodes (Loader<MODE_WGRAD>::load, SHARED).
 #define WG_SHARED_DECODE (WG_TAP_GROUPS && CONV_STAGES % 2 == 0)
 #define WG_TAP_SPAN (CONV_BM / 2)
-static_assert(!WG_TAP_GROUPS || WG_TAP_SPAN == WG_LANES * WG_TAP_CHUNKS * VEC, "tap groups: two halves of the row");
+static_assert(!WG_TAP_GROUPS || (WG_TAP_SPAN == WG_LANES * WG_TAP_CHUNKS * VEC && CONV_BM == 2 * WG_TAP_SPAN),
+              "tap groups: two halves of the row");
 struct WgradPack {
     static constexpr int W_BITS = 13, H_BITS = 11, D_BITS = 8;
     static constexpr int H_SHIFT = W_BITS, D_SHIFT = W_BITS + H_BITS;   // also in conv/geometry.py (WGRAD_PACK_*)
@@ -1113,9 +1123,12 @@ template <> struct Loader<MODE_WGRAD> {
     //   Per-element path: copy_tap_run over each chunk's VEC (tap, channel) positions.
     // Rows past k_end copy nothing (k_ok; packed: the fake origin). FULL: every row of the tile lies
     // before k_end (the tiles before a split's last: k_per_split is whole K tiles), no row test.
-    //   TAP (tap groups, WG_TAP_GROUPS; packed path, a_tap): the WG_TAP_CHUNKS chunks of a group lie in
-    //     one tap, so the group's first chunk column gives the address (its a_base, the others
-    //     immediates apart) and the bounds test of all of them.
+    //   TAP (tap groups, WG_TAP_GROUPS; packed path, a_tap): the WG_TAP_CHUNKS chunks of a group (TAP 1)
+    //     or the row's WG_CHUNKS (TAP 2) lie in one tap, so the group's first chunk column gives the
+    //     address (its a_base, the others immediates apart) and the bounds test of all of them.
+    //   SHARED (WG_SHARED_DECODE; untested groups, FULL): 1 in a group's even tiles, where each lane
+    //     decodes its pair's row of this tile (lane & 1 == 0) or of the next (1) and both lanes take
+    //     the first by a shuffle; 2 in the odd tiles, which take the second (no decode).
     template <bool VECTOR, bool PACKED = false, bool FULL = false, int TAP = 0, int SHARED = 0>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
@@ -1749,6 +1762,12 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
     if constexpr (MODE == MODE_WGRAD && WG_PACKED) {
         if (loader.a_vec && loader.b_vec && loader.a_packed) {
             if constexpr (WG_TAP_GROUPS) {
+                // The branch order is ptxas's register allocation on sm_80, not taste: of the orders
+                // tried, each gave one of the three untested loops 130-150 register moves (the tap
+                // groups' first: halves 848 instructions per 128 MMAs, 136 moves), but this one, where
+                // the worst is the per-chunk loop with 49 (830, was 783 when the halves' loop had the
+                // moves); whole rows 720, halves 730. On sm_90 (this order against the tap groups' first) the
+                // tap loops are the same length and the per-chunk loop 6 shorter (528).
                 if (!loader.a_tap) {
                     pipeline<MODE, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
                     return;
