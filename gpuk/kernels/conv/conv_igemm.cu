@@ -101,7 +101,7 @@
 //   test for its 4 (8) chunks; in the untested groups the two lanes of a row decode two tiles' K
 //   positions, one each, and swap them by shuffles (WG_SHARED_DECODE); dy's chunks are copied in
 //   unit pairs, one address per row for two chunks (RowStream<true>::UNIT_PAIRS). Other
-//   instructions per MMA (inspect, no GPU): 3.16 -> 2.69 -> 2.51 on sm_90 (532 -> 472 -> 449
+//   instructions per MMA (inspect, no GPU): 3.16 -> 2.69 -> 2.49 on sm_90 (532 -> 472 -> 447
 //   instructions per 128 MMAs; C_in a multiple of 32 only: 459, 2.59), 5.38 -> 4.62 on sm_80 (its
 //   tap loop had 136 register moves while placed first, see igemm_mainloop). Still above 2, and not
 //   reachable on this design: both wgrad operands are activations, rounded in the loop at one
@@ -987,13 +987,15 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 // group and K tile instead of one per chunk (Loader<MODE_WGRAD>::load<..., TAP = 1>); where C_in is a
 // multiple of CONV_BM, the whole row lies in one tap: one address and one test per row and K tile
 // (TAP = 2; Loader::a_tap says which, per block). Per 128 MMAs (with the shared decode and dy's unit
-// pairs below): halves 459 instructions on sm_90, 730 on sm_80; whole rows 449 / 720.
+// pairs below): halves 459 instructions on sm_90, 730 on sm_80; whole rows 447 / 720.
 #define WG_TAP_GROUPS (TAP_TILES && WG_LANES == 2 && WG_ROWS == 1 && WG_CHUNKS == 8 && WG_PACKED)
 #define WG_TAP_CHUNKS 4
-// Shared decode (tap groups, untested pipeline groups of an even stage count): the two lanes of a
-// k row (WG_LANES = 2) decode the same K position, so each decodes one of two tiles' (its pair's
-// row in this tile, lane & 1 == 0, or in the next one) and the pair swaps them by shuffles: per two
-// tiles one decode and 4 SHFL per thread instead of two decodes (Loader<MODE_WGRAD>::load, SHARED).
+// Shared decode (the tf32 64x64 wgrad's packed path, tap groups and per chunk, in the untested
+// pipeline groups of an even stage count): the two lanes of a k row (WG_LANES = 2) decoded the same K
+// position, so each decodes one of two tiles' (its pair's row in this tile, lane & 1 == 0, or in the
+// next one) and the pair swaps them by shuffles: per two tiles one decode and 4 SHFL per thread
+// instead of two decodes (Loader<MODE_WGRAD>::load, SHARED; sm_90: halves 472 -> 463, per chunk
+// 528 -> 517 instructions per 128 MMAs).
 #define WG_SHARED_DECODE (WG_TAP_GROUPS && CONV_STAGES % 2 == 0)
 #define WG_TAP_SPAN (CONV_BM / 2)
 static_assert(!WG_TAP_GROUPS || (WG_TAP_SPAN == WG_LANES * WG_TAP_CHUNKS * VEC && CONV_BM == 2 * WG_TAP_SPAN),
@@ -1134,7 +1136,7 @@ template <> struct Loader<MODE_WGRAD> {
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
         static_assert(VECTOR || !PACKED, "packed bounds: 16-byte path only");
         static_assert(!TAP || (PACKED && WG_TAP_GROUPS), "tap groups: packed 16-byte path of WG_TAP_GROUPS builds");
-        static_assert(!SHARED || (TAP && FULL && WG_SHARED_DECODE && WG_ROWS == 1), "shared decode: tap groups, untested");
+        static_assert(!SHARED || (PACKED && FULL && WG_SHARED_DECODE && WG_ROWS == 1), "shared decode: packed, untested");
         constexpr bool PAIRED = PACKED && WG_PAIRED;
         unsigned own_pixel = 0, own_at = 0;   // PAIRED: this lane's row (lane & 1), decoded once
         if constexpr (PAIRED) row_origin<FULL>(g, wgrad_decoded_row(), own_pixel, own_at);
@@ -1675,9 +1677,9 @@ __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as
         TF32_ROUND_LANDED(as[s], bs[s]);
         __syncthreads();                    // ... everyone's, and stage t-1 is free again
         const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
-        // wgrad's tap groups in an untested group (every load of it runs): the decode of two tiles' rows
+        // wgrad's packed path in an untested group (every load of it runs): the decode of two tiles' rows
         // shared by the lane pairs (WG_SHARED_DECODE), the first tile of each pair decoding both
-        constexpr bool SHARED = MODE == MODE_WGRAD && WG_SHARED_DECODE && PACKED && TAP && !CHECKED;
+        constexpr bool SHARED = MODE == MODE_WGRAD && WG_SHARED_DECODE && PACKED && !CHECKED;
         if constexpr (SHARED) {
             if (s % 2 == 0)
                 load_tile<VECTOR, PACKED, Loader<MODE>, true, TAP, 1>(loader, g, a_src, b_src, as[write_stage],
@@ -1765,7 +1767,7 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
                 // The branch order is ptxas's register allocation on sm_80, not taste: of the orders
                 // tried, each gave one of the three untested loops 130-150 register moves (the tap
                 // groups' first: halves 848 instructions per 128 MMAs, 136 moves), but this one, where
-                // the worst is the per-chunk loop with 49 (830, was 783 when the halves' loop had the
+                // the worst is the per-chunk loop with 55 (827, was 783 when the halves' loop had the
                 // moves); whole rows 720, halves 730. On sm_90 (this order against the tap groups' first) the
                 // tap loops are the same length and the per-chunk loop 6 shorter (528).
                 if (!loader.a_tap) {
