@@ -175,17 +175,32 @@ def test_tf32_tap_tiles(kernel_runtime, channels):
             assert_close(out, ref, np.float32, 'tf32 %s with tap tiles, channels %s' % (fn.__name__, channels))
 
 
-@pytest.mark.parametrize('channels', [(32, 24), (64, 8)], ids=['cin32-cout24', 'cin64-cout8'])
+@pytest.mark.parametrize('channels', [(32, 24), (96, 24), (64, 8)], ids=['cin32-cout24', 'cin96-cout24', 'cin64-cout8'])
 @pytest.mark.parametrize('splits', [1, 3])
 def test_tf32_wgrad_tap_groups(kernel_runtime, channels, splits):
     """The tf32 64x64 wgrad's tap groups (conv_igemm.cu WG_TAP_GROUPS), taken where C_in is a multiple
     of 32: each thread's 4-chunk half row of A in one tap, one address and one packed bounds test per
-    half. C_in = 32: M = 288, the last block's second half past the filter; C_in = 64: both halves in
-    one tap. Padding and strides put rows partly outside the image; K = 3 x 9 x 16 = 432 (13.5 K
-    tiles: the untested groups, then the partial last tile), split in 1 or 3."""
+    half; where C_in is a multiple of 64, the whole row (8 chunks) in one tap (TAP 2), one of each per
+    row. C_in = 32: M = 288, the last block's second half past the filter; C_in = 96: blocks whose
+    halves lie in two taps; C_in = 64: whole rows. Padding and strides put rows partly outside the
+    image; K = 3 x 9 x 16 = 432 (13.5 K tiles: the untested groups with the shared decode, then the
+    partial last tile), split in 1 or 3."""
     case = ((17, 17), (3, 3), (2, 1), (1, 1), ((1, 1), (1, 0))) + channels
     out, ref = _forced_wgrad(kernel_runtime, case, np.float32, '64x64x32', splits, seed=8, precision='tf32')
     assert_close(out, ref, np.float32, 'tf32 conv_wgrad with tap groups, channels %s, %d splits' % (channels, splits))
+
+
+@pytest.mark.parametrize('channels', [(32, 40), (32, 100), (12, 45)], ids=['cin32-cout40', 'cin32-cout100', 'cin12-cout45'])
+@pytest.mark.parametrize('splits', [1, 3])
+def test_tf32_wgrad_dy_unit_pairs(kernel_runtime, channels, splits):
+    """The tf32 64x64 wgrad's dy copies in unit pairs (conv_igemm.cu RowStream<true>::UNIT_PAIRS: a lane's
+    chunks are units g and g + 8 of 4 rows): C_out = 40 and 100 put the N tail between a lane's two
+    units (the second zero-filled, hi_ok) in the first and the second column block; C_out = 45 takes
+    the per-element copies, whose second unit tests its columns. C_in = 32 runs the tap groups (and
+    their shared decode), C_in = 12 the per-element path; K = 3 x 9 x 16 = 432, split in 1 or 3."""
+    case = ((17, 17), (3, 3), (2, 1), (1, 1), ((1, 1), (1, 0))) + channels
+    out, ref = _forced_wgrad(kernel_runtime, case, np.float32, '64x64x32', splits, seed=9, precision='tf32')
+    assert_close(out, ref, np.float32, 'tf32 conv_wgrad, dy in unit pairs, channels %s, %d splits' % (channels, splits))
 
 
 @pytest.mark.parametrize('tile', ['128x128x16', '64x64x32'])

@@ -95,14 +95,20 @@
 //   groups run. Other instructions per MMA (inspect, no GPU) 2.75 -> 1.95 fwd, 2.36 -> 1.85 dgrad on
 //   sm_90 (3.71 -> 2.92, 3.54 -> 2.81 on sm_80, where A's rounding alone is 1.5); other channel
 //   counts keep the chunk mapping (2.56 / 2.39 sm_90). wgrad's tap groups (WG_TAP_GROUPS, the same
-//   tile; pipeline<MODE_WGRAD, true, true, true>): where C_in is a multiple of 32, each half of a
-//   thread's 8 A chunks (units lane % 2 + 2j of its k row) lies in one tap, so a half takes one
-//   address and one packed bounds test for its 4 chunks: 3.16 -> 2.69 on sm_90 (532 -> 472
-//   instructions per 128 MMAs, 254 -> 253 registers), 5.38 -> 5.15 on sm_80. Still above 2: both
-//   wgrad operands are activations, rounded in the loop at one conversion per element, which on a
-//   64x64 tile is 1.0 per MMA (32 (BM + BN) / (BM BN) elements per MMA, whatever the warps), and
-//   the copies (0.25), A's 8-byte fragment reads (0.25), B's ldmatrix fragments (0.25) and its
-//   rounding pass (ldmatrix + store: 0.25) add 1.0 more before any address or index arithmetic.
+//   tile; pipeline<MODE_WGRAD, true, true, TAP>): where C_in is a multiple of 32, each half of a
+//   thread's 8 A chunks (units lane % 2 + 2j of its k row) lies in one tap (TAP 1), where it is a
+//   multiple of 64 the whole row (TAP 2), so a half (a row) takes one address and one packed bounds
+//   test for its 4 (8) chunks; in the untested groups the two lanes of a row decode two tiles' K
+//   positions, one each, and swap them by shuffles (WG_SHARED_DECODE); dy's chunks are copied in
+//   unit pairs, one address per row for two chunks (RowStream<true>::UNIT_PAIRS). Other
+//   instructions per MMA (inspect, no GPU): 3.16 -> 2.69 -> 2.49 on sm_90 (532 -> 472 -> 447
+//   instructions per 128 MMAs; C_in a multiple of 32 only: 459, 2.59), 5.38 -> 4.62 on sm_80 (its
+//   tap loop had 136 register moves while placed first, see igemm_mainloop). Still above 2, and not
+//   reachable on this design: both wgrad operands are activations, rounded in the loop at one
+//   conversion per element, which on a 64x64 tile is 1.0 per MMA (32 (BM + BN) / (BM BN) elements
+//   per MMA, whatever the warps), and the copies (0.25), A's 8-byte fragment reads (0.25), B's
+//   ldmatrix fragments (0.25) and its transposing pass (ldmatrix + store: 0.25) add 1.0 more before
+//   any address, index or pipeline instruction (docs/kernels.md, "The tf32 64x64 wgrad's floor").
 // Layout: channels_last only (K runs along contiguous channels). The launcher transposes
 //   channels_first activations around the kernels (layout.cu; conv/__init__.py Problem), so the
 //   kernels have no channels_first path and no layout parameter.
@@ -417,6 +423,22 @@ struct WgradDecode {
 __device__ __forceinline__ void copy_chunk(elem_t* dst, const elem_t* src, bool valid) {
     cp_async_16_zfill(dst, src, valid);
 }
+// Two 16-byte chunks OFFSET elements apart in both shared and global memory from one source
+// address, the second's offset inside its cp.async's address (RowStream<true>::UNIT_PAIRS): written
+// as two copies, ptxas reassociated the second source (src + OFFSET) + row step and gave it a 64-bit
+// address of its own in every row but the first (10 instructions for a tile's 4 row pairs, not 5).
+template <int OFFSET>
+__device__ __forceinline__ void copy_chunk_pair(elem_t* dst, const elem_t* src, bool valid0, bool valid1) {
+#if !defined(GPUK_EMULATE) && defined(__CUDA_ARCH__)
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 "cp.async.cg.shared.global [%0+%4], [%1+%4], 16, %3;\n"
+                 ::"r"(s), "l"(src), "r"(valid0 ? 16 : 0), "r"(valid1 ? 16 : 0), "n"(OFFSET * (int)sizeof(elem_t)));
+#else
+    copy_chunk(dst, src, valid0);
+    copy_chunk(dst + OFFSET, src + OFFSET, valid1);
+#endif
+}
 // One element, for chunks whose neighbours do not share a padding check (unaligned channel
 // counts, unaligned pointers, filters too large for tap masks): cp.async for 4- and 8-byte
 // elements, a synchronous copy for 16-bit ones (below cp.async's 4-byte minimum).
@@ -651,16 +673,31 @@ template <bool WARP_BLOCKS> struct RowStream {
     static constexpr int STEP = ROWS_PER_PASS(CONV_BN);   // rows between a thread's chunks
     static_assert(!WARP_BLOCKS || (STEP == 4 && CONV_BN / VEC == 8 * (CONV_THREADS / 32)),
                   "warp blocks: each warp copies 8 units of 4 x 4 blocks");
-    // The tile row of this thread's chunk j, and its position along the row.
+    // UNIT_PAIRS (warp blocks of a 16-unit tile, 2 warps: the tf32 64x64 wgrad): lane 8i + g of warp w
+    // takes units g and g + 8 at rows 4p + i, p = w, w + 2, w + 4, w + 6 (the warp's blocks are 4 block
+    // rows x all 16 units, not 8 block rows x its 8 units), so a thread's chunks are 4 rows x 2 units
+    // 32 elements apart: one address per row and tile (the second chunk an immediate further), where
+    // 8 rows took one each. A warp's copies still fill 4 rows x 128 bytes per instruction. The second
+    // unit of a thread whose first lies before ld but the second not is zero-filled (hi_ok: a
+    // thread-constant predicate; it would read past the row, and at dy's last row past dy).
+    static constexpr bool UNIT_PAIRS = WARP_BLOCKS && CONV_BN / VEC == 16;
+    static constexpr int PAIR_STEP = 8;                  // UNIT_PAIRS: rows between a thread's chunk pairs
+    static constexpr int PAIR_UNITS = 8;                 // UNIT_PAIRS: units between a pair's two chunks
+    // The tile row of this thread's chunk j, and its position along the row (UNIT_PAIRS: chunk j's
+    // is pos() + unit_offset(j)).
     __device__ __forceinline__ static int row(int j) {
+        if (UNIT_PAIRS) return ((int)(threadIdx.x & 31) >> 3) + 4 * (int)(threadIdx.x >> 5) + (j >> 1) * PAIR_STEP;
         return (WARP_BLOCKS ? (int)(threadIdx.x & 31) >> 3 : chunk_row(0, CONV_BN)) + j * STEP;
     }
     __device__ __forceinline__ static int pos() {
+        if (UNIT_PAIRS) return VEC * (int)(threadIdx.x & 7);
         return WARP_BLOCKS ? VEC * (8 * (int)(threadIdx.x >> 5) + (int)(threadIdx.x & 7)) : chunk_pos(CONV_BN);
     }
+    __device__ __forceinline__ static constexpr int unit_offset(int j) { return UNIT_PAIRS ? (j & 1) * PAIR_UNITS * VEC : 0; }
     const elem_t* ptr;   // this thread's chunk 0 of the next tile
     int ahead;           // K rows from this thread's chunk 0 of the next tile to k_end
     int col;             // this thread's first column
+    bool hi_ok;          // UNIT_PAIRS: the second unit of each pair lies before ld
     // ld: the operand's columns (its row length). A thread whose columns lie past them (the N tail)
     // points at column 0 instead: its 16-byte copies then read real data into tile columns that
     // only feed accumulator columns the epilogue does not store, so they need no column test
@@ -677,6 +714,7 @@ template <bool WARP_BLOCKS> struct RowStream {
         col = blockIdx.y * CONV_BN + pos();
         ptr = data + (k_begin + row(0)) * ld + (col < ld ? col : 0);
         ahead = (int)(k_end - k_begin) - row(0);
+        hi_ok = col + PAIR_UNITS * VEC < ld;
     }
     // Tap tiles (TAP_TILES; the block's columns all before ld): thread t copies k row t / 2 whole,
     // units t % 2, t % 2 + 2, ... (a lane pair's copies fill 32-byte sectors; a quarter warp's 4 rows
@@ -703,6 +741,31 @@ template <bool WARP_BLOCKS> struct RowStream {
     // FULL: the tile lies before k_end (no row test).
     template <bool VECTOR, bool FULL = false>
     __device__ __forceinline__ void load(elem_t* bs, int ld, int cols) {
+        if constexpr (UNIT_PAIRS) {
+            elem_t* const dst0 = bs + tile_index<false, CONV_BN>(pos(), row(0));
+            const int pair_pass = PAIR_STEP * ld;
+#pragma unroll
+            for (int q = 0; q < B_CHUNKS_PER_THREAD / 2; ++q) {
+                elem_t* const dst = dst0 + k_rows_apart<CONV_BN>(q * PAIR_STEP);
+                const elem_t* const src = ptr + q * pair_pass;   // q * pair_pass < CONV_BK * ld: fits()
+                const bool k_ok = FULL || q * PAIR_STEP < ahead;   // row(2q) before k_end
+                if constexpr (VECTOR) {
+                    copy_chunk_pair<PAIR_UNITS * VEC>(dst, src, k_ok, k_ok && hi_ok);
+                } else {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int e = 0; e < VEC; ++e) {
+                            const int c = h * PAIR_UNITS * VEC + e;
+                            const bool valid = k_ok && col + c < cols;
+                            copy_scalar(dst + c, valid ? src + c : ptr, valid);
+                        }
+                }
+            }
+            ptr += (long long)CONV_BK * ld;
+            ahead -= CONV_BK;
+            return;
+        }
         const int nc = pos();
         const long long pass = (long long)STEP * ld;
         elem_t* const dst0 = bs + tile_index<false, CONV_BN>(nc, row(0));
@@ -921,11 +984,22 @@ __device__ __forceinline__ int wgrad_a_unit(int j) {
 // lane % 2 + 2j; chunks 0-3 lie in the row's first WG_TAP_SPAN elements along m, 4-7 in its second.
 // Where C_in is a multiple of that span (and the block's m0 of it: CONV_BM = 2 spans), each group lies
 // in one tap: one address (the 64-bit add of the row's pixel offset) and one packed bounds test per
-// group and K tile instead of one per chunk (Loader<MODE_WGRAD>::load<..., TAP>).
+// group and K tile instead of one per chunk (Loader<MODE_WGRAD>::load<..., TAP = 1>); where C_in is a
+// multiple of CONV_BM, the whole row lies in one tap: one address and one test per row and K tile
+// (TAP = 2; Loader::a_tap says which, per block). Per 128 MMAs (with the shared decode and dy's unit
+// pairs below): halves 459 instructions on sm_90, 730 on sm_80; whole rows 447 / 720.
 #define WG_TAP_GROUPS (TAP_TILES && WG_LANES == 2 && WG_ROWS == 1 && WG_CHUNKS == 8 && WG_PACKED)
 #define WG_TAP_CHUNKS 4
+// Shared decode (the tf32 64x64 wgrad's packed path, tap groups and per chunk, in the untested
+// pipeline groups of an even stage count): the two lanes of a k row (WG_LANES = 2) decoded the same K
+// position, so each decodes one of two tiles' (its pair's row in this tile, lane & 1 == 0, or in the
+// next one) and the pair swaps them by shuffles: per two tiles one decode and 4 SHFL per thread
+// instead of two decodes (Loader<MODE_WGRAD>::load, SHARED; sm_90: halves 472 -> 463, per chunk
+// 528 -> 517 instructions per 128 MMAs).
+#define WG_SHARED_DECODE (WG_TAP_GROUPS && CONV_STAGES % 2 == 0)
 #define WG_TAP_SPAN (CONV_BM / 2)
-static_assert(!WG_TAP_GROUPS || WG_TAP_SPAN == WG_LANES * WG_TAP_CHUNKS * VEC, "tap groups: two halves of the row");
+static_assert(!WG_TAP_GROUPS || (WG_TAP_SPAN == WG_LANES * WG_TAP_CHUNKS * VEC && CONV_BM == 2 * WG_TAP_SPAN),
+              "tap groups: two halves of the row");
 struct WgradPack {
     static constexpr int W_BITS = 13, H_BITS = 11, D_BITS = 8;
     static constexpr int H_SHIFT = W_BITS, D_SHIFT = W_BITS + H_BITS;   // also in conv/geometry.py (WGRAD_PACK_*)
@@ -981,7 +1055,9 @@ template <> struct Loader<MODE_WGRAD> {
     unsigned a_up[WG_CHUNKS];             // packed path: its tap + WgradPack::up_bias
     RowStream<TF32_B_TRANSPOSED> b;       // b.row_before_end: whether a k row of the next tile is before k_end
     bool a_vec, b_vec, a_packed;          // a_packed: the image fits WgradPack (16-byte path only)
-    bool a_tap;                           // tap groups (WG_TAP_GROUPS): C_in a multiple of a group's span
+    int a_tap;                            // tap groups (WG_TAP_GROUPS): 2 where C_in is a multiple of the whole
+                                          // row's span (CONV_BM), 1 of a half's (WG_TAP_SPAN), else 0
+    unsigned shared_pixel, shared_at;     // WG_SHARED_DECODE: this lane's decoded row (its tile: lane & 1)
 
     __device__ __forceinline__ void init(const ConvGeom& g, const WgradDecode& wgrad_decode, const elem_t* x,
                                          const elem_t* dy, long long k_begin, long long k_end) {
@@ -1011,7 +1087,7 @@ template <> struct Loader<MODE_WGRAD> {
             a_up[j] = tap + WgradPack::up_bias(g);
         }
         a_packed = WG_PACKED && WgradPack::fits(g, taps);
-        a_tap = WG_TAP_GROUPS && g.c_in % WG_TAP_SPAN == 0;
+        a_tap = !WG_TAP_GROUPS ? 0 : g.c_in % CONV_BM == 0 ? 2 : g.c_in % WG_TAP_SPAN == 0 ? 1 : 0;
         b.init(dy, k_begin, k_end, g.c_out);
         a_vec = fits && g.c_in % VEC == 0 && is_aligned(x, 16);
         b_vec = g.c_out % VEC == 0 && is_aligned(dy, 16) && RowStream<TF32_B_TRANSPOSED>::fits(g.c_out);
@@ -1049,14 +1125,18 @@ template <> struct Loader<MODE_WGRAD> {
     //   Per-element path: copy_tap_run over each chunk's VEC (tap, channel) positions.
     // Rows past k_end copy nothing (k_ok; packed: the fake origin). FULL: every row of the tile lies
     // before k_end (the tiles before a split's last: k_per_split is whole K tiles), no row test.
-    //   TAP (tap groups, WG_TAP_GROUPS; packed path, a_tap): the WG_TAP_CHUNKS chunks of a group lie in
-    //     one tap, so the group's first chunk column gives the address (its a_base, the others
-    //     immediates apart) and the bounds test of all of them.
-    template <bool VECTOR, bool PACKED = false, bool FULL = false, bool TAP = false>
+    //   TAP (tap groups, WG_TAP_GROUPS; packed path, a_tap): the WG_TAP_CHUNKS chunks of a group (TAP 1)
+    //     or the row's WG_CHUNKS (TAP 2) lie in one tap, so the group's first chunk column gives the
+    //     address (its a_base, the others immediates apart) and the bounds test of all of them.
+    //   SHARED (WG_SHARED_DECODE; untested groups, FULL): 1 in a group's even tiles, where each lane
+    //     decodes its pair's row of this tile (lane & 1 == 0) or of the next (1) and both lanes take
+    //     the first by a shuffle; 2 in the odd tiles, which take the second (no decode).
+    template <bool VECTOR, bool PACKED = false, bool FULL = false, int TAP = 0, int SHARED = 0>
     __device__ __forceinline__ void load(const ConvGeom& g, const elem_t* __restrict__ x,
                                          const elem_t* __restrict__ dy, elem_t* as, elem_t* bs, int cols) {
         static_assert(VECTOR || !PACKED, "packed bounds: 16-byte path only");
         static_assert(!TAP || (PACKED && WG_TAP_GROUPS), "tap groups: packed 16-byte path of WG_TAP_GROUPS builds");
+        static_assert(!SHARED || (PACKED && FULL && WG_SHARED_DECODE && WG_ROWS == 1), "shared decode: packed, untested");
         constexpr bool PAIRED = PACKED && WG_PAIRED;
         unsigned own_pixel = 0, own_at = 0;   // PAIRED: this lane's row (lane & 1), decoded once
         if constexpr (PAIRED) row_origin<FULL>(g, wgrad_decoded_row(), own_pixel, own_at);
@@ -1067,7 +1147,15 @@ template <> struct Loader<MODE_WGRAD> {
             unsigned pixel = 0;   // 16-byte path: the window origin's pixel index in x
             unsigned at = 0;      // packed path
             PixPos p{};           // three compares and per-element path
-            if constexpr (PAIRED) {
+            if constexpr (SHARED) {
+                // SHARED 1: this tile and the next one's row of the pair, decoded by lanes 0 and 1 of it;
+                // 2: the next one's, decoded then
+                if constexpr (SHARED == 1)
+                    decode.origin(row_k(row) + (threadIdx.x & 1) * (unsigned)CONV_BK, shared_pixel, shared_at);
+                const int lane = (threadIdx.x & 31 & ~1) | (SHARED - 1);
+                pixel = __shfl_sync(0xffffffffu, shared_pixel, lane);
+                at = __shfl_sync(0xffffffffu, shared_at, lane);
+            } else if constexpr (PAIRED) {
                 const int lane = (threadIdx.x & 31 & ~1) | r;   // the lane that decoded row r
                 pixel = __shfl_sync(0xffffffffu, own_pixel, lane);
                 at = __shfl_sync(0xffffffffu, own_at, lane);
@@ -1079,13 +1167,14 @@ template <> struct Loader<MODE_WGRAD> {
                 if constexpr (VECTOR) pixel = decode.pixel(q, q.k * decode.s_w);
             }
             if constexpr (TAP) {
+                constexpr int GROUP = TAP == 2 ? WG_CHUNKS : WG_TAP_CHUNKS;   // chunks in one tap
 #pragma unroll
-                for (int h = 0; h < WG_CHUNKS / WG_TAP_CHUNKS; ++h) {
-                    const int j0 = h * WG_TAP_CHUNKS;
+                for (int h = 0; h < WG_CHUNKS / GROUP; ++h) {
+                    const int j0 = h * GROUP;
                     const elem_t* const src = index_wide(a_base[j0], pixel, (unsigned)g.c_in);
                     const bool inside = WgradPack::inside(at + a_up[j0], WgradPack::bounds(g));
 #pragma unroll
-                    for (int i = 0; i < WG_TAP_CHUNKS; ++i)
+                    for (int i = 0; i < GROUP; ++i)
                         copy_chunk(as + tile_index<false, CONV_BM>(wgrad_a_unit(j0 + i) * VEC, row),
                                    src + (wgrad_a_unit(j0 + i) - wgrad_a_unit(j0)) * VEC, inside);
                 }
@@ -1486,7 +1575,16 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
                 round_chunk_tf32(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(chunk_row(j, CONV_BK), chunk_pos(CONV_BK)));
         }
     }
-    if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy (RowStream<true>), warp w: rows 4j..4j+3, units 8w + g
+    if constexpr (Tf32Rounding<MODE>::b_shared && RowStream<true>::UNIT_PAIRS) {
+        // warp w: block rows w + 2q (rows 4w + 8q ..), units g + 8h (RowStream<true>::UNIT_PAIRS)
+        elem_t* const column = bs + K4Transposed<CONV_BN>::row(4 * warp, VEC * unit, in_unit);
+#pragma unroll
+        for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
+            round_transposed_tf32(bs + tile_index<false, CONV_BN>(RowStream<true>::pos() + RowStream<true>::unit_offset(j),
+                                                                  RowStream<true>::row(j)),
+                                  column + k_rows_apart<CONV_BN>((j >> 1) * RowStream<true>::PAIR_STEP) +
+                                      RowStream<true>::unit_offset(j));
+    } else if constexpr (Tf32Rounding<MODE>::b_shared) {   // wgrad's dy (RowStream<true>), warp w: rows 4j..4j+3, units 8w + g
         elem_t* const column = bs + K4Transposed<CONV_BN>::row(0, VEC * (8 * warp + unit), in_unit);
 #pragma unroll
         for (int j = 0; j < B_CHUNKS_PER_THREAD; ++j)
@@ -1540,11 +1638,11 @@ __device__ __forceinline__ int slot_row(int slot) {
 // One K tile's copies: the loader's load<VECTOR>, or wgrad's packed-bounds 16-byte path; FULL (wgrad):
 // a tile before the split's last, whose rows need no test against k_end.
 // TAP (fwd, dgrad): the tap-tile mapping (TAP_TILES).
-template <bool VECTOR, bool PACKED, class L, bool FULL = false, bool TAP = false>
+template <bool VECTOR, bool PACKED, class L, bool FULL = false, int TAP = 0, int SHARED = 0>
 __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const elem_t* __restrict__ a_src,
                                           const elem_t* __restrict__ b_src, elem_t* as, elem_t* bs, int cols) {
-    if constexpr (PACKED)   // wgrad's packed path (TAP: its tap groups)
-        loader.template load<VECTOR, true, FULL, TAP>(g, a_src, b_src, as, bs, cols);
+    if constexpr (PACKED)   // wgrad's packed path (TAP: its tap groups; SHARED: WG_SHARED_DECODE)
+        loader.template load<VECTOR, true, FULL, TAP, SHARED>(g, a_src, b_src, as, bs, cols);
     else if constexpr (FULL && !TAP)   // (the fwd/dgrad tap-tile loads keep their row tests in untested groups)
         loader.template load<VECTOR, false, true>(g, a_src, b_src, as, bs, cols);
     else if constexpr (TAP)   // fwd, dgrad: load<VECTOR, TAP>
@@ -1566,7 +1664,7 @@ __device__ __forceinline__ void load_tile(L& loader, const ConvGeom& g, const el
 // without those two tests per tile (about 4.5 instructions a tile), and prefetch only tiles before
 // the last (the one that may end before BK rows), whose copies skip their row tests against k_end
 // (FULL: ~10 instructions a tile).
-template <int MODE, bool VECTOR, bool PACKED, bool CHECKED, bool TAP = false>
+template <int MODE, bool VECTOR, bool PACKED, bool CHECKED, int TAP = 0>
 __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                                const ConvGeom& g, const elem_t* __restrict__ a_src,
                                                const elem_t* __restrict__ b_src, int cols, int t0, int tiles,
@@ -1579,15 +1677,26 @@ __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as
         TF32_ROUND_LANDED(as[s], bs[s]);
         __syncthreads();                    // ... everyone's, and stage t-1 is free again
         const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
-        if (!CHECKED || t + CONV_STAGES - 1 < tiles)
+        // wgrad's packed path in an untested group (every load of it runs): the decode of two tiles' rows
+        // shared by the lane pairs (WG_SHARED_DECODE), the first tile of each pair decoding both
+        constexpr bool SHARED = MODE == MODE_WGRAD && WG_SHARED_DECODE && PACKED && !CHECKED;
+        if constexpr (SHARED) {
+            if (s % 2 == 0)
+                load_tile<VECTOR, PACKED, Loader<MODE>, true, TAP, 1>(loader, g, a_src, b_src, as[write_stage],
+                                                                      bs[write_stage], cols);
+            else
+                load_tile<VECTOR, PACKED, Loader<MODE>, true, TAP, 2>(loader, g, a_src, b_src, as[write_stage],
+                                                                      bs[write_stage], cols);
+        } else if (!CHECKED || t + CONV_STAGES - 1 < tiles) {
             load_tile<VECTOR, PACKED, Loader<MODE>, !CHECKED, TAP>(loader, g, a_src, b_src, as[write_stage],
                                                                    bs[write_stage], cols);
+        }
         cp_async_commit();
         tile_multiply<MODE>(as[s], bs[s], acc);
     }
 }
 
-template <int MODE, bool VECTOR, bool PACKED = false, bool TAP = false>
+template <int MODE, bool VECTOR, bool PACKED = false, int TAP = 0>
 __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_STAGE], elem_t (*bs)[B_STAGE],
                                          const ConvGeom& g, const elem_t* __restrict__ a_src,
                                          const elem_t* __restrict__ b_src, int cols, long long depth, acc_t* acc) {
@@ -1655,10 +1764,21 @@ __device__ __forceinline__ void igemm_mainloop(Loader<MODE>& loader, const ConvG
     if constexpr (MODE == MODE_WGRAD && WG_PACKED) {
         if (loader.a_vec && loader.b_vec && loader.a_packed) {
             if constexpr (WG_TAP_GROUPS) {
-                if (loader.a_tap) {
-                    pipeline<MODE, true, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
+                // The branch order is ptxas's register allocation on sm_80, not taste: of the orders
+                // tried, each gave one of the three untested loops 130-150 register moves (the tap
+                // groups' first: halves 848 instructions per 128 MMAs, 136 moves), but this one, where
+                // the worst is the per-chunk loop with 55 (827, was 783 when the halves' loop had the
+                // moves); whole rows 720, halves 730. On sm_90 (this order against the tap groups' first) the
+                // tap loops are the same length and the per-chunk loop 6 shorter (528).
+                if (!loader.a_tap) {
+                    pipeline<MODE, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
                     return;
                 }
+                if (loader.a_tap == 2)
+                    pipeline<MODE, true, true, 2>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
+                else
+                    pipeline<MODE, true, true, 1>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
+                return;
             }
             pipeline<MODE, true, true>(loader, as, bs, g, a_src, b_src, cols, depth, acc);
             return;
