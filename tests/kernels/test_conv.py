@@ -900,3 +900,41 @@ def test_depthwise_wgrad_row_strips(kernel_runtime, case, dtype):
         with conv_tiles.forced(splits=splits):
             assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
                                 (x, dy, w.shape, strides, dilation, pads, 'channels_last'), kernel_runtime)
+
+
+# channels_last wgrad's channel quads (conv_depthwise.cu wgrad_quad: a thread sums 4 channels of
+# one output row of 8 pixels, dy in registers through 16- / 8-byte loads, x through 16-byte
+# shared loads) on the strip tiles with 16-byte sources: partial tiles along H and W, a partial
+# channel tile (40 = 32 + 8: quads 2-7 of the second idle), 5x5 (tap groups of 3 and 2 kernel
+# rows), 7x3 (5 and 2), padding wider than the filter's half, a 3-D problem with k_d = 1
+DEPTHWISE_QUAD_CASES = [
+    ((16, 29), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),
+    ((30, 13), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 24, 1),
+    ((14, 16), (7, 3), (1, 1), (1, 1), ((3, 4), (1, 0)), 16, 1),
+    ((13, 21), (5, 3), (1, 1), (1, 1), ((2, 2), (3, 3)), 8, 1),
+    ((3, 16, 14), (1, 3, 3), (1, 1, 1), (1, 1, 1), ((0, 0), (1, 1), (1, 1)), 8, 1),
+]
+
+
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize('case', DEPTHWISE_QUAD_CASES, ids=_ids(DEPTHWISE_QUAD_CASES))
+def test_depthwise_wgrad_channel_quads(kernel_runtime, case, dtype):
+    """The launcher's choice is the quads for 4-byte accumulators ('rows' in float64), and the
+    sums match the twin's, with and without pixel-tile splits; a source 4 bytes off its 16-byte
+    alignment runs the strip instead (the kernel's own check) and matches too."""
+    spatial, kernel, strides, dilation, pads, c_in, mult = case
+    x, w, dy = _depthwise_arrays(case, dtype, 'channels_last', seed=11)
+    tile = conv_direct.depthwise_wgrad_tile('t', dtype, False, dy.shape[1:-1], kernel, strides, dilation)
+    math_path = conv_direct.depthwise_wgrad_math(dtype, False, c_in, mult, tile)
+    assert math_path == ('rows' if np.dtype(dtype) == np.float64 else 'quads'), (tile, math_path)
+    args = (x, dy, w.shape, strides, dilation, pads, 'channels_last')
+    for splits in (None, 3):
+        with conv_tiles.forced(splits=splits):
+            assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, args, kernel_runtime)
+    if np.dtype(dtype) == np.float32 and len(spatial) == 2:
+        flat = kernel_runtime.xp.zeros(dy.size + 1, dtype)
+        shifted = flat[1:].reshape(dy.shape)   # 4 bytes past a 16-byte boundary
+        shifted[...] = to_device(kernel_runtime, dy)
+        ref = twin.depthwise_conv_wgrad(x.astype(np.float64), dy.astype(np.float64), *args[2:])
+        out = conv.depthwise_conv_wgrad(to_device(kernel_runtime, x), shifted, *args[2:], runtime=kernel_runtime)
+        assert_close(out, ref, dtype, 'depthwise_conv_wgrad, dy misaligned')

@@ -1239,6 +1239,56 @@ __device__ __forceinline__ void wgrad_strip(const acc_t* x, int row_pitch, int k
     }
 }
 
+// wgrad's channel quads (channels_last, 4-byte accumulators, both sources vector_source: the
+// strip tiles of depthwise_wgrad_tile with 16-byte tile copies): the block's 256 threads are 8
+// channel quads x 32 workers, thread (threadIdx.y, threadIdx.x) = quad threadIdx.x % 8 of worker
+// threadIdx.y * 4 + threadIdx.x / 8; a worker owns one output row of DW_PIX pixels of the strip
+// tile (tile_rows x segs = 32 rows of 8 pixels), a thread its 4 channels (acc: DW_WG_TAPS x 4
+// sums). Per tile a thread reads its 8 dy pixels' 4 channels straight from global memory (one
+// 16-byte load in float32, 8-byte in 16-bit, per pixel: 4 x taps FFMA per load), then per kernel
+// row of the group the (DW_PIX - 1) + KW input pixels of its row as 16-byte shared loads (4
+// lanes of one pixel), each feeding KW x 4 x (up to DW_PIX) FFMA: a 3-row 5x5 group 480 FFMA per
+// 36 LDS.128 + 8 dy loads, against 72 LDS + 32 dy loads in wgrad_strip. A quarter warp's shared
+// loads are the 8 quads of one pixel (128 contiguous bytes: no bank conflict); its dy loads one
+// pixel's 32 channels (coalesced). x: the worker's input run for tap 0 of the group;
+// row_pitch: one tile row, in elements; kh_rows: the group's kernel rows.
+#ifndef DW_WG_QPIX
+#define DW_WG_QPIX 4   // pixels of a worker's row whose dy values are in registers at once
+#endif
+#ifndef DW_WG_QTAPS
+#define DW_WG_QTAPS 10   // most taps a quads block reduces at once (4 register sums each)
+#endif
+__device__ __forceinline__ float4 load_quad(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+template <class Half>   // __half, __nv_bfloat16: 4 channels in 8 bytes, widened
+__device__ __forceinline__ float4 load_quad(const Half* p) { return widen4(p, __ldg(reinterpret_cast<const uint2*>(p))); }
+
+template <int KW, int P>
+__device__ __forceinline__ void wgrad_quad(const float* x, int row_pitch, int kh_rows, const float4 (&dyv)[DW_WG_QPIX],
+                                           float* acc) {
+    constexpr int KH = DW_WG_QTAPS / KW;
+#pragma unroll
+    for (int kh = 0; kh < KH; ++kh) {
+        if (kh == 0 || kh < kh_rows) {
+            const float* p = x + kh * row_pitch;
+#pragma unroll
+            for (int c = 0; c < DW_WG_QPIX - 1 + KW; ++c) {
+                const float4 v = load_float4(p + c * P);
+#pragma unroll
+                for (int kw = 0; kw < KW; ++kw) {
+                    const int q = c - kw;
+                    if (q >= 0 && q < DW_WG_QPIX) {
+                        float* a = acc + (kh * KW + kw) * 4;
+                        a[0] += v.x * dyv[q].x;
+                        a[1] += v.y * dyv[q].y;
+                        a[2] += v.z * dyv[q].z;
+                        a[3] += v.w * dyv[q].w;
+                    }
+                }
+            }
+        }
+    }
+}
+
 // The per-block constants of depthwise_wgrad's walk over its pixel tiles.
 struct DwWgradWalk {
     DwSource xs, ds;                      // x and dy, sample 0
@@ -1284,9 +1334,9 @@ __device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, 
 // with stride S = 1, 2, or wgrad_run_strided (S = 0: any stride). VEC: the tiles are copied
 // with 16-byte loads (wgrad_load_tile). The tile index advances by adds (one division per
 // block, before the loop).
-template <int KW, int S, bool VEC, bool STRIP = false>
+template <int KW, int S, bool VEC, bool STRIP = false, bool QUAD = false>
 __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile, acc_t* dy_tile,
-                                         const int tap_off[DW_WG_TAPS], acc_t acc[DW_WG_TAPS]) {
+                                         const int tap_off[DW_WG_TAPS], acc_t* acc) {
     constexpr int P = wgrad_pitch<VEC>();
     const int lane = threadIdx.x, j0 = blockIdx.x * DW_CHANNELS;
     unsigned b = g.first;
@@ -1309,6 +1359,12 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     const unsigned x_plane = (unsigned)g.xs.h * g.xs.w * g.xs.channels, dy_plane = (unsigned)g.ds.h * g.ds.w * g.ds.channels;
     const elem_t* x_base = g.xs.sample + (long long)n * g.xs.channels * g.xs.pixels + j0 + x_walk.lane0;
     const elem_t* dy_base = g.ds.sample + (long long)n * g.ds.channels * g.ds.pixels + j0 + dy_walk.lane0;
+    // channel quads (see wgrad_quad): this thread's quad, its worker's output row and segment,
+    // its input run
+    const int quad = threadIdx.x % 8, worker = threadIdx.y * (DW_CHANNELS / 8) + threadIdx.x / 8;
+    const int wrow = QUAD ? worker / (g.cols / DW_PIX) : 0, wseg = QUAD ? worker % (g.cols / DW_PIX) : 0;
+    const acc_t* x_quad = x_tile + (wrow * g.cols_in + wseg * DW_PIX) * P + quad * 4 + tap_off[0];
+    const bool q_active = j0 + quad * 4 < g.ds.lanes;   // (C is a multiple of 4: all 4 channels or none)
 #endif
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
@@ -1318,12 +1374,20 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
         __syncthreads();   // the previous tile is no longer read
 #if DW_CHANNELS_LAST
         if constexpr (VEC) {
-            const int vh0 = oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, vw0 = ow0 * g.s_w - g.pad_w;
-            for (int p = 0; p < g.planes_in; ++p) {
-                const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
+            if constexpr (STRIP) {   // (the strip tiles: strides and dilations 1, k_d = 1, so one plane)
+                const int id = od - g.pad_d;
                 const bool inside = id >= 0 && id < g.in_d;
-                load_tile_vec_walk(x_tile + p * g.plane_size, g.xs, x_base + (inside ? (unsigned)id * x_plane : 0u),
-                                   inside, vh0, vw0, g.cols_in, x_walk);
+                load_tile_vec_walk(x_tile, g.xs, x_base + (inside ? (unsigned)id * x_plane : 0u), inside,
+                                   oh0 - g.pad_h + g.kh_lo, ow0 - g.pad_w, g.cols_in, x_walk);
+            } else {
+                const int vh0 = oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, vw0 = ow0 * g.s_w - g.pad_w;
+                for (int p = 0; p < g.planes_in; ++p) {
+                    const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
+                    const bool inside = id >= 0 && id < g.in_d;
+                    load_tile_vec_walk(x_tile + p * g.plane_size, g.xs,
+                                       x_base + (inside ? (unsigned)id * x_plane : 0u), inside, vh0, vw0, g.cols_in,
+                                       x_walk);
+                }
             }
             if constexpr (!STRIP)
                 load_tile_vec_walk(dy_tile, g.ds, dy_base + (unsigned)od * dy_plane, true, oh0, ow0, g.cols, dy_walk);
@@ -1341,6 +1405,24 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
             wgrad_load_tile<VEC>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes, dy_vec);
         }
         __syncthreads();
+#if DW_CHANNELS_LAST
+        if constexpr (QUAD) {
+            // the worker's DW_PIX dy pixels, this thread's 4 channels of each, from global memory
+            // (32-bit offsets from one base), zero outside dy
+            const elem_t* d = opaque_pointer(dn.sample + (unsigned)od * dy_plane + j0 + quad * 4);
+            const int oh1 = oh0 + wrow, ow1 = ow0 + wseg * DW_PIX;
+            const int nq = q_active && oh1 < g.ds.h ? g.ds.w - ow1 : 0;
+            const unsigned c = g.ds.channels, off = (unsigned)(oh1 * g.ds.w + ow1) * c;
+#pragma unroll 1
+            for (int h = 0; h < DW_PIX; h += DW_WG_QPIX) {
+                float4 dyv[DW_WG_QPIX];
+#pragma unroll
+                for (int q = 0; q < DW_WG_QPIX; ++q)
+                    dyv[q] = h + q < nq ? load_quad(d + (off + (h + q) * c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                wgrad_quad<KW, P>(x_quad + h * P, g.cols_in * P, g.taps / KW, dyv, acc);
+            }
+        } else
+#endif
         if (g.active) {
 #if DW_CHANNELS_LAST
             if constexpr (STRIP) {
@@ -1390,17 +1472,53 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     }
 }
 
+// Whether depthwise_wgrad runs the channel quads (wgrad_quad): channels_last, 4-byte accumulators,
+// the launcher's strip tile (depthwise_wgrad_tile), both sources vector_source.
+__device__ __forceinline__ bool wgrad_quads(const DwWgradWalk& g, bool vec) {
+    return DW_CHANNELS_LAST && sizeof(acc_t) == 4 && vec && g.tile_rows * (g.cols / DW_PIX) > DW_ROWS &&
+           g.taps <= DW_WG_QTAPS;
+}
+
+// The channel quads' sums into depthwise_wgrad's reduction buffer (its layout: DW_ROWS x
+// DW_WG_TAPS x DW_CHANNELS): a warp's 4 workers first (lanes 8 and 16 apart, one butterfly, so
+// the same sums in the same order in every lane), then its 8 quads store the warp's row.
+__device__ __forceinline__ void wgrad_quad_sums(acc_t* sums, acc_t (&acc)[DW_WG_QTAPS * 4]) {
+    __syncthreads();   // the tiles are no longer read
+#pragma unroll
+    for (int t = 0; t < DW_WG_QTAPS * 4; ++t) {
+        acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 8);
+        acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 16);
+    }
+    if (threadIdx.x < 8) {
+#pragma unroll
+        for (int t = 0; t < DW_WG_QTAPS * 4; ++t)
+            sums[(threadIdx.y * DW_WG_TAPS + t / 4) * DW_CHANNELS + threadIdx.x * 4 + t % 4] = acc[t];
+    }
+}
+
 // wgrad_tiles for the block's math path (see there) and loader; VEC: the sources are vector_source.
 template <bool VEC>
 __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile, acc_t* dy_tile,
                                             const int tap_off[DW_WG_TAPS], int k_w, int dil_w, int group_taps,
-                                            acc_t acc[DW_WG_TAPS]) {
+                                            acc_t* acc) {
     const bool rows = dil_w == 1 && group_taps % k_w == 0;
 #if DW_CHANNELS_LAST
     // row strips: the launcher's tile holds DW_WG_STRIP output rows per thread row (its
     // depthwise_wgrad_tile decides, for 3- and 5-wide rows at stride 1, dilation 1, k_d = 1)
     if constexpr (sizeof(acc_t) == 4) {
         if (g.tile_rows * (g.cols / DW_PIX) > DW_ROWS) {
+            // with 16-byte sources as channel quads (wgrad_quad), which write their sums here
+            if constexpr (VEC) {
+                if (g.taps <= DW_WG_QTAPS) {   // (wgrad_quads)
+                    acc_t qacc[DW_WG_QTAPS * 4];   // [tap][channel of the quad]
+#pragma unroll
+                    for (int t = 0; t < DW_WG_QTAPS * 4; ++t) qacc[t] = acc_t(0);
+                    if (k_w == 3) wgrad_tiles<3, 1, VEC, true, true>(g, x_tile, dy_tile, tap_off, qacc);
+                    else wgrad_tiles<5, 1, VEC, true, true>(g, x_tile, dy_tile, tap_off, qacc);
+                    wgrad_quad_sums(x_tile, qacc);
+                    return;
+                }
+            }
             if (k_w == 3) wgrad_tiles<3, 1, VEC, true>(g, x_tile, dy_tile, tap_off, acc);
             else wgrad_tiles<5, 1, VEC, true>(g, x_tile, dy_tile, tap_off, acc);
             return;
@@ -1481,9 +1599,11 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
 
     // fixed-order reduction over the DW_ROWS threads of each lane
     acc_t* sums = x_tile;   // DW_ROWS x DW_WG_TAPS x DW_CHANNELS (the launcher sizes the buffer)
-    __syncthreads();
+    if (!wgrad_quads(g, vec)) {   // (the quads have stored theirs)
+        __syncthreads();
 #pragma unroll
-    for (int t = 0; t < DW_WG_TAPS; ++t) sums[(threadIdx.y * DW_WG_TAPS + t) * DW_CHANNELS + lane] = acc[t];
+        for (int t = 0; t < DW_WG_TAPS; ++t) sums[(threadIdx.y * DW_WG_TAPS + t) * DW_CHANNELS + lane] = acc[t];
+    }
     __syncthreads();
     for (int t = threadIdx.y; t < t_hi - t_lo; t += DW_ROWS) {
         if (j >= c_out) break;
