@@ -903,16 +903,19 @@ def test_depthwise_wgrad_row_strips(kernel_runtime, case, dtype):
 
 
 # channels_last wgrad's channel quads (conv_depthwise.cu wgrad_quad: a thread sums 4 channels of
-# one output row of 8 pixels, dy in registers through 16- / 8-byte loads, x through 16-byte
-# shared loads) on the strip tiles with 16-byte sources: partial tiles along H and W, a partial
-# channel tile (40 = 32 + 8: quads 2-7 of the second idle), 5x5 (tap groups of 3 and 2 kernel
-# rows), 7x3 (5 and 2), padding wider than the filter's half, a 3-D problem with k_d = 1
+# one output row of 8 pixels, dy in registers, x through 16-byte shared loads) on the strip
+# tiles: partial tiles along H and W, a partial channel tile (40 = 32 + 8: quads 2-7 of the
+# second idle), 5x5 (tap groups of 2, 2 and 1 kernel rows), 7x3 (3, 3, 1), padding wider than
+# the filter's half, a 3-D problem with k_d = 1, 5 channels (a quad of 1 channel: element loads)
+# and a depth multiplier (element loads)
 DEPTHWISE_QUAD_CASES = [
     ((16, 29), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),
     ((30, 13), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 24, 1),
     ((14, 16), (7, 3), (1, 1), (1, 1), ((3, 4), (1, 0)), 16, 1),
     ((13, 21), (5, 3), (1, 1), (1, 1), ((2, 2), (3, 3)), 8, 1),
     ((3, 16, 14), (1, 3, 3), (1, 1, 1), (1, 1, 1), ((0, 0), (1, 1), (1, 1)), 8, 1),
+    ((16, 32), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 5, 1),
+    ((16, 16), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 3, 3),
 ]
 
 
@@ -920,12 +923,12 @@ DEPTHWISE_QUAD_CASES = [
 @pytest.mark.parametrize('case', DEPTHWISE_QUAD_CASES, ids=_ids(DEPTHWISE_QUAD_CASES))
 def test_depthwise_wgrad_channel_quads(kernel_runtime, case, dtype):
     """The launcher's choice is the quads for 4-byte accumulators ('rows' in float64), and the
-    sums match the twin's, with and without pixel-tile splits; a source 4 bytes off its 16-byte
-    alignment runs the strip instead (the kernel's own check) and matches too."""
+    sums match the twin's, with and without pixel-tile splits; with a dy 4 bytes off its 16-byte
+    alignment (the quads' element loads, the kernel's own check) too."""
     spatial, kernel, strides, dilation, pads, c_in, mult = case
     x, w, dy = _depthwise_arrays(case, dtype, 'channels_last', seed=11)
     tile = conv_direct.depthwise_wgrad_tile('t', dtype, False, dy.shape[1:-1], kernel, strides, dilation)
-    math_path = conv_direct.depthwise_wgrad_math(dtype, False, c_in, mult, tile)
+    math_path = conv_direct.depthwise_wgrad_math(tile)
     assert math_path == ('rows' if np.dtype(dtype) == np.float64 else 'quads'), (tile, math_path)
     args = (x, dy, w.shape, strides, dilation, pads, 'channels_last')
     for splits in (None, 3):

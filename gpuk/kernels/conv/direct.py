@@ -396,19 +396,14 @@ def depthwise_conv_dgrad_runner(dy, w, x_shape, strides, dilation, pads, data_fo
     return prepared.get(rt, fn, (dy, w), (x_shape, strides, dilation, pads, data_format), prepare)
 
 
-def depthwise_wgrad_math(dtype, channels_first, c_in, mult, tile):
-    """Which math conv_depthwise.cu's depthwise_wgrad runs on this launcher tile, for sources
-    aligned as gpuk allocates them (16 bytes): 'quads' (wgrad_quad: channels_last, 4-byte
-    accumulators, a strip tile, 16-byte sources: no depth multiplier, C a multiple of the
-    16-byte vector), 'strip' (wgrad_strip: the other strip tiles), or 'rows' (one output row
-    of DW_PIX pixels per thread). The kernel decides the same at run time (wgrad_quads); a
-    misaligned source turns quads into the strip."""
-    if tile.rows * tile.segs <= DW_ROWS:
-        return 'rows'
-    vector = 16 // np.dtype(dtype).itemsize
-    if not channels_first and _acc_bytes(dtype) == 4 and mult == 1 and c_in % vector == 0:
-        return 'quads'
-    return 'strip'
+def depthwise_wgrad_math(tile):
+    """Which math conv_depthwise.cu's depthwise_wgrad runs on this launcher tile: 'quads'
+    (wgrad_quad, on the strip tiles depthwise_wgrad_tile gives channels_last with 4-byte
+    accumulators at stride 1: a thread sums 4 channels of one output row of DW_PIX pixels,
+    tap groups of at most DW_WG_QTAPS) or 'rows' (one output row of DW_PIX pixels of one
+    channel per thread, groups of at most DW_WG_TAPS). The kernel tells them apart the same way
+    (tile rows x segments above DW_ROWS: wgrad_quads)."""
+    return 'quads' if tile.rows * tile.segs > DW_ROWS else 'rows'
 
 
 def depthwise_wgrad_splits(tiles, blocks_per_split):
@@ -457,7 +452,7 @@ def depthwise_conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_fo
         out_d, out_h, out_w = lift3(out_spatial, 1)
         tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
         # the channel quads hold 4 sums per tap: groups of at most DW_WG_QTAPS taps
-        quads = depthwise_wgrad_math(cx.dtype, channels_first, c_in, mult, tile) == 'quads'
+        quads = depthwise_wgrad_math(tile) == 'quads'
         group_taps = wgrad_group_taps(kernel_spatial, DW_WG_QTAPS if quads else DW_WG_TAPS)
         channel_tiles, groups = math.ceil(c_out / DW_CHANNELS), math.ceil(taps / group_taps)
         if groups > MAX_GRID_YZ:
