@@ -875,9 +875,9 @@ def test_wgrad_packed_bounds_and_their_fallback(kernel_runtime, case, dtype, pre
     assert_close(out, ref, dtype, 'conv_wgrad %s' % (case[:2],))
 
 
-# channels_last wgrad's row strips (conv_depthwise.cu wgrad_strip: 4 output rows per thread, dy
-# read into registers): partial tiles along H and W, 3- and 5-wide rows, a 7-tall filter (tap
-# groups of 5 and 2 kernel rows), a depth multiplier, padding wider than the filter's half
+# channels_last wgrad's strip tiles (run as channel quads, conv_depthwise.cu wgrad_quad): partial
+# tiles along H and W, 3x3, 5x5 with a multiplier, 7x3 in tap groups of 3, 3 and 1 kernel rows,
+# padding wider than the filter's half
 DEPTHWISE_STRIP_CASES = [
     ((16, 29), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),
     ((30, 13), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 6, 2),

@@ -37,12 +37,14 @@
 // straight-line code: tile_rows_window's math block 3x3 369 [365] instructions per 288 FFMA
 // (78% [79%]), 5x5 500 [496] per 400 (80% [81%]); per-row windows (float32, sm_90) 3x3 s1 35 /
 // 24, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
-// wgrad's whole tile loop: channels_last with 4-byte accumulators runs row strips (wgrad_strip:
-// 4 output rows per thread, dy in registers, no dy tile) at 3 / 5 wide, stride 1: 5x5 tile loop
-// 827 [767] instructions per 480 FFMA (58% [63%]; 16-bit 873 [800-803]), the x loader's body
-// counted once; float64 NHWC (5x5 rows, both loaders) 286 [277] per 120 DFMA, NCHW 372 (16-bit
-// 420, f64 354): their loaders, not their math, hold most of it (and of the strip loop its dy
-// loads: 32 LDG, each with a 32-bit offset, an IMAD.WIDE and a bound compare). channels_last
+// wgrad: channels_last with 4-byte accumulators at stride 1 runs channel quads on the strip tiles
+// (wgrad_quad: a thread sums 4 channels of one output row of 8 pixels, dy in registers, 16-byte
+// shared loads), whose report's hot loop is the 4-pixel loop of wgrad_quad_row (dy loads, x
+// loads, FFMA; 160 FFMA): float32 195 [195] instructions (82%), 16-bit 211 (76%: the dy
+// widening); per thread and tile, x copies and walk included (inspect's 56 x 56 layer, 8 x 32
+// tile, estimated from the static bodies), 3x3 float32 about 2.15 instructions per FFMA (the row
+// strips: about 2.8); docs/kernels.md. float64 NHWC (5x5 rows, both loaders) 286 [277] per 120
+// DFMA, NCHW 372 (16-bit 420, f64 354): their loaders, not their math, hold most of it. channels_last
 // copies through load_tile_vec_walk (fwd and stride-1 dgrad too), 13-14 instructions a 16-byte
 // copy in float32 / float64 (cp.async; + 3 never-executed `@!PT LDS` the compiler pads LDGSTS
 // with), 34-36 in 16-bit (widening, two stores), against 38-42 / 57-65 in load_tile_vec (sm_90).
@@ -1202,19 +1204,24 @@ __device__ __forceinline__ void wgrad_rows(const acc_t* x, const int tap_off[DW_
     }
 }
 
-// wgrad's channel quads (channels_last, 4-byte accumulators, both sources vector_source: the
-// strip tiles of depthwise_wgrad_tile with 16-byte tile copies): the block's 256 threads are 8
-// channel quads x 32 workers, thread (threadIdx.y, threadIdx.x) = quad threadIdx.x % 8 of worker
-// threadIdx.y * 4 + threadIdx.x / 8; a worker owns one output row of DW_PIX pixels of the strip
-// tile (tile_rows x segs = 32 rows of 8 pixels), a thread its 4 channels (acc: DW_WG_TAPS x 4
-// sums). Per tile a thread reads its 8 dy pixels' 4 channels straight from global memory (one
-// 16-byte load in float32, 8-byte in 16-bit, per pixel: 4 x taps FFMA per load), then per kernel
-// row of the group the (DW_PIX - 1) + KW input pixels of its row as 16-byte shared loads (4
-// lanes of one pixel), each feeding KW x 4 x (up to DW_PIX) FFMA: a 3-row 5x5 group 480 FFMA per
-// 36 LDS.128 + 8 dy loads, against 72 LDS + 32 dy loads in wgrad_strip. A quarter warp's shared
-// loads are the 8 quads of one pixel (128 contiguous bytes: no bank conflict); its dy loads one
-// pixel's 32 channels (coalesced). x: the worker's input run for tap 0 of the group;
-// row_pitch: one tile row, in elements; kh_rows: the group's kernel rows.
+// wgrad's channel quads (channels_last, 4-byte accumulators, stride 1, dilation 1, k_d = 1, 3- or
+// 5-wide kernel rows: the strip tiles of depthwise_wgrad_tile, 32 output rows of DW_PIX pixels,
+// groups of at most DW_WG_QTAPS taps): the block's 256 threads are 8 channel quads x 32 workers,
+// thread (threadIdx.y, threadIdx.x) = quad threadIdx.x % 8 of worker threadIdx.y * 4 +
+// threadIdx.x / 8; a worker owns one output row of DW_PIX pixels, a thread its 4 channels
+// (DW_WG_QTAPS x 4 register sums). Per tile a thread reads its row's dy values straight from
+// global memory, DW_WG_QPIX pixels at a time (wgrad_quad_row: one 16-byte load in float32, 8-byte
+// in 16-bit, per pixel; element loads where the sources are not vector_source), and per kernel
+// row of the group the DW_WG_QPIX - 1 + KW input pixels under them as 16-byte shared loads (4
+// lanes of one pixel), each feeding up to KW x 4 x DW_WG_QPIX FFMA: per DW_WG_QPIX pixels a
+// 2-row 5-wide group 160 FFMA per 16 LDS.128 + 4 dy loads, 3x3 144 per 18 + 4 (wgrad_strip, the
+// row strips it replaced: per 4 x 8 pixels of one channel, 3x3 288 FFMA per 60 LDS + 32 dy loads
+// with their address and bound work). Why 10 taps, 4 pixels at a time and the pixel loop not
+// unrolled: 15-tap groups (60 sums) or a whole row of dy in registers spilled (8-200 bytes at the
+// 128 registers of 2 blocks per SM). A quarter warp's shared loads are the 8 quads of one pixel
+// (128 contiguous bytes: no bank conflict); its dy loads one pixel's 32 channels (coalesced).
+// x: the worker's input run for tap 0 of the group; row_pitch: one tile row, in elements;
+// kh_rows: the group's kernel rows.
 #ifndef DW_WG_QPIX
 #define DW_WG_QPIX 4   // pixels of a worker's row whose dy values are in registers at once
 #endif
@@ -1446,7 +1453,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
 }
 
 // Whether depthwise_wgrad runs the channel quads (wgrad_quad): channels_last, 4-byte accumulators,
-// the launcher's strip tile (depthwise_wgrad_tile), both sources vector_source.
+// the launcher's strip tile (depthwise_wgrad_tile; direct.depthwise_wgrad_math says the same).
 __device__ __forceinline__ bool wgrad_quads(const DwWgradWalk& g) {
     return DW_CHANNELS_LAST && sizeof(acc_t) == 4 && g.tile_rows * (g.cols / DW_PIX) > DW_ROWS;
 }
@@ -1510,7 +1517,8 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
 // loader or element loader); each thread then adds, for every tap of the group, its DW_PIX
 // pixels into one register sum per tap (dy run held in registers; whole rows of width 3 or 5,
 // stride 1 or 2, dilation 1 go through wgrad_rows' register window; channels_last with 4-byte
-// accumulators at stride 1 through wgrad_strip's row strips where the launcher's tile has them). The math path and the
+// accumulators at stride 1 through the channel quads, wgrad_quad, where the launcher's tile is a
+// strip tile: there a thread sums 4 channels, dy from global memory, no dy tile). The math path and the
 // loader are chosen once per block (wgrad_tiles), so the tile loop holds one of each. At the
 // end the DW_ROWS threads of a lane add their sums in shared memory in a fixed order; with one
 // split the block writes dw, else partial[split] and depthwise_reduce_splits adds the splits in

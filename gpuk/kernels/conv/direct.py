@@ -20,7 +20,7 @@ LOCAL_SOURCE = Path(__file__).with_name('conv_local.cu')
 # Tile constants: #defines of the .cu files and the grids below (one place).
 DW_CHANNELS, DW_ROWS, DW_PIX = 32, 8, 8    # lanes x thread rows; output pixels per thread along W
 DW_WG_TAPS = 15                            # wgrad: most taps one block reduces at once
-DW_WG_STRIP = 4                            # wgrad row strips: output rows per thread (conv_depthwise.cu)
+DW_WG_STRIP = 4                            # wgrad strip tiles: DW_ROWS * DW_WG_STRIP rows (channel quads)
 DW_WG_QTAPS = 10                           # wgrad channel quads: most taps per group (conv_depthwise.cu)
 DW_MAX_SHARED = 48 * 1024                  # the tiles live in (default-sized) dynamic shared memory
 DW_CHANNELS_FIRST_SEGS = 4                 # channels_first tiles: 2 rows x 32 pixels (loads along W)
@@ -218,9 +218,10 @@ def _tap_groups(kernel_spatial):
 
 
 def _wgrad_strip_tile(out_h, out_w, k_w, span_h, pixel_bytes, reduction):
-    """depthwise_wgrad's row strips (conv_depthwise.cu wgrad_strip): DW_WG_STRIP output rows
-    per thread, the x tile only in shared memory (dy is read into registers); the shape of
-    the least padding of those that fit DW_MAX_SHARED (ties: 16 x 16, then 8 x 32), or None."""
+    """depthwise_wgrad's strip tiles, DW_ROWS * DW_WG_STRIP rows of DW_PIX pixels, which it runs
+    as channel quads (conv_depthwise.cu wgrad_quad: 32 workers of one row, a thread 4 channels;
+    the x tile only in shared memory, dy is read into registers); the shape of the least padding
+    of those that fit DW_MAX_SHARED (ties: 16 x 16, then 8 x 32), or None."""
     best = None
     for segs in (2, 4, 1, 8):
         rows, cols = DW_ROWS // segs * DW_WG_STRIP, segs * DW_PIX
