@@ -42,7 +42,7 @@
 // shared loads), whose report's hot loop is the 4-pixel loop of wgrad_quad_row (dy loads, x
 // loads, FFMA; 160 FFMA): float32 195 [195] instructions (82%), 16-bit 211 (76%: the dy
 // widening); per thread and tile, x copies and walk included (inspect's 56 x 56 layer, 8 x 32
-// tile, estimated from the static bodies), 3x3 float32 about 2.15 instructions per FFMA (the row
+// tile, estimated from the static bodies), 3x3 float32 about 2.2 instructions per FFMA (the row
 // strips: about 2.8); docs/kernels.md. float64 NHWC (5x5 rows, both loaders) 286 [277] per 120
 // DFMA, NCHW 372 (16-bit 420, f64 354): their loaders, not their math, hold most of it. channels_last
 // copies through load_tile_vec_walk (fwd and stride-1 dgrad too), 13-14 instructions a 16-byte
