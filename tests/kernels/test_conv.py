@@ -923,8 +923,10 @@ DEPTHWISE_QUAD_CASES = [
 @pytest.mark.parametrize('case', DEPTHWISE_QUAD_CASES, ids=_ids(DEPTHWISE_QUAD_CASES))
 def test_depthwise_wgrad_channel_quads(kernel_runtime, case, dtype):
     """The launcher's choice is the quads for 4-byte accumulators ('rows' in float64), and the
-    sums match the twin's, with and without pixel-tile splits; with a dy 4 bytes off its 16-byte
-    alignment (the quads' element loads, the kernel's own check) too."""
+    sums match the twin's, with and without pixel-tile splits (the element loads: the 5-channel
+    and multiplier cases); on a GPU also with a dy 4 bytes off its 16-byte alignment (the
+    kernel's own check takes the element loads). The emulator copies each buffer to the end of
+    its own pages, so there that view is aligned again and runs the 16-byte loads."""
     spatial, kernel, strides, dilation, pads, c_in, mult = case
     x, w, dy = _depthwise_arrays(case, dtype, 'channels_last', seed=11)
     tile = conv_direct.depthwise_wgrad_tile('t', dtype, False, dy.shape[1:-1], kernel, strides, dilation)
