@@ -880,9 +880,9 @@ def test_wgrad_packed_bounds_and_their_fallback(kernel_runtime, case, dtype, pre
     assert_close(out, ref, dtype, 'conv_wgrad %s' % (case[:2],))
 
 
-# channels_last wgrad's row strips (conv_depthwise.cu wgrad_strip: 4 output rows per thread, dy
-# read into registers): partial tiles along H and W, 3- and 5-wide rows, a 7-tall filter (tap
-# groups of 5 and 2 kernel rows), a depth multiplier, padding wider than the filter's half
+# channels_last wgrad's strip tiles (run as channel quads, conv_depthwise.cu wgrad_quad): partial
+# tiles along H and W, 3x3, 5x5 with a multiplier, 7x3 in tap groups of 3, 3 and 1 kernel rows,
+# padding wider than the filter's half
 DEPTHWISE_STRIP_CASES = [
     ((16, 29), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),
     ((30, 13), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 6, 2),
@@ -905,3 +905,46 @@ def test_depthwise_wgrad_row_strips(kernel_runtime, case, dtype):
         with conv_tiles.forced(splits=splits):
             assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad,
                                 (x, dy, w.shape, strides, dilation, pads, 'channels_last'), kernel_runtime)
+
+
+# channels_last wgrad's channel quads (conv_depthwise.cu wgrad_quad: a thread sums 4 channels of
+# one output row of 8 pixels, dy in registers, x through 16-byte shared loads) on the strip
+# tiles: partial tiles along H and W, a partial channel tile (40 = 32 + 8: quads 2-7 of the
+# second idle), 5x5 (tap groups of 2, 2 and 1 kernel rows), 7x3 (3, 3, 1), padding wider than
+# the filter's half, a 3-D problem with k_d = 1, 5 channels (a quad of 1 channel: element loads)
+# and a depth multiplier (element loads)
+DEPTHWISE_QUAD_CASES = [
+    ((16, 29), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),
+    ((30, 13), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 24, 1),
+    ((14, 16), (7, 3), (1, 1), (1, 1), ((3, 4), (1, 0)), 16, 1),
+    ((13, 21), (5, 3), (1, 1), (1, 1), ((2, 2), (3, 3)), 8, 1),
+    ((3, 16, 14), (1, 3, 3), (1, 1, 1), (1, 1, 1), ((0, 0), (1, 1), (1, 1)), 8, 1),
+    ((16, 32), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 5, 1),
+    ((16, 16), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 3, 3),
+]
+
+
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize('case', DEPTHWISE_QUAD_CASES, ids=_ids(DEPTHWISE_QUAD_CASES))
+def test_depthwise_wgrad_channel_quads(kernel_runtime, case, dtype):
+    """The launcher's choice is the quads for 4-byte accumulators ('rows' in float64), and the
+    sums match the twin's, with and without pixel-tile splits (the element loads: the 5-channel
+    and multiplier cases); on a GPU also with a dy 4 bytes off its 16-byte alignment (the
+    kernel's own check takes the element loads). The emulator copies each buffer to the end of
+    its own pages, so there that view is aligned again and runs the 16-byte loads."""
+    spatial, kernel, strides, dilation, pads, c_in, mult = case
+    x, w, dy = _depthwise_arrays(case, dtype, 'channels_last', seed=11)
+    tile = conv_direct.depthwise_wgrad_tile('t', dtype, False, dy.shape[1:-1], kernel, strides, dilation)
+    math_path = conv_direct.depthwise_wgrad_math(tile)
+    assert math_path == ('rows' if np.dtype(dtype) == np.float64 else 'quads'), (tile, math_path)
+    args = (x, dy, w.shape, strides, dilation, pads, 'channels_last')
+    for splits in (None, 3):
+        with conv_tiles.forced(splits=splits):
+            assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, args, kernel_runtime)
+    if np.dtype(dtype) == np.float32 and len(spatial) == 2:
+        flat = kernel_runtime.xp.zeros(dy.size + 1, dtype)
+        shifted = flat[1:].reshape(dy.shape)   # 4 bytes past a 16-byte boundary
+        shifted[...] = to_device(kernel_runtime, dy)
+        ref = twin.depthwise_conv_wgrad(x.astype(np.float64), dy.astype(np.float64), *args[2:])
+        out = conv.depthwise_conv_wgrad(to_device(kernel_runtime, x), shifted, *args[2:], runtime=kernel_runtime)
+        assert_close(out, ref, dtype, 'depthwise_conv_wgrad, dy misaligned')

@@ -37,12 +37,14 @@
 // straight-line code: tile_rows_window's math block 3x3 369 [365] instructions per 288 FFMA
 // (78% [79%]), 5x5 500 [496] per 400 (80% [81%]); per-row windows (float32, sm_90) 3x3 s1 35 /
 // 24, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
-// wgrad's whole tile loop: channels_last with 4-byte accumulators runs row strips (wgrad_strip:
-// 4 output rows per thread, dy in registers, no dy tile) at 3 / 5 wide, stride 1: 5x5 tile loop
-// 827 [767] instructions per 480 FFMA (58% [63%]; 16-bit 873 [800-803]), the x loader's body
-// counted once; float64 NHWC (5x5 rows, both loaders) 286 [277] per 120 DFMA, NCHW 372 (16-bit
-// 420, f64 354): their loaders, not their math, hold most of it (and of the strip loop its dy
-// loads: 32 LDG, each with a 32-bit offset, an IMAD.WIDE and a bound compare). channels_last
+// wgrad: channels_last with 4-byte accumulators at stride 1 runs channel quads on the strip tiles
+// (wgrad_quad: a thread sums 4 channels of one output row of 8 pixels, dy in registers, 16-byte
+// shared loads), whose report's hot loop is the 4-pixel loop of wgrad_quad_row (dy loads, x
+// loads, FFMA; 160 FFMA): float32 195 [195] instructions (82%), 16-bit 211 (76%: the dy
+// widening); per thread and tile, x copies and walk included (inspect's 56 x 56 layer, 8 x 32
+// tile, estimated from the static bodies), 3x3 float32 about 2.2 instructions per FFMA (the row
+// strips: about 2.8); docs/kernels.md. float64 NHWC (5x5 rows, both loaders) 286 [277] per 120
+// DFMA, NCHW 372 (16-bit 420, f64 354): their loaders, not their math, hold most of it. channels_last
 // copies through load_tile_vec_walk (fwd and stride-1 dgrad too), 13-14 instructions a 16-byte
 // copy in float32 / float64 (cp.async; + 3 never-executed `@!PT LDS` the compiler pads LDGSTS
 // with), 34-36 in 16-bit (widening, two stores), against 38-42 / 57-65 in load_tile_vec (sm_90).
@@ -1202,40 +1204,93 @@ __device__ __forceinline__ void wgrad_rows(const acc_t* x, const int tap_off[DW_
     }
 }
 
-// wgrad's row strips (channels_last, 4-byte accumulators; the launcher's depthwise_wgrad_tile
-// picks them for 3- and 5-wide kernel rows at stride 1, dilation 1, k_d = 1): a thread owns
-// DW_WG_STRIP consecutive output rows of DW_PIX pixels, their dy values in registers (dyv, read
-// from global memory, no dy tile), and walks the strip's input rows once: each input row's
-// (DW_PIX - 1) + KW values are read into a register window and feed every (output row, kernel
-// row) pair it lies under, KW * DW_PIX multiply-adds each. kh_rows: the group's kernel rows
-// (<= DW_WG_TAPS / KW); row_pitch: one tile row, in elements. Per input row 10 / 12 shared
-// loads (3 / 5 wide) for up to kh_rows x KW x DW_PIX FFMA (3x3: 72, a 3-row 5x5 group: 120),
-// against 10 / 12 loads + 8 dy loads per 24 / 40 FFMA in wgrad_rows.
-#ifndef DW_WG_STRIP
-#define DW_WG_STRIP 4
+// wgrad's channel quads (channels_last, 4-byte accumulators, stride 1, dilation 1, k_d = 1, 3- or
+// 5-wide kernel rows: the strip tiles of depthwise_wgrad_tile, 32 output rows of DW_PIX pixels,
+// groups of at most DW_WG_QTAPS taps): the block's 256 threads are 8 channel quads x 32 workers,
+// thread (threadIdx.y, threadIdx.x) = quad threadIdx.x % 8 of worker threadIdx.y * 4 +
+// threadIdx.x / 8; a worker owns one output row of DW_PIX pixels, a thread its 4 channels
+// (DW_WG_QTAPS x 4 register sums). Per tile a thread reads its row's dy values straight from
+// global memory, DW_WG_QPIX pixels at a time (wgrad_quad_row: one 16-byte load in float32, 8-byte
+// in 16-bit, per pixel; element loads where the sources are not vector_source), and per kernel
+// row of the group the DW_WG_QPIX - 1 + KW input pixels under them as 16-byte shared loads (4
+// lanes of one pixel), each feeding up to KW x 4 x DW_WG_QPIX FFMA: per DW_WG_QPIX pixels a
+// 2-row 5-wide group 160 FFMA per 16 LDS.128 + 4 dy loads, 3x3 144 per 18 + 4 (wgrad_strip, the
+// row strips it replaced: per 4 x 8 pixels of one channel, 3x3 288 FFMA per 60 LDS + 32 dy loads
+// with their address and bound work). Why 10 taps, 4 pixels at a time and the pixel loop not
+// unrolled: 15-tap groups (60 sums) or a whole row of dy in registers spilled (8-200 bytes at the
+// 128 registers of 2 blocks per SM). A quarter warp's shared loads are the 8 quads of one pixel
+// (128 contiguous bytes: no bank conflict); its dy loads one pixel's 32 channels (coalesced).
+// x: the worker's input run for tap 0 of the group; row_pitch: one tile row, in elements;
+// kh_rows: the group's kernel rows.
+#ifndef DW_WG_QPIX
+#define DW_WG_QPIX 4   // pixels of a worker's row whose dy values are in registers at once
 #endif
+#ifndef DW_WG_QTAPS
+#define DW_WG_QTAPS 10   // most taps a quads block reduces at once (4 register sums each)
+#endif
+__device__ __forceinline__ float4 load_quad16(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+template <class Half>   // __half, __nv_bfloat16: 4 channels in 8 bytes, widened
+__device__ __forceinline__ float4 load_quad16(const Half* p) { return widen4(p, __ldg(reinterpret_cast<const uint2*>(p))); }
+// VEC: one vector load (the source is vector_source); else the first `lanes` (1-4) channels one
+// by one, the others 0
+template <bool VEC>
+__device__ __forceinline__ float4 load_quad(const elem_t* p, int lanes) {
+    if constexpr (VEC) {
+        (void)lanes;
+        return load_quad16(p);
+    } else {
+        float v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = i < lanes ? static_cast<float>(__ldg(p + i)) : 0.f;
+        return make_float4(v[0], v[1], v[2], v[3]);
+    }
+}
+
 template <int KW, int P>
-__device__ __forceinline__ void wgrad_strip(const acc_t* x, int row_pitch, int kh_rows,
-                                            const acc_t dyv[DW_WG_STRIP][DW_PIX], acc_t acc[DW_WG_TAPS]) {
-    constexpr int R = DW_WG_STRIP, KH = DW_WG_TAPS / KW;
+__device__ __forceinline__ void wgrad_quad(const float* x, int row_pitch, int kh_rows, const float4 (&dyv)[DW_WG_QPIX],
+                                           float* acc) {
+    constexpr int KH = DW_WG_QTAPS / KW;
 #pragma unroll
-    for (int i = 0; i < R + KH - 1; ++i) {
-        if (i < R || i < R + kh_rows - 1) {
-            const acc_t* p = x + i * row_pitch;
-            acc_t xv[DW_PIX - 1 + KW];
+    for (int kh = 0; kh < KH; ++kh) {
+        if (kh == 0 || kh < kh_rows) {
+            const float* p = x + kh * row_pitch;
 #pragma unroll
-            for (int c = 0; c < DW_PIX - 1 + KW; ++c) xv[c] = p[c * P];
+            for (int c = 0; c < DW_WG_QPIX - 1 + KW; ++c) {
+                const float4 v = load_float4(p + c * P);
 #pragma unroll
-            for (int kh = 0; kh < KH; ++kh) {
-                const int o = i - kh;
-                if (o >= 0 && o < R && (kh == 0 || kh < kh_rows)) {
-#pragma unroll
-                    for (int kw = 0; kw < KW; ++kw)
-#pragma unroll
-                        for (int q = 0; q < DW_PIX; ++q) acc[kh * KW + kw] += xv[q + kw] * dyv[o][q];
+                for (int kw = 0; kw < KW; ++kw) {
+                    const int q = c - kw;
+                    if (q >= 0 && q < DW_WG_QPIX) {
+                        float* a = acc + (kh * KW + kw) * 4;
+                        a[0] += v.x * dyv[q].x;
+                        a[1] += v.y * dyv[q].y;
+                        a[2] += v.z * dyv[q].z;
+                        a[3] += v.w * dyv[q].w;
+                    }
                 }
             }
         }
+    }
+}
+
+// One worker's row: its DW_PIX dy pixels (this thread's 4 channels of each) from global memory,
+// DW_WG_QPIX at a time (a loop, not unrolled: the registers), each group feeding wgrad_quad.
+// d + off: the row's first pixel, c: the pixel step; BOUNDS: only the first nq pixels exist
+// (the others read as 0).
+template <int KW, int P, bool VEC, bool BOUNDS>
+__device__ __forceinline__ void wgrad_quad_row(const float* x, int row_pitch, int kh_rows, const elem_t* d,
+                                               unsigned off, unsigned c, int nq, int q_lanes, float* acc) {
+#pragma unroll 1
+    for (int h = 0; h < DW_PIX; h += DW_WG_QPIX) {
+        float4 dyv[DW_WG_QPIX];
+#pragma unroll
+        for (int q = 0; q < DW_WG_QPIX; ++q) {
+            if (!BOUNDS || h + q < nq) dyv[q] = load_quad<VEC>(d + off, q_lanes);
+            else dyv[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+            off += c;
+        }
+        wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
+        x += DW_WG_QPIX * P;
     }
 }
 
@@ -1284,9 +1339,9 @@ __device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, 
 // with stride S = 1, 2, or wgrad_run_strided (S = 0: any stride). VEC: the tiles are copied
 // with 16-byte loads (wgrad_load_tile). The tile index advances by adds (one division per
 // block, before the loop).
-template <int KW, int S, bool VEC, bool STRIP = false>
+template <int KW, int S, bool VEC, bool QUAD = false>
 __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile, acc_t* dy_tile,
-                                         const int tap_off[DW_WG_TAPS], acc_t acc[DW_WG_TAPS]) {
+                                         const int tap_off[DW_WG_TAPS], acc_t* acc) {
     constexpr int P = wgrad_pitch<VEC>();
     const int lane = threadIdx.x, j0 = blockIdx.x * DW_CHANNELS;
     unsigned b = g.first;
@@ -1294,8 +1349,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     int th = b % g.tiles_h; b /= g.tiles_h;
     int od = b % g.out_d, n = b / g.out_d;
     const acc_t* dy_run = dy_tile + (g.row * g.cols + g.seg * DW_PIX) * P + lane;
-    const int strip_rows = STRIP ? DW_WG_STRIP : 1;   // output rows per thread
-    const acc_t* x_run = x_tile + (g.row * strip_rows * g.s_h * g.cols_in + g.seg * DW_PIX * g.s_w) * P + lane;
+    const acc_t* x_run = x_tile + (g.row * g.s_h * g.cols_in + g.seg * DW_PIX * g.s_w) * P + lane;
     const DwTileStart x_at = tile_start(g.rows_in, g.cols_in, VEC, 1), dy_at = tile_start(g.tile_rows, g.cols, VEC, 1);
 #if DW_CHANNELS_LAST
     const DwGroupLanes x_lanes = {}, dy_lanes = {};
@@ -1309,6 +1363,12 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     const unsigned x_plane = (unsigned)g.xs.h * g.xs.w * g.xs.channels, dy_plane = (unsigned)g.ds.h * g.ds.w * g.ds.channels;
     const elem_t* x_base = g.xs.sample + (long long)n * g.xs.channels * g.xs.pixels + j0 + x_walk.lane0;
     const elem_t* dy_base = g.ds.sample + (long long)n * g.ds.channels * g.ds.pixels + j0 + dy_walk.lane0;
+    // channel quads (see wgrad_quad): this thread's quad, its worker's output row and segment,
+    // its input run, how many of its 4 channels exist (4 or none with 16-byte sources)
+    const int quad = threadIdx.x % 8, worker = threadIdx.y * (DW_CHANNELS / 8) + threadIdx.x / 8;
+    const int wrow = QUAD ? worker / (g.cols / DW_PIX) : 0, wseg = QUAD ? worker % (g.cols / DW_PIX) : 0;
+    const acc_t* x_quad = x_tile + (wrow * g.cols_in + wseg * DW_PIX) * P + quad * 4 + tap_off[0];
+    const int q_lanes = min(4, g.ds.lanes - (j0 + quad * 4));
 #endif
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
@@ -1318,14 +1378,22 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
         __syncthreads();   // the previous tile is no longer read
 #if DW_CHANNELS_LAST
         if constexpr (VEC) {
-            const int vh0 = oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, vw0 = ow0 * g.s_w - g.pad_w;
-            for (int p = 0; p < g.planes_in; ++p) {
-                const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
+            if constexpr (QUAD) {   // (the strip tiles: strides and dilations 1, k_d = 1, so one plane)
+                const int id = od - g.pad_d;
                 const bool inside = id >= 0 && id < g.in_d;
-                load_tile_vec_walk(x_tile + p * g.plane_size, g.xs, x_base + (inside ? (unsigned)id * x_plane : 0u),
-                                   inside, vh0, vw0, g.cols_in, x_walk);
+                load_tile_vec_walk(x_tile, g.xs, x_base + (inside ? (unsigned)id * x_plane : 0u), inside,
+                                   oh0 - g.pad_h + g.kh_lo, ow0 - g.pad_w, g.cols_in, x_walk);
+            } else {
+                const int vh0 = oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, vw0 = ow0 * g.s_w - g.pad_w;
+                for (int p = 0; p < g.planes_in; ++p) {
+                    const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
+                    const bool inside = id >= 0 && id < g.in_d;
+                    load_tile_vec_walk(x_tile + p * g.plane_size, g.xs,
+                                       x_base + (inside ? (unsigned)id * x_plane : 0u), inside, vh0, vw0, g.cols_in,
+                                       x_walk);
+                }
             }
-            if constexpr (!STRIP)
+            if constexpr (!QUAD)
                 load_tile_vec_walk(dy_tile, g.ds, dy_base + (unsigned)od * dy_plane, true, oh0, ow0, g.cols, dy_walk);
             if constexpr (sizeof(elem_t) == sizeof(acc_t)) cp_async_wait_all();   // (this thread's copies)
         } else
@@ -1337,32 +1405,26 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
                                  oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in,
                                  g.cols_in, j0, x_at, x_lanes, x_vec);
         }
-        if constexpr (!STRIP)
+        if constexpr (!QUAD)
             wgrad_load_tile<VEC>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes, dy_vec);
         }
         __syncthreads();
-        if (g.active) {
 #if DW_CHANNELS_LAST
-            if constexpr (STRIP) {
-                // the strip's dy values straight from global memory (each is read by this thread
-                // only; a warp reads 32 consecutive channels of a pixel), zero outside dy
-                // (32-bit offsets from one base; a row outside dy reads none of its pixels)
-                const elem_t* d = opaque_pointer(dn.sample + (unsigned)od * dy_plane + j0 + lane);
-                const int oh1 = oh0 + g.row * DW_WG_STRIP, ow1 = ow0 + g.seg * DW_PIX, nq = g.ds.w - ow1;
-                const unsigned c = g.ds.channels;
-                unsigned off = (unsigned)(oh1 * g.ds.w + ow1) * c;
-                acc_t dyv[DW_WG_STRIP][DW_PIX];
-#pragma unroll
-                for (int r = 0; r < DW_WG_STRIP; ++r) {
-                    const int n_r = oh1 + r < g.ds.h ? nq : 0;
-#pragma unroll
-                    for (int q = 0; q < DW_PIX; ++q)
-                        dyv[r][q] = q < n_r ? static_cast<acc_t>(__ldg(d + (off + q * c))) : acc_t(0);
-                    off += (unsigned)g.ds.w * c;
-                }
-                wgrad_strip<KW, P>(x_run + tap_off[0], g.cols_in * P, g.taps / KW, dyv, acc);
-            } else
+        if constexpr (QUAD) {
+            // the worker's DW_PIX dy pixels, this thread's 4 channels of each, from global memory
+            // (32-bit offsets from one base), zero outside dy
+            const elem_t* d = opaque_pointer(dn.sample + (unsigned)od * dy_plane + j0 + quad * 4);
+            const int oh1 = oh0 + wrow, ow1 = ow0 + wseg * DW_PIX;
+            const int nq = q_lanes > 0 && oh1 < g.ds.h ? g.ds.w - ow1 : 0;
+            const unsigned c = g.ds.channels, off = (unsigned)(oh1 * g.ds.w + ow1) * c;
+            if (nq >= DW_PIX) {   // the worker's whole row inside dy: no bounds (most rows)
+                wgrad_quad_row<KW, P, VEC, false>(x_quad, g.cols_in * P, g.taps / KW, d, off, c, nq, q_lanes, acc);
+            } else if (nq > 0) {   // the right edge of dy (a row or channel quad outside it: no work)
+                wgrad_quad_row<KW, P, VEC, true>(x_quad, g.cols_in * P, g.taps / KW, d, off, c, nq, q_lanes, acc);
+            }
+        } else
 #endif
+        if (g.active) {
             if constexpr (S == 0) {
                 wgrad_run_strided<P>(x_run, dy_run, tap_off, g.taps, g.s_w * P, acc);
             } else {
@@ -1390,19 +1452,47 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     }
 }
 
+// Whether depthwise_wgrad runs the channel quads (wgrad_quad): channels_last, 4-byte accumulators,
+// the launcher's strip tile (depthwise_wgrad_tile; direct.depthwise_wgrad_math says the same).
+__device__ __forceinline__ bool wgrad_quads(const DwWgradWalk& g) {
+    return DW_CHANNELS_LAST && sizeof(acc_t) == 4 && g.tile_rows * (g.cols / DW_PIX) > DW_ROWS;
+}
+
+// The channel quads' sums into depthwise_wgrad's reduction buffer (its layout: DW_ROWS x
+// DW_WG_TAPS x DW_CHANNELS): a warp's 4 workers first (lanes 8 and 16 apart, one butterfly, so
+// the same sums in the same order in every lane), then its 8 quads store the warp's row.
+__device__ __forceinline__ void wgrad_quad_sums(acc_t* sums, acc_t (&acc)[DW_WG_QTAPS * 4]) {
+    __syncthreads();   // the tiles are no longer read
+#pragma unroll
+    for (int t = 0; t < DW_WG_QTAPS * 4; ++t) {
+        acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 8);
+        acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 16);
+    }
+    if (threadIdx.x < 8) {
+#pragma unroll
+        for (int t = 0; t < DW_WG_QTAPS * 4; ++t)
+            sums[(threadIdx.y * DW_WG_TAPS + t / 4) * DW_CHANNELS + threadIdx.x * 4 + t % 4] = acc[t];
+    }
+}
+
 // wgrad_tiles for the block's math path (see there) and loader; VEC: the sources are vector_source.
 template <bool VEC>
 __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile, acc_t* dy_tile,
                                             const int tap_off[DW_WG_TAPS], int k_w, int dil_w, int group_taps,
-                                            acc_t acc[DW_WG_TAPS]) {
+                                            acc_t* acc) {
     const bool rows = dil_w == 1 && group_taps % k_w == 0;
 #if DW_CHANNELS_LAST
-    // row strips: the launcher's tile holds DW_WG_STRIP output rows per thread row (its
-    // depthwise_wgrad_tile decides, for 3- and 5-wide rows at stride 1, dilation 1, k_d = 1)
+    // channel quads on the strip tiles (4 x DW_ROWS rows of DW_PIX pixels; the launcher's
+    // depthwise_wgrad_tile picks them for 3- and 5-wide rows at stride 1, dilation 1, k_d = 1, and
+    // groups of at most DW_WG_QTAPS taps), which write their sums here
     if constexpr (sizeof(acc_t) == 4) {
-        if (g.tile_rows * (g.cols / DW_PIX) > DW_ROWS) {
-            if (k_w == 3) wgrad_tiles<3, 1, VEC, true>(g, x_tile, dy_tile, tap_off, acc);
-            else wgrad_tiles<5, 1, VEC, true>(g, x_tile, dy_tile, tap_off, acc);
+        if (g.tile_rows * (g.cols / DW_PIX) > DW_ROWS) {   // (wgrad_quads)
+            acc_t qacc[DW_WG_QTAPS * 4];   // [tap][channel of the quad]
+#pragma unroll
+            for (int t = 0; t < DW_WG_QTAPS * 4; ++t) qacc[t] = acc_t(0);
+            if (k_w == 3) wgrad_tiles<3, 1, VEC, true>(g, x_tile, dy_tile, tap_off, qacc);
+            else wgrad_tiles<5, 1, VEC, true>(g, x_tile, dy_tile, tap_off, qacc);
+            wgrad_quad_sums(x_tile, qacc);
             return;
         }
     }
@@ -1427,7 +1517,8 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
 // loader or element loader); each thread then adds, for every tap of the group, its DW_PIX
 // pixels into one register sum per tap (dy run held in registers; whole rows of width 3 or 5,
 // stride 1 or 2, dilation 1 go through wgrad_rows' register window; channels_last with 4-byte
-// accumulators at stride 1 through wgrad_strip's row strips where the launcher's tile has them). The math path and the
+// accumulators at stride 1 through the channel quads, wgrad_quad, where the launcher's tile is a
+// strip tile: there a thread sums 4 channels, dy from global memory, no dy tile). The math path and the
 // loader are chosen once per block (wgrad_tiles), so the tile loop holds one of each. At the
 // end the DW_ROWS threads of a lane add their sums in shared memory in a fixed order; with one
 // split the block writes dw, else partial[split] and depthwise_reduce_splits adds the splits in
@@ -1481,9 +1572,11 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
 
     // fixed-order reduction over the DW_ROWS threads of each lane
     acc_t* sums = x_tile;   // DW_ROWS x DW_WG_TAPS x DW_CHANNELS (the launcher sizes the buffer)
-    __syncthreads();
+    if (!wgrad_quads(g)) {   // (the quads have stored theirs)
+        __syncthreads();
 #pragma unroll
-    for (int t = 0; t < DW_WG_TAPS; ++t) sums[(threadIdx.y * DW_WG_TAPS + t) * DW_CHANNELS + lane] = acc[t];
+        for (int t = 0; t < DW_WG_TAPS; ++t) sums[(threadIdx.y * DW_WG_TAPS + t) * DW_CHANNELS + lane] = acc[t];
+    }
     __syncthreads();
     for (int t = threadIdx.y; t < t_hi - t_lo; t += DW_ROWS) {
         if (j >= c_out) break;

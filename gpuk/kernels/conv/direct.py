@@ -20,7 +20,8 @@ LOCAL_SOURCE = Path(__file__).with_name('conv_local.cu')
 # Tile constants: #defines of the .cu files and the grids below (one place).
 DW_CHANNELS, DW_ROWS, DW_PIX = 32, 8, 8    # lanes x thread rows; output pixels per thread along W
 DW_WG_TAPS = 15                            # wgrad: most taps one block reduces at once
-DW_WG_STRIP = 4                            # wgrad row strips: output rows per thread (conv_depthwise.cu)
+DW_WG_STRIP = 4                            # wgrad strip tiles: DW_ROWS * DW_WG_STRIP rows (channel quads)
+DW_WG_QTAPS = 10                           # wgrad channel quads: most taps per group (conv_depthwise.cu)
 DW_MAX_SHARED = 48 * 1024                  # the tiles live in (default-sized) dynamic shared memory
 DW_CHANNELS_FIRST_SEGS = 4                 # channels_first tiles: 2 rows x 32 pixels (loads along W)
 DW_TARGET_BLOCKS = 528                     # wgrad splits pixel tiles until about four waves of 132 SMs
@@ -196,10 +197,11 @@ def depthwise_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strid
     return DwTile(rows, segs, chunk, nbytes(rows, segs, chunk))
 
 
-def wgrad_group_taps(kernel_spatial):
-    """Taps per wgrad group: whole kernel rows (as many as DW_WG_TAPS holds) when a row fits."""
+def wgrad_group_taps(kernel_spatial, limit=DW_WG_TAPS):
+    """Taps per wgrad group: whole kernel rows (as many as `limit` holds: DW_WG_TAPS, or
+    DW_WG_QTAPS for the channel quads) when a row fits."""
     k_w = lift3(kernel_spatial, 1)[2]
-    return DW_WG_TAPS // k_w * k_w if k_w <= DW_WG_TAPS else DW_WG_TAPS
+    return limit // k_w * k_w if k_w <= limit else limit
 
 
 def _tap_groups(kernel_spatial):
@@ -216,9 +218,10 @@ def _tap_groups(kernel_spatial):
 
 
 def _wgrad_strip_tile(out_h, out_w, k_w, span_h, pixel_bytes, reduction):
-    """depthwise_wgrad's row strips (conv_depthwise.cu wgrad_strip): DW_WG_STRIP output rows
-    per thread, the x tile only in shared memory (dy is read into registers); the shape of
-    the least padding of those that fit DW_MAX_SHARED (ties: 16 x 16, then 8 x 32), or None."""
+    """depthwise_wgrad's strip tiles, DW_ROWS * DW_WG_STRIP rows of DW_PIX pixels, which it runs
+    as channel quads (conv_depthwise.cu wgrad_quad: 32 workers of one row, a thread 4 channels;
+    the x tile only in shared memory, dy is read into registers); the shape of the least padding
+    of those that fit DW_MAX_SHARED (ties: 16 x 16, then 8 x 32), or None."""
     best = None
     for segs in (2, 4, 1, 8):
         rows, cols = DW_ROWS // segs * DW_WG_STRIP, segs * DW_PIX
@@ -394,6 +397,16 @@ def depthwise_conv_dgrad_runner(dy, w, x_shape, strides, dilation, pads, data_fo
     return prepared.get(rt, fn, (dy, w), (x_shape, strides, dilation, pads, data_format), prepare)
 
 
+def depthwise_wgrad_math(tile):
+    """Which math conv_depthwise.cu's depthwise_wgrad runs on this launcher tile: 'quads'
+    (wgrad_quad, on the strip tiles depthwise_wgrad_tile gives channels_last with 4-byte
+    accumulators at stride 1: a thread sums 4 channels of one output row of DW_PIX pixels,
+    tap groups of at most DW_WG_QTAPS) or 'rows' (one output row of DW_PIX pixels of one
+    channel per thread, groups of at most DW_WG_TAPS). The kernel tells them apart the same way
+    (tile rows x segments above DW_ROWS: wgrad_quads)."""
+    return 'quads' if tile.rows * tile.segs > DW_ROWS else 'rows'
+
+
 def depthwise_wgrad_splits(tiles, blocks_per_split):
     """Splits of depthwise wgrad's pixel tiles: enough blocks to fill the GPU, >= 4 tiles each."""
     wanted = math.ceil(DW_TARGET_BLOCKS / blocks_per_split)
@@ -439,7 +452,9 @@ def depthwise_conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_fo
                                     transposable)
         out_d, out_h, out_w = lift3(out_spatial, 1)
         tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
-        group_taps = wgrad_group_taps(kernel_spatial)
+        # the channel quads hold 4 sums per tap: groups of at most DW_WG_QTAPS taps
+        quads = depthwise_wgrad_math(tile) == 'quads'
+        group_taps = wgrad_group_taps(kernel_spatial, DW_WG_QTAPS if quads else DW_WG_TAPS)
         channel_tiles, groups = math.ceil(c_out / DW_CHANNELS), math.ceil(taps / group_taps)
         if groups > MAX_GRID_YZ:
             raise ValueError('%s: %d filter taps is above the kernel limit of %d'
