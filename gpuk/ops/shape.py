@@ -7,18 +7,21 @@ some entry is only known at run time, an int vector tensor computed in the graph
 import numpy as np
 
 from gpuk.graph import Meta, Tensor, apply, as_tensor, static_value
-from gpuk.ops.base import Op, normalize_axis
+from gpuk.ops.base import Op, XpOp, normalize_axis
 
 
-class Shape(Op):
+class Shape(XpOp):
     """The runtime shape of ``x`` as an int32 vector (host-side values, like TF's int32 shapes)."""
     differentiable = False
 
     def infer(self, x):
         return Meta((None if x.shape is None else len(x.shape),), 'int32')
 
-    def forward(self, impl, x):
-        return impl.xp.asarray(x.shape, dtype=np.int32)
+    def compute(self, xp, x, out=None):
+        if out is None:
+            return xp.asarray(x.shape, dtype=np.int32)
+        out[...] = x.shape   # the same host-to-device copy, into the step's buffer
+        return out
 
     def static_values(self, inputs):
         shape = inputs[0].shape
@@ -31,15 +34,18 @@ def shape(x):
     return apply(Shape(), as_tensor(x))
 
 
-class Size(Op):
+class Size(XpOp):
     """The number of elements of ``x`` as an int32 scalar."""
     differentiable = False
 
     def infer(self, x):
         return Meta((), 'int32')
 
-    def forward(self, impl, x):
-        return impl.xp.asarray(x.size, dtype=np.int32)
+    def compute(self, xp, x, out=None):
+        if out is None:
+            return xp.asarray(x.size, dtype=np.int32)
+        out[...] = x.size
+        return out
 
     def static_values(self, inputs):
         shape = inputs[0].shape
@@ -329,7 +335,7 @@ def squeeze(x, axis):
     return apply(Squeeze(normalize_axis(axis, x.ndim, 'squeeze')), x)
 
 
-class Concatenate(Op):
+class Concatenate(XpOp):
     def __init__(self, axis):
         self.axis = axis
 
@@ -347,8 +353,8 @@ class Concatenate(Op):
                       for i in range(len(first)))
         return Meta(shape, np.result_type(*[x.dtype for x in xs]).name)
 
-    def forward(self, impl, *xs):
-        return impl.xp.concatenate(xs, axis=self.axis)
+    def compute(self, xp, *xs, out=None):
+        return xp.concatenate(xs, axis=self.axis, out=out)
 
     def grad(self, inputs, outputs, output_grads):
         g = output_grads[0]
@@ -508,7 +514,13 @@ class Getitem(Op):
         return Meta(_getitem_shape(self.template, x.shape), x.dtype)
 
     def forward(self, impl, x, *dynamic):
-        return x[_fill(self.template, dynamic) if dynamic else self.template]
+        key = _fill(self.template, dynamic) if dynamic else self.template
+        element = x[key]
+        if isinstance(element, np.generic):
+            # NumPy's integer indexing of every axis copies the element out; CuPy's (and
+            # NumPy's, with an Ellipsis) gives a 0-d view, not memory of its own
+            return x[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
+        return element
 
     def grad(self, inputs, outputs, output_grads):
         x, dynamic = inputs[0], inputs[1:]
