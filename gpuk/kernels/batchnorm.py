@@ -60,12 +60,10 @@ def _kept_param(fn, name, value, layout, acc, xp):
 
 
 def _with_step_buffers(run_with, launches):
-    """``run_with(launches.run)``, the runner of a problem, with a ``specialized`` variant for a
-    plan step (prepared.Kept): gpuk's launches write the outputs into the step's own reused
-    buffers (prepared.Outputs.reused; a cuDNN call, where the family chooses it, makes its own)."""
-    run = run_with(launches.run)
-    run.specialized = lambda arrays: run_with(functools.partial(launches.run, outputs=launches.outputs.reused()))
-    return run
+    """The runner ``run_with(gpuk_fn)``, gpuk's launches taking their outputs from new arrays, or
+    in a plan step's variant from its reused buffers (prepared.with_step_buffers)."""
+    return prepared.with_step_buffers(lambda outputs: run_with(functools.partial(launches.run, outputs=outputs)),
+                                      launches.outputs)
 
 
 # ---------------------------------------------------------------- training forward

@@ -299,6 +299,16 @@ class Outputs:
         return StepBuffers(self._empty, None, self.dtypes, shapes=self.shapes).take_all
 
 
+def with_step_buffers(run_with, outputs):
+    """A launcher problem's runner, ``run_with(outputs.new)``, with a ``specialized`` variant for a
+    plan step (Kept): ``run_with(outputs.reused())``, the launches writing into the step's own
+    reused buffers. ``run_with(make_outputs)`` builds the run whose launches take their outputs
+    from ``make_outputs()`` (a cuDNN call, where the family chooses it, makes its own)."""
+    run = run_with(outputs.new)
+    run.specialized = lambda arrays: run_with(outputs.reused())
+    return run
+
+
 def reordered(runner, order):
     """``run(*arrays)``: ``runner(*order(*arrays))``, a launcher's runner called by an op whose
     arrays come in another order (or with optional ones left out), keeping the runner's
