@@ -437,7 +437,7 @@ def broadcast_like(x, like):
     return apply(BroadcastLike(), x, like)
 
 
-class FillLike(Op):
+class FillLike(XpOp):
     """An array of ``like``'s runtime shape filled with ``value``."""
 
     def __init__(self, value, dtype):
@@ -446,8 +446,11 @@ class FillLike(Op):
     def infer(self, like):
         return Meta(like.shape, self.dtype)
 
-    def forward(self, impl, like):
-        return impl.xp.full(like.shape, self.value, dtype=self.dtype)
+    def compute(self, xp, like, out=None):
+        if out is None:
+            return xp.full(like.shape, self.value, dtype=self.dtype)
+        out.fill(self.value)
+        return out
 
     differentiable = False
 

@@ -58,7 +58,7 @@ def size(x):
     return apply(Size(), as_tensor(x))
 
 
-class Pack(Op):
+class Pack(XpOp):
     """Stacks int scalars into an int64 vector (a shape built from mixed entries)."""
     differentiable = False
 
@@ -68,8 +68,8 @@ class Pack(Op):
                 raise ValueError('shape: symbolic entries must be scalars, got shape %s' % (s.shape,))
         return Meta((len(scalars),), 'int64')
 
-    def forward(self, impl, *scalars):
-        return impl.xp.stack([impl.xp.asarray(s, dtype=np.int64).reshape(()) for s in scalars])
+    def compute(self, xp, *scalars, out=None):
+        return xp.stack([xp.asarray(s, dtype=np.int64).reshape(()) for s in scalars], out=out)
 
 
 def _entry_value(entry, where):
@@ -527,7 +527,7 @@ class Getitem(Op):
         return [apply(ScatterSlice(self.template), output_grads[0], x, *dynamic)] + [None] * len(dynamic)
 
 
-class ScatterSlice(Op):
+class ScatterSlice(XpOp):
     """Zeros shaped like ``like`` with ``g`` written at ``like[key]`` (Getitem's gradient)."""
     shape_only_inputs = (1,)
 
@@ -537,8 +537,11 @@ class ScatterSlice(Op):
     def infer(self, g, like, *dynamic):
         return Meta(like.shape, g.dtype)
 
-    def forward(self, impl, g, like, *dynamic):
-        out = impl.xp.zeros(like.shape, dtype=g.dtype)
+    def compute(self, xp, g, like, *dynamic, out=None):
+        if out is None:
+            out = xp.zeros(like.shape, dtype=g.dtype)
+        else:
+            out.fill(0)
         out[_fill(self.template, dynamic) if dynamic else self.template] = g
         return out
 
@@ -547,7 +550,7 @@ class ScatterSlice(Op):
         return [apply(Getitem(self.template), output_grads[0], *dynamic), None] + [None] * len(dynamic)
 
 
-class ScatterSlices(Op):
+class ScatterSlices(XpOp):
     """Zeros shaped like ``like`` (the last input) with each ``g`` written at its static key
     of ``templates``: the sum of ScatterSlice's over disjoint slices, as one step (the
     gradient of a tensor split into slices, like an LSTM's gates; gpuk/fusion_slices.py).
@@ -561,11 +564,14 @@ class ScatterSlices(Op):
     def infer(self, *metas):
         return Meta(metas[-1].shape, np.result_type(*[m.dtype for m in metas[:-1]]).name)
 
-    def forward(self, impl, *arrays):
+    def compute(self, xp, *arrays, out=None):
         gs, like = arrays[:-1], arrays[-1]
         # no zero fill where the slices cover the whole tensor (an LSTM's four gates)
-        allocate = impl.xp.empty if self._covers(tuple(like.shape)) else impl.xp.zeros
-        out = allocate(like.shape, dtype=impl.xp.result_type(*gs))
+        covers = self._covers(tuple(like.shape))
+        if out is None:
+            out = (xp.empty if covers else xp.zeros)(like.shape, dtype=xp.result_type(*gs))
+        elif not covers:
+            out.fill(0)
         for key, g in zip(self.templates, gs):
             out[key] = g
         return out
