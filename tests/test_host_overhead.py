@@ -463,11 +463,9 @@ def test_reused_step_buffers_never_change_results_nor_overwrite_a_held_value():
 
 # Allocations per steady-state plain step of bench.host_overhead's models (docs/architecture.md,
 # "The memory plan"): every step of the MLP and the BN CNN writes into its reused StepBuffers;
-# the demo CTC model's 35 are its two scans' stacked histories (12 + 12), the CTC loss and
-# gradient launchers (3 + 1: no step buffers yet; one is the value check's flag buffer, per call
-# by design), the strided-input copies of its two fused ReLU-gradient steps (2), reshapes that
-# copy (3) and K.tile (2)
-PLAIN_STEP_ALLOCATIONS = {'mlp': 0, 'bn_cnn': 0, 'ctc': 35}
+# the demo CTC model's 15 are listed there (the CTC loss and gradient launchers, strided copies,
+# reshapes that copy, K.tile)
+PLAIN_STEP_ALLOCATIONS = {'mlp': 0, 'bn_cnn': 0, 'ctc': 15}
 
 
 def test_steady_steps_of_the_three_bench_models_sync_nothing_and_allocate_only_what_is_known():
