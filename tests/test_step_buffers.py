@@ -45,3 +45,24 @@ def test_an_xp_step_writes_into_its_buffer_only_where_out_gives_the_plain_result
     first_id = id(first)
     del first
     assert id(variant(np.full((2, 3), 3.0))) == first_id             # freed: it comes back
+
+
+def test_release_kept_drops_the_buffers_of_xp_steps_and_scans():
+    """device.release_memory after an allocation failure (prepared.release_kept) lets go of every
+    step buffer: those of steps computed with xp and a Scan's stacked results too."""
+    x = K.placeholder((2, 3, 4))
+
+    def step(x_t, states):
+        y = states[0] * 0.5 + x_t
+        return y, [y]
+    _, outputs, _ = K.rnn(step, x, [K.zeros((2, 4))])
+    f = K.function([x], [K.sum(outputs, axis=1)])
+    value = np.ones((2, 3, 4), np.float32)
+    before = f([value])[0]
+    ops = [getattr(step[0], '__self__', step[0]) for step in f._compiled().steps]   # (bound forwards)
+    kepts = [op.kept for op in ops if getattr(op, 'kept', None) is not None]
+    kepts += [op._stacks for op in ops if hasattr(op, '_stacks')]
+    assert any(k._last is not None for k in kepts) and any(hasattr(op, '_stacks') for op in ops)
+    prepared.release_kept()
+    assert all(k._last is None for k in kepts)
+    assert np.array_equal(f([value])[0], before)
