@@ -4,24 +4,26 @@ Shapes given to K functions may mix ints with symbolic scalars (``K.shape(x)[0]`
 ``resolve_shape`` turns such a spec into a static tuple (None where unknown) plus, when
 some entry is only known at run time, an int vector tensor computed in the graph.
 """
+import functools
+
 import numpy as np
 
 from gpuk.graph import Meta, Tensor, apply, as_tensor, static_value
+from gpuk.kernels.runtime import prepared
 from gpuk.ops.base import Op, XpOp, normalize_axis
 
 
-class Shape(XpOp):
+class Shape(Op):
     """The runtime shape of ``x`` as an int32 vector (host-side values, like TF's int32 shapes)."""
     differentiable = False
 
     def infer(self, x):
         return Meta((None if x.shape is None else len(x.shape),), 'int32')
 
-    def compute(self, xp, x, out=None):
-        if out is None:
-            return xp.asarray(x.shape, dtype=np.int32)
-        out[...] = x.shape   # the same host-to-device copy, into the step's buffer
-        return out
+    kept = functools.cached_property(lambda self: prepared.Kept())   # (as XpOp's)
+
+    def forward(self, impl, x):   # the value follows from x's layout: computed once per kept layout
+        return self.kept.run(impl, (x,), _shape_runner)
 
     def static_values(self, inputs):
         shape = inputs[0].shape
@@ -30,22 +32,31 @@ class Shape(XpOp):
         return [np.asarray(shape, dtype=np.int32)]
 
 
+def _shape_runner(impl, x):
+    xp = impl.xp
+    return prepared.layout_constant_runner(lambda x: xp.asarray(x.shape, dtype=np.int32))
+
+
+def _size_runner(impl, x):
+    xp = impl.xp
+    return prepared.layout_constant_runner(lambda x: xp.asarray(x.size, dtype=np.int32))
+
+
 def shape(x):
     return apply(Shape(), as_tensor(x))
 
 
-class Size(XpOp):
+class Size(Op):
     """The number of elements of ``x`` as an int32 scalar."""
     differentiable = False
 
     def infer(self, x):
         return Meta((), 'int32')
 
-    def compute(self, xp, x, out=None):
-        if out is None:
-            return xp.asarray(x.size, dtype=np.int32)
-        out[...] = x.size
-        return out
+    kept = functools.cached_property(lambda self: prepared.Kept())
+
+    def forward(self, impl, x):   # as Shape's
+        return self.kept.run(impl, (x,), _size_runner)
 
     def static_values(self, inputs):
         shape = inputs[0].shape

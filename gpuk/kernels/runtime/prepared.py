@@ -348,6 +348,23 @@ def xp_step_runner(empty, compute):
     run.specialized = specialized
     return run
 
+
+def layout_constant_runner(compute):
+    """The kept runner of an op whose result follows from its arrays' layouts alone (K.shape,
+    K.size of a tensor: the shape is part of the layout): ``run(*arrays)`` is ``compute(*arrays)``,
+    and its ``specialized`` variant computes it once for the kept layouts and returns that array
+    on every call, like a constant the plan folded (no step writes its inputs): no allocation,
+    and on a GPU no host-to-device copy per call (CuPy cannot set a device array from a host
+    sequence in place)."""
+    def run(*arrays):
+        return compute(*arrays)
+
+    def specialized(arrays):
+        value = compute(*arrays)
+        return lambda *arrays: value
+    run.specialized = specialized
+    return run
+
 def _sole_holder_count():
     """What getrefcount says of an object that one container (a list, a dict) and the calling
     function's one local name hold, as in ``StepBuffers.take``'s loop or Scan's buffer cache:
