@@ -193,7 +193,11 @@ def test_a_step_past_the_pool_limit_on_the_cuda_path_changes_nothing_and_a_small
     assert error.requested_bytes == error.__cause__._size
     assert deferred.pending_count() == 0
     if gpu_rehearsal.active():        # sizes as counted by the stand-in
-        assert str(error).startswith('gradients: ') and discarded[0] > 0, (str(error), discarded)
+        # SMALL's steps keep their reused buffers (the memory plan) until each step makes BIG's:
+        # the limit is reached at the cross-entropy's step or at the gradients', a label check
+        # deferred either way
+        assert str(error).split(':')[0] in ('gradients', 'sparse_categorical_crossentropy') and discarded[0] > 0, (
+            str(error), discarded)
     # released although the error (its traceback's frames) is still held here
     assert pool.used_bytes() <= held
     _assert_unchanged(variables, before)
@@ -272,7 +276,14 @@ def test_a_capture_out_of_memory_is_released_and_the_step_runs_plain(on, rng, po
     np.testing.assert_array_equal(f([small]), expected)     # the capture fails, the plain run fits
     reason, = graphs.refused.values()
     assert reason.startswith('capture failed: OutOfMemoryError: ') and not graphs.captured, reason
-    assert pool.used_bytes() <= held
+    # what the capture took is released: what stays is no more than the reused buffers one
+    # plain run of the step keeps (the memory plan), measured on a second function alike
+    after = pool.used_bytes() - held
+    pool_limit(2 << 10)
+    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '0')
+    plain, _ = _kernel_step(rng)
+    plain([small])
+    assert 0 < after <= pool.used_bytes() - held - after
 
 
 @pytest.mark.gpu
