@@ -493,7 +493,8 @@ class _BwdLaunches:
         self.dx_sizes = (np.int64(size), np.int64(c), np.int64(view.inner))
         self.kept = layout.kept_shape
         self.reshape_stats = tuple(self.kept) != (c,)
-        self.outputs = prepared.Outputs(rt.xp.empty, [view.kernel_shape, (c,), (c,)], [dtype, acc, acc])   # dx, dgamma, dbeta
+        # dx (in the kernels' layout), dgamma, dbeta
+        self.outputs = prepared.Outputs(rt.xp.empty, [view.kernel_shape, (c,), (c,)], [dtype, acc, acc])
         self.scratch = _Scratch(rt, lambda b: (
             b.scratch('partials', (splits, c, 2), acc), b.scratch('coef', (3 * c,), acc),
             None if has_gamma else b.filled(c, 1, acc), b.filled(c, 0, acc)))

@@ -93,6 +93,11 @@ class XpOp(Op):
     def _runner(self, impl, *arrays):
         return prepared.xp_step_runner(impl.xp.empty, functools.partial(self.compute, impl.xp))
 
+    def bound_forward(self, impl):
+        """The plain computation with ``impl`` bound: what a fused group calls for its member (its
+        values are the group's own, not a plan step's: no Kept, no step buffer)."""
+        return functools.partial(self.compute, impl.xp)
+
     def compute(self, xp, *arrays, out=None):
         raise TypeError('%s does not define compute()' % type(self).__name__)
 

@@ -281,8 +281,6 @@ class StepBuffers:
         return buffer
 
 
-
-
 class Outputs:
     """The output arrays of one launcher problem (the same shapes and dtypes on every call):
     ``new()`` allocates them, as a plain call does; ``reused()`` is what a plan step's variant
@@ -319,6 +317,7 @@ def reordered(runner, order):
     if specialized is not None:
         run.specialized = lambda arrays: reordered(specialized(order(*arrays)), order)
     return run
+
 
 def xp_step_runner(empty, compute):
     """The kept runner (for a ``Kept``) of an op computed with xp: ``run(*arrays)`` is
@@ -365,9 +364,10 @@ def layout_constant_runner(compute):
     run.specialized = specialized
     return run
 
+
 def _sole_holder_count():
     """What getrefcount says of an object that one container (a list, a dict) and the calling
-    function's one local name hold, as in ``StepBuffers.take``'s loop or Scan's buffer cache:
+    function's one local name hold, as in ``StepBuffers.take``'s loop:
     the container, the local, getrefcount's argument. Measured, not assumed, as the
     interpreter's counting of borrowed references differs between versions (3.14 counts fewer)."""
     kept = [object()]
