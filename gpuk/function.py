@@ -128,7 +128,7 @@ class Plan:
             self.target_slots = [sources.get(s, s) for s in self.target_slots]
             # elementwise groups within one generated kernel's limits where kernels run them
             self.steps = fusion.fuse(self.steps, set(self.target_slots) | set(self.input_slots), shapes,
-                                     kernel_limits=getattr(impl, 'kind', None) != 'cpu')
+                                     kernel_limits=getattr(impl, 'kind', None) != 'cpu', slot_dtypes=self.slot_dtypes)
         self.steps = mixed_precision.apply_policy(self.steps, self.slot_dtypes, self.precision)
         self._plan_frees()
         self._env_template = [None] * self.n_slots   # the folded constants in place (_initial_env)

@@ -82,9 +82,10 @@ def _is_linear_bias(op):
     return type(op) is BiasAct and op.activation == 'linear'
 
 
-def fuse(steps, protected, slot_shapes=None, kernel_limits=True):
+def fuse(steps, protected, slot_shapes=None, kernel_limits=True, slot_dtypes=None):
     """The steps with every chain this module knows fused (see the module docstring);
-    ``slot_shapes`` (slot -> static shape) lets elementwise groups keep to one shape;
+    ``slot_shapes`` (slot -> static shape) lets elementwise groups keep to one shape, and
+    ``slot_dtypes`` (slot -> static dtype) to the kernel's dtypes;
     ``kernel_limits``: whether elementwise groups must fit one generated kernel (False for
     plans of the NumPy device, fusion_elementwise.fuse_elementwise)."""
     steps = prune_scan_outputs(steps, protected)
@@ -95,7 +96,8 @@ def fuse(steps, protected, slot_shapes=None, kernel_limits=True):
     steps = _fuse_batchnorm_relu_backward(steps, protected)
     steps = _fuse_moving_averages(steps, protected)
     # last: the chains above are matched op by op, before their elementwise steps are grouped
-    return fuse_elementwise(steps, protected, slot_shapes, kernel_limits) if elementwise_enabled() else steps
+    return fuse_elementwise(steps, protected, slot_shapes, kernel_limits, slot_dtypes) if elementwise_enabled() \
+        else steps
 
 
 def _fuse_bias_chains(steps, protected):

@@ -19,16 +19,20 @@ one generated kernel (the template .cu with the ops' expressions #define'd in, b
 by per-input strides, each op in its dtype's compute type), on the NumPy device the ops'
 own forwards one after the other (so CPU results are the unfused plan's, bit for bit). Shapes
 and dtypes are only known per call: the program is built from the arrays' dtypes with the
-ops' own ``infer`` (so dtype promotion is the ops'), and a call the kernel cannot take (bool
-or int values, outputs of different shapes) runs the ops one by one.
+ops' own ``infer`` (so dtype promotion is the ops'), and a call the kernel cannot take (int
+values, outputs of different shapes) runs the ops one by one. Where kernels run the groups, a
+step reading or writing a value whose static dtype the kernel does not take (an optimizer's
+int64 iteration count, its cast to float) joins no group: it stays its own step (an xp op
+writing into its step's reused buffer), so the float arithmetic around it still fuses into a
+kernel instead of the whole group running op by op, allocating each result.
 """
 import functools
 from collections import defaultdict
 
 import numpy as np
 
-from gpuk.contracts.fused_program import (MAX_INPUTS, MAX_OUTPUTS, FusedProgram, Instruction, is_view_template,
-                                          viewed_layout)
+from gpuk.contracts.fused_program import (KERNEL_DTYPES, MAX_INPUTS, MAX_OUTPUTS, FusedProgram, Instruction,
+                                          is_view_template, viewed_layout)
 from gpuk.graph import Meta
 from gpuk.kernels.runtime import prepared
 from gpuk.ops.base import Op
@@ -151,7 +155,7 @@ def _same_shapes(shapes):
                for s in known)
 
 
-def fuse_elementwise(steps, protected, slot_shapes=None, kernel_limits=True):
+def fuse_elementwise(steps, protected, slot_shapes=None, kernel_limits=True, slot_dtypes=None):
     """The steps ``(op, input_slots, output_slots)`` with their elementwise groups fused.
     With ``slot_shapes`` (slot -> static shape), a group's outputs all have one shape (the
     kernel writes every output at every index): a scalar computed once for many readers,
@@ -159,8 +163,13 @@ def fuse_elementwise(steps, protected, slot_shapes=None, kernel_limits=True):
     ``kernel_limits``: groups keep to what one generated kernel takes (inputs, outputs, one
     output shape). Without them (the NumPy device, whose twin runs the ops one by one and
     takes any number and shape of values) groups are bounded only by MAX_MEMBERS: fewer,
-    larger steps, each one plan dispatch (an LSTM's backward cell: 7 steps become 1)."""
+    larger steps, each one plan dispatch (an LSTM's backward cell: 7 steps become 1). With
+    ``slot_dtypes`` (slot -> static dtype) and kernel limits, a step with a value of a dtype the
+    kernel does not take stays out of every group (see the module docstring)."""
     slot_shapes = slot_shapes or {}
+    kernel_dtypes = {}
+    if kernel_limits and slot_dtypes:
+        kernel_dtypes = {s: np.dtype(d) in KERNEL_DTYPES for s, d in slot_dtypes.items()}
     producer = {s: i for i, (_, _, outs) in enumerate(steps) for s in outs}
     readers = defaultdict(list)
     for i, (_, ins, _) in enumerate(steps):
@@ -192,7 +201,7 @@ def fuse_elementwise(steps, protected, slot_shapes=None, kernel_limits=True):
                 and _same_shapes([slot_shapes.get(s) for s in outputs]))
 
     for i, (op, ins, outs) in enumerate(steps):
-        if len(outs) != 1 or not fusable(op, kernel_limits):
+        if len(outs) != 1 or not fusable(op, kernel_limits) or not all(kernel_dtypes.get(s, True) for s in ins + outs):
             continue
         candidates = list(dict.fromkeys(group_of[producer[s]] for s in ins
                                         if producer.get(s) in group_of))

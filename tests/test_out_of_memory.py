@@ -197,7 +197,11 @@ def test_a_step_past_the_pool_limit_on_the_cuda_path_changes_nothing_and_a_small
     assert error.requested_bytes == error.__cause__._size
     assert deferred.pending_count() == 0
     if gpu_rehearsal.active():        # sizes as counted by the stand-in
-        assert str(error).startswith('gradients: ') and discarded[0] > 0, (str(error), discarded)
+        # SMALL's steps keep their reused buffers (the memory plan) until each step makes BIG's:
+        # the limit is reached at the cross-entropy's step or at the gradients', a label check
+        # deferred either way
+        assert str(error).split(':')[0] in ('gradients', 'sparse_categorical_crossentropy') and discarded[0] > 0, (
+            str(error), discarded)
     # released although the error (its traceback's frames) is still held here
     assert pool.used_bytes() <= held
     _assert_unchanged(variables, before)

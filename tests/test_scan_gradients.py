@@ -194,16 +194,18 @@ def test_stacked_results_reuse_their_buffers_only_when_nothing_holds_them(monkey
     sequences = np.ones((2, 4, 3))
     first = scan.forward(impl, sequences, np.zeros((4, 3)))
     first_stacked = first[0]
+    addresses = {first_stacked.__array_interface__['data'][0]}
     kept = first_stacked.copy()
     view = first_stacked[1]
     del first, first_stacked
     second = scan.forward(impl, sequences * 3, np.zeros((4, 3)))
     np.testing.assert_array_equal(view, kept[1])            # the view's buffer was not refilled
     assert not np.shares_memory(second[0], view)
-    address = second[0].__array_interface__['data'][0]
+    addresses.add(second[0].__array_interface__['data'][0])
     del second, view
     third = scan.forward(impl, sequences * 3, np.zeros((4, 3)))
-    assert third[0].__array_interface__['data'][0] == address   # no longer held: reused
+    # neither held any more: one of the two reused (prepared.StepBuffers keeps two per result)
+    assert third[0].__array_interface__['data'][0] in addresses
     np.testing.assert_array_equal(third[0], [[[3.0] * 3] * 4, [[4.5] * 3] * 4])
 
 

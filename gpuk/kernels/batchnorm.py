@@ -22,6 +22,7 @@ finalize launch itself.
 This module checks and prepares; the launch set-up (tile constants, grids and splits, reused
 buffers, the per-problem launch objects) is gpuk/kernels/batchnorm_launch.py.
 """
+import functools
 import math
 
 import numpy as np
@@ -56,6 +57,13 @@ def _kept_param(fn, name, value, layout, acc, xp):
         raise ValueError('%s: %s must have shape %s (x shape %s without the reduced axes %s), '
                          'got shape %s' % (fn, name, layout.kept_shape, layout.shape, layout.axes, array.shape))
     return xp.ascontiguousarray(array.reshape(-1), dtype=acc)
+
+
+def _with_step_buffers(run_with, launches):
+    """The runner ``run_with(gpuk_fn)``, gpuk's launches taking their outputs from new arrays, or
+    in a plan step's variant from its reused buffers (prepared.with_step_buffers)."""
+    return prepared.with_step_buffers(lambda outputs: run_with(functools.partial(launches.run, outputs=outputs)),
+                                      launches.outputs)
 
 
 # ---------------------------------------------------------------- training forward
@@ -108,8 +116,8 @@ def bn_train_fwd_runner(x, gamma, beta, axes, epsilon=1e-3, activation='linear',
         device_scalars = not all(scalar_slots)
         numbers = None if device_scalars else tuple(float if getattr(v, 'ndim', 0) == 0 else _host_number
                                                     for v in scalars)
-        gpuk_fn = _TrainLaunches(rt, view, layout, checked.dtype, activation, moving, single_kernel,
-                                 gamma is not None, beta is not None, numbers).run
+        launches = _TrainLaunches(rt, view, layout, checked.dtype, activation, moving, single_kernel,
+                                  gamma is not None, beta is not None, numbers)
         to_x = None if type(x) is xp.ndarray else xp.asarray
         flat = [_flat_param(xp, p, acc) for p in (gamma, beta, moving_mean, moving_var)]
         converters = [f for f, _ in flat]
@@ -118,21 +126,23 @@ def bn_train_fwd_runner(x, gamma, beta, axes, epsilon=1e-3, activation='linear',
         def scalar(value, host):
             return value if host else xp.asarray(value, dtype=acc).reshape(1)
 
-        def run(x, gamma, beta, moving_mean=None, moving_var=None, decay=None, var_decay=None, var_factor=None):
-            params = (gamma, beta, moving_mean, moving_var)
-            if not (direct and _contiguous(params)):   # which conversions: per problem, or a strided view
-                x = x if to_x is None else to_x(x)
-                gamma, beta, moving_mean, moving_var = _flat_params(converters, params)
-            if moving:
-                var_decay = decay if var_decay is None else var_decay
-                var_factor = 1 if var_factor is None else var_factor
-                if device_scalars:
-                    decay, var_decay, var_factor = (scalar(v, host) for v, host in
-                                                    zip((decay, var_decay, var_factor), scalar_slots))
-            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, x, gamma, beta,
-                                checked_axes, checked_epsilon, activation, moving_mean, moving_var, decay,
-                                var_decay, var_factor)
-        return run
+        def run_with(gpuk_fn):
+            def run(x, gamma, beta, moving_mean=None, moving_var=None, decay=None, var_decay=None, var_factor=None):
+                params = (gamma, beta, moving_mean, moving_var)
+                if not (direct and _contiguous(params)):   # which conversions: per problem, or a strided view
+                    x = x if to_x is None else to_x(x)
+                    gamma, beta, moving_mean, moving_var = _flat_params(converters, params)
+                if moving:
+                    var_decay = decay if var_decay is None else var_decay
+                    var_factor = 1 if var_factor is None else var_factor
+                    if device_scalars:
+                        decay, var_decay, var_factor = (scalar(v, host) for v, host in
+                                                        zip((decay, var_decay, var_factor), scalar_slots))
+                return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_train_fwd, x, gamma, beta,
+                                    checked_axes, checked_epsilon, activation, moving_mean, moving_var, decay,
+                                    var_decay, var_factor)
+            return run
+        return _with_step_buffers(run_with, launches)
     return prepared.get(rt, fn, (x, gamma, beta, moving_mean, moving_var, decay, var_decay, var_factor),
                         (axes, epsilon, activation, single_kernel), prepare)
 
@@ -184,18 +194,21 @@ def bn_infer_fwd_runner(x, mean, var, gamma, beta, epsilon=1e-3, axis=-1, activa
         shapes = tuple(None if p is None else _channel_param(fn, n, p, checked, checked_axis, acc, xp).shape
                        for n, p in named)
         key = ('infer', checked.dtype, checked.shape, shapes, activation)
-        gpuk_fn = _InferLaunches(rt, _InferPlan(checked.shape, shapes, checked.dtype, activation), checked.dtype,
-                                 [p for _, p in named], shapes).run
+        launches = _InferLaunches(rt, _InferPlan(checked.shape, shapes, checked.dtype, activation), checked.dtype,
+                                  [p for _, p in named], shapes)
 
         def cudnn_fn(x, *rest):   # cuDNN takes the parameters in their broadcastable shapes
             params = [None if p is None else (p if type(p) is xp.ndarray else xp.asarray(p)).astype(
                 acc, copy=False).reshape(shape) for p, shape in zip(rest[:4], shapes)]
             return cudnn_batchnorm.bn_infer_fwd(x, *params, *rest[4:])
 
-        def run(x, mean, var, gamma, beta):
-            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_fn, x if type(x) is xp.ndarray else xp.asarray(x),
-                                mean, var, gamma, beta, checked_epsilon, checked_axis, activation)
-        return run
+        def run_with(gpuk_fn):
+            def run(x, mean, var, gamma, beta):
+                return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_fn,
+                                    x if type(x) is xp.ndarray else xp.asarray(x),
+                                    mean, var, gamma, beta, checked_epsilon, checked_axis, activation)
+            return run
+        return _with_step_buffers(run_with, launches)
     return prepared.get(rt, fn, (x, mean, var, gamma, beta), (epsilon, axis, activation), prepare)
 
 
@@ -238,7 +251,7 @@ def bn_bwd_runner(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, acti
             _kept_param(fn, name, value, layout, acc, xp)
         view = _View(checked_x.shape, layout)
         key = ('bwd', checked_x.dtype, view.key(), gamma is None, dmean is None, dvar is None, activation)
-        gpuk_fn = _BwdLaunches(rt, view, layout, checked_x.dtype, y is not None, gamma is not None).run
+        launches = _BwdLaunches(rt, view, layout, checked_x.dtype, y is not None, gamma is not None)
         dtype = checked_x.dtype
         flat = [_flat_param(xp, p, acc) for p in (gamma, mean, inv_std, dmean, dvar)]
         converters = [f for f, _ in flat]
@@ -246,14 +259,16 @@ def bn_bwd_runner(dy, x, gamma, mean, inv_std, axes, dmean=None, dvar=None, acti
         direct = (all(type(a) is xp.ndarray for a in (dy, x) + (() if y is None else (y,))) and dy.dtype == dtype
                   and all(d for _, d in flat))
 
-        def run(dy, x, gamma, mean, inv_std, dmean=None, dvar=None, y=None):
-            params = (gamma, mean, inv_std, dmean, dvar)
-            if not (direct and _contiguous(params)):   # which conversions: per problem, or a strided view
-                dy = (dy if type(dy) is xp.ndarray else xp.asarray(dy)).astype(dtype, copy=False)
-                x = x if type(x) is xp.ndarray else xp.asarray(x)
-                y = y if y is None or type(y) is xp.ndarray else xp.asarray(y)
-                gamma, mean, inv_std, dmean, dvar = _flat_params(converters, params)
-            return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd, dy, x, gamma, mean, inv_std,
-                                checked_axes, dmean, dvar, activation, y)
-        return run
+        def run_with(gpuk_fn):
+            def run(dy, x, gamma, mean, inv_std, dmean=None, dvar=None, y=None):
+                params = (gamma, mean, inv_std, dmean, dvar)
+                if not (direct and _contiguous(params)):   # which conversions: per problem, or a strided view
+                    dy = (dy if type(dy) is xp.ndarray else xp.asarray(dy)).astype(dtype, copy=False)
+                    x = x if type(x) is xp.ndarray else xp.asarray(x)
+                    y = y if y is None or type(y) is xp.ndarray else xp.asarray(y)
+                    gamma, mean, inv_std, dmean, dvar = _flat_params(converters, params)
+                return dispatch.run(rt, 'batchnorm', key, gpuk_fn, cudnn_batchnorm.bn_bwd, dy, x, gamma, mean,
+                                    inv_std, checked_axes, dmean, dvar, activation, y)
+            return run
+        return _with_step_buffers(run_with, launches)
     return prepared.get(rt, fn, (dy, x, gamma, mean, inv_std, dmean, dvar, y), (axes, activation), prepare)

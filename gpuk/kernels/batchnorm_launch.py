@@ -151,6 +151,8 @@ class _View:
         else:
             self.permutation = layout.axes + kept
             self.outer, self.inner = self.count, 1
+        # the shape of to_kernel's arrays (the launches' outputs of x's size are made in it)
+        self.kernel_shape = self.shape if self.permutation is None else tuple(shape[a] for a in self.permutation)
 
     def to_kernel(self, xp, array):
         if self.permutation is None:
@@ -281,6 +283,9 @@ class _TrainLaunches:
         self.kept = layout.kept_shape
         self.reshape_stats = tuple(self.kept) != (c,)
         self._x = _Signature(view.shape, dtype)   # what _persistent_blocks reads of x
+        # mean, var, inv_std, y (in the kernels' layout)[, next_mean, next_var]
+        self.outputs = prepared.Outputs(rt.xp.empty, [(c,)] * 3 + [view.kernel_shape] + [(c,)] * (2 * bool(moving)),
+                                        [acc] * 3 + [dtype] + [acc] * (2 * bool(moving)))
         self.scratch = _Scratch(rt, lambda b: (
             b.scratch('partials', (splits, c, 2), acc), b.scratch('shifts', (c,), acc), b.scratch('scale', (c,), acc),
             None if has_gamma else b.filled(c, 1, acc), None if has_beta else b.filled(c, 0, acc), _barrier(b), b, {}))
@@ -302,18 +307,19 @@ class _TrainLaunches:
             return found
         return buffers.scalars(self.acc, epsilon, decay, var_decay, var_factor)
 
-    def run(self, x, gamma, beta, _axes, epsilon, _activation, moving_mean, moving_var, decay, var_decay, var_factor):
+    def run(self, x, gamma, beta, _axes, epsilon, _activation, moving_mean, moving_var, decay, var_decay, var_factor,
+            outputs=None):
+        """``outputs``: where the outputs go (prepared.Outputs: new arrays, or a plan step's buffers)."""
         xp, c, acc, launches, view, moving = self.xp, self.channels, self.acc, self.launches, self.view, self.moving
         partials, shifts, scale, ones, zeros, barrier, buffers, by_numbers = self.scratch()
         gamma = ones if gamma is None else gamma
         beta = zeros if beta is None else beta
         xk = _kernel_layout(view, xp, x)
-        empty = xp.empty
-        mean, var, inv_std, y = empty(c, acc), empty(c, acc), empty(c, acc), empty(xk.shape, xk.dtype)
         if moving:
-            next_mean, next_var = empty(c, acc), empty(c, acc)
+            mean, var, inv_std, y, next_mean, next_var = (outputs or self.outputs.new)()
             scalars = self._scalars(buffers, by_numbers, epsilon, decay, var_decay, var_factor)
         else:
+            mean, var, inv_std, y = (outputs or self.outputs.new)()
             next_mean, next_var = mean, var
             scalars = by_numbers.get(epsilon)
             if scalars is None:
@@ -426,6 +432,7 @@ class _InferLaunches:
             type(p) is xp.ndarray and p.ndim == 1 and p.dtype == acc and p.size == c and not plan.scalar_x)
             else shape for p, shape in zip(params, shapes))
         absent = tuple(p is None for p in params)
+        self.outputs = prepared.Outputs(xp.empty, [() if plan.scalar_x else plan.shape], [dtype])   # y, x's shape
         self.scratch = _Scratch(rt, lambda b: (tuple(
             b.filled(c, fill, acc) if none else None for none, fill in zip(absent, (0, 1, 1, 0))), b, {}))
 
@@ -440,7 +447,8 @@ class _InferLaunches:
             return p.reshape(-1)
         return xp.ascontiguousarray(xp.broadcast_to(p[plan.index], plan.span_full), dtype=self.acc).reshape(-1)
 
-    def run(self, x, mean, var, gamma, beta, epsilon, _axis, _activation):
+    def run(self, x, mean, var, gamma, beta, epsilon, _axis, _activation, outputs=None):
+        """``outputs``: as _TrainLaunches.run's."""
         xp, plan = self.xp, self.plan
         filled, buffers, by_epsilon = self.scratch()
         params = [mean, var, gamma, beta]
@@ -454,7 +462,7 @@ class _InferLaunches:
                 params[i] = self._on_span(params[i], mode)
         if not x.flags.c_contiguous:
             x = xp.ascontiguousarray(x)
-        y = xp.empty(x.shape, x.dtype)
+        y, = (outputs or self.outputs.new)()
         if plan.blocks:
             scalars = by_epsilon.get(epsilon)
             if scalars is None:
@@ -485,20 +493,23 @@ class _BwdLaunches:
         self.dx_sizes = (np.int64(size), np.int64(c), np.int64(view.inner))
         self.kept = layout.kept_shape
         self.reshape_stats = tuple(self.kept) != (c,)
+        # dx (in the kernels' layout), dgamma, dbeta
+        self.outputs = prepared.Outputs(rt.xp.empty, [view.kernel_shape, (c,), (c,)], [dtype, acc, acc])
         self.scratch = _Scratch(rt, lambda b: (
             b.scratch('partials', (splits, c, 2), acc), b.scratch('coef', (3 * c,), acc),
             None if has_gamma else b.filled(c, 1, acc), b.filled(c, 0, acc)))
 
-    def run(self, dy, x, gamma, mean, inv_std, _axes, dmean, dvar, _activation, y):
+    def run(self, dy, x, gamma, mean, inv_std, _axes, dmean, dvar, _activation, y, outputs=None):
+        """``outputs``: as _TrainLaunches.run's."""
         xp, c, acc, view, launches = self.xp, self.channels, self.acc, self.view, self.launches
         partials, coef, ones, zeros = self.scratch()
         gamma = ones if gamma is None else gamma
         dmean = zeros if dmean is None else dmean
         dvar = zeros if dvar is None else dvar
         xk, dyk = _kernel_layout(view, xp, x), _kernel_layout(view, xp, dy)
-        dgamma, dbeta = xp.empty(c, acc), xp.empty(c, acc)
+        dx, dgamma, dbeta = (outputs or self.outputs.new)()
         if c == 0:
-            return xp.empty(x.shape, x.dtype), dgamma.reshape(self.kept), dbeta.reshape(self.kept)
+            return dx.reshape(x.shape), dgamma.reshape(self.kept), dbeta.reshape(self.kept)
         name, grid, block, sizes = self.sums
         if y is None:
             launches(name, grid, block, (dyk, xk, mean, partials) + sizes)
@@ -507,7 +518,6 @@ class _BwdLaunches:
             launches(name, grid, block, (dyk, xk, yk, mean, partials) + sizes)
         launches('bn_bwd_finalize', *self.finalize, args=(
             partials, inv_std, gamma, dmean, dvar, dgamma, dbeta, coef) + self.finalize_sizes)
-        dx = xp.empty(xk.shape, x.dtype)
         if self.dx_blocks:
             operands = (dyk, xk, mean, coef, dx) if y is None else (dyk, xk, yk, mean, coef, dx)
             launches(self.dx_kernel, self.dx_blocks, BN_THREADS, operands + self.dx_sizes)

@@ -180,13 +180,18 @@ def _fwd_runner(fn, op, gpuk_impl, cudnn_impl, x, window, strides, pads, data_fo
         checked = _float_array(fn, 'x', x, xp)
         problem = _problem(pooling_checks.forward_setup(fn, checked, window, strides, pads, data_format),
                            checked.dtype, rt)
-        gpuk_fn = functools.partial(gpuk_impl, rt, problem)
         key, geometry, contiguous = problem.key(op), (problem.window, problem.strides, problem.pads), \
             _contiguous(xp)
+        dtypes = (checked.dtype, problem.tap_dtype) if op == 'max_fwd' else (checked.dtype,)   # y[, argmax]
+        outputs = prepared.Outputs(xp.empty, [problem.out_shape] * len(dtypes), dtypes)
 
-        def run(x):
-            return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_impl, contiguous(x), *geometry, data_format)
-        return run
+        def run_with(make_outputs):
+            gpuk_fn = functools.partial(gpuk_impl, rt, problem, make_outputs)
+
+            def run(x):
+                return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_impl, contiguous(x), *geometry, data_format)
+            return run
+        return prepared.with_step_buffers(run_with, outputs)
     return prepared.get(rt, fn, (x,), (window, strides, pads, data_format), prepare)
 
 
@@ -197,9 +202,8 @@ def _contiguous(xp):
     return lambda value: xp.ascontiguousarray(value if type(value) is array_type else xp.asarray(value))
 
 
-def _max_pool_fwd_gpuk(rt, problem, x, *_geometry):
-    y = rt.xp.empty(problem.out_shape, x.dtype)
-    argmax = rt.xp.empty(problem.out_shape, problem.tap_dtype)
+def _max_pool_fwd_gpuk(rt, problem, outputs, x, *_geometry):
+    y, argmax = outputs()
     problem.launches('max_pool_fwd' + problem.tap_suffix, problem.out_grid, POOL_THREADS,
                      (x, y, argmax) + problem.geometry_and_layout)
     return y, argmax
@@ -218,8 +222,8 @@ def avg_pool_fwd_runner(x, window, strides, pads, data_format, *, runtime=None):
                        pads, data_format, runtime)
 
 
-def _avg_pool_fwd_gpuk(rt, problem, x, *_geometry):
-    y = rt.xp.empty(problem.out_shape, x.dtype)
+def _avg_pool_fwd_gpuk(rt, problem, outputs, x, *_geometry):
+    y, = outputs()
     if problem.is_global:
         _global_avg_pool(problem, x, y)
         return y
@@ -262,19 +266,22 @@ def avg_pool_bwd_runner(dy, x_shape, window, strides, pads, data_format, *, runt
         layout = LAYOUT_CHANNELS_FIRST if problem.channels_first else LAYOUT_CHANNELS_LAST
         grid, tail = _batch_grid(math.prod(problem.in_shape) // problem.n, problem.n), problem.geometry + (
             np.int32(layout),)   # dx element by element: no vector lanes
-        gpuk_fn = functools.partial(_avg_pool_bwd_gpuk, problem, xp.empty, grid, tail)
         key, geometry, contiguous = problem.key('avg_bwd'), (setup.x_shape, setup.window, setup.strides,
                                                              setup.pads), _contiguous(xp)
 
-        def run(dy):
-            return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.avg_pool_bwd, contiguous(dy), *geometry,
-                                data_format)
-        return run
+        def run_with(make_outputs):
+            gpuk_fn = functools.partial(_avg_pool_bwd_gpuk, problem, make_outputs, grid, tail)
+
+            def run(dy):
+                return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.avg_pool_bwd, contiguous(dy),
+                                    *geometry, data_format)
+            return run
+        return prepared.with_step_buffers(run_with, prepared.Outputs(xp.empty, [problem.in_shape], [checked.dtype]))
     return prepared.get(rt, fn, (dy,), (x_shape, window, strides, pads, data_format), prepare)
 
 
-def _avg_pool_bwd_gpuk(problem, empty, grid, tail, dy, *_geometry):
-    dx = empty(problem.in_shape, dy.dtype)
+def _avg_pool_bwd_gpuk(problem, outputs, grid, tail, dy, *_geometry):
+    dx, = outputs()
     problem.launches('avg_pool_bwd', grid, POOL_THREADS, (dy, dx) + tail)
     return dx
 
@@ -298,22 +305,26 @@ def max_pool_bwd_runner(dy, argmax, x_shape, window, strides, pads, data_format,
         taps = argmax if isinstance(argmax, xp.ndarray) else xp.asarray(argmax)
         setup = pooling_checks.max_backward_setup(fn, checked, taps, x_shape, window, strides, pads, data_format)
         problem = _problem(setup, checked.dtype, rt)
-        gpuk_fn = functools.partial(_max_pool_bwd_gpuk, rt, problem)
         key, geometry, contiguous = problem.key('max_bwd'), (setup.x_shape, setup.window, setup.strides,
                                                              setup.pads), _contiguous(xp)
         array_type, tap_dtype = xp.ndarray, problem.tap_dtype
 
-        def run(dy, argmax):
-            # taps of another integer dtype (a caller's own array) become the kernels' dtype on the device
-            taps = xp.ascontiguousarray(argmax if type(argmax) is array_type else xp.asarray(argmax), dtype=tap_dtype)
-            return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.max_pool_bwd, contiguous(dy), taps,
-                                *geometry, data_format)
-        return run
+        def run_with(make_outputs):
+            gpuk_fn = functools.partial(_max_pool_bwd_gpuk, rt, problem, make_outputs)
+
+            def run(dy, argmax):
+                # taps of another integer dtype (a caller's own array) become the kernels' dtype on the device
+                taps = xp.ascontiguousarray(argmax if type(argmax) is array_type else xp.asarray(argmax),
+                                            dtype=tap_dtype)
+                return dispatch.run(rt, 'pooling', key, gpuk_fn, cudnn_pooling.max_pool_bwd, contiguous(dy), taps,
+                                    *geometry, data_format)
+            return run
+        return prepared.with_step_buffers(run_with, prepared.Outputs(xp.empty, [problem.in_shape], [checked.dtype]))
     return prepared.get(rt, fn, (dy, argmax), (x_shape, window, strides, pads, data_format), prepare)
 
 
-def _max_pool_bwd_gpuk(rt, problem, dy, argmax, *_geometry):
-    dx = rt.xp.empty(problem.in_shape, dy.dtype)
+def _max_pool_bwd_gpuk(rt, problem, outputs, dy, argmax, *_geometry):
+    dx, = outputs()
     problem.launches('max_pool_bwd' + problem.tap_suffix, problem.in_grid, POOL_THREADS,
                      (dy, argmax, dx) + problem.geometry_and_layout)
     return dx

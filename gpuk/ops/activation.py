@@ -4,7 +4,7 @@ import numpy as np
 
 from gpuk.graph import Meta, apply, as_tensor
 from gpuk.ops import elementwise as ew
-from gpuk.ops.base import Op, normalize_axes
+from gpuk.ops.base import Op, XpOp, normalize_axes
 
 
 def _is_float(dtype):
@@ -80,7 +80,7 @@ class Relu(Op):
         return [apply(ReluGrad(self), output_grads[0], source)]
 
 
-class ReluGrad(Op):
+class ReluGrad(XpOp):
     """``g * relu'(x)``: linear in g, piecewise constant in x (so no gradient to x)."""
 
     def __init__(self, relu):
@@ -89,10 +89,10 @@ class ReluGrad(Op):
     def infer(self, g, x):
         return Meta(g.shape, g.dtype)
 
-    def forward(self, impl, g, x):
+    def compute(self, xp, g, x, out=None):
         if self.relu.plain:   # relu'(x) = (x > 0): a bool mask times g, no float64 slope array
-            return g * (x > 0)
-        return g * self.relu.slope(impl.xp, x).astype(g.dtype, copy=False)
+            return g * (x > 0) if out is None else xp.multiply(g, x > 0, out=out)
+        return g * self.relu.slope(xp, x).astype(g.dtype, copy=False)
 
     def c_expression(self):
         """g * (x > 0) for the plain relu (a non-finite g at a masked entry gives NaN, as here)."""

@@ -10,10 +10,13 @@ anything between forward and grad: by-products the backward pass needs are extra
 - ``grad(inputs, outputs, output_grads)``: one graph tensor (or None) per input.
   ``output_grads`` has a tensor for every output (zeros stand in for unused ones).
 """
+import functools
+
 import numpy as np
 
 from gpuk import device
 from gpuk.graph import static_value
+from gpuk.kernels.runtime import prepared
 
 _HOST = device.Implementation('cpu', np)
 
@@ -72,6 +75,31 @@ class Op:
         attrs = ', '.join('%s=%r' % kv for kv in sorted(vars(self).items())
                           if not kv[0].startswith('_') and kv[0] != 'kept')
         return '%s(%s)' % (type(self).__name__, attrs)
+
+
+class XpOp(Op):
+    """An op computed with xp whose plan step writes its result into the step's reused buffer
+    (prepared.xp_step_runner, kept by the op's ``Kept``): subclasses define
+    ``compute(xp, *arrays, out=None)``, returning ``out`` where they wrote the result there and
+    their usual result otherwise."""
+
+    @functools.cached_property
+    def kept(self):   # (in the instance's dict: __repr__ leaves it out, as the kernels' ops' own)
+        return prepared.Kept()
+
+    def forward(self, impl, *arrays):
+        return self.kept.run(impl, arrays, self._runner)
+
+    def _runner(self, impl, *arrays):
+        return prepared.xp_step_runner(impl.xp.empty, functools.partial(self.compute, impl.xp))
+
+    def bound_forward(self, impl):
+        """The plain computation with ``impl`` bound: what a fused group calls for its member (its
+        values are the group's own, not a plan step's: no Kept, no step buffer)."""
+        return functools.partial(self.compute, impl.xp)
+
+    def compute(self, xp, *arrays, out=None):
+        raise TypeError('%s does not define compute()' % type(self).__name__)
 
 
 def broadcast_shapes(a, b, where):

@@ -92,7 +92,7 @@ class MovingAverages:
     def on_arrays(impl, *stats_and_moving):
         """The formula on arrays through the graph's own elementwise ops (the steps the
         fusion replaced, rounding and promoting as they would)."""
-        subtract, multiply = (functools.partial(ew.Binary(name).forward, impl) for name in ('subtract', 'multiply'))
+        subtract, multiply = (functools.partial(ew.Binary(name).compute, impl.xp) for name in ('subtract', 'multiply'))
         return moving_average_updates(subtract, multiply, *stats_and_moving)
 
     def fits_kernel(self, acc, kept, moving_mean, moving_var, *scalars):
@@ -156,10 +156,10 @@ class BnTrain(Op):
             if self.has_gamma and self.has_beta:   # Keras's layer: the inputs in the runner's order
                 return kernel
 
-            def run(x, *rest):
+            def order(x, *rest):
                 gamma, beta, moving = self._parts(rest)
-                return kernel(x, gamma, beta, *moving)
-            return run
+                return (x, gamma, beta, *moving)
+            return prepared.reordered(kernel, order)
 
         def unfused(x, *rest):
             gamma, beta, moving = self._parts(rest)
@@ -230,13 +230,14 @@ class BnGrad(Op):
                                               self.activation, relu_y)
         if self.has_gamma and not self.has_dmean and not self.has_dvar:   # Keras's layer: no _optional per call
             if self.activation == 'relu':
-                return lambda dy, x, mean, inv_std, gamma, y: kernel(dy, x, gamma, mean, inv_std, None, None, y)
-            return lambda dy, x, mean, inv_std, gamma: kernel(dy, x, gamma, mean, inv_std)
+                return prepared.reordered(kernel, lambda dy, x, mean, inv_std, gamma, y:
+                                          (dy, x, gamma, mean, inv_std, None, None, y))
+            return prepared.reordered(kernel, lambda dy, x, mean, inv_std, gamma: (dy, x, gamma, mean, inv_std))
 
-        def run(dy, x, mean, inv_std, *rest):
+        def order(dy, x, mean, inv_std, *rest):
             gamma, d_mean, d_var, relu_y = self._optional(rest)
-            return kernel(dy, x, gamma, mean, inv_std, d_mean, d_var, relu_y)
-        return run
+            return dy, x, gamma, mean, inv_std, d_mean, d_var, relu_y
+        return prepared.reordered(kernel, order)
 
     def grad(self, inputs, outputs, output_grads):
         axes = self.axes
@@ -300,7 +301,8 @@ class BnInfer(Op):
                                                     self.activation)
         if self.has_gamma and self.has_beta:
             return kernel
-        return lambda x, mean, var, *params: kernel(x, mean, var, *_split((self.has_gamma, self.has_beta), params))
+        return prepared.reordered(kernel, lambda x, mean, var, *params:
+                                  (x, mean, var, *_split((self.has_gamma, self.has_beta), params)))
 
     def grad(self, inputs, outputs, output_grads):
         def formula(x, mean, var, *params):

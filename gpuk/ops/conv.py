@@ -251,7 +251,7 @@ class ConvDgrad(_WindowOp):
         geometry = (x_shape, win.strides, win.dilation, win.pads(spatial_dims(x_shape, win.channels_first),
                                                                  w.shape[:win.rank]), win.data_format)
         run = win.runner(impl, 1)(dy, w, *geometry)   # the launcher's runner, as ConvFwd's
-        return lambda dy, w, _: run(dy, w)
+        return prepared.reordered(run, lambda dy, w, _: (dy, w))
 
     def grad(self, inputs, outputs, output_grads):
         dy, w, _ = inputs
@@ -283,7 +283,7 @@ class ConvWgrad(_WindowOp):
         geometry = (w_shape, win.strides, win.dilation, win.pads(spatial_dims(x.shape, win.channels_first),
                                                                  w_shape[:win.rank]), win.data_format)
         run = win.runner(impl, 2)(x, dy, *geometry)   # the launcher's runner, as ConvFwd's
-        return lambda x, dy, _: run(x, dy)
+        return prepared.reordered(run, lambda x, dy, _: (x, dy))
 
     def grad(self, inputs, outputs, output_grads):
         x, dy, _ = inputs

@@ -7,7 +7,7 @@ import numpy as np
 
 from gpuk import config
 from gpuk.graph import Constant, Meta, Tensor, apply, as_tensor, dtype_name
-from gpuk.ops.base import Op, broadcast_shapes
+from gpuk.ops.base import Op, XpOp, broadcast_shapes
 
 
 def _is_float(dtype):
@@ -220,7 +220,7 @@ def _binary_grads(name, a, b, y, g):
     return None, None
 
 
-class Binary(Op):
+class Binary(XpOp):
     def __init__(self, name):
         self.name = name
         self.differentiable = name not in _COMPARISONS and name != 'floor_divide'
@@ -234,19 +234,21 @@ class Binary(Op):
             dtype = config.floatx()
         return Meta(shape, dtype)
 
-    def forward(self, impl, a, b):
-        out = BINARY[self.name](impl.xp)(a, b)
-        if self.name == 'divide' and out.dtype.kind == 'f' and a.dtype.kind != 'f' and b.dtype.kind != 'f':
-            out = out.astype(config.floatx())
-        return out
+    def compute(self, xp, a, b, out=None):
+        if self.name == 'divide' and a.dtype.kind != 'f' and b.dtype.kind != 'f':   # int / int: floatx
+            result = xp.divide(a, b)
+            return result.astype(config.floatx()) if result.dtype.kind == 'f' else result
+        if out is None:
+            return BINARY[self.name](xp)(a, b)
+        return getattr(xp, self.name)(a, b, out=out)   # (every BINARY name is also a ufunc's)
 
     def c_expression(self):
         return BINARY_C.get(self.name)
 
     def bound_forward(self, impl):
         """``forward`` with ``impl`` bound (see Unary.bound_forward)."""
-        if self.name == 'divide':   # int / int becomes floatx: the full forward
-            return functools.partial(self.forward, impl)
+        if self.name == 'divide':   # int / int becomes floatx: the full computation
+            return functools.partial(self.compute, impl.xp)
         return BINARY[self.name](impl.xp)
 
     def grad(self, inputs, outputs, output_grads):
@@ -287,15 +289,18 @@ def binary(name, a, b):
 
 # --- casts, where, clip ------------------------------------------------------------------
 
-class Cast(Op):
+class Cast(XpOp):
     def __init__(self, dtype):
         self.dtype = dtype
 
     def infer(self, x):
         return Meta(x.shape, self.dtype)
 
-    def forward(self, impl, x):
-        return x.astype(self.dtype, copy=False)
+    def compute(self, xp, x, out=None):
+        if out is None or x.dtype == out.dtype:   # (the same dtype: x itself, no copy)
+            return x.astype(self.dtype, copy=False)
+        xp.copyto(out, x, casting='unsafe')       # what astype does, into the step's buffer
+        return out
 
     def c_expression(self):
         return '{0}'   # the operand is converted to the target's compute type, then rounded
@@ -314,13 +319,19 @@ def cast(x, dtype):
     return apply(Cast(dtype), x)
 
 
-class Where(Op):
+class Where(XpOp):
     def infer(self, condition, a, b):
         shape = broadcast_shapes(broadcast_shapes(condition.shape, a.shape, 'switch'), b.shape, 'switch')
         return Meta(shape, np.result_type(a.dtype, b.dtype).name)
 
-    def forward(self, impl, condition, a, b):
-        return impl.xp.where(condition, a, b)
+    def compute(self, xp, condition, a, b, out=None):
+        if out is None or condition.dtype != np.bool_:   # (copyto's where= takes bools only)
+            return xp.where(condition, a, b)
+        # xp.where has no out=: b everywhere, then a where the condition holds (two copies
+        # into the step's buffer, which has where's result shape and dtype)
+        xp.copyto(out, b)
+        xp.copyto(out, a, where=condition)
+        return out
 
     def c_expression(self):
         return '({0} ? {1} : {2})'   # the condition arrives as a number of the branches' type
@@ -370,22 +381,26 @@ class Clip(Op):
 
 # --- broadcasting helpers for gradients ------------------------------------------------
 
-class SumToShapeOf(Op):
+class SumToShapeOf(XpOp):
     """Sums ``g`` over the axes along which ``like`` was broadcast to reach g's shape."""
     shape_only_inputs = (1,)
 
     def infer(self, g, like):
         return Meta(like.shape, g.dtype)
 
-    def forward(self, impl, g, like):
+    def compute(self, xp, g, like, out=None):
         target = like.shape
         if g.shape == target:   # nothing was broadcast (the common case)
             return g
         extra = g.ndim - len(target)
         axes = tuple(range(extra)) + tuple(
             extra + i for i, d in enumerate(target) if d == 1 and g.shape[extra + i] != 1)
-        out = g.sum(axis=axes, keepdims=True) if axes else g
-        return out.reshape(target)
+        if not axes:
+            return g.reshape(target)
+        if out is not None:   # the sum written through a view of the buffer with g's rank
+            xp.sum(g, axis=axes, keepdims=True, out=out.reshape((1,) * extra + target))
+            return out
+        return g.sum(axis=axes, keepdims=True).reshape(target)
 
     def grad(self, inputs, outputs, output_grads):
         return [broadcast_like(output_grads[0], inputs[0]), None]
@@ -422,7 +437,7 @@ def broadcast_like(x, like):
     return apply(BroadcastLike(), x, like)
 
 
-class FillLike(Op):
+class FillLike(XpOp):
     """An array of ``like``'s runtime shape filled with ``value``."""
 
     def __init__(self, value, dtype):
@@ -431,8 +446,11 @@ class FillLike(Op):
     def infer(self, like):
         return Meta(like.shape, self.dtype)
 
-    def forward(self, impl, like):
-        return impl.xp.full(like.shape, self.value, dtype=self.dtype)
+    def compute(self, xp, like, out=None):
+        if out is None:
+            return xp.full(like.shape, self.value, dtype=self.dtype)
+        out.fill(self.value)
+        return out
 
     differentiable = False
 

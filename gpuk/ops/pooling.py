@@ -119,7 +119,7 @@ class MaxPoolBwd(Op):
         if dy.shape[0] == 0:
             return lambda dy, argmax, x_like: impl.xp.zeros(x_like.shape, dy.dtype)
         kernel = impl.pooling.max_pool_bwd_runner(dy, argmax, x_like.shape, *self.window.args(x_like.shape))
-        return lambda dy, argmax, x_like: kernel(dy, argmax)
+        return prepared.reordered(kernel, lambda dy, argmax, x_like: (dy, argmax))
 
     def grad(self, inputs, outputs, output_grads):
         _, argmax, _ = inputs
@@ -198,7 +198,7 @@ class AvgPoolBwd(Op):
         if dy.shape[0] == 0:
             return lambda dy, x_like: impl.xp.zeros(x_like.shape, dy.dtype)
         kernel = impl.pooling.avg_pool_bwd_runner(dy, x_shape, *self.window.args(x_shape))
-        return lambda dy, x_like: kernel(dy)
+        return prepared.reordered(kernel, lambda dy, x_like: (dy,))
 
     def grad(self, inputs, outputs, output_grads):
         return [apply(AvgPool(self.window), output_grads[0]), None]

@@ -9,19 +9,23 @@ from gpuk.contracts.dtypes import accumulation_dtype
 from gpuk import config
 from gpuk.graph import Meta, apply, as_tensor
 from gpuk.ops import elementwise as ew
-from gpuk.ops.base import Op, normalize_axes, normalize_axis
+from gpuk.ops.base import Op, XpOp, normalize_axes, normalize_axis
 
 _REDUCERS = {
-    'sum': lambda xp, x, axes, keep: xp.sum(x, axis=axes, keepdims=keep),
-    'mean': lambda xp, x, axes, keep: xp.mean(x, axis=axes, keepdims=keep),
-    'max': lambda xp, x, axes, keep: xp.max(x, axis=axes, keepdims=keep),
-    'min': lambda xp, x, axes, keep: xp.min(x, axis=axes, keepdims=keep),
-    'prod': lambda xp, x, axes, keep: xp.prod(x, axis=axes, keepdims=keep),
-    'any': lambda xp, x, axes, keep: xp.any(x, axis=axes, keepdims=keep),
-    'all': lambda xp, x, axes, keep: xp.all(x, axis=axes, keepdims=keep),
-    'var': lambda xp, x, axes, keep: xp.var(x, axis=axes, keepdims=keep),  # two-pass: stable
+    'sum': lambda xp, x, axes, keep, out=None: xp.sum(x, axis=axes, keepdims=keep, out=out),
+    'mean': lambda xp, x, axes, keep, out=None: xp.mean(x, axis=axes, keepdims=keep, out=out),
+    'max': lambda xp, x, axes, keep, out=None: xp.max(x, axis=axes, keepdims=keep, out=out),
+    'min': lambda xp, x, axes, keep, out=None: xp.min(x, axis=axes, keepdims=keep, out=out),
+    'prod': lambda xp, x, axes, keep, out=None: xp.prod(x, axis=axes, keepdims=keep, out=out),
+    'any': lambda xp, x, axes, keep, out=None: xp.any(x, axis=axes, keepdims=keep, out=out),
+    'all': lambda xp, x, axes, keep, out=None: xp.all(x, axis=axes, keepdims=keep, out=out),
+    'var': lambda xp, x, axes, keep, out=None: xp.var(x, axis=axes, keepdims=keep, out=out),  # two-pass: stable
 }
 _ACCUMULATING = ('sum', 'mean', 'prod', 'var')
+# the kinds whose ``out=`` (of the result's dtype) gives the plain result whatever the dtype: an
+# integer sum or product wraps the same in the result's width as in NumPy's wider one; mean and
+# var of integers compute in float64 before the cast, so only float ones write into ``out``
+_EXACT_INTO_ANY_DTYPE = ('sum', 'prod', 'max', 'min', 'any', 'all')
 
 
 def _accumulation_input(x):
@@ -46,7 +50,7 @@ def _spread(g, axes, keepdims, like):
     return apply(ReduceGrad('sum', axes, keepdims), g, like)
 
 
-class Reduce(Op):
+class Reduce(XpOp):
     def __init__(self, kind, axes, keepdims):
         self.kind, self.axes, self.keepdims = kind, tuple(axes), bool(keepdims)
         self.differentiable = kind not in ('any', 'all')
@@ -57,13 +61,15 @@ class Reduce(Op):
             dtype = x.dtype  # TensorFlow's integer mean stays integer (truncated)
         return Meta(_reduced_shape(x.shape, self.axes, self.keepdims), dtype)
 
-    def forward(self, impl, x):
-        xp = impl.xp
+    def compute(self, xp, x, out=None):
         if self.kind in ('max', 'min'):
             _check_nonempty(self.kind, x, self.axes)
         source = _accumulation_input(x) if self.kind in _ACCUMULATING else x
-        out = _REDUCERS[self.kind](xp, source, self.axes, self.keepdims)
-        return xp.asarray(out).astype(x.dtype if self.kind not in ('any', 'all') else bool, copy=False)
+        dtype = np.dtype(bool) if self.kind in ('any', 'all') else x.dtype
+        if out is not None and source.dtype == dtype and (self.kind in _EXACT_INTO_ANY_DTYPE or dtype.kind == 'f'):
+            return _REDUCERS[self.kind](xp, source, self.axes, self.keepdims, out)
+        result = _REDUCERS[self.kind](xp, source, self.axes, self.keepdims)
+        return xp.asarray(result).astype(dtype, copy=False)
 
     def grad(self, inputs, outputs, output_grads):
         x, y, g = inputs[0], outputs[0], output_grads[0]
@@ -88,7 +94,7 @@ class Reduce(Op):
         return [g_b * ew.where(is_zero, ew.broadcast_like(at_zero, x), y_b / safe_x)]
 
 
-class ReduceGrad(Op):
+class ReduceGrad(XpOp):
     """Spreads ``g`` (the gradient of a sum or mean over ``axes``) back to ``like``'s shape."""
 
     def __init__(self, kind, axes, keepdims):
@@ -97,16 +103,16 @@ class ReduceGrad(Op):
     def infer(self, g, like):
         return Meta(like.shape, g.dtype)
 
-    def forward(self, impl, g, like):
-        xp = impl.xp
+    def compute(self, xp, g, like, out=None):
         if not self.keepdims:
             g = xp.expand_dims(g, self.axes) if self.axes else g
-        out = xp.broadcast_to(g, like.shape)
-        if self.kind == 'mean':
-            count = int(np.prod([like.shape[a] for a in self.axes], dtype=np.int64))
-            out = out / max(count, 1)
-            out = out.astype(g.dtype, copy=False)
-        return out
+        spread = xp.broadcast_to(g, like.shape)
+        if self.kind != 'mean':
+            return spread   # a view of g (a sum's gradient): nothing to write
+        count = int(np.prod([like.shape[a] for a in self.axes], dtype=np.int64))
+        if out is not None and g.dtype.kind == 'f':   # the division of the plain path, into out
+            return xp.divide(spread, max(count, 1), out=out)
+        return (spread / max(count, 1)).astype(g.dtype, copy=False)
 
     def grad(self, inputs, outputs, output_grads):
         return [apply(Reduce(self.kind, self.axes, self.keepdims), output_grads[0]), None]

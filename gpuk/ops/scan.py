@@ -9,14 +9,12 @@ and the state history (the state entering each step), which the gradient needs.
 The gradient of a Scan is another Scan running the other way over the vector-Jacobian
 product of the step, so gradients through time are graph nodes and differentiate again.
 """
-import sys
 
 import numpy as np
 
 from gpuk import config, device
 from gpuk.graph import Constant, Meta, Placeholder, Tensor, apply, clone, topological_nodes
-from gpuk.kernels.runtime import counters
-from gpuk.kernels.runtime.prepared import SOLE_HOLDER_REFCOUNT
+from gpuk.kernels.runtime import counters, prepared
 from gpuk.ops.base import Op
 from gpuk.ops.elementwise import Unary
 from gpuk.ops.fused import is_zero
@@ -94,6 +92,10 @@ class Scan(Op):
         self.where = where
         self._plans = {}       # input signature -> step plan
         self._prologues = {}   # input signature -> the plan of the loop invariants, or None
+        # the stacked results' reused buffers, kept for the last layouts of the sequences and
+        # states (what their shapes follow from): _Stacks, through a Kept so that graph capture
+        # and an allocation failure forget them as they do every step's buffers
+        self._stacks = prepared.Kept()
         for placeholder, new_state in zip(self.state_inputs, self.state_outputs):
             if placeholder.dtype != new_state.dtype:
                 raise ValueError('%s: the step returns a state of dtype %s for a state of dtype %s'
@@ -155,13 +157,14 @@ class Scan(Op):
             return self._no_steps(xp, states)
         first = steps - 1 if self.reverse else 0
         prologue, plan = self._plan(impl, [s[first] for s in sequences] + states + captured)
+        stacks = self._stacks.run(impl, (*sequences, *states), _stacks_runner)
         # loop invariants computed once, contiguous (a transposed matrix is a faster GEMM
         # operand copied than as a strided view)
         captured = captured + ([] if prologue is None else [xp.asarray(v, order='C') for v in prologue.run(captured)])
         n_out = len(self.step_outputs)
         # each step's values are written into the stacked results at once (no list of
         # per-step arrays kept alive until a final stack)
-        history = [self._buffer(xp, ('history', i), (steps,) + tuple(s.shape), s.dtype)
+        history = [stacks(('history', i), (steps,) + tuple(s.shape), s.dtype)
                    if i in self.recorded_history else None for i, s in enumerate(states)]
         recorded = [(i, history[i]) for i in self.recorded_history]
         outputs = None
@@ -183,7 +186,7 @@ class Scan(Op):
                 step_slices[k] = s[t]
             values = plan.run(step_slices + states + captured)
             if outputs is None:
-                outputs = [None if i in aliases else self._stacked_like(xp, i, steps, values[i])
+                outputs = [None if i in aliases else self._stacked_like(xp, stacks, i, steps, values[i])
                            for i in range(n_out)]
                 for i, first in aliases.items():
                     outputs[i] = outputs[first]
@@ -204,32 +207,15 @@ class Scan(Op):
         results = outputs + states + history
         return results[0] if len(results) == 1 else tuple(results)
 
-    def _stacked_like(self, xp, i, steps, value):
+    def _stacked_like(self, xp, stacks, i, steps, value):
         """The stacked result for step output ``i`` from its first step's ``value``: a buffer
-        to fill, or for a shape-only output zeros broadcast to the stacked shape (no memory)."""
+        to fill (``stacks``), or for a shape-only output zeros broadcast to the stacked shape
+        (no memory)."""
         value = xp.asarray(value)
         shape = (steps,) + tuple(value.shape)
         if i in self.shape_only_outputs:
             return xp.broadcast_to(xp.zeros((), value.dtype), shape)
-        return self._buffer(xp, ('output', i), shape, value.dtype)
-
-    def _buffer(self, xp, key, shape, dtype):
-        """An empty stacked result: on the NumPy device the one this Scan returned for
-        ``key`` last time when nothing else refers to it any more (no view, no variable,
-        no plan slot), else a new one. Fresh multi-MB buffers cost page faults on every
-        first touch of every call (measured: 2/3 of the per-step writes' time on the LSTM
-        benchmark); a reused one is already mapped. Device arrays come from CuPy's pool."""
-        buffers = self.__dict__.setdefault('_buffers', {})
-        if xp is np:
-            buffer = buffers.get(key)
-            # held by the dict and `buffer` alone (prepared.SOLE_HOLDER_REFCOUNT: measured)
-            if (buffer is not None and sys.getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and buffer.shape == shape
-                    and buffer.dtype == dtype):
-                return buffer
-        buffer = xp.empty(shape, dtype)
-        if xp is np:
-            buffers[key] = buffer
-        return buffer
+        return stacks(('output', i), shape, value.dtype)
 
     def _check_states(self, shapes, states):
         for shape, new in zip(shapes, states):
@@ -389,6 +375,32 @@ class ResidualScan(Scan):
                          base.step_outputs + list(residuals), base.state_outputs, base.reverse, base.where,
                          base.shape_only_outputs | {n_out + i for i in shape_only})
         self.base = base
+
+
+class _Stacks:
+    """The stacked results of one Scan step, in reused buffers: ``stacks(key, shape, dtype)`` is
+    an empty stacked result for ``key`` (a state's history, a step output) that nothing else
+    holds (prepared.StepBuffers: not a view, a variable, a plan slot, a caller), the plan's
+    arena for plain launches as every step's buffers. Besides the allocation, a fresh multi-MB
+    buffer costs page faults on every first touch (measured on the NumPy device: 2/3 of the
+    per-step writes' time on the LSTM benchmark); a reused one is already mapped."""
+    __slots__ = ('_empty', '_by_key')
+
+    def __init__(self, empty):
+        self._empty, self._by_key = empty, {}
+
+    def __call__(self, key, shape, dtype):
+        found = self._by_key.get(key)
+        if found is None or found[0] != (shape, dtype):   # (a step output's dtype is known per call)
+            found = self._by_key[key] = ((shape, dtype), prepared.StepBuffers(self._empty, shape, (dtype,)).take)
+        return found[1](0)
+
+
+def _stacks_runner(impl, *arrays):
+    """The runner a Scan's Kept keeps for its sequences' and states' layouts: it returns the
+    _Stacks of those layouts."""
+    stacks = _Stacks(impl.xp.empty)
+    return lambda *arrays: stacks
 
 
 def _read_inputs(plan):

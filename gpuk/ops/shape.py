@@ -4,10 +4,13 @@ Shapes given to K functions may mix ints with symbolic scalars (``K.shape(x)[0]`
 ``resolve_shape`` turns such a spec into a static tuple (None where unknown) plus, when
 some entry is only known at run time, an int vector tensor computed in the graph.
 """
+import functools
+
 import numpy as np
 
 from gpuk.graph import Meta, Tensor, apply, as_tensor, static_value
-from gpuk.ops.base import Op, normalize_axis
+from gpuk.kernels.runtime import prepared
+from gpuk.ops.base import Op, XpOp, normalize_axis
 
 
 class Shape(Op):
@@ -17,14 +20,26 @@ class Shape(Op):
     def infer(self, x):
         return Meta((None if x.shape is None else len(x.shape),), 'int32')
 
-    def forward(self, impl, x):
-        return impl.xp.asarray(x.shape, dtype=np.int32)
+    kept = functools.cached_property(lambda self: prepared.Kept())   # (as XpOp's)
+
+    def forward(self, impl, x):   # the value follows from x's layout: computed once per kept layout
+        return self.kept.run(impl, (x,), _shape_runner)
 
     def static_values(self, inputs):
         shape = inputs[0].shape
         if shape is None or None in shape:
             return None
         return [np.asarray(shape, dtype=np.int32)]
+
+
+def _shape_runner(impl, x):
+    xp = impl.xp
+    return prepared.layout_constant_runner(lambda x: xp.asarray(x.shape, dtype=np.int32))
+
+
+def _size_runner(impl, x):
+    xp = impl.xp
+    return prepared.layout_constant_runner(lambda x: xp.asarray(x.size, dtype=np.int32))
 
 
 def shape(x):
@@ -38,8 +53,10 @@ class Size(Op):
     def infer(self, x):
         return Meta((), 'int32')
 
-    def forward(self, impl, x):
-        return impl.xp.asarray(x.size, dtype=np.int32)
+    kept = functools.cached_property(lambda self: prepared.Kept())
+
+    def forward(self, impl, x):   # as Shape's
+        return self.kept.run(impl, (x,), _size_runner)
 
     def static_values(self, inputs):
         shape = inputs[0].shape
@@ -52,7 +69,7 @@ def size(x):
     return apply(Size(), as_tensor(x))
 
 
-class Pack(Op):
+class Pack(XpOp):
     """Stacks int scalars into an int64 vector (a shape built from mixed entries)."""
     differentiable = False
 
@@ -62,8 +79,8 @@ class Pack(Op):
                 raise ValueError('shape: symbolic entries must be scalars, got shape %s' % (s.shape,))
         return Meta((len(scalars),), 'int64')
 
-    def forward(self, impl, *scalars):
-        return impl.xp.stack([impl.xp.asarray(s, dtype=np.int64).reshape(()) for s in scalars])
+    def compute(self, xp, *scalars, out=None):
+        return xp.stack([xp.asarray(s, dtype=np.int64).reshape(()) for s in scalars], out=out)
 
 
 def _entry_value(entry, where):
@@ -329,7 +346,7 @@ def squeeze(x, axis):
     return apply(Squeeze(normalize_axis(axis, x.ndim, 'squeeze')), x)
 
 
-class Concatenate(Op):
+class Concatenate(XpOp):
     def __init__(self, axis):
         self.axis = axis
 
@@ -347,8 +364,8 @@ class Concatenate(Op):
                       for i in range(len(first)))
         return Meta(shape, np.result_type(*[x.dtype for x in xs]).name)
 
-    def forward(self, impl, *xs):
-        return impl.xp.concatenate(xs, axis=self.axis)
+    def compute(self, xp, *xs, out=None):
+        return xp.concatenate(xs, axis=self.axis, out=out)
 
     def grad(self, inputs, outputs, output_grads):
         g = output_grads[0]
@@ -508,14 +525,20 @@ class Getitem(Op):
         return Meta(_getitem_shape(self.template, x.shape), x.dtype)
 
     def forward(self, impl, x, *dynamic):
-        return x[_fill(self.template, dynamic) if dynamic else self.template]
+        key = _fill(self.template, dynamic) if dynamic else self.template
+        element = x[key]
+        if isinstance(element, np.generic):
+            # NumPy's integer indexing of every axis copies the element out; CuPy's (and
+            # NumPy's, with an Ellipsis) gives a 0-d view, not memory of its own
+            return x[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
+        return element
 
     def grad(self, inputs, outputs, output_grads):
         x, dynamic = inputs[0], inputs[1:]
         return [apply(ScatterSlice(self.template), output_grads[0], x, *dynamic)] + [None] * len(dynamic)
 
 
-class ScatterSlice(Op):
+class ScatterSlice(XpOp):
     """Zeros shaped like ``like`` with ``g`` written at ``like[key]`` (Getitem's gradient)."""
     shape_only_inputs = (1,)
 
@@ -525,8 +548,11 @@ class ScatterSlice(Op):
     def infer(self, g, like, *dynamic):
         return Meta(like.shape, g.dtype)
 
-    def forward(self, impl, g, like, *dynamic):
-        out = impl.xp.zeros(like.shape, dtype=g.dtype)
+    def compute(self, xp, g, like, *dynamic, out=None):
+        if out is None:
+            out = xp.zeros(like.shape, dtype=g.dtype)
+        else:
+            out.fill(0)
         out[_fill(self.template, dynamic) if dynamic else self.template] = g
         return out
 
@@ -535,7 +561,7 @@ class ScatterSlice(Op):
         return [apply(Getitem(self.template), output_grads[0], *dynamic), None] + [None] * len(dynamic)
 
 
-class ScatterSlices(Op):
+class ScatterSlices(XpOp):
     """Zeros shaped like ``like`` (the last input) with each ``g`` written at its static key
     of ``templates``: the sum of ScatterSlice's over disjoint slices, as one step (the
     gradient of a tensor split into slices, like an LSTM's gates; gpuk/fusion_slices.py).
@@ -549,11 +575,14 @@ class ScatterSlices(Op):
     def infer(self, *metas):
         return Meta(metas[-1].shape, np.result_type(*[m.dtype for m in metas[:-1]]).name)
 
-    def forward(self, impl, *arrays):
+    def compute(self, xp, *arrays, out=None):
         gs, like = arrays[:-1], arrays[-1]
         # no zero fill where the slices cover the whole tensor (an LSTM's four gates)
-        allocate = impl.xp.empty if self._covers(tuple(like.shape)) else impl.xp.zeros
-        out = allocate(like.shape, dtype=impl.xp.result_type(*gs))
+        covers = self._covers(tuple(like.shape))
+        if out is None:
+            out = (xp.empty if covers else xp.zeros)(like.shape, dtype=xp.result_type(*gs))
+        elif not covers:
+            out.fill(0)
         for key, g in zip(self.templates, gs):
             out[key] = g
         return out

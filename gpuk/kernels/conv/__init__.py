@@ -312,24 +312,32 @@ def _switches():
     return config.precision(), tiles['tile'], tiles['splits'], wgmma['on'], wgmma['tile']
 
 
-def _runner(rt, problem, make_kernel_call, cudnn_fn, geometry, again):
+def _runner(rt, problem, make_kernel_call, output, cudnn_fn, geometry, again):
     """``run(*arrays)`` of a prepared Problem: dispatch.run(kernel call, cudnn_fn, *arrays,
-    *geometry). The kernel call (``make_kernel_call()``: the wgmma-or-igemm choice and launches
-    of the Problem) is remade when the tile / wgmma switches change; under another precision
-    policy the call is another problem's (``again(*arrays)``: the launcher, with its checks)."""
+    *geometry). The kernel call (``make_kernel_call(make_output)``: the wgmma-or-igemm choice and
+    launches of the Problem, writing the result into ``make_output()``, an array of ``output``'s
+    (shape, dtype)) is remade when the tile /
+    wgmma switches change; under another precision policy the call is another problem's
+    (``again(*arrays)``: the launcher, with its checks). A plan step's variant writes the result
+    into the step's reused buffer (prepared.with_step_buffers); the run a Problem keeps for every
+    caller allocates it."""
     precision, key = _switches()[0], problem.key
-    made = [(None, None)]   # (switches, kernel call): replaced in one assignment
 
-    def run(*arrays):
-        switches = _switches()
-        if switches[0] != precision:
-            return again(*arrays)
-        kept_switches, kernel_call = made[0]
-        if switches != kept_switches:
-            kernel_call = make_kernel_call()
-            made[0] = switches, kernel_call
-        return dispatch.run(rt, 'conv', key, kernel_call, cudnn_fn, *arrays, *geometry)
-    return run
+    def run_with(make_outputs):
+        made = [(None, None)]   # (switches, kernel call): replaced in one assignment
+        make_output = lambda: make_outputs()[0]   # noqa: E731
+
+        def run(*arrays):
+            switches = _switches()
+            if switches[0] != precision:
+                return again(*arrays)
+            kept_switches, kernel_call = made[0]
+            if switches != kept_switches:
+                kernel_call = make_kernel_call(make_output)
+                made[0] = switches, kernel_call
+            return dispatch.run(rt, 'conv', key, kernel_call, cudnn_fn, *arrays, *geometry)
+        return run
+    return prepared.with_step_buffers(run_with, prepared.Outputs(rt.xp.empty, [output[0]], [output[1]]))
 
 
 def _wgmma_active(rt, problem, op, dtype):
@@ -338,11 +346,12 @@ def _wgmma_active(rt, problem, op, dtype):
     return conv_wgmma.applies(rt, problem.wgmma_fits(op, dtype))
 
 
-def _fwd_kernel_call(rt, problem, dtype, epilogue):
-    """kernel_call(x, w, bias, *geometry) of a conv_fwd runner under the current switches."""
+def _fwd_kernel_call(rt, problem, dtype, epilogue, make_output):
+    """kernel_call(x, w, bias, *geometry) of a conv_fwd runner under the current switches, y (in
+    the kernels' layout) written into ``make_output()``."""
     xp, g, shape, code = rt.xp, problem.g, problem.shape, EPILOGUES[epilogue]
     wgmma, aligned16 = _wgmma_active(rt, problem, 'fwd', dtype), conv_wgmma._aligned16
-    y_shape, no_bias = _kernel_shape(g, g.out_sp, g.c_out), _no_bias(xp, dtype)
+    no_bias = _no_bias(xp, dtype)
     launches = {}
 
     def kernel_call(x, w, bias, *_geometry):
@@ -353,24 +362,24 @@ def _fwd_kernel_call(rt, problem, dtype, epilogue):
             except KeyError:
                 launch = launches['wgmma'] = problem.launch(lambda g: conv_wgmma.fwd_launch(rt, g, dtype, code),
                                                             conv_wgmma.launch_key())
-            return conv_wgmma.conv_fwd(rt, x, w, xp.empty(y_shape, dtype), bias, launch).reshape(shape)
+            return conv_wgmma.conv_fwd(rt, x, w, make_output(), bias, launch).reshape(shape)
         try:
             launch = launches['igemm']
         except KeyError:
             launch = launches['igemm'] = problem.launch(lambda g: _fwd_launch(rt, g, dtype, epilogue))
         if not g.channels_last:
             x = layout.to_channels_last(x, runtime=rt)
-        y = xp.empty(launch.out_shape, dtype)
+        y = make_output()
         launch.run((xp.ascontiguousarray(x), _kernel_filter(xp, launch, w), bias, y, *launch.scalars))
         return problem.from_kernel_layout(rt, y).reshape(shape)
     return kernel_call
 
 
-def _dgrad_kernel_call(rt, problem, dtype):
-    """kernel_call(dy, w, *geometry) of a conv_dgrad runner under the current switches."""
+def _dgrad_kernel_call(rt, problem, dtype, make_output):
+    """kernel_call(dy, w, *geometry) of a conv_dgrad runner under the current switches, dx (in the
+    kernels' layout) written into ``make_output()``."""
     xp, g, shape = rt.xp, problem.g, problem.shape
     wgmma, aligned16 = _wgmma_active(rt, problem, 'dgrad', dtype), conv_wgmma._aligned16
-    dx_shape = _kernel_shape(g, g.in_sp, g.c_in)
     launches = {}
 
     def kernel_call(dy, w, *_geometry):
@@ -380,22 +389,23 @@ def _dgrad_kernel_call(rt, problem, dtype):
             except KeyError:
                 launch = launches['wgmma'] = problem.launch(lambda g: conv_wgmma.dgrad_launch(rt, g, dtype),
                                                             conv_wgmma.launch_key())
-            return conv_wgmma.conv_dgrad(rt, dy, w, xp.empty(dx_shape, dtype), launch).reshape(shape)
+            return conv_wgmma.conv_dgrad(rt, dy, w, make_output(), launch).reshape(shape)
         try:
             launch = launches['igemm']
         except KeyError:
             launch = launches['igemm'] = problem.launch(lambda g: _dgrad_launch(rt, g, dtype))
         if not g.channels_last:
             dy = layout.to_channels_last(dy, runtime=rt)
-        dx = xp.empty(launch.out_shape, dtype)
+        dx = make_output()
         launch.run((xp.ascontiguousarray(dy), _kernel_filter(xp, launch, w), dx, *launch.scalars))
         return problem.from_kernel_layout(rt, dx).reshape(shape)
     return kernel_call
 
 
-def _wgrad_kernel_call(rt, problem, dtype):
-    """kernel_call(x, dy, *geometry) of a conv_wgrad runner under the current switches."""
-    xp, shape, channels_last = rt.xp, problem.shape, problem.g.channels_last
+def _wgrad_kernel_call(rt, problem, dtype, make_output):
+    """kernel_call(x, dy, *geometry) of a conv_wgrad runner under the current switches, dw written
+    into ``make_output()``."""
+    xp, channels_last = rt.xp, problem.g.channels_last
     wgmma, aligned16 = _wgmma_active(rt, problem, 'wgrad', dtype), conv_wgmma._aligned16
     launches = {}
 
@@ -413,7 +423,7 @@ def _wgrad_kernel_call(rt, problem, dtype):
                 launch = launches['igemm'] = problem.launch(lambda g: _wgrad_launch(rt, g, dtype))
             if not channels_last:
                 x, dy = problem.to_kernel_layout(rt, x, dy)
-        return split_k.run(xp, x, dy, shape, dtype, launch)
+        return split_k.run(xp, x, dy, make_output(), launch)
     return kernel_call
 
 
@@ -456,12 +466,11 @@ def conv_fwd_runner(x, w, strides, dilation, pads, data_format, *, epilogue=None
         return conv_fwd(x, w, strides, dilation, pads, data_format, epilogue=epilogue, bias=bias, runtime=rt)
 
     def make():
-        launch = _runner(rt, problem, lambda: _fwd_kernel_call(rt, problem, dtype, epilogue), cudnn_fn,
+        launch = _runner(rt, problem, lambda make_output: _fwd_kernel_call(rt, problem, dtype, epilogue, make_output),
+                         (_kernel_shape(problem.g, problem.g.out_sp, problem.g.c_out), dtype), cudnn_fn,
                          (strides, dilation, pads, data_format), again)
-
-        def run(x, w, bias=None):
-            return launch(x, w, None if bias is None else xp.ascontiguousarray(bias))
-        return run
+        return prepared.reordered(launch, lambda x, w, bias=None: (x, w, None if bias is None
+                                                                    else xp.ascontiguousarray(bias)))
     return problem.runner(make)
 
 
@@ -490,6 +499,9 @@ def conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_format, *, r
 
 
 _GRADIENT_KERNEL_CALLS = {'dgrad': _dgrad_kernel_call, 'wgrad': _wgrad_kernel_call}
+# the shape the kernel call writes: dx in the kernels' layout, dw as it is
+_GRADIENT_OUTPUT_SHAPES = {'dgrad': lambda problem: _kernel_shape(problem.g, problem.g.in_sp, problem.g.c_in),
+                           'wgrad': lambda problem: problem.shape}
 
 
 def _gradient_runner(kind, a, b, shape, strides, dilation, pads, data_format, runtime):
@@ -506,6 +518,7 @@ def _gradient_runner(kind, a, b, shape, strides, dilation, pads, data_format, ru
 
     def again(a, b):   # under another precision policy: the launcher, with its checks
         return _gradient_runner(kind, a, b, shape, strides, dilation, pads, data_format, rt)(a, b)
-    return problem.runner(lambda: _runner(rt, problem, lambda: kernel_call(rt, problem, dtype),
+    return problem.runner(lambda: _runner(rt, problem, lambda make_output: kernel_call(rt, problem, dtype, make_output),
+                                          (_GRADIENT_OUTPUT_SHAPES[kind](problem), dtype),
                                           getattr(cudnn_conv, 'conv_' + kind),
                                           (problem.shape, strides, dilation, pads, data_format), again))

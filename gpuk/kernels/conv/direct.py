@@ -478,7 +478,7 @@ def depthwise_conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_fo
             if conv_tiles.forced_splits() != forced_splits:   # another split count: another problem
                 return depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, runtime=rt)
             x, dy = _contiguous(rt, x, dy)
-            return split_k.run(xp, x, dy, c_w_shape, c_dtype, launch)
+            return split_k.run(xp, x, dy, xp.empty(c_w_shape, c_dtype), launch)
         return run
 
     return prepared.get(rt, fn, (x, dy), (w_shape, strides, dilation, pads, data_format, forced_splits), prepare)

@@ -44,10 +44,10 @@ def wgrad_launch(run, scalars, splits, count, reduce_launch, threads=REDUCE_THRE
                        (np.int64(count), np.int32(splits)))
 
 
-def run(xp, x, dy, w_shape, dtype, launch):
-    """dw (shape w_shape, ``dtype``) from x and dy (both as the kernel reads them) by ``launch``."""
-    dw = xp.empty(w_shape, dtype)
-    partial = xp.empty(launch.partial_shape, accumulation_dtype(dtype))
+def run(xp, x, dy, dw, launch):
+    """``dw`` (the output: w's shape, contiguous) written from x and dy (both as the kernel reads
+    them) by ``launch``; returns it."""
+    partial = xp.empty(launch.partial_shape, accumulation_dtype(dw.dtype))   # (the launch's own size: per call)
     launch.run((xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw, partial, *launch.scalars))
     if launch.reduce is not None:
         launch.reduce((partial, dw.reshape(-1), *launch.reduce_scalars))

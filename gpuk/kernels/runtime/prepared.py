@@ -281,9 +281,93 @@ class StepBuffers:
         return buffer
 
 
+class Outputs:
+    """The output arrays of one launcher problem (the same shapes and dtypes on every call):
+    ``new()`` allocates them, as a plain call does; ``reused()`` is what a plan step's variant
+    (a runner's ``specialized``) calls instead: ``take_all`` of StepBuffers of its own."""
+    __slots__ = ('_empty', 'shapes', 'dtypes')
+
+    def __init__(self, empty, shapes, dtypes):
+        self._empty, self.shapes, self.dtypes = empty, tuple(map(tuple, shapes)), tuple(dtypes)
+
+    def new(self):
+        return tuple(map(self._empty, self.shapes, self.dtypes))
+
+    def reused(self):
+        return StepBuffers(self._empty, None, self.dtypes, shapes=self.shapes).take_all
+
+
+def with_step_buffers(run_with, outputs):
+    """A launcher problem's runner, ``run_with(outputs.new)``, with a ``specialized`` variant for a
+    plan step (Kept): ``run_with(outputs.reused())``, the launches writing into the step's own
+    reused buffers. ``run_with(make_outputs)`` builds the run whose launches take their outputs
+    from ``make_outputs()`` (a cuDNN call, where the family chooses it, makes its own)."""
+    run = run_with(outputs.new)
+    run.specialized = lambda arrays: run_with(outputs.reused())
+    return run
+
+
+def reordered(runner, order):
+    """``run(*arrays)``: ``runner(*order(*arrays))``, a launcher's runner called by an op whose
+    arrays come in another order (or with optional ones left out), keeping the runner's
+    ``specialized`` variant (reordered alike): the op's Kept keeps the variant, not the plain run."""
+    def run(*arrays):
+        return runner(*order(*arrays))
+    specialized = getattr(runner, 'specialized', None)
+    if specialized is not None:
+        run.specialized = lambda arrays: reordered(specialized(order(*arrays)), order)
+    return run
+
+
+def xp_step_runner(empty, compute):
+    """The kept runner (for a ``Kept``) of an op computed with xp: ``run(*arrays)`` is
+    ``compute(*arrays)``, and its ``specialized`` variant writes the result into the step's
+    reused buffer, ``compute(*arrays, out=take(0))`` (StepBuffers made by ``empty``). ``compute``
+    returns ``out`` only where it wrote its result there (a ufunc's or reduction's ``out=``) and
+    its usual result otherwise (a view of an input, a cast ``out=`` cannot express). Its result's
+    shape and dtype on the kept layouts are read from one plain call, and one call into a buffer
+    must return that buffer, or the step keeps the plain run: so the variant gives exactly the
+    array the plain run gives, written into reused memory. (Those two calls run once per kept
+    layouts, not per step.)"""
+    def run(*arrays):
+        return compute(*arrays)
+
+    def specialized(arrays):
+        probe = compute(*arrays)
+        if not hasattr(probe, 'dtype'):
+            return run
+        take = StepBuffers(empty, probe.shape, (probe.dtype,)).take
+        first = take(0)
+        if compute(*arrays, out=first) is not first:
+            return run
+
+        def run_into(*arrays):
+            return compute(*arrays, out=take(0))
+        return run_into
+    run.specialized = specialized
+    return run
+
+
+def layout_constant_runner(compute):
+    """The kept runner of an op whose result follows from its arrays' layouts alone (K.shape,
+    K.size of a tensor: the shape is part of the layout): ``run(*arrays)`` is ``compute(*arrays)``,
+    and its ``specialized`` variant computes it once for the kept layouts and returns that array
+    on every call, like a constant the plan folded (no step writes its inputs): no allocation,
+    and on a GPU no host-to-device copy per call (CuPy cannot set a device array from a host
+    sequence in place)."""
+    def run(*arrays):
+        return compute(*arrays)
+
+    def specialized(arrays):
+        value = compute(*arrays)
+        return lambda *arrays: value
+    run.specialized = specialized
+    return run
+
+
 def _sole_holder_count():
     """What getrefcount says of an object that one container (a list, a dict) and the calling
-    function's one local name hold, as in ``StepBuffers.take``'s loop or Scan's buffer cache:
+    function's one local name hold, as in ``StepBuffers.take``'s loop:
     the container, the local, getrefcount's argument. Measured, not assumed, as the
     interpreter's counting of borrowed references differs between versions (3.14 counts fewer)."""
     kept = [object()]

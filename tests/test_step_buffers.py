@@ -1,0 +1,68 @@
+"""A plan step's reused output buffers (prepared.StepBuffers, docs/architecture.md "The memory
+plan") never alias a value still in use. K.function's outputs are copies; what a caller can hold
+of a step's memory is a variable's value (an update's new value is the step's buffer), so an old
+value held must keep its values through later steps (the GPU rehearsal's tests are in
+test_host_overhead.py)."""
+import numpy as np
+
+from gpuk import backend as K
+from gpuk.kernels.runtime import prepared
+
+
+def test_a_variable_value_a_caller_keeps_is_never_written_by_later_steps(on_device):
+    x = K.placeholder((None, 4, 4, 2))
+    pooled = K.pool2d(x, (2, 2), strides=(2, 2))                      # a launcher's step (pooling)
+    totals = K.variable(np.zeros(2, np.float32))
+    peak = K.variable(np.zeros((2, 2, 2), np.float32))
+    # the new values: xp steps (a reduction; a binary op) and the pooling step's own output
+    f = K.function([x], [K.shape(x)], updates=[K.update(totals, K.sum(pooled, axis=(0, 1, 2))),
+                                               K.update(peak, pooled[0] * 2.0)])
+    rng = np.random.default_rng(0)
+    batches = [rng.standard_normal((3, 4, 4, 2)).astype(np.float32) for _ in range(5)]
+    held = []
+    for value in batches:
+        shape, = f([value])
+        assert list(shape) == [3, 4, 4, 2]
+        held.append((totals.value, peak.value))                      # the step buffers themselves
+    for value, (total, top) in zip(batches, held):
+        expected = value.reshape(3, 2, 2, 2, 2, 2).max(axis=(2, 4))
+        assert np.allclose(np.asarray(total), expected.sum(axis=(0, 1, 2)), rtol=1e-5)
+        assert np.array_equal(np.asarray(top), expected[0] * 2.0)
+
+
+def test_an_xp_step_writes_into_its_buffer_only_where_out_gives_the_plain_result():
+    """prepared.xp_step_runner keeps the plain run where ``compute`` does not return the buffer
+    (a view of an input, a dtype ``out=`` cannot express), and otherwise writes into a buffer
+    only StepBuffers holds: one the caller still holds is never written."""
+    run = prepared.xp_step_runner(np.empty, lambda a, out=None: a.T if out is None else np.copyto(out, a.T))
+    assert run.specialized((np.ones((2, 3)),)) is run               # copyto returns None: the plain run
+    run = prepared.xp_step_runner(np.empty, lambda a, out=None: np.negative(a, out=out))
+    variant = run.specialized((np.ones((2, 3)),))
+    first = variant(np.ones((2, 3)))
+    assert variant is not run and np.array_equal(first, -np.ones((2, 3)))
+    second = variant(np.full((2, 3), 2.0))                           # first still held: the other buffer
+    assert second is not first and np.array_equal(first, -np.ones((2, 3)))
+    first_id = id(first)
+    del first
+    assert id(variant(np.full((2, 3), 3.0))) == first_id             # freed: it comes back
+
+
+def test_release_kept_drops_the_buffers_of_xp_steps_and_scans():
+    """device.release_memory after an allocation failure (prepared.release_kept) lets go of every
+    step buffer: those of steps computed with xp and a Scan's stacked results too."""
+    x = K.placeholder((2, 3, 4))
+
+    def step(x_t, states):
+        y = states[0] * 0.5 + x_t
+        return y, [y]
+    _, outputs, _ = K.rnn(step, x, [K.zeros((2, 4))])
+    f = K.function([x], [K.sum(outputs, axis=1)])
+    value = np.ones((2, 3, 4), np.float32)
+    before = f([value])[0]
+    ops = [getattr(step[0], '__self__', step[0]) for step in f._compiled().steps]   # (bound forwards)
+    kepts = [op.kept for op in ops if getattr(op, 'kept', None) is not None]
+    kepts += [op._stacks for op in ops if hasattr(op, '_stacks')]
+    assert any(k._last is not None for k in kepts) and any(hasattr(op, '_stacks') for op in ops)
+    prepared.release_kept()
+    assert all(k._last is None for k in kepts)
+    assert np.array_equal(f([value])[0], before)
