@@ -103,9 +103,10 @@ class CapturedStep:
         self.updates = [(variable, variable.value, index) for variable, index in updates]
         # the plan steps' reused output buffers (prepared.StepBuffers) start over, here and after
         # the capture: a graph writes only into its private pool, which nothing outside it is
-        # ever handed
+        # ever handed; and they keep none while it runs, so the pool hands a dead value's block
+        # to a later step's output (the graph's memory is the step's peak, not all its outputs)
         prepared.forget_kept()
-        with self._private_pool():
+        with self._private_pool(), prepared.buffers_not_kept():
             self.inputs = [xp.empty(a.shape, a.dtype) for a in fed]
             self._copy_in(fed)
             with self.stream:

@@ -113,7 +113,10 @@ def release_memory(error):
       as the caller keeps it (``except MemoryError as e``, pytest.raises); the frames stay in
       the traceback, without their locals;
     - the output buffers the ops' kept runners reuse from call to call (prepared.release_kept:
-      made for the failed call's shapes, and the earlier calls');
+      made for the failed call's shapes, and the earlier calls'), and from now on no such buffer
+      is kept (prepared.stop_keeping_buffers): kept buffers hold every step's outputs, where the
+      pool lets values never alive together share memory, so a step that failed with them may
+      fit without (K.function runs it again once, Function.__call__);
     - on CUDA, the blocks CuPy's default pool caches, which the above returned to it: the pool
       retries a failed cudaMalloc after freeing its own cache, but cached memory is lost to
       every allocation outside that pool (a CUDA Graph capture's private pool, a library's
@@ -127,6 +130,7 @@ def release_memory(error):
         traceback.clear_frames(error.__traceback__)
         error = error.__cause__
     prepared.release_kept()
+    prepared.stop_keeping_buffers()
     if kind() == 'cuda':
         impl().xp.get_default_memory_pool().free_all_blocks()
 

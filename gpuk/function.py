@@ -500,6 +500,20 @@ class Function:
             raise ValueError('function: expected a list of %d input values, got %r'
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
                                 else '%d values' % len(inputs)))
+        kept_buffers = prepared.keeps_step_buffers()
+        try:
+            return self._checked_step(inputs)
+        except device.OutOfMemoryError:
+            # release_memory stopped keeping step buffers (prepared.stop_keeping_buffers): a call
+            # that ran with them runs once more without, with only the memory pool's reuse, which
+            # lets values never alive together share blocks. The failed call changed no variable.
+            if not kept_buffers or prepared.keeps_step_buffers():
+                raise
+        return self._checked_step(inputs)
+
+    def _checked_step(self, inputs):
+        """``_step`` on ``inputs`` made device arrays; an allocation failure raises
+        gpuk.OutOfMemoryError after releasing the call's memory (device.release_memory)."""
         arrays = None
         try:
             arrays = [_input_array(p, v) for p, v in zip(self.inputs, inputs)]

@@ -106,6 +106,16 @@ def _fresh_session():
     K.set_image_data_format(saved[2])
 
 
+@pytest.fixture(autouse=True)
+def _step_buffers_kept_as_before():
+    """An allocation failure stops keeping step buffers for the rest of the process
+    (prepared.stop_keeping_buffers); each test starts and leaves that switch as it found it."""
+    from gpuk.kernels.runtime import prepared
+    saved = prepared._not_kept[:], prepared._stopped[:]
+    yield
+    prepared._not_kept[:], prepared._stopped[:] = saved
+
+
 @pytest.fixture
 def restore_precision():
     """Puts gpuk's precision policy (gpuk.config.set_precision) back as the test found it."""

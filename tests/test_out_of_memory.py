@@ -694,3 +694,68 @@ def test_an_inputs_cast_out_of_memory_names_the_function(rng, monkeypatch):
                                                     r'float64 \(64, 6, 6, 2\), float32 \(64, 3\)\): Unable'):
         step([x.astype(np.float64), labels])
     _assert_unchanged(variables, before)
+
+
+# A chain of products, each output (ROWS, UNITS) float32 (16 KB): kept step buffers hold all
+# CHAIN of them between calls, while at most three are alive at once in a call
+ROWS, UNITS, CHAIN = 64, 64, 6
+OUTPUT_BYTES = ROWS * UNITS * 4
+
+
+def _product_chain(rng):
+    """(K.function of x -> x·W1·...·W_CHAIN, its NumPy float64 reference for an input)."""
+    x = K.placeholder((None, UNITS))
+    weights = [rng.standard_normal((UNITS, UNITS)).astype(np.float32) / 8 for _ in range(CHAIN)]
+    y = x
+    for w in weights:
+        y = K.dot(y, K.variable(w))
+
+    def reference(value):
+        out = value.astype(np.float64)
+        for w in weights:
+            out = out @ w
+        return out
+    return K.function([x], [y]), reference
+
+
+@pytest.mark.gpu
+def test_a_call_that_fits_only_without_kept_step_buffers_runs_without_them(on, rng, pool_limit, monkeypatch):
+    """Kept step buffers hold every step's output between calls; a call they make run out of
+    memory runs again without them (the pool's reuse alone), and none are kept from then on."""
+    from gpuk.kernels.runtime import prepared
+    on('cuda')
+    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '0')
+    f, reference = _product_chain(rng)
+    x = rng.standard_normal((ROWS, UNITS)).astype(np.float32)
+    f([x[:2]])
+    prepared.release_kept()   # what the small call kept is not counted below
+    pool_limit(4 * OUTPUT_BYTES)   # all CHAIN outputs do not fit, three alive at once do
+    assert prepared.keeps_step_buffers()
+    out, = f([x])
+    np.testing.assert_allclose(out, reference(x), rtol=1e-5, atol=1e-5)
+    assert not prepared.keeps_step_buffers()
+    out, = f([x])   # and the next call as well
+    np.testing.assert_allclose(out, reference(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_a_capture_keeps_no_step_buffers(on, rng, pool_limit, monkeypatch):
+    """A graph's steps take their outputs from its pool, which hands a dead value's block to a
+    later output: the capture needs the step's peak, not all its outputs at once."""
+    if not gpu_rehearsal.active():
+        pytest.skip('the stand-in counts a capture against the default pool\'s limit; CuPy gives it a '
+                    'private pool, which that limit does not bound')
+    from gpuk import cuda_graph
+    from gpuk.kernels.runtime import prepared
+    on('cuda')
+    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '1')
+    f, reference = _product_chain(rng)
+    x = rng.standard_normal((ROWS, UNITS)).astype(np.float32)
+    f([x])                      # plain: the signature's first call
+    prepared.release_kept()     # what it kept is not counted below
+    pool_limit(4 * OUTPUT_BYTES)
+    out, = f([x])               # captured, then replayed
+    graphs = f._compiled().graphs
+    assert list(graphs.captured) == [cuda_graph.signature([x])] and not graphs.short_of_memory
+    assert prepared.keeps_step_buffers()   # no allocation failed
+    np.testing.assert_allclose(out, reference(x), rtol=1e-5, atol=1e-5)

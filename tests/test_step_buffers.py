@@ -3,6 +3,8 @@ plan") never alias a value still in use. K.function's outputs are copies; what a
 of a step's memory is a variable's value (an update's new value is the step's buffer), so an old
 value held must keep its values through later steps (the GPU rehearsal's tests are in
 test_host_overhead.py)."""
+import os
+
 import numpy as np
 
 from gpuk import backend as K
@@ -66,3 +68,17 @@ def test_release_kept_drops_the_buffers_of_xp_steps_and_scans():
     prepared.release_kept()
     assert all(k._last is None for k in kepts)
     assert np.array_equal(f([value])[0], before)
+
+
+def test_step_buffers_are_not_kept_under_GPUK_STEP_BUFFERS_0():
+    """The memory-lean setting: each step output comes from the memory pool, none is kept."""
+    import subprocess
+    import sys
+    code = ('from gpuk.kernels.runtime import prepared; import numpy as np, weakref; '
+            'buffers = prepared.StepBuffers(np.empty, (2,), [np.float32]); '
+            'taken = weakref.ref(buffers.take(0)); '   # alive only while the step buffers keep it
+            'print(prepared.keeps_step_buffers(), taken() is not None)')
+    for setting, expected in (('0', 'False False'), ('1', 'True True')):
+        env = dict(os.environ, GPUK_STEP_BUFFERS=setting)
+        out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.stdout.split() == expected.split(), out.stderr

@@ -31,7 +31,9 @@ Checked on every call instead:
 Values (labels in range, lengths) are not part of a signature: runtime/deferred.py checks them
 on the device on every call.
 """
+import contextlib
 import operator
+import os
 import threading
 import weakref
 from sys import getrefcount as _getrefcount
@@ -241,7 +243,16 @@ class StepBuffers:
     reuse a buffer from before it (its replays would keep writing there after this object let
     it go), nor may a plain run after it be handed one of the graph's: gpuk/cuda_graph.py calls
     ``forget_kept()`` before and after the capture, so capture-time steps start new buffers in
-    the graph's private pool and later plain runs start their own."""
+    the graph's private pool and later plain runs start their own.
+
+    The cost is memory: kept buffers hold every step's outputs between calls, where the memory
+    pool would let values that are never alive together share blocks (a training step's
+    activation gradients: about half again a CNN's peak). So buffers are kept only while
+    ``keeps_step_buffers()``: not inside a graph capture (``buffers_not_kept``: the graph's
+    private pool reuses blocks within the step, and a replay allocates nothing anyway), and not
+    after an allocation failure (``stop_keeping_buffers``, for the rest of the process) or under
+    GPUK_STEP_BUFFERS=0; then ``take`` hands out a new buffer and keeps none, and reuse is the
+    pool's, as for any allocation."""
     __slots__ = ('_kept', '_empty', '_shapes', '_dtypes')
 
     def __init__(self, empty, shape, dtypes, shapes=None):
@@ -271,8 +282,11 @@ class StepBuffers:
         return tuple(taken)
 
     def _new(self, k):
-        """A new buffer for output ``k``, kept with the newest one before it."""
+        """A new buffer for output ``k``, kept with the newest one before it (while buffers
+        are kept at all)."""
         buffer = self._empty(self._shapes[k], self._dtypes[k])
+        if _not_kept[0]:
+            return buffer
         kept = self._kept[k]
         if len(kept) < 2:
             kept.append(buffer)
@@ -363,6 +377,41 @@ def layout_constant_runner(compute):
         return lambda *arrays: value
     run.specialized = specialized
     return run
+
+
+# StepBuffers keep no buffer while this is non-zero: 1 after an allocation failure or under
+# GPUK_STEP_BUFFERS=0 (stop_keeping_buffers), plus 1 inside each graph capture (buffers_not_kept)
+_not_kept = [int(os.environ.get('GPUK_STEP_BUFFERS', '1').strip() == '0')]
+_stopped = [bool(_not_kept[0])]
+
+
+def keeps_step_buffers():
+    """Whether StepBuffers keep their buffers for the next call (see StepBuffers)."""
+    return not _not_kept[0]
+
+
+def stop_keeping_buffers():
+    """StepBuffers keep no buffer from now on, for the rest of the process: called after an
+    allocation failure (device.release_memory, which also drops the kept ones), where the pool's
+    reuse of blocks between values never alive together is what lets a step fit. Returns
+    whether they were kept until now."""
+    if _stopped[0]:
+        return False
+    _stopped[0] = True
+    _not_kept[0] += 1
+    return True
+
+
+@contextlib.contextmanager
+def buffers_not_kept():
+    """StepBuffers keep no buffer inside this block (a graph capture: its warm-up and capture
+    runs take their steps' outputs from the graph's private pool, which reuses a block once its
+    value is dead, as it would for any allocation)."""
+    _not_kept[0] += 1
+    try:
+        yield
+    finally:
+        _not_kept[0] -= 1
 
 
 def _sole_holder_count():
