@@ -49,6 +49,21 @@ def test_an_xp_step_writes_into_its_buffer_only_where_out_gives_the_plain_result
     assert id(variant(np.full((2, 3), 3.0))) == first_id             # freed: it comes back
 
 
+def test_a_buffer_whose_view_is_held_is_not_handed_out_again():
+    """The emulated runtime's arrays are cut from page-aligned blocks, and NumPy points a view
+    of one at the block, not at the array: the block's holders count too (a variable whose new
+    value is a reshaped step output holds only such a view)."""
+    from gpuk.kernels import runtime
+    buffers = prepared.StepBuffers(runtime.get_runtime('emulate').xp.empty, (2, 3), [np.float32])
+    view = buffers.take(0).reshape(6)
+    view[...] = 1.0
+    assert buffers.take(0).base is not view.base                    # not the one the view reads
+    assert np.array_equal(view, np.ones(6))
+    del view
+    kept = buffers.take(0)
+    assert kept.base is not None and buffers.take(0) is not kept    # held: the other buffer
+
+
 def test_release_kept_drops_the_buffers_of_xp_steps_and_scans():
     """device.release_memory after an allocation failure (prepared.release_kept) lets go of every
     step buffer: those of steps computed with xp and a Scan's stacked results too."""

@@ -264,7 +264,11 @@ class StepBuffers:
 
     def take(self, k):
         for buffer in self._kept[k]:
-            if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT:
+            # a buffer cut from a block it does not own (the emulated runtime's aligned arrays)
+            # is free only when nothing else holds the block: NumPy points a view of the
+            # buffer at the block, so the buffer's own count misses its views
+            if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
+                    buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
                 return buffer
         return self._new(k)
 
@@ -274,7 +278,8 @@ class StepBuffers:
         taken = []
         for k, kept in enumerate(self._kept):
             for buffer in kept:
-                if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT:
+                if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
+                        buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
                     taken.append(buffer)
                     break
             else:
@@ -425,6 +430,16 @@ def _sole_holder_count():
 
 
 SOLE_HOLDER_REFCOUNT = _sole_holder_count()
+
+
+def _sole_base_count():
+    """What getrefcount says of the block an array is cut from (its ``base``, read in the call)
+    when that array alone holds it: the array's base reference and getrefcount's argument."""
+    cut = np.empty(8, np.uint8)[:4]
+    return _getrefcount(cut.base)
+
+
+SOLE_BASE_REFCOUNT = _sole_base_count()
 
 
 def kept_state():
