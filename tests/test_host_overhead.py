@@ -743,3 +743,31 @@ def test_ctc_tile_and_copying_reshape_steps_write_reused_buffers_and_equal_fresh
     assert reused_allocations[-1] == 0 < fresh_allocations[-1], (reused_allocations, fresh_allocations)
     print('ok')
     ''')
+
+
+def test_a_copying_reshape_keeps_its_buffer_only_for_the_shape_it_probed():
+    """Reshape's kept variant copies a strided value into its step buffer for the layouts whose
+    reshape copies; a fed shape vector may give another shape with the same layouts (then a
+    plain reshape), a view stays a view, and a held result is never written."""
+    _rehearse('''
+    import os
+    import numpy as np
+    from gpuk import backend as K
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'
+    x = K.placeholder((4, 6))
+    shape = K.placeholder((2,), dtype='int64')
+    fed = K.function([x, shape], [K.reshape(K.transpose(x), shape) + 0.0, K.reshape(x, shape) + 0.0])
+    static = K.function([x], [K.reshape(K.transpose(x), (3, 8))])
+    value = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for target in [(6, 4), (6, 4), (3, 8), (-1, 12), (8, -1), (6, 4)]:
+        strided, plain = fed([value, np.array(target)])
+        assert np.array_equal(strided, value.T.reshape(target)), target
+        assert np.array_equal(plain, value.reshape(target)), target
+    first = static([value])[0]
+    kept, kept_copy = first, np.array(first)
+    for k in range(3):
+        out = static([value + k])[0]
+        assert np.array_equal(out, (value + k).T.reshape(3, 8)), k
+    assert np.array_equal(kept, kept_copy)
+    print('ok')
+    ''')
