@@ -342,15 +342,24 @@ def test_a_scan_copies_strided_sequences_but_never_a_broadcast_stand_in(on_devic
     """On the kernel runtimes a sequence whose per-step slices are strided is copied once per
     loop (Scan: _steps_contiguous); a broadcast sequence (the zero-stride stand-in of a value
     read for its shape alone, Scan._stacked_like) is passed as it is: a copy would make a whole
-    sequence of memory out of none. The NumPy device copies nothing."""
+    sequence of memory out of none. The NumPy device copies nothing. The copy goes into the
+    step's reused buffer (the Scan's _Stacks), written again only once nothing holds it."""
     from gpuk import device
-    from gpuk.ops.scan import _steps_contiguous
+    from gpuk.ops.scan import _Stacks, _steps_contiguous
     impl = device.impl()
     xp = impl.xp
+    stacks = _Stacks(xp.empty)
     stand_in = xp.broadcast_to(xp.zeros((), np.float32), (5, 2, 3))
-    assert _steps_contiguous(impl, stand_in) is stand_in
+    assert _steps_contiguous(impl, stacks, 0, stand_in) is stand_in
     time_major = xp.transpose(xp.asarray(np.arange(30, dtype=np.float32).reshape(2, 5, 3)), (1, 0, 2))
-    sliced = _steps_contiguous(impl, time_major)
+    sliced = _steps_contiguous(impl, stacks, 0, time_major)
     assert (sliced is time_major) == (impl.kind == 'cpu')
     assert sliced[0].flags.c_contiguous or impl.kind == 'cpu'
     np.testing.assert_array_equal(device.to_host(sliced), device.to_host(time_major))
+    if impl.kind != 'cpu':
+        other = _steps_contiguous(impl, stacks, 0, time_major + 1)   # the first is held: another buffer
+        assert other is not sliced
+        np.testing.assert_array_equal(device.to_host(sliced), device.to_host(time_major))
+        first = id(sliced)
+        del sliced, other
+        assert id(_steps_contiguous(impl, stacks, 0, time_major)) == first   # released: reused

@@ -23,7 +23,8 @@ from gpuk.contracts import ctc_checks as checks
 from gpuk.cpu_fallback.softmax_xent import log_sum_exp
 
 __all__ = [
-    'ctc_check_loss_values', 'ctc_loss_fwd', 'ctc_loss_bwd', 'ctc_greedy_decode', 'ctc_beam_search_decode',
+    'ctc_check_loss_values', 'ctc_loss_fwd', 'ctc_loss_bwd', 'ctc_loss_fwd_runner', 'ctc_loss_bwd_runner',
+    'ctc_greedy_decode', 'ctc_beam_search_decode',
     'ctc_interleave_blanks', 'ctc_create_skip_idxs', 'ctc_update_log_p',
     'ctc_path_probs', 'ctc_cost',
 ]
@@ -237,6 +238,20 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_
 
 
 # ---------------------------------------------------------------- the loss inputs' values (Keras)
+
+def ctc_loss_fwd_runner(logits, labels, input_lengths, label_lengths, blank=None):
+    """``run(logits, labels, input_lengths, label_lengths)``: ctc_loss_fwd with this blank (what a
+    CtcLoss plan step keeps; checked per call here, as in ctc_loss_fwd)."""
+    return lambda logits, labels, input_lengths, label_lengths: ctc_loss_fwd(logits, labels, input_lengths,
+                                                                             label_lengths, blank)
+
+
+def ctc_loss_bwd_runner(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss, blank=None):
+    """``run(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss)``:
+    ctc_loss_bwd with this blank (a CtcLossGrad plan step's; checked per call here)."""
+    def run(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss):
+        return ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss, blank)
+    return run
 
 def _clamped_lengths(lengths, upper):
     """Lengths clamped to [0, upper] and truncated, NaN as 0: what ctc_check.cu writes (it reads

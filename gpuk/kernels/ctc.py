@@ -16,6 +16,10 @@ ctc_greedy_decode and ctc_beam_search run one block per sample. ctc_check_loss_v
 (ctc_check.cu, one block) checks and converts the labels and lengths of Keras's
 ctc_batch_cost in one launch: the graph op's value check. See the .cu files.
 
+ctc_loss_fwd_runner and ctc_loss_bwd_runner are the loss and its gradient checked and set up
+once per problem, whose ``specialized`` variants (the ones the graph ops' plan steps keep) write
+the outputs and the backward's work arrays into the step's reused buffers (runtime/prepared.py).
+
 On the CUDA runtime the loss and its gradient run the 'ctc' family's choice
 (``GPUK_KERNELS=ctc=gpuk|cudnn|auto``): these kernels or cudnnCTCLoss
 (gpuk/kernels/cudnn/ctc.py), which falls back here, saying so once, outside its limits.
@@ -138,6 +142,13 @@ def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, b
 
     blank, launches = prepared.get(rt, fn, (logits, labels, input_lengths, label_lengths) + tuple(more_arrays),
                                    (blank,), prepare)
+    return _loss_arrays(fn, rt, logits, labels, input_lengths, label_lengths, blank, values_checked) + (blank, launches)
+
+
+def _loss_arrays(fn, rt, logits, labels, input_lengths, label_lengths, blank, values_checked):
+    """The per-call part of _checked_loss_inputs: the arrays as the kernels take them (contiguous
+    logits, int64 labels and lengths: no copy where they already are) and, unless
+    ``values_checked``, the values' deferred check."""
     logits = logits if isinstance(logits, rt.xp.ndarray) else rt.xp.asarray(logits)
     labels, input_lengths, label_lengths = (_small_ints(rt, v) for v in (labels, input_lengths, label_lengths))
     steps, classes = logits.shape[1:]
@@ -148,8 +159,7 @@ def _checked_loss_inputs(fn, rt, logits, labels, input_lengths, label_lengths, b
                            fn, _device_float_and_stand_in(rt, fn, 'logits', logits)[1], to_host(rt, labels),
                            to_host(rt, input_lengths), to_host(rt, label_lengths), blank))
     as_int64 = lambda v: rt.xp.ascontiguousarray(v.astype(np.int64, copy=False))   # noqa: E731
-    return (rt.xp.ascontiguousarray(logits), as_int64(labels), as_int64(input_lengths), as_int64(label_lengths),
-            blank, launches)
+    return rt.xp.ascontiguousarray(logits), as_int64(labels), as_int64(input_lengths), as_int64(label_lengths)
 
 
 # ---------------------------------------------------------------- the loss inputs' values (Keras)
@@ -207,6 +217,34 @@ def ctc_loss_fwd(logits, labels, input_lengths, label_lengths, blank=None, *, ru
                           labels, input_lengths, label_lengths, blank)
 
 
+def ctc_loss_fwd_runner(logits, labels, input_lengths, label_lengths, blank=None, *, runtime=None,
+                        values_checked=False):
+    """``run(logits, labels, input_lengths, label_lengths)``: ctc_loss_fwd with this blank for
+    arguments of the types, shapes and dtypes of these, checked and set up once (the checks run
+    here, raising the user's error); the values are checked per call as ctc_loss_fwd does (unless
+    ``values_checked``). Its ``specialized`` variant (the one a CtcLoss plan step keeps:
+    prepared.Kept) writes the loss, log_alpha's padded rows and frame_lse into the step's reused
+    buffers (prepared.with_step_buffers); log_alpha is a view of those rows, and the rows are
+    written again only when nothing holds the view (StepBuffers' rule), so the backward still
+    reads them without a copy. cudnnCTCLoss, where the 'ctc' family picks it, makes its own."""
+    fn, rt = 'ctc_loss_fwd', resolve(runtime)
+    logits, labels, _, _, blank, launches = _checked_loss_inputs(
+        fn, rt, logits, labels, input_lengths, label_lengths, blank, True)
+    batch, steps, _ = logits.shape
+    acc = accumulation_dtype(logits.dtype)
+    outputs = prepared.Outputs(rt.xp.empty, [(batch,), (batch, steps, state_pitch(2 * labels.shape[1] + 1, acc)),
+                                             (batch, steps)], [logits.dtype, acc, acc])
+
+    def run_with(make_outputs):
+        gpuk_fn = functools.partial(_ctc_loss_fwd_gpuk, rt, launches, make_outputs=make_outputs)
+
+        def run(logits, labels, input_lengths, label_lengths):
+            arrays = _loss_arrays(fn, rt, logits, labels, input_lengths, label_lengths, blank, values_checked)
+            return _family_choice(rt, gpuk_fn, cudnn_ctc.ctc_loss_fwd, *arrays, blank)
+        return run
+    return prepared.with_step_buffers(run_with, outputs)
+
+
 def state_pitch(states, dtype):
     """The row pitch (elements) of the (N, T, S) state arrays: S rounded up to a 32-byte sector,
     so that every row starts on a sector (ctc.cu's header); ctc_label_map's int32 rows too."""
@@ -222,13 +260,19 @@ _PADDED_BUFFERS = {}
 def _state_rows(rt, batch, steps, states, acc):
     """(padded (N, T, P) buffer, its (N, T, S) view)."""
     padded = rt.xp.empty((batch, steps, state_pitch(states, acc)), dtype=acc)
+    return padded, _state_view(padded, states)
+
+
+def _state_view(padded, states):
+    """The (N, T, S) view of a padded (N, T, P) state buffer, registered so that the backward
+    finds the buffer under it (_padded_rows)."""
     view = padded[:, :, :states]
     key = id(view)
     try:
         _PADDED_BUFFERS[key] = (weakref.ref(view, lambda _, k=key: _PADDED_BUFFERS.pop(k, None)), padded)
     except TypeError:   # an array type without weak references: the backward copies instead
         pass
-    return padded, view
+    return view
 
 
 def _padded_rows(rt, view, acc):
@@ -265,15 +309,21 @@ def _emissions(rt, launches, logits, labels, input_lengths, label_lengths, frame
          np.int64(out.shape[2]), np.int64(blank), np.int32(compute_lse), np.int32(stage)), shared_mem=shared)
 
 
-def _ctc_loss_fwd_gpuk(rt, launches, logits, labels, input_lengths, label_lengths, blank):
+def _ctc_loss_fwd_gpuk(rt, launches, logits, labels, input_lengths, label_lengths, blank, make_outputs=None):
+    """``make_outputs()``: (loss, log_alpha's padded rows, frame_lse) to write (a runner's step
+    buffers); None: new ones."""
     batch, steps, classes = logits.shape
     width = labels.shape[1]
     acc = accumulation_dtype(logits.dtype)
-    padded, log_alpha = _state_rows(rt, batch, steps, 2 * width + 1, acc)
-    frame_lse = rt.xp.empty((batch, steps), dtype=acc)
+    if make_outputs is None:
+        loss = rt.xp.empty(batch, dtype=logits.dtype)
+        padded, log_alpha = _state_rows(rt, batch, steps, 2 * width + 1, acc)
+        frame_lse = rt.xp.empty((batch, steps), dtype=acc)
+    else:
+        loss, padded, frame_lse = make_outputs()
+        log_alpha = _state_view(padded, 2 * width + 1)
     if steps == 0 or batch == 0:
         return rt.xp.where(label_lengths == 0, 0.0, np.inf).astype(logits.dtype), log_alpha, frame_lse
-    loss = rt.xp.empty(batch, dtype=logits.dtype)
     _emissions(rt, launches, logits, labels, input_lengths, label_lengths, frame_lse, padded, blank, 1)
     launches(
         'ctc_alpha', batch, CTC_THREADS,
@@ -305,8 +355,18 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_
     zero past each input length and for impossible labels. log_alpha, frame_lse and loss are
     ctc_loss_fwd's outputs. ``values_checked``: as ctc_loss_fwd's."""
     fn, rt = 'ctc_loss_bwd', resolve(runtime)
+    by = (log_alpha, frame_lse, loss, dloss)
+    logits, labels, input_lengths, label_lengths, blank, launches = _checked_loss_inputs(
+        fn, rt, logits, labels, input_lengths, label_lengths, blank, values_checked, _by_products_check(fn, rt, *by),
+        by)
+    return _family_choice(rt, functools.partial(_ctc_loss_bwd_gpuk, rt, launches), cudnn_ctc.ctc_loss_bwd, logits,
+                          labels, input_lengths, label_lengths, *_by_product_arrays(rt, logits.dtype, *by), blank)
 
-    def check_by_products(logits, labels):   # with the other checks, once per problem signature
+
+def _by_products_check(fn, rt, log_alpha, frame_lse, loss, dloss):
+    """ctc_loss_bwd's checks of ctc_loss_fwd's outputs and dloss (with the other checks, once per
+    problem signature)."""
+    def check_by_products(logits, labels):
         batch, steps, _ = logits.shape
         states = 2 * labels.shape[1] + 1
         acc = accumulation_dtype(logits.dtype)
@@ -315,40 +375,86 @@ def ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_
         _float_by_product(fn, rt, 'frame_lse', frame_lse, (batch, steps), acc, 'batch, time')
         _row_floats(fn, rt, 'loss', loss, (batch,), acc)
         _row_floats(fn, rt, 'dloss', dloss, (batch,), acc)
+    return check_by_products
 
-    logits, labels, input_lengths, label_lengths, blank, launches = _checked_loss_inputs(
-        fn, rt, logits, labels, input_lengths, label_lengths, blank, values_checked, check_by_products,
-        (log_alpha, frame_lse, loss, dloss))
-    acc, xp = accumulation_dtype(logits.dtype), rt.xp
+
+def _by_product_arrays(rt, dtype, log_alpha, frame_lse, loss, dloss):
+    """The by-products as the kernels take them: the accumulation dtype, all but log_alpha
+    contiguous (its rows are laid out by _padded_rows)."""
+    acc, xp = accumulation_dtype(dtype), rt.xp
     as_acc = lambda v: (v if isinstance(v, xp.ndarray) else xp.asarray(v)).astype(acc, copy=False)   # noqa: E731
-    by_products = (as_acc(log_alpha),) + tuple(xp.ascontiguousarray(as_acc(v)) for v in (frame_lse, loss, dloss))
-    return _family_choice(rt, functools.partial(_ctc_loss_bwd_gpuk, rt, launches), cudnn_ctc.ctc_loss_bwd, logits,
-                          labels, input_lengths, label_lengths, *by_products, blank)
+    return (as_acc(log_alpha),) + tuple(xp.ascontiguousarray(as_acc(v)) for v in (frame_lse, loss, dloss))
+
+
+def ctc_loss_bwd_runner(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss, blank=None,
+                        *, runtime=None, values_checked=False):
+    """``run(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss)``:
+    ctc_loss_bwd for arguments of the types, shapes and dtypes of these, checked and set up once
+    (as ctc_loss_fwd_runner). Its ``specialized`` variant (a CtcLossGrad plan step's) writes the
+    gradient into the step's reused buffer and reuses its work arrays (the emissions, then
+    occupations rows, the label maps, beta's rows when they do not fit in shared memory) from one
+    call to the next, none of which outlives a call (prepared.with_step_buffers)."""
+    fn, rt = 'ctc_loss_bwd', resolve(runtime)
+    by = (log_alpha, frame_lse, loss, dloss)
+    logits, labels, _, _, blank, launches = _checked_loss_inputs(
+        fn, rt, logits, labels, input_lengths, label_lengths, blank, True, _by_products_check(fn, rt, *by), by)
+    batch, steps, classes = logits.shape
+    width = labels.shape[1]
+    acc = accumulation_dtype(logits.dtype)
+    shapes, dtypes = zip(*_bwd_buffers(batch, steps, classes, width, logits.dtype, acc))
+    outputs = prepared.Outputs(rt.xp.empty, [logits.shape] + list(shapes), [logits.dtype] + list(dtypes))
+
+    def run_with(make_outputs):
+        gpuk_fn = functools.partial(_ctc_loss_bwd_gpuk, rt, launches, make_outputs=make_outputs)
+
+        def run(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss):
+            arrays = _loss_arrays(fn, rt, logits, labels, input_lengths, label_lengths, blank, values_checked)
+            return _family_choice(rt, gpuk_fn, cudnn_ctc.ctc_loss_bwd, *arrays,
+                                  *_by_product_arrays(rt, arrays[0].dtype, log_alpha, frame_lse, loss, dloss), blank)
+        return run
+    return prepared.with_step_buffers(run_with, outputs)
+
+
+def _bwd_buffers(batch, steps, classes, width, dtype, acc):
+    """(shape, dtype) of the backward's work arrays: the (N, T, P) emissions / occupations rows,
+    first_of_class and next_same (int32 rows on sectors), beta's two rows per sample when they do
+    not fit in shared memory (else a 1-element dummy)."""
+    states = 2 * width + 1
+    pitch = state_pitch(states, acc)
+    class_pitch, label_pitch = (state_pitch(k, np.int32) for k in (classes, width))
+    return (((batch, steps, pitch), acc), ((batch * class_pitch,), np.dtype(np.int32)),
+            ((max(batch * label_pitch, 1),), np.dtype(np.int32)),
+            ((batch * 2 * pitch if states > CTC_SHARED_STATES else 1,), acc))
 
 
 def _ctc_loss_bwd_gpuk(rt, launches, logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss,
-                       blank):
+                       blank, make_outputs=None):
+    """``make_outputs()``: (dlogits, then the work arrays of _bwd_buffers) to write (a runner's
+    step buffers); None: new ones."""
     batch, steps, classes = logits.shape
     width = labels.shape[1]
-    states = 2 * width + 1
     acc = accumulation_dtype(logits.dtype)
-    dlogits = rt.xp.empty(logits.shape, dtype=logits.dtype)
+    if make_outputs is None:
+        dlogits = rt.xp.empty(logits.shape, dtype=logits.dtype)
+    else:
+        dlogits, *work_arrays = make_outputs()
     if steps == 0 or batch == 0:
         return dlogits
+    if make_outputs is None:
+        work_arrays = [rt.xp.empty(shape, dtype=dtype)
+                       for shape, dtype in _bwd_buffers(batch, steps, classes, width, logits.dtype, acc)]
+    # emissions, then occupations; first_of_class, next_same; beta's two rows (when they do not
+    # live in shared memory, up to CTC_SHARED_STATES states)
+    work, first_of_class, next_same, gamma = work_arrays
     ints = [_device_ints(rt, a) for a in (labels, input_lengths, label_lengths)]
     log_alpha = _padded_rows(rt, log_alpha, acc)
-    work, _ = _state_rows(rt, batch, steps, states, acc)   # emissions, then occupations
     pitch = work.shape[2]
     _emissions(rt, launches, logits, labels, input_lengths, label_lengths, frame_lse, work, blank, 0)
     class_pitch, label_pitch = (state_pitch(k, np.int32) for k in (classes, width))   # int32 rows on sectors too
-    first_of_class = rt.xp.empty(batch * class_pitch, dtype=np.int32)
-    next_same = rt.xp.empty(max(batch * label_pitch, 1), dtype=np.int32)
     launches(
         'ctc_label_map', batch, CTC_THREADS,
         (ints[0], ints[2], first_of_class, next_same, np.int64(classes), np.int64(width), np.int64(class_pitch),
          np.int64(label_pitch), np.int64(blank)))
-    # beta's two rows live in shared memory up to CTC_SHARED_STATES states, else here
-    gamma = rt.xp.empty(batch * 2 * pitch if states > CTC_SHARED_STATES else 1, dtype=acc)
     launches(
         'ctc_beta_occupation', batch, CTC_THREADS,
         tuple(ints) + (log_alpha, loss, work, gamma, np.int64(steps), np.int64(classes), np.int64(width),

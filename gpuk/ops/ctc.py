@@ -138,6 +138,7 @@ class CtcLoss(Op):
 
     def __init__(self, where='ctc_batch_cost'):
         self.where = where
+        self.kept = prepared.Kept()
 
     def infer(self, logits, labels, input_lengths, label_lengths):
         require_float(self.where, 'y_pred', logits)
@@ -151,10 +152,11 @@ class CtcLoss(Op):
         return Meta((batch,), logits.dtype), Meta((batch, steps, states), acc), Meta((batch, steps), acc)
 
     def forward(self, impl, logits, labels, input_lengths, label_lengths):
-        labels, input_lengths, label_lengths = loss_inputs_checked_later(
-            impl, self.where, logits.shape, labels, input_lengths, label_lengths)
-        return impl.ctc.ctc_loss_fwd(logits, labels, input_lengths, label_lengths,
-                                     **impl.ctc.VALUES_CHECKED_KEYWORDS)
+        # the step keeps the launcher's runner, which writes into its reused buffers (prepared.Kept)
+        return self.kept.run(impl, (logits, labels, input_lengths, label_lengths), self._runner)
+
+    def _runner(self, impl, *arrays):
+        return values_checked_runner(impl, self.where, impl.ctc.ctc_loss_fwd_runner)
 
     def grad(self, inputs, outputs, output_grads):
         if not (is_zero(output_grads[1]) and is_zero(output_grads[2])):
@@ -170,14 +172,44 @@ class CtcLossGrad(Op):
     """dlogits = (softmax - occupation / P(label)) * dloss, zero for impossible labels."""
     differentiable = False
 
+    def __init__(self):
+        self.kept = prepared.Kept()
+
     def infer(self, logits, *rest):
         return Meta(logits.shape, logits.dtype)
 
     def forward(self, impl, logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss):
-        labels, input_lengths, label_lengths = loss_inputs_checked_later(
-            impl, 'ctc_batch_cost', logits.shape, labels, input_lengths, label_lengths)
-        return impl.ctc.ctc_loss_bwd(logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss,
-                                     dloss, **impl.ctc.VALUES_CHECKED_KEYWORDS)
+        return self.kept.run(impl, (logits, labels, input_lengths, label_lengths, log_alpha, frame_lse, loss, dloss),
+                             self._runner)
+
+    def _runner(self, impl, *arrays):
+        return values_checked_runner(impl, 'ctc_batch_cost', impl.ctc.ctc_loss_bwd_runner)
+
+
+def values_checked_runner(impl, where, make_kernel):
+    """The kept runner of a CtcLoss / CtcLossGrad step: ``run(logits, labels, input_lengths,
+    label_lengths, *by_products)`` checks the raw labels and lengths (loss_inputs_checked_later:
+    on every call, the backward reusing the forward's check in the same run) and calls the
+    launcher's runner, ``make_kernel(logits, <the checked int64 labels and lengths>, *by_products,
+    values_checked=True)``, made on the first call from the checked arrays (their layouts follow
+    from the raw ones the step's Kept compares). Its ``specialized`` variant calls the launcher
+    runner's own (the one writing into the step's reused buffers, prepared.with_step_buffers)."""
+    def variant(specialize):
+        kernel = None
+
+        def run(logits, labels, input_lengths, label_lengths, *by_products):
+            nonlocal kernel
+            checked = (logits,) + loss_inputs_checked_later(impl, where, logits.shape, labels, input_lengths,
+                                                            label_lengths) + by_products
+            if kernel is None:
+                made = make_kernel(*checked, **impl.ctc.VALUES_CHECKED_KEYWORDS)
+                specialized = getattr(made, 'specialized', None) if specialize else None
+                kernel = made if specialized is None else specialized(checked)
+            return kernel(*checked)
+        return run
+    run = variant(False)
+    run.specialized = lambda arrays: variant(True)
+    return run
 
 
 # --- decoders -----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from gpuk.contracts.dtypes import accumulation_dtype
 from gpuk.graph import Meta, apply, as_tensor
 from gpuk.ops import elementwise as ew
 from gpuk.ops import shape as shape_ops
-from gpuk.ops.base import Op
+from gpuk.ops.base import Op, XpOp
 
 
 def _is_float(dtype):
@@ -71,11 +71,13 @@ def _tiled_dim(dim, rep):
     return dim * rep
 
 
-class Tile(Op):
+class Tile(XpOp):
     """``x`` repeated ``reps[i]`` times along each axis i (NumPy's tile, one rep per axis).
 
     ``reps`` is a static tuple (None entries: known at run time only, from the int vector
-    given as second input) or None when even its entries are unknown.
+    given as second input) or None when even its entries are unknown. With static reps the
+    step writes into its reused buffer (XpOp); with a repetitions vector, whose values give the
+    result's shape, it allocates its result per call.
     """
     shape_from_values = slice(1, None)   # the repetitions vector, when there is one
 
@@ -92,11 +94,23 @@ class Tile(Op):
         return Meta(tuple(_tiled_dim(d, r) for d, r in zip(x.shape, self.reps)), x.dtype)
 
     def forward(self, impl, x, reps_vector=None):
+        if reps_vector is not None:   # the result's shape from values: no kept buffer of one shape
+            return self.compute(impl.xp, x, reps_vector)
+        return self.kept.run(impl, (x,), self._runner)
+
+    def compute(self, xp, x, reps_vector=None, out=None):
         reps = self.reps if reps_vector is None else tuple(int(r) for r in reps_vector.tolist())
         if len(reps) != x.ndim or any(r < 0 for r in reps):
             raise ValueError('tile: n must hold %d non-negative entries for a tensor of shape %s, got %s'
                              % (x.ndim, tuple(x.shape), reps))
-        return impl.xp.tile(x, reps)
+        if out is None:
+            return xp.tile(x, reps)
+        # out (C-contiguous, the tiled shape) seen as (reps[0], d0, reps[1], d1, ...) takes x
+        # broadcast along the reps axes: a reshape of a contiguous array (a view) and a
+        # broadcasting assignment from a view of x, both alike in NumPy and CuPy
+        split = tuple(v for r, d in zip(reps, x.shape) for v in (r, d))
+        out.reshape(split)[...] = x[(None, slice(None)) * x.ndim]
+        return out
 
     def grad(self, inputs, outputs, output_grads):
         x = inputs[0]

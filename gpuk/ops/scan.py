@@ -177,7 +177,7 @@ class Scan(Op):
         # only the sequences the step plan reads are sliced per step (a gradient step gets
         # every forward sequence and state history; the others are None)
         read = _read_inputs(plan)
-        sliced = [(k, _steps_contiguous(impl, s)) for k, s in enumerate(sequences) if k in read]
+        sliced = [(k, _steps_contiguous(impl, stacks, k, s)) for k, s in enumerate(sequences) if k in read]
         step_slices = [None] * n_seq
         for t in (range(steps - 1, -1, -1) if self.reverse else range(steps)):
             for i, stacked in recorded:
@@ -409,20 +409,24 @@ def _read_inputs(plan):
     return {k for k, s in enumerate(plan.input_slots) if s in used}
 
 
-def _steps_contiguous(impl, sequence):
+def _steps_contiguous(impl, stacks, k, sequence):
     """``sequence`` with C-contiguous per-step slices where the elementwise family's step
     kernels would copy a strided operand on every call (COPIES_STRIDED_OPERANDS: the kernel
     runtimes): a sequence whose slices are strided (a time-major view of a batch-major array:
     the gradient of a Keras RNN's outputs) is copied once per loop instead of once per time
-    step; one allocation of the step, counted as the launchers' copies are. The NumPy
-    device's ufuncs read strided slices in place: nothing is copied. Nor is a broadcast (a
-    zero stride: the stacked stand-in of a value read for its shape alone, _stacked_like),
-    which would become a whole sequence of memory."""
+    step, into the step's reused buffer for sequence ``k`` (``stacks``, _Stacks: written again
+    only when nothing holds it, as every step buffer); a new one is counted as the launchers'
+    copies are. The NumPy device's ufuncs read strided slices in place: nothing is copied. Nor
+    is a broadcast (a zero stride: the stacked stand-in of a value read for its shape alone,
+    _stacked_like), which would become a whole sequence of memory."""
     if (not impl.elementwise.COPIES_STRIDED_OPERANDS or sequence[0].flags.c_contiguous
             or 0 in sequence.strides):
         return sequence
-    counters.allocated()
-    return impl.xp.ascontiguousarray(sequence)
+    copy = stacks(('contiguous', k), tuple(sequence.shape), sequence.dtype)
+    if counters.active() is not None:   # a buffer no counted step saw before: an allocation
+        counters.allocated(counters.new_buffers((copy,), ()))
+    copy[...] = sequence   # (NumPy and CuPy alike: a strided to contiguous copy)
+    return copy
 
 
 def _aliased_outputs(target_slots, shape_only):

@@ -188,15 +188,65 @@ class Reshape(Op):
     def __init__(self, target):
         self.target = target  # static tuple (None = known at run time only)
 
+    @functools.cached_property
+    def kept(self):   # (in the instance's dict: __repr__ leaves it out)
+        return prepared.Kept()
+
     def infer(self, x, shape_vector=None):
         return Meta(_reshape_static(x.shape, self.target), x.dtype)
 
     def forward(self, impl, x, shape_vector=None):
-        target = self.target if shape_vector is None else tuple(int(d) for d in shape_vector.tolist())
-        return x.reshape(target)
+        return self.kept.run(impl, (x,) if shape_vector is None else (x, shape_vector), self._runner)
+
+    def _target(self, vector):
+        return self.target if not vector else tuple(int(d) for d in vector[0].tolist())
+
+    def _runner(self, impl, *arrays):
+        """``run(x, [shape_vector])``: x.reshape(target). Its ``specialized`` variant, for layouts
+        whose reshape copies (a strided value: probed once per kept layouts, as a view's
+        possibility follows from the shape and strides), copies x into the step's reused buffer
+        instead of a new one (prepared.StepBuffers: C order, as reshape's copy), while the target
+        gives the probed shape (a shape vector's values may change with its layout: then a plain
+        reshape)."""
+        def run(x, *vector):
+            return x.reshape(self._target(vector))
+
+        def specialized(arrays):
+            x = arrays[0]
+            probe = run(*arrays)
+            if not hasattr(probe, 'dtype') or _memory_owner(probe) is _memory_owner(x):   # a view: nothing to keep
+                return run
+            shape = probe.shape
+            take = prepared.StepBuffers(impl.xp.empty, shape, (probe.dtype,)).take
+
+            def run_into(x, *vector):
+                target = self._target(vector)
+                if vector and _resolved_shape(target, x.size) != shape:
+                    return x.reshape(target)
+                out = take(0)
+                out.reshape(x.shape)[...] = x   # a view of the contiguous buffer takes x (NumPy and CuPy alike)
+                return out
+            return run_into
+        run.specialized = specialized
+        return run
 
     def grad(self, inputs, outputs, output_grads):
         return [reshape_like(output_grads[0], inputs[0])] + [None] * (len(inputs) - 1)
+
+
+def _memory_owner(value):
+    """The array owning ``value``'s memory (itself, or the base of a view)."""
+    while getattr(value, 'base', None) is not None:
+        value = value.base
+    return value
+
+
+def _resolved_shape(target, size):
+    """``target`` with its -1 (if any) resolved for ``size`` elements, as reshape resolves it."""
+    if -1 not in target:
+        return tuple(target)
+    known = int(np.prod([d for d in target if d != -1], dtype=np.int64))
+    return tuple((size // known if known else 0) if d == -1 else d for d in target)
 
 
 class ReshapeLike(Op):

@@ -112,6 +112,50 @@ def test_frame_lse_is_a_forward_output_the_backward_reads(kernel_runtime):
     assert np.abs(shifted - grad).max() > 0.1
 
 
+def test_the_runners_step_buffers_hold_the_launchers_results_and_spare_a_held_one(kernel_runtime):
+    """ctc_loss_fwd_runner / ctc_loss_bwd_runner's ``specialized`` variants (what a CtcLoss /
+    CtcLossGrad plan step keeps) write into reused buffers: call after call they give the
+    plain launchers' results, a result someone still holds (log_alpha, whose padded rows the
+    backward reads in place, the gradient) is never written, and a released one is reused."""
+    rt = kernel_runtime
+    rng = np.random.default_rng(7)
+    x, labels, input_lengths, label_lengths = _batch(rng, np.float32, True)
+    ints = [to_device(rt, a.astype(np.int64)) for a in (labels, input_lengths, label_lengths)]
+    batches = [to_device(rt, x), to_device(rt, (rng.standard_normal(x.shape) * 2).astype(np.float32))]
+    dloss = to_device(rt, np.linspace(0.5, 1.5, x.shape[0]).astype(np.float32))
+    by = lambda out: (out[1], out[2], out[0])   # noqa: E731  (loss, log_alpha, frame_lse) -> the backward's order
+    fwd = ctc.ctc_loss_fwd_runner(batches[0], *ints, runtime=rt, values_checked=True)
+    first = fwd(batches[0], *ints)
+    bwd = ctc.ctc_loss_bwd_runner(batches[0], *ints, *by(first), dloss, runtime=rt, values_checked=True)
+    fwd, bwd = fwd.specialized(None), bwd.specialized(None)
+
+    def fresh(logits):   # the plain launchers: new outputs
+        out = ctc.ctc_loss_fwd(logits, *ints, runtime=rt, values_checked=True)
+        grad = ctc.ctc_loss_bwd(logits, *ints, *by(out), dloss, runtime=rt, values_checked=True)
+        return [np.array(to_host(a)) for a in out + (grad,)]
+    expected = [fresh(b) for b in batches]
+    held = fwd(batches[0], *ints)
+    held = held + (bwd(batches[0], *ints, *by(held), dloss),)
+    held_copy = [np.array(to_host(a)) for a in held]   # copies (the emulator's to_host is the array)
+    for step in range(3):   # the held results force other buffers; their values stay
+        out = fwd(batches[1], *ints)
+        got = [np.array(to_host(a)) for a in out] + [np.array(to_host(bwd(batches[1], *ints, *by(out), dloss)))]
+        for g, e in zip(got, expected[1]):
+            np.testing.assert_array_equal(g, e)
+        del out
+    for g, e, h in zip(held_copy, expected[0], held):
+        np.testing.assert_array_equal(to_host(h), g)
+        np.testing.assert_array_equal(g, e)
+    # released: the next calls write the same buffers again (log_alpha's padded rows, found as the
+    # backward finds them; ids of buffers the step keeps alive)
+    rows, grad = id(ctc._padded_rows(rt, held[1], np.float32)), id(held[3])
+    del held, g, e, h
+    out = fwd(batches[0], *ints)
+    assert id(ctc._padded_rows(rt, out[1], np.float32)) == rows
+    assert id(bwd(batches[0], *ints, *by(out), dloss)) == grad
+    np.testing.assert_array_equal(to_host(out[1]), expected[0][1])
+
+
 def test_ctc_empty_inputs(kernel_runtime):
     x = np.zeros((2, 0, 3), np.float32)
     loss, log_alpha, frame_lse = ctc.ctc_loss_fwd(to_device(kernel_runtime, x), np.zeros((2, 1)), np.array([0, 0]),
