@@ -569,10 +569,13 @@ class Function:
             if isinstance(value, np.ndarray) and any(np.may_share_memory(value, a) for a in arrays):
                 value = value.copy()  # a fed array: the caller may change it later
             staged.append(value)
+        # and the loss scales' (their device values allocate too): an allocation failure up to
+        # here changed nothing, so Function.__call__ may run the call again
+        scales = self._guard.next_states(finite) if self._guard is not None else None
         for (variable, _), value in zip(self.updates, staged):
             variable.value = value
         if self._guard is not None:
-            self._guard.step_finished(finite)
+            self._guard.step_finished(scales)
         return results
 
 

@@ -759,3 +759,32 @@ def test_a_capture_keeps_no_step_buffers(on, rng, pool_limit, monkeypatch):
     assert list(graphs.captured) == [cuda_graph.signature([x])] and not graphs.short_of_memory
     assert prepared.keeps_step_buffers()   # no allocation failed
     np.testing.assert_allclose(out, reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_loss_scale_that_cannot_be_stored_changes_nothing_and_the_call_runs_once(restore_precision, monkeypatch):
+    """The loss scale's new device value is made before any variable is assigned: an allocation
+    failure there leaves the step unapplied, so K.function's run without kept step buffers
+    applies it once (not a second time over the first's updates)."""
+    from gpuk import loss_scaling
+    config.set_precision('mixed_float16')
+    x, w = K.placeholder((2, 2)), K.variable(np.ones((2, 2)))
+    steps = K.variable(0.0)
+    g = K.gradients(K.sum(K.dot(x, w)), [w])[0]
+    step = K.function([x], [], updates=[K.update(w, w - 0.5 * g), K.update_add(steps, 1.0)])
+    scaler = loss_scaling.loss_scaler(g)
+    scaler.growth_interval = 1                  # every finite step grows the scale: a new device value
+    a = np.full((2, 2), 1e-3, np.float32)
+    with np.errstate(over='ignore', invalid='ignore'):
+        step([a])                               # the seed 2^16 is inf in float16: skipped, 2^15
+    assert float(steps.value) == 0 and scaler.scale == 2.0 ** 15
+    failures = [MemoryError('Unable to allocate 4 bytes')]
+
+    def to_device(value, dtype=None):          # the scale's one allocation fails, once
+        if failures:
+            raise failures.pop()
+        return device.to_device(value, dtype)
+    monkeypatch.setattr(loss_scaling, 'device', types.SimpleNamespace(to_device=to_device, to_host=device.to_host))
+    step([a])
+    assert not failures
+    assert float(steps.value) == 1 and scaler.scale == 2.0 ** 16 and scaler.growth_tracker == 0
+    np.testing.assert_allclose(w.value, 1 - 0.5 * 2e-3, rtol=1e-3)
