@@ -788,3 +788,31 @@ def test_a_loss_scale_that_cannot_be_stored_changes_nothing_and_the_call_runs_on
     assert not failures
     assert float(steps.value) == 1 and scaler.scale == 2.0 ** 16 and scaler.growth_tracker == 0
     np.testing.assert_allclose(w.value, 1 - 0.5 * 2e-3, rtol=1e-3)
+
+
+def test_a_replayed_call_that_then_runs_out_of_memory_is_not_run_again(monkeypatch):
+    """A replayed CUDA Graph writes the variables itself: an allocation failure after it (the
+    outputs' copies to the host) is raised, not answered by running the call once more, which
+    would apply its updates a second time."""
+    from gpuk import cuda_graph, function
+    from gpuk.kernels.runtime import prepared
+    x = K.placeholder((2,))
+    total = K.variable(np.zeros(2, np.float32))
+    f = K.function([x], [x * 2.0], updates=[K.update_add(total, x)])
+    f([np.ones(2, np.float32)])
+    replays = []
+
+    class Replaying:   # a captured signature's replay: the update written by the graph
+        @staticmethod
+        def run(key, fed, updates, run_plain):
+            values = run_plain(fed)
+            replays.append(key)
+            total.value = total.value + fed[0]
+            return values, True
+    monkeypatch.setattr(f._compiled(), 'graphs', Replaying)
+    monkeypatch.setattr(cuda_graph, 'enabled', lambda: True)
+    monkeypatch.setattr(function, '_host_copy', lambda value: _raise(MemoryError('Unable to allocate 8 bytes')))
+    assert prepared.keeps_step_buffers()
+    with pytest.raises(gpuk.OutOfMemoryError):
+        f([np.ones(2, np.float32)])
+    assert len(replays) == 1 and np.array_equal(K.get_value(total), [2, 2])
