@@ -343,33 +343,44 @@ def cudnn_batchnorm_runs_out_of_memory_past(monkeypatch):
     return _standing_in_for_cudnn_graphs(monkeypatch, 'batchnorm', batchnorm, _CudnnBatchnormGraph)
 
 
-@pytest.mark.gpu
-def test_cudnn_out_of_memory_changes_nothing_and_a_smaller_step_runs(on, rng, pool_limit,
-                                                                     cudnn_conv_runs_out_of_memory_past):
+def _assert_cudnn_out_of_memory_changes_nothing(on, rng, pool_limit, cudnn, build, limit, ran, message):
+    """``build``'s step (sparse labels) on cuDNN's stand-in graphs (``cudnn``, which run out of
+    memory past ``limit``): a small step runs there (``ran(cudnn.executed)``); a big one raises
+    gpuk.OutOfMemoryError for cuDNN's failed allocation, its message matching ``message`` (the K
+    call, the step's inputs, then the cuDNN call with its problem's sizes and cuDNN's reason),
+    changes no variable and releases its memory; the small step then runs as on the NumPy device,
+    on cuDNN again."""
     on('cuda')
-    cudnn = cudnn_conv_runs_out_of_memory_past
-    step, variables = _training_step(rng, sparse=True)
+    step, variables = build(rng, sparse=True)
     small = _batch(rng, SMALL, sparse=True)
     step(small)
-    assert 'fprop' in cudnn.executed and 'wgrad' in cudnn.executed, cudnn.executed     # on the cuDNN path
+    assert ran(cudnn.executed), cudnn.executed     # the step ran on the cuDNN path
     pool = pool_limit(1 << 30)        # (a limit, so that the rehearsal's stand-in counts what is allocated)
     held, before = pool.used_bytes(), _values(variables)
-    cudnn.limit = SMALL
+    cudnn.limit = limit
     with pytest.raises(gpuk.OutOfMemoryError) as caught:
         step(_batch(rng, BIG, sparse=True))
     error = caught.value
     from gpuk.kernels.cudnn import library
     assert type(error.__cause__) is library.AllocationFailed and error.requested_bytes is None
-    # the K call, the step's inputs, then the cuDNN call with its problem's sizes and cuDNN's reason
-    assert re.match(r'^conv2d: out of GPU memory \(at run time, on inputs float32 \(64, 6, 6, 2\), float32 '
-                    r'\(3, 3, 2, 4\)\): conv_fwd: cuDNN fprop failed for x \(64, 6, 6, 2\), w \(3, 3, 2, 4\), '
-                    r'dtype float32 \(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED'
-                    r'\)\. No variable was updated .*: try a smaller batch\.$', str(error)), str(error)
+    assert re.match(message, str(error)), str(error)
     assert pool.used_bytes() <= held  # released although the error is still held here
     _assert_unchanged(variables, before)
     cudnn.executed.clear()
-    _assert_runs_like_the_numpy_device(on, step, variables, before, small)
-    assert 'fprop' in cudnn.executed
+    _assert_runs_like_the_numpy_device(on, step, variables, before, small, build)
+    assert ran(cudnn.executed), cudnn.executed
+
+
+@pytest.mark.gpu
+def test_cudnn_out_of_memory_changes_nothing_and_a_smaller_step_runs(on, rng, pool_limit,
+                                                                     cudnn_conv_runs_out_of_memory_past):
+    _assert_cudnn_out_of_memory_changes_nothing(
+        on, rng, pool_limit, cudnn_conv_runs_out_of_memory_past, _training_step, SMALL,
+        lambda executed: 'fprop' in executed and 'wgrad' in executed,
+        r'^conv2d: out of GPU memory \(at run time, on inputs float32 \(64, 6, 6, 2\), float32 '
+        r'\(3, 3, 2, 4\)\): conv_fwd: cuDNN fprop failed for x \(64, 6, 6, 2\), w \(3, 3, 2, 4\), '
+        r'dtype float32 \(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED'
+        r'\)\. No variable was updated .*: try a smaller batch\.$')
 
 
 def _batchnorm_step(rng, sparse=True):
@@ -392,31 +403,14 @@ def _batchnorm_step(rng, sparse=True):
 @pytest.mark.gpu
 def test_cudnn_batchnorm_out_of_memory_changes_nothing_and_a_smaller_step_runs(
         on, rng, pool_limit, cudnn_batchnorm_runs_out_of_memory_past):
-    on('cuda')
-    cudnn = cudnn_batchnorm_runs_out_of_memory_past
-    step, variables = _batchnorm_step(rng)
-    small = _batch(rng, SMALL, sparse=True)
-    step(small)
-    assert cudnn.executed == ['train', 'bwd'], cudnn.executed     # the step ran on the cuDNN path
-    pool = pool_limit(1 << 30)        # (a limit, so that the rehearsal's stand-in counts what is allocated)
-    held, before = pool.used_bytes(), _values(variables)
-    cudnn.limit = SMALL * 36
-    with pytest.raises(gpuk.OutOfMemoryError) as caught:
-        step(_batch(rng, BIG, sparse=True))
-    error = caught.value
-    from gpuk.kernels.cudnn import library
-    assert type(error.__cause__) is library.AllocationFailed and error.requested_bytes is None
-    # the K call, the step's inputs, then the cuDNN call with its problem's sizes and cuDNN's reason
-    assert re.match(r'^normalize_batch_in_training: out of GPU memory \(at run time, on inputs float32 '
-                    r'\(64, 6, 6, 2\), float32 \(2,\), float32 \(2,\)\): bn_train_fwd: cuDNN failed running the '
-                    r'batchnorm train graph for x \(64, 6, 6, 2\) as \(outer, C, inner\) \(2304, 2, 1\), dtype float32 '
-                    r'\(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED\)\. '
-                    r'No variable was updated .*: try a smaller batch\.$', str(error)), str(error)
-    assert pool.used_bytes() <= held  # released although the error is still held here
-    _assert_unchanged(variables, before)
-    cudnn.executed.clear()
-    _assert_runs_like_the_numpy_device(on, step, variables, before, small, _batchnorm_step)
-    assert cudnn.executed == ['train', 'bwd'], cudnn.executed
+    _assert_cudnn_out_of_memory_changes_nothing(
+        on, rng, pool_limit, cudnn_batchnorm_runs_out_of_memory_past, _batchnorm_step, SMALL * 36,
+        lambda executed: executed == ['train', 'bwd'],
+        r'^normalize_batch_in_training: out of GPU memory \(at run time, on inputs float32 '
+        r'\(64, 6, 6, 2\), float32 \(2,\), float32 \(2,\)\): bn_train_fwd: cuDNN failed running the '
+        r'batchnorm train graph for x \(64, 6, 6, 2\) as \(outer, C, inner\) \(2304, 2, 1\), dtype float32 '
+        r'\(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED\)\. '
+        r'No variable was updated .*: try a smaller batch\.$')
 
 
 @pytest.mark.parametrize('status, name', [(4003, 'CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED'),
