@@ -527,7 +527,8 @@ class Function:
         except Exception as error:   # outside the steps: an input's cast, its copy in, an update's cast
             if not device.out_of_memory(error):
                 raise
-            failed = device.OutOfMemoryError.of(self.name or 'function', error, inputs if arrays is None else arrays)
+            failed = device.OutOfMemoryError.of(self.name or 'function', error, inputs if arrays is None else arrays,
+                                                replayed=bool(replayed_graphs))
             device.release_memory(error)
             raise failed from error
 

@@ -807,6 +807,10 @@ def test_a_replayed_call_that_then_runs_out_of_memory_is_not_run_again(monkeypat
     monkeypatch.setattr(cuda_graph, 'enabled', lambda: True)
     monkeypatch.setattr(function, '_host_copy', lambda value: _raise(MemoryError('Unable to allocate 8 bytes')))
     assert prepared.keeps_step_buffers()
-    with pytest.raises(gpuk.OutOfMemoryError):
+    with pytest.raises(gpuk.OutOfMemoryError) as caught:
         f([np.ones(2, np.float32)])
     assert len(replays) == 1 and np.array_equal(K.get_value(total), [2, 2])
+    # the error says what happened: the updates were applied, the outputs were lost
+    assert 'No variable was updated' not in str(caught.value), str(caught.value)
+    assert str(caught.value).endswith('The step\'s updates were applied (a replayed CUDA Graph writes them '
+                                      'itself) and its outputs lost; the call\'s memory was released.'), str(caught.value)
