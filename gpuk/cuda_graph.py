@@ -106,36 +106,39 @@ class CapturedStep:
         # ever handed; and they keep none while it runs, so the pool hands a dead value's block
         # to a later step's output (the graph's memory is the step's peak, not all its outputs)
         prepared.forget_kept()
-        with self._private_pool(), prepared.buffers_not_kept():
-            self.inputs = [xp.empty(a.shape, a.dtype) for a in fed]
-            self._copy_in(fed)
-            with self.stream:
-                with runtime.prepared_launches(), deferred.collecting() as warm_up_checks:
-                    plan.run(self.inputs)                 # warm-up: fills the private pool
-                self.stream.synchronize()
-                try:   # a bad value in this call's data: the plain run raises its error
-                    deferred.read(warm_up_checks)
-                except ValueError as error:
-                    raise BadValues(error) from error
-                self.stream.begin_capture(getattr(xp.cuda.runtime, 'streamCaptureModeRelaxed',
-                                                  _RELAXED_CAPTURE))
-                try:
-                    with runtime.prepared_launches(), counters.counting() as held, \
-                            deferred.collecting() as self.checks:
-                        self.values = plan.run(self.inputs)
-                        # the device-side value checks: their flags are recomputed by each
-                        # replay and gate its update copies
-                        self.failed = deferred.any_failed(self.checks) if self.checks else None
-                        self._write_updates(self.failed)
-                finally:
-                    # and again: the buffers the capture's steps took are the graph's, which its
-                    # replays write; a later plain run (another plan sharing an op) must not be
-                    # handed them
-                    prepared.forget_kept()
-                    graph = self.stream.end_capture()   # raises when the capture was invalidated
-                self.graph = graph
-                # what the graph holds: gpuk's launches, and the steps computed with xp (CuPy's kernels)
-                self.launches, self.xp_steps = held.launches, held.xp_steps
+        try:
+            with self._private_pool(), prepared.buffers_not_kept():
+                self.inputs = [xp.empty(a.shape, a.dtype) for a in fed]
+                self._copy_in(fed)
+                with self.stream:
+                    with runtime.prepared_launches(), deferred.collecting() as warm_up_checks:
+                        plan.run(self.inputs)                 # warm-up: fills the private pool
+                    self.stream.synchronize()
+                    try:   # a bad value in this call's data: the plain run raises its error
+                        deferred.read(warm_up_checks)
+                    except ValueError as error:
+                        raise BadValues(error) from error
+                    self.stream.begin_capture(getattr(xp.cuda.runtime, 'streamCaptureModeRelaxed',
+                                                      _RELAXED_CAPTURE))
+                    try:
+                        with runtime.prepared_launches(), counters.counting() as held, \
+                                deferred.collecting() as self.checks:
+                            self.values = plan.run(self.inputs)
+                            # the device-side value checks: their flags are recomputed by each
+                            # replay and gate its update copies
+                            self.failed = deferred.any_failed(self.checks) if self.checks else None
+                            self._write_updates(self.failed)
+                    finally:
+                        graph = self.stream.end_capture()   # raises when the capture was invalidated
+                    self.graph = graph
+                    # what the graph holds: gpuk's launches, and the steps computed with xp (CuPy's kernels)
+                    self.launches, self.xp_steps = held.launches, held.xp_steps
+        finally:
+            # and again, however it ended: what the warm-up's and the capture's steps made in the
+            # graph's pool (their buffers, K.shape's arrays) is the graph's, which its replays
+            # write, or went with the pool of a capture that failed; a later plain run (another
+            # plan sharing an op) must not be handed any of it
+            prepared.forget_kept()
 
     def _write_updates(self, failed):
         """Captures the copies of the updates' new values into the variables' buffers. All new

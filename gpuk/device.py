@@ -35,7 +35,8 @@ class OutOfMemoryError(MemoryError):
     """A K.function call ran out of device memory (host memory on the NumPy devices): what it
     raises in place of CuPy's OutOfMemoryError, a CUDA out-of-memory status, cuDNN's failed
     allocation or NumPy's MemoryError (kept as ``__cause__``), naming the K function whose step failed and the dtypes
-    and shapes of that step's inputs. The call changed no variable and released what it had
+    and shapes of that step's inputs. The call changed no variable (unless a replayed CUDA Graph
+    had applied its updates, which the message then says) and released what it had
     allocated (``release_memory``): a smaller batch can run next. A MemoryError, so ``except
     MemoryError`` catches it; ``requested_bytes`` is the size of the allocation that failed
     where the error said it (CuPy's and NumPy's do), else None. Also ``gpuk.OutOfMemoryError``."""
@@ -48,14 +49,18 @@ class OutOfMemoryError(MemoryError):
         return type(self), (str(self), self.requested_bytes)
 
     @classmethod
-    def of(cls, name, error, arrays):
+    def of(cls, name, error, arrays, replayed=False):
         """The error for ``error`` (``out_of_memory(error)`` is true) in ``name`` (the K
-        function whose step failed, or the function copying its inputs), given ``arrays``."""
+        function whose step failed, or the function copying its inputs), given ``arrays``;
+        ``replayed``: after a replayed CUDA Graph, which applied the updates itself (the one
+        failure that comes after any variable changed: copying the outputs to the host)."""
         memory = 'GPU' if kind() == 'cuda' else 'host'
         reason = (str(error) or type(error).__name__).rstrip('.')
-        return cls('%s: out of %s memory (at run time, on inputs %s): %s. No variable was updated and the '
-                   'call\'s memory was released: try a smaller batch.'
-                   % (name, memory, ', '.join(map(_described, arrays)), reason), _requested_bytes(error))
+        outcome = ('The step\'s updates were applied (a replayed CUDA Graph writes them itself) and its outputs '
+                   'lost; the call\'s memory was released.' if replayed else
+                   'No variable was updated and the call\'s memory was released: try a smaller batch.')
+        return cls('%s: out of %s memory (at run time, on inputs %s): %s. %s'
+                   % (name, memory, ', '.join(map(_described, arrays)), reason, outcome), _requested_bytes(error))
 
 
 def _described(value):

@@ -501,36 +501,41 @@ class Function:
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
                                 else '%d values' % len(inputs)))
         kept_buffers = prepared.keeps_step_buffers()
+        replayed_graphs = []   # (_step's: a replay wrote the variables)
         try:
-            return self._checked_step(inputs)
+            return self._checked_step(inputs, replayed_graphs)
         except device.OutOfMemoryError:
             # release_memory stopped keeping step buffers (prepared.stop_keeping_buffers): a call
             # that ran with them runs once more without, with only the memory pool's reuse, which
-            # lets values never alive together share blocks. The failed call changed no variable.
-            if not kept_buffers or prepared.keeps_step_buffers():
+            # lets values never alive together share blocks. The failed call changed no variable,
+            # unless a replayed graph wrote them before the failure (its outputs' host copies):
+            # that one is not run again, which would apply its updates twice.
+            if replayed_graphs or not kept_buffers or prepared.keeps_step_buffers():
                 raise
-        return self._checked_step(inputs)
+        return self._checked_step(inputs, [])
 
-    def _checked_step(self, inputs):
+    def _checked_step(self, inputs, replayed_graphs):
         """``_step`` on ``inputs`` made device arrays; an allocation failure raises
         gpuk.OutOfMemoryError after releasing the call's memory (device.release_memory)."""
         arrays = None
         try:
             arrays = [_input_array(p, v) for p, v in zip(self.inputs, inputs)]
-            return self._step(arrays)
+            return self._step(arrays, replayed_graphs)
         except device.OutOfMemoryError as error:   # a plan step's, named after its K function
             device.release_memory(error)
             raise
         except Exception as error:   # outside the steps: an input's cast, its copy in, an update's cast
             if not device.out_of_memory(error):
                 raise
-            failed = device.OutOfMemoryError.of(self.name or 'function', error, inputs if arrays is None else arrays)
+            failed = device.OutOfMemoryError.of(self.name or 'function', error, inputs if arrays is None else arrays,
+                                                replayed=bool(replayed_graphs))
             device.release_memory(error)
             raise failed from error
 
-    def _step(self, arrays):
+    def _step(self, arrays, replayed_graphs):
         """Runs the plan on ``arrays`` (the checked inputs) and commits the updates; returns
-        the outputs on the host."""
+        the outputs on the host. A replayed graph (which applies the updates itself) is appended
+        to ``replayed_graphs`` before anything else may fail."""
         counting = counters.active()
         syncs_before = counting.host_syncs if counting is not None else 0
         plan = self._compiled()
@@ -542,6 +547,8 @@ class Function:
         if plan.graphs is not None and self._guard is None and cuda_graph.enabled():
             updates = [(variable, n_out + i) for i, (variable, _) in enumerate(self.updates)]
             values, replayed = plan.graphs.run(cuda_graph.signature(arrays), arrays, updates, run_plain)
+            if replayed:
+                replayed_graphs.append(plan.graphs)
         else:
             values, replayed = run_plain(arrays), False
         try:
@@ -569,10 +576,13 @@ class Function:
             if isinstance(value, np.ndarray) and any(np.may_share_memory(value, a) for a in arrays):
                 value = value.copy()  # a fed array: the caller may change it later
             staged.append(value)
+        # and the loss scales' (their device values allocate too): an allocation failure up to
+        # here changed nothing, so Function.__call__ may run the call again
+        scales = self._guard.next_states(finite) if self._guard is not None else None
         for (variable, _), value in zip(self.updates, staged):
             variable.value = value
         if self._guard is not None:
-            self._guard.step_finished(finite)
+            self._guard.step_finished(scales)
         return results
 
 

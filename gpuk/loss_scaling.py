@@ -43,21 +43,29 @@ class LossScaler:
     def scale(self):
         return self._scale
 
-    def _set_scale(self, value):
-        self._scale = float(value)
-        self.scale_variable.value = device.to_device(np.float32(value), 'float32')
-
     def update(self, finite):
         """After a step: back off (and restart the count) on a non-finite gradient, grow
         after ``growth_interval`` finite steps in a row."""
+        self.apply(self.next_state(finite))
+
+    def next_state(self, finite):
+        """What ``update(finite)`` sets: (scale, growth count, the scale's device value or None
+        where it stays), made without changing anything, as the device value's allocation may
+        fail (K.function makes it before it assigns any variable)."""
         if not finite:
-            self._set_scale(self._scale * self.backoff_factor)
-            self.growth_tracker = 0
-            return
-        self.growth_tracker += 1
-        if self.growth_tracker == self.growth_interval:
-            self._set_scale(self._scale * self.growth_factor)
-            self.growth_tracker = 0
+            scale, tracker = self._scale * self.backoff_factor, 0
+        else:
+            scale, tracker = self._scale, self.growth_tracker + 1
+            if tracker == self.growth_interval:
+                scale, tracker = scale * self.growth_factor, 0
+        value = None if scale == self._scale else device.to_device(np.float32(scale), 'float32')
+        return scale, tracker, value
+
+    def apply(self, state):
+        """Sets a ``next_state``; allocates nothing."""
+        scale, self.growth_tracker, value = state
+        if value is not None:
+            self._scale, self.scale_variable.value = float(scale), value
 
 
 def scaled_gradients(loss, variables, scaler=None):
@@ -105,10 +113,15 @@ class StepGuard:
         """The computed flag on the host: True when the step's updates may be applied."""
         return bool(device.to_host(finite_value))
 
-    def step_finished(self, finite):
-        """Updates the scales once the step's updates are applied (or skipped)."""
-        for scaler in self.scalers:
-            scaler.update(finite)
+    def next_states(self, finite):
+        """Each scaler's ``next_state`` after a step (nothing changes yet): made before the
+        step's updates are assigned, so that an allocation failure leaves everything as it was."""
+        return [scaler.next_state(finite) for scaler in self.scalers]
+
+    def step_finished(self, states):
+        """Sets the scales (``next_states``) once the step's updates are applied (or skipped)."""
+        for scaler, state in zip(self.scalers, states):
+            scaler.apply(state)
 
 
 def step_guard(update_values):

@@ -771,3 +771,40 @@ def test_a_copying_reshape_keeps_its_buffer_only_for_the_shape_it_probed():
     assert np.array_equal(kept, kept_copy)
     print('ok')
     ''')
+
+
+def test_a_capture_whose_warm_up_finds_a_bad_value_leaves_plain_runs_nothing_of_its_pool():
+    """A capture's warm-up runs in the graph's private pool: the kept runners it made (K.shape's
+    array, made once per layout) start over after it also when it stops at a bad value
+    (cuda_graph.BadValues), so that a plain run never reads memory of a pool dropped with it."""
+    _rehearse('''
+    import os
+    import numpy as np
+    from gpuk import backend as K
+    from gpuk import cuda_graph
+    os.environ['GPUK_CUDA_GRAPHS'] = '1'
+    x, labels = K.placeholder((None, 3)), K.placeholder((None,))
+    rows = K.cast(K.shape(x)[0], 'float32')
+    loss = K.sum(K.sparse_categorical_crossentropy(labels, x, from_logits=True)) / rows
+    f = K.function([x, labels], [loss])
+    logits = np.ones((4, 3), np.float32)
+    f([logits, np.zeros(4, np.float32)])                      # plain: the signature's first call
+    shape_kept, = [step[0].__self__.kept for step in f._compiled().steps if type(step[0].__self__).__name__ == 'Shape']
+    in_warm_up = []
+    begin = cuda_graph.CapturedStep.__init__
+    def tracked_init(self, *args, **kwargs):
+        try:
+            begin(self, *args, **kwargs)
+        except cuda_graph.BadValues:
+            in_warm_up.append(shape_kept._last[3]())          # K.shape's array, made in the warm-up
+            raise
+    cuda_graph.CapturedStep.__init__ = tracked_init
+    try:
+        f([logits, np.full(4, 7, np.float32)])                  # labels out of range: the warm-up stops
+        raise AssertionError('no error for labels out of range')
+    except ValueError as error:
+        assert 'must lie in [0, 3)' in str(error), error
+    assert len(in_warm_up) == 1 and not f._compiled().graphs.captured
+    assert shape_kept._last[3]() is not in_warm_up[0]         # the call's plain run made its own
+    print('ok')
+    ''')

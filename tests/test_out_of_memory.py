@@ -343,33 +343,44 @@ def cudnn_batchnorm_runs_out_of_memory_past(monkeypatch):
     return _standing_in_for_cudnn_graphs(monkeypatch, 'batchnorm', batchnorm, _CudnnBatchnormGraph)
 
 
-@pytest.mark.gpu
-def test_cudnn_out_of_memory_changes_nothing_and_a_smaller_step_runs(on, rng, pool_limit,
-                                                                     cudnn_conv_runs_out_of_memory_past):
+def _assert_cudnn_out_of_memory_changes_nothing(on, rng, pool_limit, cudnn, build, limit, ran, message):
+    """``build``'s step (sparse labels) on cuDNN's stand-in graphs (``cudnn``, which run out of
+    memory past ``limit``): a small step runs there (``ran(cudnn.executed)``); a big one raises
+    gpuk.OutOfMemoryError for cuDNN's failed allocation, its message matching ``message`` (the K
+    call, the step's inputs, then the cuDNN call with its problem's sizes and cuDNN's reason),
+    changes no variable and releases its memory; the small step then runs as on the NumPy device,
+    on cuDNN again."""
     on('cuda')
-    cudnn = cudnn_conv_runs_out_of_memory_past
-    step, variables = _training_step(rng, sparse=True)
+    step, variables = build(rng, sparse=True)
     small = _batch(rng, SMALL, sparse=True)
     step(small)
-    assert 'fprop' in cudnn.executed and 'wgrad' in cudnn.executed, cudnn.executed     # on the cuDNN path
+    assert ran(cudnn.executed), cudnn.executed     # the step ran on the cuDNN path
     pool = pool_limit(1 << 30)        # (a limit, so that the rehearsal's stand-in counts what is allocated)
     held, before = pool.used_bytes(), _values(variables)
-    cudnn.limit = SMALL
+    cudnn.limit = limit
     with pytest.raises(gpuk.OutOfMemoryError) as caught:
         step(_batch(rng, BIG, sparse=True))
     error = caught.value
     from gpuk.kernels.cudnn import library
     assert type(error.__cause__) is library.AllocationFailed and error.requested_bytes is None
-    # the K call, the step's inputs, then the cuDNN call with its problem's sizes and cuDNN's reason
-    assert re.match(r'^conv2d: out of GPU memory \(at run time, on inputs float32 \(64, 6, 6, 2\), float32 '
-                    r'\(3, 3, 2, 4\)\): conv_fwd: cuDNN fprop failed for x \(64, 6, 6, 2\), w \(3, 3, 2, 4\), '
-                    r'dtype float32 \(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED'
-                    r'\)\. No variable was updated .*: try a smaller batch\.$', str(error)), str(error)
+    assert re.match(message, str(error)), str(error)
     assert pool.used_bytes() <= held  # released although the error is still held here
     _assert_unchanged(variables, before)
     cudnn.executed.clear()
-    _assert_runs_like_the_numpy_device(on, step, variables, before, small)
-    assert 'fprop' in cudnn.executed
+    _assert_runs_like_the_numpy_device(on, step, variables, before, small, build)
+    assert ran(cudnn.executed), cudnn.executed
+
+
+@pytest.mark.gpu
+def test_cudnn_out_of_memory_changes_nothing_and_a_smaller_step_runs(on, rng, pool_limit,
+                                                                     cudnn_conv_runs_out_of_memory_past):
+    _assert_cudnn_out_of_memory_changes_nothing(
+        on, rng, pool_limit, cudnn_conv_runs_out_of_memory_past, _training_step, SMALL,
+        lambda executed: 'fprop' in executed and 'wgrad' in executed,
+        r'^conv2d: out of GPU memory \(at run time, on inputs float32 \(64, 6, 6, 2\), float32 '
+        r'\(3, 3, 2, 4\)\): conv_fwd: cuDNN fprop failed for x \(64, 6, 6, 2\), w \(3, 3, 2, 4\), '
+        r'dtype float32 \(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED'
+        r'\)\. No variable was updated .*: try a smaller batch\.$')
 
 
 def _batchnorm_step(rng, sparse=True):
@@ -392,31 +403,14 @@ def _batchnorm_step(rng, sparse=True):
 @pytest.mark.gpu
 def test_cudnn_batchnorm_out_of_memory_changes_nothing_and_a_smaller_step_runs(
         on, rng, pool_limit, cudnn_batchnorm_runs_out_of_memory_past):
-    on('cuda')
-    cudnn = cudnn_batchnorm_runs_out_of_memory_past
-    step, variables = _batchnorm_step(rng)
-    small = _batch(rng, SMALL, sparse=True)
-    step(small)
-    assert cudnn.executed == ['train', 'bwd'], cudnn.executed     # the step ran on the cuDNN path
-    pool = pool_limit(1 << 30)        # (a limit, so that the rehearsal's stand-in counts what is allocated)
-    held, before = pool.used_bytes(), _values(variables)
-    cudnn.limit = SMALL * 36
-    with pytest.raises(gpuk.OutOfMemoryError) as caught:
-        step(_batch(rng, BIG, sparse=True))
-    error = caught.value
-    from gpuk.kernels.cudnn import library
-    assert type(error.__cause__) is library.AllocationFailed and error.requested_bytes is None
-    # the K call, the step's inputs, then the cuDNN call with its problem's sizes and cuDNN's reason
-    assert re.match(r'^normalize_batch_in_training: out of GPU memory \(at run time, on inputs float32 '
-                    r'\(64, 6, 6, 2\), float32 \(2,\), float32 \(2,\)\): bn_train_fwd: cuDNN failed running the '
-                    r'batchnorm train graph for x \(64, 6, 6, 2\) as \(outer, C, inner\) \(2304, 2, 1\), dtype float32 '
-                    r'\(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED\)\. '
-                    r'No variable was updated .*: try a smaller batch\.$', str(error)), str(error)
-    assert pool.used_bytes() <= held  # released although the error is still held here
-    _assert_unchanged(variables, before)
-    cudnn.executed.clear()
-    _assert_runs_like_the_numpy_device(on, step, variables, before, small, _batchnorm_step)
-    assert cudnn.executed == ['train', 'bwd'], cudnn.executed
+    _assert_cudnn_out_of_memory_changes_nothing(
+        on, rng, pool_limit, cudnn_batchnorm_runs_out_of_memory_past, _batchnorm_step, SMALL * 36,
+        lambda executed: executed == ['train', 'bwd'],
+        r'^normalize_batch_in_training: out of GPU memory \(at run time, on inputs float32 '
+        r'\(64, 6, 6, 2\), float32 \(2,\), float32 \(2,\)\): bn_train_fwd: cuDNN failed running the '
+        r'batchnorm train graph for x \(64, 6, 6, 2\) as \(outer, C, inner\) \(2304, 2, 1\), dtype float32 '
+        r'\(RuntimeError: .* failed with CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED\)\. '
+        r'No variable was updated .*: try a smaller batch\.$')
 
 
 @pytest.mark.parametrize('status, name', [(4003, 'CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED'),
@@ -759,3 +753,64 @@ def test_a_capture_keeps_no_step_buffers(on, rng, pool_limit, monkeypatch):
     assert list(graphs.captured) == [cuda_graph.signature([x])] and not graphs.short_of_memory
     assert prepared.keeps_step_buffers()   # no allocation failed
     np.testing.assert_allclose(out, reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_loss_scale_that_cannot_be_stored_changes_nothing_and_the_call_runs_once(restore_precision, monkeypatch):
+    """The loss scale's new device value is made before any variable is assigned: an allocation
+    failure there leaves the step unapplied, so K.function's run without kept step buffers
+    applies it once (not a second time over the first's updates)."""
+    from gpuk import loss_scaling
+    config.set_precision('mixed_float16')
+    x, w = K.placeholder((2, 2)), K.variable(np.ones((2, 2)))
+    steps = K.variable(0.0)
+    g = K.gradients(K.sum(K.dot(x, w)), [w])[0]
+    step = K.function([x], [], updates=[K.update(w, w - 0.5 * g), K.update_add(steps, 1.0)])
+    scaler = loss_scaling.loss_scaler(g)
+    scaler.growth_interval = 1                  # every finite step grows the scale: a new device value
+    a = np.full((2, 2), 1e-3, np.float32)
+    with np.errstate(over='ignore', invalid='ignore'):
+        step([a])                               # the seed 2^16 is inf in float16: skipped, 2^15
+    assert float(steps.value) == 0 and scaler.scale == 2.0 ** 15
+    failures = [MemoryError('Unable to allocate 4 bytes')]
+
+    def to_device(value, dtype=None):          # the scale's one allocation fails, once
+        if failures:
+            raise failures.pop()
+        return device.to_device(value, dtype)
+    monkeypatch.setattr(loss_scaling, 'device', types.SimpleNamespace(to_device=to_device, to_host=device.to_host))
+    step([a])
+    assert not failures
+    assert float(steps.value) == 1 and scaler.scale == 2.0 ** 16 and scaler.growth_tracker == 0
+    np.testing.assert_allclose(w.value, 1 - 0.5 * 2e-3, rtol=1e-3)
+
+
+def test_a_replayed_call_that_then_runs_out_of_memory_is_not_run_again(monkeypatch):
+    """A replayed CUDA Graph writes the variables itself: an allocation failure after it (the
+    outputs' copies to the host) is raised, not answered by running the call once more, which
+    would apply its updates a second time."""
+    from gpuk import cuda_graph, function
+    from gpuk.kernels.runtime import prepared
+    x = K.placeholder((2,))
+    total = K.variable(np.zeros(2, np.float32))
+    f = K.function([x], [x * 2.0], updates=[K.update_add(total, x)])
+    f([np.ones(2, np.float32)])
+    replays = []
+
+    class Replaying:   # a captured signature's replay: the update written by the graph
+        @staticmethod
+        def run(key, fed, updates, run_plain):
+            values = run_plain(fed)
+            replays.append(key)
+            total.value = total.value + fed[0]
+            return values, True
+    monkeypatch.setattr(f._compiled(), 'graphs', Replaying)
+    monkeypatch.setattr(cuda_graph, 'enabled', lambda: True)
+    monkeypatch.setattr(function, '_host_copy', lambda value: _raise(MemoryError('Unable to allocate 8 bytes')))
+    assert prepared.keeps_step_buffers()
+    with pytest.raises(gpuk.OutOfMemoryError) as caught:
+        f([np.ones(2, np.float32)])
+    assert len(replays) == 1 and np.array_equal(K.get_value(total), [2, 2])
+    # the error says what happened: the updates were applied, the outputs were lost
+    assert 'No variable was updated' not in str(caught.value), str(caught.value)
+    assert str(caught.value).endswith('The step\'s updates were applied (a replayed CUDA Graph writes them '
+                                      'itself) and its outputs lost; the call\'s memory was released.'), str(caught.value)

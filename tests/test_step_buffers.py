@@ -97,3 +97,54 @@ def test_step_buffers_are_not_kept_under_GPUK_STEP_BUFFERS_0():
         env = dict(os.environ, GPUK_STEP_BUFFERS=setting)
         out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=120)
         assert out.stdout.split() == expected.split(), out.stderr
+
+
+def _operands(rng, dtype, shape):
+    return (rng.standard_normal(shape) * 5).astype(dtype)
+
+
+def _xp_ops_and_operands():
+    """(op, operands) for the ops computed with xp over NumPy's dtype kinds: bool, signed and
+    unsigned ints, float16/32/64; 0-d, broadcast and reduced shapes."""
+    from gpuk.ops import elementwise as ew
+    from gpuk.ops import reduction as red
+    rng = np.random.default_rng(0)
+    dtypes = [np.bool_, np.int8, np.int32, np.uint8, np.float16, np.float32, np.float64]
+    for name in ew.BINARY:
+        for a, b in [(a, b) for a in dtypes for b in dtypes]:
+            for shapes in [((), ()), ((2, 3), (3,)), ((), (2, 3))]:
+                yield ew.Binary(name), [_operands(rng, d, s) for d, s in zip((a, b), shapes)]
+    for source in dtypes:
+        for target in dtypes:
+            yield ew.Cast(np.dtype(target).name), [_operands(rng, source, (2, 3))]
+        for kind in ('sum', 'mean', 'max', 'min', 'prod', 'any', 'all', 'var'):
+            for axes, keepdims in [((0,), False), ((0, 1), False), ((1,), True)]:
+                yield red.Reduce(kind, axes, keepdims), [_operands(rng, source, (2, 3))]
+        for condition in (np.bool_, np.int32):
+            yield ew.Where(), [_operands(rng, condition, (2, 3)), _operands(rng, source, (2, 3)),
+                               _operands(rng, np.float32, ())]
+        for g, like in [((2, 3), (1, 3)), ((4, 2, 3), (2, 1)), ((2, 3), ())]:
+            yield ew.SumToShapeOf(), [_operands(rng, source, g), np.empty(like)]
+        for kind in ('sum', 'mean'):
+            yield red.ReduceGrad(kind, (0,), False), [_operands(rng, source, (3,)), np.empty((2, 3))]
+
+
+def test_xp_steps_into_their_buffers_give_the_plain_results_for_every_dtype_and_shape():
+    """prepared.xp_step_runner's variant (compute(..., out=buffer)) against the op's plain
+    computation, twice (the second call writes into a reused buffer): the same values, shape and
+    dtype, or the variant is the plain run itself."""
+    written = 0
+    for op, operands in _xp_ops_and_operands():
+        with np.errstate(all='ignore'):
+            try:
+                plain = np.asarray(op.compute(np, *operands))
+            except (ValueError, TypeError):   # the op refuses these operands: nothing to compare
+                continue
+            run = prepared.xp_step_runner(np.empty, lambda *arrays, out=None: op.compute(np, *arrays, out=out))
+            variant = run.specialized(operands)
+            written += variant is not run
+            for _ in range(2):
+                got = np.asarray(variant(*operands))
+                assert (got.dtype, got.shape) == (plain.dtype, plain.shape), (op, [a.dtype for a in operands])
+                np.testing.assert_array_equal(got, plain, err_msg=repr(op))
+    assert written > 1000   # most of them write into their buffers (not all fall back to the plain run)

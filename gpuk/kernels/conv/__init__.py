@@ -153,7 +153,7 @@ def _no_bias(xp, dtype):
 # instrumented builds when its sanitizer or counters are switched on).
 # round_filter: fwd / dgrad under tf32 (conv_igemm.cu, Tf32Rounding) take w rounded by this
 # conv_round_tf32 launch (_kernel_filter); None elsewhere.
-Launch = namedtuple('Launch', 'out_shape scalars run round_filter')
+Launch = namedtuple('Launch', 'scalars run round_filter')
 
 
 class Problem:
@@ -247,7 +247,7 @@ def _fwd_launch(rt, g, dtype, epilogue):
     tile = conv_tiles.choose_tile(dtype, config.precision(), rows, cols, depth, fwd=True,
                                   aligned=g.c_in % _chunk_elements(dtype) == 0)
     grid = (math.ceil(rows / tile.bm), math.ceil(cols / tile.bn))
-    return Launch(_kernel_shape(g, g.out_sp, g.c_out), kernel_args(g) + (np.int32(EPILOGUES[epilogue]),),
+    return Launch(kernel_args(g) + (np.int32(EPILOGUES[epilogue]),),
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_fwd', grid, tile.threads),
                   _filter_rounding(rt, g, dtype, tile))
 
@@ -265,7 +265,7 @@ def _dgrad_launch(rt, g, dtype):
     tile = conv_tiles.choose_tile(dtype, config.precision(), phase_rows * phases, cols,
                                   math.ceil(depth / phases), aligned=g.c_out % _chunk_elements(dtype) == 0)
     grid = (math.ceil(phase_rows / tile.bm), math.ceil(cols / tile.bn), phases)
-    return Launch(_kernel_shape(g, g.in_sp, g.c_in), kernel_args(g),
+    return Launch(kernel_args(g),
                   _kernel_launch(rt, dtype, tile, 'conv_igemm_dgrad', grid, tile.threads),
                   _filter_rounding(rt, g, dtype, tile))
 

@@ -345,9 +345,10 @@ def xp_step_runner(empty, compute):
     returns ``out`` only where it wrote its result there (a ufunc's or reduction's ``out=``) and
     its usual result otherwise (a view of an input, a cast ``out=`` cannot express). Its result's
     shape and dtype on the kept layouts are read from one plain call, and one call into a buffer
-    must return that buffer, or the step keeps the plain run: so the variant gives exactly the
-    array the plain run gives, written into reused memory. (Those two calls run once per kept
-    layouts, not per step.)"""
+    must return that buffer, or the step keeps the plain run: so the variant gives the plain
+    run's values, shape and dtype, written into reused memory (a 0-d array where NumPy's plain
+    call returns a NumPy scalar, as CuPy's always does). (Those two extra calls run once per
+    kept layouts, not per step; per call under GPUK_CHECK_LAUNCHES=1, which makes runners per call.)"""
     def run(*arrays):
         return compute(*arrays)
 
