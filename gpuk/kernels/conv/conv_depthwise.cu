@@ -1246,6 +1246,15 @@ __device__ __forceinline__ float4 load_quad(const elem_t* p, int lanes) {
     }
 }
 
+// 4 lanes of one tile pixel: one LDS.128 where the pitch keeps them 16-byte aligned, else (the
+// channels_first element loader's pitch DW_PITCH, only where a source is not 32-byte aligned)
+// four 4-byte loads
+template <int P>
+__device__ __forceinline__ float4 load_tile_quad(const float* p) {
+    if constexpr (P % 4 == 0) return load_float4(p);
+    else return make_float4(p[0], p[1], p[2], p[3]);
+}
+
 template <int KW, int P>
 __device__ __forceinline__ void wgrad_quad(const float* x, int row_pitch, int kh_rows, const float4 (&dyv)[DW_WG_QPIX],
                                            float* acc) {
@@ -1256,7 +1265,7 @@ __device__ __forceinline__ void wgrad_quad(const float* x, int row_pitch, int kh
             const float* p = x + kh * row_pitch;
 #pragma unroll
             for (int c = 0; c < DW_WG_QPIX - 1 + KW; ++c) {
-                const float4 v = load_float4(p + c * P);
+                const float4 v = load_tile_quad<P>(p + c * P);
 #pragma unroll
                 for (int kw = 0; kw < KW; ++kw) {
                     const int q = c - kw;
@@ -1291,6 +1300,24 @@ __device__ __forceinline__ void wgrad_quad_row(const float* x, int row_pitch, in
         }
         wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
         x += DW_WG_QPIX * P;
+    }
+}
+
+// The same for channels_first (wgrad_quads there): the worker's dy pixels from the dy tile, which
+// load_tile_transposed has stored channel-minor like x (a pixel's 32 lanes contiguous, zeros
+// outside dy), DW_WG_QPIX pixels at a time as 16-byte shared loads (a quarter warp: the 8 quads
+// of one pixel, 128 contiguous bytes); no bounds, no widening (the tile holds floats).
+template <int KW, int P>
+__device__ __forceinline__ void wgrad_quad_row_tile(const float* x, int row_pitch, int kh_rows, const float* dy,
+                                                    float* acc) {
+#pragma unroll 1
+    for (int h = 0; h < DW_PIX; h += DW_WG_QPIX) {
+        float4 dyv[DW_WG_QPIX];
+#pragma unroll
+        for (int q = 0; q < DW_WG_QPIX; ++q) dyv[q] = load_tile_quad<P>(dy + q * P);
+        wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
+        x += DW_WG_QPIX * P;
+        dy += DW_WG_QPIX * P;
     }
 }
 
@@ -1363,12 +1390,15 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     const unsigned x_plane = (unsigned)g.xs.h * g.xs.w * g.xs.channels, dy_plane = (unsigned)g.ds.h * g.ds.w * g.ds.channels;
     const elem_t* x_base = g.xs.sample + (long long)n * g.xs.channels * g.xs.pixels + j0 + x_walk.lane0;
     const elem_t* dy_base = g.ds.sample + (long long)n * g.ds.channels * g.ds.pixels + j0 + dy_walk.lane0;
+#endif
     // channel quads (see wgrad_quad): this thread's quad, its worker's output row and segment,
     // its input run, how many of its 4 channels exist (4 or none with 16-byte sources)
     const int quad = threadIdx.x % 8, worker = threadIdx.y * (DW_CHANNELS / 8) + threadIdx.x / 8;
     const int wrow = QUAD ? worker / (g.cols / DW_PIX) : 0, wseg = QUAD ? worker % (g.cols / DW_PIX) : 0;
     const acc_t* x_quad = x_tile + (wrow * g.cols_in + wseg * DW_PIX) * P + quad * 4 + tap_off[0];
     const int q_lanes = min(4, g.ds.lanes - (j0 + quad * 4));
+#if !DW_CHANNELS_LAST
+    const acc_t* dy_quad = dy_tile + (wrow * g.cols + wseg * DW_PIX) * P + quad * 4;
 #endif
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
@@ -1405,7 +1435,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
                                  oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in,
                                  g.cols_in, j0, x_at, x_lanes, x_vec);
         }
-        if constexpr (!QUAD)
+        if constexpr (!QUAD || !DW_CHANNELS_LAST)   // (channels_first quads read dy from its tile too)
             wgrad_load_tile<VEC>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes, dy_vec);
         }
         __syncthreads();
@@ -1422,6 +1452,12 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
             } else if (nq > 0) {   // the right edge of dy (a row or channel quad outside it: no work)
                 wgrad_quad_row<KW, P, VEC, true>(x_quad, g.cols_in * P, g.taps / KW, d, off, c, nq, q_lanes, acc);
             }
+        } else
+#else
+        if constexpr (QUAD) {
+            // rows and channel quads outside dy: no work (their dy tile values are zeros)
+            if (q_lanes > 0 && oh0 + wrow < g.ds.h && ow0 + wseg * DW_PIX < g.ds.w)
+                wgrad_quad_row_tile<KW, P>(x_quad, g.cols_in * P, g.taps / KW, dy_quad, acc);
         } else
 #endif
         if (g.active) {
@@ -1455,7 +1491,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
 // Whether depthwise_wgrad runs the channel quads (wgrad_quad): channels_last, 4-byte accumulators,
 // the launcher's strip tile (depthwise_wgrad_tile; direct.depthwise_wgrad_math says the same).
 __device__ __forceinline__ bool wgrad_quads(const DwWgradWalk& g) {
-    return DW_CHANNELS_LAST && sizeof(acc_t) == 4 && g.tile_rows * (g.cols / DW_PIX) > DW_ROWS;
+    return sizeof(acc_t) == 4 && g.tile_rows * (g.cols / DW_PIX) > DW_ROWS;
 }
 
 // The channel quads' sums into depthwise_wgrad's reduction buffer (its layout: DW_ROWS x
@@ -1481,7 +1517,6 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
                                             const int tap_off[DW_WG_TAPS], int k_w, int dil_w, int group_taps,
                                             acc_t* acc) {
     const bool rows = dil_w == 1 && group_taps % k_w == 0;
-#if DW_CHANNELS_LAST
     // channel quads on the strip tiles (4 x DW_ROWS rows of DW_PIX pixels; the launcher's
     // depthwise_wgrad_tile picks them for 3- and 5-wide rows at stride 1, dilation 1, k_d = 1, and
     // groups of at most DW_WG_QTAPS taps), which write their sums here
@@ -1496,7 +1531,6 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
             return;
         }
     }
-#endif
     if (rows && k_w == 3 && g.s_w == 1) wgrad_tiles<3, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else if (rows && k_w == 3 && g.s_w == 2) wgrad_tiles<3, 2, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else if (rows && k_w == 5 && g.s_w == 1) wgrad_tiles<5, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);

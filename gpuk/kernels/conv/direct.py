@@ -23,6 +23,7 @@ DW_WG_TAPS = 15                            # wgrad: most taps one block reduces 
 DW_WG_STRIP = 4                            # wgrad strip tiles: DW_ROWS * DW_WG_STRIP rows (channel quads)
 DW_WG_QTAPS = 10                           # wgrad channel quads: most taps per group (conv_depthwise.cu)
 DW_MAX_SHARED = 48 * 1024                  # the tiles live in (default-sized) dynamic shared memory
+DW_WG_CF_MAX_SHARED = 100 * 1024           # channels_first quads: x and dy tiles (opt-in; 2 blocks per sm_90 SM)
 DW_CHANNELS_FIRST_SEGS = 4                 # channels_first tiles: 2 rows x 32 pixels (loads along W)
 DW_TARGET_BLOCKS = 528                     # wgrad splits pixel tiles until about four waves of 132 SMs
 DW_MIN_TILES_PER_SPLIT = 4
@@ -217,17 +218,22 @@ def _tap_groups(kernel_spatial):
             yield kd_hi - kd_lo, k_h - 1
 
 
-def _wgrad_strip_tile(out_h, out_w, k_w, span_h, pixel_bytes, reduction):
+def _wgrad_strip_tile(out_h, out_w, k_w, span_h, pixel_bytes, reduction, channels_first=False):
     """depthwise_wgrad's strip tiles, DW_ROWS * DW_WG_STRIP rows of DW_PIX pixels, which it runs
     as channel quads (conv_depthwise.cu wgrad_quad: 32 workers of one row, a thread 4 channels;
-    the x tile only in shared memory, dy is read into registers); the shape of the least padding
-    of those that fit DW_MAX_SHARED (ties: 16 x 16, then 8 x 32), or None."""
+    channels_last: the x tile only in shared memory, dy is read into registers, within
+    DW_MAX_SHARED; channels_first: x and dy tiles, both transposed to channel-minor by
+    load_tile_transposed, within DW_WG_CF_MAX_SHARED, dynamic shared memory above 48 KB that the
+    runtime opts the kernel into); the shape of the least padding of those that fit (ties: 16 x 16,
+    then 8 x 32), or None."""
     best = None
+    limit = DW_WG_CF_MAX_SHARED if channels_first else DW_MAX_SHARED
     for segs in (2, 4, 1, 8):
         rows, cols = DW_ROWS // segs * DW_WG_STRIP, segs * DW_PIX
-        nbytes = max(reduction, (rows + span_h) * (cols + k_w - 1) * pixel_bytes)
+        pixels = (rows + span_h) * (cols + k_w - 1) + (rows * cols if channels_first else 0)
+        nbytes = max(reduction, pixels * pixel_bytes)
         covered = _covered(out_h, out_w, rows, segs)
-        if nbytes <= DW_MAX_SHARED and (best is None or covered < best[0]):
+        if nbytes <= limit and (best is None or covered < best[0]):
             best = (covered, DwTile(rows, segs, 1, nbytes, DW_WG_STRIP))
     return best and best[1]
 
@@ -243,9 +249,13 @@ def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial,
     pixel_bytes = _wgrad_elements_per_pixel(dtype, channels_first, transposable) * _acc_bytes(dtype)
     spans = set(_tap_groups(kernel_spatial))
     reduction = DW_ROWS * DW_WG_TAPS * DW_CHANNELS * _acc_bytes(dtype)
-    if (not channels_first and _acc_bytes(dtype) == 4 and k_d == 1 and k_w in (3, 5)
+    # channel quads: channels_last, or channels_first whose sources the transposing loader takes
+    # (x and dy tiles channel-minor; a source the kernel finds unaligned takes the element loader
+    # at the smaller pitch, the same quads with 4-byte shared loads)
+    if ((not channels_first or transposable) and _acc_bytes(dtype) == 4 and k_d == 1 and k_w in (3, 5)
             and _unit_steps(strides, dilation)):
-        strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in spans), pixel_bytes, reduction)
+        strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in spans), pixel_bytes, reduction,
+                                  channels_first)
         # not where its taller tile pads the output much more (short images, 1-D filters)
         if strip is not None and (_covered(out_h, out_w, strip.rows, strip.segs)
                                   <= 1.25 * _covered(out_h, out_w, rows, segs)):
