@@ -987,3 +987,13 @@ def test_depthwise_wgrad_channel_quads_channels_first(kernel_runtime, case, dtyp
     for splits in (None, 3):
         with conv_tiles.forced(splits=splits):
             assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, args, kernel_runtime)
+    if quads and np.dtype(dtype) == np.float32 and len(spatial) == 2:
+        # a dy view 4 bytes past a 32-byte boundary: the launcher takes the tile without quads
+        # (the kernel's quads there need the transposing loader's aligned sources)
+        flat = kernel_runtime.xp.zeros(dy.size + 1, dtype)
+        shifted = flat[1:].reshape(dy.shape)
+        shifted[...] = to_device(kernel_runtime, dy)
+        assert not conv_direct._aligned32(shifted)
+        ref = twin.depthwise_conv_wgrad(x.astype(np.float64), dy.astype(np.float64), *args[2:])
+        out = conv.depthwise_conv_wgrad(to_device(kernel_runtime, x), shifted, *args[2:], runtime=kernel_runtime)
+        assert_close(out, ref, dtype, 'depthwise_conv_wgrad, dy misaligned')

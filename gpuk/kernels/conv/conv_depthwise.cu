@@ -1246,13 +1246,12 @@ __device__ __forceinline__ float4 load_quad(const elem_t* p, int lanes) {
     }
 }
 
-// 4 lanes of one tile pixel: one LDS.128 where the pitch keeps them 16-byte aligned, else (the
-// channels_first element loader's pitch DW_PITCH, only where a source is not 32-byte aligned)
-// four 4-byte loads
+// 4 lanes of one tile pixel, one LDS.128 (the quads' pitches keep them 16-byte aligned: channels_last
+// DW_PITCH, channels_first DW_TRANSPOSED_PITCH)
 template <int P>
 __device__ __forceinline__ float4 load_tile_quad(const float* p) {
-    if constexpr (P % 4 == 0) return load_float4(p);
-    else return make_float4(p[0], p[1], p[2], p[3]);
+    static_assert(P % 4 == 0, "channel quads: 16-byte aligned tile pixels");
+    return load_float4(p);
 }
 
 template <int KW, int P>
@@ -1303,7 +1302,7 @@ __device__ __forceinline__ void wgrad_quad_row(const float* x, int row_pitch, in
     }
 }
 
-// The same for channels_first (wgrad_quads there): the worker's dy pixels from the dy tile, which
+// The same for channels_first (where the sources are wgrad_vector_source): the worker's dy pixels from the dy tile, which
 // load_tile_transposed has stored channel-minor like x (a pixel's 32 lanes contiguous, zeros
 // outside dy), DW_WG_QPIX pixels at a time as 16-byte shared loads (a quarter warp: the 8 quads
 // of one pixel, 128 contiguous bytes); no bounds, no widening (the tile holds floats).
@@ -1455,9 +1454,9 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
         } else
 #else
         if constexpr (QUAD) {
-            // rows and channel quads outside dy: no work (their dy tile values are zeros)
-            if (q_lanes > 0 && oh0 + wrow < g.ds.h && ow0 + wseg * DW_PIX < g.ds.w)
-                wgrad_quad_row_tile<KW, P>(x_quad, g.cols_in * P, g.taps / KW, dy_quad, acc);
+            // (rows and channel quads outside dy add zeros: their dy tile values are zeros; a test
+            // to skip them kept registers live across the tile loop, which spilled on sm_80)
+            wgrad_quad_row_tile<KW, P>(x_quad, g.cols_in * P, g.taps / KW, dy_quad, acc);
         } else
 #endif
         if (g.active) {
@@ -1488,12 +1487,6 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     }
 }
 
-// Whether depthwise_wgrad runs the channel quads (wgrad_quad): channels_last, 4-byte accumulators,
-// the launcher's strip tile (depthwise_wgrad_tile; direct.depthwise_wgrad_math says the same).
-__device__ __forceinline__ bool wgrad_quads(const DwWgradWalk& g) {
-    return sizeof(acc_t) == 4 && g.tile_rows * (g.cols / DW_PIX) > DW_ROWS;
-}
-
 // The channel quads' sums into depthwise_wgrad's reduction buffer (its layout: DW_ROWS x
 // DW_WG_TAPS x DW_CHANNELS): a warp's 4 workers first (lanes 8 and 16 apart, one butterfly, so
 // the same sums in the same order in every lane), then its 8 quads store the warp's row.
@@ -1520,7 +1513,9 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
     // channel quads on the strip tiles (4 x DW_ROWS rows of DW_PIX pixels; the launcher's
     // depthwise_wgrad_tile picks them for 3- and 5-wide rows at stride 1, dilation 1, k_d = 1, and
     // groups of at most DW_WG_QTAPS taps), which write their sums here
-    if constexpr (sizeof(acc_t) == 4) {
+    // channels_first: only with the transposing loader (VEC; the launcher gives strip tiles only to
+    // sources it can take, and to views not 32-byte aligned the tile without quads: direct.py)
+    if constexpr (sizeof(acc_t) == 4 && (DW_CHANNELS_LAST || VEC)) {
         if (g.tile_rows * (g.cols / DW_PIX) > DW_ROWS) {   // (wgrad_quads)
             acc_t qacc[DW_WG_QTAPS * 4];   // [tap][channel of the quad]
 #pragma unroll
@@ -1538,6 +1533,15 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
     else if (g.s_w == 1) wgrad_tiles<0, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else if (g.s_w == 2) wgrad_tiles<0, 2, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else wgrad_tiles<0, 0, VEC>(g, x_tile, dy_tile, tap_off, acc);
+}
+
+// Whether depthwise_wgrad ran the channel quads (wgrad_quad), which have stored their sums: 4-byte
+// accumulators on the launcher's strip tile (depthwise_wgrad_tile; direct.depthwise_wgrad_math says
+// the same). In channels_first the launcher gives strip tiles only to sources the transposing
+// loader takes (wgrad_paths' VEC; not testing `vec` here keeps it from living to the end, which
+// spilled 16 bytes in 16-bit on sm_80).
+__device__ __forceinline__ bool wgrad_quads(const DwWgradWalk& g) {
+    return sizeof(acc_t) == 4 && g.tile_rows * (g.cols / DW_PIX) > DW_ROWS;
 }
 
 // depthwise_wgrad: dw[tap, j] = sum over (n, o) of x[n, o*s - pad + tap*dil, j / M] * dy[n, o, j].

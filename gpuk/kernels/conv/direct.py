@@ -239,10 +239,12 @@ def _wgrad_strip_tile(out_h, out_w, k_w, span_h, pixel_bytes, reduction, channel
 
 
 def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation,
-                         transposable=True):
+                         transposable=True, quads=True):
     """The DwTile of depthwise_wgrad (kh_chunk unused): the input tile of the widest tap
     group, the dy tile and the final reduction buffer fit DW_MAX_SHARED. transposable: the
-    sources may take the transposing loader's wider pitch (wgrad_transposable)."""
+    sources may take the transposing loader's wider pitch (wgrad_transposable); quads=False:
+    never the channel quads' strip tiles (channels_first sources that are not 32-byte aligned,
+    which the kernel's quads do not take there)."""
     (_, out_h, out_w), (k_d, _, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
     (_, s_h, s_w), (dil_d, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
     rows, segs = _tile_shape(channels_first, out_h, out_w)
@@ -252,7 +254,7 @@ def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial,
     # channel quads: channels_last, or channels_first whose sources the transposing loader takes
     # (x and dy tiles channel-minor; a source the kernel finds unaligned takes the element loader
     # at the smaller pitch, the same quads with 4-byte shared loads)
-    if ((not channels_first or transposable) and _acc_bytes(dtype) == 4 and k_d == 1 and k_w in (3, 5)
+    if (quads and (not channels_first or transposable) and _acc_bytes(dtype) == 4 and k_d == 1 and k_w in (3, 5)
             and _unit_steps(strides, dilation)):
         strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in spans), pixel_bytes, reduction,
                                   channels_first)
@@ -458,40 +460,56 @@ def depthwise_conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_fo
         check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
         _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), taps * c_out)
         transposable = wgrad_transposable(cx.dtype, c_in, mult, math.prod(in_spatial), math.prod(out_spatial))
-        tile = depthwise_wgrad_tile(fn, cx.dtype, channels_first, out_spatial, kernel_spatial, c_strides, c_dilation,
-                                    transposable)
         out_d, out_h, out_w = lift3(out_spatial, 1)
-        tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
-        # the channel quads hold 4 sums per tap: groups of at most DW_WG_QTAPS taps
-        quads = depthwise_wgrad_math(tile) == 'quads'
-        group_taps = wgrad_group_taps(kernel_spatial, DW_WG_QTAPS if quads else DW_WG_TAPS)
-        channel_tiles, groups = math.ceil(c_out / DW_CHANNELS), math.ceil(taps / group_taps)
-        if groups > MAX_GRID_YZ:
-            raise ValueError('%s: %d filter taps is above the kernel limit of %d'
-                             % (fn, taps, MAX_GRID_YZ * group_taps))
-        splits = forced_splits or depthwise_wgrad_splits(tiles, channel_tiles * groups)
-        per_split = math.ceil(tiles / min(splits, tiles))
-        splits = math.ceil(tiles / per_split)
+        channel_tiles = math.ceil(c_out / DW_CHANNELS)
         defines = depthwise_defines(cx.dtype, channels_first)
-        launch = split_k.wgrad_launch(
-            rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_wgrad', (channel_tiles, groups, splits),
-                             (DW_CHANNELS, DW_ROWS), tile.shared_bytes),
-            (np.int32(n), np.int32(c_in), np.int32(mult),
-             *_depthwise_args(in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads),
-             np.int32(tile.rows), np.int32(tile.segs), np.int32(group_taps), np.int32(per_split)),
-            splits, taps * c_out,
-            lambda blocks: rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_reduce_splits', blocks, DW_THREADS),
-            DW_THREADS)
+
+        def wgrad_launch(quads_allowed):
+            tile = depthwise_wgrad_tile(fn, cx.dtype, channels_first, out_spatial, kernel_spatial, c_strides,
+                                        c_dilation, transposable, quads_allowed)
+            tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
+            # the channel quads hold 4 sums per tap: groups of at most DW_WG_QTAPS taps
+            quads = depthwise_wgrad_math(tile) == 'quads'
+            group_taps = wgrad_group_taps(kernel_spatial, DW_WG_QTAPS if quads else DW_WG_TAPS)
+            groups = math.ceil(taps / group_taps)
+            if groups > MAX_GRID_YZ:
+                raise ValueError('%s: %d filter taps is above the kernel limit of %d'
+                                 % (fn, taps, MAX_GRID_YZ * group_taps))
+            splits = forced_splits or depthwise_wgrad_splits(tiles, channel_tiles * groups)
+            per_split = math.ceil(tiles / min(splits, tiles))
+            splits = math.ceil(tiles / per_split)
+            return quads, split_k.wgrad_launch(
+                rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_wgrad', (channel_tiles, groups, splits),
+                                 (DW_CHANNELS, DW_ROWS), tile.shared_bytes),
+                (np.int32(n), np.int32(c_in), np.int32(mult),
+                 *_depthwise_args(in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads),
+                 np.int32(tile.rows), np.int32(tile.segs), np.int32(group_taps), np.int32(per_split)),
+                splits, taps * c_out,
+                lambda blocks: rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_reduce_splits', blocks,
+                                                DW_THREADS),
+                DW_THREADS)
+        quads, launch = wgrad_launch(True)
+        # channels_first quads need both sources 32-byte aligned (the kernel's transposing loader;
+        # its quads have no element-loader variant there, which spilled on sm_80): other views
+        # take the tile without quads, chosen per call
+        unaligned_launch = wgrad_launch(False)[1] if quads and channels_first else None
         xp, c_dtype = rt.xp, cx.dtype
 
         def run(x, dy):
             if conv_tiles.forced_splits() != forced_splits:   # another split count: another problem
                 return depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, runtime=rt)
             x, dy = _contiguous(rt, x, dy)
-            return split_k.run(xp, x, dy, c_w_shape, c_dtype, launch)
+            chosen = launch if unaligned_launch is None or (_aligned32(x) and _aligned32(dy)) else unaligned_launch
+            return split_k.run(xp, x, dy, c_w_shape, c_dtype, chosen)
         return run
 
     return prepared.get(rt, fn, (x, dy), (w_shape, strides, dilation, pads, data_format, forced_splits), prepare)
+
+
+def _aligned32(array):
+    """Whether the array's first element is 32-byte aligned (conv_depthwise.cu transposable_source)."""
+    pointer = array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
+    return pointer % 32 == 0
 
 
 # ---------------------------------------------------------------- locally connected
