@@ -37,14 +37,21 @@
 // straight-line code: tile_rows_window's math block 3x3 369 [365] instructions per 288 FFMA
 // (78% [79%]), 5x5 500 [496] per 400 (80% [81%]); per-row windows (float32, sm_90) 3x3 s1 35 /
 // 24, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
-// wgrad: channels_last with 4-byte accumulators at stride 1 runs channel quads on the strip tiles
+// wgrad: 4-byte accumulators at stride 1 run channel quads on the strip tiles (channels_first: see below)
 // (wgrad_quad: a thread sums 4 channels of one output row of 8 pixels, dy in registers, 16-byte
 // shared loads), whose report's hot loop is the 4-pixel loop of wgrad_quad_row (dy loads, x
 // loads, FFMA; 160 FFMA): float32 195 [195] instructions (82%), 16-bit 211 (76%: the dy
 // widening); per thread and tile, x copies and walk included (inspect's 56 x 56 layer, 8 x 32
 // tile, estimated from the static bodies), 3x3 float32 about 2.2 instructions per FFMA (the row
-// strips: about 2.8); docs/kernels.md. float64 NHWC (5x5 rows, both loaders) 286 [277] per 120
-// DFMA, NCHW 372 (16-bit 420, f64 354): their loaders, not their math, hold most of it. channels_last
+// strips: about 2.8); docs/kernels.md. channels_first with 4-byte accumulators and transposable,
+// 32-byte aligned sources runs the same quads on the same strip tiles, both tiles copied by
+// load_tile_transposed (channel-minor, pitch DW_TRANSPOSED_PITCH; x + dy up to DW_WG_CF_MAX_SHARED,
+// opt-in dynamic shared memory above 48 KB: one block per SM on sm_80) and dy read from its tile
+// (wgrad_quad_row_tile): hot loop 188 [189] instructions per 160 FFMA (85%) in every 4-byte dtype,
+// before 372-420 per 120 (29-32%); per thread and tile (3x3, 56 x 56, estimated) float32 about 18.5
+// -> 9.4 instructions per FFMA, 16-bit 24.4 -> 6.8, the transposing loader 80-85% of it.
+// float64 NHWC (5x5 rows, both loaders) 286 [277] per 120 DFMA, NCHW 354: their loaders, not
+// their math, hold most of it. channels_last
 // copies through load_tile_vec_walk (fwd and stride-1 dgrad too), 13-14 instructions a 16-byte
 // copy in float32 / float64 (cp.async; + 3 never-executed `@!PT LDS` the compiler pads LDGSTS
 // with), 34-36 in 16-bit (widening, two stores), against 38-42 / 57-65 in load_tile_vec (sm_90).

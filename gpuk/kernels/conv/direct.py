@@ -252,8 +252,8 @@ def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial,
     spans = set(_tap_groups(kernel_spatial))
     reduction = DW_ROWS * DW_WG_TAPS * DW_CHANNELS * _acc_bytes(dtype)
     # channel quads: channels_last, or channels_first whose sources the transposing loader takes
-    # (x and dy tiles channel-minor; a source the kernel finds unaligned takes the element loader
-    # at the smaller pitch, the same quads with 4-byte shared loads)
+    # (x and dy tiles channel-minor, up to DW_WG_CF_MAX_SHARED; views not 32-byte aligned get the
+    # runner's second launch, on the tile of quads=False)
     if (quads and (not channels_first or transposable) and _acc_bytes(dtype) == 4 and k_d == 1 and k_w in (3, 5)
             and _unit_steps(strides, dilation)):
         strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in spans), pixel_bytes, reduction,
