@@ -948,3 +948,52 @@ def test_depthwise_wgrad_channel_quads(kernel_runtime, case, dtype):
         ref = twin.depthwise_conv_wgrad(x.astype(np.float64), dy.astype(np.float64), *args[2:])
         out = conv.depthwise_conv_wgrad(to_device(kernel_runtime, x), shifted, *args[2:], runtime=kernel_runtime)
         assert_close(out, ref, dtype, 'depthwise_conv_wgrad, dy misaligned')
+
+
+# channels_first wgrad's channel quads (conv_depthwise.cu: x and dy tiles both copied channel-minor
+# by load_tile_transposed, 16-byte shared loads of 4 channels for both): partial tiles along H and
+# W (16 x 28 and 26 x 12 on 16 x 16 tiles), a partial channel tile (40), 5x5 (tap groups of 2, 2 and 1
+# kernel rows), 7x3 (3, 3, 1), 5x3 with padding wider than the filter's half, a 3-D problem with
+# k_d = 1, a depth multiplier of 3, and 14 x 14 planes (whole 16-byte vectors in float32 only: the
+# 16-bit sources are not transposable, so they keep one row per thread)
+DEPTHWISE_QUAD_CF_CASES = [
+    ((16, 28), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),
+    ((26, 12), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 24, 1),
+    ((16, 16), (7, 3), (1, 1), (1, 1), ((3, 3), (1, 1)), 16, 1),
+    ((13, 24), (5, 3), (1, 1), (1, 1), ((2, 2), (3, 3)), 8, 1),
+    ((2, 16, 12), (1, 3, 3), (1, 1, 1), (1, 1, 1), ((0, 0), (1, 1), (1, 1)), 8, 1),
+    ((16, 16), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 4, 3),
+    ((14, 14), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 32, 1),
+]
+
+
+@pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize('case', DEPTHWISE_QUAD_CF_CASES, ids=_ids(DEPTHWISE_QUAD_CF_CASES))
+def test_depthwise_wgrad_channel_quads_channels_first(kernel_runtime, case, dtype):
+    """channels_first: the launcher's choice is the quads for 4-byte accumulators where both
+    sources are transposable (their strip tile holds the x and dy tiles, above 48 KB: the runtime
+    opts the kernel in), 'rows' otherwise; the sums match the twin's with and without splits."""
+    spatial, kernel, strides, dilation, pads, c_in, mult = case
+    x, w, dy = _depthwise_arrays(case, dtype, 'channels_first', seed=13)
+    in_pixels, out_pixels = int(np.prod(x.shape[2:])), int(np.prod(dy.shape[2:]))
+    transposable = conv_direct.wgrad_transposable(dtype, c_in, mult, in_pixels, out_pixels)
+    tile = conv_direct.depthwise_wgrad_tile('t', dtype, True, dy.shape[2:], kernel, strides, dilation, transposable)
+    math_path = conv_direct.depthwise_wgrad_math(tile)
+    quads = np.dtype(dtype) != np.float64 and transposable
+    assert math_path == ('quads' if quads else 'rows'), (tile, math_path)
+    if quads:
+        assert conv_direct.DW_MAX_SHARED < tile.shared_bytes <= conv_direct.DW_WG_CF_MAX_SHARED, tile
+    args = (x, dy, w.shape, strides, dilation, pads, 'channels_first')
+    for splits in (None, 3):
+        with conv_tiles.forced(splits=splits):
+            assert_matches_twin(conv.depthwise_conv_wgrad, twin.depthwise_conv_wgrad, args, kernel_runtime)
+    if quads and np.dtype(dtype) == np.float32 and len(spatial) == 2:
+        # a dy view 4 bytes past a 32-byte boundary: the launcher takes the tile without quads
+        # (the kernel's quads there need the transposing loader's aligned sources)
+        flat = kernel_runtime.xp.zeros(dy.size + 1, dtype)
+        shifted = flat[1:].reshape(dy.shape)
+        shifted[...] = to_device(kernel_runtime, dy)
+        assert not conv_direct._aligned32(shifted)
+        ref = twin.depthwise_conv_wgrad(x.astype(np.float64), dy.astype(np.float64), *args[2:])
+        out = conv.depthwise_conv_wgrad(to_device(kernel_runtime, x), shifted, *args[2:], runtime=kernel_runtime)
+        assert_close(out, ref, dtype, 'depthwise_conv_wgrad, dy misaligned')

@@ -37,14 +37,21 @@
 // straight-line code: tile_rows_window's math block 3x3 369 [365] instructions per 288 FFMA
 // (78% [79%]), 5x5 500 [496] per 400 (80% [81%]); per-row windows (float32, sm_90) 3x3 s1 35 /
 // 24, 3x3 s2 43 / 24, 5x5 s1 55 / 40, 5x5 s2 62 / 40 (dgrad 3x3 36 / 24).
-// wgrad: channels_last with 4-byte accumulators at stride 1 runs channel quads on the strip tiles
+// wgrad: 4-byte accumulators at stride 1 run channel quads on the strip tiles (channels_first: see below)
 // (wgrad_quad: a thread sums 4 channels of one output row of 8 pixels, dy in registers, 16-byte
 // shared loads), whose report's hot loop is the 4-pixel loop of wgrad_quad_row (dy loads, x
 // loads, FFMA; 160 FFMA): float32 195 [195] instructions (82%), 16-bit 211 (76%: the dy
 // widening); per thread and tile, x copies and walk included (inspect's 56 x 56 layer, 8 x 32
 // tile, estimated from the static bodies), 3x3 float32 about 2.2 instructions per FFMA (the row
-// strips: about 2.8); docs/kernels.md. float64 NHWC (5x5 rows, both loaders) 286 [277] per 120
-// DFMA, NCHW 372 (16-bit 420, f64 354): their loaders, not their math, hold most of it. channels_last
+// strips: about 2.8); docs/kernels.md. channels_first with 4-byte accumulators and transposable,
+// 32-byte aligned sources runs the same quads on the same strip tiles, both tiles copied by
+// load_tile_transposed (channel-minor, pitch DW_TRANSPOSED_PITCH; x + dy up to DW_WG_CF_MAX_SHARED,
+// opt-in dynamic shared memory above 48 KB: one block per SM on sm_80) and dy read from its tile
+// (wgrad_quad_row_tile): hot loop 188 [189] instructions per 160 FFMA (85%) in every 4-byte dtype,
+// before 372-420 per 120 (29-32%); per thread and tile (3x3, 56 x 56, estimated) float32 about 18.5
+// -> 9.4 instructions per FFMA, 16-bit 24.4 -> 6.8, the transposing loader 80-85% of it.
+// float64 NHWC (5x5 rows, both loaders) 286 [277] per 120 DFMA, NCHW 354: their loaders, not
+// their math, hold most of it. channels_last
 // copies through load_tile_vec_walk (fwd and stride-1 dgrad too), 13-14 instructions a 16-byte
 // copy in float32 / float64 (cp.async; + 3 never-executed `@!PT LDS` the compiler pads LDGSTS
 // with), 34-36 in 16-bit (widening, two stores), against 38-42 / 57-65 in load_tile_vec (sm_90).
@@ -1246,6 +1253,14 @@ __device__ __forceinline__ float4 load_quad(const elem_t* p, int lanes) {
     }
 }
 
+// 4 lanes of one tile pixel, one LDS.128 (the quads' pitches keep them 16-byte aligned: channels_last
+// DW_PITCH, channels_first DW_TRANSPOSED_PITCH)
+template <int P>
+__device__ __forceinline__ float4 load_tile_quad(const float* p) {
+    static_assert(P % 4 == 0, "channel quads: 16-byte aligned tile pixels");
+    return load_float4(p);
+}
+
 template <int KW, int P>
 __device__ __forceinline__ void wgrad_quad(const float* x, int row_pitch, int kh_rows, const float4 (&dyv)[DW_WG_QPIX],
                                            float* acc) {
@@ -1256,7 +1271,7 @@ __device__ __forceinline__ void wgrad_quad(const float* x, int row_pitch, int kh
             const float* p = x + kh * row_pitch;
 #pragma unroll
             for (int c = 0; c < DW_WG_QPIX - 1 + KW; ++c) {
-                const float4 v = load_float4(p + c * P);
+                const float4 v = load_tile_quad<P>(p + c * P);
 #pragma unroll
                 for (int kw = 0; kw < KW; ++kw) {
                     const int q = c - kw;
@@ -1291,6 +1306,24 @@ __device__ __forceinline__ void wgrad_quad_row(const float* x, int row_pitch, in
         }
         wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
         x += DW_WG_QPIX * P;
+    }
+}
+
+// The same for channels_first (where the sources are wgrad_vector_source): the worker's dy pixels from the dy tile, which
+// load_tile_transposed has stored channel-minor like x (a pixel's 32 lanes contiguous, zeros
+// outside dy), DW_WG_QPIX pixels at a time as 16-byte shared loads (a quarter warp: the 8 quads
+// of one pixel, 128 contiguous bytes); no bounds, no widening (the tile holds floats).
+template <int KW, int P>
+__device__ __forceinline__ void wgrad_quad_row_tile(const float* x, int row_pitch, int kh_rows, const float* dy,
+                                                    float* acc) {
+#pragma unroll 1
+    for (int h = 0; h < DW_PIX; h += DW_WG_QPIX) {
+        float4 dyv[DW_WG_QPIX];
+#pragma unroll
+        for (int q = 0; q < DW_WG_QPIX; ++q) dyv[q] = load_tile_quad<P>(dy + q * P);
+        wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
+        x += DW_WG_QPIX * P;
+        dy += DW_WG_QPIX * P;
     }
 }
 
@@ -1363,12 +1396,15 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     const unsigned x_plane = (unsigned)g.xs.h * g.xs.w * g.xs.channels, dy_plane = (unsigned)g.ds.h * g.ds.w * g.ds.channels;
     const elem_t* x_base = g.xs.sample + (long long)n * g.xs.channels * g.xs.pixels + j0 + x_walk.lane0;
     const elem_t* dy_base = g.ds.sample + (long long)n * g.ds.channels * g.ds.pixels + j0 + dy_walk.lane0;
+#endif
     // channel quads (see wgrad_quad): this thread's quad, its worker's output row and segment,
     // its input run, how many of its 4 channels exist (4 or none with 16-byte sources)
     const int quad = threadIdx.x % 8, worker = threadIdx.y * (DW_CHANNELS / 8) + threadIdx.x / 8;
     const int wrow = QUAD ? worker / (g.cols / DW_PIX) : 0, wseg = QUAD ? worker % (g.cols / DW_PIX) : 0;
     const acc_t* x_quad = x_tile + (wrow * g.cols_in + wseg * DW_PIX) * P + quad * 4 + tap_off[0];
     const int q_lanes = min(4, g.ds.lanes - (j0 + quad * 4));
+#if !DW_CHANNELS_LAST
+    const acc_t* dy_quad = dy_tile + (wrow * g.cols + wseg * DW_PIX) * P + quad * 4;
 #endif
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
@@ -1405,7 +1441,7 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
                                  oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in,
                                  g.cols_in, j0, x_at, x_lanes, x_vec);
         }
-        if constexpr (!QUAD)
+        if constexpr (!QUAD || !DW_CHANNELS_LAST)   // (channels_first quads read dy from its tile too)
             wgrad_load_tile<VEC>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes, dy_vec);
         }
         __syncthreads();
@@ -1422,6 +1458,12 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
             } else if (nq > 0) {   // the right edge of dy (a row or channel quad outside it: no work)
                 wgrad_quad_row<KW, P, VEC, true>(x_quad, g.cols_in * P, g.taps / KW, d, off, c, nq, q_lanes, acc);
             }
+        } else
+#else
+        if constexpr (QUAD) {
+            // (rows and channel quads outside dy add zeros: their dy tile values are zeros; a test
+            // to skip them kept registers live across the tile loop, which spilled on sm_80)
+            wgrad_quad_row_tile<KW, P>(x_quad, g.cols_in * P, g.taps / KW, dy_quad, acc);
         } else
 #endif
         if (g.active) {
@@ -1452,12 +1494,6 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     }
 }
 
-// Whether depthwise_wgrad runs the channel quads (wgrad_quad): channels_last, 4-byte accumulators,
-// the launcher's strip tile (depthwise_wgrad_tile; direct.depthwise_wgrad_math says the same).
-__device__ __forceinline__ bool wgrad_quads(const DwWgradWalk& g) {
-    return DW_CHANNELS_LAST && sizeof(acc_t) == 4 && g.tile_rows * (g.cols / DW_PIX) > DW_ROWS;
-}
-
 // The channel quads' sums into depthwise_wgrad's reduction buffer (its layout: DW_ROWS x
 // DW_WG_TAPS x DW_CHANNELS): a warp's 4 workers first (lanes 8 and 16 apart, one butterfly, so
 // the same sums in the same order in every lane), then its 8 quads store the warp's row.
@@ -1481,11 +1517,12 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
                                             const int tap_off[DW_WG_TAPS], int k_w, int dil_w, int group_taps,
                                             acc_t* acc) {
     const bool rows = dil_w == 1 && group_taps % k_w == 0;
-#if DW_CHANNELS_LAST
     // channel quads on the strip tiles (4 x DW_ROWS rows of DW_PIX pixels; the launcher's
     // depthwise_wgrad_tile picks them for 3- and 5-wide rows at stride 1, dilation 1, k_d = 1, and
     // groups of at most DW_WG_QTAPS taps), which write their sums here
-    if constexpr (sizeof(acc_t) == 4) {
+    // channels_first: only with the transposing loader (VEC; the launcher gives strip tiles only to
+    // sources it can take, and to views not 32-byte aligned the tile without quads: direct.py)
+    if constexpr (sizeof(acc_t) == 4 && (DW_CHANNELS_LAST || VEC)) {
         if (g.tile_rows * (g.cols / DW_PIX) > DW_ROWS) {   // (wgrad_quads)
             acc_t qacc[DW_WG_QTAPS * 4];   // [tap][channel of the quad]
 #pragma unroll
@@ -1496,7 +1533,6 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
             return;
         }
     }
-#endif
     if (rows && k_w == 3 && g.s_w == 1) wgrad_tiles<3, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else if (rows && k_w == 3 && g.s_w == 2) wgrad_tiles<3, 2, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else if (rows && k_w == 5 && g.s_w == 1) wgrad_tiles<5, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
@@ -1504,6 +1540,15 @@ __device__ __forceinline__ void wgrad_paths(const DwWgradWalk& g, acc_t* x_tile,
     else if (g.s_w == 1) wgrad_tiles<0, 1, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else if (g.s_w == 2) wgrad_tiles<0, 2, VEC>(g, x_tile, dy_tile, tap_off, acc);
     else wgrad_tiles<0, 0, VEC>(g, x_tile, dy_tile, tap_off, acc);
+}
+
+// Whether depthwise_wgrad ran the channel quads (wgrad_quad), which have stored their sums: 4-byte
+// accumulators on the launcher's strip tile (depthwise_wgrad_tile; direct.depthwise_wgrad_math says
+// the same). In channels_first the launcher gives strip tiles only to sources the transposing
+// loader takes (wgrad_paths' VEC; not testing `vec` here keeps it from living to the end, which
+// spilled 16 bytes in 16-bit on sm_80).
+__device__ __forceinline__ bool wgrad_quads(const DwWgradWalk& g) {
+    return sizeof(acc_t) == 4 && g.tile_rows * (g.cols / DW_PIX) > DW_ROWS;
 }
 
 // depthwise_wgrad: dw[tap, j] = sum over (n, o) of x[n, o*s - pad + tap*dil, j / M] * dy[n, o, j].

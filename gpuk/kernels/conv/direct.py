@@ -23,6 +23,7 @@ DW_WG_TAPS = 15                            # wgrad: most taps one block reduces 
 DW_WG_STRIP = 4                            # wgrad strip tiles: DW_ROWS * DW_WG_STRIP rows (channel quads)
 DW_WG_QTAPS = 10                           # wgrad channel quads: most taps per group (conv_depthwise.cu)
 DW_MAX_SHARED = 48 * 1024                  # the tiles live in (default-sized) dynamic shared memory
+DW_WG_CF_MAX_SHARED = 100 * 1024           # channels_first quads: x and dy tiles (opt-in; 2 blocks per sm_90 SM)
 DW_CHANNELS_FIRST_SEGS = 4                 # channels_first tiles: 2 rows x 32 pixels (loads along W)
 DW_TARGET_BLOCKS = 528                     # wgrad splits pixel tiles until about four waves of 132 SMs
 DW_MIN_TILES_PER_SPLIT = 4
@@ -217,35 +218,46 @@ def _tap_groups(kernel_spatial):
             yield kd_hi - kd_lo, k_h - 1
 
 
-def _wgrad_strip_tile(out_h, out_w, k_w, span_h, pixel_bytes, reduction):
+def _wgrad_strip_tile(out_h, out_w, k_w, span_h, pixel_bytes, reduction, channels_first=False):
     """depthwise_wgrad's strip tiles, DW_ROWS * DW_WG_STRIP rows of DW_PIX pixels, which it runs
     as channel quads (conv_depthwise.cu wgrad_quad: 32 workers of one row, a thread 4 channels;
-    the x tile only in shared memory, dy is read into registers); the shape of the least padding
-    of those that fit DW_MAX_SHARED (ties: 16 x 16, then 8 x 32), or None."""
+    channels_last: the x tile only in shared memory, dy is read into registers, within
+    DW_MAX_SHARED; channels_first: x and dy tiles, both transposed to channel-minor by
+    load_tile_transposed, within DW_WG_CF_MAX_SHARED, dynamic shared memory above 48 KB that the
+    runtime opts the kernel into); the shape of the least padding of those that fit (ties: 16 x 16,
+    then 8 x 32), or None."""
     best = None
+    limit = DW_WG_CF_MAX_SHARED if channels_first else DW_MAX_SHARED
     for segs in (2, 4, 1, 8):
         rows, cols = DW_ROWS // segs * DW_WG_STRIP, segs * DW_PIX
-        nbytes = max(reduction, (rows + span_h) * (cols + k_w - 1) * pixel_bytes)
+        pixels = (rows + span_h) * (cols + k_w - 1) + (rows * cols if channels_first else 0)
+        nbytes = max(reduction, pixels * pixel_bytes)
         covered = _covered(out_h, out_w, rows, segs)
-        if nbytes <= DW_MAX_SHARED and (best is None or covered < best[0]):
+        if nbytes <= limit and (best is None or covered < best[0]):
             best = (covered, DwTile(rows, segs, 1, nbytes, DW_WG_STRIP))
     return best and best[1]
 
 
 def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial, strides, dilation,
-                         transposable=True):
+                         transposable=True, quads=True):
     """The DwTile of depthwise_wgrad (kh_chunk unused): the input tile of the widest tap
     group, the dy tile and the final reduction buffer fit DW_MAX_SHARED. transposable: the
-    sources may take the transposing loader's wider pitch (wgrad_transposable)."""
+    sources may take the transposing loader's wider pitch (wgrad_transposable); quads=False:
+    never the channel quads' strip tiles (channels_first sources that are not 32-byte aligned,
+    which the kernel's quads do not take there)."""
     (_, out_h, out_w), (k_d, _, k_w) = lift3(out_spatial, 1), lift3(kernel_spatial, 1)
     (_, s_h, s_w), (dil_d, dil_h, dil_w) = lift3(strides, 1), lift3(dilation, 1)
     rows, segs = _tile_shape(channels_first, out_h, out_w)
     pixel_bytes = _wgrad_elements_per_pixel(dtype, channels_first, transposable) * _acc_bytes(dtype)
     spans = set(_tap_groups(kernel_spatial))
     reduction = DW_ROWS * DW_WG_TAPS * DW_CHANNELS * _acc_bytes(dtype)
-    if (not channels_first and _acc_bytes(dtype) == 4 and k_d == 1 and k_w in (3, 5)
+    # channel quads: channels_last, or channels_first whose sources the transposing loader takes
+    # (x and dy tiles channel-minor, up to DW_WG_CF_MAX_SHARED; views not 32-byte aligned get the
+    # runner's second launch, on the tile of quads=False)
+    if (quads and (not channels_first or transposable) and _acc_bytes(dtype) == 4 and k_d == 1 and k_w in (3, 5)
             and _unit_steps(strides, dilation)):
-        strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in spans), pixel_bytes, reduction)
+        strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in spans), pixel_bytes, reduction,
+                                  channels_first)
         # not where its taller tile pads the output much more (short images, 1-D filters)
         if strip is not None and (_covered(out_h, out_w, strip.rows, strip.segs)
                                   <= 1.25 * _covered(out_h, out_w, rows, segs)):
@@ -448,40 +460,56 @@ def depthwise_conv_wgrad_runner(x, dy, w_shape, strides, dilation, pads, data_fo
         check_index_limit(fn, 'N * output pixels', n * math.prod(out_spatial))
         _check_sample_sizes(fn, (c_in, c_out), (math.prod(in_spatial), math.prod(out_spatial)), taps * c_out)
         transposable = wgrad_transposable(cx.dtype, c_in, mult, math.prod(in_spatial), math.prod(out_spatial))
-        tile = depthwise_wgrad_tile(fn, cx.dtype, channels_first, out_spatial, kernel_spatial, c_strides, c_dilation,
-                                    transposable)
         out_d, out_h, out_w = lift3(out_spatial, 1)
-        tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
-        # the channel quads hold 4 sums per tap: groups of at most DW_WG_QTAPS taps
-        quads = depthwise_wgrad_math(tile) == 'quads'
-        group_taps = wgrad_group_taps(kernel_spatial, DW_WG_QTAPS if quads else DW_WG_TAPS)
-        channel_tiles, groups = math.ceil(c_out / DW_CHANNELS), math.ceil(taps / group_taps)
-        if groups > MAX_GRID_YZ:
-            raise ValueError('%s: %d filter taps is above the kernel limit of %d'
-                             % (fn, taps, MAX_GRID_YZ * group_taps))
-        splits = forced_splits or depthwise_wgrad_splits(tiles, channel_tiles * groups)
-        per_split = math.ceil(tiles / min(splits, tiles))
-        splits = math.ceil(tiles / per_split)
+        channel_tiles = math.ceil(c_out / DW_CHANNELS)
         defines = depthwise_defines(cx.dtype, channels_first)
-        launch = split_k.wgrad_launch(
-            rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_wgrad', (channel_tiles, groups, splits),
-                             (DW_CHANNELS, DW_ROWS), tile.shared_bytes),
-            (np.int32(n), np.int32(c_in), np.int32(mult),
-             *_depthwise_args(in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads),
-             np.int32(tile.rows), np.int32(tile.segs), np.int32(group_taps), np.int32(per_split)),
-            splits, taps * c_out,
-            lambda blocks: rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_reduce_splits', blocks, DW_THREADS),
-            DW_THREADS)
+
+        def wgrad_launch(quads_allowed):
+            tile = depthwise_wgrad_tile(fn, cx.dtype, channels_first, out_spatial, kernel_spatial, c_strides,
+                                        c_dilation, transposable, quads_allowed)
+            tiles = n * out_d * math.ceil(out_h / tile.rows) * math.ceil(out_w / (tile.segs * DW_PIX))
+            # the channel quads hold 4 sums per tap: groups of at most DW_WG_QTAPS taps
+            quads = depthwise_wgrad_math(tile) == 'quads'
+            group_taps = wgrad_group_taps(kernel_spatial, DW_WG_QTAPS if quads else DW_WG_TAPS)
+            groups = math.ceil(taps / group_taps)
+            if groups > MAX_GRID_YZ:
+                raise ValueError('%s: %d filter taps is above the kernel limit of %d'
+                                 % (fn, taps, MAX_GRID_YZ * group_taps))
+            splits = forced_splits or depthwise_wgrad_splits(tiles, channel_tiles * groups)
+            per_split = math.ceil(tiles / min(splits, tiles))
+            splits = math.ceil(tiles / per_split)
+            return quads, split_k.wgrad_launch(
+                rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_wgrad', (channel_tiles, groups, splits),
+                                 (DW_CHANNELS, DW_ROWS), tile.shared_bytes),
+                (np.int32(n), np.int32(c_in), np.int32(mult),
+                 *_depthwise_args(in_spatial, out_spatial, kernel_spatial, c_strides, c_dilation, c_pads),
+                 np.int32(tile.rows), np.int32(tile.segs), np.int32(group_taps), np.int32(per_split)),
+                splits, taps * c_out,
+                lambda blocks: rt.kernel_launch(DEPTHWISE_SOURCE, defines, 'depthwise_reduce_splits', blocks,
+                                                DW_THREADS),
+                DW_THREADS)
+        quads, launch = wgrad_launch(True)
+        # channels_first quads need both sources 32-byte aligned (the kernel's transposing loader;
+        # its quads have no element-loader variant there, which spilled on sm_80): other views
+        # take the tile without quads, chosen per call
+        unaligned_launch = wgrad_launch(False)[1] if quads and channels_first else None
         xp, c_dtype = rt.xp, cx.dtype
 
         def run(x, dy):
             if conv_tiles.forced_splits() != forced_splits:   # another split count: another problem
                 return depthwise_conv_wgrad(x, dy, w_shape, strides, dilation, pads, data_format, runtime=rt)
             x, dy = _contiguous(rt, x, dy)
-            return split_k.run(xp, x, dy, xp.empty(c_w_shape, c_dtype), launch)
+            chosen = launch if unaligned_launch is None or (_aligned32(x) and _aligned32(dy)) else unaligned_launch
+            return split_k.run(xp, x, dy, xp.empty(c_w_shape, c_dtype), chosen)
         return run
 
     return prepared.get(rt, fn, (x, dy), (w_shape, strides, dilation, pads, data_format, forced_splits), prepare)
+
+
+def _aligned32(array):
+    """Whether the array's first element is 32-byte aligned (conv_depthwise.cu transposable_source)."""
+    pointer = array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
+    return pointer % 32 == 0
 
 
 # ---------------------------------------------------------------- locally connected

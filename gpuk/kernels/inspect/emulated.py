@@ -142,7 +142,14 @@ def _conv_wgmma(rt):
 
 
 def _conv_depthwise(rt):
+    """channels_first wgrad in 2 pixel-tile splits (forced: its 16 x 16 strip tile leaves 2 tiles,
+    too few to split by the launcher's rule), so that depthwise_reduce_splits runs too."""
     from ..conv import direct as conv_direct
+    from ..conv import tiles as conv_tiles
+
+    def wgrad(x, dy, w, g):
+        with conv_tiles.forced(splits=2 if g[-1] == 'channels_first' else None):
+            return conv_direct.depthwise_conv_wgrad(x, dy, w.shape, *g, runtime=rt)
     w = _dev(_rng().standard_normal((3, 3, 32, 1)).astype(np.float32))
     for data_format, name in (('channels_last', 'NHWC 2x16x16x32'), ('channels_first', 'NCHW 2x32x16x16')):
         shape = (2, 16, 16, 32) if data_format == 'channels_last' else (2, 32, 16, 16)
@@ -153,8 +160,8 @@ def _conv_depthwise(rt):
         yield f'fwd {config}', lambda x=x, g=g: conv_direct.depthwise_conv_fwd(x, w, *g, runtime=rt)
         yield f'dgrad {config}', lambda dy=dy, x=x, g=g: conv_direct.depthwise_conv_dgrad(dy, w, x.shape, *g,
                                                                                           runtime=rt)
-        yield f'wgrad {config}', lambda x=x, dy=dy, g=g: conv_direct.depthwise_conv_wgrad(x, dy, w.shape, *g,
-                                                                                          runtime=rt)
+        yield f'wgrad {config}' + (', 2 splits' if data_format == 'channels_first' else ''), \
+            lambda x=x, dy=dy, g=g: wgrad(x, dy, w, g)
 
 
 def _conv_local(rt):
