@@ -399,13 +399,10 @@ def keeps_step_buffers():
 def stop_keeping_buffers():
     """StepBuffers keep no buffer from now on, for the rest of the process: called after an
     allocation failure (device.release_memory, which also drops the kept ones), where the pool's
-    reuse of blocks between values never alive together is what lets a step fit. Returns
-    whether they were kept until now."""
-    if _stopped[0]:
-        return False
-    _stopped[0] = True
-    _not_kept[0] += 1
-    return True
+    reuse of blocks between values never alive together is what lets a step fit."""
+    if not _stopped[0]:
+        _stopped[0] = True
+        _not_kept[0] += 1
 
 
 @contextlib.contextmanager
