@@ -23,9 +23,12 @@ Per (plan, input shapes and dtypes), on the CUDA runtime:
    kernel, no allocation. Outputs are the graph's fixed output buffers (K.function copies
    them to the host at once).
 
-Variables keep their buffers: a graph writes updates in place, and a variable whose value
-was replaced since the capture (K.set_value, another function's update) is copied into the
-graph's buffer before the replay. Up to MAX_GRAPHS signatures are kept per plan; a new
+Variables keep their buffers: a graph writes updates in place, into buffers the capture gave
+each updated variable (copies: a value shared with another variable, a plan constant or a view
+of one must never be written), after copying aside any target that reads them (an output that
+is an updated variable is its value before the update); a variable whose value was replaced
+since the capture (K.set_value, another function's update) is copied into the graph's buffer
+before the replay. Up to MAX_GRAPHS signatures are kept per plan; a new
 shape beyond them runs plain. ``GPUK_CUDA_GRAPHS=0`` turns the path off (read per call).
 """
 import contextlib
@@ -95,9 +98,18 @@ class CapturedStep:
         self.xp = xp
         self.stream = xp.cuda.Stream(non_blocking=False)   # ordered with the legacy default stream
         self.pool = xp.cuda.MemoryPool()
+        # The graph reads the variables in place: contiguous device arrays. It writes the updated
+        # ones in place too, so each gets a copy of its own here: its value may be shared with
+        # another variable (K.update(a, x) and K.update(b, x) in a plain step, K.update(a, b)),
+        # a plan's folded constant or K.shape array, or a view of any of them, which a replay
+        # must never write (a plain step assigns a new array instead).
+        updated = {id(variable) for variable, _ in updates}
         for variable in [v for _, v in plan.variables] + [v for v, _ in updates]:
-            value = variable.value   # the graph reads and writes it in place: a contiguous device array
-            if not isinstance(value, xp.ndarray) or not value.flags.c_contiguous:
+            value = variable.value
+            if id(variable) in updated:
+                updated.discard(id(variable))   # once, however many updates it has
+                variable.value = xp.array(value, dtype=variable.dtype, order='C')   # a copy
+            elif not isinstance(value, xp.ndarray) or not value.flags.c_contiguous:
                 variable.value = xp.array(value, dtype=variable.dtype, order='C')   # keeps 0-d shapes
         self.variables = [(variable, variable.value) for _, variable in plan.variables]
         self.updates = [(variable, variable.value, index) for variable, index in updates]
@@ -123,7 +135,7 @@ class CapturedStep:
                     try:
                         with runtime.prepared_launches(), counters.counting() as held, \
                                 deferred.collecting() as self.checks:
-                            self.values = plan.run(self.inputs)
+                            self.values = list(plan.run(self.inputs))
                             # the device-side value checks: their flags are recomputed by each
                             # replay and gate its update copies
                             self.failed = deferred.any_failed(self.checks) if self.checks else None
@@ -149,17 +161,23 @@ class CapturedStep:
         variable as it was."""
         xp = self.xp
         buffers = [buffer for _, buffer, _ in self.updates]
-        staged = []
-        for variable, buffer, index in self.updates:
+        for variable, _, index in self.updates:
             value = self.values[index]
             if tuple(value.shape) != tuple(variable.shape):   # a plain call raises the user's error
                 raise CaptureRefused('update of %r has shape %s, variable has %s'
                                      % (variable.name, tuple(value.shape), variable.shape))
-            if any(xp.may_share_memory(value, other) for other in buffers):
-                aside = xp.empty(value.shape, value.dtype)
-                xp.copyto(aside, value)
-                value = aside
-            staged.append(value)
+        # every target that reads an updated buffer (an update's new value, an output that is a
+        # variable or a view of one) is copied aside first: outputs are the values before the
+        # updates, as in a plain call
+        aside = {}
+        for index, value in enumerate(self.values):
+            if hasattr(value, 'shape') and any(xp.may_share_memory(value, other) for other in buffers):
+                if id(value) not in aside:
+                    copy = xp.empty(value.shape, value.dtype)
+                    xp.copyto(copy, value)
+                    aside[id(value)] = copy
+                self.values[index] = aside[id(value)]
+        staged = [self.values[index] for _, _, index in self.updates]
         keep = None if failed is None else xp.logical_not(failed).reshape(())
         for (variable, buffer, _), value in zip(self.updates, staged):
             value = value.astype(variable.dtype, copy=False)
