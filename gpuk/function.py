@@ -580,6 +580,8 @@ class Function:
             value = value.astype(variable.dtype, copy=False)
             if isinstance(value, np.ndarray) and any(np.may_share_memory(value, a) for a in arrays):
                 value = value.copy()  # a fed array: the caller may change it later
+            elif cuda_graph.owns(value):
+                value = value.copy()  # a captured graph's variable buffer, which its replays write
             staged.append(value)
         # and the loss scales' (their device values allocate too): an allocation failure up to
         # here changed nothing, so Function.__call__ may run the call again

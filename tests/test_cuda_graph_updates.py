@@ -69,3 +69,52 @@ def test_a_replay_writes_no_buffer_it_shares_and_equals_plain_launches_and_numpy
         for k, (a, b, n) in enumerate(zip(got, want, host)):
             np.testing.assert_array_equal(a, b, err_msg='call %d, value %d' % (call, k))
             np.testing.assert_allclose(a, n, rtol=1e-5, atol=1e-5, err_msg='call %d, value %d' % (call, k))
+
+
+def _sharing_after_capture(seed):
+    """Buffers shared after a capture: a plain step that assigns a graph's updated variable to
+    another variable, and a variable the graph only reads, shared at capture, then replaced."""
+    rng = np.random.default_rng(seed)
+    x = K.placeholder((2, 8, 8, 3))
+    w = K.variable(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
+    b = K.variable(rng.standard_normal(4).astype(np.float32))
+    y = K.pool2d(K.relu(K.bias_add(K.conv2d(x, w), b)), (2, 2), strides=(2, 2))
+    u, v, c, d = [K.variable(np.zeros((2, 3, 3, 4), np.float32)) for _ in range(4)]
+    f = K.function([x], [c], updates=[(u, y)])               # reads c, updates u
+    adopt = K.function([], [], updates=[(v, u)])             # plain: v holds u's value itself
+    share = K.function([x], [], updates=[(c, y), (d, y)])    # plain: c and d hold one array
+    seen, replays = [], 0
+
+    def call(function, *inputs):
+        nonlocal replays
+        with counters.counting() as counted:
+            out = function(list(inputs))
+        replays += counted.graph_replays
+        seen.append([np.array(o) for o in out] + [K.get_value(t) for t in (u, v, c, d)])
+
+    def batch():
+        return rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+
+    call(f, batch())          # plain
+    call(share, batch())      # c and d share
+    call(f, batch())          # captured with c shared, replayed
+    call(adopt)               # v holds u's value (the graph's buffer on the CUDA path)
+    call(f, batch())          # replayed: writes u
+    K.set_value(c, np.full((2, 3, 3, 4), 3.0, np.float32))
+    call(f, batch())          # replayed: c copied into the graph's buffer first
+    return seen, replays
+
+
+def test_a_replay_writes_no_buffer_shared_after_its_capture(on, monkeypatch):
+    on('cuda')
+    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '1')
+    replayed, replays = _sharing_after_capture(1)
+    assert replays == 3, replays
+    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '0')
+    plain, _ = _sharing_after_capture(1)
+    on('cpu')
+    numpy, _ = _sharing_after_capture(1)
+    for call, (got, want, host) in enumerate(zip(replayed, plain, numpy)):
+        for k, (a, b, n) in enumerate(zip(got, want, host)):
+            np.testing.assert_array_equal(a, b, err_msg='call %d, value %d' % (call, k))
+            np.testing.assert_allclose(a, n, rtol=1e-5, atol=1e-5, err_msg='call %d, value %d' % (call, k))
