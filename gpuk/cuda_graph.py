@@ -23,13 +23,18 @@ Per (plan, input shapes and dtypes), on the CUDA runtime:
    kernel, no allocation. Outputs are the graph's fixed output buffers (K.function copies
    them to the host at once).
 
-Variables keep their buffers: a graph writes updates in place, and a variable whose value
-was replaced since the capture (K.set_value, another function's update) is copied into the
-graph's buffer before the replay. Up to MAX_GRAPHS signatures are kept per plan; a new
+Variables keep their buffers: a graph writes updates in place, into buffers the capture gave
+each variable it reads or updates (copies: a value shared with another variable, a plan
+constant or a view of one must never be written), after copying aside any target that reads
+them (an output that is an updated variable is its value before the update); a variable whose
+value was replaced since the capture (K.set_value, another function's update) is copied into
+the graph's buffer before the replay. No other variable comes to hold a graph's buffer: a plain
+step's update value that is one (``owns``) is copied first (gpuk/function.py). Up to MAX_GRAPHS signatures are kept per plan; a new
 shape beyond them runs plain. ``GPUK_CUDA_GRAPHS=0`` turns the path off (read per call).
 """
 import contextlib
 import os
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -78,6 +83,35 @@ def _random_ops(op, seen):
     return False
 
 
+# id(buffer) -> a weak reference to the CapturedStep whose graph reads or writes that variable
+# buffer in place (the step holds the buffer, so the id is that buffer's while the step lives)
+_owned = {}
+
+
+def _own(buffers, step):
+    ids = {id(buffer) for buffer in buffers}
+
+    def forget(ref):   # runs as the step dies, before its buffers do
+        for key in ids:
+            if _owned.get(key) is ref:
+                del _owned[key]
+    ref = weakref.ref(step, forget)
+    for key in ids:
+        _owned[key] = ref
+
+
+def owns(array):
+    """Whether ``array`` is, or is a view of, a variable buffer a captured graph reads or writes
+    in place: K.function copies such an update value before another variable may hold it."""
+    if not _owned:
+        return False
+    for candidate in (array, getattr(array, 'base', None)):
+        ref = _owned.get(id(candidate))
+        if ref is not None and ref() is not None:
+            return True
+    return False
+
+
 class CaptureRefused(Exception):
     """This signature keeps plain launches (the message says why)."""
 
@@ -95,10 +129,18 @@ class CapturedStep:
         self.xp = xp
         self.stream = xp.cuda.Stream(non_blocking=False)   # ordered with the legacy default stream
         self.pool = xp.cuda.MemoryPool()
+        # The graph reads the variables in place and writes the updated ones in place: each gets
+        # a contiguous copy of its own here (keeping 0-d shapes), the graph's buffer. Its value
+        # may be shared with another variable (K.update(a, x) and K.update(b, x) in a plain step,
+        # K.update(a, b)), a plan's folded constant or K.shape array, or a view of any of them,
+        # which a replay must never write: neither its update copies nor its copy of a variable
+        # replaced since the capture (a plain step assigns a new array instead). A plain step
+        # that would make another variable hold a graph's buffer copies it (owns()).
+        copied = set()
         for variable in [v for _, v in plan.variables] + [v for v, _ in updates]:
-            value = variable.value   # the graph reads and writes it in place: a contiguous device array
-            if not isinstance(value, xp.ndarray) or not value.flags.c_contiguous:
-                variable.value = xp.array(value, dtype=variable.dtype, order='C')   # keeps 0-d shapes
+            if id(variable) not in copied:   # once, however many reads and updates it has
+                copied.add(id(variable))
+                variable.value = xp.array(variable.value, dtype=variable.dtype, order='C')
         self.variables = [(variable, variable.value) for _, variable in plan.variables]
         self.updates = [(variable, variable.value, index) for variable, index in updates]
         # the plan steps' reused output buffers (prepared.StepBuffers) start over, here and after
@@ -123,7 +165,7 @@ class CapturedStep:
                     try:
                         with runtime.prepared_launches(), counters.counting() as held, \
                                 deferred.collecting() as self.checks:
-                            self.values = plan.run(self.inputs)
+                            self.values = list(plan.run(self.inputs))
                             # the device-side value checks: their flags are recomputed by each
                             # replay and gate its update copies
                             self.failed = deferred.any_failed(self.checks) if self.checks else None
@@ -131,6 +173,7 @@ class CapturedStep:
                     finally:
                         graph = self.stream.end_capture()   # raises when the capture was invalidated
                     self.graph = graph
+                    _own([buffer for _, buffer in self.variables] + [buffer for _, buffer, _ in self.updates], self)
                     # what the graph holds: gpuk's launches, and the steps computed with xp (CuPy's kernels)
                     self.launches, self.xp_steps = held.launches, held.xp_steps
         finally:
@@ -149,17 +192,23 @@ class CapturedStep:
         variable as it was."""
         xp = self.xp
         buffers = [buffer for _, buffer, _ in self.updates]
-        staged = []
-        for variable, buffer, index in self.updates:
+        for variable, _, index in self.updates:
             value = self.values[index]
             if tuple(value.shape) != tuple(variable.shape):   # a plain call raises the user's error
                 raise CaptureRefused('update of %r has shape %s, variable has %s'
                                      % (variable.name, tuple(value.shape), variable.shape))
-            if any(xp.may_share_memory(value, other) for other in buffers):
-                aside = xp.empty(value.shape, value.dtype)
-                xp.copyto(aside, value)
-                value = aside
-            staged.append(value)
+        # every target that reads an updated buffer (an update's new value, an output that is a
+        # variable or a view of one) is copied aside first: outputs are the values before the
+        # updates, as in a plain call
+        aside = {}
+        for index, value in enumerate(self.values):
+            if hasattr(value, 'shape') and any(xp.may_share_memory(value, other) for other in buffers):
+                if id(value) not in aside:
+                    copy = xp.empty(value.shape, value.dtype)
+                    xp.copyto(copy, value)
+                    aside[id(value)] = copy
+                self.values[index] = aside[id(value)]
+        staged = [self.values[index] for _, _, index in self.updates]
         keep = None if failed is None else xp.logical_not(failed).reshape(())
         for (variable, buffer, _), value in zip(self.updates, staged):
             value = value.astype(variable.dtype, copy=False)

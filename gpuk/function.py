@@ -516,17 +516,22 @@ class Function:
 
     def _checked_step(self, inputs, replayed_graphs):
         """``_step`` on ``inputs`` made device arrays; an allocation failure raises
-        gpuk.OutOfMemoryError after releasing the call's memory (device.release_memory)."""
+        gpuk.OutOfMemoryError after releasing the call's memory (device.release_memory) and
+        dropping the call's deferred value checks unread (as device.run_deferring does for a
+        plain run's steps): a replayed graph's combined check, pending from the replay until the
+        outputs' host copies, must not be read by the next call."""
         arrays = None
         try:
             arrays = [_input_array(p, v) for p, v in zip(self.inputs, inputs)]
             return self._step(arrays, replayed_graphs)
         except device.OutOfMemoryError as error:   # a plan step's, named after its K function
+            deferred.discard()
             device.release_memory(error)
             raise
-        except Exception as error:   # outside the steps: an input's cast, its copy in, an update's cast
-            if not device.out_of_memory(error):
+        except Exception as error:   # outside the steps: an input's cast, its copy in, the outputs'
+            if not device.out_of_memory(error):   # host copies, an update's cast
                 raise
+            deferred.discard()
             failed = device.OutOfMemoryError.of(self.name or 'function', error, inputs if arrays is None else arrays,
                                                 replayed=bool(replayed_graphs))
             device.release_memory(error)
@@ -575,6 +580,8 @@ class Function:
             value = value.astype(variable.dtype, copy=False)
             if isinstance(value, np.ndarray) and any(np.may_share_memory(value, a) for a in arrays):
                 value = value.copy()  # a fed array: the caller may change it later
+            elif cuda_graph.owns(value):
+                value = value.copy()  # a captured graph's variable buffer, which its replays write
             staged.append(value)
         # and the loss scales' (their device values allocate too): an allocation failure up to
         # here changed nothing, so Function.__call__ may run the call again

@@ -814,3 +814,33 @@ def test_a_replayed_call_that_then_runs_out_of_memory_is_not_run_again(monkeypat
     assert 'No variable was updated' not in str(caught.value), str(caught.value)
     assert str(caught.value).endswith('The step\'s updates were applied (a replayed CUDA Graph writes them '
                                       'itself) and its outputs lost; the call\'s memory was released.'), str(caught.value)
+
+
+@pytest.mark.gpu
+def test_a_replayed_call_whose_outputs_fail_to_reach_the_host_leaves_no_value_check_pending(on, rng, monkeypatch):
+    """A replay hands its value checks to K.function, which reads them with the outputs: when
+    the outputs' host copies run out of memory, the checks go unread with the failed call (as a
+    plain call's do, device.run_deferring) instead of being read by the next call."""
+    from gpuk import function
+    on('cuda')
+    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '1')
+    x, labels = K.placeholder((2, 8, 8, 3)), K.placeholder((None,), dtype='int32')
+    w = K.variable(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
+    y = K.pool2d(K.relu(K.conv2d(x, w)), (2, 2), strides=(2, 2))
+    loss = K.sparse_categorical_crossentropy(labels, K.reshape(y, (-1, 4)), from_logits=True)
+    v = K.variable(np.zeros(18, np.float32))
+    f = K.function([x, labels], [loss], updates=[K.update(v, loss)])
+    good = np.arange(18, dtype=np.int32) % 4
+    batch = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    for _ in range(2):                         # plain, then captured and replayed
+        f([batch, good])
+    assert len(f._compiled().graphs.captured) == 1 and deferred.pending_count() == 0
+    host_copy = function._host_copy
+    monkeypatch.setattr(function, '_host_copy', lambda value: _raise(MemoryError('Unable to allocate 72 bytes')))
+    with counters.counting() as counted, pytest.raises(gpuk.OutOfMemoryError):
+        f([batch, good])
+    assert counted.graph_replays == 1
+    assert deferred.pending_count() == 0
+    monkeypatch.setattr(function, '_host_copy', host_copy)
+    out, = f([batch, good])
+    np.testing.assert_array_equal(K.get_value(v), out)

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from gpuk.cpu_fallback import matmul as twin
-from .runtime import counters, prepared, resolve
+from .runtime import counters, device_pointer, prepared, resolve
 
 __all__ = list(twin.__all__)
 
@@ -49,12 +49,6 @@ def _batched(xp, array, batch):
     return xp.ascontiguousarray(full), rows * cols
 
 
-def _pointer(array):
-    """The array's device address (a host address for NumPy arrays, which the GPU
-    rehearsal's stand-in cuBLAS reads)."""
-    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
-
-
 def gemm_arguments(a, b, out, xp):
     """The arguments of cublasGemmStridedBatchedEx after the handle for out = a @ b (all
     three C-contiguous after batching; a tuple, with the arrays that must stay alive)."""
@@ -66,9 +60,9 @@ def gemm_arguments(a, b, out, xp):
     dtype = CUDA_DATA_TYPES[np.dtype(a.dtype)]
     count = math.prod(batch)
     args = (CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, _ONE.ctypes.data,
-            _pointer(b_rows), dtype, n, stride_b,
-            _pointer(a_rows), dtype, k, stride_a,
-            _ZERO.ctypes.data, _pointer(out), dtype, n, m * n,
+            device_pointer(b_rows), dtype, n, stride_b,
+            device_pointer(a_rows), dtype, k, stride_a,
+            _ZERO.ctypes.data, device_pointer(out), dtype, n, m * n,
             count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
     return args, (a_rows, b_rows)
 

@@ -185,3 +185,20 @@ def test_first_use_compile_errors_carry_the_nvrtc_log(tmp_path, monkeypatch):
     with pytest.raises(runtime.KernelCompileError, match='undefined_name'):
         cuda_runtime.compile_to_cache(source, {}, 'sm_90')
     assert not list((tmp_path / 'cache').rglob('*.cubin'))
+
+
+def test_one_function_reads_an_arrays_address_for_cublas_cudnn_and_the_alignment_tests():
+    """runtime.device_pointer: a NumPy array's host address (the emulated runtime's and the GPU
+    rehearsal's arrays), a CuPy array's ``data.ptr``; cuDNN's library and MatMul's cuBLAS
+    arguments and wgmma's alignment test read it through this one function."""
+    import types
+    from gpuk.kernels import matmul
+    from gpuk.kernels.conv import wgmma
+    from gpuk.kernels.cudnn import library
+    array = np.zeros(8, np.float32)
+    assert runtime.device_pointer(array) == array.ctypes.data
+    assert runtime.device_pointer(array[1:]) == array.ctypes.data + 4
+    assert runtime.device_pointer(types.SimpleNamespace(data=types.SimpleNamespace(ptr=4096))) == 4096
+    assert library.device_pointer is matmul.device_pointer is wgmma.device_pointer is runtime.device_pointer
+    assert wgmma._aligned16(types.SimpleNamespace(data=types.SimpleNamespace(ptr=4096)))
+    assert not wgmma._aligned16(types.SimpleNamespace(data=types.SimpleNamespace(ptr=4104)))

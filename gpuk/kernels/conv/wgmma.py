@@ -47,7 +47,7 @@ import numpy as np
 
 from gpuk.contracts.dtypes import c_types
 from gpuk.contracts.geometry import MAX_GRID_YZ
-from ..runtime import register_build
+from ..runtime import device_pointer, register_build
 from . import split_k
 from . import tiles as conv_tiles
 from .geometry import check_gemm, dgrad_phase_rows, fwd_gemm_shape, kernel_args, wgrad_gemm_shape
@@ -131,8 +131,7 @@ def choose_tile(op, rows, cols, blocks_z=1):
 
 
 def _aligned16(array):
-    pointer = array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
-    return pointer % 16 == 0
+    return device_pointer(array) % 16 == 0
 
 
 def _vec(dtype, precision):

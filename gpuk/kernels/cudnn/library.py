@@ -33,10 +33,9 @@ import threading
 import warnings
 from collections import namedtuple
 
-import numpy as np
-
 from gpuk import config
 from gpuk.kernels import runtime
+from gpuk.kernels.runtime import device_pointer   # cuDNN's calls take device_pointer(array)
 
 __all__ = ['Unsupported', 'AllocationFailed', 'ALLOCATION_FAILED_STATUSES', 'allocation_failed', 'available',
            'why_unavailable', 'reset_probe', 'choose', 'library_path', 'frontend', 'frontend_handle', 'BuiltGraph',
@@ -237,12 +236,6 @@ def cached_graph(cache, key, build, what):
         except Exception as exc:
             raise _failure(what, exc) from exc
     return built
-
-
-def device_pointer(array):
-    """The address of an array's buffer, as cuDNN's calls take it: a CuPy array's device memory,
-    or a NumPy array's host memory (a Frontend graph's pass-by-value scalars)."""
-    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
 
 
 def execute_graph(built, pack, handle, what):

@@ -164,6 +164,13 @@ def prepared_launches(prepared=True):
 
 
 # ---- launch configuration and argument checks shared by both runtimes ----
+def device_pointer(array):
+    """The address of an array's buffer, as cuBLAS, cuDNN and the kernels' alignment tests take
+    it: a CuPy array's device memory, or a NumPy array's host memory (the emulated runtime's
+    arrays, the GPU rehearsal's stand-in arrays, a cuDNN Frontend graph's pass-by-value scalars)."""
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
+
+
 def to_host(rt, value):
     """`value` as a NumPy array. Where it is an array of the runtime's `xp` (a device array on
     a GPU) this is a device-to-host copy that waits for the stream: counted in
