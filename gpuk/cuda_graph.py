@@ -29,8 +29,9 @@ constant or a view of one must never be written), after copying aside any target
 them (an output that is an updated variable is its value before the update); a variable whose
 value was replaced since the capture (K.set_value, another function's update) is copied into
 the graph's buffer before the replay. No other variable comes to hold a graph's buffer: a plain
-step's update value that is one (``owns``) is copied first (gpuk/function.py). Up to MAX_GRAPHS signatures are kept per plan; a new
-shape beyond them runs plain. ``GPUK_CUDA_GRAPHS=0`` turns the path off (read per call).
+step's update value that is one (``owns``) is copied first (gpuk/function.py). Up to
+MAX_GRAPHS signatures are kept per plan; a new shape beyond them runs plain.
+``GPUK_CUDA_GRAPHS=0`` turns the path off (read per call).
 """
 import contextlib
 import os

@@ -457,8 +457,8 @@ def _recomputed(op):
     device in use then (device.impl()), not when a plan is compiled for a device: the choice
     fixes the graph itself (which values the ResidualScan stacks, which placeholders the
     backward step reads), shared by every plan compiled from it, and a plan-time choice would
-    have to rewrite the forward and the backward Scan of the outer plan together. Build time is right because it cannot change
-    values, only cost: both forms compute the same gradients on any device (on the NumPy
+    have to rewrite the forward and the backward Scan of the outer plan together. Build time
+    is right because it cannot change values, only cost: both forms compute the same gradients on any device (on the NumPy
     device bit for bit: the same ufuncs on the same stacked inputs; the test
     test_activations_are_kept_on_the_numpy_device_and_recomputed_for_kernels). And the
     device of a graph's build is the device it runs on: device.impl() pins GPUK_DEVICE on
