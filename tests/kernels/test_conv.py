@@ -849,7 +849,7 @@ def test_prepared_runners_dispatch_to_cudnn_with_the_bias_epilogue(monkeypatch):
     assert calls == ['conv_fwd', 'conv_dgrad', 'conv_wgrad'] * 2
 
 
-# conv_igemm.cu's WgradPack: the wgrad 16-byte loader tests "inside the image" on all three axes
+# WgradPack (conv_igemm_loaders.cuh): the wgrad 16-byte loader tests "inside the image" on all three axes
 # with one packed add per side, where every coordinate it can reach fits the fields (the d field
 # holds [size - 128, 127]); otherwise it keeps three compares. Input depth 127 with pad 1 on both
 # sides is the d field's limit (coordinates -1 .. 127), 128 one past it (the fallback); the 2D

@@ -44,13 +44,13 @@ def dgrad_phase_rows(g):
     return g.batch * math.prod(math.ceil(n / s) for n, s in zip(g.in_sp, g.strides))
 
 
-# conv_igemm.cu's WgradPack: bit positions of the packed d and h coordinates (w at bit 0)
+# WgradPack (conv_igemm_loaders.cuh): bit positions of the packed d and h coordinates (w at bit 0)
 WGRAD_PACK_D_SHIFT, WGRAD_PACK_H_SHIFT = 24, 13
 _U32 = (1 << 32) - 1
 
 
 def fast_div(divisor):
-    """(multiplier, shift) of conv_igemm.cu's FastDiv: n // divisor == (n * multiplier) >> shift
+    """(multiplier, shift) of FastDiv (conv_igemm_index.cuh): n // divisor == (n * multiplier) >> shift
     for every n < 2**31 (shift = 31 + ceil(log2 divisor), multiplier = ceil(2**shift / divisor)
     < 2**32)."""
     shift = 31 + (divisor - 1).bit_length()
@@ -58,7 +58,7 @@ def fast_div(divisor):
 
 
 def _linear_form(g, c_n, c_d, c_h):
-    """The factors of rows, planes and n in conv_igemm.cu's PixLinear of a value
+    """The factors of rows, planes and n in PixLinear (conv_igemm_index.cuh) of a value
     n c_n + od c_d + oh c_h + ow s_w of a wgrad K position (mod 2**32)."""
     out_d, out_h, out_w = g.out_sp
     s_w = g.strides[2]

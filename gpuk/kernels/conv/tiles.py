@@ -170,8 +170,8 @@ _forced = {'tile': None, 'splits': None}
 
 
 def stage_bytes(tile, dtype):
-    """Shared-memory bytes of the tile's stage ring in conv_igemm.cu (A_STAGE + B_STAGE elements per
-    stage): tf32 pads its k-major rows by two 16-byte units (SMEM_PAD_K), the other paths by none."""
+    """Shared-memory bytes of the tile's stage ring (conv_igemm_layout.cuh: A_STAGE + B_STAGE
+    elements per stage): tf32 pads its k-major rows by two 16-byte units (SMEM_PAD_K), the other paths by none."""
     size = np.dtype(dtype).itemsize
     pad = 2 * (16 // size) if tile.math == 'tf32' else 0
     a_stage = max(tile.bm * tile.bk, tile.bk * (tile.bm + pad))
