@@ -16,6 +16,7 @@ from gpuk.kernels import conv
 from gpuk.kernels.conv import direct as conv_direct
 from gpuk.kernels.conv import tiles as conv_tiles
 from gpuk.kernels.conv import wgmma as conv_wgmma
+from gpuk.kernels.runtime.emulated_runtime import aligned_copy
 from gpuk.kernels.testing import assert_close, assert_matches_twin, relative_error, round_tf32, to_device, to_host
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -975,6 +976,9 @@ def test_depthwise_wgrad_channel_quads_channels_first(kernel_runtime, case, dtyp
     opts the kernel in), 'rows' otherwise; the sums match the twin's with and without splits."""
     spatial, kernel, strides, dilation, pads, c_in, mult = case
     x, w, dy = _depthwise_arrays(case, dtype, 'channels_first', seed=13)
+    # where a device array would start (NumPy's 16 bytes would leave the emulator's launches to
+    # the tile without quads at random: the runner takes the quads only on 32-byte aligned views)
+    x, dy = aligned_copy(x), aligned_copy(dy)
     in_pixels, out_pixels = int(np.prod(x.shape[2:])), int(np.prod(dy.shape[2:]))
     transposable = conv_direct.wgrad_transposable(dtype, c_in, mult, in_pixels, out_pixels)
     tile = conv_direct.depthwise_wgrad_tile('t', dtype, True, dy.shape[2:], kernel, strides, dilation, transposable)
@@ -983,6 +987,7 @@ def test_depthwise_wgrad_channel_quads_channels_first(kernel_runtime, case, dtyp
     assert math_path == ('quads' if quads else 'rows'), (tile, math_path)
     if quads:
         assert conv_direct.DW_MAX_SHARED < tile.shared_bytes <= conv_direct.DW_WG_CF_MAX_SHARED, tile
+        assert conv_direct._aligned32(x) and conv_direct._aligned32(dy)   # (the quads run)
     args = (x, dy, w.shape, strides, dilation, pads, 'channels_first')
     for splits in (None, 3):
         with conv_tiles.forced(splits=splits):

@@ -16,7 +16,8 @@
 //                   docs/kernels.md, depthwise.) wgrad instead transposes its 16-byte loads
 //                   in registers (shuffles among the threads holding the same columns of
 //                   neighbouring lanes) and stores one pixel's lanes with 16-byte shared
-//                   stores, pitch DW_TRANSPOSED_PITCH (load_tile_transposed).
+//                   stores, pitch DW_TRANSPOSED_PITCH (load_tile_transposed), or, for its
+//                   channel quads, into planes of 4 lanes (planar_pixels).
 //
 // Block: DW_CHANNELS x DW_ROWS threads. The block's output tile is tile_rows x
 // (segs * DW_PIX) pixels of one (sample, output plane) x DW_CHANNELS channels; thread
@@ -45,9 +46,10 @@
 // tile, estimated from the static bodies), 3x3 float32 about 2.2 instructions per FFMA (the row
 // strips: about 2.8); docs/kernels.md. channels_first with 4-byte accumulators and transposable,
 // 32-byte aligned sources runs the same quads on the same strip tiles, both tiles copied by
-// load_tile_transposed (channel-minor, pitch DW_TRANSPOSED_PITCH; x + dy up to DW_WG_CF_MAX_SHARED,
-// opt-in dynamic shared memory above 48 KB: one block per SM on sm_80) and dy read from its tile
-// (wgrad_quad_row_tile): hot loop 188 [189] instructions per 160 FFMA (85%) in every 4-byte dtype,
+// load_tile_transposed into planes of 4 lanes (planar_pixels: 16 bytes a pixel, an odd pixel count
+// a plane, no bank conflicts; x + dy within DW_WG_CF_MAX_SHARED = 82,944 bytes, opt-in dynamic shared
+// memory above 48 KB, 2 blocks per SM on sm_80 and sm_90) and dy read from its tile
+// (wgrad_quad_row_tile): hot loop 187 instructions per 160 FFMA (86%) in every 4-byte dtype,
 // before 372-420 per 120 (29-32%); per thread and tile (3x3, 56 x 56, estimated) float32 about 18.5
 // -> 9.4 instructions per FFMA, 16-bit 24.4 -> 6.8, the transposing loader 80-85% of it.
 // float64 NHWC (5x5 rows, both loaders) 286 [277] per 120 DFMA, NCHW 354: their loaders, not
@@ -93,6 +95,8 @@
 // padded by 16 bytes (36 words, or 34 float64), so that 8 consecutive pixels (a quarter warp's
 // stores) start on 8 distinct 4-bank groups while one pixel's lanes stay in distinct banks.
 #define DW_TRANSPOSED_PITCH (DW_CHANNELS + 16 / (int)sizeof(acc_t))
+// 16 bytes of lanes (4 float32, 2 float64): load_tile_transposed's unit of storage
+#define DW_CHUNK (16 / (int)sizeof(acc_t))
 // 2 blocks of 256 threads per SM leave up to 128 registers per thread (no spills, see
 // `python -m gpuk.kernels.build --check`); 16 warps still hide the shared-memory latency.
 // The forward kernel asks for 3 (at most 80 registers) where it accumulates in float32: left at
@@ -198,6 +202,16 @@ __device__ __forceinline__ void store_widened(const Half* type, float* dst, uint
     const uint2 second = b_first ? make_uint2(raw.x, raw.y) : make_uint2(raw.z, raw.w);
     store_float4(dst + (b_first ? 4 : 0), widen4(type, first));
     store_float4(dst + (b_first ? 0 : 4), widen4(type, second));
+}
+// The same at `plane` elements from one 16-byte chunk of lanes to the next (the 16-bit sources'
+// 8 lanes are two chunks): DW_CHUNK where a pixel's lanes are contiguous (load_tile_transposed's
+// pixel-major tiles), a plane of the tile where they are not (its planar tiles).
+__device__ __forceinline__ void store_widened_planes(const float*, float* dst, uint4 raw, int) { store_uint4(dst, raw); }
+__device__ __forceinline__ void store_widened_planes(const double*, double* dst, uint4 raw, int) { store_uint4(dst, raw); }
+template <class Half>   // __half, __nv_bfloat16
+__device__ __forceinline__ void store_widened_planes(const Half* type, float* dst, uint4 raw, int plane) {
+    store_float4(dst, widen4(type, make_uint2(raw.x, raw.y)));
+    store_float4(dst + plane, widen4(type, make_uint2(raw.z, raw.w)));
 }
 
 // Whether a tile of `s` can be copied with 16-byte loads (uniform per block):
@@ -544,13 +558,16 @@ __device__ __forceinline__ DwGroupLanes group_lanes(const DwSource& s, int j0) {
 // sector boundaries of the row inside its plane, the same columns for every lane (planes are
 // whole vectors). The DW_VEC threads of one (v, sub) then transpose their vectors in registers
 // (transpose_group), so that thread (c, v, sub) holds column v * DW_VEC + c of lanes
-// sub * DW_VEC.., and store them with 16-byte shared stores (DW_TRANSPOSED_PITCH: a quarter
-// warp stores 8 consecutive pixels, no bank conflicts). Whole 32-byte sectors are loaded as in
+// sub * DW_VEC.., and store them with 16-byte shared stores (a quarter warp stores 8 consecutive
+// pixels of one 16-byte chunk of lanes, no bank conflicts: `pitch` DW_TRANSPOSED_PITCH elements a
+// pixel and `plane` = DW_CHUNK from one chunk to the next, pixel-major; or pitch DW_CHUNK and
+// `plane` an odd number of pixels, the channel quads' planar tiles, see planar_pixels). Whole 32-byte sectors are loaded as in
 // load_tile_vec_cf (lanes.lead). A column outside the source row (a loaded vector may hold the
 // neighbouring row's elements) is one pixel, all lanes: it is stored as zeros by its own
 // predicated store, not by a select per element.
 __device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0,
-                                                     int rows, int cols, int j0, const DwGroupLanes& lanes) {
+                                                     int rows, int cols, int j0, const DwGroupLanes& lanes,
+                                                     int pitch, int plane) {
     constexpr int WARPS_PER_GROUP = DW_ROWS / DW_T_GROUPS;
     const int c = threadIdx.x % DW_VEC, v = threadIdx.x % DW_T_COLS / DW_VEC;
     const bool loads = sd >= 0 && lanes.loads;
@@ -558,7 +575,7 @@ __device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource
     // chunks start on the 32-byte sectors of the row, not on 32 elements as in load_tile_vec_cf:
     // a 34-column tile row takes 2 chunks of 32, not 3 (at least WARPS_PER_GROUP: one carry per pass)
     const int chunks = max(WARPS_PER_GROUP, (cols + 2 * DW_VEC - 1 + DW_T_COLS - 1) / DW_T_COLS);
-    acc_t* dst_row = tile + transposed_lane0();
+    acc_t* dst_row = tile + transposed_lane0() / DW_CHUNK * plane;
     // The trip count depends on kernel arguments only, so the compiler sees the loop (and its
     // shuffles) run by whole warps; the second warp of a 16-bit group may idle its last pass.
     const int passes = (rows * chunks + WARPS_PER_GROUP - 1) / WARPS_PER_GROUP;
@@ -580,18 +597,18 @@ __device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource
         transpose_group(w);
         const int col = c0 + c;
         if (live && (unsigned)col < (unsigned)cols) {
-            acc_t* dst = dst_row + col * DW_TRANSPOSED_PITCH;
+            acc_t* dst = dst_row + col * pitch;
             const elem_t* type = nullptr;
             if ((unsigned)(sw0 + c) < (unsigned)s.w)
-                store_widened(type, dst, make_uint4(w[0], w[1], w[2], w[3]), false);
+                store_widened_planes(type, dst, make_uint4(w[0], w[1], w[2], w[3]), plane);
             else
-                store_widened(type, dst, make_uint4(0u, 0u, 0u, 0u), false);
+                store_widened_planes(type, dst, make_uint4(0u, 0u, 0u, 0u), plane);
         }
         k += WARPS_PER_GROUP;
         if (k >= chunks) {
             k -= chunks;
             ++row;
-            dst_row += cols * DW_TRANSPOSED_PITCH;
+            dst_row += cols * pitch;
         }
     }
 }
@@ -1253,8 +1270,8 @@ __device__ __forceinline__ float4 load_quad(const elem_t* p, int lanes) {
     }
 }
 
-// 4 lanes of one tile pixel, one LDS.128 (the quads' pitches keep them 16-byte aligned: channels_last
-// DW_PITCH, channels_first DW_TRANSPOSED_PITCH)
+// 4 lanes of one tile pixel, one LDS.128 (the quads' pixels are 16-byte aligned: channels_last
+// DW_PITCH, channels_first DW_CHUNK of a plane, planar_pixels)
 template <int P>
 __device__ __forceinline__ float4 load_tile_quad(const float* p) {
     static_assert(P % 4 == 0, "channel quads: 16-byte aligned tile pixels");
@@ -1310,9 +1327,10 @@ __device__ __forceinline__ void wgrad_quad_row(const float* x, int row_pitch, in
 }
 
 // The same for channels_first (where the sources are wgrad_vector_source): the worker's dy pixels from the dy tile, which
-// load_tile_transposed has stored channel-minor like x (a pixel's 32 lanes contiguous, zeros
-// outside dy), DW_WG_QPIX pixels at a time as 16-byte shared loads (a quarter warp: the 8 quads
-// of one pixel, 128 contiguous bytes); no bounds, no widening (the tile holds floats).
+// load_tile_transposed has stored in planes of 4 lanes like x (planar_pixels; zeros outside dy),
+// DW_WG_QPIX pixels at a time as 16-byte shared loads at constant offsets (a quarter warp: the 8
+// quads of one pixel, one in each plane, 8 distinct 4-bank groups); no bounds, no widening (the tile
+// holds floats).
 template <int KW, int P>
 __device__ __forceinline__ void wgrad_quad_row_tile(const float* x, int row_pitch, int kh_rows, const float* dy,
                                                     float* acc) {
@@ -1340,8 +1358,22 @@ struct DwWgradWalk {
 // wgrad_vector_source): channels_first copies them with load_tile_transposed, at its pitch,
 // channels_last with load_tile_vec_walk (in wgrad_tiles); otherwise with load_tile, whose 16-byte loader (`vec`: vector_source(s)) stores word by word
 // in channels_first, e.g. 16-bit planes that are not whole vectors (14 x 14).
-template <bool VEC>
-__host__ __device__ constexpr int wgrad_pitch() { return !DW_CHANNELS_LAST && VEC ? DW_TRANSPOSED_PITCH : DW_PITCH; }
+// channels_first's channel quads (QUAD) store their two tiles as planes of 4 lanes (planar_tile): a
+// pixel is DW_CHUNK elements of a plane.
+template <bool VEC, bool QUAD = false>
+__host__ __device__ constexpr int wgrad_pitch() {
+    return !DW_CHANNELS_LAST && VEC ? (QUAD ? DW_CHUNK : DW_TRANSPOSED_PITCH) : DW_PITCH;
+}
+
+// channels_first's channel quads (4-byte accumulators, VEC): each tile is DW_CHANNELS / 4 planes of
+// 4 lanes, a pixel 16 bytes of its plane, a plane planar_pixels(pixels) pixels; odd, so that the 8
+// planes of one pixel start on 8 distinct 4-bank groups (a quarter warp of wgrad_quad reads the 8
+// quads of one pixel) and so do 8 consecutive pixels of one plane (load_tile_transposed's quarter
+// warp stores): no bank conflicts at 16 bytes a pixel and one pad pixel a plane, against the
+// pixel-major tiles' 20 bytes a pixel (DW_TRANSPOSED_PITCH), and the worker's loads stay at constant
+// offsets (a swizzled 32-word pitch would need an address per dy pixel). The launcher's twin:
+// direct._planar_pixels.
+__host__ __device__ constexpr int planar_pixels(int pixels) { return pixels | 1; }
 
 __device__ __forceinline__ bool wgrad_vector_source(const DwSource& s) {
 #if DW_CHANNELS_LAST
@@ -1351,18 +1383,21 @@ __device__ __forceinline__ bool wgrad_vector_source(const DwSource& s) {
 #endif
 }
 
-template <bool VEC>
+// QUAD (channels_first, VEC): the planar tiles of the channel quads, `plane` elements a plane.
+template <bool VEC, bool QUAD = false>
 __device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
                                                 int cols, int j0, const DwTileStart& at, const DwGroupLanes& lanes,
-                                                bool vec) {
+                                                bool vec, int plane = 0) {
 #if DW_CHANNELS_LAST
     // (VEC runs load_tile_vec_walk in wgrad_tiles; here both tiles take the element loader, as
     // `at` was computed for it)
     static_assert(!VEC, "channels_last wgrad: 16-byte tiles through load_tile_vec_walk");
-    (void)lanes; (void)vec;
+    (void)lanes; (void)vec; (void)plane;
     load_tile<false>(tile, s, sd, vh0, vw0, rows, cols, j0, false, at);
 #else
-    if constexpr (VEC) load_tile_transposed(tile, s, sd, vh0, vw0, rows, cols, j0, lanes);
+    if constexpr (VEC)
+        load_tile_transposed(tile, s, sd, vh0, vw0, rows, cols, j0, lanes, wgrad_pitch<VEC, QUAD>(),
+                             QUAD ? plane : DW_CHUNK);
     else load_tile<false>(tile, s, sd, vh0, vw0, rows, cols, j0, vec, at);
 #endif
 }
@@ -1375,7 +1410,7 @@ __device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, 
 template <int KW, int S, bool VEC, bool QUAD = false>
 __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile, acc_t* dy_tile,
                                          const int tap_off[DW_WG_TAPS], acc_t* acc) {
-    constexpr int P = wgrad_pitch<VEC>();
+    constexpr int P = wgrad_pitch<VEC, QUAD>();
     const int lane = threadIdx.x, j0 = blockIdx.x * DW_CHANNELS;
     unsigned b = g.first;
     int tw = b % g.tiles_w; b /= g.tiles_w;
@@ -1403,8 +1438,12 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     const int wrow = QUAD ? worker / (g.cols / DW_PIX) : 0, wseg = QUAD ? worker % (g.cols / DW_PIX) : 0;
     const acc_t* x_quad = x_tile + (wrow * g.cols_in + wseg * DW_PIX) * P + quad * 4 + tap_off[0];
     const int q_lanes = min(4, g.ds.lanes - (j0 + quad * 4));
+    // channels_first QUAD && VEC: the planes of the planar tiles (see planar_pixels), in elements
+    const int x_tplane = planar_pixels(g.rows_in * g.cols_in) * DW_CHUNK;
+    const int dy_tplane = planar_pixels(g.tile_rows * g.cols) * DW_CHUNK;
 #if !DW_CHANNELS_LAST
-    const acc_t* dy_quad = dy_tile + (wrow * g.cols + wseg * DW_PIX) * P + quad * 4;
+    const acc_t* dy_quad = dy_tile + (wrow * g.cols + wseg * DW_PIX) * P + quad * dy_tplane;
+    if constexpr (QUAD && VEC) x_quad += quad * (x_tplane - 4);
 #endif
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
@@ -1437,12 +1476,13 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
         {
         for (int p = 0; p < g.planes_in; ++p) {
             const int id = od * g.s_d - g.pad_d + g.kd_lo * g.dil_d + p;
-            wgrad_load_tile<VEC>(x_tile + p * g.plane_size, xn, id >= 0 && id < g.in_d ? id : -1,
-                                 oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in,
-                                 g.cols_in, j0, x_at, x_lanes, x_vec);
+            wgrad_load_tile<VEC, QUAD>(x_tile + p * g.plane_size, xn, id >= 0 && id < g.in_d ? id : -1,
+                                       oh0 * g.s_h - g.pad_h + g.kh_lo * g.dil_h, ow0 * g.s_w - g.pad_w, g.rows_in,
+                                       g.cols_in, j0, x_at, x_lanes, x_vec, x_tplane);
         }
         if constexpr (!QUAD || !DW_CHANNELS_LAST)   // (channels_first quads read dy from its tile too)
-            wgrad_load_tile<VEC>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes, dy_vec);
+            wgrad_load_tile<VEC, QUAD>(dy_tile, dn, od, oh0, ow0, g.tile_rows, g.cols, j0, dy_at, dy_lanes, dy_vec,
+                                       dy_tplane);
         }
         __syncthreads();
 #if DW_CHANNELS_LAST
@@ -1593,8 +1633,12 @@ depthwise_wgrad(const elem_t* __restrict__ x, const elem_t* __restrict__ dy, ele
     // every sample's base keeps the alignment of sample 0 (vector_source: C times a sample's
     // pixels is a multiple of the vector)
     const bool vec = wgrad_vector_source(xs) && wgrad_vector_source(ds);
-    const int pitch = vec ? wgrad_pitch<true>() : wgrad_pitch<false>();
-    const int plane_size = rows_in * cols_in * pitch;
+    // channels_first's channel quads: planar tiles (planar_pixels), a pixel DW_CHUNK elements of
+    // its plane, the x tile DW_CHANNELS / 4 planes (one kernel plane: k_d = 1)
+    const bool planar = !DW_CHANNELS_LAST && sizeof(acc_t) == 4 && vec && tile_rows * segs > DW_ROWS;
+    const int pitch = planar ? wgrad_pitch<true, true>() : vec ? wgrad_pitch<true>() : wgrad_pitch<false>();
+    const int plane_size = planar ? DW_CHANNELS / 4 * planar_pixels(rows_in * cols_in) * DW_CHUNK
+                                  : rows_in * cols_in * pitch;
     acc_t* dy_tile = x_tile + planes_in * plane_size;
     int tap_off[DW_WG_TAPS];
 #pragma unroll

@@ -23,7 +23,8 @@ DW_WG_TAPS = 15                            # wgrad: most taps one block reduces 
 DW_WG_STRIP = 4                            # wgrad strip tiles: DW_ROWS * DW_WG_STRIP rows (channel quads)
 DW_WG_QTAPS = 10                           # wgrad channel quads: most taps per group (conv_depthwise.cu)
 DW_MAX_SHARED = 48 * 1024                  # the tiles live in (default-sized) dynamic shared memory
-DW_WG_CF_MAX_SHARED = 100 * 1024           # channels_first quads: x and dy tiles (opt-in; 2 blocks per sm_90 SM)
+DW_WG_CF_MAX_SHARED = 82944                # channels_first quads: x and dy tiles (opt-in; 2 blocks per sm_80 SM:
+                                           # (164 KB - 2 x 1 KB reserved) / 2)
 DW_CHANNELS_FIRST_SEGS = 4                 # channels_first tiles: 2 rows x 32 pixels (loads along W)
 DW_TARGET_BLOCKS = 528                     # wgrad splits pixel tiles until about four waves of 132 SMs
 DW_MIN_TILES_PER_SPLIT = 4
@@ -205,10 +206,11 @@ def wgrad_group_taps(kernel_spatial, limit=DW_WG_TAPS):
     return limit // k_w * k_w if k_w <= limit else limit
 
 
-def _tap_groups(kernel_spatial):
-    """(planes, kernel rows) spanned by each wgrad tap group (conv_depthwise.cu depthwise_wgrad)."""
+def _tap_groups(kernel_spatial, limit=DW_WG_TAPS):
+    """(planes, kernel rows) spanned by each wgrad tap group (conv_depthwise.cu depthwise_wgrad) of
+    at most `limit` taps (wgrad_group_taps)."""
     k_d, k_h, k_w = lift3(kernel_spatial, 1)
-    taps, group = k_d * k_h * k_w, wgrad_group_taps(kernel_spatial)
+    taps, group = k_d * k_h * k_w, wgrad_group_taps(kernel_spatial, limit)
     for lo in range(0, taps, group):
         hi = min(taps, lo + group)
         kd_lo, kd_hi = lo // (k_h * k_w), (hi - 1) // (k_h * k_w)
@@ -218,19 +220,29 @@ def _tap_groups(kernel_spatial):
             yield kd_hi - kd_lo, k_h - 1
 
 
+def _planar_pixels(pixels):
+    """Pixels one 4-lane plane of a channels_first quads tile holds (conv_depthwise.cu
+    planar_pixels): odd, so that the 8 planes of one pixel start on 8 distinct 4-bank groups."""
+    return pixels | 1
+
+
 def _wgrad_strip_tile(out_h, out_w, k_w, span_h, pixel_bytes, reduction, channels_first=False):
     """depthwise_wgrad's strip tiles, DW_ROWS * DW_WG_STRIP rows of DW_PIX pixels, which it runs
     as channel quads (conv_depthwise.cu wgrad_quad: 32 workers of one row, a thread 4 channels;
     channels_last: the x tile only in shared memory, dy is read into registers, within
-    DW_MAX_SHARED; channels_first: x and dy tiles, both transposed to channel-minor by
-    load_tile_transposed, within DW_WG_CF_MAX_SHARED, dynamic shared memory above 48 KB that the
-    runtime opts the kernel into); the shape of the least padding of those that fit (ties: 16 x 16,
-    then 8 x 32), or None."""
+    DW_MAX_SHARED; channels_first: x and dy tiles, both transposed by load_tile_transposed into
+    planes of 4 lanes (16 bytes a pixel, an odd pixel count a plane), within DW_WG_CF_MAX_SHARED,
+    dynamic shared memory above 48 KB that the runtime opts the kernel into); the shape of the
+    least padding of those that fit (ties: 16 x 16, then 8 x 32), or None."""
     best = None
     limit = DW_WG_CF_MAX_SHARED if channels_first else DW_MAX_SHARED
     for segs in (2, 4, 1, 8):
         rows, cols = DW_ROWS // segs * DW_WG_STRIP, segs * DW_PIX
-        pixels = (rows + span_h) * (cols + k_w - 1) + (rows * cols if channels_first else 0)
+        x_pixels = (rows + span_h) * (cols + k_w - 1)
+        if channels_first:   # (pixel_bytes: a pixel's DW_CHANNELS lanes)
+            pixels = _planar_pixels(x_pixels) + _planar_pixels(rows * cols)
+        else:
+            pixels = x_pixels
         nbytes = max(reduction, pixels * pixel_bytes)
         covered = _covered(out_h, out_w, rows, segs)
         if nbytes <= limit and (best is None or covered < best[0]):
@@ -256,8 +268,11 @@ def depthwise_wgrad_tile(fn, dtype, channels_first, out_spatial, kernel_spatial,
     # runner's second launch, on the tile of quads=False)
     if (quads and (not channels_first or transposable) and _acc_bytes(dtype) == 4 and k_d == 1 and k_w in (3, 5)
             and _unit_steps(strides, dilation)):
-        strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in spans), pixel_bytes, reduction,
-                                  channels_first)
+        if channels_first:   # (planes of 4 lanes, 16 bytes a pixel; the quads' groups of DW_WG_QTAPS taps)
+            strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in _tap_groups(kernel_spatial, DW_WG_QTAPS)),
+                                      DW_CHANNELS * _acc_bytes(dtype), reduction, True)
+        else:
+            strip = _wgrad_strip_tile(out_h, out_w, k_w, max(h for _, h in spans), pixel_bytes, reduction)
         # not where its taller tile pads the output much more (short images, 1-D filters)
         if strip is not None and (_covered(out_h, out_w, strip.rows, strip.segs)
                                   <= 1.25 * _covered(out_h, out_w, rows, segs)):
