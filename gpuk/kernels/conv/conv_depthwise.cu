@@ -203,15 +203,18 @@ __device__ __forceinline__ void store_widened(const Half* type, float* dst, uint
     store_float4(dst + (b_first ? 4 : 0), widen4(type, first));
     store_float4(dst + (b_first ? 0 : 4), widen4(type, second));
 }
-// The same at `plane` elements from one 16-byte chunk of lanes to the next (the 16-bit sources'
-// 8 lanes are two chunks): DW_CHUNK where a pixel's lanes are contiguous (load_tile_transposed's
-// pixel-major tiles), a plane of the tile where they are not (its planar tiles).
+// The same with `planes` 16-byte units from one 16-byte chunk of lanes to the next (the 16-bit
+// sources' 8 lanes are two chunks): 1 where a pixel's lanes are contiguous (load_tile_transposed's
+// pixel-major tiles), a plane of the tile where they are not (its planar tiles). (In 16-byte units,
+// so that the compiler keeps the second store one STS.128: an element offset it cannot prove
+// aligned splits it into four.)
 __device__ __forceinline__ void store_widened_planes(const float*, float* dst, uint4 raw, int) { store_uint4(dst, raw); }
 __device__ __forceinline__ void store_widened_planes(const double*, double* dst, uint4 raw, int) { store_uint4(dst, raw); }
 template <class Half>   // __half, __nv_bfloat16
-__device__ __forceinline__ void store_widened_planes(const Half* type, float* dst, uint4 raw, int plane) {
-    store_float4(dst, widen4(type, make_uint2(raw.x, raw.y)));
-    store_float4(dst + plane, widen4(type, make_uint2(raw.z, raw.w)));
+__device__ __forceinline__ void store_widened_planes(const Half* type, float* dst, uint4 raw, int planes) {
+    float4* chunk = reinterpret_cast<float4*>(dst);
+    chunk[0] = widen4(type, make_uint2(raw.x, raw.y));
+    chunk[planes] = widen4(type, make_uint2(raw.z, raw.w));
 }
 
 // Whether a tile of `s` can be copied with 16-byte loads (uniform per block):
@@ -560,14 +563,15 @@ __device__ __forceinline__ DwGroupLanes group_lanes(const DwSource& s, int j0) {
 // (transpose_group), so that thread (c, v, sub) holds column v * DW_VEC + c of lanes
 // sub * DW_VEC.., and store them with 16-byte shared stores (a quarter warp stores 8 consecutive
 // pixels of one 16-byte chunk of lanes, no bank conflicts: `pitch` DW_TRANSPOSED_PITCH elements a
-// pixel and `plane` = DW_CHUNK from one chunk to the next, pixel-major; or pitch DW_CHUNK and
-// `plane` an odd number of pixels, the channel quads' planar tiles, see planar_pixels). Whole 32-byte sectors are loaded as in
+// pixel and `planes` 1 (16-byte units from one chunk of lanes to the next), pixel-major; or pitch
+// DW_CHUNK and `planes` an odd number of pixels, the channel quads' planar tiles, see
+// planar_pixels). Whole 32-byte sectors are loaded as in
 // load_tile_vec_cf (lanes.lead). A column outside the source row (a loaded vector may hold the
 // neighbouring row's elements) is one pixel, all lanes: it is stored as zeros by its own
 // predicated store, not by a select per element.
 __device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0,
                                                      int rows, int cols, int j0, const DwGroupLanes& lanes,
-                                                     int pitch, int plane) {
+                                                     int pitch, int planes) {
     constexpr int WARPS_PER_GROUP = DW_ROWS / DW_T_GROUPS;
     const int c = threadIdx.x % DW_VEC, v = threadIdx.x % DW_T_COLS / DW_VEC;
     const bool loads = sd >= 0 && lanes.loads;
@@ -575,7 +579,7 @@ __device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource
     // chunks start on the 32-byte sectors of the row, not on 32 elements as in load_tile_vec_cf:
     // a 34-column tile row takes 2 chunks of 32, not 3 (at least WARPS_PER_GROUP: one carry per pass)
     const int chunks = max(WARPS_PER_GROUP, (cols + 2 * DW_VEC - 1 + DW_T_COLS - 1) / DW_T_COLS);
-    acc_t* dst_row = tile + transposed_lane0() / DW_CHUNK * plane;
+    acc_t* dst_row = tile + transposed_lane0() / DW_CHUNK * planes * DW_CHUNK;
     // The trip count depends on kernel arguments only, so the compiler sees the loop (and its
     // shuffles) run by whole warps; the second warp of a 16-bit group may idle its last pass.
     const int passes = (rows * chunks + WARPS_PER_GROUP - 1) / WARPS_PER_GROUP;
@@ -600,9 +604,9 @@ __device__ __forceinline__ void load_tile_transposed(acc_t* tile, const DwSource
             acc_t* dst = dst_row + col * pitch;
             const elem_t* type = nullptr;
             if ((unsigned)(sw0 + c) < (unsigned)s.w)
-                store_widened_planes(type, dst, make_uint4(w[0], w[1], w[2], w[3]), plane);
+                store_widened_planes(type, dst, make_uint4(w[0], w[1], w[2], w[3]), planes);
             else
-                store_widened_planes(type, dst, make_uint4(0u, 0u, 0u, 0u), plane);
+                store_widened_planes(type, dst, make_uint4(0u, 0u, 0u, 0u), planes);
         }
         k += WARPS_PER_GROUP;
         if (k >= chunks) {
@@ -1383,7 +1387,7 @@ __device__ __forceinline__ bool wgrad_vector_source(const DwSource& s) {
 #endif
 }
 
-// QUAD (channels_first, VEC): the planar tiles of the channel quads, `plane` elements a plane.
+// QUAD (channels_first, VEC): the planar tiles of the channel quads, `plane` pixels a plane.
 template <bool VEC, bool QUAD = false>
 __device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, int sd, int vh0, int vw0, int rows,
                                                 int cols, int j0, const DwTileStart& at, const DwGroupLanes& lanes,
@@ -1397,7 +1401,7 @@ __device__ __forceinline__ void wgrad_load_tile(acc_t* tile, const DwSource& s, 
 #else
     if constexpr (VEC)
         load_tile_transposed(tile, s, sd, vh0, vw0, rows, cols, j0, lanes, wgrad_pitch<VEC, QUAD>(),
-                             QUAD ? plane : DW_CHUNK);
+                             QUAD ? plane : 1);
     else load_tile<false>(tile, s, sd, vh0, vw0, rows, cols, j0, vec, at);
 #endif
 }
@@ -1438,12 +1442,11 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
     const int wrow = QUAD ? worker / (g.cols / DW_PIX) : 0, wseg = QUAD ? worker % (g.cols / DW_PIX) : 0;
     const acc_t* x_quad = x_tile + (wrow * g.cols_in + wseg * DW_PIX) * P + quad * 4 + tap_off[0];
     const int q_lanes = min(4, g.ds.lanes - (j0 + quad * 4));
-    // channels_first QUAD && VEC: the planes of the planar tiles (see planar_pixels), in elements
-    const int x_tplane = planar_pixels(g.rows_in * g.cols_in) * DW_CHUNK;
-    const int dy_tplane = planar_pixels(g.tile_rows * g.cols) * DW_CHUNK;
+    // channels_first QUAD && VEC: the planes of the planar tiles (see planar_pixels), in pixels
+    const int x_tplane = planar_pixels(g.rows_in * g.cols_in), dy_tplane = planar_pixels(g.tile_rows * g.cols);
 #if !DW_CHANNELS_LAST
-    const acc_t* dy_quad = dy_tile + (wrow * g.cols + wseg * DW_PIX) * P + quad * dy_tplane;
-    if constexpr (QUAD && VEC) x_quad += quad * (x_tplane - 4);
+    const acc_t* dy_quad = dy_tile + (wrow * g.cols + wseg * DW_PIX) * P + quad * dy_tplane * DW_CHUNK;
+    if constexpr (QUAD && VEC) x_quad += quad * (x_tplane * DW_CHUNK - 4);
 #endif
     for (int tile = g.first; tile < g.last; ++tile) {
         const int oh0 = th * g.tile_rows, ow0 = tw * g.cols;
