@@ -42,8 +42,10 @@
 // (wgrad_quad: a thread sums 4 channels of one output row of 8 pixels, dy in registers, 16-byte
 // shared loads), whose report's hot loop is the 4-pixel loop of wgrad_quad_row (dy loads, x
 // loads, FFMA; 160 FFMA): float32 195 [195] instructions (82%), 16-bit 211 (76%: the dy
-// widening); per thread and tile, x copies and walk included (inspect's 56 x 56 layer, 8 x 32
-// tile, estimated from the static bodies), 3x3 float32 about 2.2 instructions per FFMA (the row
+// widening, one instruction per dy element and 10 FFMA: with the 16 x loads and 4 dy loads 196
+// before any address or loop instruction, so not 80% within 128 registers, docs/kernels.md);
+// per thread and tile, x copies and walk included (inspect's 56 x 56 layer, 8 x 32 tile,
+// estimated from the static bodies), 3x3 float32 about 2.2 instructions per FFMA (the row
 // strips: about 2.8); docs/kernels.md. channels_first with 4-byte accumulators and transposable,
 // 32-byte aligned sources runs the same quads on the same strip tiles, both tiles copied by
 // load_tile_transposed into planes of 4 lanes (planar_pixels: 16 bytes a pixel, an odd pixel count
