@@ -968,6 +968,20 @@ DEPTHWISE_QUAD_CF_CASES = [
 ]
 
 
+def test_depthwise_wgrad_channels_first_quads_fit_two_sm80_blocks():
+    """Every channels_first strip tile the launcher gives the quads (planar tiles, sized by the
+    quads' tap groups) fits two blocks per sm_80 SM: (164 KB - 2 x 1 KB) / 2 = 82,944 bytes."""
+    assert conv_direct.DW_WG_CF_MAX_SHARED == 82944
+    shapes = set()
+    for kernel in ((3, 3), (5, 5), (7, 3), (5, 3), (3, 5)):
+        for out in ((56, 56), (112, 112), (28, 8), (8, 40), (4, 64), (32, 8), (16, 16), (7, 7), (30, 13), (2, 200)):
+            tile = conv_direct.depthwise_wgrad_tile('t', np.float32, True, out, kernel, (1, 1), (1, 1))
+            if conv_direct.depthwise_wgrad_math(tile) == 'quads':
+                assert conv_direct.DW_MAX_SHARED < tile.shared_bytes <= 82944, (kernel, out, tile)
+                shapes.add((tile.rows, tile.segs))
+    assert len(shapes) >= 3, shapes   # (several strip shapes, not one)
+
+
 @pytest.mark.parametrize('dtype', DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize('case', DEPTHWISE_QUAD_CF_CASES, ids=_ids(DEPTHWISE_QUAD_CF_CASES))
 def test_depthwise_wgrad_channel_quads_channels_first(kernel_runtime, case, dtype):
