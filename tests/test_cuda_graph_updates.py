@@ -12,14 +12,53 @@ from gpuk.kernels.runtime import counters
 pytestmark = pytest.mark.gpu
 
 
+class _Calls:
+    """Calls K functions on random batches, recording what each call showed (its outputs, then
+    ``shown()``: the variables' values) and how many calls replayed a graph."""
+
+    def __init__(self, rng, shown):
+        self.rng, self.shown, self.seen, self.replays = rng, shown, [], 0
+
+    def __call__(self, function, *inputs):
+        with counters.counting() as counted:
+            out = function(list(inputs))
+        self.replays += counted.graph_replays
+        self.seen.append([np.array(o) for o in out] + self.shown())
+
+    def batch(self):
+        return self.rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+
+
+def _conv_relu(rng, x):
+    w = K.variable(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
+    b = K.variable(rng.standard_normal(4).astype(np.float32))
+    return K.relu(K.bias_add(K.conv2d(x, w), b))
+
+
+def _assert_replays_equal_plain_launches_and_numpy(sequence, monkeypatch, on, replays):
+    """``sequence()`` -> (seen, replays), run with graphs, then with plain launches, then on the
+    NumPy device: the same values every call (the replays as many as ``replays``)."""
+    on('cuda')
+    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '1')
+    replayed, counted = sequence()
+    assert counted == replays, counted
+    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '0')
+    plain, counted = sequence()
+    assert counted == 0
+    on('cpu')
+    numpy, _ = sequence()
+    for call, (got, want, host) in enumerate(zip(replayed, plain, numpy)):
+        for k, (a, b, n) in enumerate(zip(got, want, host)):
+            np.testing.assert_array_equal(a, b, err_msg='call %d, value %d' % (call, k))
+            np.testing.assert_allclose(a, n, rtol=1e-5, atol=1e-5, err_msg='call %d, value %d' % (call, k))
+
+
 def _sequence(seed):
     """Runs a fixed sequence of calls; returns what each showed (outputs, the variables, the
     constant) and how many calls replayed a graph."""
     rng = np.random.default_rng(seed)
     x = K.placeholder((2, 8, 8, 3))
-    w = K.variable(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
-    b = K.variable(rng.standard_normal(4).astype(np.float32))
-    h = K.relu(K.bias_add(K.conv2d(x, w), b))
+    h = _conv_relu(rng, x)
     y = K.pool2d(h, (2, 2), strides=(2, 2))
     z = K.pool2d(h, (2, 2), strides=(2, 2), pool_mode='avg')
     u, v = K.variable(np.zeros((2, 3, 3, 4), np.float32)), K.variable(np.zeros((2, 3, 3, 4), np.float32))
@@ -28,18 +67,8 @@ def _sequence(seed):
     pin = K.function([], [], updates=[(u, c)])               # plain: u holds the plan's constant
     f = K.function([x], [u, y], updates=[(u, y), (v, z)])    # reads u before it updates it
     g = K.function([x], [v], updates=[(u, z)])
-    seen, replays = [], 0
-
-    def call(function, *inputs):
-        nonlocal replays
-        with counters.counting() as counted:
-            out = function(list(inputs))
-        replays += counted.graph_replays
-        seen.append([np.array(o) for o in out] + [K.get_value(u), K.get_value(v), K.eval(c)])
-
-    def batch():
-        return rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
-
+    call = _Calls(rng, lambda: [K.get_value(u), K.get_value(v), K.eval(c)])
+    batch = call.batch
     call(f, batch())          # plain (a signature's first call)
     call(share, batch())      # u and v hold one array
     call(f, batch())          # captured with u and v sharing, replayed
@@ -51,24 +80,13 @@ def _sequence(seed):
     call(f, batch())          # replayed (u copied into its buffer first)
     call(pin)
     call(f, batch())
-    return seen, replays
+    return call.seen, call.replays
 
 
 @pytest.mark.parametrize('seed', [0])
 def test_a_replay_writes_no_buffer_it_shares_and_equals_plain_launches_and_numpy(on, monkeypatch, seed):
-    on('cuda')
-    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '1')
-    replayed, replays = _sequence(seed)
-    assert replays == 7, replays   # f: 4, g: 2, pin: 1
-    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '0')
-    plain, replays = _sequence(seed)
-    assert replays == 0
-    on('cpu')
-    numpy, _ = _sequence(seed)
-    for call, (got, want, host) in enumerate(zip(replayed, plain, numpy)):
-        for k, (a, b, n) in enumerate(zip(got, want, host)):
-            np.testing.assert_array_equal(a, b, err_msg='call %d, value %d' % (call, k))
-            np.testing.assert_allclose(a, n, rtol=1e-5, atol=1e-5, err_msg='call %d, value %d' % (call, k))
+    _assert_replays_equal_plain_launches_and_numpy(lambda: _sequence(seed), monkeypatch, on,
+                                                   replays=7)   # f: 4, g: 2, pin: 1
 
 
 def _sharing_after_capture(seed):
@@ -76,25 +94,13 @@ def _sharing_after_capture(seed):
     another variable, and a variable the graph only reads, shared at capture, then replaced."""
     rng = np.random.default_rng(seed)
     x = K.placeholder((2, 8, 8, 3))
-    w = K.variable(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
-    b = K.variable(rng.standard_normal(4).astype(np.float32))
-    y = K.pool2d(K.relu(K.bias_add(K.conv2d(x, w), b)), (2, 2), strides=(2, 2))
+    y = K.pool2d(_conv_relu(rng, x), (2, 2), strides=(2, 2))
     u, v, c, d = [K.variable(np.zeros((2, 3, 3, 4), np.float32)) for _ in range(4)]
     f = K.function([x], [c], updates=[(u, y)])               # reads c, updates u
     adopt = K.function([], [], updates=[(v, u)])             # plain: v holds u's value itself
     share = K.function([x], [], updates=[(c, y), (d, y)])    # plain: c and d hold one array
-    seen, replays = [], 0
-
-    def call(function, *inputs):
-        nonlocal replays
-        with counters.counting() as counted:
-            out = function(list(inputs))
-        replays += counted.graph_replays
-        seen.append([np.array(o) for o in out] + [K.get_value(t) for t in (u, v, c, d)])
-
-    def batch():
-        return rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
-
+    call = _Calls(rng, lambda: [K.get_value(t) for t in (u, v, c, d)])
+    batch = call.batch
     call(f, batch())          # plain
     call(share, batch())      # c and d share
     call(f, batch())          # captured with c shared, replayed
@@ -102,19 +108,8 @@ def _sharing_after_capture(seed):
     call(f, batch())          # replayed: writes u
     K.set_value(c, np.full((2, 3, 3, 4), 3.0, np.float32))
     call(f, batch())          # replayed: c copied into the graph's buffer first
-    return seen, replays
+    return call.seen, call.replays
 
 
 def test_a_replay_writes_no_buffer_shared_after_its_capture(on, monkeypatch):
-    on('cuda')
-    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '1')
-    replayed, replays = _sharing_after_capture(1)
-    assert replays == 3, replays
-    monkeypatch.setenv('GPUK_CUDA_GRAPHS', '0')
-    plain, _ = _sharing_after_capture(1)
-    on('cpu')
-    numpy, _ = _sharing_after_capture(1)
-    for call, (got, want, host) in enumerate(zip(replayed, plain, numpy)):
-        for k, (a, b, n) in enumerate(zip(got, want, host)):
-            np.testing.assert_array_equal(a, b, err_msg='call %d, value %d' % (call, k))
-            np.testing.assert_allclose(a, n, rtol=1e-5, atol=1e-5, err_msg='call %d, value %d' % (call, k))
+    _assert_replays_equal_plain_launches_and_numpy(lambda: _sharing_after_capture(1), monkeypatch, on, replays=3)
