@@ -421,6 +421,7 @@ def test_reused_step_buffers_never_change_results_nor_overwrite_a_held_value():
     import numpy as np
     from gpuk import backend as K
     from gpuk.kernels.runtime import counters
+    from gpuk.kernels.testing import assert_same_steps
     os.environ['GPUK_CUDA_GRAPHS'] = '0'
     rng = np.random.default_rng(0)
     start_w = rng.standard_normal((8, 3)).astype(np.float32)
@@ -451,10 +452,7 @@ def test_reused_step_buffers_never_change_results_nor_overwrite_a_held_value():
     reused, reused_allocations = train()
     os.environ['GPUK_CHECK_LAUNCHES'] = '1'                          # no kept runner: fresh buffers
     fresh, fresh_allocations = train()
-    for step, (a, e) in enumerate(zip(reused, fresh)):
-        for got, want in zip(a, e):
-            assert np.array_equal(got, want), step
-    assert not np.array_equal(reused[0][0], reused[1][0])             # the steps did differ
+    assert_same_steps(reused, fresh)
     assert reused_allocations[-1] == reused_allocations[-2] < fresh_allocations[-1], (reused_allocations,
                                                                                         fresh_allocations)
     print('ok')
@@ -496,6 +494,7 @@ def test_reused_buffers_of_xp_and_kernel_steps_never_change_results_nor_a_held_v
     import numpy as np
     from gpuk import backend as K
     from gpuk.kernels.runtime import counters
+    from gpuk.kernels.testing import assert_same_steps
     os.environ['GPUK_CUDA_GRAPHS'] = '0'
     rng = np.random.default_rng(0)
     start_w = rng.standard_normal((3, 3, 2, 4)).astype(np.float32)
@@ -532,10 +531,7 @@ def test_reused_buffers_of_xp_and_kernel_steps_never_change_results_nor_a_held_v
     reused, reused_allocations = train()
     os.environ['GPUK_CHECK_LAUNCHES'] = '1'                          # no kept runner: fresh buffers
     fresh, fresh_allocations = train()
-    for step, (a, e) in enumerate(zip(reused, fresh)):
-        for got, want in zip(a, e):
-            assert np.array_equal(got, want), step
-    assert not np.array_equal(reused[0][0], reused[1][0])             # the steps did differ
+    assert_same_steps(reused, fresh)
     assert reused_allocations[-1] == 0 < fresh_allocations[-1], (reused_allocations, fresh_allocations)
     print('ok')
     ''')
@@ -697,6 +693,7 @@ def test_ctc_tile_and_copying_reshape_steps_write_reused_buffers_and_equal_fresh
     import numpy as np
     from gpuk import backend as K
     from gpuk.kernels.runtime import counters
+    from gpuk.kernels.testing import assert_same_steps
     os.environ['GPUK_CUDA_GRAPHS'] = '0'
     rng = np.random.default_rng(0)
     start_w = (rng.standard_normal((5, 5)) * 0.5).astype(np.float32)
@@ -735,10 +732,7 @@ def test_ctc_tile_and_copying_reshape_steps_write_reused_buffers_and_equal_fresh
         assert 'y_true must hold integers' in str(error), error
     os.environ['GPUK_CHECK_LAUNCHES'] = '1'                           # no kept runner: fresh buffers
     fresh, fresh_allocations = train()
-    for step, (a, e) in enumerate(zip(reused, fresh)):
-        for got, want in zip(a, e):
-            assert np.array_equal(got, want), step
-    assert not np.array_equal(reused[0][0], reused[1][0])             # the steps did differ
+    assert_same_steps(reused, fresh)
     assert np.all(np.isfinite(reused[-1][0])), reused[-1][0]
     assert reused_allocations[-1] == 0 < fresh_allocations[-1], (reused_allocations, fresh_allocations)
     print('ok')

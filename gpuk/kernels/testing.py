@@ -118,3 +118,13 @@ def assert_same_error(kernel_fn, twin_fn, args, kwargs=None):
         raise AssertionError(f"{kernel_fn.__name__}: raised nothing, the twin {expected!r}")
     if deferred.pending_count():
         raise AssertionError(f"{kernel_fn.__name__}: {deferred.pending_count()} value checks left pending")
+
+
+def assert_same_steps(reused, fresh):
+    """Training runs that must agree bit for bit (each a list of steps, each a list of values:
+    with the plan steps' reused buffers and with fresh ones), and whose steps did differ (the
+    first value of the first two steps), so that agreeing is not agreeing on a constant."""
+    for step, (got_values, want_values) in enumerate(zip(reused, fresh)):
+        for got, want in zip(got_values, want_values):
+            assert np.array_equal(got, want), step
+    assert not np.array_equal(reused[0][0], reused[1][0])
