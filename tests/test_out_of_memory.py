@@ -517,6 +517,12 @@ def _raise(error):
     raise error
 
 
+def _skip_unless_captures_count_against_the_pool_limit():
+    if not gpu_rehearsal.active():
+        pytest.skip('the stand-in counts a capture against the default pool\'s limit; CuPy gives it a '
+                    'private pool, which that limit does not bound')
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize('memory_comes_free', [True, False])
 def test_a_capture_out_of_memory_is_released_the_step_runs_plain_and_capture_is_tried_again(
@@ -524,9 +530,7 @@ def test_a_capture_out_of_memory_is_released_the_step_runs_plain_and_capture_is_
     """The signature is not refused for good: a later call may fit (memory came free since), so
     it is captured then; a signature whose captures keep running out of memory is refused after
     MAX_CAPTURE_TRIES_OUT_OF_MEMORY of them."""
-    if not gpu_rehearsal.active():
-        pytest.skip('the stand-in counts a capture against the default pool\'s limit; CuPy gives it a '
-                    'private pool, which that limit does not bound')
+    _skip_unless_captures_count_against_the_pool_limit()
     from gpuk import cuda_graph
     on('cuda')
     monkeypatch.setenv('GPUK_CUDA_GRAPHS', '1')
@@ -736,9 +740,7 @@ def test_a_call_that_fits_only_without_kept_step_buffers_runs_without_them(on, r
 def test_a_capture_keeps_no_step_buffers(on, rng, pool_limit, monkeypatch):
     """A graph's steps take their outputs from its pool, which hands a dead value's block to a
     later output: the capture needs the step's peak, not all its outputs at once."""
-    if not gpu_rehearsal.active():
-        pytest.skip('the stand-in counts a capture against the default pool\'s limit; CuPy gives it a '
-                    'private pool, which that limit does not bound')
+    _skip_unless_captures_count_against_the_pool_limit()
     from gpuk import cuda_graph
     from gpuk.kernels.runtime import prepared
     on('cuda')
