@@ -162,7 +162,7 @@ def _dense_block(a):
     the memory strided array ``a`` reads, starting at its first element, or None where there is
     none (gaps, negative strides, strides that are no multiple of the item size). ``index`` (None
     when there is no such dim) keeps the first element along each broadcast dim (stride 0 along
-    more than one element: a gradient broadcast from a sum, a K.repeat); ``order`` sorts the
+    more than one element: a gradient broadcast from a sum); ``order`` sorts the
     other dims by stride (a transpose, a K.permute_dimensions, K.rnn's batch-major view of its
     time-major outputs). The kernel then reads that view at ``a``'s own element strides."""
     strides = a.strides
@@ -314,7 +314,7 @@ def _prepare(rt, program, inputs):
                     dense[k] = block
         copied = [k for k in converted if k not in dense]
         sliced = tuple((k, index) for k, (index, _) in dense.items() if index is not None)
-        reordered = tuple((k, order) for k, (_, order) in dense.items())
+        reordered = tuple((k, order) for k, (_, order) in dense.items() if order != tuple(range(len(order))))
         kernel, kernel_tail = launch, tail
         if dense:
             kernel, own_tail = _launch_of(rt, program, shapes, out_shape, n,
