@@ -460,17 +460,17 @@ def test_reused_step_buffers_never_change_results_nor_overwrite_a_held_value():
 
 
 # Allocations per steady-state plain step of bench.host_overhead's models (docs/architecture.md,
-# "The memory plan"): every step of the MLP and the BN CNN writes into its reused StepBuffers, and
-# so do the demo CTC model's CTC loss and gradient, K.tile, reshapes that copy and the scans'
-# contiguous copies of a strided sequence; its 2 are the strided-input copies of its two fused
-# ReLU-gradient steps (listed there)
-PLAIN_STEP_ALLOCATIONS = {'mlp': 0, 'bn_cnn': 0, 'ctc': 2}
+# "The memory plan"): every step of the three writes into its reused StepBuffers (the demo CTC
+# model's CTC loss and gradient, K.tile, reshapes that copy and the scans' contiguous copies of a
+# strided sequence included), and its two fused ReLU-gradient steps read their transposed input
+# (the GRUs' batch-major outputs) in place instead of copying it
+PLAIN_STEP_ALLOCATIONS = {'mlp': 0, 'bn_cnn': 0, 'ctc': 0}
 
 
 def test_steady_steps_of_the_three_bench_models_sync_nothing_and_allocate_only_what_is_known():
     """bench.host_overhead's models on plain launches (dry: counts only): no device-to-host
     sync inside a steady-state step, the same allocations step after step, and exactly
-    PLAIN_STEP_ALLOCATIONS of them (0 for the MLP and the BN CNN)."""
+    PLAIN_STEP_ALLOCATIONS of them (0 for each)."""
     _rehearse('''
     from bench import host_overhead
     from tests.gpu_rehearsal import rehearsal_runtime
@@ -734,6 +734,69 @@ def test_ctc_tile_and_copying_reshape_steps_write_reused_buffers_and_equal_fresh
     fresh, fresh_allocations = train()
     assert_same_steps(reused, fresh)
     assert np.all(np.isfinite(reused[-1][0])), reused[-1][0]
+    assert reused_allocations[-1] == 0 < fresh_allocations[-1], (reused_allocations, fresh_allocations)
+    print('ok')
+    ''')
+
+
+def test_fused_steps_read_a_transposed_input_in_place_and_equal_fresh_buffers():
+    """K.rnn's outputs are a batch-major view of its time-major stacked results; the fused step
+    reading them (a ReLU after the loop, as the demo CTC model's ReLU-gradient steps read its
+    GRUs' outputs) reads that view in place (fused_elementwise: _dense_block) instead of
+    copying it, and its gradient step so reads the sum's gradient broadcast to the outputs'
+    shape (zero strides): training steps give bit for bit the numbers of fresh buffers
+    (GPUK_CHECK_LAUNCHES=1 keeps no runner) with those inputs copied, an output the caller
+    keeps and a variable's old value someone keeps are never written, and the steady state
+    copies and allocates nothing."""
+    _rehearse('''
+    import os
+    import numpy as np
+    from gpuk import backend as K
+    from gpuk.kernels import fused_elementwise
+    from gpuk.kernels.runtime import counters
+    from gpuk.kernels.testing import assert_same_steps
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'
+    copies = []
+    real = fused_elementwise._contiguous
+    def contiguous(xp, a):
+        copies.append(a.shape)
+        return real(xp, a)
+    fused_elementwise._contiguous = contiguous
+    rng = np.random.default_rng(0)
+    start_u = (rng.standard_normal((4, 4)) * 0.3).astype(np.float32)
+    x = K.placeholder((2, 6, 3))
+    w = K.variable((rng.standard_normal((3, 4)) * 0.5).astype(np.float32))
+    u = K.variable(start_u)
+    def step(x_t, states):
+        h = K.tanh(K.dot(x_t, w) + K.dot(states[0], u))
+        return h, [h]
+    _, outputs, _ = K.rnn(step, x, [K.zeros((2, 4))])
+    activated = K.relu(outputs - 0.1) * 2.0 + 0.5                    # reads the batch-major view
+    loss = K.sum(K.square(activated))
+    f = K.function([x], [activated, loss], updates=[K.update_sub(u, 0.01 * K.gradients(loss, [u])[0])])
+    batches = [rng.standard_normal((2, 6, 3)).astype(np.float32) for _ in range(6)]
+    def train():
+        K.set_value(u, start_u)
+        outputs, allocations, copied = [], [], []
+        for step, value in enumerate(batches):
+            if step == 2:
+                held, held_copy = u.value, np.array(u.value)          # an old value someone keeps
+            copies.clear()
+            with counters.counting() as c:
+                result = f([value])
+            if step == 2:
+                kept_output, kept_copy = result[0], np.array(result[0])   # an output the caller keeps
+            outputs.append([np.array(r) for r in result] + [K.get_value(u)])
+            allocations.append(c.allocations)
+            copied.append(len(copies))
+        assert np.array_equal(held, held_copy) and np.array_equal(kept_output, kept_copy)
+        return outputs, allocations, copied
+    reused, reused_allocations, reused_copies = train()
+    os.environ['GPUK_CHECK_LAUNCHES'] = '1'                           # no kept runner: fresh buffers
+    fused_elementwise._dense_block = lambda a: None                   # and strided inputs copied
+    fresh, fresh_allocations, fresh_copies = train()
+    assert_same_steps(reused, fresh)
+    assert reused_copies == [0] * len(batches) and fresh_copies[-1] == 2, (reused_copies, fresh_copies)
     assert reused_allocations[-1] == 0 < fresh_allocations[-1], (reused_allocations, fresh_allocations)
     print('ok')
     ''')

@@ -19,8 +19,10 @@ BIAS_ACT_THREADS = 256
 BIAS_ACT_MAX_BLOCKS = 8192
 ACTIVATION_CODES = {'linear': 0, 'relu': 1}
 # The launchers take C-contiguous operands only, so a strided one is copied on every call (the
-# fused kernels' too: fused_elementwise._contiguous); a Scan copies a sequence with strided
-# per-step slices once per loop instead (ops/scan.py). The twin says False.
+# fused kernels' too, fused_elementwise._contiguous, except a dense block of memory such as a
+# transpose, which a plan step reads in place; a time step's slice of a sequence has gaps); a
+# Scan copies a sequence with strided per-step slices once per loop instead (ops/scan.py). The
+# twin says False.
 COPIES_STRIDED_OPERANDS = True
 # A Scan's backward step recomputes its forward step's sigmoids and tanhs: they fuse into the
 # backward cell's generated kernel at no cost, where keeping them stacked would add outputs to

@@ -8,7 +8,11 @@ runs the program's ops one by one on the runtime's arrays instead, with the same
 Inputs that are static slices of a group input (``FusedProgram.input_views``: a GRU's or
 LSTM's gate slices of its matrix products, folded into the fused step by the fusion pass) are
 read in place: their element strides and first-element offsets are index tables set up once
-per problem, and the sliced array is passed once per view, as it is.
+per problem, and the sliced array is passed once per view, as it is. A plan step's variant for
+its kept layouts (``specialized``) reads a strided input whose memory is one dense block (a
+transpose, a K.permute_dimensions, K.rnn's batch-major outputs, a broadcast) in place too: the
+block is passed as a C-contiguous view of it (_dense_block), and the input's element strides go
+into the index tables; other strided inputs are copied.
 """
 import functools
 from collections import OrderedDict
@@ -120,13 +124,14 @@ def collapsed_index(out_shape, shapes, element_strides=None):
 
 def _index_tables(rt, out_shape, shapes, layout=None):
     """(rank, dims, strides): collapsed_index as device int64 arrays (dims (rank,), strides
-    (n_inputs * rank,), then with a ``layout`` of input views (_viewed_shapes: per
-    input its element strides or None, and its first element's offset) the n_inputs
-    offsets), memoized per shapes and layout."""
+    (n_inputs * rank,), then with a ``layout`` of inputs read in place (per input its element
+    strides or None, and the first elements' offsets, or None where every input starts at its
+    pointer: _viewed_shapes, _read_in_place) the n_inputs offsets), memoized per shapes and
+    layout."""
     def make():
         dims, strides = collapsed_index(out_shape, shapes, None if layout is None else layout[0])
         table = np.array(strides, dtype=np.int64).reshape(-1)
-        if layout is not None:
+        if layout is not None and layout[1] is not None:
             table = np.concatenate([table, np.array(layout[1], dtype=np.int64)])
         return len(dims), rt.xp.asarray(np.array(dims, dtype=np.int64)), rt.xp.asarray(table)
     return _tables.get_or((rt.kind, out_shape, tuple(shapes), layout), make)
@@ -152,6 +157,34 @@ def _contiguous(xp, a):
     return xp.ascontiguousarray(a)
 
 
+def _dense_block(a):
+    """(index, order) such that ``a[index].transpose(order)`` is a C-contiguous view of exactly
+    the memory strided array ``a`` reads, starting at its first element, or None where there is
+    none (gaps, negative strides, strides that are no multiple of the item size). ``index`` (None
+    when there is no such dim) keeps the first element along each broadcast dim (stride 0 along
+    more than one element: a gradient broadcast from a sum); ``order`` sorts the
+    other dims by stride (a transpose, a K.permute_dimensions, K.rnn's batch-major view of its
+    time-major outputs). The kernel then reads that view at ``a``'s own element strides."""
+    strides = a.strides
+    if a.ndim < 1 or any(s % a.itemsize for s in strides):
+        return None
+    broadcast = [d for d, (n, s) in enumerate(zip(a.shape, strides)) if s == 0 and n > 1]
+    index = tuple(slice(0, 1) if d in broadcast else slice(None) for d in range(a.ndim)) if broadcast else None
+    order = tuple(sorted(range(a.ndim), key=lambda d: -strides[d]))
+    block = a if index is None else a[index]
+    return (index, order) if block.transpose(order).flags.c_contiguous else None
+
+
+def _read_in_place(layout, n_inputs, dense):
+    """``layout`` (_viewed_shapes': the input views, or None) with the inputs of ``dense``
+    ({input: a strided array read in place}) read at their own element strides from their
+    first element."""
+    strides = list(layout[0]) if layout is not None else [None] * n_inputs
+    for k, a in dense.items():
+        strides[k] = tuple(s // a.itemsize for s in a.strides)
+    return tuple(strides), None if layout is None else layout[1]
+
+
 def _launch_of(rt, program, shapes, out_shape, n, layout=None):
     """(launch, the arguments after the pointers): the kernel of ``program`` for these shapes
     (and ``layout`` of inputs read in place) with its grid, and its index tables and size;
@@ -160,7 +193,8 @@ def _launch_of(rt, program, shapes, out_shape, n, layout=None):
         return None, None
     rank, dims, strides = _index_tables(rt, out_shape, shapes, layout)
     blocks = max(1, min(-(-n // FUSED_THREADS), FUSED_MAX_BLOCKS))
-    launch = rt.kernel_launch(SOURCE, kernel_defines(program, rank, layout is not None), 'fused_elementwise',
+    offsets = layout is not None and layout[1] is not None
+    launch = rt.kernel_launch(SOURCE, kernel_defines(program, rank, offsets), 'fused_elementwise',
                               blocks, FUSED_THREADS)
     return launch, (dims, strides, np.int64(n))
 
@@ -261,23 +295,44 @@ def _prepare(rt, program, inputs):
     def specialized(inputs):
         """The run of one plan step (prepared.Kept) for inputs of exactly these layouts (the
         Kept compared their strides): the inputs that are not C-contiguous (a gate sliced off a
-        matrix product, a host number) are known, so the others are passed without a test; the
-        outputs are written into buffers of the step's own, reused across calls
-        (prepared.StepBuffers: a buffer anything else still holds is never written again). The
-        strided inputs are copied to new contiguous arrays, as before: copying them into reused
-        buffers too (xp.copyto) made the GRU's steps slower in the rehearsal, and reading them
-        in place needs kernels that take strided pointers (the runtimes refuse them)."""
+        matrix product, a transposed value, a host number) are known, so the others are passed
+        without a test; the outputs are written into buffers of the step's own, reused across
+        calls (prepared.StepBuffers: a buffer anything else still holds is never written again).
+        A strided input that is one dense block of memory (_dense_block) is read in place: the
+        kernel gets the block as its C-contiguous view and the input's element strides in its
+        index tables (no copy, no allocation, the same values). The other strided inputs (gaps,
+        negative strides, an input that has a view of its own) are copied to new contiguous
+        arrays, as before: copying them into reused buffers too (xp.copyto) made the GRU's steps
+        slower in the rehearsal."""
         # the positions of the inputs that are not C-contiguous arrays of the runtime
         converted = [k for k, a in enumerate(inputs) if type(a) is not array_type or not a.flags.c_contiguous]
+        dense = {}
+        for k in converted:
+            if type(inputs[k]) is array_type and (layout is None or layout[0][k] is None):   # no view
+                block = _dense_block(inputs[k])
+                if block is not None:
+                    dense[k] = block
+        copied = [k for k in converted if k not in dense]
+        sliced = tuple((k, index) for k, (index, _) in dense.items() if index is not None)
+        reordered = tuple((k, order) for k, (_, order) in dense.items() if order != tuple(range(len(order))))
+        kernel, kernel_tail = launch, tail
+        if dense:
+            kernel, own_tail = _launch_of(rt, program, shapes, out_shape, n,
+                                          _read_in_place(layout, len(inputs), {k: inputs[k] for k in dense}))
+            kernel_tail = tail[:MAX_OUTPUTS - len(out_dtypes)] + own_tail
         buffers = prepared.StepBuffers(empty, out_shape, out_dtypes)
         take_outputs = buffers.take_all
         if converted:
             def run_converting(*inputs):
                 inputs = list(inputs)
-                for k in converted:
+                for k, index in sliced:
+                    inputs[k] = inputs[k][index]             # one element along its broadcast dims
+                for k, order in reordered:
+                    inputs[k] = inputs[k].transpose(order)   # its memory as a C-contiguous view
+                for k in copied:
                     inputs[k] = _contiguous(xp, inputs[k])   # (a strided copy is counted there)
                 outputs = take_outputs()
-                launch((*inputs, *input_pads, *outputs, *tail))
+                kernel((*inputs, *input_pads, *outputs, *kernel_tail))
                 return step_result(outputs)
             return run_converting
         if len(out_dtypes) == 1:

@@ -107,6 +107,80 @@ def test_gate_slices_are_read_in_place_through_input_views(kernel_runtime, monke
     _assert_close([to_host(g) for g in got], want)
 
 
+def test_a_plan_steps_variant_reads_a_dense_strided_input_in_place(kernel_runtime, monkeypatch):
+    """A plan step's variant (fused_runner's ``specialized``, kept per layouts) reads an input
+    whose memory is one dense block in place: a transposed value (K.rnn's batch-major view of
+    its time-major outputs, a K.permute_dimensions), also with a size-1 dim and beside a
+    broadcast input, and a value broadcast to the output's shape (zero strides: a sum's
+    gradient) give bit for bit the plain run's result, which copies them, and make no copy; a
+    strided input with gaps or a reversed dim is still copied, to the same results."""
+    rng = np.random.default_rng(7)
+    xp = kernel_runtime.xp
+    # relu'(x) * g * s: the demo's ReLU-gradient step, with a broadcast scale
+    op = FusedElementwise([(ReluGrad(Relu(0., None, 0.)), (0, 1)), (Binary('multiply'), (3, 2))], 3, [4])
+    time_major = rng.standard_normal((6, 4, 5)).astype(np.float32)
+    gradient = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    scale = rng.standard_normal((1, 6, 1)).astype(np.float32)
+    wide = rng.standard_normal((4, 6, 7)).astype(np.float32)
+    transposed = lambda a: a.transpose(1, 0, 2)   # noqa: E731
+
+    def broadcast(a, shape):
+        return (np if isinstance(a, np.ndarray) else xp).broadcast_to(a, shape)
+    cases = [  # (g, x, s) as functions of (gradient, time_major, scale, wide); read in place or copied
+        (lambda g, t, s, w: (g, transposed(t), s), True),
+        (lambda g, t, s, w: (g[:, None], t[:, None].transpose(2, 1, 0, 3), s), True),   # a size-1 dim
+        (lambda g, t, s, w: (g[:1], transposed(t[:, :1]), s), False),           # gaps
+        (lambda g, t, s, w: (transposed(t), g, s), True),                        # g strided
+        (lambda g, t, s, w: (g, transposed(t), transposed(transposed(s))), True),
+        (lambda g, t, s, w: (g, transposed(t), broadcast(s, g.shape)), True),    # a broadcast scale
+        (lambda g, t, s, w: (broadcast(s.reshape(-1)[:1], g.shape), transposed(t), s), True),   # a sum's gradient
+        (lambda g, t, s, w: (g, w[..., 1:6], s), False),                         # gaps
+        (lambda g, t, s, w: (g[:, ::-1], transposed(t), s), False)]             # a reversed dim
+    arrays = (gradient, time_major, scale, wide)
+    for case, (view, in_place) in enumerate(cases):
+        host = list(view(*arrays))
+        inputs = list(view(*[to_device(kernel_runtime, a) for a in arrays]))
+        assert [a.strides for a in inputs] == [a.strides for a in host]
+        assert any(not a.flags.c_contiguous for a in inputs), case
+        program = _program(op, xp, inputs)
+        assert program.kernel_ready()
+        monkeypatch.setattr(FusedProgram, 'run_unfused', lambda *a: pytest.fail('the kernel did not run'))
+        run = launcher.fused_runner(program, inputs, runtime=kernel_runtime)
+        want = to_host(run(*inputs))                             # the plain run: strided inputs copied
+        copies = []
+        real = launcher._contiguous
+        monkeypatch.setattr(launcher, '_contiguous', lambda xp, a: copies.append(a.shape) or real(xp, a))
+        variant = run.specialized(inputs)
+        for _ in range(2):                                       # into a new buffer, then the reused one
+            got = variant(*inputs)
+            assert got.shape == want.shape and got.flags.c_contiguous, case
+            np.testing.assert_array_equal(to_host(got), want)
+            del got
+        monkeypatch.undo()
+        assert (copies == []) == in_place, (case, copies)
+        np.testing.assert_array_equal(want, twin.fused(_program(op, np, host), host)[0])
+
+
+def test_dense_block():
+    a = np.zeros((6, 4, 5), np.float32)
+    everything = (slice(None),) * 3
+    assert launcher._dense_block(a.transpose(1, 0, 2)) == (None, (1, 0, 2))
+    assert launcher._dense_block(a.transpose(2, 0, 1)) == (None, (1, 2, 0))
+    assert launcher._dense_block(a[:, None].transpose(2, 1, 0, 3)) is not None   # a size-1 dim
+    assert launcher._dense_block(np.broadcast_to(a[:1], (3, 4, 5))) == ((slice(0, 1),) + everything[1:], (1, 2, 0))
+    index, order = launcher._dense_block(np.broadcast_to(np.float32(2), (3, 4)))   # a broadcast scalar
+    assert index == (slice(0, 1),) * 2
+    broadcast_transposed = np.broadcast_to(a.transpose(1, 0, 2)[:, None], (4, 3, 6, 5))
+    index, order = launcher._dense_block(broadcast_transposed)
+    assert broadcast_transposed[index].transpose(order).flags.c_contiguous
+    assert np.shares_memory(broadcast_transposed[index].transpose(order), a)
+    assert launcher._dense_block(a[:, :1].transpose(1, 0, 2)) is None          # gaps
+    assert launcher._dense_block(a[..., 1:4]) is None                          # gaps
+    assert launcher._dense_block(a[::-1]) is None                              # a reversed dim
+    assert launcher._dense_block(a[:, :, 0]) is None and launcher._dense_block(a[:, 0, :]) is None
+    assert launcher._dense_block(a.reshape(-1)[::2]) is None
+
+
 def test_viewed_layout():
     from gpuk.contracts.fused_program import viewed_layout
     full = slice(None)

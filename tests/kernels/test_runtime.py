@@ -103,6 +103,24 @@ def test_modules_are_memoized_in_memory_and_on_disk(tmp_path, monkeypatch):
     assert fresh.compile_count == 1 and (y == 3).all()
 
 
+def test_partly_overlapping_arguments_only_when_none_is_written(tmp_path, monkeypatch):
+    """Two read-only arguments may share part of their memory (a fused kernel reading a value in
+    place beside another view of it): each is read as it is; a written one may not."""
+    monkeypatch.setenv('GPUK_CACHE_DIR', str(tmp_path / 'cache'))
+    source = tmp_path / 'add.cu'
+    source.write_text('extern "C" __global__ void add(const float* a, const float* b, float* y, int n) {\n'
+                      '  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = a[i] + b[i]; }\n'
+                      'extern "C" __global__ void shift(const float* a, float* y, int n) {\n'
+                      '  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = a[i]; }\n')
+    module = EmulatedRuntime().load(source)
+    x = np.arange(12, dtype=np.float32)
+    y = np.zeros(8, np.float32)
+    module.kernel('add').launch(1, 32, (x[:8], x[4:], y, np.int32(8)))
+    np.testing.assert_array_equal(y, x[:8] + x[4:])
+    with pytest.raises(ValueError, match='arguments 0 and 1 partly overlap and one is written'):
+        module.kernel('shift').launch(1, 32, (x[:8], x[4:], np.int32(8)))
+
+
 def test_compile_errors_carry_compiler_output(tmp_path, monkeypatch):
     monkeypatch.setenv('GPUK_CACHE_DIR', str(tmp_path))
     source = tmp_path / 'broken.cu'

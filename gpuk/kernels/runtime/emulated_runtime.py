@@ -284,16 +284,13 @@ class EmulatedKernel:
         c_args = (_Arg * max(1, len(args)))()
         keep_alive = []
         seen = {}
-        spans = []
+        spans, overlaps = [], []
         for i, (p, a) in enumerate(zip(self.signature.params, args)):
             if p.is_pointer:
                 ptr, nbytes = a.ctypes.data, a.nbytes
                 alias = seen.get((ptr, nbytes), -1) if nbytes else -1
                 if alias < 0 and nbytes:
-                    for j, (lo, hi) in spans:
-                        if ptr < hi and lo < ptr + nbytes:
-                            raise ValueError(f"kernel '{self.name}': arguments {j} and {i} partly overlap; the "
-                                             f"emulator supports identical or disjoint buffers only")
+                    overlaps += [(j, i) for j, (lo, hi) in spans if ptr < hi and lo < ptr + nbytes]
                     seen[(ptr, nbytes)] = i
                     spans.append((i, (ptr, ptr + nbytes)))
                 if alias >= 0 and not p.is_const:
@@ -307,6 +304,10 @@ class EmulatedKernel:
                 value = np.array(a)
                 keep_alive.append(value)
                 c_args[i] = _Arg(value.ctypes.data, value.nbytes, value.itemsize, 0, -1, 0)
+        for j, i in overlaps:   # each gets a copy of its own: right only while none is written
+            if not c_args[j].flags & c_args[i].flags & ARG_CONST:
+                raise ValueError(f"kernel '{self.name}': arguments {j} and {i} partly overlap and one is written; "
+                                 f"the emulator supports identical or disjoint buffers only, or read-only ones")
         return c_args, keep_alive
 
     def _error(self, e, grid, block, shared_mem, args):
