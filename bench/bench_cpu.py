@@ -80,6 +80,27 @@ def _normals(*shapes):
     return make_numpy
 
 
+def _conv_build(shapes, numpy_step, weight_axes, torch_forward):
+    """build() of a conv family case: x, w, dy drawn from a standard normal (``shapes``); the
+    numpy row runs ``numpy_step``, the torch row ``torch_forward(F, x, w)`` (F is
+    torch.nn.functional; w permuted to ``weight_axes``) and its backward from dy."""
+    def build(impl):
+        make_numpy = _normals(*shapes)
+        if impl == 'numpy':
+            return numpy_step, make_numpy
+        import torch
+
+        def make_torch(i):
+            x, w, dy = make_numpy(i)
+            return (_torch_nhwc(x, True), _torch_weight(w, *weight_axes), _torch_nhwc(dy, False))
+
+        def step(x, w, dy):
+            x.grad = w.grad = None
+            torch_forward(torch.nn.functional, x, w).backward(dy)
+        return step, make_torch
+    return build
+
+
 def _conv_case(label, hw, c_in, c_out, k, stride):
     """Ordinary conv, 'same' padding (symmetric where torch can express it)."""
     out = -(-hw // stride)
@@ -88,26 +109,17 @@ def _conv_case(label, hw, c_in, c_out, k, stride):
     x_shape, w_shape, y_shape = (BATCH, hw, hw, c_in), (k, k, c_in, c_out), (BATCH, out, out, c_out)
     geometry = ((stride, stride), (1, 1), pads, 'channels_last')
 
+    def numpy_step(x, w, dy):
+        conv.conv_fwd(x, w, *geometry)
+        conv.conv_dgrad(dy, w, x_shape, *geometry)
+        conv.conv_wgrad(x, dy, w_shape, *geometry)
+    conv_build = _conv_build((x_shape, w_shape, y_shape), numpy_step, (3, 2, 0, 1),
+                             lambda F, x, w: F.conv2d(x, w, stride=stride, padding=pad[0]))
+
     def build(impl):
-        make_numpy = _normals(x_shape, w_shape, y_shape)
-        if impl == 'numpy':
-            def step(x, w, dy):
-                conv.conv_fwd(x, w, *geometry)
-                conv.conv_dgrad(dy, w, x_shape, *geometry)
-                conv.conv_wgrad(x, dy, w_shape, *geometry)
-            return step, make_numpy
-        import torch
-        if pad[0] != pad[1]:
+        if impl != 'numpy' and pad[0] != pad[1]:
             raise ValueError('_conv_case: asymmetric padding %s has no torch conv2d equivalent' % (pad,))
-
-        def make_torch(i):
-            x, w, dy = make_numpy(i)
-            return (_torch_nhwc(x, True), _torch_weight(w, 3, 2, 0, 1), _torch_nhwc(dy, False))
-
-        def step(x, w, dy):
-            x.grad = w.grad = None
-            torch.nn.functional.conv2d(x, w, stride=stride, padding=pad[0]).backward(dy)
-        return step, make_torch
+        return conv_build(impl)
     return Case('conv', label, build, 4 * sum(math.prod(s) for s in (x_shape, w_shape, y_shape)))
 
 
@@ -122,26 +134,14 @@ def _conv_transpose_case(label, hw_in, c_in, c_out, k, stride):
     small_shape, w_shape, big_shape = (BATCH, hw_in, hw_in, c_in), (k, k, c_out, c_in), (BATCH, hw_out, hw_out, c_out)
     geometry = ((stride, stride), (1, 1), pads, 'channels_last')
 
-    def build(impl):
-        make_numpy = _normals(small_shape, w_shape, big_shape)
-        if impl == 'numpy':
-            def step(x, w, dy):
-                conv.conv_dgrad(x, w, big_shape, *geometry)       # the transpose conv itself
-                conv.conv_fwd(dy, w, *geometry)                   # its dx
-                conv.conv_wgrad(dy, x, w_shape, *geometry)        # its dw
-            return step, make_numpy
-        import torch
-
-        def make_torch(i):
-            x, w, dy = make_numpy(i)
-            # torch's transpose weight is (C_in of the transpose, C_out, kh, kw)
-            return (_torch_nhwc(x, True), _torch_weight(w, 3, 2, 0, 1), _torch_nhwc(dy, False))
-
-        def step(x, w, dy):
-            x.grad = w.grad = None
-            torch.nn.functional.conv_transpose2d(x, w, stride=stride, padding=k // 2,
-                                                 output_padding=stride - 1).backward(dy)
-        return step, make_torch
+    def numpy_step(x, w, dy):
+        conv.conv_dgrad(x, w, big_shape, *geometry)       # the transpose conv itself
+        conv.conv_fwd(dy, w, *geometry)                   # its dx
+        conv.conv_wgrad(dy, x, w_shape, *geometry)        # its dw
+    # torch's transpose weight is (C_in of the transpose, C_out, kh, kw)
+    build = _conv_build((small_shape, w_shape, big_shape), numpy_step, (3, 2, 0, 1),
+                        lambda F, x, w: F.conv_transpose2d(x, w, stride=stride, padding=k // 2,
+                                                           output_padding=stride - 1))
     return Case('conv', label, build, 4 * sum(math.prod(s) for s in (small_shape, w_shape, big_shape)))
 
 
@@ -149,24 +149,12 @@ def _depthwise_case(label, hw, channels):
     x_shape, w_shape = (BATCH, hw, hw, channels), (3, 3, channels, 1)
     geometry = ((1, 1), (1, 1), ((1, 1), (1, 1)), 'channels_last')
 
-    def build(impl):
-        make_numpy = _normals(x_shape, w_shape, x_shape)
-        if impl == 'numpy':
-            def step(x, w, dy):
-                conv.depthwise_conv_fwd(x, w, *geometry)
-                conv.depthwise_conv_dgrad(dy, w, x_shape, *geometry)
-                conv.depthwise_conv_wgrad(x, dy, w_shape, *geometry)
-            return step, make_numpy
-        import torch
-
-        def make_torch(i):
-            x, w, dy = make_numpy(i)
-            return (_torch_nhwc(x, True), _torch_weight(w, 2, 3, 0, 1), _torch_nhwc(dy, False))
-
-        def step(x, w, dy):
-            x.grad = w.grad = None
-            torch.nn.functional.conv2d(x, w, padding=1, groups=channels).backward(dy)
-        return step, make_torch
+    def numpy_step(x, w, dy):
+        conv.depthwise_conv_fwd(x, w, *geometry)
+        conv.depthwise_conv_dgrad(dy, w, x_shape, *geometry)
+        conv.depthwise_conv_wgrad(x, dy, w_shape, *geometry)
+    build = _conv_build((x_shape, w_shape, x_shape), numpy_step, (2, 3, 0, 1),
+                        lambda F, x, w: F.conv2d(x, w, padding=1, groups=channels))
     return Case('depthwise', label, build, 4 * (2 * math.prod(x_shape) + math.prod(w_shape)))
 
 

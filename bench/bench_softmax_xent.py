@@ -35,19 +35,28 @@ def _logits_and_targets(impl, shape):
     return make
 
 
-def _xent_row(impl, shape):
+def _fused_row(impl, shape, name, torch_loss, cudnn_missing):
+    """(fn, make_inputs) of one fused cross-entropy on ``impl``: ``name`` is the twin's and the
+    kernels' function, ``torch_loss`` torch.nn.functional's, ``cudnn_missing`` why cuDNN skips."""
     if impl == 'numpy':
         from gpuk.cpu_fallback import softmax_xent as twin
-        fn = twin.softmax_xent_fwd
+        fn = getattr(twin, name)
     elif impl in ('torch', 'torch-cuda'):
         import torch
-        fn = lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction='none')   # noqa: E731
+        loss = getattr(torch.nn.functional, torch_loss)
+        fn = lambda x, t: loss(x, t, reduction='none')   # noqa: E731
     elif impl == 'cudnn':
-        pytest.skip('cuDNN 9 has no fused softmax cross-entropy; its softmax alone is not the same work')
+        pytest.skip(cudnn_missing)
     else:
         from gpuk.kernels import softmax_xent
-        fn = lambda x, t: softmax_xent.softmax_xent_fwd(x, t, runtime='cuda')   # noqa: E731
+        kernel = getattr(softmax_xent, name)
+        fn = lambda x, t: kernel(x, t, runtime='cuda')   # noqa: E731
     return fn, _logits_and_targets(impl, shape)
+
+
+def _xent_row(impl, shape):
+    return _fused_row(impl, shape, 'softmax_xent_fwd', 'cross_entropy',
+                      'cuDNN 9 has no fused softmax cross-entropy; its softmax alone is not the same work')
 
 
 @pytest.mark.parametrize('impl', IMPLS)
@@ -62,18 +71,8 @@ def test_softmax_xent_fwd(benchmark, harness, impl, shape):
 
 
 def _binary_row(impl, n):
-    if impl == 'numpy':
-        from gpuk.cpu_fallback import softmax_xent as twin
-        fn = twin.binary_xent_logits_fwd
-    elif impl in ('torch', 'torch-cuda'):
-        import torch
-        fn = lambda x, t: torch.nn.functional.binary_cross_entropy_with_logits(x, t, reduction='none')   # noqa: E731
-    elif impl == 'cudnn':
-        pytest.skip('cuDNN has no binary cross-entropy')
-    else:
-        from gpuk.kernels import softmax_xent
-        fn = lambda x, t: softmax_xent.binary_xent_logits_fwd(x, t, runtime='cuda')   # noqa: E731
-    return fn, _logits_and_targets(impl, (n,))
+    return _fused_row(impl, (n,), 'binary_xent_logits_fwd', 'binary_cross_entropy_with_logits',
+                      'cuDNN has no binary cross-entropy')
 
 
 @pytest.mark.parametrize('impl', IMPLS)

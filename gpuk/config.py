@@ -58,42 +58,48 @@ def _keras_common():
     return sys.modules.get('keras.backend.common')
 
 
+def _setting(name):
+    """The setting ``name``: Keras's (its getter of that name) once Keras is imported, else ours."""
+    common = _keras_common()
+    return getattr(common, name)() if common is not None else _settings[name]
+
+
+def _store(name, value, stored):
+    """Keeps ``stored`` as our setting ``name`` and, once Keras is imported, sets ``value``
+    through Keras's set_<name> too."""
+    _settings[name] = stored
+    common = _keras_common()
+    if common is not None:
+        getattr(common, 'set_' + name)(value)
+
+
 def floatx():
     """Returns the default float type, as a string ('float16', 'float32' or 'float64')."""
-    common = _keras_common()
-    return common.floatx() if common is not None else _settings['floatx']
+    return _setting('floatx')
 
 
 def set_floatx(floatx):
     """Sets the default float type."""
     if floatx not in _FLOAT_TYPES:
         raise ValueError('set_floatx: floatx must be one of %s, got %r' % (_FLOAT_TYPES, floatx))
-    _settings['floatx'] = str(floatx)
-    common = _keras_common()
-    if common is not None:
-        common.set_floatx(floatx)
+    _store('floatx', floatx, str(floatx))
 
 
 def epsilon():
     """Returns the fuzz factor used in numeric expressions."""
-    common = _keras_common()
-    return common.epsilon() if common is not None else _settings['epsilon']
+    return _setting('epsilon')
 
 
 def set_epsilon(e):
     """Sets the fuzz factor used in numeric expressions."""
     if isinstance(e, bool) or not isinstance(e, (int, float)):
         raise TypeError('set_epsilon: e must be a float, got %r' % (e,))
-    _settings['epsilon'] = float(e)
-    common = _keras_common()
-    if common is not None:
-        common.set_epsilon(e)
+    _store('epsilon', e, float(e))
 
 
 def image_data_format():
     """Returns the default image data format ('channels_first' or 'channels_last')."""
-    common = _keras_common()
-    return common.image_data_format() if common is not None else _settings['image_data_format']
+    return _setting('image_data_format')
 
 
 def set_image_data_format(data_format):
@@ -101,10 +107,7 @@ def set_image_data_format(data_format):
     if data_format not in _DATA_FORMATS:
         raise ValueError('set_image_data_format: data_format must be one of %s, got %r'
                          % (_DATA_FORMATS, data_format))
-    _settings['image_data_format'] = str(data_format)
-    common = _keras_common()
-    if common is not None:
-        common.set_image_data_format(data_format)
+    _store('image_data_format', data_format, str(data_format))
 
 
 def image_dim_ordering():

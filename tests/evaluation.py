@@ -28,6 +28,15 @@ def assert_close(got, want, dtype):
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol)
 
 
+def assert_close_to_scale(got, ref, dtype, tol):
+    """``got`` of ``dtype`` and ref's shape, within ``tol`` of the float64 ``ref`` relatively and
+    relative to ref's largest magnitude (so near-zero elements of a sum pass)."""
+    assert got.dtype == dtype
+    assert got.shape == ref.shape
+    scale = max(np.abs(ref).max(), 1e-30)
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol * scale)
+
+
 def layout(n, spatial, channels, data_format):
     """The shape of a batch of ``spatial`` images with ``channels`` in ``data_format``."""
     if data_format == 'channels_first':

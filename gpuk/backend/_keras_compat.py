@@ -76,55 +76,45 @@ def _decodable(value):
     return value
 
 
-class _DecodableAttrs:
-    """An h5py AttributeManager whose string values also answer ``.decode()``."""
+class _Delegating:
+    """Membership, iteration, length and every other attribute answered by the wrapped h5py
+    object, as its own would be."""
 
-    def __init__(self, attrs):
-        self._attrs = attrs
-
-    def __getitem__(self, name):
-        return _decodable(self._attrs[name])
+    def __init__(self, wrapped):
+        self._wrapped = wrapped
 
     def __contains__(self, name):
-        return name in self._attrs
+        return name in self._wrapped
 
     def __iter__(self):
-        return iter(self._attrs)
+        return iter(self._wrapped)
 
     def __len__(self):
-        return len(self._attrs)
-
-    def get(self, name, default=None):
-        return _decodable(self._attrs[name]) if name in self._attrs else default
+        return len(self._wrapped)
 
     def __getattr__(self, name):
-        return getattr(self._attrs, name)
+        return getattr(self._wrapped, name)
 
 
-class _DecodableAttrsGroup:
+class _DecodableAttrs(_Delegating):
+    """An h5py AttributeManager whose string values also answer ``.decode()``."""
+
+    def __getitem__(self, name):
+        return _decodable(self._wrapped[name])
+
+    def get(self, name, default=None):
+        return _decodable(self._wrapped[name]) if name in self._wrapped else default
+
+
+class _DecodableAttrsGroup(_Delegating):
     """An h5py Group/File seen through _DecodableAttrs; everything else is the group's."""
-
-    def __init__(self, group):
-        self._group = group
 
     @property
     def attrs(self):
-        return _DecodableAttrs(self._group.attrs)
+        return _DecodableAttrs(self._wrapped.attrs)
 
     def __getitem__(self, name):
-        return self._group[name]
-
-    def __contains__(self, name):
-        return name in self._group
-
-    def __iter__(self):
-        return iter(self._group)
-
-    def __len__(self):
-        return len(self._group)
-
-    def __getattr__(self, name):
-        return getattr(self._group, name)
+        return self._wrapped[name]
 
 
 def _with_decodable_attrs(load_weights):

@@ -19,6 +19,12 @@ __all__ = ['max_pool_fwd', 'max_pool_bwd', 'avg_pool_fwd', 'avg_pool_bwd', 'max_
            'avg_pool_fwd_runner', 'avg_pool_bwd_runner']
 
 
+def _checked_forward(fn, x, window, strides, pads, data_format):
+    """(x, its pooling_checks.PoolSetup): the checks of max_pool_fwd and avg_pool_fwd."""
+    x = conv_checks.float_array(fn, 'x', x, bfloat16=False)
+    return x, pooling_checks.forward_setup(fn, x, window, strides, pads, data_format)
+
+
 def max_pool_fwd(x, window, strides, pads, data_format):
     """Max pooling -> (y, argmax).
 
@@ -26,11 +32,8 @@ def max_pool_fwd(x, window, strides, pads, data_format):
     taps) is the row-major index of the winner inside its window, taps counted from
     the window's padded start; the first one wins ties, padding never wins.
     """
-    x = conv_checks.float_array('max_pool_fwd', 'x', x, bfloat16=False)
-    setup = pooling_checks.forward_setup(
-        'max_pool_fwd', x, window, strides, pads, data_format)
-    channels_first, window, strides, pads = setup.channels_first, setup.window, setup.strides, setup.pads
-    in_spatial, out_spatial = setup.in_spatial, setup.out_spatial
+    x, setup = _checked_forward('max_pool_fwd', x, window, strides, pads, data_format)
+    channels_first, _, window, strides, pads, in_spatial, out_spatial = setup
     rank = len(window)
     x_cl = to_channels_last(x, channels_first)
     padded_spatial = [s + b + a for s, (b, a) in zip(in_spatial, pads)]
@@ -163,11 +166,8 @@ def _window_counts(in_spatial, out_spatial, window, strides, pads, dtype):
 
 def avg_pool_fwd(x, window, strides, pads, data_format):
     """Average pooling over the real inputs of each window (padding excluded)."""
-    x = conv_checks.float_array('avg_pool_fwd', 'x', x, bfloat16=False)
-    setup = pooling_checks.forward_setup(
-        'avg_pool_fwd', x, window, strides, pads, data_format)
-    channels_first, window, strides, pads = setup.channels_first, setup.window, setup.strides, setup.pads
-    in_spatial, out_spatial = setup.in_spatial, setup.out_spatial
+    x, setup = _checked_forward('avg_pool_fwd', x, window, strides, pads, data_format)
+    channels_first, _, window, strides, pads, in_spatial, out_spatial = setup
     rank = len(window)
     compute = compute_dtype(x.dtype)
     padded = pad_spatial(to_channels_last(x, channels_first), pads, compute)
@@ -183,8 +183,7 @@ def avg_pool_bwd(dy, x_shape, window, strides, pads, data_format):
     dy = conv_checks.float_array('avg_pool_bwd', 'dy', dy, bfloat16=False)
     setup = pooling_checks.avg_backward_setup(
         'avg_pool_bwd', dy, x_shape, window, strides, pads, data_format)
-    channels_first, window, strides, pads = setup.channels_first, setup.window, setup.strides, setup.pads
-    in_spatial, out_spatial = setup.in_spatial, setup.out_spatial
+    channels_first, _, window, strides, pads, in_spatial, out_spatial = setup
     rank = len(window)
     compute = compute_dtype(dy.dtype)
     share = to_channels_last(dy, channels_first).astype(compute) / \

@@ -79,3 +79,33 @@ def wait_until(is_done, timeout, describe, on_timeout=None):
                 'gpuk.distributed: %s did not complete within %g s (GPUK_DIST_TIMEOUT): a worker '
                 'has died, hung, or is not running the same collectives in the same order; the '
                 'job is being aborted' % (describe(), timeout))
+
+
+class FailsForGood:
+    """What the MPI and NCCL transports share about failure: the first failed collective is kept
+    in ``failed`` and every later one raises at once (the peers are out of step for good). The
+    transport sets ``rank``, ``size`` and ``timeout``."""
+    failed = None
+
+    def _check_usable(self, what):
+        if self.failed is not None:
+            raise DistributedError('gpuk.distributed: cannot run %s: an earlier collective failed '
+                                   '(%s)' % (what, self.failed))
+
+    def _wait_until(self, is_done, what, on_timeout=None):
+        """wait_until under the transport's deadline; a wait that fails marks the transport failed."""
+        try:
+            wait_until(is_done, self.timeout, lambda: '%s on rank %d of %d' % (what, self.rank, self.size),
+                       on_timeout=on_timeout)
+        except DistributedError as exc:
+            self.failed = str(exc)
+            raise
+
+    def _fail(self, message, cause):
+        self.failed = message
+        self._on_failure()
+        raise DistributedError('gpuk.distributed: %s (rank %d of %d): a worker has probably died; '
+                               'the job is being aborted' % (message, self.rank, self.size)) from cause
+
+    def _on_failure(self):
+        """What the transport stops before _fail raises (nothing, unless it says otherwise)."""

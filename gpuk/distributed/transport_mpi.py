@@ -6,7 +6,7 @@ among the processes on the same node, which picks the GPU).
 """
 import numpy as np
 
-from gpuk.distributed.errors import DistributedError, wait_until
+from gpuk.distributed.errors import FailsForGood
 
 # MPI reductions have no half-precision type: float16 buckets travel as float32.
 _WIRE_DTYPES = {np.dtype(np.float16): np.dtype(np.float32)}
@@ -21,7 +21,7 @@ class PendingAllreduce:
         self.what = what
 
 
-class MpiTransport:
+class MpiTransport(FailsForGood):
     name = 'mpi'
 
     def __init__(self, MPI, timeout):
@@ -92,11 +92,6 @@ class MpiTransport:
 
     # --- internals ----------------------------------------------------------------------
 
-    def _check_usable(self, what):
-        if self.failed is not None:
-            raise DistributedError('gpuk.distributed: cannot run %s: an earlier collective failed '
-                                   '(%s)' % (what, self.failed))
-
     def _call(self, what, call):
         try:
             return call()
@@ -104,17 +99,7 @@ class MpiTransport:
             self._fail('%s failed in MPI: %s' % (what, exc.Get_error_string()), exc)
 
     def _wait(self, request, what):
-        try:
-            wait_until(lambda: self._call(what, request.Test), self.timeout,
-                       lambda: '%s on rank %d of %d' % (what, self.rank, self.size))
-        except DistributedError as exc:
-            self.failed = str(exc)
-            raise
-
-    def _fail(self, message, cause):
-        self.failed = message
-        raise DistributedError('gpuk.distributed: %s (rank %d of %d): a worker has probably died; '
-                               'the job is being aborted' % (message, self.rank, self.size)) from cause
+        self._wait_until(lambda: self._call(what, request.Test), what)
 
 
 class LocalTransport:

@@ -14,7 +14,7 @@ tested on a CPU with stand-ins (tests/distributed/test_nccl_transport.py).
 """
 import numpy as np
 
-from gpuk.distributed.errors import DistributedError, wait_until
+from gpuk.distributed.errors import DistributedError, FailsForGood
 from gpuk.distributed.transport_mpi import PendingAllreduce
 
 NCCL_UNIQUE_ID_BYTES = 128
@@ -49,7 +49,7 @@ def exchange_unique_id(bootstrap, nccl):
     return tuple(int(b) for b in buffer)
 
 
-class NcclTransport:
+class NcclTransport(FailsForGood):
     name = 'nccl'
 
     def __init__(self, bootstrap, cupy, nccl):
@@ -121,11 +121,6 @@ class NcclTransport:
         done.record(self.stream)
         return done
 
-    def _check_usable(self, what):
-        if self.failed is not None:
-            raise DistributedError('gpuk.distributed: cannot run %s: an earlier collective failed '
-                                   '(%s)' % (what, self.failed))
-
     def _nccl_call(self, what, call):
         try:
             return call()
@@ -137,13 +132,7 @@ class NcclTransport:
         return event.done
 
     def _wait(self, event, what):
-        try:
-            wait_until(lambda: self._done(event, what), self.timeout,
-                       lambda: '%s on rank %d of %d' % (what, self.rank, self.size),
-                       on_timeout=self._abort_comm)
-        except DistributedError as exc:
-            self.failed = str(exc)
-            raise
+        self._wait_until(lambda: self._done(event, what), what, on_timeout=self._abort_comm)
 
     def _abort_comm(self):
         # ncclCommAbort stops the spinning kernels, so the process can exit.
@@ -151,8 +140,5 @@ class NcclTransport:
             self.comm.abort()
             self.comm = None
 
-    def _fail(self, message, cause):
-        self.failed = message
+    def _on_failure(self):
         self._abort_comm()
-        raise DistributedError('gpuk.distributed: %s (rank %d of %d): a worker has probably died; '
-                               'the job is being aborted' % (message, self.rank, self.size)) from cause

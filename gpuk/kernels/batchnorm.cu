@@ -18,13 +18,8 @@
 // moving-average updates, so training needs no separate launches for them.
 #include "common.cuh"
 #include "bitwise_select.cuh"
+#include "element_types.cuh"
 
-#ifndef ELEMENT_T
-#define ELEMENT_T float
-#endif
-#ifndef ACC_T
-#define ACC_T float   // the accumulation type of ELEMENT_T: float for half and float, double for double
-#endif
 #ifndef BN_THREADS
 #define BN_THREADS 256
 #endif
@@ -32,8 +27,6 @@
 #define BN_ROWS 8
 #endif
 
-typedef ELEMENT_T elem_t;
-typedef ACC_T acc_t;   // a #define, not ElementTraits<elem_t>::acc, so kernel signatures can name it
 static_assert(gpuk_same_type<acc_t, ElementTraits<elem_t>::acc>::value, "ACC_T must be the accumulation type of ELEMENT_T");
 
 // dy, or 0 where the fused relu output y is not > 0 (NaN included): relu'(y) selects.

@@ -23,13 +23,8 @@
 //           in place over the emissions) -> ctc_grad (a warp per frame: softmax minus the
 //           occupations of each class, one write per element). No atomics anywhere.
 #include "common.cuh"
+#include "element_types.cuh"
 
-#ifndef ELEMENT_T
-#define ELEMENT_T float
-#endif
-#ifndef ACC_T
-#define ACC_T float   // float for __half and float, double for double (the launcher sets it)
-#endif
 #ifndef CTC_THREADS
 #define CTC_THREADS 256
 #endif
@@ -53,9 +48,6 @@
 // stage = 1 (the rows fit its CTC_STAGE_BYTES, 48 KB): a frame's logits row (read once,
 // contiguous; the states' class gathers then hit shared memory), or a frame's occupation
 // and next_same rows (the classes' label-position gathers); see the kernels.
-
-typedef ELEMENT_T elem_t;
-typedef ACC_T acc_t;
 
 __device__ __forceinline__ acc_t ctc_neg_inf() { return acc_t(neg_inf_f()); }
 __device__ __forceinline__ bool ctc_finite(acc_t v) { return v == v && v - v == acc_t(0); }

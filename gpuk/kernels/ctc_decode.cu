@@ -2,13 +2,8 @@
 // Launched by gpuk/kernels/ctc.py (#defines ELEMENT_T / ACC_T / CTC_DECODE_THREADS).
 // Both follow the NumPy twins in gpuk/cpu_fallback/ctc.py rule for rule.
 #include "common.cuh"
+#include "element_types.cuh"
 
-#ifndef ELEMENT_T
-#define ELEMENT_T float
-#endif
-#ifndef ACC_T
-#define ACC_T float
-#endif
 #ifndef CTC_DECODE_THREADS
 #define CTC_DECODE_THREADS 256
 #endif
@@ -25,9 +20,6 @@
 #ifndef BEAM_PITCH_ELEMENTS
 #define BEAM_PITCH_ELEMENTS 8
 #endif
-
-typedef ELEMENT_T elem_t;
-typedef ACC_T acc_t;
 
 // Prefix hashes: polynomial modulo two primes, exactly the twin's (_P1, _B1, _P2, _B2).
 #define HASH_P1 2147483647LL

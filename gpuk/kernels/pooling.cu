@@ -25,10 +25,8 @@
 // overlapping windows in a varying order), bit-identical results across runs.
 #include "common.cuh"
 #include "bitwise_select.cuh"
+#include "element_types.cuh"
 
-#ifndef ELEMENT_T
-#define ELEMENT_T float
-#endif
 #ifndef POOL_THREADS
 #define POOL_THREADS 256
 #endif
@@ -53,12 +51,6 @@
 #define LAYOUT_CHANNELS_LAST 1
 #define LAYOUT_CHANNELS_LAST_VEC 2
 
-#ifndef ACC_T
-#define ACC_T float   // the accumulation type of ELEMENT_T: float for half and float, double for double
-#endif
-
-typedef ELEMENT_T elem_t;
-typedef ACC_T acc_t;   // a #define, not ElementTraits<elem_t>::acc, so kernel signatures can name it
 static_assert(gpuk_same_type<acc_t, ElementTraits<elem_t>::acc>::value, "ACC_T must be the accumulation type of ELEMENT_T");
 #define POOL_VEC ((int)(16 / sizeof(elem_t)))
 

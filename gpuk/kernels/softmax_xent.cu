@@ -19,10 +19,8 @@
 // Precision: acc_t is float for __half and __nv_bfloat16, the element type otherwise.
 // Limits: rows, cols < 2^63 (64-bit offsets). No atomics: results are deterministic.
 #include "common.cuh"
+#include "element_types.cuh"
 
-#ifndef ELEMENT_T
-#define ELEMENT_T float
-#endif
 #ifndef ROW_THREADS
 #define ROW_THREADS 256
 #endif
@@ -52,13 +50,6 @@
 #ifndef XENT_BWD_MIN_BLOCKS
 #define XENT_BWD_MIN_BLOCKS ROW_MIN_BLOCKS
 #endif
-
-#ifndef ACC_T
-#define ACC_T float   // float for __half, __nv_bfloat16 and float, double for double (the launcher sets it)
-#endif
-
-typedef ELEMENT_T elem_t;
-typedef ACC_T acc_t;   // a plain typedef: kernel parameters may use it (kernel_source.py)
 
 #define BINARY_LOGITS_FWD 0
 #define BINARY_LOGITS_BWD 1

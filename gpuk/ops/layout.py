@@ -165,6 +165,19 @@ def tile(x, reps_static, reps_vector=None):
 
 # --- repeat along one axis ------------------------------------------------------------------
 
+def _with_axis_length(meta, axis, length):
+    """``meta``'s shape (with ``length`` along ``axis``) and dtype: what a repeat or upsample
+    along one axis, and its adjoint, infer."""
+    shape = list(meta.shape)
+    shape[axis] = length
+    return Meta(tuple(shape), meta.dtype)
+
+
+def _divided_dim(dim, factor):
+    """The length whose ``factor``-fold repeat is ``dim`` (None stays unknown)."""
+    return None if dim is None else dim // factor
+
+
 class RepeatElements(Op):
     """Each entry along ``axis`` repeated ``rep`` times in place (NumPy's repeat)."""
 
@@ -172,9 +185,7 @@ class RepeatElements(Op):
         self.rep, self.axis = int(rep), int(axis)
 
     def infer(self, x):
-        shape = list(x.shape)
-        shape[self.axis] = _tiled_dim(shape[self.axis], self.rep)
-        return Meta(tuple(shape), x.dtype)
+        return _with_axis_length(x, self.axis, _tiled_dim(x.shape[self.axis], self.rep))
 
     def forward(self, impl, x):
         return impl.xp.repeat(x, self.rep, axis=self.axis)
@@ -195,9 +206,7 @@ class RepeatSum(Op):
         self.rep, self.axis = int(rep), int(axis)
 
     def infer(self, g):
-        shape = list(g.shape)
-        shape[self.axis] = None if shape[self.axis] is None else shape[self.axis] // self.rep
-        return Meta(tuple(shape), g.dtype)
+        return _with_axis_length(g, self.axis, _divided_dim(g.shape[self.axis], self.rep))
 
     def forward(self, impl, g):
         n = g.shape[self.axis] // self.rep
@@ -265,9 +274,7 @@ class LinearUpsample(Op):
         self.axis, self.factor = int(axis), int(factor)
 
     def infer(self, x):
-        shape = list(x.shape)
-        shape[self.axis] = _tiled_dim(shape[self.axis], self.factor)
-        return Meta(tuple(shape), x.dtype)
+        return _with_axis_length(x, self.axis, _tiled_dim(x.shape[self.axis], self.factor))
 
     def forward(self, impl, x):
         xp, axis, n = impl.xp, self.axis, x.shape[self.axis]
@@ -294,9 +301,7 @@ class LinearUpsampleAdjoint(Op):
         self.axis, self.factor = int(axis), int(factor)
 
     def infer(self, g):
-        shape = list(g.shape)
-        shape[self.axis] = None if shape[self.axis] is None else shape[self.axis] // self.factor
-        return Meta(tuple(shape), g.dtype)
+        return _with_axis_length(g, self.axis, _divided_dim(g.shape[self.axis], self.factor))
 
     def forward(self, impl, g):
         xp, axis = impl.xp, self.axis

@@ -8,7 +8,7 @@ import pytest
 
 from gpuk.cpu_fallback import conv
 from gpuk.contracts import geometry
-from tests.evaluation import from_cl, layout, to_cl
+from tests.evaluation import assert_close_to_scale, from_cl, layout, to_cl
 from tests.gradcheck import numeric_gradient
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
@@ -52,14 +52,19 @@ def ref_taps(out_pos, kernel, strides, dilation, pads, in_spatial):
             yield tap, pos
 
 
-def ref_conv_all(x, w, dy, strides, dilation, pads, data_format):
-    """y, dx, dw straight from the definition, in float64."""
+def ref_operands(x, w, dy, strides, dilation, pads, data_format):
+    """(x, dy, w, in_spatial, kernel, out_spatial) of a reference: x and dy channels last, all
+    three in float64."""
     x_cl = to_cl(x, data_format).astype(np.float64)
     dy_cl = to_cl(dy, data_format).astype(np.float64)
     w = w.astype(np.float64)
-    rank = x.ndim - 2
-    in_spatial, kernel = x_cl.shape[1:-1], w.shape[:rank]
-    out_spatial = ref_out_spatial(in_spatial, kernel, strides, dilation, pads)
+    in_spatial, kernel = x_cl.shape[1:-1], w.shape[:x.ndim - 2]
+    return x_cl, dy_cl, w, in_spatial, kernel, ref_out_spatial(in_spatial, kernel, strides, dilation, pads)
+
+
+def ref_conv_all(x, w, dy, strides, dilation, pads, data_format):
+    """y, dx, dw straight from the definition, in float64."""
+    x_cl, dy_cl, w, in_spatial, kernel, out_spatial = ref_operands(x, w, dy, strides, dilation, pads, data_format)
     y = np.zeros((x.shape[0],) + out_spatial + (w.shape[-1],))
     dx, dw = np.zeros_like(x_cl), np.zeros_like(w)
     for n in range(x.shape[0]):
@@ -72,13 +77,8 @@ def ref_conv_all(x, w, dy, strides, dilation, pads, data_format):
 
 
 def ref_depthwise_all(x, w, dy, strides, dilation, pads, data_format):
-    x_cl = to_cl(x, data_format).astype(np.float64)
-    dy_cl = to_cl(dy, data_format).astype(np.float64)
-    w = w.astype(np.float64)
-    rank = x.ndim - 2
-    in_spatial, kernel = x_cl.shape[1:-1], w.shape[:rank]
+    x_cl, dy_cl, w, in_spatial, kernel, out_spatial = ref_operands(x, w, dy, strides, dilation, pads, data_format)
     channels, multiplier = w.shape[-2:]
-    out_spatial = ref_out_spatial(in_spatial, kernel, strides, dilation, pads)
     y = np.zeros((x.shape[0],) + out_spatial + (channels * multiplier,))
     dx, dw = np.zeros_like(x_cl), np.zeros_like(w)
     for n in range(x.shape[0]):
@@ -118,11 +118,7 @@ def ref_local_all(x, w, dy, kernel, strides, out_spatial, data_format):
 
 
 def assert_close(got, ref, dtype):
-    assert got.dtype == dtype
-    assert got.shape == ref.shape
-    tol = TOLERANCE[dtype]
-    scale = max(np.abs(ref).max(), 1e-30)
-    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol * scale)
+    assert_close_to_scale(got, ref, dtype, TOLERANCE[dtype])
 
 
 def random(rng, shape, dtype):

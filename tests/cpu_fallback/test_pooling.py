@@ -7,7 +7,7 @@ import pytest
 
 from gpuk.cpu_fallback import pooling
 from gpuk.contracts import geometry, pooling_checks
-from tests.evaluation import from_cl, layout, to_cl
+from tests.evaluation import assert_close_to_scale, from_cl, layout, to_cl
 
 DTYPES = [np.float16, np.float32, np.float64]
 FORMATS = ['channels_last', 'channels_first']
@@ -89,11 +89,7 @@ def ref_avg_pool(x, dy, window, strides, pads, data_format):
 
 
 def assert_close(got, ref, dtype):
-    assert got.dtype == dtype
-    assert got.shape == ref.shape
-    tol = TOLERANCE[dtype]
-    scale = max(np.abs(ref).max(), 1e-30)
-    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol * scale)
+    assert_close_to_scale(got, ref, dtype, TOLERANCE[dtype])
 
 
 def pads_of(case):

@@ -44,15 +44,19 @@ def _assert_close(got, want, least_precise=None):
                                    atol=tolerance, equal_nan=True)
 
 
+def _promoting_chain():
+    """Inputs a, b, c: v3 = a * b; v4 = sigmoid(v3 + c); v5 = tanh(a) (in a's dtype);
+    outputs v3 and v4 - v5."""
+    return FusedElementwise([(Binary('multiply'), (0, 1)), (Binary('add'), (3, 2)), (Unary('sigmoid'), (4,)),
+                             (Unary('tanh'), (0,)), (Binary('subtract'), (5, 6))], 3, [3, 7])
+
+
 def test_broadcasting_and_promotion(kernel_runtime, monkeypatch):
     rng = np.random.default_rng(0)
     a = rng.standard_normal((4, 1, 5)).astype(np.float32)
     b = rng.standard_normal((3, 1)).astype(np.float64)
     c = np.asarray(rng.standard_normal(), np.float16)
-    # v3 = a * b (float64, broadcast to (4, 3, 5)); v4 = sigmoid(v3 + c); v5 = tanh(a) (float32);
-    # outputs: v3 and v4 - v5
-    op = FusedElementwise([(Binary('multiply'), (0, 1)), (Binary('add'), (3, 2)), (Unary('sigmoid'), (4,)),
-                           (Unary('tanh'), (0,)), (Binary('subtract'), (5, 6))], 3, [3, 7])
+    op = _promoting_chain()   # v3 = a * b: float64, broadcast to (4, 3, 5)
     got, want = _run(kernel_runtime, op, [a, b, c], monkeypatch)
     assert [w.dtype for w in want] == [np.float64, np.float64] and want[0].shape == (4, 3, 5)
     _assert_close(got, want, np.dtype(np.float32))   # tanh(a) is a float32 op
@@ -66,8 +70,7 @@ def test_a_strided_input_beside_contiguous_ones(kernel_runtime, monkeypatch):
     wide = rng.standard_normal((4, 1, 9)).astype(np.float32)
     b = rng.standard_normal((3, 1)).astype(np.float64)
     c = np.asarray(rng.standard_normal(), np.float16)
-    op = FusedElementwise([(Binary('multiply'), (0, 1)), (Binary('add'), (3, 2)), (Unary('sigmoid'), (4,)),
-                           (Unary('tanh'), (0,)), (Binary('subtract'), (5, 6))], 3, [3, 7])
+    op = _promoting_chain()
     inputs = [to_device(kernel_runtime, wide)[..., 2:7], to_device(kernel_runtime, b), c]
     assert not inputs[0].flags.c_contiguous and inputs[1].flags.c_contiguous
     host = [wide[..., 2:7], b, c]

@@ -9,15 +9,7 @@
 // flattens (d, h, w); channels_last stores (n, pix, c), channels_first (n, c, pix).
 #pragma once
 #include "common.cuh"
-
-#ifndef ELEMENT_T
-#define ELEMENT_T float
-#endif
-#ifndef ACC_T
-#define ACC_T float
-#endif
-typedef ELEMENT_T elem_t;
-typedef ACC_T acc_t;
+#include "element_types.cuh"
 
 // Offset of element (n, c, pix) of a (N, pixels, channels) tensor in either layout.
 __device__ __forceinline__ long long tensor_offset(long long n, long long c, long long pix, long long channels,

@@ -238,6 +238,13 @@ _GLOBAL = re.compile(r'\b__global__\b')
 _LAUNCH_BOUNDS = re.compile(r'\s*__launch_bounds__\s*(?=\()')
 
 
+def _past_launch_bounds(text, pos):
+    """Where the declaration goes on after a `__launch_bounds__(...)` at ``pos`` (``pos`` when
+    there is none there): it may stand before the return type or after it."""
+    bounds = _LAUNCH_BOUNDS.match(text, pos)
+    return _balanced(text, bounds.end()) if bounds else pos
+
+
 def parse_kernel_signatures(source_file, defines=None):
     """{name: KernelSignature} for every `extern "C" __global__ void name(...)` in the file.
 
@@ -254,17 +261,11 @@ def parse_kernel_signatures(source_file, defines=None):
         where = f"{path.name}:{line}"
         if not re.search(r'extern\s+"C"\s*$', before):
             raise ValueError(f"{where}: __global__ functions must be declared 'extern \"C\" __global__ void name(...)'")
-        pos = m.end()
-        lb = _LAUNCH_BOUNDS.match(text, pos)
-        if lb:
-            pos = _balanced(text, lb.end())
+        pos = _past_launch_bounds(text, m.end())
         decl = re.compile(r'\s*void\s+').match(text, pos)
         if not decl:
             raise ValueError(f"{where}: kernels must return void")
-        pos = decl.end()
-        lb = _LAUNCH_BOUNDS.match(text, pos)
-        if lb:
-            pos = _balanced(text, lb.end())
+        pos = _past_launch_bounds(text, decl.end())
         name_m = re.compile(r'\s*([A-Za-z_]\w*)\s*\(').match(text, pos)
         if not name_m:
             raise ValueError(f"{where}: cannot find the kernel name and '('")

@@ -3,25 +3,23 @@
 // N % 8 == 0, K % 8 (tf32) or K % 16 (f16/bf16) == 0. Fragments follow the PTX layouts.
 #include "common.cuh"
 
-__device__ __forceinline__ void tile_origin(int n, int& row0, int& col0) {
+// This warp's 16x8 tile of D starts at (row0, col0); lane (g, t) holds its C/D fragment
+// c0..c3 at off[0..3]: (g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1), and acc starts as those of C.
+__device__ __forceinline__ void tile_begin(const float* __restrict__ c, int n, int g, int t, int& row0, int& col0,
+                                           int off[4], float acc[4]) {
     const int tiles_n = n / 8;
     row0 = (blockIdx.x / tiles_n) * 16;
     col0 = (blockIdx.x % tiles_n) * 8;
-}
-// Offsets of this lane's C/D fragment c0..c3: (g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1).
-__device__ __forceinline__ void cd_offsets(int n, int row0, int col0, int g, int t, int off[4]) {
     for (int r = 0; r < 4; ++r) off[r] = (row0 + g + 8 * (r >> 1)) * n + col0 + 2 * t + (r & 1);
+    for (int r = 0; r < 4; ++r) acc[r] = c[off[r]];
 }
 
 extern "C" __global__ void mma_tf32_matmul(const float* __restrict__ a, const float* __restrict__ b,
                                            const float* __restrict__ c, float* __restrict__ d, int m, int n, int k) {
-    int row0, col0;
-    tile_origin(n, row0, col0);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
-    int off[4];
-    cd_offsets(n, row0, col0, g, t, off);
+    int row0, col0, off[4];
     float acc[4];
-    for (int r = 0; r < 4; ++r) acc[r] = c[off[r]];
+    tile_begin(c, n, g, t, row0, col0, off, acc);
     for (int k0 = 0; k0 < k; k0 += 8) {
         unsigned fa[4], fb[2];
         fa[0] = float_to_tf32(a[(row0 + g) * k + k0 + t]);
@@ -39,13 +37,10 @@ extern "C" __global__ void mma_tf32_matmul(const float* __restrict__ a, const fl
 extern "C" __global__ void mma_lowp_matmul(const float* __restrict__ a, const float* __restrict__ b,
                                            const float* __restrict__ c, float* __restrict__ d,
                                            int m, int n, int k, int use_bf16) {
-    int row0, col0;
-    tile_origin(n, row0, col0);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
-    int off[4];
-    cd_offsets(n, row0, col0, g, t, off);
+    int row0, col0, off[4];
     float acc[4];
-    for (int r = 0; r < 4; ++r) acc[r] = c[off[r]];
+    tile_begin(c, n, g, t, row0, col0, off, acc);
     for (int k0 = 0; k0 < k; k0 += 16) {
         unsigned fa[4], fb[2];
         for (int r = 0; r < 4; ++r) {
