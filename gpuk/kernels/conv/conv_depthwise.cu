@@ -1313,11 +1313,35 @@ __device__ __forceinline__ void wgrad_quad(const float* x, int row_pitch, int kh
 
 // One worker's row: its DW_PIX dy pixels (this thread's 4 channels of each) from global memory,
 // DW_WG_QPIX at a time (a loop, not unrolled: the registers), each group feeding wgrad_quad.
-// d + off: the row's first pixel, c: the pixel step; BOUNDS: only the first nq pixels exist
-// (the others read as 0).
+// d + off: the row's first pixel (d: the block's channel tile in the dy plane, the same in every
+// thread; off: the pixel and the quad's channels), c: the pixel step; BOUNDS: only the first nq
+// pixels exist (the others read as 0).
+// 16-bit without bounds (the report's hot loop for float16 / bfloat16): one base per pixel of
+// the group, d + q * c, fixed for the row, so that each dy address is one IMAD.WIDE of the
+// running offset (4 a group, not 4 + 4 adds), and the loop ends on that offset (no counter):
+// 211 -> 207 instructions per 160 FFMA, the same loads and FFMA in the same order. (float32 keeps
+// the add chain: with the 3 more 64-bit bases it spilled on sm_80; with d still holding the quad's
+// channels, or with a copy of the loop without the kernel-row tests for whole groups (205), so
+// did 16-bit.)
 template <int KW, int P, bool VEC, bool BOUNDS>
 __device__ __forceinline__ void wgrad_quad_row(const float* x, int row_pitch, int kh_rows, const elem_t* d,
                                                unsigned off, unsigned c, int nq, int q_lanes, float* acc) {
+    if constexpr (!BOUNDS && sizeof(elem_t) == 2) {
+        const elem_t* dq[DW_WG_QPIX];
+#pragma unroll
+        for (int q = 0; q < DW_WG_QPIX; ++q) dq[q] = opaque_pointer(d + q * c);
+        const unsigned off_end = off + DW_PIX * c;
+#pragma unroll 1
+        do {
+            float4 dyv[DW_WG_QPIX];
+#pragma unroll
+            for (int q = 0; q < DW_WG_QPIX; ++q) dyv[q] = load_quad<VEC>(dq[q] + off, q_lanes);
+            wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
+            x += DW_WG_QPIX * P;
+            off += DW_WG_QPIX * c;
+        } while (off != off_end);
+        return;
+    }
 #pragma unroll 1
     for (int h = 0; h < DW_PIX; h += DW_WG_QPIX) {
         float4 dyv[DW_WG_QPIX];
@@ -1493,11 +1517,12 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
 #if DW_CHANNELS_LAST
         if constexpr (QUAD) {
             // the worker's DW_PIX dy pixels, this thread's 4 channels of each, from global memory
-            // (32-bit offsets from one base), zero outside dy
-            const elem_t* d = opaque_pointer(dn.sample + (unsigned)od * dy_plane + j0 + quad * 4);
+            // (32-bit offsets from one base, the same in every thread: the quad's channels are in
+            // the offset; with them in the base, 16-bit's per-pixel bases spilled), zero outside dy
+            const elem_t* d = opaque_pointer(dn.sample + (unsigned)od * dy_plane + j0);
             const int oh1 = oh0 + wrow, ow1 = ow0 + wseg * DW_PIX;
             const int nq = q_lanes > 0 && oh1 < g.ds.h ? g.ds.w - ow1 : 0;
-            const unsigned c = g.ds.channels, off = (unsigned)(oh1 * g.ds.w + ow1) * c;
+            const unsigned c = g.ds.channels, off = (unsigned)(oh1 * g.ds.w + ow1) * c + quad * 4;
             if (nq >= DW_PIX) {   // the worker's whole row inside dy: no bounds (most rows)
                 wgrad_quad_row<KW, P, VEC, false>(x_quad, g.cols_in * P, g.taps / KW, d, off, c, nq, q_lanes, acc);
             } else if (nq > 0) {   // the right edge of dy (a row or channel quad outside it: no work)
