@@ -1316,45 +1316,47 @@ __device__ __forceinline__ void wgrad_quad(const float* x, int row_pitch, int kh
 // d + off: the row's first pixel (d: the block's channel tile in the dy plane, the same in every
 // thread; off: the pixel and the quad's channels), c: the pixel step; BOUNDS: only the first nq
 // pixels exist (the others read as 0).
-// 16-bit without bounds (the report's hot loop for float16 / bfloat16): one base per pixel of
-// the group, d + q * c, fixed for the row, so that each dy address is one IMAD.WIDE of the
-// running offset (4 a group, not 4 + 4 adds), and the loop ends on that offset (no counter):
-// 211 -> 207 instructions per 160 FFMA, the same loads and FFMA in the same order. (float32 keeps
-// the add chain: with the 3 more 64-bit bases it spilled on sm_80; with d still holding the quad's
-// channels, or with a copy of the loop without the kernel-row tests for whole groups (205), so
-// did 16-bit.)
+// Without bounds (most rows; the report's hot loop) the loop ends on the running offset (no
+// counter), and in 16-bit each pixel q of a group has its own base d + q * c, fixed for the row,
+// so that each dy address is one IMAD.WIDE of the offset (4 a group, not 4 + 4 adds): per 160 FFMA
+// 16-bit 211 -> 207 instructions, float32 195 -> 194; the same loads and FFMA in the same order.
+// (float32 keeps the add chain: its 3 more 64-bit bases spilled on sm_80; so did 16-bit's with d
+// still holding the quad's channels, or beside a copy of the loop without the kernel-row tests for
+// whole groups, 205.)
+#if DW_CHANNELS_LAST   // (channels_first reads dy from its tile: wgrad_quad_row_tile)
 template <int KW, int P, bool VEC, bool BOUNDS>
 __device__ __forceinline__ void wgrad_quad_row(const float* x, int row_pitch, int kh_rows, const elem_t* d,
                                                unsigned off, unsigned c, int nq, int q_lanes, float* acc) {
-    if constexpr (!BOUNDS && sizeof(elem_t) == 2) {
+    if constexpr (!BOUNDS) {
+        constexpr bool BASES = sizeof(elem_t) == 2;   // (a base per pixel: 16-bit)
         const elem_t* dq[DW_WG_QPIX];
 #pragma unroll
-        for (int q = 0; q < DW_WG_QPIX; ++q) dq[q] = opaque_pointer(d + q * c);
+        for (int q = 0; q < DW_WG_QPIX; ++q) dq[q] = BASES ? opaque_pointer(d + q * c) : d;
         const unsigned off_end = off + DW_PIX * c;
 #pragma unroll 1
         do {
             float4 dyv[DW_WG_QPIX];
 #pragma unroll
-            for (int q = 0; q < DW_WG_QPIX; ++q) dyv[q] = load_quad<VEC>(dq[q] + off, q_lanes);
+            for (int q = 0; q < DW_WG_QPIX; ++q) dyv[q] = load_quad<VEC>(dq[q] + (BASES ? off : off + q * c), q_lanes);
             wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
             x += DW_WG_QPIX * P;
             off += DW_WG_QPIX * c;
         } while (off != off_end);
-        return;
-    }
+    } else {
 #pragma unroll 1
-    for (int h = 0; h < DW_PIX; h += DW_WG_QPIX) {
-        float4 dyv[DW_WG_QPIX];
+        for (int h = 0; h < DW_PIX; h += DW_WG_QPIX) {
+            float4 dyv[DW_WG_QPIX];
 #pragma unroll
-        for (int q = 0; q < DW_WG_QPIX; ++q) {
-            if (!BOUNDS || h + q < nq) dyv[q] = load_quad<VEC>(d + off, q_lanes);
-            else dyv[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-            off += c;
+            for (int q = 0; q < DW_WG_QPIX; ++q) {
+                dyv[q] = h + q < nq ? load_quad<VEC>(d + off, q_lanes) : make_float4(0.f, 0.f, 0.f, 0.f);
+                off += c;
+            }
+            wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
+            x += DW_WG_QPIX * P;
         }
-        wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
-        x += DW_WG_QPIX * P;
     }
 }
+#endif
 
 // The same for channels_first (where the sources are wgrad_vector_source): the worker's dy pixels from the dy tile, which
 // load_tile_transposed has stored in planes of 4 lanes like x (planar_pixels; zeros outside dy),
