@@ -41,9 +41,11 @@
 // wgrad: 4-byte accumulators at stride 1 run channel quads on the strip tiles (channels_first: see below)
 // (wgrad_quad: a thread sums 4 channels of one output row of 8 pixels, dy in registers, 16-byte
 // shared loads), whose report's hot loop is the 4-pixel loop of wgrad_quad_row (dy loads, x
-// loads, FFMA; 160 FFMA): float32 195 [195] instructions (82%), 16-bit 211 (76%: the dy
+// loads, FFMA; 160 FFMA): float32 194 [194] instructions (82%), 16-bit 207 [207] (77%: the dy
 // widening, one instruction per dy element and 10 FFMA: with the 16 x loads and 4 dy loads 196
-// before any address or loop instruction, so not 80% within 128 registers, docs/kernels.md);
+// before any address or loop instruction, and 4 pixels a trip need at least 9 more (4 dy
+// addresses, the second kernel row's address, 2 pointer steps, compare, back edge: 205, 78%),
+// so not 80% within 128 registers; docs/kernels.md, k14-dw16);
 // per thread and tile, x copies and walk included (inspect's 56 x 56 layer, 8 x 32 tile,
 // estimated from the static bodies), 3x3 float32 about 2.2 instructions per FFMA (the row
 // strips: about 2.8); docs/kernels.md. channels_first with 4-byte accumulators and transposable,
