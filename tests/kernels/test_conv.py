@@ -913,7 +913,11 @@ def test_depthwise_wgrad_row_strips(kernel_runtime, case, dtype):
 # tiles: partial tiles along H and W, a partial channel tile (40 = 32 + 8: quads 2-7 of the
 # second idle), 5x5 (tap groups of 2, 2 and 1 kernel rows), 7x3 (3, 3, 1), padding wider than
 # the filter's half, a 3-D problem with k_d = 1, 5 channels (a quad of 1 channel: element loads)
-# and a depth multiplier (element loads)
+# and a depth multiplier (element loads); 64 channels (two whole channel tiles: the dy base the
+# block's threads share moves with j0, the quad's channels are in each thread's offset) on images
+# 37 and 61 wide (5x5 on 16 x 16 tiles, 3x3 on 8 x 32: rows wholly inside dy, read through the
+# per-pixel bases and the loop that ends on the offset, beside right-edge rows of 5 pixels, read
+# with bounds)
 DEPTHWISE_QUAD_CASES = [
     ((16, 29), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 40, 1),
     ((30, 13), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 24, 1),
@@ -922,6 +926,8 @@ DEPTHWISE_QUAD_CASES = [
     ((3, 16, 14), (1, 3, 3), (1, 1, 1), (1, 1, 1), ((0, 0), (1, 1), (1, 1)), 8, 1),
     ((16, 32), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 5, 1),
     ((16, 16), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 3, 3),
+    ((14, 37), (5, 5), (1, 1), (1, 1), ((2, 2), (2, 2)), 64, 1),
+    ((8, 61), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 64, 1),
 ]
 
 

@@ -41,9 +41,11 @@
 // wgrad: 4-byte accumulators at stride 1 run channel quads on the strip tiles (channels_first: see below)
 // (wgrad_quad: a thread sums 4 channels of one output row of 8 pixels, dy in registers, 16-byte
 // shared loads), whose report's hot loop is the 4-pixel loop of wgrad_quad_row (dy loads, x
-// loads, FFMA; 160 FFMA): float32 195 [195] instructions (82%), 16-bit 211 (76%: the dy
+// loads, FFMA; 160 FFMA): float32 194 [194] instructions (82%), 16-bit 207 [207] (77%: the dy
 // widening, one instruction per dy element and 10 FFMA: with the 16 x loads and 4 dy loads 196
-// before any address or loop instruction, so not 80% within 128 registers, docs/kernels.md);
+// before any address or loop instruction, and 4 pixels a trip need at least 9 more (4 dy
+// addresses, the second kernel row's address, 2 pointer steps, compare, back edge: 205, 78%),
+// so not 80% within 128 registers; docs/kernels.md, k14-dw16);
 // per thread and tile, x copies and walk included (inspect's 56 x 56 layer, 8 x 32 tile,
 // estimated from the static bodies), 3x3 float32 about 2.2 instructions per FFMA (the row
 // strips: about 2.8); docs/kernels.md. channels_first with 4-byte accumulators and transposable,
@@ -1313,24 +1315,50 @@ __device__ __forceinline__ void wgrad_quad(const float* x, int row_pitch, int kh
 
 // One worker's row: its DW_PIX dy pixels (this thread's 4 channels of each) from global memory,
 // DW_WG_QPIX at a time (a loop, not unrolled: the registers), each group feeding wgrad_quad.
-// d + off: the row's first pixel, c: the pixel step; BOUNDS: only the first nq pixels exist
-// (the others read as 0).
+// d + off: the row's first pixel (d: the block's channel tile in the dy plane, the same in every
+// thread; off: the pixel and the quad's channels), c: the pixel step; BOUNDS: only the first nq
+// pixels exist (the others read as 0).
+// Without bounds (most rows; the report's hot loop) the loop ends on the running offset (no
+// counter), and in 16-bit each pixel q of a group has its own base d + q * c, fixed for the row,
+// so that each dy address is one IMAD.WIDE of the offset (4 a group, not 4 + 4 adds): per 160 FFMA
+// 16-bit 211 -> 207 instructions, float32 195 -> 194; the same loads and FFMA in the same order.
+// (float32 keeps the add chain: its 3 more 64-bit bases spilled on sm_80; so did 16-bit's with d
+// still holding the quad's channels, or beside a copy of the loop without the kernel-row tests for
+// whole groups, 205.)
+#if DW_CHANNELS_LAST   // (channels_first reads dy from its tile: wgrad_quad_row_tile)
 template <int KW, int P, bool VEC, bool BOUNDS>
 __device__ __forceinline__ void wgrad_quad_row(const float* x, int row_pitch, int kh_rows, const elem_t* d,
                                                unsigned off, unsigned c, int nq, int q_lanes, float* acc) {
-#pragma unroll 1
-    for (int h = 0; h < DW_PIX; h += DW_WG_QPIX) {
-        float4 dyv[DW_WG_QPIX];
+    if constexpr (!BOUNDS) {
+        constexpr bool BASES = sizeof(elem_t) == 2;   // (a base per pixel: 16-bit)
+        const elem_t* dq[DW_WG_QPIX];
 #pragma unroll
-        for (int q = 0; q < DW_WG_QPIX; ++q) {
-            if (!BOUNDS || h + q < nq) dyv[q] = load_quad<VEC>(d + off, q_lanes);
-            else dyv[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-            off += c;
+        for (int q = 0; q < DW_WG_QPIX; ++q) dq[q] = BASES ? opaque_pointer(d + q * c) : d;
+        const unsigned off_end = off + DW_PIX * c;
+#pragma unroll 1
+        do {
+            float4 dyv[DW_WG_QPIX];
+#pragma unroll
+            for (int q = 0; q < DW_WG_QPIX; ++q) dyv[q] = load_quad<VEC>(dq[q] + (BASES ? off : off + q * c), q_lanes);
+            wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
+            x += DW_WG_QPIX * P;
+            off += DW_WG_QPIX * c;
+        } while (off != off_end);
+    } else {
+#pragma unroll 1
+        for (int h = 0; h < DW_PIX; h += DW_WG_QPIX) {
+            float4 dyv[DW_WG_QPIX];
+#pragma unroll
+            for (int q = 0; q < DW_WG_QPIX; ++q) {
+                dyv[q] = h + q < nq ? load_quad<VEC>(d + off, q_lanes) : make_float4(0.f, 0.f, 0.f, 0.f);
+                off += c;
+            }
+            wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
+            x += DW_WG_QPIX * P;
         }
-        wgrad_quad<KW, P>(x, row_pitch, kh_rows, dyv, acc);
-        x += DW_WG_QPIX * P;
     }
 }
+#endif
 
 // The same for channels_first (where the sources are wgrad_vector_source): the worker's dy pixels from the dy tile, which
 // load_tile_transposed has stored in planes of 4 lanes like x (planar_pixels; zeros outside dy),
@@ -1493,11 +1521,12 @@ __device__ __forceinline__ void wgrad_tiles(const DwWgradWalk& g, acc_t* x_tile,
 #if DW_CHANNELS_LAST
         if constexpr (QUAD) {
             // the worker's DW_PIX dy pixels, this thread's 4 channels of each, from global memory
-            // (32-bit offsets from one base), zero outside dy
-            const elem_t* d = opaque_pointer(dn.sample + (unsigned)od * dy_plane + j0 + quad * 4);
+            // (32-bit offsets from one base, the same in every thread: the quad's channels are in
+            // the offset; with them in the base, 16-bit's per-pixel bases spilled), zero outside dy
+            const elem_t* d = opaque_pointer(dn.sample + (unsigned)od * dy_plane + j0);
             const int oh1 = oh0 + wrow, ow1 = ow0 + wseg * DW_PIX;
             const int nq = q_lanes > 0 && oh1 < g.ds.h ? g.ds.w - ow1 : 0;
-            const unsigned c = g.ds.channels, off = (unsigned)(oh1 * g.ds.w + ow1) * c;
+            const unsigned c = g.ds.channels, off = (unsigned)(oh1 * g.ds.w + ow1) * c + quad * 4;
             if (nq >= DW_PIX) {   // the worker's whole row inside dy: no bounds (most rows)
                 wgrad_quad_row<KW, P, VEC, false>(x_quad, g.cols_in * P, g.taps / KW, d, off, c, nq, q_lanes, acc);
             } else if (nq > 0) {   // the right edge of dy (a row or channel quad outside it: no work)
