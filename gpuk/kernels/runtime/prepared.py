@@ -269,44 +269,88 @@ class StepBuffers:
     after an allocation failure (``stop_keeping_buffers``, for the rest of the process) or under
     GPUK_STEP_BUFFERS=0; then ``take`` hands out a new buffer and keeps none, and reuse is the
     pool's, as for any allocation."""
-    __slots__ = ('_kept', '_empty', '_shapes', '_dtypes')
+    __slots__ = ('_kept', '_firsts', '_lasts', '_empty', '_shapes', '_dtypes')
 
     def __init__(self, empty, shape, dtypes, shapes=None):
         """Buffers of ``shape`` and each of ``dtypes`` (or of ``shapes[k]`` and ``dtypes[k]``),
         made by ``empty(shape, dtype)``."""
         self._empty, self._dtypes = empty, tuple(dtypes)
         self._shapes = tuple(shapes) if shapes is not None else (shape,) * len(self._dtypes)
-        # per output: the arena's buffers of its shape and dtype (_blocks)
+        # per output: the arena's buffers of its shape and dtype (_blocks), and the positions
+        # there of the buffers it took in its last two calls, the one before the last tried
+        # first: a steady step finds it free again at the same point of a later call (the same
+        # values are alive there; an update that outlives the call alternates between two, so
+        # the one before the last is the free one) without going through the buffers other
+        # steps hold. Positions, not buffers: a reference would count as a holder.
         self._kept = [_blocks(empty, s, d) for s, d in zip(self._shapes, self._dtypes)]
+        self._firsts = [0] * len(self._dtypes)
+        self._lasts = [0] * len(self._dtypes)
 
     def __del__(self):
-        for blocks in self._kept:
+        for blocks in getattr(self, '_kept', ()):   # (none where __init__ failed)
             blocks.users -= 1
 
     def take(self, k):
-        for buffer in self._kept[k]:
+        blocks = self._kept[k]
+        try:
+            first, last = self._firsts[k], self._lasts[k]
+            buffer = blocks[first]
             # a buffer cut from a block it does not own (the emulated runtime's aligned arrays)
             # is free only when nothing else holds the block: NumPy points a view of the
             # buffer at the block, so the buffer's own count misses its views
             if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
                     buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
+                self._firsts[k], self._lasts[k] = last, first
                 return buffer
-        return self._new(k)
+            buffer = blocks[last]
+            if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
+                    buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
+                self._firsts[k] = last
+                return buffer
+        except IndexError:   # none yet, or the list dropped one (_new)
+            pass
+        buffer = None   # (a local reference would make it look held in _found)
+        return self._found(k, blocks)
 
     def take_all(self):
-        """A buffer for each output (``take(k)`` for every k), as a tuple: take's loop for each
+        """A buffer for each output (``take(k)`` for every k), as a tuple: take's tests for each
         output in this one call (a fused step's up to 4 outputs: no call per output). Two
         outputs of one shape and dtype get two buffers: the first taken is held in ``taken``."""
         taken = []
-        for k, kept in enumerate(self._kept):
-            for buffer in kept:
+        firsts, lasts = self._firsts, self._lasts
+        for k, blocks in enumerate(self._kept):
+            try:
+                first, last = firsts[k], lasts[k]
+                buffer = blocks[first]
                 if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
                         buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
+                    firsts[k], lasts[k] = last, first
                     taken.append(buffer)
-                    break
-            else:
-                taken.append(self._new(k))
+                    continue
+                buffer = blocks[last]
+                if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
+                        buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
+                    firsts[k] = last
+                    taken.append(buffer)
+                    continue
+            except IndexError:
+                pass
+            buffer = None   # (a local reference would make it look held in _found)
+            taken.append(self._found(k, blocks))
         return tuple(taken)
+
+    def _found(self, k, blocks):
+        """Output ``k``'s buffer when the two it took last are held: the first free one among
+        ``blocks`` (the oldest first; an index per buffer, not ``enumerate``, whose reused tuple
+        would hold the buffer), else a new one."""
+        for position in range(len(blocks)):
+            buffer = blocks[position]
+            if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
+                    buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
+                self._firsts[k], self._lasts[k] = self._lasts[k], position
+                return buffer
+        buffer = None   # (not held while the new one is made)
+        return self._new(k)
 
     def _new(self, k):
         """A new buffer for output ``k``, put in the arena's blocks of its shape and dtype (while
@@ -319,6 +363,7 @@ class StepBuffers:
         if len(blocks) >= 2 * blocks.users:
             del blocks[0]
         blocks.append(buffer)
+        self._firsts[k], self._lasts[k] = self._lasts[k], len(blocks) - 1
         return buffer
 
 
