@@ -27,6 +27,11 @@ with graphs on, capture the step), once with K.function's CUDA Graph replay off 
   CuPy also pool mallocs (every memory-pool request, a MemoryHook) and device allocs (the
   pool's cudaMalloc calls: what a steady-state step must not make, see docs/architecture.md).
 
+``--peak-memory`` (the GPU rehearsal, dry launches) reports instead the peak traced memory
+(tracemalloc) of a steady plain step of each model, with step buffers kept and under
+GPUK_STEP_BUFFERS=0 (the memory pool's reuse alone), each in a child process; ``--batch N``
+sets every model's batch (docs/architecture.md, "The memory plan").
+
 Without a GPU it runs in the GPU rehearsal (tests/gpu_rehearsal: a NumPy stand-in for CuPy,
 kernels in the emulator): counts are the CUDA path's, host times are this CPU's, and
 nothing here is a GPU timing. ``--dry-launches`` (rehearsal only) checks launches without

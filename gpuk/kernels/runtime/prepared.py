@@ -247,10 +247,12 @@ class StepBuffers:
     before it in the same step) makes ``take`` go on to the next buffer or allocate. The order of
     launches on one stream makes a freed buffer safe to write by a later launch, as it does for
     CuPy's pool, whose free lists are per stream; step buffers made by different threads (whose
-    plans may run on different streams) never share blocks. A new buffer joins the list; the list keeps at
-    most two per step output using it (an optimizer's update that becomes a variable's value
-    and outlives the call needs a second), dropping its oldest when every one is held elsewhere
-    (a caller keeping every step's value). Graph capture must not reuse a buffer from before it
+    plans may run on different streams) never share blocks. A step output tries first the
+    buffers it took in its last two calls (``take``), and goes through the list only when both
+    are held. A new buffer joins the list; the list keeps at most two per step output using it
+    (an optimizer's update that becomes a variable's value and outlives the call needs a
+    second), dropping its oldest when every one is held elsewhere (a caller keeping every step's
+    value). Graph capture must not reuse a buffer from before it
     (its replays would keep writing there after the arena let it go), nor may a plain run after
     it be handed one of the graph's: gpuk/cuda_graph.py calls ``forget_kept()`` before and after
     the capture, which starts new lists, and keeps none inside it (below). Under
