@@ -485,9 +485,9 @@ def test_steady_steps_of_the_three_bench_models_sync_nothing_and_allocate_only_w
 
 # Peak traced memory of a steady plain step with kept step buffers over the same without them
 # (GPUK_STEP_BUFFERS=0: the pool's reuse alone), in the rehearsal with dry launches, at
-# bench.host_overhead's batches (docs/architecture.md "The memory plan"). Measured 1.050 for the
-# BN CNN and 1.082 for the demo CTC model with the shared arena (prepared.StepBuffers); one list
-# of buffers per step output, before it, gave 1.217 and 1.251.
+# bench.host_overhead's batches (docs/architecture.md "The memory plan"). Measured 1.049 for the
+# BN CNN and 1.080 for the demo CTC model with the shared arena (prepared.StepBuffers); one list
+# of buffers per step output, before it, gave 1.217 and 1.248.
 PEAK_OVER_POOL = 1.12
 
 
