@@ -27,6 +27,11 @@ with graphs on, capture the step), once with K.function's CUDA Graph replay off 
   CuPy also pool mallocs (every memory-pool request, a MemoryHook) and device allocs (the
   pool's cudaMalloc calls: what a steady-state step must not make, see docs/architecture.md).
 
+``--peak-memory`` (the GPU rehearsal, dry launches) reports instead the peak traced memory
+(tracemalloc) of a steady plain step of each model, with step buffers kept and under
+GPUK_STEP_BUFFERS=0 (the memory pool's reuse alone), each in a child process; ``--batch N``
+sets every model's batch (docs/architecture.md, "The memory plan").
+
 Without a GPU it runs in the GPU rehearsal (tests/gpu_rehearsal: a NumPy stand-in for CuPy,
 kernels in the emulator): counts are the CUDA path's, host times are this CPU's, and
 nothing here is a GPU timing. ``--dry-launches`` (rehearsal only) checks launches without
@@ -53,6 +58,7 @@ import numpy as np  # noqa: E402
 from bench import keras_models  # noqa: E402
 
 MODELS = ('mlp', 'bn_cnn', 'ctc')
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _gpu_available():
@@ -161,6 +167,70 @@ def measure(name, steps=10, warmup=3, graphs=False, count_calls=False):
             'graphs_refused': '; '.join(refused)}
 
 
+def peak_memory(name, batch=None, steps=2, warmup=3):
+    """Peak traced host memory (tracemalloc, bytes) of a steady-state plain step of model
+    ``name`` (``batch``: BUILDERS' unless given), meant for the GPU rehearsal with dry launches,
+    where every device array is NumPy memory: what the step holds from before it (variables,
+    optimizer slots, the plan's kept step buffers) plus what it makes, at its most. Traced from
+    before the model is built, so the weights count; the peak is reset after the warm-up steps
+    and read after the last step. Whether step buffers are kept is the process's setting
+    (GPUK_STEP_BUFFERS, read at import): ``main``'s --peak-memory runs both in child processes."""
+    import tracemalloc
+
+    import keras
+    from gpuk.backend import clear_session
+    previous = os.environ.get('GPUK_CUDA_GRAPHS')
+    os.environ['GPUK_CUDA_GRAPHS'] = '0'
+    tracemalloc.start()
+    try:
+        clear_session()
+        build, default_batch = BUILDERS[name]
+        net, x, y = build(keras, batch or default_batch)
+        for _ in range(warmup):
+            net.train_on_batch(x, y)
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        for _ in range(steps):
+            net.train_on_batch(x, y)
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        if previous is None:
+            del os.environ['GPUK_CUDA_GRAPHS']
+        else:
+            os.environ['GPUK_CUDA_GRAPHS'] = previous
+    return {'model': name, 'batch': batch or default_batch, 'held_before': held, 'held_after': current,
+            'peak': peak}
+
+
+def peak_memory_rows(models, batches=None, steps=2, warmup=3):
+    """``peak_memory`` of each model in the GPU rehearsal with dry launches, in child processes
+    with step buffers kept (GPUK_STEP_BUFFERS=1) and not (0: the pool's reuse alone): rows of
+    (model, batch, peak kept, peak not kept, their ratio)."""
+    rows = []
+    for name in models:
+        batch = (batches or {}).get(name)
+        peaks = {}
+        for setting in ('1', '0'):
+            code = ('from tests import gpu_rehearsal; gpu_rehearsal.activate(); '
+                    'from tests.gpu_rehearsal import rehearsal_runtime; rehearsal_runtime.set_dry_launch_bytes(-1); '
+                    'import json; from bench import host_overhead; '
+                    'print(json.dumps(host_overhead.peak_memory(%r, %r, %d, %d)))' % (name, batch, steps, warmup))
+            env = dict(os.environ, GPUK_STEP_BUFFERS=setting, KERAS_BACKEND='gpuk.backend', GPUK_DEVICE='cuda',
+                       PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')])))
+            env.setdefault('KERAS_HOME', tempfile.mkdtemp(prefix='gpuk-host-overhead-'))
+            out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=900,
+                                 cwd=REPO)
+            if out.returncode:
+                raise RuntimeError(out.stderr[-3000:])
+            peaks[setting] = json.loads(out.stdout.strip().splitlines()[-1])
+        kept, pool = peaks['1'], peaks['0']
+        rows.append({'model': name, 'batch': kept['batch'], 'peak_kept': kept['peak'], 'peak_not_kept': pool['peak'],
+                     'held_kept': kept['held_after'], 'held_not_kept': pool['held_after'],
+                     'ratio': round(kept['peak'] / pool['peak'], 3)})
+    return rows
+
+
 def report(rows, device):
     lines = ['device: %s' % device, '',
              '| model | batch | graphs | launches/step | host µs/launch (median, min) | xp steps (µs each) '
@@ -248,8 +318,25 @@ def main(argv=None):
     parser.add_argument('--calls', action='store_true',
                         help='graphs off: one more, profiled step counts the Python calls per launch of its '
                              'launching plan steps (a load-free measure of gpuk\'s Python per launch)')
+    parser.add_argument('--peak-memory', action='store_true',
+                        help='instead: the peak traced memory (tracemalloc) of a steady plain step in the GPU '
+                             'rehearsal with dry launches, with step buffers kept and under GPUK_STEP_BUFFERS=0')
+    parser.add_argument('--batch', type=int, help='with --peak-memory: this batch for every model')
     parser.add_argument('--json', help='also write the rows as JSON here')
     args = parser.parse_args(argv)
+    if args.peak_memory:
+        rows = peak_memory_rows(args.models, {m: args.batch for m in args.models} if args.batch else None,
+                                max(args.steps // 5, 1), args.warmup)
+        print('GPU rehearsal, dry launches: peak traced memory (tracemalloc) of a steady plain step\n\n'
+              '| model | batch | peak, buffers kept | peak, GPUK_STEP_BUFFERS=0 | ratio | held between steps, kept / '
+              'not |\n|---|---|---|---|---|---|')
+        for r in rows:
+            print('| %(model)s | %(batch)d | %(peak_kept)d | %(peak_not_kept)d | %(ratio).3f | %(held_kept)d / '
+                  '%(held_not_kept)d |' % r)
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump({'rows': rows}, f, indent=1)
+        return rows
     rehearsal = args.rehearsal == 'yes' or (args.rehearsal == 'auto' and not _gpu_available())
     device = setup_device(rehearsal)
     if rehearsal and args.dry_launches:

@@ -694,8 +694,9 @@ def test_an_inputs_cast_out_of_memory_names_the_function(rng, monkeypatch):
     _assert_unchanged(variables, before)
 
 
-# A chain of products, each output (ROWS, UNITS) float32 (16 KB): kept step buffers hold all
-# CHAIN of them between calls, while at most three are alive at once in a call
+# A chain of products, output k of shape (ROWS, UNITS - k) float32 (16 KB and a little less):
+# kept step buffers hold all CHAIN of them between calls (shapes that differ never share one),
+# while at most three are alive at once in a call, which the pool's reuse needs
 ROWS, UNITS, CHAIN = 64, 64, 6
 OUTPUT_BYTES = ROWS * UNITS * 4
 
@@ -703,7 +704,7 @@ OUTPUT_BYTES = ROWS * UNITS * 4
 def _product_chain(rng):
     """(K.function of x -> x·W1·...·W_CHAIN, its NumPy float64 reference for an input)."""
     x = K.placeholder((None, UNITS))
-    weights = [rng.standard_normal((UNITS, UNITS)).astype(np.float32) / 8 for _ in range(CHAIN)]
+    weights = [rng.standard_normal((UNITS - max(k - 1, 0), UNITS - k)).astype(np.float32) / 8 for k in range(CHAIN)]
     y = x
     for w in weights:
         y = K.dot(y, K.variable(w))

@@ -64,6 +64,42 @@ def test_a_buffer_whose_view_is_held_is_not_handed_out_again():
     assert kept.base is not None and buffers.take(0) is not kept    # held: the other buffer
 
 
+def test_steps_of_one_shape_and_dtype_share_the_buffers_their_values_give_back():
+    """The arena (prepared.StepBuffers): a buffer one step's value held goes, once freed, to
+    the next step of its shape and dtype, in the same call as in the next; a held buffer, one of
+    another shape or dtype, or one from before ``forget_kept()`` is never handed out."""
+    first = prepared.StepBuffers(np.empty, (2, 3), [np.float32])
+    second = prepared.StepBuffers(np.empty, (2, 3), [np.float32, np.float32])
+    other = prepared.StepBuffers(np.empty, (3, 2), [np.float32])
+    value = first.take(0)                          # a plan slot holds it
+    a, b = second.take_all()
+    assert a is not value and b is not value and a is not b
+    value_id, a_id = id(value), id(a)
+    del value, b                                   # freed after their last readers
+    assert id(second.take(0)) == value_id          # the other step's freed buffer
+    assert id(other.take(0)) not in (value_id, a_id)   # another shape: never shared
+    held = a                                       # a caller keeps it
+    assert all(buffer is not held for buffer in second.take_all())
+    del a, held
+    prepared.forget_kept()                         # a capture starts: nothing from before it
+    later = prepared.StepBuffers(np.empty, (2, 3), [np.float32])
+    assert id(later.take(0)) not in (value_id, a_id)
+    with prepared.buffers_not_kept():              # inside it, nothing is kept for later
+        inside = prepared.StepBuffers(np.empty, (4,), [np.float32])
+        inside.take(0)
+        assert not inside._kept[0]
+
+
+def test_the_arena_keeps_at_most_two_buffers_per_step_output_held_elsewhere():
+    """A caller keeping every value (a variable's old values) does not make the arena keep
+    them all: at most two per step output using a list, the oldest dropped."""
+    steps = [prepared.StepBuffers(np.empty, (5,), [np.float64]) for _ in range(2)]
+    held = [steps[k % 2].take(0) for k in range(10)]
+    assert len({id(h) for h in held}) == 10
+    assert len(steps[0]._kept[0]) == 4 and steps[0]._kept[0] is steps[1]._kept[0]
+    assert all(buffer is h for buffer, h in zip(steps[0]._kept[0], held[-4:]))
+
+
 def test_release_kept_drops_the_buffers_of_xp_steps_and_scans():
     """device.release_memory after an allocation failure (prepared.release_kept) lets go of every
     step buffer: those of steps computed with xp and a Scan's stacked results too."""

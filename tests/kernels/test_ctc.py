@@ -147,8 +147,11 @@ def test_the_runners_step_buffers_hold_the_launchers_results_and_spare_a_held_on
         np.testing.assert_array_equal(to_host(h), g)
         np.testing.assert_array_equal(g, e)
     # released: the next calls write the same buffers again (log_alpha's padded rows, found as the
-    # backward finds them; ids of buffers the step keeps alive)
+    # backward finds them; ids of buffers the step keeps alive), while the buffers the loop's
+    # steps took are held (prepared.StepBuffers tries those first: they were its last ones)
     rows, grad = id(ctc._padded_rows(rt, held[1], np.float32)), id(held[3])
+    held_too = fwd(batches[1], *ints)
+    held_too = held_too + (bwd(batches[1], *ints, *by(held_too), dloss),)
     del held, g, e, h
     out = fwd(batches[0], *ints)
     assert id(ctc._padded_rows(rt, out[1], np.float32)) == rows

@@ -227,77 +227,172 @@ LAYOUT = operator.attrgetter('__class__', 'shape', 'strides', 'dtype')
 
 
 class StepBuffers:
-    """The output buffers of one plan step, reused across its calls: the plan's memory arena for
-    plain launches (a replayed CUDA Graph has its private pool instead, gpuk/cuda_graph.py). A
-    step's runner kept by a ``Kept`` (its ``specialized`` variant) owns one; ``take(k)`` is a
-    buffer for output ``k`` (of the problem's shape and dtype) that nothing else holds.
+    """The output buffers of plan steps, reused across calls: the plan's memory arena for plain
+    launches (a replayed CUDA Graph has its private pool instead, gpuk/cuda_graph.py). A step's
+    runner kept by a ``Kept`` (its ``specialized`` variant) makes one for its outputs;
+    ``take(k)`` is a buffer for output ``k`` (of the problem's shape and dtype) that nothing else
+    holds. The buffers are not the step's own: every StepBuffers of one shape and dtype (made by
+    the same ``empty``, in the same thread, between two ``forget_kept()``) takes from one shared
+    list of them, the arena's blocks of that shape and dtype (``_blocks``). So a value the plan
+    frees after its last reader gives its buffer to the next step of that shape and dtype, in
+    the same call (a backward pass's activation gradients, dead before the next layer's are
+    made) as in the next: the arena holds, per shape and dtype, as many buffers as values of it
+    were ever alive together, where one buffer per step output held them all.
 
-    Reuse is decided per call by reference count, so it can never alias a value still in use:
-    a buffer is written again only when this object holds the last reference to it (the plan
-    freed it after its last reader, K.function copied it to the host). Anything else holding it
-    (the plan's slot not yet freed, a variable whose new value it became, a view of it, a scan's
-    stacked history, a caller that kept the array) makes ``take`` use the other buffer or
-    allocate. Two buffers per output serve the common case where the value outlives one call:
-    an optimizer's update becomes the variable's value and is read by the next step, whose own
-    update goes to the other buffer; from then on the two alternate. Graph capture must not
-    reuse a buffer from before it (its replays would keep writing there after this object let
-    it go), nor may a plain run after it be handed one of the graph's: gpuk/cuda_graph.py calls
-    ``forget_kept()`` before and after the capture, so capture-time steps start new buffers in
-    the graph's private pool and later plain runs start their own.
+    Reuse is decided per take by reference count, so it can never alias a value still in use:
+    a buffer is handed out again only when the arena's list holds the last reference to it (the
+    plan freed it after its last reader, K.function copied it to the host). Anything else
+    holding it (a plan slot not yet freed, a step's input, a variable whose new value it became,
+    a view of it, a scan's stacked history, a caller that kept the array, an output taken
+    before it in the same step) makes ``take`` go on to the next buffer or allocate. The order of
+    launches on one stream makes a freed buffer safe to write by a later launch, as it does for
+    CuPy's pool, whose free lists are per stream; step buffers made by different threads (whose
+    plans may run on different streams) never share blocks. A step output tries first the
+    buffers it took in its last two calls (``take``), and goes through the list only when both
+    are held. A new buffer joins the list; the list keeps at most two per step output using it
+    (an optimizer's update that becomes a variable's value and outlives the call needs a
+    second), dropping its oldest when every one is held elsewhere (a caller keeping every step's
+    value). Graph capture must not reuse a buffer from before it
+    (its replays would keep writing there after the arena let it go), nor may a plain run after
+    it be handed one of the graph's: gpuk/cuda_graph.py calls ``forget_kept()`` before and after
+    the capture, which starts new lists, and keeps none inside it (below). Under
+    GPUK_CHECK_LAUNCHES=1, where runners are made per call, each StepBuffers has lists of its
+    own, as fresh as its runner.
 
-    The cost is memory: kept buffers hold every step's outputs between calls, where the memory
-    pool would let values that are never alive together share blocks (a training step's
-    activation gradients: about half again a CNN's peak). So buffers are kept only while
+    Values of different shapes never share a buffer, and a buffer holds one value at a time
+    (a view or a slice of a larger buffer would be held through the larger buffer's base, and
+    NumPy and CuPy point a view of a view at the first base, so a held slice could not be told
+    from a free one): the arena holds the sum over shapes and dtypes of the most values alive
+    together, which is more than the most bytes alive together that the memory pool's splitting
+    gives (measured in the GPU rehearsal, ``python -m bench.host_overhead --peak-memory``:
+    docs/architecture.md "The memory plan"). So buffers are kept only while
     ``keeps_step_buffers()``: not inside a graph capture (``buffers_not_kept``: the graph's
     private pool reuses blocks within the step, and a replay allocates nothing anyway), and not
     after an allocation failure (``stop_keeping_buffers``, for the rest of the process) or under
     GPUK_STEP_BUFFERS=0; then ``take`` hands out a new buffer and keeps none, and reuse is the
     pool's, as for any allocation."""
-    __slots__ = ('_kept', '_empty', '_shapes', '_dtypes')
+    __slots__ = ('_kept', '_firsts', '_lasts', '_empty', '_shapes', '_dtypes')
 
     def __init__(self, empty, shape, dtypes, shapes=None):
         """Buffers of ``shape`` and each of ``dtypes`` (or of ``shapes[k]`` and ``dtypes[k]``),
         made by ``empty(shape, dtype)``."""
         self._empty, self._dtypes = empty, tuple(dtypes)
         self._shapes = tuple(shapes) if shapes is not None else (shape,) * len(self._dtypes)
-        self._kept = [[] for _ in self._dtypes]   # per output: its buffers, the oldest first
+        # per output: the arena's buffers of its shape and dtype (_blocks), and the positions
+        # there of the buffers it took in its last two calls, the one before the last tried
+        # first: a steady step finds it free again at the same point of a later call (the same
+        # values are alive there; an update that outlives the call alternates between two, so
+        # the one before the last is the free one) without going through the buffers other
+        # steps hold. Positions, not buffers: a reference would count as a holder.
+        self._kept = [_blocks(empty, s, d) for s, d in zip(self._shapes, self._dtypes)]
+        self._firsts = [0] * len(self._dtypes)
+        self._lasts = [0] * len(self._dtypes)
+
+    def __del__(self):
+        for blocks in getattr(self, '_kept', ()):   # (none where __init__ failed)
+            blocks.users -= 1
 
     def take(self, k):
-        for buffer in self._kept[k]:
+        blocks = self._kept[k]
+        try:
+            first, last = self._firsts[k], self._lasts[k]
+            buffer = blocks[first]
             # a buffer cut from a block it does not own (the emulated runtime's aligned arrays)
             # is free only when nothing else holds the block: NumPy points a view of the
             # buffer at the block, so the buffer's own count misses its views
             if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
                     buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
+                self._firsts[k], self._lasts[k] = last, first
                 return buffer
-        return self._new(k)
+            buffer = blocks[last]
+            if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
+                    buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
+                self._firsts[k] = last
+                return buffer
+        except IndexError:   # none yet, or the list dropped one (_new)
+            pass
+        buffer = None   # (a local reference would make it look held in _found)
+        return self._found(k, blocks)
 
     def take_all(self):
-        """A buffer for each output (``take(k)`` for every k), as a tuple: take's loop for each
-        output in this one call (a fused step's up to 4 outputs: no call per output)."""
+        """A buffer for each output (``take(k)`` for every k), as a tuple: take's tests for each
+        output in this one call (a fused step's up to 4 outputs: no call per output). Two
+        outputs of one shape and dtype get two buffers: the first taken is held in ``taken``."""
         taken = []
-        for k, kept in enumerate(self._kept):
-            for buffer in kept:
+        firsts, lasts = self._firsts, self._lasts
+        for k, blocks in enumerate(self._kept):
+            try:
+                first, last = firsts[k], lasts[k]
+                buffer = blocks[first]
                 if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
                         buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
+                    firsts[k], lasts[k] = last, first
                     taken.append(buffer)
-                    break
-            else:
-                taken.append(self._new(k))
+                    continue
+                buffer = blocks[last]
+                if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
+                        buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
+                    firsts[k] = last
+                    taken.append(buffer)
+                    continue
+            except IndexError:
+                pass
+            buffer = None   # (a local reference would make it look held in _found)
+            taken.append(self._found(k, blocks))
         return tuple(taken)
 
+    def _found(self, k, blocks):
+        """Output ``k``'s buffer when the two it took last are held: the first free one among
+        ``blocks`` (the oldest first; an index per buffer, not ``enumerate``, whose reused tuple
+        would hold the buffer), else a new one."""
+        for position in range(len(blocks)):
+            buffer = blocks[position]
+            if _getrefcount(buffer) <= SOLE_HOLDER_REFCOUNT and (
+                    buffer.base is None or _getrefcount(buffer.base) <= SOLE_BASE_REFCOUNT):
+                self._firsts[k], self._lasts[k] = self._lasts[k], position
+                return buffer
+        buffer = None   # (not held while the new one is made)
+        return self._new(k)
+
     def _new(self, k):
-        """A new buffer for output ``k``, kept with the newest one before it (while buffers
-        are kept at all)."""
+        """A new buffer for output ``k``, put in the arena's blocks of its shape and dtype (while
+        buffers are kept at all): they keep at most two per step output using them, the oldest
+        dropped first when every one is held elsewhere (as a caller keeping each step's output)."""
         buffer = self._empty(self._shapes[k], self._dtypes[k])
         if _not_kept[0]:
             return buffer
-        kept = self._kept[k]
-        if len(kept) < 2:
-            kept.append(buffer)
-        else:   # every buffer held elsewhere: the newest two are kept
-            kept[:] = [kept[1], buffer]
+        blocks = self._kept[k]
+        if len(blocks) >= 2 * blocks.users:
+            del blocks[0]
+        blocks.append(buffer)
+        self._firsts[k], self._lasts[k] = self._lasts[k], len(blocks) - 1
         return buffer
+
+
+class _Blocks(list):
+    """The arena's buffers of one (generation, thread, empty, shape, dtype), the oldest first: a
+    list that lives as long as a StepBuffers using it (``users`` of them)."""
+    __slots__ = ('users', '__weakref__')
+
+
+# The arena of plain launches: (generation, thread, empty, shape, dtype) -> _Blocks, held by
+# the StepBuffers that use them (a new generation, forget_kept(), starts new ones; a runner made
+# for other layouts lets go of its StepBuffers, and the lists no step uses go with them)
+_ARENA = weakref.WeakValueDictionary()
+
+
+def _blocks(empty, shape, dtype):
+    """The arena's blocks for one output of a new StepBuffers: shared, except under
+    GPUK_CHECK_LAUNCHES=1, where runners are made per call and so are their buffers."""
+    key = (_generation[0], threading.get_ident(), empty, tuple(shape), np.dtype(dtype))
+    blocks = None if _forced[0] else _ARENA.get(key)
+    if blocks is None:
+        blocks = _Blocks()
+        blocks.users = 0
+        if not _forced[0]:
+            _ARENA[key] = blocks
+    blocks.users += 1
+    return blocks
 
 
 class Outputs:
