@@ -7,7 +7,7 @@ GPU_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/de
 EXTRAS := test,demo,bench$(GPU_EXTRA)
 STAMP := $(BIN)/.installed-$(EXTRAS)
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv wheels clean
 
 # --no-compile: no .pyc for every file of every wheel up front (torch alone is thousands);
 # Python writes them for the modules a run imports, when it first imports them.
@@ -53,6 +53,19 @@ test: venv
 # BENCH_ARGS: e.g. --quick, --strict, -k keras (python -m bench --help)
 bench: venv
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The wheels a GPU session carries to the device machine (no package registry there; Python
+# 3.12): Keras 2.3.1, the cuDNN frontend and ml_dtypes in .whl/, Keras 3 in .whl/keras3/ (a site
+# of its own). docs/kernels.md, "Running on a GPU"; .whl/ is ignored by git.
+WHEEL_PLATFORMS := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64 --platform any
+wheels:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: $(WHEEL_PLATFORMS) -d .whl \
+		keras==2.3.1 keras-applications==1.0.8 keras-preprocessing==1.1.2 \
+		nvidia-cudnn-frontend==1.32.0 ml_dtypes==0.5.4
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: $(WHEEL_PLATFORMS) -d .whl/keras3 \
+		keras==3.15.1 namex==0.1.0 optree==0.20.0
+	ls .whl .whl/keras3
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks
