@@ -518,12 +518,14 @@ def buffers_not_kept():
 
 def _sole_holder_count():
     """What getrefcount says of an object that one container (a list, a dict) and the calling
-    function's one local name hold, as in ``StepBuffers.take``'s loop:
-    the container, the local, getrefcount's argument. Measured, not assumed, as the
-    interpreter's counting of borrowed references differs between versions (3.14 counts fewer)."""
-    kept = [object()]
-    for buffer in kept:
-        return _getrefcount(buffer)
+    function's one local name hold, read from an arena list by index as ``StepBuffers.take`` and
+    ``_found`` read it (``buffer = blocks[position]``): the container, the local,
+    getrefcount's argument. Measured, not assumed, as the interpreter's counting of borrowed
+    references differs between versions (3.14 counts fewer)."""
+    kept = _Blocks([object()])
+    position = 0
+    buffer = kept[position]
+    return _getrefcount(buffer)
 
 
 SOLE_HOLDER_REFCOUNT = _sole_holder_count()
