@@ -68,6 +68,7 @@ def test_steps_of_one_shape_and_dtype_share_the_buffers_their_values_give_back()
     """The arena (prepared.StepBuffers): a buffer one step's value held goes, once freed, to
     the next step of its shape and dtype, in the same call as in the next; a held buffer, one of
     another shape or dtype, or one from before ``forget_kept()`` is never handed out."""
+    prepared.forget_kept()   # lists of their own: a live runner of an earlier test may share the key
     first = prepared.StepBuffers(np.empty, (2, 3), [np.float32])
     second = prepared.StepBuffers(np.empty, (2, 3), [np.float32, np.float32])
     other = prepared.StepBuffers(np.empty, (3, 2), [np.float32])
@@ -93,6 +94,7 @@ def test_steps_of_one_shape_and_dtype_share_the_buffers_their_values_give_back()
 def test_the_arena_keeps_at_most_two_buffers_per_step_output_held_elsewhere():
     """A caller keeping every value (a variable's old values) does not make the arena keep
     them all: at most two per step output using a list, the oldest dropped."""
+    prepared.forget_kept()   # lists of their own: a live runner of an earlier test may share the key
     steps = [prepared.StepBuffers(np.empty, (5,), [np.float64]) for _ in range(2)]
     held = [steps[k % 2].take(0) for k in range(10)]
     assert len({id(h) for h in held}) == 10

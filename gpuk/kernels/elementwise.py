@@ -93,8 +93,8 @@ def _prepare_bias_act(rt, x, bias, axis, activation):
 
     def specialized(arrays):
         """The run of one plan step (prepared.Kept, which compared the strides) for contiguous
-        operands: no conversion calls, the output in the step's own reused buffer
-        (prepared.StepBuffers)."""
+        operands: no conversion calls, the output in a reused buffer (prepared.StepBuffers:
+        shared with the plan's other steps of its shape and dtype)."""
         if not all(type(a) is array_type and a.flags.c_contiguous for a in arrays):
             return run
         # (read from ``arrays``, not the prepared x: the cached runner must not hold x)

@@ -296,8 +296,9 @@ def _prepare(rt, program, inputs):
         """The run of one plan step (prepared.Kept) for inputs of exactly these layouts (the
         Kept compared their strides): the inputs that are not C-contiguous (a gate sliced off a
         matrix product, a transposed value, a host number) are known, so the others are passed
-        without a test; the outputs are written into buffers of the step's own, reused across
-        calls (prepared.StepBuffers: a buffer anything else still holds is never written again).
+        without a test; the outputs are written into reused buffers (prepared.StepBuffers, shared with the
+        plan's other steps of their shape and dtype: a buffer anything else still holds is never
+        written again).
         A strided input that is one dense block of memory (_dense_block) is read in place: the
         kernel gets the block as its C-contiguous view and the input's element strides in its
         index tables (no copy, no allocation, the same values). The other strided inputs (gaps,

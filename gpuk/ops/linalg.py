@@ -26,7 +26,7 @@ def _swap_last(t):
 class MatMul(Op):
     """``a @ b`` for rank >= 2 operands; leading (batch) dims broadcast. Where the matmul family
     says FLOAT_PRODUCTS_IN_STEP_BUFFERS (the kernel runtimes), a plan step writes its
-    float32/float64 products into buffers of its own, reused across calls (prepared.Kept's
+    float32/float64 products into reused buffers (shared by shape and dtype) (prepared.Kept's
     variant for the kept layouts, prepared.StepBuffers); the NumPy device keeps NumPy's own."""
 
     def __init__(self):

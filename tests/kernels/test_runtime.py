@@ -119,6 +119,10 @@ def test_partly_overlapping_arguments_only_when_none_is_written(tmp_path, monkey
     np.testing.assert_array_equal(y, x[:8] + x[4:])
     with pytest.raises(ValueError, match='arguments 0 and 1 partly overlap and one is written'):
         module.kernel('shift').launch(1, 32, (x[:8], x[4:], np.int32(8)))
+    # written through a later argument identical to a read-only one (the two share one mapping,
+    # no longer read-only): checked once every argument is marshalled
+    with pytest.raises(ValueError, match='arguments 0 and 1 partly overlap and one is written'):
+        module.kernel('add').launch(1, 32, (x[:8], x[4:], x[:8], np.int32(8)))
 
 
 def test_compile_errors_carry_compiler_output(tmp_path, monkeypatch):

@@ -1334,6 +1334,7 @@ __device__ __forceinline__ void wgrad_quad_row(const float* x, int row_pitch, in
         const elem_t* dq[DW_WG_QPIX];
 #pragma unroll
         for (int q = 0; q < DW_WG_QPIX; ++q) dq[q] = BASES ? opaque_pointer(d + q * c) : d;
+        static_assert(DW_PIX % DW_WG_QPIX == 0, "whole groups a row: the loop ends on off == off_end");
         const unsigned off_end = off + DW_PIX * c;
 #pragma unroll 1
         do {

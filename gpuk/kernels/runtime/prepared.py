@@ -247,9 +247,12 @@ class StepBuffers:
     before it in the same step) makes ``take`` go on to the next buffer or allocate. The order of
     launches on one stream makes a freed buffer safe to write by a later launch, as it does for
     CuPy's pool, whose free lists are per stream; step buffers made by different threads (whose
-    plans may run on different streams) never share blocks. A step output tries first the
-    buffers it took in its last two calls (``take``), and goes through the list only when both
-    are held. A new buffer joins the list; the list keeps at most two per step output using it
+    plans may run on different streams) never share blocks. (The thread is the one that made the
+    runner: a runner two threads share, one op run by both, takes from its maker's lists in
+    either, as it reused its own buffers before they were shared; right while the threads launch
+    on one stream, CuPy's default, not where each has a stream of its own.) A step output tries
+    first the buffers it took in its last two calls (``take``), and goes through the list only
+    when both are held. A new buffer joins the list; the list keeps at most two per step output using it
     (an optimizer's update that becomes a variable's value and outlives the call needs a
     second), dropping its oldest when every one is held elsewhere (a caller keeping every step's
     value). Graph capture must not reuse a buffer from before it
@@ -398,7 +401,8 @@ def _blocks(empty, shape, dtype):
 class Outputs:
     """The output arrays of one launcher problem (the same shapes and dtypes on every call):
     ``new()`` allocates them, as a plain call does; ``reused()`` is what a plan step's variant
-    (a runner's ``specialized``) calls instead: ``take_all`` of StepBuffers of its own."""
+    (a runner's ``specialized``) calls instead: ``take_all`` of a StepBuffers of its own (whose
+    buffers are the arena's: ``_blocks``)."""
     __slots__ = ('_empty', 'shapes', 'dtypes')
 
     def __init__(self, empty, shapes, dtypes):
@@ -413,8 +417,8 @@ class Outputs:
 
 def with_step_buffers(run_with, outputs):
     """A launcher problem's runner, ``run_with(outputs.new)``, with a ``specialized`` variant for a
-    plan step (Kept): ``run_with(outputs.reused())``, the launches writing into the step's own
-    reused buffers. ``run_with(make_outputs)`` builds the run whose launches take their outputs
+    plan step (Kept): ``run_with(outputs.reused())``, the launches writing into the step's reused
+    buffers (StepBuffers). ``run_with(make_outputs)`` builds the run whose launches take their outputs
     from ``make_outputs()`` (a cuDNN call, where the family chooses it, makes its own)."""
     run = run_with(outputs.new)
     run.specialized = lambda arrays: run_with(outputs.reused())
@@ -514,12 +518,14 @@ def buffers_not_kept():
 
 def _sole_holder_count():
     """What getrefcount says of an object that one container (a list, a dict) and the calling
-    function's one local name hold, as in ``StepBuffers.take``'s loop:
-    the container, the local, getrefcount's argument. Measured, not assumed, as the
-    interpreter's counting of borrowed references differs between versions (3.14 counts fewer)."""
-    kept = [object()]
-    for buffer in kept:
-        return _getrefcount(buffer)
+    function's one local name hold, read from an arena list by index as ``StepBuffers.take`` and
+    ``_found`` read it (``buffer = blocks[position]``): the container, the local,
+    getrefcount's argument. Measured, not assumed, as the interpreter's counting of borrowed
+    references differs between versions (3.14 counts fewer)."""
+    kept = _Blocks([object()])
+    position = 0
+    buffer = kept[position]
+    return _getrefcount(buffer)
 
 
 SOLE_HOLDER_REFCOUNT = _sole_holder_count()
