@@ -42,8 +42,10 @@ in the rehearsal its matmuls stand in for cuBLAS, and idle BLAS worker threads s
 small shared VM evicted the caches around gpuk's Python (3x the MLP's host µs per launch).
 """
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -71,7 +73,10 @@ def _gpu_available():
 def setup_device(rehearsal):
     """Point gpuk at the CUDA path: a real GPU, or the rehearsal. Returns a description."""
     os.environ.setdefault('KERAS_BACKEND', 'gpuk.backend')
-    os.environ.setdefault('KERAS_HOME', tempfile.mkdtemp(prefix='gpuk-host-overhead-'))
+    if 'KERAS_HOME' not in os.environ:   # Keras writes its config there: a folder of this run's, removed at exit
+        keras_home = tempfile.mkdtemp(prefix='gpuk-host-overhead-')
+        atexit.register(shutil.rmtree, keras_home, ignore_errors=True)
+        os.environ['KERAS_HOME'] = keras_home
     os.environ['GPUK_DEVICE'] = 'cuda'
     if rehearsal:
         from tests import gpu_rehearsal
@@ -203,6 +208,23 @@ def peak_memory(name, batch=None, steps=2, warmup=3):
             'peak': peak}
 
 
+def _peak_in_child(name, batch, steps, warmup, step_buffers, keras_home):
+    """``peak_memory`` of model ``name`` in a child process in the GPU rehearsal with dry launches,
+    with GPUK_STEP_BUFFERS=``step_buffers`` (read at import, hence a process of its own) and Keras's
+    files in ``keras_home`` unless KERAS_HOME is set."""
+    code = ('from tests import gpu_rehearsal; gpu_rehearsal.activate(); '
+            'from tests.gpu_rehearsal import rehearsal_runtime; rehearsal_runtime.set_dry_launch_bytes(-1); '
+            'import json; from bench import host_overhead; '
+            'print(json.dumps(host_overhead.peak_memory(%r, %r, %d, %d)))' % (name, batch, steps, warmup))
+    env = dict(os.environ, GPUK_STEP_BUFFERS=step_buffers, KERAS_BACKEND='gpuk.backend', GPUK_DEVICE='cuda',
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')])))
+    env.setdefault('KERAS_HOME', keras_home)
+    out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def peak_memory_rows(models, batches=None, steps=2, warmup=3):
     """``peak_memory`` of each model in the GPU rehearsal with dry launches, in child processes
     with step buffers kept (GPUK_STEP_BUFFERS=1) and not (0: the pool's reuse alone): rows of
@@ -212,18 +234,8 @@ def peak_memory_rows(models, batches=None, steps=2, warmup=3):
         batch = (batches or {}).get(name)
         peaks = {}
         for setting in ('1', '0'):
-            code = ('from tests import gpu_rehearsal; gpu_rehearsal.activate(); '
-                    'from tests.gpu_rehearsal import rehearsal_runtime; rehearsal_runtime.set_dry_launch_bytes(-1); '
-                    'import json; from bench import host_overhead; '
-                    'print(json.dumps(host_overhead.peak_memory(%r, %r, %d, %d)))' % (name, batch, steps, warmup))
-            env = dict(os.environ, GPUK_STEP_BUFFERS=setting, KERAS_BACKEND='gpuk.backend', GPUK_DEVICE='cuda',
-                       PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')])))
-            env.setdefault('KERAS_HOME', tempfile.mkdtemp(prefix='gpuk-host-overhead-'))
-            out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=900,
-                                 cwd=REPO)
-            if out.returncode:
-                raise RuntimeError(out.stderr[-3000:])
-            peaks[setting] = json.loads(out.stdout.strip().splitlines()[-1])
+            with tempfile.TemporaryDirectory(prefix='gpuk-host-overhead-') as keras_home:
+                peaks[setting] = _peak_in_child(name, batch, steps, warmup, setting, keras_home)
         kept, pool = peaks['1'], peaks['0']
         rows.append({'model': name, 'batch': kept['batch'], 'peak_kept': kept['peak'], 'peak_not_kept': pool['peak'],
                      'held_kept': kept['held_after'], 'held_not_kept': pool['held_after'],
@@ -303,7 +315,8 @@ def launcher_overhead(rehearsal, repeats=15, number=20):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.host_overhead', description=__doc__.split('\n')[0])
     parser.add_argument('--models', nargs='+', choices=MODELS, default=list(MODELS))
-    parser.add_argument('--steps', type=int, default=10)
+    parser.add_argument('--steps', type=int, help='steady steps measured (default 10; 2 with --peak-memory, '
+                        'whose peak is the same over any number of steady steps)')
     parser.add_argument('--warmup', type=int, default=3)
     parser.add_argument('--rehearsal', choices=('auto', 'yes', 'no'), default='auto',
                         help='run in the GPU rehearsal (auto: when no GPU is usable)')
@@ -326,7 +339,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.peak_memory:
         rows = peak_memory_rows(args.models, {m: args.batch for m in args.models} if args.batch else None,
-                                max(args.steps // 5, 1), args.warmup)
+                                args.steps or 2, args.warmup)
         print('GPU rehearsal, dry launches: peak traced memory (tracemalloc) of a steady plain step\n\n'
               '| model | batch | peak, buffers kept | peak, GPUK_STEP_BUFFERS=0 | ratio | held between steps, kept / '
               'not |\n|---|---|---|---|---|---|')
@@ -344,7 +357,7 @@ def main(argv=None):
         rehearsal_runtime.set_dry_launch_bytes(-1)
         device += '; dry launches (checked, not run)'
     modes = {'both': (False, True), 'on': (True,), 'off': (False,)}[args.graphs]
-    rows = [measure(name, args.steps, args.warmup, graphs, args.calls) for name in args.models for graphs in modes]
+    rows = [measure(name, args.steps or 10, args.warmup, graphs, args.calls) for name in args.models for graphs in modes]
     if rehearsal and True in modes:
         print('GPU rehearsal: with graphs on, a replay re-runs gpuk\'s launches, cuBLAS and copies but not the '
               'NumPy work of ops computed with xp, so the trained values are wrong there; the counts and host '
