@@ -634,12 +634,8 @@ def test_a_scan_gradient_step_plan_not_reading_a_sequence_still_repeats_its_layo
     ''')
 
 
-def test_a_scan_copies_a_strided_sequence_once_per_loop_not_once_per_time_step():
-    """The gradient of a K.rnn's batch-major outputs reaches the gradient scan as a time-major
-    view whose per-step slices are strided; the kernels take contiguous operands, so the scan
-    copies that sequence once (Scan: _steps_contiguous) instead of the fused step copying each
-    slice: a steady step makes as many contiguous copies for 10 time steps as for 5."""
-    _rehearse(_RNN_STEP + '''
+# Script lines recording in ``copies`` the shape of each strided input a fused step copies
+_COPY_RECORDER = '''
     from gpuk.kernels import fused_elementwise
     copies = []
     real = fused_elementwise._contiguous
@@ -647,6 +643,15 @@ def test_a_scan_copies_a_strided_sequence_once_per_loop_not_once_per_time_step()
         copies.append(a.shape)
         return real(xp, a)
     fused_elementwise._contiguous = contiguous
+'''
+
+
+def test_a_scan_copies_a_strided_sequence_once_per_loop_not_once_per_time_step():
+    """The gradient of a K.rnn's batch-major outputs reaches the gradient scan as a time-major
+    view whose per-step slices are strided; the kernels take contiguous operands, so the scan
+    copies that sequence once (Scan: _steps_contiguous) instead of the fused step copying each
+    slice: a steady step makes as many contiguous copies for 10 time steps as for 5."""
+    _rehearse(_RNN_STEP + _COPY_RECORDER + '''
     def copies_per_step(steps):
         f = rnn_training_step(steps, lambda outputs: K.sum(K.square(outputs)))
         value = np.ones((2, steps, 3), np.float32)
@@ -769,16 +774,10 @@ def test_fused_steps_read_a_transposed_input_in_place_and_equal_fresh_buffers():
     import os
     import numpy as np
     from gpuk import backend as K
-    from gpuk.kernels import fused_elementwise
     from gpuk.kernels.runtime import counters
     from gpuk.kernels.testing import assert_same_steps
     os.environ['GPUK_CUDA_GRAPHS'] = '0'
-    copies = []
-    real = fused_elementwise._contiguous
-    def contiguous(xp, a):
-        copies.append(a.shape)
-        return real(xp, a)
-    fused_elementwise._contiguous = contiguous
+    ''' + _COPY_RECORDER + '''
     rng = np.random.default_rng(0)
     start_u = (rng.standard_normal((4, 4)) * 0.3).astype(np.float32)
     x = K.placeholder((2, 6, 3))
