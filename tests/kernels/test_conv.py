@@ -156,18 +156,27 @@ def test_16bit_wgrad_steady_state_and_k_tail(kernel_runtime, dtype, tile, splits
     assert_close(out, ref, dtype, 'conv_wgrad with tile %s, %d splits' % (tile, splits))
 
 
-@pytest.mark.parametrize('channels', [(32, 96), (64, 32)], ids=['cin32-cout96', 'cin64-cout32'])
-def test_tf32_tap_tiles(kernel_runtime, channels):
-    """The tf32 64x64 tile's tap-tile copies (conv_igemm.cu TAP_TILES), taken where the gathered
-    operand's channels are a multiple of BK = 32 (fwd: C_in, dgrad: C_out): each K tile in one tap,
-    a thread's chunks 2 rows x 4 units. Padding and strides put rows partly outside the image (tap
-    masks per row), M and the other operand's channels have tails; C_in = 64 steps two K tiles per
-    tap (the cursor's wrap between them), C_out = 32 one."""
+@pytest.mark.parametrize('tile, channels', [('64x64x32', (32, 96)), ('64x64x32', (64, 32)),
+                                           ('128x128x16', (16, 144)), ('128x128x16', (48, 128)),
+                                           ('128x128x16', (40, 144))],
+                         ids=['64-cin32-cout96', '64-cin64-cout32', '128-cin16-cout144', '128-cin48-cout128',
+                              '128-cin40-cout144'])
+def test_tf32_tap_tiles(kernel_runtime, tile, channels):
+    """The tf32 tap-tile copies (conv_igemm.cu TAP_TILES), taken where the gathered operand's channels
+    are a multiple of BK (fwd: C_in, dgrad: C_out): each K tile in one tap, a thread's chunks 2 rows x
+    4 units (64x64x32) or 2 rows x 2 units (128x128x16, whose A is then rounded in shared memory by
+    the tap-tile mapping, and whose fwd copies the filter 8 lanes per k row). Padding and strides put
+    rows partly outside the image (tap masks per row), M and the other operand's channels have tails;
+    C_in = 64 (48 on 128x128x16) steps two (three) K tiles per tap (the cursor's wrap between them),
+    C_out = 32 (C_in = 16) one. fwd takes tap tiles only in column blocks wholly before C_out (C_out
+    144: the first of two; 128: its only one). C_in 40 / C_out 144: fwd keeps the chunk mapping (C_in
+    a multiple of 4 and 8 but not of 16) beside dgrad's tap tiles, whose filter rows (C_in) have a tail
+    inside a pass of 64 rows."""
     case = ((9, 11), (3, 3), (2, 1), (1, 1), ((1, 1), (1, 0))) + channels
     _, kernel, strides, dilation, pads, _, _ = case
     x, w, dy = _conv_arrays(case, np.float32, 'channels_last', seed=6, batch=2)
     xr, wr, dyr = (round_tf32(a).astype(np.float64) for a in (x, w, dy))
-    with _precision('tf32'), conv_tiles.forced(tile='64x64x32'), conv_wgmma.forced(False):
+    with _precision('tf32'), conv_tiles.forced(tile=tile), conv_wgmma.forced(False):
         for fn, args, ref in [(conv.conv_fwd, (x, w, strides, dilation, pads, 'channels_last'),
                                twin.conv_fwd(xr, wr, strides, dilation, pads, 'channels_last')),
                               (conv.conv_dgrad, (dy, w, x.shape, strides, dilation, pads, 'channels_last'),
