@@ -382,6 +382,39 @@ def test_round_tf32_is_ieee_rounding_to_11_significant_bits():
     assert special[0] == np.inf and special[1] == -np.inf and np.isnan(special[2])
 
 
+TF32_EDGE_BITS = np.array([
+    0x7fc00000, 0xffc00000, 0x7fffffff, 0xffffffff, 0x7fffe000, 0x7fffefff, 0x7ffff000, 0xfffff001,   # NaN payloads
+    0x7f800001, 0x7f801fff, 0xff800fff,                               # NaN with a payload in the dropped bits only
+    0x7f800000, 0xff800000,                                           # +-inf
+    0x7f7fffff, 0xff7fffff, 0x7f7fefff, 0x7f7ff000, 0x7f7fe000,       # largest finite: to inf, down, a tie (odd: up, inf), exact
+    0x00800000, 0x00000001, 0x80000fff, 0x00001000, 0x00003000, 0x807fffff, 0x007ff000,   # smallest normal, subnormals
+    0x3f801000, 0x3f803000, 0xbf801000, 0xbf803000, 0x3f800fff, 0x3f801001,   # ties to even, just below / above
+    0x00000000, 0x80000000, 0x3f800000], np.uint32)
+
+
+def test_tf32_filter_rounding_on_edge_values(kernel_runtime):
+    """conv_round_tf32 (float_to_tf32, common.cuh: the one rounding of every tf32 operand) on the
+    bit patterns where a rounding on the bits can go wrong, against the NumPy model round_tf32, in
+    the 19 bits the tensor core reads: NaN payloads that would carry into the sign (stay NaN), a NaN
+    whose payload lies in the dropped bits only (reads as inf, as documented), inf, the largest finite
+    value (rounds to inf when past the largest tf32), subnormals, ties to even and their neighbours."""
+    bits = np.tile(TF32_EDGE_BITS, 37)   # past one block of the grid-stride loop's lanes, odd count
+    w = bits.view(np.float32).reshape(1, 1, 1, -1)
+    tile = conv_tiles.TILES['tf32'][0]
+    g = type('Geometry', (), {'k_sp': (1, 1), 'c_in': 1, 'c_out': w.shape[-1]})   # what _filter_rounding reads
+    round_filter = conv._filter_rounding(kernel_runtime, g, np.float32, tile)
+    dev = to_device(kernel_runtime, w)
+    out = kernel_runtime.xp.empty_like(dev)
+    round_filter(dev, out)
+    got = to_host(out).reshape(-1).view(np.uint32) & np.uint32(0xffffe000)
+    want = round_tf32(bits.view(np.float32)).view(np.uint32)
+    np.testing.assert_array_equal(got, want)
+    finite = np.isfinite(bits.view(np.float32))
+    assert np.array_equal(np.isnan(got.view(np.float32)), np.isnan(bits.view(np.float32)) & ((bits & 0x7fffe000) != 0x7f800000))
+    # past the largest tf32: +-0x7f7fffff, and 0x7f7ff000 (a tie whose last kept bit is odd)
+    assert np.isinf(got.view(np.float32)[finite]).sum() == 3 * 37
+
+
 @pytest.mark.parametrize('tile', [t.name for t in conv_tiles.TILES['tf32']])
 def test_tf32_rounds_ties_to_even(kernel_runtime, tile):
     """Every input a tie between two tf32 values: the kernels round to nearest even (the IEEE default,
