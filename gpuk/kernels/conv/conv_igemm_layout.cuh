@@ -96,7 +96,7 @@ static_assert(CONV_THREADS % (CONV_BK / VEC) == 0 && CONV_THREADS % (CONV_BM / V
 __device__ __forceinline__ int chunk_row(int j, int len) { return (threadIdx.x + j * CONV_THREADS) / (len / VEC); }
 __device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len / VEC)) * VEC; }
 
-// Tap tiles (TAP_TILES: the tf32 64x64 tile): where the gathered operand's channel count is a
+// Tap tiles (TAP_TILES: the tf32 64x64x32 and 128x128x16 tiles): where the gathered operand's channel count is a
 // multiple of CONV_BK (fwd: C_in, dgrad: C_out; most layers), every K tile lies within one tap, so
 // its chunks along k need no cursor of their own: a thread then copies TAP_UNITS chunks of each of
 // TAP_ROWS rows (of fwd's and dgrad's [m][k] A, dgrad's [n][k] B), at units q, q + 2, ... of the row
