@@ -156,18 +156,27 @@ def test_16bit_wgrad_steady_state_and_k_tail(kernel_runtime, dtype, tile, splits
     assert_close(out, ref, dtype, 'conv_wgrad with tile %s, %d splits' % (tile, splits))
 
 
-@pytest.mark.parametrize('channels', [(32, 96), (64, 32)], ids=['cin32-cout96', 'cin64-cout32'])
-def test_tf32_tap_tiles(kernel_runtime, channels):
-    """The tf32 64x64 tile's tap-tile copies (conv_igemm.cu TAP_TILES), taken where the gathered
-    operand's channels are a multiple of BK = 32 (fwd: C_in, dgrad: C_out): each K tile in one tap,
-    a thread's chunks 2 rows x 4 units. Padding and strides put rows partly outside the image (tap
-    masks per row), M and the other operand's channels have tails; C_in = 64 steps two K tiles per
-    tap (the cursor's wrap between them), C_out = 32 one."""
+@pytest.mark.parametrize('tile, channels', [('64x64x32', (32, 96)), ('64x64x32', (64, 32)),
+                                           ('128x128x16', (16, 144)), ('128x128x16', (48, 128)),
+                                           ('128x128x16', (40, 144))],
+                         ids=['64-cin32-cout96', '64-cin64-cout32', '128-cin16-cout144', '128-cin48-cout128',
+                              '128-cin40-cout144'])
+def test_tf32_tap_tiles(kernel_runtime, tile, channels):
+    """The tf32 tap-tile copies (conv_igemm.cu TAP_TILES), taken where the gathered operand's channels
+    are a multiple of BK (fwd: C_in, dgrad: C_out): each K tile in one tap, a thread's chunks 2 rows x
+    4 units (64x64x32) or 2 rows x 2 units (128x128x16, whose A is then rounded in shared memory by
+    the tap-tile mapping, and whose fwd copies the filter 8 lanes per k row). Padding and strides put
+    rows partly outside the image (tap masks per row), M and the other operand's channels have tails;
+    C_in = 64 (48 on 128x128x16) steps two (three) K tiles per tap (the cursor's wrap between them),
+    C_out = 32 (C_in = 16) one. fwd takes tap tiles only in column blocks wholly before C_out (C_out
+    144: the first of two; 128: its only one). C_in 40 / C_out 144: fwd keeps the chunk mapping (C_in
+    a multiple of 4 and 8 but not of 16) beside dgrad's tap tiles, whose filter rows (C_in) have a tail
+    inside a pass of 64 rows."""
     case = ((9, 11), (3, 3), (2, 1), (1, 1), ((1, 1), (1, 0))) + channels
     _, kernel, strides, dilation, pads, _, _ = case
     x, w, dy = _conv_arrays(case, np.float32, 'channels_last', seed=6, batch=2)
     xr, wr, dyr = (round_tf32(a).astype(np.float64) for a in (x, w, dy))
-    with _precision('tf32'), conv_tiles.forced(tile='64x64x32'), conv_wgmma.forced(False):
+    with _precision('tf32'), conv_tiles.forced(tile=tile), conv_wgmma.forced(False):
         for fn, args, ref in [(conv.conv_fwd, (x, w, strides, dilation, pads, 'channels_last'),
                                twin.conv_fwd(xr, wr, strides, dilation, pads, 'channels_last')),
                               (conv.conv_dgrad, (dy, w, x.shape, strides, dilation, pads, 'channels_last'),
@@ -371,6 +380,39 @@ def test_round_tf32_is_ieee_rounding_to_11_significant_bits():
     assert np.isinf(got[-2]) and np.isinf(got[-1])   # past the largest tf32 (halfway and beyond)
     special = round_tf32(np.array([np.inf, -np.inf, np.nan], np.float32))
     assert special[0] == np.inf and special[1] == -np.inf and np.isnan(special[2])
+
+
+TF32_EDGE_BITS = np.array([
+    0x7fc00000, 0xffc00000, 0x7fffffff, 0xffffffff, 0x7fffe000, 0x7fffefff, 0x7ffff000, 0xfffff001,   # NaN payloads
+    0x7f800001, 0x7f801fff, 0xff800fff,                               # NaN with a payload in the dropped bits only
+    0x7f800000, 0xff800000,                                           # +-inf
+    0x7f7fffff, 0xff7fffff, 0x7f7fefff, 0x7f7ff000, 0x7f7fe000,       # largest finite: to inf, down, a tie (odd: up, inf), exact
+    0x00800000, 0x00000001, 0x80000fff, 0x00001000, 0x00003000, 0x807fffff, 0x007ff000,   # smallest normal, subnormals
+    0x3f801000, 0x3f803000, 0xbf801000, 0xbf803000, 0x3f800fff, 0x3f801001,   # ties to even, just below / above
+    0x00000000, 0x80000000, 0x3f800000], np.uint32)
+
+
+def test_tf32_filter_rounding_on_edge_values(kernel_runtime):
+    """conv_round_tf32 (float_to_tf32, common.cuh: the one rounding of every tf32 operand) on the
+    bit patterns where a rounding on the bits can go wrong, against the NumPy model round_tf32, in
+    the 19 bits the tensor core reads: NaN payloads that would carry into the sign (stay NaN), a NaN
+    whose payload lies in the dropped bits only (reads as inf, as documented), inf, the largest finite
+    value (rounds to inf when past the largest tf32), subnormals, ties to even and their neighbours."""
+    bits = np.tile(TF32_EDGE_BITS, 37)   # past one block of the grid-stride loop's lanes, odd count
+    w = bits.view(np.float32).reshape(1, 1, 1, -1)
+    tile = conv_tiles.TILES['tf32'][0]
+    g = type('Geometry', (), {'k_sp': (1, 1), 'c_in': 1, 'c_out': w.shape[-1]})   # what _filter_rounding reads
+    round_filter = conv._filter_rounding(kernel_runtime, g, np.float32, tile)
+    dev = to_device(kernel_runtime, w)
+    out = kernel_runtime.xp.empty_like(dev)
+    round_filter(dev, out)
+    got = to_host(out).reshape(-1).view(np.uint32) & np.uint32(0xffffe000)
+    want = round_tf32(bits.view(np.float32)).view(np.uint32)
+    np.testing.assert_array_equal(got, want)
+    finite = np.isfinite(bits.view(np.float32))
+    assert np.array_equal(np.isnan(got.view(np.float32)), np.isnan(bits.view(np.float32)) & ((bits & 0x7fffe000) != 0x7f800000))
+    # past the largest tf32: +-0x7f7fffff, and 0x7f7ff000 (a tie whose last kept bit is odd)
+    assert np.isinf(got.view(np.float32)[finite]).sum() == 3 * 37
 
 
 @pytest.mark.parametrize('tile', [t.name for t in conv_tiles.TILES['tf32']])

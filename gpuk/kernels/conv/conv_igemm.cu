@@ -33,6 +33,11 @@
 //       transposed in 4 x 4 blocks by its copiers' warp (round_transposed_tf32) and read by
 //       ldmatrix too (K4Transposed). The 64x64 tile runs 2 x 1 warps of 32x64, so each warp
 //       reads its rows of A alone and rounds them in its fragment registers (tiles.py).
+//       Where fwd's C_in / dgrad's C_out is a multiple of BK, the 64x64x32 and 128x128x16 tiles
+//       copy by tap tiles (TAP_TILES: each K tile in one tap, one address and tap test per row);
+//       the 128x128x16 tile's A is then rounded along that mapping (round_landed_tf32<MODE, TAP>):
+//       other instructions per MMA (inspect, no GPU) sm_80 fwd 2.21 -> 1.89, dgrad 2.16 -> 1.93,
+//       sm_90 1.75 -> 1.41, 1.73 -> 1.55 (docs/kernels.md, "tf32 128x128x16 tap tiles").
 //       Why round, and to nearest even: the note beside Tf32Rounding (conv_igemm_math.cuh).
 // Tiling: CONV_BM x CONV_BN output tile per block, K in steps of CONV_BK, a CONV_STAGES-deep
 //   cp.async pipeline (one barrier per K tile), the K loop unrolled by the stage count so that

@@ -312,16 +312,21 @@ template <bool WARP_BLOCKS> struct RowStream {
     // x 2 unit parities hit 8 bank groups at the padded stride of 2 mod 8 units): one address step
     // and one row test per K tile for all of its chunks, immediates apart, where the mapping above
     // takes an address and a row test per chunk (chunks a pass of rows apart).
-    static constexpr int TAP_CHUNKS = CONV_BN / VEC / 2;
-    __device__ __forceinline__ static int tap_k_row() { return (int)(threadIdx.x >> 1); }
-    __device__ __forceinline__ static int tap_pos() { return (int)(threadIdx.x & 1) * VEC; }
+    // TAP_LANES threads per k row (64x64x32: 2; 128x128x16: 8, a quarter warp's 8 neighbouring units,
+    // 128 bytes, on 8 bank groups), chunk i of a thread TAP_LANES units after chunk i - 1.
+    static constexpr int TAP_LANES = CONV_THREADS / CONV_BK;
+    static constexpr int TAP_CHUNKS = CONV_BN / VEC / TAP_LANES;
+    __device__ __forceinline__ static int tap_k_row() { return (int)(threadIdx.x / TAP_LANES); }
+    __device__ __forceinline__ static int tap_pos() { return (int)(threadIdx.x % TAP_LANES) * VEC; }
     __device__ __forceinline__ void load_tap(elem_t* bs, int ld) {
-        static_assert(!TAP_TILES || (CONV_THREADS == 2 * CONV_BK && TAP_CHUNKS == B_CHUNKS_PER_THREAD),
-                      "tap tiles: one k row per lane pair");
+        static_assert(!TAP_TILES || (CONV_THREADS % CONV_BK == 0 && TAP_CHUNKS * TAP_LANES * VEC == CONV_BN &&
+                                     TAP_CHUNKS == B_CHUNKS_PER_THREAD),
+                      "tap tiles: one k row per TAP_LANES threads");
         elem_t* const dst = bs + tile_index<false, CONV_BN>(tap_pos(), tap_k_row());
         const bool k_ok = 0 < ahead;
 #pragma unroll
-        for (int i = 0; i < TAP_CHUNKS; ++i) copy_chunk(dst + 2 * i * VEC, ptr + 2 * i * VEC, k_ok);
+        for (int i = 0; i < TAP_CHUNKS; ++i)
+            copy_chunk(dst + TAP_LANES * i * VEC, ptr + TAP_LANES * i * VEC, k_ok);
         ptr += (long long)CONV_BK * ld;
         ahead -= CONV_BK;
     }

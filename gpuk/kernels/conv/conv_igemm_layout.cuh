@@ -96,7 +96,7 @@ static_assert(CONV_THREADS % (CONV_BK / VEC) == 0 && CONV_THREADS % (CONV_BM / V
 __device__ __forceinline__ int chunk_row(int j, int len) { return (threadIdx.x + j * CONV_THREADS) / (len / VEC); }
 __device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len / VEC)) * VEC; }
 
-// Tap tiles (TAP_TILES: the tf32 64x64 tile): where the gathered operand's channel count is a
+// Tap tiles (TAP_TILES: the tf32 64x64x32 and 128x128x16 tiles): where the gathered operand's channel count is a
 // multiple of CONV_BK (fwd: C_in, dgrad: C_out; most layers), every K tile lies within one tap, so
 // its chunks along k need no cursor of their own: a thread then copies TAP_UNITS chunks of each of
 // TAP_ROWS rows (of fwd's and dgrad's [m][k] A, dgrad's [n][k] B), at units q, q + 2, ... of the row
@@ -107,7 +107,12 @@ __device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len /
 // take 8 neighbouring rows (distinct swizzle patterns: their chunks hit 8 bank groups) at one unit
 // parity, lanes 8i + 8 .. 8i + 15 the same rows at the other: a warp's copies fill whole 32-byte
 // sectors. Other channel counts keep the chunk mapping above (the per-block choice: GatherA::init).
-#if CONV_MATH == 2 && CONV_WARPS_N == 1
+// The tf32 128x128x16 tile (4 units per row, 2 x 2 warps) takes them too (k14-tf32a100): a thread
+// copies units q, q + 2 of 2 rows; the rows of a swizzle pattern are pairs there, so the 8 rows of a
+// quarter warp at one unit parity still hit 8 bank groups (even rows the first 4, odd the last 4),
+// and the 16 lanes of two parities fill one 32-byte sector per row. Its A, read by both warps of a
+// row, is rounded in shared memory by its copier (round_landed_tf32<MODE, TAP>).
+#if CONV_MATH == 2 && (CONV_WARPS_N == 1 || (CONV_BK == 16 && CONV_BM == 128 && CONV_BN == 128))
 #define TAP_TILES 1
 #else
 #define TAP_TILES 0
@@ -115,9 +120,11 @@ __device__ __forceinline__ int chunk_pos(int len) { return (threadIdx.x % (len /
 #define TAP_ROWS_PER_PASS (CONV_THREADS / 2)
 #define TAP_UNITS (CONV_BK / VEC / 2)                  // chunks per row and thread
 #define TAP_ROWS(mn) ((mn) / TAP_ROWS_PER_PASS)        // rows per thread of a tile with mn rows
-static_assert(!TAP_TILES || (CONV_THREADS % 16 == 0 && CONV_BK / VEC == 8 && CONV_BM % TAP_ROWS_PER_PASS == 0 &&
-                             CONV_BN % TAP_ROWS_PER_PASS == 0 && TAP_ROWS(CONV_BM) <= A_CHUNKS_PER_THREAD),
-              "tap tiles: 8 units per row (one swizzle period), whole passes of rows, GatherA's row arrays");
+static_assert(!TAP_TILES || (CONV_THREADS % 16 == 0 && (CONV_BK / VEC == 8 || CONV_BK / VEC == 4) &&
+                             CONV_BM % TAP_ROWS_PER_PASS == 0 && CONV_BN % TAP_ROWS_PER_PASS == 0 &&
+                             TAP_ROWS(CONV_BM) <= A_CHUNKS_PER_THREAD),
+              "tap tiles: 8 or 4 units per row (8 rows of one quarter warp on 8 bank groups), whole passes of "
+              "rows, GatherA's row arrays");
 __device__ __forceinline__ int tap_row(int r) {
     return (int)(((threadIdx.x >> 4) << 3) | (threadIdx.x & 7)) + r * TAP_ROWS_PER_PASS;
 }

@@ -31,15 +31,18 @@
 // (cp.async of 4/8 bytes; 16-bit elements synchronously; copy_tap_run), the K loop rotating
 // its stages instead of unrolling them. The choice is made once per block, outside the K loop
 // (pipeline<MODE, VECTOR>).
-// Tap tiles (TAP_TILES: the tf32 64x64 tile; pipeline<MODE, true, false, true>): where the
-// gathered channel count (fwd C_in, dgrad C_out) is a multiple of CONV_BK, each K tile lies in one
-// tap, so a thread copies 4 chunks of each of 2 rows (row address + immediates, one tap-mask test
-// per row), fwd's filter rows whole by lane pairs where the block's columns all lie before C_out
-// (RowStream::load_tap: one address step and row test per K tile), dgrad's filter rows through
-// pointers stepped with the cursor; the cursor wraps at most once per tile, and the untested
-// groups run. Other instructions per MMA (inspect, no GPU) 2.75 -> 1.95 fwd, 2.36 -> 1.85 dgrad on
-// sm_90 (3.71 -> 2.92, 3.54 -> 2.81 on sm_80, where A's rounding alone is 1.5); other channel
-// counts keep the chunk mapping (2.56 / 2.39 sm_90). wgrad's tap groups (WG_TAP_GROUPS, the same
+// Tap tiles (TAP_TILES: the tf32 64x64x32 and 128x128x16 tiles; pipeline<MODE, true, false, true>):
+// where the gathered channel count (fwd C_in, dgrad C_out) is a multiple of CONV_BK, each K tile lies
+// in one tap, so a thread copies TAP_UNITS chunks (4 at BK = 32, 2 at BK = 16) of each of 2 rows (row
+// address + immediates, one tap-mask test per row), fwd's filter rows whole by TAP_LANES lanes (2 on
+// 64x64x32, 8 on 128x128x16) where the block's columns all lie before C_out (RowStream::load_tap:
+// one address step and row test per K tile), dgrad's filter rows through pointers stepped with the
+// cursor; the cursor wraps at most once per tile, and the untested groups run. Other instructions
+// per MMA (inspect, no GPU), 64x64x32: 2.75 -> 1.95 fwd, 2.36 -> 1.85 dgrad on sm_90 (3.71 -> 2.92,
+// 3.54 -> 2.81 on sm_80, where A's rounding alone is 1.5); 128x128x16 (A rounded in shared memory
+// along the mapping): sm_80 2.21 -> 1.89 fwd, 2.16 -> 1.93 dgrad (sm_90 1.75 -> 1.41, 1.73 -> 1.55);
+// other channel counts keep the chunk mapping (64x64x32: 2.56 / 2.39 sm_90; 128x128x16: 2.21 / 2.16
+// sm_80, 1.75 / 1.86 sm_90). wgrad's tap groups (WG_TAP_GROUPS, the same
 // tile; pipeline<MODE_WGRAD, true, true, TAP>): where C_in is a multiple of 32, each half of a
 // thread's 8 A chunks (units lane % 2 + 2j of its k row) lies in one tap (TAP 1), where it is a
 // multiple of 64 the whole row (TAP 2), so a half (a row) takes one address and one packed bounds

@@ -166,7 +166,6 @@ template <int MODE> struct Tf32Rounding {
     static constexpr bool b_prerounded = MODE != MODE_WGRAD;   // B = w: conv_round_tf32
     static constexpr bool a_shared = CONV_WARPS_N > 1, b_shared = !b_prerounded;
     static constexpr bool a_registers = !a_shared;
-    static_assert(!(TAP_TILES && a_shared), "tap tiles: round_landed_tf32 follows the chunk mapping only");
     static_assert(!b_shared || TF32_B_TRANSPOSED, "wgrad's B: read by several warps, rounded where transposed");
     static_assert(!a_shared || MODE != MODE_WGRAD || TF32_A_TRANSPOSED,
                   "wgrad's A: rounded in shared memory where transposed");
@@ -371,7 +370,9 @@ __device__ __forceinline__ void round_transposed_tf32(const elem_t* own, elem_t*
     *reinterpret_cast<float4*>(column) = rounded_tf32(make_float4(__uint_as_float(r[0]), __uint_as_float(r[1]),
                                                                   __uint_as_float(r[2]), __uint_as_float(r[3])));
 }
-template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
+// TAP: the block copies A by tap tiles (TAP_TILES; the 128x128x16 tile's A, read by its 2 warps along
+// N): the thread's chunks are units tap_unit(i) of rows tap_row(r).
+template <int MODE, int TAP = 0> __device__ __forceinline__ void round_landed_tf32(elem_t* as, elem_t* bs) {
     // round_transposed_tf32: the warp's blocks lie in 8 neighbouring units; this lane receives
     // column lane % 4 of unit lane / 4 of them
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, unit = lane >> 2, in_unit = lane & 3;
@@ -382,6 +383,12 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
             for (int j = 0; j < WG_CHUNKS; ++j)
                 round_transposed_tf32(as + tile_index<false, CONV_BM>(wgrad_a_unit(j) * VEC, wgrad_a_row(0)),
                                       column + 8 * VEC * j);
+        } else if constexpr (TAP_TILES && TAP) {
+#pragma unroll
+            for (int r = 0; r < TAP_ROWS(CONV_BM); ++r)
+#pragma unroll
+                for (int i = 0; i < TAP_UNITS; ++i)
+                    round_chunk_tf32(as + tile_index<true, CONV_BM, A_MK_SWIZZLED>(tap_row(r), tap_unit(i) * VEC));
         } else {
 #pragma unroll
             for (int j = 0; j < A_CHUNKS_PER_THREAD; ++j)
@@ -405,7 +412,7 @@ template <int MODE> __device__ __forceinline__ void round_landed_tf32(elem_t* as
                                   column + k_rows_apart<CONV_BN>(4 * j));
     }
 }
-#define TF32_ROUND_LANDED(as_stage, bs_stage) round_landed_tf32<MODE>(as_stage, bs_stage)
+#define TF32_ROUND_LANDED(as_stage, bs_stage, tap) round_landed_tf32<MODE, tap>(as_stage, bs_stage)
 #endif
 // Accumulator e lies in the thread's row slot `slot` (of ThreadRows<MODE>::count: two per 16 rows
 // of its warp tile, tf32 fwd two per 8) and at column `col` of the block tile; slot s is
@@ -443,5 +450,5 @@ __device__ __forceinline__ int slot_row(int slot) {
 // TF32_ROUND_LANDED(as, bs): the tf32 path's per-stage rounding (round_landed_tf32), between a
 // thread's cp_async_wait and the barrier that publishes the stage; nothing on the other paths.
 #ifndef TF32_ROUND_LANDED
-#define TF32_ROUND_LANDED(as_stage, bs_stage) ((void)0)
+#define TF32_ROUND_LANDED(as_stage, bs_stage, tap) ((void)0)
 #endif

@@ -48,7 +48,7 @@ __device__ __forceinline__ void pipeline_group(Loader<MODE>& loader, elem_t (*as
         const int t = t0 + s;
         if (CHECKED && t >= tiles) break;
         cp_async_wait<CONV_STAGES - 2>();   // tile t has landed (this thread's copies) ...
-        TF32_ROUND_LANDED(as[s], bs[s]);
+        TF32_ROUND_LANDED(as[s], bs[s], TAP);
         __syncthreads();                    // ... everyone's, and stage t-1 is free again
         const int write_stage = (s + CONV_STAGES - 1) % CONV_STAGES;
         // wgrad's packed path in an untested group (every load of it runs): the decode of two tiles' rows
@@ -88,7 +88,7 @@ __device__ __forceinline__ void pipeline(Loader<MODE>& loader, elem_t (*as)[A_ST
         int read_stage = 0, write_stage = CONV_STAGES - 1;
         for (int t = 0; t < tiles; ++t) {
             cp_async_wait<CONV_STAGES - 2>();
-            TF32_ROUND_LANDED(as[read_stage], bs[read_stage]);
+            TF32_ROUND_LANDED(as[read_stage], bs[read_stage], 0);
             __syncthreads();
             if (t + CONV_STAGES - 1 < tiles)
                 load_tile<VECTOR, PACKED>(loader, g, a_src, b_src, as[write_stage], bs[write_stage], cols);

@@ -52,7 +52,10 @@ instead of 16 with 1 x 2 warps' 4-byte reads). Other instructions per MMA (inspe
 3.54], wgrad 3.67 -> 3.16 [5.65 -> 5.38]. Where fwd's C_in or dgrad's C_out is a multiple of
 BK = 32, the 64x64 tile copies by tap tiles (conv_igemm.cu TAP_TILES: each K tile in one tap, a
 thread's chunks 2 rows x 4 units, one address and one tap test per row): fwd 1.95 [2.92], dgrad
-1.85 [2.81]; other channel counts 2.56 [3.49] and 2.39 [3.35]. wgrad, where C_in is a multiple
+1.85 [2.81]; other channel counts 2.56 [3.49] and 2.39 [3.35]. The 128x128x16 tile copies by
+tap tiles too where that channel count is a multiple of 16 (2 rows x 2 units per thread, its A
+rounded in shared memory along that mapping): fwd 1.41 [1.89], dgrad 1.55 [1.93] (chunk mapping
+1.75 [2.21], 1.86 [2.16]). wgrad, where C_in is a multiple
 of 32, copies x by tap groups (conv_igemm.cu WG_TAP_GROUPS: one address and one bounds test per 4
 chunks): 2.69 [5.15]. It stays above 2 (both operands rounded in the loop: 1.0 conversion per MMA
 on 64x64), yet it remains the choice for the problems that get it: the 128x128 tile's rejection
