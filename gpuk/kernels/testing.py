@@ -125,6 +125,8 @@ def assert_same_steps(reused, fresh):
     with the plan steps' reused buffers and with fresh ones), and whose steps did differ (the
     first value of the first two steps), so that agreeing is not agreeing on a constant."""
     for step, (got_values, want_values) in enumerate(zip(reused, fresh)):
-        for got, want in zip(got_values, want_values):
-            assert np.array_equal(got, want), step
-    assert not np.array_equal(reused[0][0], reused[1][0])
+        for k, (got, want) in enumerate(zip(got_values, want_values)):
+            if not np.array_equal(got, want):
+                raise AssertionError(f"step {step}, value {k}: reused buffers gave other numbers than fresh ones")
+    if np.array_equal(reused[0][0], reused[1][0]):
+        raise AssertionError("the first two steps gave the same first value: agreeing proves nothing")
