@@ -57,10 +57,10 @@ tap tiles too where that channel count is a multiple of 16 (2 rows x 2 units per
 rounded in shared memory along that mapping): fwd 1.41 [1.89], dgrad 1.55 [1.93] (chunk mapping
 1.75 [2.21], 1.86 [2.16]). wgrad, where C_in is a multiple
 of 32, copies x by tap groups (conv_igemm.cu WG_TAP_GROUPS: one address and one bounds test per 4
-chunks): 2.69 [5.15]. It stays above 2 (both operands rounded in the loop: 1.0 conversion per MMA
+chunks): 2.49 [4.62]. It stays above 2 (both operands rounded in the loop: 1.0 conversion per MMA
 on 64x64), yet it remains the choice for the problems that get it: the 128x128 tile's rejection
 there is padding waste over MAX_WASTE (half of its MMAs on zeros: about 6 instructions per useful
-MMA against 3.7) or a K too short to fill two waves even split (the 64x64 tile has 4 times the
+MMA against 3.5) or a K too short to fill two waves even split (the 64x64 tile has 4 times the
 blocks).
 
 16-bit wgrad has its own table (WGRAD_TILES: 128x128x32, 64x128x64, 128x64x64, 64x64x64; the
@@ -69,11 +69,10 @@ so split-K fills the GPU with any tile and the smaller tiles are only there for 
 taps*C_in or N = C_out (padding waste). The wgrad A loader is the costly one (per k row and K
 tile its pixel decoded; per chunk a packed bounds test and its address): on 64x64x64 (64
 threads) each thread copies two pixel rows (decoded one per lane of a pair) and 8 A + 8 B
-chunks per 64 MMAs of its warp (1.87 / 1.85 other instructions per MMA, sm_90 / sm_80, after
-the wave-7 decode by linear forms and the untested steady-state K loop; 2.56 / 2.59 before,
-3.42 / 2.98 before the packed test); 128 threads on 64x128 or 128x64 copy one pixel row and 12
+chunks per 64 MMAs of its warp (1.84 / 1.83 other instructions per MMA, sm_90 / sm_80, with the
+decode by linear forms and an untested steady-state K loop); 128 threads on 64x128 or 128x64 copy one pixel row and 12
 chunks per 64 MMAs (cp.async per MMA: 8(BM+BN)/(BM*BN)): 64x128 (4 A + 8 B chunks) 1.42 /
-1.41, 128x64 (8 A + 4 B) 1.67 / 1.66; 128x128x32 1.20 / 1.18. The rectangles run 2 stages of BK=64 in
+1.41, 128x64 (8 A + 4 B) 1.67 / 1.66; 128x128x32 1.17 / 1.17. The rectangles run 2 stages of BK=64 in
 48 KB (2 blocks per SM, 8 warps, as 64x64x64's 4 blocks of 2 warps). 64x128 comes first (the
 cheaper loader where both fit); 64x64x64 stays last, for M and N both <= 64, where either
 rectangle would run half its MMAs on padding. The fill rule there also passes a tile whose K is

@@ -31,7 +31,7 @@ def baseline_entries(records):
 
 def write(records, path=BASELINE_PATH, nvrtc=None):
     data = {'about': 'python -m gpuk.kernels.inspect --write-baseline; compared by '
-                     'tests/kernels/test_inspect_baseline.py (docs/kernels.md)',
+                     'tests/kernels/test_inspect.py (docs/kernels.md)',
             'nvrtc': nvrtc, 'records': baseline_entries(records)}
     records = ',\n'.join('  ' + json.dumps(entry, sort_keys=True) for entry in data.pop('records'))
     head = json.dumps(data, sort_keys=True)[:-1]   # one record per line: reviewable diffs
