@@ -55,7 +55,7 @@
 // memory above 48 KB, 2 blocks per SM on sm_80 and sm_90) and dy read from its tile
 // (wgrad_quad_row_tile): hot loop 187 instructions per 160 FFMA (86%) in every 4-byte dtype,
 // before 372-420 per 120 (29-32%); per thread and tile (3x3, 56 x 56, estimated) float32 about 18.5
-// -> 9.4 instructions per FFMA, 16-bit 24.4 -> 6.8, the transposing loader 80-85% of it.
+// -> 10.7 instructions per FFMA, 16-bit 24.4 -> 7.5, the transposing loader most of it.
 // float64 NHWC (5x5 rows, both loaders) 286 [277] per 120 DFMA, NCHW 354: their loaders, not
 // their math, hold most of it. channels_last
 // copies through load_tile_vec_walk (fwd and stride-1 dgrad too), 13-14 instructions a 16-byte
