@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from gpuk import backend as K
+from gpuk import device
 from gpuk.ops.linalg import matmul
 from tests.evaluation import assert_close, evaluate
 from tests.gradcheck import check_gradients
@@ -29,6 +30,23 @@ def test_matmul_matches_numpy(on_device, rng, dtype, a_shape, b_shape):
     got = evaluate(lambda x, y: x @ y, a, b)
     assert got.dtype == np.dtype(dtype) and got.shape == want.shape
     assert_close(got, want, dtype)
+
+
+@pytest.mark.parametrize('dtype', ['float16', 'float32', 'float64', 'int32'])
+@pytest.mark.parametrize('shape', [(128, 512), (32, 300), (40, 257), (33, 17), (1, 7), (7, 1), (0, 4), (3,), ()])
+def test_contiguous_operand_copies_every_layout_to_c_order_unchanged(on_device, rng, dtype, shape):
+    """The loop invariants a scan's steps multiply by (a transposed recurrent kernel) are
+    copied once per loop by the matmul family; the twin's blocked transposing copy must give
+    NumPy's values, dtype and shape (a 0-d value stays 0-d) for every layout."""
+    impl = device.impl()
+    a = sample(rng, shape, dtype)
+    views = [a]
+    if a.ndim == 2:
+        views += [a.T, np.asfortranarray(a), a[:, ::2], a[::2]]
+    for view in views:
+        got = device.to_host(impl.matmul.contiguous_operand(device.to_device(view)))
+        assert got.flags.c_contiguous and got.dtype == view.dtype and got.shape == view.shape
+        np.testing.assert_array_equal(got, view)
 
 
 def test_matmul_with_unknown_dims_and_static_shapes(on_device, rng):

@@ -67,6 +67,14 @@ def gemm_arguments(a, b, out, xp):
     return args, (a_rows, b_rows)
 
 
+def contiguous_operand(x, *, runtime=None):
+    """``x`` as a C-contiguous array (``x`` itself when it is one): a loop invariant a scan's
+    steps multiply by, copied once per loop (the twin's docstring says why); CuPy's (or on
+    the emulated runtime NumPy's) own copy."""
+    xp = resolve(runtime).xp
+    return xp.asarray(x, order='C')
+
+
 def matmul(a, b, *, runtime=None):
     """``a @ b`` in a's dtype (batch dims broadcast); float16/bfloat16 accumulate in float32."""
     rt = resolve(runtime)

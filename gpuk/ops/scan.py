@@ -159,8 +159,9 @@ class Scan(Op):
         prologue, plan = self._plan(impl, [s[first] for s in sequences] + states + captured)
         stacks = self._stacks.run(impl, (*sequences, *states), _stacks_runner)
         # loop invariants computed once, contiguous (a transposed matrix is a faster GEMM
-        # operand copied than as a strided view)
-        captured = captured + ([] if prologue is None else [xp.asarray(v, order='C') for v in prologue.run(captured)])
+        # operand copied than as a strided view; the matmul family copies it)
+        captured = captured + ([] if prologue is None else [impl.matmul.contiguous_operand(v)
+                                                             for v in prologue.run(captured)])
         n_out = len(self.step_outputs)
         # each step's values are written into the stacked results at once (no list of
         # per-step arrays kept alive until a final stack)
