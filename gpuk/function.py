@@ -37,6 +37,21 @@ class Update:
         self.value = value
 
 
+def check_update_value(variable, value, where):
+    """Raises when tensor ``value`` cannot be assigned to ``variable`` by its static dtype or
+    shape: floats into an int or bool variable would be truncated (TensorFlow refuses them),
+    and a value that only broadcasts to another shape would fail when the update runs."""
+    if np.dtype(variable.dtype).kind in 'biu' and np.dtype(value.dtype).kind == 'f':
+        raise TypeError('%s: the new value of variable %r has dtype %s, which its dtype %s cannot '
+                        'hold; cast it (K.cast, K.round) first' % (where, variable.name, value.dtype,
+                                                                    variable.dtype))
+    shape = value.shape
+    if shape is not None and (len(shape) != len(variable.shape) or any(
+            d is not None and d != e for d, e in zip(shape, variable.shape))):
+        raise ValueError('%s: the new value of shape %s does not fit variable %r of shape %s'
+                         % (where, shape, variable.name, variable.shape))
+
+
 def normalize_update(update, where='function'):
     if isinstance(update, Update):
         return update.variable, update.value
@@ -45,7 +60,9 @@ def normalize_update(update, where='function'):
         if not isinstance(variable, Variable):
             raise TypeError('%s: updates must assign to variables, got %r' % (where, variable))
         from gpuk.graph import as_tensor
-        return variable, as_tensor(value, variable.dtype)
+        value = as_tensor(value, variable.dtype)
+        check_update_value(variable, value, where)
+        return variable, value
     raise TypeError('%s: each update must be K.update(...) or a (variable, value) tuple, got %r'
                     % (where, update))
 

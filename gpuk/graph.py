@@ -91,8 +91,9 @@ def dtype_name(dtype, where='dtype'):
 
 def checked_array(value, dtype, where, argument='value'):
     """A host NumPy array of ``value`` for a tensor, cast to ``dtype`` (None: value's own
-    dtype). Refuses None, strings, objects and complex numbers, and floats an int or bool
-    dtype cannot hold exactly (TensorFlow refuses K.variable(1.5, dtype='int32'))."""
+    dtype). Refuses None, strings, objects and complex numbers, floats an int or bool dtype
+    cannot hold exactly (TensorFlow refuses K.variable(1.5, dtype='int32')) and numbers outside
+    an int dtype's range (K.variable(300, dtype='uint8'))."""
     where = where + ': ' if where else ''  # None: the K function calling us prefixes its name
     if value is None:
         raise TypeError('%s%s must be a number, a list or an array, got None' % (where, argument))
@@ -113,6 +114,15 @@ def checked_array(value, dtype, where, argument='value'):
             bad = array[~finite | (array != np.round(array))].flat[0]
             raise TypeError('%s%s holds %r, which dtype %s cannot hold; round or cast it first'
                             % (where, argument, float(bad), target.name))
+    if target.kind in 'iu' and array.dtype.kind in 'iuf' and array.size and \
+            not np.can_cast(array.dtype, target, 'safe'):
+        # astype would wrap (2**40 -> 0 in int32, -1 -> 255 in uint8): refuse, as TensorFlow does
+        info = np.iinfo(target)
+        low, high = array.min(), array.max()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise TypeError('%s%s holds %r, outside the range of dtype %s [%d, %d]'
+                            % (where, argument, bad.item(), target.name, info.min, info.max))
     return array.astype(target, copy=False)
 
 

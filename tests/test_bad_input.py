@@ -154,3 +154,47 @@ def test_empty_batches_through_convolutions_and_pooling(data_format):
     assert [v.shape for v in values[:4]] == expected
     np.testing.assert_array_equal(values[4], 0)
     np.testing.assert_array_equal(values[5], 0)
+
+
+def test_ints_out_of_their_dtype_range_are_refused_not_wrapped():
+    with pytest.raises(TypeError, match=r'^variable: value holds 300, outside the range of dtype uint8'):
+        K.variable(300, dtype='uint8')
+    with pytest.raises(TypeError, match=r'^variable: value holds -1, outside .* uint8'):
+        K.variable([-1, 0], dtype='uint8')
+    with pytest.raises(TypeError, match=r'^constant: value holds 1099511627776, outside .* int32'):
+        K.constant(2 ** 40, dtype='int32')
+    with pytest.raises(TypeError, match=r'^variable: value holds 1e\+20, outside .* int64'):
+        K.variable([1e20], dtype='int64')
+    np.testing.assert_array_equal(K.get_value(K.variable([255, 0], dtype='uint8')), [255, 0])
+    v, w = K.variable([1, 2], dtype='int32'), K.variable(np.zeros(2))
+    for write in (lambda: K.set_value(v, np.array([2 ** 40, 0])),
+                  lambda: K.batch_set_value([(w, np.ones(2)), (v, [0, 2 ** 31])]),
+                  lambda: K.eval(K.update_add(v, np.array([2 ** 40, 0])))):
+        with pytest.raises(TypeError, match='outside the range of dtype int32'):
+            write()
+    np.testing.assert_array_equal(K.get_value(v), [1, 2])
+    np.testing.assert_array_equal(K.get_value(w), 0)
+    x = K.placeholder((None,), dtype='int32')
+    with pytest.raises(TypeError, match=r"^function: input .* holds 1099511627776, outside"):
+        K.function([x], [x * 2])([np.array([2 ** 40])])
+
+
+def test_float_values_are_not_truncated_into_int_variables():
+    i = K.variable([0, 2, 1], dtype='int32')
+    for name, make in [('update', lambda: K.update(i, K.constant([0.5, 1, 2]))),
+                       ('update_add', lambda: K.update_add(i, 0.5)),
+                       ('update_sub', lambda: K.update_sub(i, K.ones((3,)))),
+                       ('function', lambda: K.function([], [], updates=[(i, i + 0.7)]))]:
+        with pytest.raises(TypeError, match='^%s: the new value of variable .* has dtype float32, '
+                                            'which its dtype int32 cannot hold' % name):
+            make()
+    K.function([], [], updates=[K.update_add(i, 1), (i, K.cast(K.round(K.cast(i, 'float32') * 2), 'int32'))])
+    np.testing.assert_array_equal(K.get_value(i), [0, 2, 1])
+
+
+def test_function_refuses_a_tuple_update_whose_static_shape_does_not_fit():
+    m = K.variable(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r'^function: the new value of shape \(3, 2\) does not fit '
+                                         r"variable .* of shape \(2, 3\)"):
+        K.function([], [m], updates=[(m, K.ones((3, 2)))])
+    np.testing.assert_array_equal(K.get_value(m), 0)

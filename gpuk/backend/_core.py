@@ -6,7 +6,7 @@ import numpy as np
 
 from gpuk import config, device, graph, loss_scaling
 from gpuk.autodiff import gradients as _gradients
-from gpuk.function import Function, Update
+from gpuk.function import Function, Update, check_update_value
 from gpuk.graph import Constant, Placeholder, Tensor, Variable
 from gpuk.ops import elementwise as ew
 from gpuk.ops.control import Identity, PrintTensor, StopGradient
@@ -333,15 +333,9 @@ def _check_update(x, where):
 
 
 def _checked_update(x, new_value, where):
-    """Update(x, new_value) once new_value's static shape is known to fit x: a value that
-    broadcasts to another shape would fail only when the update runs."""
-    new_value = ew.cast(new_value, x.dtype)
-    shape = new_value.shape
-    if shape is not None and (len(shape) != len(x.shape) or any(
-            d is not None and d != e for d, e in zip(shape, x.shape))):
-        raise ValueError('%s: the new value of shape %s does not fit variable %r of shape %s'
-                         % (where, shape, x.name, x.shape))
-    return Update(x, new_value)
+    """Update(x, new_value) once new_value's static dtype and shape are known to fit x."""
+    check_update_value(x, new_value, where)
+    return Update(x, ew.cast(new_value, x.dtype))
 
 
 def update(x, new_x):
