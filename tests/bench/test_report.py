@@ -220,6 +220,18 @@ def test_compare_gives_after_over_before_per_row_and_family(tmp_path, capsys):
     assert 'devices: NVIDIA H100 80GB HBM3' in out
 
 
+def test_compare_marks_rows_whose_rounds_varied_and_warns_per_run(tmp_path, capsys):
+    before = _write(tmp_path / 'before.json', synthetic_results())
+    after = _write(tmp_path / 'after.json', synthetic_results(scale=0.5))
+    assert report.main([before, after]) == 0   # rounds 1.1x apart: steady enough
+    assert 'noisy' not in capsys.readouterr().out
+    assert report.main([before, after, '--max-spread', '1.05']) == 0
+    out = capsys.readouterr().out
+    assert '| conv | resnet50-3x3 | gpuk | 131.250 ms | 65.625 ms | 0.50 noisy |' in out
+    assert '\nbefore: WARNING: 7 of 8 rows varied by more than 1.05x' in out
+    assert '\nafter: WARNING: 7 of 8 rows varied' in out
+
+
 def test_compare_refuses_runs_from_different_devices_unless_asked(tmp_path, capsys):
     before = _write(tmp_path / 'h100.json', synthetic_results())
     after = _write(tmp_path / 'cpu.json', synthetic_results(device='cpu AMD EPYC x2', scale=40))
