@@ -198,3 +198,23 @@ def test_function_refuses_a_tuple_update_whose_static_shape_does_not_fit():
                                          r"variable .* of shape \(2, 3\)"):
         K.function([], [m], updates=[(m, K.ones((3, 2)))])
     np.testing.assert_array_equal(K.get_value(m), 0)
+
+
+def test_placeholder_ndim_eval_batch_get_value_and_phase_arguments_are_checked():
+    with pytest.raises(ValueError, match=r'^placeholder: ndim must be >= 0, got -1'):
+        K.placeholder(ndim=-1)
+    for ndim in (1.5, '2', [2]):
+        with pytest.raises(TypeError, match=r'^placeholder: ndim must be an int, got'):
+            K.placeholder(ndim=ndim)
+    assert K.int_shape(K.placeholder(ndim=np.int64(2))) == (None, None)
+    with pytest.raises(TypeError, match=r'^eval: x must hold numbers'):
+        K.eval('abc')
+    np.testing.assert_array_equal(K.eval(np.ones(2)), 1)
+    with pytest.raises(TypeError, match=r"^batch_get_value: ops must be tensors, got 'a'"):
+        K.batch_get_value([K.variable(1.0), 'a'])
+    x, alt = K.variable(1.0), K.variable(2.0)
+    for name in ('in_train_phase', 'in_test_phase'):
+        with pytest.raises(TypeError, match=r"^%s: training must be None, a bool, 0 or 1, or a tensor, "
+                                            r"got 'yes'" % name):
+            getattr(K, name)(x, alt, training='yes')
+    assert K.eval(K.in_test_phase(x, alt, training=np.bool_(False))) == 1.0

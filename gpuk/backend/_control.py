@@ -37,21 +37,27 @@ def switch(condition, then_expression, else_expression):
 
 def in_train_phase(x, alt, training=None):
     """``x`` in the training phase, ``alt`` otherwise (``training`` defaults to the learning phase)."""
+    return _in_phase(x, alt, training, 'in_train_phase')
+
+
+def in_test_phase(x, alt, training=None):
+    """``x`` in the test phase, ``alt`` otherwise."""
+    return _in_phase(alt, x, training, 'in_test_phase')
+
+
+def _in_phase(x, alt, training, where):
     from gpuk.backend._core import learning_phase
     uses_learning_phase = training is None
     if training is None:
         training = learning_phase()
     if not isinstance(training, Tensor):  # a fixed phase (Python int or bool)
+        if not isinstance(training, (bool, int, np.bool_, np.integer)):
+            raise TypeError('%s: training must be None, a bool, 0 or 1, or a tensor, got %r' % (where, training))
         return _value(x) if training else _value(alt)
     out = switch(training, x, alt)
     if uses_learning_phase:
         out._uses_learning_phase = True
     return out
-
-
-def in_test_phase(x, alt, training=None):
-    """``x`` in the test phase, ``alt`` otherwise."""
-    return in_train_phase(alt, x, training=training)
 
 
 def _step_placeholder(tensor, drop_leading, name):

@@ -204,6 +204,10 @@ def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
     if shape is None:
         if ndim is None:
             raise ValueError('placeholder: give shape or ndim')
+        if isinstance(ndim, bool) or not isinstance(ndim, (int, np.integer)):
+            raise TypeError('placeholder: ndim must be an int, got %r' % (ndim,))
+        if ndim < 0:
+            raise ValueError('placeholder: ndim must be >= 0, got %r' % (ndim,))
         shape = (None,) * int(ndim)
     shape = graph.normalize_shape(shape, 'placeholder')
     x = Placeholder(shape, graph.dtype_name(dtype, 'placeholder'), name=name, sparse=sparse)
@@ -280,8 +284,8 @@ def eval(x):
         return Function([], [x.value], updates=[x])([])[0]
     if isinstance(x, Variable):
         return np.array(device.to_host(x.value), copy=True)
-    if not isinstance(x, Tensor):
-        return np.asarray(x)
+    if not isinstance(x, Tensor):  # a number or an array: itself, as long as it holds numbers
+        return graph.checked_array(x, None, 'eval', 'x')
     return Function([], [x])([])[0]
 
 
@@ -293,6 +297,10 @@ def get_value(x):
 
 
 def batch_get_value(ops):
+    """The values of a list of tensors, as NumPy arrays."""
+    for x in ops:
+        if not isinstance(x, Tensor):
+            raise TypeError('batch_get_value: ops must be tensors, got %r among them' % (x,))
     return [get_value(x) for x in ops]
 
 
