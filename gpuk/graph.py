@@ -102,6 +102,9 @@ def checked_array(value, dtype, where, argument='value'):
         array = np.asarray(device.to_host(value))
     except (ValueError, TypeError) as error:  # e.g. ragged nested lists
         raise ValueError('%s%s cannot be read as an array (%s)' % (where, argument, error)) from None
+    if array.dtype == object and all(_is_real_number(v) for v in array.flat):
+        # numbers in an object array (pandas' .values), as TensorFlow takes them: as NumPy infers
+        array = np.array(array.tolist()) if array.size else np.zeros(array.shape)
     if array.dtype.kind not in _TENSOR_KINDS:
         raise TypeError('%s%s must hold numbers (bool, int or float), got dtype %s%s'
                         % (where, argument, array.dtype, _example(array)))
@@ -126,7 +129,14 @@ def checked_array(value, dtype, where, argument='value'):
     return array.astype(target, copy=False)
 
 
+def _is_real_number(value):
+    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
 def _example(array):
+    """' (e.g. <an element>)': of an object array, its first element that is not a number."""
+    if array.dtype == object:
+        return next((' (e.g. %r)' % (v,) for v in array.flat if not _is_real_number(v)), '')
     return ' (e.g. %r)' % (array.flat[0],) if array.size else ''
 
 

@@ -1,6 +1,8 @@
 """Bad input gives a clear error and changes nothing (issue 17): errors are ValueError or
 TypeError naming the K function called; writing calls are all-or-nothing; arrays handed in
 are copied."""
+import re
+
 import numpy as np
 import pytest
 
@@ -218,3 +220,36 @@ def test_placeholder_ndim_eval_batch_get_value_and_phase_arguments_are_checked()
                                             r"got 'yes'" % name):
             getattr(K, name)(x, alt, training='yes')
     assert K.eval(K.in_test_phase(x, alt, training=np.bool_(False))) == 1.0
+
+
+def test_object_arrays_of_numbers_are_read_as_numbers():
+    """pandas' DataFrame.values of mixed columns is an object array; TensorFlow converts it."""
+    x = K.placeholder((None, 3))
+    f = K.function([x], [x * 2])
+    np.testing.assert_array_equal(f([np.array([[1, 2.5, True]], dtype=object)])[0], [[2, 5, 2]])
+    assert f([np.zeros((0, 3), dtype=object)])[0].shape == (0, 3)
+    np.testing.assert_array_equal(K.get_value(K.variable(np.array([1, 2], dtype=object), dtype='int32')), [1, 2])
+    for bad, shown in [('a', "'a'"), (None, 'None'), (2j, '2j')]:
+        with pytest.raises(TypeError, match=r"^function: input .* must hold numbers .* dtype object \(e.g. %s\)"
+                                            % re.escape(shown)):
+            f([np.array([[1, bad, 3]], dtype=object)])
+
+
+def test_python_operators_name_themselves_and_keep_tensorflows_dtypes():
+    m, b = K.variable(np.ones((2, 3))), K.variable([True, False], dtype='bool')
+    with pytest.raises(TypeError, match=r'^add: value must hold numbers'):
+        m + 'a'
+    with pytest.raises(TypeError, match=r'^multiply: value must be a number'):
+        None * m
+    with pytest.raises(TypeError, match=r'^maximum: value must hold numbers'):   # a K function: its name
+        K.maximum(m, 'a')
+    with pytest.raises(TypeError, match=r'^negative: -x of a bool tensor'):   # was NumPy's error at run time
+        -b
+    for make in (lambda: ~m, lambda: ~K.variable([1, 2], dtype='int32')):   # was logical not of numbers
+        with pytest.raises(TypeError, match=r'^logical_not: ~x needs a bool tensor, got dtype (float|int)32'):
+            make()
+    with pytest.raises(TypeError, match=r'^logical_and: &, \| and \^ need bool tensors'):
+        m & m
+    with pytest.raises(TypeError, match=r'^logical_or: .* got dtypes bool and int32'):
+        b | K.variable([1, 0], dtype='int32')
+    np.testing.assert_array_equal(K.eval(~b & (b | True)), [False, True])
