@@ -97,6 +97,9 @@ def checked_array(value, dtype, where, argument='value'):
     where = where + ': ' if where else ''  # None: the K function calling us prefixes its name
     if value is None:
         raise TypeError('%s%s must be a number, a list or an array, got None' % (where, argument))
+    if isinstance(value, Tensor):
+        raise TypeError('%s%s must be a number, a list or an array, got tensor %r: evaluate it first '
+                        '(K.eval), or assign it where a K.function runs (K.update)' % (where, argument, value.name))
     from gpuk import device
     try:
         array = np.asarray(device.to_host(value))

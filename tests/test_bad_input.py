@@ -253,3 +253,23 @@ def test_python_operators_name_themselves_and_keep_tensorflows_dtypes():
     with pytest.raises(TypeError, match=r'^logical_or: .* got dtypes bool and int32'):
         b | K.variable([1, 0], dtype='int32')
     np.testing.assert_array_equal(K.eval(~b & (b | True)), [False, True])
+
+
+def test_rnn_list_arguments_mask_steps_eye_size_and_tensor_values_get_clear_errors():
+    seq = K.variable(np.ones((2, 4, 3)))
+    step = lambda x_t, states: (x_t + states[0], [x_t + states[0]])   # noqa: E731
+    with pytest.raises(TypeError, match=r'^rnn: constants must be a list of tensors, got <gpuk.Tensor'):
+        K.rnn(step, seq, [K.zeros((2, 3))], constants=K.zeros((2, 3)))   # was "has no truth value"
+    with pytest.raises(TypeError, match=r'^rnn: initial_states must be a list of tensors'):
+        K.rnn(step, seq, K.zeros((2, 3)))
+    for unroll in (False, True):   # unrolled, a longer mask was cut silently
+        with pytest.raises(ValueError, match=r'^rnn: mask has 5 time steps, inputs have 4'):
+            K.rnn(step, seq, [K.zeros((2, 3))], mask=K.ones((2, 5)), unroll=unroll)
+    with pytest.raises(TypeError, match=r"^eye: size must be an int or a \(rows, cols\) pair of ints"):
+        K.eye(K.constant(3, dtype='int32'))   # was "'Constant' object cannot be interpreted as an integer"
+    with pytest.raises(ValueError, match=r'^eye: size must not be negative'):
+        K.eye((2, -1))
+    v = K.variable(np.zeros(2))
+    with pytest.raises(TypeError, match=r"^set_value: value must be .* got tensor 'Variable.*': evaluate it first"):
+        K.set_value(v, K.variable(np.ones(2)))   # was "must hold numbers ... dtype object"
+    np.testing.assert_array_equal(K.get_value(v), 0)

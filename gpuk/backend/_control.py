@@ -95,8 +95,8 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     inputs = as_tensor(inputs)
     if inputs.ndim is None or inputs.ndim < 3:
         raise ValueError('rnn: inputs must have at least 3 dims (samples, time, ...), got shape %s' % (inputs.shape,))
-    initial_states = [as_tensor(s) for s in (initial_states or [])]
-    constants = list(constants or [])
+    initial_states = [as_tensor(s) for s in _tensor_list(initial_states, 'initial_states')]
+    constants = _tensor_list(constants, 'constants')
     if mask is not None:
         if not initial_states:
             raise ValueError('rnn: a mask needs at least one state')
@@ -105,6 +105,9 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
             mask = shape_ops.squeeze(mask, -1)
         if mask.ndim != 2:
             raise ValueError('rnn: mask must be (samples, time), got shape %s' % (mask.shape,))
+        if None not in (mask.shape[1], inputs.shape[1]) and mask.shape[1] != inputs.shape[1]:
+            raise ValueError('rnn: mask has %d time steps, inputs have %d (mask shape %s, inputs shape %s)'
+                             % (mask.shape[1], inputs.shape[1], mask.shape, inputs.shape))
     if unroll:
         return _rnn_unrolled(step_function, inputs, initial_states, go_backwards, mask, constants)
 
@@ -191,6 +194,15 @@ def _mark_learning_phase(*tensors):
     if any(leaf is phase for leaf in graph.leaves(list(tensors))):
         for t in tensors:
             t._uses_learning_phase = True
+
+
+def _tensor_list(values, argument):
+    """rnn's list arguments (None: empty): a tensor alone is not a list."""
+    if values is None:
+        return []
+    if isinstance(values, Tensor) or not isinstance(values, (list, tuple)):
+        raise TypeError('rnn: %s must be a list of tensors, got %r' % (argument, values))
+    return list(values)
 
 
 def _rnn_unrolled(step_function, inputs, states, go_backwards, mask, constants):

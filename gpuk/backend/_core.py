@@ -444,8 +444,13 @@ def ones(shape, dtype=None, name=None):
 
 def eye(size, dtype=None, name=None):
     """An identity-matrix variable; ``size`` an int or (rows, cols)."""
-    rows, cols = (size, size) if np.ndim(size) == 0 else tuple(size)
-    return variable(np.eye(rows, cols), dtype=dtype, name=name)
+    dims = (size, size) if not isinstance(size, (tuple, list)) else tuple(size)
+    if len(dims) != 2 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in dims):
+        raise TypeError('eye: size must be an int or a (rows, cols) pair of ints (an identity variable '
+                        'has a static shape), got %r' % (size,))
+    if min(dims) < 0:
+        raise ValueError('eye: size must not be negative, got %r' % (size,))
+    return variable(np.eye(*dims), dtype=dtype, name=name)
 
 
 def zeros_like(x, dtype=None, name=None):
