@@ -273,3 +273,18 @@ def test_rnn_list_arguments_mask_steps_eye_size_and_tensor_values_get_clear_erro
     with pytest.raises(TypeError, match=r"^set_value: value must be .* got tensor 'Variable.*': evaluate it first"):
         K.set_value(v, K.variable(np.ones(2)))   # was "must hold numbers ... dtype object"
     np.testing.assert_array_equal(K.get_value(v), 0)
+
+
+@pytest.mark.parametrize('top_paths', [1, 2])
+def test_beam_search_decoding_of_an_empty_batch_gives_empty_paths(on_device, top_paths):
+    x, lengths = K.placeholder((None, None, 3)), K.placeholder((None,), dtype='int32')
+    f = K.function([x, lengths], K.ctc_decode(x, lengths, greedy=False, beam_width=3, top_paths=top_paths)[0])
+    paths = f([np.zeros((0, 4, 3), 'float32'), np.zeros((0,), 'int32')])   # was NumPy's reshape error
+    assert [p.shape for p in paths] == [(0, 0)] * top_paths
+
+
+def test_rnn_over_zero_time_steps_says_so():
+    step = lambda x_t, states: (x_t + states[0], [x_t + states[0]])   # noqa: E731
+    for unroll in (False, True):   # was "getitem: index -1 is out of range for axis 0 of size 0"
+        with pytest.raises(ValueError, match=r'^rnn: inputs must have at least one time step, got shape \(2, 0, 3\)'):
+            K.rnn(step, K.zeros((2, 0, 3)), [K.zeros((2, 3))], unroll=unroll)

@@ -95,6 +95,8 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     inputs = as_tensor(inputs)
     if inputs.ndim is None or inputs.ndim < 3:
         raise ValueError('rnn: inputs must have at least 3 dims (samples, time, ...), got shape %s' % (inputs.shape,))
+    if inputs.shape[1] == 0:   # as in TensorFlow's backend: no step, no last output
+        raise ValueError('rnn: inputs must have at least one time step, got shape %s' % (inputs.shape,))
     initial_states = [as_tensor(s) for s in _tensor_list(initial_states, 'initial_states')]
     constants = _tensor_list(constants, 'constants')
     if mask is not None:

@@ -386,7 +386,7 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
             + frame[:, extend_with][:, None, :]
 
         def join(stay, extended):
-            return np.concatenate([stay, extended.reshape(batch, -1)], axis=1)
+            return np.concatenate([stay, extended.reshape(batch, width * n_ext)], axis=1)
 
         c_blank = join(total + frame[:, blank:blank + 1],
                        np.full((batch, width, n_ext), -np.inf, dtype=acc))
