@@ -288,3 +288,19 @@ def test_rnn_over_zero_time_steps_says_so():
     for unroll in (False, True):   # was "getitem: index -1 is out of range for axis 0 of size 0"
         with pytest.raises(ValueError, match=r'^rnn: inputs must have at least one time step, got shape \(2, 0, 3\)'):
             K.rnn(step, K.zeros((2, 0, 3)), [K.zeros((2, 3))], unroll=unroll)
+
+
+def test_in_top_k_refuses_a_negative_k():
+    with pytest.raises(ValueError, match=r'^in_top_k: k must be >= 0, got -1'):   # was all False
+        K.in_top_k(K.variable([[0.1, 0.9]]), K.constant([1], dtype='int32'), -1)
+    np.testing.assert_array_equal(K.eval(K.in_top_k(K.variable([[0.1, 0.9]]), K.constant([1], dtype='int32'), 0)),
+                                  [False])
+
+
+def test_allocations_too_large_name_the_k_function():
+    huge = (2 ** 40, 2 ** 20)   # 4 EiB of float32: refused under any overcommit policy
+    for name in ('zeros', 'ones'):   # variables, allocated by the call itself (was NumPy's bare MemoryError)
+        with pytest.raises(MemoryError, match=r'^%s: out of memory: ' % name):
+            getattr(K, name)(huge)
+    with pytest.raises(MemoryError, match=r'^random_normal: out of host memory \(at run time, with no inputs\)'):
+        K.eval(K.random_normal(huge))   # was "(at run time, on inputs )"
