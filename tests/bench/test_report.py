@@ -323,3 +323,17 @@ def test_comma_list_takes_the_bench_scripts_list_arguments():
     assert runs.comma_list('mlp,lstm') == ['mlp', 'lstm']
     assert runs.comma_list(' mlp, lstm ,') == ['mlp', 'lstm']
     assert runs.comma_list('') == []
+
+
+def test_bench_and_host_overhead_refuse_counts_below_one(capsys):
+    """--rounds 0 ran the default rounds silently; host_overhead --steps -1 failed with an
+    IndexError after its run."""
+    from bench import __main__ as bench_main
+    from bench import host_overhead
+    for main, argv, message in [(bench_main.parse, ['--rounds', '0'], '--rounds must be >= 1, got 0'),
+                                (host_overhead.main, ['--steps', '-1'], '--steps must be >= 1, got -1'),
+                                (host_overhead.main, ['--warmup', '-2'], '--warmup must be >= 0, got -2'),
+                                (host_overhead.main, ['--peak-memory', '--batch', '0'], '--batch must be >= 1')]:
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
