@@ -483,6 +483,9 @@ class Function:
                 raise TypeError('function: outputs must be tensors, got %r' % (y,))
         self.inputs = list(inputs)
         self.outputs = outputs
+        if updates is not None and not isinstance(updates, (list, tuple)):   # a lone Update, a dict
+            raise TypeError('function: updates must be a list of K.update(...) results or (variable, '
+                            'value) tuples, got %s' % (type(updates).__name__,))
         self.updates = [normalize_update(u) for u in (updates or [])]
         self.name = name
         # mixed_float16: a step whose updates read loss-scaled gradients is skipped when one

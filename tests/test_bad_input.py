@@ -304,3 +304,12 @@ def test_allocations_too_large_name_the_k_function():
             getattr(K, name)(huge)
     with pytest.raises(MemoryError, match=r'^random_normal: out of host memory \(at run time, with no inputs\)'):
         K.eval(K.random_normal(huge))   # was "(at run time, on inputs )"
+
+
+def test_function_updates_must_be_a_list():
+    v = K.variable(np.ones(2))
+    for updates, kind in [(K.update(v, v + 1), 'Update'), ({v: v + 1}, 'dict')]:   # was "'Update' object is
+        with pytest.raises(TypeError, match=r'^function: updates must be a list .* got %s' % kind):   # not iterable"
+            K.function([], [v], updates=updates)
+    K.function([], [], updates=(K.update(v, v + 1),))([])
+    np.testing.assert_array_equal(K.get_value(v), 2)
