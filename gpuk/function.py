@@ -517,13 +517,16 @@ class Function:
         if isinstance(inputs, dict):
             missing = [x.name for x in self.inputs if x not in inputs]
             if missing:
-                raise ValueError('function: the input dict has no value for placeholder(s) %s'
-                                 % ', '.join(repr(name) for name in missing))
+                others = [k for k in inputs if not isinstance(k, Tensor)]
+                raise ValueError('function: the input dict has no value for placeholder(s) %s%s'
+                                 % (', '.join(repr(name) for name in missing),
+                                    ' (its keys must be the placeholders themselves, got %r)' % (others[0],)
+                                    if others else ''))
             inputs = [inputs[x] for x in self.inputs]
         if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self.inputs):
-            raise ValueError('function: expected a list of %d input values, got %r'
+            raise ValueError('function: expected a list of %d input values (one per placeholder), got %s'
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
-                                else '%d values' % len(inputs)))
+                                else 'a %s of %d' % (type(inputs).__name__, len(inputs))))
         kept_buffers = prepared.keeps_step_buffers()
         replayed_graphs = []   # (_step's: a replay wrote the variables)
         try:

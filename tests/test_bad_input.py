@@ -313,3 +313,16 @@ def test_function_updates_must_be_a_list():
             K.function([], [v], updates=updates)
     K.function([], [], updates=(K.update(v, v + 1),))([])
     np.testing.assert_array_equal(K.get_value(v), 2)
+
+
+def test_function_says_how_many_inputs_came_and_what_dict_keys_must_be():
+    x, y = K.placeholder((None, 2)), K.placeholder((None, 2))
+    f = K.function([x, y], [x + y])
+    with pytest.raises(ValueError, match=r'^function: expected a list of 2 input values \(one per placeholder\), '
+                                         r'got a list of 1$'):   # was "got '1 values'"
+        f([np.ones((1, 2))])
+    with pytest.raises(ValueError, match=r'got NoneType$'):
+        f(None)
+    with pytest.raises(ValueError, match=r"no value for placeholder\(s\) .* \(its keys must be the placeholders "
+                                         r"themselves, got 'a'\)"):
+        f({'a': np.ones((1, 2))})
