@@ -326,3 +326,11 @@ def test_function_says_how_many_inputs_came_and_what_dict_keys_must_be():
     with pytest.raises(ValueError, match=r"no value for placeholder\(s\) .* \(its keys must be the placeholders "
                                          r"themselves, got 'a'\)"):
         f({'a': np.ones((1, 2))})
+
+
+def test_temporal_padding_shows_the_padding_given():
+    for padding in ((1.5, 1), (-1, 1), (1,)):   # was shown wrapped in another tuple: ((1.5, 1),)
+        with pytest.raises(ValueError, match=r'^temporal_padding: padding must be a \(before, after\) pair of '
+                                             r'ints >= 0, got %s$' % re.escape(repr(padding))):
+            K.temporal_padding(K.ones((1, 3, 2)), padding)
+    assert K.int_shape(K.temporal_padding(K.ones((1, 3, 2)), (1, 2))) == (1, 6, 2)
