@@ -334,3 +334,10 @@ def test_temporal_padding_shows_the_padding_given():
                                              r'ints >= 0, got %s$' % re.escape(repr(padding))):
             K.temporal_padding(K.ones((1, 3, 2)), padding)
     assert K.int_shape(K.temporal_padding(K.ones((1, 3, 2)), (1, 2))) == (1, 6, 2)
+
+
+def test_variable_of_a_tensor_that_needs_inputs_says_which():
+    x = K.placeholder((2,), name='fed_later')
+    with pytest.raises(ValueError, match=r"^variable: value .* depends on placeholder\(s\) 'fed_later'"):
+        K.variable(x * 2)   # was "variable: function: placeholder ... is needed but is not among the inputs"
+    np.testing.assert_array_equal(K.get_value(K.variable(K.ones(2) * 3)), 3)

@@ -169,6 +169,11 @@ def variable(value, dtype=None, name=None, constraint=None):
     if sparse:
         value = value.toarray()
     elif isinstance(value, Tensor):
+        fed = [t.name for t in graph.leaves([value])
+               if isinstance(t, Placeholder) and getattr(t, 'default_value', None) is None]
+        if fed:   # (K.eval's error named K.function and a missing input)
+            raise ValueError('variable: value %r depends on placeholder(s) %s; an initial value must be '
+                             'computable without inputs' % (value.name, ', '.join(map(repr, fed))))
         value = eval(value)
     v = Variable(value, graph.dtype_name(dtype, 'variable'), name=name, constraint=constraint)
     v.is_sparse = sparse
