@@ -43,6 +43,8 @@ def parse(argv):
     args, pytest_args = parser.parse_known_args(argv)
     if args.threads < 1:
         parser.error('--threads must be >= 1, got %d' % args.threads)
+    if args.rounds is not None and args.rounds < 1:   # (0 ran the default silently)
+        parser.error('--rounds must be >= 1, got %d' % args.rounds)
     return parser, args, pytest_args
 
 

@@ -317,7 +317,7 @@ def main(argv=None):
     parser.add_argument('--models', nargs='+', choices=MODELS, default=list(MODELS))
     parser.add_argument('--steps', type=int, help='steady steps measured (default 10; 2 with --peak-memory, '
                         'whose peak is the same over any number of steady steps)')
-    parser.add_argument('--warmup', type=int, default=3)
+    parser.add_argument('--warmup', type=int, default=3, help='steps run before the measured ones (default 3)')
     parser.add_argument('--rehearsal', choices=('auto', 'yes', 'no'), default='auto',
                         help='run in the GPU rehearsal (auto: when no GPU is usable)')
     parser.add_argument('--graphs', choices=('both', 'on', 'off'), default='both',
@@ -337,6 +337,9 @@ def main(argv=None):
     parser.add_argument('--batch', type=int, help='with --peak-memory: this batch for every model')
     parser.add_argument('--json', help='also write the rows as JSON here')
     args = parser.parse_args(argv)
+    for option, value, least in (('--steps', args.steps, 1), ('--warmup', args.warmup, 0), ('--batch', args.batch, 1)):
+        if value is not None and value < least:   # (--steps -1 was an IndexError after the run)
+            parser.error('%s must be >= %d, got %d' % (option, least, value))
     if args.peak_memory:
         rows = peak_memory_rows(args.models, {m: args.batch for m in args.models} if args.batch else None,
                                 args.steps or 2, args.warmup)

@@ -125,7 +125,7 @@ def noise_lines(rows, max_spread=NOISY_SPREAD):
     if not noisy:
         return []
     worst = noisy[0]
-    return ['WARNING: %d of %d rows varied by more than %.2gx between rounds (worst %.2fx: %s %s %s); '
+    return ['WARNING: %d of %d rows varied by more than %gx between rounds (worst %.2fx: %s %s %s); '
             'the machine was busy, so do not trust those times: rerun on a quiet machine'
             % (len(noisy), len(rows), max_spread, worst.spread, worst.family, _short(worst.case, 30),
                impl_label(worst.impl))]
@@ -196,8 +196,10 @@ class DifferentDevices(ValueError):
     """Two runs from different devices, compared without --allow-different-devices."""
 
 
-def compare(before_path, after_path, allow_different_devices=False):
-    """The comparison text of two results files (AFTER's time over BEFORE's per row)."""
+def compare(before_path, after_path, allow_different_devices=False, max_spread=NOISY_SPREAD):
+    """The comparison text of two results files (AFTER's time over BEFORE's per row); a ratio
+    marked ``noisy`` comes from a row whose rounds varied by more than ``max_spread`` in either
+    run, and each run's noise warning follows the tables."""
     before, before_rows = load(before_path)
     after, after_rows = load(after_path)
     devices = run_device(before, before_rows), run_device(after, after_rows)
@@ -217,18 +219,23 @@ def compare(before_path, after_path, allow_different_devices=False):
         lines.append('note: thread counts differ (OMP_NUM_THREADS %s before, %s after)' % tuple(threads))
     lines += ['', '| family | case | impl | before | after | after / before |', '| --- | --- | --- | ---: | ---: | ---: |']
     per_family = OrderedDict()
+    noisy = {r.key for r in noisy_rows(before_rows, max_spread) + noisy_rows(after_rows, max_spread)}
     for key in shared:
         ratio = new[key].time_s / old[key].time_s
         per_family.setdefault((key[0], key[2]), []).append(ratio)
-        lines.append('| %s | %s | %s | %s | %s | %.2f |' % (key[0], _short(key[1]), key[2],
-                                                           format_time(old[key].time_s),
-                                                           format_time(new[key].time_s), ratio))
+        lines.append('| %s | %s | %s | %s | %s | %.2f%s |' % (key[0], _short(key[1]), key[2],
+                                                             format_time(old[key].time_s),
+                                                             format_time(new[key].time_s), ratio,
+                                                             ' noisy' if key in noisy else ''))
     lines += ['', '| family | impl | rows | after / before (geometric mean) |', '| --- | --- | ---: | ---: |']
     lines += ['| %s | %s | %d | %.2f |' % (family, impl, len(ratios), geometric_mean(ratios))
               for (family, impl), ratios in per_family.items()]
     only_before, only_after = len(old) - len(shared), len(new) - len(shared)
     if only_before or only_after:
         lines.append('\n%d row(s) only before, %d only after (not compared).' % (only_before, only_after))
+    warnings = [_wrap('%s: %s' % (which, line)) for which, rows in (('before', before_rows), ('after', after_rows))
+                for line in noise_lines(rows, max_spread)]
+    lines += [''] + warnings if warnings else []
     return '\n'.join(lines) + '\n'
 
 
@@ -246,7 +253,8 @@ def main(argv=None):
         parser.error('give one results file to report on or two to compare, got %d' % len(args.results))
     try:
         if len(args.results) == 2:
-            print(compare(*args.results, allow_different_devices=args.allow_different_devices), end='')
+            print(compare(*args.results, allow_different_devices=args.allow_different_devices,
+                          max_spread=args.max_spread), end='')
             return 0
         summary, md_path, png_path = write_report(args.results[0], args.out, args.max_spread)
     except DifferentDevices as exc:

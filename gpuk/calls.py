@@ -67,6 +67,10 @@ def traced(name, function):
             if renamed is error:
                 raise
             raise renamed.with_traceback(error.__traceback__) from None
+        except MemoryError as error:   # an allocation outside K.function's steps (K.zeros(...))
+            if str(error).split(':', 1)[0] in _k_function_names:   # gpuk.OutOfMemoryError names its step
+                raise
+            raise MemoryError('%s: out of memory: %s' % (name, error)) from error
         finally:
             _state.call = None
     k_function._gpuk_k_function = name

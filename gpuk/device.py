@@ -59,8 +59,9 @@ class OutOfMemoryError(MemoryError):
         outcome = ('The step\'s updates were applied (a replayed CUDA Graph writes them itself) and its outputs '
                    'lost; the call\'s memory was released.' if replayed else
                    'No variable was updated and the call\'s memory was released: try a smaller batch.')
-        return cls('%s: out of %s memory (at run time, on inputs %s): %s. %s'
-                   % (name, memory, ', '.join(map(_described, arrays)), reason, outcome), _requested_bytes(error))
+        inputs = 'on inputs %s' % ', '.join(map(_described, arrays)) if arrays else 'with no inputs'
+        return cls('%s: out of %s memory (at run time, %s): %s. %s'
+                   % (name, memory, inputs, reason, outcome), _requested_bytes(error))
 
 
 def _described(value):

@@ -37,6 +37,21 @@ class Update:
         self.value = value
 
 
+def check_update_value(variable, value, where):
+    """Raises when tensor ``value`` cannot be assigned to ``variable`` by its static dtype or
+    shape: floats into an int or bool variable would be truncated (TensorFlow refuses them),
+    and a value that only broadcasts to another shape would fail when the update runs."""
+    if np.dtype(variable.dtype).kind in 'biu' and np.dtype(value.dtype).kind == 'f':
+        raise TypeError('%s: the new value of variable %r has dtype %s, which its dtype %s cannot '
+                        'hold; cast it (K.cast, K.round) first' % (where, variable.name, value.dtype,
+                                                                    variable.dtype))
+    shape = value.shape
+    if shape is not None and (len(shape) != len(variable.shape) or any(
+            d is not None and d != e for d, e in zip(shape, variable.shape))):
+        raise ValueError('%s: the new value of shape %s does not fit variable %r of shape %s'
+                         % (where, shape, variable.name, variable.shape))
+
+
 def normalize_update(update, where='function'):
     if isinstance(update, Update):
         return update.variable, update.value
@@ -45,7 +60,9 @@ def normalize_update(update, where='function'):
         if not isinstance(variable, Variable):
             raise TypeError('%s: updates must assign to variables, got %r' % (where, variable))
         from gpuk.graph import as_tensor
-        return variable, as_tensor(value, variable.dtype)
+        value = as_tensor(value, variable.dtype)
+        check_update_value(variable, value, where)
+        return variable, value
     raise TypeError('%s: each update must be K.update(...) or a (variable, value) tuple, got %r'
                     % (where, update))
 
@@ -466,6 +483,9 @@ class Function:
                 raise TypeError('function: outputs must be tensors, got %r' % (y,))
         self.inputs = list(inputs)
         self.outputs = outputs
+        if updates is not None and not isinstance(updates, (list, tuple)):   # a lone Update, a dict
+            raise TypeError('function: updates must be a list of K.update(...) results or (variable, '
+                            'value) tuples, got %s' % (type(updates).__name__,))
         self.updates = [normalize_update(u) for u in (updates or [])]
         self.name = name
         # mixed_float16: a step whose updates read loss-scaled gradients is skipped when one
@@ -497,13 +517,16 @@ class Function:
         if isinstance(inputs, dict):
             missing = [x.name for x in self.inputs if x not in inputs]
             if missing:
-                raise ValueError('function: the input dict has no value for placeholder(s) %s'
-                                 % ', '.join(repr(name) for name in missing))
+                others = [k for k in inputs if not isinstance(k, Tensor)]
+                raise ValueError('function: the input dict has no value for placeholder(s) %s%s'
+                                 % (', '.join(repr(name) for name in missing),
+                                    ' (its keys must be the placeholders themselves, got %r)' % (others[0],)
+                                    if others else ''))
             inputs = [inputs[x] for x in self.inputs]
         if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self.inputs):
-            raise ValueError('function: expected a list of %d input values, got %r'
+            raise ValueError('function: expected a list of %d input values (one per placeholder), got %s'
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
-                                else '%d values' % len(inputs)))
+                                else 'a %s of %d' % (type(inputs).__name__, len(inputs))))
         kept_buffers = prepared.keeps_step_buffers()
         replayed_graphs = []   # (_step's: a replay wrote the variables)
         try:

@@ -91,16 +91,23 @@ def dtype_name(dtype, where='dtype'):
 
 def checked_array(value, dtype, where, argument='value'):
     """A host NumPy array of ``value`` for a tensor, cast to ``dtype`` (None: value's own
-    dtype). Refuses None, strings, objects and complex numbers, and floats an int or bool
-    dtype cannot hold exactly (TensorFlow refuses K.variable(1.5, dtype='int32'))."""
+    dtype). Refuses None, strings, objects and complex numbers, floats an int or bool dtype
+    cannot hold exactly (TensorFlow refuses K.variable(1.5, dtype='int32')) and numbers outside
+    an int dtype's range (K.variable(300, dtype='uint8'))."""
     where = where + ': ' if where else ''  # None: the K function calling us prefixes its name
     if value is None:
         raise TypeError('%s%s must be a number, a list or an array, got None' % (where, argument))
+    if isinstance(value, Tensor):
+        raise TypeError('%s%s must be a number, a list or an array, got tensor %r: evaluate it first '
+                        '(K.eval), or assign it where a K.function runs (K.update)' % (where, argument, value.name))
     from gpuk import device
     try:
         array = np.asarray(device.to_host(value))
     except (ValueError, TypeError) as error:  # e.g. ragged nested lists
         raise ValueError('%s%s cannot be read as an array (%s)' % (where, argument, error)) from None
+    if array.dtype == object and all(_is_real_number(v) for v in array.flat):
+        # numbers in an object array (pandas' .values), as TensorFlow takes them: as NumPy infers
+        array = np.array(array.tolist()) if array.size else np.zeros(array.shape)
     if array.dtype.kind not in _TENSOR_KINDS:
         raise TypeError('%s%s must hold numbers (bool, int or float), got dtype %s%s'
                         % (where, argument, array.dtype, _example(array)))
@@ -113,10 +120,26 @@ def checked_array(value, dtype, where, argument='value'):
             bad = array[~finite | (array != np.round(array))].flat[0]
             raise TypeError('%s%s holds %r, which dtype %s cannot hold; round or cast it first'
                             % (where, argument, float(bad), target.name))
+    if target.kind in 'iu' and array.dtype.kind in 'iuf' and array.size and \
+            not np.can_cast(array.dtype, target, 'safe'):
+        # astype would wrap (2**40 -> 0 in int32, -1 -> 255 in uint8): refuse, as TensorFlow does
+        info = np.iinfo(target)
+        low, high = array.min(), array.max()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise TypeError('%s%s holds %r, outside the range of dtype %s [%d, %d]'
+                            % (where, argument, bad.item(), target.name, info.min, info.max))
     return array.astype(target, copy=False)
 
 
+def _is_real_number(value):
+    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
 def _example(array):
+    """' (e.g. <an element>)': of an object array, its first element that is not a number."""
+    if array.dtype == object:
+        return next((' (e.g. %r)' % (v,) for v in array.flat if not _is_real_number(v)), '')
     return ' (e.g. %r)' % (array.flat[0],) if array.size else ''
 
 

@@ -1,6 +1,8 @@
 """Bad input gives a clear error and changes nothing (issue 17): errors are ValueError or
 TypeError naming the K function called; writing calls are all-or-nothing; arrays handed in
 are copied."""
+import re
+
 import numpy as np
 import pytest
 
@@ -154,3 +156,188 @@ def test_empty_batches_through_convolutions_and_pooling(data_format):
     assert [v.shape for v in values[:4]] == expected
     np.testing.assert_array_equal(values[4], 0)
     np.testing.assert_array_equal(values[5], 0)
+
+
+def test_ints_out_of_their_dtype_range_are_refused_not_wrapped():
+    with pytest.raises(TypeError, match=r'^variable: value holds 300, outside the range of dtype uint8'):
+        K.variable(300, dtype='uint8')
+    with pytest.raises(TypeError, match=r'^variable: value holds -1, outside .* uint8'):
+        K.variable([-1, 0], dtype='uint8')
+    with pytest.raises(TypeError, match=r'^constant: value holds 1099511627776, outside .* int32'):
+        K.constant(2 ** 40, dtype='int32')
+    with pytest.raises(TypeError, match=r'^variable: value holds 1e\+20, outside .* int64'):
+        K.variable([1e20], dtype='int64')
+    np.testing.assert_array_equal(K.get_value(K.variable([255, 0], dtype='uint8')), [255, 0])
+    v, w = K.variable([1, 2], dtype='int32'), K.variable(np.zeros(2))
+    for write in (lambda: K.set_value(v, np.array([2 ** 40, 0])),
+                  lambda: K.batch_set_value([(w, np.ones(2)), (v, [0, 2 ** 31])]),
+                  lambda: K.eval(K.update_add(v, np.array([2 ** 40, 0])))):
+        with pytest.raises(TypeError, match='outside the range of dtype int32'):
+            write()
+    np.testing.assert_array_equal(K.get_value(v), [1, 2])
+    np.testing.assert_array_equal(K.get_value(w), 0)
+    x = K.placeholder((None,), dtype='int32')
+    with pytest.raises(TypeError, match=r"^function: input .* holds 1099511627776, outside"):
+        K.function([x], [x * 2])([np.array([2 ** 40])])
+
+
+def test_float_values_are_not_truncated_into_int_variables():
+    i = K.variable([0, 2, 1], dtype='int32')
+    for name, make in [('update', lambda: K.update(i, K.constant([0.5, 1, 2]))),
+                       ('update_add', lambda: K.update_add(i, 0.5)),
+                       ('update_sub', lambda: K.update_sub(i, K.ones((3,)))),
+                       ('function', lambda: K.function([], [], updates=[(i, i + 0.7)]))]:
+        with pytest.raises(TypeError, match='^%s: the new value of variable .* has dtype float32, '
+                                            'which its dtype int32 cannot hold' % name):
+            make()
+    K.function([], [], updates=[K.update_add(i, 1), (i, K.cast(K.round(K.cast(i, 'float32') * 2), 'int32'))])
+    np.testing.assert_array_equal(K.get_value(i), [0, 2, 1])
+
+
+def test_function_refuses_a_tuple_update_whose_static_shape_does_not_fit():
+    m = K.variable(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r'^function: the new value of shape \(3, 2\) does not fit '
+                                         r"variable .* of shape \(2, 3\)"):
+        K.function([], [m], updates=[(m, K.ones((3, 2)))])
+    np.testing.assert_array_equal(K.get_value(m), 0)
+
+
+def test_placeholder_ndim_eval_batch_get_value_and_phase_arguments_are_checked():
+    with pytest.raises(ValueError, match=r'^placeholder: ndim must be >= 0, got -1'):
+        K.placeholder(ndim=-1)
+    for ndim in (1.5, '2', [2]):
+        with pytest.raises(TypeError, match=r'^placeholder: ndim must be an int, got'):
+            K.placeholder(ndim=ndim)
+    assert K.int_shape(K.placeholder(ndim=np.int64(2))) == (None, None)
+    with pytest.raises(TypeError, match=r'^eval: x must hold numbers'):
+        K.eval('abc')
+    np.testing.assert_array_equal(K.eval(np.ones(2)), 1)
+    with pytest.raises(TypeError, match=r"^batch_get_value: ops must be tensors, got 'a'"):
+        K.batch_get_value([K.variable(1.0), 'a'])
+    x, alt = K.variable(1.0), K.variable(2.0)
+    for name in ('in_train_phase', 'in_test_phase'):
+        with pytest.raises(TypeError, match=r"^%s: training must be None, a bool, 0 or 1, or a tensor, "
+                                            r"got 'yes'" % name):
+            getattr(K, name)(x, alt, training='yes')
+    assert K.eval(K.in_test_phase(x, alt, training=np.bool_(False))) == 1.0
+
+
+def test_object_arrays_of_numbers_are_read_as_numbers():
+    """pandas' DataFrame.values of mixed columns is an object array; TensorFlow converts it."""
+    x = K.placeholder((None, 3))
+    f = K.function([x], [x * 2])
+    np.testing.assert_array_equal(f([np.array([[1, 2.5, True]], dtype=object)])[0], [[2, 5, 2]])
+    assert f([np.zeros((0, 3), dtype=object)])[0].shape == (0, 3)
+    np.testing.assert_array_equal(K.get_value(K.variable(np.array([1, 2], dtype=object), dtype='int32')), [1, 2])
+    for bad, shown in [('a', "'a'"), (None, 'None'), (2j, '2j')]:
+        with pytest.raises(TypeError, match=r"^function: input .* must hold numbers .* dtype object \(e.g. %s\)"
+                                            % re.escape(shown)):
+            f([np.array([[1, bad, 3]], dtype=object)])
+
+
+def test_python_operators_name_themselves_and_keep_tensorflows_dtypes():
+    m, b = K.variable(np.ones((2, 3))), K.variable([True, False], dtype='bool')
+    with pytest.raises(TypeError, match=r'^add: value must hold numbers'):
+        m + 'a'
+    with pytest.raises(TypeError, match=r'^multiply: value must be a number'):
+        None * m
+    with pytest.raises(TypeError, match=r'^maximum: value must hold numbers'):   # a K function: its name
+        K.maximum(m, 'a')
+    with pytest.raises(TypeError, match=r'^negative: -x of a bool tensor'):   # was NumPy's error at run time
+        -b
+    for make in (lambda: ~m, lambda: ~K.variable([1, 2], dtype='int32')):   # was logical not of numbers
+        with pytest.raises(TypeError, match=r'^logical_not: ~x needs a bool tensor, got dtype (float|int)32'):
+            make()
+    with pytest.raises(TypeError, match=r'^logical_and: &, \| and \^ need bool tensors'):
+        m & m
+    with pytest.raises(TypeError, match=r'^logical_or: .* got dtypes bool and int32'):
+        b | K.variable([1, 0], dtype='int32')
+    np.testing.assert_array_equal(K.eval(~b & (b | True)), [False, True])
+
+
+def test_rnn_list_arguments_mask_steps_eye_size_and_tensor_values_get_clear_errors():
+    seq = K.variable(np.ones((2, 4, 3)))
+    step = lambda x_t, states: (x_t + states[0], [x_t + states[0]])   # noqa: E731
+    with pytest.raises(TypeError, match=r'^rnn: constants must be a list of tensors, got <gpuk.Tensor'):
+        K.rnn(step, seq, [K.zeros((2, 3))], constants=K.zeros((2, 3)))   # was "has no truth value"
+    with pytest.raises(TypeError, match=r'^rnn: initial_states must be a list of tensors'):
+        K.rnn(step, seq, K.zeros((2, 3)))
+    for unroll in (False, True):   # unrolled, a longer mask was cut silently
+        with pytest.raises(ValueError, match=r'^rnn: mask has 5 time steps, inputs have 4'):
+            K.rnn(step, seq, [K.zeros((2, 3))], mask=K.ones((2, 5)), unroll=unroll)
+    with pytest.raises(TypeError, match=r"^eye: size must be an int or a \(rows, cols\) pair of ints"):
+        K.eye(K.constant(3, dtype='int32'))   # was "'Constant' object cannot be interpreted as an integer"
+    with pytest.raises(ValueError, match=r'^eye: size must not be negative'):
+        K.eye((2, -1))
+    v = K.variable(np.zeros(2))
+    with pytest.raises(TypeError, match=r"^set_value: value must be .* got tensor 'Variable.*': evaluate it first"):
+        K.set_value(v, K.variable(np.ones(2)))   # was "must hold numbers ... dtype object"
+    np.testing.assert_array_equal(K.get_value(v), 0)
+
+
+@pytest.mark.parametrize('top_paths', [1, 2])
+def test_beam_search_decoding_of_an_empty_batch_gives_empty_paths(on_device, top_paths):
+    x, lengths = K.placeholder((None, None, 3)), K.placeholder((None,), dtype='int32')
+    f = K.function([x, lengths], K.ctc_decode(x, lengths, greedy=False, beam_width=3, top_paths=top_paths)[0])
+    paths = f([np.zeros((0, 4, 3), 'float32'), np.zeros((0,), 'int32')])   # was NumPy's reshape error
+    assert [p.shape for p in paths] == [(0, 0)] * top_paths
+
+
+def test_rnn_over_zero_time_steps_says_so():
+    step = lambda x_t, states: (x_t + states[0], [x_t + states[0]])   # noqa: E731
+    for unroll in (False, True):   # was "getitem: index -1 is out of range for axis 0 of size 0"
+        with pytest.raises(ValueError, match=r'^rnn: inputs must have at least one time step, got shape \(2, 0, 3\)'):
+            K.rnn(step, K.zeros((2, 0, 3)), [K.zeros((2, 3))], unroll=unroll)
+
+
+def test_in_top_k_refuses_a_negative_k():
+    with pytest.raises(ValueError, match=r'^in_top_k: k must be >= 0, got -1'):   # was all False
+        K.in_top_k(K.variable([[0.1, 0.9]]), K.constant([1], dtype='int32'), -1)
+    np.testing.assert_array_equal(K.eval(K.in_top_k(K.variable([[0.1, 0.9]]), K.constant([1], dtype='int32'), 0)),
+                                  [False])
+
+
+def test_allocations_too_large_name_the_k_function():
+    huge = (2 ** 40, 2 ** 20)   # 4 EiB of float32: refused under any overcommit policy
+    for name in ('zeros', 'ones'):   # variables, allocated by the call itself (was NumPy's bare MemoryError)
+        with pytest.raises(MemoryError, match=r'^%s: out of memory: ' % name):
+            getattr(K, name)(huge)
+    with pytest.raises(MemoryError, match=r'^random_normal: out of host memory \(at run time, with no inputs\)'):
+        K.eval(K.random_normal(huge))   # was "(at run time, on inputs )"
+
+
+def test_function_updates_must_be_a_list():
+    v = K.variable(np.ones(2))
+    for updates, kind in [(K.update(v, v + 1), 'Update'), ({v: v + 1}, 'dict')]:   # was "'Update' object is
+        with pytest.raises(TypeError, match=r'^function: updates must be a list .* got %s' % kind):   # not iterable"
+            K.function([], [v], updates=updates)
+    K.function([], [], updates=(K.update(v, v + 1),))([])
+    np.testing.assert_array_equal(K.get_value(v), 2)
+
+
+def test_function_says_how_many_inputs_came_and_what_dict_keys_must_be():
+    x, y = K.placeholder((None, 2)), K.placeholder((None, 2))
+    f = K.function([x, y], [x + y])
+    with pytest.raises(ValueError, match=r'^function: expected a list of 2 input values \(one per placeholder\), '
+                                         r'got a list of 1$'):   # was "got '1 values'"
+        f([np.ones((1, 2))])
+    with pytest.raises(ValueError, match=r'got NoneType$'):
+        f(None)
+    with pytest.raises(ValueError, match=r"no value for placeholder\(s\) .* \(its keys must be the placeholders "
+                                         r"themselves, got 'a'\)"):
+        f({'a': np.ones((1, 2))})
+
+
+def test_temporal_padding_shows_the_padding_given():
+    for padding in ((1.5, 1), (-1, 1), (1,)):   # was shown wrapped in another tuple: ((1.5, 1),)
+        with pytest.raises(ValueError, match=r'^temporal_padding: padding must be a \(before, after\) pair of '
+                                             r'ints >= 0, got %s$' % re.escape(repr(padding))):
+            K.temporal_padding(K.ones((1, 3, 2)), padding)
+    assert K.int_shape(K.temporal_padding(K.ones((1, 3, 2)), (1, 2))) == (1, 6, 2)
+
+
+def test_variable_of_a_tensor_that_needs_inputs_says_which():
+    x = K.placeholder((2,), name='fed_later')
+    with pytest.raises(ValueError, match=r"^variable: value .* depends on placeholder\(s\) 'fed_later'"):
+        K.variable(x * 2)   # was "variable: function: placeholder ... is needed but is not among the inputs"
+    np.testing.assert_array_equal(K.get_value(K.variable(K.ones(2) * 3)), 3)

@@ -114,6 +114,10 @@ def test_ctc_errors(on_device):
         (dict(label_length=K.constant([[3], [1]])), 'label_length must be at most 2'),
         (dict(input_length=K.constant([[4], [3], [3]])), 'batch sizes differ'),
         (dict(y_true=K.constant([[0.5, 1], [1, 0]])), 'y_true must hold integers'),
+        # a class after the blank within label_length: TensorFlow refuses it (labels using every
+        # class of y_pred, the last one colliding with the blank); a blank ends a label
+        (dict(y_true=K.constant([[2, 1], [1, 0]])), r'y_true holds class 1 after the blank 2 .* in sample 0 '
+                                                     r'at position 1 \(labels \[2, 1\]\)'),
         (dict(y_pred=K.placeholder((2, A))), 'y_pred must have rank 3'),
     ]
     for change, message in cases:
@@ -126,7 +130,8 @@ def test_ctc_errors(on_device):
     runs = [([[0, 1], [1, 0]], [[4], [3]], [[2], [3]], 'label_length must be at most 2'),
             ([[0, -5], [1, 0]], [[4], [3]], [[2], [1]], r'y_true must lie in \[0, 2\)'),
             ([[0, 1], [1, 0]], [[4], [-3]], [[2], [1]], 'input_length must not be negative'),
-            ([[0, 1.5], [1, 0]], [[4], [3]], [[2], [1]], 'y_true must hold integers')]
+            ([[0, 1.5], [1, 0]], [[4], [3]], [[2], [1]], 'y_true must hold integers'),
+            ([[0, 1], [2, 0]], [[4], [3]], [[2], [2]], 'y_true holds class 0 after the blank 2 .* sample 1')]
     for labels, inputs, lengths, message in runs:
         with pytest.raises(ValueError, match='ctc_batch_cost: ' + message):
             f([probs, np.array(labels), np.array(inputs), np.array(lengths)])

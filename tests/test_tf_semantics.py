@@ -77,7 +77,9 @@ def test_in_top_k_counts_ties_at_the_kth_value_like_tensorflow():
 
 def test_ctc_labels_at_or_past_the_blank_end_the_label_sequence():
     """TensorFlow reads a label >= classes - 1 as the end of that sample's labels (Keras's
-    OCR example feeds blank images labelled [blank], length 1)."""
+    OCR example feeds blank images labelled [blank], length 1), and refuses a class after it
+    within label_length ("Saw a non-null label (index >= num_classes - 1) following a null
+    label", TensorFlow's ctc_loss_calculator)."""
     rng = np.random.RandomState(0)
     y_pred = K.variable(rng.dirichlet(np.ones(4), size=(3, 6)).astype('float32'))
     input_length = K.constant([[6], [6], [5]], dtype='int32')
@@ -87,7 +89,7 @@ def test_ctc_labels_at_or_past_the_blank_end_the_label_sequence():
                                 K.constant(lengths, dtype='int32'))
         return K.eval(loss), K.eval(K.gradients(K.sum(loss), [y_pred])[0])
 
-    blanks = cost_and_grad([[1, 3, 0], [3, 0, 0], [2, 0, 5]], [[3], [1], [3]])
+    blanks = cost_and_grad([[1, 3, 3], [3, 0, 0], [2, 0, 5]], [[3], [1], [3]])
     cut = cost_and_grad([[1, 0, 0], [0, 0, 0], [2, 0, 0]], [[1], [0], [2]])
     np.testing.assert_allclose(blanks[0], cut[0], rtol=1e-6)
     np.testing.assert_allclose(blanks[1], cut[1], rtol=1e-6, atol=1e-7)
@@ -95,3 +97,5 @@ def test_ctc_labels_at_or_past_the_blank_end_the_label_sequence():
     with pytest.raises(ValueError, match='ctc_batch_cost: y_true'):
         K.ctc_batch_cost(K.constant([[-1]], dtype='int32'), y_pred[:1], input_length[:1],
                          K.constant([[1]], dtype='int32'))
+    with pytest.raises(ValueError, match='ctc_batch_cost: y_true holds class 0 after the blank 3'):
+        cost_and_grad([[1, 3, 0], [3, 0, 0], [2, 0, 5]], [[3], [1], [3]])

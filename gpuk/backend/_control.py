@@ -37,21 +37,27 @@ def switch(condition, then_expression, else_expression):
 
 def in_train_phase(x, alt, training=None):
     """``x`` in the training phase, ``alt`` otherwise (``training`` defaults to the learning phase)."""
+    return _in_phase(x, alt, training, 'in_train_phase')
+
+
+def in_test_phase(x, alt, training=None):
+    """``x`` in the test phase, ``alt`` otherwise."""
+    return _in_phase(alt, x, training, 'in_test_phase')
+
+
+def _in_phase(x, alt, training, where):
     from gpuk.backend._core import learning_phase
     uses_learning_phase = training is None
     if training is None:
         training = learning_phase()
     if not isinstance(training, Tensor):  # a fixed phase (Python int or bool)
+        if not isinstance(training, (bool, int, np.bool_, np.integer)):
+            raise TypeError('%s: training must be None, a bool, 0 or 1, or a tensor, got %r' % (where, training))
         return _value(x) if training else _value(alt)
     out = switch(training, x, alt)
     if uses_learning_phase:
         out._uses_learning_phase = True
     return out
-
-
-def in_test_phase(x, alt, training=None):
-    """``x`` in the test phase, ``alt`` otherwise."""
-    return in_train_phase(alt, x, training=training)
 
 
 def _step_placeholder(tensor, drop_leading, name):
@@ -89,8 +95,10 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     inputs = as_tensor(inputs)
     if inputs.ndim is None or inputs.ndim < 3:
         raise ValueError('rnn: inputs must have at least 3 dims (samples, time, ...), got shape %s' % (inputs.shape,))
-    initial_states = [as_tensor(s) for s in (initial_states or [])]
-    constants = list(constants or [])
+    if inputs.shape[1] == 0:   # as in TensorFlow's backend: no step, no last output
+        raise ValueError('rnn: inputs must have at least one time step, got shape %s' % (inputs.shape,))
+    initial_states = [as_tensor(s) for s in _tensor_list(initial_states, 'initial_states')]
+    constants = _tensor_list(constants, 'constants')
     if mask is not None:
         if not initial_states:
             raise ValueError('rnn: a mask needs at least one state')
@@ -99,6 +107,9 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
             mask = shape_ops.squeeze(mask, -1)
         if mask.ndim != 2:
             raise ValueError('rnn: mask must be (samples, time), got shape %s' % (mask.shape,))
+        if None not in (mask.shape[1], inputs.shape[1]) and mask.shape[1] != inputs.shape[1]:
+            raise ValueError('rnn: mask has %d time steps, inputs have %d (mask shape %s, inputs shape %s)'
+                             % (mask.shape[1], inputs.shape[1], mask.shape, inputs.shape))
     if unroll:
         return _rnn_unrolled(step_function, inputs, initial_states, go_backwards, mask, constants)
 
@@ -185,6 +196,15 @@ def _mark_learning_phase(*tensors):
     if any(leaf is phase for leaf in graph.leaves(list(tensors))):
         for t in tensors:
             t._uses_learning_phase = True
+
+
+def _tensor_list(values, argument):
+    """rnn's list arguments (None: empty): a tensor alone is not a list."""
+    if values is None:
+        return []
+    if isinstance(values, Tensor) or not isinstance(values, (list, tuple)):
+        raise TypeError('rnn: %s must be a list of tensors, got %r' % (argument, values))
+    return list(values)
 
 
 def _rnn_unrolled(step_function, inputs, states, go_backwards, mask, constants):

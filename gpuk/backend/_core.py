@@ -6,7 +6,7 @@ import numpy as np
 
 from gpuk import config, device, graph, loss_scaling
 from gpuk.autodiff import gradients as _gradients
-from gpuk.function import Function, Update
+from gpuk.function import Function, Update, check_update_value
 from gpuk.graph import Constant, Placeholder, Tensor, Variable
 from gpuk.ops import elementwise as ew
 from gpuk.ops.control import Identity, PrintTensor, StopGradient
@@ -169,6 +169,11 @@ def variable(value, dtype=None, name=None, constraint=None):
     if sparse:
         value = value.toarray()
     elif isinstance(value, Tensor):
+        fed = [t.name for t in graph.leaves([value])
+               if isinstance(t, Placeholder) and getattr(t, 'default_value', None) is None]
+        if fed:   # (K.eval's error named K.function and a missing input)
+            raise ValueError('variable: value %r depends on placeholder(s) %s; an initial value must be '
+                             'computable without inputs' % (value.name, ', '.join(map(repr, fed))))
         value = eval(value)
     v = Variable(value, graph.dtype_name(dtype, 'variable'), name=name, constraint=constraint)
     v.is_sparse = sparse
@@ -204,6 +209,10 @@ def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
     if shape is None:
         if ndim is None:
             raise ValueError('placeholder: give shape or ndim')
+        if isinstance(ndim, bool) or not isinstance(ndim, (int, np.integer)):
+            raise TypeError('placeholder: ndim must be an int, got %r' % (ndim,))
+        if ndim < 0:
+            raise ValueError('placeholder: ndim must be >= 0, got %r' % (ndim,))
         shape = (None,) * int(ndim)
     shape = graph.normalize_shape(shape, 'placeholder')
     x = Placeholder(shape, graph.dtype_name(dtype, 'placeholder'), name=name, sparse=sparse)
@@ -280,8 +289,8 @@ def eval(x):
         return Function([], [x.value], updates=[x])([])[0]
     if isinstance(x, Variable):
         return np.array(device.to_host(x.value), copy=True)
-    if not isinstance(x, Tensor):
-        return np.asarray(x)
+    if not isinstance(x, Tensor):  # a number or an array: itself, as long as it holds numbers
+        return graph.checked_array(x, None, 'eval', 'x')
     return Function([], [x])([])[0]
 
 
@@ -293,6 +302,10 @@ def get_value(x):
 
 
 def batch_get_value(ops):
+    """The values of a list of tensors, as NumPy arrays."""
+    for x in ops:
+        if not isinstance(x, Tensor):
+            raise TypeError('batch_get_value: ops must be tensors, got %r among them' % (x,))
     return [get_value(x) for x in ops]
 
 
@@ -333,15 +346,9 @@ def _check_update(x, where):
 
 
 def _checked_update(x, new_value, where):
-    """Update(x, new_value) once new_value's static shape is known to fit x: a value that
-    broadcasts to another shape would fail only when the update runs."""
-    new_value = ew.cast(new_value, x.dtype)
-    shape = new_value.shape
-    if shape is not None and (len(shape) != len(x.shape) or any(
-            d is not None and d != e for d, e in zip(shape, x.shape))):
-        raise ValueError('%s: the new value of shape %s does not fit variable %r of shape %s'
-                         % (where, shape, x.name, x.shape))
-    return Update(x, new_value)
+    """Update(x, new_value) once new_value's static dtype and shape are known to fit x."""
+    check_update_value(x, new_value, where)
+    return Update(x, ew.cast(new_value, x.dtype))
 
 
 def update(x, new_x):
@@ -442,8 +449,13 @@ def ones(shape, dtype=None, name=None):
 
 def eye(size, dtype=None, name=None):
     """An identity-matrix variable; ``size`` an int or (rows, cols)."""
-    rows, cols = (size, size) if np.ndim(size) == 0 else tuple(size)
-    return variable(np.eye(rows, cols), dtype=dtype, name=name)
+    dims = (size, size) if not isinstance(size, (tuple, list)) else tuple(size)
+    if len(dims) != 2 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in dims):
+        raise TypeError('eye: size must be an int or a (rows, cols) pair of ints (an identity variable '
+                        'has a static shape), got %r' % (size,))
+    if min(dims) < 0:
+        raise ValueError('eye: size must not be negative, got %r' % (size,))
+    return variable(np.eye(*dims), dtype=dtype, name=name)
 
 
 def zeros_like(x, dtype=None, name=None):

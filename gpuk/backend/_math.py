@@ -262,6 +262,8 @@ def in_top_k(predictions, targets, k):
         if np.dtype(k.dtype).kind not in 'iu':
             raise TypeError('in_top_k: k must be an int or int tensor, got dtype %s' % k.dtype)
     elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+        if k < 0:   # (0: no class is in the top 0)
+            raise ValueError('in_top_k: k must be >= 0, got %d' % k)
         k = np.int64(k)
     else:
         raise TypeError('in_top_k: k must be an int, got %r' % (k,))

@@ -371,8 +371,12 @@ def temporal_padding(x, padding=(1, 1)):
     """Zero-pads axis 1 of a 3-D tensor with ``padding`` = (before, after)."""
     x = _tensor_arg(x, 'temporal_padding')
     _rank(x, 'temporal_padding', (3,))
-    pairs = normalize_pads((padding,) if isinstance(padding, (list, tuple)) else padding, 1,
-                           'temporal_padding', 'padding')
+    try:
+        pairs = normalize_pads((padding,) if isinstance(padding, (list, tuple)) else padding, 1,
+                               'temporal_padding', 'padding')
+    except (ValueError, TypeError) as error:   # its message shows the pair wrapped: ((1.5, 1),)
+        raise type(error)('temporal_padding: padding must be a (before, after) pair of ints '
+                          '>= 0, got %r' % (padding,)) from None
     return _pad_axes(x, pairs, (1,))
 
 

@@ -130,6 +130,20 @@ def lengths_to_first_blank(xp, labels, label_lengths, classes):
     return xp.where(xp.any(ends, axis=1), xp.argmax(ends, axis=1), label_lengths).astype(np.int64)
 
 
+def labels_after_the_cut(xp, labels, label_lengths, cut, classes):
+    """Elementwise (N, L): True at a label past its sample's first-blank ``cut`` (see
+    lengths_to_first_blank) but within its label length that is not a blank (>= classes - 1;
+    NaN is not). TensorFlow's CTC loss refuses these ("Saw a non-null label (index >=
+    num_classes - 1) following a null label"): the usual cause is labels that use every class of
+    y_pred, so that the last one collides with the blank. None where the shapes do not fit
+    (the caller's checks report them)."""
+    if classes is None or labels.ndim != 2 or labels.shape[0] != label_lengths.shape[0] \
+            or cut.shape != label_lengths.shape:
+        return None
+    position = xp.arange(labels.shape[1])[None, :]
+    return (position >= cut[:, None]) & (position < label_lengths[:, None]) & ~(labels >= classes - 1)
+
+
 def check_value_arrays(fn, labels, input_lengths, label_lengths):
     """ctc_check_loss_values's arrays: labels (N, L) and two lengths vectors (N,), each of an
     integer or float16/32/64 dtype (the element types ctc_check.cu reads)."""

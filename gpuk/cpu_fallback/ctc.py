@@ -268,9 +268,9 @@ def ctc_check_loss_values(labels, input_lengths, label_lengths, steps, classes):
         (labels, input_lengths, label_lengths, bad): int64 arrays, the label lengths clamped to
         [0, L] and cut at their first label >= classes - 1, the input lengths clamped to
         [0, steps] (NaN: 0), each label within its cut length kept when it is whole and >= 0 and
-        -1 elsewhere; ``bad`` (0-d bool) is True when a length is not whole or out of its bounds
-        or a label within its cut length is not whole or negative (gpuk/ops/ctc.py's
-        check_loss_inputs then raises the error).
+        -1 elsewhere; ``bad`` (0-d bool) is True when a length is not whole or out of its bounds,
+        a label within its cut length is not whole or negative, or a label past the cut but within
+        its length is not a blank (gpuk/ops/ctc.py's check_loss_inputs then raises the error).
     """
     labels, input_lengths, label_lengths = (np.asarray(a) for a in (labels, input_lengths, label_lengths))
     checks.check_value_arrays('ctc_check_loss_values', labels, input_lengths, label_lengths)
@@ -278,7 +278,9 @@ def ctc_check_loss_values(labels, input_lengths, label_lengths, steps, classes):
     cut = checks.lengths_to_first_blank(np, labels, _clamped_lengths(label_lengths, width), classes)
     within = np.arange(width) < cut[:, None]
     bad_labels = within & (checks.not_integral(np, labels) | (labels < 0))
-    bad = checks.lengths_flag(np, input_lengths, label_lengths, steps, width) | np.any(bad_labels)
+    after_cut = checks.labels_after_the_cut(np, labels, _clamped_lengths(label_lengths, width), cut, classes)
+    bad = (checks.lengths_flag(np, input_lengths, label_lengths, steps, width) | np.any(bad_labels)
+           | np.any(after_cut))
     kept = within & ~bad_labels
     checked = np.full(labels.shape, -1, dtype=np.int64)
     checked[kept] = labels[kept]
@@ -384,7 +386,7 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
             + frame[:, extend_with][:, None, :]
 
         def join(stay, extended):
-            return np.concatenate([stay, extended.reshape(batch, -1)], axis=1)
+            return np.concatenate([stay, extended.reshape(batch, width * n_ext)], axis=1)
 
         c_blank = join(total + frame[:, blank:blank + 1],
                        np.full((batch, width, n_ext), -np.inf, dtype=acc))

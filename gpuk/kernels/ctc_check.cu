@@ -17,12 +17,15 @@
 //   labels_out[n, k]      the label as int64 for k < label_lengths_out[n] when it is whole and
 //                         >= 0, -1 otherwise (past the cut, or a bad label);
 //   bad[0]                1 when a value is not allowed: a length not whole or outside [0, T] /
-//                         [0, L], a label within the cut length not whole or negative; else 0.
+//                         [0, L], a label within the cut length not whole or negative, a label
+//                         past the cut but within the length that is not >= A - 1 (TensorFlow:
+//                         "a non-null label following a null label"); else 0.
 //
 // Thread mapping: ONE block (the flag is one value, written by one thread after a block-wide
 // OR; a multi-block grid would need a zeroed flag, another operation). First a warp per
 // sample (warps stride over the batch): the lengths, and the cut found by a ballot over 32
-// label positions at a time (reads within a row are coalesced). Then the threads stride over
+// label positions at a time (reads within a row are coalesced), the rest of the row up to its
+// length read on to check that only blanks follow the cut. Then the threads stride over
 // the N x L labels, reads and writes coalesced. One __syncthreads between the two passes (the
 // cut lengths), one __syncthreads_or at the end. No atomics, no shared memory. Limits: sizes
 // up to 2^63 (64-bit offsets); one block does O(N L / CTC_CHECK_THREADS) work per thread,
@@ -85,14 +88,15 @@ ctc_check_inputs(const void* __restrict__ labels, int labels_type, const void* _
         const double l = load_as_double(label_lengths, label_lengths_type, n);
         const long long l_n = clamped_length(l, width);
         long long cut = l_n;
-        for (long long base = 0; base < l_n; base += 32) {   // uniform per warp (the ballot)
+        for (long long base = 0; base < l_n; base += 32) {   // uniform per warp (cut, the ballot)
             const long long k = base + lane;
             const bool ends = k < l_n && load_as_double(labels, labels_type, n * width + k) >= label_end;
-            const unsigned hits = __ballot_sync(GPUK_FULL_MASK, ends);
-            if (hits) {
-                cut = base + __ffs((int)hits) - 1;
-                break;
+            if (cut == l_n) {
+                const unsigned hits = __ballot_sync(GPUK_FULL_MASK, ends);
+                if (hits) cut = base + __ffs((int)hits) - 1;
             }
+            // past the cut, within the length, every label must end one too (NaN does not)
+            found_bad |= k > cut && k < l_n && !ends;
         }
         if (lane == 0) {
             input_lengths_out[n] = clamped_length(t, steps);

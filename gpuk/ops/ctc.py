@@ -70,6 +70,21 @@ def label_matrix(xp, where, name, labels, batch, classes, label_lengths):
     return xp.where(used, xp.where(used, labels, 0).astype(np.int64), -1)
 
 
+def _refuse_labels_after_the_blank(xp, where, labels, label_lengths, cut, classes):
+    """A blank (the last class of y_pred, or a class past it) ends a label, as in TensorFlow;
+    a class after it within label_length would be dropped silently, so it is refused, as
+    TensorFlow does."""
+    after = ctc_checks.labels_after_the_cut(xp, labels, label_lengths, cut, classes)
+    if after is None or not bool(xp.any(after)):
+        return
+    n, k = (int(i[0]) for i in xp.nonzero(after))
+    row = [int(v) if float(v).is_integer() else v for v in to_host(labels[n, :int(label_lengths[n])]).tolist()]
+    raise ValueError('%s: y_true holds class %r after the blank %d (the last class of y_pred) within '
+                     'label_length, in sample %d at position %d (labels %s): the blank ends a label. '
+                     'If the labels use all %d classes of y_pred, y_pred needs one more, for the blank'
+                     % (where, row[k], classes - 1, n, k, row, classes))
+
+
 def check_loss_inputs(xp, where, logits_shape, labels, input_lengths, label_lengths):
     """Checked (labels, input_lengths, label_lengths) as int64; any may be None (unknown)."""
     batch, steps, classes = logits_shape
@@ -81,7 +96,9 @@ def check_loss_inputs(xp, where, logits_shape, labels, input_lengths, label_leng
         label_lengths = lengths_vector(xp, where, 'label_length', label_lengths, batch, width,
                                        'the width of y_true')
         if labels is not None:
-            label_lengths = ctc_checks.lengths_to_first_blank(xp, labels, label_lengths, classes)
+            cut = ctc_checks.lengths_to_first_blank(xp, labels, label_lengths, classes)
+            _refuse_labels_after_the_blank(xp, where, labels, label_lengths, cut, classes)
+            label_lengths = cut
             labels = label_matrix(xp, where, 'y_true', labels, batch, classes, label_lengths)
     return labels, input_lengths, label_lengths
 

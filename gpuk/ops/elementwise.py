@@ -5,7 +5,7 @@ import operator
 
 import numpy as np
 
-from gpuk import config
+from gpuk import calls, config
 from gpuk.graph import Constant, Meta, Tensor, apply, as_tensor, dtype_name
 from gpuk.ops.base import Op, XpOp, broadcast_shapes
 
@@ -120,6 +120,11 @@ class Unary(Op):
         self.differentiable = UNARY[name][1] is not None
 
     def infer(self, x):
+        if self.name == 'logical_not' and x.dtype != 'bool':   # ~x: TensorFlow's logical not
+            raise TypeError('logical_not: ~x needs a bool tensor, got dtype %s (compare it first, '
+                            'e.g. K.equal(x, 0))' % x.dtype)
+        if self.name == 'negative' and x.dtype == 'bool':
+            raise TypeError('negative: -x of a bool tensor is undefined; use ~x, or K.cast it first')
         if self.name in _BOOL_RESULT:
             return Meta(x.shape, 'bool')
         if self.name in _FLOAT_ONLY and not _is_float(x.dtype):
@@ -227,6 +232,9 @@ class Binary(XpOp):
 
     def infer(self, a, b):
         shape = broadcast_shapes(a.shape, b.shape, self.name)
+        if self.name.startswith('logical_') and (a.dtype != 'bool' or b.dtype != 'bool'):
+            raise TypeError('%s: &, | and ^ need bool tensors (TensorFlow\'s logical ops), got dtypes '
+                            '%s and %s' % (self.name, a.dtype, b.dtype))
         if self.name in _COMPARISONS:
             return Meta(shape, 'bool')
         dtype = np.result_type(a.dtype, b.dtype).name
@@ -271,14 +279,25 @@ def _operand_dtype(value, partner):
     return partner.dtype
 
 
+def _operand(name, value, partner):
+    """A non-tensor operand as a tensor; its errors name the op when no K function does
+    (``x + 'a'`` is add's error, as a shape clash is)."""
+    try:
+        return as_tensor(value, _operand_dtype(value, partner))
+    except (TypeError, ValueError) as error:
+        if calls.current() is not None:   # the K function called prefixes its own name
+            raise
+        raise calls.named(error, name) from None
+
+
 def binary(name, a, b):
     """``name(a, b)`` with NumPy broadcasting; non-tensor operands take the tensor's dtype."""
     if name not in BINARY:
         raise ValueError('binary: unknown op %r' % (name,))
     if not isinstance(a, Tensor) and isinstance(b, Tensor):
-        a = as_tensor(a, _operand_dtype(a, b))
+        a = _operand(name, a, b)
     elif not isinstance(b, Tensor) and isinstance(a, Tensor):
-        b = as_tensor(b, _operand_dtype(b, a))
+        b = _operand(name, b, a)
     a, b = as_tensor(a), as_tensor(b)
     # An integer tensor meeting a float operand computes in that float type (not float64).
     if _is_float(a.dtype) != _is_float(b.dtype):

@@ -220,6 +220,18 @@ def test_compare_gives_after_over_before_per_row_and_family(tmp_path, capsys):
     assert 'devices: NVIDIA H100 80GB HBM3' in out
 
 
+def test_compare_marks_rows_whose_rounds_varied_and_warns_per_run(tmp_path, capsys):
+    before = _write(tmp_path / 'before.json', synthetic_results())
+    after = _write(tmp_path / 'after.json', synthetic_results(scale=0.5))
+    assert report.main([before, after]) == 0   # rounds 1.1x apart: steady enough
+    assert 'noisy' not in capsys.readouterr().out
+    assert report.main([before, after, '--max-spread', '1.05']) == 0
+    out = capsys.readouterr().out
+    assert '| conv | resnet50-3x3 | gpuk | 131.250 ms | 65.625 ms | 0.50 noisy |' in out
+    assert '\nbefore: WARNING: 7 of 8 rows varied by more than 1.05x' in out
+    assert '\nafter: WARNING: 7 of 8 rows varied' in out
+
+
 def test_compare_refuses_runs_from_different_devices_unless_asked(tmp_path, capsys):
     before = _write(tmp_path / 'h100.json', synthetic_results())
     after = _write(tmp_path / 'cpu.json', synthetic_results(device='cpu AMD EPYC x2', scale=40))
@@ -311,3 +323,17 @@ def test_comma_list_takes_the_bench_scripts_list_arguments():
     assert runs.comma_list('mlp,lstm') == ['mlp', 'lstm']
     assert runs.comma_list(' mlp, lstm ,') == ['mlp', 'lstm']
     assert runs.comma_list('') == []
+
+
+def test_bench_and_host_overhead_refuse_counts_below_one(capsys):
+    """--rounds 0 ran the default rounds silently; host_overhead --steps -1 failed with an
+    IndexError after its run."""
+    from bench import __main__ as bench_main
+    from bench import host_overhead
+    for main, argv, message in [(bench_main.parse, ['--rounds', '0'], '--rounds must be >= 1, got 0'),
+                                (host_overhead.main, ['--steps', '-1'], '--steps must be >= 1, got -1'),
+                                (host_overhead.main, ['--warmup', '-2'], '--warmup must be >= 0, got -2'),
+                                (host_overhead.main, ['--peak-memory', '--batch', '0'], '--batch must be >= 1')]:
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err

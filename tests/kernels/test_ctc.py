@@ -426,8 +426,8 @@ def _keras_labels(rng, batch, width, dtype):
     label_lengths[:6] = (width, 0, 1, 33, 20, width)
     for n in range(batch):
         labels[n, label_lengths[n]:] = rng.choice([-3.0, 99.0, 0.5, np.nan])
-    labels[4, 7] = CHECK_CLASSES - 1   # the blank ends sample 4's label
-    labels[5, 40] = CHECK_CLASSES + 60   # a class past the blank ends sample 5's
+    labels[4, 7:20] = CHECK_CLASSES - 1   # the blank ends sample 4's label (blanks up to its length)
+    labels[5, 40:] = (CHECK_CLASSES + 60, CHECK_CLASSES - 1, CHECK_CLASSES, 200, 28)   # a class past the blank ends sample 5's
     if np.dtype(dtype).kind in 'iu':   # integer garbage: no NaN or fractions, no negatives unsigned
         labels = np.where(np.isnan(labels) | (labels == 0.5), 7, labels)
         labels = np.where(labels < 0, 0, labels) if np.dtype(dtype).kind == 'u' else labels
@@ -483,8 +483,13 @@ def _bad_value_cases():
         ('NaN label', _with(labels, (1, 1), np.nan), ok_in, ok_lab, True),
         ('-inf label', _with(labels, (0, 3), -np.inf), ok_in, ok_lab, True),
         ('bad label past the length', _with(labels, (1, 3), -1), ok_in, ok_lab, False),
-        ('bad label past the first blank', _with(_with(labels, (1, 0), 28), (1, 1), 0.5), ok_in, ok_lab, False),
-        ('+inf ends a label', _with(labels, (0, 2), np.inf), ok_in, ok_lab, False),
+        ('bad label past the length after blanks', _with(_with(_with(labels, (1, 0), 28), (1, 1), 29), (1, 2), 0.5),
+         ok_in, ok_lab, False),
+        ('class past the first blank', _with(_with(labels, (1, 0), 28), (1, 1), 3), ok_in, ok_lab, True),
+        ('fractional label past the first blank', _with(_with(labels, (1, 0), 28), (1, 1), 0.5), ok_in, ok_lab, True),
+        ('NaN past the first blank', _with(_with(_with(labels, (0, 1), 30), (0, 2), 28), (0, 3), np.nan), ok_in, ok_lab, True),
+        ('blanks past the first blank', _with(_with(_with(labels, (0, 1), 30), (0, 2), 28), (0, 3), 1e9), ok_in, ok_lab, False),
+        ('+inf ends a label', _with(_with(labels, (0, 2), np.inf), (0, 3), 28), ok_in, ok_lab, False),
     ]
 
 
@@ -499,7 +504,7 @@ def test_check_loss_values_flags_each_bad_value(kernel_runtime, case):
 def test_check_loss_values_integer_extremes(kernel_runtime):
     """Integers past 2^53 (the kernel reads doubles): a huge unsigned label ends a label; the
     most negative int64 label and length are flagged."""
-    huge = np.array([[3, 2**63 + 5, 1]], np.uint64)
+    huge = np.array([[3, 2**63 + 5, 2**63]], np.uint64)
     assert not _check_matches_twin(kernel_runtime, huge, np.array([5], np.uint64), np.array([3], np.uint64))
     low = np.iinfo(np.int64).min
     assert _check_matches_twin(kernel_runtime, np.array([[3, low, 1]]), np.array([5]), np.array([3]))

@@ -427,3 +427,15 @@ def test_cli_dump_loop_prints_the_listing_for_hand_counts(sass_tools, capsys):
     assert "instructions; by opcode: {" in out
     with pytest.raises(SystemExit):
         cli.main(['--dump-loop', 'no_such_kernel'])
+
+
+def test_cli_names_the_choices_for_an_unknown_kernel_or_family(sass_tools, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(['--dump-loop', 'max_pool2d_fwd'])
+    assert "no registered kernel named 'max_pool2d_fwd'; did you mean max_pool_fwd_" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(['--dump-loop', 'zzz'])
+    assert 'kernels: avg_pool_bwd, ' in capsys.readouterr().err
+    with pytest.raises(SystemExit):   # before any work: was a traceback from the emulator's measure
+        cli.main(['--families', 'nope,pooling', '--quiet'])
+    assert '--families: nope not among elementwise,' in capsys.readouterr().err

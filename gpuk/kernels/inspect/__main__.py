@@ -10,6 +10,7 @@ Exit status: 0; 1 with --check-baseline when a kernel regressed against
 bench/inspect_baseline.json; 2 when NVRTC or nvdisasm is missing.
 """
 import argparse
+import difflib
 import functools
 import json
 import sys
@@ -40,6 +41,15 @@ def dump_loop(name, archs):
                                            instruction.opcode, instruction.operands))
         print('  %d instructions; by opcode: %s' % (len(loop.instructions), sass.opcode_counts(loop.instructions)))
     return bool(specs)
+
+
+def kernel_names_hint(name):
+    """The registered kernel names closest to ``name`` (or all of them), for an error message."""
+    names = sorted({kernel for spec in runtime.registered_builds() for kernel in spec.kernels})
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.5) or [n for n in names if name in n]
+    if close:
+        return 'did you mean %s?' % ', '.join(close)
+    return 'kernels: %s' % ', '.join(names)
 
 
 def chosen_archs(arch_option, baseline_run):
@@ -76,11 +86,20 @@ def main(argv=None):
     if args.write_baseline and set(archs) != set(variants.BASELINE_ARCHS):
         parser.error('--write-baseline: the baseline holds %s; got --arch %s'
                      % (','.join(variants.BASELINE_ARCHS), ','.join(archs)))
+    families = args.families.split(',') if args.families else None
+    if families and not args.no_emulate:
+        try:
+            from .emulated import FAMILIES   # optional: report.emulated_measure
+        except ImportError:
+            FAMILIES = families
+        if not set(families) <= set(FAMILIES):
+            parser.error('--families: %s not among %s'
+                         % (','.join(f for f in families if f not in FAMILIES), ','.join(FAMILIES)))
     if args.dump_loop:
         if not dump_loop(args.dump_loop, archs):
-            parser.error('--dump-loop: no registered kernel named %r' % args.dump_loop)
+            parser.error('--dump-loop: no registered kernel named %r; %s'
+                         % (args.dump_loop, kernel_names_hint(args.dump_loop)))
         return 0
-    families = args.families.split(',') if args.families else None
     # the emulator measures in this process while the variants missing from the cache compile
     measure = None if args.no_emulate else functools.partial(report.emulated_measure, families)
     records = report.build_records(archs, gpu_results=GPU_RESULTS, measure=measure)
