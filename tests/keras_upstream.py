@@ -10,7 +10,8 @@ What it does
 - runs pytest in a subprocess on the directories that apply to a non-TensorFlow backend
   (DIRECTORIES below) with ``KERAS_BACKEND=gpuk.backend``, ``GPUK_DEVICE=cpu`` (``--device
   emulate``: the CUDA kernels on the emulated CUDA runtime; best on a subset, ``-k``), a private
-  ``KERAS_HOME``, and this module as a pytest plugin (a per-test time limit, see below);
+  ``KERAS_HOME`` (``.keras-upstream/keras-home``: the datasets test_datasets.py downloads stay
+  there), and this module as a pytest plugin (a per-test time limit, see below);
 - reads the JUnit XML and prints passed / failed / errors / skipped per file, the failures'
   first lines (``--failures``), and the pass rate: passed / (passed + failed + errors).
   Tests upstream skips (``skipif(K.backend() != 'tensorflow')`` and the like) count as skipped.
@@ -36,12 +37,10 @@ import argparse
 import collections
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 
@@ -144,7 +143,12 @@ def fetch():
 
 
 def run(root, targets, device, junit, pytest_args, alias):
-    keras_home = tempfile.mkdtemp(prefix='gpuk-keras-suite-home-')
+    # A KERAS_HOME of the suite's own (the user's ~/.keras untouched) that keeps the datasets
+    # integration_tests/test_datasets.py downloads (keras.utils.get_file caches them there).
+    keras_home = os.path.join(CACHE, 'keras-home')
+    if os.path.exists(os.path.join(keras_home, 'keras.json')):
+        os.remove(os.path.join(keras_home, 'keras.json'))   # Keras's defaults, written afresh
+    os.makedirs(keras_home, exist_ok=True)
     env = dict(os.environ, KERAS_BACKEND='gpuk.backend', GPUK_DEVICE=device, KERAS_HOME=keras_home,
                MPLBACKEND='Agg', GPUK_KERAS_SUITE_ALIAS='1' if alias else '0',
                PYTHONPATH=os.pathsep.join([REPO] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
@@ -152,10 +156,7 @@ def run(root, targets, device, junit, pytest_args, alias):
                '-p', 'tests.keras_upstream', '--import-mode=importlib', '--continue-on-collection-errors', '--rootdir', root,
                '-c', os.devnull, '-o', 'junit_family=xunit1', '--junitxml', junit,
                '-W', 'ignore::DeprecationWarning'] + pytest_args + targets
-    try:
-        return subprocess.run(command, cwd=root, env=env).returncode
-    finally:
-        shutil.rmtree(keras_home, ignore_errors=True)
+    return subprocess.run(command, cwd=root, env=env).returncode
 
 
 def outcomes(junit):
