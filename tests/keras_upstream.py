@@ -25,6 +25,10 @@ every comparison would call ``None``. The plugin puts gpuk.backend in that modul
 (``sys.modules``), so those tests compare gpuk against the NumPy reference, as they compare
 TensorFlow on Keras's CI. ``--no-backend-alias`` turns that off.
 
+``--tf-marked`` also runs the tests upstream skips on backends other than TensorFlow (a skip mark
+whose reason names TensorFlow, or a bare one; not those that need a GPU or TensorBoard): how far
+gpuk's TensorFlow semantics go, reported apart from the pass rate above.
+
 Left out: tests/docs (Keras's documentation build: markdown, its docs/ folder) and
 tests/test_api.py (pyux, the API signature of Keras itself); neither touches the backend.
 
@@ -78,11 +82,26 @@ def pytest_configure(config):
         sys.modules.setdefault('keras.backend.tensorflow_backend', gpuk.backend)
 
 
+def _keeps_for_tensorflow(mark):
+    """A skip / skipif mark upstream sets for backends other than TensorFlow (not one that needs
+    a GPU, CNTK, Theano or something else): its reason names TensorFlow, or it is bare."""
+    if mark.name not in ('skip', 'skipif'):
+        return False
+    reason = str(mark.kwargs.get('reason', '') or (mark.args[0] if mark.name == 'skip' and mark.args else ''))
+    if 'GPU' in reason or 'TensorBoard' in reason:
+        return False
+    return not reason or 'tensorflow' in reason.lower() or reason.startswith('TF') or 'tf' in reason.split()
+
+
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason='calls the Theano backend module (KTH), not installed')
     for item in items:
         if item.nodeid.split('[')[0] in NEEDS_THEANO:
             item.add_marker(skip)
+        if os.environ.get('GPUK_KERAS_SUITE_TF_MARKED') == '1':
+            # --tf-marked: run what upstream keeps for TensorFlow, too.
+            for node in item.listchain():
+                node.own_markers[:] = [m for m in node.own_markers if not _keeps_for_tensorflow(m)]
 
 
 @pytest.fixture(autouse=True)
@@ -142,7 +161,7 @@ def fetch():
     return root
 
 
-def run(root, targets, device, junit, pytest_args, alias):
+def run(root, targets, device, junit, pytest_args, alias, tf_marked=False):
     # A KERAS_HOME of the suite's own (the user's ~/.keras untouched) that keeps the datasets
     # integration_tests/test_datasets.py downloads (keras.utils.get_file caches them there).
     keras_home = os.path.join(CACHE, 'keras-home')
@@ -151,6 +170,7 @@ def run(root, targets, device, junit, pytest_args, alias):
     os.makedirs(keras_home, exist_ok=True)
     env = dict(os.environ, KERAS_BACKEND='gpuk.backend', GPUK_DEVICE=device, KERAS_HOME=keras_home,
                MPLBACKEND='Agg', GPUK_KERAS_SUITE_ALIAS='1' if alias else '0',
+               GPUK_KERAS_SUITE_TF_MARKED='1' if tf_marked else '0',
                PYTHONPATH=os.pathsep.join([REPO] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
     command = [sys.executable, '-m', 'pytest', '-q', '-rN', '-p', 'no:cacheprovider',
                '-p', 'tests.keras_upstream', '--import-mode=importlib', '--continue-on-collection-errors', '--rootdir', root,
@@ -207,6 +227,9 @@ def main(argv=None):
     parser.add_argument('--failures', action='store_true', help='list each failure and error with its first line')
     parser.add_argument('--junit', default=None, help='where to keep the JUnit XML (default: .keras-upstream/last-<device>.xml)')
     parser.add_argument('--junit-only', metavar='XML', help='print the summary of an earlier run and exit')
+    parser.add_argument('--tf-marked', action='store_true',
+                        help='also run the tests upstream skips for backends other than TensorFlow '
+                             '(skip marks naming TensorFlow, and bare ones; not those needing a GPU)')
     parser.add_argument('--no-backend-alias', action='store_true',
                         help='leave keras.backend.tensorflow_backend unimportable (backend_test.py errors)')
     args, pytest_args = parser.parse_known_args(argv)   # the rest goes to pytest (-x, --lf, ...)
@@ -218,11 +241,12 @@ def main(argv=None):
     targets = args.targets or DIRECTORIES
     extra = [a for a in pytest_args if a != '--'] + (['-k', args.keyword] if args.keyword else [])
     start = time.time()
-    code = run(root, targets, args.device, junit, extra, not args.no_backend_alias)
+    code = run(root, targets, args.device, junit, extra, not args.no_backend_alias, args.tf_marked)
     if not os.path.exists(junit):
         print('keras_upstream: pytest wrote no results (exit %d)' % code)
         return code or 1
-    print('\nKeras 2.3.1 tests on gpuk (GPUK_DEVICE=%s), %s, %.0f s:' % (args.device, ' '.join(targets), time.time() - start))
+    print('\nKeras 2.3.1 tests on gpuk (GPUK_DEVICE=%s%s), %s, %.0f s:' % (
+        args.device, ', with the TensorFlow-marked tests' if args.tf_marked else '', ' '.join(targets), time.time() - start))
     report(junit, args.failures)
     return 0
 
