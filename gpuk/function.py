@@ -472,6 +472,27 @@ class Function:
         # is not finite (gpuk/loss_scaling.py); its finite flag is the plan's last target
         self._guard = loss_scaling.step_guard([value for _, value in self.updates])
         self._plan = None
+        self._fed_tensors = None   # (tensors, Function computing them): _symbolic_values
+
+    def _symbolic_values(self, inputs):
+        """``inputs`` with each gpuk tensor among them replaced by its value. TensorFlow's
+        Function computes a symbolic tensor fed to an input within the same run
+        (tensorflow_backend.py, Function._call: 'feeding symbolic tensor'), so Keras 2.3.1's
+        fit / evaluate / predict / train_on_batch take K.variable or K.constant data; here the
+        tensors are computed first, by one function kept for the last set of them."""
+        tensors = [v for v in inputs if isinstance(v, Tensor)]
+        if not tensors:
+            return inputs
+        for placeholder, value in zip(self.inputs, inputs):
+            if isinstance(value, Placeholder):
+                raise TypeError('function: input %r was fed placeholder %r, which has no value; '
+                                'feed an array or a tensor computed from variables and constants'
+                                % (placeholder.name, value.name))
+        cached = self._fed_tensors
+        if cached is None or len(cached[0]) != len(tensors) or any(a is not b for a, b in zip(cached[0], tensors)):
+            self._fed_tensors = cached = (tensors, Function([], tensors))
+        values = iter(cached[1]([]))
+        return [next(values) if isinstance(v, Tensor) else v for v in inputs]
 
     def _compiled(self):
         impl = device.impl()
@@ -504,6 +525,7 @@ class Function:
             raise ValueError('function: expected a list of %d input values, got %r'
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
                                 else '%d values' % len(inputs)))
+        inputs = self._symbolic_values(inputs)
         kept_buffers = prepared.keeps_step_buffers()
         replayed_graphs = []   # (_step's: a replay wrote the variables)
         try:

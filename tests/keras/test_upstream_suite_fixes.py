@@ -40,3 +40,45 @@ def test_model_saved_to_h5dict_loads_by_its_byte_layer_names(keras, tmp_h5):
     np.testing.assert_array_equal(again.predict(x), model.predict(x))
     for a, b in zip(again.optimizer.get_weights(), model.optimizer.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_function_takes_symbolic_tensors_as_input_values():
+    """TensorFlow's Function computes a symbolic tensor fed to an input in the same run
+    (tensorflow_backend.py, Function._call); gpuk computes it first, on every call."""
+    import numpy as np
+    import pytest
+    from gpuk import backend as K
+    x = K.placeholder(shape=(None, 3))
+    f = K.function([x], [2.0 * x])
+    v = K.variable(np.arange(6, dtype='float32').reshape(2, 3))
+    np.testing.assert_array_equal(f([v])[0], 2.0 * np.arange(6).reshape(2, 3))
+    fed = v + 1.0                       # computed again on each call: it sees the new value
+    K.set_value(v, np.ones((2, 3)))
+    np.testing.assert_array_equal(f([fed])[0], np.full((2, 3), 4.0))
+    K.set_value(v, np.zeros((2, 3)))
+    np.testing.assert_array_equal(f([fed])[0], np.full((2, 3), 2.0))
+    np.testing.assert_array_equal(f([K.constant(np.ones((1, 3)))])[0], np.full((1, 3), 2.0))
+    with pytest.raises(ValueError, match=r"function: input .* expects shape \(None, 3\), got \(3,\)"):
+        f([K.constant(np.ones(3))])
+    with pytest.raises(TypeError, match=r"function: input .* was fed placeholder"):
+        f([K.placeholder(shape=(None, 3))])
+
+
+def test_model_trains_and_predicts_on_symbolic_tensors(keras):
+    """Keras 2.3.1's test_training.py, test_training_and_eval_methods_on_symbolic_tensors_*
+    (upstream runs them on TensorFlow only): fit / evaluate / predict / train_on_batch on
+    K.variable data, with steps."""
+    import numpy as np
+    K = keras.backend
+    x = keras.layers.Input(shape=(3,))
+    model = keras.Model(x, keras.layers.Dense(4)(x))
+    model.compile('rmsprop', 'mse', metrics=['mae'])
+    data = np.random.rand(10, 3).astype('float32')
+    inputs, targets = K.variable(data), K.zeros(shape=(10, 4))
+    history = model.fit(inputs, targets, epochs=2, steps_per_epoch=2, verbose=0,
+                        validation_data=(inputs, targets), validation_steps=1)
+    assert history.history['loss'][-1] < history.history['loss'][0]
+    model.evaluate(inputs, targets, steps=2, verbose=0)
+    model.train_on_batch(inputs, targets)
+    model.test_on_batch(inputs, targets)
+    np.testing.assert_allclose(model.predict(inputs, steps=1), model.predict(data), atol=1e-6)
