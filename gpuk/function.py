@@ -450,6 +450,21 @@ class _NewBuffers:
         return counters.new_buffers(result if self.several else (result,), self.inputs)
 
 
+def control_updates(targets, updated_variables):
+    """The updates that nodes computing ``targets`` read under K.control_dependencies
+    (Node.control_updates), for variables not in ``updated_variables``: as TensorFlow runs an
+    update op before the ops made inside ``control_dependencies([update])``, a function
+    computing such a node applies the update (Keras 2.3.1's metrics: ``K.eval(metric(y))``
+    accumulates, metrics.py:80-82). The first update found for a variable is kept."""
+    found, seen = [], set(updated_variables)
+    for node in topological_nodes(targets):
+        for variable, value in node.control_updates:
+            if variable not in seen:
+                seen.add(variable)
+                found.append((variable, value))
+    return found
+
+
 class Function:
     """A compiled graph: call it with a list of input values, get a list of NumPy arrays."""
 
@@ -467,6 +482,8 @@ class Function:
         self.inputs = list(inputs)
         self.outputs = outputs
         self.updates = [normalize_update(u) for u in (updates or [])]
+        self.updates += control_updates(self.outputs + [value for _, value in self.updates],
+                                        {variable for variable, _ in self.updates})
         self.name = name
         # mixed_float16: a step whose updates read loss-scaled gradients is skipped when one
         # is not finite (gpuk/loss_scaling.py); its finite flag is the plan's last target

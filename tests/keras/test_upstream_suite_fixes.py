@@ -82,3 +82,42 @@ def test_model_trains_and_predicts_on_symbolic_tensors(keras):
     model.train_on_batch(inputs, targets)
     model.test_on_batch(inputs, targets)
     np.testing.assert_allclose(model.predict(inputs, steps=1), model.predict(data), atol=1e-6)
+
+
+def test_evaluating_a_result_built_under_control_dependencies_applies_the_update():
+    """TensorFlow runs an update op before the ops made inside control_dependencies([update]):
+    evaluating them applies it, once per run; an update the function lists itself is not
+    applied twice."""
+    import numpy as np
+    from gpuk import backend as K
+    total = K.variable(1.0)
+    update = K.update_add(total, 2.0)
+    with K.control_dependencies([update]):
+        after = total * 10
+    assert K.eval(after) == 30.0 and K.get_value(total) == 3.0
+    assert K.eval(after) == 50.0 and K.get_value(total) == 5.0
+    f = K.function([], [after], updates=[update])
+    assert f([]) == [70.0] and K.get_value(total) == 7.0
+    assert K.eval(total * 10) == 70.0 and K.get_value(total) == 7.0   # built outside: no update
+    x = K.placeholder(shape=())
+    count = K.variable(0.0)
+    with K.control_dependencies([K.update_add(count, x)]):
+        doubled = count * 2
+    g = K.function([x], [doubled])
+    assert g([np.float32(3)]) == [6.0] and g([np.float32(1)]) == [8.0]
+    np.testing.assert_array_equal(K.get_value(count), 4.0)
+
+
+def test_standalone_keras_metric_accumulates_when_evaluated(keras):
+    """Keras 2.3.1's metrics_test.py (upstream runs it on TensorFlow only): K.eval(metric(y))
+    updates the metric's state, metrics.py:80-82."""
+    import numpy as np
+    K = keras.backend
+    mean = keras.metrics.Mean()
+    assert K.eval(mean(100.0)) == 100 and K.eval(mean.total) == 100 and K.eval(mean.count) == 1
+    assert K.eval(mean([1.0, 5.0])) == np.float32(106.0 / 3) and K.eval(mean.count) == 3
+    accuracy = keras.metrics.BinaryAccuracy()
+    K.eval(accuracy(K.constant([[1.0], [0.0]]), K.constant([[0.9], [0.8]])))
+    assert K.eval(accuracy(K.constant([[1.0], [1.0]]), K.constant([[0.9], [0.7]]))) == 0.75
+    mean.reset_states()
+    assert K.eval(mean.total) == 0 and K.eval(mean(4.0)) == 4.0
