@@ -42,6 +42,7 @@ import collections
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -74,6 +75,9 @@ NEEDS_THEANO = {
 }
 
 
+DATASET_HOSTS = ('s3.amazonaws.com', 'www.cs.toronto.edu', 'fashion-mnist.s3-website.eu-central-1.amazonaws.com')
+
+
 def pytest_configure(config):
     if os.environ.get('GPUK_KERAS_SUITE_ALIAS', '1') == '1':
         import gpuk.backend
@@ -93,11 +97,28 @@ def _keeps_for_tensorflow(mark):
     return not reason or 'tensorflow' in reason.lower() or reason.startswith('TF') or 'tf' in reason.split()
 
 
+def _resolves(host):
+    try:
+        socket.getaddrinfo(host, 443)
+        return True
+    except OSError:
+        return False
+
+
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason='calls the Theano backend module (KTH), not installed')
+    # test_datasets.py downloads from these hosts in a random 20% of its runs (and passes having
+    # tested nothing otherwise): where they do not resolve, its tests count as skipped.
+    offline = None
     for item in items:
         if item.nodeid.split('[')[0] in NEEDS_THEANO:
             item.add_marker(skip)
+        if item.nodeid.startswith('tests/integration_tests/test_datasets.py'):
+            if offline is None:
+                offline = [h for h in DATASET_HOSTS if not _resolves(h)]
+            if offline:
+                item.add_marker(pytest.mark.skip(reason='downloads datasets; %s do(es) not resolve here'
+                                                 % ', '.join(offline)))
         if os.environ.get('GPUK_KERAS_SUITE_TF_MARKED') == '1':
             # --tf-marked: run what upstream keeps for TensorFlow, too.
             for node in item.listchain():
