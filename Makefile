@@ -55,7 +55,7 @@ bench: venv
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # Keras 2.3.1's own test suite on gpuk (tests/keras_upstream.py; not part of `make test`: about
-# 3 minutes on 2 cores): fetches the sdist into .keras-upstream/ once, prints per file passed /
+# 2 minutes on 2 cores): fetches the sdist into .keras-upstream/ once, prints per file passed /
 # failed / errors / skipped and the pass rate. KERAS_SUITE_ARGS: e.g. --failures, --device emulate
 # tests/keras/layers/pooling_test.py (python -m tests.keras_upstream --help).
 $(BIN)/.installed-keras-suite: pyproject.toml | venv

@@ -1,7 +1,7 @@
 """Keras 2.3.1's own test suite on gpuk: ``python -m tests.keras_upstream`` (``make keras-suite``).
 
-Not part of ``make test`` (tens of minutes on a 2-core CPU); the results are in bench/RESULTS.md,
-"Keras 2.3.1's own tests".
+Not part of ``make test`` (about 2 minutes a run on a 2-core CPU); the results are in
+bench/RESULTS.md, "Keras 2.3.1's own test suite on gpuk".
 
 What it does
 - fetches the Keras 2.3.1 sdist from PyPI once (``pip download --no-binary``; checked against
@@ -14,10 +14,17 @@ What it does
   there), and this module as a pytest plugin (a per-test time limit, see below);
 - reads the JUnit XML and prints passed / failed / errors / skipped per file, the failures'
   first lines (``--failures``), and the pass rate: passed / (passed + failed + errors).
-  Tests upstream skips (``skipif(K.backend() != 'tensorflow')`` and the like) count as skipped.
+  Tests upstream skips (``skipif(K.backend() != 'tensorflow')`` and the like) count as skipped,
+  and so do files that import tensorflow at their top, the tests of NEEDS_THEANO (they call
+  Keras's Theano backend module) and test_datasets.py where its hosts do not resolve;
+- clears gpuk's session after each test, as upstream's conftest does on TensorFlow, and seeds
+  NumPy's and Python's generators before each (repeatable runs); a test running past
+  GPUK_KERAS_SUITE_TEST_LIMIT_S seconds (600) fails.
 
-What upstream's tests need beyond gpuk's ``test`` extra: pandas (engine/test_training.py) and
-flaky (a decorator in four files): the ``keras-suite`` extra in pyproject.toml.
+What upstream's tests need beyond gpuk's ``test`` extra: pandas (engine/test_training.py), flaky
+(a decorator in four files) and requests (the RemoteMonitor tests): the ``keras-suite`` extra in
+pyproject.toml. vis_utils_test.py also needs pydot and Graphviz (not in the extra: a system
+package); without them its 2 tests fail.
 
 backend_test.py compares "the backend" against Keras's NumPy reference by importing
 ``keras.backend.tensorflow_backend`` (or theano / cntk) as KTF; with gpuk, that import fails and
@@ -31,6 +38,8 @@ gpuk's TensorFlow semantics go, reported apart from the pass rate above.
 
 Left out: tests/docs (Keras's documentation build: markdown, its docs/ folder) and
 tests/test_api.py (pyux, the API signature of Keras itself); neither touches the backend.
+engine/layer_subclassing_tests.py matches neither of pytest's file patterns, so it is not
+collected from its directory (3 pass, 1 skipped when named).
 
     python -m tests.keras_upstream                       # everything, NumPy device
     python -m tests.keras_upstream tests/keras/layers --failures
