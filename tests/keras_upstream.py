@@ -218,7 +218,7 @@ def run(root, targets, device, junit, pytest_args, alias, tf_marked=False):
 def outcomes(junit):
     """{file: Counter(passed=, failed=, errors=, skipped=)}, [(test id, outcome, message)]."""
     per_file = collections.defaultdict(collections.Counter)
-    problems = []
+    problems, skips = [], collections.Counter()
     for case in ElementTree.parse(junit).getroot().iter('testcase'):
         path = case.get('file') or case.get('classname', '').replace('.', '/') + '.py'
         outcome, message = 'passed', ''
@@ -231,11 +231,13 @@ def outcomes(junit):
         per_file[path][outcome] += 1
         if outcome in ('failed', 'errors'):
             problems.append(('%s::%s' % (path, case.get('name')), outcome, message))
-    return per_file, problems
+        elif outcome == 'skipped':
+            skips[(path, message)] += 1
+    return per_file, problems, skips
 
 
 def report(junit, show_failures, out=sys.stdout):
-    per_file, problems = outcomes(junit)
+    per_file, problems, skips = outcomes(junit)
     kinds = ('passed', 'failed', 'errors', 'skipped')
     width = max([len(p) for p in per_file] + [4])
     print('%-*s %7s %7s %7s %7s' % ((width, 'file') + kinds), file=out)
@@ -246,9 +248,11 @@ def report(junit, show_failures, out=sys.stdout):
     print('%-*s %7d %7d %7d %7d' % ((width, 'total') + tuple(total[k] for k in kinds)), file=out)
     ran = total['passed'] + total['failed'] + total['errors']
     rate = 100.0 * total['passed'] / ran if ran else 0.0
-    print('pass rate: %d / %d = %.1f%% (skipped %d: upstream marks them for another backend or '
-          'leaves them out)' % (total['passed'], ran, rate, total['skipped']), file=out)
+    print('pass rate: %d / %d = %.1f%% (skipped %d: see --failures for why)'
+          % (total['passed'], ran, rate, total['skipped']), file=out)
     if show_failures:
+        for (path, message), count in sorted(skips.items()):
+            print('SKIPPED %d %s: %s' % (count, path, message), file=out)
         for test, outcome, message in problems:
             print('%s %s: %s' % (outcome.upper()[:6], test, message), file=out)
     return rate
@@ -260,7 +264,8 @@ def main(argv=None):
     parser.add_argument('--device', default='cpu', choices=['cpu', 'emulate'],
                         help="GPUK_DEVICE for the run (default cpu: the NumPy twins)")
     parser.add_argument('-k', dest='keyword', help="pytest's -k")
-    parser.add_argument('--failures', action='store_true', help='list each failure and error with its first line')
+    parser.add_argument('--failures', action='store_true',
+                        help='list each failure and error with its first line, and the skips by reason')
     parser.add_argument('--junit', default=None, help='where to keep the JUnit XML (default: .keras-upstream/last-<device>.xml)')
     parser.add_argument('--junit-only', metavar='XML', help='print the summary of an earlier run and exit')
     parser.add_argument('--tf-marked', action='store_true',
