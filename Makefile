@@ -7,7 +7,7 @@ GPU_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/de
 EXTRAS := test,demo,bench$(GPU_EXTRA)
 STAMP := $(BIN)/.installed-$(EXTRAS)
 
-.PHONY: demo test bench venv wheels clean
+.PHONY: demo test bench keras-suite venv wheels clean
 
 # --no-compile: no .pyc for every file of every wheel up front (torch alone is thousands);
 # Python writes them for the modules a run imports, when it first imports them.
@@ -53,6 +53,17 @@ test: venv
 # BENCH_ARGS: e.g. --quick, --strict, -k keras (python -m bench --help)
 bench: venv
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# Keras 2.3.1's own test suite on gpuk (tests/keras_upstream.py; not part of `make test`: about
+# 2 minutes on 2 cores): fetches the sdist into .keras-upstream/ once, prints per file passed /
+# failed / errors / skipped and the pass rate. KERAS_SUITE_ARGS: e.g. --failures, --device emulate
+# tests/keras/layers/pooling_test.py (python -m tests.keras_upstream --help).
+$(BIN)/.installed-keras-suite: pyproject.toml | venv
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[keras-suite]"
+	touch $@
+
+keras-suite: $(BIN)/.installed-keras-suite
+	$(BIN)/python -m tests.keras_upstream $(KERAS_SUITE_ARGS)
 
 # The wheels a GPU session carries to the device machine (no package registry there; Python
 # 3.12): Keras 2.3.1, the cuDNN frontend and ml_dtypes in .whl/, Keras 3 in .whl/keras3/ (a site

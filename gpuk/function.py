@@ -467,6 +467,21 @@ class _NewBuffers:
         return counters.new_buffers(result if self.several else (result,), self.inputs)
 
 
+def control_updates(targets, updated_variables):
+    """The updates that nodes computing ``targets`` read under K.control_dependencies
+    (Node.control_updates), for variables not in ``updated_variables``: as TensorFlow runs an
+    update op before the ops made inside ``control_dependencies([update])``, a function
+    computing such a node applies the update (Keras 2.3.1's metrics: ``K.eval(metric(y))``
+    accumulates, metrics.py:80-82). The first update found for a variable is kept."""
+    found, seen = [], set(updated_variables)
+    for node in topological_nodes(targets):
+        for variable, value in node.control_updates:
+            if variable not in seen:
+                seen.add(variable)
+                found.append((variable, value))
+    return found
+
+
 class Function:
     """A compiled graph: call it with a list of input values, get a list of NumPy arrays."""
 
@@ -487,11 +502,34 @@ class Function:
             raise TypeError('function: updates must be a list of K.update(...) results or (variable, '
                             'value) tuples, got %s' % (type(updates).__name__,))
         self.updates = [normalize_update(u) for u in (updates or [])]
+        self.updates += control_updates(self.outputs + [value for _, value in self.updates],
+                                        {variable for variable, _ in self.updates})
         self.name = name
         # mixed_float16: a step whose updates read loss-scaled gradients is skipped when one
         # is not finite (gpuk/loss_scaling.py); its finite flag is the plan's last target
         self._guard = loss_scaling.step_guard([value for _, value in self.updates])
         self._plan = None
+        self._fed_tensors = None   # (tensors, Function computing them): _symbolic_values
+
+    def _symbolic_values(self, inputs):
+        """``inputs`` with each gpuk tensor among them replaced by its value. TensorFlow's
+        Function computes a symbolic tensor fed to an input within the same run
+        (tensorflow_backend.py, Function._call: 'feeding symbolic tensor'), so Keras 2.3.1's
+        fit / evaluate / predict / train_on_batch take K.variable or K.constant data; here the
+        tensors are computed first, by one function kept for the last set of them."""
+        tensors = [v for v in inputs if isinstance(v, Tensor)]
+        if not tensors:
+            return inputs
+        for placeholder, value in zip(self.inputs, inputs):
+            if isinstance(value, Placeholder):
+                raise TypeError('function: input %r was fed placeholder %r, which has no value; '
+                                'feed an array or a tensor computed from variables and constants'
+                                % (placeholder.name, value.name))
+        cached = self._fed_tensors
+        if cached is None or len(cached[0]) != len(tensors) or any(a is not b for a, b in zip(cached[0], tensors)):
+            self._fed_tensors = cached = (tensors, Function([], tensors))
+        values = iter(cached[1]([]))
+        return [next(values) if isinstance(v, Tensor) else v for v in inputs]
 
     def _compiled(self):
         impl = device.impl()
@@ -527,6 +565,7 @@ class Function:
             raise ValueError('function: expected a list of %d input values (one per placeholder), got %s'
                              % (len(self.inputs), type(inputs).__name__ if not isinstance(inputs, (list, tuple))
                                 else 'a %s of %d' % (type(inputs).__name__, len(inputs))))
+        inputs = self._symbolic_values(inputs)
         kept_buffers = prepared.keeps_step_buffers()
         replayed_graphs = []   # (_step's: a replay wrote the variables)
         try:

@@ -329,13 +329,16 @@ def is_leaf(tensor):
 
 class Node:
     """One application of an op to input tensors, with its output tensors."""
-    __slots__ = ('op', 'inputs', 'outputs', 'k_call')
+    __slots__ = ('op', 'inputs', 'outputs', 'k_call', 'control_updates')
 
     def __init__(self, op, inputs):
         self.op = op
         self.inputs = inputs
         self.outputs = ()
         self.k_call = calls.current()  # the K call that built it, named by run-time errors
+        # (variable, new value) of the updates whose new values it reads in place of the
+        # variable (K.control_dependencies): a function computing it applies them too
+        self.control_updates = ()
 
 
 def as_tensor(value, dtype=None):
@@ -383,7 +386,7 @@ _updated_reads = []
 @contextlib.contextmanager
 def reading_updated(updated):
     """While active, nodes made by ``apply`` read ``updated[v]`` in place of variable ``v``
-    (K.control_dependencies on updates)."""
+    (K.control_dependencies on updates), and record that update (Node.control_updates)."""
     merged = dict(_updated_reads[-1]) if _updated_reads else {}
     merged.update(updated)
     _updated_reads.append(merged)
@@ -396,12 +399,16 @@ def reading_updated(updated):
 def apply(op, *inputs):
     """Adds a node applying ``op`` to ``inputs``; returns its output (a tuple if several)."""
     inputs = tuple(as_tensor(x) for x in inputs)
+    control_updates = ()
     if _updated_reads and _updated_reads[-1]:
-        inputs = tuple(_updated_reads[-1].get(t, t) for t in inputs)
+        updated = _updated_reads[-1]
+        control_updates = tuple((t, updated[t]) for t in inputs if t in updated)
+        inputs = tuple(updated.get(t, t) for t in inputs)
     metas = op.infer(*[t.meta for t in inputs])
     if isinstance(metas, Meta):
         metas = (metas,)
     node = Node(op, inputs)
+    node.control_updates = control_updates
     node.outputs = tuple(Tensor(node, i, shape, dtype) for i, (shape, dtype) in enumerate(metas))
     return node.outputs[0] if len(node.outputs) == 1 else node.outputs
 

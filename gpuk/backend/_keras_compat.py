@@ -76,6 +76,15 @@ def _decodable(value):
     return value
 
 
+def _is_str_vector(value):
+    return (isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in 'OU'
+            and all(isinstance(v, str) for v in value))
+
+
+def _attribute_name(attr):
+    return attr.decode('utf-8') if isinstance(attr, bytes) else attr
+
+
 class _Delegating:
     """Membership, iteration, length and every other attribute answered by the wrapped h5py
     object, as its own would be."""
@@ -131,10 +140,20 @@ def _with_decodable_attrs(load_weights):
 def _h5dict_getitem_decodable(getitem):
     """keras/engine/saving.py:273,278,282,345 (_deserialize_model): ``h5dict['model_config']
     .decode('utf-8')`` and friends, where H5Dict.__getitem__ (keras/utils/io_utils.py:266)
-    returns an h5py attribute as it is."""
+    returns an h5py attribute as it is.
+
+    A list attribute comes back as the list of bytes it was stored as (H5Dict.__setitem__,
+    io_utils.py:253, encodes str items): h5py 2 read it as a bytes array that io_utils.py:269
+    turned into that list; h5py 3 reads it as an array of str, which ``== [b'a', b'b']`` (Keras's
+    own io_utils_test) cannot compare."""
     @functools.wraps(getitem)
     def wrapper(self, attr):
-        return _decodable(getitem(self, attr)) if not isinstance(self.data, dict) else getitem(self, attr)
+        value = getitem(self, attr)
+        if isinstance(self.data, dict):
+            return value
+        if _is_str_vector(value) and _attribute_name(attr) in self.data.attrs:
+            return [v.encode('utf-8') for v in value]
+        return _decodable(value)
     wrapper._gpuk_shim = True
     return wrapper
 
