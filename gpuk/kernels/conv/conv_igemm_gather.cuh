@@ -55,8 +55,9 @@ __device__ __forceinline__ void copy_scalar(elem_t* dst, const elem_t* src, bool
 // than the loop's branch, and unrolled 8 times inside every chunk loop it tripled the NVRTC time
 // of the 16-bit variants (15 -> 5 CPU-s for f16 128x128 on sm_90) without changing the vector
 // path's loop. Nor for the float32 FFMA tiles: a branch per element against a cp.async and its
-// bounds test, and unrolled it was a fifth of their NVRTC time; their registers do not grow. float64 and tf32 stay unrolled: rolled, registers grow
-// there (the tf32 128x128x32 forward spills on sm_90).
+// bounds test, and unrolled it was a fifth of their NVRTC time; their registers do not grow.
+// float64 and tf32 stay unrolled: rolled, registers grow there (the tf32 128x128x32 forward
+// spills on sm_90).
 constexpr int COPY_RUN_UNROLL = sizeof(elem_t) == 2 || (sizeof(elem_t) == 4 && CONV_MATH == 0) ? 1 : VEC;
 template <class Element>
 __device__ __forceinline__ void copy_tap_run(elem_t* dst, const elem_t* __restrict__ data, const TapSeq& taps,

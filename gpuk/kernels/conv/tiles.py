@@ -70,10 +70,10 @@ taps*C_in or N = C_out (padding waste). The wgrad A loader is the costly one (pe
 tile its pixel decoded; per chunk a packed bounds test and its address): on 64x64x64 (64
 threads) each thread copies two pixel rows (decoded one per lane of a pair) and 8 A + 8 B
 chunks per 64 MMAs of its warp (1.84 / 1.83 other instructions per MMA, sm_90 / sm_80, with the
-decode by linear forms and an untested steady-state K loop); 128 threads on 64x128 or 128x64 copy one pixel row and 12
-chunks per 64 MMAs (cp.async per MMA: 8(BM+BN)/(BM*BN)): 64x128 (4 A + 8 B chunks) 1.42 /
-1.41, 128x64 (8 A + 4 B) 1.67 / 1.66; 128x128x32 1.17 / 1.17. The rectangles run 2 stages of BK=64 in
-48 KB (2 blocks per SM, 8 warps, as 64x64x64's 4 blocks of 2 warps). 64x128 comes first (the
+decode by linear forms and an untested steady-state K loop); 128 threads on 64x128 or 128x64
+copy one pixel row and 12 chunks per 64 MMAs (cp.async per MMA: 8(BM+BN)/(BM*BN)): 64x128
+(4 A + 8 B chunks) 1.42 / 1.41, 128x64 (8 A + 4 B) 1.67 / 1.66; 128x128x32 1.17 / 1.17. The
+rectangles run 2 stages of BK=64 in 48 KB (2 blocks per SM, 8 warps, as 64x64x64's 4 blocks of 2 warps). 64x128 comes first (the
 cheaper loader where both fit); 64x64x64 stays last, for M and N both <= 64, where either
 rectangle would run half its MMAs on padding. The fill rule there also passes a tile whose K is
 split as far as the split rule allows (MAX_SPLITS, MIN_K_TILES_PER_SPLIT): a 1x1 256 -> 64 layer
