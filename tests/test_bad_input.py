@@ -306,6 +306,20 @@ def test_allocations_too_large_name_the_k_function():
         K.eval(K.random_normal(huge))   # was "(at run time, on inputs )"
 
 
+def test_errors_while_folding_constants_name_the_k_function():
+    v = K.variable(np.zeros(2))
+    ones = K.constant([1, 2], dtype='int32')
+    for build, name, inputs in ((lambda: K.one_hot(ones, 2 ** 40), 'one_hot', r'int32 \(2,\)'),
+                                (lambda: K.arange(K.constant(2 ** 50, dtype='int64')), 'arange', None)):
+        with pytest.raises(MemoryError, match=r'^%s: out of host memory \(at run time, on inputs %s' % (
+                name, inputs or '.*')):   # was "function: out of host memory (at run time, with no inputs)"
+            K.function([], [build()], updates=[K.update_add(v, 1)])([])
+    np.testing.assert_array_equal(K.get_value(v), 0)
+    with pytest.raises(ValueError, match=r'^gather: indices must lie in \[0, 3\), got values from 5 to 5 '
+                                         r'\(at run time, on inputs of shapes \(3, 2\), \(1,\)\)$'):
+        K.eval(K.gather(K.constant(np.ones((3, 2))), K.constant([5], dtype='int32')))
+
+
 def test_function_updates_must_be_a_list():
     v = K.variable(np.ones(2))
     for updates, kind in [(K.update(v, v + 1), 'Update'), ({v: v + 1}, 'dict')]:   # was "'Update' object is
