@@ -290,6 +290,23 @@ def test_rnn_over_zero_time_steps_says_so():
             K.rnn(step, K.zeros((2, 0, 3)), [K.zeros((2, 3))], unroll=unroll)
 
 
+def test_rnn_last_output_over_zero_time_steps_fed_at_run_time_says_so():
+    # an empty loop keeps its states as given (test_scan_gradients.py), but has no last output
+    x, h0, w = K.placeholder((2, None, 3)), K.placeholder((2, 4)), K.variable(np.ones((3, 4)))
+    step = lambda x_t, states: (2 * states[0], [K.dot(x_t, w) + states[0]])   # noqa: E731
+    last, outputs, states = K.rnn(step, x, [h0])
+    fed = [np.ones((2, 0, 3), np.float32), np.ones((2, 4), np.float32)]
+    for targets in ([last], K.gradients(K.sum(last), [w])):   # was NumPy's "index -1 is out of bounds for axis 0
+        with pytest.raises(ValueError, match=r'^rnn: inputs must have at least one time step, got a sequence '   # with
+                                             r'of 0 time steps \(at run time, on inputs of shapes \(2, 0, 3\), '   # size 0"
+                                             r'\(2, 4\)\)'):
+            K.function([x, h0], targets)(fed)
+    got_outputs, got_state = K.function([x, h0], [outputs, states[0]])(fed)
+    assert got_outputs.shape == (2, 0, 4)
+    np.testing.assert_array_equal(got_state, fed[1])
+    np.testing.assert_array_equal(K.function([x, h0], [last])([np.ones((2, 1, 3)), fed[1]])[0], 2 * fed[1])
+
+
 def test_in_top_k_refuses_a_negative_k():
     with pytest.raises(ValueError, match=r'^in_top_k: k must be >= 0, got -1'):   # was all False
         K.in_top_k(K.variable([[0.1, 0.9]]), K.constant([1], dtype='int32'), -1)
