@@ -171,18 +171,53 @@ class Plan:
         known = {slot: value for slot, value in self.fixed}
         remaining = []
         for node, (op, ins, outs) in zip(nodes, self.steps):
-            static = [static_value(t) for t in node.outputs] if op.foldable else [None]
-            if op.foldable and all(s in known for s in ins):
-                values = op.forward(self.impl, *[known[s] for s in ins])
-                values = values if isinstance(values, tuple) else (values,)
-                known.update(zip(outs, values))
-            elif all(v is not None for v in static):
-                known.update(zip(outs, (self.impl.xp.asarray(v) for v in static)))
-            else:
+            try:
+                values = self._folded(node, op, ins, known)
+            except Exception as error:
+                failed = self._fold_failure(node, error, [known.get(s) for s in ins], known)
+                if failed is None:
+                    raise
+                raise failed from error
+            if values is None:
                 remaining.append((op, ins, outs))
+            else:
+                known.update(zip(outs, values))
         needed = {s for _, ins, _ in remaining for s in ins} | set(self.target_slots)
         self.fixed = [(s, v) for s, v in known.items() if s in needed]
         self.steps = remaining
+
+    def _folded(self, node, op, ins, known):
+        """The output values of ``node`` (``op`` reading slots ``ins``) when its inputs are all
+        constants or its outputs have static values, else None."""
+        static = [static_value(t) for t in node.outputs] if op.foldable else [None]
+        if op.foldable and all(s in known for s in ins):
+            values = op.forward(self.impl, *[known[s] for s in ins])
+            return values if isinstance(values, tuple) else (values,)
+        if all(v is not None for v in static):
+            return tuple(self.impl.xp.asarray(v) for v in static)
+        return None
+
+    def _fold_failure(self, node, error, arrays, known):
+        """What _step_failure gives for ``error``, raised by ``node``'s op given ``arrays`` while
+        its constant inputs were being folded: named after the K call that built the node (the
+        values of that call's arguments, constants too, are in ``known``)."""
+        call = node.k_call
+        name = call.name if call is not None else 'function: %s' % getattr(node.op, 'name', type(node.op).__name__)
+        if device.out_of_memory(error):
+            if isinstance(error, device.OutOfMemoryError):
+                message = str(error)
+                return device.OutOfMemoryError(message if message.startswith(name + ':') else '%s: %s' % (name, message),
+                                               error.requested_bytes)
+            return device.OutOfMemoryError.of(name, error, arrays)
+        if not isinstance(error, (ValueError, TypeError, IndexError)):
+            return None
+        message = str(error) if str(error).startswith(name + ':') else '%s: %s' % (name, error)
+        slots = [self._slot_of.get(t) for t in call.args] if call is not None and call.args else []
+        values = [known.get(s) for s in slots]
+        shapes = ([tuple(v.shape) for v in values] if values and all(hasattr(v, 'shape') for v in values) else
+                  [tuple(a.shape) if hasattr(a, 'shape') else a for a in arrays])
+        kind = TypeError if isinstance(error, TypeError) else ValueError
+        return kind('%s (at run time, on inputs of shapes %s)' % (message, ', '.join(str(s) for s in shapes)))
 
     def _plan_frees(self):
         keep = set(self.target_slots)

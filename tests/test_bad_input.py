@@ -290,6 +290,23 @@ def test_rnn_over_zero_time_steps_says_so():
             K.rnn(step, K.zeros((2, 0, 3)), [K.zeros((2, 3))], unroll=unroll)
 
 
+def test_rnn_last_output_over_zero_time_steps_fed_at_run_time_says_so():
+    # an empty loop keeps its states as given (test_scan_gradients.py), but has no last output
+    x, h0, w = K.placeholder((2, None, 3)), K.placeholder((2, 4)), K.variable(np.ones((3, 4)))
+    step = lambda x_t, states: (2 * states[0], [K.dot(x_t, w) + states[0]])   # noqa: E731
+    last, outputs, states = K.rnn(step, x, [h0])
+    fed = [np.ones((2, 0, 3), np.float32), np.ones((2, 4), np.float32)]
+    for targets in ([last], K.gradients(K.sum(last), [w])):   # was NumPy's "index -1 is out of bounds for axis 0
+        with pytest.raises(ValueError, match=r'^rnn: inputs must have at least one time step, got a sequence '   # with
+                                             r'of 0 time steps \(at run time, on inputs of shapes \(2, 0, 3\), '   # size 0"
+                                             r'\(2, 4\)\)'):
+            K.function([x, h0], targets)(fed)
+    got_outputs, got_state = K.function([x, h0], [outputs, states[0]])(fed)
+    assert got_outputs.shape == (2, 0, 4)
+    np.testing.assert_array_equal(got_state, fed[1])
+    np.testing.assert_array_equal(K.function([x, h0], [last])([np.ones((2, 1, 3)), fed[1]])[0], 2 * fed[1])
+
+
 def test_in_top_k_refuses_a_negative_k():
     with pytest.raises(ValueError, match=r'^in_top_k: k must be >= 0, got -1'):   # was all False
         K.in_top_k(K.variable([[0.1, 0.9]]), K.constant([1], dtype='int32'), -1)
@@ -304,6 +321,20 @@ def test_allocations_too_large_name_the_k_function():
             getattr(K, name)(huge)
     with pytest.raises(MemoryError, match=r'^random_normal: out of host memory \(at run time, with no inputs\)'):
         K.eval(K.random_normal(huge))   # was "(at run time, on inputs )"
+
+
+def test_errors_while_folding_constants_name_the_k_function():
+    v = K.variable(np.zeros(2))
+    ones = K.constant([1, 2], dtype='int32')
+    for build, name, inputs in ((lambda: K.one_hot(ones, 2 ** 40), 'one_hot', r'int32 \(2,\)'),
+                                (lambda: K.arange(K.constant(2 ** 50, dtype='int64')), 'arange', None)):
+        with pytest.raises(MemoryError, match=r'^%s: out of host memory \(at run time, on inputs %s' % (
+                name, inputs or '.*')):   # was "function: out of host memory (at run time, with no inputs)"
+            K.function([], [build()], updates=[K.update_add(v, 1)])([])
+    np.testing.assert_array_equal(K.get_value(v), 0)
+    with pytest.raises(ValueError, match=r'^gather: indices must lie in \[0, 3\), got values from 5 to 5 '
+                                         r'\(at run time, on inputs of shapes \(3, 2\), \(1,\)\)$'):
+        K.eval(K.gather(K.constant(np.ones((3, 2))), K.constant([5], dtype='int32')))
 
 
 def test_function_updates_must_be_a_list():

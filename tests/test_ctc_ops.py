@@ -245,6 +245,30 @@ def test_beam_decode_against_twin_and_hand_case(on_device, rng):
         K.function([yp], K.ctc_decode(yp, K.constant([7, 1, 1]))[0])
 
 
+def test_beam_search_wider_than_its_prefixes_or_its_memory(on_device):
+    """A beam wider than the prefixes the frames can spell gives the results of one just wide
+    enough; one whose scratch would not fit is refused before anything is allocated, naming
+    ctc_decode and beam_width (was the OOM killer: the twin's scratch is O(T B W), CUDA's O(W^2))."""
+    y_pred = np.array([[[0.4, 0.0, 0.6], [0.3, 0.2, 0.5]]], dtype=np.float32)   # 1 + 2 + 4 prefixes
+    yp, il = K.placeholder((1, 2, A)), K.placeholder((1,))
+    decoded = [K.function([yp, il], paths + [logp])([y_pred, np.array([2])])
+               for paths, logp in (K.ctc_decode(yp, il, greedy=False, beam_width=width, top_paths=top)
+                                   for width, top in ((10 ** 9, 9), (9, 9)))]
+    for wide, narrow in zip(*decoded):
+        np.testing.assert_array_equal(wide, narrow)
+    # 5 prefixes can be spelled (a repeat needs a blank between): then empty paths of log-probability -inf
+    assert np.isfinite(decoded[0][-1][0, :5]).all() and np.isneginf(decoded[0][-1][0, 5:]).all()
+    v = K.variable(np.zeros(2))
+    yp, il = K.placeholder((2, 40, A)), K.placeholder((2,))   # 2 ** 41 prefixes
+    paths, logp = K.ctc_decode(yp, il, greedy=False, beam_width=10 ** 9)
+    decode = K.function([yp, il], paths + [logp], updates=[K.update_add(v, 1)])
+    with pytest.raises(MemoryError, match=r'^ctc_decode: out of (host|GPU) memory .*: ctc_beam_search_decode: '
+                                          r'beam_width 1000000000 needs .* of (host|GPU) memory for its beam '
+                                          r'search scratch .*use a smaller beam_width'):
+        decode([np.full((2, 40, A), 1 / A, np.float32), np.array([40, 40])])
+    np.testing.assert_array_equal(K.get_value(v), 0)
+
+
 @pytest.mark.usefixtures('deferred_checks')
 def test_decode_lengths_checked_on_device(on_device):
     """Run-time input lengths of both decoders are checked on the device (no host sync per

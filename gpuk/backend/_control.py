@@ -5,7 +5,7 @@ from gpuk import graph
 from gpuk.graph import Placeholder, Tensor, as_tensor
 from gpuk.ops import elementwise as ew
 from gpuk.ops import shape as shape_ops
-from gpuk.ops.scan import scan
+from gpuk.ops.scan import LastStep, scan
 
 __all__ = ['switch', 'in_train_phase', 'in_test_phase', 'rnn', 'map_fn', 'foldl', 'foldr']
 
@@ -145,7 +145,7 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     # reads no stacked output, and the plan drops it (fusion_scan.prune_scan_outputs): no
     # per-step copy forward, no stacked zero gradient added per step backward
     same_state = [k for k, s in enumerate(new_states_t) if s is output_t] if mask is None else []
-    last_output = final[same_state[0]] if same_state else outputs[-1]
+    last_output = final[same_state[0]] if same_state else graph.apply(LastStep(outputs.ndim, 'rnn'), outputs)
     outputs = _time_major(outputs)
     _mark_learning_phase(last_output, outputs)
     return last_output, outputs, final

@@ -1,6 +1,8 @@
 """Argument checks of the CTC family, shared by the NumPy twins (gpuk/cpu_fallback/ctc.py)
 and the CUDA / cuDNN launchers (gpuk/kernels/ctc.py, gpuk/kernels/cudnn/ctc.py), so both
 raise the same errors, with the same messages, before any work."""
+import os
+
 import numpy as np
 
 from gpuk.contracts import softmax_xent_checks
@@ -172,3 +174,53 @@ def positive_int(fn, name, value, upper=None):
         bound = '>= 1' if upper is None else 'in [1, %d]' % upper
         raise ValueError('%s: %s must be an int %s, got %r' % (fn, name, bound, value))
     return int(value)
+
+
+def _bytes_text(count):
+    for unit, size in (('TiB', 1 << 40), ('GiB', 1 << 30), ('MiB', 1 << 20), ('KiB', 1 << 10)):
+        if count >= size:
+            return '%.2f %s' % (count / size, unit)
+    return '%d bytes' % count
+
+
+def host_bytes_available():
+    """The host memory the kernel says a process can still allocate without swapping
+    (/proc/meminfo's MemAvailable), else the free physical pages, else None (unknown)."""
+    try:
+        with open('/proc/meminfo') as meminfo:
+            for line in meminfo:
+                if line.startswith('MemAvailable:'):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_beam_scratch(fn, beam_width, needed_bytes, available_bytes, memory, shape):
+    """Refuses, before anything is allocated, a beam_width whose beam search needs more
+    scratch (``needed_bytes``, the caller's own formula for its arrays) than the
+    ``available_bytes`` of ``memory`` ('host' or 'GPU'; None: not known, no check), for
+    log_probs of ``shape``: a MemoryError (what a failed allocation raises; K.function
+    reports it as gpuk.OutOfMemoryError naming the K function), not the OOM killer."""
+    if available_bytes is not None and needed_bytes > available_bytes:
+        raise MemoryError('%s: beam_width %d needs %s of %s memory for its beam search scratch on log_probs of '
+                          'shape (batch, time, classes) = %s, more than the %s available: use a smaller beam_width'
+                          % (fn, beam_width, _bytes_text(needed_bytes), memory, tuple(shape),
+                             _bytes_text(available_bytes)))
+
+
+def useful_beam_width(beam_width, steps, classes):
+    """``beam_width``, or the number of distinct prefixes ``steps`` frames of ``classes``
+    classes (one a blank) can spell, 1 + L + L^2 + ... + L^steps for L labels, where that is
+    smaller: a wider beam holds only prefixes of probability 0 beyond them, so a beam search
+    of this width finds the same prefixes with the same scores."""
+    labels, count, power = classes - 1, 1, 1
+    for _ in range(steps):
+        if count >= beam_width or labels == 0:
+            break
+        power *= labels
+        count += power
+    return min(beam_width, count)

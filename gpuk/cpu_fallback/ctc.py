@@ -332,6 +332,16 @@ def ctc_greedy_decode(log_probs, input_lengths, blank=None, merge_repeated=True)
 # primes (~62 bits): merging equal prefixes across beams is then one sort.
 _P1, _B1 = 2147483647, 1000003
 _P2, _B2 = 1000000007, 911382323
+# ctc_beam_search_decode's scratch per candidate (a beam staying or extended by a label) of a
+# step: about 25 int64 / float arrays of one entry per candidate alive at once, with temporaries
+_CANDIDATE_BYTES = 32 * 8
+
+
+def _beam_scratch_bytes(batch, steps, classes, width):
+    """The memory ctc_beam_search_decode needs, at most: each step's candidates, width
+    beams times (the stay and the classes - 1 labels), and the parents and labels of every
+    step's beams, kept for the backtrace."""
+    return batch * width * (classes * _CANDIDATE_BYTES + steps * 2 * 8)
 
 
 def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1, blank=None,
@@ -358,9 +368,12 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
     beam_width = checks.positive_int(fn, 'beam_width', beam_width)
     top_paths = checks.positive_int(fn, 'top_paths', top_paths, beam_width)
     batch, steps, classes = log_probs.shape
+    width = checks.useful_beam_width(beam_width, steps, classes)   # the same results, no dead beams
+    checks.check_beam_scratch(fn, beam_width, _beam_scratch_bytes(batch, steps, classes, width),
+                              checks.host_bytes_available(), 'host', log_probs.shape)
+    found_paths = min(top_paths, width)   # the paths past the prefixes that exist: empty, -inf
     frames = _log_softmax_classes(log_probs)
     acc = frames.dtype
-    width = beam_width
     extend_with = np.array([c for c in range(classes) if c != blank], dtype=np.int64)
     n_ext = extend_with.size
     rows = np.arange(batch)[:, None]
@@ -437,9 +450,9 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
         emitted[t] = update(emitted[t], c_emit.ravel()[best], -1)
 
     final = np.logaddexp(p_blank, p_label)
-    chosen = np.argsort(-final, axis=1, kind='stable')[:, :top_paths]
+    chosen = np.argsort(-final, axis=1, kind='stable')[:, :found_paths]
     scores = np.take_along_axis(final, chosen, 1)
-    sequence = np.full((batch, top_paths, steps), -1, dtype=np.int64)
+    sequence = np.full((batch, found_paths, steps), -1, dtype=np.int64)
     slot = chosen
     for t in range(steps - 1, -1, -1):
         sequence[:, :, t] = np.take_along_axis(emitted[t], slot, 1)
@@ -447,11 +460,14 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
     sequence = np.where(np.isfinite(scores)[:, :, None], sequence, -1)
     if merge_repeated:
         compact = _compact_labels(sequence)
-        repeat = np.concatenate([np.zeros((batch, top_paths, 1), bool),
+        repeat = np.concatenate([np.zeros((batch, found_paths, 1), bool),
                                  compact[:, :, 1:] == compact[:, :, :-1]], axis=2)
         sequence = np.where(repeat, -1, compact)
     decoded = _compact_labels(sequence)
-    return [decoded[:, k] for k in range(top_paths)], scores.astype(log_probs.dtype)
+    scores = np.concatenate([scores, np.full((batch, top_paths - found_paths), -np.inf, dtype=acc)], axis=1)
+    empty = np.full((batch, steps), -1, dtype=np.int64)
+    return ([decoded[:, k] for k in range(found_paths)] + [empty.copy() for _ in range(found_paths, top_paths)],
+            scores.astype(log_probs.dtype))
 
 
 # ---------------------------------------------------------------- Theano backend helpers

@@ -548,6 +548,51 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
         scores[:, 0] = 0.0
         empty = xp.empty((batch, steps), dtype=np.int64)
         return [empty.copy() for _ in range(top_paths)], xp.asarray(scores.astype(log_probs.dtype))
+    width = ctc_checks.useful_beam_width(width, steps, classes)   # the same results, no dead beams
+    ctc_checks.check_beam_scratch(fn, int(beam_width), _beam_scratch_bytes(batch, steps, width, top_paths, acc),
+                                  *_bytes_available(rt), log_probs.shape)
+    found_paths = min(top_paths, width)   # the paths past the prefixes that exist: empty, -inf
+    paths, scores = _beam_search(rt, launches, log_probs, input_lengths, width, found_paths, blank,
+                                 merge_repeated, acc)
+    if found_paths < top_paths:
+        scores = xp.concatenate([scores, xp.full((batch, top_paths - found_paths), -np.inf, dtype=scores.dtype)],
+                                axis=1)
+        paths += [xp.full((batch, steps), -1, dtype=np.int64) for _ in range(found_paths, top_paths)]
+    return paths, scores
+
+
+def _beam_scratch_bytes(batch, steps, width, top_paths, acc):
+    """The bytes _beam_search allocates: its scratch and results."""
+    acc_bytes = np.dtype(acc).itemsize
+    candidates = beam_pitch(width + width * width)
+    beams, history = beam_pitch(width), beam_pitch(steps * width)
+    per_sample = (4 * beams * (acc_bytes + 8) + 5 * beams * 4 + beam_pitch(width * width) * 4
+                  + candidates * (acc_bytes + 4) + beams * 4 + 2 * history * 4 + top_paths * (steps * 8 + acc_bytes))
+    return batch * per_sample
+
+
+def _bytes_available(rt):
+    """(bytes free for allocations, 'GPU' or 'host') where ``rt`` allocates: on CUDA the
+    device's free memory and the blocks CuPy's pool caches (the device's size less the pool's
+    use where the runtime does not tell free memory: the GPU rehearsal's stand-in), within the
+    pool's limit; None where the device says neither."""
+    if rt.kind != 'cuda':
+        return ctc_checks.host_bytes_available(), 'host'
+    cuda, pool = rt.xp.cuda, rt.xp.get_default_memory_pool()
+    try:
+        free = cuda.runtime.memGetInfo()[0] + pool.free_bytes()
+    except Exception:  # noqa: BLE001 - a runtime without memGetInfo
+        try:
+            free = cuda.runtime.getDeviceProperties(cuda.Device().id)['totalGlobalMem'] - pool.used_bytes()
+        except Exception:  # noqa: BLE001 - nor the device's size: no check
+            return None, 'GPU'
+    limit = pool.get_limit()
+    return (min(free, limit - pool.used_bytes()) if limit else free), 'GPU'
+
+
+def _beam_search(rt, launches, log_probs, input_lengths, width, top_paths, blank, merge_repeated, acc):
+    batch, steps, classes = log_probs.shape
+    xp = rt.xp
     candidates = beam_pitch(width + width * width)   # the stays and each beam's best W extensions
     beams, history = beam_pitch(width), beam_pitch(steps * width)   # (per-sample pitches: ctc_decode.cu)
     paths = xp.empty((batch, top_paths, steps), dtype=np.int64)

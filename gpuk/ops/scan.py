@@ -18,6 +18,7 @@ from gpuk.kernels.runtime import counters, prepared
 from gpuk.ops.base import Op
 from gpuk.ops.elementwise import Unary
 from gpuk.ops.fused import is_zero
+from gpuk.ops.shape import Getitem
 
 
 def compile_plan(inputs, outputs, impl):
@@ -557,6 +558,22 @@ def _loop_invariants(outputs, varying, captured):
             frontier.update((t, None) for t in node.inputs if t in invariant and t.node is not None)
     frontier.update((t, None) for t in outputs if t in invariant and t.node is not None)
     return list(frontier)
+
+
+class LastStep(Getitem):
+    """The last step of stacked step outputs (K.rnn's last output, ``outputs[-1]``), refusing
+    a sequence of length 0 that only the run time shows, as ``where`` refuses a static one
+    (an empty loop keeps its states as given, but has no last output)."""
+
+    def __init__(self, ndim, where):
+        super().__init__((-1,) + (slice(None),) * (ndim - 1))
+        self.where = where
+
+    def forward(self, impl, x, *dynamic):
+        if x.shape[0] == 0:
+            raise ValueError('%s: inputs must have at least one time step, got a sequence of 0 time steps'
+                             % self.where)
+        return super().forward(impl, x, *dynamic)
 
 
 def scan(step_graph_inputs, step_graph_outputs, sequences, initial_states, reverse=False, where='scan'):
