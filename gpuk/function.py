@@ -202,22 +202,16 @@ class Plan:
         its constant inputs were being folded: named after the K call that built the node (the
         values of that call's arguments, constants too, are in ``known``)."""
         call = node.k_call
-        name = call.name if call is not None else 'function: %s' % getattr(node.op, 'name', type(node.op).__name__)
+        name = _error_name(call, getattr(node.op, 'name', type(node.op).__name__))
         if device.out_of_memory(error):
-            if isinstance(error, device.OutOfMemoryError):
-                message = str(error)
-                return device.OutOfMemoryError(message if message.startswith(name + ':') else '%s: %s' % (name, message),
-                                               error.requested_bytes)
-            return device.OutOfMemoryError.of(name, error, arrays)
+            return _named_out_of_memory(name, error, arrays)
         if not isinstance(error, (ValueError, TypeError, IndexError)):
             return None
-        message = str(error) if str(error).startswith(name + ':') else '%s: %s' % (name, error)
         slots = [self._slot_of.get(t) for t in call.args] if call is not None and call.args else []
         values = [known.get(s) for s in slots]
         shapes = ([tuple(v.shape) for v in values] if values and all(hasattr(v, 'shape') for v in values) else
                   [tuple(a.shape) if hasattr(a, 'shape') else a for a in arrays])
-        kind = TypeError if isinstance(error, TypeError) else ValueError
-        return kind('%s (at run time, on inputs of shapes %s)' % (message, ', '.join(str(s) for s in shapes)))
+        return _at_run_time(error, _named_message(name, error), shapes)
 
     def _plan_frees(self):
         keep = set(self.target_slots)
@@ -372,41 +366,24 @@ class Plan:
     def _step_failure(self, step, error, arrays, fed_arrays):
         """What a run raises for ``error``, raised by ``step`` given ``arrays``: a _run_error
         for a ValueError, TypeError or IndexError, an OutOfMemoryError for an allocation
-        failure (_out_of_memory), else None (``error`` itself propagates)."""
+        failure (_named_out_of_memory), else None (``error`` itself propagates)."""
         if isinstance(error, (ValueError, TypeError, IndexError)):
             return self._run_error(step, error, arrays, fed_arrays)
         if device.out_of_memory(error):
-            return self._out_of_memory(step, error, arrays)
+            return _named_out_of_memory(self._step_name(step), error, arrays)
         return None
 
-    def _out_of_memory(self, step, error, arrays):
-        """The OutOfMemoryError of ``error``, an allocation failure of ``step`` given ``arrays``,
-        named like a _run_error; one a scan's step plan raised keeps its message (naming the
-        step inside the loop) with this step's name in front."""
-        if not isinstance(error, device.OutOfMemoryError):
-            return device.OutOfMemoryError.of(self._step_name(step), error, arrays)
-        return device.OutOfMemoryError(self._step_message(step, error), error.requested_bytes)
-
     def _step_name(self, step):
-        """What a run-time error of ``step`` starts with: the K function that built it, or for
-        a step built by a Python operator on tensors (x + y), 'function: ' and the op."""
-        call = self.step_calls[step]
-        return call.name if call is not None else 'function: %s' % self.step_op_names[step]
-
-    def _step_message(self, step, error):
-        """``error``'s message with ``step``'s name in front, unless it starts with it already."""
-        name, message = self._step_name(step), str(error)
-        return message if message.startswith(name + ':') else '%s: %s' % (name, message)
+        """What a run-time error of ``step`` starts with (_error_name)."""
+        return _error_name(self.step_calls[step], self.step_op_names[step])
 
     def _run_error(self, step, error, arrays, fed_arrays):
         """``error`` (raised by a step at run time, when the shapes are known) naming the K
         function that built the step and the shapes of the tensors that call was given."""
-        call, message = self.step_calls[step], self._step_message(step, error)
+        call, message = self.step_calls[step], _named_message(self._step_name(step), error)
         shapes = self._call_arg_shapes(call, step, fed_arrays) or [
             tuple(a.shape) if hasattr(a, 'shape') else a for a in arrays]
-        kind = TypeError if isinstance(error, TypeError) else ValueError
-        return kind('%s (at run time, on inputs of shapes %s)'
-                    % (message, ', '.join(str(s) for s in shapes)))
+        return _at_run_time(error, message, shapes)
 
     def _call_arg_shapes(self, call, step, fed_arrays):
         """The run-time shapes of the tensors given to the K call ``call``: the steps before
@@ -426,6 +403,33 @@ class Plan:
             prepared.leave_run(previous)
         values = [env[self._slot_of[t]] for t in call.args]
         return None if any(v is None for v in values) else [tuple(v.shape) for v in values]
+
+
+def _error_name(call, op_name):
+    """What a run-time error of a step starts with: the K function that built it (``call``),
+    or for a step built by a Python operator on tensors (x + y), 'function: ' and the op."""
+    return call.name if call is not None else 'function: %s' % op_name
+
+
+def _named_message(name, error):
+    """``error``'s message with ``name`` in front, unless it starts with it already."""
+    message = str(error)
+    return message if message.startswith(name + ':') else '%s: %s' % (name, message)
+
+
+def _named_out_of_memory(name, error, arrays):
+    """The OutOfMemoryError of ``error``, an allocation failure of a step named ``name`` given
+    ``arrays``; one a scan's step plan raised keeps its message (naming the step inside the
+    loop) with ``name`` in front."""
+    if not isinstance(error, device.OutOfMemoryError):
+        return device.OutOfMemoryError.of(name, error, arrays)
+    return device.OutOfMemoryError(_named_message(name, error), error.requested_bytes)
+
+
+def _at_run_time(error, message, shapes):
+    """A ValueError (TypeError for one) of ``message`` and the run-time input ``shapes``."""
+    kind = TypeError if isinstance(error, TypeError) else ValueError
+    return kind('%s (at run time, on inputs of shapes %s)' % (message, ', '.join(str(s) for s in shapes)))
 
 
 def _layouts_repeat(steps, fixed_slots):

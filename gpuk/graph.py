@@ -123,12 +123,14 @@ def checked_array(value, dtype, where, argument='value'):
     if target.kind in 'iu' and array.dtype.kind in 'iuf' and array.size and \
             not np.can_cast(array.dtype, target, 'safe'):
         # astype would wrap (2**40 -> 0 in int32, -1 -> 255 in uint8): refuse, as TensorFlow does
+        # as Python numbers, compared exactly: float64(2**63) > int64's max (2**63 - 1, which
+        # rounds to 2.0**63 in float64) is False in NumPy
         info = np.iinfo(target)
-        low, high = array.min(), array.max()
+        low, high = array.min().item(), array.max().item()
         if low < info.min or high > info.max:
             bad = low if low < info.min else high
             raise TypeError('%s%s holds %r, outside the range of dtype %s [%d, %d]'
-                            % (where, argument, bad.item(), target.name, info.min, info.max))
+                            % (where, argument, bad, target.name, info.min, info.max))
     return array.astype(target, copy=False)
 
 

@@ -372,3 +372,17 @@ def test_variable_of_a_tensor_that_needs_inputs_says_which():
     with pytest.raises(ValueError, match=r"^variable: value .* depends on placeholder\(s\) 'fed_later'"):
         K.variable(x * 2)   # was "variable: function: placeholder ... is needed but is not among the inputs"
     np.testing.assert_array_equal(K.get_value(K.variable(K.ones(2) * 3)), 3)
+
+
+def test_floats_just_past_an_int_dtype_range_are_refused_not_wrapped():
+    """2.0 ** 63 compared as float64 with int64's max (2 ** 63 - 1, which rounds to 2.0 ** 63)
+    looked in range, and astype wrapped it to -2 ** 63."""
+    with pytest.raises(TypeError, match=r'^variable: value holds 9.223372036854776e\+18, outside .* int64'):
+        K.variable([2.0 ** 63], dtype='int64')
+    with pytest.raises(TypeError, match=r'^variable: value holds 1.8446744073709552e\+19, outside .* uint64'):
+        K.variable([2.0 ** 64], dtype='uint64')
+    x = K.placeholder((None,), dtype='int64')
+    with pytest.raises(TypeError, match=r'^function: input .* holds 9.223372036854776e\+18, outside'):
+        K.function([x], [x])([np.array([2.0 ** 63])])
+    np.testing.assert_array_equal(K.get_value(K.variable([-2.0 ** 63, 2.0 ** 62], dtype='int64')),
+                                  [-2 ** 63, 2 ** 62])
