@@ -70,7 +70,9 @@ def traced(name, function):
         except MemoryError as error:   # an allocation outside K.function's steps (K.zeros(...))
             if str(error).split(':', 1)[0] in _k_function_names:   # gpuk.OutOfMemoryError names its step
                 raise
-            raise MemoryError('%s: out of memory: %s' % (name, error)) from error
+            from gpuk import device   # (here: device sits below this layer but imports much)
+            raise device.OutOfMemoryError('%s: out of memory: %s' % (name, error),
+                                          device.requested_bytes(error)) from error
         finally:
             _state.call = None
     k_function._gpuk_k_function = name

@@ -61,7 +61,7 @@ class OutOfMemoryError(MemoryError):
                    'No variable was updated and the call\'s memory was released: try a smaller batch.')
         inputs = 'on inputs %s' % ', '.join(map(_described, arrays)) if arrays else 'with no inputs'
         return cls('%s: out of %s memory (at run time, %s): %s. %s'
-                   % (name, memory, inputs, reason, outcome), _requested_bytes(error))
+                   % (name, memory, inputs, reason, outcome), requested_bytes(error))
 
 
 def _described(value):
@@ -70,7 +70,7 @@ def _described(value):
     return type(value).__name__   # a host number, or None for a value a step does not read
 
 
-def _requested_bytes(error):
+def requested_bytes(error):
     """The failed allocation's size: CuPy's OutOfMemoryError keeps it as ``_size``, NumPy's
     (``_ArrayMemoryError``) as ``_total_size``; neither is public, so read if present."""
     for name in ('_size', '_total_size'):

@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 
+import gpuk
 from gpuk import backend as K
 
 
@@ -317,8 +318,9 @@ def test_in_top_k_refuses_a_negative_k():
 def test_allocations_too_large_name_the_k_function():
     huge = (2 ** 40, 2 ** 20)   # 4 EiB of float32: refused under any overcommit policy
     for name in ('zeros', 'ones'):   # variables, allocated by the call itself (was NumPy's bare MemoryError)
-        with pytest.raises(MemoryError, match=r'^%s: out of memory: ' % name):
+        with pytest.raises(gpuk.OutOfMemoryError, match=r'^%s: out of memory: ' % name) as caught:
             getattr(K, name)(huge)
+        assert caught.value.requested_bytes == 4 * 2 ** 60, caught.value.requested_bytes   # NumPy's size kept
     with pytest.raises(MemoryError, match=r'^random_normal: out of host memory \(at run time, with no inputs\)'):
         K.eval(K.random_normal(huge))   # was "(at run time, on inputs )"
 

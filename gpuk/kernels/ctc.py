@@ -573,19 +573,11 @@ def _beam_scratch_bytes(batch, steps, width, top_paths, acc):
 
 def _bytes_available(rt):
     """(bytes free for allocations, 'GPU' or 'host') where ``rt`` allocates: on CUDA the
-    device's free memory and the blocks CuPy's pool caches (the device's size less the pool's
-    use where the runtime does not tell free memory: the GPU rehearsal's stand-in), within the
-    pool's limit; None where the device says neither."""
+    device's free memory and the blocks CuPy's pool caches, within the pool's limit."""
     if rt.kind != 'cuda':
         return ctc_checks.host_bytes_available(), 'host'
     cuda, pool = rt.xp.cuda, rt.xp.get_default_memory_pool()
-    try:
-        free = cuda.runtime.memGetInfo()[0] + pool.free_bytes()
-    except Exception:  # noqa: BLE001 - a runtime without memGetInfo
-        try:
-            free = cuda.runtime.getDeviceProperties(cuda.Device().id)['totalGlobalMem'] - pool.used_bytes()
-        except Exception:  # noqa: BLE001 - nor the device's size: no check
-            return None, 'GPU'
+    free = cuda.runtime.memGetInfo()[0] + pool.free_bytes()
     limit = pool.get_limit()
     return (min(free, limit - pool.used_bytes()) if limit else free), 'GPU'
 

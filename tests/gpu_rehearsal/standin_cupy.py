@@ -47,6 +47,7 @@ nothing else. What it cannot show, because it is NumPy and not CuPy:
 import ctypes
 import functools
 import itertools
+import os
 import sys
 import time
 import types
@@ -109,6 +110,13 @@ def getDeviceProperties(device):
     return {'name': STANDIN_NAME.encode(), 'major': 9, 'minor': 0, 'multiProcessorCount': 132,
             'l2CacheSize': _ATTRIBUTE_VALUES[38], 'sharedMemPerBlockOptin': _ATTRIBUTE_VALUES[97],
             'totalGlobalMem': 80 * 1024 ** 3}
+
+
+def memGetInfo():
+    """(free, total) bytes of an H100's 80 GiB; the stand-in's arrays live in host memory, so
+    free is at most the host's free physical memory."""
+    total = getDeviceProperties(0)['totalGlobalMem']
+    return min(total, os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')), total
 
 
 class _Synchronous:
@@ -292,6 +300,9 @@ class MemoryPool:
     def used_bytes(self):
         return sum(self._alive.values())
 
+    def free_bytes(self):
+        return 0   # the stand-in's pool caches nothing
+
     def total_bytes(self):
         return self.used_bytes()
 
@@ -470,6 +481,7 @@ def _build_cuda():
     runtime.getDeviceCount = getDeviceCount
     runtime.deviceGetAttribute = deviceGetAttribute
     runtime.getDeviceProperties = getDeviceProperties
+    runtime.memGetInfo = memGetInfo
     runtime.runtimeGetVersion = lambda: 13000
     runtime.driverGetVersion = lambda: 13000
     runtime.profilerStart = runtime.profilerStop = lambda: None   # no profiler here (bench/ncu_cases.py)
