@@ -270,6 +270,7 @@ def test_rnn_list_arguments_mask_steps_eye_size_and_tensor_values_get_clear_erro
         K.eye(K.constant(3, dtype='int32'))   # was "'Constant' object cannot be interpreted as an integer"
     with pytest.raises(ValueError, match=r'^eye: size must not be negative'):
         K.eye((2, -1))
+    assert K.int_shape(K.eye(np.array([2, 3]))) == (2, 3)   # a shape read off an array still works
     v = K.variable(np.zeros(2))
     with pytest.raises(TypeError, match=r"^set_value: value must be .* got tensor 'Variable.*': evaluate it first"):
         K.set_value(v, K.variable(np.ones(2)))   # was "must hold numbers ... dtype object"

@@ -449,7 +449,8 @@ def ones(shape, dtype=None, name=None):
 
 def eye(size, dtype=None, name=None):
     """An identity-matrix variable; ``size`` an int or (rows, cols)."""
-    dims = (size, size) if not isinstance(size, (tuple, list)) else tuple(size)
+    pair = isinstance(size, (tuple, list)) or (isinstance(size, np.ndarray) and size.ndim == 1)
+    dims = tuple(size) if pair else (size, size)
     if len(dims) != 2 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in dims):
         raise TypeError('eye: size must be an int or a (rows, cols) pair of ints (an identity variable '
                         'has a static shape), got %r' % (size,))
