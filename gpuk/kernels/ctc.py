@@ -29,6 +29,7 @@ ctc_update_log_p, ctc_path_probs, ctc_cost) are tiny index helpers over one labe
 delegate to the NumPy twin on host copies and return arrays of the runtime's xp.
 """
 import functools
+import math
 import weakref
 from pathlib import Path
 from types import MappingProxyType
@@ -549,11 +550,12 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
         empty = xp.empty((batch, steps), dtype=np.int64)
         return [empty.copy() for _ in range(top_paths)], xp.asarray(scores.astype(log_probs.dtype))
     width = ctc_checks.useful_beam_width(width, steps, classes)   # the same results, no dead beams
-    ctc_checks.check_beam_scratch(fn, int(beam_width), _beam_scratch_bytes(batch, steps, width, top_paths, acc),
-                                  *_bytes_available(rt), log_probs.shape)
     found_paths = min(top_paths, width)   # the paths past the prefixes that exist: empty, -inf
+    arrays = _beam_arrays(batch, steps, width, found_paths, log_probs.dtype, acc)
+    needed = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in arrays)
+    ctc_checks.check_beam_scratch(fn, int(beam_width), needed, *_bytes_available(rt), log_probs.shape)
     paths, scores = _beam_search(rt, launches, log_probs, input_lengths, width, found_paths, blank,
-                                 merge_repeated, acc)
+                                 merge_repeated, arrays)
     if found_paths < top_paths:
         scores = xp.concatenate([scores, xp.full((batch, top_paths - found_paths), -np.inf, dtype=scores.dtype)],
                                 axis=1)
@@ -561,14 +563,16 @@ def ctc_beam_search_decode(log_probs, input_lengths, beam_width=100, top_paths=1
     return paths, scores
 
 
-def _beam_scratch_bytes(batch, steps, width, top_paths, acc):
-    """The bytes _beam_search allocates: its scratch and results."""
-    acc_bytes = np.dtype(acc).itemsize
-    candidates = beam_pitch(width + width * width)
+def _beam_arrays(batch, steps, width, top_paths, dtype, acc):
+    """(shape, dtype) of every array _beam_search allocates, in ctc_beam_search's argument
+    order: its scratch (per-sample pitches: ctc_decode.cu), then the paths and their scores."""
+    candidates = beam_pitch(width + width * width)   # the stays and each beam's best W extensions
     beams, history = beam_pitch(width), beam_pitch(steps * width)
-    per_sample = (4 * beams * (acc_bytes + 8) + 5 * beams * 4 + beam_pitch(width * width) * 4
-                  + candidates * (acc_bytes + 4) + beams * 4 + 2 * history * 4 + top_paths * (steps * 8 + acc_bytes))
-    return batch * per_sample
+    scratch = ((4 * beams, acc), (4 * beams, np.int64), (2 * beams, np.int32), (3 * beams, np.int32),
+               (beam_pitch(width * width), np.int32), (candidates, acc), (candidates, np.int32),
+               (beams, np.int32), (history, np.int32), (history, np.int32))
+    return [((batch * n,), t) for n, t in scratch] + [((batch, top_paths, steps), np.int64),
+                                                       ((batch, top_paths), dtype)]
 
 
 def _bytes_available(rt):
@@ -582,23 +586,15 @@ def _bytes_available(rt):
     return (min(free, limit - pool.used_bytes()) if limit else free), 'GPU'
 
 
-def _beam_search(rt, launches, log_probs, input_lengths, width, top_paths, blank, merge_repeated, acc):
+def _beam_search(rt, launches, log_probs, input_lengths, width, top_paths, blank, merge_repeated, arrays):
+    """The beam search kernel's launch, with ``arrays`` (_beam_arrays) allocated for it."""
     batch, steps, classes = log_probs.shape
     xp = rt.xp
-    candidates = beam_pitch(width + width * width)   # the stays and each beam's best W extensions
-    beams, history = beam_pitch(width), beam_pitch(steps * width)   # (per-sample pitches: ctc_decode.cu)
-    paths = xp.empty((batch, top_paths, steps), dtype=np.int64)
-    scores = xp.empty((batch, top_paths), dtype=log_probs.dtype)
-    scratch = (xp.empty(batch * 4 * beams, dtype=acc), xp.empty(batch * 4 * beams, dtype=np.int64),
-               xp.empty(batch * 2 * beams, dtype=np.int32), xp.empty(batch * 3 * beams, dtype=np.int32),
-               xp.empty(batch * beam_pitch(width * width), dtype=np.int32),
-               xp.empty(batch * candidates, dtype=acc), xp.empty(batch * candidates, dtype=np.int32),
-               xp.empty(batch * beams, dtype=np.int32), xp.empty(batch * history, dtype=np.int32),
-               xp.empty(batch * history, dtype=np.int32))
+    *scratch, paths, scores = (xp.empty(shape, dtype=dtype) for shape, dtype in arrays)
     launches(
         'ctc_beam_search', batch, CTC_DECODE_THREADS,
-        (log_probs, _device_ints(rt, input_lengths)) + scratch +
-        (paths, scores, np.int64(steps), np.int64(classes), np.int64(width), np.int64(top_paths),
+        (log_probs, _device_ints(rt, input_lengths), *scratch,
+         paths, scores, np.int64(steps), np.int64(classes), np.int64(width), np.int64(top_paths),
          np.int64(blank), np.int32(bool(merge_repeated))))
     return [xp.ascontiguousarray(paths[:, k]) for k in range(top_paths)], scores
 
