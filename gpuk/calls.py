@@ -68,9 +68,9 @@ def traced(name, function):
                 raise
             raise renamed.with_traceback(error.__traceback__) from None
         except MemoryError as error:   # an allocation outside K.function's steps (K.zeros(...))
-            if str(error).split(':', 1)[0] in _k_function_names:   # gpuk.OutOfMemoryError names its step
-                raise
             from gpuk import device   # (here: device sits below this layer but imports much)
+            if isinstance(error, device.OutOfMemoryError):   # named after its step already
+                raise
             raise device.OutOfMemoryError('%s: out of memory: %s' % (name, error),
                                           device.requested_bytes(error)) from error
         finally:
