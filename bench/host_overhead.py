@@ -43,6 +43,7 @@ small shared VM evicted the caches around gpuk's Python (3x the MLP's host µs p
 """
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -109,6 +110,20 @@ BUILDERS = {'mlp': (_keras_models_builder('mlp'), 32), 'bn_cnn': (_keras_models_
             'ctc': (_ctc, 4)}
 
 
+@contextlib.contextmanager
+def _cuda_graphs(on):
+    """K.function's CUDA Graph replay on or off (GPUK_CUDA_GRAPHS) inside the block only."""
+    previous = os.environ.get('GPUK_CUDA_GRAPHS')
+    os.environ['GPUK_CUDA_GRAPHS'] = '1' if on else '0'
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ['GPUK_CUDA_GRAPHS']
+        else:
+            os.environ['GPUK_CUDA_GRAPHS'] = previous
+
+
 def measure(name, steps=10, warmup=3, graphs=False, count_calls=False):
     """One row of the report for model ``name`` (see the module docstring), with K.function's
     CUDA Graph replay on or off (GPUK_CUDA_GRAPHS, set for the measurement only).
@@ -117,9 +132,7 @@ def measure(name, steps=10, warmup=3, graphs=False, count_calls=False):
     import keras
     from gpuk.kernels.runtime import counters
     from gpuk.backend import clear_session   # keras.backend (2.3.1) does not re-export it
-    previous = os.environ.get('GPUK_CUDA_GRAPHS')
-    os.environ['GPUK_CUDA_GRAPHS'] = '1' if graphs else '0'
-    try:
+    with _cuda_graphs(graphs):
         clear_session()
         build, batch = BUILDERS[name]
         net, x, y = build(keras, batch)
@@ -138,11 +151,6 @@ def measure(name, steps=10, warmup=3, graphs=False, count_calls=False):
             with counters.counting(count_calls=True) as profiled:
                 net.train_on_batch(x, y)
             calls = round(profiled.launching_calls / max(profiled.counted_launches, 1), 1)
-    finally:
-        if previous is None:
-            del os.environ['GPUK_CUDA_GRAPHS']
-        else:
-            os.environ['GPUK_CUDA_GRAPHS'] = previous
 
     def median_us(values):
         return round(statistics.median(values) * 1e6, 2)
@@ -184,26 +192,21 @@ def peak_memory(name, batch=None, steps=2, warmup=3):
 
     import keras
     from gpuk.backend import clear_session
-    previous = os.environ.get('GPUK_CUDA_GRAPHS')
-    os.environ['GPUK_CUDA_GRAPHS'] = '0'
-    tracemalloc.start()
-    try:
-        clear_session()
-        build, default_batch = BUILDERS[name]
-        net, x, y = build(keras, batch or default_batch)
-        for _ in range(warmup):
-            net.train_on_batch(x, y)
-        held = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        for _ in range(steps):
-            net.train_on_batch(x, y)
-        current, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-        if previous is None:
-            del os.environ['GPUK_CUDA_GRAPHS']
-        else:
-            os.environ['GPUK_CUDA_GRAPHS'] = previous
+    with _cuda_graphs(False):
+        tracemalloc.start()
+        try:
+            clear_session()
+            build, default_batch = BUILDERS[name]
+            net, x, y = build(keras, batch or default_batch)
+            for _ in range(warmup):
+                net.train_on_batch(x, y)
+            held = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            for _ in range(steps):
+                net.train_on_batch(x, y)
+            current, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
     return {'model': name, 'batch': batch or default_batch, 'held_before': held, 'held_after': current,
             'peak': peak}
 
