@@ -228,13 +228,12 @@ def _peak_in_child(name, batch, steps, warmup, step_buffers, keras_home):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def peak_memory_rows(models, batches=None, steps=2, warmup=3):
-    """``peak_memory`` of each model in the GPU rehearsal with dry launches, in child processes
-    with step buffers kept (GPUK_STEP_BUFFERS=1) and not (0: the pool's reuse alone): rows of
-    (model, batch, peak kept, peak not kept, their ratio)."""
+def peak_memory_rows(models, batch=None, steps=2, warmup=3):
+    """``peak_memory`` of each model (at ``batch``, else BUILDERS') in the GPU rehearsal with dry
+    launches, in child processes with step buffers kept (GPUK_STEP_BUFFERS=1) and not (0: the
+    pool's reuse alone): rows of (model, batch, peak kept, peak not kept, their ratio)."""
     rows = []
     for name in models:
-        batch = (batches or {}).get(name)
         peaks = {}
         for setting in ('1', '0'):
             with tempfile.TemporaryDirectory(prefix='gpuk-host-overhead-') as keras_home:
@@ -344,8 +343,7 @@ def main(argv=None):
         if value is not None and value < least:   # (--steps -1 was an IndexError after the run)
             parser.error('%s must be >= %d, got %d' % (option, least, value))
     if args.peak_memory:
-        rows = peak_memory_rows(args.models, {m: args.batch for m in args.models} if args.batch else None,
-                                args.steps or 2, args.warmup)
+        rows = peak_memory_rows(args.models, args.batch, args.steps or 2, args.warmup)
         print('GPU rehearsal, dry launches: peak traced memory (tracemalloc) of a steady plain step\n\n'
               '| model | batch | peak, buffers kept | peak, GPUK_STEP_BUFFERS=0 | ratio | held between steps, kept / '
               'not |\n|---|---|---|---|---|---|')
