@@ -87,6 +87,12 @@ def setup_device(rehearsal):
     return 'GPU: %s' % cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()
 
 
+def dry_launches():
+    """In the rehearsal (setup_device(True) first): launches checked, not run."""
+    from tests.gpu_rehearsal import rehearsal_runtime
+    rehearsal_runtime.set_dry_launch_bytes(-1)
+
+
 def _keras_models_builder(name):
     """(keras, batch) -> (net, inputs, targets) of bench/keras_models.py's model ``name``."""
     def build(keras, batch):
@@ -215,11 +221,10 @@ def _peak_in_child(name, batch, steps, warmup, step_buffers, keras_home):
     """``peak_memory`` of model ``name`` in a child process in the GPU rehearsal with dry launches,
     with GPUK_STEP_BUFFERS=``step_buffers`` (read at import, hence a process of its own) and Keras's
     files in ``keras_home`` unless KERAS_HOME is set."""
-    code = ('from tests import gpu_rehearsal; gpu_rehearsal.activate(); '
-            'from tests.gpu_rehearsal import rehearsal_runtime; rehearsal_runtime.set_dry_launch_bytes(-1); '
-            'import json; from bench import host_overhead; '
+    code = ('import json; from bench import host_overhead; '
+            'host_overhead.setup_device(rehearsal=True); host_overhead.dry_launches(); '
             'print(json.dumps(host_overhead.peak_memory(%r, %r, %d, %d)))' % (name, batch, steps, warmup))
-    env = dict(os.environ, GPUK_STEP_BUFFERS=step_buffers, KERAS_BACKEND='gpuk.backend', GPUK_DEVICE='cuda',
+    env = dict(os.environ, GPUK_STEP_BUFFERS=step_buffers, KERAS_BACKEND='gpuk.backend',
                PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')])))
     env.setdefault('KERAS_HOME', keras_home)
     out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
@@ -271,8 +276,7 @@ def launcher_overhead(rehearsal, repeats=15, number=20):
     (checked, not run: an emulated launch leaves the host's caches cold and adds tens of µs of
     noise to the Python around it). Rows: (name, plain µs, prepared µs)."""
     if rehearsal:
-        from tests.gpu_rehearsal import rehearsal_runtime
-        rehearsal_runtime.set_dry_launch_bytes(-1)
+        dry_launches()
     from gpuk import device
     from gpuk.kernels import conv, elementwise, runtime
     from gpuk.kernels.runtime import counters
@@ -357,8 +361,7 @@ def main(argv=None):
     rehearsal = args.rehearsal == 'yes' or (args.rehearsal == 'auto' and not _gpu_available())
     device = setup_device(rehearsal)
     if rehearsal and args.dry_launches:
-        from tests.gpu_rehearsal import rehearsal_runtime
-        rehearsal_runtime.set_dry_launch_bytes(-1)
+        dry_launches()
         device += '; dry launches (checked, not run)'
     modes = {'both': (False, True), 'on': (True,), 'off': (False,)}[args.graphs]
     rows = [measure(name, args.steps or 10, args.warmup, graphs, args.calls) for name in args.models for graphs in modes]
