@@ -43,6 +43,7 @@ small shared VM evicted the caches around gpuk's Python (3x the MLP's host µs p
 """
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -86,6 +87,12 @@ def setup_device(rehearsal):
     return 'GPU: %s' % cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()
 
 
+def dry_launches():
+    """In the rehearsal (setup_device(True) first): launches checked, not run."""
+    from tests.gpu_rehearsal import rehearsal_runtime
+    rehearsal_runtime.set_dry_launch_bytes(-1)
+
+
 def _keras_models_builder(name):
     """(keras, batch) -> (net, inputs, targets) of bench/keras_models.py's model ``name``."""
     def build(keras, batch):
@@ -109,6 +116,20 @@ BUILDERS = {'mlp': (_keras_models_builder('mlp'), 32), 'bn_cnn': (_keras_models_
             'ctc': (_ctc, 4)}
 
 
+@contextlib.contextmanager
+def _cuda_graphs(on):
+    """K.function's CUDA Graph replay on or off (GPUK_CUDA_GRAPHS) inside the block only."""
+    previous = os.environ.get('GPUK_CUDA_GRAPHS')
+    os.environ['GPUK_CUDA_GRAPHS'] = '1' if on else '0'
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ['GPUK_CUDA_GRAPHS']
+        else:
+            os.environ['GPUK_CUDA_GRAPHS'] = previous
+
+
 def measure(name, steps=10, warmup=3, graphs=False, count_calls=False):
     """One row of the report for model ``name`` (see the module docstring), with K.function's
     CUDA Graph replay on or off (GPUK_CUDA_GRAPHS, set for the measurement only).
@@ -117,9 +138,7 @@ def measure(name, steps=10, warmup=3, graphs=False, count_calls=False):
     import keras
     from gpuk.kernels.runtime import counters
     from gpuk.backend import clear_session   # keras.backend (2.3.1) does not re-export it
-    previous = os.environ.get('GPUK_CUDA_GRAPHS')
-    os.environ['GPUK_CUDA_GRAPHS'] = '1' if graphs else '0'
-    try:
+    with _cuda_graphs(graphs):
         clear_session()
         build, batch = BUILDERS[name]
         net, x, y = build(keras, batch)
@@ -138,11 +157,6 @@ def measure(name, steps=10, warmup=3, graphs=False, count_calls=False):
             with counters.counting(count_calls=True) as profiled:
                 net.train_on_batch(x, y)
             calls = round(profiled.launching_calls / max(profiled.counted_launches, 1), 1)
-    finally:
-        if previous is None:
-            del os.environ['GPUK_CUDA_GRAPHS']
-        else:
-            os.environ['GPUK_CUDA_GRAPHS'] = previous
 
     def median_us(values):
         return round(statistics.median(values) * 1e6, 2)
@@ -184,26 +198,21 @@ def peak_memory(name, batch=None, steps=2, warmup=3):
 
     import keras
     from gpuk.backend import clear_session
-    previous = os.environ.get('GPUK_CUDA_GRAPHS')
-    os.environ['GPUK_CUDA_GRAPHS'] = '0'
-    tracemalloc.start()
-    try:
-        clear_session()
-        build, default_batch = BUILDERS[name]
-        net, x, y = build(keras, batch or default_batch)
-        for _ in range(warmup):
-            net.train_on_batch(x, y)
-        held = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        for _ in range(steps):
-            net.train_on_batch(x, y)
-        current, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-        if previous is None:
-            del os.environ['GPUK_CUDA_GRAPHS']
-        else:
-            os.environ['GPUK_CUDA_GRAPHS'] = previous
+    with _cuda_graphs(False):
+        tracemalloc.start()
+        try:
+            clear_session()
+            build, default_batch = BUILDERS[name]
+            net, x, y = build(keras, batch or default_batch)
+            for _ in range(warmup):
+                net.train_on_batch(x, y)
+            held = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            for _ in range(steps):
+                net.train_on_batch(x, y)
+            current, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
     return {'model': name, 'batch': batch or default_batch, 'held_before': held, 'held_after': current,
             'peak': peak}
 
@@ -212,11 +221,10 @@ def _peak_in_child(name, batch, steps, warmup, step_buffers, keras_home):
     """``peak_memory`` of model ``name`` in a child process in the GPU rehearsal with dry launches,
     with GPUK_STEP_BUFFERS=``step_buffers`` (read at import, hence a process of its own) and Keras's
     files in ``keras_home`` unless KERAS_HOME is set."""
-    code = ('from tests import gpu_rehearsal; gpu_rehearsal.activate(); '
-            'from tests.gpu_rehearsal import rehearsal_runtime; rehearsal_runtime.set_dry_launch_bytes(-1); '
-            'import json; from bench import host_overhead; '
+    code = ('import json; from bench import host_overhead; '
+            'host_overhead.setup_device(rehearsal=True); host_overhead.dry_launches(); '
             'print(json.dumps(host_overhead.peak_memory(%r, %r, %d, %d)))' % (name, batch, steps, warmup))
-    env = dict(os.environ, GPUK_STEP_BUFFERS=step_buffers, KERAS_BACKEND='gpuk.backend', GPUK_DEVICE='cuda',
+    env = dict(os.environ, GPUK_STEP_BUFFERS=step_buffers, KERAS_BACKEND='gpuk.backend',
                PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')])))
     env.setdefault('KERAS_HOME', keras_home)
     out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
@@ -225,13 +233,12 @@ def _peak_in_child(name, batch, steps, warmup, step_buffers, keras_home):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def peak_memory_rows(models, batches=None, steps=2, warmup=3):
-    """``peak_memory`` of each model in the GPU rehearsal with dry launches, in child processes
-    with step buffers kept (GPUK_STEP_BUFFERS=1) and not (0: the pool's reuse alone): rows of
-    (model, batch, peak kept, peak not kept, their ratio)."""
+def peak_memory_rows(models, batch=None, steps=2, warmup=3):
+    """``peak_memory`` of each model (at ``batch``, else BUILDERS') in the GPU rehearsal with dry
+    launches, in child processes with step buffers kept (GPUK_STEP_BUFFERS=1) and not (0: the
+    pool's reuse alone): rows of (model, batch, peak kept, peak not kept, their ratio)."""
     rows = []
     for name in models:
-        batch = (batches or {}).get(name)
         peaks = {}
         for setting in ('1', '0'):
             with tempfile.TemporaryDirectory(prefix='gpuk-host-overhead-') as keras_home:
@@ -269,8 +276,7 @@ def launcher_overhead(rehearsal, repeats=15, number=20):
     (checked, not run: an emulated launch leaves the host's caches cold and adds tens of µs of
     noise to the Python around it). Rows: (name, plain µs, prepared µs)."""
     if rehearsal:
-        from tests.gpu_rehearsal import rehearsal_runtime
-        rehearsal_runtime.set_dry_launch_bytes(-1)
+        dry_launches()
     from gpuk import device
     from gpuk.kernels import conv, elementwise, runtime
     from gpuk.kernels.runtime import counters
@@ -341,8 +347,7 @@ def main(argv=None):
         if value is not None and value < least:   # (--steps -1 was an IndexError after the run)
             parser.error('%s must be >= %d, got %d' % (option, least, value))
     if args.peak_memory:
-        rows = peak_memory_rows(args.models, {m: args.batch for m in args.models} if args.batch else None,
-                                args.steps or 2, args.warmup)
+        rows = peak_memory_rows(args.models, args.batch, args.steps or 2, args.warmup)
         print('GPU rehearsal, dry launches: peak traced memory (tracemalloc) of a steady plain step\n\n'
               '| model | batch | peak, buffers kept | peak, GPUK_STEP_BUFFERS=0 | ratio | held between steps, kept / '
               'not |\n|---|---|---|---|---|---|')
@@ -356,8 +361,7 @@ def main(argv=None):
     rehearsal = args.rehearsal == 'yes' or (args.rehearsal == 'auto' and not _gpu_available())
     device = setup_device(rehearsal)
     if rehearsal and args.dry_launches:
-        from tests.gpu_rehearsal import rehearsal_runtime
-        rehearsal_runtime.set_dry_launch_bytes(-1)
+        dry_launches()
         device += '; dry launches (checked, not run)'
     modes = {'both': (False, True), 'on': (True,), 'off': (False,)}[args.graphs]
     rows = [measure(name, args.steps or 10, args.warmup, graphs, args.calls) for name in args.models for graphs in modes]

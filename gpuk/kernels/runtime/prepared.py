@@ -377,6 +377,10 @@ class _Blocks(list):
     list that lives as long as a StepBuffers using it (``users`` of them)."""
     __slots__ = ('users', '__weakref__')
 
+    def __init__(self, *buffers):
+        super().__init__(*buffers)
+        self.users = 0
+
 
 # The arena of plain launches: (generation, thread, empty, shape, dtype) -> _Blocks, held by
 # the StepBuffers that use them (a new generation, forget_kept(), starts new ones; a runner made
@@ -387,13 +391,13 @@ _ARENA = weakref.WeakValueDictionary()
 def _blocks(empty, shape, dtype):
     """The arena's blocks for one output of a new StepBuffers: shared, except under
     GPUK_CHECK_LAUNCHES=1, where runners are made per call and so are their buffers."""
-    key = (_generation[0], threading.get_ident(), empty, tuple(shape), np.dtype(dtype))
-    blocks = None if _forced[0] else _ARENA.get(key)
-    if blocks is None:
+    if _forced[0]:
         blocks = _Blocks()
-        blocks.users = 0
-        if not _forced[0]:
-            _ARENA[key] = blocks
+    else:
+        key = (_generation[0], threading.get_ident(), empty, tuple(shape), np.dtype(dtype))
+        blocks = _ARENA.get(key)
+        if blocks is None:
+            blocks = _ARENA[key] = _Blocks()
     blocks.users += 1
     return blocks
 
