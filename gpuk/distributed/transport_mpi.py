@@ -37,7 +37,6 @@ class MpiTransport(FailsForGood):
         self.local_rank = node.Get_rank()
         self.local_size = node.Get_size()
         node.Free()
-        self.failed = None
         self._in_flight = []
 
     # --- the transport interface (also NcclTransport's) ---------------------------------

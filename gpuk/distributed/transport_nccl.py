@@ -59,7 +59,6 @@ class NcclTransport(FailsForGood):
         self.timeout = bootstrap.timeout
         self.rank, self.size = bootstrap.rank, bootstrap.size
         self.local_rank, self.local_size = bootstrap.local_rank, bootstrap.local_size
-        self.failed = None
         unique_id = exchange_unique_id(bootstrap, nccl)
         # ncclCommInitRank blocks until every rank has joined: a barrier under the deadline
         # first, so a rank that died before this point is an error here, not a hang inside NCCL.
